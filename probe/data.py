@@ -1,0 +1,174 @@
+"""Probe sets: the inputs heads are scored on.
+
+- natural: English prose shipped with probe (`probe/data/english.txt`, an excerpt of CPython's reference
+  documentation, the same on every Python version) or the user's `--data FILE.txt`, tokenized without special
+  tokens and cut into consecutive chunks of `seq_len` tokens; the first `num_seqs` are used, each with BOS
+  prepended where the model has one (an encoder gets its usual [CLS] ... [SEP]). A model without a tokenizer gets
+  random tokens instead, and position 0 plays the BOS role.
+- repeated: BOS + `repeat_len` random tokens repeated twice (Olsson et al. 2022), seeded; random tokens avoid
+  special tokens.
+
+Every sequence of a set has the same length, so sets need no padding; batches that do are right-padded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+
+ENGLISH = Path(__file__).parent / "data" / "english.txt"
+DEFAULT_SEQ_LEN = 128
+DEFAULT_NUM_SEQS = 8
+DEFAULT_REPEAT_LEN = 50
+DEFAULT_SEED = 0
+
+
+@dataclass
+class ProbeSet:
+    """Token ids (num_seqs, length) with where the content starts: position `offset` is the first token after BOS."""
+
+    name: str  # "natural" or "repeated"
+    description: str
+    input_ids: Tensor
+    offset: int  # 1 with a BOS/[CLS] (or a stand-in), the first content position
+    attention_mask: Tensor | None = None
+    repeat_len: int | None = None  # repeated sets: R
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "num_seqs": int(self.input_ids.shape[0]),
+                "length": int(self.input_ids.shape[1]), **self.meta}
+
+
+def is_encoder(loaded: LoadedModel) -> bool:
+    """A bidirectional model (BERT-like): its attention modules are not causal."""
+    from probe.attention import attention_layers
+
+    return not all(getattr(layer.module, "is_causal", True) for layer in attention_layers(loaded.model)
+                   if layer.kind == "hf")
+
+
+def _special_ids(loaded: LoadedModel) -> set[int]:
+    ids: set[int] = set()
+    if loaded.tokenizer is not None:
+        ids.update(int(i) for i in getattr(loaded.tokenizer, "all_special_ids", []) if i is not None)
+    config = getattr(loaded.model, "config", None)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "cls_token_id"):
+        value = getattr(config, name, None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, int):
+                ids.add(item)
+    return ids
+
+
+def random_tokens(loaded: LoadedModel, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+    """Uniform random token ids that are not special tokens."""
+    special = sorted(i for i in _special_ids(loaded) if 0 <= i < loaded.vocab_size)
+    allowed = torch.ones(loaded.vocab_size, dtype=torch.bool)
+    allowed[special] = False
+    pool = allowed.nonzero().squeeze(1)
+    if len(pool) == 0:
+        raise ProbeError("the model's vocabulary has no ordinary tokens to sample")
+    return pool[torch.randint(len(pool), shape, generator=generator)]
+
+
+def _wrap(loaded: LoadedModel, chunks: Tensor, generator: torch.Generator) -> tuple[Tensor, int, str]:
+    """Add BOS (decoders) or [CLS] ... [SEP] (encoders); without either, a random token at position 0."""
+    tokenizer = loaded.tokenizer
+    n = chunks.shape[0]
+    if tokenizer is not None and is_encoder(loaded):
+        cls_id, sep_id = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
+        if cls_id is not None and sep_id is not None:
+            return (torch.cat([torch.full((n, 1), cls_id), chunks, torch.full((n, 1), sep_id)], dim=1), 1,
+                    "[CLS] ... [SEP]")
+    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
+    if bos is None:
+        bos = getattr(getattr(loaded.model, "config", None), "bos_token_id", None) if tokenizer is not None else None
+    if isinstance(bos, int):
+        return torch.cat([torch.full((n, 1), bos), chunks], dim=1), 1, "BOS"
+    return torch.cat([random_tokens(loaded, (n, 1), generator), chunks], dim=1), 1, "random token (no BOS)"
+
+
+def _tokenize_prefix(tokenizer: Any, text: str, needed: int) -> list[int]:
+    """Token ids of the text, tokenizing only as much of it as `needed` tokens take (the text can be long)."""
+    chars = max(needed * 8, 4096)
+    while True:
+        if chars >= len(text):
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        cut = text.rfind("\n", 0, chars)
+        cut = chars if cut <= 0 else cut
+        ids = list(tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
+        if len(ids) >= needed + 64:  # the margin keeps the cut from changing the tokens used
+            return ids
+        chars *= 2
+
+
+def natural_set(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int = DEFAULT_SEQ_LEN,
+                num_seqs: int = DEFAULT_NUM_SEQS, seed: int = DEFAULT_SEED) -> ProbeSet:
+    """Natural text in consecutive chunks of `seq_len` tokens (see the module docstring)."""
+    if seq_len < 2:
+        raise ProbeError(f"--seq-len must be at least 2, got {seq_len}")
+    if num_seqs < 1:
+        raise ProbeError(f"--num-seqs must be at least 1, got {num_seqs}")
+    generator = torch.Generator().manual_seed(seed)
+    source = "embedded English text (probe/data/english.txt)"
+    if data is not None:
+        path = Path(data)
+        if not path.is_file():
+            raise ProbeError(f"data file not found: {path}")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ProbeError(f"data file {path} is not UTF-8 text: {error.reason}") from error
+        source = f"text file {path}"
+        if not text.strip():
+            raise ProbeError(f"data file {path} is empty")
+    else:
+        text = ENGLISH.read_text(encoding="utf-8")
+    if loaded.tokenizer is None:
+        if data is not None:
+            raise ProbeError("this model has no tokenizer, so it cannot read --data text: drop --data, or return "
+                             "(model, tokenizer) from the factory")
+        chunks = random_tokens(loaded, (num_seqs, seq_len), generator)
+        source = f"random tokens in place of text (the model has no tokenizer), seed {seed}"
+    else:
+        ids = _tokenize_prefix(loaded.tokenizer, text, seq_len * num_seqs)
+        available = len(ids) // seq_len
+        if available < 1:
+            raise ProbeError(f"the text has {len(ids)} tokens, fewer than one chunk of --seq-len {seq_len}: "
+                             "give a longer text or a smaller --seq-len")
+        used = min(num_seqs, available)
+        chunks = torch.tensor(ids[: used * seq_len], dtype=torch.long).view(used, seq_len)
+    input_ids, offset, start = _wrap(loaded, chunks, generator)
+    _check_context(loaded, input_ids.shape[1])
+    description = f"natural: {source}, {chunks.shape[0]} x {seq_len} tokens, {start} first"
+    return ProbeSet("natural", description, input_ids, offset,
+                    meta={"source": source, "seq_len": seq_len, "start": start})
+
+
+def repeated_set(loaded: LoadedModel, *, repeat_len: int = DEFAULT_REPEAT_LEN, num_seqs: int = DEFAULT_NUM_SEQS,
+                 seed: int = DEFAULT_SEED) -> ProbeSet:
+    """BOS + `repeat_len` random tokens, repeated twice: the second copy can be predicted by induction."""
+    if repeat_len < 2:
+        raise ProbeError(f"the repeated sequence needs at least 2 tokens, got {repeat_len}")
+    generator = torch.Generator().manual_seed(seed)
+    half = random_tokens(loaded, (num_seqs, repeat_len), generator)
+    input_ids, offset, start = _wrap(loaded, torch.cat([half, half], dim=1), generator)
+    _check_context(loaded, input_ids.shape[1])
+    description = f"repeated: {start} + {repeat_len} random tokens repeated twice, {num_seqs} sequences, seed {seed}"
+    return ProbeSet("repeated", description, input_ids, offset, repeat_len=repeat_len,
+                    meta={"repeat_len": repeat_len, "seed": seed, "start": start})
+
+
+def _check_context(loaded: LoadedModel, length: int) -> None:
+    limit = getattr(getattr(loaded.model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and length > limit:
+        raise ProbeError(f"sequences of {length} tokens are longer than the model's context of {limit}: "
+                         "use a smaller --seq-len")
