@@ -28,6 +28,9 @@ SeedOption = typer.Option(0, "--seed", help="Seed of the random tokens.")
 BatchOption = typer.Option(8, "--batch-size", help="Sequences per forward pass.")
 DeviceOption = typer.Option(None, "--device", help="torch device, e.g. cpu or cuda (default: where the model loads).")
 DtypeOption = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16.")
+DeviceMapOption = typer.Option(None, "--device-map", help="Spread a model too big for one device: auto, balanced, "
+                               "sequential, or JSON (inline or a .json file) of module -> GPU index/cpu/disk.")
+OffloadOption = typer.Option(None, "--offload-folder", help="Folder for the weights a device map puts on disk.")
 ForceOption = typer.Option(False, "--force", help="Overwrite output files that exist.")
 
 
@@ -49,11 +52,12 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
         yield update
 
 
-def load(model: str, device: Optional[str], dtype: str) -> Any:
+def load(model: str, device: Optional[str], dtype: str, device_map: Optional[str] = None,
+         offload_folder: Optional[Path] = None) -> Any:
     from probe.models import load_model
 
     with errors.status(f"loading {model} ..."):
-        return load_model(model, dtype=dtype, device=device)
+        return load_model(model, dtype=dtype, device=device, device_map=device_map, offload_folder=offload_folder)
 
 
 def parse_thresholds(items: list[str]) -> dict[str, float]:
@@ -83,6 +87,8 @@ def classify(
     batch_size: int = BatchOption,
     device: Optional[str] = DeviceOption,
     dtype: str = DtypeOption,
+    device_map: Optional[str] = DeviceMapOption,
+    offload_folder: Optional[Path] = OffloadOption,
     force: bool = ForceOption,
 ) -> None:
     """Score every head (previous-token, sink, induction, duplicate-token, next-token, positional) and label them."""
@@ -94,7 +100,7 @@ def classify(
     for path in (json_path, html_path):
         if path is not None:
             check_writable(path, force=force)
-    loaded = load(model, device, dtype)
+    loaded = load(model, device, dtype, device_map, offload_folder)
     with progress_bar("classifying heads") as update:
         result = run_classify(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
                               seed=seed, thresholds=thresholds, batch_size=batch_size, progress=update)

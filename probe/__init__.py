@@ -1,0 +1,9 @@
+"""probe: find out what each attention head of a transformer does."""
+
+from probe.attention import attention_hooks, attention_layers, capture_attention
+from probe.classify import Classification, classify
+from probe.errors import ProbeError
+from probe.models import LoadedModel, load_model
+
+__all__ = ["Classification", "LoadedModel", "ProbeError", "attention_hooks", "attention_layers",
+           "capture_attention", "classify", "load_model"]

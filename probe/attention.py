@@ -312,11 +312,18 @@ def _mha_forward(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value:
 @contextmanager
 def _mha_hooks(module: nn.MultiheadAttention, hooks: _HFHooks) -> Iterator[None]:
     module._probe_hooks = hooks  # type: ignore[attr-defined]
-    module.forward = types.MethodType(_mha_forward, module)  # type: ignore[method-assign]
+    # under accelerate's hooks (device map, offloading) `forward` is its wrapper, which loads the weights and then
+    # calls `_old_forward`: replace that one, so the weights are still brought in; put back exactly what was there
+    target = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
+    saved = module.__dict__.get(target)
+    setattr(module, target, types.MethodType(_mha_forward, module))
     try:
         yield
     finally:
-        del module.forward
+        if saved is None:
+            delattr(module, target)
+        else:
+            setattr(module, target, saved)
         del module._probe_hooks
 
 
@@ -377,9 +384,10 @@ _LAYERS: "weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]]" = weakref.
 
 
 def _device(model: nn.Module) -> torch.device:
-    for parameter in model.parameters():
-        return parameter.device
-    return torch.device("cpu")
+    """Where the inputs go; with accelerate's offloading the first parameter may be on 'meta' (see placement)."""
+    from probe.placement import input_device
+
+    return input_device(model)
 
 
 def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None) -> Any:

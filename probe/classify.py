@@ -84,10 +84,26 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
         for first in batches:
             ids = probe_set.input_ids[first:first + batch_size]
             mask = None if probe_set.attention_mask is None else probe_set.attention_mask[first:first + batch_size]
+            if mask is not None:  # right padding: cut the columns no sequence of this batch uses
+                length = int(mask.sum(dim=1).max())
+                ids, mask = ids[:, :length], mask[:, :length]
             valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
             accumulator.batch = Batch(valid=valid, offset=probe_set.offset, repeat_len=probe_set.repeat_len)
-            run_model(loaded.model, ids, mask)
+            forward(loaded.model, ids, mask)
     return accumulator.result()
+
+
+def forward(model: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Any:
+    """run_model, with a model's own failure turned into one line (custom models fail in their own ways)."""
+    try:
+        return run_model(model, ids, mask)
+    except (ProbeError, KeyboardInterrupt):
+        raise
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ProbeError(f"the model's forward failed on a batch of shape {tuple(ids.shape)}: "
+                         f"{type(error).__name__}: {first} (longer than its context? try a smaller --seq-len)"
+                         ) from error
 
 
 def classify(

