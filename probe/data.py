@@ -3,8 +3,8 @@
 - natural: English prose shipped with probe (`probe/data/english.txt`, an excerpt of CPython's reference
   documentation, the same on every Python version) or the user's `--data FILE.txt`, tokenized without special
   tokens and cut into consecutive chunks of `seq_len` tokens; the first `num_seqs` are used, each with BOS
-  prepended where the model has one (an encoder gets its usual [CLS] ... [SEP]). A model without a tokenizer gets
-  random tokens instead, and position 0 plays the BOS role.
+  prepended where the model's tokenizer has one (an encoder gets its usual [CLS] ... [SEP]). A model without a
+  tokenizer gets random tokens instead; without a BOS, position 0 plays its role.
 - repeated: BOS + `repeat_len` random tokens repeated twice (Olsson et al. 2022), seeded; random tokens avoid
   special tokens.
 
@@ -37,7 +37,7 @@ class ProbeSet:
     name: str  # "natural" or "repeated"
     description: str
     input_ids: Tensor
-    offset: int  # 1 with a BOS/[CLS] (or a stand-in), the first content position
+    offset: int  # the first content position: 1 after a BOS or [CLS], else 0
     attention_mask: Tensor | None = None
     repeat_len: int | None = None  # repeated sets: R
     meta: dict[str, Any] = field(default_factory=dict)
@@ -79,21 +79,22 @@ def random_tokens(loaded: LoadedModel, shape: tuple[int, ...], generator: torch.
     return pool[torch.randint(len(pool), shape, generator=generator)]
 
 
-def _wrap(loaded: LoadedModel, chunks: Tensor, generator: torch.Generator) -> tuple[Tensor, int, str]:
-    """Add BOS (decoders) or [CLS] ... [SEP] (encoders); without either, a random token at position 0."""
+def _wrap(loaded: LoadedModel, chunks: Tensor) -> tuple[Tensor, int, str]:
+    """Add BOS (decoders whose tokenizer has one) or [CLS] ... [SEP] (encoders); else nothing, and position 0 plays
+    the BOS role. Returns the ids, the first content position and what starts each sequence."""
     tokenizer = loaded.tokenizer
     n = chunks.shape[0]
-    if tokenizer is not None and is_encoder(loaded):
+    if tokenizer is None:
+        return chunks, 0, "no BOS (no tokenizer)"
+    if is_encoder(loaded):
         cls_id, sep_id = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
         if cls_id is not None and sep_id is not None:
             return (torch.cat([torch.full((n, 1), cls_id), chunks, torch.full((n, 1), sep_id)], dim=1), 1,
                     "[CLS] ... [SEP]")
-    bos = getattr(tokenizer, "bos_token_id", None) if tokenizer is not None else None
-    if bos is None:
-        bos = getattr(getattr(loaded.model, "config", None), "bos_token_id", None) if tokenizer is not None else None
+    bos = getattr(tokenizer, "bos_token_id", None)
     if isinstance(bos, int):
         return torch.cat([torch.full((n, 1), bos), chunks], dim=1), 1, "BOS"
-    return torch.cat([random_tokens(loaded, (n, 1), generator), chunks], dim=1), 1, "random token (no BOS)"
+    return chunks, 0, "no BOS (the tokenizer has none)"
 
 
 def _tokenize_prefix(tokenizer: Any, text: str, needed: int) -> list[int]:
@@ -146,7 +147,7 @@ def natural_set(loaded: LoadedModel, *, data: str | Path | None = None, seq_len:
                              "give a longer text or a smaller --seq-len")
         used = min(num_seqs, available)
         chunks = torch.tensor(ids[: used * seq_len], dtype=torch.long).view(used, seq_len)
-    input_ids, offset, start = _wrap(loaded, chunks, generator)
+    input_ids, offset, start = _wrap(loaded, chunks)
     _check_context(loaded, input_ids.shape[1])
     description = f"natural: {source}, {chunks.shape[0]} x {seq_len} tokens, {start} first"
     return ProbeSet("natural", description, input_ids, offset,
@@ -160,7 +161,7 @@ def repeated_set(loaded: LoadedModel, *, repeat_len: int = DEFAULT_REPEAT_LEN, n
         raise ProbeError(f"the repeated sequence needs at least 2 tokens, got {repeat_len}")
     generator = torch.Generator().manual_seed(seed)
     half = random_tokens(loaded, (num_seqs, repeat_len), generator)
-    input_ids, offset, start = _wrap(loaded, torch.cat([half, half], dim=1), generator)
+    input_ids, offset, start = _wrap(loaded, torch.cat([half, half], dim=1))
     _check_context(loaded, input_ids.shape[1])
     description = f"repeated: {start} + {repeat_len} random tokens repeated twice, {num_seqs} sequences, seed {seed}"
     return ProbeSet("repeated", description, input_ids, offset, repeat_len=repeat_len,

@@ -62,8 +62,8 @@ def test_tiny_hf_without_tokenizer_uses_random_tokens() -> None:
     loaded = tiny_loaded("llama_gqa")
     natural = natural_set(loaded, seq_len=16, num_seqs=3)
     repeated = repeated_set(loaded, repeat_len=10, num_seqs=3)
-    assert natural.input_ids.shape == (3, 17) and repeated.input_ids.shape == (3, 21)
-    assert torch.equal(repeated.input_ids[:, 1:11], repeated.input_ids[:, 11:21])
+    assert natural.input_ids.shape == (3, 16) and repeated.input_ids.shape == (3, 20)  # no BOS without a tokenizer
+    assert torch.equal(repeated.input_ids[:, :10], repeated.input_ids[:, 10:20])
     result = classify(loaded, seq_len=16, num_seqs=3, repeat_len=10)
     for score in result.scores.values():
         assert score.shape == (2, 4) and bool(((score >= 0) & (score <= 1)).all())
