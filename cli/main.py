@@ -54,9 +54,16 @@ def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
 
 def load(model: str, device: Optional[str], dtype: str, device_map: Optional[str] = None,
          offload_folder: Optional[Path] = None) -> Any:
+    from transformers.utils import logging as hf_logging
+
     from probe.models import load_model
 
-    with errors.status(f"loading {model} ..."):
+    hf_logging.disable_progress_bar()  # the spinner below says what is happening
+    from probe.models import ALIASES
+
+    gguf = model in ALIASES or model.endswith(".gguf")
+    note = " (GGUF: dequantised on the first run, then cached)" if gguf else ""
+    with errors.status(f"loading {model}{note} ..."):
         return load_model(model, dtype=dtype, device=device, device_map=device_map, offload_folder=offload_folder)
 
 
@@ -165,3 +172,6 @@ def main() -> None:
         errors.print(f"error: {type(error).__name__}: {error} (run with --debug for the traceback)",
                      markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
+
+
+import cli.heatmap  # noqa: E402,F401  (registers the command)

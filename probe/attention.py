@@ -39,6 +39,7 @@ HeadsEdit = Callable[[int, Tensor], Tensor]
 
 OUTPUT_PROJECTIONS = ("W_o", "out_proj", "o_proj")
 BLOCK_BYTES = 256 * 2**20  # scores of one query block, per temporary; bounds peak memory at long context
+CAUSAL_BLOCK = 128  # smallest query block worth splitting causal attention into
 
 
 @dataclass(frozen=True)
@@ -83,51 +84,76 @@ def blocked_attention(
 
     query (b, hq, n, d), key/value (b, hk, kv, d) with hq a multiple of hk; mask broadcastable to (b, hq, n, kv),
     boolean (True = attend) or additive float. Returns (b, hq, n, d). `on_block(start, weights)` sees the float32
-    weights of queries start .. start + block: the same numbers eager attention produces.
+    weights of queries start .. start + block over all keys: the same numbers eager attention produces.
+
+    Cost-saving details that do not change the numbers: grouped-query heads are computed by folding the query
+    heads of one key/value head into the query axis (no repeated copies of keys and values); the scaling is applied
+    to the query block; and without a mask, causal attention computes only the keys up to the block's last query
+    (the later ones get weight 0, written as zeros into the block handed to `on_block`).
     """
     batch, n_heads, n_queries, head_dim = query.shape
-    repeat = n_heads // key.shape[1]
-    if repeat > 1:  # grouped- or multi-query attention: one key/value head serves `repeat` query heads
-        key = key.repeat_interleave(repeat, dim=1)
-        value = value.repeat_interleave(repeat, dim=1)
-    n_keys = key.shape[2]
+    n_kv_heads, n_keys = key.shape[1], key.shape[2]
+    repeat = n_heads // n_kv_heads
+    offset = n_keys - n_queries  # queries are the last n positions of the keys
     scaling = head_dim**-0.5 if scaling is None else scaling
+    truncate = causal and mask is None and offset >= 0  # keys after a block's last query are never attended
     block = _choose_block(batch, n_heads, n_queries, n_keys, query_block)
-    key_t = key.transpose(-1, -2)
+    if truncate and query_block is None:  # several blocks, so that the skipped keys add up (<= 1/16 computed twice)
+        block = min(block, max(CAUSAL_BLOCK, -(-n_queries // 8)))
+    future = None
+    if truncate and n_queries > 1:
+        size = min(block, n_queries)
+        future = torch.ones(size, size, dtype=torch.bool, device=query.device).triu_(1)
+    key_t = key.transpose(-1, -2)  # (b, hk, d, kv)
     outputs = []
     for start in range(0, n_queries, block):
         stop = min(start + block, n_queries)
-        scores = torch.matmul(query[:, :, start:stop], key_t) * scaling
+        size = stop - start
+        limit = stop + offset if truncate else n_keys  # keys this block can attend to
+        # (b, hk, repeat * size, d): the query heads sharing a key/value head, one after the other
+        q = query[:, :, start:stop].reshape(batch, n_kv_heads, repeat * size, head_dim) * scaling
+        scores = torch.matmul(q, key_t[..., :limit]).view(batch, n_heads, size, limit)
+        del q
         if softcap is not None:
             scores = torch.tanh(scores / softcap) * softcap
         if position_bias is not None:
-            scores = scores + position_bias[..., start:stop, :] if position_bias.shape[-2] > 1 else scores + position_bias
+            bias = position_bias[..., start:stop, :limit] if position_bias.shape[-2] > 1 else position_bias[..., :limit]
+            scores = scores + bias
         if mask is not None:
             block_mask = mask[..., start:stop, :n_keys] if mask.shape[-2] > 1 else mask[..., :n_keys]
             if block_mask.dtype == torch.bool:
-                scores = scores.masked_fill(~block_mask, torch.finfo(scores.dtype).min)
+                scores = scores.masked_fill_(block_mask.logical_not(), torch.finfo(scores.dtype).min)
+            elif block_mask.dtype == scores.dtype:
+                scores = scores.add_(block_mask)
             else:
                 scores = scores + block_mask
-        elif causal and stop - start >= 1 and n_queries > 1:
-            offset = n_keys - n_queries  # queries are the last n positions of the keys
-            rows = torch.arange(start, stop, device=scores.device)[:, None] + offset
-            future = torch.arange(n_keys, device=scores.device)[None, :] > rows
-            scores = scores.masked_fill(future, torch.finfo(scores.dtype).min)
+        elif future is not None:  # causal: only the last `size` keys can lie after a query
+            scores[..., limit - size:].masked_fill_(future[:size, :size], torch.finfo(scores.dtype).min)
         if sinks is not None:  # learned sink logits (gpt-oss): one extra column, dropped after the softmax
-            sink_column = sinks.reshape(1, -1, 1, 1).expand(batch, -1, stop - start, 1).to(scores.dtype)
+            sink_column = sinks.reshape(1, -1, 1, 1).expand(batch, -1, size, 1).to(scores.dtype)
             combined = torch.cat([scores, sink_column], dim=-1)
+            del scores
             combined = combined - combined.max(dim=-1, keepdim=True).values
             weights = F.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1]
+            del combined
         else:
             weights = F.softmax(scores, dim=-1, dtype=torch.float32)
-        del scores
+            del scores
         if on_block is not None:
-            on_block(start, weights)
+            if limit < n_keys:
+                full = weights.new_empty(batch, n_heads, size, n_keys)
+                full[..., :limit] = weights
+                full[..., limit:] = 0
+                on_block(start, full)
+                del full
+            else:
+                on_block(start, weights)
         weights = weights.to(value.dtype)
         if dropout > 0.0:
             weights = F.dropout(weights, p=dropout, training=True)
-        outputs.append(torch.matmul(weights, value))
-        del weights
+        out = torch.matmul(weights.reshape(batch, n_kv_heads, repeat * size, limit), value[:, :, :limit])
+        outputs.append(out.view(batch, n_heads, size, head_dim))
+        del weights, out
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
@@ -390,8 +416,22 @@ def _device(model: nn.Module) -> torch.device:
     return input_device(model)
 
 
-def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None) -> Any:
-    """One forward pass the way probe runs every model: HF with its mask and no KV cache, custom with ids only."""
+def _accepts(model: nn.Module, argument: str) -> bool:
+    import inspect
+
+    try:
+        return argument in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+              logits: bool = True) -> Any:
+    """One forward pass the way probe runs every model: HF with its mask and no KV cache, custom with ids only.
+
+    `logits=False`: the caller only reads attention, so a Hugging Face LM computes the logits of the last position
+    only (`logits_to_keep=1`); at 8192 tokens the full logits of a 49k vocabulary would take 1.6 GB.
+    """
     input_ids = input_ids.to(_device(model))
     if is_hf_model(model):
         kwargs: dict[str, Any] = {"input_ids": input_ids}
@@ -399,6 +439,8 @@ def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None
             kwargs["attention_mask"] = attention_mask.to(input_ids.device)
         if getattr(model.config, "use_cache", None) is not None:
             kwargs["use_cache"] = False
+        if not logits and _accepts(model, "logits_to_keep"):
+            kwargs["logits_to_keep"] = 1
         return model(**kwargs)
     return model(input_ids)
 

@@ -96,7 +96,7 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
 def forward(model: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Any:
     """run_model, with a model's own failure turned into one line (custom models fail in their own ways)."""
     try:
-        return run_model(model, ids, mask)
+        return run_model(model, ids, mask, logits=False)  # scores read attention only
     except (ProbeError, KeyboardInterrupt):
         raise
     except Exception as error:

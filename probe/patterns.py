@@ -17,7 +17,7 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,9 +28,13 @@ from probe.attention import attention_layers, capture_attention
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
+if TYPE_CHECKING:
+    from probe.classify import Classification
+
 DEFAULT_MAX_TOKENS = 512
 TOKEN_LIMIT = 1024
 DEFAULT_DECIMALS = 3
+LARGE_TEXT = 2_000_000  # characters: longer texts are tokenized only as far as needed
 THUMBNAIL = 32  # overview thumbnails are at most THUMBNAIL x THUMBNAIL (max-pooled)
 AVERAGE = -1  # the head number of "mean over the layer's heads"
 
@@ -76,6 +80,11 @@ class Patterns:
             return self.heads.index((layer, head))
         except ValueError:
             raise ProbeError(f"no pattern of layer {layer} head {head} here") from None
+
+    def _repr_html_(self) -> str:
+        from reports.html import heatmap_page
+
+        return heatmap_page(self, embed_plotly=False)
 
     def weights(self, layer: int, head: int) -> np.ndarray:
         """The rounded weights of one head as float32 (n, n), NaN where a causal model masks the key."""
@@ -278,10 +287,26 @@ def attention_patterns(
 
 def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[int] | None = None,
                   decimals: int = DEFAULT_DECIMALS, max_tokens: int = DEFAULT_MAX_TOKENS) -> Patterns:
-    """Every head's pattern (and each layer's average) on a text: what `probe heatmap` draws."""
+    """Every head's pattern (and each layer's average) on a text: what `probe heatmap` draws.
+
+    A text of more than LARGE_TEXT characters is tokenized only as far as needed, so the note gives its length
+    in characters instead of tokens."""
     _check_options(decimals, max_tokens)
-    return attention_patterns(loaded, text_ids(loaded, text), source=source, layers=layers, decimals=decimals,
-                              max_tokens=max_tokens)
+    if len(text) <= LARGE_TEXT:
+        return attention_patterns(loaded, text_ids(loaded, text), source=source, layers=layers, decimals=decimals,
+                                  max_tokens=max_tokens)
+    chars = max(4096, max_tokens * 16)
+    while True:  # the margin of 16 tokens keeps the cut from changing the tokens used
+        ids = text_ids(loaded, text[:chars])
+        if len(ids) >= max_tokens + 16 or chars >= len(text):
+            break
+        chars *= 2
+    patterns = attention_patterns(loaded, ids[:max_tokens], source=source, layers=layers, decimals=decimals,
+                                  max_tokens=max_tokens)
+    if len(ids) > max_tokens:
+        patterns.note = (f"the text has {len(text):,} characters, more than {max_tokens:,} tokens; the model ran on "
+                         f"the first {max_tokens:,} only (--max-tokens, at most {TOKEN_LIMIT:,})")
+    return patterns
 
 
 def read_text(path: str | Path) -> str:
@@ -298,7 +323,7 @@ def read_text(path: str | Path) -> str:
     return text
 
 
-def classification_patterns(loaded: LoadedModel, result: Any, *, data: str | Path | None = None,
+def classification_patterns(loaded: LoadedModel, result: Classification, *, data: str | Path | None = None,
                             seq_len: int | None = None, repeat_len: int | None = None, seed: int | None = None,
                             decimals: int = DEFAULT_DECIMALS) -> dict[str, Patterns]:
     """{probe set name: patterns of the heads flagged by the classes scored on it}, on the set's first sequence:

@@ -100,14 +100,25 @@ def positional_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor,
     at least 90%. Returns sums and counts for both neighbours stacked; `finish_positional` picks the larger."""
     b, h, block, n_keys = weights.shape
     queries = torch.arange(start, start + block, device=weights.device)
-    top = weights.argmax(dim=-1)  # (b, h, block)
+    top = weights.amax(dim=-1)  # (b, h, block); amax is several times faster than argmax on CPU
+    unsure = top.isnan()  # argmax takes a NaN as the maximum; settle such rows by argmax below
     valid = batch.valid.to(weights.device)
     results = []
     for shift in (-1, 1):
         keys = queries + shift
         ok = (keys >= 0) & (keys < n_keys)
         selected = ok[None, :] & valid[:, start:start + block] & valid[:, keys.clamp(0, n_keys - 1)]
-        hit = (top == keys.view(1, 1, block)) & selected[:, None, :]
+        index = keys.clamp(0, n_keys - 1).view(1, 1, block, 1).expand(b, h, block, 1)
+        at_key = weights.gather(-1, index).squeeze(-1)  # (b, h, block)
+        hit = ((at_key == top) | unsure) & selected[:, None, :]
+        # the key holds the maximum: it is the argmax unless an earlier key ties with it, which the argmax of the
+        # keys up to it settles (all keys where a row has a NaN)
+        prefix = n_keys if bool(unsure.any()) else min(n_keys, start + block + 1)
+        for head in range(h):
+            rows = hit[:, head].nonzero(as_tuple=True)
+            if rows[0].numel():
+                first = weights[:, head, :, :prefix][rows].argmax(dim=-1)
+                hit[:, head][rows] = first == keys[rows[1]]
         results.append((hit.sum(dim=(0, 2)).double(), selected.sum().double().expand(h)))
     return torch.stack([results[0][0], results[1][0]]), torch.stack([results[0][1], results[1][1]])
 

@@ -24,18 +24,19 @@ def classification_report(result: Classification, console: Console, *, max_rows:
         console.print(Text(f"  probe set {info.get('description', name)}", style="dim"))
     for name in result.scores:
         flagged = result.flagged(name)
-        title = (f"{name} heads: {len(flagged)} with score > {result.thresholds[name]:g} "
-                 f"({SCORES[name].summary if name in SCORES else ''})")
+        summary = SCORES[name].summary if name in SCORES else ""
+        console.print()
+        console.print(Text(f"{name} heads: {len(flagged)} with score > {result.thresholds[name]:g}", style="bold"),
+                      Text(f"({summary})", style="dim"))
         if not flagged:
-            console.print(Text(f"\n{title}", style="bold"), Text("  none", style="dim"))
+            console.print(Text("  none", style="dim"))
             continue
-        table = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+        table = Table(show_edge=False, pad_edge=False, box=None)
         table.add_column("layer.head", justify="right")
         table.add_column("score", justify="right")
         table.add_column("", no_wrap=True)
         for layer, head, score in flagged[:max_rows]:
             table.add_row(f"{layer}.{head}", f"{score:.3f}", Text("█" * round(score * 20), style="cyan"))
-        console.print()
         console.print(table)
         if len(flagged) > max_rows:
             console.print(Text(f"  ... and {len(flagged) - max_rows} more (see --json)", style="dim"))
@@ -45,8 +46,8 @@ def classification_report(result: Classification, console: Console, *, max_rows:
 
 def overview(result: Classification) -> Table:
     """Layer x head grid; each cell holds the letters of the head's labels."""
-    legend = ", ".join(f"{letter}={name}" for name, letter in LETTERS.items() if name in result.scores)
-    table = Table(title=f"Overview ({legend}; · = no label)", title_justify="left", show_edge=False,
+    legend = " ".join(f"{letter}={name}" for name, letter in LETTERS.items() if name in result.scores)
+    table = Table(title=f"Overview, layer x head: {legend}", title_justify="left", show_edge=False,
                   pad_edge=False, box=None)
     table.add_column("layer", justify="right", style="dim")
     for head in range(result.n_heads):

@@ -1,0 +1,81 @@
+"""`python -m bench [NAME ...] [options]`: run the benchmarks (default: all) and rewrite bench/RESULTS.md.
+
+NAME is classification, ablation, memory or profile. Each benchmark saves bench/results/NAME.json with the machine,
+date and this command line; RESULTS.md is rendered from every saved result (`python -m bench --render` only
+renders).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+
+from bench import report
+from bench.common import save_result
+
+ALL = ["classification", "ablation", "memory", "profile"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", default=[], metavar="NAME",
+                        help=f"benchmarks to run ({', '.join(ALL)}); default all")
+    parser.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7 for classification, "
+                                                                   "3 for ablation)")
+    parser.add_argument("--ablation-layers", default="2,7,12,17,22,27",
+                        help="layers whose heads the timed sweep covers, or 'all' (default: a representative sixth)")
+    parser.add_argument("--no-estimate", action="store_true", help="skip the exact-vs-estimate comparison")
+    parser.add_argument("--lengths", default="512,1024,2048,4096,8192", help="memory benchmark lengths")
+    parser.add_argument("--memory-tools", default=None, help="comma list of load_only,probe,hf,tl,tl_patterns")
+    parser.add_argument("--profile-length", type=int, default=2048, help="tokens of the long profiled sequence")
+    parser.add_argument("--device", default=None, help="classification benchmark: torch device (default cpu)")
+    parser.add_argument("--dtype", default="float32", help="classification benchmark: float32, bfloat16, float16")
+    parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out")
+    parser.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from saved results")
+    args = parser.parse_args()
+    command = "python -m bench" + ("" if len(sys.argv) == 1 else " " + shlex.join(sys.argv[1:]))
+    names = args.names or ([] if args.render else ALL)
+    unknown = [name for name in names if name not in ALL]
+    if unknown:
+        parser.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(ALL)}")
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    for name in names:
+        started = time.perf_counter()
+        log(f"== {name}")
+        if name == "classification":
+            from bench import classification
+
+            data = classification.run(repeats=args.repeats or 7, log=log, with_tl=not args.no_tl,
+                                      device=args.device, dtype=args.dtype)
+        elif name == "ablation":
+            from bench import ablation
+
+            layers = None if args.ablation_layers == "all" else [int(x) for x in args.ablation_layers.split(",")]
+            data = ablation.run(repeats=args.repeats or 3, layers=layers, log=log, with_tl=not args.no_tl,
+                                with_estimate=not args.no_estimate)
+        elif name == "memory":
+            from bench import memory
+
+            tools = args.memory_tools.split(",") if args.memory_tools else None
+            data = memory.run([int(x) for x in args.lengths.split(",")], tools, log=log)
+        else:
+            from bench import profile
+
+            data = profile.run(args.profile_length, log=log)
+        data["command"] = command
+        data["bench_seconds"] = time.perf_counter() - started
+        path = save_result(name if not (name == "classification" and args.device not in (None, "cpu"))
+                           else f"{name}-{args.device}-{args.dtype}", data)
+        log(f"   saved {path} ({data['bench_seconds']:.0f} s)")
+    report.write()
+    log(f"wrote {report.RESULTS_MD}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Benchmark 2: zero-ablate each SmolLM2 head alone on 4 x 128 tokens of natural text, measure the loss of each.
+
+Variants, each over the same heads and the same (4, 128) batch (BOS + 127 tokens of probe's embedded English text),
+timed interleaved in one loop:
+- naive: the baseline. Plain PyTorch: for each head a forward pre-hook on that layer's `o_proj` zeroes the head's
+  slice of its input, then one full forward and the mean next-token cross-entropy.
+- tl: TransformerLens, `run_with_hooks(tokens, return_type="loss", fwd_hooks=[("blocks.L.attn.hook_z", zero)])`
+  per head.
+- probe_exact: `probe.ablate.sweep(loaded, probe_set, heads, mode="exact")`.
+
+A full sweep is 270 heads; by default the timed sweep covers a representative subset: every head of layers
+2, 7, 12, 17, 22 and 27 (the middle layer of each sixth of the model, so that the work per head, which for probe's
+exact mode shrinks with the layer, averages as over all 30 layers). `--ablation-layers all` times the full sweep.
+
+Estimate mode (if probe.ablate has it): its cost in forward-equivalents and how well it ranks the heads against one
+exact sweep of all 270 heads (Spearman rank correlation and overlap of the top 10 by loss increase).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bench.classification import spearman
+from bench.common import have_transformer_lens, interleaved, load_average, machine, now, transformer_lens_bridge
+
+DEFAULT_LAYERS = [2, 7, 12, 17, 22, 27]
+
+
+def mean_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
+    return float(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)))
+
+
+def run(repeats: int = 3, layers: list[int] | None = None, log: Any = print, with_tl: bool = True,
+        with_estimate: bool = True) -> dict[str, Any]:
+    from probe.data import natural_set
+    from probe.models import load_model
+
+    loaded = load_model("smollm2")
+    model = loaded.model
+    n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    head_dim = model.config.hidden_size // n_heads
+    layers = list(range(n_layers)) if layers is None else layers
+    heads = [(layer, head) for layer in layers for head in range(n_heads)]
+    probe_set = natural_set(loaded, seq_len=127, num_seqs=4)
+    ids = probe_set.input_ids
+    log(f"bench 2: batch {tuple(ids.shape)}, {len(heads)} heads (layers {layers})")
+    losses: dict[str, dict[tuple[int, int], float]] = {}
+
+    with torch.no_grad():
+        baseline_loss = mean_loss(model(input_ids=ids, use_cache=False).logits, ids)
+
+    def naive() -> None:
+        out = {}
+        with torch.no_grad():
+            for layer, head in heads:
+                def zero(_module: Any, args: tuple, head: int = head) -> tuple:
+                    x = args[0].clone()
+                    x[..., head * head_dim:(head + 1) * head_dim] = 0
+                    return (x, *args[1:])
+
+                handle = model.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(zero)
+                try:
+                    out[(layer, head)] = mean_loss(model(input_ids=ids, use_cache=False).logits, ids)
+                finally:
+                    handle.remove()
+        losses["naive"] = out
+
+    def probe_exact() -> None:
+        from probe.ablate import sweep
+
+        result = sweep(loaded, probe_set, heads, mode="exact", batch_size=8)
+        losses["probe_exact"] = {r.heads[0]: r.loss for r in result.heads}
+        losses["probe_exact_path"] = result.path  # type: ignore[assignment]
+
+    variants = {"naive": naive, "probe_exact": probe_exact}
+    if with_tl and have_transformer_lens():
+        bridge = transformer_lens_bridge(loaded)
+
+        def tl() -> None:
+            out = {}
+            with torch.no_grad():
+                for layer, head in heads:
+                    def zero_z(z: torch.Tensor, hook: Any, head: int = head) -> torch.Tensor:
+                        z[:, :, head, :] = 0.0
+                        return z
+
+                    loss = bridge.run_with_hooks(ids, return_type="loss",
+                                                 fwd_hooks=[(f"blocks.{layer}.attn.hook_z", zero_z)])
+                    out[(layer, head)] = float(loss)
+            losses["tl"] = out
+
+        variants["tl"] = tl
+    started, load_before = now(), load_average()
+    timings = interleaved(variants, "naive", repeats, warmup=0, log=log)
+    agreement = {}
+    for name in ("probe_exact", "tl"):
+        if name in losses:
+            agreement[name] = max(abs(losses[name][h] - losses["naive"][h]) for h in heads)
+    deltas = {h: losses["naive"][h] - baseline_loss for h in heads}
+    result: dict[str, Any] = {
+        "benchmark": "ablation",
+        "date": started,
+        "machine": machine(),
+        "load_before": load_before,
+        "batch": list(ids.shape),
+        "layers": layers,
+        "n_heads_timed": len(heads),
+        "n_heads_total": n_layers * n_heads,
+        "repeats": repeats,
+        "timings": timings.to_dict(),
+        "probe_path": losses.get("probe_exact_path"),
+        "max_abs_loss_difference_vs_naive": agreement,
+        "baseline_loss": baseline_loss,
+        "largest_deltas_naive": sorted(((f"{l}.{h}", d) for (l, h), d in deltas.items()), key=lambda x: -x[1])[:10],
+    }
+    if with_estimate:
+        result["estimate"] = estimate_quality(loaded, probe_set, log)
+    result["load_after"] = load_average()
+    return result
+
+
+def estimate_quality(loaded: Any, probe_set: Any, log: Any = print) -> dict[str, Any]:
+    """One exact sweep of every head (timed once), then estimate mode: cost and agreement with the exact sweep."""
+    from probe.ablate import sweep
+
+    log("bench 2: exact sweep of all heads (reference for estimate mode)")
+    start = time.perf_counter()
+    exact = sweep(loaded, probe_set, None, mode="exact", batch_size=8)
+    exact_seconds = time.perf_counter() - start
+    out: dict[str, Any] = {"exact_all_heads_seconds": exact_seconds, "exact_path": exact.path}
+    try:
+        start = time.perf_counter()
+        estimated = sweep(loaded, probe_set, None, mode="estimate", batch_size=8)
+        out["estimate_seconds"] = time.perf_counter() - start
+    except NotImplementedError:
+        out["estimate"] = "not implemented in probe.ablate yet"
+        return out
+    # the cost of one plain forward of the same batch, for forward-equivalents measured here
+    model, ids = loaded.model, probe_set.input_ids
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(input_ids=ids, use_cache=False)
+        times.append(time.perf_counter() - start)
+    forward = statistics.median(times)
+    exact_delta = {r.heads[0]: r.delta for r in exact.heads}
+    est_delta = {r.heads[0]: r.delta for r in estimated.heads}
+    heads = sorted(exact_delta)
+    a = [exact_delta[h] for h in heads]
+    b = [est_delta[h] for h in heads]
+    top_exact = set(sorted(heads, key=lambda h: -exact_delta[h])[:10])
+    top_est = set(sorted(heads, key=lambda h: -est_delta[h])[:10])
+    out.update({
+        "forward_seconds": forward,
+        "estimate_forward_equivalents_measured": out["estimate_seconds"] / forward,
+        "estimate_forward_equivalents_reported": estimated.forwards,
+        "estimate_path": estimated.path,
+        "spearman": spearman(a, b),
+        "top10_overlap": len(top_exact & top_est),
+    })
+    return out

@@ -1,0 +1,284 @@
+"""Shared pieces of the benchmarks: the machine, interleaved timing, fresh-process memory points, TransformerLens.
+
+Every figure a benchmark reports is measured in the run that reports it: ratios are taken against a baseline timed
+in the same loop (variants interleaved, their order rotated every repeat), and each figure is the median over the
+repeats of the per-repeat ratio, so that a load spike from another process hits baseline and variant alike.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).parent
+ROOT = BENCH.parent
+RESULTS_DIR = BENCH / "results"  # one JSON per benchmark, rendered together into RESULTS.md
+RESULTS_MD = BENCH / "RESULTS.md"
+GIB = 2**30
+MEMORY_CAP = 8 * GIB  # no benchmark process may grow past this: other work shares the machine
+TL_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on."""
+    import torch
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                memory = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    versions = {"python": platform.python_version(), "torch": torch.__version__}
+    for package in ("transformers", "transformer_lens"):
+        try:
+            module = __import__(package)
+            versions[package] = getattr(module, "__version__", "?")
+        except Exception:  # transformer_lens is optional (the bench extra)
+            versions[package] = "not installed"
+    try:
+        from importlib.metadata import version
+
+        versions["transformer_lens"] = version("transformer-lens")
+    except Exception:
+        pass
+    gpu = "none"
+    if torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name(0)
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": round(memory / GIB, 1),
+        "gpu": gpu,
+        "os": platform.platform(),
+        "versions": versions,
+    }
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def load_average() -> tuple[float, float, float]:
+    try:
+        return os.getloadavg()
+    except OSError:
+        return (float("nan"),) * 3
+
+
+def command_line() -> str:
+    return " ".join(["python -m bench", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("__main__.py") \
+        else " ".join([Path(sys.executable).name, *sys.argv])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing
+
+
+@dataclass
+class Timings:
+    """Seconds per repeat of each variant; `baseline` names the variant the ratios are taken against."""
+
+    baseline: str
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    load: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def median(self, name: str) -> float:
+        return statistics.median(self.seconds[name])
+
+    def ratios(self, name: str) -> list[float]:
+        return [t / b for t, b in zip(self.seconds[name], self.seconds[self.baseline])]
+
+    def ratio(self, name: str) -> float:
+        """Median over repeats of (variant / baseline of the same repeat)."""
+        return statistics.median(self.ratios(name))
+
+    def spread(self, name: str) -> tuple[float, float]:
+        ratios = self.ratios(name)
+        return min(ratios), max(ratios)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "baseline": self.baseline,
+            "seconds": self.seconds,
+            "median_seconds": {name: self.median(name) for name in self.seconds},
+            "ratio_vs_baseline": {name: self.ratio(name) for name in self.seconds},
+            "ratio_range": {name: self.spread(name) for name in self.seconds},
+            "load_average_1min": [load[0] for load in self.load],
+        }
+
+
+def interleaved(variants: dict[str, Callable[[], Any]], baseline: str, repeats: int, warmup: int = 1,
+                log: Callable[[str], None] = print) -> Timings:
+    """Time each variant `repeats` times, interleaved, rotating the order each repeat; warm each up first."""
+    import gc
+
+    names = list(variants)
+    for name in names:
+        for _ in range(warmup):
+            variants[name]()
+    timings = Timings(baseline, {name: [] for name in names})
+    for repeat in range(repeats):
+        order = names[repeat % len(names):] + names[:repeat % len(names)]
+        timings.load.append(load_average())
+        for name in order:
+            gc.collect()
+            start = time.perf_counter()
+            variants[name]()
+            timings.seconds[name].append(time.perf_counter() - start)
+        log(f"  repeat {repeat + 1}/{repeats}: " + ", ".join(
+            f"{name} {timings.seconds[name][-1]:.3f}s" for name in names) + f" (load {timings.load[-1][0]:.2f})")
+    return timings
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fresh processes with a memory watchdog
+
+
+@dataclass
+class ProcessResult:
+    returncode: int
+    peak_rss: int  # bytes, as the kernel counted it (ru_maxrss of the child), or the watchdog's last reading
+    seconds: float
+    stdout: str
+    stderr: str
+    killed: bool  # the watchdog stopped it at MEMORY_CAP
+
+
+def run_measured(args: list[str], cap: int = MEMORY_CAP, timeout: float = 3600, env: dict[str, str] | None = None
+                 ) -> ProcessResult:
+    """Run `args` in a fresh process; peak RSS from the kernel (wait4 rusage), killed if its RSS passes `cap`."""
+    import psutil
+
+    start = time.perf_counter()
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               env={**os.environ, **(env or {})})
+    killed = [False]
+    watched = [0]
+
+    def watch() -> None:
+        try:
+            handle = psutil.Process(process.pid)
+            while process.poll() is None:
+                rss = sum(p.memory_info().rss for p in [handle, *handle.children(recursive=True)])
+                watched[0] = max(watched[0], rss)
+                if rss > cap:
+                    killed[0] = True
+                    process.kill()
+                    return
+                time.sleep(0.05)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    # wait4 gives the child's own rusage (ru_maxrss in KiB on Linux), not the sum over every child ever waited for
+    stdout_chunks: list[str] = []
+    stderr_chunks: list[str] = []
+    readers = [threading.Thread(target=lambda s=s, out=out: out.append(s.read()), daemon=True)
+               for s, out in ((process.stdout, stdout_chunks), (process.stderr, stderr_chunks))]
+    for reader in readers:
+        reader.start()
+    deadline = start + timeout
+    rusage = None
+    status = 0
+    while True:
+        pid, status, rusage = os.wait4(process.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.perf_counter() > deadline:
+            process.kill()
+        time.sleep(0.05)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    for reader in readers:
+        reader.join()
+    watcher.join(timeout=1)
+    peak = rusage.ru_maxrss * 1024 if rusage is not None else watched[0]
+    return ProcessResult(process.returncode, max(peak, watched[0]) if killed[0] else peak,
+                         time.perf_counter() - start, "".join(stdout_chunks), "".join(stderr_chunks), killed[0])
+
+
+def last_json(text: str) -> dict[str, Any]:
+    """The last line of `text` that is a JSON object (what a child process reports)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise ValueError(f"no JSON line in the output:\n{text[-2000:]}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# TransformerLens
+
+
+def transformer_lens_bridge(loaded: Any) -> Any:
+    """TransformerLens 4.x on SmolLM2, offline: wrap a copy of the HF model (the bridge switches it to eager)."""
+    import torch
+    from transformer_lens.model_bridge import TransformerBridge
+
+    hf = copy.deepcopy(loaded.model)
+    hf.config.architectures = ["LlamaForCausalLM"]  # GGUF configs leave it empty
+    bridge = TransformerBridge.boot_transformers(TL_MODEL_ID, hf_model=hf, tokenizer=loaded.tokenizer,
+                                                 device="cpu")
+    original = bridge.to_tokens
+
+    def to_tokens(value: Any, *args: Any, **kwargs: Any) -> Any:
+        """Token ids pass through: the benchmark's inputs are random token ids, which do not survive a round trip
+        through text; tokenizing is no part of what is compared."""
+        if isinstance(value, torch.Tensor):
+            return value if value.dim() == 2 else value[None]
+        if isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            return torch.cat([v if v.dim() == 2 else v[None] for v in value])
+        return original(value, *args, **kwargs)
+
+    bridge.to_tokens = to_tokens
+    return bridge
+
+
+def have_transformer_lens() -> bool:
+    try:
+        import transformer_lens  # noqa: F401
+
+        return True
+    except Exception:
+        return False
+
+
+def save_result(name: str, data: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
+    return path
+
+
+def load_result(name: str) -> dict[str, Any] | None:
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def fmt_gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / GIB:.2f}"

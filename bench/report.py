@@ -1,0 +1,220 @@
+"""Render bench/results/*.json into bench/RESULTS.md. Every number in it comes from those files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.common import GIB, RESULTS_MD, load_result
+
+TARGETS = {"classification": 1.15, "ablation_naive": 0.65, "ablation_tl": 0.57}
+
+
+def _machine(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    load = data.get("load_before"), data.get("load_after")
+    load_text = ""
+    if load[0] is not None:
+        load_text = f"; load average (1 min) {load[0][0]:.2f} before" + (
+            f", {load[1][0]:.2f} after" if load[1] is not None else "")
+    return (f"- Date: {data['date']}; command: `{data.get('command', '?')}`\n"
+            f"- Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), {m['memory_gib']} GiB RAM, "
+            f"GPU: {m['gpu']}; {m['os']}\n- Versions: {versions}{load_text}\n")
+
+
+def _verdict(value: float, target: float) -> str:
+    return f"**met** ({value:.2f}x <= {target}x)" if value <= target else f"**not met** ({value:.2f}x > {target}x)"
+
+
+def classification(data: dict[str, Any]) -> str:
+    t = data["timings"]
+    labels = {
+        "plain": "plain sdpa forward, `model(input_ids)` (baseline)",
+        "plain_no_logits": "decoder only, `model.model(input_ids)` (no LM head), for reference",
+        "probe": "**probe**: previous-token + duplicate-token + induction scores of all 270 heads",
+        "probe_all6": "probe, all six scores (adds sink, next-token, positional)",
+        "tl_fastest": "TransformerLens fastest: 1 batched `run_with_cache` (pattern hooks) + `detect_head` x 3 x 8",
+        "tl_documented": "TransformerLens documented: `detect_head(model, [8 prompts], name)` x 3",
+    }
+    lines = [f"## 1. Classification of every head, 8 x {data['batch'][1]} tokens (BOS + 50 random tokens x 2)\n",
+             _machine(data), f"- {data['repeats']} repeats, variants interleaved (order rotated each repeat); "
+             "ratio = median over repeats of (variant time / baseline time of the same repeat)\n",
+             "| variant | median time (s) | ratio vs plain forward | ratio range |", "|---|---:|---:|---:|"]
+    for name in t["seconds"]:
+        low, high = t["ratio_range"][name]
+        lines.append(f"| {labels.get(name, name)} | {t['median_seconds'][name]:.3f} | "
+                     f"{t['ratio_vs_baseline'][name]:.2f}x | {low:.2f}-{high:.2f} |")
+    lines.append("")
+    lines.append(f"Target probe <= {TARGETS['classification']}x a plain forward: "
+                 f"{_verdict(t['ratio_vs_baseline']['probe'], TARGETS['classification'])}.")
+    if "tl_fastest" in t["seconds"]:
+        p, f = t["median_seconds"]["probe"], t["median_seconds"]["tl_fastest"]
+        d = t["median_seconds"].get("tl_documented")
+        lines.append(f"probe takes {p / f:.2f}x the time of TransformerLens' fastest variant"
+                     + (f" and {p / d:.2f}x its documented usage." if d else "."))
+    if data.get("spearman_probe_vs_tl"):
+        agreement = ", ".join(f"{k} {v:.2f}" for k, v in data["spearman_probe_vs_tl"].items())
+        lines.append(f"Sanity check: Spearman rank correlation of probe's and TransformerLens' scores over the 270 "
+                     f"heads (the definitions differ: TransformerLens averages over every query, probe over the "
+                     f"queries where the pattern is defined): {agreement}.")
+    if data.get("note"):
+        lines.append(f"Note: {data['note']}")
+    return "\n".join(lines) + "\n"
+
+
+def ablation(data: dict[str, Any]) -> str:
+    t = data["timings"]
+    labels = {"naive": "naive hook loop: one full forward per head (baseline)",
+              "tl": "TransformerLens `run_with_hooks` on `hook_z`, one per head",
+              "probe_exact": "**probe** `sweep(mode=\"exact\")`"}
+    timed, total = data["n_heads_timed"], data["n_heads_total"]
+    scope = "all heads" if timed == total else (
+        f"{timed} of {total} heads: every head of layers {', '.join(map(str, data['layers']))} (the middle layer "
+        f"of each sixth of the model, a representative subset: probe's exact mode costs less for later layers, and "
+        f"these layers average as all 30 do)")
+    lines = [f"## 2. Zero-ablation sweep, 4 x {data['batch'][1]} tokens of natural text\n", _machine(data),
+             f"- Timed: {scope}; {data['repeats']} repeats, interleaved; ratio = median of per-repeat ratios\n",
+             "| variant | median time (s) | per head (s) | ratio vs naive | ratio range |", "|---|---:|---:|---:|---:|"]
+    for name in t["seconds"]:
+        low, high = t["ratio_range"][name]
+        lines.append(f"| {labels.get(name, name)} | {t['median_seconds'][name]:.1f} | "
+                     f"{t['median_seconds'][name] / timed:.3f} | {t['ratio_vs_baseline'][name]:.2f}x | "
+                     f"{low:.2f}-{high:.2f} |")
+    lines.append("")
+    if timed != total:
+        lines.append(f"Full-sweep times extrapolated from the subset (x {total / timed:.0f}), an **estimate**: " +
+                     ", ".join(f"{name} ~{t['median_seconds'][name] * total / timed:.0f} s" for name in t["seconds"])
+                     + ".")
+    if "probe_exact" in t["seconds"]:
+        r = t["ratio_vs_baseline"]["probe_exact"]
+        lines.append(f"Target probe <= {TARGETS['ablation_naive']}x naive: {_verdict(r, TARGETS['ablation_naive'])}.")
+        if "tl" in t["seconds"]:
+            rt = t["median_seconds"]["probe_exact"] / t["median_seconds"]["tl"]
+            lines.append(f"Target probe <= {TARGETS['ablation_tl']}x TransformerLens (ratio of medians): "
+                         f"{_verdict(rt, TARGETS['ablation_tl'])}; TransformerLens / naive = "
+                         f"{t['ratio_vs_baseline']['tl']:.2f}x.")
+        lines.append(f"probe's path: {data.get('probe_path')}")
+    diffs = data.get("max_abs_loss_difference_vs_naive") or {}
+    if diffs:
+        lines.append("Same numbers: largest |loss difference| against the naive loop over the timed heads: " +
+                     ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()) + ".")
+    est = data.get("estimate")
+    if est:
+        lines.append("")
+        lines.append(f"Exact sweep of all {total} heads, run once: {est['exact_all_heads_seconds']:.0f} s "
+                     f"({est.get('exact_path', '')}).")
+        if "spearman" in est:
+            lines.append(f"Estimate mode: {est['estimate_seconds']:.1f} s = "
+                         f"{est['estimate_forward_equivalents_measured']:.1f} forward-equivalents measured "
+                         f"(one plain forward of the batch: {est['forward_seconds']:.3f} s; probe reports "
+                         f"{est.get('estimate_forward_equivalents_reported')}); Spearman against the exact sweep "
+                         f"{est['spearman']:.3f}, top-10 overlap {est['top10_overlap']}/10. Targets: >= 0.9, "
+                         f">= 8/10, <= 10 forward-equivalents.")
+        else:
+            lines.append(f"Estimate mode: {est.get('estimate')}.")
+    return "\n".join(lines) + "\n"
+
+
+def memory(data: dict[str, Any]) -> str:
+    points = data["points"]
+    tools = [t for t in ("probe", "hf", "tl", "tl_patterns") if t in points]
+    names = {"probe": "probe classify (CLI)", "hf": "HF output_attentions=True",
+             "tl": "TransformerLens run_with_cache", "tl_patterns": "TL run_with_cache, pattern hooks only"}
+    lengths = sorted({int(n) for t in tools for n in points[t]})
+    lines = ["## 3. Peak memory (RSS, GiB) against sequence length, one sequence, fresh process per point\n",
+             _machine(data),
+             f"- Cap per process: {data['cap_bytes'] / GIB:.0f} GiB (shared machine); points predicted above 90% "
+             "of it were not run: *italic ~N* marks an estimate from a least-squares fit a + bN + cN^2 to the "
+             "points measured for the same tool\n"]
+    if "load_only" in points:
+        floor = next(iter(points["load_only"].values()))
+        lines.append(f"- Floor: Python + torch + SmolLM2 (float32) loaded, nothing run: "
+                     f"{floor['peak_rss'] / GIB:.2f} GiB\n")
+    lines.append("| tokens | " + " | ".join(names[t] for t in tools) + " |")
+    lines.append("|---:|" + "---:|" * len(tools))
+    for n in lengths:
+        cells = []
+        for tool in tools:
+            row = points[tool].get(str(n))
+            if row is None:
+                cells.append("")
+            elif row["status"] == "measured":
+                cells.append(f"{row['peak_rss'] / GIB:.2f}")
+            elif "estimate" in row:
+                note = " (stopped at cap)" if row["status"] == "stopped at cap" else ""
+                cells.append(f"*~{row['estimate'] / GIB:.1f}*{note}")
+            else:
+                cells.append(row["status"])
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if "probe" in points:
+        times = ", ".join(f"{n}: {row['wall_seconds']:.0f} s" for n, row in points["probe"].items()
+                          if row["status"] == "measured")
+        lines.append(f"probe classify wall time per point (model load included): {times}.")
+        top = points["probe"].get("8192")
+        if top and top["status"] == "measured":
+            verdict = "**met**" if top["peak_rss"] < 4 * GIB else "**not met**"
+            lines.append(f"Long-context target, `probe classify` at 8192 tokens under 4 GiB: {verdict} "
+                         f"({top['peak_rss'] / GIB:.2f} GiB).")
+    return "\n".join(lines) + "\n"
+
+
+def profile(data: dict[str, Any]) -> str:
+    lines = ["## Where the time goes (torch.profiler, pyinstrument)\n", _machine(data)]
+    for name in ("short", "long"):
+        part = data.get(name)
+        if not part:
+            continue
+        s = part["seconds"]
+        lines.append(f"### {name}: {part['shape'][0]} x {part['shape'][1]} tokens, scores {', '.join(part['scores'])}\n")
+        lines.append(f"One run each: plain forward {s['plain']:.3f} s, probe {s['probe']:.3f} s. "
+                     f"Self time by op inside probe's run ({part['profiled_self_seconds']:.2f} s under the "
+                     "profiler):\n")
+        lines.append("| op | input shapes | calls | self ms | share |")
+        lines.append("|---|---|---:|---:|---:|")
+        for op in part["probe_ops"]:
+            lines.append(f"| {op['op']} | `{op['shapes']}` | {op['calls']} | {op['self_ms']:.0f} | "
+                         f"{op['share']:.0%} |")
+        py = part.get("python") or {}
+        if "total_seconds" in py:
+            lines.append(f"\npyinstrument: {py['total_seconds']:.2f} s in all, of which "
+                         f"{py['probe_python_self_seconds']:.3f} s is Python in probe's own frames "
+                         "(hooks, score reductions' Python side).")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+HEADER = """# probe benchmarks
+
+Run them all with `python -m bench` (or `bash bench/run.sh`); one at a time with `python -m bench classification`,
+`ablation`, `memory`, `profile`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'` (install
+`torch` first, pinned to the version you have, so that the resolver keeps it). Each benchmark writes
+`bench/results/NAME.json`; this file is rendered from those files, so every number below was measured in the run
+whose date and command head its section. Ratios are against a baseline timed in the same run.
+
+GPU: no GPU was available to the machine these numbers come from, so the CUDA (bf16 / fp32) runs were not made;
+the code is device-agnostic (`--device`, `--dtype`), and `python -m bench --device cuda --dtype bfloat16` is not
+wired yet: see "Not done" at the end.
+"""
+
+
+def render(extra: str = "") -> str:
+    parts = [HEADER]
+    for name, fn in (("classification", classification), ("ablation", ablation), ("memory", memory),
+                     ("profile", profile)):
+        data = load_result(name)
+        if data is not None:
+            parts.append(fn(data))
+        else:
+            parts.append(f"## {name}\n\nNot run yet: `python -m bench {name}`.\n")
+    if extra:
+        parts.append(extra)
+    return "\n".join(parts)
+
+
+def write(extra: str = "") -> None:
+    notes = RESULTS_MD.parent / "NOTES.md"
+    text = render(extra)
+    if notes.is_file():
+        text += "\n" + notes.read_text(encoding="utf-8")
+    RESULTS_MD.write_text(text, encoding="utf-8")

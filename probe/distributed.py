@@ -1,0 +1,382 @@
+"""Sharded sweeps under torchrun: split the heads of an ablation sweep over processes, GPUs and machines.
+
+probe uses the engine researchers already run: `torchrun --nproc-per-node N -m cli ablate ...` (or
+`torchrun --no-python probe ablate ...`, and multi-node torchrun). Every process loads the model on its own device
+(or its own group of GPUs with --device-map), computes the same unablated baseline, and runs a share of the
+sweep's forward passes: the sweep is cut into exactly the chunks (stacked ablations of one layer) that one process
+would run, and the chunks are dealt out by cost, so every number comes from the same forward as in a
+single-process sweep and the merged result equals it exactly. Each process streams its finished ablations to its
+own shard file next to the results file, so a process that dies loses only the chunks it had not finished; a rerun
+with --resume reads every shard it can see, shares what it read with the other processes, and runs the rest.
+Rank 0 gathers the results (torch.distributed, no shared filesystem needed) and writes the one results file,
+JSON, CSV and HTML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from probe.errors import ProbeError
+from probe.placement import DeviceMap, parse_device_map
+
+if TYPE_CHECKING:
+    from probe.ablate import AblationResult, Head, HeadResult
+    from probe.data import ProbeSet
+    from probe.models import LoadedModel
+
+TIMEOUT = timedelta(hours=float(os.environ.get("PROBE_DIST_TIMEOUT_HOURS", "168")))
+"""How long a process waits for the others at the final gather: the slowest share of a long sweep can finish hours
+after the fastest; a process that dies is noticed by torchrun, which stops the rest."""
+
+
+@dataclass(frozen=True)
+class Rank:
+    """This process's place in a torchrun job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def current() -> Rank | None:
+    """This process's rank from torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK), or None when run alone.
+
+    A job of one process is run alone: nothing to split.
+    """
+    env = os.environ
+    if "WORLD_SIZE" not in env or "RANK" not in env:
+        return None
+    try:
+        world = int(env["WORLD_SIZE"])
+        rank = int(env["RANK"])
+        local_rank = int(env.get("LOCAL_RANK", rank))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
+    except ValueError:
+        raise ProbeError("WORLD_SIZE, RANK and LOCAL_RANK must be integers (they are set by torchrun)") from None
+    if world <= 1:
+        return None
+    if not 0 <= rank < world or not 0 <= local_rank < local_world:
+        raise ProbeError(f"RANK {rank} / LOCAL_RANK {local_rank} out of range for WORLD_SIZE {world} / "
+                         f"LOCAL_WORLD_SIZE {local_world}")
+    return Rank(rank, world, local_rank, local_world)
+
+
+def is_main_process() -> bool:
+    """True alone and on rank 0: the process that prints reports and progress and writes the outputs."""
+    rank = current()
+    return rank is None or rank.is_main
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# where each process puts its model
+
+
+def _gpus_of(rank: Rank) -> list[int]:
+    """This process's share of the node's GPUs: LOCAL_WORLD_SIZE processes split them into equal groups."""
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count == 0:
+        return []
+    per = count // rank.local_world_size
+    if per == 0:
+        raise ProbeError(f"torchrun started {rank.local_world_size} processes on this machine, which has {count} "
+                         f"GPU{'s' if count > 1 else ''}: a model split with --device-map needs at least one GPU per "
+                         f"process (use --nproc-per-node {count} or fewer)")
+    return list(range(rank.local_rank * per, (rank.local_rank + 1) * per))
+
+
+def rank_device(rank: Rank | None, device: str | None) -> str | None:
+    """The device of this process's model: its own GPU (cuda:LOCAL_RANK) unless --device names one exactly."""
+    if rank is None or not torch.cuda.is_available():
+        return device
+    count = torch.cuda.device_count()
+    if device is None or device == "cuda":
+        return f"cuda:{rank.local_rank % count}"
+    return device
+
+
+def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_folder: str | Path | None
+                   ) -> tuple[DeviceMap | None, Path | None, dict[int | str, int] | None]:
+    """(device map, offload folder, max_memory) for this process, so that processes on one machine do not share.
+
+    A strategy ("auto", ...) is confined to this process's group of GPUs and its share of the CPU memory; GPU
+    indices of a JSON map count within the group (0 is the group's first GPU); each process offloads to its own
+    subfolder.
+    """
+    folder = None if offload_folder is None else Path(offload_folder)
+    parsed = parse_device_map(device_map)
+    if rank is None or parsed is None:
+        return parsed, folder, None
+    if folder is not None:
+        folder = folder / f"rank-{rank.rank}"
+    gpus = _gpus_of(rank)
+    if isinstance(parsed, str):
+        from accelerate.utils import get_max_memory
+
+        available = get_max_memory()
+        memory: dict[int | str, int] = {gpu: int(available[gpu]) for gpu in gpus if gpu in available}
+        if "cpu" in available:
+            memory["cpu"] = int(available["cpu"]) // rank.local_world_size
+        return parsed, folder, memory
+    remapped: dict[str, int | str] = {}
+    for name, device in parsed.items():
+        if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
+            index = device if isinstance(device, int) else int(device.partition(":")[2] or 0)
+            if index >= len(gpus):
+                raise ProbeError(f"--device-map puts {name!r} on GPU {index}, but under torchrun each of the "
+                                 f"{rank.local_world_size} processes on this machine has {len(gpus)} GPU(s) "
+                                 f"(numbered 0-{max(len(gpus) - 1, 0)} within its group)")
+            remapped[name] = gpus[index]
+        else:
+            remapped[name] = device
+    return remapped, folder, None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dealing out the chunks
+
+
+def assign_chunks(costs: Sequence[float], world_size: int) -> list[int]:
+    """The rank of each chunk: largest first, each to the least-loaded rank (ties: lowest rank, earliest chunk).
+
+    Deterministic, so every process computes the same split without talking; chunks of early layers cost more
+    (more blocks run after the ablated one), and dealing them out by cost gives every rank heads across all layers
+    with loads within one chunk of each other.
+    """
+    if world_size < 1:
+        raise ProbeError(f"world size must be at least 1, got {world_size}")
+    load = [0.0] * world_size
+    owner = [0] * len(costs)
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owner[index] = rank
+        load[rank] += costs[index]
+    return owner
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the process group
+
+
+def _backend(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+@contextmanager
+def process_group(device: torch.device | str | None = None) -> Iterator[Rank | None]:
+    """torch.distributed's default group for the body of the `with` (nccl for a CUDA device, else gloo).
+
+    Yields this process's Rank, or None when not under torchrun. A group that already exists is used and left
+    alone.
+    """
+    rank = current()
+    if rank is None:
+        yield None
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        yield rank
+        return
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    try:
+        dist.init_process_group(_backend(device), timeout=TIMEOUT)
+    except (RuntimeError, ValueError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ProbeError(f"cannot join the torchrun job: {first}") from error
+    try:
+        yield rank
+    finally:
+        dist.destroy_process_group()
+
+
+def _gather(value: Any) -> list[Any]:
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shard files
+
+
+def shard_path(results_path: str | Path, rank: int) -> Path:
+    """Where process `rank` streams its share: `<results file>.shard-<rank>`, next to the results file."""
+    path = Path(results_path)
+    return path.with_name(f"{path.name}.shard-{rank}")
+
+
+def shard_paths(results_path: str | Path) -> list[Path]:
+    """Every shard file of a results file that this machine sees, any world size, in rank order."""
+    path = Path(results_path)
+    found = []
+    for candidate in path.parent.glob(f"{path.name}.shard-*"):
+        suffix = candidate.name.rpartition(".shard-")[2]
+        if suffix.isdigit():
+            found.append((int(suffix), candidate))
+    return [candidate for _, candidate in sorted(found)]
+
+
+def _write_stream(path: Path, header: dict[str, Any], entries: list[dict[str, Any]]) -> None:
+    """A results stream (header line, one line per ablation), written atomically."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(json.dumps(line) for line in [header, *entries]) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _finished(results_path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
+    """(header, finished entries, files read) of the results file and its shards that this process sees."""
+    from probe.ablate import read_results
+
+    header: dict[str, Any] | None = None
+    entries: list[dict[str, Any]] = []
+    read: list[str] = []
+    for path in [results_path, *shard_paths(results_path)]:
+        if not path.is_file() or path.stat().st_size == 0:
+            continue
+        file_header, results = read_results(path)
+        if header is not None and file_header.get("fingerprint") != header.get("fingerprint"):
+            raise ProbeError(f"cannot resume: {path} holds a different sweep (model, data or method) than {read[0]}; "
+                             "remove the stale file or start over without --resume")
+        header = header or file_header
+        entries.extend(result.to_dict() for result in results)
+        read.append(str(path))
+    return header, entries, read
+
+
+def _share_finished(results_path: Path, mine: Path) -> int:
+    """Before a resumed run: pool what every process can see, and start this process's shard with all of it.
+
+    Processes on other machines may see other files; after this, every shard holds every finished ablation, so
+    whichever rank now owns a finished chunk skips it. Returns how many ablations were finished.
+    """
+    from probe.ablate import HeadResult
+
+    header, entries, read = _finished(results_path)
+    pooled = _gather((header, entries, read))
+    headers = [(h, files) for h, _, files in pooled if h is not None]
+    if not headers:
+        return 0
+    first, first_files = headers[0]
+    for other, files in headers[1:]:
+        if other.get("fingerprint") != first.get("fingerprint"):
+            raise ProbeError(f"cannot resume: {files[0]} and {first_files[0]} hold different sweeps (model, data or "
+                             "method); remove the stale files or start over without --resume")
+    seen: dict[Any, dict[str, Any]] = {}
+    for _, found, _ in pooled:
+        for entry in found:
+            seen.setdefault(HeadResult.from_dict(entry).heads, entry)
+    _write_stream(mine, first, list(seen.values()))
+    return len(seen)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the sharded sweep
+
+
+def _ablations(heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]], model: torch.nn.Module) -> list:
+    """The sweep's ablations in the order a single process reports them (as `sweep` builds them)."""
+    from probe.ablate import all_heads
+
+    chosen = list(all_heads(model) if heads is None and not groups else heads or [])
+    return list(dict.fromkeys([(head,) for head in chosen] + [tuple(group) for group in groups]))
+
+
+def sharded_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
+                  results_path: str | Path, resume: bool = False, groups: Sequence[Sequence[Head]] = (),
+                  mode: str = "exact", **options: Any) -> AblationResult | None:
+    """Run this process's share of `sweep` under torchrun; rank 0 returns the merged result, the others None.
+
+    Run alone, it is `sweep(..., results_path=results_path, resume=resume)`. Under torchrun every process streams
+    to `shard_path(results_path, rank)`; at the end rank 0 writes the merged stream to `results_path` (a later
+    --resume, alone or under torchrun, continues from it) and the shards are removed. The merged result equals the
+    single-process sweep: same chunks, same forwards, same baseline (checked: every process must compute the same
+    baseline bit for bit).
+    """
+    from probe.ablate import HeadResult, sweep
+
+    results_path = Path(results_path)
+    rank = current()
+    if rank is None:
+        shards = shard_paths(results_path) if resume else []
+        if shards:  # resuming alone what a torchrun job left: pool its shards into the results file first
+            header, entries, _ = _finished(results_path)
+            if header is not None:
+                unique: dict[Any, dict[str, Any]] = {}
+                for entry in entries:
+                    unique.setdefault(HeadResult.from_dict(entry).heads, entry)
+                _write_stream(results_path, header, list(unique.values()))
+        result = sweep(loaded, probe_set, heads, groups=groups, mode=mode, results_path=results_path, resume=resume,
+                       **options)
+        for shard in shards:
+            shard.unlink(missing_ok=True)
+        return result
+    if mode == "estimate":
+        raise ProbeError("--mode estimate is a few forward and backward passes, not a sweep to split: run it "
+                         "without torchrun")
+    from probe.placement import input_device
+
+    ablations = _ablations(heads, groups, loaded.model)
+    if not rank.is_main:
+        options["progress"] = None
+    mine = shard_path(results_path, rank.rank)
+    with process_group(input_device(loaded.model)):
+        import torch.distributed as dist
+
+        if resume:
+            _share_finished(results_path, mine)
+        elif rank.is_main:  # shards of an earlier, larger job would be merged into a later --resume: remove them
+            for stale in shard_paths(results_path):
+                suffix = int(stale.name.rpartition(".shard-")[2])
+                if suffix >= rank.world_size:
+                    stale.unlink(missing_ok=True)
+        result = sweep(loaded, probe_set, heads, groups=groups, mode=mode, results_path=mine, resume=resume,
+                       shard=(rank.rank, rank.world_size), **options)
+        payload = (result.baseline_loss, result.baseline_parts, result.path,
+                   [entry.to_dict() for entry in result.results])
+        gathered = _gather(payload)
+        baselines = {(baseline, json.dumps(parts, sort_keys=True)) for baseline, parts, _, _ in gathered}
+        if len(baselines) > 1:
+            raise ProbeError("the processes computed different baselines (" + ", ".join(
+                f"{b!r}" for b, _ in sorted(baselines)) + "): the model is not deterministic across devices, so "
+                "their numbers cannot be merged; run the sweep in one process")
+        merged: dict[Any, HeadResult] = {}
+        for _, _, _, entries in gathered:
+            for entry in entries:
+                parsed = HeadResult.from_dict(entry)
+                merged.setdefault(parsed.heads, parsed)
+        missing = [ablation for ablation in ablations if ablation not in merged]
+        if missing:
+            raise ProbeError(f"the processes finished without {len(missing)} ablation(s), e.g. {missing[0]}: "
+                             "rerun with --resume")
+        paths = {path for _, _, path, _ in gathered}
+        final = None
+        if rank.is_main:
+            from probe.ablate import read_results
+
+            header, _ = read_results(mine)
+            ordered = [merged[ablation] for ablation in ablations]
+            _write_stream(results_path, header, [entry.to_dict() for entry in ordered])
+            path = result.path if len(paths) == 1 else "; ".join(sorted(paths))
+            final = dataclasses.replace(result, results=ordered, path=path)
+        dist.barrier()  # the merged file is written: every shard is redundant now
+        mine.unlink(missing_ok=True)
+    return final

@@ -1,0 +1,331 @@
+"""Self-contained interactive HTML pages: attention heatmaps, classification overviews, ablation plots.
+
+Reports render and compute nothing: the numbers come from probe (`probe.patterns`, `probe.classify`, the
+ablation JSON). Each page is one file that works offline from file://: plotly.js and probe's small runtime
+(`reports/assets/probe.js`) are inlined, a Content-Security-Policy forbids every request, and patterns travel as
+rounded integers, deflated and base64-encoded, decoded in the browser one layer or head at a time.
+
+Escaping: text in HTML goes through `html.escape`; text plotly draws (token labels) is entity-escaped for plotly's
+own markup; JSON inside <script> has <, > and & as \\u escapes. Nothing reaches innerHTML on the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import uuid
+import zlib
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from probe.errors import ProbeError
+from probe.patterns import AVERAGE, Patterns
+
+if TYPE_CHECKING:
+    from probe.classify import Classification
+
+ASSETS = Path(__file__).parent / "assets"
+CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
+       "font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
+TOP_HEADS = 20  # bars in the ablation chart
+_notebook = {"plotly_sent": False}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# assets
+
+
+def plotly_js() -> str:
+    """plotly.js to inline: the cartesian bundle shipped in reports/assets (1.5 MB: heatmap, scatter, bar), else
+    the full bundle of the installed plotly package (4.8 MB)."""
+    bundled = ASSETS / "plotly-cartesian.min.js"
+    if bundled.is_file():
+        text = bundled.read_text(encoding="utf-8")
+    else:
+        text = resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text(encoding="utf-8")
+    return text.replace("</script", "<\\/script")
+
+
+def _runtime_js() -> str:
+    return (ASSETS / "probe.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
+
+
+def forget_notebook_plotly() -> None:
+    """Make the next notebook result carry plotly.js again (after the notebook page was reloaded, say)."""
+    _notebook["plotly_sent"] = False
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# escaping and encoding
+
+
+def esc(text: Any) -> str:
+    """Text for HTML: every <, >, &, " and ' escaped."""
+    return html.escape(str(text), quote=True)
+
+
+def plotly_text(text: str) -> str:
+    """Text for plotly, which reads a little HTML (<b>, <br>, <a href>) in labels: show the characters instead."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def script_json(data: Any) -> str:
+    """JSON that is safe inside <script>: no '</script>', no '<!--', no line separators JavaScript dislikes."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for char, code in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
+                       ("\u2029", "\\u2029")):
+        text = text.replace(char, code)
+    return text
+
+
+def _deflate(data: bytes) -> str:
+    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+
+
+def pack_uint16(values: np.ndarray) -> str:
+    """uint16 values as base64 of deflate of their byte planes (low bytes, then high bytes): attention weights in
+    thousandths are mostly below 256, so the high plane is nearly all zeros and compresses to almost nothing."""
+    planes = np.ascontiguousarray(values, dtype="<u2").reshape(-1).view(np.uint8).reshape(-1, 2)
+    return _deflate(np.ascontiguousarray(planes.T).tobytes())
+
+
+def pattern_spec(patterns: Patterns, group: int) -> dict[str, Any]:
+    """The page's form of a Patterns: labels escaped for plotly, heads in deflated groups of `group` (decoded on
+    demand), a causal model's lower triangle only."""
+    n = len(patterns.tokens)
+    flat = patterns.values.reshape(len(patterns.heads), n * n)
+    rows, cols = np.tril_indices(n)
+    keep = rows * n + cols if patterns.causal else None
+    chunks = []
+    for first in range(0, len(patterns.heads), group):
+        part = flat[first:first + group]
+        chunks.append(pack_uint16(part[:, keep] if keep is not None else part))
+    spec: dict[str, Any] = {
+        "n": n, "labels": [plotly_text(label) for label in patterns.labels],
+        "heads": [list(pair) for pair in patterns.heads], "causal": patterns.causal, "scale": patterns.scale,
+        "decimals": patterns.decimals, "group": group, "chunks": chunks, "thumbs": None,
+    }
+    if patterns.thumbnails is not None:
+        spec["thumbs"] = {"t": int(patterns.thumbnails.shape[-1]),
+                          "data": _deflate(np.ascontiguousarray(patterns.thumbnails, dtype=np.uint8).tobytes())}
+    return spec
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the page frame
+
+
+STYLE = """
+.probe-page { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;
+  max-width: 1500px; margin: 0 auto; padding: 8px 16px 24px; line-height: 1.4; }
+.probe-page h1 { font-size: 1.45em; margin: 0.3em 0; } .probe-page h2 { font-size: 1.15em; margin: 1.2em 0 0.3em; }
+.probe-page .probe-meta { color: #555; margin: 0.15em 0; font-size: 0.93em; overflow-wrap: anywhere; }
+.probe-page .probe-note { background: #fff4d6; border-left: 4px solid #e0a800; padding: 6px 10px; margin: 8px 0; }
+.probe-page .probe-error { background: #fde2e1; border-left: 4px solid #c62828; padding: 6px 10px; }
+.probe-page .probe-controls { display: flex; gap: 18px; flex-wrap: wrap; align-items: center; margin: 10px 0; }
+.probe-page select { font-size: 0.95em; padding: 2px 4px; }
+.probe-page .probe-row { display: flex; gap: 24px; flex-wrap: wrap; align-items: flex-start; }
+.probe-page .probe-main { flex: 1 1 0; }
+.probe-page .probe-plot-title { font-weight: 600; margin: 4px 0; }
+.probe-page .probe-grid { display: grid; gap: 2px; align-items: center; justify-items: center; }
+.probe-page .probe-grid-label { font-size: 11px; color: #666; padding: 0 3px; }
+.probe-page .probe-overview { flex: 0 0 auto; width: min-content; }
+.probe-page canvas.probe-thumb { width: 30px; height: 30px; image-rendering: pixelated; cursor: pointer;
+  border: 1px solid #ccc; }
+.probe-page canvas.probe-thumb-avg { border-color: #888; }
+.probe-page canvas.probe-thumb.selected { outline: 3px solid #d62728; outline-offset: 0; }
+.probe-page table.probe-kv { border-collapse: collapse; font-size: 0.92em; margin: 6px 0; }
+.probe-page table.probe-kv td { padding: 1px 10px 1px 0; vertical-align: top; overflow-wrap: anywhere; }
+.probe-page .probe-section { border-top: 1px solid #ddd; margin-top: 14px; }
+.probe-page .probe-small { font-size: 0.86em; color: #666; }
+"""
+
+
+def _page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotly: bool) -> str:
+    """A whole document (embed_plotly) or a fragment for a notebook; `body` is already escaped HTML."""
+    page_id = "probe-page" if embed_plotly else f"probe-{uuid.uuid4().hex[:12]}"
+    start = f"<script>window.probeReports.start({json.dumps(kind)}, {json.dumps(page_id)});</script>"
+    content = (f'<div class="probe-page" id="{page_id}" data-kind="{kind}" data-state="loading">{body}</div>\n'
+               f'<script type="application/json" id="{page_id}-data">{script_json(data)}</script>\n')
+    if not embed_plotly:
+        carry = ""
+        if not _notebook["plotly_sent"]:  # the first result of the session carries plotly.js, the others use it
+            carry = f"<script>{plotly_js()}</script>\n"
+            _notebook["plotly_sent"] = True
+        return (f"<style>{STYLE}</style>\n{content}{carry}<script>{_runtime_js()}</script>\n{start}\n")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc(title)}</title>\n<style>{STYLE}\nbody {{ margin: 0; background: #fff; }}</style>\n</head>\n"
+        f"<body>\n{content}<script>{plotly_js()}</script>\n<script>{_runtime_js()}</script>\n{start}\n"
+        "</body>\n</html>\n"
+    )
+
+
+def _kv(rows: list[tuple[str, str]]) -> str:
+    return '<table class="probe-kv">' + "".join(
+        f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>" for key, value in rows) + "</table>"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pages
+
+
+def heatmap_page(patterns: Patterns, *, embed_plotly: bool = True) -> str:
+    """`probe heatmap`: one head's pattern at a time (layer and head chosen on the page, or each layer's average),
+    with an overview of every head that selects on click."""
+    layers = sorted({layer for layer, _ in patterns.heads})
+    per_layer = [sum(1 for l, _ in patterns.heads if l == layer) for layer in layers]
+    group = per_layer[0] if len(set(per_layer)) == 1 else 1
+    n = len(patterns.tokens)
+    real = [pair for pair in patterns.heads if pair[1] != AVERAGE]
+    shown = f"{patterns.n_layers} layers x {patterns.n_heads} heads"
+    shown = shown if len(real) == patterns.n_layers * patterns.n_heads else f"{len(real)} of {shown}"
+    if len(real) < len(patterns.heads):
+        shown += ", and each layer's average"
+    body = (
+        f"<h1>Attention of {esc(patterns.model)}</h1>"
+        + _kv([("input", patterns.source), ("tokens", f"{n:,}" + ("" if n == patterns.total_tokens
+                                                                  else f" of {patterns.total_tokens:,}")),
+               ("heads", shown),
+               ("weights", f"rounded to {patterns.decimals} decimals; "
+                           + ("keys after the query are masked (grey)" if patterns.causal else "no mask"))])
+        + (f'<p class="probe-note">{esc(patterns.note)}</p>' if patterns.note else "")
+        + '<div class="probe-controls">'
+        '<label>Layer <select class="probe-layer" aria-label="layer"></select></label>'
+        '<label>Head <select class="probe-head" aria-label="head"></select></label>'
+        '<label>Colour scale <select class="probe-scale" aria-label="colour scale">'
+        '<option value="fixed">0 to 1</option><option value="auto">0 to the head\'s maximum</option>'
+        "</select></label></div>"
+        '<div class="probe-row"><div class="probe-main"><div class="probe-plot-title"></div>'
+        '<div class="probe-plot"></div>'
+        '<p class="probe-small">Queries down, keys across. Hover a cell for "query → key: weight"; '
+        "labels are position:token, with ␣ for a space, ↵ for a newline, ⇥ for a tab and ⟨ ⟩ around special "
+        "tokens.</p></div>"
+        + _overview(patterns) + "</div>"
+    )
+    data = {"patterns": pattern_spec(patterns, group)}
+    return _page("heatmap", f"probe heatmap: {patterns.model}", body, data, embed_plotly=embed_plotly)
+
+
+def _overview(patterns: Patterns) -> str:
+    if patterns.thumbnails is None:
+        return ""
+    size, n = patterns.thumbnails.shape[-1], len(patterns.tokens)
+    how = "the whole pattern" if size == n else f"the pattern max-pooled from {n} to {size} px, so thin stripes stay"
+    return ('<div class="probe-overview"><h2>All heads</h2><p class="probe-small">Rows are layers, columns heads '
+            f"(avg: the layer's mean); each thumbnail is {how}. Click one to show it.</p>"
+            '<div class="probe-grid"></div></div>')
+
+
+def classification_page(result: Classification, patterns: dict[str, Patterns] | None = None, *,
+                        embed_plotly: bool = True) -> str:
+    """`probe classify --html` and `Classification._repr_html_`: a layer x head grid of each score with flagged
+    heads marked and, when `patterns` are given, each flagged head's pattern on the input that earned the label."""
+    from probe.scores import SCORES
+
+    patterns = patterns or {}
+    sections, scores = [], []
+    for index, (name, score) in enumerate(result.scores.items()):
+        info = SCORES.get(name)
+        probe = info.probe if info is not None else "natural"
+        flagged = result.flagged(name)
+        block = patterns.get(probe)
+        z = [[None if not math.isfinite(v) else round(v, 4) for v in row]
+             for row in score.float().tolist()]
+        scores.append({"name": name, "probe": probe, "z": z,
+                       "flagged": [[layer, head, round(value, 4)] for layer, head, value in flagged]})
+        title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
+                    f"(score > {result.thresholds[name]:g})")
+        viewer = ""
+        if block is not None and flagged:
+            viewer = (
+                '<div class="probe-main"><label>Flagged head <select class="probe-flagged" aria-label="flagged '
+                f'head"></select></label><p class="probe-small">Pattern on {esc(block.source)}'
+                f"{' (' + esc(block.note) + ')' if block.note else ''}. Click a marked head in the grid to show "
+                "it.</p><div class=\"probe-plot-title\"></div><div class=\"probe-plot\"></div></div>")
+        elif flagged and not patterns:
+            viewer = ('<p class="probe-small">Patterns of the flagged heads: <code>probe classify --html FILE</code>, '
+                      "or <code>classification_page(result, patterns=classification_patterns(loaded, result))</code>."
+                      "</p>")
+        sections.append(
+            f'<div class="probe-section" data-score-index="{index}" data-score="{esc(name)}">'
+            f"<h2>{title}</h2>"
+            + (f'<p class="probe-meta">{esc(info.summary)}; measured on the {esc(probe)} probe set. '
+               "Red × marks flagged heads.</p>" if info is not None else "")
+            + f'<div class="probe-row"><div class="probe-score-plot"></div>{viewer}</div></div>')
+    rows = [("model", result.model), ("heads", f"{result.n_layers} layers x {result.n_heads} heads")]
+    rows += [(f"probe set {name}", str(info.get("description", name))) for name, info in result.probe_sets.items()]
+    rows += [("thresholds", ", ".join(f"{name} > {value:g}" for name, value in result.thresholds.items()))]
+    body = f"<h1>Head classification of {esc(result.model)}</h1>" + _kv(rows) + "".join(sections)
+    data = {"n_layers": result.n_layers, "n_heads": result.n_heads, "scores": scores,
+            "layer_axis": list(range(result.n_layers)), "head_axis": list(range(result.n_heads)),
+            "patterns": {name: pattern_spec(block, 1) for name, block in patterns.items()}}
+    return _page("classification", f"probe classify: {result.model}", body, data, embed_plotly=embed_plotly)
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
+        raise ProbeError(f"ablation result: {what} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _index(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProbeError(f"ablation result: {what} must be a non-negative integer, got {value!r}")
+    return value
+
+
+def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP_HEADS) -> str:
+    """`probe ablate --html`: a layer x head heatmap of loss deltas (diverging, centred on 0) and the `top` heads
+    with the largest |delta|, from the ablation JSON dict (n_layers / n_heads may be absent)."""
+    if not isinstance(result, dict):
+        raise ProbeError(f"ablation result must be a dict, got {type(result).__name__}")
+    missing = [key for key in ("model", "method", "baseline_loss", "heads") if key not in result]
+    if missing:
+        raise ProbeError(f"ablation result has no {missing[0]!r}: expected model, method, data, baseline_loss, "
+                         "heads")
+    heads = result["heads"]
+    if not isinstance(heads, list) or not heads:
+        raise ProbeError("ablation result has no heads to show")
+    entries = []
+    for i, item in enumerate(heads):
+        if not isinstance(item, dict) or any(key not in item for key in ("layer", "head", "loss", "delta")):
+            raise ProbeError(f"ablation result: heads[{i}] must have layer, head, loss and delta")
+        entries.append((_index(item["layer"], f"heads[{i}].layer"), _index(item["head"], f"heads[{i}].head"),
+                        _number(item["loss"], f"heads[{i}].loss"), _number(item["delta"], f"heads[{i}].delta")))
+    n_layers = result.get("n_layers") or max(e[0] for e in entries) + 1
+    n_heads = result.get("n_heads") or max(e[1] for e in entries) + 1
+    n_layers, n_heads = _index(n_layers, "n_layers"), _index(n_heads, "n_heads")
+    if any(layer >= n_layers or head >= n_heads for layer, head, _, _ in entries):
+        raise ProbeError(f"ablation result: a head lies outside {n_layers} layers x {n_heads} heads")
+    z: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
+    loss: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
+    for layer, head, head_loss, delta in entries:
+        z[layer][head], loss[layer][head] = round(delta, 6), round(head_loss, 6)
+    ranked = sorted(entries, key=lambda e: -abs(e[3]))[:top]
+    top_data = {"label": [f"L{layer} H{head}" for layer, head, _, _ in ranked],
+                "delta": [round(delta, 6) for _, _, _, delta in ranked],
+                "loss": [round(head_loss, 6) for _, _, head_loss, _ in ranked],
+                "color": ["#b2182b" if delta >= 0 else "#2166ac" for _, _, _, delta in ranked]}
+    baseline = _number(result["baseline_loss"], "baseline_loss")
+    rows = [("model", str(result["model"])), ("method", f"{result['method']} ablation, one head at a time"),
+            ("data", str(result.get("data", ""))), ("baseline loss", f"{baseline:.4f}"),
+            ("heads", f"{len(entries)} ablated of {n_layers} layers x {n_heads} heads")]
+    body = (
+        f"<h1>Head ablation of {esc(result['model'])}</h1>" + _kv(rows)
+        + '<div class="probe-row"><div><h2>Δ loss per head</h2><p class="probe-small">Red: the loss rises when '
+        "the head is ablated (the head helps); blue: it falls. Blank: not ablated.</p>"
+        '<div class="probe-delta-plot"></div></div>'
+        f'<div class="probe-main"><h2>The {len(ranked)} heads that matter most</h2><p class="probe-small">By '
+        '|Δ loss|, largest first.</p><div class="probe-bar-plot"></div></div></div>'
+    )
+    data = {"n_layers": n_layers, "n_heads": n_heads, "z": z, "loss": loss, "top": top_data,
+            "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads))}
+    return _page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)

@@ -1,0 +1,194 @@
+"""Sharded sweeps: torchrun with 2 processes (gloo, CPU) gives the single-process sweep number for number, and a
+sweep that loses a process completes with --resume without redoing what was finished."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+
+from probe.distributed import Rank, assign_chunks, current, rank_placement, shard_path, shard_paths, sharded_sweep
+from probe.errors import ProbeError
+
+ROOT = Path(__file__).parent.parent
+TESTS = Path(__file__).parent
+MODEL = f"{TESTS / 'mortal.py'}:planted_mortal"
+TORCHRUN = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or shutil.which("torchrun")
+# a small sweep: 2 layers x 4 heads, 3 repeated sequences; --stack 1 makes 8 chunks, 4 per process
+SWEEP = ["--model", MODEL, "--data", "repeated", "--num-seqs", "3", "--repeat-len", "12"]
+
+
+def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, **extra: str) -> subprocess.CompletedProcess:
+    assert TORCHRUN is not None, "torchrun is not installed next to this Python"
+    command = [TORCHRUN, "--nproc-per-node", str(nproc), "--standalone", "-m", "cli", "ablate", *args]
+    return subprocess.run(command, cwd=ROOT, env=environment(tmp_path, **extra), capture_output=True, text=True,
+                          timeout=300)
+
+
+def alone(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli", "ablate", *args], cwd=ROOT, env=environment(tmp_path, **extra),
+                          capture_output=True, text=True, timeout=300)
+
+
+def comparable(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    data.pop("seconds", None)  # wall time differs, everything else must not
+    return data
+
+
+def entries(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()[1:] if line.strip()]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# through torchrun
+
+
+def test_torchrun_two_processes_equal_one_process(tmp_path: Path) -> None:
+    single = alone([*SWEEP, "--json", str(tmp_path / "one.json"), "--results", str(tmp_path / "one.jsonl")],
+                   tmp_path)
+    assert single.returncode == 0, single.stderr
+    run = torchrun([*SWEEP, "--json", str(tmp_path / "two.json"), "--csv", str(tmp_path / "two.csv"),
+                    "--results", str(tmp_path / "two.jsonl")], tmp_path)
+    assert run.returncode == 0, run.stderr
+    one, two = comparable(tmp_path / "one.json"), comparable(tmp_path / "two.json")
+    assert two["baseline_loss"] == one["baseline_loss"]
+    assert two["heads"] == one["heads"]  # every head, every number, the same order: exact equality
+    assert two == one
+    assert (tmp_path / "two.jsonl").read_text() == (tmp_path / "one.jsonl").read_text()
+    assert (tmp_path / "two.csv").is_file()
+    assert not shard_paths(tmp_path / "two.jsonl")  # merged, then removed
+    # only rank 0 reports: the table's header line appears once
+    first_line = next(line for line in (tmp_path / "report.txt").write_text(run.stdout) and run.stdout.splitlines()
+                      if line.strip())
+    assert run.stdout.count(first_line) == 1
+
+
+def test_dead_process_loses_only_unfinished_heads_and_resume_completes(tmp_path: Path) -> None:
+    results = tmp_path / "sweep.jsonl"
+    args = [*SWEEP, "--stack", "1", "--results", str(results)]
+    # reference: one process, uninterrupted, counting its forwards
+    full = alone([*args[:-1], str(tmp_path / "ref.jsonl"), "--json", str(tmp_path / "ref.json")], tmp_path,
+                 PROBE_TEST_FORWARD_LOG=str(tmp_path / "ref.log"))
+    assert full.returncode == 0, full.stderr
+    # rank 1 dies when its 7th forward starts: discovery, first output, baseline, 2 chunks (+ the exact path's
+    # check) are done by then, 2 of its 4 chunks are not
+    died = torchrun(args, tmp_path, PROBE_TEST_DIE_RANK="1", PROBE_TEST_DIE_AT="7")
+    assert died.returncode != 0
+    shards = {int(path.name.rpartition("-")[2]): path for path in shard_paths(results)}
+    assert 1 in shards
+    finished = entries(shards[1])
+    assert 1 <= len(finished) < 4
+    kept = {(e["layer"], e["head"]) for path in shards.values() for e in entries(path)}
+    reference = {(e["layer"], e["head"]): e for e in entries(tmp_path / "ref.jsonl")}
+    for entry in finished:  # what the dead process finished is already the final number
+        assert entry == reference[(entry["layer"], entry["head"])]
+    # the rerun completes the rest, and does less work than the whole sweep
+    log = tmp_path / "resume.log"
+    resumed = torchrun([*args, "--resume", "--json", str(tmp_path / "resumed.json")], tmp_path,
+                       PROBE_TEST_FORWARD_LOG=str(log))
+    assert resumed.returncode == 0, resumed.stderr
+    assert comparable(tmp_path / "resumed.json")["heads"] == comparable(tmp_path / "ref.json")["heads"]
+    assert comparable(tmp_path / "resumed.json") == comparable(tmp_path / "ref.json")
+    assert not shard_paths(results)
+    full_forwards = len((tmp_path / "ref.log").read_text().splitlines())
+    setup = 3  # discovery, first output, baseline: every process pays these
+    resumed_work = len(log.read_text().splitlines()) - 2 * setup
+    assert resumed_work < full_forwards - setup
+    assert len(kept) > 0
+
+
+def test_resume_alone_completes_a_torchrun_sweep(tmp_path: Path) -> None:
+    results = tmp_path / "sweep.jsonl"
+    args = [*SWEEP, "--stack", "1", "--results", str(results)]
+    died = torchrun(args, tmp_path, PROBE_TEST_DIE_RANK="1", PROBE_TEST_DIE_AT="7")
+    assert died.returncode != 0 and shard_paths(results)
+    finished = alone([*args, "--resume", "--json", str(tmp_path / "done.json")], tmp_path)
+    assert finished.returncode == 0, finished.stderr
+    reference = alone([*SWEEP, "--stack", "1", "--json", str(tmp_path / "ref.json")], tmp_path)
+    assert reference.returncode == 0, reference.stderr
+    assert comparable(tmp_path / "done.json") == comparable(tmp_path / "ref.json")
+    assert not shard_paths(results)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the pieces, in process
+
+
+def test_assign_chunks_is_balanced_and_deterministic() -> None:
+    # 30 layers x 3 chunks, a chunk of layer l costing 31 - l blocks (an exact sweep of a 30-block model)
+    costs = [31 - layer for layer in range(30) for _ in range(3)]
+    for world in (1, 2, 3, 4, 7):
+        owner = assign_chunks(costs, world)
+        assert owner == assign_chunks(costs, world)
+        loads = [sum(c for c, o in zip(costs, owner) if o == rank) for rank in range(world)]
+        assert max(loads) - min(loads) <= max(costs)
+        for rank in range(world):  # every rank has work in early and late layers
+            layers = [i // 3 for i, o in enumerate(owner) if o == rank]
+            assert min(layers) < 10 and max(layers) >= 20
+    assert assign_chunks([5.0], 3) == [0]
+
+
+def test_current_reads_torchrun_environment(monkeypatch) -> None:
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
+    assert current() is None
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    assert current() is None  # one process: nothing to split
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert current() == Rank(3, 4, 1, 2)
+    monkeypatch.setenv("RANK", "x")
+    with pytest.raises(ProbeError, match="must be integers"):
+        current()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only placement")
+def test_rank_placement_on_cpu(tmp_path: Path) -> None:
+    rank = Rank(1, 2, 1, 2)
+    device_map, folder, memory = rank_placement(rank, "auto", tmp_path)
+    assert device_map == "auto" and folder == tmp_path / "rank-1"
+    assert set(memory) == {"cpu"} and memory["cpu"] > 0  # half this machine's free memory
+    device_map, folder, memory = rank_placement(rank, '{"": "cpu"}', None)
+    assert device_map == {"": "cpu"} and folder is None and memory is None
+    with pytest.raises(ProbeError, match="GPU 0"):
+        rank_placement(rank, {"model.layers.0": 0, "lm_head": "cpu"}, None)
+    assert rank_placement(None, "auto", tmp_path) == ("auto", tmp_path, None)
+
+
+def test_estimate_is_not_split(monkeypatch) -> None:
+    from conftest import tiny_loaded
+
+    from probe.data import repeated_set
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    loaded = tiny_loaded("llama_gqa")
+    with pytest.raises(ProbeError, match="without torchrun"):
+        sharded_sweep(loaded, repeated_set(loaded, repeat_len=5, num_seqs=1), results_path="x.jsonl",
+                      mode="estimate")
+
+
+def test_shard_paths(tmp_path: Path) -> None:
+    results = tmp_path / "sweep.jsonl"
+    for rank in (10, 2, 0):
+        shard_path(results, rank).write_text("")
+    (tmp_path / "sweep.jsonl.shard-x").write_text("")
+    assert shard_paths(results) == [shard_path(results, r) for r in (0, 2, 10)]
