@@ -30,6 +30,9 @@ def write_text(path: str | Path, text: str) -> Path:
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
             file.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a report should be as readable as any new file
         os.replace(tmp, target)
     except BaseException:
         if os.path.exists(tmp):
