@@ -2,7 +2,8 @@
 
 Two workloads:
 - short: benchmark 1's batch, 8 x 101 tokens, previous-token + duplicate-token + induction;
-- long: one sequence of LENGTH tokens (default 2048) of natural text, all six scores (what `probe classify` runs).
+- long: one sequence of LENGTH tokens (default 2048) of natural text, the four natural-text scores (what
+  `probe classify --num-seqs 1` runs on it).
 For each: the plain sdpa forward's time, probe's, and the ops that take the most self time inside probe's run,
 with their input shapes. pyinstrument adds the share of Python-side time outside torch ops (hooks, reductions).
 """
@@ -69,7 +70,8 @@ def run(length: int = 2048, log: Any = print) -> dict[str, Any]:
     workloads = {
         "short": (repeated_set(loaded, repeat_len=50, num_seqs=8, seed=0),
                   ["previous_token", "duplicate_token", "induction"], 8),
-        "long": (natural_set(loaded, seq_len=length - 1, num_seqs=1), list(SCORES), 1),
+        "long": (natural_set(loaded, seq_len=length - 1, num_seqs=1),
+                 [name for name, score in SCORES.items() if score.probe == "natural"], 1),
     }
     out: dict[str, Any] = {"benchmark": "profile", "date": started, "machine": machine(), "load_before": load_before}
     for name, (probe_set, names, batch) in workloads.items():

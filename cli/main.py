@@ -175,3 +175,4 @@ def main() -> None:
 
 
 import cli.heatmap  # noqa: E402,F401  (registers the command)
+import cli.ablate  # noqa: E402,F401  (registers the command)

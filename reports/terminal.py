@@ -64,3 +64,64 @@ def overview(result: Classification) -> Table:
 def key_values(console: Console, items: dict[str, Any]) -> None:
     for key, value in items.items():
         console.print(Text(f"{key}: ", style="bold"), Text(str(value)))
+
+
+PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
+
+
+def ablation_report(result: Any, console: Console, *, top: int = 15) -> None:
+    """An AblationResult: what was run, the baseline, the heads whose removal hurts most and those whose removal
+    helps (negative delta), and heads ablated together."""
+    from probe.ablate import METRICS, label
+
+    estimate = result.mode == "estimate"
+    what = f"{result.method} ablation" + (" (estimated)" if estimate else "")
+    console.print(Text(f"Head ablation of {result.model}", style="bold"),
+                  Text(f"({result.n_layers} layers x {result.n_heads} heads, {what})"))
+    description = result.probe_set.get("description", result.data) if result.probe_set else result.data
+    console.print(Text(f"  data: {description}", style="dim"))
+    console.print(Text(f"  metric: {result.metric}: {METRICS.get(result.metric, '')}", style="dim"))
+    if result.mean:
+        console.print(Text(f"  mean: {result.mean}", style="dim"))
+    console.print(Text(f"  computed: {result.path}", style="dim"))
+    parts = "".join(f", {name.replace('_', ' ')} {value:.4f}" for name, value in result.baseline_parts.items())
+    cost = f", {result.forwards:.1f} forward-equivalents" if result.forwards is not None else ""
+    seconds = f" ({result.seconds:.1f} s{cost})" if result.seconds is not None else ""
+    console.print(Text("baseline loss: ", style="bold"), Text(f"{result.baseline_loss:.4f}{parts}{seconds}"))
+
+    def table(title: str, rows: list[Any]) -> Table:
+        grid = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+        grid.add_column("head" if all(len(r.heads) == 1 for r in rows) else "heads", justify="right")
+        grid.add_column("loss", justify="right")
+        grid.add_column("delta", justify="right")
+        for name in result.baseline_parts:
+            grid.add_column(PART_LABELS.get(name, f"Δ {name}"), justify="right")
+        if estimate:
+            grid.add_column("", justify="left")
+        grid.add_column("", no_wrap=True)
+        scale = max((abs(r.delta) for r in rows), default=0.0) or 1.0
+        for r in rows:
+            cells = [label(r.heads), f"{r.loss:.4f}", f"{r.delta:+.4f}"]
+            cells += [f"{r.part_deltas[name]:+.4f}" if r.part_deltas.get(name) is not None else ""
+                      for name in result.baseline_parts]
+            if estimate:
+                cells.append("exact" if r.exact else "est.")
+            bar = Text("█" * max(1, round(abs(r.delta) / scale * 20)) if r.delta else "",
+                       style="red" if r.delta > 0 else "blue")
+            grid.add_row(*cells, bar)
+        return grid
+
+    singles = sorted(result.heads, key=lambda r: (-r.delta, r.heads))
+    if singles:
+        console.print()
+        console.print(table(f"Heads whose removal hurts most (largest delta, {min(top, len(singles))} of "
+                            f"{len(singles)})", singles[:top]))
+        helping = [r for r in reversed(singles) if r.delta < 0][:top]
+        console.print()
+        if helping:
+            console.print(table("Heads whose removal helps (most negative delta)", helping))
+        else:
+            console.print(Text("No head lowers the loss when removed.", style="dim"))
+    if result.groups:
+        console.print()
+        console.print(table("Heads ablated together", sorted(result.groups, key=lambda r: -r.delta)))
