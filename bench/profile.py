@@ -5,7 +5,7 @@ Two workloads:
 - long: one sequence of LENGTH tokens (default 2048) of natural text, the four natural-text scores (what
   `probe classify --num-seqs 1` runs on it).
 For each: the plain sdpa forward's time, probe's, and the ops that take the most self time inside probe's run,
-with their input shapes. pyinstrument adds the share of Python-side time outside torch ops (hooks, reductions).
+with their input shapes, and pyinstrument's wall time by source file (score reductions, attention, the model).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 
-def _top_ops(fn: Any, rows: int = 12) -> tuple[list[dict[str, Any]], float]:
+def _top_ops(fn: Any, rows: int = 12) -> tuple[list[dict[str, Any]], list[dict[str, Any]], float]:
+    """(ops by self time, with input shapes), (ops by self time, all shapes together), total self seconds."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
@@ -24,13 +25,22 @@ def _top_ops(fn: Any, rows: int = 12) -> tuple[list[dict[str, Any]], float]:
     events = prof.key_averages(group_by_input_shape=True)
     total = sum(e.self_cpu_time_total for e in events)
     ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)[:rows]
-    out = [{"op": e.key, "shapes": str(e.input_shapes)[:90], "calls": e.count,
-            "self_ms": e.self_cpu_time_total / 1000, "share": e.self_cpu_time_total / total} for e in ranked]
-    return out, total / 1e6
+    shaped = [{"op": e.key, "shapes": str(e.input_shapes)[:90], "calls": e.count,
+               "self_ms": e.self_cpu_time_total / 1000, "share": e.self_cpu_time_total / total} for e in ranked]
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        entry = by_name.setdefault(e.key, [0.0, 0])
+        entry[0] += e.self_cpu_time_total
+        entry[1] += e.count
+    named = [{"op": key, "calls": int(count), "self_ms": self_us / 1000, "share": self_us / total}
+             for key, (self_us, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:rows]]
+    return shaped, named, total / 1e6
 
 
-def _python_share(fn: Any) -> dict[str, Any]:
-    """pyinstrument: time in frames of probe's own Python code vs all, for the Python-side overhead."""
+def _by_source(fn: Any) -> dict[str, Any]:
+    """pyinstrument: wall time by the source file of the Python frame that was running (a torch op counts for the
+    frame that called it), so: score reductions (probe/scores.py), probe's attention (probe/attention.py), the
+    rest of the model (transformers, torch.nn)."""
     try:
         from pyinstrument import Profiler
     except ImportError:
@@ -41,20 +51,25 @@ def _python_share(fn: Any) -> dict[str, Any]:
     session = profiler.stop()
     root = session.root_frame()
     total = root.time if root is not None else 0.0
-    probe_self = 0.0
+    by_file: dict[str, float] = {}
+
+    def name_of(path: str) -> str:
+        for marker in ("/probe/", "/transformers/", "/torch/", "/bench/"):
+            if marker in path:
+                return marker.strip("/") + "/" + path.split(marker, 1)[1]
+        return path.rsplit("/", 1)[-1] or "?"
 
     def walk(frame: Any) -> None:
-        nonlocal probe_self
-        path = frame.file_path or ""
-        if "/probe/" in path and "site-packages" not in path:
-            probe_self += frame.total_self_time
+        key = name_of(frame.file_path or "")
+        by_file[key] = by_file.get(key, 0.0) + frame.total_self_time
         for child in frame.children:
             walk(child)
 
     if root is not None:
         walk(root)
-    return {"total_seconds": total, "probe_python_self_seconds": probe_self,
-            "text": profiler.output_text(unicode=False, color=False, show_all=False)[:6000]}
+    top = sorted(by_file.items(), key=lambda kv: -kv[1])[:10]
+    return {"total_seconds": total, "by_file": [{"file": k, "seconds": v, "share": v / total if total else 0.0}
+                                                for k, v in top]}
 
 
 def run(length: int = 2048, log: Any = print) -> dict[str, Any]:
@@ -91,10 +106,11 @@ def run(length: int = 2048, log: Any = print) -> dict[str, Any]:
             fn()
             times[label] = time.perf_counter() - start
         log(f"profile {name}: plain {times['plain']:.2f}s, probe {times['probe']:.2f}s")
-        ops, profiled_seconds = _top_ops(probe)
-        plain_ops, _ = _top_ops(plain, rows=6)
+        ops, named, profiled_seconds = _top_ops(probe)
+        _, plain_named, plain_seconds = _top_ops(plain, rows=6)
         out[name] = {"shape": list(ids.shape), "scores": names, "seconds": times, "probe_ops": ops,
-                     "plain_ops": plain_ops, "profiled_self_seconds": profiled_seconds,
-                     "python": _python_share(probe)}
+                     "probe_ops_by_name": named, "plain_ops_by_name": plain_named,
+                     "profiled_self_seconds": profiled_seconds, "plain_profiled_self_seconds": plain_seconds,
+                     "python": _by_source(probe)}
     out["load_after"] = load_average()
     return out

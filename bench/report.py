@@ -167,19 +167,25 @@ def profile(data: dict[str, Any]) -> str:
             continue
         s = part["seconds"]
         lines.append(f"### {name}: {part['shape'][0]} x {part['shape'][1]} tokens, scores {', '.join(part['scores'])}\n")
-        lines.append(f"One run each: plain forward {s['plain']:.3f} s, probe {s['probe']:.3f} s. "
-                     f"Self time by op inside probe's run ({part['profiled_self_seconds']:.2f} s under the "
-                     "profiler):\n")
+        lines.append(f"One run each (not a benchmark, see above for those): plain forward {s['plain']:.3f} s, "
+                     f"probe {s['probe']:.3f} s. Self time by op inside probe's run "
+                     f"({part['profiled_self_seconds']:.2f} s of op time under the profiler):\n")
+        if part.get("probe_ops_by_name"):
+            lines.append("| op (all shapes) | calls | self ms | share |")
+            lines.append("|---|---:|---:|---:|")
+            for op in part["probe_ops_by_name"]:
+                lines.append(f"| {op['op']} | {op['calls']} | {op['self_ms']:.0f} | {op['share']:.0%} |")
+            lines.append("")
         lines.append("| op | input shapes | calls | self ms | share |")
         lines.append("|---|---|---:|---:|---:|")
         for op in part["probe_ops"]:
             lines.append(f"| {op['op']} | `{op['shapes']}` | {op['calls']} | {op['self_ms']:.0f} | "
                          f"{op['share']:.0%} |")
         py = part.get("python") or {}
-        if "total_seconds" in py:
-            lines.append(f"\npyinstrument: {py['total_seconds']:.2f} s in all, of which "
-                         f"{py['probe_python_self_seconds']:.3f} s is Python in probe's own frames "
-                         "(hooks, score reductions' Python side).")
+        if py.get("by_file"):
+            lines.append(f"\npyinstrument, wall time by the source file of the running Python frame (a torch op counts "
+                         f"for its caller), {py['total_seconds']:.2f} s in all: " +
+                         ", ".join(f"`{row['file']}` {row['share']:.0%}" for row in py["by_file"][:8]) + ".")
         lines.append("")
     return "\n".join(lines) + "\n"
 

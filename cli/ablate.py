@@ -11,7 +11,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Optional
 
@@ -174,7 +174,7 @@ def ablate(
     else:
         means = None
         if method == "mean":
-            with errors.status("taking the heads' mean outputs ..."):
+            with errors.status("taking the heads' mean outputs ...") if main_process else nullcontext():
                 means = head_means(loaded, probe_set, per_position=per_position, batch_size=batch_size)
         key = {"model": model, "data": data, "seq_len": seq_len, "num_seqs": num_seqs, "repeat_len": repeat_len,
                "seed": seed, "method": method, "per_position": per_position, "heads": heads, "together": together,

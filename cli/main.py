@@ -144,6 +144,14 @@ def models() -> None:
     console.print("Also: a Hugging Face model folder, a .gguf file, a hub id (org/name), or FILE.py:FUNCTION.")
 
 
+def _rank_prefix() -> str:
+    """Under torchrun every process reports its own error: name the process, except rank 0 (the one that reports)."""
+    import os
+
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    return f"rank {rank}: " if world not in ("", "1") and rank not in ("", "0") else ""
+
+
 def main() -> None:
     """Entry point: run the app; ProbeError and other failures become one line on stderr (--debug: traceback)."""
     try:
@@ -151,7 +159,7 @@ def main() -> None:
     except ProbeError as error:
         if _state["debug"]:
             raise
-        errors.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+        errors.print(f"{_rank_prefix()}error: {error}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt:
         errors.print("interrupted", markup=False)
@@ -169,7 +177,7 @@ def main() -> None:
             sys.exit(130)
         if _state["debug"]:
             raise
-        errors.print(f"error: {type(error).__name__}: {error} (run with --debug for the traceback)",
+        errors.print(f"{_rank_prefix()}error: {type(error).__name__}: {error} (run with --debug for the traceback)",
                      markup=False, highlight=False, soft_wrap=True)
         sys.exit(1)
 

@@ -70,6 +70,8 @@ RESULTS_FORMAT = 1
 STACK_BYTES = 1 << 30  # activations + logits of one stacked forward, for choosing how many copies to stack
 CACHE_BYTES = 4 << 30  # kept block outputs of the baseline; beyond this they are recomputed per layer
 CHECK_TOLERANCE = 1e-4  # relative to the outputs' scale: the exact path must reproduce the naive one this closely
+LOGITS_BYTES = 512 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
+LOGITS_CHUNK_BYTES = 128 << 20  # the logits of one such chunk
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -313,6 +315,9 @@ class _Scorer:
              baseline: Tensor | None = None) -> Tensor:
         """(copies, parts + 1) float64 sums of the metric over the positions that count."""
         batch = ids.shape[0]
+        if isinstance(output, _Final):  # long context: the logits never exist in full
+            values = output.cross_entropy().view(copies, batch, -1).cpu()
+            return (values.double()[:, None] * masks.cpu()[None]).sum(dim=(2, 3))
         out = output.reshape(copies, batch, *output.shape[1:])
         masks = masks.to(output.device)
         result = torch.zeros(copies, masks.shape[0], dtype=torch.float64)
@@ -383,7 +388,7 @@ class _Stop(Exception):
 
 
 def _capture(blocks: _Blocks, model: nn.Module, ids: Tensor, mask: Tensor | None,
-             stop_at: int | None = None) -> tuple[Any, dict[int, Any]]:
+             stop_at: int | None = None, logits: bool = True) -> tuple[Any, dict[int, Any]]:
     """One unablated forward that keeps every block's output; with `stop_at`, ends before that block runs."""
     kept: dict[int, Any] = {}
     order: list[int] = []
@@ -399,7 +404,7 @@ def _capture(blocks: _Blocks, model: nn.Module, ids: Tensor, mask: Tensor | None
             handles.append(block.register_forward_pre_hook(stop))
     output = None
     try:
-        output = run_model(model, ids, mask)
+        output = run_model(model, ids, mask, logits=logits)
     except _Stop:
         pass
     finally:
@@ -464,6 +469,83 @@ def _skip_blocks(container: nn.ModuleList, outputs: dict[int, Any]) -> Iterator[
                 module.__dict__.pop("forward", None)
             else:
                 module.__dict__["forward"] = previous
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# long context: logits computed a chunk of positions at a time
+
+
+def _lean_blocks(model: nn.Module, ids: Tensor) -> _Blocks | None:
+    """The block list, when a forward's logits on `ids` would pass LOGITS_BYTES and can be had in chunks instead: a
+    causal Hugging Face LM whose forward takes `logits_to_keep`, its attention layers in one block list."""
+    from probe.attention import _accepts, is_hf_model
+
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(vocab, int) or ids.numel() * vocab * 4 <= LOGITS_BYTES:
+        return None
+    if not is_hf_model(model) or not _accepts(model, "logits_to_keep"):
+        return None
+    layers = attention_layers(model)
+    if not all(getattr(layer.module, "is_causal", True) for layer in layers):
+        return None
+    return _find_blocks(model, layers)[0]
+
+
+@dataclass
+class _Final:
+    """A forward's last block output, standing in for logits too large to hold (8192 tokens x 49k vocabulary are
+    1.6 GB): the model's own head (final norm, unembedding, any soft-capping) runs again on it, every block
+    skipped, for a chunk of positions at a time (`logits_to_keep`)."""
+
+    model: nn.Module
+    blocks: _Blocks
+    ids: Tensor
+    mask: Tensor | None
+    hidden: Any  # what the last block returned
+
+    def logits(self, positions: Tensor) -> Tensor:
+        skipped = {index: self.hidden for index in range(len(self.blocks.container))}
+        with _skip_blocks(self.blocks.container, skipped):
+            return logits_of(run_model(self.model, self.ids, self.mask, logits=positions))
+
+    def cross_entropy(self) -> Tensor:
+        """(rows, n - 1) float32 next-token cross-entropy at every position, as `_Scorer.sums` computes it."""
+        rows, n = self.ids.shape
+        chunk = max(1, LOGITS_CHUNK_BYTES // (rows * self.model.config.vocab_size * 4))
+        values = []
+        for start in range(0, n - 1, chunk):
+            stop = min(start + chunk, n - 1)
+            logits = self.logits(torch.arange(start, stop)).float()
+            targets = self.ids[:, start + 1:stop + 1].to(logits.device)
+            values.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                          reduction="none").view(rows, stop - start))
+        return torch.cat(values, dim=1)
+
+    def first_rows(self, batch: int) -> Tensor:
+        hidden = self.hidden[0] if isinstance(self.hidden, (tuple, list)) else self.hidden
+        return hidden[:batch]
+
+
+def _last_block_output(model: nn.Module, blocks: _Blocks, ids: Tensor, mask: Tensor | None) -> _Final:
+    """One forward that keeps the last block's output and computes the logits of the last position only."""
+    kept: list[Any] = []
+    last = blocks.container[len(blocks.container) - 1]
+    handle = last.register_forward_hook(lambda _module, _args, output: kept.append(_detach(output)))
+    try:
+        run_model(model, ids, mask, logits=False)
+    finally:
+        handle.remove()
+    return _Final(model, blocks, ids, mask, kept[-1])
+
+
+def _outputs(model: nn.Module, ids: Tensor, mask: Tensor | None, lean: bool | None = None) -> Tensor | _Final:
+    """A forward's logits (or last hidden states), or its _Final where the logits would be too large (`lean`
+    None), or as told."""
+    blocks = _lean_blocks(model, ids) if lean is None else (
+        _find_blocks(model, attention_layers(model))[0] if lean else None)
+    if blocks is None:
+        return logits_of(run_model(model, ids, mask))
+    return _last_block_output(model, blocks, ids, mask)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -864,17 +946,20 @@ def sweep(
 
     with torch.no_grad():
         for (ids, mask), batch_masks in zip(batches, masks):
+            lean = metric == "cross_entropy" and _lean_blocks(model, ids) is not None
             if keep_all:
                 try:
-                    output, kept_here = _capture(blocks, model, ids, mask)  # type: ignore[arg-type]
+                    output, kept_here = _capture(blocks, model, ids, mask, logits=not lean)  # type: ignore[arg-type]
+                    if lean:  # long context: the logits a chunk of positions at a time, from the last block's output
+                        output = _Final(model, blocks, ids, mask, kept_here[len(blocks.container) - 1])  # type: ignore
                     last = max(start_of(a) for a in ablations)
                     kept_here = {i: value for i, value in kept_here.items() if i < last}
                 except _NoPrefix as error:
                     blocks, keep_all, mode_path = None, False, f"naive: one full forward per ablation ({error})"
-                    output, kept_here = run_model(model, ids, mask), None
+                    output, kept_here = _outputs(model, ids, mask), None
             else:
-                output, kept_here = run_model(model, ids, mask), None
-            final = logits_of(output)
+                output, kept_here = _outputs(model, ids, mask), None
+            final = output if isinstance(output, _Final) else logits_of(output)
             kept.append(kept_here)
             outputs.append(final.detach() if metric == "cosine_distance" else None)
             if metric == "cross_entropy":  # the cosine distance of the baseline to itself is 0
@@ -971,10 +1056,10 @@ def sweep(
 
 
 def _naive_forward(model: nn.Module, ids: Tensor, mask: Tensor | None, ablation: Ablation, method: str,
-                   means: HeadMeans | None) -> Tensor:
+                   means: HeadMeans | None, lean: bool | None = None) -> Tensor | _Final:
     edit, layers = _head_editor([ablation], ids.shape[0], method, means)
     with attention_hooks(model, edit_heads=edit, layers=layers):
-        return logits_of(run_model(model, ids, mask))
+        return _outputs(model, ids, mask, lean)
 
 
 def _prefix_forward(model: nn.Module, blocks: _Blocks, baseline: _Baseline, index: int, ids: Tensor,
@@ -990,14 +1075,19 @@ def _prefix_forward(model: nn.Module, blocks: _Blocks, baseline: _Baseline, inde
     stacked_ids = ids.repeat(copies, 1)
     stacked_mask = None if mask is None else mask.repeat(copies, 1)
     with _skip_blocks(blocks.container, skipped), attention_hooks(model, edit_heads=edit, layers=layers):
-        return logits_of(run_model(model, stacked_ids, stacked_mask))
+        return _outputs(model, stacked_ids, stacked_mask)
 
 
 def _check_prefix(model: nn.Module, ids: Tensor, mask: Tensor | None, ablation: Ablation, method: str,
                   means: HeadMeans | None, stacked: Tensor, copies: int) -> str:
     """'' if the exact path's first copy equals a full forward with the same ablation, else what differs."""
-    reference = _naive_forward(model, ids, mask, ablation, method, means)
-    mine = stacked.reshape(copies, ids.shape[0], *stacked.shape[1:])[0]
+    if isinstance(stacked, _Final):  # long context: compare the last block's outputs, which make the logits
+        reference_final = _naive_forward(model, ids, mask, ablation, method, means, lean=True)
+        assert isinstance(reference_final, _Final)
+        mine, reference = stacked.first_rows(ids.shape[0]), reference_final.first_rows(ids.shape[0])
+    else:
+        reference = _naive_forward(model, ids, mask, ablation, method, means, lean=False)  # type: ignore[assignment]
+        mine = stacked.reshape(copies, ids.shape[0], *stacked.shape[1:])[0]
     if mine.shape != reference.shape:
         return f"output shape {tuple(mine.shape)} != {tuple(reference.shape)}"
     valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()

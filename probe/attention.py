@@ -426,11 +426,12 @@ def _accepts(model: nn.Module, argument: str) -> bool:
 
 
 def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-              logits: bool = True) -> Any:
+              logits: bool | Tensor = True) -> Any:
     """One forward pass the way probe runs every model: HF with its mask and no KV cache, custom with ids only.
 
     `logits=False`: the caller only reads attention, so a Hugging Face LM computes the logits of the last position
-    only (`logits_to_keep=1`); at 8192 tokens the full logits of a 49k vocabulary would take 1.6 GB.
+    only (`logits_to_keep=1`); at 8192 tokens the full logits of a 49k vocabulary would take 1.6 GB. A 1-D tensor of
+    positions: the logits of those positions only. Models without `logits_to_keep` compute all, as before.
     """
     input_ids = input_ids.to(_device(model))
     if is_hf_model(model):
@@ -439,7 +440,10 @@ def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None
             kwargs["attention_mask"] = attention_mask.to(input_ids.device)
         if getattr(model.config, "use_cache", None) is not None:
             kwargs["use_cache"] = False
-        if not logits and _accepts(model, "logits_to_keep"):
+        if isinstance(logits, Tensor):
+            if _accepts(model, "logits_to_keep"):
+                kwargs["logits_to_keep"] = logits.to(input_ids.device)
+        elif not logits and _accepts(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = 1
         return model(**kwargs)
     return model(input_ids)

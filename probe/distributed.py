@@ -136,10 +136,13 @@ def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_fold
     for name, device in parsed.items():
         if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
             index = device if isinstance(device, int) else int(device.partition(":")[2] or 0)
+            if not gpus:
+                raise ProbeError(f"--device-map puts {name!r} on GPU {index}, but this machine has no GPU: "
+                                 "use cpu and disk")
             if index >= len(gpus):
                 raise ProbeError(f"--device-map puts {name!r} on GPU {index}, but under torchrun each of the "
-                                 f"{rank.local_world_size} processes on this machine has {len(gpus)} GPU(s) "
-                                 f"(numbered 0-{max(len(gpus) - 1, 0)} within its group)")
+                                 f"{rank.local_world_size} processes on this machine has {len(gpus)} GPU(s), "
+                                 f"numbered 0-{len(gpus) - 1} within its group")
             remapped[name] = gpus[index]
         else:
             remapped[name] = device

@@ -185,3 +185,42 @@ def test_default_model_from_gguf_cache_offloaded(smollm2, tmp_path: Path) -> Non
     assert any(name.startswith("model.layers.15.") for name in offloaded(placed.model))
     options = dict(num_seqs=2, seq_len=32, repeat_len=16, scores=["previous_token", "induction"])
     assert_same_scores(classify(smollm2, **options), classify(placed, **options))
+
+
+@pytest.mark.parametrize("method", ["zero", "mean"])
+def test_ablation_deltas_with_offloading_equal(llama_dir: Path, tmp_path: Path, method: str) -> None:
+    from probe.ablate import sweep
+    from probe.data import repeated_set
+
+    plain = load_model(str(llama_dir))
+    placed = load_model(str(llama_dir), device_map=LLAMA_MAP, offload_folder=tmp_path / "offload")
+    wrapped = {name: module.forward for name, module in placed.model.named_modules()
+               if "_hf_hook" in module.__dict__}
+    results = []
+    for loaded in (plain, placed):
+        probe_set = repeated_set(loaded, repeat_len=8, num_seqs=2, seed=0)
+        results.append(sweep(loaded, probe_set, method=method, stack=3))
+    one, two = results
+    assert two.path.startswith("exact") and one.path == two.path  # the prefix reuse works on offloaded blocks
+    assert two.baseline_loss == one.baseline_loss
+    assert [(r.heads, r.loss, r.delta, r.parts) for r in two.results] == \
+        [(r.heads, r.loss, r.delta, r.parts) for r in one.results]
+    assert any(r.delta != 0 for r in two.results)
+    assert {name: module.forward for name, module in placed.model.named_modules()
+            if "_hf_hook" in module.__dict__} == wrapped
+    assert "model.embed_tokens.weight" in offloaded(placed.model)
+
+
+def test_cli_ablate_custom_model_offloaded_equals_plain(tmp_path: Path, capsys, monkeypatch) -> None:
+    common = ["ablate", "--model", f"{PLANTED}:planted_mha", "--data", "repeated", "--num-seqs", "2",
+              "--repeat-len", "8"]
+    code, _, stderr = run_cli([*common, "--json", str(tmp_path / "plain.json")], capsys, monkeypatch)
+    assert code == 0, stderr
+    code, _, stderr = run_cli([*common, "--json", str(tmp_path / "placed.json"), "--device-map",
+                               '{"layers.0": "disk", "layers.1": "cpu"}', "--offload-folder", str(tmp_path / "off")],
+                              capsys, monkeypatch)
+    assert code == 0, stderr
+    plain = json.loads((tmp_path / "plain.json").read_text())
+    placed = json.loads((tmp_path / "placed.json").read_text())
+    assert placed["heads"] == plain["heads"] and placed["baseline_loss"] == plain["baseline_loss"]
+    assert placed["path"] == plain["path"]

@@ -72,10 +72,9 @@ def test_torchrun_two_processes_equal_one_process(tmp_path: Path) -> None:
     assert (tmp_path / "two.jsonl").read_text() == (tmp_path / "one.jsonl").read_text()
     assert (tmp_path / "two.csv").is_file()
     assert not shard_paths(tmp_path / "two.jsonl")  # merged, then removed
-    # only rank 0 reports: the table's header line appears once
-    first_line = next(line for line in (tmp_path / "report.txt").write_text(run.stdout) and run.stdout.splitlines()
-                      if line.strip())
-    assert run.stdout.count(first_line) == 1
+    assert run.stdout.count("Head ablation of") == 1  # only rank 0 reports
+    assert run.stdout.count("Heads whose removal hurts most") == single.stdout.count("Heads whose removal hurts most")
+    assert run.stderr.count(f"wrote {tmp_path / 'two.json'}") == 1
 
 
 def test_dead_process_loses_only_unfinished_heads_and_resume_completes(tmp_path: Path) -> None:
@@ -125,6 +124,29 @@ def test_resume_alone_completes_a_torchrun_sweep(tmp_path: Path) -> None:
     assert not shard_paths(results)
 
 
+def test_torchrun_with_layers_offloaded_to_disk_equals_one_process(tmp_path: Path) -> None:
+    """Each process loads a tiny Llama with half its layers on disk (its own offload folder); the merged sweep
+    equals one process's sweep of the model in memory."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    folder = tmp_path / "tiny-llama"
+    tf.LlamaForCausalLM(config).save_pretrained(folder)
+    device_map = {"model.embed_tokens": "disk", "model.layers.0": "cpu", "model.layers.1": "disk",
+                  "model.layers.2": "disk", "model.layers.3": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu",
+                  "lm_head": "cpu"}
+    args = ["--model", str(folder), "--data", "repeated", "--num-seqs", "3", "--repeat-len", "10", "--stack", "2"]
+    single = alone([*args, "--json", str(tmp_path / "one.json")], tmp_path)
+    assert single.returncode == 0, single.stderr
+    run = torchrun([*args, "--json", str(tmp_path / "two.json"), "--device-map", json.dumps(device_map),
+                    "--offload-folder", str(tmp_path / "offload")], tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert comparable(tmp_path / "two.json") == comparable(tmp_path / "one.json")
+    assert sorted(path.name for path in (tmp_path / "offload").iterdir()) == ["rank-0", "rank-1"]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the pieces, in process
 
@@ -168,7 +190,7 @@ def test_rank_placement_on_cpu(tmp_path: Path) -> None:
     assert set(memory) == {"cpu"} and memory["cpu"] > 0  # half this machine's free memory
     device_map, folder, memory = rank_placement(rank, '{"": "cpu"}', None)
     assert device_map == {"": "cpu"} and folder is None and memory is None
-    with pytest.raises(ProbeError, match="GPU 0"):
+    with pytest.raises(ProbeError, match="on GPU 0, but this machine has no GPU"):
         rank_placement(rank, {"model.layers.0": 0, "lm_head": "cpu"}, None)
     assert rank_placement(None, "auto", tmp_path) == ("auto", tmp_path, None)
 

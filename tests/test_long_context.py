@@ -198,3 +198,32 @@ def test_unpadded_causal_batch_builds_no_mask() -> None:
     finally:
         attention._hf_weights_attention = original
     assert masks and all(mask is None for mask in masks)
+
+
+@pytest.mark.parametrize("mode", ["exact", "naive"])
+def test_ablation_sweep_with_chunked_logits_equals_full_logits(monkeypatch, mode: str) -> None:
+    """Long-context sweeps never hold the full logits: the loss comes from the last block's output, the model's head
+    run on a few positions at a time. Forced here on a tiny model; the numbers must not change."""
+    import probe.ablate as ablate
+
+    loaded = tiny_loaded("llama_gqa")
+    natural, repeated = _sets(loaded, length=40, num=3)
+    heads = [(0, 0), (0, 3), (1, 1), (1, 2)]
+    for probe_set in (natural, repeated):
+        full = ablate.sweep(loaded, probe_set, heads, mode=mode, batch_size=2)
+        monkeypatch.setattr(ablate, "LOGITS_BYTES", 0)
+        monkeypatch.setattr(ablate, "LOGITS_CHUNK_BYTES", 2 * 2 * 120 * 4 * 7)  # 7 positions a chunk
+        calls = []
+        original = ablate._Final.logits
+        monkeypatch.setattr(ablate._Final, "logits", lambda self, positions: calls.append(len(positions))
+                            or original(self, positions))
+        chunked = ablate.sweep(loaded, probe_set, heads, mode=mode, batch_size=2)
+        monkeypatch.undo()
+        assert calls and max(calls) < probe_set.input_ids.shape[1] - 1  # the lean path ran, in chunks
+        assert chunked.path == full.path
+        assert abs(chunked.baseline_loss - full.baseline_loss) <= 1e-6
+        for a, b in zip(full.results, chunked.results):
+            assert a.heads == b.heads
+            assert abs(a.loss - b.loss) <= 1e-6
+            for name in a.parts:
+                assert abs(a.parts[name] - b.parts[name]) <= 1e-6
