@@ -34,8 +34,15 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="classification benchmark: torch device (default cpu)")
     parser.add_argument("--dtype", default="float32", help="classification benchmark: float32, bfloat16, float16")
     parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's own choice, one per core); 1 keeps ratios steadier "
+                             "when other processes load the machine")
     parser.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from saved results")
     args = parser.parse_args()
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
     command = "python -m bench" + ("" if len(sys.argv) == 1 else " " + shlex.join(sys.argv[1:]))
     names = args.names or ([] if args.render else ALL)
     unknown = [name for name in names if name not in ALL]

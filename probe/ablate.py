@@ -196,20 +196,18 @@ def head_means(loaded: LoadedModel, reference: ProbeSet, *, per_position: bool =
             total, count = values.sum(dim=0), valid.sum(dim=0).double()
         else:
             total, count = values.sum(dim=(0, 1)), valid.sum().double()
-        if layer in sums:
-            if per_position and total.shape[0] > sums[layer].shape[0]:
+        if layer not in sums:
+            sums[layer], counts[layer] = torch.zeros_like(total), torch.zeros_like(count)
+        if per_position:
+            if total.shape[0] > sums[layer].shape[0]:  # a longer batch than the ones before: grow
                 grow = total.shape[0] - sums[layer].shape[0]
                 sums[layer] = F.pad(sums[layer], (0, 0, 0, 0, 0, grow))
                 counts[layer] = F.pad(counts[layer], (0, grow))
-            n = total.shape[0] if per_position else None
-            if per_position:
-                sums[layer][:n] += total
-                counts[layer][:n] += count
-            else:
-                sums[layer] += total
-                counts[layer] += count
+            sums[layer][: total.shape[0]] += total
+            counts[layer][: total.shape[0]] += count
         else:
-            sums[layer], counts[layer] = total, count
+            sums[layer] += total
+            counts[layer] += count
         return heads
 
     with torch.no_grad(), attention_hooks(model, edit_heads=record):
@@ -1013,7 +1011,7 @@ def sweep(
                         out = _naive_forward(model, ids, mask, ablation, method, means)
                         chunk_sums[position] += scorer.sums(out, ids, batch_masks, 1, base_out)[0]
                 else:
-                    if checked[0]:
+                    if checked[0] or start == 0:  # a chunk that starts at block 0 reuses nothing: nothing to check
                         out = _prefix_forward(model, blocks, baseline, index, ids, mask, chunk, start, method, means)
                     else:
                         try:

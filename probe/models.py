@@ -115,8 +115,10 @@ def _from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] 
     if isinstance(placement.get("device_map"), dict):
         from accelerate import init_empty_weights
 
-        with init_empty_weights():
+        with init_empty_weights():  # the same class as loaded below, so that the module names are the same
             try:
+                if is_encoder_config(config):
+                    raise ValueError("an encoder loads with AutoModel")
                 skeleton = AutoModelForCausalLM.from_config(config)
             except ValueError:
                 skeleton = AutoModel.from_config(config)
@@ -249,10 +251,6 @@ def _infer_vocab_size(model: nn.Module) -> int:
             return int(logits_of(model(torch.zeros(1, 2, dtype=torch.long, device=input_device(model)))).shape[-1])
     except Exception as error:
         raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
-
-
-def _device_of(model: nn.Module) -> torch.device:
-    return input_device(model)
 
 
 def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = None,

@@ -15,7 +15,7 @@ import tempfile
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Union
+from typing import Union
 
 import torch
 from torch import nn
@@ -156,14 +156,3 @@ def dispatch_custom(model: nn.Module, device_map: DeviceMap, offload_folder: str
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ProbeError(f"cannot place the model with this device map: {first}") from error
 
-
-def describe(model: nn.Module) -> dict[str, Any] | None:
-    """Where the model's modules are, for reports: {device: module count}, or None without a device map."""
-    device_map = getattr(model, "hf_device_map", None)
-    if not isinstance(device_map, dict) or not device_map:
-        return None
-    counts: dict[str, int] = {}
-    for device in device_map.values():
-        key = str(device) if not isinstance(device, int) else f"gpu {device}"
-        counts[key] = counts.get(key, 0) + 1
-    return counts

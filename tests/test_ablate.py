@@ -4,10 +4,10 @@ loop, the planted induction circuit breaks when its heads are removed, sweeps re
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -54,23 +54,30 @@ def projection(model: torch.nn.Module, layer: int) -> tuple[torch.nn.Module, str
     return model.model.layers[layer].self_attn.o_proj, "linear"
 
 
-def weight_ablated(model: torch.nn.Module, heads: list[tuple[int, int]], head_dim: int,
-                   means: dict[tuple[int, int], torch.Tensor] | None = None) -> torch.nn.Module:
-    """A copy of the model with each head's input columns of the output projection zeroed; for mean ablation the
-    head's mean contribution W_o[:, h] @ mean is added as a constant to the projection's output."""
-    copied = copy.deepcopy(model)
-    for layer, head in heads:
-        module, layout = projection(copied, layer)
-        columns = slice(head * head_dim, (head + 1) * head_dim)
+@contextmanager
+def weights_zeroed(model: torch.nn.Module, heads: list[tuple[int, int]], head_dim: int,
+                   means: dict[tuple[int, int], torch.Tensor] | None = None) -> Iterator[None]:
+    """For the body of the `with`, each head's input columns of the output projection are zeroed (in place, put
+    back after); for mean ablation the head's mean contribution W_o[:, h] @ mean is added to the projection's bias."""
+    saved = []
+    try:
+        for layer, head in heads:
+            module, layout = projection(model, layer)
+            columns = slice(head * head_dim, (head + 1) * head_dim)
+            with torch.no_grad():
+                block = module.weight[columns, :] if layout == "conv1d" else module.weight[:, columns]
+                saved.append((module, layout, columns, block.clone(), module.bias))
+                if means is not None:
+                    constant = (means[(layer, head)] @ block) if layout == "conv1d" else (block @ means[(layer, head)])
+                    bias = module.bias if module.bias is not None else torch.zeros_like(constant)
+                    module.bias = torch.nn.Parameter(bias.detach() + constant)
+                block.zero_()
+        yield
+    finally:
         with torch.no_grad():
-            weight = module.weight
-            block = weight[columns, :] if layout == "conv1d" else weight[:, columns]
-            if means is not None:  # the mean's contribution becomes part of the projection's bias
-                constant = (means[(layer, head)] @ block) if layout == "conv1d" else (block @ means[(layer, head)])
-                bias = module.bias if module.bias is not None else torch.zeros_like(constant)
-                module.bias = torch.nn.Parameter(bias + constant)
-            block.zero_()
-    return copied
+            for module, layout, columns, block, bias in reversed(saved):
+                (module.weight[columns, :] if layout == "conv1d" else module.weight[:, columns]).copy_(block)
+                module.bias = bias
 
 
 def reference_means(model: torch.nn.Module, ids: torch.Tensor, heads: list[tuple[int, int]], head_dim: int
@@ -126,8 +133,8 @@ def test_hook_ablation_equals_zeroed_projection_weights(kind: str, method: str) 
         # nn.MultiheadAttention does not call its out_proj module: read the means from the textbook twin
         twin = planted_textbook() if kind == "planted_mha" else model
         reference_means_ = reference_means(twin, ids, heads, head_dim) if method == "mean" else None
-        reference = reference_metric(weight_ablated(model, heads, head_dim, reference_means_), ids, baseline_out,
-                                     causal)
+        with weights_zeroed(model, heads, head_dim, reference_means_):
+            reference = reference_metric(model, ids, baseline_out, causal)
         assert entry.loss == pytest.approx(reference, abs=1e-4), (kind, method, heads)
     # the context manager gives the same numbers as the sweep
     with ablate(model, together, method=method, means=means):
@@ -144,7 +151,8 @@ def test_real_model_deltas_equal_zeroed_weights(smollm2: LoadedModel) -> None:
     assert result.path.startswith("exact")
     ids = probe_set.input_ids
     for entry in result.heads:
-        reference = reference_metric(weight_ablated(smollm2.model, list(entry.heads), 64), ids, None, True)
+        with weights_zeroed(smollm2.model, list(entry.heads), 64):
+            reference = reference_metric(smollm2.model, ids, None, True)
         assert entry.loss == pytest.approx(reference, abs=1e-4)
     assert result.baseline_loss == pytest.approx(reference_metric(smollm2.model, ids, None, True), abs=1e-5)
 

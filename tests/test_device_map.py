@@ -224,3 +224,17 @@ def test_cli_ablate_custom_model_offloaded_equals_plain(tmp_path: Path, capsys, 
     placed = json.loads((tmp_path / "placed.json").read_text())
     assert placed["heads"] == plain["heads"] and placed["baseline_loss"] == plain["baseline_loss"]
     assert placed["path"] == plain["path"]
+
+
+def test_encoder_offloaded_scores_equal(tmp_path: Path) -> None:
+    """An encoder loads as AutoModel: the device map is checked against the same module names."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    tf.BertModel(tf.BertConfig(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                               num_attention_heads=4, max_position_embeddings=256)).save_pretrained(tmp_path / "bert")
+    device_map = {"embeddings": "cpu", "encoder.layer.0": "disk", "encoder.layer.1": "cpu", "pooler": "cpu"}
+    plain = load_model(str(tmp_path / "bert"))
+    placed = load_model(str(tmp_path / "bert"), device_map=device_map, offload_folder=tmp_path / "offload")
+    assert any(name.startswith("encoder.layer.0.") for name in offloaded(placed.model))
+    assert_same_scores(classify(plain, **SMALL), classify(placed, **SMALL))

@@ -195,6 +195,26 @@ def test_rank_placement_on_cpu(tmp_path: Path) -> None:
     assert rank_placement(None, "auto", tmp_path) == ("auto", tmp_path, None)
 
 
+def test_gpu_groups_per_process(monkeypatch) -> None:
+    """With GPUs (faked: counts only), each process of a machine gets its own equal group of them."""
+    from probe.distributed import rank_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    second = Rank(rank=3, world_size=4, local_rank=1, local_world_size=2)  # 2 machines x 2 processes
+    assert rank_device(second, None) == "cuda:1" and rank_device(second, "cuda") == "cuda:1"
+    assert rank_device(second, "cuda:6") == "cuda:6"
+    device_map, _, _ = rank_placement(second, {"model.layers.0": 0, "model.layers.1": "cuda:3", "lm_head": "cpu"},
+                                      None)
+    assert device_map == {"model.layers.0": 4, "model.layers.1": 7, "lm_head": "cpu"}  # GPUs 4-7 are its group
+    with pytest.raises(ProbeError, match="GPU 4, but under torchrun each of the 2 processes"):
+        rank_placement(second, {"": 4}, None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    crowded = Rank(rank=2, world_size=4, local_rank=2, local_world_size=4)
+    with pytest.raises(ProbeError, match="4 processes on this machine, which has 2 GPUs"):
+        rank_placement(crowded, "auto", None)
+
+
 def test_estimate_is_not_split(monkeypatch) -> None:
     from conftest import tiny_loaded
 
@@ -214,3 +234,26 @@ def test_shard_paths(tmp_path: Path) -> None:
         shard_path(results, rank).write_text("")
     (tmp_path / "sweep.jsonl.shard-x").write_text("")
     assert shard_paths(results) == [shard_path(results, r) for r in (0, 2, 10)]
+
+
+def test_resume_refuses_shards_of_another_sweep(tmp_path: Path, monkeypatch) -> None:
+    from conftest import tiny_loaded
+
+    from probe.ablate import sweep
+    from probe.data import repeated_set
+
+    for key in ("WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(key, raising=False)
+    loaded = tiny_loaded("llama_gqa")
+    probe_set = repeated_set(loaded, repeat_len=5, num_seqs=1)
+    results = tmp_path / "sweep.jsonl"
+    sweep(loaded, probe_set, [(0, 0)], results_path=results)
+    sweep(loaded, probe_set, [(0, 1)], method="mean", results_path=shard_path(results, 1))  # another sweep
+    with pytest.raises(ProbeError, match="holds a different sweep"):
+        sharded_sweep(loaded, probe_set, [(0, 0), (0, 1)], results_path=results, resume=True)
+    shard_path(results, 1).unlink()
+    sweep(loaded, probe_set, [(1, 2)], results_path=shard_path(results, 3))  # the same sweep, another process
+    merged = sharded_sweep(loaded, probe_set, [(0, 0), (1, 2), (1, 3)], results_path=results, resume=True)
+    reference = sweep(loaded, probe_set, [(0, 0), (1, 2), (1, 3)])
+    assert [(r.heads, r.delta) for r in merged.results] == [(r.heads, r.delta) for r in reference.results]
+    assert not shard_paths(results)
