@@ -2,6 +2,10 @@
 
 - probe: the command line, `probe classify --seq-len N-1 --num-seqs 1 --batch-size 1` (BOS makes N), which scores
   every head for all six classes (it also runs the repeated set, 1 x 101 tokens);
+- probe_ablate: `probe ablate --heads 0.0,29.8 --seq-len N-1 --num-seqs 1 --batch-size 1`: the exact sweep's
+  machinery at its largest (the baseline keeps block outputs up to the last layer; one ablated forward per head,
+  and the first is checked against a full forward); a full 270-head sweep holds no more (at this length one
+  ablation per forward), it only takes longer;
 - hf: Hugging Face `output_attentions=True` (eager), the attentions of all layers held (bench.memory_point);
 - tl: TransformerLens `run_with_cache` (every hook, as documented); tl_patterns: filtered to the pattern hooks.
 
@@ -19,7 +23,8 @@ from bench.common import GIB, MEMORY_CAP, last_json, load_average, machine, now,
 
 LENGTHS = [512, 1024, 2048, 4096, 8192]
 FIT_EXTRA = {"hf": [768, 1536], "tl": [768, 1280], "tl_patterns": [768, 1536]}  # more points below the cap, to fit
-TOOLS = ["load_only", "probe", "hf", "tl", "tl_patterns"]
+TOOLS = ["load_only", "probe", "probe_ablate", "hf", "tl", "tl_patterns"]
+ABLATE_LENGTHS = [2048, 8192]  # a sweep point takes minutes at 8192 tokens: fewer points
 
 
 def fit(points: list[tuple[int, int]]) -> tuple[float, float, float] | None:
@@ -50,6 +55,9 @@ def command(tool: str, length: int) -> list[str]:
     if tool == "probe":
         return [sys.executable, "-m", "cli", "classify", "--seq-len", str(length - 1), "--num-seqs", "1",
                 "--batch-size", "1"]
+    if tool == "probe_ablate":
+        return [sys.executable, "-m", "cli", "ablate", "--heads", "0.0,29.8", "--seq-len", str(length - 1),
+                "--num-seqs", "1", "--batch-size", "1"]
     return [sys.executable, "-m", "bench.memory_point", tool, str(length)]
 
 
@@ -61,7 +69,12 @@ def run(lengths: list[int] | None = None, tools: list[str] | None = None, log: A
     started, load_before = now(), load_average()
     table: dict[str, dict[int, dict[str, Any]]] = {}
     for tool in tools:
-        grid = [lengths[0]] if tool == "load_only" else sorted(set(lengths) | set(FIT_EXTRA.get(tool, [])))
+        if tool == "load_only":
+            grid = [lengths[0]]
+        elif tool == "probe_ablate":
+            grid = [n for n in lengths if n in ABLATE_LENGTHS] or [max(lengths)]
+        else:
+            grid = sorted(set(lengths) | set(FIT_EXTRA.get(tool, [])))
         measured: list[tuple[int, int]] = []
         rows: dict[int, dict[str, Any]] = {}
         for length in grid:
@@ -80,7 +93,7 @@ def run(lengths: list[int] | None = None, tools: list[str] | None = None, log: A
             else:
                 row["status"] = "measured"
                 measured.append((length, result.peak_rss))
-                if tool != "probe":
+                if not tool.startswith("probe"):
                     row.update(last_json(result.stdout))
             rows[length] = row
             log(f"  {tool} {length}: {row['status']}, peak {result.peak_rss / GIB:.2f} GiB, {result.seconds:.0f} s")

@@ -18,7 +18,7 @@ def _machine(data: dict[str, Any]) -> str:
         load_text = f"; load average (1 min) {load[0][0]:.2f} before" + (
             f", {load[1][0]:.2f} after" if load[1] is not None else "")
     return (f"- Date: {data['date']}; command: `{data.get('command', '?')}`\n"
-            f"- Machine: {m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads), {m['memory_gib']} GiB RAM, "
+            f"- Machine: {m['cpu']}, {m['cores']} cores (torch threads: {m['torch_threads']}), {m['memory_gib']} GiB RAM, "
             f"GPU: {m['gpu']}; {m['os']}\n- Versions: {versions}{load_text}\n")
 
 
@@ -53,7 +53,7 @@ def classification(data: dict[str, Any]) -> str:
         lines.append(f"probe takes {p / f:.2f}x the time of TransformerLens' fastest variant"
                      + (f" and {p / d:.2f}x its documented usage." if d else "."))
     if data.get("spearman_probe_vs_tl"):
-        agreement = ", ".join(f"{k} {v:.2f}" for k, v in data["spearman_probe_vs_tl"].items())
+        agreement = ", ".join(f"{k} {v:.3f}" for k, v in data["spearman_probe_vs_tl"].items())
         lines.append(f"Sanity check: Spearman rank correlation of probe's and TransformerLens' scores over the 270 "
                      f"heads (the definitions differ: TransformerLens averages over every query, probe over the "
                      f"queries where the pattern is defined): {agreement}.")
@@ -117,8 +117,9 @@ def ablation(data: dict[str, Any]) -> str:
 
 def memory(data: dict[str, Any]) -> str:
     points = data["points"]
-    tools = [t for t in ("probe", "hf", "tl", "tl_patterns") if t in points]
-    names = {"probe": "probe classify (CLI)", "hf": "HF output_attentions=True",
+    tools = [t for t in ("probe", "probe_ablate", "hf", "tl", "tl_patterns") if t in points]
+    names = {"probe": "probe classify (CLI)", "probe_ablate": "probe ablate (CLI, 2 heads)",
+             "hf": "HF output_attentions=True",
              "tl": "TransformerLens run_with_cache", "tl_patterns": "TL run_with_cache, pattern hooks only"}
     lengths = sorted({int(n) for t in tools for n in points[t]})
     lines = ["## 3. Peak memory (RSS, GiB) against sequence length, one sequence, fresh process per point\n",
@@ -151,11 +152,12 @@ def memory(data: dict[str, Any]) -> str:
         times = ", ".join(f"{n}: {row['wall_seconds']:.0f} s" for n, row in points["probe"].items()
                           if row["status"] == "measured")
         lines.append(f"probe classify wall time per point (model load included): {times}.")
-        top = points["probe"].get("8192")
+    for tool, label in (("probe", "probe classify"), ("probe_ablate", "probe ablate")):
+        top = points.get(tool, {}).get("8192")
         if top and top["status"] == "measured":
             verdict = "**met**" if top["peak_rss"] < 4 * GIB else "**not met**"
-            lines.append(f"Long-context target, `probe classify` at 8192 tokens under 4 GiB: {verdict} "
-                         f"({top['peak_rss'] / GIB:.2f} GiB).")
+            lines.append(f"Long-context target, `{label}` at 8192 tokens under 4 GiB: {verdict} "
+                         f"({top['peak_rss'] / GIB:.2f} GiB peak RSS, {top['wall_seconds']:.0f} s).")
     return "\n".join(lines) + "\n"
 
 
@@ -198,9 +200,9 @@ Run them all with `python -m bench` (or `bash bench/run.sh`); one at a time with
 `bench/results/NAME.json`; this file is rendered from those files, so every number below was measured in the run
 whose date and command head its section. Ratios are against a baseline timed in the same run.
 
-GPU: no GPU was available to the machine these numbers come from, so the CUDA (bf16 / fp32) runs were not made;
-the code is device-agnostic (`--device`, `--dtype`), and `python -m bench --device cuda --dtype bfloat16` is not
-wired yet: see "Not done" at the end.
+GPU: no GPU was lent to the machine these numbers come from, so no CUDA (bf16 / fp32) runs were made. The code is
+device-agnostic (`probe classify --device cuda --dtype bfloat16`); `python -m bench classification --device cuda
+--dtype bfloat16` runs benchmark 1 on a GPU and saves it as a separate result.
 """
 
 
@@ -213,6 +215,14 @@ def render(extra: str = "") -> str:
             parts.append(fn(data))
         else:
             parts.append(f"## {name}\n\nNot run yet: `python -m bench {name}`.\n")
+    from bench.common import RESULTS_DIR
+
+    for path in sorted(RESULTS_DIR.glob("classification-*.json")):  # GPU runs of benchmark 1
+        data = load_result(path.stem)
+        if data is not None:
+            parts.append(classification(data).replace("## 1. Classification",
+                                                      f"## 1b. On {data.get('device')}, {data.get('dtype')}: "
+                                                      "classification", 1))
     if extra:
         parts.append(extra)
     return "\n".join(parts)
