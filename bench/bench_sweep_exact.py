@@ -81,7 +81,8 @@ def timed(function: Any) -> tuple[Any, float, float]:
     return value, time.perf_counter() - wall, time.process_time() - cpu
 
 
-def bench_exact(loaded: Any, probe_set: Any, heads: list[tuple[int, int]], rounds: int, log: Any) -> dict[str, Any]:
+def bench_exact(loaded: Any, probe_set: Any, heads: list[tuple[int, int]], rounds: int, log: Any,
+                stack: int | None = None) -> dict[str, Any]:
     from probe.ablate import sweep
 
     times: dict[str, list[tuple[float, float]]] = {"naive": [], "exact": []}
@@ -90,7 +91,8 @@ def bench_exact(loaded: Any, probe_set: Any, heads: list[tuple[int, int]], round
     for r in range(rounds):
         order += ["naive", "exact"] if r % 2 == 0 else ["exact", "naive"]
     for name in order:
-        result, wall, cpu = timed(lambda: sweep(loaded, probe_set, heads, mode=name, batch_size=4))
+        options = {"stack": stack} if name == "exact" and stack is not None else {}
+        result, wall, cpu = timed(lambda: sweep(loaded, probe_set, heads, mode=name, batch_size=4, **options))
         times[name].append((wall, cpu))
         results[name] = result
         log(f"  {name:5s}: {wall:7.1f} s wall, {cpu:7.1f} s cpu ({result.path})")
@@ -100,7 +102,7 @@ def bench_exact(loaded: Any, probe_set: Any, heads: list[tuple[int, int]], round
     cpu_ratio = sum(c for _, c in times["exact"]) / sum(c for _, c in times["naive"])
     return {
         "heads": len(heads), "layers": sorted({layer for layer, _ in heads}), "batch": list(probe_set.input_ids.shape),
-        "rounds": rounds, "order": order,
+        "rounds": rounds, "order": order, "stack": stack if stack is not None else "default (as fit in 1 GiB)",
         "naive_seconds": [round(w, 2) for w, _ in times["naive"]],
         "exact_seconds": [round(w, 2) for w, _ in times["exact"]],
         "naive_cpu_seconds": [round(c, 2) for _, c in times["naive"]],
@@ -165,6 +167,8 @@ def main() -> None:
     parser.add_argument("--heads-per-layer", type=int, default=3)
     parser.add_argument("--all-heads", action="store_true")
     parser.add_argument("--rounds", type=int, default=2, help="naive/exact pairs, alternating order")
+    parser.add_argument("--stack", type=int, default=None, help="exact mode: ablations per forward (default: auto); "
+                        "results go to section exact_stack<N>")
     parser.add_argument("--estimate", action="store_true", help="also measure estimate mode")
     parser.add_argument("--skip-exact", action="store_true", help="only the estimate section")
     parser.add_argument("--reference", type=Path, default=None, help="results stream of an exact sweep of all heads")
@@ -187,9 +191,10 @@ def main() -> None:
                  else spread_heads(n_layers, n_heads, args.heads_per_layer))
         print(f"exact vs naive: {len(heads)} heads over {n_layers} layers, batch {tuple(probe_set.input_ids.shape)}")
         started = time.strftime("%Y-%m-%d %H:%M:%S")
-        section = {"date": started, "machine": machine()} | bench_exact(loaded, probe_set, heads, args.rounds, print)
+        section = {"date": started, "machine": machine()} | bench_exact(loaded, probe_set, heads, args.rounds, print,
+                                                                         args.stack)
         section["machine_after"] = machine()
-        existing["exact"] = section
+        existing["exact" if args.stack is None else f"exact_stack{args.stack}"] = section
         print(f"ratio exact/naive: {section['ratio_wall']} wall, {section['ratio_cpu']} cpu "
               f"(floor {section['floor_from_weights']}, target 0.65); max |loss difference| "
               f"{section['max_abs_loss_difference_vs_naive']:.2e}")

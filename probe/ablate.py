@@ -1254,7 +1254,8 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     else:
         chosen = ranked[:max(0, refine)]
     exact: dict[Head, Tensor] = {}
-    path = "estimate: attribution patching + Gauss-Newton second order"
+    path = ("estimate: attribution patching + Gauss-Newton second order" if samples
+            else "estimate: attribution patching (first order)")
     if chosen:
         if blocks is not None:
             reason = _check_skip(model, blocks, kept[0], batches[0][0], batches[0][1], scorer, masks[0],
