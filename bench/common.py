@@ -115,6 +115,10 @@ class Timings:
         """Median over repeats of (variant / baseline of the same repeat)."""
         return statistics.median(self.ratios(name))
 
+    def paired(self, name: str, other: str) -> float:
+        """Median over repeats of (name / other in the same repeat)."""
+        return statistics.median(t / o for t, o in zip(self.seconds[name], self.seconds[other]))
+
     def spread(self, name: str) -> tuple[float, float]:
         ratios = self.ratios(name)
         return min(ratios), max(ratios)
@@ -126,6 +130,7 @@ class Timings:
             "median_seconds": {name: self.median(name) for name in self.seconds},
             "ratio_vs_baseline": {name: self.ratio(name) for name in self.seconds},
             "ratio_range": {name: self.spread(name) for name in self.seconds},
+            "paired_ratios": {f"{a}/{b}": self.paired(a, b) for a in self.seconds for b in self.seconds if a != b},
             "load_average_1min": [load[0] for load in self.load],
         }
 

@@ -979,7 +979,9 @@ def sweep(
 
     if stack is None:
         per_copy = max(_output_bytes(model, ids, loaded) for ids, _ in batches)
-        stack = max(1, STACK_BYTES // max(per_copy, 1))
+        logits_per_copy = max(int(ids.numel()) * 4 * loaded.vocab_size for ids, _ in batches)
+        # as many copies as fit in STACK_BYTES, and no more than keep the logits whole (LOGITS_BYTES)
+        stack = max(1, min(STACK_BYTES // max(per_copy, 1), LOGITS_BYTES // max(logits_per_copy, 1)))
     if blocks is None:
         stack = 1
     chunks = _chunks(ablations, start_of, stack)
