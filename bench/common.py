@@ -174,55 +174,41 @@ class ProcessResult:
 
 def run_measured(args: list[str], cap: int = MEMORY_CAP, timeout: float = 3600, env: dict[str, str] | None = None
                  ) -> ProcessResult:
-    """Run `args` in a fresh process; peak RSS from the kernel (wait4 rusage), killed if its RSS passes `cap`."""
+    """Run `args` in a fresh process; peak RSS from the kernel (wait4's rusage of that child), stopped if its RSS
+    (with its children's) passes `cap` at one of the 50 ms samples."""
     import psutil
 
     start = time.perf_counter()
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                                env={**os.environ, **(env or {})})
-    killed = [False]
-    watched = [0]
-
-    def watch() -> None:
-        try:
-            handle = psutil.Process(process.pid)
-            while process.poll() is None:
-                rss = sum(p.memory_info().rss for p in [handle, *handle.children(recursive=True)])
-                watched[0] = max(watched[0], rss)
-                if rss > cap:
-                    killed[0] = True
-                    process.kill()
-                    return
-                time.sleep(0.05)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            return
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    # wait4 gives the child's own rusage (ru_maxrss in KiB on Linux), not the sum over every child ever waited for
     stdout_chunks: list[str] = []
     stderr_chunks: list[str] = []
     readers = [threading.Thread(target=lambda s=s, out=out: out.append(s.read()), daemon=True)
                for s, out in ((process.stdout, stdout_chunks), (process.stderr, stderr_chunks))]
     for reader in readers:
         reader.start()
-    deadline = start + timeout
-    rusage = None
-    status = 0
-    while True:
+    handle = psutil.Process(process.pid)
+    killed = False
+    watched = 0
+    while True:  # only this loop reaps the child, so that wait4 gets its rusage
         pid, status, rusage = os.wait4(process.pid, os.WNOHANG)
         if pid:
             break
-        if time.perf_counter() > deadline:
+        try:
+            rss = sum(p.memory_info().rss for p in [handle, *handle.children(recursive=True)])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            rss = 0
+        watched = max(watched, rss)
+        if not killed and (rss > cap or time.perf_counter() - start > timeout):
+            killed = rss > cap
             process.kill()
         time.sleep(0.05)
     process.returncode = os.waitstatus_to_exitcode(status)
     for reader in readers:
         reader.join()
-    watcher.join(timeout=1)
-    peak = rusage.ru_maxrss * 1024 if rusage is not None else watched[0]
-    return ProcessResult(process.returncode, max(peak, watched[0]) if killed[0] else peak,
-                         time.perf_counter() - start, "".join(stdout_chunks), "".join(stderr_chunks), killed[0])
+    peak = max(rusage.ru_maxrss * 1024, watched)
+    return ProcessResult(process.returncode, peak, time.perf_counter() - start, "".join(stdout_chunks),
+                         "".join(stderr_chunks), killed)
 
 
 def last_json(text: str) -> dict[str, Any]:
