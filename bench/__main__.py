@@ -77,6 +77,17 @@ def main() -> None:
             data = profile.run(args.profile_length, log=log)
         data["command"] = command
         data["bench_seconds"] = time.perf_counter() - started
+        if name == "memory" and args.memory_tools:  # a subset of tools: keep the other tools' points
+            from bench.common import load_result
+
+            previous = load_result("memory")
+            if previous is not None:
+                runs = previous.get("tool_runs") or {tool: {"date": previous["date"], "command": previous["command"]}
+                                                     for tool in previous["points"]}
+                runs.update({tool: {"date": data["date"], "command": command} for tool in data["points"]})
+                previous["points"].update(data["points"])
+                previous["tool_runs"] = runs
+                data = previous
         path = save_result(name if not (name == "classification" and args.device not in (None, "cpu"))
                            else f"{name}-{args.device}-{args.dtype}", data)
         log(f"   saved {path} ({data['bench_seconds']:.0f} s)")

@@ -14,8 +14,8 @@ recomputes, the unembedding included) is reported next to the measurement.
 
 Estimate (`--estimate`): one exact sweep of all 270 heads is the reference (or `--reference FILE`, a results
 stream of one); then plain attribution patching (first order only, no exact check) and probe's estimate mode at its
-default budget. Cost in forward-equivalents is measured against plain forwards timed right before and after; the
-agreement is the Spearman rank correlation of the deltas over all heads and the overlap of the top 10.
+default budget. Cost in forward-equivalents is measured against plain forwards timed right before and after, in
+wall-clock and in CPU seconds of this process (steadier when other processes load the machine); the agreement is the Spearman rank correlation of the deltas over all heads and the overlap of the top 10.
 
 Writes bench/sweep_results.json (sections "exact" and "estimate", each kept when the other is rerun).
 """
@@ -115,16 +115,18 @@ def bench_exact(loaded: Any, probe_set: Any, heads: list[tuple[int, int]], round
     }
 
 
-def plain_forward_seconds(loaded: Any, probe_set: Any, repeats: int = 3) -> float:
+def plain_forward_seconds(loaded: Any, probe_set: Any, repeats: int = 3) -> tuple[float, float]:
+    """Median (wall, cpu) seconds of one plain forward over the probe data."""
     from probe.attention import run_model
 
-    times = []
+    walls, cpus = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         with torch.no_grad():
             run_model(loaded.model, probe_set.input_ids)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def bench_estimate(loaded: Any, probe_set: Any, reference: Path | None, log: Any) -> dict[str, Any]:
@@ -141,17 +143,21 @@ def bench_estimate(loaded: Any, probe_set: Any, reference: Path | None, log: Any
     truth = {r.heads[0]: r.delta for r in exact.heads}
     heads = sorted(truth)
     out: dict[str, Any] = {"reference_heads": len(heads), "exact_all_heads_seconds": exact_seconds,
+                           "reference_file": str(reference) if exact_seconds is None else None,
+                           "reference_top10": [f"{l}.{h}" for l, h in sorted(truth, key=lambda k: -truth[k])[:10]],
                            "target": {"spearman": 0.9, "top10": 8, "forward_equivalents": 10}}
     variants = {"attribution_patching": dict(samples=0, refine=0), "estimate_default": {}}
     for name, options in variants.items():
         before = plain_forward_seconds(loaded, probe_set)
-        result, wall, _ = timed(lambda: estimate(loaded, probe_set, batch_size=4, **options))
+        result, wall, cpu = timed(lambda: estimate(loaded, probe_set, batch_size=4, **options))
         after = plain_forward_seconds(loaded, probe_set)
-        forward = (before + after) / 2
+        forward, forward_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
         est = {r.heads[0]: r.delta for r in result.heads}
         entry = {
-            "options": options, "seconds": round(wall, 2), "forward_seconds": round(forward, 3),
+            "options": options, "seconds": round(wall, 2), "cpu_seconds": round(cpu, 2),
+            "forward_seconds": round(forward, 3), "forward_cpu_seconds": round(forward_cpu, 3),
             "forward_equivalents_measured": round(wall / forward, 2),
+            "forward_equivalents_measured_cpu": round(cpu / forward_cpu, 2),
             "forward_equivalents_counted": round(result.forwards or 0.0, 2),
             "spearman": round(spearman([est[h] for h in heads], [truth[h] for h in heads]), 4),
             "top10_overlap": top_overlap(est, truth), "exact_heads": sum(1 for r in result.heads if r.exact),

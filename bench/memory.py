@@ -24,7 +24,7 @@ from bench.common import GIB, MEMORY_CAP, last_json, load_average, machine, now,
 LENGTHS = [512, 1024, 2048, 4096, 8192]
 FIT_EXTRA = {"hf": [768, 1536], "tl": [768, 1280], "tl_patterns": [768, 1536]}  # more points below the cap, to fit
 TOOLS = ["load_only", "probe", "probe_ablate", "hf", "tl", "tl_patterns"]
-ABLATE_LENGTHS = [2048, 8192]  # a sweep point takes minutes at 8192 tokens: fewer points
+ABLATE_LENGTHS = [1024, 2048, 4096, 8192]  # probe ablate: fewer points
 
 
 def fit(points: list[tuple[int, int]]) -> tuple[float, float, float] | None:

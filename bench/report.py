@@ -129,6 +129,12 @@ def memory(data: dict[str, Any]) -> str:
              f"- Cap per process: {data['cap_bytes'] / GIB:.0f} GiB (shared machine); points predicted above 90% "
              "of it were not run: *italic ~N* marks an estimate from a least-squares fit a + bN + cN^2 to the "
              "points measured for the same tool\n"]
+    if data.get("tool_runs"):
+        by_run: dict[str, list[str]] = {}
+        for tool, run in data["tool_runs"].items():
+            by_run.setdefault(f"{run['date']}, `{run['command']}`", []).append(tool)
+        lines.append("- Columns measured in separate runs: " + "; ".join(
+            f"{', '.join(tools)}: {when}" for when, tools in by_run.items()) + "\n")
     if "load_only" in points:
         floor = next(iter(points["load_only"].values()))
         lines.append(f"- Floor: Python + torch + SmolLM2 (float32) loaded, nothing run: "

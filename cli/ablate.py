@@ -131,6 +131,9 @@ def ablate(
     check_heads_syntax(heads)
     rank = current()
     main_process = rank is None or rank.is_main
+    if rank is not None and method == "estimate":
+        raise ProbeError("--method estimate is a few forward and backward passes, not a sweep to split: run it "
+                         "without torchrun")
     if main_process:
         for path in (json_path, csv_path, html_path):
             if path is not None:

@@ -70,7 +70,7 @@ RESULTS_FORMAT = 1
 STACK_BYTES = 1 << 30  # activations + logits of one stacked forward, for choosing how many copies to stack
 CACHE_BYTES = 4 << 30  # kept block outputs of the baseline; beyond this they are recomputed per layer
 CHECK_TOLERANCE = 1e-4  # relative to the outputs' scale: the exact path must reproduce the naive one this closely
-LOGITS_BYTES = 512 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
+LOGITS_BYTES = 256 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
 LOGITS_CHUNK_BYTES = 128 << 20  # the logits of one such chunk
 
 
