@@ -13,7 +13,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -86,11 +85,6 @@ def load_average() -> tuple[float, float, float]:
         return os.getloadavg()
     except OSError:
         return (float("nan"),) * 3
-
-
-def command_line() -> str:
-    return " ".join(["python -m bench", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("__main__.py") \
-        else " ".join([Path(sys.executable).name, *sys.argv])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -249,12 +243,9 @@ def transformer_lens_bridge(loaded: Any) -> Any:
 
 
 def have_transformer_lens() -> bool:
-    try:
-        import transformer_lens  # noqa: F401
+    import importlib.util
 
-        return True
-    except Exception:
-        return False
+    return importlib.util.find_spec("transformer_lens") is not None
 
 
 def save_result(name: str, data: dict[str, Any]) -> Path:

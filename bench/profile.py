@@ -59,14 +59,16 @@ def _by_source(fn: Any) -> dict[str, Any]:
                 return marker.strip("/") + "/" + path.split(marker, 1)[1]
         return path.rsplit("/", 1)[-1] or "?"
 
-    def walk(frame: Any) -> None:
-        key = name_of(frame.file_path or "")
-        by_file[key] = by_file.get(key, 0.0) + frame.total_self_time
+    def walk(frame: Any, owner: str) -> None:
+        path = frame.file_path or ""
+        if path and not path.startswith("<"):  # a Python source file; built-ins (torch ops) count for their caller
+            owner = name_of(path)
+        by_file[owner] = by_file.get(owner, 0.0) + frame.total_self_time
         for child in frame.children:
-            walk(child)
+            walk(child, owner)
 
     if root is not None:
-        walk(root)
+        walk(root, "(outside any Python file)")
     top = sorted(by_file.items(), key=lambda kv: -kv[1])[:10]
     return {"total_seconds": total, "by_file": [{"file": k, "seconds": v, "share": v / total if total else 0.0}
                                                 for k, v in top]}
