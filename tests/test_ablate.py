@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_hf, tiny_loaded
 from planted import UNRELATED, PlantedModel, TextbookAttention, planted_mha, planted_textbook
 
-from probe.ablate import (AblationResult, HeadResult, ablate, all_heads, estimate, head_means, load_results, parse_heads,
-                          read_results, sweep, write_csv)
+from probe.ablate import (BACKWARD_COST, GRAD_FORWARD_COST, AblationResult, HeadResult, ablate, all_heads, estimate,
+                          head_means, load_results, parse_heads, read_results, sweep, write_csv)
 from probe.attention import attention_layers, logits_of, run_model
 from probe.data import ProbeSet, natural_set, repeated_set
 from probe.errors import ProbeError
@@ -203,6 +203,28 @@ def test_exact_sweep_equals_naive_loop(kind: str, method: str) -> None:
         assert a.loss == pytest.approx(b.loss, abs=1e-4)
         for name in a.parts:
             assert a.parts[name] == pytest.approx(b.parts[name], abs=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "gemma2"])
+def test_exact_sweep_loss_from_the_decoder_output(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The exact sweep unembeds the decoder's output itself only where that gives the model's logits: Llama yes,
+    Gemma 2 (logits soft-capped after the head, here at 0.5 so that the cap bends them) no; the losses equal the
+    naive loop's either way."""
+    from probe import ablate as ablate_module
+
+    model = tiny_hf(kind)
+    if kind == "gemma2":
+        model.config.final_logit_softcapping = 0.5
+    loaded = LoadedModel(model=model, tokenizer=None, name=f"tiny-{kind}", vocab_size=model.config.vocab_size)
+    calls = []
+    original = ablate_module._head_cross_entropy
+    monkeypatch.setattr(ablate_module, "_head_cross_entropy", lambda *args: calls.append(1) or original(*args))
+    probe_set = small_set(loaded, seqs=4)
+    naive = sweep(loaded, probe_set, mode="naive")
+    exact = sweep(loaded, probe_set, mode="exact")
+    assert exact.path.startswith("exact") and bool(calls) == (kind == "llama_gqa")
+    for a, b in zip(exact.results, naive.results):
+        assert a.loss == pytest.approx(b.loss, abs=1e-5)
 
 
 def test_per_position_mean_differs_from_the_overall_mean() -> None:
@@ -396,7 +418,7 @@ def test_estimate_terms_and_exact_refinement() -> None:
     ids = probe_set.input_ids
     exact = {r.heads[0]: r for r in sweep(loaded, probe_set).heads}
     est = estimate(loaded, probe_set, samples=2, refine=0)
-    assert est.mode == "estimate" and est.forwards == pytest.approx(1.25 + 1.3 * 3)
+    assert est.mode == "estimate" and est.forwards == pytest.approx(GRAD_FORWARD_COST + BACKWARD_COST * 3)
     assert est.baseline_loss == pytest.approx(sweep(loaded, probe_set, [(0, 0)]).baseline_loss, abs=1e-6)
     # the first-order term is the derivative of the loss along the ablation, -dL/ds at s = 0 of z_h -> (1 - s) z_h
     module, _ = projection(model, 1)
@@ -421,9 +443,10 @@ def test_estimate_terms_and_exact_refinement() -> None:
     for r in refined.heads:
         assert r.delta == pytest.approx(exact[r.heads[0]].delta, abs=1e-5)
     # within a budget: the heads ranked highest are the exact ones, the rest estimated
-    partly = estimate(loaded, probe_set, budget=1.25 + 1.3 * 2 + 1.5)
+    budget = GRAD_FORWARD_COST + BACKWARD_COST * 2 + 1.5
+    partly = estimate(loaded, probe_set, budget=budget)
     assert 0 < sum(r.exact for r in partly.heads) < 8
-    assert partly.forwards <= 1.25 + 1.3 * 2 + 1.5 + 1e-9
+    assert partly.forwards <= budget + 1e-9
     with pytest.raises(ProbeError, match="next-token loss"):
         estimate(tiny_loaded("bert"), small_set(tiny_loaded("bert")))
 
