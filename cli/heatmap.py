@@ -38,7 +38,10 @@ def heatmap(
     model: str = ModelOption,
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to include, e.g. 0-5,12 (default: all)."),
     max_tokens: int = typer.Option(512, "--max-tokens",
-                                   help="Cut longer inputs to their first N tokens (at most 1024)."),
+                                   help="Positions shown (at most 1024); a longer input is shown as a window."),
+    window_start: int = typer.Option(0, "--window-start",
+                                     help="First position of the window shown; the model still runs on all the "
+                                          "tokens before it, so its queries see their whole context."),
     decimals: int = typer.Option(3, "--decimals", help="Decimals kept of each weight (1-4); 3 keeps pages small."),
     device: Optional[str] = DeviceOption,
     dtype: str = DtypeOption,
@@ -60,7 +63,7 @@ def heatmap(
     loaded = load(model, device, dtype, device_map, offload_folder)
     with errors.status("capturing attention ..."):
         patterns = text_patterns(loaded, content or "", source=source, layers=chosen, decimals=decimals,
-                                 max_tokens=max_tokens)
+                                 max_tokens=max_tokens, start=window_start)
     if patterns.note:
         errors.print(f"note: {patterns.note}", markup=False, highlight=False)
     page = heatmap_page(patterns)

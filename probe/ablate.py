@@ -1019,7 +1019,7 @@ def sweep(
     # the ablated runs' loss straight from the decoder's output, if the first baseline forward shows it is the same
     direct: bool | None = None if (metric == "cross_entropy" and blocks is not None and _decoder(model) is not None
                                    and _chunkable_blocks(model) is not None) else False
-    with torch.no_grad():
+    with torch.inference_mode():
         for (ids, mask), batch_masks in zip(batches, masks):
             lean = metric == "cross_entropy" and _lean_blocks(model, ids) is not None
             if keep_all:
@@ -1086,9 +1086,10 @@ def sweep(
         return HeadResult(ablation, loss, loss - baseline_loss, parts,
                           {name: parts[name] - baseline_parts[name] for name in part_names})
 
-    grad_was = torch.is_grad_enabled()
-    torch.set_grad_enabled(False)
-    try:
+    with ExitStack() as scope:
+        scope.enter_context(torch.inference_mode())  # ~2% quicker than no_grad on CPU: no version counters
+        if stream is not None:
+            scope.callback(stream.close)
         for chunk in todo:
             chunk_sums = torch.zeros(len(chunk), len(scorer.parts) + 1, dtype=torch.float64)
             start = start_of(chunk[0])
@@ -1131,10 +1132,6 @@ def sweep(
                     stream.write(result)
                 if on_result is not None:
                     on_result(result)
-    finally:
-        torch.set_grad_enabled(grad_was)
-        if stream is not None:
-            stream.close()
     return AblationResult(
         model=loaded.name, method=method, data=data_name, metric=metric, baseline_loss=baseline_loss,
         results=[done[a] for a in ablations if a in done], n_layers=n_layers, n_heads=n_heads,

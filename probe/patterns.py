@@ -6,9 +6,11 @@ integers compress well on the page. Token strings are made visible (spaces, newl
 and special tokens get symbols) so that axes are unambiguous; `labels` prefix each with its position so that
 repeated tokens stay distinct.
 
-Long inputs are cut, not drawn: beyond `max_tokens` (default 512, at most 1024) the model runs on the first
-`max_tokens` tokens and `note` says so, because a page with every head of a 30-layer model at 1024 tokens is
-already ~40 MB.
+Long inputs are shown as a window, never drawn whole, because a page with every head of a 30-layer model at 1024
+tokens is already ~40 MB: `max_tokens` positions (default 512, at most 1024) from `start` (default 0). The model
+runs on the whole context up to the window's end (a causal model's queries in the window see every key before it),
+its attention streamed a query block at a time with only the window's rows and columns kept; `note` says what is
+shown and how much of the window's attention goes to keys outside it, which the page does not draw.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.attention import attention_layers, capture_attention
+from probe.attention import attention_hooks, attention_layers, run_model
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
@@ -62,13 +64,14 @@ class Patterns:
     n_heads: int
     total_tokens: int  # tokens in the input before any cut
     note: str = ""  # what was cut, if anything
+    first: int = 0  # the position of the first token shown (a window of a longer input)
     thumbnails: np.ndarray | None = None  # (len(heads), t, t) uint8: max-pooled weight * 255, for overviews
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def labels(self) -> list[str]:
         """Axis labels: position and visible token, e.g. '5:␣the', unique even when tokens repeat."""
-        return [f"{i}:{token}" for i, token in enumerate(self.tokens)]
+        return [f"{i}:{token}" for i, token in enumerate(self.tokens, start=self.first)]
 
     @property
     def scale(self) -> int:
@@ -202,6 +205,27 @@ def _thumbnail(weights: Tensor) -> np.ndarray:
     return (pooled * 255).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
+def _window_attention(loaded: LoadedModel, ids: Tensor, layers: set[int], start: int, stop: int
+                      ) -> tuple[dict[int, Tensor], float]:
+    """Each layer's (heads, w, w) attention among positions start..stop-1 of one sequence, and the mean share of
+    those queries' attention that goes to keys outside the window. Full patterns exist one query block at a time."""
+    kept: dict[int, list[Tensor]] = {}
+    outside = [0.0, 0]
+
+    def keep(layer: int, first: int, weights: Tensor) -> None:
+        rows = weights[0, :, max(start - first, 0):max(stop - first, 0)]  # (heads, block rows in the window, keys)
+        if rows.shape[1] == 0:
+            return
+        inside = rows[..., start:stop]
+        outside[0] += float((rows.sum(dim=-1) - inside.sum(dim=-1)).sum())
+        outside[1] += rows.shape[0] * rows.shape[1]
+        kept.setdefault(layer, []).append(inside.detach().cpu().clone())
+
+    with torch.no_grad(), attention_hooks(loaded.model, on_weights=keep, layers=layers):
+        run_model(loaded.model, ids[None], logits=False)
+    return {layer: torch.cat(parts, dim=1) for layer, parts in kept.items()}, outside[0] / max(outside[1], 1)
+
+
 def _check_options(decimals: int, max_tokens: int) -> None:
     if not 1 <= decimals <= 4:
         raise ProbeError(f"--decimals must be between 1 and 4, got {decimals}")
@@ -221,23 +245,30 @@ def attention_patterns(
     thumbnails: bool = True,
     decimals: int = DEFAULT_DECIMALS,
     max_tokens: int = DEFAULT_MAX_TOKENS,
+    start: int = 0,
 ) -> Patterns:
     """Run the model on one sequence and keep the patterns of every head of `layers` (default all), plus each
     layer's mean over heads when `average`; or exactly the (layer, head) pairs in `heads`.
 
-    A sequence longer than `max_tokens` is cut to its first `max_tokens` tokens before the model runs (in a
-    causal model those queries see the same keys either way), and `note` says so.
+    At most `max_tokens` positions are kept, from `start`: a sequence longer than that is shown as a window, and
+    `note` says so (see the module docstring).
     """
+    from probe.data import context_length, is_encoder
+
     _check_options(decimals, max_tokens)
     ids = torch.as_tensor(input_ids if not isinstance(input_ids, Tensor) else input_ids.reshape(-1), dtype=torch.long)
     if ids.dim() != 1 or ids.numel() == 0:
         raise ProbeError("attention patterns need one non-empty sequence of token ids")
     total = int(ids.numel())
-    note = ""
-    if total > max_tokens:
-        ids = ids[:max_tokens]
-        note = (f"the input has {total:,} tokens; the model ran on the first {max_tokens:,} only "
-                f"(--max-tokens, at most {TOKEN_LIMIT:,})")
+    if not 0 <= start < total:
+        raise ProbeError(f"--window-start must be a position of the input, 0 to {total - 1:,}; got {start:,}")
+    stop = min(start + max_tokens, total)
+    causal_model = not is_encoder(loaded)
+    run_ids = ids[:stop] if causal_model else ids  # later tokens change nothing a causal model's window sees
+    limit = context_length(loaded)
+    if limit is not None and run_ids.numel() > limit:
+        raise ProbeError(f"the window ends at token {stop:,}, past the model's context of {limit:,}: use a smaller "
+                         "--window-start or --max-tokens, or a shorter text")
     found = attention_layers(loaded.model)
     n_layers = len(found)
     if heads is not None:
@@ -248,13 +279,20 @@ def attention_patterns(
         raise ProbeError(f"layer {bad[0]} does not exist: the model has {n_layers} layers (0-{n_layers - 1})")
     if not wanted:
         raise ProbeError("no layers chosen")
-    captured = capture_attention(loaded.model, ids[None], layers=wanted)
+    captured, outside = _window_attention(loaded, run_ids, wanted, start, stop)
+    note = ""
+    if stop - start < total:
+        ran = (f"the model ran on the first {run_ids.numel():,}, so each query sees every key before it"
+               if causal_model else "the model ran on all of them")
+        note = (f"the input has {total:,} tokens; this page shows positions {start:,} to {stop - 1:,} "
+                f"(--window-start, --max-tokens, at most {TOKEN_LIMIT:,}): {ran}, but only keys inside the window are "
+                f"drawn; {outside:.1%} of these queries' attention (mean over the heads shown) goes to keys outside it")
     chosen: list[tuple[int, int]] = []
     values: list[np.ndarray] = []
     thumbs: list[np.ndarray] = []
     causal = True
     for layer in sorted(wanted):
-        weights = captured.pop(layer)[0]  # (h, n, n)
+        weights = captured.pop(layer)  # (h, n, n)
         causal = causal and bool((torch.triu(weights, 1) == 0).all())
         layer_heads = [h for (l, h) in heads if l == layer] if heads is not None else list(range(weights.shape[0]))
         for head in layer_heads:
@@ -272,7 +310,7 @@ def attention_patterns(
     return Patterns(
         model=loaded.name,
         source=source,
-        tokens=token_strings(loaded, ids),
+        tokens=token_strings(loaded, ids[start:stop]),
         heads=chosen,
         values=np.concatenate(values),
         decimals=decimals,
@@ -282,30 +320,35 @@ def attention_patterns(
         total_tokens=total,
         note=note,
         thumbnails=np.concatenate(thumbs) if thumbnails else None,
+        first=start,
     )
 
 
 def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[int] | None = None,
-                  decimals: int = DEFAULT_DECIMALS, max_tokens: int = DEFAULT_MAX_TOKENS) -> Patterns:
-    """Every head's pattern (and each layer's average) on a text: what `probe heatmap` draws.
+                  decimals: int = DEFAULT_DECIMALS, max_tokens: int = DEFAULT_MAX_TOKENS, start: int = 0) -> Patterns:
+    """Every head's pattern (and each layer's average) on a text, a window of `max_tokens` positions from `start`
+    where it is longer: what `probe heatmap` draws.
 
-    A text of more than LARGE_TEXT characters is tokenized only as far as needed, so the note gives its length
-    in characters instead of tokens."""
+    A causal model's text of more than LARGE_TEXT characters is tokenized only as far as the window needs."""
+    from probe.data import is_encoder
+
     _check_options(decimals, max_tokens)
-    if len(text) <= LARGE_TEXT:
+    if len(text) <= LARGE_TEXT or is_encoder(loaded):
         return attention_patterns(loaded, text_ids(loaded, text), source=source, layers=layers, decimals=decimals,
-                                  max_tokens=max_tokens)
-    chars = max(4096, max_tokens * 16)
+                                  max_tokens=max_tokens, start=start)
+    needed = start + max_tokens
+    chars = max(4096, needed * 16)
     while True:  # the margin of 16 tokens keeps the cut from changing the tokens used
         ids = text_ids(loaded, text[:chars])
-        if len(ids) >= max_tokens + 16 or chars >= len(text):
+        if len(ids) >= needed + 16 or chars >= len(text):
             break
         chars *= 2
-    patterns = attention_patterns(loaded, ids[:max_tokens], source=source, layers=layers, decimals=decimals,
-                                  max_tokens=max_tokens)
-    if len(ids) > max_tokens:
-        patterns.note = (f"the text has {len(text):,} characters, more than {max_tokens:,} tokens; the model ran on "
-                         f"the first {max_tokens:,} only (--max-tokens, at most {TOKEN_LIMIT:,})")
+    # one token past the window tells attention_patterns there is more; a causal model does not run on it
+    patterns = attention_patterns(loaded, ids[:needed + 1], source=source, layers=layers, decimals=decimals,
+                                  max_tokens=max_tokens, start=start)
+    if len(ids) > needed:
+        patterns.note = patterns.note.replace(f"the input has {needed + 1:,} tokens",
+                                              f"the text has {len(text):,} characters, more than {needed:,} tokens")
     return patterns
 
 

@@ -141,6 +141,34 @@ def test_long_inputs_are_cut_with_a_note_and_bad_options_refused():
         attention_patterns(loaded, torch.arange(5), source="t", heads=[(0, 9)])
 
 
+def test_a_window_of_a_long_input_is_its_part_of_the_full_attention():
+    """A window shows the attention among its positions as computed on the whole context before it, and says how
+    much of its queries' attention goes to keys outside it."""
+    loaded = tiny_loaded("llama_gqa")
+    ids = torch.randint(1, 120, (100,), generator=torch.Generator().manual_seed(0))
+    captured = capture_attention(loaded.model, ids[None])
+    patterns = attention_patterns(loaded, ids, source="test", max_tokens=30, start=50)
+    assert len(patterns.tokens) == 30 and patterns.total_tokens == 100 and patterns.first == 50
+    assert patterns.labels[0].startswith("50:") and patterns.labels[-1].startswith("79:")
+    assert "positions 50 to 79" in patterns.note and "first 80" in patterns.note
+    inside, total = 0.0, 0
+    for layer in range(2):
+        for head in range(4):
+            expected = captured[layer][0, head, 50:80, 50:80].numpy()
+            lower = np.tril_indices(30)
+            np.testing.assert_allclose(patterns.weights(layer, head)[lower], expected[lower], atol=5e-4 + 1e-7)
+            inside += float(captured[layer][0, head, 50:80, 50:80].sum())
+            total += 30
+    assert f"{1 - inside / total:.1%} of these queries' attention" in patterns.note
+    bert = tiny_loaded("bert")  # bidirectional: the window's queries see keys after it too, so all tokens run
+    window = attention_patterns(bert, ids[:60], source="t", max_tokens=20, start=40, decimals=4)
+    np.testing.assert_allclose(window.weights(1, 2), capture_attention(bert.model, ids[None, :60])[1][0, 2, 40:, 40:],
+                               atol=5e-5 + 1e-7)
+    assert "ran on all of them" in window.note
+    with pytest.raises(ProbeError, match="window-start"):
+        attention_patterns(loaded, ids, source="t", start=100)
+
+
 def test_classification_patterns_use_the_sequence_that_earned_the_label():
     loaded = tiny_loaded("llama_gqa")
     scores = {name: torch.zeros(2, 4) for name in ("sink", "induction", "previous_token")}
@@ -285,3 +313,18 @@ def test_text_patterns_cut_long_text(smollm2, monkeypatch):
     patterns = text_patterns(smollm2, "word " * 3000, source="t", max_tokens=64, layers={0})
     assert len(patterns.tokens) == 64 and "15,000 characters" in patterns.note
     assert patterns.tokens[1:] == ["word"] + ["␣word"] * 62
+    window = text_patterns(smollm2, "word " * 3000, source="t", max_tokens=64, layers={0}, start=1000)
+    assert window.labels[0] == "1000:␣word" and "positions 1,000 to 1,063" in window.note
+
+
+@pytest.mark.slow
+def test_heatmap_window_from_the_command_line(smollm2, tmp_path, capsys, monkeypatch):
+    page = tmp_path / "window.html"
+    code, out, err = run_cli(["heatmap", "--text", "word " * 400, "--html", str(page), "--layers", "0",
+                              "--max-tokens", "32", "--window-start", "300"], capsys, monkeypatch)
+    assert code == 0, err
+    assert "positions 300 to 331" in out + err and "300:␣word" in page.read_text(encoding="utf-8")
+    code, _, err = run_cli(["heatmap", "--text", "word " * 10, "--html", str(tmp_path / "bad.html"),
+                            "--window-start", "50"], capsys, monkeypatch)
+    assert code == 2 and "--window-start must be a position of the input, 0 to 11; got 50" in err  # BOS + 11
+    assert not (tmp_path / "bad.html").exists()
