@@ -2,10 +2,10 @@
 
 - probe: the command line, `probe classify --seq-len N-1 --num-seqs 1 --batch-size 1` (BOS makes N), which scores
   every head for all six classes (it also runs the repeated set, 1 x 101 tokens);
-- probe_ablate: `probe ablate --heads 0.0,29.8 --seq-len N-1 --num-seqs 1 --batch-size 1`: the exact sweep's
-  machinery at its largest (the baseline keeps block outputs up to the last layer; one ablated forward per head,
-  and the first is checked against a full forward); a full 270-head sweep holds no more (at this length one
-  ablation per forward), it only takes longer;
+- probe_ablate: `probe ablate --heads 0.0,0.1,29.8 --seq-len N-1 --num-seqs 1 --batch-size 1`: the exact sweep's
+  machinery at its largest (the baseline keeps block outputs up to the last layer; the two heads of layer 0 share
+  one stacked forward, as many copies as a full sweep stacks at 8192 tokens, and the first ablated forward is
+  checked against a full forward); a full 270-head sweep holds no more, it only takes longer;
 - hf: Hugging Face `output_attentions=True` (eager), the attentions of all layers held (bench.memory_point);
 - tl: TransformerLens `run_with_cache` (every hook, as documented); tl_patterns: filtered to the pattern hooks.
 
@@ -56,7 +56,7 @@ def command(tool: str, length: int) -> list[str]:
         return [sys.executable, "-m", "cli", "classify", "--seq-len", str(length - 1), "--num-seqs", "1",
                 "--batch-size", "1"]
     if tool == "probe_ablate":
-        return [sys.executable, "-m", "cli", "ablate", "--heads", "0.0,29.8", "--seq-len", str(length - 1),
+        return [sys.executable, "-m", "cli", "ablate", "--heads", "0.0,0.1,29.8", "--seq-len", str(length - 1),
                 "--num-seqs", "1", "--batch-size", "1"]
     return [sys.executable, "-m", "bench.memory_point", tool, str(length)]
 

@@ -141,7 +141,7 @@ def ablation(data: dict[str, Any]) -> str:
 def memory(data: dict[str, Any]) -> str:
     points = data["points"]
     tools = [t for t in ("probe", "probe_ablate", "hf", "tl", "tl_patterns") if t in points]
-    names = {"probe": "probe classify (CLI)", "probe_ablate": "probe ablate (CLI, 2 heads)",
+    names = {"probe": "probe classify (CLI)", "probe_ablate": "probe ablate (CLI, 3 heads, 2 stacked)",
              "hf": "HF output_attentions=True",
              "tl": "TransformerLens run_with_cache", "tl_patterns": "TL run_with_cache, pattern hooks only"}
     lengths = sorted({int(n) for t in tools for n in points[t]})

@@ -600,12 +600,12 @@ def _head_cross_entropy(model: nn.Module, normed: Tensor, ids: Tensor) -> Tensor
     head = model.get_output_embeddings()
     rows, n = ids.shape
     states = normed[:, :-1].reshape(-1, normed.shape[-1])
-    targets = ids[:, 1:].reshape(-1).to(states.device)
-    values = torch.empty(states.shape[0], dtype=torch.float32, device=states.device)
+    targets = ids[:, 1:].reshape(-1)
+    values = []
     for start in range(0, states.shape[0], HEAD_ROWS):
-        logits = head(states[start:start + HEAD_ROWS]).float()
-        values[start:start + HEAD_ROWS] = F.cross_entropy(logits, targets[start:start + HEAD_ROWS], reduction="none")
-    return values.view(rows, n - 1)
+        logits = head(states[start:start + HEAD_ROWS]).float()  # on the head's device, under a device map
+        values.append(F.cross_entropy(logits, targets[start:start + HEAD_ROWS].to(logits.device), reduction="none"))
+    return torch.cat(values).view(rows, n - 1)
 
 
 def _direct_head(model: nn.Module, normed: Tensor, logits: Tensor) -> bool:
@@ -1064,10 +1064,13 @@ def sweep(
     if stack is None:
         # as many copies as fit in STACK_BYTES; where the logits of a stack can be computed a chunk of positions at
         # a time (LOGITS_CHUNK_BYTES), they do not count, else no more copies than keep the logits whole
+        # (long inputs, whose single copy's logits are already chunked, gain nothing from stacking: one copy each)
         chunked = metric == "cross_entropy" and _chunkable_blocks(model) is not None
+        if chunked and any(_lean_blocks(model, ids) is not None for ids, _ in batches):
+            stack = 1
         per_copy = max(_output_bytes(model, ids, loaded, logits=not chunked) for ids, _ in batches)
         logits_per_copy = 0 if chunked else max(int(ids.numel()) * 4 * loaded.vocab_size for ids, _ in batches)
-        stack = max(1, min(STACK_BYTES // max(per_copy, 1), LOGITS_BYTES // max(logits_per_copy, 1)))
+        stack = stack or max(1, min(STACK_BYTES // max(per_copy, 1), LOGITS_BYTES // max(logits_per_copy, 1)))
     if blocks is None:
         stack = 1
     chunks = _chunks(ablations, start_of, stack)

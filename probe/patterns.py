@@ -285,8 +285,10 @@ def attention_patterns(
         ran = (f"the model ran on the first {run_ids.numel():,}, so each query sees every key before it"
                if causal_model else "the model ran on all of them")
         note = (f"the input has {total:,} tokens; this page shows positions {start:,} to {stop - 1:,} "
-                f"(--window-start, --max-tokens, at most {TOKEN_LIMIT:,}): {ran}, but only keys inside the window are "
-                f"drawn; {outside:.1%} of these queries' attention (mean over the heads shown) goes to keys outside it")
+                f"(--window-start, --max-tokens, at most {TOKEN_LIMIT:,}): {ran}")
+        if start > 0 or not causal_model:
+            note += (f", but only keys inside the window are drawn; {outside:.1%} of these queries' attention (mean "
+                     f"over the heads of the layers shown) goes to keys outside it")
     chosen: list[tuple[int, int]] = []
     values: list[np.ndarray] = []
     thumbs: list[np.ndarray] = []
