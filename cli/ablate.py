@@ -89,7 +89,7 @@ def ablate(
     seed: int = SeedOption,
     batch_size: int = BatchOption,
     stack: Optional[int] = typer.Option(None, "--stack", help="Ablations of one layer stacked into one forward "
-                                        "(default: as many as fit in 1 GiB with logits under 512 MiB)."),
+                                        "(default: as many as fit in 1 GiB; one at long context)."),
     naive: bool = typer.Option(False, "--naive", help="One full forward per ablation, no reuse of the baseline "
                                "(the reference the exact mode is checked against)."),
     budget: float = typer.Option(10.0, "--budget", help="--method estimate: forward-pass equivalents to spend."),

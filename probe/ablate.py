@@ -67,7 +67,7 @@ METRICS = {
                        "logits) to the unablated model's",
 }
 RESULTS_FORMAT = 1
-STACK_BYTES = 1 << 30  # activations + logits of one stacked forward, for choosing how many copies to stack
+STACK_BYTES = 1 << 30  # activations (and logits, where whole) of one stacked forward: how many copies to stack
 CACHE_BYTES = 4 << 30  # kept block outputs of the baseline; beyond this they are recomputed per layer
 CHECK_TOLERANCE = 1e-4  # relative to the outputs' scale: the exact path must reproduce the naive one this closely
 LOGITS_BYTES = 256 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
@@ -550,15 +550,14 @@ def _last_block_output(model: nn.Module, blocks: _Blocks, ids: Tensor, mask: Ten
     return _Final(model, blocks, ids, mask, kept[-1], normed[-1] if direct else None)
 
 
-def _outputs(model: nn.Module, ids: Tensor, mask: Tensor | None, lean: bool | None = None,
-             direct: bool = False) -> Tensor | _Final:
+def _outputs(model: nn.Module, ids: Tensor, mask: Tensor | None, lean: bool | None = None) -> Tensor | _Final:
     """A forward's logits (or last hidden states), or its _Final where the logits would be too large (`lean`
-    None), or as told; `direct`: the _Final unembeds the decoder's output itself (see `_direct_head`)."""
+    None), or as told."""
     blocks = _lean_blocks(model, ids) if lean is None else (
         _find_blocks(model, attention_layers(model))[0] if lean else None)
     if blocks is None:
         return logits_of(run_model(model, ids, mask))
-    return _last_block_output(model, blocks, ids, mask, direct)
+    return _last_block_output(model, blocks, ids, mask)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -606,6 +605,11 @@ def _head_cross_entropy(model: nn.Module, normed: Tensor, ids: Tensor) -> Tensor
         logits = head(states[start:start + HEAD_ROWS]).float()  # on the head's device, under a device map
         values.append(F.cross_entropy(logits, targets[start:start + HEAD_ROWS].to(logits.device), reduction="none"))
     return torch.cat(values).view(rows, n - 1)
+
+
+def _may_be_direct(model: nn.Module, blocks: _Blocks | None) -> bool:
+    """Whether the direct head is worth checking: blocks to reuse, a decoder to hook, logits to chunk."""
+    return blocks is not None and _decoder(model) is not None and _chunkable_blocks(model) is not None
 
 
 def _direct_head(model: nn.Module, normed: Tensor, logits: Tensor) -> bool:
@@ -1017,8 +1021,7 @@ def sweep(
             progress(min(work[0], total_work), total_work)
 
     # the ablated runs' loss straight from the decoder's output, if the first baseline forward shows it is the same
-    direct: bool | None = None if (metric == "cross_entropy" and blocks is not None and _decoder(model) is not None
-                                   and _chunkable_blocks(model) is not None) else False
+    direct: bool | None = None if metric == "cross_entropy" and _may_be_direct(model, blocks) else False
     with torch.inference_mode():
         for (ids, mask), batch_masks in zip(batches, masks):
             lean = metric == "cross_entropy" and _lean_blocks(model, ids) is not None
@@ -1165,7 +1168,9 @@ def _prefix_forward(model: nn.Module, blocks: _Blocks, baseline: _Baseline, inde
     stacked_ids = ids.repeat(copies, 1)
     stacked_mask = None if mask is None else mask.repeat(copies, 1)
     with _skip_blocks(blocks.container, skipped), attention_hooks(model, edit_heads=edit, layers=layers):
-        return _outputs(model, stacked_ids, stacked_mask, lean=True if direct else None, direct=direct)
+        if direct:
+            return _last_block_output(model, blocks, stacked_ids, stacked_mask, direct=True)
+        return _outputs(model, stacked_ids, stacked_mask)
 
 
 def _check_prefix(model: nn.Module, ids: Tensor, mask: Tensor | None, ablation: Ablation, method: str,
@@ -1253,8 +1258,7 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     counts = torch.stack([m.sum(dim=(1, 2)) for m in masks]).sum(dim=0).double()
     n_tokens = float(counts[0].clamp(min=1))
     blocks, why_not = _find_blocks(model, layers)
-    direct: bool | None = None if (blocks is not None and _decoder(model) is not None
-                                   and _chunkable_blocks(model) is not None) else False
+    direct: bool | None = None if _may_be_direct(model, blocks) else False
     first_order = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     second_order = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     sums = torch.zeros(len(scorer.parts) + 1, dtype=torch.float64)
