@@ -1,6 +1,6 @@
 """`python -m bench [NAME ...] [options]`: run the benchmarks (default: all) and rewrite bench/RESULTS.md.
 
-NAME is classification, ablation, memory or profile. Each benchmark saves bench/results/NAME.json with the machine,
+NAME is classification, ablation, taylor, memory or profile. Each benchmark saves bench/results/NAME.json with the machine,
 date and this command line; RESULTS.md is rendered from every saved result (`python -m bench --render` only
 renders).
 """
@@ -15,7 +15,7 @@ import time
 from bench import report
 from bench.common import save_result
 
-ALL = ["classification", "ablation", "memory", "profile"]
+ALL = ["classification", "ablation", "taylor", "memory", "profile"]
 
 
 def main() -> None:
@@ -67,6 +67,10 @@ def main() -> None:
             layers = None if args.ablation_layers == "all" else [int(x) for x in args.ablation_layers.split(",")]
             data = ablation.run(repeats=args.repeats or 2, layers=layers, log=log, with_tl=not args.no_tl,
                                 with_estimate=not args.no_estimate)
+        elif name == "taylor":
+            from bench import taylor
+
+            data = taylor.run(log=log)
         elif name == "memory":
             from bench import memory
 

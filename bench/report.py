@@ -138,6 +138,29 @@ def ablation(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def taylor(data: dict[str, Any]) -> str:
+    lines = ["## 2b. How far a Taylor expansion takes estimate mode\n", _machine(data),
+             f"- f_h(a): the change of the mean loss with head h scaled by 1 - a; f_h(1) is the exact zero-ablation "
+             f"delta (probe's exact sweep, all {data['heads']} heads), f_h''(0) the exact second derivative by "
+             f"central differences at a = +-0.1 ({2 * data['heads']} forwards). Baseline loss "
+             f"{data['baseline_loss']:.5f} (the sweep's: {data['sweep_baseline_loss']:.5f}). The gradient's "
+             f"f_h'(0) against the central difference: median |difference| "
+             f"{data['first_order_difference_median']:.1e}, largest {data['first_order_difference_max']:.1e} (the "
+             f"difference holds a third-order term; largest first-order term {data['first_order_scale']:.3f}).\n",
+             "| estimate of every head's delta | Spearman vs exact | top-10 overlap |", "|---|---:|---:|"]
+    lines += [f"| {row['estimate']} | {row['spearman']:.3f} | {row['top10_overlap']}/10 |" for row in data["rows"]]
+    lines += ["", "Heads on which the exact second-order Taylor value and the exact delta disagree about the top 10, "
+              "and the measured loss along each one's ablation:", "",
+              "| head | in exact top 10 | f'(0) | Gauss-Newton f''/2 | exact f''(0)/2 | Taylor | "
+              + " | ".join(f"f({a})" for a in data["paths"][0]["path"]) + " | f(1) exact |" if data["paths"] else "",
+              "|---|---|---:|---:|---:|---:|" + "---:|" * (len(data["paths"][0]["path"]) + 1) if data["paths"] else ""]
+    for row in data["paths"]:
+        lines.append(f"| {row['head']} | {'yes' if row['in_exact_top10'] else 'no'} | {row['first_order']:.4f} | "
+                     f"{row['gauss_newton']:.4f} | {row['half_second_derivative']:.4f} | {row['taylor']:.4f} | "
+                     + " | ".join(f"{v:.4f}" for v in row["path"].values()) + f" | {row['exact']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
 def memory(data: dict[str, Any]) -> str:
     points = data["points"]
     tools = [t for t in ("probe", "probe_ablate", "hf", "tl", "tl_patterns") if t in points]
@@ -224,7 +247,7 @@ def profile(data: dict[str, Any]) -> str:
 HEADER = """# probe benchmarks
 
 Run them all with `python -m bench` (or `bash bench/run.sh`); one at a time with `python -m bench classification`,
-`ablation`, `memory`, `profile`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'` (install
+`ablation`, `taylor`, `memory`, `profile`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'` (install
 `torch` first, pinned to the version you have, so that the resolver keeps it). Each benchmark writes
 `bench/results/NAME.json`; this file is rendered from those files, so every number below was measured in the run
 whose date and command head its section. Ratios are against a baseline timed in the same run.
@@ -237,8 +260,8 @@ device-agnostic (`probe classify --device cuda --dtype bfloat16`); `python -m be
 
 def render(extra: str = "") -> str:
     parts = [HEADER]
-    for name, fn in (("classification", classification), ("ablation", ablation), ("memory", memory),
-                     ("profile", profile)):
+    for name, fn in (("classification", classification), ("ablation", ablation), ("taylor", taylor),
+                     ("memory", memory), ("profile", profile)):
         data = load_result(name)
         if data is not None:
             parts.append(fn(data))
