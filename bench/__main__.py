@@ -1,8 +1,8 @@
 """`python -m bench [NAME ...] [options]`: run the benchmarks (default: all) and rewrite bench/RESULTS.md.
 
-NAME is classification, ablation, taylor, memory or profile. Each benchmark saves bench/results/NAME.json with the machine,
-date and this command line; RESULTS.md is rendered from every saved result (`python -m bench --render` only
-renders).
+NAME is classification, ablation, taylor, memory or profile. Each benchmark saves bench/results/NAME.json with the
+machine, date and this command line; RESULTS.md is rendered from every saved result (`python -m bench --render`
+only renders).
 """
 
 from __future__ import annotations

@@ -149,11 +149,13 @@ def taylor(data: dict[str, Any]) -> str:
              f"difference holds a third-order term; largest first-order term {data['first_order_scale']:.3f}).\n",
              "| estimate of every head's delta | Spearman vs exact | top-10 overlap |", "|---|---:|---:|"]
     lines += [f"| {row['estimate']} | {row['spearman']:.3f} | {row['top10_overlap']}/10 |" for row in data["rows"]]
-    lines += ["", "Heads on which the exact second-order Taylor value and the exact delta disagree about the top 10, "
-              "and the measured loss along each one's ablation:", "",
-              "| head | in exact top 10 | f'(0) | Gauss-Newton f''/2 | exact f''(0)/2 | Taylor | "
-              + " | ".join(f"f({a})" for a in data["paths"][0]["path"]) + " | f(1) exact |" if data["paths"] else "",
-              "|---|---|---:|---:|---:|---:|" + "---:|" * (len(data["paths"][0]["path"]) + 1) if data["paths"] else ""]
+    if data["paths"]:
+        steps = list(data["paths"][0]["path"])
+        lines += ["", "Heads on which the exact second-order Taylor value and the exact delta disagree about the top "
+                  "10, and the measured loss along each one's ablation:", "",
+                  "| head | in exact top 10 | f'(0) | Gauss-Newton f''/2 | exact f''(0)/2 | Taylor | "
+                  + " | ".join(f"f({a})" for a in steps) + " | f(1) exact |",
+                  "|---|---|---:|---:|---:|---:|" + "---:|" * (len(steps) + 1)]
     for row in data["paths"]:
         lines.append(f"| {row['head']} | {'yes' if row['in_exact_top10'] else 'no'} | {row['first_order']:.4f} | "
                      f"{row['gauss_newton']:.4f} | {row['half_second_derivative']:.4f} | {row['taylor']:.4f} | "
@@ -247,8 +249,8 @@ def profile(data: dict[str, Any]) -> str:
 HEADER = """# probe benchmarks
 
 Run them all with `python -m bench` (or `bash bench/run.sh`); one at a time with `python -m bench classification`,
-`ablation`, `taylor`, `memory`, `profile`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'` (install
-`torch` first, pinned to the version you have, so that the resolver keeps it). Each benchmark writes
+`ablation`, `taylor`, `memory`, `profile`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'`
+(install `torch` first, pinned to the version you have, so that the resolver keeps it). Each benchmark writes
 `bench/results/NAME.json`; this file is rendered from those files, so every number below was measured in the run
 whose date and command head its section. Ratios are against a baseline timed in the same run.
 
