@@ -491,7 +491,8 @@ def _chunkable_blocks(model: nn.Module) -> _Blocks | None:
 
 def _lean_blocks(model: nn.Module, ids: Tensor) -> _Blocks | None:
     """The block list, when a forward's logits on `ids` would pass LOGITS_BYTES and can be had in chunks instead."""
-    if ids.numel() * getattr(getattr(model, "config", None), "vocab_size", 0) * 4 <= LOGITS_BYTES:
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if not isinstance(vocab, int) or ids.numel() * vocab * 4 <= LOGITS_BYTES:
         return None
     return _chunkable_blocks(model)
 
@@ -1071,9 +1072,10 @@ def sweep(
         chunked = metric == "cross_entropy" and _chunkable_blocks(model) is not None
         if chunked and any(_lean_blocks(model, ids) is not None for ids, _ in batches):
             stack = 1
-        per_copy = max(_output_bytes(model, ids, loaded, logits=not chunked) for ids, _ in batches)
-        logits_per_copy = 0 if chunked else max(int(ids.numel()) * 4 * loaded.vocab_size for ids, _ in batches)
-        stack = stack or max(1, min(STACK_BYTES // max(per_copy, 1), LOGITS_BYTES // max(logits_per_copy, 1)))
+        else:
+            per_copy = max(_output_bytes(model, ids, loaded, logits=not chunked) for ids, _ in batches)
+            logits_per_copy = 0 if chunked else max(int(ids.numel()) * 4 * loaded.vocab_size for ids, _ in batches)
+            stack = max(1, min(STACK_BYTES // max(per_copy, 1), LOGITS_BYTES // max(logits_per_copy, 1)))
     if blocks is None:
         stack = 1
     chunks = _chunks(ablations, start_of, stack)
