@@ -246,12 +246,14 @@ def attention_patterns(
     decimals: int = DEFAULT_DECIMALS,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     start: int = 0,
+    input_description: str | None = None,
 ) -> Patterns:
     """Run the model on one sequence and keep the patterns of every head of `layers` (default all), plus each
     layer's mean over heads when `average`; or exactly the (layer, head) pairs in `heads`.
 
     At most `max_tokens` positions are kept, from `start`: a sequence longer than that is shown as a window, and
-    `note` says so (see the module docstring).
+    `note` says so (see the module docstring), naming the input as `input_description` (default: its length in
+    tokens).
     """
     from probe.data import context_length, is_encoder
 
@@ -284,7 +286,8 @@ def attention_patterns(
     if stop - start < total:
         ran = (f"the model ran on the first {run_ids.numel():,}, so each query sees every key before it"
                if causal_model else "the model ran on all of them")
-        note = (f"the input has {total:,} tokens; this page shows positions {start:,} to {stop - 1:,} "
+        described = input_description or f"the input has {total:,} tokens"
+        note = (f"{described}; this page shows positions {start:,} to {stop - 1:,} "
                 f"(--window-start, --max-tokens, at most {TOKEN_LIMIT:,}): {ran}")
         if start > 0 or not causal_model:
             note += (f", but only keys inside the window are drawn; {outside:.1%} of these queries' attention (mean "
@@ -346,12 +349,9 @@ def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[in
             break
         chars *= 2
     # one token past the window tells attention_patterns there is more; a causal model does not run on it
-    patterns = attention_patterns(loaded, ids[:needed + 1], source=source, layers=layers, decimals=decimals,
-                                  max_tokens=max_tokens, start=start)
-    if len(ids) > needed:
-        patterns.note = patterns.note.replace(f"the input has {needed + 1:,} tokens",
-                                              f"the text has {len(text):,} characters, more than {needed:,} tokens")
-    return patterns
+    described = f"the text has {len(text):,} characters, more than {needed:,} tokens" if len(ids) > needed else None
+    return attention_patterns(loaded, ids[:needed + 1], source=source, layers=layers, decimals=decimals,
+                              max_tokens=max_tokens, start=start, input_description=described)
 
 
 def read_text(path: str | Path) -> str:
