@@ -48,6 +48,7 @@ class Classification:
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "thresholds": dict(self.thresholds),
+            "classes": {name: SCORES[name].describe() for name in self.scores if name in SCORES},
             "probe_sets": self.probe_sets,
             "heads": [
                 {"layer": layer, "head": head,

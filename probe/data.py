@@ -13,6 +13,7 @@ Every sequence of a set has the same length, so sets need no padding; batches th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,41 @@ def _check_context(loaded: LoadedModel, length: int) -> None:
     if limit is not None and length > limit:
         raise ProbeError(f"sequences of {length} tokens are longer than the model's context of {limit}: "
                          "use a smaller --seq-len")
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """Everything a probe-set builder may read; each builder takes what it needs and ignores the rest."""
+
+    data: str | Path | None = None
+    seq_len: int = DEFAULT_SEQ_LEN
+    num_seqs: int = DEFAULT_NUM_SEQS
+    repeat_len: int = DEFAULT_REPEAT_LEN
+    seed: int = DEFAULT_SEED
+
+
+ProbeSetBuilder = Callable[[LoadedModel, ProbeOptions], ProbeSet]
+
+PROBE_SETS: dict[str, ProbeSetBuilder] = {
+    "natural": lambda loaded, options: natural_set(loaded, data=options.data, seq_len=options.seq_len,
+                                                   num_seqs=options.num_seqs, seed=options.seed),
+    "repeated": lambda loaded, options: repeated_set(loaded, repeat_len=options.repeat_len,
+                                                     num_seqs=options.num_seqs, seed=options.seed),
+}
+"""Every probe set by name: a head class names the set its score is computed on (Score.probe)."""
+
+
+def register_probe_set(name: str, builder: ProbeSetBuilder) -> ProbeSetBuilder:
+    """Add a probe set under `name` (a new one; replacing a set would change every score computed on it)."""
+    if name in PROBE_SETS:
+        raise ProbeError(f"a probe set named {name!r} exists already")
+    PROBE_SETS[name] = builder
+    return builder
+
+
+def build_probe_set(name: str, loaded: LoadedModel, options: ProbeOptions | None = None) -> ProbeSet:
+    """The probe set `name` for this model, built with `options` (defaults where not given)."""
+    builder = PROBE_SETS.get(name)
+    if builder is None:
+        raise ProbeError(f"unknown probe set {name!r}: choose from {', '.join(PROBE_SETS)}")
+    return builder(loaded, options or ProbeOptions())

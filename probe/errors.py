@@ -1,5 +1,15 @@
 """The one exception probe raises for bad input: the CLI turns it into a single line and a non-zero exit."""
 
+from __future__ import annotations
+
 
 class ProbeError(Exception):
-    """Bad input or an unusable model; the message says what is wrong and what to do."""
+    """Bad input or an unusable model; the message says what is wrong and what to do.
+
+    The library knows nothing of the CLI: a message about an argument names the Python parameter (`seq_len`) and
+    passes it as `parameter`; the CLI rewrites that name to its flag (`--seq-len`) through one table.
+    """
+
+    def __init__(self, message: str, *, parameter: str | None = None) -> None:
+        super().__init__(message)
+        self.parameter = parameter

@@ -32,10 +32,16 @@ class Score:
     """A head class: its score, the probe set it is computed on, and the default label threshold."""
 
     name: str
-    probe: str  # "natural" or "repeated"
+    probe: str  # a key of probe.data.PROBE_SETS
     threshold: float
     summary: str
     reduce: Reduce
+    letter: str = ""  # one character for the layer x head overview; default: the name's first letter
+
+    def describe(self) -> dict[str, object]:
+        """What a report needs to know of the class: plain values, for to_dict payloads."""
+        return {"summary": self.summary, "letter": self.letter or self.name[0].upper(), "probe_set": self.probe,
+                "default_threshold": self.threshold}
 
 
 def _relative_mass(weights: Tensor, start: int, batch: Batch, shift: int,
@@ -132,15 +138,15 @@ def _repeat_len(batch: Batch) -> int:
 SCORES: dict[str, Score] = {
     score.name: score
     for score in (
-        Score("previous_token", "natural", 0.5, "attends to the previous token", previous_token_score),
-        Score("sink", "natural", 0.3, "attends to the first token (attention sink)", sink_score),
+        Score("previous_token", "natural", 0.5, "attends to the previous token", previous_token_score, "P"),
+        Score("sink", "natural", 0.3, "attends to the first token (attention sink)", sink_score, "S"),
         Score("induction", "repeated", 0.4, "attends to the token after the earlier copy of the current one",
-              induction_score),
+              induction_score, "I"),
         Score("duplicate_token", "repeated", 0.4, "attends to the earlier copy of the current token",
-              duplicate_token_score),
-        Score("next_token", "natural", 0.5, "attends to the next token (encoders)", next_token_score),
+              duplicate_token_score, "D"),
+        Score("next_token", "natural", 0.5, "attends to the next token (encoders)", next_token_score, "N"),
         Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
-              positional_score),
+              positional_score, "O"),
     )
 }
 """Every head class probe computes, in report order; thresholds are the defaults, overridable per run."""
