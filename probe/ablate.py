@@ -477,11 +477,11 @@ def _skip_blocks(container: nn.ModuleList, outputs: dict[int, Any]) -> Iterator[
 def _chunkable_blocks(model: nn.Module) -> _Blocks | None:
     """The block list, when a forward's logits can be had a chunk of positions at a time instead of whole: a causal
     Hugging Face LM whose forward takes `logits_to_keep`, its attention layers in one block list."""
-    from probe.attention import _accepts, is_hf_model
+    from probe.attention import accepts_argument, is_hf_model
 
     if not isinstance(getattr(getattr(model, "config", None), "vocab_size", None), int):
         return None
-    if not is_hf_model(model) or not _accepts(model, "logits_to_keep"):
+    if not is_hf_model(model) or not accepts_argument(model, "logits_to_keep"):
         return None
     layers = attention_layers(model)
     if not all(getattr(layer.module, "is_causal", True) for layer in layers):

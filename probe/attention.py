@@ -416,7 +416,8 @@ def _device(model: nn.Module) -> torch.device:
     return input_device(model)
 
 
-def _accepts(model: nn.Module, argument: str) -> bool:
+def accepts_argument(model: nn.Module, argument: str) -> bool:
+    """Whether the model's forward takes `argument` by name."""
     import inspect
 
     try:
@@ -441,9 +442,9 @@ def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None
         if getattr(model.config, "use_cache", None) is not None:
             kwargs["use_cache"] = False
         if isinstance(logits, Tensor):
-            if _accepts(model, "logits_to_keep"):
+            if accepts_argument(model, "logits_to_keep"):
                 kwargs["logits_to_keep"] = logits.to(input_ids.device)
-        elif not logits and _accepts(model, "logits_to_keep"):
+        elif not logits and accepts_argument(model, "logits_to_keep"):
             kwargs["logits_to_keep"] = 1
         return model(**kwargs)
     return model(input_ids)

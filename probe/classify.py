@@ -50,6 +50,8 @@ class Classification:
             "thresholds": dict(self.thresholds),
             "classes": {name: SCORES[name].describe() for name in self.scores if name in SCORES},
             "probe_sets": self.probe_sets,
+            "flagged": {name: [{"layer": layer, "head": head, "score": round(score, 6)}
+                               for layer, head, score in self.flagged(name)] for name in self.scores},
             "heads": [
                 {"layer": layer, "head": head,
                  "scores": {name: round(float(score[layer, head]), 6) for name, score in self.scores.items()},
