@@ -1,7 +1,7 @@
 """Probe sets: the inputs heads are scored on.
 
 - natural: English prose shipped with probe (`probe/data/english.txt`, an excerpt of CPython's reference
-  documentation, the same on every Python version) or the user's `--data FILE.txt`, tokenized without special
+  documentation, the same on every Python version) or the user's text file (`data`), tokenized without special
   tokens and cut into consecutive chunks of `seq_len` tokens; the first `num_seqs` are used, each with BOS
   prepended where the model's tokenizer has one (an encoder gets its usual [CLS] ... [SEP]). A model without a
   tokenizer gets random tokens instead; without a BOS, position 0 plays its role.
@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from probe.errors import ProbeError
+from probe.hooks.layers import attention_layers
 from probe.models import LoadedModel
 
 ENGLISH = Path(__file__).parent / "data" / "english.txt"
@@ -50,8 +51,6 @@ class ProbeSet:
 
 def is_encoder(loaded: LoadedModel) -> bool:
     """A bidirectional model (BERT-like): its attention modules are not causal."""
-    from probe.attention import attention_layers
-
     return not all(getattr(layer.module, "is_causal", True) for layer in attention_layers(loaded.model)
                    if layer.kind == "hf")
 
@@ -116,36 +115,36 @@ def natural_set(loaded: LoadedModel, *, data: str | Path | None = None, seq_len:
                 num_seqs: int = DEFAULT_NUM_SEQS, seed: int = DEFAULT_SEED) -> ProbeSet:
     """Natural text in consecutive chunks of `seq_len` tokens (see the module docstring)."""
     if seq_len < 2:
-        raise ProbeError(f"--seq-len must be at least 2, got {seq_len}")
+        raise ProbeError(f"seq_len must be at least 2, got {seq_len}", parameter="seq_len")
     if num_seqs < 1:
-        raise ProbeError(f"--num-seqs must be at least 1, got {num_seqs}")
+        raise ProbeError(f"num_seqs must be at least 1, got {num_seqs}", parameter="num_seqs")
     generator = torch.Generator().manual_seed(seed)
     source = "embedded English text (probe/data/english.txt)"
     if data is not None:
         path = Path(data)
         if not path.is_file():
-            raise ProbeError(f"data file not found: {path}")
+            raise ProbeError(f"data file not found: {path}", parameter="data")
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as error:
-            raise ProbeError(f"data file {path} is not UTF-8 text: {error.reason}") from error
+            raise ProbeError(f"data file {path} is not UTF-8 text: {error.reason}", parameter="data") from error
         source = f"text file {path}"
         if not text.strip():
-            raise ProbeError(f"data file {path} is empty")
+            raise ProbeError(f"data file {path} is empty", parameter="data")
     else:
         text = ENGLISH.read_text(encoding="utf-8")
     if loaded.tokenizer is None:
         if data is not None:
-            raise ProbeError("this model has no tokenizer, so it cannot read --data text: drop --data, or return "
-                             "(model, tokenizer) from the factory")
+            raise ProbeError("this model has no tokenizer, so it cannot read a data text: drop data, or return "
+                             "(model, tokenizer) from the factory", parameter="data")
         chunks = random_tokens(loaded, (num_seqs, seq_len), generator)
         source = f"random tokens in place of text (the model has no tokenizer), seed {seed}"
     else:
         ids = _tokenize_prefix(loaded.tokenizer, text, seq_len * num_seqs)
         available = len(ids) // seq_len
         if available < 1:
-            raise ProbeError(f"the text has {len(ids)} tokens, fewer than one chunk of --seq-len {seq_len}: "
-                             "give a longer text or a smaller --seq-len")
+            raise ProbeError(f"the text has {len(ids)} tokens, fewer than one chunk of seq_len {seq_len}: "
+                             "give a longer text or a smaller seq_len", parameter="seq_len")
         used = min(num_seqs, available)
         chunks = torch.tensor(ids[: used * seq_len], dtype=torch.long).view(used, seq_len)
     input_ids, offset, start = _wrap(loaded, chunks)
@@ -159,7 +158,8 @@ def repeated_set(loaded: LoadedModel, *, repeat_len: int = DEFAULT_REPEAT_LEN, n
                  seed: int = DEFAULT_SEED) -> ProbeSet:
     """BOS + `repeat_len` random tokens, repeated twice: the second copy can be predicted by induction."""
     if repeat_len < 2:
-        raise ProbeError(f"the repeated sequence needs at least 2 tokens, got {repeat_len}")
+        raise ProbeError(f"repeat_len must be at least 2 (the repeated sequence's tokens), got {repeat_len}",
+                         parameter="repeat_len")
     generator = torch.Generator().manual_seed(seed)
     half = random_tokens(loaded, (num_seqs, repeat_len), generator)
     input_ids, offset, start = _wrap(loaded, torch.cat([half, half], dim=1))
@@ -186,7 +186,7 @@ def _check_context(loaded: LoadedModel, length: int) -> None:
     limit = context_length(loaded)
     if limit is not None and length > limit:
         raise ProbeError(f"sequences of {length} tokens are longer than the model's context of {limit}: "
-                         "use a smaller --seq-len")
+                         "use a smaller seq_len", parameter="seq_len")
 
 
 @dataclass(frozen=True)

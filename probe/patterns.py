@@ -19,19 +19,21 @@ import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.attention import attention_hooks, attention_layers, run_model
+from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
+                        build_probe_set, context_length, is_encoder)
 from probe.errors import ProbeError
+from probe.heads.classify import Classification
+from probe.heads.scores import SCORES
+from probe.hooks.capture import stream_attention
+from probe.hooks.layers import attention_layers
 from probe.models import LoadedModel
-
-if TYPE_CHECKING:
-    from probe.classify import Classification
 
 DEFAULT_MAX_TOKENS = 512
 TOKEN_LIMIT = 1024
@@ -82,12 +84,20 @@ class Patterns:
         try:
             return self.heads.index((layer, head))
         except ValueError:
-            raise ProbeError(f"no pattern of layer {layer} head {head} here") from None
+            raise ProbeError(f"no pattern of layer {layer} head {head} here", parameter="heads") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain payload the HTML pages take (values and thumbnails stay numpy arrays)."""
+        return {"model": self.model, "source": self.source, "tokens": list(self.tokens), "labels": self.labels,
+                "heads": [[layer, head] for layer, head in self.heads], "values": self.values,
+                "decimals": self.decimals, "scale": self.scale, "causal": self.causal, "n_layers": self.n_layers,
+                "n_heads": self.n_heads, "total_tokens": self.total_tokens, "note": self.note, "first": self.first,
+                "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE}
 
     def _repr_html_(self) -> str:
-        from reports.html import heatmap_page
+        from reports.html import heatmap_page  # reports render; the library never needs them otherwise
 
-        return heatmap_page(self, embed_plotly=False)
+        return heatmap_page(self.to_dict(), embed_plotly=False)
 
     def weights(self, layer: int, head: int) -> np.ndarray:
         """The rounded weights of one head as float32 (n, n), NaN where a causal model masks the key."""
@@ -179,10 +189,10 @@ def text_ids(loaded: LoadedModel, text: str) -> list[int]:
         raise ProbeError("this model has no tokenizer, so it cannot read text: return (model, tokenizer) from the "
                          "factory")
     if not text:
-        raise ProbeError("the text is empty")
+        raise ProbeError("the text is empty", parameter="text")
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
-        raise ProbeError("the text gives no tokens")
+        raise ProbeError("the text gives no tokens", parameter="text")
     bos = getattr(tokenizer, "bos_token_id", None)
     if bos is None:
         bos = getattr(getattr(loaded.model, "config", None), "bos_token_id", None)
@@ -221,17 +231,111 @@ def _window_attention(loaded: LoadedModel, ids: Tensor, layers: set[int], start:
         outside[1] += rows.shape[0] * rows.shape[1]
         kept.setdefault(layer, []).append(inside.detach().cpu().clone())
 
-    with torch.no_grad(), attention_hooks(loaded.model, on_weights=keep, layers=layers):
-        run_model(loaded.model, ids[None], logits=False)
+    stream_attention(loaded.model, ids[None], keep, layers=layers)
     return {layer: torch.cat(parts, dim=1) for layer, parts in kept.items()}, outside[0] / max(outside[1], 1)
 
 
 def _check_options(decimals: int, max_tokens: int) -> None:
     if not 1 <= decimals <= 4:
-        raise ProbeError(f"--decimals must be between 1 and 4, got {decimals}")
+        raise ProbeError(f"decimals must be between 1 and 4, got {decimals}", parameter="decimals")
     if not 2 <= max_tokens <= TOKEN_LIMIT:
-        raise ProbeError(f"--max-tokens must be between 2 and {TOKEN_LIMIT}, got {max_tokens}: a page of every "
-                         f"head beyond {TOKEN_LIMIT} tokens is too large for a browser")
+        raise ProbeError(f"max_tokens must be between 2 and {TOKEN_LIMIT}, got {max_tokens}: a page of every "
+                         f"head beyond {TOKEN_LIMIT} tokens is too large for a browser", parameter="max_tokens")
+
+
+@dataclass
+class _Window:
+    """Which positions of one sequence a page shows, and what the model runs on to show them."""
+
+    ids: Tensor  # (total,) the whole input
+    start: int
+    stop: int
+    causal_model: bool
+    run_ids: Tensor  # (run,) the input up to the window's end (a causal model), else all of it
+
+    @property
+    def total(self) -> int:
+        return int(self.ids.numel())
+
+
+def _window(loaded: LoadedModel, input_ids: list[int] | Tensor, start: int, max_tokens: int) -> _Window:
+    ids = torch.as_tensor(input_ids if not isinstance(input_ids, Tensor) else input_ids.reshape(-1), dtype=torch.long)
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ProbeError("attention patterns need one non-empty sequence of token ids", parameter="input_ids")
+    total = int(ids.numel())
+    if not 0 <= start < total:
+        raise ProbeError(f"start must be a position of the input, 0 to {total - 1:,}; got {start:,}",
+                         parameter="start")
+    stop = min(start + max_tokens, total)
+    causal_model = not is_encoder(loaded)
+    run_ids = ids[:stop] if causal_model else ids  # later tokens change nothing a causal model's window sees
+    limit = context_length(loaded)
+    if limit is not None and run_ids.numel() > limit:
+        raise ProbeError(f"the window ends at token {stop:,}, past the model's context of {limit:,}: use a smaller "
+                         "start or max_tokens, or a shorter text", parameter="start")
+    return _Window(ids, start, stop, causal_model, run_ids)
+
+
+def _wanted_layers(n_layers: int, layers: set[int] | None, heads: list[tuple[int, int]] | None) -> set[int]:
+    if heads is not None:
+        layers = {layer for layer, _ in heads}
+    wanted = set(range(n_layers)) if layers is None else set(layers)
+    bad = sorted(layer for layer in wanted if not 0 <= layer < n_layers)
+    if bad:
+        raise ProbeError(f"layer {bad[0]} does not exist: the model has {n_layers} layers (0-{n_layers - 1})",
+                         parameter="layers")
+    if not wanted:
+        raise ProbeError("no layers chosen", parameter="layers")
+    return wanted
+
+
+def _window_note(window: _Window, outside: float, input_description: str | None) -> str:
+    """What a page of a window shows, in words; empty when it shows the whole input."""
+    if window.stop - window.start >= window.total:
+        return ""
+    ran = (f"the model ran on the first {window.run_ids.numel():,}, so each query sees every key before it"
+           if window.causal_model else "the model ran on all of them")
+    described = input_description or f"the input has {window.total:,} tokens"
+    note = (f"{described}; this page shows positions {window.start:,} to {window.stop - 1:,} "
+            f"(at most {TOKEN_LIMIT:,} positions): {ran}")
+    if window.start > 0 or not window.causal_model:
+        note += (f", but only keys inside the window are drawn; {outside:.1%} of these queries' attention (mean "
+                 f"over the heads of the layers shown) goes to keys outside it")
+    return note
+
+
+@dataclass
+class _Picked:
+    """The heads chosen so far, their rounded values and thumbnails."""
+
+    heads: list[tuple[int, int]] = field(default_factory=list)
+    values: list[np.ndarray] = field(default_factory=list)
+    thumbnails: list[np.ndarray] = field(default_factory=list)
+    causal: bool = True
+
+
+def _pick(captured: dict[int, Tensor], heads: list[tuple[int, int]] | None, average: bool, thumbnails: bool,
+          decimals: int) -> _Picked:
+    """Each wanted layer's heads (all, or those in `heads`), plus its mean over heads when `average`."""
+    picked = _Picked()
+    for layer in sorted(captured):
+        weights = captured.pop(layer)  # (h, n, n)
+        picked.causal = picked.causal and bool((torch.triu(weights, 1) == 0).all())
+        layer_heads = [h for (l, h) in heads if l == layer] if heads is not None else list(range(weights.shape[0]))
+        for head in layer_heads:
+            if not 0 <= head < weights.shape[0]:
+                raise ProbeError(f"head {head} does not exist: layer {layer} has {weights.shape[0]} heads",
+                                 parameter="heads")
+        chosen = weights[layer_heads]  # (len(layer_heads), n, n)
+        if heads is None and average:
+            chosen = torch.cat([chosen, weights.mean(dim=0, keepdim=True)])
+            layer_heads = layer_heads + [AVERAGE]
+        picked.heads.extend((layer, head) for head in layer_heads)
+        picked.values.append(_round(chosen, decimals))
+        if thumbnails:
+            picked.thumbnails.append(_thumbnail(chosen))
+        del weights, chosen
+    return picked
 
 
 def attention_patterns(
@@ -255,77 +359,26 @@ def attention_patterns(
     `note` says so (see the module docstring), naming the input as `input_description` (default: its length in
     tokens).
     """
-    from probe.data import context_length, is_encoder
-
     _check_options(decimals, max_tokens)
-    ids = torch.as_tensor(input_ids if not isinstance(input_ids, Tensor) else input_ids.reshape(-1), dtype=torch.long)
-    if ids.dim() != 1 or ids.numel() == 0:
-        raise ProbeError("attention patterns need one non-empty sequence of token ids")
-    total = int(ids.numel())
-    if not 0 <= start < total:
-        raise ProbeError(f"--window-start must be a position of the input, 0 to {total - 1:,}; got {start:,}")
-    stop = min(start + max_tokens, total)
-    causal_model = not is_encoder(loaded)
-    run_ids = ids[:stop] if causal_model else ids  # later tokens change nothing a causal model's window sees
-    limit = context_length(loaded)
-    if limit is not None and run_ids.numel() > limit:
-        raise ProbeError(f"the window ends at token {stop:,}, past the model's context of {limit:,}: use a smaller "
-                         "--window-start or --max-tokens, or a shorter text")
+    window = _window(loaded, input_ids, start, max_tokens)
     found = attention_layers(loaded.model)
-    n_layers = len(found)
-    if heads is not None:
-        layers = {layer for layer, _ in heads}
-    wanted = set(range(n_layers)) if layers is None else set(layers)
-    bad = sorted(layer for layer in wanted if not 0 <= layer < n_layers)
-    if bad:
-        raise ProbeError(f"layer {bad[0]} does not exist: the model has {n_layers} layers (0-{n_layers - 1})")
-    if not wanted:
-        raise ProbeError("no layers chosen")
-    captured, outside = _window_attention(loaded, run_ids, wanted, start, stop)
-    note = ""
-    if stop - start < total:
-        ran = (f"the model ran on the first {run_ids.numel():,}, so each query sees every key before it"
-               if causal_model else "the model ran on all of them")
-        described = input_description or f"the input has {total:,} tokens"
-        note = (f"{described}; this page shows positions {start:,} to {stop - 1:,} "
-                f"(--window-start, --max-tokens, at most {TOKEN_LIMIT:,}): {ran}")
-        if start > 0 or not causal_model:
-            note += (f", but only keys inside the window are drawn; {outside:.1%} of these queries' attention (mean "
-                     f"over the heads of the layers shown) goes to keys outside it")
-    chosen: list[tuple[int, int]] = []
-    values: list[np.ndarray] = []
-    thumbs: list[np.ndarray] = []
-    causal = True
-    for layer in sorted(wanted):
-        weights = captured.pop(layer)  # (h, n, n)
-        causal = causal and bool((torch.triu(weights, 1) == 0).all())
-        layer_heads = [h for (l, h) in heads if l == layer] if heads is not None else list(range(weights.shape[0]))
-        for head in layer_heads:
-            if not 0 <= head < weights.shape[0]:
-                raise ProbeError(f"head {head} does not exist: layer {layer} has {weights.shape[0]} heads")
-        picked = weights[layer_heads]
-        if heads is None and average:
-            picked = torch.cat([picked, weights.mean(dim=0, keepdim=True)])
-            layer_heads = layer_heads + [AVERAGE]
-        chosen.extend((layer, head) for head in layer_heads)
-        values.append(_round(picked, decimals))
-        if thumbnails:
-            thumbs.append(_thumbnail(picked))
-        del weights, picked
+    wanted = _wanted_layers(len(found), layers, heads)
+    captured, outside = _window_attention(loaded, window.run_ids, wanted, window.start, window.stop)
+    picked = _pick(captured, heads, average, thumbnails, decimals)
     return Patterns(
         model=loaded.name,
         source=source,
-        tokens=token_strings(loaded, ids[start:stop]),
-        heads=chosen,
-        values=np.concatenate(values),
+        tokens=token_strings(loaded, window.ids[window.start:window.stop]),
+        heads=picked.heads,
+        values=np.concatenate(picked.values),
         decimals=decimals,
-        causal=causal,
-        n_layers=n_layers,
+        causal=picked.causal,
+        n_layers=len(found),
         n_heads=max(layer.n_heads for layer in found),
-        total_tokens=total,
-        note=note,
-        thumbnails=np.concatenate(thumbs) if thumbnails else None,
-        first=start,
+        total_tokens=window.total,
+        note=_window_note(window, outside, input_description),
+        thumbnails=np.concatenate(picked.thumbnails) if thumbnails else None,
+        first=window.start,
     )
 
 
@@ -335,8 +388,6 @@ def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[in
     where it is longer: what `probe heatmap` draws.
 
     A causal model's text of more than LARGE_TEXT characters is tokenized only as far as the window needs."""
-    from probe.data import is_encoder
-
     _check_options(decimals, max_tokens)
     if len(text) <= LARGE_TEXT or is_encoder(loaded):
         return attention_patterns(loaded, text_ids(loaded, text), source=source, layers=layers, decimals=decimals,
@@ -374,27 +425,21 @@ def classification_patterns(loaded: LoadedModel, result: Classification, *, data
     """{probe set name: patterns of the heads flagged by the classes scored on it}, on the set's first sequence:
     the input that earned the label (the repeated sequence for induction and duplicate-token heads, natural text
     for the others). The sets are rebuilt with the options of the run, so the sequence is the one scored."""
-    from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, natural_set, \
-        repeated_set
-    from probe.scores import SCORES
-
-    seed = DEFAULT_SEED if seed is None else seed
     wanted: dict[str, set[tuple[int, int]]] = {}
     for name in result.scores:
         probe = SCORES[name].probe if name in SCORES else "natural"
         flagged = {(layer, head) for layer, head, _ in result.flagged(name)}
         if flagged:
             wanted.setdefault(probe, set()).update(flagged)
+    seed = DEFAULT_SEED if seed is None else seed
     out: dict[str, Patterns] = {}
     for probe, heads in wanted.items():
         num_seqs = int(result.probe_sets.get(probe, {}).get("num_seqs", DEFAULT_NUM_SEQS))
-        if probe == "repeated":
-            probe_set = repeated_set(loaded, repeat_len=repeat_len or DEFAULT_REPEAT_LEN, num_seqs=num_seqs, seed=seed)
-        else:
-            probe_set = natural_set(loaded, data=data, seq_len=seq_len or DEFAULT_SEQ_LEN, num_seqs=num_seqs,
-                                    seed=seed)
-        ids = probe_set.input_ids[0]
-        patterns = attention_patterns(loaded, ids, source=f"{probe_set.description}; sequence 0 of the set",
+        options = ProbeOptions(data=data, seq_len=seq_len or DEFAULT_SEQ_LEN, num_seqs=num_seqs,
+                               repeat_len=repeat_len or DEFAULT_REPEAT_LEN, seed=seed)
+        probe_set = build_probe_set(probe, loaded, options)
+        patterns = attention_patterns(loaded, probe_set.input_ids[0],
+                                      source=f"{probe_set.description}; sequence 0 of the set",
                                       heads=sorted(heads), average=False, thumbnails=False, decimals=decimals,
                                       max_tokens=TOKEN_LIMIT)
         patterns.meta = {"probe_set": probe, "repeat_len": probe_set.repeat_len, "offset": probe_set.offset}

@@ -117,7 +117,7 @@ def no_attention():
     (["--model", "{tmp}/missing.py:f"], "model file not found"),
     (["--model", "{tmp}/factories.py:no_attention"], "no attention layers found"),
     (["--model", "{planted}", "--seq-len", "300"], "longer than the model's context"),
-    (["--model", "{planted}", "--seq-len", "1"], "--seq-len must be at least 2"),
+    (["--model", "{planted}", "--seq-len", "1"], "must be at least 2, got 1"),
     (["--model", "{planted}", "--threshold", "bogus=0.5"], "unknown head class 'bogus'"),
     (["--model", "{planted}", "--threshold", "induction"], "NAME=VALUE"),
 ])

@@ -8,11 +8,13 @@ import pytest
 import torch
 from conftest import tiny_hf, tiny_loaded
 
-import probe.attention as attention
+import probe.hooks.blocked as blocked
+import probe.hooks.hf as hf
 from probe.attention import attention_hooks, blocked_attention, capture_attention, run_model
-from probe.classify import score_heads
 from probe.data import ProbeSet
-from probe.scores import SCORES, Batch, ScoreAccumulator, positional_score
+from probe.heads.accumulate import ScoreAccumulator
+from probe.heads.classify import score_heads
+from probe.heads.scores import SCORES, Batch, positional_score
 
 LENGTH = 200  # long enough for several causal blocks (CAUSAL_BLOCK = 128 rows would give 2; small blocks more)
 
@@ -78,7 +80,7 @@ def test_block_budget_bounds_every_block(monkeypatch) -> None:
     model = loaded.model
     ids = torch.randint(1, 120, (2, LENGTH))
     budget = 2 * 4 * LENGTH * 4 * 10  # ten query rows of (batch 2 x heads 4 x keys) float32
-    monkeypatch.setattr(attention, "BLOCK_BYTES", budget)
+    monkeypatch.setattr(blocked, "BLOCK_BYTES", budget)
     sizes = []
     with torch.no_grad(), attention_hooks(model, on_weights=lambda layer, start, w: sizes.append(w.shape)):
         run_model(model, ids)
@@ -185,18 +187,18 @@ def test_unpadded_causal_batch_builds_no_mask() -> None:
     """Without padding, probe_sdpa hands attention no (b, 1, n, n) mask: causality is applied per block."""
     model = tiny_hf("llama_gqa")
     masks = []
-    original = attention._hf_weights_attention
+    original = hf._hf_weights_attention
 
     def spy(module, query, key, value, attention_mask, **kwargs):
         masks.append(attention_mask)
         return original(module, query, key, value, attention_mask, **kwargs)
 
-    attention._hf_weights_attention = spy
+    hf._hf_weights_attention = spy
     try:
         with torch.no_grad(), attention_hooks(model, on_weights=lambda *a: None):
             run_model(model, torch.randint(1, 120, (2, 50)))
     finally:
-        attention._hf_weights_attention = original
+        hf._hf_weights_attention = original
     assert masks and all(mask is None for mask in masks)
 
 

@@ -1,0 +1,184 @@
+"""Score every head on the probe sets and label the heads whose score passes each class's threshold."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
+                        ProbeSet, build_probe_set)
+from probe.errors import ProbeError
+from probe.heads.accumulate import ScoreAccumulator
+from probe.heads.scores import SCORES, Batch
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import run_model
+from probe.models import LoadedModel
+
+Progress = Callable[[int, int], None]
+"""(steps done, steps in all); a step is one layer of one batch."""
+
+
+@dataclass
+class Classification:
+    """Scores of every head, the thresholds used, and which probe sets produced them."""
+
+    model: str
+    n_layers: int
+    n_heads: int
+    scores: dict[str, Tensor]  # name -> (n_layers, n_heads)
+    thresholds: dict[str, float]
+    probe_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def labels(self, layer: int, head: int) -> list[str]:
+        return [name for name, score in self.scores.items() if float(score[layer, head]) > self.thresholds[name]]
+
+    def flagged(self, name: str) -> list[tuple[int, int, float]]:
+        """(layer, head, score) of the heads labelled `name`, highest score first."""
+        score = self.scores[name]
+        heads = [(layer, head, float(score[layer, head])) for layer in range(self.n_layers)
+                 for head in range(self.n_heads) if float(score[layer, head]) > self.thresholds[name]]
+        return sorted(heads, key=lambda item: -item[2])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "thresholds": dict(self.thresholds),
+            "classes": {name: SCORES[name].describe() for name in self.scores if name in SCORES},
+            "probe_sets": self.probe_sets,
+            "flagged": {name: [{"layer": layer, "head": head, "score": round(score, 6)}
+                               for layer, head, score in self.flagged(name)] for name in self.scores},
+            "heads": [
+                {"layer": layer, "head": head,
+                 "scores": {name: round(float(score[layer, head]), 6) for name, score in self.scores.items()},
+                 "labels": self.labels(layer, head)}
+                for layer in range(self.n_layers) for head in range(self.n_heads)
+            ],
+        }
+
+    def _repr_html_(self) -> str:
+        from reports.html import classification_page  # reports render; the library never needs them otherwise
+
+        return classification_page(self.to_dict(), embed_plotly=False)
+
+
+def _batches(probe_set: ProbeSet, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
+    """(ids, mask) per batch; right padding cut to the longest sequence of the batch."""
+    out = []
+    for first in range(0, probe_set.input_ids.shape[0], batch_size):
+        ids = probe_set.input_ids[first:first + batch_size]
+        mask = None if probe_set.attention_mask is None else probe_set.attention_mask[first:first + batch_size]
+        if mask is not None:  # right padding: cut the columns no sequence of this batch uses
+            length = int(mask.sum(dim=1).max())
+            ids, mask = ids[:, :length], mask[:, :length]
+        out.append((ids, mask))
+    return out
+
+
+def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, batch_size: int = 8,
+                query_block: int | None = None, progress: Progress | None = None,
+                progress_offset: int = 0, progress_total: int | None = None) -> dict[str, Tensor]:
+    """Run the probe set through the model in batches and reduce each layer's attention into the named scores."""
+    layers = attention_layers(loaded.model)
+    accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers))
+    batches = _batches(probe_set, batch_size)
+    total = progress_total or len(batches) * len(layers)
+    done = [progress_offset]
+
+    def on_weights(layer: int, start: int, weights: Tensor) -> None:
+        accumulator.update(layer, start, weights)
+        if progress is not None and start + weights.shape[2] >= weights.shape[3]:
+            done[0] += 1
+            progress(done[0], total)
+
+    with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, query_block=query_block):
+        for ids, mask in batches:
+            valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+            accumulator.batch = Batch(valid=valid, offset=probe_set.offset, repeat_len=probe_set.repeat_len)
+            forward(loaded.model, ids, mask)
+    return accumulator.result()
+
+
+def forward(model: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Any:
+    """run_model, with a model's own failure turned into one line (custom models fail in their own ways)."""
+    try:
+        return run_model(model, ids, mask, logits=False)  # scores read attention only
+    except (ProbeError, KeyboardInterrupt):
+        raise
+    except Exception as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ProbeError(f"the model's forward failed on a batch of shape {tuple(ids.shape)}: "
+                         f"{type(error).__name__}: {first} (longer than its context? try a smaller seq_len)",
+                         parameter="seq_len") from error
+
+
+def _thresholds(names: list[str], thresholds: dict[str, float] | None, batch_size: int) -> dict[str, float]:
+    """The threshold of each class in `names`: its default, or the finite number given; bad input refused."""
+    for parameter, given in (("scores", names), ("thresholds", list(thresholds or {}))):
+        unknown = [name for name in given if name not in SCORES]
+        if unknown:
+            raise ProbeError(f"unknown head class {unknown[0]!r}: choose from {', '.join(SCORES)}",
+                             parameter=parameter)
+    for name, value in (thresholds or {}).items():
+        if not math.isfinite(value):
+            raise ProbeError(f"thresholds: the threshold of {name} must be a finite number, got {value}",
+                             parameter="thresholds")
+    if batch_size < 1:
+        raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
+    chosen = {name: SCORES[name].threshold for name in names}
+    chosen.update({name: value for name, value in (thresholds or {}).items() if name in chosen})
+    return chosen
+
+
+def _steps(probe_set: ProbeSet, batch_size: int, n_layers: int) -> int:
+    return -(-probe_set.input_ids.shape[0] // batch_size) * n_layers
+
+
+def classify(
+    loaded: LoadedModel,
+    *,
+    data: str | Path | None = None,
+    seq_len: int = DEFAULT_SEQ_LEN,
+    num_seqs: int = DEFAULT_NUM_SEQS,
+    repeat_len: int = DEFAULT_REPEAT_LEN,
+    seed: int = DEFAULT_SEED,
+    thresholds: dict[str, float] | None = None,
+    scores: list[str] | None = None,
+    batch_size: int = 8,
+    query_block: int | None = None,
+    progress: Progress | None = None,
+) -> Classification:
+    """Score every head of the model for each class in `scores` (default: all of SCORES) and label them, each
+    class on the probe set it names (`Score.probe`)."""
+    names = list(SCORES) if scores is None else scores
+    chosen = _thresholds(names, thresholds, batch_size)
+    layers = attention_layers(loaded.model)
+    options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
+    needed = {SCORES[name].probe for name in names}
+    order = [set_name for set_name in PROBE_SETS if set_name in needed] + sorted(needed - set(PROBE_SETS))
+    sets = {set_name: build_probe_set(set_name, loaded, options) for set_name in order}
+    total = sum(_steps(probe_set, batch_size, len(layers)) for probe_set in sets.values())
+    results: dict[str, Tensor] = {}
+    done = 0
+    for set_name, probe_set in sets.items():
+        wanted = [name for name in names if SCORES[name].probe == set_name]
+        results.update(score_heads(loaded, probe_set, wanted, batch_size=batch_size, query_block=query_block,
+                                   progress=progress, progress_offset=done, progress_total=total))
+        done += _steps(probe_set, batch_size, len(layers))
+    return Classification(
+        model=loaded.name,
+        n_layers=len(layers),
+        n_heads=max(layer.n_heads for layer in layers),
+        scores={name: results[name].float() for name in names},
+        thresholds=chosen,
+        probe_sets={name: probe_set.to_dict() | {"description": probe_set.description}
+                    for name, probe_set in sets.items()},
+    )

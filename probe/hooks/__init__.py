@@ -1,0 +1,11 @@
+"""Find a model's attention layers and hook them: one module per job.
+
+- `layers`: discovery (`attention_layers`) and `AttentionLayer`.
+- `blocked`: the shared eager computation, query block by query block (`blocked_attention`).
+- `hf`, `mha`, `custom`: one module per kind of attention layer, each installing its hooks for one layer.
+- `run`: one forward the way probe runs every model; `outputs`: reading its logits.
+- `capture`: the public context manager `attention_hooks`, and `capture_attention`.
+- `restore`: clean-up that a second Ctrl-C cannot cut short.
+
+The public names are re-exported by `probe.attention`.
+"""

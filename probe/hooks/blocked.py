@@ -1,0 +1,159 @@
+"""The computation every hooked layer shares: eager softmax attention, one query block at a time.
+
+Each block's float32 weights are handed to a callback and dropped, so nothing of size heads x n x n is kept for
+more than one block; the numbers are those of eager attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+BLOCK_BYTES = 256 * 2**20  # scores of one query block, per temporary; bounds peak memory at long context
+CAUSAL_BLOCK = 128  # smallest query block worth splitting causal attention into
+
+OnBlock = Callable[[int, Tensor], None]
+"""(first query index of the block, weights (batch, query_heads, block, keys) in float32) -> None."""
+
+
+@dataclass
+class _Plan:
+    """How one call is cut into blocks."""
+
+    block: int  # queries per block
+    offset: int  # keys before the first query: queries are the last n positions of the keys
+    truncate: bool  # causal without a mask: a block computes only the keys up to its last query
+    future: Tensor | None  # (block, block) bool, True above the diagonal: the causal mask of a truncated block
+
+
+def _choose_block(batch: int, heads: int, queries: int, keys: int, query_block: int | None) -> int:
+    if query_block is not None:
+        return max(1, query_block)
+    per_query = batch * heads * keys * 4
+    return max(1, min(queries, BLOCK_BYTES // max(per_query, 1)))
+
+
+def _plan(query: Tensor, key: Tensor, mask: Tensor | None, causal: bool, query_block: int | None) -> _Plan:
+    batch, n_heads, n_queries, _ = query.shape
+    n_keys = key.shape[2]
+    offset = n_keys - n_queries
+    truncate = causal and mask is None and offset >= 0  # keys after a block's last query are never attended
+    block = _choose_block(batch, n_heads, n_queries, n_keys, query_block)
+    if truncate and query_block is None:  # several blocks, so that the skipped keys add up (<= 1/16 computed twice)
+        block = min(block, max(CAUSAL_BLOCK, -(-n_queries // 8)))
+    future = None
+    if truncate and n_queries > 1:
+        size = min(block, n_queries)
+        future = torch.ones(size, size, dtype=torch.bool, device=query.device).triu_(1)
+    return _Plan(block, offset, truncate, future)
+
+
+def _apply_mask(scores: Tensor, mask: Tensor, start: int, stop: int, n_keys: int) -> Tensor:
+    """scores (b, hq, size, limit) with the block's rows of `mask`: boolean (True = attend) or additive."""
+    block_mask = mask[..., start:stop, :n_keys] if mask.shape[-2] > 1 else mask[..., :n_keys]
+    if block_mask.dtype == torch.bool:
+        return scores.masked_fill_(block_mask.logical_not(), torch.finfo(scores.dtype).min)
+    if block_mask.dtype == scores.dtype:
+        return scores.add_(block_mask)
+    return scores + block_mask
+
+
+def _block_scores(query: Tensor, key_t: Tensor, start: int, stop: int, limit: int, scaling: float,
+                  softcap: float | None, position_bias: Tensor | None) -> Tensor:
+    """Scaled (and soft-capped, biased) scores of queries start..stop against the first `limit` keys."""
+    batch, n_heads, _, head_dim = query.shape
+    n_kv_heads, size = key_t.shape[1], stop - start
+    # (b, hk, repeat * size, d): the query heads sharing a key/value head, one after the other
+    q = query[:, :, start:stop].reshape(batch, n_kv_heads, n_heads // n_kv_heads * size, head_dim) * scaling
+    scores = torch.matmul(q, key_t[..., :limit]).view(batch, n_heads, size, limit)  # (b, hq, size, limit)
+    del q
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if position_bias is not None:
+        bias = position_bias[..., start:stop, :limit] if position_bias.shape[-2] > 1 else position_bias[..., :limit]
+        scores = scores + bias
+    return scores
+
+
+def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
+    """float32 softmax over the keys; learned sink logits (gpt-oss) join as one extra column, dropped after."""
+    if sinks is None:
+        return F.softmax(scores, dim=-1, dtype=torch.float32)
+    batch, _, size, _ = scores.shape
+    sink_column = sinks.reshape(1, -1, 1, 1).expand(batch, -1, size, 1).to(scores.dtype)  # (b, hq, size, 1)
+    combined = torch.cat([scores, sink_column], dim=-1)
+    del scores
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return F.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1]
+
+
+def _hand_out(on_block: OnBlock, start: int, weights: Tensor, n_keys: int) -> None:
+    """Give the block's weights over all keys: a truncated block's later keys as zeros."""
+    limit = weights.shape[-1]
+    if limit == n_keys:
+        on_block(start, weights)
+        return
+    batch, n_heads, size, _ = weights.shape
+    full = weights.new_empty(batch, n_heads, size, n_keys)  # (b, hq, size, kv)
+    full[..., :limit] = weights
+    full[..., limit:] = 0
+    on_block(start, full)
+
+
+def blocked_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    scaling: float | None,
+    mask: Tensor | None,
+    causal: bool,
+    on_block: OnBlock | None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
+    position_bias: Tensor | None = None,
+    dropout: float = 0.0,
+    query_block: int | None = None,
+) -> Tensor:
+    """Eager softmax attention, computed query block by query block.
+
+    query (b, hq, n, d), key/value (b, hk, kv, d) with hq a multiple of hk; mask broadcastable to (b, hq, n, kv),
+    boolean (True = attend) or additive float. Returns (b, hq, n, d). `on_block(start, weights)` sees the float32
+    weights of queries start .. start + block over all keys: the same numbers eager attention produces.
+
+    Cost-saving details that do not change the numbers: grouped-query heads are computed by folding the query
+    heads of one key/value head into the query axis (no repeated copies of keys and values); the scaling is applied
+    to the query block; and without a mask, causal attention computes only the keys up to the block's last query
+    (the later ones get weight 0, written as zeros into the block handed to `on_block`).
+    """
+    batch, n_heads, n_queries, head_dim = query.shape
+    n_kv_heads, n_keys = key.shape[1], key.shape[2]
+    scaling = head_dim**-0.5 if scaling is None else scaling
+    plan = _plan(query, key, mask, causal, query_block)
+    key_t = key.transpose(-1, -2)  # (b, hk, d, kv)
+    outputs = []
+    for start in range(0, n_queries, plan.block):
+        stop = min(start + plan.block, n_queries)
+        size = stop - start
+        limit = stop + plan.offset if plan.truncate else n_keys  # keys this block can attend to
+        scores = _block_scores(query, key_t, start, stop, limit, scaling, softcap, position_bias)
+        if mask is not None:
+            scores = _apply_mask(scores, mask, start, stop, n_keys)
+        elif plan.future is not None:  # causal: only the last `size` keys can lie after a query
+            scores[..., limit - size:].masked_fill_(plan.future[:size, :size], torch.finfo(scores.dtype).min)
+        weights = _softmax(scores, sinks)  # (b, hq, size, limit) float32
+        del scores
+        if on_block is not None:
+            _hand_out(on_block, start, weights, n_keys)
+        weights = weights.to(value.dtype)
+        if dropout > 0.0:
+            weights = F.dropout(weights, p=dropout, training=True)
+        # (b, hk, repeat * size, d) -> (b, hq, size, d)
+        out = torch.matmul(weights.reshape(batch, n_kv_heads, -1, limit), value[:, :, :limit])
+        outputs.append(out.view(batch, n_heads, size, head_dim))
+        del weights, out
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)

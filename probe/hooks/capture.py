@@ -1,0 +1,71 @@
+"""The public context manager, `attention_hooks`, in the spirit of baukit's nethook: it installs what it needs on
+entry and restores the model exactly on exit, also when the body raises or is interrupted; and the streaming
+forward that `capture_attention` and the pattern pages are built on."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from probe.hooks.custom import install_custom
+from probe.hooks.hf import install_hf, switch_implementation
+from probe.hooks.layers import AttentionLayer, attention_layers
+from probe.hooks.mha import install_mha
+from probe.hooks.restore import restoring
+from probe.hooks.run import run_model
+from probe.hooks.types import HeadsEdit, LayerHooks, Undo, WeightsHook
+
+INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
+    "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
+}
+"""AttentionLayer.kind -> the function that hooks one layer of that kind, appending its undo steps."""
+
+
+@contextmanager
+def attention_hooks(
+    model: nn.Module,
+    on_weights: WeightsHook | None = None,
+    edit_heads: HeadsEdit | None = None,
+    layers: set[int] | None = None,
+    query_block: int | None = None,
+) -> Iterator[list[AttentionLayer]]:
+    """Hook every attention layer (or those in `layers`) for the body of the `with`.
+
+    `on_weights(layer, start, weights)` receives each layer's attention weights, (batch, query_heads, block,
+    keys) in float32, in query blocks. `edit_heads(layer, heads)` may replace each layer's head outputs
+    (batch, queries, heads, head_dim) before the output projection. On exit the model is exactly as before.
+    """
+    found = attention_layers(model)
+    chosen = [layer for layer in found if layers is None or layer.index in layers]
+    with restoring() as undo:
+        if any(layer.kind == "hf" for layer in chosen):
+            switch_implementation(model, undo)
+        for layer in chosen:
+            INSTALLERS[layer.kind](layer.module, LayerHooks(layer.index, on_weights, edit_heads, query_block), undo)
+        yield found
+
+
+def stream_attention(model: nn.Module, input_ids: Tensor, on_weights: WeightsHook, *,
+                     attention_mask: Tensor | None = None, layers: set[int] | None = None,
+                     query_block: int | None = None) -> None:
+    """One forward that only reads attention: each layer's weights go to `on_weights` one query block at a time."""
+    with torch.no_grad(), attention_hooks(model, on_weights=on_weights, layers=layers, query_block=query_block):
+        run_model(model, input_ids, attention_mask, logits=False)
+
+
+def capture_attention(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
+                      layers: set[int] | None = None, query_block: int | None = None) -> dict[int, Tensor]:
+    """Run one forward and return full attention patterns {layer: (batch, query_heads, q, k)} in float32.
+
+    Keeps everything it is asked for: meant for heatmaps and tests, not for scoring long inputs.
+    """
+    blocks: dict[int, list[Tensor]] = {}
+
+    def keep(layer: int, start: int, weights: Tensor) -> None:
+        blocks.setdefault(layer, []).append(weights.detach().cpu())
+
+    stream_attention(model, input_ids, keep, attention_mask=attention_mask, layers=layers, query_block=query_block)
+    return {layer: torch.cat(parts, dim=2) for layer, parts in sorted(blocks.items())}

@@ -1,0 +1,68 @@
+"""Hand-written attention modules in the textbook style: `num_heads`, an output projection `W_o` / `out_proj` /
+`o_proj`, and a forward returning `(output, attention_weights)`. Weights are read from the returned tuple; head
+outputs are edited at the input of the output projection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from probe.errors import ProbeError
+from probe.hooks.types import LayerHooks, Undo
+
+OUTPUT_PROJECTIONS = ("W_o", "out_proj", "o_proj")
+
+
+def _output_projection(module: nn.Module) -> nn.Module | None:
+    for name in OUTPUT_PROJECTIONS:
+        projection = getattr(module, name, None)
+        if isinstance(projection, nn.Module):
+            return projection
+    return None
+
+
+def is_custom_attention(module: nn.Module) -> bool:
+    """A candidate textbook attention module (discovery then checks that it returns per-head weights)."""
+    return (
+        not isinstance(module, nn.MultiheadAttention)
+        and isinstance(getattr(module, "num_heads", None), int)
+        and any(hasattr(module, name) for name in OUTPUT_PROJECTIONS)
+    )
+
+
+def returns_head_weights(module: nn.Module, output: Any) -> bool:
+    """Whether a forward's output is (output, weights (b, num_heads, n, kv))."""
+    return (isinstance(output, (tuple, list)) and len(output) >= 2 and isinstance(output[1], Tensor)
+            and output[1].dim() == 4 and output[1].shape[1] == module.num_heads)
+
+
+def _read_weights(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
+    def read_weights(_module: nn.Module, _inputs: Any, output: Any) -> None:
+        hooks.on_weights(hooks.layer, 0, output[1].float())  # type: ignore[misc]
+
+    undo.append(module.register_forward_hook(read_weights).remove)
+
+
+def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
+    projection = _output_projection(module)
+    if projection is None:
+        raise ProbeError(f"cannot edit the heads of {type(module).__name__}: its output projection "
+                         f"({'/'.join(OUTPUT_PROJECTIONS)}) is not an nn.Module")
+    heads = module.num_heads
+
+    def edit_input(_module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+        merged = args[0]  # (b, n, heads * head_dim)
+        split = merged.reshape(*merged.shape[:-1], heads, merged.shape[-1] // heads)  # (b, n, heads, head_dim)
+        edited = hooks.edit_heads(hooks.layer, split)  # type: ignore[misc]
+        return (edited.reshape(merged.shape), *args[1:])
+
+    undo.append(projection.register_forward_pre_hook(edit_input).remove)
+
+
+def install_custom(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
+    """PyTorch hooks on the module (weights) and its output projection (edits); `undo` gets their removal."""
+    if hooks.on_weights is not None:
+        _read_weights(module, hooks, undo)
+    if hooks.edit_heads is not None:
+        _edit_heads(module, hooks, undo)

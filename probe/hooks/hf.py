@@ -1,0 +1,137 @@
+"""Hugging Face models whose attention goes through transformers' attention interface (Llama, Gemma, Qwen, Mistral,
+GPT-2, BERT, ...).
+
+probe registers its own attention implementation, `probe_sdpa` or `probe_eager` (named after the mask format it
+keeps), and switches the model's configs to it while hooked. Layers that nobody reads run the model's original
+implementation; layers that are read compute eager attention in query blocks (`blocked_attention`) and hand each
+block of weights, per query head (grouped- and multi-query attention repeated to query heads), to the caller.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from typing import Any
+
+from torch import Tensor, nn
+
+from probe.hooks.blocked import OnBlock, blocked_attention
+from probe.hooks.restore import restoring
+from probe.hooks.types import LayerHooks, Undo
+
+_HF_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, LayerHooks]" = weakref.WeakKeyDictionary()
+_HF_RECORDER: list[list[tuple[nn.Module, int, int, int]]] = []  # discovery runs append here
+_ORIGINAL_IMPLEMENTATION = {"probe_sdpa": "sdpa", "probe_eager": "eager"}
+_REGISTERED: list[bool] = []  # one True once registered
+
+
+def is_hf_model(model: nn.Module) -> bool:
+    """Whether the model has a transformers config whose attention implementation probe can switch."""
+    config = getattr(model, "config", None)
+    return config is not None and hasattr(config, "_attn_implementation_internal")
+
+
+def _original_function(name: str, module: nn.Module) -> Callable[..., tuple[Tensor, Any]]:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if name == "eager":  # each modeling file has its own eager function; use the model's own
+        own = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        if own is not None:
+            return own
+        return _hf_weights_attention
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _hf_weights_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                          dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                          on_block: OnBlock | None = None, query_block: int | None = None,
+                          **kwargs: Any) -> tuple[Tensor, None]:
+    """transformers' attention signature, computed by blocked_attention: query (b, hq, n, d) -> (b, n, hq, d)."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    output = blocked_attention(
+        query, key, value, scaling=scaling, mask=attention_mask, causal=bool(causal) and attention_mask is None,
+        on_block=on_block, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"),
+        position_bias=kwargs.get("position_bias"), dropout=dropout if module.training else 0.0,
+        query_block=query_block,
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
+    original_name = _ORIGINAL_IMPLEMENTATION[name]
+
+    def probe_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                        attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
+        for recording in _HF_RECORDER:
+            recording.append((module, query.shape[1], key.shape[1], query.shape[-1]))
+        hooks = _HF_ACTIVE.get(module)
+        if hooks is not None and hooks.on_weights is not None:
+            layer, on_weights = hooks.layer, hooks.on_weights
+            output, _ = _hf_weights_attention(module, query, key, value, attention_mask,
+                                              on_block=lambda start, weights: on_weights(layer, start, weights),
+                                              query_block=hooks.query_block, **kwargs)
+        else:
+            output, _ = _original_function(original_name, module)(module, query, key, value, attention_mask, **kwargs)
+        if hooks is not None and hooks.edit_heads is not None:
+            output = hooks.edit_heads(hooks.layer, output)  # (b, n, hq, d)
+        return output, None
+
+    return probe_attention
+
+
+def _register_hf() -> None:
+    if _REGISTERED:
+        return
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    for name, original in _ORIGINAL_IMPLEMENTATION.items():
+        AttentionInterface.register(name, _make_hf_implementation(name))
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+    _REGISTERED.append(True)
+
+
+def _configs(model: nn.Module) -> list[Any]:
+    """Every distinct config object in the model (composite models have one per sub-model)."""
+    seen: dict[int, Any] = {}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            seen.setdefault(id(config), config)
+    return list(seen.values())
+
+
+def switch_implementation(model: nn.Module, undo: list[Undo]) -> None:
+    """Switch every config of the model to probe's implementation; `undo` gets the steps that switch back."""
+    _register_hf()
+    for config in _configs(model):
+        implementation = config._attn_implementation_internal
+        undo.append(partial(setattr, config, "_attn_implementation_internal", implementation))
+        if not (isinstance(implementation, str) and implementation.startswith("probe_")):
+            keep = "eager" if implementation == "eager" else "sdpa"  # flash/flex/kernels: sdpa reads the same
+            config._attn_implementation_internal = f"probe_{keep}"
+
+
+def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
+    """Have probe's implementation read (and edit) this attention module; the switch itself is the caller's."""
+    undo.append(partial(_HF_ACTIVE.pop, module, None))
+    _HF_ACTIVE[module] = hooks
+
+
+def _forget(recording: list[tuple[nn.Module, int, int, int]]) -> None:
+    _HF_RECORDER[:] = [other for other in _HF_RECORDER if other is not recording]
+
+
+@contextmanager
+def recording_layers(model: nn.Module) -> Iterator[list[tuple[nn.Module, int, int, int]]]:
+    """For the body, probe's implementation runs the model and records (module, query heads, key/value heads,
+    head_dim) of every attention call, in call order."""
+    recording: list[tuple[nn.Module, int, int, int]] = []
+    with restoring() as undo:
+        undo.append(partial(_forget, recording))
+        _HF_RECORDER.append(recording)
+        switch_implementation(model, undo)
+        yield recording

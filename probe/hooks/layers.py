@@ -1,0 +1,88 @@
+"""Discovery: a model's attention layers in the order it calls them, found once by a forward on two tokens."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from probe.errors import ProbeError
+from probe.hooks.custom import is_custom_attention, returns_head_weights
+from probe.hooks.hf import is_hf_model, recording_layers
+from probe.hooks.restore import restoring
+from probe.hooks.run import run_model
+
+
+@dataclass(frozen=True)
+class AttentionLayer:
+    """One attention layer, numbered in the order the model calls it."""
+
+    index: int
+    module: nn.Module
+    kind: str  # "hf", "mha" or "custom"
+    n_heads: int  # query heads
+    n_kv_heads: int
+    head_dim: int
+
+
+_LAYERS: "weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]]" = weakref.WeakKeyDictionary()
+_TWO_TOKENS = (1, 2)
+
+
+def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, Any]]:
+    """Each module's first call, in call order (a module called twice is one layer)."""
+    seen: set[int] = set()
+    first = []
+    for module, detail in calls:
+        if id(module) not in seen:
+            seen.add(id(module))
+            first.append((module, detail))
+    return first
+
+
+def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
+    try:
+        with torch.no_grad(), recording_layers(model) as recording:
+            run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
+    except Exception as error:
+        raise ProbeError(f"the model's forward failed on a two-token input: {type(error).__name__}: {error}") from error
+    calls = [(module, shape) for module, *shape in recording]
+    return [AttentionLayer(index, module, "hf", *shape) for index, (module, shape) in enumerate(_first_calls(calls))]
+
+
+def _module_layers(model: nn.Module) -> list[AttentionLayer]:
+    """nn.MultiheadAttention and textbook modules that return (output, weights (b, num_heads, n, kv))."""
+    candidates = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention) or is_custom_attention(m)]
+    calls: list[tuple[nn.Module, Any]] = []
+    try:
+        with torch.no_grad(), restoring() as undo:
+            for candidate in candidates:
+                undo.append(candidate.register_forward_hook(lambda mod, _i, out: calls.append((mod, out))).remove)
+            run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
+    except Exception as error:
+        raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
+    layers: list[AttentionLayer] = []
+    for module, output in _first_calls(calls):
+        heads = module.num_heads
+        if isinstance(module, nn.MultiheadAttention):
+            layers.append(AttentionLayer(len(layers), module, "mha", heads, heads, module.embed_dim // heads))
+        elif returns_head_weights(module, output):
+            head_dim = output[0].shape[-1] // heads if isinstance(output[0], torch.Tensor) else 0
+            layers.append(AttentionLayer(len(layers), module, "custom", heads, heads, head_dim))
+    return layers
+
+
+def attention_layers(model: nn.Module) -> list[AttentionLayer]:
+    """The model's attention layers in call order, found once by a forward pass on two tokens and remembered."""
+    if model in _LAYERS:
+        return _LAYERS[model]
+    layers = _hf_layers(model) if is_hf_model(model) else _module_layers(model)
+    if not layers:
+        raise ProbeError(f"no attention layers found in {type(model).__name__}: probe reads Hugging Face models "
+                         "that use transformers' attention interface, nn.MultiheadAttention, and modules with "
+                         "num_heads and W_o/out_proj/o_proj that return (output, attention_weights)")
+    _LAYERS[model] = layers
+    return layers

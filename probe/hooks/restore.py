@@ -1,0 +1,78 @@
+"""Clean-up that a second Ctrl-C cannot cut short.
+
+Every hook installer records an idempotent undo step before it changes the model. `restoring()` runs all of them
+on exit with SIGINT deferred (main thread), each on its own: a step that raises does not stop the others, and a
+step cut short by KeyboardInterrupt is run again, so the model is whole before the interrupt goes on.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from probe.hooks.types import Undo
+
+ATTEMPTS = 3  # tries of a step that keeps being interrupted; steps are idempotent
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT for the body; an interrupt that arrived is delivered (as the previous handler would) after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def remember(signum: int, _frame: FrameType | None) -> None:
+        received.append(signum)
+
+    try:
+        previous: Any = signal.signal(signal.SIGINT, remember)
+    except (ValueError, OSError):  # no signals here (an embedded interpreter): nothing to defer
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            _deliver(previous)
+
+
+def _deliver(previous: Any) -> None:
+    if callable(previous):
+        previous(signal.SIGINT, None)
+    elif previous != signal.SIG_IGN:
+        raise KeyboardInterrupt
+
+
+def restore(steps: Iterable[Undo]) -> None:
+    """Run every step, even when some raise; then raise the first error (an interrupt first of all)."""
+    errors: list[BaseException] = []
+    with interrupts_deferred():
+        for step in steps:
+            for _ in range(ATTEMPTS):
+                try:
+                    step()
+                    break
+                except KeyboardInterrupt as interrupt:  # an interrupted step may be half done: run it again
+                    errors.insert(0, interrupt)
+                except Exception as error:
+                    errors.append(error)
+                    break
+    if errors:
+        raise errors[0]
+
+
+@contextmanager
+def restoring() -> Iterator[list[Undo]]:
+    """A list to append undo steps to; on exit they run in reverse order, whatever happened in the body."""
+    steps: list[Undo] = []
+    try:
+        yield steps
+    finally:
+        restore(reversed(steps))

@@ -1,0 +1,25 @@
+"""What the hook modules share: the callbacks a caller passes, and what one hooked layer is told."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import Tensor
+
+WeightsHook = Callable[[int, int, Tensor], None]
+"""(layer, first query index of the block, weights (batch, query_heads, block, keys)) -> None."""
+HeadsEdit = Callable[[int, Tensor], Tensor]
+"""(layer, head outputs (batch, queries, heads, head_dim), before the output projection) -> replacement."""
+Undo = Callable[[], None]
+"""One restoration step; steps are idempotent, so that an interrupted one can be run again."""
+
+
+@dataclass
+class LayerHooks:
+    """What one hooked layer does besides its own computation."""
+
+    layer: int
+    on_weights: WeightsHook | None
+    edit_heads: HeadsEdit | None
+    query_block: int | None

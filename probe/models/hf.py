@@ -1,0 +1,100 @@
+"""Hugging Face folders and hub ids: the model class that fits the architecture, its tokenizer, and never a line of
+the folder's own Python code unless the caller trusts it (`trust_remote_code`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from probe.errors import ProbeError
+from probe.models.placement import check_device_map
+
+
+def is_encoder_config(config: Any) -> bool:
+    """A bidirectional encoder: a masked-LM architecture not configured as a decoder."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    return config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+
+
+def _needs_remote_code(error: Exception) -> bool:
+    return isinstance(error, ValueError) and "trust_remote_code=True" in str(error)
+
+
+@contextmanager
+def remote_code_refused(source: str) -> Iterator[None]:
+    """transformers' refusal to run a model's own code, as one ProbeError saying how to allow it."""
+    try:
+        yield
+    except ValueError as error:
+        if not _needs_remote_code(error):
+            raise
+        raise ProbeError(f"{source} needs its own Python code to load (auto_map in its config), which probe does not "
+                         "run unless told: pass trust_remote_code=True, and only if you trust where the model comes "
+                         "from", parameter="trust_remote_code") from error
+
+
+def _check_placement(config: Any, device_map: dict[str, int | str], trust_remote_code: bool) -> None:
+    """A dict device map checked against an empty (meta) skeleton, so that a typo fails before a weight is read."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    with init_empty_weights():  # the same class as loaded below, so that the module names are the same
+        try:
+            if is_encoder_config(config):
+                raise ValueError("an encoder loads with AutoModel")
+            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        except ValueError as error:
+            if _needs_remote_code(error):
+                raise
+            skeleton = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+    check_device_map(device_map, (name for name, _ in skeleton.named_modules()),
+                     (name for name, _ in skeleton.named_parameters()))
+
+
+def _model_classes(config: Any) -> list[Any]:
+    """The Auto classes to try in order: the causal LM first, except for encoders (BERT & co. have a *ForCausalLM
+    class, but only as a decoder), then the bare model."""
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    return [AutoModel] if is_encoder_config(config) else [AutoModelForCausalLM, AutoModel]
+
+
+def from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] | None = None, *,
+                    trust_remote_code: bool = False, **kwargs: Any) -> nn.Module:
+    """AutoModelForCausalLM where the architecture has an LM head, else AutoModel (encoders such as BERT).
+
+    `placement` holds device_map / offload_folder / max_memory for from_pretrained.
+    """
+    from transformers import AutoConfig
+
+    with remote_code_refused(source):
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+        placement = {key: value for key, value in (placement or {}).items() if value is not None}
+        if isinstance(placement.get("device_map"), dict):
+            _check_placement(config, placement["device_map"], trust_remote_code)
+        *first, last = _model_classes(config)
+        for auto in first:
+            try:
+                return auto.from_pretrained(source, config=config, dtype=dtype, trust_remote_code=trust_remote_code,
+                                            **kwargs, **placement)
+            except ValueError as error:
+                if "Unrecognized configuration class" not in str(error):
+                    raise
+        return last.from_pretrained(source, config=config, dtype=dtype, trust_remote_code=trust_remote_code,
+                                    **kwargs, **placement)
+
+
+def load_tokenizer(source: str, *, trust_remote_code: bool = False, **kwargs: Any) -> Any | None:
+    """The folder's tokenizer, or None where it has none that loads; its own code only when trusted."""
+    from transformers import AutoTokenizer
+
+    try:
+        with remote_code_refused(source):
+            return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None

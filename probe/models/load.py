@@ -1,0 +1,179 @@
+"""Turn a model spec into a loaded model: an alias, a Hugging Face folder or hub id, a `.gguf` file, or
+`FILE.py:FUNCTION` for a custom PyTorch model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from probe.errors import ProbeError
+from probe.hooks.outputs import logits_of
+from probe.models.aliases import ALIASES, DEFAULT_MODEL, alias_path
+from probe.models.custom import is_custom_spec, load_custom, missing_function
+from probe.models.gguf import load_gguf
+from probe.models.hf import from_pretrained, load_tokenizer
+from probe.models.placement import DeviceMap, dispatch_custom, input_device, parse_device_map
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to probe. `tokenizer` is None for a custom model that came without one."""
+
+    model: nn.Module
+    tokenizer: Any | None
+    name: str
+    vocab_size: int
+
+
+def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
+    if dtype is None:
+        return torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ProbeError(f"unknown dtype {dtype!r}: use one of float32, float16, bfloat16", parameter="dtype")
+    return DTYPES[dtype]
+
+
+def _check_device(device: str | None) -> None:
+    """A device torch knows and this machine has: one line instead of torch's AssertionError without CUDA."""
+    if device is None:
+        return
+    try:
+        parsed = torch.device(device)
+    except RuntimeError as error:
+        raise ProbeError(f"device {device!r} is not a device: use cpu, cuda or cuda:N", parameter="device") from error
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise ProbeError(f"device {device!r} asks for a GPU, but no CUDA GPU is available here: use device='cpu'",
+                         parameter="device")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise ProbeError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered "
+                         "from 0", parameter="device")
+
+
+def _placement(device: str | None, device_map: DeviceMap | None, offload_folder: str | Path | None,
+               max_memory: dict[int | str, int | str] | None) -> dict[str, Any] | None:
+    """from_pretrained's device_map / offload_folder / max_memory, checked; None without a device map."""
+    parsed_map = parse_device_map(device_map)
+    if parsed_map is not None and device is not None:
+        raise ProbeError("give device or device_map, not both: a device map already says where each module goes",
+                         parameter="device")
+    if max_memory is not None and parsed_map is None:
+        raise ProbeError("max_memory only applies with a device map strategy such as 'auto'", parameter="max_memory")
+    if offload_folder is not None:
+        try:
+            Path(offload_folder).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ProbeError(f"cannot create the offload_folder {offload_folder}: {error.strerror}",
+                             parameter="offload_folder") from error
+    return None if parsed_map is None else {
+        "device_map": parsed_map, "offload_folder": None if offload_folder is None else str(offload_folder),
+        "max_memory": max_memory}
+
+
+def _load_custom(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None) -> tuple[nn.Module, Any]:
+    model, tokenizer = load_custom(spec)
+    model = model.to(dtype)
+    if placement is not None:
+        model = dispatch_custom(model, placement["device_map"], placement["offload_folder"], placement["max_memory"])
+    return model, tokenizer
+
+
+def _load_folder(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
+                 trust_remote_code: bool) -> tuple[nn.Module, Any]:
+    if spec.endswith(".py"):
+        raise missing_function(spec)
+    if not (Path(spec) / "config.json").is_file():
+        raise ProbeError(f"{spec} is not a Hugging Face model folder (no config.json); "
+                         f"known aliases: {', '.join(ALIASES)}", parameter="spec")
+    return (from_pretrained(spec, dtype, placement, trust_remote_code=trust_remote_code),
+            load_tokenizer(spec, trust_remote_code=trust_remote_code))
+
+
+def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
+              trust_remote_code: bool) -> tuple[nn.Module, Any]:
+    """The loader that `spec` names, by its form."""
+    if spec in ALIASES:
+        path = alias_path(ALIASES[spec])
+        if path is None:
+            raise ProbeError(f"model '{spec}' is not installed: {ALIASES[spec].install}", parameter="spec")
+        return load_gguf(path, dtype, placement)
+    if is_custom_spec(spec):
+        return _load_custom(spec, dtype, placement)
+    if spec.endswith(".gguf"):
+        if not Path(spec).is_file():
+            raise ProbeError(f"GGUF file not found: {spec}", parameter="spec")
+        return load_gguf(Path(spec), dtype, placement)
+    if Path(spec).exists():
+        return _load_folder(spec, dtype, placement, trust_remote_code)
+    if spec.count("/") == 1 and not spec.startswith((".", "/")) and not spec.endswith(".py"):
+        return (from_pretrained(spec, dtype, placement, trust_remote_code=trust_remote_code),
+                load_tokenizer(spec, trust_remote_code=trust_remote_code))
+    if "/" in spec or spec.startswith(".") or spec.endswith(".py"):
+        raise ProbeError(f"model path not found: {spec}", parameter="spec")
+    raise ProbeError(f"unknown model {spec!r}: use an alias ({', '.join(ALIASES)}), a model folder, "
+                     "a .gguf file, a hub id like org/name, or FILE.py:FUNCTION", parameter="spec")
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    for owner in (model, getattr(model, "config", None)):
+        size = getattr(owner, "vocab_size", None)
+        if isinstance(size, int) and size > 0:
+            return size
+    embeddings = getattr(model, "get_input_embeddings", None)
+    if callable(embeddings):
+        try:
+            return embeddings().num_embeddings
+        except (AttributeError, NotImplementedError):
+            return None
+    return None
+
+
+def _infer_vocab_size(model: nn.Module) -> int:
+    """A custom model without `vocab_size`: the logits' last dimension on a two-token input."""
+    try:
+        with torch.no_grad():
+            return int(logits_of(model(torch.zeros(1, 2, dtype=torch.long, device=input_device(model)))).shape[-1])
+    except Exception as error:
+        raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
+
+
+def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = None,
+               device: str | None = None, device_map: DeviceMap | None = None,
+               offload_folder: str | Path | None = None, max_memory: dict[int | str, int | str] | None = None,
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Load what `spec` names, in eval mode; raise ProbeError with one readable line when it cannot.
+
+    `device_map` ("auto", "balanced", "sequential", or {module: GPU index | "cpu" | "disk"}, or that as JSON) spreads
+    a model that does not fit on one device over several, through accelerate; "disk" modules are read from
+    `offload_folder` (safetensors checkpoints are memory-mapped in place). `max_memory` caps each device for the
+    strategies, e.g. {0: "20GiB", "cpu": "60GiB"}. A folder's or hub model's own Python code (auto_map) runs only
+    with `trust_remote_code=True`; a `FILE.py:FUNCTION` spec always imports and runs that file.
+    """
+    torch_dtype = _parse_dtype(dtype)
+    _check_device(device)
+    placement = _placement(device, device_map, offload_folder, max_memory)
+    try:
+        model, tokenizer = _dispatch(spec, torch_dtype, placement, trust_remote_code)
+    except ProbeError:
+        raise
+    except OSError as error:
+        raise ProbeError(f"cannot load model {spec!r}: {_first_line(error) or type(error).__name__}") from error
+    except Exception as error:
+        raise ProbeError(f"cannot load model {spec!r}: {type(error).__name__}: {_first_line(error)}") from error
+    if device is not None:
+        model = model.to(device)
+    model.eval()
+    vocab_size = _vocab_size(model) or _infer_vocab_size(model)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=spec, vocab_size=vocab_size)
