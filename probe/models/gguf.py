@@ -30,15 +30,28 @@ def _cache_dir(gguf: Path) -> Path:
     return cache_root() / "gguf" / f"{gguf.stem}-{key}"
 
 
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else ""
+
+
 def _damaged(gguf: Path, reason: str) -> ProbeError:
     return ProbeError(f"cannot load model {str(gguf)!r}: the file is damaged or not a GGUF file ({reason}); "
                       "download it again, or reinstall the package that ships it")
 
 
 def _check_file(gguf: Path) -> None:
+    """Read the header and tensor table (memory-mapped, cheap): a cut or foreign file fails here, in one line."""
+    from gguf import GGUFReader
+
     with gguf.open("rb") as file:
         if file.read(4) != GGUF_MAGIC:
             raise _damaged(gguf, "it does not start with the GGUF signature")
+    try:
+        GGUFReader(str(gguf))
+    except (struct.error, EOFError):
+        raise _damaged(gguf, "it ends early") from None
+    except (ValueError, IndexError, KeyError, OSError) as error:
+        raise _damaged(gguf, _first_line(error) or type(error).__name__) from error
 
 
 def _dequantise(gguf: Path) -> tuple[nn.Module, Any]:
@@ -48,10 +61,7 @@ def _dequantise(gguf: Path) -> tuple[nn.Module, Any]:
             raise ProbeError(f"loading a .gguf file needs the '{package}' package: pip install {package}")
     _check_file(gguf)
     folder, name = str(gguf.parent), gguf.name
-    try:
-        model = from_pretrained(folder, torch.float32, gguf_file=name)
-    except (struct.error, EOFError, ValueError, IndexError, KeyError, OSError, MemoryError) as error:
-        raise _damaged(gguf, f"{type(error).__name__}: {str(error).strip()[:120]}") from error
+    model = from_pretrained(folder, torch.float32, gguf_file=name)
     tokenizer = load_tokenizer(folder, gguf_file=name)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the cached weights are plain floats
