@@ -409,13 +409,13 @@ def read_text(path: str | Path) -> str:
     """A UTF-8 text file, with one clear error when it is missing, binary or empty."""
     path = Path(path)
     if not path.is_file():
-        raise ProbeError(f"text file not found: {path}")
+        raise ProbeError(f"text file not found: {path}", parameter="file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ProbeError(f"{path} is not UTF-8 text: {error.reason}") from error
+        raise ProbeError(f"{path} is not UTF-8 text: {error.reason}", parameter="file") from error
     if not text:
-        raise ProbeError(f"{path} is empty")
+        raise ProbeError(f"{path} is empty", parameter="file")
     return text
 
 

@@ -180,7 +180,8 @@ def test_a_folder_s_own_code_never_runs_without_trust(tmp_path: Path, monkeypatc
     folder.mkdir()
     (folder / "evil.py").write_text(EVIL)
     (folder / "config.json").write_text(json.dumps({
-        "model_type": "probe_evil", "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}}))
+        "model_type": "probe_evil",
+        "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.Evil"}}))
 
     def no_prompt(*args, **kwargs):
         raise AssertionError("asked the user whether to run the folder's code")
@@ -223,3 +224,25 @@ def test_non_finite_thresholds_are_refused(value: float) -> None:
     with pytest.raises(ProbeError, match="threshold of induction must be a finite number") as raised:
         classify(tiny_loaded("llama_gqa"), seq_len=8, num_seqs=1, repeat_len=4, thresholds={"induction": value})
     assert raised.value.parameter == "thresholds"
+
+
+def test_a_new_head_class_is_one_function_and_one_registry_entry() -> None:
+    """Self-attending heads, A[i, i]: the reduce function and the registry entry are all a new class needs."""
+    from probe.errors import ProbeError
+    from probe.heads.scores import SCORES, Score, _relative_mass, register_score
+
+    def self_score(weights, start, batch):
+        return _relative_mass(weights, start, batch, 0)
+
+    entry = Score("self", "natural", 0.5, "attends to the current token", self_score, "C")
+    register_score(entry)
+    try:
+        with pytest.raises(ProbeError, match="exists already"):
+            register_score(entry)
+        loaded = load_model(f"{TESTS / 'planted.py'}:planted_textbook")
+        result = classify(loaded, scores=["self", "previous_token"])
+        assert result.scores["self"].shape == (2, 4) and result.scores["self"][0, 0] < 0.01  # a previous-token head
+        assert result.to_dict()["classes"]["self"]["letter"] == "C"
+        assert set(result.probe_sets) == {"natural"}
+    finally:
+        del SCORES["self"]

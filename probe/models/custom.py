@@ -40,7 +40,8 @@ def _checked(spec: str, result: Any) -> tuple[nn.Module, Any | None]:
     tokenizer = None
     if isinstance(result, tuple):
         if len(result) != 2:
-            raise ProbeError(f"{spec}() must return an nn.Module or (nn.Module, tokenizer), got a tuple of {len(result)}")
+            raise ProbeError(f"{spec}() must return an nn.Module or (nn.Module, tokenizer), got a tuple of "
+                             f"{len(result)}")
         result, tokenizer = result
     if not isinstance(result, nn.Module):
         raise ProbeError(f"{spec}() must return an nn.Module or (nn.Module, tokenizer), got {type(result).__name__}")

@@ -66,7 +66,8 @@ def parse_device_map(value: DeviceMap | None) -> DeviceMap | None:
             try:
                 torch.device(device)
             except RuntimeError as error:
-                raise ProbeError(f"device_map: {device!r} (for {name!r}) is not a device", parameter="device_map") from error
+                raise ProbeError(f"device_map: {device!r} (for {name!r}) is not a device",
+                                 parameter="device_map") from error
         checked[str(name)] = device
     return checked
 
