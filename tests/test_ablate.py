@@ -578,3 +578,33 @@ def test_cli_empty_and_too_short_data_files(tmp_path: Path, capsys, monkeypatch,
     monkeypatch.setattr("cli.ablate.load", lambda *args, **kwargs: smollm2)
     code, _, stderr = run_cli(["ablate", "--data", str(short), "--seq-len", "4"], capsys, monkeypatch)
     assert code == 2 and "fewer than one chunk" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pinned before the ablation code was split into probe/ablation/ (numbers must not move)
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "gpt2", "planted_textbook"])
+def test_exact_sweep_equals_naive_loop_for_per_position_means(kind: str) -> None:
+    loaded = planted_loaded() if kind.startswith("planted") else tiny_loaded(kind)
+    probe_set = small_set(loaded, seqs=5)
+    means = head_means(loaded, probe_set, per_position=True, batch_size=2)
+    naive = sweep(loaded, probe_set, method="mean", means=means, mode="naive", batch_size=2)
+    exact = sweep(loaded, probe_set, method="mean", means=means, mode="exact", batch_size=2, stack=3)
+    assert naive.path.startswith("naive") and exact.path.startswith("exact")
+    assert exact.baseline_loss == naive.baseline_loss
+    for a, b in zip(exact.results, naive.results):
+        assert a.heads == b.heads and a.loss == pytest.approx(b.loss, abs=1e-4)
+
+
+def test_estimate_numbers_are_pinned() -> None:
+    """Computed with the single-module code before the split; every estimate term and the refined head's exact
+    delta must come out the same."""
+    loaded = tiny_loaded("llama_gqa")
+    result = estimate(loaded, small_set(loaded, seqs=4), samples=2, budget=7.0, batch_size=3)
+    assert result.baseline_loss == pytest.approx(4.746606048415689, rel=1e-9)
+    assert result.forwards == pytest.approx(6.844043887147334, rel=1e-12)
+    pinned = {(0, 0): (0.006051471, False), (0, 1): (-0.001606116, False), (0, 2): (0.000851676, False),
+              (0, 3): (-0.005064295, False), (1, 0): (0.012536015, False), (1, 1): (0.006185128, False),
+              (1, 2): (-0.008605187, False), (1, 3): (0.002768383, True)}
+    assert {r.heads[0]: (round(r.delta, 9), r.exact) for r in result.heads} == pinned
