@@ -210,15 +210,15 @@ def test_exact_sweep_loss_from_the_decoder_output(kind: str, monkeypatch: pytest
     """The exact sweep unembeds the decoder's output itself only where that gives the model's logits: Llama yes,
     Gemma 2 (logits soft-capped after the head, here at 0.5 so that the cap bends them) no; the losses equal the
     naive loop's either way."""
-    from probe import ablate as ablate_module
+    from probe.ablation import logits as ablate_module
 
     model = tiny_hf(kind)
     if kind == "gemma2":
         model.config.final_logit_softcapping = 0.5
     loaded = LoadedModel(model=model, tokenizer=None, name=f"tiny-{kind}", vocab_size=model.config.vocab_size)
     calls = []
-    original = ablate_module._head_cross_entropy
-    monkeypatch.setattr(ablate_module, "_head_cross_entropy", lambda *args: calls.append(1) or original(*args))
+    original = ablate_module.head_cross_entropy
+    monkeypatch.setattr(ablate_module, "head_cross_entropy", lambda *args: calls.append(1) or original(*args))
     probe_set = small_set(loaded, seqs=4)
     naive = sweep(loaded, probe_set, mode="naive")
     exact = sweep(loaded, probe_set, mode="exact")
@@ -483,8 +483,8 @@ def test_parse_heads() -> None:
     assert parse_heads("0.1,0.1", layers) == [(0, 1)]
     for spec, message in [("0.4", "head 4 .* out of range: the layer has 4 heads"),
                           ("2.0", "layer 2 .* out of range: the model has 2 layers"),
-                          ("a.b", "malformed head 'a.b'"), ("0.1,,1.2", "malformed --heads"),
-                          ("1.2.3", "malformed head"), ("", "malformed --heads"), ("1-0.0", "runs backwards")]:
+                          ("a.b", "malformed head 'a.b'"), ("0.1,,1.2", "malformed heads"),
+                          ("1.2.3", "malformed head"), ("", "malformed heads"), ("1-0.0", "runs backwards")]:
         with pytest.raises(ProbeError, match=message):
             parse_heads(spec, layers)
 
@@ -500,7 +500,7 @@ def test_bad_input_in_the_library() -> None:
         sweep(loaded, ProbeSet("natural", "one token", torch.tensor([[3]]), 1))
     with pytest.raises(ProbeError, match="unknown ablation method"):
         sweep(loaded, probe_set, method="half")
-    with pytest.raises(ProbeError, match="batch-size"):
+    with pytest.raises(ProbeError, match="batch_size"):
         sweep(loaded, probe_set, batch_size=0)
 
 
