@@ -608,3 +608,76 @@ def test_estimate_numbers_are_pinned() -> None:
               (0, 3): (-0.005064295, False), (1, 0): (0.012536015, False), (1, 1): (0.006185128, False),
               (1, 2): (-0.008605187, False), (1, 3): (0.002768383, True)}
     assert {r.heads[0]: (round(r.delta, 9), r.exact) for r in result.heads} == pinned
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 18: a malformed results file says so in one line; a second Ctrl-C during clean-up leaves nothing behind
+
+
+def test_a_malformed_results_entry_names_the_file_and_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    loaded = planted_loaded()
+    path = tmp_path / "r.jsonl"
+    sweep(loaded, small_set(loaded), [(0, 0), (1, 1)], results_path=path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], '{"loss": 1.0, "delta": 0.5}', lines[2]]) + "\n")
+    for call in (lambda: read_results(path), lambda: sweep(loaded, small_set(loaded), results_path=path, resume=True)):
+        with pytest.raises(ProbeError, match=r"r.jsonl line 2 is malformed: the ablation entry has no 'heads'; "
+                                             r"remove that line"):
+            call()
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, "--results", str(path), "--resume"], capsys,
+                              monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "line 2 is malformed" in stderr
+    assert "KeyError" not in stderr
+
+
+@pytest.mark.parametrize("when", [2, 8])  # the baseline's block capture; a stacked forward with blocks skipped
+def test_a_second_interrupt_during_clean_up_leaves_no_hook(when: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    from torch.utils.hooks import RemovableHandle
+
+    from probe.ablation import blocks
+
+    loaded = tiny_loaded("llama_gqa")
+    model = loaded.model
+    probe_set = small_set(loaded)
+    attention_layers(model)
+    before = fingerprint(model)
+    with torch.no_grad():
+        outputs = logits_of(run_model(model, probe_set.input_ids))
+    calls, cleanups = [0], [0]
+
+    def explode(_module, _args):
+        calls[0] += 1
+        if calls[0] == when:
+            raise KeyboardInterrupt  # the first Ctrl-C, inside a hooked forward
+
+    original_remove, original_override = RemovableHandle.remove, blocks._override
+
+    def second_interrupt() -> None:
+        cleanups[0] += 1
+        if cleanups[0] == 1:
+            signal.raise_signal(signal.SIGINT)  # the second one, landing inside the clean-up
+
+    def remove(self):
+        if self.id != handle.id:
+            second_interrupt()
+        original_remove(self)
+
+    def override(module, value):
+        restore = original_override(module, value)
+        return lambda: (second_interrupt(), restore())
+
+    handle = attention_layers(model)[1].module.register_forward_pre_hook(explode)
+    monkeypatch.setattr(RemovableHandle, "remove", remove)
+    monkeypatch.setattr(blocks, "_override", override)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep(loaded, probe_set, batch_size=2, stack=2)
+    finally:
+        monkeypatch.undo()
+        handle.remove()
+    assert cleanups[0] >= 1
+    assert fingerprint(model) == before
+    with torch.no_grad():
+        assert torch.equal(logits_of(run_model(model, probe_set.input_ids)), outputs)
