@@ -2,14 +2,13 @@
 
 probe uses the engine researchers already run: `torchrun --nproc-per-node N -m cli ablate ...` (or
 `torchrun --no-python probe ablate ...`, and multi-node torchrun). Every process loads the model on its own device
-(or its own group of GPUs with --device-map), computes the same unablated baseline, and runs a share of the
+(or its own group of GPUs, with a `device_map`), computes the same unablated baseline, and runs a share of the
 sweep's forward passes: the sweep is cut into exactly the chunks (stacked ablations of one layer) that one process
 would run, and the chunks are dealt out by cost, so every number comes from the same forward as in a
 single-process sweep and the merged result equals it exactly. Each process streams its finished ablations to its
-own shard file next to the results file, so a process that dies loses only the chunks it had not finished; a rerun
-with --resume reads every shard it can see, shares what it read with the other processes, and runs the rest.
-Rank 0 gathers the results (torch.distributed, no shared filesystem needed) and writes the one results file,
-JSON, CSV and HTML.
+own shard file next to the results file, so a process that dies loses only the chunks it had not finished; a resumed
+run (`resume=True`) reads every shard it can see, shares what it read with the other processes, and runs the rest.
+Rank 0 gathers the results (torch.distributed, no shared filesystem needed) and writes the one results file.
 """
 
 from __future__ import annotations
@@ -22,17 +21,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from probe.ablation import (AblationResult, Head, HeadResult, ablation_list, assign_chunks, distinct, read_results,
+                            sweep, write_stream)
+from probe.data import ProbeSet
 from probe.errors import ProbeError
-from probe.placement import DeviceMap, parse_device_map
+from probe.models import DeviceMap, LoadedModel, input_device, parse_device_map
 
-if TYPE_CHECKING:
-    from probe.ablate import AblationResult, Head, HeadResult
-    from probe.data import ProbeSet
-    from probe.models import LoadedModel
+__all__ = ["Rank", "assign_chunks", "current", "process_group", "rank_device", "rank_placement", "shard_path",
+           "shard_paths", "sharded_sweep"]
 
 TIMEOUT = timedelta(hours=float(os.environ.get("PROBE_DIST_TIMEOUT_HOURS", "168")))
 """How long a process waits for the others at the final gather: the slowest share of a long sweep can finish hours
@@ -76,12 +76,6 @@ def current() -> Rank | None:
     return Rank(rank, world, local_rank, local_world)
 
 
-def is_main_process() -> bool:
-    """True alone and on rank 0: the process that prints reports and progress and writes the outputs."""
-    rank = current()
-    return rank is None or rank.is_main
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # where each process puts its model
 
@@ -94,13 +88,13 @@ def _gpus_of(rank: Rank) -> list[int]:
     per = count // rank.local_world_size
     if per == 0:
         raise ProbeError(f"torchrun started {rank.local_world_size} processes on this machine, which has {count} "
-                         f"GPU{'s' if count > 1 else ''}: a model split with --device-map needs at least one GPU per "
-                         f"process (use --nproc-per-node {count} or fewer)")
+                         f"GPU{'s' if count > 1 else ''}: a model split with device_map needs at least one GPU per "
+                         f"process (use torchrun --nproc-per-node {count} or fewer)", parameter="device_map")
     return list(range(rank.local_rank * per, (rank.local_rank + 1) * per))
 
 
 def rank_device(rank: Rank | None, device: str | None) -> str | None:
-    """The device of this process's model: its own GPU (cuda:LOCAL_RANK) unless --device names one exactly."""
+    """The device of this process's model: its own GPU (cuda:LOCAL_RANK) unless `device` names one exactly."""
     if rank is None or not torch.cuda.is_available():
         return device
     count = torch.cuda.device_count()
@@ -137,38 +131,16 @@ def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_fold
         if isinstance(device, int) or (isinstance(device, str) and device.startswith("cuda")):
             index = device if isinstance(device, int) else int(device.partition(":")[2] or 0)
             if not gpus:
-                raise ProbeError(f"--device-map puts {name!r} on GPU {index}, but this machine has no GPU: "
-                                 "use cpu and disk")
+                raise ProbeError(f"device_map puts {name!r} on GPU {index}, but this machine has no GPU: "
+                                 "use cpu and disk", parameter="device_map")
             if index >= len(gpus):
-                raise ProbeError(f"--device-map puts {name!r} on GPU {index}, but under torchrun each of the "
+                raise ProbeError(f"device_map puts {name!r} on GPU {index}, but under torchrun each of the "
                                  f"{rank.local_world_size} processes on this machine has {len(gpus)} GPU(s), "
-                                 f"numbered 0-{len(gpus) - 1} within its group")
+                                 f"numbered 0-{len(gpus) - 1} within its group", parameter="device_map")
             remapped[name] = gpus[index]
         else:
             remapped[name] = device
     return remapped, folder, None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# dealing out the chunks
-
-
-def assign_chunks(costs: Sequence[float], world_size: int) -> list[int]:
-    """The rank of each chunk: largest first, each to the least-loaded rank (ties: lowest rank, earliest chunk).
-
-    Deterministic, so every process computes the same split without talking; chunks of early layers cost more
-    (more blocks run after the ablated one), and dealing them out by cost gives every rank heads across all layers
-    with loads within one chunk of each other.
-    """
-    if world_size < 1:
-        raise ProbeError(f"world size must be at least 1, got {world_size}")
-    load = [0.0] * world_size
-    owner = [0] * len(costs)
-    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
-        rank = min(range(world_size), key=lambda r: (load[r], r))
-        owner[index] = rank
-        load[rank] += costs[index]
-    return owner
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -238,19 +210,10 @@ def shard_paths(results_path: str | Path) -> list[Path]:
     return [candidate for _, candidate in sorted(found)]
 
 
-def _write_stream(path: Path, header: dict[str, Any], entries: list[dict[str, Any]]) -> None:
-    """A results stream (header line, one line per ablation), written atomically."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(json.dumps(line) for line in [header, *entries]) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _finished(results_path: Path) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[str]]:
-    """(header, finished entries, files read) of the results file and its shards that this process sees."""
-    from probe.ablate import read_results
-
+def _finished(results_path: Path) -> tuple[dict[str, Any] | None, list[HeadResult], list[str]]:
+    """(header, finished ablations, files read) of the results file and its shards that this process sees."""
     header: dict[str, Any] | None = None
-    entries: list[dict[str, Any]] = []
+    entries: list[HeadResult] = []
     read: list[str] = []
     for path in [results_path, *shard_paths(results_path)]:
         if not path.is_file() or path.stat().st_size == 0:
@@ -258,9 +221,9 @@ def _finished(results_path: Path) -> tuple[dict[str, Any] | None, list[dict[str,
         file_header, results = read_results(path)
         if header is not None and file_header.get("fingerprint") != header.get("fingerprint"):
             raise ProbeError(f"cannot resume: {path} holds a different sweep (model, data or method) than {read[0]}; "
-                             "remove the stale file or start over without --resume")
+                             "remove the stale file or start over without resume", parameter="resume")
         header = header or file_header
-        entries.extend(result.to_dict() for result in results)
+        entries.extend(results)
         read.append(str(path))
     return header, entries, read
 
@@ -271,10 +234,8 @@ def _share_finished(results_path: Path, mine: Path) -> int:
     Processes on other machines may see other files; after this, every shard holds every finished ablation, so
     whichever rank now owns a finished chunk skips it. Returns how many ablations were finished.
     """
-    from probe.ablate import HeadResult
-
     header, entries, read = _finished(results_path)
-    pooled = _gather((header, entries, read))
+    pooled = _gather((header, [entry.to_dict() for entry in entries], read))
     headers = [(h, files) for h, _, files in pooled if h is not None]
     if not headers:
         return 0
@@ -282,25 +243,59 @@ def _share_finished(results_path: Path, mine: Path) -> int:
     for other, files in headers[1:]:
         if other.get("fingerprint") != first.get("fingerprint"):
             raise ProbeError(f"cannot resume: {files[0]} and {first_files[0]} hold different sweeps (model, data or "
-                             "method); remove the stale files or start over without --resume")
-    seen: dict[Any, dict[str, Any]] = {}
-    for _, found, _ in pooled:
-        for entry in found:
-            seen.setdefault(HeadResult.from_dict(entry).heads, entry)
-    _write_stream(mine, first, list(seen.values()))
+                             "method); remove the stale files or start over without resume", parameter="resume")
+    seen = _merged(found for _, found, _ in pooled)
+    write_stream(mine, first, seen)
     return len(seen)
+
+
+def _merged(entry_lists: Any) -> list[HeadResult]:
+    """Entries (as to_dict wrote them) of several processes, the first of each ablation kept."""
+    return distinct((HeadResult.from_dict(entry) for entries in entry_lists for entry in entries),
+                    key=lambda result: result.heads)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # the sharded sweep
 
 
-def _ablations(heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]], model: torch.nn.Module) -> list:
-    """The sweep's ablations in the order a single process reports them (as `sweep` builds them)."""
-    from probe.ablate import all_heads
+def _alone(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None, results_path: Path,
+           resume: bool, **options: Any) -> AblationResult:
+    """`sweep` in one process; resuming what a torchrun job left, its shards are pooled into the results file."""
+    shards = shard_paths(results_path) if resume else []
+    if shards:
+        header, entries, _ = _finished(results_path)
+        if header is not None:
+            write_stream(results_path, header, distinct(entries, key=lambda result: result.heads))
+    result = sweep(loaded, probe_set, heads, results_path=results_path, resume=resume, **options)
+    for shard in shards:
+        shard.unlink(missing_ok=True)
+    return result
 
-    chosen = list(all_heads(model) if heads is None and not groups else heads or [])
-    return list(dict.fromkeys([(head,) for head in chosen] + [tuple(group) for group in groups]))
+
+def _remove_stale_shards(results_path: Path, world_size: int) -> None:
+    """Shards of an earlier, larger job would be merged into a later resumed run: remove them."""
+    for stale in shard_paths(results_path):
+        if int(stale.name.rpartition(".shard-")[2]) >= world_size:
+            stale.unlink(missing_ok=True)
+
+
+def _gathered(result: AblationResult, ablations: list[Any]) -> tuple[dict[Any, HeadResult], set[str]]:
+    """Every process's results, merged (the first of each ablation), and the paths they took; checks that all
+    processes computed the same baseline and that no ablation is missing."""
+    gathered = _gather((result.baseline_loss, result.baseline_parts, result.path,
+                        [entry.to_dict() for entry in result.results]))
+    baselines = {(baseline, json.dumps(parts, sort_keys=True)) for baseline, parts, _, _ in gathered}
+    if len(baselines) > 1:
+        raise ProbeError("the processes computed different baselines (" + ", ".join(
+            f"{b!r}" for b, _ in sorted(baselines)) + "): the model is not deterministic across devices, so "
+            "their numbers cannot be merged; run the sweep in one process")
+    merged = {entry.heads: entry for entry in _merged(entries for _, _, _, entries in gathered)}
+    missing = [ablation for ablation in ablations if ablation not in merged]
+    if missing:
+        raise ProbeError(f"the processes finished without {len(missing)} ablation(s), e.g. {missing[0]}: "
+                         "run the sweep again with resume", parameter="resume")
+    return merged, {path for _, _, path, _ in gathered}
 
 
 def sharded_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
@@ -310,34 +305,18 @@ def sharded_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head
 
     Run alone, it is `sweep(..., results_path=results_path, resume=resume)`. Under torchrun every process streams
     to `shard_path(results_path, rank)`; at the end rank 0 writes the merged stream to `results_path` (a later
-    --resume, alone or under torchrun, continues from it) and the shards are removed. The merged result equals the
-    single-process sweep: same chunks, same forwards, same baseline (checked: every process must compute the same
-    baseline bit for bit).
+    resumed run, alone or under torchrun, continues from it) and the shards are removed. The merged result equals
+    the single-process sweep: same chunks, same forwards, same baseline (checked: every process must compute the
+    same baseline bit for bit).
     """
-    from probe.ablate import HeadResult, sweep
-
     results_path = Path(results_path)
     rank = current()
     if rank is None:
-        shards = shard_paths(results_path) if resume else []
-        if shards:  # resuming alone what a torchrun job left: pool its shards into the results file first
-            header, entries, _ = _finished(results_path)
-            if header is not None:
-                unique: dict[Any, dict[str, Any]] = {}
-                for entry in entries:
-                    unique.setdefault(HeadResult.from_dict(entry).heads, entry)
-                _write_stream(results_path, header, list(unique.values()))
-        result = sweep(loaded, probe_set, heads, groups=groups, mode=mode, results_path=results_path, resume=resume,
-                       **options)
-        for shard in shards:
-            shard.unlink(missing_ok=True)
-        return result
+        return _alone(loaded, probe_set, heads, results_path, resume, groups=groups, mode=mode, **options)
     if mode == "estimate":
-        raise ProbeError("--mode estimate is a few forward and backward passes, not a sweep to split: run it "
-                         "without torchrun")
-    from probe.placement import input_device
-
-    ablations = _ablations(heads, groups, loaded.model)
+        raise ProbeError("mode 'estimate' is a few forward and backward passes, not a sweep to split: run it "
+                         "without torchrun", parameter="mode")
+    ablations = ablation_list(loaded.model, heads, groups)
     if not rank.is_main:
         options["progress"] = None
     mine = shard_path(results_path, rank.rank)
@@ -346,40 +325,17 @@ def sharded_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head
 
         if resume:
             _share_finished(results_path, mine)
-        elif rank.is_main:  # shards of an earlier, larger job would be merged into a later --resume: remove them
-            for stale in shard_paths(results_path):
-                suffix = int(stale.name.rpartition(".shard-")[2])
-                if suffix >= rank.world_size:
-                    stale.unlink(missing_ok=True)
+        elif rank.is_main:
+            _remove_stale_shards(results_path, rank.world_size)
         result = sweep(loaded, probe_set, heads, groups=groups, mode=mode, results_path=mine, resume=resume,
                        shard=(rank.rank, rank.world_size), **options)
-        payload = (result.baseline_loss, result.baseline_parts, result.path,
-                   [entry.to_dict() for entry in result.results])
-        gathered = _gather(payload)
-        baselines = {(baseline, json.dumps(parts, sort_keys=True)) for baseline, parts, _, _ in gathered}
-        if len(baselines) > 1:
-            raise ProbeError("the processes computed different baselines (" + ", ".join(
-                f"{b!r}" for b, _ in sorted(baselines)) + "): the model is not deterministic across devices, so "
-                "their numbers cannot be merged; run the sweep in one process")
-        merged: dict[Any, HeadResult] = {}
-        for _, _, _, entries in gathered:
-            for entry in entries:
-                parsed = HeadResult.from_dict(entry)
-                merged.setdefault(parsed.heads, parsed)
-        missing = [ablation for ablation in ablations if ablation not in merged]
-        if missing:
-            raise ProbeError(f"the processes finished without {len(missing)} ablation(s), e.g. {missing[0]}: "
-                             "rerun with --resume")
-        paths = {path for _, _, path, _ in gathered}
+        merged, paths = _gathered(result, ablations)
         final = None
         if rank.is_main:
-            from probe.ablate import read_results
-
-            header, _ = read_results(mine)
             ordered = [merged[ablation] for ablation in ablations]
-            _write_stream(results_path, header, [entry.to_dict() for entry in ordered])
-            path = result.path if len(paths) == 1 else "; ".join(sorted(paths))
-            final = dataclasses.replace(result, results=ordered, path=path)
+            write_stream(results_path, read_results(mine)[0], ordered)
+            final = dataclasses.replace(result, results=ordered,
+                                        path=result.path if len(paths) == 1 else "; ".join(sorted(paths)))
         dist.barrier()  # the merged file is written: every shard is redundant now
         mine.unlink(missing_ok=True)
     return final

@@ -210,15 +210,15 @@ def test_exact_sweep_loss_from_the_decoder_output(kind: str, monkeypatch: pytest
     """The exact sweep unembeds the decoder's output itself only where that gives the model's logits: Llama yes,
     Gemma 2 (logits soft-capped after the head, here at 0.5 so that the cap bends them) no; the losses equal the
     naive loop's either way."""
-    from probe import ablate as ablate_module
+    from probe.ablation import logits as ablate_module
 
     model = tiny_hf(kind)
     if kind == "gemma2":
         model.config.final_logit_softcapping = 0.5
     loaded = LoadedModel(model=model, tokenizer=None, name=f"tiny-{kind}", vocab_size=model.config.vocab_size)
     calls = []
-    original = ablate_module._head_cross_entropy
-    monkeypatch.setattr(ablate_module, "_head_cross_entropy", lambda *args: calls.append(1) or original(*args))
+    original = ablate_module.head_cross_entropy
+    monkeypatch.setattr(ablate_module, "head_cross_entropy", lambda *args: calls.append(1) or original(*args))
     probe_set = small_set(loaded, seqs=4)
     naive = sweep(loaded, probe_set, mode="naive")
     exact = sweep(loaded, probe_set, mode="exact")
@@ -483,8 +483,8 @@ def test_parse_heads() -> None:
     assert parse_heads("0.1,0.1", layers) == [(0, 1)]
     for spec, message in [("0.4", "head 4 .* out of range: the layer has 4 heads"),
                           ("2.0", "layer 2 .* out of range: the model has 2 layers"),
-                          ("a.b", "malformed head 'a.b'"), ("0.1,,1.2", "malformed --heads"),
-                          ("1.2.3", "malformed head"), ("", "malformed --heads"), ("1-0.0", "runs backwards")]:
+                          ("a.b", "malformed head 'a.b'"), ("0.1,,1.2", "malformed heads"),
+                          ("1.2.3", "malformed head"), ("", "malformed heads"), ("1-0.0", "runs backwards")]:
         with pytest.raises(ProbeError, match=message):
             parse_heads(spec, layers)
 
@@ -500,7 +500,7 @@ def test_bad_input_in_the_library() -> None:
         sweep(loaded, ProbeSet("natural", "one token", torch.tensor([[3]]), 1))
     with pytest.raises(ProbeError, match="unknown ablation method"):
         sweep(loaded, probe_set, method="half")
-    with pytest.raises(ProbeError, match="batch-size"):
+    with pytest.raises(ProbeError, match="batch_size"):
         sweep(loaded, probe_set, batch_size=0)
 
 
@@ -578,3 +578,106 @@ def test_cli_empty_and_too_short_data_files(tmp_path: Path, capsys, monkeypatch,
     monkeypatch.setattr("cli.ablate.load", lambda *args, **kwargs: smollm2)
     code, _, stderr = run_cli(["ablate", "--data", str(short), "--seq-len", "4"], capsys, monkeypatch)
     assert code == 2 and "fewer than one chunk" in stderr and len(stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# pinned before the ablation code was split into probe/ablation/ (numbers must not move)
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "gpt2", "planted_textbook"])
+def test_exact_sweep_equals_naive_loop_for_per_position_means(kind: str) -> None:
+    loaded = planted_loaded() if kind.startswith("planted") else tiny_loaded(kind)
+    probe_set = small_set(loaded, seqs=5)
+    means = head_means(loaded, probe_set, per_position=True, batch_size=2)
+    naive = sweep(loaded, probe_set, method="mean", means=means, mode="naive", batch_size=2)
+    exact = sweep(loaded, probe_set, method="mean", means=means, mode="exact", batch_size=2, stack=3)
+    assert naive.path.startswith("naive") and exact.path.startswith("exact")
+    assert exact.baseline_loss == naive.baseline_loss
+    for a, b in zip(exact.results, naive.results):
+        assert a.heads == b.heads and a.loss == pytest.approx(b.loss, abs=1e-4)
+
+
+def test_estimate_numbers_are_pinned() -> None:
+    """Computed with the single-module code before the split; every estimate term and the refined head's exact
+    delta must come out the same."""
+    loaded = tiny_loaded("llama_gqa")
+    result = estimate(loaded, small_set(loaded, seqs=4), samples=2, budget=7.0, batch_size=3)
+    assert result.baseline_loss == pytest.approx(4.746606048415689, rel=1e-9)
+    assert result.forwards == pytest.approx(6.844043887147334, rel=1e-12)
+    pinned = {(0, 0): (0.006051471, False), (0, 1): (-0.001606116, False), (0, 2): (0.000851676, False),
+              (0, 3): (-0.005064295, False), (1, 0): (0.012536015, False), (1, 1): (0.006185128, False),
+              (1, 2): (-0.008605187, False), (1, 3): (0.002768383, True)}
+    assert {r.heads[0]: (round(r.delta, 9), r.exact) for r in result.heads} == pinned
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# issue 18: a malformed results file says so in one line; a second Ctrl-C during clean-up leaves nothing behind
+
+
+def test_a_malformed_results_entry_names_the_file_and_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    loaded = planted_loaded()
+    path = tmp_path / "r.jsonl"
+    sweep(loaded, small_set(loaded), [(0, 0), (1, 1)], results_path=path)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], '{"loss": 1.0, "delta": 0.5}', lines[2]]) + "\n")
+    for call in (lambda: read_results(path), lambda: sweep(loaded, small_set(loaded), results_path=path, resume=True)):
+        with pytest.raises(ProbeError, match=r"r.jsonl line 2 is malformed: the ablation entry has no 'heads'; "
+                                             r"remove that line"):
+            call()
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, "--results", str(path), "--resume"], capsys,
+                              monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "line 2 is malformed" in stderr
+    assert "KeyError" not in stderr
+
+
+@pytest.mark.parametrize("when", [2, 8])  # the baseline's block capture; a stacked forward with blocks skipped
+def test_a_second_interrupt_during_clean_up_leaves_no_hook(when: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    from torch.utils.hooks import RemovableHandle
+
+    from probe.ablation import blocks
+
+    loaded = tiny_loaded("llama_gqa")
+    model = loaded.model
+    probe_set = small_set(loaded)
+    attention_layers(model)
+    before = fingerprint(model)
+    with torch.no_grad():
+        outputs = logits_of(run_model(model, probe_set.input_ids))
+    calls, cleanups = [0], [0]
+
+    def explode(_module, _args):
+        calls[0] += 1
+        if calls[0] == when:
+            raise KeyboardInterrupt  # the first Ctrl-C, inside a hooked forward
+
+    original_remove, original_override = RemovableHandle.remove, blocks._override
+
+    def second_interrupt() -> None:
+        cleanups[0] += 1
+        if cleanups[0] == 1:
+            signal.raise_signal(signal.SIGINT)  # the second one, landing inside the clean-up
+
+    def remove(self):
+        if self.id != handle.id:
+            second_interrupt()
+        original_remove(self)
+
+    def override(module, value):
+        restore = original_override(module, value)
+        return lambda: (second_interrupt(), restore())
+
+    handle = attention_layers(model)[1].module.register_forward_pre_hook(explode)
+    monkeypatch.setattr(RemovableHandle, "remove", remove)
+    monkeypatch.setattr(blocks, "_override", override)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            sweep(loaded, probe_set, batch_size=2, stack=2)
+    finally:
+        monkeypatch.undo()
+        handle.remove()
+    assert cleanups[0] >= 1
+    assert fingerprint(model) == before
+    with torch.no_grad():
+        assert torch.equal(logits_of(run_model(model, probe_set.input_ids)), outputs)

@@ -207,17 +207,18 @@ def test_ablation_sweep_with_chunked_logits_equals_full_logits(monkeypatch, mode
     """Long-context sweeps never hold the full logits: the loss comes from the last block's output, the model's head
     run on a few positions at a time. Forced here on a tiny model; the numbers must not change."""
     import probe.ablate as ablate
+    from probe.ablation import logits as readouts
 
     loaded = tiny_loaded("llama_gqa")
     natural, repeated = _sets(loaded, length=40, num=3)
     heads = [(0, 0), (0, 3), (1, 1), (1, 2)]
     for probe_set in (natural, repeated):
         full = ablate.sweep(loaded, probe_set, heads, mode=mode, batch_size=2)
-        monkeypatch.setattr(ablate, "LOGITS_BYTES", 0)
-        monkeypatch.setattr(ablate, "LOGITS_CHUNK_BYTES", 2 * 2 * 120 * 4 * 7)  # 7 positions a chunk
+        monkeypatch.setattr(readouts, "LOGITS_BYTES", 0)
+        monkeypatch.setattr(readouts, "LOGITS_CHUNK_BYTES", 2 * 2 * 120 * 4 * 7)  # 7 positions a chunk
         calls = []
-        original = ablate._Final.logits
-        monkeypatch.setattr(ablate._Final, "logits", lambda self, positions: calls.append(len(positions))
+        original = readouts.Final.logits
+        monkeypatch.setattr(readouts.Final, "logits", lambda self, positions: calls.append(len(positions))
                             or original(self, positions))
         chunked = ablate.sweep(loaded, probe_set, heads, mode=mode, batch_size=2)
         monkeypatch.undo()

@@ -1,0 +1,207 @@
+"""The model's block list (decoder layers), for reusing the unablated baseline's prefix: find it, keep each block's
+output, and make blocks return kept outputs instead of running. Every hook and override is undone on exit, also
+when a second Ctrl-C lands during the clean-up (`interrupts_deferred`)."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from probe.attention import AttentionLayer, run_model
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) during the body is held and delivered when it ends: for set-up and clean-up that must not
+    stop half-way. Outside the main thread signals cannot be handled: the body just runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and callable(previous):
+            previous(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt here
+        elif received and previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+
+def undo_all(undo: list[Callable[[], None]]) -> None:
+    """Run every undo step, last first, each even if another raises; then raise the first error."""
+    errors: list[BaseException] = []
+    with interrupts_deferred():
+        for step in reversed(undo):
+            try:
+                step()
+            except BaseException as error:  # noqa: BLE001  (the rest still runs; raised below)
+                errors.append(error)
+    if errors:
+        raise errors[0]
+
+
+@contextmanager
+def hooks_owned() -> Iterator[list[Callable[[], None]]]:
+    """A list to append undo steps to (e.g. `handle.remove`); all of them run on exit, whatever happens."""
+    undo: list[Callable[[], None]] = []
+    try:
+        yield undo
+    finally:
+        undo_all(undo)
+
+
+@dataclass
+class Blocks:
+    """The model's list of blocks (decoder layers) and which block holds each attention layer."""
+
+    container: nn.ModuleList
+    of_layer: list[int]
+
+    def __len__(self) -> int:
+        return len(self.container)
+
+
+def _parents(model: nn.Module) -> dict[int, nn.Module]:
+    parent: dict[int, nn.Module] = {}
+    for module in model.modules():
+        for child in module.children():
+            parent.setdefault(id(child), module)
+    return parent
+
+
+def find_blocks(model: nn.Module, layers: list[AttentionLayer]) -> tuple[Blocks | None, str]:
+    """The ModuleList whose items hold the attention layers, one after another; None (and why) if there is none."""
+    parent = _parents(model)
+    container: nn.ModuleList | None = None
+    of_layer = []
+    for layer in layers:
+        module: nn.Module = layer.module
+        found = None
+        while id(module) in parent:
+            owner = parent[id(module)]
+            if isinstance(owner, nn.ModuleList):
+                found = owner
+                break
+            module = owner
+        if found is None:
+            return None, f"attention layer {layer.index} is not inside a list of blocks (nn.ModuleList)"
+        if container is not None and found is not container:
+            return None, "the attention layers are not all in one list of blocks"
+        container = found
+        of_layer.append(next(i for i, item in enumerate(found) if item is module))
+    if any(b < a for a, b in zip(of_layer, of_layer[1:])):
+        return None, "the blocks do not run in the order of the attention layers"
+    assert container is not None
+    return Blocks(container, of_layer), ""
+
+
+class NoPrefix(Exception):
+    """The baseline's prefix cannot be reused for this model (the reason is the message)."""
+
+
+class _Stop(Exception):
+    """Raised by a pre-hook to end a baseline forward once the blocks it needs have run."""
+
+
+def _stop(_module: nn.Module, _args: Any) -> None:
+    raise _Stop
+
+
+@contextmanager
+def keeping_outputs(blocks: Blocks, kept: dict[int, Any], order: list[int] | None = None,
+                    stop_at: int | None = None) -> Iterator[None]:
+    """Every block's output (detached) into `kept` (and its index into `order`) while the body runs; with
+    `stop_at`, the forward ends (`_Stop`) before that block runs."""
+    with hooks_owned() as undo:
+        with interrupts_deferred():
+            for index, block in enumerate(blocks.container):
+                def keep(_module: nn.Module, _args: Any, output: Any, index: int = index) -> None:
+                    if order is not None:
+                        order.append(index)
+                    kept[index] = detach(output)
+                undo.append(block.register_forward_hook(keep).remove)
+                if index == stop_at:
+                    undo.append(block.register_forward_pre_hook(_stop).remove)
+        yield
+
+
+def capture(blocks: Blocks, model: nn.Module, ids: Tensor, mask: Tensor | None, stop_at: int | None = None,
+            logits: bool = True) -> tuple[Any, dict[int, Any]]:
+    """One unablated forward that keeps every block's output; with `stop_at`, ends before that block runs."""
+    kept: dict[int, Any] = {}
+    order: list[int] = []
+    output = None
+    try:
+        with keeping_outputs(blocks, kept, order, stop_at):
+            output = run_model(model, ids, mask, logits=logits)
+    except _Stop:
+        pass
+    if order != sorted(set(order)):
+        raise NoPrefix("the model calls its blocks more than once or out of order")
+    return output, kept
+
+
+def detach(value: Any) -> Any:
+    """The value with every tensor in it detached (tuples, lists and dicts kept)."""
+    if isinstance(value, Tensor):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return type(value)(detach(item) for item in value) if isinstance(value, tuple) else [detach(v) for v in value]
+    if isinstance(value, dict):
+        return {key: detach(item) for key, item in value.items()}
+    return value
+
+
+def stack(value: Any, copies: int, batch: int) -> Any:
+    """`copies` copies of a batch's block output along the batch dimension (copy-major, like ids.repeat)."""
+    if copies == 1:
+        return value
+    if isinstance(value, Tensor):
+        if value.dim() >= 1 and value.shape[0] == batch:
+            return value.repeat(copies, *([1] * (value.dim() - 1)))  # (copies * batch, ...)
+        return value
+    if isinstance(value, tuple):
+        return tuple(stack(item, copies, batch) for item in value)
+    if isinstance(value, list):
+        return [stack(item, copies, batch) for item in value]
+    if isinstance(value, dict):
+        return {key: stack(item, copies, batch) for key, item in value.items()}
+    return value
+
+
+_MISSING = object()
+
+
+def _override(module: nn.Module, value: Any) -> Callable[[], None]:
+    """Make `module` return `value` instead of running; returns the step that puts its own forward back."""
+    previous = module.__dict__.get("forward", _MISSING)
+
+    def constant(*_args: Any, **_kwargs: Any) -> Any:
+        return value
+
+    def restore() -> None:
+        if previous is _MISSING:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = previous
+
+    module.__dict__["forward"] = constant
+    return restore
+
+
+@contextmanager
+def skip_blocks(container: nn.ModuleList, outputs: dict[int, Any]) -> Iterator[None]:
+    """Blocks in `outputs` return the given value instead of running; their own forward is back on exit."""
+    with hooks_owned() as undo:
+        with interrupts_deferred():
+            for index, value in outputs.items():
+                undo.append(_override(container[index], value))
+        yield

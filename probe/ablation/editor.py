@@ -1,0 +1,67 @@
+"""The head editor: an `edit_heads` function for stacked copies of a batch, each copy with its own heads ablated;
+and `ablate()`, the context manager that ablates heads for the body of a `with`.
+
+Ablating head h of layer l replaces that head's output (its slice of the input to the layer's output projection,
+before the projection) at every position, through `attention_hooks(edit_heads=...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from probe.ablation.heads import Ablation, Head, check_heads
+from probe.ablation.means import HeadMeans
+from probe.ablation.methods import AblationMethod, method_named
+from probe.attention import attention_hooks, attention_layers
+
+
+def head_editor(ablations: Sequence[Ablation], method: AblationMethod,
+                batch: int | None = None) -> tuple[Callable[[int, Tensor], Tensor], set[int]]:
+    """An edit_heads function for `len(ablations)` stacked copies of a batch (the probe set's batch `batch`): copy
+    i has ablations[i] replaced by `method`; and the layers it edits."""
+    copies = len(ablations)
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for copy, ablation in enumerate(ablations):
+        for layer, head in ablation:
+            by_layer.setdefault(layer, []).append((copy, head))
+    masks: dict[tuple[int, torch.device], Tensor] = {}
+
+    def edit(layer: int, heads: Tensor) -> Tensor:  # heads: (copies * batch, positions, n_heads, head_dim)
+        entries = by_layer.get(layer)
+        if not entries:
+            return heads
+        key = (layer, heads.device)
+        if key not in masks:
+            mask = torch.zeros(copies, 1, 1, heads.shape[2], 1, dtype=torch.bool)
+            for copy, head in entries:
+                mask[copy, 0, 0, head, 0] = True
+            masks[key] = mask.to(heads.device)
+        stacked = heads.reshape(copies, heads.shape[0] // copies, *heads.shape[1:])  # (copies, batch, ...)
+        replacement = method.replacement(layer, stacked[0], batch)
+        return torch.where(masks[key], replacement, stacked).reshape(heads.shape)
+
+    return edit, set(by_layer)
+
+
+@contextmanager
+def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
+            batch: int | None = None) -> Iterator[None]:
+    """The stacked copies' heads ablated (see head_editor) for the body of the `with`; restored on exit."""
+    edit, layers = head_editor(ablations, method, batch)
+    with attention_hooks(model, edit_heads=edit, layers=layers):
+        yield
+
+
+@contextmanager
+def ablate(model: nn.Module, heads: Iterable[Head], *, method: str = "zero",
+           means: HeadMeans | None = None) -> Iterator[None]:
+    """Ablate `heads` together for the body of the `with` (zero, or mean with `means`); restored on exit."""
+    chosen = method_named(method, means)
+    heads = tuple(heads)
+    check_heads(attention_layers(model), heads)
+    with ablated(model, [heads], chosen):
+        yield

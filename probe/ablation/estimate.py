@@ -1,0 +1,271 @@
+"""`estimate`: every head's zero-ablation delta from a few forward and backward passes instead of a sweep.
+
+Attribution patching (Syed et al. 2023; Kramar et al. 2024) takes the first-order term -<dL/dz_h, z_h> of each
+head's output z_h from one forward and one backward. Zero-ablating a head is a large step, and on real models the
+loss rises faster than linearly along it (SmolLM2: first order alone explains about a third of a typical delta), so
+two corrections in the spirit of AtP*:
+- the second-order term 1/2 v^T G v with v = -z_h and G the Gauss-Newton matrix of the loss, estimated from
+  `samples` extra backward passes with next tokens sampled from the model's own predictions (their squared
+  per-position projections onto v are unbiased for the position-diagonal part of v^T G v);
+- of the REFINE_CANDIDATES heads estimated to matter most, those whose estimate rests most on the second-order term
+  are ablated exactly (through the same runners as the exact sweep) until the budget is spent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from probe.ablation.blocks import Blocks, find_blocks, keeping_outputs
+from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
+from probe.ablation.logits import Readout
+from probe.ablation.methods import ZeroAblation
+from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
+from probe.ablation.plan import batches, check_probe_set, data_name
+from probe.ablation.results import AblationResult, HeadResult
+from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner
+from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.data import ProbeSet
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+
+GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
+BACKWARD_COST = 1.4  # a backward to the head outputs only (no weight gradients), in plain forwards (same)
+LOSS_COST = 0.1  # an ablated copy's loss beyond its forward (log-softmax over the vocabulary), in plain forwards
+ESTIMATE_BUDGET = 10.0  # forward-equivalents: the gradient passes, then exact ablation of the top heads
+REFINE_CANDIDATES = 20  # the exact check considers this many of the top estimated heads
+
+
+@dataclass
+class _Terms:
+    """What the gradient passes accumulate over the probe set."""
+
+    first: Tensor  # (n_layers, n_heads) float64 first-order terms
+    second: Tensor  # (n_layers, n_heads) float64 second-order terms
+    sums: Tensor  # (parts + 1,) unablated metric sums
+    batch_sums: list[Tensor] = field(default_factory=list)  # (parts + 1,) per batch
+
+
+def _flop_costs(model: nn.Module, blocks: Blocks | None) -> Callable[[int], float]:
+    """Cost of an ablated run that starts at block `start`, as a fraction of a full forward, from parameter counts
+    (the work per token of a block or of the unembedding is proportional to its weights)."""
+    if blocks is None:
+        return lambda start: 1.0
+    per_block = [sum(p.numel() for p in block.parameters()) for block in blocks.container]
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    unembed = sum(p.numel() for p in head.parameters()) if isinstance(head, nn.Module) else 0
+    total = sum(per_block) + unembed
+    return lambda start: (sum(per_block[start:]) + unembed) / max(total, 1)
+
+
+def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: list[int], valid: Tensor,
+                  n_tokens: float, samples: int, seed: int, step: Callable[[], None]) -> None:
+    """Gauss-Newton term from `samples` backward passes with next tokens drawn from the model's predictions.
+
+    The gradient of a sampled label's loss w.r.t. the logits is softmax - onehot(label): no second log-softmax,
+    and labels drawn by inverse CDF (torch.multinomial is ~0.5 s at 512 x 49k here)."""
+    vocab = shifted.shape[-1]
+    probs = shifted.detach().softmax(dim=-1).reshape(-1, vocab)  # (batch * (positions - 1), vocab)
+    cumulative = probs.cumsum(dim=-1)
+    weight = (valid.reshape(-1, 1) / n_tokens).to(probs.dtype)
+    generator = torch.Generator(device=probs.device).manual_seed(seed)
+    for sample in range(samples):
+        uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)
+        drawn = torch.searchsorted(cumulative, uniform * cumulative[:, -1:]).clamp_(max=vocab - 1)
+        grad_logits = probs.clone()
+        grad_logits.scatter_add_(1, drawn, -torch.ones_like(drawn, dtype=probs.dtype))
+        grad_logits.mul_(weight)
+        grads = torch.autograd.grad(shifted, inputs, grad_outputs=grad_logits.view(shifted.shape),
+                                    retain_graph=sample < samples - 1)
+        for layer, value, grad in zip(order, inputs, grads):
+            projection = -(grad * value.detach()).sum(dim=-1).double()  # (batch, positions, heads)
+            terms.second[layer, :grad.shape[2]] += 0.5 * n_tokens / samples * projection.pow(2).sum(dim=(0, 1)).cpu()
+        step()
+
+
+def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Batch, terms: _Terms, n_tokens: float,
+                   samples: int, seed: int, step: Callable[[], None], blocks: Blocks | None) -> dict[int, Any]:
+    """One forward that keeps the graph from every head's output, its backward (first-order terms), `samples`
+    more (second-order terms); returns the blocks' outputs, kept for the exact refinement."""
+    outputs: dict[int, Tensor] = {}
+
+    def capture(layer: int, values: Tensor) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
+        if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
+            values = values.detach().requires_grad_()
+        outputs[layer] = values
+        return values
+
+    kept: dict[int, Any] = {}
+    with torch.enable_grad():
+        with keeping_outputs(blocks, kept) if blocks is not None else _nothing(), \
+                attention_hooks(model, edit_heads=capture), readout.watching():
+            logits = logits_of(run_model(model, batch.ids, batch.mask))  # (batch, positions, vocab)
+        readout.settle(logits.detach())
+        step()
+        valid = batch.counted[0].to(logits.device)
+        shifted = logits[:, :-1].float()
+        token_loss = METRICS["cross_entropy"].values(logits, batch.ids, None)  # (batch, positions - 1)
+        order = sorted(outputs)
+        inputs = [outputs[layer] for layer in order]
+        loss = (token_loss * valid).sum() / n_tokens
+        grads = torch.autograd.grad(loss, inputs, retain_graph=samples > 0)
+        for layer, grad in zip(order, grads):
+            terms.first[layer, :grad.shape[2]] += -(grad * outputs[layer].detach()).double().sum(dim=(0, 1, 3)).cpu()
+        step()
+        if samples:
+            _second_order(terms, shifted, inputs, order, valid, n_tokens, samples, seed, step)
+        terms.batch_sums.append(scorer.sums(logits.detach(), batch.ids, batch.counted, 1)[0])
+        terms.sums += terms.batch_sums[-1]
+    return kept
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room: float, refine: int | None,
+            cost: Callable[[Head], float]) -> list[Head]:
+    """The heads to ablate exactly: the top `refine` estimates, or (by default) among the top REFINE_CANDIDATES
+    those whose estimate leans most on the second-order term, while `room` lasts: there the Taylor model is least
+    trustworthy (on SmolLM2 these are early-layer heads it overrates)."""
+    ranked = sorted(heads, key=lambda head: (-estimated[head], head))
+    if refine is not None:
+        return ranked[:max(0, refine)]
+    first, second = terms.first, terms.second
+    candidates = sorted(ranked[:REFINE_CANDIDATES], key=lambda head: (
+        -float(second[head]) / max(abs(float(first[head])) + float(second[head]), 1e-30), head))
+    chosen = []
+    for head in candidates:
+        if cost(head) <= room:
+            chosen.append(head)
+            room -= cost(head)
+    return chosen
+
+
+def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], step: Callable[[], None]) -> dict[Head, Tensor]:
+    """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block."""
+    by_start: dict[int, list[Head]] = {}
+    for head in chosen:
+        by_start.setdefault(runner.start_of((head,)), []).append(head)
+    exact: dict[Head, Tensor] = {}
+    with torch.no_grad():
+        for _, group in sorted(by_start.items()):
+            chunk = [(head,) for head in group]
+            totals = torch.zeros(len(group), len(runner.scorer.parts) + 1, dtype=torch.float64)
+            for index in range(len(runner.batches)):
+                totals += runner.sums(chunk, index)
+                step()
+            exact.update(zip(group, totals))
+    return exact
+
+
+@dataclass
+class _Steps:
+    """Progress in passes over one batch."""
+
+    total: int
+    progress: Callable[[int, int], None] | None
+    done: int = 0
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.progress is not None:
+            self.progress(min(self.done, self.total), self.total)
+
+
+def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None, batch_size: int,
+           samples: int) -> tuple[list[Head], Scorer, list[Batch]]:
+    if samples < 0:
+        raise ProbeError(f"samples must be 0 or more, got {samples}", parameter="samples")
+    check_probe_set(probe_set)
+    chosen = list(all_heads(loaded.model) if heads is None else heads)
+    check_heads(attention_layers(loaded.model), chosen)
+    if not chosen:
+        raise ProbeError("nothing to ablate: give at least one head", parameter="heads")
+    pairs = batches(probe_set, batch_size)
+    ids, mask = pairs[0]
+    with torch.no_grad():
+        first_output = run_model(loaded.model, ids[:1, :2], None if mask is None else mask[:1, :2])
+    if metric_for(loaded, first_output) != "cross_entropy":
+        raise ProbeError("the estimate linearises the next-token loss, which this model (no LM head, or not causal) "
+                         "does not have: use method 'zero' (the exact sweep)", parameter="method")
+    scorer = Scorer(METRICS["cross_entropy"], parts_of(probe_set))
+    return chosen, scorer, [Batch(ids, mask, scorer.masks(ids, mask)) for ids, mask in pairs]
+
+
+def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches_: list[Batch], blocks: Blocks | None,
+                  why_not: str, expected: Tensor, heads: list[Head]) -> tuple[NaiveRunner | PrefixRunner, str]:
+    """Prefix reuse where one cheap check on the first batch reproduces its baseline, else one forward each; and
+    which it is, for the path."""
+    naive = NaiveRunner(loaded.model, ZeroAblation(), scorer, readout, batches_)
+    if blocks is None:
+        return naive, why_not
+    prefix = PrefixRunner(naive, blocks, [(head,) for head in heads], 0, checked=True)
+    reason = prefix.reproduces(0, expected)
+    return (naive, f"the exact path failed its check: {reason}") if reason else (prefix, "prefix reused")
+
+
+def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
+             batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET, refine: int | None = None,
+             seed: int = 0, data: str | Path | None = None,
+             progress: Callable[[int, int], None] | None = None) -> AblationResult:
+    """Every head's zero-ablation delta, estimated from a few forward and backward passes instead of a sweep (see
+    the module's docstring): first-order terms, `samples` second-order samples, then the heads estimated to matter
+    most ablated exactly until `budget` forward-equivalents are spent (or the top `refine` heads, if given). The
+    cost is counted in forward-equivalents from measured ratios (GRAD_FORWARD_COST, BACKWARD_COST, LOSS_COST) and
+    the weights each ablated run recomputes; `AblationResult.forwards` reports it."""
+    started = time.perf_counter()
+    heads, scorer, batches_ = _setup(loaded, probe_set, heads, batch_size, samples)
+    model = loaded.model
+    n_layers, n_heads = layer_shape(attention_layers(model))
+    blocks, why_not = find_blocks(model, attention_layers(model))
+    readout = Readout.choose(model, "cross_entropy", blocks)
+    terms = _Terms(torch.zeros(n_layers, n_heads, dtype=torch.float64),
+                   torch.zeros(n_layers, n_heads, dtype=torch.float64),
+                   torch.zeros(len(scorer.parts) + 1, dtype=torch.float64))
+    counts = torch.stack([batch.counted.sum(dim=(1, 2)) for batch in batches_]).sum(dim=0).double()
+    n_tokens = float(counts[0].clamp(min=1))
+    step = _Steps(len(batches_) * (2 + samples), progress)
+    for index, batch in enumerate(batches_):
+        kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, step, blocks)
+        if blocks is not None:
+            last = max(blocks.of_layer[layer] for layer, _ in heads)
+            batch.kept = {i: value for i, value in kept.items() if i < last}
+    baseline_loss, baseline_parts = losses(terms.sums, counts, list(scorer.parts))
+    estimated = {head: float(terms.first[head] + terms.second[head]) for head in heads}
+
+    flop_cost = _flop_costs(model, blocks)
+    start_of = (lambda head: blocks.of_layer[head[0]]) if blocks is not None else (lambda head: 0)
+    spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)
+    check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0
+    chosen = _choose(heads, terms, estimated, budget - spent - check_cost, refine,
+                     lambda head: flop_cost(start_of(head)) + LOSS_COST)
+    path = ("estimate: attribution patching + Gauss-Newton second order" if samples
+            else "estimate: attribution patching (first order)")
+    exact: dict[Head, Tensor] = {}
+    if chosen:
+        runner, how = _exact_runner(loaded, readout, scorer, batches_, blocks, why_not, terms.batch_sums[0], heads)
+        spent += check_cost
+        step.total += len(batches_) * len({runner.start_of((head,)) for head in chosen})
+        exact = _refine(runner, chosen, step)
+        for head in exact:  # in the order they ran, as the forwards were spent
+            spent += flop_cost(runner.start_of((head,))) + LOSS_COST
+        path += f", {len(chosen)} top heads ablated exactly ({how})"
+    results = [HeadResult.of_sums((head,), exact[head], counts, baseline_loss, baseline_parts, exact=True)
+               if head in exact else HeadResult((head,), baseline_loss + estimated[head], estimated[head], exact=False)
+               for head in heads]
+    return AblationResult(
+        model=loaded.name, method="zero", data=data_name(probe_set, data), metric="cross_entropy",
+        baseline_loss=baseline_loss, results=results, n_layers=n_layers, n_heads=n_heads, mode="estimate",
+        path=path, baseline_parts=baseline_parts, probe_set=probe_set.to_dict() | {"description": probe_set.description},
+        seconds=time.perf_counter() - started, forwards=spent,
+        terms={head: (float(terms.first[head]), float(terms.second[head])) for head in heads})

@@ -1,0 +1,103 @@
+"""Naming heads: (layer, head) pairs, the `5.1,18.6` syntax, range checks, labels, and one list of ablations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
+from torch import nn
+
+from probe.attention import AttentionLayer, attention_layers
+from probe.errors import ProbeError
+
+Head = tuple[int, int]
+"""(layer, head)."""
+Ablation = tuple[Head, ...]
+"""Heads ablated together in one run; a single-head ablation is a 1-tuple."""
+T = TypeVar("T")
+SYNTAX = "use LAYER.HEAD, e.g. 5.1, 5.* or 3-4.0"
+
+
+def layer_shape(layers: list[AttentionLayer]) -> tuple[int, int]:
+    """(layers, most heads of any layer)."""
+    return len(layers), max(layer.n_heads for layer in layers)
+
+
+def _parse_range(text: str, limit: int, what: str, item: str) -> list[int]:
+    text = text.strip()
+    if text == "":
+        raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX}", parameter="heads")
+    if text == "*":
+        return list(range(limit))
+    first, dash, last = text.partition("-")
+    try:
+        start = int(first)
+        stop = int(last) if dash else start
+    except ValueError:
+        raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX}", parameter="heads") from None
+    if start > stop:
+        raise ProbeError(f"malformed head {item!r} in heads: the range {text} runs backwards", parameter="heads")
+    for value in (start, stop):
+        if not 0 <= value < limit:
+            raise ProbeError(f"{what} {value} in heads {item!r} is out of range: "
+                             f"{'the model has' if what == 'layer' else 'the layer has'} {limit} {what}s "
+                             f"(0-{limit - 1})", parameter="heads")
+    return list(range(start, stop + 1))
+
+
+def _parse_item(item: str, layers: list[AttentionLayer]) -> list[Head]:
+    if item.lower() in ("all", "*"):
+        return [(layer.index, head) for layer in layers for head in range(layer.n_heads)]
+    if item.count(".") > 1:
+        raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX}", parameter="heads")
+    layer_part, dot, head_part = item.partition(".")
+    return [(layer, head) for layer in _parse_range(layer_part, len(layers), "layer", item)
+            for head in _parse_range(head_part if dot else "*", layers[layer].n_heads, "head", item)]
+
+
+def parse_heads(spec: str, layers: list[AttentionLayer]) -> list[Head]:
+    """`5.1,18.6` -> [(5, 1), (18, 6)]. Also `5.*` or `5` (every head of layer 5), ranges `3-5.0-2`, and `all`.
+
+    Heads are numbered as query heads, the way every probe report numbers them.
+    """
+    items = [item.strip() for item in spec.split(",")]
+    if not spec.strip() or any(not item for item in items):
+        raise ProbeError(f"malformed heads {spec!r}: give LAYER.HEAD items separated by commas, e.g. 5.1,18.6",
+                         parameter="heads")
+    return distinct(head for item in items for head in _parse_item(item, layers))
+
+
+def all_heads(model: nn.Module) -> list[Head]:
+    """Every (layer, query head) of the model, in order."""
+    return [(layer.index, head) for layer in attention_layers(model) for head in range(layer.n_heads)]
+
+
+def check_heads(layers: list[AttentionLayer], heads: Iterable[Head]) -> None:
+    """ProbeError for a head the model does not have."""
+    for layer, head in heads:
+        if not 0 <= layer < len(layers):
+            raise ProbeError(f"layer {layer} is out of range: the model has {len(layers)} layers "
+                             f"(0-{len(layers) - 1})", parameter="heads")
+        if not 0 <= head < layers[layer].n_heads:
+            raise ProbeError(f"head {layer}.{head} is out of range: layer {layer} has {layers[layer].n_heads} heads "
+                             f"(0-{layers[layer].n_heads - 1})", parameter="heads")
+
+
+def label(ablation: Sequence[Head]) -> str:
+    """'5.1' or '5.1+18.6'."""
+    return "+".join(f"{layer}.{head}" for layer, head in ablation)
+
+
+def distinct(items: Iterable[T], key: Callable[[T], object] = lambda item: item) -> list[T]:
+    """The items in order, the first of each key kept (ablations, or results keyed by their heads)."""
+    seen: dict[object, T] = {}
+    for item in items:
+        seen.setdefault(key(item), item)
+    return list(seen.values())
+
+
+def ablation_list(model: nn.Module, heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]]) -> list[Ablation]:
+    """A sweep's ablations in the order it reports them: each head alone (default: every head unless `groups` are
+    given), then each group together; each ablation once."""
+    chosen = list(all_heads(model) if heads is None and not groups else heads or [])
+    return distinct([(head,) for head in chosen] + [tuple(group) for group in groups])

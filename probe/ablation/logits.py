@@ -1,0 +1,213 @@
+"""How the loss is read off a forward, chosen once per sweep (`Readout`):
+- full: the model's logits (or last hidden states) as the forward returns them;
+- chunked (long context): the logits would pass LOGITS_BYTES, so the forward keeps its last block's output
+  (`Final`) and the model's head runs again on it a chunk of positions at a time;
+- direct: the decoder's output goes through the LM head HEAD_ROWS positions at a time, where the first baseline
+  forward shows that this gives the model's logits (no soft-capping or scaling after the head)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from probe.ablation.blocks import Blocks, detach, find_blocks, hooks_owned, interrupts_deferred, skip_blocks
+from probe.attention import accepts_argument, attention_layers, is_hf_model, logits_of, run_model
+
+LOGITS_BYTES = 256 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
+LOGITS_CHUNK_BYTES = 128 << 20  # the logits of one such chunk
+HEAD_ROWS = 128  # positions unembedded at a time by the direct head: 128 x 49k logits stay in cache
+CHECK_TOLERANCE = 1e-4  # relative to the outputs' scale: the exact path must reproduce the naive one this closely
+
+
+def chunkable_blocks(model: nn.Module) -> Blocks | None:
+    """The block list, when a forward's logits can be had a chunk of positions at a time instead of whole: a causal
+    Hugging Face LM whose forward takes `logits_to_keep`, its attention layers in one block list."""
+    if not isinstance(getattr(getattr(model, "config", None), "vocab_size", None), int):
+        return None
+    if not is_hf_model(model) or not accepts_argument(model, "logits_to_keep"):
+        return None
+    layers = attention_layers(model)
+    if not all(getattr(layer.module, "is_causal", True) for layer in layers):
+        return None
+    return find_blocks(model, layers)[0]
+
+
+def is_lean(model: nn.Module, ids: Tensor) -> bool:
+    """Whether a forward's logits on `ids` would pass LOGITS_BYTES."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    return isinstance(vocab, int) and ids.numel() * vocab * 4 > LOGITS_BYTES
+
+
+def head_cross_entropy(model: nn.Module, normed: Tensor, ids: Tensor) -> Tensor:
+    """(rows, n - 1) next-token cross-entropy, the LM head applied to HEAD_ROWS positions at a time: the logits of a
+    chunk are still in cache when the log-softmax reads them (about 12% faster on CPU than all positions at once)."""
+    head = model.get_output_embeddings()
+    rows, n = ids.shape
+    states = normed[:, :-1].reshape(-1, normed.shape[-1])  # (rows * (n - 1), hidden)
+    targets = ids[:, 1:].reshape(-1)
+    values = []
+    for start in range(0, states.shape[0], HEAD_ROWS):
+        logits = head(states[start:start + HEAD_ROWS]).float()  # on the head's device, under a device map
+        values.append(F.cross_entropy(logits, targets[start:start + HEAD_ROWS].to(logits.device), reduction="none"))
+    return torch.cat(values).view(rows, n - 1)
+
+
+@dataclass
+class Final:
+    """A forward's last block output, standing in for logits too large to hold (8192 tokens x 49k vocabulary are
+    1.6 GB): the model's own head (final norm, unembedding, any soft-capping) runs again on it, every block
+    skipped, for a chunk of positions at a time (`logits_to_keep`)."""
+
+    model: nn.Module
+    blocks: Blocks
+    ids: Tensor
+    mask: Tensor | None
+    hidden: Any  # what the last block returned
+    normed: Tensor | None = None  # the decoder's output (final norm applied), where the head is direct
+
+    def logits(self, positions: Tensor) -> Tensor:
+        skipped = {index: self.hidden for index in range(len(self.blocks.container))}
+        with skip_blocks(self.blocks.container, skipped):
+            return logits_of(run_model(self.model, self.ids, self.mask, logits=positions))
+
+    def cross_entropy(self) -> Tensor:
+        """(rows, n - 1) float32 next-token cross-entropy at every position, as the full logits would give it."""
+        if self.normed is not None:
+            return head_cross_entropy(self.model, self.normed, self.ids)
+        rows, n = self.ids.shape
+        chunk = max(1, LOGITS_CHUNK_BYTES // (rows * self.model.config.vocab_size * 4))
+        values = []
+        for start in range(0, n - 1, chunk):
+            stop = min(start + chunk, n - 1)
+            logits = self.logits(torch.arange(start, stop)).float()  # (rows, stop - start, vocab)
+            targets = self.ids[:, start + 1:stop + 1].to(logits.device)
+            values.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                          reduction="none").view(rows, stop - start))
+        return torch.cat(values, dim=1)
+
+    def first_rows(self, batch: int) -> Tensor:
+        hidden = self.hidden[0] if isinstance(self.hidden, (tuple, list)) else self.hidden
+        return hidden[:batch]
+
+
+def decoder(model: nn.Module) -> nn.Module | None:
+    """The model's decoder (the part before the LM head, final norm included), if it names one."""
+    getter = getattr(model, "get_decoder", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    try:
+        found = getter() if callable(getter) else None
+    except Exception:  # models without one raise in various ways
+        return None
+    if not isinstance(found, nn.Module) or found is model or not isinstance(head, nn.Module):
+        return None
+    return found
+
+
+@contextmanager
+def keeping_decoder_output(model: nn.Module, kept: list[Tensor]) -> Iterator[None]:
+    """The decoder's output (detached) appended to `kept` by every forward of the body."""
+    found = decoder(model)
+    assert found is not None
+
+    def keep(_module: nn.Module, _args: Any, output: Any) -> None:
+        value = output if isinstance(output, Tensor) else getattr(output, "last_hidden_state", None)
+        kept.append((value if isinstance(value, Tensor) else output[0]).detach())
+
+    with hooks_owned() as undo:
+        with interrupts_deferred():
+            undo.append(found.register_forward_hook(keep).remove)
+        yield
+
+
+def _direct_head(model: nn.Module, normed: Tensor, logits: Tensor) -> bool:
+    """Whether the model's logits are its LM head applied to the decoder's output and nothing else: checked on the
+    first two positions of a forward whose logits are at hand."""
+    positions = min(2, logits.shape[1])
+    mine = model.get_output_embeddings()(normed[:, :positions]).float()
+    theirs = logits[:, :positions].float()
+    if mine.shape != theirs.shape:
+        return False
+    return bool((mine - theirs).abs().max() <= CHECK_TOLERANCE * max(1.0, float(theirs.abs().max())))
+
+
+def _last_block_output(model: nn.Module, blocks: Blocks, ids: Tensor, mask: Tensor | None,
+                       direct: bool = False) -> Final:
+    """One forward that keeps the last block's output (and with `direct`, the decoder's) and computes the logits of
+    the last position only."""
+    kept: list[Any] = []
+    normed: list[Tensor] = []
+    last = blocks.container[len(blocks.container) - 1]
+    with hooks_owned() as undo:
+        with interrupts_deferred():
+            undo.append(last.register_forward_hook(lambda _m, _a, output: kept.append(detach(output))).remove)
+        with keeping_decoder_output(model, normed) if direct else _nothing():
+            run_model(model, ids, mask, logits=False)
+    return Final(model, blocks, ids, mask, kept[-1], normed[-1] if direct else None)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+@dataclass
+class Readout:
+    """How every forward of one sweep gives what the metric reads: chosen once, from the model and the metric."""
+
+    model: nn.Module
+    metric: str
+    chunkable: Blocks | None = None  # where logits can be had a chunk of positions at a time
+    direct: bool | None = False  # the direct head: None until the first baseline forward shows whether it applies
+    _normed: list[Tensor] = field(default_factory=list)
+
+    @classmethod
+    def choose(cls, model: nn.Module, metric: str, blocks: Blocks | None) -> Readout:
+        """`blocks`: the sweep's block list if it reuses the baseline's prefix (the direct head needs it)."""
+        chunkable = chunkable_blocks(model)
+        maybe_direct = (metric == "cross_entropy" and blocks is not None and chunkable is not None
+                        and decoder(model) is not None)
+        return cls(model, metric, chunkable, None if maybe_direct else False)
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the cross-entropy can be had a chunk of positions at a time (then logits never count whole)."""
+        return self.metric == "cross_entropy" and self.chunkable is not None
+
+    def lean(self, ids: Tensor) -> bool:
+        """Whether this batch's loss is read from its last block's output, a chunk of positions at a time."""
+        return self.chunked and is_lean(self.model, ids)
+
+    def forward(self, ids: Tensor, mask: Tensor | None, lean: bool | None = None) -> Tensor | Final:
+        """A forward's logits (or last hidden states), or its Final where the logits would be too large (`lean`
+        None), or as told."""
+        if lean is None:
+            lean = self.chunkable is not None and is_lean(self.model, ids)
+        if not lean:
+            return logits_of(run_model(self.model, ids, mask))
+        blocks = self.chunkable or find_blocks(self.model, attention_layers(self.model))[0]
+        assert blocks is not None
+        return _last_block_output(self.model, blocks, ids, mask)
+
+    def stacked(self, blocks: Blocks, ids: Tensor, mask: Tensor | None) -> Tensor | Final:
+        """The forward of stacked ablated copies: through the direct head where it applies."""
+        if self.direct:
+            return _last_block_output(self.model, blocks, ids, mask, direct=True)
+        return self.forward(ids, mask)
+
+    def watching(self) -> Any:
+        """While the direct head is undecided, the body's forward keeps the decoder's output for `settle`."""
+        self._normed.clear()
+        return keeping_decoder_output(self.model, self._normed) if self.direct is None else _nothing()
+
+    def settle(self, output: Any) -> None:
+        """Decide the direct head from the watched forward's `output` (logits, or a Final)."""
+        if self._normed:
+            reference = output.logits(torch.arange(2)) if isinstance(output, Final) else logits_of(output)
+            self.direct = _direct_head(self.model, self._normed[-1], reference)
+            self._normed.clear()

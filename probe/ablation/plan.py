@@ -1,0 +1,96 @@
+"""The plan of a sweep: the probe set in batches, ablations in chunks (stacked copies of one start block), how many
+copies to stack, and which process runs which chunk."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from torch import Tensor, nn
+
+from probe.ablation.heads import Ablation
+from probe.data import ProbeSet
+from probe.errors import ProbeError
+
+STACK_BYTES = 1 << 30  # activations (and logits, where whole) of one stacked forward: how many copies to stack
+CACHE_BYTES = 4 << 30  # kept block outputs of the baseline; beyond this they are recomputed per layer
+
+
+def batches(probe_set: ProbeSet, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
+    """The probe set in batches; right-padded batches lose the columns none of their sequences use."""
+    if batch_size < 1:
+        raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
+    out = []
+    for first in range(0, probe_set.input_ids.shape[0], batch_size):
+        ids = probe_set.input_ids[first:first + batch_size]  # (batch, positions)
+        mask = None if probe_set.attention_mask is None else probe_set.attention_mask[first:first + batch_size]
+        if mask is not None:
+            length = int(mask.sum(dim=1).max())
+            ids, mask = ids[:, :length], mask[:, :length]
+        out.append((ids, mask))
+    return out
+
+
+def check_probe_set(probe_set: ProbeSet) -> None:
+    """A next token to predict: at least one sequence of at least 2 tokens."""
+    ids = probe_set.input_ids
+    if ids.dim() != 2 or ids.shape[1] < 2 or ids.shape[0] < 1:
+        raise ProbeError("the probe data needs at least one sequence of at least 2 tokens (a next token to predict)")
+
+
+def data_name(probe_set: ProbeSet, data: str | Path | None) -> str:
+    """What a result names its data: repeated, natural, or the text file."""
+    if probe_set.name == "repeated":
+        return "repeated"
+    return "natural" if data is None else str(data)
+
+
+def chunks(ablations: Sequence[Ablation], start_of: Callable[[Ablation], int], stack: int) -> list[list[Ablation]]:
+    """Ablations that start in the same block, in groups of at most `stack`, split evenly."""
+    groups: dict[int, list[Ablation]] = {}
+    for ablation in ablations:
+        groups.setdefault(start_of(ablation), []).append(ablation)
+    out = []
+    for start in sorted(groups):
+        items = groups[start]
+        n = math.ceil(len(items) / stack)
+        size = math.ceil(len(items) / n)
+        out.extend(items[i:i + size] for i in range(0, len(items), size))
+    return out
+
+
+def _output_bytes(model: nn.Module, ids: Tensor, vocab_size: int, logits: bool) -> int:
+    """Memory of one copy in a stacked forward: activations (about 24 hidden-size vectors a token), and logits."""
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None) or 1024
+    return int(ids.numel()) * 4 * (vocab_size * logits + 24 * hidden)
+
+
+def default_stack(model: nn.Module, inputs: Sequence[Tensor], vocab_size: int, chunked: bool, lean: bool,
+                  logits_bytes: int) -> int:
+    """As many copies as fit in STACK_BYTES. Where the logits of a stack can be computed a chunk of positions at a
+    time (`chunked`), they do not count, else no more copies than keep the logits within `logits_bytes`; long
+    inputs (`lean`: one copy's logits are already chunked) gain nothing from stacking: one copy each."""
+    if chunked and lean:
+        return 1
+    per_copy = max(_output_bytes(model, ids, vocab_size, logits=not chunked) for ids in inputs)
+    logits_per_copy = 0 if chunked else max(int(ids.numel()) * 4 * vocab_size for ids in inputs)
+    return max(1, min(STACK_BYTES // max(per_copy, 1), logits_bytes // max(logits_per_copy, 1)))
+
+
+def assign_chunks(costs: Sequence[float], world_size: int) -> list[int]:
+    """The rank of each chunk: largest first, each to the least-loaded rank (ties: lowest rank, earliest chunk).
+
+    Deterministic, so every process computes the same split without talking; chunks of early layers cost more
+    (more blocks run after the ablated one), and dealing them out by cost gives every rank heads across all layers
+    with loads within one chunk of each other.
+    """
+    if world_size < 1:
+        raise ProbeError(f"world size must be at least 1, got {world_size}")
+    load = [0.0] * world_size
+    owner = [0] * len(costs)
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owner[index] = rank
+        load[rank] += costs[index]
+    return owner

@@ -1,0 +1,209 @@
+"""Runners: the metric sums of a chunk of ablations (stacked copies) on one batch of the probe set, behind one
+interface, `sums(chunk, index) -> (copies, parts + 1)`.
+
+- NaiveRunner: one full forward per ablation; the reference the other is checked against.
+- PrefixRunner: the unablated baseline keeps the output of every block (decoder layer); an ablation in layer l then
+  short-circuits blocks 0..l-1 to those kept outputs, so only blocks l.. and the unembedding run again; a chunk's
+  ablations share one forward as stacked copies of the batch. Checked against the naive runner on the first chunk
+  that reuses anything; if they differ (or the model cannot run from kept outputs) it falls back to naive and says
+  why in `path`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from probe.ablation.blocks import Blocks, NoPrefix, capture, skip_blocks, stack
+from probe.ablation.editor import ablated
+from probe.ablation.heads import Ablation
+from probe.ablation.logits import CHECK_TOLERANCE, Final, Readout
+from probe.ablation.methods import AblationMethod
+from probe.ablation.metrics import Scorer
+from probe.ablation.plan import CACHE_BYTES
+from probe.attention import logits_of, run_model
+from probe.errors import ProbeError
+
+NAIVE = "naive: one full forward per ablation"
+EXACT = "exact: baseline prefix reused, ablated runs start at the ablated layer's block"
+
+
+@dataclass
+class Batch:
+    """One batch of the probe set and what the ablated runs reuse of its unablated baseline."""
+
+    ids: Tensor  # (batch, positions)
+    mask: Tensor | None
+    counted: Tensor  # (parts + 1, batch, positions') which positions count (Scorer.masks)
+    reference: Tensor | None = None  # unablated final outputs, for metrics that compare to them
+    kept: dict[int, Any] | None = None  # unablated block outputs (None: recomputed when needed)
+
+
+def _baseline_sums(scorer: Scorer, batch: Batch, output: Tensor | Final) -> Tensor:
+    if scorer.metric.compares:  # the distance of the baseline to itself is 0
+        batch.reference = output.detach()  # type: ignore[union-attr]
+        return torch.zeros(len(scorer.parts) + 1, dtype=torch.float64)
+    return scorer.sums(output, batch.ids, batch.counted, 1)[0]
+
+
+class NaiveRunner:
+    """One full forward per ablation."""
+
+    def __init__(self, model: nn.Module, method: AblationMethod, scorer: Scorer, readout: Readout,
+                 batches: list[Batch], why: str = "") -> None:
+        self.model, self.method, self.scorer, self.readout, self.batches = model, method, scorer, readout, batches
+        self.path = f"{NAIVE} ({why})" if why else NAIVE
+
+    def start_of(self, ablation: Ablation) -> int:
+        """The first block an ablated run of `ablation` runs."""
+        return 0
+
+    def baseline(self, index: int) -> Tensor:
+        """(parts + 1,) unablated metric sums of batch `index`; keeps what the ablated runs reuse."""
+        batch = self.batches[index]
+        return _baseline_sums(self.scorer, batch, self.readout.forward(batch.ids, batch.mask))
+
+    def forward(self, ablation: Ablation, index: int, lean: bool | None = None) -> Tensor | Final:
+        """One full forward of batch `index` with `ablation` ablated."""
+        batch = self.batches[index]
+        with ablated(self.model, [ablation], self.method, index):
+            return self.readout.forward(batch.ids, batch.mask, lean)
+
+    def sums(self, chunk: list[Ablation], index: int) -> Tensor:
+        """(copies, parts + 1) metric sums of each ablation of `chunk` on batch `index`."""
+        batch = self.batches[index]
+        out = torch.zeros(len(chunk), len(self.scorer.parts) + 1, dtype=torch.float64)
+        for position, ablation in enumerate(chunk):
+            output = self.forward(ablation, index)
+            out[position] += self.scorer.sums(output, batch.ids, batch.counted, 1, batch.reference)[0]
+        return out
+
+
+class PrefixRunner:
+    """Ablated runs that start at the ablated layer's block, from the baseline's kept block outputs; falls back to
+    `naive` (and says why in `path`) where the model cannot be run that way or the check fails."""
+
+    def __init__(self, naive: NaiveRunner, blocks: Blocks, ablations: list[Ablation], tokens: int,
+                 checked: bool = False) -> None:
+        """`tokens`: of the whole probe set (what keeping the block outputs costs); `checked`: no self-check."""
+        self.naive, self.blocks, self.checked = naive, blocks, checked
+        self.reason: str | None = None  # why it fell back to naive
+        self.last = max(self.start_of(ablation) for ablation in ablations)  # blocks before it are kept
+        hidden = getattr(getattr(naive.model, "config", None), "hidden_size", None) or 1024
+        held = tokens * 4 * hidden * self.last
+        self.keep_all = held <= CACHE_BYTES
+
+    @property
+    def path(self) -> str:
+        return EXACT if self.reason is None else f"{NAIVE} ({self.reason})"
+
+    def start_of(self, ablation: Ablation) -> int:
+        if self.reason is not None:
+            return 0
+        return min(self.blocks.of_layer[layer] for layer, _ in ablation)
+
+    def baseline(self, index: int) -> Tensor:
+        if self.reason is None and self.keep_all:
+            try:
+                return _baseline_sums(self.scorer, self.batches[index], self._baseline_output(self.batches[index]))
+            except NoPrefix as error:
+                self.reason, self.keep_all = str(error), False
+        return self.naive.baseline(index)
+
+    def _baseline_output(self, batch: Batch) -> Tensor | Final:
+        """The baseline forward that keeps the blocks' outputs (and settles the direct head)."""
+        model, readout, blocks = self.naive.model, self.naive.readout, self.blocks
+        lean = readout.lean(batch.ids)
+        with readout.watching():
+            output, kept = capture(blocks, model, batch.ids, batch.mask, logits=not lean)
+        if lean:  # long context: the logits a chunk of positions at a time, from the last block's output
+            output = Final(model, blocks, batch.ids, batch.mask, kept[len(blocks) - 1])
+        readout.settle(output)
+        batch.kept = {i: value for i, value in kept.items() if i < self.last}
+        return output if isinstance(output, Final) else logits_of(output)
+
+    @property
+    def scorer(self) -> Scorer:
+        return self.naive.scorer
+
+    @property
+    def batches(self) -> list[Batch]:
+        return self.naive.batches
+
+    def sums(self, chunk: list[Ablation], index: int) -> Tensor:
+        if self.reason is not None:
+            return self.naive.sums(chunk, index)
+        start = self.start_of(chunk[0])
+        if self.checked or start == 0:  # a chunk that starts at block 0 reuses nothing: nothing to check
+            output = self._forward(chunk, index, start)
+        else:
+            try:
+                output = self._forward(chunk, index, start)
+                reason = self._check(chunk[0], index, output, len(chunk))
+            except (ProbeError, KeyboardInterrupt):
+                raise
+            except Exception as error:  # the model cannot run from kept block outputs
+                reason = f"{type(error).__name__}: {error}".splitlines()[0]
+            self.checked = True
+            if reason:  # start over the naive way; nothing of this chunk was counted yet
+                self.reason = f"the exact path failed its check: {reason}"
+                return self.naive.sums(chunk, index)
+        batch = self.batches[index]
+        return self.scorer.sums(output, batch.ids, batch.counted, len(chunk), batch.reference)
+
+    def _forward(self, chunk: list[Ablation], index: int, start: int) -> Tensor | Final:
+        """The chunk's ablations stacked along the batch, blocks before `start` replaced by the baseline's outputs."""
+        batch, model = self.batches[index], self.naive.model
+        kept = batch.kept
+        if kept is None:  # not kept (too big): run the baseline again, up to the block where this chunk starts
+            _, kept = capture(self.blocks, model, batch.ids, batch.mask, stop_at=start)
+        copies, rows = len(chunk), batch.ids.shape[0]
+        # every skipped block returns the last one's output: only that one feeds the first block that runs
+        entry = stack(kept[start - 1], copies, rows) if start > 0 else None
+        stacked_ids = batch.ids.repeat(copies, 1)  # (copies * batch, positions)
+        stacked_mask = None if batch.mask is None else batch.mask.repeat(copies, 1)
+        with skip_blocks(self.blocks.container, {i: entry for i in range(start)}), \
+                ablated(model, chunk, self.naive.method, index):
+            return self.naive.readout.stacked(self.blocks, stacked_ids, stacked_mask)
+
+    def _check(self, ablation: Ablation, index: int, stacked: Tensor | Final, copies: int) -> str:
+        """'' if the first copy equals a full forward with the same ablation, else what differs."""
+        batch = self.batches[index]
+        rows = batch.ids.shape[0]
+        if isinstance(stacked, Final):  # long context: compare the last block's outputs, which make the logits
+            reference_final = self.naive.forward(ablation, index, lean=True)
+            assert isinstance(reference_final, Final)
+            mine, reference = stacked.first_rows(rows), reference_final.first_rows(rows)
+        else:
+            reference = self.naive.forward(ablation, index, lean=False)  # type: ignore[assignment]
+            mine = stacked.reshape(copies, rows, *stacked.shape[1:])[0]
+        if mine.shape != reference.shape:
+            return f"output shape {tuple(mine.shape)} != {tuple(reference.shape)}"
+        valid = torch.ones_like(batch.ids, dtype=torch.bool) if batch.mask is None else batch.mask.bool()
+        valid = valid.to(mine.device)
+        diff = (mine.float() - reference.float()).abs()[valid].max().item()
+        scale = max(1.0, reference.float().abs()[valid].max().item())
+        if not diff <= CHECK_TOLERANCE * scale:
+            return f"max difference {diff:.3g} on outputs of scale {scale:.3g}"
+        return ""
+
+    def reproduces(self, index: int, expected: Tensor) -> str:
+        """'' if short-circuiting the blocks before the last one reproduces the baseline's metric sums `expected` on
+        batch `index`: a check of the prefix reuse that costs one block and the unembedding, not a full forward."""
+        batch = self.batches[index]
+        if batch.kept is None:
+            return "no block outputs kept"
+        last = len(self.blocks) - 1
+        skipped = {i: value for i, value in batch.kept.items() if i < last}
+        with torch.no_grad(), skip_blocks(self.blocks.container, skipped):
+            output = logits_of(run_model(self.naive.model, batch.ids, batch.mask))
+        mine = self.scorer.sums(output, batch.ids, batch.counted, 1)[0]
+        scale = float(expected.abs().max().clamp(min=1.0))
+        difference = float((mine - expected).abs().max())
+        return "" if difference <= CHECK_TOLERANCE * scale else f"metric differs by {difference:.3g}"
+
+
+Runner = NaiveRunner | PrefixRunner

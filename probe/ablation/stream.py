@@ -1,0 +1,133 @@
+"""The results stream: a JSON-lines file, a header line then one line per finished ablation, appended and flushed
+as each finishes, so an interrupted sweep loses nothing finished and `resume=True` continues from it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from probe.ablation.heads import Ablation, distinct
+from probe.ablation.means import HeadMeans
+from probe.ablation.results import AblationResult, HeadResult
+from probe.data import ProbeSet
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+
+RESULTS_FORMAT = 1
+
+
+def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: str, metric: str, means: HeadMeans | None) -> str:
+    """What makes two sweeps' numbers comparable: model, data, method, metric, means. Not the heads, not timing."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps([loaded.name, method, metric, probe_set.offset, probe_set.repeat_len]).encode())
+    digest.update(probe_set.input_ids.cpu().contiguous().numpy().tobytes())
+    if probe_set.attention_mask is not None:
+        digest.update(probe_set.attention_mask.cpu().contiguous().numpy().tobytes())
+    if means is not None:
+        digest.update(str(means.per_position).encode())
+        for layer in sorted(means.values):
+            digest.update(means.values[layer].cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:24]
+
+
+def write_stream(path: Path, header: dict[str, Any], entries: list[HeadResult]) -> None:
+    """A results stream (header line, one line per ablation), written atomically: a temporary file, renamed."""
+    lines = [json.dumps(header)] + [json.dumps(entry.to_dict()) for entry in entries]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _entry(path: Path, number: int, entry: Any) -> HeadResult:
+    try:
+        return HeadResult.from_dict(entry)
+    except ProbeError as error:
+        raise ProbeError(f"{path} line {number} is malformed: {error}; remove that line (its ablation runs again "
+                         "when the sweep resumes) or start the sweep over") from None
+
+
+def read_results(path: str | Path) -> tuple[dict[str, Any], list[HeadResult]]:
+    """The header and the finished ablations of a results stream; a half-written last line is ignored."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError:
+        raise ProbeError(f"results file not found: {path}") from None
+    except UnicodeDecodeError:
+        raise ProbeError(f"{path} is not a probe ablation results file") from None
+    header: dict[str, Any] | None = None
+    results: list[HeadResult] = []
+    for number, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            if number >= len(lines) - 2:  # the last line, cut short by an interruption
+                break
+            raise ProbeError(f"{path} line {number + 1} is not JSON: not a probe ablation results file") from None
+        if header is None:
+            if not isinstance(entry, dict) or entry.get("probe_ablation") != RESULTS_FORMAT:
+                raise ProbeError(f"{path} is not a probe ablation results file")
+            header = entry
+        else:
+            results.append(_entry(path, number + 1, entry))
+    if header is None:
+        raise ProbeError(f"{path} is empty: not a probe ablation results file")
+    return header, results
+
+
+def load_results(*paths: str | Path) -> AblationResult:
+    """An AblationResult from one or more results streams of the same sweep (e.g. one per process)."""
+    if not paths:
+        raise ProbeError("no results files given")
+    headers, results = [], []
+    for path in paths:
+        header, entries = read_results(path)
+        if headers and header["fingerprint"] != headers[0]["fingerprint"]:
+            raise ProbeError(f"{path} comes from a different sweep (model, data or method) than {paths[0]}")
+        headers.append(header)
+        results.extend(entries)
+    h = headers[0]
+    return AblationResult(model=h["model"], method=h["method"], data=h["data"], metric=h["metric"],
+                          baseline_loss=h["baseline_loss"], results=distinct(results, key=lambda r: r.heads),
+                          n_layers=h["n_layers"], n_heads=h["n_heads"], mode=h.get("mode", "exact"),
+                          path=h.get("path", ""), baseline_parts=h.get("baseline_parts", {}),
+                          probe_set=h.get("probe_set", {}), mean=h.get("mean"))
+
+
+class Stream:
+    """Appends one JSON line per finished ablation, flushed at once, so an interruption loses nothing finished."""
+
+    def __init__(self, path: Path, header: dict[str, Any], resume: bool) -> None:
+        self.path = path
+        self.done: dict[Ablation, HeadResult] = {}
+        if resume and path.exists() and path.stat().st_size > 0:
+            old, entries = read_results(path)
+            _check_resumable(path, old, header)
+            self.done = {entry.heads: entry for entry in entries}
+            write_stream(path, old, entries)  # drops a half-written last line
+        else:
+            write_stream(path, header, [])
+        self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, result: HeadResult) -> None:
+        self.file.write(json.dumps(result.to_dict()) + "\n")
+        self.file.flush()
+        self.done[result.heads] = result
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _check_resumable(path: Path, old: dict[str, Any], header: dict[str, Any]) -> None:
+    if old.get("fingerprint") != header["fingerprint"]:
+        raise ProbeError(f"cannot resume from {path}: it holds a sweep of a different model, data or method "
+                         "(start over without resume, or with another results_path)", parameter="resume")
+    if not math.isclose(old["baseline_loss"], header["baseline_loss"], rel_tol=1e-5, abs_tol=1e-7):
+        raise ProbeError(f"cannot resume from {path}: its baseline loss {old['baseline_loss']:.6f} differs "
+                         f"from this model's {header['baseline_loss']:.6f} (different weights?)")
