@@ -1,0 +1,103 @@
+"""The `probe` command: a thin typer layer over the library. Bad input ends in one line and a non-zero exit.
+
+Two tables live here and nowhere else: which exit code (and which one line) each kind of failure gets, and which
+flag each library parameter is, so that a library message about `seq_len` reads `--seq-len` on the command line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable
+
+import typer
+
+from cli import ablate, classify, heatmap, models
+from cli.progress import note
+from probe.errors import ProbeError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Find out what each attention head of a transformer does.")
+for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate):
+    app.command()(command)
+_state = {"debug": False}
+
+FLAGS = {
+    "spec": "--model", "model": "--model", "trust_remote_code": "--trust-remote-code", "device": "--device",
+    "dtype": "--dtype", "device_map": "--device-map", "offload_folder": "--offload-folder",
+    "data": "--data", "seq_len": "--seq-len", "num_seqs": "--num-seqs", "repeat_len": "--repeat-len", "seed": "--seed",
+    "batch_size": "--batch-size", "thresholds": "--threshold",
+    "heads": "--heads", "groups": "--together", "together": "--together", "method": "--method",
+    "per_position": "--per-position", "stack": "--stack", "budget": "--budget", "results_path": "--results",
+    "resume": "--resume", "force": "--force", "top": "--top",
+    "text": "--text", "file": "--file", "layers": "--layers", "max_tokens": "--max-tokens", "start": "--window-start",
+    "decimals": "--decimals",
+}
+"""Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
+
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
+
+
+def flag_message(error: ProbeError) -> str:
+    """The error's message with its parameter's name (the first time it stands as a word) replaced by its flag."""
+    message, parameter = str(error), error.parameter
+    if parameter not in FLAGS:
+        return message
+    return re.sub(rf"(?<![\w-]){re.escape(parameter)}(?![\w-])", FLAGS[parameter], message, count=1)
+
+
+def _rank_prefix() -> str:
+    """Under torchrun every process reports its own error: name the process, except rank 0 (the one that reports)."""
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    return f"rank {rank}: " if world not in ("", "1") and rank not in ("", "0") else ""
+
+
+def _usage_line(error: BaseException) -> str | None:
+    """typer's usage error in one line (none where typer has shown the help instead: `probe` alone)."""
+    message = error.format_message() if isinstance(error, typer.TyperException) else str(error)
+    return f"error: {message}" if message else None
+
+
+Describe = Callable[[BaseException], "str | None"]
+EXITS: tuple[tuple[type[BaseException], int | None, Describe, bool], ...] = (
+    # (kind of failure, exit code (None: its own exit_code), its one line (None: nothing), --debug re-raises it)
+    (ProbeError, 2, lambda error: f"{_rank_prefix()}error: {flag_message(error)}", True),  # type: ignore[arg-type]
+    (typer.Exit, None, lambda error: None, False),  # --help and the like
+    (typer.TyperException, None, lambda error: _usage_line(error), False),  # usage errors: their own code, 2
+    (typer.Abort, INTERRUPTED, lambda error: "interrupted", False),
+    (KeyboardInterrupt, INTERRUPTED, lambda error: "interrupted", False),
+    (Exception, 1, lambda error: f"{_rank_prefix()}error: {type(error).__name__}: {error} (run with --debug for the "
+                                 "traceback)", True),
+)
+"""Every failure, first match wins."""
+
+
+def _exit(error: BaseException) -> None:
+    """Leave as EXITS says for this error: its one line on stderr, its exit code (--debug: the traceback)."""
+    for kind, code, describe, traceback in EXITS:
+        if isinstance(error, kind):
+            if traceback and _state["debug"]:
+                raise error
+            message = describe(error)
+            if message:
+                note(message)
+            sys.exit(code if code is not None else getattr(error, "exit_code", 1))
+
+
+@app.callback()
+def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors.")) -> None:
+    _state["debug"] = debug
+
+
+def main() -> None:
+    """Entry point: run the app; a failure becomes one line on stderr and the exit code EXITS gives it."""
+    try:
+        outcome = app(standalone_mode=False)
+    except (Exception, KeyboardInterrupt) as error:
+        _exit(error)
+        raise
+    if outcome == INTERRUPTED:  # typer turns Ctrl-C into an exit code, returned rather than raised
+        _exit(KeyboardInterrupt())
+    if isinstance(outcome, int) and outcome:
+        sys.exit(outcome)

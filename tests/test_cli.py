@@ -1,0 +1,268 @@
+"""The `probe` command as a user meets it: exit codes (Ctrl-C included, as a real SIGINT), outputs that may not
+replace each other, strict JSON and a warning when a model yields NaN, and library messages that name flags."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from cli.app import FLAGS, flag_message
+from conftest import run_cli, tiny_loaded
+from probe.ablate import sweep
+from probe.data import repeated_set
+from probe.errors import ProbeError
+from reports.files import write_json, write_text
+from reports.terminal import ablation_report
+
+TESTS = Path(__file__).parent
+ROOT = TESTS.parent
+SLOW = f"{TESTS / 'faulty.py'}:planted_slow"
+NAN = f"{TESTS / 'faulty.py'}:planted_nan"
+PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
+SMALL = ["--data", "repeated", "--num-seqs", "2", "--repeat-len", "8"]
+
+
+def strict_json(path: Path) -> dict:
+    """Parse as a strict parser would: NaN, Infinity and -Infinity are not JSON."""
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{path} holds {constant}, which is not JSON")
+
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+
+
+def start(args: list[str], tmp_path: Path, **env: str) -> subprocess.Popen:
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path / "cache"), **env}
+    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the run never got going"
+        time.sleep(0.05)
+
+
+def lines(path: Path) -> int:
+    return path.read_text(encoding="utf-8").count("\n") if path.exists() else 0
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Ctrl-C: exit 130, after saving what finished
+
+
+def test_sigint_during_classify_exits_130_and_writes_nothing(tmp_path: Path) -> None:
+    log, out = tmp_path / "forwards.log", tmp_path / "heads.json"
+    process = start(["classify", "--model", SLOW, "--num-seqs", "2", "--json", str(out)], tmp_path,
+                    PROBE_TEST_FORWARD_LOG=str(log))
+    wait_for(lambda: lines(log) >= 1, process)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
+    assert not out.exists()
+
+
+def test_sigint_during_a_sweep_exits_130_and_resume_finishes_it(tmp_path: Path) -> None:
+    results, out = tmp_path / "sweep.jsonl", tmp_path / "sweep.json"
+    args = ["ablate", "--model", SLOW, *SMALL, "--stack", "1", "--results", str(results)]
+    process = start([*args, "--json", str(out)], tmp_path, PROBE_TEST_SLEEP="0.3")
+    wait_for(lambda: lines(results) >= 3, process)  # the header and at least two finished heads
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr
+    assert "interrupted: " in stderr and "finished ablation(s) are saved in" in stderr and "--resume" in stderr
+    assert not out.exists()
+    saved = lines(results) - 1
+    assert 2 <= saved < 8
+    process = start([*args, "--resume", "--json", str(out)], tmp_path, PROBE_TEST_SLEEP="0")
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr
+    assert f"resumed: {saved} ablation(s)" in stderr and len(strict_json(out)["heads"]) == 8
+
+
+def test_keyboard_interrupt_in_process_is_130(capsys, monkeypatch) -> None:
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("cli.classify.run_classify", interrupted)
+    code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
+    assert code == 130 and stderr.strip() == "interrupted"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one output may not replace another; every output is written atomically
+
+
+@pytest.mark.parametrize("args, flags", [
+    (["classify", "--json", "{out}", "--html", "{out}"], ("--json", "--html")),
+    (["classify", "--json", "out.json", "--html", "./out.json"], ("--json", "--html")),
+    (["ablate", "--csv", "{out}", "--json", "{out}"], ("--json", "--csv")),
+    (["ablate", "--results", "{out}", "--json", "{out}"], ("--json", "--results")),
+    (["ablate", "--html", "{out}", "--results", "{out}"], ("--html", "--results")),
+])
+def test_two_outputs_at_one_path_are_refused_before_any_work(args: list[str], flags: tuple[str, str],
+                                                              tmp_path: Path, capsys, monkeypatch) -> None:
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr("cli.classify.load", never)
+    monkeypatch.setattr("cli.ablate.load", never)
+    monkeypatch.chdir(tmp_path)
+    filled = [arg.format(out=tmp_path / "out.json") for arg in args]
+    code, _, stderr = run_cli([*filled, "--model", PLANTED], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert f"{flags[0]} and {flags[1]} both name" in stderr
+    assert not (tmp_path / "out.json").exists()
+
+
+def test_every_output_file_is_written_by_a_rename(tmp_path: Path, capsys, monkeypatch) -> None:
+    renamed = []
+    original = os.replace
+    monkeypatch.setattr("reports.files.os.replace", lambda src, dst: renamed.append(Path(dst)) or original(src, dst))
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))  # the results stream is renamed too: elsewhere
+    outputs = {flag: tmp_path / f"sweep.{flag[2:]}" for flag in ("--json", "--csv", "--html")}
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, *(x for pair in outputs.items()
+                                                                       for x in map(str, pair))], capsys, monkeypatch)
+    assert code == 0, stderr
+    assert sorted(path for path in renamed if path.parent == tmp_path) == sorted(outputs.values())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+def test_an_interrupted_write_leaves_no_file(tmp_path: Path, monkeypatch) -> None:
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("reports.files.os.replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_text(tmp_path / "page.html", "<html>" * 1000)
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# NaN: strict JSON, one warning, files before reports, charts that do not crash
+
+
+def test_nan_attention_gives_strict_json_and_one_warning(tmp_path: Path) -> None:
+    out = tmp_path / "heads.json"
+    completed = subprocess.run([sys.executable, "-m", "cli", "classify", "--model", NAN, "--num-seqs", "2",
+                                "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert completed.returncode == 0, completed.stderr
+    data = strict_json(out)
+    by_head = {(h["layer"], h["head"]): h for h in data["heads"]}
+    assert by_head[(1, 3)]["scores"]["induction"] is None and by_head[(1, 3)]["labels"] == []
+    assert by_head[(1, 1)]["scores"]["induction"] > 0.8  # the other heads are scored as ever
+    warnings = [line for line in completed.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "for 1.3;" in warnings[0] and "--dtype float32" in warnings[0]
+
+
+def test_files_are_written_before_the_terminal_report(tmp_path: Path) -> None:
+    """A report that fails to print (a closed pipe, a crash) must not cost the results."""
+    out = tmp_path / "sweep.json"
+    completed = subprocess.run([sys.executable, "-m", "cli", "ablate", "--model", NAN, *SMALL, "--json", str(out)],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+                               env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path)})
+    assert completed.returncode == 0, completed.stdout
+    output = completed.stdout
+    assert output.index(f"wrote {out}") < output.index("warning:") < output.index("Head ablation of")
+    data = strict_json(out)
+    assert data["baseline_loss"] is None and {h["delta"] for h in data["heads"]} == {None}
+    assert "1.3 │ 3." in output  # ablating the NaN head leaves a finite loss; its delta from a NaN baseline is nan
+
+
+def test_a_nan_delta_renders_without_crashing(tmp_path: Path) -> None:
+    loaded = tiny_loaded("llama_gqa")
+    payload = sweep(loaded, repeated_set(loaded, repeat_len=8, num_seqs=2)).to_dict()
+    payload["heads"][2]["delta"] = math.nan
+    payload["heads"][5]["delta"] = math.inf
+    console = Console(record=True, width=160, file=io.StringIO())
+    ablation_report(payload, console, top=8)
+    text = console.export_text()
+    row = next(line for line in text.splitlines() if line.startswith(" 0.2 "))
+    assert "nan" in row and "█" not in row
+    write_json(tmp_path / "a.json", payload)
+    data = strict_json(tmp_path / "a.json")
+    assert data["heads"][2]["delta"] is None and data["heads"][5]["delta"] is None
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_non_finite_thresholds_are_refused(value: str, capsys, monkeypatch) -> None:
+    code, _, stderr = run_cli(["classify", "--model", PLANTED, "--threshold", f"induction={value}"], capsys,
+                              monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert "must be a finite number" in stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# messages and exit codes
+
+
+def test_a_library_parameter_is_shown_as_its_flag() -> None:
+    error = ProbeError("seq_len must be at least 2, got 1", parameter="seq_len")
+    assert flag_message(error) == "--seq-len must be at least 2, got 1"
+    error = ProbeError("heads: 0.9 is out of range: the model has 4 heads", parameter="heads")
+    assert flag_message(error) == "--heads: 0.9 is out of range: the model has 4 heads"
+    error = ProbeError("start must be a position", parameter="start")
+    assert flag_message(error) == "--window-start must be a position"
+    assert flag_message(ProbeError("max_memory is odd", parameter="max_memory")) == "max_memory is odd"
+    assert flag_message(ProbeError("plain")) == "plain"
+    assert FLAGS["results_path"] == "--results" and FLAGS["thresholds"] == "--threshold"
+
+
+def test_library_errors_reach_the_command_line_with_flags(capsys, monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise ProbeError("num_seqs must be at least 1, got 0", parameter="num_seqs")
+
+    code, _, stderr = run_cli(["classify", "--model", PLANTED, "--seq-len", "1"], capsys, monkeypatch)
+    assert code == 2 and "--seq-len must be at least 2" in stderr
+    monkeypatch.setattr("cli.classify.run_classify", refuse)
+    code, _, stderr = run_cli(["classify", "--model", PLANTED, "--num-seqs", "0"], capsys, monkeypatch)
+    assert code == 2 and stderr.strip() == "error: --num-seqs must be at least 1, got 0"
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["classify", "--seq-len", "x"], 2, "error: Invalid value for '--seq-len'"),
+    (["nosuch"], 2, "error: No such command 'nosuch'"),
+    (["classify", "--no-such-flag"], 2, "error: No such option: --no-such-flag"),
+])
+def test_usage_errors_keep_their_code_in_one_line(args: list[str], code: int, message: str, capsys,
+                                                  monkeypatch) -> None:
+    got, _, stderr = run_cli(args, capsys, monkeypatch)
+    assert got == code and len(stderr.strip().splitlines()) == 1 and stderr.startswith(message), stderr
+
+
+def test_an_unforeseen_error_is_one_line_and_exit_1(capsys, monkeypatch) -> None:
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr("cli.classify.run_classify", broken)
+    code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
+    assert code == 1 and stderr.strip() == "error: RuntimeError: disk on fire (run with --debug for the traceback)"
+
+
+def test_remote_code_runs_only_when_asked(capsys, monkeypatch) -> None:
+    calls = []
+
+    def record(spec, **kwargs):
+        calls.append(kwargs)
+        raise ProbeError("stop here")
+
+    monkeypatch.setattr("cli.options.load_model", record)
+    for command in (["classify"], ["heatmap", "--text", "hi", "--html", "never.html"], ["ablate"]):
+        assert run_cli([*command, "--model", "org/name"], capsys, monkeypatch)[0] == 2
+        assert run_cli([*command, "--model", "org/name", "--trust-remote-code"], capsys, monkeypatch)[0] == 2
+    assert [call.get("trust_remote_code", False) for call in calls] == [False, True] * 3
+    help_text = run_cli(["classify", "--help"], capsys, monkeypatch)[1]
+    assert "--trust-remote-code" in help_text and "runs that Python" in " ".join(help_text.split())
