@@ -3,6 +3,7 @@ replace each other, strict JSON and a warning when a model yields NaN, and libra
 
 from __future__ import annotations
 
+import csv
 import io
 import json
 import math
@@ -21,7 +22,7 @@ from conftest import run_cli, tiny_loaded
 from probe.ablate import sweep
 from probe.data import repeated_set
 from probe.errors import ProbeError
-from reports.files import write_json, write_text
+from reports.files import write_csv, write_json, write_text
 from reports.terminal import ablation_report
 
 TESTS = Path(__file__).parent
@@ -138,6 +139,20 @@ def test_every_output_file_is_written_by_a_rename(tmp_path: Path, capsys, monkey
     assert code == 0, stderr
     assert sorted(path for path in renamed if path.parent == tmp_path) == sorted(outputs.values())
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
+
+
+def test_csv_rows_as_csv(tmp_path: Path) -> None:
+    loaded = tiny_loaded("llama_gqa")
+    result = sweep(loaded, repeated_set(loaded, repeat_len=8, num_seqs=2), [(0, 0), (1, 1)],
+                   groups=[[(0, 0), (1, 1)]])
+    write_csv(tmp_path / "r.csv", result.csv_rows())
+    text = (tmp_path / "r.csv").read_text(encoding="utf-8")
+    assert text.splitlines()[0] == ("heads,layer,head,loss,delta,first_repeat_loss,first_repeat_delta,"
+                                    "second_repeat_loss,second_repeat_delta")
+    rows = list(csv.DictReader(io.StringIO(text)))
+    assert [row["heads"] for row in rows] == [row["heads"] for row in result.csv_rows()]
+    assert "0.0+1.1" in [row["heads"] for row in rows]
+    assert [float(row["delta"]) for row in rows] == [row["delta"] for row in result.csv_rows()]
 
 
 def test_an_interrupted_write_leaves_no_file(tmp_path: Path, monkeypatch) -> None:
