@@ -19,7 +19,7 @@ import typer
 from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
                          OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
 from cli.outputs import check_distinct, check_outputs, save, warn_non_finite
-from cli.progress import console, note, status, sweep_progress
+from cli.progress import console, note, status, sweep_progress, warn
 from probe.ablate import AblationResult, Head, estimate, head_means, parse_heads, read_results
 from probe.attention import attention_layers
 from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
@@ -195,7 +195,7 @@ def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None
                                    resume=resume, data=request.data_file, progress=update, on_result=on_result)
     except KeyboardInterrupt:
         if show:
-            note(f"interrupted: {finished_count(stream)} finished ablation(s) are saved in {stream}; run the same "
+            warn(f"interrupted: {finished_count(stream)} finished ablation(s) are saved in {stream}; run the same "
                  "command with --resume to continue")
         raise
     if show and done_before:

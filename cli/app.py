@@ -6,21 +6,47 @@ flag each library parameter is, so that a library message about `seq_len` reads 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
 from collections.abc import Callable
+from importlib import metadata
+from typing import Any
 
+import click
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from cli import ablate, classify, heatmap, models
-from cli.progress import note
+from cli.progress import set_quiet, warn
 from probe.errors import ProbeError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+class _BareFlags:
+    """typer's rich help writes `<bool>` after a flag, as if it took a value: a flag is shown bare."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(_BareFlags, TyperCommand):
+    """A probe command (flags shown bare in --help)."""
+
+
+class Group(_BareFlags, TyperGroup):
+    """The probe command group (flags shown bare in --help)."""
+
+
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find out what each attention head of a transformer does.")
 for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate):
-    app.command()(command)
+    app.command(cls=Command)(command)
 _state = {"debug": False}
 
 FLAGS = {
@@ -81,13 +107,62 @@ def _exit(error: BaseException) -> None:
                 raise error
             message = describe(error)
             if message:
-                note(message)
+                warn(message)
             sys.exit(code if code is not None else getattr(error, "exit_code", 1))
 
 
+def version() -> str:
+    """The installed probe's version, from the package metadata (the one place it is set: pyproject.toml)."""
+    try:
+        return metadata.version("probe")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e . gives it a version)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"probe {version()}")
+        raise typer.Exit()
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to sys.stderr as it is at each record (a test, or a notebook, may have replaced it since)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+_LOG_HANDLER = _Stderr()
+_LOG_HANDLER.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+
+
+def configure_logging(verbose: bool) -> None:
+    """-v: the library's logging (the `probe` logger) at INFO on stderr; without it, Python's default (warnings)."""
+    logger = logging.getLogger("probe")
+    logger.removeHandler(_LOG_HANDLER)
+    logger.setLevel(logging.INFO if verbose else logging.NOTSET)
+    if verbose:
+        logger.addHandler(_LOG_HANDLER)
+
+
 @app.callback()
-def _options(debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors.")) -> None:
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no notes; warnings and errors only."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also the library's log messages (INFO) on stderr."),
+    _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                  help="Show probe's version and exit."),
+) -> None:
+    if quiet and verbose:
+        raise ProbeError("-q and -v contradict each other: give one")
     _state["debug"] = debug
+    set_quiet(quiet)
+    configure_logging(verbose)
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cli.progress import note
+from cli.progress import note, warn
 from probe.errors import ProbeError
 from probe.patterns import AVERAGE, Patterns
 from reports.files import check_writable, non_finite_heads
@@ -50,7 +50,7 @@ def warn_non_finite(payload: dict[str, Any]) -> None:
         return
     shown = ", ".join(heads[:SHOWN_HEADS]) + (f" and {len(heads) - SHOWN_HEADS} more" if len(heads) > SHOWN_HEADS
                                               else "")
-    note(f"warning: numbers that are not finite (NaN or infinity) for {shown}; JSON writes them as null. "
+    warn(f"warning: numbers that are not finite (NaN or infinity) for {shown}; JSON writes them as null. "
          "Half precision often overflows: try --dtype float32")
 
 

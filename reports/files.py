@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ProbeError
+from reports.labels import short_label
 
 
 def check_writable(path: str | Path, *, force: bool) -> Path:
@@ -86,5 +87,5 @@ def non_finite_heads(payload: dict[str, Any]) -> list[str]:
     labels = ["the baseline"] if _has_non_finite(payload.get("baseline_loss")) else []
     for entry in [*payload.get("heads", []), *payload.get("groups", [])]:
         if _has_non_finite(entry):
-            labels.append(entry.get("label") or f"{entry['layer']}.{entry['head']}")
+            labels.append(entry.get("label") or short_label(entry["layer"], entry["head"]))
     return labels

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from probe.errors import ProbeError
+from reports.labels import long_label, short_label
 
 ASSETS = Path(__file__).parent / "assets"
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
@@ -331,7 +332,8 @@ def _ablation_data(entries: list[tuple[int, int, float, float]], n_layers: int, 
     for layer, head, head_loss, delta in finite:
         z[layer][head], loss[layer][head] = round(delta, 6), round(head_loss, 6)
     ranked = sorted(finite, key=lambda e: -abs(e[3]))[:top]
-    top_data = {"label": [f"L{layer} H{head}" for layer, head, _, _ in ranked],
+    top_data = {"label": [short_label(layer, head) for layer, head, _, _ in ranked],
+                "name": [long_label(layer, head) for layer, head, _, _ in ranked],
                 "delta": [round(delta, 6) for _, _, _, delta in ranked],
                 "loss": [round(head_loss, 6) for _, _, head_loss, _ in ranked],
                 "color": ["#b2182b" if delta >= 0 else "#2166ac" for _, _, _, delta in ranked]}

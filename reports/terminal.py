@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from reports.labels import short_label
+
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
 
@@ -34,7 +36,7 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
         table.add_column("", no_wrap=True)
         for entry in flagged[:max_rows]:
             score = entry["score"]
-            table.add_row(f"{entry['layer']}.{entry['head']}", f"{score:.3f}",
+            table.add_row(short_label(entry["layer"], entry["head"]), f"{score:.3f}",
                           Text("█" * round(score * 20), style="cyan"))
         console.print(table)
         if len(flagged) > max_rows:
@@ -78,7 +80,7 @@ def _signed(value: Any) -> str:
 
 
 def _label(entry: dict[str, Any]) -> str:
-    return entry.get("label") or f"{entry['layer']}.{entry['head']}"
+    return entry.get("label") or short_label(entry["layer"], entry["head"])
 
 
 def _by_delta(entry: dict[str, Any]) -> tuple[bool, float]:
@@ -136,28 +138,47 @@ def _ablation_header(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"  computed: {payload['path']}", style="dim"))
     parts = "".join(f", {name.replace('_', ' ')} {_number(payload[f'baseline_{name}_loss']):.4f}"
                     for name in _part_names(payload))
+    console.print(Text("baseline loss: ", style="bold"), Text(f"{_number(payload['baseline_loss']):.4f}{parts}"))
     forwards, seconds = payload.get("forward_equivalents"), payload.get("seconds")
-    cost = f", {forwards:.1f} forward-equivalents" if forwards is not None else ""
-    timing = f" ({seconds:.1f} s{cost})" if seconds is not None else ""
-    console.print(Text("baseline loss: ", style="bold"),
-                  Text(f"{_number(payload['baseline_loss']):.4f}{parts}{timing}"))
+    if seconds is not None:
+        run = "estimate" if payload["mode"] == "estimate" else "sweep (baseline and every ablation)"
+        cost = f", {forwards:.1f} forward-equivalents" if forwards is not None else ""
+        console.print(Text(f"  time of the whole {run}: {seconds:.1f} s{cost}", style="dim"))
+
+
+def _estimate_note(payload: dict[str, Any]) -> Text | None:
+    """Under the tables of an estimate: which values are estimated, and how (the payload's `path`)."""
+    if payload["mode"] != "estimate":
+        return None
+    return Text(f"est. marks an estimated value, not an ablation ({payload['path']}); exact marks a head ablated "
+                "for real.", style="dim")
 
 
 def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
-    """An ablation payload: what was run, the baseline, the heads whose removal hurts most and those whose removal
-    helps (negative delta), and heads ablated together. A NaN delta shows as 'nan', without a bar."""
+    """An ablation payload: what was run, the baseline, the heads whose removal hurts most (positive delta) and
+    those whose removal helps (negative delta), heads whose delta is not a finite number ('nan', no bar), and heads
+    ablated together. An estimate's tables say so in their titles, and how it was made."""
     _ablation_header(payload, console)
+    note = _estimate_note(payload)
+    if note is not None:
+        console.print(note)
+    estimated = "estimated " if payload["mode"] == "estimate" else ""
     singles = sorted(payload["heads"], key=lambda r: (*_by_delta(r), r["layer"], r["head"]))
-    if singles:
-        console.print()
-        console.print(_delta_table(payload, f"Heads whose removal hurts most (largest delta, {min(top, len(singles))} "
-                                            f"of {len(singles)})", singles[:top]))
-        helping = [r for r in reversed(singles) if _number(r["delta"]) < 0][:top]
-        console.print()
-        if helping:
-            console.print(_delta_table(payload, "Heads whose removal helps (most negative delta)", helping))
-        else:
-            console.print(Text("No head lowers the loss when removed.", style="dim"))
+    deltas = [_number(r["delta"]) for r in singles]
+    hurting = [r for r, d in zip(singles, deltas) if math.isfinite(d) and d > 0][:top]
+    helping = [r for r, d in zip(reversed(singles), reversed(deltas)) if math.isfinite(d) and d < 0][:top]
+    broken = [r for r, d in zip(singles, deltas) if not math.isfinite(d)][:top]
+    tables = [
+        (hurting, f"Heads whose removal hurts most (largest {estimated}delta, {len(hurting)} of {len(singles)})",
+         "No head raises the loss when removed."),
+        (helping, f"Heads whose removal helps (most negative {estimated}delta, {len(helping)} of {len(singles)})",
+         "No head lowers the loss when removed."),
+        (broken, "Heads whose delta is not a finite number", None),
+    ]
+    for rows, title, empty in tables if singles else []:
+        if rows or empty:
+            console.print()
+            console.print(_delta_table(payload, title, rows) if rows else Text(empty, style="dim"))
     if payload.get("groups"):
         console.print()
         console.print(_delta_table(payload, "Heads ablated together", sorted(payload["groups"], key=_by_delta)))

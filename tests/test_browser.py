@@ -274,7 +274,7 @@ def test_ablation_page(tmp_path, open_page):
         assert grid["z"][item["layer"]][item["head"]] == pytest.approx(item["delta"])
     assert grid["z"][2][2] is None and grid["zmid"] == 0
     bars = opened.page.evaluate("document.querySelector('.probe-bar-plot').data[0]")
-    assert bars["y"][0] == f"L{heads[5]['layer']} H{heads[5]['head']}" and bars["x"][0] == pytest.approx(-0.2)
+    assert bars["y"][0] == f"{heads[5]['layer']}.{heads[5]['head']}" and bars["x"][0] == pytest.approx(-0.2)
     assert [abs(x) for x in bars["x"]] == sorted((abs(x) for x in bars["x"]), reverse=True)
     assert opened.page.locator(".probe-delta-plot .heatmaplayer image").count() >= 1
     assert opened.page.locator(".probe-bar-plot .bars path").count() == len(bars["x"])

@@ -1,28 +1,36 @@
 """The `probe` command as a user meets it: exit codes (Ctrl-C included, as a real SIGINT), outputs that may not
-replace each other, strict JSON and a warning when a model yields NaN, and library messages that name flags."""
+replace each other, strict JSON and a warning when a model yields NaN, library messages that name flags, -h,
+--version, -q and -v, plain progress lines and unwrapped reports where the output is not a terminal, honest
+ablation reports, and one short and one long name of a head."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import logging
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from cli.app import FLAGS, flag_message
+from cli.progress import PlainProgress
 from conftest import run_cli, tiny_loaded
-from probe.ablate import sweep
+from probe.ablate import estimate, sweep
 from probe.data import repeated_set
 from probe.errors import ProbeError
 from reports.files import write_csv, write_json, write_text
+from reports.html import ablation_page
+from reports.labels import long_label, short_label
 from reports.terminal import ablation_report
 
 TESTS = Path(__file__).parent
@@ -99,7 +107,7 @@ def test_keyboard_interrupt_in_process_is_130(capsys, monkeypatch) -> None:
 
     monkeypatch.setattr("cli.classify.run_classify", interrupted)
     code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
-    assert code == 130 and stderr.strip() == "interrupted"
+    assert code == 130 and stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -244,7 +252,7 @@ def test_library_errors_reach_the_command_line_with_flags(capsys, monkeypatch) -
     assert code == 2 and "--seq-len must be at least 2" in stderr
     monkeypatch.setattr("cli.classify.run_classify", refuse)
     code, _, stderr = run_cli(["classify", "--model", PLANTED, "--num-seqs", "0"], capsys, monkeypatch)
-    assert code == 2 and stderr.strip() == "error: --num-seqs must be at least 1, got 0"
+    assert code == 2 and stderr.strip().splitlines()[-1] == "error: --num-seqs must be at least 1, got 0"
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -264,7 +272,8 @@ def test_an_unforeseen_error_is_one_line_and_exit_1(capsys, monkeypatch) -> None
 
     monkeypatch.setattr("cli.classify.run_classify", broken)
     code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
-    assert code == 1 and stderr.strip() == "error: RuntimeError: disk on fire (run with --debug for the traceback)"
+    assert code == 1 and stderr.strip().splitlines()[-1] == ("error: RuntimeError: disk on fire (run with --debug for "
+                                                             "the traceback)")
 
 
 def test_remote_code_runs_only_when_asked(capsys, monkeypatch) -> None:
@@ -281,3 +290,187 @@ def test_remote_code_runs_only_when_asked(capsys, monkeypatch) -> None:
     assert [call.get("trust_remote_code", False) for call in calls] == [False, True] * 3
     help_text = run_cli(["classify", "--help"], capsys, monkeypatch)[1]
     assert "--trust-remote-code" in help_text and "runs that Python" in " ".join(help_text.split())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# -h, --version, flags without a placeholder
+
+
+def test_h_is_help_everywhere(capsys, monkeypatch) -> None:
+    for command in ([], ["classify"], ["ablate"], ["heatmap"], ["models"]):
+        code, out, _ = run_cli([*command, "-h"], capsys, monkeypatch)
+        assert code == 0 and "Usage:" in out and out == run_cli([*command, "--help"], capsys, monkeypatch)[1]
+
+
+def test_version_comes_from_the_package_metadata(capsys, monkeypatch) -> None:
+    assert run_cli(["--version"], capsys, monkeypatch)[:2] == (0, f"probe {metadata.version('probe')}\n")
+
+    def missing(name: str) -> str:
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr("cli.app.metadata.version", missing)
+    code, out, _ = run_cli(["--version"], capsys, monkeypatch)
+    assert code == 0 and out.startswith("probe unknown (not installed")
+
+
+def test_boolean_flags_show_no_value_placeholder(capsys, monkeypatch) -> None:
+    help_lines = run_cli(["ablate", "--help"], capsys, monkeypatch)[1].splitlines()
+
+    def line_of(flag: str) -> str:
+        return next(line for line in help_lines if re.search(rf"{flag}\b", line))
+
+    for flag in ("--together", "--naive", "--resume", "--force", "--trust-remote-code", "--help"):
+        assert "<" not in line_of(flag), line_of(flag)
+    assert "<int>" in line_of("--seq-len") and "<str>" in line_of("--heads")  # options with a value keep theirs
+    assert "<bool>" not in run_cli(["--help"], capsys, monkeypatch)[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the ablation report says what it measured
+
+
+def report(payload: dict, top: int = 15) -> str:
+    console = Console(record=True, width=200, file=io.StringIO())
+    ablation_report(payload, console, top=top)
+    return console.export_text()
+
+
+def table_heads(text: str, title: str) -> list[str]:
+    """The head labels of the rows of the table titled `title...` in a rendered report."""
+    rows = text.split(title, 1)[1].split("\n\n", 1)[0].splitlines()[3:]
+    return [row.split("│")[0].strip() for row in rows if "│" in row]
+
+
+def test_the_baseline_line_does_not_carry_the_sweep_time() -> None:
+    loaded = tiny_loaded("llama_gqa")
+    payload = sweep(loaded, repeated_set(loaded, repeat_len=8, num_seqs=2)).to_dict()
+    payload["seconds"] = 23.7
+    text = report(payload)
+    baseline = next(line for line in text.splitlines() if line.startswith("baseline loss:"))
+    assert "23.7" not in baseline and not re.search(r"\d s\b", baseline)
+    assert "time of the whole sweep (baseline and every ablation): 23.7 s" in text
+
+
+def test_heads_that_hurt_are_only_those_with_a_positive_delta() -> None:
+    loaded = tiny_loaded("llama_gqa")
+    payload = sweep(loaded, repeated_set(loaded, repeat_len=8, num_seqs=2)).to_dict()
+    for index, entry in enumerate(payload["heads"]):
+        entry["delta"] = 0.5 - index * 0.1 if index < 2 else -0.01 * index  # two heads hurt, six help
+    text = report(payload, top=5)
+    assert table_heads(text, "Heads whose removal hurts most") == ["0.0", "0.1"]
+    assert "(largest delta, 2 of 8)" in text
+    assert table_heads(text, "Heads whose removal helps") == ["1.3", "1.2", "1.1", "1.0", "0.3"]
+    for entry in payload["heads"]:
+        entry["delta"] = -abs(entry["delta"]) - 0.01
+    text = report(payload, top=5)
+    assert "Heads whose removal hurts most" not in text and "No head raises the loss when removed." in text
+
+
+def test_an_estimate_says_in_its_titles_that_it_is_one_and_how() -> None:
+    loaded = tiny_loaded("llama_gqa")
+    payload = estimate(loaded, repeated_set(loaded, repeat_len=8, num_seqs=2)).to_dict()
+    text = report(payload, top=8)
+    assert "largest estimated delta" in text or "most negative estimated delta" in text
+    assert f"est. marks an estimated value, not an ablation ({payload['path']})" in " ".join(text.split("\n"))
+    assert payload["path"].startswith("estimate: attribution patching")
+    marks = {row.split("│")[-2].strip() for row in text.splitlines() if row.count("│") >= 5}
+    assert marks <= {"exact", "est."} and "est." in marks
+    assert "time of the whole estimate:" in text
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# output that is not a terminal: no wrapping at 80 columns, plain progress lines; -q and -v
+
+
+def test_a_report_in_a_file_is_not_wrapped_at_80_columns(tmp_path: Path) -> None:
+    environment = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
+    completed = subprocess.run([sys.executable, "-m", "cli", "ablate", "--model", PLANTED, *SMALL], cwd=ROOT,
+                               capture_output=True, text=True, timeout=300,
+                               env={**environment, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path)})
+    assert completed.returncode == 0, completed.stderr
+    lines_out = completed.stdout.splitlines()
+    assert f"Head ablation of {PLANTED} (2 layers x 4 heads, zero ablation)" in lines_out
+    metric = next(line for line in lines_out if line.startswith("  metric:"))
+    assert metric.endswith("(padding excluded)") and len(metric) > 80
+    assert any(line.startswith("  computed: exact: ") and line.endswith("block") for line in lines_out)
+
+
+PLAIN_LINE = re.compile(r"^ablating heads: \d+%( \(\d+ heads? done\))?, \d+:\d\d elapsed(, ~\d+:\d\d left)?$")
+
+
+def test_progress_in_a_log_file_is_plain_lines(tmp_path: Path) -> None:
+    log = tmp_path / "stderr.log"
+    with open(log, "w", encoding="utf-8") as stderr:
+        completed = subprocess.run([sys.executable, "-m", "cli", "ablate", "--model", SLOW, *SMALL, "--stack", "1"],
+                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path),
+                                        "PROBE_TEST_SLEEP": "0.01"})
+    text = log.read_text(encoding="utf-8")
+    assert completed.returncode == 0, text
+    assert "\r" not in text and "\x1b" not in text  # no live bar, no escape codes
+    progress = [line for line in text.splitlines() if line.startswith("ablating heads")]
+    assert all(PLAIN_LINE.match(line) for line in progress), progress
+    assert 5 <= len(progress) <= 11 and progress[-1].startswith("ablating heads: 100%")  # one per tenth at most
+    assert "heads done)" in " ".join(progress)
+
+
+def test_plain_progress_comes_every_tenth_or_every_30_seconds(capsys) -> None:
+    times = iter([0.0, 1.0, 2.0, 40.0, 41.0, 100.0])
+    plain = PlainProgress("classifying heads", counted=True, now=lambda: next(times))
+    plain.update(1, 100)  # 1%, after 1 s: nothing
+    plain.update(12, 100)  # a new tenth: a line
+    plain.update(13, 100)  # 38 s since the last line: a line
+    plain.update(14, 100)  # neither
+    plain.update(100, 100)
+    assert capsys.readouterr().err.splitlines() == [
+        "classifying heads: 12/100 (12%), 0:02 elapsed, ~0:14 left",
+        "classifying heads: 13/100 (13%), 0:40 elapsed, ~4:27 left",
+        "classifying heads: 100/100 (100%), 1:40 elapsed"]
+
+
+def test_quiet_shows_only_warnings_and_errors(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    out = tmp_path / "sweep.json"
+    code, stdout, stderr = run_cli(["-q", "ablate", "--model", PLANTED, *SMALL, "--json", str(out)], capsys,
+                                   monkeypatch)
+    assert code == 0 and stderr == "" and out.exists() and "Head ablation of" in stdout
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, "--json", str(out), "--force"], capsys,
+                              monkeypatch)
+    assert code == 0 and f"wrote {out}" in stderr and "loading" in stderr  # without -q: the notes
+    code, _, stderr = run_cli(["--quiet", "ablate", "--model", NAN, *SMALL, "--json", str(out), "--force"], capsys,
+                              monkeypatch)
+    assert code == 0 and stderr.startswith("warning: numbers that are not finite") and "wrote" not in stderr
+    code, _, stderr = run_cli(["-q", "ablate", "--model", PLANTED, "--top", "0"], capsys, monkeypatch)
+    assert code == 2 and stderr.strip() == "error: --top must be at least 1, got 0"
+
+
+def test_verbose_shows_the_library_log(capsys, monkeypatch) -> None:
+    def logs(*args, **kwargs):
+        logging.getLogger("probe.classify").info("scored every head")
+        raise ProbeError("stop here")
+
+    monkeypatch.setattr("cli.classify.run_classify", logs)
+    code, _, stderr = run_cli(["-v", "classify", "--model", PLANTED], capsys, monkeypatch)
+    assert code == 2 and "probe.classify: scored every head" in stderr
+    code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
+    assert code == 2 and "scored every head" not in stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a head has one short and one long name
+
+
+def test_a_head_has_one_short_and_one_long_name(capsys, monkeypatch) -> None:
+    assert (short_label(18, 6), long_label(18, 6)) == ("18.6", "layer 18, head 6")
+    heads = [{"layer": layer, "head": head, "loss": 2.0, "delta": 0.1 * (layer + head)} for layer in range(2)
+             for head in range(3)]
+    page = ablation_page({"model": "m", "method": "zero", "baseline_loss": 1.0, "heads": heads})
+    top = json.loads(re.search(r'id="[^"]+-data">(.*?)</script>', page, re.S).group(1))["top"]
+    assert top["label"][0] == "1.2" and top["name"][0] == "layer 1, head 2"  # axis: short; hover: long
+    assert "%{text}: " in (ROOT / "reports" / "assets" / "probe.js").read_text(encoding="utf-8")
+    payload = {"model": "m", "method": "zero", "mode": "exact", "data": "d", "metric": "ce", "path": "p",
+               "n_layers": 2, "n_heads": 3, "baseline_loss": 1.0, "heads": heads}
+    assert table_heads(report(payload), "hurts most")[0] == "1.2"
+    sources = [*(ROOT / "cli").glob("*.py"), *(ROOT / "reports").glob("*.py"), ROOT / "reports" / "assets" / "probe.js"]
+    other_forms = re.compile(r"""["'(]L["'{+]|\bL\{|H\{|["'] ?H["']|Layer \{|head \{[^}]*\}, layer""")
+    assert [path.name for path in sources if other_forms.search(path.read_text(encoding="utf-8"))] == []

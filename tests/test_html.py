@@ -262,7 +262,8 @@ def test_ablation_page_from_a_dict():
     assert (data["n_layers"], data["n_heads"]) == (4, 3)  # derived from the heads
     assert data["z"][2][1] is None and data["z"][3][0] == pytest.approx(0.03)
     assert data["top"]["delta"] == sorted(data["top"]["delta"], key=abs, reverse=True)
-    assert len(data["top"]["label"]) == 5 and data["top"]["label"][0] == "L3 H0"
+    assert len(data["top"]["label"]) == 5 and data["top"]["label"][0] == "3.0"
+    assert data["top"]["name"][0] == "layer 3, head 0"
     assert SCRIPT not in page and "<img" not in page
     assert ablation_page(result | {"n_layers": 6, "n_heads": 3}).count("probeReports.start") == 1
     with pytest.raises(ProbeError, match="baseline_loss"):
@@ -281,7 +282,7 @@ def test_ablation_page_leaves_heads_without_a_finite_loss_blank():
              "delta": float("nan")}, {"layer": 1, "head": 0, "loss": None, "delta": None}]
     page = ablation_page({"model": "m", "method": "zero", "baseline_loss": 2.0, "heads": heads})
     data = page_data(page)
-    assert data["z"] == [[0.5, None], [None, None]] and data["top"]["label"] == ["L0 H0"]
+    assert data["z"] == [[0.5, None], [None, None]] and data["top"]["label"] == ["0.0"]
     assert "2 with a loss that is not a finite number" in page
 
 
