@@ -57,14 +57,9 @@ def _showing(enabled: bool) -> bool:
 
 
 def status(message: str, enabled: bool = True) -> AbstractContextManager[Any]:
-    """A spinner on stderr while something without a count runs; the message as one line where stderr is not a
-    terminal; nothing where `enabled` is False or with -q."""
-    if not _showing(enabled):
-        return nullcontext()
-    if not errors.is_terminal:
-        _say(message)
-        return nullcontext()
-    return errors.status(message)
+    """A spinner on stderr while something without a count runs; nothing where `enabled` is False, with -q, or where
+    stderr is not a terminal (an error after it stays the only line there)."""
+    return errors.status(message) if _showing(enabled) and errors.is_terminal else nullcontext()
 
 
 def clock(seconds: float) -> str:

@@ -107,7 +107,7 @@ def test_keyboard_interrupt_in_process_is_130(capsys, monkeypatch) -> None:
 
     monkeypatch.setattr("cli.classify.run_classify", interrupted)
     code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
-    assert code == 130 and stderr.strip().splitlines()[-1] == "interrupted" and "Traceback" not in stderr
+    assert code == 130 and stderr.strip() == "interrupted"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -252,7 +252,7 @@ def test_library_errors_reach_the_command_line_with_flags(capsys, monkeypatch) -
     assert code == 2 and "--seq-len must be at least 2" in stderr
     monkeypatch.setattr("cli.classify.run_classify", refuse)
     code, _, stderr = run_cli(["classify", "--model", PLANTED, "--num-seqs", "0"], capsys, monkeypatch)
-    assert code == 2 and stderr.strip().splitlines()[-1] == "error: --num-seqs must be at least 1, got 0"
+    assert code == 2 and stderr.strip() == "error: --num-seqs must be at least 1, got 0"
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -272,8 +272,7 @@ def test_an_unforeseen_error_is_one_line_and_exit_1(capsys, monkeypatch) -> None
 
     monkeypatch.setattr("cli.classify.run_classify", broken)
     code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
-    assert code == 1 and stderr.strip().splitlines()[-1] == ("error: RuntimeError: disk on fire (run with --debug for "
-                                                             "the traceback)")
+    assert code == 1 and stderr.strip() == "error: RuntimeError: disk on fire (run with --debug for the traceback)"
 
 
 def test_remote_code_runs_only_when_asked(capsys, monkeypatch) -> None:
@@ -436,7 +435,7 @@ def test_quiet_shows_only_warnings_and_errors(tmp_path: Path, capsys, monkeypatc
     assert code == 0 and stderr == "" and out.exists() and "Head ablation of" in stdout
     code, _, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, "--json", str(out), "--force"], capsys,
                               monkeypatch)
-    assert code == 0 and f"wrote {out}" in stderr and "loading" in stderr  # without -q: the notes
+    assert code == 0 and f"wrote {out}" in stderr  # without -q: the notes
     code, _, stderr = run_cli(["--quiet", "ablate", "--model", NAN, *SMALL, "--json", str(out), "--force"], capsys,
                               monkeypatch)
     assert code == 0 and stderr.startswith("warning: numbers that are not finite") and "wrote" not in stderr
