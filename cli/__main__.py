@@ -1,3 +1,5 @@
-from cli.main import main
+"""`python -m cli` (and `torchrun -m cli`): the `probe` command."""
+
+from cli.app import main
 
 main()

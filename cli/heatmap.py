@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from cli.main import (DeviceMapOption, DeviceOption, DtypeOption, ForceOption, ModelOption, OffloadOption, app,
-                      errors, load)
+from cli.options import Device, DeviceMap, Dtype, Force, Model, ModelChoice, OffloadFolder, TrustRemoteCode, load
+from cli.outputs import check_outputs, patterns_payload
+from cli.progress import note, status
 from probe.errors import ProbeError
+from probe.models import DEFAULT_MODEL
+from probe.patterns import read_text, text_patterns
+from reports.files import write_text
+from reports.html import heatmap_page
+
+Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
+File = Annotated[Optional[Path], typer.Option("--file", help="A UTF-8 text file to look at.")]
+Page = Annotated[Path, typer.Option("--html", help="The HTML page to write.")]
+Layers = Annotated[Optional[str], typer.Option("--layers", help="Layers to include, e.g. 0-5,12 (default: all).")]
+MaxTokens = Annotated[int, typer.Option(
+    "--max-tokens", help="Positions shown (at most 1024); a longer input is shown as a window.")]
+WindowStart = Annotated[int, typer.Option(
+    "--window-start", help="First position of the window shown; the model still runs on all the tokens before it, "
+    "so its queries see their whole context.")]
+Decimals = Annotated[int, typer.Option("--decimals", help="Decimals kept of each weight (1-4); 3 keeps pages small.")]
 
 
 def parse_layers(spec: str | None) -> set[int] | None:
@@ -30,43 +46,25 @@ def parse_layers(spec: str | None) -> set[int] | None:
     return layers
 
 
-@app.command()
 def heatmap(
-    text: Optional[str] = typer.Option(None, "--text", help="The text to look at."),
-    file: Optional[Path] = typer.Option(None, "--file", help="A UTF-8 text file to look at."),
-    html_path: Path = typer.Option(..., "--html", help="The HTML page to write."),
-    model: str = ModelOption,
-    layers: Optional[str] = typer.Option(None, "--layers", help="Layers to include, e.g. 0-5,12 (default: all)."),
-    max_tokens: int = typer.Option(512, "--max-tokens",
-                                   help="Positions shown (at most 1024); a longer input is shown as a window."),
-    window_start: int = typer.Option(0, "--window-start",
-                                     help="First position of the window shown; the model still runs on all the "
-                                          "tokens before it, so its queries see their whole context."),
-    decimals: int = typer.Option(3, "--decimals", help="Decimals kept of each weight (1-4); 3 keeps pages small."),
-    device: Optional[str] = DeviceOption,
-    dtype: str = DtypeOption,
-    device_map: Optional[str] = DeviceMapOption,
-    offload_folder: Optional[Path] = OffloadOption,
-    force: bool = ForceOption,
+    html_path: Page, text: Text = None, file: File = None, model: Model = DEFAULT_MODEL,
+    trust_remote_code: TrustRemoteCode = False, layers: Layers = None, max_tokens: MaxTokens = 512,
+    window_start: WindowStart = 0, decimals: Decimals = 3, device: Device = None, dtype: Dtype = "float32",
+    device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
     """Draw every head's attention on a text: one head at a time, chosen on the page, with an overview of all."""
-    from probe.patterns import read_text, text_patterns
-    from reports.files import check_writable, write_text
-    from reports.html import heatmap_page
-
     if (text is None) == (file is None):
         raise ProbeError("give the text with exactly one of --text TEXT or --file PATH")
     chosen = parse_layers(layers)
-    check_writable(html_path, force=force)
+    check_outputs({"--html": html_path}, force=force)
     content = read_text(file) if file is not None else text
     source = f"text file {file}" if file is not None else "text given with --text"
-    loaded = load(model, device, dtype, device_map, offload_folder)
-    with errors.status("capturing attention ..."):
+    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    with status("capturing attention ..."):
         patterns = text_patterns(loaded, content or "", source=source, layers=chosen, decimals=decimals,
                                  max_tokens=max_tokens, start=window_start)
     if patterns.note:
-        errors.print(f"note: {patterns.note}", markup=False, highlight=False)
-    page = heatmap_page(patterns)
+        note(f"note: {patterns.note}")
+    page = heatmap_page(patterns_payload(patterns))
     write_text(html_path, page)
-    errors.print(f"wrote {html_path} ({len(page.encode('utf-8')) / 2**20:.1f} MiB, {len(patterns.tokens)} tokens)",
-                 markup=False, highlight=False)
+    note(f"wrote {html_path} ({len(page.encode('utf-8')) / 2**20:.1f} MiB, {len(patterns.tokens)} tokens)")

@@ -1,7 +1,8 @@
 """Self-contained interactive HTML pages: attention heatmaps, classification overviews, ablation plots.
 
-Reports render and compute nothing: the numbers come from probe (`probe.patterns`, `probe.classify`, the
-ablation JSON). Each page is one file that works offline from file://: plotly.js and probe's small runtime
+Reports render and compute nothing: each page takes the plain payload of a result (`Patterns.to_dict()`,
+`Classification.to_dict()`, `AblationResult.to_dict()` or the ablation JSON) and imports nothing from probe but its
+error type. Each page is one file that works offline from file://: plotly.js and probe's small runtime
 (`reports/assets/probe.js`) are inlined, a Content-Security-Policy forbids every request, and patterns travel as
 rounded integers, deflated and base64-encoded, decoded in the browser one layer or head at a time.
 
@@ -19,15 +20,12 @@ import uuid
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from probe.errors import ProbeError
-from probe.patterns import AVERAGE, Patterns
-
-if TYPE_CHECKING:
-    from probe.classify import Classification
+from reports.labels import long_label, short_label
 
 ASSETS = Path(__file__).parent / "assets"
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
@@ -94,25 +92,26 @@ def pack_uint16(values: np.ndarray) -> str:
     return _deflate(np.ascontiguousarray(planes.T).tobytes())
 
 
-def pattern_spec(patterns: Patterns, group: int) -> dict[str, Any]:
-    """The page's form of a Patterns: labels escaped for plotly, heads in deflated groups of `group` (decoded on
-    demand), a causal model's lower triangle only."""
-    n = len(patterns.tokens)
-    flat = patterns.values.reshape(len(patterns.heads), n * n)
+def pattern_spec(patterns: dict[str, Any], group: int) -> dict[str, Any]:
+    """The page's form of a patterns payload (`Patterns.to_dict()`): labels escaped for plotly, heads in deflated
+    groups of `group` (decoded on demand), a causal model's lower triangle only."""
+    n, heads, values = len(patterns["tokens"]), patterns["heads"], patterns["values"]
+    flat = values.reshape(len(heads), n * n)  # (heads, queries * keys)
     rows, cols = np.tril_indices(n)
-    keep = rows * n + cols if patterns.causal else None
+    keep = rows * n + cols if patterns["causal"] else None
     chunks = []
-    for first in range(0, len(patterns.heads), group):
+    for first in range(0, len(heads), group):
         part = flat[first:first + group]
         chunks.append(pack_uint16(part[:, keep] if keep is not None else part))
     spec: dict[str, Any] = {
-        "n": n, "labels": [plotly_text(label) for label in patterns.labels],
-        "heads": [list(pair) for pair in patterns.heads], "causal": patterns.causal, "scale": patterns.scale,
-        "decimals": patterns.decimals, "group": group, "chunks": chunks, "thumbs": None,
+        "n": n, "labels": [plotly_text(label) for label in patterns["labels"]],
+        "heads": [list(pair) for pair in heads], "causal": patterns["causal"], "scale": patterns["scale"],
+        "decimals": patterns["decimals"], "group": group, "chunks": chunks, "thumbs": None,
     }
-    if patterns.thumbnails is not None:
-        spec["thumbs"] = {"t": int(patterns.thumbnails.shape[-1]),
-                          "data": _deflate(np.ascontiguousarray(patterns.thumbnails, dtype=np.uint8).tobytes())}
+    thumbnails = patterns.get("thumbnails")
+    if thumbnails is not None:  # (heads, t, t) uint8
+        spec["thumbs"] = {"t": int(thumbnails.shape[-1]),
+                          "data": _deflate(np.ascontiguousarray(thumbnails, dtype=np.uint8).tobytes())}
     return spec
 
 
@@ -177,26 +176,27 @@ def _kv(rows: list[tuple[str, str]]) -> str:
 # pages
 
 
-def heatmap_page(patterns: Patterns, *, embed_plotly: bool = True) -> str:
+def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
     """`probe heatmap`: one head's pattern at a time (layer and head chosen on the page, or each layer's average),
-    with an overview of every head that selects on click."""
-    layers = sorted({layer for layer, _ in patterns.heads})
-    per_layer = [sum(1 for l, _ in patterns.heads if l == layer) for layer in layers]
+    with an overview of every head that selects on click. `patterns` is a `Patterns.to_dict()` payload."""
+    heads, n_layers, n_heads = patterns["heads"], patterns["n_layers"], patterns["n_heads"]
+    layers = sorted({layer for layer, _ in heads})
+    per_layer = [sum(1 for l, _ in heads if l == layer) for layer in layers]
     group = per_layer[0] if len(set(per_layer)) == 1 else 1
-    n = len(patterns.tokens)
-    real = [pair for pair in patterns.heads if pair[1] != AVERAGE]
-    shown = f"{patterns.n_layers} layers x {patterns.n_heads} heads"
-    shown = shown if len(real) == patterns.n_layers * patterns.n_heads else f"{len(real)} of {shown}"
-    if len(real) < len(patterns.heads):
+    n, total = len(patterns["tokens"]), patterns["total_tokens"]
+    real = [pair for pair in heads if pair[1] != patterns["average"]]
+    shown = f"{n_layers} layers x {n_heads} heads"
+    shown = shown if len(real) == n_layers * n_heads else f"{len(real)} of {shown}"
+    if len(real) < len(heads):
         shown += ", and each layer's average"
+    note = patterns["note"]
     body = (
-        f"<h1>Attention of {esc(patterns.model)}</h1>"
-        + _kv([("input", patterns.source), ("tokens", f"{n:,}" + ("" if n == patterns.total_tokens
-                                                                  else f" of {patterns.total_tokens:,}")),
+        f"<h1>Attention of {esc(patterns['model'])}</h1>"
+        + _kv([("input", patterns["source"]), ("tokens", f"{n:,}" + ("" if n == total else f" of {total:,}")),
                ("heads", shown),
-               ("weights", f"rounded to {patterns.decimals} decimals; "
-                           + ("keys after the query are masked (grey)" if patterns.causal else "no mask"))])
-        + (f'<p class="probe-note">{esc(patterns.note)}</p>' if patterns.note else "")
+               ("weights", f"rounded to {patterns['decimals']} decimals; "
+                           + ("keys after the query are masked (grey)" if patterns["causal"] else "no mask"))])
+        + (f'<p class="probe-note">{esc(note)}</p>' if note else "")
         + '<div class="probe-controls">'
         '<label>Layer <select class="probe-layer" aria-label="layer"></select></label>'
         '<label>Head <select class="probe-head" aria-label="head"></select></label>'
@@ -211,69 +211,89 @@ def heatmap_page(patterns: Patterns, *, embed_plotly: bool = True) -> str:
         + _overview(patterns) + "</div>"
     )
     data = {"patterns": pattern_spec(patterns, group)}
-    return _page("heatmap", f"probe heatmap: {patterns.model}", body, data, embed_plotly=embed_plotly)
+    return _page("heatmap", f"probe heatmap: {patterns['model']}", body, data, embed_plotly=embed_plotly)
 
 
-def _overview(patterns: Patterns) -> str:
-    if patterns.thumbnails is None:
+def _overview(patterns: dict[str, Any]) -> str:
+    thumbnails = patterns.get("thumbnails")
+    if thumbnails is None:
         return ""
-    size, n = patterns.thumbnails.shape[-1], len(patterns.tokens)
+    size, n = thumbnails.shape[-1], len(patterns["tokens"])
     how = "the whole pattern" if size == n else f"the pattern max-pooled from {n} to {size} px, so thin stripes stay"
     return ('<div class="probe-overview"><h2>All heads</h2><p class="probe-small">Rows are layers, columns heads '
             f"(avg: the layer's mean); each thumbnail is {how}. Click one to show it.</p>"
             '<div class="probe-grid"></div></div>')
 
 
-def classification_page(result: Classification, patterns: dict[str, Patterns] | None = None, *,
-                        embed_plotly: bool = True) -> str:
-    """`probe classify --html` and `Classification._repr_html_`: a layer x head grid of each score with flagged
-    heads marked and, when `patterns` are given, each flagged head's pattern on the input that earned the label."""
-    from probe.scores import SCORES
+def _score_grid(payload: dict[str, Any], name: str) -> list[list[float | None]]:
+    """(n_layers, n_heads) scores of one class, rounded for the page; None where not finite (or null)."""
+    grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
+    for entry in payload["heads"]:
+        value = entry["scores"].get(name)
+        if value is not None and math.isfinite(value):
+            grid[entry["layer"]][entry["head"]] = round(value, 4)
+    return grid
 
-    patterns = patterns or {}
-    sections, scores = [], []
-    for index, (name, score) in enumerate(result.scores.items()):
-        info = SCORES.get(name)
-        probe = info.probe if info is not None else "natural"
-        flagged = result.flagged(name)
-        block = patterns.get(probe)
-        z = [[None if not math.isfinite(v) else round(v, 4) for v in row]
-             for row in score.float().tolist()]
-        scores.append({"name": name, "probe": probe, "z": z,
-                       "flagged": [[layer, head, round(value, 4)] for layer, head, value in flagged]})
-        title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
-                    f"(score > {result.thresholds[name]:g})")
-        viewer = ""
-        if block is not None and flagged:
-            viewer = (
-                '<div class="probe-main"><label>Flagged head <select class="probe-flagged" aria-label="flagged '
-                f'head"></select></label><p class="probe-small">Pattern on {esc(block.source)}'
-                f"{' (' + esc(block.note) + ')' if block.note else ''}. Click a marked head in the grid to show "
+
+def _pattern_viewer(block: dict[str, Any] | None, flagged: list[Any], have_patterns: bool) -> str:
+    """The flagged-head pattern viewer of one class section, or a hint at how to get one."""
+    if block is not None and flagged:
+        note = block["note"]
+        return ('<div class="probe-main"><label>Flagged head <select class="probe-flagged" aria-label="flagged '
+                f'head"></select></label><p class="probe-small">Pattern on {esc(block["source"])}'
+                f"{' (' + esc(note) + ')' if note else ''}. Click a marked head in the grid to show "
                 "it.</p><div class=\"probe-plot-title\"></div><div class=\"probe-plot\"></div></div>")
-        elif flagged and not patterns:
-            viewer = ('<p class="probe-small">Patterns of the flagged heads: <code>probe classify --html FILE</code>, '
-                      "or <code>classification_page(result, patterns=classification_patterns(loaded, result))</code>."
-                      "</p>")
-        sections.append(
-            f'<div class="probe-section" data-score-index="{index}" data-score="{esc(name)}">'
+    if flagged and not have_patterns:
+        return ('<p class="probe-small">Patterns of the flagged heads: <code>probe classify --html FILE</code>, '
+                "or <code>classification_page(result.to_dict(), patterns=...)</code> with the "
+                "<code>to_dict()</code> of each of <code>classification_patterns(loaded, result)</code>.</p>")
+    return ""
+
+
+def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dict[str, dict[str, Any]],
+                   scores: list[dict[str, Any]]) -> str:
+    """One class: its score grid (appended to `scores` for the page's data) and its flagged heads' viewer."""
+    info = payload["classes"].get(name)
+    probe = info["probe_set"] if info is not None else "natural"
+    flagged = payload["flagged"][name]
+    scores.append({"name": name, "probe": probe, "z": _score_grid(payload, name),
+                   "flagged": [[e["layer"], e["head"], round(e["score"], 4)] for e in flagged]})
+    title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
+                f"(score > {payload['thresholds'][name]:g})")
+    viewer = _pattern_viewer(patterns.get(probe), flagged, bool(patterns))
+    return (f'<div class="probe-section" data-score-index="{index}" data-score="{esc(name)}">'
             f"<h2>{title}</h2>"
-            + (f'<p class="probe-meta">{esc(info.summary)}; measured on the {esc(probe)} probe set. '
+            + (f'<p class="probe-meta">{esc(info["summary"])}; measured on the {esc(probe)} probe set. '
                "Red × marks flagged heads.</p>" if info is not None else "")
             + f'<div class="probe-row"><div class="probe-score-plot"></div>{viewer}</div></div>')
-    rows = [("model", result.model), ("heads", f"{result.n_layers} layers x {result.n_heads} heads")]
-    rows += [(f"probe set {name}", str(info.get("description", name))) for name, info in result.probe_sets.items()]
-    rows += [("thresholds", ", ".join(f"{name} > {value:g}" for name, value in result.thresholds.items()))]
-    body = f"<h1>Head classification of {esc(result.model)}</h1>" + _kv(rows) + "".join(sections)
-    data = {"n_layers": result.n_layers, "n_heads": result.n_heads, "scores": scores,
-            "layer_axis": list(range(result.n_layers)), "head_axis": list(range(result.n_heads)),
+
+
+def classification_page(payload: dict[str, Any], patterns: dict[str, dict[str, Any]] | None = None, *,
+                        embed_plotly: bool = True) -> str:
+    """`probe classify --html` and `Classification._repr_html_`: a layer x head grid of each score with flagged
+    heads marked and, when `patterns` are given (probe set name -> `Patterns.to_dict()`), each flagged head's
+    pattern on the input that earned the label. `payload` is a `Classification.to_dict()`."""
+    patterns = patterns or {}
+    scores: list[dict[str, Any]] = []
+    sections = [_class_section(payload, index, name, patterns, scores) for index, name in enumerate(payload["flagged"])]
+    model, n_layers, n_heads = payload["model"], payload["n_layers"], payload["n_heads"]
+    rows = [("model", model), ("heads", f"{n_layers} layers x {n_heads} heads")]
+    rows += [(f"probe set {name}", str(info.get("description", name))) for name, info in payload["probe_sets"].items()]
+    rows += [("thresholds", ", ".join(f"{name} > {value:g}" for name, value in payload["thresholds"].items()))]
+    body = f"<h1>Head classification of {esc(model)}</h1>" + _kv(rows) + "".join(sections)
+    data = {"n_layers": n_layers, "n_heads": n_heads, "scores": scores,
+            "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads)),
             "patterns": {name: pattern_spec(block, 1) for name, block in patterns.items()}}
-    return _page("classification", f"probe classify: {result.model}", body, data, embed_plotly=embed_plotly)
+    return _page("classification", f"probe classify: {model}", body, data, embed_plotly=embed_plotly)
 
 
 def _number(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-        raise ProbeError(f"ablation result: {what} must be a finite number, got {value!r}")
-    return float(value)
+    """A number of the payload; NaN, infinity and None (how strict JSON writes them) become NaN."""
+    if value is None:
+        return math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ProbeError(f"ablation result: {what} must be a number, got {value!r}")
+    return float(value) if math.isfinite(float(value)) else math.nan
 
 
 def _index(value: Any, what: str) -> int:
@@ -282,9 +302,8 @@ def _index(value: Any, what: str) -> int:
     return value
 
 
-def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP_HEADS) -> str:
-    """`probe ablate --html`: a layer x head heatmap of loss deltas (diverging, centred on 0) and the `top` heads
-    with the largest |delta|, from the ablation JSON dict (n_layers / n_heads may be absent)."""
+def _ablation_entries(result: Any) -> list[tuple[int, int, float, float]]:
+    """(layer, head, loss, delta) of every single-head entry of an ablation payload, checked."""
     if not isinstance(result, dict):
         raise ProbeError(f"ablation result must be a dict, got {type(result).__name__}")
     missing = [key for key in ("model", "method", "baseline_loss", "heads") if key not in result]
@@ -300,32 +319,51 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
             raise ProbeError(f"ablation result: heads[{i}] must have layer, head, loss and delta")
         entries.append((_index(item["layer"], f"heads[{i}].layer"), _index(item["head"], f"heads[{i}].head"),
                         _number(item["loss"], f"heads[{i}].loss"), _number(item["delta"], f"heads[{i}].delta")))
+    return entries
+
+
+def _ablation_data(entries: list[tuple[int, int, float, float]], n_layers: int, n_heads: int,
+                   top: int) -> dict[str, Any]:
+    """The page's numbers: (n_layers, n_heads) grids of delta and loss (None: not ablated, or not finite) and the
+    `top` heads by |delta|."""
+    z: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
+    loss: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
+    finite = [entry for entry in entries if math.isfinite(entry[2]) and math.isfinite(entry[3])]
+    for layer, head, head_loss, delta in finite:
+        z[layer][head], loss[layer][head] = round(delta, 6), round(head_loss, 6)
+    ranked = sorted(finite, key=lambda e: -abs(e[3]))[:top]
+    top_data = {"label": [short_label(layer, head) for layer, head, _, _ in ranked],
+                "name": [long_label(layer, head) for layer, head, _, _ in ranked],
+                "delta": [round(delta, 6) for _, _, _, delta in ranked],
+                "loss": [round(head_loss, 6) for _, _, head_loss, _ in ranked],
+                "color": ["#b2182b" if delta >= 0 else "#2166ac" for _, _, _, delta in ranked]}
+    return {"n_layers": n_layers, "n_heads": n_heads, "z": z, "loss": loss, "top": top_data,
+            "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads))}
+
+
+def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP_HEADS) -> str:
+    """`probe ablate --html`: a layer x head heatmap of loss deltas (diverging, centred on 0) and the `top` heads
+    with the largest |delta|, from an ablation payload (`AblationResult.to_dict()` or the ablation JSON;
+    n_layers / n_heads may be absent). A head whose loss or delta is not finite is left blank."""
+    entries = _ablation_entries(result)
     n_layers = result.get("n_layers") or max(e[0] for e in entries) + 1
     n_heads = result.get("n_heads") or max(e[1] for e in entries) + 1
     n_layers, n_heads = _index(n_layers, "n_layers"), _index(n_heads, "n_heads")
     if any(layer >= n_layers or head >= n_heads for layer, head, _, _ in entries):
         raise ProbeError(f"ablation result: a head lies outside {n_layers} layers x {n_heads} heads")
-    z: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
-    loss: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
-    for layer, head, head_loss, delta in entries:
-        z[layer][head], loss[layer][head] = round(delta, 6), round(head_loss, 6)
-    ranked = sorted(entries, key=lambda e: -abs(e[3]))[:top]
-    top_data = {"label": [f"L{layer} H{head}" for layer, head, _, _ in ranked],
-                "delta": [round(delta, 6) for _, _, _, delta in ranked],
-                "loss": [round(head_loss, 6) for _, _, head_loss, _ in ranked],
-                "color": ["#b2182b" if delta >= 0 else "#2166ac" for _, _, _, delta in ranked]}
+    data = _ablation_data(entries, n_layers, n_heads, top)
+    broken = sum(1 for _, _, head_loss, delta in entries if not (math.isfinite(head_loss) and math.isfinite(delta)))
     baseline = _number(result["baseline_loss"], "baseline_loss")
     rows = [("model", str(result["model"])), ("method", f"{result['method']} ablation, one head at a time"),
             ("data", str(result.get("data", ""))), ("baseline loss", f"{baseline:.4f}"),
-            ("heads", f"{len(entries)} ablated of {n_layers} layers x {n_heads} heads")]
+            ("heads", f"{len(entries)} ablated of {n_layers} layers x {n_heads} heads"
+                      + (f"; {broken} with a loss that is not a finite number (blank)" if broken else ""))]
     body = (
         f"<h1>Head ablation of {esc(result['model'])}</h1>" + _kv(rows)
         + '<div class="probe-row"><div><h2>Δ loss per head</h2><p class="probe-small">Red: the loss rises when '
         "the head is ablated (the head helps); blue: it falls. Blank: not ablated.</p>"
         '<div class="probe-delta-plot"></div></div>'
-        f'<div class="probe-main"><h2>The {len(ranked)} heads that matter most</h2><p class="probe-small">By '
-        '|Δ loss|, largest first.</p><div class="probe-bar-plot"></div></div></div>'
+        f'<div class="probe-main"><h2>The {len(data["top"]["label"])} heads that matter most</h2>'
+        '<p class="probe-small">By |Δ loss|, largest first.</p><div class="probe-bar-plot"></div></div></div>'
     )
-    data = {"n_layers": n_layers, "n_heads": n_heads, "z": z, "loss": loss, "top": top_data,
-            "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads))}
     return _page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)

@@ -1,32 +1,31 @@
-"""Terminal rendering with rich: readable reports of results computed elsewhere."""
+"""Terminal rendering with rich: readable reports of the plain payloads of results computed elsewhere
+(`Classification.to_dict()`, `AblationResult.to_dict()`)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.classify import Classification
-from probe.scores import SCORES
+from reports.labels import short_label
 
-LETTERS = {"previous_token": "P", "sink": "S", "induction": "I", "duplicate_token": "D", "next_token": "N",
-           "positional": "O"}
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
+PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
 
 
-def classification_report(result: Classification, console: Console, *, max_rows: int = MAX_ROWS) -> None:
+def classification_report(payload: dict[str, Any], console: Console, *, max_rows: int = MAX_ROWS) -> None:
     """For each class, the flagged heads by score, then a layer x head overview of the labels."""
-    console.print(Text(f"Head classification of {result.model}", style="bold"),
-                  Text(f"({result.n_layers} layers x {result.n_heads} heads)"))
-    for name, info in result.probe_sets.items():
+    console.print(Text(f"Head classification of {payload['model']}", style="bold"),
+                  Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
+    for name, info in payload["probe_sets"].items():
         console.print(Text(f"  probe set {info.get('description', name)}", style="dim"))
-    for name in result.scores:
-        flagged = result.flagged(name)
-        summary = SCORES[name].summary if name in SCORES else ""
+    for name, flagged in payload["flagged"].items():
+        summary = payload["classes"].get(name, {}).get("summary", "")
         console.print()
-        console.print(Text(f"{name} heads: {len(flagged)} with score > {result.thresholds[name]:g}", style="bold"),
+        console.print(Text(f"{name} heads: {len(flagged)} with score > {payload['thresholds'][name]:g}", style="bold"),
                       Text(f"({summary})", style="dim"))
         if not flagged:
             console.print(Text("  none", style="dim"))
@@ -35,93 +34,151 @@ def classification_report(result: Classification, console: Console, *, max_rows:
         table.add_column("layer.head", justify="right")
         table.add_column("score", justify="right")
         table.add_column("", no_wrap=True)
-        for layer, head, score in flagged[:max_rows]:
-            table.add_row(f"{layer}.{head}", f"{score:.3f}", Text("█" * round(score * 20), style="cyan"))
+        for entry in flagged[:max_rows]:
+            score = entry["score"]
+            table.add_row(short_label(entry["layer"], entry["head"]), f"{score:.3f}",
+                          Text("█" * round(score * 20), style="cyan"))
         console.print(table)
         if len(flagged) > max_rows:
             console.print(Text(f"  ... and {len(flagged) - max_rows} more (see --json)", style="dim"))
     console.print()
-    console.print(overview(result))
+    console.print(overview(payload))
 
 
-def overview(result: Classification) -> Table:
+def overview(payload: dict[str, Any]) -> Table:
     """Layer x head grid; each cell holds the letters of the head's labels."""
-    legend = " ".join(f"{letter}={name}" for name, letter in LETTERS.items() if name in result.scores)
+    classes = payload["classes"]
+    legend = " ".join(f"{info['letter']}={name}" for name, info in classes.items())
     table = Table(title=f"Overview, layer x head: {legend}", title_justify="left", show_edge=False,
                   pad_edge=False, box=None)
     table.add_column("layer", justify="right", style="dim")
-    for head in range(result.n_heads):
+    for head in range(payload["n_heads"]):
         table.add_column(str(head), justify="center")
-    for layer in range(result.n_layers):
+    labels = {(entry["layer"], entry["head"]): entry["labels"] for entry in payload["heads"]}
+    for layer in range(payload["n_layers"]):
         cells = []
-        for head in range(result.n_heads):
-            letters = "".join(LETTERS.get(name, name[0].upper()) for name in result.labels(layer, head))
+        for head in range(payload["n_heads"]):
+            letters = "".join(classes[name]["letter"] if name in classes else name[0].upper()
+                              for name in labels.get((layer, head), []))
             cells.append(Text(letters or "·", style="bold" if letters else "dim"))
         table.add_row(str(layer), *cells)
     return table
 
 
-def key_values(console: Console, items: dict[str, Any]) -> None:
-    for key, value in items.items():
-        console.print(Text(f"{key}: ", style="bold"), Text(str(value)))
+# ---------------------------------------------------------------------------------------------------------------
+# ablation
 
 
-PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
+def _number(value: Any) -> float:
+    """A payload number; None (a non-finite value read back from strict JSON) is NaN."""
+    return float("nan") if value is None else float(value)
 
 
-def ablation_report(result: Any, console: Console, *, top: int = 15) -> None:
-    """An AblationResult: what was run, the baseline, the heads whose removal hurts most and those whose removal
-    helps (negative delta), and heads ablated together."""
-    from probe.ablate import METRICS, label
+def _signed(value: Any) -> str:
+    number = _number(value)
+    return f"{number:+.4f}" if math.isfinite(number) else "nan"
 
-    estimate = result.mode == "estimate"
-    what = f"{result.method} ablation" + (" (estimated)" if estimate else "")
-    console.print(Text(f"Head ablation of {result.model}", style="bold"),
-                  Text(f"({result.n_layers} layers x {result.n_heads} heads, {what})"))
-    description = result.probe_set.get("description", result.data) if result.probe_set else result.data
-    console.print(Text(f"  data: {description}", style="dim"))
-    console.print(Text(f"  metric: {result.metric}: {METRICS.get(result.metric, '')}", style="dim"))
-    if result.mean:
-        console.print(Text(f"  mean: {result.mean}", style="dim"))
-    console.print(Text(f"  computed: {result.path}", style="dim"))
-    parts = "".join(f", {name.replace('_', ' ')} {value:.4f}" for name, value in result.baseline_parts.items())
-    cost = f", {result.forwards:.1f} forward-equivalents" if result.forwards is not None else ""
-    seconds = f" ({result.seconds:.1f} s{cost})" if result.seconds is not None else ""
-    console.print(Text("baseline loss: ", style="bold"), Text(f"{result.baseline_loss:.4f}{parts}{seconds}"))
 
-    def table(title: str, rows: list[Any]) -> Table:
-        grid = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
-        grid.add_column("head" if all(len(r.heads) == 1 for r in rows) else "heads", justify="right")
-        grid.add_column("loss", justify="right")
-        grid.add_column("delta", justify="right")
-        for name in result.baseline_parts:
-            grid.add_column(PART_LABELS.get(name, f"Δ {name}"), justify="right")
+def _label(entry: dict[str, Any]) -> str:
+    return entry.get("label") or short_label(entry["layer"], entry["head"])
+
+
+def _by_delta(entry: dict[str, Any]) -> tuple[bool, float]:
+    """Sort key, largest delta first; NaN last."""
+    delta = _number(entry["delta"])
+    return (not math.isfinite(delta), -delta if math.isfinite(delta) else 0.0)
+
+
+def _part_names(payload: dict[str, Any]) -> list[str]:
+    """The parts the baseline loss is split into (baseline_first_repeat_loss -> first_repeat), in payload order."""
+    return [key[len("baseline_"):-len("_loss")] for key in payload
+            if key.startswith("baseline_") and key.endswith("_loss") and key != "baseline_loss"]
+
+
+def _bar(delta: float, scale: float) -> Text:
+    if not math.isfinite(delta) or not delta:
+        return Text("")
+    return Text("█" * max(1, round(abs(delta) / scale * 20)), style="red" if delta > 0 else "blue")
+
+
+def _delta_table(payload: dict[str, Any], title: str, rows: list[dict[str, Any]]) -> Table:
+    """One row per ablation: loss, delta, the deltas of the parts, (estimate) exact or estimated, and a bar."""
+    estimate, parts = payload["mode"] == "estimate", _part_names(payload)
+    grid = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    grid.add_column("head" if all("layer" in r for r in rows) else "heads", justify="right")
+    grid.add_column("loss", justify="right")
+    grid.add_column("delta", justify="right")
+    for name in parts:
+        grid.add_column(PART_LABELS.get(name, f"Δ {name}"), justify="right")
+    if estimate:
+        grid.add_column("", justify="left")
+    grid.add_column("", no_wrap=True)
+    deltas = [_number(r["delta"]) for r in rows]
+    scale = max((abs(d) for d in deltas if math.isfinite(d)), default=0.0) or 1.0
+    for r, delta in zip(rows, deltas):
+        cells = [_label(r), f"{_number(r['loss']):.4f}", _signed(delta)]
+        cells += [_signed(r[f"{name}_delta"]) if r.get(f"{name}_delta") is not None else "" for name in parts]
         if estimate:
-            grid.add_column("", justify="left")
-        grid.add_column("", no_wrap=True)
-        scale = max((abs(r.delta) for r in rows), default=0.0) or 1.0
-        for r in rows:
-            cells = [label(r.heads), f"{r.loss:.4f}", f"{r.delta:+.4f}"]
-            cells += [f"{r.part_deltas[name]:+.4f}" if r.part_deltas.get(name) is not None else ""
-                      for name in result.baseline_parts]
-            if estimate:
-                cells.append("exact" if r.exact else "est.")
-            bar = Text("█" * max(1, round(abs(r.delta) / scale * 20)) if r.delta else "",
-                       style="red" if r.delta > 0 else "blue")
-            grid.add_row(*cells, bar)
-        return grid
+            cells.append("exact" if r.get("exact") else "est.")
+        grid.add_row(*cells, _bar(delta, scale))
+    return grid
 
-    singles = sorted(result.heads, key=lambda r: (-r.delta, r.heads))
-    if singles:
+
+def _ablation_header(payload: dict[str, Any], console: Console) -> None:
+    """What was run, on which data, with which metric, and the baseline."""
+    what = f"{payload['method']} ablation" + (" (estimated)" if payload["mode"] == "estimate" else "")
+    console.print(Text(f"Head ablation of {payload['model']}", style="bold"),
+                  Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads, {what})"))
+    probe_set = payload.get("probe_set")
+    console.print(Text(f"  data: {probe_set.get('description', payload['data']) if probe_set else payload['data']}",
+                       style="dim"))
+    console.print(Text(f"  metric: {payload['metric']}: {payload.get('metric_description', '')}", style="dim"))
+    if payload.get("mean"):
+        console.print(Text(f"  mean: {payload['mean']}", style="dim"))
+    console.print(Text(f"  computed: {payload['path']}", style="dim"))
+    parts = "".join(f", {name.replace('_', ' ')} {_number(payload[f'baseline_{name}_loss']):.4f}"
+                    for name in _part_names(payload))
+    console.print(Text("baseline loss: ", style="bold"), Text(f"{_number(payload['baseline_loss']):.4f}{parts}"))
+    forwards, seconds = payload.get("forward_equivalents"), payload.get("seconds")
+    if seconds is not None:
+        run = "estimate" if payload["mode"] == "estimate" else "sweep (baseline and every ablation)"
+        cost = f", {forwards:.1f} forward-equivalents" if forwards is not None else ""
+        console.print(Text(f"  time of the whole {run}: {seconds:.1f} s{cost}", style="dim"))
+
+
+def _estimate_note(payload: dict[str, Any]) -> Text | None:
+    """Under the tables of an estimate: which values are estimated, and how (the payload's `path`)."""
+    if payload["mode"] != "estimate":
+        return None
+    return Text(f"est. marks an estimated value, not an ablation ({payload['path']}); exact marks a head ablated "
+                "for real.", style="dim")
+
+
+def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
+    """An ablation payload: what was run, the baseline, the heads whose removal hurts most (positive delta) and
+    those whose removal helps (negative delta), heads whose delta is not a finite number ('nan', no bar), and heads
+    ablated together. An estimate's tables say so in their titles, and how it was made."""
+    _ablation_header(payload, console)
+    note = _estimate_note(payload)
+    if note is not None:
+        console.print(note)
+    estimated = "estimated " if payload["mode"] == "estimate" else ""
+    singles = sorted(payload["heads"], key=lambda r: (*_by_delta(r), r["layer"], r["head"]))
+    deltas = [_number(r["delta"]) for r in singles]
+    hurting = [r for r, d in zip(singles, deltas) if math.isfinite(d) and d > 0][:top]
+    helping = [r for r, d in zip(reversed(singles), reversed(deltas)) if math.isfinite(d) and d < 0][:top]
+    broken = [r for r, d in zip(singles, deltas) if not math.isfinite(d)][:top]
+    tables = [
+        (hurting, f"Heads whose removal hurts most (largest {estimated}delta, {len(hurting)} of {len(singles)})",
+         "No head raises the loss when removed."),
+        (helping, f"Heads whose removal helps (most negative {estimated}delta, {len(helping)} of {len(singles)})",
+         "No head lowers the loss when removed."),
+        (broken, "Heads whose delta is not a finite number", None),
+    ]
+    for rows, title, empty in tables if singles else []:
+        if rows or empty:
+            console.print()
+            console.print(_delta_table(payload, title, rows) if rows else Text(empty, style="dim"))
+    if payload.get("groups"):
         console.print()
-        console.print(table(f"Heads whose removal hurts most (largest delta, {min(top, len(singles))} of "
-                            f"{len(singles)})", singles[:top]))
-        helping = [r for r in reversed(singles) if r.delta < 0][:top]
-        console.print()
-        if helping:
-            console.print(table("Heads whose removal helps (most negative delta)", helping))
-        else:
-            console.print(Text("No head lowers the loss when removed.", style="dim"))
-    if result.groups:
-        console.print()
-        console.print(table("Heads ablated together", sorted(result.groups, key=lambda r: -r.delta)))
+        console.print(_delta_table(payload, "Heads ablated together", sorted(payload["groups"], key=_by_delta)))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from cli.outputs import patterns_payload
 from conftest import run_cli, tiny_loaded
 from probe.attention import capture_attention
 from probe.classify import Classification
@@ -120,7 +121,7 @@ def test_bidirectional_models_are_not_masked():
     patterns = attention_patterns(loaded, torch.arange(1, 9), source="test", decimals=4)
     assert not patterns.causal
     assert not np.isnan(patterns.weights(0, 0)).any()
-    spec = pattern_spec(patterns, 5)
+    spec = pattern_spec(patterns_payload(patterns), 5)
     assert len(unpack_uint16(spec["chunks"][0])) == 5 * 8 * 8
 
 
@@ -188,7 +189,7 @@ def test_classification_patterns_use_the_sequence_that_earned_the_label():
     expected = capture_attention(loaded.model, repeated[None], layers={1})[1][0, 2].numpy()
     lower = np.tril_indices(len(repeated))
     np.testing.assert_allclose(patterns["repeated"].weights(1, 2)[lower], expected[lower], atol=5e-4 + 1e-7)
-    page = classification_page(result, patterns=patterns)
+    page = classification_page(result.to_dict(), {name: patterns_payload(block) for name, block in patterns.items()})
     data = page_data(page)
     assert set(data["patterns"]) == {"natural", "repeated"}
     assert [s["name"] for s in data["scores"]] == ["sink", "induction", "previous_token"]
@@ -209,7 +210,7 @@ def test_packing_round_trips_and_compresses():
 
 def test_pattern_spec_keeps_the_lower_triangle_of_causal_models():
     patterns = fake_patterns([f"t{i}" for i in range(7)])
-    spec = pattern_spec(patterns, 3)
+    spec = pattern_spec(patterns_payload(patterns), 3)
     assert len(spec["chunks"]) == 2 and spec["group"] == 3 and spec["causal"]
     flat = np.concatenate([unpack_uint16(chunk) for chunk in spec["chunks"]]).reshape(6, -1)
     rows, cols = np.tril_indices(7)
@@ -226,7 +227,7 @@ def test_escaping_helpers():
 
 def test_heatmap_page_is_self_contained_and_escaped():
     tokens = [SCRIPT, IMG, "␣the", "&amp;", "␣the"]
-    page = heatmap_page(fake_patterns(tokens, model=SCRIPT, source=f"text file {IMG}"))
+    page = heatmap_page(patterns_payload(fake_patterns(tokens, model=SCRIPT, source=f"text file {IMG}")))
     assert page.startswith("<!DOCTYPE html>")
     assert "Content-Security-Policy" in page and "default-src &#x27;none&#x27;" in page
     assert "window.Plotly = Plotly" in page  # plotly.js inlined
@@ -244,7 +245,7 @@ def test_notebook_fragments_carry_plotly_once():
     result = Classification(model=SCRIPT, n_layers=3, n_heads=2, scores={"sink": torch.rand(3, 2)},
                             thresholds={"sink": 0.3})
     forget_notebook_plotly()
-    first, second = result._repr_html_(), result._repr_html_()
+    first, second = (classification_page(result.to_dict(), embed_plotly=False) for _ in range(2))
     assert "<html" not in first and "window.Plotly = Plotly" in first
     assert "window.Plotly = Plotly" not in second and "probeReports.start" in second
     assert SCRIPT not in first and esc(SCRIPT) in first
@@ -261,7 +262,8 @@ def test_ablation_page_from_a_dict():
     assert (data["n_layers"], data["n_heads"]) == (4, 3)  # derived from the heads
     assert data["z"][2][1] is None and data["z"][3][0] == pytest.approx(0.03)
     assert data["top"]["delta"] == sorted(data["top"]["delta"], key=abs, reverse=True)
-    assert len(data["top"]["label"]) == 5 and data["top"]["label"][0] == "L3 H0"
+    assert len(data["top"]["label"]) == 5 and data["top"]["label"][0] == "3.0"
+    assert data["top"]["name"][0] == "layer 3, head 0"
     assert SCRIPT not in page and "<img" not in page
     assert ablation_page(result | {"n_layers": 6, "n_heads": 3}).count("probeReports.start") == 1
     with pytest.raises(ProbeError, match="baseline_loss"):
@@ -270,8 +272,18 @@ def test_ablation_page_from_a_dict():
         ablation_page(result | {"heads": [{"layer": 0}]})
     with pytest.raises(ProbeError, match="outside"):
         ablation_page(result | {"n_layers": 2})
-    with pytest.raises(ProbeError, match="finite"):
-        ablation_page(result | {"heads": [{"layer": 0, "head": 0, "loss": float("nan"), "delta": 0.0}]})
+    with pytest.raises(ProbeError, match="must be a number"):
+        ablation_page(result | {"heads": [{"layer": 0, "head": 0, "loss": "2.0", "delta": 0.0}]})
+
+
+def test_ablation_page_leaves_heads_without_a_finite_loss_blank():
+    """A NaN (or, read back from strict JSON, null) delta is a blank cell and no bar, not an error."""
+    heads = [{"layer": 0, "head": 0, "loss": 2.5, "delta": 0.5}, {"layer": 0, "head": 1, "loss": float("nan"),
+             "delta": float("nan")}, {"layer": 1, "head": 0, "loss": None, "delta": None}]
+    page = ablation_page({"model": "m", "method": "zero", "baseline_loss": 2.0, "heads": heads})
+    data = page_data(page)
+    assert data["z"] == [[0.5, None], [None, None]] and data["top"]["label"] == ["0.0"]
+    assert "2 with a loss that is not a finite number" in page
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -280,7 +292,7 @@ def test_ablation_page_from_a_dict():
 
 @pytest.mark.slow
 def test_heatmap_command(smollm2, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("probe.models.load_model", lambda *args, **kwargs: smollm2)
+    monkeypatch.setattr("cli.heatmap.load", lambda *args, **kwargs: smollm2)
     out = tmp_path / "page.html"
     code, _, err = run_cli(["heatmap", "--text", f"A cat. {SCRIPT} A cat.", "--html", str(out),
                             "--layers", "0-1,29"], capsys, monkeypatch)

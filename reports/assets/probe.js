@@ -346,8 +346,8 @@
       };
       var bars = {
         type: "bar", orientation: "h", x: data.top.delta, y: data.top.label, customdata: data.top.loss,
-        marker: {color: data.top.color}, name: "delta",
-        hovertemplate: "%{y}: \u0394 loss %{x:+.4f} (loss %{customdata:.4f})<extra></extra>"
+        text: data.top.name, textposition: "none", marker: {color: data.top.color}, name: "delta",
+        hovertemplate: "%{text}: \u0394 loss %{x:+.4f} (loss %{customdata:.4f})<extra></extra>"
       };
       var barLayout = {
         height: Math.max(300, 22 * data.top.label.length + 90), margin: {l: 90, r: 20, t: 10, b: 50},

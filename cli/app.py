@@ -1,0 +1,178 @@
+"""The `probe` command: a thin typer layer over the library. Bad input ends in one line and a non-zero exit.
+
+Two tables live here and nowhere else: which exit code (and which one line) each kind of failure gets, and which
+flag each library parameter is, so that a library message about `seq_len` reads `--seq-len` on the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import click
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+from cli import ablate, classify, heatmap, models
+from cli.progress import set_quiet, warn
+from probe.errors import ProbeError
+
+
+class _BareFlags:
+    """typer's rich help writes `<bool>` after a flag, as if it took a value: a flag is shown bare."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class Command(_BareFlags, TyperCommand):
+    """A probe command (flags shown bare in --help)."""
+
+
+class Group(_BareFlags, TyperGroup):
+    """The probe command group (flags shown bare in --help)."""
+
+
+app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Find out what each attention head of a transformer does.")
+for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate):
+    app.command(cls=Command)(command)
+_state = {"debug": False}
+
+FLAGS = {
+    "spec": "--model", "model": "--model", "trust_remote_code": "--trust-remote-code", "device": "--device",
+    "dtype": "--dtype", "device_map": "--device-map", "offload_folder": "--offload-folder",
+    "data": "--data", "seq_len": "--seq-len", "num_seqs": "--num-seqs", "repeat_len": "--repeat-len", "seed": "--seed",
+    "batch_size": "--batch-size", "thresholds": "--threshold",
+    "heads": "--heads", "groups": "--together", "together": "--together", "method": "--method",
+    "per_position": "--per-position", "stack": "--stack", "budget": "--budget", "results_path": "--results",
+    "resume": "--resume", "force": "--force", "top": "--top",
+    "text": "--text", "file": "--file", "layers": "--layers", "max_tokens": "--max-tokens", "start": "--window-start",
+    "decimals": "--decimals",
+}
+"""Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
+
+INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
+
+
+def flag_message(error: ProbeError) -> str:
+    """The error's message with its parameter's name (the first time it stands as a word) replaced by its flag."""
+    message, parameter = str(error), error.parameter
+    if parameter not in FLAGS:
+        return message
+    return re.sub(rf"(?<![\w-]){re.escape(parameter)}(?![\w-])", FLAGS[parameter], message, count=1)
+
+
+def _rank_prefix() -> str:
+    """Under torchrun every process reports its own error: name the process, except rank 0 (the one that reports)."""
+    rank, world = os.environ.get("RANK", "0"), os.environ.get("WORLD_SIZE", "1")
+    return f"rank {rank}: " if world not in ("", "1") and rank not in ("", "0") else ""
+
+
+def _usage_line(error: BaseException) -> str | None:
+    """typer's usage error in one line (none where typer has shown the help instead: `probe` alone)."""
+    message = error.format_message() if isinstance(error, typer.TyperException) else str(error)
+    return f"error: {message}" if message else None
+
+
+Describe = Callable[[BaseException], "str | None"]
+EXITS: tuple[tuple[type[BaseException], int | None, Describe, bool], ...] = (
+    # (kind of failure, exit code (None: its own exit_code), its one line (None: nothing), --debug re-raises it)
+    (ProbeError, 2, lambda error: f"{_rank_prefix()}error: {flag_message(error)}", True),  # type: ignore[arg-type]
+    (typer.Exit, None, lambda error: None, False),  # --help and the like
+    (typer.TyperException, None, lambda error: _usage_line(error), False),  # usage errors: their own code, 2
+    (typer.Abort, INTERRUPTED, lambda error: "interrupted", False),
+    (KeyboardInterrupt, INTERRUPTED, lambda error: "interrupted", False),
+    (Exception, 1, lambda error: f"{_rank_prefix()}error: {type(error).__name__}: {error} (run with --debug for the "
+                                 "traceback)", True),
+)
+"""Every failure, first match wins."""
+
+
+def _exit(error: BaseException) -> None:
+    """Leave as EXITS says for this error: its one line on stderr, its exit code (--debug: the traceback)."""
+    for kind, code, describe, traceback in EXITS:
+        if isinstance(error, kind):
+            if traceback and _state["debug"]:
+                raise error
+            message = describe(error)
+            if message:
+                warn(message)
+            sys.exit(code if code is not None else getattr(error, "exit_code", 1))
+
+
+def version() -> str:
+    """The installed probe's version, from the package metadata (the one place it is set: pyproject.toml)."""
+    try:
+        return metadata.version("probe")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e . gives it a version)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"probe {version()}")
+        raise typer.Exit()
+
+
+class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to sys.stderr as it is at each record (a test, or a notebook, may have replaced it since)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+_LOG_HANDLER = _Stderr()
+_LOG_HANDLER.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+
+
+def configure_logging(verbose: bool) -> None:
+    """-v: the library's logging (the `probe` logger) at INFO on stderr; without it, Python's default (warnings)."""
+    logger = logging.getLogger("probe")
+    logger.removeHandler(_LOG_HANDLER)
+    logger.setLevel(logging.INFO if verbose else logging.NOTSET)
+    if verbose:
+        logger.addHandler(_LOG_HANDLER)
+
+
+@app.callback()
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no notes; warnings and errors only."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also the library's log messages (INFO) on stderr."),
+    _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                  help="Show probe's version and exit."),
+) -> None:
+    if quiet and verbose:
+        raise ProbeError("-q and -v contradict each other: give one")
+    _state["debug"] = debug
+    set_quiet(quiet)
+    configure_logging(verbose)
+
+
+def main() -> None:
+    """Entry point: run the app; a failure becomes one line on stderr and the exit code EXITS gives it."""
+    try:
+        outcome = app(standalone_mode=False)
+    except (Exception, KeyboardInterrupt) as error:
+        _exit(error)
+        raise
+    if outcome == INTERRUPTED:  # typer turns Ctrl-C into an exit code, returned rather than raised
+        _exit(KeyboardInterrupt())
+    if isinstance(outcome, int) and outcome:
+        sys.exit(outcome)

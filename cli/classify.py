@@ -1,0 +1,79 @@
+"""`probe classify`: score every head for each head class and label the heads whose score passes the threshold."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
+                         OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
+from cli.outputs import check_outputs, patterns_payload, save, warn_non_finite
+from cli.progress import console, progress_bar, status
+from probe.classify import Classification
+from probe.classify import classify as run_classify
+from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
+from probe.errors import ProbeError
+from probe.models import DEFAULT_MODEL, LoadedModel
+from probe.patterns import classification_patterns
+from reports.files import write_json, write_text
+from reports.html import classification_page
+from reports.terminal import classification_report
+
+Data = Annotated[Optional[Path], typer.Option(
+    "--data", help="UTF-8 text file to use instead of the embedded English text.")]
+RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy in the repeated set.")]
+Thresholds = Annotated[Optional[list[str]], typer.Option(
+    "--threshold", help="Override a class threshold: NAME=VALUE (repeatable).")]
+ClassifyJson = Annotated[Optional[Path], typer.Option(
+    "--json", help="Write every head's scores and labels as JSON (strict: a NaN score is written as null).")]
+
+
+def parse_thresholds(items: list[str]) -> dict[str, float]:
+    """--threshold NAME=VALUE items; each value a finite number."""
+    thresholds = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise ProbeError(f"--threshold takes NAME=VALUE, e.g. induction=0.3; got {item!r}")
+        if not math.isfinite(number):
+            raise ProbeError(f"--threshold {item!r}: the value must be a finite number, e.g. induction=0.3")
+        thresholds[name.strip()] = number
+    return thresholds
+
+
+def html_page(loaded: LoadedModel, result: Classification, *, data: Path | None, seq_len: int, repeat_len: int,
+              seed: int) -> str:
+    """The classification page, with each flagged head's pattern on the probe input that earned its label."""
+    with status("capturing the patterns of flagged heads ..."):
+        patterns = classification_patterns(loaded, result, data=data, seq_len=seq_len, repeat_len=repeat_len,
+                                           seed=seed)
+    return classification_page(result.to_dict(), {name: patterns_payload(block) for name, block in patterns.items()})
+
+
+def classify(
+    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: Data = None,
+    seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN,
+    seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, json_path: ClassifyJson = None,
+    html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32",
+    device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
+) -> None:
+    """Score every head (previous-token, sink, induction, duplicate-token, next-token, positional) and label them."""
+    thresholds = parse_thresholds(threshold or [])
+    check_outputs({"--json": json_path, "--html": html_path}, force=force)
+    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    with progress_bar("classifying heads") as update:
+        result = run_classify(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
+                              seed=seed, thresholds=thresholds, batch_size=batch_size, progress=update)
+    payload = result.to_dict()
+    save(json_path, lambda path: write_json(path, payload))
+    save(html_path, lambda path: write_text(path, html_page(loaded, result, data=data, seq_len=seq_len,
+                                                            repeat_len=repeat_len, seed=seed)))
+    warn_non_finite(payload)
+    classification_report(payload, console)

@@ -1,0 +1,64 @@
+"""Options shared by the commands, and what they mean: which model to load and where, which files to write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from cli.progress import status
+from probe.models import ALIASES, LoadedModel, load_model
+
+Model = Annotated[str, typer.Option(
+    "--model", "-m", help="Alias, model folder, .gguf file, hub id, or FILE.py:FUNCTION (imports and runs that Python "
+    "file). A folder's or hub model's own code never runs without --trust-remote-code.")]
+TrustRemoteCode = Annotated[bool, typer.Option(
+    "--trust-remote-code", help="Let a model folder or hub id run the Python code it ships (transformers' "
+    "trust_remote_code). Only for models whose code you trust.")]
+Device = Annotated[Optional[str], typer.Option(
+    "--device", help="torch device, e.g. cpu or cuda (default: where the model loads).")]
+Dtype = Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")]
+DeviceMap = Annotated[Optional[str], typer.Option(
+    "--device-map", help="Spread a model too big for one device: auto, balanced, sequential, or JSON (inline or a "
+    ".json file) of module -> GPU index/cpu/disk.")]
+OffloadFolder = Annotated[Optional[Path], typer.Option(
+    "--offload-folder", help="Folder for the weights a device map puts on disk.")]
+SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text sequence (BOS not counted).")]
+NumSeqs = Annotated[int, typer.Option("--num-seqs", help="Number of sequences in each probe set.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the random tokens.")]
+BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
+Force = Annotated[bool, typer.Option("--force", help="Overwrite output files that exist.")]
+JsonFile = Annotated[Optional[Path], typer.Option(
+    "--json", help="Write the results as JSON (strict: a NaN or infinity is written as null).")]
+HtmlFile = Annotated[Optional[Path], typer.Option("--html", help="Write an interactive HTML report.")]
+
+
+@dataclass(frozen=True)
+class ModelChoice:
+    """Which model to load, and where: the options every command that loads a model takes."""
+
+    spec: str
+    device: str | None = None
+    dtype: str = "float32"
+    device_map: str | None = None
+    offload_folder: Path | None = None
+    trust_remote_code: bool = False
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments of `load_model` (trust_remote_code only when given, the default being False)."""
+        trust = {"trust_remote_code": True} if self.trust_remote_code else {}
+        return {"dtype": self.dtype, "device": self.device, "device_map": self.device_map,
+                "offload_folder": self.offload_folder, **trust}
+
+
+def load(choice: ModelChoice) -> LoadedModel:
+    """Load the model with a spinner that says what is happening (transformers' own progress bars off)."""
+    from transformers.utils import logging as hf_logging  # a transformers submodule: loaded only to load a model
+
+    hf_logging.disable_progress_bar()
+    gguf = choice.spec in ALIASES or choice.spec.endswith(".gguf")
+    first_run = " (GGUF: dequantised on the first run, then cached)" if gguf else ""
+    with status(f"loading {choice.spec}{first_run} ..."):
+        return load_model(choice.spec, **choice.arguments())

@@ -1,0 +1,138 @@
+"""What the user sees while a command runs: stdout for reports; stderr for spinners, progress, notes, warnings and
+errors. On a terminal progress is a live bar; in a log file (a cluster job, `2> log`) it is a plain line every 10% of
+the work or every 30 seconds. `-q` leaves only warnings and errors; nothing here wraps text that is not on a terminal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
+                           TimeRemainingColumn)
+
+UNWRAPPED = 4096  # columns of a console that is not a terminal: lines and tables keep their natural width
+EVERY_SECONDS = 30.0  # plain progress: at most this long between two lines
+EVERY_FRACTION = 10  # plain progress: a line at every tenth of the work
+
+
+def _width(stream: TextIO) -> int | None:
+    """A terminal's own width (rich finds it); elsewhere no wrapping at 80 columns, unless COLUMNS says otherwise."""
+    interactive = hasattr(stream, "isatty") and stream.isatty()
+    return None if interactive or "COLUMNS" in os.environ else UNWRAPPED
+
+
+console = Console(width=_width(sys.stdout))
+errors = Console(stderr=True, width=_width(sys.stderr))
+_state = {"quiet": False}
+
+
+def set_quiet(quiet: bool) -> None:
+    """`-q`: no progress and no notes from now on; warnings and errors are still shown."""
+    _state["quiet"] = quiet
+
+
+def _say(message: str) -> None:
+    errors.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def note(message: str) -> None:
+    """One plain line on stderr (no rich markup: paths and model names are printed as they are); none with -q."""
+    if not _state["quiet"]:
+        _say(message)
+
+
+def warn(message: str) -> None:
+    """A warning or an error: one plain line on stderr, also with -q."""
+    _say(message)
+
+
+def _showing(enabled: bool) -> bool:
+    return enabled and not _state["quiet"]
+
+
+def status(message: str, enabled: bool = True) -> AbstractContextManager[Any]:
+    """A spinner on stderr while something without a count runs; nothing where `enabled` is False, with -q, or where
+    stderr is not a terminal (an error after it stays the only line there)."""
+    return errors.status(message) if _showing(enabled) and errors.is_terminal else nullcontext()
+
+
+def clock(seconds: float) -> str:
+    """1:05, or 1:02:05 past an hour."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+class PlainProgress:
+    """Progress for a log file: `ablating heads: 44% (12 heads done), 1:05 elapsed, ~1:20 left`, one line at every
+    tenth of the work and at least every 30 seconds while work is reported, never a carriage return."""
+
+    def __init__(self, description: str, *, counted: bool, now: Callable[[], float] = time.monotonic) -> None:
+        self.description, self.counted, self.now = description, counted, now
+        self.started = self.last_line = now()
+        self.tenths, self.heads = 0, None
+
+    def head_done(self, _result: Any = None) -> None:
+        self.heads = (self.heads or 0) + 1
+
+    def update(self, done: int, total: int) -> None:
+        """The library's `(done, total)` callback: a line when a new tenth is reached or 30 s have passed."""
+        if not total:
+            return
+        now, tenths = self.now(), EVERY_FRACTION * done // total
+        if tenths <= self.tenths and now - self.last_line < EVERY_SECONDS:
+            return
+        self.tenths, self.last_line = max(tenths, self.tenths), now
+        _say(self.line(done, total, now - self.started))
+
+    def line(self, done: int, total: int, elapsed: float) -> str:
+        percent = f"{100 * done // total}%"
+        amount = f"{done}/{total} ({percent})" if self.counted else percent
+        heads = f" ({self.heads} head{'' if self.heads == 1 else 's'} done)" if self.heads is not None else ""
+        left = f", ~{clock(elapsed * (total - done) / done)} left" if 0 < done < total else ""
+        return f"{self.description}: {amount}{heads}, {clock(elapsed)} elapsed{left}"
+
+
+@contextmanager
+def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
+    """Progress with a count and ETA on stderr (a bar, or plain lines); yields a `(done, total)` callback."""
+    if not _showing(True):
+        yield lambda done, total: None
+    elif not errors.is_terminal:
+        yield PlainProgress(description, counted=True).update
+    else:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      TimeRemainingColumn(), console=errors, transient=True) as bar:
+            task = bar.add_task(description, total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+@contextmanager
+def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Callable[[int, int], None],
+                                                                              Callable[[Any], None]]]:
+    """Progress with ETA (work is counted in block-forwards, so early layers weigh more) and heads done; yields the
+    `(done, total)` and the per-result callbacks."""
+    if not _showing(enabled):
+        yield (lambda done, total: None), (lambda result: None)
+        return
+    if not errors.is_terminal:
+        plain = PlainProgress(description, counted=False)
+        yield plain.update, plain.head_done
+        return
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
+                  TextColumn("{task.fields[heads]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=errors,
+                  transient=True) as bar:
+        task = bar.add_task(description, total=None, heads="")
+        finished = [0]
+
+        def on_result(_result: Any) -> None:
+            finished[0] += 1
+            bar.update(task, heads=f"{finished[0]} heads done")
+
+        yield (lambda done, total: bar.update(task, completed=done, total=total)), on_result
