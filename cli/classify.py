@@ -10,7 +10,7 @@ import typer
 
 from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
                          OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
-from cli.outputs import check_outputs, patterns_payload, save, warn_non_finite
+from cli.outputs import check_outputs, save, warn_non_finite
 from cli.progress import console, progress_bar, status
 from probe.classify import Classification
 from probe.classify import classify as run_classify
@@ -54,7 +54,7 @@ def html_page(loaded: LoadedModel, result: Classification, *, data: Path | None,
     with status("capturing the patterns of flagged heads ..."):
         patterns = classification_patterns(loaded, result, data=data, seq_len=seq_len, repeat_len=repeat_len,
                                            seed=seed)
-    return classification_page(result.to_dict(), {name: patterns_payload(block) for name, block in patterns.items()})
+    return classification_page(result.to_dict(), {name: block.to_dict() for name, block in patterns.items()})
 
 
 def classify(

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from cli.options import Device, DeviceMap, Dtype, Force, Model, ModelChoice, OffloadFolder, TrustRemoteCode, load
-from cli.outputs import check_outputs, patterns_payload
+from cli.outputs import check_outputs
 from cli.progress import note, status
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
@@ -65,6 +65,6 @@ def heatmap(
                                  max_tokens=max_tokens, start=window_start)
     if patterns.note:
         note(f"note: {patterns.note}")
-    page = heatmap_page(patterns_payload(patterns))
+    page = heatmap_page(patterns.to_dict())
     write_text(html_path, page)
     note(f"wrote {html_path} ({len(page.encode('utf-8')) / 2**20:.1f} MiB, {len(patterns.tokens)} tokens)")

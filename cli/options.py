@@ -47,10 +47,9 @@ class ModelChoice:
     trust_remote_code: bool = False
 
     def arguments(self) -> dict[str, Any]:
-        """Keyword arguments of `load_model` (trust_remote_code only when given, the default being False)."""
-        trust = {"trust_remote_code": True} if self.trust_remote_code else {}
+        """Keyword arguments of `load_model`."""
         return {"dtype": self.dtype, "device": self.device, "device_map": self.device_map,
-                "offload_folder": self.offload_folder, **trust}
+                "offload_folder": self.offload_folder, "trust_remote_code": self.trust_remote_code}
 
 
 def load(choice: ModelChoice) -> LoadedModel:

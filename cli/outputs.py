@@ -3,14 +3,12 @@ warning when a result holds numbers that are not finite."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cli.progress import note, warn
 from probe.errors import ProbeError
-from probe.patterns import AVERAGE, Patterns
 from reports.files import check_writable, non_finite_heads
 
 SHOWN_HEADS = 10  # heads named in the non-finite warning
@@ -52,12 +50,3 @@ def warn_non_finite(payload: dict[str, Any]) -> None:
                                               else "")
     warn(f"warning: numbers that are not finite (NaN or infinity) for {shown}; JSON writes them as null. "
          "Half precision often overflows: try --dtype float32")
-
-
-def patterns_payload(patterns: Patterns) -> dict[str, Any]:
-    """The plain dict the HTML pages take: `Patterns.to_dict()` where the library has it, else the same keys."""
-    if hasattr(patterns, "to_dict"):
-        return patterns.to_dict()
-    fields = {field.name: getattr(patterns, field.name) for field in dataclasses.fields(patterns)}
-    return {**fields, "heads": [list(pair) for pair in patterns.heads], "labels": patterns.labels,
-            "scale": patterns.scale, "average": AVERAGE}

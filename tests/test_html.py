@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from cli.outputs import patterns_payload
 from conftest import run_cli, tiny_loaded
 from probe.attention import capture_attention
 from probe.classify import Classification
@@ -121,7 +120,7 @@ def test_bidirectional_models_are_not_masked():
     patterns = attention_patterns(loaded, torch.arange(1, 9), source="test", decimals=4)
     assert not patterns.causal
     assert not np.isnan(patterns.weights(0, 0)).any()
-    spec = pattern_spec(patterns_payload(patterns), 5)
+    spec = pattern_spec(patterns.to_dict(), 5)
     assert len(unpack_uint16(spec["chunks"][0])) == 5 * 8 * 8
 
 
@@ -132,7 +131,7 @@ def test_long_inputs_are_cut_with_a_note_and_bad_options_refused():
     assert "first 40" in patterns.note and "100 tokens" in patterns.note
     assert {layer for layer, _ in patterns.heads} == {1}
     assert patterns.thumbnails is not None and patterns.thumbnails.shape[-1] == 20  # max-pooled by 2
-    with pytest.raises(ProbeError, match="max-tokens"):
+    with pytest.raises(ProbeError, match="max_tokens"):
         attention_patterns(loaded, torch.arange(5), source="t", max_tokens=5000)
     with pytest.raises(ProbeError, match="decimals"):
         attention_patterns(loaded, torch.arange(5), source="t", decimals=6)
@@ -166,7 +165,7 @@ def test_a_window_of_a_long_input_is_its_part_of_the_full_attention():
     np.testing.assert_allclose(window.weights(1, 2), capture_attention(bert.model, ids[None, :60])[1][0, 2, 40:, 40:],
                                atol=5e-5 + 1e-7)
     assert "ran on all of them" in window.note
-    with pytest.raises(ProbeError, match="window-start"):
+    with pytest.raises(ProbeError, match="start must be a position"):
         attention_patterns(loaded, ids, source="t", start=100)
 
 
@@ -189,7 +188,7 @@ def test_classification_patterns_use_the_sequence_that_earned_the_label():
     expected = capture_attention(loaded.model, repeated[None], layers={1})[1][0, 2].numpy()
     lower = np.tril_indices(len(repeated))
     np.testing.assert_allclose(patterns["repeated"].weights(1, 2)[lower], expected[lower], atol=5e-4 + 1e-7)
-    page = classification_page(result.to_dict(), {name: patterns_payload(block) for name, block in patterns.items()})
+    page = classification_page(result.to_dict(), {name: block.to_dict() for name, block in patterns.items()})
     data = page_data(page)
     assert set(data["patterns"]) == {"natural", "repeated"}
     assert [s["name"] for s in data["scores"]] == ["sink", "induction", "previous_token"]
@@ -210,7 +209,7 @@ def test_packing_round_trips_and_compresses():
 
 def test_pattern_spec_keeps_the_lower_triangle_of_causal_models():
     patterns = fake_patterns([f"t{i}" for i in range(7)])
-    spec = pattern_spec(patterns_payload(patterns), 3)
+    spec = pattern_spec(patterns.to_dict(), 3)
     assert len(spec["chunks"]) == 2 and spec["group"] == 3 and spec["causal"]
     flat = np.concatenate([unpack_uint16(chunk) for chunk in spec["chunks"]]).reshape(6, -1)
     rows, cols = np.tril_indices(7)
@@ -227,7 +226,7 @@ def test_escaping_helpers():
 
 def test_heatmap_page_is_self_contained_and_escaped():
     tokens = [SCRIPT, IMG, "␣the", "&amp;", "␣the"]
-    page = heatmap_page(patterns_payload(fake_patterns(tokens, model=SCRIPT, source=f"text file {IMG}")))
+    page = heatmap_page(fake_patterns(tokens, model=SCRIPT, source=f"text file {IMG}").to_dict())
     assert page.startswith("<!DOCTYPE html>")
     assert "Content-Security-Policy" in page and "default-src &#x27;none&#x27;" in page
     assert "window.Plotly = Plotly" in page  # plotly.js inlined
