@@ -29,6 +29,9 @@ import torch.nn.functional as F
 
 from bench.classification import spearman
 from bench.common import have_transformer_lens, interleaved, load_average, machine, now, transformer_lens_bridge
+from probe.ablate import estimate, sweep
+from probe.data import natural_set
+from probe.models import load_model
 
 SUBSET_LAYERS = [2, 7, 12, 17, 22, 27]  # the representative subset named in the docstring
 
@@ -39,9 +42,6 @@ def mean_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
 
 def run(repeats: int = 3, layers: list[int] | None = None, log: Any = print, with_tl: bool = True,
         with_estimate: bool = True) -> dict[str, Any]:
-    from probe.data import natural_set
-    from probe.models import load_model
-
     loaded = load_model("smollm2")
     model = loaded.model
     n_layers, n_heads = model.config.num_hidden_layers, model.config.num_attention_heads
@@ -74,8 +74,6 @@ def run(repeats: int = 3, layers: list[int] | None = None, log: Any = print, wit
         losses["naive"] = out
 
     def probe_exact() -> None:
-        from probe.ablate import sweep
-
         result = sweep(loaded, probe_set, heads, mode="exact", batch_size=8)
         losses["probe_exact"] = {r.heads[0]: r.loss for r in result.heads}
         deltas["probe_exact"] = {r.heads[0]: r.delta for r in result.heads}
@@ -133,7 +131,6 @@ def estimate_quality(loaded: Any, probe_set: Any, log: Any = print,
                      reference: dict[tuple[int, int], float] | None = None) -> dict[str, Any]:
     """Estimate mode's cost and agreement with an exact sweep of every head (`reference` deltas, or one run here),
     and the same for plain attribution patching (first order, no exact refinement)."""
-    from probe.ablate import estimate, sweep
 
     out: dict[str, Any] = {}
     if reference is None:

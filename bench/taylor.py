@@ -23,6 +23,10 @@ import torch.nn.functional as F
 
 from bench.classification import spearman
 from bench.common import load_average, machine, now
+from probe.ablate import estimate, sweep
+from probe.attention import attention_hooks, logits_of, run_model
+from probe.data import natural_set
+from probe.models import load_model
 
 STEP = 0.1  # the finite-difference step in a: heads scaled by 0.9 and 1.1
 PATH = (0.25, 0.5, 0.75)
@@ -31,7 +35,6 @@ PATH = (0.25, 0.5, 0.75)
 def _losses(model: torch.nn.Module, ids: torch.Tensor, layer: int, head: int, scales: list[float]) -> list[float]:
     """Mean next-token loss with head `head` of `layer` scaled by each of `scales` (one stacked forward). Unlike
     bench.ablation.mean_loss the mean is taken in float64: the second differences divide by STEP^2 = 0.01."""
-    from probe.attention import attention_hooks, logits_of, run_model
 
     batch = ids.shape[0]
 
@@ -49,10 +52,6 @@ def _losses(model: torch.nn.Module, ids: torch.Tensor, layer: int, head: int, sc
 
 
 def run(log: Any = print) -> dict[str, Any]:
-    from probe.ablate import estimate, sweep
-    from probe.data import natural_set
-    from probe.models import load_model
-
     loaded = load_model("smollm2")
     model = loaded.model
     probe_set = natural_set(loaded, seq_len=127, num_seqs=4)

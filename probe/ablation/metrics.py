@@ -36,6 +36,9 @@ class Metric:
         """(batch, positions - shift) values of one copy; output (batch, positions, features)."""
         raise NotImplementedError
 
+    def __str__(self) -> str:
+        return self.description
+
 
 class CrossEntropy(Metric):
     name = "cross_entropy"

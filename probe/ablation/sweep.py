@@ -158,6 +158,28 @@ def _run(runner: Runner, todo: list[list[Ablation]], work: _Work, n_blocks: int,
             finish(ablation, sums[position])
 
 
+class _Finished:
+    """Finished ablations (those a resumed stream holds first), each streamed and handed to `on_result` once."""
+
+    def __init__(self, stream: Stream | None, on_result: Callable[[HeadResult], None] | None, counts: Tensor,
+                 loss: float, parts: dict[str, float]) -> None:
+        self.stream, self.on_result, self.counts, self.loss, self.parts = stream, on_result, counts, loss, parts
+        self.done: dict[Ablation, HeadResult] = dict(stream.done) if stream is not None else {}
+
+    def add(self, ablation: Ablation, sums: Tensor) -> None:
+        if ablation in self.done:
+            return
+        result = self.done[ablation] = HeadResult.of_sums(ablation, sums, self.counts, self.loss, self.parts)
+        if self.stream is not None:
+            self.stream.write(result)
+        if self.on_result is not None:
+            self.on_result(result)
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
+
 def sweep(
     loaded: LoadedModel,
     probe_set: ProbeSet,
@@ -202,28 +224,19 @@ def sweep(
     loss, parts, counts = _baseline(runner, work, n_blocks)
     scorer = runner.scorer
     header = _header(loaded, probe_set, method, scorer.metric.name, means, data_name(probe_set, data), (loss, parts))
-    stream = Stream(Path(results_path), header, resume) if results_path is not None else None
-    done: dict[Ablation, HeadResult] = dict(stream.done) if stream is not None else {}
+    finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
+                         on_result, counts, loss, parts)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, n_blocks)
-    todo = [chunk for chunk in planned if not all(a in done for a in chunk)]
+    todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
     work.total = work.done + sum(len(runner.batches) * len(chunk) * (n_blocks - runner.start_of(chunk[0]) + 1)
                                  for chunk in todo)
-
-    def finish(ablation: Ablation, sums: Tensor) -> None:
-        if ablation not in done:
-            done[ablation] = HeadResult.of_sums(ablation, sums, counts, loss, parts)
-            if stream is not None:
-                stream.write(done[ablation])
-            if on_result is not None:
-                on_result(done[ablation])
-
     with ExitStack() as scope:
         scope.enter_context(torch.inference_mode())  # ~2% quicker than no_grad on CPU: no version counters
-        if stream is not None:
-            scope.callback(stream.close)
-        _run(runner, todo, work, n_blocks, finish)
+        scope.callback(finished.close)
+        _run(runner, todo, work, n_blocks, finished.add)
     return AblationResult(
         model=loaded.name, method=method, data=header["data"], metric=header["metric"], baseline_loss=loss,
-        results=[done[a] for a in ablations if a in done], n_layers=header["n_layers"], n_heads=header["n_heads"],
-        mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path, baseline_parts=parts,
-        probe_set=header["probe_set"], mean=header["mean"], seconds=time.perf_counter() - started)
+        results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
+        n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
+        baseline_parts=parts, probe_set=header["probe_set"], mean=header["mean"],
+        seconds=time.perf_counter() - started)
