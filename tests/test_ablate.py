@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_hf, tiny_loaded
 from planted import UNRELATED, PlantedModel, TextbookAttention, planted_mha, planted_textbook
 
+from probe.ablation import AblationMethod
 from probe.ablate import (BACKWARD_COST, GRAD_FORWARD_COST, AblationResult, HeadResult, ablate, all_heads, estimate,
                           head_means, load_results, parse_heads, read_results, sweep)
 from probe.attention import attention_layers, logits_of, run_model
@@ -683,3 +684,28 @@ def test_a_second_interrupt_during_clean_up_leaves_no_hook(when: int, monkeypatc
     assert fingerprint(model) == before
     with torch.no_grad():
         assert torch.equal(logits_of(run_model(model, probe_set.input_ids)), outputs)
+
+
+def test_a_method_of_ones_own_is_one_class() -> None:
+    """A new ablation method is one AblationMethod subclass: sweep takes the object, its numbers follow its
+    replacement (here the batch's mean over sequences, a resample-like method), and exact equals naive."""
+    class SequenceMean(AblationMethod):
+        name = "sequence_mean"
+
+        def __init__(self) -> None:
+            self.seen: set[int | None] = set()
+
+        def replacement(self, layer: int, heads: torch.Tensor, batch: int | None) -> torch.Tensor:
+            self.seen.add(batch)
+            return heads.mean(dim=0, keepdim=True)  # (1, positions, n_heads, head_dim): other sequences' values
+
+    loaded = planted_loaded()
+    probe_set = small_set(loaded)
+    method = SequenceMean()
+    exact = sweep(loaded, probe_set, method=method, batch_size=2)
+    naive = sweep(loaded, probe_set, method=SequenceMean(), mode="naive", batch_size=2)
+    zero = sweep(loaded, probe_set, batch_size=2)
+    assert exact.method == "sequence_mean" and method.seen == {0, 1} and "naive" not in exact.path
+    for mine, reference in zip(exact.results, naive.results):
+        assert mine.loss == pytest.approx(reference.loss, rel=1e-5, abs=1e-6)
+    assert any(mine.loss != pytest.approx(zeroed.loss, rel=1e-4) for mine, zeroed in zip(exact.results, zero.results))

@@ -4,7 +4,6 @@ Modules, each with one job, data flowing one way (heads -> methods/means -> edit
 runners -> plan -> sweep/estimate -> results/stream): see docs/architecture.md.
 """
 
-from probe.ablation.blocks import interrupts_deferred
 from probe.ablation.editor import ablate
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, all_heads, distinct, label, parse_heads
@@ -19,4 +18,4 @@ from probe.ablation.sweep import MODES, Progress, sweep
 __all__ = ["METHODS", "METRICS", "MODES", "RESULTS_FORMAT", "Ablation", "AblationMethod", "AblationResult", "Head",
            "HeadMeans", "HeadResult", "MeanAblation", "Metric", "Progress", "ZeroAblation", "ablate",
            "ablation_list", "all_heads", "assign_chunks", "distinct", "estimate", "head_means",
-           "interrupts_deferred", "label", "load_results", "parse_heads", "read_results", "sweep", "write_stream"]
+           "label", "load_results", "parse_heads", "read_results", "sweep", "write_stream"]

@@ -1,11 +1,9 @@
 """The model's block list (decoder layers), for reusing the unablated baseline's prefix: find it, keep each block's
 output, and make blocks return kept outputs instead of running. Every hook and override is undone on exit, also
-when a second Ctrl-C lands during the clean-up (`interrupts_deferred`)."""
+when a second Ctrl-C lands during the clean-up (probe.hooks.restore)."""
 
 from __future__ import annotations
 
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,48 +12,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.attention import AttentionLayer, run_model
-
-
-@contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C (SIGINT) during the body is held and delivered when it ends: for set-up and clean-up that must not
-    stop half-way. Outside the main thread signals cannot be handled: the body just runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received and callable(previous):
-            previous(signal.SIGINT, None)  # the default handler raises KeyboardInterrupt here
-        elif received and previous == signal.SIG_DFL:
-            raise KeyboardInterrupt
-
-
-def undo_all(undo: list[Callable[[], None]]) -> None:
-    """Run every undo step, last first, each even if another raises; then raise the first error."""
-    errors: list[BaseException] = []
-    with interrupts_deferred():
-        for step in reversed(undo):
-            try:
-                step()
-            except BaseException as error:  # noqa: BLE001  (the rest still runs; raised below)
-                errors.append(error)
-    if errors:
-        raise errors[0]
-
-
-@contextmanager
-def hooks_owned() -> Iterator[list[Callable[[], None]]]:
-    """A list to append undo steps to (e.g. `handle.remove`); all of them run on exit, whatever happens."""
-    undo: list[Callable[[], None]] = []
-    try:
-        yield undo
-    finally:
-        undo_all(undo)
+from probe.hooks.restore import interrupts_deferred, restoring
 
 
 @dataclass
@@ -120,7 +77,7 @@ def keeping_outputs(blocks: Blocks, kept: dict[int, Any], order: list[int] | Non
                     stop_at: int | None = None) -> Iterator[None]:
     """Every block's output (detached) into `kept` (and its index into `order`) while the body runs; with
     `stop_at`, the forward ends (`_Stop`) before that block runs."""
-    with hooks_owned() as undo:
+    with restoring() as undo:
         with interrupts_deferred():
             for index, block in enumerate(blocks.container):
                 def keep(_module: nn.Module, _args: Any, output: Any, index: int = index) -> None:
@@ -200,7 +157,7 @@ def _override(module: nn.Module, value: Any) -> Callable[[], None]:
 @contextmanager
 def skip_blocks(container: nn.ModuleList, outputs: dict[int, Any]) -> Iterator[None]:
     """Blocks in `outputs` return the given value instead of running; their own forward is back on exit."""
-    with hooks_owned() as undo:
+    with restoring() as undo:
         with interrupts_deferred():
             for index, value in outputs.items():
                 undo.append(_override(container[index], value))

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from probe.ablation.blocks import Blocks, detach, find_blocks, hooks_owned, interrupts_deferred, skip_blocks
+from probe.ablation.blocks import Blocks, detach, find_blocks, skip_blocks
+from probe.hooks.restore import interrupts_deferred, restoring
 from probe.attention import accepts_argument, attention_layers, is_hf_model, logits_of, run_model
 
 LOGITS_BYTES = 256 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
@@ -119,7 +120,7 @@ def keeping_decoder_output(model: nn.Module, kept: list[Tensor]) -> Iterator[Non
         value = output if isinstance(output, Tensor) else getattr(output, "last_hidden_state", None)
         kept.append((value if isinstance(value, Tensor) else output[0]).detach())
 
-    with hooks_owned() as undo:
+    with restoring() as undo:
         with interrupts_deferred():
             undo.append(found.register_forward_hook(keep).remove)
         yield
@@ -143,7 +144,7 @@ def _last_block_output(model: nn.Module, blocks: Blocks, ids: Tensor, mask: Tens
     kept: list[Any] = []
     normed: list[Tensor] = []
     last = blocks.container[len(blocks.container) - 1]
-    with hooks_owned() as undo:
+    with restoring() as undo:
         with interrupts_deferred():
             undo.append(last.register_forward_hook(lambda _m, _a, output: kept.append(detach(output))).remove)
         with keeping_decoder_output(model, normed) if direct else _nothing():

@@ -10,6 +10,7 @@ a method can take values of other sequences of the same batch (resample ablation
 
 from __future__ import annotations
 
+import hashlib
 from typing import ClassVar
 
 import torch
@@ -32,6 +33,10 @@ class AblationMethod:
     def describe(self) -> str | None:
         """What the replacement was taken over, for reports (None: nothing to say)."""
         return None
+
+    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+        """Feed what the replacement depends on (reference values) to the fingerprint of a results stream, so that a
+        resumed sweep can tell two sweeps of this method apart."""
 
 
 class ZeroAblation(AblationMethod):
@@ -64,6 +69,11 @@ class MeanAblation(AblationMethod):
     def describe(self) -> str | None:
         return self.means.describe()
 
+    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+        digest.update(str(self.means.per_position).encode())
+        for layer in sorted(self.means.values):
+            digest.update(self.means.values[layer].cpu().contiguous().numpy().tobytes())
+
 
 METHODS: dict[str, type[AblationMethod]] = {"zero": ZeroAblation, "mean": MeanAblation}
 """Ablation methods by name; a new method is one class here."""
@@ -74,7 +84,9 @@ def check_method(name: str) -> None:
         raise ProbeError(f"unknown ablation method {name!r}: use one of {', '.join(METHODS)}", parameter="method")
 
 
-def method_named(name: str, means: HeadMeans | None = None) -> AblationMethod:
-    """The method `name` of METHODS, given the reference values it needs."""
+def method_named(name: str | AblationMethod, means: HeadMeans | None = None) -> AblationMethod:
+    """The method `name` of METHODS, given the reference values it needs; a method object is used as it is."""
+    if isinstance(name, AblationMethod):
+        return name
     check_method(name)
     return METHODS[name](means)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.ablation.heads import Ablation, distinct
-from probe.ablation.means import HeadMeans
+from probe.ablation.methods import AblationMethod
 from probe.ablation.results import AblationResult, HeadResult
 from probe.data import ProbeSet
 from probe.errors import ProbeError
@@ -20,17 +20,15 @@ from probe.models import LoadedModel
 RESULTS_FORMAT = 1
 
 
-def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: str, metric: str, means: HeadMeans | None) -> str:
-    """What makes two sweeps' numbers comparable: model, data, method, metric, means. Not the heads, not timing."""
+def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: str) -> str:
+    """What makes two sweeps' numbers comparable: model, data, method (and what it depends on), metric. Not the
+    heads, not timing."""
     digest = hashlib.sha256()
-    digest.update(json.dumps([loaded.name, method, metric, probe_set.offset, probe_set.repeat_len]).encode())
+    digest.update(json.dumps([loaded.name, method.name, metric, probe_set.offset, probe_set.repeat_len]).encode())
     digest.update(probe_set.input_ids.cpu().contiguous().numpy().tobytes())
     if probe_set.attention_mask is not None:
         digest.update(probe_set.attention_mask.cpu().contiguous().numpy().tobytes())
-    if means is not None:
-        digest.update(str(means.per_position).encode())
-        for layer in sorted(means.values):
-            digest.update(means.values[layer].cpu().contiguous().numpy().tobytes())
+    method.add_to_fingerprint(digest)
     return digest.hexdigest()[:24]
 
 

@@ -29,7 +29,7 @@ from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, lay
 from probe.ablation import logits as readouts
 from probe.ablation.logits import Readout
 from probe.ablation.means import HeadMeans, head_means
-from probe.ablation.methods import check_method, method_named
+from probe.ablation.methods import AblationMethod, check_method, method_named
 from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
 from probe.ablation.plan import assign_chunks, batches, check_probe_set, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
@@ -59,8 +59,9 @@ class _Work:
             self.progress(min(self.done, self.total), self.total)
 
 
-def _validate(probe_set: ProbeSet, method: str, mode: str, stack: int | None) -> None:
-    check_method(method)
+def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stack: int | None) -> None:
+    if not isinstance(method, AblationMethod):
+        check_method(method)
     if mode not in MODES:
         raise ProbeError(f"unknown sweep mode {mode!r}: use one of {', '.join(MODES)}", parameter="mode")
     check_probe_set(probe_set)
@@ -79,8 +80,16 @@ def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequen
     return ablations
 
 
-def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: str, means: HeadMeans | None,
-            batch_size: int, ablations: list[Ablation]) -> tuple[Runner, int]:
+def _method(loaded: LoadedModel, probe_set: ProbeSet, method: str | AblationMethod, means: HeadMeans | None,
+            batch_size: int) -> AblationMethod:
+    """The method object; mean ablation without given means takes them over the probe set itself."""
+    if method == "mean" and means is None:
+        means = head_means(loaded, probe_set, batch_size=batch_size)
+    return method_named(method, means)
+
+
+def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, batch_size: int,
+            ablations: list[Ablation]) -> tuple[Runner, int]:
     """The runner of this sweep (prefix reuse where the model has a block list) and its blocks per forward."""
     model = loaded.model
     pairs = batches(probe_set, batch_size)
@@ -91,7 +100,7 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: str, me
     layers = attention_layers(model)
     blocks, why_not = (None, "") if mode == "naive" else find_blocks(model, layers)
     readout = Readout.choose(model, scorer.metric.name, blocks)
-    runner = NaiveRunner(model, method_named(method, means), scorer, readout,
+    runner = NaiveRunner(model, method, scorer, readout,
                          [Batch(ids, mask, scorer.masks(ids, mask)) for ids, mask in pairs], why_not)
     if blocks is None:
         return runner, len(layers)
@@ -111,15 +120,15 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int) -> tuple[float, dict[s
     return loss, parts, counts
 
 
-def _header(loaded: LoadedModel, probe_set: ProbeSet, method: str, metric: str, means: HeadMeans | None,
-            data: str, baseline: tuple[float, dict[str, float]]) -> dict[str, Any]:
+def _header(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: str, data: str,
+            baseline: tuple[float, dict[str, float]]) -> dict[str, Any]:
     """The results stream's first line: what the sweep is, so that a resumed one can tell it is the same."""
     n_layers, n_heads = layer_shape(attention_layers(loaded.model))
-    return {"probe_ablation": RESULTS_FORMAT, "model": loaded.name, "method": method, "data": data,
-            "metric": metric, "fingerprint": fingerprint(loaded, probe_set, method, metric, means),
+    return {"probe_ablation": RESULTS_FORMAT, "model": loaded.name, "method": method.name, "data": data,
+            "metric": metric, "fingerprint": fingerprint(loaded, probe_set, method, metric),
             "baseline_loss": baseline[0], "baseline_parts": baseline[1], "n_layers": n_layers, "n_heads": n_heads,
             "probe_set": probe_set.to_dict() | {"description": probe_set.description},
-            "mean": means.describe() if means is not None and method == "mean" else None}
+            "mean": method.describe()}
 
 
 def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_size: int,
@@ -186,7 +195,7 @@ def sweep(
     heads: Sequence[Head] | None = None,
     *,
     groups: Sequence[Sequence[Head]] = (),
-    method: str = "zero",
+    method: str | AblationMethod = "zero",
     mode: str = "exact",
     means: HeadMeans | None = None,
     batch_size: int = 8,
@@ -201,7 +210,8 @@ def sweep(
     """Ablate each head of `heads` alone (default: every head) and each group of `groups` together; measure the
     metric for each against the unablated baseline.
 
-    `mode` "exact" reuses the baseline's prefix and stacks `stack` ablations per forward (default: as many of one
+    `method` is a name of METHODS or an AblationMethod object (a method of your own, e.g. one that needs reference
+    values other than means). `mode` "exact" reuses the baseline's prefix and stacks `stack` ablations per forward (default: as many of one
     layer as fit in STACK_BYTES); "naive" runs one full forward per ablation; "estimate" calls `estimate`.
     `results_path` streams each finished ablation to a JSON-lines file; `resume` skips what that file holds. The
     baseline is computed the same way in every process, so disjoint subsets of heads can run in separate processes
@@ -212,18 +222,17 @@ def sweep(
     _validate(probe_set, method, mode, stack)
     ablations = _ablations(loaded, heads, groups)
     if mode == "estimate":
-        if method != "zero" or groups:
+        if getattr(method, "name", method) != "zero" or groups:
             raise ProbeError("mode 'estimate' covers single-head zero ablation: use method 'zero' and no groups",
                              parameter="mode")
         return estimate(loaded, probe_set, [a[0] for a in ablations], batch_size=batch_size, data=data,
                         progress=progress)
-    if method == "mean" and means is None:
-        means = head_means(loaded, probe_set, batch_size=batch_size)
-    runner, n_blocks = _runner(loaded, probe_set, mode, method, means, batch_size, ablations)
+    chosen = _method(loaded, probe_set, method, means, batch_size)
+    runner, n_blocks = _runner(loaded, probe_set, mode, chosen, batch_size, ablations)
     work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
     loss, parts, counts = _baseline(runner, work, n_blocks)
     scorer = runner.scorer
-    header = _header(loaded, probe_set, method, scorer.metric.name, means, data_name(probe_set, data), (loss, parts))
+    header = _header(loaded, probe_set, chosen, scorer.metric.name, data_name(probe_set, data), (loss, parts))
     finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
                          on_result, counts, loss, parts)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, n_blocks)
@@ -235,7 +244,7 @@ def sweep(
         scope.callback(finished.close)
         _run(runner, todo, work, n_blocks, finished.add)
     return AblationResult(
-        model=loaded.name, method=method, data=header["data"], metric=header["metric"], baseline_loss=loss,
+        model=loaded.name, method=chosen.name, data=header["data"], metric=header["metric"], baseline_loss=loss,
         results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
         n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
         baseline_parts=parts, probe_set=header["probe_set"], mean=header["mean"],
