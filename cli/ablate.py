@@ -20,7 +20,7 @@ from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, J
                          OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
 from cli.outputs import check_distinct, check_outputs, save, warn_non_finite
 from cli.progress import console, note, status, sweep_progress, warn
-from probe.ablate import AblationResult, Head, estimate, head_means, parse_heads, read_results
+from probe.ablate import METHODS, AblationResult, Head, estimate, head_means, parse_heads, read_results
 from probe.attention import attention_layers
 from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                         build_probe_set)
@@ -32,7 +32,6 @@ from reports.html import ablation_page
 from reports.terminal import ablation_report
 
 HEAD_ITEM = re.compile(r"^(all|\*|\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$")
-METHOD_CHOICES = ("zero", "mean", "estimate")
 
 Heads = Annotated[Optional[str], typer.Option(
     "--heads", help="Heads to ablate: LAYER.HEAD items, e.g. 5.1,18.6; 5.* for a whole layer; ranges 3-4.0-2; "
@@ -102,8 +101,9 @@ def check_heads_syntax(spec: str | None) -> None:
 
 def check_request(request: Request, *, top: int, html: bool, distributed: bool) -> None:
     """Every option that can be judged without the model, before it is loaded."""
-    if request.method not in METHOD_CHOICES:
-        raise ProbeError(f"--method {request.method!r}: use one of {', '.join(METHOD_CHOICES)}")
+    choices = (*METHODS, "estimate")  # every registered ablation method, and the estimate
+    if request.method not in choices:
+        raise ProbeError(f"--method {request.method!r}: use one of {', '.join(choices)}")
     if request.per_position and request.method != "mean":
         raise ProbeError("--per-position applies to --method mean")
     if request.method == "estimate" and (request.together or request.naive):

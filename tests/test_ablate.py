@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_hf, tiny_loaded
 from planted import UNRELATED, PlantedModel, TextbookAttention, planted_mha, planted_textbook
 
-from probe.ablation import AblationMethod
+from probe.ablation import METHODS, AblationMethod
 from probe.ablate import (BACKWARD_COST, GRAD_FORWARD_COST, AblationResult, HeadResult, ablate, all_heads, estimate,
                           head_means, load_results, parse_heads, read_results, sweep)
 from probe.attention import attention_layers, logits_of, run_model
@@ -686,19 +686,22 @@ def test_a_second_interrupt_during_clean_up_leaves_no_hook(when: int, monkeypatc
         assert torch.equal(logits_of(run_model(model, probe_set.input_ids)), outputs)
 
 
+class SequenceMean(AblationMethod):
+    """A method of one's own, resample-like: each ablated head takes the mean of its batch's sequences."""
+
+    name = "sequence_mean"
+
+    def __init__(self, means: object = None) -> None:  # the constructor METHODS entries share
+        self.seen: set[int | None] = set()
+
+    def replacement(self, layer: int, heads: torch.Tensor, batch: int | None) -> torch.Tensor:
+        self.seen.add(batch)
+        return heads.mean(dim=0, keepdim=True)  # (1, positions, n_heads, head_dim): other sequences' values
+
+
 def test_a_method_of_ones_own_is_one_class() -> None:
     """A new ablation method is one AblationMethod subclass: sweep takes the object, its numbers follow its
-    replacement (here the batch's mean over sequences, a resample-like method), and exact equals naive."""
-    class SequenceMean(AblationMethod):
-        name = "sequence_mean"
-
-        def __init__(self) -> None:
-            self.seen: set[int | None] = set()
-
-        def replacement(self, layer: int, heads: torch.Tensor, batch: int | None) -> torch.Tensor:
-            self.seen.add(batch)
-            return heads.mean(dim=0, keepdim=True)  # (1, positions, n_heads, head_dim): other sequences' values
-
+    replacement, and exact equals naive."""
     loaded = planted_loaded()
     probe_set = small_set(loaded)
     method = SequenceMean()
@@ -709,3 +712,17 @@ def test_a_method_of_ones_own_is_one_class() -> None:
     for mine, reference in zip(exact.results, naive.results):
         assert mine.loss == pytest.approx(reference.loss, rel=1e-5, abs=1e-6)
     assert any(mine.loss != pytest.approx(zeroed.loss, rel=1e-4) for mine, zeroed in zip(exact.results, zero.results))
+
+
+def test_a_registered_method_is_a_command_line_choice(tmp_path: Path, capsys, monkeypatch) -> None:
+    """One entry in METHODS makes the method a `--method` of `probe ablate`, with nothing else to change."""
+    monkeypatch.setitem(METHODS, "sequence_mean", SequenceMean)
+    out = tmp_path / "r.json"
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, "--method", "sequence_mean", "--heads", "0.1,1.2",
+                               "--json", str(out)], capsys, monkeypatch)
+    assert code == 0, stderr
+    payload = json.loads(out.read_text())
+    assert payload["method"] == "sequence_mean" and len(payload["heads"]) == 2
+    monkeypatch.delitem(METHODS, "sequence_mean")
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, "--method", "sequence_mean"], capsys, monkeypatch)
+    assert code == 2 and "use one of zero, mean, estimate" in stderr
