@@ -44,9 +44,28 @@ class ProbeSet:
     repeat_len: int | None = None  # repeated sets: R
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def batches(self, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
+        """(ids, mask) per batch of `batch_size` sequences; right padding cut to the batch's longest sequence."""
+        if batch_size < 1:
+            raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
+        out = []
+        for first in range(0, self.input_ids.shape[0], batch_size):
+            ids = self.input_ids[first:first + batch_size]  # (batch, positions)
+            mask = None if self.attention_mask is None else self.attention_mask[first:first + batch_size]
+            if mask is not None:  # cut the columns no sequence of this batch uses
+                length = int(mask.sum(dim=1).max())
+                ids, mask = ids[:, :length], mask[:, :length]
+            out.append((ids, mask))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "num_seqs": int(self.input_ids.shape[0]),
                 "length": int(self.input_ids.shape[1]), **self.meta}
+
+
+def real_tokens(ids: Tensor, mask: Tensor | None) -> Tensor:
+    """(batch, positions) booleans: True where a batch holds a token, False on padding."""
+    return torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
 
 
 def is_encoder(loaded: LoadedModel) -> bool:

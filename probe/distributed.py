@@ -28,7 +28,7 @@ import torch
 from probe.ablation import (AblationResult, Head, HeadResult, ablation_list, assign_chunks, distinct, read_results,
                             sweep, write_stream)
 from probe.data import ProbeSet
-from probe.errors import ProbeError
+from probe.errors import ProbeError, first_line
 from probe.models import DeviceMap, LoadedModel, input_device, parse_device_map
 
 __all__ = ["Rank", "assign_chunks", "current", "process_group", "rank_device", "rank_placement", "shard_path",
@@ -173,7 +173,7 @@ def process_group(device: torch.device | str | None = None) -> Iterator[Rank | N
     try:
         dist.init_process_group(_backend(device), timeout=TIMEOUT)
     except (RuntimeError, ValueError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = first_line(error) or type(error).__name__
         raise ProbeError(f"cannot join the torchrun job: {first}") from error
     try:
         yield rank

@@ -13,3 +13,9 @@ class ProbeError(Exception):
     def __init__(self, message: str, *, parameter: str | None = None) -> None:
         super().__init__(message)
         self.parameter = parameter
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message ('' if it has none): foreign errors are quoted in one line."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""

@@ -29,7 +29,7 @@ from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import batches, check_probe_set, data_name
+from probe.ablation.plan import check_probe_set, data_name
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
@@ -191,7 +191,7 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     check_heads(attention_layers(loaded.model), chosen)
     if not chosen:
         raise ProbeError("nothing to ablate: give at least one head", parameter="heads")
-    pairs = batches(probe_set, batch_size)
+    pairs = probe_set.batches(batch_size)
     ids, mask = pairs[0]
     with torch.no_grad():
         first_output = run_model(loaded.model, ids[:1, :2], None if mask is None else mask[:1, :2])

@@ -8,9 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.ablation.plan import batches
 from probe.attention import attention_hooks, run_model
-from probe.data import ProbeSet
+from probe.data import ProbeSet, real_tokens
 from probe.models import LoadedModel
 
 
@@ -73,7 +72,7 @@ def head_means(loaded: LoadedModel, reference: ProbeSet, *, per_position: bool =
     """Every head's mean output over the reference set (one forward pass over it, nothing changed)."""
     sums = _Sums(per_position)
     with torch.no_grad(), attention_hooks(loaded.model, edit_heads=sums.record):
-        for ids, mask in batches(reference, batch_size):
-            sums.valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        for ids, mask in reference.batches(batch_size):
+            sums.valid = real_tokens(ids, mask)
             run_model(loaded.model, ids, mask)
     return HeadMeans(sums.means(), per_position, reference.description)

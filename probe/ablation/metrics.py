@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from probe.ablation.logits import Final
-from probe.data import ProbeSet, is_encoder
+from probe.data import ProbeSet, is_encoder, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
@@ -110,7 +110,7 @@ class Scorer:
 
     def masks(self, ids: Tensor, mask: Tensor | None) -> Tensor:
         """(parts + 1, batch, positions - shift) booleans: which positions count, for the whole set and each part."""
-        valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        valid = real_tokens(ids, mask)
         if self.metric.shift:  # position t predicts token t + 1; both must be real tokens
             valid = valid[:, :-1] & valid[:, 1:]
             positions = torch.arange(1, ids.shape[1])  # the predicted token's position

@@ -17,21 +17,6 @@ STACK_BYTES = 1 << 30  # activations (and logits, where whole) of one stacked fo
 CACHE_BYTES = 4 << 30  # kept block outputs of the baseline; beyond this they are recomputed per layer
 
 
-def batches(probe_set: ProbeSet, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
-    """The probe set in batches; right-padded batches lose the columns none of their sequences use."""
-    if batch_size < 1:
-        raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
-    out = []
-    for first in range(0, probe_set.input_ids.shape[0], batch_size):
-        ids = probe_set.input_ids[first:first + batch_size]  # (batch, positions)
-        mask = None if probe_set.attention_mask is None else probe_set.attention_mask[first:first + batch_size]
-        if mask is not None:
-            length = int(mask.sum(dim=1).max())
-            ids, mask = ids[:, :length], mask[:, :length]
-        out.append((ids, mask))
-    return out
-
-
 def check_probe_set(probe_set: ProbeSet) -> None:
     """A next token to predict: at least one sequence of at least 2 tokens."""
     ids = probe_set.input_ids

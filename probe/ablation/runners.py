@@ -25,6 +25,7 @@ from probe.ablation.methods import AblationMethod
 from probe.ablation.metrics import Scorer
 from probe.ablation.plan import CACHE_BYTES
 from probe.attention import logits_of, run_model
+from probe.data import real_tokens
 from probe.errors import ProbeError
 
 NAIVE = "naive: one full forward per ablation"
@@ -182,7 +183,7 @@ class PrefixRunner:
             mine = stacked.reshape(copies, rows, *stacked.shape[1:])[0]
         if mine.shape != reference.shape:
             return f"output shape {tuple(mine.shape)} != {tuple(reference.shape)}"
-        valid = torch.ones_like(batch.ids, dtype=torch.bool) if batch.mask is None else batch.mask.bool()
+        valid = real_tokens(batch.ids, batch.mask)
         valid = valid.to(mine.device)
         diff = (mine.float() - reference.float()).abs()[valid].max().item()
         scale = max(1.0, reference.float().abs()[valid].max().item())

@@ -31,7 +31,7 @@ from probe.ablation.logits import Readout
 from probe.ablation.means import HeadMeans, head_means
 from probe.ablation.methods import AblationMethod, check_method, method_named
 from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import assign_chunks, batches, check_probe_set, chunks, data_name, default_stack
+from probe.ablation.plan import assign_chunks, check_probe_set, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
 from probe.ablation.stream import RESULTS_FORMAT, Stream, fingerprint
@@ -92,7 +92,7 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ablatio
             ablations: list[Ablation]) -> tuple[Runner, int]:
     """The runner of this sweep (prefix reuse where the model has a block list) and its blocks per forward."""
     model = loaded.model
-    pairs = batches(probe_set, batch_size)
+    pairs = probe_set.batches(batch_size)
     ids, mask = pairs[0]
     with torch.no_grad():
         first_output = run_model(model, ids[:1, :2], None if mask is None else mask[:1, :2])

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
-                        ProbeSet, build_probe_set)
-from probe.errors import ProbeError
+                        ProbeSet, build_probe_set, real_tokens)
+from probe.errors import ProbeError, first_line
 from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
@@ -70,26 +70,13 @@ class Classification:
         return classification_page(self.to_dict(), embed_plotly=False)
 
 
-def _batches(probe_set: ProbeSet, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
-    """(ids, mask) per batch; right padding cut to the longest sequence of the batch."""
-    out = []
-    for first in range(0, probe_set.input_ids.shape[0], batch_size):
-        ids = probe_set.input_ids[first:first + batch_size]
-        mask = None if probe_set.attention_mask is None else probe_set.attention_mask[first:first + batch_size]
-        if mask is not None:  # right padding: cut the columns no sequence of this batch uses
-            length = int(mask.sum(dim=1).max())
-            ids, mask = ids[:, :length], mask[:, :length]
-        out.append((ids, mask))
-    return out
-
-
 def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, batch_size: int = 8,
                 query_block: int | None = None, progress: Progress | None = None,
                 progress_offset: int = 0, progress_total: int | None = None) -> dict[str, Tensor]:
     """Run the probe set through the model in batches and reduce each layer's attention into the named scores."""
     layers = attention_layers(loaded.model)
     accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers))
-    batches = _batches(probe_set, batch_size)
+    batches = probe_set.batches(batch_size)
     total = progress_total or len(batches) * len(layers)
     done = [progress_offset]
 
@@ -101,7 +88,7 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
 
     with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, query_block=query_block):
         for ids, mask in batches:
-            valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+            valid = real_tokens(ids, mask)
             accumulator.batch = Batch(valid=valid, offset=probe_set.offset, repeat_len=probe_set.repeat_len)
             forward(loaded.model, ids, mask)
     return accumulator.result()
@@ -114,7 +101,7 @@ def forward(model: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Any:
     except (ProbeError, KeyboardInterrupt):
         raise
     except Exception as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        first = first_line(error)
         raise ProbeError(f"the model's forward failed on a batch of shape {tuple(ids.shape)}: "
                          f"{type(error).__name__}: {first} (longer than its context? try a smaller seq_len)",
                          parameter="seq_len") from error

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import save_model
 from torch import nn
 
-from probe.errors import ProbeError
+from probe.errors import ProbeError, first_line
 from probe.models.aliases import cache_root
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import dispatch_custom
@@ -28,10 +28,6 @@ def _cache_dir(gguf: Path) -> Path:
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     return cache_root() / "gguf" / f"{gguf.stem}-{key}"
-
-
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else ""
 
 
 def _damaged(gguf: Path, reason: str) -> ProbeError:
@@ -51,7 +47,7 @@ def _check_file(gguf: Path) -> None:
     except (struct.error, EOFError):
         raise _damaged(gguf, "it ends early") from None
     except (ValueError, IndexError, KeyError, OSError) as error:
-        raise _damaged(gguf, _first_line(error) or type(error).__name__) from error
+        raise _damaged(gguf, first_line(error) or type(error).__name__) from error
 
 
 def _dequantise(gguf: Path) -> tuple[nn.Module, Any]:

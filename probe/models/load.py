@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from probe.errors import ProbeError
+from probe.errors import ProbeError, first_line
 from probe.hooks.outputs import logits_of
 from probe.models.aliases import ALIASES, DEFAULT_MODEL, alias_path
 from probe.models.custom import is_custom_spec, load_custom, missing_function
@@ -122,10 +122,6 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
                      "a .gguf file, a hub id like org/name, or FILE.py:FUNCTION", parameter="spec")
 
 
-def _first_line(error: Exception) -> str:
-    return str(error).strip().splitlines()[0] if str(error).strip() else ""
-
-
 def _vocab_size(model: nn.Module) -> int | None:
     for owner in (model, getattr(model, "config", None)):
         size = getattr(owner, "vocab_size", None)
@@ -169,9 +165,9 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = N
     except ProbeError:
         raise
     except OSError as error:
-        raise ProbeError(f"cannot load model {spec!r}: {_first_line(error) or type(error).__name__}") from error
+        raise ProbeError(f"cannot load model {spec!r}: {first_line(error) or type(error).__name__}") from error
     except Exception as error:
-        raise ProbeError(f"cannot load model {spec!r}: {type(error).__name__}: {_first_line(error)}") from error
+        raise ProbeError(f"cannot load model {spec!r}: {type(error).__name__}: {first_line(error)}") from error
     if device is not None:
         model = model.to(device)
     model.eval()

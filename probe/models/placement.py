@@ -20,7 +20,7 @@ from typing import Union
 import torch
 from torch import nn
 
-from probe.errors import ProbeError
+from probe.errors import ProbeError, first_line
 
 DeviceMap = Union[str, dict[str, Union[int, str]]]
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -157,6 +157,6 @@ def dispatch_custom(model: nn.Module, device_map: DeviceMap, offload_folder: str
         return dispatch_model(model, device_map=placed, offload_dir=folder,
                               preload_module_classes=["MultiheadAttention"])
     except (ValueError, RuntimeError, KeyError) as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = first_line(error) or type(error).__name__
         raise ProbeError(f"cannot place the model with this device_map: {first}", parameter="device_map") from error
 
