@@ -1,0 +1,80 @@
+"""Words <-> tokens: which tokens of a sentence each word covers, through the tokenizer's character offsets, and
+word-level attention from token-level attention (Clark et al. 2019, "What Does BERT Look At?", section 4.1):
+attention *to* a split word is the sum of the attention to its tokens, attention *from* a split word the mean of
+its tokens' attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.errors import ProbeError
+from probe.syntax.conllu import Sentence
+
+
+@dataclass
+class Aligned:
+    """A sentence with its token ids (BOS first where the tokenizer has one) and each word's token positions."""
+
+    sentence: Sentence
+    ids: list[int]
+    members: list[list[int]]  # per word, the positions of its tokens in `ids` (a token may lie in two words)
+
+    def token_words(self) -> list[int]:
+        """Per token position, the first word it lies in; -1 for BOS and tokens in no word."""
+        owner = [-1] * len(self.ids)
+        for word, positions in enumerate(self.members):
+            for position in positions:
+                if owner[position] < 0:
+                    owner[position] = word
+        return owner
+
+    def matrices(self) -> tuple[Tensor, Tensor]:
+        """(from, to), each (words, tokens): `from` averages a word's tokens, `to` sums them."""
+        to = torch.zeros(len(self.members), len(self.ids))
+        for word, positions in enumerate(self.members):
+            to[word, positions] = 1.0
+        return to / to.sum(dim=1, keepdim=True), to
+
+
+def word_attention(weights: Tensor, aligned: Aligned) -> Tensor:
+    """Token attention (..., tokens, tokens) -> word attention (..., words, words): rows averaged over a word's
+    tokens, columns summed over them. BOS and tokens outside every word drop out."""
+    source, target = aligned.matrices()
+    return source @ weights @ target.T
+
+
+def _offsets(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    try:
+        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise ProbeError("the model's tokenizer gives no character offsets (return_offsets_mapping), so words "
+                         "cannot be matched to tokens: use a model with a fast (Rust) tokenizer",
+                         parameter="model") from error
+    offsets = encoded.get("offset_mapping") if hasattr(encoded, "get") else None
+    if offsets is None:
+        raise ProbeError("the model's tokenizer gives no character offsets (return_offsets_mapping), so words "
+                         "cannot be matched to tokens: use a model with a fast (Rust) tokenizer", parameter="model")
+    return list(encoded["input_ids"]), [tuple(pair) for pair in offsets]
+
+
+def align(tokenizer: Any, sentence: Sentence) -> Aligned:
+    """Tokenize the sentence's text and give each word the tokens whose character span overlaps the word's; BOS
+    (the tokenizer's, where it has one) goes first, in no word. A word no token overlaps is a ProbeError."""
+    if tokenizer is None:
+        raise ProbeError("the model has no tokenizer, so words cannot be matched to tokens", parameter="model")
+    ids, offsets = _offsets(tokenizer, sentence.text)
+    bos = getattr(tokenizer, "bos_token_id", None)
+    first = 1 if isinstance(bos, int) else 0
+    members = []
+    for index, (start, end) in enumerate(sentence.spans):
+        covering = [first + position for position, (left, right) in enumerate(offsets)
+                    if left < end and right > start]
+        if not covering:
+            raise ProbeError(f"{sentence.where}: no token covers word {index + 1} {sentence.words[index]!r}: the "
+                             "tokenizer's offsets do not match the text")
+        members.append(covering)
+    return Aligned(sentence, ([bos] if first else []) + ids, members)

