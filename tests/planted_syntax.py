@@ -80,3 +80,8 @@ def conllu_corpus(sentences: int = 24, seed: int = 0) -> str:
         picks = [words[int(i)] for i in torch.randint(len(words), (count,), generator=generator)]
         text += conllu_sentence(verb, picks, index)
     return text
+
+
+def planted_pair() -> tuple[PlantedModel, PreTrainedTokenizerFast]:
+    """For `--model tests/planted_syntax.py:planted_pair`."""
+    return planted_syntax_model(), syntax_tokenizer()

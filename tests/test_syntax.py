@@ -70,7 +70,6 @@ def test_malformed_conllu_lines_name_file_and_line(tmp_path, line, message):
     with pytest.raises(ProbeError) as error:
         read_conllu(path)
     assert f"{path}:9" in str(error.value) and message in str(error.value)
-    assert error.value.parameter == "conllu"
 
 
 def test_empty_or_missing_conllu(tmp_path):
@@ -164,3 +163,34 @@ def test_spacy_parses_prose_and_refuses_text_without_sentences():
     assert first.text[slice(*first.spans[5])] == "mat"
     with pytest.raises(ProbeError, match="found no sentence"):
         parse_text("    indented = code\n\n!!!\n", source="t")
+
+
+def test_cli_end_to_end(tmp_path, capsys, monkeypatch):
+    import csv
+    import json
+
+    from conftest import run_cli
+
+    corpus = write(tmp_path, conllu_corpus(16))
+    out = {kind: tmp_path / f"syntax.{kind}" for kind in ("json", "csv", "html")}
+    args = ["syntax", "--model", "tests/planted_syntax.py:planted_pair", "--conllu", str(corpus), "--min-count", "5"]
+    code, stdout, stderr = run_cli(args + [item for kind, path in out.items() for item in (f"--{kind}", str(path))],
+                                   capsys, monkeypatch)
+    assert code == 0, stderr
+    payload = json.loads(out["json"].read_text())
+    assert payload["scheme"] == "ud" and payload["sentences"] == 16
+    assert payload["syntactic"][0]["layer"] == 0 and payload["syntactic"][0]["head"] == 0
+    obj = next(e for e in payload["relations"] if e["relation"] == "obj")
+    assert obj["best"][0] == {"layer": 0, "head": 0, "accuracy": 1.0, "margin": round(1.0 - obj["baseline"], 4)}
+    rows = list(csv.DictReader(out["csv"].open()))
+    assert len(rows) == len(payload["relations"]) * 4
+    assert "Universal Dependencies" in stdout and "obj" in stdout and "0.0" in stdout
+    assert "<h1>Syntactic heads of planted_syntax" in out["html"].read_text() or "Syntactic heads" in \
+        out["html"].read_text()
+    code, _, stderr = run_cli(args[:-2] + ["--min-count", "0"], capsys, monkeypatch)
+    assert code == 2 and stderr.strip() == "error: --min-count must be at least 1, got 0"
+    bad = write(tmp_path, "1\tgo\n", "bad.conllu")
+    code, _, stderr = run_cli(["syntax", "--model", "tests/planted_syntax.py:planted_pair", "--conllu", str(bad)],
+                              capsys, monkeypatch)
+    assert code == 2 and stderr.strip() == (f"error: {bad}:1: a CoNLL-U word line has 10 tab-separated fields, "
+                                            "this one has 2")

@@ -43,7 +43,7 @@ def sentence_from_words(words: list[str], spaces: list[bool], heads: list[int], 
 
 
 def _fail(where: str, message: str) -> NoReturn:
-    raise ProbeError(f"{where}: {message}", parameter="conllu")
+    raise ProbeError(f"{where}: {message}")  # FILE:LINE names the input
 
 
 def _word(fields: list[str], where: str, expected: int) -> tuple[str, int, str, bool]:
@@ -74,11 +74,11 @@ def read_conllu(path: str | Path) -> list[Sentence]:
     malformed line is one ProbeError naming FILE:LINE."""
     file = Path(path)
     if not file.is_file():
-        raise ProbeError(f"CoNLL-U file not found: {file}", parameter="conllu")
+        raise ProbeError(f"conllu: file not found: {file}", parameter="conllu")
     try:
         lines = file.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as error:
-        raise ProbeError(f"{file} is not UTF-8 text: {error.reason}", parameter="conllu") from error
+        raise ProbeError(f"conllu: {file} is not UTF-8 text: {error.reason}", parameter="conllu") from error
     sentences: list[Sentence] = []
     rows: list[tuple[str, int, str, bool]] = []
     start = ""
@@ -97,6 +97,6 @@ def read_conllu(path: str | Path) -> list[Sentence]:
         start = start if rows else where
         rows.append(_word(fields, where, len(rows) + 1))
     if not sentences:
-        raise ProbeError(f"{file} holds no sentence (CoNLL-U: one word per line, a blank line after each "
+        raise ProbeError(f"conllu: {file} holds no sentence (CoNLL-U: one word per line, a blank line after each "
                          "sentence)", parameter="conllu")
     return sentences

@@ -11,7 +11,9 @@ import torch
 from probe.data import context_length, is_encoder
 from probe.errors import ProbeError
 from probe.hooks.capture import capture_attention
+from probe.hooks.hf import is_hf_model
 from probe.hooks.layers import attention_layers
+from probe.hooks.run import accepts_argument
 from probe.models import LoadedModel
 from probe.syntax.align import Aligned, align
 from probe.syntax.conllu import Sentence
@@ -62,6 +64,15 @@ def _example(aligned: Aligned, predicted: torch.Tensor | None, causal: bool) -> 
     return {"where": aligned.sentence.where, "words": aligned.sentence.words, "arcs": arcs, "hits": hits}
 
 
+def _check(*, batch_size: int, min_count: int, margin: float, confident: float) -> None:
+    for name, value, low in (("batch_size", batch_size, 1), ("min_count", min_count, 1)):
+        if value < low:
+            raise ProbeError(f"{name} must be at least {low}, got {value}", parameter=name)
+    for name, value in (("margin", margin), ("confident", confident)):
+        if not 0 <= value < 1:
+            raise ProbeError(f"{name} must be a number from 0 to below 1, got {value}", parameter=name)
+
+
 def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str, source: str,
                   batch_size: int = 8, min_count: int = MIN_COUNT, margin: float = MARGIN,
                   confident: float = CONFIDENT, examples: int = EXAMPLES,
@@ -69,13 +80,14 @@ def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str
     """Score every head on the sentences' arcs (see probe.syntax.scores for the definitions)."""
     if scheme not in SCHEMES:
         raise ProbeError(f"unknown label scheme {scheme!r}: choose from {', '.join(SCHEMES)}", parameter="scheme")
-    if batch_size < 1:
-        raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
+    _check(batch_size=batch_size, min_count=min_count, margin=margin, confident=confident)
     aligned, skipped = prepare(loaded, sentences)
     layers = attention_layers(loaded.model)
     causal = not is_encoder(loaded)
     tally = SyntaxTally(len(layers), max(layer.n_heads for layer in layers), causal, confident)
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
+    if not (is_hf_model(loaded.model) or accepts_argument(loaded.model, "attention_mask")):
+        batch_size = 1  # a custom model that takes no mask cannot be given padding: one sentence per forward
     shown: list[dict[str, Any]] = []
     for first in range(0, len(aligned), batch_size):
         batch = aligned[first:first + batch_size]

@@ -368,7 +368,7 @@
     var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage};
     var tries = 0;
     (function attempt() {
-      if (window.Plotly) { pages[kind](id); return; }
+      if (window.Plotly) { (pages[kind] || (window.probeExtraPages || {})[kind])(id); return; }
       if (++tries < 100) { setTimeout(attempt, 100); return; }
       var root = document.getElementById(id);
       if (root) fail(root, new Error("plotly.js is not on this page. In a notebook, run " +

@@ -1,0 +1,79 @@
+"""`probe syntax`: which heads follow syntactic dependencies (Clark et al. 2019; Vig & Belinkov 2019 for causal
+models), on CoNLL-U parses or on text parsed with spaCy (the optional extra `probe[syntax]`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+                         OffloadFolder, TrustRemoteCode, load)
+from cli.outputs import check_outputs, save
+from cli.progress import console, progress_bar, status, warn
+from probe.data import ENGLISH
+from probe.errors import ProbeError
+from probe.models import DEFAULT_MODEL
+from probe.syntax import Sentence, read_conllu, syntax_scores
+from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT
+from reports.files import write_csv, write_json, write_text
+from reports.syntax import syntax_page, syntax_report, syntax_rows
+
+Conllu = Annotated[Optional[Path], typer.Option(
+    "--conllu", help="Gold parses as a CoNLL-U file (Universal Dependencies labels).")]
+TextFile = Annotated[Optional[Path], typer.Option(
+    "--text", help="UTF-8 text to parse with spaCy (needs pip install 'probe[syntax]'); default: the embedded "
+    "English text.")]
+MaxSentences = Annotated[int, typer.Option("--max-sentences", help="Sentences scored at most.")]
+Margin = Annotated[float, typer.Option("--margin", help="Accuracy above the baseline that makes a head syntactic.")]
+MinCount = Annotated[int, typer.Option("--min-count", help="Arcs a relation needs (per direction) to be judged.")]
+Confident = Annotated[float, typer.Option(
+    "--confident", help="Attention weight above which Vig & Belinkov's confident share counts it.")]
+CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per relation, direction and head.")]
+
+
+def read_parses(conllu: Path | None, text: Path | None, max_sentences: int) -> tuple[list[Sentence], str, str]:
+    """(sentences, label scheme, where they come from): CoNLL-U as given, or text parsed with spaCy."""
+    if max_sentences < 1:
+        raise ProbeError(f"--max-sentences must be at least 1, got {max_sentences}")
+    if conllu is not None and text is not None:
+        raise ProbeError("give --conllu or --text, not both")
+    if conllu is not None:
+        return read_conllu(conllu)[:max_sentences], "ud", f"CoNLL-U file {conllu}"
+    from probe.syntax.parse import parse_text  # noqa: PLC0415 (spaCy is an optional extra)
+
+    if text is not None and not text.is_file():
+        raise ProbeError(f"text file not found: {text}", parameter="text")
+    source = f"text file {text}, parsed by spaCy" if text else "embedded English text, parsed by spaCy"
+    try:
+        raw = (text or ENGLISH).read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ProbeError(f"{text} is not UTF-8 text: {error.reason}", parameter="text") from error
+    with status("parsing with spaCy ..."):
+        sentences = parse_text(raw, source=str(text or ENGLISH.name), max_sentences=max_sentences)
+    return sentences, "clearnlp", source
+
+
+def syntax(
+    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, conllu: Conllu = None,
+    text: TextFile = None, max_sentences: MaxSentences = 200, margin: Margin = MARGIN, min_count: MinCount = MIN_COUNT,
+    confident: Confident = CONFIDENT, json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
+    batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
+    offload_folder: OffloadFolder = None, force: Force = False,
+) -> None:
+    """Find syntactic heads: per dependency relation, each head's accuracy at attending to the related word, against
+    the best fixed-offset baseline."""
+    check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
+    sentences, scheme, source = read_parses(conllu, text, max_sentences)
+    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    with progress_bar("scoring sentences") as update:
+        result = syntax_scores(loaded, sentences, scheme=scheme, source=source, batch_size=batch_size,
+                               min_count=min_count, margin=margin, confident=confident, progress=update)
+    payload = result.to_dict()
+    for line in result.skipped:
+        warn(line)
+    save(json_path, lambda path: write_json(path, payload))
+    save(csv_path, lambda path: write_csv(path, syntax_rows(payload)))
+    save(html_path, lambda path: write_text(path, syntax_page(payload)))
+    syntax_report(payload, console)
