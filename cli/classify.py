@@ -18,6 +18,8 @@ from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAU
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patterns import classification_patterns
+from probe.syntax import read_conllu, syntax_scores
+from probe.syntax.classes import add_syntactic
 from reports.files import write_json, write_text
 from reports.html import classification_page
 from reports.terminal import classification_report
@@ -27,6 +29,8 @@ Data = Annotated[Optional[Path], typer.Option(
 RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy in the repeated set.")]
 Thresholds = Annotated[Optional[list[str]], typer.Option(
     "--threshold", help="Override a class threshold: NAME=VALUE (repeatable).")]
+ClassifyConllu = Annotated[Optional[Path], typer.Option(
+    "--conllu", help="Gold parses (CoNLL-U): adds the syntactic class (see probe syntax).")]
 ClassifyJson = Annotated[Optional[Path], typer.Option(
     "--json", help="Write every head's scores and labels as JSON (strict: a NaN score is written as null).")]
 
@@ -63,14 +67,20 @@ def classify(
     seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, json_path: ClassifyJson = None,
     html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32",
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
+    conllu: ClassifyConllu = None,
 ) -> None:
     """Score every head (previous-token, sink, induction, duplicate-token, next-token, positional) and label them."""
     thresholds = parse_thresholds(threshold or [])
     check_outputs({"--json": json_path, "--html": html_path}, force=force)
+    sentences = read_conllu(conllu) if conllu is not None else None
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     with progress_bar("classifying heads") as update:
         result = run_classify(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
                               seed=seed, thresholds=thresholds, batch_size=batch_size, progress=update)
+    if sentences is not None:
+        with progress_bar("scoring syntactic heads") as update:
+            add_syntactic(result, syntax_scores(loaded, sentences, scheme="ud", source=f"CoNLL-U file {conllu}",
+                                                batch_size=batch_size, progress=update))
     payload = result.to_dict()
     save(json_path, lambda path: write_json(path, payload))
     save(html_path, lambda path: write_text(path, html_page(loaded, result, data=data, seq_len=seq_len,

@@ -194,3 +194,24 @@ def test_cli_end_to_end(tmp_path, capsys, monkeypatch):
                               capsys, monkeypatch)
     assert code == 2 and stderr.strip() == (f"error: {bad}:1: a CoNLL-U word line has 10 tab-separated fields, "
                                             "this one has 2")
+
+
+def test_classify_gains_the_syntactic_class_from_parses(tmp_path, capsys, monkeypatch):
+    import json
+
+    from conftest import run_cli
+
+    corpus = write(tmp_path, conllu_corpus(40))
+    out = tmp_path / "classes.json"
+    code, stdout, stderr = run_cli(["classify", "--model", "tests/planted_syntax.py:planted_pair", "--seq-len", "16",
+                                    "--num-seqs", "2", "--repeat-len", "8", "--conllu", str(corpus), "--json",
+                                    str(out)], capsys, monkeypatch)
+    assert code == 0, stderr
+    payload = json.loads(out.read_text())
+    assert payload["classes"]["syntactic"]["letter"] == "Y"
+    assert payload["thresholds"]["syntactic"] == 0.1
+    labels = {(e["layer"], e["head"]): e["labels"] for e in payload["heads"]}
+    assert "syntactic" in labels[(0, 0)] and "syntactic" not in labels[(0, 1)]
+    assert "previous_token" in labels[(0, 1)]  # next to the positional classes
+    assert payload["flagged"]["syntactic"][0]["layer"] == 0 and payload["flagged"]["syntactic"][0]["head"] == 0
+    assert "syntactic heads:" in stdout and "Y=syntactic" in stdout

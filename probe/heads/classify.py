@@ -35,6 +35,7 @@ class Classification:
     scores: dict[str, Tensor]  # name -> (n_layers, n_heads)
     thresholds: dict[str, float]
     probe_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    extra_classes: dict[str, dict[str, Any]] = field(default_factory=dict)  # classes scored outside SCORES
 
     def labels(self, layer: int, head: int) -> list[str]:
         return [name for name, score in self.scores.items() if float(score[layer, head]) > self.thresholds[name]]
@@ -52,7 +53,8 @@ class Classification:
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             "thresholds": dict(self.thresholds),
-            "classes": {name: SCORES[name].describe() for name in self.scores if name in SCORES},
+            "classes": {name: SCORES[name].describe() if name in SCORES else self.extra_classes[name]
+                        for name in self.scores if name in SCORES or name in self.extra_classes},
             "probe_sets": self.probe_sets,
             "flagged": {name: [{"layer": layer, "head": head, "score": round(score, 6)}
                                for layer, head, score in self.flagged(name)] for name in self.scores},

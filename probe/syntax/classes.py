@@ -1,0 +1,29 @@
+"""The `syntactic` head class, added to a head classification when parses are given (`probe classify --conllu`).
+
+Its score is a head's largest accuracy minus baseline over the judged relations (SyntaxResult.excess), and its
+threshold the margin: a head is labelled syntactic exactly when `probe syntax` calls it syntactic for a relation.
+It is scored on parses, not on a probe set, so it joins the Classification as an extra class, not through SCORES.
+"""
+
+from __future__ import annotations
+
+from probe.heads.classify import Classification
+from probe.syntax.result import SyntaxResult
+
+SYNTACTIC = "syntactic"
+
+
+def add_syntactic(classification: Classification, result: SyntaxResult) -> Classification:
+    """Add the syntactic class's scores, threshold and description to `classification` (in place; returned)."""
+    if (result.n_layers, result.n_heads) != (classification.n_layers, classification.n_heads):
+        raise ValueError("the syntax result is of another model than the classification")
+    classification.scores[SYNTACTIC] = result.excess().float()
+    classification.thresholds[SYNTACTIC] = result.margin
+    classification.extra_classes[SYNTACTIC] = {
+        "summary": "beats the best fixed-offset baseline at finding a dependency relation's other word "
+                   "(Clark et al. 2019); score: accuracy minus baseline, best relation",
+        "letter": "Y", "probe_set": "syntax", "default_threshold": result.margin}
+    classification.probe_sets["syntax"] = {
+        "name": "syntax", "description": f"syntax: {result.source}, {result.sentences} sentences, label scheme "
+                                         f"{result.scheme}", "num_seqs": result.sentences}
+    return classification
