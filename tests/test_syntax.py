@@ -215,3 +215,58 @@ def test_classify_gains_the_syntactic_class_from_parses(tmp_path, capsys, monkey
     assert "previous_token" in labels[(0, 1)]  # next to the positional classes
     assert payload["flagged"]["syntactic"][0]["layer"] == 0 and payload["flagged"]["syntactic"][0]["head"] == 0
     assert "syntactic heads:" in stdout and "Y=syntactic" in stdout
+
+
+def test_an_encoder_scores_both_directions_with_cls_and_sep(tmp_path):
+    from conftest import tiny_hf
+    from transformers import PreTrainedTokenizerFast
+
+    from probe.models import LoadedModel
+
+    tokenizer = syntax_tokenizer()
+    encoder_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, cls_token="[BOS]",
+                                                sep_token="[PAD]", pad_token="[PAD]", unk_token="[UNK]")
+    loaded = LoadedModel(model=tiny_hf("bert"), tokenizer=encoder_tokenizer, name="tiny-bert", vocab_size=120)
+    sentences = read_conllu(write(tmp_path, conllu_corpus(4)))
+    aligned = align(encoder_tokenizer, sentences[0], encoder=True)
+    assert aligned.ids[0] == encoder_tokenizer.cls_token_id and aligned.ids[-1] == encoder_tokenizer.sep_token_id
+    result = syntax_scores(loaded, sentences, scheme="ud", source="t", min_count=1)
+    assert not result.causal
+    arcs = sum(len(s.arcs()) for s in sentences)
+    by_direction = {d: sum(t.count for (_, dd), t in result.relations.items() if dd == d) for d in (TO_HEAD,
+                                                                                                  "head->dep")}
+    assert by_direction == {TO_HEAD: arcs, "head->dep": arcs}  # Clark et al.: every arc, both ways
+
+
+@pytest.mark.skipif(not HAS_SPACY, reason="spaCy is not installed (pip install 'probe[syntax]')")
+def test_cli_parses_text_with_spacy_and_names_the_scheme(tmp_path, capsys, monkeypatch):
+    import json
+
+    from conftest import run_cli
+
+    text = write(tmp_path, "We go home now. They run fast today. I walk there slowly.\n\n", "t.txt")
+    out = tmp_path / "s.json"
+    model = ["syntax", "--model", "tests/planted_syntax.py:planted_pair"]
+    code, stdout, stderr = run_cli(model + ["--text", str(text), "--min-count", "1", "--json", str(out)],
+                                   capsys, monkeypatch)
+    assert code == 0, stderr
+    payload = json.loads(out.read_text())
+    assert payload["scheme"] == "clearnlp" and payload["sentences"] == 3 and "spaCy" in payload["source"]
+    assert {e["relation"] for e in payload["relations"]} >= {"nsubj", "advmod", "punct"}
+    assert "ClearNLP" in stdout
+    empty = write(tmp_path, "    code = 1\n\n****\n", "code.txt")
+    code, _, stderr = run_cli(model + ["--text", str(empty)], capsys, monkeypatch)
+    assert code == 2 and stderr.strip() == (f"error: spaCy found no sentence of 3 or more words in {empty} (prose "
+                                            "paragraphs: not indented, with letters)")
+    code, _, stderr = run_cli(model + ["--text", str(empty), "--conllu", str(empty)], capsys, monkeypatch)
+    assert code == 2 and stderr.strip() == "error: give --conllu or --text, not both"
+
+
+def test_without_spacy_parsing_is_one_clear_error(monkeypatch):
+    import sys
+
+    from probe.syntax.parse import parse_text
+
+    monkeypatch.setitem(sys.modules, "spacy", None)  # what `import spacy` meets where the extra is not installed
+    with pytest.raises(ProbeError, match=r"parsing text needs spaCy: pip install 'probe\[syntax\]'"):
+        parse_text("The cat sat on the mat.")

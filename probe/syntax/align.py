@@ -61,14 +61,24 @@ def _offsets(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]
     return list(encoded["input_ids"]), [tuple(pair) for pair in offsets]
 
 
-def align(tokenizer: Any, sentence: Sentence) -> Aligned:
-    """Tokenize the sentence's text and give each word the tokens whose character span overlaps the word's; BOS
-    (the tokenizer's, where it has one) goes first, in no word. A word no token overlaps is a ProbeError."""
+def wrapping(tokenizer: Any, encoder: bool) -> tuple[list[int], list[int]]:
+    """The ids around a sentence, as probe's probe sets wrap text (probe.data): [CLS] ... [SEP] for an encoder whose
+    tokenizer has both, else BOS where the tokenizer has one, else nothing."""
+    cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
+    if encoder and isinstance(cls, int) and isinstance(sep, int):
+        return [cls], [sep]
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return ([bos] if isinstance(bos, int) else []), []
+
+
+def align(tokenizer: Any, sentence: Sentence, encoder: bool = False) -> Aligned:
+    """Tokenize the sentence's text and give each word the tokens whose character span overlaps the word's; BOS or
+    [CLS] ... [SEP] (see `wrapping`) go around, in no word. A word no token overlaps is a ProbeError."""
     if tokenizer is None:
         raise ProbeError("the model has no tokenizer, so words cannot be matched to tokens", parameter="model")
     ids, offsets = _offsets(tokenizer, sentence.text)
-    bos = getattr(tokenizer, "bos_token_id", None)
-    first = 1 if isinstance(bos, int) else 0
+    prefix, suffix = wrapping(tokenizer, encoder)
+    first = len(prefix)
     members = []
     for index, (start, end) in enumerate(sentence.spans):
         covering = [first + position for position, (left, right) in enumerate(offsets)
@@ -77,4 +87,4 @@ def align(tokenizer: Any, sentence: Sentence) -> Aligned:
             raise ProbeError(f"{sentence.where}: no token covers word {index + 1} {sentence.words[index]!r}: the "
                              "tokenizer's offsets do not match the text")
         members.append(covering)
-    return Aligned(sentence, ([bos] if first else []) + ids, members)
+    return Aligned(sentence, prefix + ids + suffix, members)

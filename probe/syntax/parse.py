@@ -24,14 +24,14 @@ def load_pipeline(name: str | None = None) -> Any:
         import spacy  # noqa: PLC0415 (an optional extra: imported only to parse)
     except ImportError as error:
         raise ProbeError("parsing text needs spaCy: pip install 'probe[syntax]' (spaCy and an English pipeline), "
-                         "or give parses as a CoNLL-U file (conllu)", parameter="text") from error
+                         "or give parses as a CoNLL-U file (conllu)") from error
     for candidate in [name] if name else PIPELINES:
         try:
             return spacy.load(candidate)
         except OSError:
             continue
     raise ProbeError(f"no spaCy English pipeline installed (tried {', '.join([name] if name else PIPELINES)}): "
-                     "pip install 'probe[syntax]'", parameter="text")
+                     "pip install 'probe[syntax]'")
 
 
 def prose(text: str) -> list[str]:
@@ -79,5 +79,5 @@ def parse_text(text: str, *, source: str = "the text", max_sentences: int | None
                 return sentences
     if not sentences:
         raise ProbeError(f"spaCy found no sentence of {MIN_WORDS} or more words in {source} (prose paragraphs: "
-                         "not indented, with letters)", parameter="text")
+                         "not indented, with letters)")
     return sentences

@@ -25,10 +25,10 @@ EXAMPLES = 8  # sentences whose arcs the HTML report draws
 
 def prepare(loaded: LoadedModel, sentences: list[Sentence]) -> tuple[list[Aligned], list[str]]:
     """The sentences aligned to tokens, and one line for each left out (longer than the model's context)."""
-    limit = context_length(loaded)
+    limit, encoder = context_length(loaded), is_encoder(loaded)
     kept, skipped = [], []
     for sentence in sentences:
-        aligned = align(loaded.tokenizer, sentence)
+        aligned = align(loaded.tokenizer, sentence, encoder)
         if limit is not None and len(aligned.ids) > limit:
             skipped.append(f"{sentence.where}: {len(aligned.ids)} tokens, longer than the model's context of "
                            f"{limit}: skipped")

@@ -18,11 +18,12 @@
     var right = {};
     (hits || []).forEach(function (index) { right[index] = true; });
     var step = 14, x = 10, centres = [], height = 170, base = 140;
-    var drawing = svg("svg", {height: height, "class": "probe-arcs"});
+    var drawing = svg("svg", {height: height, width: 10, "class": "probe-arcs"});
+    box.appendChild(drawing);  // in the page, so that each word's drawn width can be measured
     example.words.forEach(function (word, i) {
       var label = svg("text", {x: x, y: base + 18, "class": "probe-word", "data-index": i}, word);
       drawing.appendChild(label);
-      var width = Math.max(24, word.length * 8);
+      var width = Math.max(12, label.getComputedTextLength());
       centres.push(x + width / 2);
       x += width + step;
     });
@@ -41,7 +42,6 @@
       if (good) drawing.appendChild(svg("text", {x: (a + b) / 2, y: base - lift - 4, "text-anchor": "middle",
                                                  "class": "probe-arc-label"}, arc.relation));
     });
-    box.appendChild(drawing);
   }
 
   function syntaxPage(id) {
