@@ -4,6 +4,7 @@ planted head, and spaCy parses where the extra is installed."""
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import pytest
 import torch
@@ -205,7 +206,7 @@ def test_classify_gains_the_syntactic_class_from_parses(tmp_path, capsys, monkey
     out = tmp_path / "classes.json"
     code, stdout, stderr = run_cli(["classify", "--model", "tests/planted_syntax.py:planted_pair", "--seq-len", "16",
                                     "--num-seqs", "2", "--repeat-len", "8", "--conllu", str(corpus), "--json",
-                                    str(out)], capsys, monkeypatch)
+                                    str(out), "--html", str(tmp_path / "classes.html")], capsys, monkeypatch)
     assert code == 0, stderr
     payload = json.loads(out.read_text())
     assert payload["classes"]["syntactic"]["letter"] == "Y"
@@ -215,6 +216,8 @@ def test_classify_gains_the_syntactic_class_from_parses(tmp_path, capsys, monkey
     assert "previous_token" in labels[(0, 1)]  # next to the positional classes
     assert payload["flagged"]["syntactic"][0]["layer"] == 0 and payload["flagged"]["syntactic"][0]["head"] == 0
     assert "syntactic heads:" in stdout and "Y=syntactic" in stdout
+    page = (tmp_path / "classes.html").read_text()
+    assert 'data-score="syntactic"' in page and re.search(r"syntactic: \d+ heads? flagged", page)
 
 
 def test_an_encoder_scores_both_directions_with_cls_and_sep(tmp_path):
