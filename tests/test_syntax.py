@@ -273,3 +273,18 @@ def test_without_spacy_parsing_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "spacy", None)  # what `import spacy` meets where the extra is not installed
     with pytest.raises(ProbeError, match=r"parsing text needs spaCy: pip install 'probe\[syntax\]'"):
         parse_text("The cat sat on the mat.")
+
+
+def test_a_margin_of_exactly_the_threshold_is_not_syntactic():
+    from probe.syntax.result import SyntaxResult
+    from probe.syntax.scores import RelationTally
+
+    tally = RelationTally(torch.tensor([[16.0, 15.0]], dtype=torch.float64), count=20)
+    tally.offsets[-1] = 14  # baseline 14/20 = 0.7; head 0.0: 16/20 = 0.8, 0.1 above it (0.10000000000000009 in floats)
+    result = SyntaxResult(model="m", scheme="ud", source="s", causal=True, n_layers=1, n_heads=2, sentences=1,
+                          words=1, relations={("obj", TO_HEAD): tally}, confident_share=torch.zeros(1, 2),
+                          confident=0.4, min_count=20, margin=0.1)
+    assert result.syntactic() == {}
+    assert float(result.excess()[0, 0]) == 0.1
+    tally.hits[0, 0] = 17.0
+    assert result.syntactic() == {(0, 0): ["obj dep->head"]}

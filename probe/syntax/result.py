@@ -40,6 +40,12 @@ class SyntaxResult:
         return sorted(self.relations, key=lambda key: (order.get(key[0], len(order)), key[0],
                                                        -self.relations[key].count, key[1]))
 
+    def margins(self, key: tuple[str, str]) -> Tensor:
+        """(layers, heads): accuracy minus the baseline, rounded to 9 decimals so that a difference of exactly the
+        margin (16/20 - 14/20) is not pushed over it by floating-point error."""
+        tally = self.relations[key]
+        return torch.round((tally.accuracy() - tally.baseline()[1]) * 1e9) / 1e9
+
     def judged(self) -> list[tuple[str, str]]:
         """The keys with at least `min_count` arcs."""
         return [key for key in self.ordered() if self.relations[key].count >= self.min_count]
@@ -49,16 +55,14 @@ class SyntaxResult:
         judged); a head is syntactic where this exceeds `margin`."""
         best = torch.full((self.n_layers, self.n_heads), -1.0, dtype=torch.float64)
         for key in self.judged():
-            tally = self.relations[key]
-            best = torch.maximum(best, tally.accuracy() - tally.baseline()[1])
+            best = torch.maximum(best, self.margins(key))
         return best
 
     def syntactic(self) -> dict[tuple[int, int], list[str]]:
         """(layer, head) -> the 'relation dir' labels it is syntactic for."""
         heads: dict[tuple[int, int], list[str]] = {}
         for relation, direction in self.judged():
-            tally = self.relations[(relation, direction)]
-            beats = (tally.accuracy() - tally.baseline()[1] > self.margin).nonzero().tolist()
+            beats = (self.margins((relation, direction)) > self.margin).nonzero().tolist()
             for layer, head in beats:
                 heads.setdefault((layer, head), []).append(f"{relation} {direction}")
         return heads
