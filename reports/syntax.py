@@ -64,11 +64,26 @@ def syntax_report(payload: dict[str, Any], console: Console) -> None:
         console.print(f"  {short_label(entry['layer'], entry['head']):>6}  {', '.join(entry['relations'])}")
     if len(heads) > SHOWN_SYNTACTIC:
         console.print(Text(f"  ... and {len(heads) - SHOWN_SYNTACTIC} more (see --json)", style="dim"))
+    console.print(Text("Overview, layer x head: relations each head is syntactic for", style="bold"))
+    console.print(syntactic_grid(payload))
     share = payload["confident"]["share"]
     ranked = sorted(((share[l][h], l, h) for l in range(len(share)) for h in range(len(share[l]))), reverse=True)
     console.print(Text(f"Most confident attention on arcs (weights > {payload['confident']['threshold']:g}, BOS "
                        "excluded; Vig & Belinkov 2019): ", style="bold"),
                   Text(", ".join(f"{short_label(l, h)} {v:.2f}" for v, l, h in ranked[:5])))
+
+
+def syntactic_grid(payload: dict[str, Any]) -> Table:
+    """Layer x head: for how many relation-directions each head is syntactic (· for none)."""
+    counts = {(e["layer"], e["head"]): len(e["relations"]) for e in payload["syntactic"]}
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    table.add_column("layer", justify="right", style="dim")
+    for head in range(payload["n_heads"]):
+        table.add_column(str(head), justify="center")
+    for layer in range(payload["n_layers"]):
+        cells = [counts.get((layer, head), 0) for head in range(payload["n_heads"])]
+        table.add_row(str(layer), *(Text(str(n), style="bold") if n else Text("·", style="dim") for n in cells))
+    return table
 
 
 def syntax_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:

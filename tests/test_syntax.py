@@ -186,6 +186,8 @@ def test_cli_end_to_end(tmp_path, capsys, monkeypatch):
     rows = list(csv.DictReader(out["csv"].open()))
     assert len(rows) == len(payload["relations"]) * 4
     assert "Universal Dependencies" in stdout and "obj" in stdout and "0.0" in stdout
+    grid = stdout[stdout.index("Overview, layer x head"):].splitlines()
+    assert grid[2].split()[:2] == ["0", "2"], grid  # layer 0, head 0: syntactic for obj and advmod
     assert "<h1>Syntactic heads of planted_syntax" in out["html"].read_text() or "Syntactic heads" in \
         out["html"].read_text()
     code, _, stderr = run_cli(args[:-2] + ["--min-count", "0"], capsys, monkeypatch)
