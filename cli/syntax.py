@@ -23,8 +23,8 @@ from reports.syntax import syntax_page, syntax_report, syntax_rows
 Conllu = Annotated[Optional[Path], typer.Option(
     "--conllu", help="Gold parses as a CoNLL-U file (Universal Dependencies labels).")]
 TextFile = Annotated[Optional[Path], typer.Option(
-    "--text", help="UTF-8 text to parse with spaCy (needs pip install 'probe[syntax]'); default: the embedded "
-    "English text.")]
+    "--text", help="UTF-8 text to parse with spaCy (the syntax extra of probe); default: the embedded English "
+    "text.")]
 MaxSentences = Annotated[int, typer.Option("--max-sentences", help="Sentences scored at most.")]
 Margin = Annotated[float, typer.Option("--margin", help="Accuracy above the baseline that makes a head syntactic.")]
 MinCount = Annotated[int, typer.Option("--min-count", help="Arcs a relation needs (per direction) to be judged.")]

@@ -61,7 +61,7 @@ def syntax_report(payload: dict[str, Any], console: Console) -> None:
     heads = sorted(payload["syntactic"], key=lambda e: (-len(e["relations"]), e["layer"], e["head"]))
     console.print(Text(f"Syntactic heads: {len(heads)} of {payload['n_layers'] * payload['n_heads']}", style="bold"))
     for entry in heads[:SHOWN_SYNTACTIC]:
-        console.print(f"  {short_label(entry['layer'], entry['head']):>6}  {', '.join(entry['relations'])}")
+        console.print(Text(f"  {short_label(entry['layer'], entry['head']):>6}  {', '.join(entry['relations'])}"))
     if len(heads) > SHOWN_SYNTACTIC:
         console.print(Text(f"  ... and {len(heads) - SHOWN_SYNTACTIC} more (see --json)", style="dim"))
     console.print(Text("Overview, layer x head: relations each head is syntactic for", style="bold"))
