@@ -70,8 +70,9 @@ def _finish(rows: list[tuple[str, int, str, bool]], where: str, count: int) -> S
 
 def read_conllu(path: str | Path) -> list[Sentence]:
     """Every sentence of a CoNLL-U file. Multi-word token lines (`1-2`) and empty nodes (`1.1`) are skipped: the
-    syntactic words are what the tree links. A relation keeps its universal part (`nsubj:pass` -> `nsubj`). A
-    malformed line is one ProbeError naming FILE:LINE."""
+    syntactic words are what the tree links. A relation keeps its universal part (`nsubj:pass` -> `nsubj`). The
+    text the model reads is the words written out, a space after each unless its own line says SpaceAfter=No (so a
+    multi-word token such as `don't` reads `do n't`). A malformed line is one ProbeError naming FILE:LINE."""
     file = Path(path)
     if not file.is_file():
         raise ProbeError(f"conllu: file not found: {file}", parameter="conllu")
