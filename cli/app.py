@@ -59,7 +59,7 @@ FLAGS = {
     "resume": "--resume", "force": "--force", "top": "--top",
     "text": "--text", "file": "--file", "layers": "--layers", "max_tokens": "--max-tokens", "start": "--window-start",
     "decimals": "--decimals",
-    "conllu": "--conllu", "scheme": "--conllu", "max_sentences": "--max-sentences", "margin": "--margin",
+    "conllu": "--conllu", "max_sentences": "--max-sentences", "margin": "--margin",
     "min_count": "--min-count", "confident": "--confident",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""

@@ -18,7 +18,7 @@ from probe.models import LoadedModel
 from probe.syntax.align import Aligned, align
 from probe.syntax.conllu import Sentence
 from probe.syntax.result import SyntaxResult
-from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT, SCHEMES, SyntaxTally, queries
+from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT, SCHEMES, TO_HEAD, SyntaxTally, queries
 
 EXAMPLES = 8  # sentences whose arcs the HTML report draws
 
@@ -53,7 +53,7 @@ def _batch_ids(batch: list[Aligned], pad: int) -> tuple[torch.Tensor, torch.Tens
 def _example(aligned: Aligned, predicted: torch.Tensor | None, causal: bool) -> dict[str, Any]:
     """What the HTML draws of one sentence: its words, its scored arcs, and per head the arcs it gets right."""
     scored = queries(aligned, causal)
-    keep = [i for i, (_, _, _, direction) in enumerate(scored) if causal or direction == "dep->head"]
+    keep = [i for i, (_, _, _, direction) in enumerate(scored) if causal or direction == TO_HEAD]
     arcs = [{"query": scored[i][0], "target": scored[i][1], "relation": scored[i][2], "direction": scored[i][3]}
             for i in keep]
     hits: list[list[int]] = []
