@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from probe.hooks.custom import install_custom
+from probe.hooks.families import install_family
 from probe.hooks.hf import install_hf, switch_implementation
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.mha import install_mha
@@ -20,6 +21,7 @@ from probe.hooks.types import HeadsEdit, LayerHooks, Undo, WeightsHook
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
     "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
+    "family": install_family,
 }
 """AttentionLayer.kind -> the function that hooks one layer of that kind, appending its undo steps."""
 

@@ -11,9 +11,11 @@ from torch import nn
 
 from probe.errors import ProbeError
 from probe.hooks.custom import is_custom_attention, returns_head_weights
+from probe.hooks.families import Family, family_candidates, family_of, family_shape
 from probe.hooks.hf import is_hf_model, recording_layers
 from probe.hooks.restore import restoring
 from probe.hooks.run import run_model
+from probe.models.hf import encoder_decoder_refusal
 
 
 @dataclass(frozen=True)
@@ -22,7 +24,7 @@ class AttentionLayer:
 
     index: int
     module: nn.Module
-    kind: str  # "hf", "mha" or "custom"
+    kind: str  # "hf", "mha", "custom" or "family"
     n_heads: int  # query heads
     n_kv_heads: int
     head_dim: int
@@ -43,6 +45,17 @@ def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, An
     return first
 
 
+def _refuse_shared(model: nn.Module, calls: list[tuple[nn.Module, Any]]) -> None:
+    """ALBERT and other models that run one attention module as several layers: probe numbers layers by module, so
+    their layers would collapse into one; refused rather than mixed up."""
+    modules = [module for module, _ in calls]
+    distinct = len({id(module) for module in modules})
+    if distinct < len(modules):
+        raise ProbeError(f"{type(model).__name__} runs {distinct} attention module(s) as {len(modules)} layers "
+                         "(parameters shared across layers, as in ALBERT): probe tells layers apart by their module, "
+                         "so it cannot capture or ablate one layer of such a model; it is not supported")
+
+
 def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
     try:
         with torch.no_grad(), recording_layers(model) as recording:
@@ -50,12 +63,12 @@ def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
     except Exception as error:
         raise ProbeError(f"the model's forward failed on a two-token input: {type(error).__name__}: {error}") from error
     calls = [(module, shape) for module, *shape in recording]
-    return [AttentionLayer(index, module, "hf", *shape) for index, (module, shape) in enumerate(_first_calls(calls))]
+    _refuse_shared(model, calls)
+    return [AttentionLayer(index, module, "hf", *shape) for index, (module, shape) in enumerate(calls)]
 
 
-def _module_layers(model: nn.Module) -> list[AttentionLayer]:
-    """nn.MultiheadAttention and textbook modules that return (output, weights (b, num_heads, n, kv))."""
-    candidates = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention) or is_custom_attention(m)]
+def _called_in_order(model: nn.Module, candidates: list[nn.Module]) -> list[tuple[nn.Module, Any]]:
+    """(module, output) of each call of the candidates on token ids (1, 2), in call order."""
     calls: list[tuple[nn.Module, Any]] = []
     try:
         with torch.no_grad(), restoring() as undo:
@@ -64,6 +77,20 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
             run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
     except Exception as error:
         raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
+    return calls
+
+
+def _family_layers(model: nn.Module, family: Family) -> list[AttentionLayer]:
+    """GPT-Neo, GPT-J, BLOOM, Falcon, MPT, CodeGen: the family's attention modules, in call order."""
+    calls = _called_in_order(model, family_candidates(model, family))
+    _refuse_shared(model, calls)
+    return [AttentionLayer(index, module, "family", *family_shape(module)) for index, (module, _) in enumerate(calls)]
+
+
+def _module_layers(model: nn.Module) -> list[AttentionLayer]:
+    """nn.MultiheadAttention and textbook modules that return (output, weights (b, num_heads, n, kv))."""
+    candidates = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention) or is_custom_attention(m)]
+    calls = _called_in_order(model, candidates)
     layers: list[AttentionLayer] = []
     for module, output in _first_calls(calls):
         heads = module.num_heads
@@ -75,11 +102,22 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
     return layers
 
 
+def _refuse_encoder_decoder(model: nn.Module) -> None:
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ProbeError(encoder_decoder_refusal(config.model_type))
+
+
 def attention_layers(model: nn.Module) -> list[AttentionLayer]:
     """The model's attention layers in call order, found once by a forward pass on two tokens and remembered."""
     if model in _LAYERS:
         return _LAYERS[model]
-    layers = _hf_layers(model) if is_hf_model(model) else _module_layers(model)
+    _refuse_encoder_decoder(model)
+    family = family_of(model)
+    if family is not None:
+        layers = _family_layers(model, family)
+    else:
+        layers = _hf_layers(model) if is_hf_model(model) else _module_layers(model)
     if not layers:
         raise ProbeError(f"no attention layers found in {type(model).__name__}: probe reads Hugging Face models "
                          "that use transformers' attention interface, nn.MultiheadAttention, and modules with "
