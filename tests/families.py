@@ -27,6 +27,7 @@ def _configs() -> dict[str, tuple[str, str, dict]]:
         "roberta": ("RobertaConfig", "RobertaModel", {**ENCODER, "pad_token_id": 1}),
         "distilbert": ("DistilBertConfig", "DistilBertModel", dict(vocab_size=120, dim=64, hidden_dim=128, n_layers=2,
                                                                    n_heads=4, max_position_embeddings=256)),
+        "albert": ("AlbertConfig", "AlbertModel", {**ENCODER, "num_hidden_layers": 3, "embedding_size": 32}),
         # read through a family adapter
         "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(
             vocab_size=120, hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=256, window_size=5,
@@ -55,7 +56,9 @@ PROJECTIONS = {
     "llama": "model.layers.{}.self_attn.o_proj", "mistral": "model.layers.{}.self_attn.o_proj",
     "qwen2": "model.layers.{}.self_attn.o_proj", "gemma": "model.layers.{}.self_attn.o_proj",
     "phi": "model.layers.{}.self_attn.dense", "bert": "encoder.layer.{}.attention.output.dense",
-    "roberta": "encoder.layer.{}.attention.output.dense", "distilbert": "transformer.layer.{}.attention.out_lin",
+    "roberta": "encoder.layer.{}.attention.output.dense",
+    "distilbert": "transformer.layer.{}.attention.out_lin",
+    "albert": "encoder.albert_layer_groups.0.albert_layers.0.attention.dense",  # one module, called by every layer
     "gpt_neo": "transformer.h.{}.attn.attention.out_proj", "gptj": "transformer.h.{}.attn.out_proj",
     "bloom": "transformer.h.{}.self_attention.dense", "falcon": "transformer.h.{}.self_attention.dense",
     "falcon_alibi": "transformer.h.{}.self_attention.dense", "falcon_gqa": "transformer.h.{}.self_attention.dense",

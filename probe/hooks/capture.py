@@ -46,7 +46,8 @@ def attention_hooks(
         if any(layer.kind == "hf" for layer in chosen):
             switch_implementation(model, undo)
         for layer in chosen:
-            INSTALLERS[layer.kind](layer.module, LayerHooks(layer.index, on_weights, edit_heads, query_block), undo)
+            hooks = LayerHooks(layer.index, on_weights, edit_heads, query_block, layer.call, layer.calls)
+            INSTALLERS[layer.kind](layer.module, hooks, undo)
         yield found
 
 

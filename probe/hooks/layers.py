@@ -28,6 +28,8 @@ class AttentionLayer:
     n_heads: int  # query heads
     n_kv_heads: int
     head_dim: int
+    call: int = 0  # which call of `module` this layer is: ALBERT runs one attention module as every layer
+    calls: int = 1  # how many times the model calls `module` per forward
 
 
 _LAYERS: "weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]]" = weakref.WeakKeyDictionary()
@@ -45,26 +47,20 @@ def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, An
     return first
 
 
-def _refuse_shared(model: nn.Module, calls: list[tuple[nn.Module, Any]]) -> None:
-    """ALBERT and other models that run one attention module as several layers: probe numbers layers by module, so
-    their layers would collapse into one; refused rather than mixed up."""
-    modules = [module for module, _ in calls]
-    distinct = len({id(module) for module in modules})
-    if distinct < len(modules):
-        raise ProbeError(f"{type(model).__name__} runs {distinct} attention module(s) as {len(modules)} layers "
-                         "(parameters shared across layers, as in ALBERT): probe tells layers apart by their module, "
-                         "so it cannot capture or ablate one layer of such a model; it is not supported")
-
-
 def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
+    """Layers by call: a module the model calls k times (ALBERT shares one across its layers) is k layers."""
     try:
         with torch.no_grad(), recording_layers(model) as recording:
             run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
     except Exception as error:
         raise ProbeError(f"the model's forward failed on a two-token input: {type(error).__name__}: {error}") from error
-    calls = [(module, shape) for module, *shape in recording]
-    _refuse_shared(model, calls)
-    return [AttentionLayer(index, module, "hf", *shape) for index, (module, shape) in enumerate(calls)]
+    modules = [module for module, *_ in recording]
+    layers = []
+    for index, (module, *shape) in enumerate(recording):
+        call = sum(other is module for other in modules[:index])
+        calls = sum(other is module for other in modules)
+        layers.append(AttentionLayer(index, module, "hf", *shape, call=call, calls=calls))
+    return layers
 
 
 def _called_in_order(model: nn.Module, candidates: list[nn.Module]) -> list[tuple[nn.Module, Any]]:
@@ -82,8 +78,7 @@ def _called_in_order(model: nn.Module, candidates: list[nn.Module]) -> list[tupl
 
 def _family_layers(model: nn.Module, family: Family) -> list[AttentionLayer]:
     """GPT-Neo, GPT-J, BLOOM, Falcon, MPT, CodeGen: the family's attention modules, in call order."""
-    calls = _called_in_order(model, family_candidates(model, family))
-    _refuse_shared(model, calls)
+    calls = _first_calls(_called_in_order(model, family_candidates(model, family)))
     return [AttentionLayer(index, module, "family", *family_shape(module)) for index, (module, _) in enumerate(calls)]
 
 
