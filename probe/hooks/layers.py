@@ -115,7 +115,8 @@ def attention_layers(model: nn.Module) -> list[AttentionLayer]:
         layers = _hf_layers(model) if is_hf_model(model) else _module_layers(model)
     if not layers:
         raise ProbeError(f"no attention layers found in {type(model).__name__}: probe reads Hugging Face models "
-                         "that use transformers' attention interface, nn.MultiheadAttention, and modules with "
-                         "num_heads and W_o/out_proj/o_proj that return (output, attention_weights)")
+                         "that use transformers' attention interface or are in probe.hooks.families, "
+                         "nn.MultiheadAttention, and modules with num_heads and W_o/out_proj/o_proj that return "
+                         "(output, attention_weights)")
     _LAYERS[model] = layers
     return layers
