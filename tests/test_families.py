@@ -14,7 +14,7 @@ import torch
 from families import ADAPTED, FAMILY_MODELS, PROJECTIONS, tiny_family
 
 from probe.ablate import ablate, sweep
-from probe.attention import attention_layers, capture_attention, logits_of, run_model
+from probe.attention import attention_hooks, attention_layers, capture_attention, logits_of, run_model
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
@@ -181,6 +181,18 @@ def test_a_shared_attention_module_is_one_layer_per_call() -> None:
     every = capture_attention(model, ids)
     assert (only_last[2] - every[2]).abs().max() <= 1e-6  # the other layers ran sdpa or eager
     assert (only_last[2] - every[0]).abs().max() > 1e-4  # the third call's weights, not the first's
+    seen: list[int] = []
+
+    def fail_once(layer: int, start: int, weights: torch.Tensor) -> None:
+        seen.append(layer)
+        if seen == [0]:
+            raise RuntimeError("cut short")
+
+    with torch.no_grad(), attention_hooks(model, on_weights=fail_once):  # a forward cut short, then a whole one
+        with pytest.raises(RuntimeError, match="cut short"):
+            run_model(model, ids)
+        run_model(model, ids)
+    assert seen == [0, 0, 1, 2]
 
 
 @pytest.mark.parametrize("kind", ["t5", "bart", "whisper"])

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from probe.hooks.custom import install_custom
 from probe.hooks.families import install_family
-from probe.hooks.hf import install_hf, switch_implementation
+from probe.hooks.hf import count_calls_per_forward, install_hf, switch_implementation
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.mha import install_mha
 from probe.hooks.restore import restoring
@@ -45,6 +45,8 @@ def attention_hooks(
     with restoring() as undo:
         if any(layer.kind == "hf" for layer in chosen):
             switch_implementation(model, undo)
+        if any(layer.calls > 1 for layer in chosen):  # ALBERT: layers are calls of one module
+            count_calls_per_forward(model, undo)
         for layer in chosen:
             hooks = LayerHooks(layer.index, on_weights, edit_heads, query_block, layer.call, layer.calls)
             INSTALLERS[layer.kind](layer.module, hooks, undo)

@@ -144,6 +144,17 @@ def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     _HF_CALLS[module] = 0
 
 
+def count_calls_per_forward(model: nn.Module, undo: list[Undo]) -> None:
+    """Restart the call count of the model's hooked modules at every forward of `model`, so that a forward cut
+    short (an exception caught inside the `with`) cannot shift which call is which layer."""
+    def restart(_model: nn.Module, _args: Any) -> None:
+        for module in model.modules():
+            if module in _HF_CALLS:
+                _HF_CALLS[module] = 0
+
+    undo.append(model.register_forward_pre_hook(restart).remove)
+
+
 def _forget(recording: list[tuple[nn.Module, int, int, int]]) -> None:
     _HF_RECORDER[:] = [other for other in _HF_RECORDER if other is not recording]
 
