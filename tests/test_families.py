@@ -219,3 +219,13 @@ def test_a_placeholder_tokenizer_falls_back_to_random_tokens(tmp_path: Path) -> 
     probe_set = build_probe_set("natural", loaded, ProbeOptions(seq_len=16, num_seqs=2))
     assert "random tokens" in probe_set.description
     assert len(set(probe_set.input_ids.flatten().tolist())) > 8  # real random ids, not one [UNK] repeated
+
+
+def test_a_family_built_with_flash_attention_is_refused_in_one_line() -> None:
+    from transformers.models.gpt_neo.modeling_gpt_neo import GPTNeoFlashAttention2
+
+    model = tiny_family("gpt_neo")
+    for block in model.transformer.h:  # as from_pretrained(..., attn_implementation="flash_attention_2") builds it
+        block.attn.attention.__class__ = GPTNeoFlashAttention2
+    with pytest.raises(ProbeError, match="built with GPTNeoFlashAttention2.*attn_implementation='eager'"):
+        attention_layers(model)
