@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.progress import status
+from cli.progress import status, warn
 from probe.models import ALIASES, LoadedModel, load_model
 
 Model = Annotated[str, typer.Option(
@@ -59,5 +60,12 @@ def load(choice: ModelChoice) -> LoadedModel:
     hf_logging.disable_progress_bar()
     gguf = choice.spec in ALIASES or choice.spec.endswith(".gguf")
     first_run = " (GGUF: dequantised on the first run, then cached)" if gguf else ""
-    with status(f"loading {choice.spec}{first_run} ..."):
-        return load_model(choice.spec, **choice.arguments())
+    with status(f"loading {choice.spec}{first_run} ..."), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UserWarning)
+        loaded = load_model(choice.spec, **choice.arguments())
+    for warning in caught:  # e.g. a tokenizer that cannot encode text: one line each, not Python's two
+        if str(warning.message).startswith("the tokenizer of"):
+            warn(f"warning: {warning.message}")
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return loaded

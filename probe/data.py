@@ -157,7 +157,7 @@ def natural_set(loaded: LoadedModel, *, data: str | Path | None = None, seq_len:
             raise ProbeError("this model has no tokenizer, so it cannot read a data text: drop data, or return "
                              "(model, tokenizer) from the factory", parameter="data")
         chunks = random_tokens(loaded, (num_seqs, seq_len), generator)
-        source = f"random tokens in place of text (the model has no tokenizer), seed {seed}"
+        source = f"random tokens in place of text (the model has no tokenizer that encodes text), seed {seed}"
     else:
         ids = _tokenize_prefix(loaded.tokenizer, text, seq_len * num_seqs)
         available = len(ids) // seq_len

@@ -11,7 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from probe.hooks.custom import install_custom
-from probe.hooks.hf import install_hf, switch_implementation
+from probe.hooks.families import install_family
+from probe.hooks.hf import count_calls_per_forward, install_hf, switch_implementation
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.mha import install_mha
 from probe.hooks.restore import restoring
@@ -20,6 +21,7 @@ from probe.hooks.types import HeadsEdit, LayerHooks, Undo, WeightsHook
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
     "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
+    "family": install_family,
 }
 """AttentionLayer.kind -> the function that hooks one layer of that kind, appending its undo steps."""
 
@@ -43,8 +45,11 @@ def attention_hooks(
     with restoring() as undo:
         if any(layer.kind == "hf" for layer in chosen):
             switch_implementation(model, undo)
+        if any(layer.calls > 1 for layer in chosen):  # ALBERT: layers are calls of one module
+            count_calls_per_forward(model, undo)
         for layer in chosen:
-            INSTALLERS[layer.kind](layer.module, LayerHooks(layer.index, on_weights, edit_heads, query_block), undo)
+            hooks = LayerHooks(layer.index, on_weights, edit_heads, query_block, layer.call, layer.calls)
+            INSTALLERS[layer.kind](layer.module, hooks, undo)
         yield found
 
 

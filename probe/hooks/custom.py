@@ -37,20 +37,17 @@ def returns_head_weights(module: nn.Module, output: Any) -> bool:
             and output[1].dim() == 4 and output[1].shape[1] == module.num_heads)
 
 
-def _read_weights(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
+def read_returned_weights(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
+    """A forward hook handing the weights the module returns, output[1] (b, heads, n, kv), to `hooks.on_weights`."""
     def read_weights(_module: nn.Module, _inputs: Any, output: Any) -> None:
         hooks.on_weights(hooks.layer, 0, output[1].float())  # type: ignore[misc]
 
     undo.append(module.register_forward_hook(read_weights).remove)
 
 
-def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    projection = _output_projection(module)
-    if projection is None:
-        raise ProbeError(f"cannot edit the heads of {type(module).__name__}: its output projection "
-                         f"({'/'.join(OUTPUT_PROJECTIONS)}) is not an nn.Module")
-    heads = module.num_heads
-
+def edit_projection_input(projection: nn.Module, heads: int, hooks: LayerHooks, undo: list[Undo]) -> None:
+    """A pre-hook on the output projection: its input (b, n, heads * head_dim), head-major, goes through
+    `hooks.edit_heads` as (b, n, heads, head_dim)."""
     def edit_input(_module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         merged = args[0]  # (b, n, heads * head_dim)
         split = merged.reshape(*merged.shape[:-1], heads, merged.shape[-1] // heads)  # (b, n, heads, head_dim)
@@ -60,9 +57,17 @@ def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     undo.append(projection.register_forward_pre_hook(edit_input).remove)
 
 
+def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
+    projection = _output_projection(module)
+    if projection is None:
+        raise ProbeError(f"cannot edit the heads of {type(module).__name__}: its output projection "
+                         f"({'/'.join(OUTPUT_PROJECTIONS)}) is not an nn.Module")
+    edit_projection_input(projection, module.num_heads, hooks, undo)
+
+
 def install_custom(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     """PyTorch hooks on the module (weights) and its output projection (edits); `undo` gets their removal."""
     if hooks.on_weights is not None:
-        _read_weights(module, hooks, undo)
+        read_returned_weights(module, hooks, undo)
     if hooks.edit_heads is not None:
         _edit_heads(module, hooks, undo)

@@ -22,7 +22,8 @@ from probe.hooks.blocked import OnBlock, blocked_attention
 from probe.hooks.restore import restoring
 from probe.hooks.types import LayerHooks, Undo
 
-_HF_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, LayerHooks]" = weakref.WeakKeyDictionary()
+_HF_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]]" = weakref.WeakKeyDictionary()  # by call
+_HF_CALLS: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()  # calls so far, hooked modules
 _HF_RECORDER: list[list[tuple[nn.Module, int, int, int]]] = []  # discovery runs append here
 _ORIGINAL_IMPLEMENTATION = {"probe_sdpa": "sdpa", "probe_eager": "eager"}
 _REGISTERED: list[bool] = []  # one True once registered
@@ -60,6 +61,18 @@ def _hf_weights_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
     return output.transpose(1, 2).contiguous(), None
 
 
+def _active_hooks(module: nn.Module) -> LayerHooks | None:
+    """The hooks of this call of the module: a module called k times per forward (ALBERT) is k layers, told apart
+    by counting its calls modulo k."""
+    by_call = _HF_ACTIVE.get(module)
+    if by_call is None:
+        return None
+    count = _HF_CALLS.get(module, 0)
+    any_hooks = next(iter(by_call.values()))
+    _HF_CALLS[module] = (count + 1) % any_hooks.calls
+    return by_call.get(count)
+
+
 def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
     original_name = _ORIGINAL_IMPLEMENTATION[name]
 
@@ -67,7 +80,7 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
                         attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
         for recording in _HF_RECORDER:
             recording.append((module, query.shape[1], key.shape[1], query.shape[-1]))
-        hooks = _HF_ACTIVE.get(module)
+        hooks = _active_hooks(module)
         if hooks is not None and hooks.on_weights is not None:
             layer, on_weights = hooks.layer, hooks.on_weights
             output, _ = _hf_weights_attention(module, query, key, value, attention_mask,
@@ -115,10 +128,31 @@ def switch_implementation(model: nn.Module, undo: list[Undo]) -> None:
             config._attn_implementation_internal = f"probe_{keep}"
 
 
+def _uninstall(module: nn.Module, call: int) -> None:
+    by_call = _HF_ACTIVE.get(module, {})
+    by_call.pop(call, None)
+    if not by_call:
+        _HF_ACTIVE.pop(module, None)
+        _HF_CALLS.pop(module, None)
+
+
 def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    """Have probe's implementation read (and edit) this attention module; the switch itself is the caller's."""
-    undo.append(partial(_HF_ACTIVE.pop, module, None))
-    _HF_ACTIVE[module] = hooks
+    """Have probe's implementation read (and edit) this attention module, at call `hooks.call` of each forward; the
+    switch itself is the caller's."""
+    undo.append(partial(_uninstall, module, hooks.call))
+    _HF_ACTIVE.setdefault(module, {})[hooks.call] = hooks
+    _HF_CALLS[module] = 0
+
+
+def count_calls_per_forward(model: nn.Module, undo: list[Undo]) -> None:
+    """Restart the call count of the model's hooked modules at every forward of `model`, so that a forward cut
+    short (an exception caught inside the `with`) cannot shift which call is which layer."""
+    def restart(_model: nn.Module, _args: Any) -> None:
+        for module in model.modules():
+            if module in _HF_CALLS:
+                _HF_CALLS[module] = 0
+
+    undo.append(model.register_forward_pre_hook(restart).remove)
 
 
 def _forget(recording: list[tuple[nn.Module, int, int, int]]) -> None:

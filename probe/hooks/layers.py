@@ -11,9 +11,11 @@ from torch import nn
 
 from probe.errors import ProbeError
 from probe.hooks.custom import is_custom_attention, returns_head_weights
+from probe.hooks.families import Family, family_candidates, family_of, family_shape
 from probe.hooks.hf import is_hf_model, recording_layers
 from probe.hooks.restore import restoring
 from probe.hooks.run import run_model
+from probe.models.hf import encoder_decoder_refusal
 
 
 @dataclass(frozen=True)
@@ -22,10 +24,12 @@ class AttentionLayer:
 
     index: int
     module: nn.Module
-    kind: str  # "hf", "mha" or "custom"
+    kind: str  # "hf", "mha", "custom" or "family"
     n_heads: int  # query heads
     n_kv_heads: int
     head_dim: int
+    call: int = 0  # which call of `module` this layer is: ALBERT runs one attention module as every layer
+    calls: int = 1  # how many times the model calls `module` per forward
 
 
 _LAYERS: "weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]]" = weakref.WeakKeyDictionary()
@@ -44,18 +48,23 @@ def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, An
 
 
 def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
+    """Layers by call: a module the model calls k times (ALBERT shares one across its layers) is k layers."""
     try:
         with torch.no_grad(), recording_layers(model) as recording:
             run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
     except Exception as error:
         raise ProbeError(f"the model's forward failed on a two-token input: {type(error).__name__}: {error}") from error
-    calls = [(module, shape) for module, *shape in recording]
-    return [AttentionLayer(index, module, "hf", *shape) for index, (module, shape) in enumerate(_first_calls(calls))]
+    modules = [module for module, *_ in recording]
+    layers = []
+    for index, (module, *shape) in enumerate(recording):
+        call = sum(other is module for other in modules[:index])
+        calls = sum(other is module for other in modules)
+        layers.append(AttentionLayer(index, module, "hf", *shape, call=call, calls=calls))
+    return layers
 
 
-def _module_layers(model: nn.Module) -> list[AttentionLayer]:
-    """nn.MultiheadAttention and textbook modules that return (output, weights (b, num_heads, n, kv))."""
-    candidates = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention) or is_custom_attention(m)]
+def _called_in_order(model: nn.Module, candidates: list[nn.Module]) -> list[tuple[nn.Module, Any]]:
+    """(module, output) of each call of the candidates on token ids (1, 2), in call order."""
     calls: list[tuple[nn.Module, Any]] = []
     try:
         with torch.no_grad(), restoring() as undo:
@@ -64,6 +73,19 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
             run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
     except Exception as error:
         raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
+    return calls
+
+
+def _family_layers(model: nn.Module, family: Family) -> list[AttentionLayer]:
+    """GPT-Neo, GPT-J, BLOOM, Falcon, MPT, CodeGen: the family's attention modules, in call order."""
+    calls = _first_calls(_called_in_order(model, family_candidates(model, family)))
+    return [AttentionLayer(index, module, "family", *family_shape(module)) for index, (module, _) in enumerate(calls)]
+
+
+def _module_layers(model: nn.Module) -> list[AttentionLayer]:
+    """nn.MultiheadAttention and textbook modules that return (output, weights (b, num_heads, n, kv))."""
+    candidates = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention) or is_custom_attention(m)]
+    calls = _called_in_order(model, candidates)
     layers: list[AttentionLayer] = []
     for module, output in _first_calls(calls):
         heads = module.num_heads
@@ -75,14 +97,26 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
     return layers
 
 
+def _refuse_encoder_decoder(model: nn.Module) -> None:
+    config = getattr(model, "config", None)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ProbeError(encoder_decoder_refusal(config.model_type))
+
+
 def attention_layers(model: nn.Module) -> list[AttentionLayer]:
     """The model's attention layers in call order, found once by a forward pass on two tokens and remembered."""
     if model in _LAYERS:
         return _LAYERS[model]
-    layers = _hf_layers(model) if is_hf_model(model) else _module_layers(model)
+    _refuse_encoder_decoder(model)
+    family = family_of(model)
+    if family is not None:
+        layers = _family_layers(model, family)
+    else:
+        layers = _hf_layers(model) if is_hf_model(model) else _module_layers(model)
     if not layers:
         raise ProbeError(f"no attention layers found in {type(model).__name__}: probe reads Hugging Face models "
-                         "that use transformers' attention interface, nn.MultiheadAttention, and modules with "
-                         "num_heads and W_o/out_proj/o_proj that return (output, attention_weights)")
+                         "that use transformers' attention interface or are in probe.hooks.families, "
+                         "nn.MultiheadAttention, and modules with num_heads and W_o/out_proj/o_proj that return "
+                         "(output, attention_weights)")
     _LAYERS[model] = layers
     return layers

@@ -23,3 +23,5 @@ class LayerHooks:
     on_weights: WeightsHook | None
     edit_heads: HeadsEdit | None
     query_block: int | None
+    call: int = 0  # which call of its module this layer is (ALBERT runs one module as every layer)
+    calls: int = 1  # how many times the model calls that module per forward

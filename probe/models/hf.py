@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import warnings
+
 import torch
 from torch import nn
 
@@ -19,6 +21,13 @@ def is_encoder_config(config: Any) -> bool:
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     return config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+
+
+def encoder_decoder_refusal(model_type: str) -> str:
+    """One line: why an encoder-decoder (T5, BART, Whisper, ...) is refused."""
+    return (f"{model_type} is an encoder-decoder: probe reads one stack of attention layers on one token input "
+            "(decoder-only models such as GPT-2 and Llama, encoders such as BERT) and does not yet tell an "
+            "encoder's, a decoder's and cross-attention layers apart; it is not supported")
 
 
 def _needs_remote_code(error: Exception) -> bool:
@@ -74,6 +83,8 @@ def from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] |
 
     with remote_code_refused(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+        if getattr(config, "is_encoder_decoder", False):  # whisper would load as its decoder alone
+            raise ProbeError(encoder_decoder_refusal(config.model_type), parameter="spec")
         placement = {key: value for key, value in (placement or {}).items() if value is not None}
         if isinstance(placement.get("device_map"), dict):
             _check_placement(config, placement["device_map"], trust_remote_code)
@@ -89,12 +100,33 @@ def from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] |
                                     **kwargs, **placement)
 
 
+SAMPLE_TEXT = "The quick brown fox jumps over the lazy dog while seven curious birds sing."
+MIN_DISTINCT_IDS = 4
+
+
+def encodes_text(tokenizer: Any) -> bool:
+    """Whether the tokenizer turns a plain English sentence into at least a few distinct non-special ids: a folder
+    without tokenizer files gives a placeholder (GPT-2: one token, nothing encoded; BERT: five, all [UNK])."""
+    try:
+        ids = tokenizer(SAMPLE_TEXT, add_special_tokens=False)["input_ids"]
+    except Exception:
+        return False
+    special = {i for i in getattr(tokenizer, "all_special_ids", []) if i is not None}
+    return len(set(ids) - special) >= MIN_DISTINCT_IDS
+
+
 def load_tokenizer(source: str, *, trust_remote_code: bool = False, **kwargs: Any) -> Any | None:
-    """The folder's tokenizer, or None where it has none that loads; its own code only when trusted."""
+    """The folder's tokenizer, or None where it has none that loads or none that encodes text (then probe sets use
+    random tokens, with a warning); its own code only when trusted."""
     from transformers import AutoTokenizer
 
     try:
         with remote_code_refused(source):
-            return AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
     except (OSError, ValueError, TypeError, KeyError):
         return None
+    if not encodes_text(tokenizer):
+        warnings.warn(f"the tokenizer of {source} cannot encode text ({len(tokenizer)} tokens; no tokenizer files?): "
+                      "probe uses random tokens in place of text", stacklevel=2)
+        return None
+    return tokenizer

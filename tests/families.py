@@ -1,0 +1,77 @@
+"""Tiny random Hugging Face models of the families probe reads, built from configs (seconds each): the ones read
+through transformers' attention interface and the ones read through a `probe.hooks.families` adapter."""
+
+from __future__ import annotations
+
+import torch
+
+SMALL = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             max_position_embeddings=256)
+GPT_STYLE = dict(vocab_size=120, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0)
+ENCODER = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=256, pad_token_id=0)
+
+
+def _configs() -> dict[str, tuple[str, str, dict]]:
+    """name -> (config class, model class, config arguments)."""
+    return {
+        # read through transformers' attention interface
+        "gpt2": ("GPT2Config", "GPT2LMHeadModel", GPT_STYLE),
+        "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", SMALL),
+        "llama": ("LlamaConfig", "LlamaForCausalLM", {**SMALL, "num_key_value_heads": 2}),
+        "mistral": ("MistralConfig", "MistralForCausalLM", {**SMALL, "num_key_value_heads": 2}),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {**SMALL, "num_key_value_heads": 2}),
+        "gemma": ("GemmaConfig", "GemmaForCausalLM", {**SMALL, "num_key_value_heads": 1, "head_dim": 16}),
+        "phi": ("PhiConfig", "PhiForCausalLM", SMALL),
+        "bert": ("BertConfig", "BertModel", ENCODER),
+        "roberta": ("RobertaConfig", "RobertaModel", {**ENCODER, "pad_token_id": 1}),
+        "distilbert": ("DistilBertConfig", "DistilBertModel", dict(vocab_size=120, dim=64, hidden_dim=128, n_layers=2,
+                                                                   n_heads=4, max_position_embeddings=256)),
+        "albert": ("AlbertConfig", "AlbertModel", {**ENCODER, "num_hidden_layers": 3, "embedding_size": 32}),
+        # read through a family adapter
+        "gpt_neo": ("GPTNeoConfig", "GPTNeoForCausalLM", dict(
+            vocab_size=120, hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=256, window_size=5,
+            attention_types=[[["global", "local"], 1]], bos_token_id=0, eos_token_id=0)),
+        "gptj": ("GPTJConfig", "GPTJForCausalLM", {**GPT_STYLE, "rotary_dim": 8}),
+        "bloom": ("BloomConfig", "BloomForCausalLM", dict(vocab_size=120, hidden_size=64, n_layer=2, n_head=4)),
+        "falcon": ("FalconConfig", "FalconForCausalLM", dict(vocab_size=120, hidden_size=64, num_hidden_layers=2,
+                                                             num_attention_heads=4)),  # multi-query, rotary
+        "falcon_alibi": ("FalconConfig", "FalconForCausalLM", dict(
+            vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True,
+            multi_query=False)),
+        "falcon_gqa": ("FalconConfig", "FalconForCausalLM", dict(
+            vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_kv_heads=2,
+            new_decoder_architecture=True)),
+        "mpt": ("MptConfig", "MptForCausalLM", dict(vocab_size=120, d_model=64, n_heads=4, n_layers=2,
+                                                    max_seq_len=256)),
+        "codegen": ("CodeGenConfig", "CodeGenForCausalLM", {**GPT_STYLE, "rotary_dim": 8, "n_ctx": 256}),
+    }
+
+
+FAMILY_MODELS = list(_configs())
+ADAPTED = ["gpt_neo", "gptj", "bloom", "falcon", "falcon_alibi", "falcon_gqa", "mpt", "codegen"]
+
+PROJECTIONS = {
+    "gpt2": "transformer.h.{}.attn.c_proj", "gpt_neox": "gpt_neox.layers.{}.attention.dense",
+    "llama": "model.layers.{}.self_attn.o_proj", "mistral": "model.layers.{}.self_attn.o_proj",
+    "qwen2": "model.layers.{}.self_attn.o_proj", "gemma": "model.layers.{}.self_attn.o_proj",
+    "phi": "model.layers.{}.self_attn.dense", "bert": "encoder.layer.{}.attention.output.dense",
+    "roberta": "encoder.layer.{}.attention.output.dense",
+    "distilbert": "transformer.layer.{}.attention.out_lin",
+    "albert": "encoder.albert_layer_groups.0.albert_layers.0.attention.dense",  # one module, called by every layer
+    "gpt_neo": "transformer.h.{}.attn.attention.out_proj", "gptj": "transformer.h.{}.attn.out_proj",
+    "bloom": "transformer.h.{}.self_attention.dense", "falcon": "transformer.h.{}.self_attention.dense",
+    "falcon_alibi": "transformer.h.{}.self_attention.dense", "falcon_gqa": "transformer.h.{}.self_attention.dense",
+    "mpt": "transformer.blocks.{}.attn.out_proj", "codegen": "transformer.h.{}.attn.out_proj",
+}
+"""name -> the module path of layer i's output projection, written out by hand (independent of probe's discovery)."""
+
+
+def tiny_family(name: str) -> torch.nn.Module:
+    """A small random model of the named family, in eval mode, float32."""
+    import transformers as tf
+
+    config_class, model_class, arguments = _configs()[name]
+    torch.manual_seed(0)
+    config = getattr(tf, config_class)(**arguments)
+    return getattr(tf, model_class)(config).eval()
