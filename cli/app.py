@@ -18,7 +18,7 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from cli import ablate, classify, heatmap, models
+from cli import ablate, circuits, classify, heatmap, models
 from cli.progress import set_quiet, warn
 from probe.errors import ProbeError
 
@@ -45,7 +45,7 @@ class Group(_BareFlags, TyperGroup):
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find out what each attention head of a transformer does.")
-for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate):
+for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, circuits.circuits):
     app.command(cls=Command)(command)
 _state = {"debug": False}
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -81,3 +84,38 @@ def test_planted_previous_token_head_composes_into_the_induction_head_above_the_
     assert int(into_induction.argmax()) == 0  # the previous-token head ranks first in its layer
     assert composition.rank_in_layer("k", (0, 0), (1, 1)) == 1
     assert composition.score("k", (0, 1), (1, 1)) < composition.baseline  # the sink head writes nowhere 1.1 reads
+
+
+def _planted_loaded():
+    from probe.models import LoadedModel
+
+    return LoadedModel(model=planted_textbook(), tokenizer=None, name="planted", vocab_size=200)
+
+
+def test_circuits_finds_the_planted_pair_and_confirms_it_causally():
+    from probe.circuits.pairs import circuits
+
+    result = circuits(_planted_loaded(), seq_len=64, num_seqs=4, repeat_len=20, batch_size=4)
+    (pair,) = result.pairs
+    assert pair.induction == (1, 1) and pair.feeders[0].head == (0, 0) and pair.feeders[0].previous_token
+    assert pair.checked == (0, 0)
+    # the previous-token head alone breaks induction (its only consumer), and together costs no more than 1.1 alone
+    assert pair.deltas["feeder"] > 1.0 and pair.deltas["induction"] > 1.0
+    assert pair.interaction < 0
+    payload = result.to_dict()
+    assert payload["previous_token_pairs"]["ranked_first_in_layer"] == payload["previous_token_pairs"]["pairs"] == 1
+
+
+def test_circuits_command_writes_json_and_csv(tmp_path, capsys, monkeypatch):
+    from conftest import run_cli
+
+    spec = f"{Path(__file__).parent / 'planted.py'}:planted_textbook"
+    code, out, err = run_cli(["circuits", "--model", spec, "--seq-len", "64", "--num-seqs", "4", "--repeat-len", "20",
+                              "--json", str(tmp_path / "c.json"), "--csv", str(tmp_path / "c.csv")], capsys, monkeypatch)
+    assert code == 0, err
+    assert "1.1" in out and "0.0 P" in out
+    payload = json.loads((tmp_path / "c.json").read_text())
+    assert payload["induction_heads"][0]["checked"] == {"layer": 0, "head": 0}
+    assert (tmp_path / "c.csv").read_text().splitlines()[0].startswith("induction,")
+    code, _, err = run_cli(["circuits", "--model", spec, "--top", "0"], capsys, monkeypatch)
+    assert code == 2 and "--top" in err
