@@ -97,3 +97,30 @@ def test_bad_pruning_input_is_refused():
         prune(loaded, _probe_set(), step=0)
     with pytest.raises(ProbeError, match="unknown ordering"):
         prune(loaded, _probe_set(), orderings=("best",))
+
+
+def test_prune_command_writes_json_csv_and_html(tmp_path, capsys, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from conftest import run_cli
+
+    spec = f"{Path(__file__).parent / 'planted.py'}:planted_textbook"
+    outputs = {flag: tmp_path / f"p.{flag[2:]}" for flag in ("--json", "--csv", "--html")}
+    code, out, err = run_cli(["prune", "--model", spec, "--seq-len", "24", "--num-seqs", "2", "--data", "repeated",
+                              "--step", "0.25", "--seeds", "2", "--max-increase", "50%",
+                              *[part for flag, path in outputs.items() for part in (flag, str(path))]],
+                             capsys, monkeypatch)
+    assert code == 0, err
+    payload = json.loads(outputs["--json"].read_text())
+    assert [curve["ordering"] for curve in payload["curves"]] == ["michel", "sweep", "random", "random"]
+    michel = payload["curves"][0]
+    assert michel["kept_mask"][1][1] == 1 and michel["kept_mask"][0][0] == 1  # the induction circuit is kept
+    assert "michel" in out and "forward-equivalents" in out
+    assert outputs["--csv"].read_text().startswith("ordering,seed,step,")
+    assert "probe-prune-plot" in outputs["--html"].read_text()
+    for bad, message in ((["--max-increase", "lots"], "--max-increase"), (["--step", "2"], "--step"),
+                         (["--orderings", "best"], "--orderings")):
+        code, _, err = run_cli(["prune", "--model", spec, "--seq-len", "24", "--num-seqs", "2", *bad],
+                               capsys, monkeypatch)
+        assert code == 2 and message in err, err

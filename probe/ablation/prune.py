@@ -231,18 +231,22 @@ def _sweep_order(loaded: LoadedModel, probe_set: ProbeSet, units: list[Unit], me
     return sorted(units, key=lambda unit: (delta[unit], unit))
 
 
-def _check(orderings: Sequence[str], step: float, max_increase: float | None, seeds: Sequence[int],
-           metric: Metric) -> None:
+def check_prune_options(orderings: Sequence[str], step: float, max_increase: float | None,
+                        seeds: Sequence[int]) -> None:
+    """Every option that can be judged without the model."""
     unknown = [name for name in orderings if name not in ORDERINGS]
     if unknown or not orderings:
-        raise ProbeError(f"unknown ordering {unknown[0] if unknown else ''!r}: use some of {', '.join(ORDERINGS)}",
-                         parameter="orderings")
+        raise ProbeError(f"unknown ordering {unknown[0] if unknown else ''!r} in orderings: use some of "
+                         f"{', '.join(ORDERINGS)}", parameter="orderings")
     if not 0 < step <= 1:
         raise ProbeError(f"step is the share of heads removed per step, in (0, 1]; got {step}", parameter="step")
     if max_increase is not None and not (math.isfinite(max_increase) and max_increase >= 0):
         raise ProbeError(f"max_increase must be a finite number >= 0, got {max_increase}", parameter="max_increase")
     if "random" in orderings and not seeds:
-        raise ProbeError("the random ordering needs at least one seed", parameter="seeds")
+        raise ProbeError("the random ordering needs seeds >= 1", parameter="seeds")
+
+
+def _check_metric(orderings: Sequence[str], metric: Metric) -> None:
     if "michel" in orderings and metric.compares:
         raise ProbeError(f"Michel importance needs a loss to differentiate; {metric.name} compares to the unablated "
                          "model (its gradient there is 0): drop the michel ordering", parameter="orderings")
@@ -273,7 +277,8 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     chosen_metric = METRICS[metric] if isinstance(metric, str) and metric in METRICS else metric
     if not isinstance(chosen_metric, Metric):
         raise ProbeError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)} or a Metric", parameter="metric")
-    _check(orderings, step, max_increase, seeds, chosen_metric)
+    check_prune_options(orderings, step, max_increase, seeds)
+    _check_metric(orderings, chosen_metric)
     means = head_means(loaded, probe_set, batch_size=batch_size) if method == "mean" else None
     ablation = method_named(method, means)
     evaluator = _Evaluator(loaded, probe_set, ablation, chosen_metric, batch_size)
