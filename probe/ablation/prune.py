@@ -258,7 +258,51 @@ def _limit(baseline: float, max_increase: float | None, relative: bool) -> float
     return baseline * (1 + max_increase) if relative else baseline + max_increase
 
 
-# long: the whole run in reading order (setup, baseline, one curve per ordering, costs)
+def _resolve_metric(loaded: LoadedModel, probe_set: ProbeSet, metric: str | Metric | None) -> Metric:
+    """The Metric object: given, named in METRICS, or (None) the loss as sweeps choose it."""
+    if metric is None:
+        ids, mask = probe_set.batches(1)[0]
+        with torch.no_grad():
+            metric = metric_for(loaded, run_model(loaded.model, ids[:, :2], None if mask is None else mask[:, :2]))
+    chosen = METRICS[metric] if isinstance(metric, str) and metric in METRICS else metric
+    if not isinstance(chosen, Metric):
+        raise ProbeError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)} or a Metric", parameter="metric")
+    return chosen
+
+
+@dataclass
+class _Run:
+    """What the orderings share: the evaluator, the units, and the passes and seconds spent."""
+
+    loaded: LoadedModel
+    probe_set: ProbeSet
+    evaluator: _Evaluator
+    units: list[Unit]
+    shape: tuple[int, int]
+    batch_size: int
+    tick: Callable[[], None]
+    gradient_passes: int = 0
+    sweep_seconds: float = 0.0
+
+    def chooser(self, name: str, seed: int | None) -> Callable[[list[Unit], list[Head]], list[Unit]]:
+        """The remaining units in the order `name` prunes them: least important first."""
+        if name == "michel":
+            def by_importance(remaining: list[Unit], pruned: list[Head]) -> list[Unit]:
+                scores = importance(self.evaluator, remaining, pruned, self.shape)
+                self.gradient_passes += 1
+                self.tick()
+                return sorted(remaining, key=lambda unit: (scores[unit], unit))
+            return by_importance
+        if name == "sweep":
+            timer = time.perf_counter()
+            order = _sweep_order(self.loaded, self.probe_set, self.units, self.evaluator.runner.method, self.batch_size)
+            self.sweep_seconds = time.perf_counter() - timer
+        else:
+            generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+            order = [self.units[i] for i in torch.randperm(len(self.units), generator=generator)]
+        return lambda remaining, pruned: [unit for unit in order if unit in remaining]
+
+
 def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] = ORDERINGS, step: float = 0.1,
           max_increase: float | None = None, relative: bool = True, seeds: Sequence[int] = (0, 1, 2),
           method: str | AblationMethod = "zero", metric: str | Metric | None = None, kv_groups: bool = False,
@@ -270,56 +314,34 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     `metric`: a Metric object or a name of METRICS (default: the loss, as sweeps choose it)."""
     started = time.perf_counter()
     check_probe_set(probe_set)
-    if metric is None:
-        ids, mask = probe_set.batches(1)[0]
-        with torch.no_grad():
-            metric = metric_for(loaded, run_model(loaded.model, ids[:, :2], None if mask is None else mask[:, :2]))
-    chosen_metric = METRICS[metric] if isinstance(metric, str) and metric in METRICS else metric
-    if not isinstance(chosen_metric, Metric):
-        raise ProbeError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)} or a Metric", parameter="metric")
+    chosen_metric = _resolve_metric(loaded, probe_set, metric)
     check_prune_options(orderings, step, max_increase, seeds)
     _check_metric(orderings, chosen_metric)
     means = head_means(loaded, probe_set, batch_size=batch_size) if method == "mean" else None
-    ablation = method_named(method, means)
-    evaluator = _Evaluator(loaded, probe_set, ablation, chosen_metric, batch_size)
-    shape = layer_shape(attention_layers(loaded.model))
+    evaluator = _Evaluator(loaded, probe_set, method_named(method, means), chosen_metric, batch_size)
     units = prune_units(loaded, kv_groups)
     timer = time.perf_counter()
     baseline = evaluator.baseline()
     forward_seconds = max(time.perf_counter() - timer, 1e-9)
-    result = PruneResult(loaded.name, chosen_metric.name, ablation.name, data_name(probe_set, data),
-                         "kv_groups" if kv_groups else "heads", len(units), *shape, baseline, step,
+    result = PruneResult(loaded.name, chosen_metric.name, evaluator.runner.method.name, data_name(probe_set, data),
+                         "kv_groups" if kv_groups else "heads", len(units),
+                         *layer_shape(attention_layers(loaded.model)), baseline, step,
                          _limit(baseline, max_increase, relative))
-    per_curve = math.ceil(1 / step - 1e-9)
     curves = [(name, None) for name in orderings if name != "random"] + \
         [("random", seed) for seed in seeds if "random" in orderings]
-    total, done = per_curve * (len(curves) + ("michel" in orderings)), [0]
+    total, done = math.ceil(1 / step - 1e-9) * (len(curves) + ("michel" in orderings)), [0]
 
     def tick() -> None:
         done[0] += 1
         if progress is not None:
             progress(min(done[0], total), total)
 
-    sweep_seconds, gradient_passes = 0.0, [0]
+    run = _Run(loaded, probe_set, evaluator, units, (result.n_layers, result.n_heads), batch_size, tick)
     for name, seed in curves:
-        if name == "michel":
-            def choose(remaining: list[Unit], pruned: list[Head]) -> list[Unit]:
-                scores = importance(evaluator, remaining, pruned, shape)
-                gradient_passes[0] += 1
-                tick()
-                return sorted(remaining, key=lambda unit: (scores[unit], unit))
-        elif name == "sweep":
-            timer = time.perf_counter()
-            order = _sweep_order(loaded, probe_set, units, ablation, batch_size)
-            sweep_seconds = time.perf_counter() - timer
-            choose = lambda remaining, pruned, order=order: [unit for unit in order if unit in remaining]  # noqa: E731
-        else:
-            shuffled = [units[i] for i in torch.randperm(len(units), generator=torch.Generator().manual_seed(seed))]
-            choose = lambda remaining, pruned, order=shuffled: [unit for unit in order if unit in remaining]  # noqa: E731
-        result.curves.append(_curve(evaluator, units, result, name, seed, choose, tick))
+        result.curves.append(_curve(evaluator, units, result, name, seed, run.chooser(name, seed), tick))
     result.seconds = time.perf_counter() - started
-    result.costs = {"forward_seconds": round(forward_seconds, 4), "loss_passes": evaluator.passes - gradient_passes[0],
-                    "gradient_passes": gradient_passes[0], "sweep_seconds": round(sweep_seconds, 3),
+    result.costs = {"forward_seconds": round(forward_seconds, 4), "loss_passes": evaluator.passes - run.gradient_passes,
+                    "gradient_passes": run.gradient_passes, "sweep_seconds": round(run.sweep_seconds, 3),
                     "forward_equivalents": round(result.seconds / forward_seconds, 1),
-                    "sweep_forward_equivalents": round(sweep_seconds / forward_seconds, 1)}
+                    "sweep_forward_equivalents": round(run.sweep_seconds / forward_seconds, 1)}
     return result
