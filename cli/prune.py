@@ -35,6 +35,9 @@ KvGroups = Annotated[bool, typer.Option(
     "--kv-groups", help="Prune whole key/value groups of a grouped-query model (removing query heads alone saves "
     "no key/value compute).")]
 Data = Annotated[str, typer.Option("--data", help="natural (embedded English text), repeated, or a UTF-8 text file.")]
+EvalData = Annotated[Optional[Path], typer.Option(
+    "--eval-data", help="Measure the losses on this UTF-8 text file (same --seq-len / --num-seqs) instead of the "
+    "--data the orderings are chosen on: a held-out check.")]
 CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per (ordering, step) as CSV.")]
 
 
@@ -55,7 +58,8 @@ def parse_max_increase(text: str | None) -> tuple[float | None, bool]:
 def summary(payload: dict, console_) -> None:
     """Per ordering: how far it got within the limit, and its loss at each step."""
     console_.print(f"[bold]Pruning curves of {payload['model']}[/bold] ({payload['n_units']} "
-                   f"{payload['units'].replace('_', ' ')}, baseline {payload['metric']} {payload['baseline_loss']:.4f})")
+                   f"{payload['units'].replace('_', ' ')}, baseline {payload['metric']} {payload['baseline_loss']:.4f}"
+                   f" on {payload['measured_on']})")
     for curve in payload["curves"]:
         name = curve["ordering"] + ("" if curve["seed"] is None else f" (seed {curve['seed']})")
         points = "  ".join(f"{step['share_pruned']:.0%}: {step['loss']:.3f}" for step in curve["steps"][1:])
@@ -73,7 +77,7 @@ def prune(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: Data = "natural",
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, seed: Seed = DEFAULT_SEED,
     step: Step = 0.1, max_increase: MaxIncrease = None, orderings: Orderings = ",".join(ORDERINGS),
-    seeds: Seeds = 3, method: Method = "zero", kv_groups: KvGroups = False, json_path: JsonFile = None,
+    seeds: Seeds = 3, method: Method = "zero", kv_groups: KvGroups = False, eval_data: EvalData = None, json_path: JsonFile = None,
     csv_path: CsvFile = None, html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None,
     dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
@@ -88,10 +92,13 @@ def prune(
     file = None if data in ("natural", "repeated") else Path(data)
     probe_set = build_probe_set("repeated" if data == "repeated" else "natural", loaded,
                                 ProbeOptions(data=file, seq_len=seq_len, num_seqs=num_seqs, seed=seed))
+    eval_set = None if eval_data is None else build_probe_set(
+        "natural", loaded, ProbeOptions(data=eval_data, seq_len=seq_len, num_seqs=num_seqs, seed=seed))
     with progress_bar("pruning") as update:
         result: PruneResult = run_prune(loaded, probe_set, orderings=chosen, step=step, max_increase=limit,
                                         relative=relative, seeds=range(seed, seed + seeds), method=method,
-                                        kv_groups=kv_groups, batch_size=batch_size, data=data, progress=update)
+                                        kv_groups=kv_groups, batch_size=batch_size, data=data, eval_set=eval_set,
+                                        eval_data=None if eval_data is None else str(eval_data), progress=update)
     payload = result.to_dict()
     save(json_path, lambda path: write_json(path, payload))
     save(csv_path, lambda path: write_csv(path, result.rows()))

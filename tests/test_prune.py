@@ -124,3 +124,22 @@ def test_prune_command_writes_json_csv_and_html(tmp_path, capsys, monkeypatch):
         code, _, err = run_cli(["prune", "--model", spec, "--seq-len", "24", "--num-seqs", "2", *bad],
                                capsys, monkeypatch)
         assert code == 2 and message in err, err
+
+
+def test_losses_measured_on_a_held_out_set_while_the_order_is_chosen_on_the_probe_set():
+    loaded = tiny_loaded("llama_gqa")
+    chosen_on = _probe_set()
+    held_out = ProbeSet("natural", "other random tokens", torch.randint(1, 120, (3, 10), generator=torch.Generator()
+                                                                        .manual_seed(7)), 0)
+    result = prune(loaded, chosen_on, orderings=("michel",), step=0.25, eval_set=held_out, eval_data="held")
+    assert result.to_dict()["measured_on"] == "held"
+    assert result.baseline_loss == pytest.approx(_loss_by_hand(loaded.model, held_out.input_ids, []), rel=1e-5)
+    (curve,) = result.curves
+    evaluator = _Evaluator(loaded, chosen_on, ZeroAblation(), METRICS["cross_entropy"], batch_size=8)
+    first = min(prune_units(loaded), key=lambda unit: (importance(evaluator, prune_units(loaded), [], (2, 4))[unit], unit))
+    assert curve.steps[1].removed[0] == f"{first[0][0]}.{first[0][1]}"  # chosen on the probe set
+    pruned = []
+    for step in curve.steps[1:]:
+        pruned += [tuple(int(x) for x in name.split(".")) for name in step.removed]
+        assert step.loss == pytest.approx(_loss_by_hand(loaded.model, held_out.input_ids, pruned), rel=1e-5)
+    assert result.costs["loss_passes"] == 4 and result.costs["gradient_passes"] == 4

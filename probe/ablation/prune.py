@@ -96,6 +96,7 @@ class PruneResult:
     baseline_loss: float
     step: float
     limit: float | None  # the largest loss allowed (from max_increase), None: prune to 100%
+    measured_on: str | None = None  # where the losses were measured, when not on the data the order was chosen on
     curves: list[PruneCurve] = field(default_factory=list)
     seconds: float = 0.0
     costs: dict[str, float] = field(default_factory=dict)
@@ -105,6 +106,7 @@ class PruneResult:
                 "query heads pruned alone: the key/value projections of a grouped-query layer still run in full")
         return {"model": self.model, "metric": self.metric, "method": self.method, "data": self.data,
                 "units": self.units, "n_units": self.n_units, "n_layers": self.n_layers, "n_heads": self.n_heads,
+                "measured_on": self.measured_on or self.data,
                 "baseline_loss": self.baseline_loss, "step": self.step, "max_loss": self.limit,
                 "seconds": round(self.seconds, 3), "costs": self.costs, "note": note or None,
                 "curves": [curve.to_dict() for curve in self.curves]}
@@ -178,7 +180,6 @@ def importance(evaluator: _Evaluator, units: Sequence[Unit], pruned: Sequence[He
                ) -> dict[Unit, float]:
     """Michel et al. 2019 importance of each unit: E_x |sum over its heads of dL_x/dxi_h|, normalised by the l2 norm
     of its layer's units (see the module docstring)."""
-    evaluator.passes += 1
     raw = torch.zeros(len(units), dtype=torch.float64)
     n_seqs = 0
     for index in range(len(evaluator.runner.batches)):
@@ -306,12 +307,14 @@ class _Run:
 def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] = ORDERINGS, step: float = 0.1,
           max_increase: float | None = None, relative: bool = True, seeds: Sequence[int] = (0, 1, 2),
           method: str | AblationMethod = "zero", metric: str | Metric | None = None, kv_groups: bool = False,
-          batch_size: int = 8, data: str | None = None, progress: Callable[[int, int], None] | None = None
-          ) -> PruneResult:
+          batch_size: int = 8, data: str | None = None, eval_set: ProbeSet | None = None,
+          eval_data: str | None = None, progress: Callable[[int, int], None] | None = None) -> PruneResult:
     """Pruning curves (see the module docstring): for each ordering, remove `step` of the units per step, measure
     the metric with all removed heads ablated together (`method`: a name of METHODS or an AblationMethod), until it
     rises past `max_increase` (relative to the baseline, or absolute with `relative=False`) or everything is gone.
-    `metric`: a Metric object or a name of METRICS (default: the loss, as sweeps choose it)."""
+    `metric`: a Metric object or a name of METRICS (default: the loss, as sweeps choose it). `eval_set`: measure
+    the losses there instead of on `probe_set`, where the orderings are chosen (a held-out check: an order chosen on
+    a small sample overfits it)."""
     started = time.perf_counter()
     check_probe_set(probe_set)
     chosen_metric = _resolve_metric(loaded, probe_set, metric)
@@ -319,15 +322,20 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     _check_metric(orderings, chosen_metric)
     means = head_means(loaded, probe_set, batch_size=batch_size) if method == "mean" else None
     evaluator = _Evaluator(loaded, probe_set, method_named(method, means), chosen_metric, batch_size)
+    measure = evaluator
+    if eval_set is not None:
+        check_probe_set(eval_set)
+        measure = _Evaluator(loaded, eval_set, evaluator.runner.method, chosen_metric, batch_size)
     units = prune_units(loaded, kv_groups)
-    evaluator.baseline()  # the first forward pays one-off costs (finding the layers, allocations): time the second
+    measure.baseline()  # the first forward pays one-off costs (finding the layers, allocations): time the second
     timer = time.perf_counter()
-    baseline = evaluator.baseline()
+    baseline = measure.baseline()
     forward_seconds = max(time.perf_counter() - timer, 1e-9)
     result = PruneResult(loaded.name, chosen_metric.name, evaluator.runner.method.name, data_name(probe_set, data),
                          "kv_groups" if kv_groups else "heads", len(units),
                          *layer_shape(attention_layers(loaded.model)), baseline, step,
-                         _limit(baseline, max_increase, relative))
+                         _limit(baseline, max_increase, relative),
+                         None if eval_set is None else data_name(eval_set, eval_data))
     curves = [(name, None) for name in orderings if name != "random"] + \
         [("random", seed) for seed in seeds if "random" in orderings]
     total, done = math.ceil(1 / step - 1e-9) * (len(curves) + ("michel" in orderings)), [0]
@@ -339,9 +347,9 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
 
     run = _Run(loaded, probe_set, evaluator, units, (result.n_layers, result.n_heads), batch_size, tick)
     for name, seed in curves:
-        result.curves.append(_curve(evaluator, units, result, name, seed, run.chooser(name, seed), tick))
+        result.curves.append(_curve(measure, units, result, name, seed, run.chooser(name, seed), tick))
     result.seconds = time.perf_counter() - started
-    result.costs = {"forward_seconds": round(forward_seconds, 4), "loss_passes": evaluator.passes - run.gradient_passes,
+    result.costs = {"forward_seconds": round(forward_seconds, 4), "loss_passes": measure.passes,
                     "gradient_passes": run.gradient_passes, "sweep_seconds": round(run.sweep_seconds, 3),
                     "forward_equivalents": round(result.seconds / forward_seconds, 1),
                     "sweep_forward_equivalents": round(run.sweep_seconds / forward_seconds, 1)}
