@@ -18,7 +18,7 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from cli import ablate, classify, heatmap, models, syntax
+from cli import ablate, circuits, classify, heatmap, models, prune, syntax
 from cli.progress import set_quiet, warn
 from probe.errors import ProbeError
 
@@ -45,7 +45,8 @@ class Group(_BareFlags, TyperGroup):
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find out what each attention head of a transformer does.")
-for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax):
+for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax, circuits.circuits,
+                prune.prune):
     app.command(cls=Command)(command)
 _state = {"debug": False}
 
@@ -61,6 +62,7 @@ FLAGS = {
     "decimals": "--decimals",
     "conllu": "--conllu", "max_sentences": "--max-sentences", "margin": "--margin",
     "min_count": "--min-count", "confident": "--confident",
+    "orderings": "--orderings", "step": "--step", "max_increase": "--max-increase", "seeds": "--seeds",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 

@@ -363,9 +363,45 @@
     }
   }
 
+  // ------------------------------------------------------------------------------------------------------------
+  // probe prune: loss against the share of heads pruned, one line per ordering, random seeds as a band
+
+  function prunePage(id) {
+    var root = document.getElementById(id);
+    try {
+      var data = JSON.parse(document.getElementById(id + "-data").textContent);
+      var hover = "%{fullData.name}: %{x:.0%} pruned, loss %{y:.4f}<extra></extra>";
+      var traces = [];
+      if (data.band) {
+        traces.push({type: "scatter", mode: "lines", x: data.band.share, y: data.band.low, line: {width: 0},
+                     hoverinfo: "skip", showlegend: false, name: "random (lowest)"});
+        traces.push({type: "scatter", mode: "lines", x: data.band.share, y: data.band.high, line: {width: 0},
+                     fill: "tonexty", fillcolor: "rgba(150,150,150,0.3)", name: data.band.name,
+                     hovertemplate: hover});
+      }
+      data.lines.forEach(function (line) {
+        traces.push({type: "scatter", mode: "lines+markers", x: line.share, y: line.loss, name: line.name,
+                     line: {color: line.color, dash: line.dash}, hovertemplate: hover});
+      });
+      var shapes = data.limits.map(function (limit) {
+        return {type: "line", xref: "paper", x0: 0, x1: 1, y0: limit.value, y1: limit.value,
+                line: {color: limit.color, dash: "dot", width: 1}};
+      });
+      var layout = {
+        height: 480, margin: {l: 70, r: 20, t: 10, b: 50}, shapes: shapes, legend: {orientation: "h", y: -0.15},
+        xaxis: {title: {text: "share of " + data.units + " pruned"}, tickformat: ".0%", range: [0, 1.02]},
+        yaxis: {title: {text: data.metric}, type: data.log ? "log" : "linear"}
+      };
+      return Plotly.newPlot(root.querySelector(".probe-prune-plot"), traces, layout, CONFIG)
+        .then(function () { root.dataset.state = "ready"; }).catch(function (error) { fail(root, error); });
+    } catch (error) {
+      fail(root, error);
+    }
+  }
+
   // pages in notebooks may run before plotly.js has arrived: wait for it a little
   function start(kind, id) {
-    var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage};
+    var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage, prune: prunePage};
     var tries = 0;
     (function attempt() {
       if (window.Plotly) { (pages[kind] || (window.probeExtraPages || {})[kind])(id); return; }

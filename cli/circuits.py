@@ -1,0 +1,48 @@
+"""`probe circuits`: induction heads, the earlier heads whose output feeds their keys (K-composition), which of
+those are previous-token heads, and an ablation check of each pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, JsonFile, Model, ModelChoice, NumSeqs,
+                         OffloadFolder, Seed, TrustRemoteCode, load)
+from cli.outputs import check_outputs, save
+from cli.progress import console, progress_bar
+from probe.circuits.pairs import circuits as find_circuits
+from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
+from probe.errors import ProbeError
+from probe.models import DEFAULT_MODEL
+from reports.circuits import circuit_rows, circuits_report
+from reports.files import write_csv, write_json
+
+Top = Annotated[int, typer.Option("--top", help="Earlier heads listed per induction head.")]
+NoCheck = Annotated[bool, typer.Option("--no-check", help="Skip the ablation check (weights and classification only).")]
+CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per (induction head, feeder) as CSV.")]
+SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text sequence of the classification.")]
+RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy in the repeated set.")]
+
+
+def circuits(
+    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, top: Top = 3, no_check: NoCheck = False,
+    seq_len: SeqLen = 128, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN,
+    seed: Seed = DEFAULT_SEED, json_path: JsonFile = None, csv_path: CsvFile = None, batch_size: BatchSize = 8,
+    device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
+    offload_folder: OffloadFolder = None, force: Force = False,
+) -> None:
+    """Induction heads and the earlier heads that feed their keys (K-composition, Elhage et al. 2021), marked when
+    they are previous-token heads, each pair ablated together vs alone on the repeated set."""
+    if top < 1:
+        raise ProbeError(f"--top must be at least 1, got {top}")
+    check_outputs({"--json": json_path, "--csv": csv_path}, force=force)
+    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    with progress_bar("scoring heads") as update:
+        result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
+                               repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=update)
+    payload = result.to_dict()
+    save(json_path, lambda path: write_json(path, payload))
+    save(csv_path, lambda path: write_csv(path, circuit_rows(payload)))
+    circuits_report(payload, console)

@@ -1,0 +1,356 @@
+"""`prune`: pruning curves. Remove heads step by step and measure the loss with all removed heads ablated together.
+
+Michel et al. 2019 ("Are Sixteen Heads Really Better than One?"): head importance I_h = E_x |dL/dxi_h| for a gate
+xi_h multiplying head h's output (xi = 1: dL/dxi_h = <dL/dz_h, z_h> summed over the example's positions), the
+absolute value taken per example (sequence) before averaging, then normalised per layer (l2 norm over the layer's
+remaining heads); greedy iterative pruning: each step removes the `step` share of units of lowest importance,
+importance recomputed with the removed heads ablated. Orderings compared:
+- "michel": the importance above, recomputed after every step;
+- "sweep": the exact single-head sweep order (smallest delta first), one sweep up front;
+- "random": a random order per seed (a band over seeds).
+
+The loss at each step is measured exactly (one forward over the probe set, all removed heads ablated together with
+the method of METHODS). A unit is a query head, or with `kv_groups` a key/value group of a grouped-query model (its
+query heads together): only removing a whole group saves key/value compute. Cost is bounded and counted, so no
+resume: per ordering at most ceil(1 / step) loss passes (michel: as many gradient passes besides), plus one sweep.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.ablation.editor import head_editor
+from probe.ablation.heads import Head, label, layer_shape
+from probe.ablation.logits import Readout
+from probe.ablation.means import head_means
+from probe.ablation.methods import AblationMethod, method_named
+from probe.ablation.metrics import METRICS, Metric, Scorer, losses, metric_for, parts_of
+from probe.ablation.plan import check_probe_set, data_name
+from probe.ablation.runners import Batch, NaiveRunner
+from probe.ablation.sweep import sweep
+from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.data import ProbeSet
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+
+ORDERINGS = ("michel", "sweep", "random")
+Unit = tuple[Head, ...]
+"""What one pruning decision removes: one query head, or a key/value group's query heads."""
+
+
+def prune_units(loaded: LoadedModel, kv_groups: bool = False) -> list[Unit]:
+    """Every query head alone, or (`kv_groups`) every key/value group: the query heads sharing its keys and values."""
+    units: list[Unit] = []
+    for layer in attention_layers(loaded.model):
+        size = layer.n_heads // max(layer.n_kv_heads, 1) if kv_groups else 1
+        units += [tuple((layer.index, head) for head in range(first, first + size))
+                  for first in range(0, layer.n_heads, size)]
+    return units
+
+
+@dataclass
+class PruneStep:
+    step: int
+    units_removed: int
+    heads_removed: int
+    share: float  # of the units
+    loss: float
+    delta: float
+    removed: list[str]  # the units removed at this step
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "units_removed": self.units_removed, "heads_removed": self.heads_removed,
+                "share_pruned": round(self.share, 6), "loss": self.loss, "delta": self.delta, "removed": self.removed}
+
+
+@dataclass
+class PruneCurve:
+    ordering: str
+    seed: int | None
+    steps: list[PruneStep]
+    kept: list[list[int]]  # per layer, 1 for a head kept, at the last step within the allowed increase
+    stopped: str  # why the curve ends
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ordering": self.ordering, "seed": self.seed, "stopped": self.stopped, "kept_mask": self.kept,
+                "steps": [step.to_dict() for step in self.steps]}
+
+
+@dataclass
+class PruneResult:
+    model: str
+    metric: str
+    method: str
+    data: str
+    units: str  # "heads" or "kv_groups"
+    n_units: int
+    n_layers: int
+    n_heads: int
+    baseline_loss: float
+    step: float
+    limit: float | None  # the largest loss allowed (from max_increase), None: prune to 100%
+    measured_on: str | None = None  # where the losses were measured, when not on the data the order was chosen on
+    curves: list[PruneCurve] = field(default_factory=list)
+    seconds: float = 0.0
+    costs: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        note = ("" if self.units == "kv_groups" else
+                "query heads pruned alone: the key/value projections of a grouped-query layer still run in full")
+        return {"model": self.model, "metric": self.metric, "method": self.method, "data": self.data,
+                "units": self.units, "n_units": self.n_units, "n_layers": self.n_layers, "n_heads": self.n_heads,
+                "measured_on": self.measured_on or self.data,
+                "baseline_loss": self.baseline_loss, "step": self.step, "max_loss": self.limit,
+                "seconds": round(self.seconds, 3), "costs": self.costs, "note": note or None,
+                "curves": [curve.to_dict() for curve in self.curves]}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per (curve, step), for CSV."""
+        return [{"ordering": curve.ordering, "seed": curve.seed, **{k: v for k, v in step.to_dict().items()
+                                                                    if k != "removed"},
+                 "removed": " ".join(step.removed)} for curve in self.curves for step in curve.steps]
+
+
+class _Evaluator:
+    """The metric over the probe set with a set of heads ablated together: one full forward per batch."""
+
+    def __init__(self, loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: Metric,
+                 batch_size: int) -> None:
+        pairs = probe_set.batches(batch_size)
+        self.scorer = Scorer(metric, parts_of(probe_set))
+        readout = Readout.choose(loaded.model, metric.name, None)
+        self.runner = NaiveRunner(loaded.model, method, self.scorer, readout,
+                                  [Batch(ids, mask, self.scorer.masks(ids, mask)) for ids, mask in pairs])
+        self.counts = torch.stack([b.counted.sum(dim=(1, 2)) for b in self.runner.batches]).sum(dim=0).double()
+        self.passes = 0
+
+    def baseline(self) -> float:
+        with torch.inference_mode():
+            sums = sum(self.runner.baseline(index) for index in range(len(self.runner.batches)))
+        return losses(sums, self.counts, list(self.scorer.parts))[0]
+
+    def loss(self, heads: Sequence[Head]) -> float:
+        self.passes += 1
+        if not heads:
+            return self.baseline()
+        with torch.inference_mode():
+            sums = sum(self.runner.sums([tuple(heads)], index)[0] for index in range(len(self.runner.batches)))
+        return losses(sums, self.counts, list(self.scorer.parts))[0]
+
+
+def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int, n_heads: int,
+                    index: int) -> Tensor:
+    """(batch, n_layers, n_heads) dL_x/dxi_h of each sequence x of batch `index`: <dL_x/dz_h, z_h> over positions,
+    with L_x the sequence's mean metric and the `pruned` heads ablated."""
+    runner = evaluator.runner
+    batch = runner.batches[index]
+    edit_pruned, _ = head_editor([tuple(pruned)], runner.method, index)
+    outputs: dict[int, Tensor] = {}
+
+    def capture(layer: int, values: Tensor) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
+        values = edit_pruned(layer, values)
+        if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
+            values = values.detach().requires_grad_()
+        outputs[layer] = values
+        return values
+
+    with torch.enable_grad():
+        with attention_hooks(runner.model, edit_heads=capture):
+            output = logits_of(run_model(runner.model, batch.ids, batch.mask))  # (batch, positions, vocab)
+        values = evaluator.scorer.metric.values(output, batch.ids, batch.reference)  # (batch, positions')
+        counted = batch.counted[0].to(values.device)
+        per_sequence = (values * counted).sum(dim=1) / counted.sum(dim=1).clamp(min=1)
+        order = sorted(outputs)
+        grads = torch.autograd.grad(per_sequence.sum(), [outputs[layer] for layer in order], allow_unused=True)
+    gates = torch.zeros(batch.ids.shape[0], n_layers, n_heads, dtype=torch.float64)
+    for layer, grad in zip(order, grads):
+        if grad is not None:
+            gates[:, layer, :grad.shape[2]] = (grad * outputs[layer].detach()).double().sum(dim=(1, 3)).cpu()
+    return gates
+
+
+def importance(evaluator: _Evaluator, units: Sequence[Unit], pruned: Sequence[Head], shape: tuple[int, int]
+               ) -> dict[Unit, float]:
+    """Michel et al. 2019 importance of each unit: E_x |sum over its heads of dL_x/dxi_h|, normalised by the l2 norm
+    of its layer's units (see the module docstring)."""
+    raw = torch.zeros(len(units), dtype=torch.float64)
+    n_seqs = 0
+    for index in range(len(evaluator.runner.batches)):
+        gates = _gate_gradients(evaluator, pruned, *shape, index)  # (batch, n_layers, n_heads)
+        for position, unit in enumerate(units):
+            raw[position] += sum(gates[:, layer, head] for layer, head in unit).abs().sum()
+        n_seqs += gates.shape[0]
+    raw /= max(n_seqs, 1)
+    layer_of = torch.tensor([unit[0][0] for unit in units])
+    norms = torch.zeros(shape[0], dtype=torch.float64).index_add_(0, layer_of, raw.pow(2)).sqrt()
+    return {unit: float(raw[i] / norms[layer_of[i]]) if norms[layer_of[i]] > 0 else 0.0 for i, unit in enumerate(units)}
+
+
+def _mask(pruned: set[Head], n_layers: int, n_heads: int) -> list[list[int]]:
+    return [[0 if (layer, head) in pruned else 1 for head in range(n_heads)] for layer in range(n_layers)]
+
+
+# long: one loop that picks, measures and stops; splitting it would pass its six pieces of state around
+def _curve(evaluator: _Evaluator, units: list[Unit], result: PruneResult, ordering: str, seed: int | None,
+           choose: Callable[[list[Unit], list[Head]], list[Unit]], progress: Callable[[], None]) -> PruneCurve:
+    """Prune `units` in steps of `result.step` in the order `choose(remaining, pruned heads)` gives, measuring the
+    loss with every pruned head ablated, until the loss passes `result.limit` or nothing is left."""
+    per_step = max(1, math.ceil(result.step * len(units) - 1e-9))
+    remaining, pruned = list(units), []
+    steps = [PruneStep(0, 0, 0, 0.0, result.baseline_loss, 0.0, [])]
+    kept, stopped = _mask(set(), result.n_layers, result.n_heads), "every unit pruned"
+    while remaining:
+        chosen = choose(remaining, pruned)[:per_step]
+        remaining = [unit for unit in remaining if unit not in chosen]
+        pruned += [head for unit in chosen for head in unit]
+        loss = evaluator.loss(pruned)
+        removed = len(units) - len(remaining)
+        steps.append(PruneStep(len(steps), removed, len(pruned), removed / len(units), loss,
+                               loss - result.baseline_loss, [label(unit) for unit in chosen]))
+        progress()
+        if result.limit is not None and loss > result.limit:
+            stopped = f"loss {loss:.4f} passed the limit {result.limit:.4f}"
+            break
+        kept = _mask(set(pruned), result.n_layers, result.n_heads)
+    return PruneCurve(ordering, seed, steps, kept, stopped)
+
+
+def _sweep_order(loaded: LoadedModel, probe_set: ProbeSet, units: list[Unit], method: AblationMethod,
+                 batch_size: int) -> list[Unit]:
+    """Units by their single-unit ablation delta, smallest first (one exact sweep)."""
+    singles = all(len(unit) == 1 for unit in units)
+    result = sweep(loaded, probe_set, [unit[0] for unit in units] if singles else [],
+                   groups=() if singles else units, method=method, batch_size=batch_size)
+    delta = {entry.heads: entry.delta for entry in result.results}
+    return sorted(units, key=lambda unit: (delta[unit], unit))
+
+
+def check_prune_options(orderings: Sequence[str], step: float, max_increase: float | None,
+                        seeds: Sequence[int]) -> None:
+    """Every option that can be judged without the model."""
+    unknown = [name for name in orderings if name not in ORDERINGS]
+    if unknown or not orderings:
+        raise ProbeError(f"unknown ordering {unknown[0] if unknown else ''!r} in orderings: use some of "
+                         f"{', '.join(ORDERINGS)}", parameter="orderings")
+    if not 0 < step <= 1:
+        raise ProbeError(f"step is the share of heads removed per step, in (0, 1]; got {step}", parameter="step")
+    if max_increase is not None and not (math.isfinite(max_increase) and max_increase >= 0):
+        raise ProbeError(f"max_increase must be a finite number >= 0, got {max_increase}", parameter="max_increase")
+    if "random" in orderings and not seeds:
+        raise ProbeError("the random ordering needs seeds >= 1", parameter="seeds")
+
+
+def _check_metric(orderings: Sequence[str], metric: Metric) -> None:
+    if "michel" in orderings and metric.compares:
+        raise ProbeError(f"Michel importance needs a loss to differentiate; {metric.name} compares to the unablated "
+                         "model (its gradient there is 0): drop the michel ordering", parameter="orderings")
+
+
+def _limit(baseline: float, max_increase: float | None, relative: bool) -> float | None:
+    if max_increase is None:
+        return None
+    return baseline * (1 + max_increase) if relative else baseline + max_increase
+
+
+def _resolve_metric(loaded: LoadedModel, probe_set: ProbeSet, metric: str | Metric | None) -> Metric:
+    """The Metric object: given, named in METRICS, or (None) the loss as sweeps choose it."""
+    if metric is None:
+        ids, mask = probe_set.batches(1)[0]
+        with torch.no_grad():
+            metric = metric_for(loaded, run_model(loaded.model, ids[:, :2], None if mask is None else mask[:, :2]))
+    chosen = METRICS[metric] if isinstance(metric, str) and metric in METRICS else metric
+    if not isinstance(chosen, Metric):
+        raise ProbeError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)} or a Metric", parameter="metric")
+    return chosen
+
+
+@dataclass
+class _Run:
+    """What the orderings share: the evaluator, the units, and the passes and seconds spent."""
+
+    loaded: LoadedModel
+    probe_set: ProbeSet
+    evaluator: _Evaluator
+    units: list[Unit]
+    shape: tuple[int, int]
+    batch_size: int
+    tick: Callable[[], None]
+    gradient_passes: int = 0
+    sweep_seconds: float = 0.0
+
+    def chooser(self, name: str, seed: int | None) -> Callable[[list[Unit], list[Head]], list[Unit]]:
+        """The remaining units in the order `name` prunes them: least important first."""
+        if name == "michel":
+            def by_importance(remaining: list[Unit], pruned: list[Head]) -> list[Unit]:
+                scores = importance(self.evaluator, remaining, pruned, self.shape)
+                self.gradient_passes += 1
+                self.tick()
+                return sorted(remaining, key=lambda unit: (scores[unit], unit))
+            return by_importance
+        if name == "sweep":
+            timer = time.perf_counter()
+            order = _sweep_order(self.loaded, self.probe_set, self.units, self.evaluator.runner.method, self.batch_size)
+            self.sweep_seconds = time.perf_counter() - timer
+        else:
+            generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+            order = [self.units[i] for i in torch.randperm(len(self.units), generator=generator)]
+        return lambda remaining, pruned: [unit for unit in order if unit in remaining]
+
+
+def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] = ORDERINGS, step: float = 0.1,
+          max_increase: float | None = None, relative: bool = True, seeds: Sequence[int] = (0, 1, 2),
+          method: str | AblationMethod = "zero", metric: str | Metric | None = None, kv_groups: bool = False,
+          batch_size: int = 8, data: str | None = None, eval_set: ProbeSet | None = None,
+          eval_data: str | None = None, progress: Callable[[int, int], None] | None = None) -> PruneResult:
+    """Pruning curves (see the module docstring): for each ordering, remove `step` of the units per step, measure
+    the metric with all removed heads ablated together (`method`: a name of METHODS or an AblationMethod), until it
+    rises past `max_increase` (relative to the baseline, or absolute with `relative=False`) or everything is gone.
+    `metric`: a Metric object or a name of METRICS (default: the loss, as sweeps choose it). `eval_set`: measure
+    the losses there instead of on `probe_set`, where the orderings are chosen (a held-out check: an order chosen on
+    a small sample overfits it)."""
+    started = time.perf_counter()
+    check_probe_set(probe_set)
+    chosen_metric = _resolve_metric(loaded, probe_set, metric)
+    check_prune_options(orderings, step, max_increase, seeds)
+    _check_metric(orderings, chosen_metric)
+    means = head_means(loaded, probe_set, batch_size=batch_size) if method == "mean" else None
+    evaluator = _Evaluator(loaded, probe_set, method_named(method, means), chosen_metric, batch_size)
+    measure = evaluator
+    if eval_set is not None:
+        check_probe_set(eval_set)
+        measure = _Evaluator(loaded, eval_set, evaluator.runner.method, chosen_metric, batch_size)
+    units = prune_units(loaded, kv_groups)
+    measure.baseline()  # the first forward pays one-off costs (finding the layers, allocations): time the second
+    timer = time.perf_counter()
+    baseline = measure.baseline()
+    forward_seconds = max(time.perf_counter() - timer, 1e-9)
+    result = PruneResult(loaded.name, chosen_metric.name, evaluator.runner.method.name, data_name(probe_set, data),
+                         "kv_groups" if kv_groups else "heads", len(units),
+                         *layer_shape(attention_layers(loaded.model)), baseline, step,
+                         _limit(baseline, max_increase, relative),
+                         None if eval_set is None else data_name(eval_set, eval_data))
+    curves = [(name, None) for name in orderings if name != "random"] + \
+        [("random", seed) for seed in seeds if "random" in orderings]
+    total, done = math.ceil(1 / step - 1e-9) * (len(curves) + ("michel" in orderings)), [0]
+
+    def tick() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(min(done[0], total), total)
+
+    run = _Run(loaded, probe_set, evaluator, units, (result.n_layers, result.n_heads), batch_size, tick)
+    for name, seed in curves:
+        result.curves.append(_curve(measure, units, result, name, seed, run.chooser(name, seed), tick))
+    result.seconds = time.perf_counter() - started
+    result.costs = {"forward_seconds": round(forward_seconds, 4), "loss_passes": measure.passes,
+                    "gradient_passes": run.gradient_passes, "sweep_seconds": round(run.sweep_seconds, 3),
+                    "forward_equivalents": round(result.seconds / forward_seconds, 1),
+                    "sweep_forward_equivalents": round(run.sweep_seconds / forward_seconds, 1)}
+    return result

@@ -1,0 +1,124 @@
+"""Weight-based scores of heads and pairs of heads (Elhage et al. 2021, "A Mathematical Framework for Transformer
+Circuits"); no data needed.
+
+- Composition of an earlier head A into a later head B: C = ||M_A M_B||_F / (||M_A||_F ||M_B||_F) with
+  M_A = W_OV of A and M_B = W_QK^T of B (K-composition: A's output feeds B's keys), W_QK (Q-composition: B's
+  queries) or W_OV (V-composition: B's values). A random baseline: the same score of Gaussian matrices of the same
+  shapes (Elhage et al. compare against it too). Every matrix has rank d_head, so the norms are computed on
+  d_head x d_head matrices: for M = L R (L: d_model x d_head, R: d_head x d_model), ||L X R||_F = ||T_L X T_R^T||_F
+  with T the triangular factors of the QR decompositions of L and R^T.
+- Copying score of a head: the eigenvalues lambda of W_E W_OV W_U summarised as sum(lambda) / sum(|lambda|) (1: the
+  head raises the logits of the tokens it attends to). eig(AB) = eig(BA) gives them from the d_head x d_head
+  matrix W_O W_U W_E W_V; float64 whatever the model's dtype (the vocab-sized product W_U W_E in float32).
+
+What the weights cannot say is ignored (see probe.circuits.weights): rotary position embeddings, the per-position
+division by the norm, biases. The scores read the weights as if the model had no positional rotation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from probe.circuits.weights import HeadWeights, all_layer_weights, embedding_matrices
+from probe.errors import ProbeError
+
+KINDS = ("k", "q", "v")
+BASELINE_SAMPLES = 16  # pairs of random draws; the mean is close to 1/sqrt(d_model)
+
+
+def _factors(weights: HeadWeights, kind: str) -> tuple[Tensor, Tensor]:
+    """(left (n_heads, d_model, d_head), right (n_heads, d_head, d_model)) with M = left @ right: W_OV for the
+    earlier head ("ov"), W_QK^T ("k"), W_QK ("q") or W_OV ("v") for the later one."""
+    if kind in ("ov", "v"):
+        return weights.W_V, weights.W_O
+    if kind == "k":
+        return weights.W_K, weights.W_Q.transpose(1, 2)
+    if kind == "q":
+        return weights.W_Q, weights.W_K.transpose(1, 2)
+    raise ProbeError(f"unknown composition {kind!r}: use one of {', '.join(KINDS)}", parameter="kind")
+
+
+def _triangles(left: Tensor, right: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """QR triangles of left and right^T (each (n, d_head, d_head)), and ||left @ right||_F per head."""
+    t_left = torch.linalg.qr(left).R
+    t_right = torch.linalg.qr(right.transpose(1, 2)).R
+    norms = torch.linalg.matrix_norm(t_left @ t_right.transpose(1, 2))
+    return t_left, t_right, norms
+
+
+def composition_between(earlier: tuple[Tensor, Tensor], later: tuple[Tensor, Tensor], paired: bool = False) -> Tensor:
+    """(heads of A, heads of B) composition scores of M_A = earlier[0] @ earlier[1] into M_B = later[0] @ later[1];
+    with `paired`, only A's i-th into B's i-th: (heads,)."""
+    t_a, _, a_norms = _triangles(*earlier)
+    _, t_b_right, b_norms = _triangles(*later)
+    if paired:
+        product = t_a @ (earlier[1] @ later[0]) @ t_b_right.transpose(1, 2)  # (heads, d_head, d_head)
+        return torch.linalg.matrix_norm(product) / (a_norms * b_norms).clamp(min=1e-300)
+    middle = torch.einsum("aik,bkj->abij", earlier[1], later[0])  # (heads A, heads B, d_head, d_head)
+    product = t_a[:, None] @ middle @ t_b_right.transpose(1, 2)[None]
+    return torch.linalg.matrix_norm(product) / (a_norms[:, None] * b_norms[None, :]).clamp(min=1e-300)
+
+
+def random_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES, seed: int = 0) -> float:
+    """Mean composition score of independent Gaussian matrices of the same shapes (rank-d_head in d_model)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw() -> tuple[Tensor, Tensor]:
+        return (torch.randn(samples, d_model, d_head, generator=generator, dtype=torch.float64),
+                torch.randn(samples, d_head, d_model, generator=generator, dtype=torch.float64))
+
+    return float(composition_between(draw(), draw(), paired=True).mean())
+
+
+@dataclass
+class Composition:
+    """Composition scores of every earlier head into every later head; NaN where A is not in an earlier layer."""
+
+    model: str
+    scores: dict[str, Tensor]  # kind -> (n_layers, n_heads, n_layers, n_heads): [A layer, A head, B layer, B head]
+    baseline: float
+    folded: str  # the norm whose gain was folded into the reading weights ("" if none)
+
+    def score(self, kind: str, earlier: tuple[int, int], later: tuple[int, int]) -> float:
+        return float(self.scores[kind][earlier[0], earlier[1], later[0], later[1]])
+
+    def rank_in_layer(self, kind: str, earlier: tuple[int, int], later: tuple[int, int]) -> int:
+        """1 if `earlier` composes most strongly into `later` of all heads of its layer."""
+        row = self.scores[kind][earlier[0], :, later[0], later[1]]
+        return int((row > row[earlier[1]]).sum()) + 1
+
+
+def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] = KINDS) -> Composition:
+    """K-, Q- and V-composition of every head into every head of a later layer (see the module docstring)."""
+    layers = all_layer_weights(model)
+    n_layers, n_heads = len(layers), max(w.W_Q.shape[0] for w in layers)
+    result = {}
+    for kind in kinds:
+        table = torch.full((n_layers, n_heads, n_layers, n_heads), float("nan"), dtype=torch.float64)
+        earlier = [_factors(w, "ov") for w in layers]
+        for b, weights in enumerate(layers):
+            later = _factors(weights, kind)
+            for a in range(b):
+                scores = composition_between(earlier[a], later)
+                table[a, :scores.shape[0], b, :scores.shape[1]] = scores
+        result[kind] = table
+    d_model, d_head = layers[0].W_Q.shape[1:]
+    return Composition(name, result, random_baseline(d_model, d_head), layers[0].folded)
+
+
+def copying_scores(model: nn.Module) -> Tensor:
+    """(n_layers, n_heads) sum(lambda) / sum(|lambda|) of the eigenvalues of W_E W_OV W_U, from the d_head x d_head
+    matrix W_O W_U W_E W_V (eig(AB) = eig(BA))."""
+    W_E, W_U = embedding_matrices(model)
+    readback = (W_U @ W_E).double()  # (d_model, d_model): unembed, then embed again
+    layers = all_layer_weights(model)
+    table = torch.full((len(layers), max(w.W_Q.shape[0] for w in layers)), float("nan"), dtype=torch.float64)
+    for index, weights in enumerate(layers):
+        small = weights.W_O @ readback @ weights.W_V  # (n_heads, d_head, d_head)
+        eigenvalues = torch.linalg.eigvals(small)
+        table[index, :small.shape[0]] = eigenvalues.sum(dim=-1).real / eigenvalues.abs().sum(dim=-1).clamp(min=1e-300)
+    return table

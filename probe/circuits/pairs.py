@@ -1,0 +1,137 @@
+"""`circuits`: induction heads and the earlier heads that feed their keys (Elhage et al. 2021; Olsson et al. 2022:
+a previous-token head writes "the token before me" and an induction head in a later layer uses it as its key).
+
+For each induction head (from `classify`), the earlier heads ranked by K-composition into it, each marked when
+`classify` labels it a previous-token head; then a causal check on the repeated probe set: the loss on the second
+copy with the pair ablated together against each head alone. If the earlier head feeds the induction head, ablating
+it alone already hurts induction, and ablating both costs less than the two costs added (interaction < 0).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from probe.ablation.heads import Head
+from probe.ablation.sweep import sweep
+from probe.circuits.composition import Composition, composition_scores
+from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, ProbeOptions, build_probe_set
+from probe.heads.classify import Classification, classify
+from probe.models import LoadedModel
+
+CLASSES = ("previous_token", "induction")
+
+
+@dataclass
+class Feeder:
+    """An earlier head and its K-composition into one induction head."""
+
+    head: Head
+    score: float
+    rank_in_layer: int  # 1: the strongest of its layer
+    previous_token: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.head[0], "head": self.head[1], "k_composition": round(self.score, 6),
+                "rank_in_layer": self.rank_in_layer, "previous_token": self.previous_token}
+
+
+@dataclass
+class Pair:
+    """An induction head, its strongest feeders, and the causal check with its strongest feeder."""
+
+    induction: Head
+    induction_score: float
+    feeders: list[Feeder]
+    checked: Head | None = None  # the feeder ablated with it (the strongest previous-token feeder, else the top one)
+    deltas: dict[str, float] = field(default_factory=dict)  # "feeder", "induction", "together": second-copy deltas
+
+    @property
+    def interaction(self) -> float | None:
+        if not self.deltas:
+            return None
+        return self.deltas["together"] - self.deltas["feeder"] - self.deltas["induction"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"layer": self.induction[0], "head": self.induction[1], "induction_score": round(self.induction_score, 6),
+                "feeders": [feeder.to_dict() for feeder in self.feeders],
+                "checked": None if self.checked is None else {"layer": self.checked[0], "head": self.checked[1]},
+                "second_copy_deltas": {key: round(value, 6) for key, value in self.deltas.items()},
+                "interaction": None if self.interaction is None else round(self.interaction, 6)}
+
+
+@dataclass
+class Circuits:
+    model: str
+    baseline: float  # K-composition of random matrices of the same shapes
+    pairs: list[Pair]
+    previous_token_ranks: list[tuple[Head, Head, float, int]]  # (previous-token head, induction head, K, rank)
+    folded: str
+    seconds: float
+    baseline_second_copy: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        ranks = self.previous_token_ranks
+        return {
+            "model": self.model, "random_baseline": round(self.baseline, 6),
+            "folded_norm": self.folded or None, "rotary_ignored": True, "seconds": round(self.seconds, 3),
+            "baseline_second_copy_loss": self.baseline_second_copy,
+            "induction_heads": [pair.to_dict() for pair in self.pairs],
+            "previous_token_pairs": {
+                "pairs": len(ranks), "ranked_first_in_layer": sum(rank == 1 for *_, rank in ranks),
+                "above_baseline": sum(score > self.baseline for _, _, score, _ in ranks),
+                "entries": [{"previous_token": f"{p[0]}.{p[1]}", "induction": f"{i[0]}.{i[1]}",
+                             "k_composition": round(score, 6), "rank_in_layer": rank}
+                            for p, i, score, rank in ranks]},
+        }
+
+
+def _pairs(composition: Composition, classes: Classification, top: int) -> tuple[list[Pair], list[Any]]:
+    previous = {(layer, head) for layer, head, _ in classes.flagged("previous_token")}
+    pairs, ranks = [], []
+    for layer, head, score in classes.flagged("induction"):
+        table = composition.scores["k"][:layer, :, layer, head]  # (earlier layers, heads)
+        order = table.nan_to_num(-1.0).flatten().argsort(descending=True)[:top].tolist()
+        feeders = []
+        for index in order:
+            source = divmod(index, table.shape[1])
+            feeders.append(Feeder(source, float(table[source]), composition.rank_in_layer("k", source, (layer, head)),
+                                  source in previous))
+        pairs.append(Pair((layer, head), score, feeders))
+        for source in sorted(p for p in previous if p[0] < layer):
+            ranks.append((source, (layer, head), composition.score("k", source, (layer, head)),
+                          composition.rank_in_layer("k", source, (layer, head))))
+    return pairs, ranks
+
+
+def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: int = 128,
+             num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
+             batch_size: int = 8, method: str = "zero",
+             progress: Callable[[int, int], None] | None = None) -> Circuits:
+    """Induction heads, their strongest K-composing earlier heads (see the module docstring) and, with `check`, each
+    induction head ablated with its strongest previous-token feeder (else its top feeder), together and alone."""
+    started = time.perf_counter()
+    composition = composition_scores(loaded.model, loaded.name, kinds=("k",))
+    classes = classify(loaded, scores=list(CLASSES), seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
+                       seed=seed, batch_size=batch_size, progress=progress)
+    pairs, ranks = _pairs(composition, classes, top)
+    result = Circuits(loaded.name, composition.baseline, pairs, ranks, composition.folded, 0.0)
+    for pair in pairs:
+        previous = [feeder.head for feeder in pair.feeders if feeder.previous_token]
+        pair.checked = (previous or [feeder.head for feeder in pair.feeders])[0] if pair.feeders else None
+    checked = [pair for pair in pairs if pair.checked is not None]
+    if check and checked:
+        options = ProbeOptions(num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
+        probe_set = build_probe_set("repeated", loaded, options)
+        groups = [(pair.checked, pair.induction) for pair in checked]
+        heads = sorted({head for group in groups for head in group})
+        ablated = sweep(loaded, probe_set, heads, groups=groups, method=method, batch_size=batch_size)
+        by_heads = {entry.heads: entry.part_deltas["second_repeat"] for entry in ablated.results}
+        result.baseline_second_copy = ablated.baseline_parts["second_repeat"]
+        for pair in checked:
+            pair.deltas = {"feeder": by_heads[(pair.checked,)], "induction": by_heads[(pair.induction,)],
+                           "together": by_heads[(pair.checked, pair.induction)]}
+    result.seconds = time.perf_counter() - started
+    return result

@@ -1,0 +1,56 @@
+"""Terminal and CSV rows of `Circuits.to_dict()` (probe circuits): induction heads and the heads that feed them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from reports.labels import short_label
+
+
+def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (induction head, feeder): for CSV."""
+    rows = []
+    for pair in payload["induction_heads"]:
+        deltas = pair["second_copy_deltas"]
+        for rank, feeder in enumerate(pair["feeders"], start=1):
+            checked = pair["checked"] == {"layer": feeder["layer"], "head": feeder["head"]}
+            rows.append({"induction": short_label(pair["layer"], pair["head"]),
+                         "induction_score": pair["induction_score"], "rank": rank,
+                         "feeder": short_label(feeder["layer"], feeder["head"]),
+                         "k_composition": feeder["k_composition"], "rank_in_layer": feeder["rank_in_layer"],
+                         "previous_token": feeder["previous_token"],
+                         "delta_feeder": deltas.get("feeder") if checked else None,
+                         "delta_induction": deltas.get("induction") if checked else None,
+                         "delta_together": deltas.get("together") if checked else None})
+    return rows
+
+
+def _delta(value: Any) -> str:
+    return "" if value is None else f"{value:+.3f}"
+
+
+def circuits_report(payload: dict[str, Any], console: Console) -> None:
+    """Per induction head: its strongest K-composing earlier heads, and the pair ablated together vs alone."""
+    console.print(Text(f"Induction circuits of {payload['model']}", style="bold"),
+                  Text(f"(K-composition; random baseline {payload['random_baseline']:.3f}; rotary ignored)"))
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for column in ("induction", "feeders by K-composition (P: previous-token head)", "Δ feeder", "Δ induction",
+                   "Δ together", "interaction"):
+        table.add_column(column, justify="left" if column.startswith("feeders") else "right")
+    for pair in payload["induction_heads"]:
+        feeders = "  ".join(f"{short_label(f['layer'], f['head'])}{' P' if f['previous_token'] else ''} "
+                            f"{f['k_composition']:.3f}" for f in pair["feeders"])
+        deltas = pair["second_copy_deltas"]
+        table.add_row(short_label(pair["layer"], pair["head"]), feeders, _delta(deltas.get("feeder")),
+                      _delta(deltas.get("induction")), _delta(deltas.get("together")), _delta(pair["interaction"]))
+    console.print(table)
+    summary = payload["previous_token_pairs"]
+    console.print(Text(f"previous-token -> induction pairs: {summary['pairs']}; the previous-token head composes most "
+                       f"strongly of its layer in {summary['ranked_first_in_layer']}, above the baseline in "
+                       f"{summary['above_baseline']}", style="bold"))
+    console.print(Text("Δ: loss change on the second copy of the repeated set (zero ablation); interaction: Δ together"
+                       " - Δ feeder - Δ induction (< 0: the two do one job)", style="dim"))
