@@ -8,6 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from cli.outputs import record_provenance
 from cli.progress import status
 from probe.models import ALIASES, LoadedModel, load_model
 
@@ -60,4 +61,6 @@ def load(choice: ModelChoice) -> LoadedModel:
     gguf = choice.spec in ALIASES or choice.spec.endswith(".gguf")
     first_run = " (GGUF: dequantised on the first run, then cached)" if gguf else ""
     with status(f"loading {choice.spec}{first_run} ..."):
-        return load_model(choice.spec, **choice.arguments())
+        loaded = load_model(choice.spec, **choice.arguments())
+    record_provenance(loaded)
+    return loaded

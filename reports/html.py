@@ -341,6 +341,34 @@ def _ablation_data(entries: list[tuple[int, int, float, float]], n_layers: int, 
             "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads))}
 
 
+def _estimate_marks(result: dict[str, Any], data: dict[str, Any], n_layers: int, n_heads: int) -> str:
+    """An estimate (`mode` estimate): each value marked exact or estimated in the page's data (grid `how`, bars
+    `how`); returns the heads row's "N ablated exactly, M estimated", or "" for a sweep."""
+    if result.get("mode") != "estimate":
+        return ""
+    how: list[list[str | None]] = [[None] * n_heads for _ in range(n_layers)]
+    by_label = {}
+    for entry in result["heads"]:
+        value = how[entry["layer"]][entry["head"]] = "ablated exactly" if entry.get("exact") else "estimated"
+        by_label[short_label(entry["layer"], entry["head"])] = value
+    data["how"] = how
+    data["top"]["how"] = [by_label[label] for label in data["top"]["label"]]
+    exact = sum(1 for entry in result["heads"] if entry.get("exact"))
+    return f"{exact} ablated exactly, {len(result['heads']) - exact} estimated,"
+
+
+def _estimate_note(result: dict[str, Any]) -> str:
+    """How an estimate was made, above its plots."""
+    return ('<p class="probe-note probe-estimate-note"><b>Estimated values.</b> Most deltas on this page are '
+            "estimates, not ablations: attribution patching (Syed et al. 2023; Kramar et al. 2024) takes each head's "
+            "first-order term -&lt;dL/dz, z&gt; from one forward and one backward pass, plus a Gauss-Newton "
+            "second-order term from a sampled backward pass; then the top-estimated heads were ablated exactly as "
+            "the budget allowed. Hatched bars and hovers marked “estimated” are estimates; “ablated exactly” are "
+            f"measured. How: {esc(result.get('path', ''))}. Measured target: Spearman ≥ 0.9 against the exact sweep "
+            "within 10 forward-equivalents; the top 10 can differ: run the exact sweep (without --method estimate) "
+            "for numbers to report.</p>")
+
+
 def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP_HEADS) -> str:
     """`probe ablate --html`: a layer x head heatmap of loss deltas (diverging, centred on 0) and the `top` heads
     with the largest |delta|, from an ablation payload (`AblationResult.to_dict()` or the ablation JSON;
@@ -354,12 +382,15 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
     data = _ablation_data(entries, n_layers, n_heads, top)
     broken = sum(1 for _, _, head_loss, delta in entries if not (math.isfinite(head_loss) and math.isfinite(delta)))
     baseline = _number(result["baseline_loss"], "baseline_loss")
-    rows = [("model", str(result["model"])), ("method", f"{result['method']} ablation, one head at a time"),
+    estimate = _estimate_marks(result, data, n_layers, n_heads)
+    rows = [("model", str(result["model"])), ("method", f"{result['method']} ablation, one head at a time"
+                                              + (", estimated (see below)" if estimate else "")),
             ("data", str(result.get("data", ""))), ("baseline loss", f"{baseline:.4f}"),
-            ("heads", f"{len(entries)} ablated of {n_layers} layers x {n_heads} heads"
+            ("heads", (estimate or f"{len(entries)} ablated") + f" of {n_layers} layers x {n_heads} heads"
                       + (f"; {broken} with a loss that is not a finite number (blank)" if broken else ""))]
     body = (
         f"<h1>Head ablation of {esc(result['model'])}</h1>" + _kv(rows)
+        + (_estimate_note(result) if estimate else "")
         + '<div class="probe-row"><div><h2>Δ loss per head</h2><p class="probe-small">Red: the loss rises when '
         "the head is ablated (the head helps); blue: it falls. Blank: not ablated.</p>"
         '<div class="probe-delta-plot"></div></div>'
@@ -367,3 +398,29 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
         '<p class="probe-small">By |Δ loss|, largest first.</p><div class="probe-bar-plot"></div></div></div>'
     )
     return _page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# provenance
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """("model.sha256", "ab12...") rows of a nested dict; None shown as a dash."""
+    rows: list[tuple[str, str]] = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            rows += _flat(value, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", "–" if value is None else str(value)))
+    return rows
+
+
+def provenance_block(provenance: dict[str, Any]) -> str:
+    """What produced the page (probe.provenance): a closed <details> table for the reader, and the same dict as JSON
+    (`#probe-provenance`) for a script."""
+    return ('<details class="probe-provenance" style="font: 0.85em system-ui, sans-serif; color: #555; '
+            'max-width: 1500px; margin: 12px auto; padding: 0 16px;"><summary>Provenance: how this page was made'
+            '</summary><table class="probe-kv">'
+            + "".join(f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>" for key, value in _flat(provenance))
+            + f'</table></details>\n<script type="application/json" id="probe-provenance">{script_json(provenance)}'
+            "</script>\n")

@@ -135,7 +135,8 @@ class AblationResult:
         return entry
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """One row per ablation, for CSV: label, layer, head, loss, delta, and the parts (same keys in every row)."""
+        """One row per ablation, for CSV: label, layer, head, loss, delta, the parts (same keys in every row), and in
+        estimate mode `value`: exact or estimated."""
         rows = []
         for r in self.ranked():
             row: dict[str, Any] = {"heads": label(r.heads), "layer": r.layer if len(r.heads) == 1 else "",
@@ -143,6 +144,8 @@ class AblationResult:
             for name in self.baseline_parts:
                 row[f"{name}_loss"] = r.parts.get(name, "")
                 row[f"{name}_delta"] = r.part_deltas.get(name, "")
+            if self.mode == "estimate":  # which numbers are estimates, which were ablated for real
+                row["value"] = "exact" if r.exact else "estimated"
             rows.append(row)
         return rows
 

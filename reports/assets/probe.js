@@ -337,6 +337,10 @@
         colorbar: {thickness: 12, len: 0.8, title: {text: "\u0394 loss", side: "top"}},
         hovertemplate: "layer %{y}, head %{x}: \u0394 loss %{z:+.4f} (loss %{customdata:.4f})<extra></extra>"
       };
+      if (data.how) {  // an estimate: each value says whether it is estimated or ablated exactly
+        grid.text = data.how;
+        grid.hovertemplate = grid.hovertemplate.replace("<extra>", ", %{text}<extra>");
+      }
       var gridLayout = {
         height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(320, 34 * data.n_heads + 160),
         margin: {l: 50, r: 10, t: 10, b: 40}, plot_bgcolor: BLANK,
@@ -349,6 +353,10 @@
         text: data.top.name, textposition: "none", marker: {color: data.top.color}, name: "delta",
         hovertemplate: "%{text}: \u0394 loss %{x:+.4f} (loss %{customdata:.4f})<extra></extra>"
       };
+      if (data.top.how) {  // estimated bars hatched, exact ones solid
+        bars.text = data.top.name.map(function (name, i) { return name + ", " + data.top.how[i]; });
+        bars.marker.pattern = {shape: data.top.how.map(function (h) { return h === "estimated" ? "/" : ""; })};
+      }
       var barLayout = {
         height: Math.max(300, 22 * data.top.label.length + 90), margin: {l: 90, r: 20, t: 10, b: 50},
         xaxis: {title: {text: "\u0394 loss when the head is ablated"}, zeroline: true, zerolinecolor: "#444"},
