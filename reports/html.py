@@ -31,7 +31,7 @@ ASSETS = Path(__file__).parent / "assets"
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
        "font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
 TOP_HEADS = 20  # bars in the ablation chart
-_notebook = {"plotly_sent": False}
+STATIC_HEADS = 10  # heads in the summary table shown without JavaScript
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -54,8 +54,27 @@ def _runtime_js() -> str:
 
 
 def forget_notebook_plotly() -> None:
-    """Make the next notebook result carry plotly.js again (after the notebook page was reloaded, say)."""
-    _notebook["plotly_sent"] = False
+    """Kept for notebooks written against older probe: every notebook result now carries plotly.js itself."""
+
+
+# Run a notebook result's inert copy of plotly.js only where the output's document has none yet: each output (in
+# the notebook's page or in an iframe of its own) is drawn wherever it is shown, and plotly runs once per document.
+# require.js (classic Jupyter) would take plotly's UMD bundle as an AMD module and leave window.Plotly unset, so
+# `define` is hidden while it runs.
+PLOTLY_LOADER = """(function () {
+  if (window.Plotly) return;
+  var copy = document.getElementById(%s);
+  if (!copy) return;
+  var amd = window.define;
+  window.define = undefined;
+  try {
+    var script = document.createElement("script");
+    script.textContent = copy.textContent;
+    document.head.appendChild(script);
+  } finally {
+    window.define = amd;
+  }
+})();"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -142,6 +161,10 @@ STYLE = """
 .probe-page table.probe-kv td { padding: 1px 10px 1px 0; vertical-align: top; overflow-wrap: anywhere; }
 .probe-page .probe-section { border-top: 1px solid #ddd; margin-top: 14px; }
 .probe-page .probe-small { font-size: 0.86em; color: #666; }
+.probe-page.probe-live .probe-static { display: none; }
+.probe-page table.probe-static-table { border-collapse: collapse; font-size: 0.9em; }
+.probe-page table.probe-static-table td, .probe-page table.probe-static-table th { padding: 1px 10px 1px 0;
+  text-align: left; }
 """
 
 
@@ -151,11 +174,9 @@ def _page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotl
     start = f"<script>window.probeReports.start({json.dumps(kind)}, {json.dumps(page_id)});</script>"
     content = (f'<div class="probe-page" id="{page_id}" data-kind="{kind}" data-state="loading">{body}</div>\n'
                f'<script type="application/json" id="{page_id}-data">{script_json(data)}</script>\n')
-    if not embed_plotly:
-        carry = ""
-        if not _notebook["plotly_sent"]:  # the first result of the session carries plotly.js, the others use it
-            carry = f"<script>{plotly_js()}</script>\n"
-            _notebook["plotly_sent"] = True
+    if not embed_plotly:  # a notebook output: a fragment that carries plotly.js, run only where it is missing
+        carry = (f'<script type="text/plain" id="{page_id}-plotly">{plotly_js()}</script>\n'
+                 f"<script>{PLOTLY_LOADER % json.dumps(page_id + '-plotly')}</script>\n")
         return (f"<style>{STYLE}</style>\n{content}{carry}<script>{_runtime_js()}</script>\n{start}\n")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -165,6 +186,14 @@ def _page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotl
         f"<body>\n{content}<script>{plotly_js()}</script>\n<script>{_runtime_js()}</script>\n{start}\n"
         "</body>\n</html>\n"
     )
+
+
+def _static(title: str, header: list[str], rows: list[list[str]]) -> str:
+    """A summary table for viewers that run no JavaScript (GitHub, nbviewer, e-mail): hidden once the plots draw."""
+    head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return (f'<div class="probe-static"><p class="probe-small">{esc(title)} (the interactive plots need '
+            f'JavaScript)</p><table class="probe-static-table"><tr>{head}</tr>{body}</table></div>')
 
 
 def _kv(rows: list[tuple[str, str]]) -> str:
@@ -280,7 +309,12 @@ def classification_page(payload: dict[str, Any], patterns: dict[str, dict[str, A
     rows = [("model", model), ("heads", f"{n_layers} layers x {n_heads} heads")]
     rows += [(f"probe set {name}", str(info.get("description", name))) for name, info in payload["probe_sets"].items()]
     rows += [("thresholds", ", ".join(f"{name} > {value:g}" for name, value in payload["thresholds"].items()))]
-    body = f"<h1>Head classification of {esc(model)}</h1>" + _kv(rows) + "".join(sections)
+    static = _static("Flagged heads, highest score first", ["class", "heads (score)"],
+                     [[name, ", ".join(f"{short_label(e['layer'], e['head'])} ({e['score']:.3f})"
+                                       for e in flagged[:STATIC_HEADS])
+                       + (f" and {len(flagged) - STATIC_HEADS} more" if len(flagged) > STATIC_HEADS else "")
+                       if flagged else "none"] for name, flagged in payload["flagged"].items()])
+    body = f"<h1>Head classification of {esc(model)}</h1>" + _kv(rows) + static + "".join(sections)
     data = {"n_layers": n_layers, "n_heads": n_heads, "scores": scores,
             "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads)),
             "patterns": {name: pattern_spec(block, 1) for name, block in patterns.items()}}
@@ -357,6 +391,14 @@ def _estimate_marks(result: dict[str, Any], data: dict[str, Any], n_layers: int,
     return f"{exact} ablated exactly, {len(result['heads']) - exact} estimated,"
 
 
+def _ablation_static(data: dict[str, Any], estimate: bool) -> str:
+    top = data["top"]
+    columns = ["head", "Δ loss", "loss"] + (["value"] if estimate else [])
+    rows = [[label, f"{delta:+.4f}", f"{loss:.4f}"] + ([top["how"][i]] if estimate else [])
+            for i, (label, delta, loss) in enumerate(zip(top["label"], top["delta"], top["loss"]))]
+    return _static("The heads that matter most, by |Δ loss|", columns, rows[:STATIC_HEADS])
+
+
 def _estimate_note(result: dict[str, Any]) -> str:
     """How an estimate was made, above its plots."""
     return ('<p class="probe-note probe-estimate-note"><b>Estimated values.</b> Most deltas on this page are '
@@ -391,6 +433,7 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
     body = (
         f"<h1>Head ablation of {esc(result['model'])}</h1>" + _kv(rows)
         + (_estimate_note(result) if estimate else "")
+        + _ablation_static(data, estimate != "")
         + '<div class="probe-row"><div><h2>Δ loss per head</h2><p class="probe-small">Red: the loss rises when '
         "the head is ablated (the head helps); blue: it falls. Blank: not ablated.</p>"
         '<div class="probe-delta-plot"></div></div>'

@@ -149,7 +149,15 @@ class AblationResult:
             rows.append(row)
         return rows
 
+    def __repr__(self) -> str:
+        """A short summary (the dataclass' own repr would print every result)."""
+        top = ", ".join(f"{label(r.heads)} {r.delta:+.4f}" for r in self.ranked()[:3])
+        groups = f" and {len(self.groups)} group(s)" if self.groups else ""
+        return (f"AblationResult({self.model!r}: {self.method} ablation, {self.mode}, {len(self.heads)} heads{groups} "
+                f"of {self.n_layers}x{self.n_heads}, {self.metric} baseline {self.baseline_loss:.4f}; largest delta: "
+                f"{top or 'none'})")
+
     def _repr_html_(self) -> str:
         from reports.html import ablation_page  # lazy, one way: reports renders the plain payload
 
-        return ablation_page(self.to_dict())
+        return ablation_page(self.to_dict(), embed_plotly=False)  # a notebook output: a fragment

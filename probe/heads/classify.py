@@ -64,6 +64,11 @@ class Classification:
             ],
         }
 
+    def __repr__(self) -> str:
+        """A short summary (the dataclass' own repr would print every score tensor)."""
+        counts = ", ".join(f"{name} {len(self.flagged(name))}" for name in self.scores)
+        return f"Classification({self.model!r}: {self.n_layers} layers x {self.n_heads} heads; flagged: {counts})"
+
     def _repr_html_(self) -> str:
         from reports.html import classification_page  # reports render; the library never needs them otherwise
 

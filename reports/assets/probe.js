@@ -376,11 +376,16 @@
     var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage};
     var tries = 0;
     (function attempt() {
-      if (window.Plotly) { pages[kind](id); return; }
+      if (window.Plotly) {
+        var live = document.getElementById(id);
+        if (live) live.classList.add("probe-live");  // the plots draw: the static summary steps aside
+        pages[kind](id);
+        return;
+      }
       if (++tries < 100) { setTimeout(attempt, 100); return; }
       var root = document.getElementById(id);
-      if (root) fail(root, new Error("plotly.js is not on this page. In a notebook, run " +
-        "`import reports.html; reports.html.forget_notebook_plotly()` and display the result again."));
+      if (root) fail(root, new Error("plotly.js is not on this page: display the result again (each result " +
+        "carries its own copy)."));
     })();
   }
 
