@@ -10,6 +10,7 @@ from torch import Tensor
 from probe.ablation.heads import Ablation, Head, label
 from probe.ablation.metrics import METRICS, losses
 from probe.errors import ProbeError
+from probe.frames import dataframe
 
 
 @dataclass
@@ -148,6 +149,11 @@ class AblationResult:
                 row["value"] = "exact" if r.exact else "estimated"
             rows.append(row)
         return rows
+
+    def to_dataframe(self) -> Any:
+        """A pandas DataFrame, one row per ablation, largest delta first: the CSV's columns (heads, layer, head, loss,
+        delta, the parts' losses and deltas; in estimate mode `value`: exact or estimated). Needs pandas."""
+        return dataframe(self.csv_rows())
 
     def __repr__(self) -> str:
         """A short summary (the dataclass' own repr would print every result)."""

@@ -14,6 +14,7 @@ from torch import Tensor
 from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
                         ProbeSet, build_probe_set, real_tokens)
 from probe.errors import ProbeError, first_line
+from probe.frames import dataframe
 from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
@@ -63,6 +64,14 @@ class Classification:
                 for layer in range(self.n_layers) for head in range(self.n_heads)
             ],
         }
+
+    def to_dataframe(self) -> Any:
+        """A pandas DataFrame, one row per head: layer, head, each class's score, and its labels (comma-separated).
+        Needs pandas."""
+        return dataframe([{"layer": layer, "head": head,
+                           **{name: float(score[layer, head]) for name, score in self.scores.items()},
+                           "labels": ",".join(self.labels(layer, head))}
+                          for layer in range(self.n_layers) for head in range(self.n_heads)])
 
     def __repr__(self) -> str:
         """A short summary (the dataclass' own repr would print every score tensor)."""
