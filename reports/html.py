@@ -32,6 +32,9 @@ CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline
        "font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
 TOP_HEADS = 20  # bars in the ablation chart
 STATIC_HEADS = 10  # heads in the summary table shown without JavaScript
+# where a head of a class attends on a repeated sequence, as key - query + repeat length: an induction head looks at
+# the token after the earlier copy of the current one (k = q - R + 1), a duplicate-token head at that copy (k = q - R)
+EXPECTED_DIAGONAL = {"induction": 1, "duplicate_token": 0}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -126,7 +129,11 @@ def pattern_spec(patterns: dict[str, Any], group: int) -> dict[str, Any]:
         "n": n, "labels": [plotly_text(label) for label in patterns["labels"]],
         "heads": [list(pair) for pair in heads], "causal": patterns["causal"], "scale": patterns["scale"],
         "decimals": patterns["decimals"], "group": group, "chunks": chunks, "thumbs": None,
+        "first": int(patterns.get("first") or 0),
     }
+    meta = patterns.get("meta") or {}
+    if meta.get("repeat_len"):  # a repeated probe set: where the second copy starts (the page marks it)
+        spec.update(repeat=int(meta["repeat_len"]), offset=int(meta.get("offset") or 0))
     thumbnails = patterns.get("thumbnails")
     if thumbnails is not None:  # (heads, t, t) uint8
         spec["thumbs"] = {"t": int(thumbnails.shape[-1]),
@@ -231,6 +238,7 @@ def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
         '<label>Head <select class="probe-head" aria-label="head"></select></label>'
         '<label>Colour scale <select class="probe-scale" aria-label="colour scale">'
         '<option value="fixed">0 to 1</option><option value="auto">0 to the head\'s maximum</option>'
+        '<option value="nobos">0 to the maximum after the first key (BOS left out)</option>'
         "</select></label></div>"
         '<div class="probe-row"><div class="probe-main"><div class="probe-plot-title"></div>'
         '<div class="probe-plot"></div>'
@@ -286,7 +294,8 @@ def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dic
     probe = info["probe_set"] if info is not None else "natural"
     flagged = payload["flagged"][name]
     scores.append({"name": name, "probe": probe, "z": _score_grid(payload, name),
-                   "flagged": [[e["layer"], e["head"], round(e["score"], 4)] for e in flagged]})
+                   "flagged": [[e["layer"], e["head"], round(e["score"], 4)] for e in flagged],
+                   "diagonal": EXPECTED_DIAGONAL.get(name)})
     title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
                 f"(score > {payload['thresholds'][name]:g})")
     viewer = _pattern_viewer(patterns.get(probe), flagged, bool(patterns))

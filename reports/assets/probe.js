@@ -84,14 +84,41 @@
 
   function patternSide(n, most) { return Math.max(360, Math.min(most || 740, n * 11)); }
 
-  function patternFigure(spec, rows, name, autoscale, most) {
+  function withoutFirstKey(rows) {  // the largest weight on keys after the first (BOS, a sink): its own scale
+    var most = 0;
+    rows.forEach(function (row) {
+      for (var k = 1; k < row.length; k++) if (row[k] !== null && row[k] > most) most = row[k];
+    });
+    return most || 1;
+  }
+
+  function repeatMarks(spec, diagonal) {  // the repeat boundary and the diagonal a head of this class attends along
+    if (!spec.repeat || diagonal === undefined || diagonal === null) return [];
+    var boundary = spec.offset + spec.repeat - spec.first, last = spec.n - 1, shift = diagonal - spec.repeat;
+    var line = {color: "#d62728", width: 1.5}, marks = [];
+    if (boundary > 0 && boundary < spec.n) {
+      marks.push({type: "line", xref: "x", yref: "y", x0: -0.5, x1: last + 0.5, y0: boundary - 0.5,
+                  y1: boundary - 0.5, line: line});
+      marks.push({type: "line", xref: "x", yref: "y", x0: boundary - 0.5, x1: boundary - 0.5, y0: -0.5,
+                  y1: last + 0.5, line: line});
+    }
+    var q0 = Math.max(boundary, -shift, 0);
+    if (q0 <= last) {
+      marks.push({type: "line", xref: "x", yref: "y", x0: q0 + shift, y0: q0, x1: last + shift, y1: last,
+                  line: {color: "#d62728", width: 1.5, dash: "dot"}});
+    }
+    return marks;
+  }
+
+  function patternFigure(spec, rows, name, autoscale, most, diagonal) {
     var side = patternSide(spec.n, most), small = spec.n > 48;
     var trace = {
       type: "heatmap", z: rows, x: spec.labels, y: spec.labels, colorscale: SEQUENTIAL, hoverongaps: false,
       name: name, colorbar: {thickness: 12, len: 0.8, title: {text: "weight", side: "right"}},
       hovertemplate: "%{y} \u2192 %{x}: %{z:." + spec.decimals + "f}<extra>" + name + "</extra>"
     };
-    if (!autoscale) { trace.zmin = 0; trace.zmax = 1; trace.zauto = false; }
+    if (autoscale === "nobos") { trace.zmin = 0; trace.zmax = withoutFirstKey(rows); trace.zauto = false; }
+    else if (!autoscale) { trace.zmin = 0; trace.zmax = 1; trace.zauto = false; }
     var axis = {type: "category", automargin: true, showgrid: false, zeroline: false,
                 tickfont: {size: small ? 9 : 11}, ticks: ""};
     var layout = {
@@ -99,7 +126,7 @@
       xaxis: Object.assign({title: {text: "key"}, tickangle: -90, constrain: "domain"}, axis),
       yaxis: Object.assign({title: {text: "query"}, autorange: "reversed", scaleanchor: "x", constrain: "domain"},
                            axis),
-      hoverlabel: {font: {family: "ui-monospace, monospace"}}
+      hoverlabel: {font: {family: "ui-monospace, monospace"}}, shapes: repeatMarks(spec, diagonal)
     };
     return {data: [trace], layout: layout};
   }
@@ -178,7 +205,8 @@
         return block.rows(index).then(function (rows) {
           if (ticket !== current) return null;
           var name = headName(layer, head, realCount(layer));
-          var figure = patternFigure(spec, rows, name, scaleSelect.value === "auto");
+          var scale = scaleSelect.value === "fixed" ? false : scaleSelect.value === "auto" || scaleSelect.value;
+          var figure = patternFigure(spec, rows, name, scale);
           title.textContent = name;
           plot.style.minWidth = figure.layout.width + "px";
           return Plotly.react(plot, figure.data, figure.layout, CONFIG).then(function () {
@@ -288,7 +316,8 @@
           select.value = layer + "," + head;
           return block.rows(index).then(function (rows) {
             if (ticket !== current) return null;
-            var name = headName(layer, head, 0), f = patternFigure(block.spec, rows, name, false, 560);
+            var name = headName(layer, head, 0);
+            var f = patternFigure(block.spec, rows, name, false, 560, section.diagonal);
             title.textContent = name;
             plot.style.minWidth = f.layout.width + "px";
             return Plotly.react(plot, f.data, f.layout, CONFIG).then(function () {
