@@ -168,6 +168,11 @@ STYLE = """
 .probe-page table.probe-kv td { padding: 1px 10px 1px 0; vertical-align: top; overflow-wrap: anywhere; }
 .probe-page .probe-section { border-top: 1px solid #ddd; margin-top: 14px; }
 .probe-page .probe-small { font-size: 0.86em; color: #666; }
+.probe-page .probe-tokens { font-family: ui-monospace, monospace; font-size: 0.9em; line-height: 1.9;
+  max-width: 900px; }
+.probe-page .probe-tokens span { padding: 1px 2px; margin: 0 1px; border-radius: 3px; cursor: pointer;
+  white-space: pre; }
+.probe-page .probe-tokens span.probe-query { outline: 2px solid #d62728; }
 .probe-page.probe-live .probe-static { display: none; }
 .probe-page table.probe-static-table { border-collapse: collapse; font-size: 0.9em; }
 .probe-page table.probe-static-table td, .probe-page table.probe-static-table th { padding: 1px 10px 1px 0;
@@ -242,12 +247,16 @@ def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
         "</select></label></div>"
         '<div class="probe-row"><div class="probe-main"><div class="probe-plot-title"></div>'
         '<div class="probe-plot"></div>'
-        '<p class="probe-small">Queries down, keys across. Hover a cell for "query → key: weight"; '
+        '<h2>One token\'s attention over the text</h2><p class="probe-small probe-token-help">Click a token (or a '
+        "row of the heatmap): the shading of every token shows how much the chosen query attends to it.</p>"
+        '<div class="probe-tokens" aria-label="tokens"></div>'
+        '<p class="probe-small">Queries down, keys across. Drag a box to zoom in (the token labels follow, one '
+        'per row once they fit), double-click to zoom out. Hover a cell for "query → key: weight"; '
         "labels are position:token, with ␣ for a space, ↵ for a newline, ⇥ for a tab and ⟨ ⟩ around special "
         "tokens.</p></div>"
         + _overview(patterns) + "</div>"
     )
-    data = {"patterns": pattern_spec(patterns, group)}
+    data = {"patterns": pattern_spec(patterns, group), "tokens": list(patterns["tokens"])}  # raw: set as textContent
     return _page("heatmap", f"probe heatmap: {patterns['model']}", body, data, embed_plotly=embed_plotly)
 
 

@@ -1,5 +1,6 @@
-"""Heatmap views in a real Chromium: a colour scale that leaves BOS out, and the repeat boundary and the diagonal an
-induction / duplicate-token head should follow marked on the classify page's patterns."""
+"""Heatmap views in a real Chromium: a colour scale that leaves BOS out, the repeat boundary and the diagonal an
+induction / duplicate-token head should follow marked on the classify page's patterns, a token-centred view (click a
+token, see its attention over the text), and token labels that stay readable at 150 tokens and follow a zoom."""
 
 from __future__ import annotations
 
@@ -83,3 +84,60 @@ def test_repeat_boundary_and_expected_diagonal_are_marked(browser, tmp_path: Pat
     ready(page, '[data-score-index="2"]')  # a class without an expected diagonal: nothing drawn over it
     assert page.evaluate("document.querySelector('[data-score-index=\"2\"] .probe-plot').layout.shapes") == []
     assert not page.errors, page.errors
+
+
+def token_weights(page: Any) -> list[str]:
+    return page.evaluate("Array.from(document.querySelectorAll('.probe-tokens span')).map(s => s.dataset.weight)")
+
+
+def test_a_click_on_a_token_shows_its_attention_over_the_text(browser, tmp_path: Path) -> None:  # noqa: F811
+    tokens = ["<s>", "<b>x</b>", "y", "␣z", "x", "y"]
+    patterns = fake_patterns(tokens)
+    path = tmp_path / "heatmap.html"
+    path.write_text(heatmap_page(patterns.to_dict()), encoding="utf-8")
+    page = opened(browser, path)
+    ready(page, ".probe-page", layer="0", head="0")
+    spans = page.locator(".probe-tokens span")
+    assert [spans.nth(i).text_content() for i in range(len(tokens))] == tokens  # text, never markup
+    page.locator(".probe-tokens span").nth(3).click()
+    weights = patterns.values[0] / 1000
+    assert token_weights(page) == [str(weights[3, k]) if k <= 3 else "" for k in range(6)]
+    assert page.get_attribute(".probe-tokens", "data-query") == "3"
+    page.select_option(".probe-layer", "1")  # another head: the same query, that head's weights
+    ready(page, ".probe-page", layer="1", head="0")
+    other = patterns.values[patterns.index(1, 0)] / 1000
+    assert token_weights(page) == [str(other[3, k]) if k <= 3 else "" for k in range(6)]
+    plot = page.locator(".probe-plot")
+    plot.scroll_into_view_if_needed()
+    x, y = page.evaluate("(() => { const gd = document.querySelector('.probe-plot'), l = gd._fullLayout; "
+                         "const r = gd.getBoundingClientRect(); return [r.left + l.xaxis._offset + l.xaxis.l2p(1), "
+                         "r.top + l.yaxis._offset + l.yaxis.l2p(5)]; })()")
+    page.mouse.click(x, y)  # a cell of query 5: the token view follows
+    deadline = time.monotonic() + 10
+    while page.get_attribute(".probe-tokens", "data-query") != "5":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert token_weights(page) == [str(other[5, k]) for k in range(6)]
+    assert not page.errors, page.errors
+
+
+def test_labels_stay_readable_at_150_tokens_and_follow_a_zoom(browser, tmp_path: Path) -> None:  # noqa: F811
+    patterns = fake_patterns([f"tok{i}" for i in range(150)])
+    path = tmp_path / "long.html"
+    path.write_text(heatmap_page(patterns.to_dict()), encoding="utf-8")
+    page = opened(browser, path)
+    ready(page, ".probe-page", layer="0", head="0")
+    ticks = "Array.from(document.querySelectorAll('.probe-plot .xtick text')).map(t => t.textContent)"
+    shown = page.evaluate(ticks)
+    assert 10 <= len(shown) < 150  # thinned so that they do not overlap
+    boxes = page.evaluate("Array.from(document.querySelectorAll('.probe-plot .ytick text'))"
+                          ".map(t => t.getBoundingClientRect()).map(r => [r.top, r.bottom])")
+    boxes = sorted(boxes)
+    assert all(a[1] <= b[0] + 0.5 for a, b in zip(boxes, boxes[1:]))  # no two labels overlap
+    page.evaluate("Plotly.relayout(document.querySelector('.probe-plot'), "
+                  "{'xaxis.range': [9.5, 30.5], 'yaxis.range': [30.5, 9.5]})")
+    deadline = time.monotonic() + 10
+    while page.evaluate(ticks)[:1] != ["10:tok10"]:
+        assert time.monotonic() < deadline, page.evaluate(ticks)
+        time.sleep(0.05)
+    assert page.evaluate(ticks) == [f"{i}:tok{i}" for i in range(10, 31)]  # zoomed: every label, in order

@@ -158,6 +158,38 @@
     context.putImageData(image, 0, 0);
   }
 
+  // the token-centred view (as bertviz's head view and CircuitsVis' attention patterns): the text as tokens; a click
+  // on one shades every token by how much that query attends to it
+  function tokens(box, strings, first) {
+    var spans = [], rows = null, query = -1;
+    if (box) {
+      strings.forEach(function (token, i) {
+        var span = make("span", "", token);
+        span.dataset.position = String(first + i);
+        span.addEventListener("click", function () { pick(i); });
+        box.appendChild(span);
+        spans.push(span);
+      });
+    }
+    function paint() {
+      if (!rows || query < 0) return;
+      var row = rows[query], most = 0;
+      row.forEach(function (w) { if (w !== null && w > most) most = w; });
+      spans.forEach(function (span, k) {
+        var w = row[k];
+        span.classList.toggle("probe-query", k === query);
+        span.dataset.weight = w === null ? "" : String(w);
+        span.title = w === null ? "after the query (masked)" : "weight " + w;
+        var alpha = w === null || !most ? 0 : w / most;
+        span.style.backgroundColor = "rgba(8, 48, 107, " + (0.85 * alpha).toFixed(3) + ")";
+        span.style.color = alpha > 0.5 ? "#fff" : "";
+      });
+      if (box) box.dataset.query = String(query);
+    }
+    function pick(i) { query = i; paint(); }
+    return {pick: pick, rows: function (r) { rows = r; if (query < 0) query = r.length - 1; paint(); }};
+  }
+
   function headName(layer, head, count) {
     return head === -1 ? "layer " + layer + ", mean of " + count + " heads" : "layer " + layer + ", head " + head;
   }
@@ -181,6 +213,7 @@
       var realCount = function (layer) { return byLayer[layer].filter(function (h) { return h >= 0; }).length; };
       layers.forEach(function (layer) { layerSelect.appendChild(option(layer, "layer " + layer)); });
       var current = 0, thumbs = {};
+      var tokenView = tokens(root.querySelector(".probe-tokens"), data.tokens || [], spec.first || 0);
 
       function option(value, text) { var node = make("option", "", text); node.value = String(value); return node; }
 
@@ -211,6 +244,13 @@
           plot.style.minWidth = figure.layout.width + "px";
           return Plotly.react(plot, figure.data, figure.layout, CONFIG).then(function () {
             if (ticket !== current) return;
+            tokenView.rows(rows);
+            if (!plot.dataset.clicks) {  // a click on a cell picks its query for the token view
+              plot.dataset.clicks = "1";
+              plot.on("plotly_click", function (event) {
+                if (event.points && event.points.length) tokenView.pick(event.points[0].pointIndex[0]);
+              });
+            }
             Object.keys(thumbs).forEach(function (key) {
               thumbs[key].classList.toggle("selected", key === layer + "," + head);
             });
