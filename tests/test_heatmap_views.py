@@ -33,7 +33,8 @@ def opened(browser: Any, path: Path) -> Any:  # noqa: F811
 def ready(page: Any, selector: str, **expected: str) -> None:
     checks = " && ".join(["e.dataset.state === 'ready'"] + [f"e.dataset.{k} === '{v}'" for k, v in expected.items()])
     deadline = time.monotonic() + 30
-    while not page.evaluate(f"(() => {{ const e = document.querySelector({selector!r}); return !!e && ({checks}); }})()"):
+    script = f"(() => {{ const e = document.querySelector({selector!r}); return !!e && ({checks}); }})()"
+    while not page.evaluate(script):
         assert time.monotonic() < deadline, f"{selector} never ready"
         time.sleep(0.05)
 

@@ -55,3 +55,18 @@ def test_to_dataframe_without_pandas_says_how_to_get_it(monkeypatch) -> None:
     result = classify(tiny_loaded("llama_gqa"), seq_len=16, num_seqs=2, repeat_len=8)
     with pytest.raises(ProbeError, match=r"needs pandas, an optional extra: pip install 'probe\[dataframe\]'"):
         result.to_dataframe()
+
+
+def test_progress_true_draws_a_bar_and_the_library_logs(capsys, caplog) -> None:
+    loaded = tiny_loaded("llama_gqa")
+    with caplog.at_level("INFO", logger="probe"):
+        classify(loaded, seq_len=16, num_seqs=2, repeat_len=8, progress=True)
+        sweep(loaded, repeated_set(loaded, repeat_len=8, num_seqs=2), [(0, 1)], progress=True)
+    err = capsys.readouterr().err
+    assert "classifying heads [" + "#" * 30 + "]" in err and "ablating heads [" + "#" * 30 + "]" in err
+    messages = [record.getMessage() for record in caplog.records if record.name.startswith("probe")]
+    assert any(m.startswith("classified ") for m in messages) and any(m.startswith("sweep of 1 ablations") for m in
+                                                                     messages)
+    seen: list[tuple[int, int]] = []
+    classify(loaded, seq_len=16, num_seqs=2, repeat_len=8, progress=lambda done, total: seen.append((done, total)))
+    assert seen and seen[-1][0] == seen[-1][1]

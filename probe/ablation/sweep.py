@@ -39,6 +39,7 @@ from probe.attention import attention_layers, run_model
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
+from probe.progress import callback, log
 from probe.provenance import model_dtype, model_facts
 
 MODES = ("exact", "naive", "estimate")
@@ -215,7 +216,7 @@ def sweep(
     results_path: str | Path | None = None,
     resume: bool = False,
     data: str | Path | None = None,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
     on_result: Callable[[HeadResult], None] | None = None,
     shard: tuple[int, int] | None = None,
 ) -> AblationResult:
@@ -229,7 +230,7 @@ def sweep(
     Disjoint subsets of heads can run in separate processes and be merged with `load_results`; `shard=(rank, world)`
     runs only this process's share of the chunks (probe.distributed): merged shards equal one process's sweep.
     """
-    started = time.perf_counter()
+    started, progress = time.perf_counter(), callback(progress, "ablating heads")  # True: a bar on stderr
     _validate(probe_set, method, mode, stack)
     ablations = _ablations(loaded, heads, groups)
     if mode == "estimate":
@@ -243,10 +244,10 @@ def sweep(
     runner, n_blocks = _runner(loaded, probe_set, mode, chosen, batch_size, ablations)
     work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
     loss, parts, counts = _baseline(runner, work, n_blocks)
-    scorer = runner.scorer
-    header = _header(loaded, probe_set, chosen, scorer.metric.name, data_name(probe_set, data), (loss, parts))
+    header = _header(loaded, probe_set, chosen, runner.scorer.metric.name, data_name(probe_set, data), (loss, parts))
     finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
                          on_result, counts, loss, parts)
+    log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, loss)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, n_blocks)
     todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
     work.total = work.done + sum(len(runner.batches) * len(chunk) * (n_blocks - runner.start_of(chunk[0]) + 1)

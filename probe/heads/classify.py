@@ -21,6 +21,7 @@ from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import run_model
 from probe.models import LoadedModel
+from probe.progress import callback, log
 
 Progress = Callable[[int, int], None]
 """(steps done, steps in all); a step is one layer of one batch."""
@@ -155,10 +156,12 @@ def classify(
     scores: list[str] | None = None,
     batch_size: int = 8,
     query_block: int | None = None,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
 ) -> Classification:
     """Score every head of the model for each class in `scores` (default: all of SCORES) and label them, each
-    class on the probe set it names (`Score.probe`)."""
+    class on the probe set it names (`Score.probe`). `progress=True` draws a bar on stderr; a callable gets
+    `(done, total)`."""
+    progress = callback(progress, "classifying heads")
     names = list(SCORES) if scores is None else scores
     chosen = _thresholds(names, thresholds, batch_size)
     layers = attention_layers(loaded.model)
@@ -174,6 +177,7 @@ def classify(
         results.update(score_heads(loaded, probe_set, wanted, batch_size=batch_size, query_block=query_block,
                                    progress=progress, progress_offset=done, progress_total=total))
         done += _steps(probe_set, batch_size, len(layers))
+    log.info("classified %d classes on %s", len(names), ", ".join(sets))
     return Classification(
         model=loaded.name,
         n_layers=len(layers),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -200,5 +201,6 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
         model = model.to(device)
     model.eval()
     vocab_size = _vocab_size(model) or _infer_vocab_size(model)
+    logging.getLogger("probe.models").info("loaded %s (%s)", spec, type(model).__name__)
     return LoadedModel(model=model, tokenizer=tokenizer or own_tokenizer, name=name or spec, vocab_size=vocab_size,
                        origin=origin_of(spec, model))
