@@ -7,12 +7,16 @@ import csv
 import io
 import json
 import re
+import time
+
+import pytest
 
 from conftest import tiny_loaded
 from probe.ablate import estimate
 from probe.data import repeated_set
 from reports.files import write_csv
 from reports.html import ablation_page
+from test_browser import ARGS, CHROMIUM
 
 
 def page_data(page: str) -> dict:
@@ -49,3 +53,30 @@ def test_a_sweep_page_and_csv_carry_no_estimate_marks(tmp_path) -> None:
     heads = [{"layer": 0, "head": h, "loss": 2.0, "delta": 0.1 * h} for h in range(3)]
     page = ablation_page({"model": "m", "method": "zero", "mode": "exact", "baseline_loss": 1.9, "heads": heads})
     assert "how" not in page_data(page) and "probe-estimate-note" not in page and "3 ablated of" in page
+
+
+@pytest.mark.browser
+def test_the_page_hatches_estimated_bars_and_says_so_in_hovers(tmp_path) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing (see tests/browser.sh)")
+    from playwright.sync_api import sync_playwright
+
+    heads = [{"layer": layer, "head": head, "loss": 2.0, "delta": 0.1 * (layer + head) + 0.01,
+              "exact": (layer, head) == (1, 2)} for layer in range(2) for head in range(3)]
+    path = tmp_path / "estimate.html"
+    path.write_text(ablation_page({"model": "m", "method": "zero", "mode": "estimate", "path": "estimate: how",
+                                   "baseline_loss": 2.0, "heads": heads}), encoding="utf-8")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, headless=True)
+        page = browser.new_page()
+        page.goto(path.as_uri())
+        deadline = time.monotonic() + 30
+        while page.evaluate("document.querySelector('.probe-page').dataset.state") != "ready":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        bars = page.evaluate("document.querySelector('.probe-bar-plot')._fullData[0]")
+        assert bars["marker"]["pattern"]["shape"] == ["", "/", "/", "/", "/", "/"]  # 1.2 exact: solid, first
+        assert bars["text"][0] == "layer 1, head 2, ablated exactly" and bars["text"][1].endswith(", estimated")
+        grid = page.evaluate("document.querySelector('.probe-delta-plot')._fullData[0]")
+        assert grid["hovertemplate"].endswith(", %{text}<extra></extra>") and grid["text"][1][2] == "ablated exactly"
+        browser.close()
