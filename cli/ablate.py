@@ -18,7 +18,7 @@ import typer
 
 from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
                          OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
-from cli.outputs import check_distinct, check_outputs, save, warn_non_finite
+from cli.outputs import check_distinct, check_outputs, record_provenance, save, warn_non_finite
 from cli.progress import console, note, status, sweep_progress, warn
 from probe.ablate import METHODS, AblationResult, Head, estimate, head_means, parse_heads, read_results
 from probe.attention import attention_layers
@@ -158,8 +158,10 @@ def load_for(choice: ModelChoice, rank: Rank | None) -> LoadedModel:
     if rank is None:
         return load(choice)
     placement, folder, memory = rank_placement(rank, choice.device_map, choice.offload_folder)
-    return load_model(choice.spec, **{**choice.arguments(), "device": rank_device(rank, choice.device),
-                                      "device_map": placement, "offload_folder": folder, "max_memory": memory})
+    loaded = load_model(choice.spec, **{**choice.arguments(), "device": rank_device(rank, choice.device),
+                                        "device_map": placement, "offload_folder": folder, "max_memory": memory})
+    record_provenance(loaded)
+    return loaded
 
 
 def finished_count(path: Path) -> int:

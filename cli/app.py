@@ -19,6 +19,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from cli import ablate, circuits, classify, heatmap, models, prune, syntax
+from cli.outputs import forget_provenance, remember_parameters
 from cli.progress import set_quiet, warn
 from probe.errors import ProbeError
 
@@ -35,7 +36,11 @@ class _BareFlags:
 
 
 class Command(_BareFlags, TyperCommand):
-    """A probe command (flags shown bare in --help)."""
+    """A probe command (flags shown bare in --help; its parameters remembered for the provenance of its files)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        remember_parameters(dict(ctx.params))
+        return super().invoke(ctx)
 
 
 class Group(_BareFlags, TyperGroup):
@@ -176,6 +181,8 @@ def main() -> None:
     except (Exception, KeyboardInterrupt) as error:
         _exit(error)
         raise
+    finally:
+        forget_provenance()
     if outcome == INTERRUPTED:  # typer turns Ctrl-C into an exit code, returned rather than raised
         _exit(KeyboardInterrupt())
     if isinstance(outcome, int) and outcome:

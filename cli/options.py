@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from cli.outputs import record_provenance
 from cli.progress import status, warn
 from probe.models import ALIASES, LoadedModel, load_model
 
@@ -68,4 +69,5 @@ def load(choice: ModelChoice) -> LoadedModel:
             warn(f"warning: {warning.message}")
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    record_provenance(loaded)
     return loaded

@@ -1,5 +1,6 @@
-"""The files a command writes: checked before any work, written before the terminal report, strict JSON, and one
-warning when a result holds numbers that are not finite."""
+"""The files a command writes: checked before any work, written before the terminal report, strict JSON, one
+warning when a result holds numbers that are not finite, and the run's provenance in every one (set once the model is
+loaded: `record_provenance`, called by cli.options.load, so that every command gets it)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from typing import Any
 
 from cli.progress import note, warn
 from probe.errors import ProbeError
-from reports.files import check_writable, non_finite_heads
+from probe.models import LoadedModel
+from probe.provenance import command_line, provenance
+from reports.files import check_writable, non_finite_heads, stamp_outputs
 
 SHOWN_HEADS = 10  # heads named in the non-finite warning
 
@@ -50,3 +53,25 @@ def warn_non_finite(payload: dict[str, Any]) -> None:
                                               else "")
     warn(f"warning: numbers that are not finite (NaN or infinity) for {shown}; JSON writes them as null. "
          "Half precision often overflows: try --dtype float32")
+
+
+_command: dict[str, Any] = {}  # the running command's parameters (cli.app.Command puts them here)
+
+
+def remember_parameters(parameters: dict[str, Any]) -> None:
+    """The parameters of the command about to run, for its provenance (its seed)."""
+    _command.clear()
+    _command.update(parameters)
+
+
+def record_provenance(loaded: LoadedModel) -> None:
+    """Every file this command writes from now on records what produced it: the model (hashed), versions, dtype,
+    device, the command line, the seed (the command's --seed, where it has one) and the time."""
+    seed = _command.get("seed")
+    stamp_outputs(provenance(loaded, seed=seed if isinstance(seed, int) else None, command=command_line()))
+
+
+def forget_provenance() -> None:
+    """After a command: files written later (another command in the same process) do not carry this one's."""
+    _command.clear()
+    stamp_outputs(None)

@@ -94,6 +94,11 @@ class Patterns:
                 "n_heads": self.n_heads, "total_tokens": self.total_tokens, "note": self.note, "first": self.first,
                 "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE}
 
+    def __repr__(self) -> str:
+        """A short summary (the dataclass' own repr would print every weight)."""
+        return (f"Patterns({self.model!r}: {len(self.heads)} heads of {self.n_layers}x{self.n_heads} on "
+                f"{len(self.tokens)} of {self.total_tokens} tokens from {self.source})")
+
     def _repr_html_(self) -> str:
         from reports.html import heatmap_page  # reports render; the library never needs them otherwise
 

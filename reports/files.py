@@ -1,4 +1,7 @@
-"""Writing result files: never overwrite silently, never leave half a file behind, only strict JSON."""
+"""Writing result files: never overwrite silently, never leave half a file behind, only strict JSON, and every file
+carries the run's provenance once the CLI has set it (`stamp_outputs`): a "provenance" key in JSON, a first
+`# provenance: {...}` comment line in CSV, a provenance block in an HTML page. Every command's files are written
+here, so a new command's files carry it without doing anything."""
 
 from __future__ import annotations
 
@@ -12,7 +15,40 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ProbeError
+from reports.html import provenance_block
 from reports.labels import short_label
+
+_stamp: dict[str, Any] = {}  # "provenance": the dict every file written from now on carries
+
+
+def stamp_outputs(provenance: dict[str, Any] | None) -> None:
+    """From now on every JSON, CSV and HTML file written here carries `provenance` (None: none, as before)."""
+    _stamp.clear()
+    if provenance is not None:
+        _stamp["provenance"] = provenance
+
+
+def current_stamp() -> dict[str, Any] | None:
+    """The provenance files carry now, or None."""
+    return _stamp.get("provenance")
+
+
+def stamped(data: Any) -> Any:
+    """A JSON payload with the run's provenance added (a dict that has none yet), else unchanged."""
+    provenance = current_stamp()
+    if provenance is None or not isinstance(data, dict) or "provenance" in data:
+        return data
+    return {**data, "provenance": provenance}
+
+
+def _stamped_text(path: Path, text: str) -> str:
+    """An HTML page with the provenance block before its last </body> (a fragment gets it at its end)."""
+    provenance = current_stamp()
+    if provenance is None or path.suffix.lower() not in (".html", ".htm") or 'id="probe-provenance"' in text:
+        return text
+    at = text.rfind("</body>")
+    at = len(text) if at < 0 else at
+    return text[:at] + provenance_block(provenance) + text[at:]
 
 
 def check_writable(path: str | Path, *, force: bool) -> Path:
@@ -30,6 +66,7 @@ def check_writable(path: str | Path, *, force: bool) -> Path:
 def write_text(path: str | Path, text: str) -> Path:
     """Write atomically: a temporary file in the same folder, then a rename."""
     target = Path(path)
+    text = _stamped_text(target, text)
     handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w", encoding="utf-8") as file:
@@ -58,12 +95,15 @@ def finite(data: Any) -> Any:
 
 def write_json(path: str | Path, data: dict[str, Any]) -> Path:
     """Strict JSON (non-finite numbers written as null), atomically."""
-    return write_text(path, json.dumps(finite(data), indent=2, allow_nan=False) + "\n")
+    return write_text(path, json.dumps(finite(stamped(data)), indent=2, allow_nan=False) + "\n")
 
 
 def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> Path:
     """Rows with the same keys as CSV, columns in key order (atomically, like every output file)."""
     buffer = io.StringIO()
+    provenance = current_stamp()
+    if provenance is not None:  # pandas: read_csv(path, comment="#")
+        buffer.write("# provenance: " + json.dumps(finite(provenance), allow_nan=False) + "\n")
     if rows:
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()

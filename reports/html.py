@@ -31,7 +31,10 @@ ASSETS = Path(__file__).parent / "assets"
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
        "font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
 TOP_HEADS = 20  # bars in the ablation chart
-_notebook = {"plotly_sent": False}
+STATIC_HEADS = 10  # heads in the summary table shown without JavaScript
+# where a head of a class attends on a repeated sequence, as key - query + repeat length: an induction head looks at
+# the token after the earlier copy of the current one (k = q - R + 1), a duplicate-token head at that copy (k = q - R)
+EXPECTED_DIAGONAL = {"induction": 1, "duplicate_token": 0}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -54,8 +57,27 @@ def _runtime_js() -> str:
 
 
 def forget_notebook_plotly() -> None:
-    """Make the next notebook result carry plotly.js again (after the notebook page was reloaded, say)."""
-    _notebook["plotly_sent"] = False
+    """Kept for notebooks written against older probe: every notebook result now carries plotly.js itself."""
+
+
+# Run a notebook result's inert copy of plotly.js only where the output's document has none yet: each output (in
+# the notebook's page or in an iframe of its own) is drawn wherever it is shown, and plotly runs once per document.
+# require.js (classic Jupyter) would take plotly's UMD bundle as an AMD module and leave window.Plotly unset, so
+# `define` is hidden while it runs.
+PLOTLY_LOADER = """(function () {
+  if (window.Plotly) return;
+  var copy = document.getElementById(%s);
+  if (!copy) return;
+  var amd = window.define;
+  window.define = undefined;
+  try {
+    var script = document.createElement("script");
+    script.textContent = copy.textContent;
+    document.head.appendChild(script);
+  } finally {
+    window.define = amd;
+  }
+})();"""
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -107,7 +129,11 @@ def pattern_spec(patterns: dict[str, Any], group: int) -> dict[str, Any]:
         "n": n, "labels": [plotly_text(label) for label in patterns["labels"]],
         "heads": [list(pair) for pair in heads], "causal": patterns["causal"], "scale": patterns["scale"],
         "decimals": patterns["decimals"], "group": group, "chunks": chunks, "thumbs": None,
+        "first": int(patterns.get("first") or 0),
     }
+    meta = patterns.get("meta") or {}
+    if meta.get("repeat_len"):  # a repeated probe set: where the second copy starts (the page marks it)
+        spec.update(repeat=int(meta["repeat_len"]), offset=int(meta.get("offset") or 0))
     thumbnails = patterns.get("thumbnails")
     if thumbnails is not None:  # (heads, t, t) uint8
         spec["thumbs"] = {"t": int(thumbnails.shape[-1]),
@@ -142,6 +168,15 @@ STYLE = """
 .probe-page table.probe-kv td { padding: 1px 10px 1px 0; vertical-align: top; overflow-wrap: anywhere; }
 .probe-page .probe-section { border-top: 1px solid #ddd; margin-top: 14px; }
 .probe-page .probe-small { font-size: 0.86em; color: #666; }
+.probe-page .probe-tokens { font-family: ui-monospace, monospace; font-size: 0.9em; line-height: 1.9;
+  max-width: 900px; }
+.probe-page .probe-tokens span { padding: 1px 2px; margin: 0 1px; border-radius: 3px; cursor: pointer;
+  white-space: pre; }
+.probe-page .probe-tokens span.probe-query { outline: 2px solid #d62728; }
+.probe-page.probe-live .probe-static { display: none; }
+.probe-page table.probe-static-table { border-collapse: collapse; font-size: 0.9em; }
+.probe-page table.probe-static-table td, .probe-page table.probe-static-table th { padding: 1px 10px 1px 0;
+  text-align: left; }
 """
 
 
@@ -151,11 +186,9 @@ def _page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotl
     start = f"<script>window.probeReports.start({json.dumps(kind)}, {json.dumps(page_id)});</script>"
     content = (f'<div class="probe-page" id="{page_id}" data-kind="{kind}" data-state="loading">{body}</div>\n'
                f'<script type="application/json" id="{page_id}-data">{script_json(data)}</script>\n')
-    if not embed_plotly:
-        carry = ""
-        if not _notebook["plotly_sent"]:  # the first result of the session carries plotly.js, the others use it
-            carry = f"<script>{plotly_js()}</script>\n"
-            _notebook["plotly_sent"] = True
+    if not embed_plotly:  # a notebook output: a fragment that carries plotly.js, run only where it is missing
+        carry = (f'<script type="text/plain" id="{page_id}-plotly">{plotly_js()}</script>\n'
+                 f"<script>{PLOTLY_LOADER % json.dumps(page_id + '-plotly')}</script>\n")
         return (f"<style>{STYLE}</style>\n{content}{carry}<script>{_runtime_js()}</script>\n{start}\n")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -165,6 +198,14 @@ def _page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotl
         f"<body>\n{content}<script>{plotly_js()}</script>\n<script>{_runtime_js()}</script>\n{start}\n"
         "</body>\n</html>\n"
     )
+
+
+def _static(title: str, header: list[str], rows: list[list[str]]) -> str:
+    """A summary table for viewers that run no JavaScript (GitHub, nbviewer, e-mail): hidden once the plots draw."""
+    head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return (f'<div class="probe-static"><p class="probe-small">{esc(title)} (the interactive plots need '
+            f'JavaScript)</p><table class="probe-static-table"><tr>{head}</tr>{body}</table></div>')
 
 
 def _kv(rows: list[tuple[str, str]]) -> str:
@@ -202,15 +243,20 @@ def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
         '<label>Head <select class="probe-head" aria-label="head"></select></label>'
         '<label>Colour scale <select class="probe-scale" aria-label="colour scale">'
         '<option value="fixed">0 to 1</option><option value="auto">0 to the head\'s maximum</option>'
+        '<option value="nobos">0 to the maximum after the first key (BOS left out)</option>'
         "</select></label></div>"
         '<div class="probe-row"><div class="probe-main"><div class="probe-plot-title"></div>'
         '<div class="probe-plot"></div>'
-        '<p class="probe-small">Queries down, keys across. Hover a cell for "query → key: weight"; '
+        '<h2>One token\'s attention over the text</h2><p class="probe-small probe-token-help">Click a token (or a '
+        "row of the heatmap): the shading of every token shows how much the chosen query attends to it.</p>"
+        '<div class="probe-tokens" aria-label="tokens"></div>'
+        '<p class="probe-small">Queries down, keys across. Drag a box to zoom in (the token labels follow, one '
+        'per row once they fit), double-click to zoom out. Hover a cell for "query → key: weight"; '
         "labels are position:token, with ␣ for a space, ↵ for a newline, ⇥ for a tab and ⟨ ⟩ around special "
         "tokens.</p></div>"
         + _overview(patterns) + "</div>"
     )
-    data = {"patterns": pattern_spec(patterns, group)}
+    data = {"patterns": pattern_spec(patterns, group), "tokens": list(patterns["tokens"])}  # raw: set as textContent
     return _page("heatmap", f"probe heatmap: {patterns['model']}", body, data, embed_plotly=embed_plotly)
 
 
@@ -257,7 +303,8 @@ def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dic
     probe = info["probe_set"] if info is not None else "natural"
     flagged = payload["flagged"][name]
     scores.append({"name": name, "probe": probe, "z": _score_grid(payload, name),
-                   "flagged": [[e["layer"], e["head"], round(e["score"], 4)] for e in flagged]})
+                   "flagged": [[e["layer"], e["head"], round(e["score"], 4)] for e in flagged],
+                   "diagonal": EXPECTED_DIAGONAL.get(name)})
     title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
                 f"(score > {payload['thresholds'][name]:g})")
     viewer = _pattern_viewer(patterns.get(probe), flagged, bool(patterns))
@@ -280,7 +327,12 @@ def classification_page(payload: dict[str, Any], patterns: dict[str, dict[str, A
     rows = [("model", model), ("heads", f"{n_layers} layers x {n_heads} heads")]
     rows += [(f"probe set {name}", str(info.get("description", name))) for name, info in payload["probe_sets"].items()]
     rows += [("thresholds", ", ".join(f"{name} > {value:g}" for name, value in payload["thresholds"].items()))]
-    body = f"<h1>Head classification of {esc(model)}</h1>" + _kv(rows) + "".join(sections)
+    static = _static("Flagged heads, highest score first", ["class", "heads (score)"],
+                     [[name, ", ".join(f"{short_label(e['layer'], e['head'])} ({e['score']:.3f})"
+                                       for e in flagged[:STATIC_HEADS])
+                       + (f" and {len(flagged) - STATIC_HEADS} more" if len(flagged) > STATIC_HEADS else "")
+                       if flagged else "none"] for name, flagged in payload["flagged"].items()])
+    body = f"<h1>Head classification of {esc(model)}</h1>" + _kv(rows) + static + "".join(sections)
     data = {"n_layers": n_layers, "n_heads": n_heads, "scores": scores,
             "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads)),
             "patterns": {name: pattern_spec(block, 1) for name, block in patterns.items()}}
@@ -341,6 +393,42 @@ def _ablation_data(entries: list[tuple[int, int, float, float]], n_layers: int, 
             "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads))}
 
 
+def _estimate_marks(result: dict[str, Any], data: dict[str, Any], n_layers: int, n_heads: int) -> str:
+    """An estimate (`mode` estimate): each value marked exact or estimated in the page's data (grid `how`, bars
+    `how`); returns the heads row's "N ablated exactly, M estimated", or "" for a sweep."""
+    if result.get("mode") != "estimate":
+        return ""
+    how: list[list[str | None]] = [[None] * n_heads for _ in range(n_layers)]
+    by_label = {}
+    for entry in result["heads"]:
+        value = how[entry["layer"]][entry["head"]] = "ablated exactly" if entry.get("exact") else "estimated"
+        by_label[short_label(entry["layer"], entry["head"])] = value
+    data["how"] = how
+    data["top"]["how"] = [by_label[label] for label in data["top"]["label"]]
+    exact = sum(1 for entry in result["heads"] if entry.get("exact"))
+    return f"{exact} ablated exactly, {len(result['heads']) - exact} estimated,"
+
+
+def _ablation_static(data: dict[str, Any], estimate: bool) -> str:
+    top = data["top"]
+    columns = ["head", "Δ loss", "loss"] + (["value"] if estimate else [])
+    rows = [[label, f"{delta:+.4f}", f"{loss:.4f}"] + ([top["how"][i]] if estimate else [])
+            for i, (label, delta, loss) in enumerate(zip(top["label"], top["delta"], top["loss"]))]
+    return _static("The heads that matter most, by |Δ loss|", columns, rows[:STATIC_HEADS])
+
+
+def _estimate_note(result: dict[str, Any]) -> str:
+    """How an estimate was made, above its plots."""
+    return ('<p class="probe-note probe-estimate-note"><b>Estimated values.</b> Most deltas on this page are '
+            "estimates, not ablations: attribution patching (Syed et al. 2023; Kramar et al. 2024) takes each head's "
+            "first-order term -&lt;dL/dz, z&gt; from one forward and one backward pass, plus a Gauss-Newton "
+            "second-order term from a sampled backward pass; then the top-estimated heads were ablated exactly as "
+            "the budget allowed. Hatched bars and hovers marked “estimated” are estimates; “ablated exactly” are "
+            f"measured. How: {esc(result.get('path', ''))}. Measured target: Spearman ≥ 0.9 against the exact sweep "
+            "within 10 forward-equivalents; the top 10 can differ: run the exact sweep (without --method estimate) "
+            "for numbers to report.</p>")
+
+
 def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP_HEADS) -> str:
     """`probe ablate --html`: a layer x head heatmap of loss deltas (diverging, centred on 0) and the `top` heads
     with the largest |delta|, from an ablation payload (`AblationResult.to_dict()` or the ablation JSON;
@@ -354,12 +442,16 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
     data = _ablation_data(entries, n_layers, n_heads, top)
     broken = sum(1 for _, _, head_loss, delta in entries if not (math.isfinite(head_loss) and math.isfinite(delta)))
     baseline = _number(result["baseline_loss"], "baseline_loss")
-    rows = [("model", str(result["model"])), ("method", f"{result['method']} ablation, one head at a time"),
+    estimate = _estimate_marks(result, data, n_layers, n_heads)
+    rows = [("model", str(result["model"])), ("method", f"{result['method']} ablation, one head at a time"
+                                              + (", estimated (see below)" if estimate else "")),
             ("data", str(result.get("data", ""))), ("baseline loss", f"{baseline:.4f}"),
-            ("heads", f"{len(entries)} ablated of {n_layers} layers x {n_heads} heads"
+            ("heads", (estimate or f"{len(entries)} ablated") + f" of {n_layers} layers x {n_heads} heads"
                       + (f"; {broken} with a loss that is not a finite number (blank)" if broken else ""))]
     body = (
         f"<h1>Head ablation of {esc(result['model'])}</h1>" + _kv(rows)
+        + (_estimate_note(result) if estimate else "")
+        + _ablation_static(data, estimate != "")
         + '<div class="probe-row"><div><h2>Δ loss per head</h2><p class="probe-small">Red: the loss rises when '
         "the head is ablated (the head helps); blue: it falls. Blank: not ablated.</p>"
         '<div class="probe-delta-plot"></div></div>'
@@ -367,3 +459,29 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
         '<p class="probe-small">By |Δ loss|, largest first.</p><div class="probe-bar-plot"></div></div></div>'
     )
     return _page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# provenance
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """("model.sha256", "ab12...") rows of a nested dict; None shown as a dash."""
+    rows: list[tuple[str, str]] = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            rows += _flat(value, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", "–" if value is None else str(value)))
+    return rows
+
+
+def provenance_block(provenance: dict[str, Any]) -> str:
+    """What produced the page (probe.provenance): a closed <details> table for the reader, and the same dict as JSON
+    (`#probe-provenance`) for a script."""
+    return ('<details class="probe-provenance" style="font: 0.85em system-ui, sans-serif; color: #555; '
+            'max-width: 1500px; margin: 12px auto; padding: 0 16px;"><summary>Provenance: how this page was made'
+            '</summary><table class="probe-kv">'
+            + "".join(f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>" for key, value in _flat(provenance))
+            + f'</table></details>\n<script type="application/json" id="probe-provenance">{script_json(provenance)}'
+            "</script>\n")

@@ -259,11 +259,17 @@ def test_library_errors_reach_the_command_line_with_flags(capsys, monkeypatch) -
     (["classify", "--seq-len", "x"], 2, "error: Invalid value for '--seq-len'"),
     (["nosuch"], 2, "error: No such command 'nosuch'"),
     (["classify", "--no-such-flag"], 2, "error: No such option: --no-such-flag"),
+    (["heatmap", "--text", "a"], 2, "error: Missing option '--html'"),  # the flag as typed, not html_path
 ])
 def test_usage_errors_keep_their_code_in_one_line(args: list[str], code: int, message: str, capsys,
                                                   monkeypatch) -> None:
     got, _, stderr = run_cli(args, capsys, monkeypatch)
     assert got == code and len(stderr.strip().splitlines()) == 1 and stderr.startswith(message), stderr
+
+
+def test_bare_probe_shows_the_help_and_no_error_line(capsys, monkeypatch) -> None:
+    code, stdout, stderr = run_cli([], capsys, monkeypatch)
+    assert code == 2 and "Usage:" in stdout + stderr and "error" not in stderr.lower(), stderr
 
 
 def test_an_unforeseen_error_is_one_line_and_exit_1(capsys, monkeypatch) -> None:

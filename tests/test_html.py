@@ -240,16 +240,29 @@ def test_heatmap_page_is_self_contained_and_escaped():
     assert spec["labels"][2] != spec["labels"][4]
 
 
-def test_notebook_fragments_carry_plotly_once():
+def test_notebook_fragments_each_carry_plotly_and_a_static_summary():
     result = Classification(model=SCRIPT, n_layers=3, n_heads=2, scores={"sink": torch.rand(3, 2)},
                             thresholds={"sink": 0.3})
-    forget_notebook_plotly()
     first, second = (classification_page(result.to_dict(), embed_plotly=False) for _ in range(2))
-    assert "<html" not in first and "window.Plotly = Plotly" in first
-    assert "window.Plotly = Plotly" not in second and "probeReports.start" in second
+    for fragment in (first, second):  # each output can draw alone (an iframe of its own), plotly run only if missing
+        assert "<html" not in fragment.lower() and "<!doctype" not in fragment.lower() and "<meta" not in fragment
+        assert fragment.count("window.Plotly = Plotly") == 1 and "if (window.Plotly) return;" in fragment
+        assert '<script type="text/plain" id="' in fragment and "probeReports.start" in fragment
+        assert 'class="probe-static"' in fragment
     assert SCRIPT not in first and esc(SCRIPT) in first
     ids = re.findall(r'class="probe-page" id="([^"]+)"', first + second)
     assert len(set(ids)) == 2  # two results in one notebook do not share element ids
+    forget_notebook_plotly()  # kept for old notebooks; changes nothing
+    assert "window.Plotly = Plotly" in classification_page(result.to_dict(), embed_plotly=False)
+
+
+def test_plain_text_reprs_are_short_summaries():
+    result = Classification(model="m", n_layers=30, n_heads=9, scores={"sink": torch.rand(30, 9)},
+                            thresholds={"sink": 0.5})
+    text = repr(result)
+    assert text.startswith("Classification('m': 30 layers x 9 heads; flagged: sink ") and len(text) < 200
+    patterns = fake_patterns(["a", "b", "c"])
+    assert repr(patterns) == "Patterns('m': 6 heads of 2x2 on 3 of 3 tokens from s)"
 
 
 def test_ablation_page_from_a_dict():

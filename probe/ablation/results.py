@@ -10,6 +10,7 @@ from torch import Tensor
 from probe.ablation.heads import Ablation, Head, label
 from probe.ablation.metrics import METRICS, losses
 from probe.errors import ProbeError
+from probe.frames import dataframe
 
 
 @dataclass
@@ -135,7 +136,8 @@ class AblationResult:
         return entry
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """One row per ablation, for CSV: label, layer, head, loss, delta, and the parts (same keys in every row)."""
+        """One row per ablation, for CSV: label, layer, head, loss, delta, the parts (same keys in every row), and in
+        estimate mode `value`: exact or estimated."""
         rows = []
         for r in self.ranked():
             row: dict[str, Any] = {"heads": label(r.heads), "layer": r.layer if len(r.heads) == 1 else "",
@@ -143,10 +145,25 @@ class AblationResult:
             for name in self.baseline_parts:
                 row[f"{name}_loss"] = r.parts.get(name, "")
                 row[f"{name}_delta"] = r.part_deltas.get(name, "")
+            if self.mode == "estimate":  # which numbers are estimates, which were ablated for real
+                row["value"] = "exact" if r.exact else "estimated"
             rows.append(row)
         return rows
+
+    def to_dataframe(self) -> Any:
+        """A pandas DataFrame, one row per ablation, largest delta first: the CSV's columns (heads, layer, head, loss,
+        delta, the parts' losses and deltas; in estimate mode `value`: exact or estimated). Needs pandas."""
+        return dataframe(self.csv_rows())
+
+    def __repr__(self) -> str:
+        """A short summary (the dataclass' own repr would print every result)."""
+        top = ", ".join(f"{label(r.heads)} {r.delta:+.4f}" for r in self.ranked()[:3])
+        groups = f" and {len(self.groups)} group(s)" if self.groups else ""
+        return (f"AblationResult({self.model!r}: {self.method} ablation, {self.mode}, {len(self.heads)} heads{groups} "
+                f"of {self.n_layers}x{self.n_heads}, {self.metric} baseline {self.baseline_loss:.4f}; largest delta: "
+                f"{top or 'none'})")
 
     def _repr_html_(self) -> str:
         from reports.html import ablation_page  # lazy, one way: reports renders the plain payload
 
-        return ablation_page(self.to_dict())
+        return ablation_page(self.to_dict(), embed_plotly=False)  # a notebook output: a fragment

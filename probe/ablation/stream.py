@@ -122,7 +122,44 @@ class Stream:
         self.file.close()
 
 
+def _set_name(header: dict[str, Any]) -> str:
+    probe_set = header.get("probe_set") or {}
+    return str(probe_set.get("description") or probe_set.get("name") or "?")
+
+
+def _difference(old: dict[str, Any], header: dict[str, Any]) -> str | None:
+    """What makes the sweep in a results file another one than this: its model, dtype or probe set (None: same)."""
+    same_weights = old.get("model_sha256") == header.get("model_sha256") or None in (old.get("model_sha256"),
+                                                                                     header.get("model_sha256"))
+    if old.get("model") != header.get("model") or not same_weights:
+        hashes = [str(h.get("model_sha256") or "")[:12] for h in (old, header)]
+        shown = [f"{h.get('model')}" + (f" (sha256 {short}...)" if short else "") for h, short in zip((old, header),
+                                                                                                       hashes)]
+        return f"another model: {shown[0]}, not {shown[1]}"
+    if "dtype" in old and old["dtype"] != header.get("dtype"):
+        return f"another dtype: {old['dtype']}, not {header.get('dtype')}"
+    as_read = json.loads(json.dumps(header.get("probe_set"), default=str))  # as the file would hold it
+    if old.get("probe_set") and old.get("probe_set") != as_read:
+        return f"another probe set: {_set_name(old)}, not {_set_name(header)}"
+    return None
+
+
+def check_same_sweep(path: Path, identity: dict[str, Any]) -> None:
+    """Before any work: a results file to continue holds a sweep of this model, dtype and probe set (`identity`:
+    the header's model, model_sha256, dtype and probe_set), else one line saying which differs."""
+    if path.is_file() and path.stat().st_size > 0:
+        _refuse_another(path, read_results(path)[0], identity)
+
+
+def _refuse_another(path: Path, old: dict[str, Any], header: dict[str, Any]) -> None:
+    difference = _difference(old, header)
+    if difference is not None:
+        raise ProbeError(f"cannot continue the sweep in {path}: it holds a sweep of {difference} (start over "
+                         "without resume, or with another results file)", parameter="resume")
+
+
 def _check_resumable(path: Path, old: dict[str, Any], header: dict[str, Any]) -> None:
+    _refuse_another(path, old, header)
     if old.get("fingerprint") != header["fingerprint"]:
         raise ProbeError(f"cannot resume from {path}: it holds a sweep of a different model, data or method "
                          "(start over without resume, or with another results_path)", parameter="resume")

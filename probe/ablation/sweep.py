@@ -34,11 +34,13 @@ from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
 from probe.ablation.plan import assign_chunks, check_probe_set, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
-from probe.ablation.stream import RESULTS_FORMAT, Stream, fingerprint
+from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
 from probe.attention import attention_layers, run_model
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
+from probe.progress import callback, log
+from probe.provenance import model_dtype, model_facts
 
 MODES = ("exact", "naive", "estimate")
 Progress = Callable[[int, int], None]
@@ -127,8 +129,19 @@ def _header(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, me
     return {"probe_ablation": RESULTS_FORMAT, "model": loaded.name, "method": method.name, "data": data,
             "metric": metric, "fingerprint": fingerprint(loaded, probe_set, method, metric),
             "baseline_loss": baseline[0], "baseline_parts": baseline[1], "n_layers": n_layers, "n_heads": n_heads,
-            "probe_set": probe_set.to_dict() | {"description": probe_set.description},
-            "mean": method.describe()}
+            "mean": method.describe(), **_identity(loaded, probe_set)}
+
+
+def _identity(loaded: LoadedModel, probe_set: ProbeSet) -> dict[str, Any]:
+    """The model (name and content hash), dtype and probe set of a sweep: what `resume` checks first."""
+    return {"model": loaded.name, "model_sha256": model_facts(loaded).get("sha256"), "dtype": model_dtype(loaded),
+            "probe_set": probe_set.to_dict() | {"description": probe_set.description}}
+
+
+def _check_resume(loaded: LoadedModel, probe_set: ProbeSet, results_path: str | Path | None) -> None:
+    """Before the baseline's forwards: a results file to continue holds this model's, dtype's and probe set's sweep."""
+    if results_path is not None:
+        check_same_sweep(Path(results_path), _identity(loaded, probe_set))
 
 
 def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_size: int,
@@ -203,22 +216,21 @@ def sweep(
     results_path: str | Path | None = None,
     resume: bool = False,
     data: str | Path | None = None,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
     on_result: Callable[[HeadResult], None] | None = None,
     shard: tuple[int, int] | None = None,
 ) -> AblationResult:
     """Ablate each head of `heads` alone (default: every head) and each group of `groups` together; measure the
     metric for each against the unablated baseline.
 
-    `method` is a name of METHODS or an AblationMethod object (a method of your own, e.g. one that needs reference
-    values other than means). `mode` "exact" reuses the baseline's prefix and stacks `stack` ablations per forward (default: as many of one
-    layer as fit in STACK_BYTES); "naive" runs one full forward per ablation; "estimate" calls `estimate`.
-    `results_path` streams each finished ablation to a JSON-lines file; `resume` skips what that file holds. The
-    baseline is computed the same way in every process, so disjoint subsets of heads can run in separate processes
-    and be merged with `load_results`; `shard=(rank, world)` runs only this process's share of the sweep's chunks
-    (see probe.distributed), so that merged shards equal one process's sweep number for number.
+    `method` is a name of METHODS or an AblationMethod object (a method of your own). `mode` "exact" reuses the
+    baseline's prefix and stacks `stack` ablations per forward (default: as many of one layer as fit in STACK_BYTES);
+    "naive" runs one full forward per ablation; "estimate" calls `estimate`. `results_path` streams each finished
+    ablation to a JSON-lines file; `resume` skips what that file holds (refusing another model, dtype or probe set).
+    Disjoint subsets of heads can run in separate processes and be merged with `load_results`; `shard=(rank, world)`
+    runs only this process's share of the chunks (probe.distributed): merged shards equal one process's sweep.
     """
-    started = time.perf_counter()
+    started, progress = time.perf_counter(), callback(progress, "ablating heads")  # True: a bar on stderr
     _validate(probe_set, method, mode, stack)
     ablations = _ablations(loaded, heads, groups)
     if mode == "estimate":
@@ -227,14 +239,15 @@ def sweep(
                              parameter="mode")
         return estimate(loaded, probe_set, [a[0] for a in ablations], batch_size=batch_size, data=data,
                         progress=progress)
+    _check_resume(loaded, probe_set, results_path if resume else None)
     chosen = _method(loaded, probe_set, method, means, batch_size)
     runner, n_blocks = _runner(loaded, probe_set, mode, chosen, batch_size, ablations)
     work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
     loss, parts, counts = _baseline(runner, work, n_blocks)
-    scorer = runner.scorer
-    header = _header(loaded, probe_set, chosen, scorer.metric.name, data_name(probe_set, data), (loss, parts))
+    header = _header(loaded, probe_set, chosen, runner.scorer.metric.name, data_name(probe_set, data), (loss, parts))
     finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
                          on_result, counts, loss, parts)
+    log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, loss)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, n_blocks)
     todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
     work.total = work.done + sum(len(runner.batches) * len(chunk) * (n_blocks - runner.start_of(chunk[0]) + 1)

@@ -14,12 +14,14 @@ from torch import Tensor
 from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
                         ProbeSet, build_probe_set, real_tokens)
 from probe.errors import ProbeError, first_line
+from probe.frames import dataframe
 from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import run_model
 from probe.models import LoadedModel
+from probe.progress import callback, log
 
 Progress = Callable[[int, int], None]
 """(steps done, steps in all); a step is one layer of one batch."""
@@ -65,6 +67,19 @@ class Classification:
                 for layer in range(self.n_layers) for head in range(self.n_heads)
             ],
         }
+
+    def to_dataframe(self) -> Any:
+        """A pandas DataFrame, one row per head: layer, head, each class's score, and its labels (comma-separated).
+        Needs pandas."""
+        return dataframe([{"layer": layer, "head": head,
+                           **{name: float(score[layer, head]) for name, score in self.scores.items()},
+                           "labels": ",".join(self.labels(layer, head))}
+                          for layer in range(self.n_layers) for head in range(self.n_heads)])
+
+    def __repr__(self) -> str:
+        """A short summary (the dataclass' own repr would print every score tensor)."""
+        counts = ", ".join(f"{name} {len(self.flagged(name))}" for name in self.scores)
+        return f"Classification({self.model!r}: {self.n_layers} layers x {self.n_heads} heads; flagged: {counts})"
 
     def _repr_html_(self) -> str:
         from reports.html import classification_page  # reports render; the library never needs them otherwise
@@ -143,10 +158,12 @@ def classify(
     scores: list[str] | None = None,
     batch_size: int = 8,
     query_block: int | None = None,
-    progress: Progress | None = None,
+    progress: Progress | bool | None = None,
 ) -> Classification:
     """Score every head of the model for each class in `scores` (default: all of SCORES) and label them, each
-    class on the probe set it names (`Score.probe`)."""
+    class on the probe set it names (`Score.probe`). `progress=True` draws a bar on stderr; a callable gets
+    `(done, total)`."""
+    progress = callback(progress, "classifying heads")
     names = list(SCORES) if scores is None else scores
     chosen = _thresholds(names, thresholds, batch_size)
     layers = attention_layers(loaded.model)
@@ -162,6 +179,7 @@ def classify(
         results.update(score_heads(loaded, probe_set, wanted, batch_size=batch_size, query_block=query_block,
                                    progress=progress, progress_offset=done, progress_total=total))
         done += _steps(probe_set, batch_size, len(layers))
+    log.info("classified %d classes on %s", len(names), ", ".join(sets))
     return Classification(
         model=loaded.name,
         n_layers=len(layers),

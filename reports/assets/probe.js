@@ -84,14 +84,41 @@
 
   function patternSide(n, most) { return Math.max(360, Math.min(most || 740, n * 11)); }
 
-  function patternFigure(spec, rows, name, autoscale, most) {
+  function withoutFirstKey(rows) {  // the largest weight on keys after the first (BOS, a sink): its own scale
+    var most = 0;
+    rows.forEach(function (row) {
+      for (var k = 1; k < row.length; k++) if (row[k] !== null && row[k] > most) most = row[k];
+    });
+    return most || 1;
+  }
+
+  function repeatMarks(spec, diagonal) {  // the repeat boundary and the diagonal a head of this class attends along
+    if (!spec.repeat || diagonal === undefined || diagonal === null) return [];
+    var boundary = spec.offset + spec.repeat - spec.first, last = spec.n - 1, shift = diagonal - spec.repeat;
+    var line = {color: "#d62728", width: 1.5}, marks = [];
+    if (boundary > 0 && boundary < spec.n) {
+      marks.push({type: "line", xref: "x", yref: "y", x0: -0.5, x1: last + 0.5, y0: boundary - 0.5,
+                  y1: boundary - 0.5, line: line});
+      marks.push({type: "line", xref: "x", yref: "y", x0: boundary - 0.5, x1: boundary - 0.5, y0: -0.5,
+                  y1: last + 0.5, line: line});
+    }
+    var q0 = Math.max(boundary, -shift, 0);
+    if (q0 <= last) {
+      marks.push({type: "line", xref: "x", yref: "y", x0: q0 + shift, y0: q0, x1: last + shift, y1: last,
+                  line: {color: "#d62728", width: 1.5, dash: "dot"}});
+    }
+    return marks;
+  }
+
+  function patternFigure(spec, rows, name, autoscale, most, diagonal) {
     var side = patternSide(spec.n, most), small = spec.n > 48;
     var trace = {
       type: "heatmap", z: rows, x: spec.labels, y: spec.labels, colorscale: SEQUENTIAL, hoverongaps: false,
       name: name, colorbar: {thickness: 12, len: 0.8, title: {text: "weight", side: "right"}},
       hovertemplate: "%{y} \u2192 %{x}: %{z:." + spec.decimals + "f}<extra>" + name + "</extra>"
     };
-    if (!autoscale) { trace.zmin = 0; trace.zmax = 1; trace.zauto = false; }
+    if (autoscale === "nobos") { trace.zmin = 0; trace.zmax = withoutFirstKey(rows); trace.zauto = false; }
+    else if (!autoscale) { trace.zmin = 0; trace.zmax = 1; trace.zauto = false; }
     var axis = {type: "category", automargin: true, showgrid: false, zeroline: false,
                 tickfont: {size: small ? 9 : 11}, ticks: ""};
     var layout = {
@@ -99,7 +126,7 @@
       xaxis: Object.assign({title: {text: "key"}, tickangle: -90, constrain: "domain"}, axis),
       yaxis: Object.assign({title: {text: "query"}, autorange: "reversed", scaleanchor: "x", constrain: "domain"},
                            axis),
-      hoverlabel: {font: {family: "ui-monospace, monospace"}}
+      hoverlabel: {font: {family: "ui-monospace, monospace"}}, shapes: repeatMarks(spec, diagonal)
     };
     return {data: [trace], layout: layout};
   }
@@ -131,6 +158,38 @@
     context.putImageData(image, 0, 0);
   }
 
+  // the token-centred view (as bertviz's head view and CircuitsVis' attention patterns): the text as tokens; a click
+  // on one shades every token by how much that query attends to it
+  function tokens(box, strings, first) {
+    var spans = [], rows = null, query = -1;
+    if (box) {
+      strings.forEach(function (token, i) {
+        var span = make("span", "", token);
+        span.dataset.position = String(first + i);
+        span.addEventListener("click", function () { pick(i); });
+        box.appendChild(span);
+        spans.push(span);
+      });
+    }
+    function paint() {
+      if (!rows || query < 0) return;
+      var row = rows[query], most = 0;
+      row.forEach(function (w) { if (w !== null && w > most) most = w; });
+      spans.forEach(function (span, k) {
+        var w = row[k];
+        span.classList.toggle("probe-query", k === query);
+        span.dataset.weight = w === null ? "" : String(w);
+        span.title = w === null ? "after the query (masked)" : "weight " + w;
+        var alpha = w === null || !most ? 0 : w / most;
+        span.style.backgroundColor = "rgba(8, 48, 107, " + (0.85 * alpha).toFixed(3) + ")";
+        span.style.color = alpha > 0.5 ? "#fff" : "";
+      });
+      if (box) box.dataset.query = String(query);
+    }
+    function pick(i) { query = i; paint(); }
+    return {pick: pick, rows: function (r) { rows = r; if (query < 0) query = r.length - 1; paint(); }};
+  }
+
   function headName(layer, head, count) {
     return head === -1 ? "layer " + layer + ", mean of " + count + " heads" : "layer " + layer + ", head " + head;
   }
@@ -154,6 +213,7 @@
       var realCount = function (layer) { return byLayer[layer].filter(function (h) { return h >= 0; }).length; };
       layers.forEach(function (layer) { layerSelect.appendChild(option(layer, "layer " + layer)); });
       var current = 0, thumbs = {};
+      var tokenView = tokens(root.querySelector(".probe-tokens"), data.tokens || [], spec.first || 0);
 
       function option(value, text) { var node = make("option", "", text); node.value = String(value); return node; }
 
@@ -178,11 +238,19 @@
         return block.rows(index).then(function (rows) {
           if (ticket !== current) return null;
           var name = headName(layer, head, realCount(layer));
-          var figure = patternFigure(spec, rows, name, scaleSelect.value === "auto");
+          var scale = scaleSelect.value === "fixed" ? false : scaleSelect.value === "auto" || scaleSelect.value;
+          var figure = patternFigure(spec, rows, name, scale);
           title.textContent = name;
           plot.style.minWidth = figure.layout.width + "px";
           return Plotly.react(plot, figure.data, figure.layout, CONFIG).then(function () {
             if (ticket !== current) return;
+            tokenView.rows(rows);
+            if (!plot.dataset.clicks) {  // a click on a cell picks its query for the token view
+              plot.dataset.clicks = "1";
+              plot.on("plotly_click", function (event) {
+                if (event.points && event.points.length) tokenView.pick(event.points[0].pointIndex[0]);
+              });
+            }
             Object.keys(thumbs).forEach(function (key) {
               thumbs[key].classList.toggle("selected", key === layer + "," + head);
             });
@@ -288,7 +356,8 @@
           select.value = layer + "," + head;
           return block.rows(index).then(function (rows) {
             if (ticket !== current) return null;
-            var name = headName(layer, head, 0), f = patternFigure(block.spec, rows, name, false, 560);
+            var name = headName(layer, head, 0);
+            var f = patternFigure(block.spec, rows, name, false, 560, section.diagonal);
             title.textContent = name;
             plot.style.minWidth = f.layout.width + "px";
             return Plotly.react(plot, f.data, f.layout, CONFIG).then(function () {
@@ -337,6 +406,10 @@
         colorbar: {thickness: 12, len: 0.8, title: {text: "\u0394 loss", side: "top"}},
         hovertemplate: "layer %{y}, head %{x}: \u0394 loss %{z:+.4f} (loss %{customdata:.4f})<extra></extra>"
       };
+      if (data.how) {  // an estimate: each value says whether it is estimated or ablated exactly
+        grid.text = data.how;
+        grid.hovertemplate = grid.hovertemplate.replace("<extra>", ", %{text}<extra>");
+      }
       var gridLayout = {
         height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(320, 34 * data.n_heads + 160),
         margin: {l: 50, r: 10, t: 10, b: 40}, plot_bgcolor: BLANK,
@@ -349,6 +422,10 @@
         text: data.top.name, textposition: "none", marker: {color: data.top.color}, name: "delta",
         hovertemplate: "%{text}: \u0394 loss %{x:+.4f} (loss %{customdata:.4f})<extra></extra>"
       };
+      if (data.top.how) {  // estimated bars hatched, exact ones solid
+        bars.text = data.top.name.map(function (name, i) { return name + ", " + data.top.how[i]; });
+        bars.marker.pattern = {shape: data.top.how.map(function (h) { return h === "estimated" ? "/" : ""; })};
+      }
       var barLayout = {
         height: Math.max(300, 22 * data.top.label.length + 90), margin: {l: 90, r: 20, t: 10, b: 50},
         xaxis: {title: {text: "\u0394 loss when the head is ablated"}, zeroline: true, zerolinecolor: "#444"},
@@ -404,11 +481,16 @@
     var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage, prune: prunePage};
     var tries = 0;
     (function attempt() {
-      if (window.Plotly) { (pages[kind] || (window.probeExtraPages || {})[kind])(id); return; }
+      if (window.Plotly) {
+        var live = document.getElementById(id);
+        if (live) live.classList.add("probe-live");  // the plots draw: the static summary steps aside
+        (pages[kind] || (window.probeExtraPages || {})[kind])(id);
+        return;
+      }
       if (++tries < 100) { setTimeout(attempt, 100); return; }
       var root = document.getElementById(id);
-      if (root) fail(root, new Error("plotly.js is not on this page. In a notebook, run " +
-        "`import reports.html; reports.html.forget_notebook_plotly()` and display the result again."));
+      if (root) fail(root, new Error("plotly.js is not on this page: display the result again (each result " +
+        "carries its own copy)."));
     })();
   }
 

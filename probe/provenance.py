@@ -1,0 +1,161 @@
+"""Provenance: what produced a result file, so that a number can be traced back to a model, a setup and a run.
+
+`provenance(loaded, seed=..., command=...)` is the dict every JSON, CSV and HTML output of the CLI carries (added
+in one place: reports.files, when the CLI has loaded its model). The model is identified by a content hash:
+
+- files (a GGUF file, a model folder's weight files): sha256 of the files' bytes, streamed, computed once per file
+  and cached in probe's cache under the file's path, size and modification time;
+- a hub id: the hub commit transformers resolved (`revision`) names the content; no hash;
+- weights made by code (FILE.py:FUNCTION, an nn.Module given to load_model): sha256 of the parameters and buffers
+  (names, shapes, dtypes, bytes), up to MAX_TENSOR_HASH bytes of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import shlex
+import sys
+from collections import Counter
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from probe.models import LoadedModel, cache_root
+
+CHUNK = 1 << 22  # bytes read at a time when hashing a file
+MAX_TENSOR_HASH = 4 << 30  # weights made by code: hashed up to this many bytes
+
+
+def version_of(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cache_file() -> Path:
+    return cache_root() / "provenance" / "files.json"
+
+
+def _read_cache() -> dict[str, Any]:
+    try:
+        return json.loads(_cache_file().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_cache(cache: dict[str, Any]) -> None:
+    path = _cache_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        pass  # an unwritable cache only costs the hash again next time
+
+
+def _gguf_quantisation(path: Path) -> str | None:
+    """The GGUF file's main quantisation (the most common tensor type, e.g. Q4_1), read from its tensor table."""
+    try:
+        from gguf import GGUFReader
+
+        types = Counter(tensor.tensor_type.name for tensor in GGUFReader(str(path)).tensors)
+    except Exception:  # provenance never stops a run: an unreadable table leaves the type unknown
+        return None
+    quantised = [(count, name) for name, count in types.items() if name not in ("F32", "F16", "BF16")]
+    return max(quantised)[1] if quantised else None
+
+
+def file_facts(path: str | Path) -> dict[str, Any]:
+    """sha256 of a file's bytes (and a GGUF file's quantisation), cached by path, size and modification time."""
+    path = Path(path)
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    cache = _read_cache()
+    if key not in cache:
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(CHUNK), b""):
+                digest.update(block)
+        facts: dict[str, Any] = {"sha256": digest.hexdigest(), "bytes": stat.st_size}
+        if path.suffix == ".gguf":
+            facts["quantisation"] = _gguf_quantisation(path)
+        cache[key] = facts
+        _write_cache(cache)
+    return cache[key]
+
+
+def tensor_hash(model: nn.Module) -> str | None:
+    """sha256 of the parameters and buffers (name, shape, dtype, bytes); None past MAX_TENSOR_HASH bytes or for
+    tensors that cannot be read (meta, offloaded)."""
+    state = model.state_dict()
+    if sum(t.numel() * t.element_size() for t in state.values()) > MAX_TENSOR_HASH:
+        return None
+    digest = hashlib.sha256()
+    for name, tensor in state.items():
+        if tensor.device.type == "meta":
+            return None
+        digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def model_facts(loaded: LoadedModel) -> dict[str, Any]:
+    """The resolved model with its content hash (`hash_of` says of what), and whether its weights were dequantised."""
+    origin = loaded.origin
+    facts: dict[str, Any] = {"name": loaded.name, **(origin.to_dict() if origin else {"kind": "unknown"})}
+    if origin is not None and origin.weights:
+        files = [file_facts(path) for path in origin.weights]
+        digest = files[0]["sha256"] if len(files) == 1 else hashlib.sha256(
+            "".join(f["sha256"] for f in files).encode()).hexdigest()
+        facts.update(sha256=digest, hash_of="the weight file's bytes" if len(files) == 1 else
+                     f"the sha256s of its {len(files)} weight files' bytes, in name order")
+        quantisation = files[0].get("quantisation")
+    elif origin is not None and origin.kind == "hub":
+        facts.update(sha256=None, hash_of="none: the hub revision names the content")
+        quantisation = None
+    else:
+        digest = tensor_hash(loaded.model)
+        facts.update(sha256=digest, hash_of="the parameters and buffers (names, shapes, dtypes, bytes)"
+                     if digest else "none: weights too large or not in memory")
+        quantisation = None
+    dequantised = origin is not None and origin.dequantised
+    facts["dequantised"] = (f"GGUF {quantisation or 'quantised'} weights dequantised to {model_dtype(loaded)}"
+                            if dequantised else None)
+    return facts
+
+
+def model_dtype(loaded: LoadedModel) -> str:
+    """The floating dtype of the model's parameters ('float32'), or their dtypes joined where they mix."""
+    kinds = sorted({str(p.dtype).removeprefix("torch.") for p in loaded.model.parameters() if p.is_floating_point()})
+    return "+".join(kinds) or "none"
+
+
+def model_device(loaded: LoadedModel) -> str:
+    """Where the parameters are ('cpu', 'cuda:0'), or the devices of a device map joined."""
+    devices = sorted({str(p.device) for p in loaded.model.parameters()})
+    return "+".join(devices) or "none"
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed, the program shown as `probe` (python -m cli, or the script's path, say)."""
+    args = sys.argv[1:] if argv is None else argv
+    return shlex.join(["probe", *args])
+
+
+def provenance(loaded: LoadedModel, *, seed: int | None = None, command: str | None = None) -> dict[str, Any]:
+    """What produced a result: probe, torch, transformers, the model (resolved, hashed, dequantised or not), dtype,
+    device, the command line, the seed and the time (UTC)."""
+    return {
+        "probe": version_of("probe"), "torch": torch.__version__, "transformers": version_of("transformers"),
+        "python": platform.python_version(), "model": model_facts(loaded), "dtype": model_dtype(loaded),
+        "device": model_device(loaded), "command": command, "seed": seed,
+        "timestamp_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
