@@ -116,6 +116,7 @@ def test_circuits_command_writes_json_and_csv(tmp_path, capsys, monkeypatch):
     assert "1.1" in out and "0.0 P" in out
     payload = json.loads((tmp_path / "c.json").read_text())
     assert payload["induction_heads"][0]["checked"] == {"layer": 0, "head": 0}
-    assert (tmp_path / "c.csv").read_text().splitlines()[0].startswith("induction,")
+    lines = (tmp_path / "c.csv").read_text().splitlines()
+    assert lines[0].startswith("# provenance:") and lines[1].startswith("induction,")
     code, _, err = run_cli(["circuits", "--model", spec, "--top", "0"], capsys, monkeypatch)
     assert code == 2 and "--top" in err

@@ -117,7 +117,8 @@ def test_prune_command_writes_json_csv_and_html(tmp_path, capsys, monkeypatch):
     michel = payload["curves"][0]
     assert michel["kept_mask"][1][1] == 1 and michel["kept_mask"][0][0] == 1  # the induction circuit is kept
     assert "michel" in out and "forward-equivalents" in out
-    assert outputs["--csv"].read_text().startswith("ordering,seed,step,")
+    lines = outputs["--csv"].read_text().splitlines()
+    assert lines[0].startswith("# provenance:") and lines[1].startswith("ordering,seed,step,")
     assert "probe-prune-plot" in outputs["--html"].read_text()
     for bad, message in ((["--max-increase", "lots"], "--max-increase"), (["--step", "2"], "--step"),
                          (["--orderings", "best"], "--orderings")):
