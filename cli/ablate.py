@@ -39,7 +39,8 @@ Heads = Annotated[Optional[str], typer.Option(
 Together = Annotated[bool, typer.Option(
     "--together", help="Ablate the --heads together, in one run, instead of one at a time.")]
 Method = Annotated[str, typer.Option(
-    "--method", help="zero: set the head's output to 0; mean: to its mean over the probe data; estimate: "
+    "--method", help="zero: set the head's output to 0; mean: to its mean over the probe data; resample: to its "
+    "output on another sequence of the batch (a seeded derangement); estimate: "
     "attribution-patching estimate of every zero-ablation delta from a few forward/backward passes (the top heads "
     "checked exactly).")]
 PerPosition = Annotated[bool, typer.Option(

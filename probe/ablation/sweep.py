@@ -229,6 +229,7 @@ def sweep(
                         progress=progress)
     chosen = _method(loaded, probe_set, method, means, batch_size)
     runner, n_blocks = _runner(loaded, probe_set, mode, chosen, batch_size, ablations)
+    chosen.bind([int(batch.ids.shape[0]) for batch in runner.batches])
     work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
     loss, parts, counts = _baseline(runner, work, n_blocks)
     scorer = runner.scorer
