@@ -58,7 +58,7 @@ FLAGS = {
     "per_position": "--per-position", "stack": "--stack", "budget": "--budget", "results_path": "--results",
     "resume": "--resume", "force": "--force", "top": "--top",
     "text": "--text", "file": "--file", "layers": "--layers", "max_tokens": "--max-tokens", "start": "--window-start",
-    "decimals": "--decimals",
+    "decimals": "--decimals", "task": "--task",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 
