@@ -198,9 +198,9 @@ def _specific_table(singles: list[dict[str, Any]], top: int) -> Table:
     they affect most, in its context."""
     with_effects = [r for r in singles if r.get("effects")]
     sharp = sorted(with_effects, key=lambda r: -_number(r["effects"].get("max_token_delta")))[:top]
-    grid = Table(title="Largest mean effect | sharpest specific effect (max per-token delta)", title_justify="left",
+    grid = Table(title="Largest mean effect | sharpest specific effect", title_justify="left",
                  title_style="bold", show_edge=False, pad_edge=False)
-    for name in ("head", "mean Δ", "│", "head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token"):
+    for name in ("head", "mean Δ", "", "head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token"):
         grid.add_column(name, justify="left" if name == "most affected token" else "right")
     for by_mean, r in zip(singles[:top], sharp):
         effects = r["effects"]

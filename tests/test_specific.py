@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_loaded
+from conftest import run_cli, tiny_loaded
 from planted import HEAD_DIM, IND, ONE
 from test_ablate import planted_loaded, projection, weights_zeroed
 
@@ -13,7 +16,10 @@ from probe.ablate import sweep
 from probe.ablation.methods import ResampleAblation
 from probe.attention import logits_of, run_model
 from probe.data import ProbeSet, repeated_set
+from probe.errors import ProbeError
 from probe.models import LoadedModel
+from probe.tasks import TASKS, TaskItem, task_items, task_set
+from words import PROMPTS, SENTENCES, tiny_with_words
 
 
 def swapped_loss(model: torch.nn.Module, ids: torch.Tensor, head: tuple[int, int], head_dim: int,
@@ -122,3 +128,112 @@ def test_specificity_finds_the_head_that_matters_for_one_token_kind_and_the_mean
     assert induction.effects["max_token_delta"] > 3 * broad.effects["max_token_delta"]
     assert induction.effects["specificity"] > 0.2 > broad.effects["specificity"]
     assert all(token["position"] == 17 for token in induction.effects["top_tokens"][:4])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# task sets and the task metric
+
+def words_loaded() -> LoadedModel:
+    model, tokenizer = tiny_with_words()
+    return LoadedModel(model=model, tokenizer=tokenizer, name="tiny-words", vocab_size=len(tokenizer))
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def hand_margins(loaded: LoadedModel) -> tuple[list[float], list[float]]:
+    """log P(good) - log P(bad) of SENTENCES (whole sentences after BOS) and logit differences of PROMPTS."""
+    tok, model = loaded.tokenizer, loaded.model
+
+    def logits(text: str) -> torch.Tensor:
+        ids = torch.tensor([[0] + tok(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            return ids, logits_of(run_model(model, ids))[0].double()
+
+    def sentence(text: str) -> float:
+        ids, out = logits(text)
+        return float(out[:-1].log_softmax(-1).gather(1, ids[0, 1:, None]).sum())
+
+    sentences = [sentence(good) - sentence(bad) for good, bad in SENTENCES]
+    prompts = []
+    for prompt, answer, distractor in PROMPTS:
+        _, out = logits(prompt)
+        answer_id, distractor_id = (tok(w, add_special_tokens=False)["input_ids"][0] for w in (answer, distractor))
+        prompts.append(float(out[-1, answer_id] - out[-1, distractor_id]))
+    return sentences, prompts
+
+
+def test_the_task_metric_equals_a_hand_computation(tmp_path: Path) -> None:
+    loaded = words_loaded()
+    pairs = write_rows(tmp_path / "pairs.jsonl", [{"sentence_good": g, "sentence_bad": b} for g, b in SENTENCES])
+    prompts = write_rows(tmp_path / "prompts.jsonl",
+                         [{"prompt": p, "answer": a, "distractor": d} for p, a, d in PROMPTS])
+    sentences, logit_diffs = hand_margins(loaded)
+    for path, margins in ((pairs, sentences), (prompts, logit_diffs)):
+        result = sweep(loaded, task_set(loaded, path), [(0, 1), (1, 2)], batch_size=3)
+        assert result.metric == "task_margin"
+        assert result.task["margin"] == pytest.approx(sum(margins) / len(margins), abs=1e-4)
+        assert result.task["accuracy"] == sum(m > 0 for m in margins) / len(margins)
+        assert result.baseline_loss == pytest.approx(-result.task["margin"], abs=1e-9)
+        head_dim = 16
+        for entry in result.heads:
+            with weights_zeroed(loaded.model, [entry.heads[0]], head_dim):
+                ablated = hand_margins(loaded)[0 if path == pairs else 1]
+            assert entry.task["margin"] == pytest.approx(sum(ablated) / len(ablated), abs=1e-4)
+            assert entry.delta == pytest.approx(result.task["margin"] - entry.task["margin"], abs=1e-4)
+
+
+def test_generated_tasks_drop_what_is_not_one_token() -> None:
+    loaded = words_loaded()
+    for name in ("sva", "ioi"):
+        probe_set = task_set(loaded, name, count=12, seed=1)
+        assert probe_set.input_ids.shape[0] == 24 and int(probe_set.scored.sum()) == 24  # one answer token a row
+        good, bad = probe_set.input_ids[0], probe_set.input_ids[1]
+        last = int(probe_set.attention_mask[0].sum()) - 1
+        assert torch.equal(good[:last], bad[:last]) and good[last] != bad[last]
+    items, _, dropped = task_items(loaded, "ioi", 4, 0)
+    assert len(items) == 4 and dropped == []
+    monkey = [TaskItem("When Mary and John went", answer=" Mary Ann", distractor=" John")]
+    with pytest.raises(ProbeError, match="no item of task .* single-token"):
+        TASKS["only_bad"] = lambda count, seed: monkey
+        try:
+            task_set(loaded, "only_bad")
+        finally:
+            del TASKS["only_bad"]
+
+
+WORDS = "tests/words.py:tiny_with_words"
+
+
+@pytest.mark.parametrize("rows, message", [
+    (None, "holds no rows"),
+    ('{"prompt": "the keys", "answer": " are"}\n', "line 1: no 'distractor'"),
+    ('{"sentence_good": "the keys are"\n', "line 1 is not JSON"),
+    ('["the keys", " are", " is"]\n', "a task row is a JSON object"),
+    ('{"prompt": "When Mary and John went", "answer": " Mary Ann", "distractor": " John"}\n',
+     "row 1: answer ' Mary Ann' is 2 tokens"),
+])
+def test_bad_task_files_are_one_line(rows: str | None, message: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(rows or "\n")
+    code, _, stderr = run_cli(["ablate", "--model", WORDS, "--task", str(path), "--heads", "0.1"], capsys, monkeypatch)
+    assert code == 2 and message in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and "Traceback" not in stderr
+
+
+def test_cli_task_run_reports_baseline_accuracy_and_specific_heads(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "r.json"
+    csv = tmp_path / "r.csv"
+    code, stdout, stderr = run_cli(["ablate", "--model", WORDS, "--task", "sva", "--num-seqs", "6", "--method",
+                                    "resample", "--json", str(out), "--csv", str(csv)], capsys, monkeypatch)
+    assert code == 0, stderr
+    payload = json.loads(out.read_text())
+    assert payload["metric"] == "task_margin" and payload["data"] == "task:sva"
+    assert set(payload["baseline_task"]) == {"margin", "accuracy"} and "task, unablated:" in stdout
+    assert all("effects" in entry and "task_accuracy" in entry for entry in payload["heads"])
+    assert "sharpest specific" in stdout and "specificity" in csv.read_text().splitlines()[0]
+    code, _, stderr = run_cli(["ablate", "--model", WORDS, "--task", "ioi", "--method", "estimate"], capsys,
+                              monkeypatch)
+    assert code == 2 and "estimate linearises" in stderr

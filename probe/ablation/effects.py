@@ -57,11 +57,13 @@ class Effects:
     """Summaries of ablated runs' per-position values against the baseline's, batch by batch of the probe set.
 
     `baseline[i]` (batch_i, positions') are the unablated values of batch i and `counted[i]` which of them count;
-    `shift` is the metric's (position t scored on token t + 1)."""
+    `shift` is the metric's (position t scored on token t + 1); `signs` (rows,) +1 or -1 per sequence: a task set's
+    bad rows count with -1, so that a per-token delta > 0 always means that the ablation hurts."""
 
     def __init__(self, ids: list[Tensor], counted: list[Tensor], baseline: list[Tensor], shift: int,
-                 text: TokenText) -> None:
+                 text: TokenText, signs: Tensor | None = None) -> None:
         self.ids, self.counted, self.baseline, self.shift, self.text = ids, counted, baseline, shift, text
+        self.signs = signs
         self.starts = [0]
         for batch in ids[:-1]:
             self.starts.append(self.starts[-1] + int(batch.shape[0]))
@@ -78,6 +80,8 @@ class Effects:
     def summarize(self, values: list[Tensor]) -> list[dict[str, Any]]:
         """One summary per copy of the chunk; values[i] (copies, batch_i, positions') of batch i."""
         deltas = [(v.float().cpu() - b[None]) for v, b in zip(values, self.baseline)]  # per batch
+        if self.signs is not None:
+            deltas = [d * self.signs[start:start + d.shape[1], None].float() for d, start in zip(deltas, self.starts)]
         counts = torch.cat([c.sum(dim=-1) for c in self.counted]).double()  # (rows,)
         rows = self.row_sums(deltas) / counts.clamp(min=1)  # (copies, rows) mean delta per sequence
         flat = torch.cat([d[:, c] for d, c in zip(deltas, self.counted)], dim=1).double()  # (copies, tokens)

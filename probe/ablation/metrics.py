@@ -46,6 +46,10 @@ class Metric:
         the loss is the sums over the counts)."""
         return None
 
+    def signs(self, rows: int) -> Tensor | None:
+        """(rows,) +1 where a higher value of a sequence is worse, -1 where it is better (None: +1 everywhere)."""
+        return None
+
     def __str__(self) -> str:
         return self.description
 
@@ -80,6 +84,9 @@ class TaskMargin(CrossEntropy):
     name = "task_margin"
     description = ("minus the mean margin log P(good) - log P(bad) over the task's pairs (prompts: logit(answer) - "
                    "logit(distractor) at the last prompt position); delta > 0: the ablation hurts the task")
+
+    def signs(self, rows: int) -> Tensor | None:
+        return torch.tensor([1.0, -1.0]).repeat(rows // 2)  # good rows: loss up hurts; bad rows: loss up helps
 
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
         margins = rows[1::2] - rows[0::2]  # cross-entropy sums: bad - good = log P(good) - log P(bad)

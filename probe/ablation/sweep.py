@@ -148,7 +148,8 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
     scorer.keep = None
     loss, parts = losses(sums, counts, list(scorer.parts))
     effects = Effects([batch.ids for batch in runner.batches], [batch.counted[0].cpu() for batch in runner.batches],
-                      values, scorer.metric.shift, token_text(tokenizer))
+                      values, scorer.metric.shift, token_text(tokenizer), scorer.metric.signs(sum(
+                          int(batch.ids.shape[0]) for batch in runner.batches)))
     finished = scorer.metric.finish(effects.baseline_rows())
     if finished is not None:
         loss = finished[0]
