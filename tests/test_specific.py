@@ -237,3 +237,14 @@ def test_cli_task_run_reports_baseline_accuracy_and_specific_heads(tmp_path: Pat
     code, _, stderr = run_cli(["ablate", "--model", WORDS, "--task", "ioi", "--method", "estimate"], capsys,
                               monkeypatch)
     assert code == 2 and "estimate linearises" in stderr
+
+
+def test_resample_groups_exact_equals_naive_and_a_batch_of_one_is_refused() -> None:
+    loaded = tiny_loaded("llama_gqa")
+    probe_set = repeated_set(loaded, repeat_len=6, num_seqs=4)
+    heads, groups = [(0, 0), (1, 3)], [[(0, 1), (1, 2)]]
+    exact = sweep(loaded, probe_set, heads, groups=groups, method="resample", batch_size=2, stack=3)
+    naive = sweep(loaded, probe_set, heads, groups=groups, method="resample", mode="naive", batch_size=2)
+    assert [r.loss for r in exact.results] == pytest.approx([r.loss for r in naive.results], abs=1e-5)
+    with pytest.raises(ProbeError, match="a batch with one sequence has none"):
+        sweep(loaded, probe_set, heads, method="resample", batch_size=3)
