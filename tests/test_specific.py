@@ -248,3 +248,13 @@ def test_resample_groups_exact_equals_naive_and_a_batch_of_one_is_refused() -> N
     assert [r.loss for r in exact.results] == pytest.approx([r.loss for r in naive.results], abs=1e-5)
     with pytest.raises(ProbeError, match="a batch with one sequence has none"):
         sweep(loaded, probe_set, heads, method="resample", batch_size=3)
+
+
+def test_the_estimate_refuses_a_task() -> None:
+    from probe.ablate import estimate
+
+    loaded = words_loaded()
+    with pytest.raises(ProbeError, match="not a task's margin"):
+        estimate(loaded, task_set(loaded, "ioi", count=2))
+    with pytest.raises(ProbeError, match="not a task's margin"):
+        sweep(loaded, task_set(loaded, "ioi", count=2), mode="estimate")
