@@ -27,6 +27,7 @@ from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFA
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel, cache_root, load_model
+from probe.tasks import TASKS, read_task_file, task_set
 from reports.files import write_csv, write_json, write_text
 from reports.html import ablation_page
 from reports.terminal import ablation_report
@@ -39,7 +40,8 @@ Heads = Annotated[Optional[str], typer.Option(
 Together = Annotated[bool, typer.Option(
     "--together", help="Ablate the --heads together, in one run, instead of one at a time.")]
 Method = Annotated[str, typer.Option(
-    "--method", help="zero: set the head's output to 0; mean: to its mean over the probe data; estimate: "
+    "--method", help="zero: set the head's output to 0; mean: to its mean over the probe data; resample: to its "
+    "output on another sequence of the batch (a seeded derangement); estimate: "
     "attribution-patching estimate of every zero-ablation delta from a few forward/backward passes (the top heads "
     "checked exactly).")]
 PerPosition = Annotated[bool, typer.Option(
@@ -49,6 +51,10 @@ Data = Annotated[str, typer.Option(
     "--data", help="natural (embedded English text), repeated (BOS + random tokens repeated twice: losses on each "
     "copy too), or a UTF-8 text file.")]
 RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy with --data repeated.")]
+Task = Annotated[Optional[str], typer.Option(
+    "--task", help="Measure a task instead of the loss on text: sva (subject-verb agreement), ioi (indirect object "
+    "identification), or a JSON-lines file of sentence_good/sentence_bad or prompt/answer/distractor rows. --num-seqs "
+    "items of a generated task.")]
 Stack = Annotated[Optional[int], typer.Option(
     "--stack", help="Ablations of one layer stacked into one forward (default: as many as fit in 1 GiB; one at long "
     "context).")]
@@ -78,6 +84,7 @@ class Request:
     stack: int | None
     naive: bool
     budget: float
+    task: str | None = None  # sva, ioi or a JSON-lines file
 
     @property
     def probe_set(self) -> str:
@@ -120,9 +127,23 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
     if distributed and request.method == "estimate":
         raise ProbeError("--method estimate is a few forward and backward passes, not a sweep to split: run it "
                          "without torchrun")
+    if request.task is not None:
+        check_task(request)
     if request.data_file is not None and not request.data_file.is_file():
         raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
                          "(not found)")
+
+
+def check_task(request: Request) -> None:
+    """--task: a generated task or a readable task file (its rows checked now; single tokens once the model is
+    loaded); the estimate linearises the loss on text, not a task's margin."""
+    if request.method == "estimate":
+        raise ProbeError("--method estimate linearises the next-token loss of text, not a task's margin: use --method "
+                         "zero, mean or resample with --task")
+    if request.data != "natural":
+        raise ProbeError("--task replaces --data: give one of them")
+    if request.task not in TASKS:
+        read_task_file(request.task)
 
 
 def check_results_file(results: Path | None, *, resume: bool, force: bool) -> None:
@@ -150,7 +171,7 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> d
             "repeat_len": options.repeat_len, "seed": options.seed, "method": request.method,
             "per_position": request.per_position, "heads": request.heads, "together": request.together,
             "batch_size": request.batch_size, "stack": request.stack, "naive": request.naive,
-            "dtype": choice.dtype, "device": choice.device}
+            "dtype": choice.dtype, "device": choice.device, "task": request.task}
 
 
 def load_for(choice: ModelChoice, rank: Rank | None) -> LoadedModel:
@@ -210,13 +231,13 @@ def ablate(
     heads: Heads = None, together: Together = False, method: Method = "zero", per_position: PerPosition = False,
     data: Data = "natural", seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS,
     repeat_len: RepeatLen = DEFAULT_REPEAT_LEN, seed: Seed = DEFAULT_SEED, batch_size: BatchSize = 8,
-    stack: Stack = None, naive: Naive = False, budget: Budget = 10.0,
+    stack: Stack = None, naive: Naive = False, budget: Budget = 10.0, task: Task = None,
     json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
     results: Results = None, resume: Resume = False, top: Top = 15, force: Force = False,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
 ) -> None:
     """Ablate heads (zero or mean) and measure the loss change: which heads can the model not do without?"""
-    request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget)
+    request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task)
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     rank = current()
     main_process = rank is None or rank.is_main
@@ -228,7 +249,8 @@ def ablate(
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
     options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed)
     loaded = load_for(choice, rank)
-    probe_set = build_probe_set(request.probe_set, loaded, options)
+    probe_set = (build_probe_set(request.probe_set, loaded, options) if task is None
+                 else task_set(loaded, task, count=num_seqs, seed=seed))
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
     if method == "estimate":

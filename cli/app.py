@@ -68,6 +68,7 @@ FLAGS = {
     "conllu": "--conllu", "max_sentences": "--max-sentences", "margin": "--margin",
     "min_count": "--min-count", "confident": "--confident",
     "orderings": "--orderings", "step": "--step", "max_increase": "--max-increase", "seeds": "--seeds",
+    "task": "--task",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 

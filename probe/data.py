@@ -42,6 +42,7 @@ class ProbeSet:
     offset: int  # the first content position: 1 after a BOS or [CLS], else 0
     attention_mask: Tensor | None = None
     repeat_len: int | None = None  # repeated sets: R
+    scored: Tensor | None = None  # task sets: (num_seqs, length - 1) which positions' next tokens the metric scores
     meta: dict[str, Any] = field(default_factory=dict)
 
     def batches(self, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:

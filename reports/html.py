@@ -429,6 +429,45 @@ def _estimate_note(result: dict[str, Any]) -> str:
             "for numbers to report.</p>")
 
 
+def _effects_data(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Per head with per-token effects: mean delta, specificity, and its top affected tokens (context split at the
+    token: text before it, the token), for the scatter of the ablation page; None when the payload has none."""
+    heads = [entry for entry in result["heads"] if isinstance(entry.get("effects"), dict) and entry["effects"]]
+    if not heads:
+        return None
+    out: dict[str, list[Any]] = {"label": [], "name": [], "delta": [], "specificity": [], "max_token": [],
+                                 "tokens": []}
+    for i, entry in enumerate(heads):
+        effects = entry["effects"]
+        out["label"].append(short_label(entry["layer"], entry["head"]))
+        out["name"].append(long_label(entry["layer"], entry["head"]))
+        out["delta"].append(_number(entry["delta"], f"heads[{i}].delta"))
+        out["specificity"].append(_number(effects.get("specificity"), f"heads[{i}].effects.specificity"))
+        out["max_token"].append(_number(effects.get("max_token_delta"), f"heads[{i}].effects.max_token_delta"))
+        tokens = []
+        for token in effects.get("top_tokens") or []:
+            context = str(token.get("context", ""))
+            cut = context.rfind("[")
+            tokens.append({"before": context[:cut] if cut >= 0 else context, "token": context[cut:] if cut >= 0 else "",
+                           "delta": _number(token.get("delta"), f"heads[{i}] top token delta"),
+                           "sequence": token.get("sequence")})
+        out["tokens"].append(tokens)
+    for key in ("delta", "specificity", "max_token"):  # strict JSON: no NaN
+        out[key] = [None if math.isnan(v) else round(v, 6) for v in out[key]]
+    return out
+
+
+def _effects_section(effects: dict[str, Any] | None) -> str:
+    if effects is None:
+        return ""
+    return ('<div class="probe-section"><h2>Mean effect against specificity</h2><p class="probe-small">One point '
+            "per head: x its mean Δ, y its specificity (the share of its loss increase on the top 1% of tokens). "
+            "Click a point to see the tokens that head affects most, in their text.</p>"
+            '<div class="probe-row"><div class="probe-scatter-plot"></div>'
+            '<div class="probe-main"><h3 class="probe-tokens-title">Top affected tokens</h3>'
+            '<div class="probe-tokens"></div></div></div></div>')
+
+
 def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP_HEADS) -> str:
     """`probe ablate --html`: a layer x head heatmap of loss deltas (diverging, centred on 0) and the `top` heads
     with the largest |delta|, from an ablation payload (`AblationResult.to_dict()` or the ablation JSON;
@@ -440,6 +479,7 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
     if any(layer >= n_layers or head >= n_heads for layer, head, _, _ in entries):
         raise ProbeError(f"ablation result: a head lies outside {n_layers} layers x {n_heads} heads")
     data = _ablation_data(entries, n_layers, n_heads, top)
+    data["effects"] = _effects_data(result)
     broken = sum(1 for _, _, head_loss, delta in entries if not (math.isfinite(head_loss) and math.isfinite(delta)))
     baseline = _number(result["baseline_loss"], "baseline_loss")
     estimate = _estimate_marks(result, data, n_layers, n_heads)
@@ -457,6 +497,7 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
         '<div class="probe-delta-plot"></div></div>'
         f'<div class="probe-main"><h2>The {len(data["top"]["label"])} heads that matter most</h2>'
         '<p class="probe-small">By |Δ loss|, largest first.</p><div class="probe-bar-plot"></div></div></div>'
+        + _effects_section(data["effects"])
     )
     return _page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)
 

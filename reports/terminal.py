@@ -139,6 +139,11 @@ def _ablation_header(payload: dict[str, Any], console: Console) -> None:
     parts = "".join(f", {name.replace('_', ' ')} {_number(payload[f'baseline_{name}_loss']):.4f}"
                     for name in _part_names(payload))
     console.print(Text("baseline loss: ", style="bold"), Text(f"{_number(payload['baseline_loss']):.4f}{parts}"))
+    task = payload.get("baseline_task")
+    if task:
+        console.print(Text("task, unablated: ", style="bold"),
+                      Text(f"accuracy {_number(task.get('accuracy')):.3f}, mean margin {_number(task.get('margin')):+.3f}"
+                           " (log P(good) - log P(bad); loss = minus the margin)"))
     forwards, seconds = payload.get("forward_equivalents"), payload.get("seconds")
     if seconds is not None:
         run = "estimate" if payload["mode"] == "estimate" else "sweep (baseline and every ablation)"
@@ -182,3 +187,26 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
     if payload.get("groups"):
         console.print()
         console.print(_delta_table(payload, "Heads ablated together", sorted(payload["groups"], key=_by_delta)))
+    if any(entry.get("effects") for entry in singles):
+        console.print()
+        console.print(_specific_table(singles, top))
+
+
+def _specific_table(singles: list[dict[str, Any]], top: int) -> Table:
+    """The heads with the largest mean delta next to those with the sharpest per-token effect (largest maximum
+    per-token delta), with their specificity (share of the loss increase on the top 1% of tokens) and the token
+    they affect most, in its context."""
+    with_effects = [r for r in singles if r.get("effects")]
+    sharp = sorted(with_effects, key=lambda r: -_number(r["effects"].get("max_token_delta")))[:top]
+    grid = Table(title="Largest mean effect | sharpest specific effect", title_justify="left",
+                 title_style="bold", show_edge=False, pad_edge=False)
+    for name in ("head", "mean Δ", "", "head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token"):
+        grid.add_column(name, justify="left" if name == "most affected token" else "right")
+    for by_mean, r in zip(singles[:top], sharp):
+        effects = r["effects"]
+        token = (effects.get("top_tokens") or [{}])[0]
+        grid.add_row(_label(by_mean), _signed(by_mean["delta"]), "│", _label(r),
+                     _signed(effects.get("max_token_delta")), _signed(effects.get("p99_token_delta")),
+                     f"{_number(effects.get('specificity')):.3f}", _signed(r["delta"]),
+                     Text(str(token.get("context", "")).replace("\n", "⏎")[-60:]))
+    return grid

@@ -318,3 +318,29 @@ def test_notebook_results_render(tmp_path, open_page):
     assert opened.page.locator("#cell3 canvas").count() == 0  # no thumbnails, no overview
     screenshot(opened, "notebook.png")
     opened.check_clean()
+
+
+def test_ablation_page_scatter_and_top_tokens(tmp_path, open_page):
+    """Per-token effects: a scatter of mean delta against specificity, hover naming the head; the top tokens of the
+    selected head (first the sharpest, then the clicked one) shown in their text, escaped."""
+    heads = [{"layer": layer, "head": head, "loss": 3.0, "delta": 0.01 * (layer + head),
+              "effects": {"specificity": 0.1 * (layer + 1), "max_token_delta": 0.1 * (layer + head),
+                          "top_tokens": [{"sequence": layer, "position": 5, "delta": 0.5,
+                                          "context": f"{SCRIPT} before [tok{layer}.{head}]"}]}}
+             for layer in range(3) for head in range(2)]
+    path = tmp_path / "ablate_effects.html"
+    path.write_text(ablation_page({"model": "m", "method": "zero", "data": "d", "baseline_loss": 3.0,
+                                   "heads": heads}), encoding="utf-8")
+    opened = open_page(path)
+    scatter = opened.page.evaluate("document.querySelector('.probe-scatter-plot').data[0]")
+    assert scatter["x"] == pytest.approx([h["delta"] for h in heads])
+    assert scatter["y"] == pytest.approx([h["effects"]["specificity"] for h in heads])
+    assert scatter["text"][0] == "layer 0, head 0" and "%{text}" in scatter["hovertemplate"]
+    assert opened.page.evaluate("document.querySelector('.probe-page').dataset.selected") == "2.1"
+    assert opened.page.text_content(".probe-tokens .probe-token") == "[tok2.1]"
+    assert SCRIPT in opened.page.text_content(".probe-tokens")  # shown as text, not run
+    opened.page.evaluate("document.querySelector('.probe-scatter-plot').emit('plotly_click', "
+                         "{points: [{pointIndex: 1}]})")
+    assert opened.page.text_content(".probe-tokens .probe-token") == "[tok0.1]"
+    screenshot(opened, "ablate_effects.png")
+    opened.check_clean()

@@ -156,7 +156,8 @@ def test_csv_rows_as_csv(tmp_path: Path) -> None:
     write_csv(tmp_path / "r.csv", result.csv_rows())
     text = (tmp_path / "r.csv").read_text(encoding="utf-8")
     assert text.splitlines()[0] == ("heads,layer,head,loss,delta,first_repeat_loss,first_repeat_delta,"
-                                    "second_repeat_loss,second_repeat_delta")
+                                    "second_repeat_loss,second_repeat_delta,mean_delta,max_sequence_delta,"
+                                    "p99_token_delta,max_token_delta,specificity")
     rows = list(csv.DictReader(io.StringIO(text)))
     assert [row["heads"] for row in rows] == [row["heads"] for row in result.csv_rows()]
     assert "0.0+1.1" in [row["heads"] for row in rows]

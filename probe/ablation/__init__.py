@@ -8,7 +8,7 @@ from probe.ablation.editor import ablate
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, all_heads, distinct, label, parse_heads
 from probe.ablation.means import HeadMeans, head_means
-from probe.ablation.methods import METHODS, AblationMethod, MeanAblation, ZeroAblation
+from probe.ablation.methods import METHODS, AblationMethod, MeanAblation, ResampleAblation, ZeroAblation
 from probe.ablation.metrics import METRICS, Metric
 from probe.ablation.plan import assign_chunks
 from probe.ablation.results import AblationResult, HeadResult
@@ -16,6 +16,6 @@ from probe.ablation.stream import RESULTS_FORMAT, load_results, read_results, wr
 from probe.ablation.sweep import MODES, Progress, sweep
 
 __all__ = ["METHODS", "METRICS", "MODES", "RESULTS_FORMAT", "Ablation", "AblationMethod", "AblationResult", "Head",
-           "HeadMeans", "HeadResult", "MeanAblation", "Metric", "Progress", "ZeroAblation", "ablate",
+           "HeadMeans", "HeadResult", "MeanAblation", "Metric", "Progress", "ResampleAblation", "ZeroAblation", "ablate",
            "ablation_list", "all_heads", "assign_chunks", "distinct", "estimate", "head_means",
            "label", "load_results", "parse_heads", "read_results", "sweep", "write_stream"]

@@ -41,7 +41,10 @@ def head_editor(ablations: Sequence[Ablation], method: AblationMethod,
                 mask[copy, 0, 0, head, 0] = True
             masks[key] = mask.to(heads.device)
         stacked = heads.reshape(copies, heads.shape[0] // copies, *heads.shape[1:])  # (copies, batch, ...)
-        replacement = method.replacement(layer, stacked[0], batch)
+        if method.per_copy:  # each copy's own values (copies differ once an earlier layer is ablated)
+            replacement = torch.stack([method.replacement(layer, copy, batch) for copy in stacked])
+        else:
+            replacement = method.replacement(layer, stacked[0], batch)
         return torch.where(masks[key], replacement, stacked).reshape(heads.shape)
 
     return edit, set(by_layer)

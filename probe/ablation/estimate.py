@@ -187,6 +187,9 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     if samples < 0:
         raise ProbeError(f"samples must be 0 or more, got {samples}", parameter="samples")
     check_probe_set(probe_set)
+    if probe_set.scored is not None:
+        raise ProbeError("the estimate linearises the next-token loss of text, not a task's margin: run the exact "
+                         "sweep on a task", parameter="method")
     chosen = list(all_heads(loaded.model) if heads is None else heads)
     check_heads(attention_layers(loaded.model), chosen)
     if not chosen:

@@ -2,7 +2,9 @@
 interventions): `replacement(layer, heads, batch)` gives the values that stand in for the ablated heads of `layer`.
 
 - zero ablation: 0 (Michel et al. 2019; Olsson et al. 2022);
-- mean ablation: the head's mean output over a reference set (`HeadMeans`), overall or per position.
+- mean ablation: the head's mean output over a reference set (`HeadMeans`), overall or per position;
+- resample ablation: the head's output on another sequence of the set (Chan et al. 2022, causal scrubbing; the
+  resampling ablation of Wang et al. 2022), each sequence's donor fixed by a seeded derangement.
 
 `batch` is the index of the probe set's batch that is running (None outside a sweep, e.g. in `ablate()`), so that
 a method can take values of other sequences of the same batch (resample ablation) with no change to the runners.
@@ -24,6 +26,10 @@ class AblationMethod:
     """What an ablated head outputs instead of its own output."""
 
     name: ClassVar[str]
+    per_copy: ClassVar[bool] = False  # the replacement depends on each stacked copy's own values (resample)
+
+    def bind(self, batch_rows: list[int]) -> None:
+        """Called by a sweep before it runs, with the number of sequences of each batch of the probe set."""
 
     def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
         """Values broadcastable to `heads` (batch, positions, n_heads, head_dim), one copy of the batch's head
@@ -75,7 +81,61 @@ class MeanAblation(AblationMethod):
             digest.update(self.means.values[layer].cpu().contiguous().numpy().tobytes())
 
 
-METHODS: dict[str, type[AblationMethod]] = {"zero": ZeroAblation, "mean": MeanAblation}
+def derangement(rows: int, generator: torch.Generator) -> Tensor:
+    """(rows,) donor index of each row, never the row itself: a random permutation read as one cycle (each row
+    takes the next one's values), so it is a derangement for any rows >= 2."""
+    order = torch.randperm(rows, generator=generator)
+    donors = torch.empty(rows, dtype=torch.long)
+    donors[order] = order.roll(-1)
+    return donors
+
+
+class ResampleAblation(AblationMethod):
+    """Each sequence's head output replaced by the same head's output on another sequence of its batch (at the
+    same positions), the donor fixed per batch by a derangement seeded with `seed` and the batch's index."""
+
+    name = "resample"
+    per_copy = True
+
+    def __init__(self, means: HeadMeans | None = None, seed: int = 0) -> None:
+        self.seed = seed
+        self.donors: dict[int | None, Tensor] = {}  # batch index -> (rows,) donor rows in that batch
+
+    def donors_of(self, batch: int | None, rows: int) -> Tensor:
+        if rows < 2:
+            raise ProbeError("resample ablation takes a head's output from another sequence of the same batch: "
+                             "a batch with one sequence has none; use more sequences or another batch_size",
+                             parameter="batch_size")
+        if batch not in self.donors or len(self.donors[batch]) != rows:
+            seed = self.seed * 1_000_003 + (0 if batch is None else batch + 1)
+            self.donors[batch] = derangement(rows, torch.Generator().manual_seed(seed))
+        return self.donors[batch]
+
+    def bind(self, batch_rows: list[int]) -> None:
+        for index, rows in enumerate(batch_rows):
+            self.donors_of(index, rows)
+
+    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+        return heads[self.donors_of(batch, heads.shape[0]).to(heads.device)]
+
+    def describe(self) -> str | None:
+        """The donors (set-wide row numbers, batch by batch), so that a result says exactly what was swapped."""
+        start, batches = 0, []
+        for index in sorted(key for key in self.donors if key is not None):
+            donors = self.donors[index]
+            batches.append(" ".join(str(start + int(d)) for d in donors))
+            start += len(donors)
+        where = f": donor of each sequence {' | '.join(batches)}" if batches else ""
+        return f"resample: another sequence of the batch, seeded derangement (seed {self.seed}){where}"
+
+    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+        digest.update(str(self.seed).encode())
+        for index in sorted(key for key in self.donors if key is not None):
+            digest.update(self.donors[index].numpy().tobytes())
+
+
+METHODS: dict[str, type[AblationMethod]] = {"zero": ZeroAblation, "mean": MeanAblation,
+                                            "resample": ResampleAblation}
 """Ablation methods by name; a new method is one class here."""
 
 

@@ -26,8 +26,8 @@ def check_probe_set(probe_set: ProbeSet) -> None:
 
 def data_name(probe_set: ProbeSet, data: str | Path | None) -> str:
     """What a result names its data: repeated, natural, or the text file."""
-    if probe_set.name == "repeated":
-        return "repeated"
+    if probe_set.name == "repeated" or probe_set.name.startswith("task:"):
+        return probe_set.name
     return "natural" if data is None else str(data)
 
 

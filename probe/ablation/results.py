@@ -13,6 +13,10 @@ from probe.errors import ProbeError
 from probe.frames import dataframe
 
 
+EFFECT_COLUMNS = ("mean_delta", "max_sequence_delta", "p99_token_delta", "max_token_delta", "specificity")
+"""The scalar per-token effects, one CSV column each (the top tokens stay in the JSON)."""
+
+
 @dataclass
 class HeadResult:
     """The metric with one head ablated (or several together: `heads`)."""
@@ -23,6 +27,8 @@ class HeadResult:
     parts: dict[str, float] = field(default_factory=dict)  # e.g. first_repeat / second_repeat losses
     part_deltas: dict[str, float] = field(default_factory=dict)
     exact: bool | None = None  # estimate mode: True for the heads that were ablated exactly
+    effects: dict[str, Any] = field(default_factory=dict)  # per-token and per-sequence effects (ablation.effects)
+    task: dict[str, float] = field(default_factory=dict)  # task sets: margin and accuracy with the head ablated
 
     @property
     def layer(self) -> int:
@@ -52,6 +58,9 @@ class HeadResult:
             entry[f"{name}_delta"] = self.part_deltas.get(name)
         if self.exact is not None:
             entry["exact"] = self.exact
+        entry.update({f"task_{name}": value for name, value in self.task.items()})
+        if self.effects:
+            entry["effects"] = self.effects
         return entry
 
     @staticmethod
@@ -69,7 +78,8 @@ class HeadResult:
             raise ProbeError(f"the ablation entry has a malformed value ({error})") from None
         parts = {key[:-5]: value for key, value in entry.items() if key.endswith("_loss") and key != "loss"}
         deltas = {key[:-6]: value for key, value in entry.items() if key.endswith("_delta") and key != "delta"}
-        return HeadResult(heads, loss, delta, parts, deltas, entry.get("exact"))
+        task = {key[5:]: value for key, value in entry.items() if key.startswith("task_")}
+        return HeadResult(heads, loss, delta, parts, deltas, entry.get("exact"), entry.get("effects") or {}, task)
 
 
 @dataclass
@@ -92,6 +102,7 @@ class AblationResult:
     seconds: float | None = None
     forwards: float | None = None  # cost in forward-pass equivalents (estimate mode)
     terms: dict[Head, tuple[float, float]] | None = None  # estimate mode: (first-order, second-order) per head
+    task: dict[str, float] | None = None  # task sets: the unablated model's margin and accuracy
 
     @property
     def heads(self) -> list[HeadResult]:
@@ -127,6 +138,8 @@ class AblationResult:
             data["seconds"] = round(self.seconds, 3)
         if self.forwards is not None:
             data["forward_equivalents"] = round(self.forwards, 3)
+        if self.task is not None:
+            data["baseline_task"] = self.task
         return data
 
     def _entry(self, result: HeadResult) -> dict[str, Any]:
@@ -147,6 +160,10 @@ class AblationResult:
                 row[f"{name}_delta"] = r.part_deltas.get(name, "")
             if self.mode == "estimate":  # which numbers are estimates, which were ablated for real
                 row["value"] = "exact" if r.exact else "estimated"
+            for name in (self.task or {}):
+                row[f"task_{name}"] = r.task.get(name, "")
+            for name in EFFECT_COLUMNS if any(result.effects for result in self.results) else ():
+                row[name] = r.effects.get(name, "")
             rows.append(row)
         return rows
 

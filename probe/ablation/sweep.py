@@ -24,13 +24,14 @@ import torch
 from torch import Tensor
 
 from probe.ablation.blocks import find_blocks
+from probe.ablation.effects import Effects, token_text
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
 from probe.ablation import logits as readouts
 from probe.ablation.logits import Readout
 from probe.ablation.means import HeadMeans, head_means
 from probe.ablation.methods import AblationMethod, check_method, method_named
-from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
+from probe.ablation.metrics import METRICS, Metric, Scorer, losses, metric_for, parts_of
 from probe.ablation.plan import assign_chunks, check_probe_set, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
@@ -71,6 +72,15 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
         raise ProbeError(f"stack must be at least 1, got {stack}", parameter="stack")
 
 
+def _check_estimate(probe_set: ProbeSet, method: str | AblationMethod, groups: Sequence[Sequence[Head]]) -> None:
+    if getattr(method, "name", method) != "zero" or groups:
+        raise ProbeError("mode 'estimate' covers single-head zero ablation: use method 'zero' and no groups",
+                         parameter="mode")
+    if probe_set.scored is not None:
+        raise ProbeError("mode 'estimate' linearises the next-token loss of text, not a task's margin: run the exact "
+                         "sweep (method zero, mean or resample) on a task", parameter="mode")
+
+
 def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]]) -> list[Ablation]:
     layers = attention_layers(loaded.model)
     check_heads(layers, heads or [])
@@ -98,28 +108,54 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ablatio
     ids, mask = pairs[0]
     with torch.no_grad():
         first_output = run_model(model, ids[:1, :2], None if mask is None else mask[:1, :2])
-    scorer = Scorer(METRICS[metric_for(loaded, first_output)], parts_of(probe_set))
+    metric = "task_margin" if probe_set.scored is not None else metric_for(loaded, first_output)
+    scorer = Scorer(METRICS[metric], parts_of(probe_set))
     layers = attention_layers(model)
     blocks, why_not = (None, "") if mode == "naive" else find_blocks(model, layers)
-    readout = Readout.choose(model, scorer.metric.name, blocks)
+    readout = Readout.choose(model, "cross_entropy" if metric == "task_margin" else metric, blocks)
+    scored = [None if probe_set.scored is None else probe_set.scored[i * batch_size:i * batch_size + len(ids)]
+              for i, (ids, _) in enumerate(pairs)]
     runner = NaiveRunner(model, method, scorer, readout,
-                         [Batch(ids, mask, scorer.masks(ids, mask)) for ids, mask in pairs], why_not)
+                         [Batch(ids, mask, scorer.masks(ids, mask, rows)) for (ids, mask), rows in zip(pairs, scored)],
+                         why_not)
     if blocks is None:
         return runner, len(layers)
     return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), len(blocks)
 
 
-def _baseline(runner: Runner, work: _Work, n_blocks: int) -> tuple[float, dict[str, float], Tensor]:
-    """(loss, part losses, counts of the positions that count) of the unablated model."""
+@dataclass
+class _Baseline:
+    """The unablated model's metric, and what each ablation is compared to."""
+
+    loss: float
+    parts: dict[str, float]
+    counts: Tensor  # (parts + 1,) positions that count
+    effects: Effects  # per-position values, for per-token effects
+    task: dict[str, float] | None  # task sets: margin and accuracy
+
+
+def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Baseline:
+    """The unablated model's metric over the probe set, its per-position values kept for the per-token effects."""
     scorer = runner.scorer
     sums = torch.zeros(len(scorer.parts) + 1, dtype=torch.float64)
     counts = torch.stack([batch.counted.sum(dim=(1, 2)) for batch in runner.batches]).sum(dim=0).double()
+    values = []
     with torch.inference_mode():
-        for index in range(len(runner.batches)):
+        for index, batch in enumerate(runner.batches):
+            scorer.keep = []
             sums += runner.baseline(index)
+            # a metric that compares to the baseline is 0 on it (and is not computed)
+            values.append(scorer.keep[0][0] if scorer.keep else torch.zeros(batch.counted.shape[1:]))
             work.advance(n_blocks + 1)
+    scorer.keep = None
     loss, parts = losses(sums, counts, list(scorer.parts))
-    return loss, parts, counts
+    effects = Effects([batch.ids for batch in runner.batches], [batch.counted[0].cpu() for batch in runner.batches],
+                      values, scorer.metric.shift, token_text(tokenizer), scorer.metric.signs(sum(
+                          int(batch.ids.shape[0]) for batch in runner.batches)))
+    finished = scorer.metric.finish(effects.baseline_rows())
+    if finished is not None:
+        loss = finished[0]
+    return _Baseline(loss, parts, counts, effects, None if finished is None else finished[1])
 
 
 def _header(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: str, data: str,
@@ -167,31 +203,49 @@ def _logits_bytes() -> int:
 
 
 def _run(runner: Runner, todo: list[list[Ablation]], work: _Work, n_blocks: int,
-         finish: Callable[[Ablation, Tensor], None]) -> None:
-    """Every chunk on every batch; `finish` gets each ablation's (parts + 1,) sums once all batches are in."""
+         finish: Callable[[list[Ablation], Tensor, list[Tensor]], None]) -> None:
+    """Every chunk on every batch; `finish` gets the chunk, its (copies, parts + 1) sums and its per-position values
+    (copies, batch, positions') of each batch once all batches are in."""
     scorer = runner.scorer
     for chunk in todo:
         sums = torch.zeros(len(chunk), len(scorer.parts) + 1, dtype=torch.float64)  # (copies, parts + 1)
         start = runner.start_of(chunk[0])
+        values = []
         for index in range(len(runner.batches)):
+            scorer.keep = []
             sums += runner.sums(chunk, index)
+            values.append(torch.cat(scorer.keep))
             work.advance(len(chunk) * (n_blocks - start + 1))
-        for position, ablation in enumerate(chunk):
-            finish(ablation, sums[position])
+        scorer.keep = None
+        finish(chunk, sums, values)
 
 
 class _Finished:
     """Finished ablations (those a resumed stream holds first), each streamed and handed to `on_result` once."""
 
-    def __init__(self, stream: Stream | None, on_result: Callable[[HeadResult], None] | None, counts: Tensor,
-                 loss: float, parts: dict[str, float]) -> None:
-        self.stream, self.on_result, self.counts, self.loss, self.parts = stream, on_result, counts, loss, parts
+    def __init__(self, stream: Stream | None, on_result: Callable[[HeadResult], None] | None, baseline: _Baseline,
+                 metric: Metric) -> None:
+        self.stream, self.on_result, self.baseline, self.metric = stream, on_result, baseline, metric
         self.done: dict[Ablation, HeadResult] = dict(stream.done) if stream is not None else {}
 
-    def add(self, ablation: Ablation, sums: Tensor) -> None:
+    def add_chunk(self, chunk: list[Ablation], sums: Tensor, values: list[Tensor]) -> None:
+        """A finished chunk: its (copies, parts + 1) sums and per batch its (copies, batch, positions') values."""
+        effects = self.baseline.effects
+        rows = effects.row_sums(values)  # (copies, rows)
+        for copy, (ablation, summary) in enumerate(zip(chunk, effects.summarize(values))):
+            self.add(ablation, sums[copy], summary, self.metric.finish(rows[copy]))
+
+    def add(self, ablation: Ablation, sums: Tensor, effects: dict[str, Any],
+            finished: tuple[float, dict[str, float]] | None) -> None:
         if ablation in self.done:
             return
-        result = self.done[ablation] = HeadResult.of_sums(ablation, sums, self.counts, self.loss, self.parts)
+        base = self.baseline
+        result = HeadResult.of_sums(ablation, sums, base.counts, base.loss, base.parts)
+        if finished is not None:  # a metric of its own (task sets): loss from the per-sequence sums
+            result.loss, result.task = finished
+            result.delta = result.loss - base.loss
+        result.effects = effects
+        self.done[ablation] = result
         if self.stream is not None:
             self.stream.write(result)
         if self.on_result is not None:
@@ -234,20 +288,21 @@ def sweep(
     _validate(probe_set, method, mode, stack)
     ablations = _ablations(loaded, heads, groups)
     if mode == "estimate":
-        if getattr(method, "name", method) != "zero" or groups:
-            raise ProbeError("mode 'estimate' covers single-head zero ablation: use method 'zero' and no groups",
-                             parameter="mode")
+        _check_estimate(probe_set, method, groups)
         return estimate(loaded, probe_set, [a[0] for a in ablations], batch_size=batch_size, data=data,
                         progress=progress)
     _check_resume(loaded, probe_set, results_path if resume else None)
     chosen = _method(loaded, probe_set, method, means, batch_size)
     runner, n_blocks = _runner(loaded, probe_set, mode, chosen, batch_size, ablations)
+    chosen.bind([int(batch.ids.shape[0]) for batch in runner.batches])
     work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
-    loss, parts, counts = _baseline(runner, work, n_blocks)
-    header = _header(loaded, probe_set, chosen, runner.scorer.metric.name, data_name(probe_set, data), (loss, parts))
+    base = _baseline(runner, work, n_blocks, loaded.tokenizer)
+    scorer = runner.scorer
+    header = _header(loaded, probe_set, chosen, scorer.metric.name, data_name(probe_set, data),
+                     (base.loss, base.parts)) | {"task": base.task}
     finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
-                         on_result, counts, loss, parts)
-    log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, loss)
+                         on_result, base, scorer.metric)
+    log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, base.loss)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, n_blocks)
     todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
     work.total = work.done + sum(len(runner.batches) * len(chunk) * (n_blocks - runner.start_of(chunk[0]) + 1)
@@ -255,10 +310,10 @@ def sweep(
     with ExitStack() as scope:
         scope.enter_context(torch.inference_mode())  # ~2% quicker than no_grad on CPU: no version counters
         scope.callback(finished.close)
-        _run(runner, todo, work, n_blocks, finished.add)
+        _run(runner, todo, work, n_blocks, finished.add_chunk)
     return AblationResult(
-        model=loaded.name, method=chosen.name, data=header["data"], metric=header["metric"], baseline_loss=loss,
+        model=loaded.name, method=chosen.name, data=header["data"], metric=header["metric"], baseline_loss=base.loss,
         results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
         n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
-        baseline_parts=parts, probe_set=header["probe_set"], mean=header["mean"],
-        seconds=time.perf_counter() - started)
+        baseline_parts=base.parts, probe_set=header["probe_set"], mean=header["mean"],
+        seconds=time.perf_counter() - started, task=base.task)

@@ -433,7 +433,8 @@
       };
       return Promise.all([
         Plotly.newPlot(root.querySelector(".probe-delta-plot"), [grid], gridLayout, CONFIG),
-        Plotly.newPlot(root.querySelector(".probe-bar-plot"), [bars], barLayout, CONFIG)
+        Plotly.newPlot(root.querySelector(".probe-bar-plot"), [bars], barLayout, CONFIG),
+        effectsScatter(root, data.effects)
       ]).then(function () { root.dataset.state = "ready"; }).catch(function (error) { fail(root, error); });
     } catch (error) {
       fail(root, error);
@@ -474,6 +475,43 @@
     } catch (error) {
       fail(root, error);
     }
+  }
+
+  // mean delta against specificity per head; a click shows that head's top affected tokens in their text
+  function effectsScatter(root, effects) {
+    if (!effects) return Promise.resolve();
+    var plot = root.querySelector(".probe-scatter-plot");
+    var points = {
+      type: "scatter", mode: "markers", x: effects.delta, y: effects.specificity, text: effects.name,
+      customdata: effects.max_token, marker: {size: 8, color: "#b2182b", opacity: 0.7}, name: "heads",
+      hovertemplate: "%{text}: mean \u0394 %{x:+.4f}, specificity %{y:.3f}, max token \u0394 %{customdata:+.4f}" +
+        "<extra></extra>"
+    };
+    var layout = {
+      height: 380, width: 480, margin: {l: 60, r: 10, t: 10, b: 50}, hovermode: "closest",
+      xaxis: {title: {text: "mean \u0394 when the head is ablated"}, zeroline: true, zerolinecolor: "#444"},
+      yaxis: {title: {text: "specificity"}, rangemode: "tozero"}
+    };
+    function show(index) {
+      var box = root.querySelector(".probe-tokens");
+      root.querySelector(".probe-tokens-title").textContent = "Top affected tokens of " + effects.name[index];
+      box.textContent = "";
+      effects.tokens[index].forEach(function (token) {
+        var line = make("div", "probe-token-line");
+        line.appendChild(make("span", "probe-small", "\u0394 " + (token.delta >= 0 ? "+" : "") +
+          token.delta.toFixed(4) + "  sequence " + token.sequence + ":  "));
+        line.appendChild(make("span", "", token.before));
+        line.appendChild(make("b", "probe-token", token.token));
+        box.appendChild(line);
+      });
+      root.dataset.selected = effects.label[index];
+    }
+    var best = 0;
+    effects.max_token.forEach(function (value, i) { if (value > effects.max_token[best]) best = i; });
+    return Plotly.newPlot(plot, [points], layout, CONFIG).then(function () {
+      plot.on("plotly_click", function (event) { show(event.points[0].pointIndex); });
+      show(best);
+    });
   }
 
   // pages in notebooks may run before plotly.js has arrived: wait for it a little

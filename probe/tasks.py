@@ -1,0 +1,218 @@
+"""Task sets: minimal pairs that a head's specific job shows up on, as probe sets for the `task_margin` metric.
+
+A task is a list of pairs. A JSON-lines file holds one pair per line, of one of two kinds:
+- minimal pairs `{"sentence_good": ..., "sentence_bad": ...}` (BLiMP's rows, Warstadt et al. 2020): scored on the
+  log-probability of the whole sentence (every token, after BOS where the model has one);
+- prompts `{"prompt": ..., "answer": ..., "distractor": ...}`: the answer and the distractor are single tokens that
+  follow the prompt as written (mind the leading space: " Mary"); scored at the last prompt position, where the
+  difference of the two sequences' log-probabilities is logit(answer) - logit(distractor).
+
+Two tasks are generated here from templates and word lists written for probe (TASKS):
+- sva: subject-verb agreement across a prepositional phrase or a relative clause whose noun has the other number,
+  in the spirit of Marvin & Linzen 2018 ("The keys to the cabinet" -> " are", not " is");
+- ioi: indirect object identification (Wang et al. 2022), BABA and ABBA templates ("When Mary and John went to the
+  store, John gave a drink to" -> " Mary", not " John").
+Generated items whose answer or distractor is not a single token for the model are dropped (and counted).
+
+A task set holds each pair as two rows, good then bad, right-padded, with `scored` marking the positions whose
+next token counts.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from probe.data import ProbeSet, _check_context
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+
+PAIR_KEYS = ("sentence_good", "sentence_bad")
+PROMPT_KEYS = ("prompt", "answer", "distractor")
+
+
+@dataclass(frozen=True)
+class TaskItem:
+    """One pair: two sentences (answer None), or a prompt with its answer and distractor."""
+
+    good: str  # the sentence, or the prompt
+    bad: str | None = None
+    answer: str | None = None
+    distractor: str | None = None
+
+
+def _item(row: Any, where: str) -> TaskItem:
+    if not isinstance(row, dict):
+        raise ProbeError(f"{where}: a task row is a JSON object, not {type(row).__name__}")
+    keys = PAIR_KEYS if "sentence_good" in row or "sentence_bad" in row else PROMPT_KEYS
+    missing = [key for key in keys if key not in row]
+    if missing:
+        raise ProbeError(f"{where}: no {missing[0]!r}; a row holds sentence_good and sentence_bad, or prompt, answer "
+                         "and distractor")
+    if not all(isinstance(row[key], str) and row[key] for key in keys):
+        raise ProbeError(f"{where}: {', '.join(keys)} must be non-empty strings")
+    if keys == PAIR_KEYS:
+        return TaskItem(row["sentence_good"], row["sentence_bad"])
+    return TaskItem(row["prompt"], answer=row["answer"], distractor=row["distractor"])
+
+
+def read_task_file(path: str | Path) -> list[TaskItem]:
+    """The pairs of a JSON-lines task file; ProbeError naming the file and line of what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise ProbeError(f"task file not found: {path} (use sva, ioi, or a .jsonl file)", parameter="task")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ProbeError(f"task file {path} is not UTF-8 text") from None
+    items = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ProbeError(f"{path} line {number} is not JSON ({error.msg})") from None
+        items.append(_item(row, f"{path} line {number}"))
+    if not items:
+        raise ProbeError(f"task file {path} holds no rows")
+    return items
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# generated tasks (word lists and templates written for probe)
+
+NOUNS = [("author", "authors"), ("pilot", "pilots"), ("surgeon", "surgeons"), ("farmer", "farmers"),
+         ("manager", "managers"), ("customer", "customers"), ("officer", "officers"), ("teacher", "teachers"),
+         ("senator", "senators"), ("dancer", "dancers"), ("doctor", "doctors"), ("lawyer", "lawyers"),
+         ("painter", "painters"), ("student", "students"), ("singer", "singers"), ("driver", "drivers")]
+PREPOSITIONS = ["next to", "behind", "near", "with", "beside", "in front of", "from the office of"]
+VERBS = [(" is", " are"), (" was", " were"), (" has", " have")]
+RC_VERBS = [("likes", "like"), ("admires", "admire"), ("knows", "know"), ("hates", "hate")]
+SVA_TEMPLATES = [  # (template, whether the clause's verb agrees with the subject)
+    ("The {subject} {preposition} the {attractor}", True),  # prepositional phrase
+    ("The {subject} that the {attractor} {rc_verb}", False),  # object relative clause: agrees with the attractor
+    ("The {subject} who {rc_verb} the {attractor}", True),  # subject relative clause
+]
+
+NAMES = ["Mary", "John", "Tom", "James", "Sarah", "Anna", "David", "Paul", "Laura", "Mark", "Emma", "Peter",
+         "Kate", "Mike", "Lisa", "Daniel"]
+PLACES = ["store", "park", "school", "office", "station", "garden", "market", "hospital"]
+OBJECTS = ["drink", "book", "letter", "ball", "gift", "key", "bag", "pen"]
+IOI_TEMPLATES = [
+    "When {a} and {b} went to the {place}, {s} gave a {object} to",
+    "Then, {a} and {b} had a long day at the {place}. {s} handed a {object} to",
+    "After {a} and {b} arrived at the {place}, {s} passed the {object} to",
+    "While {a} and {b} were working at the {place}, {s} threw a {object} to",
+]
+
+
+def sva_items(count: int, seed: int) -> list[TaskItem]:
+    """Subject-verb agreement prompts: subject and attractor of opposite number, answer the verb that agrees with
+    the subject, distractor the one that agrees with the attractor. Half singular subjects, half plural."""
+    rng = random.Random(seed)
+    items = []
+    for index in range(count):
+        template, with_subject = SVA_TEMPLATES[index % len(SVA_TEMPLATES)]
+        plural = (index // len(SVA_TEMPLATES)) % 2 == 1
+        subject, attractor = rng.sample(NOUNS, 2)
+        rc_verb, verb = rng.choice(RC_VERBS), rng.choice(VERBS)
+        prompt = template.format(subject=subject[plural], attractor=attractor[not plural],
+                                 preposition=rng.choice(PREPOSITIONS),
+                                 rc_verb=rc_verb[plural if with_subject else not plural])
+        items.append(TaskItem(prompt, answer=verb[plural], distractor=verb[not plural]))
+    return items
+
+
+def ioi_items(count: int, seed: int) -> list[TaskItem]:
+    """IOI prompts, ABBA and BABA alternating: two names, the subject repeated; the answer is the other name (the
+    indirect object), the distractor the subject."""
+    rng = random.Random(seed)
+    items = []
+    for index in range(count):
+        io, subject = rng.sample(NAMES, 2)
+        first, second = (io, subject) if index % 2 == 0 else (subject, io)  # ABBA, then BABA
+        prompt = IOI_TEMPLATES[(index // 2) % len(IOI_TEMPLATES)].format(
+            a=first, b=second, s=subject, place=rng.choice(PLACES), object=rng.choice(OBJECTS))
+        items.append(TaskItem(prompt, answer=f" {io}", distractor=f" {subject}"))
+    return items
+
+
+TASKS: dict[str, Callable[[int, int], list[TaskItem]]] = {"sva": sva_items, "ioi": ioi_items}
+"""Generated tasks by name: (number of items, seed) -> items. A new task is one function here."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# task set
+
+
+def _tokens(loaded: LoadedModel, text: str) -> list[int]:
+    return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _single(loaded: LoadedModel, item: TaskItem) -> str | None:
+    """Why a prompt's answer or distractor is not one token for this model (None: both are)."""
+    for what in ("answer", "distractor"):
+        text = getattr(item, what)
+        if text is not None and len(_tokens(loaded, text)) != 1:
+            return f"{what} {text!r} is {len(_tokens(loaded, text))} tokens"
+    return None
+
+
+def _rows(loaded: LoadedModel, item: TaskItem, bos: list[int]) -> list[tuple[list[int], int]]:
+    """(ids, first scored position) of the good and the bad row of one item."""
+    if item.answer is None:
+        assert item.bad is not None
+        return [(bos + _tokens(loaded, sentence), 0) for sentence in (item.good, item.bad)]
+    prompt = bos + _tokens(loaded, item.good)
+    return [(prompt + _tokens(loaded, word), len(prompt) - 1) for word in (item.answer, item.distractor)]
+
+
+def task_items(loaded: LoadedModel, task: str | Path, count: int, seed: int) -> tuple[list[TaskItem], str, list[str]]:
+    """The items of a task (a name of TASKS or a file), those of a file all checked, generated ones that are not
+    single tokens dropped; their source, and what was dropped."""
+    if loaded.tokenizer is None:
+        raise ProbeError("a task set needs the model's tokenizer (this model has none)", parameter="task")
+    if str(task) in TASKS:
+        items, source = TASKS[str(task)](count, seed), f"{task}: generated, {count} items, seed {seed}"
+        kept = [item for item in items if _single(loaded, item) is None]
+        dropped = [f"{item.good!r}: {_single(loaded, item)}" for item in items if _single(loaded, item) is not None]
+        if not kept:
+            raise ProbeError(f"no item of task {task} has single-token answers for this model ({dropped[0]})",
+                             parameter="task")
+        return kept, source, dropped
+    items = read_task_file(task)
+    for number, item in enumerate(items, start=1):
+        why = _single(loaded, item)
+        if why is not None:
+            raise ProbeError(f"{task} row {number}: {why} for this model; the logit difference needs single-token "
+                             "answers and distractors")
+    return items, f"task file {task}, {len(items)} items", []
+
+
+def task_set(loaded: LoadedModel, task: str | Path, *, count: int = 32, seed: int = 0) -> ProbeSet:
+    """The probe set of a task: each item as a good and a bad row (see the module docstring)."""
+    items, source, dropped = task_items(loaded, task, count, seed)
+    bos_id = getattr(loaded.tokenizer, "bos_token_id", None)
+    bos = [bos_id] if isinstance(bos_id, int) else []
+    rows = [row for item in items for row in _rows(loaded, item, bos)]
+    length = max(len(ids) for ids, _ in rows)
+    _check_context(loaded, length)
+    ids = torch.zeros(len(rows), length, dtype=torch.long)
+    mask = torch.zeros(len(rows), length, dtype=torch.long)
+    scored = torch.zeros(len(rows), length - 1, dtype=torch.bool)  # position t scores token t + 1
+    for row, (tokens, first) in enumerate(rows):
+        ids[row, :len(tokens)], mask[row, :len(tokens)] = torch.tensor(tokens), 1
+        scored[row, first:len(tokens) - 1] = True
+    kind = "prompts" if items[0].answer is not None else "minimal pairs"
+    name = Path(task).stem if str(task) not in TASKS else str(task)
+    description = f"task {source} ({len(items)} {kind}" + (f", {len(dropped)} dropped: not single tokens)"
+                                                           if dropped else ")")
+    return ProbeSet(f"task:{name}", description, ids, len(bos), attention_mask=mask, scored=scored,
+                    meta={"task": name, "items": len(items), "kind": kind, "dropped": dropped[:20]})
