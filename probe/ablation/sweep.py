@@ -256,6 +256,18 @@ class _Finished:
             self.stream.close()
 
 
+def _start(loaded: LoadedModel, probe_set: ProbeSet, chosen: AblationMethod, runner: Runner, work: _Work,
+           n_blocks: int, data: str | Path | None, results_path: str | Path | None, resume: bool,
+           on_result: Callable[[HeadResult], None] | None) -> tuple[_Baseline, dict[str, Any], _Finished]:
+    """The unablated baseline, the results header, and where finished ablations go (the stream, `on_result`)."""
+    base = _baseline(runner, work, n_blocks, loaded.tokenizer)
+    header = _header(loaded, probe_set, chosen, runner.scorer.metric.name, data_name(probe_set, data),
+                     (base.loss, base.parts)) | {"task": base.task}
+    finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
+                         on_result, base, runner.scorer.metric)
+    return base, header, finished
+
+
 def sweep(
     loaded: LoadedModel,
     probe_set: ProbeSet,
@@ -296,12 +308,8 @@ def sweep(
     runner, n_blocks = _runner(loaded, probe_set, mode, chosen, batch_size, ablations)
     chosen.bind([int(batch.ids.shape[0]) for batch in runner.batches])
     work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
-    base = _baseline(runner, work, n_blocks, loaded.tokenizer)
-    scorer = runner.scorer
-    header = _header(loaded, probe_set, chosen, scorer.metric.name, data_name(probe_set, data),
-                     (base.loss, base.parts)) | {"task": base.task}
-    finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
-                         on_result, base, scorer.metric)
+    base, header, finished = _start(loaded, probe_set, chosen, runner, work, n_blocks, data, results_path, resume,
+                                    on_result)
     log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, base.loss)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, n_blocks)
     todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
