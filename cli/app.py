@@ -18,7 +18,7 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from cli import ablate, classify, heatmap, models
+from cli import ablate, classify, heatmap, kv_heads, models
 from cli.progress import set_quiet, warn
 from probe.errors import ProbeError
 
@@ -45,7 +45,7 @@ class Group(_BareFlags, TyperGroup):
 app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find out what each attention head of a transformer does.")
-for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate):
+for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, kv_heads.kv_heads):
     app.command(cls=Command)(command)
 _state = {"debug": False}
 
@@ -59,6 +59,8 @@ FLAGS = {
     "resume": "--resume", "force": "--force", "top": "--top",
     "text": "--text", "file": "--file", "layers": "--layers", "max_tokens": "--max-tokens", "start": "--window-start",
     "decimals": "--decimals",
+    "lengths": "--lengths", "depths": "--depths", "needle": "--needle", "recent": "--recent", "sink": "--sink",
+    "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 

@@ -306,16 +306,6 @@ class KVHeads:
         value |= {h: 0.5 + 0.5 * (rank + 1) / len(kept) for rank, h in enumerate(kept)}
         return [[round(value[(layer, kv)], 6) for kv in range(self.n_kv_heads)] for layer in range(self.n_layers)]
 
-    def razor_map(self) -> dict[str, list[int]]:
-        """RazorAttention's kept heads, {layer: [kv_head, ...]}: the KV heads that keep the full cache."""
-        return {str(layer): sorted(kv for l, kv in self.full if l == layer) for layer in range(self.n_layers)}
-
-    def headkv_scores(self) -> dict[str, list[float]]:
-        """Wu et al.'s retrieval-head file, as HeadKV reads it: {"layer-head": [retrieval score]} per query head
-        (one list entry: this run's score; their detector appends one per needle trial and readers take the mean)."""
-        return {f"{layer}-{head}": [round(float(self.retrieval[layer, head]), 6)]
-                for layer in range(self.n_layers) for head in range(self.n_heads)}
-
     def to_dict(self) -> dict[str, Any]:
         group = self.n_heads // self.n_kv_heads
         return {

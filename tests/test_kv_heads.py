@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_cli, tiny_loaded
+from test_browser import browser  # noqa: F401  (the fixture)
 
 from probe.ablation.editor import ablate
 from probe.ablation.window import WindowAblation
@@ -105,15 +106,20 @@ def test_window_ablation_in_a_sweep_matches_the_naive_path() -> None:
         assert a.loss != pytest.approx(exact.baseline_loss, abs=1e-7)
 
 
-def test_gqa_aggregation_streams_a_kv_head_only_if_every_query_head_can() -> None:
+@pytest.fixture(scope="module")
+def tiny_result():
+    """kv_heads with its curve on a tiny Llama with grouped KV heads (4 query heads, 2 KV heads)."""
+    return kv_heads(tiny_loaded("llama_gqa"), lengths=(100,), depths=(0.5,), sink=2, recent=8, steps=2,
+                    random_seeds=(0,), curve_texts=1, full_fraction=0.5)
+
+
+def test_gqa_aggregation_streams_a_kv_head_only_if_every_query_head_can(tiny_result) -> None:
     loaded = tiny_loaded("llama_gqa")  # 4 query heads, 2 KV heads
     assert kv_groups(loaded) == (4, 2)
     scores = torch.tensor([[0.1, 0.9, 0.3, 0.2], [0.5, 0.4, 0.0, 0.8]])
     assert torch.equal(aggregate(scores, 2, "max"), torch.tensor([[0.9, 0.3], [0.5, 0.8]]))
     assert torch.equal(aggregate(scores, 2, "min"), torch.tensor([[0.1, 0.2], [0.4, 0.0]]))
-    result = kv_heads(loaded, lengths=(100,), depths=(0.5,), sink=2, recent=8, steps=2, random_seeds=(0,),
-                      curve_texts=1, full_fraction=0.5)
-    payload = result.to_dict()
+    payload = tiny_result.to_dict()
     assert len(payload["kv_heads"]) == 4 and len(payload["heads"]) == 8
     for row in payload["kv_heads"]:
         group = [h for h in payload["heads"] if h["layer"] == row["layer"] and h["kv_head"] == row["kv_head"]]
@@ -184,3 +190,36 @@ def test_existing_output_needs_force(tmp_path: Path, capsys, monkeypatch) -> Non
                             "--export", f"razor:{target}"], capsys, monkeypatch)
     assert code == 2 and "--force" in err and len(err.strip().splitlines()) == 1
     assert target.read_text() == "{}"
+
+
+@pytest.mark.browser
+def test_kv_heads_page_draws_the_map_and_the_curve(tiny_result, tmp_path: Path, browser) -> None:
+    from test_browser import Opened, screenshot
+    from test_html import SCRIPT
+
+    from reports.kv_heads import kv_heads_page
+
+    payload = tiny_result.to_dict() | {"model": SCRIPT}
+    path = tmp_path / "kv.html"
+    path.write_text(kv_heads_page(payload), encoding="utf-8")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        opened = Opened(page, path.resolve().as_uri())
+        page.on("console", lambda message: opened.console.append((message.type, message.text)))
+        page.on("pageerror", lambda error: opened.errors.append(str(error)))
+        page.on("request", lambda request: opened.requests.append(request.url))
+        page.goto(opened.url)
+        opened.wait_ready()
+        assert page.text_content("h1") == f"KV heads of {SCRIPT}"
+        grid = page.evaluate("document.querySelector('.probe-kv-map').data[0]")
+        for row in payload["kv_heads"]:
+            assert grid["z"][row["layer"]][row["kv_head"]] == (1 if row["label"] == "full" else 0)
+            assert f"retrieval {row['retrieval']:.3f}" in grid["text"][row["layer"]][row["kv_head"]]
+        lines = page.evaluate("document.querySelector('.probe-curve-needle').data.map(d => [d.name, d.y])")
+        assert [name for name, _ in lines] == ["probe's order", "random 0"]
+        assert lines[0][1] == payload["curve"]["orders"]["probe"]["needle_accuracy"]
+        screenshot(opened, "kv_heads.png")
+        opened.check_clean()
+    finally:
+        context.close()
