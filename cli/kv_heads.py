@@ -3,6 +3,7 @@ head, the check curve, and the head maps KV-cache compression methods load (DuoA
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -92,7 +93,9 @@ def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
     if "razor" in exports:
         save(exports["razor"], lambda path: write_json(path, razor_map(payload)))
     if "headkv" in exports:
-        save(exports["headkv"], lambda path: write_json(path, headkv_scores(payload)))
+        # one line: HeadKV reads `json.loads(file.readline())` and reshapes the values, in file order, to
+        # (layers, heads)
+        save(exports["headkv"], lambda path: write_text(path, json.dumps(headkv_scores(payload)) + "\n"))
 
 
 def kv_heads(
