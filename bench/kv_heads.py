@@ -69,11 +69,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timing-from", type=Path, help="A kv_heads.json whose timing to keep instead of timing again.")
     args = parser.parse_args()
     loaded = load_model("smollm2")
     result: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    result["timing"] = timings(loaded, args.length, args.recent, args.repeats)
+    if args.timing_from is not None:
+        result["timing"] = json.loads(args.timing_from.read_text())["timing"]
+    else:
+        result["timing"] = timings(loaded, args.length, args.recent, args.repeats)
     print(json.dumps(result["timing"]), flush=True)
+    OUT.write_text(json.dumps(result, indent=1))
     started = time.perf_counter()
     kv = kv_heads(loaded, lengths=(args.length,), depths=(0.25, 0.75), prompts=1, recent=args.recent,
                   steps=args.steps, random_seeds=tuple(args.seeds), curve_texts=1,

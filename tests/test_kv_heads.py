@@ -225,3 +225,26 @@ def test_kv_heads_page_draws_the_map_and_the_curve(tiny_result, tmp_path: Path, 
         opened.check_clean()
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("n, start, block, sink, recent", [(300, 0, 300, 4, 64), (300, 128, 100, 4, 64),
+                                                           (300, 0, 40, 4, 64), (200, 50, 150, 0, 7)])
+def test_streaming_score_equals_the_masked_mass_by_hand(n: int, start: int, block: int, sink: int,
+                                                        recent: int) -> None:
+    """Blocks of a padded batch: the strided band sum equals the sum over a hand-built sink + recent mask."""
+    from probe.heads.scores import Batch, streaming_score
+
+    weights = torch.rand(2, 3, block, n, generator=torch.Generator().manual_seed(n + start))
+    valid = torch.ones(2, n, dtype=torch.bool)
+    valid[1, 150:] = False
+    sums, counts = streaming_score(weights, start, Batch(valid, 1, None), sink=sink, recent=recent)
+    expected, count = torch.zeros(3, dtype=torch.float64), 0
+    for row in range(2):
+        for q in range(block):
+            i = start + q
+            if i < sink + recent or not valid[row, i]:
+                continue
+            keys = [j for j in range(n) if j <= i and (j < sink or j > i - recent)]
+            expected += weights[row, :, q, keys].sum(dim=-1).double()
+            count += 1
+    assert torch.allclose(sums, expected, atol=1e-4) and counts.tolist() == [count] * 3

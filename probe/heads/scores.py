@@ -173,14 +173,17 @@ def streaming_score(weights: Tensor, start: int, batch: Batch, sink: int = DEFAU
     recent ones: how much of the head a StreamingLLM cache (Xiao et al. 2023, "Efficient Streaming Language Models
     with Attention Sinks") keeps; DuoAttention (Xiao et al. 2024) streams the heads that need nothing else."""
     b, h, block, n_keys = weights.shape
-    queries = torch.arange(start, start + block, device=weights.device)
-    kept = window_keys(queries, n_keys, sink, recent)  # (block, keys)
-    valid = batch.valid.to(weights.device)
-    selected = (queries >= sink + recent)[None, :] & valid[:, start:start + block]  # (b, block)
-    if not bool(selected.any()):
+    first = max(start, sink + recent)  # the first query counted: its window lies past the sink keys
+    if first >= start + block:
         return torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
-    mass = (weights * kept.to(weights.dtype)).sum(dim=-1)  # (b, h, block)
-    mask = selected[:, None, :].to(mass.dtype)
+    rows = weights[:, :, first - start:]  # (b, h, m, keys), a view
+    m = rows.shape[2]
+    stride = rows.stride()
+    # the `recent` keys ending at each query, as a strided view: row q's band starts at key first + q - recent + 1
+    band = rows.as_strided((b, h, m, recent), (stride[0], stride[1], stride[2] + stride[3], stride[3]),
+                           rows.storage_offset() + (first - recent + 1) * stride[3])
+    mass = band.sum(dim=-1) + rows[..., :sink].sum(dim=-1)  # (b, h, m)
+    mask = batch.valid.to(weights.device)[:, first:start + block][:, None, :].to(mass.dtype)
     return (mass * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
 
 
