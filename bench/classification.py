@@ -84,7 +84,7 @@ def run(repeats: int = 7, log: Any = print, with_tl: bool = True, device: str | 
         sync()
 
     def probe_all6() -> None:
-        score_heads(loaded, probe_set, list(SCORES), batch_size=8)
+        score_heads(loaded, probe_set, [name for name, score in SCORES.items() if score.by_default], batch_size=8)
         sync()
 
     variants = {"plain": plain, "plain_no_logits": plain_no_logits, "probe": probe, "probe_all6": probe_all6}

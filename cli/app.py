@@ -18,7 +18,7 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from cli import ablate, circuits, classify, heatmap, models, prune, syntax
+from cli import ablate, circuits, classify, heatmap, kv_heads, models, prune, syntax
 from cli.outputs import forget_provenance, remember_parameters
 from cli.progress import set_quiet, warn
 from probe.errors import ProbeError
@@ -51,7 +51,7 @@ app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find out what each attention head of a transformer does.")
 for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax, circuits.circuits,
-                prune.prune):
+                prune.prune, kv_heads.kv_heads):
     app.command(cls=Command)(command)
 _state = {"debug": False}
 
@@ -69,6 +69,8 @@ FLAGS = {
     "min_count": "--min-count", "confident": "--confident",
     "orderings": "--orderings", "step": "--step", "max_increase": "--max-increase", "seeds": "--seeds",
     "task": "--task",
+    "lengths": "--lengths", "depths": "--depths", "needle": "--needle", "recent": "--recent", "sink": "--sink",
+    "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 

@@ -164,7 +164,7 @@ def classify(
     class on the probe set it names (`Score.probe`). `progress=True` draws a bar on stderr; a callable gets
     `(done, total)`."""
     progress = callback(progress, "classifying heads")
-    names = list(SCORES) if scores is None else scores
+    names = [name for name, score in SCORES.items() if score.by_default] if scores is None else scores
     chosen = _thresholds(names, thresholds, batch_size)
     layers = attention_layers(loaded.model)
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)

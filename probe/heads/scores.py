@@ -49,6 +49,7 @@ class Score:
     reduce: Reduce
     letter: str = ""  # one character for the layer x head overview; default: the name's first letter
     finish: Finish = mean_score
+    by_default: bool = True  # computed by `classify` when no scores are named (False: long or special inputs)
 
     def describe(self) -> dict[str, object]:
         """What a report needs to know of the class: plain values, for to_dict payloads."""
@@ -146,6 +147,67 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
     return mean_score(sums, counts).max(dim=1).values
 
 
+@dataclass
+class NeedleBatch(Batch):
+    """A batch of needle prompts (probe.needle): which needle key each answer position's target is copied from."""
+
+    sources: Tensor | None = None  # (b, n) long: for query i, the needle position of token i + 1; -1 elsewhere
+    correct: Tensor | None = None  # (b, n) bool: the model predicts token i + 1 at i (None: not known yet)
+
+
+DEFAULT_SINK = 4
+DEFAULT_RECENT = 256
+
+
+def window_keys(queries: Tensor, n_keys: int, sink: int, recent: int) -> Tensor:
+    """(len(queries), n_keys) bool: the keys a sink + recent cache keeps for each query position (StreamingLLM,
+    Xiao et al. 2023): the first `sink` keys and the `recent` most recent ones, the query's own included."""
+    keys = torch.arange(n_keys, device=queries.device)
+    before = keys[None, :] <= queries[:, None]
+    return before & ((keys[None, :] < sink) | (keys[None, :] > queries[:, None] - recent))
+
+
+def streaming_score(weights: Tensor, start: int, batch: Batch, sink: int = DEFAULT_SINK,
+                    recent: int = DEFAULT_RECENT) -> tuple[Tensor, Tensor]:
+    """Mean over queries i >= sink + recent of the attention mass on the first `sink` keys and the `recent` most
+    recent ones: how much of the head a StreamingLLM cache (Xiao et al. 2023, "Efficient Streaming Language Models
+    with Attention Sinks") keeps; DuoAttention (Xiao et al. 2024) streams the heads that need nothing else."""
+    b, h, block, n_keys = weights.shape
+    first = max(start, sink + recent)  # the first query counted: its window lies past the sink keys
+    if first >= start + block:
+        return torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
+    rows = weights[:, :, first - start:]  # (b, h, m, keys), a view
+    m = rows.shape[2]
+    stride = rows.stride()
+    # the `recent` keys ending at each query, as a strided view: row q's band starts at key first + q - recent + 1
+    band = rows.as_strided((b, h, m, recent), (stride[0], stride[1], stride[2] + stride[3], stride[3]),
+                           rows.storage_offset() + (first - recent + 1) * stride[3])
+    mass = band.sum(dim=-1) + rows[..., :sink].sum(dim=-1)  # (b, h, m)
+    mask = batch.valid.to(weights.device)[:, first:start + block][:, None, :].to(mass.dtype)
+    return (mass * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
+
+
+def retrieval_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality": over the answer positions
+    of needle prompts whose target token is copied from the needle and which the model predicts correctly, the
+    fraction where the head's most-attended key is that needle token (copy-paste). Needs a NeedleBatch whose
+    `correct` is known: `probe.kv` gathers the answer rows during the forward and scores them after it."""
+    sources, correct = getattr(batch, "sources", None), getattr(batch, "correct", None)
+    if sources is None or correct is None:
+        raise ProbeError("the retrieval score needs needle prompts and the model's predictions on them: "
+                         "use probe.kv_heads (probe kv-heads)", parameter="scores")
+    b, h, block, _ = weights.shape
+    source = sources[:, start:start + block].to(weights.device)  # (b, block)
+    selected = (source >= 0) & correct[:, start:start + block].to(weights.device) & \
+        batch.valid[:, start:start + block].to(weights.device)
+    if not bool(selected.any()):
+        return torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
+    rows = selected.nonzero(as_tuple=True)  # (batch index, query) pairs
+    top = weights[rows[0], :, rows[1]].argmax(dim=-1)  # (selected, h)
+    hits = top == source[rows][:, None]
+    return hits.sum(dim=0).double(), torch.full((h,), float(hits.shape[0]), dtype=torch.float64)
+
+
 def _repeat_len(batch: Batch) -> int:
     if batch.repeat_len is None:
         raise ProbeError("this score needs a repeated probe set (one with a repeat_len)")
@@ -174,5 +236,9 @@ for _score in (
     Score("next_token", "natural", 0.5, "attends to the next token (encoders)", next_token_score, "N"),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
           positional_score, "O", finish_positional),
+    Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",
+          streaming_score, "W", by_default=False),
+    Score("retrieval", "needle", 0.1, "copies the needle token it attends to (Wu et al. 2024)", retrieval_score,
+          "R", by_default=False),
 ):
     register_score(_score)

@@ -81,6 +81,8 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
         for recording in _HF_RECORDER:
             recording.append((module, query.shape[1], key.shape[1], query.shape[-1]))
         hooks = _active_hooks(module)
+        if hooks is not None and hooks.edit_mask is not None:
+            attention_mask = hooks.edit_mask(hooks.layer, query, key, attention_mask)
         if hooks is not None and hooks.on_weights is not None:
             layer, on_weights = hooks.layer, hooks.on_weights
             output, _ = _hf_weights_attention(module, query, key, value, attention_mask,

@@ -514,9 +514,57 @@
     });
   }
 
+  // ------------------------------------------------------------------------------------------------------------
+  // probe kv-heads: the layer x KV-head map coloured by label, and the streaming curve against random orders
+
+  function kvHeadsPage(id) {
+    var root = document.getElementById(id);
+    try {
+      var data = JSON.parse(document.getElementById(id + "-data").textContent);
+      var axis = [];
+      for (var h = 0; h < data.n_kv_heads; h++) axis.push(h);
+      var layers = [];
+      for (var l = 0; l < data.n_layers; l++) layers.push(l);
+      var map = {
+        type: "heatmap", z: data.z, text: data.hover, x: axis, y: layers, zmin: 0, zmax: 1, showscale: false,
+        colorscale: [[0, "#6baed6"], [0.5, "#6baed6"], [0.5, "#d6604d"], [1, "#d6604d"]], xgap: 2, ygap: 2,
+        hovertemplate: "%{text}<extra></extra>"
+      };
+      var mapLayout = {
+        height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(260, 60 * data.n_kv_heads + 120),
+        margin: {l: 50, r: 10, t: 10, b: 40},
+        xaxis: {title: {text: "KV head"}, dtick: 1, zeroline: false, showgrid: false},
+        yaxis: {title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1, zeroline: false,
+                showgrid: false}
+      };
+      var jobs = [Plotly.newPlot(root.querySelector(".probe-kv-map"), [map], mapLayout, CONFIG)];
+      if (data.curve) {
+        ["loss_change", "needle_accuracy"].forEach(function (key) {
+          var lines = Object.keys(data.curve.orders).map(function (name) {
+            var probe = name === "probe";
+            return {type: "scatter", mode: "lines+markers", name: probe ? "probe's order" : name.replace("_", " "),
+                    x: data.curve.k, y: data.curve.orders[name][key],
+                    line: {color: probe ? "#d62728" : "#999", width: probe ? 3 : 1}};
+          });
+          var title = key === "loss_change" ? "\u0394 loss on natural text" : "needle accuracy";
+          var node = root.querySelector(key === "loss_change" ? ".probe-curve-loss" : ".probe-curve-needle");
+          jobs.push(Plotly.newPlot(node, lines, {
+            height: 340, width: 460, margin: {l: 60, r: 10, t: 10, b: 50},
+            xaxis: {title: {text: "KV heads streamed (k)"}}, yaxis: {title: {text: title}}
+          }, CONFIG));
+        });
+      }
+      return Promise.all(jobs).then(function () { root.dataset.state = "ready"; })
+        .catch(function (error) { fail(root, error); });
+    } catch (error) {
+      fail(root, error);
+    }
+  }
+
   // pages in notebooks may run before plotly.js has arrived: wait for it a little
   function start(kind, id) {
-    var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage, prune: prunePage};
+    var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage, prune: prunePage,
+                 kv_heads: kvHeadsPage};
     var tries = 0;
     (function attempt() {
       if (window.Plotly) {

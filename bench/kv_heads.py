@@ -1,0 +1,97 @@
+"""Benchmark and numbers of `probe kv-heads` on SmolLM2: the scoring pass and a curve forward against a plain
+forward of the same input (ratios within one run, variants interleaved), then the full map with its curve, and the
+retrieval heads next to the induction heads `classify` flags.
+
+    python -m bench.kv_heads --length 512 --recent 64 --steps 6 --seeds 0 1 --repeats 2
+
+Writes bench/results/kv_heads.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from probe import load_model  # noqa: E402
+from probe.ablation.editor import ablated  # noqa: E402
+from probe.ablation.window import WindowAblation  # noqa: E402
+from probe.attention import run_model  # noqa: E402
+from probe.classify import classify  # noqa: E402
+from probe.kv import kv_heads, score_needles  # noqa: E402
+from probe.needle import NeedleOptions, needle_set  # noqa: E402
+
+OUT = Path(__file__).parent / "results" / "kv_heads.json"
+
+
+def timings(loaded, length: int, recent: int, repeats: int) -> dict:
+    """Median over repeats of (variant / plain forward of the same prompt), variants interleaved."""
+    needles = needle_set(loaded, NeedleOptions(lengths=(length,), depths=(0.5,), seed=7))
+    ids = needles.input_ids
+    half = tuple((layer, head) for layer in range(30) for head in range(0, 9, 2))  # about half the heads
+
+    def plain() -> None:
+        with torch.no_grad():
+            run_model(loaded.model, ids, None)
+
+    def scoring() -> None:
+        score_needles(loaded, needles, recent=recent)
+
+    def curve_forward() -> None:
+        with torch.no_grad(), ablated(loaded.model, [half], WindowAblation(recent=recent)):
+            run_model(loaded.model, ids, None)
+
+    variants = {"plain": plain, "scoring": scoring, "curve_forward": curve_forward}
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    plain()
+    for repeat in range(repeats):
+        names = list(variants)[repeat % 3:] + list(variants)[:repeat % 3]
+        for name in names:
+            start = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - start)
+    ratios = {name: statistics.median(t / p for t, p in zip(times[name], times["plain"])) for name in variants}
+    return {"length": length, "repeats": repeats, "seconds": {k: statistics.median(v) for k, v in times.items()},
+            "ratio_vs_plain": ratios}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--recent", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timing-from", type=Path, help="A kv_heads.json whose timing to keep instead of timing again.")
+    args = parser.parse_args()
+    loaded = load_model("smollm2")
+    result: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    if args.timing_from is not None:
+        result["timing"] = json.loads(args.timing_from.read_text())["timing"]
+    else:
+        result["timing"] = timings(loaded, args.length, args.recent, args.repeats)
+    print(json.dumps(result["timing"]), flush=True)
+    OUT.write_text(json.dumps(result, indent=1))
+    started = time.perf_counter()
+    kv = kv_heads(loaded, lengths=(args.length,), depths=(0.25, 0.75), prompts=1, recent=args.recent,
+                  steps=args.steps, random_seeds=tuple(args.seeds), curve_texts=1,
+                  progress=lambda d, t: print(f"{d}/{t} {time.perf_counter() - started:.0f}s", flush=True))
+    result["kv_heads"] = kv.to_dict()
+    result["kv_heads_seconds"] = time.perf_counter() - started
+    classes = classify(loaded, scores=["induction", "duplicate_token"])
+    result["induction"] = [[layer, head, round(score, 3)] for layer, head, score in classes.flagged("induction")]
+    result["duplicate_token"] = [[layer, head, round(score, 3)]
+                                 for layer, head, score in classes.flagged("duplicate_token")]
+    OUT.write_text(json.dumps(result, indent=1))
+    print("wrote", OUT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""`probe kv-heads`: retrieval and streaming scores per query head and per KV head, a full / streaming label per KV
+head, the check curve, and the head maps KV-cache compression methods load (DuoAttention, RazorAttention, HeadKV)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder, Seed,
+                         TrustRemoteCode, load)
+from cli.outputs import check_outputs, save
+from cli.progress import console, progress_bar
+from probe.errors import ProbeError
+from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK
+from probe.kv import DEFAULT_FULL_FRACTION, kv_heads as run_kv_heads
+from probe.models import DEFAULT_MODEL
+from probe.needle import DEFAULT_DEPTHS, DEFAULT_NEEDLE
+from reports.files import write_json, write_text
+from reports.kv_heads import duo_config, duo_tsv, headkv_scores, kv_heads_page, kv_heads_report, razor_map
+
+EXPORTS = ("duo", "razor", "headkv")
+"""duo:DIR (DuoAttention), razor:FILE.json (RazorAttention), headkv:FILE.json (HeadKV / Wu et al.)."""
+
+Lengths = Annotated[str, typer.Option("--lengths", help="Needle prompt lengths in tokens, comma-separated.")]
+Depths = Annotated[str, typer.Option("--depths", help="Needle depths in [0, 1], comma-separated.")]
+Prompts = Annotated[int, typer.Option("--prompts", help="Needle prompts per (length, depth).")]
+Needle = Annotated[str, typer.Option("--needle", help="The needle sentence; {key} marks the random number.")]
+Sink = Annotated[int, typer.Option("--sink", help="Sink keys a streaming head keeps (the first ones).")]
+Recent = Annotated[int, typer.Option("--recent", help="Recent keys a streaming head keeps (its own included).")]
+FullFraction = Annotated[Optional[float], typer.Option(
+    "--full-fraction", help=f"Fraction of KV heads kept full, those retrieval needs most (default "
+    f"{DEFAULT_FULL_FRACTION}; ignored with a threshold).")]
+RetrievalThreshold = Annotated[Optional[float], typer.Option(
+    "--retrieval-threshold", help="Full where the KV head's retrieval score (max over its group) is above this.")]
+StreamingThreshold = Annotated[Optional[float], typer.Option(
+    "--streaming-threshold", help="Full where the KV head's streaming score (min over its group) is below this.")]
+Curve = Annotated[bool, typer.Option("--curve/--no-curve", help="Check the order: stream k = 0 .. all KV heads.")]
+Steps = Annotated[int, typer.Option("--steps", help="Points of the curve (k from 0 to all KV heads).")]
+RandomSeeds = Annotated[str, typer.Option("--random-seeds", help="Seeds of the random orders, comma-separated.")]
+CurveTexts = Annotated[int, typer.Option("--curve-texts", help="Natural-text sequences the curve's loss is read on.")]
+Data = Annotated[Optional[Path], typer.Option("--data", help="UTF-8 text for the curve's loss (default: embedded).")]
+Export = Annotated[Optional[list[str]], typer.Option(
+    "--export", help="FORMAT:PATH (repeatable): duo:DIR (full_attention_heads.tsv + config.json), "
+    "razor:FILE.json ({layer: [kv_head, ...]} kept full), headkv:FILE.json ({\"layer-head\": [score]}).")]
+
+
+def _numbers(text: str, kind: type, parameter: str) -> tuple[Any, ...]:
+    try:
+        return tuple(kind(item) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise ProbeError(f"{parameter} takes comma-separated numbers, got {text!r}", parameter=parameter) from None
+
+
+def parse_exports(items: list[str]) -> dict[str, Path]:
+    """FORMAT:PATH items -> {format: path}; one line for a format probe does not write."""
+    exports: dict[str, Path] = {}
+    for item in items:
+        kind, sep, path = item.partition(":")
+        if not sep or not path:
+            raise ProbeError(f"--export takes FORMAT:PATH, e.g. duo:maps/smollm2; got {item!r}")
+        if kind not in EXPORTS:
+            raise ProbeError(f"unknown export format {kind!r}: use one of {', '.join(EXPORTS)}")
+        exports[kind] = Path(path)
+    return exports
+
+
+def _export_files(exports: dict[str, Path]) -> dict[str, Path | None]:
+    """The files the exports write (a duo folder that does not exist yet is made, so its files are new)."""
+    files: dict[str, Path | None] = {}
+    folder = exports.get("duo")
+    if folder is not None:
+        if folder.exists() and not folder.is_dir():
+            raise ProbeError(f"--export duo names a folder; {folder} is a file")
+        if not folder.exists() and not folder.parent.is_dir():
+            raise ProbeError(f"folder {folder.parent} does not exist: create it first")
+        if folder.is_dir():
+            files["--export duo"] = folder / "full_attention_heads.tsv"
+            files["--export duo (config)"] = folder / "config.json"
+    for kind in ("razor", "headkv"):
+        if kind in exports:
+            files[f"--export {kind}"] = exports[kind]
+    return files
+
+
+def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
+    if "duo" in exports:
+        exports["duo"].mkdir(parents=True, exist_ok=True)
+        save(exports["duo"] / "full_attention_heads.tsv", lambda path: write_text(path, duo_tsv(payload)))
+        save(exports["duo"] / "config.json", lambda path: write_json(path, duo_config(payload)))
+    if "razor" in exports:
+        save(exports["razor"], lambda path: write_json(path, razor_map(payload)))
+    if "headkv" in exports:
+        # one line: HeadKV reads `json.loads(file.readline())` and reshapes the values, in file order, to
+        # (layers, heads)
+        save(exports["headkv"], lambda path: write_text(path, json.dumps(headkv_scores(payload)) + "\n"))
+
+
+def kv_heads(
+    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, lengths: Lengths = "1024",
+    depths: Depths = ",".join(f"{d:g}" for d in DEFAULT_DEPTHS), prompts: Prompts = 1, needle: Needle = DEFAULT_NEEDLE,
+    sink: Sink = DEFAULT_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
+    retrieval_threshold: RetrievalThreshold = None, streaming_threshold: StreamingThreshold = None,
+    curve: Curve = True, steps: Steps = 10, random_seeds: RandomSeeds = "0,1,2", curve_texts: CurveTexts = 2,
+    data: Data = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None, html_path: HtmlFile = None,
+    device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
+    offload_folder: OffloadFolder = None, force: Force = False,
+) -> None:
+    """Which KV heads can keep only sink + recent keys (streaming) and which need the full cache (retrieval)."""
+    exports = parse_exports(export or [])
+    sizes = _numbers(lengths, int, "lengths")
+    where = _numbers(depths, float, "depths")
+    seeds = _numbers(random_seeds, int, "random_seeds")
+    check_outputs({"--json": json_path, "--html": html_path, **_export_files(exports)}, force=force)
+    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    with progress_bar("scoring heads" + (" and streaming them" if curve else "")) as update:
+        result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
+                              recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,
+                              streaming_threshold=streaming_threshold, curve=curve, steps=steps,
+                              random_seeds=seeds, curve_texts=curve_texts,
+                              data=None if data is None else str(data), seed=seed, progress=update)
+    payload = result.to_dict()
+    save(json_path, lambda path: write_json(path, payload))
+    save(html_path, lambda path: write_text(path, kv_heads_page(payload)))
+    _write_exports(exports, payload)
+    kv_heads_report(payload, console)

@@ -1,0 +1,413 @@
+"""`kv_heads`: which KV heads a long-context cache can shrink to sink + recent keys (streaming) and which need the
+full cache (retrieval), per query head and per KV head, with the check that makes such a map trustworthy.
+
+- Scores, one forward per needle prompt (probe.needle): the retrieval score (Wu et al. 2024) and the streaming score
+  (StreamingLLM's sink + recent mass, Xiao et al. 2023), both from the score registry (probe.heads.scores).
+- A KV head streams only if every query head sharing it can: its retrieval score is the max over its group, its
+  streaming score the min.
+- Labels: the `full_fraction` of KV heads that retrieval needs most stay full (or, with thresholds, a head is full
+  when its retrieval score passes `retrieval_threshold` or its streaming score falls below `streaming_threshold`).
+- Order: retrieval ascending, ties by streaming descending (a streaming-first order would stream retrieval heads
+  early: in plain text they too put most of their mass on sink + recent keys).
+- The curve: the first k KV heads of that order windowed (WindowAblation), k = 0 .. all, the loss change on natural
+  text and the needle accuracy at each k, against random orders; on needle prompts other than the scored ones.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.ablation.editor import ablated
+from probe.ablation.window import WindowAblation
+from probe.attention import attention_layers, logits_of, run_model
+from probe.data import ProbeOptions, natural_set
+from probe.errors import ProbeError
+from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_score
+from probe.hooks.capture import attention_hooks
+from probe.models import LoadedModel
+from probe.needle import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, needle_set
+
+Progress = Callable[[int, int], None]
+CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the scored ones
+DEFAULT_FULL_FRACTION = 0.25
+
+
+@dataclass
+class NeedleRun:
+    """One teacher-forced forward of needle prompts: per prompt whether every key token was predicted, the fraction
+    that was, and (when scored) the per-head retrieval and streaming sums."""
+
+    exact: list[bool]
+    token_accuracy: list[float]
+
+
+def _answer_rows(sources: Tensor) -> Tensor:
+    """The query positions any prompt of the batch predicts a key token at, ascending (1-D)."""
+    return (sources >= 0).any(dim=0).nonzero().squeeze(1)
+
+
+def _predictions(output: Any, ids: Tensor, rows: Tensor, sources: Tensor) -> Tensor:
+    """(b, len(rows)) bool: the model's argmax at each row is the next token (only rows with a source matter)."""
+    logits = logits_of(output)  # (b, rows or n, vocab)
+    if logits.shape[1] != len(rows):
+        logits = logits[:, rows.to(logits.device)]
+    predicted = logits.argmax(dim=-1).cpu()
+    return (predicted == ids[:, rows + 1]) & (sources[:, rows] >= 0)
+
+
+def _accuracy(sources: Tensor, correct: Tensor) -> NeedleRun:
+    counted = sources >= 0  # (b, rows)
+    totals = counted.sum(dim=1).clamp(min=1)
+    right = (correct & counted).sum(dim=1)
+    return NeedleRun(exact=[bool(r == t) for r, t in zip(right.tolist(), counted.sum(dim=1).tolist())],
+                     token_accuracy=(right.double() / totals).tolist())
+
+
+def needle_accuracy(loaded: LoadedModel, needles: NeedleSet, *, batch_size: int = 1) -> NeedleRun:
+    """Teacher-forced needle accuracy of the model as it is (with whatever hooks the caller has installed)."""
+    exact, tokens = [], []
+    for first in range(0, needles.input_ids.shape[0], batch_size):
+        ids, mask, sources = _rows(needles, first, batch_size)
+        rows = _answer_rows(sources)
+        with torch.no_grad():
+            output = run_model(loaded.model, ids, mask, logits=rows)
+        run = _accuracy(sources[:, rows], _predictions(output, ids, rows, sources))
+        exact += run.exact
+        tokens += run.token_accuracy
+    return NeedleRun(exact, tokens)
+
+
+def _rows(needles: NeedleSet, first: int, batch_size: int) -> tuple[Tensor, Tensor | None, Tensor]:
+    ids = needles.input_ids[first:first + batch_size]
+    sources = needles.sources[first:first + batch_size]
+    mask = None if needles.attention_mask is None else needles.attention_mask[first:first + batch_size]
+    if mask is not None:
+        length = int(mask.sum(dim=1).max())
+        ids, mask, sources = ids[:, :length], mask[:, :length], sources[:, :length]
+    return ids, mask, sources
+
+
+class _Scorer:
+    """Per-layer streaming sums and the answer rows of the attention, kept during one forward."""
+
+    def __init__(self, n_layers: int, sink: int, recent: int) -> None:
+        self.streaming = partial(streaming_score, sink=sink, recent=recent)
+        self.stream_sums: dict[int, Tensor] = {}
+        self.stream_counts: dict[int, Tensor] = {}
+        self.gathered: dict[int, list[Tensor]] = {}
+        self.batch: NeedleBatch | None = None
+        self.rows = torch.empty(0, dtype=torch.long)
+
+    def on_weights(self, layer: int, start: int, weights: Tensor) -> None:
+        assert self.batch is not None
+        sums, counts = self.streaming(weights, start, self.batch)
+        self.stream_sums[layer] = self.stream_sums.get(layer, 0) + sums.cpu()
+        self.stream_counts[layer] = self.stream_counts.get(layer, 0) + counts.cpu()
+        inside = self.rows[(self.rows >= start) & (self.rows < start + weights.shape[2])]
+        if len(inside):  # (b, h, rows in this block, keys)
+            self.gathered.setdefault(layer, []).append(weights[:, :, (inside - start).to(weights.device)].cpu())
+
+
+def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAULT_SINK,
+                  recent: int = DEFAULT_RECENT, progress: Progress | None = None) -> tuple[Tensor, Tensor, NeedleRun]:
+    """(retrieval (n_layers, n_heads), streaming (n_layers, n_heads), the model's own needle accuracy), one forward
+    per prompt: streaming sums and the answer rows of each layer's attention are kept as the blocks pass; the
+    retrieval score (SCORES["retrieval"]) is reduced from those rows once the logits say which were predicted."""
+    layers = attention_layers(loaded.model)
+    n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)
+    retrieval_sum, retrieval_prompts = torch.zeros(n_layers, n_heads, dtype=torch.float64), 0
+    stream_sum = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    stream_count = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    exact, tokens = [], []
+    total = needles.input_ids.shape[0]
+    for index in range(total):
+        ids, mask, sources = _rows(needles, index, 1)
+        scorer = _Scorer(n_layers, sink, recent)
+        scorer.rows = _answer_rows(sources)
+        valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+        scorer.batch = NeedleBatch(valid=valid, offset=needles.offset, repeat_len=None)
+        with torch.no_grad(), attention_hooks(loaded.model, on_weights=scorer.on_weights):
+            output = run_model(loaded.model, ids, mask, logits=scorer.rows)
+        correct = _predictions(output, ids, scorer.rows, sources)
+        run = _accuracy(sources[:, scorer.rows], correct)
+        exact += run.exact
+        tokens += run.token_accuracy
+        prompt_scores = _retrieval_of_prompt(scorer, sources[:, scorer.rows], correct, n_layers, n_heads)
+        if prompt_scores is not None:
+            retrieval_sum += prompt_scores
+            retrieval_prompts += 1
+        for layer in scorer.stream_sums:
+            stream_sum[layer] += scorer.stream_sums[layer]
+            stream_count[layer] += scorer.stream_counts[layer]
+        if progress is not None:
+            progress(index + 1, total)
+    retrieval = retrieval_sum / max(retrieval_prompts, 1)
+    return retrieval, stream_sum / stream_count.clamp(min=1), NeedleRun(exact, tokens)
+
+
+def _retrieval_of_prompt(scorer: _Scorer, sources: Tensor, correct: Tensor, n_layers: int,
+                         n_heads: int) -> Tensor | None:
+    """(n_layers, n_heads) retrieval score of one prompt; None where the model copied no key token correctly."""
+    if not bool(correct.any()):
+        return None
+    out = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+    batch = NeedleBatch(valid=sources >= 0, offset=0, repeat_len=None, sources=sources, correct=correct)
+    for layer, parts in scorer.gathered.items():
+        rows = torch.cat(parts, dim=2)  # (1, h, answer rows, keys)
+        sums, counts = SCORES["retrieval"].reduce(rows, 0, batch)
+        out[layer, :len(sums)] = sums / counts.clamp(min=1)
+    return out
+
+
+def kv_groups(loaded: LoadedModel) -> tuple[int, int]:
+    """(query heads, KV heads) per layer: grouped-query attention shares one KV head among n_heads / n_kv query
+    heads, consecutive ones (transformers' repeat_kv order)."""
+    layers = attention_layers(loaded.model)
+    n_heads = max(layer.n_heads for layer in layers)
+    n_kv = max(getattr(layer, "n_kv_heads", None) or n_heads for layer in layers)
+    if n_heads % n_kv:
+        raise ProbeError(f"{n_heads} query heads do not split into {n_kv} KV groups")
+    return n_heads, n_kv
+
+
+def aggregate(scores: Tensor, n_kv: int, how: str) -> Tensor:
+    """(n_layers, n_heads) per query head -> (n_layers, n_kv) per KV head: "max" or "min" over each group."""
+    grouped = scores.reshape(scores.shape[0], n_kv, scores.shape[1] // n_kv)
+    return grouped.amax(dim=2) if how == "max" else grouped.amin(dim=2)
+
+
+def stream_order(retrieval: Tensor, streaming: Tensor) -> list[tuple[int, int]]:
+    """KV heads (layer, kv_head), the one retrieval needs least first: retrieval ascending, ties by streaming
+    descending, then by position."""
+    heads = [(layer, kv) for layer in range(retrieval.shape[0]) for kv in range(retrieval.shape[1])]
+    return sorted(heads, key=lambda h: (round(float(retrieval[h]), 6), -round(float(streaming[h]), 6), h))
+
+
+def full_heads(order: list[tuple[int, int]], retrieval: Tensor, streaming: Tensor, *, full_fraction: float | None,
+               retrieval_threshold: float | None, streaming_threshold: float | None) -> set[tuple[int, int]]:
+    """The KV heads labelled full: the last `full_fraction` of the order, or by thresholds where given."""
+    if retrieval_threshold is not None or streaming_threshold is not None:
+        return {h for h in order if (retrieval_threshold is not None and float(retrieval[h]) > retrieval_threshold)
+                or (streaming_threshold is not None and float(streaming[h]) < streaming_threshold)}
+    fraction = DEFAULT_FULL_FRACTION if full_fraction is None else full_fraction
+    if not 0.0 <= fraction <= 1.0:
+        raise ProbeError(f"full_fraction is a fraction of the KV heads, in [0, 1]; got {fraction}",
+                         parameter="full_fraction")
+    n_full = round(fraction * len(order))
+    return set(order[len(order) - n_full:]) if n_full else set()
+
+
+def query_heads(kv_heads: list[tuple[int, int]], group: int) -> list[tuple[int, int]]:
+    """The query heads (layer, head) that share the given KV heads."""
+    return [(layer, kv * group + offset) for layer, kv in kv_heads for offset in range(group)]
+
+
+def text_loss(loaded: LoadedModel, texts: Tensor) -> float:
+    """Mean next-token cross-entropy over the sequences `texts` (n, length), one forward each."""
+    total, count = 0.0, 0
+    for row in texts:
+        ids = row[None]
+        with torch.no_grad():
+            logits = logits_of(run_model(loaded.model, ids, None)).float()  # (1, n, vocab)
+        targets = ids[:, 1:].to(logits.device)
+        loss = torch.nn.functional.cross_entropy(logits[0, :-1], targets[0], reduction="sum")
+        total, count = total + float(loss), count + targets.numel()
+    return total / max(count, 1)
+
+
+def curve_steps(n_kv_total: int, steps: int) -> list[int]:
+    """k = 0 .. n_kv_total in about `steps` even steps."""
+    if steps < 1:
+        raise ProbeError(f"steps must be at least 1, got {steps}", parameter="steps")
+    return sorted({round(i * n_kv_total / steps) for i in range(steps + 1)})
+
+
+@dataclass
+class _CurveInputs:
+    texts: Tensor  # (n, length) natural text
+    needles: NeedleSet  # prompts other than the scored ones
+    group: int
+    method: WindowAblation
+
+
+def _point(loaded: LoadedModel, inputs: _CurveInputs, streamed: list[tuple[int, int]],
+           cache: dict[frozenset[tuple[int, int]], tuple[float, float]]) -> tuple[float, float]:
+    """(natural-text loss, needle accuracy) with the KV heads `streamed` windowed; cached by the set of heads."""
+    key = frozenset(streamed)
+    if key not in cache:
+        heads = tuple(query_heads(sorted(key), inputs.group))
+        with ablated(loaded.model, [heads] if heads else [], inputs.method):
+            loss = text_loss(loaded, inputs.texts)
+            run = needle_accuracy(loaded, inputs.needles)
+        cache[key] = (loss, sum(run.exact) / max(len(run.exact), 1))
+    return cache[key]
+
+
+def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: _CurveInputs, ks: list[int],
+                 seeds: list[int], progress: Progress | None = None) -> dict[str, Any]:
+    """Loss change and needle accuracy with the first k KV heads of `order` windowed, and of random orders."""
+    cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
+    orders = {"probe": order} | {f"random_{seed}": random.Random(seed).sample(order, len(order)) for seed in seeds}
+    base_loss, base_accuracy = _point(loaded, inputs, [], cache)
+    total, done = len(orders) * len(ks), 0
+    curves: dict[str, dict[str, list[float]]] = {}
+    for name, ordering in orders.items():
+        losses, accuracies = [], []
+        for k in ks:
+            loss, accuracy = _point(loaded, inputs, ordering[:k], cache)
+            losses.append(round(loss - base_loss, 6))
+            accuracies.append(round(accuracy, 6))
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        curves[name] = {"loss_change": losses, "needle_accuracy": accuracies}
+    return {"k": ks, "baseline_loss": round(base_loss, 6), "baseline_needle_accuracy": round(base_accuracy, 6),
+            "orders": curves, "random_seeds": seeds, "natural_texts": int(inputs.texts.shape[0]),
+            "natural_length": int(inputs.texts.shape[1]), "needle_prompts": int(inputs.needles.input_ids.shape[0])}
+
+
+@dataclass
+class KVHeads:
+    """Retrieval and streaming scores per query head and per KV head, labels, the streaming order and its check."""
+
+    model: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    sink: int
+    recent: int
+    retrieval: Tensor  # (n_layers, n_heads)
+    streaming: Tensor  # (n_layers, n_heads)
+    kv_retrieval: Tensor  # (n_layers, n_kv_heads): max over the group
+    kv_streaming: Tensor  # (n_layers, n_kv_heads): min over the group
+    order: list[tuple[int, int]]
+    full: set[tuple[int, int]]
+    accuracy: list[dict[str, Any]]  # the model's own needle accuracy per (length, depth), on the scored prompts
+    curve: dict[str, Any] | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def label(self, layer: int, kv_head: int) -> str:
+        return "full" if (layer, kv_head) in self.full else "streaming"
+
+    def duo_values(self) -> list[list[float]]:
+        """DuoAttention's full_attention_heads (n_layers x n_kv_heads, in [0, 1], full where > 0.5): the order's
+        rank spread over (0, 0.5) for streaming heads and (0.5, 1] for full ones, so that DuoAttention's own
+        `sparsify_attention_heads(sparsity=...)`, which keeps the largest values, follows probe's order too."""
+        streamed = [h for h in self.order if h not in self.full]
+        kept = [h for h in self.order if h in self.full]
+        value = {h: 0.5 * (rank + 1) / (len(streamed) + 1) for rank, h in enumerate(streamed)}
+        value |= {h: 0.5 + 0.5 * (rank + 1) / len(kept) for rank, h in enumerate(kept)}
+        return [[round(value[(layer, kv)], 6) for kv in range(self.n_kv_heads)] for layer in range(self.n_layers)]
+
+    def to_dict(self) -> dict[str, Any]:
+        group = self.n_heads // self.n_kv_heads
+        return {
+            "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+            "sink": self.sink, "recent": self.recent, "options": self.options,
+            "aggregation": "a KV head's retrieval score is the max over its query heads, its streaming score the min",
+            "kv_heads": [
+                {"layer": layer, "kv_head": kv, "label": self.label(layer, kv),
+                 "retrieval": round(float(self.kv_retrieval[layer, kv]), 6),
+                 "streaming": round(float(self.kv_streaming[layer, kv]), 6),
+                 "rank": self.order.index((layer, kv)), "query_heads": list(range(kv * group, (kv + 1) * group))}
+                for layer in range(self.n_layers) for kv in range(self.n_kv_heads)],
+            "heads": [{"layer": layer, "head": head, "kv_head": head // group,
+                       "retrieval": round(float(self.retrieval[layer, head]), 6),
+                       "streaming": round(float(self.streaming[layer, head]), 6)}
+                      for layer in range(self.n_layers) for head in range(self.n_heads)],
+            "order": [list(h) for h in self.order],
+            "n_streaming": self.n_layers * self.n_kv_heads - len(self.full),
+            "needle_accuracy": self.accuracy,
+            "curve": self.curve,
+            "duo_full_attention_heads": self.duo_values(),
+        }
+
+    def _repr_html_(self) -> str:
+        from reports.kv_heads import kv_heads_page  # reports render; the library never needs them otherwise
+
+        return kv_heads_page(self.to_dict(), embed_plotly=False)
+
+
+def accuracy_table(needles: NeedleSet, run: NeedleRun) -> list[dict[str, Any]]:
+    """The model's needle accuracy per (length, depth): all key tokens right, and the fraction of key tokens."""
+    cells: dict[tuple[int, float], list[int]] = {}
+    for index, cell in enumerate(needles.cells):
+        cells.setdefault(cell, []).append(index)
+    return [{"length": length, "depth": depth, "prompts": len(rows),
+             "accuracy": round(sum(run.exact[i] for i in rows) / len(rows), 6),
+             "token_accuracy": round(sum(run.token_accuracy[i] for i in rows) / len(rows), 6)}
+            for (length, depth), rows in cells.items()]
+
+
+def _check(lengths: tuple[int, ...], sink: int, recent: int, seeds: list[int]) -> None:
+    if sink < 0 or recent < 1:
+        raise ProbeError(f"sink must be >= 0 and recent >= 1, got sink {sink}, recent {recent}", parameter="recent")
+    if not lengths or max(lengths) <= sink + recent + 16:
+        raise ProbeError(f"the streaming score reads queries past sink + recent = {sink + recent}: give lengths "
+                         f"longer than {sink + recent + 16} or a smaller recent", parameter="lengths")
+    if len(set(seeds)) != len(seeds):
+        raise ProbeError("random_seeds must differ from each other", parameter="random_seeds")
+
+
+def kv_heads(
+    loaded: LoadedModel,
+    *,
+    lengths: tuple[int, ...] = (1024,),
+    depths: tuple[float, ...] = DEFAULT_DEPTHS,
+    prompts: int = 1,
+    needle: str | None = None,
+    sink: int = DEFAULT_SINK,
+    recent: int = DEFAULT_RECENT,
+    full_fraction: float | None = None,
+    retrieval_threshold: float | None = None,
+    streaming_threshold: float | None = None,
+    curve: bool = True,
+    steps: int = 10,
+    random_seeds: tuple[int, ...] = (0, 1, 2),
+    curve_texts: int = 2,
+    data: str | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> KVHeads:
+    """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
+    `recent` window), aggregate per KV head, label full / streaming, and (with `curve`) check the streaming order:
+    windowed KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and
+    accuracy on needle prompts of another seed, against random orders of `random_seeds`."""
+    _check(tuple(lengths), sink, recent, list(random_seeds))
+    options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
+                            **({"needle": needle} if needle else {}))
+    scored = needle_set(loaded, options)
+    n_heads, n_kv = kv_groups(loaded)
+    n_points = len(curve_steps(len(attention_layers(loaded.model)) * n_kv, steps)) * (1 + len(random_seeds))
+    total = scored.input_ids.shape[0] + (n_points if curve else 0)
+    retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent,
+                                              progress=None if progress is None else lambda d, _: progress(d, total))
+    kv_retrieval, kv_streaming = aggregate(retrieval, n_kv, "max"), aggregate(streaming, n_kv, "min")
+    order = stream_order(kv_retrieval, kv_streaming)
+    full = full_heads(order, kv_retrieval, kv_streaming, full_fraction=full_fraction,
+                      retrieval_threshold=retrieval_threshold, streaming_threshold=streaming_threshold)
+    result = KVHeads(loaded.name, retrieval.shape[0], n_heads, n_kv, sink, recent, retrieval.float(),
+                     streaming.float(), kv_retrieval.float(), kv_streaming.float(), order, full,
+                     accuracy_table(scored, run))
+    result.options = {"lengths": list(lengths), "depths": list(depths), "prompts": prompts, "seed": seed,
+                      "needle": options.needle, "full_fraction": full_fraction,
+                      "retrieval_threshold": retrieval_threshold, "streaming_threshold": streaming_threshold,
+                      "scored_on": scored.description}
+    if curve:
+        inputs = _CurveInputs(
+            natural_set(loaded, data=data, seq_len=max(lengths) - 1, num_seqs=curve_texts, seed=seed).input_ids,
+            needle_set(loaded, NeedleOptions(seed=seed + CURVE_SEED_OFFSET, lengths=options.lengths,
+                                             depths=options.depths, prompts=prompts, needle=options.needle)),
+            n_heads // n_kv, WindowAblation(sink=sink, recent=recent))
+        done = scored.input_ids.shape[0]
+        result.curve = stream_curve(loaded, order, inputs, curve_steps(len(order), steps), list(random_seeds),
+                                    None if progress is None else lambda d, _: progress(done + d, total))
+        result.curve["needle_seed"] = seed + CURVE_SEED_OFFSET
+    return result

@@ -1,0 +1,124 @@
+"""`probe kv-heads` rendered from its payload (`KVHeads.to_dict()`): the terminal table and curve, the HTML page
+(a layer x KV-head map coloured by label, scores on hover, and the curve), and the export files' contents
+(DuoAttention, RazorAttention, HeadKV). Computes nothing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from reports.html import _kv, _page, esc, plotly_text
+from reports.labels import long_label, short_label
+
+LISTED = 15  # full KV heads listed in the terminal; the JSON has all
+
+
+def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
+    """The model's needle accuracy, the KV heads kept full, and the curve."""
+    total = payload["n_layers"] * payload["n_kv_heads"]
+    console.print(Text(f"KV heads of {payload['model']}", style="bold"),
+                  Text(f"({payload['n_layers']} layers x {payload['n_kv_heads']} KV heads, "
+                       f"{payload['n_heads'] // payload['n_kv_heads']} query heads each; sink {payload['sink']} + "
+                       f"recent {payload['recent']})"))
+    accuracy = Table(title="The model's own needle accuracy (teacher-forced, scored prompts)", title_justify="left",
+                     box=None, show_edge=False)
+    for column in ("length", "depth", "prompts", "all key tokens", "key tokens"):
+        accuracy.add_column(column, justify="right")
+    for row in payload["needle_accuracy"]:
+        accuracy.add_row(str(row["length"]), f"{row['depth']:g}", str(row["prompts"]), f"{row['accuracy']:.2f}",
+                         f"{row['token_accuracy']:.2f}")
+    console.print(accuracy)
+    full = sorted((row for row in payload["kv_heads"] if row["label"] == "full"), key=lambda r: -r["rank"])
+    console.print(Text(f"\n{payload['n_streaming']} of {total} KV heads stream, {len(full)} stay full "
+                       f"(retrieval: max over the group; streaming: min)", style="bold"))
+    table = Table(box=None, show_edge=False)
+    for column in ("layer.kv", "retrieval", "streaming", "rank"):
+        table.add_column(column, justify="right")
+    for row in full[:LISTED]:
+        table.add_row(short_label(row["layer"], row["kv_head"]), f"{row['retrieval']:.3f}",
+                      f"{row['streaming']:.3f}", str(row["rank"]))
+    console.print(table)
+    if len(full) > LISTED:
+        console.print(Text(f"  ... and {len(full) - LISTED} more (see --json)", style="dim"))
+    if payload.get("curve"):
+        console.print(curve_table(payload["curve"]))
+
+
+def curve_table(curve: dict[str, Any]) -> Table:
+    """k streamed KV heads: loss change and needle accuracy for probe's order and the mean of the random ones."""
+    randoms = [name for name in curve["orders"] if name != "probe"]
+    table = Table(title=f"Streaming the first k KV heads (baseline loss {curve['baseline_loss']:.4f}, needle accuracy "
+                        f"{curve['baseline_needle_accuracy']:.2f}; random: mean of {len(randoms)} orders)",
+                  title_justify="left", box=None, show_edge=False)
+    for column in ("k", "Δ loss probe", "Δ loss random", "needle probe", "needle random"):
+        table.add_column(column, justify="right")
+    probe = curve["orders"]["probe"]
+    for index, k in enumerate(curve["k"]):
+        def mean(key: str) -> float:
+            values = [curve["orders"][name][key][index] for name in randoms]
+            return sum(values) / len(values) if values else float("nan")
+        table.add_row(str(k), f"{probe['loss_change'][index]:+.4f}", f"{mean('loss_change'):+.4f}",
+                      f"{probe['needle_accuracy'][index]:.2f}", f"{mean('needle_accuracy'):.2f}")
+    return table
+
+
+def duo_tsv(payload: dict[str, Any]) -> str:
+    """DuoAttention's full_attention_heads.tsv: one row per layer, one tab-separated column per KV head."""
+    return "".join("\t".join(f"{value:g}" for value in row) + "\n" for row in payload["duo_full_attention_heads"])
+
+
+def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"sink_size": payload["sink"], "recent_size": payload["recent"]}
+
+
+def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
+    """{layer: [kv_head, ...]}: the KV heads that keep the full cache."""
+    out: dict[str, list[int]] = {str(layer): [] for layer in range(payload["n_layers"])}
+    for row in payload["kv_heads"]:
+        if row["label"] == "full":
+            out[str(row["layer"])].append(row["kv_head"])
+    return out
+
+
+def headkv_scores(payload: dict[str, Any]) -> dict[str, list[float]]:
+    """{"layer-head": [retrieval score]} per query head, the retrieval-head file HeadKV reads."""
+    return {f"{row['layer']}-{row['head']}": [row["retrieval"]] for row in payload["heads"]}
+
+
+def _map_data(payload: dict[str, Any]) -> dict[str, Any]:
+    n_layers, n_kv = payload["n_layers"], payload["n_kv_heads"]
+    z = [[0] * n_kv for _ in range(n_layers)]
+    hover = [[""] * n_kv for _ in range(n_layers)]
+    for row in payload["kv_heads"]:
+        layer, kv = row["layer"], row["kv_head"]
+        z[layer][kv] = 1 if row["label"] == "full" else 0
+        hover[layer][kv] = plotly_text(f"{long_label(layer, kv).replace('head', 'KV head')}: {row['label']}, "
+                                       f"retrieval {row['retrieval']:.3f}, streaming {row['streaming']:.3f}, "
+                                       f"rank {row['rank']}")
+    curve = payload.get("curve")
+    return {"n_layers": n_layers, "n_kv_heads": n_kv, "z": z, "hover": hover,
+            "curve": None if not curve else {"k": curve["k"], "orders": curve["orders"]}}
+
+
+def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
+    """The layer x KV-head map (blue streaming, red full; scores on hover) and the curve of probe's order against
+    random orders."""
+    total = payload["n_layers"] * payload["n_kv_heads"]
+    accuracy = ", ".join(f"{row['length']} tokens at depth {row['depth']:g}: {row['accuracy']:.2f}"
+                         for row in payload["needle_accuracy"])
+    rows = [("model", str(payload["model"])), ("cache", f"sink {payload['sink']} + recent {payload['recent']} keys"),
+            ("streaming", f"{payload['n_streaming']} of {total} KV heads"), ("needle accuracy", accuracy),
+            ("options", json.dumps(payload.get("options", {})))]
+    curve = ('<div class="probe-section"><h2>Streaming the first k KV heads</h2><p class="probe-small">probe\'s '
+             "order (retrieval ascending) against random orders: loss change on natural text, and needle accuracy "
+             'on prompts other than the scored ones.</p><div class="probe-row"><div class="probe-curve-loss"></div>'
+             '<div class="probe-curve-needle"></div></div></div>') if payload.get("curve") else ""
+    body = (f"<h1>KV heads of {esc(payload['model'])}</h1>" + _kv(rows)
+            + '<h2>Layer x KV head</h2><p class="probe-small">Red: full cache (retrieval); blue: streaming (sink + '
+            'recent). Hover for the scores.</p><div class="probe-kv-map"></div>' + curve)
+    return _page("kv_heads", f"probe kv-heads: {payload['model']}", body, _map_data(payload),
+                 embed_plotly=embed_plotly)

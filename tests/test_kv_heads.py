@@ -1,0 +1,250 @@
+"""KV-cache head maps: retrieval and streaming scores on a planted model, window ablation against hand-written masked
+attention, GQA aggregation, the needle set, the exports read back as their consumers read them, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_cli, tiny_loaded
+from test_browser import browser  # noqa: F401  (the fixture)
+
+from probe.ablation.editor import ablate
+from probe.ablation.window import WindowAblation
+from probe.data import natural_set
+from probe.kv import aggregate, kv_groups, kv_heads
+from probe.models import load_model
+from probe.needle import NeedleOptions, needle_set
+
+TESTS = Path(__file__).parent
+PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
+
+
+def test_planted_retrieval_and_streaming_heads_score_one_and_the_others_near_zero() -> None:
+    """1.1 copies the token after the earlier copy (the needle's key); 0.0 (previous token) and 0.1 (sink) look only
+    at sink + recent keys; the random heads spread their attention."""
+    loaded = load_model(PLANTED)
+    result = kv_heads(loaded, lengths=(250,), depths=(0.2, 0.5, 0.8), prompts=2, sink=1, recent=4, curve=False)
+    retrieval, streaming = result.retrieval, result.streaming
+    assert retrieval[1, 1] > 0.99
+    others = [(layer, head) for layer in range(2) for head in range(4) if (layer, head) != (1, 1)]
+    assert all(retrieval[h] < 0.01 for h in others)
+    assert streaming[0, 0] > 0.99 and streaming[0, 1] > 0.99
+    assert all(streaming[h] < 0.15 for h in others if h not in ((0, 0), (0, 1)))
+    assert all(row["accuracy"] == 1.0 for row in result.accuracy)  # the planted model retrieves every key
+    assert result.order[-1] == (1, 1)  # the retrieval head streams last
+
+
+def _by_hand(attn: torch.nn.Module, hidden: torch.Tensor, position: tuple[torch.Tensor, torch.Tensor],
+             windowed: set[int], sink: int, recent: int) -> torch.Tensor:
+    """Llama attention written out: RoPE, GQA by repeating KV heads, a per-head mask, softmax, output projection."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    b, n, _ = hidden.shape
+    d = attn.head_dim
+    q = attn.q_proj(hidden).view(b, n, -1, d).transpose(1, 2)
+    k = attn.k_proj(hidden).view(b, n, -1, d).transpose(1, 2)
+    v = attn.v_proj(hidden).view(b, n, -1, d).transpose(1, 2)
+    q, k = apply_rotary_pos_emb(q, k, *position)
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    causal = j <= i
+    window = causal & ((j < sink) | (j > i - recent))
+    allowed = torch.stack([window if head in windowed else causal for head in range(q.shape[1])])  # (hq, n, n)
+    scores = (q @ k.transpose(-1, -2)) * d**-0.5
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    return attn.o_proj((weights @ v).transpose(1, 2).reshape(b, n, -1))
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_window_ablation_equals_hand_written_masked_attention(implementation: str) -> None:
+    loaded = tiny_loaded("llama_gqa")
+    loaded.model.config._attn_implementation = implementation
+    attn = loaded.model.model.layers[0].self_attn
+    seen: dict[str, object] = {}
+
+    def before(module, args, kwargs):  # noqa: ANN001
+        seen["hidden"] = kwargs.get("hidden_states", args[0] if args else None)
+        seen["position"] = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
+
+    def after(module, args, kwargs, output):  # noqa: ANN001
+        seen["output"] = output[0]
+
+    ids = torch.randint(0, 120, (2, 40), generator=torch.Generator().manual_seed(1))
+    handles = [attn.register_forward_pre_hook(before, with_kwargs=True),
+               attn.register_forward_hook(after, with_kwargs=True)]
+    try:
+        with torch.no_grad(), ablate(loaded.model, [(0, 1), (0, 2)], method=WindowAblation(sink=2, recent=5)):
+            loaded.model(ids)
+        with torch.no_grad():
+            expected = _by_hand(attn, seen["hidden"], seen["position"], {1, 2}, 2, 5)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert torch.allclose(seen["output"], expected, atol=1e-5)
+    with torch.no_grad():  # restored on exit: the plain model again
+        loaded.model(ids)
+        plain = _by_hand(attn, seen["hidden"], seen["position"], set(), 2, 5)
+    assert not torch.allclose(plain, expected, atol=1e-3)
+
+
+def test_window_ablation_in_a_sweep_matches_the_naive_path() -> None:
+    from probe.ablate import sweep
+
+    loaded = tiny_loaded("llama_gqa")
+    probe_set = natural_set(loaded, seq_len=60, num_seqs=2)
+    method = WindowAblation(sink=1, recent=4)
+    exact = sweep(loaded, probe_set, [(1, 0), (1, 3)], groups=[[(0, 0), (0, 1)]], method=method)
+    naive = sweep(loaded, probe_set, [(1, 0), (1, 3)], groups=[[(0, 0), (0, 1)]], method=method, mode="naive")
+    assert exact.path.startswith("exact")
+    for a, b in zip(exact.results, naive.results):
+        assert a.loss == pytest.approx(b.loss, abs=1e-5)
+        assert a.loss != pytest.approx(exact.baseline_loss, abs=1e-7)
+
+
+@pytest.fixture(scope="module")
+def tiny_result():
+    """kv_heads with its curve on a tiny Llama with grouped KV heads (4 query heads, 2 KV heads)."""
+    return kv_heads(tiny_loaded("llama_gqa"), lengths=(100,), depths=(0.5,), sink=2, recent=8, steps=2,
+                    random_seeds=(0,), curve_texts=1, full_fraction=0.5)
+
+
+def test_gqa_aggregation_streams_a_kv_head_only_if_every_query_head_can(tiny_result) -> None:
+    loaded = tiny_loaded("llama_gqa")  # 4 query heads, 2 KV heads
+    assert kv_groups(loaded) == (4, 2)
+    scores = torch.tensor([[0.1, 0.9, 0.3, 0.2], [0.5, 0.4, 0.0, 0.8]])
+    assert torch.equal(aggregate(scores, 2, "max"), torch.tensor([[0.9, 0.3], [0.5, 0.8]]))
+    assert torch.equal(aggregate(scores, 2, "min"), torch.tensor([[0.1, 0.2], [0.4, 0.0]]))
+    payload = tiny_result.to_dict()
+    assert len(payload["kv_heads"]) == 4 and len(payload["heads"]) == 8
+    for row in payload["kv_heads"]:
+        group = [h for h in payload["heads"] if h["layer"] == row["layer"] and h["kv_head"] == row["kv_head"]]
+        assert row["retrieval"] == max(h["retrieval"] for h in group)
+        assert row["streaming"] == min(h["streaming"] for h in group)
+    assert payload["n_streaming"] == 2
+    curve = payload["curve"]
+    assert curve["k"] == [0, 2, 4]
+    ends = {name: (order["loss_change"][0], order["loss_change"][-1]) for name, order in curve["orders"].items()}
+    assert all(first == 0.0 for first, _ in ends.values())
+    assert len({last for _, last in ends.values()}) == 1  # every head streamed: the same model whatever the order
+
+
+def test_needle_set_places_the_key_and_its_sources(smollm2) -> None:
+    needles = needle_set(smollm2, NeedleOptions(lengths=(200, 260), depths=(0.0, 1.0), seed=3))
+    assert needles.input_ids.shape == (4, 260)
+    for row in range(4):
+        length = needles.cells[row][0]
+        ids, sources = needles.input_ids[row], needles.sources[row]
+        queries = (sources >= 0).nonzero().squeeze(1)
+        assert len(queries) == 6  # six digits; the space token carries nothing of the key
+        assert int(queries[-1]) == length - 2  # the last query predicts the last token
+        for query in queries.tolist():  # each answer token is the needle token it names
+            assert ids[query + 1] == ids[sources[query]]
+        assert needles.keys[row] in smollm2.tokenizer.decode(ids[:length])
+
+
+def test_exports_read_back_as_their_consumers_read_them(tmp_path: Path, capsys, monkeypatch) -> None:
+    out = tmp_path / "duo"
+    code, _, err = run_cli(["kv-heads", "--model", PLANTED, "--lengths", "120", "--depths", "0.5", "--sink", "1",
+                            "--recent", "4", "--no-curve", "--full-fraction", "0.25",
+                            "--export", f"duo:{out}", "--export", f"razor:{tmp_path / 'razor.json'}",
+                            "--export", f"headkv:{tmp_path / 'headkv.json'}", "--json", str(tmp_path / "kv.json")],
+                           capsys, monkeypatch)
+    assert code == 0, err
+    table = np.loadtxt(out / "full_attention_heads.tsv", dtype=float, delimiter="\t")  # DuoAttention's reader
+    assert table.shape == (2, 4) and ((table >= 0) & (table <= 1)).all()
+    config = json.loads((out / "config.json").read_text())
+    assert config["sink_size"] == 1 and config["recent_size"] == 4
+    payload = json.loads((tmp_path / "kv.json").read_text())
+    full = {(row["layer"], row["kv_head"]) for row in payload["kv_heads"] if row["label"] == "full"}
+    assert full == {(layer, kv) for layer in range(2) for kv in range(4) if table[layer, kv] > 0.5}
+    assert len(full) == 2 and (1, 1) in full
+    razor = json.loads((tmp_path / "razor.json").read_text())
+    assert {(int(layer), kv) for layer, heads in razor.items() for kv in heads} == full
+    with open(tmp_path / "headkv.json") as file:  # as HeadKV reads it: the first line, values in file order
+        headkv = json.loads(file.readline())
+    scores = np.array([np.mean(value) for value in headkv.values()]).reshape(2, 4)
+    assert list(headkv) == [f"{layer}-{head}" for layer in range(2) for head in range(4)]
+    assert scores[1, 1] > 0.99 and scores.sum() == pytest.approx(scores[1, 1])
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["--lengths", "300"], "longer than the model's context of 256"),
+    (["--needle", "Code:{key}"], "tokenizes its key differently"),
+    (["--export", "vllm:x.json"], "unknown export format 'vllm'"),
+    (["--export", "duo"], "FORMAT:PATH"),
+])
+def test_bad_input_is_one_line(args: list[str], expected: str, capsys, monkeypatch) -> None:
+    model = "smollm2" if "--needle" in args else PLANTED
+    code, _, err = run_cli(["kv-heads", "--model", model, "--no-curve", *args], capsys, monkeypatch)
+    assert code == 2
+    assert expected in err and len(err.strip().splitlines()) == 1
+
+
+def test_existing_output_needs_force(tmp_path: Path, capsys, monkeypatch) -> None:
+    target = tmp_path / "razor.json"
+    target.write_text("{}")
+    code, _, err = run_cli(["kv-heads", "--model", PLANTED, "--lengths", "120", "--no-curve",
+                            "--export", f"razor:{target}"], capsys, monkeypatch)
+    assert code == 2 and "--force" in err and len(err.strip().splitlines()) == 1
+    assert target.read_text() == "{}"
+
+
+@pytest.mark.browser
+def test_kv_heads_page_draws_the_map_and_the_curve(tiny_result, tmp_path: Path, browser) -> None:
+    from test_browser import Opened, screenshot
+    from test_html import SCRIPT
+
+    from reports.kv_heads import kv_heads_page
+
+    payload = tiny_result.to_dict() | {"model": SCRIPT}
+    path = tmp_path / "kv.html"
+    path.write_text(kv_heads_page(payload), encoding="utf-8")
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        page = context.new_page()
+        opened = Opened(page, path.resolve().as_uri())
+        page.on("console", lambda message: opened.console.append((message.type, message.text)))
+        page.on("pageerror", lambda error: opened.errors.append(str(error)))
+        page.on("request", lambda request: opened.requests.append(request.url))
+        page.goto(opened.url)
+        opened.wait_ready()
+        assert page.text_content("h1") == f"KV heads of {SCRIPT}"
+        grid = page.evaluate("document.querySelector('.probe-kv-map').data[0]")
+        for row in payload["kv_heads"]:
+            assert grid["z"][row["layer"]][row["kv_head"]] == (1 if row["label"] == "full" else 0)
+            assert f"retrieval {row['retrieval']:.3f}" in grid["text"][row["layer"]][row["kv_head"]]
+        lines = page.evaluate("document.querySelector('.probe-curve-needle').data.map(d => [d.name, d.y])")
+        assert [name for name, _ in lines] == ["probe's order", "random 0"]
+        assert lines[0][1] == payload["curve"]["orders"]["probe"]["needle_accuracy"]
+        screenshot(opened, "kv_heads.png")
+        opened.check_clean()
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("n, start, block, sink, recent", [(300, 0, 300, 4, 64), (300, 128, 100, 4, 64),
+                                                           (300, 0, 40, 4, 64), (200, 50, 150, 0, 7)])
+def test_streaming_score_equals_the_masked_mass_by_hand(n: int, start: int, block: int, sink: int,
+                                                        recent: int) -> None:
+    """Blocks of a padded batch: the strided band sum equals the sum over a hand-built sink + recent mask."""
+    from probe.heads.scores import Batch, streaming_score
+
+    weights = torch.rand(2, 3, block, n, generator=torch.Generator().manual_seed(n + start))
+    valid = torch.ones(2, n, dtype=torch.bool)
+    valid[1, 150:] = False
+    sums, counts = streaming_score(weights, start, Batch(valid, 1, None), sink=sink, recent=recent)
+    expected, count = torch.zeros(3, dtype=torch.float64), 0
+    for row in range(2):
+        for q in range(block):
+            i = start + q
+            if i < sink + recent or not valid[row, i]:
+                continue
+            keys = [j for j in range(n) if j <= i and (j < sink or j > i - recent)]
+            expected += weights[row, :, q, keys].sum(dim=-1).double()
+            count += 1
+    assert torch.allclose(sums, expected, atol=1e-4) and counts.tolist() == [count] * 3
