@@ -89,9 +89,9 @@ def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
     if "duo" in exports:
         exports["duo"].mkdir(parents=True, exist_ok=True)
         save(exports["duo"] / "full_attention_heads.tsv", lambda path: write_text(path, duo_tsv(payload)))
-        save(exports["duo"] / "config.json", lambda path: write_json(path, duo_config(payload)))
+        save(exports["duo"] / "config.json", lambda path: write_json(path, duo_config(payload), stamp=False))
     if "razor" in exports:
-        save(exports["razor"], lambda path: write_json(path, razor_map(payload)))
+        save(exports["razor"], lambda path: write_json(path, razor_map(payload), stamp=False))
     if "headkv" in exports:
         # one line: HeadKV reads `json.loads(file.readline())` and reshapes the values, in file order, to
         # (layers, heads)

@@ -93,9 +93,10 @@ def finite(data: Any) -> Any:
     return data
 
 
-def write_json(path: str | Path, data: dict[str, Any]) -> Path:
-    """Strict JSON (non-finite numbers written as null), atomically."""
-    return write_text(path, json.dumps(finite(stamped(data)), indent=2, allow_nan=False) + "\n")
+def write_json(path: str | Path, data: dict[str, Any], *, stamp: bool = True) -> Path:
+    """Strict JSON (non-finite numbers written as null), atomically. `stamp=False`: a file in another tool's format
+    (an export), which must hold exactly what that tool reads, so no provenance key."""
+    return write_text(path, json.dumps(finite(stamped(data) if stamp else data), indent=2, allow_nan=False) + "\n")
 
 
 def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> Path:
