@@ -26,6 +26,15 @@ CAUSAL_BLOCK = 128  # smallest query block worth splitting causal attention into
 OnBlock = Callable[[int, Tensor], None]
 """(first query index of the block, weights (batch, query_heads, block, keys) in float32) -> None."""
 
+_KEYS_COMPUTED = "probe_keys_computed"  # attribute of a handed-out block: the columns from there on are exactly 0
+
+
+def keys_computed(weights: Tensor) -> int:
+    """How many leading keys of a block handed to `on_block` were computed; the later ones are exactly zero (a
+    causal block's keys after its last query). Lets a reduction skip the zeros; any block read whole is right too."""
+    return getattr(weights, _KEYS_COMPUTED, weights.shape[-1])
+
+
 _use_count = getattr(torch._C, "_storage_Use_Count", None)  # private: without it every block gets fresh memory
 
 
@@ -36,12 +45,12 @@ def _storage_users(tensor: Tensor) -> int:
 class _Buffer:
     """One flat buffer that a call's blocks are written into, one block after another."""
 
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device, reusable: bool) -> None:
         self.numel, self.dtype, self.device = numel, dtype, device
+        self.reusable = reusable  # False when autograd records: out= arguments do not record gradients
         self.flat: Tensor | None = None
         self.users = 0  # storage users right after allocation: more after a callback means it kept the block
         self.zero_from: tuple[int, int] | None = None  # (rows, first column) of a layout whose later columns are 0
-        self.reusable = not torch.is_grad_enabled()  # out= arguments do not record gradients
 
     def view(self, *shape: int) -> Tensor:
         """A contiguous tensor of `shape` at the start of the buffer (allocated on first use)."""
@@ -141,24 +150,30 @@ def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
 def _hand_out(on_block: OnBlock, start: int, weights: Tensor, n_keys: int, padded: _Buffer) -> None:
     """Give the block's weights over all keys: a truncated block's later keys as zeros."""
     limit = weights.shape[-1]
-    if limit == n_keys or not padded.reusable:
-        on_block(start, weights if limit == n_keys else F.pad(weights, (0, n_keys - limit)))
+    if limit == n_keys:
+        on_block(start, weights)
         return
-    batch, n_heads, size, _ = weights.shape
-    full = padded.view(batch, n_heads, size, n_keys)  # (b, hq, size, kv)
-    full[..., :limit] = weights
-    zero_from = padded.zero_from
-    if zero_from is None or zero_from[0] != size or zero_from[1] > limit:  # limits grow block by block
-        full[..., limit:] = 0
-    padded.zero_from = (size, limit)
+    if padded.reusable:
+        batch, n_heads, size, _ = weights.shape
+        full = padded.view(batch, n_heads, size, n_keys)  # (b, hq, size, kv)
+        full[..., :limit] = weights
+        zero_from = padded.zero_from
+        if zero_from is None or zero_from[0] != size or zero_from[1] > limit:  # limits grow block by block
+            full[..., limit:] = 0
+        padded.zero_from = (size, limit)
+    else:
+        full = F.pad(weights, (0, n_keys - limit))
+    setattr(full, _KEYS_COMPUTED, limit)
     on_block(start, full)
 
 
-def _buffers(query: Tensor, key: Tensor, plan: _Plan) -> tuple[_Buffer, _Buffer]:
+def _buffers(query: Tensor, key: Tensor, value: Tensor, plan: _Plan) -> tuple[_Buffer, _Buffer]:
     """(scores, zero-padded weights): room for one block of the call against all keys."""
     batch, n_heads = query.shape[:2]
     numel = batch * n_heads * plan.block * key.shape[2]
-    return _Buffer(numel, query.dtype, query.device), _Buffer(numel, torch.float32, query.device)
+    reusable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
+    return (_Buffer(numel, query.dtype, query.device, reusable),
+            _Buffer(numel, torch.float32, query.device, reusable))
 
 
 def blocked_attention(
@@ -193,7 +208,7 @@ def blocked_attention(
     scaling = head_dim**-0.5 if scaling is None else scaling
     plan = _plan(query, key, mask, causal, query_block)
     key_t = key.transpose(-1, -2)  # (b, hk, d, kv)
-    scores_buffer, padded = _buffers(query, key, plan)
+    scores_buffer, padded = _buffers(query, key, value, plan)
     outputs = []
     for start in range(0, n_queries, plan.block):
         stop = min(start + plan.block, n_queries)
