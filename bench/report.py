@@ -274,6 +274,18 @@ def long_context(data: dict[str, Any]) -> str:
     if target:
         lines.append(f"- Target `probe classify` at 4096 tokens <= {TARGETS['long_context_4096']}x a plain "
                      f"forward: {_verdict(target['timings']['ratio_vs_baseline']['probe'], TARGETS['long_context_4096'])}.")
+    layer = data.get("layer_profile")
+    if layer:
+        lines.append(f"\n- Profile of one attention layer (SmolLM2's sizes, random q/k/v, {layer['length']} positions, "
+                     "causal): blocked attention with the six scores reduced from its blocks, before and after; "
+                     f"plain sdpa attention of the same tensors {layer['sdpa_seconds']:.3f} s (min of 3).\n")
+        lines.append("| code | seconds (min of 3) | vs sdpa | top ops by self time (share of the profiled run) |")
+        lines.append("|---|---:|---:|---|")
+        for label in ("before", "after"):
+            part = layer[label]
+            ops = ", ".join(f"{op['op'].replace('aten::', '')} {op['share']:.0%}" for op in part["ops"][:6])
+            lines.append(f"| {label} | {part['seconds']:.3f} | {part['seconds'] / layer['sdpa_seconds']:.2f}x | "
+                         f"{ops} |")
     memory = data.get("memory")
     if memory:
         lines.append("\n- Memory: fresh processes (`python -m bench.long_context_point TOOL N`), a random llama with "

@@ -206,6 +206,29 @@ def test_scores_of_truncated_blocks_equal_their_definitions() -> None:
     assert min(seen) < n  # truncated blocks were handed out
 
 
+def test_blocked_attention_under_autograd_gives_gradients() -> None:
+    """With inputs that need gradients the reused buffers (out= arguments record no gradients) are not used: the
+    output and its gradient equal the direct computation's."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 20, 8, requires_grad=True), torch.randn(1, 2, 20, 8, requires_grad=True),
+               torch.randn(1, 2, 20, 8, requires_grad=True))
+    blocks = []
+    out = blocked_attention(q, k, v, scaling=None, mask=None, causal=True, query_block=6,
+                            on_block=lambda start, w: blocks.append(w.detach().clone()))
+    out.sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = (q @ kr.transpose(-1, -2) * 8**-0.5).masked_fill(~torch.ones(20, 20, dtype=torch.bool).tril(),
+                                                               torch.finfo(torch.float32).min)
+    expected = scores.softmax(-1) @ vr
+    expected.sum().backward()
+    assert (out - expected).abs().max() <= 1e-5
+    assert all((a - t.grad).abs().max() <= 1e-5 for a, t in zip(got, (q, k, v)))
+    assert (torch.cat(blocks, dim=2) - scores.softmax(-1)).abs().max() <= 1e-6
+
+
 def test_attention_only_forward_skips_the_full_logits() -> None:
     model = tiny_hf("llama_gqa")
     ids = torch.randint(1, 120, (2, 30))
