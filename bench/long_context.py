@@ -183,7 +183,7 @@ def run(lengths: list[int] | None = None, repeats: dict[int, int] | None = None,
     if profile_layer:
         out["layer_profile"] = layer_profile(4096, log)
     loaded = load_model("smollm2")
-    for length in lengths or list(REPEATS):
+    for length in list(REPEATS) if lengths is None else lengths:
         count = (repeats or {}).get(length, REPEATS.get(length, 1))
         out["speed"][str(length)] = _speed(loaded, length, count, length <= BEFORE_UP_TO, log)
     out["load_after"] = load_average()
