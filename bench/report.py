@@ -336,9 +336,6 @@ def render(extra: str = "") -> str:
             parts.append(f"## {name}\n\nNot run yet: `python -m bench {name}`.\n")
     from bench.common import RESULTS_DIR
 
-    before = load_result("profile-before")  # the profile of the code before issue 16, kept to compare
-    if before is not None:
-        parts.append(profile(before).replace("## Where the time goes", "## Where the time went before issue 16", 1))
     for path in sorted(RESULTS_DIR.glob("classification-*.json")):  # GPU runs of benchmark 1
         data = load_result(path.stem)
         if data is not None:
