@@ -304,6 +304,9 @@ def long_context(data: dict[str, Any]) -> str:
                 extra = "stopped at the cap" if point.get("killed") else "failed"
             lines.append(f"| {labels.get(tool, tool)} | {point['length']} | {point['peak_rss'] / GIB:.2f} | "
                          f"{point['seconds']:.0f} | {extra} |")
+        sources = sorted({point["source"] for point in memory.values() if point.get("source")})
+        if sources:
+            lines.append("\nPoints measured outside this section's run: " + "; ".join(sources) + ".")
         ok = all(memory[k]["peak_rss"] < 8 * GIB and not memory[k].get("returncode")
                  for k in ("classify:32768", "heatmap:32768") if k in memory)
         lines.append(f"\nTarget 32,768 tokens under 8 GiB for classify and a heatmap window: "
