@@ -37,6 +37,7 @@ def main() -> None:
     parser.add_argument("--long-repeats", type=int, default=None, help="long_context: repeats per length "
                                                                        "(default 7 at 128, 3 at 4096, 1 at 8192)")
     parser.add_argument("--no-long-memory", action="store_true", help="long_context: skip the 32k memory points")
+    parser.add_argument("--no-before", action="store_true", help="long_context: time only plain and probe")
     parser.add_argument("--no-layer-profile", action="store_true", help="long_context: skip the one-layer profile")
     parser.add_argument("--device", default=None, help="classification benchmark: torch device (default cpu)")
     parser.add_argument("--dtype", default="float32", help="classification benchmark: float32, bfloat16, float16")
@@ -88,6 +89,7 @@ def main() -> None:
             lengths = [int(x) for x in args.long_lengths.split(",") if x]
             data = long_context.run(lengths, {n: args.long_repeats for n in lengths} if args.long_repeats else None,
                                     memory=not args.no_long_memory, profile_layer=not args.no_layer_profile,
+                                    with_before=not args.no_before,
                                     log=log)
         else:
             from bench import profile

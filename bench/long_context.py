@@ -172,7 +172,7 @@ def _memory(log: Any) -> dict[str, Any]:
 
 
 def run(lengths: list[int] | None = None, repeats: dict[int, int] | None = None, memory: bool = True,
-        profile_layer: bool = True, log: Any = print) -> dict[str, Any]:
+        profile_layer: bool = True, with_before: bool = True, log: Any = print) -> dict[str, Any]:
     from probe.models import load_model
 
     started, load_before = now(), load_average()
@@ -185,6 +185,6 @@ def run(lengths: list[int] | None = None, repeats: dict[int, int] | None = None,
     loaded = load_model("smollm2")
     for length in list(REPEATS) if lengths is None else lengths:
         count = (repeats or {}).get(length, REPEATS.get(length, 1))
-        out["speed"][str(length)] = _speed(loaded, length, count, length <= BEFORE_UP_TO, log)
+        out["speed"][str(length)] = _speed(loaded, length, count, with_before and length <= BEFORE_UP_TO, log)
     out["load_after"] = load_average()
     return out

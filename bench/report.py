@@ -252,7 +252,8 @@ def long_context(data: dict[str, Any]) -> str:
              "what `probe classify` runs per probe set) against one plain sdpa forward with logits "
              "(`model(input_ids)`) of the same ids, interleaved, order rotated each repeat; ratio = median of "
              f"per-repeat ratios. `before` is the blocked attention and score functions of {data['before_commit']} "
-             "(before issue 16), swapped in and timed in the same run.\n",
+             "(before issue 16), swapped in and timed in the same run. Rows can come from separate runs "
+             "(`--long-lengths`); NOTES.md names each row's run and load.\n",
              "| tokens | repeats | plain (s) | probe (s) | probe / plain | range | before (s) | before / plain | "
              "probe / before |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for length, part in sorted(data["speed"].items(), key=lambda kv: int(kv[0])):
