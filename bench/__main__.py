@@ -1,6 +1,6 @@
 """`python -m bench [NAME ...] [options]`: run the benchmarks (default: all) and rewrite bench/RESULTS.md.
 
-NAME is classification, ablation, taylor, memory or profile. Each benchmark saves bench/results/NAME.json with the
+NAME is classification, ablation, taylor, memory, profile or long_context. Each benchmark saves bench/results/NAME.json with the
 machine, date and this command line; RESULTS.md is rendered from every saved result (`python -m bench --render`
 only renders).
 """
@@ -15,7 +15,7 @@ import time
 from bench import report
 from bench.common import save_result
 
-ALL = ["classification", "ablation", "taylor", "memory", "profile"]
+ALL = ["classification", "ablation", "taylor", "memory", "profile", "long_context"]
 
 
 def main() -> None:
@@ -32,6 +32,13 @@ def main() -> None:
     parser.add_argument("--lengths", default="512,1024,2048,4096,8192", help="memory benchmark lengths")
     parser.add_argument("--memory-tools", default=None, help="comma list of load_only,probe,hf,tl,tl_patterns")
     parser.add_argument("--profile-length", type=int, default=2048, help="tokens of the long profiled sequence")
+    parser.add_argument("--long-lengths", default="128,4096,8192",
+                        help="long_context: lengths timed against a plain forward ('' for none)")
+    parser.add_argument("--long-repeats", type=int, default=None, help="long_context: repeats per length "
+                                                                       "(default 7 at 128, 3 at 4096, 1 at 8192)")
+    parser.add_argument("--no-long-memory", action="store_true", help="long_context: skip the 32k memory points")
+    parser.add_argument("--no-before", action="store_true", help="long_context: time only plain and probe")
+    parser.add_argument("--no-layer-profile", action="store_true", help="long_context: skip the one-layer profile")
     parser.add_argument("--device", default=None, help="classification benchmark: torch device (default cpu)")
     parser.add_argument("--dtype", default="float32", help="classification benchmark: float32, bfloat16, float16")
     parser.add_argument("--no-tl", action="store_true", help="leave TransformerLens out")
@@ -76,6 +83,14 @@ def main() -> None:
 
             tools = args.memory_tools.split(",") if args.memory_tools else None
             data = memory.run([int(x) for x in args.lengths.split(",")], tools, log=log)
+        elif name == "long_context":
+            from bench import long_context
+
+            lengths = [int(x) for x in args.long_lengths.split(",") if x]
+            data = long_context.run(lengths, {n: args.long_repeats for n in lengths} if args.long_repeats else None,
+                                    memory=not args.no_long_memory, profile_layer=not args.no_layer_profile,
+                                    with_before=not args.no_before,
+                                    log=log)
         else:
             from bench import profile
 
@@ -93,6 +108,12 @@ def main() -> None:
                 previous["points"].update(data["points"])
                 previous["tool_runs"] = runs
                 data = previous
+        if name == "long_context":  # a run of some lengths (or memory only) keeps the other parts
+            from bench.common import load_result
+
+            previous = load_result("long_context") or {}
+            data["speed"] = {**previous.get("speed", {}), **data["speed"]}
+            data.update({key: value for key, value in previous.items() if key not in data})
         path = save_result(name if not (name == "classification" and args.device not in (None, "cpu"))
                            else f"{name}-{args.device}-{args.dtype}", data)
         log(f"   saved {path} ({data['bench_seconds']:.0f} s)")

@@ -6,7 +6,7 @@ from typing import Any
 
 from bench.common import GIB, RESULTS_MD, load_result
 
-TARGETS = {"classification": 1.15, "ablation_naive": 0.65, "ablation_tl": 0.57}
+TARGETS = {"classification": 1.15, "ablation_naive": 0.65, "ablation_tl": 0.57, "long_context_4096": 1.5}
 
 
 def _machine(data: dict[str, Any]) -> str:
@@ -249,10 +249,79 @@ def profile(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def long_context(data: dict[str, Any]) -> str:
+    lines = ["## 5. Long context: classification against a plain forward, and 32k tokens in memory\n", _machine(data),
+             "- Speed: SmolLM2, one sequence of BOS + R random tokens repeated twice, all six scores (`score_heads`, "
+             "what `probe classify` runs per probe set) against one plain sdpa forward with logits "
+             "(`model(input_ids)`) of the same ids, interleaved, order rotated each repeat; ratio = median of "
+             f"per-repeat ratios. `before` is the blocked attention and score functions of {data['before_commit']} "
+             "(before issue 16), swapped in and timed in the same run. Rows can come from separate runs "
+             "(`--long-lengths`); NOTES.md names each row's run and load.\n",
+             "| tokens | repeats | plain (s) | probe (s) | probe / plain | range | before (s) | before / plain | "
+             "probe / before |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for length, part in sorted(data["speed"].items(), key=lambda kv: int(kv[0])):
+        t = part["timings"]
+        median, ratio, spread = t["median_seconds"], t["ratio_vs_baseline"], t["ratio_range"]["probe"]
+        before = ("probe_before" in median and
+                  f"{median['probe_before']:.2f} | {ratio['probe_before']:.2f}x | "
+                  f"{t['paired_ratios']['probe/probe_before']:.2f}x") or " | | "
+        lines.append(f"| {part['tokens']} | {len(t['seconds']['plain'])} | {median['plain']:.2f} | "
+                     f"{median['probe']:.2f} | **{ratio['probe']:.2f}x** | {spread[0]:.2f}-{spread[1]:.2f} | "
+                     f"{before} |")
+    lines.append("")
+    for length, part in sorted(data["speed"].items(), key=lambda kv: int(kv[0])):
+        if "largest_difference_before_after" in part:
+            worst = max(part["largest_difference_before_after"].values())
+            lines.append(f"- {part['tokens']} tokens: largest |score difference| before vs after over the six "
+                         f"scores and 270 heads: {worst:.1e}.")
+    target = data["speed"].get("4096")
+    if target:
+        lines.append(f"- Target `probe classify` at 4096 tokens <= {TARGETS['long_context_4096']}x a plain "
+                     f"forward: {_verdict(target['timings']['ratio_vs_baseline']['probe'], TARGETS['long_context_4096'])}.")
+    layer = data.get("layer_profile")
+    if layer:
+        lines.append(f"\n- Profile of one attention layer (SmolLM2's sizes, random q/k/v, {layer['length']} positions, "
+                     "causal): blocked attention with the six scores reduced from its blocks, before and after; "
+                     f"plain sdpa attention of the same tensors {layer['sdpa_seconds']:.3f} s (min of 3).\n")
+        lines.append("| code | seconds (min of 3) | vs sdpa | top ops by self time (share of the profiled run) |")
+        lines.append("|---|---:|---:|---|")
+        for label in ("before", "after"):
+            part = layer[label]
+            ops = ", ".join(f"{op['op'].replace('aten::', '')} {op['share']:.0%}" for op in part["ops"][:6])
+            lines.append(f"| {label} | {part['seconds']:.3f} | {part['seconds'] / layer['sdpa_seconds']:.2f}x | "
+                         f"{ops} |")
+    memory = data.get("memory")
+    if memory:
+        lines.append("\n- Memory: fresh processes (`python -m bench.long_context_point TOOL N`), a random llama with "
+                     "SmolLM2's layer sizes (576 hidden, 9/3 heads of 64, MLP 1536, vocabulary 49,152), 2 layers, "
+                     "32,768-token context; peak RSS from the kernel, 8 GiB watchdog.\n")
+        lines.append("| point | tokens | peak RSS (GiB) | wall (s) | |")
+        lines.append("|---|---:|---:|---:|---|")
+        labels = {"load_only": "floor: model built, nothing run", "classify": "`classify`, all six scores (both sets)",
+                  "heatmap": "`attention_patterns`, last 512 positions", "equal": "scores blocked vs unblocked"}
+        for key, point in memory.items():
+            tool = key.split(":")[0]
+            extra = ""
+            if "largest_difference" in point:
+                extra = "largest difference " + f"{max(point['largest_difference'].values()):.1e}"
+            if point.get("returncode"):
+                extra = "stopped at the cap" if point.get("killed") else "failed"
+            lines.append(f"| {labels.get(tool, tool)} | {point['length']} | {point['peak_rss'] / GIB:.2f} | "
+                         f"{point['seconds']:.0f} | {extra} |")
+        sources = sorted({point["source"] for point in memory.values() if point.get("source")})
+        if sources:
+            lines.append("\nPoints measured outside this section's run: " + "; ".join(sources) + ".")
+        ok = all(memory[k]["peak_rss"] < 8 * GIB and not memory[k].get("returncode")
+                 for k in ("classify:32768", "heatmap:32768") if k in memory)
+        lines.append(f"\nTarget 32,768 tokens under 8 GiB for classify and a heatmap window: "
+                     f"{'**met**' if ok else '**not met**'}.")
+    return "\n".join(lines) + "\n"
+
+
 HEADER = """# probe benchmarks
 
 Run them all with `python -m bench` (or `bash bench/run.sh`); one at a time with `python -m bench classification`,
-`ablation`, `taylor`, `memory`, `profile`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'`
+`ablation`, `taylor`, `memory`, `profile`, `long_context`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'`
 (install `torch` first, pinned to the version you have, so that the resolver keeps it). Each benchmark writes
 `bench/results/NAME.json`; this file is rendered from those files, so every number below was measured in the run
 whose date and command head its section. Ratios are against a baseline timed in the same run.
@@ -291,7 +360,7 @@ def kv_heads(data: dict[str, Any]) -> str:
 def render(extra: str = "") -> str:
     parts = [HEADER]
     for name, fn in (("classification", classification), ("ablation", ablation), ("taylor", taylor),
-                     ("memory", memory), ("profile", profile)):
+                     ("memory", memory), ("profile", profile), ("long_context", long_context)):
         data = load_result(name)
         if data is not None:
             parts.append(fn(data))

@@ -170,6 +170,65 @@ def test_positional_score_equals_argmax_definition_with_ties_and_nan() -> None:
         assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), (start, stop)
 
 
+def test_scores_of_truncated_blocks_equal_their_definitions() -> None:
+    """Blocks handed out by causal attention (keys after the block's last query never computed, zeros) with exact
+    ties (a head whose query is zero attends uniformly): the positional score equals argmax on the full-width block,
+    the diagonal scores equal A[i, i + shift] read one entry at a time."""
+    torch.manual_seed(1)
+    b, hq, hk, n, d = 2, 6, 2, 45, 8
+    q, k, v = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d), torch.randn(b, hk, n, d)
+    q[:, 1] = 0  # uniform rows: every key ties with the maximum
+    k[:, :, 7] = k[:, :, 6]  # keys 6 and 7 equal: rows tie between a neighbour and another key
+    valid = torch.ones(b, n, dtype=torch.bool)
+    valid[1, 40:] = False
+    batch = Batch(valid, 1, None)
+    seen = []
+
+    def check(start: int, weights: torch.Tensor) -> None:
+        seen.append(blocked.keys_computed(weights))
+        untouched = weights.clone()
+        got = positional_score(weights, start, batch)
+        assert torch.equal(weights, untouched)  # the block is read, never changed
+        expected = _positional_reference(weights, start, batch)
+        assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]), start
+        for shift in (-1, 1):
+            sums, counts = SCORES["previous_token"].reduce(weights, start, batch) if shift == -1 else \
+                SCORES["next_token"].reduce(weights, start, batch)
+            rows = [(s, i) for s in range(b) for i in range(start, start + weights.shape[2])
+                    if 0 <= i + shift < n and valid[s, i] and valid[s, i + shift]]
+            expected_sums = sum((weights[s, :, i - start, i + shift].double() for s, i in rows), torch.zeros(hq,
+                                dtype=torch.float64))
+            assert torch.allclose(sums, expected_sums, atol=1e-6) and int(counts[0]) == len(rows)
+
+    with torch.no_grad():
+        for block in (4, 16, n):
+            blocked_attention(q, k, v, scaling=None, mask=None, causal=True, on_block=check, query_block=block)
+    assert min(seen) < n  # truncated blocks were handed out
+
+
+def test_blocked_attention_under_autograd_gives_gradients() -> None:
+    """With inputs that need gradients the reused buffers (out= arguments record no gradients) are not used: the
+    output and its gradient equal the direct computation's."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 4, 20, 8, requires_grad=True), torch.randn(1, 2, 20, 8, requires_grad=True),
+               torch.randn(1, 2, 20, 8, requires_grad=True))
+    blocks = []
+    out = blocked_attention(q, k, v, scaling=None, mask=None, causal=True, query_block=6,
+                            on_block=lambda start, w: blocks.append(w.detach().clone()))
+    out.sum().backward()
+    got = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    scores = (q @ kr.transpose(-1, -2) * 8**-0.5).masked_fill(~torch.ones(20, 20, dtype=torch.bool).tril(),
+                                                               torch.finfo(torch.float32).min)
+    expected = scores.softmax(-1) @ vr
+    expected.sum().backward()
+    assert (out - expected).abs().max() <= 1e-5
+    assert all((a - t.grad).abs().max() <= 1e-5 for a, t in zip(got, (q, k, v)))
+    assert (torch.cat(blocks, dim=2) - scores.softmax(-1)).abs().max() <= 1e-6
+
+
 def test_attention_only_forward_skips_the_full_logits() -> None:
     model = tiny_hf("llama_gqa")
     ids = torch.randint(1, 120, (2, 30))

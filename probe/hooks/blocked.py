@@ -2,12 +2,19 @@
 
 Each block's float32 weights are handed to a callback and dropped, so nothing of size heads x n x n is kept for
 more than one block; the numbers are those of eager attention.
+
+Memory is reused from block to block: on CPU a fresh 100 MB tensor costs more in page faults (the kernel zeroing
+every new page) than the softmax that fills it, so the scores are written by `bmm(out=...)` into one buffer, the
+softmax runs in place there, and the zero-padded block handed to the callback is one more buffer whose zero tail is
+written only when the layout changes. A buffer the callback keeps (capture_attention stores the blocks) is left to
+it, and the next block takes a fresh one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +26,48 @@ CAUSAL_BLOCK = 128  # smallest query block worth splitting causal attention into
 OnBlock = Callable[[int, Tensor], None]
 """(first query index of the block, weights (batch, query_heads, block, keys) in float32) -> None."""
 
+_KEYS_COMPUTED = "probe_keys_computed"  # attribute of a handed-out block: the columns from there on are exactly 0
+
+
+def keys_computed(weights: Tensor) -> int:
+    """How many leading keys of a block handed to `on_block` were computed; the later ones are exactly zero (a
+    causal block's keys after its last query). Lets a reduction skip the zeros; any block read whole is right too."""
+    return getattr(weights, _KEYS_COMPUTED, weights.shape[-1])
+
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)  # private: without it every block gets fresh memory
+
+
+def _storage_users(tensor: Tensor) -> int:
+    return _use_count(tensor.untyped_storage()._cdata) if _use_count is not None else 1 << 30
+
+
+class _Buffer:
+    """One flat buffer that a call's blocks are written into, one block after another."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device, reusable: bool) -> None:
+        self.numel, self.dtype, self.device = numel, dtype, device
+        self.reusable = reusable  # False when autograd records: out= arguments do not record gradients
+        self.flat: Tensor | None = None
+        self.users = 0  # storage users right after allocation: more after a callback means it kept the block
+        self.zero_from: tuple[int, int] | None = None  # (rows, first column) of a layout whose later columns are 0
+
+    def view(self, *shape: int) -> Tensor:
+        """A contiguous tensor of `shape` at the start of the buffer (allocated on first use)."""
+        if self.flat is None:
+            self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+            self.users = _storage_users(self.flat)
+            self.zero_from = None
+        size = 1
+        for dim in shape:
+            size *= dim
+        return self.flat[:size].view(*shape)
+
+    def give_up_if_kept(self) -> None:
+        """After a callback: if it kept (a view of) the block, the buffer is its own now; take a fresh one next."""
+        if self.flat is not None and _storage_users(self.flat) > self.users:
+            self.flat = None
+
 
 @dataclass
 class _Plan:
@@ -27,7 +76,6 @@ class _Plan:
     block: int  # queries per block
     offset: int  # keys before the first query: queries are the last n positions of the keys
     truncate: bool  # causal without a mask: a block computes only the keys up to its last query
-    future: Tensor | None  # (block, block) bool, True above the diagonal: the causal mask of a truncated block
 
 
 def _choose_block(batch: int, heads: int, queries: int, keys: int, query_block: int | None) -> int:
@@ -45,11 +93,13 @@ def _plan(query: Tensor, key: Tensor, mask: Tensor | None, causal: bool, query_b
     block = _choose_block(batch, n_heads, n_queries, n_keys, query_block)
     if truncate and query_block is None:  # several blocks, so that the skipped keys add up (<= 1/16 computed twice)
         block = min(block, max(CAUSAL_BLOCK, -(-n_queries // 8)))
-    future = None
-    if truncate and n_queries > 1:
-        size = min(block, n_queries)
-        future = torch.ones(size, size, dtype=torch.bool, device=query.device).triu_(1)
-    return _Plan(block, offset, truncate, future)
+    return _Plan(min(block, n_queries), offset, truncate)
+
+
+@lru_cache(maxsize=16)
+def _future(size: int, device: torch.device) -> Tensor:
+    """(size, size) bool, True above the diagonal: the causal mask of a truncated block, built once per shape."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).triu_(1)
 
 
 def _apply_mask(scores: Tensor, mask: Tensor, start: int, stop: int, n_keys: int) -> Tensor:
@@ -63,25 +113,31 @@ def _apply_mask(scores: Tensor, mask: Tensor, start: int, stop: int, n_keys: int
 
 
 def _block_scores(query: Tensor, key_t: Tensor, start: int, stop: int, limit: int, scaling: float,
-                  softcap: float | None, position_bias: Tensor | None) -> Tensor:
+                  softcap: float | None, position_bias: Tensor | None, buffer: _Buffer) -> Tensor:
     """Scaled (and soft-capped, biased) scores of queries start..stop against the first `limit` keys."""
     batch, n_heads, _, head_dim = query.shape
     n_kv_heads, size = key_t.shape[1], stop - start
-    # (b, hk, repeat * size, d): the query heads sharing a key/value head, one after the other
-    q = query[:, :, start:stop].reshape(batch, n_kv_heads, n_heads // n_kv_heads * size, head_dim) * scaling
-    scores = torch.matmul(q, key_t[..., :limit]).view(batch, n_heads, size, limit)  # (b, hq, size, limit)
+    rows = n_heads // n_kv_heads * size
+    # (b * hk, repeat * size, d): the query heads sharing a key/value head, one after the other
+    q = query[:, :, start:stop].reshape(batch * n_kv_heads, rows, head_dim) * scaling
+    keys = key_t[..., :limit].reshape(batch * n_kv_heads, head_dim, limit)  # a view: key_t is key transposed
+    out = buffer.view(batch * n_kv_heads, rows, limit) if buffer.reusable else None
+    scores = torch.bmm(q, keys, out=out).view(batch, n_heads, size, limit)
     del q
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if position_bias is not None:
         bias = position_bias[..., start:stop, :limit] if position_bias.shape[-2] > 1 else position_bias[..., :limit]
         scores = scores + bias
-    return scores
+    return scores  # (b, hq, size, limit)
 
 
 def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
-    """float32 softmax over the keys; learned sink logits (gpt-oss) join as one extra column, dropped after."""
+    """float32 softmax over the keys (in place on float32 scores); learned sink logits (gpt-oss) join as one extra
+    column, dropped after."""
     if sinks is None:
+        if scores.dtype == torch.float32 and not scores.requires_grad:
+            return torch.softmax(scores, dim=-1, out=scores)
         return F.softmax(scores, dim=-1, dtype=torch.float32)
     batch, _, size, _ = scores.shape
     sink_column = sinks.reshape(1, -1, 1, 1).expand(batch, -1, size, 1).to(scores.dtype)  # (b, hq, size, 1)
@@ -91,17 +147,33 @@ def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
     return F.softmax(combined, dim=-1, dtype=torch.float32)[..., :-1]
 
 
-def _hand_out(on_block: OnBlock, start: int, weights: Tensor, n_keys: int) -> None:
+def _hand_out(on_block: OnBlock, start: int, weights: Tensor, n_keys: int, padded: _Buffer) -> None:
     """Give the block's weights over all keys: a truncated block's later keys as zeros."""
     limit = weights.shape[-1]
     if limit == n_keys:
         on_block(start, weights)
         return
-    batch, n_heads, size, _ = weights.shape
-    full = weights.new_empty(batch, n_heads, size, n_keys)  # (b, hq, size, kv)
-    full[..., :limit] = weights
-    full[..., limit:] = 0
+    if padded.reusable:
+        batch, n_heads, size, _ = weights.shape
+        full = padded.view(batch, n_heads, size, n_keys)  # (b, hq, size, kv)
+        full[..., :limit] = weights
+        zero_from = padded.zero_from
+        if zero_from is None or zero_from[0] != size or zero_from[1] > limit:  # limits grow block by block
+            full[..., limit:] = 0
+        padded.zero_from = (size, limit)
+    else:
+        full = F.pad(weights, (0, n_keys - limit))
+    setattr(full, _KEYS_COMPUTED, limit)
     on_block(start, full)
+
+
+def _buffers(query: Tensor, key: Tensor, value: Tensor, plan: _Plan) -> tuple[_Buffer, _Buffer]:
+    """(scores, zero-padded weights): room for one block of the call against all keys."""
+    batch, n_heads = query.shape[:2]
+    numel = batch * n_heads * plan.block * key.shape[2]
+    reusable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
+    return (_Buffer(numel, query.dtype, query.device, reusable),
+            _Buffer(numel, torch.float32, query.device, reusable))
 
 
 def blocked_attention(
@@ -127,28 +199,30 @@ def blocked_attention(
 
     Cost-saving details that do not change the numbers: grouped-query heads are computed by folding the query
     heads of one key/value head into the query axis (no repeated copies of keys and values); the scaling is applied
-    to the query block; and without a mask, causal attention computes only the keys up to the block's last query
-    (the later ones get weight 0, written as zeros into the block handed to `on_block`).
+    to the query block; without a mask, causal attention computes only the keys up to the block's last query
+    (the later ones get weight 0, written as zeros into the block handed to `on_block`); and blocks are written
+    into reused buffers (see the module's docstring).
     """
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv_heads, n_keys = key.shape[1], key.shape[2]
     scaling = head_dim**-0.5 if scaling is None else scaling
     plan = _plan(query, key, mask, causal, query_block)
     key_t = key.transpose(-1, -2)  # (b, hk, d, kv)
+    scores_buffer, padded = _buffers(query, key, value, plan)
     outputs = []
     for start in range(0, n_queries, plan.block):
         stop = min(start + plan.block, n_queries)
         size = stop - start
         limit = stop + plan.offset if plan.truncate else n_keys  # keys this block can attend to
-        scores = _block_scores(query, key_t, start, stop, limit, scaling, softcap, position_bias)
+        scores = _block_scores(query, key_t, start, stop, limit, scaling, softcap, position_bias, scores_buffer)
         if mask is not None:
             scores = _apply_mask(scores, mask, start, stop, n_keys)
-        elif plan.future is not None:  # causal: only the last `size` keys can lie after a query
-            scores[..., limit - size:].masked_fill_(plan.future[:size, :size], torch.finfo(scores.dtype).min)
+        elif plan.truncate and n_queries > 1:  # causal: only the last `size` keys can lie after a query
+            scores[..., limit - size:].masked_fill_(_future(size, query.device), torch.finfo(scores.dtype).min)
         weights = _softmax(scores, sinks)  # (b, hq, size, limit) float32
         del scores
         if on_block is not None:
-            _hand_out(on_block, start, weights, n_keys)
+            _hand_out(on_block, start, weights, n_keys, padded)
         weights = weights.to(value.dtype)
         if dropout > 0.0:
             weights = F.dropout(weights, p=dropout, training=True)
@@ -156,4 +230,6 @@ def blocked_attention(
         out = torch.matmul(weights.reshape(batch, n_kv_heads, -1, limit), value[:, :, :limit])
         outputs.append(out.view(batch, n_heads, size, head_dim))
         del weights, out
+        scores_buffer.give_up_if_kept()  # our own views are gone: any other user is the callback
+        padded.give_up_if_kept()
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
