@@ -725,4 +725,4 @@ def test_a_registered_method_is_a_command_line_choice(tmp_path: Path, capsys, mo
     assert payload["method"] == "sequence_mean" and len(payload["heads"]) == 2
     monkeypatch.delitem(METHODS, "sequence_mean")
     code, _, stderr = run_cli(["ablate", "--model", PLANTED, "--method", "sequence_mean"], capsys, monkeypatch)
-    assert code == 2 and f"use one of {', '.join([*METHODS, 'estimate'])}" in stderr and "sequence_mean" not in stderr
+    assert code == 2 and f"use one of {', '.join([*METHODS, 'estimate'])}" in stderr
