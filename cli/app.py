@@ -18,9 +18,9 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from cli import ablate, circuits, classify, heatmap, kv_heads, models, prune, syntax
-from cli.outputs import forget_provenance, remember_parameters
-from cli.progress import set_quiet, warn
+from probe.cli import ablate, circuits, classify, heatmap, kv_heads, models, prune, syntax
+from probe.cli.outputs import forget_provenance, remember_parameters
+from probe.cli.progress import set_quiet, warn
 from probe.errors import ProbeError
 
 

@@ -8,16 +8,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, JsonFile, Model, ModelChoice, NumSeqs,
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, JsonFile, Model, ModelChoice, NumSeqs,
                          OffloadFolder, Seed, TrustRemoteCode, load)
-from cli.outputs import check_outputs, save
-from cli.progress import console, progress_bar
+from probe.cli.outputs import check_outputs, save
+from probe.cli.progress import console, progress_bar
 from probe.circuits.pairs import circuits as find_circuits
 from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
-from reports.circuits import circuit_rows, circuits_report
-from reports.files import write_csv, write_json
+from probe.reports.circuits import circuit_rows, circuits_report
+from probe.reports.files import write_csv, write_json
 
 Top = Annotated[int, typer.Option("--top", help="Earlier heads listed per induction head.")]
 NoCheck = Annotated[bool, typer.Option("--no-check", help="Skip the ablation check (weights and classification only).")]

@@ -9,17 +9,17 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder, Seed,
+from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder, Seed,
                          TrustRemoteCode, load)
-from cli.outputs import check_outputs, save
-from cli.progress import console, progress_bar
+from probe.cli.outputs import check_outputs, save
+from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK
 from probe.kv import DEFAULT_FULL_FRACTION, kv_heads as run_kv_heads
 from probe.models import DEFAULT_MODEL
 from probe.needle import DEFAULT_DEPTHS, DEFAULT_NEEDLE
-from reports.files import write_json, write_text
-from reports.kv_heads import duo_config, duo_tsv, headkv_scores, kv_heads_page, kv_heads_report, razor_map
+from probe.reports.files import write_json, write_text
+from probe.reports.kv_heads import duo_config, duo_tsv, headkv_scores, kv_heads_page, kv_heads_report, razor_map
 
 EXPORTS = ("duo", "razor", "headkv")
 """duo:DIR (DuoAttention), razor:FILE.json (RazorAttention), headkv:FILE.json (HeadKV / Wu et al.)."""

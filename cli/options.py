@@ -9,8 +9,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.outputs import record_provenance
-from cli.progress import status, warn
+from probe.cli.outputs import record_provenance
+from probe.cli.progress import status, warn
 from probe.models import ALIASES, LoadedModel, load_model
 
 Model = Annotated[str, typer.Option(

@@ -8,11 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cli.progress import note, warn
+from probe.cli.progress import note, warn
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.provenance import command_line, provenance
-from reports.files import check_writable, non_finite_heads, stamp_outputs
+from probe.reports.files import check_writable, non_finite_heads, stamp_outputs
 
 SHOWN_HEADS = 10  # heads named in the non-finite warning
 

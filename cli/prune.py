@@ -9,18 +9,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
                          OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
-from cli.outputs import check_outputs, save
-from cli.progress import console, progress_bar
+from probe.cli.outputs import check_outputs, save
+from probe.cli.progress import console, progress_bar
 from probe.ablation.methods import METHODS
 from probe.ablation.prune import ORDERINGS, PruneResult, check_prune_options
 from probe.ablation.prune import prune as run_prune
 from probe.data import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
-from reports.files import write_csv, write_json, write_text
-from reports.prune import prune_page
+from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.prune import prune_page
 
 Step = Annotated[float, typer.Option("--step", help="Share of the heads removed per step, e.g. 0.1 (10%).")]
 MaxIncrease = Annotated[Optional[str], typer.Option(

@@ -8,17 +8,17 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                          OffloadFolder, TrustRemoteCode, load)
-from cli.outputs import check_outputs, save
-from cli.progress import console, progress_bar, status, warn
+from probe.cli.outputs import check_outputs, save
+from probe.cli.progress import console, progress_bar, status, warn
 from probe.data import ENGLISH
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.syntax import Sentence, read_conllu, syntax_scores
 from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT
-from reports.files import write_csv, write_json, write_text
-from reports.syntax import syntax_page, syntax_report, syntax_rows
+from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.syntax import syntax_page, syntax_report, syntax_rows
 
 Conllu = Annotated[Optional[Path], typer.Option(
     "--conllu", help="Gold parses as a CoNLL-U file (Universal Dependencies labels).")]

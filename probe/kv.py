@@ -330,7 +330,7 @@ class KVHeads:
         }
 
     def _repr_html_(self) -> str:
-        from reports.kv_heads import kv_heads_page  # reports render; the library never needs them otherwise
+        from probe.reports.kv_heads import kv_heads_page  # reports render; the library never needs them otherwise
 
         return kv_heads_page(self.to_dict(), embed_plotly=False)
 

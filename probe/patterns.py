@@ -100,7 +100,7 @@ class Patterns:
                 f"{len(self.tokens)} of {self.total_tokens} tokens from {self.source})")
 
     def _repr_html_(self) -> str:
-        from reports.html import heatmap_page  # reports render; the library never needs them otherwise
+        from probe.reports.html import heatmap_page  # reports render; the library never needs them otherwise
 
         return heatmap_page(self.to_dict(), embed_plotly=False)
 

@@ -145,7 +145,7 @@ def model_device(loaded: LoadedModel) -> str:
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command as typed, the program shown as `probe` (python -m cli, or the script's path, say)."""
+    """The command as typed, the program shown as `probe` (python -m probe.cli, or the script's path, say)."""
     args = sys.argv[1:] if argv is None else argv
     return shlex.join(["probe", *args])
 

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reports.labels import short_label
+from probe.reports.labels import short_label
 
 
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:

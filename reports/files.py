@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ProbeError
-from reports.html import provenance_block
-from reports.labels import short_label
+from probe.reports.html import provenance_block
+from probe.reports.labels import short_label
 
 _stamp: dict[str, Any] = {}  # "provenance": the dict every file written from now on carries
 

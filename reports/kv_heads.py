@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reports.html import _kv, _page, esc, plotly_text
-from reports.labels import long_label, short_label
+from probe.reports.html import _kv, _page, esc, plotly_text
+from probe.reports.labels import long_label, short_label
 
 LISTED = 15  # full KV heads listed in the terminal; the JSON has all
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from probe.errors import ProbeError
-from reports.html import _kv, _page, esc
+from probe.reports.html import _kv, _page, esc
 
 COLORS = {"michel": "#b2182b", "sweep": "#2166ac"}
 NAMES = {"michel": "Michel importance (recomputed each step)", "sweep": "single-head sweep order"}

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from reports.html import ASSETS, _kv, _page, esc
-from reports.labels import short_label
+from probe.reports.html import ASSETS, _kv, _page, esc
+from probe.reports.labels import short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
 SHOWN_SYNTACTIC = 25  # heads listed in the overview

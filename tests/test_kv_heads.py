@@ -199,7 +199,7 @@ def test_kv_heads_page_draws_the_map_and_the_curve(tiny_result, tmp_path: Path, 
     from test_browser import Opened, screenshot
     from test_html import SCRIPT
 
-    from reports.kv_heads import kv_heads_page
+    from probe.reports.kv_heads import kv_heads_page
 
     payload = tiny_result.to_dict() | {"model": SCRIPT}
     path = tmp_path / "kv.html"

@@ -18,7 +18,7 @@ from probe.data import repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
 from probe.provenance import file_facts, model_facts, provenance, tensor_hash
-from reports.files import current_stamp, write_json
+from probe.reports.files import current_stamp, write_json
 
 TESTS = Path(__file__).parent
 PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from reports.prune import prune_page
+from probe.reports.prune import prune_page
 from test_browser import browser, open_page, screenshot  # noqa: F401 (fixtures)
 from test_html import IMG, SCRIPT
 

@@ -7,7 +7,7 @@ import pytest
 
 from planted_syntax import conllu_corpus, planted_syntax
 from probe.syntax import read_conllu, syntax_scores
-from reports.syntax import syntax_page
+from probe.reports.syntax import syntax_page
 from test_browser import browser, open_page, screenshot  # noqa: F401 (fixtures)
 from test_html import IMG, SCRIPT
 

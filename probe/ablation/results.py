@@ -181,6 +181,6 @@ class AblationResult:
                 f"{top or 'none'})")
 
     def _repr_html_(self) -> str:
-        from reports.html import ablation_page  # lazy, one way: reports renders the plain payload
+        from probe.reports.html import ablation_page  # lazy, one way: reports renders the plain payload
 
         return ablation_page(self.to_dict(), embed_plotly=False)  # a notebook output: a fragment

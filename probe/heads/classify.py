@@ -82,7 +82,7 @@ class Classification:
         return f"Classification({self.model!r}: {self.n_layers} layers x {self.n_heads} heads; flagged: {counts})"
 
     def _repr_html_(self) -> str:
-        from reports.html import classification_page  # reports render; the library never needs them otherwise
+        from probe.reports.html import classification_page  # reports render; the library never needs them otherwise
 
         return classification_page(self.to_dict(), embed_plotly=False)
 
