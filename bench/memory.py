@@ -53,10 +53,10 @@ def predict(points: list[tuple[int, int]], length: int) -> float | None:
 
 def command(tool: str, length: int) -> list[str]:
     if tool == "probe":
-        return [sys.executable, "-m", "cli", "classify", "--seq-len", str(length - 1), "--num-seqs", "1",
+        return [sys.executable, "-m", "probe.cli", "classify", "--seq-len", str(length - 1), "--num-seqs", "1",
                 "--batch-size", "1"]
     if tool == "probe_ablate":
-        return [sys.executable, "-m", "cli", "ablate", "--heads", "0.0,0.1,29.8", "--seq-len", str(length - 1),
+        return [sys.executable, "-m", "probe.cli", "ablate", "--heads", "0.0,0.1,29.8", "--seq-len", str(length - 1),
                 "--num-seqs", "1", "--batch-size", "1"]
     return [sys.executable, "-m", "bench.memory_point", tool, str(length)]
 

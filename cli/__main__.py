@@ -1,5 +1,5 @@
-"""`python -m cli` (and `torchrun -m cli`): the `probe` command."""
+"""`python -m probe.cli` (and `torchrun -m probe.cli`): the `probe` command."""
 
-from cli.app import main
+from probe.cli.app import main
 
 main()

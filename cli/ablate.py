@@ -16,10 +16,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
-                         OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
-from cli.outputs import check_distinct, check_outputs, save, warn_non_finite
-from cli.progress import console, note, status, sweep_progress, warn
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+                               NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
+from probe.cli.outputs import check_distinct, check_outputs, save, warn_non_finite
+from probe.cli.progress import console, note, status, sweep_progress, warn
 from probe.ablate import METHODS, AblationResult, Head, estimate, head_means, parse_heads, read_results
 from probe.attention import attention_layers
 from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
@@ -27,9 +27,9 @@ from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFA
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel, cache_root, load_model
-from reports.files import write_csv, write_json, write_text
-from reports.html import ablation_page
-from reports.terminal import ablation_report
+from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.html import ablation_page
+from probe.reports.terminal import ablation_report
 
 HEAD_ITEM = re.compile(r"^(all|\*|\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$")
 

@@ -8,19 +8,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
-                         OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
-from cli.outputs import check_outputs, save, warn_non_finite
-from cli.progress import console, progress_bar, status
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+                               NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
+from probe.cli.outputs import check_outputs, save, warn_non_finite
+from probe.cli.progress import console, progress_bar, status
 from probe.classify import Classification
 from probe.classify import classify as run_classify
 from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patterns import classification_patterns
-from reports.files import write_json, write_text
-from reports.html import classification_page
-from reports.terminal import classification_report
+from probe.reports.files import write_json, write_text
+from probe.reports.html import classification_page
+from probe.reports.terminal import classification_report
 
 Data = Annotated[Optional[Path], typer.Option(
     "--data", help="UTF-8 text file to use instead of the embedded English text.")]

@@ -7,14 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.options import Device, DeviceMap, Dtype, Force, Model, ModelChoice, OffloadFolder, TrustRemoteCode, load
-from cli.outputs import check_outputs
-from cli.progress import note, status
+from probe.cli.options import Device, DeviceMap, Dtype, Force, Model, ModelChoice, OffloadFolder, TrustRemoteCode, load
+from probe.cli.outputs import check_outputs
+from probe.cli.progress import note, status
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.patterns import read_text, text_patterns
-from reports.files import write_text
-from reports.html import heatmap_page
+from probe.reports.files import write_text
+from probe.reports.html import heatmap_page
 
 Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
 File = Annotated[Optional[Path], typer.Option("--file", help="A UTF-8 text file to look at.")]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from cli.progress import console
+from probe.cli.progress import console
 from probe.models import ALIASES, DEFAULT_MODEL, alias_path
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.progress import status
+from probe.cli.progress import status
 from probe.models import ALIASES, LoadedModel, load_model
 
 Model = Annotated[str, typer.Option(

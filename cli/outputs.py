@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from cli.progress import note, warn
+from probe.cli.progress import note, warn
 from probe.errors import ProbeError
-from reports.files import check_writable, non_finite_heads
+from probe.reports.files import check_writable, non_finite_heads
 
 SHOWN_HEADS = 10  # heads named in the non-finite warning
 

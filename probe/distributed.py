@@ -1,6 +1,6 @@
 """Sharded sweeps under torchrun: split the heads of an ablation sweep over processes, GPUs and machines.
 
-probe uses the engine researchers already run: `torchrun --nproc-per-node N -m cli ablate ...` (or
+probe uses the engine researchers already run: `torchrun --nproc-per-node N -m probe.cli ablate ...` (or
 `torchrun --no-python probe ablate ...`, and multi-node torchrun). Every process loads the model on its own device
 (or its own group of GPUs, with a `device_map`), computes the same unablated baseline, and runs a share of the
 sweep's forward passes: the sweep is cut into exactly the chunks (stacked ablations of one layer) that one process

@@ -95,7 +95,7 @@ class Patterns:
                 "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE}
 
     def _repr_html_(self) -> str:
-        from reports.html import heatmap_page  # reports render; the library never needs them otherwise
+        from probe.reports.html import heatmap_page  # reports render; the library never needs them otherwise
 
         return heatmap_page(self.to_dict(), embed_plotly=False)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ProbeError
-from reports.labels import short_label
+from probe.reports.labels import short_label
 
 
 def check_writable(path: str | Path, *, force: bool) -> Path:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from probe.errors import ProbeError
-from reports.labels import long_label, short_label
+from probe.reports.labels import long_label, short_label
 
 ASSETS = Path(__file__).parent / "assets"
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "

@@ -61,7 +61,7 @@ def tiny_llama() -> LoadedModel:
 
 def run_cli(args: list[str], capsys, monkeypatch) -> tuple[int, str, str]:
     """Run the `probe` entry point in-process; returns (exit code, stdout, stderr)."""
-    from cli.app import main
+    from probe.cli.app import main
 
     monkeypatch.setattr(sys, "argv", ["probe", *args])
     code = 0

@@ -23,7 +23,7 @@ from probe.attention import attention_layers, logits_of, run_model
 from probe.data import ProbeSet, natural_set, repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
-from reports.files import write_csv
+from probe.reports.files import write_csv
 
 TESTS = Path(__file__).parent
 HF_KINDS = ["llama_gqa", "llama_mqa", "qwen2", "gemma2", "gpt2", "gpt_bigcode", "bert"]
@@ -576,8 +576,8 @@ def test_cli_empty_and_too_short_data_files(tmp_path: Path, capsys, monkeypatch,
     assert code == 2 and "is empty" in stderr and len(stderr.strip().splitlines()) == 1
     short = tmp_path / "short.txt"
     short.write_text("Hi")
-    monkeypatch.setattr("cli.options.load", lambda *args, **kwargs: smollm2)  # the session's model, not a reload
-    monkeypatch.setattr("cli.ablate.load", lambda *args, **kwargs: smollm2)
+    monkeypatch.setattr("probe.cli.options.load", lambda *args, **kwargs: smollm2)  # the session's model, not a reload
+    monkeypatch.setattr("probe.cli.ablate.load", lambda *args, **kwargs: smollm2)
     code, _, stderr = run_cli(["ablate", "--data", str(short), "--seq-len", "4"], capsys, monkeypatch)
     assert code == 2 and "fewer than one chunk" in stderr and len(stderr.strip().splitlines()) == 1
 

@@ -84,7 +84,7 @@ def test_default_model_probe_sets(smollm2) -> None:
 @pytest.mark.slow
 def test_default_model_cli_flags_induction_and_previous_token_heads(tmp_path: Path) -> None:
     out = tmp_path / "smollm2.json"
-    completed = subprocess.run([sys.executable, "-m", "cli", "classify", "--json", str(out)], capture_output=True,
+    completed = subprocess.run([sys.executable, "-m", "probe.cli", "classify", "--json", str(out)], capture_output=True,
                                text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr
     data = json.loads(out.read_text())

@@ -22,16 +22,16 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from cli.app import FLAGS, flag_message
-from cli.progress import PlainProgress
+from probe.cli.app import DISTRIBUTION, FLAGS, flag_message
+from probe.cli.progress import PlainProgress
 from conftest import run_cli, tiny_loaded
 from probe.ablate import estimate, sweep
 from probe.data import repeated_set
 from probe.errors import ProbeError
-from reports.files import write_csv, write_json, write_text
-from reports.html import ablation_page
-from reports.labels import long_label, short_label
-from reports.terminal import ablation_report
+from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.html import ablation_page
+from probe.reports.labels import long_label, short_label
+from probe.reports.terminal import ablation_report
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -51,8 +51,8 @@ def strict_json(path: Path) -> dict:
 
 def start(args: list[str], tmp_path: Path, **env: str) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path / "cache"), **env}
-    return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "probe.cli", *args], cwd=ROOT, env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -105,7 +105,7 @@ def test_keyboard_interrupt_in_process_is_130(capsys, monkeypatch) -> None:
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("cli.classify.run_classify", interrupted)
+    monkeypatch.setattr("probe.cli.classify.run_classify", interrupted)
     code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
     assert code == 130 and stderr.strip() == "interrupted"
 
@@ -126,8 +126,8 @@ def test_two_outputs_at_one_path_are_refused_before_any_work(args: list[str], fl
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr("cli.classify.load", never)
-    monkeypatch.setattr("cli.ablate.load", never)
+    monkeypatch.setattr("probe.cli.classify.load", never)
+    monkeypatch.setattr("probe.cli.ablate.load", never)
     monkeypatch.chdir(tmp_path)
     filled = [arg.format(out=tmp_path / "out.json") for arg in args]
     code, _, stderr = run_cli([*filled, "--model", PLANTED], capsys, monkeypatch)
@@ -139,7 +139,8 @@ def test_two_outputs_at_one_path_are_refused_before_any_work(args: list[str], fl
 def test_every_output_file_is_written_by_a_rename(tmp_path: Path, capsys, monkeypatch) -> None:
     renamed = []
     original = os.replace
-    monkeypatch.setattr("reports.files.os.replace", lambda src, dst: renamed.append(Path(dst)) or original(src, dst))
+    monkeypatch.setattr("probe.reports.files.os.replace",
+                        lambda src, dst: renamed.append(Path(dst)) or original(src, dst))
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))  # the results stream is renamed too: elsewhere
     outputs = {flag: tmp_path / f"sweep.{flag[2:]}" for flag in ("--json", "--csv", "--html")}
     code, _, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, *(x for pair in outputs.items()
@@ -167,7 +168,7 @@ def test_an_interrupted_write_leaves_no_file(tmp_path: Path, monkeypatch) -> Non
     def interrupted(src, dst):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("reports.files.os.replace", interrupted)
+    monkeypatch.setattr("probe.reports.files.os.replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         write_text(tmp_path / "page.html", "<html>" * 1000)
     assert list(tmp_path.iterdir()) == []
@@ -179,7 +180,7 @@ def test_an_interrupted_write_leaves_no_file(tmp_path: Path, monkeypatch) -> Non
 
 def test_nan_attention_gives_strict_json_and_one_warning(tmp_path: Path) -> None:
     out = tmp_path / "heads.json"
-    completed = subprocess.run([sys.executable, "-m", "cli", "classify", "--model", NAN, "--num-seqs", "2",
+    completed = subprocess.run([sys.executable, "-m", "probe.cli", "classify", "--model", NAN, "--num-seqs", "2",
                                 "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert completed.returncode == 0, completed.stderr
@@ -194,7 +195,8 @@ def test_nan_attention_gives_strict_json_and_one_warning(tmp_path: Path) -> None
 def test_files_are_written_before_the_terminal_report(tmp_path: Path) -> None:
     """A report that fails to print (a closed pipe, a crash) must not cost the results."""
     out = tmp_path / "sweep.json"
-    completed = subprocess.run([sys.executable, "-m", "cli", "ablate", "--model", NAN, *SMALL, "--json", str(out)],
+    completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", NAN, *SMALL,
+                                "--json", str(out)],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
                                env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path)})
     assert completed.returncode == 0, completed.stdout
@@ -250,7 +252,7 @@ def test_library_errors_reach_the_command_line_with_flags(capsys, monkeypatch) -
 
     code, _, stderr = run_cli(["classify", "--model", PLANTED, "--seq-len", "1"], capsys, monkeypatch)
     assert code == 2 and "--seq-len must be at least 2" in stderr
-    monkeypatch.setattr("cli.classify.run_classify", refuse)
+    monkeypatch.setattr("probe.cli.classify.run_classify", refuse)
     code, _, stderr = run_cli(["classify", "--model", PLANTED, "--num-seqs", "0"], capsys, monkeypatch)
     assert code == 2 and stderr.strip() == "error: --num-seqs must be at least 1, got 0"
 
@@ -270,7 +272,7 @@ def test_an_unforeseen_error_is_one_line_and_exit_1(capsys, monkeypatch) -> None
     def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr("cli.classify.run_classify", broken)
+    monkeypatch.setattr("probe.cli.classify.run_classify", broken)
     code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)
     assert code == 1 and stderr.strip() == "error: RuntimeError: disk on fire (run with --debug for the traceback)"
 
@@ -282,7 +284,7 @@ def test_remote_code_runs_only_when_asked(capsys, monkeypatch) -> None:
         calls.append(kwargs)
         raise ProbeError("stop here")
 
-    monkeypatch.setattr("cli.options.load_model", record)
+    monkeypatch.setattr("probe.cli.options.load_model", record)
     for command in (["classify"], ["heatmap", "--text", "hi", "--html", "never.html"], ["ablate"]):
         assert run_cli([*command, "--model", "org/name"], capsys, monkeypatch)[0] == 2
         assert run_cli([*command, "--model", "org/name", "--trust-remote-code"], capsys, monkeypatch)[0] == 2
@@ -302,12 +304,12 @@ def test_h_is_help_everywhere(capsys, monkeypatch) -> None:
 
 
 def test_version_comes_from_the_package_metadata(capsys, monkeypatch) -> None:
-    assert run_cli(["--version"], capsys, monkeypatch)[:2] == (0, f"probe {metadata.version('probe')}\n")
+    assert run_cli(["--version"], capsys, monkeypatch)[:2] == (0, f"probe {metadata.version(DISTRIBUTION)}\n")
 
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr("cli.app.metadata.version", missing)
+    monkeypatch.setattr("probe.cli.app.metadata.version", missing)
     code, out, _ = run_cli(["--version"], capsys, monkeypatch)
     assert code == 0 and out.startswith("probe unknown (not installed")
 
@@ -383,7 +385,7 @@ def test_an_estimate_says_in_its_titles_that_it_is_one_and_how() -> None:
 
 def test_a_report_in_a_file_is_not_wrapped_at_80_columns(tmp_path: Path) -> None:
     environment = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
-    completed = subprocess.run([sys.executable, "-m", "cli", "ablate", "--model", PLANTED, *SMALL], cwd=ROOT,
+    completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", PLANTED, *SMALL], cwd=ROOT,
                                capture_output=True, text=True, timeout=300,
                                env={**environment, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path)})
     assert completed.returncode == 0, completed.stderr
@@ -400,7 +402,8 @@ PLAIN_LINE = re.compile(r"^ablating heads: \d+%( \(\d+ heads? done\))?, \d+:\d\d
 def test_progress_in_a_log_file_is_plain_lines(tmp_path: Path) -> None:
     log = tmp_path / "stderr.log"
     with open(log, "w", encoding="utf-8") as stderr:
-        completed = subprocess.run([sys.executable, "-m", "cli", "ablate", "--model", SLOW, *SMALL, "--stack", "1"],
+        completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", SLOW, *SMALL,
+                                    "--stack", "1"],
                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
                                    env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path),
                                         "PROBE_TEST_SLEEP": "0.01"})
@@ -448,7 +451,7 @@ def test_verbose_shows_the_library_log(capsys, monkeypatch) -> None:
         logging.getLogger("probe.classify").info("scored every head")
         raise ProbeError("stop here")
 
-    monkeypatch.setattr("cli.classify.run_classify", logs)
+    monkeypatch.setattr("probe.cli.classify.run_classify", logs)
     code, _, stderr = run_cli(["-v", "classify", "--model", PLANTED], capsys, monkeypatch)
     assert code == 2 and "probe.classify: scored every head" in stderr
     code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)

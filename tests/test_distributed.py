@@ -34,14 +34,14 @@ def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, **extra: str) -> subprocess.CompletedProcess:
     assert TORCHRUN is not None, "torchrun is not installed next to this Python"
-    command = [TORCHRUN, "--nproc-per-node", str(nproc), "--standalone", "-m", "cli", "ablate", *args]
+    command = [TORCHRUN, "--nproc-per-node", str(nproc), "--standalone", "-m", "probe.cli", "ablate", *args]
     return subprocess.run(command, cwd=ROOT, env=environment(tmp_path, **extra), capture_output=True, text=True,
                           timeout=300)
 
 
 def alone(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", "ablate", *args], cwd=ROOT, env=environment(tmp_path, **extra),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "probe.cli", "ablate", *args], cwd=ROOT,
+                          env=environment(tmp_path, **extra), capture_output=True, text=True, timeout=300)
 
 
 def comparable(path: Path) -> dict:

@@ -18,7 +18,7 @@ from probe.data import natural_set, repeated_set
 from probe.errors import ProbeError
 from probe.patterns import (AVERAGE, Patterns, attention_patterns, classification_patterns, text_ids, text_patterns,
                             token_strings, visible)
-from reports.html import (ablation_page, classification_page, esc, forget_notebook_plotly, heatmap_page,
+from probe.reports.html import (ablation_page, classification_page, esc, forget_notebook_plotly, heatmap_page,
                           pack_uint16, pattern_spec, plotly_text, script_json)
 
 SCRIPT = "<script>alert(1)</script>"
@@ -291,7 +291,7 @@ def test_ablation_page_leaves_heads_without_a_finite_loss_blank():
 
 @pytest.mark.slow
 def test_heatmap_command(smollm2, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("cli.heatmap.load", lambda *args, **kwargs: smollm2)
+    monkeypatch.setattr("probe.cli.heatmap.load", lambda *args, **kwargs: smollm2)
     out = tmp_path / "page.html"
     code, _, err = run_cli(["heatmap", "--text", f"A cat. {SCRIPT} A cat.", "--html", str(out),
                             "--layers", "0-1,29"], capsys, monkeypatch)

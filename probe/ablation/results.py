@@ -147,6 +147,6 @@ class AblationResult:
         return rows
 
     def _repr_html_(self) -> str:
-        from reports.html import ablation_page  # lazy, one way: reports renders the plain payload
+        from probe.reports.html import ablation_page  # lazy, one way: reports renders the plain payload
 
         return ablation_page(self.to_dict())

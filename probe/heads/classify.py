@@ -65,7 +65,7 @@ class Classification:
         }
 
     def _repr_html_(self) -> str:
-        from reports.html import classification_page  # reports render; the library never needs them otherwise
+        from probe.reports.html import classification_page  # reports render; the library never needs them otherwise
 
         return classification_page(self.to_dict(), embed_plotly=False)
 

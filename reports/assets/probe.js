@@ -372,7 +372,7 @@
       if (++tries < 100) { setTimeout(attempt, 100); return; }
       var root = document.getElementById(id);
       if (root) fail(root, new Error("plotly.js is not on this page. In a notebook, run " +
-        "`import reports.html; reports.html.forget_notebook_plotly()` and display the result again."));
+        "`import probe.reports.html; probe.reports.html.forget_notebook_plotly()` and display the result again."));
     })();
   }
 
