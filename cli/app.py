@@ -123,10 +123,14 @@ def _exit(error: BaseException) -> None:
             sys.exit(code if code is not None else getattr(error, "exit_code", 1))
 
 
+DISTRIBUTION = "probe-heads"
+"""What pip calls probe (pyproject.toml's name; `probe` on PyPI is another project)."""
+
+
 def version() -> str:
     """The installed probe's version, from the package metadata (the one place it is set: pyproject.toml)."""
     try:
-        return metadata.version("probe")
+        return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
         return "unknown (not installed: pip install -e . gives it a version)"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from probe.cli.app import FLAGS, flag_message
+from probe.cli.app import DISTRIBUTION, FLAGS, flag_message
 from probe.cli.progress import PlainProgress
 from conftest import run_cli, tiny_loaded
 from probe.ablate import estimate, sweep
@@ -51,8 +51,8 @@ def strict_json(path: Path) -> dict:
 
 def start(args: list[str], tmp_path: Path, **env: str) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path / "cache"), **env}
-    return subprocess.Popen([sys.executable, "-m", "probe.cli", *args], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "probe.cli", *args], cwd=ROOT, env=environment,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -139,7 +139,8 @@ def test_two_outputs_at_one_path_are_refused_before_any_work(args: list[str], fl
 def test_every_output_file_is_written_by_a_rename(tmp_path: Path, capsys, monkeypatch) -> None:
     renamed = []
     original = os.replace
-    monkeypatch.setattr("probe.reports.files.os.replace", lambda src, dst: renamed.append(Path(dst)) or original(src, dst))
+    monkeypatch.setattr("probe.reports.files.os.replace",
+                        lambda src, dst: renamed.append(Path(dst)) or original(src, dst))
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))  # the results stream is renamed too: elsewhere
     outputs = {flag: tmp_path / f"sweep.{flag[2:]}" for flag in ("--json", "--csv", "--html")}
     code, _, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, *(x for pair in outputs.items()
@@ -195,7 +196,8 @@ def test_nan_attention_gives_strict_json_and_one_warning(tmp_path: Path) -> None
 def test_files_are_written_before_the_terminal_report(tmp_path: Path) -> None:
     """A report that fails to print (a closed pipe, a crash) must not cost the results."""
     out = tmp_path / "sweep.json"
-    completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", NAN, *SMALL, "--json", str(out)],
+    completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", NAN, *SMALL,
+                                "--json", str(out)],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
                                env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path)})
     assert completed.returncode == 0, completed.stdout
@@ -309,7 +311,7 @@ def test_h_is_help_everywhere(capsys, monkeypatch) -> None:
 
 
 def test_version_comes_from_the_package_metadata(capsys, monkeypatch) -> None:
-    assert run_cli(["--version"], capsys, monkeypatch)[:2] == (0, f"probe {metadata.version('probe')}\n")
+    assert run_cli(["--version"], capsys, monkeypatch)[:2] == (0, f"probe {metadata.version(DISTRIBUTION)}\n")
 
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
@@ -407,7 +409,8 @@ PLAIN_LINE = re.compile(r"^ablating heads: \d+%( \(\d+ heads? done\))?, \d+:\d\d
 def test_progress_in_a_log_file_is_plain_lines(tmp_path: Path) -> None:
     log = tmp_path / "stderr.log"
     with open(log, "w", encoding="utf-8") as stderr:
-        completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", SLOW, *SMALL, "--stack", "1"],
+        completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", SLOW, *SMALL,
+                                    "--stack", "1"],
                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
                                    env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path),
                                         "PROBE_TEST_SLEEP": "0.01"})

