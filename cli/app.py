@@ -22,6 +22,7 @@ from probe.cli import ablate, circuits, classify, heatmap, kv_heads, models, pru
 from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import set_quiet, warn
 from probe.errors import ProbeError
+from probe.provenance import DISTRIBUTION
 
 
 class _BareFlags:
@@ -121,10 +122,6 @@ def _exit(error: BaseException) -> None:
             if message:
                 warn(message)
             sys.exit(code if code is not None else getattr(error, "exit_code", 1))
-
-
-DISTRIBUTION = "probe-heads"
-"""What pip calls probe (pyproject.toml's name; `probe` on PyPI is another project)."""
 
 
 def version() -> str:

@@ -28,6 +28,8 @@ from torch import nn
 
 from probe.models import LoadedModel, cache_root
 
+DISTRIBUTION = "probe-heads"
+"""What pip calls probe (pyproject.toml's name; `probe` on PyPI is another project): its version is read from here."""
 CHUNK = 1 << 22  # bytes read at a time when hashing a file
 MAX_TENSOR_HASH = 4 << 30  # weights made by code: hashed up to this many bytes
 
@@ -154,7 +156,7 @@ def provenance(loaded: LoadedModel, *, seed: int | None = None, command: str | N
     """What produced a result: probe, torch, transformers, the model (resolved, hashed, dequantised or not), dtype,
     device, the command line, the seed and the time (UTC)."""
     return {
-        "probe": version_of("probe"), "torch": torch.__version__, "transformers": version_of("transformers"),
+        "probe": version_of(DISTRIBUTION), "torch": torch.__version__, "transformers": version_of("transformers"),
         "python": platform.python_version(), "model": model_facts(loaded), "dtype": model_dtype(loaded),
         "device": model_device(loaded), "command": command, "seed": seed,
         "timestamp_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -17,7 +17,7 @@ from probe.ablate import sweep
 from probe.data import repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
-from probe.provenance import file_facts, model_facts, provenance, tensor_hash
+from probe.provenance import DISTRIBUTION, file_facts, model_facts, provenance, tensor_hash, version_of
 from probe.reports.files import current_stamp, write_json
 
 TESTS = Path(__file__).parent
@@ -33,7 +33,8 @@ def test_every_output_of_a_command_carries_the_provenance(tmp_path: Path, capsys
     code, _, stderr = run_cli(args, capsys, monkeypatch)
     assert code == 0, stderr
     stamp = json.loads(out["json"].read_text(encoding="utf-8"))["provenance"]
-    assert stamp["torch"] == torch.__version__ and stamp["transformers"] and stamp["probe"]
+    assert stamp["torch"] == torch.__version__ and stamp["transformers"]
+    assert stamp["probe"] is not None and stamp["probe"] == version_of(DISTRIBUTION)  # the installed probe-heads
     assert stamp["seed"] == 3 and stamp["dtype"] == "float32" and stamp["device"] == "cpu"
     assert stamp["command"].startswith("probe ablate --model ") and "--seed 3" in stamp["command"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", stamp["timestamp_utc"])
