@@ -11,7 +11,6 @@ import os
 import re
 import sys
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
 import click
@@ -22,7 +21,7 @@ from probe.cli import ablate, circuits, classify, heatmap, kv_heads, models, pru
 from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import set_quiet, warn
 from probe.errors import ProbeError
-from probe.provenance import DISTRIBUTION
+from probe.provenance import DISTRIBUTION, version_of
 
 
 class _BareFlags:
@@ -126,10 +125,7 @@ def _exit(error: BaseException) -> None:
 
 def version() -> str:
     """The installed probe's version, from the package metadata (the one place it is set: pyproject.toml)."""
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed: pip install -e . gives it a version)"
+    return version_of(DISTRIBUTION) or "unknown (not installed: pip install -e . gives it a version)"
 
 
 def _print_version(value: bool) -> None:

@@ -316,7 +316,7 @@ def test_version_comes_from_the_package_metadata(capsys, monkeypatch) -> None:
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr("probe.cli.app.metadata.version", missing)
+    monkeypatch.setattr("probe.provenance.metadata.version", missing)
     code, out, _ = run_cli(["--version"], capsys, monkeypatch)
     assert code == 0 and out.startswith("probe unknown (not installed")
 
