@@ -2,7 +2,7 @@
 forward of the same input (ratios within one run, variants interleaved), then the full map with its curve, and the
 retrieval heads next to the induction heads `classify` flags.
 
-    python -m bench.kv_heads --length 512 --recent 64 --steps 6 --seeds 0 1 --repeats 2
+    python -m bench.kv_heads --length 512 --recent 64 --steps 6 --seeds 0 1 --repeats 2 [--timing-lengths 512 2048]
 
 Writes bench/results/kv_heads.json.
 """
@@ -69,15 +69,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timing-lengths", type=int, nargs="*", help="Lengths to time at (default: --length).")
     parser.add_argument("--timing-from", type=Path, help="A kv_heads.json whose timing to keep instead of timing again.")
     args = parser.parse_args()
     loaded = load_model("smollm2")
     result: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if args.timing_from is not None:
-        result["timing"] = json.loads(args.timing_from.read_text())["timing"]
+        result["timings"] = json.loads(args.timing_from.read_text())["timings"]
     else:
-        result["timing"] = timings(loaded, args.length, args.recent, args.repeats)
-    print(json.dumps(result["timing"]), flush=True)
+        result["timings"] = []
+        for length in args.timing_lengths or [args.length]:
+            result["timings"].append(timings(loaded, length, args.recent, args.repeats))
+            print(json.dumps(result["timings"][-1]), flush=True)
     OUT.write_text(json.dumps(result, indent=1))
     started = time.perf_counter()
     kv = kv_heads(loaded, lengths=(args.length,), depths=(0.25, 0.75), prompts=1, recent=args.recent,

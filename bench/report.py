@@ -334,22 +334,23 @@ device-agnostic (`probe classify --device cuda --dtype bfloat16`); `python -m be
 
 def kv_heads(data: dict[str, Any]) -> str:
     """bench/kv_heads.py: the scoring pass and a curve forward against a plain forward, and the curve's ends."""
-    timing, kv = data["timing"], data["kv_heads"]
-    ratio = timing["ratio_vs_plain"]
-    curve = kv["curve"]
-    lines = [f"## kv-heads: scoring pass and curve forwards, SmolLM2 at {timing['length']} tokens",
-             "", f"- Date: {data['date']}; command: `{data['command']}` (timing: {timing['repeats']} repeats, "
+    kv, curve = data["kv_heads"], data["kv_heads"]["curve"]
+    timings = data.get("timings") or [data["timing"]]  # results written before lengths were a list: one timing
+    lines = [f"## kv-heads: scoring pass and curve forwards, SmolLM2 at {kv['options']['lengths'][-1]} tokens",
+             "", f"- Date: {data['date']}; command: `{data['command']}` (timing: {timings[0]['repeats']} repeats, "
              "variants interleaved, median of per-repeat ratios; see docs/kv-heads.md)", "",
-             "| variant | median time (s) | ratio vs plain forward | target |", "|---|---:|---:|---:|",
-             f"| plain forward (baseline) | {timing['seconds']['plain']:.2f} | 1.00x | |",
-             f"| scoring pass (retrieval + streaming, one needle prompt) | {timing['seconds']['scoring']:.2f} | "
-             f"{ratio['scoring']:.2f}x | <= 1.5x: {_verdict(ratio['scoring'], 1.5)} |",
-             f"| curve forward (half the heads windowed) | {timing['seconds']['curve_forward']:.2f} | "
-             f"{ratio['curve_forward']:.2f}x | <= 1.3x: {_verdict(ratio['curve_forward'], 1.3)} |", "",
-             f"Curve (k of {len(kv['order'])} KV heads streamed, sink {kv['sink']} + recent {kv['recent']}): "
-             f"baseline loss {curve['baseline_loss']:.4f}, needle accuracy {curve['baseline_needle_accuracy']:.2f}.",
-             "", "| k | " + " | ".join(f"{name}: Δ loss, needle" for name in curve["orders"]) + " |",
-             "|---:|" + "---:|" * len(curve["orders"])]
+             "| tokens | plain forward (s, baseline) | scoring pass (retrieval + streaming, one needle prompt) | "
+             "curve forward (half the heads windowed) |", "|---:|---:|---:|---:|"]
+    for timing in timings:
+        ratio = timing["ratio_vs_plain"]
+        lines.append(f"| {timing['length']} | {timing['seconds']['plain']:.2f} | {ratio['scoring']:.2f}x (<= 1.5x: "
+                     f"{_verdict(ratio['scoring'], 1.5)}) | {ratio['curve_forward']:.2f}x (<= 1.3x: "
+                     f"{_verdict(ratio['curve_forward'], 1.3)}) |")
+    lines += ["",
+              f"Curve (k of {len(kv['order'])} KV heads streamed, sink {kv['sink']} + recent {kv['recent']}): "
+              f"baseline loss {curve['baseline_loss']:.4f}, needle accuracy {curve['baseline_needle_accuracy']:.2f}.",
+              "", "| k | " + " | ".join(f"{name}: Δ loss, needle" for name in curve["orders"]) + " |",
+              "|---:|" + "---:|" * len(curve["orders"])]
     for index, k in enumerate(curve["k"]):
         cells = [f"{order['loss_change'][index]:+.4f}, {order['needle_accuracy'][index]:.2f}"
                  for order in curve["orders"].values()]

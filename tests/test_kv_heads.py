@@ -60,8 +60,9 @@ def _by_hand(attn: torch.nn.Module, hidden: torch.Tensor, position: tuple[torch.
     return attn.o_proj((weights @ v).transpose(1, 2).reshape(b, n, -1))
 
 
-@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-def test_window_ablation_equals_hand_written_masked_attention(implementation: str) -> None:
+@pytest.mark.parametrize("implementation,length,recent", [("sdpa", 40, 5), ("eager", 40, 5), ("sdpa", 300, 50)])
+def test_window_ablation_equals_hand_written_masked_attention(implementation: str, length: int, recent: int) -> None:
+    """300 tokens: several query blocks, each gathering its sink and its own recent keys."""
     loaded = tiny_loaded("llama_gqa")
     loaded.model.config._attn_implementation = implementation
     attn = loaded.model.model.layers[0].self_attn
@@ -74,22 +75,43 @@ def test_window_ablation_equals_hand_written_masked_attention(implementation: st
     def after(module, args, kwargs, output):  # noqa: ANN001
         seen["output"] = output[0]
 
-    ids = torch.randint(0, 120, (2, 40), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 120, (2, length), generator=torch.Generator().manual_seed(1))
     handles = [attn.register_forward_pre_hook(before, with_kwargs=True),
                attn.register_forward_hook(after, with_kwargs=True)]
     try:
-        with torch.no_grad(), ablate(loaded.model, [(0, 1), (0, 2)], method=WindowAblation(sink=2, recent=5)):
+        with torch.no_grad(), ablate(loaded.model, [(0, 1), (0, 2)], method=WindowAblation(sink=2, recent=recent)):
             loaded.model(ids)
         with torch.no_grad():
-            expected = _by_hand(attn, seen["hidden"], seen["position"], {1, 2}, 2, 5)
+            expected = _by_hand(attn, seen["hidden"], seen["position"], {1, 2}, 2, recent)
     finally:
         for handle in handles:
             handle.remove()
     assert torch.allclose(seen["output"], expected, atol=1e-5)
     with torch.no_grad():  # restored on exit: the plain model again
         loaded.model(ids)
-        plain = _by_hand(attn, seen["hidden"], seen["position"], set(), 2, 5)
+        plain = _by_hand(attn, seen["hidden"], seen["position"], set(), 2, recent)
     assert not torch.allclose(plain, expected, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "gemma2", "gpt2"])
+def test_a_window_wider_than_the_input_changes_nothing_and_a_narrow_one_does(name: str) -> None:
+    """Soft-capped logits and sliding-window layers (gemma2), a padded batch, several query blocks: the restricted
+    computation equals the model's own where the window keeps every key."""
+    loaded = tiny_loaded(name)
+    ids = torch.randint(1, 120, (2, 200), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 150:] = 0  # the second row is right-padded
+    heads = [(0, 0), (1, 2), (1, 3)]
+    with torch.no_grad():
+        plain = loaded.model(ids, attention_mask=mask).logits
+        with ablate(loaded.model, heads, method=WindowAblation(sink=0, recent=200)):
+            wide = loaded.model(ids, attention_mask=mask).logits
+        with ablate(loaded.model, heads, method=WindowAblation(sink=1, recent=3)):
+            narrow = loaded.model(ids, attention_mask=mask).logits
+            alone = loaded.model(ids[1:, :150]).logits  # the padded row's text, unpadded
+    assert torch.allclose(wide[0], plain[0], atol=1e-5) and torch.allclose(wide[1, :150], plain[1, :150], atol=1e-5)
+    assert not torch.allclose(narrow[0], plain[0], atol=1e-3)
+    assert torch.allclose(narrow[1, :150], alone[0], atol=1e-5)  # padding changes nothing of the real tokens
 
 
 def test_window_ablation_in_a_sweep_matches_the_naive_path() -> None:

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from probe.ablation.heads import Ablation, Head, check_heads
 from probe.ablation.means import HeadMeans
 from probe.ablation.methods import AblationMethod, method_named
-from probe.ablation.window import PatternAblation, mask_editor
+from probe.ablation.window import PatternAblation, recompute_editor
 from probe.attention import attention_hooks, attention_layers
 
 
@@ -56,8 +56,8 @@ def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMet
             batch: int | None = None) -> Iterator[None]:
     """The stacked copies' heads ablated (see head_editor) for the body of the `with`; restored on exit."""
     if isinstance(method, PatternAblation):  # the heads' keys change, not their output
-        edit_mask, layers = mask_editor(ablations, method)
-        with attention_hooks(model, edit_mask=edit_mask, layers=layers):
+        recompute, layers = recompute_editor(ablations, method)
+        with attention_hooks(model, recompute_heads=recompute, layers=layers):
             yield
         return
     edit, layers = head_editor(ablations, method, batch)

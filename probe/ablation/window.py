@@ -3,13 +3,14 @@
 Window ablation restricts the chosen heads to a StreamingLLM cache (Xiao et al. 2023): the first `sink` keys and
 the `recent` most recent ones, the softmax renormalised over those alone, exactly what the head computes when its
 KV cache keeps nothing else (DuoAttention's streaming heads, Xiao et al. 2024). It works through
-`attention_hooks(edit_mask=...)`: the chosen heads' rows of the attention mask lose every other key.
+`attention_hooks(recompute_heads=...)`: the chosen heads are computed again over their sink and recent keys alone
+(`probe.hooks.restricted`), so a windowed head costs about sink + recent keys per query, not n.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -19,14 +20,22 @@ from probe.ablation.methods import METHODS, AblationMethod
 from probe.ablation.means import HeadMeans
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, window_keys
+from probe.hooks.restricted import restricted_attention
+from probe.hooks.types import AttentionInputs, HeadsRecompute
 
 
 class PatternAblation(AblationMethod):
     """An ablation that edits the attention pattern of the ablated heads (their keys), not their output."""
 
-    def allowed_keys(self, queries: Tensor, n_keys: int) -> Tensor:
-        """(len(queries), n_keys) bool: the keys an ablated head may attend to from each query position."""
+    def allowed_keys(self, queries: Tensor, keys: Tensor) -> Tensor:
+        """(len(queries), len(keys)) bool: whether an ablated head may attend to each key from each query (absolute
+        positions; causality is added on top)."""
         raise NotImplementedError
+
+    def key_spans(self, first: int, stop: int) -> list[tuple[int, int]]:
+        """The key ranges queries first .. stop - 1 may attend to: every earlier key unless a method knows better
+        (the fewer keys, the less each query block computes)."""
+        return [(0, stop)]
 
     def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
         return heads  # the output is the head's own, computed over the allowed keys
@@ -44,8 +53,12 @@ class WindowAblation(PatternAblation):
                              parameter="recent")
         self.sink, self.recent = sink, recent
 
-    def allowed_keys(self, queries: Tensor, n_keys: int) -> Tensor:
-        return window_keys(queries, n_keys, self.sink, self.recent)
+    def allowed_keys(self, queries: Tensor, keys: Tensor) -> Tensor:
+        return window_keys(queries, keys, self.sink, self.recent)
+
+    def key_spans(self, first: int, stop: int) -> list[tuple[int, int]]:
+        recent_start = max(self.sink, first - self.recent + 1)  # the first query's oldest recent key
+        return [(0, min(self.sink, recent_start)), (recent_start, stop)]
 
     def describe(self) -> str | None:
         return f"attention restricted to the first {self.sink} and the {self.recent} most recent keys"
@@ -54,47 +67,25 @@ class WindowAblation(PatternAblation):
         digest.update(f"window {self.sink} {self.recent}".encode())
 
 
-MaskEditor = Callable[[int, Tensor, Tensor, "Tensor | None"], Tensor]
-
-
-def mask_editor(ablations: Sequence[Ablation], method: PatternAblation) -> tuple[MaskEditor, set[int]]:
-    """An edit_mask function for `len(ablations)` stacked copies of a batch: copy i has the heads of ablations[i]
-    restricted to `method.allowed_keys`; and the layers it edits."""
+def recompute_editor(ablations: Sequence[Ablation], method: PatternAblation) -> tuple[HeadsRecompute, set[int]]:
+    """A recompute_heads function for `len(ablations)` stacked copies of a batch: copy i has the heads of
+    ablations[i] computed again over `method`'s keys only (`restricted_attention`); and the layers it edits."""
     copies = len(ablations)
-    by_layer: dict[int, list[tuple[int, int]]] = {}
+    by_layer: dict[int, dict[int, list[int]]] = {}  # layer -> copy -> heads
     for copy, ablation in enumerate(ablations):
         for layer, head in ablation:
-            by_layer.setdefault(layer, []).append((copy, head))
-    cache: dict[tuple[int, tuple[int, ...], int, torch.device], Tensor] = {}
+            by_layer.setdefault(layer, {}).setdefault(copy, []).append(head)
 
-    def allowed(layer: int, query: Tensor, n_keys: int) -> Tensor:
-        rows, n_heads, n_queries, _ = query.shape
-        key = (layer, (rows, n_heads, n_queries), n_keys, query.device)
-        if key not in cache:
-            queries = torch.arange(n_keys - n_queries, n_keys, device=query.device)  # absolute positions
-            causal = torch.arange(n_keys, device=query.device)[None, :] <= queries[:, None]  # (n, kv)
-            window = method.allowed_keys(queries, n_keys) & causal
-            chosen = torch.zeros(copies, 1, n_heads, 1, 1, dtype=torch.bool, device=query.device)
-            for copy, head in by_layer[layer]:
-                chosen[copy, 0, head] = True
-            both = torch.where(chosen, window, causal)  # (copies, 1, hq, n, kv)
-            cache.clear()  # one layer's mask at a time: at long context each is large
-            cache[key] = both.expand(copies, rows // copies, *both.shape[2:]).reshape(rows, n_heads, n_queries,
-                                                                                     n_keys)
-        return cache[key]
+    def recompute(layer: int, inputs: AttentionInputs, output: Tensor) -> Tensor:  # output (b, n, hq, d)
+        per_copy = output.shape[0] // copies
+        output = output.clone()
+        for copy, heads in by_layer.get(layer, {}).items():
+            rows, chosen = slice(copy * per_copy, (copy + 1) * per_copy), torch.tensor(sorted(set(heads)))
+            output[rows, :, chosen] = restricted_attention(inputs, rows, chosen, method.key_spans,
+                                                           method.allowed_keys).to(output.dtype)
+        return output
 
-    def edit(layer: int, query: Tensor, key: Tensor, mask: Tensor | None) -> Tensor:
-        if layer not in by_layer:
-            return mask  # type: ignore[return-value]
-        keep = allowed(layer, query, key.shape[2])  # (b, hq, n, kv) bool
-        if mask is None:
-            return keep
-        mask = mask[..., :key.shape[2]]
-        if mask.dtype == torch.bool:
-            return mask & keep
-        return torch.where(keep, mask, torch.finfo(mask.dtype).min)
-
-    return edit, set(by_layer)
+    return recompute, set(by_layer)
 
 
 METHODS.setdefault("window", WindowAblation)

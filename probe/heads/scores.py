@@ -194,12 +194,11 @@ DEFAULT_SINK = 4
 DEFAULT_RECENT = 256
 
 
-def window_keys(queries: Tensor, n_keys: int, sink: int, recent: int) -> Tensor:
-    """(len(queries), n_keys) bool: the keys a sink + recent cache keeps for each query position (StreamingLLM,
-    Xiao et al. 2023): the first `sink` keys and the `recent` most recent ones, the query's own included."""
-    keys = torch.arange(n_keys, device=queries.device)
-    before = keys[None, :] <= queries[:, None]
-    return before & ((keys[None, :] < sink) | (keys[None, :] > queries[:, None] - recent))
+def window_keys(queries: Tensor, keys: Tensor, sink: int, recent: int) -> Tensor:
+    """(len(queries), len(keys)) bool: the keys a sink + recent cache keeps for each query position (StreamingLLM,
+    Xiao et al. 2023): the first `sink` keys and the `recent` most recent ones, the query's own included (keys after
+    the query are the caller's to mask)."""
+    return (keys[None, :] < sink) | (keys[None, :] > queries[:, None] - recent)
 
 
 def streaming_score(weights: Tensor, start: int, batch: Batch, sink: int = DEFAULT_SINK,

@@ -18,7 +18,7 @@ from probe.hooks.mha import install_mha
 from probe.hooks.restore import restoring
 from probe.hooks.run import run_model
 from probe.errors import ProbeError
-from probe.hooks.types import HeadsEdit, LayerHooks, MaskEdit, Undo, WeightsHook
+from probe.hooks.types import HeadsEdit, HeadsRecompute, LayerHooks, Undo, WeightsHook
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
     "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
@@ -34,18 +34,19 @@ def attention_hooks(
     edit_heads: HeadsEdit | None = None,
     layers: set[int] | None = None,
     query_block: int | None = None,
-    edit_mask: MaskEdit | None = None,
+    recompute_heads: HeadsRecompute | None = None,
 ) -> Iterator[list[AttentionLayer]]:
     """Hook every attention layer (or those in `layers`) for the body of the `with`.
 
     `on_weights(layer, start, weights)` receives each layer's attention weights, (batch, query_heads, block,
     keys) in float32, in query blocks. `edit_heads(layer, heads)` may replace each layer's head outputs
-    (batch, queries, heads, head_dim) before the output projection. `edit_mask(layer, query, key, mask)` may
-    replace the attention mask a layer's heads see (transformers models only). On exit the model is exactly as before.
+    (batch, queries, heads, head_dim) before the output projection. `recompute_heads(layer, inputs, output)` may
+    compute some heads again from the layer's query, keys and values (over other keys: window ablation; transformers
+    models only), before `edit_heads`; `on_weights` sees the layer's own weights. On exit the model is exactly as before.
     """
     found = attention_layers(model)
     chosen = [layer for layer in found if layers is None or layer.index in layers]
-    if edit_mask is not None and any(layer.kind != "hf" for layer in chosen):
+    if recompute_heads is not None and any(layer.kind != "hf" for layer in chosen):
         raise ProbeError("changing which keys a head attends to works on transformers models only; this model's "
                          "attention is its own module")
     with restoring() as undo:
@@ -54,7 +55,8 @@ def attention_hooks(
         if any(layer.calls > 1 for layer in chosen):  # ALBERT: layers are calls of one module
             count_calls_per_forward(model, undo)
         for layer in chosen:
-            hooks = LayerHooks(layer.index, on_weights, edit_heads, query_block, layer.call, layer.calls, edit_mask)
+            hooks = LayerHooks(layer.index, on_weights, edit_heads, query_block, layer.call, layer.calls,
+                               recompute_heads)
             INSTALLERS[layer.kind](layer.module, hooks, undo)
         yield found
 

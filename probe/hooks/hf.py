@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
 from probe.hooks.restore import restoring
-from probe.hooks.types import LayerHooks, Undo
+from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 
 _HF_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]]" = weakref.WeakKeyDictionary()  # by call
 _HF_CALLS: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()  # calls so far, hooked modules
@@ -73,6 +73,12 @@ def _active_hooks(module: nn.Module) -> LayerHooks | None:
     return by_call.get(count)
 
 
+def _inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, kwargs: dict[str, Any]) -> AttentionInputs:
+    scaling = kwargs.get("scaling")
+    return AttentionInputs(query, key, value, mask, query.shape[-1] ** -0.5 if scaling is None else scaling,
+                           kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("position_bias"))
+
+
 def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
     original_name = _ORIGINAL_IMPLEMENTATION[name]
 
@@ -81,8 +87,6 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
         for recording in _HF_RECORDER:
             recording.append((module, query.shape[1], key.shape[1], query.shape[-1]))
         hooks = _active_hooks(module)
-        if hooks is not None and hooks.edit_mask is not None:
-            attention_mask = hooks.edit_mask(hooks.layer, query, key, attention_mask)
         if hooks is not None and hooks.on_weights is not None:
             layer, on_weights = hooks.layer, hooks.on_weights
             output, _ = _hf_weights_attention(module, query, key, value, attention_mask,
@@ -90,6 +94,8 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
                                               query_block=hooks.query_block, **kwargs)
         else:
             output, _ = _original_function(original_name, module)(module, query, key, value, attention_mask, **kwargs)
+        if hooks is not None and hooks.recompute_heads is not None:
+            output = hooks.recompute_heads(hooks.layer, _inputs(query, key, value, attention_mask, kwargs), output)
         if hooks is not None and hooks.edit_heads is not None:
             output = hooks.edit_heads(hooks.layer, output)  # (b, n, hq, d)
         return output, None
