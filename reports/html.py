@@ -180,7 +180,7 @@ STYLE = """
 """
 
 
-def _page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotly: bool) -> str:
+def page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotly: bool) -> str:
     """A whole document (embed_plotly) or a fragment for a notebook; `body` is already escaped HTML."""
     page_id = "probe-page" if embed_plotly else f"probe-{uuid.uuid4().hex[:12]}"
     start = f"<script>window.probeReports.start({json.dumps(kind)}, {json.dumps(page_id)});</script>"
@@ -208,7 +208,8 @@ def _static(title: str, header: list[str], rows: list[list[str]]) -> str:
             f'JavaScript)</p><table class="probe-static-table"><tr>{head}</tr>{body}</table></div>')
 
 
-def _kv(rows: list[tuple[str, str]]) -> str:
+def facts_table(rows: list[tuple[str, str]]) -> str:
+    """The page's key/value table under its title (model, input, options): every cell escaped."""
     return '<table class="probe-kv">' + "".join(
         f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>" for key, value in rows) + "</table>"
 
@@ -233,7 +234,7 @@ def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
     note = patterns["note"]
     body = (
         f"<h1>Attention of {esc(patterns['model'])}</h1>"
-        + _kv([("input", patterns["source"]), ("tokens", f"{n:,}" + ("" if n == total else f" of {total:,}")),
+        + facts_table([("input", patterns["source"]), ("tokens", f"{n:,}" + ("" if n == total else f" of {total:,}")),
                ("heads", shown),
                ("weights", f"rounded to {patterns['decimals']} decimals; "
                            + ("keys after the query are masked (grey)" if patterns["causal"] else "no mask"))])
@@ -257,7 +258,7 @@ def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
         + _overview(patterns) + "</div>"
     )
     data = {"patterns": pattern_spec(patterns, group), "tokens": list(patterns["tokens"])}  # raw: set as textContent
-    return _page("heatmap", f"probe heatmap: {patterns['model']}", body, data, embed_plotly=embed_plotly)
+    return page("heatmap", f"probe heatmap: {patterns['model']}", body, data, embed_plotly=embed_plotly)
 
 
 def _overview(patterns: dict[str, Any]) -> str:
@@ -332,11 +333,11 @@ def classification_page(payload: dict[str, Any], patterns: dict[str, dict[str, A
                                        for e in flagged[:STATIC_HEADS])
                        + (f" and {len(flagged) - STATIC_HEADS} more" if len(flagged) > STATIC_HEADS else "")
                        if flagged else "none"] for name, flagged in payload["flagged"].items()])
-    body = f"<h1>Head classification of {esc(model)}</h1>" + _kv(rows) + static + "".join(sections)
+    body = f"<h1>Head classification of {esc(model)}</h1>" + facts_table(rows) + static + "".join(sections)
     data = {"n_layers": n_layers, "n_heads": n_heads, "scores": scores,
             "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads)),
             "patterns": {name: pattern_spec(block, 1) for name, block in patterns.items()}}
-    return _page("classification", f"probe classify: {model}", body, data, embed_plotly=embed_plotly)
+    return page("classification", f"probe classify: {model}", body, data, embed_plotly=embed_plotly)
 
 
 def _number(value: Any, what: str) -> float:
@@ -489,7 +490,7 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
             ("heads", (estimate or f"{len(entries)} ablated") + f" of {n_layers} layers x {n_heads} heads"
                       + (f"; {broken} with a loss that is not a finite number (blank)" if broken else ""))]
     body = (
-        f"<h1>Head ablation of {esc(result['model'])}</h1>" + _kv(rows)
+        f"<h1>Head ablation of {esc(result['model'])}</h1>" + facts_table(rows)
         + (_estimate_note(result) if estimate else "")
         + _ablation_static(data, estimate != "")
         + '<div class="probe-row"><div><h2>Δ loss per head</h2><p class="probe-small">Red: the loss rises when '
@@ -499,7 +500,7 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
         '<p class="probe-small">By |Δ loss|, largest first.</p><div class="probe-bar-plot"></div></div></div>'
         + _effects_section(data["effects"])
     )
-    return _page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)
+    return page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import _kv, _page, esc, plotly_text
+from probe.reports.html import esc, facts_table, page, plotly_text
 from probe.reports.labels import long_label, short_label
 
 LISTED = 15  # full KV heads listed in the terminal; the JSON has all
@@ -117,8 +117,8 @@ def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
              "order (retrieval ascending) against random orders: loss change on natural text, and needle accuracy "
              'on prompts other than the scored ones.</p><div class="probe-row"><div class="probe-curve-loss"></div>'
              '<div class="probe-curve-needle"></div></div></div>') if payload.get("curve") else ""
-    body = (f"<h1>KV heads of {esc(payload['model'])}</h1>" + _kv(rows)
+    body = (f"<h1>KV heads of {esc(payload['model'])}</h1>" + facts_table(rows)
             + '<h2>Layer x KV head</h2><p class="probe-small">Red: full cache (retrieval); blue: streaming (sink + '
             'recent). Hover for the scores.</p><div class="probe-kv-map"></div>' + curve)
-    return _page("kv_heads", f"probe kv-heads: {payload['model']}", body, _map_data(payload),
+    return page("kv_heads", f"probe kv-heads: {payload['model']}", body, _map_data(payload),
                  embed_plotly=embed_plotly)

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, _kv, _page, esc
+from probe.reports.html import ASSETS, esc, facts_table, page
 from probe.reports.labels import short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
@@ -126,7 +126,7 @@ def syntax_page(payload: dict[str, Any]) -> str:
             ("scoring", f"{how}; syntactic: accuracy > baseline + {payload['margin']:g}, relations with >= "
                         f"{payload['min_count']} arcs")]
     rows += [("skipped", line) for line in payload["skipped"]]
-    body = (f"<h1>Syntactic heads of {esc(payload['model'])}</h1>" + _kv(rows)
+    body = (f"<h1>Syntactic heads of {esc(payload['model'])}</h1>" + facts_table(rows)
             + "<h2>Accuracy above the best fixed-offset baseline, per relation and head</h2>"
             '<div class="probe-syntax-plot"></div>'
             "<h2>Arcs one head gets right</h2>"
@@ -139,7 +139,7 @@ def syntax_page(payload: dict[str, Any]) -> str:
             f"<script>{_syntax_js()}</script>")
     data = {"grid": _grid(payload), "examples": payload["examples"], "n_heads": payload["n_heads"],
             "head_order": order}
-    return _page("syntax", f"probe syntax: {payload['model']}", body, data, embed_plotly=True)
+    return page("syntax", f"probe syntax: {payload['model']}", body, data, embed_plotly=True)
 
 
 def _syntax_js() -> str:
