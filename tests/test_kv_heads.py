@@ -13,7 +13,7 @@ from conftest import run_cli, tiny_loaded
 from test_browser import browser  # noqa: F401  (the fixture)
 
 from probe.ablation.editor import ablate
-from probe.ablation.window import WindowAblation
+from probe.ablation.window import PatternAblation, WindowAblation
 from probe.data import natural_set
 from probe.kv import aggregate, kv_groups, kv_heads
 from probe.models import load_model
@@ -39,7 +39,7 @@ def test_planted_retrieval_and_streaming_heads_score_one_and_the_others_near_zer
 
 
 def _by_hand(attn: torch.nn.Module, hidden: torch.Tensor, position: tuple[torch.Tensor, torch.Tensor],
-             windowed: set[int], sink: int, recent: int) -> torch.Tensor:
+             windowed: set[int], sink: int, recent: int, keys: torch.Tensor | None = None) -> torch.Tensor:
     """Llama attention written out: RoPE, GQA by repeating KV heads, a per-head mask, softmax, output projection."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -53,7 +53,7 @@ def _by_hand(attn: torch.nn.Module, hidden: torch.Tensor, position: tuple[torch.
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
     causal = j <= i
-    window = causal & ((j < sink) | (j > i - recent))
+    window = causal & (((j < sink) | (j > i - recent)) if keys is None else keys)
     allowed = torch.stack([window if head in windowed else causal for head in range(q.shape[1])])  # (hq, n, n)
     scores = (q @ k.transpose(-1, -2)) * d**-0.5
     weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
@@ -91,6 +91,42 @@ def test_window_ablation_equals_hand_written_masked_attention(implementation: st
         loaded.model(ids)
         plain = _by_hand(attn, seen["hidden"], seen["position"], set(), 2, recent)
     assert not torch.allclose(plain, expected, atol=1e-3)
+
+
+class EvenKeys(PatternAblation):
+    """A pattern ablation of one's own: the head sees the even positions and itself (every earlier key may be
+    needed, so it keeps the default key_spans)."""
+
+    name = "even_keys"
+
+    def allowed_keys(self, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        return (keys[None, :] % 2 == 0) | (keys[None, :] == queries[:, None])
+
+
+def test_a_pattern_ablation_of_ones_own_is_one_class() -> None:
+    loaded = tiny_loaded("llama_gqa")
+    attn = loaded.model.model.layers[1].self_attn
+    seen: dict[str, object] = {}
+
+    def before(module, args, kwargs):  # noqa: ANN001
+        seen["hidden"], seen["position"] = kwargs["hidden_states"], kwargs["position_embeddings"]
+
+    def after(module, args, kwargs, output):  # noqa: ANN001
+        seen["output"] = output[0]
+
+    ids = torch.randint(0, 120, (1, 150), generator=torch.Generator().manual_seed(3))
+    handles = [attn.register_forward_pre_hook(before, with_kwargs=True),
+               attn.register_forward_hook(after, with_kwargs=True)]
+    try:
+        with torch.no_grad(), ablate(loaded.model, [(1, 3)], method=EvenKeys()):
+            loaded.model(ids)
+        i, j = torch.arange(150)[:, None], torch.arange(150)[None, :]
+        with torch.no_grad():
+            expected = _by_hand(attn, seen["hidden"], seen["position"], {3}, 0, 1, keys=(j % 2 == 0) | (j == i))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert torch.allclose(seen["output"], expected, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["llama_gqa", "gemma2", "gpt2"])
