@@ -20,7 +20,7 @@ from probe.ablation.methods import METHODS, AblationMethod
 from probe.ablation.means import HeadMeans
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, window_keys
-from probe.hooks.restricted import restricted_attention
+from probe.hooks.restricted import Layout, block_layout, restricted_attention
 from probe.hooks.types import AttentionInputs, HeadsRecompute
 
 
@@ -76,13 +76,21 @@ def recompute_editor(ablations: Sequence[Ablation], method: PatternAblation) -> 
         for layer, head in ablation:
             by_layer.setdefault(layer, {}).setdefault(copy, []).append(head)
 
+    layouts: dict[tuple[int, int, torch.device], Layout] = {}  # one input length at a time: every layer shares it
+
+    def layout(inputs: AttentionInputs) -> Layout:
+        key = (inputs.query.shape[2], inputs.key.shape[2], inputs.query.device)
+        if key not in layouts:
+            layouts.clear()
+            layouts[key] = block_layout(*key[:2], method.key_spans, method.allowed_keys, key[2])
+        return layouts[key]
+
     def recompute(layer: int, inputs: AttentionInputs, output: Tensor) -> Tensor:  # output (b, n, hq, d)
         per_copy = output.shape[0] // copies
         output = output.clone()
         for copy, heads in by_layer.get(layer, {}).items():
             rows, chosen = slice(copy * per_copy, (copy + 1) * per_copy), torch.tensor(sorted(set(heads)))
-            output[rows, :, chosen] = restricted_attention(inputs, rows, chosen, method.key_spans,
-                                                           method.allowed_keys).to(output.dtype)
+            output[rows, :, chosen] = restricted_attention(inputs, rows, chosen, layout(inputs)).to(output.dtype)
         return output
 
     return recompute, set(by_layer)

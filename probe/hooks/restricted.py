@@ -1,21 +1,23 @@
 """Attention restricted to chosen keys, computed over those keys only.
 
 A head restricted to a StreamingLLM cache (the first `sink` keys and the `recent` most recent ones) attends to
-sink + recent keys per query, not n: writing the restriction as a dense (heads, n, n) mask would make every query
-block pay for all n keys (and keep the fast causal kernels from running), so each query block gathers only the key
-ranges its queries may see (`KeySpans`) and runs eager attention (`blocked_attention`) over them, with the exact
-per-key restriction (`AllowedKeys`) as its mask. The numbers are those of masked eager attention.
+sink + recent keys per query, not n. Writing the restriction as a dense (heads, n, n) mask would make every query
+pay for all n keys (and keep the fast causal kernels from running). Instead the queries are cut into blocks of
+`QUERY_BLOCK`, each block gathers only the key ranges its queries may see (`KeySpans`), and all blocks run in one
+batched attention call over their gathered keys, with the exact per-key restriction (`AllowedKeys`) as the mask.
+Which keys each block gathers depends only on the input's length, so the `Layout` is built once and serves every
+layer. The numbers are those of masked attention over all keys.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.hooks.blocked import blocked_attention
 from probe.hooks.types import AttentionInputs
 
 KeySpans = Callable[[int, int], list[tuple[int, int]]]
@@ -23,58 +25,102 @@ KeySpans = Callable[[int, int], list[tuple[int, int]]]
 AllowedKeys = Callable[[Tensor, Tensor], Tensor]
 """(query positions (q,), key positions (k,)) -> (q, k) bool: True where the query may attend to the key."""
 
-QUERY_BLOCK = 128  # queries per gathered block: the keys gathered per block are its spans, about sink + recent + 128
+QUERY_BLOCK = 128  # queries per block: a window's block gathers about sink + recent + 128 keys
+CHUNK_BYTES = 64 * 2**20  # the scores of the blocks computed at once, per batch row and head group
 
 
-def _rows(tensor: Tensor | None, rows: slice, heads: Tensor) -> Tensor | None:
+@dataclass(frozen=True)
+class Layout:
+    """Which keys each query block gathers, for one input length."""
+
+    queries: Tensor  # (blocks, QUERY_BLOCK) query indices into the input's queries; the last block's padding repeats
+    keys: Tensor  # (blocks, K) key positions each block gathers (a block needing fewer repeats its key 0, masked)
+    additive: Tensor  # (blocks, QUERY_BLOCK, K) float32: 0 where the query may attend to the key, else the minimum
+
+
+def block_layout(n_queries: int, n_keys: int, spans: KeySpans, allowed: AllowedKeys, device: torch.device) -> Layout:
+    """The blocks of `n_queries` queries (the last n_queries of n_keys positions) and the keys each one gathers."""
+    offset = n_keys - n_queries
+    starts = range(0, n_queries, QUERY_BLOCK)
+    gathered = [torch.cat([torch.arange(first, last) for first, last in spans(start + offset, min(
+        start + QUERY_BLOCK, n_queries) + offset) if last > first]) for start in starts]
+    width = max(len(keys) for keys in gathered)
+    keys = torch.zeros(len(gathered), width, dtype=torch.long)
+    real = torch.zeros(len(gathered), width, dtype=torch.bool)
+    for block, chosen in enumerate(gathered):
+        keys[block, :len(chosen)], real[block, :len(chosen)] = chosen, True
+    queries = torch.arange(len(gathered) * QUERY_BLOCK).view(len(gathered), QUERY_BLOCK).clamp_(max=n_queries - 1)
+    positions = queries + offset  # (blocks, Q) absolute
+    keep = torch.stack([allowed(positions[block], keys[block]) for block in range(len(gathered))])  # (blocks, Q, K)
+    keep &= real[:, None, :] & (keys[:, None, :] <= positions[:, :, None])
+    additive = torch.zeros(keep.shape).masked_fill_(~keep, torch.finfo(torch.float32).min)
+    return Layout(queries.to(device), keys.to(device), additive.to(device))
+
+
+def _select(tensor: Tensor, rows: slice, heads: Tensor) -> Tensor:
     """A (b | 1, h | 1, ...) tensor's batch rows and heads, where it has them (broadcast dimensions stay)."""
-    if tensor is None:
-        return None
     if tensor.shape[0] > 1:
         tensor = tensor[rows]
     return tensor[:, heads] if tensor.shape[1] > 1 else tensor
 
 
-def _block_mask(allowed: Tensor, mask: Tensor | None, start: int, stop: int, index: Tensor) -> Tensor:
-    """allowed (q, k) combined with the layer's own mask at the block's rows and the gathered keys."""
-    if mask is None:
-        return allowed
-    block = (mask[..., start:stop, :] if mask.shape[-2] > 1 else mask)[..., index]  # (b, h | 1, q | 1, k)
-    if block.dtype == torch.bool:
-        return block & allowed
-    return block.masked_fill(~allowed, torch.finfo(block.dtype).min)
+def _gather(matrix: Tensor, layout: Layout) -> Tensor:
+    """(b, h, n | 1, kv) -> (b, h, blocks, Q, K): each block's rows and gathered keys."""
+    queries = layout.queries if matrix.shape[-2] > 1 else torch.zeros_like(layout.queries)
+    return matrix[:, :, queries[:, :, None], layout.keys[:, None, :]]
 
 
-def _attend(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, inputs: AttentionInputs, sinks: Tensor | None,
-            bias: Tensor | None) -> Tensor:
-    """One block (b', h', q, d) over its gathered keys: torch's fused kernel where it computes the same function,
-    eager attention where the layer soft-caps, biases or adds sink logits."""
-    if inputs.softcap is None and sinks is None and bias is None:
-        return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=inputs.scaling)
-    return blocked_attention(query, key, value, scaling=inputs.scaling, mask=mask, causal=False, on_block=None,
-                             softcap=inputs.softcap, sinks=sinks, position_bias=bias)
+def _additive_mask(inputs: AttentionInputs, rows: slice, heads: Tensor, layout: Layout, dtype: torch.dtype) -> Tensor:
+    """The layout's restriction and the layer's own mask, as one additive float mask (b' | 1, h' | 1, blocks, Q, K)."""
+    lowest = torch.finfo(dtype).min
+    additive = layout.additive.to(dtype)[None, None]
+    if inputs.mask is None:
+        return additive
+    own = _gather(_select(inputs.mask[..., :inputs.key.shape[2]], rows, heads), layout)
+    if own.dtype == torch.bool:
+        return additive.masked_fill(~own, lowest)
+    return (additive + own.to(dtype)).clamp_(min=lowest)  # two minima would overflow to -inf: rows of NaN
 
 
-def restricted_attention(inputs: AttentionInputs, rows: slice, heads: Tensor, spans: KeySpans,
-                         allowed: AllowedKeys) -> Tensor:
-    """The output (b', n, len(heads), d) of query heads `heads` of batch rows `rows`, attending only to the keys
-    `allowed` lets them see (and the layer's own mask does), causally; queries are the last n key positions."""
-    n_queries, n_keys = inputs.query.shape[2], inputs.key.shape[2]
-    group = inputs.query.shape[1] // inputs.key.shape[1]
-    query = inputs.query[rows][:, heads]  # (b', h', n, d)
-    key = inputs.key[rows][:, heads // group]  # (b', h', kv, d): each chosen query head's own KV head
-    value = inputs.value[rows][:, heads // group]
-    mask = None if inputs.mask is None else _rows(inputs.mask[..., :n_keys], rows, heads)
-    bias = _rows(inputs.position_bias, rows, heads)
+def _eager(query: Tensor, key: Tensor, value: Tensor, mask: Tensor, inputs: AttentionInputs, bias: Tensor | None,
+           sinks: Tensor | None) -> Tensor:
+    """Softmax attention written out, for layers that soft-cap logits (Gemma 2), add a bias (T5) or sink logits."""
+    scores = (query @ key.transpose(-1, -2)) * inputs.scaling  # (b', h', c, Q, K)
+    if inputs.softcap is not None:
+        scores = torch.tanh(scores / inputs.softcap) * inputs.softcap
+    if bias is not None:
+        scores = scores + bias
+    scores = scores + mask
+    if sinks is not None:  # one more column per head, dropped after the softmax
+        column = sinks.reshape(1, -1, 1, 1, 1).expand(*scores.shape[:-1], 1).to(scores.dtype)
+        weights = F.softmax(torch.cat([scores, column], dim=-1), dim=-1, dtype=torch.float32)[..., :-1]
+    else:
+        weights = F.softmax(scores, dim=-1, dtype=torch.float32)
+    return weights.to(value.dtype) @ value
+
+
+def restricted_attention(inputs: AttentionInputs, rows: slice, heads: Tensor, layout: Layout) -> Tensor:
+    """The output (b', n, len(heads), d) of query heads `heads` of batch rows `rows`, each query attending only to
+    the keys the layout allows it (and the layer's own mask does)."""
+    n_queries = inputs.query.shape[2]
+    kv_heads = heads // (inputs.query.shape[1] // inputs.key.shape[1])  # each query head's own key/value head
+    query = inputs.query[rows][:, heads][:, :, layout.queries]  # (b', h', blocks, Q, d)
+    key = inputs.key[rows][:, kv_heads][:, :, layout.keys]  # (b', h', blocks, K, d)
+    value = inputs.value[rows][:, kv_heads][:, :, layout.keys]
+    mask = _additive_mask(inputs, rows, heads, layout, query.dtype)
+    bias = None if inputs.position_bias is None else _gather(_select(inputs.position_bias, rows, heads), layout)
     sinks = None if inputs.sinks is None else inputs.sinks[heads]
-    offset, outputs = n_keys - n_queries, []
-    for start in range(0, n_queries, QUERY_BLOCK):
-        stop = min(start + QUERY_BLOCK, n_queries)
-        positions = torch.arange(start + offset, stop + offset, device=query.device)  # (q,) absolute
-        index = torch.cat([torch.arange(first, last, device=query.device)
-                           for first, last in spans(start + offset, stop + offset) if last > first])  # (k,)
-        keep = allowed(positions, index) & (index[None, :] <= positions[:, None])  # (q, k)
-        block_bias = None if bias is None else (bias[..., start:stop, :] if bias.shape[-2] > 1 else bias)[..., index]
-        outputs.append(_attend(query[:, :, start:stop], key[:, :, index], value[:, :, index],
-                               _block_mask(keep, mask, start, stop, index), inputs, sinks, block_bias))  # (b', h', q, d)
-    return torch.cat(outputs, dim=2).transpose(1, 2)  # (b', n, h', d)
+    plain = inputs.softcap is None and bias is None and sinks is None
+    blocks, width = layout.keys.shape
+    chunk = max(1, CHUNK_BYTES // (query.shape[0] * len(heads) * QUERY_BLOCK * width * 4))
+    outputs = []
+    for first in range(0, blocks, chunk):
+        part = slice(first, first + chunk)
+        if plain:
+            outputs.append(F.scaled_dot_product_attention(query[:, :, part], key[:, :, part], value[:, :, part],
+                                                          attn_mask=mask[:, :, part], scale=inputs.scaling))
+        else:
+            outputs.append(_eager(query[:, :, part], key[:, :, part], value[:, :, part], mask[:, :, part], inputs,
+                                  None if bias is None else bias[:, :, part], sinks))
+    output = torch.cat(outputs, dim=2).flatten(2, 3)[:, :, :n_queries]  # (b', h', n, d)
+    return output.transpose(1, 2)
