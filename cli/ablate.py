@@ -32,11 +32,11 @@ from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.html import ablation_page
 from probe.reports.terminal import ablation_report
 
-HEAD_ITEM = re.compile(r"^(all|\*|\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$")
+HEAD_ITEM = re.compile(r"^(all|\*|(enc|dec|x)?\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$", re.IGNORECASE)  # enc/dec/x: stacks
 
 Heads = Annotated[Optional[str], typer.Option(
     "--heads", help="Heads to ablate: LAYER.HEAD items, e.g. 5.1,18.6; 5.* for a whole layer; ranges 3-4.0-2; "
-    "default: every head, one at a time.")]
+    "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention); default: every head, one at a time.")]
 Together = Annotated[bool, typer.Option(
     "--together", help="Ablate the --heads together, in one run, instead of one at a time.")]
 Method = Annotated[str, typer.Option(
@@ -103,7 +103,8 @@ def check_heads_syntax(spec: str | None) -> None:
     for item in (item.strip() for item in spec.split(",")):
         if not HEAD_ITEM.match(item):
             raise ProbeError(f"malformed head {item!r} in --heads: use LAYER.HEAD items separated by commas, "
-                             "e.g. 5.1,18.6, or 5.* (every head of layer 5), 3-4.0-2 (ranges), all")
+                             "e.g. 5.1,18.6, or 5.* (every head of layer 5), 3-4.0-2 (ranges), all; "
+                             "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention)")
 
 
 def check_request(request: Request, *, top: int, html: bool, distributed: bool) -> None:

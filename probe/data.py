@@ -23,6 +23,7 @@ from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
+from probe.hooks.stacks import decoder_start, is_encoder_decoder
 from probe.models import LoadedModel
 
 ENGLISH = Path(__file__).parent / "data" / "english.txt"
@@ -70,7 +71,10 @@ def real_tokens(ids: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def is_encoder(loaded: LoadedModel) -> bool:
-    """A bidirectional model (BERT-like): its attention modules are not causal."""
+    """A bidirectional model (BERT-like): its attention modules are not causal. An encoder-decoder is not one: its
+    output is the decoder's, causal, next-token logits."""
+    if is_encoder_decoder(loaded.model):
+        return False
     return not all(getattr(layer.module, "is_causal", True) for layer in attention_layers(loaded.model)
                    if layer.kind == "hf")
 
@@ -104,6 +108,9 @@ def _wrap(loaded: LoadedModel, chunks: Tensor) -> tuple[Tensor, int, str]:
     the BOS role. Returns the ids, the first content position and what starts each sequence."""
     tokenizer = loaded.tokenizer
     n = chunks.shape[0]
+    start_id = decoder_start(loaded.model)
+    if start_id is not None:  # encoder-decoders: both stacks read the sequence, the decoder's starts as it was trained
+        return torch.cat([torch.full((n, 1), start_id), chunks], dim=1), 1, "the decoder start token"
     if tokenizer is None:
         return chunks, 0, "no BOS (no tokenizer)"
     if is_encoder(loaded):

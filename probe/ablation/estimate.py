@@ -33,6 +33,7 @@ from probe.ablation.plan import check_probe_set, data_name
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.hooks.stacks import layer_names
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -271,4 +272,5 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
         baseline_loss=baseline_loss, results=results, n_layers=n_layers, n_heads=n_heads, mode="estimate",
         path=path, baseline_parts=baseline_parts, probe_set=probe_set.to_dict() | {"description": probe_set.description},
         seconds=time.perf_counter() - started, forwards=spent,
-        terms={head: (float(terms.first[head]), float(terms.second[head])) for head in heads})
+        terms={head: (float(terms.first[head]), float(terms.second[head])) for head in heads},
+        layer_names=layer_names(attention_layers(loaded.model)))

@@ -95,7 +95,8 @@ def load_results(*paths: str | Path) -> AblationResult:
                           baseline_loss=h["baseline_loss"], results=distinct(results, key=lambda r: r.heads),
                           n_layers=h["n_layers"], n_heads=h["n_heads"], mode=h.get("mode", "exact"),
                           path=h.get("path", ""), baseline_parts=h.get("baseline_parts", {}),
-                          probe_set=h.get("probe_set", {}), mean=h.get("mean"), task=h.get("task"))
+                          probe_set=h.get("probe_set", {}), mean=h.get("mean"), task=h.get("task"),
+                          layer_names=h.get("layer_names"))
 
 
 class Stream:

@@ -37,6 +37,7 @@ from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
 from probe.attention import attention_layers, run_model
+from probe.hooks.stacks import layer_names
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -161,11 +162,13 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
 def _header(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: str, data: str,
             baseline: tuple[float, dict[str, float]]) -> dict[str, Any]:
     """The results stream's first line: what the sweep is, so that a resumed one can tell it is the same."""
-    n_layers, n_heads = layer_shape(attention_layers(loaded.model))
+    layers = attention_layers(loaded.model)
+    n_layers, n_heads = layer_shape(layers)
+    names = layer_names(layers)
     return {"probe_ablation": RESULTS_FORMAT, "model": loaded.name, "method": method.name, "data": data,
             "metric": metric, "fingerprint": fingerprint(loaded, probe_set, method, metric),
             "baseline_loss": baseline[0], "baseline_parts": baseline[1], "n_layers": n_layers, "n_heads": n_heads,
-            "mean": method.describe(), **_identity(loaded, probe_set)}
+            "mean": method.describe(), **({"layer_names": names} if names else {}), **_identity(loaded, probe_set)}
 
 
 def _identity(loaded: LoadedModel, probe_set: ProbeSet) -> dict[str, Any]:
@@ -324,4 +327,4 @@ def sweep(
         results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
         n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
         baseline_parts=base.parts, probe_set=header["probe_set"], mean=header["mean"],
-        seconds=time.perf_counter() - started, task=base.task)
+        seconds=time.perf_counter() - started, task=base.task, layer_names=header.get("layer_names"))

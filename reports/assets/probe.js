@@ -18,6 +18,16 @@
     return node;
   }
 
+  function nameLayers(axis, data) {
+    // an encoder-decoder's layers carry names (enc0, dec0, x0, ...): the layer axis shows them
+    if (data.layer_names) {
+      axis.tickvals = data.layer_axis;
+      axis.ticktext = data.layer_names;
+      axis.title.text = "layer (enc: encoder, dec: decoder, x: cross-attention)";
+    }
+    return axis;
+  }
+
   function fail(root, error) {
     var box = root.querySelector(".probe-error") || root.insertBefore(make("p", "probe-error"), root.firstChild);
     box.textContent = "This page could not draw its plots: " + (error && error.message ? error.message : error);
@@ -331,6 +341,7 @@
       yaxis: {title: {text: "layer"}, range: [data.n_layers - 0.5, -0.5], dtick: data.n_layers > 40 ? 5 : 1,
               zeroline: false, showgrid: false}
     };
+    nameLayers(layout.yaxis, data);
     return {data: [grid, marks], layout: layout};
   }
 
@@ -414,8 +425,8 @@
         height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(320, 34 * data.n_heads + 160),
         margin: {l: 50, r: 10, t: 10, b: 40}, plot_bgcolor: BLANK,
         xaxis: {title: {text: "head"}, dtick: 1, zeroline: false, showgrid: false},
-        yaxis: {title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1, zeroline: false,
-                showgrid: false}
+        yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
+                           zeroline: false, showgrid: false}, data)
       };
       var bars = {
         type: "bar", orientation: "h", x: data.top.delta, y: data.top.label, customdata: data.top.loss,
@@ -534,8 +545,8 @@
         height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(260, 60 * data.n_kv_heads + 120),
         margin: {l: 50, r: 10, t: 10, b: 40},
         xaxis: {title: {text: "KV head"}, dtick: 1, zeroline: false, showgrid: false},
-        yaxis: {title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1, zeroline: false,
-                showgrid: false}
+        yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
+                           zeroline: false, showgrid: false}, data)
       };
       var jobs = [Plotly.newPlot(root.querySelector(".probe-kv-map"), [map], mapLayout, CONFIG)];
       if (data.curve) {
