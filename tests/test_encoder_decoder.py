@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import run_cli
 from families import ENCODER_DECODER_PROJECTIONS, tiny_encoder_decoder
+from test_browser import browser, open_page, tick_texts  # noqa: F401 (fixtures)
 from test_families import assert_unchanged, eager, snapshot
 
 from probe.ablate import ablate, parse_heads, sweep
@@ -211,3 +212,29 @@ def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Pa
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32)).eval()
     with pytest.raises(ProbeError, match="^mbart is an encoder-decoder that probe does not read yet .*t5, bart"):
         attention_layers(mbart)
+
+
+@pytest.mark.browser
+def test_pages_name_the_layers_by_stack(tmp_path: Path, open_page) -> None:  # noqa: F811 (a fixture)
+    from probe.classify import classify
+    from probe.reports.html import ablation_page, classification_page
+
+    model = tiny_encoder_decoder("bart")
+    loaded = LoadedModel(model=model, tokenizer=None, name="bart", vocab_size=120)
+    names = ["enc0", "enc1", "dec0", "x0", "dec1", "x1"]
+    heads = [{"layer": layer, "head": head, "loss": 3.0, "delta": 0.01 * (layer + 1) * (head + 1)}
+             for layer in range(6) for head in range(4)]
+    path = tmp_path / "ablate.html"
+    path.write_text(ablation_page({"model": "bart", "method": "zero", "baseline_loss": 3.0, "heads": heads,
+                                   "n_layers": 6, "n_heads": 4, "layer_names": names}), encoding="utf-8")
+    opened = open_page(path)
+    assert tick_texts(opened, "y", ".probe-delta-plot") == names
+    bars = opened.page.evaluate("document.querySelector('.probe-bar-plot').data[0]")
+    assert bars["y"][0] == "x1.3" and bars["text"][0] == "layer x1, head 3"
+    opened.check_clean()
+    result = classify(loaded, seq_len=10, num_seqs=2, repeat_len=6)
+    path = tmp_path / "classify.html"
+    path.write_text(classification_page(result.to_dict()), encoding="utf-8")
+    opened = open_page(path)
+    assert tick_texts(opened, "y", ".probe-score-plot") == names
+    opened.check_clean()

@@ -4,8 +4,14 @@ An encoder-decoder has three kinds of attention layer: the encoder's self-attent
 self-attention and the decoder's cross-attention (queries: decoder positions, keys: encoder positions). probe keeps
 one flat layer index internally, in call order (encoder layers, then each decoder block's self- and cross-attention);
 users see and name each layer by its stack and its index within that stack: `enc3`, `dec3`, `x3` (short, the form
-`--heads` takes: `x3.1`), `encoder 3`, `decoder 3`, `cross 3` (long). Single-stack models keep plain numbers (`3.1`)
-and carry no layer names at all.
+`--heads` takes: `x3.1`), `layer x3, head 1` (long). Single-stack models keep plain numbers (`3.1`) and carry no
+layer names at all.
+
+Inputs: probe's probe sets are one token sequence per row, which both stacks read: the encoder as its source, the
+decoder teacher-forced (the sequence begins with the decoder start token, probe.data), so the decoder's logits at t
+predict token t + 1 exactly as a decoder-only model's do, every metric, effect and score applies unchanged, and the
+loss equals the model's own `labels` loss on the tokens after the start token. A source of its own is passed to
+`run_model` / `capture_attention` as `source=(ids, mask)`.
 """
 
 from __future__ import annotations

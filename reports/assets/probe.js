@@ -19,11 +19,10 @@
   }
 
   function nameLayers(axis, data) {
-    // an encoder-decoder's layers carry names (enc0, dec0, x0, ...): the layer axis shows them
+    // an encoder-decoder's layers carry names (enc0 encoder, dec0 decoder, x0 cross-attention): the axis shows them
     if (data.layer_names) {
       axis.tickvals = data.layer_axis;
       axis.ticktext = data.layer_names;
-      axis.title.text = "layer (enc: encoder, dec: decoder, x: cross-attention)";
     }
     return axis;
   }
