@@ -129,7 +129,7 @@ def pattern_spec(patterns: dict[str, Any], group: int) -> dict[str, Any]:
         "n": n, "labels": [plotly_text(label) for label in patterns["labels"]],
         "heads": [list(pair) for pair in heads], "causal": patterns["causal"], "scale": patterns["scale"],
         "decimals": patterns["decimals"], "group": group, "chunks": chunks, "thumbs": None,
-        "first": int(patterns.get("first") or 0),
+        "first": int(patterns.get("first") or 0), "layer_names": patterns.get("layer_names"),
     }
     meta = patterns.get("meta") or {}
     if meta.get("repeat_len"):  # a repeated probe set: where the second copy starts (the page marks it)

@@ -167,6 +167,11 @@ def test_the_loss_is_the_models_labels_loss_and_exact_equals_naive(name: str) ->
     with torch.no_grad(), projection_input_zeroed(model, name, [("cross", 1, 3)], attention_layers(model)[0].head_dim):
         zeroed = float(model(input_ids=ids, labels=ids[:, 1:].contiguous()).loss)
     assert naive.results[2].loss == pytest.approx(zeroed, abs=1e-5)
+    window = sweep(loaded, probe_set, parse_heads("dec1.0", attention_layers(model)), method="window", mode="naive")
+    assert len(window.results) == 1  # a decoding cache's window: decoder self-attention only
+    with pytest.raises(ProbeError, match="not to its cross layers"):
+        sweep(loaded, probe_set, heads[2:], method="window", mode="naive")
+    assert_unchanged(model, before)
     payload = naive.to_dict()
     assert payload["layer_names"] == ["enc0", "enc1", "dec0", "x0", "dec1", "x1"]
     assert [row["heads"] for row in naive.csv_rows()] != [] and "x1.3" in {r["heads"] for r in naive.csv_rows()}
@@ -217,7 +222,8 @@ def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Pa
 @pytest.mark.browser
 def test_pages_name_the_layers_by_stack(tmp_path: Path, open_page) -> None:  # noqa: F811 (a fixture)
     from probe.classify import classify
-    from probe.reports.html import ablation_page, classification_page
+    from probe.patterns import attention_patterns
+    from probe.reports.html import ablation_page, classification_page, heatmap_page
 
     model = tiny_encoder_decoder("bart")
     loaded = LoadedModel(model=model, tokenizer=None, name="bart", vocab_size=120)
@@ -237,4 +243,14 @@ def test_pages_name_the_layers_by_stack(tmp_path: Path, open_page) -> None:  # n
     path.write_text(classification_page(result.to_dict()), encoding="utf-8")
     opened = open_page(path)
     assert tick_texts(opened, "y", ".probe-score-plot") == names
+    opened.check_clean()
+    patterns = attention_patterns(loaded, [2, 17, 33, 17, 33], source="ids").to_dict()
+    path = tmp_path / "heatmap.html"
+    path.write_text(heatmap_page(patterns), encoding="utf-8")
+    opened = open_page(path)
+    options = opened.page.evaluate("Array.from(document.querySelectorAll('.probe-layer option')).map(o => o.text)")
+    assert options == [f"layer {name}" for name in names]
+    labels = opened.page.evaluate("Array.from(document.querySelectorAll('.probe-grid-label')).map(s => s.textContent)")
+    assert [label for label in labels if label in names] == names
+    assert opened.page.text_content(".probe-plot-title").startswith("layer enc0, head")
     opened.check_clean()

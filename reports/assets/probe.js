@@ -199,8 +199,13 @@
     return {pick: pick, rows: function (r) { rows = r; if (query < 0) query = r.length - 1; paint(); }};
   }
 
-  function headName(layer, head, count) {
-    return head === -1 ? "layer " + layer + ", mean of " + count + " heads" : "layer " + layer + ", head " + head;
+  function layerName(layer, names) {
+    return names ? names[layer] : String(layer);  // an encoder-decoder's layer_names: enc0, dec0, x0, ...
+  }
+
+  function headName(layer, head, count, names) {
+    var shown = layerName(layer, names);
+    return head === -1 ? "layer " + shown + ", mean of " + count + " heads" : "layer " + shown + ", head " + head;
   }
 
   // ------------------------------------------------------------------------------------------------------------
@@ -220,7 +225,9 @@
         byLayer[pair[0]].push(pair[1]);
       });
       var realCount = function (layer) { return byLayer[layer].filter(function (h) { return h >= 0; }).length; };
-      layers.forEach(function (layer) { layerSelect.appendChild(option(layer, "layer " + layer)); });
+      layers.forEach(function (layer) {
+        layerSelect.appendChild(option(layer, "layer " + layerName(layer, spec.layer_names)));
+      });
       var current = 0, thumbs = {};
       var tokenView = tokens(root.querySelector(".probe-tokens"), data.tokens || [], spec.first || 0);
 
@@ -246,7 +253,7 @@
         headSelect.value = String(head);
         return block.rows(index).then(function (rows) {
           if (ticket !== current) return null;
-          var name = headName(layer, head, realCount(layer));
+          var name = headName(layer, head, realCount(layer), spec.layer_names);
           var scale = scaleSelect.value === "fixed" ? false : scaleSelect.value === "auto" || scaleSelect.value;
           var figure = patternFigure(spec, rows, name, scale);
           title.textContent = name;
@@ -292,12 +299,12 @@
       var colors = lut();
       return ready.then(function (pixels) {
         layers.forEach(function (layer) {
-          grid.appendChild(make("span", "probe-grid-label", String(layer)));
+          grid.appendChild(make("span", "probe-grid-label", layerName(layer, spec.layer_names)));
           for (var c = 0; c < columns; c++) {
             var head = byLayer[layer][c];
             if (head === undefined) { grid.appendChild(make("span")); continue; }
             var canvas = make("canvas", "probe-thumb" + (head === -1 ? " probe-thumb-avg" : ""));
-            canvas.title = headName(layer, head, realCount(layer));
+            canvas.title = headName(layer, head, realCount(layer), spec.layer_names);
             canvas.dataset.layer = String(layer); canvas.dataset.head = String(head);
             if (pixels) {
               var t = spec.thumbs.t;
@@ -366,7 +373,7 @@
           select.value = layer + "," + head;
           return block.rows(index).then(function (rows) {
             if (ticket !== current) return null;
-            var name = headName(layer, head, 0);
+            var name = headName(layer, head, 0, data.layer_names);
             var f = patternFigure(block.spec, rows, name, false, 560, section.diagonal);
             title.textContent = name;
             plot.style.minWidth = f.layout.width + "px";
@@ -385,7 +392,7 @@
             if (block.find(layer, head) >= 0) show(layer, head);
           });
           section.flagged.forEach(function (f) {
-            var node = make("option", "", headName(f[0], f[1], 0) + " \u2014 " + f[2].toFixed(3));
+            var node = make("option", "", headName(f[0], f[1], 0, data.layer_names) + " \u2014 " + f[2].toFixed(3));
             node.value = f[0] + "," + f[1];
             select.appendChild(node);
           });
