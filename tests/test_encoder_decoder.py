@@ -205,6 +205,11 @@ def test_classify_and_ablate_on_a_saved_folder(name: str, tmp_path: Path, capsys
 def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Path) -> None:
     import transformers as tf
 
+    from probe.circuits import all_layer_weights
+
+    with pytest.raises(ProbeError, match="one residual stream.*circuits does not apply"):
+        all_layer_weights(tiny_encoder_decoder("t5"))
+
     model = tiny_encoder_decoder("whisper")
     with pytest.raises(ProbeError, match="^whisper is an encoder-decoder whose encoder reads audio.*not supported$"):
         attention_layers(model)
