@@ -20,7 +20,7 @@ from probe.ablate import ablate, parse_heads, sweep
 from probe.attention import attention_layers, capture_attention, logits_of, run_model
 from probe.data import ProbeOptions, ProbeSet, build_probe_set
 from probe.errors import ProbeError
-from probe.hooks.stacks import layer_names
+from probe.attention import layer_names
 from probe.models import LoadedModel, load_model
 
 SUPPORTED = ["t5", "bart"]

@@ -33,9 +33,9 @@ from probe.ablation.plan import check_probe_set, data_name
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
-from probe.hooks.stacks import layer_names
 from probe.data import ProbeSet
 from probe.errors import ProbeError
+from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)

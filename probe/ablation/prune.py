@@ -36,9 +36,9 @@ from probe.ablation.plan import check_probe_set, data_name
 from probe.ablation.runners import Batch, NaiveRunner
 from probe.ablation.sweep import sweep
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
-from probe.hooks.stacks import layer_names
 from probe.data import ProbeSet
 from probe.errors import ProbeError
+from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 
 ORDERINGS = ("michel", "sweep", "random")

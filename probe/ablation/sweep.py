@@ -37,9 +37,9 @@ from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
 from probe.attention import attention_layers, run_model
-from probe.hooks.stacks import layer_names
 from probe.data import ProbeSet
 from probe.errors import ProbeError
+from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 from probe.progress import callback, log
 from probe.provenance import model_dtype, model_facts
