@@ -23,6 +23,7 @@ from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
+from probe.hooks.run import Source
 from probe.hooks.stacks import decoder_start, is_encoder_decoder
 from probe.models import LoadedModel
 
@@ -45,6 +46,8 @@ class ProbeSet:
     repeat_len: int | None = None  # repeated sets: R
     scored: Tensor | None = None  # task sets: (num_seqs, length - 1) which positions' next tokens the metric scores
     meta: dict[str, Any] = field(default_factory=dict)
+    source_ids: Tensor | None = None  # encoder-decoders (probe.pairs): the encoder's own input, (num_seqs, length')
+    source_mask: Tensor | None = None
 
     def batches(self, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
         """(ids, mask) per batch of `batch_size` sequences; right padding cut to the batch's longest sequence."""
@@ -59,6 +62,14 @@ class ProbeSet:
                 ids, mask = ids[:, :length], mask[:, :length]
             out.append((ids, mask))
         return out
+
+    def sources(self, batch_size: int) -> list[Source | None]:
+        """The encoder input of each batch of `batches(batch_size)`, right padding cut; None each without sources (the
+        encoder then reads the batch itself)."""
+        if self.source_ids is None:
+            return [None] * len(self.batches(batch_size))
+        return [(ids, mask) for ids, mask in ProbeSet("source", "", self.source_ids, 0,
+                                                      self.source_mask).batches(batch_size)]
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "num_seqs": int(self.input_ids.shape[0]),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, tiny_loaded
 from families import ENCODER_DECODER_PROJECTIONS, tiny_encoder_decoder
 from test_browser import browser, open_page, tick_texts  # noqa: F401 (fixtures)
 from test_families import assert_unchanged, eager, snapshot
@@ -259,3 +259,76 @@ def test_pages_name_the_layers_by_stack(tmp_path: Path, open_page) -> None:  # n
     assert [label for label in labels if label in names] == names
     assert opened.page.text_content(".probe-plot-title").startswith("layer enc0, head")
     opened.check_clean()
+
+
+def labels_loss(model: torch.nn.Module, probe_set: ProbeSet) -> float:
+    """The model's own loss on a pairs set: the encoder reads the sources, `labels` are the targets after the start
+    token (padding -100), from which the model builds the decoder's input itself."""
+    labels = probe_set.input_ids[:, 1:].masked_fill(probe_set.attention_mask[:, 1:] == 0, -100).contiguous()
+    with torch.no_grad():
+        return float(model(input_ids=probe_set.source_ids, attention_mask=probe_set.source_mask, labels=labels).loss)
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_source_target_pairs_give_the_models_labels_loss(name: str) -> None:
+    from probe.pairs import pairs_set
+
+    model = tiny_encoder_decoder(name)
+    loaded = LoadedModel(model=model, tokenizer=None, name=name, vocab_size=120)
+    torch.manual_seed(2)
+    pairs = [(torch.randint(3, 120, (length,)).tolist(), torch.randint(3, 120, (length // 2 + 2,)).tolist())
+             for length in (11, 6, 14)]
+    probe_set = pairs_set(loaded, pairs)
+    assert probe_set.source_ids.shape == (3, 14) and probe_set.input_ids.shape == (3, 10)
+    before = snapshot(model)
+    result = sweep(loaded, probe_set, parse_heads("x1.2,enc0.1", attention_layers(model)), mode="naive", batch_size=2)
+    assert_unchanged(model, before)
+    assert result.baseline_loss == pytest.approx(labels_loss(model, probe_set), abs=1e-5)
+    with projection_input_zeroed(model, name, [("cross", 1, 2)], attention_layers(model)[0].head_dim):
+        assert result.results[0].loss == pytest.approx(labels_loss(model, probe_set), abs=1e-5)
+    with projection_input_zeroed(model, name, [("encoder", 0, 1)], attention_layers(model)[0].head_dim):
+        assert result.results[1].loss == pytest.approx(labels_loss(model, probe_set), abs=1e-5)
+    assert abs(result.results[0].delta) > 1e-4
+    with pytest.raises(ProbeError, match="swept with method zero or window, not mean"):
+        sweep(loaded, probe_set, [(5, 2)], method="mean")
+    with pytest.raises(ProbeError, match="for encoder-decoders"):
+        pairs_set(tiny_loaded("llama_gqa"), pairs)
+
+
+def word_tokenizer(folder: Path, words: list[str]) -> None:
+    """A word-level tokenizer (ids 3.. for the words) saved into the model folder, as a real one would be."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, **{word: 3 + i for i, word in enumerate(words)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<pad>",
+                            eos_token="</s>").save_pretrained(folder)
+
+
+def test_ablate_reads_pairs_from_a_file(tmp_path: Path, capsys, monkeypatch) -> None:
+    from probe.models.hf import SAMPLE_TEXT
+
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "model"
+    tiny_encoder_decoder("t5").save_pretrained(folder)
+    words = sorted(set(SAMPLE_TEXT.replace(".", " ").split()) | {"a", "cat", "sat", "on", "mat", "le", "chat"})
+    word_tokenizer(folder, words)
+    lines = [{"source": "The cat sat on the mat", "target": "le chat"}, {"source": "a fox", "target": "the lazy dog"}]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
+    code, out, err = run_cli(["ablate", "--model", str(folder), "--pairs", str(data), "--heads", "x0.1,dec1.0",
+                              "--json", str(tmp_path / "pairs.json")], capsys, monkeypatch)
+    assert code == 0, err
+    result = json.loads((tmp_path / "pairs.json").read_text(encoding="utf-8"))
+    loaded = load_model(str(folder))
+    from probe.pairs import read_pairs
+
+    probe_set = read_pairs(loaded, data)
+    assert probe_set.source_ids.shape == (2, 6) and probe_set.input_ids.shape == (2, 4)  # start + 3 words
+    assert result["baseline_loss"] == pytest.approx(labels_loss(loaded.model, probe_set), abs=1e-5)
+    assert result["data"] == f"pairs file {data}" and "x0.1" in out
+    code, out, err = run_cli(["ablate", "--model", str(folder), "--pairs", str(data), "--method", "mean"],
+                             capsys, monkeypatch)
+    assert code == 2 and "--method" in err and "not mean" in err

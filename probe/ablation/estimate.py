@@ -29,7 +29,7 @@ from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import check_probe_set, data_name
+from probe.ablation.plan import check_probe_set, check_sources, data_name
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
@@ -188,6 +188,7 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     if samples < 0:
         raise ProbeError(f"samples must be 0 or more, got {samples}", parameter="samples")
     check_probe_set(probe_set)
+    check_sources(probe_set, "estimate")
     if probe_set.scored is not None:
         raise ProbeError("the estimate linearises the next-token loss of text, not a task's margin: run the exact "
                          "sweep on a task", parameter="method")

@@ -32,7 +32,7 @@ from probe.ablation.logits import Readout
 from probe.ablation.means import head_means
 from probe.ablation.methods import AblationMethod, method_named
 from probe.ablation.metrics import METRICS, Metric, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import check_probe_set, data_name
+from probe.ablation.plan import check_probe_set, check_sources, data_name
 from probe.ablation.runners import Batch, NaiveRunner
 from probe.ablation.sweep import sweep
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
@@ -320,6 +320,7 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     a small sample overfits it)."""
     started = time.perf_counter()
     check_probe_set(probe_set)
+    check_sources(probe_set, "prune")
     chosen_metric = _resolve_metric(loaded, probe_set, metric)
     check_prune_options(orderings, step, max_increase, seeds)
     _check_metric(orderings, chosen_metric)

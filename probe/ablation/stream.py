@@ -26,8 +26,9 @@ def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod
     digest = hashlib.sha256()
     digest.update(json.dumps([loaded.name, method.name, metric, probe_set.offset, probe_set.repeat_len]).encode())
     digest.update(probe_set.input_ids.cpu().contiguous().numpy().tobytes())
-    if probe_set.attention_mask is not None:
-        digest.update(probe_set.attention_mask.cpu().contiguous().numpy().tobytes())
+    for extra in (probe_set.attention_mask, probe_set.source_ids, probe_set.source_mask):  # sources: probe.pairs
+        if extra is not None:
+            digest.update(extra.cpu().contiguous().numpy().tobytes())
     method.add_to_fingerprint(digest)
     return digest.hexdigest()[:24]
 

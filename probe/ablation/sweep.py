@@ -32,7 +32,7 @@ from probe.ablation.logits import Readout
 from probe.ablation.means import HeadMeans, head_means
 from probe.ablation.methods import AblationMethod, check_method, method_named
 from probe.ablation.metrics import METRICS, Metric, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import assign_chunks, check_probe_set, chunks, data_name, default_stack
+from probe.ablation.plan import assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
@@ -69,6 +69,7 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
     if mode not in MODES:
         raise ProbeError(f"unknown sweep mode {mode!r}: use one of {', '.join(MODES)}", parameter="mode")
     check_probe_set(probe_set)
+    check_sources(probe_set, "estimate" if mode == "estimate" else getattr(method, "name", str(method)))
     if stack is not None and stack < 1:
         raise ProbeError(f"stack must be at least 1, got {stack}", parameter="stack")
 
@@ -116,9 +117,10 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ablatio
     readout = Readout.choose(model, "cross_entropy" if metric == "task_margin" else metric, blocks)
     scored = [None if probe_set.scored is None else probe_set.scored[i * batch_size:i * batch_size + len(ids)]
               for i, (ids, _) in enumerate(pairs)]
+    sources = probe_set.sources(batch_size)
     runner = NaiveRunner(model, method, scorer, readout,
-                         [Batch(ids, mask, scorer.masks(ids, mask, rows)) for (ids, mask), rows in zip(pairs, scored)],
-                         why_not)
+                         [Batch(ids, mask, scorer.masks(ids, mask, rows), source=source)
+                          for (ids, mask), rows, source in zip(pairs, scored, sources)], why_not)
     if blocks is None:
         return runner, len(layers)
     return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), len(blocks)
