@@ -11,7 +11,7 @@ Inputs: probe's probe sets are one token sequence per row, which both stacks rea
 decoder teacher-forced (the sequence begins with the decoder start token, probe.data), so the decoder's logits at t
 predict token t + 1 exactly as a decoder-only model's do, every metric, effect and score applies unchanged, and the
 loss equals the model's own `labels` loss on the tokens after the start token. A source of its own is passed to
-`run_model` / `capture_attention` as `source=(ids, mask)`.
+`run_model` / `capture_attention` as `source=(ids, mask)`, or to sweeps as a pairs set (probe.pairs).
 """
 
 from __future__ import annotations
