@@ -208,12 +208,16 @@ def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Pa
     from probe.circuits import all_layer_weights
 
     from probe.kv import kv_heads
+    from probe.syntax.run import syntax_scores
 
     t5 = tiny_encoder_decoder("t5")
     with pytest.raises(ProbeError, match="one residual stream.*circuits does not apply"):
         all_layer_weights(t5)
     with pytest.raises(ProbeError, match="^kv-heads sorts a decoder-only model's KV heads.*not supported$"):
         kv_heads(LoadedModel(model=t5, tokenizer=None, name="t5", vocab_size=120))
+    with pytest.raises(ProbeError, match="^probe syntax scores one stack .* not supported yet$"):
+        syntax_scores(LoadedModel(model=t5, tokenizer=None, name="t5", vocab_size=120), [], scheme="ud",
+                      source="none")
 
     model = tiny_encoder_decoder("whisper")
     with pytest.raises(ProbeError, match="^whisper is an encoder-decoder whose encoder reads audio.*not supported$"):
