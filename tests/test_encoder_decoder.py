@@ -1,7 +1,8 @@
 """Encoder-decoders (T5, BART) as three named stacks: encoder, decoder self-attention and cross-attention. Captured
 attention equals the model's own eager encoder_attentions / decoder_attentions / cross_attentions; ablation equals a
 pre-hook zeroing the head's slice of that stack's output projection (named by hand in tests/families.py); the loss
-is the model's own `labels` loss; the model is unchanged afterwards. Whisper (audio) is refused in one line."""
+is the model's own `labels` loss, also for source/target pairs; the model is unchanged afterwards. Whisper (audio),
+other encoder-decoders, and the commands that read one stack are refused in one line."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ from test_browser import browser, open_page, tick_texts  # noqa: F401 (fixtures)
 from test_families import assert_unchanged, eager, snapshot
 
 from probe.ablate import ablate, parse_heads, sweep
-from probe.attention import attention_layers, capture_attention, logits_of, run_model
+from probe.attention import attention_layers, capture_attention, layer_names, logits_of, run_model
 from probe.data import ProbeOptions, ProbeSet, build_probe_set
 from probe.errors import ProbeError
-from probe.attention import layer_names
 from probe.models import LoadedModel, load_model
 
 SUPPORTED = ["t5", "bart"]
