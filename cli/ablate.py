@@ -27,16 +27,17 @@ from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFA
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel, cache_root, load_model
+from probe.pairs import read_pairs
 from probe.tasks import TASKS, read_task_file, task_set
 from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.html import ablation_page
 from probe.reports.terminal import ablation_report
 
-HEAD_ITEM = re.compile(r"^(all|\*|\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$")
+HEAD_ITEM = re.compile(r"^(all|\*|(enc|dec|x)?\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$", re.IGNORECASE)  # enc/dec/x: stacks
 
 Heads = Annotated[Optional[str], typer.Option(
     "--heads", help="Heads to ablate: LAYER.HEAD items, e.g. 5.1,18.6; 5.* for a whole layer; ranges 3-4.0-2; "
-    "default: every head, one at a time.")]
+    "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention); default: every head, one at a time.")]
 Together = Annotated[bool, typer.Option(
     "--together", help="Ablate the --heads together, in one run, instead of one at a time.")]
 Method = Annotated[str, typer.Option(
@@ -55,6 +56,9 @@ Task = Annotated[Optional[str], typer.Option(
     "--task", help="Measure a task instead of the loss on text: sva (subject-verb agreement), ioi (indirect object "
     "identification), or a JSON-lines file of sentence_good/sentence_bad or prompt/answer/distractor rows. --num-seqs "
     "items of a generated task.")]
+Pairs = Annotated[Optional[Path], typer.Option(
+    "--pairs", help="Encoder-decoders (t5, bart): a JSON-lines file of {\"source\", \"target\"} texts; the encoder "
+    "reads the source, the loss is the decoder's on the target (zero or window ablation).")]
 Stack = Annotated[Optional[int], typer.Option(
     "--stack", help="Ablations of one layer stacked into one forward (default: as many as fit in 1 GiB; one at long "
     "context).")]
@@ -85,6 +89,7 @@ class Request:
     naive: bool
     budget: float
     task: str | None = None  # sva, ioi or a JSON-lines file
+    pairs: Path | None = None  # encoder-decoders: a JSON-lines file of source/target texts (probe.pairs)
 
     @property
     def probe_set(self) -> str:
@@ -103,7 +108,8 @@ def check_heads_syntax(spec: str | None) -> None:
     for item in (item.strip() for item in spec.split(",")):
         if not HEAD_ITEM.match(item):
             raise ProbeError(f"malformed head {item!r} in --heads: use LAYER.HEAD items separated by commas, "
-                             "e.g. 5.1,18.6, or 5.* (every head of layer 5), 3-4.0-2 (ranges), all")
+                             "e.g. 5.1,18.6, or 5.* (every head of layer 5), 3-4.0-2 (ranges), all; "
+                             "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention)")
 
 
 def check_request(request: Request, *, top: int, html: bool, distributed: bool) -> None:
@@ -129,9 +135,20 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
                          "without torchrun")
     if request.task is not None:
         check_task(request)
+    if request.pairs is not None and (request.task is not None or request.data != "natural"):
+        raise ProbeError("--pairs replaces --data and --task: give one of them")
     if request.data_file is not None and not request.data_file.is_file():
         raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
                          "(not found)")
+
+
+def probe_set_for(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
+    """The sweep's data: source/target pairs, a task, or a probe set."""
+    if request.pairs is not None:
+        return read_pairs(loaded, request.pairs)
+    if request.task is not None:
+        return task_set(loaded, request.task, count=options.num_seqs, seed=options.seed)
+    return build_probe_set(request.probe_set, loaded, options)
 
 
 def check_task(request: Request) -> None:
@@ -171,7 +188,8 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> d
             "repeat_len": options.repeat_len, "seed": options.seed, "method": request.method,
             "per_position": request.per_position, "heads": request.heads, "together": request.together,
             "batch_size": request.batch_size, "stack": request.stack, "naive": request.naive,
-            "dtype": choice.dtype, "device": choice.device, "task": request.task}
+            "dtype": choice.dtype, "device": choice.device, "task": request.task,
+            **({"pairs": str(request.pairs)} if request.pairs is not None else {})}
 
 
 def load_for(choice: ModelChoice, rank: Rank | None) -> LoadedModel:
@@ -231,13 +249,13 @@ def ablate(
     heads: Heads = None, together: Together = False, method: Method = "zero", per_position: PerPosition = False,
     data: Data = "natural", seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS,
     repeat_len: RepeatLen = DEFAULT_REPEAT_LEN, seed: Seed = DEFAULT_SEED, batch_size: BatchSize = 8,
-    stack: Stack = None, naive: Naive = False, budget: Budget = 10.0, task: Task = None,
+    stack: Stack = None, naive: Naive = False, budget: Budget = 10.0, task: Task = None, pairs: Pairs = None,
     json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
     results: Results = None, resume: Resume = False, top: Top = 15, force: Force = False,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
 ) -> None:
     """Ablate heads (zero or mean) and measure the loss change: which heads can the model not do without?"""
-    request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task)
+    request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task, pairs)
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     rank = current()
     main_process = rank is None or rank.is_main
@@ -249,8 +267,7 @@ def ablate(
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
     options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed)
     loaded = load_for(choice, rank)
-    probe_set = (build_probe_set(request.probe_set, loaded, options) if task is None
-                 else task_set(loaded, task, count=num_seqs, seed=seed))
+    probe_set = probe_set_for(loaded, request, options)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
     if method == "estimate":

@@ -9,9 +9,10 @@ from probe.hooks.capture import attention_hooks, capture_attention, stream_atten
 from probe.hooks.custom import OUTPUT_PROJECTIONS
 from probe.hooks.hf import is_hf_model
 from probe.hooks.layers import AttentionLayer, attention_layers
-from probe.hooks.run import accepts_argument, logits_of, run_model
+from probe.hooks.run import Source, accepts_argument, logits_of, run_model
+from probe.hooks.stacks import layer_names
 from probe.hooks.types import HeadsEdit, WeightsHook
 
-__all__ = ["BLOCK_BYTES", "CAUSAL_BLOCK", "OUTPUT_PROJECTIONS", "AttentionLayer", "HeadsEdit", "WeightsHook",
+__all__ = ["BLOCK_BYTES", "CAUSAL_BLOCK", "OUTPUT_PROJECTIONS", "AttentionLayer", "HeadsEdit", "Source", "WeightsHook",
            "accepts_argument", "attention_hooks", "attention_layers", "blocked_attention", "capture_attention",
-           "is_hf_model", "logits_of", "run_model", "stream_attention"]
+           "is_hf_model", "layer_names", "logits_of", "run_model", "stream_attention"]

@@ -23,6 +23,8 @@ from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
+from probe.hooks.run import Source
+from probe.hooks.stacks import decoder_start, is_encoder_decoder
 from probe.models import LoadedModel
 
 ENGLISH = Path(__file__).parent / "data" / "english.txt"
@@ -44,6 +46,8 @@ class ProbeSet:
     repeat_len: int | None = None  # repeated sets: R
     scored: Tensor | None = None  # task sets: (num_seqs, length - 1) which positions' next tokens the metric scores
     meta: dict[str, Any] = field(default_factory=dict)
+    source_ids: Tensor | None = None  # encoder-decoders (probe.pairs): the encoder's own input, (num_seqs, length')
+    source_mask: Tensor | None = None
 
     def batches(self, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
         """(ids, mask) per batch of `batch_size` sequences; right padding cut to the batch's longest sequence."""
@@ -59,6 +63,14 @@ class ProbeSet:
             out.append((ids, mask))
         return out
 
+    def sources(self, batch_size: int) -> list[Source | None]:
+        """The encoder input of each batch of `batches(batch_size)`, right padding cut; None each without sources (the
+        encoder then reads the batch itself)."""
+        if self.source_ids is None:
+            return [None] * len(self.batches(batch_size))
+        return [(ids, mask) for ids, mask in ProbeSet("source", "", self.source_ids, 0,
+                                                      self.source_mask).batches(batch_size)]
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "num_seqs": int(self.input_ids.shape[0]),
                 "length": int(self.input_ids.shape[1]), **self.meta}
@@ -70,7 +82,10 @@ def real_tokens(ids: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def is_encoder(loaded: LoadedModel) -> bool:
-    """A bidirectional model (BERT-like): its attention modules are not causal."""
+    """A bidirectional model (BERT-like): its attention modules are not causal. An encoder-decoder is not one: its
+    output is the decoder's, causal, next-token logits."""
+    if is_encoder_decoder(loaded.model):
+        return False
     return not all(getattr(layer.module, "is_causal", True) for layer in attention_layers(loaded.model)
                    if layer.kind == "hf")
 
@@ -104,6 +119,9 @@ def _wrap(loaded: LoadedModel, chunks: Tensor) -> tuple[Tensor, int, str]:
     the BOS role. Returns the ids, the first content position and what starts each sequence."""
     tokenizer = loaded.tokenizer
     n = chunks.shape[0]
+    start_id = decoder_start(loaded.model)
+    if start_id is not None:  # encoder-decoders: both stacks read the sequence, the decoder's starts as it was trained
+        return torch.cat([torch.full((n, 1), start_id), chunks], dim=1), 1, "the decoder start token"
     if tokenizer is None:
         return chunks, 0, "no BOS (no tokenizer)"
     if is_encoder(loaded):

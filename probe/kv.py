@@ -31,6 +31,7 @@ from probe.data import ProbeOptions, natural_set
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_score
 from probe.hooks.capture import attention_hooks
+from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
 from probe.needle import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, needle_set
 
@@ -381,6 +382,9 @@ def kv_heads(
     windowed KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and
     accuracy on needle prompts of another seed, against random orders of `random_seeds`."""
     _check(tuple(lengths), sink, recent, list(random_seeds))
+    if is_encoder_decoder(loaded.model):  # every layer would be windowed, and only decoder self-attention can be
+        raise ProbeError("kv-heads sorts a decoder-only model's KV heads for a decoding cache; an encoder-decoder's "
+                         "encoder and cross-attention keep no such cache: it is not supported")
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
                             **({"needle": needle} if needle else {}))
     scored = needle_set(loaded, options)

@@ -33,6 +33,7 @@ from probe.heads.classify import Classification
 from probe.heads.scores import SCORES
 from probe.hooks.capture import stream_attention
 from probe.hooks.layers import attention_layers
+from probe.hooks.stacks import decoder_start, layer_names
 from probe.models import LoadedModel
 
 DEFAULT_MAX_TOKENS = 512
@@ -69,6 +70,7 @@ class Patterns:
     first: int = 0  # the position of the first token shown (a window of a longer input)
     thumbnails: np.ndarray | None = None  # (len(heads), t, t) uint8: max-pooled weight * 255, for overviews
     meta: dict[str, Any] = field(default_factory=dict)
+    layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
 
     @property
     def labels(self) -> list[str]:
@@ -92,7 +94,8 @@ class Patterns:
                 "heads": [[layer, head] for layer, head in self.heads], "values": self.values,
                 "decimals": self.decimals, "scale": self.scale, "causal": self.causal, "n_layers": self.n_layers,
                 "n_heads": self.n_heads, "total_tokens": self.total_tokens, "note": self.note, "first": self.first,
-                "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE}
+                "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE,
+                **({"layer_names": self.layer_names} if self.layer_names else {})}
 
     def __repr__(self) -> str:
         """A short summary (the dataclass' own repr would print every weight)."""
@@ -198,7 +201,8 @@ def text_ids(loaded: LoadedModel, text: str) -> list[int]:
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
         raise ProbeError("the text gives no tokens", parameter="text")
-    bos = getattr(tokenizer, "bos_token_id", None)
+    bos = decoder_start(loaded.model)  # an encoder-decoder's decoder starts as it was trained (probe.data)
+    bos = getattr(tokenizer, "bos_token_id", None) if bos is None else bos
     if bos is None:
         bos = getattr(getattr(loaded.model, "config", None), "bos_token_id", None)
     return ([bos] if isinstance(bos, int) else []) + ids
@@ -384,6 +388,7 @@ def attention_patterns(
         note=_window_note(window, outside, input_description),
         thumbnails=np.concatenate(picked.thumbnails) if thumbnails else None,
         first=window.start,
+        layer_names=layer_names(found),
     )
 
 

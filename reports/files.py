@@ -128,5 +128,5 @@ def non_finite_heads(payload: dict[str, Any]) -> list[str]:
     labels = ["the baseline"] if _has_non_finite(payload.get("baseline_loss")) else []
     for entry in [*payload.get("heads", []), *payload.get("groups", [])]:
         if _has_non_finite(entry):
-            labels.append(entry.get("label") or short_label(entry["layer"], entry["head"]))
+            labels.append(entry.get("label") or short_label(entry["layer"], entry["head"], payload.get("layer_names")))
     return labels

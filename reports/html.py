@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from probe.errors import ProbeError
-from probe.reports.labels import long_label, short_label
+from probe.reports.labels import LayerNames, long_label, short_label
 
 ASSETS = Path(__file__).parent / "assets"
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
@@ -129,7 +129,7 @@ def pattern_spec(patterns: dict[str, Any], group: int) -> dict[str, Any]:
         "n": n, "labels": [plotly_text(label) for label in patterns["labels"]],
         "heads": [list(pair) for pair in heads], "causal": patterns["causal"], "scale": patterns["scale"],
         "decimals": patterns["decimals"], "group": group, "chunks": chunks, "thumbs": None,
-        "first": int(patterns.get("first") or 0),
+        "first": int(patterns.get("first") or 0), "layer_names": patterns.get("layer_names"),
     }
     meta = patterns.get("meta") or {}
     if meta.get("repeat_len"):  # a repeated probe set: where the second copy starts (the page marks it)
@@ -325,16 +325,17 @@ def classification_page(payload: dict[str, Any], patterns: dict[str, dict[str, A
     scores: list[dict[str, Any]] = []
     sections = [_class_section(payload, index, name, patterns, scores) for index, name in enumerate(payload["flagged"])]
     model, n_layers, n_heads = payload["model"], payload["n_layers"], payload["n_heads"]
+    names = payload.get("layer_names")
     rows = [("model", model), ("heads", f"{n_layers} layers x {n_heads} heads")]
     rows += [(f"probe set {name}", str(info.get("description", name))) for name, info in payload["probe_sets"].items()]
     rows += [("thresholds", ", ".join(f"{name} > {value:g}" for name, value in payload["thresholds"].items()))]
     static = _static("Flagged heads, highest score first", ["class", "heads (score)"],
-                     [[name, ", ".join(f"{short_label(e['layer'], e['head'])} ({e['score']:.3f})"
+                     [[name, ", ".join(f"{short_label(e['layer'], e['head'], names)} ({e['score']:.3f})"
                                        for e in flagged[:STATIC_HEADS])
                        + (f" and {len(flagged) - STATIC_HEADS} more" if len(flagged) > STATIC_HEADS else "")
                        if flagged else "none"] for name, flagged in payload["flagged"].items()])
     body = f"<h1>Head classification of {esc(model)}</h1>" + facts_table(rows) + static + "".join(sections)
-    data = {"n_layers": n_layers, "n_heads": n_heads, "scores": scores,
+    data = {"n_layers": n_layers, "n_heads": n_heads, "scores": scores, "layer_names": names,
             "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads)),
             "patterns": {name: pattern_spec(block, 1) for name, block in patterns.items()}}
     return page("classification", f"probe classify: {model}", body, data, embed_plotly=embed_plotly)
@@ -376,7 +377,7 @@ def _ablation_entries(result: Any) -> list[tuple[int, int, float, float]]:
 
 
 def _ablation_data(entries: list[tuple[int, int, float, float]], n_layers: int, n_heads: int,
-                   top: int) -> dict[str, Any]:
+                   top: int, names: LayerNames = None) -> dict[str, Any]:
     """The page's numbers: (n_layers, n_heads) grids of delta and loss (None: not ablated, or not finite) and the
     `top` heads by |delta|."""
     z: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
@@ -385,12 +386,12 @@ def _ablation_data(entries: list[tuple[int, int, float, float]], n_layers: int, 
     for layer, head, head_loss, delta in finite:
         z[layer][head], loss[layer][head] = round(delta, 6), round(head_loss, 6)
     ranked = sorted(finite, key=lambda e: -abs(e[3]))[:top]
-    top_data = {"label": [short_label(layer, head) for layer, head, _, _ in ranked],
-                "name": [long_label(layer, head) for layer, head, _, _ in ranked],
+    top_data = {"label": [short_label(layer, head, names) for layer, head, _, _ in ranked],
+                "name": [long_label(layer, head, names) for layer, head, _, _ in ranked],
                 "delta": [round(delta, 6) for _, _, _, delta in ranked],
                 "loss": [round(head_loss, 6) for _, _, head_loss, _ in ranked],
                 "color": ["#b2182b" if delta >= 0 else "#2166ac" for _, _, _, delta in ranked]}
-    return {"n_layers": n_layers, "n_heads": n_heads, "z": z, "loss": loss, "top": top_data,
+    return {"n_layers": n_layers, "n_heads": n_heads, "z": z, "loss": loss, "top": top_data, "layer_names": names,
             "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads))}
 
 
@@ -403,7 +404,7 @@ def _estimate_marks(result: dict[str, Any], data: dict[str, Any], n_layers: int,
     by_label = {}
     for entry in result["heads"]:
         value = how[entry["layer"]][entry["head"]] = "ablated exactly" if entry.get("exact") else "estimated"
-        by_label[short_label(entry["layer"], entry["head"])] = value
+        by_label[short_label(entry["layer"], entry["head"], result.get("layer_names"))] = value
     data["how"] = how
     data["top"]["how"] = [by_label[label] for label in data["top"]["label"]]
     exact = sum(1 for entry in result["heads"] if entry.get("exact"))
@@ -440,8 +441,8 @@ def _effects_data(result: dict[str, Any]) -> dict[str, Any] | None:
                                  "tokens": []}
     for i, entry in enumerate(heads):
         effects = entry["effects"]
-        out["label"].append(short_label(entry["layer"], entry["head"]))
-        out["name"].append(long_label(entry["layer"], entry["head"]))
+        out["label"].append(short_label(entry["layer"], entry["head"], result.get("layer_names")))
+        out["name"].append(long_label(entry["layer"], entry["head"], result.get("layer_names")))
         out["delta"].append(_number(entry["delta"], f"heads[{i}].delta"))
         out["specificity"].append(_number(effects.get("specificity"), f"heads[{i}].effects.specificity"))
         out["max_token"].append(_number(effects.get("max_token_delta"), f"heads[{i}].effects.max_token_delta"))
@@ -479,7 +480,7 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
     n_layers, n_heads = _index(n_layers, "n_layers"), _index(n_heads, "n_heads")
     if any(layer >= n_layers or head >= n_heads for layer, head, _, _ in entries):
         raise ProbeError(f"ablation result: a head lies outside {n_layers} layers x {n_heads} heads")
-    data = _ablation_data(entries, n_layers, n_heads, top)
+    data = _ablation_data(entries, n_layers, n_heads, top, result.get("layer_names"))
     data["effects"] = _effects_data(result)
     broken = sum(1 for _, _, head_loss, delta in entries if not (math.isfinite(head_loss) and math.isfinite(delta)))
     baseline = _number(result["baseline_loss"], "baseline_loss")

@@ -1,15 +1,28 @@
 """How a head is named in every report: one short form (`18.6`, tables, axes, lists) and one long form
 (`layer 18, head 6`, hovers, titles and sentences). probe.ablate's labels of heads ablated together (`5.1+18.6`) join
-short forms. The page script (assets/probe.js) writes the long form the same way."""
+short forms. The page script (assets/probe.js) writes the long form the same way.
+
+An encoder-decoder's payload carries `layer_names` (`enc0`, ..., `dec0`, `x0`, ...: probe.hooks.stacks names them);
+its heads read `x3.1` and `layer x3, head 1`. Every function takes those names (None: plain numbers)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 
-def short_label(layer: int, head: int) -> str:
-    """`18.6`: the form --heads takes."""
-    return f"{layer}.{head}"
+LayerNames = Sequence[str] | None
+"""A payload's `layer_names`, or None where it has none (a model of one stack)."""
 
 
-def long_label(layer: int, head: int) -> str:
+def layer_label(layer: int, names: LayerNames = None) -> str:
+    """`18`, or the layer's name on an encoder-decoder (`x3`)."""
+    return str(layer) if not names else names[layer]
+
+
+def short_label(layer: int, head: int, names: LayerNames = None) -> str:
+    """`18.6` (`x3.1`): the form --heads takes."""
+    return f"{layer_label(layer, names)}.{head}"
+
+
+def long_label(layer: int, head: int, names: LayerNames = None) -> str:
     """`layer 18, head 6`: for a reader rather than for a command line."""
-    return f"layer {layer}, head {head}"
+    return f"layer {layer_label(layer, names)}, head {head}"

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.labels import short_label
+from probe.reports.labels import layer_label, short_label
 
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
@@ -22,6 +22,9 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
                   Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
     for name, info in payload["probe_sets"].items():
         console.print(Text(f"  probe set {info.get('description', name)}", style="dim"))
+    if payload.get("not_applicable"):
+        console.print(Text(f"  n/a on cross-attention (keys from the encoder): {', '.join(payload['not_applicable'])}",
+                           style="dim"))
     for name, flagged in payload["flagged"].items():
         summary = payload["classes"].get(name, {}).get("summary", "")
         console.print()
@@ -36,7 +39,7 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
         table.add_column("", no_wrap=True)
         for entry in flagged[:max_rows]:
             score = entry["score"]
-            table.add_row(short_label(entry["layer"], entry["head"]), f"{score:.3f}",
+            table.add_row(short_label(entry["layer"], entry["head"], payload.get("layer_names")), f"{score:.3f}",
                           Text("█" * round(score * 20), style="cyan"))
         console.print(table)
         if len(flagged) > max_rows:
@@ -61,7 +64,7 @@ def overview(payload: dict[str, Any]) -> Table:
             letters = "".join(classes[name]["letter"] if name in classes else name[0].upper()
                               for name in labels.get((layer, head), []))
             cells.append(Text(letters or "·", style="bold" if letters else "dim"))
-        table.add_row(str(layer), *cells)
+        table.add_row(layer_label(layer, payload.get("layer_names")), *cells)
     return table
 
 
@@ -79,8 +82,8 @@ def _signed(value: Any) -> str:
     return f"{number:+.4f}" if math.isfinite(number) else "nan"
 
 
-def _label(entry: dict[str, Any]) -> str:
-    return entry.get("label") or short_label(entry["layer"], entry["head"])
+def _label(entry: dict[str, Any], names: Any = None) -> str:
+    return entry.get("label") or short_label(entry["layer"], entry["head"], names)
 
 
 def _by_delta(entry: dict[str, Any]) -> tuple[bool, float]:
@@ -116,7 +119,7 @@ def _delta_table(payload: dict[str, Any], title: str, rows: list[dict[str, Any]]
     deltas = [_number(r["delta"]) for r in rows]
     scale = max((abs(d) for d in deltas if math.isfinite(d)), default=0.0) or 1.0
     for r, delta in zip(rows, deltas):
-        cells = [_label(r), f"{_number(r['loss']):.4f}", _signed(delta)]
+        cells = [_label(r, payload.get("layer_names")), f"{_number(r['loss']):.4f}", _signed(delta)]
         cells += [_signed(r[f"{name}_delta"]) if r.get(f"{name}_delta") is not None else "" for name in parts]
         if estimate:
             cells.append("exact" if r.get("exact") else "est.")
@@ -189,10 +192,10 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
         console.print(_delta_table(payload, "Heads ablated together", sorted(payload["groups"], key=_by_delta)))
     if any(entry.get("effects") for entry in singles):
         console.print()
-        console.print(_specific_table(singles, top))
+        console.print(_specific_table(singles, top, payload.get("layer_names")))
 
 
-def _specific_table(singles: list[dict[str, Any]], top: int) -> Table:
+def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) -> Table:
     """The heads with the largest mean delta next to those with the sharpest per-token effect (largest maximum
     per-token delta), with their specificity (share of the loss increase on the top 1% of tokens) and the token
     they affect most, in its context."""
@@ -205,7 +208,7 @@ def _specific_table(singles: list[dict[str, Any]], top: int) -> Table:
     for by_mean, r in zip(singles[:top], sharp):
         effects = r["effects"]
         token = (effects.get("top_tokens") or [{}])[0]
-        grid.add_row(_label(by_mean), _signed(by_mean["delta"]), "│", _label(r),
+        grid.add_row(_label(by_mean, names), _signed(by_mean["delta"]), "│", _label(r, names),
                      _signed(effects.get("max_token_delta")), _signed(effects.get("p99_token_delta")),
                      f"{_number(effects.get('specificity')):.3f}", _signed(r["delta"]),
                      Text(str(token.get("context", "")).replace("\n", "⏎")[-60:]))

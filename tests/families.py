@@ -75,3 +75,35 @@ def tiny_family(name: str) -> torch.nn.Module:
     torch.manual_seed(0)
     config = getattr(tf, config_class)(**arguments)
     return getattr(tf, model_class)(config).eval()
+
+
+ENCODER_DECODER_PROJECTIONS = {
+    "t5": {"encoder": "encoder.block.{}.layer.0.SelfAttention.o", "decoder": "decoder.block.{}.layer.0.SelfAttention.o",
+           "cross": "decoder.block.{}.layer.1.EncDecAttention.o"},
+    "bart": {"encoder": "model.encoder.layers.{}.self_attn.out_proj",
+             "decoder": "model.decoder.layers.{}.self_attn.out_proj",
+             "cross": "model.decoder.layers.{}.encoder_attn.out_proj"},
+}
+"""Encoder-decoders probe reads: stack -> the module path of that stack's layer i's output projection, by hand."""
+
+
+def tiny_encoder_decoder(name: str) -> torch.nn.Module:
+    """A small random T5, BART or Whisper (seq2seq LM), in eval mode, float32."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "t5":  # relative position bias in the first layer of each stack
+        config = tf.T5Config(vocab_size=120, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                             decoder_start_token_id=0)  # as in every released T5 config: the pad token
+        return tf.T5ForConditionalGeneration(config).eval()
+    if name == "bart":
+        config = tf.BartConfig(vocab_size=120, d_model=64, encoder_layers=2, decoder_layers=2,
+                               encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                               decoder_ffn_dim=128, max_position_embeddings=64,
+                               init_std=0.2)  # larger than 0.02, so that a head's effect is well above 1e-5
+        return tf.BartForConditionalGeneration(config).eval()
+    return tf.WhisperForConditionalGeneration(tf.WhisperConfig(
+        vocab_size=120, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=8,
+        max_source_positions=16, max_target_positions=32, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+        decoder_start_token_id=0)).eval()

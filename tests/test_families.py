@@ -1,7 +1,8 @@
 """Every family probe reads, as a tiny random model: captured attention equals the model's own eager
 `output_attentions`, ablation equals zeroing the head's slice of the output projection's input (a pre-hook written
 here, on a projection named by hand), the exact sweep (prefix reuse) equals the naive loop, and the model is unchanged
-afterwards. What probe refuses (ALBERT's shared layers, encoder-decoders), it refuses in one line."""
+afterwards. What probe refuses, it refuses in one line; encoder-decoders are in
+tests/test_encoder_decoder.py."""
 
 from __future__ import annotations
 
@@ -152,23 +153,6 @@ def test_bloom_that_bypasses_its_projection_is_refused_when_editing() -> None:
     assert_unchanged(model, before)
 
 
-def _encoder_decoder(kind: str) -> torch.nn.Module:
-    import transformers as tf
-
-    if kind == "t5":
-        return tf.T5ForConditionalGeneration(tf.T5Config(vocab_size=120, d_model=64, d_kv=16, d_ff=128, num_layers=2,
-                                                         num_heads=4)).eval()
-    if kind == "bart":
-        return tf.BartForConditionalGeneration(tf.BartConfig(
-            vocab_size=120, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=64)).eval()
-    return tf.WhisperForConditionalGeneration(tf.WhisperConfig(
-        vocab_size=120, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=8,
-        max_source_positions=16, max_target_positions=32, pad_token_id=0, bos_token_id=0, eos_token_id=0,
-        decoder_start_token_id=0)).eval()
-
-
 def test_a_shared_attention_module_is_one_layer_per_call() -> None:
     """ALBERT runs one attention module as each of its layers: probe numbers layers by call."""
     model = tiny_family("albert")
@@ -193,17 +177,6 @@ def test_a_shared_attention_module_is_one_layer_per_call() -> None:
             run_model(model, ids)
         run_model(model, ids)
     assert seen == [0, 0, 1, 2]
-
-
-@pytest.mark.parametrize("kind", ["t5", "bart", "whisper"])
-def test_encoder_decoders_are_refused_in_one_line(kind: str, tmp_path: Path) -> None:
-    model = _encoder_decoder(kind)
-    with pytest.raises(ProbeError, match=f"^{kind} is an encoder-decoder: .* not supported$"):
-        attention_layers(model)
-    model.save_pretrained(tmp_path)  # from a folder, refused before the weights load (whisper: not as a decoder)
-    with pytest.raises(ProbeError, match=f"^{kind} is an encoder-decoder") as raised:
-        load_model(str(tmp_path))
-    assert "\n" not in str(raised.value)
 
 
 def test_a_placeholder_tokenizer_falls_back_to_random_tokens(tmp_path: Path) -> None:

@@ -36,6 +36,8 @@ def _parents(model: nn.Module) -> dict[int, nn.Module]:
 
 def find_blocks(model: nn.Module, layers: list[AttentionLayer]) -> tuple[Blocks | None, str]:
     """The ModuleList whose items hold the attention layers, one after another; None (and why) if there is none."""
+    if any(layer.stack for layer in layers):  # reuse would also need the encoder's output kept: not done
+        return None, "an encoder-decoder: its encoder and decoder are two lists of blocks, so no prefix is reused"
     parent = _parents(model)
     container: nn.ModuleList | None = None
     of_layer = []

@@ -18,6 +18,7 @@ from probe.ablation.means import HeadMeans
 from probe.ablation.methods import AblationMethod, method_named
 from probe.ablation.window import PatternAblation, recompute_editor
 from probe.attention import attention_hooks, attention_layers
+from probe.errors import ProbeError
 
 
 def head_editor(ablations: Sequence[Ablation], method: AblationMethod,
@@ -51,12 +52,24 @@ def head_editor(ablations: Sequence[Ablation], method: AblationMethod,
     return edit, set(by_layer)
 
 
+def _refuse_non_causal_stacks(model: nn.Module, layers: set[int], method: AblationMethod) -> None:
+    """A key window (a KV cache kept while decoding) is defined on causal self-attention: an encoder-decoder's
+    encoder and cross-attention layers are refused in one line."""
+    found = attention_layers(model)
+    other = sorted({found[layer].stack for layer in layers} & {"encoder", "cross"})
+    if other:
+        raise ProbeError(f"{method.name} ablation restricts a causal head's keys to a decoding cache's; it applies to "
+                         f"an encoder-decoder's decoder self-attention (decN.H), not to its {' or '.join(other)} layers",
+                         parameter="heads")
+
+
 @contextmanager
 def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
             batch: int | None = None) -> Iterator[None]:
     """The stacked copies' heads ablated (see head_editor) for the body of the `with`; restored on exit."""
     if isinstance(method, PatternAblation):  # the heads' keys change, not their output
         recompute, layers = recompute_editor(ablations, method)
+        _refuse_non_causal_stacks(model, layers, method)
         with attention_hooks(model, recompute_heads=recompute, layers=layers):
             yield
         return

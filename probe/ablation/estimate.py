@@ -29,12 +29,13 @@ from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import check_probe_set, data_name
+from probe.ablation.plan import check_probe_set, check_sources, data_name
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
 from probe.data import ProbeSet
 from probe.errors import ProbeError
+from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
@@ -187,6 +188,7 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     if samples < 0:
         raise ProbeError(f"samples must be 0 or more, got {samples}", parameter="samples")
     check_probe_set(probe_set)
+    check_sources(probe_set, "estimate")
     if probe_set.scored is not None:
         raise ProbeError("the estimate linearises the next-token loss of text, not a task's margin: run the exact "
                          "sweep on a task", parameter="method")
@@ -271,4 +273,5 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
         baseline_loss=baseline_loss, results=results, n_layers=n_layers, n_heads=n_heads, mode="estimate",
         path=path, baseline_parts=baseline_parts, probe_set=probe_set.to_dict() | {"description": probe_set.description},
         seconds=time.perf_counter() - started, forwards=spent,
-        terms={head: (float(terms.first[head]), float(terms.second[head])) for head in heads})
+        terms={head: (float(terms.first[head]), float(terms.second[head])) for head in heads},
+        layer_names=layer_names(attention_layers(loaded.model)))

@@ -9,13 +9,14 @@ from torch import nn
 
 from probe.attention import AttentionLayer, attention_layers
 from probe.errors import ProbeError
+from probe.hooks.stacks import split_layer_part
 
 Head = tuple[int, int]
 """(layer, head)."""
 Ablation = tuple[Head, ...]
 """Heads ablated together in one run; a single-head ablation is a 1-tuple."""
 T = TypeVar("T")
-SYNTAX = "use LAYER.HEAD, e.g. 5.1, 5.* or 3-4.0"
+SYNTAX = "use LAYER.HEAD, e.g. 5.1, 5.* or 3-4.0 (encoder-decoders: enc5.1, dec5.1, x5.1)"
 
 
 def layer_shape(layers: list[AttentionLayer]) -> tuple[int, int]:
@@ -51,8 +52,10 @@ def _parse_item(item: str, layers: list[AttentionLayer]) -> list[Head]:
     if item.count(".") > 1:
         raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX}", parameter="heads")
     layer_part, dot, head_part = item.partition(".")
-    return [(layer, head) for layer in _parse_range(layer_part, len(layers), "layer", item)
-            for head in _parse_range(head_part if dot else "*", layers[layer].n_heads, "head", item)]
+    stack, layer_part = split_layer_part(layer_part, {layer.stack for layer in layers if layer.stack}, item)
+    in_stack = [layer for layer in layers if layer.stack == stack]  # every layer, on a model of one stack
+    return [(in_stack[number].index, head) for number in _parse_range(layer_part, len(in_stack), "layer", item)
+            for head in _parse_range(head_part if dot else "*", in_stack[number].n_heads, "head", item)]
 
 
 def parse_heads(spec: str, layers: list[AttentionLayer]) -> list[Head]:
@@ -83,9 +86,9 @@ def check_heads(layers: list[AttentionLayer], heads: Iterable[Head]) -> None:
                              f"(0-{layers[layer].n_heads - 1})", parameter="heads")
 
 
-def label(ablation: Sequence[Head]) -> str:
-    """'5.1' or '5.1+18.6'."""
-    return "+".join(f"{layer}.{head}" for layer, head in ablation)
+def label(ablation: Sequence[Head], names: Sequence[str] | None = None) -> str:
+    """'5.1' or '5.1+18.6'; on an encoder-decoder, with its `layer_names`, 'x1.2+enc0.3'."""
+    return "+".join(f"{layer if names is None else names[layer]}.{head}" for layer, head in ablation)
 
 
 def distinct(items: Iterable[T], key: Callable[[T], object] = lambda item: item) -> list[T]:

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, detach, find_blocks, skip_blocks
 from probe.hooks.restore import interrupts_deferred, restoring
-from probe.attention import accepts_argument, attention_layers, is_hf_model, logits_of, run_model
+from probe.attention import Source, accepts_argument, attention_layers, is_hf_model, logits_of, run_model
 
 LOGITS_BYTES = 256 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
 LOGITS_CHUNK_BYTES = 128 << 20  # the logits of one such chunk
@@ -184,13 +184,15 @@ class Readout:
         """Whether this batch's loss is read from its last block's output, a chunk of positions at a time."""
         return self.chunked and is_lean(self.model, ids)
 
-    def forward(self, ids: Tensor, mask: Tensor | None, lean: bool | None = None) -> Tensor | Final:
+    def forward(self, ids: Tensor, mask: Tensor | None, lean: bool | None = None,
+                source: Source | None = None) -> Tensor | Final:
         """A forward's logits (or last hidden states), or its Final where the logits would be too large (`lean`
-        None), or as told."""
+        None), or as told. `source`: an encoder-decoder's own encoder input (probe.pairs; never lean: an
+        encoder-decoder has no one block list)."""
         if lean is None:
             lean = self.chunkable is not None and is_lean(self.model, ids)
-        if not lean:
-            return logits_of(run_model(self.model, ids, mask))
+        if not lean or source is not None:
+            return logits_of(run_model(self.model, ids, mask, source=source))
         blocks = self.chunkable or find_blocks(self.model, attention_layers(self.model))[0]
         assert blocks is not None
         return _last_block_output(self.model, blocks, ids, mask)

@@ -24,8 +24,19 @@ def check_probe_set(probe_set: ProbeSet) -> None:
         raise ProbeError("the probe data needs at least one sequence of at least 2 tokens (a next token to predict)")
 
 
+def check_sources(probe_set: ProbeSet, method: str) -> None:
+    """A probe set whose encoder reads sources of its own (probe.pairs) runs zero and window ablation only: mean and
+    resample average head outputs over the target's positions, which the encoder's are not; estimate and prune do
+    not pass sources."""
+    if probe_set.source_ids is not None and method not in ("zero", "window"):
+        raise ProbeError(f"source/target pairs are swept with method zero or window, not {method}: their encoder "
+                         "reads positions of its own", parameter="method")
+
+
 def data_name(probe_set: ProbeSet, data: str | Path | None) -> str:
-    """What a result names its data: repeated, natural, or the text file."""
+    """What a result names its data: repeated, natural, the text file, or the pairs."""
+    if probe_set.name == "pairs":
+        return str(probe_set.meta.get("source", "pairs"))
     if probe_set.name == "repeated" or probe_set.name.startswith("task:"):
         return probe_set.name
     return "natural" if data is None else str(data)

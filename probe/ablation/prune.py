@@ -32,12 +32,13 @@ from probe.ablation.logits import Readout
 from probe.ablation.means import head_means
 from probe.ablation.methods import AblationMethod, method_named
 from probe.ablation.metrics import METRICS, Metric, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import check_probe_set, data_name
+from probe.ablation.plan import check_probe_set, check_sources, data_name
 from probe.ablation.runners import Batch, NaiveRunner
 from probe.ablation.sweep import sweep
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
 from probe.data import ProbeSet
 from probe.errors import ProbeError
+from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 
 ORDERINGS = ("michel", "sweep", "random")
@@ -100,6 +101,7 @@ class PruneResult:
     curves: list[PruneCurve] = field(default_factory=list)
     seconds: float = 0.0
     costs: dict[str, float] = field(default_factory=dict)
+    layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
 
     def to_dict(self) -> dict[str, Any]:
         note = ("" if self.units == "kv_groups" else
@@ -109,7 +111,8 @@ class PruneResult:
                 "measured_on": self.measured_on or self.data,
                 "baseline_loss": self.baseline_loss, "step": self.step, "max_loss": self.limit,
                 "seconds": round(self.seconds, 3), "costs": self.costs, "note": note or None,
-                "curves": [curve.to_dict() for curve in self.curves]}
+                "curves": [curve.to_dict() for curve in self.curves],
+                **({"layer_names": self.layer_names} if self.layer_names else {})}
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per (curve, step), for CSV."""
@@ -213,7 +216,7 @@ def _curve(evaluator: _Evaluator, units: list[Unit], result: PruneResult, orderi
         loss = evaluator.loss(pruned)
         removed = len(units) - len(remaining)
         steps.append(PruneStep(len(steps), removed, len(pruned), removed / len(units), loss,
-                               loss - result.baseline_loss, [label(unit) for unit in chosen]))
+                               loss - result.baseline_loss, [label(unit, result.layer_names) for unit in chosen]))
         progress()
         if result.limit is not None and loss > result.limit:
             stopped = f"loss {loss:.4f} passed the limit {result.limit:.4f}"
@@ -317,6 +320,7 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     a small sample overfits it)."""
     started = time.perf_counter()
     check_probe_set(probe_set)
+    check_sources(probe_set, "prune")
     chosen_metric = _resolve_metric(loaded, probe_set, metric)
     check_prune_options(orderings, step, max_increase, seeds)
     _check_metric(orderings, chosen_metric)
@@ -335,7 +339,8 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
                          "kv_groups" if kv_groups else "heads", len(units),
                          *layer_shape(attention_layers(loaded.model)), baseline, step,
                          _limit(baseline, max_increase, relative),
-                         None if eval_set is None else data_name(eval_set, eval_data))
+                         None if eval_set is None else data_name(eval_set, eval_data),
+                         layer_names=layer_names(attention_layers(loaded.model)))
     curves = [(name, None) for name in orderings if name != "random"] + \
         [("random", seed) for seed in seeds if "random" in orderings]
     total, done = math.ceil(1 / step - 1e-9) * (len(curves) + ("michel" in orderings)), [0]

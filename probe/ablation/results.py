@@ -46,12 +46,12 @@ class HeadResult:
         return HeadResult(ablation, loss, loss - baseline_loss, parts,
                           {name: parts[name] - baseline_parts[name] for name in baseline_parts}, exact)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, layer_names: list[str] | None = None) -> dict[str, Any]:
         entry: dict[str, Any] = {}
         if len(self.heads) == 1:
             entry.update(layer=self.layer, head=self.head)
         else:
-            entry.update(heads=[list(head) for head in self.heads], label=label(self.heads))
+            entry.update(heads=[list(head) for head in self.heads], label=label(self.heads, layer_names))
         entry.update(loss=self.loss, delta=self.delta)
         for name, value in self.parts.items():
             entry[f"{name}_loss"] = value
@@ -103,6 +103,7 @@ class AblationResult:
     forwards: float | None = None  # cost in forward-pass equivalents (estimate mode)
     terms: dict[Head, tuple[float, float]] | None = None  # estimate mode: (first-order, second-order) per head
     task: dict[str, float] | None = None  # task sets: the unablated model's margin and accuracy
+    layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
 
     @property
     def heads(self) -> list[HeadResult]:
@@ -126,10 +127,12 @@ class AblationResult:
             "baseline_loss": self.baseline_loss, "heads": [self._entry(r) for r in self.heads],
             "n_layers": self.n_layers, "n_heads": self.n_heads, "mode": self.mode, "path": self.path,
         }
+        if self.layer_names:
+            data["layer_names"] = self.layer_names
         for name, value in self.baseline_parts.items():
             data[f"baseline_{name}_loss"] = value
         if self.groups:
-            data["groups"] = [r.to_dict() for r in self.groups]
+            data["groups"] = [r.to_dict(self.layer_names) for r in self.groups]
         if self.mean is not None:
             data["mean"] = self.mean
         if self.probe_set:
@@ -143,7 +146,7 @@ class AblationResult:
         return data
 
     def _entry(self, result: HeadResult) -> dict[str, Any]:
-        entry = result.to_dict()
+        entry = result.to_dict(self.layer_names)
         if self.terms is not None and result.heads[0] in self.terms:
             entry["first_order"], entry["second_order"] = self.terms[result.heads[0]]
         return entry
@@ -153,7 +156,7 @@ class AblationResult:
         estimate mode `value`: exact or estimated."""
         rows = []
         for r in self.ranked():
-            row: dict[str, Any] = {"heads": label(r.heads), "layer": r.layer if len(r.heads) == 1 else "",
+            row: dict[str, Any] = {"heads": label(r.heads, self.layer_names), "layer": r.layer if len(r.heads) == 1 else "",
                                    "head": r.head if len(r.heads) == 1 else "", "loss": r.loss, "delta": r.delta}
             for name in self.baseline_parts:
                 row[f"{name}_loss"] = r.parts.get(name, "")
@@ -174,7 +177,7 @@ class AblationResult:
 
     def __repr__(self) -> str:
         """A short summary (the dataclass' own repr would print every result)."""
-        top = ", ".join(f"{label(r.heads)} {r.delta:+.4f}" for r in self.ranked()[:3])
+        top = ", ".join(f"{label(r.heads, self.layer_names)} {r.delta:+.4f}" for r in self.ranked()[:3])
         groups = f" and {len(self.groups)} group(s)" if self.groups else ""
         return (f"AblationResult({self.model!r}: {self.method} ablation, {self.mode}, {len(self.heads)} heads{groups} "
                 f"of {self.n_layers}x{self.n_heads}, {self.metric} baseline {self.baseline_loss:.4f}; largest delta: "

@@ -24,7 +24,7 @@ from probe.ablation.logits import CHECK_TOLERANCE, Final, Readout
 from probe.ablation.methods import AblationMethod
 from probe.ablation.metrics import Scorer
 from probe.ablation.plan import CACHE_BYTES
-from probe.attention import logits_of, run_model
+from probe.attention import Source, logits_of, run_model
 from probe.data import real_tokens
 from probe.errors import ProbeError
 
@@ -41,6 +41,7 @@ class Batch:
     counted: Tensor  # (parts + 1, batch, positions') which positions count (Scorer.masks)
     reference: Tensor | None = None  # unablated final outputs, for metrics that compare to them
     kept: dict[int, Any] | None = None  # unablated block outputs (None: recomputed when needed)
+    source: Source | None = None  # an encoder-decoder's own encoder input (probe.pairs); None: the ids themselves
 
 
 def _baseline_sums(scorer: Scorer, batch: Batch, output: Tensor | Final) -> Tensor:
@@ -65,13 +66,13 @@ class NaiveRunner:
     def baseline(self, index: int) -> Tensor:
         """(parts + 1,) unablated metric sums of batch `index`; keeps what the ablated runs reuse."""
         batch = self.batches[index]
-        return _baseline_sums(self.scorer, batch, self.readout.forward(batch.ids, batch.mask))
+        return _baseline_sums(self.scorer, batch, self.readout.forward(batch.ids, batch.mask, source=batch.source))
 
     def forward(self, ablation: Ablation, index: int, lean: bool | None = None) -> Tensor | Final:
         """One full forward of batch `index` with `ablation` ablated."""
         batch = self.batches[index]
         with ablated(self.model, [ablation], self.method, index):
-            return self.readout.forward(batch.ids, batch.mask, lean)
+            return self.readout.forward(batch.ids, batch.mask, lean, batch.source)
 
     def sums(self, chunk: list[Ablation], index: int) -> Tensor:
         """(copies, parts + 1) metric sums of each ablation of `chunk` on batch `index`."""

@@ -26,8 +26,9 @@ def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod
     digest = hashlib.sha256()
     digest.update(json.dumps([loaded.name, method.name, metric, probe_set.offset, probe_set.repeat_len]).encode())
     digest.update(probe_set.input_ids.cpu().contiguous().numpy().tobytes())
-    if probe_set.attention_mask is not None:
-        digest.update(probe_set.attention_mask.cpu().contiguous().numpy().tobytes())
+    for extra in (probe_set.attention_mask, probe_set.source_ids, probe_set.source_mask):  # sources: probe.pairs
+        if extra is not None:
+            digest.update(extra.cpu().contiguous().numpy().tobytes())
     method.add_to_fingerprint(digest)
     return digest.hexdigest()[:24]
 
@@ -95,7 +96,8 @@ def load_results(*paths: str | Path) -> AblationResult:
                           baseline_loss=h["baseline_loss"], results=distinct(results, key=lambda r: r.heads),
                           n_layers=h["n_layers"], n_heads=h["n_heads"], mode=h.get("mode", "exact"),
                           path=h.get("path", ""), baseline_parts=h.get("baseline_parts", {}),
-                          probe_set=h.get("probe_set", {}), mean=h.get("mean"), task=h.get("task"))
+                          probe_set=h.get("probe_set", {}), mean=h.get("mean"), task=h.get("task"),
+                          layer_names=h.get("layer_names"))
 
 
 class Stream:

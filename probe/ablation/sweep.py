@@ -32,13 +32,14 @@ from probe.ablation.logits import Readout
 from probe.ablation.means import HeadMeans, head_means
 from probe.ablation.methods import AblationMethod, check_method, method_named
 from probe.ablation.metrics import METRICS, Metric, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import assign_chunks, check_probe_set, chunks, data_name, default_stack
+from probe.ablation.plan import assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
 from probe.attention import attention_layers, run_model
 from probe.data import ProbeSet
 from probe.errors import ProbeError
+from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 from probe.progress import callback, log
 from probe.provenance import model_dtype, model_facts
@@ -68,6 +69,7 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
     if mode not in MODES:
         raise ProbeError(f"unknown sweep mode {mode!r}: use one of {', '.join(MODES)}", parameter="mode")
     check_probe_set(probe_set)
+    check_sources(probe_set, "estimate" if mode == "estimate" else getattr(method, "name", str(method)))
     if stack is not None and stack < 1:
         raise ProbeError(f"stack must be at least 1, got {stack}", parameter="stack")
 
@@ -115,9 +117,10 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ablatio
     readout = Readout.choose(model, "cross_entropy" if metric == "task_margin" else metric, blocks)
     scored = [None if probe_set.scored is None else probe_set.scored[i * batch_size:i * batch_size + len(ids)]
               for i, (ids, _) in enumerate(pairs)]
+    sources = probe_set.sources(batch_size)
     runner = NaiveRunner(model, method, scorer, readout,
-                         [Batch(ids, mask, scorer.masks(ids, mask, rows)) for (ids, mask), rows in zip(pairs, scored)],
-                         why_not)
+                         [Batch(ids, mask, scorer.masks(ids, mask, rows), source=source)
+                          for (ids, mask), rows, source in zip(pairs, scored, sources)], why_not)
     if blocks is None:
         return runner, len(layers)
     return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), len(blocks)
@@ -161,11 +164,13 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
 def _header(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: str, data: str,
             baseline: tuple[float, dict[str, float]]) -> dict[str, Any]:
     """The results stream's first line: what the sweep is, so that a resumed one can tell it is the same."""
-    n_layers, n_heads = layer_shape(attention_layers(loaded.model))
+    layers = attention_layers(loaded.model)
+    n_layers, n_heads = layer_shape(layers)
+    names = layer_names(layers)
     return {"probe_ablation": RESULTS_FORMAT, "model": loaded.name, "method": method.name, "data": data,
             "metric": metric, "fingerprint": fingerprint(loaded, probe_set, method, metric),
             "baseline_loss": baseline[0], "baseline_parts": baseline[1], "n_layers": n_layers, "n_heads": n_heads,
-            "mean": method.describe(), **_identity(loaded, probe_set)}
+            "mean": method.describe(), **({"layer_names": names} if names else {}), **_identity(loaded, probe_set)}
 
 
 def _identity(loaded: LoadedModel, probe_set: ProbeSet) -> dict[str, Any]:
@@ -324,4 +329,4 @@ def sweep(
         results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
         n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
         baseline_parts=base.parts, probe_set=header["probe_set"], mean=header["mean"],
-        seconds=time.perf_counter() - started, task=base.task)
+        seconds=time.perf_counter() - started, task=base.task, layer_names=header.get("layer_names"))

@@ -106,7 +106,11 @@ def layer_weights(model: nn.Module, layer: AttentionLayer) -> HeadWeights:
 
 
 def all_layer_weights(model: nn.Module) -> list[HeadWeights]:
-    return [layer_weights(model, layer) for layer in attention_layers(model)]
+    layers = attention_layers(model)
+    if any(layer.stack for layer in layers):  # composition assumes every head reads and writes one stream
+        raise ProbeError("weight-based composition reads one residual stream, and an encoder-decoder has two (the "
+                         "encoder's and the decoder's, joined by cross-attention): circuits does not apply to it")
+    return [layer_weights(model, layer) for layer in layers]
 
 
 def embedding_matrices(model: nn.Module) -> tuple[Tensor, Tensor]:

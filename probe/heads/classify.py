@@ -18,8 +18,9 @@ from probe.frames import dataframe
 from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
-from probe.hooks.layers import attention_layers
+from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.run import run_model
+from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 from probe.progress import callback, log
 
@@ -38,6 +39,8 @@ class Classification:
     thresholds: dict[str, float]
     probe_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
     extra_classes: dict[str, dict[str, Any]] = field(default_factory=dict)  # classes scored outside SCORES
+    layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
+    not_applicable: dict[str, list[int]] = field(default_factory=dict)  # class -> layers it does not apply to (n/a)
 
     def labels(self, layer: int, head: int) -> list[str]:
         return [name for name, score in self.scores.items() if float(score[layer, head]) > self.thresholds[name]]
@@ -54,15 +57,18 @@ class Classification:
             "model": self.model,
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
+            **({"layer_names": self.layer_names} if self.layer_names else {}),
             "thresholds": dict(self.thresholds),
             "classes": {name: SCORES[name].describe() if name in SCORES else self.extra_classes[name]
                         for name in self.scores if name in SCORES or name in self.extra_classes},
             "probe_sets": self.probe_sets,
             "flagged": {name: [{"layer": layer, "head": head, "score": round(score, 6)}
                                for layer, head, score in self.flagged(name)] for name in self.scores},
+            **({"not_applicable": self.not_applicable} if self.not_applicable else {}),
             "heads": [
                 {"layer": layer, "head": head,
-                 "scores": {name: round(float(score[layer, head]), 6) for name, score in self.scores.items()},
+                 "scores": {name: None if layer in self.not_applicable.get(name, ()) else
+                            round(float(score[layer, head]), 6) for name, score in self.scores.items()},
                  "labels": self.labels(layer, head)}
                 for layer in range(self.n_layers) for head in range(self.n_heads)
             ],
@@ -180,6 +186,7 @@ def classify(
                                    progress=progress, progress_offset=done, progress_total=total))
         done += _steps(probe_set, batch_size, len(layers))
     log.info("classified %d classes on %s", len(names), ", ".join(sets))
+    not_applicable = _not_applicable(names, layers, results)
     return Classification(
         model=loaded.name,
         n_layers=len(layers),
@@ -188,4 +195,18 @@ def classify(
         thresholds=chosen,
         probe_sets={name: probe_set.to_dict() | {"description": probe_set.description}
                     for name, probe_set in sets.items()},
+        layer_names=layer_names(layers),
+        not_applicable=not_applicable,
     )
+
+
+def _not_applicable(names: list[str], layers: list[AttentionLayer],
+                    results: dict[str, Tensor]) -> dict[str, list[int]]:
+    """Cross-attention layers (queries: decoder positions, keys: encoder positions) for each class whose definition
+    needs keys from the queries' own sequence (previous token, induction, ...): scored NaN, reported n/a (null).
+    The sink score applies (`Score.on_cross`)."""
+    cross = [layer.index for layer in layers if layer.stack == "cross"]
+    skipped = {name: cross for name in names if cross and not SCORES[name].on_cross}
+    for name, indices in skipped.items():
+        results[name][indices] = float("nan")
+    return skipped

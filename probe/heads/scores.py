@@ -51,6 +51,7 @@ class Score:
     letter: str = ""  # one character for the layer x head overview; default: the name's first letter
     finish: Finish = mean_score
     by_default: bool = True  # computed by `classify` when no scores are named (False: long or special inputs)
+    on_cross: bool = False  # whether the definition holds for cross-attention, whose keys are another sequence's
 
     def describe(self) -> dict[str, object]:
         """What a report needs to know of the class: plain values, for to_dict payloads."""
@@ -262,7 +263,7 @@ def register_score(score: Score) -> Score:
 
 for _score in (
     Score("previous_token", "natural", 0.5, "attends to the previous token", previous_token_score, "P"),
-    Score("sink", "natural", 0.3, "attends to the first token (attention sink)", sink_score, "S"),
+    Score("sink", "natural", 0.3, "attends to the first token (attention sink)", sink_score, "S", on_cross=True),
     Score("induction", "repeated", 0.4, "attends to the token after the earlier copy of the current one",
           induction_score, "I"),
     Score("duplicate_token", "repeated", 0.4, "attends to the earlier copy of the current token",

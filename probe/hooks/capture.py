@@ -16,7 +16,7 @@ from probe.hooks.hf import count_calls_per_forward, install_hf, switch_implement
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.mha import install_mha
 from probe.hooks.restore import restoring
-from probe.hooks.run import run_model
+from probe.hooks.run import Source, run_model
 from probe.errors import ProbeError
 from probe.hooks.types import HeadsEdit, HeadsRecompute, LayerHooks, Undo, WeightsHook
 
@@ -63,15 +63,18 @@ def attention_hooks(
 
 def stream_attention(model: nn.Module, input_ids: Tensor, on_weights: WeightsHook, *,
                      attention_mask: Tensor | None = None, layers: set[int] | None = None,
-                     query_block: int | None = None) -> None:
-    """One forward that only reads attention: each layer's weights go to `on_weights` one query block at a time."""
+                     query_block: int | None = None, source: Source | None = None) -> None:
+    """One forward that only reads attention: each layer's weights go to `on_weights` one query block at a time.
+    `source`: an encoder-decoder's encoder input, (ids, mask or None), where it is not `input_ids` (run_model)."""
     with torch.no_grad(), attention_hooks(model, on_weights=on_weights, layers=layers, query_block=query_block):
-        run_model(model, input_ids, attention_mask, logits=False)
+        run_model(model, input_ids, attention_mask, logits=False, source=source)
 
 
 def capture_attention(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None,
-                      layers: set[int] | None = None, query_block: int | None = None) -> dict[int, Tensor]:
-    """Run one forward and return full attention patterns {layer: (batch, query_heads, q, k)} in float32.
+                      layers: set[int] | None = None, query_block: int | None = None,
+                      source: Source | None = None) -> dict[int, Tensor]:
+    """Run one forward and return full attention patterns {layer: (batch, query_heads, q, k)} in float32; an
+    encoder-decoder's cross-attention layers have q decoder and k encoder positions (the `source`'s, if given).
 
     Keeps everything it is asked for: meant for heatmaps and tests, not for scoring long inputs.
     """
@@ -80,5 +83,6 @@ def capture_attention(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     def keep(layer: int, start: int, weights: Tensor) -> None:
         blocks.setdefault(layer, []).append(weights.detach().cpu())
 
-    stream_attention(model, input_ids, keep, attention_mask=attention_mask, layers=layers, query_block=query_block)
+    stream_attention(model, input_ids, keep, attention_mask=attention_mask, layers=layers, query_block=query_block,
+                     source=source)
     return {layer: torch.cat(parts, dim=2) for layer, parts in sorted(blocks.items())}

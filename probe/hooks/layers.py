@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -15,7 +15,8 @@ from probe.hooks.families import Family, family_candidates, family_of, family_sh
 from probe.hooks.hf import is_hf_model, recording_layers
 from probe.hooks.restore import restoring
 from probe.hooks.run import run_model
-from probe.models.hf import encoder_decoder_refusal
+from probe.hooks.stacks import is_encoder_decoder, number_in_stacks, stack_of
+from probe.models.hf import encoder_decoder_refusal, refuses_encoder_decoder
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,8 @@ class AttentionLayer:
     head_dim: int
     call: int = 0  # which call of `module` this layer is: ALBERT runs one attention module as every layer
     calls: int = 1  # how many times the model calls `module` per forward
+    stack: str = ""  # encoder-decoders: "encoder", "decoder" or "cross" (probe.hooks.stacks); else ""
+    in_stack: int = 0  # the layer's index within its stack (encoder-decoders)
 
 
 _LAYERS: "weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]]" = weakref.WeakKeyDictionary()
@@ -60,6 +63,10 @@ def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
         call = sum(other is module for other in modules[:index])
         calls = sum(other is module for other in modules)
         layers.append(AttentionLayer(index, module, "hf", *shape, call=call, calls=calls))
+    if is_encoder_decoder(model):  # T5, BART: encoder, decoder self- and cross-attention, each numbered from 0
+        stacks = [stack_of(model, layer.module) for layer in layers]
+        layers = [replace(layer, stack=stack, in_stack=number)
+                  for layer, stack, number in zip(layers, stacks, number_in_stacks(stacks))]
     return layers
 
 
@@ -99,7 +106,7 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
 
 def _refuse_encoder_decoder(model: nn.Module) -> None:
     config = getattr(model, "config", None)
-    if getattr(config, "is_encoder_decoder", False):
+    if refuses_encoder_decoder(config):
         raise ProbeError(encoder_decoder_refusal(config.model_type))
 
 

@@ -10,9 +10,13 @@ from torch import Tensor, nn
 from probe.errors import ProbeError
 from probe.hooks.hf import is_hf_model
 from probe.hooks.outputs import logits_of
+from probe.hooks.stacks import is_encoder_decoder
 from probe.models.placement import input_device
 
-__all__ = ["accepts_argument", "logits_of", "run_model"]
+__all__ = ["Source", "accepts_argument", "logits_of", "run_model"]
+
+Source = tuple[Tensor, "Tensor | None"]
+"""An encoder-decoder's encoder input: (ids (batch, source positions), mask or None)."""
 
 
 def accepts_argument(model: nn.Module, argument: str) -> bool:
@@ -23,11 +27,27 @@ def accepts_argument(model: nn.Module, argument: str) -> bool:
         return False
 
 
-def _hf_arguments(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
-                  logits: bool | Tensor) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"input_ids": input_ids}
+def _encoder_decoder_arguments(input_ids: Tensor, attention_mask: Tensor | None,
+                               source: Source | None) -> dict[str, Any]:
+    """The decoder reads `input_ids`, teacher-forced; the encoder reads the source, by default the same sequence."""
+    kwargs: dict[str, Any] = {"decoder_input_ids": input_ids}
     if attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask.to(input_ids.device)
+        kwargs["decoder_attention_mask"] = attention_mask.to(input_ids.device)
+    source_ids, source_mask = (input_ids, attention_mask) if source is None else source
+    kwargs["input_ids"] = source_ids.to(input_ids.device)
+    if source_mask is not None:
+        kwargs["attention_mask"] = source_mask.to(input_ids.device)
+    return kwargs
+
+
+def _hf_arguments(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
+                  logits: bool | Tensor, source: Source | None = None) -> dict[str, Any]:
+    if is_encoder_decoder(model):
+        kwargs = _encoder_decoder_arguments(input_ids, attention_mask, source)
+    else:
+        kwargs = {"input_ids": input_ids}
+        if attention_mask is not None:
+            kwargs["attention_mask"] = attention_mask.to(input_ids.device)
     if getattr(model.config, "use_cache", None) is not None:
         kwargs["use_cache"] = False
     if isinstance(logits, Tensor):
@@ -54,15 +74,22 @@ def _custom_arguments(model: nn.Module, attention_mask: Tensor | None, device: A
 
 
 def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-              logits: bool | Tensor = True) -> Any:
+              logits: bool | Tensor = True, source: Source | None = None) -> Any:
     """One forward: Hugging Face models with their mask and no KV cache; custom models with the ids, and the mask
     where their forward takes an `attention_mask`.
 
     `logits=False`: the caller only reads attention, so a Hugging Face LM computes the logits of the last position
     only (`logits_to_keep=1`); at 8192 tokens the full logits of a 49k vocabulary would take 1.6 GB. A 1-D tensor of
     positions: the logits of those positions only. Models without `logits_to_keep` compute all, as before.
+
+    Encoder-decoders (T5, BART): `input_ids` are what the decoder reads, teacher-forced (its logits at position t
+    predict token t + 1, as a decoder-only model's do); the encoder reads `source` = (ids, mask or None), by default
+    the same sequence (probe.hooks.stacks says why).
     """
     input_ids = input_ids.to(input_device(model))
+    if source is not None and not is_encoder_decoder(model):
+        raise ProbeError("a source sequence is for encoder-decoders (t5, bart): this model reads one sequence",
+                         parameter="source")
     if is_hf_model(model):
-        return model(**_hf_arguments(model, input_ids, attention_mask, logits))
+        return model(**_hf_arguments(model, input_ids, attention_mask, logits, source))
     return model(input_ids, **_custom_arguments(model, attention_mask, input_ids.device))

@@ -23,11 +23,25 @@ def is_encoder_config(config: Any) -> bool:
     return config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
 
 
+ENCODER_DECODERS = ("t5", "bart")
+"""config.model_type of the encoder-decoders probe reads (their attention goes through transformers' interface;
+`probe.hooks.stacks` names their three stacks)."""
+
+
 def encoder_decoder_refusal(model_type: str) -> str:
-    """One line: why an encoder-decoder (T5, BART, Whisper, ...) is refused."""
-    return (f"{model_type} is an encoder-decoder: probe reads one stack of attention layers on one token input "
-            "(decoder-only models such as GPT-2 and Llama, encoders such as BERT) and does not yet tell an "
-            "encoder's, a decoder's and cross-attention layers apart; it is not supported")
+    """One line: why an encoder-decoder other than T5 and BART is refused."""
+    if model_type == "whisper":
+        return ("whisper is an encoder-decoder whose encoder reads audio features, not token ids, and probe feeds "
+                f"token ids to both stacks (supported encoder-decoders: {', '.join(ENCODER_DECODERS)}); "
+                "it is not supported")
+    return (f"{model_type} is an encoder-decoder that probe does not read yet (supported: "
+            f"{', '.join(ENCODER_DECODERS)}: their three stacks are named and checked against the model's own "
+            "attentions); it is not supported")
+
+
+def refuses_encoder_decoder(config: Any) -> bool:
+    """Whether the config is an encoder-decoder probe does not read."""
+    return bool(getattr(config, "is_encoder_decoder", False)) and config.model_type not in ENCODER_DECODERS
 
 
 def _needs_remote_code(error: Exception) -> bool:
@@ -50,26 +64,28 @@ def remote_code_refused(source: str) -> Iterator[None]:
 def _check_placement(config: Any, device_map: dict[str, int | str], trust_remote_code: bool) -> None:
     """A dict device map checked against an empty (meta) skeleton, so that a typo fails before a weight is read."""
     from accelerate import init_empty_weights
-    from transformers import AutoModel, AutoModelForCausalLM
 
+    *first, last = _model_classes(config)
     with init_empty_weights():  # the same class as loaded below, so that the module names are the same
         try:
-            if is_encoder_config(config):
+            if not first:
                 raise ValueError("an encoder loads with AutoModel")
-            skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+            skeleton = first[0].from_config(config, trust_remote_code=trust_remote_code)
         except ValueError as error:
             if _needs_remote_code(error):
                 raise
-            skeleton = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+            skeleton = last.from_config(config, trust_remote_code=trust_remote_code)
     check_device_map(device_map, (name for name, _ in skeleton.named_modules()),
                      (name for name, _ in skeleton.named_parameters()))
 
 
 def _model_classes(config: Any) -> list[Any]:
     """The Auto classes to try in order: the causal LM first, except for encoders (BERT & co. have a *ForCausalLM
-    class, but only as a decoder), then the bare model."""
-    from transformers import AutoModel, AutoModelForCausalLM
+    class, but only as a decoder) and encoder-decoders (the sequence-to-sequence LM), then the bare model."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+    if getattr(config, "is_encoder_decoder", False):  # BART has a *ForCausalLM class too: its decoder alone
+        return [AutoModelForSeq2SeqLM, AutoModel]
     return [AutoModel] if is_encoder_config(config) else [AutoModelForCausalLM, AutoModel]
 
 
@@ -83,7 +99,7 @@ def from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] |
 
     with remote_code_refused(source):
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
-        if getattr(config, "is_encoder_decoder", False):  # whisper would load as its decoder alone
+        if refuses_encoder_decoder(config):  # whisper would load as its decoder alone
             raise ProbeError(encoder_decoder_refusal(config.model_type), parameter="spec")
         placement = {key: value for key, value in (placement or {}).items() if value is not None}
         if isinstance(placement.get("device_map"), dict):

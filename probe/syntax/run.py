@@ -14,6 +14,7 @@ from probe.hooks.capture import capture_attention
 from probe.hooks.hf import is_hf_model
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import accepts_argument
+from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
 from probe.syntax.align import Aligned, align
 from probe.syntax.conllu import Sentence
@@ -81,6 +82,9 @@ def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str
     if scheme not in SCHEMES:
         raise ProbeError(f"unknown label scheme {scheme!r}: choose from {', '.join(SCHEMES)}", parameter="scheme")
     _check(batch_size=batch_size, min_count=min_count, margin=margin, confident=confident)
+    if is_encoder_decoder(loaded.model):  # the causal variant would be applied to the encoder's layers too
+        raise ProbeError("probe syntax scores one stack of layers, causal or not; an encoder-decoder has a "
+                         "bidirectional encoder, a causal decoder and cross-attention: it is not supported yet")
     aligned, skipped = prepare(loaded, sentences)
     layers = attention_layers(loaded.model)
     causal = not is_encoder(loaded)

@@ -18,6 +18,15 @@
     return node;
   }
 
+  function nameLayers(axis, data) {
+    // an encoder-decoder's layers carry names (enc0 encoder, dec0 decoder, x0 cross-attention): the axis shows them
+    if (data.layer_names) {
+      axis.tickvals = data.layer_axis;
+      axis.ticktext = data.layer_names;
+    }
+    return axis;
+  }
+
   function fail(root, error) {
     var box = root.querySelector(".probe-error") || root.insertBefore(make("p", "probe-error"), root.firstChild);
     box.textContent = "This page could not draw its plots: " + (error && error.message ? error.message : error);
@@ -190,8 +199,13 @@
     return {pick: pick, rows: function (r) { rows = r; if (query < 0) query = r.length - 1; paint(); }};
   }
 
-  function headName(layer, head, count) {
-    return head === -1 ? "layer " + layer + ", mean of " + count + " heads" : "layer " + layer + ", head " + head;
+  function layerName(layer, names) {
+    return names ? names[layer] : String(layer);  // an encoder-decoder's layer_names: enc0, dec0, x0, ...
+  }
+
+  function headName(layer, head, count, names) {
+    var shown = layerName(layer, names);
+    return head === -1 ? "layer " + shown + ", mean of " + count + " heads" : "layer " + shown + ", head " + head;
   }
 
   // ------------------------------------------------------------------------------------------------------------
@@ -211,7 +225,9 @@
         byLayer[pair[0]].push(pair[1]);
       });
       var realCount = function (layer) { return byLayer[layer].filter(function (h) { return h >= 0; }).length; };
-      layers.forEach(function (layer) { layerSelect.appendChild(option(layer, "layer " + layer)); });
+      layers.forEach(function (layer) {
+        layerSelect.appendChild(option(layer, "layer " + layerName(layer, spec.layer_names)));
+      });
       var current = 0, thumbs = {};
       var tokenView = tokens(root.querySelector(".probe-tokens"), data.tokens || [], spec.first || 0);
 
@@ -237,7 +253,7 @@
         headSelect.value = String(head);
         return block.rows(index).then(function (rows) {
           if (ticket !== current) return null;
-          var name = headName(layer, head, realCount(layer));
+          var name = headName(layer, head, realCount(layer), spec.layer_names);
           var scale = scaleSelect.value === "fixed" ? false : scaleSelect.value === "auto" || scaleSelect.value;
           var figure = patternFigure(spec, rows, name, scale);
           title.textContent = name;
@@ -283,12 +299,12 @@
       var colors = lut();
       return ready.then(function (pixels) {
         layers.forEach(function (layer) {
-          grid.appendChild(make("span", "probe-grid-label", String(layer)));
+          grid.appendChild(make("span", "probe-grid-label", layerName(layer, spec.layer_names)));
           for (var c = 0; c < columns; c++) {
             var head = byLayer[layer][c];
             if (head === undefined) { grid.appendChild(make("span")); continue; }
             var canvas = make("canvas", "probe-thumb" + (head === -1 ? " probe-thumb-avg" : ""));
-            canvas.title = headName(layer, head, realCount(layer));
+            canvas.title = headName(layer, head, realCount(layer), spec.layer_names);
             canvas.dataset.layer = String(layer); canvas.dataset.head = String(head);
             if (pixels) {
               var t = spec.thumbs.t;
@@ -331,6 +347,7 @@
       yaxis: {title: {text: "layer"}, range: [data.n_layers - 0.5, -0.5], dtick: data.n_layers > 40 ? 5 : 1,
               zeroline: false, showgrid: false}
     };
+    nameLayers(layout.yaxis, data);
     return {data: [grid, marks], layout: layout};
   }
 
@@ -356,7 +373,7 @@
           select.value = layer + "," + head;
           return block.rows(index).then(function (rows) {
             if (ticket !== current) return null;
-            var name = headName(layer, head, 0);
+            var name = headName(layer, head, 0, data.layer_names);
             var f = patternFigure(block.spec, rows, name, false, 560, section.diagonal);
             title.textContent = name;
             plot.style.minWidth = f.layout.width + "px";
@@ -375,7 +392,7 @@
             if (block.find(layer, head) >= 0) show(layer, head);
           });
           section.flagged.forEach(function (f) {
-            var node = make("option", "", headName(f[0], f[1], 0) + " \u2014 " + f[2].toFixed(3));
+            var node = make("option", "", headName(f[0], f[1], 0, data.layer_names) + " \u2014 " + f[2].toFixed(3));
             node.value = f[0] + "," + f[1];
             select.appendChild(node);
           });
@@ -414,8 +431,8 @@
         height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(320, 34 * data.n_heads + 160),
         margin: {l: 50, r: 10, t: 10, b: 40}, plot_bgcolor: BLANK,
         xaxis: {title: {text: "head"}, dtick: 1, zeroline: false, showgrid: false},
-        yaxis: {title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1, zeroline: false,
-                showgrid: false}
+        yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
+                           zeroline: false, showgrid: false}, data)
       };
       var bars = {
         type: "bar", orientation: "h", x: data.top.delta, y: data.top.label, customdata: data.top.loss,
@@ -534,8 +551,8 @@
         height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(260, 60 * data.n_kv_heads + 120),
         margin: {l: 50, r: 10, t: 10, b: 40},
         xaxis: {title: {text: "KV head"}, dtick: 1, zeroline: false, showgrid: false},
-        yaxis: {title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1, zeroline: false,
-                showgrid: false}
+        yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
+                           zeroline: false, showgrid: false}, data)
       };
       var jobs = [Plotly.newPlot(root.querySelector(".probe-kv-map"), [map], mapLayout, CONFIG)];
       if (data.curve) {

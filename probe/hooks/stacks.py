@@ -1,0 +1,84 @@
+"""Encoder-decoders (T5, BART): their attention layers as three named stacks, and the one place that names them.
+
+An encoder-decoder has three kinds of attention layer: the encoder's self-attention, the decoder's (causal)
+self-attention and the decoder's cross-attention (queries: decoder positions, keys: encoder positions). probe keeps
+one flat layer index internally, in call order (encoder layers, then each decoder block's self- and cross-attention);
+users see and name each layer by its stack and its index within that stack: `enc3`, `dec3`, `x3` (short, the form
+`--heads` takes: `x3.1`), `layer x3, head 1` (long). Single-stack models keep plain numbers (`3.1`) and carry no
+layer names at all.
+
+Inputs: probe's probe sets are one token sequence per row, which both stacks read: the encoder as its source, the
+decoder teacher-forced (the sequence begins with the decoder start token, probe.data), so the decoder's logits at t
+predict token t + 1 exactly as a decoder-only model's do, every metric, effect and score applies unchanged, and the
+loss equals the model's own `labels` loss on the tokens after the start token. A source of its own is passed to
+`run_model` / `capture_attention` as `source=(ids, mask)`, or to sweeps as a pairs set (probe.pairs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from probe.errors import ProbeError
+
+STACKS = {"encoder": "enc", "decoder": "dec", "cross": "x"}
+"""Stack -> the prefix of its short layer name."""
+CROSS_ATTRIBUTES = ("EncDecAttention", "encoder_attn")
+"""The attribute a decoder block keeps its cross-attention under (T5, BART)."""
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    """Whether the model is an encoder-decoder (its config says so)."""
+    return bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+
+
+def decoder_start(model: nn.Module) -> int | None:
+    """The token an encoder-decoder's decoder starts from (T5: pad, BART: </s>); None for any other model."""
+    if not is_encoder_decoder(model):
+        return None
+    start = getattr(model.config, "decoder_start_token_id", None)
+    return start if isinstance(start, int) else None
+
+
+def stack_of(model: nn.Module, module: nn.Module) -> str:
+    """`encoder`, `decoder` or `cross`: which stack an attention module of an encoder-decoder belongs to."""
+    encoder = model.get_encoder()  # type: ignore[operator]
+    if any(module is inner for inner in encoder.modules()):
+        return "encoder"
+    name = next(name for name, inner in model.named_modules() if inner is module)
+    return "cross" if name.rsplit(".", 1)[-1] in CROSS_ATTRIBUTES else "decoder"
+
+
+def number_in_stacks(stacks: list[str]) -> list[int]:
+    """Each layer's index within its stack, given the stack of each layer in flat order."""
+    return [stacks[:flat].count(stack) for flat, stack in enumerate(stacks)]
+
+
+def short_layer_name(stack: str, index: int) -> str:
+    """`x3`: the layer as `--heads` names it."""
+    return f"{STACKS[stack]}{index}"
+
+
+def split_layer_part(text: str, stacks: set[str], item: str) -> tuple[str, str]:
+    """`x3-4` -> ("cross", "3-4"): the layer part of the head `item`; a model with stacks needs one, a model without
+    takes none."""
+    text = text.strip()
+    prefix = next((p for p in sorted(STACKS.values(), key=len, reverse=True) if text.lower().startswith(p)), "")
+    stack = next((name for name, short in STACKS.items() if short == prefix), "")
+    if stacks and stack not in stacks:
+        names = ", ".join(f"{STACKS[s]}N" for s in STACKS if s in stacks)
+        raise ProbeError(f"head {item!r}: this encoder-decoder names its layers by stack ({names}), e.g. x3.1 for "
+                         "cross-attention layer 3, head 1", parameter="heads")
+    if not stacks and stack:
+        raise ProbeError(f"head {item!r}: this model has one stack of layers; name a layer by its number, e.g. 3.1",
+                         parameter="heads")
+    return stack, text[len(prefix):]
+
+
+def layer_names(layers: list[Any]) -> list[str] | None:
+    """The short name of every layer (`enc0`, ..., `dec0`, `x0`, ...) in flat order, or None for a model of one
+    stack, whose layers are plain numbers: what payloads carry as `layer_names` and reports print."""
+    if not any(layer.stack for layer in layers):
+        return None
+    return [short_layer_name(layer.stack, layer.in_stack) for layer in layers]

@@ -1,0 +1,86 @@
+"""Source/target pairs for encoder-decoders (t5, bart): the encoder reads the source, the decoder the target,
+teacher-forced behind its start token, and the loss is the cross-entropy of the decoder's logits on the target tokens
+(the model's own `labels` loss). A JSON-lines file holds one {"source": TEXT, "target": TEXT} object per line.
+
+probe's other probe sets feed one sequence to both stacks (probe.hooks.stacks); a pairs set is the way to give the
+encoder something else, of its own length.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from probe.data import ProbeSet, context_length
+from probe.errors import ProbeError
+from probe.hooks.stacks import decoder_start
+from probe.models import LoadedModel
+
+
+def _padded(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
+    """(ids, mask) (len(rows), longest), right-padded."""
+    longest = max(len(row) for row in rows)
+    ids = torch.full((len(rows), longest), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, :len(row)] = 1
+    return ids, mask
+
+
+def pairs_set(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+              description: str = "pairs of token ids") -> ProbeSet:
+    """A probe set of (source ids, target ids) pairs: targets get the decoder start token first (offset 1)."""
+    start = decoder_start(loaded.model)
+    if start is None:
+        raise ProbeError("source/target pairs are for encoder-decoders (t5, bart): this model reads one sequence",
+                         parameter="pairs")
+    if not pairs or any(len(source) < 1 or len(target) < 1 for source, target in pairs):
+        raise ProbeError("give at least one pair, each with a non-empty source and target", parameter="pairs")
+    pad = getattr(loaded.model.config, "pad_token_id", None)
+    pad = pad if isinstance(pad, int) else 0
+    target_ids, target_mask = _padded([[start, *target] for _, target in pairs], pad)
+    source_ids, source_mask = _padded([list(source) for source, _ in pairs], pad)
+    limit, longest = context_length(loaded), max(target_ids.shape[1], source_ids.shape[1])
+    if limit is not None and longest > limit:
+        raise ProbeError(f"a pair has {longest} tokens, more than the model's context of {limit}: shorten it",
+                         parameter="pairs")
+    text = f"{description}: {len(pairs)} pairs, the decoder start token before each target"
+    return ProbeSet("pairs", text, target_ids, 1, target_mask, source_ids=source_ids, source_mask=source_mask,
+                    meta={"source": description, "pairs": len(pairs), "start": "the decoder start token"})
+
+
+def _read_lines(path: Path) -> list[tuple[str, str]]:
+    if not path.is_file():
+        raise ProbeError(f"pairs file not found: {path}", parameter="pairs")
+    pairs = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ProbeError(f"{path} line {number} is not JSON: {error.msg}", parameter="pairs") from None
+        if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("source", "target")):
+            raise ProbeError(f"{path} line {number}: expected an object with string \"source\" and \"target\"",
+                             parameter="pairs")
+        pairs.append((item["source"], item["target"]))
+    return pairs
+
+
+def read_pairs(loaded: LoadedModel, path: str | Path) -> ProbeSet:
+    """The pairs of a JSON-lines file, tokenized without special tokens (the target behind the start token)."""
+    if loaded.tokenizer is None:
+        raise ProbeError("this model has no tokenizer, so it cannot read pairs of texts", parameter="pairs")
+    path = Path(path)
+    try:
+        texts = _read_lines(path)
+    except UnicodeDecodeError as error:
+        raise ProbeError(f"pairs file {path} is not UTF-8 text: {error.reason}", parameter="pairs") from None
+    encode = lambda text: list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    return pairs_set(loaded, [(encode(source), encode(target)) for source, target in texts],
+                     description=f"pairs file {path}")
