@@ -10,6 +10,8 @@ import typer
 from probe.cli.options import Device, DeviceMap, Dtype, Force, Model, ModelChoice, OffloadFolder, TrustRemoteCode, load
 from probe.cli.outputs import check_outputs
 from probe.cli.progress import note, status
+from probe.ablation.heads import parse_layers
+from probe.attention import attention_layers
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.patterns import read_text, text_patterns
@@ -19,31 +21,14 @@ from probe.reports.html import heatmap_page
 Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
 File = Annotated[Optional[Path], typer.Option("--file", help="A UTF-8 text file to look at.")]
 Page = Annotated[Path, typer.Option("--html", help="The HTML page to write.")]
-Layers = Annotated[Optional[str], typer.Option("--layers", help="Layers to include, e.g. 0-5,12 (default: all).")]
+Layers = Annotated[Optional[str], typer.Option(
+    "--layers", help="Layers to include, e.g. 0-5,12; an encoder-decoder's by stack, e.g. enc0-2,x3 (default: all).")]
 MaxTokens = Annotated[int, typer.Option(
     "--max-tokens", help="Positions shown (at most 1024); a longer input is shown as a window.")]
 WindowStart = Annotated[int, typer.Option(
     "--window-start", help="First position of the window shown; the model still runs on all the tokens before it, "
     "so its queries see their whole context.")]
 Decimals = Annotated[int, typer.Option("--decimals", help="Decimals kept of each weight (1-4); 3 keeps pages small.")]
-
-
-def parse_layers(spec: str | None) -> set[int] | None:
-    """'0-3,10' -> {0, 1, 2, 3, 10}; None -> every layer."""
-    if spec is None or not spec.strip():
-        return None
-    layers: set[int] = set()
-    for part in spec.split(","):
-        first, dash, last = part.strip().partition("-")
-        try:
-            low = int(first)
-            high = int(last) if dash else low
-        except ValueError:
-            raise ProbeError(f"--layers takes numbers and ranges like 0-3,10; got {spec!r}") from None
-        if low < 0 or high < low:
-            raise ProbeError(f"--layers: {part.strip()!r} is not a range of layers")
-        layers.update(range(low, high + 1))
-    return layers
 
 
 def heatmap(
@@ -55,11 +40,11 @@ def heatmap(
     """Draw every head's attention on a text: one head at a time, chosen on the page, with an overview of all."""
     if (text is None) == (file is None):
         raise ProbeError("give the text with exactly one of --text TEXT or --file PATH")
-    chosen = parse_layers(layers)
     check_outputs({"--html": html_path}, force=force)
     content = read_text(file) if file is not None else text
     source = f"text file {file}" if file is not None else "text given with --text"
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    chosen = parse_layers(layers, attention_layers(loaded.model))
     with status("capturing attention ..."):
         patterns = text_patterns(loaded, content or "", source=source, layers=chosen, decimals=decimals,
                                  max_tokens=max_tokens, start=window_start)

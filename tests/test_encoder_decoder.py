@@ -16,6 +16,7 @@ from conftest import run_cli, tiny_loaded
 from families import ENCODER_DECODER_PROJECTIONS, tiny_encoder_decoder
 from test_browser import browser, open_page, tick_texts  # noqa: F401 (fixtures)
 from test_families import assert_unchanged, eager, snapshot
+from test_html import page_data
 
 from probe.ablate import ablate, parse_heads, sweep
 from probe.attention import attention_layers, capture_attention, layer_names, logits_of, run_model
@@ -199,7 +200,7 @@ def test_classify_and_ablate_on_a_saved_folder(name: str, tmp_path: Path, capsys
     assert result["layer_names"][5] == "x1" and "x1.2" in out
     code, out, err = run_cli(["ablate", "--model", folder, "--heads", "1.2", "--seq-len", "12"], capsys, monkeypatch)
     errors = [line for line in err.splitlines() if not line.startswith("warning:")]
-    assert code == 2 and len(errors) == 1 and "head '1.2': this encoder-decoder names its layers by stack" in errors[0]
+    assert code == 2 and len(errors) == 1 and "--heads '1.2': this encoder-decoder names its layers by stack" in errors[0]
 
 
 def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -341,3 +342,23 @@ def test_ablate_reads_pairs_from_a_file(tmp_path: Path, capsys, monkeypatch) -> 
     code, out, err = run_cli(["ablate", "--model", str(folder), "--pairs", str(data), "--method", "mean"],
                              capsys, monkeypatch)
     assert code == 2 and "--method" in err and "not mean" in err
+
+
+def test_heatmap_takes_layers_by_stack(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    folder = str(tmp_path / "model")
+    tiny_encoder_decoder("t5").save_pretrained(folder)
+    from probe.models.hf import SAMPLE_TEXT
+
+    word_tokenizer(Path(folder), sorted(set(SAMPLE_TEXT.replace(".", " ").split()) | {"one", "two", "three"}))
+    page = tmp_path / "heatmap.html"
+    code, _, err = run_cli(["heatmap", "--model", folder, "--text", "one two three", "--layers", "x1,enc0",
+                            "--html", str(page)], capsys, monkeypatch)
+    assert code == 0, err
+    drawn = {layer for layer, _ in page_data(page.read_text(encoding="utf-8"))["patterns"]["heads"]}
+    assert drawn == {5, 0}  # x1 and enc0, by probe's flat index
+    code, _, err = run_cli(["heatmap", "--model", folder, "--text", "one", "--layers", "3", "--html",
+                            str(tmp_path / "other.html")], capsys, monkeypatch)
+    errors = [line for line in err.splitlines() if not line.startswith("warning:")]
+    assert code == 2 and len(errors) == 1 and "--layers '3': this encoder-decoder names its layers by stack" in errors[0]
+    assert not (tmp_path / "other.html").exists()

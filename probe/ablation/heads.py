@@ -16,7 +16,9 @@ Head = tuple[int, int]
 Ablation = tuple[Head, ...]
 """Heads ablated together in one run; a single-head ablation is a 1-tuple."""
 T = TypeVar("T")
-SYNTAX = "use LAYER.HEAD, e.g. 5.1, 5.* or 3-4.0 (encoder-decoders: enc5.1, dec5.1, x5.1)"
+SYNTAX = {"heads": "use LAYER.HEAD, e.g. 5.1, 5.* or 3-4.0 (encoder-decoders: enc5.1, dec5.1, x5.1)",
+          "layers": "use LAYER or FIRST-LAST, e.g. 0-3,10 (encoder-decoders: enc0-2, dec1, x3)"}
+"""How heads and layers are written, for the messages about them."""
 
 
 def layer_shape(layers: list[AttentionLayer]) -> tuple[int, int]:
@@ -24,10 +26,11 @@ def layer_shape(layers: list[AttentionLayer]) -> tuple[int, int]:
     return len(layers), max(layer.n_heads for layer in layers)
 
 
-def _parse_range(text: str, limit: int, what: str, item: str) -> list[int]:
+def _parse_range(text: str, limit: int, what: str, item: str, parameter: str = "heads") -> list[int]:
     text = text.strip()
+    malformed = f"malformed {parameter[:-1]} {item!r} in {parameter}"
     if text == "":
-        raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX}", parameter="heads")
+        raise ProbeError(f"{malformed}: {SYNTAX[parameter]}", parameter=parameter)
     if text == "*":
         return list(range(limit))
     first, dash, last = text.partition("-")
@@ -35,14 +38,14 @@ def _parse_range(text: str, limit: int, what: str, item: str) -> list[int]:
         start = int(first)
         stop = int(last) if dash else start
     except ValueError:
-        raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX}", parameter="heads") from None
+        raise ProbeError(f"{malformed}: {SYNTAX[parameter]}", parameter=parameter) from None
     if start > stop:
-        raise ProbeError(f"malformed head {item!r} in heads: the range {text} runs backwards", parameter="heads")
+        raise ProbeError(f"{malformed}: the range {text} runs backwards", parameter=parameter)
     for value in (start, stop):
         if not 0 <= value < limit:
-            raise ProbeError(f"{what} {value} in heads {item!r} is out of range: "
+            raise ProbeError(f"{what} {value} in {parameter} {item!r} is out of range: "
                              f"{'the model has' if what == 'layer' else 'the layer has'} {limit} {what}s "
-                             f"(0-{limit - 1})", parameter="heads")
+                             f"(0-{limit - 1})", parameter=parameter)
     return list(range(start, stop + 1))
 
 
@@ -50,7 +53,7 @@ def _parse_item(item: str, layers: list[AttentionLayer]) -> list[Head]:
     if item.lower() in ("all", "*"):
         return [(layer.index, head) for layer in layers for head in range(layer.n_heads)]
     if item.count(".") > 1:
-        raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX}", parameter="heads")
+        raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX['heads']}", parameter="heads")
     layer_part, dot, head_part = item.partition(".")
     stack, layer_part = split_layer_part(layer_part, {layer.stack for layer in layers if layer.stack}, item)
     in_stack = [layer for layer in layers if layer.stack == stack]  # every layer, on a model of one stack
@@ -68,6 +71,20 @@ def parse_heads(spec: str, layers: list[AttentionLayer]) -> list[Head]:
         raise ProbeError(f"malformed heads {spec!r}: give LAYER.HEAD items separated by commas, e.g. 5.1,18.6",
                          parameter="heads")
     return distinct(head for item in items for head in _parse_item(item, layers))
+
+
+def parse_layers(spec: str | None, layers: list[AttentionLayer]) -> set[int] | None:
+    """`0-3,10` -> {0, 1, 2, 3, 10}; an encoder-decoder's layers by stack, `enc0-2,x3`; None or blank: every layer."""
+    if spec is None or not spec.strip():
+        return None
+    stacks = {layer.stack for layer in layers if layer.stack}
+    chosen: set[int] = set()
+    for item in (part.strip() for part in spec.split(",")):
+        stack, numbers = split_layer_part(item, stacks, item, parameter="layers")
+        in_stack = [layer for layer in layers if layer.stack == stack]  # every layer, on a model of one stack
+        chosen.update(in_stack[number].index for number in _parse_range(numbers, len(in_stack), "layer", item,
+                                                                         "layers"))
+    return chosen
 
 
 def all_heads(model: nn.Module) -> list[Head]:

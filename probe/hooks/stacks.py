@@ -60,19 +60,20 @@ def short_layer_name(stack: str, index: int) -> str:
     return f"{STACKS[stack]}{index}"
 
 
-def split_layer_part(text: str, stacks: set[str], item: str) -> tuple[str, str]:
-    """`x3-4` -> ("cross", "3-4"): the layer part of the head `item`; a model with stacks needs one, a model without
-    takes none."""
+def split_layer_part(text: str, stacks: set[str], item: str, parameter: str = "heads") -> tuple[str, str]:
+    """`x3-4` -> ("cross", "3-4"): the layer part of the head (or layer) `item`; a model with stacks needs one, a
+    model without takes none."""
     text = text.strip()
     prefix = next((p for p in sorted(STACKS.values(), key=len, reverse=True) if text.lower().startswith(p)), "")
     stack = next((name for name, short in STACKS.items() if short == prefix), "")
+    noun, example = ("head", "x3.1") if parameter == "heads" else ("layer", "x3")
     if stacks and stack not in stacks:
         names = ", ".join(f"{STACKS[s]}N" for s in STACKS if s in stacks)
-        raise ProbeError(f"head {item!r}: this encoder-decoder names its layers by stack ({names}), e.g. x3.1 for "
-                         "cross-attention layer 3, head 1", parameter="heads")
+        raise ProbeError(f"{parameter} {item!r}: this encoder-decoder names its layers by stack ({names}), e.g. {example} "
+                         f"for cross-attention layer 3{', head 1' if noun == 'head' else ''}", parameter=parameter)
     if not stacks and stack:
-        raise ProbeError(f"head {item!r}: this model has one stack of layers; name a layer by its number, e.g. 3.1",
-                         parameter="heads")
+        raise ProbeError(f"{parameter} {item!r}: this model has one stack of layers; name a layer by its number, e.g. "
+                         f"{example[1:]}", parameter=parameter)
     return stack, text[len(prefix):]
 
 
