@@ -69,13 +69,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--seeds", type=int, nargs="*", default=[0, 1])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prompts", type=int, default=1, help="Needle prompts per depth that the scores are made on.")
+    parser.add_argument("--curve-texts", type=int, default=1, help="Natural texts the curve's loss is measured on.")
     parser.add_argument("--timing-lengths", type=int, nargs="*", help="Lengths to time at (default: --length).")
     parser.add_argument("--timing-from", type=Path, help="A kv_heads.json whose timing to keep instead of timing again.")
     args = parser.parse_args()
     loaded = load_model("smollm2")
     result: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if args.timing_from is not None:
-        result["timings"] = json.loads(args.timing_from.read_text())["timings"]
+        earlier = json.loads(args.timing_from.read_text())
+        result["timings"] = earlier["timings"]
+        result["timing_from"] = {"command": earlier["command"], "date": earlier["date"]}
     else:
         result["timings"] = []
         for length in args.timing_lengths or [args.length]:
@@ -83,8 +87,8 @@ def main() -> None:
             print(json.dumps(result["timings"][-1]), flush=True)
     OUT.write_text(json.dumps(result, indent=1))
     started = time.perf_counter()
-    kv = kv_heads(loaded, lengths=(args.length,), depths=(0.25, 0.75), prompts=1, recent=args.recent,
-                  steps=args.steps, random_seeds=tuple(args.seeds), curve_texts=1,
+    kv = kv_heads(loaded, lengths=(args.length,), depths=(0.25, 0.75), prompts=args.prompts,
+                  recent=args.recent, steps=args.steps, random_seeds=tuple(args.seeds), curve_texts=args.curve_texts,
                   progress=lambda d, t: print(f"{d}/{t} {time.perf_counter() - started:.0f}s", flush=True))
     result["kv_heads"] = kv.to_dict()
     result["kv_heads_seconds"] = time.perf_counter() - started

@@ -338,9 +338,13 @@ def kv_heads(data: dict[str, Any]) -> str:
     timings = data.get("timings") or [data["timing"]]  # results written before lengths were a list: one timing
     lines = [f"## kv-heads: scoring pass and curve forwards, SmolLM2 at {kv['options']['lengths'][-1]} tokens",
              "", f"- Date: {data['date']}; command: `{data['command']}` (timing: {timings[0]['repeats']} repeats, "
-             "variants interleaved, median of per-repeat ratios; see docs/kv-heads.md)", "",
-             "| tokens | plain forward (s, baseline) | scoring pass (retrieval + streaming, one needle prompt; "
-             "target <= 1.5x) | curve forward (half the heads windowed; target <= 1.3x) |", "|---:|---:|---:|---:|"]
+             "variants interleaved, median of per-repeat ratios; see docs/kv-heads.md)"]
+    if "timing_from" in data:
+        lines.append(f"- The timings are those of an earlier run: {data['timing_from']['date']}, "
+                     f"`{data['timing_from']['command']}`")
+    lines += ["",
+              "| tokens | plain forward (s, baseline) | scoring pass (retrieval + streaming, one needle prompt; "
+              "target <= 1.5x) | curve forward (half the heads windowed; target <= 1.3x) |", "|---:|---:|---:|---:|"]
     for timing in timings:
         ratio = timing["ratio_vs_plain"]
         lines.append(f"| {timing['length']} | {timing['seconds']['plain']:.2f} | {_verdict(ratio['scoring'], 1.5)} | "
