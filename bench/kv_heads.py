@@ -36,6 +36,7 @@ def timings(loaded, length: int, recent: int, repeats: int) -> dict:
     needles = needle_set(loaded, NeedleOptions(lengths=(length,), depths=(0.5,), seed=7))
     ids = needles.input_ids
     half = tuple((layer, head) for layer in range(30) for head in range(0, 9, 2))  # about half the heads
+    every = tuple((layer, head) for layer in range(30) for head in range(9))  # the curve's last point
 
     def plain() -> None:
         with torch.no_grad():
@@ -48,11 +49,16 @@ def timings(loaded, length: int, recent: int, repeats: int) -> dict:
         with torch.no_grad(), ablated(loaded.model, [half], WindowAblation(recent=recent)):
             run_model(loaded.model, ids, None)
 
-    variants = {"plain": plain, "scoring": scoring, "curve_forward": curve_forward}
+    def curve_forward_all() -> None:
+        with torch.no_grad(), ablated(loaded.model, [every], WindowAblation(recent=recent)):
+            run_model(loaded.model, ids, None)
+
+    variants = {"plain": plain, "scoring": scoring, "curve_forward": curve_forward,
+                "curve_forward_all": curve_forward_all}
     times: dict[str, list[float]] = {name: [] for name in variants}
     plain()
     for repeat in range(repeats):
-        names = list(variants)[repeat % 3:] + list(variants)[:repeat % 3]
+        names = list(variants)[repeat % len(variants):] + list(variants)[:repeat % len(variants)]
         for name in names:
             start = time.perf_counter()
             variants[name]()
@@ -60,6 +66,19 @@ def timings(loaded, length: int, recent: int, repeats: int) -> dict:
     ratios = {name: statistics.median(t / p for t, p in zip(times[name], times["plain"])) for name in variants}
     return {"length": length, "repeats": repeats, "seconds": {k: statistics.median(v) for k, v in times.items()},
             "ratio_vs_plain": ratios}
+
+
+def map_and_curve(loaded, args: argparse.Namespace) -> dict:
+    """The map with its curve at --length, and the heads classify flags as induction and duplicate-token heads."""
+    started = time.perf_counter()
+    kv = kv_heads(loaded, lengths=(args.length,), depths=(0.25, 0.75), prompts=args.prompts,
+                  recent=args.recent, steps=args.steps, random_seeds=tuple(args.seeds), curve_texts=args.curve_texts,
+                  progress=lambda d, t: print(f"{d}/{t} {time.perf_counter() - started:.0f}s", flush=True))
+    classes = classify(loaded, scores=["induction", "duplicate_token"])
+    return {"kv_heads": kv.to_dict(), "kv_heads_seconds": time.perf_counter() - started,
+            "induction": [[layer, head, round(score, 3)] for layer, head, score in classes.flagged("induction")],
+            "duplicate_token": [[layer, head, round(score, 3)]
+                                for layer, head, score in classes.flagged("duplicate_token")]}
 
 
 def main() -> None:
@@ -73,6 +92,8 @@ def main() -> None:
     parser.add_argument("--curve-texts", type=int, default=1, help="Natural texts the curve's loss is measured on.")
     parser.add_argument("--timing-lengths", type=int, nargs="*", help="Lengths to time at (default: --length).")
     parser.add_argument("--timing-from", type=Path, help="A kv_heads.json whose timing to keep instead of timing again.")
+    parser.add_argument("--curve-from", type=Path, help="A kv_heads.json whose map and curve to keep instead of "
+                        "computing them again.")
     args = parser.parse_args()
     loaded = load_model("smollm2")
     result: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -86,16 +107,12 @@ def main() -> None:
             result["timings"].append(timings(loaded, length, args.recent, args.repeats))
             print(json.dumps(result["timings"][-1]), flush=True)
     OUT.write_text(json.dumps(result, indent=1))
-    started = time.perf_counter()
-    kv = kv_heads(loaded, lengths=(args.length,), depths=(0.25, 0.75), prompts=args.prompts,
-                  recent=args.recent, steps=args.steps, random_seeds=tuple(args.seeds), curve_texts=args.curve_texts,
-                  progress=lambda d, t: print(f"{d}/{t} {time.perf_counter() - started:.0f}s", flush=True))
-    result["kv_heads"] = kv.to_dict()
-    result["kv_heads_seconds"] = time.perf_counter() - started
-    classes = classify(loaded, scores=["induction", "duplicate_token"])
-    result["induction"] = [[layer, head, round(score, 3)] for layer, head, score in classes.flagged("induction")]
-    result["duplicate_token"] = [[layer, head, round(score, 3)]
-                                 for layer, head, score in classes.flagged("duplicate_token")]
+    if args.curve_from is not None:
+        earlier = json.loads(args.curve_from.read_text())
+        result.update({key: earlier[key] for key in ("kv_heads", "kv_heads_seconds", "induction", "duplicate_token")})
+        result["curve_from"] = {"command": earlier["command"], "date": earlier["date"]}
+    else:
+        result.update(map_and_curve(loaded, args))
     OUT.write_text(json.dumps(result, indent=1))
     print("wrote", OUT)
 

@@ -339,16 +339,18 @@ def kv_heads(data: dict[str, Any]) -> str:
     lines = [f"## kv-heads: scoring pass and curve forwards, SmolLM2 at {kv['options']['lengths'][-1]} tokens",
              "", f"- Date: {data['date']}; command: `{data['command']}` (timing: {timings[0]['repeats']} repeats, "
              "variants interleaved, median of per-repeat ratios; see docs/kv-heads.md)"]
-    if "timing_from" in data:
-        lines.append(f"- The timings are those of an earlier run: {data['timing_from']['date']}, "
-                     f"`{data['timing_from']['command']}`")
+    for part, what in (("timing_from", "timings"), ("curve_from", "map and curve")):
+        if part in data:
+            lines.append(f"- The {what} are those of an earlier run: {data[part]['date']}, `{data[part]['command']}`")
     lines += ["",
               "| tokens | plain forward (s, baseline) | scoring pass (retrieval + streaming, one needle prompt; "
-              "target <= 1.5x) | curve forward (half the heads windowed; target <= 1.3x) |", "|---:|---:|---:|---:|"]
+              "target <= 1.5x) | curve forward (half the heads windowed; target <= 1.3x) | curve forward (every head "
+              "windowed; target <= 1.3x) |", "|---:|---:|---:|---:|---:|"]
     for timing in timings:
         ratio = timing["ratio_vs_plain"]
+        every = _verdict(ratio["curve_forward_all"], 1.3) if "curve_forward_all" in ratio else "not measured"
         lines.append(f"| {timing['length']} | {timing['seconds']['plain']:.2f} | {_verdict(ratio['scoring'], 1.5)} | "
-                     f"{_verdict(ratio['curve_forward'], 1.3)} |")
+                     f"{_verdict(ratio['curve_forward'], 1.3)} | {every} |")
     lines += ["",
               f"Curve (k of {len(kv['order'])} KV heads streamed, sink {kv['sink']} + recent {kv['recent']}): "
               f"baseline loss {curve['baseline_loss']:.4f}, needle accuracy {curve['baseline_needle_accuracy']:.2f}.",

@@ -60,9 +60,12 @@ def _by_hand(attn: torch.nn.Module, hidden: torch.Tensor, position: tuple[torch.
     return attn.o_proj((weights @ v).transpose(1, 2).reshape(b, n, -1))
 
 
-@pytest.mark.parametrize("implementation,length,recent", [("sdpa", 40, 5), ("eager", 40, 5), ("sdpa", 300, 50)])
-def test_window_ablation_equals_hand_written_masked_attention(implementation: str, length: int, recent: int) -> None:
-    """300 tokens: several query blocks, each gathering its sink and its own recent keys."""
+@pytest.mark.parametrize("implementation,length,recent,windowed", [
+    ("sdpa", 40, 5, {1, 2}), ("eager", 40, 5, {1, 2}), ("sdpa", 300, 50, {1, 2}), ("sdpa", 300, 50, {0, 1, 2, 3})])
+def test_window_ablation_equals_hand_written_masked_attention(implementation: str, length: int, recent: int,
+                                                              windowed: set[int]) -> None:
+    """300 tokens: several query blocks, each gathering its sink and its own recent keys; every head of the layer
+    windowed: the layer's own attention is skipped."""
     loaded = tiny_loaded("llama_gqa")
     loaded.model.config._attn_implementation = implementation
     attn = loaded.model.model.layers[0].self_attn
@@ -79,10 +82,11 @@ def test_window_ablation_equals_hand_written_masked_attention(implementation: st
     handles = [attn.register_forward_pre_hook(before, with_kwargs=True),
                attn.register_forward_hook(after, with_kwargs=True)]
     try:
-        with torch.no_grad(), ablate(loaded.model, [(0, 1), (0, 2)], method=WindowAblation(sink=2, recent=recent)):
+        with torch.no_grad(), ablate(loaded.model, [(0, head) for head in sorted(windowed)],
+                                     method=WindowAblation(sink=2, recent=recent)):
             loaded.model(ids)
         with torch.no_grad():
-            expected = _by_hand(attn, seen["hidden"], seen["position"], {1, 2}, 2, recent)
+            expected = _by_hand(attn, seen["hidden"], seen["position"], windowed, 2, recent)
     finally:
         for handle in handles:
             handle.remove()
@@ -156,8 +160,9 @@ def test_window_ablation_in_a_sweep_matches_the_naive_path() -> None:
     loaded = tiny_loaded("llama_gqa")
     probe_set = natural_set(loaded, seq_len=60, num_seqs=2)
     method = WindowAblation(sink=1, recent=4)
-    exact = sweep(loaded, probe_set, [(1, 0), (1, 3)], groups=[[(0, 0), (0, 1)]], method=method)
-    naive = sweep(loaded, probe_set, [(1, 0), (1, 3)], groups=[[(0, 0), (0, 1)]], method=method, mode="naive")
+    groups = [[(0, 0), (0, 1)], [(0, 0), (0, 1), (0, 2), (0, 3)]]  # the second: every head of layer 0
+    exact = sweep(loaded, probe_set, [(1, 0), (1, 3)], groups=groups, method=method)
+    naive = sweep(loaded, probe_set, [(1, 0), (1, 3)], groups=groups, method=method, mode="naive")
     assert exact.path.startswith("exact")
     for a, b in zip(exact.results, naive.results):
         assert a.loss == pytest.approx(b.loss, abs=1e-5)

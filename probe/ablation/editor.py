@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from probe.ablation.heads import Ablation, Head, check_heads
 from probe.ablation.means import HeadMeans
 from probe.ablation.methods import AblationMethod, method_named
-from probe.ablation.window import PatternAblation, recompute_editor
+from probe.ablation.window import PatternAblation, RestrictedHeads
 from probe.attention import attention_hooks, attention_layers
 from probe.errors import ProbeError
 
@@ -68,9 +68,9 @@ def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMet
             batch: int | None = None) -> Iterator[None]:
     """The stacked copies' heads ablated (see head_editor) for the body of the `with`; restored on exit."""
     if isinstance(method, PatternAblation):  # the heads' keys change, not their output
-        recompute, layers = recompute_editor(ablations, method)
-        _refuse_non_causal_stacks(model, layers, method)
-        with attention_hooks(model, recompute_heads=recompute, layers=layers):
+        recompute = RestrictedHeads(ablations, method)
+        _refuse_non_causal_stacks(model, recompute.layers, method)
+        with attention_hooks(model, recompute_heads=recompute, layers=recompute.layers):
             yield
         return
     edit, layers = head_editor(ablations, method, batch)

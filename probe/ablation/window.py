@@ -21,7 +21,7 @@ from probe.ablation.means import HeadMeans
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, window_keys
 from probe.hooks.restricted import Layout, block_layout, restricted_attention
-from probe.hooks.types import AttentionInputs, HeadsRecompute
+from probe.hooks.types import AttentionInputs
 
 
 class PatternAblation(AblationMethod):
@@ -67,33 +67,46 @@ class WindowAblation(PatternAblation):
         digest.update(f"window {self.sink} {self.recent}".encode())
 
 
-def recompute_editor(ablations: Sequence[Ablation], method: PatternAblation) -> tuple[HeadsRecompute, set[int]]:
-    """A recompute_heads function for `len(ablations)` stacked copies of a batch: copy i has the heads of
-    ablations[i] computed again over `method`'s keys only (`restricted_attention`); and the layers it edits."""
-    copies = len(ablations)
-    by_layer: dict[int, dict[int, list[int]]] = {}  # layer -> copy -> heads
-    for copy, ablation in enumerate(ablations):
-        for layer, head in ablation:
-            by_layer.setdefault(layer, {}).setdefault(copy, []).append(head)
+class RestrictedHeads:
+    """`attention_hooks(recompute_heads=...)` for `len(ablations)` stacked copies of a batch: copy i has the heads of
+    ablations[i] computed again over `method`'s keys only (`restricted_attention`)."""
 
-    layouts: dict[tuple[int, int, torch.device], Layout] = {}  # one input length at a time: every layer shares it
+    def __init__(self, ablations: Sequence[Ablation], method: PatternAblation) -> None:
+        self.copies, self.method = len(ablations), method
+        self.by_layer: dict[int, dict[int, list[int]]] = {}  # layer -> copy -> heads
+        for copy, ablation in enumerate(ablations):
+            for layer, head in ablation:
+                self.by_layer.setdefault(layer, {}).setdefault(copy, []).append(head)
+        self._layouts: dict[tuple[int, int, torch.device], Layout] = {}  # one length at a time: all layers share it
 
-    def layout(inputs: AttentionInputs) -> Layout:
+    @property
+    def layers(self) -> set[int]:
+        return set(self.by_layer)
+
+    def covers_every_head(self, layer: int, n_heads: int) -> bool:
+        """Whether every copy recomputes every head of the layer: then the layer's own attention is not needed."""
+        chosen = self.by_layer.get(layer, {})
+        return len(chosen) == self.copies and all(len(set(heads)) == n_heads for heads in chosen.values())
+
+    def _layout(self, inputs: AttentionInputs) -> Layout:
         key = (inputs.query.shape[2], inputs.key.shape[2], inputs.query.device)
-        if key not in layouts:
-            layouts.clear()
-            layouts[key] = block_layout(*key[:2], method.key_spans, method.allowed_keys, key[2])
-        return layouts[key]
+        if key not in self._layouts:
+            self._layouts.clear()
+            self._layouts[key] = block_layout(*key[:2], self.method.key_spans, self.method.allowed_keys, key[2])
+        return self._layouts[key]
 
-    def recompute(layer: int, inputs: AttentionInputs, output: Tensor) -> Tensor:  # output (b, n, hq, d)
-        per_copy = output.shape[0] // copies
-        output = output.clone()
-        for copy, heads in by_layer.get(layer, {}).items():
+    def __call__(self, layer: int, inputs: AttentionInputs, output: Tensor | None) -> Tensor:
+        """The layer's output (b, n, hq, d) with the chosen heads recomputed; `output` None where they are all."""
+        batch, n_heads, n_queries, head_dim = inputs.query.shape
+        per_copy = batch // self.copies
+        if output is None:
+            output = inputs.query.new_empty(batch, n_queries, n_heads, head_dim)
+        else:
+            output = output.clone()
+        for copy, heads in self.by_layer.get(layer, {}).items():
             rows, chosen = slice(copy * per_copy, (copy + 1) * per_copy), torch.tensor(sorted(set(heads)))
-            output[rows, :, chosen] = restricted_attention(inputs, rows, chosen, layout(inputs)).to(output.dtype)
+            output[rows, :, chosen] = restricted_attention(inputs, rows, chosen, self._layout(inputs)).to(output.dtype)
         return output
-
-    return recompute, set(by_layer)
 
 
 METHODS.setdefault("window", WindowAblation)

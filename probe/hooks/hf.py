@@ -79,6 +79,19 @@ def _inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, kwar
                            kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("position_bias"))
 
 
+def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                   attention_mask: Tensor | None, hooks: LayerHooks | None, kwargs: dict[str, Any]) -> Tensor:
+    """The layer's attention output (b, n, hq, d): probe's blocked eager attention where its weights are read, else
+    the model's own implementation."""
+    if hooks is not None and hooks.on_weights is not None:
+        layer, on_weights = hooks.layer, hooks.on_weights
+        output, _ = _hf_weights_attention(module, query, key, value, attention_mask,
+                                          on_block=lambda start, weights: on_weights(layer, start, weights),
+                                          query_block=hooks.query_block, **kwargs)
+        return output
+    return _original_function(name, module)(module, query, key, value, attention_mask, **kwargs)[0]
+
+
 def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
     original_name = _ORIGINAL_IMPLEMENTATION[name]
 
@@ -87,15 +100,14 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
         for recording in _HF_RECORDER:
             recording.append((module, query.shape[1], key.shape[1], query.shape[-1]))
         hooks = _active_hooks(module)
-        if hooks is not None and hooks.on_weights is not None:
-            layer, on_weights = hooks.layer, hooks.on_weights
-            output, _ = _hf_weights_attention(module, query, key, value, attention_mask,
-                                              on_block=lambda start, weights: on_weights(layer, start, weights),
-                                              query_block=hooks.query_block, **kwargs)
+        recompute = None if hooks is None else hooks.recompute_heads
+        if recompute is not None and hooks.on_weights is None and recompute.covers_every_head(hooks.layer,
+                                                                                              query.shape[1]):
+            output = recompute(hooks.layer, _inputs(query, key, value, attention_mask, kwargs), None)  # own not needed
         else:
-            output, _ = _original_function(original_name, module)(module, query, key, value, attention_mask, **kwargs)
-        if hooks is not None and hooks.recompute_heads is not None:
-            output = hooks.recompute_heads(hooks.layer, _inputs(query, key, value, attention_mask, kwargs), output)
+            output = _own_attention(original_name, module, query, key, value, attention_mask, hooks, kwargs)
+            if recompute is not None:
+                output = recompute(hooks.layer, _inputs(query, key, value, attention_mask, kwargs), output)
         if hooks is not None and hooks.edit_heads is not None:
             output = hooks.edit_heads(hooks.layer, output)  # (b, n, hq, d)
         return output, None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from torch import Tensor
 
@@ -27,9 +28,17 @@ class AttentionInputs:
     position_bias: Tensor | None = None  # broadcastable to (b, hq, n, kv)
 
 
-HeadsRecompute = Callable[[int, AttentionInputs, Tensor], Tensor]
-"""(layer, the inputs of its attention, its output (b, n, hq, d)) -> the output with some heads computed again
-another way (over other keys: window ablation)."""
+class HeadsRecompute(Protocol):
+    """Heads computed again another way (over other keys: window ablation), from the inputs of the layer's attention."""
+
+    def __call__(self, layer: int, inputs: AttentionInputs, output: Tensor | None) -> Tensor:
+        """The layer's output (b, n, hq, d) with the chosen heads recomputed; `output` is the layer's own, or None
+        where `covers_every_head` said it is not needed."""
+
+    def covers_every_head(self, layer: int, n_heads: int) -> bool:
+        """Whether every head of the layer is recomputed, so that the layer's own attention can be skipped."""
+
+
 Undo = Callable[[], None]
 """One restoration step; steps are idempotent, so that an interrupted one can be run again."""
 
