@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from probe.ablation.heads import Ablation, Head, check_heads
+from probe.ablation.heads import Ablation, Head, check_heads, heads_by_layer
 from probe.ablation.means import HeadMeans
 from probe.ablation.methods import AblationMethod, method_named
 from probe.ablation.window import PatternAblation, RestrictedHeads
@@ -25,11 +25,7 @@ def head_editor(ablations: Sequence[Ablation], method: AblationMethod,
                 batch: int | None = None) -> tuple[Callable[[int, Tensor], Tensor], set[int]]:
     """An edit_heads function for `len(ablations)` stacked copies of a batch (the probe set's batch `batch`): copy
     i has ablations[i] replaced by `method`; and the layers it edits."""
-    copies = len(ablations)
-    by_layer: dict[int, list[tuple[int, int]]] = {}
-    for copy, ablation in enumerate(ablations):
-        for layer, head in ablation:
-            by_layer.setdefault(layer, []).append((copy, head))
+    copies, by_layer = len(ablations), heads_by_layer(ablations)
     masks: dict[tuple[int, torch.device], Tensor] = {}
 
     def edit(layer: int, heads: Tensor) -> Tensor:  # heads: (copies * batch, positions, n_heads, head_dim)
@@ -39,8 +35,8 @@ def head_editor(ablations: Sequence[Ablation], method: AblationMethod,
         key = (layer, heads.device)
         if key not in masks:
             mask = torch.zeros(copies, 1, 1, heads.shape[2], 1, dtype=torch.bool)
-            for copy, head in entries:
-                mask[copy, 0, 0, head, 0] = True
+            for copy, heads_of_copy in entries.items():
+                mask[copy, 0, 0, heads_of_copy, 0] = True
             masks[key] = mask.to(heads.device)
         stacked = heads.reshape(copies, heads.shape[0] // copies, *heads.shape[1:])  # (copies, batch, ...)
         if method.per_copy:  # each copy's own values (copies differ once an earlier layer is ablated)

@@ -49,16 +49,22 @@ def _parse_range(text: str, limit: int, what: str, item: str, parameter: str = "
     return list(range(start, stop + 1))
 
 
+def _layers_named(layer_part: str, layers: list[AttentionLayer], item: str, parameter: str) -> list[AttentionLayer]:
+    """The layers `layer_part` names (`3-5`, `x3`, `*`): numbered within their stack on an encoder-decoder, plainly
+    on a model of one stack."""
+    stack, numbers = split_layer_part(layer_part, {layer.stack for layer in layers if layer.stack}, item, parameter)
+    in_stack = [layer for layer in layers if layer.stack == stack]  # every layer, on a model of one stack
+    return [in_stack[number] for number in _parse_range(numbers, len(in_stack), "layer", item, parameter)]
+
+
 def _parse_item(item: str, layers: list[AttentionLayer]) -> list[Head]:
     if item.lower() in ("all", "*"):
         return [(layer.index, head) for layer in layers for head in range(layer.n_heads)]
     if item.count(".") > 1:
         raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX['heads']}", parameter="heads")
     layer_part, dot, head_part = item.partition(".")
-    stack, layer_part = split_layer_part(layer_part, {layer.stack for layer in layers if layer.stack}, item)
-    in_stack = [layer for layer in layers if layer.stack == stack]  # every layer, on a model of one stack
-    return [(in_stack[number].index, head) for number in _parse_range(layer_part, len(in_stack), "layer", item)
-            for head in _parse_range(head_part if dot else "*", in_stack[number].n_heads, "head", item)]
+    return [(layer.index, head) for layer in _layers_named(layer_part, layers, item, "heads")
+            for head in _parse_range(head_part if dot else "*", layer.n_heads, "head", item)]
 
 
 def parse_heads(spec: str, layers: list[AttentionLayer]) -> list[Head]:
@@ -77,14 +83,8 @@ def parse_layers(spec: str | None, layers: list[AttentionLayer]) -> set[int] | N
     """`0-3,10` -> {0, 1, 2, 3, 10}; an encoder-decoder's layers by stack, `enc0-2,x3`; None or blank: every layer."""
     if spec is None or not spec.strip():
         return None
-    stacks = {layer.stack for layer in layers if layer.stack}
-    chosen: set[int] = set()
-    for item in (part.strip() for part in spec.split(",")):
-        stack, numbers = split_layer_part(item, stacks, item, parameter="layers")
-        in_stack = [layer for layer in layers if layer.stack == stack]  # every layer, on a model of one stack
-        chosen.update(in_stack[number].index for number in _parse_range(numbers, len(in_stack), "layer", item,
-                                                                         "layers"))
-    return chosen
+    items = [item.strip() for item in spec.split(",")]
+    return {layer.index for item in items for layer in _layers_named(item, layers, item, "layers")}
 
 
 def all_heads(model: nn.Module) -> list[Head]:
@@ -101,6 +101,16 @@ def check_heads(layers: list[AttentionLayer], heads: Iterable[Head]) -> None:
         if not 0 <= head < layers[layer].n_heads:
             raise ProbeError(f"head {layer}.{head} is out of range: layer {layer} has {layers[layer].n_heads} heads "
                              f"(0-{layers[layer].n_heads - 1})", parameter="heads")
+
+
+def heads_by_layer(ablations: Sequence[Ablation]) -> dict[int, dict[int, list[int]]]:
+    """layer -> copy -> its heads (sorted, each once): where each of `len(ablations)` stacked copies of a batch has
+    which heads of the layer ablated."""
+    grouped: dict[int, dict[int, set[int]]] = {}
+    for copy, ablation in enumerate(ablations):
+        for layer, head in ablation:
+            grouped.setdefault(layer, {}).setdefault(copy, set()).add(head)
+    return {layer: {copy: sorted(heads) for copy, heads in copies.items()} for layer, copies in grouped.items()}
 
 
 def label(ablation: Sequence[Head], names: Sequence[str] | None = None) -> str:

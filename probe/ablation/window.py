@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from probe.ablation.heads import Ablation
+from probe.ablation.heads import Ablation, heads_by_layer
 from probe.ablation.methods import METHODS, AblationMethod
 from probe.ablation.means import HeadMeans
 from probe.errors import ProbeError
@@ -73,10 +73,7 @@ class RestrictedHeads:
 
     def __init__(self, ablations: Sequence[Ablation], method: PatternAblation) -> None:
         self.copies, self.method = len(ablations), method
-        self.by_layer: dict[int, dict[int, list[int]]] = {}  # layer -> copy -> heads
-        for copy, ablation in enumerate(ablations):
-            for layer, head in ablation:
-                self.by_layer.setdefault(layer, {}).setdefault(copy, []).append(head)
+        self.by_layer = heads_by_layer(ablations)  # layer -> copy -> heads
         self._layouts: dict[tuple[int, int, torch.device], Layout] = {}  # one length at a time: all layers share it
 
     @property
@@ -86,7 +83,7 @@ class RestrictedHeads:
     def covers_every_head(self, layer: int, n_heads: int) -> bool:
         """Whether every copy recomputes every head of the layer: then the layer's own attention is not needed."""
         chosen = self.by_layer.get(layer, {})
-        return len(chosen) == self.copies and all(len(set(heads)) == n_heads for heads in chosen.values())
+        return len(chosen) == self.copies and all(len(heads) == n_heads for heads in chosen.values())
 
     def _layout(self, inputs: AttentionInputs) -> Layout:
         key = (inputs.query.shape[2], inputs.key.shape[2], inputs.query.device)
@@ -104,7 +101,7 @@ class RestrictedHeads:
         else:
             output = output.clone()
         for copy, heads in self.by_layer.get(layer, {}).items():
-            rows, chosen = slice(copy * per_copy, (copy + 1) * per_copy), torch.tensor(sorted(set(heads)))
+            rows, chosen = slice(copy * per_copy, (copy + 1) * per_copy), torch.tensor(heads)
             output[rows, :, chosen] = restricted_attention(inputs, rows, chosen, self._layout(inputs)).to(output.dtype)
         return output
 
