@@ -3,6 +3,9 @@ through transformers' attention interface and the ones read through a `probe.hoo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
 import torch
 
 SMALL = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -107,3 +110,22 @@ def tiny_encoder_decoder(name: str) -> torch.nn.Module:
         decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=8,
         max_source_positions=16, max_target_positions=32, pad_token_id=0, bos_token_id=0, eos_token_id=0,
         decoder_start_token_id=0)).eval()
+
+
+def zero_head_slices(args: tuple, heads: Sequence[int], head_dim: int) -> tuple:
+    """A projection pre-hook's new arguments: the heads' slices of its input zeroed (the reference ablation)."""
+    edited = args[0].clone()
+    for head in heads:
+        edited[..., head * head_dim:(head + 1) * head_dim] = 0
+    return (edited, *args[1:])
+
+
+@contextmanager
+def pre_hooks(hooks: list[tuple[torch.nn.Module, Callable]]) -> Iterator[None]:
+    """Forward pre-hooks on modules for the body of the `with`, removed after."""
+    handles = [module.register_forward_pre_hook(hook) for module, hook in hooks]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

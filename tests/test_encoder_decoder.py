@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import run_cli, tiny_loaded
-from families import ENCODER_DECODER_PROJECTIONS, tiny_encoder_decoder
+from families import ENCODER_DECODER_PROJECTIONS, pre_hooks, tiny_encoder_decoder, zero_head_slices
 from test_browser import browser, open_page, tick_texts  # noqa: F401 (fixtures)
 from test_families import assert_unchanged, eager, snapshot
 from test_html import page_data
@@ -103,21 +103,12 @@ def test_a_source_of_its_own_length_feeds_the_encoder(name: str, tiny_llama: Loa
 @contextmanager
 def projection_input_zeroed(model: torch.nn.Module, name: str, heads: list[tuple[str, int, int]], head_dim: int):
     """The reference ablation: a pre-hook zeroing head h's slice of the input of the stack's layer-i projection."""
-    handles = []
+    hooks = []
     for stack, index, head in heads:
         projection = model.get_submodule(ENCODER_DECODER_PROJECTIONS[name][stack].format(index))
-
-        def zero(_module, args, head=head):
-            edited = args[0].clone()
-            edited[..., head * head_dim:(head + 1) * head_dim] = 0
-            return (edited, *args[1:])
-
-        handles.append(projection.register_forward_pre_hook(zero))
-    try:
+        hooks.append((projection, lambda _module, args, head=head: zero_head_slices(args, [head], head_dim)))
+    with pre_hooks(hooks):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @pytest.mark.parametrize("name", SUPPORTED)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from families import ADAPTED, FAMILY_MODELS, PROJECTIONS, tiny_family
+from families import ADAPTED, FAMILY_MODELS, PROJECTIONS, pre_hooks, tiny_family, zero_head_slices
 
 from probe.ablate import ablate, sweep
 from probe.attention import attention_hooks, attention_layers, capture_attention, logits_of, run_model
@@ -80,7 +80,7 @@ def projection_input_zeroed(model: torch.nn.Module, name: str, heads: list[tuple
     shared by several layers (ALBERT) counts its calls: call i of a forward belongs to the i-th layer using it."""
     n_layers = len(attention_layers(model))
     projections = [model.get_submodule(PROJECTIONS[name].format(layer)) for layer in range(n_layers)]
-    handles = []
+    hooks = []
     for projection in {id(p): p for p in projections}.values():
         layers = [layer for layer in range(n_layers) if projections[layer] is projection]
         calls = [0]
@@ -88,17 +88,11 @@ def projection_input_zeroed(model: torch.nn.Module, name: str, heads: list[tuple
         def zero(_module, args, layers=layers, calls=calls):
             layer = layers[calls[0] % len(layers)]
             calls[0] += 1
-            edited = args[0].clone()
-            for head in [h for l, h in heads if l == layer]:
-                edited[..., head * head_dim:(head + 1) * head_dim] = 0
-            return (edited, *args[1:])
+            return zero_head_slices(args, [h for l, h in heads if l == layer], head_dim)
 
-        handles.append(projection.register_forward_pre_hook(zero))
-    try:
+        hooks.append((projection, zero))
+    with pre_hooks(hooks):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 @pytest.mark.parametrize("name", FAMILY_MODELS)
