@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from bench.kv_heads import HALF
 from probe import load_model
 from probe.ablation.editor import ablated
 from probe.ablation.window import WindowAblation
@@ -29,11 +30,10 @@ def main() -> None:
     loaded = load_model("smollm2")
     ids = needle_set(loaded, NeedleOptions(lengths=(args.length,), depths=(0.5,), seed=7)).input_ids
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    half = tuple((layer, head) for layer in range(30) for head in range(0, 9, 2))  # about half the heads
     start = time.perf_counter()
     with torch.no_grad():
         if args.variant == "curve":
-            with ablated(loaded.model, [half], WindowAblation()):
+            with ablated(loaded.model, [HALF], WindowAblation()):
                 run_model(loaded.model, ids, None, logits=False)
         else:
             run_model(loaded.model, ids, None, logits=False)

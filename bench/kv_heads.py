@@ -29,14 +29,14 @@ from probe.kv import kv_heads, score_needles  # noqa: E402
 from probe.needle import NeedleOptions, needle_set  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "kv_heads.json"
+HALF = tuple((layer, head) for layer in range(30) for head in range(0, 9, 2))  # about half of SmolLM2's heads
+EVERY = tuple((layer, head) for layer in range(30) for head in range(9))  # the curve's last point
 
 
 def timings(loaded, length: int, recent: int, repeats: int) -> dict:
     """Median over repeats of (variant / plain forward of the same prompt), variants interleaved."""
     needles = needle_set(loaded, NeedleOptions(lengths=(length,), depths=(0.5,), seed=7))
     ids = needles.input_ids
-    half = tuple((layer, head) for layer in range(30) for head in range(0, 9, 2))  # about half the heads
-    every = tuple((layer, head) for layer in range(30) for head in range(9))  # the curve's last point
 
     def plain() -> None:
         with torch.no_grad():
@@ -46,11 +46,11 @@ def timings(loaded, length: int, recent: int, repeats: int) -> dict:
         score_needles(loaded, needles, recent=recent)
 
     def curve_forward() -> None:
-        with torch.no_grad(), ablated(loaded.model, [half], WindowAblation(recent=recent)):
+        with torch.no_grad(), ablated(loaded.model, [HALF], WindowAblation(recent=recent)):
             run_model(loaded.model, ids, None)
 
     def curve_forward_all() -> None:
-        with torch.no_grad(), ablated(loaded.model, [every], WindowAblation(recent=recent)):
+        with torch.no_grad(), ablated(loaded.model, [EVERY], WindowAblation(recent=recent)):
             run_model(loaded.model, ids, None)
 
     variants = {"plain": plain, "scoring": scoring, "curve_forward": curve_forward,
@@ -66,6 +66,12 @@ def timings(loaded, length: int, recent: int, repeats: int) -> dict:
     ratios = {name: statistics.median(t / p for t, p in zip(times[name], times["plain"])) for name in variants}
     return {"length": length, "repeats": repeats, "seconds": {k: statistics.median(v) for k, v in times.items()},
             "ratio_vs_plain": ratios}
+
+
+def earlier_run(path: Path, marker: str, keys: tuple[str, ...]) -> dict:
+    """`keys` of an earlier run's results, and under `marker` which run that was (its command and date)."""
+    earlier = json.loads(path.read_text())
+    return {key: earlier[key] for key in keys} | {marker: {"command": earlier["command"], "date": earlier["date"]}}
 
 
 def map_and_curve(loaded, args: argparse.Namespace) -> dict:
@@ -98,9 +104,7 @@ def main() -> None:
     loaded = load_model("smollm2")
     result: dict = {"command": " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if args.timing_from is not None:
-        earlier = json.loads(args.timing_from.read_text())
-        result["timings"] = earlier["timings"]
-        result["timing_from"] = {"command": earlier["command"], "date": earlier["date"]}
+        result.update(earlier_run(args.timing_from, "timing_from", ("timings",)))
     else:
         result["timings"] = []
         for length in args.timing_lengths or [args.length]:
@@ -108,9 +112,8 @@ def main() -> None:
             print(json.dumps(result["timings"][-1]), flush=True)
     OUT.write_text(json.dumps(result, indent=1))
     if args.curve_from is not None:
-        earlier = json.loads(args.curve_from.read_text())
-        result.update({key: earlier[key] for key in ("kv_heads", "kv_heads_seconds", "induction", "duplicate_token")})
-        result["curve_from"] = {"command": earlier["command"], "date": earlier["date"]}
+        result.update(earlier_run(args.curve_from, "curve_from",
+                                  ("kv_heads", "kv_heads_seconds", "induction", "duplicate_token")))
     else:
         result.update(map_and_curve(loaded, args))
     OUT.write_text(json.dumps(result, indent=1))
