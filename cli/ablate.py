@@ -16,11 +16,12 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
-                               NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Metric, Model,
+                               ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, warn_non_finite
 from probe.cli.progress import console, note, status, sweep_progress, warn
-from probe.ablate import METHODS, AblationResult, Head, estimate, head_means, parse_heads, read_results
+from probe.ablate import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
+from probe.ablation.methods import AblationMethod, build_method
 from probe.attention import attention_layers
 from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                         build_probe_set)
@@ -40,14 +41,13 @@ Heads = Annotated[Optional[str], typer.Option(
     "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention); default: every head, one at a time.")]
 Together = Annotated[bool, typer.Option(
     "--together", help="Ablate the --heads together, in one run, instead of one at a time.")]
-Method = Annotated[str, typer.Option(
-    "--method", help="zero: set the head's output to 0; mean: to its mean over the probe data; resample: to its "
-    "output on another sequence of the batch (a seeded derangement); estimate: "
-    "attribution-patching estimate of every zero-ablation delta from a few forward/backward passes (the top heads "
-    "checked exactly).")]
+ESTIMATE = "estimate"  # not a method: attribution patching of every head's zero ablation (probe.ablation.estimate)
+Method = Annotated[str, typer.Option("--method", help=method_help(
+    f"{ESTIMATE}: attribution-patching estimate of every zero-ablation delta from a few forward/backward passes (the "
+    "top heads checked exactly)"))]
 PerPosition = Annotated[bool, typer.Option(
-    "--per-position", help="Mean ablation: one mean per position (over the sequences) instead of one over all "
-    "positions.")]
+    "--per-position", help="Methods that read statistics of the heads' outputs (mean): one value per position (over "
+    "the sequences) instead of one over all positions.")]
 Data = Annotated[str, typer.Option(
     "--data", help="natural (embedded English text), repeated (BOS + random tokens repeated twice: losses on each "
     "copy too), or a UTF-8 text file.")]
@@ -90,6 +90,8 @@ class Request:
     budget: float
     task: str | None = None  # sva, ioi or a JSON-lines file
     pairs: Path | None = None  # encoder-decoders: a JSON-lines file of source/target texts (probe.pairs)
+    metric: str | None = None  # a name of METRICS; None: the one for this input
+    seed: int = 0  # of the probe set, and of methods that draw at random
 
     @property
     def probe_set(self) -> str:
@@ -114,12 +116,16 @@ def check_heads_syntax(spec: str | None) -> None:
 
 def check_request(request: Request, *, top: int, html: bool, distributed: bool) -> None:
     """Every option that can be judged without the model, before it is loaded."""
-    choices = (*METHODS, "estimate")  # every registered ablation method, and the estimate
+    choices = (*METHODS, ESTIMATE)  # every registered ablation method, and the estimate
     if request.method not in choices:
         raise ProbeError(f"--method {request.method!r}: use one of {', '.join(choices)}")
-    if request.per_position and request.method != "mean":
-        raise ProbeError("--per-position applies to --method mean")
-    if request.method == "estimate" and (request.together or request.naive):
+    if request.per_position and (request.method == ESTIMATE or not METHODS[request.method].statistics):
+        with_statistics = [name for name, method in METHODS.items() if method.statistics]
+        raise ProbeError(f"--per-position applies to --method {' or '.join(with_statistics)}: the methods that read "
+                         "statistics of the heads' outputs")
+    if request.metric is not None and request.metric not in METRICS:
+        raise ProbeError(f"--metric {request.metric!r}: use one of {', '.join(METRICS)}")
+    if request.method == ESTIMATE and (request.together or request.naive):
         raise ProbeError("--method estimate covers every head alone: drop --together / --naive")
     if top < 1:
         raise ProbeError(f"--top must be at least 1, got {top}")
@@ -130,7 +136,7 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
     if html and request.together:
         raise ProbeError("--html shows one result per head: drop --together, or use --json / --csv")
     check_heads_syntax(request.heads)
-    if distributed and request.method == "estimate":
+    if distributed and request.method == ESTIMATE:
         raise ProbeError("--method estimate is a few forward and backward passes, not a sweep to split: run it "
                          "without torchrun")
     if request.task is not None:
@@ -154,7 +160,7 @@ def probe_set_for(loaded: LoadedModel, request: Request, options: ProbeOptions) 
 def check_task(request: Request) -> None:
     """--task: a generated task or a readable task file (its rows checked now; single tokens once the model is
     loaded); the estimate linearises the loss on text, not a task's margin."""
-    if request.method == "estimate":
+    if request.method == ESTIMATE:
         raise ProbeError("--method estimate linearises the next-token loss of text, not a task's margin: use --method "
                          "zero, mean or resample with --task")
     if request.data != "natural":
@@ -188,7 +194,7 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> d
             "repeat_len": options.repeat_len, "seed": options.seed, "method": request.method,
             "per_position": request.per_position, "heads": request.heads, "together": request.together,
             "batch_size": request.batch_size, "stack": request.stack, "naive": request.naive,
-            "dtype": choice.dtype, "device": choice.device, "task": request.task,
+            "dtype": choice.dtype, "device": choice.device, "task": request.task, "metric": request.metric,
             **({"pairs": str(request.pairs)} if request.pairs is not None else {})}
 
 
@@ -214,24 +220,29 @@ def finished_count(path: Path) -> int:
 def run_estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, request: Request,
                  show: bool) -> AblationResult:
     with sweep_progress("estimating", show) as (update, _on_result):
-        return estimate(loaded, probe_set, heads, batch_size=request.batch_size, data=request.data_file,
-                        progress=update, budget=request.budget)
+        return estimate(loaded, probe_set, heads, metric=request.metric, batch_size=request.batch_size,
+                        data=request.data_file, progress=update, budget=request.budget)
+
+
+def chosen_method(loaded: LoadedModel, probe_set: ProbeSet, request: Request, show: bool) -> AblationMethod:
+    """The method, built with what it declares: the statistics it reads (taken now, over the probe set), the seed."""
+    needs = METHODS[request.method].statistics
+    with status(f"taking the heads' {' and '.join(needs)} ...", show and bool(needs)):
+        return build_method(request.method, loaded, probe_set, per_position=request.per_position, seed=request.seed,
+                            batch_size=request.batch_size)
 
 
 def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, request: Request, stream: Path, *,
               resume: bool, show: bool) -> AblationResult | None:
     """The sweep, streamed to `stream`; on Ctrl-C, say what is saved and how to continue (then exit 130)."""
-    means = None
-    if request.method == "mean":
-        with status("taking the heads' mean outputs ...", show):
-            means = head_means(loaded, probe_set, per_position=request.per_position, batch_size=request.batch_size)
+    method = chosen_method(loaded, probe_set, request, show)
     stream.parent.mkdir(parents=True, exist_ok=True)
     done_before = finished_count(stream) if resume else 0
     groups = [heads] if request.together and heads else []
     try:
         with sweep_progress("ablating heads", show) as (update, on_result):
             result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,
-                                   method=request.method, mode="naive" if request.naive else "exact", means=means,
+                                   method=method, metric=request.metric, mode="naive" if request.naive else "exact",
                                    batch_size=request.batch_size, stack=request.stack, results_path=stream,
                                    resume=resume, data=request.data_file, progress=update, on_result=on_result)
     except KeyboardInterrupt:
@@ -250,12 +261,14 @@ def ablate(
     data: Data = "natural", seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS,
     repeat_len: RepeatLen = DEFAULT_REPEAT_LEN, seed: Seed = DEFAULT_SEED, batch_size: BatchSize = 8,
     stack: Stack = None, naive: Naive = False, budget: Budget = 10.0, task: Task = None, pairs: Pairs = None,
+    metric: Metric = None,
     json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
     results: Results = None, resume: Resume = False, top: Top = 15, force: Force = False,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
 ) -> None:
-    """Ablate heads (zero or mean) and measure the loss change: which heads can the model not do without?"""
-    request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task, pairs)
+    """Ablate heads and measure the loss change: which heads can the model not do without?"""
+    request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task, pairs,
+                      metric, seed)
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     rank = current()
     main_process = rank is None or rank.is_main
@@ -270,7 +283,7 @@ def ablate(
     probe_set = probe_set_for(loaded, request, options)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
-    if method == "estimate":
+    if method == ESTIMATE:
         result = run_estimate(loaded, probe_set, chosen, request, main_process)
     else:
         stream = results or default_results_path(cache_key(choice, request, options))

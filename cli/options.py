@@ -9,9 +9,27 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from probe.ablation.methods import METHODS
+from probe.ablation.metrics import KINDS, METRICS
 from probe.cli.outputs import record_provenance
 from probe.cli.progress import status, warn
 from probe.models import ALIASES, LoadedModel, load_model
+
+
+def method_help(*more: str) -> str:
+    """--method's help: one clause per registered method (METHODS) and the `more` given; a new method documents
+    itself."""
+    return "; ".join([*(f"{name}: {method.summary or name}" for name, method in METHODS.items()), *more]) + "."
+
+
+def metric_help() -> str:
+    """--metric's help: one clause per registered metric (METRICS), with what it reads and where it is the default."""
+    def clause(name: str) -> str:
+        metric = METRICS[name]
+        default = f", the default for {' and '.join(KINDS[kind] for kind in metric.default_for)}" \
+            if metric.default_for else ""
+        return f"{name} ({metric.reads}{default})"
+    return "What is measured: " + "; ".join(clause(name) for name in METRICS) + "."
 
 Model = Annotated[str, typer.Option(
     "--model", "-m", help="Alias, model folder, .gguf file, hub id, or FILE.py:FUNCTION (imports and runs that Python "
@@ -29,7 +47,9 @@ OffloadFolder = Annotated[Optional[Path], typer.Option(
     "--offload-folder", help="Folder for the weights a device map puts on disk.")]
 SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text sequence (BOS not counted).")]
 NumSeqs = Annotated[int, typer.Option("--num-seqs", help="Number of sequences in each probe set.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the random tokens.")]
+Seed = Annotated[int, typer.Option(
+    "--seed", help="Seed of the random tokens, and of the methods that draw at random (resample's derangement).")]
+Metric = Annotated[Optional[str], typer.Option("--metric", help=metric_help())]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
 Force = Annotated[bool, typer.Option("--force", help="Overwrite output files that exist.")]
 JsonFile = Annotated[Optional[Path], typer.Option(

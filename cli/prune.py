@@ -9,11 +9,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
-                         OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Metric, Model,
+                               ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar
 from probe.ablation.methods import METHODS
+from probe.ablation.metrics import METRICS
 from probe.ablation.prune import ORDERINGS, PruneResult, check_prune_options
 from probe.ablation.prune import prune as run_prune
 from probe.data import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
@@ -30,7 +31,7 @@ Orderings = Annotated[str, typer.Option(
     "--orderings", help="Comma-separated: michel (importance recomputed each step), sweep (single-head ablation "
     "order), random.")]
 Seeds = Annotated[int, typer.Option("--seeds", help="Random orderings drawn (seeds --seed, --seed + 1, ...).")]
-Method = Annotated[str, typer.Option("--method", help="How pruned heads are removed: zero or mean ablation.")]
+Method = Annotated[str, typer.Option("--method", help="How pruned heads are removed: " + method_help())]
 KvGroups = Annotated[bool, typer.Option(
     "--kv-groups", help="Prune whole key/value groups of a grouped-query model (removing query heads alone saves "
     "no key/value compute).")]
@@ -77,7 +78,8 @@ def prune(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: Data = "natural",
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, seed: Seed = DEFAULT_SEED,
     step: Step = 0.1, max_increase: MaxIncrease = None, orderings: Orderings = ",".join(ORDERINGS),
-    seeds: Seeds = 3, method: Method = "zero", kv_groups: KvGroups = False, eval_data: EvalData = None, json_path: JsonFile = None,
+    seeds: Seeds = 3, method: Method = "zero", metric: Metric = None, kv_groups: KvGroups = False,
+    eval_data: EvalData = None, json_path: JsonFile = None,
     csv_path: CsvFile = None, html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None,
     dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
@@ -85,6 +87,8 @@ def prune(
     limit, relative = parse_max_increase(max_increase)
     if method not in METHODS:
         raise ProbeError(f"--method {method!r}: use one of {', '.join(METHODS)}")
+    if metric is not None and metric not in METRICS:
+        raise ProbeError(f"--metric {metric!r}: use one of {', '.join(METRICS)}")
     chosen = [name.strip() for name in orderings.split(",") if name.strip()]
     check_prune_options(chosen, step, limit, range(seed, seed + seeds))
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
@@ -97,7 +101,7 @@ def prune(
     with progress_bar("pruning") as update:
         result: PruneResult = run_prune(loaded, probe_set, orderings=chosen, step=step, max_increase=limit,
                                         relative=relative, seeds=range(seed, seed + seeds), method=method,
-                                        kv_groups=kv_groups, batch_size=batch_size, data=data, eval_set=eval_set,
+                                        metric=metric, method_seed=seed, kv_groups=kv_groups, batch_size=batch_size, data=data, eval_set=eval_set,
                                         eval_data=None if eval_data is None else str(eval_data), progress=update)
     payload = result.to_dict()
     save(json_path, lambda path: write_json(path, payload))

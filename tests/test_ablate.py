@@ -124,7 +124,7 @@ def test_hook_ablation_equals_zeroed_projection_weights(kind: str, method: str) 
     singles = [(0, 1), (1, 2), (1, 3)]
     together = [(0, 0), (1, 1)]
     means = head_means(loaded, probe_set) if method == "mean" else None
-    result = sweep(loaded, probe_set, singles, groups=[together], method=method, means=means, batch_size=2)
+    result = sweep(loaded, probe_set, singles, groups=[together], method=method, statistics=means, batch_size=2)
     assert result.metric == ("cross_entropy" if causal else "cosine_distance")
     with torch.no_grad():
         baseline_out = logits_of(run_model(model, ids)).float()
@@ -139,7 +139,7 @@ def test_hook_ablation_equals_zeroed_projection_weights(kind: str, method: str) 
             reference = reference_metric(model, ids, baseline_out, causal)
         assert entry.loss == pytest.approx(reference, abs=1e-4), (kind, method, heads)
     # the context manager gives the same numbers as the sweep
-    with ablate(model, together, method=method, means=means):
+    with ablate(model, together, method=method, statistics=means):
         inside = reference_metric(model, ids, baseline_out, causal)
     assert inside == pytest.approx(result.groups[0].loss, abs=1e-5)
     assert reference_metric(model, ids, baseline_out, causal) == pytest.approx(expected_baseline, abs=1e-6)
@@ -219,8 +219,8 @@ def test_exact_sweep_loss_from_the_decoder_output(kind: str, monkeypatch: pytest
         model.config.final_logit_softcapping = 0.5
     loaded = LoadedModel(model=model, tokenizer=None, name=f"tiny-{kind}", vocab_size=model.config.vocab_size)
     calls = []
-    original = ablate_module.head_cross_entropy
-    monkeypatch.setattr(ablate_module, "head_cross_entropy", lambda *args: calls.append(1) or original(*args))
+    original = ablate_module.head_values
+    monkeypatch.setattr(ablate_module, "head_values", lambda *args: calls.append(1) or original(*args))
     probe_set = small_set(loaded, seqs=4)
     naive = sweep(loaded, probe_set, mode="naive")
     exact = sweep(loaded, probe_set, mode="exact")
@@ -237,8 +237,8 @@ def test_per_position_mean_differs_from_the_overall_mean() -> None:
     assert overall.values[0].shape == (4, 256)
     assert positional.values[0].shape == (probe_set.input_ids.shape[1], 4, 256)
     torch.testing.assert_close(positional.values[0].mean(dim=0), overall.values[0], atol=1e-5, rtol=1e-5)
-    a = sweep(loaded, probe_set, [(0, 0)], method="mean", means=overall)
-    b = sweep(loaded, probe_set, [(0, 0)], method="mean", means=positional)
+    a = sweep(loaded, probe_set, [(0, 0)], method="mean", statistics=overall)
+    b = sweep(loaded, probe_set, [(0, 0)], method="mean", statistics=positional)
     assert a.heads[0].loss != pytest.approx(b.heads[0].loss, abs=1e-3)
 
 
@@ -591,8 +591,8 @@ def test_exact_sweep_equals_naive_loop_for_per_position_means(kind: str) -> None
     loaded = planted_loaded() if kind.startswith("planted") else tiny_loaded(kind)
     probe_set = small_set(loaded, seqs=5)
     means = head_means(loaded, probe_set, per_position=True, batch_size=2)
-    naive = sweep(loaded, probe_set, method="mean", means=means, mode="naive", batch_size=2)
-    exact = sweep(loaded, probe_set, method="mean", means=means, mode="exact", batch_size=2, stack=3)
+    naive = sweep(loaded, probe_set, method="mean", statistics=means, mode="naive", batch_size=2)
+    exact = sweep(loaded, probe_set, method="mean", statistics=means, mode="exact", batch_size=2, stack=3)
     assert naive.path.startswith("naive") and exact.path.startswith("exact")
     assert exact.baseline_loss == naive.baseline_loss
     for a, b in zip(exact.results, naive.results):

@@ -14,8 +14,8 @@ import torch
 from torch import Tensor, nn
 
 from probe.ablation.heads import Ablation, Head, check_heads, heads_by_layer
-from probe.ablation.means import HeadMeans
 from probe.ablation.methods import AblationMethod, method_named
+from probe.ablation.statistics import HeadStatistics
 from probe.ablation.window import PatternAblation, RestrictedHeads
 from probe.attention import attention_hooks, attention_layers
 from probe.errors import ProbeError
@@ -75,10 +75,11 @@ def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMet
 
 
 @contextmanager
-def ablate(model: nn.Module, heads: Iterable[Head], *, method: str = "zero",
-           means: HeadMeans | None = None) -> Iterator[None]:
-    """Ablate `heads` together for the body of the `with` (zero, or mean with `means`); restored on exit."""
-    chosen = method_named(method, means)
+def ablate(model: nn.Module, heads: Iterable[Head], *, method: str | AblationMethod = "zero",
+           statistics: HeadStatistics | None = None) -> Iterator[None]:
+    """Ablate `heads` together for the body of the `with` (a method of METHODS, built with the reference
+    `statistics` it reads, or a method object); restored on exit."""
+    chosen = method_named(method, statistics)
     heads = tuple(heads)
     check_heads(attention_layers(model), heads)
     with ablated(model, [heads], chosen):

@@ -28,8 +28,8 @@ from probe.ablation.blocks import Blocks, find_blocks, keeping_outputs
 from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
-from probe.ablation.metrics import METRICS, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import check_probe_set, check_sources, data_name
+from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
+from probe.ablation.plan import check_probe_set, data_name, refuse_sources
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
@@ -113,7 +113,7 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
         step()
         valid = batch.counted[0].to(logits.device)
         shifted = logits[:, :-1].float()
-        token_loss = METRICS["cross_entropy"].values(logits, batch.ids, None)  # (batch, positions - 1)
+        token_loss = scorer.metric.values(logits, batch.ids, None)  # (batch, positions - 1)
         order = sorted(outputs)
         inputs = [outputs[layer] for layer in order]
         loss = (token_loss * valid).sum() / n_tokens
@@ -183,12 +183,12 @@ class _Steps:
             self.progress(min(self.done, self.total), self.total)
 
 
-def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None, batch_size: int,
-           samples: int) -> tuple[list[Head], Scorer, list[Batch]]:
+def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None, metric: str | Metric | None,
+           batch_size: int, samples: int) -> tuple[list[Head], Scorer, list[Batch]]:
     if samples < 0:
         raise ProbeError(f"samples must be 0 or more, got {samples}", parameter="samples")
     check_probe_set(probe_set)
-    check_sources(probe_set, "estimate")
+    refuse_sources(probe_set, "the estimate")
     if probe_set.scored is not None:
         raise ProbeError("the estimate linearises the next-token loss of text, not a task's margin: run the exact "
                          "sweep on a task", parameter="method")
@@ -196,15 +196,13 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     check_heads(attention_layers(loaded.model), chosen)
     if not chosen:
         raise ProbeError("nothing to ablate: give at least one head", parameter="heads")
-    pairs = probe_set.batches(batch_size)
-    ids, mask = pairs[0]
-    with torch.no_grad():
-        first_output = run_model(loaded.model, ids[:1, :2], None if mask is None else mask[:1, :2])
-    if metric_for(loaded, first_output) != "cross_entropy":
-        raise ProbeError("the estimate linearises the next-token loss, which this model (no LM head, or not causal) "
-                         "does not have: use method 'zero' (the exact sweep)", parameter="method")
-    scorer = Scorer(METRICS["cross_entropy"], parts_of(probe_set))
-    return chosen, scorer, [Batch(ids, mask, scorer.masks(ids, mask)) for ids, mask in pairs]
+    chosen_metric = choose_metric(loaded, probe_set, metric)
+    if not chosen_metric.estimable:
+        raise ProbeError(f"the estimate linearises a causal LM's next-token loss, the cross-entropy (its second order "
+                         f"is the softmax's), not {chosen_metric.name}, which reads {chosen_metric.reads}: run the exact sweep",
+                         parameter="method")
+    scorer = Scorer(chosen_metric, parts_of(probe_set))
+    return chosen, scorer, [Batch(ids, mask, scorer.masks(ids, mask)) for ids, mask in probe_set.batches(batch_size)]
 
 
 def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches_: list[Batch], blocks: Blocks | None,
@@ -220,7 +218,7 @@ def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches
 
 
 def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
-             batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET, refine: int | None = None,
+             metric: str | Metric | None = None, batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET, refine: int | None = None,
              seed: int = 0, data: str | Path | None = None,
              progress: Callable[[int, int], None] | None = None) -> AblationResult:
     """Every head's zero-ablation delta, estimated from a few forward and backward passes instead of a sweep (see
@@ -229,11 +227,11 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     cost is counted in forward-equivalents from measured ratios (GRAD_FORWARD_COST, BACKWARD_COST, LOSS_COST) and
     the weights each ablated run recomputes; `AblationResult.forwards` reports it."""
     started = time.perf_counter()
-    heads, scorer, batches_ = _setup(loaded, probe_set, heads, batch_size, samples)
+    heads, scorer, batches_ = _setup(loaded, probe_set, heads, metric, batch_size, samples)
     model = loaded.model
     n_layers, n_heads = layer_shape(attention_layers(model))
     blocks, why_not = find_blocks(model, attention_layers(model))
-    readout = Readout.choose(model, "cross_entropy", blocks)
+    readout = Readout.choose(model, scorer.metric.chunkable, blocks)
     terms = _Terms(torch.zeros(n_layers, n_heads, dtype=torch.float64),
                    torch.zeros(n_layers, n_heads, dtype=torch.float64),
                    torch.zeros(len(scorer.parts) + 1, dtype=torch.float64))
@@ -269,7 +267,7 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
                if head in exact else HeadResult((head,), baseline_loss + estimated[head], estimated[head], exact=False)
                for head in heads]
     return AblationResult(
-        model=loaded.name, method="zero", data=data_name(probe_set, data), metric="cross_entropy",
+        model=loaded.name, method="zero", data=data_name(probe_set, data), metric=scorer.metric.name,
         baseline_loss=baseline_loss, results=results, n_layers=n_layers, n_heads=n_heads, mode="estimate",
         path=path, baseline_parts=baseline_parts, probe_set=probe_set.to_dict() | {"description": probe_set.description},
         seconds=time.perf_counter() - started, forwards=spent,

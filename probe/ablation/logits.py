@@ -7,13 +7,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, detach, find_blocks, skip_blocks
@@ -45,9 +44,14 @@ def is_lean(model: nn.Module, ids: Tensor) -> bool:
     return isinstance(vocab, int) and ids.numel() * vocab * 4 > LOGITS_BYTES
 
 
-def head_cross_entropy(model: nn.Module, normed: Tensor, ids: Tensor) -> Tensor:
-    """(rows, n - 1) next-token cross-entropy, the LM head applied to HEAD_ROWS positions at a time: the logits of a
-    chunk are still in cache when the log-softmax reads them (about 12% faster on CPU than all positions at once)."""
+TokenValues = Callable[[Tensor, Tensor], Tensor]
+"""A next-token metric's values from logits (..., vocab) at positions t and the tokens (...) at t + 1 (elementwise
+over the leading dimensions): what the chunked readouts compute a chunk at a time (`Metric.token_values`)."""
+
+
+def head_values(model: nn.Module, normed: Tensor, ids: Tensor, token_values: TokenValues) -> Tensor:
+    """(rows, n - 1) next-token values, the LM head applied to HEAD_ROWS positions at a time: the logits of a chunk
+    are still in cache when the metric reads them (about 12% faster on CPU than all positions at once)."""
     head = model.get_output_embeddings()
     rows, n = ids.shape
     states = normed[:, :-1].reshape(-1, normed.shape[-1])  # (rows * (n - 1), hidden)
@@ -55,7 +59,7 @@ def head_cross_entropy(model: nn.Module, normed: Tensor, ids: Tensor) -> Tensor:
     values = []
     for start in range(0, states.shape[0], HEAD_ROWS):
         logits = head(states[start:start + HEAD_ROWS]).float()  # on the head's device, under a device map
-        values.append(F.cross_entropy(logits, targets[start:start + HEAD_ROWS].to(logits.device), reduction="none"))
+        values.append(token_values(logits, targets[start:start + HEAD_ROWS].to(logits.device)))
     return torch.cat(values).view(rows, n - 1)
 
 
@@ -77,19 +81,17 @@ class Final:
         with skip_blocks(self.blocks.container, skipped):
             return logits_of(run_model(self.model, self.ids, self.mask, logits=positions))
 
-    def cross_entropy(self) -> Tensor:
-        """(rows, n - 1) float32 next-token cross-entropy at every position, as the full logits would give it."""
+    def values(self, token_values: TokenValues) -> Tensor:
+        """(rows, n - 1) float32 next-token values at every position, as the full logits would give them."""
         if self.normed is not None:
-            return head_cross_entropy(self.model, self.normed, self.ids)
+            return head_values(self.model, self.normed, self.ids, token_values)
         rows, n = self.ids.shape
         chunk = max(1, LOGITS_CHUNK_BYTES // (rows * self.model.config.vocab_size * 4))
         values = []
         for start in range(0, n - 1, chunk):
             stop = min(start + chunk, n - 1)
             logits = self.logits(torch.arange(start, stop)).float()  # (rows, stop - start, vocab)
-            targets = self.ids[:, start + 1:stop + 1].to(logits.device)
-            values.append(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                          reduction="none").view(rows, stop - start))
+            values.append(token_values(logits, self.ids[:, start + 1:stop + 1].to(logits.device)))
         return torch.cat(values, dim=1)
 
     def first_rows(self, batch: int) -> Tensor:
@@ -159,26 +161,26 @@ def _nothing() -> Iterator[None]:
 
 @dataclass
 class Readout:
-    """How every forward of one sweep gives what the metric reads: chosen once, from the model and the metric."""
+    """How every forward of one sweep gives what the metric reads: chosen once, from the model and from what the
+    metric declares (`chunkable`: its values can be had a chunk of positions at a time)."""
 
     model: nn.Module
-    metric: str
-    chunkable: Blocks | None = None  # where logits can be had a chunk of positions at a time
+    chunkable: Blocks | None = None  # where logits can be had a chunk of positions at a time, for this metric
     direct: bool | None = False  # the direct head: None until the first baseline forward shows whether it applies
     _normed: list[Tensor] = field(default_factory=list)
 
     @classmethod
-    def choose(cls, model: nn.Module, metric: str, blocks: Blocks | None) -> Readout:
-        """`blocks`: the sweep's block list if it reuses the baseline's prefix (the direct head needs it)."""
-        chunkable = chunkable_blocks(model)
-        maybe_direct = (metric == "cross_entropy" and blocks is not None and chunkable is not None
-                        and decoder(model) is not None)
-        return cls(model, metric, chunkable, None if maybe_direct else False)
+    def choose(cls, model: nn.Module, chunkable_metric: bool, blocks: Blocks | None) -> Readout:
+        """`chunkable_metric`: the metric's `chunkable`; `blocks`: the sweep's block list if it reuses the
+        baseline's prefix (the direct head needs it)."""
+        chunkable = chunkable_blocks(model) if chunkable_metric else None
+        maybe_direct = blocks is not None and chunkable is not None and decoder(model) is not None
+        return cls(model, chunkable, None if maybe_direct else False)
 
     @property
     def chunked(self) -> bool:
-        """Whether the cross-entropy can be had a chunk of positions at a time (then logits never count whole)."""
-        return self.metric == "cross_entropy" and self.chunkable is not None
+        """Whether the metric can be had a chunk of positions at a time (then logits never count whole)."""
+        return self.chunkable is not None
 
     def lean(self, ids: Tensor) -> bool:
         """Whether this batch's loss is read from its last block's output, a chunk of positions at a time."""
@@ -190,7 +192,7 @@ class Readout:
         None), or as told. `source`: an encoder-decoder's own encoder input (probe.pairs; never lean: an
         encoder-decoder has no one block list)."""
         if lean is None:
-            lean = self.chunkable is not None and is_lean(self.model, ids)
+            lean = self.lean(ids)
         if not lean or source is not None:
             return logits_of(run_model(self.model, ids, mask, source=source))
         blocks = self.chunkable or find_blocks(self.model, attention_layers(self.model))[0]

@@ -2,9 +2,15 @@
 interventions): `replacement(layer, heads, batch)` gives the values that stand in for the ablated heads of `layer`.
 
 - zero ablation: 0 (Michel et al. 2019; Olsson et al. 2022);
-- mean ablation: the head's mean output over a reference set (`HeadMeans`), overall or per position;
+- mean ablation: the head's mean output over a reference set, overall or per position;
 - resample ablation: the head's output on another sequence of the set (Chan et al. 2022, causal scrubbing; the
   resampling ablation of Wang et al. 2022), each sequence's donor fixed by a seeded derangement.
+
+A method declares what it needs, and its callers (sweep, prune, the estimate, the CLI) ask it, never its name:
+`statistics` (names in probe.ablation.statistics.STATISTICS, taken over a reference set by one collector),
+`build(inputs)` (how it is made from what a caller has: those statistics and a seed), `across_sequences` (its
+replacement reads other sequences' values at the same positions), `estimable` (the attribution-patching estimate
+linearises it), `summary` (its line in help texts), and `add_to_fingerprint` (what its numbers depend on).
 
 `batch` is the index of the probe set's batch that is running (None outside a sweep, e.g. in `ablate()`), so that
 a method can take values of other sequences of the same batch (resample ablation) with no change to the runners.
@@ -13,20 +19,40 @@ a method can take values of other sequences of the same batch (resample ablation
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from probe.ablation.means import HeadMeans
+from probe.ablation.statistics import HeadStatistics, head_statistics
+from probe.data import ProbeSet
 from probe.errors import ProbeError
+from probe.models import LoadedModel
+
+
+@dataclass(frozen=True)
+class MethodInputs:
+    """Everything a caller can hand a registered method; each method's `build` takes what it declares."""
+
+    statistics: HeadStatistics | None = None  # the statistics the method declares, over a reference set
+    seed: int = 0  # for methods that draw at random (resample's derangement)
 
 
 class AblationMethod:
     """What an ablated head outputs instead of its own output."""
 
     name: ClassVar[str]
+    summary: ClassVar[str] = ""  # what replaces the head's output, for help texts
+    statistics: ClassVar[tuple[str, ...]] = ()  # statistics of the heads' outputs the replacement reads
     per_copy: ClassVar[bool] = False  # the replacement depends on each stacked copy's own values (resample)
+    across_sequences: ClassVar[bool] = False  # reads other sequences' values at the same positions
+    estimable: ClassVar[bool] = False  # the attribution-patching estimate linearises it
+
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        """The method, made from what a caller has (`inputs.statistics` holds what `statistics` names)."""
+        return cls()
 
     def bind(self, batch_rows: list[int]) -> None:
         """Called by a sweep before it runs, with the number of sequences of each batch of the probe set."""
@@ -47,38 +73,42 @@ class AblationMethod:
 
 class ZeroAblation(AblationMethod):
     name = "zero"
-
-    def __init__(self, means: HeadMeans | None = None) -> None:
-        pass  # zero ablation needs no reference values
+    summary = "set the head's output to 0"
+    estimable = True
 
     def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
         return torch.zeros((), dtype=heads.dtype, device=heads.device)
 
 
-class MeanAblation(AblationMethod):
-    name = "mean"
+class StatisticAblation(AblationMethod):
+    """A method whose replacement reads statistics of the heads' outputs over a reference set."""
 
-    def __init__(self, means: HeadMeans | None) -> None:
-        if means is None:
-            raise ProbeError("mean ablation needs the heads' mean outputs (head_means)", parameter="means")
-        self.means = means
+    def __init__(self, statistics: HeadStatistics | None) -> None:
+        if statistics is None:
+            raise ProbeError(f"{self.name} ablation reads the heads' {', '.join(self.statistics)} over a reference set "
+                             "(head_statistics)", parameter="statistics")
+        statistics.check_holds(self.statistics, self.name)
+        self.reference = statistics
 
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        mean = self.means.values[layer]  # (n_heads, head_dim), or per position (positions, n_heads, head_dim)
-        if self.means.per_position:
-            if mean.shape[0] < heads.shape[1]:
-                raise ProbeError(f"per-position means cover {mean.shape[0]} positions, the input has "
-                                 f"{heads.shape[1]}: take the means over sequences at least as long")
-            mean = mean[: heads.shape[1]]
-        return mean.to(device=heads.device, dtype=heads.dtype)
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        return cls(inputs.statistics)
 
     def describe(self) -> str | None:
-        return self.means.describe()
+        return self.reference.describe(self.statistics)
 
     def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
-        digest.update(str(self.means.per_position).encode())
-        for layer in sorted(self.means.values):
-            digest.update(self.means.values[layer].cpu().contiguous().numpy().tobytes())
+        self.reference.add_to_fingerprint(digest, self.statistics)
+
+
+class MeanAblation(StatisticAblation):
+    name = "mean"
+    summary = "set the head's output to its mean over the probe data"
+    statistics = ("mean",)
+    across_sequences = True
+
+    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+        return self.reference.at("mean", layer, heads)  # (n_heads, head_dim), or (positions, n_heads, head_dim)
 
 
 def derangement(rows: int, generator: torch.Generator) -> Tensor:
@@ -95,11 +125,17 @@ class ResampleAblation(AblationMethod):
     same positions), the donor fixed per batch by a derangement seeded with `seed` and the batch's index."""
 
     name = "resample"
+    summary = "set the head's output to its output on another sequence of the batch (a seeded derangement)"
     per_copy = True
+    across_sequences = True
 
-    def __init__(self, means: HeadMeans | None = None, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self.donors: dict[int | None, Tensor] = {}  # batch index -> (rows,) donor rows in that batch
+
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        return cls(seed=inputs.seed)
 
     def donors_of(self, batch: int | None, rows: int) -> Tensor:
         if rows < 2:
@@ -134,9 +170,18 @@ class ResampleAblation(AblationMethod):
             digest.update(self.donors[index].numpy().tobytes())
 
 
-METHODS: dict[str, type[AblationMethod]] = {"zero": ZeroAblation, "mean": MeanAblation,
-                                            "resample": ResampleAblation}
-"""Ablation methods by name; a new method is one class here."""
+METHODS: dict[str, type[AblationMethod]] = {}
+"""Ablation methods by name; a new method is one class registered here (`register_method`)."""
+
+
+def register_method(method: type[AblationMethod]) -> type[AblationMethod]:
+    """Register a method class under its name (usable as a class decorator)."""
+    METHODS[method.name] = method
+    return method
+
+
+for _method in (ZeroAblation, MeanAblation, ResampleAblation):
+    register_method(_method)
 
 
 def check_method(name: str) -> None:
@@ -144,9 +189,31 @@ def check_method(name: str) -> None:
         raise ProbeError(f"unknown ablation method {name!r}: use one of {', '.join(METHODS)}", parameter="method")
 
 
-def method_named(name: str | AblationMethod, means: HeadMeans | None = None) -> AblationMethod:
-    """The method `name` of METHODS, given the reference values it needs; a method object is used as it is."""
+def method_class(method: str | AblationMethod) -> type[AblationMethod]:
+    """The class of a method given by name (of METHODS) or as an object, to ask what it declares."""
+    if isinstance(method, AblationMethod):
+        return type(method)
+    check_method(method)
+    return METHODS[method]
+
+
+def build_method(method: str | AblationMethod, loaded: LoadedModel, reference: ProbeSet, *,
+                 statistics: HeadStatistics | None = None, per_position: bool = False, seed: int = 0,
+                 batch_size: int = 8) -> AblationMethod:
+    """The method object: given as one, or built by name with what it declares it needs. Statistics not given are
+    taken over `reference` (per position with `per_position`)."""
+    if isinstance(method, AblationMethod):
+        return method
+    chosen = method_class(method)
+    if chosen.statistics and statistics is None:
+        statistics = head_statistics(loaded, reference, chosen.statistics, per_position=per_position,
+                                     batch_size=batch_size)
+    return chosen.build(MethodInputs(statistics, seed))
+
+
+def method_named(name: str | AblationMethod, statistics: HeadStatistics | None = None) -> AblationMethod:
+    """The method `name` of METHODS built from `statistics` alone (no probe set to take them over); a method object
+    is used as it is."""
     if isinstance(name, AblationMethod):
         return name
-    check_method(name)
-    return METHODS[name](means)
+    return method_class(name).build(MethodInputs(statistics))

@@ -12,6 +12,11 @@ that count, for the whole probe set and each of its parts; `losses` finishes sum
   prompt with an answer and a distractor the pair differs in its last token, so the margin is logit(answer) -
   logit(distractor) at the last prompt position (Wang et al. 2022's logit difference). Accuracy: the share of pairs
   with a positive margin.
+
+A metric declares what it reads and where it applies, and callers ask it (`choose_metric`, `Readout`), never its
+name: `reads` (what of a forward it reads), `applies` and `default_for` (input kinds: KINDS), `compares` (it compares
+to the unablated outputs, kept per batch), `chunkable` (its values come from a chunk of positions' logits at a time
+through `token_values`, so that long inputs never hold their full logits).
 """
 
 from __future__ import annotations
@@ -24,9 +29,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from probe.ablation.logits import Final
+from probe.attention import run_model
 from probe.data import ProbeSet, is_encoder, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
+
+KINDS = {"text": "a causal LM's next-token predictions on text",
+         "task": "a task set's scored positions",
+         "outputs": "a model without next-token logits (an encoder, or no LM head)"}
+"""The kinds of input a metric can apply to, as `input_kind` tells them apart."""
 
 
 class Metric:
@@ -35,11 +46,21 @@ class Metric:
     name: ClassVar[str]
     description: ClassVar[str]
     shift: ClassVar[int]
+    reads: ClassVar[str] = "next-token logits"  # what of a forward it reads, for help texts
+    applies: ClassVar[tuple[str, ...]] = ("text",)  # the input kinds (KINDS) it is defined on
+    default_for: ClassVar[tuple[str, ...]] = ()  # the input kinds it is chosen for when none is named
     compares: ClassVar[bool] = False  # compares to the unablated outputs (kept per batch; the baseline is 0)
+    chunkable: ClassVar[bool] = False  # a next-token metric (shift 1) whose `token_values` serve long inputs
+    estimable: ClassVar[bool] = False  # the attribution-patching estimate's second order (the softmax's) is its own
+
+    def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
+        """Chunkable metrics: values from logits (..., vocab) at positions t and the tokens (...) at t + 1."""
+        raise NotImplementedError
 
     def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
-        """(batch, positions - shift) values of one copy; output (batch, positions, features)."""
-        raise NotImplementedError
+        """(batch, positions - shift) values of one copy; output (batch, positions, features). A chunkable metric's
+        are its token values at every position."""
+        return self.token_values(output[:, :-1].float(), ids[:, 1:].to(output.device))
 
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
         """(loss, figures) from (rows,) per-sequence sums, for metrics that are not a mean over positions (None:
@@ -58,10 +79,11 @@ class CrossEntropy(Metric):
     name = "cross_entropy"
     description = "mean next-token cross-entropy over all predicted tokens (padding excluded)"
     shift = 1
+    default_for = ("text",)
+    chunkable = True
+    estimable = True
 
-    def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
-        logits = output[:, :-1].float()  # (batch, positions - 1, vocab)
-        targets = ids[:, 1:].to(output.device)
+    def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                reduction="none").view(targets.shape)
 
@@ -71,6 +93,9 @@ class CosineDistance(Metric):
     description = ("mean over positions of 1 - cosine similarity of the final outputs (last hidden states, or "
                    "logits) to the unablated model's")
     shift = 0
+    reads = "the final outputs (last hidden states, or logits)"
+    applies = ("text", "outputs")
+    default_for = ("outputs",)
     compares = True
 
     def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
@@ -84,6 +109,10 @@ class TaskMargin(CrossEntropy):
     name = "task_margin"
     description = ("minus the mean margin log P(good) - log P(bad) over the task's pairs (prompts: logit(answer) - "
                    "logit(distractor) at the last prompt position); delta > 0: the ablation hurts the task")
+    reads = "next-token logits at a task set's scored positions"
+    applies = ("task",)
+    default_for = ("task",)
+    estimable = False  # a difference of two sequences' losses
 
     def signs(self, rows: int) -> Tensor | None:
         return torch.tensor([1.0, -1.0]).repeat(rows // 2)  # good rows: loss up hurts; bad rows: loss up helps
@@ -93,8 +122,18 @@ class TaskMargin(CrossEntropy):
         return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
 
 
-METRICS: dict[str, Metric] = {metric.name: metric for metric in (CrossEntropy(), CosineDistance(), TaskMargin())}
-"""Metrics by name; a new metric is one class here (and where it applies, `metric_for`)."""
+METRICS: dict[str, Metric] = {}
+"""Metrics by name; a new metric is one class registered here (`register_metric`)."""
+
+
+def register_metric(metric: type[Metric]) -> type[Metric]:
+    """Register (an instance of) a metric class under its name (usable as a class decorator)."""
+    METRICS[metric.name] = metric()
+    return metric
+
+
+for _metric in (CrossEntropy, CosineDistance, TaskMargin):
+    register_metric(_metric)
 
 
 def metric_named(name: str) -> Metric:
@@ -103,17 +142,38 @@ def metric_named(name: str) -> Metric:
     return METRICS[name]
 
 
-def metric_for(loaded: LoadedModel, output: Any) -> str:
-    """Next-token loss where it makes sense (a causal model with logits over the vocabulary), else cosine distance."""
+def has_logits(loaded: LoadedModel, output: Any) -> bool:
+    """Whether a forward's output is next-token logits over the vocabulary (a causal LM with its head)."""
     if is_encoder(loaded):
-        return "cosine_distance"
+        return False
     if isinstance(output, Tensor):
-        causal = output.shape[-1] == loaded.vocab_size
-    else:
-        causal = isinstance(getattr(output, "logits", None), Tensor) or (
-            isinstance(output, (tuple, list)) and isinstance(output[0], Tensor)
-            and output[0].shape[-1] == loaded.vocab_size)
-    return "cross_entropy" if causal else "cosine_distance"
+        return output.shape[-1] == loaded.vocab_size
+    return isinstance(getattr(output, "logits", None), Tensor) or (
+        isinstance(output, (tuple, list)) and isinstance(output[0], Tensor) and output[0].shape[-1] == loaded.vocab_size)
+
+
+def input_kind(loaded: LoadedModel, probe_set: ProbeSet) -> str:
+    """Which of KINDS the model and probe set are: a task set, a causal LM on text, or outputs alone."""
+    if probe_set.scored is not None:
+        return "task"
+    ids, mask = probe_set.batches(1)[0]
+    with torch.no_grad():
+        output = run_model(loaded.model, ids[:1, :2], None if mask is None else mask[:1, :2])
+    return "text" if has_logits(loaded, output) else "outputs"
+
+
+def choose_metric(loaded: LoadedModel, probe_set: ProbeSet, metric: str | Metric | None = None) -> Metric:
+    """The metric of a sweep, a pruning run or an estimate: the one named (of METRICS) or given, checked against the
+    input kind it applies to; None: the metric that declares itself the default for this kind."""
+    kind = input_kind(loaded, probe_set)
+    if metric is None:
+        return next(candidate for candidate in METRICS.values() if kind in candidate.default_for)
+    chosen = metric if isinstance(metric, Metric) else metric_named(metric)
+    if kind not in chosen.applies:
+        usable = [name for name, candidate in METRICS.items() if kind in candidate.applies]
+        raise ProbeError(f"metric {chosen.name} applies to {' or '.join(KINDS[k] for k in chosen.applies)}, not to "
+                         f"{KINDS[kind]}: use one of {', '.join(usable)}", parameter="metric")
+    return chosen
 
 
 def parts_of(probe_set: ProbeSet) -> dict[str, tuple[int, int]]:
@@ -158,8 +218,8 @@ class Scorer:
              baseline: Tensor | None = None) -> Tensor:
         """(copies, parts + 1) float64 sums of the metric over the positions that count."""
         batch = ids.shape[0]
-        if isinstance(output, Final):  # long context: the logits never exist in full
-            values = output.cross_entropy().view(copies, batch, -1).cpu()
+        if isinstance(output, Final):  # long context: the logits never exist in full (a chunkable metric)
+            values = output.values(self.metric.token_values).view(copies, batch, -1).cpu()
             if self.keep is not None:
                 self.keep.append(values)
             return (values.double()[:, None] * masks.cpu()[None]).sum(dim=(2, 3))

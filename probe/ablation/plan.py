@@ -10,6 +10,7 @@ from pathlib import Path
 from torch import Tensor, nn
 
 from probe.ablation.heads import Ablation
+from probe.ablation.methods import METHODS, AblationMethod
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 
@@ -24,13 +25,20 @@ def check_probe_set(probe_set: ProbeSet) -> None:
         raise ProbeError("the probe data needs at least one sequence of at least 2 tokens (a next token to predict)")
 
 
-def check_sources(probe_set: ProbeSet, method: str) -> None:
-    """A probe set whose encoder reads sources of its own (probe.pairs) runs zero and window ablation only: mean and
-    resample average head outputs over the target's positions, which the encoder's are not; estimate and prune do
-    not pass sources."""
-    if probe_set.source_ids is not None and method not in ("zero", "window"):
-        raise ProbeError(f"source/target pairs are swept with method zero or window, not {method}: their encoder "
-                         "reads positions of its own", parameter="method")
+def check_sources(probe_set: ProbeSet, method: type[AblationMethod]) -> None:
+    """A probe set whose encoder reads sources of its own (probe.pairs) runs no method that reads other sequences'
+    values at the same positions (mean, resample): those are the target's positions, which the encoder's are not."""
+    if probe_set.source_ids is not None and method.across_sequences:
+        usable = [name for name, entry in METHODS.items() if not entry.across_sequences]
+        raise ProbeError(f"source/target pairs are swept with method {' or '.join(usable)}, not {method.name}: their "
+                         "encoder reads positions of its own", parameter="method")
+
+
+def refuse_sources(probe_set: ProbeSet, what: str) -> None:
+    """Prune and the estimate do not pass an encoder's own sources."""
+    if probe_set.source_ids is not None:
+        raise ProbeError(f"source/target pairs are swept (zero or window ablation), not run through {what}: its "
+                         "passes do not give the encoder its own sources", parameter="method")
 
 
 def data_name(probe_set: ProbeSet, data: str | Path | None) -> str:

@@ -29,10 +29,9 @@ from torch import Tensor
 from probe.ablation.editor import head_editor
 from probe.ablation.heads import Head, label, layer_shape
 from probe.ablation.logits import Readout
-from probe.ablation.means import head_means
-from probe.ablation.methods import AblationMethod, method_named
-from probe.ablation.metrics import METRICS, Metric, Scorer, losses, metric_for, parts_of
-from probe.ablation.plan import check_probe_set, check_sources, data_name
+from probe.ablation.methods import AblationMethod, build_method
+from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
+from probe.ablation.plan import check_probe_set, data_name, refuse_sources
 from probe.ablation.runners import Batch, NaiveRunner
 from probe.ablation.sweep import sweep
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
@@ -128,7 +127,7 @@ class _Evaluator:
                  batch_size: int) -> None:
         pairs = probe_set.batches(batch_size)
         self.scorer = Scorer(metric, parts_of(probe_set))
-        readout = Readout.choose(loaded.model, metric.name, None)
+        readout = Readout.choose(loaded.model, metric.chunkable, None)
         self.runner = NaiveRunner(loaded.model, method, self.scorer, readout,
                                   [Batch(ids, mask, self.scorer.masks(ids, mask)) for ids, mask in pairs])
         self.counts = torch.stack([b.counted.sum(dim=(1, 2)) for b in self.runner.batches]).sum(dim=0).double()
@@ -262,18 +261,6 @@ def _limit(baseline: float, max_increase: float | None, relative: bool) -> float
     return baseline * (1 + max_increase) if relative else baseline + max_increase
 
 
-def _resolve_metric(loaded: LoadedModel, probe_set: ProbeSet, metric: str | Metric | None) -> Metric:
-    """The Metric object: given, named in METRICS, or (None) the loss as sweeps choose it."""
-    if metric is None:
-        ids, mask = probe_set.batches(1)[0]
-        with torch.no_grad():
-            metric = metric_for(loaded, run_model(loaded.model, ids[:, :2], None if mask is None else mask[:, :2]))
-    chosen = METRICS[metric] if isinstance(metric, str) and metric in METRICS else metric
-    if not isinstance(chosen, Metric):
-        raise ProbeError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)} or a Metric", parameter="metric")
-    return chosen
-
-
 @dataclass
 class _Run:
     """What the orderings share: the evaluator, the units, and the passes and seconds spent."""
@@ -310,22 +297,23 @@ class _Run:
 def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] = ORDERINGS, step: float = 0.1,
           max_increase: float | None = None, relative: bool = True, seeds: Sequence[int] = (0, 1, 2),
           method: str | AblationMethod = "zero", metric: str | Metric | None = None, kv_groups: bool = False,
-          batch_size: int = 8, data: str | None = None, eval_set: ProbeSet | None = None,
+          method_seed: int = 0, batch_size: int = 8, data: str | None = None, eval_set: ProbeSet | None = None,
           eval_data: str | None = None, progress: Callable[[int, int], None] | None = None) -> PruneResult:
     """Pruning curves (see the module docstring): for each ordering, remove `step` of the units per step, measure
-    the metric with all removed heads ablated together (`method`: a name of METHODS or an AblationMethod), until it
-    rises past `max_increase` (relative to the baseline, or absolute with `relative=False`) or everything is gone.
-    `metric`: a Metric object or a name of METRICS (default: the loss, as sweeps choose it). `eval_set`: measure
+    the metric with all removed heads ablated together (`method`: a name of METHODS, built with the statistics it
+    reads over `probe_set` and `method_seed`, or an AblationMethod), until it rises past `max_increase` (relative to the
+    baseline, or absolute with `relative=False`) or everything is gone. `metric`: a Metric object or a name of
+    METRICS (default: the loss, as sweeps choose it: `choose_metric`). `eval_set`: measure
     the losses there instead of on `probe_set`, where the orderings are chosen (a held-out check: an order chosen on
     a small sample overfits it)."""
     started = time.perf_counter()
     check_probe_set(probe_set)
-    check_sources(probe_set, "prune")
-    chosen_metric = _resolve_metric(loaded, probe_set, metric)
+    refuse_sources(probe_set, "prune")
+    chosen_metric = choose_metric(loaded, probe_set, metric)
     check_prune_options(orderings, step, max_increase, seeds)
     _check_metric(orderings, chosen_metric)
-    means = head_means(loaded, probe_set, batch_size=batch_size) if method == "mean" else None
-    evaluator = _Evaluator(loaded, probe_set, method_named(method, means), chosen_metric, batch_size)
+    chosen = build_method(method, loaded, probe_set, seed=method_seed, batch_size=batch_size)
+    evaluator = _Evaluator(loaded, probe_set, chosen, chosen_metric, batch_size)
     measure = evaluator
     if eval_set is not None:
         check_probe_set(eval_set)

@@ -29,14 +29,14 @@ from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
 from probe.ablation import logits as readouts
 from probe.ablation.logits import Readout
-from probe.ablation.means import HeadMeans, head_means
-from probe.ablation.methods import AblationMethod, check_method, method_named
-from probe.ablation.metrics import METRICS, Metric, Scorer, losses, metric_for, parts_of
+from probe.ablation.methods import AblationMethod, build_method, method_class
+from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
 from probe.ablation.plan import assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
+from probe.ablation.statistics import HeadStatistics
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
-from probe.attention import attention_layers, run_model
+from probe.attention import attention_layers
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
@@ -64,23 +64,20 @@ class _Work:
 
 
 def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stack: int | None) -> None:
-    if not isinstance(method, AblationMethod):
-        check_method(method)
+    chosen = method_class(method)
     if mode not in MODES:
         raise ProbeError(f"unknown sweep mode {mode!r}: use one of {', '.join(MODES)}", parameter="mode")
     check_probe_set(probe_set)
-    check_sources(probe_set, "estimate" if mode == "estimate" else getattr(method, "name", str(method)))
+    if mode != "estimate":  # the estimate checks the sources itself
+        check_sources(probe_set, chosen)
     if stack is not None and stack < 1:
         raise ProbeError(f"stack must be at least 1, got {stack}", parameter="stack")
 
 
-def _check_estimate(probe_set: ProbeSet, method: str | AblationMethod, groups: Sequence[Sequence[Head]]) -> None:
-    if getattr(method, "name", method) != "zero" or groups:
-        raise ProbeError("mode 'estimate' covers single-head zero ablation: use method 'zero' and no groups",
-                         parameter="mode")
-    if probe_set.scored is not None:
-        raise ProbeError("mode 'estimate' linearises the next-token loss of text, not a task's margin: run the exact "
-                         "sweep (method zero, mean or resample) on a task", parameter="mode")
+def _check_estimate(method: str | AblationMethod, groups: Sequence[Sequence[Head]]) -> None:
+    if not method_class(method).estimable or groups:
+        raise ProbeError("mode 'estimate' linearises single-head ablations of a method it can linearise (zero): use "
+                         "method 'zero' and no groups", parameter="mode")
 
 
 def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]]) -> list[Ablation]:
@@ -94,27 +91,15 @@ def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequen
     return ablations
 
 
-def _method(loaded: LoadedModel, probe_set: ProbeSet, method: str | AblationMethod, means: HeadMeans | None,
-            batch_size: int) -> AblationMethod:
-    """The method object; mean ablation without given means takes them over the probe set itself."""
-    if method == "mean" and means is None:
-        means = head_means(loaded, probe_set, batch_size=batch_size)
-    return method_named(method, means)
-
-
-def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, batch_size: int,
-            ablations: list[Ablation]) -> tuple[Runner, int]:
+def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
+            batch_size: int, ablations: list[Ablation]) -> tuple[Runner, int]:
     """The runner of this sweep (prefix reuse where the model has a block list) and its blocks per forward."""
     model = loaded.model
     pairs = probe_set.batches(batch_size)
-    ids, mask = pairs[0]
-    with torch.no_grad():
-        first_output = run_model(model, ids[:1, :2], None if mask is None else mask[:1, :2])
-    metric = "task_margin" if probe_set.scored is not None else metric_for(loaded, first_output)
-    scorer = Scorer(METRICS[metric], parts_of(probe_set))
+    scorer = Scorer(metric, parts_of(probe_set))
     layers = attention_layers(model)
     blocks, why_not = (None, "") if mode == "naive" else find_blocks(model, layers)
-    readout = Readout.choose(model, "cross_entropy" if metric == "task_margin" else metric, blocks)
+    readout = Readout.choose(model, metric.chunkable, blocks)
     scored = [None if probe_set.scored is None else probe_set.scored[i * batch_size:i * batch_size + len(ids)]
               for i, (ids, _) in enumerate(pairs)]
     sources = probe_set.sources(batch_size)
@@ -273,6 +258,16 @@ def _start(loaded: LoadedModel, probe_set: ProbeSet, chosen: AblationMethod, run
     return base, header, finished
 
 
+def _result(loaded: LoadedModel, chosen: AblationMethod, runner: Runner, header: dict[str, Any], base: _Baseline,
+            finished: _Finished, ablations: list[Ablation], started: float) -> AblationResult:
+    return AblationResult(
+        model=loaded.name, method=chosen.name, data=header["data"], metric=header["metric"], baseline_loss=base.loss,
+        results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
+        n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
+        baseline_parts=base.parts, probe_set=header["probe_set"], mean=header["mean"],
+        seconds=time.perf_counter() - started, task=base.task, layer_names=header.get("layer_names"))
+
+
 def sweep(
     loaded: LoadedModel,
     probe_set: ProbeSet,
@@ -280,8 +275,10 @@ def sweep(
     *,
     groups: Sequence[Sequence[Head]] = (),
     method: str | AblationMethod = "zero",
+    metric: str | Metric | None = None,
     mode: str = "exact",
-    means: HeadMeans | None = None,
+    statistics: HeadStatistics | None = None,
+    seed: int = 0,
     batch_size: int = 8,
     stack: int | None = None,
     results_path: str | Path | None = None,
@@ -294,23 +291,25 @@ def sweep(
     """Ablate each head of `heads` alone (default: every head) and each group of `groups` together; measure the
     metric for each against the unablated baseline.
 
-    `method` is a name of METHODS or an AblationMethod object (a method of your own). `mode` "exact" reuses the
-    baseline's prefix and stacks `stack` ablations per forward (default: as many of one layer as fit in STACK_BYTES);
-    "naive" runs one full forward per ablation; "estimate" calls `estimate`. `results_path` streams each finished
-    ablation to a JSON-lines file; `resume` skips what that file holds (refusing another model, dtype or probe set).
-    Disjoint subsets of heads can run in separate processes and be merged with `load_results`; `shard=(rank, world)`
-    runs only this process's share of the chunks (probe.distributed): merged shards equal one process's sweep.
+    `method` is a name of METHODS (built with what it declares: `statistics` it reads, taken over the probe set when
+    not given; `seed`) or an AblationMethod object. `metric` is a name of METRICS or a Metric (default: the one for
+    this input, `choose_metric`). `mode` "exact" reuses the baseline's prefix and stacks `stack` ablations per
+    forward (default: as many of one layer as fit in STACK_BYTES); "naive" runs one full forward per ablation;
+    "estimate" calls `estimate`. `results_path` streams each finished ablation to a JSON-lines file; `resume` skips
+    what that file holds (refusing another model, dtype or probe set). `shard=(rank, world)` runs only this
+    process's share of the chunks (probe.distributed): merged shards equal one process's sweep.
     """
     started, progress = time.perf_counter(), callback(progress, "ablating heads")  # True: a bar on stderr
     _validate(probe_set, method, mode, stack)
     ablations = _ablations(loaded, heads, groups)
     if mode == "estimate":
-        _check_estimate(probe_set, method, groups)
-        return estimate(loaded, probe_set, [a[0] for a in ablations], batch_size=batch_size, data=data,
+        _check_estimate(method, groups)
+        return estimate(loaded, probe_set, [a[0] for a in ablations], metric=metric, batch_size=batch_size, data=data,
                         progress=progress)
+    chosen_metric = choose_metric(loaded, probe_set, metric)
     _check_resume(loaded, probe_set, results_path if resume else None)
-    chosen = _method(loaded, probe_set, method, means, batch_size)
-    runner, n_blocks = _runner(loaded, probe_set, mode, chosen, batch_size, ablations)
+    chosen = build_method(method, loaded, probe_set, statistics=statistics, seed=seed, batch_size=batch_size)
+    runner, n_blocks = _runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
     chosen.bind([int(batch.ids.shape[0]) for batch in runner.batches])
     work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
     base, header, finished = _start(loaded, probe_set, chosen, runner, work, n_blocks, data, results_path, resume,
@@ -324,9 +323,4 @@ def sweep(
         scope.enter_context(torch.inference_mode())  # ~2% quicker than no_grad on CPU: no version counters
         scope.callback(finished.close)
         _run(runner, todo, work, n_blocks, finished.add_chunk)
-    return AblationResult(
-        model=loaded.name, method=chosen.name, data=header["data"], metric=header["metric"], baseline_loss=base.loss,
-        results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
-        n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
-        baseline_parts=base.parts, probe_set=header["probe_set"], mean=header["mean"],
-        seconds=time.perf_counter() - started, task=base.task, layer_names=header.get("layer_names"))
+    return _result(loaded, chosen, runner, header, base, finished, ablations, started)

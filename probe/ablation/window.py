@@ -16,8 +16,7 @@ import torch
 from torch import Tensor
 
 from probe.ablation.heads import Ablation, heads_by_layer
-from probe.ablation.methods import METHODS, AblationMethod
-from probe.ablation.means import HeadMeans
+from probe.ablation.methods import AblationMethod, register_method
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, window_keys
 from probe.hooks.restricted import Layout, block_layout, restricted_attention
@@ -41,12 +40,15 @@ class PatternAblation(AblationMethod):
         return heads  # the output is the head's own, computed over the allowed keys
 
 
+@register_method
 class WindowAblation(PatternAblation):
     """The head sees only the first `sink` keys and the `recent` most recent ones (its own included)."""
 
     name = "window"
+    summary = (f"restrict the head to the first {DEFAULT_SINK} and the {DEFAULT_RECENT} most recent keys (a "
+               "StreamingLLM cache)")
 
-    def __init__(self, means: HeadMeans | None = None, *, sink: int = DEFAULT_SINK,
+    def __init__(self, *, sink: int = DEFAULT_SINK,
                  recent: int = DEFAULT_RECENT) -> None:
         if sink < 0 or recent < 1:
             raise ProbeError(f"a window needs sink >= 0 and recent >= 1 keys, got sink {sink}, recent {recent}",
@@ -105,5 +107,3 @@ class RestrictedHeads:
             output[rows, :, chosen] = restricted_attention(inputs, rows, chosen, self._layout(inputs)).to(output.dtype)
         return output
 
-
-METHODS.setdefault("window", WindowAblation)

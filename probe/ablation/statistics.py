@@ -1,0 +1,148 @@
+"""Reference statistics of every head's output over a reference set, for the methods that replace a head's output
+with a statistic of it (mean ablation, noise ablation). One collector serves every such method: a method declares
+the statistics it reads (`AblationMethod.statistics`), and `head_statistics` takes them all in one forward pass.
+
+A statistic is a registry entry (`STATISTICS`): the power sums it needs and how to finish them into a value. A new
+statistic is one entry here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from probe.attention import attention_hooks, run_model
+from probe.data import ProbeSet, real_tokens
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+
+
+@dataclass(frozen=True)
+class Statistic:
+    """A statistic of a head's output over positions: the power sums sum(x^k) it needs (k in `powers`), finished
+    into its value by `finish(moments)` where moments[k] = sum(x^k) / count."""
+
+    name: str
+    powers: tuple[int, ...]
+    finish: Callable[[dict[int, Tensor]], Tensor]
+
+
+STATISTICS: dict[str, Statistic] = {statistic.name: statistic for statistic in (
+    Statistic("mean", (1,), lambda moments: moments[1]),
+)}
+"""Statistics by name; a method names the ones it reads."""
+
+
+@dataclass
+class HeadStatistics:
+    """Statistics of every head of every layer over a reference set: statistic -> layer -> (heads, head_dim), or with
+    `per_position` layer -> (positions, heads, head_dim)."""
+
+    stats: dict[str, dict[int, Tensor]]
+    per_position: bool
+    source: str  # what the statistics were taken over, for reports
+
+    @property
+    def values(self) -> dict[int, Tensor]:
+        """The means (mean ablation's reference values)."""
+        return self.stats["mean"]
+
+    def describe(self, names: Sequence[str] | None = None) -> str:
+        """E.g. "mean over all positions of natural text", "per-position mean and std of ..."."""
+        listed = " and ".join(names or self.stats)
+        return f"per-position {listed} of {self.source}" if self.per_position else \
+            f"{listed} over all positions of {self.source}"
+
+    def at(self, name: str, layer: int, heads: Tensor) -> Tensor:
+        """Statistic `name` of `layer`, broadcastable to `heads` (batch, positions, n_heads, head_dim)."""
+        value = self.stats[name][layer]
+        if self.per_position:
+            if value.shape[0] < heads.shape[1]:
+                raise ProbeError(f"per-position statistics cover {value.shape[0]} positions, the input has "
+                                 f"{heads.shape[1]}: take them over sequences at least as long")
+            value = value[: heads.shape[1]]
+        return value.to(device=heads.device, dtype=heads.dtype)
+
+    def check_holds(self, names: Sequence[str], method: str) -> None:
+        missing = [name for name in names if name not in self.stats]
+        if missing:
+            raise ProbeError(f"{method} ablation reads the heads' {', '.join(missing)}, which the statistics given do "
+                             f"not hold: take them with head_statistics(..., names={tuple(names)!r})",
+                             parameter="statistics")
+
+    def add_to_fingerprint(self, digest: "hashlib._Hash", names: Sequence[str]) -> None:
+        digest.update(str(self.per_position).encode())
+        for name in names:
+            for layer in sorted(self.stats[name]):
+                digest.update(self.stats[name][layer].cpu().contiguous().numpy().tobytes())
+
+
+HeadMeans = HeadStatistics
+"""The name mean ablation's statistics had before there were others."""
+
+
+class _Sums:
+    """Float64 power sums of head outputs and counts of the positions that count, per layer and power."""
+
+    def __init__(self, powers: set[int], per_position: bool) -> None:
+        self.powers, self.per_position = sorted(powers), per_position
+        self.sums: dict[tuple[int, int], Tensor] = {}  # (layer, power) -> sums
+        self.counts: dict[int, Tensor] = {}
+        self.valid: Tensor | None = None  # (batch, positions) of the batch running
+
+    def record(self, layer: int, heads: Tensor) -> Tensor:
+        """An edit_heads function that changes nothing. heads: (batch, positions, n_heads, head_dim)."""
+        assert self.valid is not None
+        valid = self.valid.to(heads.device)
+        values = heads.detach().double() * valid[:, :, None, None]
+        reduce = (0,) if self.per_position else (0, 1)  # -> (positions, n_heads, head_dim) or (n_heads, head_dim)
+        count = valid.sum(dim=reduce).double()
+        self._add(self.counts, layer, count)
+        for power in self.powers:
+            self._add(self.sums, (layer, power), (values if power == 1 else values ** power).sum(dim=reduce))
+        return heads
+
+    def _add(self, into: dict, key: object, total: Tensor) -> None:
+        if key not in into:
+            into[key] = torch.zeros_like(total)
+        if self.per_position and total.shape[0] > into[key].shape[0]:  # a longer batch than the ones before: grow
+            grow = total.shape[0] - into[key].shape[0]
+            into[key] = F.pad(into[key], (0, 0) * (total.dim() - 1) + (0, grow))
+        if self.per_position:
+            into[key][: total.shape[0]] += total
+        else:
+            into[key] += total
+
+    def moments(self, layer: int) -> dict[int, Tensor]:
+        count = self.counts[layer].clamp(min=1)
+        if self.per_position:
+            count = count[:, None, None]
+        return {power: self.sums[(layer, power)] / count for power in self.powers}
+
+
+def head_statistics(loaded: LoadedModel, reference: ProbeSet, names: Sequence[str] = ("mean",), *,
+                    per_position: bool = False, batch_size: int = 8) -> HeadStatistics:
+    """The statistics `names` (of STATISTICS) of every head's output over the reference set: one forward pass over
+    it, nothing changed."""
+    unknown = [name for name in names if name not in STATISTICS]
+    if unknown:
+        raise ProbeError(f"unknown statistic {unknown[0]!r}: use some of {', '.join(STATISTICS)}", parameter="names")
+    sums = _Sums({power for name in names for power in STATISTICS[name].powers}, per_position)
+    with torch.no_grad(), attention_hooks(loaded.model, edit_heads=sums.record):
+        for ids, mask in reference.batches(batch_size):
+            sums.valid = real_tokens(ids, mask)
+            run_model(loaded.model, ids, mask)
+    stats = {name: {layer: STATISTICS[name].finish(sums.moments(layer)).float() for layer in sums.counts}
+             for name in names}
+    return HeadStatistics(stats, per_position, reference.description)
+
+
+def head_means(loaded: LoadedModel, reference: ProbeSet, *, per_position: bool = False,
+               batch_size: int = 8) -> HeadStatistics:
+    """Every head's mean output over the reference set (mean ablation's reference values)."""
+    return head_statistics(loaded, reference, ("mean",), per_position=per_position, batch_size=batch_size)
