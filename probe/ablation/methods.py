@@ -71,6 +71,17 @@ class AblationMethod:
         resumed sweep can tell two sweeps of this method apart."""
 
 
+METHODS: dict[str, type[AblationMethod]] = {}
+"""Ablation methods by name; a new method is one class registered here (`register_method`)."""
+
+
+def register_method(method: type[AblationMethod]) -> type[AblationMethod]:
+    """Register a method class under its name (usable as a class decorator)."""
+    METHODS[method.name] = method
+    return method
+
+
+@register_method
 class ZeroAblation(AblationMethod):
     name = "zero"
     summary = "set the head's output to 0"
@@ -101,6 +112,7 @@ class StatisticAblation(AblationMethod):
         self.reference.add_to_fingerprint(digest, self.statistics)
 
 
+@register_method
 class MeanAblation(StatisticAblation):
     name = "mean"
     summary = "set the head's output to its mean over the probe data"
@@ -120,6 +132,7 @@ def derangement(rows: int, generator: torch.Generator) -> Tensor:
     return donors
 
 
+@register_method
 class ResampleAblation(AblationMethod):
     """Each sequence's head output replaced by the same head's output on another sequence of its batch (at the
     same positions), the donor fixed per batch by a derangement seeded with `seed` and the batch's index."""
@@ -168,20 +181,6 @@ class ResampleAblation(AblationMethod):
         digest.update(str(self.seed).encode())
         for index in sorted(key for key in self.donors if key is not None):
             digest.update(self.donors[index].numpy().tobytes())
-
-
-METHODS: dict[str, type[AblationMethod]] = {}
-"""Ablation methods by name; a new method is one class registered here (`register_method`)."""
-
-
-def register_method(method: type[AblationMethod]) -> type[AblationMethod]:
-    """Register a method class under its name (usable as a class decorator)."""
-    METHODS[method.name] = method
-    return method
-
-
-for _method in (ZeroAblation, MeanAblation, ResampleAblation):
-    register_method(_method)
 
 
 def check_method(name: str) -> None:

@@ -75,6 +75,17 @@ class Metric:
         return self.description
 
 
+METRICS: dict[str, Metric] = {}
+"""Metrics by name; a new metric is one class registered here (`register_metric`)."""
+
+
+def register_metric(metric: type[Metric]) -> type[Metric]:
+    """Register (an instance of) a metric class under its name (usable as a class decorator)."""
+    METRICS[metric.name] = metric()
+    return metric
+
+
+@register_metric
 class CrossEntropy(Metric):
     name = "cross_entropy"
     description = "mean next-token cross-entropy over all predicted tokens (padding excluded)"
@@ -88,6 +99,7 @@ class CrossEntropy(Metric):
                                reduction="none").view(targets.shape)
 
 
+@register_metric
 class CosineDistance(Metric):
     name = "cosine_distance"
     description = ("mean over positions of 1 - cosine similarity of the final outputs (last hidden states, or "
@@ -103,6 +115,7 @@ class CosineDistance(Metric):
         return 1.0 - F.cosine_similarity(output.float(), baseline.to(output.device).float(), dim=-1)
 
 
+@register_metric
 class TaskMargin(CrossEntropy):
     """Rows of a task set come in pairs (good, bad), each scored on its sentence's tokens or its answer token."""
 
@@ -120,20 +133,6 @@ class TaskMargin(CrossEntropy):
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
         margins = rows[1::2] - rows[0::2]  # cross-entropy sums: bad - good = log P(good) - log P(bad)
         return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
-
-
-METRICS: dict[str, Metric] = {}
-"""Metrics by name; a new metric is one class registered here (`register_metric`)."""
-
-
-def register_metric(metric: type[Metric]) -> type[Metric]:
-    """Register (an instance of) a metric class under its name (usable as a class decorator)."""
-    METRICS[metric.name] = metric()
-    return metric
-
-
-for _metric in (CrossEntropy, CosineDistance, TaskMargin):
-    register_metric(_metric)
 
 
 def metric_named(name: str) -> Metric:
