@@ -10,12 +10,14 @@ from conftest import run_cli
 from test_specific import WORDS, words_loaded, write_rows
 from words import PROMPTS
 
-from probe.ablate import sweep
-from probe.ablation import logits as readouts
-from probe.ablation.methods import ResampleAblation, derangement
-from probe.tasks import task_set
-
 import torch
+
+from probe.ablate import ablate, sweep
+from probe.ablation import logits as readouts
+from probe.ablation.methods import NoiseAblation, build_method, derangement
+from probe.ablation.statistics import head_statistics
+from probe.attention import run_model
+from probe.tasks import task_set
 
 
 def test_a_long_task_set_scores_the_task_margin_as_the_short_path_does(tmp_path: Path, monkeypatch) -> None:
@@ -65,3 +67,68 @@ def test_a_metric_the_chunked_readout_cannot_serve_is_read_from_full_logits(monk
                  batch_size=2)
     assert long.baseline_loss == pytest.approx(short.baseline_loss, abs=1e-6) == 0.0
     assert [s.loss for s in long.curves[0].steps] == pytest.approx([s.loss for s in short.curves[0].steps], abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# noise ablation: a method that reads a statistic of its own (std), added as one class and one statistic
+
+
+def head_slices(model: torch.nn.Module, ids: torch.Tensor, layer: int, head: int, head_dim: int) -> torch.Tensor:
+    """(tokens, head_dim) one head's input slice to the output projection at every position: a plain pre-hook."""
+    from test_ablate import projection
+
+    module, _ = projection(model, layer)
+    seen = []
+    handle = module.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+    with torch.no_grad():
+        run_model(model, ids)
+    handle.remove()
+    return seen[0].reshape(-1, seen[0].shape[-1])[:, head * head_dim:(head + 1) * head_dim]
+
+
+def test_noise_ablation_is_the_mean_plus_seeded_noise_of_the_heads_std() -> None:
+    from test_ablate import planted_loaded, projection, small_set
+
+    loaded = planted_loaded()
+    model, probe_set, head_dim = loaded.model, small_set(loaded), 256
+    statistics = head_statistics(loaded, probe_set, ("mean", "std"), batch_size=8)
+    values = head_slices(model, probe_set.input_ids, 1, 2, head_dim)
+    torch.testing.assert_close(statistics.stats["mean"][1][2], values.mean(dim=0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(statistics.stats["std"][1][2], values.std(dim=0, unbiased=False), atol=1e-5, rtol=1e-4)
+    method = build_method("noise", loaded, probe_set, seed=5)
+    assert isinstance(method, NoiseAblation) and method.seed == 5
+    shape = (*probe_set.input_ids.shape, 4, head_dim)
+    draws = method.noise(1, torch.Size(shape), 0)
+    assert torch.equal(draws, method.noise(1, torch.Size(shape), 0))  # fixed: every run of an ablation sees the same
+    assert not torch.equal(draws, NoiseAblation(statistics, seed=6).noise(1, torch.Size(shape), 0))
+    assert abs(float(draws.mean())) < 0.05 and abs(float(draws.std()) - 1) < 0.05
+    outside_a_sweep = method.noise(1, torch.Size(shape), None)  # ablate() runs no batch of a sweep
+    expected = values.mean(dim=0) + values.std(dim=0, unbiased=False) * outside_a_sweep[..., 2, :].reshape(-1, head_dim)
+    module, _ = projection(model, 1)
+    seen = []
+    with ablate(model, [(1, 2)], method=method):  # probe's edit is a pre-hook too: this one runs after it
+        handle = module.register_forward_pre_hook(lambda _m, args: seen.append(args[0].detach()))
+        with torch.no_grad():
+            run_model(model, probe_set.input_ids)
+        handle.remove()
+    replaced = seen[0].reshape(-1, seen[0].shape[-1])[:, 2 * head_dim:3 * head_dim]
+    torch.testing.assert_close(replaced, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_noise_ablation_exact_equals_naive_and_the_cli_takes_it(tmp_path: Path, capsys, monkeypatch) -> None:
+    from test_ablate import PLANTED, planted_loaded, small_set
+
+    loaded = planted_loaded()
+    probe_set = small_set(loaded, seqs=4)
+    exact = sweep(loaded, probe_set, method="noise", batch_size=2, seed=1)
+    naive = sweep(loaded, probe_set, method="noise", mode="naive", batch_size=2, seed=1)
+    mean = sweep(loaded, probe_set, method="mean", batch_size=2)
+    assert exact.path.startswith("exact") and exact.method == "noise" and "noise seed 1" in exact.mean
+    assert [r.loss for r in exact.results] == pytest.approx([r.loss for r in naive.results], abs=1e-5)
+    assert any(a.loss != pytest.approx(b.loss, abs=1e-4) for a, b in zip(exact.results, mean.results))
+    out = tmp_path / "noise.json"
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, "--method", "noise", "--per-position", "--heads",
+                               "0.1,1.2", "--json", str(out)], capsys, monkeypatch)
+    assert code == 0, stderr
+    payload = json.loads(out.read_text())
+    assert payload["method"] == "noise" and "per-position mean and std" in payload["mean"]

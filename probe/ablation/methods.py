@@ -123,6 +123,43 @@ class MeanAblation(StatisticAblation):
         return self.reference.at("mean", layer, heads)  # (n_heads, head_dim), or (positions, n_heads, head_dim)
 
 
+@register_method
+class NoiseAblation(StatisticAblation):
+    """The head's mean output plus Gaussian noise of its standard deviation, per element and position: the head's
+    output replaced by a draw that matches its first two moments but carries none of the input's information (the
+    Gaussian corruption of Meng et al. 2022's causal tracing, applied to a head's output instead of the embeddings).
+    The noise is fixed by `seed`, the layer and the batch's index, so that every run of one ablation sees the same."""
+
+    name = "noise"
+    summary = "set the head's output to its mean plus seeded Gaussian noise of its standard deviation"
+    statistics = ("mean", "std")
+    across_sequences = True
+
+    def __init__(self, statistics: HeadStatistics | None, seed: int = 0) -> None:
+        super().__init__(statistics)
+        self.seed = seed
+
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        return cls(inputs.statistics, seed=inputs.seed)
+
+    def noise(self, layer: int, shape: torch.Size, batch: int | None) -> Tensor:
+        """Standard normal draws of `shape` (batch, positions, n_heads, head_dim), fixed by seed, layer and batch."""
+        seed = (self.seed * 1_000_003 + layer) * 1_000_003 + (0 if batch is None else batch + 1)
+        return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+        noise = self.noise(layer, heads.shape, batch).to(device=heads.device, dtype=heads.dtype)
+        return self.reference.at("mean", layer, heads) + self.reference.at("std", layer, heads) * noise
+
+    def describe(self) -> str | None:
+        return f"{super().describe()}, noise seed {self.seed}"
+
+    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+        super().add_to_fingerprint(digest)
+        digest.update(f"noise seed {self.seed}".encode())
+
+
 def derangement(rows: int, generator: torch.Generator) -> Tensor:
     """(rows,) donor index of each row, never the row itself: a random permutation read as one cycle (each row
     takes the next one's values), so it is a derangement for any rows >= 2."""
