@@ -132,3 +132,51 @@ def test_noise_ablation_exact_equals_naive_and_the_cli_takes_it(tmp_path: Path, 
     assert code == 0, stderr
     payload = json.loads(out.read_text())
     assert payload["method"] == "noise" and "per-position mean and std" in payload["mean"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the kl metric: a metric that reads full distributions, added as one class
+
+
+def test_the_kl_metric_equals_a_hand_computation_and_is_chosen_by_name(tmp_path: Path, capsys, monkeypatch) -> None:
+    from conftest import tiny_loaded
+    from test_ablate import PLANTED, small_set, weights_zeroed
+
+    from probe.attention import logits_of
+
+    loaded = tiny_loaded("llama_gqa")
+    probe_set = small_set(loaded, seqs=4)
+    ids = probe_set.input_ids
+    heads = [(0, 1), (1, 3)]
+    exact = sweep(loaded, probe_set, heads, metric="kl", batch_size=2)
+    naive = sweep(loaded, probe_set, heads, metric="kl", mode="naive", batch_size=2)
+    assert exact.metric == "kl" and exact.baseline_loss == 0.0 and exact.path.startswith("exact")
+    with torch.no_grad():
+        clean = logits_of(run_model(loaded.model, ids)).double()[:, :-1].log_softmax(-1)
+    for entry, reference in zip(exact.results, naive.results):
+        with weights_zeroed(loaded.model, list(entry.heads), 16), torch.no_grad():
+            ablated = logits_of(run_model(loaded.model, ids)).double()[:, :-1].log_softmax(-1)
+        by_hand = float((clean.exp() * (clean - ablated)).sum(-1).mean())
+        assert entry.loss == pytest.approx(by_hand, abs=1e-6) and entry.loss > 0
+        assert reference.loss == pytest.approx(entry.loss, abs=1e-6)
+    out = tmp_path / "kl.json"
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, "--metric", "kl", "--heads", "0.1,1.2", "--json",
+                               str(out)], capsys, monkeypatch)
+    assert code == 0, stderr
+    assert json.loads(out.read_text())["metric"] == "kl"
+
+
+def test_a_metric_outside_its_input_kind_is_one_line(capsys, monkeypatch) -> None:
+    from conftest import tiny_loaded
+    from test_ablate import small_set
+
+    from probe.errors import ProbeError
+
+    loaded = tiny_loaded("bert")
+    with pytest.raises(ProbeError, match="metric kl applies to a causal LM's next-token predictions on text or a "
+                                         "task set's scored positions, not to a model without next-token logits"):
+        sweep(loaded, small_set(loaded), [(0, 1)], metric="kl")
+    code, _, stderr = run_cli(["ablate", "--model", "tests/words.py:tiny_with_words", "--metric", "entropy"], capsys,
+                              monkeypatch)
+    assert code == 2 and "--metric 'entropy': use one of cross_entropy, cosine_distance, task_margin, kl" in stderr
+    assert len(stderr.strip().splitlines()) == 1

@@ -135,6 +135,26 @@ class TaskMargin(CrossEntropy):
         return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
 
 
+@register_metric
+class KLDivergence(Metric):
+    """KL(p_unablated || p_ablated) of the next-token distributions: how far the ablation moves what the model
+    predicts, whichever token comes (the KL-to-the-clean-model measure of Conmy et al. 2023, ACDC)."""
+
+    name = "kl"
+    description = ("mean over predicted positions of KL(p_unablated || p_ablated) of the next-token distributions; "
+                   "the baseline is 0")
+    shift = 1
+    reads = "the full next-token distributions, against the unablated model's"
+    applies = ("text", "task")
+    compares = True
+
+    def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
+        assert baseline is not None
+        reference = baseline[:, :-1].to(output.device).float().log_softmax(-1)  # (batch, positions - 1, vocab)
+        ablated = output[:, :-1].float().log_softmax(-1)
+        return (reference.exp() * (reference - ablated)).sum(dim=-1)
+
+
 def metric_named(name: str) -> Metric:
     if name not in METRICS:
         raise ProbeError(f"unknown metric {name!r}: use one of {', '.join(METRICS)}", parameter="metric")
