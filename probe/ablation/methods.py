@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from probe.ablation.statistics import HeadStatistics, head_statistics
+from probe.ablation.statistics import HeadOutputs, HeadStatistics, head_statistics
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -158,6 +158,30 @@ class NoiseAblation(StatisticAblation):
     def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
         super().add_to_fingerprint(digest)
         digest.update(f"noise seed {self.seed}".encode())
+
+
+class PatchAblation(AblationMethod):
+    """Activation patching: each ablated head's output replaced by its output on the same row of another run, the
+    source (Vig et al. 2020; Meng et al. 2022; Wang et al. 2022; denoising when the sweep runs on the corrupted
+    prompts and the source is the clean run, noising the other way round; Heimersheim & Nanda 2024). Not a
+    `--method` of `probe ablate` (it needs a source run: `probe patch`), so not in METHODS: built from the source's
+    head outputs, `PatchAblation(head_outputs(loaded, source))`."""
+
+    name = "patch"
+    summary = "set the head's output to its output on the same row of a source run (activation patching)"
+    across_sequences = True
+
+    def __init__(self, source: HeadOutputs) -> None:
+        self.source = source
+
+    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+        return self.source.at(layer, heads, batch)
+
+    def describe(self) -> str | None:
+        return f"patched from {self.source.source}"
+
+    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+        self.source.add_to_fingerprint(digest)
 
 
 def derangement(rows: int, generator: torch.Generator) -> Tensor:

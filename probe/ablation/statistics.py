@@ -148,6 +148,48 @@ def head_statistics(loaded: LoadedModel, reference: ProbeSet, names: Sequence[st
     return HeadStatistics(stats, per_position, reference.description)
 
 
+@dataclass
+class HeadOutputs:
+    """Every head's output on each batch of a source run, for methods that patch those values in (activation
+    patching's clean run): batch -> layer -> (rows, positions, n_heads, head_dim)."""
+
+    values: list[dict[int, Tensor]]
+    source: str  # what the run was, for reports
+
+    def at(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+        """The source's head outputs of `layer` on batch `batch`, the shape of `heads` (the same rows and positions
+        of the run being patched)."""
+        if batch is None or batch >= len(self.values):
+            raise ProbeError("patching takes each batch's values from the same batch of the source run: run it as a "
+                             "sweep over a probe set shaped like the source", parameter="method")
+        value = self.values[batch][layer]
+        if value.shape != heads.shape:
+            raise ProbeError(f"the source run's head outputs of batch {batch} are {tuple(value.shape)}, the patched "
+                             f"run's {tuple(heads.shape)}: the two runs need the same rows and token lengths",
+                             parameter="method")
+        return value.to(device=heads.device, dtype=heads.dtype)
+
+    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+        for batch in self.values:
+            for layer in sorted(batch):
+                digest.update(batch[layer].cpu().contiguous().numpy().tobytes())
+
+
+def head_outputs(loaded: LoadedModel, source: ProbeSet, *, batch_size: int = 8) -> HeadOutputs:
+    """Every head's output on each batch of `source` (one forward pass over it, nothing changed)."""
+    values: list[dict[int, Tensor]] = []
+
+    def record(layer: int, heads: Tensor) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
+        values[-1][layer] = heads.detach().clone()
+        return heads
+
+    with torch.no_grad(), attention_hooks(loaded.model, edit_heads=record):
+        for ids, mask in source.batches(batch_size):
+            values.append({})
+            run_model(loaded.model, ids, mask, logits=False)
+    return HeadOutputs(values, source.description)
+
+
 def head_means(loaded: LoadedModel, reference: ProbeSet, *, per_position: bool = False,
                batch_size: int = 8) -> HeadStatistics:
     """Every head's mean output over the reference set (mean ablation's reference values)."""
