@@ -9,7 +9,7 @@ from conftest import tiny_loaded
 from test_ablate import projection
 
 from probe.ablate import sweep
-from probe.ablation.methods import PatchAblation
+from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.statistics import head_outputs
 from probe.attention import logits_of, run_model
 from probe.data import repeated_set
@@ -65,3 +65,59 @@ def test_a_source_of_another_shape_is_one_line() -> None:
     with pytest.raises(ProbeError, match="the two runs need the same rows and token lengths"):
         sweep(loaded, longer, [(0, 1)], method=PatchAblation(head_outputs(loaded, clean, batch_size=2)),
               batch_size=2)
+
+
+def projection_patched_loss(model: torch.nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, layer: int,
+                            name: str, columns: slice) -> float:
+    """The corrupt run's loss with columns of `layer`'s q/k/v projection output taken from the clean run: plain
+    forward hooks on the projection (before the rotary embedding, which at the same positions is the same)."""
+    module = getattr(model.model.layers[layer].self_attn, name)
+    seen: dict[str, torch.Tensor] = {}
+    handle = module.register_forward_hook(lambda _m, _a, out: seen.__setitem__("y", out.detach().clone()))
+    with torch.no_grad():
+        run_model(model, clean)
+    handle.remove()
+
+    def patch(_module, _args, out):
+        out = out.clone()
+        out[..., columns] = seen["y"][..., columns]
+        return out
+
+    handle = module.register_forward_hook(patch)
+    try:
+        with torch.no_grad():
+            logits = logits_of(run_model(model, corrupt)).float()
+    finally:
+        handle.remove()
+    return float(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), corrupt[:, 1:].reshape(-1)))
+
+
+@pytest.mark.parametrize("component", ["query", "key", "value"])
+def test_patching_a_query_key_or_value_equals_patching_the_projection_on_a_gqa_model(component: str) -> None:
+    """The TransformerLens #980 case: on a grouped-query model (4 query heads, 2 key/value heads) a key or value
+    patch is a key/value group's, fed to both of its query heads."""
+    loaded = tiny_loaded("llama_gqa")
+    clean = repeated_set(loaded, repeat_len=7, num_seqs=4, seed=1)
+    corrupt = repeated_set(loaded, repeat_len=7, num_seqs=4, seed=2)
+    method = patch_method(loaded, clean, component, batch_size=2)
+    heads = [(0, 1), (1, 2), (1, 3)]
+    exact = sweep(loaded, corrupt, heads, method=method, batch_size=2)
+    naive = sweep(loaded, corrupt, heads, method=method, mode="naive", batch_size=2)
+    assert exact.method == f"patch_{component}" and exact.path.startswith("exact")
+    name = {"query": "q_proj", "key": "k_proj", "value": "v_proj"}[component]
+    for entry, reference in zip(exact.results, naive.results):
+        layer, head = entry.heads[0]
+        unit = head if component == "query" else head // 2  # query heads 2 and 3 share key/value head 1
+        expected = projection_patched_loss(loaded.model, clean.input_ids, corrupt.input_ids, layer, name,
+                                           slice(unit * 16, (unit + 1) * 16))
+        assert entry.loss == pytest.approx(expected, abs=1e-5) and reference.loss == pytest.approx(expected, abs=1e-5)
+    if component != "query":  # heads 2 and 3 of layer 1 feed on one key/value group: one patch
+        assert exact.results[1].loss == pytest.approx(exact.results[2].loss, abs=1e-7)
+
+
+def test_patching_an_input_of_a_module_of_its_own_is_one_line() -> None:
+    from test_ablate import planted_loaded, small_set
+
+    loaded = planted_loaded()
+    with pytest.raises(ProbeError, match="this model's attention is its own module: patch the head's output"):
+        patch_method(loaded, small_set(loaded), "key")

@@ -7,17 +7,19 @@ before the projection) at every position, through `attention_hooks(edit_heads=..
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import Tensor, nn
 
 from probe.ablation.heads import Ablation, Head, check_heads, heads_by_layer
-from probe.ablation.methods import AblationMethod, method_named
+from probe.ablation.methods import AblationMethod, InputPatch, method_named
 from probe.ablation.statistics import HeadStatistics
 from probe.ablation.window import PatternAblation, RestrictedHeads
 from probe.attention import attention_hooks, attention_layers
+from probe.hooks.types import AttentionInputs
 from probe.errors import ProbeError
 
 
@@ -59,19 +61,63 @@ def _refuse_non_causal_stacks(model: nn.Module, layers: set[int], method: Ablati
                          parameter="heads")
 
 
+def inputs_editor(ablations: Sequence[Ablation], method: InputPatch,
+                  batch: int | None = None) -> tuple[Callable[[int, AttentionInputs], AttentionInputs], set[int]]:
+    """An edit_inputs function for `len(ablations)` stacked copies of a batch: copy i has the `method.component` of
+    ablations[i]'s heads replaced (a key or value: of their key/value groups); and the layers it edits."""
+    copies, by_layer = len(ablations), heads_by_layer(ablations)
+
+    def edit(layer: int, inputs: AttentionInputs) -> AttentionInputs:
+        entries = by_layer.get(layer)
+        if not entries:
+            return inputs
+        tensor = getattr(inputs, method.component)  # (copies * batch, heads of this input, positions, head_dim)
+        group = inputs.query.shape[1] // tensor.shape[1]  # query heads per key/value head (1 for the query)
+        mask = torch.zeros(copies, 1, tensor.shape[1], 1, 1, dtype=torch.bool)
+        for copy, heads_of_copy in entries.items():
+            mask[copy, 0, sorted({head // group for head in heads_of_copy}), 0, 0] = True
+        stacked = tensor.reshape(copies, tensor.shape[0] // copies, *tensor.shape[1:])  # (copies, batch, ...)
+        replaced = torch.where(mask.to(tensor.device), method.replacement(layer, stacked[0], batch), stacked)
+        return dataclasses.replace(inputs, **{method.component: replaced.reshape(tensor.shape)})
+
+    return edit, set(by_layer)
+
+
 @contextmanager
-def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
-            batch: int | None = None) -> Iterator[None]:
-    """The stacked copies' heads ablated (see head_editor) for the body of the `with`; restored on exit."""
-    if isinstance(method, PatternAblation):  # the heads' keys change, not their output
-        recompute = RestrictedHeads(ablations, method)
-        _refuse_non_causal_stacks(model, recompute.layers, method)
-        with attention_hooks(model, recompute_heads=recompute, layers=recompute.layers):
-            yield
-        return
+def _keys_restricted(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
+                     batch: int | None) -> Iterator[None]:
+    assert isinstance(method, PatternAblation)
+    recompute = RestrictedHeads(ablations, method)
+    _refuse_non_causal_stacks(model, recompute.layers, method)
+    with attention_hooks(model, recompute_heads=recompute, layers=recompute.layers):
+        yield
+
+
+@contextmanager
+def _inputs_edited(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
+                   batch: int | None) -> Iterator[None]:
+    assert isinstance(method, InputPatch)
+    edit, layers = inputs_editor(ablations, method, batch)
+    with attention_hooks(model, edit_inputs=edit, layers=layers):
+        yield
+
+
+@contextmanager
+def _outputs_edited(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
+                    batch: int | None) -> Iterator[None]:
     edit, layers = head_editor(ablations, method, batch)
     with attention_hooks(model, edit_heads=edit, layers=layers):
         yield
+
+
+EDITORS = {"outputs": _outputs_edited, "keys": _keys_restricted, "inputs": _inputs_edited}
+"""Where a method acts (`AblationMethod.edits`) -> the hooks that apply it."""
+
+
+def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
+            batch: int | None = None) -> AbstractContextManager[None]:
+    """The stacked copies' heads ablated (see head_editor) for the body of the `with`; restored on exit."""
+    return EDITORS[method.edits](model, ablations, method, batch)
 
 
 @contextmanager

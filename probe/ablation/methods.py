@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from probe.ablation.statistics import HeadOutputs, HeadStatistics, head_statistics
+from probe.ablation.statistics import HeadOutputs, HeadStatistics, head_inputs, head_outputs, head_statistics
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -48,6 +48,7 @@ class AblationMethod:
     per_copy: ClassVar[bool] = False  # the replacement depends on each stacked copy's own values (resample)
     across_sequences: ClassVar[bool] = False  # reads other sequences' values at the same positions
     estimable: ClassVar[bool] = False  # the attribution-patching estimate linearises it
+    edits: ClassVar[str] = "outputs"  # where it acts: the heads' "outputs", their "keys" (window), their "inputs"
 
     @classmethod
     def build(cls, inputs: MethodInputs) -> AblationMethod:
@@ -174,14 +175,62 @@ class PatchAblation(AblationMethod):
     def __init__(self, source: HeadOutputs) -> None:
         self.source = source
 
+    @classmethod
+    def collect(cls, loaded: LoadedModel, source: ProbeSet, batch_size: int) -> HeadOutputs:
+        """What it patches in, from the source run: the heads' outputs."""
+        return head_outputs(loaded, source, batch_size=batch_size)
+
     def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
         return self.source.at(layer, heads, batch)
 
     def describe(self) -> str | None:
-        return f"patched from {self.source.source}"
+        return f"output patched from {self.source.source}"
 
     def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
         self.source.add_to_fingerprint(digest)
+
+
+class InputPatch(PatchAblation):
+    """Activation patching of a head's query, key or value input (after the projection, and the rotary embedding
+    where the model has one: the same positions, so the same as before it), taken from the same row of the source
+    run. On a grouped-query model a key or value belongs to a key/value group: an ablation patches the groups of its
+    query heads, so it changes every query head of those groups."""
+
+    edits = "inputs"
+    component: ClassVar[str]  # the AttentionInputs field it patches
+
+    @classmethod
+    def collect(cls, loaded: LoadedModel, source: ProbeSet, batch_size: int) -> HeadOutputs:
+        return head_inputs(loaded, source, cls.component, batch_size=batch_size)
+
+    def describe(self) -> str | None:
+        return f"{self.component} patched from {self.source.source}"
+
+
+class QueryPatch(InputPatch):
+    name, component = "patch_query", "query"
+
+
+class KeyPatch(InputPatch):
+    name, component = "patch_key", "key"
+
+
+class ValuePatch(InputPatch):
+    name, component = "patch_value", "value"
+
+
+PATCHES: dict[str, type[PatchAblation]] = {"output": PatchAblation, "query": QueryPatch, "key": KeyPatch,
+                                           "value": ValuePatch}
+"""What of a head activation patching replaces: its output, or one of its attention's inputs."""
+
+
+def patch_method(loaded: LoadedModel, source: ProbeSet, component: str = "output", *,
+                 batch_size: int = 8) -> PatchAblation:
+    """The patching method of `component` (a key of PATCHES), holding the source run's values, batch by batch."""
+    if component not in PATCHES:
+        raise ProbeError(f"unknown component {component!r}: use one of {', '.join(PATCHES)}", parameter="component")
+    chosen = PATCHES[component]
+    return chosen(chosen.collect(loaded, source, batch_size))
 
 
 def derangement(rows: int, generator: torch.Generator) -> Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -175,19 +176,32 @@ class HeadOutputs:
                 digest.update(batch[layer].cpu().contiguous().numpy().tobytes())
 
 
-def head_outputs(loaded: LoadedModel, source: ProbeSet, *, batch_size: int = 8) -> HeadOutputs:
-    """Every head's output on each batch of `source` (one forward pass over it, nothing changed)."""
+def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, hook: str,
+               read: Callable[[Any], Tensor]) -> HeadOutputs:
+    """What `read` takes of each layer's `hook` argument (attention_hooks' edit_heads or edit_inputs), batch by batch
+    of `source` (one forward pass over it, nothing changed)."""
     values: list[dict[int, Tensor]] = []
 
-    def record(layer: int, heads: Tensor) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
-        values[-1][layer] = heads.detach().clone()
-        return heads
+    def record(layer: int, seen: Any) -> Any:
+        values[-1][layer] = read(seen).detach().clone()
+        return seen
 
-    with torch.no_grad(), attention_hooks(loaded.model, edit_heads=record):
+    with torch.no_grad(), attention_hooks(loaded.model, **{hook: record}):
         for ids, mask in source.batches(batch_size):
             values.append({})
             run_model(loaded.model, ids, mask, logits=False)
     return HeadOutputs(values, source.description)
+
+
+def head_outputs(loaded: LoadedModel, source: ProbeSet, *, batch_size: int = 8) -> HeadOutputs:
+    """Every head's output (rows, positions, n_heads, head_dim) on each batch of `source`."""
+    return _per_batch(loaded, source, batch_size, "edit_heads", lambda heads: heads)
+
+
+def head_inputs(loaded: LoadedModel, source: ProbeSet, component: str, *, batch_size: int = 8) -> HeadOutputs:
+    """Every layer's attention input `component` (query, key or value: (rows, heads, positions, head_dim), keys and
+    values per key/value head) on each batch of `source`."""
+    return _per_batch(loaded, source, batch_size, "edit_inputs", lambda inputs: getattr(inputs, component))
 
 
 def head_means(loaded: LoadedModel, reference: ProbeSet, *, per_position: bool = False,

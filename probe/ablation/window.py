@@ -26,6 +26,8 @@ from probe.hooks.types import AttentionInputs
 class PatternAblation(AblationMethod):
     """An ablation that edits the attention pattern of the ablated heads (their keys), not their output."""
 
+    edits = "keys"
+
     def allowed_keys(self, queries: Tensor, keys: Tensor) -> Tensor:
         """(len(queries), len(keys)) bool: whether an ablated head may attend to each key from each query (absolute
         positions; causality is added on top)."""

@@ -18,7 +18,7 @@ from probe.hooks.mha import install_mha
 from probe.hooks.restore import restoring
 from probe.hooks.run import Source, run_model
 from probe.errors import ProbeError
-from probe.hooks.types import HeadsEdit, HeadsRecompute, LayerHooks, Undo, WeightsHook
+from probe.hooks.types import HeadsEdit, HeadsRecompute, InputsEdit, LayerHooks, Undo, WeightsHook
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
     "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
@@ -35,6 +35,7 @@ def attention_hooks(
     layers: set[int] | None = None,
     query_block: int | None = None,
     recompute_heads: HeadsRecompute | None = None,
+    edit_inputs: InputsEdit | None = None,
 ) -> Iterator[list[AttentionLayer]]:
     """Hook every attention layer (or those in `layers`) for the body of the `with`.
 
@@ -42,13 +43,19 @@ def attention_hooks(
     keys) in float32, in query blocks. `edit_heads(layer, heads)` may replace each layer's head outputs
     (batch, queries, heads, head_dim) before the output projection. `recompute_heads(layer, inputs, output)` may
     compute some heads again from the layer's query, keys and values (over other keys: window ablation; transformers
-    models only), before `edit_heads`; `on_weights` sees the layer's own weights. On exit the model is exactly as before.
+    models only), before `edit_heads`; `on_weights` sees the layer's own weights. `edit_inputs(layer, inputs)` may
+    replace the query, keys and values the layer's attention computes from (patching; transformers models only).
+    On exit the model is exactly as before.
     """
     found = attention_layers(model)
     chosen = [layer for layer in found if layers is None or layer.index in layers]
     if recompute_heads is not None and any(layer.kind != "hf" for layer in chosen):
         raise ProbeError("changing which keys a head attends to works on transformers models only; this model's "
                          "attention is its own module")
+    if edit_inputs is not None and any(layer.kind != "hf" for layer in chosen):
+        raise ProbeError("patching a head's query, key or value inputs works on transformers models whose attention "
+                         "goes through the attention interface; this model's attention is its own module: patch the "
+                         "head's output")
     with restoring() as undo:
         if any(layer.kind == "hf" for layer in chosen):
             switch_implementation(model, undo)
@@ -56,7 +63,7 @@ def attention_hooks(
             count_calls_per_forward(model, undo)
         for layer in chosen:
             hooks = LayerHooks(layer.index, on_weights, edit_heads, query_block, layer.call, layer.calls,
-                               recompute_heads)
+                               recompute_heads, edit_inputs)
             INSTALLERS[layer.kind](layer.module, hooks, undo)
         yield found
 

@@ -100,6 +100,9 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
         for recording in _HF_RECORDER:
             recording.append((module, query.shape[1], key.shape[1], query.shape[-1]))
         hooks = _active_hooks(module)
+        if hooks is not None and hooks.edit_inputs is not None:  # patched queries, keys or values
+            edited = hooks.edit_inputs(hooks.layer, _inputs(query, key, value, attention_mask, kwargs))
+            query, key, value = edited.query, edited.key, edited.value
         recompute = None if hooks is None else hooks.recompute_heads
         if recompute is not None and hooks.on_weights is None and recompute.covers_every_head(hooks.layer,
                                                                                               query.shape[1]):

@@ -28,6 +28,10 @@ class AttentionInputs:
     position_bias: Tensor | None = None  # broadcastable to (b, hq, n, kv)
 
 
+InputsEdit = Callable[[int, "AttentionInputs"], "AttentionInputs"]
+"""(layer, the inputs of its attention) -> the inputs it computes from instead (patching queries, keys or values)."""
+
+
 class HeadsRecompute(Protocol):
     """Heads computed again another way (over other keys: window ablation), from the inputs of the layer's attention."""
 
@@ -54,3 +58,4 @@ class LayerHooks:
     call: int = 0  # which call of its module this layer is (ALBERT runs one module as every layer)
     calls: int = 1  # how many times the model calls that module per forward
     recompute_heads: HeadsRecompute | None = None  # heads computed over other keys (window ablation); hf layers only
+    edit_inputs: InputsEdit | None = None  # queries, keys or values replaced before attention; hf layers only
