@@ -121,3 +121,40 @@ def test_patching_an_input_of_a_module_of_its_own_is_one_line() -> None:
     loaded = planted_loaded()
     with pytest.raises(ProbeError, match="this model's attention is its own module: patch the head's output"):
         patch_method(loaded, small_set(loaded), "key")
+
+
+@pytest.mark.parametrize("component", ["output", "key"])
+def test_a_patch_at_one_position_equals_the_naive_loop_and_a_hand_written_patch(component: str) -> None:
+    loaded = tiny_loaded("llama_gqa")
+    clean = repeated_set(loaded, repeat_len=7, num_seqs=4, seed=1)
+    corrupt = repeated_set(loaded, repeat_len=7, num_seqs=4, seed=2)
+    method = patch_method(loaded, clean, component, batch_size=2).at(5)
+    heads, groups = [(0, 1), (1, 2)], [[(0, 0), (1, 3)]]  # a group over two layers: copies differ at layer 1
+    exact = sweep(loaded, corrupt, heads, groups=groups, method=method, batch_size=2, stack=3)
+    naive = sweep(loaded, corrupt, heads, groups=groups, method=method, mode="naive", batch_size=2)
+    assert exact.path.startswith("exact") and "at position 5" in exact.mean
+    assert [r.loss for r in exact.results] == pytest.approx([r.loss for r in naive.results], abs=1e-6)
+    if component == "output":
+        whole = sweep(loaded, corrupt, heads, method=patch_method(loaded, clean, batch_size=2), batch_size=2)
+        assert all(abs(a.loss - b.loss) > 1e-6 for a, b in zip(exact.heads, whole.heads))  # one position is not all
+        layer, head = heads[0]
+        module, _ = projection(loaded.model, layer)
+        seen: dict[str, torch.Tensor] = {}
+        handle = module.register_forward_pre_hook(lambda _m, args: seen.__setitem__("x", args[0].detach().clone()))
+        with torch.no_grad():
+            run_model(loaded.model, clean.input_ids)
+        handle.remove()
+        columns = slice(head * 16, (head + 1) * 16)
+
+        def patch(_module, args):
+            x = args[0].clone()
+            x[:, 5, columns] = seen["x"][:, 5, columns]
+            return (x,)
+
+        handle = module.register_forward_pre_hook(patch)
+        with torch.no_grad():
+            out = logits_of(run_model(loaded.model, corrupt.input_ids)).float()
+        handle.remove()
+        ids = corrupt.input_ids
+        expected = float(F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1)))
+        assert exact.heads[0].loss == pytest.approx(expected, abs=1e-5)

@@ -77,7 +77,11 @@ def inputs_editor(ablations: Sequence[Ablation], method: InputPatch,
         for copy, heads_of_copy in entries.items():
             mask[copy, 0, sorted({head // group for head in heads_of_copy}), 0, 0] = True
         stacked = tensor.reshape(copies, tensor.shape[0] // copies, *tensor.shape[1:])  # (copies, batch, ...)
-        replaced = torch.where(mask.to(tensor.device), method.replacement(layer, stacked[0], batch), stacked)
+        if method.per_copy:  # each copy's own values (a patch at one position keeps the others)
+            replacement = torch.stack([method.replacement(layer, copy, batch) for copy in stacked])
+        else:
+            replacement = method.replacement(layer, stacked[0], batch)
+        replaced = torch.where(mask.to(tensor.device), replacement, stacked)
         return dataclasses.replace(inputs, **{method.component: replaced.reshape(tensor.shape)})
 
     return edit, set(by_layer)

@@ -171,22 +171,40 @@ class PatchAblation(AblationMethod):
     name = "patch"
     summary = "set the head's output to its output on the same row of a source run (activation patching)"
     across_sequences = True
+    what: ClassVar[str] = "output"  # what of the head it patches, for reports
 
-    def __init__(self, source: HeadOutputs) -> None:
-        self.source = source
+    positions_axis: ClassVar[int] = 1  # of what it patches: heads (batch, positions, n_heads, head_dim)
+
+    def __init__(self, source: HeadOutputs, position: int | None = None) -> None:
+        """`position`: patch that position alone (None: every position); the other positions keep each stacked
+        copy's own values, so that the replacement is per copy."""
+        self.source, self.position = source, position
+        self.per_copy = position is not None  # type: ignore[misc]
 
     @classmethod
     def collect(cls, loaded: LoadedModel, source: ProbeSet, batch_size: int) -> HeadOutputs:
         """What it patches in, from the source run: the heads' outputs."""
         return head_outputs(loaded, source, batch_size=batch_size)
 
+    def at(self, position: int) -> PatchAblation:
+        """The same patch at `position` alone (the source's values are shared, not taken again)."""
+        return type(self)(self.source, position)
+
     def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        return self.source.at(layer, heads, batch)
+        patched = self.source.at(layer, heads, batch)
+        if self.position is None:
+            return patched
+        shape = [1] * heads.dim()
+        shape[self.positions_axis] = heads.shape[self.positions_axis]
+        at = (torch.arange(heads.shape[self.positions_axis], device=heads.device) == self.position).view(shape)
+        return torch.where(at, patched, heads)
 
     def describe(self) -> str | None:
-        return f"output patched from {self.source.source}"
+        where = "" if self.position is None else f" at position {self.position}"
+        return f"{self.what} patched from {self.source.source}{where}"
 
     def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+        digest.update(f"{self.name} at {self.position}".encode())
         self.source.add_to_fingerprint(digest)
 
 
@@ -197,26 +215,24 @@ class InputPatch(PatchAblation):
     query heads, so it changes every query head of those groups."""
 
     edits = "inputs"
+    positions_axis = 2  # queries (batch, heads, positions, head_dim), keys and values per key/value head
     component: ClassVar[str]  # the AttentionInputs field it patches
 
     @classmethod
     def collect(cls, loaded: LoadedModel, source: ProbeSet, batch_size: int) -> HeadOutputs:
         return head_inputs(loaded, source, cls.component, batch_size=batch_size)
 
-    def describe(self) -> str | None:
-        return f"{self.component} patched from {self.source.source}"
-
 
 class QueryPatch(InputPatch):
-    name, component = "patch_query", "query"
+    name, component, what = "patch_query", "query", "query"
 
 
 class KeyPatch(InputPatch):
-    name, component = "patch_key", "key"
+    name, component, what = "patch_key", "key", "key"
 
 
 class ValuePatch(InputPatch):
-    name, component = "patch_value", "value"
+    name, component, what = "patch_value", "value", "value"
 
 
 PATCHES: dict[str, type[PatchAblation]] = {"output": PatchAblation, "query": QueryPatch, "key": KeyPatch,
@@ -226,7 +242,8 @@ PATCHES: dict[str, type[PatchAblation]] = {"output": PatchAblation, "query": Que
 
 def patch_method(loaded: LoadedModel, source: ProbeSet, component: str = "output", *,
                  batch_size: int = 8) -> PatchAblation:
-    """The patching method of `component` (a key of PATCHES), holding the source run's values, batch by batch."""
+    """The patching method of `component` (a key of PATCHES), holding the source run's values, batch by batch;
+    `at(position)` of it patches one position."""
     if component not in PATCHES:
         raise ProbeError(f"unknown component {component!r}: use one of {', '.join(PATCHES)}", parameter="component")
     chosen = PATCHES[component]

@@ -29,7 +29,7 @@ from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
 from probe.ablation import logits as readouts
 from probe.ablation.logits import Readout
-from probe.ablation.methods import AblationMethod, build_method, method_class
+from probe.ablation.methods import AblationMethod, build_method, method_class, method_named
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
 from probe.ablation.plan import assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
@@ -144,6 +144,16 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
     if finished is not None:
         loss = finished[0]
     return _Baseline(loss, parts, counts, effects, None if finished is None else finished[1])
+
+
+def baseline_metric(loaded: LoadedModel, probe_set: ProbeSet, *, metric: str | Metric | None = None,
+                    batch_size: int = 8) -> tuple[float, dict[str, float] | None]:
+    """The unablated model's metric over a probe set, as a sweep's baseline measures it (and a task set's margin
+    and accuracy): one forward per batch."""
+    chosen = choose_metric(loaded, probe_set, metric)
+    runner, n_blocks = _runner(loaded, probe_set, "naive", method_named("zero"), chosen, batch_size, [])
+    base = _baseline(runner, _Work(0, None), n_blocks, loaded.tokenizer)
+    return base.loss, base.task
 
 
 def _header(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: str, data: str,
