@@ -199,6 +199,14 @@ def task_items(loaded: LoadedModel, task: str | Path, count: int, seed: int) -> 
 def task_set(loaded: LoadedModel, task: str | Path, *, count: int = 32, seed: int = 0) -> ProbeSet:
     """The probe set of a task: each item as a good and a bad row (see the module docstring)."""
     items, source, dropped = task_items(loaded, task, count, seed)
+    return items_set(loaded, items, Path(task).stem if str(task) not in TASKS else str(task), source, dropped)
+
+
+def items_set(loaded: LoadedModel, items: list[TaskItem], name: str, source: str,
+              dropped: list[str] | None = None) -> ProbeSet:
+    """The probe set of task items (good and bad row each, `scored` marking what the metric reads); `name` and
+    `source` say what they are, `dropped` what was left out."""
+    dropped = dropped or []
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None)
     bos = [bos_id] if isinstance(bos_id, int) else []
     rows = [row for item in items for row in _rows(loaded, item, bos)]
@@ -211,7 +219,6 @@ def task_set(loaded: LoadedModel, task: str | Path, *, count: int = 32, seed: in
         ids[row, :len(tokens)], mask[row, :len(tokens)] = torch.tensor(tokens), 1
         scored[row, first:len(tokens) - 1] = True
     kind = "prompts" if items[0].answer is not None else "minimal pairs"
-    name = Path(task).stem if str(task) not in TASKS else str(task)
     description = f"task {source} ({len(items)} {kind}" + (f", {len(dropped)} dropped: not single tokens)"
                                                            if dropped else ")")
     return ProbeSet(f"task:{name}", description, ids, len(bos), attention_mask=mask, scored=scored,

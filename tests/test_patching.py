@@ -158,3 +158,89 @@ def test_a_patch_at_one_position_equals_the_naive_loop_and_a_hand_written_patch(
         ids = corrupt.input_ids
         expected = float(F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), ids[:, 1:].reshape(-1)))
         assert exact.heads[0].loss == pytest.approx(expected, abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# patch_heads: every head between a clean and a corrupted run, normalised by their logit differences
+
+
+def ioi_runs(loaded, count: int = 8):
+    """Clean IOI prompts and their ABC corruption (the subject's second mention replaced by a third name)."""
+    from probe.tasks import NAMES, TaskItem, ioi_items, items_set
+
+    clean = ioi_items(count, 0)
+
+    def corrupt(item: TaskItem) -> TaskItem:
+        third = next(name for name in NAMES if name not in item.good.split())
+        before, after = item.good.rsplit(item.distractor.strip(), 1)
+        return TaskItem(before + third + after, answer=item.answer, distractor=item.distractor)
+
+    return (items_set(loaded, clean, "ioi", "clean"), items_set(loaded, [corrupt(item) for item in clean], "ioi",
+                                                                 "corrupt"))
+
+
+def last_position_logit_diffs(model, runs, heads_patched=None) -> float:
+    """Mean logit(answer) - logit(distractor) at the last prompt position, read off full forwards (rows come in
+    pairs: prompt + answer, prompt + distractor)."""
+    ids, mask, scored = runs.input_ids, runs.attention_mask, runs.scored
+    with torch.no_grad():
+        logits = logits_of(run_model(model, ids, mask)).double()
+    diffs = []
+    for row in range(0, ids.shape[0], 2):
+        last = int(scored[row].nonzero()[0])
+        diffs.append(float(logits[row, last, ids[row, last + 1]] - logits[row, last, ids[row + 1, last + 1]]))
+    return sum(diffs) / len(diffs)
+
+
+@pytest.mark.parametrize("noising", [False, True])
+def test_patch_heads_equals_a_hand_written_patch_and_normalises(noising: bool, monkeypatch) -> None:
+    from test_specific import words_loaded
+
+    import probe.patching.heads as patching
+
+    monkeypatch.setattr(patching, "MIN_LOGIT_DIFF_GAP", 1e-3)  # a random tiny model's corruption changes little
+    loaded = words_loaded()
+    clean, corrupt = ioi_runs(loaded)
+    heads = [(0, 1), (1, 2)]
+    exact = patching.patch_heads(loaded, clean, corrupt, heads, noising=noising, batch_size=4)
+    naive = patching.patch_heads(loaded, clean, corrupt, heads, noising=noising, batch_size=4, mode="naive")
+    clean_ld, corrupt_ld = (last_position_logit_diffs(loaded.model, runs) for runs in (clean, corrupt))
+    assert exact.clean_logit_diff == pytest.approx(clean_ld, abs=1e-5)
+    assert exact.corrupt_logit_diff == pytest.approx(corrupt_ld, abs=1e-5)
+    target, source = (clean, corrupt) if noising else (corrupt, clean)
+    for entry, reference in zip(exact.entries, naive.entries):
+        (layer, head), = entry.heads
+        module, _ = projection(loaded.model, layer)
+        seen = {}
+        handle = module.register_forward_pre_hook(lambda _m, args: seen.__setitem__("x", args[0].detach().clone()))
+        with torch.no_grad():
+            run_model(loaded.model, source.input_ids, source.attention_mask)
+        handle.remove()
+        columns = slice(head * 16, (head + 1) * 16)
+
+        def patch(_module, args):
+            x = args[0].clone()
+            x[..., columns] = seen["x"][..., columns]
+            return (x,)
+
+        handle = module.register_forward_pre_hook(patch)
+        patched = last_position_logit_diffs(loaded.model, target)
+        handle.remove()
+        assert entry.logit_diff == pytest.approx(patched, abs=1e-5)
+        assert reference.logit_diff == pytest.approx(patched, abs=1e-5)
+        assert entry.patch_effect == pytest.approx((entry.logit_diff - exact.corrupt_logit_diff) / (
+            exact.clean_logit_diff - exact.corrupt_logit_diff), rel=1e-9)
+    payload = exact.to_dict()
+    assert payload["direction"] == ("noising" if noising else "denoising")
+    assert [(row["layer"], row["head"]) for row in payload["heads"]] == heads
+
+
+def test_patching_refuses_logit_differences_too_close_to_normalise() -> None:
+    from test_specific import words_loaded
+
+    from probe.patching import patch_heads
+
+    loaded = words_loaded()
+    clean, corrupt = ioi_runs(loaded)
+    with pytest.raises(ProbeError, match="too close to normalise by"):
+        patch_heads(loaded, clean, corrupt, [(0, 1)], batch_size=4)

@@ -1,0 +1,201 @@
+"""Activation patching of every head between a clean and a corrupted run (Vig et al. 2020; Meng et al. 2022; Wang
+et al. 2022): denoising patches each head's clean value into the corrupted run, noising the corrupted value into
+the clean run. The runs are two task sets of the same shape (each prompt twice: with the answer, with the
+distractor), so the metric is the logit difference logit(answer) - logit(distractor) at the last prompt position
+(the task_margin metric's margin), and each head's result is normalised as
+
+    patch_effect = (mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt)
+
+(means over pairs first): 1 where patching the head alone gives the clean behaviour, 0 where it gives the
+corrupted one, in either direction (Heimersheim & Nanda 2024, "How to use and interpret activation patching").
+
+A patch is an ablation method (probe.ablation.methods.PatchAblation, QueryPatch, KeyPatch, ValuePatch); the sweep
+runs it, so the exact path reuses the prefix before the patched layer, and results stream and resume as a sweep's.
+On a grouped-query model a key or value patch is a key/value group's: it is run once per group, and each query
+head of the group reports the group's effect with the group's `kv_head`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
+from probe.ablation.methods import PatchAblation, patch_method
+from probe.ablation.results import AblationResult
+from probe.ablation.sweep import baseline_metric, sweep
+from probe.attention import attention_layers
+from probe.data import ProbeSet
+from probe.errors import ProbeError
+from probe.hooks.stacks import layer_names
+from probe.models import LoadedModel
+
+MIN_LOGIT_DIFF_GAP = 0.1
+"""The smallest |mean LD_clean - mean LD_corrupt| (in logits) that the normalisation divides by: below it the
+corruption barely changes the behaviour, and patch effects would be differences of noise blown up."""
+
+Sweep = Callable[..., AblationResult | None]
+"""sweep, or probe.distributed.sharded_sweep (same keywords): what runs the patches."""
+
+
+@dataclass
+class PatchEntry:
+    """One head's (or key/value group's) patch: the logit difference with it patched, and its normalised effect."""
+
+    heads: Ablation  # the query heads patched together (a key/value group's, for a key or value patch)
+    logit_diff: float
+    patch_effect: float
+    position: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"heads": [list(head) for head in self.heads], "logit_diff": self.logit_diff,
+                "patch_effect": self.patch_effect, **({} if self.position is None else {"position": self.position})}
+
+
+@dataclass
+class PatchResult:
+    """Every head's patch effect, and the logit differences it is normalised by."""
+
+    model: str
+    component: str  # output, query, key or value
+    direction: str  # denoising (clean into corrupt) or noising (corrupt into clean)
+    data: str
+    clean_logit_diff: float
+    corrupt_logit_diff: float
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    entries: list[PatchEntry]
+    positions: list[PatchEntry] = field(default_factory=list)  # by position: one entry per (unit, position)
+    tokens: list[str] = field(default_factory=list)  # the first clean prompt's tokens, for the by-position axis
+    mode: str = "exact"
+    path: str = ""
+    seconds: float = 0.0
+    layer_names: list[str] | None = None
+
+    def heads(self) -> list[dict[str, Any]]:
+        """One row per query head: its layer, head, patch effect and logit difference (a key or value patch: its
+        group's, with the group's kv_head)."""
+        group = self.n_heads // max(self.n_kv_heads, 1)
+        rows = []
+        for entry in self.entries:
+            for layer, head in entry.heads:
+                row: dict[str, Any] = {"layer": layer, "head": head, "patch_effect": entry.patch_effect,
+                                       "logit_diff": entry.logit_diff}
+                if self.component in ("key", "value"):
+                    row["kv_head"] = head // group
+                rows.append(row)
+        return sorted(rows, key=lambda row: (row["layer"], row["head"]))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "component": self.component, "direction": self.direction, "data": self.data,
+                "clean_logit_diff": self.clean_logit_diff, "corrupt_logit_diff": self.corrupt_logit_diff,
+                "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+                "heads": self.heads(), "by_position": [entry.to_dict() for entry in self.positions],
+                "tokens": self.tokens, "mode": self.mode, "path": self.path, "seconds": round(self.seconds, 3),
+                **({"layer_names": self.layer_names} if self.layer_names else {})}
+
+
+def _units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) -> list[Ablation]:
+    """What is patched one at a time: each query head, or (a key or value) each key/value group's query heads."""
+    chosen = list(all_heads(loaded.model) if heads is None else heads)
+    if component not in ("key", "value"):
+        return [(head,) for head in chosen]
+    layers = attention_layers(loaded.model)
+    units: dict[tuple[int, int], list[Head]] = {}
+    for layer, head in chosen:
+        size = layers[layer].n_heads // max(layers[layer].n_kv_heads, 1)
+        units.setdefault((layer, head // size), [])
+        units[(layer, head // size)] = [(layer, first) for first in range((head // size) * size,
+                                                                          (head // size + 1) * size)]
+    return [tuple(unit) for unit in units.values()]
+
+
+def _check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
+    if clean.scored is None or corrupt.scored is None:
+        raise ProbeError("patching compares two task sets of prompts (clean and corrupted, each with an answer and a "
+                         "distractor)", parameter="clean")
+    if clean.input_ids.shape != corrupt.input_ids.shape or not bool((clean.scored == corrupt.scored).all()):
+        raise ProbeError(f"the clean and corrupted runs need the same rows and token lengths, got "
+                         f"{tuple(clean.input_ids.shape)} and {tuple(corrupt.input_ids.shape)}", parameter="corrupt")
+
+
+def _gap(clean_ld: float, corrupt_ld: float) -> float:
+    gap = clean_ld - corrupt_ld
+    if not abs(gap) >= MIN_LOGIT_DIFF_GAP:
+        raise ProbeError(f"the clean and corrupted logit differences are too close to normalise by ({clean_ld:.3f} "
+                         f"and {corrupt_ld:.3f}, gap under {MIN_LOGIT_DIFF_GAP}): the corruption does not change the "
+                         "behaviour; use other pairs or more of them", parameter="corrupt")
+    return gap
+
+
+def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
+    """The first row's tokens, one string each (ids where the model has no tokenizer)."""
+    ids = probe_set.input_ids[0].tolist()
+    if loaded.tokenizer is None:
+        return [str(token) for token in ids]
+    return [loaded.tokenizer.decode([token]) for token in ids]
+
+
+def _entries(swept: AblationResult, clean_ld: float, corrupt_ld: float, position: int | None) -> list[PatchEntry]:
+    gap = _gap(clean_ld, corrupt_ld)
+    return [PatchEntry(result.heads, result.task["margin"], (result.task["margin"] - corrupt_ld) / gap, position)
+            for result in swept.results]
+
+
+def _swept(run: Sweep, loaded: LoadedModel, target: ProbeSet, units: list[Ablation], method: PatchAblation,
+           **options: Any) -> AblationResult | None:
+    """The sweep of every unit's patch on the target run (None on a rank that does not report, under torchrun)."""
+    singles = all(len(unit) == 1 for unit in units)
+    return run(loaded, target, [unit[0] for unit in units] if singles else [], groups=() if singles else units,
+               method=method, metric="task_margin", **options)
+
+
+def _by_position(loaded: LoadedModel, target: ProbeSet, units: list[Ablation], method: PatchAblation,
+                 logit_diffs: tuple[float, float], mode: str, batch_size: int) -> list[PatchEntry]:
+    """Every unit patched at each position alone: one sweep per position (each reusing its prefix)."""
+    entries = []
+    for position in range(target.input_ids.shape[1]):
+        swept = _swept(sweep, loaded, target, units, method.at(position), mode=mode, batch_size=batch_size)
+        assert swept is not None  # a plain sweep always reports
+        entries += _entries(swept, *logit_diffs, position)
+    return entries
+
+
+def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: Sequence[Head] | None = None, *,
+                component: str = "output", noising: bool = False, by_position: bool = False, mode: str = "exact",
+                batch_size: int = 8, data: str = "", run: Sweep = sweep, **options: Any) -> PatchResult | None:
+    """Patch each head (default: every head; a key or value: every key/value group) between the clean and the
+    corrupted run (two task sets of one shape, e.g. probe.patching.pairs), denoising by default; with `by_position`
+    also each head at each position alone. `run` is the sweep (probe.distributed.sharded_sweep under torchrun) and
+    `options` go to it (results_path, resume, stack, progress, on_result); None on a process of torchrun's that does
+    not report."""
+    started = time.perf_counter()
+    _check_runs(clean, corrupt)
+    target, source = (clean, corrupt) if noising else (corrupt, clean)
+    method = patch_method(loaded, source, component, batch_size=batch_size)
+    units = _units(loaded, heads, component)
+    source_ld = _margin(baseline_metric(loaded, source, metric="task_margin", batch_size=batch_size))
+    swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data, **options)
+    if swept is None:
+        return None
+    target_ld = _margin((swept.baseline_loss, swept.task))
+    clean_ld, corrupt_ld = (target_ld, source_ld) if noising else (source_ld, target_ld)
+    entries = _entries(swept, clean_ld, corrupt_ld, None)
+    positions = _by_position(loaded, target, units, method, (clean_ld, corrupt_ld), mode, batch_size) \
+        if by_position else []
+    layers = attention_layers(loaded.model)
+    return PatchResult(loaded.name, component, "noising" if noising else "denoising", data or clean.description,
+                       clean_ld, corrupt_ld, *layer_shape(layers), max(layer.n_kv_heads for layer in layers), entries,
+                       positions, _tokens(loaded, clean) if by_position else [], swept.mode, swept.path,
+                       time.perf_counter() - started, layer_names(layers))
+
+
+def _margin(measured: tuple[float, dict[str, float] | None]) -> float:
+    """The mean logit difference of a task set's measurement (task_margin's margin)."""
+    _, task = measured
+    assert task is not None
+    return task["margin"]
