@@ -578,10 +578,53 @@
     }
   }
 
+  // ------------------------------------------------------------------------------------------------------------
+  // probe patch: layer x head maps of the patch effect and the DLA; the top heads' effect by position
+
+  function headGrid(node, data, z, title, hover) {
+    var grid = {
+      type: "heatmap", z: z, x: data.head_axis, y: data.layer_axis, colorscale: DIVERGING, zmid: 0, xgap: 1, ygap: 1,
+      hoverongaps: false, colorbar: {thickness: 12, len: 0.8, title: {text: title, side: "top"}},
+      hovertemplate: "layer %{y}, head %{x}: " + hover + " %{z:+.3f}<extra></extra>"
+    };
+    var layout = {
+      height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(320, 34 * data.n_heads + 160),
+      margin: {l: 50, r: 10, t: 10, b: 40}, plot_bgcolor: BLANK,
+      xaxis: {title: {text: "head"}, dtick: 1, zeroline: false, showgrid: false},
+      yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
+                         zeroline: false, showgrid: false}, data)
+    };
+    return Plotly.newPlot(node, [grid], layout, CONFIG);
+  }
+
+  function patchPage(id) {
+    var root = document.getElementById(id);
+    try {
+      var data = JSON.parse(document.getElementById(id + "-data").textContent);
+      var jobs = [headGrid(root.querySelector(".probe-patch-effect"), data, data.effect, "effect", "patch effect")];
+      if (data.dla) jobs.push(headGrid(root.querySelector(".probe-patch-dla"), data, data.dla, "DLA", "DLA"));
+      if (data.by_position) {
+        var spot = data.by_position;
+        jobs.push(Plotly.newPlot(root.querySelector(".probe-patch-position"), [{
+          type: "heatmap", z: spot.z, x: spot.x, y: spot.heads, colorscale: DIVERGING, zmid: 0, xgap: 1, ygap: 1,
+          hoverongaps: false, colorbar: {thickness: 12, len: 0.8, title: {text: "effect", side: "top"}},
+          hovertemplate: "head %{y} at %{x}: patch effect %{z:+.3f}<extra></extra>"
+        }], {
+          height: Math.max(300, 22 * spot.heads.length + 140), margin: {l: 70, r: 10, t: 10, b: 120},
+          xaxis: {type: "category", tickangle: -60}, yaxis: {type: "category", autorange: "reversed"}
+        }, CONFIG));
+      }
+      return Promise.all(jobs).then(function () { root.dataset.state = "ready"; })
+        .catch(function (error) { fail(root, error); });
+    } catch (error) {
+      fail(root, error);
+    }
+  }
+
   // pages in notebooks may run before plotly.js has arrived: wait for it a little
   function start(kind, id) {
     var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage, prune: prunePage,
-                 kv_heads: kvHeadsPage};
+                 kv_heads: kvHeadsPage, patch: patchPage};
     var tries = 0;
     (function attempt() {
       if (window.Plotly) {

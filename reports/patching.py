@@ -1,0 +1,106 @@
+"""`probe patch`: its terminal report and its page, from `PatchResult.to_dict()` (with each head's direct logit
+attribution and classes, where the command added them): the heads by patch effect, layer x head maps of the patch
+effect and of the DLA, and the by-position view with the prompt's tokens on its axis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from probe.errors import ProbeError
+from probe.reports.html import esc, facts_table, page
+from probe.reports.labels import long_label, short_label
+
+TOP = 15  # heads in the terminal table and in the by-position view
+
+
+def _rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = payload.get("heads")
+    if not isinstance(rows, list) or not rows:
+        raise ProbeError("patching result has no heads to show")
+    return rows
+
+
+def ranked(payload: dict[str, Any], top: int = TOP) -> list[dict[str, Any]]:
+    """The `top` head rows by |patch effect| (a key/value group's query heads once: the group's first)."""
+    rows = [row for row in _rows(payload) if row.get("kv_head") is None or row["head"] == min(
+        other["head"] for other in _rows(payload) if other["layer"] == row["layer"]
+        and other.get("kv_head") == row["kv_head"])]
+    return sorted(rows, key=lambda row: (-abs(row["patch_effect"]), row["layer"], row["head"]))[:top]
+
+
+def _unit(row: dict[str, Any], payload: dict[str, Any]) -> str:
+    name = short_label(row["layer"], row["head"], payload.get("layer_names"))
+    return name if row.get("kv_head") is None else f"{row['layer']}.kv{row['kv_head']} (from {name})"
+
+
+def patch_report(payload: dict[str, Any], console: Console, *, top: int = TOP) -> None:
+    """The runs' logit differences, then the top heads by patch effect with their DLA and classes."""
+    console.print(Text(f"Activation patching of {payload['model']}: {payload['component']}, {payload['direction']}",
+                       style="bold"), Text(f"({payload['data']})", style="dim"))
+    console.print(f"  logit difference: clean {payload['clean_logit_diff']:+.3f}, corrupt "
+                  f"{payload['corrupt_logit_diff']:+.3f}; patch effect 1 = the clean behaviour, 0 = the corrupt one")
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for name, justify in (("head", "right"), ("patch effect", "right"), ("LD patched", "right"),
+                          ("DLA", "right"), ("classes", "left")):
+        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    for row in ranked(payload, top):
+        dla = row.get("dla")
+        table.add_row(_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
+                      "" if dla is None else f"{dla:+.3f}", ", ".join(row.get("classes", [])))
+    console.print(table)
+    console.print(Text(f"  {payload['path']}; {payload['seconds']:.1f} s", style="dim"))
+
+
+def _grid(payload: dict[str, Any], key: str) -> list[list[float | None]]:
+    """(n_layers, n_heads) of one value of the head rows (None where a head has none)."""
+    grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
+    for row in _rows(payload):
+        if row.get(key) is not None:
+            grid[row["layer"]][row["head"]] = round(float(row[key]), 6)
+    return grid
+
+
+def _by_position(payload: dict[str, Any], top: int) -> dict[str, Any] | None:
+    """The top heads' patch effect at each position (heads down, positions across), or None without it."""
+    entries = payload.get("by_position") or []
+    if not entries:
+        return None
+    chosen = [(row["layer"], row["head"]) for row in ranked(payload, top)]
+    effect = {(tuple(entry["heads"][0]), entry["position"]): entry["patch_effect"] for entry in entries}
+    positions = sorted({entry["position"] for entry in entries})
+    tokens = payload.get("tokens") or []
+    return {"z": [[effect.get((head, position)) for position in positions] for head in chosen],
+            "heads": [short_label(layer, head, payload.get("layer_names")) for layer, head in chosen],
+            "x": [f"{position}: {tokens[position]}" if position < len(tokens) else str(position)
+                  for position in positions]}
+
+
+def patch_data(payload: dict[str, Any], top: int = TOP) -> dict[str, Any]:
+    names = payload.get("layer_names")
+    return {"n_layers": payload["n_layers"], "n_heads": payload["n_heads"], "layer_names": names,
+            "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["n_heads"])),
+            "effect": _grid(payload, "patch_effect"), "dla": _grid(payload, "dla") if any(
+                row.get("dla") is not None for row in _rows(payload)) else None,
+            "by_position": _by_position(payload, top),
+            "top": [long_label(row["layer"], row["head"], names) for row in ranked(payload, top)]}
+
+
+def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP) -> str:
+    data = patch_data(payload, top)
+    rows = [("model", str(payload["model"])), ("data", str(payload["data"])),
+            ("patched", f"each head's {payload['component']}, {payload['direction']}"),
+            ("logit difference", f"clean {payload['clean_logit_diff']:+.4f}, corrupt "
+                                 f"{payload['corrupt_logit_diff']:+.4f}"),
+            ("patch effect", "(LD patched - LD corrupt) / (LD clean - LD corrupt): 1 = the clean behaviour"),
+            ("computed", str(payload["path"]))]
+    body = (f"<h1>Activation patching of {esc(payload['model'])}</h1>" + facts_table(rows)
+            + "<h2>Patch effect</h2><div class=\"probe-patch-effect\"></div>"
+            + ("<h2>Direct logit attribution (clean run)</h2><div class=\"probe-patch-dla\"></div>"
+               if data["dla"] is not None else "")
+            + ("<h2>By position: the top heads</h2><div class=\"probe-patch-position\"></div>"
+               if data["by_position"] is not None else ""))
+    return page("patch", f"probe patch: {payload['model']}", body, data, embed_plotly=embed_plotly)
