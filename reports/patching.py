@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import esc, facts_table, page
+from probe.reports.html import esc, facts_table, page, plotly_text
 from probe.reports.labels import long_label, short_label
 
 TOP = 15  # heads in the terminal table and in the by-position view
@@ -75,7 +75,7 @@ def _by_position(payload: dict[str, Any], top: int) -> dict[str, Any] | None:
     tokens = payload.get("tokens") or []
     return {"z": [[effect.get((head, position)) for position in positions] for head in chosen],
             "heads": [short_label(layer, head, payload.get("layer_names")) for layer, head in chosen],
-            "x": [f"{position}: {tokens[position]}" if position < len(tokens) else str(position)
+            "x": [plotly_text(f"{position}: {tokens[position]}") if position < len(tokens) else str(position)
                   for position in positions]}
 
 
