@@ -178,8 +178,8 @@ def contrast_task(loaded: LoadedModel, task: str, *, count: int = 32, seed: int 
     """A generated contrast set (a name of CONTRAST_TASKS); pairs this model cannot use as they are (answer or
     distractor not one token, clean and corrupt of different lengths) are dropped and counted."""
     if task not in CONTRAST_TASKS:
-        raise ProbeError(f"unknown contrast task {task!r}: use one of {', '.join(CONTRAST_TASKS)}, or --pairs FILE",
-                         parameter="task")
+        raise ProbeError(f"task {task!r} is not a contrast task: use one of {', '.join(CONTRAST_TASKS)}, or a pairs "
+                         "file", parameter="task")
     _needs_tokenizer(loaded, "task")
     if count < 1:
         raise ProbeError(f"count must be at least 1, got {count}", parameter="count")

@@ -84,7 +84,7 @@ def test_bad_rows_are_refused_naming_their_line(smollm2, tmp_path, row, message)
 
 
 def test_unknown_task_and_missing_file(smollm2, tmp_path) -> None:
-    with pytest.raises(ProbeError, match="unknown contrast task"):
+    with pytest.raises(ProbeError, match="is not a contrast task"):
         contrast_task(smollm2, "nope")
     with pytest.raises(ProbeError, match="pairs file not found"):
         read_contrast_pairs(smollm2, tmp_path / "missing.jsonl")

@@ -3,10 +3,12 @@ heads' shares by source position sum to their shares, a head's share by hand, an
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from conftest import tiny_hf
+from conftest import run_cli, tiny_hf
 from families import tiny_family
 from probe.contrast import ContrastSet, contrast_task
 from probe.dla import Targets, attribute, logit_attribution, next_token_attribution
@@ -135,3 +137,26 @@ def test_smollm2_on_ioi_pairs(smollm2) -> None:
     assert payload["logit_diff"] > 1.0 and payload["logit_diff"] > payload["logit_diff_corrupt"]
     top = payload["per_position"]["points"][0]
     assert top["tokens"][-1] == "␣to" and len(top["values"][0]) == len(top["tokens"])
+
+
+def test_the_dla_command(smollm2, tmp_path, capsys, monkeypatch) -> None:
+    path = tmp_path / "dla.json"
+    code, out, err = run_cli(["dla", "--task", "ioi", "--count", "4", "--top", "3", "--json", str(path)], capsys,
+                             monkeypatch)
+    assert code == 0, err
+    payload = json.loads(path.read_text())
+    assert payload["identity"]["max_residual"] < IDENTITY and payload["points"] == 4
+    top = payload["heads"][0]
+    assert f"{top['layer']}.{top['head']}" in out and "largest |sum - model's own|" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--task", "ioi", "--pairs", "x.jsonl"], "give --task or --pairs"),
+    (["--pairs", "{bad}"], "line 1: clean is 2 tokens and corrupt 3"),
+    (["--task", "nope"], "--task 'nope' is not a contrast task"),
+])
+def test_the_dla_command_refuses_in_one_line(smollm2, tmp_path, capsys, monkeypatch, args, message) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"clean": "a b", "corrupt": "a b c", "answer": " x", "distractor": " y"}) + "\n")
+    code, _, err = run_cli(["dla", *[str(bad) if arg == "{bad}" else arg for arg in args]], capsys, monkeypatch)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
