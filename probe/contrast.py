@@ -222,17 +222,20 @@ def normalised_effect(ld_patched: Tensor | float, ld_clean: Tensor | float, ld_c
     return (patched - corrupt) / (clean - corrupt)
 
 
-def contrast_logit_diffs(loaded: LoadedModel, contrast: ContrastSet, *, batch_size: int = 8) -> tuple[Tensor, Tensor]:
-    """(clean, corrupt): each (pairs,) float64, the model's own logit differences on the two prompts of each pair."""
+def logit_diffs(loaded: LoadedModel, contrast: ContrastSet, ids: Tensor, *, batch_size: int = 8) -> Tensor:
+    """(pairs,) float64: the model's own logit differences on `ids`, the set's clean or corrupt prompts."""
     if batch_size < 1:
         raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
-    result = []
-    for ids in (contrast.clean, contrast.corrupt):
-        parts = []
-        with torch.no_grad():
-            for start in range(0, len(contrast), batch_size):
-                rows = slice(start, start + batch_size)
-                logits = logits_of(run_model(loaded.model, ids[rows], contrast.mask[rows]))
-                parts.append(logit_diff(logits, contrast, rows))
-        result.append(torch.cat(parts))
-    return result[0], result[1]
+    parts = []
+    with torch.no_grad():
+        for start in range(0, len(contrast), batch_size):
+            rows = slice(start, start + batch_size)
+            logits = logits_of(run_model(loaded.model, ids[rows], contrast.mask[rows]))
+            parts.append(logit_diff(logits, contrast, rows))
+    return torch.cat(parts)
+
+
+def contrast_logit_diffs(loaded: LoadedModel, contrast: ContrastSet, *, batch_size: int = 8) -> tuple[Tensor, Tensor]:
+    """(clean, corrupt): each (pairs,) float64, the model's own logit differences on the two prompts of each pair."""
+    return tuple(logit_diffs(loaded, contrast, ids, batch_size=batch_size)  # type: ignore[return-value]
+                 for ids in (contrast.clean, contrast.corrupt))

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, find_blocks
 from probe.attention import AttentionLayer, attention_hooks, attention_layers, logits_of, run_model
-from probe.contrast import ContrastSet, contrast_logit_diffs
+from probe.contrast import ContrastSet, logit_diffs
 from probe.circuits.weights import FINAL_NORMS, _gain, _named_child
 from probe.errors import ProbeError
 from probe.hooks.restore import interrupts_deferred, restoring
@@ -43,7 +43,7 @@ from probe.patterns import token_strings
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 PROJECTION_NAMES = ("o_proj", "dense", "c_proj", "out_proj", "W_o", "wo")
 FINAL_NORM_NAMES = (*FINAL_NORMS, "norm_f")  # MPT's
-STREAM_TOLERANCE = 1e-3  # relative: a block's write must be its attention + MLP outputs this closely (float32 sums)
+STREAM_TOLERANCE = 1e-3  # relative, float32: a block's write must be its attention + MLP outputs this closely
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,8 @@ class Targets:
 
     def direction(self, unembedding: Tensor) -> Tensor:
         """(points, d_model) float64: W_U[answer] - W_U[distractor] (W_U as nn.Linear stores it, (vocab, d_model))."""
-        direction = unembedding[self.answer].double()
-        return direction if self.distractor is None else direction - unembedding[self.distractor].double()
+        direction = unembedding[self.answer].double().cpu()
+        return direction if self.distractor is None else direction - unembedding[self.distractor].double().cpu()
 
     def scored(self, values: Tensor) -> Tensor:
         """(points,) float64 from per-point vocabulary values (points, vocab): the answer's minus the distractor's."""
@@ -145,7 +145,7 @@ def _projection(layer: AttentionLayer, d_model: int) -> tuple[Tensor, Tensor | N
         matrix = weight.T if isinstance(module, nn.Linear) else weight  # GPT-2's Conv1D stores (in, out)
         if tuple(matrix.shape) == (width, d_model):
             bias = getattr(module, "bias", None)
-            return matrix.detach().double(), None if bias is None else bias.detach().double()
+            return matrix.detach().double().cpu(), None if bias is None else bias.detach().double().cpu()
     raise ProbeError(f"attention layer {layer.index} ({type(layer.module).__name__}) has no output projection probe "
                      f"can read ({', '.join(PROJECTION_NAMES)} of {width} -> {d_model}): DLA cannot split it into "
                      "heads", parameter="model")
@@ -227,7 +227,8 @@ class _FrozenNorm:
 
 
 def frozen_norm(norm: nn.Module, stream: Tensor) -> _FrozenNorm:
-    """The final norm with its scale frozen at the clean run's residual stream `stream` (points, d_model)."""
+    """The final norm with its scale frozen at the clean run's residual stream `stream` (points, d_model). Its epsilon
+    is read from `variance_epsilon`, `eps` or `epsilon` (0 where it has none: the identity's residual shows it)."""
     name = type(norm).__name__
     centred = "RMS" not in name and (isinstance(norm, nn.LayerNorm) or "LayerNorm" in name)
     if "RMS" not in name and not centred:
@@ -247,7 +248,8 @@ def frozen_norm(norm: nn.Module, stream: Tensor) -> _FrozenNorm:
 def _check_close(found: Tensor, expected: Tensor, what: str) -> None:
     """Refuse where a write the decomposition assumes is not what the model computed."""
     gap = float((found.double() - expected.double()).abs().max())
-    if gap > STREAM_TOLERANCE * max(1.0, float(expected.abs().max())):
+    tolerance = max(STREAM_TOLERANCE, 8 * torch.finfo(expected.dtype).eps)  # half precision rounds more
+    if gap > tolerance * max(1.0, float(expected.abs().max())):
         raise ProbeError(f"{what} (off by {gap:.3g}): direct logit attribution cannot decompose this model",
                          parameter="model")
 
@@ -267,8 +269,8 @@ def _check_stream(structure: _Structure, recording: _Recording, heads: dict[int,
 
 
 @dataclass
-class _Shares:
-    """One batch's shares of the score at each read point, float64 on the CPU."""
+class Shares:
+    """Every component's share of the score at each read point, float64 on the CPU; they sum to `model_score`."""
 
     embeddings: Tensor  # (points,)
     heads: Tensor  # (points, n_layers, n_heads)
@@ -295,12 +297,12 @@ def _head_shares(structure: _Structure, recording: _Recording, read: Tensor) -> 
     return torch.stack(shares, dim=1), positions
 
 
-def _shares(structure: _Structure, recording: _Recording, logits: Tensor | None) -> _Shares:
+def _shares(structure: _Structure, recording: _Recording, logits: Tensor | None) -> Shares:
     """Every component's share of the score at each read point, and the model's own score."""
     targets = recording.targets
     stream, normed = (value.double().cpu() for value in recording.final)
     norm = frozen_norm(structure.norm, stream)
-    direction = targets.direction(structure.head.weight.detach().cpu())
+    direction = targets.direction(structure.head.weight.detach())
     read = norm.read(direction)  # (points, d_model)
 
     def share(component: Tensor) -> Tensor:
@@ -315,7 +317,7 @@ def _shares(structure: _Structure, recording: _Recording, logits: Tensor | None)
         final_bias = final_bias + targets.scored(head_bias.detach().double().cpu().expand(len(read), -1))
     if logits is None:  # soft-capped: the score before capping
         logits = structure.head(recording.final[1]).detach()
-    return _Shares(share(recording.block_in[0]), heads, torch.stack(biases, dim=1),
+    return Shares(share(recording.block_in[0]), heads, torch.stack(biases, dim=1),
                    torch.stack([share(recording.mlp[block]) for block in range(len(structure.blocks))], dim=1),
                    final_bias, targets.scored(logits.double().cpu()), positions)
 
@@ -326,7 +328,7 @@ def _capped(model: nn.Module) -> bool:
 
 
 def _batch_shares(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
-                  per_position: bool) -> _Shares:
+                  per_position: bool) -> Shares:
     """One clean forward with every write into the residual stream recorded at the read points, decomposed."""
     recording = _Recording(targets, per_position)
     with torch.no_grad():
@@ -338,16 +340,16 @@ def _batch_shares(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask:
         return _shares(structure, recording, None if _capped(loaded.model) else recording.at(logits_of(output)))
 
 
-def _joined(parts: list[_Shares]) -> _Shares:
+def _joined(parts: list[Shares]) -> Shares:
     """The batches' shares as one, point after point."""
     positions = [part.head_positions for part in parts]
-    return _Shares(*(torch.cat([getattr(part, name) for part in parts])
+    return Shares(*(torch.cat([getattr(part, name) for part in parts])
                      for name in ("embeddings", "heads", "attention_biases", "mlps", "final_bias", "model_score")),
                    None if any(value is None for value in positions) else torch.cat(positions))  # type: ignore[misc]
 
 
 def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tensor | None = None,
-              per_position: bool = False, batch_size: int = 8) -> _Shares:
+              per_position: bool = False, batch_size: int = 8) -> Shares:
     """Every component's direct share of the score at each read point of `targets` (module docstring), rows of `ids`
     run `batch_size` at a time. `per_position`: heads' shares by source position too, where the model's attention
     goes through transformers' interface (else None)."""
@@ -384,7 +386,7 @@ class Attribution:
     model: str
     source: str  # what was read
     metric: str  # "logit difference" or "logit of the next token"
-    shares: _Shares
+    shares: Shares
     tokens: list[list[str]]  # per point: a contrast pair's prompt (what head_positions are over); else the read token
     corrupt_score: Tensor | None = None  # (points,) the model's logit difference on the corrupt prompts
     capped: bool = False  # the logits are soft-capped: DLA and the score are of the logits before capping
@@ -448,7 +450,7 @@ def logit_attribution(loaded: LoadedModel, contrast: ContrastSet, *, batch_size:
     targets = Targets(rows, contrast.last, contrast.answer, contrast.distractor)
     shares = attribute(loaded, contrast.clean, targets, mask=contrast.mask, per_position=per_position,
                        batch_size=batch_size)
-    _, corrupt = contrast_logit_diffs(loaded, contrast, batch_size=batch_size)
+    corrupt = logit_diffs(loaded, contrast, contrast.corrupt, batch_size=batch_size)
     tokens = [token_strings(loaded, contrast.clean[row, :int(contrast.last[row]) + 1]) for row in range(len(contrast))]
     return Attribution(loaded.name, contrast.description, "logit difference", shares, tokens, corrupt,
                        _capped(loaded.model))
