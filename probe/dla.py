@@ -42,7 +42,6 @@ from probe.patterns import token_strings
 
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 PROJECTION_NAMES = ("o_proj", "dense", "c_proj", "out_proj", "W_o", "wo")
-FINAL_NORM_NAMES = (*FINAL_NORMS, "norm_f")  # MPT's
 STREAM_TOLERANCE = 1e-3  # relative, float32: a block's write must be its attention + MLP outputs this closely
 
 
@@ -80,7 +79,7 @@ def _first_tensor(value: Any) -> Tensor:
 
 @dataclass
 class _Recording:
-    """What one forward wrote into the residual stream, at the read points only (float32, as the model runs)."""
+    """What one forward wrote into the residual stream, at the read points only (in the dtype the model runs in)."""
 
     targets: Targets
     per_position: bool
@@ -176,7 +175,7 @@ def model_structure(model: nn.Module) -> _Structure:
     body = getattr(model, getattr(model, "base_model_prefix", ""), model)
     return _Structure(layers, blocks, [_child(block, MLP_NAMES, "MLP") for block in blocks.container],
                       [_projection(layer, d_model) for layer in layers],
-                      _child(body, FINAL_NORM_NAMES, "final norm"), head)
+                      _child(body, FINAL_NORMS, "final norm"), head)
 
 
 @contextmanager
@@ -265,7 +264,7 @@ def _check_stream(structure: _Structure, recording: _Recording, heads: dict[int,
                       if owner == block) + recording.mlp[block]
         _check_close(written, recording.block_out[block] - recording.block_in[block],
                      f"block {block} adds more than its attention and MLP outputs to the residual stream (a norm "
-                     "after them, as in Gemma 2?)")
+                     "after them, as in Gemma 2, or a residual added inside one, as in MPT's MLP)")
 
 
 @dataclass
