@@ -62,27 +62,33 @@ def _item(row: Any, where: str) -> TaskItem:
     return TaskItem(row["prompt"], answer=row["answer"], distractor=row["distractor"])
 
 
-def read_task_file(path: str | Path) -> list[TaskItem]:
-    """The pairs of a JSON-lines task file; ProbeError naming the file and line of what is wrong."""
+def json_lines(path: str | Path, what: str, hint: str, parameter: str) -> list[tuple[str, Any]]:
+    """(where, row) of each non-empty line of a JSON-lines file, `where` naming FILE line N; ProbeError naming the
+    file and line of what cannot be read. `what` names the file ("task file"), `hint` what to give instead."""
     path = Path(path)
     if not path.is_file():
-        raise ProbeError(f"task file not found: {path} (use sva, ioi, or a .jsonl file)", parameter="task")
+        raise ProbeError(f"{what} not found: {path} ({hint})", parameter=parameter)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
-        raise ProbeError(f"task file {path} is not UTF-8 text") from None
-    items = []
+        raise ProbeError(f"{what} {path} is not UTF-8 text") from None
+    rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            rows.append((f"{path} line {number}", json.loads(line)))
         except json.JSONDecodeError as error:
             raise ProbeError(f"{path} line {number} is not JSON ({error.msg})") from None
-        items.append(_item(row, f"{path} line {number}"))
-    if not items:
-        raise ProbeError(f"task file {path} holds no rows")
-    return items
+    if not rows:
+        raise ProbeError(f"{what} {path} holds no rows")
+    return rows
+
+
+def read_task_file(path: str | Path) -> list[TaskItem]:
+    """The pairs of a JSON-lines task file; ProbeError naming the file and line of what is wrong."""
+    return [_item(row, where) for where, row in json_lines(path, "task file", "use sva, ioi, or a .jsonl file",
+                                                           "task")]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -113,21 +119,46 @@ IOI_TEMPLATES = [
 ]
 
 
-def sva_items(count: int, seed: int) -> list[TaskItem]:
-    """Subject-verb agreement prompts: subject and attractor of opposite number, answer the verb that agrees with
-    the subject, distractor the one that agrees with the attractor. Half singular subjects, half plural."""
+@dataclass(frozen=True)
+class SvaDraw:
+    """One subject-verb agreement item's random choices: a template, the subject's number, the words."""
+
+    template: str
+    with_subject: bool  # whether the clause's verb agrees with the subject (else with the attractor)
+    plural: bool  # the subject's number
+    subject: tuple[str, str]  # (singular, plural)
+    attractor: tuple[str, str]
+    rc_verb: tuple[str, str]
+    verb: tuple[str, str]  # the verb that follows the prompt, (singular, plural)
+    preposition: str
+
+    def prompt(self, plural: bool) -> str:
+        """The prompt with the subject in the given number (the attractor keeps the other number of `self.plural`)."""
+        return self.template.format(subject=self.subject[plural], attractor=self.attractor[not self.plural],
+                                    preposition=self.preposition,
+                                    rc_verb=self.rc_verb[plural if self.with_subject else not self.plural])
+
+
+def sva_draws(count: int, seed: int) -> list[SvaDraw]:
+    """The random choices of `count` agreement items: half singular subjects, half plural; subject and attractor
+    of opposite number."""
     rng = random.Random(seed)
-    items = []
+    draws = []
     for index in range(count):
         template, with_subject = SVA_TEMPLATES[index % len(SVA_TEMPLATES)]
         plural = (index // len(SVA_TEMPLATES)) % 2 == 1
         subject, attractor = rng.sample(NOUNS, 2)
         rc_verb, verb = rng.choice(RC_VERBS), rng.choice(VERBS)
-        prompt = template.format(subject=subject[plural], attractor=attractor[not plural],
-                                 preposition=rng.choice(PREPOSITIONS),
-                                 rc_verb=rc_verb[plural if with_subject else not plural])
-        items.append(TaskItem(prompt, answer=verb[plural], distractor=verb[not plural]))
-    return items
+        draws.append(SvaDraw(template, with_subject, plural, subject, attractor, rc_verb, verb,
+                             rng.choice(PREPOSITIONS)))
+    return draws
+
+
+def sva_items(count: int, seed: int) -> list[TaskItem]:
+    """Subject-verb agreement prompts: subject and attractor of opposite number, answer the verb that agrees with
+    the subject, distractor the one that agrees with the attractor. Half singular subjects, half plural."""
+    return [TaskItem(draw.prompt(draw.plural), answer=draw.verb[draw.plural], distractor=draw.verb[not draw.plural])
+            for draw in sva_draws(count, seed)]
 
 
 def ioi_items(count: int, seed: int) -> list[TaskItem]:

@@ -1,0 +1,241 @@
+"""Contrast sets: clean/corrupt prompt pairs, the input of direct logit attribution and of activation patching.
+
+A pair is two prompts of one token length that differ where the behaviour under study is decided, and two single
+tokens that may follow them: `answer` (right after the clean prompt) and `distractor`. The metric is the logit
+difference logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022, "Interpretability in
+the Wild"); a patching result is normalised by the clean and corrupt runs' mean differences (`normalised_effect`).
+
+Pairs come from a JSON-lines file of `{"clean": ..., "corrupt": ..., "answer": ..., "distractor": ...}` rows
+(`read_contrast_pairs`), or are generated (`CONTRAST_TASKS`):
+- ioi: the ABC corruption of Wang et al. 2022: the second mention of the subject replaced by a third name ("When
+  Mary and John went to the store, John gave a drink to" / "..., Anna gave a drink to"; answer " Mary", distractor
+  " John"), on probe.tasks' templates and names;
+- sva: the subject's number flipped (probe.tasks' templates, after Marvin & Linzen 2018: "The keys to the cabinet" /
+  "The key to the cabinet"; answer " are", distractor " is").
+Clean and corrupt must tokenize to the same length, so that position t of one is position t of the other: a file's
+row that does not is refused (naming its line); a generated one is dropped and counted, as are generated items whose
+answer or distractor is not one token.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from probe.attention import logits_of, run_model
+from probe.data import _check_context
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+from probe.tasks import IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, _single, _tokens, json_lines, sva_draws
+
+CONTRAST_KEYS = ("clean", "corrupt", "answer", "distractor")
+MIN_GAP = 0.05
+"""Smallest |mean LD_clean - mean LD_corrupt| (logits) a normalised effect divides by. Below it the clean and corrupt
+runs barely differ in what they prefer (a 5% change in the odds of answer over distractor): the ratio would mostly
+be the noise of the difference, however large it came out."""
+
+
+@dataclass(frozen=True)
+class ContrastPair:
+    """One pair as text: two prompts of one token length, the answer after the clean one, and the distractor."""
+
+    clean: str
+    corrupt: str
+    answer: str
+    distractor: str
+
+
+@dataclass
+class ContrastSet:
+    """Pairs as token ids, right-padded: row i of `clean` and `corrupt` have the same length (one `mask`), and the
+    logit difference is read at `last[i]`, the last prompt position."""
+
+    name: str
+    description: str
+    clean: Tensor  # (pairs, positions) long
+    corrupt: Tensor  # (pairs, positions) long
+    mask: Tensor  # (pairs, positions) long, 1 = token
+    answer: Tensor  # (pairs,) token id
+    distractor: Tensor  # (pairs,) token id
+    pairs: list[ContrastPair] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)  # generated items left out, and why
+
+    @property
+    def last(self) -> Tensor:
+        """(pairs,) the last prompt position of each row."""
+        return self.mask.sum(dim=1) - 1
+
+    def __len__(self) -> int:
+        return self.clean.shape[0]
+
+
+def _checked_pair(row: object, where: str) -> ContrastPair:
+    if not isinstance(row, dict):
+        raise ProbeError(f"{where}: a pairs row is a JSON object, not {type(row).__name__}")
+    missing = [key for key in CONTRAST_KEYS if key not in row]
+    if missing:
+        raise ProbeError(f"{where}: no {missing[0]!r}; a row holds clean, corrupt, answer and distractor")
+    if not all(isinstance(row[key], str) and row[key] for key in CONTRAST_KEYS):
+        raise ProbeError(f"{where}: clean, corrupt, answer and distractor must be non-empty strings")
+    return ContrastPair(*(row[key] for key in CONTRAST_KEYS))
+
+
+def _bos(loaded: LoadedModel) -> list[int]:
+    bos_id = getattr(loaded.tokenizer, "bos_token_id", None)
+    return [bos_id] if isinstance(bos_id, int) else []
+
+
+def _problem(loaded: LoadedModel, pair: ContrastPair) -> str | None:
+    """Why a pair cannot be used as it is for this model (None: it can)."""
+    why = _single(loaded, TaskItem(pair.clean, answer=pair.answer, distractor=pair.distractor))
+    if why is not None:
+        return f"{why} for this model; the logit difference needs single-token answers and distractors"
+    clean, corrupt = len(_tokens(loaded, pair.clean)), len(_tokens(loaded, pair.corrupt))
+    if clean != corrupt:
+        return (f"clean is {clean} tokens and corrupt {corrupt}: a pair's prompts must tokenize to the same length, "
+                "so that each position of one is that position of the other")
+    return None
+
+
+def _needs_tokenizer(loaded: LoadedModel, parameter: str) -> None:
+    if loaded.tokenizer is None:
+        raise ProbeError("clean/corrupt pairs need the model's tokenizer (this model has none)", parameter=parameter)
+
+
+def contrast_set(loaded: LoadedModel, pairs: list[ContrastPair], name: str, description: str,
+                 dropped: list[str] | None = None) -> ContrastSet:
+    """The token ids of checked pairs (`_problem` is None for each), right-padded, BOS first where the model has one."""
+    bos = _bos(loaded)
+    clean = [bos + _tokens(loaded, pair.clean) for pair in pairs]
+    corrupt = [bos + _tokens(loaded, pair.corrupt) for pair in pairs]
+    length = max(len(ids) for ids in clean)
+    _check_context(loaded, length)
+    shape = (len(pairs), length)
+    ids = {"clean": torch.zeros(shape, dtype=torch.long), "corrupt": torch.zeros(shape, dtype=torch.long)}
+    mask = torch.zeros(shape, dtype=torch.long)
+    for row, (one, other) in enumerate(zip(clean, corrupt)):
+        ids["clean"][row, :len(one)], ids["corrupt"][row, :len(other)] = torch.tensor(one), torch.tensor(other)
+        mask[row, :len(one)] = 1
+    answer = torch.tensor([_tokens(loaded, pair.answer)[0] for pair in pairs])
+    distractor = torch.tensor([_tokens(loaded, pair.distractor)[0] for pair in pairs])
+    return ContrastSet(name, description, ids["clean"], ids["corrupt"], mask, answer, distractor, list(pairs),
+                       list(dropped or []))
+
+
+def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
+    """The pairs of a JSON-lines file; ProbeError naming FILE line N of a row that is malformed, whose answer or
+    distractor is not one token, or whose clean and corrupt prompts tokenize to different lengths."""
+    _needs_tokenizer(loaded, "pairs")
+    pairs = []
+    for where, row in json_lines(path, "pairs file", "give a .jsonl file of clean/corrupt/answer/distractor rows",
+                                 "pairs"):
+        pair = _checked_pair(row, where)
+        why = _problem(loaded, pair)
+        if why is not None:
+            raise ProbeError(f"{where}: {why}")
+        pairs.append(pair)
+    return contrast_set(loaded, pairs, Path(path).stem, f"pairs file {path}, {len(pairs)} pairs")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# generated pairs
+
+
+def ioi_pairs(count: int, seed: int) -> list[ContrastPair]:
+    """IOI pairs with the ABC corruption (Wang et al. 2022): ABBA and BABA alternating in the clean prompt; in the
+    corrupt one the subject's second mention is a third name, so neither name is repeated."""
+    rng = random.Random(seed)
+    pairs = []
+    for index in range(count):
+        io, subject, third = rng.sample(NAMES, 3)
+        first, second = (io, subject) if index % 2 == 0 else (subject, io)  # ABBA, then BABA
+        template = IOI_TEMPLATES[(index // 2) % len(IOI_TEMPLATES)]
+        place, thing = rng.choice(PLACES), rng.choice(OBJECTS)
+        clean, corrupt = (template.format(a=first, b=second, s=name, place=place, object=thing)
+                          for name in (subject, third))
+        pairs.append(ContrastPair(clean, corrupt, f" {io}", f" {subject}"))
+    return pairs
+
+
+def sva_pairs(count: int, seed: int) -> list[ContrastPair]:
+    """Subject-verb agreement pairs on probe.tasks' items: the corrupt prompt is the clean one with the subject's
+    number flipped (and a relative clause's verb that agrees with the subject with it); the answer is the verb that
+    agrees with the clean subject, the distractor the other form. Half the clean subjects singular, half plural."""
+    return [ContrastPair(draw.prompt(draw.plural), draw.prompt(not draw.plural), draw.verb[draw.plural],
+                         draw.verb[not draw.plural]) for draw in sva_draws(count, seed)]
+
+
+CONTRAST_TASKS: dict[str, Callable[[int, int], list[ContrastPair]]] = {"ioi": ioi_pairs, "sva": sva_pairs}
+"""Generated contrast tasks by name: (number of pairs, seed) -> pairs. A new task is one function here."""
+
+
+def contrast_task(loaded: LoadedModel, task: str, *, count: int = 32, seed: int = 0) -> ContrastSet:
+    """A generated contrast set (a name of CONTRAST_TASKS); pairs this model cannot use as they are (answer or
+    distractor not one token, clean and corrupt of different lengths) are dropped and counted."""
+    if task not in CONTRAST_TASKS:
+        raise ProbeError(f"task {task!r} is not a contrast task: use one of {', '.join(CONTRAST_TASKS)}, or a pairs "
+                         "file", parameter="task")
+    _needs_tokenizer(loaded, "task")
+    if count < 1:
+        raise ProbeError(f"count must be at least 1, got {count}", parameter="count")
+    kept, dropped = [], []
+    for pair in CONTRAST_TASKS[task](count, seed):
+        why = _problem(loaded, pair)
+        if why is None:
+            kept.append(pair)
+        else:
+            dropped.append(f"{pair.clean!r}: {why}")
+    if not kept:
+        raise ProbeError(f"no pair of task {task} is usable with this model ({dropped[0]})", parameter="task")
+    description = f"{task}: generated, {count} pairs, seed {seed}" + (f", {len(dropped)} dropped" if dropped else "")
+    return contrast_set(loaded, kept, task, description, dropped)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the metric
+
+
+def logit_diff(logits: Tensor, contrast: ContrastSet, rows: Tensor | slice | None = None) -> Tensor:
+    """(pairs,) float64 logit(answer) - logit(distractor) at each pair's last prompt position. `logits` (batch,
+    positions, vocab) are those of the contrast set's rows `rows` (all by default), clean or corrupt alike."""
+    chosen = slice(None) if rows is None else rows
+    last, answer, distractor = (value[chosen] for value in (contrast.last, contrast.answer, contrast.distractor))
+    at_last = logits[torch.arange(logits.shape[0]), last.to(logits.device)].double()  # (batch, vocab)
+    index = torch.arange(at_last.shape[0])
+    return (at_last[index, answer.to(at_last.device)] - at_last[index, distractor.to(at_last.device)]).cpu()
+
+
+def normalised_effect(ld_patched: Tensor | float, ld_clean: Tensor | float, ld_corrupt: Tensor | float) -> float:
+    """(mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt), means over pairs first: 1 = the clean
+    behaviour restored, 0 = none of it (Wang et al. 2022's normalisation). ProbeError where the clean and corrupt
+    means are closer than MIN_GAP."""
+    patched, clean, corrupt = (float(torch.as_tensor(value, dtype=torch.float64).mean())
+                               for value in (ld_patched, ld_clean, ld_corrupt))
+    if abs(clean - corrupt) < MIN_GAP:
+        raise ProbeError(f"the clean and corrupt logit differences are too close to normalise by (mean {clean:.4f} "
+                         f"vs {corrupt:.4f}, gap under {MIN_GAP}): the corruption does not change the behaviour")
+    return (patched - corrupt) / (clean - corrupt)
+
+
+def logit_diffs(loaded: LoadedModel, contrast: ContrastSet, ids: Tensor, *, batch_size: int = 8) -> Tensor:
+    """(pairs,) float64: the model's own logit differences on `ids`, the set's clean or corrupt prompts."""
+    if batch_size < 1:
+        raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
+    parts = []
+    with torch.no_grad():
+        for start in range(0, len(contrast), batch_size):
+            rows = slice(start, start + batch_size)
+            logits = logits_of(run_model(loaded.model, ids[rows], contrast.mask[rows]))
+            parts.append(logit_diff(logits, contrast, rows))
+    return torch.cat(parts)
+
+
+def contrast_logit_diffs(loaded: LoadedModel, contrast: ContrastSet, *, batch_size: int = 8) -> tuple[Tensor, Tensor]:
+    """(clean, corrupt): each (pairs,) float64, the model's own logit differences on the two prompts of each pair."""
+    return tuple(logit_diffs(loaded, contrast, ids, batch_size=batch_size)  # type: ignore[return-value]
+                 for ids in (contrast.clean, contrast.corrupt))
