@@ -196,9 +196,10 @@ def last_position_logit_diffs(model, runs, heads_patched=None) -> float:
 def test_patch_heads_equals_a_hand_written_patch_and_normalises(noising: bool, monkeypatch) -> None:
     from test_specific import words_loaded
 
+    import probe.contrast as contrast
     import probe.patching.heads as patching
 
-    monkeypatch.setattr(patching, "MIN_LOGIT_DIFF_GAP", 1e-3)  # a random tiny model's corruption changes little
+    monkeypatch.setattr(contrast, "MIN_GAP", 1e-3)  # a random tiny model's corruption changes little
     loaded = words_loaded()
     clean, corrupt = ioi_runs(loaded)
     heads = [(0, 1), (1, 2)]
@@ -244,3 +245,56 @@ def test_patching_refuses_logit_differences_too_close_to_normalise() -> None:
     clean, corrupt = ioi_runs(loaded)
     with pytest.raises(ProbeError, match="too close to normalise by"):
         patch_heads(loaded, clean, corrupt, [(0, 1)], batch_size=4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# patch_contrast and `probe patch`
+
+
+def test_exact_patching_equals_the_naive_loop_on_smollm2s_first_layers(smollm2) -> None:
+    """SmolLM2 on IOI pairs: the exact sweep (prefix reused, copies stacked) gives the naive loop's numbers, the
+    DLA column is the clean run's, and a key patch is its key/value group's (3 query heads each)."""
+    from probe.contrast import contrast_task
+    from probe.dla import logit_attribution
+    from probe.patching import patch_contrast
+
+    contrast = contrast_task(smollm2, "ioi", count=4, seed=1)
+    heads = [(layer, head) for layer in (0, 1) for head in range(9)]
+    exact = patch_contrast(smollm2, contrast, heads, batch_size=8)
+    naive = patch_contrast(smollm2, contrast, heads, batch_size=8, mode="naive", attribution=False)
+    assert exact.path.startswith("exact") and naive.path.startswith("naive")
+    assert exact.clean_logit_diff > exact.corrupt_logit_diff + 1  # the corruption takes the behaviour away
+    for mine, reference in zip(exact.entries, naive.entries):
+        assert mine.heads == reference.heads
+        assert mine.logit_diff == pytest.approx(reference.logit_diff, abs=1e-4)
+    dla = logit_attribution(smollm2, contrast, per_position=False).per_head
+    rows = exact.to_dict()["heads"]
+    assert rows[3]["dla"] == pytest.approx(float(dla[0, 3]), abs=1e-6)
+    keys = patch_contrast(smollm2, contrast, [(1, 0), (1, 4)], component="key", attribution=False)
+    assert [entry.heads for entry in keys.entries] == [((1, 0), (1, 1), (1, 2)), ((1, 3), (1, 4), (1, 5))]
+    assert [row["kv_head"] for row in keys.to_dict()["heads"]] == [0, 0, 0, 1, 1, 1]
+
+
+def test_probe_patch_writes_json_csv_and_a_page(tmp_path, capsys, monkeypatch) -> None:
+    import json
+
+    import probe.contrast as contrast
+    from conftest import run_cli
+
+    monkeypatch.setattr(contrast, "MIN_GAP", 1e-4)  # a random tiny model's corruption changes little
+    out, csv, page = tmp_path / "p.json", tmp_path / "p.csv", tmp_path / "p.html"
+    code, stdout, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--count",
+                                    "6", "--by-position", "--heads", "0.1,1.*", "--json", str(out), "--csv", str(csv),
+                                    "--html", str(page)], capsys, monkeypatch)
+    assert code == 0, stderr
+    payload = json.loads(out.read_text())
+    assert {"clean_logit_diff", "corrupt_logit_diff", "heads"} <= set(payload)
+    assert {"layer", "head", "patch_effect", "dla", "classes"} <= set(payload["heads"][0])
+    assert len(payload["heads"]) == 5 and len(payload["by_position"]) == 5 * len(payload["tokens"])
+    assert "Activation patching of" in stdout and "layer,head,patch_effect,dla" in csv.read_text()
+    assert "window.probeReports.start(\"patch\"" in page.read_text()
+    code, _, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--component",
+                               "attention"], capsys, monkeypatch)
+    assert code == 2 and "--component 'attention': use one of output, query, key, value" in stderr
+    code, _, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words"], capsys, monkeypatch)
+    assert code == 2 and "give --task or --pairs" in stderr

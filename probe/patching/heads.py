@@ -6,8 +6,9 @@ distractor), so the metric is the logit difference logit(answer) - logit(distrac
 
     patch_effect = (mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt)
 
-(means over pairs first): 1 where patching the head alone gives the clean behaviour, 0 where it gives the
-corrupted one, in either direction (Heimersheim & Nanda 2024, "How to use and interpret activation patching").
+(means over pairs first; probe.contrast.normalised_effect, which refuses runs whose differences are too close): 1
+where patching the head alone gives the clean behaviour, 0 where it gives the corrupted one, in either direction
+(Heimersheim & Nanda 2024, "How to use and interpret activation patching").
 
 A patch is an ablation method (probe.ablation.methods.PatchAblation, QueryPatch, KeyPatch, ValuePatch); the sweep
 runs it, so the exact path reuses the prefix before the patched layer, and results stream and resume as a sweep's.
@@ -28,14 +29,11 @@ from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.results import AblationResult
 from probe.ablation.sweep import baseline_metric, sweep
 from probe.attention import attention_layers
+from probe.contrast import normalised_effect
 from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
-
-MIN_LOGIT_DIFF_GAP = 0.1
-"""The smallest |mean LD_clean - mean LD_corrupt| (in logits) that the normalisation divides by: below it the
-corruption barely changes the behaviour, and patch effects would be differences of noise blown up."""
 
 Sweep = Callable[..., AblationResult | None]
 """sweep, or probe.distributed.sharded_sweep (same keywords): what runs the patches."""
@@ -75,6 +73,14 @@ class PatchResult:
     path: str = ""
     seconds: float = 0.0
     layer_names: list[str] | None = None
+    dla: list[list[float]] | None = None  # (n_layers, n_heads) direct logit attribution on the clean run
+    dla_note: str | None = None  # why there is none
+    classes: dict[Head, list[str]] = field(default_factory=dict)  # each head's classes, where they were classified
+
+    def add_classes(self, labels: Callable[[int, int], list[str]]) -> None:
+        """Each head's classes (e.g. `Classification.labels`), shown beside its patch effect."""
+        self.classes = {(layer, head): labels(layer, head) for layer in range(self.n_layers)
+                        for head in range(self.n_heads)}
 
     def heads(self) -> list[dict[str, Any]]:
         """One row per query head: its layer, head, patch effect and logit difference (a key or value patch: its
@@ -84,7 +90,9 @@ class PatchResult:
         for entry in self.entries:
             for layer, head in entry.heads:
                 row: dict[str, Any] = {"layer": layer, "head": head, "patch_effect": entry.patch_effect,
-                                       "logit_diff": entry.logit_diff}
+                                       "dla": None if self.dla is None else self.dla[layer][head],
+                                       "logit_diff": entry.logit_diff,
+                                       **({"classes": self.classes.get((layer, head), [])} if self.classes else {})}
                 if self.component in ("key", "value"):
                     row["kv_head"] = head // group
                 rows.append(row)
@@ -96,6 +104,7 @@ class PatchResult:
                 "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
                 "heads": self.heads(), "by_position": [entry.to_dict() for entry in self.positions],
                 "tokens": self.tokens, "mode": self.mode, "path": self.path, "seconds": round(self.seconds, 3),
+                **({"dla_note": self.dla_note} if self.dla_note else {}),
                 **({"layer_names": self.layer_names} if self.layer_names else {})}
 
 
@@ -123,13 +132,6 @@ def _check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
                          f"{tuple(clean.input_ids.shape)} and {tuple(corrupt.input_ids.shape)}", parameter="corrupt")
 
 
-def _gap(clean_ld: float, corrupt_ld: float) -> float:
-    gap = clean_ld - corrupt_ld
-    if not abs(gap) >= MIN_LOGIT_DIFF_GAP:
-        raise ProbeError(f"the clean and corrupted logit differences are too close to normalise by ({clean_ld:.3f} "
-                         f"and {corrupt_ld:.3f}, gap under {MIN_LOGIT_DIFF_GAP}): the corruption does not change the "
-                         "behaviour; use other pairs or more of them", parameter="corrupt")
-    return gap
 
 
 def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
@@ -141,8 +143,9 @@ def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
 
 
 def _entries(swept: AblationResult, clean_ld: float, corrupt_ld: float, position: int | None) -> list[PatchEntry]:
-    gap = _gap(clean_ld, corrupt_ld)
-    return [PatchEntry(result.heads, result.task["margin"], (result.task["margin"] - corrupt_ld) / gap, position)
+    """Each unit's patched logit difference and its normalised effect (refused where the runs' are too close)."""
+    return [PatchEntry(result.heads, result.task["margin"],
+                       normalised_effect(result.task["margin"], clean_ld, corrupt_ld), position)
             for result in swept.results]
 
 

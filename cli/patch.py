@@ -1,0 +1,105 @@
+"""`probe patch`: activation patching of every head between clean and corrupted prompts (a generated task or a
+JSON-lines file of pairs), normalised by their logit differences, each head with its direct logit attribution and its
+classes; a table, JSON, CSV and HTML. Under torchrun the patches are split over the processes as a sweep's are."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from probe.ablate import parse_heads
+from probe.ablation.methods import PATCHES
+from probe.attention import attention_layers
+from probe.classify import classify
+from probe.cli.ablate import (Heads, Naive, Results, Resume, Stack, check_heads_syntax, check_results_file,
+                              default_results_path, load_for)
+from probe.cli.dla import Count, Pairs, Task
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+                               OffloadFolder, Seed, TrustRemoteCode)
+from probe.cli.outputs import check_distinct, check_outputs, save, warn_non_finite
+from probe.cli.progress import console, status, sweep_progress
+from probe.contrast import contrast_task, read_contrast_pairs
+from probe.distributed import current, sharded_sweep
+from probe.errors import ProbeError
+from probe.models import DEFAULT_MODEL
+from probe.patching import patch_contrast
+from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.patching import patch_page, patch_report
+
+Component = Annotated[str, typer.Option(
+    "--component", help=f"What of each head is patched: {', '.join(PATCHES)} (a key or value: its key/value "
+    "group's, on a grouped-query model).")]
+Noising = Annotated[bool, typer.Option(
+    "--noising", help="Patch the corrupted run's values into the clean run (default: denoising, the clean values "
+    "into the corrupted run).")]
+ByPosition = Annotated[bool, typer.Option(
+    "--by-position", help="Also patch each head at each position alone (one sweep per position).")]
+NoClasses = Annotated[bool, typer.Option("--no-classes", help="Do not classify the heads (saves a few forwards).")]
+Top = Annotated[int, typer.Option("--top", help="Heads listed, largest |patch effect| first.")]
+CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
+
+
+def check_request(task: str | None, pairs: Path | None, component: str, top: int, heads: str | None,
+                  by_position: bool, distributed: bool) -> None:
+    """Every option that can be judged without the model."""
+    if (task is None) == (pairs is None):
+        raise ProbeError("give --task or --pairs (one of them)")
+    if component not in PATCHES:
+        raise ProbeError(f"--component {component!r}: use one of {', '.join(PATCHES)}")
+    if top < 1:
+        raise ProbeError(f"--top must be at least 1, got {top}")
+    if by_position and distributed:
+        raise ProbeError("--by-position runs one sweep per position in one process: run it without torchrun")
+    check_heads_syntax(heads)
+
+
+def patch(
+    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, task: Task = None, pairs: Pairs = None,
+    count: Count = 32, seed: Seed = 0, component: Component = "output", noising: Noising = False,
+    by_position: ByPosition = False, heads: Heads = None, naive: Naive = False, no_classes: NoClasses = False,
+    top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
+    results: Results = None, resume: Resume = False, batch_size: BatchSize = 8, stack: Stack = None,
+    device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
+    force: Force = False,
+) -> None:
+    """Which heads carry a behaviour: each head's clean value patched into the corrupted run (or the other way),
+    as the share of the clean logit difference it restores."""
+    rank = current()
+    main_process = rank is None or rank.is_main
+    check_request(task, pairs, component, top, heads, by_position, rank is not None)
+    outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
+    check_distinct({**outputs, "--results": results})
+    if main_process:
+        check_outputs(outputs, force=force)
+    check_results_file(results, resume=resume, force=force)
+    loaded = load_for(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code), rank)
+    contrast = (read_contrast_pairs(loaded, pairs) if pairs is not None
+                else contrast_task(loaded, str(task), count=count, seed=seed))
+    chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
+    stream = results or default_results_path({"command": "patch", "model": model, "task": task, "pairs": str(pairs),
+                                              "count": count, "seed": seed, "component": component,
+                                              "noising": noising, "heads": heads, "dtype": dtype})
+    stream.parent.mkdir(parents=True, exist_ok=True)
+    with sweep_progress("patching heads", main_process) as (update, on_result):
+        result = patch_contrast(loaded, contrast, chosen, component=component, noising=noising,
+                                by_position=by_position, mode="naive" if naive else "exact", batch_size=batch_size,
+                                run=partial(sharded_sweep, results_path=stream, resume=resume), stack=stack,
+                                progress=update, on_result=on_result)
+    if result is None:  # another process's share under torchrun: rank 0 reports
+        return
+    if not no_classes:
+        with status("classifying the heads ..."):
+            result.add_classes(classify(loaded, batch_size=batch_size).labels)
+    payload = result.to_dict()
+    warn_non_finite(payload)
+    save(json_path, lambda path: write_json(path, payload))
+    save(csv_path, lambda path: write_csv(path, [{key: value for key, value in row.items() if key != "classes"}
+                                                 | {"classes": " ".join(row.get("classes", []))}
+                                                 for row in payload["heads"]]))
+    save(html_path, lambda path: write_text(path, patch_page(payload, top=top)))
+    patch_report(payload, console, top=top)
+    if results is None:
+        stream.unlink(missing_ok=True)  # the cache stream only serves --resume

@@ -1,0 +1,59 @@
+"""Patching on clean/corrupt pairs (probe.contrast): the two runs as task sets, and `patch_contrast`, which patches
+every head between them and adds each head's direct logit attribution on the clean run (probe.dla)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from probe.ablation.heads import Head
+from probe.contrast import ContrastSet
+from probe.data import ProbeSet
+from probe.dla import logit_attribution
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+from probe.patching.heads import PatchResult, patch_heads
+
+
+def _run(contrast: ContrastSet, prompts: torch.Tensor, which: str, offset: int) -> ProbeSet:
+    """One side's prompts as a task set: each pair's prompt followed by its answer, then by its distractor, scored at
+    the last prompt position (the task_margin metric's margin is then the mean logit difference)."""
+    pairs, last = len(contrast), contrast.last
+    length = int(last.max()) + 2
+    ids = torch.zeros(2 * pairs, length, dtype=torch.long)
+    mask = torch.zeros(2 * pairs, length, dtype=torch.long)
+    scored = torch.zeros(2 * pairs, length - 1, dtype=torch.bool)
+    for pair in range(pairs):
+        end = int(last[pair]) + 1
+        for row, token in ((2 * pair, contrast.answer[pair]), (2 * pair + 1, contrast.distractor[pair])):
+            ids[row, :end], ids[row, end] = prompts[pair, :end], token
+            mask[row, :end + 1] = 1
+            scored[row, end - 1] = True
+    return ProbeSet(f"task:{contrast.name}", f"{contrast.description} ({which} prompts)", ids, offset,
+                    attention_mask=mask, scored=scored, meta={"task": contrast.name, "items": pairs,
+                                                              "kind": "prompts", "side": which})
+
+
+def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet, ProbeSet]:
+    """(clean, corrupt) task sets of one shape, row for row."""
+    bos = getattr(loaded.tokenizer, "bos_token_id", None)
+    offset = int(isinstance(bos, int) and bool((contrast.clean[:, 0] == bos).all()))
+    return _run(contrast, contrast.clean, "clean", offset), _run(contrast, contrast.corrupt, "corrupt", offset)
+
+
+def patch_contrast(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
+                   attribution: bool = True, batch_size: int = 8, **options: Any) -> PatchResult | None:
+    """`patch_heads` between the contrast set's clean and corrupt prompts (`options`: component, noising,
+    by_position, mode, run, ...), each head with its direct logit attribution on the clean run (`attribution`;
+    a model whose stream DLA cannot decompose gets the reason in `dla_note` instead)."""
+    clean, corrupt = contrast_runs(loaded, contrast)
+    result = patch_heads(loaded, clean, corrupt, heads, batch_size=batch_size, data=contrast.description, **options)
+    if result is None or not attribution:
+        return result
+    try:
+        result.dla = logit_attribution(loaded, contrast, batch_size=batch_size, per_position=False).per_head.tolist()
+    except ProbeError as error:
+        result.dla_note = str(error)
+    return result
