@@ -165,30 +165,26 @@ def test_a_patch_at_one_position_equals_the_naive_loop_and_a_hand_written_patch(
 
 
 def ioi_runs(loaded, count: int = 8):
-    """Clean IOI prompts and their ABC corruption (the subject's second mention replaced by a third name)."""
-    from probe.tasks import NAMES, TaskItem, ioi_items, items_set
+    """Clean IOI prompts and their ABC corruption (the subject's second mention replaced by a third name), each
+    followed by its answer and distractor."""
+    from probe.contrast import contrast_task
+    from probe.patching import contrast_runs
 
-    clean = ioi_items(count, 0)
-
-    def corrupt(item: TaskItem) -> TaskItem:
-        third = next(name for name in NAMES if name not in item.good.split())
-        before, after = item.good.rsplit(item.distractor.strip(), 1)
-        return TaskItem(before + third + after, answer=item.answer, distractor=item.distractor)
-
-    return (items_set(loaded, clean, "ioi", "clean"), items_set(loaded, [corrupt(item) for item in clean], "ioi",
-                                                                 "corrupt"))
+    return contrast_runs(loaded, contrast_task(loaded, "ioi", count=count))
 
 
-def last_position_logit_diffs(model, runs, heads_patched=None) -> float:
-    """Mean logit(answer) - logit(distractor) at the last prompt position, read off full forwards (rows come in
-    pairs: prompt + answer, prompt + distractor)."""
-    ids, mask, scored = runs.input_ids, runs.attention_mask, runs.scored
-    with torch.no_grad():
-        logits = logits_of(run_model(model, ids, mask)).double()
+def last_position_logit_diffs(model, runs, current: dict | None = None) -> float:
+    """Mean logit(answer) - logit(distractor) at the last prompt position, read off a full forward of each prompt
+    alone (the answer and distractor that follow it in its row cut off); `current["row"]` says which row runs."""
+    ids, scored = runs.input_ids, runs.scored
     diffs = []
-    for row in range(0, ids.shape[0], 2):
+    for row in range(ids.shape[0]):
+        if current is not None:
+            current["row"] = row
         last = int(scored[row].nonzero()[0])
-        diffs.append(float(logits[row, last, ids[row, last + 1]] - logits[row, last, ids[row + 1, last + 1]]))
+        with torch.no_grad():
+            logits = logits_of(run_model(model, ids[row:row + 1, :last + 1])).double()[0, -1]
+        diffs.append(float(logits[ids[row, last + 1]] - logits[ids[row, last + 2]]))
     return sum(diffs) / len(diffs)
 
 
@@ -212,20 +208,20 @@ def test_patch_heads_equals_a_hand_written_patch_and_normalises(noising: bool, m
     for entry, reference in zip(exact.entries, naive.entries):
         (layer, head), = entry.heads
         module, _ = projection(loaded.model, layer)
-        seen = {}
+        seen, current = {}, {}
         handle = module.register_forward_pre_hook(lambda _m, args: seen.__setitem__("x", args[0].detach().clone()))
         with torch.no_grad():
             run_model(loaded.model, source.input_ids, source.attention_mask)
         handle.remove()
         columns = slice(head * 16, (head + 1) * 16)
 
-        def patch(_module, args):
+        def patch(_module, args):  # the source row's values at this prompt's positions
             x = args[0].clone()
-            x[..., columns] = seen["x"][..., columns]
+            x[..., columns] = seen["x"][current["row"], :x.shape[1], columns]
             return (x,)
 
         handle = module.register_forward_pre_hook(patch)
-        patched = last_position_logit_diffs(loaded.model, target)
+        patched = last_position_logit_diffs(loaded.model, target, current)
         handle.remove()
         assert entry.logit_diff == pytest.approx(patched, abs=1e-5)
         assert reference.logit_diff == pytest.approx(patched, abs=1e-5)

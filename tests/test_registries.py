@@ -176,6 +176,10 @@ def test_a_metric_outside_its_input_kind_is_one_line(capsys, monkeypatch) -> Non
     with pytest.raises(ProbeError, match="metric kl applies to a causal LM's next-token predictions on text or a "
                                          "task set's scored positions, not to a model without next-token logits"):
         sweep(loaded, small_set(loaded), [(0, 1)], metric="kl")
+    words = words_loaded()
+    with pytest.raises(ProbeError, match="metric logit_diff applies to prompts each followed by their answer and "
+                                         "distractor"):
+        sweep(words, task_set(words, "ioi", count=4), [(0, 1)], metric="logit_diff")
     code, _, stderr = run_cli(["ablate", "--model", "tests/words.py:tiny_with_words", "--metric", "entropy"], capsys,
                               monkeypatch)
     assert code == 2 and "--metric 'entropy': use one of cross_entropy, cosine_distance, task_margin, kl" in stderr

@@ -36,8 +36,13 @@ from probe.models import LoadedModel
 
 KINDS = {"text": "a causal LM's next-token predictions on text",
          "task": "a task set's scored positions",
+         "contrast": "prompts each followed by their answer and distractor (clean/corrupt pairs)",
          "outputs": "a model without next-token logits (an encoder, or no LM head)"}
 """The kinds of input a metric can apply to, as `input_kind` tells them apart."""
+
+CONTRAST_LAYOUT = "prompt, answer, distractor"
+"""`ProbeSet.meta["layout"]` of a set whose rows are a prompt, its answer and its distractor, scored at the last
+prompt position (probe.patching.runs): the logit_diff metric reads both tokens from the row."""
 
 
 class Metric:
@@ -155,6 +160,33 @@ class KLDivergence(Metric):
         return (reference.exp() * (reference - ablated)).sum(dim=-1)
 
 
+@register_metric
+class LogitDiff(Metric):
+    """Minus the logit difference logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022),
+    each row being a prompt, its answer and its distractor (CONTRAST_LAYOUT): one row per pair, the two tokens read
+    from the row itself, so a patch costs one forward of each prompt. Causal: the appended tokens change nothing of
+    the prompt's logits."""
+
+    name = "logit_diff"
+    description = ("minus the mean logit(answer) - logit(distractor) at the last prompt position; delta > 0: the "
+                   "change lowers the logit difference")
+    shift = 1
+    reads = "next-token logits at the last prompt position: the answer's and the distractor's"
+    applies = ("contrast",)
+    default_for = ("contrast",)
+
+    def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
+        logits = output[:, :-2].float()  # (batch, positions - 2, vocab): position t, answer t + 1, distractor t + 2
+        ids = ids.to(output.device)
+        answer = logits.gather(-1, ids[:, 1:-1, None])[..., 0]
+        distractor = logits.gather(-1, ids[:, 2:, None])[..., 0]
+        return F.pad(distractor - answer, (0, 1))  # (batch, positions - 1): the last position reads nothing
+
+    def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
+        margins = -rows  # one scored position per row: its logit difference
+        return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
+
+
 def metric_named(name: str) -> Metric:
     if name not in METRICS:
         raise ProbeError(f"unknown metric {name!r}: use one of {', '.join(METRICS)}", parameter="metric")
@@ -174,7 +206,7 @@ def has_logits(loaded: LoadedModel, output: Any) -> bool:
 def input_kind(loaded: LoadedModel, probe_set: ProbeSet) -> str:
     """Which of KINDS the model and probe set are: a task set, a causal LM on text, or outputs alone."""
     if probe_set.scored is not None:
-        return "task"
+        return "contrast" if probe_set.meta.get("layout") == CONTRAST_LAYOUT else "task"
     ids, mask = probe_set.batches(1)[0]
     with torch.no_grad():
         output = run_model(loaded.model, ids[:1, :2], None if mask is None else mask[:1, :2])

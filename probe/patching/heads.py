@@ -1,8 +1,8 @@
 """Activation patching of every head between a clean and a corrupted run (Vig et al. 2020; Meng et al. 2022; Wang
 et al. 2022): denoising patches each head's clean value into the corrupted run, noising the corrupted value into
-the clean run. The runs are two task sets of the same shape (each prompt twice: with the answer, with the
-distractor), so the metric is the logit difference logit(answer) - logit(distractor) at the last prompt position
-(the task_margin metric's margin), and each head's result is normalised as
+the clean run. The runs are two probe sets of the same shape (each prompt followed by its answer and its distractor:
+probe.patching.contrast_runs), so the metric is the logit difference logit(answer) - logit(distractor) at the last
+prompt position (the logit_diff metric), and each head's result is normalised as
 
     patch_effect = (mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt)
 
@@ -26,6 +26,7 @@ from typing import Any
 
 from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
 from probe.ablation.methods import PatchAblation, patch_method
+from probe.ablation.metrics import CONTRAST_LAYOUT
 from probe.ablation.results import AblationResult
 from probe.ablation.sweep import baseline_metric, sweep
 from probe.attention import attention_layers
@@ -124,9 +125,9 @@ def _units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) ->
 
 
 def _check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
-    if clean.scored is None or corrupt.scored is None:
-        raise ProbeError("patching compares two task sets of prompts (clean and corrupted, each with an answer and a "
-                         "distractor)", parameter="clean")
+    if any(run.meta.get("layout") != CONTRAST_LAYOUT for run in (clean, corrupt)):
+        raise ProbeError("patching compares two runs of prompts, each followed by its answer and distractor: make "
+                         "them with probe.patching.contrast_runs", parameter="clean")
     if clean.input_ids.shape != corrupt.input_ids.shape or not bool((clean.scored == corrupt.scored).all()):
         raise ProbeError(f"the clean and corrupted runs need the same rows and token lengths, got "
                          f"{tuple(clean.input_ids.shape)} and {tuple(corrupt.input_ids.shape)}", parameter="corrupt")
@@ -154,7 +155,7 @@ def _swept(run: Sweep, loaded: LoadedModel, target: ProbeSet, units: list[Ablati
     """The sweep of every unit's patch on the target run (None on a rank that does not report, under torchrun)."""
     singles = all(len(unit) == 1 for unit in units)
     return run(loaded, target, [unit[0] for unit in units] if singles else [], groups=() if singles else units,
-               method=method, metric="task_margin", **options)
+               method=method, **options)
 
 
 def _by_position(loaded: LoadedModel, target: ProbeSet, units: list[Ablation], method: PatchAblation,
@@ -172,7 +173,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
                 component: str = "output", noising: bool = False, by_position: bool = False, mode: str = "exact",
                 batch_size: int = 8, data: str = "", run: Sweep = sweep, **options: Any) -> PatchResult | None:
     """Patch each head (default: every head; a key or value: every key/value group) between the clean and the
-    corrupted run (two task sets of one shape, e.g. probe.patching.pairs), denoising by default; with `by_position`
+    corrupted run (two probe sets of one shape: probe.patching.contrast_runs), denoising by default; with `by_position`
     also each head at each position alone. `run` is the sweep (probe.distributed.sharded_sweep under torchrun) and
     `options` go to it (results_path, resume, stack, progress, on_result); None on a process of torchrun's that does
     not report."""
@@ -181,7 +182,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
     target, source = (clean, corrupt) if noising else (corrupt, clean)
     method = patch_method(loaded, source, component, batch_size=batch_size)
     units = _units(loaded, heads, component)
-    source_ld = _margin(baseline_metric(loaded, source, metric="task_margin", batch_size=batch_size))
+    source_ld = _margin(baseline_metric(loaded, source, batch_size=batch_size))
     swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data, **options)
     if swept is None:
         return None
@@ -198,7 +199,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
 
 
 def _margin(measured: tuple[float, dict[str, float] | None]) -> float:
-    """The mean logit difference of a task set's measurement (task_margin's margin)."""
+    """The mean logit difference of a measurement (the logit_diff metric's margin)."""
     _, task = measured
     assert task is not None
     return task["margin"]

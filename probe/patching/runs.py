@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from probe.ablation.heads import Head
+from probe.ablation.metrics import CONTRAST_LAYOUT
 from probe.contrast import ContrastSet
 from probe.data import ProbeSet
 from probe.dla import logit_attribution
@@ -18,22 +19,22 @@ from probe.patching.heads import PatchResult, patch_heads
 
 
 def _run(contrast: ContrastSet, prompts: torch.Tensor, which: str, offset: int) -> ProbeSet:
-    """One side's prompts as a task set: each pair's prompt followed by its answer, then by its distractor, scored at
-    the last prompt position (the task_margin metric's margin is then the mean logit difference)."""
+    """One side's prompts as a probe set of the logit_diff metric: each pair's prompt, then its answer, then its
+    distractor (CONTRAST_LAYOUT), scored at the last prompt position."""
     pairs, last = len(contrast), contrast.last
-    length = int(last.max()) + 2
-    ids = torch.zeros(2 * pairs, length, dtype=torch.long)
-    mask = torch.zeros(2 * pairs, length, dtype=torch.long)
-    scored = torch.zeros(2 * pairs, length - 1, dtype=torch.bool)
+    length = int(last.max()) + 3
+    ids = torch.zeros(pairs, length, dtype=torch.long)
+    mask = torch.zeros(pairs, length, dtype=torch.long)
+    scored = torch.zeros(pairs, length - 1, dtype=torch.bool)
     for pair in range(pairs):
         end = int(last[pair]) + 1
-        for row, token in ((2 * pair, contrast.answer[pair]), (2 * pair + 1, contrast.distractor[pair])):
-            ids[row, :end], ids[row, end] = prompts[pair, :end], token
-            mask[row, :end + 1] = 1
-            scored[row, end - 1] = True
+        ids[pair, :end] = prompts[pair, :end]
+        ids[pair, end], ids[pair, end + 1] = contrast.answer[pair], contrast.distractor[pair]
+        mask[pair, :end + 2] = 1
+        scored[pair, end - 1] = True
     return ProbeSet(f"task:{contrast.name}", f"{contrast.description} ({which} prompts)", ids, offset,
                     attention_mask=mask, scored=scored, meta={"task": contrast.name, "items": pairs,
-                                                              "kind": "prompts", "side": which})
+                                                              "layout": CONTRAST_LAYOUT, "side": which})
 
 
 def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet, ProbeSet]:
