@@ -363,6 +363,25 @@ def kv_heads(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def patching(data: dict[str, Any]) -> str:
+    """bench/patching.py: the exact all-heads patching sweep against a naive loop of hooked forwards."""
+    timings = data["timings"]
+    ratio, (low, high) = timings["ratio_vs_baseline"]["probe"], timings["ratio_range"]["probe"]
+    lines = [f"## Activation patching of every head, SmolLM2, {data['pairs']} IOI pairs", "", _machine(data),
+             f"- {data['repeats']} repeats, interleaved; ratio = median of per-repeat ratios", "", "| variant | median time (s) | ratio vs naive | ratio range |", "|---|---:|---:|---:|",
+             f"| naive: one hooked forward of the corrupt prompts per head (baseline) | "
+             f"{timings['median_seconds']['naive']:.2f} | 1.00x | |",
+             f"| **probe** `patch_heads` (exact) | {timings['median_seconds']['probe']:.2f} | {ratio:.2f}x | "
+             f"{low:.2f}-{high:.2f} |", "",
+             f"Target probe <= 0.65x naive: {_verdict(ratio, 0.65)}. {data['n_heads_timed']} heads; path: "
+             f"{data['probe_path']}. Largest |patched logit difference - naive's|: "
+             f"{data['max_abs_logit_diff_difference']:.2e}.",
+             f"Logit difference: clean {data['clean_logit_diff']:+.3f}, corrupt {data['corrupt_logit_diff']:+.3f}; "
+             "top heads by |patch effect|: " + ", ".join(f"{name} {effect:+.3f}" for name, effect in
+                                                          data["top_heads"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
 def render(extra: str = "") -> str:
     parts = [HEADER]
     for name, fn in (("classification", classification), ("ablation", ablation), ("taylor", taylor),
@@ -383,6 +402,9 @@ def render(extra: str = "") -> str:
     kv = load_result("kv_heads")
     if kv is not None and "kv_heads" in kv:
         parts.append(kv_heads(kv))
+    patched = load_result("patching")
+    if patched is not None:
+        parts.append(patching(patched))
     if extra:
         parts.append(extra)
     return "\n".join(parts)
