@@ -46,8 +46,9 @@ Method = Annotated[str, typer.Option("--method", help=method_help(
     f"{ESTIMATE}: attribution-patching estimate of every zero-ablation delta from a few forward/backward passes (the "
     "top heads checked exactly)"))]
 PerPosition = Annotated[bool, typer.Option(
-    "--per-position", help="Methods that read statistics of the heads' outputs (mean): one value per position (over "
-    "the sequences) instead of one over all positions.")]
+    "--per-position", help="Methods that read statistics of the heads' outputs (" + ", ".join(
+        name for name, method in METHODS.items() if method.statistics) + "): one value per position (over the "
+    "sequences) instead of one over all positions.")]
 Data = Annotated[str, typer.Option(
     "--data", help="natural (embedded English text), repeated (BOS + random tokens repeated twice: losses on each "
     "copy too), or a UTF-8 text file.")]
