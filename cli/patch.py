@@ -26,6 +26,7 @@ from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.patching import patch_contrast
+from probe.patching.paths import path_contrast
 from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.patching import patch_page, patch_report
 
@@ -37,6 +38,12 @@ Noising = Annotated[bool, typer.Option(
     "into the corrupted run).")]
 ByPosition = Annotated[bool, typer.Option(
     "--by-position", help="Also patch each head at each position alone (one sweep per position).")]
+Senders = Annotated[Optional[str], typer.Option(
+    "--senders", help="Path patching: heads whose effect through the --receivers is measured (LAYER.HEAD items).")]
+Receivers = Annotated[Optional[str], typer.Option(
+    "--receivers", help="Path patching: heads of later layers whose --path-component input the senders reach.")]
+PathComponent = Annotated[str, typer.Option(
+    "--path-component", help="Path patching: the receivers' query, key or value.")]
 NoClasses = Annotated[bool, typer.Option("--no-classes", help="Do not classify the heads (saves a few forwards).")]
 Top = Annotated[int, typer.Option("--top", help="Heads listed, largest |patch effect| first.")]
 CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
@@ -56,10 +63,20 @@ def check_request(task: str | None, pairs: Path | None, component: str, top: int
     check_heads_syntax(heads)
 
 
+def check_paths(senders: str | None, receivers: str | None, component: str) -> None:
+    if (senders is None) != (receivers is None):
+        raise ProbeError("path patching takes --senders and --receivers together")
+    if component not in ("query", "key", "value"):
+        raise ProbeError(f"--path-component {component!r}: use one of query, key, value")
+    check_heads_syntax(senders)
+    check_heads_syntax(receivers)
+
+
 def patch(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, task: Task = None, pairs: Pairs = None,
     count: Count = 32, seed: Seed = 0, component: Component = "output", noising: Noising = False,
-    by_position: ByPosition = False, heads: Heads = None, naive: Naive = False, no_classes: NoClasses = False,
+    by_position: ByPosition = False, heads: Heads = None, senders: Senders = None, receivers: Receivers = None,
+    path_component: PathComponent = "value", naive: Naive = False, no_classes: NoClasses = False,
     top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
     results: Results = None, resume: Resume = False, batch_size: BatchSize = 8, stack: Stack = None,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
@@ -70,6 +87,7 @@ def patch(
     rank = current()
     main_process = rank is None or rank.is_main
     check_request(task, pairs, component, top, heads, by_position, rank is not None)
+    check_paths(senders, receivers, path_component)
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     check_distinct({**outputs, "--results": results})
     if main_process:
@@ -90,6 +108,11 @@ def patch(
                                 progress=update, on_result=on_result)
     if result is None:  # another process's share under torchrun: rank 0 reports
         return
+    if senders is not None and receivers is not None:
+        layers = attention_layers(loaded.model)
+        with status("path patching ..."):
+            result.paths = path_contrast(loaded, contrast, parse_heads(senders, layers), parse_heads(receivers, layers),
+                                         component=path_component, batch_size=batch_size).to_dict()
     if not no_classes:
         with status("classifying the heads ..."):
             result.add_classes(classify(loaded, batch_size=batch_size).labels)

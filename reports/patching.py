@@ -53,6 +53,21 @@ def patch_report(payload: dict[str, Any], console: Console, *, top: int = TOP) -
                       "" if dla is None else f"{dla:+.3f}", ", ".join(row.get("classes", [])))
     console.print(table)
     console.print(Text(f"  {payload['path']}; {payload['seconds']:.1f} s", style="dim"))
+    if payload.get("paths"):
+        path_report(payload["paths"], console)
+
+
+def path_report(paths: dict[str, Any], console: Console) -> None:
+    """The sender x receiver matrix of path patching's effects."""
+    console.print(Text(f"Path patching: each sender's effect through the receivers' {paths['component']}",
+                       style="bold"))
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    table.add_column("sender \\ receiver", justify="right")
+    for layer, head in paths["receivers"]:
+        table.add_column(f"{layer}.{head}", justify="right")
+    for (layer, head), row in zip(paths["senders"], paths["patch_effect"]):
+        table.add_row(f"{layer}.{head}", *(f"{value:+.3f}" for value in row))
+    console.print(table)
 
 
 def _grid(payload: dict[str, Any], key: str) -> list[list[float | None]]:
@@ -79,13 +94,22 @@ def _by_position(payload: dict[str, Any], top: int) -> dict[str, Any] | None:
                   for position in positions]}
 
 
+def _paths(payload: dict[str, Any]) -> dict[str, Any] | None:
+    paths = payload.get("paths")
+    if not paths:
+        return None
+    return {"z": [[round(value, 6) for value in row] for row in paths["patch_effect"]],
+            "x": [f"{layer}.{head}" for layer, head in paths["receivers"]],
+            "y": [f"{layer}.{head}" for layer, head in paths["senders"]], "component": paths["component"]}
+
+
 def patch_data(payload: dict[str, Any], top: int = TOP) -> dict[str, Any]:
     names = payload.get("layer_names")
     return {"n_layers": payload["n_layers"], "n_heads": payload["n_heads"], "layer_names": names,
             "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["n_heads"])),
             "effect": _grid(payload, "patch_effect"), "dla": _grid(payload, "dla") if any(
                 row.get("dla") is not None for row in _rows(payload)) else None,
-            "by_position": _by_position(payload, top),
+            "by_position": _by_position(payload, top), "paths": _paths(payload),
             "top": [long_label(row["layer"], row["head"], names) for row in ranked(payload, top)]}
 
 
@@ -102,5 +126,7 @@ def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int =
             + ("<h2>Direct logit attribution (clean run)</h2><div class=\"probe-patch-dla\"></div>"
                if data["dla"] is not None else "")
             + ("<h2>By position: the top heads</h2><div class=\"probe-patch-position\"></div>"
-               if data["by_position"] is not None else ""))
+               if data["by_position"] is not None else "")
+            + ("<h2>Path patching: senders (down) through receivers (across)</h2>"
+               "<div class=\"probe-patch-paths\"></div>" if data["paths"] is not None else ""))
     return page("patch", f"probe patch: {payload['model']}", body, data, embed_plotly=embed_plotly)

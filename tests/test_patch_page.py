@@ -22,6 +22,9 @@ def test_patch_page_draws_the_maps_and_the_positions(tmp_path, open_page, monkey
     clean, corrupt = ioi_runs(loaded, count=4)
     result = patch_heads(loaded, clean, corrupt, [(0, 1), (1, 0), (1, 3)], by_position=True, batch_size=4)
     result.dla = [[0.1 * layer - 0.05 * head for head in range(result.n_heads)] for layer in range(result.n_layers)]
+    from probe.patching.paths import path_patch
+
+    result.paths = path_patch(loaded, clean, corrupt, [(0, 1), (0, 2)], [(1, 0)], batch_size=4).to_dict()
     payload = result.to_dict() | {"model": SCRIPT}
     payload["tokens"][2] = IMG
     path = tmp_path / "patch.html"
@@ -38,5 +41,7 @@ def test_patch_page_draws_the_maps_and_the_positions(tmp_path, open_page, monkey
     assert len(spots["y"]) == 3 and len(spots["x"]) == len(payload["tokens"])
     assert IMG.replace("<", "&lt;").replace(">", "&gt;") in spots["x"][2]  # shown as text, not read as HTML
     assert opened.page.locator(".probe-patch-position .heatmaplayer image").count() >= 1
+    paths = opened.page.evaluate("document.querySelector('.probe-patch-paths').data[0]")
+    assert paths["y"] == ["0.1", "0.2"] and paths["z"][1][0] == pytest.approx(payload["paths"]["patch_effect"][1][0], abs=1e-6)
     screenshot(opened, "patch.png")
     opened.check_clean()

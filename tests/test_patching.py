@@ -280,17 +280,87 @@ def test_probe_patch_writes_json_csv_and_a_page(tmp_path, capsys, monkeypatch) -
     monkeypatch.setattr(contrast, "MIN_GAP", 1e-4)  # a random tiny model's corruption changes little
     out, csv, page = tmp_path / "p.json", tmp_path / "p.csv", tmp_path / "p.html"
     code, stdout, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--count",
-                                    "6", "--by-position", "--heads", "0.1,1.*", "--json", str(out), "--csv", str(csv),
-                                    "--html", str(page)], capsys, monkeypatch)
+                                    "6", "--by-position", "--heads", "0.1,1.*", "--senders", "0.1,0.2", "--receivers",
+                                    "1.0,1.3", "--json", str(out), "--csv", str(csv), "--html", str(page)], capsys,
+                                   monkeypatch)
     assert code == 0, stderr
     payload = json.loads(out.read_text())
     assert {"clean_logit_diff", "corrupt_logit_diff", "heads"} <= set(payload)
     assert {"layer", "head", "patch_effect", "dla", "classes"} <= set(payload["heads"][0])
     assert len(payload["heads"]) == 5 and len(payload["by_position"]) == 5 * len(payload["tokens"])
     assert "Activation patching of" in stdout and "layer,head,patch_effect,dla" in csv.read_text()
+    assert payload["paths"]["senders"] == [[0, 1], [0, 2]] and len(payload["paths"]["patch_effect"][0]) == 2
+    assert "Path patching" in stdout
     assert "window.probeReports.start(\"patch\"" in page.read_text()
     code, _, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--component",
                                "attention"], capsys, monkeypatch)
     assert code == 2 and "--component 'attention': use one of output, query, key, value" in stderr
     code, _, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words"], capsys, monkeypatch)
     assert code == 2 and "give --task or --pairs" in stderr
+    code, _, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--senders",
+                               "0.1"], capsys, monkeypatch)
+    assert code == 2 and "takes --senders and --receivers together" in stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# path patching
+
+
+def test_path_patching_equals_a_hand_written_two_pass_computation(monkeypatch) -> None:
+    """A sender's effect through a receiver's value, on a grouped-query model: pass 1 with plain pre-hooks freezing
+    every head's o_proj slice at the corrupted run's but the sender's (clean), recording the receiver's v_proj output;
+    pass 2 the corrupted run with the receiver's key/value group's v_proj columns replaced by that recording."""
+    import probe.contrast as contrast
+    from probe.patching.paths import path_patch
+    from test_specific import words_loaded
+
+    monkeypatch.setattr(contrast, "MIN_GAP", 1e-4)
+    loaded = words_loaded()
+    model = loaded.model
+    clean, corrupt = ioi_runs(loaded, count=4)
+    senders, receivers = [(0, 1), (0, 3)], [(1, 0), (1, 3)]
+    result = path_patch(loaded, clean, corrupt, senders, receivers, component="value", batch_size=4)
+    outputs = {}
+    for name, runs in (("clean", clean), ("corrupt", corrupt)):
+        seen = {}
+        handles = [projection(model, layer)[0].register_forward_pre_hook(
+            lambda _m, args, layer=layer: seen.__setitem__(layer, args[0].detach().clone())) for layer in (0, 1)]
+        with torch.no_grad():
+            run_model(model, runs.input_ids, runs.attention_mask)
+        for handle in handles:
+            handle.remove()
+        outputs[name] = seen
+    attention = model.model.layers[1].self_attn
+    for i, (sender_layer, sender) in enumerate(senders):
+        def freeze(_module, args, layer):
+            x = outputs["corrupt"][layer].clone()
+            if layer == sender_layer:
+                x[..., sender * 16:(sender + 1) * 16] = outputs["clean"][layer][..., sender * 16:(sender + 1) * 16]
+            return (x,)
+
+        handles = [projection(model, layer)[0].register_forward_pre_hook(
+            lambda m, args, layer=layer: freeze(m, args, layer)) for layer in (0, 1)]
+        recorded = {}
+        handles.append(attention.v_proj.register_forward_hook(
+            lambda _m, _a, out: recorded.__setitem__("v", out.detach().clone())))
+        with torch.no_grad():
+            run_model(model, corrupt.input_ids, corrupt.attention_mask)
+        for handle in handles:
+            handle.remove()
+        for j, (_, receiver) in enumerate(receivers):
+            group = slice((receiver // 2) * 16, (receiver // 2 + 1) * 16)  # 4 query heads, 2 key/value heads
+            current = {}
+
+            def patch(_m, _a, out, group=group):
+                out = out.clone()
+                out[..., group] = recorded["v"][current["row"], :out.shape[1], group]
+                return out
+
+            handle = attention.v_proj.register_forward_hook(patch)
+            expected = last_position_logit_diffs(model, corrupt, current)
+            handle.remove()
+            assert result.logit_diff[i][j] == pytest.approx(expected, abs=1e-5)
+    assert result.to_dict()["patch_effect"][0][0] == pytest.approx(
+        (result.logit_diff[0][0] - result.corrupt_logit_diff) / (result.clean_logit_diff - result.corrupt_logit_diff))
+    with pytest.raises(ProbeError, match="only in a later layer"):
+        path_patch(loaded, clean, corrupt, [(1, 0)], [(1, 2)], batch_size=4)

@@ -77,6 +77,7 @@ class PatchResult:
     dla: list[list[float]] | None = None  # (n_layers, n_heads) direct logit attribution on the clean run
     dla_note: str | None = None  # why there is none
     classes: dict[Head, list[str]] = field(default_factory=dict)  # each head's classes, where they were classified
+    paths: dict[str, Any] | None = None  # a path patching matrix (probe.patching.paths.PathResult.to_dict())
 
     def add_classes(self, labels: Callable[[int, int], list[str]]) -> None:
         """Each head's classes (e.g. `Classification.labels`), shown beside its patch effect."""
@@ -106,6 +107,7 @@ class PatchResult:
                 "heads": self.heads(), "by_position": [entry.to_dict() for entry in self.positions],
                 "tokens": self.tokens, "mode": self.mode, "path": self.path, "seconds": round(self.seconds, 3),
                 **({"dla_note": self.dla_note} if self.dla_note else {}),
+                **({"paths": self.paths} if self.paths else {}),
                 **({"layer_names": self.layer_names} if self.layer_names else {})}
 
 
@@ -124,7 +126,7 @@ def _units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) ->
     return [tuple(unit) for unit in units.values()]
 
 
-def _check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
+def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
     if any(run.meta.get("layout") != CONTRAST_LAYOUT for run in (clean, corrupt)):
         raise ProbeError("patching compares two runs of prompts, each followed by its answer and distractor: make "
                          "them with probe.patching.contrast_runs", parameter="clean")
@@ -178,15 +180,15 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
     `options` go to it (results_path, resume, stack, progress, on_result); None on a process of torchrun's that does
     not report."""
     started = time.perf_counter()
-    _check_runs(clean, corrupt)
+    check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)
     method = patch_method(loaded, source, component, batch_size=batch_size)
     units = _units(loaded, heads, component)
-    source_ld = _margin(baseline_metric(loaded, source, batch_size=batch_size))
+    source_ld = mean_logit_diff(baseline_metric(loaded, source, batch_size=batch_size))
     swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data, **options)
     if swept is None:
         return None
-    target_ld = _margin((swept.baseline_loss, swept.task))
+    target_ld = mean_logit_diff((swept.baseline_loss, swept.task))
     clean_ld, corrupt_ld = (target_ld, source_ld) if noising else (source_ld, target_ld)
     entries = _entries(swept, clean_ld, corrupt_ld, None)
     positions = _by_position(loaded, target, units, method, (clean_ld, corrupt_ld), mode, batch_size) \
@@ -198,7 +200,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
                        time.perf_counter() - started, layer_names(layers))
 
 
-def _margin(measured: tuple[float, dict[str, float] | None]) -> float:
+def mean_logit_diff(measured: tuple[float, dict[str, float] | None]) -> float:
     """The mean logit difference of a measurement (the logit_diff metric's margin)."""
     _, task = measured
     assert task is not None

@@ -614,6 +614,18 @@
           xaxis: {type: "category", tickangle: -60}, yaxis: {type: "category", autorange: "reversed"}
         }, CONFIG));
       }
+      if (data.paths) {
+        var paths = data.paths;
+        jobs.push(Plotly.newPlot(root.querySelector(".probe-patch-paths"), [{
+          type: "heatmap", z: paths.z, x: paths.x, y: paths.y, colorscale: DIVERGING, zmid: 0, xgap: 1, ygap: 1,
+          colorbar: {thickness: 12, len: 0.8, title: {text: "effect", side: "top"}},
+          hovertemplate: "%{y} through %{x}'s " + paths.component + ": patch effect %{z:+.3f}<extra></extra>"
+        }], {
+          height: Math.max(260, 24 * paths.y.length + 120), width: Math.max(320, 48 * paths.x.length + 160),
+          margin: {l: 70, r: 10, t: 10, b: 60}, xaxis: {type: "category", title: {text: "receiver"}},
+          yaxis: {type: "category", autorange: "reversed", title: {text: "sender"}}
+        }, CONFIG));
+      }
       return Promise.all(jobs).then(function () { root.dataset.state = "ready"; })
         .catch(function (error) { fail(root, error); });
     } catch (error) {

@@ -1,0 +1,129 @@
+"""Path patching (Wang et al. 2022, "Interpretability in the Wild"; Goldowsky-Dill et al. 2023): the effect of a
+sender head on the behaviour through one path only, into the query, key or value input of chosen receiver heads.
+
+Two passes over the corrupted prompts, for each sender:
+1. the sender's output patched from the clean run and every other head frozen at its corrupted output (MLPs and
+   norms recompute), recording what each receiver's `component` becomes: the sender's clean value reaches it
+   through the residual stream and the MLPs, not through other heads;
+2. the corrupted run again with only the receiver's `component` replaced by that recording; its logit difference,
+   normalised as activation patching's (`probe.contrast.normalised_effect`), is the path's effect.
+Each pass is a plain forward with probe's hooks (no prefix reuse); a matrix of S senders and R receivers costs S + S x R
+forwards per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.ablation.editor import ablated
+from probe.ablation.heads import Head, check_heads
+from probe.ablation.methods import PATCHES, InputPatch
+from probe.ablation.metrics import choose_metric
+from probe.ablation.statistics import HeadOutputs, head_outputs
+from probe.ablation.sweep import baseline_metric
+from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.contrast import ContrastSet, normalised_effect
+from probe.data import ProbeSet
+from probe.errors import ProbeError
+from probe.hooks.types import AttentionInputs
+from probe.models import LoadedModel
+from probe.patching.heads import check_runs, mean_logit_diff
+from probe.patching.runs import contrast_runs
+
+
+@dataclass
+class PathResult:
+    """The effect of each sender through each receiver's `component`: (senders, receivers) logit differences and
+    patch effects."""
+
+    model: str
+    component: str
+    senders: list[Head]
+    receivers: list[Head]
+    logit_diff: list[list[float]]
+    patch_effect: list[list[float]]
+    clean_logit_diff: float
+    corrupt_logit_diff: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "component": self.component, "senders": [list(h) for h in self.senders],
+                "receivers": [list(h) for h in self.receivers], "logit_diff": self.logit_diff,
+                "patch_effect": self.patch_effect, "clean_logit_diff": self.clean_logit_diff,
+                "corrupt_logit_diff": self.corrupt_logit_diff}
+
+
+def _frozen_but(sender: Head, clean: HeadOutputs, corrupt: HeadOutputs,
+                batch: int) -> Callable[[int, Tensor], Tensor]:
+    """An edit_heads function: every head at its corrupted output but `sender`, at its clean one."""
+    def edit(layer: int, heads: Tensor) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
+        frozen = corrupt.at(layer, heads, batch).clone()
+        if layer == sender[0]:
+            frozen[:, :, sender[1]] = clean.at(layer, heads, batch)[:, :, sender[1]]
+        return frozen
+    return edit
+
+
+def _recorded(loaded: LoadedModel, ids: Tensor, mask: Tensor | None, edit: Callable[[int, Tensor], Tensor],
+              component: str, layers: set[int]) -> dict[int, Tensor]:
+    """Pass 1: the receivers' layers' `component` inputs with the heads edited by `edit`."""
+    seen: dict[int, Tensor] = {}
+
+    def record(layer: int, inputs: AttentionInputs) -> AttentionInputs:
+        if layer in layers:
+            seen[layer] = getattr(inputs, component).detach().clone()
+        return inputs
+
+    with torch.no_grad(), attention_hooks(loaded.model, edit_heads=edit, edit_inputs=record):
+        run_model(loaded.model, ids, mask, logits=False)
+    return seen
+
+
+def _logit_diffs(loaded: LoadedModel, probe_set: ProbeSet, first: int, ids: Tensor, mask: Tensor | None) -> Tensor:
+    """(rows,) logit differences of one batch's forward, its first row `first` of the set (the logit_diff metric at
+    the scored position)."""
+    metric = choose_metric(loaded, probe_set)
+    rows = probe_set.scored[first:first + ids.shape[0], :ids.shape[1] - 1]
+    values = metric.values(logits_of(run_model(loaded.model, ids, mask)), ids, None)
+    return -(values * rows.to(values.device)).sum(dim=1).double().cpu()
+
+
+def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders: Sequence[Head],
+               receivers: Sequence[Head], *, component: str = "value", batch_size: int = 8) -> PathResult:
+    """Each sender's effect through each receiver's `component` (query, key or value; see the module docstring)."""
+    check_runs(clean, corrupt)
+    if component not in PATCHES or not issubclass(PATCHES[component], InputPatch):
+        raise ProbeError(f"path patching reaches a receiver through its query, key or value, not {component!r}",
+                         parameter="component")
+    layers = attention_layers(loaded.model)
+    check_heads(layers, list(senders) + list(receivers))
+    later = [(s, r) for s in senders for r in receivers if s[0] >= r[0]]
+    if later:
+        raise ProbeError(f"a receiver reads a sender's output only in a later layer: {later[0][1]} does not come after "
+                         f"{later[0][0]}", parameter="receivers")
+    clean_ld, corrupt_ld = (mean_logit_diff(baseline_metric(loaded, run, batch_size=batch_size)) for run in (clean, corrupt))
+    clean_out, corrupt_out = (head_outputs(loaded, run, batch_size=batch_size) for run in (clean, corrupt))
+    sums = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
+    for batch, (ids, mask) in enumerate(corrupt.batches(batch_size)):
+        for i, sender in enumerate(senders):
+            edit = _frozen_but(sender, clean_out, corrupt_out, batch)
+            seen = _recorded(loaded, ids, mask, edit, component, {layer for layer, _ in receivers})
+            method = PATCHES[component](HeadOutputs([{}] * batch + [seen], "path patching's first pass"))
+            for j, receiver in enumerate(receivers):
+                with torch.no_grad(), ablated(loaded.model, [(receiver,)], method, batch):
+                    sums[i, j] += _logit_diffs(loaded, corrupt, batch * batch_size, ids, mask).sum()
+    means = (sums / corrupt.input_ids.shape[0]).tolist()
+    return PathResult(loaded.name, component, list(senders), list(receivers), means,
+                      [[normalised_effect(value, clean_ld, corrupt_ld) for value in row] for row in means],
+                      clean_ld, corrupt_ld)
+
+
+def path_contrast(loaded: LoadedModel, contrast: ContrastSet, senders: Sequence[Head], receivers: Sequence[Head], *,
+                  component: str = "value", batch_size: int = 8) -> PathResult:
+    """`path_patch` between the contrast set's clean and corrupt prompts."""
+    clean, corrupt = contrast_runs(loaded, contrast)
+    return path_patch(loaded, clean, corrupt, senders, receivers, component=component, batch_size=batch_size)
