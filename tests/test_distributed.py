@@ -32,22 +32,23 @@ def environment(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, **extra: str) -> subprocess.CompletedProcess:
+def torchrun(args: list[str], tmp_path: Path, nproc: int = 2, command_name: str = "ablate",
+             **extra: str) -> subprocess.CompletedProcess:
     assert TORCHRUN is not None, "torchrun is not installed next to this Python"
-    command = [TORCHRUN, "--nproc-per-node", str(nproc), "--standalone", "-m", "probe.cli", "ablate", *args]
+    command = [TORCHRUN, "--nproc-per-node", str(nproc), "--standalone", "-m", "probe.cli", command_name, *args]
     return subprocess.run(command, cwd=ROOT, env=environment(tmp_path, **extra), capture_output=True, text=True,
                           timeout=300)
 
 
-def alone(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "probe.cli", "ablate", *args], cwd=ROOT,
+def alone(args: list[str], tmp_path: Path, command_name: str = "ablate", **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "probe.cli", command_name, *args], cwd=ROOT,
                           env=environment(tmp_path, **extra), capture_output=True, text=True, timeout=300)
 
 
-def comparable(path: Path) -> dict:
+def comparable(path: Path, command_name: str = "ablate") -> dict:
     data = json.loads(path.read_text())
     data.pop("seconds", None)  # wall time differs, everything else must not
-    assert data.pop("provenance")["command"].startswith("probe ablate")  # the run's own: its command line, its time
+    assert data.pop("provenance")["command"].startswith(f"probe {command_name}")  # the run's own: its line, its time
     return data
 
 
@@ -76,6 +77,21 @@ def test_torchrun_two_processes_equal_one_process(tmp_path: Path) -> None:
     assert run.stdout.count("Head ablation of") == 1  # only rank 0 reports
     assert run.stdout.count("Heads whose removal hurts most") == single.stdout.count("Heads whose removal hurts most")
     assert run.stderr.count(f"wrote {tmp_path / 'two.json'}") == 1
+
+
+@pytest.mark.slow
+def test_torchrun_patching_equals_one_process(tmp_path: Path) -> None:
+    """`probe patch` under torchrun: each process patches its share of the heads (the sweep's chunks), rank 0
+    merges, adds the DLA and reports; the numbers equal one process's."""
+    args = ["--task", "ioi", "--count", "4", "--heads", "0-1.*", "--stack", "1", "--no-classes"]
+    single = alone([*args, "--json", str(tmp_path / "one.json")], tmp_path, "patch")
+    assert single.returncode == 0, single.stderr
+    run = torchrun([*args, "--json", str(tmp_path / "two.json"), "--results", str(tmp_path / "two.jsonl")],
+                   tmp_path, command_name="patch")
+    assert run.returncode == 0, run.stderr
+    one, two = comparable(tmp_path / "one.json", "patch"), comparable(tmp_path / "two.json", "patch")
+    assert len(two["heads"]) == 18 and two == one
+    assert not shard_paths(tmp_path / "two.jsonl") and run.stdout.count("Activation patching of") == 1
 
 
 def test_dead_process_loses_only_unfinished_heads_and_resume_completes(tmp_path: Path) -> None:
