@@ -251,46 +251,35 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
     """positional_score's sums and counts from the log-sum-exp. A row is decided from the weights of key 0 and the
     keys i - 15 .. i + 1: the neighbour is the top when it outweighs every other of them (an earlier key wins a tie)
     and the mass of the keys not computed (1 - the computed mass); it is not when one of them beats it. Only the
-    rows left undecided get their whole row computed (FusedAttention.head_rows) and settled by argmax."""
+    rows left undecided get their whole row computed (FusedAttention.head_argmax) and settled by argmax."""
     b, h, n, kv = attention.shape
+    low = 1 - POSITIONAL_BAND
     sink = attention.column(0)  # (b, h, n)
     valid = batch.valid.to(sink.device)
     sums, counts = torch.zeros(2, h, dtype=torch.float64), torch.zeros(2, h, dtype=torch.float64)
-    unsure: list[tuple[int, Tensor]] = []  # (shift index, (row, b, h, query) indices)
-    for start, block, key_start in attention.band(1 - POSITIONAL_BAND, 1):
-        rows = torch.arange(start, start + block.shape[2], device=block.device)
-        outside = (rows + 1 - POSITIONAL_BAND > 0)  # key 0 is not in the row's band
-        known = block.sum(dim=-1) + torch.where(outside, sink[..., start:start + len(rows)], 0.0)
-        rest = (1.0 - known).clamp(min=0.0)
+    unsure: list[tuple[int, Tensor]] = []  # (shift index, (k, 3) rows of b, h, query)
+    for start, band in attention.band(low, 1):  # (b, h, rows, 17): keys i - 15 .. i + 1
+        rows = torch.arange(start, start + band.shape[2], device=band.device)
+        outside = rows + low > 0  # key 0 is not in the row's band
+        first = torch.where(outside, sink[..., start:start + len(rows)], -1.0)
+        rest = (1.0 - band.sum(dim=-1) - first.clamp(min=0.0)).clamp(min=0.0)
         for index, shift in enumerate((-1, 1)):
             keys = rows + shift
-            exists = (keys >= 0) & (keys < kv)
-            selected = valid[:, rows] & valid[:, keys.clamp(0, n - 1)] & exists  # (b, rows)
-            hit, undecided = _decide(block, key_start, keys, sink[..., start:start + len(rows)], outside, rest)
+            selected = valid[:, rows] & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)  # (b, rows)
+            column = shift - low
+            weight = band[..., column]
+            beaten = (band[..., :column].amax(dim=-1) >= weight) | (first >= weight)  # earlier keys win ties
+            if column + 1 < band.shape[-1]:
+                beaten |= band[..., column + 1:].amax(dim=-1) > weight
+            hit = ~beaten & (weight > rest + MARGIN)
             sums[index] += (hit & selected[:, None]).sum(dim=(0, 2)).double().cpu()
             counts[index] += selected.sum().double().cpu()
-            found = (undecided & selected[:, None]).nonzero()  # (k, 3): b, h, row in the block
+            found = (~beaten & ~hit & selected[:, None]).nonzero()  # (k, 3): b, h, row of the chunk
             if len(found):
-                unsure.append((index, torch.cat([found[:, :2], found[:, 2:] + start], dim=1)))
+                unsure.append((index, found + torch.tensor([0, 0, start], device=found.device)))
     for index, found in unsure:
         sums[index] += _settle(attention, found, (-1, 1)[index])
     return sums, counts
-
-
-def _decide(block: Tensor, key_start: int, keys: Tensor, sink: Tensor, outside: Tensor,
-            rest: Tensor) -> tuple[Tensor, Tensor]:
-    """(hit, undecided), both (b, h, rows): whether the neighbour `keys` is each row's top key, from the band."""
-    b, h, size, width = block.shape
-    column = (keys - key_start).clamp(0, width - 1).view(1, 1, size, 1).expand(b, h, size, 1)
-    exists = ((keys >= key_start) & (keys < key_start + width)).view(1, 1, size)
-    weight = torch.where(exists, block.gather(-1, column)[..., 0], 0.0)  # (b, h, rows)
-    key_index = torch.arange(key_start, key_start + width, device=block.device)
-    earlier = key_index[None, :] < keys[:, None]  # (rows, width)
-    others = block.scatter(-1, column, -1.0)  # the neighbour set aside
-    beats = (others > weight[..., None]) | ((others == weight[..., None]) & earlier)
-    miss = beats.any(dim=-1) | (outside & (sink >= weight))  # key 0 comes before any neighbour outside the band
-    hit = ~miss & (weight > rest + MARGIN)
-    return hit, ~miss & ~hit
 
 
 def _settle(attention: FusedAttention, found: Tensor, shift: int) -> Tensor:
@@ -298,7 +287,7 @@ def _settle(attention: FusedAttention, found: Tensor, shift: int) -> Tensor:
     blocked path (the earliest maximum wins)."""
     hits = torch.zeros(attention.shape[1], dtype=torch.float64)
     for (sequence, head), rows in _by_head(found).items():
-        top = attention.head_rows(sequence, head, rows).argmax(dim=-1)
+        top = attention.head_argmax(sequence, head, rows)
         hits[head] += float((top == rows + shift).sum())
     return hits
 
@@ -361,9 +350,9 @@ def streaming_from_lse(attention: FusedAttention, batch: Batch, sink: int = DEFA
     sinks = sum((attention.column(key)[..., first:] for key in range(sink)), attention.lse.new_zeros(b, h, n - first))
     valid = batch.valid.to(attention.lse.device)
     sums, counts = torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
-    for start, block, _ in attention.band(1 - recent, 0, first):
-        stop = start + block.shape[2]
-        part_sums, part_counts = _counted(block.sum(dim=-1) + sinks[..., start - first:stop - first],
+    for start, band in attention.band(1 - recent, 0, first):  # (b, h, rows, recent): keys i - recent + 1 .. i
+        stop = start + band.shape[2]
+        part_sums, part_counts = _counted(band.sum(dim=-1) + sinks[..., start - first:stop - first],
                                           valid[:, start:stop])
         sums, counts = sums + part_sums.cpu(), counts + part_counts.cpu()
     return sums, counts

@@ -11,13 +11,15 @@ a device without a wired kernel); the hooks then run the blocked eager path (pro
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-ROWS_BYTES = 64 * 2**20  # logits of rows computed whole (exact row maxima), per chunk
-BAND_BLOCK = 256  # query rows per block of a band
+ROW_CHUNK = 128  # query rows whose logits are computed whole at once (exact row maxima)
+BAND_BLOCK = 64  # query rows per block of a band: each block computes BAND_BLOCK + width - 1 keys
+BAND_ROWS = 64 * 2**20 // 4  # logits of a band chunk (batch x heads x rows x keys), in floats
 
 
 def lse_problem(query: Tensor, key: Tensor, mask: Tensor | None, *, causal: bool, softcap: float | None,
@@ -63,6 +65,7 @@ class FusedAttention:
     scaling: float
     causal: bool  # keys after the query (j > i + kv - n) get weight 0; only where bias is None
     lse: Tensor  # (b, hq, n) float32
+    columns: dict[int, Tensor] = field(default_factory=dict, repr=False)  # columns computed so far
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -108,31 +111,67 @@ class FusedAttention:
         return logits
 
     def column(self, key: int) -> Tensor:
-        """(b, hq, n): A[i, key] for every query i."""
+        """(b, hq, n): A[i, key] for every query i (kept: the sink and positional scores both read key 0)."""
+        if key not in self.columns:
+            self.columns[key] = self._column(key)
+        return self.columns[key]
+
+    def _column(self, key: int) -> Tensor:
         b, hq, n, _ = self.shape
         logits = torch.matmul(self._grouped(self.query), self.key[:, :, key:key + 1].transpose(-1, -2))
         logits = logits.view(b, hq, n, 1) * self.scaling
         keys = torch.tensor([key], device=logits.device)
         return self._finish(logits, slice(None), keys, self.lse)[..., 0]
 
-    def band(self, low: int, high: int, first: int = 0) -> Iterator[tuple[int, Tensor, int]]:
-        """Query blocks from `first` on: (start, weights (b, hq, block, keys), first key), the weights of keys
-        i + low .. i + high of each query i and 0 elsewhere."""
-        b, hq, n, kv = self.shape
-        for start in range(first, n, BAND_BLOCK):
-            stop = min(start + BAND_BLOCK, n)
-            key_start, key_stop = max(0, start + low), min(kv, stop - 1 + high + 1)
-            if key_stop <= key_start:
-                yield start, self.lse.new_zeros(b, hq, stop - start, 0), key_start
-                continue
-            queries = self._grouped(self.query[:, :, start:stop])
-            logits = torch.matmul(queries, self.key[:, :, key_start:key_stop].transpose(-1, -2))
-            logits = logits.view(b, hq, stop - start, key_stop - key_start) * self.scaling
-            keys = torch.arange(key_start, key_stop, device=logits.device)
-            rows = torch.arange(start, stop, device=logits.device)
-            outside = (keys[None, :] < rows[:, None] + low) | (keys[None, :] > rows[:, None] + high)
-            logits = logits.masked_fill(outside, float("-inf"))
-            yield start, self._finish(logits, slice(start, stop), keys, self.lse[:, :, start:stop]), key_start
+    def band(self, low: int, high: int, first: int = 0) -> Iterator[tuple[int, Tensor]]:
+        """Chunks of query rows from `first` on: (start, weights (b, hq, rows, high - low + 1)), column c holding
+        A[i, i + low + c] (0 where that key does not exist or is masked). One batched matmul per chunk: query blocks
+        against the keys their band spans, the band cut out of it by a strided view."""
+        width, n = high - low + 1, self.shape[2]
+        block = BAND_BLOCK if width > BAND_BLOCK else 16  # keys computed per row: block + width - 1
+        rows = max(block, BAND_ROWS // max(self.shape[0] * self.shape[1] * (block + width), 1) // block * block)
+        for start in range(first, n, rows):
+            stop = min(start + rows, n)
+            yield start, self._band_weights(self._band_logits(start, stop, low, width, block), start, stop, low)
+
+    def _band_logits(self, start: int, stop: int, low: int, width: int, block: int) -> Tensor:
+        """(b, hq, stop - start, width) scaled logits of the band, through one batched matmul, and the band cut out,
+        scaled and put in head order in one pass."""
+        b, hq, _, d = self.query.shape
+        hk, rep = self.key.shape[1], hq // self.key.shape[1]
+        blocks = -(-(stop - start) // block)
+        query = F.pad(self.query[:, :, start:stop], (0, 0, 0, blocks * block - (stop - start)))
+        query = query.view(b, hk, rep, blocks, block, d).transpose(2, 3).reshape(b, hk, blocks, rep * block, d)
+        first_key = start + low  # the first block's first key; keys outside 0 .. kv are zero padding
+        span = blocks * block + width - 1
+        left, right = max(0, -first_key), max(0, first_key + span - self.key.shape[2])
+        keys = F.pad(self.key[:, :, max(0, first_key):first_key + span], (0, 0, left, right))
+        windows = keys.unfold(2, block + width - 1, block)  # (b, hk, blocks, d, block + width - 1), a view
+        logits = torch.matmul(query, windows)  # (b, hk, blocks, rep * block, block + width - 1)
+        s = logits.stride()  # row r of a block: columns r .. r + width - 1 of its window
+        band = logits.as_strided((b, hk, blocks, rep, block, width),
+                                 (s[0], s[1], s[2], block * s[3], s[3] + s[4], s[4]))
+        out = torch.empty(b, hk, rep, blocks, block, width, dtype=torch.float32, device=logits.device)
+        torch.mul(band, self.scaling, out=out.transpose(2, 3))
+        return out.view(b, hq, blocks * block, width)[:, :, :stop - start]
+
+    def _band_weights(self, logits: Tensor, start: int, stop: int, low: int) -> Tensor:
+        """Band logits (float32, ours to change) -> weights: bias gathered, keys that do not exist or are causally
+        hidden at weight 0 (masks built only for the chunks that have such keys)."""
+        kv, width = self.shape[3], logits.shape[-1]
+        keys = torch.arange(start, stop, device=logits.device)[:, None] + low + torch.arange(width, device=logits.device)
+        if self.bias is not None:
+            bias = self.bias[..., start:stop, :] if self.bias.shape[-2] > 1 else self.bias
+            index = keys.clamp(0, kv - 1).expand(*bias.shape[:2], stop - start, width)
+            logits += bias.expand(*bias.shape[:2], stop - start, kv).gather(-1, index)
+        logits = logits.sub_(self.lse[:, :, start:stop, None]).exp_()
+        causal = self.causal and stop - 1 + low + width - 1 > stop - 1 + kv - self.shape[2]
+        if start + low < 0 or stop + low + width - 1 > kv or causal:
+            hidden = (keys < 0) | (keys >= kv)
+            if self.causal:
+                hidden |= keys > torch.arange(start, stop, device=keys.device)[:, None] + kv - self.shape[2]
+            logits.masked_fill_(hidden, 0.0)
+        return logits
 
     def rows(self, rows: Tensor) -> Tensor:
         """(b, hq, len(rows), kv): the query rows' weights over every key, exact (for row maxima)."""
@@ -142,21 +181,28 @@ class FusedAttention:
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
-    def head_rows(self, batch: int, head: int, rows: Tensor) -> Tensor:
-        """(len(rows), kv): one head's weights of the given query rows over every key, in chunks of ROWS_BYTES."""
-        kv = self.shape[3]
-        group = self.shape[1] // self.key.shape[1]
-        keys = torch.arange(kv, device=self.query.device)
-        chunk = max(1, ROWS_BYTES // (4 * kv))
-        parts = []
-        for first in range(0, len(rows), chunk):
-            part = rows[first:first + chunk]
-            logits = self.query[batch, head, part] @ self.key[batch, head // group].T * self.scaling
-            one = FusedAttention(self.query[batch:batch + 1, head:head + 1], self.key[batch:batch + 1, :1],
-                                 None if self.bias is None else _head_bias(self.bias, batch, head), self.scaling,
-                                 self.causal, self.lse[batch:batch + 1, head:head + 1])
-            parts.append(one._finish(logits[None, None], part, keys, one.lse[:, :, part])[0, 0])
-        return torch.cat(parts) if parts else self.lse.new_zeros(0, kv)
+    def head_argmax(self, batch: int, head: int, rows: Tensor) -> Tensor:
+        """(len(rows),): the key holding each given query row's largest weight (the earliest, on a tie), for one
+        (sequence, head), from the logits (exp is monotonic) of chunks of ROW_CHUNK rows, ascending; a plain causal
+        chunk computes only the keys up to its last query."""
+        kv, offset = self.shape[3], self.shape[3] - self.shape[2]
+        key = self.key[batch, head // (self.shape[1] // self.key.shape[1])]  # (kv, d)
+        bias = None if self.bias is None else _head_bias(self.bias, batch, head)[0, 0]  # (n or 1, kv)
+        rows, order = rows.sort()
+        tops = []
+        for first in range(0, len(rows), ROW_CHUNK):
+            part = rows[first:first + ROW_CHUNK]
+            limit = min(kv, int(part[-1]) + offset + 1) if self.causal else kv
+            logits = self.query[batch, head, part] @ key[:limit].T * self.scaling
+            if bias is not None:
+                logits = logits + (bias[part] if bias.shape[0] > 1 else bias)
+            elif self.causal:  # rows ascending: only keys after the chunk's first query can be hidden
+                seen = int(part[0]) + offset + 1
+                hidden = torch.arange(seen, limit, device=logits.device)[None, :] > part[:, None] + offset
+                logits[:, seen:].masked_fill_(hidden, float("-inf"))
+            tops.append(logits.argmax(dim=-1))
+        top = torch.cat(tops) if tops else rows.new_zeros(0)
+        return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
 
 
 def _head_bias(bias: Tensor, batch: int, head: int) -> Tensor:
