@@ -251,7 +251,7 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
     """positional_score's sums and counts from the log-sum-exp. A row is decided from the weights of key 0 and the
     keys i - 15 .. i + 1: the neighbour is the top when it outweighs every other of them (an earlier key wins a tie)
     and the mass of the keys not computed (1 - the computed mass); it is not when one of them beats it. Only the
-    rows left undecided get their whole row computed (FusedAttention.head_argmax) and settled by argmax."""
+    rows left undecided get their whole row computed (FusedAttention.argmax_rows) and settled by argmax."""
     b, h, n, kv = attention.shape
     low = 1 - POSITIONAL_BAND
     sink = attention.column(0)  # (b, h, n)
@@ -268,7 +268,9 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
             selected = valid[:, rows] & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)  # (b, rows)
             column = shift - low
             weight = band[..., column]
-            beaten = (band[..., :column].amax(dim=-1) >= weight) | (first >= weight)  # earlier keys win ties
+            beaten = first >= weight  # key 0, and the band's keys before the neighbour, win a tie
+            if column > 0:
+                beaten |= band[..., :column].amax(dim=-1) >= weight
             if column + 1 < band.shape[-1]:
                 beaten |= band[..., column + 1:].amax(dim=-1) > weight
             hit = ~beaten & (weight > rest + MARGIN)
@@ -283,21 +285,24 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
 
 
 def _settle(attention: FusedAttention, found: Tensor, shift: int) -> Tensor:
-    """Hits per head among the (b, h, query) rows `found`, each row's weights computed whole: argmax, as the
-    blocked path (the earliest maximum wins)."""
+    """Hits per head among the (b, h, query) rows `found`, each row's logits computed whole: argmax, as the blocked
+    path (the earliest maximum wins). One matmul per (sequence, key/value head) and chunk of rows."""
     hits = torch.zeros(attention.shape[1], dtype=torch.float64)
-    for (sequence, head), rows in _by_head(found).items():
-        top = attention.head_argmax(sequence, head, rows)
-        hits[head] += float((top == rows + shift).sum())
+    group = attention.shape[1] // attention.key.shape[1]
+    for (sequence, kv_head), (heads, rows) in _by_kv_head(found, group).items():
+        top = attention.argmax_rows(sequence, kv_head, heads, rows)
+        hits += torch.bincount(heads[top == rows + shift].cpu(), minlength=len(hits)).double()
     return hits
 
 
-def _by_head(found: Tensor) -> dict[tuple[int, int], Tensor]:
-    """(k, 3) rows of (b, h, query) -> {(b, h): queries}."""
-    grouped: dict[tuple[int, int], list[int]] = {}
-    for sequence, head, query in found.tolist():
-        grouped.setdefault((sequence, head), []).append(query)
-    return {key: torch.tensor(rows, device=found.device) for key, rows in grouped.items()}
+def _by_kv_head(found: Tensor, group: int) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
+    """(k, 3) rows of (b, h, query) -> {(b, key/value head): (query heads, queries)}."""
+    kv_heads = found[:, 1] // group
+    out = {}
+    for sequence, kv_head in torch.unique(torch.stack([found[:, 0], kv_heads], dim=1), dim=0).tolist():
+        chosen = (found[:, 0] == sequence) & (kv_heads == kv_head)
+        out[(sequence, kv_head)] = (found[chosen, 1], found[chosen, 2])
+    return out
 
 
 @dataclass

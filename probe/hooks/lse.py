@@ -66,6 +66,7 @@ class FusedAttention:
     causal: bool  # keys after the query (j > i + kv - n) get weight 0; only where bias is None
     lse: Tensor  # (b, hq, n) float32
     columns: dict[int, Tensor] = field(default_factory=dict, repr=False)  # columns computed so far
+    grouped: Tensor | None = field(default=None, repr=False)  # (b, hk, rep, n, d), contiguous, made on first use
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -76,6 +77,13 @@ class FusedAttention:
         """(b, hq, m, d) -> (b, hk, rep * m, d): the query heads of one key/value head one after another."""
         b, hq, m, d = query.shape
         return query.reshape(b, self.key.shape[1], (hq // self.key.shape[1]) * m, d)
+
+    def _grouped_query(self) -> Tensor:
+        """(b, hk, rep, n, d): the queries by key/value head, copied once per layer call (they arrive transposed)."""
+        if self.grouped is None:
+            b, hq, n, d = self.query.shape
+            self.grouped = self.query.reshape(b, self.key.shape[1], hq // self.key.shape[1], n, d).contiguous()
+        return self.grouped
 
     def _finish(self, logits: Tensor, rows: Tensor | slice, keys: Tensor, lse: Tensor) -> Tensor:
         """logits (b, hq, m, k) of query rows and keys -> weights: bias added, causal keys zeroed."""
@@ -93,8 +101,10 @@ class FusedAttention:
         first, last = max(0, -shift), min(n, kv - shift)
         if last <= first:
             return first, self.lse.new_zeros(b, hq, 0)
+        if self.bias is None and self.causal and shift > kv - n:  # every key after its query: weight 0
+            return first, self.lse.new_zeros(b, hq, last - first)
         hk, m = self.key.shape[1], last - first
-        queries = self.query[:, :, first:last].reshape(b, hk, hq // hk, m, -1)
+        queries = self._grouped_query()[:, :, :, first:last]  # (b, hk, rep, m, d), a view
         keys = self.key[:, :, first + shift:last + shift, None].transpose(2, 3)  # (b, hk, 1, m, d)
         logits = (queries * keys).sum(dim=-1).view(b, hq, m, 1) * self.scaling
         rows = torch.arange(first, last, device=logits.device)
@@ -118,7 +128,8 @@ class FusedAttention:
 
     def _column(self, key: int) -> Tensor:
         b, hq, n, _ = self.shape
-        logits = torch.matmul(self._grouped(self.query), self.key[:, :, key:key + 1].transpose(-1, -2))
+        queries = self._grouped_query().view(b, self.key.shape[1], -1, self.query.shape[-1])
+        logits = torch.matmul(queries, self.key[:, :, key:key + 1].transpose(-1, -2))
         logits = logits.view(b, hq, n, 1) * self.scaling
         keys = torch.tensor([key], device=logits.device)
         return self._finish(logits, slice(None), keys, self.lse)[..., 0]
@@ -181,21 +192,22 @@ class FusedAttention:
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
-    def head_argmax(self, batch: int, head: int, rows: Tensor) -> Tensor:
-        """(len(rows),): the key holding each given query row's largest weight (the earliest, on a tie), for one
-        (sequence, head), from the logits (exp is monotonic) of chunks of ROW_CHUNK rows, ascending; a plain causal
-        chunk computes only the keys up to its last query."""
+    def argmax_rows(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor) -> Tensor:
+        """(len(rows),): the key holding the largest weight (the earliest, on a tie) of each (query head, row) pair
+        of one sequence whose heads share key/value head `kv_head`, from the logits (exp is monotonic), in chunks of
+        ROW_CHUNK rows, ascending; a plain causal chunk computes only the keys up to its last query."""
         kv, offset = self.shape[3], self.shape[3] - self.shape[2]
-        key = self.key[batch, head // (self.shape[1] // self.key.shape[1])]  # (kv, d)
-        bias = None if self.bias is None else _head_bias(self.bias, batch, head)[0, 0]  # (n or 1, kv)
+        key = self.key[batch, kv_head]  # (kv, d)
         rows, order = rows.sort()
+        heads = heads[order]
         tops = []
         for first in range(0, len(rows), ROW_CHUNK):
-            part = rows[first:first + ROW_CHUNK]
+            part, part_heads = rows[first:first + ROW_CHUNK], heads[first:first + ROW_CHUNK]
             limit = min(kv, int(part[-1]) + offset + 1) if self.causal else kv
-            logits = self.query[batch, head, part] @ key[:limit].T * self.scaling
-            if bias is not None:
-                logits = logits + (bias[part] if bias.shape[0] > 1 else bias)
+            logits = self.query[batch, part_heads, part] @ key[:limit].T * self.scaling
+            if self.bias is not None:
+                bias = self.bias[batch if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
+                logits += bias[part_heads if bias.shape[0] > 1 else 0, part if bias.shape[1] > 1 else 0]
             elif self.causal:  # rows ascending: only keys after the chunk's first query can be hidden
                 seen = int(part[0]) + offset + 1
                 hidden = torch.arange(seen, limit, device=logits.device)[None, :] > part[:, None] + offset
@@ -203,13 +215,6 @@ class FusedAttention:
             tops.append(logits.argmax(dim=-1))
         top = torch.cat(tops) if tops else rows.new_zeros(0)
         return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
-
-
-def _head_bias(bias: Tensor, batch: int, head: int) -> Tensor:
-    """The bias of one (sequence, head), kept 4-D."""
-    b = batch if bias.shape[0] > 1 else 0
-    h = head if bias.shape[1] > 1 else 0
-    return bias[b:b + 1, h:h + 1]
 
 
 def fused_attention(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scaling: float,
