@@ -204,7 +204,7 @@ class FusedAttention:
         for first in range(0, len(rows), ROW_CHUNK):
             part, part_heads = rows[first:first + ROW_CHUNK], heads[first:first + ROW_CHUNK]
             limit = min(kv, int(part[-1]) + offset + 1) if self.causal else kv
-            logits = self.query[batch, part_heads, part] @ key[:limit].T * self.scaling
+            logits = (self.query[batch, part_heads, part] * self.scaling) @ key[:limit].T  # scaled as blocked
             if self.bias is not None:
                 bias = self.bias[batch if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
                 logits += bias[part_heads if bias.shape[0] > 1 else 0, part if bias.shape[1] > 1 else 0]
