@@ -3,7 +3,9 @@
 The model is a random llama with SmolLM2-135M's layer sizes (hidden 576, 9 query / 3 key-value heads of 64, MLP
 1536, vocabulary 49,152), 2 layers and a context of 32,768 tokens: SmolLM2's own context is 8,192, and memory per
 layer is what long context costs. TOOL:
-- classify: `probe.classify` of every head, all six scores, one sequence of LENGTH tokens (both probe sets);
+- classify: `probe.classify` of every head, all six scores, one sequence of LENGTH tokens (both probe sets; the
+  log-sum-exp path); classify_blocked: the same on the blocked path;
+- plain: one sdpa forward of LENGTH random tokens, logits at one position (the forward classify runs);
 - heatmap: `attention_patterns` of every head over the last 512 positions of LENGTH tokens (the model runs on all);
 - equal: the six scores computed in query blocks (the default) and unblocked (one block: the full heads x n x n
   matrix), printed with their largest difference;
@@ -58,11 +60,19 @@ def main() -> None:
     loaded = tiny_long_llama()
     start = time.perf_counter()
     result: dict[str, Any] = {"tool": tool, "length": length}
-    if tool == "classify":
+    if tool in ("classify", "classify_blocked"):
         from probe.heads.classify import classify
 
-        classification = classify(loaded, seq_len=length, num_seqs=1, repeat_len=(length - 1) // 2, batch_size=1)
+        classification = classify(loaded, seq_len=length, num_seqs=1, repeat_len=(length - 1) // 2, batch_size=1,
+                                  path="blocked" if tool == "classify_blocked" else "auto")
         result["heads_scored"] = classification.n_layers * classification.n_heads
+        result["path"] = classification.path
+    elif tool == "plain":
+        from probe.attention import run_model
+
+        torch.manual_seed(1)
+        with torch.no_grad():
+            run_model(loaded.model, torch.randint(1, loaded.vocab_size, (1, length)), None, logits=False)
     elif tool == "heatmap":
         from probe.patterns import attention_patterns
 

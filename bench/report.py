@@ -382,6 +382,57 @@ def patching(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+LSE_TARGET = 1.05
+
+
+def _ratio_cell(timings: dict[str, Any], name: str) -> str:
+    if name not in timings["ratio_vs_baseline"]:
+        return "-"
+    low, high = timings["ratio_range"][name]
+    return f"{timings['ratio_vs_baseline'][name]:.2f}x ({low:.2f}-{high:.2f})"
+
+
+def lse(data: dict[str, Any]) -> str:
+    """bench/lse.py (issue 28): scores from the log-sum-exp against a plain sdpa forward, and memory at 32k."""
+    lines = ["## Head scores from the attention's log-sum-exp (issue 28), SmolLM2, one sequence", "", _machine(data),
+             f"- torch threads: {data['threads']}; variants interleaved, order rotated every repeat; ratio = median "
+             "over repeats of (variant / plain of the same repeat), range in brackets. Baseline `plain`: the sdpa "
+             "forward classify runs (`run_model(..., logits=False)`: logits at one position).", "",
+             "| tokens | repeats | plain (s) | probe, log-sum-exp path (six scores; target <= 1.05x) | probe, blocked "
+             "path | plain with logits at every position | path | largest difference lse vs blocked |",
+             "|---:|---:|---:|---|---|---|---|---:|"]
+    for tokens, row in data.get("classify", {}).items():
+        t = row["timings"]
+        difference = row.get("largest_difference_lse_blocked")
+        lines.append(f"| {tokens} | {len(t['seconds']['plain'])} | {t['median_seconds']['plain']:.2f} | "
+                     f"{_verdict(t['ratio_vs_baseline']['probe'], LSE_TARGET)}, range "
+                     f"{t['ratio_range']['probe'][0]:.2f}-{t['ratio_range']['probe'][1]:.2f} | "
+                     f"{_ratio_cell(t, 'probe_blocked')} | {_ratio_cell(t, 'plain_logits')} | {row['path']} | "
+                     f"{'-' if difference is None else f'{max(difference.values()):.1e}'} |")
+    lines += ["", "kv-heads scoring pass (`score_needles`, retrieval + streaming, one needle prompt; baseline "
+              "`run_model(ids)`, logits at every position, as in bench/kv_heads.py):", "",
+              "| tokens | repeats | plain (s) | scoring, log-sum-exp (target <= 1.05x) | scoring, blocked | forward "
+              "without logits | scoring lse / forward without logits | largest difference lse vs blocked |",
+              "|---:|---:|---:|---|---|---|---:|---:|"]
+    for tokens, row in data.get("kv", {}).items():
+        t = row["timings"]
+        lines.append(f"| {tokens} | {len(t['seconds']['plain'])} | {t['median_seconds']['plain']:.2f} | "
+                     f"{_verdict(t['ratio_vs_baseline']['scoring'], LSE_TARGET)} | {_ratio_cell(t, 'scoring_blocked')} | "
+                     f"{_ratio_cell(t, 'plain_no_logits')} | {t['paired_ratios']['scoring/plain_no_logits']:.2f}x | "
+                     f"{max(row['largest_difference_lse_blocked'].values()):.1e} |")
+    memory = data.get("memory") or {}
+    if memory:
+        lines += ["", "Peak RSS at 32,768 tokens, fresh processes (`python -m bench.long_context_point TOOL 32768`, a "
+                  "random llama with SmolLM2's layer sizes, 2 layers):", "",
+                  "| tool | peak RSS (GiB) | seconds of work (the child's own timer) |", "|---|---:|---:|"]
+        lines += [f"| {tool} | {point['peak_rss'] / GIB:.2f} | {point['seconds']:.0f} |" for tool, point in memory.items()]
+        if "plain" in memory and "classify" in memory:
+            ratio = memory["classify"]["peak_rss"] / memory["plain"]["peak_rss"]
+            lines.append(f"\nTarget classify's peak within 10% of a plain forward's: "
+                         f"{'**met**' if ratio <= 1.1 else '**not met**'} ({ratio:.3f}x).")
+    return "\n".join(lines) + "\n"
+
+
 def render(extra: str = "") -> str:
     parts = [HEADER]
     for name, fn in (("classification", classification), ("ablation", ablation), ("taylor", taylor),
@@ -402,6 +453,9 @@ def render(extra: str = "") -> str:
     kv = load_result("kv_heads")
     if kv is not None and "kv_heads" in kv:
         parts.append(kv_heads(kv))
+    scored = load_result("lse")
+    if scored is not None:
+        parts.append(lse(scored))
     patched = load_result("patching")
     if patched is not None:
         parts.append(patching(patched))

@@ -29,8 +29,10 @@ from probe.ablation.window import WindowAblation
 from probe.attention import attention_layers, logits_of, run_model
 from probe.data import ProbeOptions, natural_set
 from probe.errors import ProbeError
-from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_score
+from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_from_lse,
+                                 streaming_score)
 from probe.hooks.capture import attention_hooks
+from probe.hooks.lse import FusedAttention
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
 from probe.needle import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, needle_set
@@ -100,11 +102,26 @@ class _Scorer:
 
     def __init__(self, n_layers: int, sink: int, recent: int) -> None:
         self.streaming = partial(streaming_score, sink=sink, recent=recent)
+        self.streaming_fast = partial(streaming_from_lse, sink=sink, recent=recent)
+        self.paths: dict[int, str] = {}  # layers whose weights went the blocked way, and why
         self.stream_sums: dict[int, Tensor] = {}
         self.stream_counts: dict[int, Tensor] = {}
         self.gathered: dict[int, list[Tensor]] = {}
         self.batch: NeedleBatch | None = None
         self.rows = torch.empty(0, dtype=torch.long)
+
+    def __call__(self, layer: int, attention: FusedAttention) -> None:
+        """The fast path (an LseHook): the streaming band and the answer rows from the log-sum-exp."""
+        assert self.batch is not None
+        sums, counts = self.streaming_fast(attention, self.batch)
+        self.stream_sums[layer] = self.stream_sums.get(layer, 0) + sums.cpu()
+        self.stream_counts[layer] = self.stream_counts.get(layer, 0) + counts.cpu()
+        if len(self.rows):  # (b, h, answer rows, keys), computed whole
+            self.gathered.setdefault(layer, []).append(attention.rows(self.rows.to(attention.lse.device)).cpu())
+
+    def blocked(self, layer: int, reason: str) -> None:
+        """This layer's weights come to on_weights instead (its logits cannot be rebuilt from the log-sum-exp)."""
+        self.paths[layer] = reason
 
     def on_weights(self, layer: int, start: int, weights: Tensor) -> None:
         assert self.batch is not None
@@ -117,9 +134,11 @@ class _Scorer:
 
 
 def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAULT_SINK,
-                  recent: int = DEFAULT_RECENT, progress: Progress | None = None) -> tuple[Tensor, Tensor, NeedleRun]:
+                  recent: int = DEFAULT_RECENT, progress: Progress | None = None,
+                  fast: bool = True) -> tuple[Tensor, Tensor, NeedleRun]:
     """(retrieval (n_layers, n_heads), streaming (n_layers, n_heads), the model's own needle accuracy), one forward
-    per prompt: streaming sums and the answer rows of each layer's attention are kept as the blocks pass; the
+    per prompt: streaming sums and the answer rows of each layer's attention are kept as the layers pass (`fast`:
+    from the fused kernel's log-sum-exp, probe.hooks.lse, where a layer allows it; else from blocks of weights); the
     retrieval score (SCORES["retrieval"]) is reduced from those rows once the logits say which were predicted."""
     layers = attention_layers(loaded.model)
     n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)
@@ -134,7 +153,8 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
         scorer.rows = _answer_rows(sources)
         valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         scorer.batch = NeedleBatch(valid=valid, offset=needles.offset, repeat_len=None)
-        with torch.no_grad(), attention_hooks(loaded.model, on_weights=scorer.on_weights):
+        with torch.no_grad(), attention_hooks(loaded.model, on_weights=scorer.on_weights,
+                                              on_lse=scorer if fast else None):
             output = run_model(loaded.model, ids, mask, logits=scorer.rows)
         correct = _predictions(output, ids, scorer.rows, sources)
         run = _accuracy(sources[:, scorer.rows], correct)

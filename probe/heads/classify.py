@@ -19,6 +19,7 @@ from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import AttentionLayer, attention_layers
+from probe.hooks.lse import FusedAttention
 from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
@@ -41,6 +42,7 @@ class Classification:
     extra_classes: dict[str, dict[str, Any]] = field(default_factory=dict)  # classes scored outside SCORES
     layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
     not_applicable: dict[str, list[int]] = field(default_factory=dict)  # class -> layers it does not apply to (n/a)
+    path: str = ""  # how the scores were computed: "lse", "blocked", or which layers went which way (score_heads)
 
     def labels(self, layer: int, head: int) -> list[str]:
         return [name for name, score in self.scores.items() if float(score[layer, head]) > self.thresholds[name]]
@@ -58,6 +60,7 @@ class Classification:
             "n_layers": self.n_layers,
             "n_heads": self.n_heads,
             **({"layer_names": self.layer_names} if self.layer_names else {}),
+            **({"path": self.path} if self.path else {}),
             "thresholds": dict(self.thresholds),
             "classes": {name: SCORES[name].describe() if name in SCORES else self.extra_classes[name]
                         for name in self.scores if name in SCORES or name in self.extra_classes},
@@ -93,28 +96,72 @@ class Classification:
         return classification_page(self.to_dict(), embed_plotly=False)
 
 
+class HeadScores(dict):  # type: ignore[type-arg]
+    """{name: (n_layers, n_heads) scores}, and `path`: how they were computed (ScoreAccumulator.path)."""
+
+    path: str = ""
+
+
+PATHS = ("auto", "lse", "blocked")
+
+
 def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, batch_size: int = 8,
                 query_block: int | None = None, progress: Progress | None = None,
-                progress_offset: int = 0, progress_total: int | None = None) -> dict[str, Tensor]:
-    """Run the probe set through the model in batches and reduce each layer's attention into the named scores."""
+                progress_offset: int = 0, progress_total: int | None = None, path: str = "auto") -> HeadScores:
+    """Run the probe set through the model in batches and reduce each layer's attention into the named scores.
+    `path`: "lse" reads each layer's fused attention and log-sum-exp (no weights formed; layers whose logits cannot
+    be rebuilt fall back to blocks of weights, and the result's `path` says which), "blocked" reduces blocks of
+    eager weights everywhere, "auto" is "lse" where every named score has a fast path."""
     layers = attention_layers(loaded.model)
     accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers))
+    use_lse = _use_lse(path, accumulator)
     batches = probe_set.batches(batch_size)
     total = progress_total or len(batches) * len(layers)
     done = [progress_offset]
 
-    def on_weights(layer: int, start: int, weights: Tensor) -> None:
-        accumulator.update(layer, start, weights)
-        if progress is not None and start + weights.shape[2] >= weights.shape[3]:
+    def step() -> None:
+        if progress is not None:
             done[0] += 1
             progress(done[0], total)
 
-    with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, query_block=query_block):
+    def on_weights(layer: int, start: int, weights: Tensor) -> None:
+        accumulator.update(layer, start, weights)
+        if start + weights.shape[2] >= weights.shape[3]:
+            step()
+
+    def on_lse(layer: int, attention: FusedAttention) -> None:
+        accumulator(layer, attention)
+        step()
+
+    reader = _LseReader(on_lse, accumulator.blocked) if use_lse else None
+    with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, query_block=query_block,
+                                          on_lse=reader):
         for ids, mask in batches:
             valid = real_tokens(ids, mask)
             accumulator.batch = Batch(valid=valid, offset=probe_set.offset, repeat_len=probe_set.repeat_len)
             forward(loaded.model, ids, mask)
-    return accumulator.result()
+    scores = HeadScores(accumulator.result())
+    scores.path = accumulator.path()
+    return scores
+
+
+class _LseReader:
+    """An LseHook from two callables."""
+
+    def __init__(self, read: Callable[[int, FusedAttention], None], blocked: Callable[[int, str], None]) -> None:
+        self.read, self.blocked = read, blocked
+
+    def __call__(self, layer: int, attention: FusedAttention) -> None:
+        self.read(layer, attention)
+
+
+def _use_lse(path: str, accumulator: ScoreAccumulator) -> bool:
+    if path not in PATHS:
+        raise ProbeError(f"path must be one of {', '.join(PATHS)}, got {path!r}", parameter="path")
+    if path == "lse" and not accumulator.fast:
+        slow = [name for name in accumulator.names if SCORES[name].fast is None]
+        raise ProbeError(f"no fast path for {', '.join(slow)}: use path='blocked' or 'auto'", parameter="path")
+    return path != "blocked" and accumulator.fast
 
 
 def forward(model: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Any:
@@ -165,10 +212,12 @@ def classify(
     batch_size: int = 8,
     query_block: int | None = None,
     progress: Progress | bool | None = None,
+    path: str = "auto",
 ) -> Classification:
     """Score every head of the model for each class in `scores` (default: all of SCORES) and label them, each
     class on the probe set it names (`Score.probe`). `progress=True` draws a bar on stderr; a callable gets
-    `(done, total)`."""
+    `(done, total)`. `path`: how scores are computed (score_heads): "auto" (the log-sum-exp where it can),
+    "lse" or "blocked"."""
     progress = callback(progress, "classifying heads")
     names = [name for name, score in SCORES.items() if score.by_default] if scores is None else scores
     chosen = _thresholds(names, thresholds, batch_size)
@@ -179,11 +228,14 @@ def classify(
     sets = {set_name: build_probe_set(set_name, loaded, options) for set_name in order}
     total = sum(_steps(probe_set, batch_size, len(layers)) for probe_set in sets.values())
     results: dict[str, Tensor] = {}
+    paths: dict[str, str] = {}
     done = 0
     for set_name, probe_set in sets.items():
         wanted = [name for name in names if SCORES[name].probe == set_name]
-        results.update(score_heads(loaded, probe_set, wanted, batch_size=batch_size, query_block=query_block,
-                                   progress=progress, progress_offset=done, progress_total=total))
+        scored = score_heads(loaded, probe_set, wanted, batch_size=batch_size, query_block=query_block,
+                             progress=progress, progress_offset=done, progress_total=total, path=path)
+        results.update(scored)
+        paths[set_name] = scored.path
         done += _steps(probe_set, batch_size, len(layers))
     log.info("classified %d classes on %s", len(names), ", ".join(sets))
     not_applicable = _not_applicable(names, layers, results)
@@ -193,10 +245,11 @@ def classify(
         n_heads=max(layer.n_heads for layer in layers),
         scores={name: results[name].float() for name in names},
         thresholds=chosen,
-        probe_sets={name: probe_set.to_dict() | {"description": probe_set.description}
+        probe_sets={name: probe_set.to_dict() | {"description": probe_set.description, "path": paths[name]}
                     for name, probe_set in sets.items()},
         layer_names=layer_names(layers),
         not_applicable=not_applicable,
+        path=paths[order[0]] if len(set(paths.values())) == 1 else "; ".join(f"{k}: {v}" for k, v in paths.items()),
     )
 
 

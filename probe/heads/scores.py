@@ -18,6 +18,7 @@ from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.blocked import keys_computed
+from probe.hooks.lse import FusedAttention
 
 @dataclass
 class Batch:
@@ -30,6 +31,9 @@ class Batch:
 
 Reduce = Callable[[Tensor, int, Batch], tuple[Tensor, Tensor]]
 """(weights (b, h, block, keys), first query index, batch) -> (per-head sums (h,), per-head counts (h,))."""
+Fast = Callable[[FusedAttention, Batch], tuple[Tensor, Tensor]]
+"""(one layer call's queries, keys and log-sum-exp, batch) -> the same (sums, counts) as the score's Reduce over all
+of its blocks: the fast path (probe.hooks.lse), which never forms the weights' n x n matrix."""
 Finish = Callable[[Tensor, Tensor], Tensor]
 """(sums (n_layers, ...), counts of the same shape), pooled over the whole set -> scores (n_layers, n_heads)."""
 
@@ -52,6 +56,7 @@ class Score:
     finish: Finish = mean_score
     by_default: bool = True  # computed by `classify` when no scores are named (False: long or special inputs)
     on_cross: bool = False  # whether the definition holds for cross-attention, whose keys are another sequence's
+    fast: Fast | None = None  # the same sums from the log-sum-exp (a Diagonal, Column, ...); None: blocked path only
 
     def describe(self) -> dict[str, object]:
         """What a report needs to know of the class: plain values, for to_dict payloads."""
@@ -86,6 +91,61 @@ def _column_mass(weights: Tensor, start: int, batch: Batch, column: int) -> tupl
     selected = batch.valid.to(weights.device)[:, start:start + block]
     mask = selected[:, None, :].to(weights.dtype)
     return (weights[..., column] * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
+
+
+def _counted(values: Tensor, selected: Tensor) -> tuple[Tensor, Tensor]:
+    """values (b, h, m) and selected (b, m) -> per-head sum over the selected entries and their count."""
+    mask = selected[:, None, :].to(values.dtype)
+    return (values * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(values.shape[1])
+
+
+@dataclass(frozen=True)
+class Diagonal:
+    """A diagonal-type score: the mean of A[i, i + shift] over valid queries i whose key is valid (and in `queries`,
+    [first, stop), where given); both may depend on the batch (induction's on the repeat length). The declaration is
+    both paths: `reduce` on blocks of weights, and the object itself (a `Fast`) on the log-sum-exp."""
+
+    shift: Callable[[Batch], int]
+    queries: Callable[[Batch], tuple[int, int]] | None = None
+
+    def reduce(self, weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The blocked path's Reduce."""
+        return _relative_mass(weights, start, batch, self.shift(batch),
+                              None if self.queries is None else self.queries(batch))
+
+    def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+        shift = self.shift(batch)
+        first, values = attention.diagonal(shift)  # (b, h, m): queries first .. first + m
+        queries = torch.arange(first, first + values.shape[-1], device=values.device)
+        valid = batch.valid.to(values.device)
+        selected = valid[:, queries] & valid[:, queries + shift]
+        if self.queries is not None:
+            low, high = self.queries(batch)
+            selected &= (queries >= low) & (queries < high)
+        return _counted(values, selected)
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column-type score: the mean of A[i, key] over valid queries i."""
+
+    key: int
+
+    def reduce(self, weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
+        """The blocked path's Reduce."""
+        return _column_mass(weights, start, batch, self.key)
+
+    def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+        values = attention.column(self.key)
+        return _counted(values, batch.valid.to(values.device)[:, :values.shape[-1]])
+
+
+def diagonal_score(name: str, probe: str, threshold: float, summary: str, shift: Callable[[Batch], int],
+                   queries: Callable[[Batch], tuple[int, int]] | None = None, **options: object) -> "Score":
+    """A head class that is one diagonal of A, with both paths from its declaration (register it with
+    register_score): `diagonal_score("two_back", "natural", 0.5, "attends two tokens back", lambda b: -2)`."""
+    declared = Diagonal(shift, queries)
+    return Score(name, probe, threshold, summary, declared.reduce, fast=declared, **options)  # type: ignore[arg-type]
 
 
 def previous_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -183,6 +243,68 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
     return mean_score(sums, counts).max(dim=1).values
 
 
+POSITIONAL_BAND = 16  # keys i - 15 .. i + 1 (and key 0) whose weights decide most rows on the fast path
+MARGIN = 1e-4  # a neighbour is surely the top when it outweighs the mass of the keys not computed by this much
+
+
+def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+    """positional_score's sums and counts from the log-sum-exp. A row is decided from the weights of key 0 and the
+    keys i - 15 .. i + 1: the neighbour is the top when it outweighs every other of them (an earlier key wins a tie)
+    and the mass of the keys not computed (1 - the computed mass); it is not when one of them beats it. Only the
+    rows left undecided get their whole row computed (FusedAttention.argmax_rows) and settled by argmax."""
+    b, h, n, kv = attention.shape
+    low = 1 - POSITIONAL_BAND
+    sink = attention.column(0)  # (b, h, n)
+    valid = batch.valid.to(sink.device)
+    sums, counts = torch.zeros(2, h, dtype=torch.float64), torch.zeros(2, h, dtype=torch.float64)
+    unsure: list[tuple[int, Tensor]] = []  # (shift index, (k, 3) rows of b, h, query)
+    for start, band in attention.band(low, 1):  # (b, h, rows, 17): keys i - 15 .. i + 1
+        rows = torch.arange(start, start + band.shape[2], device=band.device)
+        outside = rows + low > 0  # key 0 is not in the row's band
+        first = torch.where(outside, sink[..., start:start + len(rows)], -1.0)
+        rest = (1.0 - band.sum(dim=-1) - first.clamp(min=0.0)).clamp(min=0.0)
+        for index, shift in enumerate((-1, 1)):
+            keys = rows + shift
+            selected = valid[:, rows] & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)  # (b, rows)
+            column = shift - low
+            weight = band[..., column]
+            beaten = first >= weight  # key 0, and the band's keys before the neighbour, win a tie
+            if column > 0:
+                beaten |= band[..., :column].amax(dim=-1) >= weight
+            if column + 1 < band.shape[-1]:
+                beaten |= band[..., column + 1:].amax(dim=-1) > weight
+            hit = ~beaten & (weight > rest + MARGIN)
+            sums[index] += (hit & selected[:, None]).sum(dim=(0, 2)).double().cpu()
+            counts[index] += selected.sum().double().cpu()
+            found = (~beaten & ~hit & selected[:, None]).nonzero()  # (k, 3): b, h, row of the chunk
+            if len(found):
+                unsure.append((index, found + torch.tensor([0, 0, start], device=found.device)))
+    for index, found in unsure:
+        sums[index] += _settle(attention, found, (-1, 1)[index])
+    return sums, counts
+
+
+def _settle(attention: FusedAttention, found: Tensor, shift: int) -> Tensor:
+    """Hits per head among the (b, h, query) rows `found`, each row's logits computed whole: argmax, as the blocked
+    path (the earliest maximum wins). One matmul per (sequence, key/value head) and chunk of rows."""
+    hits = torch.zeros(attention.shape[1], dtype=torch.float64)
+    group = attention.shape[1] // attention.key.shape[1]
+    for (sequence, kv_head), (heads, rows) in _by_kv_head(found, group).items():
+        top = attention.argmax_rows(sequence, kv_head, heads, rows)
+        hits += torch.bincount(heads[top == rows + shift].cpu(), minlength=len(hits)).double()
+    return hits
+
+
+def _by_kv_head(found: Tensor, group: int) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
+    """(k, 3) rows of (b, h, query) -> {(b, key/value head): (query heads, queries)}."""
+    kv_heads = found[:, 1] // group
+    out = {}
+    for sequence, kv_head in torch.unique(torch.stack([found[:, 0], kv_heads], dim=1), dim=0).tolist():
+        chosen = (found[:, 0] == sequence) & (kv_heads == kv_head)
+        out[(sequence, kv_head)] = (found[chosen, 1], found[chosen, 2])
+    return out
+
+
 @dataclass
 class NeedleBatch(Batch):
     """A batch of needle prompts (probe.needle): which needle key each answer position's target is copied from."""
@@ -222,6 +344,25 @@ def streaming_score(weights: Tensor, start: int, batch: Batch, sink: int = DEFAU
     return (mass * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
 
 
+def streaming_from_lse(attention: FusedAttention, batch: Batch, sink: int = DEFAULT_SINK,
+                       recent: int = DEFAULT_RECENT) -> tuple[Tensor, Tensor]:
+    """streaming_score's sums and counts from the log-sum-exp: the band of the `recent` keys ending at each query and
+    the first `sink` columns, computed for queries i >= sink + recent only (O(n x (sink + recent)) per head)."""
+    b, h, n, _ = attention.shape
+    first = sink + recent
+    if first >= n:
+        return torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
+    sinks = sum((attention.column(key)[..., first:] for key in range(sink)), attention.lse.new_zeros(b, h, n - first))
+    valid = batch.valid.to(attention.lse.device)
+    sums, counts = torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
+    for start, band in attention.band(1 - recent, 0, first):  # (b, h, rows, recent): keys i - recent + 1 .. i
+        stop = start + band.shape[2]
+        part_sums, part_counts = _counted(band.sum(dim=-1) + sinks[..., start - first:stop - first],
+                                          valid[:, start:stop])
+        sums, counts = sums + part_sums.cpu(), counts + part_counts.cpu()
+    return sums, counts
+
+
 def retrieval_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality": over the answer positions
     of needle prompts whose target token is copied from the needle and which the model predicts correctly, the
@@ -243,6 +384,17 @@ def retrieval_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, 
     return hits.sum(dim=0).double(), torch.full((h,), float(hits.shape[0]), dtype=torch.float64)
 
 
+def retrieval_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+    """retrieval_score from the log-sum-exp: only the answer rows' weights are computed, whole (exact maxima)."""
+    sources, correct = getattr(batch, "sources", None), getattr(batch, "correct", None)
+    if sources is None or correct is None:
+        return retrieval_score(attention.lse[..., None], 0, batch)  # raises: the score needs needle prompts
+    rows = ((sources >= 0) & correct & batch.valid).any(dim=0).nonzero()[:, 0]
+    answers = NeedleBatch(valid=batch.valid[:, rows], offset=batch.offset, repeat_len=None, sources=sources[:, rows],
+                          correct=correct[:, rows])
+    return retrieval_score(attention.rows(rows.to(attention.lse.device)), 0, answers)
+
+
 def _repeat_len(batch: Batch) -> int:
     if batch.repeat_len is None:
         raise ProbeError("this score needs a repeated probe set (one with a repeat_len)")
@@ -261,19 +413,42 @@ def register_score(score: Score) -> Score:
     return score
 
 
+def _previous(batch: Batch) -> int:
+    return -1
+
+
+def _induction_shift(batch: Batch) -> int:
+    return 1 - _repeat_len(batch)
+
+
+def _duplicate_shift(batch: Batch) -> int:
+    return -_repeat_len(batch)
+
+
+def _second_repeat(batch: Batch) -> tuple[int, int]:
+    return batch.offset + _repeat_len(batch), batch.offset + 2 * _repeat_len(batch)
+
+
+def _next(batch: Batch) -> int:
+    return 1
+
+
 for _score in (
-    Score("previous_token", "natural", 0.5, "attends to the previous token", previous_token_score, "P"),
-    Score("sink", "natural", 0.3, "attends to the first token (attention sink)", sink_score, "S", on_cross=True),
+    Score("previous_token", "natural", 0.5, "attends to the previous token", previous_token_score, "P",
+          fast=Diagonal(_previous)),
+    Score("sink", "natural", 0.3, "attends to the first token (attention sink)", sink_score, "S", on_cross=True,
+          fast=Column(0)),
     Score("induction", "repeated", 0.4, "attends to the token after the earlier copy of the current one",
-          induction_score, "I"),
+          induction_score, "I", fast=Diagonal(_induction_shift, _second_repeat)),
     Score("duplicate_token", "repeated", 0.4, "attends to the earlier copy of the current token",
-          duplicate_token_score, "D"),
-    Score("next_token", "natural", 0.5, "attends to the next token (encoders)", next_token_score, "N"),
+          duplicate_token_score, "D", fast=Diagonal(_duplicate_shift, _second_repeat)),
+    Score("next_token", "natural", 0.5, "attends to the next token (encoders)", next_token_score, "N",
+          fast=Diagonal(_next)),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
-          positional_score, "O", finish_positional),
+          positional_score, "O", finish_positional, fast=positional_from_lse),
     Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",
-          streaming_score, "W", by_default=False),
+          streaming_score, "W", by_default=False, fast=streaming_from_lse),
     Score("retrieval", "needle", 0.1, "copies the needle token it attends to (Wu et al. 2024)", retrieval_score,
-          "R", by_default=False),
+          "R", by_default=False, fast=retrieval_from_lse),
 ):
     register_score(_score)

@@ -18,7 +18,7 @@ from probe.hooks.mha import install_mha
 from probe.hooks.restore import restoring
 from probe.hooks.run import Source, run_model
 from probe.errors import ProbeError
-from probe.hooks.types import HeadsEdit, HeadsRecompute, InputsEdit, LayerHooks, Undo, WeightsHook
+from probe.hooks.types import HeadsEdit, HeadsRecompute, InputsEdit, LayerHooks, LseHook, Undo, WeightsHook
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
     "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
@@ -35,6 +35,7 @@ def attention_hooks(
     layers: set[int] | None = None,
     query_block: int | None = None,
     recompute_heads: HeadsRecompute | None = None,
+    on_lse: LseHook | None = None,
     edit_inputs: InputsEdit | None = None,
 ) -> Iterator[list[AttentionLayer]]:
     """Hook every attention layer (or those in `layers`) for the body of the `with`.
@@ -43,9 +44,11 @@ def attention_hooks(
     keys) in float32, in query blocks. `edit_heads(layer, heads)` may replace each layer's head outputs
     (batch, queries, heads, head_dim) before the output projection. `recompute_heads(layer, inputs, output)` may
     compute some heads again from the layer's query, keys and values (over other keys: window ablation; transformers
-    models only), before `edit_heads`; `on_weights` sees the layer's own weights. `edit_inputs(layer, inputs)` may
-    replace the query, keys and values the layer's attention computes from (patching; transformers models only).
-    On exit the model is exactly as before.
+    models only), before `edit_heads`; `on_weights` sees the layer's own weights. `on_lse(layer, attention)` gets a
+    layer's queries, keys and the fused kernel's log-sum-exp instead of its weights (probe.hooks.lse) where they can
+    be rebuilt from them (transformers models); elsewhere `on_lse.blocked(layer, reason)` is called and the weights
+    go to `on_weights`. `edit_inputs(layer, inputs)` may replace the query, keys and values the layer's attention
+    computes from (patching; transformers models only). On exit the model is exactly as before.
     """
     found = attention_layers(model)
     chosen = [layer for layer in found if layers is None or layer.index in layers]
@@ -63,7 +66,9 @@ def attention_hooks(
             count_calls_per_forward(model, undo)
         for layer in chosen:
             hooks = LayerHooks(layer.index, on_weights, edit_heads, query_block, layer.call, layer.calls,
-                               recompute_heads, edit_inputs)
+                               recompute_heads, on_lse if layer.kind == "hf" else None, edit_inputs)
+            if on_lse is not None and layer.kind != "hf":
+                on_lse.blocked(layer.index, f"attention computed inside the module ({layer.kind} layer)")
             INSTALLERS[layer.kind](layer.module, hooks, undo)
         yield found
 

@@ -19,6 +19,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
+from probe.hooks.lse import additive_bias, fused_attention, lse_problem
 from probe.hooks.restore import restoring
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 
@@ -51,14 +52,38 @@ def _hf_weights_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
                           on_block: OnBlock | None = None, query_block: int | None = None,
                           **kwargs: Any) -> tuple[Tensor, None]:
     """transformers' attention signature, computed by blocked_attention: query (b, hq, n, d) -> (b, n, hq, d)."""
-    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     output = blocked_attention(
-        query, key, value, scaling=scaling, mask=attention_mask, causal=bool(causal) and attention_mask is None,
+        query, key, value, scaling=scaling, mask=attention_mask, causal=_causal(module, is_causal, attention_mask),
         on_block=on_block, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"),
         position_bias=kwargs.get("position_bias"), dropout=dropout if module.training else 0.0,
         query_block=query_block,
     )
     return output.transpose(1, 2).contiguous(), None
+
+
+def _causal(module: nn.Module, is_causal: bool | None, mask: Tensor | None) -> bool:
+    """Whether the call is plain causal attention: no mask given and the call (or module) causal."""
+    causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    return bool(causal) and mask is None
+
+
+def _from_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
+              hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
+    """The output of the fused kernel, its log-sum-exp handed to `hooks.on_lse`; None (and the reason handed to
+    `on_lse.blocked`) where the weights could not be rebuilt from it."""
+    assert hooks.on_lse is not None
+    inputs = _inputs(query, key, value, mask, kwargs)
+    causal = _causal(module, kwargs.get("is_causal"), mask)
+    dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
+    problem = lse_problem(query, key, mask, causal=causal, softcap=inputs.softcap, sinks=inputs.sinks,
+                          dropout=dropout)
+    if problem:
+        hooks.on_lse.blocked(hooks.layer, problem)
+        return None
+    bias = additive_bias(mask, inputs.position_bias, query.dtype)
+    output, attention = fused_attention(query, key, value, bias, inputs.scaling, causal)
+    hooks.on_lse(hooks.layer, attention)
+    return output
 
 
 def _active_hooks(module: nn.Module) -> LayerHooks | None:
@@ -82,7 +107,11 @@ def _inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, kwar
 def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                    attention_mask: Tensor | None, hooks: LayerHooks | None, kwargs: dict[str, Any]) -> Tensor:
     """The layer's attention output (b, n, hq, d): probe's blocked eager attention where its weights are read, else
-    the model's own implementation."""
+    the model's own implementation; the fused kernel's output where its log-sum-exp is read (`on_lse`)."""
+    if hooks is not None and hooks.on_lse is not None:
+        output = _from_lse(module, query, key, value, attention_mask, hooks, kwargs)
+        if output is not None:
+            return output
     if hooks is not None and hooks.on_weights is not None:
         layer, on_weights = hooks.layer, hooks.on_weights
         output, _ = _hf_weights_attention(module, query, key, value, attention_mask,

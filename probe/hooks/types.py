@@ -8,6 +8,8 @@ from typing import Protocol
 
 from torch import Tensor
 
+from probe.hooks.lse import FusedAttention
+
 WeightsHook = Callable[[int, int, Tensor], None]
 """(layer, first query index of the block, weights (batch, query_heads, block, keys)) -> None."""
 HeadsEdit = Callable[[int, Tensor], Tensor]
@@ -43,6 +45,16 @@ class HeadsRecompute(Protocol):
         """Whether every head of the layer is recomputed, so that the layer's own attention can be skipped."""
 
 
+class LseHook(Protocol):
+    """Reads a layer's attention from the fused kernel's log-sum-exp (probe.hooks.lse), where it can be rebuilt."""
+
+    def __call__(self, layer: int, attention: FusedAttention) -> None:
+        """Called once per layer call with its queries, keys, bias and log-sum-exp."""
+
+    def blocked(self, layer: int, reason: str) -> None:
+        """Called instead where the layer's weights cannot be rebuilt from it (they go to `on_weights`), and why."""
+
+
 Undo = Callable[[], None]
 """One restoration step; steps are idempotent, so that an interrupted one can be run again."""
 
@@ -58,4 +70,5 @@ class LayerHooks:
     call: int = 0  # which call of its module this layer is (ALBERT runs one module as every layer)
     calls: int = 1  # how many times the model calls that module per forward
     recompute_heads: HeadsRecompute | None = None  # heads computed over other keys (window ablation); hf layers only
+    on_lse: LseHook | None = None  # reads the fused kernel's log-sum-exp where it can (hf layers), else on_weights
     edit_inputs: InputsEdit | None = None  # queries, keys or values replaced before attention; hf layers only

@@ -1,0 +1,195 @@
+"""Scores from the attention's log-sum-exp (probe/hooks/lse.py): the fast path equals the blocked path (the
+reference) on every family where it applies, with padding, on sliding-window layers and on the real default model;
+where a layer's logits cannot be rebuilt, the result's path says so and the numbers are the blocked path's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_hf, tiny_loaded
+from families import ADAPTED, FAMILY_MODELS, tiny_family
+
+import probe.heads.scores as scores
+from probe.attention import attention_hooks, capture_attention, run_model
+from probe.data import ProbeSet
+from probe.errors import ProbeError
+from probe.heads.classify import score_heads
+from probe.heads.scores import SCORES, Batch, diagonal_score, register_score, streaming_from_lse, streaming_score
+from probe.models import LoadedModel
+
+TOLERANCE = 1e-5
+
+
+def _padded_sets(vocab: int, length: int = 40, num: int = 3) -> tuple[ProbeSet, ProbeSet]:
+    """A natural and a repeated set with right padding (rows of three lengths)."""
+    torch.manual_seed(0)
+    ids = torch.randint(1, vocab, (num, length))
+    mask = torch.ones_like(ids)
+    mask[1, 30:], mask[2, 12:] = 0, 0
+    half = torch.randint(1, vocab, (num, (length - 1) // 2))
+    repeated = torch.cat([torch.zeros(num, 1, dtype=torch.long), half, half], dim=1)
+    repeated_mask = torch.ones_like(repeated)
+    repeated_mask[1, 25:] = 0
+    return (ProbeSet("natural", "random", ids, 1, attention_mask=mask),
+            ProbeSet("repeated", "random, repeated", repeated, 1, repeat_len=half.shape[1],
+                     attention_mask=repeated_mask))
+
+
+def _both_paths(loaded: LoadedModel, probe_sets: tuple[ProbeSet, ...]) -> tuple[dict, dict, set[str]]:
+    fast, blocked, paths = {}, {}, set()
+    for probe_set in probe_sets:
+        names = [name for name, score in SCORES.items() if score.probe == probe_set.name]
+        lse = score_heads(loaded, probe_set, names, batch_size=2)
+        fast.update(lse)
+        paths.add(lse.path)
+        blocked.update(score_heads(loaded, probe_set, names, batch_size=2, path="blocked"))
+    return fast, blocked, paths
+
+
+@pytest.mark.parametrize("name", FAMILY_MODELS)
+def test_fast_path_equals_blocked_on_every_family_with_padding(name: str) -> None:
+    loaded = LoadedModel(model=tiny_family(name), tokenizer=None, name=name, vocab_size=120)
+    fast, blocked, paths = _both_paths(loaded, _padded_sets(120))
+    for score in fast:
+        assert (fast[score] - blocked[score]).abs().max() <= TOLERANCE, score
+    if name in ADAPTED:  # their attention is computed inside the module: the blocked path, said so
+        assert all(path.startswith("blocked at layers 0, 1: attention computed inside the module") for path in paths)
+    else:
+        assert paths == {"lse"}
+
+
+def _gemma3(sliding_window: int) -> LoadedModel:
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.Gemma3TextConfig(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                 max_position_embeddings=4096, sliding_window=sliding_window,
+                                 layer_types=["sliding_attention", "full_attention", "sliding_attention"])
+    model = tf.Gemma3ForCausalLM(config).eval()
+    return LoadedModel(model=model, tokenizer=None, name="tiny-gemma3", vocab_size=120)
+
+
+def test_sliding_window_layers_of_gemma3_at_2048_tokens() -> None:
+    """Gemma-3's sliding-window layers hand the fused kernel their mask; the rebuilt weights follow it."""
+    loaded = _gemma3(sliding_window=64)
+    torch.manual_seed(1)
+    half = torch.randint(1, 120, (1, 1023))
+    repeated = ProbeSet("repeated", "random", torch.cat([torch.zeros(1, 1, dtype=torch.long), half, half], 1), 1,
+                        repeat_len=1023)
+    natural = ProbeSet("natural", "random", torch.randint(1, 120, (1, 2048)), 1)
+    fast, blocked, paths = _both_paths(loaded, (natural, repeated))
+    assert paths == {"lse"}
+    for score in fast:
+        assert (fast[score] - blocked[score]).abs().max() <= TOLERANCE, score
+    assert float(blocked["induction"][0].max()) < 1e-6  # the earlier copy lies outside a 64-key window
+    fast_padded, blocked_padded, _ = _both_paths(loaded, _padded_sets(120))
+    for score in fast_padded:
+        assert (fast_padded[score] - blocked_padded[score]).abs().max() <= TOLERANCE, score
+
+
+@pytest.mark.slow
+def test_default_model_at_2048_tokens(smollm2) -> None:
+    torch.manual_seed(2)
+    half = torch.randint(100, smollm2.vocab_size, (1, 1023))
+    bos = torch.tensor([[smollm2.tokenizer.bos_token_id]])
+    repeated = ProbeSet("repeated", "random", torch.cat([bos, half, half], 1), 1, repeat_len=1023)
+    natural = ProbeSet("natural", "random", torch.cat([bos, torch.randint(100, smollm2.vocab_size, (1, 2047))], 1), 1)
+    fast, blocked, paths = _both_paths(smollm2, (natural, repeated))
+    assert paths == {"lse"}
+    for score in fast:
+        assert (fast[score] - blocked[score]).abs().max() <= TOLERANCE, score
+    assert float(fast["induction"].max()) > 0.5  # real induction heads, found on the fast path
+
+
+def test_positional_rows_the_band_cannot_decide_are_settled_exactly(monkeypatch) -> None:
+    """With a band of the neighbours only (keys i - 1 .. i + 1), most rows go to the exact row maximum; the numbers
+    do not change."""
+    loaded = tiny_loaded("llama_gqa")
+    natural, _ = _padded_sets(120, length=64)
+    blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
+    settled: list[int] = []
+    settle = scores._settle
+    monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
+    monkeypatch.setattr(scores, "_settle", lambda a, found, shift: settled.append(len(found)) or settle(a, found, shift))
+    fast = score_heads(loaded, natural, ["positional"], batch_size=3)
+    assert sum(settled) > 100
+    assert torch.equal(fast["positional"], blocked["positional"])
+
+
+def test_streaming_band_equals_the_blocked_reduction() -> None:
+    """The band of sink + recent keys, rebuilt from the log-sum-exp, against the weights of the same forward."""
+    model = tiny_hf("llama_gqa")
+    torch.manual_seed(4)
+    ids = torch.randint(1, 120, (2, 90))
+    mask = torch.ones_like(ids)
+    mask[1, 70:] = 0
+    batch = Batch(valid=mask.bool(), offset=1, repeat_len=None)
+    kept = {}
+
+    class Keep:
+        def __call__(self, layer, attention):
+            kept[layer] = attention
+
+        def blocked(self, layer, reason):
+            raise AssertionError(reason)
+
+    with torch.no_grad(), attention_hooks(model, on_lse=Keep()):
+        run_model(model, ids, mask)
+    weights = capture_attention(model, ids, mask)
+    for layer, attention in kept.items():
+        fast = streaming_from_lse(attention, batch, sink=2, recent=8)
+        reference = streaming_score(weights[layer], 0, batch, sink=2, recent=8)
+        assert torch.equal(fast[1], reference[1])
+        assert (fast[0] - reference[0]).abs().max() <= TOLERANCE * float(reference[1][0])
+
+
+def test_a_declared_diagonal_gets_the_fast_path() -> None:
+    """A new diagonal-type score declares its offset and nothing else."""
+    register_score(diagonal_score("two_back", "natural", 0.5, "attends two tokens back", lambda batch: -2))
+    try:
+        loaded = tiny_loaded("llama_gqa")
+        natural, _ = _padded_sets(120)
+        fast = score_heads(loaded, natural, ["two_back"], batch_size=2)
+        blocked = score_heads(loaded, natural, ["two_back"], batch_size=2, path="blocked")
+        assert fast.path == "lse" and blocked.path == "blocked"
+        assert fast["two_back"].shape == (2, 4)  # grouped-query: one score per query head
+        assert (fast["two_back"] - blocked["two_back"]).abs().max() <= TOLERANCE
+        assert float(blocked["two_back"].max()) > 0
+    finally:
+        del SCORES["two_back"]
+
+
+def test_a_score_without_fast_path_runs_blocked_and_lse_is_refused() -> None:
+    register_score(scores.Score("plain_prev", "natural", 0.5, "previous token, blocked only",
+                                scores.previous_token_score))
+    try:
+        loaded = tiny_loaded("llama_gqa")
+        natural, _ = _padded_sets(120)
+        auto = score_heads(loaded, natural, ["plain_prev", "sink"], batch_size=2)
+        assert auto.path == "blocked"
+        with pytest.raises(ProbeError, match="no fast path for plain_prev"):
+            score_heads(loaded, natural, ["plain_prev"], path="lse")
+    finally:
+        del SCORES["plain_prev"]
+
+
+def test_soft_capped_layers_fall_back_and_say_why() -> None:
+    loaded = tiny_loaded("gemma2")  # attention logits soft-capped: the fused kernel cannot rebuild them
+    natural, repeated = _padded_sets(120)
+    fast, blocked, paths = _both_paths(loaded, (natural, repeated))
+    assert paths == {"blocked at layers 0, 1: soft-capped logits (the fused kernel has no soft-capping)"}
+    for score in fast:
+        assert torch.equal(fast[score], blocked[score]), score
+
+
+def test_kv_heads_scoring_pass_fast_equals_blocked(smollm2) -> None:
+    from probe.kv import score_needles
+    from probe.needle import NeedleOptions, needle_set
+
+    needles = needle_set(smollm2, NeedleOptions(lengths=(320,), depths=(0.5,), seed=3))
+    fast = score_needles(smollm2, needles, recent=32)
+    blocked = score_needles(smollm2, needles, recent=32, fast=False)
+    assert fast[2].exact == blocked[2].exact
+    assert (fast[0] - blocked[0]).abs().max() <= TOLERANCE
+    assert (fast[1] - blocked[1]).abs().max() <= TOLERANCE
