@@ -4,6 +4,7 @@ classes; a table, JSON, CSV and HTML. Under torchrun the patches are split over 
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Optional
@@ -21,14 +22,14 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlF
                                OffloadFolder, Seed, TrustRemoteCode)
 from probe.cli.outputs import check_distinct, check_outputs, save, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
-from probe.contrast import contrast_task, read_contrast_pairs
+from probe.contrast import ContrastSet, contrast_task, read_contrast_pairs
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
-from probe.models import DEFAULT_MODEL
-from probe.patching import patch_contrast
+from probe.models import DEFAULT_MODEL, LoadedModel
+from probe.patching import PatchResult, patch_contrast
 from probe.patching.paths import path_contrast
 from probe.reports.files import write_csv, write_json, write_text
-from probe.reports.patching import patch_page, patch_report
+from probe.reports.patching import patch_page, patch_report, patch_rows
 
 Component = Annotated[str, typer.Option(
     "--component", help=f"What of each head is patched: {', '.join(PATCHES)} (a key or value: its key/value "
@@ -44,23 +45,42 @@ Receivers = Annotated[Optional[str], typer.Option(
     "--receivers", help="Path patching: heads of later layers whose --path-component input the senders reach.")]
 PathComponent = Annotated[str, typer.Option(
     "--path-component", help="Path patching: the receivers' query, key or value.")]
+Estimate = Annotated[bool, typer.Option(
+    "--estimate", help="Estimate every head's output patch by attribution patching (one forward and backward; "
+    "each value marked estimated) instead of patching each head.")]
 NoClasses = Annotated[bool, typer.Option("--no-classes", help="Do not classify the heads (saves a few forwards).")]
 Top = Annotated[int, typer.Option("--top", help="Heads listed, largest |patch effect| first.")]
 CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
 
 
-def check_request(task: str | None, pairs: Path | None, component: str, top: int, heads: str | None,
-                  by_position: bool, distributed: bool) -> None:
+@dataclass(frozen=True)
+class Request:
+    """What to patch and how: everything of a run but the model, the pairs and the output files."""
+
+    component: str
+    noising: bool
+    by_position: bool
+    heads: str | None
+    naive: bool
+    estimate: bool
+    batch_size: int
+    stack: int | None
+
+
+def check_request(task: str | None, pairs: Path | None, request: Request, top: int, distributed: bool) -> None:
     """Every option that can be judged without the model."""
     if (task is None) == (pairs is None):
         raise ProbeError("give --task or --pairs (one of them)")
-    if component not in PATCHES:
-        raise ProbeError(f"--component {component!r}: use one of {', '.join(PATCHES)}")
+    if request.component not in PATCHES:
+        raise ProbeError(f"--component {request.component!r}: use one of {', '.join(PATCHES)}")
     if top < 1:
         raise ProbeError(f"--top must be at least 1, got {top}")
-    if by_position and distributed:
+    if request.by_position and distributed:
         raise ProbeError("--by-position runs one sweep per position in one process: run it without torchrun")
-    check_heads_syntax(heads)
+    if request.estimate and (request.component != "output" or request.by_position or request.naive or distributed):
+        raise ProbeError("--estimate covers each head's output at every position, in one process: drop --component, "
+                         "--by-position, --naive (and torchrun)")
+    check_heads_syntax(request.heads)
 
 
 def check_paths(senders: str | None, receivers: str | None, component: str) -> None:
@@ -72,21 +92,45 @@ def check_paths(senders: str | None, receivers: str | None, component: str) -> N
     check_heads_syntax(receivers)
 
 
+def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, stream: Path, resume: bool,
+                show: bool) -> PatchResult | None:
+    """The patches (or their estimate), streamed to `stream`; None on a process of torchrun's that does not report."""
+    chosen = parse_heads(request.heads, attention_layers(loaded.model)) if request.heads is not None else None
+    if request.estimate:
+        with status("estimating every head's patch ...", show):
+            return patch_contrast(loaded, contrast, chosen, estimate=True, noising=request.noising,
+                                  batch_size=request.batch_size)
+    with sweep_progress("patching heads", show) as (update, on_result):
+        return patch_contrast(loaded, contrast, chosen, component=request.component, noising=request.noising,
+                              by_position=request.by_position, mode="naive" if request.naive else "exact",
+                              batch_size=request.batch_size, stack=request.stack, progress=update,
+                              on_result=on_result, run=partial(sharded_sweep, results_path=stream, resume=resume))
+
+
+def add_paths(loaded: LoadedModel, contrast: ContrastSet, result: PatchResult, senders: str, receivers: str,
+              component: str, batch_size: int) -> None:
+    layers = attention_layers(loaded.model)
+    with status("path patching ..."):
+        result.paths = path_contrast(loaded, contrast, parse_heads(senders, layers), parse_heads(receivers, layers),
+                                     component=component, batch_size=batch_size).to_dict()
+
+
 def patch(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, task: Task = None, pairs: Pairs = None,
     count: Count = 32, seed: Seed = 0, component: Component = "output", noising: Noising = False,
     by_position: ByPosition = False, heads: Heads = None, senders: Senders = None, receivers: Receivers = None,
-    path_component: PathComponent = "value", naive: Naive = False, no_classes: NoClasses = False,
-    top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
-    results: Results = None, resume: Resume = False, batch_size: BatchSize = 8, stack: Stack = None,
-    device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
-    force: Force = False,
+    path_component: PathComponent = "value", naive: Naive = False, estimate: Estimate = False,
+    no_classes: NoClasses = False, top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None,
+    html_path: HtmlFile = None, results: Results = None, resume: Resume = False, batch_size: BatchSize = 8,
+    stack: Stack = None, device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
+    offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
     """Which heads carry a behaviour: each head's clean value patched into the corrupted run (or the other way),
     as the share of the clean logit difference it restores."""
+    request = Request(component, noising, by_position, heads, naive, estimate, batch_size, stack)
     rank = current()
     main_process = rank is None or rank.is_main
-    check_request(task, pairs, component, top, heads, by_position, rank is not None)
+    check_request(task, pairs, request, top, rank is not None)
     check_paths(senders, receivers, path_component)
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     check_distinct({**outputs, "--results": results})
@@ -96,32 +140,21 @@ def patch(
     loaded = load_for(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code), rank)
     contrast = (read_contrast_pairs(loaded, pairs) if pairs is not None
                 else contrast_task(loaded, str(task), count=count, seed=seed))
-    chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = results or default_results_path({"command": "patch", "model": model, "task": task, "pairs": str(pairs),
-                                              "count": count, "seed": seed, "component": component,
-                                              "noising": noising, "heads": heads, "dtype": dtype})
+                                              "count": count, "seed": seed, "dtype": dtype} | asdict(request))
     stream.parent.mkdir(parents=True, exist_ok=True)
-    with sweep_progress("patching heads", main_process) as (update, on_result):
-        result = patch_contrast(loaded, contrast, chosen, component=component, noising=noising,
-                                by_position=by_position, mode="naive" if naive else "exact", batch_size=batch_size,
-                                run=partial(sharded_sweep, results_path=stream, resume=resume), stack=stack,
-                                progress=update, on_result=on_result)
+    result = run_patches(loaded, contrast, request, stream, resume, main_process)
     if result is None:  # another process's share under torchrun: rank 0 reports
         return
     if senders is not None and receivers is not None:
-        layers = attention_layers(loaded.model)
-        with status("path patching ..."):
-            result.paths = path_contrast(loaded, contrast, parse_heads(senders, layers), parse_heads(receivers, layers),
-                                         component=path_component, batch_size=batch_size).to_dict()
+        add_paths(loaded, contrast, result, senders, receivers, path_component, batch_size)
     if not no_classes:
         with status("classifying the heads ..."):
             result.add_classes(classify(loaded, batch_size=batch_size).labels)
     payload = result.to_dict()
     warn_non_finite(payload)
     save(json_path, lambda path: write_json(path, payload))
-    save(csv_path, lambda path: write_csv(path, [{key: value for key, value in row.items() if key != "classes"}
-                                                 | {"classes": " ".join(row.get("classes", []))}
-                                                 for row in payload["heads"]]))
+    save(csv_path, lambda path: write_csv(path, patch_rows(payload)))
     save(html_path, lambda path: write_text(path, patch_page(payload, top=top)))
     patch_report(payload, console, top=top)
     if results is None:

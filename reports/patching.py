@@ -32,6 +32,12 @@ def ranked(payload: dict[str, Any], top: int = TOP) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: (-abs(row["patch_effect"]), row["layer"], row["head"]))[:top]
 
 
+def patch_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """One CSV row per head: its numbers, and its classes joined by spaces."""
+    return [{key: value for key, value in row.items() if key != "classes"} | {"classes": " ".join(row.get("classes", []))}
+            for row in _rows(payload)]
+
+
 def _unit(row: dict[str, Any], payload: dict[str, Any]) -> str:
     name = short_label(row["layer"], row["head"], payload.get("layer_names"))
     return name if row.get("kv_head") is None else f"{row['layer']}.kv{row['kv_head']} (from {name})"

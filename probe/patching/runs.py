@@ -15,6 +15,7 @@ from probe.data import ProbeSet
 from probe.dla import logit_attribution
 from probe.errors import ProbeError
 from probe.models import LoadedModel
+from probe.patching.estimate import estimate_patches
 from probe.patching.heads import PatchResult, patch_heads
 
 
@@ -45,12 +46,19 @@ def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet,
 
 
 def patch_contrast(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
-                   attribution: bool = True, batch_size: int = 8, **options: Any) -> PatchResult | None:
+                   attribution: bool = True, estimate: bool = False, batch_size: int = 8,
+                   **options: Any) -> PatchResult | None:
     """`patch_heads` between the contrast set's clean and corrupt prompts (`options`: component, noising,
-    by_position, mode, run, ...), each head with its direct logit attribution on the clean run (`attribution`;
-    a model whose stream DLA cannot decompose gets the reason in `dla_note` instead)."""
+    by_position, mode, run, ...), or with `estimate` the attribution-patching estimate of every head's output patch
+    (`options`: noising); each head with its direct logit attribution on the clean run (`attribution`; a model
+    whose stream DLA cannot decompose gets the reason in `dla_note` instead)."""
     clean, corrupt = contrast_runs(loaded, contrast)
-    result = patch_heads(loaded, clean, corrupt, heads, batch_size=batch_size, data=contrast.description, **options)
+    if estimate:
+        result: PatchResult | None = estimate_patches(loaded, clean, corrupt, heads, batch_size=batch_size,
+                                                      data=contrast.description, **options)
+    else:
+        result = patch_heads(loaded, clean, corrupt, heads, batch_size=batch_size, data=contrast.description,
+                             **options)
     if result is None or not attribution:
         return result
     try:
