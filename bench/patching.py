@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import torch
@@ -26,7 +27,9 @@ import torch
 from bench.common import RESULTS_DIR, interleaved, load_average, machine, now
 from probe.contrast import contrast_task
 from probe.models import load_model
+from bench.classification import spearman
 from probe.patching import contrast_runs, patch_heads
+from probe.patching.estimate import estimate_patches
 
 OUT = RESULTS_DIR / "patching.json"
 
@@ -63,6 +66,25 @@ def naive_loop(model: Any, clean: Any, corrupt: Any, heads: list[tuple[int, int]
     return out
 
 
+def estimate_quality(loaded: Any, clean: Any, corrupt: Any, heads: list[tuple[int, int]], count: int,
+                     exact: dict) -> dict[str, Any]:
+    """The attribution-patching estimate: its cost in forward-equivalents (one plain forward of the corrupt prompts,
+    timed just before) and its Spearman against the exact patched logit differences."""
+    with torch.no_grad():
+        loaded.model(input_ids=corrupt.input_ids, attention_mask=corrupt.attention_mask, use_cache=False)  # warm
+        start = time.perf_counter()
+        loaded.model(input_ids=corrupt.input_ids, attention_mask=corrupt.attention_mask, use_cache=False)
+        forward = time.perf_counter() - start
+    start = time.perf_counter()
+    estimated = estimate_patches(loaded, clean, corrupt, heads, batch_size=count)
+    seconds = time.perf_counter() - start
+    values = {entry.heads[0]: entry.logit_diff for entry in estimated.entries}
+    return {"seconds": seconds, "forward_seconds": forward, "forward_equivalents": seconds / forward,
+            "spearman_vs_exact": spearman([values[h] for h in heads], [exact[h] for h in heads]),
+            "top10_overlap": len(set(sorted(heads, key=lambda h: -abs(values[h] - estimated.corrupt_logit_diff))[:10])
+                                 & set(sorted(heads, key=lambda h: -abs(exact[h] - estimated.corrupt_logit_diff))[:10]))}
+
+
 def run(count: int, repeats: int, layers: list[int] | None) -> dict[str, Any]:
     loaded = load_model("smollm2")
     model = loaded.model
@@ -84,6 +106,7 @@ def run(count: int, repeats: int, layers: list[int] | None) -> dict[str, Any]:
     started, load_before = now(), load_average()
     timings = interleaved({"naive": naive, "probe": probe}, "naive", repeats, warmup=0, log=print)
     result = found["result"]
+    estimate = estimate_quality(loaded, clean, corrupt, heads, count, found["probe"])
     top = sorted(result.entries, key=lambda entry: -abs(entry.patch_effect))[:10]
     return {"benchmark": "patching", "date": started, "machine": machine(), "load_before": load_before,
             "load_after": load_average(), "pairs": len(contrast), "batch": list(corrupt.input_ids.shape),
@@ -91,6 +114,7 @@ def run(count: int, repeats: int, layers: list[int] | None) -> dict[str, Any]:
             "max_abs_logit_diff_difference": max(abs(found["probe"][h] - found["naive"][h]) for h in heads),
             "clean_logit_diff": result.clean_logit_diff, "corrupt_logit_diff": result.corrupt_logit_diff,
             "top_heads": [[f"{entry.heads[0][0]}.{entry.heads[0][1]}", entry.patch_effect] for entry in top],
+            "estimate": estimate,
             "command": "python -m bench.patching " + " ".join(sys.argv[1:])}
 
 

@@ -379,6 +379,13 @@ def patching(data: dict[str, Any]) -> str:
              f"Logit difference: clean {data['clean_logit_diff']:+.3f}, corrupt {data['corrupt_logit_diff']:+.3f}; "
              "top heads by |patch effect|: " + ", ".join(f"{name} {effect:+.3f}" for name, effect in
                                                           data["top_heads"]) + "."]
+    estimate = data.get("estimate")
+    if estimate:
+        lines.append(f"\nAttribution-patching estimate (`probe patch --estimate`, first order): "
+                     f"{estimate['forward_equivalents']:.1f} forward-equivalents ({estimate['seconds']:.1f} s; one "
+                     f"plain forward of the corrupt prompts {estimate['forward_seconds']:.2f} s), Spearman "
+                     f"{estimate['spearman_vs_exact']:.3f} against the exact patches, top-10 overlap "
+                     f"{estimate['top10_overlap']}/10 (aim: Spearman >= 0.9 within 3 FE).")
     return "\n".join(lines) + "\n"
 
 
