@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_loaded
 from test_ablate import projection
+from test_specific import swapped_loss
 
 from probe.ablate import sweep
 from probe.ablation.methods import PatchAblation, patch_method
@@ -19,28 +20,8 @@ from probe.errors import ProbeError
 def patched_loss(model: torch.nn.Module, clean: torch.Tensor, corrupt: torch.Tensor, head: tuple[int, int],
                  head_dim: int) -> float:
     """The corrupt run's mean next-token loss with `head`'s slice of the output projection's input taken from the
-    clean run: two passes with plain pre-hooks, written independently of probe's editor."""
-    layer, index = head
-    module, _ = projection(model, layer)
-    columns = slice(index * head_dim, (index + 1) * head_dim)
-    seen: dict[str, torch.Tensor] = {}
-    handle = module.register_forward_pre_hook(lambda _m, args: seen.__setitem__("x", args[0].detach().clone()))
-    with torch.no_grad():
-        run_model(model, clean)
-    handle.remove()
-
-    def patch(_module, args):
-        x = args[0].clone()
-        x[..., columns] = seen["x"][..., columns]
-        return (x,)
-
-    handle = module.register_forward_pre_hook(patch)
-    try:
-        with torch.no_grad():
-            out = logits_of(run_model(model, corrupt)).float()
-    finally:
-        handle.remove()
-    return float(F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), corrupt[:, 1:].reshape(-1)))
+    same row of the clean run: two passes with plain pre-hooks, written independently of probe's editor."""
+    return swapped_loss(model, corrupt, head, head_dim, torch.arange(corrupt.shape[0]), source=clean)
 
 
 @pytest.mark.parametrize("mode", ["exact", "naive"])

@@ -23,16 +23,17 @@ from words import PROMPTS, SENTENCES, tiny_with_words
 
 
 def swapped_loss(model: torch.nn.Module, ids: torch.Tensor, head: tuple[int, int], head_dim: int,
-                 donors: torch.Tensor) -> float:
+                 donors: torch.Tensor, source: torch.Tensor | None = None) -> float:
     """Mean next-token loss with `head`'s slice of the output projection's input taken from the donor rows of an
-    unablated run: a plain pre-hook, written independently of probe's editor."""
+    unablated run (of `source`, default `ids` themselves): a plain pre-hook, written independently of probe's
+    editor."""
     layer, index = head
     module, _ = projection(model, layer)
     columns = slice(index * head_dim, (index + 1) * head_dim)
     seen: dict[str, torch.Tensor] = {}
     handle = module.register_forward_pre_hook(lambda _m, args: seen.__setitem__("x", args[0].detach().clone()))
     with torch.no_grad():
-        run_model(model, ids)
+        run_model(model, ids if source is None else source)
     handle.remove()
 
     def swap(_module, args):

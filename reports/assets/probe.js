@@ -413,6 +413,16 @@
   // ------------------------------------------------------------------------------------------------------------
   // probe ablate: deltas per head (diverging, centred on 0) and the heads that matter most
 
+  function headGridLayout(data) {  // a layer x head map: one cell per head, layers down (named where they are)
+    return {
+      height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(320, 34 * data.n_heads + 160),
+      margin: {l: 50, r: 10, t: 10, b: 40}, plot_bgcolor: BLANK,
+      xaxis: {title: {text: "head"}, dtick: 1, zeroline: false, showgrid: false},
+      yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
+                         zeroline: false, showgrid: false}, data)
+    };
+  }
+
   function ablationPage(id) {
     var root = document.getElementById(id);
     try {
@@ -427,13 +437,7 @@
         grid.text = data.how;
         grid.hovertemplate = grid.hovertemplate.replace("<extra>", ", %{text}<extra>");
       }
-      var gridLayout = {
-        height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(320, 34 * data.n_heads + 160),
-        margin: {l: 50, r: 10, t: 10, b: 40}, plot_bgcolor: BLANK,
-        xaxis: {title: {text: "head"}, dtick: 1, zeroline: false, showgrid: false},
-        yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
-                           zeroline: false, showgrid: false}, data)
-      };
+      var gridLayout = headGridLayout(data);
       var bars = {
         type: "bar", orientation: "h", x: data.top.delta, y: data.top.label, customdata: data.top.loss,
         text: data.top.name, textposition: "none", marker: {color: data.top.color}, name: "delta",
@@ -587,14 +591,7 @@
       hoverongaps: false, colorbar: {thickness: 12, len: 0.8, title: {text: title, side: "top"}},
       hovertemplate: "layer %{y}, head %{x}: " + hover + " %{z:+.3f}<extra></extra>"
     };
-    var layout = {
-      height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(320, 34 * data.n_heads + 160),
-      margin: {l: 50, r: 10, t: 10, b: 40}, plot_bgcolor: BLANK,
-      xaxis: {title: {text: "head"}, dtick: 1, zeroline: false, showgrid: false},
-      yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
-                         zeroline: false, showgrid: false}, data)
-    };
-    return Plotly.newPlot(node, [grid], layout, CONFIG);
+    return Plotly.newPlot(node, [grid], headGridLayout(data), CONFIG);
   }
 
   function patchPage(id) {
