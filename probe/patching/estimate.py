@@ -26,7 +26,7 @@ from probe.attention import attention_hooks, attention_layers, logits_of, run_mo
 from probe.data import ProbeSet
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
-from probe.patching.heads import PatchEntry, PatchResult, check_runs, mean_logit_diff
+from probe.patching.heads import PatchEntry, PatchResult, check_runs, mean_logit_diff, row_logit_diffs
 from probe.contrast import normalised_effect
 
 
@@ -47,8 +47,8 @@ def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, bat
         with torch.enable_grad():
             with attention_hooks(loaded.model, edit_heads=capture):
                 logits = logits_of(run_model(loaded.model, ids, mask))
-            scored = target.scored[batch * batch_size:batch * batch_size + ids.shape[0], :ids.shape[1] - 1]
-            diffs = -(metric.values(logits, ids, None) * scored.to(logits.device)).sum(dim=1)  # (batch,)
+            scored = target.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
+            diffs = row_logit_diffs(metric, logits, ids, scored)  # (batch,)
             order = sorted(captured)
             grads = torch.autograd.grad(diffs.sum() / rows, [captured[layer] for layer in order])
         total += float(diffs.detach().double().sum()) / rows

@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torch import Tensor
+
 from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
 from probe.ablation.methods import PatchAblation, patch_method
-from probe.ablation.metrics import CONTRAST_LAYOUT
+from probe.ablation.metrics import CONTRAST_LAYOUT, Metric
 from probe.ablation.results import AblationResult
 from probe.ablation.sweep import baseline_metric, sweep
 from probe.attention import attention_layers
@@ -198,6 +200,12 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
                        clean_ld, corrupt_ld, *layer_shape(layers), max(layer.n_kv_heads for layer in layers), entries,
                        positions, _tokens(loaded, clean) if by_position else [], swept.mode, swept.path,
                        time.perf_counter() - started, layer_names(layers))
+
+
+def row_logit_diffs(metric: Metric, logits: Tensor, ids: Tensor, scored: Tensor) -> Tensor:
+    """(rows,) each row's logit difference from one forward's logits: the logit_diff metric's value at the row's
+    scored position (`scored`: the batch's rows of the probe set's `scored`, cut to the batch's length)."""
+    return -(metric.values(logits, ids, None) * scored[:, :ids.shape[1] - 1].to(logits.device)).sum(dim=1)
 
 
 def mean_logit_diff(measured: tuple[float, dict[str, float] | None]) -> float:

@@ -32,7 +32,7 @@ from probe.data import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.types import AttentionInputs
 from probe.models import LoadedModel
-from probe.patching.heads import check_runs, mean_logit_diff
+from probe.patching.heads import check_runs, mean_logit_diff, row_logit_diffs
 from probe.patching.runs import contrast_runs
 
 
@@ -83,15 +83,6 @@ def _recorded(loaded: LoadedModel, ids: Tensor, mask: Tensor | None, edit: Calla
     return seen
 
 
-def _logit_diffs(loaded: LoadedModel, probe_set: ProbeSet, first: int, ids: Tensor, mask: Tensor | None) -> Tensor:
-    """(rows,) logit differences of one batch's forward, its first row `first` of the set (the logit_diff metric at
-    the scored position)."""
-    metric = choose_metric(loaded, probe_set)
-    rows = probe_set.scored[first:first + ids.shape[0], :ids.shape[1] - 1]
-    values = metric.values(logits_of(run_model(loaded.model, ids, mask)), ids, None)
-    return -(values * rows.to(values.device)).sum(dim=1).double().cpu()
-
-
 def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders: Sequence[Head],
                receivers: Sequence[Head], *, component: str = "value", batch_size: int = 8) -> PathResult:
     """Each sender's effect through each receiver's `component` (query, key or value; see the module docstring)."""
@@ -107,6 +98,7 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
                          f"{later[0][0]}", parameter="receivers")
     clean_ld, corrupt_ld = (mean_logit_diff(baseline_metric(loaded, run, batch_size=batch_size)) for run in (clean, corrupt))
     clean_out, corrupt_out = (head_outputs(loaded, run, batch_size=batch_size) for run in (clean, corrupt))
+    metric = choose_metric(loaded, corrupt)
     sums = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
     for batch, (ids, mask) in enumerate(corrupt.batches(batch_size)):
         for i, sender in enumerate(senders):
@@ -115,7 +107,9 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
             method = PATCHES[component](HeadOutputs([{}] * batch + [seen], "path patching's first pass"))
             for j, receiver in enumerate(receivers):
                 with torch.no_grad(), ablated(loaded.model, [(receiver,)], method, batch):
-                    sums[i, j] += _logit_diffs(loaded, corrupt, batch * batch_size, ids, mask).sum()
+                    logits = logits_of(run_model(loaded.model, ids, mask))
+                scored = corrupt.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
+                sums[i, j] += float(row_logit_diffs(metric, logits, ids, scored).double().sum())
     means = (sums / corrupt.input_ids.shape[0]).tolist()
     return PathResult(loaded.name, component, list(senders), list(receivers), means,
                       [[normalised_effect(value, clean_ld, corrupt_ld) for value in row] for row in means],
