@@ -173,3 +173,38 @@ def planted_mha() -> PlantedModel:
             block.attn.out_proj.weight.copy_(w["W_o"])
         layers.append(block)
     return PlantedModel(layers).eval()
+
+
+class PlantedLM(PlantedModel):
+    """The planted model with its one-hot embedding and its readout as modules (nn.Embedding, nn.Linear): the
+    copying score and the OV circuit read through the unembedding find them there."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__(layers)
+        self.embed = nn.Embedding(VOCAB, D_MODEL)
+        self.lm_head = nn.Linear(D_MODEL, VOCAB, bias=False)
+        with torch.no_grad():
+            self.embed.weight.zero_()
+            self.embed.weight[:, TOK:TOK + VOCAB] = torch.eye(VOCAB)
+            self.lm_head.weight.zero_()
+            self.lm_head.weight[:, IND:IND + VOCAB] = torch.eye(VOCAB) * self.unembed_scale
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        n = input_ids.shape[1]
+        x = self.embed(input_ids)
+        x[..., POS:POS + n] = torch.eye(n, device=input_ids.device)
+        x[..., ONE] = 1.0
+        for layer in self.layers:
+            x = x + layer(x)[0]
+        return self.lm_head(x)
+
+
+def planted_lm() -> PlantedLM:
+    """planted_textbook's heads in a model with an embedding and an LM head."""
+    return PlantedLM(list(planted_textbook().layers)).eval()

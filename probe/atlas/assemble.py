@@ -1,0 +1,165 @@
+"""Every head's dashboard from what the stages measured: plain numbers copied from each stage's own result (nothing
+computed twice), the evidence facts, and each label judged by its class's rule (probe.heads.evidence)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from probe.ablation.results import AblationResult, HeadResult
+from probe.atlas.examples import Activity, Example, attended_tokens
+from probe.atlas.result import Atlas, Stage
+from probe.atlas.writes import OVReader, partners
+from probe.circuits.composition import Composition
+from probe.dla import Attribution
+from probe.errors import ProbeError
+from probe.heads.classify import Classification
+from probe.heads.evidence import RULES, HeadFacts, Partner, judge, rule_for
+from probe.heads.scores import SCORES
+from probe.models import LoadedModel
+from probe.patterns import Patterns, token_strings
+
+STATUS_ORDER = ("confirmed", "partial", "unchecked", "pattern_only")
+
+
+@dataclass
+class Measured:
+    """What the stages returned (None: skipped or not asked for)."""
+
+    classes: Classification
+    ablation: AblationResult
+    parts: dict[str, AblationResult]
+    task: AblationResult | None
+    composition: Composition | None
+    copying: Tensor | None
+    examples: tuple[Activity, dict[tuple[int, int], list[Example]]]
+    dla: Attribution | None
+    fast: bool
+
+
+def _number(value: Any) -> float | None:
+    """A finite float, or None (strict JSON)."""
+    if value is None:
+        return None
+    value = float(value)
+    return round(value, 6) if math.isfinite(value) else None
+
+
+def _by_head(result: AblationResult | None) -> dict[tuple[int, int], HeadResult]:
+    return {} if result is None else {(r.layer, r.head): r for r in result.heads}
+
+
+def _facts(measured: Measured, layer: int, head: int, found: tuple[list[Partner], list[Partner]],
+           flagged: dict[str, set[tuple[int, int]]]) -> HeadFacts:
+    ablated = _by_head(measured.ablation).get((layer, head))
+    parts: dict[str, float] = {}
+    for result in measured.parts.values():
+        entry = _by_head(result).get((layer, head))
+        if entry is not None:
+            parts.update(entry.part_deltas)
+    copying = None if measured.copying is None else _number(measured.copying[layer, head])
+    baseline = None if measured.composition is None else measured.composition.baseline
+    return HeadFacts(layer, head, set(measured.classes.labels(layer, head)), None if ablated is None else ablated.delta,
+                     parts, copying, found[0], found[1], baseline, flagged)
+
+
+def _labels(measured: Measured, facts: HeadFacts) -> list[dict[str, Any]]:
+    """The head's classes: score, threshold, the probe set that earned it, and the evidence for it."""
+    classes = measured.classes
+    out = []
+    for name in classes.labels(facts.layer, facts.head):
+        probe = SCORES[name].probe if name in SCORES else "natural"
+        out.append({"class": name, "score": _number(classes.scores[name][facts.layer, facts.head]),
+                    "threshold": classes.thresholds[name], "probe_set": probe, "evidence": judge(name, facts)})
+    out.sort(key=lambda label: (STATUS_ORDER.index(label["evidence"]["status"]), -(label["score"] or 0)))
+    return out
+
+
+def _effects(result: HeadResult | None, estimated: bool) -> dict[str, Any] | None:
+    if result is None:
+        return None
+    effects = {key: value for key, value in result.effects.items()}
+    return {"delta": _number(result.delta), "estimated": estimated and not result.exact, **effects,
+            "parts": {name: _number(value) for name, value in result.part_deltas.items()}}
+
+
+def _metrics(measured: Measured, facts: HeadFacts, activity: Activity) -> dict[str, float | None]:
+    layer, head = facts.layer, facts.head
+    ablated = _by_head(measured.ablation).get((layer, head))
+    task = _by_head(measured.task).get((layer, head))
+    effects = ablated.effects if ablated is not None else {}
+    valid = activity.valid
+    nonfirst = activity.nonfirst[:, :, layer, head][valid]
+    out = {f"{name}_score": _number(score[layer, head]) for name, score in measured.classes.scores.items()}
+    out.update({
+        "delta": facts.delta, "specificity": _number(effects.get("specificity")),
+        "max_token_delta": _number(effects.get("max_token_delta")),
+        "second_repeat_delta": _number(facts.parts.get("second_repeat")),
+        "task_delta": None if task is None else _number(task.delta), "copying": facts.copying,
+        "dla": None if measured.dla is None else _number(measured.dla.per_head[layer, head]),
+        "output_norm": _number(activity.mean_norms()[layer, head]),
+        "nonfirst_attention": _number(nonfirst.mean()) if nonfirst.numel() else None,
+        "k_in": _number(max((p.score for p in facts.feeders if p.kind == "k"), default=None)),
+        "out": _number(max((p.score for p in facts.readers), default=None)),
+    })
+    return out
+
+
+def _status(labels: list[dict[str, Any]]) -> str:
+    """The head's best-supported label's status ("none" without a label)."""
+    return labels[0]["evidence"]["status"] if labels else "none"
+
+
+def _writes(reader: OVReader | None, layer: int, head: int, examples: list[Example]) -> list[dict[str, Any]] | None:
+    return None if reader is None else reader.writes(layer, head, attended_tokens(examples))
+
+
+def _reader(loaded: LoadedModel) -> OVReader | None:
+    try:
+        return OVReader(loaded.model, lambda ids: token_strings(loaded, ids))
+    except ProbeError:
+        return None  # no embeddings or LM head: the copying stage says why
+
+
+# long: one dashboard entry per head, each field from one stage's result, read top to bottom
+def _head(measured: Measured, reader: OVReader | None, layer: int, head: int,
+          flagged: dict[str, set[tuple[int, int]]]) -> dict[str, Any]:
+    activity, chosen = measured.examples
+    found = partners(measured.composition, layer, head) if measured.composition is not None else ([], [])
+    facts = _facts(measured, layer, head, found, flagged)
+    labels = _labels(measured, facts)
+    task = _by_head(measured.task).get((layer, head))
+    examples = chosen.get((layer, head), [])
+    return {
+        "layer": layer, "head": head, "classes": labels, "status": _status(labels),
+        "pattern": labels[0]["probe_set"] if labels else "natural",
+        "metrics": _metrics(measured, facts, activity),
+        "examples": [example.to_dict() for example in examples],
+        "writes": _writes(reader, layer, head, examples),
+        "partners": {"feeders": [p.to_dict() for p in found[0]], "readers": [p.to_dict() for p in found[1]]},
+        "effects": _effects(_by_head(measured.ablation).get((layer, head)), measured.fast),
+        "task": None if task is None else {"delta": _number(task.delta),
+                                           **{k: _number(v) for k, v in task.task.items()}},
+    }
+
+
+def assemble(loaded: LoadedModel, measured: Measured, settings: dict[str, Any], stages: list[Stage],
+             patterns: dict[str, Patterns]) -> Atlas:
+    """The Atlas of every head (see the module docstring)."""
+    classes = measured.classes
+    flagged = {name: {(l, h) for l, h, _ in classes.flagged(name)} for name in classes.scores}
+    reader = _reader(loaded) if measured.copying is not None else None
+    heads = [_head(measured, reader, layer, head, flagged)
+             for layer in range(classes.n_layers) for head in range(classes.n_heads)]
+    described = {name: {**info, "threshold": classes.thresholds[name], "rule": rule_for(name).describe()}
+                 for name, info in classes.to_dict()["classes"].items()}
+    settings = {**settings, "baseline_loss": measured.ablation.baseline_loss, "sweep_path": measured.ablation.path,
+                "task_baseline": None if measured.task is None else measured.task.task,
+                "composition_baseline": None if measured.composition is None else measured.composition.baseline,
+                "dla_residual": None if measured.dla is None else measured.dla.residual,
+                "rules": sorted(RULES)}
+    return Atlas(loaded.name, classes.n_layers, classes.n_heads, heads, described, settings, stages, patterns,
+                 classes.layer_names)

@@ -1,0 +1,98 @@
+"""`Atlas`: every head's evidence in one result, its `to_dict()` the payload of `probe atlas --json` and the page."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from probe.heads.evidence import CAUSE_DELTA, COMPOSITION_RATIO, PART_DELTA, RULES
+from probe.patterns import Patterns
+
+METRICS = {
+    "delta": "mean loss change on natural text when the head is zero-ablated (nats)",
+    "specificity": "share of the head's loss increase on its top 1% of tokens",
+    "max_token_delta": "largest loss change of one token when the head is ablated",
+    "second_repeat_delta": "loss change on the second copy of a repeated sequence (heads of classes that name it)",
+    "task_delta": "task margin loss change when the head is ablated (--task)",
+    "copying": "copying score: sum(eigenvalues) / sum(|eigenvalues|) of W_E W_OV W_U",
+    "dla": "direct logit attribution to the correct next token on natural text, mean over positions",
+    "output_norm": "mean norm of what the head writes into the residual stream",
+    "nonfirst_attention": "mean over positions of the head's largest attention to a key after the first",
+    "k_in": "strongest K-composition into this head from an earlier head",
+    "out": "strongest composition of this head into a later head (any kind)",
+}
+"""Per-head numbers the head finder can plot (`<class>` scores come on top), with what each means."""
+
+
+@dataclass
+class Stage:
+    """One stage of the build: how long it took and what to know of it (skipped, estimated, ...)."""
+
+    name: str
+    seconds: float
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "seconds": round(self.seconds, 2), "note": self.note}
+
+
+@dataclass
+class Atlas:
+    """Every head of a model: its classes with the evidence for each, its examples, what it writes, its partners
+    and its causal effects. `patterns` (probe set -> Patterns on the set's first sequence) go to the page only."""
+
+    model: str
+    n_layers: int
+    n_heads: int
+    heads: list[dict[str, Any]]
+    classes: dict[str, dict[str, Any]]
+    settings: dict[str, Any]
+    stages: list[Stage] = field(default_factory=list)
+    patterns: dict[str, Patterns] = field(default_factory=dict)
+    layer_names: list[str] | None = None
+
+    def head(self, layer: int, head: int) -> dict[str, Any]:
+        return self.heads[layer * self.n_heads + head]
+
+    def summary(self) -> dict[str, Any]:
+        """Counts of labels by how well they are supported, and where pattern and cause disagree."""
+        labels = [(entry, label) for entry in self.heads for label in entry["classes"]]
+        by_class: dict[str, dict[str, int]] = {}
+        for _, label in labels:
+            counts = by_class.setdefault(label["class"], {})
+            counts[label["evidence"]["status"]] = counts.get(label["evidence"]["status"], 0) + 1
+        needed = [e for e in self.heads if (e["metrics"].get("delta") or 0) > CAUSE_DELTA]
+        return {"labels": len(labels), "by_class": by_class,
+                "pattern_only": [_name(e) + " " + lab["class"] for e, lab in labels
+                                 if lab["evidence"]["status"] == "pattern_only"],
+                "needed_without_label": [_name(e) for e in sorted(needed, key=lambda e: -e["metrics"]["delta"])
+                                         if not e["classes"]],
+                "needed": len(needed)}
+
+    def to_dict(self) -> dict[str, Any]:
+        metrics = {name: text for name, text in METRICS.items()
+                   if any(entry["metrics"].get(name) is not None for entry in self.heads)}
+        return {"model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads,
+                **({"layer_names": self.layer_names} if self.layer_names else {}),
+                "settings": self.settings, "stages": [stage.to_dict() for stage in self.stages],
+                "classes": self.classes, "metrics": metrics,
+                "evidence": {"cause_delta": CAUSE_DELTA, "part_delta": PART_DELTA,
+                             "composition_ratio": COMPOSITION_RATIO,
+                             "rules": {name: rule.describe() for name, rule in RULES.items()}},
+                "summary": self.summary(), "heads": self.heads}
+
+    def __repr__(self) -> str:
+        summary = self.summary()
+        confirmed = sum(counts.get("confirmed", 0) for counts in summary["by_class"].values())
+        return (f"Atlas({self.model!r}: {self.n_layers}x{self.n_heads} heads, {summary['labels']} labels, "
+                f"{confirmed} confirmed, {len(summary['pattern_only'])} pattern only)")
+
+    def _repr_html_(self) -> str:
+        from probe.reports.atlas import atlas_page  # reports render; the library never needs them otherwise
+
+        return atlas_page(self.to_dict(), {name: p.to_dict() for name, p in self.patterns.items()},
+                          embed_plotly=False)
+
+
+def _name(entry: dict[str, Any]) -> str:
+    return f"{entry['layer']}.{entry['head']}"

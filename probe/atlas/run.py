@@ -1,0 +1,178 @@
+"""`atlas`: every measurement the atlas shows, each by the library's own function (classify, sweep / estimate,
+composition and copying scores, direct logit attribution, patterns), run once, stage by stage, with progress.
+
+Stages: classify (every registered class), weights (K/Q/V composition, copying), ablation (every head on natural
+text: the exact sweep, or the estimate with `fast`), parts (the heads of classes whose evidence rule names a probe set
+part, ablated there: the second copy of a repeated sequence for induction and previous-token heads), task (with
+`task`), examples (two passes over natural text), patterns (every head on each probe set's first sequence) and dla
+(the correct next token's logit on natural text). A stage the model cannot do (no embeddings for the copying score,
+no block list for DLA) is skipped with its reason. With `results_dir` the sweeps stream there and `resume` continues
+them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from probe.ablation.results import AblationResult
+from probe.ablation.sweep import sweep
+from probe.atlas.assemble import Measured, assemble
+from probe.atlas.examples import head_examples
+from probe.atlas.result import Atlas, Stage
+from probe.circuits.composition import composition_scores, copying_scores
+from probe.data import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet, build_probe_set
+from probe.dla import next_token_attribution
+from probe.errors import ProbeError
+from probe.heads.classify import Classification, classify
+from probe.heads.evidence import RULES
+from probe.models import LoadedModel
+from probe.patterns import TOKEN_LIMIT, Patterns, attention_patterns
+from probe.progress import TextBar, log
+from probe.tasks import task_set
+
+DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads then fits in ~6 minutes
+StageProgress = Callable[[str, int, int], None]
+"""(stage, done, total)."""
+T = TypeVar("T")
+
+
+@dataclass
+class _Stages:
+    """Runs stages in order, timing each and reporting its progress under its name."""
+
+    progress: StageProgress | None
+    done: list[Stage] = field(default_factory=list)
+
+    def tick(self, name: str) -> Callable[[int, int], None] | None:
+        if self.progress is None:
+            return None
+        report = self.progress
+        return lambda done, total: report(name, done, total)
+
+    def run(self, name: str, work: Callable[[Callable[[int, int], None] | None], T], note: str = "") -> T:
+        started = time.perf_counter()
+        tick = self.tick(name)
+        if tick is not None:
+            tick(0, 1)
+        out = work(tick)
+        self.done.append(Stage(name, time.perf_counter() - started, note))
+        log.info("atlas: %s in %.1f s", name, self.done[-1].seconds)
+        return out
+
+    def optional(self, name: str, work: Callable[[Callable[[int, int], None] | None], T]) -> T | None:
+        """A stage the model may not support: its ProbeError is the stage's note, and the result None."""
+        started = time.perf_counter()
+        try:
+            return self.run(name, work)
+        except ProbeError as error:
+            self.done.append(Stage(name, time.perf_counter() - started, f"skipped: {error}"))
+            log.info("atlas: %s skipped: %s", name, error)
+            return None
+
+
+def _stage_progress(progress: StageProgress | bool | None) -> StageProgress | None:
+    if progress is not True:
+        return progress if callable(progress) else None
+    bars: dict[str, TextBar] = {}
+    return lambda stage, done, total: bars.setdefault(stage, TextBar(f"atlas: {stage}"))(done, total)
+
+
+def _patterns(loaded: LoadedModel, probe_set: ProbeSet) -> Patterns:
+    """Every head's pattern on the set's first sequence (classification_patterns' input, for all heads)."""
+    patterns = attention_patterns(loaded, probe_set.input_ids[0], source=f"{probe_set.description}; sequence 0",
+                                  average=False, thumbnails=False, max_tokens=TOKEN_LIMIT)
+    patterns.meta = {"probe_set": probe_set.name, "repeat_len": probe_set.repeat_len, "offset": probe_set.offset}
+    return patterns
+
+
+def _parts(loaded: LoadedModel, classes: Classification, options: ProbeOptions, batch_size: int,
+           tick: Callable[[int, int], None] | None) -> dict[str, AblationResult]:
+    """The heads of each class whose rule names a probe set part, ablated on that set (exact)."""
+    wanted: dict[str, set[tuple[int, int]]] = {}
+    for name, rule in RULES.items():
+        if rule.probe is not None and name in classes.scores:
+            wanted.setdefault(rule.probe, set()).update((l, h) for l, h, _ in classes.flagged(name))
+    return {probe: sweep(loaded, build_probe_set(probe, loaded, options), sorted(heads), batch_size=batch_size,
+                         progress=tick) for probe, heads in wanted.items() if heads}
+
+
+def _ablate(loaded: LoadedModel, probe_set: ProbeSet, fast: bool, batch_size: int, results: Path | None,
+            resume: bool, tick: Callable[[int, int], None] | None) -> AblationResult:
+    """Every head: the exact sweep (streamed to `results`, resumable), or the estimate with `fast`."""
+    if fast:
+        return sweep(loaded, probe_set, mode="estimate", batch_size=batch_size, progress=tick)
+    return sweep(loaded, probe_set, batch_size=batch_size, results_path=results, resume=resume and results is not None
+                 and results.exists(), progress=tick)
+
+
+def _results(results_dir: str | Path | None, name: str) -> Path | None:
+    if results_dir is None:
+        return None
+    folder = Path(results_dir)
+    if folder.exists() and not folder.is_dir():
+        raise ProbeError(f"{folder} is not a folder", parameter="results_dir")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{name}.jsonl"
+
+
+def _weights(loaded: LoadedModel, stages: _Stages) -> tuple[Any, Any]:
+    composition = stages.optional("composition", lambda tick: composition_scores(loaded.model, loaded.name))
+    copying = stages.optional("copying", lambda tick: copying_scores(loaded.model))
+    return composition, copying
+
+
+# long: one line per stage, in the order they run, so that the whole build reads top to bottom
+def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int = DEFAULT_SEQ_LEN,
+          num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
+          thresholds: dict[str, float] | None = None, task: str | Path | None = None, task_count: int = 32,
+          fast: bool = False, batch_size: int = 8, results_dir: str | Path | None = None, resume: bool = False,
+          progress: StageProgress | bool | None = None) -> Atlas:
+    """Every head's evidence (see the module docstring): its classes, each label judged by its evidence rule
+    (probe.heads.evidence), examples, OV writes, composition partners and causal effects. `fast` estimates the
+    ablation deltas (attribution patching, marked estimated). `progress=True` draws a bar per stage; a callable gets
+    `(stage, done, total)`."""
+    stages = _Stages(_stage_progress(progress))
+    options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
+    natural_results, task_results = _results(results_dir, "ablation"), _results(results_dir, "task") if task else None
+    classes = stages.run("classify", lambda tick: classify(
+        loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed, thresholds=thresholds,
+        batch_size=batch_size, progress=tick))
+    natural = build_probe_set("natural", loaded, options)
+    composition, copying = _weights(loaded, stages)
+    ablation = stages.run("ablation", lambda tick: _ablate(loaded, natural, fast, batch_size, natural_results, resume,
+                                                           tick), "estimated (attribution patching)" if fast else "exact")
+    parts = stages.run("parts", lambda tick: _parts(loaded, classes, options, batch_size, tick))
+    tasks = None if task is None else stages.run("task", lambda tick: _ablate(
+        loaded, task_set(loaded, task, count=task_count, seed=seed), fast, batch_size, task_results, resume, tick))
+    examples = stages.run("examples", lambda tick: head_examples(loaded, natural, batch_size, _counter(
+        tick, 2 * len(natural.batches(batch_size)))))
+    patterns = stages.run("patterns", lambda tick: {name: _patterns(loaded, build_probe_set(name, loaded, options))
+                                                     for name in _pattern_sets(classes)})
+    dla = stages.optional("dla", lambda tick: next_token_attribution(loaded, natural.input_ids, natural.attention_mask,
+                                                                     batch_size=batch_size))
+    measured = Measured(classes, ablation, parts, tasks, composition, copying, examples, dla, fast)
+    settings = {"data": str(data) if data is not None else "natural (probe's English text)", "seq_len": seq_len,
+                "num_seqs": num_seqs, "repeat_len": repeat_len, "seed": seed, "fast": fast,
+                "task": None if task is None else str(task), "natural": natural.to_dict()}
+    return assemble(loaded, measured, settings, stages.done, patterns)
+
+
+def _pattern_sets(classes: Classification) -> list[str]:
+    """The probe sets the classes were scored on: natural first, each head's pattern shown on its label's set."""
+    return ["natural"] + sorted(set(classes.probe_sets) - {"natural"})
+
+
+def _counter(tick: Callable[[int, int], None] | None, total: int) -> Callable[[], None] | None:
+    if tick is None:
+        return None
+    done = [0]
+
+    def step() -> None:
+        done[0] += 1
+        tick(done[0], total)
+
+    return step

@@ -1,0 +1,63 @@
+"""What a head writes and whom it talks to, from its weights (Elhage et al. 2021):
+
+- its OV circuit read through the unembedding: for a token t the head attends to, the logits W_E[t] W_V W_O W_U
+  that the head's output adds (the norms in between ignored, as the copying score ignores them), top tokens first;
+- its composition partners: the earlier heads whose output feeds its queries, keys or values most strongly, and
+  the later heads that read its output most strongly (probe.circuits.composition's scores, any kind).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from probe.circuits.composition import Composition
+from probe.circuits.weights import embedding_matrices, layer_weights
+from probe.heads.evidence import TOP_PARTNERS, Partner
+from probe.hooks.layers import attention_layers
+
+PROMOTED = 6  # tokens listed per attended token
+
+
+def partners(composition: Composition, layer: int, head: int) -> tuple[list[Partner], list[Partner]]:
+    """(feeders, readers): the TOP_PARTNERS strongest earlier heads per kind (k, q, v) composing into this head, and
+    the TOP_PARTNERS strongest (later head, kind) pairs this head composes into."""
+    feeders: list[Partner] = []
+    readers: list[Partner] = []
+    for kind in composition.scores:
+        table = composition.scores[kind]
+        into = table[:layer, :, layer, head].nan_to_num(-1.0).flatten()  # (earlier layers * heads)
+        for index in into.argsort(descending=True)[:TOP_PARTNERS].tolist():
+            if float(into[index]) >= 0:
+                feeders.append(Partner(*divmod(index, table.shape[1]), kind, float(into[index])))
+        out = table[layer, head, layer + 1:].nan_to_num(-1.0).flatten()
+        for index in out.argsort(descending=True)[:TOP_PARTNERS].tolist():
+            if float(out[index]) >= 0:
+                later, other = divmod(index, table.shape[3])
+                readers.append(Partner(layer + 1 + later, other, kind, float(out[index])))
+    readers.sort(key=lambda p: -p.score)
+    return feeders, readers[:TOP_PARTNERS]
+
+
+class OVReader:
+    """Each layer's OV matrices and the embedding and unembedding, read once."""
+
+    def __init__(self, model: nn.Module, tokens: Any) -> None:
+        self.W_E, self.W_U = embedding_matrices(model)
+        self.layers = [layer_weights(model, layer) for layer in attention_layers(model)]
+        self.tokens = tokens  # ids -> visible strings
+
+    def writes(self, layer: int, head: int, attended: list[int]) -> list[dict[str, Any]]:
+        """For each attended id, the tokens whose logits the head's output raises most when it copies that id."""
+        weights = self.layers[layer]
+        out = []
+        for token in attended:
+            direction: Tensor = (self.W_E[token].double() @ weights.W_V[head] @ weights.W_O[head]).float()
+            logits = direction @ self.W_U
+            top = logits.topk(min(PROMOTED, logits.numel()))
+            out.append({"token": self.tokens([token])[0], "promotes": [
+                {"token": text, "logit": round(float(value), 4)}
+                for text, value in zip(self.tokens(top.indices.tolist()), top.values)]})
+        return out
+
