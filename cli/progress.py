@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -136,3 +136,20 @@ def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Cal
             bar.update(task, heads=f"{finished[0]} heads done")
 
         yield (lambda done, total: bar.update(task, completed=done, total=total)), on_result
+
+
+@contextmanager
+def stage_progress(prefix: str) -> Iterator[Callable[[str, int, int], None]]:
+    """Progress of work in named stages, one bar (or plain lines) per stage as it starts; yields a
+    `(stage, done, total)` callback."""
+    with ExitStack() as scope:
+        current: dict[str, Callable[[int, int], None]] = {}
+
+        def update(stage: str, done: int, total: int) -> None:
+            if stage not in current:
+                scope.close()
+                current.clear()
+                current[stage] = scope.enter_context(progress_bar(f"{prefix}{stage}"))
+            current[stage](done, total)
+
+        yield update

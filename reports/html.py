@@ -200,7 +200,7 @@ def page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotly
     )
 
 
-def _static(title: str, header: list[str], rows: list[list[str]]) -> str:
+def static_summary(title: str, header: list[str], rows: list[list[str]]) -> str:
     """A summary table for viewers that run no JavaScript (GitHub, nbviewer, e-mail): hidden once the plots draw."""
     head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
     body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
@@ -329,7 +329,7 @@ def classification_page(payload: dict[str, Any], patterns: dict[str, dict[str, A
     rows = [("model", model), ("heads", f"{n_layers} layers x {n_heads} heads")]
     rows += [(f"probe set {name}", str(info.get("description", name))) for name, info in payload["probe_sets"].items()]
     rows += [("thresholds", ", ".join(f"{name} > {value:g}" for name, value in payload["thresholds"].items()))]
-    static = _static("Flagged heads, highest score first", ["class", "heads (score)"],
+    static = static_summary("Flagged heads, highest score first", ["class", "heads (score)"],
                      [[name, ", ".join(f"{short_label(e['layer'], e['head'], names)} ({e['score']:.3f})"
                                        for e in flagged[:STATIC_HEADS])
                        + (f" and {len(flagged) - STATIC_HEADS} more" if len(flagged) > STATIC_HEADS else "")
@@ -416,7 +416,7 @@ def _ablation_static(data: dict[str, Any], estimate: bool) -> str:
     columns = ["head", "Δ loss", "loss"] + (["value"] if estimate else [])
     rows = [[label, f"{delta:+.4f}", f"{loss:.4f}"] + ([top["how"][i]] if estimate else [])
             for i, (label, delta, loss) in enumerate(zip(top["label"], top["delta"], top["loss"]))]
-    return _static("The heads that matter most, by |Δ loss|", columns, rows[:STATIC_HEADS])
+    return static_summary("The heads that matter most, by |Δ loss|", columns, rows[:STATIC_HEADS])
 
 
 def _estimate_note(result: dict[str, Any]) -> str:

@@ -29,11 +29,11 @@ def partners(composition: Composition, layer: int, head: int) -> tuple[list[Part
         table = composition.scores[kind]
         into = table[:layer, :, layer, head].nan_to_num(-1.0).flatten()  # (earlier layers * heads)
         for index in into.argsort(descending=True)[:TOP_PARTNERS].tolist():
-            if float(into[index]) >= 0:
+            if float(into[index]) > 0:
                 feeders.append(Partner(*divmod(index, table.shape[1]), kind, float(into[index])))
         out = table[layer, head, layer + 1:].nan_to_num(-1.0).flatten()
         for index in out.argsort(descending=True)[:TOP_PARTNERS].tolist():
-            if float(out[index]) >= 0:
+            if float(out[index]) > 0:
                 later, other = divmod(index, table.shape[3])
                 readers.append(Partner(layer + 1 + later, other, kind, float(out[index])))
     readers.sort(key=lambda p: -p.score)

@@ -50,11 +50,13 @@ def _triangles(left: Tensor, right: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return t_left, t_right, norms
 
 
-def composition_between(earlier: tuple[Tensor, Tensor], later: tuple[Tensor, Tensor], paired: bool = False) -> Tensor:
+def composition_between(earlier: tuple[Tensor, Tensor], later: tuple[Tensor, Tensor], paired: bool = False,
+                        triangles: tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None
+                        ) -> Tensor:
     """(heads of A, heads of B) composition scores of M_A = earlier[0] @ earlier[1] into M_B = later[0] @ later[1];
-    with `paired`, only A's i-th into B's i-th: (heads,)."""
-    t_a, _, a_norms = _triangles(*earlier)
-    _, t_b_right, b_norms = _triangles(*later)
+    with `paired`, only A's i-th into B's i-th: (heads,). `triangles`: `_triangles` of earlier and later, where the
+    caller has them already (a layer's are the same for every pair it is in)."""
+    (t_a, _, a_norms), (_, t_b_right, b_norms) = triangles or (_triangles(*earlier), _triangles(*later))
     if paired:
         product = t_a @ (earlier[1] @ later[0]) @ t_b_right.transpose(1, 2)  # (heads, d_head, d_head)
         return torch.linalg.matrix_norm(product) / (a_norms * b_norms).clamp(min=1e-300)
@@ -100,10 +102,12 @@ def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] 
     for kind in kinds:
         table = torch.full((n_layers, n_heads, n_layers, n_heads), float("nan"), dtype=torch.float64)
         earlier = [_factors(w, "ov") for w in layers]
+        earlier_triangles = [_triangles(*factors) for factors in earlier]  # once per layer, not once per pair
         for b, weights in enumerate(layers):
             later = _factors(weights, kind)
+            later_triangles = _triangles(*later)
             for a in range(b):
-                scores = composition_between(earlier[a], later)
+                scores = composition_between(earlier[a], later, triangles=(earlier_triangles[a], later_triangles))
                 table[a, :scores.shape[0], b, :scores.shape[1]] = scores
         result[kind] = table
     d_model, d_head = layers[0].W_Q.shape[1:]

@@ -649,5 +649,6 @@
     })();
   }
 
-  window.probeReports = {start: start, patternBlock: patternBlock};
+  window.probeReports = {start: start, patternBlock: patternBlock, patternFigure: patternFigure, headGridLayout: headGridLayout,
+                         inflate: inflate, make: make, fail: fail, config: CONFIG};
 })();
