@@ -389,6 +389,37 @@ def patching(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _atlas_build(name: str, entry: dict[str, Any], limit: float) -> list[str]:
+    load = entry.get("load_before"), entry.get("load_after")
+    stages = " | ".join(f"{stage['name']} {stage['seconds']:.1f}" for stage in entry["stages"])
+    notes = "; ".join(f"{stage['name']}: {stage['note']}" for stage in entry["stages"] if stage["note"])
+    verdict = "**met**" if entry["seconds"] <= limit else "**not met**"
+    browser, mib = entry["browser"], entry["page_bytes"] / 2**20
+    summary = entry["summary"]
+    return [f"### {name}", "", f"- Date: {entry['date']}; command: `{entry.get('command', '?')}`; load average (1 min) "
+            f"{load[0][0]:.2f} before, {load[1][0]:.2f} after", "",
+            f"Total {entry['seconds']:.1f} s (target {limit:.0f} s on 2 CPU cores: {verdict}). Seconds per stage: "
+            f"{stages}.", f"Notes: {notes}." if notes else "",
+            f"Page: {mib:.1f} MiB (target < 15 MiB); head finder ready {browser['ready_seconds']:.2f} s after opening in "
+            f"headless Chromium (target < 3 s; load average {browser['load'][0]:.2f}); {browser['dashboards_opened']} of "
+            f"{browser['heads']} dashboards opened in {browser['dashboards_seconds']:.0f} s, "
+            f"{browser['n_console_errors']} console errors, {browser['requests']} request(s), "
+            f"{len(browser['external_requests'])} external.",
+            f"Labels: {summary['labels']}; by class and evidence: " + "; ".join(
+                f"{cls} " + ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+                for cls, counts in summary["by_class"].items()) + ".", ""]
+
+
+def atlas(data: dict[str, Any]) -> str:
+    """bench/atlas.py: the time per stage of `probe atlas` on SmolLM2 (default and --fast) and its page."""
+    lines = ["## probe atlas on SmolLM2: time per stage, page size, head finder in Chromium", "", _machine(
+        {"machine": data["machine"], "date": "see each build", "command": "python -m bench.atlas [--fast]"})]
+    for kind, title, limit in (("exact", "Default build (exact sweep)", 600.0), ("fast", "--fast", 180.0)):
+        if kind in data:
+            lines += _atlas_build(title, data[kind], limit)
+    return "\n".join(lines) + "\n"
+
+
 LSE_TARGET = 1.05
 
 
@@ -466,6 +497,9 @@ def render(extra: str = "") -> str:
     patched = load_result("patching")
     if patched is not None:
         parts.append(patching(patched))
+    built = load_result("atlas")
+    if built is not None:
+        parts.append(atlas(built))
     if extra:
         parts.append(extra)
     return "\n".join(parts)
