@@ -31,9 +31,17 @@ def planted() -> LoadedModel:
     return LoadedModel(model=planted_lm(), tokenizer=None, name="planted", vocab_size=200)
 
 
+IDS = torch.randint(0, 200, (2, 30), generator=torch.Generator().manual_seed(1))
+
+
 @pytest.fixture(scope="module")
-def built(planted: LoadedModel) -> Atlas:
-    return atlas(planted, **OPTIONS)
+def built(planted: LoadedModel, tmp_path_factory) -> Atlas:
+    before = planted.model(IDS)
+    folder = tmp_path_factory.mktemp("runs")
+    result = atlas(planted, results_dir=folder, **OPTIONS)
+    assert torch.equal(planted.model(IDS), before)  # the model is left as it was
+    assert (folder / "ablation.jsonl").is_file()  # the sweep streamed there, for --resume
+    return result
 
 
 def test_classes_equal_classify(planted, built):
@@ -119,27 +127,17 @@ def test_evidence_rule_without_weights_support():
     assert judge("sink", HeadFacts(0, 1, {"sink"}))["status"] == "unchecked"  # nothing else measured
 
 
-def test_fast_marks_estimates_and_leaves_the_model_as_it_was(planted):
-    ids = torch.randint(0, 200, (2, 30), generator=torch.Generator().manual_seed(1))
-    before = planted.model(ids)
-    fast = atlas(planted, fast=True, seq_len=32, num_seqs=2, repeat_len=10)
-    stage = next(stage for stage in fast.stages if stage.name == "ablation")
-    assert stage.note.startswith("estimated")
-    assert any(entry["effects"]["estimated"] for entry in fast.heads)
-    assert fast.to_dict()["settings"]["fast"] is True
-    assert torch.equal(planted.model(ids), before)
-
-
 def test_cli(tmp_path, capsys, monkeypatch):
-    html, data, results = tmp_path / "atlas.html", tmp_path / "atlas.json", tmp_path / "runs"
-    args = ["atlas", "--model", "tests/planted.py:planted_lm", "--seq-len", "64", "--num-seqs", "2", "--repeat-len",
-            "20", "--html", str(html), "--json", str(data), "--results", str(results)]
+    html, data = tmp_path / "atlas.html", tmp_path / "atlas.json"
+    args = ["atlas", "--model", "tests/planted.py:planted_lm", "--seq-len", "32", "--num-seqs", "2", "--repeat-len",
+            "10", "--fast", "--html", str(html), "--json", str(data)]
     code, out, err = run_cli(args, capsys, monkeypatch)
     assert code == 0, err
     payload = json.loads(data.read_text())
-    assert payload["heads"][5]["classes"][0]["evidence"]["status"] == "confirmed"
-    assert "provenance" in payload and html.read_text().count('data-kind="atlas"') == 1
-    assert (results / "ablation.jsonl").is_file() and "induction" in out
+    assert payload["settings"]["fast"] is True and any(e["effects"]["estimated"] for e in payload["heads"])
+    ablation = next(stage for stage in payload["stages"] if stage["name"] == "ablation")
+    assert ablation["note"].startswith("estimated")  # --fast: the estimate, marked as such
+    assert "provenance" in payload and "<b>estimated</b>" in html.read_text() and "induction" in out
     code, _, err = run_cli(args, capsys, monkeypatch)  # outputs exist: refused without --force, before any work
     assert code == 2 and err.startswith("error: ") and "--force" in err
     code, _, err = run_cli(["atlas", "--model", "tests/planted.py:planted_lm", "--resume"], capsys, monkeypatch)

@@ -35,7 +35,7 @@ class Measured:
     task: AblationResult | None
     composition: Composition | None
     copying: Tensor | None
-    examples: tuple[Activity, dict[tuple[int, int], list[Example]]]
+    examples: tuple[Activity, dict[tuple[int, int], list[Example]]] | None  # None: W_O unreadable
     dla: Attribution | None
     fast: bool
 
@@ -86,13 +86,12 @@ def _effects(result: HeadResult | None, estimated: bool) -> dict[str, Any] | Non
             "parts": {name: _number(value) for name, value in result.part_deltas.items()}}
 
 
-def _metrics(measured: Measured, facts: HeadFacts, activity: Activity) -> dict[str, float | None]:
+def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None) -> dict[str, float | None]:
     layer, head = facts.layer, facts.head
     ablated = _by_head(measured.ablation).get((layer, head))
     task = _by_head(measured.task).get((layer, head))
     effects = ablated.effects if ablated is not None else {}
-    valid = activity.valid
-    nonfirst = activity.nonfirst[:, :, layer, head][valid]
+    nonfirst = None if activity is None else activity.nonfirst[:, :, layer, head][activity.valid]
     out = {f"{name}_score": _number(score[layer, head]) for name, score in measured.classes.scores.items()}
     out.update({
         "delta": facts.delta, "specificity": _number(effects.get("specificity")),
@@ -100,8 +99,8 @@ def _metrics(measured: Measured, facts: HeadFacts, activity: Activity) -> dict[s
         "second_repeat_delta": _number(facts.parts.get("second_repeat")),
         "task_delta": None if task is None else _number(task.delta), "copying": facts.copying,
         "dla": None if measured.dla is None else _number(measured.dla.per_head[layer, head]),
-        "output_norm": _number(activity.mean_norms()[layer, head]),
-        "nonfirst_attention": _number(nonfirst.mean()) if nonfirst.numel() else None,
+        "output_norm": None if activity is None else _number(activity.mean_norms()[layer, head]),
+        "nonfirst_attention": _number(nonfirst.mean()) if nonfirst is not None and nonfirst.numel() else None,
         "k_in": _number(max((p.score for p in facts.feeders if p.kind == "k"), default=None)),
         "out": _number(max((p.score for p in facts.readers), default=None)),
     })
@@ -124,10 +123,9 @@ def _reader(loaded: LoadedModel) -> OVReader | None:
         return None  # no embeddings or LM head: the copying stage says why
 
 
-# long: one dashboard entry per head, each field from one stage's result, read top to bottom
 def _head(measured: Measured, reader: OVReader | None, layer: int, head: int,
           flagged: dict[str, set[tuple[int, int]]]) -> dict[str, Any]:
-    activity, chosen = measured.examples
+    activity, chosen = measured.examples or (None, {})
     found = partners(measured.composition, layer, head) if measured.composition is not None else ([], [])
     facts = _facts(measured, layer, head, found, flagged)
     labels = _labels(measured, facts)

@@ -125,7 +125,6 @@ def _weights(loaded: LoadedModel, stages: _Stages) -> tuple[Any, Any]:
     return composition, copying
 
 
-# long: one line per stage, in the order they run, so that the whole build reads top to bottom
 def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int = DEFAULT_SEQ_LEN,
           num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
           thresholds: dict[str, float] | None = None, task: str | Path | None = None, task_count: int = 32,
@@ -148,7 +147,7 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
     parts = stages.run("parts", lambda tick: _parts(loaded, classes, options, batch_size, tick))
     tasks = None if task is None else stages.run("task", lambda tick: _ablate(
         loaded, task_set(loaded, task, count=task_count, seed=seed), fast, batch_size, task_results, resume, tick))
-    examples = stages.run("examples", lambda tick: head_examples(loaded, natural, batch_size, _counter(
+    examples = stages.optional("examples", lambda tick: head_examples(loaded, natural, batch_size, _counter(
         tick, 2 * len(natural.batches(batch_size)))))
     patterns = stages.run("patterns", lambda tick: {name: _patterns(loaded, build_probe_set(name, loaded, options))
                                                      for name in _pattern_sets(classes)})
