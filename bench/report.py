@@ -396,8 +396,9 @@ def _atlas_build(name: str, entry: dict[str, Any], limit: float) -> list[str]:
     verdict = "**met**" if entry["seconds"] <= limit else "**not met**"
     browser, mib = entry["browser"], entry["page_bytes"] / 2**20
     summary = entry["summary"]
-    return [f"### {name}", "", f"- Date: {entry['date']}; command: `{entry.get('command', '?')}`; load average (1 min) "
-            f"{load[0][0]:.2f} before, {load[1][0]:.2f} after", "",
+    loads = (f"load average (1 min) {load[0][0]:.2f} before, {load[1][0]:.2f} after" if load[0] is not None
+             else "load not recorded (a shared machine: 5 engineers on 2 cores)")
+    return [f"### {name}", "", f"- Date: {entry['date']}; command: `{entry.get('command', '?')}`; {loads}", "",
             f"Total {entry['seconds']:.1f} s (target {limit:.0f} s on 2 CPU cores: {verdict}). Seconds per stage: "
             f"{stages}.", f"Notes: {notes}." if notes else "",
             f"Page: {mib:.1f} MiB (target < 15 MiB); head finder ready {browser['ready_seconds']:.2f} s after opening in "
