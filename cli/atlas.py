@@ -15,7 +15,7 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlF
                                OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, warn_non_finite
 from probe.cli.progress import console, stage_progress
-from probe.data import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
+from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.atlas import atlas_page, atlas_report

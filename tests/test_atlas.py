@@ -16,7 +16,7 @@ from probe.ablate import sweep
 from probe.circuits import copying_scores
 from probe.circuits.pairs import circuits
 from probe.classify import classify
-from probe.data import natural_set
+from probe.inputs import natural_set
 from probe.heads.evidence import HeadFacts, Partner, judge
 from probe.models import LoadedModel
 from probe.reports.atlas import atlas_page

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from probe.circuits.weights import layer_weights
-from probe.data import ProbeSet, real_tokens
+from probe.inputs import ProbeSet, real_tokens
 from probe.heads.classify import forward
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers

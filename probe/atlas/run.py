@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +24,7 @@ from probe.atlas.assemble import Measured, assemble
 from probe.atlas.examples import head_examples
 from probe.atlas.result import Atlas, Stage
 from probe.circuits.composition import composition_scores, copying_scores
-from probe.data import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet, build_probe_set
+from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet, build_probe_set
 from probe.dla import next_token_attribution
 from probe.errors import ProbeError
 from probe.heads.classify import Classification, classify
@@ -32,7 +32,6 @@ from probe.heads.evidence import RULES
 from probe.models import LoadedModel
 from probe.patterns import TOKEN_LIMIT, Patterns, attention_patterns
 from probe.progress import TextBar, log
-from probe.tasks import task_set
 
 DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads then fits in ~6 minutes
 StageProgress = Callable[[str, int, int], None]
@@ -145,8 +144,8 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
     ablation = stages.run("ablation", lambda tick: _ablate(loaded, natural, fast, batch_size, natural_results, resume,
                                                            tick), "estimated (attribution patching)" if fast else "exact")
     parts = stages.run("parts", lambda tick: _parts(loaded, classes, options, batch_size, tick))
-    tasks = None if task is None else stages.run("task", lambda tick: _ablate(
-        loaded, task_set(loaded, task, count=task_count, seed=seed), fast, batch_size, task_results, resume, tick))
+    tasks = None if task is None else stages.run("task", lambda tick: _ablate(loaded, build_probe_set(
+        "task", loaded, replace(options, task=task, num_seqs=task_count)), fast, batch_size, task_results, resume, tick))
     examples = stages.optional("examples", lambda tick: head_examples(loaded, natural, batch_size, _counter(
         tick, 2 * len(natural.batches(batch_size)))))
     patterns = stages.run("patterns", lambda tick: {name: _patterns(loaded, build_probe_set(name, loaded, options))
