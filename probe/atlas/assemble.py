@@ -63,7 +63,8 @@ def _facts(measured: Measured, layer: int, head: int, found: tuple[list[Partner]
     copying = None if measured.copying is None else _number(measured.copying[layer, head])
     baseline = None if measured.composition is None else measured.composition.baseline
     return HeadFacts(layer, head, set(measured.classes.labels(layer, head)), None if ablated is None else ablated.delta,
-                     parts, copying, found[0], found[1], baseline, flagged)
+                     parts, copying, found[0], found[1], baseline, flagged,
+                     estimated=measured.fast and ablated is not None and not ablated.exact)
 
 
 def _labels(measured: Measured, facts: HeadFacts) -> list[dict[str, Any]]:
@@ -74,7 +75,8 @@ def _labels(measured: Measured, facts: HeadFacts) -> list[dict[str, Any]]:
         probe = SCORES[name].probe if name in SCORES else "natural"
         out.append({"class": name, "score": _number(classes.scores[name][facts.layer, facts.head]),
                     "threshold": classes.thresholds[name], "probe_set": probe, "evidence": judge(name, facts)})
-    out.sort(key=lambda label: (STATUS_ORDER.index(label["evidence"]["status"]), -(label["score"] or 0)))
+    out.sort(key=lambda label: (STATUS_ORDER.index(label["evidence"]["status"]),
+                                -len(label["evidence"]["supported_by"]), -(label["score"] or 0)))
     return out
 
 

@@ -54,6 +54,7 @@ class HeadFacts:
     readers: list[Partner] = field(default_factory=list)  # later heads this one composes into
     baseline: float | None = None  # composition of random matrices of the same shapes
     flagged: dict[str, set[tuple[int, int]]] = field(default_factory=dict)  # every class's labelled heads
+    estimated: bool = False  # `delta` is an estimate (attribution patching), not an ablation
 
 
 Verdict = tuple[bool, str]
@@ -103,7 +104,7 @@ def needed(part: str | None = None) -> Check:
         if facts.delta is None:
             return None
         if facts.delta > CAUSE_DELTA:
-            return True, f"ablation raises the loss by {facts.delta:+.3f}"
+            return True, f"ablation raises the loss by {facts.delta:+.3f}" + (" (estimated)" if facts.estimated else "")
         value = facts.parts.get(part) if part is not None else None
         if value is not None and value > PART_DELTA:
             return True, f"ablation raises the {part.replace('_', '-')} loss by {value:+.3f}"
