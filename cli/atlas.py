@@ -29,8 +29,8 @@ Task = Annotated[Optional[str], typer.Option(
     "or prompt/answer/distractor rows; each head's task delta joins its dashboard.")]
 Count = Annotated[int, typer.Option("--count", help="Items of a generated --task.")]
 Fast = Annotated[bool, typer.Option(
-    "--fast", help="Estimate the ablation deltas (attribution patching, ~10 forward-equivalents) instead of the exact "
-    "sweep; the page marks them estimated.")]
+    "--fast", help="Estimate the ablation deltas on natural text (attribution patching, ~10 forward-equivalents) "
+    "instead of the exact sweep; the page marks them estimated. A --task sweep stays exact.")]
 Results = Annotated[Optional[Path], typer.Option(
     "--results", help="Folder that keeps the sweeps' results streams (ablation.jsonl, task.jsonl), for --resume.")]
 Resume = Annotated[bool, typer.Option(
