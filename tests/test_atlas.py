@@ -16,7 +16,8 @@ from probe.ablate import sweep
 from probe.circuits import copying_scores
 from probe.circuits.pairs import circuits
 from probe.classify import classify
-from probe.inputs import natural_set
+from probe.dla import next_token_attribution
+from probe.inputs import ProbeOptions, build_probe_set, natural_set
 from probe.heads.evidence import HeadFacts, Partner, judge
 from probe.models import LoadedModel
 from probe.reports.atlas import atlas_page
@@ -197,3 +198,26 @@ def test_page_in_chromium(built, tmp_path, open_page):  # noqa: F811
                              f"{{points: [{{customdata: {layer * 4 + head}}}]}})")
         opened.wait_ready(dashboard=f"{layer}.{head}")
     opened.check_clean()  # no console error, no request but the page, no dialog, no injected element
+
+
+@pytest.mark.slow
+def test_task_and_dla_on_a_tiny_llama_with_smollm2s_tokenizer(smollm2):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=smollm2.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = tf.LlamaForCausalLM(config).eval()
+    loaded = LoadedModel(model=model, tokenizer=smollm2.tokenizer, name="tiny-llama", vocab_size=smollm2.vocab_size)
+    built = atlas(loaded, fast=True, task="sva", task_count=4, seq_len=16, num_seqs=2, repeat_len=8)
+    task = next(stage for stage in built.stages if stage.name == "task")
+    assert task.note.startswith("exact")  # --fast: the task sweep stays exact
+    natural = natural_set(loaded, seq_len=16, num_seqs=2)
+    dla = next_token_attribution(loaded, natural.input_ids, natural.attention_mask)
+    alone = sweep(loaded, build_probe_set("task", loaded, ProbeOptions(task="sva", num_seqs=4, seq_len=16,
+                                                                        repeat_len=8)))
+    for result in alone.heads:
+        entry = built.head(result.layer, result.head)
+        assert entry["metrics"]["task_delta"] == pytest.approx(result.delta, abs=1e-6)
+        assert entry["metrics"]["dla"] == pytest.approx(float(dla.per_head[result.layer, result.head]), abs=1e-6)
+    assert all(entry["writes"] is not None and entry["examples"] for entry in built.heads)
