@@ -176,6 +176,9 @@ def test_page_in_chromium(built, tmp_path, open_page):  # noqa: F811
     assert "induction score" in opened.page.evaluate(
         "document.querySelector('.atlas-scatter').layout.xaxis.title.text")
 
+    opened.page.click("th[data-column='second_repeat_delta']")  # sort: largest first
+    deltas = {f"{e['layer']}.{e['head']}": e["metrics"]["second_repeat_delta"] for e in payload["heads"]}
+    assert _rows(opened)[:2] == sorted((h for h in deltas if deltas[h] is not None), key=lambda h: -deltas[h])
     opened.page.fill(".atlas-search", "induction")  # search
     opened.wait_ready(shown="1")
     assert _rows(opened) == ["1.1"]
