@@ -165,6 +165,7 @@ def atlas_report(payload: dict[str, Any], console: Console, *, top: int = 15) ->
                           summary["needed_without_label"])):
         shown = ", ".join(heads[:top]) + (f" and {len(heads) - top} more" if len(heads) > top else "")
         console.print(f"  {title}: {shown or 'none'}", markup=False, highlight=False)
-    stages = ", ".join(f"{s['name']} {s['seconds']:.1f} s" for s in payload["stages"])
+    stages = ", ".join(f"{s['name']} {s['seconds']:.1f} s" + (f" ({s['note']})" if s["note"] else "")
+                       for s in payload["stages"])
     console.print(Text(f"  {stages}", style="dim"))
 
