@@ -51,17 +51,34 @@ def _triangles(left: Tensor, right: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return t_left, t_right, norms
 
 
+def distinct_heads(left: Tensor) -> tuple[Tensor, Tensor]:
+    """(the distinct matrices of `left` (n, d_model, d_head), each head's index among them): a grouped-query layer's
+    key and value weights are one matrix per group, repeated for each of its query heads."""
+    keep: list[int] = []
+    index = []
+    for head in range(left.shape[0]):
+        found = next((i for i, kept in enumerate(keep) if torch.equal(left[kept], left[head])), None)
+        if found is None:
+            keep.append(head)
+            found = len(keep) - 1
+        index.append(found)
+    return left[keep], torch.tensor(index)
+
+
 def composition_between(earlier: tuple[Tensor, Tensor], later: tuple[Tensor, Tensor], paired: bool = False,
-                        triangles: tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None
-                        ) -> Tensor:
+                        triangles: tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None,
+                        distinct: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """(heads of A, heads of B) composition scores of M_A = earlier[0] @ earlier[1] into M_B = later[0] @ later[1];
     with `paired`, only A's i-th into B's i-th: (heads,). `triangles`: `_triangles` of earlier and later, where the
-    caller has them already (a layer's are the same for every pair it is in)."""
+    caller has them already (a layer's are the same for every pair it is in); `distinct`: `distinct_heads(later[0])`,
+    so that the product through a key/value group's shared matrix is computed once for the group."""
     (t_a, _, a_norms), (_, t_b_right, b_norms) = triangles or (_triangles(*earlier), _triangles(*later))
     if paired:
         product = t_a @ (earlier[1] @ later[0]) @ t_b_right.transpose(1, 2)  # (heads, d_head, d_head)
         return torch.linalg.matrix_norm(product) / (a_norms * b_norms).clamp(min=1e-300)
-    middle = torch.einsum("aik,bkj->abij", earlier[1], later[0])  # (heads A, heads B, d_head, d_head)
+    left, index = distinct if distinct is not None else (later[0], None)
+    middle = torch.einsum("aik,bkj->abij", earlier[1], left)  # (heads A, heads B, d_head, d_head)
+    middle = middle if index is None else middle[:, index]
     product = t_a[:, None] @ middle @ t_b_right.transpose(1, 2)[None]
     return torch.linalg.matrix_norm(product) / (a_norms[:, None] * b_norms[None, :]).clamp(min=1e-300)
 
@@ -108,9 +125,10 @@ def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] 
         earlier_triangles = [_triangles(*factors) for factors in earlier]  # once per layer, not once per pair
         for b, weights in enumerate(layers):
             later = _factors(weights, kind)
-            later_triangles = _triangles(*later)
+            later_triangles, distinct = _triangles(*later), distinct_heads(later[0])
             for a in range(b):
-                scores = composition_between(earlier[a], later, triangles=(earlier_triangles[a], later_triangles))
+                scores = composition_between(earlier[a], later, triangles=(earlier_triangles[a], later_triangles),
+                                             distinct=distinct)
                 table[a, :scores.shape[0], b, :scores.shape[1]] = scores
         result[kind] = table
     d_model, d_head = layers[0].W_Q.shape[1:]
