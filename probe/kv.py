@@ -478,7 +478,7 @@ def kv_heads(
     prompts: int = 1, needle: str | None = None, sink: int = DEFAULT_SINK, recent: int = DEFAULT_RECENT,
     full_fraction: float | None = None, retrieval_threshold: float | None = None,
     streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
-    curve: bool = True, steps: int = 10, random_seeds: tuple[int, ...] = (0, 1, 2), curve_texts: int = 2,
+    curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,
     data: str | None = None, seed: int = 0, progress: Progress | None = None,
 ) -> KVHeads:
     """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
