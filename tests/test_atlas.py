@@ -96,7 +96,8 @@ def test_examples_show_what_the_head_does(planted, built):
     norms = [e["norm"] for e in examples]
     assert norms == sorted(norms, reverse=True)
     last = examples[0]["spans"][-1]
-    assert last["first"] + len(last["tokens"]) - 1 == examples[0]["position"] == last["first"] + len(last["weights"]) - 1
+    assert last["first"] + len(last["tokens"]) - 1 == examples[0]["position"]
+    assert len(last["weights"]) == len(last["tokens"])
 
 
 def test_evidence_labels_the_planted_heads(built):
@@ -141,8 +142,10 @@ def test_cli(tmp_path, capsys, monkeypatch):
     assert "provenance" in payload and "<b>estimated</b>" in html.read_text() and "induction" in out
     code, _, err = run_cli(args, capsys, monkeypatch)  # outputs exist: refused without --force, before any work
     assert code == 2 and err.startswith("error: ") and "--force" in err
-    code, _, err = run_cli(["atlas", "--model", "tests/planted.py:planted_lm", "--resume"], capsys, monkeypatch)
-    assert code == 2 and err.strip() == "error: --resume continues the sweeps kept in a --results folder: give --results"
+    code, _, err = run_cli(["atlas", "--model", "tests/planted.py:planted_lm", "--resume"], capsys,
+                           monkeypatch)
+    assert code == 2
+    assert err.strip() == "error: --resume continues the sweeps kept in a --results folder: give --results"
 
 
 def test_notebook_fragment(built):

@@ -131,8 +131,8 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
           progress: StageProgress | bool | None = None) -> Atlas:
     """Every head's evidence (see the module docstring): its classes, each label judged by its evidence rule
     (probe.heads.evidence), examples, OV writes, composition partners and causal effects. `fast` estimates the
-    ablation deltas on natural text (attribution patching, marked estimated; a task's are exact all the same). `progress=True` draws a bar per stage; a callable gets
-    `(stage, done, total)`."""
+    ablation deltas on natural text (attribution patching, marked estimated; a task's are exact all the same).
+    `progress=True` draws a bar per stage; a callable gets `(stage, done, total)`."""
     stages = _Stages(_stage_progress(progress))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     natural_results, task_results = _results(results_dir, "ablation"), _results(results_dir, "task") if task else None
@@ -141,8 +141,9 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
         batch_size=batch_size, progress=tick))
     natural = build_probe_set("natural", loaded, options)
     composition, copying = _weights(loaded, stages)
-    ablation = stages.run("ablation", lambda tick: _ablate(loaded, natural, fast, batch_size, natural_results, resume,
-                                                           tick), "estimated (attribution patching)" if fast else "exact")
+    ablation = stages.run("ablation", lambda tick: _ablate(
+        loaded, natural, fast, batch_size, natural_results, resume, tick),
+        "estimated (attribution patching)" if fast else "exact")
     parts = stages.run("parts", lambda tick: _parts(loaded, classes, options, batch_size, tick))
     tasks = None if task is None else stages.run("task", lambda tick: _ablate(loaded, build_probe_set(
         "task", loaded, replace(options, task=task, num_seqs=task_count)), False, batch_size, task_results, resume,

@@ -44,7 +44,10 @@
   }
 
   function classesPart(node, make, entry) {
-    if (!entry.classes.length) { node.appendChild(make("p", "probe-small", "No class: no score passes its threshold.")); return; }
+    if (!entry.classes.length) {
+      node.appendChild(make("p", "probe-small", "No class: no score passes its threshold."));
+      return;
+    }
     entry.classes.forEach(function (label) {
       var evidence = label.evidence, line = make("div", "");
       line.appendChild(make("span", "atlas-badge atlas-" + evidence.status, label["class"]));
@@ -85,8 +88,13 @@
   }
 
   function writesPart(node, make, entry) {
-    if (!entry.writes) { node.appendChild(make("p", "probe-small", "No embedding or LM head to read the OV circuit through.")); return; }
-    if (!entry.writes.length) node.appendChild(make("p", "probe-small", "Its top examples attend to the first key only."));
+    if (!entry.writes) {
+      node.appendChild(make("p", "probe-small", "No embedding or LM head to read the OV circuit through."));
+      return;
+    }
+    if (!entry.writes.length) {
+      node.appendChild(make("p", "probe-small", "Its top examples attend to the first key only."));
+    }
     entry.writes.forEach(function (write) {
       var line = make("div", "atlas-example");
       line.appendChild(make("span", "", "attends to \u201c" + write.token + "\u201d \u2192 raises "));
@@ -141,8 +149,12 @@
 
   function patternPart(node, tools, data, entry) {
     var spec = data.patterns[entry.pattern];
-    if (!spec) { node.appendChild(tools.make("p", "probe-small", "No pattern on this page.")); return Promise.resolve(); }
-    var block = tools.patternBlock(spec), index = block.find(entry.layer, entry.head), plot = tools.make("div", "atlas-pattern");
+    if (!spec) {
+      node.appendChild(tools.make("p", "probe-small", "No pattern on this page."));
+      return Promise.resolve();
+    }
+    var block = tools.patternBlock(spec), index = block.find(entry.layer, entry.head);
+    var plot = tools.make("div", "atlas-pattern");
     node.appendChild(tools.make("p", "probe-small", "On the first sequence of the " + entry.pattern + " probe set."));
     node.appendChild(plot);
     var cls = entry.classes.length ? entry.classes[0]["class"] : null;
@@ -212,7 +224,8 @@
                color: shown.map(function (i) { var c = first(data.rows[i]); return c ? palette[c] : NONE; }),
                symbol: shown.map(function (i) {
                  var s = data.rows[i].status;
-                 return s === "pattern_only" || s === "unchecked" ? "circle-open" : (s === "partial" ? "diamond" : "circle");
+                 if (s === "pattern_only" || s === "unchecked") return "circle-open";
+                 return s === "partial" ? "diamond" : "circle";
                })},
       hovertemplate: "%{text}<br>x %{x:.4f}, y %{y:.4f}<extra></extra>"
     };
@@ -221,7 +234,8 @@
   function gridTrace(data, shown, palette) {
     return {
       type: "scatter", mode: "markers", customdata: shown,
-      x: shown.map(function (i) { return data.rows[i].head; }), y: shown.map(function (i) { return data.rows[i].layer; }),
+      x: shown.map(function (i) { return data.rows[i].head; }),
+      y: shown.map(function (i) { return data.rows[i].layer; }),
       text: shown.map(function (i) { return data.rows[i].label + ": " + (first(data.rows[i]) || "no class"); }),
       marker: {symbol: "square", size: 13, color: shown.map(function (i) {
         var c = first(data.rows[i]); return c ? palette[c] : NONE;
@@ -235,7 +249,8 @@
     [["label", "head"], ["classes", "classes (evidence)"]].concat(data.table_metrics.map(function (m) {
       return [m, m.replace(/_/g, " ")];
     })).forEach(function (column) {
-      var cell = make("th", "", column[1] + (state.sort === column[0] ? (state.descending ? " \u25bc" : " \u25b2") : ""));
+      var arrow = state.sort === column[0] ? (state.descending ? " \u25bc" : " \u25b2") : "";
+      var cell = make("th", "", column[1] + arrow);
       cell.dataset.column = column[0];
       cell.title = data.metrics[column[0]] || "";
       cell.addEventListener("click", function () {
@@ -289,14 +304,19 @@
                    cls: "all", evidence: "all", search: "", sort: "label", descending: false};
       var scatter = root.querySelector(".atlas-scatter"), grid = root.querySelector(".atlas-grid");
       var index = function (layer, head) {
-        for (var i = 0; i < data.rows.length; i++) if (data.rows[i].layer === layer && data.rows[i].head === head) return i;
+        for (var i = 0; i < data.rows.length; i++) {
+          if (data.rows[i].layer === layer && data.rows[i].head === head) return i;
+        }
         return -1;
       };
       var open = function (layer, head) {
         root.dataset.selected = layer + "." + head;
         return dashboard(root, data, index(layer, head), open).catch(function (error) { tools.fail(root, error); });
       };
-      var byPoint = function (event) { var i = event.points[0].customdata; open(data.rows[i].layer, data.rows[i].head); };
+      var byPoint = function (event) {
+        var i = event.points[0].customdata;
+        open(data.rows[i].layer, data.rows[i].head);
+      };
       var redraw = function () {
         var shown = visible(data, state);
         root.querySelector(".atlas-count").textContent = shown.length + " of " + data.rows.length + " heads";
@@ -319,13 +339,18 @@
       var options = names.map(function (n) { return [n, n.replace(/_/g, " ")]; });
       fill(root.querySelector(".atlas-x"), options, state.x);
       fill(root.querySelector(".atlas-y"), options, state.y);
-      fill(root.querySelector(".atlas-class"), [["all", "all"]].concat(data.classes.map(function (c) { return [c, c]; }))
+      var classOptions = data.classes.map(function (c) { return [c, c]; });
+      fill(root.querySelector(".atlas-class"), [["all", "all"]].concat(classOptions)
         .concat([["none", "no class"]]), "all");
       fill(root.querySelector(".atlas-evidence"), [["all", "all"]].concat(Object.keys(data.statuses).map(function (s) {
         return [s, data.statuses[s]];
       })), "all");
-      [["atlas-x", "x"], ["atlas-y", "y"], ["atlas-class", "cls"], ["atlas-evidence", "evidence"]].forEach(function (p) {
-        root.querySelector("." + p[0]).addEventListener("change", function (event) { state[p[1]] = event.target.value; redraw(); });
+      var menus = [["atlas-x", "x"], ["atlas-y", "y"], ["atlas-class", "cls"], ["atlas-evidence", "evidence"]];
+      menus.forEach(function (p) {
+        root.querySelector("." + p[0]).addEventListener("change", function (event) {
+          state[p[1]] = event.target.value;
+          redraw();
+        });
       });
       root.querySelector(".atlas-search").addEventListener("input", function (event) {
         state.search = event.target.value; redraw();
