@@ -154,6 +154,19 @@ def test_notebook_fragment(built):
     assert repr(built) == "Atlas('planted': 2x4 heads, 4 labels, 2 confirmed, 2 pattern only)"
 
 
+@pytest.mark.browser
+def test_notebook_fragment_draws_the_head_finder(built, tmp_path, open_page):  # noqa: F811
+    path = tmp_path / "notebook.html"  # a notebook's output: the fragment in a page, carrying plotly.js itself
+    path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{built._repr_html_()}</body>"
+                    "</html>", encoding="utf-8")
+    opened = open_page(path)
+    assert len(_rows(opened)) == 8
+    opened.page.click("tr.atlas-row[data-head='0.1']")
+    opened.wait_ready(dashboard="0.1")
+    assert "pattern only" in opened.page.text_content(".atlas-dashboard")
+    opened.check_clean()
+
+
 def _rows(opened) -> list[str]:
     return opened.page.evaluate("Array.from(document.querySelectorAll('tr.atlas-row')).map(r => r.dataset.head)")
 
