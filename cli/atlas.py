@@ -22,8 +22,8 @@ from probe.reports.atlas import atlas_page, atlas_report
 from probe.reports.files import write_json, write_text
 
 NumSeqs = Annotated[int, typer.Option(
-    "--num-seqs", help="Sequences in each probe set (natural text and the repeated set); 4 keeps SmolLM2's exact "
-    "sweep near 6 minutes on 2 CPU cores.")]
+    "--num-seqs", help="Sequences in each probe set (natural text and the repeated set). The exact sweep is most of "
+    "the cost: SmolLM2's 270 heads on 4 x 128 tokens took 353 s on 2 lightly loaded CPU cores (bench/RESULTS.md).")]
 Task = Annotated[Optional[str], typer.Option(
     "--task", help="Also ablate every head on a task: sva, ioi, or a JSON-lines file of sentence_good/sentence_bad "
     "or prompt/answer/distractor rows; each head's task delta joins its dashboard.")]

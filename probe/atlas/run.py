@@ -33,7 +33,8 @@ from probe.models import LoadedModel
 from probe.patterns import TOKEN_LIMIT, Patterns, attention_patterns
 from probe.progress import TextBar, log
 
-DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads then fits in ~6 minutes
+DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads, most of the cost, on 4 x 128
+# tokens took 353 s on 2 lightly loaded CPU cores (bench/RESULTS.md, section 2); 8 sequences double it
 StageProgress = Callable[[str, int, int], None]
 """(stage, done, total)."""
 T = TypeVar("T")
