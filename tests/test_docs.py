@@ -122,7 +122,7 @@ def test_the_site_shows_each_entry_with_its_signature_and_docstring(site: Path) 
                 first = docstring(obj).split("\n")[0]
                 words = first.replace("`", "")[:30]
                 assert words in text, f"{stem}: {path}'s docstring ({words!r}) is not on the page"
-    cli = text_of(site / "reference" / "cli.html")
+    cli = text_of(site / "reference/cli.html")  # the CLI reference page
     for name in command_names():
         assert command_help(name).splitlines()[1].strip() in cli  # its usage line
         assert all(line.strip() in cli for line in command_help(name).splitlines() if line.strip())
