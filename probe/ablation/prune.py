@@ -85,6 +85,9 @@ class PruneCurve:
 
 @dataclass
 class PruneResult:
+    """Pruning curves (Michel et al. 2019): per ordering, the loss after each step with every pruned head ablated
+    together; `to_dict()` is the JSON of `probe prune --json`."""
+
     model: str
     metric: str
     method: str

@@ -156,6 +156,7 @@ def context_length(loaded: LoadedModel) -> int | None:
 
 
 def check_context(loaded: LoadedModel, length: int) -> None:
+    """Refuse sequences longer than the model's context (`context_length`), naming seq_len."""
     limit = context_length(loaded)
     if limit is not None and length > limit:
         raise ProbeError(f"sequences of {length} tokens are longer than the model's context of {limit}: "
