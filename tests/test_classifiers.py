@@ -186,3 +186,19 @@ def test_sep_and_sink_heads_of_a_planted_classifier(planted: LoadedModel) -> Non
         scores = score_heads(planted, probe_set, ["sep", "sink"], batch_size=3, path=path)
         assert scores["sep"][0, 0] > 0.99 and scores["sep"][0, 1:].max() < 0.5, path
         assert scores["sink"][0, 1] > 0.99 and scores["sink"][0, [0, 2, 3]].max() < 0.5, path
+
+
+def test_a_saved_classifier_folder_loads_as_a_classifier_and_the_estimate_refuses_it(tmp_path: Path) -> None:
+    from probe.ablate import estimate
+
+    tokenizer = word_tokenizer(WORDS + "quick brown fox jumps".split())  # words probe's tokenizer check encodes
+    tiny_bert_classifier(len(tokenizer)).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    loaded = load_model(str(tmp_path / "model"))
+    assert type(loaded.model).__name__ == "BertForSequenceClassification"
+    probe_set = build_probe_set("labels", loaded, ProbeOptions(labels=write_rows(
+        tmp_path / "rows.jsonl", [{"text": "good film", "label": "positive"}, {"text": "a bad plot", "label": 0},
+                                  {"text": "a cat", "text_pair": "a dog", "label": "neutral"}])))
+    assert probe_set.meta["class_counts"] == [1, 1, 1]
+    with pytest.raises(ProbeError, match="not a classifier's labelled texts"):
+        estimate(loaded, probe_set)
