@@ -41,7 +41,7 @@ def planted() -> LoadedModel:
 
 
 def rows_of(items: list[tuple[str, int | str]]) -> list[LabelledText]:
-    return [LabelledText(text, label, line=i + 1) for i, (text, label) in enumerate(items)]
+    return [LabelledText(text, label) for i, (text, label) in enumerate(items)]
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:
@@ -69,7 +69,7 @@ def test_labelled_set_matches_labels_to_the_classes(bert: LoadedModel) -> None:
     assert probe_set.scored.shape == (7, 3) and probe_set.scored.sum(dim=1).tolist() == [1] * 7
     assert probe_set.scored.float().argmax(dim=1).tolist() == [2, 0, 1, 2, 0, 1, 2]
     assert probe_set.input_ids[:, 0].tolist() == [bert.tokenizer.cls_token_id] * 7 and probe_set.offset == 1
-    pair = labelled_set(bert, [LabelledText("good film", "positive", "bad plot", 1)])
+    pair = labelled_set(bert, [LabelledText("good film", "positive", "bad plot")])
     assert pair.input_ids[0].tolist() == bert.tokenizer("good film", "bad plot")["input_ids"]
 
 
@@ -92,8 +92,8 @@ def test_bert_classifier_capture_equals_eager(bert: LoadedModel) -> None:
 def test_zero_ablation_equals_a_hand_edited_projection_and_the_metric_a_hand_computation(
         which: str, bert: LoadedModel, planted: LoadedModel) -> None:
     loaded = bert if which == "bert" else planted
-    rows = rows_of(ROWS) if which == "bert" else [LabelledText(r["text"], r["label"], line=i + 1)
-                                                  for i, r in enumerate(planted_texts(12))]
+    rows = rows_of(ROWS) if which == "bert" else [LabelledText(r["text"], r["label"])
+                                                  for r in planted_texts(12)]
     probe_set = labelled_set(loaded, rows)
     ids, mask = probe_set.input_ids, probe_set.attention_mask
     gold = probe_set.scored.float().argmax(dim=1)
@@ -129,7 +129,7 @@ def test_exact_sweep_equals_the_naive_loop_on_a_bert_classifier(bert: LoadedMode
 
 
 def test_planted_head_comes_first_by_accuracy_and_prunes_last_by_michel(planted: LoadedModel) -> None:
-    rows = [LabelledText(r["text"], r["label"], line=i + 1) for i, r in enumerate(planted_texts(16))]
+    rows = [LabelledText(r["text"], r["label"]) for r in planted_texts(16)]
     probe_set = labelled_set(planted, rows)
     result = sweep(planted, probe_set, metric="accuracy", batch_size=8)
     assert result.baseline_loss == 0.0 and result.task == {"accuracy": 1.0}
@@ -143,9 +143,9 @@ def test_planted_head_comes_first_by_accuracy_and_prunes_last_by_michel(planted:
 
 
 def test_bad_labelled_input_is_one_line(bert: LoadedModel, tmp_path: Path) -> None:
-    with pytest.raises(ProbeError, match=r"line 2: label 7 is outside the model's 3 classes"):
+    with pytest.raises(ProbeError, match=r"row 2: label 7 is outside the model's 3 classes"):
         labelled_set(bert, rows_of([("a cat", 0), ("a dog", 7)]))
-    with pytest.raises(ProbeError, match=r"line 1: label 'happy' is not one of the model's classes"):
+    with pytest.raises(ProbeError, match=r"row 1: label 'happy' is not one of the model's classes"):
         labelled_set(bert, rows_of([("a cat", "happy")]))
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "a cat", "label": 0}\n{"text": "a dog"}\n', encoding="utf-8")
@@ -179,8 +179,8 @@ def test_sep_and_sink_heads_of_a_planted_classifier(planted: LoadedModel) -> Non
     """The labelled set is [CLS] text [SEP], right-padded: 0.0 attends to [SEP], 0.1 to [CLS], on both paths."""
     from probe.heads.classify import score_heads
 
-    probe_set = labelled_set(planted, [LabelledText(r["text"], r["label"], line=i + 1)
-                                       for i, r in enumerate(planted_texts(6))])
+    probe_set = labelled_set(planted, [LabelledText(r["text"], r["label"])
+                                       for r in planted_texts(6)])
     assert probe_set.attention_mask.sum(dim=1).unique().numel() > 1  # padded rows: [SEP] is each row's own last
     for path in ("blocked", "lse"):
         scores = score_heads(planted, probe_set, ["sep", "sink"], batch_size=3, path=path)

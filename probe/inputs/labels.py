@@ -15,7 +15,7 @@ model with segment embeddings (BERT's token_type_ids) sees both texts as segment
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from probe.errors import ProbeError
 from probe.hooks.outputs import logits_of
 from probe.hooks.run import run_model
 from probe.inputs.sets import ProbeSet, context_length, register_probe_set, right_padded
+from probe.inputs.tasks import json_lines
 from probe.models import LoadedModel
 
 LABELS_LAYOUT = "labels"
@@ -35,15 +36,15 @@ reads the kind from it)."""
 
 @dataclass(frozen=True)
 class LabelledText:
-    """One row of a labels file: a text (and its pair), its label as given, and the line it came from."""
+    """One row of a labels file: a text (and its pair), its label as given, and where it came from (FILE line N)."""
 
     text: str
     label: int | str
     text_pair: str | None = None
-    line: int = 0
+    where: str = ""
 
 
-def _row(item: Any, where: str, number: int) -> LabelledText:
+def _row(item: Any, where: str) -> LabelledText:
     if not isinstance(item, dict) or not isinstance(item.get("text"), str) or not item["text"].strip():
         raise ProbeError(f"{where}: expected an object with a non-empty string \"text\"", parameter="labels")
     label = item.get("label")
@@ -53,30 +54,13 @@ def _row(item: Any, where: str, number: int) -> LabelledText:
     pair = item.get("text_pair")
     if pair is not None and not isinstance(pair, str):
         raise ProbeError(f"{where}: \"text_pair\" must be a string", parameter="labels")
-    return LabelledText(item["text"], label, pair, number)
+    return LabelledText(item["text"], label, pair, where)
 
 
 def read_labelled(path: str | Path) -> list[LabelledText]:
     """The rows of a JSON-lines labels file; a bad row is one error naming its line."""
-    path = Path(path)
-    if not path.is_file():
-        raise ProbeError(f"labels file not found: {path}", parameter="labels")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as error:
-        raise ProbeError(f"labels file {path} is not UTF-8 text: {error.reason}", parameter="labels") from None
-    rows = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ProbeError(f"{path} line {number} is not JSON: {error.msg}", parameter="labels") from None
-        rows.append(_row(item, f"{path} line {number}", number))
-    if not rows:
-        raise ProbeError(f"labels file {path} has no rows", parameter="labels")
-    return rows
+    return [_row(item, where) for where, item in json_lines(path, "labels file", "give a .jsonl file of "
+                                                             "{\"text\", \"label\"} rows", "labels")]
 
 
 def class_count(loaded: LoadedModel, ids: Tensor, mask: Tensor | None) -> int:
@@ -124,20 +108,22 @@ def _encode(loaded: LoadedModel, rows: list[LabelledText]) -> list[list[int]]:
                else list(tokenizer(row.text)["input_ids"]) for row in rows]
     limit, longest = context_length(loaded), max(len(ids) for ids in encoded)
     if limit is not None and longest > limit:
-        line = rows[max(range(len(rows)), key=lambda i: len(encoded[i]))].line
-        raise ProbeError(f"line {line} has {longest} tokens, more than the model's context of {limit}: shorten it",
+        where = rows[max(range(len(rows)), key=lambda i: len(encoded[i]))].where
+        raise ProbeError(f"{where}: {longest} tokens, more than the model's context of {limit}: shorten it",
                          parameter="labels")
     return encoded
 
 
 def labelled_set(loaded: LoadedModel, rows: list[LabelledText], *, description: str = "labelled texts") -> ProbeSet:
-    """A probe set of labelled texts, right-padded, its `scored` one-hot on each row's gold class."""
+    """A probe set of labelled texts, right-padded, its `scored` one-hot on each row's gold class (errors name each
+    row by its `where`, else "row N")."""
+    rows = [row if row.where else replace(row, where=f"row {i + 1}") for i, row in enumerate(rows)]
     encoded = _encode(loaded, rows)
     pad = getattr(loaded.tokenizer, "pad_token_id", None)
     pad = pad if isinstance(pad, int) else getattr(getattr(loaded.model, "config", None), "pad_token_id", None)
     ids, mask = right_padded(encoded, pad if isinstance(pad, int) else 0)
     names = class_names(loaded, class_count(loaded, ids, mask))
-    gold = torch.tensor([label_index(row, names, f"{description} line {row.line}") for row in rows])
+    gold = torch.tensor([label_index(row, names, row.where) for row in rows])
     special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
     text = f"{description}: {len(rows)} texts{' pairs' if rows[0].text_pair is not None else ''}, " \
            f"{len(names)} classes"
