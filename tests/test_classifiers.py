@@ -149,7 +149,7 @@ def test_bad_labelled_input_is_one_line(bert: LoadedModel, tmp_path: Path) -> No
         labelled_set(bert, rows_of([("a cat", "happy")]))
     path = tmp_path / "bad.jsonl"
     path.write_text('{"text": "a cat", "label": 0}\n{"text": "a dog"}\n', encoding="utf-8")
-    with pytest.raises(ProbeError, match=r"line 2: \"label\" must be"):
+    with pytest.raises(ProbeError, match=r"line 2: a class \(\"label\"\) is an integer"):
         build_probe_set("labels", bert, ProbeOptions(labels=path))
 
 
@@ -202,3 +202,49 @@ def test_a_saved_classifier_folder_loads_as_a_classifier_and_the_estimate_refuse
     assert probe_set.meta["class_counts"] == [1, 1, 1]
     with pytest.raises(ProbeError, match="not a classifier's labelled texts"):
         estimate(loaded, probe_set)
+
+
+PAIRS = [{"clean": "the film was good", "corrupt": "the film was bad", "answer": "good", "distractor": "bad"},
+         {"clean": "a good plot so very", "corrupt": "a bad plot so very", "answer": "good", "distractor": 0},
+         {"clean": "it was good and", "corrupt": "it was bad and", "answer": 1, "distractor": "bad"}]
+
+
+def test_patching_by_class_logit_difference(planted: LoadedModel, bert: LoadedModel, tmp_path: Path) -> None:
+    """Clean/corrupt texts scored by logit(answer class) - logit(distractor class): the planted decision head
+    restores all of it and no other head any; the numbers are the class logits' own; exact equals naive on BERT."""
+    from probe.inputs import read_class_pairs
+    from probe.patching import patch_contrast
+
+    contrast = read_class_pairs(planted, write_rows(tmp_path / "pairs.jsonl", PAIRS))
+    assert contrast.classes == ["bad", "good"] and contrast.answer.tolist() == [1, 1, 1]
+    with torch.no_grad():
+        logits = logits_of(run_model(planted.model, contrast.clean, contrast.mask))
+    result = patch_contrast(planted, contrast, batch_size=2)
+    assert result.clean_logit_diff == pytest.approx(float((logits[:, 1] - logits[:, 0]).mean()), abs=1e-5)
+    effects = {entry.heads[0]: entry.patch_effect for entry in result.entries}
+    assert effects[PLANTED_HEAD] == pytest.approx(1.0, abs=1e-6)
+    assert all(abs(value) < 1e-6 for head, value in effects.items() if head != PLANTED_HEAD)
+    assert "classifier" in result.dla_note
+    rows = [{"clean": "good film", "corrupt": "bad film", "answer": "positive", "distractor": "negative"},
+            {"clean": "a cat ran far", "corrupt": "a dog ran far", "answer": 0, "distractor": "neutral"}]
+    sharp = load_model(tiny_bert_classifier(len(bert.tokenizer), initializer_range=0.5), tokenizer=bert.tokenizer,
+                       name="sharp-bert")  # larger weights: the two texts' class logits differ by more than MIN_GAP
+    on_bert = read_class_pairs(sharp, write_rows(tmp_path / "bert.jsonl", rows))
+    exact, naive = (patch_contrast(sharp, on_bert, batch_size=1, mode=mode) for mode in ("exact", "naive"))
+    assert exact.path.startswith("exact") and naive.path.startswith("naive")
+    for a, b in zip(exact.entries, naive.entries):
+        assert a.logit_diff == pytest.approx(b.logit_diff, abs=1e-5)
+
+
+def test_cli_patch_labels(tmp_path: Path, capsys, monkeypatch) -> None:
+    spec = f"{Path(__file__).parent / 'classifiers.py'}:planted_classifier"
+    out = tmp_path / "patch.json"
+    pairs = write_rows(tmp_path / "pairs.jsonl", PAIRS)
+    code, _, stderr = run_cli(["patch", "--model", spec, "--labels", str(pairs), "--no-classes", "--json", str(out)],
+                              capsys, monkeypatch)
+    assert code == 0, stderr
+    heads = {(h["layer"], h["head"]): h["patch_effect"] for h in json.loads(out.read_text())["heads"]}
+    assert heads[PLANTED_HEAD] == pytest.approx(1.0)
+    uneven = write_rows(tmp_path / "uneven.jsonl", [{**PAIRS[0], "corrupt": "the film was so bad"}])
+    code, _, stderr = run_cli(["patch", "--model", spec, "--labels", str(uneven), "--no-classes"], capsys, monkeypatch)
+    assert code == 2 and stderr.strip().count("\n") == 0 and "line 1: clean is 6 tokens and corrupt 7" in stderr

@@ -12,6 +12,8 @@ that count, for the whole probe set and each of its parts; `losses` finishes sum
 - "accuracy" (the same input): 1 - accuracy, the share of rows whose top class is not the gold one (Michel et al.
   2019 prune BERT on MNLI by accuracy); delta > 0: the ablation costs accuracy. Michel importance differentiates the
   cross-entropy instead (`surrogate`), as Michel et al. do: accuracy has no gradient.
+- "class_logit_diff" (a classifier's clean/corrupt text pairs, probe.inputs.labels.read_class_pairs): minus the mean
+  logit(answer class) - logit(distractor class), the metric of patching a classifier.
 - "task_margin" (task sets, probe.inputs.tasks): minus the mean log-probability margin of the good over the bad member of
   each pair, log P(good) - log P(bad) (BLiMP's minimal pairs, Warstadt et al. 2020; Marvin & Linzen 2018); for a
   prompt with an answer and a distractor the pair differs in its last token, so the margin is logit(answer) -
@@ -35,7 +37,7 @@ from torch import Tensor
 
 from probe.ablation.logits import Final
 from probe.attention import logits_of, run_model
-from probe.inputs import LABELS_LAYOUT, ProbeSet, is_encoder, real_tokens
+from probe.inputs import CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, ProbeSet, is_encoder, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
@@ -43,12 +45,17 @@ KINDS = {"text": "a causal LM's next-token predictions on text",
          "task": "a task set's scored positions",
          "contrast": "prompts each followed by their answer and distractor (clean/corrupt pairs)",
          "outputs": "a model without next-token logits (an encoder, or no LM head)",
-         "labels": "a sequence classifier's class logits on labelled texts"}
+         "labels": "a sequence classifier's class logits on labelled texts",
+         "class_contrast": "a sequence classifier's clean/corrupt text pairs, with an answer and a distractor class"}
 """The kinds of input a metric can apply to, as `input_kind` tells them apart."""
 
 CONTRAST_LAYOUT = "prompt, answer, distractor"
 """`ProbeSet.meta["layout"]` of a set whose rows are a prompt, its answer and its distractor, scored at the last
 prompt position (probe.patching.runs): the logit_diff metric reads both tokens from the row."""
+
+PATCH_LAYOUTS = (CONTRAST_LAYOUT, CLASS_CONTRAST_LAYOUT)
+"""The layouts of patching's clean and corrupt runs: a language model's prompts (logit_diff) and a classifier's texts
+(class_logit_diff, probe.inputs.labels)."""
 
 
 class Metric:
@@ -195,35 +202,37 @@ class LogitDiff(Metric):
         return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
 
 
+class ClassMetric(Metric):
+    """A sequence classifier's metric: one value per class of each row, `(batch, classes)`, of which the set's
+    `scored` counts the gold class (a labelled set, probe.inputs.labels)."""
+
+    shift = 0
+    applies = ("labels",)
+    per_row = True
+
+
 @register_metric
-class ClassCrossEntropy(Metric):
-    """The cross-entropy of each row's gold class under a classifier's class logits: every class's -log p as a
-    value, the labelled set's `scored` counting the gold one."""
+class ClassCrossEntropy(ClassMetric):
+    """The cross-entropy of each row's gold class under a classifier's class logits: every class's -log p."""
 
     name = "class_cross_entropy"
     description = "mean cross-entropy of each text's gold class (a sequence classifier on labelled texts)"
-    shift = 0
     reads = "a sequence classifier's class logits and each text's gold label"
-    applies = ("labels",)
     default_for = ("labels",)
-    per_row = True
 
     def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
         return -output.float().log_softmax(dim=-1)  # (batch, classes)
 
 
 @register_metric
-class Accuracy(Metric):
+class Accuracy(ClassMetric):
     """1 - accuracy: each class's value is 1 where it is not the top class, so the gold class's value is the row's
     error (ties go to the first class, as argmax breaks them)."""
 
     name = "accuracy"
     description = ("1 - accuracy on labelled texts (the share whose top class is not the gold one); delta > 0: the "
                    "ablation costs accuracy")
-    shift = 0
     reads = "a sequence classifier's top class and each text's gold label"
-    applies = ("labels",)
-    per_row = True
     surrogate = "class_cross_entropy"
 
     def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
@@ -233,6 +242,23 @@ class Accuracy(Metric):
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
         error = float(rows.mean())
         return error, {"accuracy": 1.0 - error}
+
+
+@register_metric
+class ClassLogitDiff(ClassMetric):
+    """Minus logit(answer) - logit(distractor) of a classifier's class logits (a clean/corrupt run of
+    probe.inputs.labels.read_class_pairs): each class's -logit, then its +logit, as values, `(batch, 2 x classes)`;
+    the run's `scored` picks the answer in the first half and the distractor in the second. Finished as logit_diff."""
+
+    name = "class_logit_diff"
+    description = ("minus the mean logit(answer class) - logit(distractor class) of a classifier; delta > 0: the "
+                   "change lowers the logit difference")
+    reads = "a sequence classifier's class logits: the answer class's and the distractor class's"
+    applies = default_for = ("class_contrast",)
+    finish = LogitDiff.finish
+
+    def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
+        return torch.cat([-output.float(), output.float()], dim=-1)
 
 
 def metric_named(name: str) -> Metric:
@@ -257,8 +283,9 @@ def has_logits(loaded: LoadedModel, output: Any) -> bool:
 def input_kind(loaded: LoadedModel, probe_set: ProbeSet) -> str:
     """Which of KINDS the model and probe set are: labelled texts, a task set, a causal LM on text, or outputs
     alone. A classifier reads labelled texts only: on other input, one line."""
-    if probe_set.meta.get("layout") == LABELS_LAYOUT:
-        return "labels"
+    layout = probe_set.meta.get("layout")
+    if layout in (LABELS_LAYOUT, CLASS_CONTRAST_LAYOUT):
+        return "labels" if layout == LABELS_LAYOUT else "class_contrast"
     if probe_set.scored is not None:
         return "contrast" if probe_set.meta.get("layout") == CONTRAST_LAYOUT else "task"
     ids, mask = probe_set.batches(1)[0]

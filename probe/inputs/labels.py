@@ -25,9 +25,15 @@ from torch import Tensor
 from probe.errors import ProbeError
 from probe.hooks.outputs import logits_of
 from probe.hooks.run import run_model
+from probe.inputs.contrast import ContrastPair, ContrastSet
 from probe.inputs.sets import ProbeSet, context_length, register_probe_set, right_padded
 from probe.inputs.tasks import json_lines
 from probe.models import LoadedModel
+
+CLASS_CONTRAST_LAYOUT = "clean/corrupt texts, an answer and a distractor class"
+"""`ProbeSet.meta["layout"]` of a classifier's clean or corrupt run (probe.patching.contrast_runs): its `scored` is
+(rows, 2 x classes), the answer class in the first half and the distractor class in the second, which the
+class_logit_diff metric reads."""
 
 LABELS_LAYOUT = "labels"
 """`ProbeSet.meta["layout"]` of a labelled set: its `scored` marks each row's gold class (probe.ablation.metrics
@@ -44,13 +50,17 @@ class LabelledText:
     where: str = ""
 
 
+def _label(label: Any, where: str, key: str = "label") -> int | str:
+    if isinstance(label, bool) or not isinstance(label, (int, str)):
+        raise ProbeError(f"{where}: a class (\"{key}\") is an integer class index or a class name (string), got "
+                         f"{json.dumps(label)}", parameter="labels")
+    return label
+
+
 def _row(item: Any, where: str) -> LabelledText:
     if not isinstance(item, dict) or not isinstance(item.get("text"), str) or not item["text"].strip():
         raise ProbeError(f"{where}: expected an object with a non-empty string \"text\"", parameter="labels")
-    label = item.get("label")
-    if isinstance(label, bool) or not isinstance(label, (int, str)):
-        raise ProbeError(f"{where}: \"label\" must be an integer class index or a class name (string), got "
-                         f"{json.dumps(label)}", parameter="labels")
+    label = _label(item.get("label"), where)
     pair = item.get("text_pair")
     if pair is not None and not isinstance(pair, str):
         raise ProbeError(f"{where}: \"text_pair\" must be a string", parameter="labels")
@@ -114,14 +124,20 @@ def _encode(loaded: LoadedModel, rows: list[LabelledText]) -> list[list[int]]:
     return encoded
 
 
+def _pad_id(loaded: LoadedModel) -> int:
+    """The tokenizer's pad id, else the config's, else 0 (padding is masked either way)."""
+    for owner in (loaded.tokenizer, getattr(loaded.model, "config", None)):
+        pad = getattr(owner, "pad_token_id", None)
+        if isinstance(pad, int):
+            return pad
+    return 0
+
+
 def labelled_set(loaded: LoadedModel, rows: list[LabelledText], *, description: str = "labelled texts") -> ProbeSet:
     """A probe set of labelled texts, right-padded, its `scored` one-hot on each row's gold class (errors name each
     row by its `where`, else "row N")."""
     rows = [row if row.where else replace(row, where=f"row {i + 1}") for i, row in enumerate(rows)]
-    encoded = _encode(loaded, rows)
-    pad = getattr(loaded.tokenizer, "pad_token_id", None)
-    pad = pad if isinstance(pad, int) else getattr(getattr(loaded.model, "config", None), "pad_token_id", None)
-    ids, mask = right_padded(encoded, pad if isinstance(pad, int) else 0)
+    ids, mask = right_padded(_encode(loaded, rows), _pad_id(loaded))
     names = class_names(loaded, class_count(loaded, ids, mask))
     gold = torch.tensor([label_index(row, names, row.where) for row in rows])
     special = set(getattr(loaded.tokenizer, "all_special_ids", []) or [])
@@ -141,3 +157,47 @@ def read_labelled_set(loaded: LoadedModel, path: str | Path) -> ProbeSet:
 register_probe_set("labels", lambda loaded, options: read_labelled_set(loaded, options.labels), kind="labels",
                    reads=("labels",), summary="sequence classifiers: a JSON-lines file of {\"text\", \"label\"} rows "
                    "({\"text\", \"text_pair\", \"label\"} for sentence pairs); scored on each row's gold class")
+
+
+def _class_texts(row: Any, where: str) -> tuple[str, str]:
+    if not isinstance(row, dict) or not all(isinstance(row.get(key), str) and row[key].strip()
+                                            for key in ("clean", "corrupt")):
+        raise ProbeError(f"{where}: expected an object with non-empty string \"clean\" and \"corrupt\" texts and "
+                         "an \"answer\" and a \"distractor\" class", parameter="labels")
+    return row["clean"], row["corrupt"]
+
+
+def _answer_distractor(row: dict, where: str, names: list[str]) -> tuple[int, int]:
+    answer, distractor = (label_index(LabelledText(row["clean"], _label(row.get(key), where, key), where=where), names,
+                                      where) for key in ("answer", "distractor"))
+    if answer == distractor:
+        raise ProbeError(f"{where}: answer and distractor are one class ({names[answer]})", parameter="labels")
+    return answer, distractor
+
+
+def read_class_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
+    """A classifier's clean/corrupt pairs: {"clean", "corrupt", "answer", "distractor"} rows of two texts of one
+    token length and two classes (indices or id2label names); the metric is logit(answer) - logit(distractor) of the
+    class logits (probe.patching's class_logit_diff). A bad row is one error naming its line."""
+    rows = json_lines(path, "pairs file", "give a .jsonl file of clean/corrupt/answer/distractor rows", "labels")
+    texts = [_class_texts(row, where) for where, row in rows]
+    clean, corrupt = (_encode(loaded, [LabelledText(pair[side], 0, where=where) for (where, _), pair in
+                                       zip(rows, texts)]) for side in (0, 1))
+    for (where, _), one, other in zip(rows, clean, corrupt):
+        if len(one) != len(other):
+            raise ProbeError(f"{where}: clean is {len(one)} tokens and corrupt {len(other)}: a pair's texts must "
+                             "tokenize to the same length, so that each position of one is that position of the "
+                             "other", parameter="labels")
+    (ids, mask), (corrupt_ids, _) = right_padded(clean, _pad_id(loaded)), right_padded(corrupt, _pad_id(loaded))
+    names = class_names(loaded, class_count(loaded, ids, mask))
+    chosen = [_answer_distractor(row, where, names) for where, row in rows]
+    pairs = [ContrastPair(text[0], text[1], names[a], names[d]) for text, (a, d) in zip(texts, chosen)]
+    return ContrastSet(Path(path).stem, f"pairs file {path}, {len(rows)} pairs", ids, corrupt_ids, mask,
+                       torch.tensor([a for a, _ in chosen]), torch.tensor([d for _, d in chosen]), pairs,
+                       classes=names)
+
+
+register_probe_set("class_contrast", lambda loaded, options: read_class_pairs(loaded, options.labels),
+                   kind="class_contrast", reads=("labels",),
+                   summary="sequence classifiers: a JSON-lines file of clean/corrupt texts with an answer and a "
+                           "distractor class; the metric is their logit difference")
