@@ -36,6 +36,27 @@ def tiny_bert_classifier(vocab_size: int, num_labels: int = 3, **config) -> nn.M
     return model.eval()
 
 
+def tiny_classifier(kind: str, vocab_size: int) -> nn.Module:
+    """A random 2-layer, 4-head *ForSequenceClassification of 3 classes (llama, roberta, distilbert), eval mode; larger
+    weights than the default initialisation, so that an ablation moves the class logits."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    common = dict(num_labels=3, pad_token_id=0, initializer_range=0.5)
+    build = {
+        "llama": lambda: tf.LlamaForSequenceClassification(tf.LlamaConfig(
+            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, **common)),
+        "roberta": lambda: tf.RobertaForSequenceClassification(tf.RobertaConfig(
+            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            max_position_embeddings=70, **common)),
+        "distilbert": lambda: tf.DistilBertForSequenceClassification(tf.DistilBertConfig(
+            vocab_size=vocab_size, dim=64, hidden_dim=128, n_layers=2, n_heads=4, max_position_embeddings=64,
+            **common)),
+    }
+    return build[kind]().eval()
+
+
 KEYWORDS = {"bad": 0, "good": 1}  # the planted classifier's classes, read off its one keyword
 FILLER = ["the", "film", "was", "a", "plot", "and", "story", "very", "so", "it", "cast", "show"]
 PLANTED_HEAD = (0, 2)

@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from classifiers import (PLANTED_HEAD, planted_classifier, planted_texts, tiny_bert_classifier, word_tokenizer)
+from classifiers import (PLANTED_HEAD, planted_classifier, planted_texts, tiny_bert_classifier, tiny_classifier,
+                         word_tokenizer)
 from conftest import run_cli
 from probe.ablate import ablate, sweep
 from probe.ablation.prune import prune
@@ -128,6 +129,18 @@ def test_exact_sweep_equals_the_naive_loop_on_a_bert_classifier(bert: LoadedMode
             assert a.loss == pytest.approx(b.loss, abs=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["llama", "roberta", "distilbert"])
+def test_exact_sweep_equals_the_naive_loop_on_other_classifiers(kind: str, bert: LoadedModel) -> None:
+    """A causal classifier (Llama: pooled at the last token) and two more encoders, through the exact path."""
+    loaded = load_model(tiny_classifier(kind, len(bert.tokenizer)), tokenizer=bert.tokenizer, name=kind)
+    probe_set = labelled_set(loaded, rows_of([(text, i % 3) for i, (text, _) in enumerate(ROWS[:4])]))  # LABEL_0..2
+    exact = sweep(loaded, probe_set, batch_size=2, stack=3)
+    naive = sweep(loaded, probe_set, batch_size=2, mode="naive")
+    assert exact.path.startswith("exact") and max(abs(r.delta) for r in naive.results) > 1e-3
+    for a, b in zip(exact.results, naive.results):
+        assert a.loss == pytest.approx(b.loss, abs=1e-5)
+
+
 def test_planted_head_comes_first_by_accuracy_and_prunes_last_by_michel(planted: LoadedModel) -> None:
     rows = [LabelledText(r["text"], r["label"]) for r in planted_texts(16)]
     probe_set = labelled_set(planted, rows)
@@ -225,6 +238,8 @@ def test_patching_by_class_logit_difference(planted: LoadedModel, bert: LoadedMo
     assert effects[PLANTED_HEAD] == pytest.approx(1.0, abs=1e-6)
     assert all(abs(value) < 1e-6 for head, value in effects.items() if head != PLANTED_HEAD)
     assert "classifier" in result.dla_note
+    estimated = patch_contrast(planted, contrast, batch_size=2, estimate=True)
+    assert max(estimated.entries, key=lambda entry: entry.patch_effect).heads == (PLANTED_HEAD,)
     rows = [{"clean": "good film", "corrupt": "bad film", "answer": "positive", "distractor": "negative"},
             {"clean": "a cat ran far", "corrupt": "a dog ran far", "answer": 0, "distractor": "neutral"}]
     sharp = load_model(tiny_bert_classifier(len(bert.tokenizer), initializer_range=0.5), tokenizer=bert.tokenizer,
