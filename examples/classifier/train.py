@@ -7,7 +7,7 @@ keyword wherever it is, from [CLS]: a job for attention, and the heads that do i
 should find. The seed texts' own build is a multi-head classifier trained on AG News with a heatmap per head; this
 is that build reproduced without the data set.
 
-    python examples/classifier/train.py --out runs/classifier     # writes model/, test.jsonl, train.json
+    python examples/classifier/train.py --out runs/classifier     # model/, test.jsonl, pairs.jsonl, train.json
 
 The model is a BertForSequenceClassification (2 layers x 4 heads, hidden 64) with a word-level tokenizer over the
 text's words; both are saved with save_pretrained, so `probe ... --model runs/classifier/model` loads them as any
@@ -53,6 +53,20 @@ def make_rows(words: list[str], count: int, rng: random.Random) -> list[dict]:
         rows.append({"text": " ".join(window), "label": topic})
     rng.shuffle(rows)
     return rows
+
+
+def make_pairs(rows: list[dict], rng: random.Random) -> list[dict]:
+    """Clean/corrupt pairs for `probe patch --labels`: a test row, and the same words with its keyword swapped for
+    one of the next topic (one word for one: the same token length); answer its topic, distractor the other."""
+    names = list(TOPICS)
+    pairs = []
+    for row in rows:
+        other = names[(names.index(row["label"]) + 1) % len(names)]
+        words = row["text"].split()
+        keyword = next(word for word in words if word in TOPICS[row["label"]])
+        corrupt = " ".join(rng.choice(TOPICS[other]) if word == keyword else word for word in words)
+        pairs.append({"clean": row["text"], "corrupt": corrupt, "answer": row["label"], "distractor": other})
+    return pairs
 
 
 def build_tokenizer(words: list[str], size: int = 4000):
@@ -178,6 +192,8 @@ def main() -> None:
     model.save_pretrained(args.out / "model")
     tokenizer.save_pretrained(args.out / "model")
     (args.out / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in test_rows), encoding="utf-8")
+    pairs = make_pairs(test_rows[:64], rng)
+    (args.out / "pairs.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs), encoding="utf-8")
     report = {"train_rows": len(train_rows), "test_rows": len(test_rows), "epochs": args.epochs,
               "epoch_losses": [round(loss, 4) for loss in losses], "train_seconds": round(seconds, 1),
               "threads": torch.get_num_threads(), "gate_penalty": args.gate_penalty, "gates": folded,
