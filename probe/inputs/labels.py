@@ -8,6 +8,9 @@ count (probe.ablation.metrics' `class_cross_entropy` and `accuracy`, which decla
 index. The number of classes is read off one forward (the class logits' last dimension), which also tells a model
 without a classification head apart in one line.
 
+`read_class_pairs` reads a classifier's clean/corrupt texts for patching ({"clean", "corrupt", "answer",
+"distractor"} rows, the last two classes): a ContrastSet whose `classes` are set, scored by class_logit_diff.
+
 Limit: text pairs are given to the tokenizer as a pair, but probe passes input ids and the attention mask only, so a
 model with segment embeddings (BERT's token_type_ids) sees both texts as segment A; RoBERTa and DistilBERT have none.
 """
@@ -136,6 +139,8 @@ def _pad_id(loaded: LoadedModel) -> int:
 def labelled_set(loaded: LoadedModel, rows: list[LabelledText], *, description: str = "labelled texts") -> ProbeSet:
     """A probe set of labelled texts, right-padded, its `scored` one-hot on each row's gold class (errors name each
     row by its `where`, else "row N")."""
+    if not rows:
+        raise ProbeError("give at least one labelled text", parameter="labels")
     rows = [row if row.where else replace(row, where=f"row {i + 1}") for i, row in enumerate(rows)]
     ids, mask = right_padded(_encode(loaded, rows), _pad_id(loaded))
     names = class_names(loaded, class_count(loaded, ids, mask))
