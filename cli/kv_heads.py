@@ -119,7 +119,7 @@ def kv_heads(
     sink: Sink = DEFAULT_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
     retrieval_threshold: RetrievalThreshold = None, streaming_threshold: StreamingThreshold = None,
     max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE,
-    curve: Curve = True, steps: Steps = 10, random_seeds: RandomSeeds = "0,1,2", curve_texts: CurveTexts = 2,
+    curve: Curve = True, steps: Steps = 5, random_seeds: RandomSeeds = "0,1", curve_texts: CurveTexts = 2,
     data: Data = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None, html_path: HtmlFile = None,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,

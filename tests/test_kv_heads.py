@@ -15,7 +15,7 @@ from test_browser import browser  # noqa: F401  (the fixture)
 from probe.ablation.editor import ablate
 from probe.ablation.window import PatternAblation, WindowAblation
 from probe.inputs import natural_set
-from probe.kv import aggregate, kv_groups, kv_heads, needle_accuracy, text_loss
+from probe.kv import aggregate, kv_groups, kv_heads, loss_order, needle_accuracy, text_loss
 from probe.models import load_model
 from probe.inputs import NeedleOptions, needle_set
 
@@ -66,6 +66,22 @@ def test_the_calibrated_budget_is_the_largest_accepted_k_of_the_points_it_measur
         assert point["accepted"] == (point["loss_change"] <= bound and point["needle_accuracy"] >=
                                      budget.measured_on["baseline_needle_accuracy"])
     assert result.to_dict()["budget"]["points"] == budget.points
+
+
+def test_the_loss_order_streams_the_cheapest_kv_heads_first_and_retrieving_ones_last() -> None:
+    """Each KV head's loss change when it alone streams, from the exact sweep, equals a window ablation of its group
+    by hand (mean next-token loss on the same text); heads whose retrieval score passes the floor go last."""
+    loaded = tiny_loaded("llama_gqa")  # 2 layers x 2 KV heads, 2 query heads each
+    texts = natural_set(loaded, seq_len=99, num_seqs=1)
+    retrieval = torch.tensor([[0.0, 0.5], [0.05, 0.0]])  # KV head 0.1 retrieves
+    window = WindowAblation(sink=2, recent=8)
+    order, changes = loss_order(loaded, retrieval, texts, window)
+    assert order[-1] == (0, 1) and sorted(order) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert changes[:3] == sorted(changes[:3])
+    baseline = text_loss(loaded, texts.input_ids)
+    for (layer, kv), change in zip(order, changes):
+        with ablate(loaded.model, [(layer, 2 * kv), (layer, 2 * kv + 1)], method=window):
+            assert change == pytest.approx(text_loss(loaded, texts.input_ids) - baseline, abs=1e-5)
 
 
 def test_a_model_that_cannot_be_windowed_gets_the_fixed_budget_and_says_why() -> None:
