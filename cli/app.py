@@ -116,7 +116,7 @@ FLAGS = {
     "conllu": "--conllu", "max_sentences": "--max-sentences", "margin": "--margin",
     "min_count": "--min-count", "confident": "--confident",
     "orderings": "--orderings", "step": "--step", "max_increase": "--max-increase", "seeds": "--seeds",
-    "task": "--task", "pairs": "--pairs", "count": "--count", "metric": "--metric", "component": "--component",
+    "task": "--task", "pairs": "--pairs", "labels": "--labels", "count": "--count", "metric": "--metric", "component": "--component",
     "lengths": "--lengths", "depths": "--depths", "needle": "--needle", "recent": "--recent", "sink": "--sink",
     "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
 }
