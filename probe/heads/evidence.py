@@ -132,9 +132,11 @@ class Rule:
 
 
 RULES: dict[str, Rule] = {}
+"""Class name -> its evidence rule (`register_rule`); a class without one is judged on the cause alone."""
 
 
 def register_rule(rule: Rule) -> Rule:
+    """Add (or replace) a class's evidence rule: the atlas, its JSON and its page judge that class's labels by it."""
     RULES[rule.name] = rule
     return rule
 
