@@ -1,0 +1,92 @@
+"""Train the example's attention-only model on bytes of English where in-context copying pays, save checkpoints, and
+run `probe track` over them (docs/track.md describes what it shows and the numbers measured).
+
+    python examples/induction/train.py --out runs/induction        # ~5 minutes on one CPU core, then probe track
+
+Half of the training sequences are a window of the embedded English text (probe/data/english.txt); the other half
+are a span of 16 to 127 random bytes repeated to the sequence's length (Olsson et al.'s repeated random tokens):
+there, only in-context copying predicts anything after the first copy. Checkpoints are state dicts `OUT/step-N.pt`; `probe track` loads them into
+`model.py:model` with `weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from model import BOS, model  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+TEXT = (ROOT / "probe" / "data" / "english.txt").read_bytes()
+LENGTH = 511  # bytes per training sequence, after BOS
+
+
+def sequence(rng: random.Random) -> list[int]:
+    """A window of the text, or (half of the time) a run of random bytes repeated to the length."""
+    if rng.random() < 0.5:
+        start = rng.randrange(len(TEXT) - LENGTH)
+        return [BOS, *TEXT[start:start + LENGTH]]
+    span = [rng.randrange(256) for _ in range(rng.randrange(16, 128))]
+    return [BOS, *(span * (LENGTH // len(span) + 1))[:LENGTH]]
+
+
+def batch(rng: random.Random, size: int) -> torch.Tensor:
+    return torch.tensor([sequence(rng) for _ in range(size)], dtype=torch.long)
+
+
+def train(out: Path, steps: int, every: int, batch_size: int, lr: float, seed: int) -> None:
+    """AdamW with a short warm-up; a checkpoint at step 0 and every `every` steps."""
+    net, _ = model()
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=0.01)
+    warmup = max(1, steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    for step in range(steps + 1):
+        if step % every == 0:
+            torch.save(net.state_dict(), out / f"step-{step}.pt")
+        if step == steps:
+            break
+        ids = batch(rng, batch_size)
+        loss = F.cross_entropy(net(ids[:, :-1]).reshape(-1, net.vocab_size), ids[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step % every == 0:
+            print(f"step {step}: training loss {loss.item():.3f} ({time.monotonic() - started:.0f} s)", flush=True)
+    print(f"trained {steps} steps in {time.monotonic() - started:.0f} s", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/induction"))
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--every", type=int, default=40, help="checkpoint every N steps")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--no-track", action="store_true", help="train and save checkpoints only")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    train(args.out, args.steps, args.every, args.batch_size, args.lr, args.seed)
+    if not args.no_track:
+        spec = f"{Path(__file__).resolve().parent / 'model.py'}:model"
+        subprocess.run([sys.executable, "-m", "probe.cli", "track", "--model", spec, "--checkpoints",
+                        str(args.out / "step-*.pt"), "--json", str(args.out / "track.json"), "--csv",
+                        str(args.out / "track.csv"), "--html", str(args.out / "track.html"), "--force"],
+                       check=True, cwd=ROOT)
+
+
+if __name__ == "__main__":
+    main()
