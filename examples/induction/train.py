@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--every", type=int, default=40, help="checkpoint every N steps")
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-track", action="store_true", help="train and save checkpoints only")

@@ -80,12 +80,9 @@
         jobs.push(classPlot(node, data, node.dataset.class));
       });
       return Promise.all(jobs).then(function () { root.dataset.state = "ready"; })
-        .catch(function (error) { root.dataset.state = "error"; throw error; });
+        .catch(function (error) { window.probeReports.fail(root, error); });
     } catch (error) {
-      root.dataset.state = "error";
-      var box = document.createElement("p"); box.className = "probe-error";
-      box.textContent = "This page could not draw its plots: " + (error && error.message ? error.message : error);
-      root.insertBefore(box, root.firstChild);
+      window.probeReports.fail(root, error);  // probe.js's: one line on the page, state "error"
     }
   }
 
