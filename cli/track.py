@@ -99,7 +99,8 @@ def track(
     run = find_run(model, checkpoints=checkpoints, revisions=revisions)
     stream = results_file(results, {"run": run.to_dict(), "options": options.to_dict(), "dtype": dtype},
                           resume=resume, force=force)
-    main_process = (current() or type("Alone", (), {"is_main": True})).is_main
+    rank = current()
+    main_process = rank is None or rank.is_main
     done_before = len(read_track(stream)[1]) if resume and stream.is_file() and stream.stat().st_size else 0
     recorded: list[str] = []
 

@@ -72,13 +72,24 @@ def test_trajectories_equal_classify_alone(tmp_path: Path) -> None:
     assert set(payload["checkpoints"][0]) >= {"name", "step", "loss", "icl_score", "heads"}
 
 
-def test_icl_score_is_late_minus_early_token_loss() -> None:
-    model, tokenizer = tiny()
+@pytest.mark.parametrize("kind", ["custom", "gpt2"])
+def test_icl_score_is_late_minus_early_token_loss(kind: str) -> None:
+    if kind == "gpt2":  # a Hugging Face model: only the two positions' logits are computed (logits_to_keep)
+        import transformers as tf
+
+        torch.manual_seed(0)
+        model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=257, n_embd=32, n_layer=2, n_head=4, n_positions=64,
+                                                 bos_token_id=256, eos_token_id=256)).eval()
+        tokenizer = tiny()[1]
+    else:
+        model, tokenizer = tiny()
     loaded = load_model(model, tokenizer=tokenizer)
     score = icl_score(loaded, early=5, late=40, num_seqs=3)
     ids = natural_set(loaded, seq_len=40, num_seqs=3).input_ids  # BOS + 40 bytes
     with torch.no_grad():
-        losses = F.cross_entropy(model(ids)[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
+        logits = model(ids)
+        logits = getattr(logits, "logits", logits)
+        losses = F.cross_entropy(logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none")
     # token i (counted from 1 after BOS) is at position i, predicted at position i - 1
     assert score.value == pytest.approx(float(losses[:, 39].mean() - losses[:, 4].mean()), abs=1e-5)
     short = icl_score(loaded, early=50, late=500)
@@ -188,3 +199,19 @@ def test_torchrun_splits_checkpoints_and_equals_one_process(tmp_path: Path) -> N
     assert comparable(tmp_path / "two.json", "track") == comparable(tmp_path / "one.json", "track")
     assert not list(tmp_path.glob("two.jsonl.shard-*"))
     assert len(read_track(tmp_path / "two.jsonl")[1]) == 3
+
+
+def test_model_folders_load_one_at_a_time(tmp_path: Path) -> None:
+    from conftest import tiny_hf
+
+    for step in (10, 9):
+        torch.manual_seed(step)
+        model = tiny_hf("gpt2")
+        for parameter in model.parameters():
+            parameter.data.normal_(0, 0.2)
+        model.save_pretrained(tmp_path / f"step-{step}")
+    result = track(find_run(checkpoints=str(tmp_path / "step-*")), SMALL, results_path=tmp_path / "r.jsonl")
+    assert [c.step for c in result.checkpoints] == [9, 10]
+    alone_ = classify(load_model(str(tmp_path / "step-10")), seq_len=24, num_seqs=2, repeat_len=8).to_dict()
+    assert result.checkpoints[1].heads == [{k: e[k] for k in ("layer", "head", "scores")} for e in alone_["heads"]]
+    assert result.checkpoints[0].icl_score is None and "no tokenizer" in result.checkpoints[0].notes[0]
