@@ -27,7 +27,8 @@ def _best(checkpoint: dict[str, Any], name: str) -> str:
 
 def _trajectory_table(payload: dict[str, Any]) -> Table:
     classes = list(payload["thresholds"])
-    table = Table(title="Per checkpoint: loss, in-context learning score, best head of each class", title_justify="left")
+    table = Table(title="Per checkpoint: loss, in-context learning score, best head of each class",
+                  title_justify="left")
     for column in ["checkpoint", "step", "loss", "ICL score", *classes]:
         table.add_column(column, justify="left" if column == "checkpoint" else "right")
     for checkpoint in payload["checkpoints"]:
@@ -44,7 +45,8 @@ def _phase_table(payload: dict[str, Any]) -> Table:
         table.add_column(column)
     for change in payload["phase_changes"]:
         table.add_row(change["class"], f"{change['from_step']} -> {change['to_step']}",
-                      f"{change['best_before']:.2f} -> {change['best_after']:.2f}", ", ".join(change["heads"]) or "none",
+                      f"{change['best_before']:.2f} -> {change['best_after']:.2f}",
+                      ", ".join(change["heads"]) or "none",
                       _number(change["icl_change"]), "yes, same interval" if change["coincides_with_icl"] else "no")
     return table
 
@@ -106,8 +108,9 @@ def track_data(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _phase_rows(payload: dict[str, Any]) -> str:
     rows = "".join(f"<tr><td>{esc(c['class'])}</td><td>{c['from_step']} &rarr; {c['to_step']}</td>"
-                   f"<td>{c['best_before']:.3f} &rarr; {c['best_after']:.3f}</td><td>{esc(', '.join(c['heads']) or 'none')}"
-                   f"</td><td>{esc(_number(c['icl_change']))}</td><td>{'yes' if c['coincides_with_icl'] else 'no'}</td>"
+                   f"<td>{c['best_before']:.3f} &rarr; {c['best_after']:.3f}</td>"
+                   f"<td>{esc(', '.join(c['heads']) or 'none')}</td><td>{esc(_number(c['icl_change']))}</td>"
+                   f"<td>{'yes' if c['coincides_with_icl'] else 'no'}</td>"
                    "</tr>" for c in payload["phase_changes"])
     if not rows:
         return f'<p class="probe-phase-none">No phase change (no rise of {payload["min_rise"]:g} or more).</p>'

@@ -5,8 +5,8 @@ run `probe track` over them (docs/track.md describes what it shows and the numbe
 
 Half of the training sequences are a window of the embedded English text (probe/data/english.txt); the other half
 are a span of 16 to 127 random bytes repeated to the sequence's length (Olsson et al.'s repeated random tokens):
-there, only in-context copying predicts anything after the first copy. Checkpoints are state dicts `OUT/step-N.pt`; `probe track` loads them into
-`model.py:model` with `weights_only=True`.
+there, only in-context copying predicts anything after the first copy. Checkpoints are state dicts `OUT/step-N.pt`;
+`probe track` loads them into `model.py:model` with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def main() -> None:
     if not args.no_track:
         spec = f"{Path(__file__).resolve().parent / 'model.py'}:model"
         subprocess.run([sys.executable, "-m", "probe.cli", "track", "--model", spec, "--checkpoints",
-                        str(args.out / "step-*.pt"), "--json", str(args.out / "track.json"), "--csv",
-                        str(args.out / "track.csv"), "--html", str(args.out / "track.html"), "--force"],
+                        str(args.out / "step-*.pt"), "--icl-seqs", "512", "--json", str(args.out / "track.json"),
+                        "--csv", str(args.out / "track.csv"), "--html", str(args.out / "track.html"), "--force"],
                        check=True, cwd=ROOT)
 
 

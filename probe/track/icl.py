@@ -22,7 +22,7 @@ from probe.hooks.run import run_model
 from probe.models import LoadedModel
 
 EARLY, LATE = 50, 500
-ICL_SEQS = 64  # texts averaged: one token's loss varies by nats from text to text
+ICL_SEQS = 128  # texts averaged: one token's loss varies by nats from text to text
 
 
 @dataclass(frozen=True)
