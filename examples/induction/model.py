@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 BOS = 256
 VOCAB = 257
-MAX_LEN = 520  # BOS + 511 bytes in training; the in-context learning score reads token index 500
+MAX_LEN = 256  # BOS + 255 bytes in training; the example scores in-context learning at tokens 25 and 250
 
 
 class ByteTokenizer:
@@ -79,7 +79,7 @@ class Attention(nn.Module):
 class AttentionOnly(nn.Module):
     """Embedding, `n_layers` attention layers (rotary positions) into the residual stream, unembedding."""
 
-    def __init__(self, n_layers: int = 2, d_model: int = 64, n_heads: int = 4, max_len: int = MAX_LEN,
+    def __init__(self, n_layers: int = 2, d_model: int = 128, n_heads: int = 4, max_len: int = MAX_LEN,
                  vocab_size: int = VOCAB) -> None:
         super().__init__()
         self.vocab_size, self.max_len = vocab_size, max_len
@@ -98,6 +98,6 @@ class AttentionOnly(nn.Module):
 
 
 def model() -> tuple[nn.Module, ByteTokenizer]:
-    """The example's model (2 layers x 4 heads, d_model 64) and its byte tokenizer, untrained."""
+    """The example's model (2 layers x 4 heads, d_model 128) and its byte tokenizer, untrained."""
     torch.manual_seed(0)
     return AttentionOnly(), ByteTokenizer()

@@ -26,23 +26,23 @@ from model import BOS, model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "probe" / "data" / "english.txt").read_bytes()
-LENGTH = 511  # bytes per training sequence, after BOS
+LENGTH = 255  # bytes per training sequence, after BOS
 
 
-def sequence(rng: random.Random) -> list[int]:
-    """A window of the text, or (half of the time) a run of random bytes repeated to the length."""
-    if rng.random() < 0.5:
+def sequence(rng: random.Random, repeats: float) -> list[int]:
+    """A run of random bytes repeated to the length (a share `repeats` of the time), else a window of the text."""
+    if rng.random() >= repeats:
         start = rng.randrange(len(TEXT) - LENGTH)
         return [BOS, *TEXT[start:start + LENGTH]]
     span = [rng.randrange(256) for _ in range(rng.randrange(16, 128))]
     return [BOS, *(span * (LENGTH // len(span) + 1))[:LENGTH]]
 
 
-def batch(rng: random.Random, size: int) -> torch.Tensor:
-    return torch.tensor([sequence(rng) for _ in range(size)], dtype=torch.long)
+def batch(rng: random.Random, size: int, repeats: float) -> torch.Tensor:
+    return torch.tensor([sequence(rng, repeats) for _ in range(size)], dtype=torch.long)
 
 
-def train(out: Path, steps: int, every: int, batch_size: int, lr: float, seed: int) -> None:
+def train(out: Path, steps: int, every: int, batch_size: int, lr: float, seed: int, repeats: float) -> None:
     """AdamW with a short warm-up; a checkpoint at step 0 and every `every` steps."""
     net, _ = model()
     rng = random.Random(seed)
@@ -56,7 +56,7 @@ def train(out: Path, steps: int, every: int, batch_size: int, lr: float, seed: i
             torch.save(net.state_dict(), out / f"step-{step}.pt")
         if step == steps:
             break
-        ids = batch(rng, batch_size)
+        ids = batch(rng, batch_size, repeats)
         loss = F.cross_entropy(net(ids[:, :-1]).reshape(-1, net.vocab_size), ids[:, 1:].reshape(-1))
         optimizer.zero_grad()
         loss.backward()
@@ -75,11 +75,12 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=float, default=0.5, help="share of repeated random-byte sequences")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-track", action="store_true", help="train and save checkpoints only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    train(args.out, args.steps, args.every, args.batch_size, args.lr, args.seed)
+    train(args.out, args.steps, args.every, args.batch_size, args.lr, args.seed, args.repeats)
     if not args.no_track:
         spec = f"{Path(__file__).resolve().parent / 'model.py'}:model"
         subprocess.run([sys.executable, "-m", "probe.cli", "track", "--model", spec, "--checkpoints",

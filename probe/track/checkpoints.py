@@ -99,6 +99,8 @@ def find_run(model: str | None = None, *, checkpoints: str | None = None,
                          "folders need no model", parameter="model")
     files = [p for p in paths if p.is_file()]
     if model is not None:
+        if not files:
+            raise ProbeError(f"{checkpoints!r} matches no state-dict file", parameter="checkpoints")
         return Run(STATE_DICTS, ordered([Checkpoint(p.name, step_of(p.name), str(p)) for p in files]), model)
     folders = [p for p in paths if (p / "config.json").is_file()]
     if not folders:
