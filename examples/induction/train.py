@@ -26,23 +26,31 @@ from model import BOS, model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "probe" / "data" / "english.txt").read_bytes()
-LENGTH = 255  # bytes per training sequence, after BOS
+LENGTH = 255  # bytes per English training sequence, after BOS
+REPEATED = 95  # bytes per repeated random sequence, after BOS
 
 
-def sequence(rng: random.Random, repeats: float) -> list[int]:
-    """A run of random bytes repeated to the length (a share `repeats` of the time), else a window of the text."""
-    if rng.random() >= repeats:
-        start = rng.randrange(len(TEXT) - LENGTH)
-        return [BOS, *TEXT[start:start + LENGTH]]
-    span = [rng.randrange(256) for _ in range(rng.randrange(16, 128))]
-    return [BOS, *(span * (LENGTH // len(span) + 1))[:LENGTH]]
+def english(rng: random.Random, size: int) -> torch.Tensor:
+    """`size` windows of LENGTH bytes of the English text, each after BOS."""
+    starts = [rng.randrange(len(TEXT) - LENGTH) for _ in range(size)]
+    return torch.tensor([[BOS, *TEXT[start:start + LENGTH]] for start in starts], dtype=torch.long)
 
 
-def batch(rng: random.Random, size: int, repeats: float) -> torch.Tensor:
-    return torch.tensor([sequence(rng, repeats) for _ in range(size)], dtype=torch.long)
+def repeated(rng: random.Random, size: int) -> torch.Tensor:
+    """`size` runs of 8 to 40 random bytes repeated to REPEATED bytes, each after BOS: after the first copy, only
+    in-context copying predicts the next byte."""
+    rows = []
+    for _ in range(size):
+        span = [rng.randrange(256) for _ in range(rng.randrange(8, 41))]
+        rows.append([BOS, *(span * (REPEATED // len(span) + 1))[:REPEATED]])
+    return torch.tensor(rows, dtype=torch.long)
 
 
-def train(out: Path, steps: int, every: int, batch_size: int, lr: float, seed: int, repeats: float) -> None:
+def loss_on(net: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(net(ids[:, :-1]).reshape(-1, net.vocab_size), ids[:, 1:].reshape(-1))
+
+
+def train(out: Path, steps: int, every: int, batch_size: int, lr: float, seed: int, repeats: int) -> None:
     """AdamW with a short warm-up; a checkpoint at step 0 and every `every` steps."""
     net, _ = model()
     rng = random.Random(seed)
@@ -56,14 +64,14 @@ def train(out: Path, steps: int, every: int, batch_size: int, lr: float, seed: i
             torch.save(net.state_dict(), out / f"step-{step}.pt")
         if step == steps:
             break
-        ids = batch(rng, batch_size, repeats)
-        loss = F.cross_entropy(net(ids[:, :-1]).reshape(-1, net.vocab_size), ids[:, 1:].reshape(-1))
+        text_loss, copy_loss = loss_on(net, english(rng, batch_size)), loss_on(net, repeated(rng, repeats))
         optimizer.zero_grad()
-        loss.backward()
+        (text_loss + copy_loss).backward()
         optimizer.step()
         schedule.step()
         if step % every == 0:
-            print(f"step {step}: training loss {loss.item():.3f} ({time.monotonic() - started:.0f} s)", flush=True)
+            print(f"step {step}: loss {text_loss.item():.3f} on English, {copy_loss.item():.3f} on repeated bytes "
+                  f"({time.monotonic() - started:.0f} s)", flush=True)
     print(f"trained {steps} steps in {time.monotonic() - started:.0f} s", flush=True)
 
 
@@ -72,10 +80,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/induction"))
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--every", type=int, default=40, help="checkpoint every N steps")
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--batch-size", type=int, default=8, help="English sequences per step")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=float, default=0.5, help="share of repeated random-byte sequences")
+    parser.add_argument("--repeats", type=int, default=32, help="repeated random-byte sequences per step")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-track", action="store_true", help="train and save checkpoints only")
     args = parser.parse_args()

@@ -145,13 +145,16 @@ def track(run: Run, options: TrackOptions | None = None, *, results_path: str | 
     check_run(run, base)
     identity = _identity(run, options, load_options)
     results_path = Path(results_path)
-    if rank is None:
-        stream = TrackStream(results_path, identity, resume)
+    if rank is None:  # resuming what a torchrun job left: its shards too
+        known = [entry for path in _visible(results_path) for entry in finished(path, identity)] if resume else []
+        stream = TrackStream(results_path, identity, resume, known)
         try:
             todo = [c for c in run.checkpoints if c.name not in stream.done]
             _score_all(run, todo, options, stream, base, load_options, progress, Hooks(on_model, on_result))
         finally:
             stream.close()
+        for shard in _visible(results_path)[1:]:
+            shard.unlink(missing_ok=True)
         return _result(run, options, stream.done, _model_name(run))
     return _sharded(run, options, identity, results_path, resume, base, load_options, progress,
                     Hooks(on_model, on_result))
