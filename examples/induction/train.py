@@ -78,10 +78,10 @@ def train(out: Path, steps: int, every: int, batch_size: int, lr: float, seed: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/induction"))
-    parser.add_argument("--steps", type=int, default=800)
-    parser.add_argument("--every", type=int, default=40, help="checkpoint every N steps")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--every", type=int, default=30, help="checkpoint every N steps")
     parser.add_argument("--batch-size", type=int, default=8, help="English sequences per step")
-    parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--lr", type=float, default=1e-2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=32, help="repeated random-byte sequences per step")
     parser.add_argument("--threads", type=int, default=1)
@@ -92,7 +92,8 @@ def main() -> None:
     if not args.no_track:
         spec = f"{Path(__file__).resolve().parent / 'model.py'}:model"
         subprocess.run([sys.executable, "-m", "probe.cli", "track", "--model", spec, "--checkpoints",
-                        str(args.out / "step-*.pt"), "--icl-seqs", "512", "--json", str(args.out / "track.json"),
+                        str(args.out / "step-*.pt"), "--icl-positions", "25,250", "--icl-seqs", "512", "--json",
+                        str(args.out / "track.json"),
                         "--csv", str(args.out / "track.csv"), "--html", str(args.out / "track.html"), "--force"],
                        check=True, cwd=ROOT)
 
