@@ -17,7 +17,7 @@ from probe.cli.options import BatchSize, Device, Dtype, Force, HtmlFile, JsonFil
     TrustRemoteCode
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save
 from probe.cli.progress import console, note, progress_bar, warn
-from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.distributed import current
 from probe.errors import ProbeError
 from probe.models import LoadedModel

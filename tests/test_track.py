@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from conftest import run_cli
 from probe.classify import classify
-from probe.data import natural_set
+from probe.inputs import natural_set
 from probe.errors import ProbeError
 from probe.models import load_model
 from probe.track import (CheckpointResult, TrackOptions, find_run, icl_score, phase_changes, read_track, step_of,

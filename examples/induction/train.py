@@ -1,12 +1,12 @@
-"""Train the example's attention-only model on bytes of English where in-context copying pays, save checkpoints, and
-run `probe track` over them (docs/track.md describes what it shows and the numbers measured).
+"""Train the example's attention-only model on bytes where in-context copying pays, save checkpoints, and run
+`probe track` over them (docs/track.md describes what it shows and the numbers measured).
 
-    python examples/induction/train.py --out runs/induction        # ~5 minutes on one CPU core, then probe track
+    python examples/induction/train.py --out runs/induction        # ~6 minutes on one CPU core, then probe track
 
-Half of the training sequences are a window of the embedded English text (probe/data/english.txt); the other half
-are a span of 16 to 127 random bytes repeated to the sequence's length (Olsson et al.'s repeated random tokens):
-there, only in-context copying predicts anything after the first copy. Checkpoints are state dicts `OUT/step-N.pt`;
-`probe track` loads them into `model.py:model` with `weights_only=True`.
+Each step reads 8 windows of 255 bytes of the embedded English text (probe/inputs/english.txt) and 32 runs of 8 to
+40 random bytes repeated to 95 bytes (Olsson et al.'s repeated random tokens: after the first copy, only in-context
+copying predicts anything). Checkpoints are state dicts `OUT/step-N.pt`; `probe track` loads them into
+`model.py:model` with `weights_only=True`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model import BOS, model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-TEXT = (ROOT / "probe" / "data" / "english.txt").read_bytes()
+TEXT = (ROOT / "probe" / "inputs" / "english.txt").read_bytes()
 LENGTH = 255  # bytes per English training sequence, after BOS
 REPEATED = 95  # bytes per repeated random sequence, after BOS
 

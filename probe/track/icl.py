@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from probe.ablation.sweep import baseline_metric
-from probe.data import ProbeSet, context_length, natural_set
+from probe.inputs import ProbeSet, context_length, natural_set
 from probe.errors import ProbeError
 from probe.hooks.outputs import logits_of
 from probe.hooks.run import run_model

@@ -10,7 +10,7 @@ from typing import Any
 
 from probe.ablation import parse_heads, sweep
 from probe.classify import classify
-from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, natural_set
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, natural_set
 from probe.distributed import current, gather, process_group, rank_device, shard_path
 from probe.errors import ProbeError
 from probe.heads.scores import SCORES
