@@ -181,7 +181,10 @@ def test_cli_writes_outputs_and_refuses_bad_input(tmp_path: Path, capsys, monkey
     for folder, hidden in (("hf-1", 32), ("hf-2", 48)):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": hidden}))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # offline: no revision resolves unless cached (the hub is not asked)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # read when imported, so set it too
     for message, args in bad.items():
         code, _, err = run_cli(["track", *args], capsys, monkeypatch)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
