@@ -119,6 +119,7 @@ FLAGS = {
     "task": "--task", "pairs": "--pairs", "labels": "--labels", "count": "--count", "metric": "--metric", "component": "--component",
     "lengths": "--lengths", "depths": "--depths", "needle": "--needle", "recent": "--recent", "sink": "--sink",
     "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
+    "order_by": "--order", "max_loss_increase": "--max-loss-increase", "curve_texts": "--curve-texts",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 
