@@ -121,6 +121,7 @@ FLAGS = {
     "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
     "checkpoints": "--checkpoints", "revisions": "--revisions", "revision": "--revisions",
     "icl_positions": "--icl-positions", "min_rise": "--min-rise", "scores": "--threshold",
+    "order_by": "--order", "max_loss_increase": "--max-loss-increase", "curve_texts": "--curve-texts",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 
