@@ -21,11 +21,13 @@ from probe.inputs.labels import (CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, LabelledT
                                  labelled_set, read_class_pairs, read_labelled, read_labelled_set)
 
 __all__ = [
-    "CLASS_CONTRAST_LAYOUT", "CONTEXT_ATTRIBUTES", "CONTRAST_TASKS", "DEFAULT_DEPTHS", "DEFAULT_NEEDLE", "DEFAULT_NUM_SEQS", "DEFAULT_REPEAT_LEN", "DEFAULT_SEED",
-    "DEFAULT_SEQ_LEN", "ENGLISH", "MIN_GAP", "PROBE_SETS", "TASKS", "ContrastPair", "ContrastSet", "LABELS_LAYOUT", "LabelledText", "NeedleOptions",
-    "NeedleSet", "ProbeOptions", "ProbeSet", "ProbeSetKind", "TaskItem", "build_probe_set", "check_context", "class_names",
-    "context_length", "contrast_logit_diffs", "contrast_set", "contrast_task", "ioi_items", "ioi_pairs", "is_encoder", "items_set",
-    "label_index", "labelled_set", "logit_diff", "logit_diffs", "natural_set", "needle_set", "normalised_effect", "pairs_set", "random_tokens",
-    "read_class_pairs", "read_contrast_pairs", "read_labelled", "read_labelled_set", "read_pairs", "read_task_file", "read_text_file", "real_tokens", "register_probe_set", "repeated_set", "right_padded", "sva_items", "sva_pairs",
-    "task_items", "task_set", "tokenize_prefix",
+    "CLASS_CONTRAST_LAYOUT", "CONTEXT_ATTRIBUTES", "CONTRAST_TASKS", "DEFAULT_DEPTHS", "DEFAULT_NEEDLE",
+    "DEFAULT_NUM_SEQS", "DEFAULT_REPEAT_LEN", "DEFAULT_SEED", "DEFAULT_SEQ_LEN", "ENGLISH", "MIN_GAP", "PROBE_SETS",
+    "TASKS", "ContrastPair", "ContrastSet", "LABELS_LAYOUT", "LabelledText", "NeedleOptions", "NeedleSet",
+    "ProbeOptions", "ProbeSet", "ProbeSetKind", "TaskItem", "build_probe_set", "check_context", "class_names",
+    "context_length", "contrast_logit_diffs", "contrast_set", "contrast_task", "ioi_items", "ioi_pairs", "is_encoder",
+    "items_set", "label_index", "labelled_set", "logit_diff", "logit_diffs", "natural_set", "needle_set",
+    "normalised_effect", "pairs_set", "random_tokens", "read_class_pairs", "read_contrast_pairs", "read_labelled",
+    "read_labelled_set", "read_pairs", "read_task_file", "read_text_file", "real_tokens", "register_probe_set",
+    "repeated_set", "right_padded", "sva_items", "sva_pairs", "task_items", "task_set", "tokenize_prefix"
 ]
