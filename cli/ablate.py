@@ -27,6 +27,7 @@ from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFA
                         build_probe_set)
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
 from probe.errors import ProbeError
+from probe.reading import is_file
 from probe.models import DEFAULT_MODEL, LoadedModel, cache_root, load_model
 from probe.pairs import read_pairs
 from probe.tasks import TASKS, read_task_file, task_set
@@ -144,7 +145,7 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
         check_task(request)
     if request.pairs is not None and (request.task is not None or request.data != "natural"):
         raise ProbeError("--pairs replaces --data and --task: give one of them")
-    if request.data_file is not None and not request.data_file.is_file():
+    if request.data_file is not None and not is_file(request.data_file):
         raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
                          "(not found)")
 

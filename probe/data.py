@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from probe.errors import ProbeError
+from probe.reading import is_file
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import Source
 from probe.hooks.stacks import decoder_start, is_encoder_decoder
@@ -160,7 +161,7 @@ def natural_set(loaded: LoadedModel, *, data: str | Path | None = None, seq_len:
     source = "embedded English text (probe/data/english.txt)"
     if data is not None:
         path = Path(data)
-        if not path.is_file():
+        if not is_file(path):
             raise ProbeError(f"data file not found: {path}", parameter="data")
         try:
             text = path.read_text(encoding="utf-8")

@@ -29,6 +29,7 @@ from torch import Tensor
 from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
                         build_probe_set, context_length, is_encoder)
 from probe.errors import ProbeError
+from probe.reading import is_file
 from probe.heads.classify import Classification
 from probe.heads.scores import SCORES
 from probe.hooks.capture import stream_attention
@@ -418,7 +419,7 @@ def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[in
 def read_text(path: str | Path) -> str:
     """A UTF-8 text file, with one clear error when it is missing, binary or empty."""
     path = Path(path)
-    if not path.is_file():
+    if not is_file(path):
         raise ProbeError(f"text file not found: {path}", parameter="file")
     try:
         text = path.read_text(encoding="utf-8")

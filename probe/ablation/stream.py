@@ -15,6 +15,7 @@ from probe.ablation.methods import AblationMethod
 from probe.ablation.results import AblationResult, HeadResult
 from probe.data import ProbeSet
 from probe.errors import ProbeError
+from probe.reading import loads
 from probe.models import LoadedModel
 
 RESULTS_FORMAT = 1
@@ -64,7 +65,7 @@ def read_results(path: str | Path) -> tuple[dict[str, Any], list[HeadResult]]:
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            entry = loads(line)
         except json.JSONDecodeError:
             if number >= len(lines) - 2:  # the last line, cut short by an interruption
                 break

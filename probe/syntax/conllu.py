@@ -12,6 +12,7 @@ from typing import NoReturn
 from pathlib import Path
 
 from probe.errors import ProbeError
+from probe.reading import is_file
 
 ROOT = -1  # the head of the sentence's root word
 
@@ -74,7 +75,7 @@ def read_conllu(path: str | Path) -> list[Sentence]:
     text the model reads is the words written out, a space after each unless its own line says SpaceAfter=No (so a
     multi-word token such as `don't` reads `do n't`). A malformed line is one ProbeError naming FILE:LINE."""
     file = Path(path)
-    if not file.is_file():
+    if not is_file(file):
         raise ProbeError(f"conllu: file not found: {file}", parameter="conllu")
     try:
         lines = file.read_text(encoding="utf-8").splitlines()

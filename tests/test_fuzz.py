@@ -1,0 +1,303 @@
+"""Issue 33: every parser of user input, fuzzed with Hypothesis, through its library function and through the CLI.
+
+The property is the same everywhere: for any input, a valid result or one ProbeError of one line (the CLI: exit 0, or
+one `error:` line and exit 2), never a traceback; and valid inputs round-trip. `pytest --hypothesis-profile=long`
+runs 10,000 examples of each (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import huggingface_hub.constants
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import tiny_loaded
+from families import tiny_encoder_decoder
+from fuzzing import (MISSING_MODEL, argument, cli_outcome, file_bytes, inputs, json_variant, mutated,
+                     valid_or_refused, write)
+from planted_syntax import planted_syntax, syntax_tokenizer
+from probe.ablation.heads import parse_heads, parse_layers
+from probe.ablation.results import HeadResult
+from probe.ablation.stream import read_results, write_stream
+from probe.attention import attention_layers
+from probe.hooks.stacks import layer_names
+from probe.cli.classify import parse_thresholds
+from probe.cli.kv_heads import parse_exports
+from probe.cli.prune import parse_max_increase
+from probe.contrast import read_contrast_pairs
+from probe.data import natural_set
+from probe.errors import ProbeError
+from probe.models import LoadedModel, load_model
+from probe.models.placement import parse_device_map
+from probe.pairs import read_pairs
+from probe.patterns import read_text
+from probe.syntax import read_conllu
+from probe.tasks import read_task_file, task_set
+
+TESTS = Path(__file__).parent
+PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
+HEADS = ["18.6", "0.1,1.3", "1.*", "0-1.2-3", "all", "*", "enc0-1.*", "x1.0", "dec0.3,enc1.2", "1", "0-1"]
+LAYERS = ["0", "0-1", "1,0", "enc0-1", "x1", "dec0,enc1", "*", ""]
+WORDS = ["go", "run", "walk", "sing", "now", "fast", "today", "here", "there", "slowly", "home", "school", "work"]
+
+
+@pytest.fixture(scope="module")
+def layer_sets() -> dict[str, list]:
+    """The attention layers of a tiny llama (2 x 4 heads) and of a tiny t5 (encoder, decoder, cross: 6 x 4)."""
+    return {"llama": attention_layers(tiny_loaded("llama_gqa").model),
+            "t5": attention_layers(tiny_encoder_decoder("t5"))}
+
+
+@pytest.fixture(scope="module")
+def worded() -> LoadedModel:
+    """The planted syntax model with its word-piece tokenizer: a real tokenizer for files of text."""
+    return planted_syntax()
+
+
+@pytest.fixture(scope="module")
+def t5() -> LoadedModel:
+    model = tiny_encoder_decoder("t5")
+    return LoadedModel(model=model, tokenizer=syntax_tokenizer(), name="tiny-t5", vocab_size=120)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# head and layer specs
+
+
+@given(spec=inputs(HEADS), kind=st.sampled_from(["llama", "t5"]))
+def test_head_specs_parse_or_refuse(spec: str, kind: str, layer_sets: dict) -> None:
+    layers = layer_sets[kind]
+    heads = valid_or_refused(lambda: parse_heads(spec, layers))
+    if not isinstance(heads, ProbeError):
+        assert heads and len(set(heads)) == len(heads)
+        assert all(0 <= head < layers[layer].n_heads for layer, head in heads)
+
+
+@given(data=st.data(), kind=st.sampled_from(["llama", "t5"]))
+def test_head_specs_round_trip(data: st.DataObject, kind: str, layer_sets: dict) -> None:
+    """Heads printed as probe prints them (`1.3`, `x1.0`) parse to the same heads, in the same order."""
+    layers = layer_sets[kind]
+    every = [(layer.index, head) for layer in layers for head in range(layer.n_heads)]
+    heads = data.draw(st.lists(st.sampled_from(every), min_size=1, max_size=12, unique=True))
+    names = layer_names(layers) or [str(layer.index) for layer in layers]
+    spec = data.draw(st.sampled_from([",", ", "])).join(f"{names[layer]}.{head}" for layer, head in heads)
+    assert parse_heads(spec, layers) == heads
+
+
+@given(spec=inputs(LAYERS), kind=st.sampled_from(["llama", "t5"]))
+def test_layer_specs_parse_or_refuse(spec: str, kind: str, layer_sets: dict) -> None:
+    layers = layer_sets[kind]
+    chosen = valid_or_refused(lambda: parse_layers(spec, layers))
+    assert chosen is None or isinstance(chosen, ProbeError) or chosen <= {layer.index for layer in layers}
+
+
+@given(data=st.data(), kind=st.sampled_from(["llama", "t5"]))
+def test_layer_specs_round_trip(data: st.DataObject, kind: str, layer_sets: dict) -> None:
+    layers = layer_sets[kind]
+    names = layer_names(layers) or [str(layer.index) for layer in layers]
+    chosen = data.draw(st.sets(st.sampled_from(range(len(layers))), min_size=1))
+    assert parse_layers(",".join(names[index] for index in chosen), layers) == chosen
+
+
+@given(spec=inputs(HEADS))
+def test_head_specs_on_the_command_line(spec: str, capsys, monkeypatch) -> None:
+    """--heads is checked before the model loads: a malformed one is its own error, a well-formed one reaches the
+    (missing) model."""
+    code, err = cli_outcome(["ablate", "--model", MISSING_MODEL, f"--heads={argument(spec)}"], capsys, monkeypatch)
+    assert code == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# thresholds, exports, --max-increase, number lists
+
+
+@given(items=st.lists(inputs(["induction=0.3", "sink=0.5", "previous_token=1e-3", "positional=-1"]), max_size=4))
+def test_thresholds_parse_or_refuse(items: list[str]) -> None:
+    parsed = valid_or_refused(lambda: parse_thresholds(items))
+    if not isinstance(parsed, ProbeError):
+        assert all(math.isfinite(value) for value in parsed.values()) and len(parsed) == len(items)
+
+
+@given(thresholds=st.dictionaries(st.sampled_from(["induction", "sink", "previous_token", "positional"]),
+                                  st.floats(allow_nan=False, allow_infinity=False)))
+def test_thresholds_round_trip(thresholds: dict[str, float]) -> None:
+    assert parse_thresholds([f"{name}={value!r}" for name, value in thresholds.items()]) == thresholds
+
+
+@given(items=st.lists(inputs(["induction=0.3", "sink=0.5"]), min_size=1, max_size=3))
+def test_thresholds_on_the_command_line(items: list[str], capsys, monkeypatch) -> None:
+    args = [f"--threshold={argument(item)}" for item in items]
+    cli_outcome(["classify", "--model", MISSING_MODEL, *args], capsys, monkeypatch)
+
+
+@given(items=st.lists(inputs(["duo:maps/x", "razor:r.json", "headkv:h.json"]), max_size=4))
+def test_exports_parse_or_refuse(items: list[str]) -> None:
+    parsed = valid_or_refused(lambda: parse_exports(items))
+    assert isinstance(parsed, ProbeError) or len(parsed) == len(items)
+
+
+@given(exports=st.dictionaries(st.sampled_from(["duo", "razor", "headkv"]),
+                               st.text(min_size=1).filter(lambda text: "\x00" not in text)))
+def test_exports_round_trip(exports: dict[str, str]) -> None:
+    assert parse_exports([f"{kind}:{path}" for kind, path in exports.items()]) == {
+        kind: Path(path) for kind, path in exports.items()}
+
+
+@given(items=st.lists(inputs(["duo:maps/x", "razor:r.json"]), min_size=1, max_size=3),
+       lengths=inputs(["1024", "512,2048"]), seeds=inputs(["0,1,2"]))
+def test_kv_heads_options_on_the_command_line(items: list[str], lengths: str, seeds: str, capsys,
+                                              monkeypatch) -> None:
+    args = [f"--export={argument(item)}" for item in items]
+    cli_outcome(["kv-heads", "--model", MISSING_MODEL, *args, f"--lengths={argument(lengths)}",
+                 f"--random-seeds={argument(seeds)}"], capsys, monkeypatch)
+
+
+@given(text=inputs(["5%", "0.2", "0", "100%"]))
+def test_max_increase_parses_or_refuses(text: str, capsys, monkeypatch) -> None:
+    parsed = valid_or_refused(lambda: parse_max_increase(text))
+    if not isinstance(parsed, ProbeError):
+        assert math.isfinite(parsed[0]) and parsed[0] >= 0
+        assert parse_max_increase(f"{parsed[0] * 100!r}%" if parsed[1] else repr(parsed[0])) == parsed
+    cli_outcome(["prune", "--model", MISSING_MODEL, f"--max-increase={argument(text)}"], capsys, monkeypatch)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# model specs and device maps
+
+
+@given(spec=inputs([PLANTED, "smollm2x", "org/name", "model.gguf", "tests", "tests/planted.py",
+                    "tests/planted.py:planted_mha", "./folder", "a.py:f"]))
+def test_model_specs_load_or_refuse(spec: str, monkeypatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # a hub id is looked up in the cache
+    monkeypatch.chdir(TESTS.parent)
+    loaded = valid_or_refused(lambda: load_model(spec))
+    assert isinstance(loaded, (ProbeError, LoadedModel))
+
+
+@given(spec=inputs(["org/name", "model.gguf", "a.py:f", "tests", "smollm3"]))
+def test_model_specs_on_the_command_line(spec: str, capsys, monkeypatch) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    cli_outcome(["classify", f"--model={argument(spec)}", "--num-seqs", "1", "--seq-len", "8"], capsys, monkeypatch)
+
+
+DEVICE_MAPS = ['{"": "cpu"}', '{"model.layers.0": 0, "lm_head": "cpu"}', "auto", '{"a": "disk"}', "{}", "[1]"]
+
+
+@given(spec=inputs(DEVICE_MAPS) | st.builds(json.dumps, st.dictionaries(st.text(max_size=5), st.integers() |
+                                                                          st.text(max_size=6))))
+def test_device_maps_parse_or_refuse(spec: str, capsys, monkeypatch) -> None:
+    parsed = valid_or_refused(lambda: parse_device_map(spec))
+    if isinstance(parsed, dict):
+        assert parse_device_map(json.dumps(parsed)) == parsed  # round trip
+    cli_outcome(["classify", "--model", MISSING_MODEL, f"--device-map={argument(spec)}"], capsys, monkeypatch)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# text files, task files, pairs files (encoder-decoder and clean/corrupt), CoNLL-U
+
+TEXT_LINES = ["go home now", "walking slowly", "The cat sat on the mat.", "", " \t ", "é\U0001f600"]
+
+
+@given(data=file_bytes(inputs(TEXT_LINES)))
+def test_text_files_read_or_refuse(data: bytes, tmp_path: Path, worded: LoadedModel) -> None:
+    path = write(tmp_path / "text.txt", data)
+    text = valid_or_refused(lambda: read_text(path))
+    as_read = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")  # universal newlines
+    assert isinstance(text, ProbeError) or text == as_read
+    valid_or_refused(lambda: natural_set(worded, data=path, seq_len=4, num_seqs=2))
+
+
+@given(data=file_bytes(inputs(TEXT_LINES)))
+def test_text_files_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
+    path = write(tmp_path / "text.txt", data)
+    cli_outcome(["heatmap", "--model", MISSING_MODEL, "--file", str(path), "--html", str(tmp_path / "out.html"),
+                 "--force"], capsys, monkeypatch)
+
+
+TASK_ROWS = [{"sentence_good": "go home now", "sentence_bad": "go home fast"},
+             {"prompt": "go home", "answer": " now", "distractor": " fast"}]
+TASK_LINES = st.one_of(st.sampled_from([json.dumps(row) for row in TASK_ROWS]), json_variant(TASK_ROWS))
+
+
+@given(data=file_bytes(TASK_LINES))
+def test_task_files_read_or_refuse(data: bytes, tmp_path: Path, worded: LoadedModel) -> None:
+    path = write(tmp_path / "task.jsonl", data)
+    items = valid_or_refused(lambda: read_task_file(path))
+    if not isinstance(items, ProbeError):
+        assert items and all(isinstance(item.good, str) and item.good for item in items)
+        probe_set = valid_or_refused(lambda: task_set(worded, path))
+        assert isinstance(probe_set, ProbeError) or probe_set.input_ids.shape[0] == 2 * len(items)
+
+
+@given(data=file_bytes(TASK_LINES))
+def test_task_files_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
+    path = write(tmp_path / "task.jsonl", data)
+    cli_outcome(["ablate", "--model", MISSING_MODEL, "--task", str(path)], capsys, monkeypatch)
+
+
+PAIR_ROWS = [{"source": "go home now", "target": "run fast"}, {"source": "sing", "target": "walk slowly today"}]
+
+
+@given(data=file_bytes(st.one_of(st.sampled_from([json.dumps(row) for row in PAIR_ROWS]), json_variant(PAIR_ROWS))))
+def test_encoder_decoder_pairs_read_or_refuse(data: bytes, tmp_path: Path, t5: LoadedModel) -> None:
+    path = write(tmp_path / "pairs.jsonl", data)
+    probe_set = valid_or_refused(lambda: read_pairs(t5, path))
+    if not isinstance(probe_set, ProbeError):
+        assert probe_set.source_ids.shape[0] == probe_set.input_ids.shape[0] >= 1
+
+
+CONTRAST_ROWS = [{"clean": "go home", "corrupt": "run home", "answer": " now", "distractor": " fast"},
+                 {"clean": "sing slowly", "corrupt": "walk slowly", "answer": " here", "distractor": " there"}]
+CONTRAST_LINES = st.one_of(st.sampled_from([json.dumps(row) for row in CONTRAST_ROWS]), json_variant(CONTRAST_ROWS))
+
+
+@given(data=file_bytes(CONTRAST_LINES))
+def test_contrast_pairs_read_or_refuse(data: bytes, tmp_path: Path, worded: LoadedModel) -> None:
+    path = write(tmp_path / "contrast.jsonl", data)
+    pairs = valid_or_refused(lambda: read_contrast_pairs(worded, path))
+    if not isinstance(pairs, ProbeError):
+        assert len(pairs) >= 1 and pairs.clean.shape == pairs.corrupt.shape
+
+
+CONLLU = ["# text = go home now", "1\tgo\tgo\tVERB\t_\t_\t0\troot\t_\t_", "2\thome\thome\tNOUN\t_\t_\t1\tobj\t_\t_",
+          "3\tnow\tnow\tADV\t_\t_\t1\tadvmod\t_\tSpaceAfter=No", "1-2\tdon't\t_\t_\t_\t_\t_\t_\t_\t_",
+          "2.1\tx\t_\t_\t_\t_\t_\t_\t_\t_", ""]
+
+
+@given(data=file_bytes(inputs(CONLLU), max_lines=12))
+def test_conllu_files_read_or_refuse(data: bytes, tmp_path: Path) -> None:
+    path = write(tmp_path / "parses.conllu", data)
+    sentences = valid_or_refused(lambda: read_conllu(path))
+    if not isinstance(sentences, ProbeError):
+        for sentence in sentences:
+            assert all(-1 <= head < len(sentence.words) for head in sentence.heads)
+            assert all(sentence.text[start:end] == word for word, (start, end) in zip(sentence.words, sentence.spans))
+
+
+@given(trees=st.lists(st.lists(st.tuples(st.sampled_from(WORDS), st.sampled_from(["obj", "advmod", "nsubj"]),
+                                         st.booleans()), min_size=1, max_size=6), min_size=1, max_size=3),
+       data=st.data())
+def test_conllu_round_trip(trees: list, data: st.DataObject, tmp_path: Path) -> None:
+    """Sentences written as CoNLL-U read back as the same words, heads, relations and text."""
+    lines, expected = [], []
+    for words in trees:
+        heads = [data.draw(st.integers(0, len(words))) for _ in words]
+        for index, ((word, relation, space), head) in enumerate(zip(words, heads), start=1):
+            lines.append(f"{index}\t{word}\t_\t_\t_\t_\t{head}\t{relation}\t_\t{'_' if space else 'SpaceAfter=No'}")
+        lines.append("")
+        expected.append(([word for word, _, _ in words], [head - 1 if head else -1 for head in heads],
+                         [relation for _, relation, _ in words]))
+    sentences = read_conllu(write(tmp_path / "round.conllu", "\n".join(lines).encode()))
+    assert [(s.words, s.heads, s.relations) for s in sentences] == expected
+
+
+@given(data=file_bytes(inputs(CONLLU), max_lines=12))
+def test_conllu_files_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
+    path = write(tmp_path / "parses.conllu", data)
+    cli_outcome(["classify", "--model", MISSING_MODEL, "--conllu", str(path)], capsys, monkeypatch)
