@@ -85,3 +85,8 @@ def conllu_corpus(sentences: int = 24, seed: int = 0) -> str:
 def planted_pair() -> tuple[PlantedModel, PreTrainedTokenizerFast]:
     """For `--model tests/planted_syntax.py:planted_pair`."""
     return planted_syntax_model(), syntax_tokenizer()
+
+
+def planted_syntax_factory() -> tuple[PlantedModel, PreTrainedTokenizerFast]:
+    """The same model and tokenizer as a `FILE.py:FUNCTION` model spec returns them."""
+    return planted_syntax_model(), syntax_tokenizer()

@@ -7,8 +7,10 @@ runs 10,000 examples of each (tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import tempfile
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -24,14 +26,17 @@ from fuzzing import (MISSING_MODEL, argument, cli_outcome, file_bytes, inputs, j
 from planted_syntax import planted_syntax, syntax_tokenizer
 from probe.ablation.heads import parse_heads, parse_layers
 from probe.ablation.results import HeadResult
-from probe.ablation.stream import read_results, write_stream
+from probe.ablation.stream import load_results, read_results, write_stream
+from probe.ablation.sweep import sweep
 from probe.attention import attention_layers
 from probe.hooks.stacks import layer_names
+from probe.cli.app import main
 from probe.cli.classify import parse_thresholds
 from probe.cli.kv_heads import parse_exports
 from probe.cli.prune import parse_max_increase
 from probe.contrast import read_contrast_pairs
-from probe.data import natural_set
+from probe.data import natural_set, repeated_set
+from probe.distributed import shard_paths
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
 from probe.models.placement import parse_device_map
@@ -301,3 +306,219 @@ def test_conllu_round_trip(trees: list, data: st.DataObject, tmp_path: Path) -> 
 def test_conllu_files_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
     path = write(tmp_path / "parses.conllu", data)
     cli_outcome(["classify", "--model", MISSING_MODEL, "--conllu", str(path)], capsys, monkeypatch)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# results streams (--resume), their shards under torchrun, and patching's (the same stream)
+
+
+@pytest.fixture(scope="module")
+def stream_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real results stream: a sweep of a tiny llama's heads alone and two together, as `--results` writes it."""
+    loaded = tiny_loaded("llama_gqa")
+    path = tmp_path_factory.mktemp("stream") / "sweep.jsonl"
+    sweep(loaded, repeated_set(loaded, num_seqs=2, repeat_len=6), [(0, 0), (0, 3), (1, 2)],
+          groups=[[(0, 1), (1, 2)]], results_path=path, batch_size=2)
+    return path
+
+
+def stream_lines(path: Path) -> st.SearchStrategy[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    rows = [json.loads(line) for line in lines]
+    return st.one_of(st.sampled_from(lines), json_variant(rows))
+
+
+def comparable(entries: list[HeadResult]) -> list[str]:
+    return [json.dumps(entry.to_dict(), sort_keys=True) for entry in entries]  # NaN equals NaN as text
+
+
+@given(data=st.data())
+def test_results_streams_read_or_refuse(data: st.DataObject, stream_file: Path, tmp_path: Path) -> None:
+    path = write(tmp_path / "sweep.jsonl", data.draw(file_bytes(stream_lines(stream_file), max_lines=8)))
+    read = valid_or_refused(lambda: read_results(path))
+    if not isinstance(read, ProbeError):
+        header, entries = read
+        for entry in entries:
+            assert entry.heads and all(0 <= layer < header["n_layers"] and 0 <= head < header["n_heads"]
+                                       for layer, head in entry.heads)
+            assert isinstance(entry.loss, float) and isinstance(entry.delta, float)
+        valid_or_refused(lambda: load_results(path, path))
+
+
+@given(cut=st.integers(min_value=0))
+def test_a_results_stream_cut_anywhere_reads_a_prefix_or_is_refused(cut: int, stream_file: Path,
+                                                                     tmp_path: Path) -> None:
+    """What a SIGKILL mid-write leaves: any first bytes of a stream read as its header and its first entries, or are
+    refused in one line; never other entries, never other numbers."""
+    whole = stream_file.read_bytes()
+    path = write(tmp_path / "cut.jsonl", whole[:cut % (len(whole) + 1)])
+    header, entries = read_results(stream_file)
+    read = valid_or_refused(lambda: read_results(path))
+    if not isinstance(read, ProbeError):
+        assert read[0] == header
+        assert comparable(read[1]) == comparable(entries[:len(read[1])])
+
+
+FLOATS = st.floats(allow_nan=True, allow_infinity=True)
+
+
+@given(entries=st.lists(st.builds(
+    HeadResult, st.lists(st.tuples(st.integers(0, 1), st.integers(0, 3)), min_size=1, max_size=3, unique=True)
+    .map(tuple), FLOATS, FLOATS, st.dictionaries(st.sampled_from(["first_repeat", "second_repeat"]), FLOATS)),
+    max_size=6))
+def test_results_streams_round_trip(entries: list[HeadResult], stream_file: Path, tmp_path: Path) -> None:
+    """A stream written and read back gives the same ablations and numbers (NaN and infinity included)."""
+    for entry in entries:
+        entry.part_deltas = {name: value - 1 for name, value in entry.parts.items()}
+    header, _ = read_results(stream_file)
+    write_stream(tmp_path / "round.jsonl", header, entries)
+    read_header, read = read_results(tmp_path / "round.jsonl")
+    assert read_header == header and comparable(read) == comparable(entries)
+
+
+@given(suffixes=st.lists(inputs(["0", "1", "12"]).filter(lambda text: "/" not in text and "\x00" not in text
+                                                         and len(text.encode("utf-8", "surrogatepass")) < 200
+                                                         and text not in (".", "..")), max_size=4))
+def test_shard_files_are_found_by_their_rank_only(suffixes: list[str], tmp_path: Path) -> None:
+    """A shard is `<results>.shard-<rank>`, rank in ASCII digits: `.shard-²` (str.isdigit, not int) and
+    `.shard-١` (an Arabic-Indic one, int() reads 1) are other files."""
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    results = folder / "sweep.jsonl"
+    for suffix in suffixes:
+        with contextlib.suppress(OSError, UnicodeEncodeError):  # a name this file system refuses is no shard
+            (folder / f"sweep.jsonl.shard-{suffix}").write_text("")
+    found = shard_paths(results)
+    assert all(path.name.rpartition(".shard-")[2].isascii() for path in found)
+    assert [int(path.name.rpartition(".shard-")[2]) for path in found] == sorted(
+        int(path.name.rpartition(".shard-")[2]) for path in found)
+
+
+@pytest.fixture(scope="module")
+def cli_stream(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The stream that `probe ablate` below writes for the planted model, finished."""
+    path = tmp_path_factory.mktemp("cli") / "sweep.jsonl"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("sys.argv", ["probe", "-q", "ablate", *RESUMED, "--results", str(path)])
+        with contextlib.suppress(SystemExit):
+            main()
+    return path
+
+
+RESUMED = ["--model", PLANTED, "--data", "repeated", "--num-seqs", "1", "--repeat-len", "4", "--heads", "0.*,1.1"]
+
+
+@settings(max_examples=max(5, settings().max_examples // 20))  # a sweep of the planted model each (10,000: 500)
+@given(data=st.data())
+def test_results_streams_on_the_command_line(data: st.DataObject, cli_stream: Path, tmp_path: Path, capsys,
+                                             monkeypatch) -> None:
+    """`--resume` on a damaged stream of the same sweep: it continues (exit 0, every head reported) or refuses in
+    one line."""
+    path = write(tmp_path / "sweep.jsonl", data.draw(file_bytes(stream_lines(cli_stream), max_lines=8)))
+    code, _ = cli_outcome(["ablate", *RESUMED, "--results", str(path), "--resume", "--json",
+                           str(tmp_path / "out.json"), "--force"], capsys, monkeypatch)
+    if code == 0:
+        assert len(json.loads((tmp_path / "out.json").read_text())["heads"]) == 5
+
+
+@settings(max_examples=max(5, settings().max_examples // 20))  # the t5 folder loads on each
+@given(data=file_bytes(st.one_of(st.sampled_from([json.dumps(row) for row in PAIR_ROWS]), json_variant(PAIR_ROWS))))
+def test_encoder_decoder_pairs_on_the_command_line(data: bytes, t5_folder: Path, tmp_path: Path, capsys,
+                                                   monkeypatch) -> None:
+    path = write(tmp_path / "pairs.jsonl", data)
+    cli_outcome(["ablate", "--model", str(t5_folder), "--pairs", str(path), "--heads", "x0.1", "--results",
+                 str(tmp_path / "r.jsonl"), "--force"], capsys, monkeypatch)
+
+
+@settings(max_examples=max(5, settings().max_examples // 5))
+@given(data=file_bytes(CONTRAST_LINES))
+def test_contrast_pairs_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
+    path = write(tmp_path / "contrast.jsonl", data)
+    cli_outcome(["patch", "--model", f"{TESTS / 'planted_syntax.py'}:planted_syntax_factory", "--pairs", str(path),
+                 "--no-classes", "--results", str(tmp_path / "r.jsonl"), "--force"], capsys, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def t5_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny t5 saved as a Hugging Face folder with a word-level tokenizer, as `--model FOLDER` reads it."""
+    folder = tmp_path_factory.mktemp("t5") / "model"
+    tiny_encoder_decoder("t5").save_pretrained(folder)
+    syntax_tokenizer().save_pretrained(folder)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what the fuzzing found, each failing example kept
+
+
+def deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("row", [
+    '{"prompt": "go home", "answer": " now", "distractor": ' + deep(100_000) + "}",  # RecursionError
+    '{"prompt": "go home", "answer": " now", "distractor": ' + "9" * 5000 + "}",  # ValueError: int too long
+    '{"prompt": "go home", "answer": " now", "distractor": " fast", "answer": " here"}',  # the last answer kept
+])
+def test_found_task_rows_that_are_refused_in_one_line(row: str, tmp_path: Path, worded: LoadedModel) -> None:
+    path = write(tmp_path / "task.jsonl", row.encode())
+    for read in (lambda: read_task_file(path), lambda: read_contrast_pairs(worded, path),
+                 lambda: read_pairs(worded, path)):
+        with pytest.raises(ProbeError, match=r"line 1"):
+            read()
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"layer": 1.5, "head": 0, "loss": 1.0, "delta": 0.0}', "malformed value"),  # read as layer 1 before
+    ('{"layer": true, "head": 0, "loss": 1.0, "delta": 0.0}', "malformed value"),
+    ('{"layer": 0, "head": 0, "loss": "2", "delta": 0.0}', "malformed value"),
+    ('{"heads": [], "loss": 1.0, "delta": 0.0}', "names no head"),
+    ('{"layer": 7, "head": 0, "loss": 1.0, "delta": 0.0}', "not one of the sweep's"),
+    ('{"layer": 0, "head": 0, "loss": 1.0, "delta": 0.0, "first_repeat_loss": "x"}', "malformed value"),
+    ('{"layer": 0, "head": 0, "loss": 1.0, "delta": 0.0, "layer": 1}', "line 2 is not JSON"),
+])
+def test_found_results_entries_that_are_refused(line: str, message: str, stream_file: Path, tmp_path: Path) -> None:
+    header = stream_file.read_text().splitlines()[0]
+    path = write(tmp_path / "sweep.jsonl", f"{header}\n{line}\n{header}\n".encode())
+    with pytest.raises(ProbeError, match=message):
+        read_results(path)
+
+
+@pytest.mark.parametrize("change", [{"probe_ablation": True}, {"baseline_loss": None}, {"fingerprint": 3},
+                                    {"n_heads": 0}])
+def test_found_results_headers_that_are_refused(change: dict, stream_file: Path, tmp_path: Path) -> None:
+    """A header without what resuming reads was a KeyError (exit 1) at resume; now one line before."""
+    lines = stream_file.read_text().splitlines()
+    path = write(tmp_path / "sweep.jsonl", "\n".join([json.dumps({**json.loads(lines[0]), **change}),
+                                                      *lines[1:]]).encode())
+    with pytest.raises(ProbeError, match="results"):
+        load_results(path)
+
+
+def test_found_inputs_given_twice_are_refused() -> None:
+    with pytest.raises(ProbeError, match="given twice"):
+        parse_thresholds(["induction=0.3", "induction=0.5"])
+    with pytest.raises(ProbeError, match="NAME=VALUE"):
+        parse_thresholds(["=0"])
+    with pytest.raises(ProbeError, match="given twice"):
+        parse_exports(["duo:a", "duo:b"])
+
+
+def test_found_names_too_long_and_files_not_utf8(tmp_path: Path) -> None:
+    with pytest.raises(ProbeError, match="device_map"):
+        parse_device_map("0" * 256)  # OSError: File name too long, from Path.is_file
+    with pytest.raises(ProbeError, match="not found"):
+        read_task_file("x" * 300)
+    (tmp_path / "map.json").write_bytes(b'{"": "cpu\xff"}')
+    with pytest.raises(ProbeError, match="UTF-8"):
+        parse_device_map(str(tmp_path / "map.json"))
+
+
+def test_found_a_shard_suffix_int_cannot_read(tmp_path: Path) -> None:
+    for suffix in ("²", "١", "3"):
+        (tmp_path / f"sweep.jsonl.shard-{suffix}").write_text("")
+    assert [path.name for path in shard_paths(tmp_path / "sweep.jsonl")] == ["sweep.jsonl.shard-3"]
+
+
+def test_found_a_newline_in_a_spec_makes_one_error_line(capsys, monkeypatch) -> None:
+    code, err = cli_outcome(["classify", "--model", "a\nb.py:f"], capsys, monkeypatch)
+    assert code == 2 and "a\\nb.py" in err and len(err.strip().splitlines()) == 1
