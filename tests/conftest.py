@@ -27,8 +27,8 @@ settings.load_profile("default")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--soak-rounds", type=int, default=4, help="Interrupted-and-resumed sweeps of tests/test_soak.py "
-                     "(CI: 4; the issue's soak: 200).")
+    parser.addoption("--soak-rounds", type=int, default=2, help="Interrupted-and-resumed runs of tests/test_soak.py "
+                     "(CI: 2, one sweep and one patching run; the issue's soak: 200).")
 
 
 @pytest.fixture(scope="session")

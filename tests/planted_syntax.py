@@ -8,9 +8,14 @@ offset from a dependent to its head varies and no fixed-offset baseline reaches 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+sys.path.insert(0, str(Path(__file__).parent))  # as a `FILE.py:FUNCTION` model spec, imported on its own
 
 from planted import D_MODEL, HEAD_DIM, MAX_LEN, N_HEADS, POS, SHARP, TOK, PlantedModel, TextbookAttention
 from probe.models import LoadedModel
