@@ -8,14 +8,9 @@ offset from a dependent to its head varies and no fixed-offset baseline reaches 
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
-
-sys.path.insert(0, str(Path(__file__).parent))  # as a `FILE.py:FUNCTION` model spec, imported on its own
 
 from planted import D_MODEL, HEAD_DIM, MAX_LEN, N_HEADS, POS, SHARP, TOK, PlantedModel, TextbookAttention
 from probe.models import LoadedModel
@@ -89,9 +84,4 @@ def conllu_corpus(sentences: int = 24, seed: int = 0) -> str:
 
 def planted_pair() -> tuple[PlantedModel, PreTrainedTokenizerFast]:
     """For `--model tests/planted_syntax.py:planted_pair`."""
-    return planted_syntax_model(), syntax_tokenizer()
-
-
-def planted_syntax_factory() -> tuple[PlantedModel, PreTrainedTokenizerFast]:
-    """The same model and tokenizer as a `FILE.py:FUNCTION` model spec returns them."""
     return planted_syntax_model(), syntax_tokenizer()

@@ -433,7 +433,7 @@ def test_encoder_decoder_pairs_on_the_command_line(data: bytes, t5_folder: Path,
 @given(data=file_bytes(CONTRAST_LINES))
 def test_contrast_pairs_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
     path = write(tmp_path / "contrast.jsonl", data)
-    cli_outcome(["patch", "--model", f"{TESTS / 'planted_syntax.py'}:planted_syntax_factory", "--pairs", str(path),
+    cli_outcome(["patch", "--model", f"{TESTS / 'soak_models.py'}:tiny_llama_words", "--pairs", str(path),
                  "--no-classes", "--results", str(tmp_path / "r.jsonl"), "--force"], capsys, monkeypatch)
 
 
