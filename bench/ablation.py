@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from bench.classification import spearman
 from bench.common import have_transformer_lens, interleaved, load_average, machine, now, transformer_lens_bridge
 from probe.ablate import estimate, sweep
-from probe.data import natural_set
+from probe.inputs import natural_set
 from probe.models import load_model
 
 SUBSET_LAYERS = [2, 7, 12, 17, 22, 27]  # the representative subset named in the docstring

@@ -49,7 +49,7 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def run(repeats: int = 7, log: Any = print, with_tl: bool = True, device: str | None = None,
         dtype: str = "float32") -> dict[str, Any]:
-    from probe.data import repeated_set
+    from probe.inputs import repeated_set
     from probe.heads.classify import score_heads
     from probe.heads.scores import SCORES
     from probe.models import load_model

@@ -19,7 +19,7 @@ from probe import load_model
 from probe.ablation.editor import ablated
 from probe.ablation.window import WindowAblation
 from probe.attention import run_model
-from probe.needle import NeedleOptions, needle_set
+from probe.inputs import NeedleOptions, needle_set
 
 
 def main() -> None:

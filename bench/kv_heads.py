@@ -26,7 +26,7 @@ from probe.ablation.window import WindowAblation  # noqa: E402
 from probe.attention import run_model  # noqa: E402
 from probe.classify import classify  # noqa: E402
 from probe.kv import kv_heads, score_needles  # noqa: E402
-from probe.needle import NeedleOptions, needle_set  # noqa: E402
+from probe.inputs import NeedleOptions, needle_set  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "kv_heads.json"
 HALF = tuple((layer, head) for layer in range(30) for head in range(0, 9, 2))  # about half of SmolLM2's heads

@@ -65,7 +65,7 @@ def code_before(commit: str = BEFORE) -> Iterator[None]:
 
 
 def _speed(loaded: Any, length: int, repeats: int, with_before: bool, log: Any) -> dict[str, Any]:
-    from probe.data import repeated_set
+    from probe.inputs import repeated_set
     from probe.heads.classify import score_heads
     from probe.heads.scores import SCORES
 

@@ -41,7 +41,7 @@ def tiny_long_llama() -> Any:
 
 
 def _equal(loaded: Any, length: int) -> dict[str, Any]:
-    from probe.data import natural_set, repeated_set
+    from probe.inputs import natural_set, repeated_set
     from probe.heads.classify import score_heads
     from probe.heads.scores import SCORES
 

@@ -35,7 +35,7 @@ SIX = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "
 def repeated_ids(loaded: Any, length: int) -> Any:
     """A repeated probe set of one sequence of `length` tokens (BOS + R random tokens twice, R = (length - 1) // 2),
     built directly: the probe set's builder refuses lengths past the model's context (8192 for SmolLM2)."""
-    from probe.data import ProbeSet
+    from probe.inputs import ProbeSet
 
     torch.manual_seed(0)
     half = torch.randint(100, loaded.vocab_size, (1, (length - 1) // 2))
@@ -84,7 +84,7 @@ def classify_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str
 def kv_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str, Any]:
     from probe.attention import run_model
     from probe.kv import score_needles
-    from probe.needle import NeedleOptions, needle_set
+    from probe.inputs import NeedleOptions, needle_set
 
     needles = needle_set(loaded, NeedleOptions(lengths=(length,), depths=(0.5,), seed=7))
     ids = needles.input_ids

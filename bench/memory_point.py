@@ -22,7 +22,7 @@ import torch
 
 def main() -> None:
     tool, length = sys.argv[1], int(sys.argv[2])
-    from probe.data import natural_set
+    from probe.inputs import natural_set
     from probe.models import load_model
 
     loaded = load_model("smollm2")

@@ -3,7 +3,7 @@
 `python -m bench.patching [--count 32] [--repeats 3] [--layers all|2,7,...]` (saves bench/results/patching.json;
 `python -m bench --render` writes it into RESULTS.md).
 
-Both variants start from the same clean and corrupt prompts (probe.contrast's generated ioi pairs, each prompt one
+Both variants start from the same clean and corrupt prompts (probe.inputs.contrast's generated ioi pairs, each prompt one
 row) and patch each head's output (its slice of o_proj's input) from the clean run into the corrupt run, denoising:
 - naive (the baseline): plain PyTorch. One forward of the clean prompts keeps every layer's o_proj input; then for
   each head a forward pre-hook on its o_proj puts the clean slice in, one full forward of the corrupt prompts, and
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from bench.common import RESULTS_DIR, interleaved, load_average, machine, now
-from probe.contrast import contrast_task
+from probe.inputs import contrast_task
 from probe.models import load_model
 from bench.classification import spearman
 from probe.patching import contrast_runs, patch_heads

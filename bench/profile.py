@@ -76,7 +76,7 @@ def _by_source(fn: Any) -> dict[str, Any]:
 
 def run(length: int = 2048, log: Any = print) -> dict[str, Any]:
     from bench.common import load_average, machine, now
-    from probe.data import natural_set, repeated_set
+    from probe.inputs import natural_set, repeated_set
     from probe.heads.classify import score_heads
     from probe.heads.scores import SCORES
     from probe.models import load_model

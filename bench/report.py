@@ -389,6 +389,21 @@ def patching(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def patching_qk(data: dict[str, Any]) -> str:
+    """bench/patching_qk.py: attribution patching of query, key and value patches, with and without the QK fix."""
+    lines = [f"## Attribution patching of queries, keys and values (AtP*'s QK fix), SmolLM2, {data['pairs']} IOI pairs",
+             "", _machine(data), f"- heads of layers {data['layers']}; keys and values per key/value group; each "
+             "estimate's Spearman against probe's exact patches of the same units", "",
+             "| component | units | Spearman, QK fix (probe) | Spearman, plain first order | estimate FE | "
+             "estimate (s) | exact (s) | largest exact |patch effect| |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for component, found in data["components"].items():
+        lines.append(f"| {component} | {found['units']} | {found['spearman_qk_fix']:.3f} | "
+                     f"{found['spearman_plain']:.3f} | {found['forward_equivalents']:.1f} | "
+                     f"{found['estimate_seconds']:.1f} | {found['exact_seconds']:.1f} | "
+                     f"{found['largest_exact_effect']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
 LSE_TARGET = 1.05
 
 
@@ -466,6 +481,9 @@ def render(extra: str = "") -> str:
     patched = load_result("patching")
     if patched is not None:
         parts.append(patching(patched))
+    qk = load_result("patching_qk")
+    if qk is not None:
+        parts.append(patching_qk(qk))
     if extra:
         parts.append(extra)
     return "\n".join(parts)

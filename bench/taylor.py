@@ -25,7 +25,7 @@ from bench.classification import spearman
 from bench.common import load_average, machine, now
 from probe.ablate import estimate, sweep
 from probe.attention import attention_hooks, logits_of, run_model
-from probe.data import natural_set
+from probe.inputs import natural_set
 from probe.models import load_model
 
 STEP = 0.1  # the finite-difference step in a: heads scaled by 0.9 and 1.1

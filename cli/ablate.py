@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -23,14 +23,12 @@ from probe.cli.progress import console, note, status, sweep_progress, warn
 from probe.ablate import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
 from probe.ablation.methods import AblationMethod, build_method
 from probe.attention import attention_layers
-from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
-                        build_probe_set)
+from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
+                          TASKS, build_probe_set, read_task_file)
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
 from probe.errors import ProbeError
 from probe.reading import is_file
 from probe.models import DEFAULT_MODEL, LoadedModel, cache_root, load_model
-from probe.pairs import read_pairs
-from probe.tasks import TASKS, read_task_file, task_set
 from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.html import ablation_page
 from probe.reports.terminal import ablation_report
@@ -91,13 +89,17 @@ class Request:
     naive: bool
     budget: float
     task: str | None = None  # sva, ioi or a JSON-lines file
-    pairs: Path | None = None  # encoder-decoders: a JSON-lines file of source/target texts (probe.pairs)
+    pairs: Path | None = None  # encoder-decoders: a JSON-lines file of source/target texts (probe.inputs.pairs)
     metric: str | None = None  # a name of METRICS; None: the one for this input
     seed: int = 0  # of the probe set, and of methods that draw at random
 
     @property
     def probe_set(self) -> str:
-        """The probe set's name in probe.data.PROBE_SETS: a text file is natural text."""
+        """The probe set's name in probe.inputs.PROBE_SETS: source/target pairs, a task, or text (a file is natural)."""
+        if self.pairs is not None:
+            return "pairs"
+        if self.task is not None:
+            return "task"
         return "repeated" if self.data == "repeated" else "natural"
 
     @property
@@ -152,11 +154,7 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
 
 def probe_set_for(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
     """The sweep's data: source/target pairs, a task, or a probe set."""
-    if request.pairs is not None:
-        return read_pairs(loaded, request.pairs)
-    if request.task is not None:
-        return task_set(loaded, request.task, count=options.num_seqs, seed=options.seed)
-    return build_probe_set(request.probe_set, loaded, options)
+    return build_probe_set(request.probe_set, loaded, replace(options, task=request.task, pairs=request.pairs))
 
 
 def check_task(request: Request) -> None:

@@ -13,7 +13,7 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, JsonF
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar
 from probe.circuits.pairs import circuits as find_circuits
-from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.circuits import circuit_rows, circuits_report

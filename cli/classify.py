@@ -14,7 +14,7 @@ from probe.cli.outputs import check_outputs, save, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
 from probe.classify import Classification
 from probe.classify import classify as run_classify
-from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patterns import classification_patterns

@@ -12,7 +12,7 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, JsonF
                                OffloadFolder, Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, warn_non_finite
 from probe.cli.progress import console, status
-from probe.contrast import CONTRAST_TASKS, contrast_task, read_contrast_pairs
+from probe.inputs import CONTRAST_TASKS, ProbeOptions, build_probe_set
 from probe.dla import logit_attribution
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
@@ -44,8 +44,7 @@ def dla(
         raise ProbeError(f"--top must be at least 1, got {top}")
     check_outputs({"--json": json_path, "--csv": csv_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    contrast = (read_contrast_pairs(loaded, pairs) if pairs is not None
-                else contrast_task(loaded, str(task), count=count, seed=seed))
+    contrast = build_probe_set("contrast", loaded, ProbeOptions(task=task, pairs=pairs, num_seqs=count, seed=seed))
     with status(f"attributing {len(contrast)} pairs ..."):
         payload = logit_attribution(loaded, contrast, batch_size=batch_size).to_dict()
     warn_non_finite(payload)

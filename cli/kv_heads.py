@@ -17,7 +17,7 @@ from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK
 from probe.kv import DEFAULT_FULL_FRACTION, kv_heads as run_kv_heads
 from probe.models import DEFAULT_MODEL
-from probe.needle import DEFAULT_DEPTHS, DEFAULT_NEEDLE
+from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
 from probe.reports.kv_heads import duo_config, duo_tsv, headkv_scores, kv_heads_page, kv_heads_report, razor_map
 

@@ -22,12 +22,12 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlF
                                OffloadFolder, Seed, TrustRemoteCode)
 from probe.cli.outputs import check_distinct, check_outputs, save, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
-from probe.contrast import ContrastSet, contrast_task, read_contrast_pairs
+from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching import PatchResult, patch_contrast
-from probe.patching.paths import path_contrast
+from probe.patching.paths import LOGITS, path_contrast
 from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.patching import patch_page, patch_report, patch_rows
 
@@ -42,12 +42,13 @@ ByPosition = Annotated[bool, typer.Option(
 Senders = Annotated[Optional[str], typer.Option(
     "--senders", help="Path patching: heads whose effect through the --receivers is measured (LAYER.HEAD items).")]
 Receivers = Annotated[Optional[str], typer.Option(
-    "--receivers", help="Path patching: heads of later layers whose --path-component input the senders reach.")]
+    "--receivers", help="Path patching: heads of later layers whose --path-component input the senders reach, or "
+    "logits: each sender's direct path into the logits (nothing downstream recomputed).")]
 PathComponent = Annotated[str, typer.Option(
     "--path-component", help="Path patching: the receivers' query, key or value.")]
 Estimate = Annotated[bool, typer.Option(
-    "--estimate", help="Estimate every head's output patch by attribution patching (one forward and backward; "
-    "each value marked estimated) instead of patching each head.")]
+    "--estimate", help="Estimate every head's patch of --component by attribution patching (one forward and "
+    "backward; a query or key with AtP*'s QK fix; each value marked estimated) instead of patching each head.")]
 NoClasses = Annotated[bool, typer.Option("--no-classes", help="Do not classify the heads (saves a few forwards).")]
 Top = Annotated[int, typer.Option("--top", help="Heads listed, largest |patch effect| first.")]
 CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
@@ -77,9 +78,9 @@ def check_request(task: str | None, pairs: Path | None, request: Request, top: i
         raise ProbeError(f"--top must be at least 1, got {top}")
     if request.by_position and distributed:
         raise ProbeError("--by-position runs one sweep per position in one process: run it without torchrun")
-    if request.estimate and (request.component != "output" or request.by_position or request.naive or distributed):
-        raise ProbeError("--estimate covers each head's output at every position, in one process: drop --component, "
-                         "--by-position, --naive (and torchrun)")
+    if request.estimate and (request.by_position or request.naive or distributed):
+        raise ProbeError("--estimate covers each head at every position, in one process: drop --by-position, --naive "
+                         "(and torchrun)")
     check_heads_syntax(request.heads)
 
 
@@ -89,7 +90,8 @@ def check_paths(senders: str | None, receivers: str | None, component: str) -> N
     if component not in ("query", "key", "value"):
         raise ProbeError(f"--path-component {component!r}: use one of query, key, value")
     check_heads_syntax(senders)
-    check_heads_syntax(receivers)
+    if receivers != LOGITS:
+        check_heads_syntax(receivers)
 
 
 def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, stream: Path, resume: bool,
@@ -98,8 +100,8 @@ def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, st
     chosen = parse_heads(request.heads, attention_layers(loaded.model)) if request.heads is not None else None
     if request.estimate:
         with status("estimating every head's patch ...", show):
-            return patch_contrast(loaded, contrast, chosen, estimate=True, noising=request.noising,
-                                  batch_size=request.batch_size)
+            return patch_contrast(loaded, contrast, chosen, estimate=True, component=request.component,
+                                  noising=request.noising, batch_size=request.batch_size)
     with sweep_progress("patching heads", show) as (update, on_result):
         return patch_contrast(loaded, contrast, chosen, component=request.component, noising=request.noising,
                               by_position=request.by_position, mode="naive" if request.naive else "exact",
@@ -111,8 +113,9 @@ def add_paths(loaded: LoadedModel, contrast: ContrastSet, result: PatchResult, s
               component: str, batch_size: int) -> None:
     layers = attention_layers(loaded.model)
     with status("path patching ..."):
-        result.paths = path_contrast(loaded, contrast, parse_heads(senders, layers), parse_heads(receivers, layers),
-                                     component=component, batch_size=batch_size).to_dict()
+        to = receivers if receivers == LOGITS else parse_heads(receivers, layers)
+        result.paths = path_contrast(loaded, contrast, parse_heads(senders, layers), to, component=component,
+                                     batch_size=batch_size).to_dict()
 
 
 def patch(
@@ -138,8 +141,7 @@ def patch(
         check_outputs(outputs, force=force)
     check_results_file(results, resume=resume, force=force)
     loaded = load_for(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code), rank)
-    contrast = (read_contrast_pairs(loaded, pairs) if pairs is not None
-                else contrast_task(loaded, str(task), count=count, seed=seed))
+    contrast = build_probe_set("contrast", loaded, ProbeOptions(task=task, pairs=pairs, num_seqs=count, seed=seed))
     stream = results or default_results_path({"command": "patch", "model": model, "task": task, "pairs": str(pairs),
                                               "count": count, "seed": seed, "dtype": dtype} | asdict(request))
     stream.parent.mkdir(parents=True, exist_ok=True)

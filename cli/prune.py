@@ -17,7 +17,7 @@ from probe.ablation.methods import METHODS
 from probe.ablation.metrics import METRICS
 from probe.ablation.prune import ORDERINGS, PruneResult, check_prune_options
 from probe.ablation.prune import prune as run_prune
-from probe.data import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.files import write_csv, write_json, write_text

@@ -12,7 +12,7 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlF
                          OffloadFolder, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar, status, warn
-from probe.data import ENGLISH
+from probe.inputs import ENGLISH
 from probe.errors import ProbeError
 from probe.reading import is_file
 from probe.models import DEFAULT_MODEL

@@ -28,7 +28,7 @@ import torch
 
 from probe.ablation import (AblationResult, Head, HeadResult, ablation_list, assign_chunks, distinct, read_results,
                             sweep, write_stream)
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError, first_line
 from probe.models import DeviceMap, LoadedModel, input_device, parse_device_map
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, find_blocks
 from probe.attention import AttentionLayer, attention_hooks, attention_layers, logits_of, run_model
-from probe.contrast import ContrastSet, logit_diffs
+from probe.inputs import ContrastSet, logit_diffs
 from probe.circuits.weights import FINAL_NORMS, _gain, _named_child
 from probe.errors import ProbeError
 from probe.hooks.restore import interrupts_deferred, restoring

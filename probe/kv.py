@@ -1,7 +1,7 @@
 """`kv_heads`: which KV heads a long-context cache can shrink to sink + recent keys (streaming) and which need the
 full cache (retrieval), per query head and per KV head, with the check that makes such a map trustworthy.
 
-- Scores, one forward per needle prompt (probe.needle): the retrieval score (Wu et al. 2024) and the streaming score
+- Scores, one forward per needle prompt (probe.inputs.needle): the retrieval score (Wu et al. 2024) and the streaming score
   (StreamingLLM's sink + recent mass, Xiao et al. 2023), both from the score registry (probe.heads.scores).
 - A KV head streams only if every query head sharing it can: its retrieval score is the max over its group, its
   streaming score the min.
@@ -27,7 +27,7 @@ from torch import Tensor
 from probe.ablation.editor import ablated
 from probe.ablation.window import WindowAblation
 from probe.attention import attention_layers, logits_of, run_model
-from probe.data import ProbeOptions, natural_set
+from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, natural_set, needle_set
 from probe.errors import ProbeError
 from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_from_lse,
                                  streaming_score)
@@ -35,7 +35,6 @@ from probe.hooks.capture import attention_hooks
 from probe.hooks.lse import FusedAttention
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
-from probe.needle import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, needle_set
 
 Progress = Callable[[int, int], None]
 CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the scored ones

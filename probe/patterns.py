@@ -26,10 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
-                        build_probe_set, context_length, is_encoder)
+from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
+                          build_probe_set, context_length, is_encoder, read_text_file)
 from probe.errors import ProbeError
-from probe.reading import is_file
 from probe.heads.classify import Classification
 from probe.heads.scores import SCORES
 from probe.hooks.capture import stream_attention
@@ -202,7 +201,7 @@ def text_ids(loaded: LoadedModel, text: str) -> list[int]:
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
         raise ProbeError("the text gives no tokens", parameter="text")
-    bos = decoder_start(loaded.model)  # an encoder-decoder's decoder starts as it was trained (probe.data)
+    bos = decoder_start(loaded.model)  # an encoder-decoder's decoder starts as it was trained (probe.inputs)
     bos = getattr(tokenizer, "bos_token_id", None) if bos is None else bos
     if bos is None:
         bos = getattr(getattr(loaded.model, "config", None), "bos_token_id", None)
@@ -418,16 +417,7 @@ def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[in
 
 def read_text(path: str | Path) -> str:
     """A UTF-8 text file, with one clear error when it is missing, binary or empty."""
-    path = Path(path)
-    if not is_file(path):
-        raise ProbeError(f"text file not found: {path}", parameter="file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ProbeError(f"{path} is not UTF-8 text: {error.reason}", parameter="file") from error
-    if not text:
-        raise ProbeError(f"{path} is empty", parameter="file")
-    return text
+    return read_text_file(path, parameter="file")
 
 
 def classification_patterns(loaded: LoadedModel, result: Classification, *, data: str | Path | None = None,

@@ -63,14 +63,24 @@ def patch_report(payload: dict[str, Any], console: Console, *, top: int = TOP) -
         path_report(payload["paths"], console)
 
 
+def _receiver(receiver: list[int] | str) -> str:
+    """A receiver's column name: a head's LAYER.HEAD, or the logits (the direct path)."""
+    return receiver if isinstance(receiver, str) else f"{receiver[0]}.{receiver[1]}"
+
+
+def _path_title(paths: dict[str, Any]) -> str:
+    if paths["component"] == "logits":
+        return "Path patching: each sender's direct path into the logits"
+    return f"Path patching: each sender's effect through the receivers' {paths['component']}"
+
+
 def path_report(paths: dict[str, Any], console: Console) -> None:
     """The sender x receiver matrix of path patching's effects."""
-    console.print(Text(f"Path patching: each sender's effect through the receivers' {paths['component']}",
-                       style="bold"))
+    console.print(Text(_path_title(paths), style="bold"))
     table = Table(show_edge=False, pad_edge=False, box=None)
     table.add_column("sender \\ receiver", justify="right")
-    for layer, head in paths["receivers"]:
-        table.add_column(f"{layer}.{head}", justify="right")
+    for receiver in paths["receivers"]:
+        table.add_column(_receiver(receiver), justify="right")
     for (layer, head), row in zip(paths["senders"], paths["patch_effect"]):
         table.add_row(f"{layer}.{head}", *(f"{value:+.3f}" for value in row))
     console.print(table)
@@ -105,7 +115,7 @@ def _paths(payload: dict[str, Any]) -> dict[str, Any] | None:
     if not paths:
         return None
     return {"z": [[round(value, 6) for value in row] for row in paths["patch_effect"]],
-            "x": [f"{layer}.{head}" for layer, head in paths["receivers"]],
+            "x": [_receiver(receiver) for receiver in paths["receivers"]],
             "y": [f"{layer}.{head}" for layer, head in paths["senders"]], "component": paths["component"]}
 
 

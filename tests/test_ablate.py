@@ -20,7 +20,7 @@ from probe.ablation import METHODS, AblationMethod
 from probe.ablate import (BACKWARD_COST, GRAD_FORWARD_COST, AblationResult, HeadResult, ablate, all_heads, estimate,
                           head_means, load_results, parse_heads, read_results, sweep)
 from probe.attention import attention_layers, logits_of, run_model
-from probe.data import ProbeSet, natural_set, repeated_set
+from probe.inputs import ProbeSet, natural_set, repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
 from probe.reports.files import write_csv

@@ -18,7 +18,7 @@ import pytest
 from conftest import ARTIFACTS
 from probe.attention import capture_attention
 from probe.classify import Classification, classify
-from probe.data import repeated_set
+from probe.inputs import repeated_set
 from probe.patterns import classification_patterns, text_ids, text_patterns
 from probe.reports.html import ablation_page, classification_page, forget_notebook_plotly, heatmap_page
 from test_html import IMG, SCRIPT, fake_patterns

@@ -8,7 +8,7 @@ from conftest import tiny_hf, tiny_loaded
 
 from probe.attention import attention_hooks, attention_layers, capture_attention, logits_of, run_model
 from probe.classify import score_heads
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.scores import SCORES
 
 ARCHITECTURES = ["llama_gqa", "llama_mqa", "qwen2", "mistral", "gemma2", "gpt2", "gpt_bigcode", "bert"]

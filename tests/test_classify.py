@@ -14,7 +14,7 @@ from conftest import run_cli, tiny_loaded
 from planted import PLANTED
 
 from probe.classify import classify
-from probe.data import natural_set, repeated_set
+from probe.inputs import natural_set, repeated_set
 from probe.models import ALIASES, Alias, load_model
 
 TESTS = Path(__file__).parent

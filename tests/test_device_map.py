@@ -191,7 +191,7 @@ def test_default_model_from_gguf_cache_offloaded(smollm2, tmp_path: Path) -> Non
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_ablation_deltas_with_offloading_equal(llama_dir: Path, tmp_path: Path, method: str) -> None:
     from probe.ablate import sweep
-    from probe.data import repeated_set
+    from probe.inputs import repeated_set
 
     plain = load_model(str(llama_dir))
     placed = load_model(str(llama_dir), device_map=LLAMA_MAP, offload_folder=tmp_path / "offload")

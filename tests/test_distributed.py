@@ -235,7 +235,7 @@ def test_gpu_groups_per_process(monkeypatch) -> None:
 def test_estimate_is_not_split(monkeypatch) -> None:
     from conftest import tiny_loaded
 
-    from probe.data import repeated_set
+    from probe.inputs import repeated_set
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
@@ -257,7 +257,7 @@ def test_resume_refuses_shards_of_another_sweep(tmp_path: Path, monkeypatch) -> 
     from conftest import tiny_loaded
 
     from probe.ablate import sweep
-    from probe.data import repeated_set
+    from probe.inputs import repeated_set
 
     for key in ("WORLD_SIZE", "RANK"):
         monkeypatch.delenv(key, raising=False)

@@ -10,7 +10,7 @@ import torch
 
 from conftest import run_cli, tiny_hf
 from families import tiny_family
-from probe.contrast import ContrastSet, contrast_task
+from probe.inputs import ContrastSet, contrast_task
 from probe.dla import Targets, attribute, logit_attribution, next_token_attribution
 from probe.errors import ProbeError
 from probe.models import LoadedModel

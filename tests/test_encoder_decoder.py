@@ -20,7 +20,7 @@ from test_html import page_data
 
 from probe.ablate import ablate, parse_heads, sweep
 from probe.attention import attention_layers, capture_attention, layer_names, logits_of, run_model
-from probe.data import ProbeOptions, ProbeSet, build_probe_set
+from probe.inputs import ProbeOptions, ProbeSet, build_probe_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
 
@@ -272,7 +272,7 @@ def labels_loss(model: torch.nn.Module, probe_set: ProbeSet) -> float:
 
 @pytest.mark.parametrize("name", SUPPORTED)
 def test_source_target_pairs_give_the_models_labels_loss(name: str) -> None:
-    from probe.pairs import pairs_set
+    from probe.inputs import pairs_set
 
     model = tiny_encoder_decoder(name)
     loaded = LoadedModel(model=model, tokenizer=None, name=name, vocab_size=120)
@@ -324,7 +324,7 @@ def test_ablate_reads_pairs_from_a_file(tmp_path: Path, capsys, monkeypatch) -> 
     assert code == 0, err
     result = json.loads((tmp_path / "pairs.json").read_text(encoding="utf-8"))
     loaded = load_model(str(folder))
-    from probe.pairs import read_pairs
+    from probe.inputs import read_pairs
 
     probe_set = read_pairs(loaded, data)
     assert probe_set.source_ids.shape == (2, 6) and probe_set.input_ids.shape == (2, 4)  # start + 3 words

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import tiny_loaded
 from probe.ablate import estimate
-from probe.data import repeated_set
+from probe.inputs import repeated_set
 from probe.reports.files import write_csv
 from probe.reports.html import ablation_page
 from test_browser import ARGS, CHROMIUM

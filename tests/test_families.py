@@ -16,7 +16,7 @@ from families import ADAPTED, FAMILY_MODELS, PROJECTIONS, pre_hooks, tiny_family
 
 from probe.ablate import ablate, sweep
 from probe.attention import attention_hooks, attention_layers, capture_attention, logits_of, run_model
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
 
@@ -175,7 +175,7 @@ def test_a_shared_attention_module_is_one_layer_per_call() -> None:
 
 def test_a_placeholder_tokenizer_falls_back_to_random_tokens(tmp_path: Path) -> None:
     """A folder without tokenizer files: transformers builds a near-empty tokenizer that encodes no text."""
-    from probe.data import ProbeOptions, build_probe_set
+    from probe.inputs import ProbeOptions, build_probe_set
 
     tiny_family("gpt2").save_pretrained(tmp_path)
     with warnings.catch_warnings(record=True) as caught:

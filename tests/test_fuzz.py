@@ -34,16 +34,14 @@ from probe.cli.app import main
 from probe.cli.classify import parse_thresholds
 from probe.cli.kv_heads import parse_exports
 from probe.cli.prune import parse_max_increase
-from probe.contrast import read_contrast_pairs
-from probe.data import natural_set, repeated_set
 from probe.distributed import shard_paths
 from probe.errors import ProbeError
+from probe.inputs import (natural_set, read_contrast_pairs, read_pairs, read_task_file, repeated_set,
+                          task_set)
 from probe.models import LoadedModel, load_model
 from probe.models.placement import parse_device_map
-from probe.pairs import read_pairs
 from probe.patterns import read_text
 from probe.syntax import read_conllu
-from probe.tasks import read_task_file, task_set
 
 TESTS = Path(__file__).parent
 PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"

@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_hf, tiny_loaded
 from probe import classify, load_model
 from probe.ablate import estimate, sweep
-from probe.data import repeated_set
+from probe.inputs import repeated_set
 from probe.errors import ProbeError
 
 pandas = pytest.importorskip("pandas")

@@ -14,10 +14,10 @@ from test_browser import browser  # noqa: F401  (the fixture)
 
 from probe.ablation.editor import ablate
 from probe.ablation.window import PatternAblation, WindowAblation
-from probe.data import natural_set
+from probe.inputs import natural_set
 from probe.kv import aggregate, kv_groups, kv_heads
 from probe.models import load_model
-from probe.needle import NeedleOptions, needle_set
+from probe.inputs import NeedleOptions, needle_set
 
 TESTS = Path(__file__).parent
 PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"

@@ -11,7 +11,7 @@ from conftest import tiny_hf, tiny_loaded
 import probe.hooks.blocked as blocked
 import probe.hooks.hf as hf
 from probe.attention import attention_hooks, blocked_attention, capture_attention, run_model
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES, Batch, positional_score

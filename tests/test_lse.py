@@ -11,7 +11,7 @@ from families import ADAPTED, FAMILY_MODELS, tiny_family
 
 import probe.heads.scores as scores
 from probe.attention import attention_hooks, capture_attention, run_model
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES, Batch, diagonal_score, register_score, streaming_from_lse, streaming_score
@@ -185,7 +185,7 @@ def test_soft_capped_layers_fall_back_and_say_why() -> None:
 
 def test_kv_heads_scoring_pass_fast_equals_blocked(smollm2) -> None:
     from probe.kv import score_needles
-    from probe.needle import NeedleOptions, needle_set
+    from probe.inputs import NeedleOptions, needle_set
 
     needles = needle_set(smollm2, NeedleOptions(lengths=(320,), depths=(0.5,), seed=3))
     fast = score_needles(smollm2, needles, recent=32)

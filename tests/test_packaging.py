@@ -57,7 +57,7 @@ def test_the_wheel_has_one_top_level_package(wheel: zipfile.ZipFile) -> None:
 def test_the_wheel_has_every_module_and_data_file(wheel: zipfile.ZipFile) -> None:
     packaged = {name for name in wheel.namelist() if name.startswith("probe/")}
     assert packaged == source_files()
-    assert {"probe/data/english.txt", "probe/reports/assets/probe.js", "probe/cli/__main__.py"} <= packaged
+    assert {"probe/inputs/english.txt", "probe/reports/assets/probe.js", "probe/cli/__main__.py"} <= packaged
 
 
 def test_the_wheel_metadata_names_the_distribution_its_license_and_the_command(wheel: zipfile.ZipFile) -> None:

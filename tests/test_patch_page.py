@@ -13,7 +13,7 @@ pytestmark = pytest.mark.browser
 
 
 def test_patch_page_draws_the_maps_and_the_positions(tmp_path, open_page, monkeypatch):  # noqa: F811
-    import probe.contrast as contrast
+    import probe.inputs.contrast as contrast
     from probe.patching import patch_heads
     from test_specific import words_loaded
 

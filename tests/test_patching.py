@@ -13,7 +13,7 @@ from probe.ablate import sweep
 from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.statistics import head_outputs
 from probe.attention import logits_of, run_model
-from probe.data import repeated_set
+from probe.inputs import repeated_set
 from probe.errors import ProbeError
 
 
@@ -148,10 +148,22 @@ def test_a_patch_at_one_position_equals_the_naive_loop_and_a_hand_written_patch(
 def ioi_runs(loaded, count: int = 8):
     """Clean IOI prompts and their ABC corruption (the subject's second mention replaced by a third name), each
     followed by its answer and distractor."""
-    from probe.contrast import contrast_task
+    from probe.inputs import contrast_task
     from probe.patching import contrast_runs
 
     return contrast_runs(loaded, contrast_task(loaded, "ioi", count=count))
+
+
+def projection_inputs(model, runs, layers=(0, 1)) -> dict:
+    """layer -> the input of its output projection (every head's output) on one forward of `runs`, by plain hooks."""
+    seen = {}
+    handles = [projection(model, layer)[0].register_forward_pre_hook(
+        lambda _m, args, layer=layer: seen.__setitem__(layer, args[0].detach().clone())) for layer in layers]
+    with torch.no_grad():
+        run_model(model, runs.input_ids, runs.attention_mask)
+    for handle in handles:
+        handle.remove()
+    return seen
 
 
 def last_position_logit_diffs(model, runs, current: dict | None = None) -> float:
@@ -173,7 +185,7 @@ def last_position_logit_diffs(model, runs, current: dict | None = None) -> float
 def test_patch_heads_equals_a_hand_written_patch_and_normalises(noising: bool, monkeypatch) -> None:
     from test_specific import words_loaded
 
-    import probe.contrast as contrast
+    import probe.inputs.contrast as contrast
     import probe.patching.heads as patching
 
     monkeypatch.setattr(contrast, "MIN_GAP", 1e-3)  # a random tiny model's corruption changes little
@@ -231,7 +243,7 @@ def test_patching_refuses_logit_differences_too_close_to_normalise() -> None:
 def test_exact_patching_equals_the_naive_loop_on_smollm2s_first_layers(smollm2) -> None:
     """SmolLM2 on IOI pairs: the exact sweep (prefix reused, copies stacked) gives the naive loop's numbers, the
     DLA column is the clean run's, and a key patch is its key/value group's (3 query heads each)."""
-    from probe.contrast import contrast_task
+    from probe.inputs import contrast_task
     from probe.dla import logit_attribution
     from probe.patching import patch_contrast
 
@@ -255,7 +267,7 @@ def test_exact_patching_equals_the_naive_loop_on_smollm2s_first_layers(smollm2) 
 def test_probe_patch_writes_json_csv_and_a_page(tmp_path, capsys, monkeypatch) -> None:
     import json
 
-    import probe.contrast as contrast
+    import probe.inputs.contrast as contrast
     from conftest import run_cli
 
     monkeypatch.setattr(contrast, "MIN_GAP", 1e-4)  # a random tiny model's corruption changes little
@@ -269,6 +281,8 @@ def test_probe_patch_writes_json_csv_and_a_page(tmp_path, capsys, monkeypatch) -
     assert {"clean_logit_diff", "corrupt_logit_diff", "heads"} <= set(payload)
     assert {"layer", "head", "patch_effect", "dla", "classes"} <= set(payload["heads"][0])
     assert len(payload["heads"]) == 5 and len(payload["by_position"]) == 5 * len(payload["tokens"])
+    names = [token for token in payload["tokens"] if "/" in token]  # positions where the pairs' names differ
+    assert payload["tokens"][0] == "<s>" and names and all(len(token.split("/")) <= 4 for token in names)
     assert "Activation patching of" in stdout and "layer,head,patch_effect,dla" in csv.read_text()
     assert payload["paths"]["senders"] == [[0, 1], [0, 2]] and len(payload["paths"]["patch_effect"][0]) == 2
     assert "Path patching" in stdout
@@ -282,6 +296,12 @@ def test_probe_patch_writes_json_csv_and_a_page(tmp_path, capsys, monkeypatch) -
                                "0.1"], capsys, monkeypatch)
     assert code == 2 and "takes --senders and --receivers together" in stderr
     code, stdout, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--count",
+                                    "6", "--heads", "0.1", "--senders", "0.1,1.2", "--receivers", "logits",
+                                    "--no-classes", "--json", str(out), "--force"], capsys, monkeypatch)
+    assert code == 0, stderr
+    direct = json.loads(out.read_text())["paths"]
+    assert direct["receivers"] == ["logits"] and len(direct["patch_effect"]) == 2 and "direct path into" in stdout
+    code, stdout, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--count",
                                     "6", "--estimate", "--no-classes", "--json", str(out), "--force"], capsys,
                                    monkeypatch)
     assert code == 0, stderr
@@ -289,7 +309,7 @@ def test_probe_patch_writes_json_csv_and_a_page(tmp_path, capsys, monkeypatch) -
     assert estimated["mode"] == "estimate" and len(estimated["heads"]) == 8 and "attribution patching" in stdout
     code, _, stderr = run_cli(["patch", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--estimate",
                                "--by-position"], capsys, monkeypatch)
-    assert code == 2 and "--estimate covers each head's output" in stderr
+    assert code == 2 and "--estimate covers each head at every position" in stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -300,7 +320,7 @@ def test_path_patching_equals_a_hand_written_two_pass_computation(monkeypatch) -
     """A sender's effect through a receiver's value, on a grouped-query model: pass 1 with plain pre-hooks freezing
     every head's o_proj slice at the corrupted run's but the sender's (clean), recording the receiver's v_proj output;
     pass 2 the corrupted run with the receiver's key/value group's v_proj columns replaced by that recording."""
-    import probe.contrast as contrast
+    import probe.inputs.contrast as contrast
     from probe.patching.paths import path_patch
     from test_specific import words_loaded
 
@@ -310,16 +330,7 @@ def test_path_patching_equals_a_hand_written_two_pass_computation(monkeypatch) -
     clean, corrupt = ioi_runs(loaded, count=4)
     senders, receivers = [(0, 1), (0, 3)], [(1, 0), (1, 3)]
     result = path_patch(loaded, clean, corrupt, senders, receivers, component="value", batch_size=4)
-    outputs = {}
-    for name, runs in (("clean", clean), ("corrupt", corrupt)):
-        seen = {}
-        handles = [projection(model, layer)[0].register_forward_pre_hook(
-            lambda _m, args, layer=layer: seen.__setitem__(layer, args[0].detach().clone())) for layer in (0, 1)]
-        with torch.no_grad():
-            run_model(model, runs.input_ids, runs.attention_mask)
-        for handle in handles:
-            handle.remove()
-        outputs[name] = seen
+    outputs = {name: projection_inputs(model, runs) for name, runs in (("clean", clean), ("corrupt", corrupt))}
     attention = model.model.layers[1].self_attn
     for i, (sender_layer, sender) in enumerate(senders):
         def freeze(_module, args, layer):
@@ -356,10 +367,93 @@ def test_path_patching_equals_a_hand_written_two_pass_computation(monkeypatch) -
         path_patch(loaded, clean, corrupt, [(1, 0)], [(1, 2)], batch_size=4)
 
 
+def test_the_direct_path_into_the_logits_equals_a_hand_written_computation(monkeypatch) -> None:
+    """A sender's direct path: its o_proj output's change (its slice clean, every other slice corrupted) added to the
+    input of the final norm of the corrupted run, with plain hooks; nothing in between sees it."""
+    import probe.inputs.contrast as contrast
+    from probe.patching.paths import LOGITS, direct_path, path_contrast
+    from test_specific import words_loaded
+
+    monkeypatch.setattr(contrast, "MIN_GAP", 1e-4)
+    loaded = words_loaded()
+    model = loaded.model
+    clean, corrupt = ioi_runs(loaded, count=4)
+    senders = [(0, 2), (1, 1), (1, 3)]
+    result = direct_path(loaded, clean, corrupt, senders, batch_size=3)
+    inputs = {name: projection_inputs(model, runs) for name, runs in (("clean", clean), ("corrupt", corrupt))}
+    for i, (layer, sender) in enumerate(senders):
+        o_proj = projection(model, layer)[0]
+        patched = inputs["corrupt"][layer].clone()
+        patched[..., sender * 16:(sender + 1) * 16] = inputs["clean"][layer][..., sender * 16:(sender + 1) * 16]
+        with torch.no_grad():
+            change = o_proj(patched) - o_proj(inputs["corrupt"][layer])  # (rows, positions, d_model)
+        current = {}
+        handle = model.model.norm.register_forward_pre_hook(
+            lambda _m, args: (args[0] + change[current["row"], :args[0].shape[1]],))
+        expected = last_position_logit_diffs(model, corrupt, current)
+        handle.remove()
+        assert result.logit_diff[i][0] == pytest.approx(expected, abs=1e-5)
+    assert result.receivers == [LOGITS] and result.to_dict()["receivers"] == ["logits"]
+    assert result.corrupt_logit_diff == pytest.approx(last_position_logit_diffs(model, corrupt), abs=1e-5)
+    with pytest.raises(ProbeError, match="give heads, or 'logits'"):
+        path_contrast(loaded, contrast.contrast_task(loaded, "ioi", count=2), senders, "logit")
+
+
+@pytest.mark.parametrize("component", ["query", "key", "value"])
+def test_the_qk_fix_recomputes_the_patched_heads_then_takes_the_first_order(component: str, monkeypatch) -> None:
+    """AtP*'s QK fix on a grouped-query model, written with plain hooks: the patched heads' outputs z' from a real
+    forward with the projection's columns taken from the clean run, dLD/dz by autograd on the corrupted run; the
+    estimate is LD_corrupt + dLD/dz . (z' - z) over the unit's heads (query head 2; key/value group 1 = heads 2, 3)."""
+    import probe.inputs.contrast as contrast
+    from probe.patching.estimate import estimate_patches
+    from test_specific import words_loaded
+
+    monkeypatch.setattr(contrast, "MIN_GAP", 1e-4)
+    loaded = words_loaded()
+    model, (clean, corrupt) = loaded.model, ioi_runs(loaded, count=4)
+    result = estimate_patches(loaded, clean, corrupt, [(1, 2)], component=component, batch_size=4)
+    attention = model.model.layers[1].self_attn
+    projection_of = {"query": attention.q_proj, "key": attention.k_proj, "value": attention.v_proj}[component]
+    columns, heads = (slice(32, 48), slice(32, 48)) if component == "query" else (slice(16, 32), slice(32, 64))
+    seen = {}
+    handle = projection_of.register_forward_hook(lambda _m, _a, out: seen.__setitem__("source", out.detach()))
+    with torch.no_grad():
+        run_model(model, clean.input_ids, clean.attention_mask)
+    handle.remove()
+
+    def patched(_m, _a, out):
+        out = out.clone()
+        out[..., columns] = seen["source"][..., columns]
+        return out
+
+    def z_of(patch: bool, grad: bool = False):
+        handles = [attention.o_proj.register_forward_pre_hook(
+            lambda _m, args: (seen.__setitem__("z", args[0].detach().requires_grad_(grad)) or (seen["z"],)))]
+        if patch:
+            handles.append(projection_of.register_forward_hook(patched))
+        with torch.set_grad_enabled(grad):
+            logits = logits_of(run_model(model, corrupt.input_ids, corrupt.attention_mask))
+        for handle in handles:
+            handle.remove()
+        return seen["z"], logits
+
+    z_patched, _ = z_of(True)
+    z, logits = z_of(False, grad=True)
+    rows = torch.arange(corrupt.input_ids.shape[0])
+    last = corrupt.scored.int().argmax(dim=1)
+    ids = corrupt.input_ids
+    diffs = logits[rows, last, ids[rows, last + 1]] - logits[rows, last, ids[rows, last + 2]]
+    (grad,) = torch.autograd.grad(diffs.mean(), z)
+    expected = float(diffs.mean().detach()) + float((grad[..., heads] * (z_patched - z.detach())[..., heads]).double().sum())
+    entry = result.entries[0]
+    assert result.mode == "estimate" and entry.logit_diff == pytest.approx(expected, abs=1e-5)
+    assert len(entry.heads) == (1 if component == "query" else 2) and "QK fix" in result.path
+
+
 def test_attribution_patching_is_the_first_order_of_the_exact_patch(monkeypatch) -> None:
     """The estimate's change is the gradient times the patch: scaling the patch by a small step t changes the logit
     difference by t times the estimate (a central difference, measured with probe's own exact patching of a blend)."""
-    import probe.contrast as contrast
+    import probe.inputs.contrast as contrast
     from probe.ablation.methods import PatchAblation
     from probe.ablation.statistics import HeadOutputs, head_outputs
     from probe.patching.estimate import estimate_patches

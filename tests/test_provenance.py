@@ -14,7 +14,7 @@ import torch
 
 from conftest import run_cli, tiny_hf, tiny_loaded
 from probe.ablate import sweep
-from probe.data import repeated_set
+from probe.inputs import repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
 from probe.provenance import DISTRIBUTION, file_facts, model_facts, provenance, tensor_hash, version_of

@@ -12,7 +12,7 @@ from probe.ablation import ablate
 from probe.ablation.prune import _Evaluator, importance, prune, prune_units
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import METRICS
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 
 

@@ -17,7 +17,7 @@ from probe.ablation import logits as readouts
 from probe.ablation.methods import NoiseAblation, build_method, derangement
 from probe.ablation.statistics import head_statistics
 from probe.attention import run_model
-from probe.tasks import task_set
+from probe.inputs import task_set
 
 
 def test_a_long_task_set_scores_the_task_margin_as_the_short_path_does(tmp_path: Path, monkeypatch) -> None:

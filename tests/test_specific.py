@@ -15,10 +15,10 @@ from test_ablate import planted_loaded, projection, weights_zeroed
 from probe.ablate import sweep
 from probe.ablation.methods import ResampleAblation
 from probe.attention import logits_of, run_model
-from probe.data import ProbeSet, repeated_set
+from probe.inputs import ProbeSet, repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel
-from probe.tasks import TASKS, TaskItem, task_items, task_set
+from probe.inputs import TASKS, TaskItem, task_items, task_set
 from words import PROMPTS, SENTENCES, tiny_with_words
 
 

@@ -18,7 +18,7 @@ def words_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from probe.tasks import ioi_items, sva_items
+    from probe.inputs import ioi_items, sva_items
 
     texts = [s for pair in SENTENCES for s in pair] + [" ".join(row) for row in PROMPTS]
     texts += [" ".join([i.good, i.answer, i.distractor]) for i in sva_items(40, 0) + ioi_items(40, 0)]

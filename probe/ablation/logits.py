@@ -189,7 +189,7 @@ class Readout:
     def forward(self, ids: Tensor, mask: Tensor | None, lean: bool | None = None,
                 source: Source | None = None) -> Tensor | Final:
         """A forward's logits (or last hidden states), or its Final where the logits would be too large (`lean`
-        None), or as told. `source`: an encoder-decoder's own encoder input (probe.pairs; never lean: an
+        None), or as told. `source`: an encoder-decoder's own encoder input (probe.inputs.pairs; never lean: an
         encoder-decoder has no one block list)."""
         if lean is None:
             lean = self.lean(ids)

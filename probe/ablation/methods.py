@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from probe.ablation.statistics import HeadOutputs, HeadStatistics, head_inputs, head_outputs, head_statistics
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 

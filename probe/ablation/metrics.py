@@ -7,7 +7,7 @@ that count, for the whole probe set and each of its parts; `losses` finishes sum
 - "cosine_distance" (models without an LM head or not causal, e.g. BERT loaded with AutoModel): mean over
   positions of 1 - cosine similarity between the final output vectors (last hidden states, or the logits of an MLM
   head) with the head ablated and those of the unablated model. The baseline is 0 by definition.
-- "task_margin" (task sets, probe.tasks): minus the mean log-probability margin of the good over the bad member of
+- "task_margin" (task sets, probe.inputs.tasks): minus the mean log-probability margin of the good over the bad member of
   each pair, log P(good) - log P(bad) (BLiMP's minimal pairs, Warstadt et al. 2020; Marvin & Linzen 2018); for a
   prompt with an answer and a distractor the pair differs in its last token, so the margin is logit(answer) -
   logit(distractor) at the last prompt position (Wang et al. 2022's logit difference). Accuracy: the share of pairs
@@ -30,7 +30,7 @@ from torch import Tensor
 
 from probe.ablation.logits import Final
 from probe.attention import run_model
-from probe.data import ProbeSet, is_encoder, real_tokens
+from probe.inputs import ProbeSet, is_encoder, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 

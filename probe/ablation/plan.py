@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from probe.ablation.heads import Ablation
 from probe.ablation.methods import METHODS, AblationMethod
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 
 STACK_BYTES = 1 << 30  # activations (and logits, where whole) of one stacked forward: how many copies to stack
@@ -26,7 +26,7 @@ def check_probe_set(probe_set: ProbeSet) -> None:
 
 
 def check_sources(probe_set: ProbeSet, method: type[AblationMethod]) -> None:
-    """A probe set whose encoder reads sources of its own (probe.pairs) runs no method that reads other sequences'
+    """A probe set whose encoder reads sources of its own (probe.inputs.pairs) runs no method that reads other sequences'
     values at the same positions (mean, resample): those are the target's positions, which the encoder's are not."""
     if probe_set.source_ids is not None and method.across_sequences:
         usable = [name for name, entry in METHODS.items() if not entry.across_sequences]

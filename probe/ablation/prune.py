@@ -35,7 +35,7 @@ from probe.ablation.plan import check_probe_set, data_name, refuse_sources
 from probe.ablation.runners import Batch, NaiveRunner
 from probe.ablation.sweep import sweep
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel

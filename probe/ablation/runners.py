@@ -25,7 +25,7 @@ from probe.ablation.methods import AblationMethod
 from probe.ablation.metrics import Scorer
 from probe.ablation.plan import CACHE_BYTES
 from probe.attention import Source, logits_of, run_model
-from probe.data import real_tokens
+from probe.inputs import real_tokens
 from probe.errors import ProbeError
 
 NAIVE = "naive: one full forward per ablation"
@@ -41,7 +41,7 @@ class Batch:
     counted: Tensor  # (parts + 1, batch, positions') which positions count (Scorer.masks)
     reference: Tensor | None = None  # unablated final outputs, for metrics that compare to them
     kept: dict[int, Any] | None = None  # unablated block outputs (None: recomputed when needed)
-    source: Source | None = None  # an encoder-decoder's own encoder input (probe.pairs); None: the ids themselves
+    source: Source | None = None  # an encoder-decoder's own encoder input (probe.inputs.pairs); None: the ids themselves
 
 
 def _baseline_sums(scorer: Scorer, batch: Batch, output: Tensor | Final) -> Tensor:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from probe.attention import attention_hooks, run_model
-from probe.data import ProbeSet, real_tokens
+from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 

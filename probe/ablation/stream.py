@@ -13,7 +13,7 @@ from typing import Any
 from probe.ablation.heads import Ablation, distinct
 from probe.ablation.methods import AblationMethod
 from probe.ablation.results import AblationResult, HeadResult
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.reading import loads
 from probe.models import LoadedModel
@@ -27,7 +27,7 @@ def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod
     digest = hashlib.sha256()
     digest.update(json.dumps([loaded.name, method.name, metric, probe_set.offset, probe_set.repeat_len]).encode())
     digest.update(probe_set.input_ids.cpu().contiguous().numpy().tobytes())
-    for extra in (probe_set.attention_mask, probe_set.source_ids, probe_set.source_mask):  # sources: probe.pairs
+    for extra in (probe_set.attention_mask, probe_set.source_ids, probe_set.source_mask):  # sources: probe.inputs.pairs
         if extra is not None:
             digest.update(extra.cpu().contiguous().numpy().tobytes())
     method.add_to_fingerprint(digest)

@@ -37,7 +37,7 @@ from probe.ablation.statistics import HeadStatistics
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
 from probe.attention import attention_layers
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel

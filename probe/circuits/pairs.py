@@ -17,7 +17,7 @@ from typing import Any
 from probe.ablation.heads import Head
 from probe.ablation.sweep import sweep
 from probe.circuits.composition import Composition, composition_scores
-from probe.data import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, ProbeOptions, build_probe_set
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, ProbeOptions, build_probe_set
 from probe.heads.classify import Classification, classify
 from probe.models import LoadedModel
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.data import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
+from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
                         ProbeSet, build_probe_set, real_tokens)
 from probe.errors import ProbeError, first_line
 from probe.frames import dataframe

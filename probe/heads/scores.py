@@ -5,7 +5,7 @@ pair of the probe set, padded positions excluded. Each score is reduced from blo
 the layers produce them, so full patterns are never kept.
 
 A new head class is one reduce function here and one `register_score(Score(...))`: the Score names the probe set
-its score is computed on (a key of probe.data.PROBE_SETS), its default threshold, letter and summary.
+its score is computed on (a key of probe.inputs.PROBE_SETS), its default threshold, letter and summary.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Score:
     """A head class: its score, the probe set it is computed on, and the default label threshold."""
 
     name: str
-    probe: str  # a key of probe.data.PROBE_SETS
+    probe: str  # a key of probe.inputs.PROBE_SETS
     threshold: float
     summary: str
     reduce: Reduce
@@ -307,7 +307,7 @@ def _by_kv_head(found: Tensor, group: int) -> dict[tuple[int, int], tuple[Tensor
 
 @dataclass
 class NeedleBatch(Batch):
-    """A batch of needle prompts (probe.needle): which needle key each answer position's target is copied from."""
+    """A batch of needle prompts (probe.inputs.needle): which needle key each answer position's target is copied from."""
 
     sources: Tensor | None = None  # (b, n) long: for query i, the needle position of token i + 1; -1 elsewhere
     correct: Tensor | None = None  # (b, n) bool: the model predicts token i + 1 at i (None: not known yet)

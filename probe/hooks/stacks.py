@@ -8,10 +8,10 @@ users see and name each layer by its stack and its index within that stack: `enc
 layer names at all.
 
 Inputs: probe's probe sets are one token sequence per row, which both stacks read: the encoder as its source, the
-decoder teacher-forced (the sequence begins with the decoder start token, probe.data), so the decoder's logits at t
+decoder teacher-forced (the sequence begins with the decoder start token, probe.inputs), so the decoder's logits at t
 predict token t + 1 exactly as a decoder-only model's do, every metric, effect and score applies unchanged, and the
 loss equals the model's own `labels` loss on the tokens after the start token. A source of its own is passed to
-`run_model` / `capture_attention` as `source=(ids, mask)`, or to sweeps as a pairs set (probe.pairs).
+`run_model` / `capture_attention` as `source=(ids, mask)`, or to sweeps as a pairs set (probe.inputs.pairs).
 """
 
 from __future__ import annotations

@@ -1,79 +1,157 @@
-"""Attribution patching (Nanda 2023; Kramar et al. 2024, "AtP*"): every head's output patch estimated at once from
-one forward and backward of the patched-into run, as the first-order change of the logit difference,
+"""Attribution patching (Nanda 2023; Kramar et al. 2024, "AtP*"): every head's patch estimated at once from one
+forward and backward of the patched-into run, as the first-order change of the logit difference,
 
-    LD_patched(h) ~ LD_target + sum over rows, positions and dimensions of dLD/dz_h * (z_h,source - z_h,target)
+    LD_patched(h) ~ LD_target + sum over rows, positions and dimensions of dLD/dz_h * (z_h,patched - z_h,target)
 
-with z_h the head's output (its slice of the output projection's input). AtP* adds two refinements for the inputs of
-attention (the QK fix, for patches that move a saturated softmax) and against cancellation (GradDrop); a head's
-output patch moves no softmax of its own layer, and neither refinement is applied here. Cost: the source run's
-outputs, one forward and backward, and the source's baseline (about 4 forward-equivalents). Every value is marked
-estimated; `bench/patching.py` prints its Spearman against the exact result.
+with z_h the head's output (its slice of the output projection's input). For the output component z_h,patched is
+the source run's z_h. For a query, key or value patch, AtP*'s QK fix: z_h,patched is recomputed exactly, by the
+head's own attention over the target's inputs with the patched query, key or value in place (one head's, or a
+key/value group's query heads'), so the softmax that a query or key moves is not linearised, only what comes after
+the head; a value patch is linear in the value, and the same recomputation gives it. GradDrop (AtP*'s other
+refinement, against cancellation between paths) costs one backward per layer and is not applied. Cost: the source
+run's outputs (or inputs), one forward and backward, and the source's baseline (about 4 forward-equivalents; the
+local recomputations are one head's attention each). Every value is marked estimated; `bench/patching.py` and
+`bench/patching_qk.py` print its Spearman against the exact result.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-from probe.ablation.heads import Head, all_heads
-from probe.ablation.metrics import choose_metric
-from probe.ablation.statistics import HeadOutputs, head_outputs
+from probe.ablation.heads import Ablation, Head, all_heads
+from probe.ablation.metrics import Metric, choose_metric
+from probe.ablation.statistics import HeadOutputs, head_inputs, head_outputs
 from probe.ablation.sweep import baseline_metric
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
-from probe.data import ProbeSet
+from probe.errors import ProbeError
+from probe.hooks.blocked import blocked_attention
 from probe.hooks.stacks import layer_names
+from probe.hooks.types import AttentionInputs
+from probe.inputs import ProbeSet, normalised_effect
 from probe.models import LoadedModel
-from probe.patching.heads import PatchEntry, PatchResult, check_runs, mean_logit_diff, row_logit_diffs
-from probe.contrast import normalised_effect
+from probe.patching.heads import PatchEntry, PatchResult, check_runs, mean_logit_diff, patch_units, row_logit_diffs
+
+RECOMPUTE_TOLERANCE = 1e-4  # the QK fix's recomputation of an unpatched head against the model's own output
 
 
-def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, batch_size: int) -> tuple[Tensor, float]:
-    """(n_layers, n_heads) summed first-order changes of the mean logit difference, and the target's mean."""
+@dataclass
+class _Pass:
+    """One batch of the target run: its head outputs z (rows, positions, heads, head_dim), dLD/dz, and (query, key
+    or value patches) each layer's attention inputs."""
+
+    heads: dict[int, Tensor]
+    grads: dict[int, Tensor]
+    inputs: dict[int, AttentionInputs]
+
+
+def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor | None, scored: Tensor, rows: int,
+                 keep_inputs: bool) -> tuple[_Pass, float]:
+    """A forward and backward of one target batch; the batch's summed logit differences / `rows`."""
+    captured: dict[int, Tensor] = {}
+    inputs: dict[int, AttentionInputs] = {}
+
+    def capture(layer: int, heads: Tensor) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
+        heads = heads if heads.requires_grad else heads.detach().requires_grad_()
+        captured[layer] = heads
+        return heads
+
+    def record(layer: int, seen: AttentionInputs) -> AttentionInputs:
+        inputs[layer] = replace(seen, query=seen.query.detach(), key=seen.key.detach(), value=seen.value.detach())
+        return seen
+
+    with torch.enable_grad():
+        with attention_hooks(loaded.model, edit_heads=capture, **({"edit_inputs": record} if keep_inputs else {})):
+            logits = logits_of(run_model(loaded.model, ids, mask))
+        diffs = row_logit_diffs(metric, logits, ids, scored)  # (batch,)
+        order = sorted(captured)
+        grads = torch.autograd.grad(diffs.sum() / rows, [captured[layer] for layer in order])
+    heads = {layer: captured[layer].detach() for layer in order}
+    return _Pass(heads, dict(zip(order, grads)), inputs), float(diffs.detach().double().sum()) / rows
+
+
+def _head_slice(value: Tensor | None, heads: list[int]) -> Tensor | None:
+    """A mask or position bias cut to `heads` where it has a head axis (dim 1) of more than one."""
+    if value is None or value.dim() < 4 or value.shape[1] == 1:
+        return value
+    return value[:, heads]
+
+
+def _recomputed(inputs: AttentionInputs, heads: list[int], group: int) -> Tensor:
+    """(rows, positions, len(heads), head_dim): the outputs of `heads` (all of key/value head `group`) recomputed
+    from `inputs` by eager attention."""
+    out = blocked_attention(inputs.query[:, heads], inputs.key[:, group:group + 1], inputs.value[:, group:group + 1],
+                            scaling=inputs.scaling, mask=_head_slice(inputs.mask, heads), causal=inputs.mask is None,
+                            on_block=None, softcap=inputs.softcap,
+                            sinks=None if inputs.sinks is None else inputs.sinks[heads],
+                            position_bias=_head_slice(inputs.position_bias, heads))
+    return out.transpose(1, 2)
+
+
+def _local_change(one: _Pass, layer: int, unit: Ablation, component: str, source: Tensor) -> float:
+    """The QK fix's first-order change for one unit (a query head; a key/value group's query heads): the unit's
+    outputs recomputed with `component` taken from the source (`source`: the source run's, (rows, heads, positions,
+    head_dim)), their change dotted with dLD/dz."""
+    inputs = one.inputs[layer]
+    heads = [head for _, head in unit]
+    group = heads[0] // (inputs.query.shape[1] // inputs.key.shape[1])
+    index = heads[0] if component == "query" else group
+    patched_tensor = getattr(inputs, component).clone()
+    patched_tensor[:, index] = source[:, index].to(patched_tensor.dtype)
+    before = _recomputed(inputs, heads, group)
+    gap = float((before - one.heads[layer][:, :, heads]).abs().max())
+    if gap > RECOMPUTE_TOLERANCE * max(1.0, float(before.abs().max())):
+        raise ProbeError(f"the QK fix cannot rebuild layer {layer}'s attention from its inputs (off by {gap:.3g}): "
+                         "estimate the output component, or patch exactly", parameter="component")
+    after = _recomputed(replace(inputs, **{component: patched_tensor}), heads, group)
+    return float((one.grads[layer][:, :, heads] * (after - before)).double().sum())
+
+
+def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, units: list[Ablation], component: str,
+                 batch_size: int) -> tuple[list[float], float]:
+    """Each unit's summed first-order change of the mean logit difference, and the target's mean."""
     metric = choose_metric(loaded, target)
-    layers = attention_layers(loaded.model)
-    change = torch.zeros(len(layers), max(layer.n_heads for layer in layers), dtype=torch.float64)
-    total, rows = 0.0, target.input_ids.shape[0]
+    changes, total, rows = [0.0] * len(units), 0.0, target.input_ids.shape[0]
     for batch, (ids, mask) in enumerate(target.batches(batch_size)):
-        captured: dict[int, Tensor] = {}
-
-        def capture(layer: int, heads: Tensor) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
-            heads = heads if heads.requires_grad else heads.detach().requires_grad_()
-            captured[layer] = heads
-            return heads
-
-        with torch.enable_grad():
-            with attention_hooks(loaded.model, edit_heads=capture):
-                logits = logits_of(run_model(loaded.model, ids, mask))
-            scored = target.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
-            diffs = row_logit_diffs(metric, logits, ids, scored)  # (batch,)
-            order = sorted(captured)
-            grads = torch.autograd.grad(diffs.sum() / rows, [captured[layer] for layer in order])
-        total += float(diffs.detach().double().sum()) / rows
-        for layer, grad in zip(order, grads):
-            delta = source.at(layer, captured[layer], batch) - captured[layer].detach()
-            change[layer, :grad.shape[2]] += (grad * delta).double().sum(dim=(0, 1, 3)).cpu()
-    return change, total
+        scored = target.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
+        one, batch_total = _target_pass(loaded, metric, ids, mask, scored, rows, component != "output")
+        total += batch_total
+        for index, unit in enumerate(units):
+            layer = unit[0][0]
+            if component == "output":
+                heads = [head for _, head in unit]
+                delta = source.at(layer, one.heads[layer], batch)[:, :, heads] - one.heads[layer][:, :, heads]
+                changes[index] += float((one.grads[layer][:, :, heads] * delta).double().sum())
+            else:
+                changes[index] += _local_change(one, layer, unit, component, source.values[batch][layer])
+    return changes, total
 
 
 def estimate_patches(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: Sequence[Head] | None = None, *,
-                     noising: bool = False, batch_size: int = 8, data: str = "") -> PatchResult:
-    """Every head's output patch between the clean and corrupted runs (probe.patching.contrast_runs), estimated by
-    attribution patching (see the module docstring); a PatchResult whose `mode` is "estimate"."""
+                     component: str = "output", noising: bool = False, batch_size: int = 8,
+                     data: str = "") -> PatchResult:
+    """Every head's patch of `component` (output, query, key, value: a key or value per key/value group) between the
+    clean and corrupted runs (probe.patching.contrast_runs), estimated by attribution patching with the QK fix (see
+    the module docstring); a PatchResult whose `mode` is "estimate"."""
     started = time.perf_counter()
     check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)
-    change, target_ld = _first_order(loaded, target, head_outputs(loaded, source, batch_size=batch_size), batch_size)
+    units = patch_units(loaded, heads, component)
+    values = (head_outputs(loaded, source, batch_size=batch_size) if component == "output"
+              else head_inputs(loaded, source, component, batch_size=batch_size))
+    changes, target_ld = _first_order(loaded, target, values, units, component, batch_size)
     source_ld = mean_logit_diff(baseline_metric(loaded, source, batch_size=batch_size))
     clean_ld, corrupt_ld = (target_ld, source_ld) if noising else (source_ld, target_ld)
-    entries = [PatchEntry(((layer, head),), target_ld + float(change[layer, head]),
-                          normalised_effect(target_ld + float(change[layer, head]), clean_ld, corrupt_ld))
-               for layer, head in (all_heads(loaded.model) if heads is None else heads)]
+    entries = [PatchEntry(unit, target_ld + change, normalised_effect(target_ld + change, clean_ld, corrupt_ld))
+               for unit, change in zip(units, changes)]
     layers = attention_layers(loaded.model)
-    return PatchResult(loaded.name, "output", "noising" if noising else "denoising", data or clean.description,
+    how = "first order" if component == "output" else "the QK fix: each head's attention recomputed, then first order"
+    return PatchResult(loaded.name, component, "noising" if noising else "denoising", data or clean.description,
                        clean_ld, corrupt_ld, len(layers), max(layer.n_heads for layer in layers),
                        max(layer.n_kv_heads for layer in layers), entries, mode="estimate",
-                       path="estimate: attribution patching, first order (no QK fix, no GradDrop)",
+                       path=f"estimate: attribution patching, {how} (no GradDrop)",
                        seconds=time.perf_counter() - started, layer_names=layer_names(layers))

@@ -6,7 +6,7 @@ prompt position (the logit_diff metric), and each head's result is normalised as
 
     patch_effect = (mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt)
 
-(means over pairs first; probe.contrast.normalised_effect, which refuses runs whose differences are too close): 1
+(means over pairs first; probe.inputs.contrast.normalised_effect, which refuses runs whose differences are too close): 1
 where patching the head alone gives the clean behaviour, 0 where it gives the corrupted one, in either direction
 (Heimersheim & Nanda 2024, "How to use and interpret activation patching").
 
@@ -19,9 +19,9 @@ head of the group reports the group's effect with the group's `kv_head`.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from torch import Tensor
@@ -32,14 +32,15 @@ from probe.ablation.metrics import CONTRAST_LAYOUT, Metric
 from probe.ablation.results import AblationResult
 from probe.ablation.sweep import baseline_metric, sweep
 from probe.attention import attention_layers
-from probe.contrast import normalised_effect
-from probe.data import ProbeSet
+from probe.inputs import ProbeSet, normalised_effect
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 
 Sweep = Callable[..., AblationResult | None]
 """sweep, or probe.distributed.sharded_sweep (same keywords): what runs the patches."""
+
+MAX_TOKENS_PER_POSITION = 3  # distinct tokens a by-position label names before "..."
 
 
 @dataclass
@@ -71,7 +72,7 @@ class PatchResult:
     n_kv_heads: int
     entries: list[PatchEntry]
     positions: list[PatchEntry] = field(default_factory=list)  # by position: one entry per (unit, position)
-    tokens: list[str] = field(default_factory=list)  # the first clean prompt's tokens, for the by-position axis
+    tokens: list[str] = field(default_factory=list)  # each position's token(s) over the pairs (by-position axis)
     mode: str = "exact"
     path: str = ""
     seconds: float = 0.0
@@ -113,7 +114,7 @@ class PatchResult:
                 **({"layer_names": self.layer_names} if self.layer_names else {})}
 
 
-def _units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) -> list[Ablation]:
+def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) -> list[Ablation]:
     """What is patched one at a time: each query head, or (a key or value) each key/value group's query heads."""
     chosen = list(all_heads(loaded.model) if heads is None else heads)
     if component not in ("key", "value"):
@@ -140,11 +141,19 @@ def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
 
 
 def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
-    """The first row's tokens, one string each (ids where the model has no tokenizer)."""
-    ids = probe_set.input_ids[0].tolist()
-    if loaded.tokenizer is None:
-        return [str(token) for token in ids]
-    return [loaded.tokenizer.decode([token]) for token in ids]
+    """The by-position axis: each position's token over the rows, one where every row has the same one, else the
+    most frequent few joined by '/' (IOI prompts put different names at one position); ids without a tokenizer."""
+    decode = (lambda token: str(token)) if loaded.tokenizer is None else (  # noqa: E731
+        lambda token: loaded.tokenizer.decode([token]))
+    mask = probe_set.attention_mask
+    labels = []
+    for position in range(probe_set.input_ids.shape[1]):
+        column = probe_set.input_ids[:, position]
+        present = column if mask is None else column[mask[:, position].bool()]
+        counts = Counter(decode(token) for token in present.tolist())
+        common = [token for token, _ in counts.most_common(MAX_TOKENS_PER_POSITION)]
+        labels.append("/".join(common) + ("/..." if len(counts) > MAX_TOKENS_PER_POSITION else ""))
+    return labels
 
 
 def _entries(swept: AblationResult, clean_ld: float, corrupt_ld: float, position: int | None) -> list[PatchEntry]:
@@ -185,7 +194,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
     check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)
     method = patch_method(loaded, source, component, batch_size=batch_size)
-    units = _units(loaded, heads, component)
+    units = patch_units(loaded, heads, component)
     source_ld = mean_logit_diff(baseline_metric(loaded, source, batch_size=batch_size))
     swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data, **options)
     if swept is None:

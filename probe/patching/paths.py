@@ -1,14 +1,19 @@
 """Path patching (Wang et al. 2022, "Interpretability in the Wild"; Goldowsky-Dill et al. 2023): the effect of a
-sender head on the behaviour through one path only, into the query, key or value input of chosen receiver heads.
+sender head on the behaviour through one path only: into the query, key or value input of chosen receiver heads, or
+straight into the logits (`receivers="logits"`, `direct_path`).
 
 Two passes over the corrupted prompts, for each sender:
 1. the sender's output patched from the clean run and every other head frozen at its corrupted output (MLPs and
    norms recompute), recording what each receiver's `component` becomes: the sender's clean value reaches it
    through the residual stream and the MLPs, not through other heads;
 2. the corrupted run again with only the receiver's `component` replaced by that recording; its logit difference,
-   normalised as activation patching's (`probe.contrast.normalised_effect`), is the path's effect.
+   normalised as activation patching's (`probe.inputs.contrast.normalised_effect`), is the path's effect.
 Each pass is a plain forward with probe's hooks (no prefix reuse); a matrix of S senders and R receivers costs S + S x R
 forwards per batch.
+
+The direct path into the logits needs no forward per sender: the sender's change (clean minus corrupted output,
+through its rows of the output projection) is added to the corrupted run's final residual stream, which the final
+norm (recomputed) and the unembedding read; no later head or MLP sees it. One corrupted forward per batch.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from probe.ablation.metrics import choose_metric
 from probe.ablation.statistics import HeadOutputs, head_outputs
 from probe.ablation.sweep import baseline_metric
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
-from probe.contrast import ContrastSet, normalised_effect
-from probe.data import ProbeSet
+from probe.dla import model_structure
+from probe.hooks.restore import restoring
+from probe.inputs import ContrastSet, ProbeSet, normalised_effect
 from probe.errors import ProbeError
 from probe.hooks.types import AttentionInputs
 from probe.models import LoadedModel
@@ -36,15 +42,19 @@ from probe.patching.heads import check_runs, mean_logit_diff, row_logit_diffs
 from probe.patching.runs import contrast_runs
 
 
+LOGITS = "logits"
+"""The receiver that is the logits themselves: the sender's direct path (`direct_path`)."""
+
+
 @dataclass
 class PathResult:
     """The effect of each sender through each receiver's `component`: (senders, receivers) logit differences and
-    patch effects."""
+    patch effects. The direct path has the one receiver LOGITS and the component "logits"."""
 
     model: str
     component: str
     senders: list[Head]
-    receivers: list[Head]
+    receivers: list[Head | str]
     logit_diff: list[list[float]]
     patch_effect: list[list[float]]
     clean_logit_diff: float
@@ -52,7 +62,7 @@ class PathResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "component": self.component, "senders": [list(h) for h in self.senders],
-                "receivers": [list(h) for h in self.receivers], "logit_diff": self.logit_diff,
+                "receivers": [h if isinstance(h, str) else list(h) for h in self.receivers], "logit_diff": self.logit_diff,
                 "patch_effect": self.patch_effect, "clean_logit_diff": self.clean_logit_diff,
                 "corrupt_logit_diff": self.corrupt_logit_diff}
 
@@ -116,8 +126,66 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
                       clean_ld, corrupt_ld)
 
 
-def path_contrast(loaded: LoadedModel, contrast: ContrastSet, senders: Sequence[Head], receivers: Sequence[Head], *,
-                  component: str = "value", batch_size: int = 8) -> PathResult:
-    """`path_patch` between the contrast set's clean and corrupt prompts."""
+def _final_stream(loaded: LoadedModel, norm: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Tensor:
+    """(batch, positions, d_model): the residual stream the final norm reads on one unchanged forward."""
+    seen: dict[str, Tensor] = {}
+
+    def keep(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        seen["stream"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    with restoring() as undo:
+        undo.append(norm.register_forward_pre_hook(keep, with_kwargs=True).remove)
+        with torch.no_grad():
+            run_model(loaded.model, ids, mask, logits=False)
+    return seen["stream"]
+
+
+def _check_readout(found: float, expected: float) -> None:
+    """The final norm and unembedding applied to the recorded stream must give the model's own logit difference."""
+    if abs(found - expected) > 1e-3 * max(1.0, abs(expected)):
+        raise ProbeError(f"the final norm and unembedding give a corrupted logit difference of {found:.5f}, the model "
+                         f"{expected:.5f}: its logits are not the unembedded final stream (a scale or cap after the "
+                         "LM head), so the direct path cannot be read", parameter="receivers")
+
+
+def direct_path(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders: Sequence[Head], *,
+                batch_size: int = 8) -> PathResult:
+    """Each sender's effect straight into the logits, every other path frozen at the corrupted run (see the module
+    docstring): the direct-path patching of Wang et al. 2022 (their name movers' effect on the logits)."""
+    check_runs(clean, corrupt)
+    check_heads(attention_layers(loaded.model), list(senders))
+    structure = model_structure(loaded.model)  # refuses a model without an LM head or a final norm it can find
+    clean_ld, corrupt_ld = (mean_logit_diff(baseline_metric(loaded, run, batch_size=batch_size)) for run in (clean, corrupt))
+    clean_out, corrupt_out = (head_outputs(loaded, run, batch_size=batch_size) for run in (clean, corrupt))
+    metric = choose_metric(loaded, corrupt)
+    sums, unpatched = torch.zeros(len(senders), 1, dtype=torch.float64), 0.0
+    for batch, (ids, mask) in enumerate(corrupt.batches(batch_size)):
+        stream = _final_stream(loaded, structure.norm, ids, mask)
+        scored = corrupt.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
+        read = lambda delta: row_logit_diffs(metric, structure.head(structure.norm(stream + delta)), ids,  # noqa: E731
+                                             scored).double().sum()
+        with torch.no_grad():
+            unpatched += float(read(torch.zeros_like(stream)))
+            for i, (layer, head) in enumerate(senders):
+                values = corrupt_out.values[batch][layer]  # (rows, positions, n_heads, head_dim)
+                change = (clean_out.at(layer, values, batch) - values)[:, :, head]
+                width = change.shape[-1]
+                rows = structure.projections[layer][0][head * width:(head + 1) * width]  # (head_dim, d_model)
+                sums[i, 0] += float(read((change.double() @ rows.to(change.device)).to(stream.dtype)))
+    rows_total = corrupt.input_ids.shape[0]
+    _check_readout(unpatched / rows_total, corrupt_ld)
+    means = (sums / rows_total).tolist()
+    return PathResult(loaded.name, LOGITS, list(senders), [LOGITS], means,
+                      [[normalised_effect(row[0], clean_ld, corrupt_ld)] for row in means], clean_ld, corrupt_ld)
+
+
+def path_contrast(loaded: LoadedModel, contrast: ContrastSet, senders: Sequence[Head],
+                  receivers: Sequence[Head] | str, *, component: str = "value", batch_size: int = 8) -> PathResult:
+    """`path_patch` between the contrast set's clean and corrupt prompts; `receivers="logits"`: `direct_path`."""
     clean, corrupt = contrast_runs(loaded, contrast)
+    if isinstance(receivers, str):
+        if receivers != LOGITS:
+            raise ProbeError(f"receivers {receivers!r}: give heads, or {LOGITS!r} for the direct path",
+                             parameter="receivers")
+        return direct_path(loaded, clean, corrupt, senders, batch_size=batch_size)
     return path_patch(loaded, clean, corrupt, senders, receivers, component=component, batch_size=batch_size)

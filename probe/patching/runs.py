@@ -1,4 +1,4 @@
-"""Patching on clean/corrupt pairs (probe.contrast): the two runs as task sets, and `patch_contrast`, which patches
+"""Patching on clean/corrupt pairs (probe.inputs.contrast): the two runs as task sets, and `patch_contrast`, which patches
 every head between them and adds each head's direct logit attribution on the clean run (probe.dla)."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ import torch
 
 from probe.ablation.heads import Head
 from probe.ablation.metrics import CONTRAST_LAYOUT
-from probe.contrast import ContrastSet
-from probe.data import ProbeSet
+from probe.inputs import ContrastSet, ProbeSet
 from probe.dla import logit_attribution
 from probe.errors import ProbeError
 from probe.models import LoadedModel

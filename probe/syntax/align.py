@@ -62,7 +62,7 @@ def _offsets(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]
 
 
 def wrapping(tokenizer: Any, encoder: bool) -> tuple[list[int], list[int]]:
-    """The ids around a sentence, as probe's probe sets wrap text (probe.data): [CLS] ... [SEP] for an encoder whose
+    """The ids around a sentence, as probe's probe sets wrap text (probe.inputs): [CLS] ... [SEP] for an encoder whose
     tokenizer has both, else BOS where the tokenizer has one, else nothing."""
     cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
     if encoder and isinstance(cls, int) and isinstance(sep, int):

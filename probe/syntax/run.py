@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from probe.data import context_length, is_encoder
+from probe.inputs import context_length, is_encoder
 from probe.errors import ProbeError
 from probe.hooks.capture import capture_attention
 from probe.hooks.hf import is_hf_model

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from probe.data import ProbeSet, context_length
+from probe.inputs.sets import ProbeSet, context_length, register_probe_set
 from probe.errors import ProbeError
 from probe.reading import is_file, loads
 from probe.hooks.stacks import decoder_start
@@ -85,3 +85,8 @@ def read_pairs(loaded: LoadedModel, path: str | Path) -> ProbeSet:
     encode = lambda text: list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     return pairs_set(loaded, [(encode(source), encode(target)) for source, target in texts],
                      description=f"pairs file {path}")
+
+
+register_probe_set("pairs", lambda loaded, options: read_pairs(loaded, options.pairs), kind="text", reads=("pairs",),
+                   summary="encoder-decoders: a JSON-lines file of source/target texts; the encoder reads the source, "
+                           "the decoder the target")

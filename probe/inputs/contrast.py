@@ -28,10 +28,10 @@ import torch
 from torch import Tensor
 
 from probe.attention import logits_of, run_model
-from probe.data import _check_context
 from probe.errors import ProbeError
 from probe.models import LoadedModel
-from probe.tasks import IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, _single, _tokens, json_lines, sva_draws
+from probe.inputs.sets import ProbeOptions, check_context, register_probe_set
+from probe.inputs.tasks import IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, _single, _tokens, json_lines, sva_draws
 
 CONTRAST_KEYS = ("clean", "corrupt", "answer", "distractor")
 MIN_GAP = 0.05
@@ -114,7 +114,7 @@ def contrast_set(loaded: LoadedModel, pairs: list[ContrastPair], name: str, desc
     clean = [bos + _tokens(loaded, pair.clean) for pair in pairs]
     corrupt = [bos + _tokens(loaded, pair.corrupt) for pair in pairs]
     length = max(len(ids) for ids in clean)
-    _check_context(loaded, length)
+    check_context(loaded, length)
     shape = (len(pairs), length)
     ids = {"clean": torch.zeros(shape, dtype=torch.long), "corrupt": torch.zeros(shape, dtype=torch.long)}
     mask = torch.zeros(shape, dtype=torch.long)
@@ -194,6 +194,18 @@ def contrast_task(loaded: LoadedModel, task: str, *, count: int = 32, seed: int 
         raise ProbeError(f"no pair of task {task} is usable with this model ({dropped[0]})", parameter="task")
     description = f"{task}: generated, {count} pairs, seed {seed}" + (f", {len(dropped)} dropped" if dropped else "")
     return contrast_set(loaded, kept, task, description, dropped)
+
+
+def contrast_inputs(loaded: LoadedModel, options: ProbeOptions) -> ContrastSet:
+    """The contrast probe set: the pairs file `options.pairs`, or the generated task `options.task` (num_seqs pairs)."""
+    if options.pairs is not None:
+        return read_contrast_pairs(loaded, options.pairs)
+    return contrast_task(loaded, str(options.task), count=options.num_seqs, seed=options.seed)
+
+
+register_probe_set("contrast", contrast_inputs, kind="contrast", reads=("pairs", "task"),
+                   summary="clean/corrupt pairs: a JSON-lines file of clean/corrupt/answer/distractor rows, or a "
+                           "generated task (ioi, sva); the metric is the logit difference at the last position")
 
 
 # ---------------------------------------------------------------------------------------------------------------

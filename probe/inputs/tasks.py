@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from probe.data import ProbeSet, _check_context
+from probe.inputs.sets import ProbeSet, check_context, register_probe_set
 from probe.errors import ProbeError
 from probe.reading import is_file, loads
 from probe.models import LoadedModel
@@ -243,7 +243,7 @@ def items_set(loaded: LoadedModel, items: list[TaskItem], name: str, source: str
     bos = [bos_id] if isinstance(bos_id, int) else []
     rows = [row for item in items for row in _rows(loaded, item, bos)]
     length = max(len(ids) for ids, _ in rows)
-    _check_context(loaded, length)
+    check_context(loaded, length)
     ids = torch.zeros(len(rows), length, dtype=torch.long)
     mask = torch.zeros(len(rows), length, dtype=torch.long)
     scored = torch.zeros(len(rows), length - 1, dtype=torch.bool)  # position t scores token t + 1
@@ -255,3 +255,10 @@ def items_set(loaded: LoadedModel, items: list[TaskItem], name: str, source: str
                                                            if dropped else ")")
     return ProbeSet(f"task:{name}", description, ids, len(bos), attention_mask=mask, scored=scored,
                     meta={"task": name, "items": len(items), "kind": kind, "dropped": dropped[:20]})
+
+
+register_probe_set("task", lambda loaded, options: task_set(loaded, options.task, count=options.num_seqs,
+                                                           seed=options.seed),
+                   kind="task", reads=("task",),
+                   summary="a task: generated (sva, ioi; num_seqs items) or a JSON-lines file of minimal pairs or "
+                           "prompts; each item a good and a bad row, the metric reads the scored positions")

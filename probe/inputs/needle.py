@@ -1,6 +1,6 @@
 """The needle probe set: needle-in-a-haystack prompts built by code, teacher-forced, for the retrieval score.
 
-Each prompt (Wu et al. 2024; Kamradt's needle in a haystack): BOS, natural text (probe/data/english.txt from a
+Each prompt (Wu et al. 2024; Kamradt's needle in a haystack): BOS, natural text (probe/inputs/english.txt from a
 seeded offset) with a needle sentence holding a random key (`DEFAULT_NEEDLE`, a 6-digit number) inserted at a
 depth, then a question that ends with the needle's words before the key, then the key itself as the answer. One
 forward scores a prompt: at each answer position the model's prediction of the next key token is read (teacher
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.data import (DEFAULT_SEED, ENGLISH, PROBE_SETS, ProbeOptions, ProbeSet, _tokenize_prefix, context_length,
-                        random_tokens, register_probe_set)
+from probe.inputs.sets import (DEFAULT_SEED, ENGLISH, ProbeOptions, ProbeSet, context_length, random_tokens,
+                               register_probe_set, tokenize_prefix)
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
@@ -106,9 +106,9 @@ def _haystack(loaded: LoadedModel, needed: int, generator: torch.Generator, excl
     text = ENGLISH.read_text(encoding="utf-8")
     start = int(torch.randint(max(1, len(text) - needed * 6), (1,), generator=generator))
     start = text.find("\n", start) + 1
-    ids = _tokenize_prefix(loaded.tokenizer, text[start:], needed)
+    ids = tokenize_prefix(loaded.tokenizer, text[start:], needed)
     if len(ids) < needed:
-        ids = _tokenize_prefix(loaded.tokenizer, text, needed)
+        ids = tokenize_prefix(loaded.tokenizer, text, needed)
     if len(ids) < needed:
         raise ProbeError(f"the embedded text is too short for prompts of {needed} tokens", parameter="lengths")
     return ids[:needed]
@@ -183,5 +183,4 @@ def needle_set(loaded: LoadedModel, options: ProbeOptions) -> NeedleSet:
                      sources=sources, cells=cells, keys=keys)
 
 
-if "needle" not in PROBE_SETS:
-    register_probe_set("needle", needle_set)
+register_probe_set("needle", needle_set, kind="text", summary="needle-in-a-haystack prompts: a key hidden in natural text at chosen depths, then asked for (Kamradt; Wu et al. 2024)")

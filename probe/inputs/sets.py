@@ -1,0 +1,215 @@
+"""Probe sets: the inputs heads are scored and ablated on, and the one registry of them.
+
+Every kind of input probe reads is a probe set registered here by its own module: `natural` and `repeated`
+(probe.inputs.natural), `needle` (probe.inputs.needle), `task` (probe.inputs.tasks: minimal pairs and prompts),
+`pairs` (probe.inputs.pairs: an encoder-decoder's source/target texts) and `contrast` (probe.inputs.contrast:
+clean/corrupt pairs for patching and direct logit attribution). An entry declares the kind of input it is (`kind`,
+the input kinds metrics apply to: text, task, contrast) and which option names the file or task it reads (`reads`),
+so that callers ask the registry instead of knowing each set.
+
+Every sequence of a natural or repeated set has the same length, so they need no padding; batches that do are
+right-padded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.errors import ProbeError
+from probe.reading import is_file
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import Source
+from probe.hooks.stacks import is_encoder_decoder
+from probe.models import LoadedModel
+
+ENGLISH = Path(__file__).parent / "english.txt"
+DEFAULT_SEQ_LEN = 128
+DEFAULT_NUM_SEQS = 8
+DEFAULT_REPEAT_LEN = 50
+DEFAULT_SEED = 0
+
+
+@dataclass
+class ProbeSet:
+    """Token ids (num_seqs, length) with where the content starts: position `offset` is the first token after BOS."""
+
+    name: str  # "natural" or "repeated"
+    description: str
+    input_ids: Tensor
+    offset: int  # the first content position: 1 after a BOS or [CLS], else 0
+    attention_mask: Tensor | None = None
+    repeat_len: int | None = None  # repeated sets: R
+    scored: Tensor | None = None  # task sets: (num_seqs, length - 1) which positions' next tokens the metric scores
+    meta: dict[str, Any] = field(default_factory=dict)
+    source_ids: Tensor | None = None  # encoder-decoders (probe.pairs): the encoder's own input, (num_seqs, length')
+    source_mask: Tensor | None = None
+
+    def batches(self, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
+        """(ids, mask) per batch of `batch_size` sequences; right padding cut to the batch's longest sequence."""
+        if batch_size < 1:
+            raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
+        out = []
+        for first in range(0, self.input_ids.shape[0], batch_size):
+            ids = self.input_ids[first:first + batch_size]  # (batch, positions)
+            mask = None if self.attention_mask is None else self.attention_mask[first:first + batch_size]
+            if mask is not None:  # cut the columns no sequence of this batch uses
+                length = int(mask.sum(dim=1).max())
+                ids, mask = ids[:, :length], mask[:, :length]
+            out.append((ids, mask))
+        return out
+
+    def sources(self, batch_size: int) -> list[Source | None]:
+        """The encoder input of each batch of `batches(batch_size)`, right padding cut; None each without sources (the
+        encoder then reads the batch itself)."""
+        if self.source_ids is None:
+            return [None] * len(self.batches(batch_size))
+        return [(ids, mask) for ids, mask in ProbeSet("source", "", self.source_ids, 0,
+                                                      self.source_mask).batches(batch_size)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "num_seqs": int(self.input_ids.shape[0]),
+                "length": int(self.input_ids.shape[1]), **self.meta}
+
+
+def real_tokens(ids: Tensor, mask: Tensor | None) -> Tensor:
+    """(batch, positions) booleans: True where a batch holds a token, False on padding."""
+    return torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+
+
+def is_encoder(loaded: LoadedModel) -> bool:
+    """A bidirectional model (BERT-like): its attention modules are not causal. An encoder-decoder is not one: its
+    output is the decoder's, causal, next-token logits."""
+    if is_encoder_decoder(loaded.model):
+        return False
+    return not all(getattr(layer.module, "is_causal", True) for layer in attention_layers(loaded.model)
+                   if layer.kind == "hf")
+
+
+def _special_ids(loaded: LoadedModel) -> set[int]:
+    ids: set[int] = set()
+    if loaded.tokenizer is not None:
+        ids.update(int(i) for i in getattr(loaded.tokenizer, "all_special_ids", []) if i is not None)
+    config = getattr(loaded.model, "config", None)
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "cls_token_id"):
+        value = getattr(config, name, None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, int):
+                ids.add(item)
+    return ids
+
+
+def random_tokens(loaded: LoadedModel, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+    """Uniform random token ids that are not special tokens."""
+    special = sorted(i for i in _special_ids(loaded) if 0 <= i < loaded.vocab_size)
+    allowed = torch.ones(loaded.vocab_size, dtype=torch.bool)
+    allowed[special] = False
+    pool = allowed.nonzero().squeeze(1)
+    if len(pool) == 0:
+        raise ProbeError("the model's vocabulary has no ordinary tokens to sample")
+    return pool[torch.randint(len(pool), shape, generator=generator)]
+
+
+def tokenize_prefix(tokenizer: Any, text: str, needed: int) -> list[int]:
+    """Token ids of the text, tokenizing only as much of it as `needed` tokens take (the text can be long)."""
+    chars = max(needed * 8, 4096)
+    while True:
+        if chars >= len(text):
+            return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        cut = text.rfind("\n", 0, chars)
+        cut = chars if cut <= 0 else cut
+        ids = list(tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
+        if len(ids) >= needed + 64:  # the margin keeps the cut from changing the tokens used
+            return ids
+        chars *= 2
+
+
+def read_text_file(path: str | Path, *, parameter: str, what: str = "text file") -> str:
+    """A UTF-8 text file, with one clear error (naming `parameter`) when it is missing, binary or empty."""
+    path = Path(path)
+    if not is_file(path):
+        raise ProbeError(f"{what} not found: {path}", parameter=parameter)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ProbeError(f"{what} {path} is not UTF-8 text: {error.reason}", parameter=parameter) from error
+    if not text.strip():
+        raise ProbeError(f"{what} {path} is empty", parameter=parameter)
+    return text
+
+
+CONTEXT_ATTRIBUTES = ("max_position_embeddings", "n_positions", "n_ctx", "block_size", "max_seq_len", "max_len")
+
+
+def context_length(loaded: LoadedModel) -> int | None:
+    """The longest input the model takes, from its config or (custom models) a usual attribute name."""
+    for owner in (getattr(loaded.model, "config", None), loaded.model):
+        for name in CONTEXT_ATTRIBUTES:
+            value = getattr(owner, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+    return None
+
+
+def check_context(loaded: LoadedModel, length: int) -> None:
+    limit = context_length(loaded)
+    if limit is not None and length > limit:
+        raise ProbeError(f"sequences of {length} tokens are longer than the model's context of {limit}: "
+                         "use a smaller seq_len", parameter="seq_len")
+
+
+@dataclass(frozen=True)
+class ProbeOptions:
+    """Everything a probe-set builder may read; each builder takes what it needs and ignores the rest."""
+
+    data: str | Path | None = None  # natural: a UTF-8 text file (None: the embedded English text)
+    seq_len: int = DEFAULT_SEQ_LEN
+    num_seqs: int = DEFAULT_NUM_SEQS  # also: items of a generated task or contrast task
+    repeat_len: int = DEFAULT_REPEAT_LEN
+    seed: int = DEFAULT_SEED
+    task: str | Path | None = None  # task / contrast: a generated task's name, or (task) a JSON-lines file
+    pairs: str | Path | None = None  # pairs: source/target texts; contrast: clean/corrupt pairs (JSON-lines files)
+
+
+ProbeSetBuilder = Callable[[LoadedModel, ProbeOptions], Any]  # a ProbeSet; a ContrastSet for kind "contrast"
+
+
+@dataclass(frozen=True)
+class ProbeSetKind:
+    """One registered probe set: how it is built, what kind of input it is, and the options it reads a source from."""
+
+    name: str
+    build: ProbeSetBuilder
+    kind: str = "text"  # text, task or contrast: the input kinds of probe.ablation.metrics.KINDS
+    summary: str = ""
+    reads: tuple[str, ...] = ()  # ProbeOptions fields it needs one of (e.g. "task", "pairs"); () builds from defaults
+
+
+PROBE_SETS: dict[str, ProbeSetKind] = {}
+"""Every probe set by name (filled by the modules of probe.inputs as they are imported): a head class names the set
+its score is computed on (Score.probe), a command the set its input is."""
+
+
+def register_probe_set(name: str, builder: ProbeSetBuilder, *, kind: str = "text", summary: str = "",
+                       reads: tuple[str, ...] = ()) -> ProbeSetBuilder:
+    """Add a probe set under `name` (a new one; replacing a set would change every score computed on it)."""
+    if name in PROBE_SETS:
+        raise ProbeError(f"a probe set named {name!r} exists already")
+    PROBE_SETS[name] = ProbeSetKind(name, builder, kind, summary, reads)
+    return builder
+
+
+def build_probe_set(name: str, loaded: LoadedModel, options: ProbeOptions | None = None) -> Any:
+    """The probe set `name` for this model, built with `options` (defaults where not given)."""
+    entry = PROBE_SETS.get(name)
+    if entry is None:
+        raise ProbeError(f"unknown probe set {name!r}: choose from {', '.join(PROBE_SETS)}")
+    options = options or ProbeOptions()
+    if entry.reads and all(getattr(options, field_name) is None for field_name in entry.reads):
+        raise ProbeError(f"the {name} probe set reads {' or '.join(entry.reads)}: give one")
+    return entry.build(loaded, options)
