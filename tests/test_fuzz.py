@@ -44,6 +44,9 @@ from probe.patterns import read_text
 from probe.syntax import read_conllu
 
 TESTS = Path(__file__).parent
+CLI = settings(max_examples=max(30, settings().max_examples // 10))
+"""Through the CLI (a command parsed per example, ~40 ms): the default profile's count, a tenth of the long one's
+(1,000); the library function behind each gets the whole count."""
 PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
 HEADS = ["18.6", "0.1,1.3", "1.*", "0-1.2-3", "all", "*", "enc0-1.*", "x1.0", "dec0.3,enc1.2", "1", "0-1"]
 LAYERS = ["0", "0-1", "1,0", "enc0-1", "x1", "dec0,enc1", "*", ""]
@@ -108,6 +111,7 @@ def test_layer_specs_round_trip(data: st.DataObject, kind: str, layer_sets: dict
     assert parse_layers(",".join(names[index] for index in chosen), layers) == chosen
 
 
+@CLI
 @given(spec=inputs(HEADS))
 def test_head_specs_on_the_command_line(spec: str, capsys, monkeypatch) -> None:
     """--heads is checked before the model loads: a malformed one is its own error, a well-formed one reaches the
@@ -133,6 +137,7 @@ def test_thresholds_round_trip(thresholds: dict[str, float]) -> None:
     assert parse_thresholds([f"{name}={value!r}" for name, value in thresholds.items()]) == thresholds
 
 
+@CLI
 @given(items=st.lists(inputs(["induction=0.3", "sink=0.5"]), min_size=1, max_size=3))
 def test_thresholds_on_the_command_line(items: list[str], capsys, monkeypatch) -> None:
     args = [f"--threshold={argument(item)}" for item in items]
@@ -152,6 +157,7 @@ def test_exports_round_trip(exports: dict[str, str]) -> None:
         kind: Path(path) for kind, path in exports.items()}
 
 
+@CLI
 @given(items=st.lists(inputs(["duo:maps/x", "razor:r.json"]), min_size=1, max_size=3),
        lengths=inputs(["1024", "512,2048"]), seeds=inputs(["0,1,2"]))
 def test_kv_heads_options_on_the_command_line(items: list[str], lengths: str, seeds: str, capsys,
@@ -161,12 +167,20 @@ def test_kv_heads_options_on_the_command_line(items: list[str], lengths: str, se
                  f"--random-seeds={argument(seeds)}"], capsys, monkeypatch)
 
 
-@given(text=inputs(["5%", "0.2", "0", "100%"]))
-def test_max_increase_parses_or_refuses(text: str, capsys, monkeypatch) -> None:
+MAX_INCREASES = ["5%", "0.2", "0", "100%"]
+
+
+@given(text=inputs(MAX_INCREASES))
+def test_max_increase_parses_or_refuses(text: str) -> None:
     parsed = valid_or_refused(lambda: parse_max_increase(text))
     if not isinstance(parsed, ProbeError):
         assert math.isfinite(parsed[0]) and parsed[0] >= 0
         assert parse_max_increase(f"{parsed[0] * 100!r}%" if parsed[1] else repr(parsed[0])) == parsed
+
+
+@CLI
+@given(text=inputs(MAX_INCREASES))
+def test_max_increase_on_the_command_line(text: str, capsys, monkeypatch) -> None:
     cli_outcome(["prune", "--model", MISSING_MODEL, f"--max-increase={argument(text)}"], capsys, monkeypatch)
 
 
@@ -183,6 +197,7 @@ def test_model_specs_load_or_refuse(spec: str, monkeypatch) -> None:
     assert isinstance(loaded, (ProbeError, LoadedModel))
 
 
+@CLI
 @given(spec=inputs(["org/name", "model.gguf", "a.py:f", "tests", "smollm3"]))
 def test_model_specs_on_the_command_line(spec: str, capsys, monkeypatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
@@ -192,12 +207,20 @@ def test_model_specs_on_the_command_line(spec: str, capsys, monkeypatch) -> None
 DEVICE_MAPS = ['{"": "cpu"}', '{"model.layers.0": 0, "lm_head": "cpu"}', "auto", '{"a": "disk"}', "{}", "[1]"]
 
 
-@given(spec=inputs(DEVICE_MAPS) | st.builds(json.dumps, st.dictionaries(st.text(max_size=5), st.integers() |
-                                                                          st.text(max_size=6))))
-def test_device_maps_parse_or_refuse(spec: str, capsys, monkeypatch) -> None:
+DEVICE_MAP_INPUTS = inputs(DEVICE_MAPS) | st.builds(json.dumps, st.dictionaries(st.text(max_size=5), st.integers()
+                                                                                 | st.text(max_size=6)))
+
+
+@given(spec=DEVICE_MAP_INPUTS)
+def test_device_maps_parse_or_refuse(spec: str) -> None:
     parsed = valid_or_refused(lambda: parse_device_map(spec))
     if isinstance(parsed, dict):
         assert parse_device_map(json.dumps(parsed)) == parsed  # round trip
+
+
+@CLI
+@given(spec=DEVICE_MAP_INPUTS)
+def test_device_maps_on_the_command_line(spec: str, capsys, monkeypatch) -> None:
     cli_outcome(["classify", "--model", MISSING_MODEL, f"--device-map={argument(spec)}"], capsys, monkeypatch)
 
 
@@ -216,6 +239,7 @@ def test_text_files_read_or_refuse(data: bytes, tmp_path: Path, worded: LoadedMo
     valid_or_refused(lambda: natural_set(worded, data=path, seq_len=4, num_seqs=2))
 
 
+@CLI
 @given(data=file_bytes(inputs(TEXT_LINES)))
 def test_text_files_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
     path = write(tmp_path / "text.txt", data)
@@ -238,6 +262,7 @@ def test_task_files_read_or_refuse(data: bytes, tmp_path: Path, worded: LoadedMo
         assert isinstance(probe_set, ProbeError) or probe_set.input_ids.shape[0] == 2 * len(items)
 
 
+@CLI
 @given(data=file_bytes(TASK_LINES))
 def test_task_files_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
     path = write(tmp_path / "task.jsonl", data)
@@ -300,6 +325,7 @@ def test_conllu_round_trip(trees: list, data: st.DataObject, tmp_path: Path) -> 
     assert [(s.words, s.heads, s.relations) for s in sentences] == expected
 
 
+@CLI
 @given(data=file_bytes(inputs(CONLLU), max_lines=12))
 def test_conllu_files_on_the_command_line(data: bytes, tmp_path: Path, capsys, monkeypatch) -> None:
     path = write(tmp_path / "parses.conllu", data)

@@ -50,8 +50,8 @@ HEADER_TYPES: dict[str, tuple[type, ...]] = {
 
 def _header(path: Path, entry: Any) -> dict[str, Any]:
     """The header line, checked: a file whose first line is not one is not a results file."""
-    if not isinstance(entry, dict) or entry.get("probe_ablation") != RESULTS_FORMAT or \
-            isinstance(entry.get("probe_ablation"), bool):
+    version = entry.get("probe_ablation") if isinstance(entry, dict) else None
+    if version != RESULTS_FORMAT or isinstance(version, bool):  # true == 1 in Python
         raise ProbeError(f"{path} is not a probe ablation results file")
     for key, types in HEADER_TYPES.items():
         if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
