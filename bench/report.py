@@ -395,7 +395,7 @@ def patching_qk(data: dict[str, Any]) -> str:
              "", _machine(data), f"- heads of layers {data['layers']}; keys and values per key/value group; each "
              "estimate's Spearman against probe's exact patches of the same units", "",
              "| component | units | Spearman, QK fix (probe) | Spearman, plain first order | estimate FE | "
-             "estimate (s) | exact (s) | largest exact |patch effect| |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "estimate (s) | exact (s) | largest exact abs(patch effect) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for component, found in data["components"].items():
         lines.append(f"| {component} | {found['units']} | {found['spearman_qk_fix']:.3f} | "
                      f"{found['spearman_plain']:.3f} | {found['forward_equivalents']:.1f} | "

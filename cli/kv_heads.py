@@ -15,11 +15,12 @@ from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK
-from probe.kv import DEFAULT_FULL_FRACTION, kv_heads as run_kv_heads
+from probe.kv import DEFAULT_MAX_LOSS_INCREASE, kv_heads as run_kv_heads
 from probe.models import DEFAULT_MODEL
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
-from probe.reports.kv_heads import duo_config, duo_tsv, headkv_scores, kv_heads_page, kv_heads_report, razor_map
+from probe.reports.kv_heads import (budget_record, duo_config, duo_tsv, headkv_scores, kv_heads_page,
+                                   kv_heads_report, razor_map)
 
 EXPORTS = ("duo", "razor", "headkv")
 """duo:DIR (DuoAttention), razor:FILE.json (RazorAttention), headkv:FILE.json (HeadKV / Wu et al.)."""
@@ -31,8 +32,11 @@ Needle = Annotated[str, typer.Option("--needle", help="The needle sentence; {key
 Sink = Annotated[int, typer.Option("--sink", help="Sink keys a streaming head keeps (the first ones).")]
 Recent = Annotated[int, typer.Option("--recent", help="Recent keys a streaming head keeps (its own included).")]
 FullFraction = Annotated[Optional[float], typer.Option(
-    "--full-fraction", help=f"Fraction of KV heads kept full, those retrieval needs most (default "
-    f"{DEFAULT_FULL_FRACTION}; ignored with a threshold).")]
+    "--full-fraction", help="A fixed budget: the fraction of KV heads kept full, those retrieval needs most (ignored "
+    "with a threshold). Default: a calibrated budget (--max-loss-increase).")]
+MaxLossIncrease = Annotated[float, typer.Option(
+    "--max-loss-increase", help="The calibrated budget: stream the most KV heads whose measured point keeps needle "
+    "accuracy at the model's own and the natural-text loss change within this (held-out prompts and texts).")]
 RetrievalThreshold = Annotated[Optional[float], typer.Option(
     "--retrieval-threshold", help="Full where the KV head's retrieval score (max over its group) is above this.")]
 StreamingThreshold = Annotated[Optional[float], typer.Option(
@@ -82,10 +86,19 @@ def _export_files(exports: dict[str, Path]) -> dict[str, Path | None]:
         if folder.is_dir():
             files["--export duo"] = folder / "full_attention_heads.tsv"
             files["--export duo (config)"] = folder / "config.json"
+            files["--export duo (budget)"] = budget_file(folder)
     for kind in ("razor", "headkv"):
         if kind in exports:
             files[f"--export {kind}"] = exports[kind]
+            files[f"--export {kind} (budget)"] = budget_file(exports[kind])
     return files
+
+
+def budget_file(export: Path) -> Path:
+    """Where an export's budget rule is written beside it: DIR/probe_budget.json, or FILE.budget.json (the export
+    files themselves hold exactly what their consumers read)."""
+    return export / "probe_budget.json" if export.suffix == "" or export.is_dir() else \
+        export.with_name(export.stem + ".budget.json")
 
 
 def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
@@ -99,6 +112,8 @@ def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
         # one line: HeadKV reads `json.loads(file.readline())` and reshapes the values, in file order, to
         # (layers, heads)
         save(exports["headkv"], lambda path: write_text(path, json.dumps(headkv_scores(payload)) + "\n"))
+    for export in exports.values():  # beside each export: how its budget was chosen
+        save(budget_file(export), lambda path: write_json(path, budget_record(payload)))
 
 
 def kv_heads(
@@ -106,7 +121,8 @@ def kv_heads(
     depths: Depths = ",".join(f"{d:g}" for d in DEFAULT_DEPTHS), prompts: Prompts = 1, needle: Needle = DEFAULT_NEEDLE,
     sink: Sink = DEFAULT_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
     retrieval_threshold: RetrievalThreshold = None, streaming_threshold: StreamingThreshold = None,
-    curve: Curve = True, steps: Steps = 10, random_seeds: RandomSeeds = "0,1,2", curve_texts: CurveTexts = 2,
+    max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE,
+    curve: Curve = True, steps: Steps = 5, random_seeds: RandomSeeds = "0,1", curve_texts: CurveTexts = 2,
     data: Data = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None, html_path: HtmlFile = None,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
@@ -121,6 +137,7 @@ def kv_heads(
     with progress_bar("scoring heads" + (" and streaming them" if curve else "")) as update:
         result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,
+                              max_loss_increase=max_loss_increase,
                               streaming_threshold=streaming_threshold, curve=curve, steps=steps,
                               random_seeds=seeds, curve_texts=curve_texts,
                               data=None if data is None else str(data), seed=seed, progress=update)

@@ -5,8 +5,13 @@ full cache (retrieval), per query head and per KV head, with the check that make
   (StreamingLLM's sink + recent mass, Xiao et al. 2023), both from the score registry (probe.heads.scores).
 - A KV head streams only if every query head sharing it can: its retrieval score is the max over its group, its
   streaming score the min.
-- Labels: the `full_fraction` of KV heads that retrieval needs most stay full (or, with thresholds, a head is full
-  when its retrieval score passes `retrieval_threshold` or its streaming score falls below `streaming_threshold`).
+- Labels, by default from a calibrated budget: the largest number k of KV heads, streamed in the order below, whose
+  measured point keeps the needle accuracy at the unablated model's level and the natural-text loss change within
+  `max_loss_increase` (+0.03), on needle prompts and texts that neither the scores nor the curve read; found by
+  bisection over k (about log2 of the KV heads' count points, each measured), assuming the acceptable k are a
+  prefix. A fixed budget on request: the `full_fraction` of KV heads that retrieval needs most stay full (or, with
+  thresholds, a head is full when its retrieval score passes `retrieval_threshold` or its streaming score falls
+  below `streaming_threshold`).
 - Order: retrieval ascending, ties by streaming descending (a streaming-first order would stream retrieval heads
   early: in plain text they too put most of their mass on sink + recent keys).
 - The curve: the first k KV heads of that order windowed (WindowAblation), k = 0 .. all, the loss change on natural
@@ -17,7 +22,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -25,9 +30,10 @@ import torch
 from torch import Tensor
 
 from probe.ablation.editor import ablated
+from probe.ablation.sweep import sweep
 from probe.ablation.window import WindowAblation
 from probe.attention import attention_layers, logits_of, run_model
-from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, natural_set, needle_set
+from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, ProbeSet, natural_set, needle_set
 from probe.errors import ProbeError
 from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_from_lse,
                                  streaming_score)
@@ -38,7 +44,9 @@ from probe.models import LoadedModel
 
 Progress = Callable[[int, int], None]
 CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the scored ones
-DEFAULT_FULL_FRACTION = 0.25
+BUDGET_SEED_OFFSET = 2000  # the budget's needle prompts: another seed than the scored ones and the curve's
+DEFAULT_FULL_FRACTION = 0.25  # the fixed budget's default, where a fixed budget is asked for
+DEFAULT_MAX_LOSS_INCREASE = 0.03
 
 
 @dataclass
@@ -210,6 +218,25 @@ def stream_order(retrieval: Tensor, streaming: Tensor) -> list[tuple[int, int]]:
     return sorted(heads, key=lambda h: (round(float(retrieval[h]), 6), -round(float(streaming[h]), 6), h))
 
 
+RETRIEVAL_FLOOR = 0.1  # a KV head retrieves (for the loss order) when its retrieval score passes this
+
+
+def loss_order(loaded: LoadedModel, kv_retrieval: Tensor, texts: ProbeSet, window: WindowAblation, *,
+               batch_size: int = 1, progress: Progress | None = None) -> tuple[list[tuple[int, int]], list[float]]:
+    """KV heads ordered by the loss change each causes when it alone streams (an exact window-ablation sweep of
+    every KV group on `texts`), retrieval-aware: the heads whose retrieval score passes RETRIEVAL_FLOOR go last,
+    by retrieval. Returns the order and each head's loss change, in order."""
+    n_layers, n_kv = kv_retrieval.shape
+    group = attention_layers(loaded.model)[0].n_heads // n_kv
+    heads = [(layer, kv) for layer in range(n_layers) for kv in range(n_kv)]
+    swept = sweep(loaded, texts, [], groups=[tuple(query_heads([h], group)) for h in heads], method=window,
+                  batch_size=batch_size, progress=progress)
+    change = {(result.heads[0][0], result.heads[0][1] // group): result.delta for result in swept.results}
+    retrieves = {h: float(kv_retrieval[h]) > RETRIEVAL_FLOOR for h in heads}
+    order = sorted(heads, key=lambda h: (retrieves[h], float(kv_retrieval[h]) if retrieves[h] else change[h], h))
+    return order, [round(change[h], 6) for h in order]
+
+
 def full_heads(order: list[tuple[int, int]], retrieval: Tensor, streaming: Tensor, *, full_fraction: float | None,
                retrieval_threshold: float | None, streaming_threshold: float | None) -> set[tuple[int, int]]:
     """The KV heads labelled full: the last `full_fraction` of the order, or by thresholds where given."""
@@ -294,6 +321,66 @@ def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: _Cur
 
 
 @dataclass
+class Budget:
+    """How many KV heads stream, and why: the rule, and every point the search measured (k heads streamed in the
+    order: the loss change and the needle accuracy), none it did not."""
+
+    rule: str
+    streamed: int
+    total: int
+    points: list[dict[str, Any]] = field(default_factory=list)
+    measured_on: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "streamed": self.streamed, "total": self.total, "points": self.points,
+                "measured_on": self.measured_on}
+
+
+def _accepts(point: dict[str, Any], baseline_accuracy: float, max_loss_increase: float) -> bool:
+    return point["needle_accuracy"] >= baseline_accuracy and point["loss_change"] <= max_loss_increase
+
+
+def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: _CurveInputs, *,
+                     max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
+                     progress: Progress | None = None) -> Budget:
+    """The largest k whose point (the first k KV heads of `order` streamed) keeps the needle accuracy at the
+    unablated model's and the loss change within `max_loss_increase`, by bisection over k (see the module
+    docstring); every point measured is in the result."""
+    cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
+    base_loss, base_accuracy = _point(loaded, inputs, [], cache)
+    points: list[dict[str, Any]] = []
+
+    def measure(k: int) -> bool:
+        loss, accuracy = _point(loaded, inputs, order[:k], cache)
+        point = {"k": k, "loss_change": round(loss - base_loss, 6), "needle_accuracy": round(accuracy, 6)}
+        point["accepted"] = _accepts(point, base_accuracy, max_loss_increase)
+        points.append(point)
+        if progress is not None:
+            progress(len(points), budget_points(len(order)))
+        return point["accepted"]
+
+    low, high = 0, len(order) + 1  # k = low is accepted (nothing streamed), k = high is not (past the end)
+    if measure(len(order)):
+        low = len(order)
+    else:
+        high = len(order)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if measure(middle) else (low, middle)
+    rule = (f"calibrated: the largest k whose measured point keeps needle accuracy >= {base_accuracy:.2f} (the "
+            f"unablated model's) and the loss change <= +{max_loss_increase:g}, by bisection over the order")
+    return Budget(rule, low, len(order), sorted(points, key=lambda point: point["k"]),
+                  {"baseline_loss": round(base_loss, 6), "baseline_needle_accuracy": round(base_accuracy, 6),
+                   "natural_texts": int(inputs.texts.shape[0]), "natural_length": int(inputs.texts.shape[1]),
+                   "needle_prompts": int(inputs.needles.input_ids.shape[0])})
+
+
+def budget_points(n_kv_total: int) -> int:
+    """The most points the budget's bisection measures: k = all, then one per halving."""
+    return 1 + max(n_kv_total, 1).bit_length()
+
+
+@dataclass
 class KVHeads:
     """Retrieval and streaming scores per query head and per KV head, labels, the streaming order and its check."""
 
@@ -312,6 +399,7 @@ class KVHeads:
     accuracy: list[dict[str, Any]]  # the model's own needle accuracy per (length, depth), on the scored prompts
     curve: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    budget: Budget | None = None
 
     def label(self, layer: int, kv_head: int) -> str:
         return "full" if (layer, kv_head) in self.full else "streaming"
@@ -346,6 +434,7 @@ class KVHeads:
             "n_streaming": self.n_layers * self.n_kv_heads - len(self.full),
             "needle_accuracy": self.accuracy,
             "curve": self.curve,
+            "budget": None if self.budget is None else self.budget.to_dict(),
             "duo_full_attention_heads": self.duo_values(),
         }
 
@@ -376,61 +465,97 @@ def _check(lengths: tuple[int, ...], sink: int, recent: int, seeds: list[int]) -
         raise ProbeError("random_seeds must differ from each other", parameter="random_seeds")
 
 
+def _held_out(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int,
+              seed_offset: int, window: WindowAblation) -> _CurveInputs:
+    """Inputs the scores never read: natural texts `first_text` .. `first_text + texts` of the longest length and
+    needle prompts of seed `options.seed + seed_offset`."""
+    natural = natural_set(loaded, data=data, seq_len=max(options.lengths) - 1, num_seqs=first_text + texts,
+                          seed=options.seed).input_ids
+    if natural.shape[0] < first_text + texts:
+        raise ProbeError(f"the text has {natural.shape[0]} sequences of {max(options.lengths)} tokens; the curve and "
+                         f"the budget need {first_text + texts} different ones: give a longer --data or fewer "
+                         "curve texts", parameter="curve_texts")
+    needles = needle_set(loaded, replace(options, seed=options.seed + seed_offset))
+    n_heads, n_kv = kv_groups(loaded)
+    return _CurveInputs(natural[first_text:first_text + texts], needles, n_heads // n_kv, window)
+
+
+def _fixed_budget(order: list[tuple[int, int]], kv_retrieval: Tensor, kv_streaming: Tensor, full_fraction: float | None,
+                  thresholds: tuple[float | None, float | None],
+                  why: str | None = None) -> tuple[Budget, set[tuple[int, int]]]:
+    """The full KV heads of a fixed budget (a fraction, or thresholds) and its rule (`why`: why not calibrated)."""
+    full = full_heads(order, kv_retrieval, kv_streaming, full_fraction=full_fraction,
+                      retrieval_threshold=thresholds[0], streaming_threshold=thresholds[1])
+    if thresholds != (None, None):
+        rule = f"fixed: full where retrieval > {thresholds[0]} or streaming < {thresholds[1]} (thresholds given)"
+    else:
+        rule = f"fixed: the last {DEFAULT_FULL_FRACTION if full_fraction is None else full_fraction:g} of the order full"
+    return Budget(rule + ("" if why is None else f" ({why})"), len(order) - len(full), len(order)), full
+
+
 def kv_heads(
-    loaded: LoadedModel,
-    *,
-    lengths: tuple[int, ...] = (1024,),
-    depths: tuple[float, ...] = DEFAULT_DEPTHS,
-    prompts: int = 1,
-    needle: str | None = None,
-    sink: int = DEFAULT_SINK,
-    recent: int = DEFAULT_RECENT,
-    full_fraction: float | None = None,
-    retrieval_threshold: float | None = None,
-    streaming_threshold: float | None = None,
-    curve: bool = True,
-    steps: int = 10,
-    random_seeds: tuple[int, ...] = (0, 1, 2),
-    curve_texts: int = 2,
-    data: str | None = None,
-    seed: int = 0,
-    progress: Progress | None = None,
+    loaded: LoadedModel, *, lengths: tuple[int, ...] = (1024,), depths: tuple[float, ...] = DEFAULT_DEPTHS,
+    prompts: int = 1, needle: str | None = None, sink: int = DEFAULT_SINK, recent: int = DEFAULT_RECENT,
+    full_fraction: float | None = None, retrieval_threshold: float | None = None,
+    streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
+    curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,
+    data: str | None = None, seed: int = 0, progress: Progress | None = None,
 ) -> KVHeads:
     """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
-    `recent` window), aggregate per KV head, label full / streaming, and (with `curve`) check the streaming order:
-    windowed KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and
-    accuracy on needle prompts of another seed, against random orders of `random_seeds`."""
+    `recent` window), aggregate per KV head, order them, label full / streaming (a calibrated budget unless
+    `full_fraction` or a threshold is given: see the module docstring), and (with `curve`) check the order: windowed
+    KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and accuracy on
+    needle prompts of another seed, against random orders of `random_seeds`."""
     _check(tuple(lengths), sink, recent, list(random_seeds))
     if is_encoder_decoder(loaded.model):  # every layer would be windowed, and only decoder self-attention can be
         raise ProbeError("kv-heads sorts a decoder-only model's KV heads for a decoding cache; an encoder-decoder's "
                          "encoder and cross-attention keep no such cache: it is not supported")
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
                             **({"needle": needle} if needle else {}))
+    wanted = full_fraction is None and retrieval_threshold is None and streaming_threshold is None
+    why_fixed = None if not wanted or all(layer.kind == "hf" for layer in attention_layers(loaded.model)) else (
+        "a calibrated budget measures window ablation, which needs transformers attention; this model's is its own")
+    calibrated = wanted and why_fixed is None
     scored = needle_set(loaded, options)
     n_heads, n_kv = kv_groups(loaded)
-    n_points = len(curve_steps(len(attention_layers(loaded.model)) * n_kv, steps)) * (1 + len(random_seeds))
-    total = scored.input_ids.shape[0] + (n_points if curve else 0)
-    retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent,
-                                              progress=None if progress is None else lambda d, _: progress(d, total))
+    n_total = len(attention_layers(loaded.model)) * n_kv
+    counts = [scored.input_ids.shape[0], budget_points(n_total) if calibrated else 0,
+              (len(curve_steps(n_total, steps)) + 1) * (1 + len(random_seeds)) if curve else 0]
+    stage = _stages(progress, counts)
+    retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent, progress=stage(0))
     kv_retrieval, kv_streaming = aggregate(retrieval, n_kv, "max"), aggregate(streaming, n_kv, "min")
     order = stream_order(kv_retrieval, kv_streaming)
-    full = full_heads(order, kv_retrieval, kv_streaming, full_fraction=full_fraction,
-                      retrieval_threshold=retrieval_threshold, streaming_threshold=streaming_threshold)
+    window = WindowAblation(sink=sink, recent=recent)
+    if calibrated:
+        held_out = _held_out(loaded, options, data, curve_texts, curve_texts, BUDGET_SEED_OFFSET, window)
+        budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=stage(1))
+        budget.measured_on["needle_seed"] = seed + BUDGET_SEED_OFFSET
+        full = set(order[budget.streamed:])
+    else:
+        budget, full = _fixed_budget(order, kv_retrieval, kv_streaming, full_fraction,
+                                     (retrieval_threshold, streaming_threshold), why_fixed)
     result = KVHeads(loaded.name, retrieval.shape[0], n_heads, n_kv, sink, recent, retrieval.float(),
                      streaming.float(), kv_retrieval.float(), kv_streaming.float(), order, full,
-                     accuracy_table(scored, run))
+                     accuracy_table(scored, run), budget=budget)
     result.options = {"lengths": list(lengths), "depths": list(depths), "prompts": prompts, "seed": seed,
                       "needle": options.needle, "full_fraction": full_fraction,
                       "retrieval_threshold": retrieval_threshold, "streaming_threshold": streaming_threshold,
-                      "scored_on": scored.description}
+                      "max_loss_increase": max_loss_increase, "scored_on": scored.description}
     if curve:
-        inputs = _CurveInputs(
-            natural_set(loaded, data=data, seq_len=max(lengths) - 1, num_seqs=curve_texts, seed=seed).input_ids,
-            needle_set(loaded, NeedleOptions(seed=seed + CURVE_SEED_OFFSET, lengths=options.lengths,
-                                             depths=options.depths, prompts=prompts, needle=options.needle)),
-            n_heads // n_kv, WindowAblation(sink=sink, recent=recent))
-        done = scored.input_ids.shape[0]
-        result.curve = stream_curve(loaded, order, inputs, curve_steps(len(order), steps), list(random_seeds),
-                                    None if progress is None else lambda d, _: progress(done + d, total))
+        inputs = _held_out(loaded, options, data, curve_texts, 0, CURVE_SEED_OFFSET, window)
+        ks = sorted(set(curve_steps(len(order), steps)) | {budget.streamed})  # the map's own k, checked too
+        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage(2))
         result.curve["needle_seed"] = seed + CURVE_SEED_OFFSET
     return result
+
+
+def _stages(progress: Progress | None, counts: list[int]) -> Callable[[int], Progress | None]:
+    """Progress callbacks for consecutive stages of `counts` steps each, reported as one bar over their sum."""
+    total = sum(counts)
+
+    def stage(index: int) -> Progress | None:
+        if progress is None:
+            return None
+        before = sum(counts[:index])
+        return lambda done, _: progress(before + min(done, counts[index]), total)
+    return stage

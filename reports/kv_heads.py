@@ -44,6 +44,8 @@ def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
     console.print(table)
     if len(full) > LISTED:
         console.print(Text(f"  ... and {len(full) - LISTED} more (see --json)", style="dim"))
+    for line in budget_lines(payload.get("budget")):
+        console.print(Text(line))
     if payload.get("curve"):
         console.print(curve_table(payload["curve"]))
 
@@ -64,6 +66,25 @@ def curve_table(curve: dict[str, Any]) -> Table:
         table.add_row(str(k), f"{probe['loss_change'][index]:+.4f}", f"{mean('loss_change'):+.4f}",
                       f"{probe['needle_accuracy'][index]:.2f}", f"{mean('needle_accuracy'):.2f}")
     return table
+
+
+def budget_record(payload: dict[str, Any]) -> dict[str, Any]:
+    """What an export's budget file says: how the budget was chosen, what was measured, which KV heads stream."""
+    return {"model": payload["model"], "sink": payload["sink"], "recent": payload["recent"],
+            "budget": payload["budget"], "n_streaming": payload["n_streaming"],
+            "streaming": [[row["layer"], row["kv_head"]] for row in payload["kv_heads"] if row["label"] != "full"]}
+
+
+def budget_lines(budget: dict[str, Any] | None) -> list[str]:
+    """The terminal lines of the budget: its rule and each point the search measured."""
+    if not budget:
+        return []
+    lines = [f"Budget: {budget['rule']}: {budget['streamed']} of {budget['total']} KV heads stream."]
+    for point in budget["points"]:
+        mark = "kept" if point["accepted"] else "refused"
+        lines.append(f"  k = {point['k']}: loss change {point['loss_change']:+.4f}, needle accuracy "
+                     f"{point['needle_accuracy']:.2f} ({mark})")
+    return lines
 
 
 def duo_tsv(payload: dict[str, Any]) -> str:
@@ -112,6 +133,8 @@ def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
                          for row in payload["needle_accuracy"])
     rows = [("model", str(payload["model"])), ("cache", f"sink {payload['sink']} + recent {payload['recent']} keys"),
             ("streaming", f"{payload['n_streaming']} of {total} KV heads"), ("needle accuracy", accuracy),
+            *(("budget" if index == 0 else "", line.strip()) for index, line in
+              enumerate(budget_lines(payload.get("budget")))),
             ("options", json.dumps(payload.get("options", {})))]
     curve = ('<div class="probe-section"><h2>Streaming the first k KV heads</h2><p class="probe-small">probe\'s '
              "order (retrieval ascending) against random orders: loss change on natural text, and needle accuracy "

@@ -15,7 +15,7 @@ from test_browser import browser  # noqa: F401  (the fixture)
 from probe.ablation.editor import ablate
 from probe.ablation.window import PatternAblation, WindowAblation
 from probe.inputs import natural_set
-from probe.kv import aggregate, kv_groups, kv_heads
+from probe.kv import aggregate, kv_groups, kv_heads, loss_order, needle_accuracy, text_loss
 from probe.models import load_model
 from probe.inputs import NeedleOptions, needle_set
 
@@ -36,6 +36,58 @@ def test_planted_retrieval_and_streaming_heads_score_one_and_the_others_near_zer
     assert all(streaming[h] < 0.15 for h in others if h not in ((0, 0), (0, 1)))
     assert all(row["accuracy"] == 1.0 for row in result.accuracy)  # the planted model retrieves every key
     assert result.order[-1] == (1, 1)  # the retrieval head streams last
+
+
+@pytest.mark.parametrize("bound", [-1e9, 0.0, 1e9])
+def test_the_calibrated_budget_is_the_largest_accepted_k_of_the_points_it_measured(bound: float) -> None:
+    """A grouped-query Llama (4 KV heads): the budget streams the most heads whose measured point is accepted, the
+    next k is measured and refused, the points are a bisection's (not a grid), and each reported point is measured
+    again here, by hand, with a fresh window ablation on the held-out texts and needle prompts."""
+    loaded = tiny_loaded("llama_gqa")
+    result = kv_heads(loaded, lengths=(100,), depths=(0.5,), sink=2, recent=8, curve=False, max_loss_increase=bound,
+                      curve_texts=1)
+    budget, total = result.budget, 4
+    points = {point["k"]: point for point in budget.points}
+    assert budget.rule.startswith("calibrated") and budget.total == total and len(points) <= 3
+    assert budget.streamed == max([k for k, point in points.items() if point["accepted"]], default=0)
+    assert budget.streamed == total or not points[budget.streamed + 1]["accepted"]
+    assert budget.streamed == {-1e9: 0, 1e9: total}.get(bound, budget.streamed)
+    assert result.full == set(result.order[budget.streamed:])
+    held_out = needle_set(loaded, NeedleOptions(seed=2000, lengths=(100,), depths=(0.5,)))
+    texts = natural_set(loaded, seq_len=99, num_seqs=2).input_ids[1:]
+    baseline = text_loss(loaded, texts)
+    for k, point in points.items():
+        heads = [(layer, kv * 2 + offset) for layer, kv in result.order[:k] for offset in range(2)]
+        with ablate(loaded.model, heads, method=WindowAblation(sink=2, recent=8)):
+            run = needle_accuracy(loaded, held_out)
+            loss = text_loss(loaded, texts)
+        assert point["needle_accuracy"] == pytest.approx(sum(run.exact) / len(run.exact))
+        assert point["loss_change"] == pytest.approx(loss - baseline, abs=1e-5)
+        assert point["accepted"] == (point["loss_change"] <= bound and point["needle_accuracy"] >=
+                                     budget.measured_on["baseline_needle_accuracy"])
+    assert result.to_dict()["budget"]["points"] == budget.points
+
+
+def test_the_loss_order_streams_the_cheapest_kv_heads_first_and_retrieving_ones_last() -> None:
+    """Each KV head's loss change when it alone streams, from the exact sweep, equals a window ablation of its group
+    by hand (mean next-token loss on the same text); heads whose retrieval score passes the floor go last."""
+    loaded = tiny_loaded("llama_gqa")  # 2 layers x 2 KV heads, 2 query heads each
+    texts = natural_set(loaded, seq_len=99, num_seqs=1)
+    retrieval = torch.tensor([[0.0, 0.5], [0.05, 0.0]])  # KV head 0.1 retrieves
+    window = WindowAblation(sink=2, recent=8)
+    order, changes = loss_order(loaded, retrieval, texts, window)
+    assert order[-1] == (0, 1) and sorted(order) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert changes[:3] == sorted(changes[:3])
+    baseline = text_loss(loaded, texts.input_ids)
+    for (layer, kv), change in zip(order, changes):
+        with ablate(loaded.model, [(layer, 2 * kv), (layer, 2 * kv + 1)], method=window):
+            assert change == pytest.approx(text_loss(loaded, texts.input_ids) - baseline, abs=1e-5)
+
+
+def test_a_model_that_cannot_be_windowed_gets_the_fixed_budget_and_says_why() -> None:
+    result = kv_heads(load_model(PLANTED), lengths=(120,), depths=(0.5,), sink=1, recent=4, curve=False)
+    assert result.budget.rule.startswith("fixed: the last 0.25 of the order full (a calibrated budget measures")
+    assert len(result.full) == 2 and result.budget.points == []
 
 
 def _by_hand(attn: torch.nn.Module, hidden: torch.Tensor, position: tuple[torch.Tensor, torch.Tensor],
@@ -233,6 +285,10 @@ def test_exports_read_back_as_their_consumers_read_them(tmp_path: Path, capsys, 
     scores = np.array([np.mean(value) for value in headkv.values()]).reshape(2, 4)
     assert list(headkv) == [f"{layer}-{head}" for layer in range(2) for head in range(4)]
     assert scores[1, 1] > 0.99 and scores.sum() == pytest.approx(scores[1, 1])
+    for sidecar in (out / "probe_budget.json", tmp_path / "razor.budget.json", tmp_path / "headkv.budget.json"):
+        record = json.loads(sidecar.read_text())
+        assert record["budget"]["rule"] == "fixed: the last 0.25 of the order full" and record["n_streaming"] == 6
+        assert {tuple(h) for h in record["streaming"]} == {(layer, kv) for layer in range(2) for kv in range(4)} - full
 
 
 @pytest.mark.parametrize("args, expected", [

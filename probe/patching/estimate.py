@@ -8,25 +8,25 @@ the source run's z_h. For a query, key or value patch, AtP*'s QK fix: z_h,patche
 head's own attention over the target's inputs with the patched query, key or value in place (one head's, or a
 key/value group's query heads'), so the softmax that a query or key moves is not linearised, only what comes after
 the head; a value patch is linear in the value, and the same recomputation gives it. GradDrop (AtP*'s other
-refinement, against cancellation between paths) costs one backward per layer and is not applied. Cost: the source
-run's outputs (or inputs), one forward and backward, and the source's baseline (about 4 forward-equivalents; the
-local recomputations are one head's attention each). Every value is marked estimated; `bench/patching.py` and
-`bench/patching_qk.py` print its Spearman against the exact result.
+refinement, against cancellation between paths) costs one backward per layer and is not applied. Cost: one
+forward of the source run (its values and its logit difference) and one forward and backward of the target run
+(about 4 forward-equivalents; each QK-fix recomputation is one head's attention). Every value is marked estimated;
+`bench/patching.py` and `bench/patching_qk.py` print its Spearman against the exact result.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-from probe.ablation.heads import Ablation, Head, all_heads
+from probe.ablation.heads import Ablation, Head
 from probe.ablation.metrics import Metric, choose_metric
-from probe.ablation.statistics import HeadOutputs, head_inputs, head_outputs
-from probe.ablation.sweep import baseline_metric
+from probe.ablation.statistics import HeadOutputs
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
 from probe.errors import ProbeError
 from probe.hooks.blocked import blocked_attention
@@ -34,7 +34,7 @@ from probe.hooks.stacks import layer_names
 from probe.hooks.types import AttentionInputs
 from probe.inputs import ProbeSet, normalised_effect
 from probe.models import LoadedModel
-from probe.patching.heads import PatchEntry, PatchResult, check_runs, mean_logit_diff, patch_units, row_logit_diffs
+from probe.patching.heads import PatchEntry, PatchResult, check_runs, patch_units, row_logit_diffs
 
 RECOMPUTE_TOLERANCE = 1e-4  # the QK fix's recomputation of an unpatched head against the model's own output
 
@@ -131,6 +131,27 @@ def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, uni
     return changes, total
 
 
+def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_size: int) -> tuple[HeadOutputs, float]:
+    """The source run's head outputs (or attention inputs `component`) per batch and its mean logit difference, from
+    one forward per batch."""
+    metric = choose_metric(loaded, source)
+    values: list[dict[int, Tensor]] = []
+    total = 0.0
+
+    def record(layer: int, seen: Any) -> Any:
+        values[-1][layer] = (seen if component == "output" else getattr(seen, component)).detach().clone()
+        return seen
+
+    hook = {"edit_heads" if component == "output" else "edit_inputs": record}
+    with torch.no_grad(), attention_hooks(loaded.model, **hook):
+        for batch, (ids, mask) in enumerate(source.batches(batch_size)):
+            values.append({})
+            logits = logits_of(run_model(loaded.model, ids, mask))
+            scored = source.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
+            total += float(row_logit_diffs(metric, logits, ids, scored).double().sum())
+    return HeadOutputs(values, source.description), total / source.input_ids.shape[0]
+
+
 def estimate_patches(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: Sequence[Head] | None = None, *,
                      component: str = "output", noising: bool = False, batch_size: int = 8,
                      data: str = "") -> PatchResult:
@@ -141,10 +162,8 @@ def estimate_patches(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, he
     check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)
     units = patch_units(loaded, heads, component)
-    values = (head_outputs(loaded, source, batch_size=batch_size) if component == "output"
-              else head_inputs(loaded, source, component, batch_size=batch_size))
+    values, source_ld = _source_pass(loaded, source, component, batch_size)
     changes, target_ld = _first_order(loaded, target, values, units, component, batch_size)
-    source_ld = mean_logit_diff(baseline_metric(loaded, source, batch_size=batch_size))
     clean_ld, corrupt_ld = (target_ld, source_ld) if noising else (source_ld, target_ld)
     entries = [PatchEntry(unit, target_ld + change, normalised_effect(target_ld + change, clean_ld, corrupt_ld))
                for unit, change in zip(units, changes)]
