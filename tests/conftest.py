@@ -22,7 +22,7 @@ _FUZZ = dict(deadline=None, database=None, print_blob=True,
              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                     HealthCheck.data_too_large])
 settings.register_profile("default", max_examples=30, derandomize=True, **_FUZZ)
-settings.register_profile("long", max_examples=10_000, **_FUZZ)
+settings.register_profile("long", max_examples=10_000, derandomize=False, **_FUZZ)
 settings.load_profile("default")
 
 

@@ -546,3 +546,19 @@ def test_found_a_shard_suffix_int_cannot_read(tmp_path: Path) -> None:
 def test_found_a_newline_in_a_spec_makes_one_error_line(capsys, monkeypatch) -> None:
     code, err = cli_outcome(["classify", "--model", "a\nb.py:f"], capsys, monkeypatch)
     assert code == 2 and "a\\nb.py" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("line, message", [
+    ("²\tgo\t_\t_\t_\t_\t0\troot\t_\t_", "word ID '²'"),  # str.isdigit: True; int(): ValueError
+    ("1\tgo\t_\t_\t_\t_\t²\troot\t_\t_", "HEAD must be"),
+])
+def test_found_conllu_numbers_int_cannot_read(line: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ProbeError, match=message):
+        read_conllu(write(tmp_path / "parses.conllu", f"{line}\n\n".encode()))
+
+
+def test_found_a_conllu_form_ending_in_a_space_keeps_its_span(tmp_path: Path) -> None:
+    """The text was stripped of trailing spaces, so the last word's span ran past the text."""
+    path = write(tmp_path / "parses.conllu", "1\tgo\t_\t_\t_\t_\t0\troot\t_\t_\n2\tx \t_\t_\t_\t_\t1\tobj\t_\t_\n\n".encode())
+    sentence = read_conllu(path)[0]
+    assert sentence.text == "go x " and [sentence.text[a:b] for a, b in sentence.spans] == ["go", "x "]
