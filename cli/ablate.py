@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Metric, Model,
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, warn_non_finite
 from probe.cli.progress import console, note, status, sweep_progress, warn
@@ -24,7 +24,7 @@ from probe.ablate import METHODS, METRICS, AblationResult, Head, estimate, parse
 from probe.ablation.methods import AblationMethod, build_method
 from probe.attention import attention_layers
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
-                          TASKS, build_probe_set, read_task_file)
+                          TASKS, build_probe_set, read_labelled, read_task_file)
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
 from probe.errors import ProbeError
 from probe.reading import is_file
@@ -92,10 +92,14 @@ class Request:
     pairs: Path | None = None  # encoder-decoders: a JSON-lines file of source/target texts (probe.inputs.pairs)
     metric: str | None = None  # a name of METRICS; None: the one for this input
     seed: int = 0  # of the probe set, and of methods that draw at random
+    labels: Path | None = None  # sequence classifiers: a JSON-lines file of labelled texts (probe.inputs.labels)
 
     @property
     def probe_set(self) -> str:
-        """The probe set's name in probe.inputs.PROBE_SETS: source/target pairs, a task, or text (a file is natural)."""
+        """The probe set's name in probe.inputs.PROBE_SETS: labelled texts, source/target pairs, a task, or text (a
+        file is natural)."""
+        if self.labels is not None:
+            return "labels"
         if self.pairs is not None:
             return "pairs"
         if self.task is not None:
@@ -147,6 +151,11 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
         check_task(request)
     if request.pairs is not None and (request.task is not None or request.data != "natural"):
         raise ProbeError("--pairs replaces --data and --task: give one of them")
+    if request.labels is not None and (request.task is not None or request.pairs is not None or
+                                       request.data != "natural"):
+        raise ProbeError("--labels replaces --data, --task and --pairs: give one of them")
+    if request.labels is not None:
+        check_labels(request)
     if request.data_file is not None and not is_file(request.data_file):
         raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
                          "(not found)")
@@ -154,7 +163,8 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
 
 def probe_set_for(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
     """The sweep's data: source/target pairs, a task, or a probe set."""
-    return build_probe_set(request.probe_set, loaded, replace(options, task=request.task, pairs=request.pairs))
+    return build_probe_set(request.probe_set, loaded, replace(options, task=request.task, pairs=request.pairs,
+                                                              labels=request.labels))
 
 
 def check_task(request: Request) -> None:
@@ -167,6 +177,15 @@ def check_task(request: Request) -> None:
         raise ProbeError("--task replaces --data: give one of them")
     if request.task not in TASKS:
         read_task_file(request.task)
+
+
+def check_labels(request: Request) -> None:
+    """--labels: a readable labels file (its rows checked now; their classes once the model is loaded); the estimate
+    linearises the loss on text, not a classifier's."""
+    if request.method == ESTIMATE:
+        raise ProbeError("--method estimate linearises the next-token loss of text, not a classifier's: use --method "
+                         "zero, mean or resample with --labels")
+    read_labelled(request.labels)
 
 
 def check_results_file(results: Path | None, *, resume: bool, force: bool) -> None:
@@ -195,7 +214,8 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> d
             "per_position": request.per_position, "heads": request.heads, "together": request.together,
             "batch_size": request.batch_size, "stack": request.stack, "naive": request.naive,
             "dtype": choice.dtype, "device": choice.device, "task": request.task, "metric": request.metric,
-            **({"pairs": str(request.pairs)} if request.pairs is not None else {})}
+            **({"pairs": str(request.pairs)} if request.pairs is not None else {}),
+            **({"labels": str(request.labels)} if request.labels is not None else {})}
 
 
 def load_for(choice: ModelChoice, rank: Rank | None) -> LoadedModel:
@@ -261,14 +281,14 @@ def ablate(
     data: Data = "natural", seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS,
     repeat_len: RepeatLen = DEFAULT_REPEAT_LEN, seed: Seed = DEFAULT_SEED, batch_size: BatchSize = 8,
     stack: Stack = None, naive: Naive = False, budget: Budget = 10.0, task: Task = None, pairs: Pairs = None,
-    metric: Metric = None,
+    labels: Labels = None, metric: Metric = None,
     json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
     results: Results = None, resume: Resume = False, top: Top = 15, force: Force = False,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
 ) -> None:
     """Ablate heads and measure the loss change: which heads can the model not do without?"""
     request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task, pairs,
-                      metric, seed)
+                      metric, seed, labels)
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     rank = current()
     main_process = rank is None or rank.is_main

@@ -24,6 +24,46 @@ from probe.errors import ProbeError
 from probe.provenance import DISTRIBUTION, version_of
 
 
+_state = {"debug": False, "quiet": False, "verbose": False}
+
+GLOBAL_FLAGS = (
+    ("debug", ["--debug"], "Show tracebacks instead of one-line errors."),
+    ("quiet", ["--quiet", "-q"], "No progress and no notes; warnings and errors only."),
+    ("verbose", ["--verbose", "-v"], "Also the library's log messages (INFO) on stderr."),
+)
+"""The flags `probe` takes before a command and every command takes after its name: (state key, flags, help)."""
+
+
+def _apply_flags() -> None:
+    """Put the global flags' state into effect (`-q` and `-v` together are refused: they contradict each other)."""
+    if _state["quiet"] and _state["verbose"]:
+        raise ProbeError("-q and -v contradict each other: give one")
+    set_quiet(_state["quiet"])
+    configure_logging(_state["verbose"])
+
+
+def _late_flags(given: dict[str, bool]) -> None:
+    """The global flags given after the command: they add to those given before it."""
+    for name, value in given.items():
+        _state[name] = _state[name] or value
+    _apply_flags()
+
+
+def _flag(index: int) -> Any:
+    """The typer option of GLOBAL_FLAGS[index]."""
+    _, flags, help_ = GLOBAL_FLAGS[index]
+    return typer.Option(False, *flags, help=help_, rich_help_panel="Global flags (before or after the command)")
+
+
+def _flags(debug: bool = _flag(0), quiet: bool = _flag(1), verbose: bool = _flag(2)) -> None:
+    """The global flags as options of their own: typer makes them, each command takes them after its name."""
+
+
+_flags_app = typer.Typer(add_completion=False)
+_flags_app.command()(_flags)
+_LATE_FLAGS = typer.main.get_command(_flags_app).params
+
+
 class _BareFlags:
     """typer's rich help writes `<bool>` after a flag, as if it took a value: a flag is shown bare."""
 
@@ -36,9 +76,18 @@ class _BareFlags:
 
 
 class Command(_BareFlags, TyperCommand):
-    """A probe command (flags shown bare in --help; its parameters remembered for the provenance of its files)."""
+    """A probe command (flags shown bare in --help; its parameters remembered for the provenance of its files).
+
+    It also takes the global flags (`--debug`, `-q`, `-v`) after its name, where a newcomer types them:
+    `probe classify -q` is `probe -q classify`.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(_LATE_FLAGS)
 
     def invoke(self, ctx: click.Context) -> Any:
+        _late_flags({name: ctx.params.pop(name) for name, _, _ in GLOBAL_FLAGS})
         remember_parameters(dict(ctx.params))
         return super().invoke(ctx)
 
@@ -53,7 +102,6 @@ app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_
 for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax, circuits.circuits,
                 prune.prune, kv_heads.kv_heads, dla.dla, patch.patch):
     app.command(cls=Command)(command)
-_state = {"debug": False}
 
 FLAGS = {
     "spec": "--model", "model": "--model", "trust_remote_code": "--trust-remote-code", "device": "--device",
@@ -68,9 +116,10 @@ FLAGS = {
     "conllu": "--conllu", "max_sentences": "--max-sentences", "margin": "--margin",
     "min_count": "--min-count", "confident": "--confident",
     "orderings": "--orderings", "step": "--step", "max_increase": "--max-increase", "seeds": "--seeds",
-    "task": "--task", "pairs": "--pairs", "count": "--count", "metric": "--metric", "component": "--component",
+    "task": "--task", "pairs": "--pairs", "labels": "--labels", "count": "--count", "metric": "--metric", "component": "--component",
     "lengths": "--lengths", "depths": "--depths", "needle": "--needle", "recent": "--recent", "sink": "--sink",
     "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
+    "order_by": "--order", "max_loss_increase": "--max-loss-increase", "curve_texts": "--curve-texts",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 
@@ -161,17 +210,15 @@ def configure_logging(verbose: bool) -> None:
 
 @app.callback()
 def _options(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress and no notes; warnings and errors only."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also the library's log messages (INFO) on stderr."),
+    debug: bool = _flag(0),
+    quiet: bool = _flag(1),
+    verbose: bool = _flag(2),
     _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                   help="Show probe's version and exit."),
 ) -> None:
-    if quiet and verbose:
-        raise ProbeError("-q and -v contradict each other: give one")
-    _state["debug"] = debug
-    set_quiet(quiet)
-    configure_logging(verbose)
+    """The global flags given before the command (each command takes them after its name too)."""
+    _state.update(debug=debug, quiet=quiet, verbose=verbose)
+    _apply_flags()
 
 
 def main() -> None:

@@ -34,6 +34,9 @@ Recent = Annotated[int, typer.Option("--recent", help="Recent keys a streaming h
 FullFraction = Annotated[Optional[float], typer.Option(
     "--full-fraction", help="A fixed budget: the fraction of KV heads kept full, those retrieval needs most (ignored "
     "with a threshold). Default: a calibrated budget (--max-loss-increase).")]
+Order = Annotated[str, typer.Option(
+    "--order", help="How KV heads are ordered for streaming: retrieval (retrieval ascending) or loss (the loss change "
+    "each causes streamed alone, one window-ablation sweep; retrieving heads last).")]
 MaxLossIncrease = Annotated[float, typer.Option(
     "--max-loss-increase", help="The calibrated budget: stream the most KV heads whose measured point keeps needle "
     "accuracy at the model's own and the natural-text loss change within this (held-out prompts and texts).")]
@@ -121,7 +124,7 @@ def kv_heads(
     depths: Depths = ",".join(f"{d:g}" for d in DEFAULT_DEPTHS), prompts: Prompts = 1, needle: Needle = DEFAULT_NEEDLE,
     sink: Sink = DEFAULT_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
     retrieval_threshold: RetrievalThreshold = None, streaming_threshold: StreamingThreshold = None,
-    max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE,
+    max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE, order: Order = "retrieval",
     curve: Curve = True, steps: Steps = 5, random_seeds: RandomSeeds = "0,1", curve_texts: CurveTexts = 2,
     data: Data = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None, html_path: HtmlFile = None,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
@@ -137,7 +140,7 @@ def kv_heads(
     with progress_bar("scoring heads" + (" and streaming them" if curve else "")) as update:
         result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,
-                              max_loss_increase=max_loss_increase,
+                              max_loss_increase=max_loss_increase, order_by=order,
                               streaming_threshold=streaming_threshold, curve=curve, steps=steps,
                               random_seeds=seeds, curve_texts=curve_texts,
                               data=None if data is None else str(data), seed=seed, progress=update)

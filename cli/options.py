@@ -50,6 +50,10 @@ NumSeqs = Annotated[int, typer.Option("--num-seqs", help="Number of sequences in
 Seed = Annotated[int, typer.Option(
     "--seed", help="Seed of the random tokens, and of the methods that draw at random (resample's derangement).")]
 Metric = Annotated[Optional[str], typer.Option("--metric", help=metric_help())]
+Labels = Annotated[Optional[Path], typer.Option(
+    "--labels", help="Sequence classifiers: a JSON-lines file of {\"text\", \"label\"} rows ({\"text\", "
+    "\"text_pair\", \"label\"} for sentence pairs; a label is a class index or a name of the config's id2label); "
+    "measured by the gold class's cross-entropy, or --metric accuracy.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
 Force = Annotated[bool, typer.Option("--force", help="Overwrite output files that exist.")]
 JsonFile = Annotated[Optional[Path], typer.Option(

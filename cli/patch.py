@@ -1,5 +1,5 @@
 """`probe patch`: activation patching of every head between clean and corrupted prompts (a generated task or a
-JSON-lines file of pairs), normalised by their logit differences, each head with its direct logit attribution and its
+JSON-lines file of pairs; a classifier's text pairs with two classes, `--labels`), normalised by their logit differences, each head with its direct logit attribution and its
 classes; a table, JSON, CSV and HTML. Under torchrun the patches are split over the processes as a sweep's are."""
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ Estimate = Annotated[bool, typer.Option(
 NoClasses = Annotated[bool, typer.Option("--no-classes", help="Do not classify the heads (saves a few forwards).")]
 Top = Annotated[int, typer.Option("--top", help="Heads listed, largest |patch effect| first.")]
 CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
+ClassPairs = Annotated[Optional[Path], typer.Option(
+    "--labels", help="Sequence classifiers: a JSON-lines file of {\"clean\", \"corrupt\", \"answer\", "
+    "\"distractor\"} rows: two texts of one token length and two classes (indices or id2label names); the metric is "
+    "the logit difference of the two classes.")]
 
 
 @dataclass(frozen=True)
@@ -68,10 +72,10 @@ class Request:
     stack: int | None
 
 
-def check_request(task: str | None, pairs: Path | None, request: Request, top: int, distributed: bool) -> None:
-    """Every option that can be judged without the model."""
-    if (task is None) == (pairs is None):
-        raise ProbeError("give --task or --pairs (one of them)")
+def check_request(inputs: dict[str, object], request: Request, top: int, distributed: bool) -> None:
+    """Every option that can be judged without the model; `inputs`: --task, --pairs and --labels as given."""
+    if sum(value is not None for value in inputs.values()) != 1:
+        raise ProbeError("give --task or --pairs (or a classifier's --labels): one of them")
     if request.component not in PATCHES:
         raise ProbeError(f"--component {request.component!r}: use one of {', '.join(PATCHES)}")
     if top < 1:
@@ -120,7 +124,7 @@ def add_paths(loaded: LoadedModel, contrast: ContrastSet, result: PatchResult, s
 
 def patch(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, task: Task = None, pairs: Pairs = None,
-    count: Count = 32, seed: Seed = 0, component: Component = "output", noising: Noising = False,
+    labels: ClassPairs = None, count: Count = 32, seed: Seed = 0, component: Component = "output", noising: Noising = False,
     by_position: ByPosition = False, heads: Heads = None, senders: Senders = None, receivers: Receivers = None,
     path_component: PathComponent = "value", naive: Naive = False, estimate: Estimate = False,
     no_classes: NoClasses = False, top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None,
@@ -133,7 +137,7 @@ def patch(
     request = Request(component, noising, by_position, heads, naive, estimate, batch_size, stack)
     rank = current()
     main_process = rank is None or rank.is_main
-    check_request(task, pairs, request, top, rank is not None)
+    check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, top, rank is not None)
     check_paths(senders, receivers, path_component)
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     check_distinct({**outputs, "--results": results})
@@ -141,8 +145,10 @@ def patch(
         check_outputs(outputs, force=force)
     check_results_file(results, resume=resume, force=force)
     loaded = load_for(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code), rank)
-    contrast = build_probe_set("contrast", loaded, ProbeOptions(task=task, pairs=pairs, num_seqs=count, seed=seed))
+    contrast = build_probe_set("contrast" if labels is None else "class_contrast", loaded,
+                               ProbeOptions(task=task, pairs=pairs, labels=labels, num_seqs=count, seed=seed))
     stream = results or default_results_path({"command": "patch", "model": model, "task": task, "pairs": str(pairs),
+                                              "labels": str(labels),
                                               "count": count, "seed": seed, "dtype": dtype} | asdict(request))
     stream.parent.mkdir(parents=True, exist_ok=True)
     result = run_patches(loaded, contrast, request, stream, resume, main_process)

@@ -1,5 +1,6 @@
 """`probe prune`: pruning curves (Michel et al. 2019): heads removed step by step in three orderings, the loss with
-all removed heads ablated together at each step; JSON, CSV and an HTML plot."""
+all removed heads ablated together at each step; JSON, CSV and an HTML plot. A classifier prunes on `--labels`,
+by `--metric accuracy` as Michel et al. do (the importance then differentiates the cross-entropy)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Metric, Model,
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar
@@ -59,7 +60,7 @@ def parse_max_increase(text: str | None) -> tuple[float | None, bool]:
 def summary(payload: dict, console_) -> None:
     """Per ordering: how far it got within the limit, and its loss at each step."""
     console_.print(f"[bold]Pruning curves of {payload['model']}[/bold] ({payload['n_units']} "
-                   f"{payload['units'].replace('_', ' ')}, baseline {payload['metric']} {payload['baseline_loss']:.4f}"
+                   f"{payload['units'].replace('_', ' ')}, baseline loss {payload['baseline_loss']:.4f} ({payload['metric']})"
                    f" on {payload['measured_on']})")
     for curve in payload["curves"]:
         name = curve["ordering"] + ("" if curve["seed"] is None else f" (seed {curve['seed']})")
@@ -79,7 +80,7 @@ def prune(
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, seed: Seed = DEFAULT_SEED,
     step: Step = 0.1, max_increase: MaxIncrease = None, orderings: Orderings = ",".join(ORDERINGS),
     seeds: Seeds = 3, method: Method = "zero", metric: Metric = None, kv_groups: KvGroups = False,
-    eval_data: EvalData = None, json_path: JsonFile = None,
+    eval_data: EvalData = None, labels: Labels = None, json_path: JsonFile = None,
     csv_path: CsvFile = None, html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None,
     dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
@@ -91,17 +92,21 @@ def prune(
         raise ProbeError(f"--metric {metric!r}: use one of {', '.join(METRICS)}")
     chosen = [name.strip() for name in orderings.split(",") if name.strip()]
     check_prune_options(chosen, step, limit, range(seed, seed + seeds))
+    if labels is not None and (data != "natural" or eval_data is not None):
+        raise ProbeError("--labels replaces --data and --eval-data: give one of them")
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     file = None if data in ("natural", "repeated") else Path(data)
-    probe_set = build_probe_set("repeated" if data == "repeated" else "natural", loaded,
-                                ProbeOptions(data=file, seq_len=seq_len, num_seqs=num_seqs, seed=seed))
+    probe_set = build_probe_set("labels" if labels is not None else "repeated" if data == "repeated" else "natural",
+                                loaded, ProbeOptions(data=file, seq_len=seq_len, num_seqs=num_seqs, seed=seed,
+                                                     labels=labels))
     eval_set = None if eval_data is None else build_probe_set(
         "natural", loaded, ProbeOptions(data=eval_data, seq_len=seq_len, num_seqs=num_seqs, seed=seed))
     with progress_bar("pruning") as update:
         result: PruneResult = run_prune(loaded, probe_set, orderings=chosen, step=step, max_increase=limit,
                                         relative=relative, seeds=range(seed, seed + seeds), method=method,
-                                        metric=metric, method_seed=seed, kv_groups=kv_groups, batch_size=batch_size, data=data, eval_set=eval_set,
+                                        metric=metric, method_seed=seed, kv_groups=kv_groups, batch_size=batch_size,
+                                        data=data if labels is None else None, eval_set=eval_set,
                                         eval_data=None if eval_data is None else str(eval_data), progress=update)
     payload = result.to_dict()
     save(json_path, lambda path: write_json(path, payload))

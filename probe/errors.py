@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+DISTRIBUTION = "probe-heads"
+"""What pip installs probe as: `probe` on PyPI is another project's, so every install hint names this one."""
+
 
 class ProbeError(Exception):
     """Bad input or an unusable model; the message says what is wrong and what to do.
@@ -28,3 +31,8 @@ def first_line(error: BaseException) -> str:
     """The first line of an error's message ('' if it has none): foreign errors are quoted in one line."""
     text = str(error).strip()
     return text.splitlines()[0] if text else ""
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that installs an optional extra of probe: `pip install 'probe-heads[EXTRA]'`."""
+    return f"pip install '{DISTRIBUTION}[{extra}]'"

@@ -1,11 +1,11 @@
-"""pandas, an optional extra (`pip install probe[dataframe]`): results' `to_dataframe()` import it through here."""
+"""pandas, an optional extra (`pip install 'probe-heads[dataframe]'`): results' `to_dataframe()` import it through here."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from probe.errors import ProbeError
+from probe.errors import ProbeError, install_hint
 
 
 def dataframe(rows: list[dict[str, Any]]) -> Any:
@@ -13,6 +13,6 @@ def dataframe(rows: list[dict[str, Any]]) -> Any:
     try:
         pandas = importlib.import_module("pandas")
     except ImportError:
-        raise ProbeError("to_dataframe() needs pandas, an optional extra: pip install 'probe[dataframe]' (or pip "
-                         "install pandas)") from None
+        raise ProbeError(f"to_dataframe() needs pandas, an optional extra: {install_hint('dataframe')} (or "
+                         "pip install pandas)") from None
     return pandas.DataFrame.from_records(rows)

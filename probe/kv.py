@@ -1,7 +1,8 @@
 """`kv_heads`: which KV heads a long-context cache can shrink to sink + recent keys (streaming) and which need the
 full cache (retrieval), per query head and per KV head, with the check that makes such a map trustworthy.
 
-- Scores, one forward per needle prompt (probe.inputs.needle): the retrieval score (Wu et al. 2024) and the streaming score
+- Scores, one forward per needle prompt (probe.inputs.needle): the retrieval score (Wu et al. 2024) and the
+  streaming score
   (StreamingLLM's sink + recent mass, Xiao et al. 2023), both from the score registry (probe.heads.scores).
 - A KV head streams only if every query head sharing it can: its retrieval score is the max over its group, its
   streaming score the min.
@@ -219,6 +220,9 @@ def stream_order(retrieval: Tensor, streaming: Tensor) -> list[tuple[int, int]]:
 
 
 RETRIEVAL_FLOOR = 0.1  # a KV head retrieves (for the loss order) when its retrieval score passes this
+ORDERS = ("retrieval", "loss")
+"""How KV heads are ordered for streaming: retrieval ascending (stream_order), or by the loss change each causes
+streamed alone, retrieving heads last (loss_order: one exact window-ablation sweep of every KV head)."""
 
 
 def loss_order(loaded: LoadedModel, kv_retrieval: Tensor, texts: ProbeSet, window: WindowAblation, *,
@@ -469,15 +473,22 @@ def _held_out(loaded: LoadedModel, options: NeedleOptions, data: str | None, tex
               seed_offset: int, window: WindowAblation) -> _CurveInputs:
     """Inputs the scores never read: natural texts `first_text` .. `first_text + texts` of the longest length and
     needle prompts of seed `options.seed + seed_offset`."""
-    natural = natural_set(loaded, data=data, seq_len=max(options.lengths) - 1, num_seqs=first_text + texts,
-                          seed=options.seed).input_ids
-    if natural.shape[0] < first_text + texts:
-        raise ProbeError(f"the text has {natural.shape[0]} sequences of {max(options.lengths)} tokens; the curve and "
-                         f"the budget need {first_text + texts} different ones: give a longer --data or fewer "
-                         "curve texts", parameter="curve_texts")
     needles = needle_set(loaded, replace(options, seed=options.seed + seed_offset))
     n_heads, n_kv = kv_groups(loaded)
-    return _CurveInputs(natural[first_text:first_text + texts], needles, n_heads // n_kv, window)
+    return _CurveInputs(_texts(loaded, options, data, texts, first_text).input_ids, needles, n_heads // n_kv, window)
+
+
+def _texts(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int) -> ProbeSet:
+    """Natural texts `first_text` .. `first_text + texts` of the longest length: the curve reads the first ones, the
+    budget the next, the loss order the ones after."""
+    natural = natural_set(loaded, data=data, seq_len=max(options.lengths) - 1, num_seqs=first_text + texts,
+                          seed=options.seed)
+    if natural.input_ids.shape[0] < first_text + texts:
+        raise ProbeError(f"the text has {natural.input_ids.shape[0]} sequences of {max(options.lengths)} tokens; the "
+                         f"curve, the budget and the order need {first_text + texts} different ones: give a longer "
+                         "--data or fewer curve texts", parameter="curve_texts")
+    return ProbeSet(natural.name, f"{natural.description}, sequences {first_text}..{first_text + texts - 1}",
+                    natural.input_ids[first_text:first_text + texts], natural.offset)
 
 
 def _fixed_budget(order: list[tuple[int, int]], kv_retrieval: Tensor, kv_streaming: Tensor, full_fraction: float | None,
@@ -489,7 +500,8 @@ def _fixed_budget(order: list[tuple[int, int]], kv_retrieval: Tensor, kv_streami
     if thresholds != (None, None):
         rule = f"fixed: full where retrieval > {thresholds[0]} or streaming < {thresholds[1]} (thresholds given)"
     else:
-        rule = f"fixed: the last {DEFAULT_FULL_FRACTION if full_fraction is None else full_fraction:g} of the order full"
+        fraction = DEFAULT_FULL_FRACTION if full_fraction is None else full_fraction
+        rule = f"fixed: the last {fraction:g} of the order full"
     return Budget(rule + ("" if why is None else f" ({why})"), len(order) - len(full), len(order)), full
 
 
@@ -499,14 +511,16 @@ def kv_heads(
     full_fraction: float | None = None, retrieval_threshold: float | None = None,
     streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
     curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,
-    data: str | None = None, seed: int = 0, progress: Progress | None = None,
+    data: str | None = None, seed: int = 0, order_by: str = "retrieval", progress: Progress | None = None,
 ) -> KVHeads:
     """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
     `recent` window), aggregate per KV head, order them, label full / streaming (a calibrated budget unless
     `full_fraction` or a threshold is given: see the module docstring), and (with `curve`) check the order: windowed
     KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and accuracy on
-    needle prompts of another seed, against random orders of `random_seeds`."""
+    needle prompts of another seed, against random orders of `random_seeds`. `order_by`: a name of ORDERS."""
     _check(tuple(lengths), sink, recent, list(random_seeds))
+    if order_by not in ORDERS:
+        raise ProbeError(f"order_by {order_by!r}: use one of {', '.join(ORDERS)}", parameter="order_by")
     if is_encoder_decoder(loaded.model):  # every layer would be windowed, and only decoder self-attention can be
         raise ProbeError("kv-heads sorts a decoder-only model's KV heads for a decoding cache; an encoder-decoder's "
                          "encoder and cross-attention keep no such cache: it is not supported")
@@ -519,16 +533,18 @@ def kv_heads(
     scored = needle_set(loaded, options)
     n_heads, n_kv = kv_groups(loaded)
     n_total = len(attention_layers(loaded.model)) * n_kv
-    counts = [scored.input_ids.shape[0], budget_points(n_total) if calibrated else 0,
+    counts = [scored.input_ids.shape[0], n_total if order_by == "loss" else 0,
+              budget_points(n_total) if calibrated else 0,
               (len(curve_steps(n_total, steps)) + 1) * (1 + len(random_seeds)) if curve else 0]
     stage = _stages(progress, counts)
     retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent, progress=stage(0))
     kv_retrieval, kv_streaming = aggregate(retrieval, n_kv, "max"), aggregate(streaming, n_kv, "min")
-    order = stream_order(kv_retrieval, kv_streaming)
     window = WindowAblation(sink=sink, recent=recent)
+    order = stream_order(kv_retrieval, kv_streaming) if order_by == "retrieval" else loss_order(
+        loaded, kv_retrieval, _texts(loaded, options, data, curve_texts, 2 * curve_texts), window, progress=stage(1))[0]
     if calibrated:
         held_out = _held_out(loaded, options, data, curve_texts, curve_texts, BUDGET_SEED_OFFSET, window)
-        budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=stage(1))
+        budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=stage(2))
         budget.measured_on["needle_seed"] = seed + BUDGET_SEED_OFFSET
         full = set(order[budget.streamed:])
     else:
@@ -540,11 +556,11 @@ def kv_heads(
     result.options = {"lengths": list(lengths), "depths": list(depths), "prompts": prompts, "seed": seed,
                       "needle": options.needle, "full_fraction": full_fraction,
                       "retrieval_threshold": retrieval_threshold, "streaming_threshold": streaming_threshold,
-                      "max_loss_increase": max_loss_increase, "scored_on": scored.description}
+                      "max_loss_increase": max_loss_increase, "order_by": order_by, "scored_on": scored.description}
     if curve:
         inputs = _held_out(loaded, options, data, curve_texts, 0, CURVE_SEED_OFFSET, window)
         ks = sorted(set(curve_steps(len(order), steps)) | {budget.streamed})  # the map's own k, checked too
-        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage(2))
+        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage(3))
         result.curve["needle_seed"] = seed + CURVE_SEED_OFFSET
     return result
 

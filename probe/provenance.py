@@ -26,10 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from probe.errors import DISTRIBUTION
 from probe.models import LoadedModel, cache_root
-
-DISTRIBUTION = "probe-heads"
-"""What pip calls probe (pyproject.toml's name; `probe` on PyPI is another project): its version is read from here."""
 CHUNK = 1 << 22  # bytes read at a time when hashing a file
 MAX_TENSOR_HASH = 4 << 30  # weights made by code: hashed up to this many bytes
 

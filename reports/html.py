@@ -170,8 +170,8 @@ STYLE = """
 .probe-page .probe-small { font-size: 0.86em; color: #666; }
 .probe-page .probe-tokens { font-family: ui-monospace, monospace; font-size: 0.9em; line-height: 1.9;
   max-width: 900px; }
-.probe-page .probe-tokens span { padding: 1px 2px; margin: 0 1px; border-radius: 3px; cursor: pointer;
-  white-space: pre; }
+.probe-page .probe-tokens span { display: inline-block; max-width: 100%; padding: 1px 2px; margin: 0 1px;
+  border-radius: 3px; cursor: pointer; white-space: pre-wrap; overflow-wrap: anywhere; vertical-align: top; }
 .probe-page .probe-tokens span.probe-query { outline: 2px solid #d62728; }
 .probe-page.probe-live .probe-static { display: none; }
 .probe-page table.probe-static-table { border-collapse: collapse; font-size: 0.9em; }

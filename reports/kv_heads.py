@@ -58,13 +58,13 @@ def curve_table(curve: dict[str, Any]) -> Table:
                   title_justify="left", box=None, show_edge=False)
     for column in ("k", "Δ loss probe", "Δ loss random", "needle probe", "needle random"):
         table.add_column(column, justify="right")
-    probe = curve["orders"]["probe"]
+    ours = curve["orders"]["probe"]
     for index, k in enumerate(curve["k"]):
         def mean(key: str) -> float:
             values = [curve["orders"][name][key][index] for name in randoms]
             return sum(values) / len(values) if values else float("nan")
-        table.add_row(str(k), f"{probe['loss_change'][index]:+.4f}", f"{mean('loss_change'):+.4f}",
-                      f"{probe['needle_accuracy'][index]:.2f}", f"{mean('needle_accuracy'):.2f}")
+        table.add_row(str(k), f"{ours['loss_change'][index]:+.4f}", f"{mean('loss_change'):+.4f}",
+                      f"{ours['needle_accuracy'][index]:.2f}", f"{mean('needle_accuracy'):.2f}")
     return table
 
 

@@ -143,10 +143,13 @@ def _ablation_header(payload: dict[str, Any], console: Console) -> None:
                     for name in _part_names(payload))
     console.print(Text("baseline loss: ", style="bold"), Text(f"{_number(payload['baseline_loss']):.4f}{parts}"))
     task = payload.get("baseline_task")
-    if task:
+    if task and "margin" in task:
         console.print(Text("task, unablated: ", style="bold"),
                       Text(f"accuracy {_number(task.get('accuracy')):.3f}, mean margin {_number(task.get('margin')):+.3f}"
                            " (log P(good) - log P(bad); loss = minus the margin)"))
+    elif task:  # a classifier's accuracy (loss = 1 - accuracy)
+        console.print(Text("unablated: ", style="bold"),
+                      Text(", ".join(f"{name} {_number(value):.3f}" for name, value in task.items())))
     forwards, seconds = payload.get("forward_equivalents"), payload.get("seconds")
     if seconds is not None:
         run = "estimate" if payload["mode"] == "estimate" else "sweep (baseline and every ablation)"

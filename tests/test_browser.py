@@ -19,7 +19,7 @@ from conftest import ARTIFACTS
 from probe.attention import capture_attention
 from probe.classify import Classification, classify
 from probe.inputs import repeated_set
-from probe.patterns import classification_patterns, text_ids, text_patterns
+from probe.patterns import AVERAGE, Patterns, classification_patterns, text_ids, text_patterns
 from probe.reports.html import ablation_page, classification_page, forget_notebook_plotly, heatmap_page
 from test_html import IMG, SCRIPT, fake_patterns
 
@@ -344,3 +344,51 @@ def test_ablation_page_scatter_and_top_tokens(tmp_path, open_page):
     assert opened.page.text_content(".probe-tokens .probe-token") == "[tok0.1]"
     screenshot(opened, "ablate_effects.png")
     opened.check_clean()
+
+
+def long_strip_patterns(n_layers: int = 30, n_heads: int = 9) -> Patterns:
+    """A SmolLM2-sized page (30 layers x 9 heads and each layer's average, so the overview sits beside the heatmap
+    on a wide window) over 240 tokens and one token of 600 characters without a space: a strip far wider than its
+    column. Uniform causal weights: the page stays small."""
+    tokens = [f"␣word{i}" for i in range(239)] + ["x" * 600]
+    n, heads = len(tokens), [(layer, head) for layer in range(n_layers) for head in [*range(n_heads), AVERAGE]]
+    uniform = np.tril(np.ones((n, n))) / np.arange(1, n + 1)[:, None]
+    values = np.broadcast_to((uniform * 1000).round().astype(np.uint16), (len(heads), n, n))
+    thumbs = np.broadcast_to((uniform[::8, ::8] * 255).round().astype(np.uint8), (len(heads), 30, 30))
+    return Patterns(model="m", source="s", tokens=tokens, heads=heads, values=np.ascontiguousarray(values),
+                    decimals=3, causal=True, n_layers=n_layers, n_heads=n_heads, total_tokens=n,
+                    thumbnails=np.ascontiguousarray(thumbs))
+
+
+BOXES = """(() => {
+  const box = e => { const r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
+  const spans = Array.from(document.querySelectorAll('.probe-tokens span')).map(box);
+  const strip = [Math.min(...spans.map(b => b[0])), Math.min(...spans.map(b => b[1])),
+                 Math.max(...spans.map(b => b[2])), Math.max(...spans.map(b => b[3]))];
+  return {strip: strip, column: box(document.querySelector('.probe-main')),
+          grid: box(document.querySelector('.probe-overview'))};
+})()"""
+
+
+@pytest.mark.parametrize("width", [1000, 1400, 1920])
+def test_a_long_token_strip_wraps_inside_its_column(width: int, tmp_path, browser) -> None:
+    """The strip under the heatmap ran into the "All heads" grid beside it at 1400 px (its tokens had no place to
+    wrap): drawn, the strip's box and the grid's box do not intersect, and the strip stays in its column."""
+    path = tmp_path / "strip.html"
+    path.write_text(heatmap_page(long_strip_patterns().to_dict()), encoding="utf-8")
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    try:
+        opened = Opened(context.new_page(), path.resolve().as_uri())
+        opened.page.goto(opened.url)
+        opened.wait_ready(layer="0", head="0")
+        boxes = opened.page.evaluate(BOXES)
+        strip, column, grid = boxes["strip"], boxes["column"], boxes["grid"]
+        apart = strip[2] <= grid[0] or grid[2] <= strip[0] or strip[3] <= grid[1] or grid[3] <= strip[1]
+        assert apart, boxes
+        assert column[0] <= strip[0] and strip[2] <= column[2] + 0.5, boxes
+        assert strip[3] - strip[1] > 200  # it wrapped onto many lines
+        if width >= 1400:
+            assert grid[0] >= column[2] and grid[1] < strip[1]  # the grid is beside the column, not under it
+        opened.page.screenshot(path=str(tmp_path / "strip.png"))
+    finally:
+        context.close()

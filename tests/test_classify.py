@@ -50,7 +50,7 @@ def test_thresholds_override_and_json_schema(tmp_path: Path, capsys, monkeypatch
     assert "induction" not in by_head[(1, 1)]["labels"]  # 0.85 is under the raised threshold
     assert sum("sink" in h["labels"] for h in data["heads"]) > 1  # lowered threshold flags more heads
     assert set(by_head[(0, 0)]["scores"]) == {"previous_token", "sink", "induction", "duplicate_token",
-                                              "next_token", "positional"}
+                                              "next_token", "sep", "positional"}
     assert "random tokens" in data["probe_sets"]["natural"]["description"]
     assert "sink heads" in stdout or "sink" in stdout
     # an existing file is never overwritten silently

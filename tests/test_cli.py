@@ -465,6 +465,32 @@ def test_verbose_shows_the_library_log(capsys, monkeypatch) -> None:
     assert code == 2 and "scored every head" not in stderr
 
 
+
+@pytest.mark.parametrize("flags", [["-q"], ["--quiet"], ["--debug", "-q"]])
+def test_global_flags_work_after_the_command(flags: list[str], tmp_path: Path, capsys, monkeypatch) -> None:
+    """`probe ablate ... -q` (where a newcomer types it) is `probe -q ablate ...`: notes go, the result stays."""
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    out = tmp_path / "sweep.json"
+    code, stdout, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, "--json", str(out), *flags], capsys,
+                                   monkeypatch)
+    assert code == 0 and stderr == "" and out.exists() and "Head ablation of" in stdout
+
+
+def test_verbose_and_debug_after_the_command(capsys, monkeypatch) -> None:
+    def logs(*args, **kwargs):
+        logging.getLogger("probe.classify").info("scored every head")
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr("probe.cli.classify.run_classify", logs)
+    code, _, stderr = run_cli(["classify", "--model", PLANTED, "-v"], capsys, monkeypatch)
+    assert code == 1 and "probe.classify: scored every head" in stderr and "Traceback" not in stderr
+    with pytest.raises(RuntimeError, match="disk on fire"):  # --debug: the traceback, also after the command
+        run_cli(["classify", "--model", PLANTED, "--debug"], capsys, monkeypatch)
+    code, _, stderr = run_cli(["-q", "classify", "--model", PLANTED, "-v"], capsys, monkeypatch)
+    assert code == 2 and stderr.strip() == "error: -q and -v contradict each other: give one"
+    code, _, stderr = run_cli(["classify", "--model", PLANTED], capsys, monkeypatch)  # nothing left over
+    assert code == 1 and "scored every head" not in stderr
+
 # ---------------------------------------------------------------------------------------------------------------
 # a head has one short and one long name
 

@@ -53,7 +53,7 @@ def test_results_become_dataframes() -> None:
 def test_to_dataframe_without_pandas_says_how_to_get_it(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pandas", None)  # as if it were not installed
     result = classify(tiny_loaded("llama_gqa"), seq_len=16, num_seqs=2, repeat_len=8)
-    with pytest.raises(ProbeError, match=r"needs pandas, an optional extra: pip install 'probe\[dataframe\]'"):
+    with pytest.raises(ProbeError, match=r"needs pandas, an optional extra: pip install 'probe-heads\[dataframe\]'"):
         result.to_dataframe()
 
 

@@ -84,6 +84,17 @@ def test_the_loss_order_streams_the_cheapest_kv_heads_first_and_retrieving_ones_
             assert change == pytest.approx(text_loss(loaded, texts.input_ids) - baseline, abs=1e-5)
 
 
+def test_kv_heads_ordered_by_loss_uses_loss_order_on_texts_no_other_stage_reads() -> None:
+    loaded = tiny_loaded("llama_gqa")
+    result = kv_heads(loaded, lengths=(100,), depths=(0.5,), sink=2, recent=8, curve=False, full_fraction=0.5,
+                      curve_texts=1, order_by="loss")
+    texts = natural_set(loaded, seq_len=99, num_seqs=3)
+    alone = natural_set(loaded, seq_len=99, num_seqs=1)
+    alone.input_ids = texts.input_ids[2:]  # the third sequence: the curve reads the first, the budget the second
+    order, _ = loss_order(loaded, result.kv_retrieval, alone, WindowAblation(sink=2, recent=8))
+    assert result.order == order and result.options["order_by"] == "loss"
+
+
 def test_a_model_that_cannot_be_windowed_gets_the_fixed_budget_and_says_why() -> None:
     result = kv_heads(load_model(PLANTED), lengths=(120,), depths=(0.5,), sink=1, recent=4, curve=False)
     assert result.budget.rule.startswith("fixed: the last 0.25 of the order full (a calibrated budget measures")
@@ -296,6 +307,7 @@ def test_exports_read_back_as_their_consumers_read_them(tmp_path: Path, capsys, 
     (["--needle", "Code:{key}"], "tokenizes its key differently"),
     (["--export", "vllm:x.json"], "unknown export format 'vllm'"),
     (["--export", "duo"], "FORMAT:PATH"),
+    (["--order", "random"], "--order 'random': use one of retrieval, loss"),
 ])
 def test_bad_input_is_one_line(args: list[str], expected: str, capsys, monkeypatch) -> None:
     model = "smollm2" if "--needle" in args else PLANTED

@@ -151,7 +151,7 @@ def test_sentences_longer_than_the_context_are_skipped_with_one_line(tmp_path):
     assert len(result.skipped) == 1 and "300 tokens, longer than the model's context of 256" in result.skipped[0]
 
 
-@pytest.mark.skipif(not HAS_SPACY, reason="spaCy is not installed (pip install 'probe[syntax]')")
+@pytest.mark.skipif(not HAS_SPACY, reason="spaCy is not installed (pip install 'probe-heads[syntax]')")
 def test_spacy_parses_prose_and_refuses_text_without_sentences():
     from probe.syntax.parse import parse_text
 
@@ -243,7 +243,7 @@ def test_an_encoder_scores_both_directions_with_cls_and_sep(tmp_path):
     assert by_direction == {TO_HEAD: arcs, "head->dep": arcs}  # Clark et al.: every arc, both ways
 
 
-@pytest.mark.skipif(not HAS_SPACY, reason="spaCy is not installed (pip install 'probe[syntax]')")
+@pytest.mark.skipif(not HAS_SPACY, reason="spaCy is not installed (pip install 'probe-heads[syntax]')")
 def test_cli_parses_text_with_spacy_and_names_the_scheme(tmp_path, capsys, monkeypatch):
     import json
 
@@ -273,7 +273,7 @@ def test_without_spacy_parsing_is_one_clear_error(monkeypatch):
     from probe.syntax.parse import parse_text
 
     monkeypatch.setitem(sys.modules, "spacy", None)  # what `import spacy` meets where the extra is not installed
-    with pytest.raises(ProbeError, match=r"parsing text needs spaCy: pip install 'probe\[syntax\]'"):
+    with pytest.raises(ProbeError, match=r"parsing text needs spaCy: pip install 'probe-heads\[syntax\]'"):
         parse_text("The cat sat on the mat.")
 
 

@@ -57,13 +57,15 @@ class Effects:
     """Summaries of ablated runs' per-position values against the baseline's, batch by batch of the probe set.
 
     `baseline[i]` (batch_i, positions') are the unablated values of batch i and `counted[i]` which of them count;
-    `shift` is the metric's (position t scored on token t + 1); `signs` (rows,) +1 or -1 per sequence: a task set's
+    `shift` is the metric's (position t scored on token t + 1); `per_row`: each batch's sequence lengths where the
+    metric has one value per sequence (a classifier's, at its gold class: the "token" is the sequence, shown by its
+    first tokens); `signs` (rows,) +1 or -1 per sequence: a task set's
     bad rows count with -1, so that a per-token delta > 0 always means that the ablation hurts."""
 
     def __init__(self, ids: list[Tensor], counted: list[Tensor], baseline: list[Tensor], shift: int,
-                 text: TokenText, signs: Tensor | None = None) -> None:
+                 text: TokenText, signs: Tensor | None = None, per_row: list[Tensor] | None = None) -> None:
         self.ids, self.counted, self.baseline, self.shift, self.text = ids, counted, baseline, shift, text
-        self.signs = signs
+        self.signs, self.per_row = signs, per_row
         self.starts = [0]
         for batch in ids[:-1]:
             self.starts.append(self.starts[-1] + int(batch.shape[0]))
@@ -106,5 +108,9 @@ class Effects:
     def _token(self, row: int, position: int, delta: float) -> dict[str, Any]:
         batch = max(i for i, start in enumerate(self.starts) if start <= row)
         ids = self.ids[batch][row - self.starts[batch]]
+        if self.per_row is not None:  # `position` is the gold class: the context is the sequence's beginning
+            first = min(2 * CONTEXT, int(self.per_row[batch][row - self.starts[batch]]) - 1)
+            return {"sequence": row, "position": 0, "class": position, "delta": delta,
+                    "context": self.text(ids, first, first)}
         token = position + self.shift  # the token whose prediction (or output) changed
         return {"sequence": row, "position": token, "delta": delta, "context": self.text(ids, token, CONTEXT)}

@@ -31,9 +31,9 @@ from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
 from probe.ablation.plan import check_probe_set, data_name, refuse_sources
 from probe.ablation.results import AblationResult, HeadResult
-from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner
+from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, batches_of
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
-from probe.inputs import ProbeSet
+from probe.inputs import LABELS_LAYOUT, ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
@@ -190,8 +190,9 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     check_probe_set(probe_set)
     refuse_sources(probe_set, "the estimate")
     if probe_set.scored is not None:
-        raise ProbeError("the estimate linearises the next-token loss of text, not a task's margin: run the exact "
-                         "sweep on a task", parameter="method")
+        what = "a classifier's labelled texts" if probe_set.meta.get("layout") == LABELS_LAYOUT else "a task's margin"
+        raise ProbeError(f"the estimate linearises the next-token loss of text, not {what}: run the exact sweep",
+                         parameter="method")
     chosen = list(all_heads(loaded.model) if heads is None else heads)
     check_heads(attention_layers(loaded.model), chosen)
     if not chosen:
@@ -202,7 +203,7 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
                          f"is the softmax's), not {chosen_metric.name}, which reads {chosen_metric.reads}: run the exact sweep",
                          parameter="method")
     scorer = Scorer(chosen_metric, parts_of(probe_set))
-    return chosen, scorer, [Batch(ids, mask, scorer.masks(ids, mask)) for ids, mask in probe_set.batches(batch_size)]
+    return chosen, scorer, batches_of(probe_set, scorer, batch_size)
 
 
 def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches_: list[Batch], blocks: Blocks | None,

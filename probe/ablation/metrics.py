@@ -7,6 +7,13 @@ that count, for the whole probe set and each of its parts; `losses` finishes sum
 - "cosine_distance" (models without an LM head or not causal, e.g. BERT loaded with AutoModel): mean over
   positions of 1 - cosine similarity between the final output vectors (last hidden states, or the logits of an MLM
   head) with the head ablated and those of the unablated model. The baseline is 0 by definition.
+- "class_cross_entropy" (sequence classifiers on labelled texts, probe.inputs.labels): mean cross-entropy of each
+  row's gold class under the class logits, the loss a classifier is fine-tuned on.
+- "accuracy" (the same input): 1 - accuracy, the share of rows whose top class is not the gold one (Michel et al.
+  2019 prune BERT on MNLI by accuracy); delta > 0: the ablation costs accuracy. Michel importance differentiates the
+  cross-entropy instead (`surrogate`), as Michel et al. do: accuracy has no gradient.
+- "class_logit_diff" (a classifier's clean/corrupt text pairs, probe.inputs.labels.read_class_pairs): minus the mean
+  logit(answer class) - logit(distractor class), the metric of patching a classifier.
 - "task_margin" (task sets, probe.inputs.tasks): minus the mean log-probability margin of the good over the bad member of
   each pair, log P(good) - log P(bad) (BLiMP's minimal pairs, Warstadt et al. 2020; Marvin & Linzen 2018); for a
   prompt with an answer and a distractor the pair differs in its last token, so the margin is logit(answer) -
@@ -29,20 +36,26 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from probe.ablation.logits import Final
-from probe.attention import run_model
-from probe.inputs import ProbeSet, is_encoder, real_tokens
+from probe.attention import logits_of, run_model
+from probe.inputs import CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, ProbeSet, is_encoder, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
 KINDS = {"text": "a causal LM's next-token predictions on text",
          "task": "a task set's scored positions",
          "contrast": "prompts each followed by their answer and distractor (clean/corrupt pairs)",
-         "outputs": "a model without next-token logits (an encoder, or no LM head)"}
+         "outputs": "a model without next-token logits (an encoder, or no LM head)",
+         "labels": "a sequence classifier's class logits on labelled texts",
+         "class_contrast": "a sequence classifier's clean/corrupt text pairs, with an answer and a distractor class"}
 """The kinds of input a metric can apply to, as `input_kind` tells them apart."""
 
 CONTRAST_LAYOUT = "prompt, answer, distractor"
 """`ProbeSet.meta["layout"]` of a set whose rows are a prompt, its answer and its distractor, scored at the last
 prompt position (probe.patching.runs): the logit_diff metric reads both tokens from the row."""
+
+PATCH_LAYOUTS = (CONTRAST_LAYOUT, CLASS_CONTRAST_LAYOUT)
+"""The layouts of patching's clean and corrupt runs: a language model's prompts (logit_diff) and a classifier's texts
+(class_logit_diff, probe.inputs.labels)."""
 
 
 class Metric:
@@ -57,6 +70,8 @@ class Metric:
     compares: ClassVar[bool] = False  # compares to the unablated outputs (kept per batch; the baseline is 0)
     chunkable: ClassVar[bool] = False  # a next-token metric (shift 1) whose `token_values` serve long inputs
     estimable: ClassVar[bool] = False  # the attribution-patching estimate's second order (the softmax's) is its own
+    per_row: ClassVar[bool] = False  # one value per row (a classifier's): `values` (batch, classes), counted by `scored`
+    surrogate: ClassVar[str | None] = None  # a metric without a gradient: the metric whose gradient stands in for it
 
     def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Chunkable metrics: values from logits (..., vocab) at positions t and the tokens (...) at t + 1."""
@@ -187,6 +202,65 @@ class LogitDiff(Metric):
         return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
 
 
+class ClassMetric(Metric):
+    """A sequence classifier's metric: one value per class of each row, `(batch, classes)`, of which the set's
+    `scored` counts the gold class (a labelled set, probe.inputs.labels)."""
+
+    shift = 0
+    applies = ("labels",)
+    per_row = True
+
+
+@register_metric
+class ClassCrossEntropy(ClassMetric):
+    """The cross-entropy of each row's gold class under a classifier's class logits: every class's -log p."""
+
+    name = "class_cross_entropy"
+    description = "mean cross-entropy of each text's gold class (a sequence classifier on labelled texts)"
+    reads = "a sequence classifier's class logits and each text's gold label"
+    default_for = ("labels",)
+
+    def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
+        return -output.float().log_softmax(dim=-1)  # (batch, classes)
+
+
+@register_metric
+class Accuracy(ClassMetric):
+    """1 - accuracy: each class's value is 1 where it is not the top class, so the gold class's value is the row's
+    error (ties go to the first class, as argmax breaks them)."""
+
+    name = "accuracy"
+    description = ("1 - accuracy on labelled texts (the share whose top class is not the gold one); delta > 0: the "
+                   "ablation costs accuracy")
+    reads = "a sequence classifier's top class and each text's gold label"
+    surrogate = "class_cross_entropy"
+
+    def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
+        top = F.one_hot(output.argmax(dim=-1), output.shape[-1])
+        return (1 - top).float()  # (batch, classes)
+
+    def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
+        error = float(rows.mean())
+        return error, {"accuracy": 1.0 - error}
+
+
+@register_metric
+class ClassLogitDiff(ClassMetric):
+    """Minus logit(answer) - logit(distractor) of a classifier's class logits (a clean/corrupt run of
+    probe.inputs.labels.read_class_pairs): each class's -logit, then its +logit, as values, `(batch, 2 x classes)`;
+    the run's `scored` picks the answer in the first half and the distractor in the second. Finished as logit_diff."""
+
+    name = "class_logit_diff"
+    description = ("minus the mean logit(answer class) - logit(distractor class) of a classifier; delta > 0: the "
+                   "change lowers the logit difference")
+    reads = "a sequence classifier's class logits: the answer class's and the distractor class's"
+    applies = default_for = ("class_contrast",)
+    finish = LogitDiff.finish
+
+    def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
+        return torch.cat([-output.float(), output.float()], dim=-1)
+
+
 def metric_named(name: str) -> Metric:
     if name not in METRICS:
         raise ProbeError(f"unknown metric {name!r}: use one of {', '.join(METRICS)}", parameter="metric")
@@ -198,18 +272,28 @@ def has_logits(loaded: LoadedModel, output: Any) -> bool:
     if is_encoder(loaded):
         return False
     if isinstance(output, Tensor):
-        return output.shape[-1] == loaded.vocab_size
-    return isinstance(getattr(output, "logits", None), Tensor) or (
-        isinstance(output, (tuple, list)) and isinstance(output[0], Tensor) and output[0].shape[-1] == loaded.vocab_size)
+        return output.dim() == 3 and output.shape[-1] == loaded.vocab_size
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits.dim() == 3  # a sequence classifier's are (batch, classes)
+    return isinstance(output, (tuple, list)) and isinstance(output[0], Tensor) and output[0].dim() == 3 and \
+        output[0].shape[-1] == loaded.vocab_size
 
 
 def input_kind(loaded: LoadedModel, probe_set: ProbeSet) -> str:
-    """Which of KINDS the model and probe set are: a task set, a causal LM on text, or outputs alone."""
+    """Which of KINDS the model and probe set are: labelled texts, a task set, a causal LM on text, or outputs
+    alone. A classifier reads labelled texts only: on other input, one line."""
+    layout = probe_set.meta.get("layout")
+    if layout in (LABELS_LAYOUT, CLASS_CONTRAST_LAYOUT):
+        return "labels" if layout == LABELS_LAYOUT else "class_contrast"
     if probe_set.scored is not None:
         return "contrast" if probe_set.meta.get("layout") == CONTRAST_LAYOUT else "task"
     ids, mask = probe_set.batches(1)[0]
     with torch.no_grad():
         output = run_model(loaded.model, ids[:1, :2], None if mask is None else mask[:1, :2])
+    if logits_of(output).dim() == 2:
+        raise ProbeError(f"{loaded.name} is a sequence classifier (its output is class logits): measure it on "
+                         "labelled texts (labels: a JSON-lines file of {\"text\", \"label\"} rows)", parameter="labels")
     return "text" if has_logits(loaded, output) else "outputs"
 
 
@@ -251,7 +335,13 @@ class Scorer:
 
     def masks(self, ids: Tensor, mask: Tensor | None, scored: Tensor | None = None) -> Tensor:
         """(parts + 1, batch, positions - shift) booleans: which positions count, for the whole set and each part;
-        `scored` (batch, positions - shift): only these (a task set's sentence or answer tokens)."""
+        `scored` (batch, positions - shift): only these (a task set's sentence or answer tokens). A per-row metric's
+        (parts + 1, batch, classes): `scored` itself, each row's gold class (the parts are positions: none)."""
+        if self.metric.per_row:
+            if scored is None:
+                raise ProbeError(f"metric {self.metric.name} reads labelled texts: give labels", parameter="labels")
+            valid = scored.bool() & real_tokens(ids, mask).any(dim=1, keepdim=True)
+            return torch.stack([valid] + [torch.zeros_like(valid)] * len(self.parts))
         valid = real_tokens(ids, mask)
         if self.metric.shift:  # position t predicts token t + 1; both must be real tokens
             valid = valid[:, :-1] & valid[:, 1:]

@@ -42,9 +42,9 @@ def refuse_sources(probe_set: ProbeSet, what: str) -> None:
 
 
 def data_name(probe_set: ProbeSet, data: str | Path | None) -> str:
-    """What a result names its data: repeated, natural, the text file, or the pairs."""
-    if probe_set.name == "pairs":
-        return str(probe_set.meta.get("source", "pairs"))
+    """What a result names its data: repeated, natural, the text file, the pairs or the labels file."""
+    if probe_set.name in ("pairs", "labels"):
+        return str(probe_set.meta.get("source", probe_set.name))
     if probe_set.name == "repeated" or probe_set.name.startswith("task:"):
         return probe_set.name
     return "natural" if data is None else str(data)

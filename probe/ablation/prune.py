@@ -30,9 +30,9 @@ from probe.ablation.editor import head_editor
 from probe.ablation.heads import Head, label, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
-from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
+from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losses, parts_of
 from probe.ablation.plan import check_probe_set, data_name, refuse_sources
-from probe.ablation.runners import Batch, NaiveRunner
+from probe.ablation.runners import NaiveRunner, batches_of
 from probe.ablation.sweep import sweep
 from probe.attention import attention_hooks, attention_layers, logits_of, run_model
 from probe.inputs import ProbeSet
@@ -85,6 +85,9 @@ class PruneCurve:
 
 @dataclass
 class PruneResult:
+    """Pruning curves (Michel et al. 2019): per ordering, the loss after each step with every pruned head ablated
+    together; `to_dict()` is the JSON of `probe prune --json`."""
+
     model: str
     metric: str
     method: str
@@ -125,11 +128,10 @@ class _Evaluator:
 
     def __init__(self, loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: Metric,
                  batch_size: int) -> None:
-        pairs = probe_set.batches(batch_size)
         self.scorer = Scorer(metric, parts_of(probe_set))
         readout = Readout.choose(loaded.model, metric.chunkable, None)
         self.runner = NaiveRunner(loaded.model, method, self.scorer, readout,
-                                  [Batch(ids, mask, self.scorer.masks(ids, mask)) for ids, mask in pairs])
+                                  batches_of(probe_set, self.scorer, batch_size))
         self.counts = torch.stack([b.counted.sum(dim=(1, 2)) for b in self.runner.batches]).sum(dim=0).double()
         self.passes = 0
 
@@ -145,6 +147,12 @@ class _Evaluator:
         with torch.inference_mode():
             sums = sum(self.runner.sums([tuple(heads)], index)[0] for index in range(len(self.runner.batches)))
         return losses(sums, self.counts, list(self.scorer.parts))[0]
+
+
+def graded(metric: Metric) -> Metric:
+    """The metric whose gradient Michel importance takes: the metric, or the one standing in for a metric without a
+    gradient (accuracy: the cross-entropy, as Michel et al. 2019 take it)."""
+    return metric if metric.surrogate is None else METRICS[metric.surrogate]
 
 
 def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int, n_heads: int,
@@ -166,7 +174,7 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
     with torch.enable_grad():
         with attention_hooks(runner.model, edit_heads=capture):
             output = logits_of(run_model(runner.model, batch.ids, batch.mask))  # (batch, positions, vocab)
-        values = evaluator.scorer.metric.values(output, batch.ids, batch.reference)  # (batch, positions')
+        values = graded(evaluator.scorer.metric).values(output, batch.ids, batch.reference)  # (batch, positions')
         counted = batch.counted[0].to(values.device)
         per_sequence = (values * counted).sum(dim=1) / counted.sum(dim=1).clamp(min=1)
         order = sorted(outputs)

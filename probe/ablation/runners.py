@@ -25,7 +25,7 @@ from probe.ablation.methods import AblationMethod
 from probe.ablation.metrics import Scorer
 from probe.ablation.plan import CACHE_BYTES
 from probe.attention import Source, logits_of, run_model
-from probe.inputs import real_tokens
+from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 
 NAIVE = "naive: one full forward per ablation"
@@ -42,6 +42,13 @@ class Batch:
     reference: Tensor | None = None  # unablated final outputs, for metrics that compare to them
     kept: dict[int, Any] | None = None  # unablated block outputs (None: recomputed when needed)
     source: Source | None = None  # an encoder-decoder's own encoder input (probe.inputs.pairs); None: the ids themselves
+
+
+def batches_of(probe_set: ProbeSet, scorer: Scorer, batch_size: int) -> list[Batch]:
+    """The probe set's batches, each with what its metric counts (positions, a task's scored ones, or a labelled
+    row's gold class) and its encoder's own sources: one place for the sweep, pruning and the estimate."""
+    return [Batch(ids, mask, scorer.masks(ids, mask, rows), source=source) for (ids, mask), rows, source in
+            zip(probe_set.batches(batch_size), probe_set.scored_batches(batch_size), probe_set.sources(batch_size))]
 
 
 def _baseline_sums(scorer: Scorer, batch: Batch, output: Tensor | Final) -> Tensor:
@@ -184,7 +191,8 @@ class PrefixRunner:
             mine = stacked.reshape(copies, rows, *stacked.shape[1:])[0]
         if mine.shape != reference.shape:
             return f"output shape {tuple(mine.shape)} != {tuple(reference.shape)}"
-        valid = real_tokens(batch.ids, batch.mask)
+        # per position where the output has positions; a classifier's (batch, classes) whole
+        valid = real_tokens(batch.ids, batch.mask) if mine.dim() > 2 else torch.ones_like(mine, dtype=torch.bool)
         valid = valid.to(mine.device)
         diff = (mine.float() - reference.float()).abs()[valid].max().item()
         scale = max(1.0, reference.float().abs()[valid].max().item())

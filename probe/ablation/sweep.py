@@ -34,10 +34,10 @@ from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_
 from probe.ablation.plan import assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.statistics import HeadStatistics
-from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, Runner
+from probe.ablation.runners import NaiveRunner, PrefixRunner, Runner, batches_of
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
 from probe.attention import attention_layers
-from probe.inputs import ProbeSet
+from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
@@ -95,17 +95,11 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ablatio
             batch_size: int, ablations: list[Ablation]) -> tuple[Runner, int]:
     """The runner of this sweep (prefix reuse where the model has a block list) and its blocks per forward."""
     model = loaded.model
-    pairs = probe_set.batches(batch_size)
     scorer = Scorer(metric, parts_of(probe_set))
     layers = attention_layers(model)
     blocks, why_not = (None, "") if mode == "naive" else find_blocks(model, layers)
     readout = Readout.choose(model, metric.chunkable, blocks)
-    scored = [None if probe_set.scored is None else probe_set.scored[i * batch_size:i * batch_size + len(ids)]
-              for i, (ids, _) in enumerate(pairs)]
-    sources = probe_set.sources(batch_size)
-    runner = NaiveRunner(model, method, scorer, readout,
-                         [Batch(ids, mask, scorer.masks(ids, mask, rows), source=source)
-                          for (ids, mask), rows, source in zip(pairs, scored, sources)], why_not)
+    runner = NaiveRunner(model, method, scorer, readout, batches_of(probe_set, scorer, batch_size), why_not)
     if blocks is None:
         return runner, len(layers)
     return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), len(blocks)
@@ -139,7 +133,8 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
     loss, parts = losses(sums, counts, list(scorer.parts))
     effects = Effects([batch.ids for batch in runner.batches], [batch.counted[0].cpu() for batch in runner.batches],
                       values, scorer.metric.shift, token_text(tokenizer), scorer.metric.signs(sum(
-                          int(batch.ids.shape[0]) for batch in runner.batches)))
+                          int(batch.ids.shape[0]) for batch in runner.batches)),
+                      [real_tokens(b.ids, b.mask).sum(dim=1) for b in runner.batches] if scorer.metric.per_row else None)
     finished = scorer.metric.finish(effects.baseline_rows())
     if finished is not None:
         loss = finished[0]

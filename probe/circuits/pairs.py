@@ -64,6 +64,10 @@ class Pair:
 
 @dataclass
 class Circuits:
+    """What `circuits` found: each induction head's strongest K-composing feeders (Elhage et al. 2021) against the
+    random baseline, the previous-token heads' ranks among them, and the ablation check; `to_dict()` is the JSON of
+    `probe circuits --json`."""
+
     model: str
     baseline: float  # K-composition of random matrices of the same shapes
     pairs: list[Pair]

@@ -106,6 +106,7 @@ def layer_weights(model: nn.Module, layer: AttentionLayer) -> HeadWeights:
 
 
 def all_layer_weights(model: nn.Module) -> list[HeadWeights]:
+    """Every attention layer's per-head weights (`layer_weights`), in layer order; refused on an encoder-decoder."""
     layers = attention_layers(model)
     if any(layer.stack for layer in layers):  # composition assumes every head reads and writes one stream
         raise ProbeError("weight-based composition reads one residual stream, and an encoder-decoder has two (the "

@@ -160,6 +160,33 @@ def sink_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tenso
     return _column_mass(weights, start, batch, 0)
 
 
+def _last_keys(batch: Batch) -> Tensor:
+    """(b,) each sequence's last real position (right padding): [SEP] in an encoder's [CLS] ... [SEP] input."""
+    return batch.valid.sum(dim=1) - 1
+
+
+def sep_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Mean over valid queries of A[i, last]: attention to the closing [SEP] of an encoder's input, which Clark et
+    al. 2019 ("What Does BERT Look At?") find holds most of many BERT heads' attention in the middle layers (read as
+    a no-op). On a causal model only the last query sees that key, so the score stays near 0."""
+    b, h, block, _ = weights.shape
+    last = _last_keys(batch).to(weights.device).clamp(min=0)
+    values = weights.gather(-1, last[:, None, None, None].expand(b, h, block, 1))[..., 0]
+    return _counted(values, batch.valid.to(weights.device)[:, start:start + block])
+
+
+def sep_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+    """sep_score's sums from the log-sum-exp: one column per distinct last position (one, without padding)."""
+    last = _last_keys(batch).clamp(min=0)
+    values = None
+    for key in last.unique().tolist():
+        column = attention.column(int(key))  # (b, h, n)
+        values = column if values is None else torch.where((last == key).to(column.device)[:, None, None],
+                                                           column, values)
+    assert values is not None
+    return _counted(values, batch.valid.to(values.device)[:, :values.shape[-1]])
+
+
 def induction_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """On BOS + R random tokens repeated twice, mean over second-repeat queries i of A[i, i-R+1]: attention to the
     token after the earlier copy (prefix matching, Olsson et al. 2022)."""
@@ -444,6 +471,8 @@ for _score in (
           duplicate_token_score, "D", fast=Diagonal(_duplicate_shift, _second_repeat)),
     Score("next_token", "natural", 0.5, "attends to the next token (encoders)", next_token_score, "N",
           fast=Diagonal(_next)),
+    Score("sep", "natural", 0.3, "attends to the closing [SEP] (encoders; Clark et al. 2019)", sep_score, "E",
+          fast=sep_from_lse),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
           positional_score, "O", finish_positional, fast=positional_from_lse),
     Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",

@@ -64,6 +64,9 @@ class ContrastSet:
     distractor: Tensor  # (pairs,) token id
     pairs: list[ContrastPair] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # generated items left out, and why
+    # a classifier's pairs (probe.inputs.labels.read_class_pairs): answer and distractor are class indices of these
+    # classes, read off the class logits; None: tokens, read at the last prompt position
+    classes: list[str] | None = None
 
     @property
     def last(self) -> Tensor:

@@ -183,4 +183,6 @@ def needle_set(loaded: LoadedModel, options: ProbeOptions) -> NeedleSet:
                      sources=sources, cells=cells, keys=keys)
 
 
-register_probe_set("needle", needle_set, kind="text", summary="needle-in-a-haystack prompts: a key hidden in natural text at chosen depths, then asked for (Kamradt; Wu et al. 2024)")
+register_probe_set("needle", needle_set, kind="text",
+                   summary="needle-in-a-haystack prompts: a key hidden in natural text at chosen depths, then asked "
+                           "for (Kamradt; Wu et al. 2024)")

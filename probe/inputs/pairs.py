@@ -15,22 +15,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from probe.inputs.sets import ProbeSet, context_length, register_probe_set
+from probe.inputs.sets import ProbeSet, context_length, register_probe_set, right_padded
 from probe.errors import ProbeError
 from probe.reading import is_file, loads
 from probe.hooks.stacks import decoder_start
 from probe.models import LoadedModel
-
-
-def _padded(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
-    """(ids, mask) (len(rows), longest), right-padded."""
-    longest = max(len(row) for row in rows)
-    ids = torch.full((len(rows), longest), pad, dtype=torch.long)
-    mask = torch.zeros((len(rows), longest), dtype=torch.long)
-    for i, row in enumerate(rows):
-        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, :len(row)] = 1
-    return ids, mask
 
 
 def pairs_set(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
@@ -44,8 +33,8 @@ def pairs_set(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence
         raise ProbeError("give at least one pair, each with a non-empty source and target", parameter="pairs")
     pad = getattr(loaded.model.config, "pad_token_id", None)
     pad = pad if isinstance(pad, int) else 0
-    target_ids, target_mask = _padded([[start, *target] for _, target in pairs], pad)
-    source_ids, source_mask = _padded([list(source) for source, _ in pairs], pad)
+    target_ids, target_mask = right_padded([[start, *target] for _, target in pairs], pad)
+    source_ids, source_mask = right_padded([list(source) for source, _ in pairs], pad)
     limit, longest = context_length(loaded), max(target_ids.shape[1], source_ids.shape[1])
     if limit is not None and longest > limit:
         raise ProbeError(f"a pair has {longest} tokens, more than the model's context of {limit}: shorten it",

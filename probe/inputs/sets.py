@@ -45,10 +45,18 @@ class ProbeSet:
     offset: int  # the first content position: 1 after a BOS or [CLS], else 0
     attention_mask: Tensor | None = None
     repeat_len: int | None = None  # repeated sets: R
-    scored: Tensor | None = None  # task sets: (num_seqs, length - 1) which positions' next tokens the metric scores
+    # which of the metric's values count: a task set's (num_seqs, length - 1) positions whose next tokens it scores; a
+    # labelled set's (num_seqs, classes) gold class of each row (probe.inputs.labels)
+    scored: Tensor | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     source_ids: Tensor | None = None  # encoder-decoders (probe.pairs): the encoder's own input, (num_seqs, length')
     source_mask: Tensor | None = None
+
+    def scored_batches(self, batch_size: int) -> list[Tensor | None]:
+        """The rows of `scored` of each batch of `batches(batch_size)` (None each where the set has none)."""
+        if self.scored is None:
+            return [None] * len(self.batches(batch_size))
+        return [self.scored[first:first + batch_size] for first in range(0, self.scored.shape[0], batch_size)]
 
     def batches(self, batch_size: int) -> list[tuple[Tensor, Tensor | None]]:
         """(ids, mask) per batch of `batch_size` sequences; right padding cut to the batch's longest sequence."""
@@ -75,6 +83,17 @@ class ProbeSet:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "num_seqs": int(self.input_ids.shape[0]),
                 "length": int(self.input_ids.shape[1]), **self.meta}
+
+
+def right_padded(rows: list[list[int]], pad: int) -> tuple[Tensor, Tensor]:
+    """(ids, mask) (len(rows), longest), right-padded with `pad`."""
+    longest = max(len(row) for row in rows)
+    ids = torch.full((len(rows), longest), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[i, :len(row)] = 1
+    return ids, mask
 
 
 def real_tokens(ids: Tensor, mask: Tensor | None) -> Tensor:
@@ -157,6 +176,7 @@ def context_length(loaded: LoadedModel) -> int | None:
 
 
 def check_context(loaded: LoadedModel, length: int) -> None:
+    """Refuse sequences longer than the model's context (`context_length`), naming seq_len."""
     limit = context_length(loaded)
     if limit is not None and length > limit:
         raise ProbeError(f"sequences of {length} tokens are longer than the model's context of {limit}: "
@@ -174,6 +194,7 @@ class ProbeOptions:
     seed: int = DEFAULT_SEED
     task: str | Path | None = None  # task / contrast: a generated task's name, or (task) a JSON-lines file
     pairs: str | Path | None = None  # pairs: source/target texts; contrast: clean/corrupt pairs (JSON-lines files)
+    labels: str | Path | None = None  # labels: labelled texts for a sequence classifier (a JSON-lines file)
 
 
 ProbeSetBuilder = Callable[[LoadedModel, ProbeOptions], Any]  # a ProbeSet; a ContrastSet for kind "contrast"
@@ -185,7 +206,7 @@ class ProbeSetKind:
 
     name: str
     build: ProbeSetBuilder
-    kind: str = "text"  # text, task or contrast: the input kinds of probe.ablation.metrics.KINDS
+    kind: str = "text"  # text, task, contrast or labels: the input kinds of probe.ablation.metrics.KINDS
     summary: str = ""
     reads: tuple[str, ...] = ()  # ProbeOptions fields it needs one of (e.g. "task", "pairs"); () builds from defaults
 

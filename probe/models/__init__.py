@@ -1,9 +1,10 @@
 """Loading models: `load_model(spec)` for an alias, a Hugging Face folder or hub id, a `.gguf` file, or
 `FILE.py:FUNCTION`; and where a loaded model's inputs go (`placement`)."""
 
-from probe.models.aliases import ALIASES, DEFAULT_MODEL, Alias, alias_path, cache_root
+from probe.models.aliases import (ALIASES, DEFAULT_MODEL, HUB_ALIASES, Alias, HubAlias, alias_path, cache_root,
+                                  hub_cached, resolve_alias)
 from probe.models.load import LoadedModel, load_model
 from probe.models.placement import DeviceMap, input_device, parse_device_map
 
-__all__ = ["ALIASES", "DEFAULT_MODEL", "Alias", "DeviceMap", "LoadedModel", "alias_path", "cache_root",
-           "input_device", "load_model", "parse_device_map"]
+__all__ = ["ALIASES", "DEFAULT_MODEL", "HUB_ALIASES", "Alias", "DeviceMap", "HubAlias", "LoadedModel", "alias_path",
+           "cache_root", "hub_cached", "input_device", "load_model", "parse_device_map", "resolve_alias"]

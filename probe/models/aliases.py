@@ -33,6 +33,42 @@ ALIASES: dict[str, Alias] = {
 DEFAULT_MODEL = "smollm2"
 
 
+@dataclass
+class HubAlias:
+    """A model probe knows by a short name that comes from the Hugging Face hub: the first load needs the network
+    (then transformers' cache serves it offline). The hub id is what provenance records."""
+
+    name: str
+    hub_id: str
+    description: str
+    note: str = ""  # what else it takes (a gated model: accept its licence on the hub, then log in)
+
+
+HUB_ALIASES: dict[str, HubAlias] = {alias.name: alias for alias in (
+    HubAlias("gpt2", "openai-community/gpt2", "GPT-2 small (gpt2, 12 layers x 12 heads): the IOI and induction-head "
+             "circuits were found on it"),
+    HubAlias("pythia-70m", "EleutherAI/pythia-70m", "Pythia 70M (gpt_neox, 6 layers x 8 heads), checkpoints across "
+             "training"),
+    HubAlias("pythia-160m", "EleutherAI/pythia-160m", "Pythia 160M (gpt_neox, 12 layers x 12 heads)"),
+    HubAlias("llama-3.2-1b", "meta-llama/Llama-3.2-1B", "Llama 3.2 1B (llama, 16 layers, 32 query / 8 key-value "
+             "heads)", note="gated: accept Meta's licence on the hub, then `hf auth login`"),
+    HubAlias("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B", "Qwen2.5 0.5B (qwen2, 24 layers, 14 query / 2 key-value heads)"),
+)}
+"""Hub models researchers study heads on, by a short name: `load_model("gpt2")` loads `openai-community/gpt2`."""
+
+
+def resolve_alias(spec: str) -> str:
+    """The hub id a hub alias stands for; any other spec unchanged (a wheel alias is found by `alias_path`)."""
+    return HUB_ALIASES[spec].hub_id if spec in HUB_ALIASES else spec
+
+
+def hub_cached(alias: HubAlias) -> bool:
+    """Whether the hub model's config is in the local Hugging Face cache already (looked up without the network)."""
+    from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415 (transformers' dependency, loaded late)
+
+    return isinstance(try_to_load_from_cache(alias.hub_id, "config.json"), str)
+
+
 def alias_path(alias: Alias) -> Path | None:
     """Where the alias' file is installed, or None; the package is located without importing it."""
     spec = importlib.util.find_spec(alias.package)

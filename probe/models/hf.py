@@ -79,11 +79,20 @@ def _check_placement(config: Any, device_map: dict[str, int | str], trust_remote
                      (name for name, _ in skeleton.named_parameters()))
 
 
-def _model_classes(config: Any) -> list[Any]:
-    """The Auto classes to try in order: the causal LM first, except for encoders (BERT & co. have a *ForCausalLM
-    class, but only as a decoder) and encoder-decoders (the sequence-to-sequence LM), then the bare model."""
-    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+def is_classifier_config(config: Any) -> bool:
+    """A sequence classifier: the config's architectures name a `*ForSequenceClassification` (a fine-tuned BERT,
+    RoBERTa, DistilBERT or Llama classifier), whose output is class logits (batch, classes)."""
+    return any(str(name).endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or [])
 
+
+def _model_classes(config: Any) -> list[Any]:
+    """The Auto classes to try in order: the sequence classifier where the config names one, else the causal LM
+    first, except for encoders (BERT & co. have a *ForCausalLM class, but only as a decoder) and encoder-decoders
+    (the sequence-to-sequence LM), then the bare model."""
+    from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+
+    if is_classifier_config(config):
+        return [AutoModelForSequenceClassification, AutoModel]
     if getattr(config, "is_encoder_decoder", False):  # BART has a *ForCausalLM class too: its decoder alone
         return [AutoModelForSeq2SeqLM, AutoModel]
     return [AutoModel] if is_encoder_config(config) else [AutoModelForCausalLM, AutoModel]

@@ -13,7 +13,7 @@ from torch import nn
 
 from probe.errors import ProbeError, first_line
 from probe.hooks.outputs import logits_of
-from probe.models.aliases import ALIASES, DEFAULT_MODEL, alias_path
+from probe.models.aliases import ALIASES, DEFAULT_MODEL, HUB_ALIASES, alias_path, resolve_alias
 from probe.models.custom import is_custom_spec, load_custom, missing_function
 from probe.models.gguf import load_gguf
 from probe.models.origin import ModelOrigin, module_origin, origin_of
@@ -121,8 +121,8 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
                 load_tokenizer(spec, trust_remote_code=trust_remote_code))
     if "/" in spec or spec.startswith(".") or spec.endswith(".py"):
         raise ProbeError(f"model path not found: {spec}", parameter="spec")
-    raise ProbeError(f"unknown model {spec!r}: use an alias ({', '.join(ALIASES)}), a model folder, "
-                     "a .gguf file, a hub id like org/name, or FILE.py:FUNCTION", parameter="spec")
+    raise ProbeError(f"unknown model {spec!r}: use an alias ({', '.join([*ALIASES, *HUB_ALIASES])}), a model "
+                     "folder, a .gguf file, a hub id like org/name, or FILE.py:FUNCTION", parameter="spec")
 
 
 def _vocab_size(model: nn.Module) -> int | None:
@@ -189,12 +189,15 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     torch_dtype = _parse_dtype(dtype)
     _check_device(device)
     placement = _placement(device, device_map, offload_folder, max_memory)
+    source = resolve_alias(spec)  # a hub alias (gpt2) loads its hub id (openai-community/gpt2)
     try:
-        model, own_tokenizer = _dispatch(spec, torch_dtype, placement, trust_remote_code)
+        model, own_tokenizer = _dispatch(source, torch_dtype, placement, trust_remote_code)
     except ProbeError:
         raise
     except OSError as error:
-        raise ProbeError(f"cannot load model {spec!r}: {first_line(error) or type(error).__name__}") from error
+        hub = f" ({source} comes from the Hugging Face hub: the first load needs the network)" if (
+            spec in HUB_ALIASES) else ""
+        raise ProbeError(f"cannot load model {spec!r}{hub}: {first_line(error) or type(error).__name__}") from error
     except Exception as error:
         raise ProbeError(f"cannot load model {spec!r}: {type(error).__name__}: {first_line(error)}") from error
     if device is not None:
@@ -203,4 +206,4 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     vocab_size = _vocab_size(model) or _infer_vocab_size(model)
     logging.getLogger("probe.models").info("loaded %s (%s)", spec, type(model).__name__)
     return LoadedModel(model=model, tokenizer=tokenizer or own_tokenizer, name=name or spec, vocab_size=vocab_size,
-                       origin=origin_of(spec, model))
+                       origin=origin_of(source, model))

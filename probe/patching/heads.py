@@ -28,7 +28,7 @@ from torch import Tensor
 
 from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
 from probe.ablation.methods import PatchAblation, patch_method
-from probe.ablation.metrics import CONTRAST_LAYOUT, Metric
+from probe.ablation.metrics import PATCH_LAYOUTS, Metric
 from probe.ablation.results import AblationResult
 from probe.ablation.sweep import baseline_metric, sweep
 from probe.attention import attention_layers
@@ -130,7 +130,7 @@ def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: st
 
 
 def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
-    if any(run.meta.get("layout") != CONTRAST_LAYOUT for run in (clean, corrupt)):
+    if any(run.meta.get("layout") not in PATCH_LAYOUTS for run in (clean, corrupt)):
         raise ProbeError("patching compares two runs of prompts, each followed by its answer and distractor: make "
                          "them with probe.patching.contrast_runs", parameter="clean")
     if clean.input_ids.shape != corrupt.input_ids.shape or not bool((clean.scored == corrupt.scored).all()):
@@ -214,7 +214,8 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
 def row_logit_diffs(metric: Metric, logits: Tensor, ids: Tensor, scored: Tensor) -> Tensor:
     """(rows,) each row's logit difference from one forward's logits: the logit_diff metric's value at the row's
     scored position (`scored`: the batch's rows of the probe set's `scored`, cut to the batch's length)."""
-    return -(metric.values(logits, ids, None) * scored[:, :ids.shape[1] - 1].to(logits.device)).sum(dim=1)
+    values = metric.values(logits, ids, None)  # (batch, positions - 1), or a classifier's (batch, 2 x classes)
+    return -(values * scored[:, :values.shape[1]].to(values.device)).sum(dim=1)
 
 
 def mean_logit_diff(measured: tuple[float, dict[str, float] | None]) -> float:

@@ -62,7 +62,8 @@ class PathResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "component": self.component, "senders": [list(h) for h in self.senders],
-                "receivers": [h if isinstance(h, str) else list(h) for h in self.receivers], "logit_diff": self.logit_diff,
+                "receivers": [h if isinstance(h, str) else list(h) for h in self.receivers],
+                "logit_diff": self.logit_diff,
                 "patch_effect": self.patch_effect, "clean_logit_diff": self.clean_logit_diff,
                 "corrupt_logit_diff": self.corrupt_logit_diff}
 
@@ -106,7 +107,8 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
     if later:
         raise ProbeError(f"a receiver reads a sender's output only in a later layer: {later[0][1]} does not come after "
                          f"{later[0][0]}", parameter="receivers")
-    clean_ld, corrupt_ld = (mean_logit_diff(baseline_metric(loaded, run, batch_size=batch_size)) for run in (clean, corrupt))
+    clean_ld, corrupt_ld = (mean_logit_diff(baseline_metric(loaded, run, batch_size=batch_size))
+                            for run in (clean, corrupt))
     clean_out, corrupt_out = (head_outputs(loaded, run, batch_size=batch_size) for run in (clean, corrupt))
     metric = choose_metric(loaded, corrupt)
     sums = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
@@ -155,7 +157,8 @@ def direct_path(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders
     check_runs(clean, corrupt)
     check_heads(attention_layers(loaded.model), list(senders))
     structure = model_structure(loaded.model)  # refuses a model without an LM head or a final norm it can find
-    clean_ld, corrupt_ld = (mean_logit_diff(baseline_metric(loaded, run, batch_size=batch_size)) for run in (clean, corrupt))
+    clean_ld, corrupt_ld = (mean_logit_diff(baseline_metric(loaded, run, batch_size=batch_size))
+                            for run in (clean, corrupt))
     clean_out, corrupt_out = (head_outputs(loaded, run, batch_size=batch_size) for run in (clean, corrupt))
     metric = choose_metric(loaded, corrupt)
     sums, unpatched = torch.zeros(len(senders), 1, dtype=torch.float64), 0.0

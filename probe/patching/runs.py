@@ -10,7 +10,7 @@ import torch
 
 from probe.ablation.heads import Head
 from probe.ablation.metrics import CONTRAST_LAYOUT
-from probe.inputs import ContrastSet, ProbeSet
+from probe.inputs import CLASS_CONTRAST_LAYOUT, ContrastSet, ProbeSet
 from probe.dla import logit_attribution
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -37,8 +37,23 @@ def _run(contrast: ContrastSet, prompts: torch.Tensor, which: str, offset: int) 
                                                               "layout": CONTRAST_LAYOUT, "side": which})
 
 
+def _class_run(contrast: ContrastSet, texts: torch.Tensor, which: str, classes: list[str]) -> ProbeSet:
+    """One side's texts as a probe set of the class_logit_diff metric: `scored` (pairs, 2 x classes) holds each
+    pair's answer class in the first half and its distractor class in the second (CLASS_CONTRAST_LAYOUT)."""
+    rows, count = torch.arange(len(contrast)), len(classes)
+    scored = torch.zeros(len(contrast), 2 * count, dtype=torch.bool)
+    scored[rows, contrast.answer], scored[rows, count + contrast.distractor] = True, True
+    return ProbeSet(f"task:{contrast.name}", f"{contrast.description} ({which} texts)", texts, 1,
+                    attention_mask=contrast.mask, scored=scored, meta={"task": contrast.name, "items": len(contrast), "classes": classes,
+                                         "layout": CLASS_CONTRAST_LAYOUT, "side": which})
+
+
 def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet, ProbeSet]:
-    """(clean, corrupt) task sets of one shape, row for row."""
+    """(clean, corrupt) task sets of one shape, row for row: prompts followed by answer and distractor tokens, or a
+    classifier's texts scored on its answer and distractor classes (`contrast.classes`)."""
+    if contrast.classes is not None:
+        return tuple(_class_run(contrast, texts, which, contrast.classes)  # type: ignore[return-value]
+                     for texts, which in ((contrast.clean, "clean"), (contrast.corrupt, "corrupt")))
     bos = getattr(loaded.tokenizer, "bos_token_id", None)
     offset = int(isinstance(bos, int) and bool((contrast.clean[:, 0] == bos).all()))
     return _run(contrast, contrast.clean, "clean", offset), _run(contrast, contrast.corrupt, "corrupt", offset)
@@ -59,6 +74,10 @@ def patch_contrast(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[H
         result = patch_heads(loaded, clean, corrupt, heads, batch_size=batch_size, data=contrast.description,
                              **options)
     if result is None or not attribution:
+        return result
+    if contrast.classes is not None:
+        result.dla_note = ("direct logit attribution reads a language model's unembedding; a classifier's pooler and "
+                           "head are not decomposed")
         return result
     try:
         result.dla = logit_attribution(loaded, contrast, batch_size=batch_size, per_position=False).per_head.tolist()

