@@ -36,8 +36,8 @@ from probe.cli.kv_heads import parse_exports
 from probe.cli.prune import parse_max_increase
 from probe.distributed import shard_paths
 from probe.errors import ProbeError
-from probe.inputs import (natural_set, read_contrast_pairs, read_pairs, read_task_file, repeated_set,
-                          task_set)
+from probe.inputs import (natural_set, read_contrast_pairs, read_labelled, read_pairs, read_task_file,
+                          repeated_set, task_set)
 from probe.models import LoadedModel, load_model
 from probe.models.placement import parse_device_map
 from probe.patterns import read_text
@@ -291,6 +291,25 @@ def test_contrast_pairs_read_or_refuse(data: bytes, tmp_path: Path, worded: Load
     pairs = valid_or_refused(lambda: read_contrast_pairs(worded, path))
     if not isinstance(pairs, ProbeError):
         assert len(pairs) >= 1 and pairs.clean.shape == pairs.corrupt.shape
+
+
+LABEL_ROWS = [{"text": "go home now", "label": 1}, {"text": "sing", "label": "verb", "text_pair": "walk slowly"}]
+
+
+@given(data=file_bytes(st.one_of(st.sampled_from([json.dumps(row) for row in LABEL_ROWS]),
+                                 json_variant(LABEL_ROWS))))
+def test_labels_files_read_or_refuse(data: bytes, tmp_path: Path) -> None:
+    path = write(tmp_path / "labels.jsonl", data)
+    rows = valid_or_refused(lambda: read_labelled(path))
+    assert isinstance(rows, ProbeError) or all(row.text.strip() and not isinstance(row.label, bool) for row in rows)
+
+
+@given(rows=st.lists(st.fixed_dictionaries({"text": st.text(min_size=1).filter(str.strip),
+                                            "label": st.integers() | st.text()}), min_size=1, max_size=5))
+def test_labels_files_round_trip(rows: list[dict], tmp_path: Path) -> None:
+    lines = "\n".join(json.dumps(row) for row in rows)
+    read = read_labelled(write(tmp_path / "labels.jsonl", lines.encode("utf-8", "surrogatepass")))
+    assert [(row.text, row.label) for row in read] == [(row["text"], row["label"]) for row in rows]
 
 
 CONLLU = ["# text = go home now", "1\tgo\tgo\tVERB\t_\t_\t0\troot\t_\t_", "2\thome\thome\tNOUN\t_\t_\t1\tobj\t_\t_",
