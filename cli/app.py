@@ -17,7 +17,7 @@ import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from probe.cli import ablate, circuits, classify, dla, heatmap, kv_heads, models, patch, prune, syntax
+from probe.cli import ablate, circuits, classify, dla, heatmap, kv_heads, models, patch, prune, syntax, track
 from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import set_quiet, warn
 from probe.errors import ProbeError
@@ -100,7 +100,7 @@ app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find out what each attention head of a transformer does.")
 for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax, circuits.circuits,
-                prune.prune, kv_heads.kv_heads, dla.dla, patch.patch):
+                prune.prune, kv_heads.kv_heads, dla.dla, patch.patch, track.track):
     app.command(cls=Command)(command)
 
 FLAGS = {
@@ -119,6 +119,8 @@ FLAGS = {
     "task": "--task", "pairs": "--pairs", "labels": "--labels", "count": "--count", "metric": "--metric", "component": "--component",
     "lengths": "--lengths", "depths": "--depths", "needle": "--needle", "recent": "--recent", "sink": "--sink",
     "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
+    "checkpoints": "--checkpoints", "revisions": "--revisions", "revision": "--revisions",
+    "icl_positions": "--icl-positions", "min_rise": "--min-rise", "scores": "--threshold",
     "order_by": "--order", "max_loss_increase": "--max-loss-increase", "curve_texts": "--curve-texts",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""

@@ -182,7 +182,7 @@ def process_group(device: torch.device | str | None = None) -> Iterator[Rank | N
         dist.destroy_process_group()
 
 
-def _gather(value: Any) -> list[Any]:
+def gather(value: Any) -> list[Any]:
     import torch.distributed as dist
 
     out: list[Any] = [None] * dist.get_world_size()
@@ -240,7 +240,7 @@ def _share_finished(results_path: Path, mine: Path) -> int:
     whichever rank now owns a finished chunk skips it. Returns how many ablations were finished.
     """
     header, entries, read = _finished(results_path)
-    pooled = _gather((header, [entry.to_dict() for entry in entries], read))
+    pooled = gather((header, [entry.to_dict() for entry in entries], read))
     headers = [(h, files) for h, _, files in pooled if h is not None]
     if not headers:
         return 0
@@ -288,7 +288,7 @@ def _remove_stale_shards(results_path: Path, world_size: int) -> None:
 def _gathered(result: AblationResult, ablations: list[Any]) -> tuple[dict[Any, HeadResult], set[str]]:
     """Every process's results, merged (the first of each ablation), and the paths they took; checks that all
     processes computed the same baseline and that no ablation is missing."""
-    gathered = _gather((result.baseline_loss, result.baseline_parts, result.path,
+    gathered = gather((result.baseline_loss, result.baseline_parts, result.path,
                         [entry.to_dict() for entry in result.results]))
     baselines = {(baseline, json.dumps(parts, sort_keys=True)) for baseline, parts, _, _ in gathered}
     if len(baselines) > 1:

@@ -101,8 +101,11 @@ def _load_folder(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None
 
 
 def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
-              trust_remote_code: bool) -> tuple[nn.Module, Any]:
-    """The loader that `spec` names, by its form."""
+              trust_remote_code: bool, revision: str | None = None) -> tuple[nn.Module, Any]:
+    """The loader that `spec` names, by its form; `revision` (a branch, tag or commit) for hub ids only."""
+    if revision is not None and not _is_hub_id(spec):
+        raise ProbeError(f"a revision ({revision!r}) names a version of a hub model: {spec} is not a hub id "
+                         "(org/name)", parameter="revision")
     if spec in ALIASES:
         path = alias_path(ALIASES[spec])
         if path is None:
@@ -116,13 +119,20 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
         return load_gguf(Path(spec), dtype, placement)
     if Path(spec).exists():
         return _load_folder(spec, dtype, placement, trust_remote_code)
-    if spec.count("/") == 1 and not spec.startswith((".", "/")) and not spec.endswith(".py"):
-        return (from_pretrained(spec, dtype, placement, trust_remote_code=trust_remote_code),
-                load_tokenizer(spec, trust_remote_code=trust_remote_code))
+    if _is_hub_id(spec):
+        where = {} if revision is None else {"revision": revision}
+        return (from_pretrained(spec, dtype, placement, trust_remote_code=trust_remote_code, **where),
+                load_tokenizer(spec, trust_remote_code=trust_remote_code, **where))
     if "/" in spec or spec.startswith(".") or spec.endswith(".py"):
         raise ProbeError(f"model path not found: {spec}", parameter="spec")
     raise ProbeError(f"unknown model {spec!r}: use an alias ({', '.join([*ALIASES, *HUB_ALIASES])}), a model "
                      "folder, a .gguf file, a hub id like org/name, or FILE.py:FUNCTION", parameter="spec")
+
+
+def _is_hub_id(spec: str) -> bool:
+    """org/name that is no alias, file or folder here."""
+    return (spec not in ALIASES and not is_custom_spec(spec) and not spec.endswith((".gguf", ".py"))
+            and not Path(spec).exists() and spec.count("/") == 1 and not spec.startswith((".", "/")))
 
 
 def _vocab_size(model: nn.Module) -> int | None:
@@ -167,7 +177,7 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
                dtype: str | torch.dtype | None = None,
                device: str | None = None, device_map: DeviceMap | None = None,
                offload_folder: str | Path | None = None, max_memory: dict[int | str, int | str] | None = None,
-               trust_remote_code: bool = False) -> LoadedModel:
+               trust_remote_code: bool = False, revision: str | None = None) -> LoadedModel:
     """Load what `spec` names, in eval mode; raise ProbeError with one readable line when it cannot.
 
     `spec` may also be an `nn.Module` already loaded (with its `tokenizer`, and a `name` for reports): it is used as
@@ -177,7 +187,8 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     a model that does not fit on one device over several, through accelerate; "disk" modules are read from
     `offload_folder` (safetensors checkpoints are memory-mapped in place). `max_memory` caps each device for the
     strategies, e.g. {0: "20GiB", "cpu": "60GiB"}. A folder's or hub model's own Python code (auto_map) runs only
-    with `trust_remote_code=True`; a `FILE.py:FUNCTION` spec always imports and runs that file.
+    with `trust_remote_code=True`; a `FILE.py:FUNCTION` spec always imports and runs that file. `revision` (a
+    branch, tag or commit of a hub id: a training checkpoint, e.g. Pythia's `step1000`) loads that version.
     """
     if isinstance(spec, nn.Module):
         if device_map is not None or offload_folder is not None or max_memory is not None:
@@ -191,7 +202,7 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     placement = _placement(device, device_map, offload_folder, max_memory)
     source = resolve_alias(spec)  # a hub alias (gpt2) loads its hub id (openai-community/gpt2)
     try:
-        model, own_tokenizer = _dispatch(source, torch_dtype, placement, trust_remote_code)
+        model, own_tokenizer = _dispatch(source, torch_dtype, placement, trust_remote_code, revision)
     except ProbeError:
         raise
     except OSError as error:

@@ -649,5 +649,5 @@
     })();
   }
 
-  window.probeReports = {start: start, patternBlock: patternBlock};
+  window.probeReports = {start: start, patternBlock: patternBlock, fail: fail};
 })();

@@ -1,0 +1,133 @@
+"""`probe track`: every head class's scores, the loss and the in-context learning score of each checkpoint of a
+training run, and the phase changes in them. Each finished checkpoint is streamed to a results file (`--results`, or
+one in probe's cache, removed when the run completes), so an interrupted run continues with `--resume`. Under
+torchrun the checkpoints are split over the processes; rank 0 writes the outputs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from probe.cli.classify import Data, RepeatLen, Thresholds, parse_thresholds
+from probe.cli.options import BatchSize, Device, Dtype, Force, HtmlFile, JsonFile, NumSeqs, Seed, SeqLen, \
+    TrustRemoteCode
+from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save
+from probe.cli.progress import console, note, progress_bar, warn
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
+from probe.distributed import current
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+from probe.models.aliases import cache_root
+from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.track import track_page, track_report
+from probe.track import MIN_RISE, TrackOptions, find_run, read_track, track as run_track
+from probe.track.icl import EARLY, ICL_SEQS, LATE
+
+TrackModel = Annotated[Optional[str], typer.Option(
+    "--model", "-m", help="A hub id whose --revisions are the checkpoints, or FILE.py:FUNCTION (imports and runs that "
+    "file) whose model the --checkpoints state dicts load into; none for a glob of model folders.")]
+Checkpoints = Annotated[Optional[str], typer.Option(
+    "--checkpoints", help="Glob of the checkpoints, quoted: model folders ('run/step-*') or state-dict files "
+    "('ckpt/*.pt', with --model FILE.py:FUNCTION); ordered by the last number in each name.")]
+Revisions = Annotated[Optional[str], typer.Option(
+    "--revisions", help="The hub model's revisions to track, comma-separated (step1000,step2000,...).")]
+IclPositions = Annotated[str, typer.Option(
+    "--icl-positions", help="EARLY,LATE: the in-context learning score is the loss on token LATE minus the loss on "
+    "token EARLY (Olsson et al. 2022).")]
+IclSeqs = Annotated[int, typer.Option("--icl-seqs", help="Texts the in-context learning score averages over.")]
+AblateHeads = Annotated[Optional[str], typer.Option(
+    "--heads", help="Also the zero-ablation loss change of these heads at every checkpoint: LAYER.HEAD items, "
+    "e.g. 1.2,1.3.")]
+MinRise = Annotated[float, typer.Option(
+    "--min-rise", help="The smallest rise of a class's best head score between two checkpoints that is a phase "
+    "change.")]
+Results = Annotated[Optional[Path], typer.Option(
+    "--results", help="Stream each finished checkpoint to this JSON-lines file (kept); default: a file in probe's "
+    "cache, removed when the run completes.")]
+Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run: skip the checkpoints its results "
+                                      "file already holds.")]
+CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write the trajectories as CSV, one row per "
+                                                 "checkpoint x head.")]
+
+
+def parse_positions(text: str) -> tuple[int, int]:
+    """--icl-positions EARLY,LATE."""
+    early, _, late = text.partition(",")
+    try:
+        return int(early), int(late)
+    except ValueError:
+        raise ProbeError(f"--icl-positions takes EARLY,LATE token indices, e.g. 50,500; got {text!r}") from None
+
+
+def results_file(results: Path | None, key: dict[str, Any], *, resume: bool, force: bool) -> Path:
+    """--results checked (a file in a folder that exists, holding no other run unless --resume or --force), or the
+    cache file that the same command finds again with --resume."""
+    if results is None:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        path = cache_root() / "track" / f"run-{digest}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+    if results.is_dir() or not results.parent.is_dir():
+        raise ProbeError(f"--results {results}: give a file in a folder that exists")
+    if results.exists() and results.stat().st_size > 0 and not (resume or force):
+        raise ProbeError(f"{results} exists: pass --resume to continue that run, or --force to start over")
+    return results
+
+
+def track(
+    model: TrackModel = None, checkpoints: Checkpoints = None, revisions: Revisions = None,
+    trust_remote_code: TrustRemoteCode = False, data: Data = None, seq_len: SeqLen = DEFAULT_SEQ_LEN,
+    num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN, seed: Seed = DEFAULT_SEED,
+    threshold: Thresholds = None, icl_positions: IclPositions = f"{EARLY},{LATE}", icl_seqs: IclSeqs = ICL_SEQS,
+    heads: AblateHeads = None, min_rise: MinRise = MIN_RISE, results: Results = None, resume: Resume = False,
+    json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None, batch_size: BatchSize = 8,
+    device: Device = None, dtype: Dtype = "float32", force: Force = False,
+) -> None:
+    """Score every head of each checkpoint of a training run; find where each class and in-context learning jump."""
+    early, late = parse_positions(icl_positions)
+    options = TrackOptions(data=None if data is None else str(data), seq_len=seq_len, num_seqs=num_seqs,
+                           repeat_len=repeat_len, seed=seed, thresholds=parse_thresholds(threshold or []),
+                           batch_size=batch_size, early=early, late=late, icl_seqs=icl_seqs, heads=heads or "",
+                           min_rise=min_rise)
+    outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
+    check_distinct({**outputs, "--results": results})
+    check_outputs(outputs, force=force)
+    run = find_run(model, checkpoints=checkpoints, revisions=revisions)
+    stream = results_file(results, {"run": run.to_dict(), "options": options.to_dict(), "dtype": dtype},
+                          resume=resume, force=force)
+    rank = current()
+    main_process = rank is None or rank.is_main
+    done_before = len(read_track(stream)[1]) if resume and stream.is_file() and stream.stat().st_size else 0
+    recorded: list[str] = []
+
+    def on_model(loaded: LoadedModel) -> None:  # the files' provenance: the first checkpoint's model
+        if not recorded:
+            record_provenance(loaded)
+            recorded.append(loaded.name)
+
+    try:
+        with progress_bar(f"tracking {len(run.checkpoints)} checkpoints") as update:
+            result = run_track(run, options, results_path=stream, resume=resume, progress=update, on_model=on_model,
+                               dtype=dtype, device=device, trust_remote_code=trust_remote_code)
+    except KeyboardInterrupt:
+        if main_process:
+            warn(f"interrupted: the finished checkpoints are saved in {stream}; run the same command with --resume "
+                 "to continue")
+        raise
+    if result is None:
+        return
+    if done_before:
+        note(f"resumed: {done_before} checkpoint(s) read from {stream}")
+    payload = result.to_dict()
+    save(json_path, lambda path: write_json(path, payload))
+    save(csv_path, lambda path: write_csv(path, result.rows()))
+    save(html_path, lambda path: write_text(path, track_page(payload)))
+    for line in sorted({n for c in payload["checkpoints"] for n in c.get("notes", [])}):
+        warn(f"note: {line}")
+    track_report(payload, console)
+    if results is None:
+        stream.unlink(missing_ok=True)  # the cache stream only serves --resume

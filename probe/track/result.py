@@ -1,0 +1,161 @@
+"""A training run's trajectories: per checkpoint, every head's scores, the loss and the in-context learning score; and
+the phase changes found in them.
+
+A phase change (Olsson et al. 2022, section 3): for each head class, the checkpoint interval where the best head's
+score rises most, with the heads whose score crosses the class threshold there; for the in-context learning score,
+the interval where it changes most. Whether the two are the same interval is the paper's co-occurrence claim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+MIN_RISE = 0.1
+"""The smallest rise of the best head's score, from one checkpoint to the next, that counts as a phase change (scores
+are attention shares, 0 to 1)."""
+
+
+@dataclass
+class CheckpointResult:
+    """One checkpoint's numbers. `heads`: classify's per-head entries ({"layer", "head", "scores"}), with "delta"
+    where heads were ablated."""
+
+    name: str
+    step: int
+    loss: float | None
+    icl_score: float | None
+    heads: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def score(self, name: str, layer: int, head: int) -> float | None:
+        return self.grid(name)[layer][head]
+
+    def grid(self, name: str) -> list[list[float | None]]:
+        """(layers, heads) scores of one class; None where it does not apply."""
+        layers = 1 + max(entry["layer"] for entry in self.heads)
+        heads = 1 + max(entry["head"] for entry in self.heads)
+        grid: list[list[float | None]] = [[None] * heads for _ in range(layers)]
+        for entry in self.heads:
+            grid[entry["layer"]][entry["head"]] = entry["scores"].get(name)
+        return grid
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "step": self.step, "loss": self.loss, "icl_score": self.icl_score,
+                "heads": self.heads, **({"notes": self.notes} if self.notes else {})}
+
+    @staticmethod
+    def from_dict(entry: dict[str, Any]) -> CheckpointResult:
+        return CheckpointResult(str(entry["name"]), int(entry["step"]), entry.get("loss"), entry.get("icl_score"),
+                                list(entry["heads"]), list(entry.get("notes", [])))
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def best_scores(checkpoints: list[CheckpointResult], name: str) -> list[float | None]:
+    """The best head's score of class `name` at each checkpoint (None where no head has one)."""
+    out = []
+    for checkpoint in checkpoints:
+        values = [entry["scores"].get(name) for entry in checkpoint.heads]
+        values = [v for v in values if _finite(v)]
+        out.append(max(values) if values else None)
+    return out
+
+
+def _largest_step(values: list[float | None], either_way: bool = False) -> tuple[int, float] | None:
+    """(i, change) of the interval i -> i + 1 whose rise (or change, `either_way`) is largest, among intervals
+    with both values; the first of equals."""
+    changes = [(i, b - a) for i, (a, b) in enumerate(zip(values, values[1:])) if _finite(a) and _finite(b)]
+    if not changes:
+        return None
+    return max(changes, key=lambda item: abs(item[1]) if either_way else item[1])
+
+
+def icl_change(checkpoints: list[CheckpointResult]) -> dict[str, Any] | None:
+    """The interval where the in-context learning score changes most (either way), and by how much."""
+    found = _largest_step([c.icl_score for c in checkpoints], either_way=True)
+    if found is None or found[1] == 0:
+        return None
+    index, change = found
+    return {"from_step": checkpoints[index].step, "to_step": checkpoints[index + 1].step, "change": change}
+
+
+def _crossing(before: CheckpointResult, after: CheckpointResult, name: str, threshold: float) -> list[str]:
+    """Heads at or under the threshold before and over it after, highest score after first."""
+    crossed = []
+    for old, new in zip(before.heads, after.heads):
+        a, b = old["scores"].get(name), new["scores"].get(name)
+        if _finite(a) and _finite(b) and a <= threshold < b:
+            crossed.append((-b, f"{new['layer']}.{new['head']}"))
+    return [label for _, label in sorted(crossed)]
+
+
+def phase_changes(checkpoints: list[CheckpointResult], thresholds: dict[str, float], *,
+                  min_rise: float = MIN_RISE) -> list[dict[str, Any]]:
+    """For each class, the interval where the best head's score rises most, where that rise is at least
+    `min_rise`: its steps, the rise, its share of the whole run's range, the heads crossing the threshold there,
+    the in-context learning score's change over the same interval and whether it is the interval where that score
+    changes most."""
+    icl = icl_change(checkpoints)
+    found = []
+    for name, threshold in thresholds.items():
+        best = best_scores(checkpoints, name)
+        step = _largest_step(best)
+        if step is None or step[1] < min_rise:
+            continue
+        index, rise = step
+        known = [b for b in best if _finite(b)]
+        before, after = checkpoints[index], checkpoints[index + 1]
+        same = [before.icl_score, after.icl_score]
+        found.append({"class": name, "from_step": before.step, "to_step": after.step,
+                      "heads": _crossing(before, after, name, threshold), "rise": rise,
+                      "share_of_range": rise / (max(known) - min(known)),
+                      "best_before": best[index], "best_after": best[index + 1],
+                      "icl_change": same[1] - same[0] if all(_finite(v) for v in same) else None,
+                      "coincides_with_icl": icl is not None and (icl["from_step"], icl["to_step"]) == (
+                          before.step, after.step)})
+    return found
+
+
+@dataclass
+class TrackResult:
+    """Every checkpoint's numbers in step order, and what the run shows."""
+
+    model: str
+    kind: str  # folders, revisions, state_dicts
+    checkpoints: list[CheckpointResult]
+    thresholds: dict[str, float]
+    classes: dict[str, dict[str, Any]]
+    options: dict[str, Any]
+    min_rise: float = MIN_RISE
+    heads_ablated: list[str] = field(default_factory=list)
+
+    @property
+    def phase_changes(self) -> list[dict[str, Any]]:
+        return phase_changes(self.checkpoints, self.thresholds, min_rise=self.min_rise)
+
+    def to_dict(self) -> dict[str, Any]:
+        first = self.checkpoints[0].heads if self.checkpoints else []
+        return {
+            "model": self.model, "kind": self.kind,
+            "n_layers": 1 + max((e["layer"] for e in first), default=-1),
+            "n_heads": 1 + max((e["head"] for e in first), default=-1),
+            "thresholds": dict(self.thresholds), "classes": self.classes, "options": self.options,
+            "min_rise": self.min_rise, **({"heads_ablated": self.heads_ablated} if self.heads_ablated else {}),
+            "checkpoints": [c.to_dict() for c in self.checkpoints],
+            "phase_changes": self.phase_changes, "icl_change": icl_change(self.checkpoints),
+        }
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One row per checkpoint x head: the trajectories as a table (CSV)."""
+        return [{"checkpoint": c.name, "step": c.step, "loss": c.loss, "icl_score": c.icl_score,
+                 "layer": e["layer"], "head": e["head"], **e["scores"],
+                 **({"delta": e.get("delta")} if self.heads_ablated else {})}
+                for c in self.checkpoints for e in c.heads]
+
+    def __repr__(self) -> str:
+        changes = ", ".join(f"{p['class']} {p['from_step']}->{p['to_step']}" for p in self.phase_changes) or "none"
+        return f"TrackResult({self.model!r}: {len(self.checkpoints)} checkpoints; phase changes: {changes})"
