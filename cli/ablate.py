@@ -27,6 +27,7 @@ from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DE
                           TASKS, build_probe_set, read_labelled, read_task_file)
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
 from probe.errors import ProbeError
+from probe.reading import is_file
 from probe.models import DEFAULT_MODEL, LoadedModel, cache_root, load_model
 from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.html import ablation_page
@@ -155,7 +156,7 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
         raise ProbeError("--labels replaces --data, --task and --pairs: give one of them")
     if request.labels is not None:
         check_labels(request)
-    if request.data_file is not None and not request.data_file.is_file():
+    if request.data_file is not None and not is_file(request.data_file):
         raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
                          "(not found)")
 

@@ -36,18 +36,21 @@ ClassifyJson = Annotated[Optional[Path], typer.Option(
 
 
 def parse_thresholds(items: list[str]) -> dict[str, float]:
-    """--threshold NAME=VALUE items; each value a finite number."""
-    thresholds = {}
+    """--threshold NAME=VALUE items; each value a finite number, each class named once (a second value for one
+    class would silently replace the first)."""
+    thresholds: dict[str, float] = {}
     for item in items:
         name, sep, value = item.partition("=")
         try:
             number = float(value)
         except ValueError:
             sep = ""
-        if not sep:
+        if not sep or not name.strip():
             raise ProbeError(f"--threshold takes NAME=VALUE, e.g. induction=0.3; got {item!r}")
         if not math.isfinite(number):
             raise ProbeError(f"--threshold {item!r}: the value must be a finite number, e.g. induction=0.3")
+        if name.strip() in thresholds:
+            raise ProbeError(f"--threshold {name.strip()} is given twice: give each class one value")
         thresholds[name.strip()] = number
     return thresholds
 

@@ -62,7 +62,8 @@ def _numbers(text: str, kind: type, parameter: str) -> tuple[Any, ...]:
 
 
 def parse_exports(items: list[str]) -> dict[str, Path]:
-    """FORMAT:PATH items -> {format: path}; one line for a format probe does not write."""
+    """FORMAT:PATH items -> {format: path}; one line for a format probe does not write, or one given twice (the
+    second path would silently replace the first)."""
     exports: dict[str, Path] = {}
     for item in items:
         kind, sep, path = item.partition(":")
@@ -70,6 +71,8 @@ def parse_exports(items: list[str]) -> dict[str, Path]:
             raise ProbeError(f"--export takes FORMAT:PATH, e.g. duo:maps/smollm2; got {item!r}")
         if kind not in EXPORTS:
             raise ProbeError(f"unknown export format {kind!r}: use one of {', '.join(EXPORTS)}")
+        if kind in exports:
+            raise ProbeError(f"--export {kind} is given twice: give each format once")
         exports[kind] = Path(path)
     return exports
 

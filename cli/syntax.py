@@ -14,6 +14,7 @@ from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar, status, warn
 from probe.inputs import ENGLISH
 from probe.errors import ProbeError
+from probe.reading import is_file
 from probe.models import DEFAULT_MODEL
 from probe.syntax import Sentence, read_conllu, syntax_scores
 from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT
@@ -43,7 +44,7 @@ def read_parses(conllu: Path | None, text: Path | None, max_sentences: int) -> t
         return read_conllu(conllu)[:max_sentences], "ud", f"CoNLL-U file {conllu}"
     from probe.syntax.parse import parse_text  # noqa: PLC0415 (spaCy is an optional extra)
 
-    if text is not None and not text.is_file():
+    if text is not None and not is_file(text):
         raise ProbeError(f"text file not found: {text}", parameter="text")
     source = f"text file {text}, parsed by spaCy" if text else "embedded English text, parsed by spaCy"
     try:

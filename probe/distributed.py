@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -193,6 +194,10 @@ def gather(value: Any) -> list[Any]:
 # shard files
 
 
+RANK_SUFFIX = re.compile(r"[0-9]+")
+"""What follows `.shard-` in a shard file's name: its rank, in ASCII digits."""
+
+
 def shard_path(results_path: str | Path, rank: int) -> Path:
     """Where process `rank` streams its share: `<results file>.shard-<rank>`, next to the results file."""
     path = Path(results_path)
@@ -205,7 +210,7 @@ def shard_paths(results_path: str | Path) -> list[Path]:
     found = []
     for candidate in path.parent.glob(f"{path.name}.shard-*"):
         suffix = candidate.name.rpartition(".shard-")[2]
-        if suffix.isdigit():
+        if RANK_SUFFIX.fullmatch(suffix):  # not str.isdigit: '²' passes it and int() refuses it
             found.append((int(suffix), candidate))
     return [candidate for _, candidate in sorted(found)]
 

@@ -14,8 +14,17 @@ class ProbeError(Exception):
     """
 
     def __init__(self, message: str, *, parameter: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(one_line(message))
         self.parameter = parameter
+
+
+_BREAKS = {ord(char): repr(char)[1:-1] for char in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that would break its line written as an escape (`\\n`): a message quotes a
+    path or a spec as the user gave it, and a newline in one must not make the error two lines."""
+    return text.translate(_BREAKS)
 
 
 def first_line(error: BaseException) -> str:

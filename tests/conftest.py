@@ -7,12 +7,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from probe.models import LoadedModel, load_model  # noqa: E402
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
+
+# Property-based tests (tests/test_fuzz.py): the default profile is CI's, small and the same every run; `pytest
+# --hypothesis-profile=long` draws 10,000 fresh examples per parser. No example database: nothing is written into the
+# checkout, and CI's run does not depend on an earlier one's.
+_FUZZ = dict(deadline=None, database=None, print_blob=True,
+             suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                    HealthCheck.data_too_large])
+settings.register_profile("default", max_examples=30, derandomize=True, **_FUZZ)
+settings.register_profile("long", max_examples=10_000, derandomize=False, **_FUZZ)
+settings.load_profile("default")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak-rounds", type=int, default=2, help="Interrupted-and-resumed runs of tests/test_soak.py "
+                     "(CI: 2, one sweep and one patching run; the issue's soak: 200).")
 
 
 @pytest.fixture(scope="session")

@@ -65,21 +65,51 @@ class HeadResult:
 
     @staticmethod
     def from_dict(entry: Any) -> HeadResult:
-        """The result `to_dict` wrote; ProbeError saying what is missing or wrong in a malformed entry."""
+        """The result `to_dict` wrote; ProbeError saying what is missing or wrong in a malformed entry (a value of
+        another type is refused, not converted: a head 1.5 read as 1, or a loss "2", would be silently wrong)."""
         if not isinstance(entry, dict):
             raise ProbeError(f"an ablation entry is a JSON object, not {type(entry).__name__}")
         try:
-            heads = ((int(entry["layer"]), int(entry["head"])),) if "layer" in entry else tuple(
-                (int(a), int(b)) for a, b in entry["heads"])
-            loss, delta = float(entry["loss"]), float(entry["delta"])
+            pairs = [(entry["layer"], entry["head"])] if "layer" in entry else list(entry["heads"])
+            heads = tuple((_index(a), _index(b)) for a, b in pairs)
+            loss, delta = _number(entry["loss"]), _number(entry["delta"])
         except KeyError as error:
             raise ProbeError(f"the ablation entry has no {error.args[0]!r}") from None
         except (TypeError, ValueError) as error:
             raise ProbeError(f"the ablation entry has a malformed value ({error})") from None
-        parts = {key[:-5]: value for key, value in entry.items() if key.endswith("_loss") and key != "loss"}
-        deltas = {key[:-6]: value for key, value in entry.items() if key.endswith("_delta") and key != "delta"}
-        task = {key[5:]: value for key, value in entry.items() if key.startswith("task_")}
-        return HeadResult(heads, loss, delta, parts, deltas, entry.get("exact"), entry.get("effects") or {}, task)
+        if not heads:
+            raise ProbeError("the ablation entry names no head")
+        parts = {key[:-5]: _optional(value) for key, value in entry.items() if key.endswith("_loss") and key != "loss"}
+        deltas = {key[:-6]: _optional(value) for key, value in entry.items()
+                  if key.endswith("_delta") and key != "delta"}
+        task = {key[5:]: _optional(value) for key, value in entry.items() if key.startswith("task_")}
+        exact, effects = entry.get("exact"), entry.get("effects") or {}
+        if exact not in (None, True, False) or not isinstance(effects, dict):
+            raise ProbeError("the ablation entry has a malformed value (exact or effects)")
+        return HeadResult(heads, loss, delta, parts, deltas, exact, effects, task)
+
+
+def _index(value: Any) -> int:
+    """A layer or head number as JSON holds it: an int, not a bool, a float or a string."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a layer or head number")
+    return value
+
+
+def _number(value: Any) -> float:
+    """A loss as JSON holds it: a number (NaN and infinity included), not a string or a bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{value!r} is not a number")
+    return float(value)
+
+
+def _optional(value: Any) -> float | None:
+    if value is None:
+        return None
+    try:
+        return _number(value)
+    except ValueError as error:
+        raise ProbeError(f"the ablation entry has a malformed value ({error})") from None
 
 
 @dataclass

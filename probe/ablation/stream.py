@@ -15,6 +15,7 @@ from probe.ablation.methods import AblationMethod
 from probe.ablation.results import AblationResult, HeadResult
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
+from probe.reading import loads
 from probe.models import LoadedModel
 
 RESULTS_FORMAT = 1
@@ -41,9 +42,33 @@ def write_stream(path: Path, header: dict[str, Any], entries: list[HeadResult]) 
     os.replace(tmp, path)
 
 
-def _entry(path: Path, number: int, entry: Any) -> HeadResult:
+HEADER_TYPES: dict[str, tuple[type, ...]] = {
+    "fingerprint": (str,), "model": (str,), "method": (str,), "data": (str,), "metric": (str,),
+    "baseline_loss": (int, float), "n_layers": (int,), "n_heads": (int,)}
+"""What every results header holds, and of which type: what resuming and `load_results` read."""
+
+
+def _header(path: Path, entry: Any) -> dict[str, Any]:
+    """The header line, checked: a file whose first line is not one is not a results file."""
+    version = entry.get("probe_ablation") if isinstance(entry, dict) else None
+    if version != RESULTS_FORMAT or isinstance(version, bool):  # true == 1 in Python
+        raise ProbeError(f"{path} is not a probe ablation results file")
+    for key, types in HEADER_TYPES.items():
+        if not isinstance(entry.get(key), types) or isinstance(entry.get(key), bool):
+            raise ProbeError(f"{path} line 1 is a malformed results header (its {key!r}); start the sweep over")
+    if entry["n_layers"] < 1 or entry["n_heads"] < 1 or not isinstance(entry.get("baseline_parts", {}), dict):
+        raise ProbeError(f"{path} line 1 is a malformed results header; start the sweep over")
+    return entry
+
+
+def _entry(path: Path, number: int, entry: Any, header: dict[str, Any]) -> HeadResult:
     try:
-        return HeadResult.from_dict(entry)
+        result = HeadResult.from_dict(entry)
+        for layer, head in result.heads:
+            if layer >= header["n_layers"] or head >= header["n_heads"]:
+                raise ProbeError(f"head {layer}.{head} is not one of the sweep's {header['n_layers']} layers x "
+                                 f"{header['n_heads']} heads")
+        return result
     except ProbeError as error:
         raise ProbeError(f"{path} line {number} is malformed: {error}; remove that line (its ablation runs again "
                          "when the sweep resumes) or start the sweep over") from None
@@ -64,17 +89,15 @@ def read_results(path: str | Path) -> tuple[dict[str, Any], list[HeadResult]]:
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
+            entry = loads(line)
         except json.JSONDecodeError:
             if number >= len(lines) - 2:  # the last line, cut short by an interruption
                 break
             raise ProbeError(f"{path} line {number + 1} is not JSON: not a probe ablation results file") from None
         if header is None:
-            if not isinstance(entry, dict) or entry.get("probe_ablation") != RESULTS_FORMAT:
-                raise ProbeError(f"{path} is not a probe ablation results file")
-            header = entry
+            header = _header(path, entry)
         else:
-            results.append(_entry(path, number + 1, entry))
+            results.append(_entry(path, number + 1, entry, header))
     if header is None:
         raise ProbeError(f"{path} is empty: not a probe ablation results file")
     return header, results

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from probe.inputs.sets import ProbeSet, context_length, register_probe_set, right_padded
 from probe.errors import ProbeError
+from probe.reading import is_file, loads
 from probe.hooks.stacks import decoder_start
 from probe.models import LoadedModel
 
@@ -44,14 +45,14 @@ def pairs_set(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence
 
 
 def _read_lines(path: Path) -> list[tuple[str, str]]:
-    if not path.is_file():
+    if not is_file(path):
         raise ProbeError(f"pairs file not found: {path}", parameter="pairs")
     pairs = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
+            item = loads(line)
         except json.JSONDecodeError as error:
             raise ProbeError(f"{path} line {number} is not JSON: {error.msg}", parameter="pairs") from None
         if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("source", "target")):

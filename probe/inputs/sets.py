@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from probe.errors import ProbeError
+from probe.reading import is_file
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import Source
 from probe.hooks.stacks import is_encoder_decoder
@@ -150,7 +151,7 @@ def tokenize_prefix(tokenizer: Any, text: str, needed: int) -> list[int]:
 def read_text_file(path: str | Path, *, parameter: str, what: str = "text file") -> str:
     """A UTF-8 text file, with one clear error (naming `parameter`) when it is missing, binary or empty."""
     path = Path(path)
-    if not path.is_file():
+    if not is_file(path):
         raise ProbeError(f"{what} not found: {path}", parameter=parameter)
     try:
         text = path.read_text(encoding="utf-8")

@@ -31,6 +31,7 @@ import torch
 
 from probe.inputs.sets import ProbeSet, check_context, register_probe_set
 from probe.errors import ProbeError
+from probe.reading import is_file, loads
 from probe.models import LoadedModel
 
 PAIR_KEYS = ("sentence_good", "sentence_bad")
@@ -66,7 +67,7 @@ def json_lines(path: str | Path, what: str, hint: str, parameter: str) -> list[t
     """(where, row) of each non-empty line of a JSON-lines file, `where` naming FILE line N; ProbeError naming the
     file and line of what cannot be read. `what` names the file ("task file"), `hint` what to give instead."""
     path = Path(path)
-    if not path.is_file():
+    if not is_file(path):
         raise ProbeError(f"{what} not found: {path} ({hint})", parameter=parameter)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -77,7 +78,7 @@ def json_lines(path: str | Path, what: str, hint: str, parameter: str) -> list[t
         if not line.strip():
             continue
         try:
-            rows.append((f"{path} line {number}", json.loads(line)))
+            rows.append((f"{path} line {number}", loads(line)))
         except json.JSONDecodeError as error:
             raise ProbeError(f"{path} line {number} is not JSON ({error.msg})") from None
     if not rows:

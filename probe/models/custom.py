@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from probe.errors import ProbeError
+from probe.reading import is_file
 
 
 def is_custom_spec(spec: str) -> bool:
@@ -20,7 +21,7 @@ def is_custom_spec(spec: str) -> bool:
 
 def _import_file(file: str) -> Any:
     path = Path(file)
-    if not path.is_file():
+    if not is_file(path):
         raise ProbeError(f"model file not found: {file}", parameter="spec")
     module_name = f"probe_custom_{hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]}"
     import_spec = importlib.util.spec_from_file_location(module_name, path)

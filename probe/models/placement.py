@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from probe.errors import ProbeError, first_line
+from probe.reading import is_file, loads
 
 DeviceMap = Union[str, dict[str, Union[int, str]]]
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
@@ -41,12 +42,16 @@ def parse_device_map(value: DeviceMap | None) -> DeviceMap | None:
         text = value.strip()
         if not text.startswith("{"):
             path = Path(text)
-            if not path.is_file():
+            if not is_file(path):
                 raise ProbeError(f"device_map {value!r}: use one of {', '.join(STRATEGIES)}, a JSON object of "
                                  "module -> device, or a .json file holding one", parameter="device_map")
-            text = path.read_text(encoding="utf-8")
+            try:
+                text = path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as error:
+                raise ProbeError(f"device_map {value!r} cannot be read as UTF-8 text: {error}",
+                                 parameter="device_map") from None
         try:
-            mapping = json.loads(text)
+            mapping = loads(text)
         except json.JSONDecodeError as error:
             raise ProbeError(f"device_map is not valid JSON: {error}", parameter="device_map") from error
         if not isinstance(mapping, dict):

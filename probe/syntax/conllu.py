@@ -7,13 +7,17 @@ written in and each word's character span in it (what the word <-> token alignme
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import NoReturn
 from pathlib import Path
 
 from probe.errors import ProbeError
+from probe.reading import is_file
 
 ROOT = -1  # the head of the sentence's root word
+NUMBER = re.compile(r"[0-9]+")
+"""An ID or HEAD: ASCII digits (str.isdigit passes '²', which int() refuses)."""
 
 
 @dataclass
@@ -39,7 +43,8 @@ def sentence_from_words(words: list[str], spaces: list[bool], heads: list[int], 
     for word, space in zip(words, spaces):
         spans.append((len(text), len(text) + len(word)))
         text += word + (" " if space else "")
-    return Sentence(words, heads, relations, text.rstrip(" "), spans, where)
+    end = spans[-1][1] if spans else 0  # the last word's own end: a form ending in a space keeps it
+    return Sentence(words, heads, relations, text[:end], spans, where)
 
 
 def _fail(where: str, message: str) -> NoReturn:
@@ -50,9 +55,9 @@ def _word(fields: list[str], where: str, expected: int) -> tuple[str, int, str, 
     """(form, head index (0: root), relation, space after) of one word line, checked."""
     if len(fields) != 10:
         _fail(where, f"a CoNLL-U word line has 10 tab-separated fields, this one has {len(fields)}")
-    if not fields[0].isdigit() or int(fields[0]) != expected:
+    if not NUMBER.fullmatch(fields[0]) or int(fields[0]) != expected:
         _fail(where, f"word ID {fields[0]!r} where {expected} was expected (IDs count 1, 2, ... in each sentence)")
-    if not fields[6].isdigit():
+    if not NUMBER.fullmatch(fields[6]):
         _fail(where, f"HEAD must be a word ID or 0 (the root), got {fields[6]!r}")
     if fields[7] in ("", "_"):
         _fail(where, "DEPREL is missing: every word needs its relation to its head")
@@ -74,7 +79,7 @@ def read_conllu(path: str | Path) -> list[Sentence]:
     text the model reads is the words written out, a space after each unless its own line says SpaceAfter=No (so a
     multi-word token such as `don't` reads `do n't`). A malformed line is one ProbeError naming FILE:LINE."""
     file = Path(path)
-    if not file.is_file():
+    if not is_file(file):
         raise ProbeError(f"conllu: file not found: {file}", parameter="conllu")
     try:
         lines = file.read_text(encoding="utf-8").splitlines()
