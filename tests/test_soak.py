@@ -178,6 +178,8 @@ def one_round(rng: random.Random, args: list[str], reference: dict, took: float,
 
 @pytest.mark.slow
 def test_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    if request.config.getoption("--soak-rounds") < 1:
+        pytest.skip("the soak runs with --soak-rounds N (and OMP_NUM_THREADS=1: its children are forked)")
     folder = tmp_path / "model"
     tiny_hf("llama_gqa").save_pretrained(folder)
     pairs = tmp_path / "pairs.jsonl"
