@@ -516,24 +516,13 @@ def render(extra: str = "") -> str:
             parts.append(classification(data).replace("## 1. Classification",
                                                       f"## 1b. On {data.get('device')}, {data.get('dtype')}: "
                                                       "classification", 1))
-    kv = load_result("kv_heads")
-    if kv is not None and "kv_heads" in kv:
-        parts.append(kv_heads(kv))
-    scored = load_result("lse")
-    if scored is not None:
-        parts.append(lse(scored))
-    patched = load_result("patching")
-    if patched is not None:
-        parts.append(patching(patched))
-    ordered = load_result("kv_order")
-    if ordered is not None:
-        parts.append(kv_order(ordered))
-    qk = load_result("patching_qk")
-    if qk is not None:
-        parts.append(patching_qk(qk))
-    built = load_result("atlas")
-    if built is not None:
-        parts.append(atlas(built))
+    # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
+    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("patching", patching, None),
+                                 ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
+                                 ("atlas", atlas, None)):
+        data = load_result(name)
+        if data is not None and (needs is None or needs in data):
+            parts.append(section(data))
     if extra:
         parts.append(extra)
     return "\n".join(parts)
