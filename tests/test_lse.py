@@ -10,11 +10,13 @@ from conftest import tiny_hf, tiny_loaded
 from families import ADAPTED, FAMILY_MODELS, tiny_family
 
 import probe.heads.scores as scores
+import probe.hooks.lse as lse
 from probe.attention import attention_hooks, capture_attention, run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES, Batch, diagonal_score, register_score, streaming_from_lse, streaming_score
+from probe.hooks.lse import FusedAttention
 from probe.models import LoadedModel
 
 TOLERANCE = 1e-5
@@ -115,6 +117,39 @@ def test_positional_rows_the_band_cannot_decide_are_settled_exactly(monkeypatch)
     fast = score_heads(loaded, natural, ["positional"], batch_size=3)
     assert sum(settled) > 100
     assert torch.equal(fast["positional"], blocked["positional"])
+
+
+@pytest.mark.parametrize("stages", ["band", "one_head_at_a_time", "no_rivals"])
+def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, stages: str) -> None:
+    """Stage 2 (the gathered band, forced at short lengths), the whole rows one key/value head at a time, and a stage
+    1 without rivals (most rows go on): each gives the blocked path's numbers exactly."""
+    loaded = tiny_loaded("llama_gqa")
+    natural, _ = _padded_sets(120, length=64)
+    blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
+    monkeypatch.setattr(scores, "BAND_FROM", 0 if stages == "band" else scores.BAND_FROM)
+    monkeypatch.setattr(lse, "ROWS_AT_ONCE", 0 if stages == "one_head_at_a_time" else lse.ROWS_AT_ONCE)
+    monkeypatch.setattr(scores, "POSITIONAL_RIVALS", () if stages == "no_rivals" else scores.POSITIONAL_RIVALS)
+    fast = score_heads(loaded, natural, ["positional"], batch_size=3)
+    assert torch.equal(fast["positional"], blocked["positional"])
+
+
+def test_positional_fast_path_breaks_ties_as_argmax() -> None:
+    """Keys that copy the neighbour's key tie with it exactly: the earliest maximum wins, as argmax says, on every
+    stage (stage 1 rivals, the whole rows)."""
+    torch.manual_seed(3)
+    b, hq, hk, n, d = 2, 4, 2, 40, 8
+    query, key = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
+    key[:, :, 10:20] = key[:, :, 9:19].clone()  # key j = key j - 1: ties between neighbours and rivals
+    key[:, :, 30] = key[:, :, 2]  # a far copy: only the whole row sees it
+    logits = torch.matmul(query, key.repeat_interleave(hq // hk, dim=1).transpose(-1, -2)) * 0.5
+    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    attention = FusedAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1))
+    batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
+    sums, counts = scores.positional_from_lse(attention, batch)
+    top = logits.argmax(dim=-1)[..., 1:]  # queries 1 .. n - 1, neighbour i - 1
+    assert torch.equal(sums[0], (top == torch.arange(n - 1)).sum(dim=(0, 2)).double())
+    assert torch.equal(sums[1], torch.zeros(hq, dtype=torch.float64))  # the next key is causally hidden
+    assert torch.equal(counts[0], torch.full((hq,), float(b * (n - 1)), dtype=torch.float64))
 
 
 def test_streaming_band_equals_the_blocked_reduction() -> None:

@@ -48,8 +48,11 @@ class ScoreAccumulator:
             self._add(name, layer, *SCORES[name].reduce(weights, start, batch))
 
     def __call__(self, layer: int, attention: FusedAttention) -> None:
-        """Add one layer call from its queries, keys and log-sum-exp (each score's `fast`)."""
+        """Add one layer call from its queries, keys and log-sum-exp (each score's `fast`; the diagonals the scores
+        read computed first, in one pass)."""
         batch = self._batch()
+        attention.prefetch([shift for name in self.names for shift in SCORES[name].diagonals(batch)],
+                           [key for name in self.names for key in SCORES[name].columns(batch)])
         for name in self.names:
             fast = SCORES[name].fast
             assert fast is not None, name

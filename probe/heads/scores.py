@@ -58,6 +58,16 @@ class Score:
     on_cross: bool = False  # whether the definition holds for cross-attention, whose keys are another sequence's
     fast: Fast | None = None  # the same sums from the log-sum-exp (a Diagonal, Column, ...); None: blocked path only
 
+    def diagonals(self, batch: Batch) -> tuple[int, ...]:
+        """The diagonals (key offsets) its fast path reads: the layer computes every score's in one pass."""
+        shifts = getattr(self.fast, "shifts", None)
+        return () if shifts is None else tuple(shifts(batch))
+
+    def columns(self, batch: Batch) -> tuple[int, ...]:
+        """The columns (keys) its fast path reads, computed with the diagonals."""
+        keys = getattr(self.fast, "keys", None)
+        return () if keys is None else tuple(keys(batch))
+
     def describe(self) -> dict[str, object]:
         """What a report needs to know of the class: plain values, for to_dict payloads."""
         return {"summary": self.summary, "letter": self.letter or self.name[0].upper(), "probe_set": self.probe,
@@ -113,6 +123,10 @@ class Diagonal:
         return _relative_mass(weights, start, batch, self.shift(batch),
                               None if self.queries is None else self.queries(batch))
 
+    def shifts(self, batch: Batch) -> tuple[int, ...]:
+        """The one diagonal it reads."""
+        return (self.shift(batch),)
+
     def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
         shift = self.shift(batch)
         first, values = attention.diagonal(shift)  # (b, h, m): queries first .. first + m
@@ -131,6 +145,10 @@ class Column:
 
     key: int
 
+    def keys(self, batch: Batch) -> tuple[int, ...]:
+        """The one column it reads."""
+        return (self.key,)
+
     def reduce(self, weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
         """The blocked path's Reduce."""
         return _column_mass(weights, start, batch, self.key)
@@ -138,6 +156,25 @@ class Column:
     def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
         values = attention.column(self.key)
         return _counted(values, batch.valid.to(values.device)[:, :values.shape[-1]])
+
+
+@dataclass(frozen=True)
+class ReadsDiagonals:
+    """A fast path that reads fixed diagonals (among other things), declared so that they are computed with the
+    other scores' in one pass."""
+
+    compute: "Fast"
+    offsets: tuple[int, ...]
+    key_columns: tuple[int, ...] = ()
+
+    def shifts(self, batch: Batch) -> tuple[int, ...]:
+        return self.offsets
+
+    def keys(self, batch: Batch) -> tuple[int, ...]:
+        return self.key_columns
+
+    def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+        return self.compute(attention, batch)
 
 
 def diagonal_score(name: str, probe: str, threshold: float, summary: str, shift: Callable[[Batch], int],
@@ -270,66 +307,86 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
     return mean_score(sums, counts).max(dim=1).values
 
 
-POSITIONAL_BAND = 16  # keys i - 15 .. i + 1 (and key 0) whose weights decide most rows on the fast path
+POSITIONAL_BAND = 16  # keys i - 15 .. i + 1 (and key 0) whose weights decide most of the rows left open
+POSITIONAL_RIVALS = (0, -2, -3, -4, -1, 1)  # offsets (besides the neighbour) read for every row: cheap diagonals
+BAND_FROM = 1024  # keys past which the rows stage 1 left open go to the band; shorter rows are computed whole
 MARGIN = 1e-4  # a neighbour is surely the top when it outweighs the mass of the keys not computed by this much
 
 
 def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
-    """positional_score's sums and counts from the log-sum-exp. A row is decided from the weights of key 0 and the
-    keys i - 15 .. i + 1: the neighbour is the top when it outweighs every other of them (an earlier key wins a tie)
-    and the mass of the keys not computed (1 - the computed mass); it is not when one of them beats it. Only the
-    rows left undecided get their whole row computed (FusedAttention.argmax_rows) and settled by argmax."""
+    """positional_score's sums and counts from the log-sum-exp, in three stages, each only for the rows the one before
+    left open. (1) Every row: the neighbour's weight (a diagonal, shared with the previous-token score), key 0's
+    (shared with the sink score) and the rivals' (keys i, i - 2, i - 3, i - 4, i +- 1): the neighbour is the top
+    when none of them beats it (an earlier key wins a tie) and it outweighs the mass of all other keys (1 - the
+    computed mass), not when one beats it. (2) Past BAND_FROM keys, the open rows' band of keys i - 15 .. i + 1,
+    gathered: the same test. (3) The rows still open: their whole row of logits (FusedAttention.tops), as the
+    blocked path; up to BAND_FROM keys a whole row is about as cheap as a gathered band."""
     b, h, n, kv = attention.shape
-    low = 1 - POSITIONAL_BAND
-    sink = attention.column(0)  # (b, h, n)
-    valid = batch.valid.to(sink.device)
+    valid = batch.valid.to(attention.lse.device)
     sums, counts = torch.zeros(2, h, dtype=torch.float64), torch.zeros(2, h, dtype=torch.float64)
-    unsure: list[tuple[int, Tensor]] = []  # (shift index, (k, 3) rows of b, h, query)
-    for start, band in attention.band(low, 1):  # (b, h, rows, 17): keys i - 15 .. i + 1
-        rows = torch.arange(start, start + band.shape[2], device=band.device)
-        outside = rows + low > 0  # key 0 is not in the row's band
-        first = torch.where(outside, sink[..., start:start + len(rows)], -1.0)
-        rest = (1.0 - band.sum(dim=-1) - first.clamp(min=0.0)).clamp(min=0.0)
-        for index, shift in enumerate((-1, 1)):
-            keys = rows + shift
-            selected = valid[:, rows] & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)  # (b, rows)
-            column = shift - low
-            weight = band[..., column]
-            beaten = first >= weight  # key 0, and the band's keys before the neighbour, win a tie
-            if column > 0:
-                beaten |= band[..., :column].amax(dim=-1) >= weight
-            if column + 1 < band.shape[-1]:
-                beaten |= band[..., column + 1:].amax(dim=-1) > weight
-            hit = ~beaten & (weight > rest + MARGIN)
-            sums[index] += (hit & selected[:, None]).sum(dim=(0, 2)).double().cpu()
-            counts[index] += selected.sum().double().cpu()
-            found = (~beaten & ~hit & selected[:, None]).nonzero()  # (k, 3): b, h, row of the chunk
-            if len(found):
-                unsure.append((index, found + torch.tensor([0, 0, start], device=found.device)))
-    for index, found in unsure:
-        sums[index] += _settle(attention, found, (-1, 1)[index])
+    for index, shift in enumerate((-1, 1)):
+        rows = torch.arange(n, device=valid.device)
+        keys = rows + shift
+        selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)  # (b, n)
+        counts[index] += selected.sum().double().cpu()
+        if attention.bias is None and attention.causal and shift > kv - n:  # the neighbour is causally hidden
+            continue
+        hit, unsure = _positional_rivals(attention, selected, shift)
+        sums[index] += hit.sum(dim=(0, 2)).double().cpu()
+        found = unsure.nonzero()  # (k, 3): b, h, query
+        if len(found) and kv > BAND_FROM:
+            band_hits, found = _positional_band(attention, found, shift)
+            sums[index] += band_hits
+        if len(found):
+            sums[index] += _settle(attention, found, shift)
     return sums, counts
 
 
+def _positional_rivals(attention: FusedAttention, selected: Tensor, shift: int) -> tuple[Tensor, Tensor]:
+    """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
+    weight, key 0's and the rivals' (POSITIONAL_RIVALS)."""
+    n = attention.shape[2]
+    offsets = [offset for offset in POSITIONAL_RIVALS if offset != shift]
+    weight = attention.aligned(shift)  # (b, h, n)
+    rivals = (torch.stack([attention.aligned(offset) for offset in offsets], dim=-1) if offsets
+              else weight.new_zeros(*weight.shape, 0))  # (b, h, n, r)
+    earlier = torch.tensor([offset < shift for offset in offsets], dtype=torch.bool, device=weight.device)
+    beats = torch.where(earlier, rivals >= weight[..., None], rivals > weight[..., None]).any(dim=-1)
+    rows = torch.arange(n, device=weight.device)
+    neighbour_not_0 = rows + shift > 0  # key 0 is an earlier rival, and not counted yet, unless a diagonal is key 0
+    sink = attention.column(0)
+    beats |= (sink >= weight) & neighbour_not_0
+    sink_apart = neighbour_not_0 & (rows[:, None] + torch.tensor(offsets, dtype=torch.long, device=rows.device) != 0).all(dim=-1)
+    computed = weight + rivals.sum(dim=-1) + torch.where(sink_apart, sink, 0.0)
+    hit = ~beats & (weight > (1.0 - computed).clamp(min=0.0) + MARGIN) & selected[:, None]
+    return hit, ~beats & ~hit & selected[:, None]
+
+
+def _positional_band(attention: FusedAttention, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
+    """Stage 2 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the band of keys
+    i - 15 .. i + 1 and key 0: the neighbour is the top when it beats every other of them and the mass outside."""
+    low = 1 - POSITIONAL_BAND
+    band = attention.band_of_rows(found, low, 1)  # (k, 17)
+    sequence, head, row = found.unbind(1)
+    first = torch.where(row + low > 0, attention.column(0)[sequence, head, row], -1.0)  # key 0 outside the band
+    rest = (1.0 - band.sum(dim=-1) - first.clamp(min=0.0)).clamp(min=0.0)
+    column = shift - low
+    weight = band[:, column]
+    beaten = first >= weight
+    if column > 0:
+        beaten |= band[:, :column].amax(dim=-1) >= weight
+    if column + 1 < band.shape[-1]:
+        beaten |= band[:, column + 1:].amax(dim=-1) > weight
+    hit = ~beaten & (weight > rest + MARGIN)
+    hits = torch.bincount(head[hit].cpu(), minlength=attention.shape[1]).double()
+    return hits, found[~beaten & ~hit]
+
+
 def _settle(attention: FusedAttention, found: Tensor, shift: int) -> Tensor:
-    """Hits per head among the (b, h, query) rows `found`, each row's logits computed whole: argmax, as the blocked
-    path (the earliest maximum wins). One matmul per (sequence, key/value head) and chunk of rows."""
-    hits = torch.zeros(attention.shape[1], dtype=torch.float64)
-    group = attention.shape[1] // attention.key.shape[1]
-    for (sequence, kv_head), (heads, rows) in _by_kv_head(found, group).items():
-        top = attention.argmax_rows(sequence, kv_head, heads, rows)
-        hits += torch.bincount(heads[top == rows + shift].cpu(), minlength=len(hits)).double()
-    return hits
-
-
-def _by_kv_head(found: Tensor, group: int) -> dict[tuple[int, int], tuple[Tensor, Tensor]]:
-    """(k, 3) rows of (b, h, query) -> {(b, key/value head): (query heads, queries)}."""
-    kv_heads = found[:, 1] // group
-    out = {}
-    for sequence, kv_head in torch.unique(torch.stack([found[:, 0], kv_heads], dim=1), dim=0).tolist():
-        chosen = (found[:, 0] == sequence) & (kv_heads == kv_head)
-        out[(sequence, kv_head)] = (found[chosen, 1], found[chosen, 2])
-    return out
+    """Hits per head among the (b, h, query) rows `found`, each row's logits computed whole (FusedAttention.
+    tops_of_rows): argmax's answer, as the blocked path (the earliest maximum wins)."""
+    top = attention.tops_of_rows(found, found[:, 2] + shift)
+    return torch.bincount(found[top, 1].cpu(), minlength=attention.shape[1]).double()
 
 
 @dataclass
@@ -474,7 +531,8 @@ for _score in (
     Score("sep", "natural", 0.3, "attends to the closing [SEP] (encoders; Clark et al. 2019)", sep_score, "E",
           fast=sep_from_lse),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
-          positional_score, "O", finish_positional, fast=positional_from_lse),
+          positional_score, "O", finish_positional,
+          fast=ReadsDiagonals(positional_from_lse, (-1, 1, *POSITIONAL_RIVALS), (0,))),
     Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",
           streaming_score, "W", by_default=False, fast=streaming_from_lse),
     Score("retrieval", "needle", 0.1, "copies the needle token it attends to (Wu et al. 2024)", retrieval_score,

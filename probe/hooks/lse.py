@@ -10,16 +10,20 @@ a device without a wired kernel); the hooks then run the blocked eager path (pro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-ROW_CHUNK = 128  # query rows whose logits are computed whole at once (exact row maxima)
+ROW_CHUNK = 128  # query rows whose logits are computed whole at once (exact row maxima), at least
+ROWS_AT_ONCE = 2**21  # logits of the padded rows of every key/value head at once, at most (else one head at a time)
+ROW_LOGITS = 2**20  # logits of whole rows computed at once, at most (ROW_CHUNK rows beyond that)
 BAND_BLOCK = 64  # query rows per block of a band: each block computes BAND_BLOCK + width - 1 keys
 BAND_ROWS = 64 * 2**20 // 4  # logits of a band chunk (batch x heads x rows x keys), in floats
+DIAGONAL_ROWS = 4096  # query rows whose diagonals' keys are gathered at once (keys x shifts x rows x head_dim)
+GATHERED_ROWS = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
 
 
 def lse_problem(query: Tensor, key: Tensor, mask: Tensor | None, *, causal: bool, softcap: float | None,
@@ -66,7 +70,7 @@ class FusedAttention:
     causal: bool  # keys after the query (j > i + kv - n) get weight 0; only where bias is None
     lse: Tensor  # (b, hq, n) float32
     columns: dict[int, Tensor] = field(default_factory=dict, repr=False)  # columns computed so far
-    grouped: Tensor | None = field(default=None, repr=False)  # (b, hk, rep, n, d), contiguous, made on first use
+    diagonals: dict[int, tuple[int, Tensor]] = field(default_factory=dict, repr=False)  # diagonals computed so far
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -77,13 +81,6 @@ class FusedAttention:
         """(b, hq, m, d) -> (b, hk, rep * m, d): the query heads of one key/value head one after another."""
         b, hq, m, d = query.shape
         return query.reshape(b, self.key.shape[1], (hq // self.key.shape[1]) * m, d)
-
-    def _grouped_query(self) -> Tensor:
-        """(b, hk, rep, n, d): the queries by key/value head, copied once per layer call (they arrive transposed)."""
-        if self.grouped is None:
-            b, hq, n, d = self.query.shape
-            self.grouped = self.query.reshape(b, self.key.shape[1], hq // self.key.shape[1], n, d).contiguous()
-        return self.grouped
 
     def _finish(self, logits: Tensor, rows: Tensor | slice, keys: Tensor, lse: Tensor) -> Tensor:
         """logits (b, hq, m, k) of query rows and keys -> weights: bias added, causal keys zeroed."""
@@ -96,43 +93,70 @@ class FusedAttention:
         return torch.exp(logits.float() - lse[..., None])
 
     def diagonal(self, shift: int) -> tuple[int, Tensor]:
-        """(first query i, weights (b, hq, m)) of A[i, i + shift] for every query whose key exists."""
-        b, hq, n, kv = self.shape
-        first, last = max(0, -shift), min(n, kv - shift)
-        if last <= first:
-            return first, self.lse.new_zeros(b, hq, 0)
-        if self.bias is None and self.causal and shift > kv - n:  # every key after its query: weight 0
-            return first, self.lse.new_zeros(b, hq, last - first)
-        hk, m = self.key.shape[1], last - first
-        queries = self._grouped_query()[:, :, :, first:last]  # (b, hk, rep, m, d), a view
-        keys = self.key[:, :, first + shift:last + shift, None].transpose(2, 3)  # (b, hk, 1, m, d)
-        logits = (queries * keys).sum(dim=-1).view(b, hq, m, 1) * self.scaling
-        rows = torch.arange(first, last, device=logits.device)
-        logits = self._pairs(logits[..., 0], rows, rows + shift)
-        return first, torch.exp(logits.float() - self.lse[:, :, first:last])
+        """(first query i, weights (b, hq, m)) of A[i, i + shift] for every query whose key exists (kept: several
+        scores read the same diagonal; `prefetch` computes several at once)."""
+        if shift not in self.diagonals:
+            self.prefetch([shift])
+        return self.diagonals[shift]
 
-    def _pairs(self, logits: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
-        """logits (b, hq, m) of the pairs (rows[t], keys[t]): bias added, causal keys at -inf."""
+    def aligned(self, shift: int) -> Tensor:
+        """(b, hq, n): A[i, i + shift] for every query i, 0 where the key does not exist."""
+        first, values = self.diagonal(shift)
+        return F.pad(values, (first, self.shape[2] - first - values.shape[-1]))
+
+    def prefetch(self, shifts: Iterable[int], columns: Iterable[int] = ()) -> None:
+        """Compute the diagonals A[i, i + shift] and the columns A[i, key] that the scores will read in one pass
+        over the queries: their keys gathered once per chunk of rows, one batched matmul, so that scores reading
+        the same or several diagonals pay one pass, not one each."""
+        b, hq, n, kv = self.shape
+        wanted = sorted({int(shift) for shift in shifts} - set(self.diagonals))
+        for shift in wanted:
+            first, last = max(0, -shift), min(n, kv - shift)
+            if last <= first or (self.bias is None and self.causal and shift > kv - n):  # no key, or all hidden
+                self.diagonals[shift] = first, self.lse.new_zeros(b, hq, max(0, last - first))
+        wanted = [shift for shift in wanted if shift not in self.diagonals]
+        keys = sorted({int(key) for key in columns if 0 <= key < kv} - set(self.columns))
+        if not wanted and not keys:
+            return
+        weights = self.lse.new_empty(b, hq, n, len(wanted) + len(keys))
+        for start in range(0, n, DIAGONAL_ROWS):
+            stop = min(n, start + DIAGONAL_ROWS)
+            rows = torch.arange(start, stop, device=weights.device)[:, None]
+            index = torch.cat([rows + torch.tensor(wanted, dtype=torch.long, device=rows.device),
+                               torch.tensor(keys, dtype=torch.long, device=rows.device).expand(len(rows), -1)], dim=1)
+            weights[:, :, start:stop] = self._keys_weights(index, start, stop)
+        for column, shift in enumerate(wanted):
+            first, last = max(0, -shift), min(n, kv - shift)
+            self.diagonals[shift] = first, weights[:, :, first:last, column]
+        for column, key in enumerate(keys, start=len(wanted)):
+            self.columns[key] = weights[..., column]
+
+    def _keys_weights(self, keys: Tensor, start: int, stop: int) -> Tensor:
+        """(b, hq, stop - start, k): the weights of queries start .. stop on keys[i - start] (m, k) each (one set of
+        keys per query, shared by its heads): the keys gathered from the flat key rows, one batched matmul."""
+        b, hq, n, kv = self.shape
+        hk, d, m = self.key.shape[1], self.query.shape[-1], stop - start
+        heads = torch.arange(hk, device=keys.device)
+        index = (torch.arange(b, device=keys.device)[:, None, None, None] * kv + keys.clamp(0, kv - 1)[None, :, None, :]
+                 ) * hk + heads[None, None, :, None]  # (b, m, hk, k): rows of _flat(key)
+        gathered = _flat(self.key).index_select(0, index.reshape(-1)).view(b * m * hk, keys.shape[1], d)
+        query = self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d)  # a view, as handed over
+        logits = torch.bmm(query, gathered.transpose(1, 2)).view(b, m, hq, keys.shape[1]).transpose(1, 2)
+        logits = logits * self.scaling  # (b, hq, m, k)
         if self.bias is not None:
-            bias = self.bias[..., rows, keys] if self.bias.shape[-2] > 1 else self.bias[..., 0, keys]
-            return logits + bias
-        if self.causal:
-            return logits.masked_fill(keys > rows + self.shape[3] - self.shape[2], float("-inf"))
-        return logits
+            bias = self.bias[..., start:stop, :] if self.bias.shape[-2] > 1 else self.bias
+            logits = logits + bias.expand(*bias.shape[:2], m, kv).gather(
+                -1, keys.clamp(0, kv - 1).expand(*bias.shape[:2], -1, -1))
+        elif self.causal:
+            rows = torch.arange(start, stop, device=keys.device)
+            logits = logits.masked_fill(keys > rows[:, None] + kv - n, float("-inf"))
+        return torch.exp(logits.float() - self.lse[:, :, start:stop, None])
 
     def column(self, key: int) -> Tensor:
         """(b, hq, n): A[i, key] for every query i (kept: the sink and positional scores both read key 0)."""
         if key not in self.columns:
-            self.columns[key] = self._column(key)
+            self.prefetch((), (key,))
         return self.columns[key]
-
-    def _column(self, key: int) -> Tensor:
-        b, hq, n, _ = self.shape
-        queries = self._grouped_query().view(b, self.key.shape[1], -1, self.query.shape[-1])
-        logits = torch.matmul(queries, self.key[:, :, key:key + 1].transpose(-1, -2))
-        logits = logits.view(b, hq, n, 1) * self.scaling
-        keys = torch.tensor([key], device=logits.device)
-        return self._finish(logits, slice(None), keys, self.lse)[..., 0]
 
     def band(self, low: int, high: int, first: int = 0) -> Iterator[tuple[int, Tensor]]:
         """Chunks of query rows from `first` on: (start, weights (b, hq, rows, high - low + 1)), column c holding
@@ -184,6 +208,32 @@ class FusedAttention:
             logits.masked_fill_(hidden, 0.0)
         return logits
 
+    def band_of_rows(self, found: Tensor, low: int, high: int) -> Tensor:
+        """(k, high - low + 1): A[i, i + low + c] of the (b, h, i) rows `found` (k, 3), 0 where that key does not
+        exist or is masked; each row's query and keys gathered from the flat rows, one batched matmul per chunk."""
+        b, hq, n, kv = self.shape
+        width, hk = high - low + 1, self.key.shape[1]
+        out = []
+        for part in found.split(GATHERED_ROWS):
+            sequence, head, row = part.unbind(1)
+            keys = row[:, None] + low + torch.arange(width, device=part.device)  # (k, width)
+            inside = keys.clamp(0, kv - 1)
+            query = _flat(self.query).index_select(0, (sequence * n + row) * hq + head)  # (k, d)
+            index = (sequence[:, None] * kv + inside) * hk + (head // (hq // hk))[:, None]
+            gathered = _flat(self.key).index_select(0, index.reshape(-1)).view(len(part), width, -1)
+            logits = torch.bmm(gathered, query[:, :, None])[..., 0] * self.scaling
+            hidden = (keys < 0) | (keys >= kv)
+            if self.bias is not None:
+                bias = self.bias
+                logits = logits + bias[sequence[:, None] if bias.shape[0] > 1 else 0,
+                                       head[:, None] if bias.shape[1] > 1 else 0,
+                                       row[:, None] if bias.shape[2] > 1 else 0, inside]
+            elif self.causal:
+                hidden |= keys > row[:, None] + kv - n
+            weights = torch.exp(logits.float() - self.lse[sequence, head, row][:, None])
+            out.append(weights.masked_fill_(hidden, 0.0))
+        return torch.cat(out) if out else self.lse.new_zeros(0, width)
+
     def rows(self, rows: Tensor) -> Tensor:
         """(b, hq, len(rows), kv): the query rows' weights over every key, exact (for row maxima)."""
         b, hq, _, kv = self.shape
@@ -192,29 +242,98 @@ class FusedAttention:
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
-    def argmax_rows(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor) -> Tensor:
-        """(len(rows),): the key holding the largest weight (the earliest, on a tie) of each (query head, row) pair
-        of one sequence whose heads share key/value head `kv_head`, from the logits (exp is monotonic), in chunks of
-        ROW_CHUNK rows, ascending; a plain causal chunk computes only the keys up to its last query."""
-        kv, offset = self.shape[3], self.shape[3] - self.shape[2]
-        key = self.key[batch, kv_head]  # (kv, d)
-        rows, order = rows.sort()
-        heads = heads[order]
-        tops = []
-        for first in range(0, len(rows), ROW_CHUNK):
-            part, part_heads = rows[first:first + ROW_CHUNK], heads[first:first + ROW_CHUNK]
-            limit = min(kv, int(part[-1]) + offset + 1) if self.causal else kv
-            logits = (self.query[batch, part_heads, part] * self.scaling) @ key[:limit].T  # scaled as blocked
-            if self.bias is not None:
-                bias = self.bias[batch if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
-                logits += bias[part_heads if bias.shape[0] > 1 else 0, part if bias.shape[1] > 1 else 0]
-            elif self.causal:  # rows ascending: only keys after the chunk's first query can be hidden
-                seen = int(part[0]) + offset + 1
-                hidden = torch.arange(seen, limit, device=logits.device)[None, :] > part[:, None] + offset
-                logits[:, seen:].masked_fill_(hidden, float("-inf"))
-            tops.append(logits.argmax(dim=-1))
-        top = torch.cat(tops) if tops else rows.new_zeros(0)
+    def tops_of_rows(self, found: Tensor, keys: Tensor) -> Tensor:
+        """(k,) bool: `tops` for the (b, h, query) rows `found` (k, 3) of any sequences and heads. Where the rows of
+        every (sequence, key/value head) group, padded to the largest group, fit in ROWS_AT_ONCE logits, one batched
+        matmul serves them all (short inputs: per-call overhead, not arithmetic, is their cost); else one group at a
+        time."""
+        b, hq, _, kv = self.shape
+        hk = self.key.shape[1]
+        owner = found[:, 0] * hk + found[:, 1] // (hq // hk)
+        owner, order = owner.sort(stable=True)
+        found, keys = found[order], keys[order]
+        sizes = torch.bincount(owner, minlength=b * hk)
+        if b * hk * int(sizes.max()) * kv > ROWS_AT_ONCE:
+            top = torch.cat([self.tops(int(part[0, 0]), int(part[0, 1]) // (hq // hk), part[:, 1], part[:, 2], key)
+                             for part, key in zip(found.split(sizes[sizes > 0].tolist()),
+                                                  keys.split(sizes[sizes > 0].tolist()))])
+        else:
+            top = self._tops_padded(found, keys, owner, sizes)
         return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
+
+    def _tops_padded(self, found: Tensor, keys: Tensor, owner: Tensor, sizes: Tensor) -> Tensor:
+        """tops_of_rows for rows sorted by owner (sequence x hk + key/value head), padded to (b x hk, most rows)."""
+        b, hq, n, kv = self.shape
+        hk, d = self.key.shape[1], self.query.shape[-1]
+        slot = torch.arange(len(found), device=found.device) - (torch.cumsum(sizes, 0) - sizes)[owner]
+        padded = found.new_zeros(b * hk, int(sizes.max()), 3)  # padding: sequence 0, head 0, query 0
+        padded[owner, slot] = found
+        sequence, head, row = padded.unbind(-1)
+        query = _flat(self.query).index_select(0, ((sequence * n + row) * hq + head).reshape(-1))
+        limit = min(kv, int(found[:, 2].max()) + kv - n + 1) if self.causal else kv
+        logits = torch.bmm(query.view(b * hk, -1, d) * self.scaling,
+                           self.key[:, :, :limit].reshape(b * hk, limit, d).transpose(1, 2))  # (b x hk, most, keys)
+        if self.bias is not None:
+            bias = self.bias[..., :limit]
+            logits += bias[sequence if bias.shape[0] > 1 else 0, head if bias.shape[1] > 1 else 0,
+                           row if bias.shape[2] > 1 else 0]
+        elif self.causal:
+            logits.masked_fill_(torch.arange(limit, device=row.device) > row[..., None] + kv - n, float("-inf"))
+        logits = logits[owner, slot]  # (k, keys): the real rows
+        own = logits.gather(1, keys[:, None])[:, 0]
+        others = logits.scatter(1, keys[:, None], float("-inf")).amax(dim=-1)
+        top = own > others
+        unsure = (own == others) | own.isnan() | others.isnan()
+        top[unsure] = logits[unsure].argmax(dim=-1) == keys[unsure]
+        return top
+
+    def tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
+        """(len(rows),) bool: whether key keys[t] holds the largest weight of the row (query head heads[t], query
+        rows[t]) of one sequence whose heads share key/value head `kv_head`, as argmax says (the earliest maximum
+        wins, a NaN counts as the maximum); from the logits (exp is monotonic). Rows go in chunks of ROW_LOGITS
+        logits (sorted first where there is more than one chunk); a plain causal chunk computes only the keys up to
+        its last query."""
+        chunk = max(ROW_CHUNK, ROW_LOGITS // self.shape[3])
+        if len(rows) <= chunk:
+            return self._tops_chunk(batch, kv_head, heads, rows, keys)
+        rows, order = rows.sort()
+        heads, keys = heads[order], keys[order]
+        top = torch.cat([self._tops_chunk(batch, kv_head, heads[first:first + chunk], rows[first:first + chunk],
+                                          keys[first:first + chunk]) for first in range(0, len(rows), chunk)])
+        return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
+
+    def _tops_chunk(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
+        """tops() of one chunk: the key's logit against the largest of the others (amax, several times cheaper than
+        argmax on CPU); only rows where they tie or a NaN is involved go to argmax."""
+        logits = self._row_logits(batch, kv_head, heads, rows)
+        own = logits.gather(1, keys[:, None])[:, 0]
+        others = logits.scatter_(1, keys[:, None], float("-inf")).amax(dim=-1)
+        top = own > others
+        unsure = (own == others) | own.isnan() | others.isnan()
+        if bool(unsure.any()):
+            logits = self._row_logits(batch, kv_head, heads[unsure], rows[unsure])
+            top[unsure] = logits.argmax(dim=-1) == keys[unsure]
+        return top
+
+    def _row_logits(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor) -> Tensor:
+        """(len(rows), keys up to the last row's) scaled logits of whole rows, masked keys at -inf."""
+        kv, offset = self.shape[3], self.shape[3] - self.shape[2]
+        limit = min(kv, int(rows.max()) + offset + 1) if self.causal else kv
+        logits = (self.query[batch, heads, rows] * self.scaling) @ self.key[batch, kv_head, :limit].T  # as blocked
+        if self.bias is not None:
+            bias = self.bias[batch if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
+            logits += bias[heads if bias.shape[0] > 1 else 0, rows if bias.shape[1] > 1 else 0]
+        elif self.causal:
+            seen = int(rows.min()) + offset + 1  # keys every row of the chunk sees
+            hidden = torch.arange(seen, limit, device=logits.device)[None, :] > rows[:, None] + offset
+            logits[:, seen:].masked_fill_(hidden, float("-inf"))
+        return logits
+
+
+def _flat(heads: Tensor) -> Tensor:
+    """(b, h, n, d) -> (b x n x h, d): row (b' x n + i) x h + h' is head h' at position i; a view in the layout
+    transformers hands queries and keys over in ((b, n, h, d) in memory), else one copy."""
+    return heads.transpose(1, 2).reshape(-1, heads.shape[-1])
 
 
 def fused_attention(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scaling: float,
