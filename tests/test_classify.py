@@ -13,6 +13,8 @@ import torch
 from conftest import run_cli, tiny_loaded
 from planted import PLANTED
 
+import probe.heads.classify as classify_module
+from probe.attention import attention_layers
 from probe.classify import classify
 from probe.inputs import natural_set, repeated_set
 from probe.models import ALIASES, Alias, load_model
@@ -246,3 +248,29 @@ def test_a_new_head_class_is_one_function_and_one_registry_entry() -> None:
         assert set(result.probe_sets) == {"natural"}
     finally:
         del SCORES["self"]
+
+
+@pytest.mark.parametrize("path", ["auto", "blocked"])
+def test_the_forward_ends_once_every_layer_is_read(monkeypatch, path: str) -> None:
+    """Scoring stops the forward after the last attention it reads: the last layer's MLP and the final norm never
+    run, the scores equal a full forward's, and the model runs as before afterwards."""
+    loaded = tiny_loaded("llama_gqa")
+    probe_set = natural_set(loaded, seq_len=24, num_seqs=2)
+    model = loaded.model
+    attention_layers(model)  # the discovery forward (once per model) runs before the hooks below
+    calls: list[str] = []
+    handles = [model.model.layers[-1].mlp.register_forward_hook(lambda *_: calls.append("mlp")),
+               model.model.norm.register_forward_hook(lambda *_: calls.append("norm"))]
+    try:
+        stopped = classify_module.score_heads(loaded, probe_set, ["previous_token", "sink"], batch_size=1, path=path)
+        assert calls == []
+        monkeypatch.setattr(classify_module, "_stop_when_read", lambda *_: (lambda layer: None))
+        full = classify_module.score_heads(loaded, probe_set, ["previous_token", "sink"], batch_size=1, path=path)
+        assert calls == ["mlp", "norm"] * 2  # two batches, each to the end
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name in full:
+        assert torch.equal(stopped[name], full[name]), name
+    with torch.no_grad():
+        assert model(input_ids=probe_set.input_ids[:1]).logits.isfinite().all()

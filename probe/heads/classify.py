@@ -111,7 +111,8 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
     """Run the probe set through the model in batches and reduce each layer's attention into the named scores.
     `path`: "lse" reads each layer's fused attention and log-sum-exp (no weights formed; layers whose logits cannot
     be rebuilt fall back to blocks of weights, and the result's `path` says which), "blocked" reduces blocks of
-    eager weights everywhere, "auto" is "lse" where every named score has a fast path."""
+    eager weights everywhere, "auto" is "lse" where every named score has a fast path. Each batch's forward ends
+    once every layer's attention is read: the last layer's MLP, the final norm and the head change no score."""
     layers = attention_layers(loaded.model)
     accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers))
     use_lse = _use_lse(path, accumulator)
@@ -124,14 +125,19 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
             done[0] += 1
             progress(done[0], total)
 
+    read: set[int] = set()  # layers of this batch whose attention is read to the end
+    stop = _stop_when_read(loaded.model, len(layers), read)
+
     def on_weights(layer: int, start: int, weights: Tensor) -> None:
         accumulator.update(layer, start, weights)
         if start + weights.shape[2] >= weights.shape[3]:
             step()
+            stop(layer)
 
     def on_lse(layer: int, attention: FusedAttention) -> None:
         accumulator(layer, attention)
         step()
+        stop(layer)
 
     reader = _LseReader(on_lse, accumulator.blocked) if use_lse else None
     with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, query_block=query_block,
@@ -139,10 +145,32 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
         for ids, mask in batches:
             valid = real_tokens(ids, mask)
             accumulator.batch = Batch(valid=valid, offset=probe_set.offset, repeat_len=probe_set.repeat_len)
-            forward(loaded.model, ids, mask)
+            read.clear()
+            try:
+                forward(loaded.model, ids, mask)
+            except _EveryLayerRead:
+                pass  # what follows the last attention (its MLP, the final norm, the head) changes no score
     scores = HeadScores(accumulator.result())
     scores.path = accumulator.path()
     return scores
+
+
+class _EveryLayerRead(BaseException):
+    """Raised from the hook of the batch's last attention to be read: the rest of the forward is not needed. A
+    BaseException, so that no model's own `except Exception` takes it for a failure."""
+
+
+def _stop_when_read(model: torch.nn.Module, n_layers: int, read: set[int]) -> Callable[[int], None]:
+    """A callable marking a layer read that ends the forward once every layer is (not for models dispatched by
+    accelerate, whose hooks move weights back only when a module's forward returns)."""
+    dispatched = getattr(model, "hf_device_map", None) is not None
+
+    def mark(layer: int) -> None:
+        read.add(layer)
+        if len(read) == n_layers and not dispatched:
+            raise _EveryLayerRead
+
+    return mark
 
 
 class _LseReader:
