@@ -14,8 +14,8 @@ from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFi
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
-from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK
-from probe.kv import DEFAULT_MAX_LOSS_INCREASE, kv_heads as run_kv_heads
+from probe.heads.scores import DEFAULT_RECENT
+from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, kv_heads as run_kv_heads
 from probe.models import DEFAULT_MODEL
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
@@ -122,7 +122,7 @@ def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
 def kv_heads(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, lengths: Lengths = "1024",
     depths: Depths = ",".join(f"{d:g}" for d in DEFAULT_DEPTHS), prompts: Prompts = 1, needle: Needle = DEFAULT_NEEDLE,
-    sink: Sink = DEFAULT_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
+    sink: Sink = KV_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
     retrieval_threshold: RetrievalThreshold = None, streaming_threshold: StreamingThreshold = None,
     max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE, order: Order = "retrieval",
     curve: Curve = True, steps: Steps = 5, random_seeds: RandomSeeds = "0,1", curve_texts: CurveTexts = 2,

@@ -17,6 +17,10 @@ full cache (retrieval), per query head and per KV head, with the check that make
   early: in plain text they too put most of their mass on sink + recent keys).
 - The curve: the first k KV heads of that order windowed (WindowAblation), k = 0 .. all, the loss change on natural
   text and the needle accuracy at each k, against random orders; on needle prompts other than the scored ones.
+- The cache a streaming head keeps: 64 sink + 256 recent keys by default (KV_SINK, DEFAULT_RECENT), the cache that
+  DuoAttention deploys its streaming heads with (Xiao et al. 2024; its evaluations run `--sink_size 64
+  --recent_size 256`), since DuoAttention is what the exported map is for. The map is calibrated for that cache:
+  a smaller one (StreamingLLM's 4 sink keys, `sink=4`) loses more per streamed head, and its budget is smaller.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the sc
 BUDGET_SEED_OFFSET = 2000  # the budget's needle prompts: another seed than the scored ones and the curve's
 DEFAULT_FULL_FRACTION = 0.25  # the fixed budget's default, where a fixed budget is asked for
 DEFAULT_MAX_LOSS_INCREASE = 0.03
+KV_SINK = 64  # sink keys of a streaming head: DuoAttention's deployed cache (64 sink + 256 recent keys)
 
 
 @dataclass
@@ -507,7 +512,7 @@ def _fixed_budget(order: list[tuple[int, int]], kv_retrieval: Tensor, kv_streami
 
 def kv_heads(
     loaded: LoadedModel, *, lengths: tuple[int, ...] = (1024,), depths: tuple[float, ...] = DEFAULT_DEPTHS,
-    prompts: int = 1, needle: str | None = None, sink: int = DEFAULT_SINK, recent: int = DEFAULT_RECENT,
+    prompts: int = 1, needle: str | None = None, sink: int = KV_SINK, recent: int = DEFAULT_RECENT,
     full_fraction: float | None = None, retrieval_threshold: float | None = None,
     streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
     curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,

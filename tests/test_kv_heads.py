@@ -303,7 +303,7 @@ def test_exports_read_back_as_their_consumers_read_them(tmp_path: Path, capsys, 
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["--lengths", "300"], "longer than the model's context of 256"),
+    (["--lengths", "400"], "longer than the model's context of 256"),
     (["--needle", "Code:{key}"], "tokenizes its key differently"),
     (["--export", "vllm:x.json"], "unknown export format 'vllm'"),
     (["--export", "duo"], "FORMAT:PATH"),

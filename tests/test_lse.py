@@ -129,8 +129,17 @@ def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, sta
     monkeypatch.setattr(scores, "BAND_FROM", 0 if stages == "band" else scores.BAND_FROM)
     monkeypatch.setattr(lse, "ROWS_AT_ONCE", 0 if stages == "one_head_at_a_time" else lse.ROWS_AT_ONCE)
     monkeypatch.setattr(scores, "POSITIONAL_RIVALS", () if stages == "no_rivals" else scores.POSITIONAL_RIVALS)
+    decided: list[int] = []
+    for stage in ("_positional_band",):
+        def counting(attention, found, shift, original=getattr(scores, stage)):
+            hits, still_open = original(attention, found, shift)
+            decided.append(len(found) - len(still_open))
+            return hits, still_open
+
+        monkeypatch.setattr(scores, stage, counting)
     fast = score_heads(loaded, natural, ["positional"], batch_size=3)
     assert torch.equal(fast["positional"], blocked["positional"])
+    assert (sum(decided) > 20) == (stages == "band")  # the forced stage decides rows
 
 
 def test_positional_fast_path_breaks_ties_as_argmax() -> None:

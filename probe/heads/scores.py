@@ -316,8 +316,9 @@ MARGIN = 1e-4  # a neighbour is surely the top when it outweighs the mass of the
 def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
     """positional_score's sums and counts from the log-sum-exp, in three stages, each only for the rows the one before
     left open. (1) Every row: the neighbour's weight (a diagonal, shared with the previous-token score), key 0's
-    (shared with the sink score) and the rivals' (keys i, i - 2, i - 3, i - 4, i +- 1): the neighbour is the top
-    when none of them beats it (an earlier key wins a tie) and it outweighs the mass of all other keys (1 - the
+    (shared with the sink score) and the rivals' (keys i, i - 2, i - 3, i - 4, i +- 1, and every other diagonal the
+    layer's scores read, e.g. induction's on a repeated set: free, computed in the same pass): the neighbour is the
+    top when none of them beats it (an earlier key wins a tie) and it outweighs the mass of all other keys (1 - the
     computed mass), not when one beats it. (2) Past BAND_FROM keys, the open rows' band of keys i - 15 .. i + 1,
     gathered: the same test. (3) The rows still open: their whole row of logits (FusedAttention.tops), as the
     blocked path; up to BAND_FROM keys a whole row is about as cheap as a gathered band."""
@@ -346,7 +347,7 @@ def _positional_rivals(attention: FusedAttention, selected: Tensor, shift: int) 
     """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
     weight, key 0's and the rivals' (POSITIONAL_RIVALS)."""
     n = attention.shape[2]
-    offsets = [offset for offset in POSITIONAL_RIVALS if offset != shift]
+    offsets = sorted((set(POSITIONAL_RIVALS) | set(attention.diagonals)) - {shift})
     weight = attention.aligned(shift)  # (b, h, n)
     rivals = (torch.stack([attention.aligned(offset) for offset in offsets], dim=-1) if offsets
               else weight.new_zeros(*weight.shape, 0))  # (b, h, n, r)
@@ -436,6 +437,7 @@ def streaming_from_lse(attention: FusedAttention, batch: Batch, sink: int = DEFA
     first = sink + recent
     if first >= n:
         return torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
+    attention.prefetch((), range(sink))  # the sink columns in one pass
     sinks = sum((attention.column(key)[..., first:] for key in range(sink)), attention.lse.new_zeros(b, h, n - first))
     valid = batch.valid.to(attention.lse.device)
     sums, counts = torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
