@@ -9,7 +9,8 @@ interleaved (order rotated every repeat, median of per-repeat ratios):
 - plain_logits: `model(input_ids=ids)`, logits at every position (the baseline of earlier sections), up to 8192;
 - probe: `score_heads` with all six default scores (path "auto": the log-sum-exp);
 - probe_blocked: the same on the blocked eager path, up to BLOCKED_UP_TO tokens.
-kv-heads: `score_needles` on one needle prompt of each length, fast and blocked, against `run_model(ids)` (logits at
+kv-heads: `score_needles` (kv-heads' default cache: 64 sink + 256 recent keys) on one needle prompt of each length,
+fast and blocked, against `run_model(ids)` (logits at
 every position, bench/kv_heads.py's baseline) and the forward without them.
 Memory: fresh processes (bench.long_context_point plain / classify / classify_blocked at 32768 tokens, a random llama
 with SmolLM2's layer sizes). Writes bench/results/lse.json after each part, so a run cut short keeps what finished.
@@ -83,7 +84,7 @@ def classify_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str
 
 def kv_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str, Any]:
     from probe.attention import run_model
-    from probe.kv import score_needles
+    from probe.kv import KV_SINK, score_needles
     from probe.inputs import NeedleOptions, needle_set
 
     needles = needle_set(loaded, NeedleOptions(lengths=(length,), depths=(0.5,), seed=7))
@@ -99,10 +100,10 @@ def kv_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str, Any]
             run_model(loaded.model, ids, None, logits=False)
 
     def scoring() -> None:
-        results["lse"] = score_needles(loaded, needles)
+        results["lse"] = score_needles(loaded, needles, sink=KV_SINK)  # as kv-heads runs it
 
     def scoring_blocked() -> None:
-        results["blocked"] = score_needles(loaded, needles, fast=False)
+        results["blocked"] = score_needles(loaded, needles, sink=KV_SINK, fast=False)
 
     variants = {"plain": plain, "plain_no_logits": plain_no_logits, "scoring": scoring,
                 "scoring_blocked": scoring_blocked}

@@ -347,7 +347,7 @@ def _positional_rivals(attention: FusedAttention, selected: Tensor, shift: int) 
     """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
     weight, key 0's and the rivals' (POSITIONAL_RIVALS)."""
     n = attention.shape[2]
-    offsets = sorted((set(POSITIONAL_RIVALS) | set(attention.diagonals)) - {shift})
+    offsets = [offset for offset in POSITIONAL_RIVALS if offset != shift]
     weight = attention.aligned(shift)  # (b, h, n)
     rivals = (torch.stack([attention.aligned(offset) for offset in offsets], dim=-1) if offsets
               else weight.new_zeros(*weight.shape, 0))  # (b, h, n, r)

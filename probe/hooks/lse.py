@@ -23,6 +23,7 @@ ROW_LOGITS = 2**20  # logits of whole rows computed at once, at most (ROW_CHUNK 
 BAND_BLOCK = 64  # query rows per block of a band: each block computes BAND_BLOCK + width - 1 keys
 BAND_ROWS = 64 * 2**20 // 4  # logits of a band chunk (batch x heads x rows x keys), in floats
 DIAGONAL_ROWS = 4096  # query rows whose diagonals' keys are gathered at once (keys x shifts x rows x head_dim)
+GATHERED_COLUMNS = 4  # columns computed with the diagonals' gather; more go through one matmul
 GATHERED_ROWS = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
 
 
@@ -116,13 +117,19 @@ class FusedAttention:
             if last <= first or (self.bias is None and self.causal and shift > kv - n):  # no key, or all hidden
                 self.diagonals[shift] = first, self.lse.new_zeros(b, hq, max(0, last - first))
         wanted = [shift for shift in wanted if shift not in self.diagonals]
-        if wanted:
-            weights = self._in_chunks(lambda rows: rows[:, None] + torch.tensor(wanted, device=rows.device), len(wanted))
+        keys = sorted({int(key) for key in columns if 0 <= key < kv} - set(self.columns))
+        gathered = keys if len(keys) <= GATHERED_COLUMNS else []  # a few columns ride along with the diagonals
+        if wanted or gathered:
+            offsets, fixed = torch.tensor(wanted, dtype=torch.long), torch.tensor(gathered, dtype=torch.long)
+            weights = self._in_chunks(lambda rows: torch.cat([rows[:, None] + offsets.to(rows.device),
+                                                              fixed.to(rows.device).expand(len(rows), -1)], dim=1),
+                                      len(wanted) + len(gathered))
             for column, shift in enumerate(wanted):
                 first, last = max(0, -shift), min(n, kv - shift)
                 self.diagonals[shift] = first, weights[:, :, first:last, column]
-        keys = sorted({int(key) for key in columns if 0 <= key < kv} - set(self.columns))
-        if keys:
+            for column, key in enumerate(gathered, start=len(wanted)):
+                self.columns[key] = weights[..., column]
+        if keys and not gathered:  # many columns (a wide sink): one matmul against them
             weights = self._in_chunks(lambda rows: torch.tensor(keys, device=rows.device), len(keys))
             for column, key in enumerate(keys):
                 self.columns[key] = weights[..., column]
