@@ -5,8 +5,8 @@ After every kill the results stream reads as a subset of an uninterrupted run's 
 silently wrong); after every resume it holds every ablation, each equal to the uninterrupted run's; at the end the
 model folder's bytes are unchanged.
 
-CI runs 10 rounds (`--soak-rounds`, tests/conftest.py; ~1 s a round after ~15 s of references and the server's
-start); `pytest --soak-rounds=200 tests/test_soak.py` is the issue's count."""
+CI runs 10 rounds (`--soak-rounds`, tests/conftest.py; 0.5 to 0.8 s a round after ~11 s of references and the
+server's start); `pytest --soak-rounds=200 tests/test_soak.py` is the issue's count."""
 
 from __future__ import annotations
 
