@@ -37,8 +37,16 @@ def set_quiet(quiet: bool) -> None:
     _state["quiet"] = quiet
 
 
+def _printable(text: str, stream: TextIO) -> str:
+    """Text as `stream` can encode it: what it cannot (a lone surrogate, from argv bytes that are not UTF-8 quoted
+    in an error; a character outside its encoding) as a backslash escape, as Python's own stderr writes it. A stream
+    of strict UTF-8 (a test's, a notebook's) raised instead, and rich kept the line to raise again at the next."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
 def _say(message: str) -> None:
-    errors.print(message, markup=False, highlight=False, soft_wrap=True)
+    errors.print(_printable(message, errors.file), markup=False, highlight=False, soft_wrap=True)
 
 
 def note(message: str) -> None:

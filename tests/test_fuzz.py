@@ -44,9 +44,9 @@ from probe.patterns import read_text
 from probe.syntax import read_conllu
 
 TESTS = Path(__file__).parent
-CLI = settings(max_examples=max(30, settings().max_examples // 10))
-"""Through the CLI (a command parsed per example, ~40 ms): the default profile's count, a tenth of the long one's
-(1,000); the library function behind each gets the whole count."""
+CLI = settings(max_examples=max(30, settings().max_examples))
+"""Through the CLI (a command parsed per example, ~20 ms: 10,000 in ~4 min): the profile's count, as the library
+function behind each. The properties that load a model or run a sweep per example set a fraction of it."""
 PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
 HEADS = ["18.6", "0.1,1.3", "1.*", "0-1.2-3", "all", "*", "enc0-1.*", "x1.0", "dec0.3,enc1.2", "1", "0-1"]
 LAYERS = ["0", "0-1", "1,0", "enc0-1", "x1", "dec0,enc1", "*", ""]
@@ -565,6 +565,17 @@ def test_found_a_shard_suffix_int_cannot_read(tmp_path: Path) -> None:
 def test_found_a_newline_in_a_spec_makes_one_error_line(capsys, monkeypatch) -> None:
     code, err = cli_outcome(["classify", "--model", "a\nb.py:f"], capsys, monkeypatch)
     assert code == 2 and "a\\nb.py" in err and len(err.strip().splitlines()) == 1
+
+
+def test_found_argv_bytes_not_utf8_quoted_in_an_error_make_one_error_line(capsys, monkeypatch) -> None:
+    """The hub's error quotes the repo id as it is: its lone surrogate raised UnicodeEncodeError on a stream of strict
+    UTF-8 (pytest's), and the line rich kept raised again at every later command (the long profile, 10,000)."""
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    code, err = cli_outcome(["classify", "--model=org/na\udc80me", "--num-seqs", "1", "--seq-len", "8"], capsys,
+                            monkeypatch)
+    assert code == 2 and "'org/na\\udc80me'" in err and len(err.strip().splitlines()) == 1
+    code, err = cli_outcome(["classify", "--model=smollm3"], capsys, monkeypatch)
+    assert code == 2 and err.startswith("error: unknown model 'smollm3'") and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("line, message", [

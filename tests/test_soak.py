@@ -1,11 +1,12 @@
 """Issue 33's soak: many short sweeps (`probe ablate`) and patching runs (`probe patch`) on tiny models, each killed
-at a random moment (SIGINT or SIGKILL) and resumed with `--resume` (each run a child process forked from this one,
-the uninterrupted references `python -m probe.cli` processes). After every kill the results stream reads as a
-subset of an uninterrupted run's (or is refused in one line, never silently wrong); after every resume it holds every
-ablation, each equal to the uninterrupted run's; at the end the model folder's bytes are unchanged.
+at a random moment (SIGINT or SIGKILL) and resumed with `--resume` (each run a child of a multiprocessing fork server,
+tests/soak_child.py, never a fork of this process; the uninterrupted references `python -m probe.cli` processes).
+After every kill the results stream reads as a subset of an uninterrupted run's (or is refused in one line, never
+silently wrong); after every resume it holds every ablation, each equal to the uninterrupted run's; at the end the
+model folder's bytes are unchanged.
 
-`pytest --soak-rounds=200 tests/test_soak.py` is the issue's count; CI runs 2 rounds (tests/conftest.py).
-"""
+CI runs 10 rounds (`--soak-rounds`, tests/conftest.py; 0.5 to 0.8 s a round after ~11 s of references and the
+server's start); `pytest --soak-rounds=200 tests/test_soak.py` is the issue's count."""
 
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ import signal
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import pytest
 
 from conftest import tiny_hf
-from probe.cli.app import main
+from soak_child import Child
 from probe.ablation.stream import read_results
 from probe.errors import ProbeError
 
@@ -49,69 +49,14 @@ def start(args: list[str], tmp_path: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True)
 
 
-def _child(args: list[str], tmp_path: Path, err: Path) -> None:
-    """In the forked child: `probe ARGS` as `python -m probe.cli` runs it (its stderr to `err`), then exit with its
-    code; never back into the test."""
-    code = 1
-    try:
-        os.environ.update(PROBE_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        sys.stdout, sys.stderr = open(os.devnull, "w"), open(err, "w", encoding="utf-8", buffering=1)
-        os.dup2(sys.stdout.fileno(), 1)
-        os.dup2(sys.stderr.fileno(), 2)
-        sys.argv = ["probe", *args]
-        main()
-        code = 0
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
-    except BaseException:  # noqa: BLE001 - reported in its stderr, as Python would
-        traceback.print_exc()
-    finally:
-        sys.stderr.flush()
-        os._exit(code)
-
-
-class Forked:
-    """`probe ARGS` in a forked child of this process: torch, transformers and probe are imported already, so a run
-    costs its own work, not Python's start (a few seconds each, most of the soak otherwise); it is a process like
-    any, stopped by a real SIGINT or SIGKILL. The same interface as subprocess.Popen, as far as the soak uses it."""
-
-    def __init__(self, args: list[str], tmp_path: Path) -> None:
-        self.err = tmp_path / f"stderr-{time.monotonic_ns()}.txt"
-        self.returncode: int | None = None
-        self.pid = os.fork()
-        if self.pid == 0:
-            _child(args, tmp_path, self.err)
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def send_signal(self, kind: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, kind)
-
-    def communicate(self, timeout: float) -> tuple[None, str]:
-        deadline = time.monotonic() + timeout
-        while self.poll() is None:
-            if time.monotonic() > deadline:
-                os.kill(self.pid, signal.SIGKILL)
-                raise AssertionError(f"probe {self.pid} ran past {timeout} s")
-            time.sleep(0.01)
-        return None, self.err.read_text(encoding="utf-8") if self.err.exists() else ""
-
-
 def finish(args: list[str], tmp_path: Path) -> tuple[int, str]:
-    process = Forked(args, tmp_path)
+    process = Child(args, tmp_path)
     _, err = process.communicate(timeout=600)
     assert process.returncode is not None
     return process.returncode, err
 
 
-def when_written(process: subprocess.Popen | Forked, stream: Path, lines: int = 1) -> float:
+def when_written(process: subprocess.Popen | Child, stream: Path, lines: int = 1) -> float:
     """Wait until the run's stream holds `lines` lines (1: the header, the sweep has begun); the time then."""
     while process.poll() is None and not (stream.is_file() and stream.read_bytes().count(b"\n") >= lines):
         time.sleep(0.005)
@@ -156,7 +101,7 @@ def one_round(rng: random.Random, args: list[str], reference: dict, took: float,
               seen: dict) -> None:
     stream = tmp_path / "round.jsonl"
     stream.unlink(missing_ok=True)
-    process = Forked([*args, "--results", str(stream)], tmp_path)
+    process = Child([*args, "--results", str(stream)], tmp_path)
     when_written(process, stream)
     time.sleep(rng.uniform(0, 1.2 * took))  # somewhere in the sweep, or just after it
     kind = rng.choice([signal.SIGINT, signal.SIGKILL])
@@ -179,7 +124,7 @@ def one_round(rng: random.Random, args: list[str], reference: dict, took: float,
 @pytest.mark.slow
 def test_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if request.config.getoption("--soak-rounds") < 1:
-        pytest.skip("the soak runs with --soak-rounds N (and OMP_NUM_THREADS=1: its children are forked)")
+        pytest.skip("--soak-rounds 0")
     folder = tmp_path / "model"
     tiny_hf("llama_gqa").save_pretrained(folder)
     pairs = tmp_path / "pairs.jsonl"
@@ -198,9 +143,10 @@ def test_interrupted_runs_resume_to_the_uninterrupted_result(tmp_path: Path, req
         assert len(references[name]) == EXPECTED[name]
     rounds, rng = request.config.getoption("--soak-rounds"), random.Random(33)
     seen = {key: 0 for key in ("SIGINT", "SIGKILL", "empty", "refused", "partial", "whole", "header only")}
+    began = time.monotonic()
     for index in range(rounds):
         name = ("ablate", "patch")[index % 2]
         one_round(rng, commands(folder, pairs)[name], references[name], times[name], tmp_path, seen)
-        print(f"soak round {index + 1}/{rounds}: {seen}", flush=True)
-    print(f"soak: {rounds} interrupted and resumed runs, {seen}")
+        print(f"soak round {index + 1}/{rounds} ({time.monotonic() - began:.1f} s): {seen}", flush=True)
+    print(f"soak: {rounds} interrupted and resumed runs in {time.monotonic() - began:.1f} s, {seen}")
     assert folder_hash(folder) == before
