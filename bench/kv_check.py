@@ -33,7 +33,7 @@ from bench.common import RESULTS_DIR, load_average, machine, now
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, natural_set, needle_set
 from probe.kv import kv_heads, needle_accuracy, text_loss
 from probe.models import load_model
-from reports.kv_heads import duo_config, duo_tsv
+from probe.reports.kv_heads import duo_config, duo_tsv
 
 OUT = RESULTS_DIR / "kv_check.json"
 STREAMING: dict[str, Any] = {"heads": None, "sink": 0, "recent": 0}  # what the attention function reads
