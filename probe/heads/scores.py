@@ -316,10 +316,9 @@ MARGIN = 1e-4  # a neighbour is surely the top when it outweighs the mass of the
 def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
     """positional_score's sums and counts from the log-sum-exp, in three stages, each only for the rows the one before
     left open. (1) Every row: the neighbour's weight (a diagonal, shared with the previous-token score), key 0's
-    (shared with the sink score) and the rivals' (keys i, i - 2, i - 3, i - 4, i +- 1, and every other diagonal the
-    layer's scores read, e.g. induction's on a repeated set: free, computed in the same pass): the neighbour is the
-    top when none of them beats it (an earlier key wins a tie) and it outweighs the mass of all other keys (1 - the
-    computed mass), not when one beats it. (2) Past BAND_FROM keys, the open rows' band of keys i - 15 .. i + 1,
+    (shared with the sink score) and the rivals' (keys i, i - 2, i - 3, i - 4, i +- 1, computed in the same pass):
+    the neighbour is the top when none of them beats it (an earlier key wins a tie) and it outweighs the mass of all
+    other keys (1 - the computed mass), not when one beats it. (2) Past BAND_FROM keys, the open rows' band of keys i - 15 .. i + 1,
     gathered: the same test. (3) The rows still open: their whole row of logits (FusedAttention.tops), as the
     blocked path; up to BAND_FROM keys a whole row is about as cheap as a gathered band."""
     b, h, n, kv = attention.shape
@@ -357,7 +356,8 @@ def _positional_rivals(attention: FusedAttention, selected: Tensor, shift: int) 
     neighbour_not_0 = rows + shift > 0  # key 0 is an earlier rival, and not counted yet, unless a diagonal is key 0
     sink = attention.column(0)
     beats |= (sink >= weight) & neighbour_not_0
-    sink_apart = neighbour_not_0 & (rows[:, None] + torch.tensor(offsets, dtype=torch.long, device=rows.device) != 0).all(dim=-1)
+    rival_keys = rows[:, None] + torch.tensor(offsets, dtype=torch.long, device=rows.device)  # (n, r)
+    sink_apart = neighbour_not_0 & (rival_keys != 0).all(dim=-1)
     computed = weight + rivals.sum(dim=-1) + torch.where(sink_apart, sink, 0.0)
     hit = ~beats & (weight > (1.0 - computed).clamp(min=0.0) + MARGIN) & selected[:, None]
     return hit, ~beats & ~hit & selected[:, None]

@@ -278,9 +278,9 @@ class FusedAttention:
         found, keys = found[order], keys[order]
         sizes = torch.bincount(owner, minlength=b * hk)
         if b * hk * int(sizes.max()) * kv > ROWS_AT_ONCE:
+            groups = sizes[sizes > 0].tolist()
             top = torch.cat([self.tops(int(part[0, 0]), int(part[0, 1]) // (hq // hk), part[:, 1], part[:, 2], key)
-                             for part, key in zip(found.split(sizes[sizes > 0].tolist()),
-                                                  keys.split(sizes[sizes > 0].tolist()))])
+                             for part, key in zip(found.split(groups), keys.split(groups))])
         else:
             top = self._tops_padded(found, keys, owner, sizes)
         return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
@@ -303,13 +303,7 @@ class FusedAttention:
                            row if bias.shape[2] > 1 else 0]
         elif self.causal:
             logits.masked_fill_(torch.arange(limit, device=row.device) > row[..., None] + kv - n, float("-inf"))
-        logits = logits[owner, slot]  # (k, keys): the real rows
-        own = logits.gather(1, keys[:, None])[:, 0]
-        others = logits.scatter(1, keys[:, None], float("-inf")).amax(dim=-1)
-        top = own > others
-        unsure = (own == others) | own.isnan() | others.isnan()
-        top[unsure] = logits[unsure].argmax(dim=-1) == keys[unsure]
-        return top
+        return _key_is_top(logits[owner, slot], keys)  # the real rows only
 
     def tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         """(len(rows),) bool: whether key keys[t] holds the largest weight of the row (query head heads[t], query
@@ -327,17 +321,8 @@ class FusedAttention:
         return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
 
     def _tops_chunk(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
-        """tops() of one chunk: the key's logit against the largest of the others (amax, several times cheaper than
-        argmax on CPU); only rows where they tie or a NaN is involved go to argmax."""
-        logits = self._row_logits(batch, kv_head, heads, rows)
-        own = logits.gather(1, keys[:, None])[:, 0]
-        others = logits.scatter_(1, keys[:, None], float("-inf")).amax(dim=-1)
-        top = own > others
-        unsure = (own == others) | own.isnan() | others.isnan()
-        if bool(unsure.any()):
-            logits = self._row_logits(batch, kv_head, heads[unsure], rows[unsure])
-            top[unsure] = logits.argmax(dim=-1) == keys[unsure]
-        return top
+        """tops() of one chunk."""
+        return _key_is_top(self._row_logits(batch, kv_head, heads, rows), keys)
 
     def _row_logits(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor) -> Tensor:
         """(len(rows), keys up to the last row's) scaled logits of whole rows, masked keys at -inf."""
@@ -355,6 +340,19 @@ class FusedAttention:
             hidden = torch.arange(seen, limit, device=logits.device)[None, :] > rows[:, None] + offset
             logits[:, seen:].masked_fill_(hidden, float("-inf"))
         return logits
+
+
+def _key_is_top(logits: Tensor, keys: Tensor) -> Tensor:
+    """(k,) bool: whether key keys[t] holds the largest logit of row t of `logits` (k, keys), as argmax says (the
+    earliest maximum wins, a NaN counts as the maximum): the key's logit against the amax of the others (several
+    times cheaper than argmax on CPU); only rows where they tie or a NaN is involved go to argmax."""
+    own = logits.gather(1, keys[:, None])[:, 0]
+    others = logits.scatter(1, keys[:, None], float("-inf")).amax(dim=-1)
+    top = own > others
+    unsure = (own == others) | own.isnan() | others.isnan()
+    if bool(unsure.any()):
+        top[unsure] = logits[unsure].argmax(dim=-1) == keys[unsure]
+    return top
 
 
 def _flat(heads: Tensor) -> Tensor:
