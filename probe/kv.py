@@ -307,26 +307,52 @@ def _point(loaded: LoadedModel, inputs: _CurveInputs, streamed: list[tuple[int, 
 
 
 def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: _CurveInputs, ks: list[int],
-                 seeds: list[int], progress: Progress | None = None) -> dict[str, Any]:
-    """Loss change and needle accuracy with the first k KV heads of `order` windowed, and of random orders."""
+                 seeds: list[int], progress: Progress | None = None, *,
+                 stop_below: float | None = DEFAULT_MAX_LOSS_INCREASE) -> dict[str, Any]:
+    """Loss change and needle accuracy with the first k KV heads of `order` windowed, and of random orders. With
+    `stop_below` (a loss bound), a random order stops at its first k that the budget's rule refuses (needle accuracy
+    below the unablated model's, or loss change over the bound) where probe's order is accepted: it is clearly
+    below there, and its later points (None) are not measured, except those another order already measured."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
     orders = {"probe": order} | {f"random_{seed}": random.Random(seed).sample(order, len(order)) for seed in seeds}
     base_loss, base_accuracy = _point(loaded, inputs, [], cache)
     total, done = len(orders) * len(ks), 0
-    curves: dict[str, dict[str, list[float]]] = {}
+    curves: dict[str, dict[str, list[float | None]]] = {}
+    stopped: dict[str, int] = {}
     for name, ordering in orders.items():
-        losses, accuracies = [], []
-        for k in ks:
-            loss, accuracy = _point(loaded, inputs, ordering[:k], cache)
-            losses.append(round(loss - base_loss, 6))
-            accuracies.append(round(accuracy, 6))
+        losses: list[float | None] = []
+        accuracies: list[float | None] = []
+        for index, k in enumerate(ks):
+            if name in stopped and frozenset(ordering[:k]) not in cache:
+                losses.append(None)
+                accuracies.append(None)
+            else:
+                loss, accuracy = _point(loaded, inputs, ordering[:k], cache)
+                losses.append(round(loss - base_loss, 6))
+                accuracies.append(round(accuracy, 6))
             done += 1
             if progress is not None:
                 progress(done, total)
+            if name != "probe" and name not in stopped and stop_below is not None and _clearly_below(
+                    losses[index], accuracies[index], curves["probe"], index, base_accuracy, stop_below):
+                stopped[name] = k
         curves[name] = {"loss_change": losses, "needle_accuracy": accuracies}
     return {"k": ks, "baseline_loss": round(base_loss, 6), "baseline_needle_accuracy": round(base_accuracy, 6),
             "orders": curves, "random_seeds": seeds, "natural_texts": int(inputs.texts.shape[0]),
-            "natural_length": int(inputs.texts.shape[1]), "needle_prompts": int(inputs.needles.input_ids.shape[0])}
+            "natural_length": int(inputs.texts.shape[1]), "needle_prompts": int(inputs.needles.input_ids.shape[0]),
+            "stopped": stopped, "stop_rule": None if stop_below is None else (
+                f"a random order stops at its first k refused (needle accuracy < {base_accuracy:.2f} or loss change > "
+                f"+{stop_below:g}) where probe's order is kept; later points are null unless already measured")}
+
+
+def _clearly_below(loss: float | None, accuracy: float | None, probe: dict[str, list[float | None]], index: int,
+                   baseline_accuracy: float, max_loss_increase: float) -> bool:
+    """Whether a random order's point is refused by the budget's rule while probe's point at the same k is kept."""
+    if loss is None or accuracy is None:
+        return False
+    refused = not _accepts({"loss_change": loss, "needle_accuracy": accuracy}, baseline_accuracy, max_loss_increase)
+    ours = {"loss_change": probe["loss_change"][index], "needle_accuracy": probe["needle_accuracy"][index]}
+    return refused and _accepts(ours, baseline_accuracy, max_loss_increase)
 
 
 @dataclass
@@ -369,10 +395,6 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
         return point["accepted"]
 
     low, high = 0, len(order) + 1  # k = low is accepted (nothing streamed), k = high is not (past the end)
-    if measure(len(order)):
-        low = len(order)
-    else:
-        high = len(order)
     while high - low > 1:
         middle = (low + high) // 2
         low, high = (middle, high) if measure(middle) else (low, middle)
@@ -385,8 +407,8 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
 
 
 def budget_points(n_kv_total: int) -> int:
-    """The most points the budget's bisection measures: k = all, then one per halving."""
-    return 1 + max(n_kv_total, 1).bit_length()
+    """The most points the budget's bisection measures: one per halving of k = 1 .. all."""
+    return max(n_kv_total, 1).bit_length()
 
 
 @dataclass
@@ -516,13 +538,15 @@ def kv_heads(
     full_fraction: float | None = None, retrieval_threshold: float | None = None,
     streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
     curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,
-    data: str | None = None, seed: int = 0, order_by: str = "retrieval", progress: Progress | None = None,
+    data: str | None = None, seed: int = 0, order_by: str = "retrieval", stop_random: bool = True,
+    progress: Progress | None = None,
 ) -> KVHeads:
     """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
     `recent` window), aggregate per KV head, order them, label full / streaming (a calibrated budget unless
     `full_fraction` or a threshold is given: see the module docstring), and (with `curve`) check the order: windowed
     KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and accuracy on
-    needle prompts of another seed, against random orders of `random_seeds`. `order_by`: a name of ORDERS."""
+    needle prompts of another seed, against random orders of `random_seeds` (`stop_random`: each stops once clearly
+    below probe's order, see stream_curve). `order_by`: a name of ORDERS."""
     _check(tuple(lengths), sink, recent, list(random_seeds))
     if order_by not in ORDERS:
         raise ProbeError(f"order_by {order_by!r}: use one of {', '.join(ORDERS)}", parameter="order_by")
@@ -561,11 +585,13 @@ def kv_heads(
     result.options = {"lengths": list(lengths), "depths": list(depths), "prompts": prompts, "seed": seed,
                       "needle": options.needle, "full_fraction": full_fraction,
                       "retrieval_threshold": retrieval_threshold, "streaming_threshold": streaming_threshold,
-                      "max_loss_increase": max_loss_increase, "order_by": order_by, "scored_on": scored.description}
+                      "max_loss_increase": max_loss_increase, "order_by": order_by, "stop_random": stop_random,
+                      "scored_on": scored.description}
     if curve:
         inputs = _held_out(loaded, options, data, curve_texts, 0, CURVE_SEED_OFFSET, window)
         ks = sorted(set(curve_steps(len(order), steps)) | {budget.streamed})  # the map's own k, checked too
-        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage(3))
+        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage(3),
+                                    stop_below=max_loss_increase if stop_random else None)
         result.curve["needle_seed"] = seed + CURVE_SEED_OFFSET
     return result
 

@@ -48,6 +48,9 @@ def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
         console.print(Text(line))
     if payload.get("curve"):
         console.print(curve_table(payload["curve"]))
+        for name, k in (payload["curve"].get("stopped") or {}).items():
+            console.print(Text(f"  {name.replace('_', ' seed ')} stopped at k = {k}: refused where probe's order is "
+                               "kept (--every-random-point measures the rest)", style="dim"))
 
 
 def curve_table(curve: dict[str, Any]) -> Table:
@@ -60,11 +63,12 @@ def curve_table(curve: dict[str, Any]) -> Table:
         table.add_column(column, justify="right")
     ours = curve["orders"]["probe"]
     for index, k in enumerate(curve["k"]):
-        def mean(key: str) -> float:
-            values = [curve["orders"][name][key][index] for name in randoms]
-            return sum(values) / len(values) if values else float("nan")
-        table.add_row(str(k), f"{ours['loss_change'][index]:+.4f}", f"{mean('loss_change'):+.4f}",
-                      f"{ours['needle_accuracy'][index]:.2f}", f"{mean('needle_accuracy'):.2f}")
+        def mean(key: str, form: str) -> str:
+            values = [value for name in randoms if (value := curve["orders"][name][key][index]) is not None]
+            measured = f"{sum(values) / len(values):{form}}" if values else "stopped"
+            return measured + (f" ({len(values)} of {len(randoms)})" if values and len(values) < len(randoms) else "")
+        table.add_row(str(k), f"{ours['loss_change'][index]:+.4f}", mean("loss_change", "+.4f"),
+                      f"{ours['needle_accuracy'][index]:.2f}", mean("needle_accuracy", ".2f"))
     return table
 
 

@@ -208,3 +208,32 @@ class PlantedLM(PlantedModel):
 def planted_lm() -> PlantedLM:
     """planted_textbook's heads in a model with an embedding and an LM head."""
     return PlantedLM(list(planted_textbook().layers)).eval()
+
+
+def planted_gpt2() -> nn.Module:
+    """planted_textbook's heads inside a transformers GPT-2 (layer norms made identities, MLPs writing nothing, the LM
+    head reading the induction slot), so that what needs transformers attention (window ablation, the calibrated
+    kv-heads budget) meets a model whose one retrieval head (1.1) is known."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=VOCAB, n_positions=MAX_LEN, n_embd=D_MODEL, n_layer=2, n_head=N_HEADS,
+                        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None,
+                        attn_implementation="sdpa")
+    model = GPT2LMHeadModel(config).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.zero_()
+        model.transformer.wte.weight[:, TOK:TOK + VOCAB] = torch.eye(VOCAB)
+        model.transformer.wte.weight[:, ONE] = 1.0
+        model.transformer.wpe.weight.zero_()
+        model.transformer.wpe.weight[:, POS:POS + MAX_LEN] = torch.eye(MAX_LEN)
+        for block, w in zip(model.transformer.h, planted_weights()):
+            block.ln_1, block.ln_2 = nn.Identity(), nn.Identity()
+            block.attn.c_attn.weight.copy_(torch.cat([w["W_q"], w["W_k"], w["W_v"]]).T)  # Conv1D: (in, out)
+            block.attn.c_proj.weight.copy_(w["W_o"].T)
+            for bias in (block.attn.c_attn.bias, block.attn.c_proj.bias, block.mlp.c_proj.bias):
+                bias.zero_()
+            block.mlp.c_proj.weight.zero_()
+        model.transformer.ln_f = nn.Identity()
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, IND:IND + VOCAB] = torch.eye(VOCAB) * 10.0
+    return model

@@ -15,12 +15,16 @@ from test_browser import browser  # noqa: F401  (the fixture)
 from probe.ablation.editor import ablate
 from probe.ablation.window import PatternAblation, WindowAblation
 from probe.inputs import natural_set
-from probe.kv import aggregate, kv_groups, kv_heads, loss_order, needle_accuracy, text_loss
+from probe.kv import (CURVE_SEED_OFFSET, _held_out, aggregate, kv_groups, kv_heads, loss_order, needle_accuracy,
+                     stream_curve, text_loss)
 from probe.models import load_model
+from probe.reports.kv_heads import kv_heads_report
+from rich.console import Console
 from probe.inputs import NeedleOptions, needle_set
 
 TESTS = Path(__file__).parent
 PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
+PLANTED_HF = f"{TESTS / 'planted.py'}:planted_gpt2"
 
 
 def test_planted_retrieval_and_streaming_heads_score_one_and_the_others_near_zero() -> None:
@@ -93,6 +97,51 @@ def test_kv_heads_ordered_by_loss_uses_loss_order_on_texts_no_other_stage_reads(
     alone.input_ids = texts.input_ids[2:]  # the third sequence: the curve reads the first, the budget the second
     order, _ = loss_order(loaded, result.kv_retrieval, alone, WindowAblation(sink=2, recent=8))
     assert result.order == order and result.options["order_by"] == "loss"
+
+
+@pytest.fixture(scope="module")
+def planted_hf():
+    """The planted heads in a transformers GPT-2 (one retrieval head, 1.1), mapped with every default but the small
+    cache: a calibrated budget and a curve against three random orders that stop once clearly below."""
+    loaded = load_model(PLANTED_HF)
+    return loaded, kv_heads(loaded, lengths=(250,), depths=(0.2, 0.5, 0.8), prompts=2, sink=1, recent=4, steps=4,
+                            random_seeds=(0, 1, 2), curve_texts=1)
+
+
+def test_the_calibrated_map_keeps_the_planted_retrieval_head_full_and_streams_the_others(planted_hf) -> None:
+    _, result = planted_hf
+    assert result.budget.rule.startswith("calibrated")
+    assert result.full == {(1, 1)} and result.budget.streamed == 7 and result.order[-1] == (1, 1)
+    assert float(result.kv_retrieval[1, 1]) == pytest.approx(1.0)
+    refused = [point for point in result.budget.points if not point["accepted"]]
+    assert [point["k"] for point in refused] == [8] and refused[0]["needle_accuracy"] < 1.0
+
+
+def test_a_random_order_stops_once_refused_where_probes_order_is_kept(planted_hf) -> None:
+    """Each stopped order's stopping point is refused by the budget's rule while probe's is kept there; it measured
+    nothing after it but the points probe's order measured (k = all); every value it has equals the value a curve
+    that measures every point gets."""
+    loaded, result = planted_hf
+    curve, bound = result.curve, result.options["max_loss_increase"]
+    probe = curve["orders"]["probe"]
+    assert curve["stopped"] and all(value is not None for value in probe["loss_change"] + probe["needle_accuracy"])
+    inputs = _held_out(loaded, NeedleOptions(seed=0, lengths=(250,), depths=(0.2, 0.5, 0.8), prompts=2), None, 1, 0,
+                       CURVE_SEED_OFFSET, WindowAblation(sink=1, recent=4))
+    every = stream_curve(loaded, result.order, inputs, curve["k"], [0, 1, 2], stop_below=None)
+    assert every["stopped"] == {} and every["orders"]["probe"] == probe
+    for name, k in curve["stopped"].items():
+        at = curve["k"].index(k)
+        ours, theirs = curve["orders"][name], every["orders"][name]
+        refused = ours["needle_accuracy"][at] < curve["baseline_needle_accuracy"] or ours["loss_change"][at] > bound
+        kept = probe["needle_accuracy"][at] >= curve["baseline_needle_accuracy"] and probe["loss_change"][at] <= bound
+        assert refused and kept
+        assert all(value is None for value in ours["loss_change"][at + 1:-1]) and ours["loss_change"][-1] is not None
+        for key in ("loss_change", "needle_accuracy"):
+            assert [v for v in ours[key] if v is not None] == [v for v, o in zip(theirs[key], ours[key]) if o is not None]
+    console = Console(width=200, record=True)
+    kv_heads_report(result.to_dict(), console)
+    text = console.export_text()
+    assert all(f"{name.replace('_', ' seed ')} stopped at k = {k}" in text for name, k in curve["stopped"].items())
 
 
 def test_a_model_that_cannot_be_windowed_gets_the_fixed_budget_and_says_why() -> None:
