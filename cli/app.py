@@ -18,6 +18,7 @@ import typer
 from typer.core import TyperCommand, TyperGroup
 
 from probe.cli import ablate, atlas, circuits, classify, dla, heatmap, kv_heads, models, patch, prune, syntax, track
+from probe.cli.allocator import keep_freed_buffers
 from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import set_quiet, warn
 from probe.errors import ProbeError
@@ -226,6 +227,7 @@ def _options(
 
 def main() -> None:
     """Entry point: run the app; a failure becomes one line on stderr and the exit code EXITS gives it."""
+    keep_freed_buffers()
     try:
         outcome = app(standalone_mode=False)
     except (Exception, KeyboardInterrupt) as error:

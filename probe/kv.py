@@ -26,6 +26,7 @@ full cache (retrieval), per query head and per KV head, with the check that make
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -345,14 +346,14 @@ def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: _Cur
                 f"+{stop_below:g}) where probe's order is kept; later points are null unless already measured")}
 
 
-def _clearly_below(loss: float | None, accuracy: float | None, probe: dict[str, list[float | None]], index: int,
+def _clearly_below(loss: float | None, accuracy: float | None, ours: dict[str, list[float | None]], index: int,
                    baseline_accuracy: float, max_loss_increase: float) -> bool:
     """Whether a random order's point is refused by the budget's rule while probe's point at the same k is kept."""
     if loss is None or accuracy is None:
         return False
     refused = not _accepts({"loss_change": loss, "needle_accuracy": accuracy}, baseline_accuracy, max_loss_increase)
-    ours = {"loss_change": probe["loss_change"][index], "needle_accuracy": probe["needle_accuracy"][index]}
-    return refused and _accepts(ours, baseline_accuracy, max_loss_increase)
+    kept = {"loss_change": ours["loss_change"][index], "needle_accuracy": ours["needle_accuracy"][index]}
+    return refused and _accepts(kept, baseline_accuracy, max_loss_increase)
 
 
 @dataclass
@@ -431,6 +432,7 @@ class KVHeads:
     curve: dict[str, Any] | None = None
     options: dict[str, Any] = field(default_factory=dict)
     budget: Budget | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage: scores, order, budget, curve
 
     def label(self, layer: int, kv_head: int) -> str:
         return "full" if (layer, kv_head) in self.full else "streaming"
@@ -467,6 +469,7 @@ class KVHeads:
             "curve": self.curve,
             "budget": None if self.budget is None else self.budget.to_dict(),
             "duo_full_attention_heads": self.duo_values(),
+            "seconds": self.seconds,
         }
 
     def _repr_html_(self) -> str:
@@ -486,7 +489,13 @@ def accuracy_table(needles: NeedleSet, run: NeedleRun) -> list[dict[str, Any]]:
             for (length, depth), rows in cells.items()]
 
 
-def _check(lengths: tuple[int, ...], sink: int, recent: int, seeds: list[int]) -> None:
+def _check(loaded: LoadedModel, lengths: tuple[int, ...], sink: int, recent: int, seeds: list[int],
+           order_by: str) -> None:
+    if order_by not in ORDERS:
+        raise ProbeError(f"order_by {order_by!r}: use one of {', '.join(ORDERS)}", parameter="order_by")
+    if is_encoder_decoder(loaded.model):  # every layer would be windowed, and only decoder self-attention can be
+        raise ProbeError("kv-heads sorts a decoder-only model's KV heads for a decoding cache; an encoder-decoder's "
+                         "encoder and cross-attention keep no such cache: it is not supported")
     if sink < 0 or recent < 1:
         raise ProbeError(f"sink must be >= 0 and recent >= 1, got sink {sink}, recent {recent}", parameter="recent")
     if not lengths or max(lengths) <= sink + recent + 16:
@@ -547,12 +556,7 @@ def kv_heads(
     KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and accuracy on
     needle prompts of another seed, against random orders of `random_seeds` (`stop_random`: each stops once clearly
     below probe's order, see stream_curve). `order_by`: a name of ORDERS."""
-    _check(tuple(lengths), sink, recent, list(random_seeds))
-    if order_by not in ORDERS:
-        raise ProbeError(f"order_by {order_by!r}: use one of {', '.join(ORDERS)}", parameter="order_by")
-    if is_encoder_decoder(loaded.model):  # every layer would be windowed, and only decoder self-attention can be
-        raise ProbeError("kv-heads sorts a decoder-only model's KV heads for a decoding cache; an encoder-decoder's "
-                         "encoder and cross-attention keep no such cache: it is not supported")
+    _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by)
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
                             **({"needle": needle} if needle else {}))
     wanted = full_fraction is None and retrieval_threshold is None and streaming_threshold is None
@@ -565,12 +569,14 @@ def kv_heads(
     counts = [scored.input_ids.shape[0], n_total if order_by == "loss" else 0,
               budget_points(n_total) if calibrated else 0,
               (len(curve_steps(n_total, steps)) + 1) * (1 + len(random_seeds)) if curve else 0]
-    stage = _stages(progress, counts)
+    stage, clock = _stages(progress, counts), _Clock()
     retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent, progress=stage(0))
+    clock.lap("scores")
     kv_retrieval, kv_streaming = aggregate(retrieval, n_kv, "max"), aggregate(streaming, n_kv, "min")
     window = WindowAblation(sink=sink, recent=recent)
     order = stream_order(kv_retrieval, kv_streaming) if order_by == "retrieval" else loss_order(
         loaded, kv_retrieval, _texts(loaded, options, data, curve_texts, 2 * curve_texts), window, progress=stage(1))[0]
+    clock.lap("order")
     if calibrated:
         held_out = _held_out(loaded, options, data, curve_texts, curve_texts, BUDGET_SEED_OFFSET, window)
         budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=stage(2))
@@ -579,6 +585,7 @@ def kv_heads(
     else:
         budget, full = _fixed_budget(order, kv_retrieval, kv_streaming, full_fraction,
                                      (retrieval_threshold, streaming_threshold), why_fixed)
+    clock.lap("budget")
     result = KVHeads(loaded.name, retrieval.shape[0], n_heads, n_kv, sink, recent, retrieval.float(),
                      streaming.float(), kv_retrieval.float(), kv_streaming.float(), order, full,
                      accuracy_table(scored, run), budget=budget)
@@ -593,7 +600,22 @@ def kv_heads(
         result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage(3),
                                     stop_below=max_loss_increase if stop_random else None)
         result.curve["needle_seed"] = seed + CURVE_SEED_OFFSET
+        clock.lap("curve")
+    result.seconds = clock.laps
     return result
+
+
+class _Clock:
+    """Wall seconds per stage, in the order the stages ran."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.laps[stage] = round(now - self.last, 3)
+        self.last = now
 
 
 def _stages(progress: Progress | None, counts: list[int]) -> Callable[[int], Progress | None]:

@@ -51,6 +51,9 @@ def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
         for name, k in (payload["curve"].get("stopped") or {}).items():
             console.print(Text(f"  {name.replace('_', ' seed ')} stopped at k = {k}: refused where probe's order is "
                                "kept (--every-random-point measures the rest)", style="dim"))
+    if payload.get("seconds"):
+        stages = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in payload["seconds"].items())
+        console.print(Text(f"Time per stage: {stages}.", style="dim"))
 
 
 def curve_table(curve: dict[str, Any]) -> Table:
