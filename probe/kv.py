@@ -559,10 +559,8 @@ def kv_heads(
     _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by)
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
                             **({"needle": needle} if needle else {}))
-    wanted = full_fraction is None and retrieval_threshold is None and streaming_threshold is None
-    why_fixed = None if not wanted or all(layer.kind == "hf" for layer in attention_layers(loaded.model)) else (
-        "a calibrated budget measures window ablation, which needs transformers attention; this model's is its own")
-    calibrated = wanted and why_fixed is None
+    calibrated, why_fixed = _budget_kind(loaded, full_fraction is None and retrieval_threshold is None
+                                         and streaming_threshold is None)
     scored = needle_set(loaded, options)
     n_heads, n_kv = kv_groups(loaded)
     n_total = len(attention_layers(loaded.model)) * n_kv
@@ -616,6 +614,14 @@ class _Clock:
         now = time.perf_counter()
         self.laps[stage] = round(now - self.last, 3)
         self.last = now
+
+
+def _budget_kind(loaded: LoadedModel, wanted: bool) -> tuple[bool, str | None]:
+    """(whether the budget is calibrated, why not where it was wanted but cannot be)."""
+    if not wanted or all(layer.kind == "hf" for layer in attention_layers(loaded.model)):
+        return wanted, None
+    return False, ("a calibrated budget measures window ablation, which needs transformers attention; this model's "
+                   "is its own")
 
 
 def _stages(progress: Progress | None, counts: list[int]) -> Callable[[int], Progress | None]:
