@@ -1,6 +1,6 @@
 """Issue 28: head scores from the attention's log-sum-exp, against a plain sdpa forward, in one run.
 
-    python -m bench.lse [--lengths 512 4096 8192 32768] [--kv-lengths 2048 4096] [--threads 1]
+    python -m bench.lse [--lengths 512 4096 8192 32768] [--kv-lengths 2048 4096] [--threads 1] [--repeats-32k 1]
 
 SmolLM2, one sequence of BOS + R random tokens repeated twice per length (R = (N - 1) // 2), variants timed
 interleaved (order rotated every repeat, median of per-repeat ratios):
@@ -136,7 +136,9 @@ def main() -> None:
     parser.add_argument("--kv-lengths", type=int, nargs="*", default=[2048, 4096])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--repeats-32k", type=int, default=REPEATS[32768], help="repeats at 32768 tokens")
     args = parser.parse_args()
+    REPEATS[32768] = args.repeats_32k
     torch.set_num_threads(args.threads)
     from probe.models import load_model
 

@@ -119,32 +119,47 @@ def test_positional_rows_the_band_cannot_decide_are_settled_exactly(monkeypatch)
     assert torch.equal(fast["positional"], blocked["positional"])
 
 
-@pytest.mark.parametrize("stages", ["band", "one_head_at_a_time", "no_rivals"])
+def _near_slices(monkeypatch, span: int, before: int) -> None:
+    """Stages 2 and 3 at any length, with near slices of `span` positions and `before` earlier keys."""
+    monkeypatch.setattr(scores, "BAND_FROM", 0)
+    monkeypatch.setattr(lse, "NEAR_SPAN", span)
+    monkeypatch.setattr(lse, "NEAR_BEFORE", before)
+
+
+@pytest.mark.parametrize("stages", ["band", "near", "one_head_at_a_time", "no_rivals"])
 def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, stages: str) -> None:
-    """Stage 2 (the gathered band, forced at short lengths), the whole rows one key/value head at a time, and a stage
-    1 without rivals (most rows go on): each gives the blocked path's numbers exactly."""
+    """Stage 2 (the gathered band) and stage 3 (the near keys: slices of 16 positions and the 8 keys before them,
+    behind a band of the neighbours only), forced at short lengths, the whole rows one key/value head at a time, and a stage 1 without rivals (most rows go
+    on): each gives the blocked path's numbers exactly."""
     loaded = tiny_loaded("llama_gqa")
     natural, _ = _padded_sets(120, length=64)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
-    monkeypatch.setattr(scores, "BAND_FROM", 0 if stages == "band" else scores.BAND_FROM)
+    if stages in ("band", "near"):
+        _near_slices(monkeypatch, 16, 8)
+    if stages == "near":  # a band of the neighbours only: most rows it leaves open go to the near keys
+        monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
     monkeypatch.setattr(lse, "ROWS_AT_ONCE", 0 if stages == "one_head_at_a_time" else lse.ROWS_AT_ONCE)
     monkeypatch.setattr(scores, "POSITIONAL_RIVALS", () if stages == "no_rivals" else scores.POSITIONAL_RIVALS)
-    decided: list[int] = []
-    for stage in ("_positional_band",):
-        def counting(attention, found, shift, original=getattr(scores, stage)):
+    decided: dict[str, list[int]] = {"_positional_band": [], "_positional_near": []}
+    for stage in decided:
+        def counting(attention, found, shift, original=getattr(scores, stage), stage=stage):
             hits, still_open = original(attention, found, shift)
-            decided.append(len(found) - len(still_open))
+            decided[stage].append(len(found) - len(still_open))
             return hits, still_open
 
         monkeypatch.setattr(scores, stage, counting)
     fast = score_heads(loaded, natural, ["positional"], batch_size=3)
     assert torch.equal(fast["positional"], blocked["positional"])
-    assert (sum(decided) > 20) == (stages == "band")  # the forced stage decides rows
+    assert (sum(decided["_positional_band"]) > 20) == (stages == "band")  # the forced stage decides rows
+    assert (sum(decided["_positional_near"]) > 20) == (stages == "near")
 
 
-def test_positional_fast_path_breaks_ties_as_argmax() -> None:
+@pytest.mark.parametrize("near", [False, True])
+def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, near: bool) -> None:
     """Keys that copy the neighbour's key tie with it exactly: the earliest maximum wins, as argmax says, on every
-    stage (stage 1 rivals, the whole rows)."""
+    stage (stage 1 rivals, the near keys (forced: slices of 8 positions and 4 keys before), the whole rows)."""
+    if near:
+        _near_slices(monkeypatch, 8, 4)
     torch.manual_seed(3)
     b, hq, hk, n, d = 2, 4, 2, 40, 8
     query, key = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)

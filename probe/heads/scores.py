@@ -314,13 +314,15 @@ MARGIN = 1e-4  # a neighbour is surely the top when it outweighs the mass of the
 
 
 def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
-    """positional_score's sums and counts from the log-sum-exp, in three stages, each only for the rows the one before
+    """positional_score's sums and counts from the log-sum-exp, in four stages, each only for the rows the one before
     left open. (1) Every row: the neighbour's weight (a diagonal, shared with the previous-token score), key 0's
     (shared with the sink score) and the rivals' (keys i, i - 2, i - 3, i - 4, i +- 1, computed in the same pass):
     the neighbour is the top when none of them beats it (an earlier key wins a tie) and it outweighs the mass of all
-    other keys (1 - the computed mass), not when one beats it. (2) Past BAND_FROM keys, the open rows' band of keys i - 15 .. i + 1,
-    gathered: the same test. (3) The rows still open: their whole row of logits (FusedAttention.tops), as the
-    blocked path; up to BAND_FROM keys a whole row is about as cheap as a gathered band."""
+    other keys (1 - the computed mass), not when one beats it. Past BAND_FROM keys: (2) the open rows' band of keys
+    i - 15 .. i + 1, gathered: the same test; (3) the keys near each open row (at least the 1024 before it, a slice
+    shared by the rows of 1024 positions: FusedAttention.near_of_rows): the same test, a tie left open. (4) The rows
+    still open: their whole row of logits (FusedAttention.tops_of_rows), as the blocked path; up to BAND_FROM keys a
+    whole row is about as cheap as the stages between."""
     b, h, n, kv = attention.shape
     valid = batch.valid.to(attention.lse.device)
     sums, counts = torch.zeros(2, h, dtype=torch.float64), torch.zeros(2, h, dtype=torch.float64)
@@ -337,6 +339,9 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
         if len(found) and kv > BAND_FROM:
             band_hits, found = _positional_band(attention, found, shift)
             sums[index] += band_hits
+        if len(found) and kv > BAND_FROM:
+            near_hits, found = _positional_near(attention, found, shift)
+            sums[index] += near_hits
         if len(found):
             sums[index] += _settle(attention, found, shift)
     return sums, counts
@@ -379,6 +384,18 @@ def _positional_band(attention: FusedAttention, found: Tensor, shift: int) -> tu
     if column + 1 < band.shape[-1]:
         beaten |= band[:, column + 1:].amax(dim=-1) > weight
     hit = ~beaten & (weight > rest + MARGIN)
+    hits = torch.bincount(head[hit].cpu(), minlength=attention.shape[1]).double()
+    return hits, found[~beaten & ~hit]
+
+
+def _positional_near(attention: FusedAttention, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
+    """Stage 3 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the keys near each row
+    (FusedAttention.near_of_rows: at least the NEAR_BEFORE keys before it, and key 0): the neighbour is not the top
+    when a near key beats it, the top when none beats or ties it and it outweighs the mass of the keys not computed."""
+    sequence, head, row = found.unbind(1)
+    beaten, tied, mass = attention.near_of_rows(found, row + shift)
+    weight = attention.aligned(shift)[sequence, head, row]
+    hit = ~beaten & ~tied & (weight > (1.0 - mass).clamp(min=0.0) + MARGIN)
     hits = torch.bincount(head[hit].cpu(), minlength=attention.shape[1]).double()
     return hits, found[~beaten & ~hit]
 

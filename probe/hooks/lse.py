@@ -24,6 +24,8 @@ BAND_BLOCK = 64  # query rows per block of a band: each block computes BAND_BLOC
 BAND_ROWS = 64 * 2**20 // 4  # logits of a band chunk (batch x heads x rows x keys), in floats
 DIAGONAL_ROWS = 4096  # query rows whose diagonals' keys are gathered at once (keys x shifts x rows x head_dim)
 GATHERED_COLUMNS = 4  # columns computed with the diagonals' gather; more go through one matmul
+NEAR_SPAN = 1024  # query positions of one bucket of the near-keys stage: its rows share one slice of keys
+NEAR_BEFORE = 1024  # keys before a bucket that its slice includes
 GATHERED_ROWS = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
 
 
@@ -266,6 +268,56 @@ class FusedAttention:
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
+    def near_of_rows(self, found: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(beaten (k,), tied (k,), mass (k,)) for the (b, h, query) rows `found` (k, 3) and one key each, over the
+        keys near each row: the rows of a (sequence, key/value head) whose queries
+        fall in one bucket of NEAR_SPAN positions share one slice of keys, from NEAR_BEFORE keys before the bucket to
+        its last query (so a row sees at least its NEAR_BEFORE keys before it). beaten: a key of the slice has a
+        larger logit than keys[t]; tied: none is larger but one equals it (argmax's tie rule needs the whole row);
+        mass: the weight of every key of the slice the row may attend to, keys[t]'s included, and of key 0."""
+        b, hq, n, kv = self.shape
+        hk = self.key.shape[1]
+        position = found[:, 2] + kv - n  # each query's own key position
+        owner = ((found[:, 0] * hk + found[:, 1] // (hq // hk)) * (kv // NEAR_SPAN + 1)) + position // NEAR_SPAN
+        owner, order = owner.sort(stable=True)
+        counts = torch.unique_consecutive(owner, return_counts=True)[1].tolist()
+        parts = [self._near_part(part, key, where) for part, key, where in
+                 zip(found[order].split(counts), keys[order].split(counts), position[order].split(counts))]
+        beaten, tied, mass = (torch.cat(column) for column in zip(*parts))
+        back = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=order.device))
+        return beaten[back], tied[back], mass[back]
+
+    def _near_part(self, part: Tensor, keys: Tensor, position: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """near_of_rows for the rows of one (sequence, key/value head, bucket)."""
+        sequence, kv_head = int(part[0, 0]), int(part[0, 1]) // (self.shape[1] // self.key.shape[1])
+        low = max(0, int(position[0]) // NEAR_SPAN * NEAR_SPAN - NEAR_BEFORE)
+        high = int(position.max()) + 1 if self.causal else self.shape[3]
+        logits = (self.query[sequence, part[:, 1], part[:, 2]] * self.scaling) @ self._head_keys(
+            sequence, kv_head)[low:high].T  # (r, high - low)
+        if self.bias is not None:
+            bias = self.bias[sequence if self.bias.shape[0] > 1 else 0][..., low:high]  # (hq or 1, n or 1, keys)
+            logits += bias[part[:, 1] if bias.shape[0] > 1 else 0, part[:, 2] if bias.shape[1] > 1 else 0]
+        elif self.causal:
+            seen = int(position.min()) + 1 - low  # columns every row of the part may attend to
+            columns = torch.arange(low + seen, high, device=logits.device)
+            logits[:, seen:].masked_fill_(columns[None, :] > position[:, None], float("-inf"))
+        rows = torch.arange(len(part), device=logits.device)
+        own = logits[rows, keys - low]
+        logits[rows, keys - low] = float("-inf")
+        others = logits.amax(dim=-1)
+        lse = self.lse[sequence, part[:, 1], part[:, 2]]
+        mass = torch.exp(torch.logsumexp(logits, dim=-1) - lse) + torch.exp(own - lse)
+        if low > 0:  # key 0 (the sink: often most of a row's weight) outside the slice
+            mass += self.column(0)[sequence, part[:, 1], part[:, 2]]
+        return others > own, others == own, mass
+
+    def _head_keys(self, sequence: int, kv_head: int) -> Tensor:
+        """(kv, d): one key/value head's keys, contiguous (they arrive strided: a matmul reads a copy ~1.4x
+        faster), made once per layer call."""
+        if (sequence, kv_head) not in self.head_keys:
+            self.head_keys[(sequence, kv_head)] = self.key[sequence, kv_head].contiguous()
+        return self.head_keys[(sequence, kv_head)]
+
     def tops_of_rows(self, found: Tensor, keys: Tensor) -> Tensor:
         """(k,) bool: `tops` for the (b, h, query) rows `found` (k, 3) of any sequences and heads. Where the rows of
         every (sequence, key/value head) group, padded to the largest group, fit in ROWS_AT_ONCE logits, one batched
@@ -328,9 +380,7 @@ class FusedAttention:
         """(len(rows), keys up to the last row's) scaled logits of whole rows, masked keys at -inf."""
         kv, offset = self.shape[3], self.shape[3] - self.shape[2]
         limit = min(kv, int(rows.max()) + offset + 1) if self.causal else kv
-        if (batch, kv_head) not in self.head_keys:  # the keys arrive strided: a matmul reads a copy ~1.4x faster
-            self.head_keys[(batch, kv_head)] = self.key[batch, kv_head].contiguous()
-        keys = self.head_keys[(batch, kv_head)][:limit]
+        keys = self._head_keys(batch, kv_head)[:limit]
         logits = (self.query[batch, heads, rows] * self.scaling) @ keys.T  # scaled as blocked
         if self.bias is not None:
             bias = self.bias[batch if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
