@@ -479,7 +479,9 @@ def _ratio_cell(timings: dict[str, Any], name: str) -> str:
 
 def lse(data: dict[str, Any]) -> str:
     """bench/lse.py (issue 28): scores from the log-sum-exp against a plain sdpa forward, and memory at 32k."""
-    lines = ["## Head scores from the attention's log-sum-exp (issue 28), SmolLM2, one sequence", "", _machine(data),
+    threads = data.get("threads", 1)
+    lines = [f"## Head scores from the attention's log-sum-exp (issue 28), SmolLM2, one sequence, {threads} "
+             f"thread{'s' if threads != 1 else ''}", "", _machine(data),
              f"- torch threads: {data['threads']}; variants interleaved, order rotated every repeat; ratio = median "
              "over repeats of (variant / plain of the same repeat), range in brackets. Baseline `plain`: the sdpa "
              "forward classify runs (`run_model(..., logits=False)`: logits at one position).", "",
@@ -494,7 +496,8 @@ def lse(data: dict[str, Any]) -> str:
                      f"{t['ratio_range']['probe'][0]:.2f}-{t['ratio_range']['probe'][1]:.2f} | "
                      f"{_ratio_cell(t, 'probe_blocked')} | {_ratio_cell(t, 'plain_logits')} | {row['path']} | "
                      f"{'-' if difference is None else f'{max(difference.values()):.1e}'} |")
-    lines += ["", "kv-heads scoring pass (`score_needles`, retrieval + streaming, one needle prompt; baseline "
+    lines += [] if not data.get("kv") else [
+              "", "kv-heads scoring pass (`score_needles`, retrieval + streaming, one needle prompt; baseline "
               "`run_model(ids)`, logits at every position, as in bench/kv_heads.py):", "",
               "| tokens | repeats | plain (s) | scoring, log-sum-exp (target <= 1.05x) | scoring, blocked | forward "
               "without logits | scoring lse / forward without logits | largest difference lse vs blocked |",
@@ -536,7 +539,7 @@ def render(extra: str = "") -> str:
                                                       f"## 1b. On {data.get('device')}, {data.get('dtype')}: "
                                                       "classification", 1))
     # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
-    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("patching", patching, None),
+    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("lse-threads1", lse, None), ("lse-32k", lse, None), ("patching", patching, None),
                                  ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
                                  ("atlas", atlas, None), ("kv_default", kv_default, None)):
         data = load_result(name)

@@ -122,6 +122,7 @@ def test_positional_rows_the_band_cannot_decide_are_settled_exactly(monkeypatch)
 def _near_slices(monkeypatch, span: int, before: int) -> None:
     """Stages 2 and 3 at any length, with near slices of `span` positions and `before` earlier keys."""
     monkeypatch.setattr(scores, "BAND_FROM", 0)
+    monkeypatch.setattr(scores, "NEAR_FROM", 0)
     monkeypatch.setattr(lse, "NEAR_SPAN", span)
     monkeypatch.setattr(lse, "NEAR_BEFORE", before)
 

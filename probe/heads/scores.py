@@ -309,6 +309,8 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
 
 POSITIONAL_BAND = 16  # keys i - 15 .. i + 1 (and key 0) whose weights decide most of the rows left open
 POSITIONAL_RIVALS = (0, -2, -3, -4, -1, 1)  # offsets (besides the neighbour) read for every row: cheap diagonals
+NEAR_FROM = 4096  # keys past which the rows stage 2 left open go to the near keys (measured: at 4096 keys and
+# fewer the slice and the whole row left after it cost more than the whole row alone)
 BAND_FROM = 1024  # keys past which the rows stage 1 left open go to the band; shorter rows are computed whole
 MARGIN = 1e-4  # a neighbour is surely the top when it outweighs the mass of the keys not computed by this much
 
@@ -319,8 +321,9 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
     (shared with the sink score) and the rivals' (keys i, i - 2, i - 3, i - 4, i +- 1, computed in the same pass):
     the neighbour is the top when none of them beats it (an earlier key wins a tie) and it outweighs the mass of all
     other keys (1 - the computed mass), not when one beats it. Past BAND_FROM keys: (2) the open rows' band of keys
-    i - 15 .. i + 1, gathered: the same test; (3) the keys near each open row (at least the 1024 before it, a slice
-    shared by the rows of 1024 positions: FusedAttention.near_of_rows): the same test, a tie left open. (4) The rows
+    i - 15 .. i + 1, gathered: the same test; (3) past NEAR_FROM keys, the keys near each open row (at least the 1024
+    before it, a slice shared by the rows of 1024 positions: FusedAttention.near_of_rows): the same test, a tie
+    left open. (4) The rows
     still open: their whole row of logits (FusedAttention.tops_of_rows), as the blocked path; up to BAND_FROM keys a
     whole row is about as cheap as the stages between."""
     b, h, n, kv = attention.shape
@@ -339,7 +342,7 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
         if len(found) and kv > BAND_FROM:
             band_hits, found = _positional_band(attention, found, shift)
             sums[index] += band_hits
-        if len(found) and kv > BAND_FROM:
+        if len(found) and kv > NEAR_FROM:
             near_hits, found = _positional_near(attention, found, shift)
             sums[index] += near_hits
         if len(found):
@@ -392,12 +395,17 @@ def _positional_near(attention: FusedAttention, found: Tensor, shift: int) -> tu
     """Stage 3 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the keys near each row
     (FusedAttention.near_of_rows: at least the NEAR_BEFORE keys before it, and key 0): the neighbour is not the top
     when a near key beats it, the top when none beats or ties it and it outweighs the mass of the keys not computed."""
-    sequence, head, row = found.unbind(1)
-    beaten, tied, mass = attention.near_of_rows(found, row + shift)
+    b, h, n, kv = attention.shape
+    long = found[:, 2] + kv - n >= NEAR_FROM  # shorter rows: their whole row costs about what a slice does
+    near, short = found[long], found[~long]
+    if not len(near):
+        return torch.zeros(h, dtype=torch.float64), found
+    sequence, head, row = near.unbind(1)
+    beaten, tied, mass = attention.near_of_rows(near, row + shift)
     weight = attention.aligned(shift)[sequence, head, row]
     hit = ~beaten & ~tied & (weight > (1.0 - mass).clamp(min=0.0) + MARGIN)
-    hits = torch.bincount(head[hit].cpu(), minlength=attention.shape[1]).double()
-    return hits, found[~beaten & ~hit]
+    hits = torch.bincount(head[hit].cpu(), minlength=h).double()
+    return hits, torch.cat([short, near[~beaten & ~hit]])
 
 
 def _settle(attention: FusedAttention, found: Tensor, shift: int) -> Tensor:
