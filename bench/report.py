@@ -539,7 +539,7 @@ def render(extra: str = "") -> str:
                                                       f"## 1b. On {data.get('device')}, {data.get('dtype')}: "
                                                       "classification", 1))
     # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
-    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("lse-threads1", lse, None), ("lse-32k", lse, None), ("patching", patching, None),
+    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("lse-threads1", lse, None), ("lse-32k", lse, None), ("lse-32k-repeats", lse, None), ("patching", patching, None),
                                  ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
                                  ("atlas", atlas, None), ("kv_default", kv_default, None)):
         data = load_result(name)
