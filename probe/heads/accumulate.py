@@ -3,13 +3,45 @@ from each layer's log-sum-exp (probe.hooks.lse), so that the weights are never f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
 from probe.heads.scores import SCORES, Batch
-from probe.hooks.lse import FusedAttention
+from probe.hooks.lse import FusedAttention, Label
 
 LSE = "lse"
+
+
+@dataclass(frozen=True)
+class LinearPlan:
+    """The scores that are the mean of one diagonal or column over selected queries (Diagonal, Column), for one
+    batch: every layer reads them in one product of its table of those weights with their selections, instead of a
+    dozen small operations per score and layer."""
+
+    names: list[str]
+    labels: list[Label]  # the diagonal or column each score reads
+    selected: Tensor  # (b, n, len(names)) float: 1 where query i counts for score s
+    counts: Tensor  # (len(names),) float64: the queries each score counts
+
+    def selection(self, columns: list[int], width: int) -> Tensor:
+        """(b, n, width, len(names)): each score's selection on its label's column of a table `width` wide."""
+        b, n, count = self.selected.shape
+        out = self.selected.new_zeros(b, n, width, count)
+        for index, column in enumerate(columns):
+            out[:, :, column, index] = self.selected[..., index]
+        return out
+
+
+def linear_plan(names: list[str], batch: Batch, n: int, kv: int) -> LinearPlan:
+    """The LinearPlan of the scores `names` that have a selection (the others compute their own sums)."""
+    chosen = {name: SCORES[name].selection(batch, n, kv) for name in names}
+    picked = {name: pick for name, pick in chosen.items() if pick is not None}
+    selected = [mask for _, mask in picked.values()]
+    return LinearPlan(list(picked), [label for label, _ in picked.values()],
+                      torch.stack(selected, dim=-1).float() if selected else batch.valid.new_zeros(0).float(),
+                      torch.tensor([float(mask.sum()) for mask in selected], dtype=torch.float64))
 
 
 class ScoreAccumulator:
@@ -48,15 +80,26 @@ class ScoreAccumulator:
             self._add(name, layer, *SCORES[name].reduce(weights, start, batch))
 
     def __call__(self, layer: int, attention: FusedAttention) -> None:
-        """Add one layer call from its queries, keys and log-sum-exp (each score's `fast`; the diagonals the scores
-        read computed first, in one pass)."""
+        """Add one layer call from its queries, keys and log-sum-exp: the diagonals and columns the scores read
+        computed first, in one pass; the scores that average one of them (LinearPlan) in one product; the others
+        each by its `fast`."""
         batch = self._batch()
+        n, kv = attention.shape[2:]
+        plan = batch.memo(("linear plan", tuple(self.names), n, kv), lambda: linear_plan(self.names, batch, n, kv))
         attention.prefetch([shift for name in self.names for shift in SCORES[name].diagonals(batch)],
                            [key for name in self.names for key in SCORES[name].columns(batch)])
+        if plan.names:
+            table, columns = attention.covering(plan.labels)  # (b, h, n, w): a view, the labels' columns in it
+            selection = batch.memo(("selection", tuple(self.names), n, kv, tuple(columns), table.shape[-1]),
+                                   lambda: plan.selection(columns, table.shape[-1]).to(table))
+            sums = torch.einsum("bhnw,bnws->sh", table, selection).double()
+            for index, name in enumerate(plan.names):
+                self._add(name, layer, sums[index], plan.counts[index].expand(table.shape[1]))
         for name in self.names:
             fast = SCORES[name].fast
             assert fast is not None, name
-            self._add(name, layer, *fast(attention, batch))
+            if name not in plan.names:
+                self._add(name, layer, *fast(attention, batch))
         self.paths.setdefault(layer, LSE)
 
     def blocked(self, layer: int, reason: str) -> None:

@@ -10,15 +10,17 @@ its score is computed on (a key of probe.inputs.PROBE_SETS), its default thresho
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.blocked import keys_computed
-from probe.hooks.lse import FusedAttention
+from probe.hooks.lse import FusedAttention, Label
 
 @dataclass
 class Batch:
@@ -27,6 +29,13 @@ class Batch:
     valid: Tensor  # (b, n) bool: real tokens (right padding is False)
     offset: int  # first content position (1 after BOS)
     repeat_len: int | None  # R for repeated sets
+    memos: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """make(), once per batch: what every layer of the batch reads the same (selections, counts, plans)."""
+        if key not in self.memos:
+            self.memos[key] = make()
+        return self.memos[key]
 
 
 Reduce = Callable[[Tensor, int, Batch], tuple[Tensor, Tensor]]
@@ -67,6 +76,12 @@ class Score:
         """The columns (keys) its fast path reads, computed with the diagonals."""
         keys = getattr(self.fast, "keys", None)
         return () if keys is None else tuple(keys(batch))
+
+    def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor] | None:
+        """Where its fast path is the mean of one diagonal or column over selected queries: which, and the (b, n)
+        queries (None: it computes its own sums)."""
+        selection = getattr(self.fast, "selection", None)
+        return None if selection is None else selection(batch, n, kv)
 
     def describe(self) -> dict[str, object]:
         """What a report needs to know of the class: plain values, for to_dict payloads."""
@@ -127,16 +142,21 @@ class Diagonal:
         """The one diagonal it reads."""
         return (self.shift(batch),)
 
-    def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+    def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor]:
+        """The diagonal it averages, and the (b, n) queries it averages over: valid, their key valid and existing,
+        in `queries` where given (ScoreAccumulator reads every such score of a layer in one product)."""
         shift = self.shift(batch)
-        first, values = attention.diagonal(shift)  # (b, h, m): queries first .. first + m
-        queries = torch.arange(first, first + values.shape[-1], device=values.device)
-        valid = batch.valid.to(values.device)
-        selected = valid[:, queries] & valid[:, queries + shift]
+        queries = torch.arange(n, device=batch.valid.device)
+        keys = queries + shift
+        selected = batch.valid[:, :n] & batch.valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
         if self.queries is not None:
             low, high = self.queries(batch)
             selected &= (queries >= low) & (queries < high)
-        return _counted(values, selected)
+        return ("diagonal", shift), selected
+
+    def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+        (_, shift), selected = self.selection(batch, attention.shape[2], attention.shape[3])
+        return _counted(attention.aligned(shift), selected.to(attention.lse.device))
 
 
 @dataclass(frozen=True)
@@ -152,6 +172,10 @@ class Column:
     def reduce(self, weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
         """The blocked path's Reduce."""
         return _column_mass(weights, start, batch, self.key)
+
+    def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor]:
+        """The column it averages, and the (b, n) queries it averages over: the valid ones."""
+        return ("column", self.key), batch.valid[:, :n]
 
     def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
         values = attention.column(self.key)
@@ -327,16 +351,13 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
     still open: their whole row of logits (FusedAttention.tops_of_rows), as the blocked path; up to BAND_FROM keys a
     whole row is about as cheap as the stages between."""
     b, h, n, kv = attention.shape
-    valid = batch.valid.to(attention.lse.device)
     sums, counts = torch.zeros(2, h, dtype=torch.float64), torch.zeros(2, h, dtype=torch.float64)
     for index, shift in enumerate((-1, 1)):
-        rows = torch.arange(n, device=valid.device)
-        keys = rows + shift
-        selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)  # (b, n)
-        counts[index] += selected.sum().double().cpu()
+        selected, count = batch.memo(("neighbours", n, kv, shift), lambda: _neighbour_rows(batch.valid, kv, shift))
+        counts[index] += count
         if attention.bias is None and attention.causal and shift > kv - n:  # the neighbour is causally hidden
             continue
-        hit, unsure = _positional_rivals(attention, selected, shift)
+        hit, unsure = _positional_rivals(attention, selected.to(attention.lse.device), shift)
         sums[index] += hit.sum(dim=(0, 2)).double().cpu()
         found = unsure.nonzero()  # (k, 3): b, h, query
         if len(found) and kv > BAND_FROM:
@@ -350,23 +371,49 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
     return sums, counts
 
 
+def _neighbour_rows(valid: Tensor, kv: int, shift: int) -> tuple[Tensor, float]:
+    """((b, n) the valid queries whose neighbour i + shift exists and is valid, how many there are)."""
+    n = valid.shape[1]
+    keys = torch.arange(n, device=valid.device) + shift
+    selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
+    return selected, float(selected.sum())
+
+
+@dataclass(frozen=True)
+class _Rivals:
+    """Stage 1's reading of a neighbour i + shift: the table's columns (the rivals before the neighbour, the
+    neighbour, those after it, key 0: in the order prefetch makes them, so a view) and, per query, whether key 0 is
+    a rival (not the neighbour) and apart from the other rivals."""
+
+    labels: list[Label]
+    earlier: int  # rivals before the neighbour: columns 0 .. earlier - 1 (a tie goes to them); the neighbour next
+    sink_rival: Tensor  # (n,) bool: the neighbour is not key 0
+    sink_apart: Tensor  # (n,) float: 1 where key 0 is neither the neighbour nor a rival (its mass not counted yet)
+
+
+@functools.lru_cache(maxsize=16)
+def _rivals(n: int, shift: int, device: torch.device) -> _Rivals:
+    before = sorted(offset for offset in POSITIONAL_RIVALS if offset < shift)
+    after = sorted(offset for offset in POSITIONAL_RIVALS if offset > shift)
+    rows = torch.arange(n, device=device)
+    keys = rows[:, None] + torch.tensor(before + after, dtype=torch.long, device=device)  # (n, r)
+    sink_rival = rows + shift > 0
+    labels: list[Label] = [("diagonal", offset) for offset in (*before, shift, *after)]
+    return _Rivals([*labels, ("column", 0)], len(before), sink_rival,
+                   (sink_rival & (keys != 0).all(dim=-1)).float())
+
+
 def _positional_rivals(attention: FusedAttention, selected: Tensor, shift: int) -> tuple[Tensor, Tensor]:
     """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
-    weight, key 0's and the rivals' (POSITIONAL_RIVALS)."""
-    n = attention.shape[2]
-    offsets = [offset for offset in POSITIONAL_RIVALS if offset != shift]
-    weight = attention.aligned(shift)  # (b, h, n)
-    rivals = (torch.stack([attention.aligned(offset) for offset in offsets], dim=-1) if offsets
-              else weight.new_zeros(*weight.shape, 0))  # (b, h, n, r)
-    earlier = torch.tensor([offset < shift for offset in offsets], dtype=torch.bool, device=weight.device)
-    beats = torch.where(earlier, rivals >= weight[..., None], rivals > weight[..., None]).any(dim=-1)
-    rows = torch.arange(n, device=weight.device)
-    neighbour_not_0 = rows + shift > 0  # key 0 is an earlier rival, and not counted yet, unless a diagonal is key 0
-    sink = attention.column(0)
-    beats |= (sink >= weight) & neighbour_not_0
-    rival_keys = rows[:, None] + torch.tensor(offsets, dtype=torch.long, device=rows.device)  # (n, r)
-    sink_apart = neighbour_not_0 & (rival_keys != 0).all(dim=-1)
-    computed = weight + rivals.sum(dim=-1) + torch.where(sink_apart, sink, 0.0)
+    weight, key 0's and the rivals' (POSITIONAL_RIVALS), read from one table (exactly 0 where a key does not
+    exist)."""
+    rivals = _rivals(attention.shape[2], shift, attention.lse.device)
+    table = attention.stacked(rivals.labels)  # (b, h, n, r + 2)
+    earlier, weight, sink = rivals.earlier, table[..., rivals.earlier], table[..., -1]
+    beats = (table[..., :earlier] >= weight[..., None]).any(dim=-1)
+    beats |= (table[..., earlier + 1:-1] > weight[..., None]).any(dim=-1)
+    beats |= (sink >= weight) & rivals.sink_rival
+    computed = table[..., :-1].sum(dim=-1) + sink * rivals.sink_apart
     hit = ~beats & (weight > (1.0 - computed).clamp(min=0.0) + MARGIN) & selected[:, None]
     return hit, ~beats & ~hit & selected[:, None]
 

@@ -10,7 +10,8 @@ a device without a wired kernel); the hooks then run the blocked eager path (pro
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import functools
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +28,9 @@ GATHERED_COLUMNS = 4  # columns computed with the diagonals' gather; more go thr
 NEAR_SPAN = 1024  # query positions of one bucket of the near-keys stage: its rows share one slice of keys
 NEAR_BEFORE = 1024  # keys before a bucket that its slice includes
 GATHERED_ROWS = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
+
+Label = tuple[str, int]
+"""("diagonal", shift): A[i, i + shift] for every query i; ("column", key): A[i, key]."""
 
 
 def lse_problem(query: Tensor, key: Tensor, mask: Tensor | None, *, causal: bool, softcap: float | None,
@@ -72,8 +76,7 @@ class FusedAttention:
     scaling: float
     causal: bool  # keys after the query (j > i + kv - n) get weight 0; only where bias is None
     lse: Tensor  # (b, hq, n) float32
-    columns: dict[int, Tensor] = field(default_factory=dict, repr=False)  # columns computed so far
-    diagonals: dict[int, tuple[int, Tensor]] = field(default_factory=dict, repr=False)  # diagonals computed so far
+    tables: dict[Label, tuple[Tensor, int]] = field(default_factory=dict, repr=False)  # label -> (table, column)
     head_keys: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False)  # contiguous, made on first use
 
     @property
@@ -97,56 +100,81 @@ class FusedAttention:
         return torch.exp(logits.float() - lse[..., None])
 
     def diagonal(self, shift: int) -> tuple[int, Tensor]:
-        """(first query i, weights (b, hq, m)) of A[i, i + shift] for every query whose key exists (kept: several
-        scores read the same diagonal; `prefetch` computes several at once)."""
-        if shift not in self.diagonals:
-            self.prefetch([shift])
-        return self.diagonals[shift]
+        """(first query i, weights (b, hq, m)) of A[i, i + shift] for every query whose key exists."""
+        n, kv = self.shape[2], self.shape[3]
+        first, last = max(0, -shift), max(max(0, -shift), min(n, kv - shift))
+        return first, self.aligned(shift)[..., first:last]
 
     def aligned(self, shift: int) -> Tensor:
-        """(b, hq, n): A[i, i + shift] for every query i, 0 where the key does not exist."""
-        first, values = self.diagonal(shift)
-        return F.pad(values, (first, self.shape[2] - first - values.shape[-1]))
+        """(b, hq, n): A[i, i + shift] for every query i, exactly 0 where the key does not exist or is hidden (kept:
+        several scores read the same diagonal; `prefetch` computes several at once)."""
+        return self.stacked([("diagonal", shift)])[..., 0]
+
+    def column(self, key: int) -> Tensor:
+        """(b, hq, n): A[i, key] for every query i (kept: the sink and positional scores both read key 0)."""
+        return self.stacked([("column", key)])[..., 0]
+
+    def stacked(self, labels: list[Label]) -> Tensor:
+        """(b, hq, n, len(labels)): the diagonals ("diagonal", shift) and columns ("column", key) named, computed by
+        `prefetch` where they are not yet: a view of the table where one prefetch made them side by side, in order."""
+        table, columns = self.covering(labels)
+        return table if columns == list(range(table.shape[-1])) else table[..., columns]
+
+    def covering(self, labels: list[Label]) -> tuple[Tensor, list[int]]:
+        """(table (b, hq, n, w), the column of each label in it): a view of the columns of one prefetched table from
+        the first label's to the last's (no copy), else the labels stacked (computed by `prefetch` where needed)."""
+        if any(label not in self.tables for label in labels):
+            self.prefetch([shift for kind, shift in labels if kind == "diagonal"],
+                          [key for kind, key in labels if kind == "column"])
+        if len({id(self.tables[label][0]) for label in labels}) > 1:
+            return torch.stack([self.tables[label][0][..., self.tables[label][1]] for label in labels],
+                               dim=-1), list(range(len(labels)))
+        table = self.tables[labels[0]][0]
+        columns = [self.tables[label][1] for label in labels]
+        low = min(columns)
+        return table[..., low:max(columns) + 1], [column - low for column in columns]
 
     def prefetch(self, shifts: Iterable[int], columns: Iterable[int] = ()) -> None:
-        """Compute the diagonals A[i, i + shift] and the columns A[i, key] that the scores will read, each kind in
-        one pass over the queries (the diagonals' keys gathered per chunk of rows, one batched matmul; the columns'
-        keys shared by every row, one matmul), so that scores reading the same or several pay once, not once each."""
-        b, hq, n, kv = self.shape
-        wanted = sorted({int(shift) for shift in shifts} - set(self.diagonals))
-        for shift in wanted:
-            first, last = max(0, -shift), min(n, kv - shift)
-            if last <= first or (self.bias is None and self.causal and shift > kv - n):  # no key, or all hidden
-                self.diagonals[shift] = first, self.lse.new_zeros(b, hq, max(0, last - first))
-        wanted = [shift for shift in wanted if shift not in self.diagonals]
-        keys = sorted({int(key) for key in columns if 0 <= key < kv} - set(self.columns))
-        gathered = keys if len(keys) <= GATHERED_COLUMNS else []  # a few columns ride along with the diagonals
-        if wanted or gathered:
-            offsets, fixed = torch.tensor(wanted, dtype=torch.long), torch.tensor(gathered, dtype=torch.long)
-            weights = self._in_chunks(lambda rows: torch.cat([rows[:, None] + offsets.to(rows.device),
-                                                              fixed.to(rows.device).expand(len(rows), -1)], dim=1),
-                                      len(wanted) + len(gathered))
-            for column, shift in enumerate(wanted):
-                first, last = max(0, -shift), min(n, kv - shift)
-                self.diagonals[shift] = first, weights[:, :, first:last, column]
-            for column, key in enumerate(gathered, start=len(wanted)):
-                self.columns[key] = weights[..., column]
-        if keys and not gathered:  # many columns (a wide sink): one matmul against them
-            weights = self._in_chunks(lambda rows: torch.tensor(keys, device=rows.device), len(keys))
-            for column, key in enumerate(keys):
-                self.columns[key] = weights[..., column]
+        """Compute the diagonals A[i, i + shift] and the columns A[i, key] that the scores will read in one table
+        (b, hq, n, k), in one pass over the queries (their keys gathered per chunk of rows, one batched matmul; many
+        columns, a wide sink, through one matmul against them), so that scores reading the same or several pay
+        once, not once each. Keys that do not exist (columns past the last key: not computed) or are hidden weigh
+        exactly 0."""
+        kv = self.shape[3]
+        offsets = tuple(sorted({int(shift) for shift in shifts} - {shift for kind, shift in self.tables
+                                                                     if kind == "diagonal"}))
+        keys = tuple(sorted({int(key) for key in columns if 0 <= key < kv} - {key for kind, key in self.tables
+                                                                             if kind == "column"}))
+        wide = len(keys) > GATHERED_COLUMNS  # a wide sink: one matmul against the columns, not a gather
+        if offsets or (keys and not wide):
+            self._keep([("diagonal", shift) for shift in offsets] + [("column", key) for key in keys if not wide],
+                       self._in_chunks(offsets, () if wide else keys))
+        if wide:
+            self._keep([("column", key) for key in keys], self._in_chunks((), keys))
 
-    def _in_chunks(self, keys_of: Callable[[Tensor], Tensor], width: int) -> Tensor:
-        """(b, hq, n, width): the weights of every query on the keys `keys_of(rows)` names for its chunk of rows,
-        (rows, width) each (a key per row: diagonals) or (width,) (the same keys for every row: columns)."""
-        b, hq, n, _ = self.shape
-        weights = self.lse.new_empty(b, hq, n, width)
-        for start in range(0, n, DIAGONAL_ROWS):
-            stop = min(n, start + DIAGONAL_ROWS)
-            keys = keys_of(torch.arange(start, stop, device=weights.device))
-            weights[:, :, start:stop] = (self._keys_weights(keys, start, stop) if keys.dim() == 2
-                                         else self._columns_weights(keys, start, stop))
+    def _keep(self, labels: list[Label], table: Tensor) -> None:
+        for column, label in enumerate(labels):
+            self.tables[label] = table, column
+
+    def _in_chunks(self, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
+        """(b, hq, n, len(offsets) + len(keys)): the weights of every query i on keys i + offset and on `keys`, a
+        chunk of DIAGONAL_ROWS rows at a time (one chunk: returned as computed, no copy)."""
+        b, hq, n, kv = self.shape
+        chunks = [(start, min(n, start + DIAGONAL_ROWS)) for start in range(0, n, DIAGONAL_ROWS)]
+        if len(chunks) == 1:
+            return self._chunk_weights(offsets, keys, 0, n)
+        weights = self.lse.new_empty(b, hq, n, len(offsets) + len(keys))
+        for start, stop in chunks:
+            weights[:, :, start:stop] = self._chunk_weights(offsets, keys, start, stop)
         return weights
+
+    def _chunk_weights(self, offsets: tuple[int, ...], keys: tuple[int, ...], start: int, stop: int) -> Tensor:
+        """The weights of queries start .. stop: gathered keys when there are offsets, else one matmul."""
+        if offsets or len(keys) <= GATHERED_COLUMNS:
+            return self._keys_weights(_gathered_keys(self.shape[0], self.shape[2], self.shape[3], self.key.shape[1],
+                                                     offsets, keys, start, stop, self.causal, self.key.device),
+                                      start, stop)
+        return self._columns_weights(torch.tensor(keys, device=self.key.device), start, stop)
 
     def _columns_weights(self, keys: Tensor, start: int, stop: int) -> Tensor:
         """(b, hq, stop - start, len(keys)): the weights of queries start .. stop on the same keys, one matmul of
@@ -157,32 +185,21 @@ class FusedAttention:
         rows = torch.arange(start, stop, device=keys.device)
         return self._finish(logits, rows, keys, self.lse[:, :, start:stop])
 
-    def _keys_weights(self, keys: Tensor, start: int, stop: int) -> Tensor:
-        """(b, hq, stop - start, k): the weights of queries start .. stop on keys[i - start] (m, k) each (one set of
-        keys per query, shared by its heads): the keys gathered from the flat key rows, one batched matmul."""
+    def _keys_weights(self, gathered: "GatheredKeys", start: int, stop: int) -> Tensor:
+        """(b, hq, stop - start, k): the weights of queries start .. stop on their keys (one set per query, shared
+        by its heads), gathered from the flat key rows: one batched matmul; hidden keys exactly 0."""
         b, hq, n, kv = self.shape
-        hk, d, m = self.key.shape[1], self.query.shape[-1], stop - start
-        heads = torch.arange(hk, device=keys.device)
-        index = (torch.arange(b, device=keys.device)[:, None, None, None] * kv + keys.clamp(0, kv - 1)[None, :, None, :]
-                 ) * hk + heads[None, None, :, None]  # (b, m, hk, k): rows of _flat(key)
-        gathered = _flat(self.key).index_select(0, index.reshape(-1)).view(b * m * hk, keys.shape[1], d)
+        hk, d, m, k = self.key.shape[1], self.query.shape[-1], stop - start, gathered.inside.shape[1]
+        keys = _flat(self.key).index_select(0, gathered.index).view(b * m * hk, k, d)
         query = self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d)  # a view, as handed over
-        logits = torch.bmm(query, gathered.transpose(1, 2)).view(b, m, hq, keys.shape[1]).transpose(1, 2)
-        logits = logits * self.scaling  # (b, hq, m, k)
+        logits = torch.bmm(query, keys.transpose(1, 2)).view(b, m, hq, k).transpose(1, 2)  # (b, hq, m, k)
+        logits = logits.mul_(self.scaling).float()  # ours: changed in place from here
         if self.bias is not None:
             bias = self.bias[..., start:stop, :] if self.bias.shape[-2] > 1 else self.bias
-            logits = logits + bias.expand(*bias.shape[:2], m, kv).gather(
-                -1, keys.clamp(0, kv - 1).expand(*bias.shape[:2], -1, -1))
-        elif self.causal:
-            rows = torch.arange(start, stop, device=keys.device)
-            logits = logits.masked_fill(keys > rows[:, None] + kv - n, float("-inf"))
-        return torch.exp(logits.float() - self.lse[:, :, start:stop, None])
-
-    def column(self, key: int) -> Tensor:
-        """(b, hq, n): A[i, key] for every query i (kept: the sink and positional scores both read key 0)."""
-        if key not in self.columns:
-            self.prefetch((), (key,))
-        return self.columns[key]
+            logits += bias.expand(*bias.shape[:2], m, kv).gather(-1, gathered.inside.expand(*bias.shape[:2], -1, -1))
+        if gathered.hidden is not None:
+            logits.masked_fill_(gathered.hidden, float("-inf"))
+        return logits.sub_(self.lse[:, :, start:stop, None]).exp_()
 
     def band(self, low: int, high: int, first: int = 0) -> Iterator[tuple[int, Tensor]]:
         """Chunks of query rows from `first` on: (start, weights (b, hq, rows, high - low + 1)), column c holding
@@ -392,15 +409,45 @@ class FusedAttention:
         return logits
 
 
+@dataclass(frozen=True)
+class GatheredKeys:
+    """Which keys each query row of a chunk reads (one set per row, shared by its heads), and where they are."""
+
+    inside: Tensor  # (m, k) long: the keys, clamped to existing ones
+    hidden: Tensor | None  # (m, k) bool: keys that do not exist or are causally hidden (None: none is)
+    index: Tensor  # (b x m x hk x k,) long: the rows of _flat(key) to gather, in (b, m, hk, k) order
+
+
+@functools.lru_cache(maxsize=64)
+def _gathered_keys(b: int, n: int, kv: int, hk: int, offsets: tuple[int, ...], keys: tuple[int, ...], start: int,
+                   stop: int, causal: bool, device: torch.device) -> GatheredKeys:
+    """The keys i + offset and `keys` of queries start .. stop, and where they are in the flat key rows: the same for
+    every layer of a forward (kept, so that a layer pays only for the gather and the matmul)."""
+    rows = torch.arange(start, stop, device=device)
+    wanted = torch.cat([rows[:, None] + torch.tensor(offsets, dtype=torch.long, device=device),
+                        torch.tensor(keys, dtype=torch.long, device=device).expand(len(rows), -1)], dim=1)  # (m, k)
+    hidden = (wanted < 0) | (wanted >= kv)
+    if causal:
+        hidden |= wanted > rows[:, None] + kv - n
+    inside = wanted.clamp(0, kv - 1)
+    index = (torch.arange(b, device=device)[:, None, None, None] * kv + inside[None, :, None, :]) * hk + \
+        torch.arange(hk, device=device)[None, None, :, None]  # (b, m, hk, k)
+    return GatheredKeys(inside, hidden if bool(hidden.any()) else None, index.reshape(-1))
+
+
 def _key_is_top(logits: Tensor, keys: Tensor) -> Tensor:
     """(k,) bool: whether key keys[t] holds the largest logit of row t of `logits` (k, keys), as argmax says (the
     earliest maximum wins, a NaN counts as the maximum): the key's logit against the amax of the others (several
-    times cheaper than argmax on CPU); only rows where they tie or a NaN is involved go to argmax."""
-    own = logits.gather(1, keys[:, None])[:, 0]
-    others = logits.scatter(1, keys[:, None], float("-inf")).amax(dim=-1)
+    times cheaper than argmax on CPU); only rows where they tie or a NaN is involved go to argmax. `logits` is
+    changed (the keys' logits set to -inf, then back)."""
+    rows = torch.arange(len(keys), device=keys.device)
+    own = logits[rows, keys]
+    logits[rows, keys] = float("-inf")
+    others = logits.amax(dim=-1)
     top = own > others
     unsure = (own == others) | own.isnan() | others.isnan()
     if bool(unsure.any()):
+        logits[rows, keys] = own
         top[unsure] = logits[unsure].argmax(dim=-1) == keys[unsure]
     return top
 
