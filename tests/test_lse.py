@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from conftest import tiny_hf, tiny_loaded
 from families import ADAPTED, FAMILY_MODELS, tiny_family
 
+import probe.heads.accumulate as accumulate
 import probe.heads.scores as scores
 import probe.hooks.lse as lse
 from probe.attention import attention_hooks, capture_attention, run_model
@@ -153,6 +155,41 @@ def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, sta
     assert torch.equal(fast["positional"], blocked["positional"])
     assert (sum(decided["_positional_band"]) > 20) == (stages == "band")  # the forced stage decides rows
     assert (sum(decided["_positional_near"]) > 20) == (stages == "near")
+
+
+@pytest.mark.parametrize("stages", ["whole rows", "band and near"])
+def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) -> None:
+    """Short unpadded inputs: the accumulator reads the layer calls of a batch together (FusedLayers: their heads
+    side by side, the rows of each stage sent back to their own layer); every score equals the layer-by-layer
+    reading, and positional the blocked path's, exactly."""
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=5, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256)).eval()
+    loaded = LoadedModel(model=model, tokenizer=None, name="tiny", vocab_size=120)
+    torch.manual_seed(5)
+    half = torch.randint(1, 120, (3, 31))
+    repeated = ProbeSet("repeated", "random", torch.cat([torch.zeros(3, 1, dtype=torch.long), half, half], 1), 1,
+                        repeat_len=31)
+    natural = ProbeSet("natural", "random", torch.randint(1, 120, (3, 64)), 1)
+    if stages == "band and near":
+        _near_slices(monkeypatch, 16, 8)
+    groups: list[int] = []
+    flush = accumulate.ScoreAccumulator.flush
+    monkeypatch.setattr(accumulate.ScoreAccumulator, "flush",
+                        lambda self: groups.append(len(self.pending)) or flush(self))
+    for probe_set in (natural, repeated):
+        names = [name for name, score in SCORES.items() if score.probe == probe_set.name and score.by_default]
+        grouped = score_heads(loaded, probe_set, names, batch_size=3)
+        monkeypatch.setattr(accumulate, "GROUP_BYTES", 0)
+        alone = score_heads(loaded, probe_set, names, batch_size=3)
+        monkeypatch.setattr(accumulate, "GROUP_BYTES", 32 * 2**20)
+        for name in names:
+            assert torch.allclose(grouped[name], alone[name], rtol=0, atol=1e-6), name
+    assert max(groups) == 5  # every layer of a batch in one group, then one at a time
+    blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
+    assert torch.equal(score_heads(loaded, natural, ["positional"], batch_size=3)["positional"],
+                       blocked["positional"])
 
 
 @pytest.mark.parametrize("near", [False, True])

@@ -9,9 +9,10 @@ import torch
 from torch import Tensor
 
 from probe.heads.scores import SCORES, Batch
-from probe.hooks.lse import FusedAttention, Label
+from probe.hooks.lse import FusedAttention, FusedLayers, Label
 
 LSE = "lse"
+GROUP_BYTES = 32 * 2**20  # queries and keys of layer calls held back to be read together, at most (short inputs)
 
 
 @dataclass(frozen=True)
@@ -53,20 +54,32 @@ class ScoreAccumulator:
         self.sums: dict[str, Tensor] = {}
         self.counts: dict[str, Tensor] = {}
         self.shape = (n_layers, n_heads)
-        self.batch: Batch | None = None
+        self.pending: list[tuple[int, FusedAttention]] = []  # layer calls held back, read together by `flush`
+        self._current: Batch | None = None
         self.paths: dict[int, str] = {}  # layer -> LSE, or why its weights went the blocked way
+
+    @property
+    def batch(self) -> Batch | None:
+        """The batch the coming layer calls belong to (setting it reads the calls held back for the last one)."""
+        return self._current
+
+    @batch.setter
+    def batch(self, batch: Batch | None) -> None:
+        self.flush()
+        self._current = batch
 
     @property
     def fast(self) -> bool:
         """Whether every score has a fast path (otherwise every layer runs the blocked path)."""
         return all(SCORES[name].fast is not None for name in self.names)
 
-    def _add(self, name: str, layer: int, sums: Tensor, counts: Tensor) -> None:
+    def _add(self, name: str, layers: list[int], sums: Tensor, counts: Tensor) -> None:
+        """Add sums and counts (len(layers), ...) of `layers`."""
         if name not in self.sums:
-            self.sums[name] = torch.zeros(*self.shape[:1], *sums.shape, dtype=torch.float64)
+            self.sums[name] = torch.zeros(*self.shape[:1], *sums.shape[1:], dtype=torch.float64)
             self.counts[name] = torch.zeros_like(self.sums[name])
-        self.sums[name][layer] += sums.cpu()
-        self.counts[name][layer] += counts.cpu()
+        self.sums[name][layers] += sums.cpu()
+        self.counts[name][layers] += counts.cpu()
 
     def _batch(self) -> Batch:
         if self.batch is None:
@@ -77,38 +90,73 @@ class ScoreAccumulator:
         """Add one block of weights (batch, heads, block, keys) of `layer`, its first query at `start`."""
         batch = self._batch()
         for name in self.names:
-            self._add(name, layer, *SCORES[name].reduce(weights, start, batch))
+            sums, counts = SCORES[name].reduce(weights, start, batch)
+            self._add(name, [layer], sums[None], counts[None])
 
     def __call__(self, layer: int, attention: FusedAttention) -> None:
         """Add one layer call from its queries, keys and log-sum-exp: the diagonals and columns the scores read
-        computed first, in one pass; the scores that average one of them (LinearPlan) in one product; the others
-        each by its `fast`."""
+        computed now, in one pass; the scores read from them once per group of layers (`flush`) where every score
+        can read a group and the group's queries and keys stay within GROUP_BYTES, else now."""
         batch = self._batch()
-        n, kv = attention.shape[2:]
-        plan = batch.memo(("linear plan", tuple(self.names), n, kv), lambda: linear_plan(self.names, batch, n, kv))
         attention.prefetch([shift for name in self.names for shift in SCORES[name].diagonals(batch)],
                            [key for name in self.names for key in SCORES[name].columns(batch)])
+        held_back = self.pending[0][1] if self.pending else attention
+        if (attention.shape, attention.causal) != (held_back.shape, held_back.causal) or not self._groups(attention):
+            self.flush()
+        self.pending.append((layer, attention))
+        held = sum(call.query.nbytes + call.key.nbytes for _, call in self.pending)
+        if not self._groups(attention) or held >= GROUP_BYTES or layer == self.shape[0] - 1:
+            self.flush()
+
+    def _groups(self, attention: FusedAttention) -> bool:
+        """Whether this layer call may be read with others (FusedLayers): no bias, and every score that is not one
+        diagonal or column (LinearPlan) declares it reads layer groups."""
+        linear = self._plan(attention).names
+        return attention.bias is None and all(name in linear or SCORES[name].layers_at_once for name in self.names)
+
+    def _plan(self, attention: FusedAttention | FusedLayers) -> LinearPlan:
+        """The batch's LinearPlan for this call's number of queries and keys (made once per batch)."""
+        batch, (n, kv) = self._batch(), attention.shape[2:]
+        return batch.memo(("linear plan", tuple(self.names), n, kv), lambda: linear_plan(self.names, batch, n, kv))
+
+    def flush(self) -> None:
+        """Read the layer calls held back: the scores that average one diagonal or column (LinearPlan) in one
+        product, the others each by its `fast`, over every held layer at once."""
+        if not self.pending:
+            return
+        layers = [layer for layer, _ in self.pending]
+        calls = [call for _, call in self.pending]
+        self.pending = []
+        self._read(layers, calls[0] if len(calls) == 1 else FusedLayers(calls))
+
+    def _read(self, layers: list[int], attention: FusedAttention | FusedLayers) -> None:
+        batch, (n, kv), plan = self._batch(), attention.shape[2:], self._plan(attention)
         if plan.names:
-            table, columns = attention.covering(plan.labels)  # (b, h, n, w): a view, the labels' columns in it
+            table, columns = attention.covering(plan.labels)  # (b, h, n, w): the labels' columns in it
             selection = batch.memo(("selection", tuple(self.names), n, kv, tuple(columns), table.shape[-1]),
                                    lambda: plan.selection(columns, table.shape[-1]).to(table))
-            sums = torch.einsum("bhnw,bnws->sh", table, selection).double()
+            sums = torch.einsum("bhnw,bnws->sh", table, selection).double().unflatten(-1, (len(layers), -1))
             for index, name in enumerate(plan.names):
-                self._add(name, layer, sums[index], plan.counts[index].expand(table.shape[1]))
+                self._add(name, layers, sums[index], plan.counts[index].expand_as(sums[index]))
         for name in self.names:
             fast = SCORES[name].fast
             assert fast is not None, name
             if name not in plan.names:
-                self._add(name, layer, *fast(attention, batch))
-        self.paths.setdefault(layer, LSE)
+                sums, counts = fast(attention, batch)  # type: ignore[arg-type]
+                self._add(name, layers, *(part.unflatten(-1, (len(layers), -1)).movedim(-2, 0)
+                                          for part in (sums, counts)))
+        for layer in layers:
+            self.paths.setdefault(layer, LSE)
 
     def blocked(self, layer: int, reason: str) -> None:
         """The layer's weights go to `update` instead, for `reason`."""
+        self.flush()
         self.paths[layer] = reason
 
     def path(self) -> str:
         """Which way the scores were computed: "lse", "blocked" (every layer), or "lse; blocked at layers ...:
         reason" for the layers whose logits the fused kernel cannot rebuild."""
+        self.flush()
         if not self.paths:
             return "blocked"
         reasons: dict[str, list[int]] = {}
@@ -123,4 +171,5 @@ class ScoreAccumulator:
 
     def result(self) -> dict[str, Tensor]:
         """{name: (n_layers, n_heads) float64}, each score finished by its own `finish`."""
+        self.flush()
         return {name: SCORES[name].finish(self.sums[name], self.counts[name]) for name in self.names}

@@ -77,6 +77,12 @@ class Score:
         keys = getattr(self.fast, "keys", None)
         return () if keys is None else tuple(keys(batch))
 
+    @property
+    def layers_at_once(self) -> bool:
+        """Whether its fast path reads several layers at once (probe.hooks.lse.FusedLayers: their heads side by
+        side), as the accumulator groups the layer calls of short inputs."""
+        return bool(getattr(self.fast, "layers_at_once", False))
+
     def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor] | None:
         """Where its fast path is the mean of one diagonal or column over selected queries: which, and the (b, n)
         queries (None: it computes its own sums)."""
@@ -190,6 +196,7 @@ class ReadsDiagonals:
     compute: "Fast"
     offsets: tuple[int, ...]
     key_columns: tuple[int, ...] = ()
+    layers_at_once: bool = False  # `compute` reads FusedLayers too (its heads: every layer's, side by side)
 
     def shifts(self, batch: Batch) -> tuple[int, ...]:
         return self.offsets
@@ -392,9 +399,9 @@ class _Rivals:
 
 
 @functools.lru_cache(maxsize=16)
-def _rivals(n: int, shift: int, device: torch.device) -> _Rivals:
-    before = sorted(offset for offset in POSITIONAL_RIVALS if offset < shift)
-    after = sorted(offset for offset in POSITIONAL_RIVALS if offset > shift)
+def _rivals(n: int, shift: int, offsets: tuple[int, ...], device: torch.device) -> _Rivals:
+    before = sorted(offset for offset in offsets if offset < shift)
+    after = sorted(offset for offset in offsets if offset > shift)
     rows = torch.arange(n, device=device)
     keys = rows[:, None] + torch.tensor(before + after, dtype=torch.long, device=device)  # (n, r)
     sink_rival = rows + shift > 0
@@ -407,7 +414,7 @@ def _positional_rivals(attention: FusedAttention, selected: Tensor, shift: int) 
     """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
     weight, key 0's and the rivals' (POSITIONAL_RIVALS), read from one table (exactly 0 where a key does not
     exist)."""
-    rivals = _rivals(attention.shape[2], shift, attention.lse.device)
+    rivals = _rivals(attention.shape[2], shift, POSITIONAL_RIVALS, attention.lse.device)
     table = attention.stacked(rivals.labels)  # (b, h, n, r + 2)
     earlier, weight, sink = rivals.earlier, table[..., rivals.earlier], table[..., -1]
     beats = (table[..., :earlier] >= weight[..., None]).any(dim=-1)
@@ -606,7 +613,7 @@ for _score in (
           fast=sep_from_lse),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
           positional_score, "O", finish_positional,
-          fast=ReadsDiagonals(positional_from_lse, (-1, 1, *POSITIONAL_RIVALS), (0,))),
+          fast=ReadsDiagonals(positional_from_lse, (-1, 1, *POSITIONAL_RIVALS), (0,), layers_at_once=True)),
     Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",
           streaming_score, "W", by_default=False, fast=streaming_from_lse),
     Score("retrieval", "needle", 0.1, "copies the needle token it attends to (Wu et al. 2024)", retrieval_score,

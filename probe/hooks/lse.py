@@ -11,7 +11,7 @@ a device without a wired kernel); the hooks then run the blocked eager path (pro
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -407,6 +407,70 @@ class FusedAttention:
             hidden = torch.arange(seen, limit, device=logits.device)[None, :] > rows[:, None] + offset
             logits[:, seen:].masked_fill_(hidden, float("-inf"))
         return logits
+
+
+class FusedLayers:
+    """Several layer calls' FusedAttention read as one, their query heads side by side (layer by layer): a score
+    that reads tables of diagonals and columns pays its small operations once per group of layers, not once per
+    layer (short inputs: those operations, not arithmetic, are their cost). Rows (band_of_rows, near_of_rows,
+    tops_of_rows) go to their own layer. The layers share one shape, no bias, and the same causal flag."""
+
+    def __init__(self, layers: list[FusedAttention]) -> None:
+        first = layers[0]
+        assert all(layer.shape == first.shape and layer.bias is None and layer.causal == first.causal
+                   for layer in layers), "FusedLayers takes layers of one shape, without bias"
+        self.layers, self.bias, self.causal, self.lse = layers, None, first.causal, first.lse
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(batch, query heads of every layer, queries, keys)."""
+        b, hq, n, kv = self.layers[0].shape
+        return b, hq * len(self.layers), n, kv
+
+    def stacked(self, labels: list[Label]) -> Tensor:
+        """FusedAttention.stacked of every layer, side by side (b, layers x hq, n, len(labels))."""
+        return torch.cat([layer.stacked(labels) for layer in self.layers], dim=1)
+
+    def covering(self, labels: list[Label]) -> tuple[Tensor, list[int]]:
+        """FusedAttention.covering of every layer, side by side."""
+        covers = [layer.covering(labels) for layer in self.layers]
+        if any(columns != covers[0][1] for _, columns in covers):
+            return self.stacked(labels), list(range(len(labels)))
+        return torch.cat([table for table, _ in covers], dim=1), covers[0][1]
+
+    def aligned(self, shift: int) -> Tensor:
+        return self.stacked([("diagonal", shift)])[..., 0]
+
+    def column(self, key: int) -> Tensor:
+        return self.stacked([("column", key)])[..., 0]
+
+    def band_of_rows(self, found: Tensor, low: int, high: int) -> Tensor:
+        return self._by_layer(found, lambda layer, rows: (layer.band_of_rows(rows, low, high),))[0]
+
+    def near_of_rows(self, found: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        beaten, tied, mass = self._by_layer(found, lambda layer, rows, keys: layer.near_of_rows(rows, keys), keys)
+        return beaten, tied, mass
+
+    def tops_of_rows(self, found: Tensor, keys: Tensor) -> Tensor:
+        return self._by_layer(found, lambda layer, rows, keys: (layer.tops_of_rows(rows, keys),), keys)[0]
+
+    def _by_layer(self, found: Tensor, read: Callable[..., tuple[Tensor, ...]], *columns: Tensor
+                  ) -> tuple[Tensor, ...]:
+        """`read(layer, rows (k', 3) with the layer's own head numbers, *columns' rows)` for each layer's rows of
+        the (b, h, query) rows `found`, the outputs put back in found's order."""
+        if not len(found):
+            return read(self.layers[0], found, *columns)
+        heads = self.layers[0].shape[1]
+        layer = found[:, 1] // heads
+        local = found.clone()
+        local[:, 1] -= layer * heads
+        order = layer.argsort(stable=True)
+        counts = torch.bincount(layer, minlength=len(self.layers)).tolist()
+        pieces = [column[order].split(counts) for column in columns]
+        parts = [read(self.layers[index], rows, *(piece[index] for piece in pieces))
+                 for index, rows in enumerate(local[order].split(counts)) if counts[index]]
+        back = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=order.device))
+        return tuple(torch.cat(outputs)[back] for outputs in zip(*parts))
 
 
 @dataclass(frozen=True)
