@@ -27,7 +27,7 @@ import torch
 
 from bench.common import interleaved, last_json, load_average, machine, now, run_measured, save_result
 
-REPEATS = {512: 5, 2048: 3, 4096: 2, 8192: 2, 32768: 1}
+REPEATS = {512: 7, 2048: 3, 4096: 4, 8192: 3, 32768: 1}
 BLOCKED_UP_TO = 4096
 LOGITS_UP_TO = 8192
 SIX = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]
