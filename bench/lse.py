@@ -138,7 +138,14 @@ def main() -> None:
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--name", default="lse", help="the results file: bench/results/NAME.json")
     parser.add_argument("--repeats-32k", type=int, default=REPEATS[32768], help="repeats at 32768 tokens")
+    parser.add_argument("--allocator", choices=["cli", "default"], default="cli",
+                        help="cli: freed buffers kept in the C heap, as the probe command sets (cli/allocator.py); "
+                             "default: glibc's own thresholds")
     args = parser.parse_args()
+    if args.allocator == "cli":
+        from probe.cli.allocator import keep_freed_buffers
+
+        keep_freed_buffers()
     REPEATS[32768] = args.repeats_32k
     torch.set_num_threads(args.threads)
     from probe.models import load_model
@@ -148,6 +155,7 @@ def main() -> None:
 
     out: dict[str, Any] = {"benchmark": "lse", "date": now(), "machine": machine(), "load_before": load_average(),
                            "command": "python -m bench.lse " + shlex.join(sys.argv[1:]), "threads": args.threads,
+                           "allocator": args.allocator,
                            "memory": {}, "kv": {}, "classify": {}}
     if not args.no_memory:  # first, in fresh processes: a child's peak RSS counts its parent's memory at fork
         out["memory"] = memory(log)

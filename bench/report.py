@@ -484,7 +484,10 @@ def lse(data: dict[str, Any]) -> str:
              f"thread{'s' if threads != 1 else ''}", "", _machine(data),
              f"- torch threads: {data['threads']}; variants interleaved, order rotated every repeat; ratio = median "
              "over repeats of (variant / plain of the same repeat), range in brackets. Baseline `plain`: the sdpa "
-             "forward classify runs (`run_model(..., logits=False)`: logits at one position).", "",
+             "forward classify runs (`run_model(..., logits=False)`: logits at one position)."
+             + ("" if "allocator" not in data else " Allocator: "
+                + ("freed buffers kept in the C heap, as the `probe` command sets (cli/allocator.py)."
+                   if data["allocator"] == "cli" else "glibc's own thresholds.")), "",
              "| tokens | repeats | plain (s) | probe, log-sum-exp path (six scores; target <= 1.05x) | probe, blocked "
              "path | plain with logits at every position | path | largest difference lse vs blocked |",
              "|---:|---:|---:|---|---|---|---|---:|"]
@@ -539,7 +542,8 @@ def render(extra: str = "") -> str:
                                                       f"## 1b. On {data.get('device')}, {data.get('dtype')}: "
                                                       "classification", 1))
     # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
-    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("lse-threads1", lse, None), ("lse-32k", lse, None), ("lse-32k-repeats", lse, None), ("patching", patching, None),
+    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("lse-cli", lse, None), ("lse-threads1", lse, None),
+                                 ("patching", patching, None),
                                  ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
                                  ("atlas", atlas, None), ("kv_default", kv_default, None)):
         data = load_result(name)
