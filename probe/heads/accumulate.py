@@ -100,12 +100,13 @@ class ScoreAccumulator:
         batch = self._batch()
         attention.prefetch([shift for name in self.names for shift in SCORES[name].diagonals(batch)],
                            [key for name in self.names for key in SCORES[name].columns(batch)])
+        groups = self._groups(attention)
         held_back = self.pending[0][1] if self.pending else attention
-        if (attention.shape, attention.causal) != (held_back.shape, held_back.causal) or not self._groups(attention):
+        if (attention.shape, attention.causal) != (held_back.shape, held_back.causal) or not groups:
             self.flush()
         self.pending.append((layer, attention))
         held = sum(call.query.nbytes + call.key.nbytes for _, call in self.pending)
-        if not self._groups(attention) or held >= GROUP_BYTES or layer == self.shape[0] - 1:
+        if not groups or held >= GROUP_BYTES or layer == self.shape[0] - 1:
             self.flush()
 
     def _groups(self, attention: FusedAttention) -> bool:
