@@ -2,13 +2,15 @@
 
     python -m bench.lse [--lengths 512 4096 8192 32768] [--kv-lengths 2048 4096] [--threads 1] [--repeats-32k 1]
 
-SmolLM2, one sequence of BOS + R random tokens repeated twice per length (R = (N - 1) // 2), variants timed
-interleaved (order rotated every repeat, median of per-repeat ratios):
+SmolLM2, one sequence of BOS + R random tokens repeated twice per length (R = (N - 1) // 2). The target ratio comes
+from two variants alone, timed in alternation (order swapped every repeat, median of per-repeat ratios):
 - plain: `run_model(model, ids, logits=False)`, the sdpa forward `classify` runs, its logits at one position (the
   baseline: what scoring adds to the forward it needs);
+- probe: `score_heads` with all six default scores (path "auto": the log-sum-exp).
+Then, for reference, in their own interleaved loop against plain (REFERENCE_REPEATS; a heavy variant between the two
+of the target would change what the next one finds in the allocator and the caches):
 - plain_logits: `model(input_ids=ids)`, logits at every position (the baseline of earlier sections), up to 8192;
-- probe: `score_heads` with all six default scores (path "auto": the log-sum-exp);
-- probe_blocked: the same on the blocked eager path, up to BLOCKED_UP_TO tokens.
+- probe_blocked: the same scores on the blocked eager path, up to BLOCKED_UP_TO tokens.
 kv-heads: `score_needles` (kv-heads' default cache: 64 sink + 256 recent keys) on one needle prompt of each length,
 fast and blocked, against `run_model(ids)` (logits at
 every position, bench/kv_heads.py's baseline) and the forward without them.
@@ -27,7 +29,8 @@ import torch
 
 from bench.common import interleaved, last_json, load_average, machine, now, run_measured, save_result
 
-REPEATS = {512: 7, 2048: 3, 4096: 4, 8192: 3, 32768: 1}
+REPEATS = {512: 15, 2048: 3, 4096: 7, 8192: 5, 32768: 1}
+REFERENCE_REPEATS = 2
 BLOCKED_UP_TO = 4096
 LOGITS_UP_TO = 8192
 SIX = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]
@@ -67,15 +70,20 @@ def classify_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str
     def probe_blocked() -> None:
         scores["blocked"] = score_heads(loaded, probe_set, SIX, batch_size=1, path="blocked")
 
-    variants = {"plain": plain, "probe": probe}
-    if length <= LOGITS_UP_TO:
-        variants["plain_logits"] = plain_logits
-    if length <= BLOCKED_UP_TO:
-        variants["probe_blocked"] = probe_blocked
-    log(f"classify {tuple(ids.shape)}: {repeats} repeats, variants {', '.join(variants)}")
-    timings = interleaved(variants, "plain", repeats, warmup=1 if length <= 1024 else 0, log=log)
+    warmup = 1 if length <= 1024 else 0
+    log(f"classify {tuple(ids.shape)}: {repeats} repeats, plain and probe")
+    timings = interleaved({"plain": plain, "probe": probe}, "plain", repeats, warmup=warmup, log=log)
     out: dict[str, Any] = {"tokens": int(ids.shape[1]), "scores": SIX, "timings": timings.to_dict(),
                            "path": scores["lse"].path}
+    references = {"plain": plain}
+    if length <= LOGITS_UP_TO:
+        references["plain_logits"] = plain_logits
+    if length <= BLOCKED_UP_TO:
+        references["probe_blocked"] = probe_blocked
+    if len(references) > 1:
+        log(f"  references: {REFERENCE_REPEATS} repeats, {', '.join(references)}")
+        out["reference_timings"] = interleaved(references, "plain", REFERENCE_REPEATS, warmup=warmup,
+                                               log=log).to_dict()
     if "blocked" in scores:
         out["largest_difference_lse_blocked"] = {name: float((scores["lse"][name] - scores["blocked"][name]).abs().max())
                                                  for name in SIX}

@@ -159,8 +159,8 @@ def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, sta
 
 @pytest.mark.parametrize("stages", ["whole rows", "band and near"])
 def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) -> None:
-    """Short unpadded inputs: the accumulator reads the layer calls of a batch together (FusedLayers: their heads
-    side by side, the rows of each stage sent back to their own layer); every score equals the layer-by-layer
+    """Short unpadded inputs: the accumulator reads the layer calls of a batch together (side_by_side: one call,
+    their heads side by side, each still reading its own key/value head); every score equals the layer-by-layer
     reading, and positional the blocked path's, exactly."""
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from probe.heads.scores import SCORES, Batch
-from probe.hooks.lse import FusedAttention, FusedLayers, Label
+from probe.hooks.lse import FusedAttention, Label, side_by_side
 
 LSE = "lse"
 GROUP_BYTES = 32 * 2**20  # queries and keys of layer calls held back to be read together, at most (short inputs)
@@ -94,15 +94,14 @@ class ScoreAccumulator:
             self._add(name, [layer], sums[None], counts[None])
 
     def __call__(self, layer: int, attention: FusedAttention) -> None:
-        """Add one layer call from its queries, keys and log-sum-exp: the diagonals and columns the scores read
-        computed now, in one pass; the scores read from them once per group of layers (`flush`) where every score
-        can read a group and the group's queries and keys stay within GROUP_BYTES, else now."""
-        batch = self._batch()
-        attention.prefetch([shift for name in self.names for shift in SCORES[name].diagonals(batch)],
-                           [key for name in self.names for key in SCORES[name].columns(batch)])
+        """Add one layer call from its queries, keys and log-sum-exp: read now, or held back and read with the next
+        calls (`flush`: their heads side by side, one pass for them all) where every score can read a group and the
+        group's queries and keys stay within GROUP_BYTES."""
+        self._batch()
         groups = self._groups(attention)
         held_back = self.pending[0][1] if self.pending else attention
-        if (attention.shape, attention.causal) != (held_back.shape, held_back.causal) or not groups:
+        if not groups or (attention.shape, attention.causal, attention.scaling) != (
+                held_back.shape, held_back.causal, held_back.scaling):
             self.flush()
         self.pending.append((layer, attention))
         held = sum(call.query.nbytes + call.key.nbytes for _, call in self.pending)
@@ -110,28 +109,31 @@ class ScoreAccumulator:
             self.flush()
 
     def _groups(self, attention: FusedAttention) -> bool:
-        """Whether this layer call may be read with others (FusedLayers): no bias, and every score that is not one
+        """Whether this layer call may be read with others (side_by_side): no bias, and every score that is not one
         diagonal or column (LinearPlan) declares it reads layer groups."""
         linear = self._plan(attention).names
         return attention.bias is None and all(name in linear or SCORES[name].layers_at_once for name in self.names)
 
-    def _plan(self, attention: FusedAttention | FusedLayers) -> LinearPlan:
+    def _plan(self, attention: FusedAttention) -> LinearPlan:
         """The batch's LinearPlan for this call's number of queries and keys (made once per batch)."""
         batch, (n, kv) = self._batch(), attention.shape[2:]
         return batch.memo(("linear plan", tuple(self.names), n, kv), lambda: linear_plan(self.names, batch, n, kv))
 
     def flush(self) -> None:
-        """Read the layer calls held back: the scores that average one diagonal or column (LinearPlan) in one
-        product, the others each by its `fast`, over every held layer at once."""
+        """Read the layer calls held back, as one call with their heads side by side: the diagonals and columns the
+        scores read computed in one pass, the scores that average one of them (LinearPlan) in one product, the
+        others each by its `fast`."""
         if not self.pending:
             return
         layers = [layer for layer, _ in self.pending]
         calls = [call for _, call in self.pending]
         self.pending = []
-        self._read(layers, calls[0] if len(calls) == 1 else FusedLayers(calls))
+        self._read(layers, calls[0] if len(calls) == 1 else side_by_side(calls))
 
-    def _read(self, layers: list[int], attention: FusedAttention | FusedLayers) -> None:
+    def _read(self, layers: list[int], attention: FusedAttention) -> None:
         batch, (n, kv), plan = self._batch(), attention.shape[2:], self._plan(attention)
+        attention.prefetch([shift for name in self.names for shift in SCORES[name].diagonals(batch)],
+                           [key for name in self.names for key in SCORES[name].columns(batch)])
         if plan.names:
             table, columns = attention.covering(plan.labels)  # (b, h, n, w): the labels' columns in it
             selection = batch.memo(("selection", tuple(self.names), n, kv, tuple(columns), table.shape[-1]),

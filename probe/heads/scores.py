@@ -79,8 +79,8 @@ class Score:
 
     @property
     def layers_at_once(self) -> bool:
-        """Whether its fast path reads several layers at once (probe.hooks.lse.FusedLayers: their heads side by
-        side), as the accumulator groups the layer calls of short inputs."""
+        """Whether its fast path reads several layers at once (probe.hooks.lse.side_by_side: one call, their heads
+        side by side), as the accumulator groups the layer calls of short inputs."""
         return bool(getattr(self.fast, "layers_at_once", False))
 
     def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor] | None:
@@ -196,7 +196,7 @@ class ReadsDiagonals:
     compute: "Fast"
     offsets: tuple[int, ...]
     key_columns: tuple[int, ...] = ()
-    layers_at_once: bool = False  # `compute` reads FusedLayers too (its heads: every layer's, side by side)
+    layers_at_once: bool = False  # `compute` reads several layers as one call (side_by_side: their heads side by side)
 
     def shifts(self, batch: Batch) -> tuple[int, ...]:
         return self.offsets

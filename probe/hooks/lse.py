@@ -322,11 +322,16 @@ class FusedAttention:
         own = logits[rows, keys - low]
         logits[rows, keys - low] = float("-inf")
         others = logits.amax(dim=-1)
-        lse = self.lse[sequence, part[:, 1], part[:, 2]]
-        mass = torch.exp(torch.logsumexp(logits, dim=-1) - lse) + torch.exp(own - lse)
-        if low > 0:  # key 0 (the sink: often most of a row's weight) outside the slice
-            mass += self.column(0)[sequence, part[:, 1], part[:, 2]]
-        return others > own, others == own, mass
+        beaten, tied = others > own, others == own
+        mass = torch.zeros_like(own)  # only the rows neither beaten nor tied need it: the others are settled
+        weighed = (~beaten & ~tied).nonzero()[:, 0]
+        if len(weighed):
+            head, row = part[weighed, 1], part[weighed, 2]
+            lse = self.lse[sequence, head, row]
+            mass[weighed] = torch.exp(torch.logsumexp(logits[weighed], dim=-1) - lse) + torch.exp(own[weighed] - lse)
+            if low > 0:  # key 0 (the sink: often most of a row's weight) outside the slice
+                mass[weighed] += self.column(0)[sequence, head, row]
+        return beaten, tied, mass
 
     def _head_keys(self, sequence: int, kv_head: int) -> Tensor:
         """(kv, d): one key/value head's keys, contiguous (they arrive strided: a matmul reads a copy ~1.4x
@@ -409,71 +414,24 @@ class FusedAttention:
         return logits
 
 
-class FusedLayers:
-    """Several layer calls' FusedAttention read as one, their query heads side by side (layer by layer): a score
-    that reads tables of diagonals and columns pays its small operations once per group of layers, not once per
-    layer (short inputs: those operations, not arithmetic, are their cost). Rows (band_of_rows, near_of_rows,
-    tops_of_rows) go to their own layer. The layers share one shape, no bias, and the same causal flag."""
+def side_by_side(calls: list[FusedAttention]) -> FusedAttention:
+    """Several layer calls as one FusedAttention, their heads side by side (layer by layer): query head l x hq + h
+    is head h of calls[l], and its key/value head l x hk + h // (hq / hk) still the one it reads. A score pays its
+    small operations once per group of layers, not once per layer (short inputs: those operations, not arithmetic,
+    are their cost). The calls share one shape, the scaling, no bias and the causal flag; queries and keys are
+    copied once, in the layout transformers hands them over ((b, n, h, d) in memory)."""
+    first = calls[0]
+    assert all(call.shape == first.shape and call.bias is None and call.causal == first.causal
+               and call.scaling == first.scaling for call in calls), "side_by_side takes calls of one shape, no bias"
 
-    def __init__(self, layers: list[FusedAttention]) -> None:
-        first = layers[0]
-        assert all(layer.shape == first.shape and layer.bias is None and layer.causal == first.causal
-                   for layer in layers), "FusedLayers takes layers of one shape, without bias"
-        self.layers, self.bias, self.causal, self.lse = layers, None, first.causal, first.lse
+    def heads(tensors: list[Tensor]) -> Tensor:
+        return torch.cat([tensor.transpose(1, 2) for tensor in tensors], dim=2).transpose(1, 2)
 
-    @property
-    def shape(self) -> tuple[int, int, int, int]:
-        """(batch, query heads of every layer, queries, keys)."""
-        b, hq, n, kv = self.layers[0].shape
-        return b, hq * len(self.layers), n, kv
-
-    def stacked(self, labels: list[Label]) -> Tensor:
-        """FusedAttention.stacked of every layer, side by side (b, layers x hq, n, len(labels))."""
-        return torch.cat([layer.stacked(labels) for layer in self.layers], dim=1)
-
-    def covering(self, labels: list[Label]) -> tuple[Tensor, list[int]]:
-        """FusedAttention.covering of every layer, side by side."""
-        covers = [layer.covering(labels) for layer in self.layers]
-        if any(columns != covers[0][1] for _, columns in covers):
-            return self.stacked(labels), list(range(len(labels)))
-        return torch.cat([table for table, _ in covers], dim=1), covers[0][1]
-
-    def aligned(self, shift: int) -> Tensor:
-        return self.stacked([("diagonal", shift)])[..., 0]
-
-    def column(self, key: int) -> Tensor:
-        return self.stacked([("column", key)])[..., 0]
-
-    def band_of_rows(self, found: Tensor, low: int, high: int) -> Tensor:
-        return self._by_layer(found, lambda layer, rows: (layer.band_of_rows(rows, low, high),))[0]
-
-    def near_of_rows(self, found: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        beaten, tied, mass = self._by_layer(found, lambda layer, rows, keys: layer.near_of_rows(rows, keys), keys)
-        return beaten, tied, mass
-
-    def tops_of_rows(self, found: Tensor, keys: Tensor) -> Tensor:
-        return self._by_layer(found, lambda layer, rows, keys: (layer.tops_of_rows(rows, keys),), keys)[0]
-
-    def _by_layer(self, found: Tensor, read: Callable[..., tuple[Tensor, ...]], *columns: Tensor
-                  ) -> tuple[Tensor, ...]:
-        """`read(layer, rows (k', 3) with the layer's own head numbers, *columns' rows)` for each layer's rows of
-        the (b, h, query) rows `found`, the outputs put back in found's order."""
-        if not len(found):
-            return read(self.layers[0], found, *columns)
-        heads = self.layers[0].shape[1]
-        layer = found[:, 1] // heads
-        local = found.clone()
-        local[:, 1] -= layer * heads
-        order = layer.argsort(stable=True)
-        counts = torch.bincount(layer, minlength=len(self.layers)).tolist()
-        pieces = [column[order].split(counts) for column in columns]
-        parts = [read(self.layers[index], rows, *(piece[index] for piece in pieces))
-                 for index, rows in enumerate(local[order].split(counts)) if counts[index]]
-        back = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=order.device))
-        return tuple(torch.cat(outputs)[back] for outputs in zip(*parts))
+    return FusedAttention(heads([call.query for call in calls]), heads([call.key for call in calls]), None,
+                          first.scaling, first.causal, torch.cat([call.lse for call in calls], dim=1))
 
 
-@dataclass(frozen=True)
+@dataclass
 class GatheredKeys:
     """Which keys each query row of a chunk reads (one set per row, shared by its heads), and where they are."""
 
