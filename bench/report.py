@@ -502,7 +502,8 @@ def lse(data: dict[str, Any]) -> str:
         lines.append(f"| {tokens} | {len(t['seconds']['plain'])} | {t['median_seconds']['plain']:.2f} | "
                      f"{'**met**' if ratio <= LSE_TARGET else '**not met**'} ({ratio:.3f}x), range "
                      f"{t['ratio_range']['probe'][0]:.3f}-{t['ratio_range']['probe'][1]:.3f} | "
-                     f"{_ratio_cell(reference, 'probe_blocked')} | {_ratio_cell(reference, 'plain_logits')} | {row['path']} | "
+                     f"{_ratio_cell(reference, 'probe_blocked')} | {_ratio_cell(reference, 'plain_logits')} | "
+                     f"{row['path']} | "
                      f"{'-' if difference is None else f'{max(difference.values()):.1e}'} |")
     lines += [] if not data.get("kv") else [
               "", "kv-heads scoring pass (`score_needles`, retrieval + streaming, one needle prompt; baseline "

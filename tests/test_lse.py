@@ -192,12 +192,48 @@ def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) 
                        blocked["positional"])
 
 
-@pytest.mark.parametrize("near", [False, True])
-def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, near: bool) -> None:
+def _bounded_rows(monkeypatch) -> dict[str, int]:
+    """Whole rows bounded first (bfloat16) at any length and on any CPU, one key/value head at a time; counts the
+    rows the bounds were asked about and those they left unsure."""
+    monkeypatch.setattr(lse, "BOUNDS_ON_CPU", True)
+    monkeypatch.setattr(lse, "BOUNDS_FROM", 0)
+    monkeypatch.setattr(lse, "ROWS_AT_ONCE", 0)
+    counted = {"rows": 0, "unsure": 0}
+    bounded = FusedAttention._bounded_tops
+
+    def counting(self, *args):
+        top, unsure = bounded(self, *args)
+        counted["rows"] += len(top)
+        counted["unsure"] += int(unsure.sum())
+        return top, unsure
+
+    monkeypatch.setattr(FusedAttention, "_bounded_tops", counting)
+    return counted
+
+
+def test_bounded_whole_rows_equal_blocked(monkeypatch) -> None:
+    """Whole rows bounded in bfloat16 first (forced at a short length): the bounds decide most rows, and the
+    positional scores equal the blocked path's exactly."""
+    loaded = tiny_loaded("llama_gqa")
+    tokens = torch.randint(1, 120, (3, 64), generator=torch.Generator().manual_seed(2))
+    natural = ProbeSet("natural", "random", tokens, 1)
+    blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
+    counted = _bounded_rows(monkeypatch)
+    monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
+    monkeypatch.setattr(scores, "POSITIONAL_RIVALS", ())  # most rows go on to the whole rows
+    fast = score_heads(loaded, natural, ["positional"], batch_size=3)
+    assert torch.equal(fast["positional"], blocked["positional"])
+    assert counted["rows"] > 500 and counted["unsure"] < counted["rows"] / 2
+
+
+@pytest.mark.parametrize("stage", ["whole rows", "near", "bounds"])
+def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> None:
     """Keys that copy the neighbour's key tie with it exactly: the earliest maximum wins, as argmax says, on every
-    stage (stage 1 rivals, the near keys (forced: slices of 8 positions and 4 keys before), the whole rows)."""
-    if near:
+    stage (stage 1 rivals, the near keys (forced: slices of 8 positions and 4 keys before), the whole rows, bounded
+    in bfloat16 first or not)."""
+    if stage == "near":
         _near_slices(monkeypatch, 8, 4)
+    counted = _bounded_rows(monkeypatch) if stage == "bounds" else {"rows": 1}
     torch.manual_seed(3)
     b, hq, hk, n, d = 2, 4, 2, 40, 8
     query, key = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
@@ -212,6 +248,7 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, near: bool) -> 
     assert torch.equal(sums[0], (top == torch.arange(n - 1)).sum(dim=(0, 2)).double())
     assert torch.equal(sums[1], torch.zeros(hq, dtype=torch.float64))  # the next key is causally hidden
     assert torch.equal(counts[0], torch.full((hq,), float(b * (n - 1)), dtype=torch.float64))
+    assert counted["rows"] > 0  # the whole rows were asked (bounded first where the stage says so)
 
 
 def test_streaming_band_equals_the_blocked_reduction() -> None:

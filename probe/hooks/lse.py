@@ -28,6 +28,10 @@ GATHERED_COLUMNS = 4  # columns computed with the diagonals' gather; more go thr
 NEAR_SPAN = 1024  # query positions of one bucket of the near-keys stage: its rows share one slice of keys
 NEAR_BEFORE = 1024  # keys before a bucket that its slice includes
 GATHERED_ROWS = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
+BOUND = 2.0**-7  # bfloat16 upper bounds of logits: q . k + BOUND |q| |k| (the roundings need at most 0.0059 |q| |k|)
+BOUNDS_ON_CPU = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()  # bfloat16 matmuls ~3x faster
+BOUNDS_FROM = 16384  # keys from which whole rows are bounded first (measured: 2.5x faster at 32768 keys; at 8192 the
+# operations around the matmul cost what it saves)
 
 Label = tuple[str, int]
 """("diagonal", shift): A[i, i + shift] for every query i; ("column", key): A[i, key]."""
@@ -77,7 +81,7 @@ class FusedAttention:
     causal: bool  # keys after the query (j > i + kv - n) get weight 0; only where bias is None
     lse: Tensor  # (b, hq, n) float32
     tables: dict[Label, tuple[Tensor, int]] = field(default_factory=dict, repr=False)  # label -> (table, column)
-    head_keys: dict[tuple[int, int], Tensor] = field(default_factory=dict, repr=False)  # contiguous, made on first use
+    head_keys: dict[tuple[int, int] | tuple[int, int, str], Tensor] = field(default_factory=dict, repr=False)  # cache
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -382,21 +386,80 @@ class FusedAttention:
     def tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         """(len(rows),) bool: whether key keys[t] holds the largest weight of the row (query head heads[t], query
         rows[t]) of one sequence whose heads share key/value head `kv_head`, as argmax says (the earliest maximum
-        wins, a NaN counts as the maximum); from the logits (exp is monotonic). Rows go in chunks of ROW_LOGITS
-        logits (sorted first where there is more than one chunk); a plain causal chunk computes only the keys up to
-        its last query."""
+        wins, a NaN counts as the maximum); from the logits (exp is monotonic). Plain attention over BOUNDS_FROM
+        keys or more on a CPU with bfloat16 arithmetic: bounds first (_bounded_tops), the rows they leave unsure
+        from float32 logits after (at least ROW_CHUNK of them: a matmul of one row rounds a copy of a key unlike
+        the key)."""
+        if self.bias is not None or not BOUNDS_ON_CPU or self.query.device.type != "cpu" or \
+                self.shape[3] < BOUNDS_FROM:
+            return self._in_row_chunks(self._tops_chunk, batch, kv_head, heads, rows, keys)[0]
+        top, unsure = self._in_row_chunks(self._bounded_tops, batch, kv_head, heads, rows, keys)
+        if bool(unsure.any()):
+            index = unsure.nonzero()[:, 0]
+            padded = torch.cat([index, index[:1].expand(max(0, ROW_CHUNK - len(index)))])
+            top[index] = self._in_row_chunks(self._tops_chunk, batch, kv_head, heads[padded], rows[padded],
+                                             keys[padded])[0][:len(index)]
+        return top
+
+    def _in_row_chunks(self, read: Callable[..., Tensor | tuple[Tensor, ...]], batch: int, kv_head: int,
+                       heads: Tensor, rows: Tensor, keys: Tensor) -> tuple[Tensor, ...]:
+        """read(batch, kv_head, heads, rows, keys) of chunks of ROW_LOGITS logits (rows sorted first where there is
+        more than one chunk: a plain causal chunk computes only the keys up to its last query), its outputs (one
+        per row) in the order asked for."""
         chunk = max(ROW_CHUNK, ROW_LOGITS // self.shape[3])
         if len(rows) <= chunk:
-            return self._tops_chunk(batch, kv_head, heads, rows, keys)
+            out = read(batch, kv_head, heads, rows, keys)
+            return out if isinstance(out, tuple) else (out,)
         rows, order = rows.sort()
         heads, keys = heads[order], keys[order]
-        top = torch.cat([self._tops_chunk(batch, kv_head, heads[first:first + chunk], rows[first:first + chunk],
-                                          keys[first:first + chunk]) for first in range(0, len(rows), chunk)])
-        return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
+        parts = [read(batch, kv_head, heads[first:first + chunk], rows[first:first + chunk], keys[first:first + chunk])
+                 for first in range(0, len(rows), chunk)]
+        columns = zip(*parts) if isinstance(parts[0], tuple) else [parts]
+        return tuple(column[0].new_empty(len(rows)).index_copy_(0, order, torch.cat(column))
+                     for column in columns)  # back to the order asked for
 
     def _tops_chunk(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
-        """tops() of one chunk."""
+        """tops() of one chunk, from float32 logits."""
         return _key_is_top(self._row_logits(batch, kv_head, heads, rows), keys)
+
+    def _bounded_tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor
+                      ) -> tuple[Tensor, Tensor]:
+        """(top, unsure) (len(rows),) bool, from upper bounds of the logits of keys 1 .. in one bfloat16 matmul
+        (q . k plus BOUND |q| |k| as a 65th dimension: bfloat16 rounds each factor and the sum to 2^-9, so a bound
+        exceeds its logit by at least 0.0019 |q| |k| and at most 2 BOUND |q| |k|) and key 0's float32 logit (a sink's
+        key is often the longest: it would loosen the bounds of every row). The key is the top when every other
+        key's bound, and key 0's logit, is below its float32 logit; it is not when the highest bound less that
+        slack, or key 0's logit, beats it by more than float32's rounding; else unsure (ties, NaN, the neighbour at
+        key 0: the float32 row decides)."""
+        offset = self.shape[3] - self.shape[2]
+        limit = min(self.shape[3], int(rows.max()) + offset + 1) if self.causal else self.shape[3]
+        query = self.query[batch, heads, rows] * self.scaling  # (r, d) as _row_logits scales it
+        head_keys, (bounded_keys, longest) = self._head_keys(batch, kv_head), self._bounded_keys(batch, kv_head)
+        norm = query.norm(dim=-1)
+        upper = torch.cat([query, BOUND * norm[:, None]], dim=1).to(torch.bfloat16) @ bounded_keys[1:limit].T
+        if self.causal:  # (r, limit - 1): column c is key c + 1
+            seen = int(rows.min()) + offset + 1
+            hidden = torch.arange(seen, limit, device=upper.device)[None, :] > rows[:, None] + offset
+            upper[:, seen - 1:].masked_fill_(hidden, float("-inf"))
+        chunk = torch.arange(len(rows), device=rows.device)
+        upper[chunk, (keys - 1).clamp(min=0)] = float("-inf")
+        own = (query * head_keys[keys]).sum(dim=-1)  # (r,) the key's own float32 logit
+        sink = query @ head_keys[0]  # (r,) key 0's
+        highest = upper.amax(dim=-1).float() if upper.shape[1] else torch.full_like(own, float("-inf"))
+        rounding = 2.0**-13 * norm * torch.maximum(longest, head_keys[0].norm())  # far above float32's
+        top = (highest < own - rounding) & (sink < own - rounding)
+        beaten = (highest - 2 * BOUND * norm * longest > own + rounding) | (sink > own + rounding)
+        return top & (keys > 0), ~top & ~beaten | (keys == 0)
+
+    def _bounded_keys(self, batch: int, kv_head: int) -> tuple[Tensor, Tensor]:
+        """((kv, d + 1) bfloat16: one key/value head's keys and their norms, the longest key but key 0's norm) for
+        _bounded_tops, made once per call."""
+        if (batch, kv_head, "bounded") not in self.head_keys:
+            keys = self._head_keys(batch, kv_head)
+            norms = keys.norm(dim=-1, keepdim=True)
+            self.head_keys[(batch, kv_head, "bounded")] = torch.cat([keys, norms], dim=1).to(torch.bfloat16)
+            self.head_keys[(batch, kv_head, "longest")] = norms[1:].max() if len(keys) > 1 else norms.new_zeros(())
+        return self.head_keys[(batch, kv_head, "bounded")], self.head_keys[(batch, kv_head, "longest")]
 
     def _row_logits(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor) -> Tensor:
         """(len(rows), keys up to the last row's) scaled logits of whole rows, masked keys at -inf."""
