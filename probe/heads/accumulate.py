@@ -97,8 +97,7 @@ class ScoreAccumulator:
         """Add one layer call from its queries, keys and log-sum-exp: read now, or held back and read with the next
         calls (`flush`: their heads side by side, one pass for them all) where every score can read a group and the
         group's queries and keys stay within GROUP_BYTES."""
-        self._batch()
-        groups = self._groups(attention)
+        groups = self._groups(attention)  # asks for the batch: fails before the forward goes on without one
         held_back = self.pending[0][1] if self.pending else attention
         if not groups or (attention.shape, attention.causal, attention.scaling) != (
                 held_back.shape, held_back.causal, held_back.scaling):

@@ -494,7 +494,7 @@ def side_by_side(calls: list[FusedAttention]) -> FusedAttention:
                           first.scaling, first.causal, torch.cat([call.lse for call in calls], dim=1))
 
 
-@dataclass
+@dataclass(frozen=True)
 class GatheredKeys:
     """Which keys each query row of a chunk reads (one set per row, shared by its heads), and where they are."""
 
