@@ -157,6 +157,57 @@ def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, sta
     assert (sum(decided["_positional_near"]) > 20) == (stages == "near")
 
 
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_positional_witnesses_stage_equals_blocked(monkeypatch, batch_size: int) -> None:
+    """Stage 3 (the first and the longest keys as witnesses that beat the neighbour), forced at short lengths behind
+    a band of the neighbours only: it decides rows, and the numbers equal the blocked path's exactly, with padding
+    (an additive mask) and without (causal)."""
+    loaded = tiny_loaded("llama_gqa")
+    natural, _ = _padded_sets(120, length=64)
+    blocked = score_heads(loaded, natural, ["positional"], batch_size=batch_size, path="blocked")
+    monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
+    monkeypatch.setattr(scores, "WITNESSES_FROM", 0)
+    monkeypatch.setattr(scores, "FIRST_KEYS", 4)
+    monkeypatch.setattr(scores, "LONGEST_KEYS", 4)
+    decided, masked = [], []
+    witnesses = scores._positional_witnesses
+
+    def counting(attention, found, shift):
+        still_open = witnesses(attention, found, shift)
+        decided.append(len(found) - len(still_open))
+        masked.append(attention.bias is not None)
+        return still_open
+
+    monkeypatch.setattr(scores, "_positional_witnesses", counting)
+    fast = score_heads(loaded, natural, ["positional"], batch_size=batch_size)
+    assert torch.equal(fast["positional"], blocked["positional"])
+    assert sum(decided) > 20
+    assert any(masked) == (batch_size > 1)
+
+
+def test_beaten_by_witnesses_agrees_with_whole_rows() -> None:
+    """A row is beaten only where a visible witness (one of the first keys or the longest, not the key itself) has a
+    larger logit, and surely where one has a clearly larger logit."""
+    torch.manual_seed(3)
+    query, key = torch.randn(2, 4, 50, 8), torch.randn(2, 2, 50, 8)
+    key[:, :, 30] *= 5  # the longest key of each head: a witness though it is not among the first
+    attention = FusedAttention(query, key, None, 0.3, True, torch.zeros(2, 4, 50))
+    found = torch.cartesian_prod(torch.arange(2), torch.arange(4), torch.arange(1, 50))  # (b, h, query)
+    keys = found[:, 2] - 1
+    beaten = attention.beaten_by_witnesses(found, keys, 3, 1)
+    logits = torch.matmul(query, key.repeat_interleave(2, dim=1).transpose(-1, -2)) * 0.3  # (b, h, n, n)
+    rows = logits[found[:, 0], found[:, 1], found[:, 2]]  # (k, n)
+    witness = torch.zeros(len(found), 50, dtype=torch.bool)
+    witness[:, [0, 1, 2, 30]] = True
+    witness &= torch.arange(50) <= found[:, 2:3]  # causal
+    witness[torch.arange(len(found)), keys] = False
+    best = rows.masked_fill(~witness, float("-inf")).amax(dim=-1)
+    own = rows[torch.arange(len(found)), keys]
+    assert not bool((beaten & (best <= own)).any())
+    assert bool(beaten[best > own + 0.01].all())
+    assert 50 < int(beaten.sum()) < len(found)
+
+
 @pytest.mark.parametrize("stages", ["whole rows", "band and near"])
 def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) -> None:
     """Short unpadded inputs: the accumulator reads the layer calls of a batch together (side_by_side: one call,
@@ -212,8 +263,9 @@ def _bounded_rows(monkeypatch) -> dict[str, int]:
 
 
 def test_bounded_whole_rows_equal_blocked(monkeypatch) -> None:
-    """Whole rows bounded in bfloat16 first (forced at a short length): the bounds decide most rows, and the
-    positional scores equal the blocked path's exactly."""
+    """Whole rows bounded in bfloat16 first (forced at a short length): the bounds decide most rows, the float32
+    logits of the few keys whose bound reaches the neighbour's (CANDIDATES) most of the rest, and the positional
+    scores equal the blocked path's exactly, with those keys read or not."""
     loaded = tiny_loaded("llama_gqa")
     tokens = torch.randint(1, 120, (3, 64), generator=torch.Generator().manual_seed(2))
     natural = ProbeSet("natural", "random", tokens, 1)
@@ -221,9 +273,15 @@ def test_bounded_whole_rows_equal_blocked(monkeypatch) -> None:
     counted = _bounded_rows(monkeypatch)
     monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
     monkeypatch.setattr(scores, "POSITIONAL_RIVALS", ())  # most rows go on to the whole rows
-    fast = score_heads(loaded, natural, ["positional"], batch_size=3)
-    assert torch.equal(fast["positional"], blocked["positional"])
-    assert counted["rows"] > 500 and counted["unsure"] < counted["rows"] / 2
+    unsure = {}
+    for candidates in (-1, lse.CANDIDATES):  # -1: no key's logit read, every row the bounds leave goes whole
+        monkeypatch.setattr(lse, "CANDIDATES", candidates)
+        counted.update(rows=0, unsure=0)
+        fast = score_heads(loaded, natural, ["positional"], batch_size=3)
+        assert torch.equal(fast["positional"], blocked["positional"]), candidates
+        unsure[candidates] = counted["unsure"]
+    assert counted["rows"] > 500 and 0 < unsure[-1] < counted["rows"] / 2
+    assert unsure[lse.CANDIDATES] < unsure[-1]
 
 
 @pytest.mark.parametrize("stage", ["whole rows", "near", "bounds"])

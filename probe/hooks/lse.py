@@ -30,6 +30,7 @@ NEAR_BEFORE = 1024  # keys before a bucket that its slice includes
 GATHERED_ROWS = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
 BOUND = 2.0**-7  # bfloat16 upper bounds of logits: q . k + BOUND |q| |k| (the roundings need at most 0.0059 |q| |k|)
 BOUNDS_ON_CPU = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()  # bfloat16 matmuls ~3x faster
+CANDIDATES = 64  # keys a bounded row may have whose bound reaches its key's logit: their float32 logits decide it
 BOUNDS_FROM = 16384  # keys from which whole rows are bounded first (measured: 2.5x faster at 32768 keys; at 8192 the
 # operations around the matmul cost what it saves)
 
@@ -328,14 +329,60 @@ class FusedAttention:
         others = logits.amax(dim=-1)
         beaten, tied = others > own, others == own
         mass = torch.zeros_like(own)  # only the rows neither beaten nor tied need it: the others are settled
-        weighed = (~beaten & ~tied).nonzero()[:, 0]
-        if len(weighed):
-            head, row = part[weighed, 1], part[weighed, 2]
-            lse = self.lse[sequence, head, row]
-            mass[weighed] = torch.exp(torch.logsumexp(logits[weighed], dim=-1) - lse) + torch.exp(own[weighed] - lse)
+        weighed = ~beaten & ~tied
+        if bool(weighed.any()):  # most rows: the mass of all (in place, no copy), kept for those
+            lse = self.lse[sequence, part[:, 1], part[:, 2]]
+            mass = logits.sub_(lse[:, None]).exp_().sum(dim=-1) + torch.exp(own - lse)
             if low > 0:  # key 0 (the sink: often most of a row's weight) outside the slice
-                mass[weighed] += self.column(0)[sequence, head, row]
+                mass += self.column(0)[sequence, part[:, 1], part[:, 2]]
+            mass = mass.where(weighed, 0.0)
         return beaten, tied, mass
+
+    def beaten_by_witnesses(self, found: Tensor, keys: Tensor, first: int, longest: int) -> Tensor:
+        """(k,) bool: whether a likely witness that the (b, h, query) row found[t] may attend to, other than keys[t],
+        has a larger logit than keys[t] by more than float32's rounding: keys[t] is then surely not the row's top,
+        however the logits are rounded (ties and near-ties: False, left to the whole row). The likely witnesses of a
+        key/value head are its `first` keys, where a row's top most often lies far from the row (Xiao et al. 2023,
+        "Efficient Streaming Language Models with Attention Sinks"), and its `longest` keys; one matmul per
+        (sequence, key/value head)."""
+        b, hq, n, kv = self.shape
+        hk = self.key.shape[1]
+        owner, order = (found[:, 0] * hk + found[:, 1] // (hq // hk)).sort(stable=True)
+        counts = torch.unique_consecutive(owner, return_counts=True)[1].tolist()
+        beaten = [self._beaten_part(part, key, self._witnesses(int(part[0, 0]), int(part[0, 1]) // (hq // hk), first,
+                                                               longest))
+                  for part, key in zip(found[order].split(counts), keys[order].split(counts))]
+        beaten = torch.cat(beaten) if beaten else torch.zeros(0, dtype=torch.bool, device=found.device)
+        return torch.empty_like(beaten).index_copy_(0, order, beaten)  # back to the order asked for
+
+    def _witnesses(self, sequence: int, kv_head: int, first: int, longest: int) -> Tensor:
+        """The key indices beaten_by_witnesses reads for one key/value head: the first keys, then the longest of the
+        others (made once per call)."""
+        if (sequence, kv_head, "witnesses", first, longest) not in self.head_keys:
+            norms = self._head_keys(sequence, kv_head)[first:].norm(dim=-1)
+            longer = norms.topk(min(longest, len(norms))).indices.sort().values + first
+            self.head_keys[(sequence, kv_head, "witnesses", first, longest)] = torch.cat(
+                [torch.arange(min(first, self.shape[3]), device=longer.device), longer])
+        return self.head_keys[(sequence, kv_head, "witnesses", first, longest)]
+
+    def _beaten_part(self, part: Tensor, keys: Tensor, witnesses: Tensor) -> Tensor:
+        """beaten_by_witnesses for the rows of one (sequence, key/value head)."""
+        sequence, kv_head = int(part[0, 0]), int(part[0, 1]) // (self.shape[1] // self.key.shape[1])
+        head, row = part[:, 1], part[:, 2]
+        head_keys = self._head_keys(sequence, kv_head)
+        query = self.query[sequence, head, row] * self.scaling  # (r, d), scaled as the blocked path
+        logits = query @ head_keys[witnesses].T  # (r, witnesses)
+        own = (query * head_keys[keys]).sum(dim=-1)  # (r,)
+        if self.bias is not None:
+            bias = self.bias[sequence if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
+            bias = bias[head if bias.shape[0] > 1 else 0, row if bias.shape[1] > 1 else 0].expand(len(part), -1)
+            logits += bias[:, witnesses]
+            own = own + bias.gather(1, keys[:, None])[:, 0]
+        elif self.causal:
+            logits.masked_fill_(witnesses[None, :] > row[:, None] + self.shape[3] - self.shape[2], float("-inf"))
+        longest = torch.maximum(head_keys[witnesses].norm(dim=-1).max(), head_keys[keys].norm(dim=-1))
+        rounding = 2.0**-13 * (query.norm(dim=-1) * longest + own.abs())  # far above float32's, bias included
+        return logits.amax(dim=-1) > own + rounding  # keys[t] among the witnesses: its logit is within rounding
 
     def _head_keys(self, sequence: int, kv_head: int) -> Tensor:
         """(kv, d): one key/value head's keys, contiguous (they arrive strided: a matmul reads a copy ~1.4x
@@ -388,7 +435,7 @@ class FusedAttention:
         rows[t]) of one sequence whose heads share key/value head `kv_head`, as argmax says (the earliest maximum
         wins, a NaN counts as the maximum); from the logits (exp is monotonic). Plain attention over BOUNDS_FROM
         keys or more on a CPU with bfloat16 arithmetic: bounds first (_bounded_tops), the rows they leave unsure
-        from float32 logits after (at least ROW_CHUNK of them: a matmul of one row rounds a copy of a key unlike
+        from whole float32 rows after (at least ROW_CHUNK of them: a matmul of one row rounds a copy of a key unlike
         the key)."""
         if self.bias is not None or not BOUNDS_ON_CPU or self.query.device.type != "cpu" or \
                 self.shape[3] < BOUNDS_FROM:
@@ -429,8 +476,10 @@ class FusedAttention:
         exceeds its logit by at least 0.0019 |q| |k| and at most 2 BOUND |q| |k|) and key 0's float32 logit (a sink's
         key is often the longest: it would loosen the bounds of every row). The key is the top when every other
         key's bound, and key 0's logit, is below its float32 logit; it is not when the highest bound less that
-        slack, or key 0's logit, beats it by more than float32's rounding; else unsure (ties, NaN, the neighbour at
-        key 0: the float32 row decides)."""
+        slack, or key 0's logit, beats it by more than float32's rounding. Of the rest, most have a key or two whose
+        bound reaches the key's logit (at 32768 tokens, 99% have 6 or fewer): those keys' float32 logits decide
+        them the same way (_best_candidate); else unsure (ties, NaN, the neighbour at key 0, more than CANDIDATES
+        such keys: the whole float32 row decides)."""
         offset = self.shape[3] - self.shape[2]
         limit = min(self.shape[3], int(rows.max()) + offset + 1) if self.causal else self.shape[3]
         query = self.query[batch, heads, rows] * self.scaling  # (r, d) as _row_logits scales it
@@ -449,6 +498,11 @@ class FusedAttention:
         rounding = 2.0**-13 * norm * torch.maximum(longest, head_keys[0].norm())  # far above float32's
         top = (highest < own - rounding) & (sink < own - rounding)
         beaten = (highest - 2 * BOUND * norm * longest > own + rounding) | (sink > own + rounding)
+        unsure = (~top & ~beaten & (keys > 0)).nonzero()[:, 0]
+        if len(unsure):  # most have a key or two whose bound reaches theirs: those keys' float32 logits decide
+            best = _best_candidate(upper[unsure], query[unsure], (own - rounding)[unsure], head_keys)
+            top[unsure] = (best < (own - rounding)[unsure]) & (sink < own - rounding)[unsure]
+            beaten[unsure] = (best > (own + rounding)[unsure]) | (sink > own + rounding)[unsure]
         return top & (keys > 0), ~top & ~beaten | (keys == 0)
 
     def _bounded_keys(self, batch: int, kv_head: int) -> tuple[Tensor, Tensor]:
@@ -518,6 +572,17 @@ def _gathered_keys(b: int, n: int, kv: int, hk: int, offsets: tuple[int, ...], k
     index = (torch.arange(b, device=device)[:, None, None, None] * kv + inside[None, :, None, :]) * hk + \
         torch.arange(hk, device=device)[None, None, :, None]  # (b, m, hk, k)
     return GatheredKeys(inside, hidden if bool(hidden.any()) else None, index.reshape(-1))
+
+
+def _best_candidate(upper: Tensor, query: Tensor, threshold: Tensor, head_keys: Tensor) -> Tensor:
+    """(r,) the largest float32 logit of query row t among the keys whose bound upper[t] reaches threshold[t] (column c:
+    key c + 1), -inf where none does, NaN where more than CANDIDATES do (left to the whole row)."""
+    close = upper.float() >= threshold[:, None]  # (r, keys)
+    many = close.sum(dim=-1) > CANDIDATES
+    row, column = close.masked_fill_(many[:, None], False).nonzero(as_tuple=True)
+    logits = (query[row] * head_keys[column + 1]).sum(dim=-1)
+    best = torch.full_like(threshold, float("-inf")).scatter_reduce_(0, row, logits, "amax")
+    return best.masked_fill_(many, float("nan"))
 
 
 def _key_is_top(logits: Tensor, keys: Tensor) -> Tensor:
