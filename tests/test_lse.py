@@ -309,6 +309,26 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> 
     assert counted["rows"] > 0  # the whole rows were asked (bounded first where the stage says so)
 
 
+def test_bounded_rows_count_a_nan_logit_as_the_maximum(monkeypatch) -> None:
+    """A key whose logits are NaN holds every later row's maximum, as argmax says: bounded rows decide nothing
+    there (the NaN reaches the bound, the longest key's norm and the candidates) and leave it to the whole row."""
+    counted = _bounded_rows(monkeypatch)
+    torch.manual_seed(4)
+    b, hq, hk, n, d = 1, 4, 2, 48, 8
+    query, key = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
+    key[:, :, 25, 0] = float("nan")
+    logits = torch.matmul(query, key.repeat_interleave(hq // hk, dim=1).transpose(-1, -2)) * 0.5
+    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    attention = FusedAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1))  # NaN from row 25 on
+    batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
+    monkeypatch.setattr(scores, "POSITIONAL_RIVALS", ())
+    monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
+    sums, _ = scores.positional_from_lse(attention, batch)
+    top = logits.argmax(dim=-1)[..., 1:]  # NaN at key 25: the maximum of rows 25 ..
+    assert torch.equal(sums[0], (top == torch.arange(n - 1)).sum(dim=(0, 2)).double())
+    assert counted["rows"] > 0
+
+
 def test_streaming_band_equals_the_blocked_reduction() -> None:
     """The band of sink + recent keys, rebuilt from the log-sum-exp, against the weights of the same forward."""
     model = tiny_hf("llama_gqa")

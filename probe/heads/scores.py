@@ -340,7 +340,7 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
 
 POSITIONAL_BAND = 16  # keys i - 15 .. i + 1 (and key 0) whose weights decide most of the rows left open
 POSITIONAL_RIVALS = (0, -2, -3, -4, -1, 1)  # offsets (besides the neighbour) read for every row: cheap diagonals
-NEAR_FROM = 4096  # keys past which the rows stage 2 left open go to the near keys (measured: at 4096 keys and
+NEAR_FROM = 4096  # keys past which the rows stages 2-3 left open go to the near keys (measured: at 4096 keys and
 # fewer the slice and the whole row left after it cost more than the whole row alone)
 FIRST_KEYS = 256  # likely witnesses that beat the neighbour of a row the band leaves open: the first keys,
 LONGEST_KEYS = 64  # and the longest keys of the key/value head (measured at 32768 tokens: see _positional_witnesses)

@@ -498,7 +498,7 @@ class FusedAttention:
         rounding = 2.0**-13 * norm * torch.maximum(longest, head_keys[0].norm())  # far above float32's
         top = (highest < own - rounding) & (sink < own - rounding)
         beaten = (highest - 2 * BOUND * norm * longest > own + rounding) | (sink > own + rounding)
-        unsure = (~top & ~beaten & (keys > 0)).nonzero()[:, 0]
+        unsure = (~top & ~beaten & (keys > 0) & ~highest.isnan()).nonzero()[:, 0]  # a NaN bound: the whole row
         if len(unsure):  # most have a key or two whose bound reaches theirs: those keys' float32 logits decide
             best = _best_candidate(upper[unsure], query[unsure], (own - rounding)[unsure], head_keys)
             top[unsure] = (best < (own - rounding)[unsure]) & (sink < own - rounding)[unsure]
