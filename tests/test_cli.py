@@ -52,7 +52,13 @@ def strict_json(path: Path) -> dict:
 def start(args: list[str], tmp_path: Path, **env: str) -> subprocess.Popen:
     environment = {**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path / "cache"), **env}
     return subprocess.Popen([sys.executable, "-m", "probe.cli", *args], cwd=ROOT, env=environment,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_interruptible)
+
+
+def _interruptible() -> None:
+    """In the child before it runs probe: SIGINT back to its default, so that Python turns it into
+    KeyboardInterrupt even where the test run itself was started with SIGINT ignored (a shell's background job)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(condition, process: subprocess.Popen, timeout: float = 120.0) -> None:

@@ -309,6 +309,30 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> 
     assert counted["rows"] > 0  # the whole rows were asked (bounded first where the stage says so)
 
 
+def test_bounded_rows_read_only_the_keys_a_row_sees(monkeypatch) -> None:
+    """Rows close to a tie (neighbouring keys close), bounded: the float32 logits of the keys whose bound reaches a
+    row's key never include keys the row may not see (causally hidden) or the key itself, and each row's answer is
+    argmax's, with those keys read or every unsure row whole."""
+    counted = _bounded_rows(monkeypatch)
+    torch.manual_seed(5)
+    b, hq, hk, n, d = 1, 4, 2, 64, 8
+    query, drift = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
+    key = torch.cumsum(drift * 0.05, dim=2) + torch.randn(b, hk, 1, d)  # neighbouring keys close: close calls
+    attention = FusedAttention(query, key, None, 0.5, True, torch.zeros(b, hq, n))
+    logits = torch.matmul(query, key.repeat_interleave(hq // hk, dim=1).transpose(-1, -2)) * 0.5
+    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    rows, unsure = torch.arange(1, n).repeat(hq // hk), {}
+    for candidates in (-1, lse.CANDIDATES):  # -1: every row the bounds leave goes whole
+        monkeypatch.setattr(lse, "CANDIDATES", candidates)
+        counted.update(unsure=0)
+        for kv_head in range(hk):
+            heads = torch.arange(hq // hk).repeat_interleave(n - 1) + kv_head * (hq // hk)
+            top = attention.tops(0, kv_head, heads, rows, rows - 1)
+            assert torch.equal(top, logits[0, heads, rows].argmax(dim=-1) == rows - 1), (kv_head, candidates)
+        unsure[candidates] = counted["unsure"]
+    assert unsure[lse.CANDIDATES] < unsure[-1]
+
+
 def test_bounded_rows_count_a_nan_logit_as_the_maximum(monkeypatch) -> None:
     """A key whose logits are NaN holds every later row's maximum, as argmax says: bounded rows decide nothing
     there (the NaN reaches the bound, the longest key's norm and the candidates) and leave it to the whole row."""
