@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from torch import Tensor
 from conftest import tiny_hf, tiny_loaded
 from families import ADAPTED, FAMILY_MODELS, tiny_family
 
@@ -243,6 +244,13 @@ def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) 
                        blocked["positional"])
 
 
+def _causal_logits(query: Tensor, key: Tensor, scaling: float) -> Tensor:
+    """(b, hq, n, n) scaled logits of grouped-query heads, later keys at -inf: what argmax is asked of."""
+    n = query.shape[2]
+    logits = torch.matmul(query, key.repeat_interleave(query.shape[1] // key.shape[1], dim=1).transpose(-1, -2))
+    return (logits * scaling).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+
+
 def _bounded_rows(monkeypatch) -> dict[str, int]:
     """Whole rows bounded first (bfloat16) at any length and on any CPU, one key/value head at a time; counts the
     rows the bounds were asked about and those they left unsure."""
@@ -297,8 +305,7 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> 
     query, key = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
     key[:, :, 10:20] = key[:, :, 9:19].clone()  # key j = key j - 1: ties between neighbours and rivals
     key[:, :, 30] = key[:, :, 2]  # a far copy: only the whole row sees it
-    logits = torch.matmul(query, key.repeat_interleave(hq // hk, dim=1).transpose(-1, -2)) * 0.5
-    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    logits = _causal_logits(query, key, 0.5)
     attention = FusedAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1))
     batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
     sums, counts = scores.positional_from_lse(attention, batch)
@@ -319,8 +326,7 @@ def test_bounded_rows_read_only_the_keys_a_row_sees(monkeypatch) -> None:
     query, drift = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
     key = torch.cumsum(drift * 0.05, dim=2) + torch.randn(b, hk, 1, d)  # neighbouring keys close: close calls
     attention = FusedAttention(query, key, None, 0.5, True, torch.zeros(b, hq, n))
-    logits = torch.matmul(query, key.repeat_interleave(hq // hk, dim=1).transpose(-1, -2)) * 0.5
-    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    logits = _causal_logits(query, key, 0.5)
     rows, unsure = torch.arange(1, n).repeat(hq // hk), {}
     for candidates in (-1, lse.CANDIDATES):  # -1: every row the bounds leave goes whole
         monkeypatch.setattr(lse, "CANDIDATES", candidates)
@@ -341,8 +347,7 @@ def test_bounded_rows_count_a_nan_logit_as_the_maximum(monkeypatch) -> None:
     b, hq, hk, n, d = 1, 4, 2, 48, 8
     query, key = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
     key[:, :, 25, 0] = float("nan")
-    logits = torch.matmul(query, key.repeat_interleave(hq // hk, dim=1).transpose(-1, -2)) * 0.5
-    logits = logits.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    logits = _causal_logits(query, key, 0.5)
     attention = FusedAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1))  # NaN from row 25 on
     batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
     monkeypatch.setattr(scores, "POSITIONAL_RIVALS", ())

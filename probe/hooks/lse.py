@@ -82,7 +82,7 @@ class FusedAttention:
     causal: bool  # keys after the query (j > i + kv - n) get weight 0; only where bias is None
     lse: Tensor  # (b, hq, n) float32
     tables: dict[Label, tuple[Tensor, int]] = field(default_factory=dict, repr=False)  # label -> (table, column)
-    head_keys: dict[tuple[int, int] | tuple[int, int, str], Tensor] = field(default_factory=dict, repr=False)  # cache
+    head_keys: dict[tuple, Tensor] = field(default_factory=dict, repr=False)  # per (sequence, kv head, ...): cache
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -301,13 +301,8 @@ class FusedAttention:
         hk = self.key.shape[1]
         position = found[:, 2] + kv - n  # each query's own key position
         owner = ((found[:, 0] * hk + found[:, 1] // (hq // hk)) * (kv // NEAR_SPAN + 1)) + position // NEAR_SPAN
-        owner, order = owner.sort(stable=True)
-        counts = torch.unique_consecutive(owner, return_counts=True)[1].tolist()
-        parts = [self._near_part(part, key, where) for part, key, where in
-                 zip(found[order].split(counts), keys[order].split(counts), position[order].split(counts))]
-        beaten, tied, mass = (torch.cat(column) for column in zip(*parts))
-        back = torch.empty_like(order).index_copy_(0, order, torch.arange(len(order), device=order.device))
-        return beaten[back], tied[back], mass[back]
+        beaten, tied, mass = _by_owner(owner, self._near_part, found, keys, position)
+        return beaten, tied, mass
 
     def _near_part(self, part: Tensor, keys: Tensor, position: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """near_of_rows for the rows of one (sequence, key/value head, bucket)."""
@@ -345,15 +340,11 @@ class FusedAttention:
         key/value head are its `first` keys, where a row's top most often lies far from the row (Xiao et al. 2023,
         "Efficient Streaming Language Models with Attention Sinks"), and its `longest` keys; one matmul per
         (sequence, key/value head)."""
-        b, hq, n, kv = self.shape
-        hk = self.key.shape[1]
-        owner, order = (found[:, 0] * hk + found[:, 1] // (hq // hk)).sort(stable=True)
-        counts = torch.unique_consecutive(owner, return_counts=True)[1].tolist()
-        beaten = [self._beaten_part(part, key, self._witnesses(int(part[0, 0]), int(part[0, 1]) // (hq // hk), first,
-                                                               longest))
-                  for part, key in zip(found[order].split(counts), keys[order].split(counts))]
-        beaten = torch.cat(beaten) if beaten else torch.zeros(0, dtype=torch.bool, device=found.device)
-        return torch.empty_like(beaten).index_copy_(0, order, beaten)  # back to the order asked for
+        if not len(found):
+            return torch.zeros(0, dtype=torch.bool, device=found.device)
+        hq, hk = self.shape[1], self.key.shape[1]
+        owner = found[:, 0] * hk + found[:, 1] // (hq // hk)
+        return _by_owner(owner, lambda part, key: (self._beaten_part(part, key, first, longest),), found, keys)[0]
 
     def _witnesses(self, sequence: int, kv_head: int, first: int, longest: int) -> Tensor:
         """The key indices beaten_by_witnesses reads for one key/value head: the first keys, then the longest of the
@@ -365,13 +356,14 @@ class FusedAttention:
                 [torch.arange(min(first, self.shape[3]), device=longer.device), longer])
         return self.head_keys[(sequence, kv_head, "witnesses", first, longest)]
 
-    def _beaten_part(self, part: Tensor, keys: Tensor, witnesses: Tensor) -> Tensor:
+    def _beaten_part(self, part: Tensor, keys: Tensor, first: int, longest: int) -> Tensor:
         """beaten_by_witnesses for the rows of one (sequence, key/value head)."""
         sequence, kv_head = int(part[0, 0]), int(part[0, 1]) // (self.shape[1] // self.key.shape[1])
         head, row = part[:, 1], part[:, 2]
-        head_keys = self._head_keys(sequence, kv_head)
+        head_keys, witnesses = self._head_keys(sequence, kv_head), self._witnesses(sequence, kv_head, first, longest)
+        witness_keys = head_keys[witnesses]  # (witnesses, d)
         query = self.query[sequence, head, row] * self.scaling  # (r, d), scaled as the blocked path
-        logits = query @ head_keys[witnesses].T  # (r, witnesses)
+        logits = query @ witness_keys.T  # (r, witnesses)
         own = (query * head_keys[keys]).sum(dim=-1)  # (r,)
         if self.bias is not None:
             bias = self.bias[sequence if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
@@ -380,7 +372,7 @@ class FusedAttention:
             own = own + bias.gather(1, keys[:, None])[:, 0]
         elif self.causal:
             logits.masked_fill_(witnesses[None, :] > row[:, None] + self.shape[3] - self.shape[2], float("-inf"))
-        longest = torch.maximum(head_keys[witnesses].norm(dim=-1).max(), head_keys[keys].norm(dim=-1))
+        longest = torch.maximum(witness_keys.norm(dim=-1).max(), head_keys[keys].norm(dim=-1))
         rounding = 2.0**-13 * (query.norm(dim=-1) * longest + own.abs())  # far above float32's, bias included
         return logits.amax(dim=-1) > own + rounding  # keys[t] among the witnesses: its logit is within rounding
 
@@ -496,13 +488,14 @@ class FusedAttention:
         sink = query @ head_keys[0]  # (r,) key 0's
         highest = upper.amax(dim=-1).float() if upper.shape[1] else torch.full_like(own, float("-inf"))
         rounding = 2.0**-13 * norm * torch.maximum(longest, head_keys[0].norm())  # far above float32's
-        top = (highest < own - rounding) & (sink < own - rounding)
-        beaten = (highest - 2 * BOUND * norm * longest > own + rounding) | (sink > own + rounding)
+        below, above = own - rounding, own + rounding  # surely below / above the key's logit
+        top = (highest < below) & (sink < below)
+        beaten = (highest - 2 * BOUND * norm * longest > above) | (sink > above)
         unsure = (~top & ~beaten & (keys > 0) & ~highest.isnan()).nonzero()[:, 0]  # a NaN bound: the whole row
         if len(unsure):  # most have a key or two whose bound reaches theirs: those keys' float32 logits decide
-            best = _best_candidate(upper[unsure], query[unsure], (own - rounding)[unsure], head_keys)
-            top[unsure] = (best < (own - rounding)[unsure]) & (sink < own - rounding)[unsure]
-            beaten[unsure] = (best > (own + rounding)[unsure]) | (sink > own + rounding)[unsure]
+            best = _best_candidate(upper[unsure], query[unsure], below[unsure], head_keys)
+            top[unsure] = (best < below[unsure]) & (sink[unsure] < below[unsure])
+            beaten[unsure] = (best > above[unsure]) | (sink[unsure] > above[unsure])
         return top & (keys > 0), ~top & ~beaten | (keys == 0)
 
     def _bounded_keys(self, batch: int, kv_head: int) -> tuple[Tensor, Tensor]:
@@ -572,6 +565,16 @@ def _gathered_keys(b: int, n: int, kv: int, hk: int, offsets: tuple[int, ...], k
     index = (torch.arange(b, device=device)[:, None, None, None] * kv + inside[None, :, None, :]) * hk + \
         torch.arange(hk, device=device)[None, None, :, None]  # (b, m, hk, k)
     return GatheredKeys(inside, hidden if bool(hidden.any()) else None, index.reshape(-1))
+
+
+def _by_owner(owner: Tensor, read: Callable[..., tuple[Tensor, ...]], *columns: Tensor) -> tuple[Tensor, ...]:
+    """read(*columns of one owner's rows) for each owner (the rows grouped by a stable sort of `owner`, at least one),
+    its outputs (one value per row each) back in the order of the rows."""
+    owner, order = owner.sort(stable=True)
+    counts = torch.unique_consecutive(owner, return_counts=True)[1].tolist()
+    parts = [read(*part) for part in zip(*(column[order].split(counts) for column in columns))]
+    return tuple(torch.empty_like(out).index_copy_(0, order, out)
+                 for out in (torch.cat(column) for column in zip(*parts)))
 
 
 def _best_candidate(upper: Tensor, query: Tensor, threshold: Tensor, head_keys: Tensor) -> Tensor:
