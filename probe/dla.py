@@ -36,7 +36,6 @@ from probe.inputs import ContrastSet, logit_diffs
 from probe.circuits.weights import FINAL_NORMS, _gain, _named_child
 from probe.errors import ProbeError
 from probe.hooks.restore import interrupts_deferred, restoring
-from probe.hooks.types import AttentionInputs
 from probe.models import LoadedModel
 from probe.patterns import token_strings
 
@@ -111,14 +110,9 @@ class _Recording:
         rows, queries = self.targets.rows[points], self.targets.positions[points] - start
         stored[points] = weights[rows.to(weights.device), :, queries.to(weights.device)].detach()
 
-    def __call__(self, layer: int, inputs: AttentionInputs, output: Tensor | None) -> Tensor:
-        """As `recompute_heads`: keeps the values (the layer's output is left as it is)."""
-        self.values[layer] = inputs.value[self.targets.rows.to(inputs.value.device)].detach()
-        assert output is not None
-        return output
-
-    def covers_every_head(self, layer: int, n_heads: int) -> bool:
-        return False
+    def read_values(self, layer: int, value: Tensor) -> None:
+        """The `v` hook point's reader: keeps the values (batch, keys, n_kv_heads, head_dim) of the read rows."""
+        self.values[layer] = value[self.targets.rows.to(value.device)].transpose(1, 2).detach()
 
 
 @dataclass(frozen=True)
@@ -331,9 +325,9 @@ def _batch_shares(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask:
     """One clean forward with every write into the residual stream recorded at the read points, decomposed."""
     recording = _Recording(targets, per_position)
     with torch.no_grad():
-        with _recording(structure, recording), attention_hooks(
-                loaded.model, on_weights=recording.on_weights if per_position else None,
-                edit_heads=recording.edit_heads, recompute_heads=recording if per_position else None):
+        with _recording(structure, recording), attention_hooks(loaded.model, points={
+                "z": recording.edit_heads,
+                **({"pattern": recording.on_weights, "v": recording.read_values} if per_position else {})}):
             output = run_model(loaded.model, ids, mask)
         _check_stream(structure, recording, recording.heads)
         return _shares(structure, recording, None if _capped(loaded.model) else recording.at(logits_of(output)))

@@ -1,8 +1,9 @@
-"""The head editor: an `edit_heads` function for stacked copies of a batch, each copy with its own heads ablated;
-and `ablate()`, the context manager that ablates heads for the body of a `with`.
+"""The head editor: a `z` writer for stacked copies of a batch, each copy with its own heads ablated; and
+`ablate()`, the context manager that ablates heads for the body of a `with`.
 
 Ablating head h of layer l replaces that head's output (its slice of the input to the layer's output projection,
-before the projection) at every position, through `attention_hooks(edit_heads=...)`.
+before the projection) at every position, through the `z` hook point (probe.hooks.points); methods that patch a
+head's query, key or value go through the `inputs` point, window ablation through `recompute`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from probe.errors import ProbeError
 
 def head_editor(ablations: Sequence[Ablation], method: AblationMethod,
                 batch: int | None = None) -> tuple[Callable[[int, Tensor], Tensor], set[int]]:
-    """An edit_heads function for `len(ablations)` stacked copies of a batch (the probe set's batch `batch`): copy
+    """A `z` writer for `len(ablations)` stacked copies of a batch (the probe set's batch `batch`): copy
     i has ablations[i] replaced by `method`; and the layers it edits."""
     copies, by_layer = len(ablations), heads_by_layer(ablations)
     masks: dict[tuple[int, torch.device], Tensor] = {}
@@ -63,7 +64,7 @@ def _refuse_non_causal_stacks(model: nn.Module, layers: set[int], method: Ablati
 
 def inputs_editor(ablations: Sequence[Ablation], method: InputPatch,
                   batch: int | None = None) -> tuple[Callable[[int, AttentionInputs], AttentionInputs], set[int]]:
-    """An edit_inputs function for `len(ablations)` stacked copies of a batch: copy i has the `method.component` of
+    """An `inputs` handler for `len(ablations)` stacked copies of a batch: copy i has the `method.component` of
     ablations[i]'s heads replaced (a key or value: of their key/value groups); and the layers it edits."""
     copies, by_layer = len(ablations), heads_by_layer(ablations)
 
@@ -93,7 +94,7 @@ def _keys_restricted(model: nn.Module, ablations: Sequence[Ablation], method: Ab
     assert isinstance(method, PatternAblation)
     recompute = RestrictedHeads(ablations, method)
     _refuse_non_causal_stacks(model, recompute.layers, method)
-    with attention_hooks(model, recompute_heads=recompute, layers=recompute.layers):
+    with attention_hooks(model, layers=recompute.layers, points={"recompute": recompute}):
         yield
 
 
@@ -102,7 +103,7 @@ def _inputs_edited(model: nn.Module, ablations: Sequence[Ablation], method: Abla
                    batch: int | None) -> Iterator[None]:
     assert isinstance(method, InputPatch)
     edit, layers = inputs_editor(ablations, method, batch)
-    with attention_hooks(model, edit_inputs=edit, layers=layers):
+    with attention_hooks(model, layers=layers, points={"inputs": edit}):
         yield
 
 
@@ -110,7 +111,7 @@ def _inputs_edited(model: nn.Module, ablations: Sequence[Ablation], method: Abla
 def _outputs_edited(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
                     batch: int | None) -> Iterator[None]:
     edit, layers = head_editor(ablations, method, batch)
-    with attention_hooks(model, edit_heads=edit, layers=layers):
+    with attention_hooks(model, layers=layers, points={"z": edit}):
         yield
 
 

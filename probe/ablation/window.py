@@ -2,8 +2,8 @@
 
 Window ablation restricts the chosen heads to a StreamingLLM cache (Xiao et al. 2023): the first `sink` keys and
 the `recent` most recent ones, the softmax renormalised over those alone, exactly what the head computes when its
-KV cache keeps nothing else (DuoAttention's streaming heads, Xiao et al. 2024). It works through
-`attention_hooks(recompute_heads=...)`: the chosen heads are computed again over their sink and recent keys alone
+KV cache keeps nothing else (DuoAttention's streaming heads, Xiao et al. 2024). It works through the `recompute`
+hook point (probe.hooks.points): the chosen heads are computed again over their sink and recent keys alone
 (`probe.hooks.restricted`), so a windowed head costs about sink + recent keys per query, not n.
 """
 
@@ -72,7 +72,7 @@ class WindowAblation(PatternAblation):
 
 
 class RestrictedHeads:
-    """`attention_hooks(recompute_heads=...)` for `len(ablations)` stacked copies of a batch: copy i has the heads of
+    """The `recompute` hook point's handler for `len(ablations)` stacked copies of a batch: copy i has the heads of
     ablations[i] computed again over `method`'s keys only (`restricted_attention`)."""
 
     def __init__(self, ablations: Sequence[Ablation], method: PatternAblation) -> None:

@@ -4,27 +4,34 @@ forward that `capture_attention` and the pattern pages are built on."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
+from probe.errors import ProbeError
 from probe.hooks.custom import install_custom
 from probe.hooks.families import install_family
 from probe.hooks.hf import count_calls_per_forward, install_hf, switch_implementation
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.mha import install_mha
+from probe.hooks.points import POINTS, point_named, refusal
 from probe.hooks.restore import restoring
 from probe.hooks.run import Source, run_model
-from probe.errors import ProbeError
-from probe.hooks.types import HeadsEdit, HeadsRecompute, InputsEdit, LayerHooks, LseHook, Undo, WeightsHook
+from probe.hooks.types import (Handler, HeadsEdit, HeadsRecompute, InputsEdit, LayerHooks, LseHook, Undo,
+                               WeightsHook)
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
     "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
     "family": install_family,
 }
 """AttentionLayer.kind -> the function that hooks one layer of that kind, appending its undo steps."""
+
+
+LEGACY = {"on_weights": "pattern", "edit_heads": "z", "edit_inputs": "inputs", "recompute_heads": "recompute",
+          "on_lse": "lse"}
+"""attention_hooks' keyword callbacks -> the hook point each one is a handler of."""
 
 
 @contextmanager
@@ -37,40 +44,64 @@ def attention_hooks(
     recompute_heads: HeadsRecompute | None = None,
     on_lse: LseHook | None = None,
     edit_inputs: InputsEdit | None = None,
+    *,
+    points: Mapping[str, Handler] | None = None,
 ) -> Iterator[list[AttentionLayer]]:
-    """Hook every attention layer (or those in `layers`) for the body of the `with`.
+    """Hook every attention layer (or those in `layers`) for the body of the `with`: `points` maps a hook point's
+    name (probe.hooks.points.POINTS) to its handler, called for every chosen layer with the layer's index first.
 
-    `on_weights(layer, start, weights)` receives each layer's attention weights, (batch, query_heads, block,
-    keys) in float32, in query blocks. `edit_heads(layer, heads)` may replace each layer's head outputs
-    (batch, queries, heads, head_dim) before the output projection. `recompute_heads(layer, inputs, output)` may
-    compute some heads again from the layer's query, keys and values (over other keys: window ablation; transformers
-    models only), before `edit_heads`; `on_weights` sees the layer's own weights. `on_lse(layer, attention)` gets a
-    layer's queries, keys and the fused kernel's log-sum-exp instead of its weights (probe.hooks.lse) where they can
-    be rebuilt from them (transformers models); elsewhere `on_lse.blocked(layer, reason)` is called and the weights
-    go to `on_weights`. `edit_inputs(layer, inputs)` may replace the query, keys and values the layer's attention
-    computes from (patching; transformers models only). On exit the model is exactly as before.
+    The keyword callbacks are the same points by their older names: `on_weights` is `pattern`
+    (`(layer, start, weights)`, float32 (batch, query_heads, block, keys) in query blocks), `edit_heads` is `z`,
+    `edit_inputs` is `inputs` (the AttentionInputs the layer computes from: patching), `recompute_heads` is
+    `recompute` (heads computed again from the inputs: window ablation, before `z`; `pattern` sees the layer's own
+    weights), `on_lse` is `lse` (the fused kernel's log-sum-exp instead of the weights where they can be rebuilt
+    from it; elsewhere `on_lse.blocked(layer, reason)` is called and the weights go to `pattern`). A point a layer
+    kind cannot serve is refused in one line before anything changes. Nested `with`s add up (hf and
+    nn.MultiheadAttention layers too: the inner's handlers run after the outer's). On exit the model is exactly
+    as before, also when the body raises or is interrupted.
     """
+    given = {"on_weights": on_weights, "edit_heads": edit_heads, "edit_inputs": edit_inputs,
+             "recompute_heads": recompute_heads, "on_lse": on_lse}
+    handlers = {LEGACY[name]: handler for name, handler in given.items() if handler is not None}
+    for name, handler in (points or {}).items():
+        point_named(name)
+        if name in handlers:
+            raise ProbeError(f"hook point {name!r} given twice (as a point and as {_legacy_name(name)})")
+        handlers[name] = handler
     found = attention_layers(model)
     chosen = [layer for layer in found if layers is None or layer.index in layers]
-    if recompute_heads is not None and any(layer.kind != "hf" for layer in chosen):
-        raise ProbeError("changing which keys a head attends to works on transformers models only; this model's "
-                         "attention is its own module")
-    if edit_inputs is not None and any(layer.kind != "hf" for layer in chosen):
-        raise ProbeError("patching a head's query, key or value inputs works on transformers models whose attention "
-                         "goes through the attention interface; this model's attention is its own module: patch the "
-                         "head's output")
+    per_layer = {layer.index: _served(layer, handlers) for layer in chosen}
     with restoring() as undo:
         if any(layer.kind == "hf" for layer in chosen):
             switch_implementation(model, undo)
         if any(layer.calls > 1 for layer in chosen):  # ALBERT: layers are calls of one module
             count_calls_per_forward(model, undo)
         for layer in chosen:
-            hooks = LayerHooks(layer.index, on_weights, edit_heads, query_block, layer.call, layer.calls,
-                               recompute_heads, on_lse if layer.kind == "hf" else None, edit_inputs)
-            if on_lse is not None and layer.kind != "hf":
-                on_lse.blocked(layer.index, f"attention computed inside the module ({layer.kind} layer)")
+            served = {name: [handler] for name, handler in per_layer[layer.index].items()}
+            hooks = LayerHooks(layer.index, served, query_block, layer.call, layer.calls)
             INSTALLERS[layer.kind](layer.module, hooks, undo)
+        for layer in chosen:  # told only once nothing can be refused any more
+            for name, handler in handlers.items():
+                if name not in per_layer[layer.index]:
+                    handler.blocked(layer.index, f"attention computed inside the module ({layer.kind} layer)")
         yield found
+
+
+def _legacy_name(point: str) -> str:
+    return next(name for name, value in LEGACY.items() if value == point)
+
+
+def _served(layer: AttentionLayer, handlers: dict[str, Handler]) -> dict[str, Handler]:
+    """The handlers this layer's kind fires; a point it lacks is refused, or left out where the point falls back to
+    its handler's `blocked`."""
+    served = {}
+    for name, handler in handlers.items():
+        point = POINTS[name]
+        if layer.kind in point.kinds:
+            served[name] = handler
+        elif not point.fallback:
+            raise ProbeError(refusal(point, layer.kind, layer.index))
+    return served
 
 
 def stream_attention(model: nn.Module, input_ids: Tensor, on_weights: WeightsHook, *,

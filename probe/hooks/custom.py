@@ -9,6 +9,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.errors import ProbeError
+from probe.hooks.points import fire_heads, fire_weights, fires
 from probe.hooks.types import LayerHooks, Undo
 
 OUTPUT_PROJECTIONS = ("W_o", "out_proj", "o_proj")
@@ -38,20 +39,20 @@ def returns_head_weights(module: nn.Module, output: Any) -> bool:
 
 
 def read_returned_weights(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    """A forward hook handing the weights the module returns, output[1] (b, heads, n, kv), to `hooks.on_weights`."""
+    """A forward hook handing the weights the module returns, output[1] (b, heads, n, kv), to the `pattern` point."""
     def read_weights(_module: nn.Module, _inputs: Any, output: Any) -> None:
-        hooks.on_weights(hooks.layer, 0, output[1].float())  # type: ignore[misc]
+        fire_weights(hooks, 0, output[1].float())
 
     undo.append(module.register_forward_hook(read_weights).remove)
 
 
 def edit_projection_input(projection: nn.Module, heads: int, hooks: LayerHooks, undo: list[Undo]) -> None:
     """A pre-hook on the output projection: its input (b, n, heads * head_dim), head-major, goes through
-    `hooks.edit_heads` as (b, n, heads, head_dim)."""
+    the `z` point as (b, n, heads, head_dim)."""
     def edit_input(_module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         merged = args[0]  # (b, n, heads * head_dim)
         split = merged.reshape(*merged.shape[:-1], heads, merged.shape[-1] // heads)  # (b, n, heads, head_dim)
-        edited = hooks.edit_heads(hooks.layer, split)  # type: ignore[misc]
+        edited = fire_heads(hooks, split)
         return (edited.reshape(merged.shape), *args[1:])
 
     undo.append(projection.register_forward_pre_hook(edit_input).remove)
@@ -67,7 +68,7 @@ def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
 
 def install_custom(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     """PyTorch hooks on the module (weights) and its output projection (edits); `undo` gets their removal."""
-    if hooks.on_weights is not None:
+    if fires(hooks, "weights"):
         read_returned_weights(module, hooks, undo)
-    if hooks.edit_heads is not None:
+    if fires(hooks, "heads"):
         _edit_heads(module, hooks, undo)

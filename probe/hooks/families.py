@@ -19,6 +19,7 @@ from torch import nn
 
 from probe.errors import ProbeError
 from probe.hooks.custom import edit_projection_input, read_returned_weights
+from probe.hooks.points import fires
 from probe.hooks.types import LayerHooks, Undo
 
 
@@ -97,11 +98,11 @@ def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> No
     """Weights from what the module returns, edits at its output projection's input; `undo` gets their removal."""
     family = _family_of_module(module)
     problem = family.problem(module)
-    if problem and hooks.edit_heads is not None:
+    if problem and fires(hooks, "heads"):
         raise ProbeError(problem)
-    if hooks.on_weights is not None:
+    if fires(hooks, "weights"):
         _switch_to_eager(module, undo)
         read_returned_weights(module, hooks, undo)
-    if hooks.edit_heads is not None:
+    if fires(hooks, "heads"):
         heads, _, _ = family_shape(module)
         edit_projection_input(getattr(module, family.projection), heads, hooks, undo)

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
 from probe.hooks.lse import additive_bias, fused_attention, lse_problem
+from probe.hooks.points import fire_heads, fire_inputs, fire_weights, fires
 from probe.hooks.restore import restoring
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 
@@ -112,10 +113,9 @@ def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, val
         output = _from_lse(module, query, key, value, attention_mask, hooks, kwargs)
         if output is not None:
             return output
-    if hooks is not None and hooks.on_weights is not None:
-        layer, on_weights = hooks.layer, hooks.on_weights
+    if hooks is not None and fires(hooks, "weights"):
         output, _ = _hf_weights_attention(module, query, key, value, attention_mask,
-                                          on_block=lambda start, weights: on_weights(layer, start, weights),
+                                          on_block=partial(fire_weights, hooks),
                                           query_block=hooks.query_block, **kwargs)
         return output
     return _original_function(name, module)(module, query, key, value, attention_mask, **kwargs)[0]
@@ -129,19 +129,20 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
         for recording in _HF_RECORDER:
             recording.append((module, query.shape[1], key.shape[1], query.shape[-1]))
         hooks = _active_hooks(module)
-        if hooks is not None and hooks.edit_inputs is not None:  # patched queries, keys or values
-            edited = hooks.edit_inputs(hooks.layer, _inputs(query, key, value, attention_mask, kwargs))
+        if hooks is None:
+            return _own_attention(original_name, module, query, key, value, attention_mask, None, kwargs), None
+        if fires(hooks, "inputs"):  # read or replaced queries, keys or values (patching)
+            edited = fire_inputs(hooks, _inputs(query, key, value, attention_mask, kwargs))
             query, key, value = edited.query, edited.key, edited.value
-        recompute = None if hooks is None else hooks.recompute_heads
-        if recompute is not None and hooks.on_weights is None and recompute.covers_every_head(hooks.layer,
-                                                                                              query.shape[1]):
+        recompute = hooks.recompute_heads
+        if recompute is not None and not fires(hooks, "weights") and recompute.covers_every_head(hooks.layer,
+                                                                                                 query.shape[1]):
             output = recompute(hooks.layer, _inputs(query, key, value, attention_mask, kwargs), None)  # own not needed
         else:
             output = _own_attention(original_name, module, query, key, value, attention_mask, hooks, kwargs)
             if recompute is not None:
                 output = recompute(hooks.layer, _inputs(query, key, value, attention_mask, kwargs), output)
-        if hooks is not None and hooks.edit_heads is not None:
-            output = hooks.edit_heads(hooks.layer, output)  # (b, n, hq, d)
+        output = fire_heads(hooks, output)  # (b, n, hq, d)
         return output, None
 
     return probe_attention
@@ -180,9 +181,12 @@ def switch_implementation(model: nn.Module, undo: list[Undo]) -> None:
             config._attn_implementation_internal = f"probe_{keep}"
 
 
-def _uninstall(module: nn.Module, call: int) -> None:
+def _uninstall(module: nn.Module, call: int, previous: LayerHooks | None) -> None:
     by_call = _HF_ACTIVE.get(module, {})
-    by_call.pop(call, None)
+    if previous is not None:  # an outer `with`'s hooks
+        by_call[call] = previous
+    else:
+        by_call.pop(call, None)
     if not by_call:
         _HF_ACTIVE.pop(module, None)
         _HF_CALLS.pop(module, None)
@@ -190,9 +194,10 @@ def _uninstall(module: nn.Module, call: int) -> None:
 
 def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     """Have probe's implementation read (and edit) this attention module, at call `hooks.call` of each forward; the
-    switch itself is the caller's."""
-    undo.append(partial(_uninstall, module, hooks.call))
-    _HF_ACTIVE.setdefault(module, {})[hooks.call] = hooks
+    switch itself is the caller's. Hooks already there (an outer `with`) run first."""
+    previous = _HF_ACTIVE.get(module, {}).get(hooks.call)
+    undo.append(partial(_uninstall, module, hooks.call, previous))
+    _HF_ACTIVE.setdefault(module, {})[hooks.call] = hooks if previous is None else previous.merged(hooks)
     _HF_CALLS[module] = 0
 
 

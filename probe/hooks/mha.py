@@ -11,7 +11,8 @@ from torch import Tensor, nn
 
 from probe.errors import ProbeError
 from probe.hooks.blocked import blocked_attention
-from probe.hooks.types import LayerHooks, Undo
+from probe.hooks.points import fire_heads, fire_inputs, fire_weights, fires
+from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 
 
 def _batch_first(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value: Tensor,
@@ -74,19 +75,19 @@ def _mha_forward(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value:
     query, key, value, key_padding_mask, unbatched = _batch_first(self, query, key, value, key_padding_mask)
     q, k, v = _project(self, query, key, value)
     mask = _combined_mask(attn_mask, key_padding_mask, q, k.shape[2])
+    if fires(hooks, "inputs"):
+        edited = fire_inputs(hooks, AttentionInputs(q, k, v, mask, q.shape[-1] ** -0.5))
+        q, k, v = edited.query, edited.key, edited.value
     kept: list[Tensor] = []
 
     def on_block(start: int, weights: Tensor) -> None:
-        if hooks.on_weights is not None:
-            hooks.on_weights(hooks.layer, start, weights)
+        fire_weights(hooks, start, weights)
         if need_weights:
             kept.append(weights)
 
     heads_out = blocked_attention(q, k, v, scaling=None, mask=mask, causal=False, on_block=on_block,
                                   dropout=self.dropout if self.training else 0.0, query_block=hooks.query_block)
-    heads_out = heads_out.transpose(1, 2)  # (b, n, h, d)
-    if hooks.edit_heads is not None:
-        heads_out = hooks.edit_heads(hooks.layer, heads_out)
+    heads_out = fire_heads(hooks, heads_out.transpose(1, 2))  # (b, n, h, d)
     output = self.out_proj(heads_out.reshape(*heads_out.shape[:2], self.embed_dim))  # (b, n, E)
     if not self.batch_first or unbatched:
         output = output.transpose(0, 1)
@@ -100,12 +101,15 @@ def _mha_forward(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value:
     return output, weights.squeeze(0) if unbatched else weights
 
 
-def _put_back(module: nn.Module, target: str, saved: object) -> None:
+def _put_back(module: nn.Module, target: str, saved: object, hooks: LayerHooks | None) -> None:
     if saved is None:
         module.__dict__.pop(target, None)
     else:
         setattr(module, target, saved)
-    module.__dict__.pop("_probe_hooks", None)
+    if hooks is None:
+        module.__dict__.pop("_probe_hooks", None)
+    else:  # an outer `with`'s
+        module._probe_hooks = hooks  # type: ignore[attr-defined]
 
 
 def install_mha(module: nn.MultiheadAttention, hooks: LayerHooks, undo: list[Undo]) -> None:
@@ -113,6 +117,7 @@ def install_mha(module: nn.MultiheadAttention, hooks: LayerHooks, undo: list[Und
     # under accelerate's hooks (device map, offloading) `forward` is its wrapper, which loads the weights and then
     # calls `_old_forward`: replace that one, so the weights are still brought in; put back exactly what was there
     target = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
-    undo.append(partial(_put_back, module, target, module.__dict__.get(target)))
-    module._probe_hooks = hooks  # type: ignore[attr-defined]
+    previous = module.__dict__.get("_probe_hooks")  # an outer `with`'s: they run first
+    undo.append(partial(_put_back, module, target, module.__dict__.get(target), previous))
+    module._probe_hooks = hooks if previous is None else previous.merged(hooks)  # type: ignore[attr-defined]
     setattr(module, target, types.MethodType(_mha_forward, module))

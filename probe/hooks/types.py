@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from torch import Tensor
 
@@ -59,16 +59,51 @@ Undo = Callable[[], None]
 """One restoration step; steps are idempotent, so that an interrupted one can be run again."""
 
 
+Handler = Any
+"""What a hook point's handler is: a `Writer`-like (layer, tensor) -> tensor for the per-head points, `WeightsHook`
+for `pattern`, `LseHook` for `lse`, `HeadsRecompute` for `recompute`, `InputsEdit` for `inputs` (probe.hooks.points)."""
+
+
 @dataclass
 class LayerHooks:
-    """What one hooked layer does besides its own computation."""
+    """What one hooked layer does besides its own computation: the handlers of its hook points, by point name, in
+    the order they run (probe.hooks.points fires them)."""
 
     layer: int
-    on_weights: WeightsHook | None
-    edit_heads: HeadsEdit | None
-    query_block: int | None
+    handlers: dict[str, list[Handler]] = field(default_factory=dict)
+    query_block: int | None = None
     call: int = 0  # which call of its module this layer is (ALBERT runs one module as every layer)
     calls: int = 1  # how many times the model calls that module per forward
-    recompute_heads: HeadsRecompute | None = None  # heads computed over other keys (window ablation); hf layers only
-    on_lse: LseHook | None = None  # reads the fused kernel's log-sum-exp where it can (hf layers), else on_weights
-    edit_inputs: InputsEdit | None = None  # queries, keys or values replaced before attention; hf layers only
+
+    def merged(self, inner: LayerHooks) -> LayerHooks:
+        """These hooks with a nested `with`'s added after them (same layer, same call)."""
+        handlers = {name: [*self.handlers.get(name, ()), *inner.handlers.get(name, ())]
+                    for name in {*self.handlers, *inner.handlers}}
+        return LayerHooks(self.layer, handlers, inner.query_block or self.query_block, self.call, self.calls)
+
+    @property
+    def on_lse(self) -> LseHook | None:
+        """The `lse` point's handlers as one LseHook, or None."""
+        readers = self.handlers.get("lse")
+        return _AllLse(readers) if readers else None
+
+    @property
+    def recompute_heads(self) -> HeadsRecompute | None:
+        """The `recompute` point's handler (one: two recomputations of the same heads would not compose)."""
+        recomputes = self.handlers.get("recompute")
+        return recomputes[-1] if recomputes else None
+
+
+@dataclass
+class _AllLse:
+    """Several LseHooks as one."""
+
+    readers: list[LseHook]
+
+    def __call__(self, layer: int, attention: FusedAttention) -> None:
+        for reader in self.readers:
+            reader(layer, attention)
+
+    def blocked(self, layer: int, reason: str) -> None:
+        for reader in self.readers:
+            reader.blocked(layer, reason)

@@ -65,7 +65,7 @@ def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor 
         return seen
 
     with torch.enable_grad():
-        with attention_hooks(loaded.model, edit_heads=capture, **({"edit_inputs": record} if keep_inputs else {})):
+        with attention_hooks(loaded.model, points={"z": capture, **({"inputs": record} if keep_inputs else {})}):
             logits = logits_of(run_model(loaded.model, ids, mask))
         diffs = row_logit_diffs(metric, logits, ids, scored)  # (batch,)
         order = sorted(captured)
@@ -142,8 +142,8 @@ def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_si
         values[-1][layer] = (seen if component == "output" else getattr(seen, component)).detach().clone()
         return seen
 
-    hook = {"edit_heads" if component == "output" else "edit_inputs": record}
-    with torch.no_grad(), attention_hooks(loaded.model, **hook):
+    point = "z" if component == "output" else "inputs"
+    with torch.no_grad(), attention_hooks(loaded.model, points={point: record}):
         for batch, (ids, mask) in enumerate(source.batches(batch_size)):
             values.append({})
             logits = logits_of(run_model(loaded.model, ids, mask))

@@ -70,7 +70,7 @@ class PathResult:
 
 def _frozen_but(sender: Head, clean: HeadOutputs, corrupt: HeadOutputs,
                 batch: int) -> Callable[[int, Tensor], Tensor]:
-    """An edit_heads function: every head at its corrupted output but `sender`, at its clean one."""
+    """A `z` writer: every head at its corrupted output but `sender`, at its clean one."""
     def edit(layer: int, heads: Tensor) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
         frozen = corrupt.at(layer, heads, batch).clone()
         if layer == sender[0]:
@@ -89,7 +89,7 @@ def _recorded(loaded: LoadedModel, ids: Tensor, mask: Tensor | None, edit: Calla
             seen[layer] = getattr(inputs, component).detach().clone()
         return inputs
 
-    with torch.no_grad(), attention_hooks(loaded.model, edit_heads=edit, edit_inputs=record):
+    with torch.no_grad(), attention_hooks(loaded.model, points={"z": edit, "inputs": record}):
         run_model(loaded.model, ids, mask, logits=False)
     return seen
 

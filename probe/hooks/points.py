@@ -1,0 +1,150 @@
+"""The named hook points of an attention layer: the one registry of what a caller can read or replace.
+
+Each `HookPoint` says what it carries, whether a handler may replace it, which layer kinds (`AttentionLayer.kind`)
+fire it, and at which site of the layer's computation (`SITES`). The installers (hf.py, mha.py, custom.py,
+families.py) fire sites, never named callbacks: `fire_inputs` where the layer has its queries, keys and values,
+`fire_heads` where it has its head outputs before the output projection, `fire_weights` for each query block of
+weights. A new point on an existing site is one entry in `POINTS` (with its `apply` for an inputs-site point).
+
+Tensors of the per-head points are (batch, positions, heads, head_dim), as TransformerLens lays them out: `k` and
+`v` have the key/value heads (fewer than the query heads under grouped-query attention), and `v` / `z` the value
+head size, which may differ from the query's (DeepSeek's multi-head latent attention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from probe.errors import ProbeError
+from probe.hooks.types import AttentionInputs, LayerHooks
+
+KINDS = frozenset({"hf", "mha", "custom", "family"})
+"""Every AttentionLayer.kind: hf (transformers' attention interface), mha (nn.MultiheadAttention), custom
+(hand-written modules returning (output, weights)), family (probe.hooks.families)."""
+SITES = ("inputs", "recompute", "lse", "weights", "heads")
+"""Where in a layer's computation a point fires, in this order."""
+
+Writer = Callable[[int, Tensor], Tensor]
+"""(layer, tensor) -> the tensor the layer goes on with: the public handler of a writable per-head point."""
+
+
+def _per_head(field: str) -> Callable[[int, AttentionInputs, Any], AttentionInputs]:
+    """An inputs-site point on one field of AttentionInputs (b, h, n, d), handed over as (b, n, h, d)."""
+    def apply(layer: int, inputs: AttentionInputs, handler: Any) -> AttentionInputs:
+        tensor = getattr(inputs, field)
+        replaced = handler(layer, tensor.transpose(1, 2))
+        if replaced is None:  # a reader
+            return inputs
+        if replaced.shape != tensor.transpose(1, 2).shape:
+            raise ProbeError(f"a writer of hook point {_NAMES[field]!r} returned shape {tuple(replaced.shape)} for "
+                             f"layer {layer}; it must keep {tuple(tensor.transpose(1, 2).shape)}")
+        return dataclasses.replace(inputs, **{field: replaced.transpose(1, 2)})
+    return apply
+
+
+def _whole(layer: int, inputs: AttentionInputs, handler: Any) -> AttentionInputs:
+    return handler(layer, inputs)
+
+
+_NAMES = {"query": "q", "key": "k", "value": "v"}
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """One named point of an attention layer."""
+
+    name: str
+    site: str  # one of SITES
+    carries: str  # what the handler gets, with its shape
+    writable: bool  # whether a handler's result replaces it
+    kinds: frozenset[str]  # layer kinds that fire it
+    public: bool = True  # False: probe's own (its handler has a richer protocol than `Writer`)
+    apply: Callable[[int, AttentionInputs, Any], AttentionInputs] | None = None  # inputs-site points
+    fallback: bool = False  # a layer kind without it tells the handler `blocked(layer, reason)` instead of refusing
+    refusal: str = ""  # why the other kinds lack it, for the one-line ProbeError
+
+
+POINTS: dict[str, HookPoint] = {point.name: point for point in [
+    HookPoint("inputs", "inputs", "AttentionInputs: query, key, value (b, heads, positions, head_dim), mask, scaling",
+              True, frozenset({"hf"}), public=False, apply=_whole,
+              refusal="patching a head's query, key or value inputs works on transformers models whose attention goes "
+                      "through the attention interface; this model's attention is its own module: patch the head's "
+                      "output"),
+    HookPoint("q", "inputs", "queries (batch, positions, query heads, head_dim), after rotary embeddings", True,
+              frozenset({"hf", "mha"}), apply=_per_head("query")),
+    HookPoint("k", "inputs", "keys (batch, key positions, key/value heads, head_dim), after rotary embeddings", True,
+              frozenset({"hf", "mha"}), apply=_per_head("key")),
+    HookPoint("v", "inputs", "values (batch, key positions, key/value heads, value head_dim)", True,
+              frozenset({"hf", "mha"}), apply=_per_head("value")),
+    HookPoint("recompute", "recompute", "HeadsRecompute: chosen heads computed again from the inputs (window ablation)",
+              True, frozenset({"hf"}), public=False,
+              refusal="changing which keys a head attends to works on transformers models only; this model's "
+                      "attention is its own module"),
+    HookPoint("lse", "lse", "the fused kernel's FusedAttention: queries, keys, bias and log-sum-exp (batch, query "
+              "heads, positions) float32", False, frozenset({"hf"}), fallback=True,
+              refusal="the log-sum-exp comes from the fused kernel, which only transformers' attention interface runs"),
+    HookPoint("pattern", "weights", "attention weights (batch, query heads, block, keys) float32, one query block at a "
+              "time: handler(layer, first query of the block, weights)", False, KINDS),
+    HookPoint("z", "heads", "head outputs before the output projection (batch, positions, query heads, value "
+              "head_dim)", True, KINDS),
+]}
+"""Every hook point by name, in firing order within a site."""
+
+
+def point_named(name: str, public: bool = False) -> HookPoint:
+    """The point of that name (with `public`, only a public one); ProbeError (one line, the public names)
+    otherwise."""
+    if name not in POINTS or (public and not POINTS[name].public):
+        public = ", ".join(point.name for point in POINTS.values() if point.public)
+        raise ProbeError(f"no hook point {name!r}; the points are {public}", parameter="points")
+    return POINTS[name]
+
+
+def refusal(point: HookPoint, kind: str, layer: int) -> str:
+    """The one-line reason a layer kind cannot serve the point."""
+    why = point.refusal or f"{kind} layers do not expose it"
+    if not point.public:  # probe's own points: the user asked for a feature, not a point
+        return why
+    return f"hook point {point.name!r} is not available on layer {layer} ({kind} attention): {why}"
+
+
+def fire_inputs(hooks: LayerHooks, inputs: AttentionInputs) -> AttentionInputs:
+    """The inputs-site points of the layer, in registry order, each on the inputs the previous one left."""
+    for point in POINTS.values():
+        if point.site == "inputs" and point.apply is not None:
+            for handler in hooks.handlers.get(point.name, ()):
+                inputs = point.apply(hooks.layer, inputs, handler)
+    return inputs
+
+
+def fire_heads(hooks: LayerHooks, heads: Tensor) -> Tensor:
+    """The heads-site points: each handler's result (or the heads, for a reader returning None) goes on."""
+    for point in POINTS.values():
+        if point.site == "heads":
+            for handler in hooks.handlers.get(point.name, ()):
+                replaced = handler(hooks.layer, heads)
+                if replaced is None:  # a reader
+                    continue
+                if replaced.shape != heads.shape:
+                    raise ProbeError(f"a writer of hook point {point.name!r} returned shape {tuple(replaced.shape)} "
+                                     f"for layer {hooks.layer}; it must keep {tuple(heads.shape)}")
+                heads = replaced
+    return heads
+
+
+def fire_weights(hooks: LayerHooks, start: int, weights: Tensor) -> None:
+    """The weights-site points, read-only: each handler sees one query block."""
+    for point in POINTS.values():
+        if point.site == "weights":
+            for handler in hooks.handlers.get(point.name, ()):
+                handler(hooks.layer, start, weights)
+
+
+def fires(hooks: LayerHooks, site: str) -> bool:
+    """Whether any handler of the layer listens at `site`."""
+    return any(hooks.handlers.get(point.name) for point in POINTS.values() if point.site == site)

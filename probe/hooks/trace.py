@@ -1,0 +1,176 @@
+"""`Trace`: read and replace an attention layer's named hook points for the body of a `with`, in the style of
+baukit's `Trace`; and the writers probe's steering is made of (`scale_head`, `add_to_head`).
+
+    with Trace(model, {"z": {23: scale_head(3, 2.0)}}, read=["z", "pattern"], layers=[23]) as trace:
+        model(ids)
+    trace[23]["z"]        # (batch, positions, heads, head_dim): what the output projection read
+
+The points are `probe.hooks.points.POINTS`' public ones (q, k, v, z, pattern, lse). The model is restored exactly
+on exit, also when the body raises or is interrupted (probe.hooks.restore).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from contextlib import ExitStack
+from types import TracebackType
+from typing import Any, Self
+
+import torch
+from torch import Tensor, nn
+
+from probe.errors import ProbeError
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.points import POINTS, Writer, point_named, refusal
+from probe.hooks.types import Handler
+
+
+class Trace:
+    """Hook points of chosen attention layers, read and replaced while the `with` runs.
+
+    `edit` maps a writable point's name to {layer: writer}; a writer `fn(layer, tensor) -> tensor` returns what the
+    layer goes on with (same shape). `read` names the points to keep, at `layers` (None: every layer); a point read
+    where it is also edited is kept after the edit. What is kept is the last forward's: `trace[layer][point]`
+    (`pattern` joined over its query blocks into (batch, query heads, queries, keys); `lse` the (batch, query heads,
+    queries) log-sum-exp, absent where the layer's logits cannot be rebuilt from it: `trace.blocked[layer]` says why).
+    """
+
+    def __init__(self, model: nn.Module | Any, edit: Mapping[str, Mapping[int, Writer]] | None = None,
+                 read: Iterable[str] = (), layers: Iterable[int] | None = None, *,
+                 query_block: int | None = None) -> None:
+        self.model: nn.Module = model if isinstance(model, nn.Module) else model.model  # a LoadedModel too
+        self.edit = {name: dict(writers) for name, writers in (edit or {}).items()}
+        self.read = tuple(dict.fromkeys(read))
+        self.layers = None if layers is None else set(layers)
+        self.query_block = query_block
+        self.blocked: dict[int, str] = {}
+        self._kept: dict[int, dict[str, Any]] = {}
+        self._stack: ExitStack | None = None
+        _check_names(self.edit, self.read)
+
+    def __getitem__(self, layer: int) -> dict[str, Tensor]:
+        """What was read at `layer` in the last forward, by point name."""
+        if layer not in self._kept:
+            raise KeyError(f"nothing was read at layer {layer}")
+        return {name: torch.cat(value, dim=2) if name == "pattern" else value
+                for name, value in self._kept[layer].items()}
+
+    def __enter__(self) -> Self:
+        self._kept.clear()
+        self.blocked.clear()
+        chosen = self._chosen_layers()
+        handlers = {name: self._handler(name) for name in {*self.edit, *self.read}}
+        with ExitStack() as stack:
+            stack.enter_context(attention_hooks(self.model, layers=chosen, query_block=self.query_block,
+                                                points=handlers))
+            self._stack = stack.pop_all()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> bool | None:
+        stack, self._stack = self._stack, None
+        return None if stack is None else stack.__exit__(kind, error, traceback)
+
+    def _chosen_layers(self) -> set[int]:
+        """The layers to hook (read and edited), every one checked to exist and to serve its points."""
+        found = {layer.index: layer for layer in attention_layers(self.model)}
+        reads = set(found) if self.layers is None else self.layers
+        wanted = {layer: set(self.read) for layer in reads}
+        for name, writers in self.edit.items():
+            for layer in writers:
+                wanted.setdefault(layer, set()).add(name)
+        for index, names in sorted(wanted.items()):
+            if index not in found:
+                raise ProbeError(f"no attention layer {index}: the model has layers 0 to {len(found) - 1}",
+                                 parameter="layers")
+            for name in sorted(names):
+                if found[index].kind not in POINTS[name].kinds:
+                    raise ProbeError(refusal(POINTS[name], found[index].kind, index))
+        return set(wanted)
+
+    def _reads_at(self, name: str, layer: int) -> bool:
+        return name in self.read and (self.layers is None or layer in self.layers)
+
+    def _handler(self, name: str) -> Handler:
+        if name == "pattern":
+            return self._keep_block
+        if name == "lse":
+            return _LseReader(self)
+        writers = self.edit.get(name, {})
+
+        def handle(layer: int, tensor: Tensor) -> Tensor:
+            writer = writers.get(layer)
+            if writer is not None:
+                tensor = writer(layer, tensor)
+            if self._reads_at(name, layer):
+                self._kept.setdefault(layer, {})[name] = tensor.detach().clone()
+            return tensor
+
+        return handle
+
+    def _keep_block(self, layer: int, start: int, weights: Tensor) -> None:
+        if not self._reads_at("pattern", layer):
+            return
+        blocks = self._kept.setdefault(layer, {})
+        if start == 0:  # a new forward
+            blocks["pattern"] = []
+        blocks["pattern"].append(weights.detach())  # blocked attention leaves a kept block to its keeper
+
+
+class _LseReader:
+    """The `lse` point's handler for a Trace: keeps each layer's log-sum-exp, or why it could not be had."""
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+
+    def __call__(self, layer: int, attention: Any) -> None:  # a FusedAttention: its `lse` is kept
+        if self.trace._reads_at("lse", layer):
+            self.trace._kept.setdefault(layer, {})["lse"] = attention.lse.detach().clone()
+
+    def blocked(self, layer: int, reason: str) -> None:
+        self.trace.blocked[layer] = reason
+
+
+def _check_names(edit: Mapping[str, Mapping[int, Writer]], read: Iterable[str]) -> None:
+    """Every point public and known, every edited one writable, and not both `pattern` and `lse`."""
+    read = list(read)
+    for name in [*edit, *read]:
+        point_named(name, public=True)
+    for name in edit:
+        if not POINTS[name].writable:
+            raise ProbeError(f"hook point {name!r} is read-only: put it in `read`, not in `edit`", parameter="edit")
+    if "pattern" in read and "lse" in read:
+        raise ProbeError("read `pattern` or `lse`, not both: a layer whose log-sum-exp is read runs the fused "
+                         "kernel, which computes no weights", parameter="read")
+
+
+def _factors(heads: int | Iterable[int], value: float, tensor: Tensor, layer: int) -> Tensor:
+    """(heads,) of the tensor's dtype: `value` at the chosen heads, 1 elsewhere."""
+    chosen = [heads] if isinstance(heads, int) else list(heads)
+    n_heads = tensor.shape[2]
+    bad = [head for head in chosen if not 0 <= head < n_heads]
+    if bad:
+        raise ProbeError(f"layer {layer} has heads 0 to {n_heads - 1}, not {bad[0]}", parameter="heads")
+    factors = torch.ones(n_heads, dtype=tensor.dtype, device=tensor.device)
+    factors[chosen] = value
+    return factors
+
+
+def scale_head(heads: int | Iterable[int], alpha: float) -> Writer:
+    """A writer multiplying the chosen heads' slices by `alpha` (others exactly as they are): alpha = 0 is zero
+    ablation, alpha > 1 amplifies. For `z`, `q`, `k` or `v`."""
+    def scale(layer: int, tensor: Tensor) -> Tensor:
+        return tensor * _factors(heads, alpha, tensor, layer)[:, None]
+
+    return scale
+
+
+def add_to_head(heads: int | Iterable[int], vector: Tensor) -> Writer:
+    """A writer adding `vector` (head_dim,), at every position, to the chosen heads' slices: steering a head's
+    output along a direction. For `z`, `q`, `k` or `v`."""
+    def add(layer: int, tensor: Tensor) -> Tensor:
+        chosen = 1 - _factors(heads, 0.0, tensor, layer)  # 1 at the chosen heads
+        return tensor + chosen[:, None] * vector.to(tensor.device, tensor.dtype)
+
+    return add
