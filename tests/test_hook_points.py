@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from probe.attention import attention_hooks, logits_of, run_model
 from probe.errors import ProbeError
 from probe.hooks.points import KINDS, POINTS, SITES
 from probe.hooks.trace import Trace, add_to_head, scale_head
+from probe.inputs.contrast import logit_diffs
 
 LAYER = 1
 
@@ -232,3 +234,45 @@ def test_the_registry_declares_every_point_fully() -> None:
     with pytest.raises(ProbeError, match="given twice"), \
             attention_hooks(model, edit_heads=lambda layer, z: z, points={"z": lambda layer, z: z}):
         pass
+
+
+def _worked_example() -> str:
+    """The Python block of docs/hooks.md that follows its worked-example marker."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "hooks.md").read_text(encoding="utf-8")
+    after = page.split("<!-- worked example", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_docs_table_lists_every_public_point() -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "hooks.md").read_text(encoding="utf-8")
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[3:5] for line in page.splitlines()
+            if line.startswith("| `")}
+    public = {name: point for name, point in POINTS.items() if point.public}
+    assert set(rows) == set(public)
+    order = ["hf", "mha", "custom", "family"]
+    for name, (writable, kinds) in rows.items():
+        assert writable.strip() == ("yes" if public[name].writable else "no")
+        assert kinds.strip() == ", ".join(kind for kind in order if kind in public[name].kinds)
+    assert "print(" in _worked_example()
+
+
+@pytest.mark.slow
+def test_the_worked_example_runs_and_equals_scaling_the_projection(capsys) -> None:
+    """docs/hooks.md's example, run as written: head 23.3 doubled through `z` is head 3's columns of layer 23's
+    output projection doubled."""
+    scope: dict = {}
+    exec(compile(_worked_example(), "docs/hooks.md", "exec"), scope)  # noqa: S102 - the page's own example
+    loaded, ioi, clean, doubled = (scope[name] for name in ("loaded", "ioi", "clean", "doubled"))
+    assert "with head 23.3 doubled" in capsys.readouterr().out
+    projection = loaded.model.model.layers[23].self_attn.o_proj
+    saved = projection.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            projection.weight[:, 3 * 64:4 * 64] *= 2
+        by_weights = logit_diffs(loaded, ioi, ioi.clean)
+    finally:
+        with torch.no_grad():
+            projection.weight.copy_(saved)
+    torch.testing.assert_close(doubled, by_weights, rtol=1e-4, atol=1e-4)
+    assert doubled.mean() > clean.mean() + 1.0  # the head pushes the answer
+    torch.testing.assert_close(logit_diffs(loaded, ioi, ioi.clean), clean, rtol=0, atol=0)  # restored
