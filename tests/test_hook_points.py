@@ -276,3 +276,42 @@ def test_the_worked_example_runs_and_equals_scaling_the_projection(capsys) -> No
     torch.testing.assert_close(doubled, by_weights, rtol=1e-4, atol=1e-4)
     assert doubled.mean() > clean.mean() + 1.0  # the head pushes the answer
     torch.testing.assert_close(logit_diffs(loaded, ioi, ioi.clean), clean, rtol=0, atol=0)  # restored
+
+
+def test_lse_blocked_where_the_logits_cannot_be_rebuilt() -> None:
+    model = tiny_hf("gemma2")  # soft-capped logits
+    with torch.no_grad(), Trace(model, read=["lse"]) as trace:
+        model(torch.randint(1, 120, (1, 6)))
+    assert set(trace.blocked) == {0, 1} and "soft" in trace.blocked[0]
+    assert not trace._kept
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_scaling_keeps_the_dtype_and_equals_zero_ablation(dtype: torch.dtype) -> None:
+    model = tiny_hf("llama_gqa").to(dtype)
+    ids = torch.randint(1, 120, (2, 7))
+    with torch.no_grad():
+        with ablate(model, [(LAYER, 2)]):
+            ablated = logits_of(run_model(model, ids))
+        with Trace(model, {"z": {LAYER: scale_head(2, 0.0)}}, read=["z", "q"], layers=[LAYER]) as trace:
+            scaled = logits_of(run_model(model, ids))
+    assert torch.equal(scaled, ablated)
+    assert trace[LAYER]["z"].dtype == dtype and trace[LAYER]["q"].dtype == dtype
+    assert torch.equal(trace[LAYER]["z"][:, :, 2], torch.zeros_like(trace[LAYER]["z"][:, :, 2]))
+
+
+def test_a_trace_around_generate_equals_the_projection_scaled() -> None:
+    """Decoding with a KV cache (queries fewer than keys) goes through the same points."""
+    model = tiny_hf("llama_gqa")
+    ids = torch.randint(1, 120, (1, 5))
+    options = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    with torch.no_grad(), Trace(model, {"z": {LAYER: scale_head(1, 3.0)}}, read=["z"], layers=[LAYER]) as trace:
+        steered = model.generate(ids, **options)
+    assert trace[LAYER]["z"].shape[1] == 1  # the last step's one query
+    projection = _projection(model)
+    saved = projection.weight.detach().clone()
+    with torch.no_grad():
+        projection.weight[:, 16:32] *= 3
+        by_weights = model.generate(ids, **options)
+        projection.weight.copy_(saved)
+    assert torch.equal(steered, by_weights)
