@@ -5,6 +5,8 @@
 - `hf`, `mha`, `custom`: one module per kind of attention layer, each installing its hooks for one layer.
 - `run`: one forward the way probe runs every model; `outputs`: reading its logits.
 - `capture`: the public context manager `attention_hooks`, and `capture_attention`.
+- `points`: the named hook points (q, k, v, z, pattern, lse) every installer fires; `trace`: `Trace`, their
+  public context manager, and the writers `scale_head`, `add_to_head`.
 - `restore`: clean-up that a second Ctrl-C cannot cut short.
 
 The public names are re-exported by `probe.attention`.

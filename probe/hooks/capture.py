@@ -62,7 +62,7 @@ def attention_hooks(
     """
     given = {"on_weights": on_weights, "edit_heads": edit_heads, "edit_inputs": edit_inputs,
              "recompute_heads": recompute_heads, "on_lse": on_lse}
-    handlers = {LEGACY[name]: handler for name, handler in given.items() if handler is not None}
+    handlers: dict[str, Handler] = {LEGACY[name]: handler for name, handler in given.items() if handler is not None}
     for name, handler in (points or {}).items():
         point_named(name)
         if name in handlers:

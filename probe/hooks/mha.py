@@ -69,7 +69,7 @@ def _mha_forward(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value:
                  key_padding_mask: Tensor | None = None, need_weights: bool = True, attn_mask: Tensor | None = None,
                  average_attn_weights: bool = True, is_causal: bool = False) -> tuple[Tensor, Tensor | None]:
     """nn.MultiheadAttention.forward's signature and results, computed by blocked_attention under the hooks."""
-    hooks: LayerHooks = self._probe_hooks  # type: ignore[attr-defined]
+    hooks: LayerHooks = self.__dict__["_probe_hooks"]
     if self.bias_k is not None or self.add_zero_attn:
         raise ProbeError("nn.MultiheadAttention with add_bias_kv or add_zero_attn is not supported")
     query, key, value, key_padding_mask, unbatched = _batch_first(self, query, key, value, key_padding_mask)
@@ -109,7 +109,7 @@ def _put_back(module: nn.Module, target: str, saved: object, hooks: LayerHooks |
     if hooks is None:
         module.__dict__.pop("_probe_hooks", None)
     else:  # an outer `with`'s
-        module._probe_hooks = hooks  # type: ignore[attr-defined]
+        module.__dict__["_probe_hooks"] = hooks
 
 
 def install_mha(module: nn.MultiheadAttention, hooks: LayerHooks, undo: list[Undo]) -> None:
@@ -119,5 +119,5 @@ def install_mha(module: nn.MultiheadAttention, hooks: LayerHooks, undo: list[Und
     target = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
     previous = module.__dict__.get("_probe_hooks")  # an outer `with`'s: they run first
     undo.append(partial(_put_back, module, target, module.__dict__.get(target), previous))
-    module._probe_hooks = hooks if previous is None else previous.merged(hooks)  # type: ignore[attr-defined]
+    module.__dict__["_probe_hooks"] = hooks if previous is None else previous.merged(hooks)
     setattr(module, target, types.MethodType(_mha_forward, module))

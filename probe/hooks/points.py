@@ -100,8 +100,8 @@ def point_named(name: str, public: bool = False) -> HookPoint:
     """The point of that name (with `public`, only a public one); ProbeError (one line, the public names)
     otherwise."""
     if name not in POINTS or (public and not POINTS[name].public):
-        public = ", ".join(point.name for point in POINTS.values() if point.public)
-        raise ProbeError(f"no hook point {name!r}; the points are {public}", parameter="points")
+        names = ", ".join(point.name for point in POINTS.values() if point.public)
+        raise ProbeError(f"no hook point {name!r}; the points are {names}", parameter="points")
     return POINTS[name]
 
 
