@@ -315,3 +315,28 @@ def test_a_trace_around_generate_equals_the_projection_scaled() -> None:
         by_weights = model.generate(ids, **options)
         projection.weight.copy_(saved)
     assert torch.equal(steered, by_weights)
+
+
+def test_mha_points_equal_its_own_projections() -> None:
+    """nn.MultiheadAttention: q, k, v are its in-projection's slices, z is its out_proj's input, and the pattern
+    is its own (need_weights)."""
+    model = planted_mha()
+    ids = torch.randint(1, 20, (2, 8))
+    attention = model.layers[LAYER].attn
+    seen = {}
+    handles = [model.layers[LAYER].register_forward_pre_hook(lambda m, args: seen.update(x=args[0])),
+               attention.out_proj.register_forward_pre_hook(lambda m, args: seen.update(z=args[0]))]
+    try:
+        with torch.no_grad(), Trace(model, read=["q", "k", "v", "z", "pattern"], layers=[LAYER]) as trace:
+            model(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    read, heads = trace[LAYER], attention.num_heads
+    for name, weight in zip("qkv", attention.in_proj_weight.chunk(3)):
+        expected = (seen["x"] @ weight.T).view(2, 8, heads, -1)
+        torch.testing.assert_close(read[name], expected, rtol=1e-5, atol=1e-5)
+    pattern, z = _attention(read["q"], read["k"], read["v"])
+    torch.testing.assert_close(read["pattern"], pattern, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(read["z"], z, rtol=1e-5, atol=1e-5)
+    assert torch.equal(read["z"].flatten(2), seen["z"])
