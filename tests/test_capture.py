@@ -248,3 +248,23 @@ def test_second_interrupt_inside_restoration_leaves_the_model_whole(kind: str, s
     assert config is None or config._attn_implementation_internal == implementation
     with torch.no_grad():
         assert torch.equal(logits_of(run_model(model, ids)), before)
+
+
+@pytest.mark.parametrize("kind", ["llama_gqa", "gpt2"])
+def test_keyword_callbacks_are_hook_points(kind: str) -> None:
+    """`on_weights` is the `pattern` point and `edit_heads` the `z` point: the same calls, by either name."""
+    model = tiny_hf(kind)
+    ids = torch.randint(1, 120, (2, 9))
+
+    blocks_a, blocks_b = [], []
+    halve = lambda layer, z: z * 0.5  # noqa: E731
+    with torch.no_grad(), attention_hooks(model, on_weights=lambda *call: blocks_a.append(call), edit_heads=halve,
+                                          query_block=4):
+        by_keywords = logits_of(run_model(model, ids))
+    with torch.no_grad(), attention_hooks(model, points={"pattern": lambda *call: blocks_b.append(call), "z": halve},
+                                          query_block=4):
+        by_points = logits_of(run_model(model, ids))
+    assert torch.equal(by_keywords, by_points)
+    assert [(layer, start) for layer, start, _ in blocks_a] == [(layer, start) for layer, start, _ in blocks_b]
+    assert all(torch.equal(a[2], b[2]) for a, b in zip(blocks_a, blocks_b))
+    assert len(blocks_a) == 2 * 3  # two layers, three query blocks of 9 queries
