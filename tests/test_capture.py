@@ -255,9 +255,12 @@ def test_keyword_callbacks_are_hook_points(kind: str) -> None:
     """`on_weights` is the `pattern` point and `edit_heads` the `z` point: the same calls, by either name."""
     model = tiny_hf(kind)
     ids = torch.randint(1, 120, (2, 9))
+    blocks_a: list = []
+    blocks_b: list = []
 
-    blocks_a, blocks_b = [], []
-    halve = lambda layer, z: z * 0.5  # noqa: E731
+    def halve(layer: int, z: torch.Tensor) -> torch.Tensor:
+        return z * 0.5
+
     with torch.no_grad(), attention_hooks(model, on_weights=lambda *call: blocks_a.append(call), edit_heads=halve,
                                           query_block=4):
         by_keywords = logits_of(run_model(model, ids))
