@@ -219,7 +219,6 @@ def test_page_in_chromium(built, tmp_path, open_page):  # noqa: F811
     opened.check_clean()  # no console error, no request but the page, no dialog, no injected element
 
 
-@pytest.mark.slow
 def test_task_and_dla_on_a_tiny_llama_with_smollm2s_tokenizer(smollm2):
     import transformers as tf
 

@@ -177,7 +177,6 @@ def test_parse_device_map_forms(tmp_path: Path) -> None:
     assert parse_device_map(None) is None
 
 
-@pytest.mark.slow
 def test_default_model_from_gguf_cache_offloaded(smollm2, tmp_path: Path) -> None:
     """SmolLM2 from its cached GGUF folder, layers 10-19 on disk: the same scores as the model in memory."""
     device_map = {"model.embed_tokens": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
