@@ -20,9 +20,9 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlF
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, warn_non_finite
 from probe.cli.progress import console, note, status, sweep_progress, warn
-from probe.ablate import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
+from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
 from probe.ablation.methods import AblationMethod, build_method
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                           TASKS, build_probe_set, read_labelled, read_task_file)
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep

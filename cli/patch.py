@@ -11,10 +11,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.ablate import parse_heads
+from probe.ablation import parse_heads
 from probe.ablation.methods import PATCHES
-from probe.attention import attention_layers
-from probe.classify import classify
+from probe.hooks.layers import attention_layers
+from probe.heads.classify import classify
 from probe.cli.ablate import (Heads, Naive, Results, Resume, Stack, check_heads_syntax, check_results_file,
                               default_results_path, load_for)
 from probe.cli.dla import Count, Pairs, Task

@@ -16,10 +16,11 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_hf, tiny_loaded
 from planted import UNRELATED, PlantedModel, TextbookAttention, planted_mha, planted_textbook
 
-from probe.ablation import METHODS, AblationMethod
-from probe.ablate import (BACKWARD_COST, GRAD_FORWARD_COST, AblationResult, HeadResult, ablate, all_heads, estimate,
-                          head_means, load_results, parse_heads, read_results, sweep)
-from probe.attention import attention_layers, logits_of, run_model
+from probe.ablation import (AblationMethod, AblationResult, HeadResult, METHODS, ablate, all_heads, estimate,
+                            head_means, load_results, parse_heads, read_results, sweep)
+from probe.ablation.estimate import BACKWARD_COST, GRAD_FORWARD_COST
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet, natural_set, repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model

@@ -11,11 +11,12 @@ import torch
 
 from conftest import run_cli
 from planted import planted_lm
-from probe import Atlas, atlas
-from probe.ablate import sweep
+from probe import Atlas
+from probe.atlas import atlas
+from probe.ablation import sweep
 from probe.circuits import copying_scores
 from probe.circuits.pairs import circuits
-from probe.classify import classify
+from probe.heads.classify import classify
 from probe.dla import next_token_attribution
 from probe.inputs import ProbeOptions, build_probe_set, natural_set
 from probe.heads.evidence import HeadFacts, Partner, judge

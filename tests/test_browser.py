@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import ARTIFACTS
-from probe.attention import capture_attention
-from probe.classify import Classification, classify
+from probe.hooks.capture import capture_attention
+from probe.heads.classify import Classification, classify
 from probe.inputs import repeated_set
 from probe.patterns import AVERAGE, Patterns, classification_patterns, text_ids, text_patterns
 from probe.reports.html import ablation_page, classification_page, forget_notebook_plotly, heatmap_page

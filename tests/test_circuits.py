@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_hf
 from planted import planted_textbook
 from probe.circuits import composition_scores, copying_scores, layer_weights
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 
 
 def _direct_llama(model, layer: int, head: int) -> dict[str, torch.Tensor]:

@@ -16,10 +16,11 @@ import torch.nn.functional as F
 from classifiers import (PLANTED_HEAD, planted_classifier, planted_texts, tiny_bert_classifier, tiny_classifier,
                          word_tokenizer)
 from conftest import run_cli
-from probe.ablate import ablate, sweep
+from probe.ablation import ablate, sweep
 from probe.ablation.prune import prune
 from probe.ablation.sweep import baseline_metric
-from probe.attention import capture_attention, logits_of, run_model
+from probe.hooks.capture import capture_attention
+from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.inputs import LabelledText, ProbeOptions, build_probe_set, labelled_set
 from probe.models import LoadedModel, load_model
@@ -202,7 +203,7 @@ def test_sep_and_sink_heads_of_a_planted_classifier(planted: LoadedModel) -> Non
 
 
 def test_a_saved_classifier_folder_loads_as_a_classifier_and_the_estimate_refuses_it(tmp_path: Path) -> None:
-    from probe.ablate import estimate
+    from probe.ablation import estimate
 
     tokenizer = word_tokenizer(WORDS + "quick brown fox jumps".split())  # words probe's tokenizer check encodes
     tiny_bert_classifier(len(tokenizer)).save_pretrained(tmp_path / "model")

@@ -14,8 +14,8 @@ from conftest import run_cli, tiny_loaded
 from planted import PLANTED
 
 import probe.heads.classify as classify_module
-from probe.attention import attention_layers
-from probe.classify import classify
+from probe.hooks.layers import attention_layers
+from probe.heads.classify import classify
 from probe.inputs import natural_set, repeated_set
 from probe.models import ALIASES, Alias, load_model
 

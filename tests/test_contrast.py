@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import (CONTRAST_TASKS, MIN_GAP, contrast_logit_diffs, contrast_task, ioi_pairs,
                             logit_diff, normalised_effect, read_contrast_pairs, sva_pairs)
 from probe.errors import ProbeError

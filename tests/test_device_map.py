@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import run_cli
 
-from probe.attention import attention_hooks, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.heads.classify import classify
 from probe.hooks.hf import _HF_ACTIVE
@@ -189,7 +190,7 @@ def test_default_model_from_gguf_cache_offloaded(smollm2, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_ablation_deltas_with_offloading_equal(llama_dir: Path, tmp_path: Path, method: str) -> None:
-    from probe.ablate import sweep
+    from probe.ablation import sweep
     from probe.inputs import repeated_set
 
     plain = load_model(str(llama_dir))

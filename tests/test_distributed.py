@@ -256,7 +256,7 @@ def test_shard_paths(tmp_path: Path) -> None:
 def test_resume_refuses_shards_of_another_sweep(tmp_path: Path, monkeypatch) -> None:
     from conftest import tiny_loaded
 
-    from probe.ablate import sweep
+    from probe.ablation import sweep
     from probe.inputs import repeated_set
 
     for key in ("WORLD_SIZE", "RANK"):

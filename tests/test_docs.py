@@ -21,7 +21,7 @@ from probe.cli.reference import WIDTH, command_help, command_names
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
-PUBLIC = ("probe", "probe.ablate", "probe.inputs", "probe.syntax", "probe.patching", "probe.circuits")
+PUBLIC = ("probe", "probe.ablation", "probe.inputs", "probe.syntax", "probe.patching", "probe.circuits")
 """The modules whose `__all__` is the public API: each function and class in it has a page entry."""
 REQUIRED = ("probe.heads.scores.SCORES", "probe.heads.scores.register_score", "probe.inputs.PROBE_SETS",
             "probe.inputs.register_probe_set", "probe.ablation.methods.METHODS", "probe.ablation.methods.register_method",

@@ -18,8 +18,11 @@ from test_browser import browser, open_page, tick_texts  # noqa: F401 (fixtures)
 from test_families import assert_unchanged, eager, snapshot
 from test_html import page_data
 
-from probe.ablate import ablate, parse_heads, sweep
-from probe.attention import attention_layers, capture_attention, layer_names, logits_of, run_model
+from probe.ablation import ablate, parse_heads, sweep
+from probe.hooks.capture import capture_attention
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
+from probe.hooks.stacks import layer_names
 from probe.inputs import ProbeOptions, ProbeSet, build_probe_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
@@ -227,7 +230,7 @@ def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Pa
 
 @pytest.mark.browser
 def test_pages_name_the_layers_by_stack(tmp_path: Path, open_page) -> None:  # noqa: F811 (a fixture)
-    from probe.classify import classify
+    from probe.heads.classify import classify
     from probe.patterns import attention_patterns
     from probe.reports.html import ablation_page, classification_page, heatmap_page
 

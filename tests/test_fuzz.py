@@ -28,7 +28,7 @@ from probe.ablation.heads import parse_heads, parse_layers
 from probe.ablation.results import HeadResult
 from probe.ablation.stream import load_results, read_results, write_stream
 from probe.ablation.sweep import sweep
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 from probe.hooks.stacks import layer_names
 from probe.cli.app import main
 from probe.cli.classify import parse_thresholds

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_loaded
-from probe.attention import capture_attention
-from probe.classify import Classification
+from probe.hooks.capture import capture_attention
+from probe.heads.classify import Classification
 from probe.inputs import natural_set, repeated_set
 from probe.errors import ProbeError
 from probe.patterns import (AVERAGE, Patterns, attention_patterns, classification_patterns, text_ids, text_patterns,

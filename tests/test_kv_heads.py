@@ -267,7 +267,7 @@ def test_a_window_wider_than_the_input_changes_nothing_and_a_narrow_one_does(nam
 
 
 def test_window_ablation_in_a_sweep_matches_the_naive_path() -> None:
-    from probe.ablate import sweep
+    from probe.ablation import sweep
 
     loaded = tiny_loaded("llama_gqa")
     probe_set = natural_set(loaded, seq_len=60, num_seqs=2)

@@ -9,10 +9,10 @@ from conftest import tiny_loaded
 from test_ablate import projection
 from test_specific import swapped_loss
 
-from probe.ablate import sweep
+from probe.ablation import sweep
 from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.statistics import head_outputs
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import repeated_set
 from probe.errors import ProbeError
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_hf, tiny_loaded
-from probe.ablate import sweep
+from probe.ablation import sweep
 from probe.inputs import repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model

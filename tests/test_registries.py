@@ -12,11 +12,10 @@ from words import PROMPTS
 
 import torch
 
-from probe.ablate import ablate, sweep
-from probe.ablation import logits as readouts
+from probe.ablation import ablate, logits as readouts, sweep
 from probe.ablation.methods import NoiseAblation, build_method, derangement
 from probe.ablation.statistics import head_statistics
-from probe.attention import run_model
+from probe.hooks.run import run_model
 from probe.inputs import task_set
 
 
@@ -142,7 +141,7 @@ def test_the_kl_metric_equals_a_hand_computation_and_is_chosen_by_name(tmp_path:
     from conftest import tiny_loaded
     from test_ablate import PLANTED, small_set, weights_zeroed
 
-    from probe.attention import logits_of
+    from probe.hooks.run import logits_of
 
     loaded = tiny_loaded("llama_gqa")
     probe_set = small_set(loaded, seqs=4)

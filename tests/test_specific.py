@@ -12,9 +12,9 @@ from conftest import run_cli, tiny_loaded
 from planted import HEAD_DIM, IND, ONE
 from test_ablate import planted_loaded, projection, weights_zeroed
 
-from probe.ablate import sweep
+from probe.ablation import sweep
 from probe.ablation.methods import ResampleAblation
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet, repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -252,7 +252,7 @@ def test_resample_groups_exact_equals_naive_and_a_batch_of_one_is_refused() -> N
 
 
 def test_the_estimate_refuses_a_task() -> None:
-    from probe.ablate import estimate
+    from probe.ablation import estimate
 
     loaded = words_loaded()
     with pytest.raises(ProbeError, match="not a task's margin"):

@@ -177,6 +177,24 @@ def test_the_long_function_finder_finds_long_functions() -> None:
     assert sorted(long_functions(source)) == [f"bare ({LONG_FUNCTION + 1} lines)", f"method ({LONG_FUNCTION + 1} lines)"]
 
 
+def test_no_module_of_probe_is_hidden_by_a_name_of_the_same_name() -> None:
+    """`probe.atlas` is the package, `probe.classify` the function (there is no module probe/classify.py): a name
+    that `probe/__init__.py` binds over a submodule of the same name would hide one behind the other."""
+    import importlib
+    import sys
+
+    import probe
+
+    hidden = []
+    for module in project_modules():
+        parent, _, name = module.rpartition(".")
+        if parent == "probe" and in_library(module):
+            importlib.import_module(module)
+            if getattr(probe, name) is not sys.modules[module]:
+                hidden.append(module)
+    assert hidden == []
+
+
 OLD_NAME = re.compile(r"(cli|reports)(\.\w+)*")  # a module named by its folder: `cli.app`, `reports`
 
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import run_cli
-from probe.classify import classify
+from probe.heads.classify import classify
 from probe.inputs import natural_set
 from probe.errors import ProbeError
 from probe.models import load_model

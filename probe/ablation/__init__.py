@@ -16,8 +16,10 @@ from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.stream import RESULTS_FORMAT, load_results, read_results, write_stream
 from probe.ablation.sweep import MODES, Progress, sweep
 
+# the public API (docs/reference/ablation.md has each); ablation_list, assign_chunks, distinct and write_stream are
+# importable from here too, for probe.distributed, and not part of it
 __all__ = ["METHODS", "METRICS", "MODES", "RESULTS_FORMAT", "STATISTICS", "Ablation", "AblationMethod", "AblationResult",
            "Head", "HeadMeans", "HeadResult", "HeadStatistics", "MeanAblation", "MethodInputs", "Metric", "Progress",
-           "ResampleAblation", "ZeroAblation", "ablate", "ablation_list", "all_heads", "assign_chunks", "build_method",
-           "choose_metric", "distinct", "estimate", "head_means", "head_statistics", "label", "load_results",
-           "parse_heads", "read_results", "register_method", "register_metric", "sweep", "write_stream"]
+           "ResampleAblation", "ZeroAblation", "ablate", "all_heads", "build_method", "choose_metric", "estimate",
+           "head_means", "head_statistics", "label", "load_results", "parse_heads", "read_results", "register_method",
+           "register_metric", "sweep"]

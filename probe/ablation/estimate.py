@@ -32,7 +32,9 @@ from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_
 from probe.ablation.plan import check_probe_set, data_name, refuse_sources
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, batches_of
-from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import LABELS_LAYOUT, ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names

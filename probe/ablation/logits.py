@@ -17,7 +17,9 @@ from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, detach, find_blocks, skip_blocks
 from probe.hooks.restore import interrupts_deferred, restoring
-from probe.attention import Source, accepts_argument, attention_layers, is_hf_model, logits_of, run_model
+from probe.hooks.hf import is_hf_model
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import Source, accepts_argument, logits_of, run_model
 
 LOGITS_BYTES = 256 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
 LOGITS_CHUNK_BYTES = 128 << 20  # the logits of one such chunk

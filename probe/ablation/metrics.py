@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from probe.ablation.logits import Final
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, ProbeSet, is_encoder, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel

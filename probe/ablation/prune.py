@@ -34,7 +34,9 @@ from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losse
 from probe.ablation.plan import check_probe_set, data_name, refuse_sources
 from probe.ablation.runners import NaiveRunner, batches_of
 from probe.ablation.sweep import sweep
-from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names

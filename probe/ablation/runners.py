@@ -24,7 +24,7 @@ from probe.ablation.logits import CHECK_TOLERANCE, Final, Readout
 from probe.ablation.methods import AblationMethod
 from probe.ablation.metrics import Scorer
 from probe.ablation.plan import CACHE_BYTES
-from probe.attention import Source, logits_of, run_model
+from probe.hooks.run import Source, logits_of, run_model
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 

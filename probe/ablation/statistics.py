@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.attention import attention_hooks, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.run import run_model
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel

@@ -7,5 +7,5 @@
 - `capture`: the public context manager `attention_hooks`, and `capture_attention`.
 - `restore`: clean-up that a second Ctrl-C cannot cut short.
 
-The public names are re-exported by `probe.attention`.
+`probe` re-exports `attention_hooks`, `capture_attention` and `attention_layers`.
 """
