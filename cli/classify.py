@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, warn_non_finite
 from probe.cli.progress import console, progress_bar, status

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder, Seed,
-                         TrustRemoteCode, load)
+from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
+                               Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError

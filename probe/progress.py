@@ -7,12 +7,11 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from typing import Union
 
 Progress = Callable[[int, int], None]
 """The one progress callback type: `(done, total)`, in each function's own unit of work (classify: layers of batches;
 the sweep: block-forwards; kv_heads, track: their stages' steps). `total` may grow while the work is counted."""
-ProgressArg = Union[bool, Progress, None]
+ProgressArg = bool | Progress | None
 log = logging.getLogger("probe")
 WIDTH = 30  # characters of the bar
 

@@ -145,7 +145,8 @@ def _ablation_header(payload: dict[str, Any], console: Console) -> None:
     task = payload.get("baseline_task")
     if task and "margin" in task:
         console.print(Text("task, unablated: ", style="bold"),
-                      Text(f"accuracy {_number(task.get('accuracy')):.3f}, mean margin {_number(task.get('margin')):+.3f}"
+                      Text(f"accuracy {_number(task.get('accuracy')):.3f}, "
+                           f"mean margin {_number(task.get('margin')):+.3f}"
                            " (log P(good) - log P(bad); loss = minus the margin)"))
     elif task:  # a classifier's accuracy (loss = 1 - accuracy)
         console.print(Text("unablated: ", style="bold"),

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from probe.models import LoadedModel, load_model  # noqa: E402
+from probe.models import LoadedModel, load_model
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 

@@ -16,14 +16,14 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_hf, tiny_loaded
 from planted import UNRELATED, PlantedModel, TextbookAttention, planted_mha, planted_textbook
 
-from probe.ablation import (AblationMethod, AblationResult, HeadResult, METHODS, ablate, all_heads, estimate,
+from probe.ablation import (AblationMethod, HeadResult, METHODS, ablate, all_heads, estimate,
                             head_means, load_results, parse_heads, read_results, sweep)
 from probe.ablation.estimate import BACKWARD_COST, GRAD_FORWARD_COST
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet, natural_set, repeated_set
 from probe.errors import ProbeError
-from probe.models import LoadedModel, load_model
+from probe.models import LoadedModel
 from probe.reports.files import write_csv
 
 TESTS = Path(__file__).parent
@@ -258,7 +258,7 @@ def test_resume_after_interruption_gives_the_same_file(tmp_path: Path) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         sweep(loaded, probe_set, results_path=part, batch_size=2, stack=2, on_result=stop_after_three)
-    header, finished = read_results(part)
+    _header, finished = read_results(part)
     assert len(finished) == 3
     with part.open("a") as file:  # a line cut short by the interruption
         file.write('{"layer": 1, "head": 0, "lo')
@@ -353,9 +353,8 @@ def test_model_is_restored_after_every_mode(kind: str, tmp_path: Path) -> None:
     estimate(loaded, probe_set, refine=2)
     with ablate(model, [(0, 1), (1, 0)]):
         pass
-    with pytest.raises(Bomb):
-        with ablate(model, [(0, 1)]):
-            raise Bomb
+    with pytest.raises(Bomb), ablate(model, [(0, 1)]):
+        raise Bomb
     assert fingerprint(model) == before
 
 

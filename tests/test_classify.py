@@ -46,7 +46,7 @@ def test_thresholds_override_and_json_schema(tmp_path: Path, capsys, monkeypatch
     data = json.loads(out.read_text())
     assert (data["model"], data["n_layers"], data["n_heads"]) == (spec, 2, 4)
     assert len(data["heads"]) == 8
-    assert {(h["layer"], h["head"]) for h in data["heads"]} == {(l, h) for l in range(2) for h in range(4)}
+    assert {(h["layer"], h["head"]) for h in data["heads"]} == {(layer, h) for layer in range(2) for h in range(4)}
     assert data["thresholds"]["induction"] == 0.9
     by_head = {(h["layer"], h["head"]): h for h in data["heads"]}
     assert "induction" not in by_head[(1, 1)]["labels"]  # 0.85 is under the raised threshold

@@ -1,5 +1,5 @@
-"""Contrast sets (probe.inputs.contrast): clean/corrupt pairs from files and generated tasks, the logit difference, and the
-normalised effect."""
+"""Contrast sets (probe.inputs.contrast): clean/corrupt pairs from files and generated tasks, the logit difference, and
+the normalised effect."""
 
 from __future__ import annotations
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
 
 from probe.distributed import Rank, assign_chunks, current, rank_placement, shard_path, shard_paths, sharded_sweep
 from probe.errors import ProbeError

@@ -24,7 +24,8 @@ REFERENCE = ROOT / "docs" / "reference"
 PUBLIC = ("probe", "probe.ablation", "probe.inputs", "probe.syntax", "probe.patching", "probe.circuits")
 """The modules whose `__all__` is the public API: each function and class in it has a page entry."""
 REQUIRED = ("probe.heads.scores.SCORES", "probe.heads.scores.register_score", "probe.inputs.PROBE_SETS",
-            "probe.inputs.register_probe_set", "probe.ablation.methods.METHODS", "probe.ablation.methods.register_method",
+            "probe.inputs.register_probe_set", "probe.ablation.methods.METHODS",
+            "probe.ablation.methods.register_method",
             "probe.ablation.metrics.METRICS", "probe.ablation.metrics.register_metric",
             "probe.ablation.statistics.STATISTICS", "probe.circuits.pairs.circuits", "probe.ablation.prune.prune",
             "probe.kv.kv_heads", "probe.syntax.syntax_scores")

@@ -184,7 +184,8 @@ def test_classify_and_ablate_on_a_saved_folder(name: str, tmp_path: Path, capsys
     assert payload["layer_names"] == ["enc0", "enc1", "dec0", "x0", "dec1", "x1"] and payload["n_layers"] == 6
     cross = [entry for entry in payload["heads"] if entry["layer"] == 3]
     assert cross and all(entry["scores"]["previous_token"] is None for entry in cross)  # n/a on cross-attention
-    assert all(isinstance(entry["scores"]["previous_token"], float) for entry in payload["heads"] if entry["layer"] == 2)
+    assert all(isinstance(entry["scores"]["previous_token"], float)
+               for entry in payload["heads"] if entry["layer"] == 2)
     assert "x0" in out and "enc1" in out
     code, out, err = run_cli(["ablate", "--model", folder, "--heads", "x1.2,enc0.1", "--seq-len", "12",
                               "--num-seqs", "2", "--json", str(tmp_path / "ablate.json")], capsys, monkeypatch)
@@ -194,7 +195,8 @@ def test_classify_and_ablate_on_a_saved_folder(name: str, tmp_path: Path, capsys
     assert result["layer_names"][5] == "x1" and "x1.2" in out
     code, out, err = run_cli(["ablate", "--model", folder, "--heads", "1.2", "--seq-len", "12"], capsys, monkeypatch)
     errors = [line for line in err.splitlines() if not line.startswith("warning:")]
-    assert code == 2 and len(errors) == 1 and "--heads '1.2': this encoder-decoder names its layers by stack" in errors[0]
+    assert code == 2 and len(errors) == 1
+    assert "--heads '1.2': this encoder-decoder names its layers by stack" in errors[0]
 
 
 def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -354,5 +356,6 @@ def test_heatmap_takes_layers_by_stack(tmp_path: Path, capsys, monkeypatch) -> N
     code, _, err = run_cli(["heatmap", "--model", folder, "--text", "one", "--layers", "3", "--html",
                             str(tmp_path / "other.html")], capsys, monkeypatch)
     errors = [line for line in err.splitlines() if not line.startswith("warning:")]
-    assert code == 2 and len(errors) == 1 and "--layers '3': this encoder-decoder names its layers by stack" in errors[0]
+    assert code == 2 and len(errors) == 1
+    assert "--layers '3': this encoder-decoder names its layers by stack" in errors[0]
     assert not (tmp_path / "other.html").exists()

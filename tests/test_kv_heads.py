@@ -137,7 +137,8 @@ def test_a_random_order_stops_once_refused_where_probes_order_is_kept(planted_hf
         assert refused and kept
         assert all(value is None for value in ours["loss_change"][at + 1:-1]) and ours["loss_change"][-1] is not None
         for key in ("loss_change", "needle_accuracy"):
-            assert [v for v in ours[key] if v is not None] == [v for v, o in zip(theirs[key], ours[key]) if o is not None]
+            measured = [v for v, o in zip(theirs[key], ours[key]) if o is not None]
+            assert [v for v in ours[key] if v is not None] == measured
     console = Console(width=200, record=True)
     kv_heads_report(result.to_dict(), console)
     text = console.export_text()
@@ -183,11 +184,11 @@ def test_window_ablation_equals_hand_written_masked_attention(implementation: st
     attn = loaded.model.model.layers[0].self_attn
     seen: dict[str, object] = {}
 
-    def before(module, args, kwargs):  # noqa: ANN001
+    def before(module, args, kwargs):
         seen["hidden"] = kwargs.get("hidden_states", args[0] if args else None)
         seen["position"] = kwargs.get("position_embeddings", args[1] if len(args) > 1 else None)
 
-    def after(module, args, kwargs, output):  # noqa: ANN001
+    def after(module, args, kwargs, output):
         seen["output"] = output[0]
 
     ids = torch.randint(0, 120, (2, length), generator=torch.Generator().manual_seed(1))
@@ -224,10 +225,10 @@ def test_a_pattern_ablation_of_ones_own_is_one_class() -> None:
     attn = loaded.model.model.layers[1].self_attn
     seen: dict[str, object] = {}
 
-    def before(module, args, kwargs):  # noqa: ANN001
+    def before(module, args, kwargs):
         seen["hidden"], seen["position"] = kwargs["hidden_states"], kwargs["position_embeddings"]
 
-    def after(module, args, kwargs, output):  # noqa: ANN001
+    def after(module, args, kwargs, output):
         seen["output"] = output[0]
 
     ids = torch.randint(0, 120, (1, 150), generator=torch.Generator().manual_seed(3))
@@ -375,7 +376,7 @@ def test_existing_output_needs_force(tmp_path: Path, capsys, monkeypatch) -> Non
 
 
 @pytest.mark.browser
-def test_kv_heads_page_draws_the_map_and_the_curve(tiny_result, tmp_path: Path, browser) -> None:
+def test_kv_heads_page_draws_the_map_and_the_curve(tiny_result, tmp_path: Path, browser) -> None:  # noqa: F811
     from test_browser import Opened, screenshot
     from test_html import SCRIPT
 

@@ -134,7 +134,7 @@ def test_blocked_attention_matches_reference_with_masks_and_offsets() -> None:
 
 def _positional_reference(weights, start, batch):
     """positional_score as first written, with argmax: the fast version must give exactly these numbers."""
-    b, h, block, n_keys = weights.shape
+    _b, h, block, n_keys = weights.shape
     queries = torch.arange(start, start + block)
     top = weights.argmax(dim=-1)
     valid = batch.valid

@@ -45,7 +45,7 @@ def test_the_resample_derangement_follows_the_seed(tmp_path: Path, capsys, monke
     assert code == 0, stderr
     described = json.loads(out.read_text())["mean"]
     assert "seed 3" in described
-    rows = 12  # 6 pairs, two rows each, one batch of 8 and one of 4
+    # 12 rows: 6 pairs, two rows each, one batch of 8 and one of 4
     donors = derangement(8, torch.Generator().manual_seed(3 * 1_000_003 + 1))
     assert " ".join(str(int(d)) for d in donors) in described
 

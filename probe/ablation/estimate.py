@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, find_blocks, keeping_outputs
@@ -202,7 +201,8 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     chosen_metric = choose_metric(loaded, probe_set, metric)
     if not chosen_metric.estimable:
         raise ProbeError(f"the estimate linearises a causal LM's next-token loss, the cross-entropy (its second order "
-                         f"is the softmax's), not {chosen_metric.name}, which reads {chosen_metric.reads}: run the exact sweep",
+                         f"is the softmax's), not {chosen_metric.name}, which reads {chosen_metric.reads}: run the "
+                         "exact sweep",
                          parameter="method")
     scorer = Scorer(chosen_metric, parts_of(probe_set))
     return chosen, scorer, batches_of(probe_set, scorer, batch_size)
@@ -221,7 +221,8 @@ def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches
 
 
 def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
-             metric: str | Metric | None = None, batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET, refine: int | None = None,
+             metric: str | Metric | None = None, batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET,
+             refine: int | None = None,
              seed: int = 0, data: str | Path | None = None,
              progress: Callable[[int, int], None] | None = None) -> AblationResult:
     """Every head's zero-ablation delta, estimated from a few forward and backward passes instead of a sweep (see
@@ -272,7 +273,8 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     return AblationResult(
         model=loaded.name, method="zero", data=data_name(probe_set, data), metric=scorer.metric.name,
         baseline_loss=baseline_loss, results=results, n_layers=n_layers, n_heads=n_heads, mode="estimate",
-        path=path, baseline_parts=baseline_parts, probe_set=probe_set.to_dict() | {"description": probe_set.description},
+        path=path, baseline_parts=baseline_parts,
+        probe_set=probe_set.to_dict() | {"description": probe_set.description},
         seconds=time.perf_counter() - started, forwards=spent,
         terms={head: (float(terms.first[head]), float(terms.second[head])) for head in heads},
         layer_names=layer_names(attention_layers(loaded.model)))

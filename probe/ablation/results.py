@@ -186,7 +186,8 @@ class AblationResult:
         estimate mode `value`: exact or estimated."""
         rows = []
         for r in self.ranked():
-            row: dict[str, Any] = {"heads": label(r.heads, self.layer_names), "layer": r.layer if len(r.heads) == 1 else "",
+            row: dict[str, Any] = {"heads": label(r.heads, self.layer_names),
+                                   "layer": r.layer if len(r.heads) == 1 else "",
                                    "head": r.head if len(r.heads) == 1 else "", "loss": r.loss, "delta": r.delta}
             for name in self.baseline_parts:
                 row[f"{name}_loss"] = r.parts.get(name, "")

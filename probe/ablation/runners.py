@@ -41,7 +41,7 @@ class Batch:
     counted: Tensor  # (parts + 1, batch, positions') which positions count (Scorer.masks)
     reference: Tensor | None = None  # unablated final outputs, for metrics that compare to them
     kept: dict[int, Any] | None = None  # unablated block outputs (None: recomputed when needed)
-    source: Source | None = None  # an encoder-decoder's own encoder input (probe.inputs.pairs); None: the ids themselves
+    source: Source | None = None  # an encoder-decoder's own encoder input (probe.inputs.pairs); None: the ids
 
 
 def batches_of(probe_set: ProbeSet, scorer: Scorer, batch_size: int) -> list[Batch]:

@@ -83,7 +83,7 @@ class HeadStatistics:
                              f"not hold: take them with head_statistics(..., names={tuple(names)!r})",
                              parameter="statistics")
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash", names: Sequence[str]) -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash, names: Sequence[str]) -> None:
         digest.update(str(self.per_position).encode())
         for name in names:
             for layer in sorted(self.stats[name]):
@@ -171,7 +171,7 @@ class HeadOutputs:
                              parameter="method")
         return value.to(device=heads.device, dtype=heads.dtype)
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         for batch in self.values:
             for layer in sorted(batch):
                 digest.update(batch[layer].cpu().contiguous().numpy().tobytes())

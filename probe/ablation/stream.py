@@ -136,7 +136,7 @@ class Stream:
             write_stream(path, old, entries)  # drops a half-written last line
         else:
             write_stream(path, header, [])
-        self.file = open(path, "a", encoding="utf-8")
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open while the stream lives; close() closes it)
 
     def write(self, result: HeadResult) -> None:
         self.file.write(json.dumps(result.to_dict()) + "\n")

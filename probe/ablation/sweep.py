@@ -132,7 +132,8 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
     effects = Effects([batch.ids for batch in runner.batches], [batch.counted[0].cpu() for batch in runner.batches],
                       values, scorer.metric.shift, token_text(tokenizer), scorer.metric.signs(sum(
                           int(batch.ids.shape[0]) for batch in runner.batches)),
-                      [real_tokens(b.ids, b.mask).sum(dim=1) for b in runner.batches] if scorer.metric.per_row else None)
+                      [real_tokens(b.ids, b.mask).sum(dim=1) for b in runner.batches]
+                      if scorer.metric.per_row else None)
     finished = scorer.metric.finish(effects.baseline_rows())
     if finished is not None:
         loss = finished[0]

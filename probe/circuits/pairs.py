@@ -55,7 +55,8 @@ class Pair:
         return self.deltas["together"] - self.deltas["feeder"] - self.deltas["induction"]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.induction[0], "head": self.induction[1], "induction_score": round(self.induction_score, 6),
+        return {"layer": self.induction[0], "head": self.induction[1],
+                "induction_score": round(self.induction_score, 6),
                 "feeders": [feeder.to_dict() for feeder in self.feeders],
                 "checked": None if self.checked is None else {"layer": self.checked[0], "head": self.checked[1]},
                 "second_copy_deltas": {key: round(value, 6) for key, value in self.deltas.items()},

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor, nn
 
 from probe.errors import ProbeError
@@ -49,7 +48,7 @@ def _projections(module: nn.Module, layer: AttentionLayer) -> tuple[Tensor, Tens
             return tuple(getattr(module, name).weight for name in (q, k, v, o))  # type: ignore[return-value]
     if isinstance(getattr(module, "qkv_proj", None) or getattr(module, "W_qkv", None), nn.Linear):
         fused = (getattr(module, "qkv_proj", None) or module.W_qkv).weight
-        out = getattr(module, "o_proj", None) or getattr(module, "W_o")
+        out = getattr(module, "o_proj", None) or module.W_o
         q, k, v = fused.split([q_size, kv_size, kv_size])
         return q, k, v, out.weight
     if hasattr(module, "c_attn") and hasattr(module, "c_proj"):  # GPT-2 Conv1D: weight (in, out)

@@ -12,8 +12,6 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-from torch import Tensor
 
 from probe.inputs.sets import ProbeSet, context_length, register_probe_set, right_padded
 from probe.errors import ProbeError
