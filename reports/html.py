@@ -48,7 +48,7 @@ def plotly_js() -> str:
     if bundled.is_file():
         text = bundled.read_text(encoding="utf-8")
     else:
-        text = resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text(encoding="utf-8")
+        text = resources.files("plotly").joinpath("package_data").joinpath("plotly.min.js").read_text(encoding="utf-8")
     return text.replace("</script", "<\\/script")
 
 

@@ -190,7 +190,7 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
     for rows, title, empty in tables if singles else []:
         if rows or empty:
             console.print()
-            console.print(_delta_table(payload, title, rows) if rows else Text(empty, style="dim"))
+            console.print(_delta_table(payload, title, rows) if rows else Text(empty or "", style="dim"))
     if payload.get("groups"):
         console.print()
         console.print(_delta_table(payload, "Heads ablated together", sorted(payload["groups"], key=_by_delta)))

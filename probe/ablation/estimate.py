@@ -38,6 +38,7 @@ from probe.inputs import LABELS_LAYOUT, ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
+from probe.models.parts import output_embeddings
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
 BACKWARD_COST = 1.4  # a backward to the head outputs only (no weight gradients), in plain forwards (same)
@@ -62,8 +63,8 @@ def _flop_costs(model: nn.Module, blocks: Blocks | None) -> Callable[[int], floa
     if blocks is None:
         return lambda start: 1.0
     per_block = [sum(p.numel() for p in block.parameters()) for block in blocks.container]
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    unembed = sum(p.numel() for p in head.parameters()) if isinstance(head, nn.Module) else 0
+    head = output_embeddings(model)
+    unembed = sum(p.numel() for p in head.parameters()) if head is not None else 0
     total = sum(per_block) + unembed
     return lambda start: (sum(per_block[start:]) + unembed) / max(total, 1)
 
@@ -161,7 +162,7 @@ def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], step: Callab
     exact: dict[Head, Tensor] = {}
     with torch.no_grad():
         for _, group in sorted(by_start.items()):
-            chunk = [(head,) for head in group]
+            chunk: list[tuple[Head, ...]] = [(head,) for head in group]
             totals = torch.zeros(len(group), len(runner.scorer.parts) + 1, dtype=torch.float64)
             for index in range(len(runner.batches)):
                 totals += runner.sums(chunk, index)

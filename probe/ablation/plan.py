@@ -56,7 +56,7 @@ def chunks(ablations: Sequence[Ablation], start_of: Callable[[Ablation], int], s
     groups: dict[int, list[Ablation]] = {}
     for ablation in ablations:
         groups.setdefault(start_of(ablation), []).append(ablation)
-    out = []
+    out: list[list[Ablation]] = []
     for start in sorted(groups):
         items = groups[start]
         n = math.ceil(len(items) / stack)

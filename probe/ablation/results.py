@@ -86,7 +86,8 @@ class HeadResult:
         exact, effects = entry.get("exact"), entry.get("effects") or {}
         if exact not in (None, True, False) or not isinstance(effects, dict):
             raise ProbeError("the ablation entry has a malformed value (exact or effects)")
-        return HeadResult(heads, loss, delta, parts, deltas, exact, effects, task)
+        # a part or task value that was not finite was written as null: it is read back as None
+        return HeadResult(heads, loss, delta, parts, deltas, exact, effects, task)  # type: ignore[arg-type]
 
 
 def _index(value: Any) -> int:

@@ -187,7 +187,8 @@ def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, hook: str
         values[-1][layer] = read(seen).detach().clone()
         return seen
 
-    with torch.no_grad(), attention_hooks(loaded.model, **{hook: record}):
+    hooks: dict[str, Any] = {hook: record}
+    with torch.no_grad(), attention_hooks(loaded.model, **hooks):
         for ids, mask in source.batches(batch_size):
             values.append({})
             run_model(loaded.model, ids, mask, logits=False)

@@ -107,7 +107,8 @@ def load_results(*paths: str | Path) -> AblationResult:
     """An AblationResult from one or more results streams of the same sweep (e.g. one per process)."""
     if not paths:
         raise ProbeError("no results files given")
-    headers, results = [], []
+    headers: list[dict[str, Any]] = []
+    results: list[HeadResult] = []
     for path in paths:
         header, entries = read_results(path)
         if headers and header["fingerprint"] != headers[0]["fingerprint"]:

@@ -70,7 +70,7 @@ def _facts(measured: Measured, layer: int, head: int, found: tuple[list[Partner]
 def _labels(measured: Measured, facts: HeadFacts) -> list[dict[str, Any]]:
     """The head's classes: score, threshold, the probe set that earned it, and the evidence for it."""
     classes = measured.classes
-    out = []
+    out: list[dict[str, Any]] = []
     for name in classes.labels(facts.layer, facts.head):
         probe = SCORES[name].probe if name in SCORES else "natural"
         out.append({"class": name, "score": _number(classes.scores[name][facts.layer, facts.head]),
