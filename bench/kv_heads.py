@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from probe import load_model  # noqa: E402
 from probe.ablation.editor import ablated  # noqa: E402
 from probe.ablation.window import WindowAblation  # noqa: E402
-from probe.attention import run_model  # noqa: E402
-from probe.classify import classify  # noqa: E402
+from probe.hooks.run import run_model
+from probe.heads.classify import classify
 from probe.kv import kv_heads, score_needles  # noqa: E402
 from probe.inputs import NeedleOptions, needle_set  # noqa: E402
 

@@ -3,7 +3,7 @@
 The model is a random llama with SmolLM2-135M's layer sizes (hidden 576, 9 query / 3 key-value heads of 64, MLP
 1536, vocabulary 49,152), 2 layers and a context of 32,768 tokens: SmolLM2's own context is 8,192, and memory per
 layer is what long context costs. TOOL:
-- classify: `probe.classify` of every head, all six scores, one sequence of LENGTH tokens (both probe sets; the
+- classify: `probe.classify(...)` of every head, all six scores, one sequence of LENGTH tokens (both probe sets; the
   log-sum-exp path); classify_blocked: the same on the blocked path;
 - plain: one sdpa forward of LENGTH random tokens, logits at one position (the forward classify runs);
 - heatmap: `attention_patterns` of every head over the last 512 positions of LENGTH tokens (the model runs on all);
@@ -68,7 +68,7 @@ def main() -> None:
         result["heads_scored"] = classification.n_layers * classification.n_heads
         result["path"] = classification.path
     elif tool == "plain":
-        from probe.attention import run_model
+        from probe.hooks.run import run_model
 
         torch.manual_seed(1)
         with torch.no_grad():

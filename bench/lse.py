@@ -49,7 +49,7 @@ def repeated_ids(loaded: Any, length: int) -> Any:
 
 
 def classify_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str, Any]:
-    from probe.attention import run_model
+    from probe.hooks.run import run_model
     from probe.heads.classify import score_heads
 
     probe_set = repeated_ids(loaded, length)
@@ -91,7 +91,7 @@ def classify_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str
 
 
 def kv_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str, Any]:
-    from probe.attention import run_model
+    from probe.hooks.run import run_model
     from probe.kv import KV_SINK, score_needles
     from probe.inputs import NeedleOptions, needle_set
 

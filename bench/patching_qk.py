@@ -21,7 +21,8 @@ import torch
 from bench.classification import spearman
 from bench.common import RESULTS_DIR, load_average, machine, now
 from probe.ablation.statistics import head_inputs
-from probe.attention import attention_hooks, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import contrast_task
 from probe.models import load_model
 from probe.patching import contrast_runs, patch_heads

@@ -23,8 +23,9 @@ import torch.nn.functional as F
 
 from bench.classification import spearman
 from bench.common import load_average, machine, now
-from probe.ablate import estimate, sweep
-from probe.attention import attention_hooks, logits_of, run_model
+from probe.ablation import estimate, sweep
+from probe.hooks.capture import attention_hooks
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import natural_set
 from probe.models import load_model
 

@@ -20,9 +20,9 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlF
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, warn_non_finite
 from probe.cli.progress import console, note, status, sweep_progress, warn
-from probe.ablate import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
+from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
 from probe.ablation.methods import AblationMethod, build_method
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                           TASKS, build_probe_set, read_labelled, read_task_file)
 from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
@@ -175,7 +175,7 @@ def check_task(request: Request) -> None:
                          "zero, mean or resample with --task")
     if request.data != "natural":
         raise ProbeError("--task replaces --data: give one of them")
-    if request.task not in TASKS:
+    if request.task is not None and request.task not in TASKS:
         read_task_file(request.task)
 
 
@@ -185,7 +185,8 @@ def check_labels(request: Request) -> None:
     if request.method == ESTIMATE:
         raise ProbeError("--method estimate linearises the next-token loss of text, not a classifier's: use --method "
                          "zero, mean or resample with --labels")
-    read_labelled(request.labels)
+    if request.labels is not None:
+        read_labelled(request.labels)
 
 
 def check_results_file(results: Path | None, *, resume: bool, force: bool) -> None:
@@ -303,6 +304,7 @@ def ablate(
     probe_set = probe_set_for(loaded, request, options)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
+    result: AblationResult | None
     if method == ESTIMATE:
         result = run_estimate(loaded, probe_set, chosen, request, main_process)
     else:

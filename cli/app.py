@@ -13,7 +13,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import click
 import typer
 from typer.core import TyperCommand, TyperGroup
 
@@ -68,8 +67,8 @@ _LATE_FLAGS = typer.main.get_command(_flags_app).params
 class _BareFlags:
     """typer's rich help writes `<bool>` after a flag, as if it took a value: a flag is shown bare."""
 
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        params = super().get_params(ctx)  # type: ignore[misc]
+    def get_params(self, ctx: Any) -> list[Any]:  # click's Context and Parameter (typer's own copy of click)
+        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]
         for param in params:
             if getattr(param, "is_flag", False) and param.metavar is None:
                 param.metavar = ""
@@ -87,7 +86,7 @@ class Command(_BareFlags, TyperCommand):
         super().__init__(*args, **kwargs)
         self.params.extend(_LATE_FLAGS)
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: Any) -> Any:
         _late_flags({name: ctx.params.pop(name) for name, _, _ in GLOBAL_FLAGS})
         remember_parameters(dict(ctx.params))
         return super().invoke(ctx)
@@ -117,7 +116,8 @@ FLAGS = {
     "conllu": "--conllu", "max_sentences": "--max-sentences", "margin": "--margin",
     "min_count": "--min-count", "confident": "--confident",
     "orderings": "--orderings", "step": "--step", "max_increase": "--max-increase", "seeds": "--seeds",
-    "task": "--task", "pairs": "--pairs", "labels": "--labels", "count": "--count", "metric": "--metric", "component": "--component",
+    "task": "--task", "pairs": "--pairs", "labels": "--labels", "count": "--count", "metric": "--metric",
+    "component": "--component",
     "lengths": "--lengths", "depths": "--depths", "needle": "--needle", "recent": "--recent", "sink": "--sink",
     "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
     "checkpoints": "--checkpoints", "revisions": "--revisions", "revision": "--revisions",
@@ -187,10 +187,10 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
+class _Stderr(logging.StreamHandler):
     """Writes to sys.stderr as it is at each record (a test, or a notebook, may have replaced it since)."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

@@ -8,12 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
-from probe.classify import Classification
-from probe.classify import classify as run_classify
+from probe.heads.classify import Classification
+from probe.heads.classify import classify as run_classify
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel

@@ -11,7 +11,7 @@ from probe.cli.options import Device, DeviceMap, Dtype, Force, Model, ModelChoic
 from probe.cli.outputs import check_outputs
 from probe.cli.progress import note, status
 from probe.ablation.heads import parse_layers
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.patterns import read_text, text_patterns

@@ -9,8 +9,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder, Seed,
-                         TrustRemoteCode, load)
+from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
+                               Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
@@ -122,9 +122,12 @@ def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
         save(budget_file(export), lambda path: write_json(path, budget_record(payload)))
 
 
+DEPTHS = ",".join(f"{depth:g}" for depth in DEFAULT_DEPTHS)  # --depths' default
+
+
 def kv_heads(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, lengths: Lengths = "1024",
-    depths: Depths = ",".join(f"{d:g}" for d in DEFAULT_DEPTHS), prompts: Prompts = 1, needle: Needle = DEFAULT_NEEDLE,
+    depths: Depths = DEPTHS, prompts: Prompts = 1, needle: Needle = DEFAULT_NEEDLE,
     sink: Sink = KV_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
     retrieval_threshold: RetrievalThreshold = None, streaming_threshold: StreamingThreshold = None,
     max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE, order: Order = "retrieval",

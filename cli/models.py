@@ -20,7 +20,8 @@ def models() -> None:
     for hub in HUB_ALIASES.values():
         cached = hub_cached(hub)
         table.add_row(hub.name, "in the hub cache" if cached else "needs the hub", hub.description,
-                      f"{hub.hub_id} from the Hugging Face hub", hub.note or ("" if cached else "downloaded on first use"))
+                      f"{hub.hub_id} from the Hugging Face hub",
+                      hub.note or ("" if cached else "downloaded on first use"))
     console.print(table)
     console.print("Also: a Hugging Face model folder, a .gguf file, a hub id (org/name), or FILE.py:FUNCTION (runs "
                   "that Python file). Only the default model works offline on a fresh machine.")

@@ -1,6 +1,7 @@
 """`probe patch`: activation patching of every head between clean and corrupted prompts (a generated task or a
-JSON-lines file of pairs; a classifier's text pairs with two classes, `--labels`), normalised by their logit differences, each head with its direct logit attribution and its
-classes; a table, JSON, CSV and HTML. Under torchrun the patches are split over the processes as a sweep's are."""
+JSON-lines file of pairs; a classifier's text pairs with two classes, `--labels`), normalised by their logit
+differences, each head with its direct logit attribution and its classes; a table, JSON, CSV and HTML. Under
+torchrun the patches are split over the processes as a sweep's are."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.ablate import parse_heads
+from probe.ablation import parse_heads
 from probe.ablation.methods import PATCHES
-from probe.attention import attention_layers
-from probe.classify import classify
+from probe.hooks.layers import attention_layers
+from probe.heads.classify import classify
 from probe.cli.ablate import (Heads, Naive, Results, Resume, Stack, check_heads_syntax, check_results_file,
                               default_results_path, load_for)
 from probe.cli.dla import Count, Pairs, Task
@@ -124,7 +125,8 @@ def add_paths(loaded: LoadedModel, contrast: ContrastSet, result: PatchResult, s
 
 def patch(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, task: Task = None, pairs: Pairs = None,
-    labels: ClassPairs = None, count: Count = 32, seed: Seed = 0, component: Component = "output", noising: Noising = False,
+    labels: ClassPairs = None, count: Count = 32, seed: Seed = 0, component: Component = "output",
+    noising: Noising = False,
     by_position: ByPosition = False, heads: Heads = None, senders: Senders = None, receivers: Receivers = None,
     path_component: PathComponent = "value", naive: Naive = False, estimate: Estimate = False,
     no_classes: NoClasses = False, top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None,

@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import Any, TextIO
+from typing import IO, Any, TextIO
 
 from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
@@ -37,7 +37,7 @@ def set_quiet(quiet: bool) -> None:
     _state["quiet"] = quiet
 
 
-def _printable(text: str, stream: TextIO) -> str:
+def _printable(text: str, stream: IO[str]) -> str:
     """Text as `stream` can encode it: what it cannot (a lone surrogate, from argv bytes that are not UTF-8 quoted
     in an error; a character outside its encoding) as a backslash escape, as Python's own stderr writes it. A stream
     of strict UTF-8 (a test's, a notebook's) raised instead, and rich kept the line to raise again at the next."""
@@ -84,7 +84,8 @@ class PlainProgress:
     def __init__(self, description: str, *, counted: bool, now: Callable[[], float] = time.monotonic) -> None:
         self.description, self.counted, self.now = description, counted, now
         self.started = self.last_line = now()
-        self.tenths, self.heads = 0, None
+        self.tenths = 0
+        self.heads: int | None = None  # counted once a head is done
 
     def head_done(self, _result: Any = None) -> None:
         self.heads = (self.heads or 0) + 1

@@ -60,7 +60,8 @@ def parse_max_increase(text: str | None) -> tuple[float | None, bool]:
 def summary(payload: dict, console_) -> None:
     """Per ordering: how far it got within the limit, and its loss at each step."""
     console_.print(f"[bold]Pruning curves of {payload['model']}[/bold] ({payload['n_units']} "
-                   f"{payload['units'].replace('_', ' ')}, baseline loss {payload['baseline_loss']:.4f} ({payload['metric']})"
+                   f"{payload['units'].replace('_', ' ')}, baseline loss {payload['baseline_loss']:.4f} "
+                   f"({payload['metric']})"
                    f" on {payload['measured_on']})")
     for curve in payload["curves"]:
         name = curve["ordering"] + ("" if curve["seed"] is None else f" (seed {curve['seed']})")

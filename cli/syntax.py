@@ -42,7 +42,7 @@ def read_parses(conllu: Path | None, text: Path | None, max_sentences: int) -> t
         raise ProbeError("give --conllu or --text, not both")
     if conllu is not None:
         return read_conllu(conllu)[:max_sentences], "ud", f"CoNLL-U file {conllu}"
-    from probe.syntax.parse import parse_text  # noqa: PLC0415 (spaCy is an optional extra)
+    from probe.syntax.parse import parse_text  # here, not at the top: spaCy is an optional extra
 
     if text is not None and not is_file(text):
         raise ProbeError(f"text file not found: {text}", parameter="text")

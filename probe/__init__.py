@@ -1,4 +1,10 @@
-"""probe: find out what each attention head of a transformer does."""
+"""probe: find out what each attention head of a transformer does.
+
+The names here are the ones most scripts need; everything else is imported from the module that defines it
+(`probe.ablation`, `probe.atlas`, `probe.heads`, `probe.hooks`, `probe.inputs`, ...: docs/reference). No name here
+shadows a module: `probe.classify` is the function (the code lives in `probe.heads.classify`), and `probe.atlas` is
+the package (its function is `probe.atlas.atlas`).
+"""
 
 from pathlib import Path
 
@@ -8,14 +14,15 @@ from pathlib import Path
 # are that same checkout's folders, never those of whichever probe is installed (docs/architecture.md).
 _CHECKOUT = Path(__file__).resolve().parent.parent
 if not (Path(__file__).parent / "cli").is_dir() and (_CHECKOUT / "cli" / "app.py").is_file():
-    __path__.append(str(_CHECKOUT))  # noqa: F821 (a package's own search path)
+    __path__.append(str(_CHECKOUT))  # a package's own search path: before the imports below, which may need it
 
-from probe.atlas import Atlas, atlas  # the package first, then the name: probe.atlas is the function
-from probe.attention import attention_hooks, attention_layers, capture_attention
-from probe.classify import Classification, classify  # the module first, then the name: probe.classify is the function
-from probe.errors import ProbeError
-from probe.kv import KVHeads, kv_heads
-from probe.models import LoadedModel, load_model
+from probe.atlas import Atlas  # noqa: E402 (after the search path is set)
+from probe.errors import ProbeError  # noqa: E402
+from probe.heads.classify import Classification, classify  # noqa: E402
+from probe.hooks.capture import attention_hooks, capture_attention  # noqa: E402
+from probe.hooks.layers import attention_layers  # noqa: E402
+from probe.kv import KVHeads, kv_heads  # noqa: E402
+from probe.models import LoadedModel, load_model  # noqa: E402
 
-__all__ = ["Atlas", "Classification", "KVHeads", "LoadedModel", "ProbeError", "atlas", "attention_hooks",
-           "attention_layers", "capture_attention", "classify", "kv_heads", "load_model"]
+__all__ = ["Atlas", "Classification", "KVHeads", "LoadedModel", "ProbeError", "attention_hooks", "attention_layers",
+           "capture_attention", "classify", "kv_heads", "load_model"]

@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 
-from probe.ablation import (AblationResult, Head, HeadResult, ablation_list, assign_chunks, distinct, read_results,
-                            sweep, write_stream)
+from probe.ablation import AblationResult, Head, HeadResult, read_results, sweep
+from probe.ablation.heads import ablation_list, distinct
+from probe.ablation.plan import assign_chunks
+from probe.ablation.stream import write_stream
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError, first_line
 from probe.models import DeviceMap, LoadedModel, input_device, parse_device_map

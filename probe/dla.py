@@ -31,7 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, find_blocks
-from probe.attention import AttentionLayer, attention_hooks, attention_layers, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import AttentionLayer, attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import ContrastSet, logit_diffs
 from probe.circuits.weights import FINAL_NORMS, _gain, _named_child
 from probe.errors import ProbeError

@@ -1,4 +1,5 @@
-"""pandas, an optional extra (`pip install 'probe-heads[dataframe]'`): results' `to_dataframe()` import it through here."""
+"""pandas, an optional extra (`pip install 'probe-heads[dataframe]'`): results' `to_dataframe()` import it through
+here."""
 
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ from torch import Tensor
 from probe.ablation.editor import ablated
 from probe.ablation.sweep import sweep
 from probe.ablation.window import WindowAblation
-from probe.attention import attention_layers, logits_of, run_model
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, ProbeSet, natural_set, needle_set
 from probe.errors import ProbeError
 from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_from_lse,
@@ -47,8 +48,7 @@ from probe.hooks.capture import attention_hooks
 from probe.hooks.lse import FusedAttention
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
-
-Progress = Callable[[int, int], None]
+from probe.progress import Progress
 CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the scored ones
 BUDGET_SEED_OFFSET = 2000  # the budget's needle prompts: another seed than the scored ones and the curve's
 DEFAULT_FULL_FRACTION = 0.25  # the fixed budget's default, where a fixed budget is asked for

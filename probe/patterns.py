@@ -330,7 +330,7 @@ def _pick(captured: dict[int, Tensor], heads: list[tuple[int, int]] | None, aver
     for layer in sorted(captured):
         weights = captured.pop(layer)  # (h, n, n)
         picked.causal = picked.causal and bool((torch.triu(weights, 1) == 0).all())
-        layer_heads = [h for (l, h) in heads if l == layer] if heads is not None else list(range(weights.shape[0]))
+        layer_heads = [h for (at, h) in heads if at == layer] if heads is not None else list(range(weights.shape[0]))
         for head in layer_heads:
             if not 0 <= head < weights.shape[0]:
                 raise ProbeError(f"head {head} does not exist: layer {layer} has {weights.shape[0]} heads",

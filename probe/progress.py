@@ -7,10 +7,11 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from typing import Union
 
-Callback = Callable[[int, int], None]
-ProgressArg = Union[bool, Callback, None]
+Progress = Callable[[int, int], None]
+"""The one progress callback type: `(done, total)`, in each function's own unit of work (classify: layers of batches;
+the sweep: block-forwards; kv_heads, track: their stages' steps). `total` may grow while the work is counted."""
+ProgressArg = bool | Progress | None
 log = logging.getLogger("probe")
 WIDTH = 30  # characters of the bar
 
@@ -34,7 +35,7 @@ class TextBar:
         sys.stderr.flush()
 
 
-def callback(progress: ProgressArg, label: str) -> Callback | None:
+def callback(progress: ProgressArg, label: str) -> Progress | None:
     """The `(done, total)` callback a `progress` argument asks for: True a TextBar, a callable itself, else None."""
     if progress is True:
         return TextBar(label)

@@ -48,7 +48,7 @@ def plotly_js() -> str:
     if bundled.is_file():
         text = bundled.read_text(encoding="utf-8")
     else:
-        text = resources.files("plotly").joinpath("package_data", "plotly.min.js").read_text(encoding="utf-8")
+        text = resources.files("plotly").joinpath("package_data").joinpath("plotly.min.js").read_text(encoding="utf-8")
     return text.replace("</script", "<\\/script")
 
 
@@ -223,7 +223,7 @@ def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
     with an overview of every head that selects on click. `patterns` is a `Patterns.to_dict()` payload."""
     heads, n_layers, n_heads = patterns["heads"], patterns["n_layers"], patterns["n_heads"]
     layers = sorted({layer for layer, _ in heads})
-    per_layer = [sum(1 for l, _ in heads if l == layer) for layer in layers]
+    per_layer = [sum(1 for at, _ in heads if at == layer) for layer in layers]
     group = per_layer[0] if len(set(per_layer)) == 1 else 1
     n, total = len(patterns["tokens"]), patterns["total_tokens"]
     real = [pair for pair in heads if pair[1] != patterns["average"]]

@@ -1,5 +1,5 @@
 """How a head is named in every report: one short form (`18.6`, tables, axes, lists) and one long form
-(`layer 18, head 6`, hovers, titles and sentences). probe.ablate's labels of heads ablated together (`5.1+18.6`) join
+(`layer 18, head 6`, hovers, titles and sentences). probe.ablation's labels of heads ablated together (`5.1+18.6`) join
 short forms. The page script (assets/probe.js) writes the long form the same way.
 
 An encoder-decoder's payload carries `layer_names` (`enc0`, ..., `dec0`, `x0`, ...: probe.hooks.stacks names them);

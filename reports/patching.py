@@ -34,8 +34,8 @@ def ranked(payload: dict[str, Any], top: int = TOP) -> list[dict[str, Any]]:
 
 def patch_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One CSV row per head: its numbers, and its classes joined by spaces."""
-    return [{key: value for key, value in row.items() if key != "classes"} | {"classes": " ".join(row.get("classes", []))}
-            for row in _rows(payload)]
+    return [{key: value for key, value in row.items() if key != "classes"}
+            | {"classes": " ".join(row.get("classes", []))} for row in _rows(payload)]
 
 
 def _unit(row: dict[str, Any], payload: dict[str, Any]) -> str:

@@ -45,7 +45,8 @@ def prune_data(payload: dict[str, Any]) -> dict[str, Any]:
 def prune_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
     data = prune_data(payload)
     rows = [("model", str(payload["model"])), ("metric", str(payload["metric"])),
-            ("method", f"{payload['method']} ablation, all pruned heads together"), ("data", str(payload["data"]) if payload.get("measured_on") in (None, payload["data"])
+            ("method", f"{payload['method']} ablation, all pruned heads together"),
+            ("data", str(payload["data"]) if payload.get("measured_on") in (None, payload["data"])
              else f"orders chosen on {payload['data']}, losses measured on {payload['measured_on']}"),
             ("baseline", f"{payload['baseline_loss']:.4f}"),
             ("units", f"{payload['n_units']} {data['units']}, {payload['step']:.0%} per step"),

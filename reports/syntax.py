@@ -67,10 +67,11 @@ def syntax_report(payload: dict[str, Any], console: Console) -> None:
     console.print(Text("Overview, layer x head: relations each head is syntactic for", style="bold"))
     console.print(syntactic_grid(payload))
     share = payload["confident"]["share"]
-    ranked = sorted(((share[l][h], l, h) for l in range(len(share)) for h in range(len(share[l]))), reverse=True)
+    ranked = sorted(((share[layer][h], layer, h) for layer in range(len(share)) for h in range(len(share[layer]))),
+                    reverse=True)
     console.print(Text(f"Most confident attention on arcs (weights > {payload['confident']['threshold']:g}, BOS "
                        "excluded; Vig & Belinkov 2019): ", style="bold"),
-                  Text(", ".join(f"{short_label(l, h)} {v:.2f}" for v, l, h in ranked[:5])))
+                  Text(", ".join(f"{short_label(layer, h)} {v:.2f}" for v, layer, h in ranked[:5])))
 
 
 def syntactic_grid(payload: dict[str, Any]) -> Table:

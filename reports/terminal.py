@@ -145,7 +145,8 @@ def _ablation_header(payload: dict[str, Any], console: Console) -> None:
     task = payload.get("baseline_task")
     if task and "margin" in task:
         console.print(Text("task, unablated: ", style="bold"),
-                      Text(f"accuracy {_number(task.get('accuracy')):.3f}, mean margin {_number(task.get('margin')):+.3f}"
+                      Text(f"accuracy {_number(task.get('accuracy')):.3f}, "
+                           f"mean margin {_number(task.get('margin')):+.3f}"
                            " (log P(good) - log P(bad); loss = minus the margin)"))
     elif task:  # a classifier's accuracy (loss = 1 - accuracy)
         console.print(Text("unablated: ", style="bold"),
@@ -189,7 +190,7 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
     for rows, title, empty in tables if singles else []:
         if rows or empty:
             console.print()
-            console.print(_delta_table(payload, title, rows) if rows else Text(empty, style="dim"))
+            console.print(_delta_table(payload, title, rows) if rows else Text(empty or "", style="dim"))
     if payload.get("groups"):
         console.print()
         console.print(_delta_table(payload, "Heads ablated together", sorted(payload["groups"], key=_by_delta)))

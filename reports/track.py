@@ -73,8 +73,8 @@ def track_report(payload: dict[str, Any], console: Console) -> None:
 def _flagged(payload: dict[str, Any], name: str) -> set[tuple[int, int]]:
     """Heads the page highlights for a class: those crossing its threshold at its phase change, and those over it
     at the last checkpoint."""
-    heads = {tuple(int(x) for x in label.split(".")) for change in payload["phase_changes"] if change["class"] == name
-             for label in change["heads"]}
+    heads = {(int(layer), int(head)) for change in payload["phase_changes"] if change["class"] == name
+             for layer, head in (label.split(".") for label in change["heads"])}
     last = payload["checkpoints"][-1]["heads"] if payload["checkpoints"] else []
     threshold = payload["thresholds"][name]
     return heads | {(e["layer"], e["head"]) for e in last if (e["scores"].get(name) or 0) > threshold}
@@ -87,7 +87,8 @@ def track_data(payload: dict[str, Any]) -> dict[str, Any]:
     classes = {}
     for name, threshold in payload["thresholds"].items():
         flagged = _flagged(payload, name)
-        values = {(e["layer"], e["head"]): [] for e in checkpoints[0]["heads"]} if checkpoints else {}
+        values: dict[tuple[int, int], list[Any]] = ({(e["layer"], e["head"]): [] for e in checkpoints[0]["heads"]}
+                                                   if checkpoints else {})
         grids = []
         for checkpoint in checkpoints:
             grid = [[None] * n_heads for _ in range(n_layers)]

@@ -28,7 +28,8 @@ def tiny_bert_classifier(vocab_size: int, num_labels: int = 3, **config) -> nn.M
     import transformers as tf
 
     torch.manual_seed(0)
-    names = ["negative", "neutral", "positive"][:num_labels] if num_labels <= 3 else [f"c{i}" for i in range(num_labels)]
+    names = (["negative", "neutral", "positive"][:num_labels] if num_labels <= 3
+             else [f"c{i}" for i in range(num_labels)])
     model = tf.BertForSequenceClassification(tf.BertConfig(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=64, num_labels=num_labels, id2label=dict(enumerate(names)),

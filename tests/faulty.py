@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from planted import HEAD_DIM, PlantedModel, planted_textbook  # noqa: E402
+from planted import HEAD_DIM, PlantedModel, planted_textbook
 
 
 def _slow(_module: Any, _args: Any) -> None:

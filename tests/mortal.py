@@ -16,7 +16,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from planted import PlantedModel, planted_textbook  # noqa: E402
+from planted import PlantedModel, planted_textbook
 
 _calls = [0]
 

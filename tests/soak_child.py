@@ -65,7 +65,7 @@ def run(args: list[str], cache: str, err: str) -> None:
     try:
         os.environ.update(PROBE_CACHE=cache, OMP_NUM_THREADS="1")
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the server ignores SIGINT; a run stops on it
-        sys.stdout, sys.stderr = open(os.devnull, "w"), open(err, "w", encoding="utf-8", buffering=1)
+        sys.stdout, sys.stderr = open(os.devnull, "w"), open(err, "w", encoding="utf-8", buffering=1)  # noqa: SIM115
         os.dup2(sys.stdout.fileno(), 1)
         os.dup2(sys.stderr.fileno(), 2)
         sys.argv = ["probe", *args]
@@ -73,7 +73,7 @@ def run(args: list[str], cache: str, err: str) -> None:
         code = 0
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
-    except BaseException:  # noqa: BLE001 - reported in its stderr, as Python would
+    except BaseException:  # reported in its stderr, as Python would
         traceback.print_exc()
     finally:
         sys.stderr.flush()

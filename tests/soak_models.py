@@ -9,8 +9,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import tiny_hf  # noqa: E402
-from planted_syntax import syntax_tokenizer  # noqa: E402
+from conftest import tiny_hf
+from planted_syntax import syntax_tokenizer
 
 
 def tiny_llama_words() -> tuple[Any, Any]:

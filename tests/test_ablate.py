@@ -16,13 +16,14 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_hf, tiny_loaded
 from planted import UNRELATED, PlantedModel, TextbookAttention, planted_mha, planted_textbook
 
-from probe.ablation import METHODS, AblationMethod
-from probe.ablate import (BACKWARD_COST, GRAD_FORWARD_COST, AblationResult, HeadResult, ablate, all_heads, estimate,
-                          head_means, load_results, parse_heads, read_results, sweep)
-from probe.attention import attention_layers, logits_of, run_model
+from probe.ablation import (AblationMethod, HeadResult, METHODS, ablate, all_heads, estimate,
+                            head_means, load_results, parse_heads, read_results, sweep)
+from probe.ablation.estimate import BACKWARD_COST, GRAD_FORWARD_COST
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet, natural_set, repeated_set
 from probe.errors import ProbeError
-from probe.models import LoadedModel, load_model
+from probe.models import LoadedModel
 from probe.reports.files import write_csv
 
 TESTS = Path(__file__).parent
@@ -257,7 +258,7 @@ def test_resume_after_interruption_gives_the_same_file(tmp_path: Path) -> None:
 
     with pytest.raises(KeyboardInterrupt):
         sweep(loaded, probe_set, results_path=part, batch_size=2, stack=2, on_result=stop_after_three)
-    header, finished = read_results(part)
+    _header, finished = read_results(part)
     assert len(finished) == 3
     with part.open("a") as file:  # a line cut short by the interruption
         file.write('{"layer": 1, "head": 0, "lo')
@@ -352,9 +353,8 @@ def test_model_is_restored_after_every_mode(kind: str, tmp_path: Path) -> None:
     estimate(loaded, probe_set, refine=2)
     with ablate(model, [(0, 1), (1, 0)]):
         pass
-    with pytest.raises(Bomb):
-        with ablate(model, [(0, 1)]):
-            raise Bomb
+    with pytest.raises(Bomb), ablate(model, [(0, 1)]):
+        raise Bomb
     assert fingerprint(model) == before
 
 
@@ -599,17 +599,52 @@ def test_exact_sweep_equals_naive_loop_for_per_position_means(kind: str) -> None
         assert a.heads == b.heads and a.loss == pytest.approx(b.loss, abs=1e-4)
 
 
-def test_estimate_numbers_are_pinned() -> None:
-    """Computed with the single-module code before the split; every estimate term and the refined head's exact
-    delta must come out the same."""
+def first_order_terms(model: torch.nn.Module, ids: torch.Tensor, head_dim: int) -> dict[tuple[int, int], float]:
+    """Attribution patching written out: each head's -<dL/dz_h, z_h>, with z_h its slice of the output projection's
+    input and L the plain forward's next-token cross-entropy (the mean over every position), by autograd (the total
+    derivative: a later layer's input stays a function of an earlier one's)."""
+    layers = len(attention_layers(model))
+    inputs: dict[int, torch.Tensor] = {}
+
+    def keep(layer: int):
+        def pre_hook(_module, args):
+            inputs[layer] = args[0] if args[0].requires_grad else args[0].detach().requires_grad_(True)
+            return (inputs[layer], *args[1:])
+        return pre_hook
+
+    handles = [projection(model, layer)[0].register_forward_pre_hook(keep(layer)) for layer in range(layers)]
+    try:
+        logits = logits_of(run_model(model, ids)).float()
+    finally:
+        for handle in handles:
+            handle.remove()
+    loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    grads = torch.autograd.grad(loss, [inputs[layer] for layer in range(layers)])
+    products = [-(grad * inputs[layer].detach()) for layer, grad in enumerate(grads)]
+    return {(layer, head): float(products[layer][..., head * head_dim:(head + 1) * head_dim].sum())
+            for layer in range(layers) for head in range(inputs[layer].shape[-1] // head_dim)}
+
+
+def test_estimate_numbers_equal_an_independent_computation() -> None:
+    """The estimate's numbers, each derived here another way: its baseline is the plain forward's cross-entropy, its
+    first-order deltas are autograd's -<dL/dz_h, z_h> (batches of 3 and 1 sequences summed as one mean), and a head
+    it refines has the delta of zeroing that head's columns of the output projection."""
     loaded = tiny_loaded("llama_gqa")
-    result = estimate(loaded, small_set(loaded, seqs=4), samples=2, budget=7.0, batch_size=3)
-    assert result.baseline_loss == pytest.approx(4.746606048415689, rel=1e-9)
-    assert result.forwards == pytest.approx(6.844043887147334, rel=1e-12)
-    pinned = {(0, 0): (0.006051471, False), (0, 1): (-0.001606116, False), (0, 2): (0.000851676, False),
-              (0, 3): (-0.005064295, False), (1, 0): (0.012536015, False), (1, 1): (0.006185128, False),
-              (1, 2): (-0.008605187, False), (1, 3): (0.002768383, True)}
-    assert {r.heads[0]: (round(r.delta, 9), r.exact) for r in result.heads} == pinned
+    model, head_dim = loaded.model, 64 // 4
+    probe_set = small_set(loaded, seqs=4)
+    ids = probe_set.input_ids
+    baseline = reference_metric(model, ids, None, True)
+    first = estimate(loaded, probe_set, samples=0, refine=0, batch_size=3)
+    assert first.baseline_loss == pytest.approx(baseline, rel=1e-6)
+    assert not any(result.exact for result in first.results)
+    assert {result.heads[0]: result.delta for result in first.results} == pytest.approx(
+        first_order_terms(model, ids, head_dim), abs=1e-6)
+    refined = estimate(loaded, probe_set, samples=2, refine=2, batch_size=3)
+    exact = [result for result in refined.results if result.exact]
+    assert len(exact) == 2
+    for result in exact:
+        with weights_zeroed(model, list(result.heads), head_dim):
+            assert result.delta == pytest.approx(reference_metric(model, ids, None, True) - baseline, abs=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -11,11 +11,12 @@ import torch
 
 from conftest import run_cli
 from planted import planted_lm
-from probe import Atlas, atlas
-from probe.ablate import sweep
+from probe import Atlas
+from probe.atlas import atlas
+from probe.ablation import sweep
 from probe.circuits import copying_scores
 from probe.circuits.pairs import circuits
-from probe.classify import classify
+from probe.heads.classify import classify
 from probe.dla import next_token_attribution
 from probe.inputs import ProbeOptions, build_probe_set, natural_set
 from probe.heads.evidence import HeadFacts, Partner, judge
@@ -219,7 +220,6 @@ def test_page_in_chromium(built, tmp_path, open_page):  # noqa: F811
     opened.check_clean()  # no console error, no request but the page, no dialog, no injected element
 
 
-@pytest.mark.slow
 def test_task_and_dla_on_a_tiny_llama_with_smollm2s_tokenizer(smollm2):
     import transformers as tf
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from conftest import ARTIFACTS
-from probe.attention import capture_attention
-from probe.classify import Classification, classify
+from probe.hooks.capture import capture_attention
+from probe.heads.classify import Classification, classify
 from probe.inputs import repeated_set
 from probe.patterns import AVERAGE, Patterns, classification_patterns, text_ids, text_patterns
 from probe.reports.html import ablation_page, classification_page, forget_notebook_plotly, heatmap_page
@@ -146,7 +146,6 @@ def hover_text(opened: Opened, q: int, k: int, selector: str = ".probe-plot") ->
 # ---------------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_heatmap_page_draws_the_captured_attention(smollm2, tmp_path, open_page):
     patterns = text_patterns(smollm2, TEXT, source=f"text file {IMG}.txt")
     path = tmp_path / "heatmap.html"
@@ -214,7 +213,6 @@ def test_injected_text_stays_text(tmp_path, open_page, causal):
     opened.check_clean()
 
 
-@pytest.mark.slow
 def test_classification_page(smollm2, tmp_path, open_page):
     options = {"seq_len": 48, "repeat_len": 24}
     result = classify(smollm2, num_seqs=2, **options)

@@ -6,10 +6,12 @@ import pytest
 import torch
 from conftest import tiny_hf, tiny_loaded
 
-from probe.attention import attention_hooks, attention_layers, capture_attention, logits_of, run_model
-from probe.classify import score_heads
+from probe.hooks.capture import attention_hooks, capture_attention
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
+from probe.heads.classify import score_heads
 from probe.inputs import ProbeSet
-from probe.scores import SCORES
+from probe.heads.scores import SCORES
 
 ARCHITECTURES = ["llama_gqa", "llama_mqa", "qwen2", "mistral", "gemma2", "gpt2", "gpt_bigcode", "bert"]
 

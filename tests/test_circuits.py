@@ -11,7 +11,7 @@ import torch
 from conftest import tiny_hf
 from planted import planted_textbook
 from probe.circuits import composition_scores, copying_scores, layer_weights
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 
 
 def _direct_llama(model, layer: int, head: int) -> dict[str, torch.Tensor]:
@@ -41,7 +41,8 @@ def test_composition_equals_direct_computation_on_a_tiny_grouped_query_model():
     for a_head in range(4):
         for b_head in range(4):
             a, b = _direct_llama(model, 0, a_head), _direct_llama(model, 1, b_head)
-            assert composition.score("k", (0, a_head), (1, b_head)) == pytest.approx(_score(a["ov"], b["qk"].T), rel=1e-9)
+            assert composition.score("k", (0, a_head), (1, b_head)) == pytest.approx(_score(a["ov"], b["qk"].T),
+                                                                                     rel=1e-9)
             assert composition.score("q", (0, a_head), (1, b_head)) == pytest.approx(_score(a["ov"], b["qk"]), rel=1e-9)
             assert composition.score("v", (0, a_head), (1, b_head)) == pytest.approx(_score(a["ov"], b["ov"]), rel=1e-9)
     assert torch.isnan(composition.scores["k"][1, :, 0, :]).all()  # a later head does not compose into an earlier one
@@ -111,7 +112,8 @@ def test_circuits_command_writes_json_and_csv(tmp_path, capsys, monkeypatch):
 
     spec = f"{Path(__file__).parent / 'planted.py'}:planted_textbook"
     code, out, err = run_cli(["circuits", "--model", spec, "--seq-len", "64", "--num-seqs", "4", "--repeat-len", "20",
-                              "--json", str(tmp_path / "c.json"), "--csv", str(tmp_path / "c.csv")], capsys, monkeypatch)
+                              "--json", str(tmp_path / "c.json"), "--csv", str(tmp_path / "c.csv")], capsys,
+                             monkeypatch)
     assert code == 0, err
     assert "1.1" in out and "0.0 P" in out
     payload = json.loads((tmp_path / "c.json").read_text())

@@ -16,15 +16,16 @@ import torch.nn.functional as F
 from classifiers import (PLANTED_HEAD, planted_classifier, planted_texts, tiny_bert_classifier, tiny_classifier,
                          word_tokenizer)
 from conftest import run_cli
-from probe.ablate import ablate, sweep
+from probe.ablation import ablate, sweep
 from probe.ablation.prune import prune
 from probe.ablation.sweep import baseline_metric
-from probe.attention import capture_attention, logits_of, run_model
+from probe.hooks.capture import capture_attention
+from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.inputs import LabelledText, ProbeOptions, build_probe_set, labelled_set
 from probe.models import LoadedModel, load_model
 
-WORDS = "the cat sat on a mat dog ran far good bad film was very plot".split()
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran", "far", "good", "bad", "film", "was", "very", "plot"]
 ROWS = [("the cat sat on a mat", "positive"), ("a dog ran far", 0), ("good film", "neutral"), ("bad plot", 2),
         ("the film was very bad", "negative"), ("a cat ran", 1), ("very good dog", "positive")]
 
@@ -170,7 +171,7 @@ def test_cli_ablate_labels_and_its_refusals(tmp_path: Path, capsys, monkeypatch)
     spec = f"{Path(__file__).parent / 'classifiers.py'}:planted_classifier"
     labels = write_rows(tmp_path / "labels.jsonl", planted_texts(8))
     out = tmp_path / "out.json"
-    code, stdout, stderr = run_cli(["ablate", "--model", spec, "--labels", str(labels), "--metric", "accuracy",
+    code, _stdout, stderr = run_cli(["ablate", "--model", spec, "--labels", str(labels), "--metric", "accuracy",
                                     "--json", str(out)], capsys, monkeypatch)
     assert code == 0, stderr
     payload = json.loads(out.read_text())
@@ -202,9 +203,9 @@ def test_sep_and_sink_heads_of_a_planted_classifier(planted: LoadedModel) -> Non
 
 
 def test_a_saved_classifier_folder_loads_as_a_classifier_and_the_estimate_refuses_it(tmp_path: Path) -> None:
-    from probe.ablate import estimate
+    from probe.ablation import estimate
 
-    tokenizer = word_tokenizer(WORDS + "quick brown fox jumps".split())  # words probe's tokenizer check encodes
+    tokenizer = word_tokenizer(WORDS + ["quick", "brown", "fox", "jumps"])  # words probe's tokenizer check encodes
     tiny_bert_classifier(len(tokenizer)).save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     loaded = load_model(str(tmp_path / "model"))

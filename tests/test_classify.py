@@ -14,8 +14,8 @@ from conftest import run_cli, tiny_loaded
 from planted import PLANTED
 
 import probe.heads.classify as classify_module
-from probe.attention import attention_layers
-from probe.classify import classify
+from probe.hooks.layers import attention_layers
+from probe.heads.classify import classify
 from probe.inputs import natural_set, repeated_set
 from probe.models import ALIASES, Alias, load_model
 
@@ -46,7 +46,7 @@ def test_thresholds_override_and_json_schema(tmp_path: Path, capsys, monkeypatch
     data = json.loads(out.read_text())
     assert (data["model"], data["n_layers"], data["n_heads"]) == (spec, 2, 4)
     assert len(data["heads"]) == 8
-    assert {(h["layer"], h["head"]) for h in data["heads"]} == {(l, h) for l in range(2) for h in range(4)}
+    assert {(h["layer"], h["head"]) for h in data["heads"]} == {(layer, h) for layer in range(2) for h in range(4)}
     assert data["thresholds"]["induction"] == 0.9
     by_head = {(h["layer"], h["head"]): h for h in data["heads"]}
     assert "induction" not in by_head[(1, 1)]["labels"]  # 0.85 is under the raised threshold

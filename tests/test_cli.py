@@ -25,7 +25,7 @@ from rich.console import Console
 from probe.cli.app import DISTRIBUTION, FLAGS, flag_message
 from probe.cli.progress import PlainProgress
 from conftest import run_cli, tiny_loaded
-from probe.ablate import estimate, sweep
+from probe.ablation import estimate, sweep
 from probe.inputs import repeated_set
 from probe.errors import ProbeError
 from probe.reports.files import write_csv, write_json, write_text

@@ -1,5 +1,5 @@
-"""Contrast sets (probe.inputs.contrast): clean/corrupt pairs from files and generated tasks, the logit difference, and the
-normalised effect."""
+"""Contrast sets (probe.inputs.contrast): clean/corrupt pairs from files and generated tasks, the logit difference, and
+the normalised effect."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import (CONTRAST_TASKS, MIN_GAP, contrast_logit_diffs, contrast_task, ioi_pairs,
                             logit_diff, normalised_effect, read_contrast_pairs, sva_pairs)
 from probe.errors import ProbeError

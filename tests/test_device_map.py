@@ -10,7 +10,8 @@ import pytest
 import torch
 from conftest import run_cli
 
-from probe.attention import attention_hooks, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.heads.classify import classify
 from probe.hooks.hf import _HF_ACTIVE
@@ -177,7 +178,6 @@ def test_parse_device_map_forms(tmp_path: Path) -> None:
     assert parse_device_map(None) is None
 
 
-@pytest.mark.slow
 def test_default_model_from_gguf_cache_offloaded(smollm2, tmp_path: Path) -> None:
     """SmolLM2 from its cached GGUF folder, layers 10-19 on disk: the same scores as the model in memory."""
     device_map = {"model.embed_tokens": "cpu", "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "cpu"}
@@ -190,7 +190,7 @@ def test_default_model_from_gguf_cache_offloaded(smollm2, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_ablation_deltas_with_offloading_equal(llama_dir: Path, tmp_path: Path, method: str) -> None:
-    from probe.ablate import sweep
+    from probe.ablation import sweep
     from probe.inputs import repeated_set
 
     plain = load_model(str(llama_dir))

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
 
 from probe.distributed import Rank, assign_chunks, current, rank_placement, shard_path, shard_paths, sharded_sweep
 from probe.errors import ProbeError
@@ -256,7 +255,7 @@ def test_shard_paths(tmp_path: Path) -> None:
 def test_resume_refuses_shards_of_another_sweep(tmp_path: Path, monkeypatch) -> None:
     from conftest import tiny_loaded
 
-    from probe.ablate import sweep
+    from probe.ablation import sweep
     from probe.inputs import repeated_set
 
     for key in ("WORLD_SIZE", "RANK"):

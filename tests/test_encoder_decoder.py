@@ -18,8 +18,11 @@ from test_browser import browser, open_page, tick_texts  # noqa: F401 (fixtures)
 from test_families import assert_unchanged, eager, snapshot
 from test_html import page_data
 
-from probe.ablate import ablate, parse_heads, sweep
-from probe.attention import attention_layers, capture_attention, layer_names, logits_of, run_model
+from probe.ablation import ablate, parse_heads, sweep
+from probe.hooks.capture import capture_attention
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
+from probe.hooks.stacks import layer_names
 from probe.inputs import ProbeOptions, ProbeSet, build_probe_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
@@ -181,7 +184,8 @@ def test_classify_and_ablate_on_a_saved_folder(name: str, tmp_path: Path, capsys
     assert payload["layer_names"] == ["enc0", "enc1", "dec0", "x0", "dec1", "x1"] and payload["n_layers"] == 6
     cross = [entry for entry in payload["heads"] if entry["layer"] == 3]
     assert cross and all(entry["scores"]["previous_token"] is None for entry in cross)  # n/a on cross-attention
-    assert all(isinstance(entry["scores"]["previous_token"], float) for entry in payload["heads"] if entry["layer"] == 2)
+    assert all(isinstance(entry["scores"]["previous_token"], float)
+               for entry in payload["heads"] if entry["layer"] == 2)
     assert "x0" in out and "enc1" in out
     code, out, err = run_cli(["ablate", "--model", folder, "--heads", "x1.2,enc0.1", "--seq-len", "12",
                               "--num-seqs", "2", "--json", str(tmp_path / "ablate.json")], capsys, monkeypatch)
@@ -191,7 +195,8 @@ def test_classify_and_ablate_on_a_saved_folder(name: str, tmp_path: Path, capsys
     assert result["layer_names"][5] == "x1" and "x1.2" in out
     code, out, err = run_cli(["ablate", "--model", folder, "--heads", "1.2", "--seq-len", "12"], capsys, monkeypatch)
     errors = [line for line in err.splitlines() if not line.startswith("warning:")]
-    assert code == 2 and len(errors) == 1 and "--heads '1.2': this encoder-decoder names its layers by stack" in errors[0]
+    assert code == 2 and len(errors) == 1
+    assert "--heads '1.2': this encoder-decoder names its layers by stack" in errors[0]
 
 
 def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Path) -> None:
@@ -227,7 +232,7 @@ def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Pa
 
 @pytest.mark.browser
 def test_pages_name_the_layers_by_stack(tmp_path: Path, open_page) -> None:  # noqa: F811 (a fixture)
-    from probe.classify import classify
+    from probe.heads.classify import classify
     from probe.patterns import attention_patterns
     from probe.reports.html import ablation_page, classification_page, heatmap_page
 
@@ -351,5 +356,6 @@ def test_heatmap_takes_layers_by_stack(tmp_path: Path, capsys, monkeypatch) -> N
     code, _, err = run_cli(["heatmap", "--model", folder, "--text", "one", "--layers", "3", "--html",
                             str(tmp_path / "other.html")], capsys, monkeypatch)
     errors = [line for line in err.splitlines() if not line.startswith("warning:")]
-    assert code == 2 and len(errors) == 1 and "--layers '3': this encoder-decoder names its layers by stack" in errors[0]
+    assert code == 2 and len(errors) == 1
+    assert "--layers '3': this encoder-decoder names its layers by stack" in errors[0]
     assert not (tmp_path / "other.html").exists()

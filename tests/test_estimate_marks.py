@@ -12,7 +12,7 @@ import time
 import pytest
 
 from conftest import tiny_loaded
-from probe.ablate import estimate
+from probe.ablation import estimate
 from probe.inputs import repeated_set
 from probe.reports.files import write_csv
 from probe.reports.html import ablation_page

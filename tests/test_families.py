@@ -14,8 +14,10 @@ import pytest
 import torch
 from families import ADAPTED, FAMILY_MODELS, PROJECTIONS, pre_hooks, tiny_family, zero_head_slices
 
-from probe.ablate import ablate, sweep
-from probe.attention import attention_hooks, attention_layers, capture_attention, logits_of, run_model
+from probe.ablation import ablate, sweep
+from probe.hooks.capture import attention_hooks, capture_attention
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model

@@ -15,20 +15,18 @@ from pathlib import Path
 
 import huggingface_hub.constants
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import tiny_loaded
 from families import tiny_encoder_decoder
-from fuzzing import (MISSING_MODEL, argument, cli_outcome, file_bytes, inputs, json_variant, mutated,
-                     valid_or_refused, write)
+from fuzzing import (MISSING_MODEL, argument, cli_outcome, file_bytes, inputs, json_variant, valid_or_refused, write)
 from planted_syntax import planted_syntax, syntax_tokenizer
 from probe.ablation.heads import parse_heads, parse_layers
 from probe.ablation.results import HeadResult
 from probe.ablation.stream import load_results, read_results, write_stream
 from probe.ablation.sweep import sweep
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 from probe.hooks.stacks import layer_names
 from probe.cli.app import main
 from probe.cli.classify import parse_thresholds
@@ -116,7 +114,7 @@ def test_layer_specs_round_trip(data: st.DataObject, kind: str, layer_sets: dict
 def test_head_specs_on_the_command_line(spec: str, capsys, monkeypatch) -> None:
     """--heads is checked before the model loads: a malformed one is its own error, a well-formed one reaches the
     (missing) model."""
-    code, err = cli_outcome(["ablate", "--model", MISSING_MODEL, f"--heads={argument(spec)}"], capsys, monkeypatch)
+    code, _err = cli_outcome(["ablate", "--model", MISSING_MODEL, f"--heads={argument(spec)}"], capsys, monkeypatch)
     assert code == 2
 
 
@@ -589,6 +587,6 @@ def test_found_conllu_numbers_int_cannot_read(line: str, message: str, tmp_path:
 
 def test_found_a_conllu_form_ending_in_a_space_keeps_its_span(tmp_path: Path) -> None:
     """The text was stripped of trailing spaces, so the last word's span ran past the text."""
-    path = write(tmp_path / "parses.conllu", "1\tgo\t_\t_\t_\t_\t0\troot\t_\t_\n2\tx \t_\t_\t_\t_\t1\tobj\t_\t_\n\n".encode())
+    path = write(tmp_path / "parses.conllu", b"1\tgo\t_\t_\t_\t_\t0\troot\t_\t_\n2\tx \t_\t_\t_\t_\t1\tobj\t_\t_\n\n")
     sentence = read_conllu(path)[0]
     assert sentence.text == "go x " and [sentence.text[a:b] for a, b in sentence.spans] == ["go", "x "]

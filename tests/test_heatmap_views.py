@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from probe.classify import Classification
+from probe.heads.classify import Classification
 from probe.reports.html import classification_page, heatmap_page
 from test_browser import ARGS, CHROMIUM, browser  # noqa: F401  (the module's Chromium fixture)
 from test_html import fake_patterns, page_data

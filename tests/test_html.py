@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_loaded
-from probe.attention import capture_attention
-from probe.classify import Classification
+from probe.hooks.capture import capture_attention
+from probe.heads.classify import Classification
 from probe.inputs import natural_set, repeated_set
 from probe.errors import ProbeError
 from probe.patterns import (AVERAGE, Patterns, attention_patterns, classification_patterns, text_ids, text_patterns,
@@ -76,7 +76,6 @@ def test_token_strings_without_tokenizer():
         text_ids(loaded, "hello")
 
 
-@pytest.mark.slow
 def test_token_strings_of_a_real_tokenizer(smollm2):
     ids = text_ids(smollm2, "Hi  there\n\tcafé 😀 the the")
     strings = token_strings(smollm2, ids)
@@ -302,7 +301,6 @@ def test_ablation_page_leaves_heads_without_a_finite_loss_blank():
 # the command
 
 
-@pytest.mark.slow
 def test_heatmap_command(smollm2, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("probe.cli.heatmap.load", lambda *args, **kwargs: smollm2)
     out = tmp_path / "page.html"
@@ -329,7 +327,6 @@ def test_heatmap_command(smollm2, tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "x.html").exists()
 
 
-@pytest.mark.slow
 def test_text_patterns_cut_long_text(smollm2, monkeypatch):
     patterns = text_patterns(smollm2, "word " * 299 + "word", source="t", max_tokens=64, layers={0})
     assert len(patterns.tokens) == 64 and patterns.total_tokens == 301 and "first 64" in patterns.note
@@ -341,7 +338,6 @@ def test_text_patterns_cut_long_text(smollm2, monkeypatch):
     assert window.labels[0] == "1000:␣word" and "positions 1,000 to 1,063" in window.note
 
 
-@pytest.mark.slow
 def test_heatmap_window_from_the_command_line(smollm2, tmp_path, capsys, monkeypatch):
     page = tmp_path / "window.html"
     code, out, err = run_cli(["heatmap", "--text", "word " * 400, "--html", str(page), "--layers", "0",

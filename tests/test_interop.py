@@ -10,7 +10,7 @@ import torch
 
 from conftest import tiny_hf, tiny_loaded
 from probe import classify, load_model
-from probe.ablate import estimate, sweep
+from probe.ablation import estimate, sweep
 from probe.inputs import repeated_set
 from probe.errors import ProbeError
 

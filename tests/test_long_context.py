@@ -10,7 +10,9 @@ from conftest import tiny_hf, tiny_loaded
 
 import probe.hooks.blocked as blocked
 import probe.hooks.hf as hf
-from probe.attention import attention_hooks, blocked_attention, capture_attention, run_model
+from probe.hooks.blocked import blocked_attention
+from probe.hooks.capture import attention_hooks, capture_attention
+from probe.hooks.run import run_model
 from probe.inputs import ProbeSet
 from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.classify import score_heads
@@ -132,7 +134,7 @@ def test_blocked_attention_matches_reference_with_masks_and_offsets() -> None:
 
 def _positional_reference(weights, start, batch):
     """positional_score as first written, with argmax: the fast version must give exactly these numbers."""
-    b, h, block, n_keys = weights.shape
+    _b, h, block, n_keys = weights.shape
     queries = torch.arange(start, start + block)
     top = weights.argmax(dim=-1)
     valid = batch.valid
@@ -265,7 +267,7 @@ def test_unpadded_causal_batch_builds_no_mask() -> None:
 def test_ablation_sweep_with_chunked_logits_equals_full_logits(monkeypatch, mode: str) -> None:
     """Long-context sweeps never hold the full logits: the loss comes from the last block's output, the model's head
     run on a few positions at a time. Forced here on a tiny model; the numbers must not change."""
-    import probe.ablate as ablate
+    import probe.ablation as ablate
     from probe.ablation import logits as readouts
 
     loaded = tiny_loaded("llama_gqa")

@@ -14,7 +14,8 @@ from families import ADAPTED, FAMILY_MODELS, tiny_family
 import probe.heads.accumulate as accumulate
 import probe.heads.scores as scores
 import probe.hooks.lse as lse
-from probe.attention import attention_hooks, capture_attention, run_model
+from probe.hooks.capture import attention_hooks, capture_attention
+from probe.hooks.run import run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.heads.classify import score_heads

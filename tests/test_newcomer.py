@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 from conftest import run_cli
@@ -100,7 +99,7 @@ def test_a_hub_alias_loads_its_hub_id_and_says_so_offline(tmp_path: Path) -> Non
             str(out), "then", "pythia-70m"]
     done = subprocess.run([sys.executable, "-c", CLI_TWICE, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
-    first, second = done.stderr.split("exit 0\n")  # the hub alias in the cache loads; then the one not cached
+    _first, second = done.stderr.split("exit 0\n")  # the hub alias in the cache loads; then the one not cached
     provenance = json.loads(out.read_text())["provenance"]
     assert provenance["model"]["source"] == "openai-community/gpt2" and provenance["model"]["kind"] == "hub"
     assert second.splitlines() == ["error: cannot load model 'pythia-70m' (EleutherAI/pythia-70m comes from the "

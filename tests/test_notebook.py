@@ -24,7 +24,7 @@ pytestmark = pytest.mark.browser
 
 CELLS = [
     f"import sys\nsys.path[:0] = [{str(ROOT)!r}, {str(TESTS)!r}]  # this checkout's probe, not an installed one\n"
-    "from probe import classify, load_model\nfrom probe.ablate import sweep\nfrom probe.inputs import repeated_set\n"
+    "from probe import classify, load_model\nfrom probe.ablation import sweep\nfrom probe.inputs import repeated_set\n"
     f"loaded = load_model({str(TESTS / 'planted.py')!r} + ':planted_textbook')\n"
     "probe_set = repeated_set(loaded, repeat_len=8, num_seqs=2)",
     "classify(loaded, seq_len=16, num_seqs=2, repeat_len=8)",

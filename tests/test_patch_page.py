@@ -42,6 +42,7 @@ def test_patch_page_draws_the_maps_and_the_positions(tmp_path, open_page, monkey
     assert IMG.replace("<", "&lt;").replace(">", "&gt;") in spots["x"][2]  # shown as text, not read as HTML
     assert opened.page.locator(".probe-patch-position .heatmaplayer image").count() >= 1
     paths = opened.page.evaluate("document.querySelector('.probe-patch-paths').data[0]")
-    assert paths["y"] == ["0.1", "0.2"] and paths["z"][1][0] == pytest.approx(payload["paths"]["patch_effect"][1][0], abs=1e-6)
+    assert paths["y"] == ["0.1", "0.2"]
+    assert paths["z"][1][0] == pytest.approx(payload["paths"]["patch_effect"][1][0], abs=1e-6)
     screenshot(opened, "patch.png")
     opened.check_clean()

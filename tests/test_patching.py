@@ -9,10 +9,10 @@ from conftest import tiny_loaded
 from test_ablate import projection
 from test_specific import swapped_loss
 
-from probe.ablate import sweep
+from probe.ablation import sweep
 from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.statistics import head_outputs
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import repeated_set
 from probe.errors import ProbeError
 
@@ -444,7 +444,8 @@ def test_the_qk_fix_recomputes_the_patched_heads_then_takes_the_first_order(comp
     ids = corrupt.input_ids
     diffs = logits[rows, last, ids[rows, last + 1]] - logits[rows, last, ids[rows, last + 2]]
     (grad,) = torch.autograd.grad(diffs.mean(), z)
-    expected = float(diffs.mean().detach()) + float((grad[..., heads] * (z_patched - z.detach())[..., heads]).double().sum())
+    step = (z_patched - z.detach())[..., heads]
+    expected = float(diffs.mean().detach()) + float((grad[..., heads] * step).double().sum())
     entry = result.entries[0]
     assert result.mode == "estimate" and entry.logit_diff == pytest.approx(expected, abs=1e-5)
     assert len(entry.heads) == (1 if component == "query" else 2) and "QK fix" in result.path

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_hf, tiny_loaded
-from probe.ablate import sweep
+from probe.ablation import sweep
 from probe.inputs import repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel, load_model
@@ -79,7 +79,6 @@ def test_a_module_given_to_load_model_is_hashed_by_its_tensors() -> None:
     assert tensor_hash(model) != facts["model"]["sha256"]
 
 
-@pytest.mark.slow
 def test_the_default_model_says_it_was_dequantised(smollm2: LoadedModel, capsys, monkeypatch) -> None:
     facts = model_facts(smollm2)
     assert facts["kind"] == "gguf" and facts["source"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")

@@ -137,7 +137,8 @@ def test_losses_measured_on_a_held_out_set_while_the_order_is_chosen_on_the_prob
     assert result.baseline_loss == pytest.approx(_loss_by_hand(loaded.model, held_out.input_ids, []), rel=1e-5)
     (curve,) = result.curves
     evaluator = _Evaluator(loaded, chosen_on, ZeroAblation(), METRICS["cross_entropy"], batch_size=8)
-    first = min(prune_units(loaded), key=lambda unit: (importance(evaluator, prune_units(loaded), [], (2, 4))[unit], unit))
+    scores = importance(evaluator, prune_units(loaded), [], (2, 4))
+    first = min(prune_units(loaded), key=lambda unit: (scores[unit], unit))
     assert curve.steps[1].removed[0] == f"{first[0][0]}.{first[0][1]}"  # chosen on the probe set
     pruned = []
     for step in curve.steps[1:]:

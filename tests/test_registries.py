@@ -12,11 +12,10 @@ from words import PROMPTS
 
 import torch
 
-from probe.ablate import ablate, sweep
-from probe.ablation import logits as readouts
+from probe.ablation import ablate, logits as readouts, sweep
 from probe.ablation.methods import NoiseAblation, build_method, derangement
 from probe.ablation.statistics import head_statistics
-from probe.attention import run_model
+from probe.hooks.run import run_model
 from probe.inputs import task_set
 
 
@@ -46,7 +45,7 @@ def test_the_resample_derangement_follows_the_seed(tmp_path: Path, capsys, monke
     assert code == 0, stderr
     described = json.loads(out.read_text())["mean"]
     assert "seed 3" in described
-    rows = 12  # 6 pairs, two rows each, one batch of 8 and one of 4
+    # 12 rows: 6 pairs, two rows each, one batch of 8 and one of 4
     donors = derangement(8, torch.Generator().manual_seed(3 * 1_000_003 + 1))
     assert " ".join(str(int(d)) for d in donors) in described
 
@@ -142,7 +141,7 @@ def test_the_kl_metric_equals_a_hand_computation_and_is_chosen_by_name(tmp_path:
     from conftest import tiny_loaded
     from test_ablate import PLANTED, small_set, weights_zeroed
 
-    from probe.attention import logits_of
+    from probe.hooks.run import logits_of
 
     loaded = tiny_loaded("llama_gqa")
     probe_set = small_set(loaded, seqs=4)

@@ -12,9 +12,9 @@ from conftest import run_cli, tiny_loaded
 from planted import HEAD_DIM, IND, ONE
 from test_ablate import planted_loaded, projection, weights_zeroed
 
-from probe.ablate import sweep
+from probe.ablation import sweep
 from probe.ablation.methods import ResampleAblation
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet, repeated_set
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -234,7 +234,8 @@ def test_cli_task_run_reports_baseline_accuracy_and_specific_heads(tmp_path: Pat
     assert payload["metric"] == "task_margin" and payload["data"] == "task:sva"
     assert set(payload["baseline_task"]) == {"margin", "accuracy"} and "task, unablated:" in stdout
     assert all("effects" in entry and "task_accuracy" in entry for entry in payload["heads"])
-    assert "sharpest specific" in stdout and "specificity" in csv.read_text().splitlines()[1]  # after the provenance line
+    assert "sharpest specific" in stdout
+    assert "specificity" in csv.read_text().splitlines()[1]  # after the provenance line
     code, _, stderr = run_cli(["ablate", "--model", WORDS, "--task", "ioi", "--method", "estimate"], capsys,
                               monkeypatch)
     assert code == 2 and "estimate linearises" in stderr
@@ -252,7 +253,7 @@ def test_resample_groups_exact_equals_naive_and_a_batch_of_one_is_refused() -> N
 
 
 def test_the_estimate_refuses_a_task() -> None:
-    from probe.ablate import estimate
+    from probe.ablation import estimate
 
     loaded = words_loaded()
     with pytest.raises(ProbeError, match="not a task's margin"):

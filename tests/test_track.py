@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import run_cli
-from probe.classify import classify
+from probe.heads.classify import classify
 from probe.inputs import natural_set
 from probe.errors import ProbeError
 from probe.models import load_model
@@ -165,7 +165,7 @@ def test_state_dicts_load_weights_only(tmp_path: Path) -> None:
 def test_cli_writes_outputs_and_refuses_bad_input(tmp_path: Path, capsys, monkeypatch) -> None:
     tiny_checkpoints(tmp_path / "ckpt", (9, 10))
     small = ["--seq-len", "24", "--num-seqs", "2", "--repeat-len", "8", "--icl-seqs", "2"]
-    code, out, err = run_cli(["track", "--model", TINY, "--checkpoints", str(tmp_path / "ckpt" / "step-*.pt"),
+    code, _out, err = run_cli(["track", "--model", TINY, "--checkpoints", str(tmp_path / "ckpt" / "step-*.pt"),
                               *small, "--json", str(tmp_path / "t.json"), "--csv", str(tmp_path / "t.csv")],
                              capsys, monkeypatch)
     assert code == 0, err

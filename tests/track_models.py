@@ -11,8 +11,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "induction"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from model import AttentionOnly, ByteTokenizer  # noqa: E402
-from planted import HEAD_DIM, planted_textbook  # noqa: E402
+from model import AttentionOnly, ByteTokenizer
+from planted import HEAD_DIM, planted_textbook
 
 
 def tiny() -> tuple[torch.nn.Module, ByteTokenizer]:

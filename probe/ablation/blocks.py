@@ -11,7 +11,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from probe.attention import AttentionLayer, run_model
+from probe.hooks.layers import AttentionLayer
+from probe.hooks.run import run_model
 from probe.hooks.restore import interrupts_deferred, restoring
 
 

@@ -19,7 +19,8 @@ from probe.ablation.heads import Ablation, Head, check_heads, heads_by_layer
 from probe.ablation.methods import AblationMethod, InputPatch, method_named
 from probe.ablation.statistics import HeadStatistics
 from probe.ablation.window import PatternAblation, RestrictedHeads
-from probe.attention import attention_hooks, attention_layers
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
 from probe.hooks.types import AttentionInputs
 from probe.errors import ProbeError
 

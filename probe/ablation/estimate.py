@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, find_blocks, keeping_outputs
@@ -32,11 +31,14 @@ from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_
 from probe.ablation.plan import check_probe_set, data_name, refuse_sources
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, batches_of
-from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import LABELS_LAYOUT, ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
+from probe.models.parts import output_embeddings
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
 BACKWARD_COST = 1.4  # a backward to the head outputs only (no weight gradients), in plain forwards (same)
@@ -61,8 +63,8 @@ def _flop_costs(model: nn.Module, blocks: Blocks | None) -> Callable[[int], floa
     if blocks is None:
         return lambda start: 1.0
     per_block = [sum(p.numel() for p in block.parameters()) for block in blocks.container]
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    unembed = sum(p.numel() for p in head.parameters()) if isinstance(head, nn.Module) else 0
+    head = output_embeddings(model)
+    unembed = sum(p.numel() for p in head.parameters()) if head is not None else 0
     total = sum(per_block) + unembed
     return lambda start: (sum(per_block[start:]) + unembed) / max(total, 1)
 
@@ -160,7 +162,7 @@ def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], step: Callab
     exact: dict[Head, Tensor] = {}
     with torch.no_grad():
         for _, group in sorted(by_start.items()):
-            chunk = [(head,) for head in group]
+            chunk: list[tuple[Head, ...]] = [(head,) for head in group]
             totals = torch.zeros(len(group), len(runner.scorer.parts) + 1, dtype=torch.float64)
             for index in range(len(runner.batches)):
                 totals += runner.sums(chunk, index)
@@ -200,7 +202,8 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     chosen_metric = choose_metric(loaded, probe_set, metric)
     if not chosen_metric.estimable:
         raise ProbeError(f"the estimate linearises a causal LM's next-token loss, the cross-entropy (its second order "
-                         f"is the softmax's), not {chosen_metric.name}, which reads {chosen_metric.reads}: run the exact sweep",
+                         f"is the softmax's), not {chosen_metric.name}, which reads {chosen_metric.reads}: run the "
+                         "exact sweep",
                          parameter="method")
     scorer = Scorer(chosen_metric, parts_of(probe_set))
     return chosen, scorer, batches_of(probe_set, scorer, batch_size)
@@ -219,7 +222,8 @@ def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches
 
 
 def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
-             metric: str | Metric | None = None, batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET, refine: int | None = None,
+             metric: str | Metric | None = None, batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET,
+             refine: int | None = None,
              seed: int = 0, data: str | Path | None = None,
              progress: Callable[[int, int], None] | None = None) -> AblationResult:
     """Every head's zero-ablation delta, estimated from a few forward and backward passes instead of a sweep (see
@@ -270,7 +274,8 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     return AblationResult(
         model=loaded.name, method="zero", data=data_name(probe_set, data), metric=scorer.metric.name,
         baseline_loss=baseline_loss, results=results, n_layers=n_layers, n_heads=n_heads, mode="estimate",
-        path=path, baseline_parts=baseline_parts, probe_set=probe_set.to_dict() | {"description": probe_set.description},
+        path=path, baseline_parts=baseline_parts,
+        probe_set=probe_set.to_dict() | {"description": probe_set.description},
         seconds=time.perf_counter() - started, forwards=spent,
         terms={head: (float(terms.first[head]), float(terms.second[head])) for head in heads},
         layer_names=layer_names(attention_layers(loaded.model)))

@@ -7,7 +7,7 @@ from typing import TypeVar
 
 from torch import nn
 
-from probe.attention import AttentionLayer, attention_layers
+from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.errors import ProbeError
 from probe.hooks.stacks import split_layer_part
 

@@ -17,7 +17,10 @@ from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, detach, find_blocks, skip_blocks
 from probe.hooks.restore import interrupts_deferred, restoring
-from probe.attention import Source, accepts_argument, attention_layers, is_hf_model, logits_of, run_model
+from probe.hooks.hf import is_hf_model
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import Source, accepts_argument, logits_of, run_model
+from probe.models.parts import output_embeddings
 
 LOGITS_BYTES = 256 << 20  # logits larger than this (long context) are computed a chunk of positions at a time
 LOGITS_CHUNK_BYTES = 128 << 20  # the logits of one such chunk
@@ -52,7 +55,8 @@ over the leading dimensions): what the chunked readouts compute a chunk at a tim
 def head_values(model: nn.Module, normed: Tensor, ids: Tensor, token_values: TokenValues) -> Tensor:
     """(rows, n - 1) next-token values, the LM head applied to HEAD_ROWS positions at a time: the logits of a chunk
     are still in cache when the metric reads them (about 12% faster on CPU than all positions at once)."""
-    head = model.get_output_embeddings()
+    head = output_embeddings(model)
+    assert head is not None  # the direct readout is chosen only for a model with an LM head (_direct_head)
     rows, n = ids.shape
     states = normed[:, :-1].reshape(-1, normed.shape[-1])  # (rows * (n - 1), hidden)
     targets = ids[:, 1:].reshape(-1)
@@ -86,7 +90,8 @@ class Final:
         if self.normed is not None:
             return head_values(self.model, self.normed, self.ids, token_values)
         rows, n = self.ids.shape
-        chunk = max(1, LOGITS_CHUNK_BYTES // (rows * self.model.config.vocab_size * 4))
+        config: Any = self.model.config  # (nn.Module types an undeclared attribute as Tensor | Module)
+        chunk = max(1, LOGITS_CHUNK_BYTES // (rows * int(config.vocab_size) * 4))
         values = []
         for start in range(0, n - 1, chunk):
             stop = min(start + chunk, n - 1)
@@ -102,7 +107,7 @@ class Final:
 def decoder(model: nn.Module) -> nn.Module | None:
     """The model's decoder (the part before the LM head, final norm included), if it names one."""
     getter = getattr(model, "get_decoder", None)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    head = output_embeddings(model)
     try:
         found = getter() if callable(getter) else None
     except Exception:  # models without one raise in various ways
@@ -132,7 +137,10 @@ def _direct_head(model: nn.Module, normed: Tensor, logits: Tensor) -> bool:
     """Whether the model's logits are its LM head applied to the decoder's output and nothing else: checked on the
     first two positions of a forward whose logits are at hand."""
     positions = min(2, logits.shape[1])
-    mine = model.get_output_embeddings()(normed[:, :positions]).float()
+    head = output_embeddings(model)
+    if head is None:
+        return False
+    mine = head(normed[:, :positions]).float()
     theirs = logits[:, :positions].float()
     if mine.shape != theirs.shape:
         return False

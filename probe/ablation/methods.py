@@ -67,7 +67,7 @@ class AblationMethod:
         """What the replacement was taken over, for reports (None: nothing to say)."""
         return None
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         """Feed what the replacement depends on (reference values) to the fingerprint of a results stream, so that a
         resumed sweep can tell two sweeps of this method apart."""
 
@@ -109,7 +109,7 @@ class StatisticAblation(AblationMethod):
     def describe(self) -> str | None:
         return self.reference.describe(self.statistics)
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         self.reference.add_to_fingerprint(digest, self.statistics)
 
 
@@ -156,7 +156,7 @@ class NoiseAblation(StatisticAblation):
     def describe(self) -> str | None:
         return f"{super().describe()}, noise seed {self.seed}"
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         super().add_to_fingerprint(digest)
         digest.update(f"noise seed {self.seed}".encode())
 
@@ -203,7 +203,7 @@ class PatchAblation(AblationMethod):
         where = "" if self.position is None else f" at position {self.position}"
         return f"{self.what} patched from {self.source.source}{where}"
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         digest.update(f"{self.name} at {self.position}".encode())
         self.source.add_to_fingerprint(digest)
 
@@ -304,7 +304,7 @@ class ResampleAblation(AblationMethod):
         where = f": donor of each sequence {' | '.join(batches)}" if batches else ""
         return f"resample: another sequence of the batch, seeded derangement (seed {self.seed}){where}"
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         digest.update(str(self.seed).encode())
         for index in sorted(key for key in self.donors if key is not None):
             digest.update(self.donors[index].numpy().tobytes())

@@ -14,8 +14,8 @@ that count, for the whole probe set and each of its parts; `losses` finishes sum
   cross-entropy instead (`surrogate`), as Michel et al. do: accuracy has no gradient.
 - "class_logit_diff" (a classifier's clean/corrupt text pairs, probe.inputs.labels.read_class_pairs): minus the mean
   logit(answer class) - logit(distractor class), the metric of patching a classifier.
-- "task_margin" (task sets, probe.inputs.tasks): minus the mean log-probability margin of the good over the bad member of
-  each pair, log P(good) - log P(bad) (BLiMP's minimal pairs, Warstadt et al. 2020; Marvin & Linzen 2018); for a
+- "task_margin" (task sets, probe.inputs.tasks): minus the mean log-probability margin of the good over the bad member
+  of each pair, log P(good) - log P(bad) (BLiMP's minimal pairs, Warstadt et al. 2020; Marvin & Linzen 2018); for a
   prompt with an answer and a distractor the pair differs in its last token, so the margin is logit(answer) -
   logit(distractor) at the last prompt position (Wang et al. 2022's logit difference). Accuracy: the share of pairs
   with a positive margin.
@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from probe.ablation.logits import Final
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, ProbeSet, is_encoder, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -70,7 +70,7 @@ class Metric:
     compares: ClassVar[bool] = False  # compares to the unablated outputs (kept per batch; the baseline is 0)
     chunkable: ClassVar[bool] = False  # a next-token metric (shift 1) whose `token_values` serve long inputs
     estimable: ClassVar[bool] = False  # the attribution-patching estimate's second order (the softmax's) is its own
-    per_row: ClassVar[bool] = False  # one value per row (a classifier's): `values` (batch, classes), counted by `scored`
+    per_row: ClassVar[bool] = False  # one value per row (a classifier's): `values` (batch, classes), by `scored`
     surrogate: ClassVar[str | None] = None  # a metric without a gradient: the metric whose gradient stands in for it
 
     def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
@@ -152,7 +152,8 @@ class TaskMargin(CrossEntropy):
 
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
         margins = rows[1::2] - rows[0::2]  # cross-entropy sums: bad - good = log P(good) - log P(bad)
-        return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
+        return -float(margins.mean()), {"margin": float(margins.mean()),
+                                        "accuracy": float((margins > 0).double().mean())}
 
 
 @register_metric
@@ -199,7 +200,8 @@ class LogitDiff(Metric):
 
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
         margins = -rows  # one scored position per row: its logit difference
-        return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
+        return -float(margins.mean()), {"margin": float(margins.mean()),
+                                        "accuracy": float((margins > 0).double().mean())}
 
 
 class ClassMetric(Metric):

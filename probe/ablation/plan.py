@@ -26,8 +26,9 @@ def check_probe_set(probe_set: ProbeSet) -> None:
 
 
 def check_sources(probe_set: ProbeSet, method: type[AblationMethod]) -> None:
-    """A probe set whose encoder reads sources of its own (probe.inputs.pairs) runs no method that reads other sequences'
-    values at the same positions (mean, resample): those are the target's positions, which the encoder's are not."""
+    """A probe set whose encoder reads sources of its own (probe.inputs.pairs) runs no method that reads other
+    sequences' values at the same positions (mean, resample): those are the target's positions, which the encoder's
+    are not."""
     if probe_set.source_ids is not None and method.across_sequences:
         usable = [name for name, entry in METHODS.items() if not entry.across_sequences]
         raise ProbeError(f"source/target pairs are swept with method {' or '.join(usable)}, not {method.name}: their "
@@ -55,7 +56,7 @@ def chunks(ablations: Sequence[Ablation], start_of: Callable[[Ablation], int], s
     groups: dict[int, list[Ablation]] = {}
     for ablation in ablations:
         groups.setdefault(start_of(ablation), []).append(ablation)
-    out = []
+    out: list[list[Ablation]] = []
     for start in sorted(groups):
         items = groups[start]
         n = math.ceil(len(items) / stack)

@@ -18,9 +18,11 @@ resume: per ordering at most ceil(1 / step) loss passes (michel: as many gradien
 from __future__ import annotations
 
 import math
+import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
 import torch
@@ -34,7 +36,9 @@ from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losse
 from probe.ablation.plan import check_probe_set, data_name, refuse_sources
 from probe.ablation.runners import NaiveRunner, batches_of
 from probe.ablation.sweep import sweep
-from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
@@ -137,7 +141,7 @@ class _Evaluator:
 
     def baseline(self) -> float:
         with torch.inference_mode():
-            sums = sum(self.runner.baseline(index) for index in range(len(self.runner.batches)))
+            sums = reduce(operator.add, (self.runner.baseline(index) for index in range(len(self.runner.batches))))
         return losses(sums, self.counts, list(self.scorer.parts))[0]
 
     def loss(self, heads: Sequence[Head]) -> float:
@@ -145,7 +149,8 @@ class _Evaluator:
         if not heads:
             return self.baseline()
         with torch.inference_mode():
-            sums = sum(self.runner.sums([tuple(heads)], index)[0] for index in range(len(self.runner.batches)))
+            sums = reduce(operator.add, (self.runner.sums([tuple(heads)], index)[0]
+                                         for index in range(len(self.runner.batches))))
         return losses(sums, self.counts, list(self.scorer.parts))[0]
 
 
@@ -195,7 +200,7 @@ def importance(evaluator: _Evaluator, units: Sequence[Unit], pruned: Sequence[He
     for index in range(len(evaluator.runner.batches)):
         gates = _gate_gradients(evaluator, pruned, *shape, index)  # (batch, n_layers, n_heads)
         for position, unit in enumerate(units):
-            raw[position] += sum(gates[:, layer, head] for layer, head in unit).abs().sum()
+            raw[position] += reduce(operator.add, (gates[:, layer, head] for layer, head in unit)).abs().sum()
         n_seqs += gates.shape[0]
     raw /= max(n_seqs, 1)
     layer_of = torch.tensor([unit[0][0] for unit in units])
@@ -213,7 +218,7 @@ def _curve(evaluator: _Evaluator, units: list[Unit], result: PruneResult, orderi
     """Prune `units` in steps of `result.step` in the order `choose(remaining, pruned heads)` gives, measuring the
     loss with every pruned head ablated, until the loss passes `result.limit` or nothing is left."""
     per_step = max(1, math.ceil(result.step * len(units) - 1e-9))
-    remaining, pruned = list(units), []
+    remaining, pruned = list(units), list[Head]()
     steps = [PruneStep(0, 0, 0, 0.0, result.baseline_loss, 0.0, [])]
     kept, stopped = _mask(set(), result.n_layers, result.n_heads), "every unit pruned"
     while remaining:

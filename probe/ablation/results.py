@@ -86,7 +86,8 @@ class HeadResult:
         exact, effects = entry.get("exact"), entry.get("effects") or {}
         if exact not in (None, True, False) or not isinstance(effects, dict):
             raise ProbeError("the ablation entry has a malformed value (exact or effects)")
-        return HeadResult(heads, loss, delta, parts, deltas, exact, effects, task)
+        # a part or task value that was not finite was written as null: it is read back as None
+        return HeadResult(heads, loss, delta, parts, deltas, exact, effects, task)  # type: ignore[arg-type]
 
 
 def _index(value: Any) -> int:
@@ -186,7 +187,8 @@ class AblationResult:
         estimate mode `value`: exact or estimated."""
         rows = []
         for r in self.ranked():
-            row: dict[str, Any] = {"heads": label(r.heads, self.layer_names), "layer": r.layer if len(r.heads) == 1 else "",
+            row: dict[str, Any] = {"heads": label(r.heads, self.layer_names),
+                                   "layer": r.layer if len(r.heads) == 1 else "",
                                    "head": r.head if len(r.heads) == 1 else "", "loss": r.loss, "delta": r.delta}
             for name in self.baseline_parts:
                 row[f"{name}_loss"] = r.parts.get(name, "")

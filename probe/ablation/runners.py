@@ -24,7 +24,7 @@ from probe.ablation.logits import CHECK_TOLERANCE, Final, Readout
 from probe.ablation.methods import AblationMethod
 from probe.ablation.metrics import Scorer
 from probe.ablation.plan import CACHE_BYTES
-from probe.attention import Source, logits_of, run_model
+from probe.hooks.run import Source, logits_of, run_model
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 
@@ -41,7 +41,7 @@ class Batch:
     counted: Tensor  # (parts + 1, batch, positions') which positions count (Scorer.masks)
     reference: Tensor | None = None  # unablated final outputs, for metrics that compare to them
     kept: dict[int, Any] | None = None  # unablated block outputs (None: recomputed when needed)
-    source: Source | None = None  # an encoder-decoder's own encoder input (probe.inputs.pairs); None: the ids themselves
+    source: Source | None = None  # an encoder-decoder's own encoder input (probe.inputs.pairs); None: the ids
 
 
 def batches_of(probe_set: ProbeSet, scorer: Scorer, batch_size: int) -> list[Batch]:

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.attention import attention_hooks, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.run import run_model
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -82,7 +83,7 @@ class HeadStatistics:
                              f"not hold: take them with head_statistics(..., names={tuple(names)!r})",
                              parameter="statistics")
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash", names: Sequence[str]) -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash, names: Sequence[str]) -> None:
         digest.update(str(self.per_position).encode())
         for name in names:
             for layer in sorted(self.stats[name]):
@@ -170,7 +171,7 @@ class HeadOutputs:
                              parameter="method")
         return value.to(device=heads.device, dtype=heads.dtype)
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         for batch in self.values:
             for layer in sorted(batch):
                 digest.update(batch[layer].cpu().contiguous().numpy().tobytes())
@@ -186,7 +187,8 @@ def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, hook: str
         values[-1][layer] = read(seen).detach().clone()
         return seen
 
-    with torch.no_grad(), attention_hooks(loaded.model, **{hook: record}):
+    hooks: dict[str, Any] = {hook: record}
+    with torch.no_grad(), attention_hooks(loaded.model, **hooks):
         for ids, mask in source.batches(batch_size):
             values.append({})
             run_model(loaded.model, ids, mask, logits=False)

@@ -107,7 +107,8 @@ def load_results(*paths: str | Path) -> AblationResult:
     """An AblationResult from one or more results streams of the same sweep (e.g. one per process)."""
     if not paths:
         raise ProbeError("no results files given")
-    headers, results = [], []
+    headers: list[dict[str, Any]] = []
+    results: list[HeadResult] = []
     for path in paths:
         header, entries = read_results(path)
         if headers and header["fingerprint"] != headers[0]["fingerprint"]:
@@ -136,7 +137,7 @@ class Stream:
             write_stream(path, old, entries)  # drops a half-written last line
         else:
             write_stream(path, header, [])
-        self.file = open(path, "a", encoding="utf-8")
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open while the stream lives; close() closes it)
 
     def write(self, result: HeadResult) -> None:
         self.file.write(json.dumps(result.to_dict()) + "\n")

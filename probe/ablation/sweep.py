@@ -36,17 +36,15 @@ from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.statistics import HeadStatistics
 from probe.ablation.runners import NaiveRunner, PrefixRunner, Runner, batches_of
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
-from probe.progress import callback, log
+from probe.progress import Progress, callback, log
 from probe.provenance import model_dtype, model_facts
 
 MODES = ("exact", "naive", "estimate")
-Progress = Callable[[int, int], None]
-"""(work done, work in all), in block-forwards of one sequence batch; for a progress bar with an ETA."""
 
 
 @dataclass
@@ -134,7 +132,8 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
     effects = Effects([batch.ids for batch in runner.batches], [batch.counted[0].cpu() for batch in runner.batches],
                       values, scorer.metric.shift, token_text(tokenizer), scorer.metric.signs(sum(
                           int(batch.ids.shape[0]) for batch in runner.batches)),
-                      [real_tokens(b.ids, b.mask).sum(dim=1) for b in runner.batches] if scorer.metric.per_row else None)
+                      [real_tokens(b.ids, b.mask).sum(dim=1) for b in runner.batches]
+                      if scorer.metric.per_row else None)
     finished = scorer.metric.finish(effects.baseline_rows())
     if finished is not None:
         loss = finished[0]

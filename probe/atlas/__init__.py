@@ -1,6 +1,6 @@
 """The atlas: one result, and one page, where every head's evidence meets (pattern, weights, cause).
 
-    from probe import atlas
+    from probe.atlas import atlas
     result = atlas(loaded)              # probe.atlas.run.atlas
     result.to_dict()                    # the same JSON as `probe atlas --json`
 """

@@ -70,7 +70,7 @@ def _facts(measured: Measured, layer: int, head: int, found: tuple[list[Partner]
 def _labels(measured: Measured, facts: HeadFacts) -> list[dict[str, Any]]:
     """The head's classes: score, threshold, the probe set that earned it, and the evidence for it."""
     classes = measured.classes
-    out = []
+    out: list[dict[str, Any]] = []
     for name in classes.labels(facts.layer, facts.head):
         probe = SCORES[name].probe if name in SCORES else "natural"
         out.append({"class": name, "score": _number(classes.scores[name][facts.layer, facts.head]),
@@ -150,7 +150,7 @@ def assemble(loaded: LoadedModel, measured: Measured, settings: dict[str, Any], 
              patterns: dict[str, Patterns]) -> Atlas:
     """The Atlas of every head (see the module docstring)."""
     classes = measured.classes
-    flagged = {name: {(l, h) for l, h, _ in classes.flagged(name)} for name in classes.scores}
+    flagged = {name: {(layer, h) for layer, h, _ in classes.flagged(name)} for name in classes.scores}
     reader = _reader(loaded) if measured.copying is not None else None
     heads = [_head(measured, reader, layer, head, flagged)
              for layer in range(classes.n_layers) for head in range(classes.n_heads)]

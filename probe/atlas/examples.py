@@ -111,7 +111,7 @@ def activity(loaded: LoadedModel, probe_set: ProbeSet, batch_size: int = 8, step
 
 def choose(found: Activity) -> dict[tuple[int, int], list[Example]]:
     """Per head, the TOP_EXAMPLES positions of largest output norm and one at each fraction of LOWER."""
-    rows, length, n_layers, n_heads = found.norms.shape
+    _rows, length, n_layers, n_heads = found.norms.shape
     where = found.valid.flatten().nonzero().squeeze(1)  # flat (row * length + position) of valid positions
     chosen: dict[tuple[int, int], list[Example]] = {}
     for layer in range(n_layers):

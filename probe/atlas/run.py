@@ -95,7 +95,7 @@ def _parts(loaded: LoadedModel, classes: Classification, options: ProbeOptions, 
     wanted: dict[str, set[tuple[int, int]]] = {}
     for name, rule in RULES.items():
         if rule.probe is not None and name in classes.scores:
-            wanted.setdefault(rule.probe, set()).update((l, h) for l, h, _ in classes.flagged(name))
+            wanted.setdefault(rule.probe, set()).update((layer, h) for layer, h, _ in classes.flagged(name))
     return {probe: sweep(loaded, build_probe_set(probe, loaded, options), sorted(heads), batch_size=batch_size,
                          progress=tick) for probe, heads in wanted.items() if heads}
 

@@ -30,7 +30,8 @@ def partners(composition: Composition, layer: int, head: int) -> tuple[list[Part
         into = table[:layer, :, layer, head].nan_to_num(-1.0).flatten()  # (earlier layers * heads)
         for index in into.argsort(descending=True)[:TOP_PARTNERS].tolist():
             if float(into[index]) > 0:
-                feeders.append(Partner(*divmod(index, table.shape[1]), kind, float(into[index])))
+                earlier, its_head = divmod(index, table.shape[1])
+                feeders.append(Partner(earlier, its_head, kind, float(into[index])))
         out = table[layer, head, layer + 1:].nan_to_num(-1.0).flatten()
         for index in out.argsort(descending=True)[:TOP_PARTNERS].tolist():
             if float(out[index]) > 0:

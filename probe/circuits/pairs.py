@@ -55,7 +55,8 @@ class Pair:
         return self.deltas["together"] - self.deltas["feeder"] - self.deltas["induction"]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.induction[0], "head": self.induction[1], "induction_score": round(self.induction_score, 6),
+        return {"layer": self.induction[0], "head": self.induction[1],
+                "induction_score": round(self.induction_score, 6),
                 "feeders": [feeder.to_dict() for feeder in self.feeders],
                 "checked": None if self.checked is None else {"layer": self.checked[0], "head": self.checked[1]},
                 "second_copy_deltas": {key: round(value, 6) for key, value in self.deltas.items()},
@@ -129,13 +130,13 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
     if check and checked:
         options = ProbeOptions(num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
         probe_set = build_probe_set("repeated", loaded, options)
-        groups = [(pair.checked, pair.induction) for pair in checked]
+        groups = [(pair.checked, pair.induction) for pair in pairs if pair.checked is not None]
         heads = sorted({head for group in groups for head in group})
         ablated = sweep(loaded, probe_set, heads, groups=groups, method=method, batch_size=batch_size)
         by_heads = {entry.heads: entry.part_deltas["second_repeat"] for entry in ablated.results}
         result.baseline_second_copy = ablated.baseline_parts["second_repeat"]
-        for pair in checked:
-            pair.deltas = {"feeder": by_heads[(pair.checked,)], "induction": by_heads[(pair.induction,)],
-                           "together": by_heads[(pair.checked, pair.induction)]}
+        for pair, (feeder, induction) in zip(checked, groups):
+            pair.deltas = {"feeder": by_heads[(feeder,)], "induction": by_heads[(induction,)],
+                           "together": by_heads[(feeder, induction)]}
     result.seconds = time.perf_counter() - started
     return result

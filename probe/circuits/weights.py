@@ -13,12 +13,13 @@ q = x W_Q, k = x W_K, v = x W_V (each d_model -> d_head) and writes z W_O (d_hea
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from probe.errors import ProbeError
 from probe.hooks.layers import AttentionLayer, attention_layers
+from probe.models.parts import input_embeddings, output_embeddings
 
 PRE_ATTENTION_NORMS = ("input_layernorm", "ln_1", "attention_norm", "norm1", "ln_attn", "pre_attention_layernorm")
 FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
@@ -44,17 +45,20 @@ def _projections(module: nn.Module, layer: AttentionLayer) -> tuple[Tensor, Tens
     """(q, k, v) weights as nn.Linear stores them (out, in) and the output weight (d_model, n_heads * d_head)."""
     q_size, kv_size = layer.n_heads * layer.head_dim, layer.n_kv_heads * layer.head_dim
     names = [("q_proj", "k_proj", "v_proj", "o_proj"), ("W_q", "W_k", "W_v", "W_o")]
-    for q, k, v, o in names:
-        if all(isinstance(getattr(module, name, None), nn.Linear) for name in (q, k, v, o)):
-            return tuple(getattr(module, name).weight for name in (q, k, v, o))  # type: ignore[return-value]
-    if isinstance(getattr(module, "qkv_proj", None) or getattr(module, "W_qkv", None), nn.Linear):
-        fused = (getattr(module, "qkv_proj", None) or module.W_qkv).weight
-        out = getattr(module, "o_proj", None) or getattr(module, "W_o")
-        q, k, v = fused.split([q_size, kv_size, kv_size])
+    for names_ in names:
+        linears: list[Any] = [getattr(module, name, None) for name in names_]
+        if all(isinstance(linear, nn.Linear) for linear in linears):
+            wq, wk, wv, wo = linears
+            return wq.weight, wk.weight, wv.weight, wo.weight
+    fused_linear = getattr(module, "qkv_proj", None) or getattr(module, "W_qkv", None)
+    if isinstance(fused_linear, nn.Linear):
+        out: Any = getattr(module, "o_proj", None) or getattr(module, "W_o", None)
+        q, k, v = fused_linear.weight.split([q_size, kv_size, kv_size])
         return q, k, v, out.weight
-    if hasattr(module, "c_attn") and hasattr(module, "c_proj"):  # GPT-2 Conv1D: weight (in, out)
-        q, k, v = module.c_attn.weight.T.split([q_size, kv_size, kv_size])
-        return q, k, v, module.c_proj.weight.T
+    attn, proj = getattr(module, "c_attn", None), getattr(module, "c_proj", None)
+    if attn is not None and proj is not None:  # GPT-2 Conv1D: weight (in, out)
+        q, k, v = attn.weight.T.split([q_size, kv_size, kv_size])
+        return q, k, v, proj.weight.T
     if isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
         q, k, v = module.in_proj_weight.split([q_size, kv_size, kv_size])
         return q, k, v, module.out_proj.weight
@@ -116,8 +120,7 @@ def all_layer_weights(model: nn.Module) -> list[HeadWeights]:
 
 def embedding_matrices(model: nn.Module) -> tuple[Tensor, Tensor]:
     """W_E (vocab, d_model) and W_U (d_model, vocab) float32, the final norm's gain folded into W_U."""
-    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    unembed = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    embed, unembed = input_embeddings(model), output_embeddings(model)
     if not isinstance(embed, nn.Embedding) or not isinstance(unembed, nn.Linear):
         raise ProbeError("the copying score needs token embeddings and an LM head (a causal language model)",
                          parameter="model")

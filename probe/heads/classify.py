@@ -23,10 +23,7 @@ from probe.hooks.lse import FusedAttention
 from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
-from probe.progress import callback, log
-
-Progress = Callable[[int, int], None]
-"""(steps done, steps in all); a step is one layer of one batch."""
+from probe.progress import Progress, callback, log
 
 
 @dataclass

@@ -106,9 +106,10 @@ def needed(part: str | None = None) -> Check:
         if facts.delta > CAUSE_DELTA:
             return True, f"ablation raises the loss by {facts.delta:+.3f}" + (" (estimated)" if facts.estimated else "")
         value = facts.parts.get(part) if part is not None else None
+        named = (part or "").replace("_", "-")
         if value is not None and value > PART_DELTA:
-            return True, f"ablation raises the {part.replace('_', '-')} loss by {value:+.3f}"
-        shown = f"{facts.delta:+.4f}" + (f", {part.replace('_', '-')} {value:+.3f}" if value is not None else "")
+            return True, f"ablation raises the {named} loss by {value:+.3f}"
+        shown = f"{facts.delta:+.4f}" + (f", {named} {value:+.3f}" if value is not None else "")
         return False, f"ablation changes little ({shown})"
 
     return check

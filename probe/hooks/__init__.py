@@ -9,5 +9,5 @@
   public context manager, and the writers `scale_head`, `add_to_head`.
 - `restore`: clean-up that a second Ctrl-C cannot cut short.
 
-The public names are re-exported by `probe.attention`.
+`probe` re-exports `attention_hooks`, `capture_attention` and `attention_layers`.
 """

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from probe.attention import logits_of, run_model
+from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.inputs.sets import ProbeOptions, check_context, register_probe_set

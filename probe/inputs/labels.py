@@ -29,7 +29,7 @@ from probe.errors import ProbeError
 from probe.hooks.outputs import logits_of
 from probe.hooks.run import run_model
 from probe.inputs.contrast import ContrastPair, ContrastSet
-from probe.inputs.sets import ProbeSet, context_length, register_probe_set, right_padded
+from probe.inputs.sets import ProbeSet, context_length, given, register_probe_set, right_padded
 from probe.inputs.tasks import json_lines
 from probe.models import LoadedModel
 
@@ -159,7 +159,7 @@ def read_labelled_set(loaded: LoadedModel, path: str | Path) -> ProbeSet:
     return labelled_set(loaded, read_labelled(path), description=f"labels file {path}")
 
 
-register_probe_set("labels", lambda loaded, options: read_labelled_set(loaded, options.labels), kind="labels",
+register_probe_set("labels", lambda loaded, options: read_labelled_set(loaded, given(options.labels)), kind="labels",
                    reads=("labels",), summary="sequence classifiers: a JSON-lines file of {\"text\", \"label\"} rows "
                    "({\"text\", \"text_pair\", \"label\"} for sentence pairs); scored on each row's gold class")
 
@@ -202,7 +202,7 @@ def read_class_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
                        classes=names)
 
 
-register_probe_set("class_contrast", lambda loaded, options: read_class_pairs(loaded, options.labels),
+register_probe_set("class_contrast", lambda loaded, options: read_class_pairs(loaded, given(options.labels)),
                    kind="class_contrast", reads=("labels",),
                    summary="sequence classifiers: a JSON-lines file of clean/corrupt texts with an answer and a "
                            "distractor class; the metric is their logit difference")

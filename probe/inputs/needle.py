@@ -43,7 +43,9 @@ class NeedleOptions(ProbeOptions):
 class NeedleSet(ProbeSet):
     """Needle prompts, right-padded to the longest; per prompt its length, depth and key."""
 
-    sources: Tensor = field(default_factory=lambda: torch.empty(0, 0, dtype=torch.long))  # (n, L): see NeedleBatch
+    # (n, L): see NeedleBatch. The name hides ProbeSet.sources(batch_size) (an encoder's own inputs), which a needle
+    # set, for decoders only, never reads
+    sources: Tensor = field(default_factory=lambda: torch.empty(0, 0, dtype=torch.long))  # type: ignore[assignment]
     cells: list[tuple[int, float]] = field(default_factory=list)  # (length, depth) of each prompt
     keys: list[str] = field(default_factory=list)
 

@@ -12,10 +12,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-from torch import Tensor
 
-from probe.inputs.sets import ProbeSet, context_length, register_probe_set, right_padded
+from probe.inputs.sets import ProbeSet, context_length, given, register_probe_set, right_padded
 from probe.errors import ProbeError
 from probe.reading import is_file, loads
 from probe.hooks.stacks import decoder_start
@@ -76,6 +74,7 @@ def read_pairs(loaded: LoadedModel, path: str | Path) -> ProbeSet:
                      description=f"pairs file {path}")
 
 
-register_probe_set("pairs", lambda loaded, options: read_pairs(loaded, options.pairs), kind="text", reads=("pairs",),
+register_probe_set("pairs", lambda loaded, options: read_pairs(loaded, given(options.pairs)), kind="text",
+                   reads=("pairs",),
                    summary="encoder-decoders: a JSON-lines file of source/target texts; the encoder reads the source, "
                            "the decoder the target")

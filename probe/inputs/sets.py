@@ -225,6 +225,13 @@ def register_probe_set(name: str, builder: ProbeSetBuilder, *, kind: str = "text
     return builder
 
 
+def given(value: str | Path | None) -> str | Path:
+    """A builder's source option (`reads`), which `build_probe_set` has checked is there."""
+    if value is None:
+        raise ProbeError("this probe set reads a source that was not given")
+    return value
+
+
 def build_probe_set(name: str, loaded: LoadedModel, options: ProbeOptions | None = None) -> Any:
     """The probe set `name` for this model, built with `options` (defaults where not given)."""
     entry = PROBE_SETS.get(name)

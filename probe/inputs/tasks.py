@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from probe.inputs.sets import ProbeSet, check_context, register_probe_set
+from probe.inputs.sets import ProbeSet, check_context, given, register_probe_set
 from probe.errors import ProbeError
 from probe.reading import is_file, loads
 from probe.models import LoadedModel
@@ -185,6 +185,8 @@ TASKS: dict[str, Callable[[int, int], list[TaskItem]]] = {"sva": sva_items, "ioi
 
 
 def _tokens(loaded: LoadedModel, text: str) -> list[int]:
+    if loaded.tokenizer is None:
+        raise ProbeError(f"a task set is text: {loaded.name} has no tokenizer", parameter="task")
     return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -202,6 +204,7 @@ def _rows(loaded: LoadedModel, item: TaskItem, bos: list[int]) -> list[tuple[lis
     if item.answer is None:
         assert item.bad is not None
         return [(bos + _tokens(loaded, sentence), 0) for sentence in (item.good, item.bad)]
+    assert item.distractor is not None  # a prompt has both (read_task_file, the generated tasks)
     prompt = bos + _tokens(loaded, item.good)
     return [(prompt + _tokens(loaded, word), len(prompt) - 1) for word in (item.answer, item.distractor)]
 
@@ -257,7 +260,7 @@ def items_set(loaded: LoadedModel, items: list[TaskItem], name: str, source: str
                     meta={"task": name, "items": len(items), "kind": kind, "dropped": dropped[:20]})
 
 
-register_probe_set("task", lambda loaded, options: task_set(loaded, options.task, count=options.num_seqs,
+register_probe_set("task", lambda loaded, options: task_set(loaded, given(options.task), count=options.num_seqs,
                                                            seed=options.seed),
                    kind="task", reads=("task",),
                    summary="a task: generated (sva, ioi; num_seqs items) or a JSON-lines file of minimal pairs or "

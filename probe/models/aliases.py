@@ -64,7 +64,7 @@ def resolve_alias(spec: str) -> str:
 
 def hub_cached(alias: HubAlias) -> bool:
     """Whether the hub model's config is in the local Hugging Face cache already (looked up without the network)."""
-    from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415 (transformers' dependency, loaded late)
+    from huggingface_hub import try_to_load_from_cache  # transformers' dependency, loaded late
 
     return isinstance(try_to_load_from_cache(alias.hub_id, "config.json"), str)
 

@@ -70,7 +70,8 @@ def _write_cache(cached: Path, model: nn.Module, tokenizer: Any) -> None:
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = tempfile.mkdtemp(dir=cached.parent, prefix=".partial-")
-        model.config.save_pretrained(tmp)  # model.save_pretrained refuses a model that came from GGUF
+        config: Any = model.config  # (nn.Module types an undeclared attribute as Tensor | Module)
+        config.save_pretrained(tmp)  # model.save_pretrained refuses a model that came from GGUF
         save_model(model, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)

@@ -15,7 +15,6 @@ import tempfile
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Union
 
 import torch
 from torch import nn
@@ -23,7 +22,7 @@ from torch import nn
 from probe.errors import ProbeError, first_line
 from probe.reading import is_file, loads
 
-DeviceMap = Union[str, dict[str, Union[int, str]]]
+DeviceMap = str | dict[str, int | str]
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 """accelerate's strategies: fill the GPUs evenly (auto, balanced), spare GPU 0, or fill them in order."""
 _OFF_DEVICE = ("cpu", "disk", "meta")

@@ -27,7 +27,9 @@ from torch import Tensor
 from probe.ablation.heads import Ablation, Head
 from probe.ablation.metrics import Metric, choose_metric
 from probe.ablation.statistics import HeadOutputs
-from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.hooks.blocked import blocked_attention
 from probe.hooks.stacks import layer_names

@@ -31,7 +31,7 @@ from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.metrics import PATCH_LAYOUTS, Metric
 from probe.ablation.results import AblationResult
 from probe.ablation.sweep import baseline_metric, sweep
-from probe.attention import attention_layers
+from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, normalised_effect
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names

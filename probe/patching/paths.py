@@ -31,7 +31,9 @@ from probe.ablation.methods import PATCHES, InputPatch
 from probe.ablation.metrics import choose_metric
 from probe.ablation.statistics import HeadOutputs, head_outputs
 from probe.ablation.sweep import baseline_metric
-from probe.attention import attention_hooks, attention_layers, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import logits_of, run_model
 from probe.dla import model_structure
 from probe.hooks.restore import restoring
 from probe.inputs import ContrastSet, ProbeSet, normalised_effect

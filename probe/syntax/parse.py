@@ -21,7 +21,7 @@ MIN_WORDS = 3  # shorter sentences (headings, fragments) carry almost no arcs
 def load_pipeline(name: str | None = None) -> Any:
     """The spaCy pipeline `name`, or the first of PIPELINES that is installed; a clear error without spaCy."""
     try:
-        import spacy  # noqa: PLC0415 (an optional extra: imported only to parse)
+        import spacy  # an optional extra: imported only to parse
     except ImportError as error:
         raise ProbeError(f"parsing text needs spaCy: {install_hint('syntax')} (spaCy and an English pipeline), "
                          "or give parses as a CoNLL-U file (conllu)") from error

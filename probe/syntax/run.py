@@ -69,9 +69,9 @@ def _check(*, batch_size: int, min_count: int, margin: float, confident: float) 
     for name, value, low in (("batch_size", batch_size, 1), ("min_count", min_count, 1)):
         if value < low:
             raise ProbeError(f"{name} must be at least {low}, got {value}", parameter=name)
-    for name, value in (("margin", margin), ("confident", confident)):
-        if not 0 <= value < 1:
-            raise ProbeError(f"{name} must be a number from 0 to below 1, got {value}", parameter=name)
+    for name, fraction in (("margin", margin), ("confident", confident)):
+        if not 0 <= fraction < 1:
+            raise ProbeError(f"{name} must be a number from 0 to below 1, got {fraction}", parameter=name)
 
 
 def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str, source: str,

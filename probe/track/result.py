@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 MIN_RISE = 0.1
 """The smallest rise of the best head's score, from one checkpoint to the next, that counts as a phase change (scores
@@ -51,7 +51,7 @@ class CheckpointResult:
                                 list(entry["heads"]), list(entry.get("notes", [])))
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
@@ -109,12 +109,12 @@ def phase_changes(checkpoints: list[CheckpointResult], thresholds: dict[str, flo
         index, rise = step
         known = [b for b in best if _finite(b)]
         before, after = checkpoints[index], checkpoints[index + 1]
-        same = [before.icl_score, after.icl_score]
+        icl_before, icl_after = before.icl_score, after.icl_score
         found.append({"class": name, "from_step": before.step, "to_step": after.step,
                       "heads": _crossing(before, after, name, threshold), "rise": rise,
                       "share_of_range": rise / (max(known) - min(known)),
                       "best_before": best[index], "best_after": best[index + 1],
-                      "icl_change": same[1] - same[0] if all(_finite(v) for v in same) else None,
+                      "icl_change": icl_after - icl_before if _finite(icl_before) and _finite(icl_after) else None,
                       "coincides_with_icl": icl is not None and (icl["from_step"], icl["to_step"]) == (
                           before.step, after.step)})
     return found

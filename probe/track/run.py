@@ -9,20 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from probe.ablation import parse_heads, sweep
-from probe.classify import classify
+from probe.heads.classify import classify
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, natural_set
 from probe.distributed import current, gather, process_group, rank_device, shard_path
 from probe.errors import ProbeError
 from probe.heads.scores import SCORES
 from probe.hooks.layers import attention_layers
 from probe.models import LoadedModel, input_device, load_model
-from probe.progress import callback, log
+from probe.progress import Progress, callback, log
 from probe.track.checkpoints import STATE_DICTS, Checkpoint, Run, check_run, load_checkpoints
 from probe.track.icl import EARLY, ICL_SEQS, LATE, check_positions, icl_score, probe_loss
 from probe.track.result import MIN_RISE, CheckpointResult, TrackResult
 from probe.track.stream import TrackStream, finished
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)

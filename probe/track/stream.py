@@ -72,7 +72,7 @@ class TrackStream:
         entries = known if known is not None else (finished(path, identity) if resume else [])
         self.done = {entry.name: entry for entry in entries}
         write_track_stream(path, {"probe_track": TRACK_FORMAT, "identity": identity}, list(self.done.values()))
-        self.file = open(path, "a", encoding="utf-8")
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open while the stream lives; close() closes it)
 
     def write(self, result: CheckpointResult) -> None:
         self.file.write(json.dumps(result.to_dict()) + "\n")
