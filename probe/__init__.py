@@ -21,8 +21,9 @@ from probe.errors import ProbeError  # noqa: E402
 from probe.heads.classify import Classification, classify  # noqa: E402
 from probe.hooks.capture import attention_hooks, capture_attention  # noqa: E402
 from probe.hooks.layers import attention_layers  # noqa: E402
+from probe.hooks.trace import Trace, add_to_head, scale_head  # noqa: E402
 from probe.kv import KVHeads, kv_heads  # noqa: E402
 from probe.models import LoadedModel, load_model  # noqa: E402
 
-__all__ = ["Atlas", "Classification", "KVHeads", "LoadedModel", "ProbeError", "attention_hooks", "attention_layers",
-           "capture_attention", "classify", "kv_heads", "load_model"]
+__all__ = ["Atlas", "Classification", "KVHeads", "LoadedModel", "ProbeError", "Trace", "add_to_head", "attention_hooks", "attention_layers",
+           "capture_attention", "classify", "kv_heads", "load_model", "scale_head"]

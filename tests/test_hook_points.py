@@ -14,7 +14,9 @@ from planted import planted_mha, planted_textbook
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from probe.ablation import ablate
-from probe.attention import attention_hooks, logits_of, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.outputs import logits_of
+from probe.hooks.run import run_model
 from probe.errors import ProbeError
 from probe.hooks.points import KINDS, POINTS, SITES
 from probe.hooks.trace import Trace, add_to_head, scale_head

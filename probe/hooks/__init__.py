@@ -9,5 +9,6 @@
   public context manager, and the writers `scale_head`, `add_to_head`.
 - `restore`: clean-up that a second Ctrl-C cannot cut short.
 
-`probe` re-exports `attention_hooks`, `capture_attention` and `attention_layers`.
+`probe` re-exports `attention_hooks`, `capture_attention`, `attention_layers`, `Trace`, `scale_head` and
+`add_to_head`.
 """
