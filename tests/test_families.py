@@ -102,7 +102,7 @@ def test_ablation_equals_zeroed_projection_input(name: str) -> None:
     heads = [(0, 1), (1, 3)]
     with torch.no_grad():
         baseline = logits_of(run_model(model, ids))
-        with projection_input_zeroed(model, name, heads, attention_layers(model)[0].head_dim):
+        with projection_input_zeroed(model, name, heads, attention_layers(model)[0].value_dim):
             reference = logits_of(run_model(model, ids))
     before = snapshot(model)
     with torch.no_grad(), ablate(model, heads):
