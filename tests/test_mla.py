@@ -214,3 +214,24 @@ def test_a_failing_forward_within_the_context_does_not_blame_the_length() -> Non
     finally:
         handle.remove()
     assert "smaller seq_len" not in str(raised.value)
+
+
+@pytest.mark.parametrize("name", MLA)
+def test_window_ablation_of_every_head_equals_the_model_under_a_window_mask(name: str) -> None:
+    """Sink 1, recent 3: query i sees keys 0 and i-2..i; the model's own attention under that 4-d mask."""
+    from probe.ablate import ablate
+    from probe.ablation.window import WindowAblation
+
+    model = tiny_family(name)
+    ids = torch.randint(1, 120, (2, 40), generator=torch.Generator().manual_seed(2))
+    query, key = torch.arange(40)[:, None], torch.arange(40)[None, :]
+    allowed = (key <= query) & ((key == 0) | (key >= query - 2))
+    window = torch.zeros(2, 1, 40, 40).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    every = [(layer, head) for layer in range(2) for head in range(4)]
+    with torch.no_grad():
+        expected = model(ids, attention_mask=window).logits
+        with ablate(model, every, method=WindowAblation(sink=1, recent=3)):
+            windowed = model(ids).logits
+        plain = model(ids).logits
+    assert (windowed - expected).abs().max() <= 1e-5
+    assert (plain - expected).abs().max() > 1e-2
