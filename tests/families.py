@@ -35,6 +35,13 @@ def _configs() -> dict[str, tuple[str, str, dict]]:
             **MLA, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}),
         "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
             **MLA, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 12, "n_group": 2, "topk_group": 1}),
+        # AltUp (block outputs (predictions, batch, positions, hidden)), per-layer inputs, and layers 4, 5 reading
+        # the keys and values that layers 2, 3 store
+        "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM", {
+            **SMALL, "num_hidden_layers": 6, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"] * 3, "vocab_size_per_layer_input": 120,
+            "hidden_size_per_layer_input": 8, "altup_num_inputs": 2, "num_kv_shared_layers": 2, "laurel_rank": 8,
+            "activation_sparsity_pattern": [0.0] * 6}),
         "bert": ("BertConfig", "BertModel", ENCODER),
         "roberta": ("RobertaConfig", "RobertaModel", {**ENCODER, "pad_token_id": 1}),
         "distilbert": ("DistilBertConfig", "DistilBertModel", dict(vocab_size=120, dim=64, hidden_dim=128, n_layers=2,
@@ -69,6 +76,7 @@ PROJECTIONS = {
     "qwen2": "model.layers.{}.self_attn.o_proj", "gemma": "model.layers.{}.self_attn.o_proj",
     "phi": "model.layers.{}.self_attn.dense",
     "deepseek_v2": "model.layers.{}.self_attn.o_proj", "deepseek_v3": "model.layers.{}.self_attn.o_proj",
+    "gemma3n": "model.layers.{}.self_attn.o_proj",
     "bert": "encoder.layer.{}.attention.output.dense",
     "roberta": "encoder.layer.{}.attention.output.dense",
     "distilbert": "transformer.layer.{}.attention.out_lin",
