@@ -106,12 +106,24 @@ def _proportional(found: torch.Tensor, expected: torch.Tensor) -> None:
     assert torch.allclose(found, ratio * expected, atol=1e-6 * float(found.abs().max()) + 1e-9)
 
 
-@pytest.mark.parametrize("name", MLA)
+def _lite() -> torch.nn.Module:
+    """DeepSeek-V2-Lite's layout: queries by one full-rank q_proj (q_lora_rank None), keys and values latent."""
+    import transformers as tf
+    from families import MLA
+
+    torch.manual_seed(0)
+    config = tf.DeepseekV2Config(**{**MLA, "q_lora_rank": None, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                                    "v_head_dim": 16})
+    return tf.DeepseekV2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("name", [*MLA, "deepseek_v2_lite"])
 def test_circuit_weights_reproduce_the_heads(name: str) -> None:
     """At position 0 (no rotation) the layer's queries, keys and values are the residual stream times W_Q, W_K,
     W_V up to each norm's division by a scalar; W_O maps the heads' outputs to the output projection's."""
-    model = tiny_family(name)
-    head_dim, value_dim, nope = SIZES[name]
+    model = _lite() if name == "deepseek_v2_lite" else tiny_family(name)
+    assert (model.model.layers[1].self_attn.q_proj is not None) == (name == "deepseek_v2_lite")
+    head_dim, value_dim, nope = SIZES["deepseek_v2" if name == "deepseek_v2_lite" else name]
     block = model.model.layers[1]
     seen: dict[str, torch.Tensor] = {}
     handles = [block.register_forward_pre_hook(lambda _m, args, kwargs: seen.__setitem__("x", kwargs.get(
