@@ -247,7 +247,7 @@ def test_a_failing_forward_within_the_context_does_not_blame_the_length() -> Non
         with pytest.raises(ProbeError, match="not the length: 10 tokens fit its context of 256") as raised:
             score_heads(loaded, _random_set(1), ["sink"], path="blocked")
         long = ProbeSet("natural", "random ids", torch.randint(1, 120, (1, 300)), offset=1)
-        with pytest.raises(ProbeError, match="longer than its context"):
+        with pytest.raises(ProbeError, match="longer than its context of 256: try a smaller seq_len"):
             score_heads(loaded, long, ["sink"], path="blocked")
     finally:
         handle.remove()
