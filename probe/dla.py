@@ -131,7 +131,7 @@ class _Structure:
 
 def _projection(layer: AttentionLayer, d_model: int) -> tuple[Tensor, Tensor | None]:
     """The output projection as (in, out) = (n_heads * head_dim, d_model) float64, and its bias."""
-    width = layer.n_heads * layer.head_dim
+    width = layer.n_heads * layer.value_dim
     for name in PROJECTION_NAMES:
         module = getattr(layer.module, name, None)
         weight = getattr(module, "weight", None)

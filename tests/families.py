@@ -11,6 +11,10 @@ import torch
 SMALL = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=256)
 GPT_STYLE = dict(vocab_size=120, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0)
+MLA = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+           num_key_value_heads=4, max_position_embeddings=256, kv_lora_rank=16, q_lora_rank=32, n_routed_experts=4,
+           num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1, first_k_dense_replace=1)
+"""Multi-head latent attention (DeepSeek): low-rank queries and keys/values, the second layer a mixture of experts."""
 ENCODER = dict(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                max_position_embeddings=256, pad_token_id=0)
 
@@ -26,6 +30,18 @@ def _configs() -> dict[str, tuple[str, str, dict]]:
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {**SMALL, "num_key_value_heads": 2}),
         "gemma": ("GemmaConfig", "GemmaForCausalLM", {**SMALL, "num_key_value_heads": 1, "head_dim": 16}),
         "phi": ("PhiConfig", "PhiForCausalLM", SMALL),
+        # value heads smaller than query/key heads: 16 against 16 + 8; 12 against 8 + 8 (heads * 12 != hidden size)
+        "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", {
+            **MLA, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16}),
+        "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", {
+            **MLA, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 12, "n_group": 2, "topk_group": 1}),
+        # AltUp (block outputs (predictions, batch, positions, hidden)), per-layer inputs, and layers 4, 5 reading
+        # the keys and values that layers 2, 3 store
+        "gemma3n": ("Gemma3nTextConfig", "Gemma3nForCausalLM", {
+            **SMALL, "num_hidden_layers": 6, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"] * 3, "vocab_size_per_layer_input": 120,
+            "hidden_size_per_layer_input": 8, "altup_num_inputs": 2, "num_kv_shared_layers": 2, "laurel_rank": 8,
+            "activation_sparsity_pattern": [0.0] * 6}),
         "bert": ("BertConfig", "BertModel", ENCODER),
         "roberta": ("RobertaConfig", "RobertaModel", {**ENCODER, "pad_token_id": 1}),
         "distilbert": ("DistilBertConfig", "DistilBertModel", dict(vocab_size=120, dim=64, hidden_dim=128, n_layers=2,
@@ -58,7 +74,10 @@ PROJECTIONS = {
     "gpt2": "transformer.h.{}.attn.c_proj", "gpt_neox": "gpt_neox.layers.{}.attention.dense",
     "llama": "model.layers.{}.self_attn.o_proj", "mistral": "model.layers.{}.self_attn.o_proj",
     "qwen2": "model.layers.{}.self_attn.o_proj", "gemma": "model.layers.{}.self_attn.o_proj",
-    "phi": "model.layers.{}.self_attn.dense", "bert": "encoder.layer.{}.attention.output.dense",
+    "phi": "model.layers.{}.self_attn.dense",
+    "deepseek_v2": "model.layers.{}.self_attn.o_proj", "deepseek_v3": "model.layers.{}.self_attn.o_proj",
+    "gemma3n": "model.layers.{}.self_attn.o_proj",
+    "bert": "encoder.layer.{}.attention.output.dense",
     "roberta": "encoder.layer.{}.attention.output.dense",
     "distilbert": "transformer.layer.{}.attention.out_lin",
     "albert": "encoder.albert_layer_groups.0.albert_layers.0.attention.dense",  # one module, called by every layer

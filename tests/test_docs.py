@@ -177,3 +177,27 @@ def test_the_readme_is_short_and_keeps_its_two_commands() -> None:
         assert target.startswith("http") or (ROOT / target).exists(), target
     tour = blocks[2].splitlines()
     assert {line.split()[1] for line in tour} == set(command_names())  # one line per command, every command
+
+
+def test_the_class_lists_are_the_registrys() -> None:
+    """README.md and docs/getting-started.md list the head classes between class-list markers, as
+    docs/_build/class_lists.py generates them from SCORES and the classes scored outside it."""
+    import importlib.util
+
+    from probe.heads.scores import SCORES
+
+    spec = importlib.util.spec_from_file_location("class_lists", ROOT / "docs" / "_build" / "class_lists.py")
+    assert spec is not None and spec.loader is not None
+    lists = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lists)
+    kinds = []
+    for name in lists.FILES:
+        text = (ROOT / name).read_text(encoding="utf-8")
+        kinds += [match.group("kind") for match in lists.REGION.finditer(text)]
+        assert text == lists.generated(text), f"{name}: a class list differs; run python docs/_build/class_lists.py"
+    assert sorted(kinds) == sorted(lists.KINDS)  # each list is in one of the files
+    for name, score in SCORES.items():
+        assert name.replace("_", "-") in lists.every_class()
+        assert f"| `{name}` | {score.letter} |" in lists.table()
+        assert (name.replace("_", "-") in lists.default_classes()) == score.by_default
+    assert "syntactic" in lists.every_class() and "sep" in lists.default_classes()

@@ -104,7 +104,7 @@ def test_ablation_equals_zeroed_projection_input(name: str) -> None:
     heads = [(0, 1), (1, 3)]
     with torch.no_grad():
         baseline = logits_of(run_model(model, ids))
-        with projection_input_zeroed(model, name, heads, attention_layers(model)[0].head_dim):
+        with projection_input_zeroed(model, name, heads, attention_layers(model)[0].value_dim):
             reference = logits_of(run_model(model, ids))
     before = snapshot(model)
     with torch.no_grad(), ablate(model, heads):
@@ -135,6 +135,51 @@ def test_exact_sweep_reuses_the_prefix_and_equals_the_naive_loop(name: str) -> N
     assert len(exact.results) == 4 * len(attention_layers(model))
     for a, b in zip(exact.results, naive.results):
         assert a.loss == pytest.approx(b.loss, abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gemma3n", "deepseek_v2", "deepseek_v3"])
+def test_the_exact_sweep_on_models_of_their_own_shape_equals_the_naive_loop_without_falling_back(name: str) -> None:
+    """Gemma-3n: AltUp's block outputs carry (predictions, batch, ...), stacked along their batch axis; its
+    KV-shared layers read keys and values that layers 2 and 3 store during the forward, so their runs start at
+    block 2 (declared by the layers, not found by a failing check). DeepSeek: value heads of their own size."""
+    from probe.ablation.blocks import find_blocks
+
+    model = tiny_family(name)
+    loaded = LoadedModel(model=model, tokenizer=None, name=name, vocab_size=120)
+    torch.manual_seed(3)
+    probe_set = ProbeSet("natural", "test", torch.randint(1, 120, (3, 12)), offset=1)
+    blocks, _ = find_blocks(model, attention_layers(model))
+    assert blocks is not None
+    n_layers = len(attention_layers(model))
+    starts = [blocks.start_of(layer) for layer in range(n_layers)]
+    assert starts == ([0, 1, 2, 2, 2, 2] if name == "gemma3n" else [0, 1])
+    before = snapshot(model)
+    naive = sweep(loaded, probe_set, mode="naive", batch_size=2)
+    exact = sweep(loaded, probe_set, mode="exact", batch_size=2, stack=3)
+    assert_unchanged(model, before)
+    assert exact.path.startswith("exact"), exact.path
+    assert [r.heads for r in exact.results] == [r.heads for r in naive.results]
+    assert len(exact.results) == 4 * n_layers
+    for a, b in zip(exact.results, naive.results):
+        assert a.loss == pytest.approx(b.loss, abs=1e-5)
+    assert max(abs(r.delta) for r in exact.results) > 1e-4
+
+
+def test_gemma3n_exact_sweep_with_chunked_logits_equals_the_naive_loop(monkeypatch) -> None:
+    """Long context on Gemma-3n: the loss read from the last block's output, (predictions, batch, positions,
+    hidden), its rows taken along the batch axis."""
+    from probe.ablation import logits as readouts
+
+    loaded = LoadedModel(model=tiny_family("gemma3n"), tokenizer=None, name="gemma3n", vocab_size=120)
+    torch.manual_seed(3)
+    probe_set = ProbeSet("natural", "test", torch.randint(1, 120, (3, 12)), offset=1)
+    heads = [(0, 1), (2, 0), (3, 3), (5, 2)]
+    naive = sweep(loaded, probe_set, heads, mode="naive", batch_size=2)
+    monkeypatch.setattr(readouts, "LOGITS_BYTES", 0)
+    exact = sweep(loaded, probe_set, heads, mode="exact", batch_size=2, stack=2)
+    assert exact.path.startswith("exact"), exact.path
+    for a, b in zip(exact.results, naive.results):
+        assert a.heads == b.heads and a.loss == pytest.approx(b.loss, abs=1e-5)
 
 
 def test_bloom_that_bypasses_its_projection_is_refused_when_editing() -> None:

@@ -22,9 +22,15 @@ class Blocks:
 
     container: nn.ModuleList
     of_layer: list[int]
+    restart: int | None = None  # the last block a run may start from (later blocks read what it hands on); None: any
 
     def __len__(self) -> int:
         return len(self.container)
+
+    def start_of(self, layer: int) -> int:
+        """The block a run that changes attention layer `layer` starts from: the layer's own block, or `restart`."""
+        block = self.of_layer[layer]
+        return block if self.restart is None else min(block, self.restart)
 
 
 def _parents(model: nn.Module) -> dict[int, nn.Module]:
@@ -60,7 +66,17 @@ def find_blocks(model: nn.Module, layers: list[AttentionLayer]) -> tuple[Blocks 
     if any(b < a for a, b in zip(of_layer, of_layer[1:])):
         return None, "the blocks do not run in the order of the attention layers"
     assert container is not None
-    return Blocks(container, of_layer), ""
+    return Blocks(container, of_layer, _shared_keys_restart(layers, of_layer)), ""
+
+
+def _shared_keys_restart(layers: list[AttentionLayer], of_layer: list[int]) -> int | None:
+    """Where layers reuse the keys and values an earlier layer made in the same forward (Gemma-3n's KV-shared
+    layers, `is_kv_shared_layer`, read those of the layers that `store_full_length_kv`), a run must start at or
+    before the first block that stores them: a kept block output does not hand them on. None: no layer reuses."""
+    if not any(getattr(layer.module, "is_kv_shared_layer", False) is True for layer in layers):
+        return None
+    stores = [of_layer[layer.index] for layer in layers if getattr(layer.module, "store_full_length_kv", False) is True]
+    return min(stores, default=0)  # producers not declared: every earlier block may be one, so reuse nothing
 
 
 class NoPrefix(Exception):
@@ -120,20 +136,31 @@ def detach(value: Any) -> Any:
     return value
 
 
-def stack(value: Any, copies: int, batch: int) -> Any:
-    """`copies` copies of a batch's block output along the batch dimension (copy-major, like ids.repeat)."""
+def batch_axis(tensor: Tensor, batch: int, positions: int | None) -> int | None:
+    """The axis of a block output's rows: the one of size `batch` right before the positions (Gemma-3n's AltUp
+    carries (predictions, batch, positions, hidden)), else a leading one of size `batch`; None: not per row."""
+    if positions is not None:
+        for axis in range(tensor.dim() - 1):
+            if tensor.shape[axis] == batch and tensor.shape[axis + 1] == positions:
+                return axis
+    return 0 if tensor.dim() >= 1 and tensor.shape[0] == batch else None
+
+
+def stack(value: Any, copies: int, batch: int, positions: int | None = None) -> Any:
+    """`copies` copies of a batch's block output along its batch axis (copy-major, like ids.repeat)."""
     if copies == 1:
         return value
     if isinstance(value, Tensor):
-        if value.dim() >= 1 and value.shape[0] == batch:
-            return value.repeat(copies, *([1] * (value.dim() - 1)))  # (copies * batch, ...)
-        return value
+        axis = batch_axis(value, batch, positions)
+        if axis is None:
+            return value
+        return value.repeat(*(copies if dim == axis else 1 for dim in range(value.dim())))  # (.., copies * batch, ..)
     if isinstance(value, tuple):
-        return tuple(stack(item, copies, batch) for item in value)
+        return tuple(stack(item, copies, batch, positions) for item in value)
     if isinstance(value, list):
-        return [stack(item, copies, batch) for item in value]
+        return [stack(item, copies, batch, positions) for item in value]
     if isinstance(value, dict):
-        return {key: stack(item, copies, batch) for key, item in value.items()}
+        return {key: stack(item, copies, batch, positions) for key, item in value.items()}
     return value
 
 

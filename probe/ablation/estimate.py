@@ -252,7 +252,7 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     estimated = {head: float(terms.first[head] + terms.second[head]) for head in heads}
 
     flop_cost = _flop_costs(model, blocks)
-    start_of = (lambda head: blocks.of_layer[head[0]]) if blocks is not None else (lambda head: 0)
+    start_of = (lambda head: blocks.start_of(head[0])) if blocks is not None else (lambda head: 0)
     spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)
     check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0
     chosen = _choose(heads, terms, estimated, budget - spent - check_cost, refine,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.ablation.blocks import Blocks, detach, find_blocks, skip_blocks
+from probe.ablation.blocks import Blocks, batch_axis, detach, find_blocks, skip_blocks
 from probe.hooks.restore import interrupts_deferred, restoring
 from probe.hooks.hf import is_hf_model
 from probe.hooks.layers import attention_layers
@@ -100,8 +100,11 @@ class Final:
         return torch.cat(values, dim=1)
 
     def first_rows(self, batch: int) -> Tensor:
+        """(batch, positions, ...): the first rows of the last block's output (Gemma-3n's is (predictions, rows,
+        positions, hidden): its rows and positions are moved to the front)."""
         hidden = self.hidden[0] if isinstance(self.hidden, (tuple, list)) else self.hidden
-        return hidden[:batch]
+        axis = batch_axis(hidden, self.ids.shape[0], self.ids.shape[1]) or 0
+        return hidden.narrow(axis, 0, batch).movedim((axis, axis + 1), (0, 1))
 
 
 def decoder(model: nn.Module) -> nn.Module | None:

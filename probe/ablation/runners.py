@@ -112,7 +112,7 @@ class PrefixRunner:
     def start_of(self, ablation: Ablation) -> int:
         if self.reason is not None:
             return 0
-        return min(self.blocks.of_layer[layer] for layer, _ in ablation)
+        return min(self.blocks.start_of(layer) for layer, _ in ablation)
 
     def baseline(self, index: int) -> Tensor:
         if self.reason is None and self.keep_all:
@@ -171,7 +171,7 @@ class PrefixRunner:
             _, kept = capture(self.blocks, model, batch.ids, batch.mask, stop_at=start)
         copies, rows = len(chunk), batch.ids.shape[0]
         # every skipped block returns the last one's output: only that one feeds the first block that runs
-        entry = stack(kept[start - 1], copies, rows) if start > 0 else None
+        entry = stack(kept[start - 1], copies, rows, batch.ids.shape[1]) if start > 0 else None
         stacked_ids = batch.ids.repeat(copies, 1)  # (copies * batch, positions)
         stacked_mask = None if batch.mask is None else batch.mask.repeat(copies, 1)
         with skip_blocks(self.blocks.container, {i: entry for i in range(start)}), \

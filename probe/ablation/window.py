@@ -98,10 +98,10 @@ class RestrictedHeads:
 
     def __call__(self, layer: int, inputs: AttentionInputs, output: Tensor | None) -> Tensor:
         """The layer's output (b, n, hq, d) with the chosen heads recomputed; `output` None where they are all."""
-        batch, n_heads, n_queries, head_dim = inputs.query.shape
+        batch, n_heads, n_queries, _ = inputs.query.shape
         per_copy = batch // self.copies
-        if output is None:
-            output = inputs.query.new_empty(batch, n_queries, n_heads, head_dim)
+        if output is None:  # heads as wide as a value head (multi-head latent attention's are narrower)
+            output = inputs.query.new_empty(batch, n_queries, n_heads, inputs.value.shape[-1])
         else:
             output = output.clone()
         for copy, heads in self.by_layer.get(layer, {}).items():

@@ -8,6 +8,10 @@ q = x W_Q, k = x W_K, v = x W_V (each d_model -> d_head) and writes z W_O (d_hea
   W_V: it scales the inputs' coordinates. What cannot be folded is ignored: the division by the norm of x (a scalar
   per position), LayerNorm's centring and biases, and rotary position embeddings (which rotate q and k by position;
   weight-based scores see the weights as if there were none).
+- Multi-head latent attention (DeepSeek V2 / V3): queries and keys/values go through low-rank latents with a norm
+  between the two projections; the product of the two is the head's matrix (the latent norm's gain folded in, its
+  division ignored like the pre-attention norm's), and the rotary part of the key, one for all heads, is each head's.
+  W_V and W_O are then d_model -> v_head_dim and back, smaller than W_Q and W_K's d_head.
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ class HeadWeights:
 
     W_Q: Tensor  # (n_heads, d_model, d_head)
     W_K: Tensor  # (n_heads, d_model, d_head), a key/value group's weights repeated for each of its query heads
-    W_V: Tensor  # (n_heads, d_model, d_head)
-    W_O: Tensor  # (n_heads, d_head, d_model)
+    W_V: Tensor  # (n_heads, d_model, d_value): d_value is d_head except under multi-head latent attention
+    W_O: Tensor  # (n_heads, d_value, d_model)
     folded: str  # what was folded, for reports ("" when nothing was found)
 
 
@@ -41,9 +45,33 @@ def _split_rows(weight: Tensor, heads: int, head_dim: int) -> Tensor:
     return weight.reshape(heads, head_dim, -1).transpose(1, 2)
 
 
+def _latent(up: nn.Module, norm: nn.Module | None, down: Tensor) -> Tensor:
+    """The product of a low-rank pair `norm(x down^T) up^T` as one (out, in) weight, the norm's gain folded in."""
+    gain = _gain(norm)
+    middle = up.weight.detach().double() if gain is None else up.weight.detach().double() * gain[None, :]
+    return middle @ down.detach().double()
+
+
+def _latent_projections(module: nn.Module, layer: AttentionLayer) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """DeepSeek's multi-head latent attention as (q, k, v, o) weights of per-head layout: keys [no rotary | rotary]."""
+    heads, nope, value = layer.n_heads, module.qk_nope_head_dim, layer.value_dim
+    if getattr(module, "q_proj", None) is not None:
+        q = module.q_proj.weight.detach().double()
+    else:
+        q = _latent(module.q_b_proj, module.q_a_layernorm, module.q_a_proj.weight)
+    down = module.kv_a_proj_with_mqa.weight
+    rank = down.shape[0] - module.qk_rope_head_dim
+    kv = _latent(module.kv_b_proj, module.kv_a_layernorm, down[:rank]).reshape(heads, nope + value, -1)
+    rotary = down[rank:].detach().double()[None].expand(heads, -1, -1)  # one rotary key, shared by every head
+    k = torch.cat([kv[:, :nope], rotary], dim=1).reshape(heads * layer.head_dim, -1)
+    return q, k, kv[:, nope:].reshape(heads * value, -1), module.o_proj.weight
+
+
 def _projections(module: nn.Module, layer: AttentionLayer) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(q, k, v) weights as nn.Linear stores them (out, in) and the output weight (d_model, n_heads * d_head)."""
+    """(q, k, v) weights as nn.Linear stores them (out, in) and the output weight (d_model, n_heads * d_value)."""
     q_size, kv_size = layer.n_heads * layer.head_dim, layer.n_kv_heads * layer.head_dim
+    if hasattr(module, "kv_b_proj") and hasattr(module, "kv_a_proj_with_mqa"):
+        return _latent_projections(module, layer)
     names = [("q_proj", "k_proj", "v_proj", "o_proj"), ("W_q", "W_k", "W_v", "W_o")]
     for names_ in names:
         linears: list[Any] = [getattr(module, name, None) for name in names_]
@@ -63,7 +91,8 @@ def _projections(module: nn.Module, layer: AttentionLayer) -> tuple[Tensor, Tens
         q, k, v = module.in_proj_weight.split([q_size, kv_size, kv_size])
         return q, k, v, module.out_proj.weight
     raise ProbeError(f"cannot read the weights of {type(module).__name__}: weight-based scores read q/k/v/o_proj, "
-                     "W_q/W_k/W_v/W_o, a fused qkv_proj/W_qkv, GPT-2's c_attn/c_proj and nn.MultiheadAttention",
+                     "W_q/W_k/W_v/W_o, a fused qkv_proj/W_qkv, GPT-2's c_attn/c_proj, DeepSeek's latent "
+                     "kv_a_proj_with_mqa/kv_b_proj and nn.MultiheadAttention",
                      parameter="model")
 
 
@@ -98,8 +127,8 @@ def layer_weights(model: nn.Module, layer: AttentionLayer) -> HeadWeights:
     group = heads // max(kv_heads, 1)
     W_Q = _split_rows(q, heads, head_dim)
     W_K = _split_rows(k, kv_heads, head_dim).repeat_interleave(group, dim=0)
-    W_V = _split_rows(v, kv_heads, head_dim).repeat_interleave(group, dim=0)
-    W_O = o.T.reshape(heads, head_dim, -1)  # (n_heads, d_head, d_model)
+    W_V = _split_rows(v, kv_heads, layer.value_dim).repeat_interleave(group, dim=0)
+    W_O = o.T.reshape(heads, layer.value_dim, -1)  # (n_heads, d_value, d_model)
     name, norm = _named_child(_parent(model, layer.module), PRE_ATTENTION_NORMS)
     gain = _gain(norm)
     if gain is not None and gain.shape[0] == W_Q.shape[1]:

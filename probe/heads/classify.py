@@ -196,10 +196,29 @@ def forward(model: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Any:
     except (ProbeError, KeyboardInterrupt):
         raise
     except Exception as error:
-        first = first_line(error)
+        hint, parameter = _failure_hint(model, int(ids.shape[-1]))
         raise ProbeError(f"the model's forward failed on a batch of shape {tuple(ids.shape)}: "
-                         f"{type(error).__name__}: {first} (longer than its context? try a smaller seq_len)",
-                         parameter="seq_len") from error
+                         f"{type(error).__name__}: {first_line(error)} ({hint})", parameter=parameter) from error
+
+
+def _failure_hint(model: torch.nn.Module, length: int) -> tuple[str, str]:
+    """(the likely cause of a forward's failure, the parameter to change): the length only where it can be at fault;
+    value heads of their own size (multi-head latent attention) where a kernel may want them equal."""
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    known = isinstance(context, int)
+    if known and length > context:
+        return f"longer than its context of {context}: try a smaller seq_len", "seq_len"
+    try:
+        layers = attention_layers(model)  # found already where a forward ran under probe's hooks
+    except ProbeError:
+        layers = []
+    uneven = next((layer for layer in layers if layer.value_dim != layer.head_dim), None)
+    if uneven is not None:
+        return (f"value heads of {uneven.value_dim} against query/key heads of {uneven.head_dim}: an attention kernel "
+                "that needs equal sizes fails on them; path='blocked' takes them"), "path"
+    if known:
+        return f"not the length: {length} tokens fit its context of {context}", "model"
+    return "longer than its context? try a smaller seq_len", "seq_len"
 
 
 def _thresholds(names: list[str], thresholds: dict[str, float] | None, batch_size: int) -> dict[str, float]:

@@ -193,8 +193,9 @@ def blocked_attention(
 ) -> Tensor:
     """Eager softmax attention, computed query block by query block.
 
-    query (b, hq, n, d), key/value (b, hk, kv, d) with hq a multiple of hk; mask broadcastable to (b, hq, n, kv),
-    boolean (True = attend) or additive float. Returns (b, hq, n, d). `on_block(start, weights)` sees the float32
+    query/key (b, hq, n, d) / (b, hk, kv, d), value (b, hk, kv, dv) with hq a multiple of hk (dv may differ from d:
+    multi-head latent attention's value heads are smaller); mask broadcastable to (b, hq, n, kv), boolean (True =
+    attend) or additive float. Returns (b, hq, n, dv). `on_block(start, weights)` sees the float32
     weights of queries start .. start + block over all keys: the same numbers eager attention produces.
 
     Cost-saving details that do not change the numbers: grouped-query heads are computed by folding the query
@@ -204,7 +205,7 @@ def blocked_attention(
     into reused buffers (see the module's docstring).
     """
     batch, n_heads, n_queries, head_dim = query.shape
-    n_kv_heads, n_keys = key.shape[1], key.shape[2]
+    n_kv_heads, n_keys, value_dim = key.shape[1], key.shape[2], value.shape[-1]
     scaling = head_dim**-0.5 if scaling is None else scaling
     plan = _plan(query, key, mask, causal, query_block)
     key_t = key.transpose(-1, -2)  # (b, hk, d, kv)
@@ -226,9 +227,9 @@ def blocked_attention(
         weights = weights.to(value.dtype)
         if dropout > 0.0:
             weights = F.dropout(weights, p=dropout, training=True)
-        # (b, hk, repeat * size, d) -> (b, hq, size, d)
+        # (b, hk, repeat * size, dv) -> (b, hq, size, dv)
         out = torch.matmul(weights.reshape(batch, n_kv_heads, -1, limit), value[:, :, :limit])
-        outputs.append(out.view(batch, n_heads, size, head_dim))
+        outputs.append(out.view(batch, n_heads, size, value_dim))
         del weights, out
         scores_buffer.give_up_if_kept()  # our own views are gone: any other user is the callback
         padded.give_up_if_kept()

@@ -26,7 +26,7 @@ from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 
 _HF_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]]" = weakref.WeakKeyDictionary()  # by call
 _HF_CALLS: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()  # calls so far, hooked modules
-_HF_RECORDER: list[list[tuple[nn.Module, int, int, int]]] = []  # discovery runs append here
+_HF_RECORDER: list[list[tuple[nn.Module, int, int, int, int]]] = []  # discovery runs append here
 _ORIGINAL_IMPLEMENTATION = {"probe_sdpa": "sdpa", "probe_eager": "eager"}
 _REGISTERED: list[bool] = []  # one True once registered
 
@@ -127,7 +127,7 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
     def probe_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                         attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
         for recording in _HF_RECORDER:
-            recording.append((module, query.shape[1], key.shape[1], query.shape[-1]))
+            recording.append((module, query.shape[1], key.shape[1], query.shape[-1], value.shape[-1]))
         hooks = _active_hooks(module)
         if hooks is None:
             return _own_attention(original_name, module, query, key, value, attention_mask, None, kwargs), None
@@ -212,15 +212,15 @@ def count_calls_per_forward(model: nn.Module, undo: list[Undo]) -> None:
     undo.append(model.register_forward_pre_hook(restart).remove)
 
 
-def _forget(recording: list[tuple[nn.Module, int, int, int]]) -> None:
+def _forget(recording: list[tuple[nn.Module, int, int, int, int]]) -> None:
     _HF_RECORDER[:] = [other for other in _HF_RECORDER if other is not recording]
 
 
 @contextmanager
-def recording_layers(model: nn.Module) -> Iterator[list[tuple[nn.Module, int, int, int]]]:
+def recording_layers(model: nn.Module) -> Iterator[list[tuple[nn.Module, int, int, int, int]]]:
     """For the body, probe's implementation runs the model and records (module, query heads, key/value heads,
-    head_dim) of every attention call, in call order."""
-    recording: list[tuple[nn.Module, int, int, int]] = []
+    head_dim, value head size) of every attention call, in call order."""
+    recording: list[tuple[nn.Module, int, int, int, int]] = []
     with restoring() as undo:
         undo.append(partial(_forget, recording))
         _HF_RECORDER.append(recording)

@@ -33,6 +33,11 @@ class AttentionLayer:
     calls: int = 1  # how many times the model calls `module` per forward
     stack: str = ""  # encoder-decoders: "encoder", "decoder" or "cross" (probe.hooks.stacks); else ""
     in_stack: int = 0  # the layer's index within its stack (encoder-decoders)
+    value_dim: int = 0  # size of a value head, the head outputs' width: head_dim unless smaller (DeepSeek's MLA)
+
+    def __post_init__(self) -> None:
+        if not self.value_dim:
+            object.__setattr__(self, "value_dim", self.head_dim)
 
 
 _LAYERS: "weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]]" = weakref.WeakKeyDictionary()
@@ -59,10 +64,11 @@ def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
         raise ProbeError(f"the model's forward failed on a two-token input: {type(error).__name__}: {error}") from error
     modules = [module for module, *_ in recording]
     layers = []
-    for index, (module, *shape) in enumerate(recording):
+    for index, (module, heads, kv_heads, head_dim, value_dim) in enumerate(recording):
         call = sum(other is module for other in modules[:index])
         calls = sum(other is module for other in modules)
-        layers.append(AttentionLayer(index, module, "hf", *shape, call=call, calls=calls))
+        layers.append(AttentionLayer(index, module, "hf", heads, kv_heads, head_dim, call=call, calls=calls,
+                                     value_dim=value_dim))
     if is_encoder_decoder(model):  # T5, BART: encoder, decoder self- and cross-attention, each numbered from 0
         stacks = [stack_of(model, layer.module) for layer in layers]
         layers = [replace(layer, stack=stack, in_stack=number)

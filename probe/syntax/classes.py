@@ -11,6 +11,10 @@ from probe.heads.classify import Classification
 from probe.syntax.result import SyntaxResult
 
 SYNTACTIC = "syntactic"
+SYNTACTIC_CLASS = {"summary": "beats the best fixed-offset baseline at finding a dependency relation's other word "
+                              "(Clark et al. 2019); score: accuracy minus baseline, best relation",
+                   "letter": "Y", "probe_set": "syntax"}
+"""The class as reports describe it (its threshold is the syntax result's margin); the docs' class lists read it."""
 
 
 def add_syntactic(classification: Classification, result: SyntaxResult) -> Classification:
@@ -19,10 +23,7 @@ def add_syntactic(classification: Classification, result: SyntaxResult) -> Class
         raise ValueError("the syntax result is of another model than the classification")
     classification.scores[SYNTACTIC] = result.excess().float()
     classification.thresholds[SYNTACTIC] = result.margin
-    classification.extra_classes[SYNTACTIC] = {
-        "summary": "beats the best fixed-offset baseline at finding a dependency relation's other word "
-                   "(Clark et al. 2019); score: accuracy minus baseline, best relation",
-        "letter": "Y", "probe_set": "syntax", "default_threshold": result.margin}
+    classification.extra_classes[SYNTACTIC] = {**SYNTACTIC_CLASS, "default_threshold": result.margin}
     classification.probe_sets["syntax"] = {
         "name": "syntax", "description": f"syntax: {result.source}, {result.sentences} sentences, label scheme "
                                          f"{result.scheme}", "num_seqs": result.sentences}
