@@ -15,10 +15,12 @@ from test_dla import random_contrast
 from test_patching import projection_patched_loss
 from test_specific import swapped_loss
 
-from probe.ablate import sweep
+from probe.ablation import sweep
 from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.statistics import head_outputs
-from probe.attention import attention_hooks, attention_layers, run_model
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import attention_layers
+from probe.hooks.run import run_model
 from probe.circuits import layer_weights
 from probe.dla import logit_attribution
 from probe.errors import ProbeError
@@ -257,7 +259,7 @@ def test_a_failing_forward_within_the_context_does_not_blame_the_length() -> Non
 @pytest.mark.parametrize("name", MLA)
 def test_window_ablation_of_every_head_equals_the_model_under_a_window_mask(name: str) -> None:
     """Sink 1, recent 3: query i sees keys 0 and i-2..i; the model's own attention under that 4-d mask."""
-    from probe.ablate import ablate
+    from probe.ablation import ablate
     from probe.ablation.window import WindowAblation
 
     model = tiny_family(name)

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from torch import Tensor, nn
 
 from probe.errors import ProbeError
