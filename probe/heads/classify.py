@@ -19,7 +19,7 @@ from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import AttentionLayer, attention_layers
-from probe.hooks.lse import FusedAttention
+from probe.kernels import DEFAULT_CONFIG, FusedStatistics, KernelConfig
 from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
@@ -42,7 +42,8 @@ class Classification:
     extra_classes: dict[str, dict[str, Any]] = field(default_factory=dict)  # classes scored outside SCORES
     layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
     not_applicable: dict[str, list[int]] = field(default_factory=dict)  # class -> layers it does not apply to (n/a)
-    path: str = ""  # how the scores were computed: "lse", "blocked", or which layers went which way (score_heads)
+    path: str = ""  # how the scores were computed: the fast path's backend ("cpu"), "blocked", or which layers went
+    # which way (score_heads)
 
     def labels(self, layer: int, head: int) -> list[str]:
         return [name for name, score in self.scores.items() if float(score[layer, head]) > self.thresholds[name]]
@@ -107,14 +108,16 @@ PATHS = ("auto", "lse", "blocked")
 
 def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, batch_size: int = 8,
                 query_block: int | None = None, progress: Progress | None = None,
-                progress_offset: int = 0, progress_total: int | None = None, path: str = "auto") -> HeadScores:
+                progress_offset: int = 0, progress_total: int | None = None, path: str = "auto",
+                config: KernelConfig = DEFAULT_CONFIG) -> HeadScores:
     """Run the probe set through the model in batches and reduce each layer's attention into the named scores.
-    `path`: "lse" reads each layer's fused attention and log-sum-exp (no weights formed; layers whose logits cannot
-    be rebuilt fall back to blocks of weights, and the result's `path` says which), "blocked" reduces blocks of
-    eager weights everywhere, "auto" is "lse" where every named score has a fast path. Each batch's forward ends
+    `path`: "lse" reads each layer's fused statistics from the backend that serves it (probe.kernels; no weights
+    formed; layers no backend serves fall back to blocks of weights, and the result's `path` names the backend and
+    says which layers went blocked), "blocked" reduces blocks of eager weights everywhere, "auto" is "lse" where
+    every named score has a fast path. `config` tunes the fast path (chunks and stages; never a number). Each batch's forward ends
     once every layer's attention is read: the last layer's MLP, the final norm and the head change no score."""
     layers = attention_layers(loaded.model)
-    accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers))
+    accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers), config)
     use_lse = _use_lse(path, accumulator)
     batches = probe_set.batches(batch_size)
     total = progress_total or len(batches) * len(layers)
@@ -134,12 +137,12 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
             step()
             stop(layer)
 
-    def on_lse(layer: int, attention: FusedAttention) -> None:
+    def on_lse(layer: int, attention: FusedStatistics) -> None:
         accumulator(layer, attention)
         step()
         stop(layer)
 
-    reader = _LseReader(on_lse, accumulator.blocked) if use_lse else None
+    reader = _LseReader(on_lse, accumulator.blocked, config) if use_lse else None
     with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, query_block=query_block,
                                           on_lse=reader):
         for ids, mask in batches:
@@ -174,12 +177,13 @@ def _stop_when_read(model: torch.nn.Module, n_layers: int, read: set[int]) -> Ca
 
 
 class _LseReader:
-    """An LseHook from two callables."""
+    """An LseHook from two callables, and the config the backends read."""
 
-    def __init__(self, read: Callable[[int, FusedAttention], None], blocked: Callable[[int, str], None]) -> None:
-        self.read, self.blocked = read, blocked
+    def __init__(self, read: Callable[[int, FusedStatistics], None], blocked: Callable[[int, str], None],
+                 config: KernelConfig) -> None:
+        self.read, self.blocked, self.config = read, blocked, config
 
-    def __call__(self, layer: int, attention: FusedAttention) -> None:
+    def __call__(self, layer: int, attention: FusedStatistics) -> None:
         self.read(layer, attention)
 
 

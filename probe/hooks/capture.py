@@ -45,7 +45,7 @@ def attention_hooks(
     (batch, queries, heads, head_dim) before the output projection. `recompute_heads(layer, inputs, output)` may
     compute some heads again from the layer's query, keys and values (over other keys: window ablation; transformers
     models only), before `edit_heads`; `on_weights` sees the layer's own weights. `on_lse(layer, attention)` gets a
-    layer's queries, keys and the fused kernel's log-sum-exp instead of its weights (probe.hooks.lse) where they can
+    layer's queries, keys and the fused kernel's log-sum-exp instead of its weights (probe.kernels) where they can
     be rebuilt from them (transformers models); elsewhere `on_lse.blocked(layer, reason)` is called and the weights
     go to `on_weights`. `edit_inputs(layer, inputs)` may replace the query, keys and values the layer's attention
     computes from (patching; transformers models only). On exit the model is exactly as before.
