@@ -228,13 +228,15 @@ def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) 
     flush = accumulate.ScoreAccumulator.flush
     monkeypatch.setattr(accumulate.ScoreAccumulator, "flush",
                         lambda self: groups.append(len(self.pending)) or flush(self))
+    assert not SCORES["sep"].layers_at_once  # read each layer call alone: the others still read groups
     for probe_set in (natural, repeated):
         names = [name for name, score in SCORES.items() if score.probe == probe_set.name and score.by_default]
         grouped = score_heads(loaded, probe_set, names, batch_size=3, config=config)
         alone = score_heads(loaded, probe_set, names, batch_size=3, config=replace(config, group_bytes=0))
         for name in names:
             assert torch.allclose(grouped[name], alone[name], rtol=0, atol=1e-6), name
-    assert max(groups) == 5  # every layer of a batch in one group, then one at a time
+        assert max(groups) == 5, probe_set.name  # every layer of a batch in one group, then one at a time
+        groups.clear()
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
     assert torch.equal(score_heads(loaded, natural, ["positional"], batch_size=3)["positional"],
                        blocked["positional"])
@@ -393,14 +395,25 @@ def test_a_declared_diagonal_gets_the_fast_path() -> None:
         del SCORES["two_back"]
 
 
-def test_a_score_without_fast_path_runs_blocked_and_lse_is_refused() -> None:
+def test_a_score_without_fast_path_costs_only_itself_the_blocked_path_and_lse_is_refused() -> None:
+    """A class without a fast path runs blocked in a pass of its own: the others keep the fast path (their numbers
+    are the fast path's, bit for bit), and it gets the blocked path's numbers."""
     register_score(scores.Score("plain_prev", "natural", 0.5, "previous token, blocked only",
                                 scores.previous_token_score))
     try:
         loaded = tiny_loaded("llama_gqa")
         natural, _ = _padded_sets(120)
-        auto = score_heads(loaded, natural, ["plain_prev", "sink"], batch_size=2)
-        assert auto.path == "blocked"
+        steps: list[tuple[int, int]] = []
+        auto = score_heads(loaded, natural, ["plain_prev", "sink", "previous_token"], batch_size=2,
+                           progress=lambda done, total: steps.append((done, total)))
+        assert auto.path == "cpu; blocked for plain_prev (no fast path)"
+        assert list(auto) == ["plain_prev", "sink", "previous_token"]
+        fast = score_heads(loaded, natural, ["sink", "previous_token"], batch_size=2)
+        assert fast.path == "cpu"
+        assert torch.equal(auto["sink"], fast["sink"]) and torch.equal(auto["previous_token"], fast["previous_token"])
+        blocked = score_heads(loaded, natural, ["previous_token"], batch_size=2, path="blocked")
+        assert torch.equal(auto["plain_prev"], blocked["previous_token"])
+        assert steps[-1][0] == steps[-1][1] == 2 * 2 * 2  # two passes of two batches of two layers
         with pytest.raises(ProbeError, match="no fast path for plain_prev"):
             score_heads(loaded, natural, ["plain_prev"], path="lse")
     finally:

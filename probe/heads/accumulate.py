@@ -98,7 +98,7 @@ class ScoreAccumulator:
 
     def __call__(self, layer: int, attention: FusedStatistics) -> None:
         """Add one layer call from its queries, keys and log-sum-exp: read now, or held back and read with the next
-        calls (`flush`: their heads side by side, one pass for them all) where every score can read a group and the
+        calls (`flush`: their heads side by side, one pass for them all) where a score can read a group and the
         group's queries and keys stay within config.group_bytes."""
         groups = self._groups(attention)  # asks for the batch: fails before the forward goes on without one
         held_back = self.pending[0][1] if self.pending else attention
@@ -111,11 +111,15 @@ class ScoreAccumulator:
             self.flush()
 
     def _groups(self, attention: FusedStatistics) -> bool:
-        """Whether this layer call may be read with others (side_by_side): no bias, and every score that is not one
-        diagonal or column (LinearPlan) declares it reads layer groups."""
+        """Whether this layer call may be read with others (side_by_side): no bias, and a score reads layer groups
+        (one diagonal or column, LinearPlan, or declared layers_at_once; the others read each call of a group alone,
+        and cost only themselves the grouping)."""
+        return attention.bias is None and isinstance(attention, FusedAttention) and bool(self._grouping(attention))
+
+    def _grouping(self, attention: FusedStatistics) -> list[str]:
+        """The scores that read a group of layer calls as one: one diagonal or column, or declared layers_at_once."""
         linear = self._plan(attention).names
-        return attention.bias is None and isinstance(attention, FusedAttention) and \
-            all(name in linear or SCORES[name].layers_at_once for name in self.names)
+        return [name for name in self.names if name in linear or SCORES[name].layers_at_once]
 
     def _plan(self, attention: FusedStatistics) -> LinearPlan:
         """The batch's LinearPlan for this call's number of queries and keys (made once per batch)."""
@@ -125,26 +129,34 @@ class ScoreAccumulator:
     def flush(self) -> None:
         """Read the layer calls held back, as one call with their heads side by side: the diagonals and columns the
         scores read computed in one pass, the scores that average one of them (LinearPlan) in one product, the
-        others each by its `fast`."""
+        others each by its `fast`; a score that does not read groups (not layers_at_once) reads each call alone."""
         if not self.pending:
             return
         layers = [layer for layer, _ in self.pending]
         calls = [call for _, call in self.pending]
         self.pending = []
-        self._read(layers, calls[0] if len(calls) == 1 else side_by_side(calls))  # type: ignore[arg-type]
+        if len(calls) == 1:
+            self._read(layers, calls[0], self.names)
+            return
+        grouping = self._grouping(calls[0])
+        self._read(layers, side_by_side(calls), grouping)  # type: ignore[arg-type]
+        alone = [name for name in self.names if name not in grouping]
+        for layer, call in zip(layers, calls) if alone else ():
+            self._read([layer], call, alone)
 
-    def _read(self, layers: list[int], attention: FusedStatistics) -> None:
+    def _read(self, layers: list[int], attention: FusedStatistics, names: list[str]) -> None:
+        """Add the scores `names` of `layers`, read as one call `attention`."""
         batch, (n, kv), plan = self._batch(), attention.shape[2:], self._plan(attention)
-        attention.prefetch([shift for name in self.names for shift in SCORES[name].diagonals(batch)],
-                           [key for name in self.names for key in SCORES[name].columns(batch)])
-        if plan.names:
+        attention.prefetch([shift for name in names for shift in SCORES[name].diagonals(batch)],
+                           [key for name in names for key in SCORES[name].columns(batch)])
+        if plan.names and plan.names[0] in names:  # the linear scores are read with the group's first reading
             table, columns = attention.covering(plan.labels)  # (b, h, n, w): the labels' columns in it
             selection = batch.memo(("selection", tuple(self.names), n, kv, tuple(columns), table.shape[-1]),
                                    lambda: plan.selection(columns, table.shape[-1]).to(table))
             sums = torch.einsum("bhnw,bnws->sh", table, selection).double().unflatten(-1, (len(layers), -1))
             for index, name in enumerate(plan.names):
                 self._add(name, layers, sums[index], plan.counts[index].expand_as(sums[index]))
-        for name in self.names:
+        for name in names:
             fast = SCORES[name].fast
             assert fast is not None, name
             if name not in plan.names:
