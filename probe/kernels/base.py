@@ -52,7 +52,10 @@ class FusedStatistics(Protocol):
     causal: bool
     lse: Tensor  # (b, hq, n) float32
     config: KernelConfig
-    backend: str  # the backend that made it
+
+    @property
+    def backend(self) -> str:
+        """The name of the backend that made it (a result's `path` reports it)."""
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

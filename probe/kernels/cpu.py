@@ -154,10 +154,9 @@ class CpuAttention(FusedAttention):
 
     def near_of_rows(self, found: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(beaten (k,), tied (k,), mass (k,)) for the (b, h, query) rows `found` (k, 3) and one key each, over the
-        keys near each row: the rows of a (sequence, key/value head) whose queries
-        fall in one bucket of config.near_span positions share one slice of keys, from config.near_before keys before
-        the bucket to its last query (so a row sees at least its config.near_before keys before it). beaten: a key of
-        the slice has a
+        keys near each row: the rows of a (sequence, key/value head) whose queries fall in one bucket of
+        config.near_span positions share one slice of keys, from config.near_before keys before the bucket to its
+        last query (so a row sees at least its config.near_before keys before it). beaten: a key of the slice has a
         larger logit than keys[t]; tied: none is larger but one equals it (argmax's tie rule needs the whole row);
         mass: the weight of every key of the slice the row may attend to, keys[t]'s included, and of key 0."""
         b, hq, n, kv = self.shape
@@ -236,8 +235,8 @@ class CpuAttention(FusedAttention):
             own = own + bias.gather(1, keys[:, None])[:, 0]
         elif self.causal:
             logits.masked_fill_(witnesses[None, :] > row[:, None] + self.shape[3] - self.shape[2], float("-inf"))
-        longest = torch.maximum(witness_keys.norm(dim=-1).max(), head_keys[keys].norm(dim=-1))
-        rounding = 2.0**-13 * (query.norm(dim=-1) * longest + own.abs())  # far above float32's, bias included
+        norm = torch.maximum(witness_keys.norm(dim=-1).max(), head_keys[keys].norm(dim=-1))
+        rounding = 2.0**-13 * (query.norm(dim=-1) * norm + own.abs())  # far above float32's, bias included
         return logits.amax(dim=-1) > own + rounding  # keys[t] among the witnesses: its logit is within rounding
 
     def tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
@@ -259,12 +258,11 @@ class CpuAttention(FusedAttention):
         return top
 
     def bounded_tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor
-                      ) -> tuple[Tensor, Tensor]:
+                     ) -> tuple[Tensor, Tensor]:
         """(top, unsure) (len(rows),) bool, from upper bounds of the logits of keys 1 .. in one bfloat16 matmul
         (q . k plus config.bound |q| |k| as a 65th dimension: bfloat16 rounds each factor and the sum to 2^-9, so a
         bound exceeds its logit by at least 0.0019 |q| |k| and at most 2 bound |q| |k|) and key 0's float32 logit (a
-        sink's
-        key is often the longest: it would loosen the bounds of every row). The key is the top when every other
+        sink's key is often the longest: it would loosen the bounds of every row). The key is the top when every other
         key's bound, and key 0's logit, is below its float32 logit; it is not when the highest bound less that
         slack, or key 0's logit, beats it by more than float32's rounding. Of the rest, most have a key or two whose
         bound reaches the key's logit (at 32768 tokens, 99% have 6 or fewer): those keys' float32 logits decide
