@@ -1,11 +1,9 @@
 """Every registered fused-attention backend against the blocked reference (probe/kernels/reference.py), on the same
 cases: the output, each row's log-sum-exp, the weights rebuilt from the statistics, and which rows' top key is their
-neighbour. A new backend is checked by being registered (probe/kernels/__init__.py); one that needs a device this
-machine lacks is skipped by its entry in NEEDS."""
+neighbour. A new backend is checked by being registered (probe/kernels/__init__.py) and named in DEVICES (the device
+its calls are made on: skipped where this machine lacks it)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -13,8 +11,8 @@ import torch
 from probe.kernels import BACKENDS, DEFAULT_CONFIG, REFERENCE, AttentionCall, additive_bias, backend_for
 from probe.kernels.base import Backend, rebuild_problem
 
-NEEDS: dict[str, Callable[[], bool]] = {"cpu": lambda: True}
-"""Backend name -> whether this machine can run it (a CUDA backend: torch.cuda.is_available)."""
+DEVICES: dict[str, str] = {"cpu": "cpu"}
+"""Backend name -> the device its cases run on (a CUDA backend: "cuda")."""
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # output and weights: the kernels sum in another order
 
@@ -91,9 +89,9 @@ CASES = {"causal": _causal, "padded bool mask": _padded_bool_mask, "additive bia
          "value head larger": _larger_value_head, "odd lengths": _odd_lengths, "ties": _ties}
 
 
-def _in_dtype(call: AttentionCall, dtype: torch.dtype) -> AttentionCall:
+def _on(call: AttentionCall, dtype: torch.dtype, device: str) -> AttentionCall:
     def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        return None if tensor is None else tensor.to(dtype)
+        return None if tensor is None else tensor.to(device, dtype)
 
     return AttentionCall(cast(call.query), cast(call.key), cast(call.value), cast(call.bias), call.scaling,
                          call.causal)
@@ -107,22 +105,24 @@ def _logits(call: AttentionCall) -> torch.Tensor:
     if call.bias is not None:
         return logits + call.bias.float()
     n, kv = query.shape[2], key.shape[2]
-    hidden = torch.arange(kv)[None, :] > torch.arange(n)[:, None] + kv - n
+    hidden = torch.arange(kv, device=query.device)[None, :] > torch.arange(n, device=query.device)[:, None] + kv - n
     return logits.masked_fill(hidden, float("-inf")) if call.causal else logits
 
 
-def _runnable(backend: Backend) -> Backend:
-    if not NEEDS.get(backend.name, lambda: False)():
-        pytest.skip(f"{backend.name}: not on this machine")
-    return backend
+def _device(backend: Backend) -> str:
+    """The device the backend's cases run on (skipped where this machine has none)."""
+    assert backend.name in DEVICES, f"name the device of backend {backend.name!r} in DEVICES"
+    device = DEVICES[backend.name]
+    if device != "cpu" and not getattr(torch, device).is_available():
+        pytest.skip(f"{backend.name}: no {device} on this machine")
+    return device
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda backend: backend.name)
 def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.dtype) -> None:
-    call = _in_dtype(CASES[case](), dtype)
-    _runnable(backend)
+    call = _on(CASES[case](), dtype, _device(backend))
     assert backend.problem(call) == ""
     with torch.no_grad():
         output, statistics = backend.run(call, DEFAULT_CONFIG)
@@ -134,18 +134,19 @@ def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.
     assert (output.float() - expected.float()).abs().max() <= tolerance
     assert statistics.lse.dtype == torch.float32 and statistics.backend == backend.name
     assert (statistics.lse - reference.lse).abs().max() <= tolerance * 4
-    every = torch.arange(n)
+    device = call.query.device
+    every = torch.arange(n, device=device)
     weights = statistics.rows(every)
     assert (weights - reference.rows(every)).abs().max() <= tolerance
     if dtype == torch.float32:  # bfloat16 logits are rebuilt in bfloat16: sharp rows sum to 1 only within ~10%
         assert (weights.sum(dim=-1) - 1).abs().max() <= tolerance * 4  # the log-sum-exp fits the logits rebuilt
         # which key tops each row: argmax's answer, ties to the earliest
-        selected = torch.ones(b, n, dtype=torch.bool)
+        selected = torch.ones(b, n, dtype=torch.bool, device=device)
         logits = _logits(call)
         for shift in (-1, 0):
-            rows = torch.arange(max(0, -shift), n)
+            rows = torch.arange(max(0, -shift), n, device=device)
             top = logits[:, :, rows].argmax(dim=-1) == (rows + shift)
-            hits = top.sum(dim=(0, 2)).double()
+            hits = top.sum(dim=(0, 2)).double().cpu()
             chosen = selected.clone()
             chosen[:, :max(0, -shift)] = False
             assert torch.equal(statistics.neighbour_hits(chosen, shift), hits), shift

@@ -10,7 +10,8 @@ never compare its name.
 A new backend (a GPU kernel) is one module with a class that has `name`, `problem` and `run`, whose statistics
 subclass `probe.kernels.fused.FusedAttention` (overriding what its kernel answers faster, such as
 `neighbour_hits` from its own row maxima); one `register_backend(...)` line in `probe/kernels/__init__.py`; and one
-entry in `tests/test_backends.py`'s BACKEND_CASES, which checks it against `probe.kernels.reference` on every case.
+entry in `tests/test_backends.py`'s DEVICES (the device its cases run on), which checks it against
+`probe.kernels.reference` on every case.
 """
 
 from __future__ import annotations
