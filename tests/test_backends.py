@@ -5,6 +5,8 @@ its calls are made on: skipped where this machine lacks it)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -177,3 +179,13 @@ def test_a_cpu_call_is_served_by_the_cpu_backend_and_a_meta_call_by_none() -> No
     meta = AttentionCall(*(tensor.to("meta") for tensor in (call.query, call.key, call.value)), None, 0.25, True)
     backend, reason = backend_for(meta)
     assert backend is None and "meta" in reason
+
+
+@pytest.mark.parametrize("case", ["padded bool mask", "odd lengths"])
+def test_the_reference_in_query_blocks_equals_one_block(case: str) -> None:
+    """The reference forms its logits a block of queries at a time (KernelConfig.reference_block): blocks of 7
+    queries give the numbers of one block, bit for bit."""
+    call = CASES[case]()
+    output, statistics = REFERENCE.run(call, DEFAULT_CONFIG)
+    blocked_output, blocked = REFERENCE.run(call, replace(DEFAULT_CONFIG, reference_block=7))
+    assert torch.equal(output, blocked_output) and torch.equal(statistics.lse, blocked.lse)

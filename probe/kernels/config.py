@@ -50,6 +50,8 @@ class KernelConfig:
     margin: float = 1e-4  # a neighbour is surely the top when it outweighs the mass of the keys not computed by this
     # reading several layer calls as one (probe.heads.accumulate)
     group_bytes: int = 32 * 2**20  # queries and keys of layer calls held back to be read together, at most
+    # the blocked reference backend (probe.kernels.reference)
+    reference_block: int = 256  # queries whose logits (b, hq, block, kv) it forms at once
 
 
 DEFAULT_CONFIG = KernelConfig()

@@ -12,9 +12,6 @@ from probe.kernels.base import AttentionCall, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import FusedAttention
 
-QUERY_BLOCK = 256  # queries whose logits (b, hq, block, kv) are formed at once
-
-
 class ReferenceBackend:
     """Eager attention in query blocks: output and each row's log-sum-exp in float32."""
 
@@ -34,8 +31,8 @@ class ReferenceBackend:
         plain_causal = call.causal and call.bias is None
         output = values.new_empty(b, hq, n, value.shape[-1])
         lse = values.new_empty(b, hq, n)
-        for start in range(0, n, QUERY_BLOCK):
-            stop = min(n, start + QUERY_BLOCK)
+        for start in range(0, n, config.reference_block):
+            stop = min(n, start + config.reference_block)
             logits = torch.matmul(query[:, :, start:stop].float(), keys.transpose(-1, -2)) * call.scaling
             if call.bias is not None:
                 bias = call.bias[..., start:stop, :] if call.bias.shape[-2] > 1 else call.bias
