@@ -12,6 +12,7 @@ from probe.kernels.base import AttentionCall, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import FusedAttention
 
+
 class ReferenceBackend:
     """Eager attention in query blocks: output and each row's log-sum-exp in float32."""
 
