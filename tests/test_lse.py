@@ -439,3 +439,31 @@ def test_kv_heads_scoring_pass_fast_equals_blocked(smollm2) -> None:
     assert fast[2].exact == blocked[2].exact
     assert (fast[0] - blocked[0]).abs().max() <= TOLERANCE
     assert (fast[1] - blocked[1]).abs().max() <= TOLERANCE
+
+
+def test_value_heads_smaller_than_query_heads_take_the_fast_path() -> None:
+    """Multi-head latent attention (DeepSeek V3: value heads of 12 against query/key heads of 24 here, 128 against 192
+    in real checkpoints): the CPU backend serves every layer, and the model's output is its own."""
+    torch.manual_seed(0)
+    config = transformers.DeepseekV3Config(
+        vocab_size=120, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=2,
+        max_position_embeddings=256)
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    ids = torch.randint(1, 120, (2, 40), generator=torch.Generator().manual_seed(1))
+    served: list[tuple[int, str, int]] = []
+
+    class Keep:
+        def __call__(self, layer, attention):
+            served.append((layer, attention.backend, attention.query.shape[-1]))
+
+        def blocked(self, layer, reason):
+            raise AssertionError(reason)
+
+    with torch.no_grad():
+        own = model(input_ids=ids).logits
+        with attention_hooks(model, on_lse=Keep()):
+            hooked = run_model(model, ids, None).logits
+    assert served == [(0, "cpu", 24), (1, "cpu", 24)]
+    assert (own - hooked).abs().max() <= TOLERANCE
