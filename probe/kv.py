@@ -44,8 +44,8 @@ from probe.errors import ProbeError
 from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_from_lse,
                                  streaming_score)
 from probe.hooks.capture import attention_hooks
-from probe.kernels import FusedStatistics
 from probe.hooks.stacks import is_encoder_decoder
+from probe.kernels import FusedStatistics
 from probe.models import LoadedModel
 
 Progress = Callable[[int, int], None]

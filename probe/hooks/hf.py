@@ -13,6 +13,7 @@ import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -71,16 +72,18 @@ def _from_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask
               hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
     """The output of the fused kernel of the backend that serves the call (probe.kernels.backend_for), its statistics
     handed to `hooks.on_lse`; None (and the reason handed to `on_lse.blocked`) where no backend serves it. The
-    statistics carry the hook's `config` where it has one."""
+    statistics carry the hook's `config` where it has one. The backend is chosen before the mask is made additive
+    (a refused call never pays for an n x kv float bias)."""
     assert hooks.on_lse is not None
     inputs = _inputs(query, key, value, mask, kwargs)
     dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
-    call = AttentionCall(query, key, value, additive_bias(mask, inputs.position_bias, query.dtype), inputs.scaling,
+    call = AttentionCall(query, key, value, mask if mask is not None else inputs.position_bias, inputs.scaling,
                          _causal(module, kwargs.get("is_causal"), mask), inputs.softcap, inputs.sinks, dropout)
     backend, problem = backend_for(call)
     if backend is None:
         hooks.on_lse.blocked(hooks.layer, problem)
         return None
+    call = replace(call, bias=additive_bias(mask, inputs.position_bias, query.dtype))
     output, attention = backend.run(call, getattr(hooks.on_lse, "config", DEFAULT_CONFIG))
     hooks.on_lse(hooks.layer, attention)
     return output

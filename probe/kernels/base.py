@@ -34,7 +34,9 @@ class AttentionCall:
     query: Tensor  # (b, hq, n, d)
     key: Tensor  # (b, hk, kv, d), hq a multiple of hk (grouped- or multi-query)
     value: Tensor  # (b, hk, kv, dv): dv may differ from d (multi-head latent attention: 128 against 192)
-    bias: Tensor | None  # additive, broadcastable to (b, hq, n, kv) (additive_bias); None: plain, causal or not
+    bias: Tensor | None  # additive, broadcastable to (b, hq, n, kv) (additive_bias); None: plain, causal or not.
+    # `Backend.problem` is asked before a mask is made additive: it may read the bias' presence, shape and device,
+    # not its dtype or values
     scaling: float
     causal: bool  # keys after the query (j > i + kv - n) hidden; only where bias is None
     softcap: float | None = None  # tanh soft-capping of the logits (Gemma 2)
