@@ -45,8 +45,8 @@ from probe.errors import ProbeError
 from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_from_lse,
                                  streaming_score)
 from probe.hooks.capture import attention_hooks
-from probe.hooks.lse import FusedAttention
 from probe.hooks.stacks import is_encoder_decoder
+from probe.kernels import FusedStatistics
 from probe.models import LoadedModel
 from probe.progress import Progress
 CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the scored ones
@@ -124,7 +124,7 @@ class _Scorer:
         self.batch: NeedleBatch | None = None
         self.rows = torch.empty(0, dtype=torch.long)
 
-    def __call__(self, layer: int, attention: FusedAttention) -> None:
+    def __call__(self, layer: int, attention: FusedStatistics) -> None:
         """The fast path (an LseHook): the streaming band and the answer rows from the log-sum-exp."""
         assert self.batch is not None
         sums, counts = self.streaming_fast(attention, self.batch)
@@ -152,7 +152,7 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
                   fast: bool = True) -> tuple[Tensor, Tensor, NeedleRun]:
     """(retrieval (n_layers, n_heads), streaming (n_layers, n_heads), the model's own needle accuracy), one forward
     per prompt: streaming sums and the answer rows of each layer's attention are kept as the layers pass (`fast`:
-    from the fused kernel's log-sum-exp, probe.hooks.lse, where a layer allows it; else from blocks of weights); the
+    from a fused backend's statistics, probe.kernels, where a layer allows it; else from blocks of weights); the
     retrieval score (SCORES["retrieval"]) is reduced from those rows once the logits say which were predicted."""
     layers = attention_layers(loaded.model)
     n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)

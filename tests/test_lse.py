@@ -1,8 +1,11 @@
-"""Scores from the attention's log-sum-exp (probe/hooks/lse.py): the fast path equals the blocked path (the
-reference) on every family where it applies, with padding, on sliding-window layers and on the real default model;
-where a layer's logits cannot be rebuilt, the result's path says so and the numbers are the blocked path's."""
+"""Scores from the fused statistics (probe/kernels/): the fast path equals the blocked path (the reference) on every
+family where it applies, with padding, on sliding-window layers and on the real default model; where a layer's logits
+cannot be rebuilt, the result's path says so and the numbers are the blocked path's. Each stage of the CPU backend's
+staged search is forced at short lengths through a KernelConfig and counted through its public stage method."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,14 +16,13 @@ from families import ADAPTED, FAMILY_MODELS, tiny_family
 
 import probe.heads.accumulate as accumulate
 import probe.heads.scores as scores
-import probe.hooks.lse as lse
 from probe.hooks.capture import attention_hooks, capture_attention
 from probe.hooks.run import run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES, Batch, diagonal_score, register_score, streaming_from_lse, streaming_score
-from probe.hooks.lse import FusedAttention
+from probe.kernels import DEFAULT_CONFIG, CpuAttention, KernelConfig
 from probe.models import LoadedModel
 
 TOLERANCE = 1e-5
@@ -52,8 +54,7 @@ def _both_paths(loaded: LoadedModel, probe_sets: tuple[ProbeSet, ...]) -> tuple[
     return fast, blocked, paths
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(strict=False, reason="kernel seam pads dv"))
-                                  if name.startswith("deepseek") else name for name in FAMILY_MODELS])
+@pytest.mark.parametrize("name", FAMILY_MODELS)
 def test_fast_path_equals_blocked_on_every_family_with_padding(name: str) -> None:
     loaded = LoadedModel(model=tiny_family(name), tokenizer=None, name=name, vocab_size=120)
     fast, blocked, paths = _both_paths(loaded, _padded_sets(120))
@@ -62,7 +63,7 @@ def test_fast_path_equals_blocked_on_every_family_with_padding(name: str) -> Non
     if name in ADAPTED:  # their attention is computed inside the module: the blocked path, said so
         assert all(path.startswith("blocked at layers 0, 1: attention computed inside the module") for path in paths)
     else:
-        assert paths == {"lse"}
+        assert paths == {"cpu"}
 
 
 def _gemma3(sliding_window: int) -> LoadedModel:
@@ -86,7 +87,7 @@ def test_sliding_window_layers_of_gemma3_at_2048_tokens() -> None:
                         repeat_len=1023)
     natural = ProbeSet("natural", "random", torch.randint(1, 120, (1, 2048)), 1)
     fast, blocked, paths = _both_paths(loaded, (natural, repeated))
-    assert paths == {"lse"}
+    assert paths == {"cpu"}
     for score in fast:
         assert (fast[score] - blocked[score]).abs().max() <= TOLERANCE, score
     assert float(blocked["induction"][0].max()) < 1e-6  # the earlier copy lies outside a 64-key window
@@ -103,7 +104,7 @@ def test_default_model_at_2048_tokens(smollm2) -> None:
     repeated = ProbeSet("repeated", "random", torch.cat([bos, half, half], 1), 1, repeat_len=1023)
     natural = ProbeSet("natural", "random", torch.cat([bos, torch.randint(100, smollm2.vocab_size, (1, 2047))], 1), 1)
     fast, blocked, paths = _both_paths(smollm2, (natural, repeated))
-    assert paths == {"lse"}
+    assert paths == {"cpu"}
     for score in fast:
         assert (fast[score] - blocked[score]).abs().max() <= TOLERANCE, score
     assert float(fast["induction"].max()) > 0.5  # real induction heads, found on the fast path
@@ -116,20 +117,17 @@ def test_positional_rows_the_band_cannot_decide_are_settled_exactly(monkeypatch)
     natural, _ = _padded_sets(120, length=64)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
     settled: list[int] = []
-    settle = scores._settle
-    monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
-    monkeypatch.setattr(scores, "_settle", lambda a, found, shift: settled.append(len(found)) or settle(a, found, shift))
-    fast = score_heads(loaded, natural, ["positional"], batch_size=3)
+    settle = CpuAttention.settle_stage
+    monkeypatch.setattr(CpuAttention, "settle_stage",
+                        lambda self, found, shift: settled.append(len(found)) or settle(self, found, shift))
+    fast = score_heads(loaded, natural, ["positional"], batch_size=3, config=replace(DEFAULT_CONFIG, positional_band=2))
     assert sum(settled) > 100
     assert torch.equal(fast["positional"], blocked["positional"])
 
 
-def _near_slices(monkeypatch, span: int, before: int) -> None:
-    """Stages 2 and 3 at any length, with near slices of `span` positions and `before` earlier keys."""
-    monkeypatch.setattr(scores, "BAND_FROM", 0)
-    monkeypatch.setattr(scores, "NEAR_FROM", 0)
-    monkeypatch.setattr(lse, "NEAR_SPAN", span)
-    monkeypatch.setattr(lse, "NEAR_BEFORE", before)
+def _near_slices(config: KernelConfig, span: int, before: int) -> KernelConfig:
+    """Stages 2 and 4 at any length, with near slices of `span` positions and `before` earlier keys."""
+    return replace(config, band_from=0, near_from=0, near_span=span, near_before=before)
 
 
 @pytest.mark.parametrize("stages", ["band", "near", "one_head_at_a_time", "no_rivals"])
@@ -140,24 +138,27 @@ def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, sta
     loaded = tiny_loaded("llama_gqa")
     natural, _ = _padded_sets(120, length=64)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
+    config = DEFAULT_CONFIG
     if stages in ("band", "near"):
-        _near_slices(monkeypatch, 16, 8)
+        config = _near_slices(config, 16, 8)
     if stages == "near":  # a band of the neighbours only: most rows it leaves open go to the near keys
-        monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
-    monkeypatch.setattr(lse, "ROWS_AT_ONCE", 0 if stages == "one_head_at_a_time" else lse.ROWS_AT_ONCE)
-    monkeypatch.setattr(scores, "POSITIONAL_RIVALS", () if stages == "no_rivals" else scores.POSITIONAL_RIVALS)
-    decided: dict[str, list[int]] = {"_positional_band": [], "_positional_near": []}
+        config = replace(config, positional_band=2)
+    if stages == "one_head_at_a_time":
+        config = replace(config, rows_at_once=0)
+    if stages == "no_rivals":
+        config = replace(config, positional_rivals=())
+    decided: dict[str, list[int]] = {"band_stage": [], "near_stage": []}
     for stage in decided:
-        def counting(attention, found, shift, original=getattr(scores, stage), stage=stage):
+        def counting(attention, found, shift, original=getattr(CpuAttention, stage), stage=stage):
             hits, still_open = original(attention, found, shift)
             decided[stage].append(len(found) - len(still_open))
             return hits, still_open
 
-        monkeypatch.setattr(scores, stage, counting)
-    fast = score_heads(loaded, natural, ["positional"], batch_size=3)
+        monkeypatch.setattr(CpuAttention, stage, counting)
+    fast = score_heads(loaded, natural, ["positional"], batch_size=3, config=config)
     assert torch.equal(fast["positional"], blocked["positional"])
-    assert (sum(decided["_positional_band"]) > 20) == (stages == "band")  # the forced stage decides rows
-    assert (sum(decided["_positional_near"]) > 20) == (stages == "near")
+    assert (sum(decided["band_stage"]) > 20) == (stages == "band")  # the forced stage decides rows
+    assert (sum(decided["near_stage"]) > 20) == (stages == "near")
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])
@@ -168,12 +169,9 @@ def test_positional_witnesses_stage_equals_blocked(monkeypatch, batch_size: int)
     loaded = tiny_loaded("llama_gqa")
     natural, _ = _padded_sets(120, length=64)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=batch_size, path="blocked")
-    monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
-    monkeypatch.setattr(scores, "WITNESSES_FROM", 0)
-    monkeypatch.setattr(scores, "FIRST_KEYS", 4)
-    monkeypatch.setattr(scores, "LONGEST_KEYS", 4)
+    config = replace(DEFAULT_CONFIG, positional_band=2, witnesses_from=0, first_keys=4, longest_keys=4)
     decided, masked = [], []
-    witnesses = scores._positional_witnesses
+    witnesses = CpuAttention.witness_stage
 
     def counting(attention, found, shift):
         still_open = witnesses(attention, found, shift)
@@ -181,8 +179,8 @@ def test_positional_witnesses_stage_equals_blocked(monkeypatch, batch_size: int)
         masked.append(attention.bias is not None)
         return still_open
 
-    monkeypatch.setattr(scores, "_positional_witnesses", counting)
-    fast = score_heads(loaded, natural, ["positional"], batch_size=batch_size)
+    monkeypatch.setattr(CpuAttention, "witness_stage", counting)
+    fast = score_heads(loaded, natural, ["positional"], batch_size=batch_size, config=config)
     assert torch.equal(fast["positional"], blocked["positional"])
     assert sum(decided) > 20
     assert any(masked) == (batch_size > 1)
@@ -194,7 +192,7 @@ def test_beaten_by_witnesses_agrees_with_whole_rows() -> None:
     torch.manual_seed(3)
     query, key = torch.randn(2, 4, 50, 8), torch.randn(2, 2, 50, 8)
     key[:, :, 30] *= 5  # the longest key of each head: a witness though it is not among the first
-    attention = FusedAttention(query, key, None, 0.3, True, torch.zeros(2, 4, 50))
+    attention = CpuAttention(query, key, None, 0.3, True, torch.zeros(2, 4, 50))
     found = torch.cartesian_prod(torch.arange(2), torch.arange(4), torch.arange(1, 50))  # (b, h, query)
     keys = found[:, 2] - 1
     beaten = attention.beaten_by_witnesses(found, keys, 3, 1)
@@ -226,21 +224,20 @@ def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) 
     repeated = ProbeSet("repeated", "random", torch.cat([torch.zeros(3, 1, dtype=torch.long), half, half], 1), 1,
                         repeat_len=31)
     natural = ProbeSet("natural", "random", torch.randint(1, 120, (3, 64)), 1)
-    if stages == "band and near":
-        _near_slices(monkeypatch, 16, 8)
+    config = _near_slices(DEFAULT_CONFIG, 16, 8) if stages == "band and near" else DEFAULT_CONFIG
     groups: list[int] = []
     flush = accumulate.ScoreAccumulator.flush
     monkeypatch.setattr(accumulate.ScoreAccumulator, "flush",
                         lambda self: groups.append(len(self.pending)) or flush(self))
+    assert not SCORES["sep"].layers_at_once  # read each layer call alone: the others still read groups
     for probe_set in (natural, repeated):
         names = [name for name, score in SCORES.items() if score.probe == probe_set.name and score.by_default]
-        grouped = score_heads(loaded, probe_set, names, batch_size=3)
-        monkeypatch.setattr(accumulate, "GROUP_BYTES", 0)
-        alone = score_heads(loaded, probe_set, names, batch_size=3)
-        monkeypatch.setattr(accumulate, "GROUP_BYTES", 32 * 2**20)
+        grouped = score_heads(loaded, probe_set, names, batch_size=3, config=config)
+        alone = score_heads(loaded, probe_set, names, batch_size=3, config=replace(config, group_bytes=0))
         for name in names:
             assert torch.allclose(grouped[name], alone[name], rtol=0, atol=1e-6), name
-    assert max(groups) == 5  # every layer of a batch in one group, then one at a time
+        assert max(groups) == 5, probe_set.name  # every layer of a batch in one group, then one at a time
+        groups.clear()
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
     assert torch.equal(score_heads(loaded, natural, ["positional"], batch_size=3)["positional"],
                        blocked["positional"])
@@ -253,14 +250,14 @@ def _causal_logits(query: Tensor, key: Tensor, scaling: float) -> Tensor:
     return (logits * scaling).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
 
 
+BOUNDED = replace(DEFAULT_CONFIG, bounds_on_cpu=True, bounds_from=0, rows_at_once=0)
+"""Whole rows bounded first (bfloat16) at any length and on any CPU, one key/value head at a time."""
+
+
 def _bounded_rows(monkeypatch) -> dict[str, int]:
-    """Whole rows bounded first (bfloat16) at any length and on any CPU, one key/value head at a time; counts the
-    rows the bounds were asked about and those they left unsure."""
-    monkeypatch.setattr(lse, "BOUNDS_ON_CPU", True)
-    monkeypatch.setattr(lse, "BOUNDS_FROM", 0)
-    monkeypatch.setattr(lse, "ROWS_AT_ONCE", 0)
+    """Counts the rows the bounds were asked about and those they left unsure."""
     counted = {"rows": 0, "unsure": 0}
-    bounded = FusedAttention._bounded_tops
+    bounded = CpuAttention.bounded_tops
 
     def counting(self, *args):
         top, unsure = bounded(self, *args)
@@ -268,7 +265,7 @@ def _bounded_rows(monkeypatch) -> dict[str, int]:
         counted["unsure"] += int(unsure.sum())
         return top, unsure
 
-    monkeypatch.setattr(FusedAttention, "_bounded_tops", counting)
+    monkeypatch.setattr(CpuAttention, "bounded_tops", counting)
     return counted
 
 
@@ -281,17 +278,15 @@ def test_bounded_whole_rows_equal_blocked(monkeypatch) -> None:
     natural = ProbeSet("natural", "random", tokens, 1)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
     counted = _bounded_rows(monkeypatch)
-    monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
-    monkeypatch.setattr(scores, "POSITIONAL_RIVALS", ())  # most rows go on to the whole rows
+    config = replace(BOUNDED, positional_band=2, positional_rivals=())  # most rows go on to the whole rows
     unsure = {}
-    for candidates in (-1, lse.CANDIDATES):  # -1: no key's logit read, every row the bounds leave goes whole
-        monkeypatch.setattr(lse, "CANDIDATES", candidates)
+    for candidates in (-1, DEFAULT_CONFIG.candidates):  # -1: no key's logit read, every row the bounds leave goes whole
         counted.update(rows=0, unsure=0)
-        fast = score_heads(loaded, natural, ["positional"], batch_size=3)
+        fast = score_heads(loaded, natural, ["positional"], batch_size=3, config=replace(config, candidates=candidates))
         assert torch.equal(fast["positional"], blocked["positional"]), candidates
         unsure[candidates] = counted["unsure"]
     assert counted["rows"] > 500 and 0 < unsure[-1] < counted["rows"] / 2
-    assert unsure[lse.CANDIDATES] < unsure[-1]
+    assert unsure[DEFAULT_CONFIG.candidates] < unsure[-1]
 
 
 @pytest.mark.parametrize("stage", ["whole rows", "near", "bounds"])
@@ -299,8 +294,7 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> 
     """Keys that copy the neighbour's key tie with it exactly: the earliest maximum wins, as argmax says, on every
     stage (stage 1 rivals, the near keys (forced: slices of 8 positions and 4 keys before), the whole rows, bounded
     in bfloat16 first or not)."""
-    if stage == "near":
-        _near_slices(monkeypatch, 8, 4)
+    config = _near_slices(DEFAULT_CONFIG, 8, 4) if stage == "near" else BOUNDED if stage == "bounds" else DEFAULT_CONFIG
     counted = _bounded_rows(monkeypatch) if stage == "bounds" else {"rows": 1}
     torch.manual_seed(3)
     b, hq, hk, n, d = 2, 4, 2, 40, 8
@@ -308,7 +302,7 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> 
     key[:, :, 10:20] = key[:, :, 9:19].clone()  # key j = key j - 1: ties between neighbours and rivals
     key[:, :, 30] = key[:, :, 2]  # a far copy: only the whole row sees it
     logits = _causal_logits(query, key, 0.5)
-    attention = FusedAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1))
+    attention = CpuAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1), config)
     batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
     sums, counts = scores.positional_from_lse(attention, batch)
     top = logits.argmax(dim=-1)[..., 1:]  # queries 1 .. n - 1, neighbour i - 1
@@ -327,18 +321,18 @@ def test_bounded_rows_read_only_the_keys_a_row_sees(monkeypatch) -> None:
     b, hq, hk, n, d = 1, 4, 2, 64, 8
     query, drift = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
     key = torch.cumsum(drift * 0.05, dim=2) + torch.randn(b, hk, 1, d)  # neighbouring keys close: close calls
-    attention = FusedAttention(query, key, None, 0.5, True, torch.zeros(b, hq, n))
     logits = _causal_logits(query, key, 0.5)
     rows, unsure = torch.arange(1, n).repeat(hq // hk), {}
-    for candidates in (-1, lse.CANDIDATES):  # -1: every row the bounds leave goes whole
-        monkeypatch.setattr(lse, "CANDIDATES", candidates)
+    for candidates in (-1, DEFAULT_CONFIG.candidates):  # -1: every row the bounds leave goes whole
+        attention = CpuAttention(query, key, None, 0.5, True, torch.zeros(b, hq, n),
+                                 replace(BOUNDED, candidates=candidates))
         counted.update(unsure=0)
         for kv_head in range(hk):
             heads = torch.arange(hq // hk).repeat_interleave(n - 1) + kv_head * (hq // hk)
             top = attention.tops(0, kv_head, heads, rows, rows - 1)
             assert torch.equal(top, logits[0, heads, rows].argmax(dim=-1) == rows - 1), (kv_head, candidates)
         unsure[candidates] = counted["unsure"]
-    assert unsure[lse.CANDIDATES] < unsure[-1]
+    assert unsure[DEFAULT_CONFIG.candidates] < unsure[-1]
 
 
 def test_bounded_rows_count_a_nan_logit_as_the_maximum(monkeypatch) -> None:
@@ -350,10 +344,9 @@ def test_bounded_rows_count_a_nan_logit_as_the_maximum(monkeypatch) -> None:
     query, key = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
     key[:, :, 25, 0] = float("nan")
     logits = _causal_logits(query, key, 0.5)
-    attention = FusedAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1))  # NaN from row 25 on
+    config = replace(BOUNDED, positional_rivals=(), positional_band=2)
+    attention = CpuAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1), config)  # NaN from 25 on
     batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
-    monkeypatch.setattr(scores, "POSITIONAL_RIVALS", ())
-    monkeypatch.setattr(scores, "POSITIONAL_BAND", 2)
     sums, _ = scores.positional_from_lse(attention, batch)
     top = logits.argmax(dim=-1)[..., 1:]  # NaN at key 25: the maximum of rows 25 ..
     assert torch.equal(sums[0], (top == torch.arange(n - 1)).sum(dim=(0, 2)).double())
@@ -395,7 +388,7 @@ def test_a_declared_diagonal_gets_the_fast_path() -> None:
         natural, _ = _padded_sets(120)
         fast = score_heads(loaded, natural, ["two_back"], batch_size=2)
         blocked = score_heads(loaded, natural, ["two_back"], batch_size=2, path="blocked")
-        assert fast.path == "lse" and blocked.path == "blocked"
+        assert fast.path == "cpu" and blocked.path == "blocked"
         assert fast["two_back"].shape == (2, 4)  # grouped-query: one score per query head
         assert (fast["two_back"] - blocked["two_back"]).abs().max() <= TOLERANCE
         assert float(blocked["two_back"].max()) > 0
@@ -403,14 +396,25 @@ def test_a_declared_diagonal_gets_the_fast_path() -> None:
         del SCORES["two_back"]
 
 
-def test_a_score_without_fast_path_runs_blocked_and_lse_is_refused() -> None:
+def test_a_score_without_fast_path_costs_only_itself_the_blocked_path_and_lse_is_refused() -> None:
+    """A class without a fast path runs blocked in a pass of its own: the others keep the fast path (their numbers
+    are the fast path's, bit for bit), and it gets the blocked path's numbers."""
     register_score(scores.Score("plain_prev", "natural", 0.5, "previous token, blocked only",
                                 scores.previous_token_score))
     try:
         loaded = tiny_loaded("llama_gqa")
         natural, _ = _padded_sets(120)
-        auto = score_heads(loaded, natural, ["plain_prev", "sink"], batch_size=2)
-        assert auto.path == "blocked"
+        steps: list[tuple[int, int]] = []
+        auto = score_heads(loaded, natural, ["plain_prev", "sink", "previous_token"], batch_size=2,
+                           progress=lambda done, total: steps.append((done, total)))
+        assert auto.path == "cpu; blocked for plain_prev (no fast path)"
+        assert list(auto) == ["plain_prev", "sink", "previous_token"]
+        fast = score_heads(loaded, natural, ["sink", "previous_token"], batch_size=2)
+        assert fast.path == "cpu"
+        assert torch.equal(auto["sink"], fast["sink"]) and torch.equal(auto["previous_token"], fast["previous_token"])
+        blocked = score_heads(loaded, natural, ["previous_token"], batch_size=2, path="blocked")
+        assert torch.equal(auto["plain_prev"], blocked["previous_token"])
+        assert steps[-1][0] == steps[-1][1] == 2 * 2 * 2  # two passes of two batches of two layers
         with pytest.raises(ProbeError, match="no fast path for plain_prev"):
             score_heads(loaded, natural, ["plain_prev"], path="lse")
     finally:
@@ -436,3 +440,31 @@ def test_kv_heads_scoring_pass_fast_equals_blocked(smollm2) -> None:
     assert fast[2].exact == blocked[2].exact
     assert (fast[0] - blocked[0]).abs().max() <= TOLERANCE
     assert (fast[1] - blocked[1]).abs().max() <= TOLERANCE
+
+
+def test_value_heads_smaller_than_query_heads_take_the_fast_path() -> None:
+    """Multi-head latent attention (DeepSeek V3: value heads of 12 against query/key heads of 24 here, 128 against 192
+    in real checkpoints): the CPU backend serves every layer, and the model's output is its own."""
+    torch.manual_seed(0)
+    config = transformers.DeepseekV3Config(
+        vocab_size=120, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2, first_k_dense_replace=2,
+        max_position_embeddings=256)
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    ids = torch.randint(1, 120, (2, 40), generator=torch.Generator().manual_seed(1))
+    served: list[tuple[int, str, int]] = []
+
+    class Keep:
+        def __call__(self, layer, attention):
+            served.append((layer, attention.backend, attention.query.shape[-1]))
+
+        def blocked(self, layer, reason):
+            raise AssertionError(reason)
+
+    with torch.no_grad():
+        own = model(input_ids=ids).logits
+        with attention_hooks(model, on_lse=Keep()):
+            hooked = run_model(model, ids, None).logits
+    assert served == [(0, "cpu", 24), (1, "cpu", 24)]
+    assert (own - hooked).abs().max() <= TOLERANCE

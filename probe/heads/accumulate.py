@@ -1,5 +1,5 @@
 """Reducing attention into scores one block at a time, so that full patterns are never kept; or, on the fast path,
-from each layer's log-sum-exp (probe.hooks.lse), so that the weights are never formed at all."""
+from each layer's fused statistics (probe.kernels), so that the weights are never formed at all."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import torch
 from torch import Tensor
 
 from probe.heads.scores import SCORES, Batch
-from probe.hooks.lse import FusedAttention, Label, side_by_side
+from probe.kernels.base import FusedStatistics
+from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.fused import FusedAttention, Label, side_by_side
 
-LSE = "lse"
-GROUP_BYTES = 32 * 2**20  # queries and keys of layer calls held back to be read together, at most (short inputs)
+BLOCKED = "blocked"
 
 
 @dataclass(frozen=True)
@@ -47,16 +48,18 @@ def linear_plan(names: list[str], batch: Batch, n: int, kv: int) -> LinearPlan:
 
 class ScoreAccumulator:
     """Running sums and counts of several scores for every (layer, head), fed one block of weights at a time
-    (`update`) or one layer call's log-sum-exp (`__call__`, an LseHook for attention_hooks)."""
+    (`update`) or one layer call's fused statistics (`__call__`, an LseHook for attention_hooks). `config` tunes the
+    fast path (KernelConfig: chunk sizes and stages, never a number); the backends read it from here."""
 
-    def __init__(self, names: list[str], n_layers: int, n_heads: int) -> None:
+    def __init__(self, names: list[str], n_layers: int, n_heads: int, config: KernelConfig = DEFAULT_CONFIG) -> None:
         self.names = names
+        self.config = config
         self.sums: dict[str, Tensor] = {}
         self.counts: dict[str, Tensor] = {}
         self.shape = (n_layers, n_heads)
-        self.pending: list[tuple[int, FusedAttention]] = []  # layer calls held back, read together by `flush`
+        self.pending: list[tuple[int, FusedStatistics]] = []  # layer calls held back, read together by `flush`
         self._current: Batch | None = None
-        self.paths: dict[int, str] = {}  # layer -> LSE, or why its weights went the blocked way
+        self.paths: dict[int, tuple[bool, str]] = {}  # layer -> (fast, the backend that served or why it went blocked)
 
     @property
     def batch(self) -> Batch | None:
@@ -93,10 +96,10 @@ class ScoreAccumulator:
             sums, counts = SCORES[name].reduce(weights, start, batch)
             self._add(name, [layer], sums[None], counts[None])
 
-    def __call__(self, layer: int, attention: FusedAttention) -> None:
+    def __call__(self, layer: int, attention: FusedStatistics) -> None:
         """Add one layer call from its queries, keys and log-sum-exp: read now, or held back and read with the next
-        calls (`flush`: their heads side by side, one pass for them all) where every score can read a group and the
-        group's queries and keys stay within GROUP_BYTES."""
+        calls (`flush`: their heads side by side, one pass for them all) where a score can read a group and the
+        group's queries and keys stay within config.group_bytes."""
         groups = self._groups(attention)  # asks for the batch: fails before the forward goes on without one
         held_back = self.pending[0][1] if self.pending else attention
         if not groups or (attention.shape, attention.causal, attention.scaling) != (
@@ -104,16 +107,21 @@ class ScoreAccumulator:
             self.flush()
         self.pending.append((layer, attention))
         held = sum(call.query.nbytes + call.key.nbytes for _, call in self.pending)
-        if not groups or held >= GROUP_BYTES or layer == self.shape[0] - 1:
+        if not groups or held >= self.config.group_bytes or layer == self.shape[0] - 1:
             self.flush()
 
-    def _groups(self, attention: FusedAttention) -> bool:
-        """Whether this layer call may be read with others (side_by_side): no bias, and every score that is not one
-        diagonal or column (LinearPlan) declares it reads layer groups."""
-        linear = self._plan(attention).names
-        return attention.bias is None and all(name in linear or SCORES[name].layers_at_once for name in self.names)
+    def _groups(self, attention: FusedStatistics) -> bool:
+        """Whether this layer call may be read with others (side_by_side): no bias, and a score reads layer groups
+        (one diagonal or column, LinearPlan, or declared layers_at_once; the others read each call of a group alone,
+        and cost only themselves the grouping)."""
+        return attention.bias is None and isinstance(attention, FusedAttention) and bool(self._grouping(attention))
 
-    def _plan(self, attention: FusedAttention) -> LinearPlan:
+    def _grouping(self, attention: FusedStatistics) -> list[str]:
+        """The scores that read a group of layer calls as one: one diagonal or column, or declared layers_at_once."""
+        linear = self._plan(attention).names
+        return [name for name in self.names if name in linear or SCORES[name].layers_at_once]
+
+    def _plan(self, attention: FusedStatistics) -> LinearPlan:
         """The batch's LinearPlan for this call's number of queries and keys (made once per batch)."""
         batch, (n, kv) = self._batch(), attention.shape[2:]
         return batch.memo(("linear plan", tuple(self.names), n, kv), lambda: linear_plan(self.names, batch, n, kv))
@@ -121,26 +129,34 @@ class ScoreAccumulator:
     def flush(self) -> None:
         """Read the layer calls held back, as one call with their heads side by side: the diagonals and columns the
         scores read computed in one pass, the scores that average one of them (LinearPlan) in one product, the
-        others each by its `fast`."""
+        others each by its `fast`; a score that does not read groups (not layers_at_once) reads each call alone."""
         if not self.pending:
             return
         layers = [layer for layer, _ in self.pending]
         calls = [call for _, call in self.pending]
         self.pending = []
-        self._read(layers, calls[0] if len(calls) == 1 else side_by_side(calls))
+        if len(calls) == 1:
+            self._read(layers, calls[0], self.names)
+            return
+        grouping = self._grouping(calls[0])
+        self._read(layers, side_by_side(calls), grouping)  # type: ignore[arg-type]
+        alone = [name for name in self.names if name not in grouping]
+        for layer, call in zip(layers, calls) if alone else ():
+            self._read([layer], call, alone)
 
-    def _read(self, layers: list[int], attention: FusedAttention) -> None:
+    def _read(self, layers: list[int], attention: FusedStatistics, names: list[str]) -> None:
+        """Add the scores `names` of `layers`, read as one call `attention`."""
         batch, (n, kv), plan = self._batch(), attention.shape[2:], self._plan(attention)
-        attention.prefetch([shift for name in self.names for shift in SCORES[name].diagonals(batch)],
-                           [key for name in self.names for key in SCORES[name].columns(batch)])
-        if plan.names:
+        attention.prefetch([shift for name in names for shift in SCORES[name].diagonals(batch)],
+                           [key for name in names for key in SCORES[name].columns(batch)])
+        if plan.names and plan.names[0] in names:  # the linear scores are read with the group's first reading
             table, columns = attention.covering(plan.labels)  # (b, h, n, w): the labels' columns in it
             selection = batch.memo(("selection", tuple(self.names), n, kv, tuple(columns), table.shape[-1]),
                                    lambda: plan.selection(columns, table.shape[-1]).to(table))
             sums = torch.einsum("bhnw,bnws->sh", table, selection).double().unflatten(-1, (len(layers), -1))
             for index, name in enumerate(plan.names):
                 self._add(name, layers, sums[index], plan.counts[index].expand_as(sums[index]))
-        for name in self.names:
+        for name in names:
             fast = SCORES[name].fast
             assert fast is not None, name
             if name not in plan.names:
@@ -148,28 +164,27 @@ class ScoreAccumulator:
                 self._add(name, layers, *(part.unflatten(-1, (len(layers), -1)).movedim(-2, 0)
                                           for part in (sums, counts)))
         for layer in layers:
-            self.paths.setdefault(layer, LSE)
+            self.paths.setdefault(layer, (True, attention.backend))
 
     def blocked(self, layer: int, reason: str) -> None:
         """The layer's weights go to `update` instead, for `reason`."""
         self.flush()
-        self.paths[layer] = reason
+        self.paths[layer] = (False, reason)
 
     def path(self) -> str:
-        """Which way the scores were computed: "lse", "blocked" (every layer), or "lse; blocked at layers ...:
-        reason" for the layers whose logits the fused kernel cannot rebuild."""
+        """Which way the scores were computed: the backend that served every layer ("cpu"), "blocked" (every layer,
+        weights), or "cpu; blocked at layers ...: reason" for the layers no backend could serve."""
         self.flush()
         if not self.paths:
-            return "blocked"
+            return BLOCKED
+        served = ", ".join(dict.fromkeys(how for fast, how in self.paths.values() if fast))
         reasons: dict[str, list[int]] = {}
-        for layer, reason in sorted(self.paths.items()):
-            if reason != LSE:
-                reasons.setdefault(reason, []).append(layer)
-        if not reasons:
-            return LSE
+        for layer, (fast, how) in sorted(self.paths.items()):
+            if not fast:
+                reasons.setdefault(how, []).append(layer)
         parts = "; ".join(f"blocked at layers {', '.join(map(str, layers))}: {reason}"
                           for reason, layers in reasons.items())
-        return parts if len(reasons) == 1 and sum(map(len, reasons.values())) == len(self.paths) else f"{LSE}; {parts}"
+        return "; ".join(part for part in (served, parts) if part)
 
     def result(self) -> dict[str, Tensor]:
         """{name: (n_layers, n_heads) float64}, each score finished by its own `finish`."""

@@ -19,7 +19,7 @@ from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import AttentionLayer, attention_layers
-from probe.hooks.lse import FusedAttention
+from probe.kernels import DEFAULT_CONFIG, FusedStatistics, KernelConfig
 from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
@@ -39,7 +39,8 @@ class Classification:
     extra_classes: dict[str, dict[str, Any]] = field(default_factory=dict)  # classes scored outside SCORES
     layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
     not_applicable: dict[str, list[int]] = field(default_factory=dict)  # class -> layers it does not apply to (n/a)
-    path: str = ""  # how the scores were computed: "lse", "blocked", or which layers went which way (score_heads)
+    path: str = ""  # how the scores were computed: the fast path's backend ("cpu"), "blocked", or which layers went
+    # which way (score_heads)
 
     def labels(self, layer: int, head: int) -> list[str]:
         return [name for name, score in self.scores.items() if float(score[layer, head]) > self.thresholds[name]]
@@ -104,23 +105,58 @@ PATHS = ("auto", "lse", "blocked")
 
 def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, batch_size: int = 8,
                 query_block: int | None = None, progress: Progress | None = None,
-                progress_offset: int = 0, progress_total: int | None = None, path: str = "auto") -> HeadScores:
+                progress_offset: int = 0, progress_total: int | None = None, path: str = "auto",
+                config: KernelConfig = DEFAULT_CONFIG) -> HeadScores:
     """Run the probe set through the model in batches and reduce each layer's attention into the named scores.
-    `path`: "lse" reads each layer's fused attention and log-sum-exp (no weights formed; layers whose logits cannot
-    be rebuilt fall back to blocks of weights, and the result's `path` says which), "blocked" reduces blocks of
-    eager weights everywhere, "auto" is "lse" where every named score has a fast path. Each batch's forward ends
-    once every layer's attention is read: the last layer's MLP, the final norm and the head change no score."""
+    `path`: "lse" reads each layer's fused statistics from the backend that serves it (probe.kernels; no weights
+    formed; layers no backend serves fall back to blocks of weights, and the result's `path` names the backend and
+    says which layers went blocked), "blocked" reduces blocks of eager weights everywhere, "auto" is "lse" for the
+    scores that have a fast path and a second, blocked pass for those that have none (each class without one costs
+    only itself the blocked path). `config` tunes the fast path (chunks and stages; never a number)."""
+    passes = score_passes(names, path)
+    steps = len(probe_set.batches(batch_size)) * len(attention_layers(loaded.model))
+    total = progress_total or steps * len(passes)
+    found: dict[str, Tensor] = {}
+    paths = []
+    for index, (chosen, use_lse) in enumerate(passes):
+        scored = _score_pass(loaded, probe_set, chosen, use_lse, batch_size=batch_size, query_block=query_block,
+                             progress=progress, progress_offset=progress_offset + index * steps,
+                             progress_total=total, config=config)
+        found.update(scored)
+        paths.append(scored.path if index == 0 else f"{scored.path} for {', '.join(chosen)} (no fast path)")
+    scores = HeadScores({name: found[name] for name in names})
+    scores.path = "; ".join(paths)
+    return scores
+
+
+def score_passes(names: list[str], path: str) -> list[tuple[list[str], bool]]:
+    """The forward passes `score_heads` runs: (the scores read in it, whether from the fused statistics)."""
+    if path not in PATHS:
+        raise ProbeError(f"path must be one of {', '.join(PATHS)}, got {path!r}", parameter="path")
+    slow = [name for name in names if SCORES[name].fast is None]
+    if path == "lse" and slow:
+        raise ProbeError(f"no fast path for {', '.join(slow)}: use path='blocked' or 'auto'", parameter="path")
+    fast = [name for name in names if name not in slow]
+    if path == "blocked" or not fast:
+        return [(names, False)]
+    return [(fast, True), (slow, False)] if slow else [(names, True)]
+
+
+def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_lse: bool, *, batch_size: int,
+                query_block: int | None, progress: Progress | None, progress_offset: int, progress_total: int,
+                config: KernelConfig) -> HeadScores:
+    """One pass of score_heads over the probe set: from the fused statistics (`use_lse`) or blocks of weights. Each
+    batch's forward ends once every layer's attention is read: the last layer's MLP, the final norm and the head
+    change no score."""
     layers = attention_layers(loaded.model)
-    accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers))
-    use_lse = _use_lse(path, accumulator)
+    accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers), config)
     batches = probe_set.batches(batch_size)
-    total = progress_total or len(batches) * len(layers)
     done = [progress_offset]
 
     def step() -> None:
         if progress is not None:
             done[0] += 1
-            progress(done[0], total)
+            progress(done[0], progress_total)
 
     read: set[int] = set()  # layers of this batch whose attention is read to the end
     stop = _stop_when_read(loaded.model, len(layers), read)
@@ -131,12 +167,12 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
             step()
             stop(layer)
 
-    def on_lse(layer: int, attention: FusedAttention) -> None:
+    def on_lse(layer: int, attention: FusedStatistics) -> None:
         accumulator(layer, attention)
         step()
         stop(layer)
 
-    reader = _LseReader(on_lse, accumulator.blocked) if use_lse else None
+    reader = _LseReader(on_lse, accumulator.blocked, config) if use_lse else None
     with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, query_block=query_block,
                                           on_lse=reader):
         for ids, mask in batches:
@@ -171,22 +207,14 @@ def _stop_when_read(model: torch.nn.Module, n_layers: int, read: set[int]) -> Ca
 
 
 class _LseReader:
-    """An LseHook from two callables."""
+    """An LseHook from two callables, and the config the backends read."""
 
-    def __init__(self, read: Callable[[int, FusedAttention], None], blocked: Callable[[int, str], None]) -> None:
-        self.read, self.blocked = read, blocked
+    def __init__(self, read: Callable[[int, FusedStatistics], None], blocked: Callable[[int, str], None],
+                 config: KernelConfig) -> None:
+        self.read, self.blocked, self.config = read, blocked, config
 
-    def __call__(self, layer: int, attention: FusedAttention) -> None:
+    def __call__(self, layer: int, attention: FusedStatistics) -> None:
         self.read(layer, attention)
-
-
-def _use_lse(path: str, accumulator: ScoreAccumulator) -> bool:
-    if path not in PATHS:
-        raise ProbeError(f"path must be one of {', '.join(PATHS)}, got {path!r}", parameter="path")
-    if path == "lse" and not accumulator.fast:
-        slow = [name for name in accumulator.names if SCORES[name].fast is None]
-        raise ProbeError(f"no fast path for {', '.join(slow)}: use path='blocked' or 'auto'", parameter="path")
-    return path != "blocked" and accumulator.fast
 
 
 def forward(model: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Any:
@@ -239,8 +267,8 @@ def _thresholds(names: list[str], thresholds: dict[str, float] | None, batch_siz
     return chosen
 
 
-def _steps(probe_set: ProbeSet, batch_size: int, n_layers: int) -> int:
-    return -(-probe_set.input_ids.shape[0] // batch_size) * n_layers
+def _steps(probe_set: ProbeSet, batch_size: int, n_layers: int, passes: int = 1) -> int:
+    return -(-probe_set.input_ids.shape[0] // batch_size) * n_layers * passes
 
 
 def classify(
@@ -270,17 +298,18 @@ def classify(
     needed = {SCORES[name].probe for name in names}
     order = [set_name for set_name in PROBE_SETS if set_name in needed] + sorted(needed - set(PROBE_SETS))
     sets = {set_name: build_probe_set(set_name, loaded, options) for set_name in order}
-    total = sum(_steps(probe_set, batch_size, len(layers)) for probe_set in sets.values())
+    by_set = {set_name: [name for name in names if SCORES[name].probe == set_name] for set_name in sets}
+    passes = {set_name: len(score_passes(by_set[set_name], path)) for set_name in sets}
+    total = sum(_steps(probe_set, batch_size, len(layers), passes[name]) for name, probe_set in sets.items())
     results: dict[str, Tensor] = {}
     paths: dict[str, str] = {}
     done = 0
     for set_name, probe_set in sets.items():
-        wanted = [name for name in names if SCORES[name].probe == set_name]
-        scored = score_heads(loaded, probe_set, wanted, batch_size=batch_size, query_block=query_block,
+        scored = score_heads(loaded, probe_set, by_set[set_name], batch_size=batch_size, query_block=query_block,
                              progress=progress, progress_offset=done, progress_total=total, path=path)
         results.update(scored)
         paths[set_name] = scored.path
-        done += _steps(probe_set, batch_size, len(layers))
+        done += _steps(probe_set, batch_size, len(layers), passes[set_name])
     log.info("classified %d classes on %s", len(names), ", ".join(sets))
     not_applicable = _not_applicable(names, layers, results)
     return Classification(

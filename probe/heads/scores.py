@@ -10,7 +10,6 @@ its score is computed on (a key of probe.inputs.PROBE_SETS), its default thresho
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,10 @@ from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.blocked import keys_computed
-from probe.hooks.lse import FusedAttention, Label
+from probe.kernels.base import FusedStatistics
+from probe.kernels.config import DEFAULT_CONFIG
+from probe.kernels.fused import Label
+
 
 @dataclass
 class Batch:
@@ -40,9 +42,9 @@ class Batch:
 
 Reduce = Callable[[Tensor, int, Batch], tuple[Tensor, Tensor]]
 """(weights (b, h, block, keys), first query index, batch) -> (per-head sums (h,), per-head counts (h,))."""
-Fast = Callable[[FusedAttention, Batch], tuple[Tensor, Tensor]]
+Fast = Callable[[FusedStatistics, Batch], tuple[Tensor, Tensor]]
 """(one layer call's queries, keys and log-sum-exp, batch) -> the same (sums, counts) as the score's Reduce over all
-of its blocks: the fast path (probe.hooks.lse), which never forms the weights' n x n matrix."""
+of its blocks: the fast path (probe.kernels), which never forms the weights' n x n matrix."""
 Finish = Callable[[Tensor, Tensor], Tensor]
 """(sums (n_layers, ...), counts of the same shape), pooled over the whole set -> scores (n_layers, n_heads)."""
 
@@ -79,7 +81,7 @@ class Score:
 
     @property
     def layers_at_once(self) -> bool:
-        """Whether its fast path reads several layers at once (probe.hooks.lse.side_by_side: one call, their heads
+        """Whether its fast path reads several layers at once (probe.kernels.side_by_side: one call, their heads
         side by side), as the accumulator groups the layer calls of short inputs."""
         return bool(getattr(self.fast, "layers_at_once", False))
 
@@ -158,9 +160,9 @@ class Diagonal:
         if self.queries is not None:
             low, high = self.queries(batch)
             selected &= (queries >= low) & (queries < high)
-        return ("diagonal", shift), selected
+        return Label("diagonal", shift), selected
 
-    def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+    def __call__(self, attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
         (_, shift), selected = self.selection(batch, attention.shape[2], attention.shape[3])
         return _counted(attention.aligned(shift), selected.to(attention.lse.device))
 
@@ -181,9 +183,9 @@ class Column:
 
     def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor]:
         """The column it averages, and the (b, n) queries it averages over: the valid ones."""
-        return ("column", self.key), batch.valid[:, :n]
+        return Label("column", self.key), batch.valid[:, :n]
 
-    def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+    def __call__(self, attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
         values = attention.column(self.key)
         return _counted(values, batch.valid.to(values.device)[:, :values.shape[-1]])
 
@@ -204,7 +206,7 @@ class ReadsDiagonals:
     def keys(self, batch: Batch) -> tuple[int, ...]:
         return self.key_columns
 
-    def __call__(self, attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+    def __call__(self, attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
         return self.compute(attention, batch)
 
 
@@ -243,7 +245,7 @@ def sep_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor
     return _counted(values, batch.valid.to(weights.device)[:, start:start + block])
 
 
-def sep_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+def sep_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
     """sep_score's sums from the log-sum-exp: one column per distinct last position (one, without padding)."""
     last = _last_keys(batch).clamp(min=0)
     values = None
@@ -338,29 +340,11 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
     return mean_score(sums, counts).max(dim=1).values
 
 
-POSITIONAL_BAND = 16  # keys i - 15 .. i + 1 (and key 0) whose weights decide most of the rows left open
-POSITIONAL_RIVALS = (0, -2, -3, -4, -1, 1)  # offsets (besides the neighbour) read for every row: cheap diagonals
-NEAR_FROM = 4096  # keys past which the rows stages 2-3 left open go to the near keys (measured: at 4096 keys and
-# fewer the slice and the whole row left after it cost more than the whole row alone)
-FIRST_KEYS = 256  # likely witnesses that beat the neighbour of a row the band leaves open: the first keys,
-LONGEST_KEYS = 64  # and the longest keys of the key/value head (measured at 32768 tokens: see _positional_witnesses)
-WITNESSES_FROM = 8192  # keys past which the rows the band leaves open are read against them (at 8192 they cost
-# what they save)
-BAND_FROM = 1024  # keys past which the rows stage 1 left open go to the band; shorter rows are computed whole
-MARGIN = 1e-4  # a neighbour is surely the top when it outweighs the mass of the keys not computed by this much
-
-
-def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
-    """positional_score's sums and counts from the log-sum-exp, in five stages, each only for the rows the one before
-    left open. (1) Every row: the neighbour's weight (a diagonal, shared with the previous-token score), key 0's
-    (shared with the sink score) and the rivals' (keys i, i - 2, i - 3, i - 4, i +- 1, computed in the same pass):
-    the neighbour is the top when none of them beats it (an earlier key wins a tie) and it outweighs the mass of all
-    other keys (1 - the computed mass), not when one beats it. Past BAND_FROM keys: (2) the open rows' band of keys
-    i - 15 .. i + 1, gathered: the same test. Past WITNESSES_FROM keys: (3) the likely witnesses (the first keys and
-    the longest): the neighbour is not the top when one surely beats it. Past NEAR_FROM keys: (4) the keys near each
-    open row (at least the 1024 before it, a slice shared by the rows of 1024 positions: FusedAttention.near_of_rows):
-    the test of (1), a tie left open. (5) The rows still open: their whole row of logits (FusedAttention.
-    tops_of_rows), as the blocked path; up to BAND_FROM keys a whole row is about as cheap as the stages between."""
+def positional_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
+    """positional_score's sums and counts from the fused statistics: for each neighbour, the valid queries whose
+    neighbour exists and is valid are counted, and the statistics say for how many of them that neighbour holds the
+    row's maximum (`neighbour_hits`: argmax's answer; the CPU backend's by a staged search that reads whole rows only
+    for the rows its cheap stages cannot decide, probe.kernels.cpu)."""
     b, h, n, kv = attention.shape
     sums, counts = torch.zeros(2, h, dtype=torch.float64), torch.zeros(2, h, dtype=torch.float64)
     for index, shift in enumerate((-1, 1)):
@@ -368,19 +352,7 @@ def positional_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor
         counts[index] += count
         if attention.bias is None and attention.causal and shift > kv - n:  # the neighbour is causally hidden
             continue
-        hit, unsure = _positional_rivals(attention, selected.to(attention.lse.device), shift)
-        sums[index] += hit.sum(dim=(0, 2)).double().cpu()
-        found = unsure.nonzero()  # (k, 3): b, h, query
-        if len(found) and kv > BAND_FROM:
-            band_hits, found = _positional_band(attention, found, shift)
-            sums[index] += band_hits
-        if len(found) and kv > WITNESSES_FROM:
-            found = _positional_witnesses(attention, found, shift)
-        if len(found) and kv > NEAR_FROM:
-            near_hits, found = _positional_near(attention, found, shift)
-            sums[index] += near_hits
-        if len(found):
-            sums[index] += _settle(attention, found, shift)
+        sums[index] += attention.neighbour_hits(selected, shift)
     return sums, counts
 
 
@@ -390,98 +362,6 @@ def _neighbour_rows(valid: Tensor, kv: int, shift: int) -> tuple[Tensor, float]:
     keys = torch.arange(n, device=valid.device) + shift
     selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
     return selected, float(selected.sum())
-
-
-@dataclass(frozen=True)
-class _Rivals:
-    """Stage 1's reading of a neighbour i + shift: the table's columns (the rivals before the neighbour, the
-    neighbour, those after it, key 0: in the order prefetch makes them, so a view) and, per query, whether key 0 is
-    a rival (not the neighbour) and apart from the other rivals."""
-
-    labels: list[Label]
-    earlier: int  # rivals before the neighbour: columns 0 .. earlier - 1 (a tie goes to them); the neighbour next
-    sink_rival: Tensor  # (n,) bool: the neighbour is not key 0
-    sink_apart: Tensor  # (n,) float: 1 where key 0 is neither the neighbour nor a rival (its mass not counted yet)
-
-
-@functools.lru_cache(maxsize=16)
-def _rivals(n: int, shift: int, offsets: tuple[int, ...], device: torch.device) -> _Rivals:
-    before = sorted(offset for offset in offsets if offset < shift)
-    after = sorted(offset for offset in offsets if offset > shift)
-    rows = torch.arange(n, device=device)
-    keys = rows[:, None] + torch.tensor(before + after, dtype=torch.long, device=device)  # (n, r)
-    sink_rival = rows + shift > 0
-    labels: list[Label] = [("diagonal", offset) for offset in (*before, shift, *after)]
-    return _Rivals([*labels, ("column", 0)], len(before), sink_rival,
-                   (sink_rival & (keys != 0).all(dim=-1)).float())
-
-
-def _positional_rivals(attention: FusedAttention, selected: Tensor, shift: int) -> tuple[Tensor, Tensor]:
-    """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
-    weight, key 0's and the rivals' (POSITIONAL_RIVALS), read from one table (exactly 0 where a key does not
-    exist)."""
-    rivals = _rivals(attention.shape[2], shift, POSITIONAL_RIVALS, attention.lse.device)
-    table = attention.stacked(rivals.labels)  # (b, h, n, r + 2)
-    earlier, weight, sink = rivals.earlier, table[..., rivals.earlier], table[..., -1]
-    beats = (table[..., :earlier] >= weight[..., None]).any(dim=-1)
-    beats |= (table[..., earlier + 1:-1] > weight[..., None]).any(dim=-1)
-    beats |= (sink >= weight) & rivals.sink_rival
-    computed = table[..., :-1].sum(dim=-1) + sink * rivals.sink_apart
-    hit = ~beats & (weight > (1.0 - computed).clamp(min=0.0) + MARGIN) & selected[:, None]
-    return hit, ~beats & ~hit & selected[:, None]
-
-
-def _positional_band(attention: FusedAttention, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
-    """Stage 2 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the band of keys
-    i - 15 .. i + 1 and key 0: the neighbour is the top when it beats every other of them and the mass outside."""
-    low = 1 - POSITIONAL_BAND
-    band = attention.band_of_rows(found, low, 1)  # (k, 17)
-    sequence, head, row = found.unbind(1)
-    first = torch.where(row + low > 0, attention.column(0)[sequence, head, row], -1.0)  # key 0 outside the band
-    rest = (1.0 - band.sum(dim=-1) - first.clamp(min=0.0)).clamp(min=0.0)
-    column = shift - low
-    weight = band[:, column]
-    beaten = first >= weight
-    if column > 0:
-        beaten |= band[:, :column].amax(dim=-1) >= weight
-    if column + 1 < band.shape[-1]:
-        beaten |= band[:, column + 1:].amax(dim=-1) > weight
-    hit = ~beaten & (weight > rest + MARGIN)
-    hits = torch.bincount(head[hit].cpu(), minlength=attention.shape[1]).double()
-    return hits, found[~beaten & ~hit]
-
-
-def _positional_witnesses(attention: FusedAttention, found: Tensor, shift: int) -> Tensor:
-    """Stage 3 for the (b, h, query) rows `found`: the rows still open, less those where a likely witness surely beats
-    the neighbour (FusedAttention.beaten_by_witnesses: the FIRST_KEYS first keys and the LONGEST_KEYS longest keys).
-    Far from its row, a row's top is most often among the first keys: at 32768 tokens, 63-84% of the beaten rows
-    the near keys left open had one within the first 512, and the longest 64 keys beat 23-70% of those left after
-    them. Before the near keys, it leaves them a third fewer rows."""
-    return found[~attention.beaten_by_witnesses(found, found[:, 2] + shift, FIRST_KEYS, LONGEST_KEYS)]
-
-
-def _positional_near(attention: FusedAttention, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
-    """Stage 4 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the keys near each row
-    (FusedAttention.near_of_rows: at least the NEAR_BEFORE keys before it, and key 0): the neighbour is not the top
-    when a near key beats it, the top when none beats or ties it and it outweighs the mass of the keys not computed."""
-    b, h, n, kv = attention.shape
-    long = found[:, 2] + kv - n >= NEAR_FROM  # shorter rows: their whole row costs about what a slice does
-    near, short = found[long], found[~long]
-    if not len(near):
-        return torch.zeros(h, dtype=torch.float64), found
-    sequence, head, row = near.unbind(1)
-    beaten, tied, mass = attention.near_of_rows(near, row + shift)
-    weight = attention.aligned(shift)[sequence, head, row]
-    hit = ~beaten & ~tied & (weight > (1.0 - mass).clamp(min=0.0) + MARGIN)
-    hits = torch.bincount(head[hit].cpu(), minlength=h).double()
-    return hits, torch.cat([short, near[~beaten & ~hit]])
-
-
-def _settle(attention: FusedAttention, found: Tensor, shift: int) -> Tensor:
-    """Hits per head among the (b, h, query) rows `found`, each row's logits computed whole (FusedAttention.
-    tops_of_rows): argmax's answer, as the blocked path (the earliest maximum wins)."""
-    top = attention.tops_of_rows(found, found[:, 2] + shift)
-    return torch.bincount(found[top, 1].cpu(), minlength=attention.shape[1]).double()
 
 
 @dataclass
@@ -523,7 +403,7 @@ def streaming_score(weights: Tensor, start: int, batch: Batch, sink: int = DEFAU
     return (mass * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
 
 
-def streaming_from_lse(attention: FusedAttention, batch: Batch, sink: int = DEFAULT_SINK,
+def streaming_from_lse(attention: FusedStatistics, batch: Batch, sink: int = DEFAULT_SINK,
                        recent: int = DEFAULT_RECENT) -> tuple[Tensor, Tensor]:
     """streaming_score's sums and counts from the log-sum-exp: the band of the `recent` keys ending at each query and
     the first `sink` columns, computed for queries i >= sink + recent only (O(n x (sink + recent)) per head)."""
@@ -564,7 +444,7 @@ def retrieval_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, 
     return hits.sum(dim=0).double(), torch.full((h,), float(hits.shape[0]), dtype=torch.float64)
 
 
-def retrieval_from_lse(attention: FusedAttention, batch: Batch) -> tuple[Tensor, Tensor]:
+def retrieval_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
     """retrieval_score from the log-sum-exp: only the answer rows' weights are computed, whole (exact maxima)."""
     sources, correct = getattr(batch, "sources", None), getattr(batch, "correct", None)
     if sources is None or correct is None:
@@ -628,7 +508,8 @@ for _score in (
           fast=sep_from_lse),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
           positional_score, "O", finish_positional,
-          fast=ReadsDiagonals(positional_from_lse, (-1, 1, *POSITIONAL_RIVALS), (0,), layers_at_once=True)),
+          fast=ReadsDiagonals(positional_from_lse, (-1, 1, *DEFAULT_CONFIG.positional_rivals), (0,),
+                              layers_at_once=True)),
     Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",
           streaming_score, "W", by_default=False, fast=streaming_from_lse),
     Score("retrieval", "needle", 0.1, "copies the needle token it attends to (Wu et al. 2024)", retrieval_score,

@@ -13,16 +13,17 @@ import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
-from probe.hooks.lse import additive_bias, fused_attention, lse_problem
 from probe.hooks.points import fire_heads, fire_inputs, fire_weights, fires
 from probe.hooks.restore import restoring
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
+from probe.kernels import DEFAULT_CONFIG, AttentionCall, additive_bias, backend_for
 
 _HF_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]]" = weakref.WeakKeyDictionary()  # by call
 _HF_CALLS: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()  # calls so far, hooked modules
@@ -70,19 +71,21 @@ def _causal(module: nn.Module, is_causal: bool | None, mask: Tensor | None) -> b
 
 def _from_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
               hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
-    """The output of the fused kernel, its log-sum-exp handed to `hooks.on_lse`; None (and the reason handed to
-    `on_lse.blocked`) where the weights could not be rebuilt from it."""
+    """The output of the fused kernel of the backend that serves the call (probe.kernels.backend_for), its statistics
+    handed to `hooks.on_lse`; None (and the reason handed to `on_lse.blocked`) where no backend serves it. The
+    statistics carry the hook's `config` where it has one. The backend is chosen before the mask is made additive
+    (a refused call never pays for an n x kv float bias)."""
     assert hooks.on_lse is not None
     inputs = _inputs(query, key, value, mask, kwargs)
-    causal = _causal(module, kwargs.get("is_causal"), mask)
     dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
-    problem = lse_problem(query, key, mask, causal=causal, softcap=inputs.softcap, sinks=inputs.sinks,
-                          dropout=dropout)
-    if problem:
+    call = AttentionCall(query, key, value, mask if mask is not None else inputs.position_bias, inputs.scaling,
+                         _causal(module, kwargs.get("is_causal"), mask), inputs.softcap, inputs.sinks, dropout)
+    backend, problem = backend_for(call)
+    if backend is None:
         hooks.on_lse.blocked(hooks.layer, problem)
         return None
-    bias = additive_bias(mask, inputs.position_bias, query.dtype)
-    output, attention = fused_attention(query, key, value, bias, inputs.scaling, causal)
+    call = replace(call, bias=additive_bias(mask, inputs.position_bias, query.dtype))
+    output, attention = backend.run(call, getattr(hooks.on_lse, "config", None) or DEFAULT_CONFIG)
     hooks.on_lse(hooks.layer, attention)
     return output
 

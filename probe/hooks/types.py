@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torch import Tensor
 
-from probe.hooks.lse import FusedAttention
+if TYPE_CHECKING:
+    from probe.kernels.base import FusedStatistics
 
 WeightsHook = Callable[[int, int, Tensor], None]
 """(layer, first query index of the block, weights (batch, query_heads, block, keys)) -> None."""
@@ -46,9 +47,10 @@ class HeadsRecompute(Protocol):
 
 
 class LseHook(Protocol):
-    """Reads a layer's attention from the fused kernel's log-sum-exp (probe.hooks.lse), where it can be rebuilt."""
+    """Reads a layer's attention from a fused backend's statistics (probe.kernels), where a backend serves the call.
+    An optional `config` attribute (a probe.kernels.KernelConfig) is handed to the backend."""
 
-    def __call__(self, layer: int, attention: FusedAttention) -> None:
+    def __call__(self, layer: int, attention: FusedStatistics) -> None:
         """Called once per layer call with its queries, keys, bias and log-sum-exp."""
 
     def blocked(self, layer: int, reason: str) -> None:
@@ -100,10 +102,15 @@ class _AllLse:
 
     readers: list[LseHook]
 
-    def __call__(self, layer: int, attention: FusedAttention) -> None:
+    def __call__(self, layer: int, attention: FusedStatistics) -> None:
         for reader in self.readers:
             reader(layer, attention)
 
     def blocked(self, layer: int, reason: str) -> None:
         for reader in self.readers:
             reader.blocked(layer, reason)
+
+    @property
+    def config(self) -> Any:
+        """The kernel configuration (probe.kernels.KernelConfig) the first reader that names one asks for, or None."""
+        return next((reader.config for reader in self.readers if getattr(reader, "config", None) is not None), None)

@@ -1,0 +1,159 @@
+"""What a fused-attention backend provides: read this file to write one.
+
+A backend computes one layer call's attention fused, the n x n weights never formed: the output, and a statistics
+object from which the scores rebuild any weight `A[i, j] = exp(q_i . k_j * scale + bias_ij - lse_i)` (each query row's
+log-sum-exp, with the queries, keys and bias) and ask whether a key holds its row's maximum. The hooks build an
+`AttentionCall`, ask `backend_for(call)` which backend serves it, and hand its statistics to the scores; where none
+does, the layer runs the blocked eager path and the result's `path` says why. Callers ask a backend (`problem`),
+never compare its name.
+
+A new backend (a GPU kernel) is one module with a class that has `name`, `problem` and `run`, whose statistics
+subclass `probe.kernels.fused.FusedAttention` (overriding what its kernel answers faster, such as
+`neighbour_hits` from its own row maxima); one `register_backend(...)` line in `probe/kernels/__init__.py`; and one
+entry in `tests/test_backends.py`'s DEVICES (the device its cases run on), which checks it against
+`probe.kernels.reference` on every case.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from probe.kernels.config import KernelConfig
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """One call of a layer's attention, as the hooks hand it to a backend."""
+
+    query: Tensor  # (b, hq, n, d)
+    key: Tensor  # (b, hk, kv, d), hq a multiple of hk (grouped- or multi-query)
+    value: Tensor  # (b, hk, kv, dv): dv may differ from d (multi-head latent attention: 128 against 192)
+    bias: Tensor | None  # additive, broadcastable to (b, hq, n, kv) (additive_bias); None: plain, causal or not.
+    # `Backend.problem` is asked before a mask is made additive: it may read the bias' presence, shape and device,
+    # not its dtype or values
+    scaling: float
+    causal: bool  # keys after the query (j > i + kv - n) hidden; only where bias is None
+    softcap: float | None = None  # tanh soft-capping of the logits (Gemma 2)
+    sinks: Tensor | None = None  # (hq,) learned sink logits (gpt-oss)
+    dropout: float = 0.0  # while training
+
+
+class FusedStatistics(Protocol):
+    """What the scores read of a backend's statistics (probe.kernels.fused.FusedAttention is the one implementation
+    every backend's object subclasses; the scores type against this)."""
+
+    query: Tensor
+    key: Tensor
+    bias: Tensor | None
+    scaling: float
+    causal: bool
+    lse: Tensor  # (b, hq, n) float32
+    config: KernelConfig
+
+    @property
+    def backend(self) -> str:
+        """The name of the backend that made it (a result's `path` reports it)."""
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(batch, query heads, queries, keys)."""
+
+    def aligned(self, shift: int) -> Tensor:
+        """(b, hq, n): A[i, i + shift], 0 where the key does not exist or is hidden."""
+
+    def column(self, key: int) -> Tensor:
+        """(b, hq, n): A[i, key]."""
+
+    def stacked(self, labels: list) -> Tensor:  # type: ignore[type-arg]
+        """(b, hq, n, len(labels)): diagonals and columns side by side."""
+
+    def covering(self, labels: list) -> tuple[Tensor, list[int]]:  # type: ignore[type-arg]
+        """A table covering the labels, and each label's column in it."""
+
+    def prefetch(self, shifts: Iterable[int], columns: Iterable[int] = ()) -> None:
+        """Compute the diagonals and columns the scores will read, in one pass."""
+
+    def band(self, low: int, high: int, first: int = 0) -> Iterator[tuple[int, Tensor]]:
+        """Chunks of rows: (start, A[i, i + low .. i + high])."""
+
+    def rows(self, rows: Tensor) -> Tensor:
+        """(b, hq, len(rows), kv): whole rows of weights."""
+
+    def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
+        """(hq,) float64: how many selected queries i have their largest weight on key i + shift (argmax's answer)."""
+
+
+class Backend(Protocol):
+    """A fused-attention kernel for some calls (a device, dtypes, mask kinds)."""
+
+    name: str  # what a result's `path` reports
+
+    def problem(self, call: AttentionCall) -> str:
+        """"" where this backend serves the call, else why not (device, dtype, mask kind, soft-capping, sinks)."""
+
+    def run(self, call: AttentionCall, config: KernelConfig) -> tuple[Tensor, FusedStatistics]:
+        """(output (b, n, hq, dv), the call's statistics carrying `config`)."""
+
+
+BACKENDS: list[Backend] = []
+"""The backends the hooks may use, in the order they are asked (probe/kernels/__init__.py registers them)."""
+
+
+def register_backend(backend: Backend) -> Backend:
+    """Add a backend after those registered (a name given twice is refused: results name their backend)."""
+    if any(known.name == backend.name for known in BACKENDS):
+        raise ValueError(f"a backend named {backend.name!r} is registered already")
+    BACKENDS.append(backend)
+    return backend
+
+
+def backend_for(call: AttentionCall) -> tuple[Backend | None, str]:
+    """(the first registered backend that serves the call, ""), or (None, why none does: one reason where every
+    backend gives the same, else each backend's)."""
+    reasons: dict[str, str] = {}
+    for backend in BACKENDS:
+        reason = backend.problem(call)
+        if not reason:
+            return backend, ""
+        reasons[backend.name] = reason
+    if len(set(reasons.values())) <= 1:
+        return None, next(iter(reasons.values()), "no fused-attention backend registered")
+    return None, "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+
+
+def rebuild_problem(call: AttentionCall) -> str:
+    """Why this call's weights cannot be rebuilt from a log-sum-exp on any backend ("" where they can): what every
+    backend's `problem` asks first."""
+    query, key = call.query, call.key
+    if call.softcap is not None:
+        return "soft-capped logits (the fused kernel has no soft-capping)"
+    if call.sinks is not None:
+        return "learned sink logits"
+    if call.dropout > 0.0:
+        return "dropout while training"
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad):
+        return "gradients requested"
+    if call.causal and call.bias is None and query.shape[2] != key.shape[2]:
+        return "causal queries after a key/value prefix"
+    if query.shape[1] % key.shape[1]:
+        return "query heads not a multiple of key/value heads"
+    return ""
+
+
+def additive_bias(mask: Tensor | None, position_bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """The mask (boolean: True = attend, or additive) and position bias as one additive float tensor, or None."""
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(),
+                                                                                   float("-inf"))
+    elif mask is not None:
+        mask = mask.to(dtype)
+    if position_bias is None:
+        return mask
+    position_bias = position_bias.to(dtype)
+    return position_bias if mask is None else mask + position_bias

@@ -1,0 +1,50 @@
+"""The blocked reference backend: eager logits one block of queries at a time, float32 statistics, on any device and
+dtype. Slow (it forms each block's logits), so it is not registered for the hooks: it is the check every other
+backend is tested against (tests/test_backends.py), and its statistics (a plain FusedAttention) answer row maxima
+from whole rows."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from probe.kernels.base import AttentionCall, rebuild_problem
+from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.fused import FusedAttention
+
+
+class ReferenceBackend:
+    """Eager attention in query blocks: output and each row's log-sum-exp in float32."""
+
+    name = "reference"
+
+    def problem(self, call: AttentionCall) -> str:
+        """"" wherever the weights can be rebuilt at all: every device and dtype."""
+        return rebuild_problem(call)
+
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedAttention]:
+        """(output (b, n, hq, dv) in the value's dtype, statistics with a float32 log-sum-exp)."""
+        query, key, value = call.query, call.key, call.value
+        b, hq, n, _ = query.shape
+        rep, kv = hq // key.shape[1], key.shape[2]
+        keys = key.repeat_interleave(rep, dim=1).float()
+        values = value.repeat_interleave(rep, dim=1).float()
+        plain_causal = call.causal and call.bias is None
+        output = values.new_empty(b, hq, n, value.shape[-1])
+        lse = values.new_empty(b, hq, n)
+        for start in range(0, n, config.reference_block):
+            stop = min(n, start + config.reference_block)
+            logits = torch.matmul(query[:, :, start:stop].float(), keys.transpose(-1, -2)) * call.scaling
+            if call.bias is not None:
+                bias = call.bias[..., start:stop, :] if call.bias.shape[-2] > 1 else call.bias
+                logits = logits + bias.float()
+            elif plain_causal:
+                rows = torch.arange(start, stop, device=logits.device)[:, None] + kv - n
+                logits = logits.masked_fill(torch.arange(kv, device=logits.device)[None, :] > rows, float("-inf"))
+            lse[:, :, start:stop] = torch.logsumexp(logits, dim=-1)
+            output[:, :, start:stop] = torch.matmul(torch.softmax(logits, dim=-1), values)
+        statistics = FusedAttention(query, key, call.bias, call.scaling, plain_causal, lse, config)
+        return output.transpose(1, 2).to(value.dtype).contiguous(), statistics
+
+
+REFERENCE = ReferenceBackend()

@@ -1,0 +1,191 @@
+"""Every registered fused-attention backend against the blocked reference (probe/kernels/reference.py), on the same
+cases: the output, each row's log-sum-exp, the weights rebuilt from the statistics, and which rows' top key is their
+neighbour. A new backend is checked by being registered (probe/kernels/__init__.py) and named in DEVICES (the device
+its calls are made on: skipped where this machine lacks it)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from probe.kernels import BACKENDS, DEFAULT_CONFIG, REFERENCE, AttentionCall, additive_bias, backend_for
+from probe.kernels.base import Backend, rebuild_problem
+
+DEVICES: dict[str, str] = {"cpu": "cpu"}
+"""Backend name -> the device its cases run on (a CUDA backend: "cuda")."""
+
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # output and weights: the kernels sum in another order
+
+
+def _qkv(b: int, hq: int, hk: int, n: int, d: int, dv: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, hq, n, d, generator=generator), torch.randn(b, hk, n, d, generator=generator),
+            torch.randn(b, hk, n, dv, generator=generator))
+
+
+def _causal() -> AttentionCall:
+    query, key, value = _qkv(2, 4, 4, 24, 16, 16)
+    return AttentionCall(query, key, value, None, 16 ** -0.5, True)
+
+
+def _padded_bool_mask() -> AttentionCall:
+    """Right padding as transformers hands it over: a boolean mask, causal and padded keys hidden."""
+    query, key, value = _qkv(3, 4, 2, 20, 8, 8, seed=1)
+    valid = torch.ones(3, 20, dtype=torch.bool)
+    valid[1, 14:], valid[2, 7:] = False, False
+    mask = torch.ones(20, 20, dtype=torch.bool).tril()[None, None] & valid[:, None, None, :]
+    return AttentionCall(query, key, value, additive_bias(mask, None, query.dtype), 8 ** -0.5, False)
+
+
+def _additive_bias() -> AttentionCall:
+    """A position bias per head (ALiBi-like slopes) on top of a causal additive mask."""
+    query, key, value = _qkv(2, 4, 4, 18, 8, 8, seed=2)
+    distance = torch.arange(18)[None, :] - torch.arange(18)[:, None]
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])[:, None, None]
+    causal = torch.zeros(18, 18).masked_fill(distance > 0, float("-inf"))
+    return AttentionCall(query, key, value, additive_bias(causal[None, None], (slopes * distance)[None], query.dtype),
+                         0.3, False)
+
+
+def _grouped_query() -> AttentionCall:
+    query, key, value = _qkv(2, 6, 2, 33, 8, 8, seed=3)
+    return AttentionCall(query, key, value, None, 0.35, True)
+
+
+def _multi_query() -> AttentionCall:
+    query, key, value = _qkv(1, 4, 1, 29, 8, 8, seed=4)
+    return AttentionCall(query, key, value, None, 0.35, True)
+
+
+def _smaller_value_head() -> AttentionCall:
+    """Multi-head latent attention's shape (DeepSeek V2 / V3: value heads of 128 against query heads of 192)."""
+    query, key, value = _qkv(2, 4, 4, 21, 24, 16, seed=5)
+    return AttentionCall(query, key, value, None, 24 ** -0.5, True)
+
+
+def _larger_value_head() -> AttentionCall:
+    query, key, value = _qkv(1, 2, 2, 15, 8, 12, seed=6)
+    return AttentionCall(query, key, value, None, 8 ** -0.5, False)
+
+
+def _odd_lengths() -> AttentionCall:
+    query, key, value = _qkv(1, 2, 2, 1, 8, 8, seed=7)  # one query, one key
+    longer = _qkv(1, 2, 2, 131, 8, 8, seed=8)
+    return AttentionCall(torch.cat([query, longer[0]], 2), torch.cat([key, longer[1]], 2),
+                         torch.cat([value, longer[2]], 2), None, 0.4, True)
+
+
+def _ties() -> AttentionCall:
+    """Keys that copy their predecessor: the neighbour and a rival hold the same logit (the earliest must win), and a
+    far copy only a whole row sees."""
+    query, key, value = _qkv(2, 4, 2, 40, 8, 8, seed=9)
+    key[:, :, 10:20] = key[:, :, 9:19].clone()
+    key[:, :, 30] = key[:, :, 2]
+    return AttentionCall(query, key, value, None, 3.0, True)  # sharp rows: two tied keys hold most of a row
+
+
+CASES = {"causal": _causal, "padded bool mask": _padded_bool_mask, "additive bias": _additive_bias,
+         "grouped-query": _grouped_query, "multi-query": _multi_query, "value head smaller": _smaller_value_head,
+         "value head larger": _larger_value_head, "odd lengths": _odd_lengths, "ties": _ties}
+
+
+def _on(call: AttentionCall, dtype: torch.dtype, device: str) -> AttentionCall:
+    def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return None if tensor is None else tensor.to(device, dtype)
+
+    return AttentionCall(cast(call.query), cast(call.key), cast(call.value), cast(call.bias), call.scaling,
+                         call.causal)
+
+
+def _logits(call: AttentionCall) -> torch.Tensor:
+    """(b, hq, n, kv) float32 logits, hidden keys at -inf: what argmax is asked of (computed here, not by a backend)."""
+    query, key = call.query.float(), call.key.float()
+    keys = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    logits = torch.matmul(query, keys.transpose(-1, -2)) * call.scaling
+    if call.bias is not None:
+        return logits + call.bias.float()
+    n, kv = query.shape[2], key.shape[2]
+    hidden = torch.arange(kv, device=query.device)[None, :] > torch.arange(n, device=query.device)[:, None] + kv - n
+    return logits.masked_fill(hidden, float("-inf")) if call.causal else logits
+
+
+def _device(backend: Backend) -> str:
+    """The device the backend's cases run on (skipped where this machine has none)."""
+    assert backend.name in DEVICES, f"name the device of backend {backend.name!r} in DEVICES"
+    device = DEVICES[backend.name]
+    if device != "cpu" and not getattr(torch, device).is_available():
+        pytest.skip(f"{backend.name}: no {device} on this machine")
+    return device
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda backend: backend.name)
+def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.dtype) -> None:
+    call = _on(CASES[case](), dtype, _device(backend))
+    assert backend.problem(call) == ""
+    with torch.no_grad():
+        output, statistics = backend.run(call, DEFAULT_CONFIG)
+        expected, reference = REFERENCE.run(call, DEFAULT_CONFIG)
+    b, hq, n, _ = call.query.shape
+    tolerance = TOLERANCE[dtype]
+    assert output.shape == expected.shape == (b, n, hq, call.value.shape[-1])
+    assert output.dtype == call.value.dtype
+    assert (output.float() - expected.float()).abs().max() <= tolerance
+    assert statistics.lse.dtype == torch.float32 and statistics.backend == backend.name
+    assert (statistics.lse - reference.lse).abs().max() <= tolerance * 4
+    device = call.query.device
+    every = torch.arange(n, device=device)
+    weights = statistics.rows(every)
+    assert (weights - reference.rows(every)).abs().max() <= tolerance
+    if dtype == torch.float32:  # bfloat16 logits are rebuilt in bfloat16: sharp rows sum to 1 only within ~10%
+        assert (weights.sum(dim=-1) - 1).abs().max() <= tolerance * 4  # the log-sum-exp fits the logits rebuilt
+        # which key tops each row: argmax's answer, ties to the earliest
+        selected = torch.ones(b, n, dtype=torch.bool, device=device)
+        logits = _logits(call)
+        for shift in (-1, 0):
+            rows = torch.arange(max(0, -shift), n, device=device)
+            top = logits[:, :, rows].argmax(dim=-1) == (rows + shift)
+            hits = top.sum(dim=(0, 2)).double().cpu()
+            chosen = selected.clone()
+            chosen[:, :max(0, -shift)] = False
+            assert torch.equal(statistics.neighbour_hits(chosen, shift), hits), shift
+            assert torch.equal(reference.neighbour_hits(chosen, shift), hits), shift
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda backend: backend.name)
+def test_every_backend_refuses_what_cannot_be_rebuilt(backend: Backend) -> None:
+    """Soft-capping and learned sinks change the weights a log-sum-exp rebuilds: every backend refuses, and
+    backend_for says why in one reason."""
+    call = _causal()
+    for refused, reason in ((AttentionCall(call.query, call.key, call.value, None, 0.25, True, softcap=30.0),
+                             "soft-capped logits"),
+                            (AttentionCall(call.query, call.key, call.value, None, 0.25, True,
+                                           sinks=torch.zeros(4)), "learned sink logits")):
+        assert rebuild_problem(refused).startswith(reason)
+        assert backend.problem(refused).startswith(reason)
+        assert backend_for(refused)[0] is None and backend_for(refused)[1].startswith(reason)
+    assert backend_for(call)[0] is not None
+
+
+def test_a_cpu_call_is_served_by_the_cpu_backend_and_a_meta_call_by_none() -> None:
+    """The hooks ask backend_for: a CPU call gets the CPU kernel; a device no backend is wired for gets the reason
+    (the layer then runs the blocked path)."""
+    call = _causal()
+    backend, reason = backend_for(call)
+    assert backend is not None and backend.name == "cpu" and reason == ""
+    meta = AttentionCall(*(tensor.to("meta") for tensor in (call.query, call.key, call.value)), None, 0.25, True)
+    backend, reason = backend_for(meta)
+    assert backend is None and "meta" in reason
+
+
+@pytest.mark.parametrize("case", ["padded bool mask", "odd lengths"])
+def test_the_reference_in_query_blocks_equals_one_block(case: str) -> None:
+    """The reference forms its logits a block of queries at a time (KernelConfig.reference_block): blocks of 7
+    queries give the numbers of one block, bit for bit."""
+    call = CASES[case]()
+    output, statistics = REFERENCE.run(call, DEFAULT_CONFIG)
+    blocked_output, blocked = REFERENCE.run(call, replace(DEFAULT_CONFIG, reference_block=7))
+    assert torch.equal(output, blocked_output) and torch.equal(statistics.lse, blocked.lse)
