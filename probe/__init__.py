@@ -25,5 +25,6 @@ from probe.hooks.trace import Trace, add_to_head, scale_head  # noqa: E402
 from probe.kv import KVHeads, kv_heads  # noqa: E402
 from probe.models import LoadedModel, load_model  # noqa: E402
 
-__all__ = ["Atlas", "Classification", "KVHeads", "LoadedModel", "ProbeError", "Trace", "add_to_head", "attention_hooks", "attention_layers",
+__all__ = ["Atlas", "Classification", "KVHeads", "LoadedModel", "ProbeError", "Trace", "add_to_head", "attention_hooks",
+           "attention_layers",
            "capture_attention", "classify", "kv_heads", "load_model", "scale_head"]

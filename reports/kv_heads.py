@@ -68,7 +68,7 @@ def curve_table(curve: dict[str, Any]) -> Table:
     for index, k in enumerate(curve["k"]):
         def mean(key: str, form: str) -> str:
             values = [value for name in randoms  # `index`: called within this iteration only
-                      if (value := curve["orders"][name][key][index]) is not None]  # noqa: B023
+                      if (value := curve["orders"][name][key][index]) is not None]
             measured = f"{sum(values) / len(values):{form}}" if values else "stopped"
             return measured + (f" ({len(values)} of {len(randoms)})" if values and len(values) < len(randoms) else "")
         table.add_row(str(k), f"{ours['loss_change'][index]:+.4f}", mean("loss_change", "+.4f"),

@@ -90,7 +90,7 @@ def projection_input_zeroed(model: torch.nn.Module, name: str, heads: list[tuple
         def zero(_module, args, layers=layers, calls=calls):
             layer = layers[calls[0] % len(layers)]
             calls[0] += 1
-            return zero_head_slices(args, [h for l, h in heads if l == layer], head_dim)
+            return zero_head_slices(args, [h for at, h in heads if at == layer], head_dim)
 
         hooks.append((projection, zero))
     with pre_hooks(hooks):

@@ -263,7 +263,7 @@ def test_the_worked_example_runs_and_equals_scaling_the_projection(capsys) -> No
     """docs/hooks.md's example, run as written: head 23.3 doubled through `z` is head 3's columns of layer 23's
     output projection doubled."""
     scope: dict = {}
-    exec(compile(_worked_example(), "docs/hooks.md", "exec"), scope)  # noqa: S102 - the page's own example
+    exec(compile(_worked_example(), "docs/hooks.md", "exec"), scope)
     loaded, ioi, clean, doubled = (scope[name] for name in ("loaded", "ioi", "clean", "doubled"))
     assert "with head 23.3 doubled" in capsys.readouterr().out
     projection = loaded.model.model.layers[23].self_attn.o_proj

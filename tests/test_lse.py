@@ -133,8 +133,8 @@ def _near_slices(config: KernelConfig, span: int, before: int) -> KernelConfig:
 @pytest.mark.parametrize("stages", ["band", "near", "one_head_at_a_time", "no_rivals"])
 def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, stages: str) -> None:
     """Stage 2 (the gathered band) and stage 3 (the near keys: slices of 16 positions and the 8 keys before them,
-    behind a band of the neighbours only), forced at short lengths, the whole rows one key/value head at a time, and a stage 1 without rivals (most rows go
-    on): each gives the blocked path's numbers exactly."""
+    behind a band of the neighbours only), forced at short lengths, the whole rows one key/value head at a time, and
+    a stage 1 without rivals (most rows go on): each gives the blocked path's numbers exactly."""
     loaded = tiny_loaded("llama_gqa")
     natural, _ = _padded_sets(120, length=64)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
@@ -149,7 +149,7 @@ def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, sta
         config = replace(config, positional_rivals=())
     decided: dict[str, list[int]] = {"band_stage": [], "near_stage": []}
     for stage in decided:
-        def counting(attention, found, shift, original=getattr(CpuAttention, stage), stage=stage):
+        def counting(attention, found, shift, original=getattr(CpuAttention, stage), stage=stage):  # noqa: B008
             hits, still_open = original(attention, found, shift)
             decided[stage].append(len(found) - len(still_open))
             return hits, still_open

@@ -59,7 +59,8 @@ def _refuse_non_causal_stacks(model: nn.Module, layers: set[int], method: Ablati
     other = sorted({found[layer].stack for layer in layers} & {"encoder", "cross"})
     if other:
         raise ProbeError(f"{method.name} ablation restricts a causal head's keys to a decoding cache's; it applies to "
-                         f"an encoder-decoder's decoder self-attention (decN.H), not to its {' or '.join(other)} layers",
+                         f"an encoder-decoder's decoder self-attention (decN.H), not to its {' or '.join(other)} "
+                         "layers",
                          parameter="heads")
 
 

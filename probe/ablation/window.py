@@ -67,7 +67,7 @@ class WindowAblation(PatternAblation):
     def describe(self) -> str | None:
         return f"attention restricted to the first {self.sink} and the {self.recent} most recent keys"
 
-    def add_to_fingerprint(self, digest: "hashlib._Hash") -> None:
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         digest.update(f"window {self.sink} {self.recent}".encode())
 
 

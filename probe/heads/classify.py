@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -179,10 +180,8 @@ def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_
             valid = real_tokens(ids, mask)
             accumulator.batch = Batch(valid=valid, offset=probe_set.offset, repeat_len=probe_set.repeat_len)
             read.clear()
-            try:
+            with contextlib.suppress(_EveryLayerRead):  # what follows the last attention changes no score
                 forward(loaded.model, ids, mask)
-            except _EveryLayerRead:
-                pass  # what follows the last attention (its MLP, the final norm, the head) changes no score
     scores = HeadScores(accumulator.result())
     scores.path = accumulator.path()
     return scores

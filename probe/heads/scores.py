@@ -195,7 +195,7 @@ class ReadsDiagonals:
     """A fast path that reads fixed diagonals (among other things), declared so that they are computed with the
     other scores' in one pass."""
 
-    compute: "Fast"
+    compute: Fast
     offsets: tuple[int, ...]
     key_columns: tuple[int, ...] = ()
     layers_at_once: bool = False  # `compute` reads several layers as one call (side_by_side: their heads side by side)
@@ -211,7 +211,7 @@ class ReadsDiagonals:
 
 
 def diagonal_score(name: str, probe: str, threshold: float, summary: str, shift: Callable[[Batch], int],
-                   queries: Callable[[Batch], tuple[int, int]] | None = None, **options: object) -> "Score":
+                   queries: Callable[[Batch], tuple[int, int]] | None = None, **options: object) -> Score:
     """A head class that is one diagonal of A, with both paths from its declaration (register it with
     register_score): `diagonal_score("two_back", "natural", 0.5, "attends two tokens back", lambda b: -2)`."""
     declared = Diagonal(shift, queries)
@@ -308,7 +308,8 @@ def positional_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor,
         part = slice(first, first + rows)
         at_key = band.diagonal(start + shift - low, dim1=-2, dim2=-1)  # (b, h, rows) a view of the neighbours
         hit = ((at_key == top[..., part]) | unsure[..., part]) & selected[:, None, :] & ~earlier[..., part]
-        tied = hit & (_band_max_without(band, start + shift - low)[..., part] == top[..., part]) | (hit & unsure[..., part])
+        others = _band_max_without(band, start + shift - low)[..., part]
+        tied = hit & (others == top[..., part]) | (hit & unsure[..., part])
         if bool(tied.any()):  # another key of the band holds the maximum too, or a NaN: argmax settles it
             rows_b, rows_h, rows_r = tied.nonzero(as_tuple=True)
             keys = queries[rows_r] + shift
@@ -366,7 +367,8 @@ def _neighbour_rows(valid: Tensor, kv: int, shift: int) -> tuple[Tensor, float]:
 
 @dataclass
 class NeedleBatch(Batch):
-    """A batch of needle prompts (probe.inputs.needle): which needle key each answer position's target is copied from."""
+    """A batch of needle prompts (probe.inputs.needle): which needle key each answer position's target is copied
+    from."""
 
     sources: Tensor | None = None  # (b, n) long: for query i, the needle position of token i + 1; -1 elsewhere
     correct: Tensor | None = None  # (b, n) bool: the model predicts token i + 1 at i (None: not known yet)

@@ -54,7 +54,8 @@ def attention_hooks(
     (`(layer, start, weights)`, float32 (batch, query_heads, block, keys) in query blocks), `edit_heads` is `z`,
     `edit_inputs` is `inputs` (the AttentionInputs the layer computes from: patching), `recompute_heads` is
     `recompute` (heads computed again from the inputs: window ablation, before `z`; `pattern` sees the layer's own
-    weights), `on_lse` is `lse` (the fused kernel's log-sum-exp, probe.kernels, instead of the weights where they can be rebuilt
+    weights), `on_lse` is `lse` (the fused kernel's log-sum-exp, probe.kernels, instead of the weights where they can
+    be rebuilt
     from it; elsewhere `on_lse.blocked(layer, reason)` is called and the weights go to `pattern`). A point a layer
     kind cannot serve is refused in one line before anything changes. Nested `with`s add up (hf and
     nn.MultiheadAttention layers too: the inner's handlers run after the outer's). On exit the model is exactly

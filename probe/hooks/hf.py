@@ -25,8 +25,8 @@ from probe.hooks.restore import restoring
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 from probe.kernels import DEFAULT_CONFIG, AttentionCall, additive_bias, backend_for
 
-_HF_ACTIVE: "weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]]" = weakref.WeakKeyDictionary()  # by call
-_HF_CALLS: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()  # calls so far, hooked modules
+_HF_ACTIVE: weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]] = weakref.WeakKeyDictionary()  # by call
+_HF_CALLS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()  # calls so far, hooked modules
 _HF_RECORDER: list[list[tuple[nn.Module, int, int, int, int]]] = []  # discovery runs append here
 _ORIGINAL_IMPLEMENTATION = {"probe_sdpa": "sdpa", "probe_eager": "eager"}
 _REGISTERED: list[bool] = []  # one True once registered

@@ -40,7 +40,7 @@ class AttentionLayer:
             object.__setattr__(self, "value_dim", self.head_dim)
 
 
-_LAYERS: "weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]]" = weakref.WeakKeyDictionary()
+_LAYERS: weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]] = weakref.WeakKeyDictionary()
 _TWO_TOKENS = (1, 2)
 
 

@@ -69,7 +69,8 @@ def split_layer_part(text: str, stacks: set[str], item: str, parameter: str = "h
     noun, example = ("head", "x3.1") if parameter == "heads" else ("layer", "x3")
     if stacks and stack not in stacks:
         names = ", ".join(f"{STACKS[s]}N" for s in STACKS if s in stacks)
-        raise ProbeError(f"{parameter} {item!r}: this encoder-decoder names its layers by stack ({names}), e.g. {example} "
+        raise ProbeError(f"{parameter} {item!r}: this encoder-decoder names its layers by stack ({names}), "
+                         f"e.g. {example} "
                          f"for cross-attention layer 3{', head 1' if noun == 'head' else ''}", parameter=parameter)
     if not stacks and stack:
         raise ProbeError(f"{parameter} {item!r}: this model has one stack of layers; name a layer by its number, e.g. "

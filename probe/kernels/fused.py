@@ -166,7 +166,7 @@ class FusedAttention:
         rows = torch.arange(start, stop, device=keys.device)
         return self._finish(logits, rows, keys, self.lse[:, :, start:stop])
 
-    def _keys_weights(self, gathered: "GatheredKeys", start: int, stop: int) -> Tensor:
+    def _keys_weights(self, gathered: GatheredKeys, start: int, stop: int) -> Tensor:
         """(b, hq, stop - start, k): the weights of queries start .. stop on their keys (one set per query, shared
         by its heads), gathered from the flat key rows: one batched matmul; hidden keys exactly 0."""
         b, hq, n, kv = self.shape
@@ -219,7 +219,8 @@ class FusedAttention:
         """Band logits (float32, ours to change) -> weights: bias gathered, keys that do not exist or are causally
         hidden at weight 0 (masks built only for the chunks that have such keys)."""
         kv, width = self.shape[3], logits.shape[-1]
-        keys = torch.arange(start, stop, device=logits.device)[:, None] + low + torch.arange(width, device=logits.device)
+        device = logits.device
+        keys = torch.arange(start, stop, device=device)[:, None] + low + torch.arange(width, device=device)
         if self.bias is not None:
             bias = self.bias[..., start:stop, :] if self.bias.shape[-2] > 1 else self.bias
             index = keys.clamp(0, kv - 1).expand(*bias.shape[:2], stop - start, width)

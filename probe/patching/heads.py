@@ -143,7 +143,7 @@ def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
 def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
     """The by-position axis: each position's token over the rows, one where every row has the same one, else the
     most frequent few joined by '/' (IOI prompts put different names at one position); ids without a tokenizer."""
-    decode = (lambda token: str(token)) if loaded.tokenizer is None else (  # noqa: E731
+    decode = (lambda token: str(token)) if loaded.tokenizer is None else (
         lambda token: loaded.tokenizer.decode([token]))
     mask = probe_set.attention_mask
     labels = []

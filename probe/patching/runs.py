@@ -1,5 +1,5 @@
-"""Patching on clean/corrupt pairs (probe.inputs.contrast): the two runs as task sets, and `patch_contrast`, which patches
-every head between them and adds each head's direct logit attribution on the clean run (probe.dla)."""
+"""Patching on clean/corrupt pairs (probe.inputs.contrast): the two runs as task sets, and `patch_contrast`, which
+patches every head between them and adds each head's direct logit attribution on the clean run (probe.dla)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def _class_run(contrast: ContrastSet, texts: torch.Tensor, which: str, classes: 
     scored = torch.zeros(len(contrast), 2 * count, dtype=torch.bool)
     scored[rows, contrast.answer], scored[rows, count + contrast.distractor] = True, True
     return ProbeSet(f"task:{contrast.name}", f"{contrast.description} ({which} texts)", texts, 1,
-                    attention_mask=contrast.mask, scored=scored, meta={"task": contrast.name, "items": len(contrast), "classes": classes,
-                                         "layout": CLASS_CONTRAST_LAYOUT, "side": which})
+                    attention_mask=contrast.mask, scored=scored,
+                    meta={"task": contrast.name, "items": len(contrast), "classes": classes,
+                          "layout": CLASS_CONTRAST_LAYOUT, "side": which})
 
 
 def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet, ProbeSet]:
