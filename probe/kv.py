@@ -393,7 +393,7 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
         points.append(point)
         if progress is not None:
             progress(len(points), budget_points(len(order)))
-        return point["accepted"]
+        return bool(point["accepted"])
 
     low, high = 0, len(order) + 1  # k = low is accepted (nothing streamed), k = high is not (past the end)
     while high - low > 1:
@@ -558,7 +558,7 @@ def kv_heads(
     below probe's order, see stream_curve). `order_by`: a name of ORDERS."""
     _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by)
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
-                            **({"needle": needle} if needle else {}))
+                            **({"needle": needle} if needle else {}))  # type: ignore[arg-type]
     calibrated, why_fixed = _budget_kind(loaded, full_fraction is None and retrieval_threshold is None
                                          and streaming_threshold is None)
     scored = needle_set(loaded, options)

@@ -85,7 +85,7 @@ def inputs_editor(ablations: Sequence[Ablation], method: InputPatch,
         else:
             replacement = method.replacement(layer, stacked[0], batch)
         replaced = torch.where(mask.to(tensor.device), replacement, stacked)
-        return dataclasses.replace(inputs, **{method.component: replaced.reshape(tensor.shape)})
+        return dataclasses.replace(inputs, **{method.component: replaced.reshape(tensor.shape)})  # type: ignore[arg-type]
 
     return edit, set(by_layer)
 

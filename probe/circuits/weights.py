@@ -47,14 +47,14 @@ def _split_rows(weight: Tensor, heads: int, head_dim: int) -> Tensor:
     return weight.reshape(heads, head_dim, -1).transpose(1, 2)
 
 
-def _latent(up: nn.Module, norm: nn.Module | None, down: Tensor) -> Tensor:
+def _latent(up: Any, norm: Any, down: Tensor) -> Tensor:
     """The product of a low-rank pair `norm(x down^T) up^T` as one (out, in) weight, the norm's gain folded in."""
     gain = _gain(norm)
     middle = up.weight.detach().double() if gain is None else up.weight.detach().double() * gain[None, :]
     return middle @ down.detach().double()
 
 
-def _latent_projections(module: nn.Module, layer: AttentionLayer) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _latent_projections(module: Any, layer: AttentionLayer) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """DeepSeek's multi-head latent attention as (q, k, v, o) weights of per-head layout: keys [no rotary | rotary]."""
     heads, nope, value = layer.n_heads, module.qk_nope_head_dim, layer.value_dim
     if getattr(module, "q_proj", None) is not None:

@@ -160,7 +160,7 @@ class ScoreAccumulator:
             fast = SCORES[name].fast
             assert fast is not None, name
             if name not in plan.names:
-                sums, counts = fast(attention, batch)  # type: ignore[arg-type]
+                sums, counts = fast(attention, batch)
                 self._add(name, layers, *(part.unflatten(-1, (len(layers), -1)).movedim(-2, 0)
                                           for part in (sums, counts)))
         for layer in layers:

@@ -95,7 +95,7 @@ class Classification:
         return classification_page(self.to_dict(), embed_plotly=False)
 
 
-class HeadScores(dict):  # type: ignore[type-arg]
+class HeadScores(dict):
     """{name: (n_layers, n_heads) scores}, and `path`: how they were computed (ScoreAccumulator.path)."""
 
     path: str = ""
@@ -233,7 +233,7 @@ def _failure_hint(model: torch.nn.Module, length: int) -> tuple[str, str]:
     value heads of their own size (multi-head latent attention) where a kernel may want them equal."""
     context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     known = isinstance(context, int)
-    if known and length > context:
+    if isinstance(context, int) and length > context:
         return f"longer than its context of {context}: try a smaller seq_len", "seq_len"
     try:
         layers = attention_layers(model)  # found already where a forward ran under probe's hooks

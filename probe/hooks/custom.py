@@ -63,7 +63,7 @@ def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     if projection is None:
         raise ProbeError(f"cannot edit the heads of {type(module).__name__}: its output projection "
                          f"({'/'.join(OUTPUT_PROJECTIONS)}) is not an nn.Module")
-    edit_projection_input(projection, module.num_heads, hooks, undo)
+    edit_projection_input(projection, int(module.num_heads), hooks, undo)
 
 
 def install_custom(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:

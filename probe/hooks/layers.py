@@ -101,18 +101,18 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
     calls = _called_in_order(model, candidates)
     layers: list[AttentionLayer] = []
     for module, output in _first_calls(calls):
-        heads = module.num_heads
+        heads: int = module.num_heads
         if isinstance(module, nn.MultiheadAttention):
-            layers.append(AttentionLayer(len(layers), module, "mha", heads, heads, module.embed_dim // heads))
+            layers.append(AttentionLayer(len(layers), module, "mha", heads, heads, int(module.embed_dim) // heads))
         elif returns_head_weights(module, output):
-            head_dim = output[0].shape[-1] // heads if isinstance(output[0], torch.Tensor) else 0
+            head_dim = int(output[0].shape[-1]) // heads if isinstance(output[0], torch.Tensor) else 0
             layers.append(AttentionLayer(len(layers), module, "custom", heads, heads, head_dim))
     return layers
 
 
 def _refuse_encoder_decoder(model: nn.Module) -> None:
     config = getattr(model, "config", None)
-    if refuses_encoder_decoder(config):
+    if config is not None and refuses_encoder_decoder(config):
         raise ProbeError(encoder_decoder_refusal(config.model_type))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -56,7 +56,7 @@ class Trace:
         return {name: torch.cat(value, dim=2) if name == "pattern" else value
                 for name, value in self._kept[layer].items()}
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> Trace:
         self._kept.clear()
         self.blocked.clear()
         chosen = self._chosen_layers()

@@ -113,4 +113,5 @@ class _AllLse:
     @property
     def config(self) -> Any:
         """The kernel configuration (probe.kernels.KernelConfig) the first reader that names one asks for, or None."""
-        return next((reader.config for reader in self.readers if getattr(reader, "config", None) is not None), None)
+        configs = (getattr(reader, "config", None) for reader in self.readers)
+        return next((config for config in configs if config is not None), None)

@@ -70,10 +70,10 @@ class FusedStatistics(Protocol):
     def column(self, key: int) -> Tensor:
         """(b, hq, n): A[i, key]."""
 
-    def stacked(self, labels: list) -> Tensor:  # type: ignore[type-arg]
+    def stacked(self, labels: list) -> Tensor:
         """(b, hq, n, len(labels)): diagonals and columns side by side."""
 
-    def covering(self, labels: list) -> tuple[Tensor, list[int]]:  # type: ignore[type-arg]
+    def covering(self, labels: list) -> tuple[Tensor, list[int]]:
         """A table covering the labels, and each label's column in it."""
 
     def prefetch(self, shifts: Iterable[int], columns: Iterable[int] = ()) -> None:

@@ -119,6 +119,7 @@ def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, uni
     metric = choose_metric(loaded, target)
     changes, total, rows = [0.0] * len(units), 0.0, target.input_ids.shape[0]
     for batch, (ids, mask) in enumerate(target.batches(batch_size)):
+        assert target.scored is not None  # a task set's answers: patching's runs mark them
         scored = target.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
         one, batch_total = _target_pass(loaded, metric, ids, mask, scored, rows, component != "output")
         total += batch_total
@@ -149,6 +150,7 @@ def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_si
         for batch, (ids, mask) in enumerate(source.batches(batch_size)):
             values.append({})
             logits = logits_of(run_model(loaded.model, ids, mask))
+            assert source.scored is not None  # a task set's answers: patching's runs mark them
             scored = source.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
             total += float(row_logit_diffs(metric, logits, ids, scored).double().sum())
     return HeadOutputs(values, source.description), total / source.input_ids.shape[0]

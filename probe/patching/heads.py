@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
@@ -133,7 +134,8 @@ def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
     if any(run.meta.get("layout") not in PATCH_LAYOUTS for run in (clean, corrupt)):
         raise ProbeError("patching compares two runs of prompts, each followed by its answer and distractor: make "
                          "them with probe.patching.contrast_runs", parameter="clean")
-    if clean.input_ids.shape != corrupt.input_ids.shape or not bool((clean.scored == corrupt.scored).all()):
+    same_scored = torch.equal(torch.as_tensor(clean.scored), torch.as_tensor(corrupt.scored))
+    if clean.input_ids.shape != corrupt.input_ids.shape or not same_scored:
         raise ProbeError(f"the clean and corrupted runs need the same rows and token lengths, got "
                          f"{tuple(clean.input_ids.shape)} and {tuple(corrupt.input_ids.shape)}", parameter="corrupt")
 

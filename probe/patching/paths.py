@@ -122,6 +122,7 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
             for j, receiver in enumerate(receivers):
                 with torch.no_grad(), ablated(loaded.model, [(receiver,)], method, batch):
                     logits = logits_of(run_model(loaded.model, ids, mask))
+                assert corrupt.scored is not None  # a task set's answers: patching's runs mark them
                 scored = corrupt.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
                 sums[i, j] += float(row_logit_diffs(metric, logits, ids, scored).double().sum())
     means = (sums / corrupt.input_ids.shape[0]).tolist()
@@ -166,6 +167,7 @@ def direct_path(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders
     sums, unpatched = torch.zeros(len(senders), 1, dtype=torch.float64), 0.0
     for batch, (ids, mask) in enumerate(corrupt.batches(batch_size)):
         stream = _final_stream(loaded, structure.norm, ids, mask)
+        assert corrupt.scored is not None  # a task set's answers: patching's runs mark them
         scored = corrupt.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
         read = lambda delta: row_logit_diffs(metric, structure.head(structure.norm(stream + delta)), ids,  # noqa: E731
                                              scored).double().sum()
