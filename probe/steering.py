@@ -126,9 +126,10 @@ def _result(loaded: LoadedModel, metric: Metric, data: str, baseline: float,
 def steer_curves(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head], alphas: Iterable[float], *,
                  metric: str | Metric | None = None, batch_size: int = 8, stack: int | None = None,
                  data: str | None = None) -> SteerResult:
-    """For each head alone, the metric over `probe_set` with the head's output multiplied by each alpha: one exact
-    sweep of ScaleAblation(alpha) per alpha (alpha 1 is the baseline, measured once)."""
-    started, chosen_alphas = time.perf_counter(), check_alphas(alphas)
+    """For each head alone, the metric over `probe_set` with the head's output multiplied by each alpha (in
+    ascending order, alpha 1 added): one exact sweep of ScaleAblation(alpha) per alpha; alpha 1 is the baseline,
+    measured once."""
+    started, chosen_alphas = time.perf_counter(), sorted({*check_alphas(alphas), 1.0})
     chosen = choose_metric(loaded, probe_set, metric)
     heads = list(dict.fromkeys(heads))
     if not heads:
@@ -178,17 +179,26 @@ def find_heads(loaded: LoadedModel, probe_set: ProbeSet, alpha: float, *, metric
     return find_result(loaded, swept, alpha, chosen)
 
 
+def _end_tokens(loaded: LoadedModel) -> set[int]:
+    """The end-of-sequence tokens: the tokenizer's and the model config's (as `model.generate` stops on them)."""
+    found: set[int] = set()
+    for value in (getattr(loaded.tokenizer, "eos_token_id", None),
+                  getattr(getattr(loaded.model, "config", None), "eos_token_id", None)):
+        found.update([value] if isinstance(value, int) else value if isinstance(value, list) else [])
+    return found
+
+
 def greedy(loaded: LoadedModel, ids: Tensor, max_new_tokens: int) -> Tensor:
     """(1, new) greedy next tokens after `ids` (1, positions): a full forward per token, no cache (the same on
     every kind of model probe hooks), stopping at the end-of-sequence token."""
-    eos = getattr(loaded.tokenizer, "eos_token_id", None)
+    stops = _end_tokens(loaded)
     new: list[int] = []
     with torch.no_grad():
         for _ in range(max_new_tokens):
             logits = logits_of(run_model(loaded.model, ids, None))
             token = int(logits[0, -1].float().argmax())
             new.append(token)
-            if token == eos:
+            if token in stops:
                 break
             ids = torch.cat([ids, torch.tensor([[token]], device=ids.device)], dim=1)
     return torch.tensor([new], dtype=torch.long)

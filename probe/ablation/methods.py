@@ -116,8 +116,8 @@ class ScaleAblation(AblationMethod):
         return cls(inputs.alpha)
 
     def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        if self.alpha == 0.0:  # zero ablation exactly (0 * inf would be nan)
-            return torch.zeros((), dtype=heads.dtype, device=heads.device)
+        if self.alpha == 0.0:  # zero ablation exactly (0 * inf would be nan, 0 * -1 is -0)
+            return torch.zeros_like(heads)
         return heads * self.alpha
 
     def describe(self) -> str | None:
