@@ -144,13 +144,21 @@ def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None,
         with sweep_progress(f"scaling heads by {alpha:g}", show) as (update, on_result):
             swept = sharded_sweep(loaded, probe_set, heads, method=ScaleAblation(alpha), metric=metric,
                                   batch_size=batch_size, stack=stack, results_path=stream, resume=resume,
-                                  progress=update, on_result=on_result)
+                                  data=_data_file(request), progress=update, on_result=on_result)
     except KeyboardInterrupt:
         if show:
             warn(f"interrupted: {finished_count(stream)} finished head(s) are saved in {stream}; run the same "
                  "command with --resume to continue")
         raise
     return None if swept is None else find_result(loaded, swept, alpha, metric)
+
+
+def _data_file(request: Request) -> Path | None:
+    """The text file measured, for the result's `data` (None: the set names itself)."""
+    if request.data in ("natural", "repeated") or any(value is not None for value in
+                                                       (request.task, request.pairs, request.labels)):
+        return None
+    return Path(request.data)
 
 
 def add_generations(loaded: LoadedModel, result: SteerResult, heads: list[Head], request: Request, seed: int) -> None:
@@ -206,7 +214,8 @@ def steer(
     else:
         with status(f"measuring {len(chosen or [])} head(s) at {len(request.alphas)} alpha(s) ..."):
             result = steer_curves(loaded, probe_set, chosen or [], request.alphas, metric=chosen_metric_,
-                                  batch_size=batch_size, stack=stack)
+                                  batch_size=batch_size, stack=stack,
+                                  data=None if _data_file(request) is None else str(_data_file(request)))
     if not main_process or result is None:
         return
     add_generations(loaded, result, chosen or [], request, seed)

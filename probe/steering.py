@@ -166,7 +166,7 @@ def find_result(loaded: LoadedModel, swept: AblationResult, alpha: float, metric
     """A SteerResult holding a sweep of ScaleAblation(alpha) over every head, ranked."""
     result = _result(loaded, metric, swept.data, swept.baseline_loss, swept.task)
     result.find = {"alpha": alpha, "path": swept.path, "ranking": ranking(swept)}
-    result.seconds = swept.seconds
+    result.seconds = swept.seconds or 0.0
     return result
 
 
@@ -221,14 +221,15 @@ def generations(loaded: LoadedModel, prompt: str, heads: Sequence[Head], alphas:
     seed is fixed for models whose forward draws, though greedy decoding itself does not)."""
     if max_new_tokens < 1:
         raise ProbeError(f"max_new_tokens must be at least 1, got {max_new_tokens}", parameter="max_new_tokens")
-    chosen_alphas, ids = check_alphas(alphas), _prompt_ids(loaded, prompt)
+    chosen_alphas, ids, tokenizer = check_alphas(alphas), _prompt_ids(loaded, prompt), loaded.tokenizer
+    assert tokenizer is not None  # _prompt_ids refuses a model without one
 
     def continuation(scales: dict[Head, float]) -> str:
         torch.manual_seed(seed)
         if not scales:
-            return str(loaded.tokenizer.decode(greedy(loaded, ids, max_new_tokens)[0]))
+            return str(tokenizer.decode(greedy(loaded, ids, max_new_tokens)[0]))
         with steer(loaded, scales):
-            return str(loaded.tokenizer.decode(greedy(loaded, ids, max_new_tokens)[0]))
+            return str(tokenizer.decode(greedy(loaded, ids, max_new_tokens)[0]))
 
     baseline = continuation({})
     rows = [{"layer": layer, "head": head, "alpha": alpha,

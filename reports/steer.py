@@ -94,7 +94,8 @@ def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
         "alpha": find["alpha"],
         "labels": [plotly_text(short_label(e["layer"], e["head"], names)) for e in find["ranking"][:30]],
         "delta": [e["delta"] for e in find["ranking"][:30]]}
-    return {"metric": plotly_text(str(payload["metric"])), "baseline": payload["baseline"], "lines": lines, "bars": bars}
+    return {"metric": plotly_text(str(payload["metric"])), "baseline": payload["baseline"], "lines": lines,
+            "bars": bars}
 
 
 def _generation_rows(payload: dict[str, Any]) -> str:

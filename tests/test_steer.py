@@ -3,7 +3,6 @@ steer`, each against a hand computation that scales a head's slice of the output
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +23,9 @@ from probe.models import LoadedModel, load_model
 from probe.patching.runs import contrast_runs
 from probe.reports.steer import steer_page
 from probe.steering import find_heads, generations, greedy, steer, steer_curves
+from test_browser import browser, open_page  # noqa: F401 (fixtures)
 from test_cli import strict_json
+from test_html import IMG, SCRIPT
 
 WORDS = "tests/words.py:tiny_with_words"
 HEAD_DIM = 16  # tiny llama: hidden 64, 4 heads
@@ -214,7 +215,7 @@ def test_cli_find_with_target_words_streams_and_resumes(tmp_path: Path, capsys, 
     results, out = tmp_path / "find.jsonl", tmp_path / "find.json"
     args = ["steer", "--model", WORDS, "--find", "--scale", "3", "--target-words", str(words), "--data", str(text),
             "--seq-len", "16", "--num-seqs", "2", "--results", str(results), "--json", str(out)]
-    code, stdout, stderr = run_cli(args, capsys, monkeypatch)
+    code, _, stderr = run_cli(args, capsys, monkeypatch)
     assert code == 0, stderr
     first = strict_json(out)
     assert results.is_file() and len(first["find"]["ranking"]) == 8 and first["metric"].startswith("target_words:")
@@ -249,6 +250,31 @@ def test_the_page_draws_from_a_payload_and_refuses_another(tmp_path: Path) -> No
     assert "&lt;m&gt;" in html and "<m>" not in html.replace("<meta", "")
     with pytest.raises(ProbeError, match="not a steering result"):
         steer_page({"model": "m"})
+
+
+@pytest.mark.browser
+def test_the_page_draws_a_curve_per_head_and_the_bars_in_a_browser(tmp_path: Path, open_page) -> None:  # noqa: F811
+    points = [{"alpha": a, "value": v, "delta": v - 1.0, "figures": {}}
+              for a, v in ((0.0, 0.5), (1.0, 1.0), (3.0, 2.0))]
+    payload = {"model": SCRIPT, "dtype": "float32", "data": IMG, "metric": "target_words", "metric_description": SCRIPT,
+               "baseline": 1.0, "alphas": [0.0, 1.0, 3.0], "layer_names": None,
+               "curves": [{"layer": 0, "head": 1, "points": points}, {"layer": 1, "head": 2, "points": points[::-1]}],
+               "find": {"alpha": 3.0, "path": "exact", "ranking": [
+                   {"layer": 1, "head": 2, "value": 2.0, "delta": 1.0, "figures": {}},
+                   {"layer": 0, "head": 1, "value": 0.8, "delta": -0.2, "figures": {}}]},
+               "generations": {"prompt": SCRIPT, "max_new_tokens": 4, "seed": 0, "baseline": IMG,
+                               "rows": [{"layer": 0, "head": 1, "alpha": 3.0, "text": f"{SCRIPT} then"}]}}
+    path = tmp_path / "steer.html"
+    path.write_text(steer_page(payload), encoding="utf-8")
+    opened = open_page(path)
+    curves = opened.page.evaluate("document.querySelector('.probe-steer-curves').data")
+    assert [trace["name"] for trace in curves] == ["0.1", "1.2"] and curves[0]["y"] == [0.5, 1.0, 2.0]
+    assert curves[0]["x"] == [0.0, 1.0, 3.0]
+    bars = opened.page.evaluate("document.querySelector('.probe-steer-find').data")
+    assert bars[0]["x"] == ["1.2", "0.1"] and bars[0]["y"] == [1.0, -0.2]
+    cells = opened.page.locator(".probe-steer-generations td.probe-steer-text").all_text_contents()
+    assert cells == [IMG, f"{SCRIPT} then"]  # shown as text, never run
+    opened.check_clean()
 
 
 @pytest.mark.slow
