@@ -11,7 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from conftest import run_cli
+from fuzzing import MISSING_MODEL, argument, cli_outcome, file_bytes, inputs, valid_or_refused, write
 from probe.ablation import ablate, sweep
 from probe.ablation.methods import METHODS, ScaleAblation, build_method
 from probe.ablation.metrics import METRICS, TargetWords, read_target_words, target_words
@@ -22,6 +26,7 @@ from probe.inputs import ProbeOptions, ProbeSet, build_probe_set, contrast_task,
 from probe.models import LoadedModel, load_model
 from probe.patching.runs import contrast_runs
 from probe.reports.steer import steer_page
+from probe.cli.steer import parse_scale
 from probe.steering import find_heads, generations, greedy, steer, steer_curves
 from test_browser import browser, open_page  # noqa: F401 (fixtures)
 from test_cli import strict_json
@@ -250,6 +255,34 @@ def test_the_page_draws_from_a_payload_and_refuses_another(tmp_path: Path) -> No
     assert "&lt;m&gt;" in html and "<m>" not in html.replace("<meta", "")
     with pytest.raises(ProbeError, match="not a steering result"):
         steer_page({"model": "m"})
+
+
+SCALES = ["0,0.5,2,3", "3", "-1,0,1", "1e-3,2.5", "0, 1 ,2"]
+WORD_LINES = st.one_of(st.sampled_from(["time", "day", "# comment", "", "  week  ", "good morning"]),
+                       st.text(max_size=8))
+
+
+@given(text=inputs(SCALES))
+def test_scales_parse_or_refuse(text: str) -> None:
+    result = valid_or_refused(lambda: parse_scale(text))
+    if not isinstance(result, ProbeError):
+        assert result and all(isinstance(alpha, float) and abs(alpha) < float("inf") for alpha in result)
+        assert len(set(result)) == len(result)
+
+
+@given(data=file_bytes(WORD_LINES))
+def test_words_files_read_or_refuse(tmp_path: Path, data: bytes) -> None:
+    result = valid_or_refused(lambda: read_target_words(write(tmp_path / "words.txt", data)))
+    if not isinstance(result, ProbeError):
+        assert result and all(word == word.strip() and word and not word.startswith("#") for word in result)
+
+
+@given(text=inputs(SCALES), data=file_bytes(WORD_LINES))
+def test_scales_and_words_on_the_command_line(tmp_path: Path, text: str, data: bytes, capsys, monkeypatch) -> None:
+    words = write(tmp_path / "words.txt", data)
+    code, err = cli_outcome(["steer", "--model", MISSING_MODEL, "--heads", "0.1", "--scale", argument(text),
+                             "--target-words", str(words)], capsys, monkeypatch)
+    assert code == 2 and "error: " in err
 
 
 @pytest.mark.browser
