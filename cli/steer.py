@@ -203,17 +203,17 @@ def steer(
     options = ProbeOptions(None if data in ("natural", "repeated") else data, seq_len, num_seqs, seed=seed)
     loaded = load_for(choice, rank)
     probe_set = probe_input(loaded, request, options)
-    chosen_metric_ = chosen_metric(loaded, probe_set, request)
+    measured = chosen_metric(loaded, probe_set, request)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     if find:
         stream = results or default_results_path(cache_key(choice, request, options, batch_size))
-        result = run_find(loaded, probe_set, chosen, chosen_metric_, request, stream, resume=resume,
+        result = run_find(loaded, probe_set, chosen, measured, request, stream, resume=resume,
                           batch_size=batch_size, stack=stack, show=main_process)
         if result is not None and results is None:
             stream.unlink(missing_ok=True)  # the cache stream only serves --resume
     else:
         with status(f"measuring {len(chosen or [])} head(s) at {len(request.alphas)} alpha(s) ..."):
-            result = steer_curves(loaded, probe_set, chosen or [], request.alphas, metric=chosen_metric_,
+            result = steer_curves(loaded, probe_set, chosen or [], request.alphas, metric=measured,
                                   batch_size=batch_size, stack=stack,
                                   data=None if _data_file(request) is None else str(_data_file(request)))
     if not main_process or result is None:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import run_cli
+from conftest import run_cli, tiny_loaded
 from fuzzing import MISSING_MODEL, argument, cli_outcome, file_bytes, inputs, valid_or_refused, write
 from probe.ablation import ablate, sweep
 from probe.ablation.methods import METHODS, ScaleAblation, build_method
@@ -87,6 +87,20 @@ def test_scale_zero_is_zero_ablation_exactly(tiny_llama: LoadedModel) -> None:
     assert torch.equal(steered, ablated)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_scaling_keeps_the_dtype_and_zero_equals_zero_ablation(dtype: torch.dtype) -> None:
+    model = tiny_loaded("llama_gqa").model.to(dtype)
+    loaded = LoadedModel(model=model, tokenizer=None, name="tiny-half", vocab_size=120)
+    probe_set = repeated_set(loaded, repeat_len=5, num_seqs=2, seed=0)
+    scaled = sweep(loaded, probe_set, method=ScaleAblation(0.0))
+    zeroed = sweep(loaded, probe_set, method="zero")
+    assert [r.loss for r in scaled.results] == [r.loss for r in zeroed.results]
+    result = steer_curves(loaded, probe_set, [(1, 2)], [0.0, 3.0])
+    assert result.dtype == str(dtype).removeprefix("torch.") and len(result.curves[0]["points"]) == 3
+    heads = torch.randn(2, 3, 4, 16, dtype=dtype)
+    assert ScaleAblation(2.0).replacement(0, heads, None).dtype == dtype
+
+
 def test_scale_is_a_registered_method_built_with_its_alpha() -> None:
     assert METHODS["scale"] is ScaleAblation
     built = build_method("scale", None, None, alpha=2.5)  # type: ignore[arg-type]  # needs no statistics
@@ -157,7 +171,7 @@ def test_a_bad_words_file_is_one_line(tmp_path: Path, content: str | bytes, mess
 def test_the_registered_target_words_metric_asks_for_the_words(tiny_llama: LoadedModel) -> None:
     assert isinstance(METRICS["target_words"], TargetWords)
     probe_set = repeated_set(tiny_llama, repeat_len=4, num_seqs=1)
-    with pytest.raises(ProbeError, match="give target_words"):
+    with pytest.raises(ProbeError, match="made from a file of one word"):
         baseline_metric(tiny_llama, probe_set, metric="target_words")
 
 
@@ -219,11 +233,15 @@ def test_cli_find_with_target_words_streams_and_resumes(tmp_path: Path, capsys, 
                   * 6)
     results, out = tmp_path / "find.jsonl", tmp_path / "find.json"
     args = ["steer", "--model", WORDS, "--find", "--scale", "3", "--target-words", str(words), "--data", str(text),
-            "--seq-len", "16", "--num-seqs", "2", "--results", str(results), "--json", str(out)]
+            "--seq-len", "16", "--num-seqs", "2", "--results", str(results), "--json", str(out),
+            "--generate", "the keys to the", "--max-new-tokens", "3"]
     code, _, stderr = run_cli(args, capsys, monkeypatch)
     assert code == 0, stderr
     first = strict_json(out)
     assert results.is_file() and len(first["find"]["ranking"]) == 8 and first["metric"].startswith("target_words:")
+    top = first["find"]["ranking"][0]
+    assert [(row["layer"], row["head"], row["alpha"]) for row in first["generations"]["rows"]] == [
+        (top["layer"], top["head"], 3.0)]  # the top head, at the alpha it was found with
     loaded = words_loaded()
     probe_set = build_probe_set("natural", loaded, ProbeOptions(text, 16, 2))
     hand = find_heads(loaded, probe_set, 3.0, metric=target_words(loaded, words))

@@ -232,8 +232,9 @@ class TargetWords(Metric):
 
     def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
         if not self.tokens:
-            raise ProbeError("metric target_words measures the probability of chosen words: give target_words, a "
-                             "file of one word or phrase per line", parameter="target_words")
+            raise ProbeError("metric target_words measures the probability of chosen words, made from a file of one "
+                             "word or phrase per line: target_words(loaded, path), or probe steer --target-words FILE",
+                             parameter="metric")
         chosen = torch.tensor(self.tokens, device=logits.device)
         logits = logits.float()
         return (logits.index_select(-1, chosen) - logits.logsumexp(-1, keepdim=True)).exp().sum(-1)
