@@ -105,7 +105,8 @@ def _generation_rows(payload: dict[str, Any]) -> str:
     names = payload.get("layer_names")
     rows = [("as it is", "1", generated["baseline"])] + [
         (short_label(row["layer"], row["head"], names), f"{row['alpha']:g}", row["text"]) for row in generated["rows"]]
-    body = "".join(f'<tr><td>{esc(head)}</td><td>{esc(alpha)}</td><td class="probe-steer-text">{esc(text)}</td></tr>'
+    text_cell = '<td class="probe-steer-text" style="white-space: pre-wrap">'  # the text as generated
+    body = "".join(f"<tr><td>{esc(head)}</td><td>{esc(alpha)}</td>{text_cell}{esc(text)}</td></tr>"
                    for head, alpha, text in rows)
     return (f"<h2>Greedy continuations of <q>{esc(generated['prompt'])}</q></h2>"
             '<table class="probe-static-table probe-steer-generations"><tr><th>head</th><th>alpha</th>'

@@ -25,7 +25,7 @@
                                   marker: {color: "#2166ac"},
                                   hovertemplate: "%{x}: change %{y:+.4f}<extra></extra>"}], {
       height: 320, margin: {l: 70, r: 20, t: 10, b: 60}, xaxis: {type: "category", title: {text: "head"}},
-      yaxis: {title: {text: "change of " + data.metric + " at alpha " + data.bars.alpha}}
+      yaxis: {title: {text: "change at alpha " + data.bars.alpha}}
     }, CONFIG);
   }
 
