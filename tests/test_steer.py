@@ -30,6 +30,7 @@ from probe.cli.steer import parse_scale
 from probe.steering import find_heads, generations, greedy, steer, steer_curves
 from test_browser import browser, open_page  # noqa: F401 (fixtures)
 from test_cli import strict_json
+from test_distributed import MODEL, alone, comparable, torchrun
 from test_html import IMG, SCRIPT
 
 WORDS = "tests/words.py:tiny_with_words"
@@ -250,6 +251,19 @@ def test_cli_find_with_target_words_streams_and_resumes(tmp_path: Path, capsys, 
     code, _, stderr = run_cli([*args, "--resume", "--force"], capsys, monkeypatch)
     assert code == 0, stderr
     assert strict_json(out)["find"]["ranking"] == first["find"]["ranking"]
+
+
+def test_find_under_torchrun_equals_one_process(tmp_path: Path) -> None:
+    args = ["--model", MODEL, "--data", "repeated", "--num-seqs", "3", "--find", "--scale", "2.5", "--stack", "1"]
+    single = alone([*args, "--json", str(tmp_path / "one.json"), "--results", str(tmp_path / "one.jsonl")], tmp_path,
+                   "steer")
+    assert single.returncode == 0, single.stderr
+    run = torchrun([*args, "--json", str(tmp_path / "two.json"), "--results", str(tmp_path / "two.jsonl")],
+                   tmp_path, command_name="steer")
+    assert run.returncode == 0, run.stderr
+    one, two = comparable(tmp_path / "one.json", "steer"), comparable(tmp_path / "two.json", "steer")
+    assert len(two["find"]["ranking"]) == 8 and two == one
+    assert run.stdout.count("Steering heads of") == 1  # only rank 0 reports
 
 
 @pytest.mark.parametrize(("extra", "message"), [
