@@ -16,7 +16,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from probe.cli import ablate, atlas, circuits, classify, dla, heatmap, kv_heads, models, patch, prune, syntax, track
+from probe.cli import (ablate, atlas, circuits, classify, dla, heatmap, kv_heads, models, patch, prune, steer, syntax,
+                       track)
 from probe.cli.allocator import keep_freed_buffers
 from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import set_quiet, warn
@@ -100,7 +101,7 @@ app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find out what each attention head of a transformer does.")
 for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax, circuits.circuits,
-                prune.prune, kv_heads.kv_heads, dla.dla, patch.patch, track.track, atlas.atlas):
+                prune.prune, kv_heads.kv_heads, dla.dla, patch.patch, track.track, atlas.atlas, steer.steer):
     app.command(cls=Command)(command)
 
 FLAGS = {
@@ -124,6 +125,8 @@ FLAGS = {
     "icl_positions": "--icl-positions", "min_rise": "--min-rise", "scores": "--threshold",
     "order_by": "--order", "max_loss_increase": "--max-loss-increase", "curve_texts": "--curve-texts",
     "results_dir": "--results", "task_count": "--count", "fast": "--fast",
+    "alphas": "--scale", "alpha": "--scale", "target_words": "--target-words", "prompt": "--generate",
+    "max_new_tokens": "--max-new-tokens",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 

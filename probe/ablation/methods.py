@@ -19,6 +19,7 @@ a method can take values of other sequences of the same batch (resample ablation
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -37,6 +38,7 @@ class MethodInputs:
 
     statistics: HeadStatistics | None = None  # the statistics the method declares, over a reference set
     seed: int = 0  # for methods that draw at random (resample's derangement)
+    alpha: float = 0.0  # scale: the factor of the heads' outputs
 
 
 class AblationMethod:
@@ -90,6 +92,39 @@ class ZeroAblation(AblationMethod):
 
     def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
         return torch.zeros((), dtype=heads.dtype, device=heads.device)
+
+
+@register_method
+class ScaleAblation(AblationMethod):
+    """The head's output multiplied by `alpha`: 0 is zero ablation (exactly: the replacement is 0 itself), between 0
+    and 1 damps it, above 1 amplifies it, below 0 reverses it (steering through single heads: SAMD, 2025). Written
+    against the `z` point like every output method, so the sweep's prefix reuse, streaming, resume and shards serve
+    it; per copy, since it reads each stacked copy's own values."""
+
+    name = "scale"
+    summary = "multiply the head's output by alpha (probe steer --scale; 0, the default, is zero ablation)"
+    per_copy = True
+
+    def __init__(self, alpha: float = 0.0) -> None:
+        alpha = float(alpha)
+        if not math.isfinite(alpha):
+            raise ProbeError(f"alpha must be a finite number, got {alpha}", parameter="alpha")
+        self.alpha = alpha
+
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        return cls(inputs.alpha)
+
+    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+        if self.alpha == 0.0:  # zero ablation exactly (0 * inf would be nan, 0 * -1 is -0)
+            return torch.zeros_like(heads)
+        return heads * self.alpha
+
+    def describe(self) -> str | None:
+        return f"head outputs multiplied by {self.alpha:g}"
+
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
+        digest.update(f"scale {self.alpha!r}".encode())
 
 
 class StatisticAblation(AblationMethod):
@@ -325,16 +360,16 @@ def method_class(method: str | AblationMethod) -> type[AblationMethod]:
 
 def build_method(method: str | AblationMethod, loaded: LoadedModel, reference: ProbeSet, *,
                  statistics: HeadStatistics | None = None, per_position: bool = False, seed: int = 0,
-                 batch_size: int = 8) -> AblationMethod:
+                 batch_size: int = 8, alpha: float = 0.0) -> AblationMethod:
     """The method object: given as one, or built by name with what it declares it needs. Statistics not given are
-    taken over `reference` (per position with `per_position`)."""
+    taken over `reference` (per position with `per_position`); `alpha` is scale's factor."""
     if isinstance(method, AblationMethod):
         return method
     chosen = method_class(method)
     if chosen.statistics and statistics is None:
         statistics = head_statistics(loaded, reference, chosen.statistics, per_position=per_position,
                                      batch_size=batch_size)
-    return chosen.build(MethodInputs(statistics, seed))
+    return chosen.build(MethodInputs(statistics, seed, alpha))
 
 
 def method_named(name: str | AblationMethod, statistics: HeadStatistics | None = None) -> AblationMethod:

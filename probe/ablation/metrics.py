@@ -19,6 +19,8 @@ that count, for the whole probe set and each of its parts; `losses` finishes sum
   prompt with an answer and a distractor the pair differs in its last token, so the margin is logit(answer) -
   logit(distractor) at the last prompt position (Wang et al. 2022's logit difference). Accuracy: the share of pairs
   with a positive margin.
+- "target_words" (text, probe steer --target-words): the mean next-token probability of a set of target words' first
+  tokens; higher is more of the behaviour, so it is a measure to raise, not a loss.
 
 A metric declares what it reads and where it applies, and callers ask it (`choose_metric`, `Readout`), never its
 name: `reads` (what of a forward it reads), `applies` and `default_for` (input kinds: KINDS), `compares` (it compares
@@ -28,7 +30,10 @@ through `token_values`, so that long inputs never hold their full logits).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -37,7 +42,7 @@ from torch import Tensor
 
 from probe.ablation.logits import Final
 from probe.hooks.run import logits_of, run_model
-from probe.inputs import CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, ProbeSet, is_encoder, real_tokens
+from probe.inputs import CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, ProbeSet, is_encoder, read_text_file, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
@@ -202,6 +207,69 @@ class LogitDiff(Metric):
         margins = -rows  # one scored position per row: its logit difference
         return -float(margins.mean()), {"margin": float(margins.mean()),
                                         "accuracy": float((margins > 0).double().mean())}
+
+
+@register_metric
+class TargetWords(Metric):
+    """The probability the model puts on a set of target tokens as the next token, at every position of a text: how
+    much of a behaviour (talking about time, about money, ...) the model shows there (SAMD, 2025 steer a head's use
+    of time expressions). Higher = more of the behaviour, so a sweep's delta > 0 means the edit raised it. The
+    tokens are each word's or phrase's first token as it appears after a space (`target_words`): the probability
+    of starting that word. The registered instance has no words; `target_words(loaded, path)` makes one that has."""
+
+    name = "target_words"
+    description = ("mean over predicted positions of the next-token probability of the target words' first tokens; "
+                   "higher: more of the behaviour")
+    shift = 1
+    reads = "next-token probabilities of the target words' first tokens"
+    chunkable = True
+
+    def __init__(self, tokens: Sequence[int] = (), words: Sequence[str] = ()) -> None:
+        self.tokens, self.words = tuple(dict.fromkeys(int(token) for token in tokens)), tuple(words)
+        if self.tokens:  # a stream's fingerprint names the metric: two word lists are two sweeps
+            digest = hashlib.sha256(" ".join(map(str, self.tokens)).encode()).hexdigest()[:12]
+            self.name = f"target_words:{digest}"  # type: ignore[misc]
+
+    def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
+        if not self.tokens:
+            raise ProbeError("metric target_words measures the probability of chosen words, made from a file of one "
+                             "word or phrase per line: target_words(loaded, path), or probe steer --target-words FILE",
+                             parameter="metric")
+        chosen = torch.tensor(self.tokens, device=logits.device)
+        logits = logits.float()
+        return (logits.index_select(-1, chosen) - logits.logsumexp(-1, keepdim=True)).exp().sum(-1)
+
+
+def read_target_words(path: str | Path) -> list[str]:
+    """The words or phrases of a target-words file: one per line, blank lines and `#` comments skipped."""
+    text = read_text_file(path, parameter="target_words", what="target-words file")
+    words = [line.strip() for line in text.splitlines()]
+    words = [word for word in words if word and not word.startswith("#")]
+    if not words:
+        raise ProbeError(f"target-words file {path} has no word: give one word or phrase per line",
+                         parameter="target_words")
+    return words
+
+
+def word_tokens(loaded: LoadedModel, words: Sequence[str]) -> list[int]:
+    """Each word's first token as it appears after a space (" time"): the token that starts it in running text."""
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        raise ProbeError(f"{loaded.name} has no tokenizer to read target words with", parameter="target_words")
+    unknown = getattr(tokenizer, "unk_token_id", None)
+    tokens = []
+    for word in words:
+        ids = list(tokenizer(" " + word, add_special_tokens=False)["input_ids"])
+        if not ids or ids[0] == unknown:
+            raise ProbeError(f"target word {word!r} is not in {loaded.name}'s vocabulary", parameter="target_words")
+        tokens.append(int(ids[0]))
+    return tokens
+
+
+def target_words(loaded: LoadedModel, path: str | Path) -> TargetWords:
+    """The target_words metric of the words in `path` (read_target_words), as this model's tokens."""
+    words = read_target_words(path)
+    return TargetWords(word_tokens(loaded, words), words)
 
 
 class ClassMetric(Metric):

@@ -63,7 +63,8 @@ def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     if projection is None:
         raise ProbeError(f"cannot edit the heads of {type(module).__name__}: its output projection "
                          f"({'/'.join(OUTPUT_PROJECTIONS)}) is not an nn.Module")
-    edit_projection_input(projection, int(module.num_heads), hooks, undo)
+    heads: Any = module.num_heads  # an int the module sets (nn.Module types attributes as tensors or modules)
+    edit_projection_input(projection, int(heads), hooks, undo)
 
 
 def install_custom(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:

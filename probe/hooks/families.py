@@ -81,7 +81,8 @@ def family_shape(module: nn.Module) -> tuple[int, int, int]:
     family = _family_of_module(module)
     heads = int(getattr(module, family.heads))
     kv_heads = int(getattr(module, family.kv_heads, heads)) if family.kv_heads else heads
-    return heads, kv_heads, int(module.head_dim)
+    head_dim: Any = module.head_dim  # an int the module sets
+    return heads, kv_heads, int(head_dim)
 
 
 def _switch_to_eager(module: nn.Module, undo: list[Undo]) -> None:

@@ -101,7 +101,7 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
     calls = _called_in_order(model, candidates)
     layers: list[AttentionLayer] = []
     for module, output in _first_calls(calls):
-        heads: int = module.num_heads
+        heads: Any = module.num_heads  # an int the module sets
         if isinstance(module, nn.MultiheadAttention):
             layers.append(AttentionLayer(len(layers), module, "mha", heads, heads, int(module.embed_dim) // heads))
         elif returns_head_weights(module, output):

@@ -1,0 +1,226 @@
+"""`probe steer`: heads' outputs multiplied by alpha; the metric of an input against alpha per head, greedy
+continuations side by side, and (`--find`) every head ranked by how far one alpha moves the metric, through the sweep
+(streamed, resumable, split over processes under torchrun)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from probe.ablation import METRICS, parse_heads
+from probe.ablation.heads import Head
+from probe.ablation.methods import ScaleAblation
+from probe.ablation.metrics import Metric as MetricObject
+from probe.ablation.metrics import choose_metric, read_target_words, target_words
+from probe.cli.ablate import (Data, Heads, Results, Resume, Stack, check_heads_syntax, check_results_file,
+                              default_results_path, finished_count, load_for)
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
+                               ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode)
+from probe.cli.outputs import check_distinct, check_outputs, save, warn_non_finite
+from probe.cli.progress import console, status, sweep_progress, warn
+from probe.distributed import current, sharded_sweep
+from probe.errors import ProbeError
+from probe.hooks.layers import attention_layers
+from probe.inputs import (CONTRAST_TASKS, DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
+                          build_probe_set)
+from probe.models import DEFAULT_MODEL, LoadedModel
+from probe.patching.runs import contrast_runs
+from probe.reading import is_file
+from probe.reports.files import write_json, write_text
+from probe.reports.steer import steer_page, steer_report
+from probe.steering import SteerResult, check_alphas, find_result, generations, steer_curves
+
+Scale = Annotated[str, typer.Option(
+    "--scale", help="Alphas the heads' outputs are multiplied by, comma-separated, e.g. 0,0.5,2,3 (0: zero "
+    "ablation; 1: the model as it is, always measured; above 1: amplified). With --find: one alpha.")]
+Find = Annotated[bool, typer.Option(
+    "--find", help="Scale every head (or each of --heads) alone by the one --scale alpha and rank them by how far "
+    "it moves the metric (an exact sweep: streamed to --results, --resume, split under torchrun).")]
+TargetWords = Annotated[Optional[Path], typer.Option(
+    "--target-words", help="Measure a behaviour on text: a UTF-8 file of one word or phrase per line (# comments); "
+    "the metric is the mean next-token probability of each line's first token after a space (' time'), higher = "
+    "more of the behaviour.")]
+Generate = Annotated[Optional[str], typer.Option(
+    "--generate", help="Also continue this prompt greedily for each head and alpha, side by side with the model as "
+    "it is (with --find: the top head).")]
+MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per continuation.")]
+Task = Annotated[Optional[str], typer.Option(
+    "--task", help=f"Measure a task instead of text: {', '.join(CONTRAST_TASKS)} (generated clean prompts; the "
+    "logit difference of answer and distractor), or a JSON-lines task file (the task margin). --num-seqs items.")]
+Pairs = Annotated[Optional[Path], typer.Option(
+    "--pairs", help="A JSON-lines file of {\"clean\", \"corrupt\", \"answer\", \"distractor\"} rows: the logit "
+    "difference on the clean prompts.")]
+Top = Annotated[int, typer.Option("--top", help="Heads listed by --find.")]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What to steer and measure: everything of a run but the model and the output files."""
+
+    heads: str | None
+    alphas: list[float]
+    find: bool
+    data: str
+    task: str | None
+    pairs: Path | None
+    labels: Path | None
+    metric: str | None
+    words: Path | None
+    prompt: str | None
+    max_new_tokens: int
+
+
+def parse_scale(text: str) -> list[float]:
+    """--scale: comma-separated finite numbers, each once."""
+    try:
+        values = [float(item) for item in text.split(",") if item.strip()]
+    except ValueError:
+        raise ProbeError(f"--scale {text!r}: give numbers separated by commas, e.g. 0,0.5,2,3") from None
+    if not values or not all(math.isfinite(value) for value in values):
+        raise ProbeError(f"--scale {text!r}: give finite numbers separated by commas, e.g. 0,0.5,2,3")
+    return check_alphas(values)
+
+
+def check_request(request: Request, top: int, distributed: bool) -> None:
+    """Every option that can be judged without the model, before it is loaded."""
+    sources = {"--task": request.task, "--pairs": request.pairs, "--labels": request.labels,
+               "--target-words": request.words}
+    given = [flag for flag, value in sources.items() if value is not None]
+    if len(given) > 1:
+        raise ProbeError(f"{' and '.join(given)} each choose the input: give one of them")
+    if given and given[0] != "--target-words" and request.data != "natural":
+        raise ProbeError(f"{given[0]} replaces --data: give one of them")
+    if request.words is not None:
+        if request.metric is not None:
+            raise ProbeError("--target-words is the metric: drop --metric")
+        read_target_words(request.words)
+    if request.metric is not None and request.metric not in METRICS:
+        raise ProbeError(f"--metric {request.metric!r}: use one of {', '.join(METRICS)}")
+    if request.find and len(request.alphas) != 1:
+        raise ProbeError("--find ranks every head at one alpha: give one --scale value, e.g. --scale 3")
+    if not request.find and request.heads is None:
+        raise ProbeError("give --heads (the heads to steer, e.g. 23.3) or --find (rank every head)")
+    if request.max_new_tokens < 1:
+        raise ProbeError(f"--max-new-tokens must be at least 1, got {request.max_new_tokens}")
+    if top < 1:
+        raise ProbeError(f"--top must be at least 1, got {top}")
+    if distributed and not request.find:
+        raise ProbeError("torchrun splits --find's sweep over the processes: run curves without torchrun")
+    check_heads_syntax(request.heads)
+    if request.data not in ("natural", "repeated") and not is_file(request.data):
+        raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
+                         "(not found)")
+
+
+def probe_input(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
+    """The input measured: clean prompts of contrast pairs (logit difference), a task file, labelled texts, or text."""
+    if request.pairs is not None or request.task in CONTRAST_TASKS:
+        contrast = build_probe_set("contrast", loaded, replace(options, task=request.task, pairs=request.pairs))
+        return contrast_runs(loaded, contrast)[0]
+    if request.labels is not None:
+        return build_probe_set("labels", loaded, replace(options, labels=request.labels))
+    if request.task is not None:
+        return build_probe_set("task", loaded, replace(options, task=request.task))
+    return build_probe_set("repeated" if request.data == "repeated" else "natural", loaded, options)
+
+
+def chosen_metric(loaded: LoadedModel, probe_set: ProbeSet, request: Request) -> MetricObject:
+    if request.words is not None:
+        return choose_metric(loaded, probe_set, target_words(loaded, request.words))
+    return choose_metric(loaded, probe_set, request.metric)
+
+
+def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, metric: MetricObject,
+             request: Request, stream: Path, *, resume: bool, batch_size: int, stack: int | None,
+             show: bool) -> SteerResult | None:
+    """Every head scaled by the one alpha, through the sharded sweep; on Ctrl-C, say what is saved."""
+    stream.parent.mkdir(parents=True, exist_ok=True)
+    alpha = request.alphas[0]
+    try:
+        with sweep_progress(f"scaling heads by {alpha:g}", show) as (update, on_result):
+            swept = sharded_sweep(loaded, probe_set, heads, method=ScaleAblation(alpha), metric=metric,
+                                  batch_size=batch_size, stack=stack, results_path=stream, resume=resume,
+                                  data=_data_file(request), progress=update, on_result=on_result)
+    except KeyboardInterrupt:
+        if show:
+            warn(f"interrupted: {finished_count(stream)} finished head(s) are saved in {stream}; run the same "
+                 "command with --resume to continue")
+        raise
+    return None if swept is None else find_result(loaded, swept, alpha, metric)
+
+
+def _data_file(request: Request) -> Path | None:
+    """The text file measured, for the result's `data` (None: the set names itself)."""
+    if request.data in ("natural", "repeated") or any(value is not None for value in
+                                                       (request.task, request.pairs, request.labels)):
+        return None
+    return Path(request.data)
+
+
+def add_generations(loaded: LoadedModel, result: SteerResult, heads: list[Head], request: Request, seed: int) -> None:
+    if request.prompt is None:
+        return
+    if request.find:
+        ranking = result.find["ranking"] if result.find else []
+        heads = [(ranking[0]["layer"], ranking[0]["head"])] if ranking else []
+    with status(f"generating {request.max_new_tokens} tokens per head and alpha ..."):
+        result.generations = generations(loaded, request.prompt, heads, request.alphas,
+                                         max_new_tokens=request.max_new_tokens, seed=seed)
+
+
+def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions, batch_size: int) -> dict[str, Any]:
+    """Everything that shapes --find's numbers, as given (names the default results file)."""
+    return {"command": "steer", "model": choice.spec, "dtype": choice.dtype, "device": choice.device,
+            "options": str(options), "request": str(request), "batch_size": batch_size}
+
+
+def steer(
+    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, heads: Heads = None,
+    scale: Scale = "0,0.5,2,3", find: Find = False, target_words: TargetWords = None, task: Task = None,
+    pairs: Pairs = None, labels: Labels = None, metric: Metric = None, data: Data = "natural",
+    seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, seed: Seed = DEFAULT_SEED,
+    generate: Generate = None, max_new_tokens: MaxNewTokens = 20, batch_size: BatchSize = 8, stack: Stack = None,
+    results: Results = None, resume: Resume = False, top: Top = 15, json_path: JsonFile = None,
+    html_path: HtmlFile = None, force: Force = False, device: Device = None, dtype: Dtype = "float32",
+    device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
+) -> None:
+    """Turn single heads up or down: the metric against alpha, the text generated, and which head moves a
+    behaviour most (--find)."""
+    request = Request(heads, parse_scale(scale), find, data, task, pairs, labels, metric, target_words, generate,
+                      max_new_tokens)
+    outputs, rank = {"--json": json_path, "--html": html_path}, current()
+    main_process = rank is None or rank.is_main
+    check_request(request, top, rank is not None)
+    check_distinct({**outputs, "--results": results})
+    if main_process:
+        check_outputs(outputs, force=force)
+    check_results_file(results, resume=resume, force=force)
+    choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
+    options = ProbeOptions(None if data in ("natural", "repeated") else data, seq_len, num_seqs, seed=seed)
+    loaded = load_for(choice, rank)
+    probe_set = probe_input(loaded, request, options)
+    measured = chosen_metric(loaded, probe_set, request)
+    chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
+    if find:
+        stream = results or default_results_path(cache_key(choice, request, options, batch_size))
+        result = run_find(loaded, probe_set, chosen, measured, request, stream, resume=resume,
+                          batch_size=batch_size, stack=stack, show=main_process)
+        if result is not None and results is None:
+            stream.unlink(missing_ok=True)  # the cache stream only serves --resume
+    else:
+        with status(f"measuring {len(chosen or [])} head(s) at {len(request.alphas)} alpha(s) ..."):
+            result = steer_curves(loaded, probe_set, chosen or [], request.alphas, metric=measured,
+                                  batch_size=batch_size, stack=stack,
+                                  data=None if _data_file(request) is None else str(_data_file(request)))
+    if not main_process or result is None:
+        return
+    add_generations(loaded, result, chosen or [], request, seed)
+    payload = result.to_dict()
+    save(json_path, lambda path: write_json(path, payload))
+    save(html_path, lambda path: write_text(path, steer_page(payload)))
+    warn_non_finite(payload)
+    steer_report(payload, console, top=top)

@@ -1,0 +1,238 @@
+"""Steering through single heads: a head's output multiplied by alpha (SAMD, 2025: "intervening on single heads can
+steer downstream behavior"), measured or generated from.
+
+- `steer(model, {"23.3": 2.0})`: a context manager (a `Trace` of `z` writers) around any forward or generation,
+  restored exactly afterwards;
+- `steer_curves`: the metric of an input as a function of alpha, per head (one exact sweep of `ScaleAblation` per
+  alpha, so prefix reuse and stacked copies serve it);
+- `find_heads`: every head scaled by one alpha, ranked by how far it moves the metric (the sweep itself: streaming,
+  resume and torchrun shards through `probe.distributed.sharded_sweep` from the CLI);
+- `generations`: greedy continuations of a prompt per head and alpha, side by side.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from probe.ablation.heads import Head, parse_heads
+from probe.ablation.methods import ScaleAblation
+from probe.ablation.metrics import Metric, choose_metric
+from probe.ablation.results import AblationResult
+from probe.ablation.sweep import baseline_metric, sweep
+from probe.errors import ProbeError
+from probe.hooks.layers import attention_layers
+from probe.hooks.points import Writer
+from probe.hooks.run import logits_of, run_model
+from probe.hooks.stacks import layer_names
+from probe.hooks.trace import Trace
+from probe.inputs import ProbeSet
+from probe.models import LoadedModel
+from probe.provenance import model_dtype
+
+Scales = Mapping[str, float] | Mapping[Head, float]
+
+
+def _model_of(model: nn.Module | LoadedModel) -> nn.Module:
+    return model if isinstance(model, nn.Module) else model.model
+
+
+def _heads_of(model: nn.Module, key: str | Head) -> list[Head]:
+    if isinstance(key, str):
+        return parse_heads(key, attention_layers(model))
+    return [(int(key[0]), int(key[1]))]
+
+
+def scale_writer(alphas: Mapping[int, float]) -> Writer:
+    """A `z` writer multiplying each head of `alphas` (head -> alpha) by its own alpha, the others as they are."""
+    def scale(layer: int, tensor: Tensor) -> Tensor:
+        factors = torch.ones(tensor.shape[2], dtype=tensor.dtype, device=tensor.device)
+        for head, alpha in alphas.items():
+            if not 0 <= head < tensor.shape[2]:
+                raise ProbeError(f"layer {layer} has heads 0 to {tensor.shape[2] - 1}, not {head}", parameter="heads")
+            factors[head] = alpha
+        return tensor * factors[:, None]
+
+    return scale
+
+
+def steer(model: nn.Module | LoadedModel, scales: Scales) -> Trace:
+    """Heads scaled while the `with` runs: `scales` maps heads ("23.3", "5.*", or (layer, head)) to alpha (0: zero
+    ablation; above 1: amplified). Around any forward or `model.generate`; the model is restored exactly on exit."""
+    module = _model_of(model)
+    by_layer: dict[int, dict[int, float]] = {}
+    for key, alpha in scales.items():
+        alpha = float(alpha)
+        if not math.isfinite(alpha):
+            raise ProbeError(f"alpha of {key} must be a finite number, got {alpha}", parameter="scales")
+        for layer, head in _heads_of(module, key):
+            by_layer.setdefault(layer, {})[head] = alpha
+    if not by_layer:
+        raise ProbeError("nothing to steer: give at least one head and its alpha", parameter="scales")
+    return Trace(module, {"z": {layer: scale_writer(alphas) for layer, alphas in by_layer.items()}})
+
+
+def check_alphas(alphas: Iterable[float]) -> list[float]:
+    """The alphas as given, each finite and each once (order kept)."""
+    chosen = list(dict.fromkeys(float(alpha) for alpha in alphas))
+    if not chosen:
+        raise ProbeError("give at least one alpha", parameter="alphas")
+    bad = [alpha for alpha in chosen if not math.isfinite(alpha)]
+    if bad:
+        raise ProbeError(f"alpha must be a finite number, got {bad[0]}", parameter="alphas")
+    return chosen
+
+
+@dataclass
+class SteerResult:
+    """A metric against alpha for chosen heads (`curves`), a ranking of every head at one alpha (`find`), and greedy
+    continuations per head and alpha (`generations`); alpha 1 is the model as it is (`baseline`)."""
+
+    model: str
+    dtype: str
+    metric: str
+    description: str
+    data: str
+    baseline: float
+    figures: dict[str, float] | None = None  # the baseline's margin and accuracy (logit difference, task sets)
+    alphas: list[float] = field(default_factory=list)
+    curves: list[dict[str, Any]] = field(default_factory=list)  # per head: value and figures at each alpha
+    find: dict[str, Any] | None = None  # alpha, path, and every head ranked by |delta|
+    generations: dict[str, Any] | None = None
+    layer_names: list[str] | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plain payload reports render (JSON-safe but for non-finite numbers, which write_json nulls)."""
+        return {"kind": "steer", "model": self.model, "dtype": self.dtype, "metric": self.metric,
+                "metric_description": self.description, "data": self.data, "baseline": self.baseline,
+                "baseline_figures": self.figures, "alphas": self.alphas, "curves": self.curves, "find": self.find,
+                "generations": self.generations, "layer_names": self.layer_names, "seconds": self.seconds}
+
+
+def _result(loaded: LoadedModel, metric: Metric, data: str, baseline: float,
+            figures: dict[str, float] | None) -> SteerResult:
+    return SteerResult(model=loaded.name, dtype=model_dtype(loaded), metric=metric.name,
+                       description=metric.description, data=data, baseline=baseline, figures=figures or None,
+                       layer_names=layer_names(attention_layers(loaded.model)) or None)
+
+
+def steer_curves(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head], alphas: Iterable[float], *,
+                 metric: str | Metric | None = None, batch_size: int = 8, stack: int | None = None,
+                 data: str | None = None) -> SteerResult:
+    """For each head alone, the metric over `probe_set` with the head's output multiplied by each alpha (in
+    ascending order, alpha 1 added): one exact sweep of ScaleAblation(alpha) per alpha; alpha 1 is the baseline,
+    measured once."""
+    started, chosen_alphas = time.perf_counter(), sorted({*check_alphas(alphas), 1.0})
+    chosen = choose_metric(loaded, probe_set, metric)
+    heads = list(dict.fromkeys(heads))
+    if not heads:
+        raise ProbeError("nothing to steer: give at least one head", parameter="heads")
+    base, figures = baseline_metric(loaded, probe_set, metric=chosen, batch_size=batch_size)
+    result = _result(loaded, chosen, data or probe_set.description, base, figures)
+    points: dict[Head, list[dict[str, Any]]] = {head: [] for head in heads}
+    for alpha in chosen_alphas:
+        if alpha == 1.0:
+            for head in heads:
+                points[head].append({"alpha": 1.0, "value": base, "delta": 0.0, "figures": figures or {}})
+            continue
+        swept = sweep(loaded, probe_set, heads, method=ScaleAblation(alpha), metric=chosen, batch_size=batch_size,
+                      stack=stack)
+        for entry in swept.results:
+            points[entry.heads[0]].append({"alpha": alpha, "value": entry.loss, "delta": entry.loss - base,
+                                           "figures": entry.task})
+    result.alphas = chosen_alphas
+    result.curves = [{"layer": layer, "head": head, "points": points[(layer, head)]} for layer, head in heads]
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def ranking(swept: AblationResult) -> list[dict[str, Any]]:
+    """Every head of a sweep, the largest |delta| first (nan last): how far one alpha moves the metric."""
+    def key(entry: Any) -> float:
+        return -abs(entry.delta) if not math.isnan(entry.delta) else math.inf
+
+    return [{"layer": entry.layer, "head": entry.head, "value": entry.loss, "delta": entry.delta,
+             "figures": entry.task} for entry in sorted(swept.results, key=key)]
+
+
+def find_result(loaded: LoadedModel, swept: AblationResult, alpha: float, metric: Metric) -> SteerResult:
+    """A SteerResult holding a sweep of ScaleAblation(alpha) over every head, ranked."""
+    result = _result(loaded, metric, swept.data, swept.baseline_loss, swept.task)
+    result.find = {"alpha": alpha, "path": swept.path, "ranking": ranking(swept)}
+    result.seconds = swept.seconds or 0.0
+    return result
+
+
+def find_heads(loaded: LoadedModel, probe_set: ProbeSet, alpha: float, *, metric: str | Metric | None = None,
+               **options: Any) -> SteerResult:
+    """Every head scaled by `alpha` alone, ranked by how far it moves the metric; `options` go to `sweep`
+    (batch_size, stack, results_path, resume, shard, progress)."""
+    chosen = choose_metric(loaded, probe_set, metric)
+    swept = sweep(loaded, probe_set, method=ScaleAblation(check_alphas([alpha])[0]), metric=chosen, **options)
+    return find_result(loaded, swept, alpha, chosen)
+
+
+def _end_tokens(loaded: LoadedModel) -> set[int]:
+    """The end-of-sequence tokens: the tokenizer's and the model config's (as `model.generate` stops on them)."""
+    found: set[int] = set()
+    for value in (getattr(loaded.tokenizer, "eos_token_id", None),
+                  getattr(getattr(loaded.model, "config", None), "eos_token_id", None)):
+        found.update([value] if isinstance(value, int) else value if isinstance(value, list) else [])
+    return found
+
+
+def greedy(loaded: LoadedModel, ids: Tensor, max_new_tokens: int) -> Tensor:
+    """(1, new) greedy next tokens after `ids` (1, positions): a full forward per token, no cache (the same on
+    every kind of model probe hooks), stopping at the end-of-sequence token."""
+    stops = _end_tokens(loaded)
+    new: list[int] = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = logits_of(run_model(loaded.model, ids, None))
+            token = int(logits[0, -1].float().argmax())
+            new.append(token)
+            if token in stops:
+                break
+            ids = torch.cat([ids, torch.tensor([[token]], device=ids.device)], dim=1)
+    return torch.tensor([new], dtype=torch.long)
+
+
+def _prompt_ids(loaded: LoadedModel, prompt: str) -> Tensor:
+    tokenizer = loaded.tokenizer
+    if tokenizer is None:
+        raise ProbeError(f"{loaded.name} has no tokenizer to generate text with", parameter="prompt")
+    if not prompt.strip():
+        raise ProbeError("the prompt is empty: give some text to continue", parameter="prompt")
+    ids = list(tokenizer(prompt)["input_ids"])
+    device = next(loaded.model.parameters()).device
+    return torch.tensor([ids], dtype=torch.long, device=device)
+
+
+def generations(loaded: LoadedModel, prompt: str, heads: Sequence[Head], alphas: Iterable[float], *,
+                max_new_tokens: int = 20, seed: int = 0) -> dict[str, Any]:
+    """Greedy continuations of `prompt`: the model as it is, and each head alone at each alpha, side by side (the
+    seed is fixed for models whose forward draws, though greedy decoding itself does not)."""
+    if max_new_tokens < 1:
+        raise ProbeError(f"max_new_tokens must be at least 1, got {max_new_tokens}", parameter="max_new_tokens")
+    chosen_alphas, ids, tokenizer = check_alphas(alphas), _prompt_ids(loaded, prompt), loaded.tokenizer
+    assert tokenizer is not None  # _prompt_ids refuses a model without one
+
+    def continuation(scales: dict[Head, float]) -> str:
+        torch.manual_seed(seed)
+        if not scales:
+            return str(tokenizer.decode(greedy(loaded, ids, max_new_tokens)[0]))
+        with steer(loaded, scales):
+            return str(tokenizer.decode(greedy(loaded, ids, max_new_tokens)[0]))
+
+    baseline = continuation({})
+    rows = [{"layer": layer, "head": head, "alpha": alpha,
+             "text": baseline if alpha == 1.0 else continuation({(layer, head): alpha})}
+            for layer, head in dict.fromkeys(heads) for alpha in chosen_alphas]
+    return {"prompt": prompt, "max_new_tokens": max_new_tokens, "seed": seed, "baseline": baseline, "rows": rows}

@@ -1,0 +1,134 @@
+"""`probe steer`'s reports from `SteerResult.to_dict()`: the metric against alpha per head (a terminal table, a
+curve per head on the page), `--find`'s ranking, and the greedy continuations side by side. Computes nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from probe.errors import ProbeError
+from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, static_summary
+from probe.reports.labels import long_label, short_label
+
+
+def _number(value: Any) -> str:
+    return "nan" if value is None else f"{value:.4f}"
+
+
+def _figures(figures: dict[str, Any] | None) -> str:
+    """A task's margin and accuracy, shown beside its metric (nothing for text)."""
+    if not figures:
+        return ""
+    return ", ".join(f"{name} {_number(value)}" for name, value in figures.items())
+
+
+def _curve_table(payload: dict[str, Any]) -> Table:
+    names = payload.get("layer_names")
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    table.add_column("head", justify="right")
+    for alpha in payload["alphas"]:
+        table.add_column(f"alpha {alpha:g}", justify="right")
+    for curve in payload["curves"]:
+        cells = []
+        for point in curve["points"]:
+            margin = (point.get("figures") or {}).get("margin")
+            cells.append(_number(point["value"]) + ("" if margin is None else f" ({_number(margin)})"))
+        table.add_row(short_label(curve["layer"], curve["head"], names), *cells)
+    return table
+
+
+def _find_table(payload: dict[str, Any], top: int) -> Table:
+    names, find = payload.get("layer_names"), payload["find"]
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for column in ("rank", "head", f"{payload['metric']} at alpha {find['alpha']:g}", "change", "figures"):
+        table.add_column(column, justify="right" if column != "figures" else "left")
+    for rank, entry in enumerate(find["ranking"][:top], start=1):
+        table.add_row(str(rank), short_label(entry["layer"], entry["head"], names), _number(entry["value"]),
+                      "nan" if entry["delta"] is None else f"{entry['delta']:+.4f}", _figures(entry.get("figures")))
+    return table
+
+
+def _generation_table(payload: dict[str, Any]) -> Table:
+    names, generated = payload.get("layer_names"), payload["generations"]
+    table = Table(show_edge=False, pad_edge=False, box=None, show_lines=False)
+    table.add_column("head", justify="right")
+    table.add_column("alpha", justify="right")
+    table.add_column(f"continuation of {generated['prompt']!r}", overflow="fold")
+    table.add_row("as it is", "1", repr(generated["baseline"]))
+    for row in generated["rows"]:
+        table.add_row(short_label(row["layer"], row["head"], names), f"{row['alpha']:g}", repr(row["text"]))
+    return table
+
+
+def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
+    """The curves (metric per head and alpha; a task's margin in brackets), the ranking, the continuations."""
+    figures = _figures(payload.get("baseline_figures"))
+    console.print(Text(f"Steering heads of {payload['model']}", style="bold"),
+                  Text(f"({payload['data']}; {payload['metric']}: {payload['metric_description']}; as it is "
+                       f"{_number(payload['baseline'])}{', ' + figures if figures else ''})"))
+    if payload["curves"]:
+        console.print(_curve_table(payload))
+    if payload.get("find"):
+        console.print(Text(f"Every head scaled by {payload['find']['alpha']:g} alone, largest change first "
+                           f"({payload['find']['path']})", style="bold"))
+        console.print(_find_table(payload, top))
+    if payload.get("generations"):
+        console.print(Text(f"Greedy continuations, {payload['generations']['max_new_tokens']} tokens", style="bold"))
+        console.print(_generation_table(payload))
+
+
+def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
+    """The page's plot data: one line per head (metric against alpha), alpha 1's value marked; --find's top bars."""
+    if "alphas" not in payload or "curves" not in payload:
+        raise ProbeError("not a steering result (no alphas or curves)")
+    names = payload.get("layer_names")
+    lines = [{"label": plotly_text(short_label(c["layer"], c["head"], names)),
+              "name": plotly_text(long_label(c["layer"], c["head"], names)),
+              "alpha": [p["alpha"] for p in c["points"]], "value": [p["value"] for p in c["points"]]}
+             for c in payload["curves"]]
+    find = payload.get("find")
+    bars = None if not find else {
+        "alpha": find["alpha"],
+        "labels": [plotly_text(short_label(e["layer"], e["head"], names)) for e in find["ranking"][:30]],
+        "delta": [e["delta"] for e in find["ranking"][:30]]}
+    return {"metric": plotly_text(str(payload["metric"])), "baseline": payload["baseline"], "lines": lines,
+            "bars": bars}
+
+
+def _generation_rows(payload: dict[str, Any]) -> str:
+    generated = payload.get("generations")
+    if not generated:
+        return ""
+    names = payload.get("layer_names")
+    rows = [("as it is", "1", generated["baseline"])] + [
+        (short_label(row["layer"], row["head"], names), f"{row['alpha']:g}", row["text"]) for row in generated["rows"]]
+    text_cell = '<td class="probe-steer-text" style="white-space: pre-wrap">'  # the text as generated
+    body = "".join(f"<tr><td>{esc(head)}</td><td>{esc(alpha)}</td>{text_cell}{esc(text)}</td></tr>"
+                   for head, alpha, text in rows)
+    return (f"<h2>Greedy continuations of <q>{esc(generated['prompt'])}</q></h2>"
+            '<table class="probe-static-table probe-steer-generations"><tr><th>head</th><th>alpha</th>'
+            f"<th>continuation ({generated['max_new_tokens']} tokens)</th></tr>{body}</table>")
+
+
+def steer_page(payload: dict[str, Any]) -> str:
+    """`probe steer --html`: self-contained and offline, every text escaped."""
+    data = steer_data(payload)
+    rows = [("model", str(payload["model"])), ("dtype", str(payload.get("dtype"))), ("data", str(payload["data"])),
+            ("metric", f"{payload['metric']}: {payload['metric_description']}"),
+            ("as it is (alpha 1)", _number(payload["baseline"]))]
+    summary = static_summary("metric against alpha", ["head", *(f"alpha {a:g}" for a in payload["alphas"])],
+                             [[line["label"], *(_number(v) for v in line["value"])] for line in data["lines"]])
+    body = (f"<h1>Steering heads of {esc(payload['model'])}</h1>" + facts_table(rows)
+            + ("<h2>Metric against alpha</h2>" + summary + '<div class="probe-steer-curves"></div>'
+               if data["lines"] else "")
+            + (f"<h2>Every head scaled by {data['bars']['alpha']:g}: the largest changes</h2>"
+               '<div class="probe-steer-find"></div>' if data["bars"] else "")
+            + _generation_rows(payload) + f"<script>{_steer_js()}</script>")
+    return page("steer", f"probe steer: {payload['model']}", body, data, embed_plotly=True)
+
+
+def _steer_js() -> str:
+    return (ASSETS / "steer.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
