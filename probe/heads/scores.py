@@ -344,9 +344,11 @@ def positional_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tenso
     """positional_score's sums and counts from the fused statistics: for each neighbour, the valid queries whose
     neighbour exists and is valid are counted, and the statistics say for how many of them that neighbour holds the
     row's maximum (`neighbour_hits`: argmax's answer; the CPU backend's by a staged search that reads whole rows only
-    for the rows its cheap stages cannot decide, probe.kernels.cpu)."""
+    for the rows its cheap stages cannot decide, probe.kernels.cpu; the CUDA backend's from its kernel's top keys)."""
     b, h, n, kv = attention.shape
-    sums, counts = torch.zeros(2, h, dtype=torch.float64), torch.zeros(2, h, dtype=torch.float64)
+    sums = torch.zeros(2, h, dtype=torch.float64, device=attention.lse.device)  # where neighbour_hits counts: a
+    # kernel's top keys are counted on its device, without a round-trip to the host
+    counts = torch.zeros(2, h, dtype=torch.float64)
     for index, shift in enumerate((-1, 1)):
         selected, count = batch.memo(("neighbours", n, kv, shift), lambda: _neighbour_rows(batch.valid, kv, shift))
         counts[index] += count
