@@ -160,15 +160,16 @@ def _attention_rows(Q, K, V, B, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr, VALUE_HEAD: tl.constexpr):
     """One block of BLOCK_M query rows of one (sequence, query head): its output rows, log-sum-exp and top keys.
     PRECISION: "ieee" for float32 inputs (float32 products, not TF32). UPCAST: bfloat16 operands go to the dots as
-    float32 (the interpreter's dot misreads bfloat16; the products are exact in float32 either way)."""
-    sequence, head = tl.program_id(1) // hq, tl.program_id(1) % hq
-    kv_head = head // group  # grouped-query: the query heads of a group read one key/value head
+    float32 (the interpreter's dot misreads bfloat16; the products are exact in float32 either way). Reductions are
+    tl.reduce with Triton's own combine functions (what tl.max, tl.min and tl.sum run): the interpreter serves those
+    whether or not Triton was imported in interpreter mode (tl.max itself is a compiled helper then)."""
+    sequence, head = tl.program_id(1) // hq, tl.program_id(1) % hq  # head // group: its key/value head (shared)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims, value_dims = tl.arange(0, HEAD), tl.arange(0, VALUE_HEAD)
     q = tl.load(Q + sequence * sqb + head * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
                 mask=(rows[:, None] < n) & (dims[None, :] < d), other=0.0)
     q = q.to(tl.float32) if UPCAST else q
-    k_base, v_base = K + sequence * skb + kv_head * skh, V + sequence * svb + kv_head * svh
+    k_base, v_base = K + sequence * skb + head // group * skh, V + sequence * svb + head // group * svh
     maximum = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running maximum of the NaN-free logits
     total = tl.full([BLOCK_M], 0.0, tl.float32)  # running sum of exp(logit - maximum)
     acc = tl.full([BLOCK_M, VALUE_HEAD], 0.0, tl.float32)
@@ -189,16 +190,18 @@ def _attention_rows(Q, K, V, B, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn
             visible = visible & (keys[None, :] <= rows[:, None] + kv - n)
         logits = tl.where(visible, logits, float("-inf"))
         is_nan = logits != logits
-        first_nan = tl.minimum(first_nan, tl.min(tl.where(is_nan, keys[None, :], NONE), axis=1))
+        first_nan = tl.minimum(first_nan, tl.reduce(tl.where(is_nan, keys[None, :], NONE), 1,
+                                                    tl.standard._elementwise_min))
         clean = tl.where(is_nan, float("-inf"), logits)
-        block_max = tl.max(clean, axis=1)
-        block_top = tl.min(tl.where(clean == block_max[:, None], keys[None, :], NONE), axis=1)
+        block_max = tl.reduce(clean, 1, tl.standard._elementwise_max)
+        block_top = tl.reduce(tl.where(clean == block_max[:, None], keys[None, :], NONE), 1,
+                              tl.standard._elementwise_min)  # the earliest key holding the block's maximum
         top = tl.where(block_max > maximum, block_top, top)  # strictly larger: an earlier block wins a tie
         grown = tl.maximum(maximum, block_max)
         shift = tl.where(grown == float("-inf"), 0.0, grown)  # rows with no visible key yet: exp(-inf) = 0
         weights = tl.exp(clean - shift[:, None])
         rescale = tl.exp(maximum - shift)
-        total = total * rescale + tl.sum(weights, axis=1)
+        total = total * rescale + tl.reduce(weights, 1, tl.standard._sum_combine)
         v = tl.load(v_base + keys[:, None] * svn + value_dims[None, :] * svd,
                     mask=(keys[:, None] < kv) & (value_dims[None, :] < dv), other=0.0)  # (BLOCK_N, VALUE_HEAD)
         v = v.to(tl.float32) if UPCAST else v
