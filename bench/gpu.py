@@ -214,10 +214,12 @@ def sync_check(loaded: Any, length: int, device: str) -> dict[str, Any]:
             try:
                 forward(loaded.model, ids, None)
                 accumulator.flush()
-            except RuntimeError as error:
+            except Exception as error:  # the forward's wrapper makes the RuntimeError a ProbeError: read its cause
+                cause = error.__cause__ or error
                 frames = [f"{frame.filename.split('/probe/')[-1]}:{frame.lineno} {frame.name}"
-                          for frame in traceback.extract_tb(error.__traceback__) if "/probe/" in frame.filename]
-                return {"result": "synchronised", "error": str(error).splitlines()[0], "probe_frames": frames[-4:]}
+                          for frame in traceback.extract_tb(cause.__traceback__) if "/probe/" in frame.filename]
+                return {"result": "synchronised", "error": str(cause).splitlines()[0], "probe_frames": frames[-4:],
+                        "last_frame": str(traceback.extract_tb(cause.__traceback__)[-1])}
             finally:
                 torch.cuda.set_sync_debug_mode("default")
     return {"result": "none", "path": accumulator.path()}

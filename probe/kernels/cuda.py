@@ -84,8 +84,8 @@ class CudaBackend:
 
 @dataclass
 class CudaAttention(FusedAttention):
-    """FusedAttention with the kernel's top key of every row (`top_keys`): positional's and retrieval's row maxima
-    are read from it on the device (FusedAttention.neighbour_hits / tops_of_rows), never searched."""
+    """FusedAttention with the kernel's top key of every row (`top_keys`): row maxima (positional's question) are
+    read from it on the device (FusedAttention.neighbour_hits / tops_of_rows), never searched."""
 
     backend = NAME
 
@@ -163,13 +163,13 @@ def _attention_rows(Q, K, V, B, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn
     float32 (the interpreter's dot misreads bfloat16; the products are exact in float32 either way). Reductions are
     tl.reduce with Triton's own combine functions (what tl.max, tl.min and tl.sum run): the interpreter serves those
     whether or not Triton was imported in interpreter mode (tl.max itself is a compiled helper then)."""
-    sequence, head = tl.program_id(1) // hq, tl.program_id(1) % hq  # head // group: its key/value head (shared)
+    sequence, head = (tl.program_id(1) // hq).to(tl.int64), tl.program_id(1) % hq  # offsets past 2^31: int64
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims, value_dims = tl.arange(0, HEAD), tl.arange(0, VALUE_HEAD)
     q = tl.load(Q + sequence * sqb + head * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
                 mask=(rows[:, None] < n) & (dims[None, :] < d), other=0.0)
     q = q.to(tl.float32) if UPCAST else q
-    k_base, v_base = K + sequence * skb + head // group * skh, V + sequence * svb + head // group * svh
+    k_base, v_base = K + sequence * skb + head // group * skh, V + sequence * svb + head // group * svh  # shared
     maximum = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running maximum of the NaN-free logits
     total = tl.full([BLOCK_M], 0.0, tl.float32)  # running sum of exp(logit - maximum)
     acc = tl.full([BLOCK_M, VALUE_HEAD], 0.0, tl.float32)
@@ -183,7 +183,7 @@ def _attention_rows(Q, K, V, B, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn
         logits = tl.dot(q, k.to(tl.float32) if UPCAST else k, input_precision=PRECISION) * scaling
         visible = (rows[:, None] < n) & (keys[None, :] < kv)
         if HAS_BIAS:
-            bias = tl.load(B + sequence * sbb + head * sbh + rows[:, None] * sbn + keys[None, :] * sbk,
+            bias = tl.load(B + sequence * sbb + head * sbh + rows[:, None].to(tl.int64) * sbn + keys[None, :] * sbk,
                            mask=visible, other=float("-inf"))
             logits = logits + bias.to(tl.float32)
         if CAUSAL:
