@@ -6,7 +6,11 @@ the six default scores through `score_heads` with the backend forced, against th
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (probe.kernels.cuda decorates lazily)
 
@@ -216,3 +220,36 @@ def test_every_family_through_the_kernel_equals_the_blocked_path(name: str) -> N
     differences, paths = _against_blocked(loaded, _probe_sets(120)[:2])
     assert paths == {"cuda"}, paths
     assert max(differences.values()) <= 1e-5, differences
+
+
+COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import probe.kernels.cuda as cuda
+
+kernel = cuda._jitted(False)
+for dtype, d, dv, bias, causal in (("bf16", 64, 64, False, True), ("fp32", 80, 48, True, False)):
+    blocks = cuda.blocks_for(d, dv, cpu=False)
+    constants = dict(NONE=cuda.NO_NAN, HAS_BIAS=bias, CAUSAL=causal, PRECISION="ieee" if dtype == "fp32" else "tf32",
+                     UPCAST=False, BLOCK_M=blocks.rows, BLOCK_N=blocks.keys, HEAD=blocks.head,
+                     VALUE_HEAD=blocks.value_head)
+    types = dict(Q="*" + dtype, K="*" + dtype, V="*" + dtype, B="*" + dtype, Out="*" + dtype, Lse="*fp32",
+                 Top="*i32", scaling="fp32")
+    signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in kernel.arg_names}
+    source = ASTSource(kernel, signature, {(kernel.arg_names.index(name),): value for name, value in constants.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": blocks.warps})
+    assert compiled.asm["cubin"], dtype
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no CUDA compiler in triton")
+def test_the_kernel_compiles_for_an_h100() -> None:
+    """Triton's compiler, not its interpreter, builds the kernel for sm_90 (an H100) down to a cubin without a GPU
+    (ptxas ships with triton): bfloat16 causal with head 64, and float32 with a bias and heads 80 / 48 (padded). The
+    interpreter runs Python the compiler refuses; this is where that shows before a GPU does. In a fresh process:
+    Triton compiles only where it was imported without TRITON_INTERPRET."""
+    environment = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    result = subprocess.run([sys.executable, "-c", COMPILE], env=environment, cwd=Path(__file__).parents[1],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
