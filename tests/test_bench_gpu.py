@@ -29,8 +29,10 @@ def test_the_dry_run_measures_every_part_and_renders(tmp_path, monkeypatch: pyte
     assert data["device"] == "cpu" and data["sync"]["result"].startswith("not run")
     (point,) = data["classify"]
     assert point["layout"] == "tiny" and point["tokens"] == 48 and point["path"] == "cpu" and point["ratio"] > 0
+    assert point["path_b"] == "cuda" and point["ratio_b"] > 0  # design (b) forced: the kernel's statistics
     (kernel,) = data["kernel"]
     assert kernel["largest_error_kernel"] <= 1e-5  # float32: the kernel's output is attention's
+    assert kernel["ratio"] > 0 and kernel["ratio_sdpa_and_statistics"] > 0
     for dtype, bound in (("float32", 1e-5), ("bfloat16", 1e-4)):
         entry = data["agreement"][dtype]
         assert entry["path"] == "cuda", entry["path"]  # every layer served by the kernel

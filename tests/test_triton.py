@@ -138,6 +138,24 @@ def test_kernel_equals_the_reference(case: str, dtype: torch.dtype) -> None:
             assert torch.equal(hits, reference.neighbour_hits(chosen, shift)), shift
 
 
+@pytest.mark.parametrize("case", ["padded", "grouped-query", "value head smaller (MLA)", "ties and NaN"])
+def test_statistics_alone_beside_torchs_output(case: str) -> None:
+    """Design (b) of issue 44: CudaBackend(output="sdpa") takes the layer's output from torch's sdpa and runs the
+    kernel without values (attention_statistics): the output is attention's, the log-sum-exp and top keys are the
+    full kernel's bit for bit."""
+    call = CASES[case]()
+    output, statistics = CudaBackend(output="sdpa").run(call)
+    _, full = CUDA.run(call)
+    expected, _ = REFERENCE.run(call)
+    assert output.shape == expected.shape and output.is_contiguous()
+    finite = ~expected.isnan()
+    assert torch.equal(~output.isnan(), finite) and (output - expected)[finite].abs().max() <= 2e-5
+    assert torch.equal(statistics.lse.nan_to_num(), full.lse.nan_to_num())
+    assert torch.equal(statistics.top_keys, full.top_keys)
+    with pytest.raises(ValueError, match="'kernel' or 'sdpa'"):
+        CudaBackend(output="flash")
+
+
 def test_side_by_side_carries_the_top_keys() -> None:
     """Several layer calls read as one (the accumulator's grouping) keep each row's top key with its head."""
     from probe.kernels import side_by_side
@@ -229,9 +247,11 @@ from triton.compiler import ASTSource
 import probe.kernels.cuda as cuda
 
 kernel = cuda._jitted(False)
-for dtype, d, dv, bias, causal in (("bf16", 64, 64, False, True), ("fp32", 80, 48, True, False)):
+for dtype, d, dv, bias, causal, output in (("bf16", 64, 64, False, True, True), ("fp32", 80, 48, True, False, True),
+                                           ("fp16", 128, 1, False, True, False)):
     blocks = cuda.blocks_for(d, dv, cpu=False)
-    constants = dict(NONE=cuda.NO_NAN, HAS_BIAS=bias, CAUSAL=causal, PRECISION="ieee" if dtype == "fp32" else "tf32",
+    constants = dict(NONE=cuda.NO_NAN, HAS_BIAS=bias, CAUSAL=causal, WITH_OUTPUT=output,
+                     PRECISION="ieee" if dtype == "fp32" else "tf32",
                      UPCAST=False, BLOCK_M=blocks.rows, BLOCK_N=blocks.keys, HEAD=blocks.head,
                      VALUE_HEAD=blocks.value_head)
     types = dict(Q="*" + dtype, K="*" + dtype, V="*" + dtype, B="*" + dtype, Out="*" + dtype, Lse="*fp32",
@@ -246,7 +266,8 @@ for dtype, d, dv, bias, causal in (("bf16", 64, 64, False, True), ("fp32", 80, 4
 @pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no CUDA compiler in triton")
 def test_the_kernel_compiles_for_an_h100() -> None:
     """Triton's compiler, not its interpreter, builds the kernel for sm_90 (an H100) down to a cubin without a GPU
-    (ptxas ships with triton): bfloat16 causal with head 64, and float32 with a bias and heads 80 / 48 (padded). The
+    (ptxas ships with triton): bfloat16 causal with head 64, float32 with a bias and heads 80 / 48 (padded), and the
+    float16 statistics alone (no value product, design (b)). The
     interpreter runs Python the compiler refuses; this is where that shows before a GPU does. In a fresh process:
     Triton compiles only where it was imported without TRITON_INTERPRET."""
     environment = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}

@@ -50,9 +50,17 @@ def interpreted() -> bool:
 
 class CudaBackend:
     """The Triton kernel: CUDA tensors of float32, bfloat16 or float16, head sizes up to 256, any mask the hooks
-    make additive. CPU tensors too where TRITON_INTERPRET=1 is set (Triton's interpreter: tests without a GPU)."""
+    make additive. CPU tensors too where TRITON_INTERPRET=1 is set (Triton's interpreter: tests without a GPU).
+    `output`: "kernel" (the default) takes the layer's output from the kernel, one pass for output and statistics;
+    "sdpa" keeps torch's own attention for the output and runs the kernel for the statistics alone, without the
+    value product (issue 44's two designs: `python -m bench gpu` times both against sdpa)."""
 
     name = NAME
+
+    def __init__(self, output: str = "kernel") -> None:
+        if output not in ("kernel", "sdpa"):
+            raise ValueError(f"output is 'kernel' or 'sdpa', got {output!r}")
+        self.output = output
 
     def problem(self, call: AttentionCall) -> str:
         """"" where the kernel serves the call, else why not. Reads only shapes, dtypes and devices: no sync."""
@@ -77,7 +85,14 @@ class CudaBackend:
         """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and each row's top
         key index); causal applies only without a bias."""
         plain_causal = call.causal and call.bias is None
-        output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling, plain_causal)
+        if self.output == "sdpa":
+            lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, plain_causal)
+            output = torch.nn.functional.scaled_dot_product_attention(
+                call.query, call.key, call.value, attn_mask=call.bias, is_causal=plain_causal, scale=call.scaling,
+                enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
+        else:
+            output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling,
+                                                 plain_causal)
         return output, CudaAttention(call.query, call.key, call.bias, call.scaling, plain_causal, lse, config,
                                      top_keys=top)
 
@@ -119,24 +134,40 @@ def attention_forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | 
     """(output (b, n, hq, dv) in the value's dtype, log-sum-exp (b, hq, n) float32, top key (b, hq, n) int32) of
     query (b, hq, n, d), key (b, hk, kv, d), value (b, hk, kv, dv) and an additive bias broadcastable to
     (b, hq, n, kv) or None (then `causal` hides keys j > i + kv - n). One kernel launch, no host synchronisation."""
+    b, hq, n, _ = query.shape
+    output = value.new_empty(b, n, hq, value.shape[-1])
+    return (output, *_launch(query, key, value, output, bias, scaling, causal))
+
+
+def attention_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float,
+                         causal: bool) -> tuple[Tensor, Tensor]:
+    """attention_forward's log-sum-exp and top keys alone: the same pass without values or the value product."""
+    return _launch(query, key, None, None, bias, scaling, causal)
+
+
+def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | None, bias: Tensor | None,
+            scaling: float, causal: bool) -> tuple[Tensor, Tensor]:
+    """One launch of the kernel: its log-sum-exp and top keys, the output written where `output` is given."""
     b, hq, n, d = query.shape
-    hk, kv, dv = key.shape[1], key.shape[2], value.shape[-1]
-    output = value.new_empty(b, n, hq, dv)
+    hk, kv = key.shape[1], key.shape[2]
+    dv = value.shape[-1] if value is not None else 1
     lse = torch.empty(b, hq, n, dtype=torch.float32, device=query.device)
     top = torch.empty(b, hq, n, dtype=torch.int32, device=query.device)
     if bias is not None:
         bias = bias[(None,) * (4 - bias.dim())].expand(b, hq, n, kv)  # broadcast dimensions: stride 0
     blocks = blocks_for(d, dv, query.device.type == "cpu")
     grid = (-(-n // blocks.rows), b * hq)
+    none = (0, 0, 0, 0)
     _kernel()[grid](
-        query, key, value, bias if bias is not None else query, output, lse, top,
-        *query.stride(), *key.stride(), *value.stride(), *(bias.stride() if bias is not None else (0, 0, 0, 0)),
-        *output.stride(), n, kv, hq, hq // hk, d, dv, scaling,
-        NONE=NO_NAN, HAS_BIAS=bias is not None, CAUSAL=causal,
+        query, key, value if value is not None else key, bias if bias is not None else query,
+        output if output is not None else query, lse, top, *query.stride(), *key.stride(),
+        *(value.stride() if value is not None else none), *(bias.stride() if bias is not None else none),
+        *(output.stride() if output is not None else none), n, kv, hq, hq // hk, d, dv, scaling,
+        NONE=NO_NAN, HAS_BIAS=bias is not None, CAUSAL=causal, WITH_OUTPUT=output is not None,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         UPCAST=query.dtype == torch.bfloat16 and query.device.type == "cpu", BLOCK_M=blocks.rows,
         BLOCK_N=blocks.keys, HEAD=blocks.head, VALUE_HEAD=blocks.value_head, num_warps=blocks.warps)
-    return output, lse, top
+    return lse, top
 
 
 @functools.lru_cache(maxsize=2)
@@ -156,13 +187,13 @@ def _kernel() -> Any:
 
 def _attention_rows(Q, K, V, B, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
                     sbb, sbh, sbn, sbk, sob, son, soh, sod, n, kv, hq, group, d, dv, scaling, NONE: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr,
+                    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr, VALUE_HEAD: tl.constexpr):
-    """One block of BLOCK_M query rows of one (sequence, query head): its output rows, log-sum-exp and top keys.
-    PRECISION: "ieee" for float32 inputs (float32 products, not TF32). UPCAST: bfloat16 operands go to the dots as
-    float32 (the interpreter's dot misreads bfloat16; the products are exact in float32 either way). Reductions are
-    tl.reduce with Triton's own combine functions (what tl.max, tl.min and tl.sum run): the interpreter serves those
-    whether or not Triton was imported in interpreter mode (tl.max itself is a compiled helper then)."""
+    """One block of BLOCK_M query rows of one (sequence, query head): its log-sum-exp, top keys and (WITH_OUTPUT)
+    output rows. PRECISION "ieee": float32 products, not TF32. UPCAST: bfloat16 dots in float32 (the interpreter's
+    dot misreads bfloat16). tl.reduce with Triton's combine functions, not tl.max: the interpreter serves those even
+    where Triton was imported without it (tl.max is then a compiled helper it cannot call)."""
     sequence, head = (tl.program_id(1) // hq).to(tl.int64), tl.program_id(1) % hq  # offsets past 2^31: int64
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims, value_dims = tl.arange(0, HEAD), tl.arange(0, VALUE_HEAD)
@@ -170,11 +201,10 @@ def _attention_rows(Q, K, V, B, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn
                 mask=(rows[:, None] < n) & (dims[None, :] < d), other=0.0)
     q = q.to(tl.float32) if UPCAST else q
     k_base, v_base = K + sequence * skb + head // group * skh, V + sequence * svb + head // group * svh  # shared
-    maximum = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running maximum of the NaN-free logits
-    total = tl.full([BLOCK_M], 0.0, tl.float32)  # running sum of exp(logit - maximum)
-    acc = tl.full([BLOCK_M, VALUE_HEAD], 0.0, tl.float32)
-    top = tl.full([BLOCK_M], 0, tl.int32)  # the earliest key holding the maximum
-    first_nan = tl.full([BLOCK_M], NONE, tl.int32)  # the earliest key whose logit is NaN
+    # per row: the running maximum of the NaN-free logits, the sum of exp(logit - maximum), the output accumulator,
+    maximum, total = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, VALUE_HEAD], 0.0, tl.float32)  # and the earliest key holding the maximum and NaN
+    top, first_nan = tl.full([BLOCK_M], 0, tl.int32), tl.full([BLOCK_M], NONE, tl.int32)
     end = tl.minimum(kv, (tl.program_id(0) + 1) * BLOCK_M + kv - n) if CAUSAL else kv  # the last key any row sees
     for start in range(0, end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
@@ -193,24 +223,25 @@ def _attention_rows(Q, K, V, B, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn
         first_nan = tl.minimum(first_nan, tl.reduce(tl.where(is_nan, keys[None, :], NONE), 1,
                                                     tl.standard._elementwise_min))
         clean = tl.where(is_nan, float("-inf"), logits)
-        block_max = tl.reduce(clean, 1, tl.standard._elementwise_max)
-        block_top = tl.reduce(tl.where(clean == block_max[:, None], keys[None, :], NONE), 1,
-                              tl.standard._elementwise_min)  # the earliest key holding the block's maximum
-        top = tl.where(block_max > maximum, block_top, top)  # strictly larger: an earlier block wins a tie
+        block_max = tl.reduce(clean, 1, tl.standard._elementwise_max)  # top: the block's earliest key at its max,
+        top = tl.where(block_max > maximum, tl.reduce(tl.where(clean == block_max[:, None], keys[None, :], NONE), 1,
+                                                      tl.standard._elementwise_min), top)  # if larger (ties: earlier)
         grown = tl.maximum(maximum, block_max)
         shift = tl.where(grown == float("-inf"), 0.0, grown)  # rows with no visible key yet: exp(-inf) = 0
         weights = tl.exp(clean - shift[:, None])
         rescale = tl.exp(maximum - shift)
         total = total * rescale + tl.reduce(weights, 1, tl.standard._sum_combine)
-        v = tl.load(v_base + keys[:, None] * svn + value_dims[None, :] * svd,
-                    mask=(keys[:, None] < kv) & (value_dims[None, :] < dv), other=0.0)  # (BLOCK_N, VALUE_HEAD)
-        v = v.to(tl.float32) if UPCAST else v
-        acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+        if WITH_OUTPUT:
+            v = tl.load(v_base + keys[:, None] * svn + value_dims[None, :] * svd,
+                        mask=(keys[:, None] < kv) & (value_dims[None, :] < dv), other=0.0)  # (BLOCK_N, VALUE_HEAD)
+            v = v.to(tl.float32) if UPCAST else v
+            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
         maximum = grown
     nan_row = first_nan < NONE  # a NaN logit: the row's weights, output and log-sum-exp are NaN, as softmax's
-    out = tl.where(nan_row[:, None], float("nan"), acc / total[:, None])
-    tl.store(Out + sequence * sob + rows[:, None] * son + head * soh + value_dims[None, :] * sod,
-             out.to(Out.dtype.element_ty), mask=(rows[:, None] < n) & (value_dims[None, :] < dv))
+    if WITH_OUTPUT:
+        tl.store(Out + sequence * sob + rows[:, None] * son + head * soh + value_dims[None, :] * sod,
+                 tl.where(nan_row[:, None], float("nan"), acc / total[:, None]).to(Out.dtype.element_ty),
+                 mask=(rows[:, None] < n) & (value_dims[None, :] < dv))
     tl.store(Lse + (sequence * hq + head) * n + rows, tl.where(nan_row, float("nan"), maximum + tl.log(total)),
              mask=rows < n)
     tl.store(Top + (sequence * hq + head) * n + rows, tl.where(nan_row, first_nan, top), mask=rows < n)
