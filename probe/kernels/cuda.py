@@ -63,7 +63,8 @@ class CudaBackend:
         self.output = output
 
     def problem(self, call: AttentionCall) -> str:
-        """"" where the kernel serves the call, else why not. Reads only shapes, dtypes and devices: no sync."""
+        """"" where the kernel serves the call, else why not: CUDA tensors, and CPU tensors only where
+        TRITON_INTERPRET=1 is set (Triton's interpreter, for tests). Reads only shapes, dtypes and devices: no sync."""
         shared = rebuild_problem(call)
         if shared:
             return shared
