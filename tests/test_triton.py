@@ -249,7 +249,7 @@ import probe.kernels.cuda as cuda
 kernel = cuda._jitted(False)
 for dtype, d, dv, bias, causal, output in (("bf16", 64, 64, False, True, True), ("fp32", 80, 48, True, False, True),
                                            ("fp16", 128, 1, False, True, False)):
-    blocks = cuda.blocks_for(d, dv, cpu=False)
+    blocks = cuda.blocks_for(d, dv, interpreter=False)
     constants = dict(NONE=cuda.NO_NAN, HAS_BIAS=bias, CAUSAL=causal, WITH_OUTPUT=output,
                      PRECISION="ieee" if dtype == "fp32" else "tf32",
                      UPCAST=False, BLOCK_M=blocks.rows, BLOCK_N=blocks.keys, HEAD=blocks.head,

@@ -117,13 +117,13 @@ class Blocks:
     warps: int
 
 
-def blocks_for(d: int, dv: int, cpu: bool) -> Blocks:
+def blocks_for(d: int, dv: int, interpreter: bool) -> Blocks:
     """The tiling of a call: head sizes padded to a power of two (tl.dot needs 16 at least); 128 x 64 tiles for
     heads up to 64 wide, 64 x 64 to 128, 64 x 32 above (shared memory holds a query block and a key and value
     block); the interpreter takes 32 x 32 (numpy's cost is per step, small tiles waste nothing there)."""
     head, value_head = (max(16, 1 << (size - 1).bit_length()) for size in (d, dv))
     widest = max(head, value_head)
-    if cpu:
+    if interpreter:
         return Blocks(32, 32, head, value_head, 4)
     if widest <= 64:
         return Blocks(128, 64, head, value_head, 4)
@@ -156,7 +156,8 @@ def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | N
     top = torch.empty(b, hq, n, dtype=torch.int32, device=query.device)
     if bias is not None:
         bias = bias[(None,) * (4 - bias.dim())].expand(b, hq, n, kv)  # broadcast dimensions: stride 0
-    blocks = blocks_for(d, dv, query.device.type == "cpu")
+    interpreter = interpreted()  # on any device's tensors (it copies them to the host): its own tiles and dots
+    blocks = blocks_for(d, dv, interpreter)
     grid = (-(-n // blocks.rows), b * hq)
     none = (0, 0, 0, 0)
     _kernel()[grid](
@@ -166,7 +167,7 @@ def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | N
         *(output.stride() if output is not None else none), n, kv, hq, hq // hk, d, dv, scaling,
         NONE=NO_NAN, HAS_BIAS=bias is not None, CAUSAL=causal, WITH_OUTPUT=output is not None,
         PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST=query.dtype == torch.bfloat16 and query.device.type == "cpu", BLOCK_M=blocks.rows,
+        UPCAST=query.dtype == torch.bfloat16 and interpreter, BLOCK_M=blocks.rows,
         BLOCK_N=blocks.keys, HEAD=blocks.head, VALUE_HEAD=blocks.value_head, num_warps=blocks.warps)
     return lse, top
 
