@@ -1,6 +1,8 @@
 """`python -m bench [NAME ...] [options]`: run the benchmarks (default: all) and rewrite bench/RESULTS.md.
 
-NAME is classification, ablation, taylor, memory, profile or long_context. Each benchmark saves bench/results/NAME.json with the
+NAME is classification, ablation, taylor, memory, profile or long_context (the default: all of them), or gpu
+(issue 44, bench/gpu.py: on a CUDA device, about 8 minutes on one H100; without one, a tiny dry run on the CPU saved
+as bench/results/gpu-dry.json and left out of RESULTS.md). Each benchmark saves bench/results/NAME.json with the
 machine, date and this command line; RESULTS.md is rendered from every saved result (`python -m bench --render`
 only renders).
 """
@@ -11,11 +13,13 @@ import argparse
 import shlex
 import sys
 import time
+from collections.abc import Callable
 
 from bench import report
 from bench.common import save_result
 
 ALL = ["classification", "ablation", "taylor", "memory", "profile", "long_context"]
+ON_REQUEST = ["gpu"]  # run only when named
 
 
 def main() -> None:
@@ -45,6 +49,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's own choice, one per core); 1 keeps ratios steadier "
                              "when other processes load the machine")
+    parser.add_argument("--dry-run", action="store_true", help="gpu: the tiny CPU run even where a GPU is present")
     parser.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from saved results")
     args = parser.parse_args()
     if args.threads is not None:
@@ -53,9 +58,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     command = "python -m bench" + ("" if len(sys.argv) == 1 else " " + shlex.join(sys.argv[1:]))
     names = args.names or ([] if args.render else ALL)
-    unknown = [name for name in names if name not in ALL]
+    unknown = [name for name in names if name not in ALL + ON_REQUEST]
     if unknown:
-        parser.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(ALL)}")
+        parser.error(f"unknown benchmark {unknown[0]!r}: choose from {', '.join(ALL + ON_REQUEST)}")
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
@@ -63,6 +68,9 @@ def main() -> None:
     for name in names:
         started = time.perf_counter()
         log(f"== {name}")
+        if name == "gpu":
+            _gpu(args.dry_run, command, log)
+            continue
         if name == "classification":
             from bench import classification
 
@@ -117,8 +125,37 @@ def main() -> None:
         path = save_result(name if not (name == "classification" and args.device not in (None, "cpu"))
                            else f"{name}-{args.device}-{args.dtype}", data)
         log(f"   saved {path} ({data['bench_seconds']:.0f} s)")
-    report.write()
+    report.write(_gpu_section())
     log(f"wrote {report.RESULTS_MD}")
+
+
+def _gpu(dry_run: bool, command: str, log: Callable[[str], None]) -> None:
+    """bench/gpu.py: the GPU run saved as gpu.json (rendered into RESULTS.md), a dry run as gpu-dry.json (printed)."""
+    import torch
+
+    from bench import gpu
+
+    dry = dry_run or not torch.cuda.is_available()
+    started = time.perf_counter()
+    data = gpu.run(dry, log, name="gpu-dry" if dry else "gpu")
+    data["command"] = command
+    data["bench_seconds"] = time.perf_counter() - started
+    path = save_result("gpu-dry" if dry else "gpu", data)
+    log(f"   saved {path} ({data['bench_seconds']:.0f} s)")
+    if dry:
+        log(gpu.section(data))
+
+
+def _gpu_section() -> str:
+    """The GPU section of RESULTS.md, from bench/results/gpu.json where a GPU run saved one."""
+    from bench.common import load_result
+
+    data = load_result("gpu")
+    if data is None:
+        return ""
+    from bench import gpu
+
+    return gpu.section(data)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import torch
 from probe.kernels import BACKENDS, DEFAULT_CONFIG, REFERENCE, AttentionCall, additive_bias, backend_for
 from probe.kernels.base import Backend, rebuild_problem
 
-DEVICES: dict[str, str] = {"cpu": "cpu"}
+DEVICES: dict[str, str] = {"cpu": "cpu", "cuda": "cuda"}
 """Backend name -> the device its cases run on (a CUDA backend: "cuda")."""
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # output and weights: the kernels sum in another order

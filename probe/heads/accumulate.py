@@ -78,11 +78,13 @@ class ScoreAccumulator:
 
     def _add(self, name: str, layers: list[int], sums: Tensor, counts: Tensor) -> None:
         """Add sums and counts (len(layers), ...) of `layers`."""
-        if name not in self.sums:
-            self.sums[name] = torch.zeros(*self.shape[:1], *sums.shape[1:], dtype=torch.float64)
-            self.counts[name] = torch.zeros_like(self.sums[name])
-        self.sums[name][layers] += sums.cpu()
-        self.counts[name][layers] += counts.cpu()
+        if name not in self.sums:  # CUDA sums stay there (no host round-trip per layer; `result` fetches them)
+            self.sums[name], self.counts[name] = (torch.zeros(
+                *self.shape[:1], *part.shape[1:], dtype=torch.float64,
+                device=part.device if part.device.type == "cuda" else "cpu") for part in (sums, counts))
+        rows = slice(layers[0], layers[-1] + 1) if layers == list(range(layers[0], layers[-1] + 1)) else layers
+        self.sums[name][rows] += sums.to(self.sums[name].device)  # a slice: no index tensor copied to the device
+        self.counts[name][rows] += counts.to(self.counts[name].device)
 
     def _batch(self) -> Batch:
         if self.batch is None:
@@ -189,4 +191,4 @@ class ScoreAccumulator:
     def result(self) -> dict[str, Tensor]:
         """{name: (n_layers, n_heads) float64}, each score finished by its own `finish`."""
         self.flush()
-        return {name: SCORES[name].finish(self.sums[name], self.counts[name]) for name in self.names}
+        return {name: SCORES[name].finish(self.sums[name].cpu(), self.counts[name].cpu()) for name in self.names}

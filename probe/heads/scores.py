@@ -345,11 +345,15 @@ def positional_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tenso
     """positional_score's sums and counts from the fused statistics: for each neighbour, the valid queries whose
     neighbour exists and is valid are counted, and the statistics say for how many of them that neighbour holds the
     row's maximum (`neighbour_hits`: argmax's answer; the CPU backend's by a staged search that reads whole rows only
-    for the rows its cheap stages cannot decide, probe.kernels.cpu)."""
+    for the rows its cheap stages cannot decide, probe.kernels.cpu; the CUDA backend's from its kernel's top keys)."""
     b, h, n, kv = attention.shape
-    sums, counts = torch.zeros(2, h, dtype=torch.float64), torch.zeros(2, h, dtype=torch.float64)
+    sums = torch.zeros(2, h, dtype=torch.float64, device=attention.lse.device)  # where neighbour_hits counts: a
+    # kernel's top keys are counted on its device, without a round-trip to the host
+    counts = torch.zeros(2, h, dtype=torch.float64)
+    device = attention.lse.device  # the rows are taken there once per batch (memo): no copy per layer
     for index, shift in enumerate((-1, 1)):
-        selected, count = batch.memo(("neighbours", n, kv, shift), lambda: _neighbour_rows(batch.valid, kv, shift))
+        selected, count = batch.memo(("neighbours", n, kv, shift, str(device)),
+                                     lambda: _neighbour_rows(batch.valid, kv, shift, device))
         counts[index] += count
         if attention.bias is None and attention.causal and shift > kv - n:  # the neighbour is causally hidden
             continue
@@ -357,12 +361,14 @@ def positional_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tenso
     return sums, counts
 
 
-def _neighbour_rows(valid: Tensor, kv: int, shift: int) -> tuple[Tensor, float]:
-    """((b, n) the valid queries whose neighbour i + shift exists and is valid, how many there are)."""
+def _neighbour_rows(valid: Tensor, kv: int, shift: int,
+                    device: torch.device | None = None) -> tuple[Tensor, float]:
+    """((b, n) the valid queries whose neighbour i + shift exists and is valid, on `device` (default: valid's), how
+    many there are)."""
     n = valid.shape[1]
     keys = torch.arange(n, device=valid.device) + shift
     selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
-    return selected, float(selected.sum())
+    return selected.to(device or valid.device), float(selected.sum())
 
 
 @dataclass

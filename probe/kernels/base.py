@@ -17,6 +17,7 @@ entry in `tests/test_backends.py`'s DEVICES (the device its cases run on), which
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -111,6 +112,18 @@ def register_backend(backend: Backend) -> Backend:
         raise ValueError(f"a backend named {backend.name!r} is registered already")
     BACKENDS.append(backend)
     return backend
+
+
+@contextmanager
+def using_backend(backend: Backend) -> Iterator[Backend]:
+    """Within the block, `backend_for` asks this backend alone (tests and benchmarks compare backends on one input:
+    calls it refuses go blocked, with its reason); the registry is restored on leaving, also on error."""
+    saved = BACKENDS[:]
+    BACKENDS[:] = [backend]
+    try:
+        yield backend
+    finally:
+        BACKENDS[:] = saved
 
 
 def backend_for(call: AttentionCall) -> tuple[Backend | None, str]:

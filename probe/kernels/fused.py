@@ -56,6 +56,8 @@ class FusedAttention:
     config: KernelConfig = DEFAULT_CONFIG  # how the work is chunked and which stages are tried: never a number
     tables: dict[Label, TableColumn] = field(default_factory=dict, repr=False)  # prefetched diagonals and columns
     contiguous_keys: dict[HeadId, Tensor] = field(default_factory=dict, repr=False)  # (kv, d) per head, made once
+    top_keys: Tensor | None = field(default=None, repr=False)  # (b, hq, n) int: each row's top key (argmax's answer),
+    # where the backend's kernel wrote it (probe.kernels.cuda): row maxima are then read, never searched
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -280,6 +282,8 @@ class FusedAttention:
         every (sequence, key/value head) group, padded to the largest group, fit in config.rows_at_once logits, one
         batched matmul serves them all (short inputs: per-call overhead, not arithmetic, is their cost); else one group
         at a time."""
+        if self.top_keys is not None:  # the kernel's own argmax: a gather, no logits and no host round-trip
+            return self.top_keys[found[:, 0], found[:, 1], found[:, 2]] == keys
         b, hq, _, kv = self.shape
         hk = self.key.shape[1]
         owner = found[:, 0] * hk + found[:, 1] // (hq // hk)
@@ -297,9 +301,14 @@ class FusedAttention:
     def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
         """(hq,) float64: per query head, how many of the selected queries i ((b, n) bool) have their largest weight
         on key i + shift, as argmax says (the earliest maximum wins, a NaN counts as the maximum): the question the
-        positional score asks of every row. Here from whole rows (tops_of_rows); a backend's subclass may answer
-        from cheaper stages or from its kernel's own row maxima, with the same answer."""
+        positional score asks of every row. From the kernel's `top_keys` where it wrote them (on their device), else
+        from whole rows (tops_of_rows, on the CPU); a backend's subclass may answer from cheaper stages, with the
+        same answer."""
         b, hq, n, _ = self.shape
+        if self.top_keys is not None:  # the kernel's argmax per row: counted on the device (no sync), float64 there
+            wanted = torch.arange(n, device=self.top_keys.device) + shift
+            hit = (self.top_keys == wanted) & selected.to(self.top_keys.device)[:, None, :n]
+            return hit.sum(dim=(0, 2), dtype=torch.float64)
         found = selected.to(self.lse.device)[:, None, :n].expand(b, hq, n).nonzero()  # (k, 3): b, h, query
         top = self.tops_of_rows(found, found[:, 2] + shift) if len(found) else found.new_zeros(0, dtype=torch.bool)
         return torch.bincount(found[top, 1].cpu(), minlength=hq).double()
@@ -379,8 +388,10 @@ def side_by_side(calls: list[FusedAttention]) -> FusedAttention:
     def heads(tensors: list[Tensor]) -> Tensor:
         return torch.cat([tensor.transpose(1, 2) for tensor in tensors], dim=2).transpose(1, 2)
 
+    tops = [call.top_keys for call in calls if call.top_keys is not None]  # a kernel's top keys, kept with its heads
     return type(first)(heads([call.query for call in calls]), heads([call.key for call in calls]), None,
-                       first.scaling, first.causal, torch.cat([call.lse for call in calls], dim=1), first.config)
+                       first.scaling, first.causal, torch.cat([call.lse for call in calls], dim=1), first.config,
+                       top_keys=torch.cat(tops, dim=1) if len(tops) == len(calls) else None)
 
 
 @dataclass(frozen=True)
