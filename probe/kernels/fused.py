@@ -350,11 +350,12 @@ class FusedAttention:
             return out if isinstance(out, tuple) else (out,)
         rows, order = rows.sort()
         heads, keys = heads[order], keys[order]
-        parts = [read(batch, kv_head, heads[first:first + chunk], rows[first:first + chunk], keys[first:first + chunk])
-                 for first in range(0, len(rows), chunk)]
-        columns = zip(*parts) if isinstance(parts[0], tuple) else [parts]
+        parts: list[tuple[Tensor, ...]] = []
+        for first in range(0, len(rows), chunk):
+            out = read(batch, kv_head, heads[first:first + chunk], rows[first:first + chunk], keys[first:first + chunk])
+            parts.append(out if isinstance(out, tuple) else (out,))
         return tuple(column[0].new_empty(len(rows)).index_copy_(0, order, torch.cat(column))
-                     for column in columns)  # back to the order asked for
+                     for column in zip(*parts))  # back to the order asked for
 
     def _tops_chunk(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         """tops() of one chunk, from float32 logits."""
