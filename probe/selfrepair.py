@@ -21,13 +21,16 @@ recorded at the read points (probe.dla's recording), read through the final norm
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from probe.ablation.blocks import keeping_outputs, skip_blocks
 from probe.ablation.heads import Head
+from probe.ablation.logits import CHECK_TOLERANCE
 from probe.ablation.methods import AblationMethod, build_method
 from probe.dla import Targets, _check_stream, _head_shares, _Recording, _recording, _Structure, frozen_norm, \
     model_structure
@@ -58,7 +61,8 @@ class _Clean:
     centred: bool
     gain: Tensor
     logits: Tensor | None  # (points, vocab) float32: natural text only, what the direct effect adds to
-    z: dict[int, Tensor]  # layer -> (points, n_heads, head_dim): the heads' clean outputs
+    recording: _Recording  # every write of the clean run at the read points
+    kept: dict[int, Any]  # block -> its output (what an ablated run starts from)
 
 
 @dataclass
@@ -91,15 +95,24 @@ def _score(targets: Targets, logits: Tensor) -> Tensor:
 
 
 def _forward(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
-             edit: Callable[[int, Tensor], Tensor] | None) -> tuple[_Recording, Tensor]:
+             edit: Callable[[int, Tensor], Tensor] | None, *, keep: dict[int, Any] | None = None,
+             skip: dict[int, Any] | None = None) -> tuple[_Recording, Tensor]:
     """One forward, `edit` applied to the heads' outputs first, every write recorded at the read points; the
-    logits at those points."""
+    logits at those points. `keep`: every block's output kept there; `skip`: those blocks return the given value
+    instead of running (the clean prefix reused, as the sweep's exact path reuses it)."""
     recording = _Recording(targets, per_position=False)
 
     def heads(layer: int, z: Tensor) -> Tensor:
         return recording.edit_heads(layer, z if edit is None else edit(layer, z))
 
-    with torch.no_grad(), _recording(structure, recording), attention_hooks(loaded.model, points={"z": heads}):
+    with ExitStack() as scope:
+        scope.enter_context(torch.no_grad())
+        scope.enter_context(_recording(structure, recording))
+        scope.enter_context(attention_hooks(loaded.model, points={"z": heads}))
+        if keep is not None:
+            scope.enter_context(keeping_outputs(structure.blocks, keep))
+        if skip:
+            scope.enter_context(skip_blocks(structure.blocks.container, skip))
         output = run_model(loaded.model, ids, mask)
     return recording, recording.at(logits_of(output))
 
@@ -112,14 +125,15 @@ def _mlp_shares(structure: _Structure, recording: _Recording, read: Tensor) -> T
 def _clean(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None,
            targets: Targets) -> _Clean:
     """The clean run of one batch, decomposed through its own frozen norm (its stream checked as DLA checks it)."""
-    recording, logits = _forward(loaded, structure, ids, mask, targets, None)
+    kept: dict[int, Any] = {}
+    recording, logits = _forward(loaded, structure, ids, mask, targets, None, keep=kept)
     _check_stream(structure, recording, recording.heads)
     norm = frozen_norm(structure.norm, recording.final[0].double().cpu())
     read = norm.read(targets.direction(structure.head.weight.detach()))
     heads, _ = _head_shares(structure, recording, read)
     return _Clean(targets, read, heads, _mlp_shares(structure, recording, read), _score(targets, logits),
                   targets.scored(logits.double().cpu()), norm.scale, norm.centred, norm.gain,
-                  None if targets.distractor is not None else logits.float(), recording.heads)
+                  None if targets.distractor is not None else logits.float(), recording, kept)
 
 
 def _ablating(method: AblationMethod, layer: int, head: int, batch: int) -> Callable[[int, Tensor], Tensor]:
@@ -132,6 +146,42 @@ def _ablating(method: AblationMethod, layer: int, head: int, batch: int) -> Call
         replacement = method.replacement(layer, z, batch).to(device=z.device, dtype=z.dtype)
         return torch.where(chosen[:, None], replacement, z)
     return edit
+
+
+@dataclass
+class _Prefix:
+    """Whether ablated runs start at the ablated head's block from the clean run's kept outputs: checked once
+    against a full forward (as the sweep's exact path is), full forwards from then on if it differs."""
+
+    reuse: bool = True
+    checked: bool = False
+    reason: str = ""
+
+    @property
+    def path(self) -> str:
+        return "exact: each ablated run starts at its head's block" if self.reuse else f"full forwards ({self.reason})"
+
+    def run(self, loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None, clean: _Clean,
+            edit: Callable[[int, Tensor], Tensor], layer: int) -> tuple[_Recording, Tensor]:
+        """The ablated forward, its writes before the start block taken from the clean run (they are unchanged)."""
+        start = structure.blocks.of_layer[layer]
+        if not self.reuse or start == 0:
+            return _forward(loaded, structure, ids, mask, clean.targets, edit)
+        recording, logits = _forward(loaded, structure, ids, mask, clean.targets, edit,
+                                     skip={index: clean.kept[start - 1] for index in range(start)})
+        if not self.checked:
+            self.checked = True
+            full, expected = _forward(loaded, structure, ids, mask, clean.targets, edit)
+            gap = float((logits.float() - expected.float()).abs().max())
+            if gap > CHECK_TOLERANCE * max(1.0, float(expected.float().abs().max())):
+                self.reuse, self.reason = False, f"starting at a block differs from a full forward by {gap:.3g}"
+                return full, expected
+        for block in range(start):
+            recording.mlp[block] = clean.recording.mlp[block]
+        for position, each in enumerate(structure.layers):
+            if structure.blocks.of_layer[position] < start:
+                recording.heads[each.index] = clean.recording.heads[each.index]
+        return recording, logits
 
 
 def _direct_likelihood(structure: _Structure, clean: _Clean, write: Tensor) -> Tensor:
@@ -159,7 +209,7 @@ def _add_ablation(sums: _Sums, index: int, structure: _Structure, clean: _Clean,
     else:
         matrix = structure.projections[layer][0]
         dim = structure.layers[layer].head_dim
-        z_change = (ablated.heads[layer][:, h] - clean.z[layer][:, h]).double().cpu()
+        z_change = (ablated.heads[layer][:, h] - clean.recording.heads[layer][:, h]).double().cpu()
         direct = _direct_likelihood(structure, clean, z_change @ matrix[h * dim:(h + 1) * dim])
     sums.total[index] += float((_score(clean.targets, logits) - clean.score).sum())
     sums.direct[index] += float(direct.sum())
@@ -190,7 +240,7 @@ def _check(loaded: LoadedModel, method: str, heads: Sequence[Head] | None, top: 
 
 
 def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method: str, heads: Sequence[Head] | None,
-             batch_size: int, top: int, progress: ProgressArg) -> tuple[_Sums, list[Head], str]:
+             batch_size: int, top: int, progress: ProgressArg) -> tuple[_Sums, list[Head], str, str]:
     """Every chosen head ablated alone on every batch of `probe_set` (the sweep's batches): the sums over points."""
     structure, chosen = _check(loaded, method, heads, top)
     ablation = build_method(method, loaded, probe_set, batch_size=batch_size)
@@ -198,7 +248,7 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
     ablation.bind([int(ids.shape[0]) for ids, _ in batches])
     n_heads = structure.layers[0].n_heads
     sums = _Sums.zeros(len(chosen), len(structure.layers), n_heads)
-    tick, done = callback(progress, "self-repair"), 0
+    tick, done, prefix = callback(progress, "self-repair"), 0, _Prefix()
     for index, (ids, mask) in enumerate(batches):
         rows = slice(index * batch_size, index * batch_size + ids.shape[0])
         part = targets.subset(rows)
@@ -207,14 +257,15 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
         clean = _clean(loaded, structure, ids, mask, part)
         sums.points += len(part.rows)
         for number, (layer, h) in enumerate(chosen):
-            ablated, logits = _forward(loaded, structure, ids, mask, part, _ablating(ablation, layer, h, index))
+            ablated, logits = prefix.run(loaded, structure, ids, mask, clean, _ablating(ablation, layer, h, index),
+                                         layer)
             _add_ablation(sums, number, structure, clean, ablated, logits, (layer, h))
             done += 1
             if tick is not None:
                 tick(done, len(batches) * len(chosen))
     if not sums.points:
         raise ProbeError("no position to read the logits at", parameter="targets")
-    return sums, chosen, ablation.describe() or ""
+    return sums, chosen, ablation.describe() or "", prefix.path
 
 
 @dataclass
@@ -238,6 +289,7 @@ class SelfRepair:
     reference: str = ""  # what a mean ablation's mean was taken over
     top: int = COMPENSATING
     unit: str = field(default="")  # what compensation is measured in
+    path: str = ""  # how the ablated runs ran (the clean prefix reused, or full forwards and why)
 
     @property
     def self_repair(self) -> Tensor:
@@ -272,17 +324,17 @@ class SelfRepair:
         return {"model": self.model, "source": self.source, "metric": self.metric, "method": self.method,
                 "reference": self.reference, "dtype": self.dtype, "points": self.points,
                 "n_layers": self.compensation.shape[1], "n_heads": self.compensation.shape[2],
-                "compensation_unit": self.unit, "heads": [self.row(index) for index in order]}
+                "compensation_unit": self.unit, "path": self.path, "heads": [self.row(index) for index in order]}
 
 
-def _result(loaded: LoadedModel, source: str, metric: str, method: str, measured: tuple[_Sums, list[Head], str],
-            top: int) -> SelfRepair:
-    sums, heads, reference = measured
+def _result(loaded: LoadedModel, source: str, metric: str, method: str,
+            measured: tuple[_Sums, list[Head], str, str], top: int) -> SelfRepair:
+    sums, heads, reference, path = measured
     n = sums.points
     unit = LOGIT_DIFF if metric == LOGIT_DIFF else "logit of the next token"
     return SelfRepair(loaded.name, source, metric, method, str(next(loaded.model.parameters()).dtype).replace(
         "torch.", ""), n, heads, sums.total / n, sums.direct / n, sums.by_mlps / n, sums.by_norm / n,
-        sums.compensation / n, reference, top, unit)
+        sums.compensation / n, reference, top, unit, path)
 
 
 def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
