@@ -101,6 +101,7 @@ def _forward(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tens
     logits at those points. `keep`: every block's output kept there; `skip`: those blocks return the given value
     instead of running (the clean prefix reused, as the sweep's exact path reuses it)."""
     recording = _Recording(targets, per_position=False)
+    positions = torch.unique(targets.positions)  # the LM head runs at these alone (the IOI prompts' last ones)
 
     def heads(layer: int, z: Tensor) -> Tensor:
         return recording.edit_heads(layer, z if edit is None else edit(layer, z))
@@ -113,8 +114,12 @@ def _forward(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tens
             scope.enter_context(keeping_outputs(structure.blocks, keep))
         if skip:
             scope.enter_context(skip_blocks(structure.blocks.container, skip))
-        output = run_model(loaded.model, ids, mask)
-    return recording, recording.at(logits_of(output))
+        output = run_model(loaded.model, ids, mask, logits=positions if len(positions) < ids.shape[1] else True)
+    logits = logits_of(output)
+    if logits.shape[1] == ids.shape[1]:
+        return recording, recording.at(logits)
+    at = torch.searchsorted(positions, targets.positions).to(logits.device)  # the kept positions' logits only
+    return recording, logits[targets.rows.to(logits.device), at].detach()
 
 
 def _mlp_shares(structure: _Structure, recording: _Recording, read: Tensor) -> Tensor:

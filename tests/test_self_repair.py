@@ -197,3 +197,24 @@ def test_smollm2_ioi_self_repair_equals_the_sweep_dla_and_a_hand_computation(smo
             smollm2.model, contrast, clean, clean["stream"], *later)
         assert float(result.compensation[2, later[0], later[1]]) == pytest.approx(float(expected.mean()), abs=1e-4)
     assert torch.allclose(result.direct + result.by_heads + result.by_mlps + result.by_norm, result.total, atol=1e-4)
+
+
+def test_the_atlas_shows_self_repair_where_the_stage_ran(tmp_path, capsys, monkeypatch) -> None:
+    from probe.atlas import atlas
+
+    options = {"seq_len": 24, "num_seqs": 2, "repeat_len": 8}
+    built = atlas(tiny_loaded("llama_gqa"), self_repair=True, **options).to_dict()
+    for entry in built["heads"]:  # the sweep on the same text: the total is minus its loss delta
+        assert entry["self_repair"]["total"] == pytest.approx(-entry["effects"]["delta"], abs=1e-5)
+        assert entry["metrics"]["self_repair"] == pytest.approx(entry["self_repair"]["self_repair"], abs=1e-5)
+    assert "self_repair" in built["metrics"] and built["settings"]["self_repair"]["method"] == "zero"
+    skipped = atlas(tiny_loaded("llama_gqa"), **options).to_dict()  # not asked for: no stage, nothing shown
+    assert all(entry["self_repair"] is None for entry in skipped["heads"]) and "self_repair" not in skipped["metrics"]
+    assert "self_repair" not in [stage["name"] for stage in skipped["stages"]]
+    page, data = tmp_path / "atlas.html", tmp_path / "atlas.json"
+    code, _, err = run_cli(["atlas", "--model", "tests/planted.py:planted_lm", "--seq-len", "24", "--num-seqs", "2",
+                            "--repeat-len", "8", "--fast", "--self-repair", "--json", str(data), "--html", str(page)],
+                           capsys, monkeypatch)
+    assert code == 0, err  # a model DLA cannot decompose: the stage is skipped with its reason, the atlas made
+    stage = next(stage for stage in json.loads(data.read_text())["stages"] if stage["name"] == "self_repair")
+    assert stage["note"].startswith("skipped: ") and "cannot decompose" in stage["note"]
