@@ -45,7 +45,8 @@ def atlas(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: Data = None,
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN,
     seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, task: Task = None, count: Count = 32, fast: Fast = False,
-    results: Results = None, resume: Resume = False, self_repair: SelfRepair = False, json_path: JsonFile = None, html_path: HtmlFile = None,
+    results: Results = None, resume: Resume = False, self_repair: SelfRepair = False, json_path: JsonFile = None,
+    html_path: HtmlFile = None,
     batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:

@@ -62,7 +62,8 @@ def hand_dla(model: torch.nn.Module, contrast: ContrastSet, run: dict, stream: t
     norm = model.model.norm
     scale = (stream.pow(2).mean(dim=-1, keepdim=True) + norm.variance_epsilon).rsqrt()
     unembed = model.lm_head.weight.detach().double()
-    return (write * scale * norm.weight.detach().double() * (unembed[contrast.answer] - unembed[contrast.distractor])).sum(-1)
+    direction = unembed[contrast.answer] - unembed[contrast.distractor]
+    return (write * scale * norm.weight.detach().double() * direction).sum(-1)
 
 
 def test_direct_total_and_compensation_equal_hand_computations() -> None:
@@ -98,13 +99,15 @@ def test_mean_ablation_total_is_the_sweeps_and_the_model_is_restored() -> None:
     swept = sweep(loaded, contrast_runs(loaded, contrast)[0], [(0, 2), (1, 1)], method="mean", batch_size=2)
     assert torch.allclose(result.total, -torch.tensor([entry.delta for entry in swept.heads], dtype=torch.float64),
                           atol=CLOSE)
-    assert not torch.allclose(result.direct, torch.zeros(2, dtype=torch.float64))  # the mean is not zero: a direct effect of its own
+    # the mean is not zero: a direct effect of its own
+    assert not torch.allclose(result.direct, torch.zeros(2, dtype=torch.float64))
     after = loaded.model(contrast.clean, attention_mask=contrast.mask).logits.detach()
     assert torch.equal(before, after)
     assert all(not module._forward_hooks and not module._forward_pre_hooks for module in loaded.model.modules())
     payload = result.to_dict()
     assert payload["method"] == "mean" and payload["dtype"] == "float32" and "mean" in payload["reference"]
-    assert [row["self_repair"] for row in payload["heads"]] == sorted(row["self_repair"] for row in payload["heads"])[::-1]
+    repairs = [row["self_repair"] for row in payload["heads"]]
+    assert repairs == sorted(repairs, reverse=True)
 
 
 def test_on_natural_text_the_total_is_minus_the_loss_delta_and_direct_reads_the_frozen_logits() -> None:
@@ -134,7 +137,8 @@ def test_on_natural_text_the_total_is_minus_the_loss_delta_and_direct_reads_the_
     w_o = model.model.layers[0].self_attn.o_proj.weight.detach().double()[:, :dim]
     write = seen["z"][rows, positions, :dim].double() @ w_o.T
     scale = (x.pow(2).mean(-1, keepdim=True) + model.model.norm.variance_epsilon).rsqrt()
-    changed = logits - (write * scale * model.model.norm.weight.detach().double()) @ model.lm_head.weight.detach().double().T
+    gain, unembed = model.model.norm.weight.detach().double(), model.lm_head.weight.detach().double()
+    changed = logits - (write * scale * gain) @ unembed.T
     answer = ids[rows, positions + 1]
     picked = torch.arange(len(rows))
     expected = changed.log_softmax(-1)[picked, answer] - logits.log_softmax(-1)[picked, answer]
