@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import run_cli, tiny_loaded
+from test_browser import browser, open_page  # noqa: F401 (fixtures)
 from probe.ablation.sweep import sweep
 from probe.dla import logit_attribution, next_token_attribution
 from probe.errors import ProbeError
@@ -222,3 +223,34 @@ def test_the_atlas_shows_self_repair_where_the_stage_ran(tmp_path, capsys, monke
     assert code == 0, err  # a model DLA cannot decompose: the stage is skipped with its reason, the atlas made
     stage = next(stage for stage in json.loads(data.read_text())["stages"] if stage["name"] == "self_repair")
     assert stage["note"].startswith("skipped: ") and "cannot decompose" in stage["note"]
+
+
+@pytest.mark.browser
+def test_the_dla_page_and_an_atlas_dashboard_draw_self_repair(tmp_path, capsys, monkeypatch, open_page) -> None:  # noqa: F811
+    from probe.atlas import atlas
+    from probe.reports.atlas import atlas_page
+    from test_html import IMG, SCRIPT
+
+    out, page = tmp_path / "d.json", tmp_path / "d.html"
+    code, _, stderr = run_cli(["dla", "--model", "tests/words.py:tiny_with_words", "--task", "ioi", "--count", "6",
+                               "--self-repair", "--json", str(out), "--html", str(page)], capsys, monkeypatch)
+    assert code == 0, stderr
+    section = json.loads(out.read_text())["self_repair"]
+    opened = open_page(page)
+    drawn = opened.z(".probe-dla-repair")
+    for row in section["heads"]:
+        assert drawn[row["layer"]][row["head"]] == pytest.approx(row["self_repair"], abs=1e-6)
+    assert len(opened.page.locator("table.probe-self-repair tr").all()) == 1 + len(section["heads"])
+    opened.check_clean()
+    built = atlas(tiny_loaded("llama_gqa"), self_repair=True, seq_len=24, num_seqs=2, repeat_len=8)
+    payload = built.to_dict()
+    payload["model"] = SCRIPT + IMG  # text stays text
+    path = tmp_path / "atlas.html"
+    path.write_text(atlas_page(payload, {name: p.to_dict() for name, p in built.patterns.items()}), encoding="utf-8")
+    opened = open_page(path)
+    opened.page.click("tr.atlas-row[data-head='0.1']")
+    opened.wait_ready(dashboard="0.1")
+    text = opened.page.text_content(".atlas-dashboard")
+    repair = payload["heads"][1]["self_repair"]
+    assert "self-repair (total \u2212 direct)" in text and f"{repair['self_repair']:+.4f}" in text
+    opened.check_clean()
