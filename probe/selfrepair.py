@@ -45,6 +45,8 @@ SELF_REPAIR_METHODS = ("zero", "mean")
 LOGIT_DIFF = "logit difference"
 LIKELIHOOD = "log-likelihood of the next token"
 COMPENSATING = 3  # later heads listed per ablated head
+REPAIR_FLOOR = 0.05  # `repaired` (self-repair / -direct) only where |direct| is this share of the largest |direct|:
+# a head with almost no direct effect has total - direct = its indirect effect, not a repair of anything
 
 
 @dataclass
@@ -315,21 +317,26 @@ class SelfRepair:
         return [(*divmod(int(i), width), float(values.flatten()[i])) for i in order if values.flatten()[i] > 0]
 
     def row(self, index: int) -> dict[str, Any]:
+        """One ablated head's numbers, its compensating heads, and `repaired` = self-repair / -direct (the share of
+        its direct effect the rest of the model gives back; None below REPAIR_FLOOR)."""
         layer, head = self.heads[index]
         direct, repair = float(self.direct[index]), float(self.self_repair[index])
+        floor = REPAIR_FLOOR * float(self.direct.abs().max())
         return {"layer": layer, "head": head, "total": float(self.total[index]), "direct": direct,
-                "self_repair": repair, "repaired": repair / -direct if abs(direct) > 1e-9 else None,
+                "self_repair": repair, "repaired": repair / -direct if abs(direct) > max(floor, 1e-9) else None,
                 "by_heads": float(self.by_heads[index]), "by_mlps": float(self.by_mlps[index]),
                 "by_norm": float(self.by_norm[index]),
                 "compensating": [{"layer": at, "head": h, "value": v} for at, h, v in self.compensating(index)]}
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain payload: one row per ablated head, largest self-repair first, with its compensating heads."""
-        order = self.self_repair.argsort(descending=True).tolist()
+        """Plain payload: one row per ablated head, largest |direct| first (the heads whose own path matters most),
+        each with its compensating heads."""
+        order = self.direct.abs().argsort(descending=True).tolist()
         return {"model": self.model, "source": self.source, "metric": self.metric, "method": self.method,
                 "reference": self.reference, "dtype": self.dtype, "points": self.points,
                 "n_layers": self.compensation.shape[1], "n_heads": self.compensation.shape[2],
-                "compensation_unit": self.unit, "path": self.path, "heads": [self.row(index) for index in order]}
+                "compensation_unit": self.unit, "path": self.path, "repair_floor": REPAIR_FLOOR,
+                "heads": [self.row(index) for index in order]}
 
 
 def _result(loaded: LoadedModel, source: str, metric: str, method: str,

@@ -13,12 +13,19 @@ from rich.text import Text
 from probe.reports.html import esc
 from probe.reports.labels import short_label
 
-TOP = 15  # ablated heads listed, largest self-repair first
+TOP = 15  # ablated heads listed, largest |direct| first
 
 EXPLAINED = ("total: the score's change with the head ablated; direct: its own path to the logits (the final norm "
              "frozen at the clean run); self-repair = total - direct (> 0: the rest of the model makes up for the "
-             "head); repaired: self-repair / -direct; heads, MLPs, norm: where self-repair comes from (later heads' "
-             "DLA, the MLPs', the final norm's rescaling); covered by: the later heads whose DLA rose most")
+             "head); repaired: self-repair / -direct, the share of the direct effect given back (shown where |direct| "
+             "is at least {floor:.0%} of the largest: below it, total - direct is the head's indirect effect, not a "
+             "repair); heads, MLPs, norm: where self-repair comes from (later heads' DLA, the MLPs', the final "
+             "norm's rescaling); covered by: the later heads whose DLA rose most")
+
+
+def _explained(section: dict[str, Any]) -> str:
+    return (EXPLAINED.format(floor=section.get("repair_floor", 0.0))
+            + f"; heads, MLPs, norm and covered by in {section['compensation_unit']}")
 
 
 def _heads(section: dict[str, Any], top: int) -> list[dict[str, Any]]:
@@ -36,11 +43,11 @@ def _share(value: float | None) -> str:
 
 def _title(section: dict[str, Any]) -> str:
     return (f"Self-repair of {section['model']}: {section['method']} ablation, {section['metric']} "
-            f"({section['points']} points; {section['dtype']})")
+            f"({section['points']} points; {section['dtype']}; largest |direct| first)")
 
 
 def self_repair_report(section: dict[str, Any], console: Console, *, top: int = TOP) -> None:
-    """The `top` ablated heads by self-repair, with the heads that compensate."""
+    """The `top` ablated heads by |direct| effect, with their self-repair and the heads that compensate."""
     console.print(Text(_title(section), style="bold"))
     table = Table(show_edge=False, pad_edge=False, box=None)
     for name in ("head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm"):
@@ -51,12 +58,11 @@ def self_repair_report(section: dict[str, Any], console: Console, *, top: int = 
                       f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
                       f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row))
     console.print(table)
-    console.print(Text(f"  {EXPLAINED}; heads, MLPs, norm and covered by in {section['compensation_unit']}",
-                       style="dim"))
+    console.print(Text(f"  {_explained(section)}; {section.get('path', '')}", style="dim"))
 
 
 def self_repair_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
-    """One CSV row per ablated head (largest self-repair first), its compensating heads joined by spaces."""
+    """One CSV row per ablated head (largest |direct| first), its compensating heads joined by spaces."""
     return [{key: value for key, value in row.items() if key != "compensating"}
             | {"covered_by": " ".join(f"{entry['layer']}.{entry['head']}" for entry in row["compensating"])}
             for row in section["heads"]]
@@ -78,6 +84,5 @@ def self_repair_html(section: dict[str, Any], *, top: int = TOP) -> str:
              f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row)] for row in _heads(section, top)]
     head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
     body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
-    return (f"<h2>{esc(_title(section))}</h2><p class=\"probe-small\">{esc(EXPLAINED)}; heads, MLPs, norm and "
-            f"covered by in {esc(section['compensation_unit'])}.</p>"
+    return (f"<h2>{esc(_title(section))}</h2><p class=\"probe-small\">{esc(_explained(section))}.</p>"
             f"<table class=\"probe-static-table probe-self-repair\"><tr>{head}</tr>{body}</table>")

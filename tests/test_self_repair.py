@@ -107,8 +107,8 @@ def test_mean_ablation_total_is_the_sweeps_and_the_model_is_restored() -> None:
     assert all(not module._forward_hooks and not module._forward_pre_hooks for module in loaded.model.modules())
     payload = result.to_dict()
     assert payload["method"] == "mean" and payload["dtype"] == "float32" and "mean" in payload["reference"]
-    repairs = [row["self_repair"] for row in payload["heads"]]
-    assert repairs == sorted(repairs, reverse=True)
+    directs = [abs(row["direct"]) for row in payload["heads"]]
+    assert directs == sorted(directs, reverse=True)
 
 
 def test_on_natural_text_the_total_is_minus_the_loss_delta_and_direct_reads_the_frozen_logits() -> None:
