@@ -309,12 +309,14 @@ class SelfRepair:
         return self.compensation.sum(dim=(1, 2)) - own
 
     def compensating(self, index: int, count: int | None = None) -> list[tuple[int, int, float]]:
-        """The `count` other heads whose DLA rose most under ablation `index` (those that rose at all)."""
-        values = self.compensation[index].clone()
-        values[self.heads[index]] = float("-inf")
-        order = values.flatten().argsort(descending=True)[:count or self.top]
-        width = values.shape[1]
-        return [(*divmod(int(i), width), float(values.flatten()[i])) for i in order if values.flatten()[i] > 0]
+        """The `count` other heads whose DLA moved most against the ablated head's direct effect (rose where the
+        direct effect is a loss, fell where it is a gain: a negative head's), those that moved that way at all."""
+        sign = -1.0 if float(self.direct[index]) > 0 else 1.0
+        toward = self.compensation[index] * sign
+        toward[self.heads[index]] = float("-inf")
+        order = toward.flatten().argsort(descending=True)[:count or self.top]
+        width, values = toward.shape[1], self.compensation[index].flatten()
+        return [(*divmod(int(i), width), float(values[i])) for i in order if toward.flatten()[i] > 0]
 
     def row(self, index: int) -> dict[str, Any]:
         """One ablated head's numbers, its compensating heads, and `repaired` = self-repair / -direct (the share of

@@ -20,7 +20,8 @@ EXPLAINED = ("total: the score's change with the head ablated; direct: its own p
              "head); repaired: self-repair / -direct, the share of the direct effect given back (shown where |direct| "
              "is at least {floor:.0%} of the largest: below it, total - direct is the head's indirect effect, not a "
              "repair); heads, MLPs, norm: where self-repair comes from (later heads' DLA, the MLPs', the final "
-             "norm's rescaling); covered by: the later heads whose DLA rose most")
+             "norm's rescaling); covered by: the later heads whose DLA moved most against the direct effect (rose; "
+             "fell where the direct effect is a gain, as a negative head's is)")
 
 
 def _explained(section: dict[str, Any]) -> str:
@@ -47,7 +48,7 @@ def _title(section: dict[str, Any]) -> str:
 
 
 def self_repair_report(section: dict[str, Any], console: Console, *, top: int = TOP) -> None:
-    """The `top` ablated heads by |direct| effect, with their self-repair and the heads that compensate."""
+    """The `top` ablated heads by |direct| effect, with their self-repair and the heads that cover for them."""
     console.print(Text(_title(section), style="bold"))
     table = Table(show_edge=False, pad_edge=False, box=None)
     for name in ("head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm"):

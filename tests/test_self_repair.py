@@ -90,6 +90,13 @@ def test_direct_total_and_compensation_equal_hand_computations() -> None:
     parts = result.direct + result.by_heads + result.by_mlps + result.by_norm
     assert torch.allclose(parts, result.total, atol=CLOSE)
     assert torch.allclose(result.self_repair, result.total - result.direct)
+    for index, ablated in enumerate(result.heads):  # who covers: moved against the direct effect, largest first
+        toward = 1.0 if float(result.direct[index]) < 0 else -1.0
+        listed = result.compensating(index)
+        assert all(value * toward > 0 and value == float(result.compensation[index, at, h]) and (at, h) != ablated
+                   for at, h, value in listed)
+        assert [value * toward for _, _, value in listed] == sorted((value * toward for _, _, value in listed),
+                                                                    reverse=True)
 
 
 def test_mean_ablation_total_is_the_sweeps_and_the_model_is_restored() -> None:
