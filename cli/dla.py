@@ -38,7 +38,7 @@ SelfRepairFlag = Annotated[bool, typer.Option(
     "later heads whose DLA rises to cover for it.")]
 RepairMethod = Annotated[str, typer.Option(
     "--repair-method", help=f"How --self-repair ablates a head: {' or '.join(SELF_REPAIR_METHODS)} (mean: its mean "
-    "output over the clean prompts).")]
+    "output over every position of the clean prompts).")]
 
 
 def check_repair_method(method: str) -> None:
