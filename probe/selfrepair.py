@@ -225,7 +225,6 @@ def _add_ablation(sums: _Sums, index: int, structure: _Structure, clean: _Clean,
     sums.compensation[index] += change.sum(dim=0)
 
 
-
 def _check(loaded: LoadedModel, method: str, heads: Sequence[Head] | None, top: int) -> tuple[_Structure, list[Head]]:
     """The model's structure and the heads to ablate; ProbeError (one line) for what cannot be run."""
     if method not in SELF_REPAIR_METHODS:
