@@ -33,6 +33,10 @@ Fast = Annotated[bool, typer.Option(
     "instead of the exact sweep; the page marks them estimated. A --task sweep stays exact.")]
 Results = Annotated[Optional[Path], typer.Option(
     "--results", help="Folder that keeps the sweeps' results streams (ablation.jsonl, task.jsonl), for --resume.")]
+SelfRepair = Annotated[bool, typer.Option(
+    "--self-repair", help="Also zero-ablate every head on the natural text once more, recording every head's DLA: its "
+    "total and direct effect on the log-likelihood, self-repair = total - direct, and the heads that cover for it "
+    "on its dashboard (about as long as the exact sweep).")]
 Resume = Annotated[bool, typer.Option(
     "--resume", help="Continue the sweeps an interrupted run left in --results (the other stages run again).")]
 
@@ -41,7 +45,8 @@ def atlas(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: Data = None,
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN,
     seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, task: Task = None, count: Count = 32, fast: Fast = False,
-    results: Results = None, resume: Resume = False, json_path: JsonFile = None, html_path: HtmlFile = None,
+    results: Results = None, resume: Resume = False, self_repair: SelfRepair = False, json_path: JsonFile = None,
+    html_path: HtmlFile = None,
     batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
@@ -55,7 +60,7 @@ def atlas(
     with stage_progress("atlas: ") as update:
         result = build_atlas(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed,
                              thresholds=thresholds, task=task, task_count=count, fast=fast, batch_size=batch_size,
-                             results_dir=results, resume=resume, progress=update)
+                             results_dir=results, resume=resume, progress=update, self_repair=self_repair)
     payload = result.to_dict()
     save(json_path, lambda path: write_json(path, payload))
     save(html_path, lambda path: write_text(path, atlas_page(payload, {name: block.to_dict() for name, block

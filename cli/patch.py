@@ -1,7 +1,8 @@
 """`probe patch`: activation patching of every head between clean and corrupted prompts (a generated task or a
 JSON-lines file of pairs; a classifier's text pairs with two classes, `--labels`), normalised by their logit
 differences, each head with its direct logit attribution and its classes; a table, JSON, CSV and HTML. Under
-torchrun the patches are split over the processes as a sweep's are."""
+torchrun the patches are split over the processes as a sweep's are. `--self-repair` adds each head's total and direct
+effect under ablation on the clean prompts and the heads that cover for it (rank 0 alone)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from probe.hooks.layers import attention_layers
 from probe.heads.classify import classify
 from probe.cli.ablate import (Heads, Naive, Results, Resume, Stack, check_heads_syntax, check_results_file,
                               default_results_path, load_for)
-from probe.cli.dla import Count, Pairs, Task
+from probe.cli.dla import Count, Pairs, RepairMethod, SelfRepairFlag, Task, check_repair_method, self_repair_section
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                OffloadFolder, Seed, TrustRemoteCode)
 from probe.cli.outputs import check_distinct, check_outputs, save, warn_non_finite
@@ -129,7 +130,8 @@ def patch(
     noising: Noising = False,
     by_position: ByPosition = False, heads: Heads = None, senders: Senders = None, receivers: Receivers = None,
     path_component: PathComponent = "value", naive: Naive = False, estimate: Estimate = False,
-    no_classes: NoClasses = False, top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None,
+    no_classes: NoClasses = False, self_repair: SelfRepairFlag = False, repair_method: RepairMethod = "zero",
+    top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None,
     html_path: HtmlFile = None, results: Results = None, resume: Resume = False, batch_size: BatchSize = 8,
     stack: Stack = None, device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
@@ -141,6 +143,9 @@ def patch(
     main_process = rank is None or rank.is_main
     check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, top, rank is not None)
     check_paths(senders, receivers, path_component)
+    check_repair_method(repair_method)
+    if self_repair and labels is not None:
+        raise ProbeError("--self-repair reads a language model's unembedding: not a classifier's --labels")
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     check_distinct({**outputs, "--results": results})
     if main_process:
@@ -162,6 +167,9 @@ def patch(
         with status("classifying the heads ..."):
             result.add_classes(classify(loaded, batch_size=batch_size).labels)
     payload = result.to_dict()
+    if self_repair:
+        chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
+        payload["self_repair"] = self_repair_section(loaded, contrast, repair_method, chosen, batch_size)
     warn_non_finite(payload)
     save(json_path, lambda path: write_json(path, payload))
     save(csv_path, lambda path: write_csv(path, patch_rows(payload)))

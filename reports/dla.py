@@ -1,5 +1,6 @@
-"""Terminal report and CSV rows of `Attribution.to_dict()` (probe dla): the heads that write the logit difference
-directly, the other components, and the decomposition's identity check."""
+"""Terminal report, CSV rows and page of `Attribution.to_dict()` (probe dla): the heads that write the logit
+difference directly, the other components, the decomposition's identity check, and with `--self-repair` the payload's
+`self_repair` section (reports/selfrepair.py)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,28 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from probe.reports.html import ASSETS, esc, facts_table, page
 from probe.reports.labels import short_label
+from probe.reports.selfrepair import TOP, self_repair_grid, self_repair_html, self_repair_report
 
 SHOWN_POSITIONS = 4  # source positions named for the top head
 
 
 def dla_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per head (largest |DLA| first): for CSV."""
+    repair = {(row["layer"], row["head"]): row for row in (payload.get("self_repair") or {}).get("heads", [])}
     return [{"rank": rank, "head": short_label(entry["layer"], entry["head"]), "layer": entry["layer"],
-             "head_index": entry["head"], "dla": entry["dla"]} for rank, entry in enumerate(payload["heads"], start=1)]
+             "head_index": entry["head"], "dla": entry["dla"]} | _repair_columns(repair.get((entry["layer"],
+                                                                                             entry["head"])))
+            for rank, entry in enumerate(payload["heads"], start=1)]
+
+
+def _repair_columns(row: dict[str, Any] | None) -> dict[str, Any]:
+    """A head's self-repair numbers for its CSV row (nothing where self-repair was not measured)."""
+    if row is None:
+        return {}
+    return {"total": row["total"], "direct": row["direct"], "self_repair": row["self_repair"],
+            "covered_by": " ".join(f"{entry['layer']}.{entry['head']}" for entry in row["compensating"])}
 
 
 def _sources(payload: dict[str, Any]) -> Text | None:
@@ -58,3 +72,35 @@ def dla_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> N
     note = "before soft-capping; " if payload["capped"] else ""
     console.print(Text(f"DLA: {note}each component through the final norm, its scale frozen at the clean run, "
                        "dotted with W_U[answer] - W_U[distractor]", style="dim"))
+    if payload.get("self_repair"):
+        self_repair_report(payload["self_repair"], console, top=top)
+
+
+def _dla_grid(payload: dict[str, Any]) -> list[list[float | None]]:
+    grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
+    for entry in payload["heads"]:
+        grid[entry["layer"]][entry["head"]] = round(float(entry["dla"]), 6)
+    return grid
+
+
+def dla_page(payload: dict[str, Any], *, top: int = TOP) -> str:
+    """`probe dla --html`: the layer x head maps of DLA (and self-repair) and the self-repair table; offline,
+    every text escaped."""
+    repair = payload.get("self_repair")
+    rows = [("model", str(payload["model"])), ("data", str(payload["source"])),
+            ("metric", f"{payload['metric']}: {payload['logit_diff']:+.4f} clean"),
+            ("identity", f"sum of shares {payload['identity']['sum']:+.4f}, largest |sum - model's own| "
+                         f"{payload['identity']['max_residual']:.2e}")]
+    data = {"n_layers": payload["n_layers"], "n_heads": payload["n_heads"],
+            "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["n_heads"])),
+            "dla": _dla_grid(payload), "self_repair": None if not repair else self_repair_grid(repair)}
+    body = (f"<h1>Direct logit attribution of {esc(payload['model'])}</h1>" + facts_table(rows)
+            + "<h2>Direct logit attribution per head (clean run)</h2><div class=\"probe-dla-grid\"></div>"
+            + ("" if not repair else "<h2>Self-repair per head</h2><div class=\"probe-dla-repair\"></div>"
+               + self_repair_html(repair, top=top))
+            + f"<script>{_dla_js()}</script>")
+    return page("dla", f"probe dla: {payload['model']}", body, data, embed_plotly=True)
+
+
+def _dla_js() -> str:
+    return (ASSETS / "dla.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

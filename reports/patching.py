@@ -1,6 +1,7 @@
 """`probe patch`: its terminal report and its page, from `PatchResult.to_dict()` (with each head's direct logit
 attribution and classes, where the command added them): the heads by patch effect, layer x head maps of the patch
-effect and of the DLA, and the by-position view with the prompt's tokens on its axis."""
+effect and of the DLA, the by-position view with the prompt's tokens on its axis, and with `--self-repair` the
+payload's `self_repair` table (reports/selfrepair.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from rich.text import Text
 from probe.errors import ProbeError
 from probe.reports.html import esc, facts_table, page, plotly_text
 from probe.reports.labels import long_label, short_label
+from probe.reports.selfrepair import self_repair_html, self_repair_report
 
 TOP = 15  # heads in the terminal table and in the by-position view
 
@@ -61,6 +63,8 @@ def patch_report(payload: dict[str, Any], console: Console, *, top: int = TOP) -
     console.print(Text(f"  {payload['path']}; {payload['seconds']:.1f} s", style="dim"))
     if payload.get("paths"):
         path_report(payload["paths"], console)
+    if payload.get("self_repair"):
+        self_repair_report(payload["self_repair"], console, top=top)
 
 
 def _receiver(receiver: list[int] | str) -> str:
@@ -144,5 +148,6 @@ def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int =
             + ("<h2>By position: the top heads</h2><div class=\"probe-patch-position\"></div>"
                if data["by_position"] is not None else "")
             + ("<h2>Path patching: senders (down) through receivers (across)</h2>"
-               "<div class=\"probe-patch-paths\"></div>" if data["paths"] is not None else ""))
+               "<div class=\"probe-patch-paths\"></div>" if data["paths"] is not None else "")
+            + (self_repair_html(payload["self_repair"], top=top) if payload.get("self_repair") else ""))
     return page("patch", f"probe patch: {payload['model']}", body, data, embed_plotly=embed_plotly)

@@ -21,6 +21,7 @@ from probe.heads.evidence import RULES, HeadFacts, Partner, judge, rule_for
 from probe.heads.scores import SCORES
 from probe.models import LoadedModel
 from probe.patterns import Patterns, token_strings
+from probe.selfrepair import SelfRepair
 
 STATUS_ORDER = ("confirmed", "partial", "unchecked", "pattern_only")
 
@@ -38,6 +39,7 @@ class Measured:
     examples: tuple[Activity, dict[tuple[int, int], list[Example]]] | None  # None: W_O unreadable
     dla: Attribution | None
     fast: bool
+    self_repair: SelfRepair | None = None  # the self_repair stage, where it ran
 
 
 def _number(value: Any) -> float | None:
@@ -88,8 +90,17 @@ def _effects(result: HeadResult | None, estimated: bool) -> dict[str, Any] | Non
             "parts": {name: _number(value) for name, value in result.part_deltas.items()}}
 
 
+def _repair(measured: Measured, layer: int, head: int) -> dict[str, Any] | None:
+    """The head's self-repair row (SelfRepair.row), where the stage ran."""
+    result = measured.self_repair
+    if result is None or (layer, head) not in result.heads:
+        return None
+    return result.row(result.heads.index((layer, head)))
+
+
 def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None) -> dict[str, float | None]:
     layer, head = facts.layer, facts.head
+    repair = _repair(measured, layer, head)
     ablated = _by_head(measured.ablation).get((layer, head))
     task = _by_head(measured.task).get((layer, head))
     effects = ablated.effects if ablated is not None else {}
@@ -105,6 +116,7 @@ def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None) ->
         "nonfirst_attention": _number(nonfirst.mean()) if nonfirst is not None and nonfirst.numel() else None,
         "k_in": _number(max((p.score for p in facts.feeders if p.kind == "k"), default=None)),
         "out": _number(max((p.score for p in facts.readers), default=None)),
+        "self_repair": None if repair is None else _number(repair["self_repair"]),
     })
     return out
 
@@ -143,6 +155,7 @@ def _head(measured: Measured, reader: OVReader | None, layer: int, head: int,
         "effects": _effects(_by_head(measured.ablation).get((layer, head)), measured.fast),
         "task": None if task is None else {"delta": _number(task.delta),
                                            **{k: _number(v) for k, v in task.task.items()}},
+        "self_repair": _repair(measured, layer, head),
     }
 
 
@@ -160,6 +173,9 @@ def assemble(loaded: LoadedModel, measured: Measured, settings: dict[str, Any], 
                 "task_baseline": None if measured.task is None else measured.task.task,
                 "composition_baseline": None if measured.composition is None else measured.composition.baseline,
                 "dla_residual": None if measured.dla is None else measured.dla.residual,
+                "self_repair": None if measured.self_repair is None else {
+                    "metric": measured.self_repair.metric, "method": measured.self_repair.method,
+                    "compensation_unit": measured.self_repair.unit, "path": measured.self_repair.path},
                 "rules": sorted(RULES)}
     return Atlas(loaded.name, classes.n_layers, classes.n_heads, heads, described, settings, stages, patterns,
                  classes.layer_names)

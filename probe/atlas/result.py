@@ -16,6 +16,8 @@ METRICS = {
     "task_delta": "task margin loss change when the head is ablated (--task)",
     "copying": "copying score: sum(eigenvalues) / sum(|eigenvalues|) of W_E W_OV W_U",
     "dla": "direct logit attribution to the correct next token on natural text, mean over positions",
+    "self_repair": "log-likelihood the rest of the model gives back when the head is zero-ablated on natural text: "
+                   "total change minus the head's direct effect (--self-repair)",
     "output_norm": "mean norm of what the head writes into the residual stream",
     "nonfirst_attention": "mean over positions of the head's largest attention to a key after the first",
     "k_in": "strongest K-composition into this head from an earlier head",

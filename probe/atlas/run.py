@@ -5,7 +5,9 @@ Stages: classify (every registered class), weights (K/Q/V composition, copying),
 text: the exact sweep, or the estimate with `fast`), parts (the heads of classes whose evidence rule names a probe set
 part, ablated there: the second copy of a repeated sequence for induction and previous-token heads), task (with
 `task`), examples (two passes over natural text), patterns (every head on each probe set's first sequence) and dla
-(the correct next token's logit on natural text). A stage the model cannot do (no embeddings for the copying score,
+(the correct next token's logit on natural text), and with `self_repair` the self_repair stage (every head zero-ablated
+on natural text: total and direct effect on the log-likelihood, the heads that cover for it; one forward per head and
+batch, about as long as the exact sweep). A stage the model cannot do (no embeddings for the copying score,
 no block list for DLA) is skipped with its reason. With `results_dir` the sweeps stream there and `resume` continues
 them.
 """
@@ -26,6 +28,7 @@ from probe.atlas.result import Atlas, Stage
 from probe.circuits.composition import composition_scores, copying_scores
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet, build_probe_set
 from probe.dla import next_token_attribution
+from probe.selfrepair import text_self_repair
 from probe.errors import ProbeError
 from probe.heads.classify import Classification, classify
 from probe.heads.evidence import RULES
@@ -129,7 +132,7 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
           num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
           thresholds: dict[str, float] | None = None, task: str | Path | None = None, task_count: int = 32,
           fast: bool = False, batch_size: int = 8, results_dir: str | Path | None = None, resume: bool = False,
-          progress: StageProgress | bool | None = None) -> Atlas:
+          progress: StageProgress | bool | None = None, self_repair: bool = False) -> Atlas:
     """Every head's evidence (see the module docstring): its classes, each label judged by its evidence rule
     (probe.heads.evidence), examples, OV writes, composition partners and causal effects. `fast` estimates the
     ablation deltas on natural text (attribution patching, marked estimated; a task's are exact all the same).
@@ -155,10 +158,12 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
                                                      for name in _pattern_sets(classes)})
     dla = stages.optional("dla", lambda tick: next_token_attribution(loaded, natural.input_ids, natural.attention_mask,
                                                                      batch_size=batch_size))
-    measured = Measured(classes, ablation, parts, tasks, composition, copying, examples, dla, fast)
+    repair = None if not self_repair else stages.optional("self_repair", lambda tick: text_self_repair(
+        loaded, natural, batch_size=batch_size, progress=tick))
+    measured = Measured(classes, ablation, parts, tasks, composition, copying, examples, dla, fast, repair)
     settings = {"data": str(data) if data is not None else "natural (probe's English text)", "seq_len": seq_len,
                 "num_seqs": num_seqs, "repeat_len": repeat_len, "seed": seed, "fast": fast,
-                "task": None if task is None else str(task), "natural": natural.to_dict()}
+                "task": None if task is None else str(task), "natural": natural.to_dict(), "self_repair": self_repair}
     return assemble(loaded, measured, settings, stages.done, patterns)
 
 

@@ -130,6 +130,13 @@
                  ["second-copy \u0394 (repeated)", fmt(metrics.second_repeat_delta)],
                  ["task \u0394", fmt(metrics.task_delta)], ["DLA (next token)", fmt(metrics.dla)],
                  ["copying score", fmt(metrics.copying, 3)]];
+    if (entry.self_repair) {  // --self-repair: what the rest of the model gives back (log-likelihood)
+      var repair = entry.self_repair;
+      facts.push(["Δ log-likelihood: total / direct", fmt(repair.total) + " / " + fmt(repair.direct)]);
+      facts.push(["self-repair (total − direct)", fmt(repair.self_repair)]);
+      facts.push(["covered by (Δ DLA)", repair.compensating.map(function (c) {
+        return c.layer + "." + c.head + " " + fmt(c.value, 3); }).join(", ") || "–"]);
+    }
     var table = make("table", "probe-kv");
     facts.forEach(function (fact) {
       var row = make("tr", "");

@@ -1,0 +1,380 @@
+"""Self-repair per head: what ablating a head costs in total, what it costs through its own direct path to the
+logits, and which later components make up the difference (McGrath et al. 2023, the Hydra effect; Rushing and Nanda
+2024; the backup name movers of Wang et al. 2022).
+
+For each head, zero- or mean-ablated alone, one forward of each batch with every write into the residual stream
+recorded at the read points (probe.dla's recording), read through the final norm frozen at the CLEAN run:
+
+- total: the change of the score under the ablation, the model's own (the logit difference on a contrast set; on
+  natural text the log-likelihood of the next token, minus the loss). It is minus the sweep's delta of the same
+  ablation (the sweep measures minus the logit difference, or the loss).
+- direct: the head's own path only: its replaced output minus its clean output, through its rows of W_O, the frozen
+  norm and the unembedding, nothing downstream recomputed. Zero ablation: minus the head's DLA. On natural text the
+  change of the log-likelihood with that one change added to the clean logits.
+- self-repair = total - direct: what the rest of the model does in response (> 0: it makes up for the head).
+- compensation of a later head: its DLA under the ablation minus its clean DLA, both through the clean run's frozen
+  norm (`by_heads` sums them, `by_mlps` the MLPs', `by_norm` is what the final norm's own rescaling adds). On a
+  contrast set direct + by_heads + by_mlps + by_norm = total exactly; on natural text these are of the logit of the
+  correct next token (DLA's score there), not of the log-likelihood.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probe.ablation.blocks import keeping_outputs, skip_blocks
+from probe.ablation.heads import Head
+from probe.ablation.logits import CHECK_TOLERANCE
+from probe.ablation.methods import AblationMethod, build_method
+from probe.dla import Targets, _check_stream, _head_shares, _Recording, _recording, _Structure, frozen_norm, \
+    model_structure
+from probe.errors import ProbeError
+from probe.hooks.capture import attention_hooks
+from probe.hooks.run import logits_of, run_model
+from probe.inputs import ContrastSet, ProbeSet
+from probe.models import LoadedModel
+from probe.progress import ProgressArg, callback
+
+SELF_REPAIR_METHODS = ("zero", "mean")
+LOGIT_DIFF = "logit difference"
+LIKELIHOOD = "log-likelihood of the next token"
+COMPENSATING = 3  # later heads listed per ablated head
+REPAIR_FLOOR = 0.05  # `repaired` (self-repair / -direct) only where |direct| is this share of the largest |direct|:
+# a head with almost no direct effect has total - direct = its indirect effect, not a repair of anything
+
+
+@dataclass
+class _Clean:
+    """One batch's clean run at its read points: the frozen read vector and every share through it."""
+
+    targets: Targets
+    read: Tensor  # (points, d_model) float64: what a write is dotted with
+    heads: Tensor  # (points, n_layers, n_heads)
+    mlps: Tensor  # (points, n_blocks)
+    score: Tensor  # (points,) float64: the model's own score (logit difference, or log-likelihood)
+    logit: Tensor  # (points,) float64: the scored logit (difference) the shares sum to
+    scale: Tensor  # (points,) float64: the frozen norm's scale
+    centred: bool
+    gain: Tensor
+    logits: Tensor | None  # (points, vocab) float32: natural text only, what the direct effect adds to
+    recording: _Recording  # every write of the clean run at the read points
+    kept: dict[int, Any]  # block -> its output (what an ablated run starts from)
+
+
+@dataclass
+class _Sums:
+    """Per ablated head, sums over points (divided by the point count at the end)."""
+
+    total: Tensor
+    direct: Tensor
+    by_norm: Tensor
+    by_mlps: Tensor
+    compensation: Tensor  # (ablated, n_layers, n_heads)
+    points: int = 0
+
+    @classmethod
+    def zeros(cls, count: int, n_layers: int, n_heads: int) -> _Sums:
+        zero = torch.zeros(count, dtype=torch.float64)
+        return cls(zero.clone(), zero.clone(), zero.clone(), zero.clone(),
+                   torch.zeros(count, n_layers, n_heads, dtype=torch.float64))
+
+
+def _likelihood(logits: Tensor, answer: Tensor) -> Tensor:
+    """(points,) float64 log P(answer) under (points, vocab) logits."""
+    return logits.float().log_softmax(dim=-1).gather(-1, answer.to(logits.device)[:, None])[:, 0].double().cpu()
+
+
+def _score(targets: Targets, logits: Tensor) -> Tensor:
+    """The score of each point: the logit difference, or the next token's log-likelihood (no distractor)."""
+    return targets.scored(logits.double().cpu()) if targets.distractor is not None else _likelihood(
+        logits, targets.answer)
+
+
+def _forward(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
+             edit: Callable[[int, Tensor], Tensor] | None, *, keep: dict[int, Any] | None = None,
+             skip: dict[int, Any] | None = None) -> tuple[_Recording, Tensor]:
+    """One forward, `edit` applied to the heads' outputs first, every write recorded at the read points; the
+    logits at those points. `keep`: every block's output kept there; `skip`: those blocks return the given value
+    instead of running (the clean prefix reused, as the sweep's exact path reuses it)."""
+    recording = _Recording(targets, per_position=False)
+    positions = torch.unique(targets.positions)  # the LM head runs at these alone (the IOI prompts' last ones)
+
+    def heads(layer: int, z: Tensor) -> Tensor:
+        return recording.edit_heads(layer, z if edit is None else edit(layer, z))
+
+    with ExitStack() as scope:
+        scope.enter_context(torch.no_grad())
+        scope.enter_context(_recording(structure, recording))
+        scope.enter_context(attention_hooks(loaded.model, points={"z": heads}))
+        if keep is not None:
+            scope.enter_context(keeping_outputs(structure.blocks, keep))
+        if skip:
+            scope.enter_context(skip_blocks(structure.blocks.container, skip))
+        output = run_model(loaded.model, ids, mask, logits=positions if len(positions) < ids.shape[1] else True)
+    logits = logits_of(output)
+    if logits.shape[1] == ids.shape[1]:
+        return recording, recording.at(logits)
+    at = torch.searchsorted(positions, targets.positions).to(logits.device)  # the kept positions' logits only
+    return recording, logits[targets.rows.to(logits.device), at].detach()
+
+
+def _mlp_shares(structure: _Structure, recording: _Recording, read: Tensor) -> Tensor:
+    return torch.stack([(recording.mlp[block].double().cpu() * read).sum(dim=-1)
+                        for block in range(len(structure.blocks))], dim=1)
+
+
+def _clean(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None,
+           targets: Targets) -> _Clean:
+    """The clean run of one batch, decomposed through its own frozen norm (its stream checked as DLA checks it)."""
+    kept: dict[int, Any] = {}
+    recording, logits = _forward(loaded, structure, ids, mask, targets, None, keep=kept)
+    _check_stream(structure, recording, recording.heads)
+    norm = frozen_norm(structure.norm, recording.final[0].double().cpu())
+    read = norm.read(targets.direction(structure.head.weight.detach()))
+    heads, _ = _head_shares(structure, recording, read)
+    return _Clean(targets, read, heads, _mlp_shares(structure, recording, read), _score(targets, logits),
+                  targets.scored(logits.double().cpu()), norm.scale, norm.centred, norm.gain,
+                  None if targets.distractor is not None else logits.float(), recording, kept)
+
+
+def _ablating(method: AblationMethod, layer: int, head: int, batch: int) -> Callable[[int, Tensor], Tensor]:
+    """A `z` writer: head `head` of `layer` replaced as the method replaces it, every other head as it was."""
+    def edit(index: int, z: Tensor) -> Tensor:
+        if index != layer:
+            return z
+        chosen = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
+        chosen[head] = True
+        replacement = method.replacement(layer, z, batch).to(device=z.device, dtype=z.dtype)
+        return torch.where(chosen[:, None], replacement, z)
+    return edit
+
+
+@dataclass
+class _Prefix:
+    """Whether ablated runs start at the ablated head's block from the clean run's kept outputs: checked once
+    against a full forward (as the sweep's exact path is), full forwards from then on if it differs."""
+
+    reuse: bool = True
+    checked: bool = False
+    reason: str = ""
+
+    @property
+    def path(self) -> str:
+        return "exact: each ablated run starts at its head's block" if self.reuse else f"full forwards ({self.reason})"
+
+    def run(self, loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None, clean: _Clean,
+            edit: Callable[[int, Tensor], Tensor], layer: int) -> tuple[_Recording, Tensor]:
+        """The ablated forward, its writes before the start block taken from the clean run (they are unchanged)."""
+        start = structure.blocks.of_layer[layer]
+        if not self.reuse or start == 0:
+            return _forward(loaded, structure, ids, mask, clean.targets, edit)
+        recording, logits = _forward(loaded, structure, ids, mask, clean.targets, edit,
+                                     skip={index: clean.kept[start - 1] for index in range(start)})
+        if not self.checked:
+            self.checked = True
+            full, expected = _forward(loaded, structure, ids, mask, clean.targets, edit)
+            gap = float((logits.float() - expected.float()).abs().max())
+            if gap > CHECK_TOLERANCE * max(1.0, float(expected.float().abs().max())):
+                self.reuse, self.reason = False, f"starting at a block differs from a full forward by {gap:.3g}"
+                return full, expected
+        for block in range(start):
+            recording.mlp[block] = clean.recording.mlp[block]
+        for position, each in enumerate(structure.layers):
+            if structure.blocks.of_layer[position] < start:
+                recording.heads[each.index] = clean.recording.heads[each.index]
+        return recording, logits
+
+
+def _direct_likelihood(structure: _Structure, clean: _Clean, write: Tensor) -> Tensor:
+    """(points,) the log-likelihood change of adding `write` (points, d_model), the ablated head's change through
+    its W_O rows, to the clean stream read through the frozen norm (nothing downstream recomputed)."""
+    assert clean.logits is not None
+    weight = structure.head.weight.detach()
+    write = write - write.mean(dim=-1, keepdim=True) if clean.centred else write
+    normed = (write * clean.scale[:, None] * clean.gain).to(device=weight.device, dtype=torch.float32)
+    changed = clean.logits + normed @ weight.float().T
+    return _likelihood(changed, clean.targets.answer) - clean.score
+
+
+def _add_ablation(sums: _Sums, index: int, structure: _Structure, clean: _Clean, ablated: _Recording,
+                  logits: Tensor, head: Head) -> None:
+    """Add one ablated forward's numbers at its batch's points to `sums[index]`."""
+    layer, h = head
+    shares, _ = _head_shares(structure, ablated, clean.read)
+    change = shares - clean.heads  # (points, n_layers, n_heads), through the clean run's frozen norm
+    mlps = (_mlp_shares(structure, ablated, clean.read) - clean.mlps).sum(dim=1)
+    direct_logit = change[:, layer, h]
+    logit = clean.targets.scored(logits.double().cpu()) - clean.logit
+    if clean.logits is None:
+        direct = direct_logit
+    else:
+        matrix = structure.projections[layer][0]
+        dim = structure.layers[layer].head_dim
+        z_change = (ablated.heads[layer][:, h] - clean.recording.heads[layer][:, h]).double().cpu()
+        direct = _direct_likelihood(structure, clean, z_change @ matrix[h * dim:(h + 1) * dim])
+    sums.total[index] += float((_score(clean.targets, logits) - clean.score).sum())
+    sums.direct[index] += float(direct.sum())
+    sums.by_mlps[index] += float(mlps.sum())
+    sums.by_norm[index] += float((logit - change.sum(dim=(1, 2)) - mlps).sum())
+    sums.compensation[index] += change.sum(dim=0)
+
+
+def _check(loaded: LoadedModel, method: str, heads: Sequence[Head] | None, top: int) -> tuple[_Structure, list[Head]]:
+    """The model's structure and the heads to ablate; ProbeError (one line) for what cannot be run."""
+    if method not in SELF_REPAIR_METHODS:
+        raise ProbeError(f"self-repair ablates a head by {' or '.join(SELF_REPAIR_METHODS)}, not {method!r}: the "
+                         "direct effect needs one replacement per head", parameter="method")
+    if top < 1:
+        raise ProbeError(f"top must be at least 1, got {top}", parameter="top")
+    structure = model_structure(loaded.model)
+    counts = {layer.n_heads for layer in structure.layers}
+    if len(counts) != 1:
+        raise ProbeError("layers with different numbers of heads: self-repair's (layer, head) table needs one",
+                         parameter="model")
+    every = [(layer.index, h) for layer in structure.layers for h in range(layer.n_heads)]
+    chosen = every if heads is None else [tuple(head) for head in heads]
+    missing = [head for head in chosen if head not in every]
+    if missing:
+        raise ProbeError(f"no head {missing[0][0]}.{missing[0][1]} in this model", parameter="heads")
+    return structure, chosen  # type: ignore[return-value]
+
+
+def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method: str, heads: Sequence[Head] | None,
+             batch_size: int, top: int, progress: ProgressArg) -> tuple[_Sums, list[Head], str, str]:
+    """Every chosen head ablated alone on every batch of `probe_set` (the sweep's batches): the sums over points."""
+    structure, chosen = _check(loaded, method, heads, top)
+    ablation = build_method(method, loaded, probe_set, batch_size=batch_size)
+    batches = probe_set.batches(batch_size)
+    ablation.bind([int(ids.shape[0]) for ids, _ in batches])
+    n_heads = structure.layers[0].n_heads
+    sums = _Sums.zeros(len(chosen), len(structure.layers), n_heads)
+    tick, done, prefix = callback(progress, "self-repair"), 0, _Prefix()
+    for index, (ids, mask) in enumerate(batches):
+        rows = slice(index * batch_size, index * batch_size + ids.shape[0])
+        part = targets.subset(rows)
+        if not len(part.rows):
+            continue
+        clean = _clean(loaded, structure, ids, mask, part)
+        sums.points += len(part.rows)
+        for number, (layer, h) in enumerate(chosen):
+            ablated, logits = prefix.run(loaded, structure, ids, mask, clean, _ablating(ablation, layer, h, index),
+                                         layer)
+            _add_ablation(sums, number, structure, clean, ablated, logits, (layer, h))
+            done += 1
+            if tick is not None:
+                tick(done, len(batches) * len(chosen))
+    if not sums.points:
+        raise ProbeError("no position to read the logits at", parameter="targets")
+    return sums, chosen, ablation.describe() or "", prefix.path
+
+
+@dataclass
+class SelfRepair:
+    """Per ablated head, means over the read points, float64 (module docstring): `total`, `direct`,
+    `self_repair` = total - direct, its parts `by_heads`, `by_mlps`, `by_norm`, and each later head's
+    `compensation` (n_layers, n_heads; the ablated head's own entry is its direct effect on the DLA score)."""
+
+    model: str
+    source: str
+    metric: str  # LOGIT_DIFF or LIKELIHOOD
+    method: str
+    dtype: str
+    points: int
+    heads: list[Head]
+    total: Tensor  # (ablated,)
+    direct: Tensor
+    by_mlps: Tensor
+    by_norm: Tensor
+    compensation: Tensor  # (ablated, n_layers, n_heads)
+    reference: str = ""  # what a mean ablation's mean was taken over
+    top: int = COMPENSATING
+    unit: str = field(default="")  # what compensation is measured in
+    path: str = ""  # how the ablated runs ran (the clean prefix reused, or full forwards and why)
+
+    @property
+    def self_repair(self) -> Tensor:
+        return self.total - self.direct
+
+    @property
+    def by_heads(self) -> Tensor:
+        """(ablated,) every other head's compensation, summed."""
+        own = torch.stack([self.compensation[i, layer, h] for i, (layer, h) in enumerate(self.heads)])
+        return self.compensation.sum(dim=(1, 2)) - own
+
+    def compensating(self, index: int, count: int | None = None) -> list[tuple[int, int, float]]:
+        """The `count` other heads whose DLA moved most against the ablated head's direct effect (rose where the
+        direct effect is a loss, fell where it is a gain: a negative head's), those that moved that way at all."""
+        sign = -1.0 if float(self.direct[index]) > 0 else 1.0
+        toward = self.compensation[index] * sign
+        toward[self.heads[index]] = float("-inf")
+        order = toward.flatten().argsort(descending=True)[:count or self.top]
+        width, values = toward.shape[1], self.compensation[index].flatten()
+        return [(*divmod(int(i), width), float(values[i])) for i in order if toward.flatten()[i] > 0]
+
+    def row(self, index: int) -> dict[str, Any]:
+        """One ablated head's numbers, its compensating heads, and `repaired` = self-repair / -direct (the share of
+        its direct effect the rest of the model gives back; None below REPAIR_FLOOR)."""
+        layer, head = self.heads[index]
+        direct, repair = float(self.direct[index]), float(self.self_repair[index])
+        floor = REPAIR_FLOOR * float(self.direct.abs().max())
+        return {"layer": layer, "head": head, "total": float(self.total[index]), "direct": direct,
+                "self_repair": repair, "repaired": repair / -direct if abs(direct) > max(floor, 1e-9) else None,
+                "by_heads": float(self.by_heads[index]), "by_mlps": float(self.by_mlps[index]),
+                "by_norm": float(self.by_norm[index]),
+                "compensating": [{"layer": at, "head": h, "value": v} for at, h, v in self.compensating(index)]}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain payload: one row per ablated head, largest |direct| first (the heads whose own path matters most),
+        each with its compensating heads."""
+        order = self.direct.abs().argsort(descending=True).tolist()
+        return {"model": self.model, "source": self.source, "metric": self.metric, "method": self.method,
+                "reference": self.reference, "dtype": self.dtype, "points": self.points,
+                "n_layers": self.compensation.shape[1], "n_heads": self.compensation.shape[2],
+                "compensation_unit": self.unit, "path": self.path, "repair_floor": REPAIR_FLOOR,
+                "heads": [self.row(index) for index in order]}
+
+
+def _result(loaded: LoadedModel, source: str, metric: str, method: str,
+            measured: tuple[_Sums, list[Head], str, str], top: int) -> SelfRepair:
+    sums, heads, reference, path = measured
+    n = sums.points
+    unit = LOGIT_DIFF if metric == LOGIT_DIFF else "logit of the next token"
+    return SelfRepair(loaded.name, source, metric, method, str(next(loaded.model.parameters()).dtype).replace(
+        "torch.", ""), n, heads, sums.total / n, sums.direct / n, sums.by_mlps / n, sums.by_norm / n,
+        sums.compensation / n, reference, top, unit, path)
+
+
+def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
+                         method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
+                         progress: ProgressArg = None) -> SelfRepair:
+    """Self-repair of the logit difference at each pair's last prompt position, on the clean prompts run as the
+    sweep and `probe patch` run them (probe.patching.contrast_runs); `heads` default to every head."""
+    from probe.patching.runs import contrast_runs
+
+    if contrast.classes is not None:
+        raise ProbeError("self-repair reads a language model's unembedding; a classifier's pooler and head are not "
+                         "decomposed", parameter="contrast")
+    clean, _ = contrast_runs(loaded, contrast)
+    targets = Targets(torch.arange(len(contrast)), contrast.last, contrast.answer, contrast.distractor)
+    measured = _measure(loaded, clean, targets, method, heads, batch_size, top, progress)
+    return _result(loaded, contrast.description, LOGIT_DIFF, method, measured, top)
+
+
+def text_self_repair(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
+                     method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
+                     progress: ProgressArg = None) -> SelfRepair:
+    """Self-repair of the next token's log-likelihood (minus the loss) at every position of natural text whose next
+    token is a token, as the sweep's cross-entropy counts them."""
+    ids = probe_set.input_ids
+    present = torch.ones_like(ids, dtype=torch.bool) if probe_set.attention_mask is None else \
+        probe_set.attention_mask.bool()
+    rows, positions = (present[:, 1:] & present[:, :-1]).nonzero(as_tuple=True)
+    targets = Targets(rows, positions, ids[rows, positions + 1])
+    measured = _measure(loaded, probe_set, targets, method, heads, batch_size, top, progress)
+    return _result(loaded, probe_set.description, LIKELIHOOD, method, measured, top)

@@ -1,0 +1,89 @@
+"""Self-repair tables from `SelfRepair.to_dict()` (probe.selfrepair), for `probe patch --self-repair` and `probe dla
+--self-repair`: the terminal table, CSV rows, the layer x head grid of self-repair and the page's table, each
+ablated head with the later heads that cover for it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from probe.reports.html import esc
+from probe.reports.labels import short_label
+
+TOP = 15  # ablated heads listed, largest |direct| first
+
+EXPLAINED = ("total: the score's change with the head ablated; direct: its own path to the logits (the final norm "
+             "frozen at the clean run); self-repair = total - direct (> 0: the rest of the model makes up for the "
+             "head); repaired: self-repair / -direct, the share of the direct effect given back (shown where |direct| "
+             "is at least {floor:.0%} of the largest: below it, total - direct is the head's indirect effect, not a "
+             "repair); heads, MLPs, norm: where self-repair comes from (later heads' DLA, the MLPs', the final "
+             "norm's rescaling); covered by: the later heads whose DLA moved most against the direct effect (rose; "
+             "fell where the direct effect is a gain, as a negative head's is)")
+
+
+def _explained(section: dict[str, Any]) -> str:
+    return (EXPLAINED.format(floor=section.get("repair_floor", 0.0))
+            + f"; heads, MLPs, norm and covered by in {section['compensation_unit']}")
+
+
+def _heads(section: dict[str, Any], top: int) -> list[dict[str, Any]]:
+    return list(section["heads"])[:top]
+
+
+def _covered(row: dict[str, Any]) -> str:
+    return ", ".join(f"{short_label(entry['layer'], entry['head'])} {entry['value']:+.3f}"
+                     for entry in row["compensating"]) or "-"
+
+
+def _share(value: float | None) -> str:
+    return "" if value is None else f"{value:.0%}"
+
+
+def _title(section: dict[str, Any]) -> str:
+    return (f"Self-repair of {section['model']}: {section['method']} ablation, {section['metric']} "
+            f"({section['points']} points; {section['dtype']}; largest |direct| first)")
+
+
+def self_repair_report(section: dict[str, Any], console: Console, *, top: int = TOP) -> None:
+    """The `top` ablated heads by |direct| effect, with their self-repair and the heads that cover for them."""
+    console.print(Text(_title(section), style="bold"))
+    table = Table(show_edge=False, pad_edge=False, box=None)
+    for name in ("head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm"):
+        table.add_column(name, justify="right")
+    table.add_column("covered by", justify="left")
+    for row in _heads(section, top):
+        table.add_row(short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",
+                      f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
+                      f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row))
+    console.print(table)
+    console.print(Text(f"  {_explained(section)}; {section.get('path', '')}", style="dim"))
+
+
+def self_repair_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
+    """One CSV row per ablated head (largest |direct| first), its compensating heads joined by spaces."""
+    return [{key: value for key, value in row.items() if key != "compensating"}
+            | {"covered_by": " ".join(f"{entry['layer']}.{entry['head']}" for entry in row["compensating"])}
+            for row in section["heads"]]
+
+
+def self_repair_grid(section: dict[str, Any]) -> list[list[float | None]]:
+    """(n_layers, n_heads) self-repair (None where a head was not ablated), for a layer x head map."""
+    grid: list[list[float | None]] = [[None] * section["n_heads"] for _ in range(section["n_layers"])]
+    for row in section["heads"]:
+        grid[row["layer"]][row["head"]] = round(float(row["self_repair"]), 6)
+    return grid
+
+
+def self_repair_html(section: dict[str, Any], *, top: int = TOP) -> str:
+    """The page's self-repair section: a title, what the columns mean, and the table (every text escaped)."""
+    header = ["head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm", "covered by"]
+    rows = [[short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",
+             f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
+             f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row)] for row in _heads(section, top)]
+    head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
+    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return (f"<h2>{esc(_title(section))}</h2><p class=\"probe-small\">{esc(_explained(section))}.</p>"
+            f"<table class=\"probe-static-table probe-self-repair\"><tr>{head}</tr>{body}</table>")
