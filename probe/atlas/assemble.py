@@ -159,7 +159,7 @@ def assemble(loaded: LoadedModel, measured: Measured, settings: dict[str, Any], 
     settings = {**settings, "baseline_loss": measured.ablation.baseline_loss, "sweep_path": measured.ablation.path,
                 "task_baseline": None if measured.task is None else measured.task.task,
                 "composition_baseline": None if measured.composition is None else measured.composition.baseline,
-                "dla_residual": None if measured.dla is None else measured.dla.residual,
+                "dla_residual": None if measured.dla is None else measured.dla.residual, "dtype": classes.dtype,
                 "rules": sorted(RULES)}
     return Atlas(loaded.name, classes.n_layers, classes.n_heads, heads, described, settings, stages, patterns,
                  classes.layer_names)
