@@ -338,7 +338,7 @@ def _rounding(recording: _Recording, read: Tensor, normed: Tensor, direction: Te
     """(points,) a bound on how far the model's own rounding puts its score from the exact sum of the shares: 2 eps
     of its dtype times what it rounded (each block's stream, dotted in absolute value with what a share reads; the
     final norm's output with the direction; the logits read). float32: ~1e-6; bfloat16: ~1e-1 on SmolLM2."""
-    eps = torch.finfo(recording.final[1].dtype).eps
+    eps = torch.finfo(recording.final[0].dtype).eps  # the stream's dtype: what the model rounded it to
     stream = sum(((out.double().cpu().abs() * read.abs()).sum(dim=-1) for out in recording.block_out.values()),
                  torch.zeros(len(read), dtype=torch.float64))
     targets, values = recording.targets, logits.double().cpu().abs()
@@ -368,12 +368,14 @@ def _batch_shares(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask:
 
 def _joined(parts: list[Shares]) -> Shares:
     """The batches' shares as one, point after point."""
-    positions = [part.head_positions for part in parts]
-    rounding = [part.rounding for part in parts]
-    return Shares(*(torch.cat([getattr(part, name) for part in parts])
+    def joined(values: list[Tensor | None]) -> Tensor | None:
+        present = [value for value in values if value is not None]
+        return torch.cat(present) if len(present) == len(values) else None
+
+    return Shares(*(torch.cat([getattr(part, name) for part in parts])  # type: ignore[misc]
                      for name in ("embeddings", "heads", "attention_biases", "mlps", "final_bias", "model_score")),
-                   None if any(value is None for value in positions) else torch.cat(positions),  # type: ignore[misc]
-                   None if any(value is None for value in rounding) else torch.cat(rounding))  # type: ignore[misc]
+                   head_positions=joined([part.head_positions for part in parts]),
+                   rounding=joined([part.rounding for part in parts]))
 
 
 def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tensor | None = None,

@@ -240,6 +240,7 @@ def test_float16_logits_past_its_range_do_not_overflow() -> None:
 
 SCORES_BFLOAT16 = 0.03  # measured 0.011 (sink) on SmolLM2 on CPU: bench/RESULTS.md
 SCORES_FLOAT16 = 0.01  # measured 0.003
+ABLATION_BFLOAT16 = 0.06  # cross-entropy deltas, absolute
 
 
 @pytest.fixture(scope="module")
@@ -284,7 +285,9 @@ def test_smollm2_ablate_patch_and_dla_in_bfloat16(smollm2, smollm2_bfloat16) -> 
         swept = sweep(loaded, natural_set(loaded, seq_len=32, num_seqs=2), heads)
         deltas.append(torch.tensor([result.delta for result in swept.heads]))
     assert swept.dtype == "bfloat16"
-    assert float((deltas[0] - deltas[1]).abs().max()) <= 0.05 * float(deltas[0].abs().max()) + 0.01
+    # bfloat16 logits carry 2^-8 of their size (0.05 at a logit of 12): the loss, and so a delta, moves by a few
+    # hundredths on 64 tokens (measured 0.040 of deltas up to 0.24)
+    assert float((deltas[0] - deltas[1]).abs().max()) <= ABLATION_BFLOAT16
     effects, shares = [], []
     for loaded in (smollm2, smollm2_bfloat16):
         contrast = contrast_task(loaded, "ioi", count=8)
