@@ -43,7 +43,7 @@ COMMANDS: dict[str, list[str]] = {
     "dla": ["dla", "--task", "ioi", "--count", "16"],
     "patch": ["patch", "--task", "ioi", "--count", "8", "--heads", SAMPLED],
     "ablate": ["ablate", "--data", "natural", "--num-seqs", "2", "--seq-len", "64", "--heads", SAMPLED],
-    "kv-heads": ["kv-heads", "--lengths", "256", "--depths", "0.5", "--no-curve", "--full-fraction", "0.5"],
+    "kv-heads": ["kv-heads", "--lengths", "512", "--depths", "0.5", "--no-curve", "--full-fraction", "0.5"],
 }
 """What each command runs with (the model is SmolLM2, the alias every command defaults to)."""
 
@@ -57,7 +57,7 @@ def run_command(args: list[str], dtype: str, folder: Path) -> tuple[dict[str, An
                           cwd=ROOT, env=environment, capture_output=True, text=True, timeout=3600)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
-        raise SystemExit(f"probe {' '.join(args)} --dtype {dtype} failed ({done.returncode}): {done.stderr[-2000:]}")
+        raise RuntimeError(f"probe {' '.join(args)} --dtype {dtype} failed ({done.returncode}): {done.stderr[-600:]}")
     return json.loads(path.read_text()), seconds
 
 
@@ -132,24 +132,41 @@ COMPARE = {"classify": compare_classify, "ablate": compare_ablate, "patch": comp
            "kv-heads": compare_kv_heads}
 
 
+def _measure(command: str, dtypes: list[str], folder: Path, log: Any) -> dict[str, Any]:
+    """One command in float32 and each dtype, compared; a run that fails is recorded as its error."""
+    args = COMMANDS[command]
+    found: dict[str, Any] = {"command": "probe " + " ".join(args) + " --dtype DTYPE", "seconds": {}}
+    try:
+        full, found["seconds"]["float32"] = run_command(args, "float32", folder)
+        for dtype in dtypes:
+            half, found["seconds"][dtype] = run_command(args, dtype, folder)
+            assert half["provenance"]["dtype"] == dtype, half["provenance"]["dtype"]
+            found[dtype] = COMPARE[command](half, full)
+            log(f"{command} {dtype}: {json.dumps(found[dtype])[:400]}")
+    except RuntimeError as error:
+        found["error"] = str(error)
+        log(str(error))
+    found["seconds"] = {dtype: round(seconds, 1) for dtype, seconds in found["seconds"].items()}
+    return found
+
+
 def run(dtypes: list[str], commands: list[str], log: Any = print) -> dict[str, Any]:
-    started, before = now(), load_average()
-    found: dict[str, Any] = {}
+    """Every command's comparison, saved after each command (a long run keeps what finished)."""
+    result = {"benchmark": "precision", "date": now(), "machine": machine(), "load_before": load_average(),
+              "model": "smollm2", "device": "cpu", "results": {},
+              "command": "python -m bench.precision " + " ".join(sys.argv[1:])}
     with tempfile.TemporaryDirectory() as folder:
         for command in commands:
-            args = COMMANDS[command]
-            full, seconds = run_command(args, "float32", Path(folder))
-            found[command] = {"command": "probe " + " ".join(args) + " --dtype DTYPE",
-                              "seconds": {"float32": round(seconds, 1)}}
-            for dtype in dtypes:
-                half, seconds = run_command(args, dtype, Path(folder))
-                assert half["provenance"]["dtype"] == dtype, half["provenance"]["dtype"]
-                found[command]["seconds"][dtype] = round(seconds, 1)
-                found[command][dtype] = COMPARE[command](half, full)
-                log(f"{command} {dtype}: {json.dumps(found[command][dtype])[:400]}")
-    return {"benchmark": "precision", "date": started, "machine": machine(), "load_before": before,
-            "load_after": load_average(), "model": "smollm2", "device": "cpu", "results": found,
-            "command": "python -m bench.precision " + " ".join(sys.argv[1:])}
+            result["results"][command] = _measure(command, dtypes, Path(folder), log)
+            result["load_after"] = load_average()
+            save(result)
+    return result
+
+
+def save(result: dict[str, Any]) -> None:
+    """Into OUT, keeping the commands this run did not measure."""
+    kept = json.loads(OUT.read_text()).get("results", {}) if OUT.exists() else {}
+    OUT.write_text(json.dumps({**result, "results": {**kept, **result["results"]}}, indent=1) + "\n")
 
 
 def main() -> None:
@@ -157,11 +174,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--commands", default=",".join(COMMANDS))
     args = parser.parse_args()
-    result = run(args.dtypes.split(","), args.commands.split(","))
-    if OUT.exists() and args.commands != ",".join(COMMANDS):  # a partial run: keep the other commands' numbers
-        kept = json.loads(OUT.read_text())
-        result["results"] = {**kept.get("results", {}), **result["results"]}
-    OUT.write_text(json.dumps(result, indent=1) + "\n")
+    run(args.dtypes.split(","), args.commands.split(","))
     print(f"saved {OUT}")
 
 
