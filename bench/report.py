@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from bench.common import GIB, RESULTS_MD, load_result
@@ -530,6 +531,21 @@ def lse(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def precision(data: dict[str, Any]) -> str:
+    """bench/precision.py: how far bfloat16 and float16 runs of SmolLM2 lie from float32's, command by command."""
+    lines = ["## Precision: bfloat16 and float16 against float32, SmolLM2, CPU", "", _machine(data),
+             "Each command run as a user runs it, once per dtype; every figure compares its JSON with float32's "
+             "(docs/precision.md quotes them as the precision contract).", "",
+             "| command | dtype | seconds | comparison with float32 |", "| --- | --- | ---: | --- |"]
+    for name, found in data["results"].items():
+        for dtype, seconds in found["seconds"].items():
+            compared = found.get(dtype)
+            text = "(the reference)" if compared is None else "; ".join(
+                f"{key}: {json.dumps(value)}" for key, value in compared.items())
+            lines.append(f"| `{found['command']}` | {dtype} | {seconds} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
 def render(extra: str = "") -> str:
     parts = [HEADER]
     for name, fn in (("classification", classification), ("ablation", ablation), ("taylor", taylor),
@@ -551,7 +567,8 @@ def render(extra: str = "") -> str:
     for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("lse-cli", lse, None), ("lse-threads1", lse, None),
                                  ("patching", patching, None),
                                  ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
-                                 ("atlas", atlas, None), ("kv_default", kv_default, None)):
+                                 ("atlas", atlas, None), ("kv_default", kv_default, None),
+                                 ("precision", precision, None)):
         data = load_result(name)
         if data is not None and (needs is None or needs in data):
             parts.append(section(data))

@@ -40,6 +40,7 @@ from probe.errors import ProbeError
 from probe.hooks.restore import interrupts_deferred, restoring
 from probe.models import LoadedModel
 from probe.patterns import token_strings
+from probe.provenance import model_dtype
 
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 PROJECTION_NAMES = ("o_proj", "dense", "c_proj", "out_proj", "W_o", "wo")
@@ -240,27 +241,41 @@ def frozen_norm(norm: nn.Module, stream: Tensor) -> _FrozenNorm:
                        bias.detach().double().cpu() if isinstance(bias, Tensor) else None)
 
 
-def _check_close(found: Tensor, expected: Tensor, what: str) -> None:
-    """Refuse where a write the decomposition assumes is not what the model computed."""
-    gap = float((found.double() - expected.double()).abs().max())
-    tolerance = max(STREAM_TOLERANCE, 8 * torch.finfo(expected.dtype).eps)  # half precision rounds more
-    if gap > tolerance * max(1.0, float(expected.abs().max())):
-        raise ProbeError(f"{what} (off by {gap:.3g}): direct logit attribution cannot decompose this model",
-                         parameter="model")
+def _check_close(found: Tensor, expected: Tensor, what: str, magnitude: Tensor, dtype: torch.dtype) -> None:
+    """Refuse where a write the decomposition assumes is not what the model computed. The tolerance scales with the
+    dtype the model runs in: float32's relative STREAM_TOLERANCE, plus 2 eps of that dtype times `magnitude` (each
+    element's sum of |terms| the model rounded: a bfloat16 stream of size 100 rounds a block's small write by 0.4)."""
+    gap = (found.double() - expected.double()).abs()
+    eps = torch.finfo(dtype).eps
+    allowed = STREAM_TOLERANCE * max(1.0, float(expected.double().abs().max())) + 2 * eps * magnitude.to(gap.device)
+    if bool((gap > allowed).any()):
+        worst, name = int((gap - allowed).argmax()), str(dtype).removeprefix("torch.")
+        raise ProbeError(f"{what} (off by {float(gap.flatten()[worst]):.3g} where {name} rounding allows "
+                         f"{float(allowed.flatten()[worst]):.3g}): direct logit attribution cannot decompose this "
+                         "model", parameter="model")
 
 
 def _check_stream(structure: _Structure, recording: _Recording, heads: dict[int, Tensor]) -> None:
-    """Each attention output is its heads through the output projection; each block writes attention + MLP."""
+    """Each attention output is its heads through the output projection; each block writes attention + MLP. Sums in
+    float64 from the recorded values, so that only the model's own rounding is left to tolerate."""
     for layer, (matrix, bias) in zip(structure.layers, structure.projections):
-        made = heads[layer.index].flatten(1).double() @ matrix.to(heads[layer.index].device)
+        z = heads[layer.index].flatten(1).double()
+        made = z @ matrix.to(z.device)
+        magnitude = z.abs() @ matrix.to(z.device).abs() + (0 if bias is None else bias.to(z.device).abs())
         _check_close(made + (0 if bias is None else bias.to(made.device)), recording.attention[layer.index],
-                     f"attention layer {layer.index}'s output is not its heads through its output projection")
+                     f"attention layer {layer.index}'s output is not its heads through its output projection",
+                     magnitude, recording.attention[layer.index].dtype)
     for block in range(len(structure.blocks)):
-        written = sum(recording.attention[index] for index, owner in enumerate(structure.blocks.of_layer)
-                      if owner == block) + recording.mlp[block]
-        _check_close(written, recording.block_out[block] - recording.block_in[block],
+        attention = [recording.attention[index].double() for index, owner in enumerate(structure.blocks.of_layer)
+                     if owner == block]
+        written = sum(attention) + recording.mlp[block].double()
+        into, out = recording.block_in[block], recording.block_out[block]
+        magnitude = into.double().abs() + out.double().abs() + recording.mlp[block].double().abs() + \
+            sum(part.abs() for part in attention)
+        _check_close(written, out.double() - into.double(),
                      f"block {block} adds more than its attention and MLP outputs to the residual stream (a norm "
-                     "after them, as in Gemma 2, or a residual added inside one, as in MPT's MLP)")
+                     "after them, as in Gemma 2, or a residual added inside one, as in MPT's MLP)", magnitude,
+                     out.dtype)
 
 
 @dataclass
@@ -274,6 +289,7 @@ class Shares:
     final_bias: Tensor  # (points,)
     model_score: Tensor  # (points,)
     head_positions: Tensor | None  # (points, n_layers, n_heads, keys)
+    rounding: Tensor | None = None  # (points,) how far the model's own rounding may put the shares' sum from its score
 
 
 def _head_shares(structure: _Structure, recording: _Recording, read: Tensor) -> tuple[Tensor, Tensor | None]:
@@ -314,7 +330,22 @@ def _shares(structure: _Structure, recording: _Recording, logits: Tensor | None)
         logits = structure.head(recording.final[1]).detach()
     return Shares(share(recording.block_in[0]), heads, torch.stack(biases, dim=1),
                    torch.stack([share(recording.mlp[block]) for block in range(len(structure.blocks))], dim=1),
-                   final_bias, targets.scored(logits.double().cpu()), positions)
+                   final_bias, targets.scored(logits.double().cpu()), positions,
+                   _rounding(recording, read, normed, direction, logits))
+
+
+def _rounding(recording: _Recording, read: Tensor, normed: Tensor, direction: Tensor, logits: Tensor) -> Tensor:
+    """(points,) a bound on how far the model's own rounding puts its score from the exact sum of the shares: 2 eps
+    of its dtype times what it rounded (each block's stream, dotted in absolute value with what a share reads; the
+    final norm's output with the direction; the logits read). float32: ~1e-6; bfloat16: ~1e-1 on SmolLM2."""
+    eps = torch.finfo(recording.final[0].dtype).eps  # the stream's dtype: what the model rounded it to
+    stream = sum(((out.double().cpu().abs() * read.abs()).sum(dim=-1) for out in recording.block_out.values()),
+                 torch.zeros(len(read), dtype=torch.float64))
+    targets, values = recording.targets, logits.double().cpu().abs()
+    index = torch.arange(len(read))
+    read_logits = values[index, targets.answer] + (0 if targets.distractor is None else
+                                                   values[index, targets.distractor])
+    return 2 * eps * (stream + (normed.abs() * direction.abs()).sum(dim=-1) + read_logits)
 
 
 def _capped(model: nn.Module) -> bool:
@@ -337,10 +368,14 @@ def _batch_shares(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask:
 
 def _joined(parts: list[Shares]) -> Shares:
     """The batches' shares as one, point after point."""
-    positions = [part.head_positions for part in parts]
-    return Shares(*(torch.cat([getattr(part, name) for part in parts])
+    def joined(values: list[Tensor | None]) -> Tensor | None:
+        present = [value for value in values if value is not None]
+        return torch.cat(present) if len(present) == len(values) else None
+
+    return Shares(*(torch.cat([getattr(part, name) for part in parts])  # type: ignore[misc]
                      for name in ("embeddings", "heads", "attention_biases", "mlps", "final_bias", "model_score")),
-                   None if any(value is None for value in positions) else torch.cat(positions))  # type: ignore[misc]
+                   head_positions=joined([part.head_positions for part in parts]),
+                   rounding=joined([part.rounding for part in parts]))
 
 
 def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tensor | None = None,
@@ -385,6 +420,7 @@ class Attribution:
     tokens: list[list[str]]  # per point: a contrast pair's prompt (what head_positions are over); else the read token
     corrupt_score: Tensor | None = None  # (points,) the model's logit difference on the corrupt prompts
     capped: bool = False  # the logits are soft-capped: DLA and the score are of the logits before capping
+    dtype: str = "float32"  # what the model ran in: the shares are float64 sums of its values in this dtype
 
     @property
     def per_head(self) -> Tensor:
@@ -402,6 +438,12 @@ class Attribution:
     def residual(self) -> float:
         """max over points of |sum of shares - the model's own score|: the decomposition's identity check."""
         return float((self.total - self.shares.model_score).abs().max())
+
+    @property
+    def rounding_bound(self) -> float | None:
+        """max over points of the bound on |sum of shares - score| that the model's own rounding allows (its dtype's
+        eps times what it rounded: docs/precision.md); the residual lies within it."""
+        return None if self.shares.rounding is None else float(self.shares.rounding.max())
 
     def top_heads(self, count: int) -> list[tuple[int, int]]:
         """The `count` heads of largest |mean share|, largest first."""
@@ -428,7 +470,8 @@ class Attribution:
         return {"model": self.model, "source": self.source, "metric": self.metric, "points": len(self.tokens),
                 "n_layers": per_head.shape[0], "n_heads": per_head.shape[1], "capped": self.capped,
                 "logit_diff": float(shares.model_score.mean()), "logit_diff_corrupt": corrupt,
-                "identity": {"sum": float(self.total.mean()), "max_residual": self.residual},
+                "dtype": self.dtype, "identity": {"sum": float(self.total.mean()), "max_residual": self.residual,
+                                                  "rounding_bound": self.rounding_bound},
                 "components": {"embeddings": float(shares.embeddings.mean()),
                                "heads": float(shares.heads.sum(dim=(1, 2)).mean()),
                                "attention_biases": float(shares.attention_biases.sum(dim=1).mean()),
@@ -448,7 +491,7 @@ def logit_attribution(loaded: LoadedModel, contrast: ContrastSet, *, batch_size:
     corrupt = logit_diffs(loaded, contrast, contrast.corrupt, batch_size=batch_size)
     tokens = [token_strings(loaded, contrast.clean[row, :int(contrast.last[row]) + 1]) for row in range(len(contrast))]
     return Attribution(loaded.name, contrast.description, "logit difference", shares, tokens, corrupt,
-                       _capped(loaded.model))
+                       _capped(loaded.model), model_dtype(loaded))
 
 
 def next_token_attribution(loaded: LoadedModel, ids: Tensor, mask: Tensor | None = None, *,
@@ -461,4 +504,5 @@ def next_token_attribution(loaded: LoadedModel, ids: Tensor, mask: Tensor | None
     shares = attribute(loaded, ids, targets, mask=mask, batch_size=batch_size)
     tokens = [[token] for token in token_strings(loaded, ids[rows, positions])]
     return Attribution(loaded.name, f"natural text, {ids.shape[0]} sequences, {len(rows)} positions",
-                       "logit of the next token", shares, tokens, capped=_capped(loaded.model))
+                       "logit of the next token", shares, tokens, capped=_capped(loaded.model),
+                       dtype=model_dtype(loaded))

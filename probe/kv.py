@@ -49,6 +49,7 @@ from probe.hooks.stacks import is_encoder_decoder
 from probe.kernels import FusedStatistics
 from probe.models import LoadedModel
 from probe.progress import Progress
+from probe.provenance import model_dtype
 CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the scored ones
 BUDGET_SEED_OFFSET = 2000  # the budget's needle prompts: another seed than the scored ones and the curve's
 DEFAULT_FULL_FRACTION = 0.25  # the fixed budget's default, where a fixed budget is asked for
@@ -433,6 +434,7 @@ class KVHeads:
     options: dict[str, Any] = field(default_factory=dict)
     budget: Budget | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage: scores, order, budget, curve
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     def label(self, layer: int, kv_head: int) -> str:
         return "full" if (layer, kv_head) in self.full else "streaming"
@@ -451,7 +453,7 @@ class KVHeads:
         group = self.n_heads // self.n_kv_heads
         return {
             "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
-            "sink": self.sink, "recent": self.recent, "options": self.options,
+            "sink": self.sink, "recent": self.recent, "options": self.options, "dtype": self.dtype,
             "aggregation": "a KV head's retrieval score is the max over its query heads, its streaming score the min",
             "kv_heads": [
                 {"layer": layer, "kv_head": kv, "label": self.label(layer, kv),
@@ -586,7 +588,7 @@ def kv_heads(
     clock.lap("budget")
     result = KVHeads(loaded.name, retrieval.shape[0], n_heads, n_kv, sink, recent, retrieval.float(),
                      streaming.float(), kv_retrieval.float(), kv_streaming.float(), order, full,
-                     accuracy_table(scored, run), budget=budget)
+                     accuracy_table(scored, run), budget=budget, dtype=model_dtype(loaded))
     result.options = {"lengths": list(lengths), "depths": list(depths), "prompts": prompts, "seed": seed,
                       "needle": options.needle, "full_fraction": full_fraction,
                       "retrieval_threshold": retrieval_threshold, "streaming_threshold": streaming_threshold,

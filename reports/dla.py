@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import ASSETS, esc, facts_table, page
-from probe.reports.labels import short_label
+from probe.reports.labels import precision_note, short_label
 from probe.reports.selfrepair import TOP, self_repair_grid, self_repair_html, self_repair_report
 
 SHOWN_POSITIONS = 4  # source positions named for the top head
@@ -72,6 +72,10 @@ def dla_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> N
     note = "before soft-capping; " if payload["capped"] else ""
     console.print(Text(f"DLA: {note}each component through the final norm, its scale frozen at the clean run, "
                        "dotted with W_U[answer] - W_U[distractor]", style="dim"))
+    bound = payload["identity"].get("rounding_bound")
+    within = "" if bound is None else f"; the model's own rounding allows |sum - model's own| up to {bound:.2e}"
+    if precision_note(payload):
+        console.print(Text(precision_note(payload) + within, style="dim"))
     if payload.get("self_repair"):
         self_repair_report(payload["self_repair"], console, top=top)
 

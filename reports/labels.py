@@ -8,6 +8,7 @@ its heads read `x3.1` and `layer x3, head 1`. Every function takes those names (
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 LayerNames = Sequence[str] | None
 """A payload's `layer_names`, or None where it has none (a model of one stack)."""
@@ -26,3 +27,14 @@ def short_label(layer: int, head: int, names: LayerNames = None) -> str:
 def long_label(layer: int, head: int, names: LayerNames = None) -> str:
     """`layer 18, head 6`: for a reader rather than for a command line."""
     return f"layer {layer_label(layer, names)}, head {head}"
+
+
+def precision_note(payload: dict[str, Any]) -> str:
+    """The footer clause that says what a result was computed in: `computed in bfloat16 (...)`, from the payload's
+    `dtype` ("" where it has none: a payload written before results recorded it)."""
+    dtype = payload.get("dtype")
+    if not dtype:
+        return ""
+    if dtype == "float32":
+        return "computed in float32"
+    return f"computed in {dtype}, its sums in float32 or wider (docs/precision.md: how far it lies from float32)"

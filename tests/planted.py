@@ -89,9 +89,9 @@ class PlantedModel(nn.Module):
 
     def forward(self, input_ids: Tensor) -> Tensor:
         b, n = input_ids.shape
-        x = torch.zeros(b, n, D_MODEL, device=input_ids.device)
-        x[..., TOK:TOK + VOCAB] = nn.functional.one_hot(input_ids, VOCAB).float()
-        x[..., POS:POS + n] = torch.eye(n, device=input_ids.device)
+        x = torch.zeros(b, n, D_MODEL, device=input_ids.device, dtype=next(self.parameters()).dtype)
+        x[..., TOK:TOK + VOCAB] = nn.functional.one_hot(input_ids, VOCAB).to(x.dtype)
+        x[..., POS:POS + n] = torch.eye(n, device=input_ids.device, dtype=x.dtype)
         x[..., ONE] = 1.0
         for layer in self.layers:
             x = x + layer(x)[0]

@@ -39,6 +39,7 @@ from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 from probe.models.parts import output_embeddings
+from probe.provenance import model_dtype
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
 BACKWARD_COST = 1.4  # a backward to the head outputs only (no weight gradients), in plain forwards (same)
@@ -278,4 +279,4 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
         probe_set=probe_set.to_dict() | {"description": probe_set.description},
         seconds=time.perf_counter() - started, forwards=spent,
         terms={head: (float(terms.first[head]), float(terms.second[head])) for head in heads},
-        layer_names=layer_names(attention_layers(loaded.model)))
+        layer_names=layer_names(attention_layers(loaded.model)), dtype=model_dtype(loaded))

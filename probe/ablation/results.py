@@ -135,6 +135,7 @@ class AblationResult:
     terms: dict[Head, tuple[float, float]] | None = None  # estimate mode: (first-order, second-order) per head
     task: dict[str, float] | None = None  # task sets: the unablated model's margin and accuracy
     layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     @property
     def heads(self) -> list[HeadResult]:
@@ -157,6 +158,7 @@ class AblationResult:
             "metric_description": metric.description if metric is not None else self.metric,
             "baseline_loss": self.baseline_loss, "heads": [self._entry(r) for r in self.heads],
             "n_layers": self.n_layers, "n_heads": self.n_heads, "mode": self.mode, "path": self.path,
+            "dtype": self.dtype,
         }
         if self.layer_names:
             data["layer_names"] = self.layer_names

@@ -87,7 +87,13 @@ class HeadStatistics:
         digest.update(str(self.per_position).encode())
         for name in names:
             for layer in sorted(self.stats[name]):
-                digest.update(self.stats[name][layer].cpu().contiguous().numpy().tobytes())
+                _add_tensor(digest, self.stats[name][layer])
+
+
+def _add_tensor(digest: hashlib._Hash, value: Tensor) -> None:
+    """A tensor's exact bytes into a fingerprint, in any dtype: numpy has no bfloat16, so the bytes are read through a
+    uint8 view (the same bytes numpy gives for the dtypes it has: float32 fingerprints are unchanged)."""
+    digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
 HeadMeans = HeadStatistics
@@ -174,7 +180,7 @@ class HeadOutputs:
     def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         for batch in self.values:
             for layer in sorted(batch):
-                digest.update(batch[layer].cpu().contiguous().numpy().tobytes())
+                _add_tensor(digest, batch[layer])
 
 
 def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, hook: str,

@@ -121,7 +121,7 @@ def load_results(*paths: str | Path) -> AblationResult:
                           n_layers=h["n_layers"], n_heads=h["n_heads"], mode=h.get("mode", "exact"),
                           path=h.get("path", ""), baseline_parts=h.get("baseline_parts", {}),
                           probe_set=h.get("probe_set", {}), mean=h.get("mean"), task=h.get("task"),
-                          layer_names=h.get("layer_names"))
+                          layer_names=h.get("layer_names"), dtype=h.get("dtype", "float32"))
 
 
 class Stream:

@@ -269,7 +269,8 @@ def _result(loaded: LoadedModel, chosen: AblationMethod, runner: Runner, header:
         results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
         n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
         baseline_parts=base.parts, probe_set=header["probe_set"], mean=header["mean"],
-        seconds=time.perf_counter() - started, task=base.task, layer_names=header.get("layer_names"))
+        seconds=time.perf_counter() - started, task=base.task, layer_names=header.get("layer_names"),
+        dtype=header["dtype"])
 
 
 def sweep(

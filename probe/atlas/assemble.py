@@ -172,7 +172,7 @@ def assemble(loaded: LoadedModel, measured: Measured, settings: dict[str, Any], 
     settings = {**settings, "baseline_loss": measured.ablation.baseline_loss, "sweep_path": measured.ablation.path,
                 "task_baseline": None if measured.task is None else measured.task.task,
                 "composition_baseline": None if measured.composition is None else measured.composition.baseline,
-                "dla_residual": None if measured.dla is None else measured.dla.residual,
+                "dla_residual": None if measured.dla is None else measured.dla.residual, "dtype": classes.dtype,
                 "self_repair": None if measured.self_repair is None else {
                     "metric": measured.self_repair.metric, "method": measured.self_repair.method,
                     "compensation_unit": measured.self_repair.unit, "path": measured.self_repair.path},

@@ -75,6 +75,7 @@ class Atlas:
         metrics = {name: text for name, text in METRICS.items()
                    if any(entry["metrics"].get(name) is not None for entry in self.heads)}
         return {"model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads,
+                "dtype": self.settings.get("dtype", "float32"),
                 **({"layer_names": self.layer_names} if self.layer_names else {}),
                 "settings": self.settings, "stages": [stage.to_dict() for stage in self.stages],
                 "classes": self.classes, "metrics": metrics,

@@ -25,6 +25,7 @@ from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 from probe.progress import Progress, callback, log
+from probe.provenance import model_dtype
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Classification:
     not_applicable: dict[str, list[int]] = field(default_factory=dict)  # class -> layers it does not apply to (n/a)
     path: str = ""  # how the scores were computed: the fast path's backend ("cpu"), "blocked", or which layers went
     # which way (score_heads)
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     def labels(self, layer: int, head: int) -> list[str]:
         return [name for name, score in self.scores.items() if float(score[layer, head]) > self.thresholds[name]]
@@ -60,6 +62,7 @@ class Classification:
             "n_heads": self.n_heads,
             **({"layer_names": self.layer_names} if self.layer_names else {}),
             **({"path": self.path} if self.path else {}),
+            "dtype": self.dtype,
             "thresholds": dict(self.thresholds),
             "classes": {name: SCORES[name].describe() if name in SCORES else self.extra_classes[name]
                         for name in self.scores if name in SCORES or name in self.extra_classes},
@@ -322,6 +325,7 @@ def classify(
         layer_names=layer_names(layers),
         not_applicable=not_applicable,
         path=paths[order[0]] if len(set(paths.values())) == 1 else "; ".join(f"{k}: {v}" for k, v in paths.items()),
+        dtype=model_dtype(loaded),
     )
 
 

@@ -121,6 +121,8 @@ def _block_scores(query: Tensor, key_t: Tensor, start: int, stop: int, limit: in
     # (b * hk, repeat * size, d): the query heads sharing a key/value head, one after the other
     q = query[:, :, start:stop].reshape(batch * n_kv_heads, rows, head_dim) * scaling
     keys = key_t[..., :limit].reshape(batch * n_kv_heads, head_dim, limit)  # a view: key_t is key transposed
+    if buffer.dtype != q.dtype:  # float16: logits in float32, where they cannot overflow (|q . k| past 65504)
+        q, keys = q.to(buffer.dtype), keys.to(buffer.dtype)
     out = buffer.view(batch * n_kv_heads, rows, limit) if buffer.reusable else None
     scores = torch.bmm(q, keys, out=out).view(batch, n_heads, size, limit)
     del q
@@ -172,7 +174,8 @@ def _buffers(query: Tensor, key: Tensor, value: Tensor, plan: _Plan) -> tuple[_B
     batch, n_heads = query.shape[:2]
     numel = batch * n_heads * plan.block * key.shape[2]
     reusable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
-    return (_Buffer(numel, query.dtype, query.device, reusable),
+    logits = torch.float32 if query.dtype == torch.float16 else query.dtype  # float16's range ends at 65504
+    return (_Buffer(numel, logits, query.device, reusable),
             _Buffer(numel, torch.float32, query.device, reusable))
 
 

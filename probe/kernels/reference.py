@@ -14,7 +14,8 @@ from probe.kernels.fused import FusedAttention
 
 
 class ReferenceBackend:
-    """Eager attention in query blocks: output and each row's log-sum-exp in float32."""
+    """Eager attention in query blocks: output and each row's log-sum-exp in float32, and statistics that rebuild
+    weights from float32 logits of the (possibly half-precision) queries and keys, as every backend's do."""
 
     name = "reference"
 
@@ -43,7 +44,7 @@ class ReferenceBackend:
                 logits = logits.masked_fill(torch.arange(kv, device=logits.device)[None, :] > rows, float("-inf"))
             lse[:, :, start:stop] = torch.logsumexp(logits, dim=-1)
             output[:, :, start:stop] = torch.matmul(torch.softmax(logits, dim=-1), values)
-        statistics = FusedAttention(query, key, call.bias, call.scaling, plain_causal, lse, config)
+        statistics = FusedAttention(query.float(), key.float(), call.bias, call.scaling, plain_causal, lse, config)
         return output.transpose(1, 2).to(value.dtype).contiguous(), statistics
 
 

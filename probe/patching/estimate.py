@@ -36,6 +36,7 @@ from probe.hooks.stacks import layer_names
 from probe.hooks.types import AttentionInputs
 from probe.inputs import ProbeSet, normalised_effect
 from probe.models import LoadedModel
+from probe.provenance import model_dtype
 from probe.patching.heads import PatchEntry, PatchResult, check_runs, patch_units, row_logit_diffs
 
 RECOMPUTE_TOLERANCE = 1e-4  # the QK fix's recomputation of an unpatched head against the model's own output
@@ -177,4 +178,5 @@ def estimate_patches(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, he
                        clean_ld, corrupt_ld, len(layers), max(layer.n_heads for layer in layers),
                        max(layer.n_kv_heads for layer in layers), entries, mode="estimate",
                        path=f"estimate: attribution patching, {how} (no GradDrop)",
-                       seconds=time.perf_counter() - started, layer_names=layer_names(layers))
+                       seconds=time.perf_counter() - started, layer_names=layer_names(layers),
+                       dtype=model_dtype(loaded))

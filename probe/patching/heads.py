@@ -37,6 +37,7 @@ from probe.inputs import ProbeSet, normalised_effect
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
+from probe.provenance import model_dtype
 
 Sweep = Callable[..., AblationResult | None]
 """sweep, or probe.distributed.sharded_sweep (same keywords): what runs the patches."""
@@ -82,6 +83,7 @@ class PatchResult:
     dla_note: str | None = None  # why there is none
     classes: dict[Head, list[str]] = field(default_factory=dict)  # each head's classes, where they were classified
     paths: dict[str, Any] | None = None  # a path patching matrix (probe.patching.paths.PathResult.to_dict())
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     def add_classes(self, labels: Callable[[int, int], list[str]]) -> None:
         """Each head's classes (e.g. `Classification.labels`), shown beside its patch effect."""
@@ -110,6 +112,7 @@ class PatchResult:
                 "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
                 "heads": self.heads(), "by_position": [entry.to_dict() for entry in self.positions],
                 "tokens": self.tokens, "mode": self.mode, "path": self.path, "seconds": round(self.seconds, 3),
+                "dtype": self.dtype,
                 **({"dla_note": self.dla_note} if self.dla_note else {}),
                 **({"paths": self.paths} if self.paths else {}),
                 **({"layer_names": self.layer_names} if self.layer_names else {})}
@@ -210,7 +213,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
     return PatchResult(loaded.name, component, "noising" if noising else "denoising", data or clean.description,
                        clean_ld, corrupt_ld, *layer_shape(layers), max(layer.n_kv_heads for layer in layers), entries,
                        positions, _tokens(loaded, clean) if by_position else [], swept.mode, swept.path,
-                       time.perf_counter() - started, layer_names(layers))
+                       time.perf_counter() - started, layer_names(layers), dtype=model_dtype(loaded))
 
 
 def row_logit_diffs(metric: Metric, logits: Tensor, ids: Tensor, scored: Tensor) -> Tensor:

@@ -132,6 +132,7 @@ class TrackResult:
     options: dict[str, Any]
     min_rise: float = MIN_RISE
     heads_ablated: list[str] = field(default_factory=list)
+    dtype: str = "float32"  # what the models ran in: docs/precision.md says how far a half-precision run lies
 
     @property
     def phase_changes(self) -> list[dict[str, Any]]:
@@ -140,7 +141,7 @@ class TrackResult:
     def to_dict(self) -> dict[str, Any]:
         first = self.checkpoints[0].heads if self.checkpoints else []
         return {
-            "model": self.model, "kind": self.kind,
+            "model": self.model, "kind": self.kind, "dtype": self.dtype,
             "n_layers": 1 + max((e["layer"] for e in first), default=-1),
             "n_heads": 1 + max((e["head"] for e in first), default=-1),
             "thresholds": dict(self.thresholds), "classes": self.classes, "options": self.options,

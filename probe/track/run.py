@@ -104,14 +104,16 @@ def _score_all(run: Run, todo: list[Checkpoint], options: TrackOptions, stream: 
             progress(done, total)
 
 
-def _result(run: Run, options: TrackOptions, results: dict[str, CheckpointResult], model: str) -> TrackResult:
+def _result(run: Run, options: TrackOptions, results: dict[str, CheckpointResult], model: str,
+            dtype: str) -> TrackResult:
     ordered = [results[c.name] for c in run.checkpoints if c.name in results]
     names = list(options.scores or [n for n, s in SCORES.items() if s.by_default])
     thresholds = {name: options.thresholds.get(name, SCORES[name].threshold) for name in names}
     return TrackResult(model=model, kind=run.kind, checkpoints=ordered, thresholds=thresholds,
                        classes={name: SCORES[name].describe() for name in names},
                        options={"run": run.to_dict(), **options.to_dict()}, min_rise=options.min_rise,
-                       heads_ablated=[item.strip() for item in options.heads.split(",") if item.strip()])
+                       heads_ablated=[item.strip() for item in options.heads.split(",") if item.strip()],
+                       dtype=dtype.removeprefix("torch."))
 
 
 def _check(options: TrackOptions) -> None:
@@ -153,7 +155,7 @@ def track(run: Run, options: TrackOptions | None = None, *, results_path: str | 
             stream.close()
         for shard in _visible(results_path)[1:]:
             shard.unlink(missing_ok=True)
-        return _result(run, options, stream.done, _model_name(run))
+        return _result(run, options, stream.done, _model_name(run), identity["dtype"])
     return _sharded(run, options, identity, results_path, resume, base, load_options, progress,
                     Hooks(on_model, on_result))
 
@@ -187,7 +189,7 @@ def _sharded(run: Run, options: TrackOptions, identity: dict[str, Any], results_
         final = None
         if rank.is_main:
             TrackStream(results_path, identity, False, list(known.values())).close()
-            final = _result(run, options, known, _model_name(run))
+            final = _result(run, options, known, _model_name(run), identity["dtype"])
         dist.barrier()
         mine.unlink(missing_ok=True)
     return final
