@@ -157,7 +157,8 @@ def _child(parent: nn.Module, names: tuple[str, ...], what: str) -> nn.Module:
 
 def model_structure(model: nn.Module) -> _Structure:
     """The parts DLA reads; ProbeError (one line) for a model it cannot decompose."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    get_head: Any = getattr(model, "get_output_embeddings", None)  # transformers models have it
+    head = get_head() if callable(get_head) else None
     if not isinstance(head, nn.Linear):
         raise ProbeError(f"direct logit attribution needs an LM head (logits over the vocabulary): "
                          f"{type(model).__name__} has none (an encoder gives hidden states, not logits)",
