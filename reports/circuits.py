@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.labels import short_label
+from probe.reports.labels import column_label, short_label
 
 
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -18,9 +18,10 @@ def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
         deltas = pair["second_copy_deltas"]
         for rank, feeder in enumerate(pair["feeders"], start=1):
             checked = pair["checked"] == {"layer": feeder["layer"], "head": feeder["head"]}
-            rows.append({"induction": short_label(pair["layer"], pair["head"]),
-                         "induction_score": pair["induction_score"], "rank": rank,
-                         "feeder": short_label(feeder["layer"], feeder["head"]),
+            rows.append({"induction": column_label(pair["layer"], pair["head"]), "induction_layer": pair["layer"],
+                         "induction_head": pair["head"], "induction_score": pair["induction_score"], "rank": rank,
+                         "feeder": column_label(feeder["layer"], feeder["head"]), "feeder_layer": feeder["layer"],
+                         "feeder_head": feeder["head"],
                          "k_composition": feeder["k_composition"], "rank_in_layer": feeder["rank_in_layer"],
                          "previous_token": feeder["previous_token"],
                          "delta_feeder": deltas.get("feeder") if checked else None,

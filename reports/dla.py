@@ -9,15 +9,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.labels import short_label
+from probe.reports.labels import column_label, short_label
 
 SHOWN_POSITIONS = 4  # source positions named for the top head
 
 
 def dla_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per head (largest |DLA| first): for CSV."""
-    return [{"rank": rank, "head": short_label(entry["layer"], entry["head"]), "layer": entry["layer"],
-             "head_index": entry["head"], "dla": entry["dla"]} for rank, entry in enumerate(payload["heads"], start=1)]
+    return [{"rank": rank, "name": column_label(entry["layer"], entry["head"]), "layer": entry["layer"],
+             "head": entry["head"], "dla": entry["dla"]} for rank, entry in enumerate(payload["heads"], start=1)]
 
 
 def _sources(payload: dict[str, Any]) -> Text | None:

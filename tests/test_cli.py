@@ -30,7 +30,7 @@ from probe.inputs import repeated_set
 from probe.errors import ProbeError
 from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.html import ablation_page
-from probe.reports.labels import long_label, short_label
+from probe.reports.labels import column_label, long_label, short_label
 from probe.reports.terminal import ablation_report
 
 TESTS = Path(__file__).parent
@@ -167,7 +167,7 @@ def test_csv_rows_as_csv(tmp_path: Path) -> None:
                                     "p99_token_delta,max_token_delta,specificity")
     rows = list(csv.DictReader(io.StringIO(text)))
     assert [row["heads"] for row in rows] == [row["heads"] for row in result.csv_rows()]
-    assert "0.0+1.1" in [row["heads"] for row in rows]
+    assert "L0H0+L1H1" in [row["heads"] for row in rows]
     assert [float(row["delta"]) for row in rows] == [row["delta"] for row in result.csv_rows()]
 
 
@@ -513,5 +513,7 @@ def test_a_head_has_one_short_and_one_long_name(capsys, monkeypatch) -> None:
                "n_layers": 2, "n_heads": 3, "baseline_loss": 1.0, "heads": heads}
     assert table_heads(report(payload), "hurts most")[0] == "1.2"
     sources = [*(ROOT / "cli").glob("*.py"), *(ROOT / "reports").glob("*.py"), ROOT / "reports" / "assets" / "probe.js"]
+    sources.remove(ROOT / "reports" / "labels.py")  # the one place names are made: its column form is `L18H6`
+    assert column_label(18, 6) == "L18H6" and column_label(3, 1, ["enc0"] * 3 + ["x3"]) == "x3.1"
     other_forms = re.compile(r"""["'(]L["'{+]|\bL\{|H\{|["'] ?H["']|Layer \{|head \{[^}]*\}, layer""")
     assert [path.name for path in sources if other_forms.search(path.read_text(encoding="utf-8"))] == []

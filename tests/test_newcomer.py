@@ -14,7 +14,7 @@ import torch
 
 from conftest import run_cli
 from probe.errors import DISTRIBUTION, install_hint
-from probe.models import HUB_ALIASES
+from probe.models import HUB_ALIASES, LoadedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 READ = ("probe", "cli", "reports", "docs")  # what a user reads: the package's messages and docstrings, the docs
@@ -106,3 +106,90 @@ def test_a_hub_alias_loads_its_hub_id_and_says_so_offline(tmp_path: Path) -> Non
                                    "Hugging Face hub: the first load needs the network): We couldn't connect to "
                                    "'https://huggingface.co' to load the files, and couldn't find them in the cached "
                                    "files.", "exit 2"]
+
+
+TWELVE_HEADS = '''
+import torch
+import transformers as tf
+
+
+def model():
+    torch.manual_seed(0)
+    config = tf.GPT2Config(vocab_size=120, n_embd=48, n_layer=2, n_head=12, n_positions=64, bos_token_id=0,
+                           eos_token_id=0)
+    return tf.GPT2LMHeadModel(config).eval()
+'''
+
+
+def twelve_heads(tmp_path: Path) -> str:
+    """A tiny model with 12 heads per layer (head 0.1 and head 0.10 both exist), as a FILE.py:FUNCTION spec."""
+    (tmp_path / "twelve.py").write_text(TWELVE_HEADS, encoding="utf-8")
+    return f"{tmp_path / 'twelve.py'}:model"
+
+
+def test_head_names_survive_a_pandas_round_trip(tmp_path: Path, capsys, monkeypatch) -> None:
+    """pandas reads a column of `0.1`, `0.10` as floats, one value: every head keeps its own name, and integer
+    layer and head columns, in the CSV the docs tell users to read with `read_csv(path, comment="#")`."""
+    import pandas
+
+    out = tmp_path / "t.csv"
+    code, _, stderr = run_cli(["-q", "ablate", "-m", twelve_heads(tmp_path), "--data", "repeated", "--repeat-len",
+                               "6", "--num-seqs", "2", "--csv", str(out)], capsys, monkeypatch)
+    assert code == 0, stderr
+    frame = pandas.read_csv(out, comment="#")
+    assert len(frame) == 24 and frame["heads"].nunique() == 24
+    assert not pandas.api.types.is_numeric_dtype(frame["heads"])
+    assert not any(_is_number(name) for name in frame["heads"])
+    assert str(frame["layer"].dtype) == "int64" and str(frame["head"].dtype) == "int64"
+    assert sorted(zip(frame["layer"], frame["head"])) == [(layer, head) for layer in range(2) for head in range(12)]
+    named = dict(zip(frame["heads"], zip(frame["layer"], frame["head"])))
+    assert named["L0H1"] == (0, 1) and named["L0H10"] == (0, 10)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def test_every_head_table_names_heads_apart_from_numbers(tmp_path: Path) -> None:
+    """Every CSV row function and DataFrame with a head column: integer layer and head, a name pandas keeps as text;
+    the name is one --heads takes back."""
+    import importlib.util
+
+    import pandas
+
+    from probe.ablation.heads import parse_heads
+    from probe import classify
+    from probe.hooks.layers import attention_layers
+    from probe.reports.circuits import circuit_rows
+    from probe.reports.dla import dla_rows
+    from probe.reports.files import write_csv
+    from probe.reports.patching import patch_rows
+
+    spec = importlib.util.spec_from_file_location("twelve", twelve_heads(tmp_path).rpartition(":")[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.model()
+    heads = [(layer, head) for layer in range(2) for head in range(12)]
+    assert parse_heads("L0H10,0.1,L1H0", attention_layers(model)) == [(0, 10), (0, 1), (1, 0)]
+    loaded = LoadedModel(model=model, tokenizer=None, name="twelve", vocab_size=120)
+    frames = {"classify": classify(loaded, num_seqs=1, repeat_len=6, seq_len=8).to_dataframe()}
+    payload_heads = [{"layer": layer, "head": head, "dla": 0.1, "patch_effect": 0.1, "logit_diff": 1.0}
+                     for layer, head in heads]
+    rows = {"dla": dla_rows({"heads": payload_heads}), "patch": patch_rows({"heads": payload_heads}),
+            "circuits": circuit_rows({"induction_heads": [
+                {"layer": 1, "head": 10, "induction_score": 0.9, "second_copy_deltas": {}, "checked": None,
+                 "feeders": [{"layer": 0, "head": head, "k_composition": 0.5, "rank_in_layer": 1,
+                              "previous_token": 0.5} for head in range(12)]}]})}
+    for name, table in rows.items():
+        frames[name] = pandas.read_csv(write_csv(tmp_path / f"{name}.csv", table), comment="#")
+    for name, frame in frames.items():
+        column, layer, head = ("feeder", "feeder_layer", "feeder_head") if name == "circuits" else (
+            "name", "layer", "head")
+        assert frame[column].nunique() == len(frame) and not any(_is_number(text) for text in frame[column]), name
+        assert str(frame[layer].dtype) == "int64" and str(frame[head].dtype) == "int64", name
+        assert all(parse_heads(text, attention_layers(model)) == [(row_layer, row_head)]
+                   for text, row_layer, row_head in zip(frame[column], frame[layer], frame[head])), name

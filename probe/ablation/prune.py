@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from probe.ablation.editor import head_editor
-from probe.ablation.heads import Head, label, layer_shape
+from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losses, parts_of
@@ -124,7 +124,7 @@ class PruneResult:
         """One row per (curve, step), for CSV."""
         return [{"ordering": curve.ordering, "seed": curve.seed, **{k: v for k, v in step.to_dict().items()
                                                                     if k != "removed"},
-                 "removed": " ".join(step.removed)} for curve in self.curves for step in curve.steps]
+                 "removed": as_column(" ".join(step.removed))} for curve in self.curves for step in curve.steps]
 
 
 class _Evaluator:
