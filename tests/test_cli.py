@@ -298,6 +298,7 @@ def test_remote_code_runs_only_when_asked(capsys, monkeypatch) -> None:
         raise ProbeError("stop here")
 
     monkeypatch.setattr("probe.cli.options.load_model", record)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # org/name is not in the hub cache: no connection tried before loading
     for command in (["classify"], ["heatmap", "--text", "hi", "--html", "never.html"], ["ablate"]):
         assert run_cli([*command, "--model", "org/name"], capsys, monkeypatch)[0] == 2
         assert run_cli([*command, "--model", "org/name", "--trust-remote-code"], capsys, monkeypatch)[0] == 2

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from conftest import run_cli
@@ -109,6 +110,7 @@ def test_a_hub_alias_loads_its_hub_id_and_says_so_offline(tmp_path: Path) -> Non
 
 
 TWELVE_HEADS = '''
+import pytest
 import torch
 import transformers as tf
 
@@ -193,3 +195,107 @@ def test_every_head_table_names_heads_apart_from_numbers(tmp_path: Path) -> None
         assert str(frame[layer].dtype) == "int64" and str(frame[head].dtype) == "int64", name
         assert all(parse_heads(text, attention_layers(model)) == [(row_layer, row_head)]
                    for text, row_layer, row_head in zip(frame[column], frame[layer], frame[head])), name
+
+
+def _never_loads(monkeypatch) -> None:
+    import probe.cli.options as options
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(options, "load_model", loaded)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["classify", "--num-seqs", "0"], "error: --num-seqs must be at least 1, got 0"),
+    (["ablate", "--seq-len", "1"], "error: --seq-len must be at least 2, got 1"),
+    (["dla", "--count", "0"], "error: --count must be at least 1, got 0"),
+    (["ablate", "--data", "{empty}"], "error: --data file {empty} is empty"),
+    (["classify", "--data", "{empty}"], "error: --data file {empty} is empty"),
+    (["prune", "--data", "missing.txt"], "error: --data file not found: missing.txt"),
+    (["heatmap", "--text", "", "--html", "{tmp}/h.html"], "error: --text is empty: give the text to look at"),
+    (["heatmap", "--text", "  ", "--html", "{tmp}/h.html"], "error: --text is empty: give the text to look at"),
+])
+def test_arguments_are_checked_before_the_model_loads(args: list[str], message: str, tmp_path: Path, capsys,
+                                                      monkeypatch) -> None:
+    """A count below its least, an empty --data file or --text: refused in one line without loading anything."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text(" \n", encoding="utf-8")
+    _never_loads(monkeypatch)
+    fill = {"empty": str(empty), "tmp": str(tmp_path)}
+    code, _, stderr = run_cli([arg.format(**fill) for arg in args], capsys, monkeypatch)
+    assert (code, stderr.strip()) == (2, message.format(**fill))
+
+
+def test_cuda_on_a_cpu_build_of_torch_says_how_to_get_one(capsys, monkeypatch) -> None:
+    """`--device cuda` where the installed torch has no CUDA: which torch is installed and how to get a CUDA build."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    _never_loads(monkeypatch)
+    code, _, stderr = run_cli(["classify", "--device", "cuda"], capsys, monkeypatch)
+    release = torch.__version__.split("+")[0]
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert stderr.startswith(f"error: --device 'cuda' needs CUDA, but the installed torch {torch.__version__} is a "
+                             "CPU-only build")
+    assert f"pip install torch=={release} --index-url https://download.pytorch.org/whl/cu128" in stderr
+    assert "device='cpu'" not in stderr
+    monkeypatch.setattr(torch.version, "cuda", "12.8")  # a CUDA build that sees no GPU: the driver, not the build
+    code, _, stderr = run_cli(["classify", "--device", "cuda"], capsys, monkeypatch)
+    assert code == 2 and "sees none: check the driver (nvidia-smi)" in stderr and "pip install" not in stderr
+
+
+def test_a_hub_model_offline_fails_at_once_in_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Without the network and not cached: one line within seconds, no retries; the loader is never reached."""
+    import socket
+    import time
+
+    import huggingface_hub.constants
+
+    def unreachable(address, timeout=None):
+        assert timeout is not None and timeout <= 5
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    _never_loads(monkeypatch)
+    started = time.monotonic()
+    code, _, stderr = run_cli(["classify", "-m", "pythia-70m"], capsys, monkeypatch)
+    assert code == 2 and time.monotonic() - started < 5
+    assert stderr.strip() == ("error: cannot load model 'pythia-70m' (EleutherAI/pythia-70m comes from the Hugging "
+                              "Face hub: the first load needs the network): huggingface.co cannot be reached (Network "
+                              "is unreachable) and the model is not in the local hub cache; connect, or set "
+                              "HF_HUB_OFFLINE=1 to use cached models only")
+    fake_hub_cache(tmp_path, HUB_ALIASES["pythia-70m"].hub_id)  # in the cache: no network needed, none asked
+    monkeypatch.setattr(socket, "create_connection", lambda *args, **kwargs: pytest.fail("asked the network"))
+    code, _, stderr = run_cli(["classify", "-m", "pythia-70m"], capsys, monkeypatch)
+    assert "the model was loaded before" in stderr  # got past the checks to the (refused) load
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ablate", "--heads", "0.1,9.0"], "error: layer 9 in --heads '9.0' is out of range"),
+    (["patch", "--task", "ioi", "--heads", "L2H1"], "layer 2 in --heads 'L2H1' is out of range"),
+    (["heatmap", "--text", "hi", "--html", "{tmp}/h.html", "--layers", "0-5"], "layer 5 in --layers '0-5' is out"),
+])
+def test_a_layer_past_the_models_is_refused_from_its_config(args: list[str], message: str, tmp_path: Path, capsys,
+                                                            monkeypatch) -> None:
+    """The layer count is in the model's config.json: read before loading anything."""
+    fake_hub_cache(tmp_path, "tiny/gpt2")  # a 2-layer GPT-2 saved with save_pretrained
+    folder = next((tmp_path / "models--tiny--gpt2" / "snapshots").iterdir())
+    capsys.readouterr()
+    _never_loads(monkeypatch)
+    code, _, stderr = run_cli([*[arg.format(tmp=tmp_path) for arg in args], "-m", str(folder)], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert message in stderr and "the model has 2 layers (0-1)" in stderr
+
+
+def test_the_duo_export_makes_its_folder_with_its_parents(tmp_path: Path) -> None:
+    """`--export duo:maps/smollm2` as the README writes it, in a folder without `maps`: accepted (written by
+    mkdir -p; tests/test_readme_tour.py runs it); a file in the way is refused before any work."""
+    from probe.cli.kv_heads import _export_files
+    from probe.errors import ProbeError
+
+    assert _export_files({"duo": tmp_path / "maps" / "smollm2"}) == {}  # nothing there to overwrite
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ProbeError, match="is a file"):
+        _export_files({"duo": tmp_path / "file" / "smollm2"})
