@@ -299,3 +299,18 @@ def test_the_duo_export_makes_its_folder_with_its_parents(tmp_path: Path) -> Non
     (tmp_path / "file").write_text("x")
     with pytest.raises(ProbeError, match="is a file"):
         _export_files({"duo": tmp_path / "file" / "smollm2"})
+
+
+def test_pruning_progress_ends_at_its_total_when_curves_stop_early() -> None:
+    """Curves that pass the loss limit after a step skip the rest of their planned steps: the count says so, and the
+    last report is (total, total), never 3/120 at the end."""
+    from conftest import tiny_loaded
+    from probe.ablation.prune import prune
+    from probe.inputs import repeated_set
+
+    loaded = tiny_loaded("llama_gqa")
+    reports: list[tuple[int, int]] = []
+    result = prune(loaded, repeated_set(loaded, repeat_len=6, num_seqs=2), step=0.25, seeds=(0,), max_increase=0.0,
+                   relative=False, progress=lambda done, total: reports.append((done, total)))
+    assert any(len(curve.steps) < 5 for curve in result.curves)  # at least one curve stopped at the limit
+    assert reports[-1][0] == reports[-1][1] and [done for done, _ in reports] == sorted(done for done, _ in reports)

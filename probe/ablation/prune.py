@@ -352,8 +352,12 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
             progress(min(done[0], total), total)
 
     run = _Run(loaded, probe_set, evaluator, units, (result.n_layers, result.n_heads), batch_size, tick)
+    planned = 0  # the steps counted in `total` for the curves done: a curve stopped at the limit skips the rest
     for name, seed in curves:
         result.curves.append(_curve(measure, units, result, name, seed, run.chooser(name, seed), tick))
+        planned += math.ceil(1 / step - 1e-9) * (2 if name == "michel" else 1)
+        done[0] = max(done[0], planned) - 1
+        tick()  # progress ends at its total
     result.seconds = time.perf_counter() - started
     result.costs = {"forward_seconds": round(forward_seconds, 4), "loss_passes": measure.passes,
                     "gradient_passes": run.gradient_passes, "sweep_seconds": round(run.sweep_seconds, 3),
