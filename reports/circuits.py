@@ -39,14 +39,15 @@ def circuits_report(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"Induction circuits of {payload['model']}", style="bold"),
                   Text(f"(K-composition; random baseline {payload['random_baseline']:.3f}; rotary ignored)"))
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("induction", "feeders by K-composition (P: previous-token head)", "Δ feeder", "Δ induction",
-                   "Δ together", "interaction"):
+    for column in ("induction", "feeders by K-composition (P: previous-token head)", "ablated feeder", "Δ feeder",
+                   "Δ induction", "Δ together", "interaction"):
         table.add_column(column, justify="left" if column.startswith("feeders") else "right")
     for pair in payload["induction_heads"]:
         feeders = "  ".join(f"{short_label(f['layer'], f['head'])}{' P' if f['previous_token'] else ''} "
                             f"{f['k_composition']:.3f}" for f in pair["feeders"])
-        deltas = pair["second_copy_deltas"]
-        table.add_row(short_label(pair["layer"], pair["head"]), feeders, _delta(deltas.get("feeder")),
+        deltas, checked = pair["second_copy_deltas"], pair.get("checked")
+        ablated = "" if not checked else short_label(checked["layer"], checked["head"])
+        table.add_row(short_label(pair["layer"], pair["head"]), feeders, ablated, _delta(deltas.get("feeder")),
                       _delta(deltas.get("induction")), _delta(deltas.get("together")), _delta(pair["interaction"]))
     console.print(table)
     summary = payload["previous_token_pairs"]

@@ -200,20 +200,19 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
 
 
 def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) -> Table:
-    """The heads with the largest mean delta next to those with the sharpest per-token effect (largest maximum
-    per-token delta), with their specificity (share of the loss increase on the top 1% of tokens) and the token
-    they affect most, in its context."""
+    """The heads with the sharpest per-token effect (largest maximum per-token delta), with their specificity (share
+    of the loss increase on the top 1% of tokens), their mean delta and the token they affect most, in its context.
+    The heads of largest mean delta are the table above it ("hurts most"): one table each, never two side by side."""
     with_effects = [r for r in singles if r.get("effects")]
     sharp = sorted(with_effects, key=lambda r: -_number(r["effects"].get("max_token_delta")))[:top]
-    grid = Table(title="Largest mean effect | sharpest specific effect", title_justify="left",
-                 title_style="bold", show_edge=False, pad_edge=False)
-    for name in ("head", "mean Δ", "", "head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token"):
+    grid = Table(title=f"Heads with the sharpest specific effect (largest per-token delta, {len(sharp)} of "
+                 f"{len(singles)})", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    for name in ("head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token"):
         grid.add_column(name, justify="left" if name == "most affected token" else "right")
-    for by_mean, r in zip(singles[:top], sharp):
+    for r in sharp:
         effects = r["effects"]
         token = (effects.get("top_tokens") or [{}])[0]
-        grid.add_row(_label(by_mean, names), _signed(by_mean["delta"]), "│", _label(r, names),
-                     _signed(effects.get("max_token_delta")), _signed(effects.get("p99_token_delta")),
+        grid.add_row(_label(r, names), _signed(effects.get("max_token_delta")), _signed(effects.get("p99_token_delta")),
                      f"{_number(effects.get('specificity')):.3f}", _signed(r["delta"]),
                      Text(str(token.get("context", "")).replace("\n", "⏎")[-60:]))
     return grid

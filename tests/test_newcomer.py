@@ -314,3 +314,46 @@ def test_pruning_progress_ends_at_its_total_when_curves_stop_early() -> None:
                    relative=False, progress=lambda done, total: reports.append((done, total)))
     assert any(len(curve.steps) < 5 for curve in result.curves)  # at least one curve stopped at the limit
     assert reports[-1][0] == reports[-1][1] and [done for done, _ in reports] == sorted(done for done, _ in reports)
+
+
+def test_terminal_reports_read_as_a_newcomer_reads_them(tmp_path: Path, capsys, monkeypatch) -> None:
+    """One table per question (no two glued by a `│` column); the ablated feeder named; a head in a cell reads as a
+    head; hub ids whole at 80 columns; a loaded model's repr one line."""
+    import io
+
+    from rich.console import Console
+
+    from conftest import tiny_loaded
+    from probe.reports.circuits import circuits_report
+    from probe.reports.terminal import ablation_report
+    from probe.reports.track import track_report
+
+    def printed(report, payload) -> str:
+        out = io.StringIO()
+        report(payload, Console(file=out, width=160))
+        return out.getvalue()
+
+    effects = {"max_token_delta": 2.0, "p99_token_delta": 0.5, "specificity": 0.4, "top_tokens": [{"context": "a b"}]}
+    heads = [{"layer": 0, "head": head, "loss": 2.0, "delta": 0.1 * head, "effects": effects} for head in range(3)]
+    text = printed(ablation_report, {"model": "m", "method": "zero", "mode": "exact", "data": "d", "metric": "ce",
+                                     "path": "p", "n_layers": 1, "n_heads": 3, "baseline_loss": 1.0, "heads": heads})
+    assert "Heads with the sharpest specific effect" in text and "│ │" not in text and "| sharpest" not in text
+    pair = {"layer": 1, "head": 2, "feeders": [{"layer": 0, "head": 3, "k_composition": 0.5, "previous_token": True}],
+            "checked": {"layer": 0, "head": 3}, "second_copy_deltas": {"feeder": 0.1, "induction": 0.2,
+                                                                         "together": 0.5}, "interaction": 0.2}
+    text = printed(circuits_report, {"model": "m", "random_baseline": 0.1, "induction_heads": [pair],
+                                     "previous_token_pairs": {"pairs": 1, "ranked_first_in_layer": 1,
+                                                              "above_baseline": 1}})
+    row = next(line for line in text.splitlines() if line.lstrip().startswith("1.2"))
+    assert "ablated feeder" in text and row.split()[:5] == ["1.2", "0.3", "P", "0.500", "0.3"]
+    checkpoint = {"name": "step-1", "step": 1, "loss": 2.0, "icl_score": None,
+                  "heads": [{"layer": 0, "head": 3, "scores": {"induction": 0.03}}]}
+    text = printed(track_report, {"model": "m", "kind": "files", "n_layers": 1, "n_heads": 4,
+                                  "thresholds": {"induction": 0.4}, "checkpoints": [checkpoint], "phase_changes": [],
+                                  "min_rise": 0.1, "icl_change": None})
+    assert "0.03 (head 0.3)" in text
+    monkeypatch.setenv("COLUMNS", "80")
+    code, stdout, _ = run_cli(["models"], capsys, monkeypatch)
+    assert code == 0 and all(hub.hub_id in stdout for hub in HUB_ALIASES.values())
+    loaded = tiny_loaded("gpt2")
+    assert repr(loaded).startswith("LoadedModel('tiny-gpt2': GPT2LMHeadModel, ") and "\n" not in repr(loaded)

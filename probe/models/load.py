@@ -34,6 +34,15 @@ class LoadedModel:
     vocab_size: int
     origin: ModelOrigin | None = None  # where it came from: what provenance records (None: made by hand)
 
+    def __repr__(self) -> str:
+        """One line (the dataclass' own repr would print the whole module tree and the tokenizer's vocabulary)."""
+        first = next(self.model.parameters(), None)
+        where = "" if first is None else f", {str(first.dtype).removeprefix('torch.')} on {first.device}"
+        parameters = sum(p.numel() for p in self.model.parameters())
+        tokenizer = "no tokenizer" if self.tokenizer is None else type(self.tokenizer).__name__
+        return (f"LoadedModel({self.name!r}: {type(self.model).__name__}, {parameters / 1e6:.1f}M parameters{where}, "
+                f"vocabulary {self.vocab_size}, {tokenizer})")
+
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if dtype is None:
