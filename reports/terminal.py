@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.labels import layer_label, short_label
+from probe.reports.labels import column_label, layer_label, short_label
 
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
@@ -216,3 +216,13 @@ def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) 
                      f"{_number(effects.get('specificity')):.3f}", _signed(r["delta"]),
                      Text(str(token.get("context", "")).replace("\n", "⏎")[-60:]))
     return grid
+
+
+def classification_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """`probe classify --csv`: one row per head, the DataFrame's columns (`Classification.to_dataframe`): layer, head,
+    its name (`L5H1`: pandas never reads it as a number), each class's score (empty where the class does not apply
+    to the layer), its labels (comma-separated)."""
+    names = payload.get("layer_names")
+    return [{"layer": entry["layer"], "head": entry["head"], "name": column_label(entry["layer"], entry["head"], names),
+             **{name: "" if score is None else score for name, score in entry["scores"].items()},
+             "labels": ",".join(entry["labels"])} for entry in payload["heads"]]

@@ -268,7 +268,7 @@ def test_library_errors_reach_the_command_line_with_flags(capsys, monkeypatch) -
     (["classify", "--seq-len", "x"], 2, "error: Invalid value for '--seq-len'"),
     (["nosuch"], 2, "error: No such command 'nosuch'"),
     (["classify", "--no-such-flag"], 2, "error: No such option: --no-such-flag"),
-    (["heatmap", "--text", "a"], 2, "error: Missing option '--html'"),  # the flag as typed, not html_path
+    (["heatmap", "--text", "a"], 2, "error: give --html PAGE, --json FILE or both"),
 ])
 def test_usage_errors_keep_their_code_in_one_line(args: list[str], code: int, message: str, capsys,
                                                   monkeypatch) -> None:

@@ -357,3 +357,38 @@ def test_terminal_reports_read_as_a_newcomer_reads_them(tmp_path: Path, capsys, 
     assert code == 0 and all(hub.hub_id in stdout for hub in HUB_ALIASES.values())
     loaded = tiny_loaded("gpt2")
     assert repr(loaded).startswith("LoadedModel('tiny-gpt2': GPT2LMHeadModel, ") and "\n" not in repr(loaded)
+
+
+def test_the_outputs_people_expect(tmp_path: Path, capsys, monkeypatch) -> None:
+    """`probe heatmap --json` (the shown heads' weights), `probe circuits --html`, `probe classify --csv`."""
+    import math
+
+    import pandas
+
+    planted = f"{ROOT / 'tests' / 'planted.py'}:planted_textbook"
+    weights = tmp_path / "w.json"
+    words = f"{ROOT / 'tests' / 'words.py'}:tiny_with_words"  # a model with a tokenizer
+    code, _, stderr = run_cli(["heatmap", "-m", words, "--text", "the keys to the cabinet are here", "--layers", "1",
+                               "--json", str(weights)], capsys, monkeypatch)
+    assert code == 0, stderr
+    data = json.loads(weights.read_text())
+    n = len(data["tokens"])
+    assert [(h["layer"], h["head"], h["name"]) for h in data["heads"]] == [(1, head, f"L1H{head}") for head in range(4)]
+    for entry in data["heads"]:
+        rows = entry["weights"]
+        assert len(rows) == n and all(len(row) == n for row in rows)
+        assert all(row[key] is None for query, row in enumerate(rows) for key in range(query + 1, n))  # causal
+        assert all(math.isclose(sum(row[:query + 1]), 1.0, abs_tol=0.01) for query, row in enumerate(rows))
+    page, table = tmp_path / "c.html", tmp_path / "heads.csv"
+    code, _, stderr = run_cli(["circuits", "-m", planted, "--num-seqs", "2", "--seq-len", "16", "--repeat-len", "8",
+                               "--html", str(page)], capsys, monkeypatch)
+    assert code == 0, stderr
+    html = page.read_text()
+    assert "Induction circuits of" in html and "<td>1.1</td>" in html and 'start("circuits"' in html
+    code, _, stderr = run_cli(["classify", "-m", planted, "--num-seqs", "2", "--seq-len", "16", "--repeat-len", "8",
+                               "--csv", str(table)], capsys, monkeypatch)
+    assert code == 0, stderr
+    frame = pandas.read_csv(table, comment="#")
+    assert list(frame.columns[:3]) == ["layer", "head", "name"] and len(frame) == 8
+    induction = frame[frame["name"] == "L1H1"].iloc[0]
+    assert induction["induction"] > 0.8 and "induction" in induction["labels"]

@@ -630,10 +630,15 @@
     }
   }
 
+  // a page of tables only (probe circuits): nothing to draw
+  function tablesPage(id) {
+    document.getElementById(id).dataset.state = "ready";
+  }
+
   // pages in notebooks may run before plotly.js has arrived: wait for it a little
   function start(kind, id) {
     var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage, prune: prunePage,
-                 kv_heads: kvHeadsPage, patch: patchPage};
+                 kv_heads: kvHeadsPage, patch: patchPage, circuits: tablesPage};
     var tries = 0;
     (function attempt() {
       if (window.Plotly) {
