@@ -392,3 +392,12 @@ def test_the_outputs_people_expect(tmp_path: Path, capsys, monkeypatch) -> None:
     assert list(frame.columns[:3]) == ["layer", "head", "name"] and len(frame) == 8
     induction = frame[frame["name"] == "L1H1"].iloc[0]
     assert induction["induction"] > 0.8 and "induction" in induction["labels"]
+
+
+def test_kv_heads_options_read_as_words_not_json() -> None:
+    from probe.reports.kv_heads import options_text
+
+    text = options_text({"lengths": [1024, 2048], "depths": [0.1, 0.5], "order_by": "retrieval", "seed": 0,
+                         "data": None})
+    assert text == "lengths 1024, 2048; depths 0.1, 0.5; order by retrieval; seed 0; data none"
+    assert "{" not in text and '"' not in text and options_text({}) == "defaults"

@@ -361,6 +361,7 @@
       data.scores.forEach(function (section, s) {
         var box = root.querySelector('[data-score-index="' + s + '"]');
         var scorePlot = box.querySelector(".probe-score-plot");
+        if (!scorePlot) return;  // a class no head scores on (its section says so): nothing to draw
         var figure = scoreFigure(section, data);
         var block = blocks[section.probe];
         var select = box.querySelector(".probe-flagged"), plot = box.querySelector(".probe-plot");
