@@ -401,3 +401,21 @@ def test_kv_heads_options_read_as_words_not_json() -> None:
                          "data": None})
     assert text == "lengths 1024, 2048; depths 0.1, 0.5; order by retrieval; seed 0; data none"
     assert "{" not in text and '"' not in text and options_text({}) == "defaults"
+
+
+def test_every_page_kind_has_its_picture_in_the_docs() -> None:
+    """docs/_build/screenshots.py shoots each kind of page it lists; each picture is in docs/images and shown by a
+    docs page, and the docs name the script."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "docs" / "_build" / "screenshots.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    docs = "".join(path.read_text(encoding="utf-8") for path in (ROOT / "docs").glob("*.md"))
+    assert "docs/_build/screenshots.py" in docs and module.WIDTHS == (1000, 1400)
+    assert {"heatmap", "classify", "ablate", "syntax", "circuits", "prune", "patch", "kv-heads", "atlas"} <= set(
+        module.PAGES)
+    for kind in module.PAGES:
+        picture = ROOT / "docs" / "images" / f"page-{kind}.png"
+        assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size < 300_000, kind
+        assert f"(images/page-{kind}.png)" in docs, kind
