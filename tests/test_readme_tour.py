@@ -17,6 +17,7 @@ from conftest import run_cli
 from probe.models import LoadedModel
 
 ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
 SMALL = {  # flags that shrink a command's inputs (appended: the last occurrence of a flag wins)
     "classify": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
     "ablate": ["--num-seqs", "1", "--seq-len", "16", "--heads", "0-1.*,17.3"],
@@ -95,3 +96,35 @@ def test_the_readme_cli_tour_runs_as_written(tmp_path: Path, capsys, monkeypatch
             if flag in args:
                 assert (tmp_path / args[args.index(flag) + 1]).is_file(), f"{command}: no {flag} file"
     assert (tmp_path / "maps" / "smollm2" / "full_attention_heads.tsv").is_file()
+    pages = sorted(tmp_path.glob("*.html"))
+    assert len(pages) == 7  # heads, cat, sweep, prune, patch, atlas, track
+    if CHROMIUM.exists():  # every page the tour wrote, laid out at both widths without a fault
+        assert layout_faults(pages) == []
+
+
+def layout_faults(pages: list[Path]) -> list[str]:
+    """docs/_build/screenshots.py's measures (text past the right edge, an empty section, an axis label cut by its
+    plot) of each page at 1000 and 1400 px in Chromium, and any script error; one line per fault."""
+    import importlib.util
+
+    from playwright.sync_api import sync_playwright
+
+    spec = importlib.util.spec_from_file_location("screenshots", ROOT / "docs" / "_build" / "screenshots.py")
+    assert spec is not None and spec.loader is not None
+    screenshots = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(screenshots)
+    faults: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True,
+                                             args=["--no-sandbox", "--disable-gpu"])
+        for path in pages:
+            for width in screenshots.WIDTHS:
+                page = browser.new_page(viewport={"width": width, "height": 900})
+                page.on("pageerror", lambda error, name=path.name: faults.append(f"{name}: {error}"))
+                page.goto(path.resolve().as_uri())
+                page.wait_for_function("document.querySelector('.probe-page').dataset.state !== 'loading'",
+                                       timeout=60000)
+                faults += [f"{path.name} at {width} px: {fault}" for fault in page.evaluate(screenshots.FAULTS)]
+                page.close()
+        browser.close()
+    return faults

@@ -31,6 +31,8 @@ PAGES = {  # kind -> the command that writes it (its --html is added)
 WIDTHS = (1000, 1400)
 FAULTS = """() => {
   const faults = [], width = document.documentElement.clientWidth;
+  const root = document.querySelector('.probe-page');
+  if (root && root.dataset.state === 'error') faults.push('the page failed to draw: ' + root.innerText.slice(-200));
   if (document.documentElement.scrollWidth > width + 1) faults.push('the page is wider than the window');
   document.querySelectorAll('.probe-section').forEach(section => {
     const text = Array.from(section.children).filter(c => c.tagName !== 'H2').map(c => c.innerText.trim()).join('');
