@@ -19,6 +19,7 @@ from typer.core import TyperCommand, TyperGroup
 from probe.cli import (ablate, atlas, circuits, classify, dla, heatmap, kv_heads, models, patch, prune, steer, syntax,
                        track)
 from probe.cli.allocator import keep_freed_buffers
+from probe.cli.checks import check_before_loading
 from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import set_quiet, warn
 from probe.errors import ProbeError
@@ -90,6 +91,7 @@ class Command(_BareFlags, TyperCommand):
     def invoke(self, ctx: Any) -> Any:
         _late_flags({name: ctx.params.pop(name) for name, _, _ in GLOBAL_FLAGS})
         remember_parameters(dict(ctx.params))
+        check_before_loading(ctx.params)
         return super().invoke(ctx)
 
 

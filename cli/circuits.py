@@ -8,16 +8,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, JsonFile, Model, ModelChoice, NumSeqs,
-                         OffloadFolder, Seed, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+                               NumSeqs, OffloadFolder, Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console, progress_bar
 from probe.circuits.pairs import circuits as find_circuits
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
-from probe.reports.circuits import circuit_rows, circuits_report
-from probe.reports.files import write_csv, write_json
+from probe.reports.circuits import circuit_rows, circuits_page, circuits_report
+from probe.reports.files import write_csv, write_json, write_text
 
 Top = Annotated[int, typer.Option("--top", help="Earlier heads listed per induction head.")]
 NoCheck = Annotated[bool, typer.Option("--no-check", help="Skip the ablation check (weights and classification only).")]
@@ -29,7 +29,8 @@ RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per 
 def circuits(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, top: Top = 3, no_check: NoCheck = False,
     seq_len: SeqLen = 128, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN,
-    seed: Seed = DEFAULT_SEED, json_path: JsonFile = None, csv_path: CsvFile = None, batch_size: BatchSize = 8,
+    seed: Seed = DEFAULT_SEED, json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
+    batch_size: BatchSize = 8,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
@@ -37,7 +38,7 @@ def circuits(
     they are previous-token heads, each pair ablated together vs alone on the repeated set."""
     if top < 1:
         raise ProbeError(f"--top must be at least 1, got {top}")
-    check_outputs({"--json": json_path, "--csv": csv_path}, force=force)
+    check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     with progress_bar("scoring heads") as update:
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
@@ -45,4 +46,5 @@ def circuits(
     payload = result.to_dict()
     save(json_path, lambda path: write_json(path, payload))
     save(csv_path, lambda path: write_csv(path, circuit_rows(payload)))
+    save(html_path, lambda path: write_text(path, circuits_page(payload)))
     circuits_report(payload, console)

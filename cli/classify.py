@@ -20,9 +20,9 @@ from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patterns import classification_patterns
 from probe.syntax import read_conllu, syntax_scores
 from probe.syntax.classes import add_syntactic
-from probe.reports.files import write_json, write_text
+from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.html import classification_page
-from probe.reports.terminal import classification_report
+from probe.reports.terminal import classification_report, classification_rows
 
 Data = Annotated[Optional[Path], typer.Option(
     "--data", help="UTF-8 text file to use instead of the embedded English text.")]
@@ -31,6 +31,8 @@ Thresholds = Annotated[Optional[list[str]], typer.Option(
     "--threshold", help="Override a class threshold: NAME=VALUE (repeatable).")]
 ClassifyConllu = Annotated[Optional[Path], typer.Option(
     "--conllu", help="Gold parses (CoNLL-U): adds the syntactic class (see probe syntax).")]
+ClassifyCsv = Annotated[Optional[Path], typer.Option(
+    "--csv", help="Write one row per head as CSV: layer, head, its name (L5H1), each class's score, its labels.")]
 ClassifyJson = Annotated[Optional[Path], typer.Option(
     "--json", help="Write every head's scores and labels as JSON (strict: a NaN score is written as null).")]
 
@@ -70,11 +72,11 @@ def classify(
     seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, json_path: ClassifyJson = None,
     html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32",
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
-    conllu: ClassifyConllu = None,
+    conllu: ClassifyConllu = None, csv_path: ClassifyCsv = None,
 ) -> None:
     """Score every head (previous-token, sink, induction, duplicate-token, next-token, positional) and label them."""
     thresholds = parse_thresholds(threshold or [])
-    check_outputs({"--json": json_path, "--html": html_path}, force=force)
+    check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences = read_conllu(conllu) if conllu is not None else None
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     with progress_bar("classifying heads") as update:
@@ -86,6 +88,7 @@ def classify(
                                                 batch_size=batch_size, progress=update))
     payload = result.to_dict()
     save(json_path, lambda path: write_json(path, payload))
+    save(csv_path, lambda path: write_csv(path, classification_rows(payload)))
     save(html_path, lambda path: write_text(path, html_page(loaded, result, data=data, seq_len=seq_len,
                                                             repeat_len=repeat_len, seed=seed)))
     warn_non_finite(payload)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
+import numpy as np
 import typer
 
 from probe.cli.options import Device, DeviceMap, Dtype, Force, Model, ModelChoice, OffloadFolder, TrustRemoteCode, load
@@ -14,13 +15,17 @@ from probe.ablation.heads import parse_layers
 from probe.hooks.layers import attention_layers
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
-from probe.patterns import read_text, text_patterns
-from probe.reports.files import write_text
+from probe.patterns import Patterns, read_text, text_patterns
+from probe.reports.files import write_json, write_text
+from probe.reports.labels import column_label
 from probe.reports.html import heatmap_page
 
 Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
 File = Annotated[Optional[Path], typer.Option("--file", help="A UTF-8 text file to look at.")]
-Page = Annotated[Path, typer.Option("--html", help="The HTML page to write.")]
+Page = Annotated[Optional[Path], typer.Option("--html", help="The HTML page to write.")]
+WeightsJson = Annotated[Optional[Path], typer.Option(
+    "--json", help="Write the shown heads' weights as JSON: tokens, and per head its layer, head, name and the rows of "
+    "its attention (query x key, rounded to --decimals; null where a causal model masks the key).")]
 Layers = Annotated[Optional[str], typer.Option(
     "--layers", help="Layers to include, e.g. 0-5,12; an encoder-decoder's by stack, e.g. enc0-2,x3 (default: all).")]
 MaxTokens = Annotated[int, typer.Option(
@@ -32,15 +37,18 @@ Decimals = Annotated[int, typer.Option("--decimals", help="Decimals kept of each
 
 
 def heatmap(
-    html_path: Page, text: Text = None, file: File = None, model: Model = DEFAULT_MODEL,
+    html_path: Page = None, text: Text = None, file: File = None, model: Model = DEFAULT_MODEL,
     trust_remote_code: TrustRemoteCode = False, layers: Layers = None, max_tokens: MaxTokens = 512,
     window_start: WindowStart = 0, decimals: Decimals = 3, device: Device = None, dtype: Dtype = "float32",
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
+    json_path: WeightsJson = None,
 ) -> None:
     """Draw every head's attention on a text: one head at a time, chosen on the page, with an overview of all."""
     if (text is None) == (file is None):
         raise ProbeError("give the text with exactly one of --text TEXT or --file PATH")
-    check_outputs({"--html": html_path}, force=force)
+    if html_path is None and json_path is None:
+        raise ProbeError("give --html PAGE, --json FILE or both: where to write what is captured")
+    check_outputs({"--html": html_path, "--json": json_path}, force=force)
     content = read_text(file) if file is not None else text
     source = f"text file {file}" if file is not None else "text given with --text"
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
@@ -50,6 +58,22 @@ def heatmap(
                                  max_tokens=max_tokens, start=window_start)
     if patterns.note:
         note(f"note: {patterns.note}")
-    page = heatmap_page(patterns.to_dict())
-    write_text(html_path, page)
-    note(f"wrote {html_path} ({len(page.encode('utf-8')) / 2**20:.1f} MiB, {len(patterns.tokens)} tokens)")
+    if json_path is not None:
+        write_json(json_path, weights_payload(patterns))
+        note(f"wrote {json_path} ({len(patterns.heads)} heads, {len(patterns.tokens)} tokens)")
+    if html_path is not None:
+        page = heatmap_page(patterns.to_dict())
+        write_text(html_path, page)
+        note(f"wrote {html_path} ({len(page.encode('utf-8')) / 2**20:.1f} MiB, {len(patterns.tokens)} tokens)")
+
+
+def weights_payload(patterns: Patterns) -> dict[str, Any]:
+    """The shown heads' weights as plain JSON: what the page draws, for a script (per head a list of query rows)."""
+    data = patterns.to_dict()
+    names = data.get("layer_names")
+    return {"model": data["model"], "source": data["source"], "tokens": data["tokens"], "first": data["first"],
+            "total_tokens": data["total_tokens"], "decimals": data["decimals"], "causal": data["causal"],
+            "note": data["note"], **({"layer_names": names} if names else {}),
+            "heads": [{"layer": layer, "head": head, "name": column_label(layer, head, names),
+                       "weights": np.round(patterns.weights(layer, head), data["decimals"]).tolist()}
+                      for layer, head in patterns.heads if head >= 0]}  # not the page's layer averages (head -1)

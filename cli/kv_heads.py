@@ -81,14 +81,14 @@ def parse_exports(items: list[str]) -> dict[str, Path]:
 
 
 def _export_files(exports: dict[str, Path]) -> dict[str, Path | None]:
-    """The files the exports write (a duo folder that does not exist yet is made, so its files are new)."""
+    """The files the exports write (a duo folder that does not exist yet is made with its parents, as `mkdir -p`
+    would, so its files are new; a file in the way is refused before any work)."""
     files: dict[str, Path | None] = {}
     folder = exports.get("duo")
     if folder is not None:
-        if folder.exists() and not folder.is_dir():
-            raise ProbeError(f"--export duo names a folder; {folder} is a file")
-        if not folder.exists() and not folder.parent.is_dir():
-            raise ProbeError(f"folder {folder.parent} does not exist: create it first")
+        existing = next((path for path in (folder, *folder.parents) if path.exists()), None)
+        if existing is not None and not existing.is_dir():
+            raise ProbeError(f"--export duo names a folder; {existing} is a file")
         if folder.is_dir():
             files["--export duo"] = folder / "full_attention_heads.tsv"
             files["--export duo (config)"] = folder / "config.json"

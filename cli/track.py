@@ -110,7 +110,7 @@ def track(
             recorded.append(loaded.name)
 
     try:
-        with progress_bar(f"tracking {len(run.checkpoints)} checkpoints") as update:
+        with progress_bar("tracking", unit="checkpoints") as update:
             result = run_track(run, options, results_path=stream, resume=resume, progress=update, on_model=on_model,
                                dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     except KeyboardInterrupt:

@@ -8,7 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.labels import short_label
+from probe.reports.html import esc, facts_table, page
+from probe.reports.labels import column_label, short_label
 
 
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -18,9 +19,10 @@ def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
         deltas = pair["second_copy_deltas"]
         for rank, feeder in enumerate(pair["feeders"], start=1):
             checked = pair["checked"] == {"layer": feeder["layer"], "head": feeder["head"]}
-            rows.append({"induction": short_label(pair["layer"], pair["head"]),
-                         "induction_score": pair["induction_score"], "rank": rank,
-                         "feeder": short_label(feeder["layer"], feeder["head"]),
+            rows.append({"induction": column_label(pair["layer"], pair["head"]), "induction_layer": pair["layer"],
+                         "induction_head": pair["head"], "induction_score": pair["induction_score"], "rank": rank,
+                         "feeder": column_label(feeder["layer"], feeder["head"]), "feeder_layer": feeder["layer"],
+                         "feeder_head": feeder["head"],
                          "k_composition": feeder["k_composition"], "rank_in_layer": feeder["rank_in_layer"],
                          "previous_token": feeder["previous_token"],
                          "delta_feeder": deltas.get("feeder") if checked else None,
@@ -38,14 +40,15 @@ def circuits_report(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"Induction circuits of {payload['model']}", style="bold"),
                   Text(f"(K-composition; random baseline {payload['random_baseline']:.3f}; rotary ignored)"))
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("induction", "feeders by K-composition (P: previous-token head)", "Δ feeder", "Δ induction",
-                   "Δ together", "interaction"):
+    for column in ("induction", "feeders by K-composition (P: previous-token head)", "ablated feeder", "Δ feeder",
+                   "Δ induction", "Δ together", "interaction"):
         table.add_column(column, justify="left" if column.startswith("feeders") else "right")
     for pair in payload["induction_heads"]:
         feeders = "  ".join(f"{short_label(f['layer'], f['head'])}{' P' if f['previous_token'] else ''} "
                             f"{f['k_composition']:.3f}" for f in pair["feeders"])
-        deltas = pair["second_copy_deltas"]
-        table.add_row(short_label(pair["layer"], pair["head"]), feeders, _delta(deltas.get("feeder")),
+        deltas, checked = pair["second_copy_deltas"], pair.get("checked")
+        ablated = "" if not checked else short_label(checked["layer"], checked["head"])
+        table.add_row(short_label(pair["layer"], pair["head"]), feeders, ablated, _delta(deltas.get("feeder")),
                       _delta(deltas.get("induction")), _delta(deltas.get("together")), _delta(pair["interaction"]))
     console.print(table)
     summary = payload["previous_token_pairs"]
@@ -54,3 +57,34 @@ def circuits_report(payload: dict[str, Any], console: Console) -> None:
                        f"{summary['above_baseline']}", style="bold"))
     console.print(Text("Δ: loss change on the second copy of the repeated set (zero ablation); interaction: Δ together"
                        " - Δ feeder - Δ induction (< 0: the two do one job)", style="dim"))
+
+
+def circuits_page(payload: dict[str, Any]) -> str:
+    """`probe circuits --html`: the terminal's table as a page (each induction head, its feeders by K-composition,
+    the feeder ablated and the loss changes), with the run's facts; tables only, nothing to draw."""
+    summary = payload["previous_token_pairs"]
+    facts = [("model", str(payload["model"])), ("random baseline", f"{payload['random_baseline']:.3f} "
+              "(K-composition of random matrices of the same shapes; rotary ignored)"),
+             ("previous-token -> induction pairs", f"{summary['pairs']}; the previous-token head composes most "
+              f"strongly of its layer in {summary['ranked_first_in_layer']}, above the baseline in "
+              f"{summary['above_baseline']}")]
+    header = ["induction head", "feeders by K-composition (P: previous-token head)", "ablated feeder", "Δ feeder",
+              "Δ induction", "Δ together", "interaction"]
+    rows = []
+    for pair in payload["induction_heads"]:
+        feeders = ", ".join(f"{short_label(f['layer'], f['head'])}{' P' if f['previous_token'] else ''} "
+                            f"{f['k_composition']:.3f}" for f in pair["feeders"])
+        deltas, checked = pair["second_copy_deltas"], pair.get("checked")
+        rows.append([short_label(pair["layer"], pair["head"]), feeders,
+                     "" if not checked else short_label(checked["layer"], checked["head"]),
+                     _delta(deltas.get("feeder")), _delta(deltas.get("induction")), _delta(deltas.get("together")),
+                     _delta(pair["interaction"])])
+    head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
+    cells = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    table = (f'<table class="probe-static-table probe-circuits"><tr>{head}</tr>{cells}</table>' if rows
+             else '<p class="probe-small">No induction head found.</p>')
+    body = (f"<h1>Induction circuits of {esc(payload['model'])}</h1>" + facts_table(facts) + "<h2>Induction heads "
+            "and the heads feeding their keys</h2>" + table + '<p class="probe-small">Δ: loss change on the second '
+            "copy of the repeated set (zero ablation); interaction: Δ together - Δ feeder - Δ induction (&lt; 0: the "
+            "two do one job).</p>")
+    return page("circuits", f"probe circuits: {payload['model']}", body, {}, embed_plotly=True)

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import ASSETS, esc, facts_table, page
-from probe.reports.labels import precision_note, short_label
+from probe.reports.labels import column_label, precision_note, short_label
 from probe.reports.selfrepair import TOP, self_repair_grid, self_repair_html, self_repair_report
 
 SHOWN_POSITIONS = 4  # source positions named for the top head
@@ -20,9 +20,8 @@ SHOWN_POSITIONS = 4  # source positions named for the top head
 def dla_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per head (largest |DLA| first): for CSV."""
     repair = {(row["layer"], row["head"]): row for row in (payload.get("self_repair") or {}).get("heads", [])}
-    return [{"rank": rank, "head": short_label(entry["layer"], entry["head"]), "layer": entry["layer"],
-             "head_index": entry["head"], "dla": entry["dla"]} | _repair_columns(repair.get((entry["layer"],
-                                                                                             entry["head"])))
+    return [{"rank": rank, "name": column_label(entry["layer"], entry["head"]), "layer": entry["layer"],
+             "head": entry["head"], "dla": entry["dla"]} | _repair_columns(repair.get((entry["layer"], entry["head"])))
             for rank, entry in enumerate(payload["heads"], start=1)]
 
 
@@ -31,7 +30,7 @@ def _repair_columns(row: dict[str, Any] | None) -> dict[str, Any]:
     if row is None:
         return {}
     return {"total": row["total"], "direct": row["direct"], "self_repair": row["self_repair"],
-            "covered_by": " ".join(f"{entry['layer']}.{entry['head']}" for entry in row["compensating"])}
+            "covered_by": " ".join(column_label(entry["layer"], entry["head"]) for entry in row["compensating"])}
 
 
 def _sources(payload: dict[str, Any]) -> Text | None:

@@ -308,6 +308,11 @@ def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dic
                    "diagonal": EXPECTED_DIAGONAL.get(name)})
     title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
                 f"(score > {payload['thresholds'][name]:g})")
+    if not flagged and not any(value for row in scores[-1]["z"] for value in row):  # e.g. next-token on a decoder
+        summary = f"{info['summary']}: " if info is not None else ""
+        return (f'<div class="probe-section probe-empty-class" data-score-index="{index}" data-score="{esc(name)}">'
+                f"<h2>{title}</h2><p class=\"probe-meta\">{esc(summary)}every head scores 0 on this model (the class "
+                "cannot apply to it), so there is no grid to show.</p></div>")
     viewer = _pattern_viewer(patterns.get(probe), flagged, bool(patterns))
     return (f'<div class="probe-section" data-score-index="{index}" data-score="{esc(name)}">'
             f"<h2>{title}</h2>"

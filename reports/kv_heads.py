@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rich.console import Console
@@ -135,6 +134,14 @@ def _map_data(payload: dict[str, Any]) -> dict[str, Any]:
             "curve": None if not curve else {"k": curve["k"], "orders": curve["orders"]}}
 
 
+def options_text(options: dict[str, Any]) -> str:
+    """The run's options as a reader writes them (`lengths 1024, 2048; depths 0.1, 0.5`), not as raw JSON."""
+    def value(item: Any) -> str:
+        return ", ".join(value(part) for part in item) if isinstance(item, (list, tuple)) else (
+            "none" if item is None else f"{item:g}" if isinstance(item, float) else str(item))
+    return "; ".join(f"{name.replace('_', ' ')} {value(item)}" for name, item in options.items()) or "defaults"
+
+
 def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
     """The layer x KV-head map (blue streaming, red full; scores on hover) and the curve of probe's order against
     random orders."""
@@ -145,7 +152,7 @@ def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
             ("streaming", f"{payload['n_streaming']} of {total} KV heads"), ("needle accuracy", accuracy),
             *(("budget" if index == 0 else "", line.strip()) for index, line in
               enumerate(budget_lines(payload.get("budget")))),
-            ("options", json.dumps(payload.get("options", {})))]
+            ("options", options_text(payload.get("options", {})))]
     curve = ('<div class="probe-section"><h2>Streaming the first k KV heads</h2><p class="probe-small">probe\'s '
              "order (retrieval ascending) against random orders: loss change on natural text, and needle accuracy "
              'on prompts other than the scored ones.</p><div class="probe-row"><div class="probe-curve-loss"></div>'

@@ -1,6 +1,7 @@
 """How a head is named in every report: one short form (`18.6`, tables, axes, lists) and one long form
-(`layer 18, head 6`, hovers, titles and sentences). probe.ablation's labels of heads ablated together (`5.1+18.6`) join
-short forms. The page script (assets/probe.js) writes the long form the same way.
+(`layer 18, head 6`, hovers, titles and sentences), and one for table columns (`L18H6`, CSV and DataFrames: it never
+reads as a number). probe.ablation's labels of heads ablated together (`5.1+18.6`) join short forms. The page script
+(assets/probe.js) writes the long form the same way.
 
 An encoder-decoder's payload carries `layer_names` (`enc0`, ..., `dec0`, `x0`, ...: probe.hooks.stacks names them);
 its heads read `x3.1` and `layer x3, head 1`. Every function takes those names (None: plain numbers)."""
@@ -38,3 +39,9 @@ def precision_note(payload: dict[str, Any]) -> str:
     if dtype == "float32":
         return "computed in float32"
     return f"computed in {dtype}, its sums in float32 or wider (docs/precision.md: how far it lies from float32)"
+
+
+def column_label(layer: int, head: int, names: LayerNames = None) -> str:
+    """`L18H6` (`x3.1`): a head in a CSV or DataFrame column. pandas reads `0.1` and `0.10` as one float, so a column
+    of short labels would merge heads on a model of 10 or more heads per layer; --heads takes this form too."""
+    return f"L{layer}H{head}" if not names else short_label(layer, head, names)

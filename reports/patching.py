@@ -13,7 +13,7 @@ from rich.text import Text
 
 from probe.errors import ProbeError
 from probe.reports.html import esc, facts_table, page, plotly_text
-from probe.reports.labels import long_label, precision_note, short_label
+from probe.reports.labels import column_label, long_label, precision_note, short_label
 from probe.reports.selfrepair import self_repair_html, self_repair_report
 
 TOP = 15  # heads in the terminal table and in the by-position view
@@ -36,7 +36,9 @@ def ranked(payload: dict[str, Any], top: int = TOP) -> list[dict[str, Any]]:
 
 def patch_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One CSV row per head: its numbers, and its classes joined by spaces."""
-    return [{key: value for key, value in row.items() if key != "classes"}
+    names = payload.get("layer_names")
+    return [{"name": column_label(row["layer"], row["head"], names)}
+            | {key: value for key, value in row.items() if key != "classes"}
             | {"classes": " ".join(row.get("classes", []))} for row in _rows(payload)]
 
 

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import ASSETS, esc, facts_table, page
-from probe.reports.labels import short_label
+from probe.reports.labels import column_label, short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
 SHOWN_SYNTACTIC = 25  # heads listed in the overview
@@ -96,7 +96,8 @@ def syntax_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
                 margin = round(accuracy - entry["baseline"], 4)
                 rows.append({"relation": entry["relation"], "direction": entry["direction"], "arcs": entry["count"],
                              "judged": entry["judged"], "baseline": entry["baseline"],
-                             "baseline_offset": entry["baseline_offset"], "layer": layer, "head": head,
+                             "baseline_offset": entry["baseline_offset"], "name": column_label(layer, head),
+                             "layer": layer, "head": head,
                              "accuracy": accuracy, "margin": margin,
                              "syntactic": entry["judged"] and margin > payload["margin"]})
     return rows

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.labels import layer_label, precision_note, short_label
+from probe.reports.labels import column_label, layer_label, precision_note, short_label
 
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
@@ -204,20 +204,29 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
 
 
 def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) -> Table:
-    """The heads with the largest mean delta next to those with the sharpest per-token effect (largest maximum
-    per-token delta), with their specificity (share of the loss increase on the top 1% of tokens) and the token
-    they affect most, in its context."""
+    """The heads with the sharpest per-token effect (largest maximum per-token delta), with their specificity (share
+    of the loss increase on the top 1% of tokens), their mean delta and the token they affect most, in its context.
+    The heads of largest mean delta are the table above it ("hurts most"): one table each, never two side by side."""
     with_effects = [r for r in singles if r.get("effects")]
     sharp = sorted(with_effects, key=lambda r: -_number(r["effects"].get("max_token_delta")))[:top]
-    grid = Table(title="Largest mean effect | sharpest specific effect", title_justify="left",
-                 title_style="bold", show_edge=False, pad_edge=False)
-    for name in ("head", "mean Δ", "", "head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token"):
+    grid = Table(title=f"Heads with the sharpest specific effect (largest per-token delta, {len(sharp)} of "
+                 f"{len(singles)})", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
+    for name in ("head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token"):
         grid.add_column(name, justify="left" if name == "most affected token" else "right")
-    for by_mean, r in zip(singles[:top], sharp):
+    for r in sharp:
         effects = r["effects"]
         token = (effects.get("top_tokens") or [{}])[0]
-        grid.add_row(_label(by_mean, names), _signed(by_mean["delta"]), "│", _label(r, names),
-                     _signed(effects.get("max_token_delta")), _signed(effects.get("p99_token_delta")),
+        grid.add_row(_label(r, names), _signed(effects.get("max_token_delta")), _signed(effects.get("p99_token_delta")),
                      f"{_number(effects.get('specificity')):.3f}", _signed(r["delta"]),
                      Text(str(token.get("context", "")).replace("\n", "⏎")[-60:]))
     return grid
+
+
+def classification_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """`probe classify --csv`: one row per head, the DataFrame's columns (`Classification.to_dataframe`): layer, head,
+    its name (`L5H1`: pandas never reads it as a number), each class's score (empty where the class does not apply
+    to the layer), its labels (comma-separated)."""
+    names = payload.get("layer_names")
+    return [{"layer": entry["layer"], "head": entry["head"], "name": column_label(entry["layer"], entry["head"], names),
+             **{name: "" if score is None else score for name, score in entry["scores"].items()},
+             "labels": ",".join(entry["labels"])} for entry in payload["heads"]]

@@ -22,7 +22,7 @@ def _best(checkpoint: dict[str, Any], name: str) -> str:
     if not scored:
         return "n/a"
     value, entry = max(scored, key=lambda item: item[0])
-    return f"{value:.2f} ({short_label(entry['layer'], entry['head'])})"
+    return f"{value:.2f} (head {short_label(entry['layer'], entry['head'])})"  # `0.03 (0.3)` reads as two numbers
 
 
 def _trajectory_table(payload: dict[str, Any]) -> Table:

@@ -390,3 +390,38 @@ def test_a_long_token_strip_wraps_inside_its_column(width: int, tmp_path, browse
         opened.page.screenshot(path=str(tmp_path / "strip.png"))
     finally:
         context.close()
+
+
+def empty_sections(opened: Opened) -> list[str]:
+    """Sections of the page that show nothing: no plot drawn, no table, no text past their heading."""
+    return opened.page.evaluate("""() => Array.from(document.querySelectorAll('.probe-section')).filter(section => {
+        const text = Array.from(section.children).filter(c => c.tagName !== 'H2')
+            .map(c => c.innerText.trim()).join('');
+        return !section.querySelector('svg, table, canvas, img') && !text;
+    }).map(section => section.dataset.score || section.querySelector('h2')?.innerText || '?')""")
+
+
+@pytest.mark.parametrize("width", [1000, 1400])
+def test_a_class_no_head_can_score_says_so_instead_of_an_empty_grid(width: int, tmp_path, browser) -> None:
+    """next-token and sep on a decoder: every score 0. The section says why in a sentence; no empty plot."""
+    from conftest import tiny_loaded
+
+    result = classify(tiny_loaded("llama_gqa"), seq_len=16, num_seqs=2, repeat_len=8)
+    payload = result.to_dict()
+    assert not any(entry["scores"]["next_token"] for entry in payload["heads"])  # a decoder: no key after the query
+    path = tmp_path / "classify.html"
+    path.write_text(classification_page(payload), encoding="utf-8")
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(path.resolve().as_uri())
+    page.wait_for_function("document.querySelector('.probe-page').dataset.state !== 'loading'", timeout=30000)
+    opened = Opened(page, path.resolve().as_uri(), errors=errors)
+    assert page.evaluate("document.querySelector('.probe-page').dataset.state") == "ready" and not errors
+    note = page.locator('[data-score="next_token"] .probe-meta').inner_text()
+    assert "every head scores 0 on this model" in note
+    assert page.locator('[data-score="next_token"] .probe-score-plot').count() == 0
+    assert empty_sections(opened) == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= width  # nothing runs past the right edge
+    context.close()

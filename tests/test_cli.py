@@ -30,7 +30,7 @@ from probe.inputs import repeated_set
 from probe.errors import ProbeError
 from probe.reports.files import write_csv, write_json, write_text
 from probe.reports.html import ablation_page
-from probe.reports.labels import long_label, short_label
+from probe.reports.labels import column_label, long_label, short_label
 from probe.reports.terminal import ablation_report
 
 TESTS = Path(__file__).parent
@@ -167,7 +167,7 @@ def test_csv_rows_as_csv(tmp_path: Path) -> None:
                                     "p99_token_delta,max_token_delta,specificity")
     rows = list(csv.DictReader(io.StringIO(text)))
     assert [row["heads"] for row in rows] == [row["heads"] for row in result.csv_rows()]
-    assert "0.0+1.1" in [row["heads"] for row in rows]
+    assert "L0H0+L1H1" in [row["heads"] for row in rows]
     assert [float(row["delta"]) for row in rows] == [row["delta"] for row in result.csv_rows()]
 
 
@@ -268,7 +268,7 @@ def test_library_errors_reach_the_command_line_with_flags(capsys, monkeypatch) -
     (["classify", "--seq-len", "x"], 2, "error: Invalid value for '--seq-len'"),
     (["nosuch"], 2, "error: No such command 'nosuch'"),
     (["classify", "--no-such-flag"], 2, "error: No such option: --no-such-flag"),
-    (["heatmap", "--text", "a"], 2, "error: Missing option '--html'"),  # the flag as typed, not html_path
+    (["heatmap", "--text", "a"], 2, "error: give --html PAGE, --json FILE or both"),
 ])
 def test_usage_errors_keep_their_code_in_one_line(args: list[str], code: int, message: str, capsys,
                                                   monkeypatch) -> None:
@@ -298,6 +298,7 @@ def test_remote_code_runs_only_when_asked(capsys, monkeypatch) -> None:
         raise ProbeError("stop here")
 
     monkeypatch.setattr("probe.cli.options.load_model", record)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # org/name is not in the hub cache: no connection tried before loading
     for command in (["classify"], ["heatmap", "--text", "hi", "--html", "never.html"], ["ablate"]):
         assert run_cli([*command, "--model", "org/name"], capsys, monkeypatch)[0] == 2
         assert run_cli([*command, "--model", "org/name", "--trust-remote-code"], capsys, monkeypatch)[0] == 2
@@ -419,28 +420,69 @@ def test_progress_in_a_log_file_is_plain_lines(tmp_path: Path) -> None:
                                     "--stack", "1"],
                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
                                    env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path),
-                                        "PROBE_TEST_SLEEP": "0.01"})
+                                        "PROBE_TEST_SLEEP": "0.05"})
     text = log.read_text(encoding="utf-8")
     assert completed.returncode == 0, text
     assert "\r" not in text and "\x1b" not in text  # no live bar, no escape codes
     progress = [line for line in text.splitlines() if line.startswith("ablating heads")]
     assert all(PLAIN_LINE.match(line) for line in progress), progress
-    assert 5 <= len(progress) <= 11 and progress[-1].startswith("ablating heads: 100%")  # one per tenth at most
-    assert "heads done)" in " ".join(progress)
+    assert 1 <= len(progress) <= 11  # one per tenth at most, none within a second of the last
+    assert progress[-1].startswith("ablating heads: 100% (8 heads done)")  # at the total, every head counted
 
 
 def test_plain_progress_comes_every_tenth_or_every_30_seconds(capsys) -> None:
-    times = iter([0.0, 1.0, 2.0, 40.0, 41.0, 100.0])
-    plain = PlainProgress("classifying heads", counted=True, now=lambda: next(times))
+    times = iter([0.0, 1.0, 2.0, 40.0, 41.0, 100.0, 101.0])
+    plain = PlainProgress("tracking", unit="checkpoints", now=lambda: next(times))
     plain.update(1, 100)  # 1%, after 1 s: nothing
     plain.update(12, 100)  # a new tenth: a line
     plain.update(13, 100)  # 38 s since the last line: a line
     plain.update(14, 100)  # neither
-    plain.update(100, 100)
+    plain.update(100, 100)  # done: the last line comes from finish()
+    plain.finish()
     assert capsys.readouterr().err.splitlines() == [
-        "classifying heads: 12/100 (12%), 0:02 elapsed, ~0:14 left",
-        "classifying heads: 13/100 (13%), 0:40 elapsed, ~4:27 left",
-        "classifying heads: 100/100 (100%), 1:40 elapsed"]
+        "tracking: 12/100 checkpoints (12%), 0:02 elapsed, ~0:08 left",  # 11 in the 1 s since the first report
+        "tracking: 13/100 checkpoints (13%), 0:40 elapsed, ~4:42 left",
+        "tracking: 100/100 checkpoints (100%), 1:41 elapsed"]
+
+
+def test_plain_progress_estimates_from_the_measured_rate_and_ends_at_its_total(capsys) -> None:
+    """On a fake clock: a minute of set-up, then one head every 2 s. The time left is the truth at every line and
+    falls monotonically (the rate since the start would have said ~15 minutes at the first line); the last line is at
+    the total with every head counted, although the last report came before the last results."""
+    clock = [0.0]
+    plain = PlainProgress("ablating heads", now=lambda: clock[0])
+    clock[0] = 60.0
+    plain.update(0, 40)
+    for head in range(1, 41):
+        clock[0] += 2.0
+        plain.update(head, 40)
+        if head < 38:
+            plain.head_done()
+    plain.head_done()
+    plain.head_done()
+    plain.head_done()
+    clock[0] += 0.5
+    plain.finish()
+    lines = capsys.readouterr().err.splitlines()
+    estimates = [(int(m[1]), int(m[2]) * 60 + int(m[3])) for m in (
+        re.search(r"(\d+)%.*~(\d+):(\d\d) left", line) for line in lines) if m]
+    done = [int(re.search(r"(\d+)%", line)[1]) for line in lines]
+    assert len(lines) <= 11 and done == sorted(done) and done[-1] == 100 and len(estimates) == 9
+    assert [left for _, left in estimates] == sorted((left for _, left in estimates), reverse=True)
+    assert all(left == 2 * (40 - 40 * share // 100) for share, left in estimates), estimates
+    assert lines[0] == "ablating heads: 0%, 1:00 elapsed"  # after the set-up: started, no estimate yet
+    assert lines[-1] == "ablating heads: 100% (40 heads done), 2:20 elapsed"
+
+
+def test_work_done_in_a_moment_says_only_nothing_or_that_it_is_done(capsys) -> None:
+    """Ten steps in 0.1 s: no line per step (they would all read `0:00 elapsed, ~0:00 left`)."""
+    clock = [0.0]
+    plain = PlainProgress("training", unit="steps", now=lambda: clock[0])
+    for step in range(1, 11):
+        clock[0] += 0.01
+        plain.update(step, 10)
+    plain.finish()
+    assert capsys.readouterr().err == ""
 
 
 def test_quiet_shows_only_warnings_and_errors(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -513,5 +555,7 @@ def test_a_head_has_one_short_and_one_long_name(capsys, monkeypatch) -> None:
                "n_layers": 2, "n_heads": 3, "baseline_loss": 1.0, "heads": heads}
     assert table_heads(report(payload), "hurts most")[0] == "1.2"
     sources = [*(ROOT / "cli").glob("*.py"), *(ROOT / "reports").glob("*.py"), ROOT / "reports" / "assets" / "probe.js"]
+    sources.remove(ROOT / "reports" / "labels.py")  # the one place names are made: its column form is `L18H6`
+    assert column_label(18, 6) == "L18H6" and column_label(3, 1, ["enc0"] * 3 + ["x3"]) == "x3.1"
     other_forms = re.compile(r"""["'(]L["'{+]|\bL\{|H\{|["'] ?H["']|Layer \{|head \{[^}]*\}, layer""")
     assert [path.name for path in sources if other_forms.search(path.read_text(encoding="utf-8"))] == []

@@ -45,8 +45,8 @@ def test_results_become_dataframes() -> None:
     probe_set = repeated_set(loaded, repeat_len=8, num_seqs=2)
     swept = sweep(loaded, probe_set, [(0, 1), (1, 3)])
     frame = swept.to_dataframe()
-    assert list(frame["heads"]) == ["0.1", "1.3"] or list(frame["heads"]) == ["1.3", "0.1"]
-    assert frame.set_index("heads")["delta"].to_dict() == {f"{r.layer}.{r.head}": r.delta for r in swept.results}
+    assert list(frame["heads"]) == ["L0H1", "L1H3"] or list(frame["heads"]) == ["L1H3", "L0H1"]
+    assert frame.set_index("heads")["delta"].to_dict() == {f"L{r.layer}H{r.head}": r.delta for r in swept.results}
     assert set(estimate(loaded, probe_set).to_dataframe()["value"]) == {"exact", "estimated"}
 
 

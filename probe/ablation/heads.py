@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
@@ -19,6 +20,9 @@ T = TypeVar("T")
 SYNTAX = {"heads": "use LAYER.HEAD, e.g. 5.1, 5.* or 3-4.0 (encoder-decoders: enc5.1, dec5.1, x5.1)",
           "layers": "use LAYER or FIRST-LAST, e.g. 0-3,10 (encoder-decoders: enc0-2, dec1, x3)"}
 """How heads and layers are written, for the messages about them."""
+PLAIN_LABEL = re.compile(r"\b(\d+)\.(\d+)\b")
+COLUMN_NAME = re.compile(r"L(\d+)H(\d+)")
+"""`column_name`'s form of one head, which --heads takes too."""
 
 
 def layer_shape(layers: list[AttentionLayer]) -> tuple[int, int]:
@@ -62,7 +66,8 @@ def _parse_item(item: str, layers: list[AttentionLayer]) -> list[Head]:
         return [(layer.index, head) for layer in layers for head in range(layer.n_heads)]
     if item.count(".") > 1:
         raise ProbeError(f"malformed head {item!r} in heads: {SYNTAX['heads']}", parameter="heads")
-    layer_part, dot, head_part = item.partition(".")
+    named = COLUMN_NAME.fullmatch(item)  # L18H6, a table's column name
+    layer_part, dot, head_part = (named[1], ".", named[2]) if named else item.partition(".")
     return [(layer.index, head) for layer in _layers_named(layer_part, layers, item, "heads")
             for head in _parse_range(head_part if dot else "*", layer.n_heads, "head", item)]
 
@@ -116,6 +121,18 @@ def heads_by_layer(ablations: Sequence[Ablation]) -> dict[int, dict[int, list[in
 def label(ablation: Sequence[Head], names: Sequence[str] | None = None) -> str:
     """'5.1' or '5.1+18.6'; on an encoder-decoder, with its `layer_names`, 'x1.2+enc0.3'."""
     return "+".join(f"{layer if names is None else names[layer]}.{head}" for layer, head in ablation)
+
+
+def column_name(ablation: Sequence[Head], names: Sequence[str] | None = None) -> str:
+    """'L5H1' or 'L5H1+L18H6': `label` for a table column, which pandas cannot read as a number (it reads `0.1` and
+    `0.10` as one float); encoder-decoders' labels ('x1.2') already start with a letter. --heads takes both forms."""
+    return as_column(label(ablation, names))
+
+
+def as_column(text: str) -> str:
+    """Every plain `5.1` in a label or a list of labels written `L5H1` (`x1.2` unchanged). reports/labels.py's
+    `column_label` writes the same."""
+    return PLAIN_LABEL.sub(r"L\1H\2", text)
 
 
 def distinct(items: Iterable[T], key: Callable[[T], object] = lambda item: item) -> list[T]:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from probe.ablation.editor import head_editor
-from probe.ablation.heads import Head, label, layer_shape
+from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losses, parts_of
@@ -124,7 +124,7 @@ class PruneResult:
         """One row per (curve, step), for CSV."""
         return [{"ordering": curve.ordering, "seed": curve.seed, **{k: v for k, v in step.to_dict().items()
                                                                     if k != "removed"},
-                 "removed": " ".join(step.removed)} for curve in self.curves for step in curve.steps]
+                 "removed": as_column(" ".join(step.removed))} for curve in self.curves for step in curve.steps]
 
 
 class _Evaluator:
@@ -352,8 +352,12 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
             progress(min(done[0], total), total)
 
     run = _Run(loaded, probe_set, evaluator, units, (result.n_layers, result.n_heads), batch_size, tick)
+    planned = 0  # the steps counted in `total` for the curves done: a curve stopped at the limit skips the rest
     for name, seed in curves:
         result.curves.append(_curve(measure, units, result, name, seed, run.chooser(name, seed), tick))
+        planned += math.ceil(1 / step - 1e-9) * (2 if name == "michel" else 1)
+        done[0] = max(done[0], planned) - 1
+        tick()  # progress ends at its total
     result.seconds = time.perf_counter() - started
     result.costs = {"forward_seconds": round(forward_seconds, 4), "loss_passes": measure.passes,
                     "gradient_passes": run.gradient_passes, "sweep_seconds": round(run.sweep_seconds, 3),

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor
 
-from probe.ablation.heads import Ablation, Head, label
+from probe.ablation.heads import Ablation, Head, column_name, label
 from probe.ablation.metrics import METRICS, losses
 from probe.errors import ProbeError
 from probe.frames import dataframe
@@ -189,7 +189,7 @@ class AblationResult:
         estimate mode `value`: exact or estimated."""
         rows = []
         for r in self.ranked():
-            row: dict[str, Any] = {"heads": label(r.heads, self.layer_names),
+            row: dict[str, Any] = {"heads": column_name(r.heads, self.layer_names),
                                    "layer": r.layer if len(r.heads) == 1 else "",
                                    "head": r.head if len(r.heads) == 1 else "", "loss": r.loss, "delta": r.delta}
             for name in self.baseline_parts:

@@ -80,9 +80,11 @@ class Classification:
         }
 
     def to_dataframe(self) -> Any:
-        """A pandas DataFrame, one row per head: layer, head, each class's score, and its labels (comma-separated).
-        Needs pandas."""
+        """A pandas DataFrame, one row per head: layer, head, its name (`L5H1`, never read as a number; `x1.2` on an
+        encoder-decoder), each class's score, and its labels (comma-separated). Needs pandas."""
+        names = self.layer_names
         return dataframe([{"layer": layer, "head": head,
+                           "name": f"{names[layer]}.{head}" if names else f"L{layer}H{head}",
                            **{name: float(score[layer, head]) for name, score in self.scores.items()},
                            "labels": ",".join(self.labels(layer, head))}
                           for layer in range(self.n_layers) for head in range(self.n_heads)])

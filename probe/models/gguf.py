@@ -30,6 +30,12 @@ def _cache_dir(gguf: Path) -> Path:
     return cache_root() / "gguf" / f"{gguf.stem}-{key}"
 
 
+def cached_config(gguf: Path) -> Path | None:
+    """The config.json of the GGUF file's dequantised cache, where a load has made it (read before loading)."""
+    config = _cache_dir(gguf) / "config.json"
+    return config if config.is_file() else None
+
+
 def _damaged(gguf: Path, reason: str) -> ProbeError:
     return ProbeError(f"cannot load model {str(gguf)!r}: the file is damaged or not a GGUF file ({reason}); "
                       "download it again, or reinstall the package that ships it")

@@ -34,6 +34,15 @@ class LoadedModel:
     vocab_size: int
     origin: ModelOrigin | None = None  # where it came from: what provenance records (None: made by hand)
 
+    def __repr__(self) -> str:
+        """One line (the dataclass' own repr would print the whole module tree and the tokenizer's vocabulary)."""
+        first = next(self.model.parameters(), None)
+        where = "" if first is None else f", {str(first.dtype).removeprefix('torch.')} on {first.device}"
+        parameters = sum(p.numel() for p in self.model.parameters())
+        tokenizer = "no tokenizer" if self.tokenizer is None else type(self.tokenizer).__name__
+        return (f"LoadedModel({self.name!r}: {type(self.model).__name__}, {parameters / 1e6:.1f}M parameters{where}, "
+                f"vocabulary {self.vocab_size}, {tokenizer})")
+
 
 def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if dtype is None:
@@ -45,8 +54,9 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return DTYPES[dtype]
 
 
-def _check_device(device: str | None) -> None:
-    """A device torch knows and this machine has: one line instead of torch's AssertionError without CUDA."""
+def check_device(device: str | None) -> None:
+    """A device torch knows and this machine has: one line instead of torch's AssertionError without CUDA, saying
+    whether the installed torch cannot use CUDA at all (a CPU build: how to get one that can) or sees no GPU."""
     if device is None:
         return
     try:
@@ -54,11 +64,22 @@ def _check_device(device: str | None) -> None:
     except RuntimeError as error:
         raise ProbeError(f"device {device!r} is not a device: use cpu, cuda or cuda:N", parameter="device") from error
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ProbeError(f"device {device!r} asks for a GPU, but no CUDA GPU is available here: use device='cpu'",
-                         parameter="device")
+        raise ProbeError(_no_cuda(device), parameter="device")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         raise ProbeError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered "
                          "from 0", parameter="device")
+
+
+def _no_cuda(device: str) -> str:
+    """Why `device` (a CUDA one) cannot be used here, and what to do."""
+    if torch.version.cuda is None:
+        release = torch.__version__.split("+")[0]
+        return (f"device {device!r} needs CUDA, but the installed torch {torch.__version__} is a CPU-only build: "
+                f"install a CUDA build of torch, e.g. pip install torch=={release} --index-url "
+                "https://download.pytorch.org/whl/cu128 (cu128: CUDA 12.8; pick the one your NVIDIA driver supports "
+                "at https://pytorch.org/get-started/locally/), or run on the CPU (cpu)")
+    return (f"device {device!r} asks for a GPU, but torch {torch.__version__} (CUDA {torch.version.cuda}) sees none: "
+            "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or run on the CPU (cpu)")
 
 
 def _placement(device: str | None, device_map: DeviceMap | None, offload_folder: str | Path | None,
@@ -164,7 +185,7 @@ def _given_module(model: nn.Module, tokenizer: Any | None, name: str | None, dty
     if dtype is not None:
         model = model.to(_parse_dtype(dtype))
     if device is not None:
-        _check_device(device)
+        check_device(device)
         model = model.to(device)
     model.eval()
     origin = module_origin(model)
@@ -198,7 +219,7 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     if not isinstance(spec, str):
         raise ProbeError(f"spec must be a model name, path or nn.Module, got {type(spec).__name__}", parameter="spec")
     torch_dtype = _parse_dtype(dtype)
-    _check_device(device)
+    check_device(device)
     placement = _placement(device, device_map, offload_folder, max_memory)
     source = resolve_alias(spec)  # a hub alias (gpt2) loads its hub id (openai-community/gpt2)
     try:

@@ -153,7 +153,7 @@ class TrackResult:
     def rows(self) -> list[dict[str, Any]]:
         """One row per checkpoint x head: the trajectories as a table (CSV)."""
         return [{"checkpoint": c.name, "step": c.step, "loss": c.loss, "icl_score": c.icl_score,
-                 "layer": e["layer"], "head": e["head"], **e["scores"],
+                 "layer": e["layer"], "head": e["head"], **e["scores"], "name": f"L{e['layer']}H{e['head']}",
                  **({"delta": e.get("delta")} if self.heads_ablated else {})}
                 for c in self.checkpoints for e in c.heads]
 

@@ -361,6 +361,7 @@
       data.scores.forEach(function (section, s) {
         var box = root.querySelector('[data-score-index="' + s + '"]');
         var scorePlot = box.querySelector(".probe-score-plot");
+        if (!scorePlot) return;  // a class no head scores on (its section says so): nothing to draw
         var figure = scoreFigure(section, data);
         var block = blocks[section.probe];
         var select = box.querySelector(".probe-flagged"), plot = box.querySelector(".probe-plot");
@@ -630,10 +631,15 @@
     }
   }
 
+  // a page of tables only (probe circuits): nothing to draw
+  function tablesPage(id) {
+    document.getElementById(id).dataset.state = "ready";
+  }
+
   // pages in notebooks may run before plotly.js has arrived: wait for it a little
   function start(kind, id) {
     var pages = {heatmap: heatmapPage, classification: classificationPage, ablation: ablationPage, prune: prunePage,
-                 kv_heads: kvHeadsPage, patch: patchPage};
+                 kv_heads: kvHeadsPage, patch: patchPage, circuits: tablesPage};
     var tries = 0;
     (function attempt() {
       if (window.Plotly) {
