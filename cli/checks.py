@@ -45,8 +45,8 @@ def check_before_loading(parameters: dict[str, Any]) -> None:
     check_device(parameters.get("device"))
     model = parameters.get("model")
     if isinstance(model, str) and not parameters.get("revisions"):
-        check_hub_reachable(model)
-        check_layers(model, parameters)
+        check_layers(model, parameters)  # the hub's reachability is asked at load time (cli.options.load), after
+        # every command's own argument checks: those need no network
 
 
 def _hub_id(source: str) -> bool:

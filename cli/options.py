@@ -11,6 +11,7 @@ import typer
 
 from probe.ablation.methods import METHODS
 from probe.ablation.metrics import KINDS, METRICS
+from probe.cli.checks import check_hub_reachable
 from probe.cli.outputs import record_provenance
 from probe.cli.progress import status, warn
 from probe.models import ALIASES, LoadedModel, load_model
@@ -83,6 +84,7 @@ def load(choice: ModelChoice) -> LoadedModel:
     from transformers.utils import logging as hf_logging  # a transformers submodule: loaded only to load a model
 
     hf_logging.disable_progress_bar()
+    check_hub_reachable(choice.spec)  # one line now, not the hub client's half minute of retries
     gguf = choice.spec in ALIASES or choice.spec.endswith(".gguf")
     first_run = " (GGUF: dequantised on the first run, then cached)" if gguf else ""
     with status(f"loading {choice.spec}{first_run} ..."), warnings.catch_warnings(record=True) as caught:
