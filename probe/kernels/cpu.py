@@ -52,18 +52,9 @@ class CpuBackend:
         plain_causal = call.causal and call.bias is None
         output, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, plain_causal, attn_mask=call.bias, scale=call.scaling)
-        attention = CpuAttention(_float32(call.query), _float32(call.key), call.bias, call.scaling, plain_causal,
-                                 lse.float(), config)
+        attention = CpuAttention(call.query, call.key, call.bias, call.scaling, plain_causal, lse.float(), config)
         output = output.transpose(1, 2)
         return (output[..., :dv] if dv < d else output).contiguous(), attention
-
-
-def _float32(tensor: Tensor) -> Tensor:
-    """A half-precision query or key as float32 for the statistics (float32 itself as it is): every logit they read is
-    then a float32 product of the model's own values, so the staged search's bounds and ties (float32's rounding,
-    2^-13 |q| |k| margins) hold as derived for any input dtype, and a rebuilt weight carries float32's error, not
-    bfloat16's 2^-8 per logit. The kernel itself accumulates in float32 (its log-sum-exp is float32)."""
-    return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
 
 
 @dataclass

@@ -39,6 +39,10 @@ class TableColumn(NamedTuple):
     column: int
 
 
+def _statistics_copy(tensor: Tensor) -> Tensor:
+    """A half-precision query or key as float32 (float32 and wider as they are)."""
+    return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+
 @dataclass
 class FusedAttention:
     """One layer call's queries, keys, additive bias and log-sum-exp: what any weight A[i, j] is rebuilt from. The
@@ -58,6 +62,13 @@ class FusedAttention:
     contiguous_keys: dict[HeadId, Tensor] = field(default_factory=dict, repr=False)  # (kv, d) per head, made once
     top_keys: Tensor | None = field(default=None, repr=False)  # (b, hq, n) int: each row's top key (argmax's answer),
     # where the backend's kernel wrote it (probe.kernels.cuda): row maxima are then read, never searched
+
+    def __post_init__(self) -> None:
+        """Half-precision queries and keys are kept as float32 copies, whichever backend made the statistics: every
+        logit they rebuild is then a float32 product of the model's own values, so the staged search's bounds and
+        ties (float32's rounding, 2^-13 |q| |k| margins) hold as derived for any input dtype, and a rebuilt weight
+        carries float32's error, not bfloat16's 2^-8 per logit (docs/precision.md)."""
+        self.query, self.key = _statistics_copy(self.query), _statistics_copy(self.key)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
