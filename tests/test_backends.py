@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from attention_calls import masked_logits, moved
 
 from probe.kernels import BACKENDS, DEFAULT_CONFIG, REFERENCE, AttentionCall, additive_bias, backend_for
 from probe.kernels.base import Backend, rebuild_problem
@@ -91,26 +92,6 @@ CASES = {"causal": _causal, "padded bool mask": _padded_bool_mask, "additive bia
          "value head larger": _larger_value_head, "odd lengths": _odd_lengths, "ties": _ties}
 
 
-def _on(call: AttentionCall, dtype: torch.dtype, device: str) -> AttentionCall:
-    def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        return None if tensor is None else tensor.to(device, dtype)
-
-    return AttentionCall(cast(call.query), cast(call.key), cast(call.value), cast(call.bias), call.scaling,
-                         call.causal)
-
-
-def _logits(call: AttentionCall) -> torch.Tensor:
-    """(b, hq, n, kv) float32 logits, hidden keys at -inf: what argmax is asked of (computed here, not by a backend)."""
-    query, key = call.query.float(), call.key.float()
-    keys = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-    logits = torch.matmul(query, keys.transpose(-1, -2)) * call.scaling
-    if call.bias is not None:
-        return logits + call.bias.float()
-    n, kv = query.shape[2], key.shape[2]
-    hidden = torch.arange(kv, device=query.device)[None, :] > torch.arange(n, device=query.device)[:, None] + kv - n
-    return logits.masked_fill(hidden, float("-inf")) if call.causal else logits
-
-
 def _device(backend: Backend) -> str:
     """The device the backend's cases run on (skipped where this machine has none)."""
     assert backend.name in DEVICES, f"name the device of backend {backend.name!r} in DEVICES"
@@ -124,7 +105,7 @@ def _device(backend: Backend) -> str:
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda backend: backend.name)
 def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.dtype) -> None:
-    call = _on(CASES[case](), dtype, _device(backend))
+    call = moved(CASES[case](), dtype, _device(backend))
     assert backend.problem(call) == ""
     with torch.no_grad():
         output, statistics = backend.run(call, DEFAULT_CONFIG)
@@ -144,7 +125,7 @@ def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.
     assert (weights.sum(dim=-1) - 1).abs().max() <= tolerance * 4  # the log-sum-exp fits the logits rebuilt
     # which key tops each row: argmax's answer, ties to the earliest
     selected = torch.ones(b, n, dtype=torch.bool, device=device)
-    logits = _logits(call)
+    logits = masked_logits(call)
     for shift in (-1, 0):
         rows = torch.arange(max(0, -shift), n, device=device)
         top = logits[:, :, rows].argmax(dim=-1) == (rows + shift)

@@ -16,6 +16,7 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (pr
 
 import pytest
 import torch
+from attention_calls import masked_logits, moved
 from conftest import tiny_loaded
 from families import ADAPTED, FAMILY_MODELS, tiny_family
 
@@ -89,31 +90,10 @@ CASES = {
 }
 
 
-def _cast(call: AttentionCall, dtype: torch.dtype) -> AttentionCall:
-    def cast(tensor: torch.Tensor | None) -> torch.Tensor | None:
-        return None if tensor is None else tensor.to(dtype)
-
-    return AttentionCall(cast(call.query), cast(call.key), cast(call.value), cast(call.bias), call.scaling,
-                         call.causal)
-
-
-def _argmax(call: AttentionCall) -> torch.Tensor:
-    """(b, hq, n): argmax of the float32 logits, masked keys at -inf (computed here, not by a backend)."""
-    query, key = call.query.float(), call.key.float()
-    keys = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
-    logits = torch.matmul(query, keys.transpose(-1, -2)) * call.scaling
-    n, kv = query.shape[2], key.shape[2]
-    if call.bias is not None:
-        logits = logits + call.bias.float()
-    elif call.causal:
-        logits = logits.masked_fill(torch.arange(kv)[None, :] > torch.arange(n)[:, None] + kv - n, float("-inf"))
-    return logits.argmax(dim=-1)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("case", list(CASES))
 def test_kernel_equals_the_reference(case: str, dtype: torch.dtype) -> None:
-    call = _cast(CASES[case](), dtype)
+    call = moved(CASES[case](), dtype)
     assert CUDA.problem(call) == ""
     output, statistics = CUDA.run(call)
     expected, reference = REFERENCE.run(call)
@@ -127,7 +107,8 @@ def test_kernel_equals_the_reference(case: str, dtype: torch.dtype) -> None:
     finite = ~expected.float().isnan()
     assert torch.equal(~output.float().isnan(), finite)
     assert (output.float() - expected.float())[finite].abs().max() <= TOLERANCE[dtype]
-    assert torch.equal(statistics.top_keys.long(), _argmax(call))  # argmax's answer, ties and NaN included
+    # argmax's answer, ties and NaN included
+    assert torch.equal(statistics.top_keys.long(), masked_logits(call).argmax(dim=-1))
     selected = torch.ones(b, n, dtype=torch.bool)
     for shift in (-1, 0):  # positional's question, from the kernel's indices, against whole rows (the reference)
         chosen = selected.clone()
@@ -178,7 +159,7 @@ def test_refusals_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
     assert CUDA.problem(capped).startswith("soft-capped logits")
     wide = AttentionCall(*_qkv(1, 1, 1, 2, 320, 16, seed=0), None, 0.25, True)
     assert "head size over 256" in CUDA.problem(wide)
-    assert "float32, bfloat16, float16" in CUDA.problem(_cast(call, torch.float64))
+    assert "float32, bfloat16, float16" in CUDA.problem(moved(call, torch.float64))
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert "runs on cuda, not cpu" in CUDA.problem(call)
 
