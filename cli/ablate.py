@@ -18,7 +18,7 @@ import typer
 
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
-from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, warn_non_finite
+from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json, warn_non_finite
 from probe.cli.progress import console, note, status, sweep_progress, warn
 from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
 from probe.ablation.methods import AblationMethod, build_method
@@ -29,7 +29,7 @@ from probe.distributed import Rank, current, rank_device, rank_placement, sharde
 from probe.errors import ProbeError
 from probe.reading import is_file
 from probe.models import DEFAULT_MODEL, LoadedModel, cache_root, load_model
-from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.files import write_csv, write_text
 from probe.reports.html import ablation_page
 from probe.reports.terminal import ablation_report
 
@@ -313,7 +313,7 @@ def ablate(
     if not main_process or result is None:
         return
     payload = result.to_dict()
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "ablate")
     save(csv_path, lambda path: write_csv(path, result.csv_rows()))
     save(html_path, lambda path: write_text(path, ablation_page(payload)))
     warn_non_finite(payload)

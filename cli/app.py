@@ -16,8 +16,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from probe.cli import (ablate, atlas, circuits, classify, dla, heatmap, kv_heads, models, patch, prune, steer, syntax,
-                       track)
+from probe.cli import (ablate, atlas, circuits, classify, dla, heatmap, kv_heads, models, patch, prune, schema, steer,
+                       syntax, track)
 from probe.cli.allocator import keep_freed_buffers
 from probe.cli.checks import check_before_loading
 from probe.cli.outputs import forget_provenance, remember_parameters
@@ -103,7 +103,8 @@ app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Find out what each attention head of a transformer does.")
 for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax, circuits.circuits,
-                prune.prune, kv_heads.kv_heads, dla.dla, patch.patch, track.track, atlas.atlas, steer.steer):
+                prune.prune, kv_heads.kv_heads, dla.dla, patch.patch, track.track, atlas.atlas, steer.steer,
+                schema.schema):
     app.command(cls=Command)(command)
 
 FLAGS = {

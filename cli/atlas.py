@@ -13,13 +13,13 @@ from probe.atlas.run import DEFAULT_NUM_SEQS
 from probe.cli.classify import Data, RepeatLen, Thresholds, parse_thresholds
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, warn_non_finite
+from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, stage_progress
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.atlas import atlas_page, atlas_report
-from probe.reports.files import write_json, write_text
+from probe.reports.files import write_text
 
 NumSeqs = Annotated[int, typer.Option(
     "--num-seqs", help="Sequences in each probe set (natural text and the repeated set). The exact sweep is most of "
@@ -62,7 +62,7 @@ def atlas(
                              thresholds=thresholds, task=task, task_count=count, fast=fast, batch_size=batch_size,
                              results_dir=results, resume=resume, progress=update, self_repair=self_repair)
     payload = result.to_dict()
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "atlas")
     save(html_path, lambda path: write_text(path, atlas_page(payload, {name: block.to_dict() for name, block
                                                                        in result.patterns.items()})))
     warn_non_finite(payload)

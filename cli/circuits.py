@@ -10,14 +10,14 @@ import typer
 
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, Seed, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save
+from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar
 from probe.circuits.pairs import circuits as find_circuits
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.circuits import circuit_rows, circuits_page, circuits_report
-from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.files import write_csv, write_text
 
 Top = Annotated[int, typer.Option("--top", help="Earlier heads listed per induction head.")]
 NoCheck = Annotated[bool, typer.Option("--no-check", help="Skip the ablation check (weights and classification only).")]
@@ -44,7 +44,7 @@ def circuits(
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
                                repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=update)
     payload = result.to_dict()
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "circuits")
     save(csv_path, lambda path: write_csv(path, circuit_rows(payload)))
     save(html_path, lambda path: write_text(path, circuits_page(payload)))
     circuits_report(payload, console)

@@ -10,7 +10,7 @@ import typer
 
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, warn_non_finite
+from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
 from probe.heads.classify import Classification
 from probe.heads.classify import classify as run_classify
@@ -20,7 +20,7 @@ from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patterns import classification_patterns
 from probe.syntax import read_conllu, syntax_scores
 from probe.syntax.classes import add_syntactic
-from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.files import write_csv, write_text
 from probe.reports.html import classification_page
 from probe.reports.terminal import classification_report, classification_rows
 
@@ -87,7 +87,7 @@ def classify(
             add_syntactic(result, syntax_scores(loaded, sentences, scheme="ud", source=f"CoNLL-U file {conllu}",
                                                 batch_size=batch_size, progress=update))
     payload = result.to_dict()
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "classify")
     save(csv_path, lambda path: write_csv(path, classification_rows(payload)))
     save(html_path, lambda path: write_text(path, html_page(loaded, result, data=data, seq_len=seq_len,
                                                             repeat_len=repeat_len, seed=seed)))

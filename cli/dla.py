@@ -13,14 +13,14 @@ import typer
 from probe.ablation.heads import Head
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                OffloadFolder, Seed, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, warn_non_finite
+from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import CONTRAST_TASKS, ContrastSet, ProbeOptions, build_probe_set
 from probe.dla import logit_attribution
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.reports.dla import dla_page, dla_report, dla_rows
-from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.files import write_csv, write_text
 from probe.selfrepair import SELF_REPAIR_METHODS, contrast_self_repair
 
 Task = Annotated[Optional[str], typer.Option(
@@ -76,7 +76,7 @@ def dla(
     if self_repair:
         payload["self_repair"] = self_repair_section(loaded, contrast, repair_method, None, batch_size)
     warn_non_finite(payload)
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "dla")
     save(csv_path, lambda path: write_csv(path, dla_rows(payload)))
     save(html_path, lambda path: write_text(path, dla_page(payload, top=top)))
     dla_report(payload, console, top=top)

@@ -17,6 +17,7 @@ from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.patterns import Patterns, read_text, text_patterns
 from probe.reports.files import write_json, write_text
+from probe.schemas import header
 from probe.reports.labels import column_label
 from probe.reports.html import heatmap_page
 
@@ -59,7 +60,7 @@ def heatmap(
     if patterns.note:
         note(f"note: {patterns.note}")
     if json_path is not None:
-        write_json(json_path, weights_payload(patterns))
+        write_json(json_path, weights_payload(patterns), schema=header("heatmap"))
         note(f"wrote {json_path} ({len(patterns.heads)} heads, {len(patterns.tokens)} tokens)")
     if html_path is not None:
         page = heatmap_page(patterns.to_dict())

@@ -11,7 +11,7 @@ import typer
 
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
                                Seed, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save
+from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
@@ -111,15 +111,16 @@ def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
     if "duo" in exports:
         exports["duo"].mkdir(parents=True, exist_ok=True)
         save(exports["duo"] / "full_attention_heads.tsv", lambda path: write_text(path, duo_tsv(payload)))
-        save(exports["duo"] / "config.json", lambda path: write_json(path, duo_config(payload), stamp=False))
+        save(exports["duo"] / "config.json",
+             lambda path: write_json(path, duo_config(payload), schema=None, stamp=False))
     if "razor" in exports:
-        save(exports["razor"], lambda path: write_json(path, razor_map(payload), stamp=False))
+        save(exports["razor"], lambda path: write_json(path, razor_map(payload), schema=None, stamp=False))
     if "headkv" in exports:
         # one line: HeadKV reads `json.loads(file.readline())` and reshapes the values, in file order, to
         # (layers, heads)
         save(exports["headkv"], lambda path: write_text(path, json.dumps(headkv_scores(payload)) + "\n"))
     for export in exports.values():  # beside each export: how its budget was chosen
-        save(budget_file(export), lambda path: write_json(path, budget_record(payload)))
+        save_json(budget_file(export), budget_record(payload), "kv-budget")
 
 
 DEPTHS = ",".join(f"{depth:g}" for depth in DEFAULT_DEPTHS)  # --depths' default
@@ -152,7 +153,7 @@ def kv_heads(
                               random_seeds=seeds, stop_random=stop_random, curve_texts=curve_texts,
                               data=None if data is None else str(data), seed=seed, progress=update)
     payload = result.to_dict()
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "kv-heads")
     save(html_path, lambda path: write_text(path, kv_heads_page(payload)))
     _write_exports(exports, payload)
     kv_heads_report(payload, console)

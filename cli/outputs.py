@@ -12,7 +12,8 @@ from probe.cli.progress import note, warn
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.provenance import command_line, provenance
-from probe.reports.files import check_writable, non_finite_heads, stamp_outputs
+from probe.reports.files import check_writable, non_finite_heads, stamp_outputs, write_json
+from probe.schemas import header
 
 SHOWN_HEADS = 10  # heads named in the non-finite warning
 
@@ -42,6 +43,11 @@ def save(path: Path | None, write: Callable[[Path], Any]) -> None:
     if path is not None:
         write(path)
         note(f"wrote {path}")
+
+
+def save_json(path: Path | None, payload: dict[str, Any], kind: str) -> None:
+    """Write a result's JSON where --json was given, named as schema `kind` (probe.schemas: `probe schema KIND`)."""
+    save(path, lambda target: write_json(target, payload, schema=header(kind)))
 
 
 def warn_non_finite(payload: dict[str, Any]) -> None:

@@ -22,7 +22,7 @@ from probe.cli.ablate import (Heads, Naive, Results, Resume, Stack, check_heads_
 from probe.cli.dla import Count, Pairs, RepairMethod, SelfRepairFlag, Task, check_repair_method, self_repair_section
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                OffloadFolder, Seed, TrustRemoteCode)
-from probe.cli.outputs import check_distinct, check_outputs, save, warn_non_finite
+from probe.cli.outputs import check_distinct, check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.distributed import current, sharded_sweep
@@ -30,7 +30,7 @@ from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching import PatchResult, patch_contrast
 from probe.patching.paths import LOGITS, path_contrast
-from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.files import write_csv, write_text
 from probe.reports.patching import patch_page, patch_report, patch_rows
 
 Component = Annotated[str, typer.Option(
@@ -171,7 +171,7 @@ def patch(
         chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
         payload["self_repair"] = self_repair_section(loaded, contrast, repair_method, chosen, batch_size)
     warn_non_finite(payload)
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "patch")
     save(csv_path, lambda path: write_csv(path, patch_rows(payload)))
     save(html_path, lambda path: write_text(path, patch_page(payload, top=top)))
     patch_report(payload, console, top=top)

@@ -12,7 +12,7 @@ import typer
 
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
-from probe.cli.outputs import check_outputs, save
+from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar
 from probe.ablation.methods import METHODS
 from probe.ablation.metrics import METRICS
@@ -21,7 +21,7 @@ from probe.ablation.prune import prune as run_prune
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
-from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.files import write_csv, write_text
 from probe.reports.prune import prune_page
 
 Step = Annotated[float, typer.Option("--step", help="Share of the heads removed per step, e.g. 0.1 (10%).")]
@@ -110,7 +110,7 @@ def prune(
                                         data=data if labels is None else None, eval_set=eval_set,
                                         eval_data=None if eval_data is None else str(eval_data), progress=update)
     payload = result.to_dict()
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "prune")
     save(csv_path, lambda path: write_csv(path, result.rows()))
     save(html_path, lambda path: write_text(path, prune_page(payload)))
     summary(payload, console)

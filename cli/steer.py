@@ -20,7 +20,7 @@ from probe.cli.ablate import (Data, Heads, Results, Resume, Stack, check_heads_s
                               default_results_path, finished_count, load_for)
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode)
-from probe.cli.outputs import check_distinct, check_outputs, save, warn_non_finite
+from probe.cli.outputs import check_distinct, check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress, warn
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
@@ -30,7 +30,7 @@ from probe.inputs import (CONTRAST_TASKS, DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAUL
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching.runs import contrast_runs
 from probe.reading import is_file
-from probe.reports.files import write_json, write_text
+from probe.reports.files import write_text
 from probe.reports.steer import steer_page, steer_report
 from probe.steering import SteerResult, check_alphas, find_result, generations, steer_curves
 
@@ -220,7 +220,7 @@ def steer(
         return
     add_generations(loaded, result, chosen or [], request, seed)
     payload = result.to_dict()
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "steer")
     save(html_path, lambda path: write_text(path, steer_page(payload)))
     warn_non_finite(payload)
     steer_report(payload, console, top=top)

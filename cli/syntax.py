@@ -10,7 +10,7 @@ import typer
 
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                          OffloadFolder, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save
+from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar, status, warn
 from probe.inputs import ENGLISH
 from probe.errors import ProbeError
@@ -18,7 +18,7 @@ from probe.reading import is_file
 from probe.models import DEFAULT_MODEL
 from probe.syntax import Sentence, read_conllu, syntax_scores
 from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT
-from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.files import write_csv, write_text
 from probe.reports.syntax import syntax_page, syntax_report, syntax_rows
 
 Conllu = Annotated[Optional[Path], typer.Option(
@@ -74,7 +74,7 @@ def syntax(
     payload = result.to_dict()
     for line in result.skipped:
         warn(line)
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "syntax")
     save(csv_path, lambda path: write_csv(path, syntax_rows(payload)))
     save(html_path, lambda path: write_text(path, syntax_page(payload)))
     syntax_report(payload, console)

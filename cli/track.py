@@ -15,14 +15,14 @@ import typer
 from probe.cli.classify import Data, RepeatLen, Thresholds, parse_thresholds
 from probe.cli.options import BatchSize, Device, Dtype, Force, HtmlFile, JsonFile, NumSeqs, Seed, SeqLen, \
     TrustRemoteCode
-from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save
+from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json
 from probe.cli.progress import console, note, progress_bar, warn
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.distributed import current
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.models.aliases import cache_root
-from probe.reports.files import write_csv, write_json, write_text
+from probe.reports.files import write_csv, write_text
 from probe.reports.track import track_page, track_report
 from probe.track import MIN_RISE, TrackOptions, find_run, read_track, track as run_track
 from probe.track.icl import EARLY, ICL_SEQS, LATE
@@ -123,7 +123,7 @@ def track(
     if done_before:
         note(f"resumed: {done_before} checkpoint(s) read from {stream}")
     payload = result.to_dict()
-    save(json_path, lambda path: write_json(path, payload))
+    save_json(json_path, payload, "track")
     save(csv_path, lambda path: write_csv(path, result.rows()))
     save(html_path, lambda path: write_text(path, track_page(payload)))
     for line in sorted({n for c in payload["checkpoints"] for n in c.get("notes", [])}):

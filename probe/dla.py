@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probe.frames import frame, head_rows
 from probe.ablation.blocks import Blocks, find_blocks
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import AttentionLayer, attention_layers
@@ -479,6 +480,11 @@ class Attribution:
                                "mlps": shares.mlps.mean(dim=0).tolist(),
                                "final_bias": float(shares.final_bias.mean())},
                 "heads": heads, "per_position": self._per_position()}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per head, largest |share| first: layer, head, name, dla (the dla schema's
+        columns). Needs pandas."""
+        return frame(head_rows(self.to_dict()["heads"], ("dla",)))
 
 
 def logit_attribution(loaded: LoadedModel, contrast: ContrastSet, *, batch_size: int = 8,

@@ -1,19 +1,48 @@
-"""pandas, an optional extra (`pip install 'probe-heads[dataframe]'`): results' `to_dataframe()` import it through
-here."""
+"""pandas, an optional extra (`pip install 'probe-heads[dataframe]'`): every result's `to_frame()` goes through
+here. A frame's rows and columns are those its kind's schema documents (`$defs.frame_row`, docs/schemas.md); a head
+is named by integer `layer` and `head` columns and a `name` (`L18H6`, `x3.1` on an encoder-decoder)."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from typing import Any
 
 from probe.errors import ProbeError, install_hint
 
 
-def dataframe(rows: list[dict[str, Any]]) -> Any:
+def frame(rows: list[dict[str, Any]]) -> Any:
     """A pandas DataFrame of `rows` (one dict per row, the same keys in each); ProbeError where pandas is missing."""
     try:
         pandas = importlib.import_module("pandas")
     except ImportError:
-        raise ProbeError(f"to_dataframe() needs pandas, an optional extra: {install_hint('dataframe')} (or "
+        raise ProbeError(f"to_frame() needs pandas, an optional extra: {install_hint('dataframe')} (or "
                          "pip install pandas)") from None
     return pandas.DataFrame.from_records(rows)
+
+
+def head_name(layer: int, head: int, layer_names: Sequence[str] | None = None) -> str:
+    """`L18H6`: a head in a table, never read as a number; an encoder-decoder's `x3.1` (its layer names start with a
+    letter already). probe.ablation.heads.column_name and reports' column_label write the same."""
+    return f"{layer_names[layer]}.{head}" if layer_names else f"L{layer}H{head}"
+
+
+def head_columns(layer: int, head: int, layer_names: Sequence[str] | None = None) -> dict[str, Any]:
+    """The three columns every per-head row starts with: layer, head, name."""
+    return {"layer": layer, "head": head, "name": head_name(layer, head, layer_names)}
+
+
+def head_rows(entries: list[dict[str, Any]], keys: Sequence[str], layer_names: Sequence[str] | None = None,
+              **joined: str) -> list[dict[str, Any]]:
+    """One row per payload entry with `layer` and `head`: the head's columns, then `keys` where the entry has them;
+    `joined` names list-valued keys written as one comma-separated string (`classes="class"`: each item's "class",
+    or the item itself where it is not a dict)."""
+    rows = []
+    for entry in entries:
+        row = head_columns(entry["layer"], entry["head"], layer_names)
+        row.update({key: entry[key] for key in keys if key in entry})
+        for key, field in joined.items():
+            if key in entry:
+                row[key] = ",".join(str(item[field]) if isinstance(item, dict) else str(item) for item in entry[key])
+        rows.append(row)
+    return rows

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probe.frames import frame, head_rows
 from probe.ablation.editor import ablated
 from probe.ablation.sweep import sweep
 from probe.ablation.window import WindowAblation
@@ -372,6 +373,12 @@ class Budget:
         return {"rule": self.rule, "streamed": self.streamed, "total": self.total, "points": self.points,
                 "measured_on": self.measured_on}
 
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per point the search measured (k, loss change, needle accuracy, accepted): the
+        kv-budget schema's columns. Needs pandas."""
+        return frame([{key: point[key] for key in ("k", "loss_change", "needle_accuracy", "accepted")}
+                      for point in self.points])
+
 
 def _accepts(point: dict[str, Any], baseline_accuracy: float, max_loss_increase: float) -> bool:
     return point["needle_accuracy"] >= baseline_accuracy and point["loss_change"] <= max_loss_increase
@@ -473,6 +480,16 @@ class KVHeads:
             "duo_full_attention_heads": self.duo_values(),
             "seconds": self.seconds,
         }
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per query head: layer, head, name, its KV head, retrieval and streaming
+        scores, and its KV head's label and rank in the streaming order (the kv-heads schema's columns). Needs
+        pandas."""
+        rows = head_rows(self.to_dict()["heads"], ("kv_head", "retrieval", "streaming"))
+        for row in rows:
+            row["label"] = self.label(row["layer"], row["kv_head"])
+            row["rank"] = self.order.index((row["layer"], row["kv_head"]))
+        return frame(rows)
 
     def _repr_html_(self) -> str:
         from probe.reports.kv_heads import kv_heads_page  # reports render; the library never needs them otherwise

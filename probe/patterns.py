@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probe.frames import frame, head_columns
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
                           build_probe_set, context_length, is_encoder, read_text_file)
 from probe.errors import ProbeError
@@ -96,6 +97,20 @@ class Patterns:
                 "n_heads": self.n_heads, "total_tokens": self.total_tokens, "note": self.note, "first": self.first,
                 "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE,
                 **({"layer_names": self.layer_names} if self.layer_names else {})}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per head, query and key shown (a causal pattern's keys up to its query): layer,
+        head, name, positions, tokens and the weight (the heatmap schema's columns; the layer averages left out).
+        Needs pandas."""
+        rows = []
+        for layer, head in (pair for pair in self.heads if pair[1] >= 0):
+            weights = self.weights(layer, head)
+            for query, row in enumerate(weights):
+                for key in range(query + 1 if self.causal else len(row)):
+                    rows.append({**head_columns(layer, head, self.layer_names), "query": self.first + query,
+                                 "key": self.first + key, "query_token": self.tokens[query],
+                                 "key_token": self.tokens[key], "weight": float(row[key])})
+        return frame(rows)
 
     def __repr__(self) -> str:
         """A short summary (the dataclass' own repr would print every weight)."""

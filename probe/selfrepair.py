@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probe.frames import frame, head_name, head_rows
 from probe.ablation.blocks import keeping_outputs, skip_blocks
 from probe.ablation.heads import Head
 from probe.ablation.logits import CHECK_TOLERANCE
@@ -338,6 +339,16 @@ class SelfRepair:
                 "n_layers": self.compensation.shape[1], "n_heads": self.compensation.shape[2],
                 "compensation_unit": self.unit, "path": self.path, "repair_floor": REPAIR_FLOOR,
                 "heads": [self.row(index) for index in order]}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per ablated head, largest |direct| first: the self-repair schema's columns
+        (the compensating heads as one string, `L1H3 -0.011, ...`). Needs pandas."""
+        entries = self.to_dict()["heads"]
+        rows = head_rows(entries, ("total", "direct", "self_repair", "repaired", "by_heads", "by_mlps", "by_norm"))
+        for row, entry in zip(rows, entries):
+            row["compensating"] = ", ".join(f"{head_name(item['layer'], item['head'])} {item['value']:+.3g}"
+                                            for item in entry["compensating"])
+        return frame(rows)
 
 
 def _result(loaded: LoadedModel, source: str, metric: str, method: str,

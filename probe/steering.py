@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from probe.frames import frame, head_columns
 from probe.ablation.heads import Head, parse_heads
 from probe.ablation.methods import ScaleAblation
 from probe.ablation.metrics import Metric, choose_metric
@@ -114,6 +115,17 @@ class SteerResult:
                 "metric_description": self.description, "data": self.data, "baseline": self.baseline,
                 "baseline_figures": self.figures, "alphas": self.alphas, "curves": self.curves, "find": self.find,
                 "generations": self.generations, "layer_names": self.layer_names, "seconds": self.seconds}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per head and alpha: the curves' points, or --find's ranking at its alpha;
+        layer, head, name, alpha, value, delta (and a task set's margin and accuracy): the steer schema's columns.
+        Needs pandas."""
+        points = [(curve, point) for curve in self.curves for point in curve["points"]]
+        if self.find is not None:
+            points += [(entry, {**entry, "alpha": self.find["alpha"]}) for entry in self.find["ranking"]]
+        return frame([{**head_columns(head["layer"], head["head"], self.layer_names), "alpha": point["alpha"],
+                       "value": point["value"], "delta": point["delta"], **(point.get("figures") or {})}
+                      for head, point in points])
 
 
 def _result(loaded: LoadedModel, metric: Metric, data: str, baseline: float,

@@ -1,4 +1,5 @@
-"""Writing result files: never overwrite silently, never leave half a file behind, only strict JSON, and every file
+"""Writing result files: never overwrite silently, never leave half a file behind, only strict JSON, every JSON file
+names its published schema first ("schema": "probe/KIND", "schema_version": N: docs/schemas.md), and every file
 carries the run's provenance once the CLI has set it (`stamp_outputs`): a "provenance" key in JSON, a first
 `# provenance: {...}` comment line in CSV, a provenance block in an HTML page. Every command's files are written
 here, so a new command's files carry it without doing anything."""
@@ -93,10 +94,15 @@ def finite(data: Any) -> Any:
     return data
 
 
-def write_json(path: str | Path, data: dict[str, Any], *, stamp: bool = True) -> Path:
-    """Strict JSON (non-finite numbers written as null), atomically. `stamp=False`: a file in another tool's format
-    (an export), which must hold exactly what that tool reads, so no provenance key."""
-    return write_text(path, json.dumps(finite(stamped(data) if stamp else data), indent=2, allow_nan=False) + "\n")
+def write_json(path: str | Path, data: dict[str, Any], *, schema: dict[str, Any] | None, stamp: bool = True) -> Path:
+    """Strict JSON (non-finite numbers written as null), atomically. `schema`, asked of every caller: the keys naming
+    the file's published schema (`probe.schemas.header(kind)`: "schema" and "schema_version"), written first; None
+    only with `stamp=False`, a file in another tool's format (an export), which must hold exactly what that tool
+    reads, so no schema and no provenance key."""
+    if schema is None and stamp:
+        raise ValueError("a JSON file probe writes names its schema (probe.schemas.header); exports pass stamp=False")
+    named = {**schema, **data} if schema else data
+    return write_text(path, json.dumps(finite(stamped(named) if stamp else named), indent=2, allow_nan=False) + "\n")
 
 
 def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> Path:

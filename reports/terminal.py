@@ -223,7 +223,7 @@ def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) 
 
 
 def classification_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """`probe classify --csv`: one row per head, the DataFrame's columns (`Classification.to_dataframe`): layer, head,
+    """`probe classify --csv`: one row per head, the DataFrame's columns (`Classification.to_frame`): layer, head,
     its name (`L5H1`: pandas never reads it as a number), each class's score (empty where the class does not apply
     to the layer), its labels (comma-separated)."""
     names = payload.get("layer_names")

@@ -29,6 +29,7 @@ from probe.ablation import estimate, sweep
 from probe.inputs import repeated_set
 from probe.errors import ProbeError
 from probe.reports.files import write_csv, write_json, write_text
+from probe.schemas import header
 from probe.reports.html import ablation_page
 from probe.reports.labels import column_label, long_label, short_label
 from probe.reports.terminal import ablation_report
@@ -224,7 +225,7 @@ def test_a_nan_delta_renders_without_crashing(tmp_path: Path) -> None:
     text = console.export_text()
     row = next(line for line in text.splitlines() if line.startswith(" 0.2 "))
     assert "nan" in row and "█" not in row
-    write_json(tmp_path / "a.json", payload)
+    write_json(tmp_path / "a.json", payload, schema=header("ablate"))
     data = strict_json(tmp_path / "a.json")
     assert data["heads"][2]["delta"] is None and data["heads"][5]["delta"] is None
 

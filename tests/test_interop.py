@@ -36,7 +36,7 @@ def test_load_model_takes_a_module_as_it_is() -> None:
 def test_results_become_dataframes() -> None:
     loaded = tiny_loaded("llama_gqa")
     result = classify(loaded, seq_len=16, num_seqs=2, repeat_len=8)
-    frame = result.to_dataframe()
+    frame = result.to_frame()
     assert len(frame) == 2 * 4 and list(frame.columns[:2]) == ["layer", "head"]
     row = frame[(frame["layer"] == 1) & (frame["head"] == 2)].iloc[0]
     assert row["induction"] == pytest.approx(float(result.scores["induction"][1, 2]))
@@ -44,17 +44,17 @@ def test_results_become_dataframes() -> None:
 
     probe_set = repeated_set(loaded, repeat_len=8, num_seqs=2)
     swept = sweep(loaded, probe_set, [(0, 1), (1, 3)])
-    frame = swept.to_dataframe()
-    assert list(frame["heads"]) == ["L0H1", "L1H3"] or list(frame["heads"]) == ["L1H3", "L0H1"]
-    assert frame.set_index("heads")["delta"].to_dict() == {f"L{r.layer}H{r.head}": r.delta for r in swept.results}
-    assert set(estimate(loaded, probe_set).to_dataframe()["value"]) == {"exact", "estimated"}
+    frame = swept.to_frame()
+    assert list(frame["name"]) == ["L0H1", "L1H3"] or list(frame["name"]) == ["L1H3", "L0H1"]
+    assert frame.set_index("name")["delta"].to_dict() == {f"L{r.layer}H{r.head}": r.delta for r in swept.results}
+    assert set(estimate(loaded, probe_set).to_frame()["value"]) == {"exact", "estimated"}
 
 
-def test_to_dataframe_without_pandas_says_how_to_get_it(monkeypatch) -> None:
+def test_to_frame_without_pandas_says_how_to_get_it(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "pandas", None)  # as if it were not installed
     result = classify(tiny_loaded("llama_gqa"), seq_len=16, num_seqs=2, repeat_len=8)
     with pytest.raises(ProbeError, match=r"needs pandas, an optional extra: pip install 'probe-heads\[dataframe\]'"):
-        result.to_dataframe()
+        result.to_frame()
 
 
 def test_progress_true_draws_a_bar_and_the_library_logs(capsys, caplog) -> None:

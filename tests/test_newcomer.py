@@ -178,7 +178,7 @@ def test_every_head_table_names_heads_apart_from_numbers(tmp_path: Path) -> None
     heads = [(layer, head) for layer in range(2) for head in range(12)]
     assert parse_heads("L0H10,0.1,L1H0", attention_layers(model)) == [(0, 10), (0, 1), (1, 0)]
     loaded = LoadedModel(model=model, tokenizer=None, name="twelve", vocab_size=120)
-    frames = {"classify": classify(loaded, num_seqs=1, repeat_len=6, seq_len=8).to_dataframe()}
+    frames = {"classify": classify(loaded, num_seqs=1, repeat_len=6, seq_len=8).to_frame()}
     payload_heads = [{"layer": layer, "head": head, "dla": 0.1, "patch_effect": 0.1, "logit_diff": 1.0}
                      for layer, head in heads]
     rows = {"dla": dla_rows({"heads": payload_heads}), "patch": patch_rows({"heads": payload_heads}),

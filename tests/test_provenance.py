@@ -47,7 +47,7 @@ def test_every_output_of_a_command_carries_the_provenance(tmp_path: Path, capsys
     block = re.search(r'<script type="application/json" id="probe-provenance">(.*?)</script>', page, re.S)
     assert json.loads(block.group(1)) == stamp and page.index("probe-provenance") < page.rindex("</body>")
     assert current_stamp() is None  # the command is over: a file written later carries nothing of it
-    write_json(tmp_path / "later.json", {"a": 1})
+    write_json(tmp_path / "later.json", {"a": 1}, schema={"schema": "probe/test", "schema_version": 1})
     assert "provenance" not in json.loads((tmp_path / "later.json").read_text(encoding="utf-8"))
 
 

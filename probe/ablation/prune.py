@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probe.frames import frame
 from probe.ablation.editor import head_editor
 from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
@@ -119,6 +120,10 @@ class PruneResult:
                 "seconds": round(self.seconds, 3), "costs": self.costs, "note": note or None,
                 "curves": [curve.to_dict() for curve in self.curves],
                 **({"layer_names": self.layer_names} if self.layer_names else {})}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per curve and step (`rows()`): the prune schema's columns. Needs pandas."""
+        return frame(self.rows())
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per (curve, step), for CSV."""

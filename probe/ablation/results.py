@@ -10,7 +10,7 @@ from torch import Tensor
 from probe.ablation.heads import Ablation, Head, column_name, label
 from probe.ablation.metrics import METRICS, losses
 from probe.errors import ProbeError
-from probe.frames import dataframe
+from probe.frames import frame
 
 
 EFFECT_COLUMNS = ("mean_delta", "max_sequence_delta", "p99_token_delta", "max_token_delta", "specificity")
@@ -204,10 +204,17 @@ class AblationResult:
             rows.append(row)
         return rows
 
-    def to_dataframe(self) -> Any:
-        """A pandas DataFrame, one row per ablation, largest delta first: the CSV's columns (heads, layer, head, loss,
-        delta, the parts' losses and deltas; in estimate mode `value`: exact or estimated). Needs pandas."""
-        return dataframe(self.csv_rows())
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per ablation, largest delta first: layer and head (None for a group), name
+        (`L5H1`, `L5H1+L18H6`), then the CSV's columns (loss, delta, the parts' losses and deltas; in estimate mode
+        `value`: exact or estimated); the ablate schema's columns. Needs pandas."""
+        rows = []
+        for result, row in zip(self.ranked(), self.csv_rows()):
+            single = len(result.heads) == 1
+            rows.append({"layer": result.layer if single else None, "head": result.head if single else None,
+                         "name": row["heads"], **{key: None if value == "" else value for key, value in row.items()
+                                                  if key not in ("heads", "layer", "head")}})
+        return frame(rows)
 
     def __repr__(self) -> str:
         """A short summary (the dataclass' own repr would print every result)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from probe.frames import frame, head_rows
 from probe.heads.evidence import CAUSE_DELTA, COMPOSITION_RATIO, PART_DELTA, RULES
 from probe.patterns import Patterns
 
@@ -83,6 +84,14 @@ class Atlas:
                              "composition_ratio": COMPOSITION_RATIO,
                              "rules": {name: rule.describe() for name, rule in RULES.items()}},
                 "summary": self.summary(), "heads": self.heads}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per head: layer, head, name, status, pattern, its classes (comma-separated)
+        and a column per metric (the atlas schema's columns). Needs pandas."""
+        rows = head_rows(self.heads, ("status", "pattern"), self.layer_names, classes="class")
+        for row, entry in zip(rows, self.heads):
+            row.update(entry["metrics"])
+        return frame(rows)
 
     def __repr__(self) -> str:
         summary = self.summary()

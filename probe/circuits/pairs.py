@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from probe.frames import frame, head_columns, head_name
 from probe.ablation.heads import Head
 from probe.ablation.sweep import sweep
 from probe.circuits.composition import Composition, composition_scores
@@ -91,6 +92,16 @@ class Circuits:
                              "k_composition": round(score, 6), "rank_in_layer": rank}
                             for p, i, score, rank in ranks]},
         }
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per induction head and feeder: the induction head (layer, head, name, score)
+        and the feeder (its layer, head, name, K-composition, rank in its layer, previous-token or not): the
+        circuits schema's columns. Needs pandas."""
+        return frame([{**head_columns(*pair.induction), "induction_score": pair.induction_score,
+                       "feeder_layer": feeder.head[0], "feeder_head": feeder.head[1],
+                       "feeder_name": head_name(*feeder.head), "k_composition": feeder.score,
+                       "rank_in_layer": feeder.rank_in_layer, "previous_token": feeder.previous_token}
+                      for pair in self.pairs for feeder in pair.feeders])
 
 
 def _pairs(composition: Composition, classes: Classification, top: int) -> tuple[list[Pair], list[Any]]:

@@ -15,7 +15,7 @@ from torch import Tensor
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
                         ProbeSet, build_probe_set, real_tokens)
 from probe.errors import ProbeError, first_line
-from probe.frames import dataframe
+from probe.frames import frame, head_columns
 from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
@@ -79,15 +79,14 @@ class Classification:
             ],
         }
 
-    def to_dataframe(self) -> Any:
+    def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head: layer, head, its name (`L5H1`, never read as a number; `x1.2` on an
-        encoder-decoder), each class's score, and its labels (comma-separated). Needs pandas."""
-        names = self.layer_names
-        return dataframe([{"layer": layer, "head": head,
-                           "name": f"{names[layer]}.{head}" if names else f"L{layer}H{head}",
-                           **{name: float(score[layer, head]) for name, score in self.scores.items()},
-                           "labels": ",".join(self.labels(layer, head))}
-                          for layer in range(self.n_layers) for head in range(self.n_heads)])
+        encoder-decoder), each class's score, and its labels (comma-separated); the classify schema's columns. Needs
+        pandas."""
+        return frame([{**head_columns(layer, head, self.layer_names),
+                       **{name: float(score[layer, head]) for name, score in self.scores.items()},
+                       "labels": ",".join(self.labels(layer, head))}
+                      for layer in range(self.n_layers) for head in range(self.n_heads)])
 
     def __repr__(self) -> str:
         """A short summary (the dataclass' own repr would print every score tensor)."""

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probe.frames import frame, head_rows
 from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
 from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.metrics import PATCH_LAYOUTS, Metric
@@ -116,6 +117,12 @@ class PatchResult:
                 **({"dla_note": self.dla_note} if self.dla_note else {}),
                 **({"paths": self.paths} if self.paths else {}),
                 **({"layer_names": self.layer_names} if self.layer_names else {})}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per query head patched: layer, head, name, patch effect, DLA, logit difference
+        (classes comma-separated; kv_head for a key or value patch): the patch schema's columns. Needs pandas."""
+        return frame(head_rows(self.heads(), ("patch_effect", "dla", "logit_diff", "kv_head"), self.layer_names,
+                               classes=""))
 
 
 def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) -> list[Ablation]:

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probe.frames import frame, head_columns
 from probe.syntax.scores import SCHEMES, RelationTally
 
 TOP_HEADS = 5  # best heads listed per relation
@@ -94,3 +95,14 @@ class SyntaxResult:
             "skipped": list(self.skipped),
             "examples": self.examples,
         }
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per head and relation (and direction): its accuracy, the baseline, the margin
+        between them, and whether it is syntactic for it (the syntax schema's columns). Needs pandas."""
+        payload, syntactic = self.to_dict(), self.syntactic()
+        return frame([{**head_columns(layer, head), "relation": entry["relation"], "direction": entry["direction"],
+                       "count": entry["count"], "judged": entry["judged"], "accuracy": accuracy,
+                       "baseline": entry["baseline"], "margin": round(accuracy - entry["baseline"], 4),
+                       "syntactic": f"{entry['relation']} {entry['direction']}" in syntactic.get((layer, head), ())}
+                      for entry in payload["relations"] for layer, row in enumerate(entry["accuracy"])
+                      for head, accuracy in enumerate(row)])

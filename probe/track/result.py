@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from probe.frames import frame
+
 MIN_RISE = 0.1
 """The smallest rise of the best head's score, from one checkpoint to the next, that counts as a phase change (scores
 are attention shares, 0 to 1)."""
@@ -156,6 +158,11 @@ class TrackResult:
                  "layer": e["layer"], "head": e["head"], **e["scores"], "name": f"L{e['layer']}H{e['head']}",
                  **({"delta": e.get("delta")} if self.heads_ablated else {})}
                 for c in self.checkpoints for e in c.heads]
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per checkpoint and head (`rows()`): checkpoint, step, loss, ICL score, layer,
+        head, name, each class's score (the track schema's columns). Needs pandas."""
+        return frame(self.rows())
 
     def __repr__(self) -> str:
         changes = ", ".join(f"{p['class']} {p['from_step']}->{p['to_step']}" for p in self.phase_changes) or "none"

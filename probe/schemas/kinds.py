@@ -1,0 +1,498 @@
+"""The published kinds, one `register` each: the fields of the payload its command writes with --json and the columns
+of its result's `to_frame()`. A field a `to_dict()` gains must be declared here (tests/test_schemas.py validates every
+command's file against its schema, and no schema admits an undeclared field)."""
+
+from __future__ import annotations
+
+from probe.schemas.base import Field, Kind, register
+
+# Shared pieces ------------------------------------------------------------------------------------------------------
+
+NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def other_than(columns: dict[str, Field]) -> str:
+    """A class (or metric) name as a column: any name but the fixed `columns` beside it."""
+    return rf"^(?!({'|'.join(columns)})$)[A-Za-z_][\w:.-]*$"
+
+
+LAYER = Field("integer", "the head's layer (0 first)")
+HEAD = Field("integer", "the head within its layer (a query head)")
+NAME = Field("string", "the head's name for a table: L18H6 (x3.1 on an encoder-decoder's cross-attention), which "
+                       "pandas never reads as a number")
+HEAD_COLUMNS = {"layer": LAYER, "head": HEAD, "name": NAME}
+MODEL = Field("string", "the model as given (a path, an alias, a hub id or FILE.py:FUNCTION)")
+N_LAYERS = Field("integer", "attention layers of the model")
+N_HEADS = Field("integer", "query heads per layer")
+DTYPE = Field("string", "the dtype the model ran in (float32, bfloat16, float16): docs/precision.md says how far a "
+                        "half-precision result lies")
+LAYER_NAMES = Field("array", "encoder-decoders: each layer's name (enc0, dec0, x0 for cross-attention); absent "
+                             "otherwise", required=False, items=Field("string", "a layer's name"))
+SECONDS = Field("number", "wall time of the run, in seconds")
+NUMBER = Field("number", "a number")
+SCORE_BY_CLASS = Field("object", "each class's score (null where the class does not apply to the layer)",
+                       patterns={NAME_RE: Field("number", "the score")})
+THRESHOLDS = Field("object", "each class's threshold: a head is labelled where its score is above it",
+                   patterns={NAME_RE: Field("number", "the threshold")})
+CLASSES = Field("object", "each class: its summary, letter, probe set and default threshold",
+                patterns={NAME_RE: Field("object", "what the class means and how it is scored")})
+
+
+def head_ref(description: str) -> Field:
+    return Field("object", description, fields={"layer": LAYER, "head": HEAD})
+
+
+# classify -----------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "classify", 1, "probe.heads.classify:Classification",
+    "Every head's score on each class's probe set, the thresholds, and the labels they give (probe classify --json).",
+    fields={
+        "model": MODEL, "n_layers": N_LAYERS, "n_heads": N_HEADS, "layer_names": LAYER_NAMES,
+        "path": Field("string", "how the scores were computed: the fast path's backend (cpu, cuda), blocked, or "
+                                "which layers went which way", required=False),
+        "dtype": DTYPE, "thresholds": THRESHOLDS, "classes": CLASSES,
+        "probe_sets": Field("object", "each probe set used: its name, description, size and seed",
+                            patterns={NAME_RE: Field("object", "a probe set's description")}),
+        "flagged": Field("object", "per class, the heads labelled, highest score first",
+                         patterns={NAME_RE: Field("array", "the heads labelled", items=Field(
+                             "object", "a labelled head", fields={"layer": LAYER, "head": HEAD,
+                                                                  "score": Field("number", "its score")}))}),
+        "not_applicable": Field("object", "per class, the layers it does not apply to (their scores are null)",
+                                required=False),
+        "heads": Field("array", "every head, layer by layer", items=Field("object", "one head", fields={
+            "layer": LAYER, "head": HEAD, "scores": SCORE_BY_CLASS,
+            "labels": Field("array", "the classes whose threshold its score passes", items=Field("string", "a class"))
+        })),
+    },
+    rows="one per head, layer by layer",
+    columns=(CLASSIFY_COLUMNS := {**HEAD_COLUMNS,
+                                  "labels": Field("string", "the classes it is labelled with, comma-separated")}),
+    column_patterns={other_than(CLASSIFY_COLUMNS): Field("number", "the head's score of this class (a column per "
+                                                                   "class)")},
+))
+
+# ablate -------------------------------------------------------------------------------------------------------------
+
+PART_RE = r"^(?!(loss|delta|baseline_loss|first_order|second_order)$).+_(loss|delta)$"
+ABLATION_ENTRY = {
+    "loss": Field("number", "the metric with the head (or heads) ablated"),
+    "delta": Field("number", "loss minus the baseline: > 0, the head helps"),
+    "exact": Field("boolean", "estimate mode: true where the head was ablated for real", required=False),
+    "effects": Field("object", "per-token and per-sequence effects: mean, max per sequence, p99 and max per token, "
+                               "specificity, the top tokens in context", required=False),
+    "first_order": Field("number", "estimate mode: the first-order term", required=False),
+    "second_order": Field("number", "estimate mode: the second-order term", required=False),
+}
+ABLATION_PATTERNS = {PART_RE: Field("number", "a part's loss (PART_loss) or its change (PART_delta): e.g. "
+                                              "second_repeat_loss on a repeated set"),
+                     r"^task_": Field("number", "task sets: the margin or accuracy with the head ablated")}
+
+register(Kind(
+    "ablate", 1, "probe.ablation.results:AblationResult",
+    "The metric with each head (and each group of heads) ablated, against the baseline (probe ablate --json).",
+    fields={
+        "model": MODEL, "method": Field("string", "the ablation: zero, mean, window, ..."),
+        "data": Field("string", "what the metric was measured on: natural, repeated, a text file, a task"),
+        "metric": Field("string", "the metric's name"), "metric_description": Field("string", "what it measures"),
+        "baseline_loss": Field("number", "the metric with nothing ablated"),
+        "heads": Field("array", "one entry per head ablated alone", items=Field(
+            "object", "one head", fields={"layer": LAYER, "head": HEAD, **ABLATION_ENTRY},
+            patterns=ABLATION_PATTERNS)),
+        "n_layers": N_LAYERS, "n_heads": N_HEADS,
+        "mode": Field("string", "exact, naive or estimate"), "path": Field("string", "how the numbers were computed"),
+        "dtype": DTYPE, "layer_names": LAYER_NAMES,
+        "groups": Field("array", "heads ablated together", required=False, items=Field(
+            "object", "one group", fields={"heads": Field("array", "its heads as [layer, head]"),
+                                           "label": Field("string", "its name, e.g. 5.1+18.6"), **ABLATION_ENTRY},
+            patterns=ABLATION_PATTERNS)),
+        "mean": Field("string", "mean ablation: what the means were taken over", required=False),
+        "probe_set": Field("object", "the probe set's description", required=False),
+        "seconds": Field("number", "wall time of the sweep", required=False),
+        "forward_equivalents": Field("number", "estimate mode: cost in forward passes", required=False),
+        "baseline_task": Field("object", "task sets: the unablated model's margin and accuracy", required=False),
+    },
+    patterns={r"^baseline_.+_loss$": Field("number", "a part's baseline loss, e.g. baseline_second_repeat_loss")},
+    rows="one per ablation (a head, or a group: layer and head null), largest delta first",
+    columns={"layer": Field(("integer", "null"), "the head's layer (null for a group)"),
+             "head": Field(("integer", "null"), "the head (null for a group)"),
+             "name": Field("string", "L18H6, or L5H1+L18H6 for a group"),
+             "loss": ABLATION_ENTRY["loss"], "delta": ABLATION_ENTRY["delta"],
+             "value": Field("string", "estimate mode: exact or estimated", required=False)},
+    column_patterns={**ABLATION_PATTERNS, r"^(mean_delta|max_sequence_delta|p99_token_delta|max_token_delta|"
+                                          r"specificity)$": Field("number", "a per-token effect (ablation.effects)")},
+))
+
+# prune --------------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "prune", 1, "probe.ablation.prune:PruneResult",
+    "Pruning curves: per ordering, the loss after each step with every pruned head ablated together (probe prune).",
+    fields={
+        "model": MODEL, "metric": Field("string", "the metric"), "method": Field("string", "the ablation"),
+        "data": Field("string", "the data the order was chosen on"),
+        "units": Field("string", "heads or kv_groups: what one pruning decision removes"),
+        "n_units": Field("integer", "units there are"), "n_layers": N_LAYERS, "n_heads": N_HEADS,
+        "measured_on": Field("string", "the data the losses were measured on"),
+        "baseline_loss": Field("number", "the loss with nothing pruned"),
+        "step": Field("number", "the share of units pruned per step"),
+        "max_loss": Field("number", "the largest loss allowed (null: prune to 100%)"),
+        "seconds": SECONDS, "costs": Field("object", "what the run cost: seconds, passes, forward-equivalents"),
+        "note": Field(("string", "null"), "what pruning a query head alone leaves running, or null"),
+        "curves": Field("array", "one curve per ordering (and seed)", items=Field("object", "a curve", fields={
+            "ordering": Field("string", "michel, sweep or random"),
+            "seed": Field(("integer", "null"), "a random ordering's seed"),
+            "stopped": Field("string", "why the curve ends"),
+            "kept_mask": Field("array", "per layer, 1 for a head kept at the last step within the allowed increase"),
+            "steps": Field("array", "each step", items=Field("object", "a step")),
+        })),
+        "layer_names": LAYER_NAMES,
+    },
+    rows="one per curve and step",
+    columns={"ordering": Field("string", "the curve's ordering"),
+             "seed": Field(("integer", "null"), "a random ordering's seed"),
+             "step": Field("integer", "the step (0: nothing pruned)"),
+             "units_removed": Field("integer", "units pruned so far"),
+             "heads_removed": Field("integer", "query heads pruned so far"),
+             "share_pruned": Field("number", "the share of units pruned"),
+             "loss": Field("number", "the loss with them all ablated"), "delta": Field("number", "loss - baseline"),
+             "removed": Field("string", "the units removed at this step (L5H1 ...), space-separated")},
+))
+
+# self-repair (its own payload: SelfRepair.to_dict(), and the self_repair section of dla and patch) ----------------
+
+register(Kind(
+    "self-repair", 1, "probe.selfrepair:SelfRepair",
+    "Per ablated head: its total effect, its direct effect, and the self-repair between them, split into later "
+    "heads', MLPs' and the final norm's share (probe dla / probe patch --self-repair, the self_repair section).",
+    fields={
+        "model": MODEL, "source": Field("string", "what it was measured on"),
+        "metric": Field("string", "logit difference, or the next token's log-likelihood on text"),
+        "method": Field("string", "zero or mean ablation"),
+        "reference": Field("string", "what the mean ablation's means were taken over ('' for zero)"),
+        "dtype": DTYPE, "points": Field("integer", "positions (or pairs) averaged over"),
+        "n_layers": N_LAYERS, "n_heads": N_HEADS,
+        "compensation_unit": Field("string", "the unit of the compensation columns"),
+        "path": Field("string", "how the ablated runs were computed"),
+        "repair_floor": Field("number", "`repaired` is shown where |direct| is at least this share of the largest"),
+        "heads": Field("array", "one entry per ablated head, largest |direct| first", items=Field(
+            "object", "one head", fields={
+                "layer": LAYER, "head": HEAD, "total": Field("number", "the score's change with the head ablated"),
+                "direct": Field("number", "its own path to the logits, the final norm frozen at the clean run"),
+                "self_repair": Field("number", "total - direct"),
+                "repaired": Field("number", "self_repair / -direct (null below the repair floor)"),
+                "by_heads": Field("number", "later heads' DLA change"), "by_mlps": Field("number", "the MLPs'"),
+                "by_norm": Field("number", "the final norm's rescaling"),
+                "compensating": Field("array", "the other heads whose DLA moved most against the direct effect",
+                                      items=Field("object", "a head and its DLA change")),
+            })),
+    },
+    rows="one per ablated head, largest |direct| first",
+    columns={**HEAD_COLUMNS,
+             **{name: Field("number", text) for name, text in (
+                 ("total", "the score's change with the head ablated"), ("direct", "its direct effect"),
+                 ("self_repair", "total - direct"), ("repaired", "self_repair / -direct (null below the floor)"),
+                 ("by_heads", "later heads' DLA change"), ("by_mlps", "the MLPs' change"),
+                 ("by_norm", "the final norm's rescaling"))},
+             "compensating": Field("string", "the compensating heads and their DLA change: 'L1H3 -0.011, ...'")},
+))
+
+SELF_REPAIR = Field("object", "the self-repair section (--self-repair): the self-repair kind's payload",
+                    required=False, ref="self-repair")
+
+# patch --------------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "patch", 1, "probe.patching.heads:PatchResult",
+    "Activation patching: each head's patch effect between clean and corrupt runs of a contrast set (probe patch).",
+    fields={
+        "model": MODEL, "component": Field("string", "what was patched: output, query, key or value"),
+        "direction": Field("string", "denoising (clean into corrupt) or noising (corrupt into clean)"),
+        "data": Field("string", "the contrast set"),
+        "clean_logit_diff": Field("number", "the clean runs' mean logit difference"),
+        "corrupt_logit_diff": Field("number", "the corrupt runs' mean logit difference"),
+        "n_layers": N_LAYERS, "n_heads": N_HEADS, "n_kv_heads": Field("integer", "key/value heads per layer"),
+        "heads": Field("array", "one entry per query head patched", items=Field("object", "one head", fields={
+            "layer": LAYER, "head": HEAD,
+            "patch_effect": Field("number", "1: patching the head restores the clean behaviour, 0: the corrupt one"),
+            "dla": Field("number", "its direct logit attribution on the clean run (null where none)"),
+            "logit_diff": Field("number", "the logit difference with it patched"),
+            "classes": Field("array", "its classes, where they were classified", required=False),
+            "kv_head": Field("integer", "a key or value patch: its key/value group", required=False)})),
+        "by_position": Field("array", "--by-position: one entry per unit and position"),
+        "tokens": Field("array", "--by-position: each position's tokens"),
+        "mode": Field("string", "exact or estimate"), "path": Field("string", "how the numbers were computed"),
+        "seconds": SECONDS, "dtype": DTYPE,
+        "dla_note": Field("string", "why there is no DLA", required=False),
+        "paths": Field("object", "--senders/--receivers: the path patching matrix", required=False),
+        "layer_names": LAYER_NAMES, "self_repair": SELF_REPAIR,
+    },
+    rows="one per query head patched",
+    columns={**HEAD_COLUMNS, "patch_effect": Field("number", "the head's patch effect"),
+             "dla": Field("number", "its DLA on the clean run"),
+             "logit_diff": Field("number", "the logit difference with it patched"),
+             "classes": Field("string", "its classes, comma-separated", required=False),
+             "kv_head": Field("integer", "a key or value patch: its key/value group", required=False)},
+))
+
+# dla ----------------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "dla", 1, "probe.dla:Attribution",
+    "Direct logit attribution: each head's mean share of the score, the other components, and the identity check "
+    "(probe dla --json).",
+    fields={
+        "model": MODEL, "source": Field("string", "what it was measured on"),
+        "metric": Field("string", "logit difference, or the logit of the next token"),
+        "points": Field("integer", "positions (or pairs) averaged over"), "n_layers": N_LAYERS, "n_heads": N_HEADS,
+        "capped": Field("boolean", "whether the model soft-caps its logits"),
+        "logit_diff": Field("number", "the model's own mean score"),
+        "logit_diff_corrupt": Field("number", "a contrast set's corrupt runs' mean score (null on text)"),
+        "dtype": DTYPE,
+        "identity": Field("object", "the decomposition's check", fields={
+            "sum": Field("number", "the shares' mean sum"),
+            "max_residual": Field("number", "max |sum of shares - the model's own score|"),
+            "rounding_bound": Field("number", "the bound the model's own rounding allows")}),
+        "components": Field("object", "the mean share of each component", fields={
+            "embeddings": NUMBER, "heads": NUMBER, "attention_biases": NUMBER,
+            "mlps": Field("array", "each layer's MLP", items=NUMBER), "final_bias": NUMBER}),
+        "heads": Field("array", "every head, largest |share| first", items=Field("object", "one head", fields={
+            "layer": LAYER, "head": HEAD, "dla": Field("number", "its mean share")})),
+        "per_position": Field(("object", "null"), "the top heads' shares by source position"),
+        "self_repair": SELF_REPAIR,
+    },
+    rows="one per head, largest |share| first",
+    columns={**HEAD_COLUMNS, "dla": Field("number", "the head's mean direct logit attribution")},
+))
+
+# kv-heads -----------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "kv-heads", 1, "probe.kv:KVHeads",
+    "Retrieval and streaming scores per query and KV head, their labels, the streaming order and its budget "
+    "(probe kv-heads --json).",
+    fields={
+        "model": MODEL, "n_layers": N_LAYERS, "n_heads": N_HEADS,
+        "n_kv_heads": Field("integer", "key/value heads per layer"),
+        "sink": Field("integer", "the streaming cache's sink keys"),
+        "recent": Field("integer", "the streaming cache's recent keys"),
+        "options": Field("object", "the options of the run"), "dtype": DTYPE,
+        "aggregation": Field("string", "how a KV head's scores come from its query heads'"),
+        "kv_heads": Field("array", "every KV head", items=Field("object", "one KV head", fields={
+            "layer": LAYER, "kv_head": Field("integer", "the key/value head"),
+            "label": Field("string", "full or streaming"), "retrieval": Field("number", "max over its query heads"),
+            "streaming": Field("number", "min over its query heads"),
+            "rank": Field("integer", "its place in the streaming order"),
+            "query_heads": Field("array", "its query heads", items=Field("integer", "a query head"))})),
+        "heads": Field("array", "every query head", items=Field("object", "one query head", fields={
+            "layer": LAYER, "head": HEAD, "kv_head": Field("integer", "its key/value head"),
+            "retrieval": Field("number", "retrieval score"), "streaming": Field("number", "streaming score")})),
+        "order": Field("array", "KV heads as [layer, kv_head], first streamed first"),
+        "n_streaming": Field("integer", "KV heads labelled streaming"),
+        "needle_accuracy": Field("array", "the model's own needle accuracy per length and depth"),
+        "curve": Field(("object", "null"), "the order's curve against random orders (null: --no-curve)"),
+        "budget": Field(("object", "null"), "how many KV heads stream, and every point the search measured"),
+        "duo_full_attention_heads": Field("array", "DuoAttention's full_attention_heads values, layers x KV heads"),
+        "seconds": Field("object", "wall time per stage"),
+    },
+    rows="one per query head",
+    columns={**HEAD_COLUMNS, "kv_head": Field("integer", "its key/value head"),
+             "retrieval": Field("number", "the head's retrieval score"),
+             "streaming": Field("number", "the head's streaming score"),
+             "label": Field("string", "its KV head's label: full or streaming"),
+             "rank": Field("integer", "its KV head's place in the streaming order")},
+))
+
+register(Kind(
+    "kv-budget", 1, "probe.kv:Budget",
+    "The budget file written beside a --export: how the budget was chosen, what was measured, which KV heads "
+    "stream.",
+    fields={"model": MODEL, "sink": Field("integer", "the streaming cache's sink keys"),
+            "recent": Field("integer", "its recent keys"),
+            "budget": Field(("object", "null"), "the rule, the number streamed, every point measured"),
+            "n_streaming": Field("integer", "KV heads that stream"),
+            "streaming": Field("array", "the streaming KV heads as [layer, kv_head]")},
+    rows="one per point the budget's search measured",
+    columns={"k": Field("integer", "KV heads streamed, first k of the order"),
+             "loss_change": Field("number", "the loss change with them streamed"),
+             "needle_accuracy": Field("number", "the needle accuracy with them streamed"),
+             "accepted": Field("boolean", "whether the point is within the budget's rule")},
+))
+
+# atlas --------------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "atlas", 1, "probe.atlas.result:Atlas",
+    "Every head of a model: its classes with their evidence, metrics, examples, writes, partners and effects "
+    "(probe atlas --json).",
+    fields={
+        "model": MODEL, "n_layers": N_LAYERS, "n_heads": N_HEADS, "dtype": DTYPE, "layer_names": LAYER_NAMES,
+        "settings": Field("object", "the options of the build and the baselines it measured"),
+        "stages": Field("array", "each stage run", items=Field("object", "a stage", fields={
+            "name": Field("string", "the stage"), "seconds": Field("number", "its wall time"),
+            "note": Field("string", "skipped, estimated, ... ('' where nothing to say)")})),
+        "classes": CLASSES, "metrics": Field("object", "the metrics the heads have, with what each means",
+                                             patterns={NAME_RE: Field("string", "what the metric means")}),
+        "evidence": Field("object", "the evidence rules and their thresholds"),
+        "summary": Field("object", "counts of labels by support, where pattern and cause disagree"),
+        "heads": Field("array", "every head, layer by layer", items=Field("object", "one head's dashboard", fields={
+            "layer": LAYER, "head": HEAD,
+            "classes": Field("array", "its classes, each with its evidence"),
+            "status": Field("string", "the strongest support any of its labels has"),
+            "pattern": Field(("string", "null"), "the probe set its pattern is shown on"),
+            "metrics": Field("object", "its numbers by metric", patterns={NAME_RE: NUMBER}),
+            "examples": Field("array", "where it attends most, in context"),
+            "writes": Field("array", "what it writes through the unembedding"),
+            "partners": Field("object", "its composition feeders and readers"),
+            "effects": Field("object", "its causal effects"),
+            "task": Field(("object", "null"), "a task set's effects"),
+            "self_repair": Field(("object", "null"), "its self-repair, where measured")})),
+    },
+    rows="one per head, layer by layer",
+    columns=(ATLAS_COLUMNS := {**HEAD_COLUMNS, "status": Field("string", "the strongest support of its labels"),
+                               "pattern": Field(("string", "null"), "the probe set of its pattern"),
+                               "classes": Field("string", "its classes, comma-separated")}),
+    column_patterns={other_than(ATLAS_COLUMNS): Field("number", "a metric of the head (a column per metric: the "
+                                                                "atlas' metrics)")},
+))
+
+# track --------------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "track", 1, "probe.track.result:TrackResult",
+    "Heads across training: every checkpoint's head scores, loss and ICL score, and the phase changes "
+    "(probe track --json).",
+    fields={
+        "model": MODEL, "kind": Field("string", "how the checkpoints were given: folders, revisions, state_dicts"),
+        "dtype": DTYPE, "n_layers": N_LAYERS, "n_heads": N_HEADS, "thresholds": THRESHOLDS, "classes": CLASSES,
+        "options": Field("object", "the options of the run, and the run's checkpoints"),
+        "min_rise": Field("number", "the smallest rise that counts as a phase change"),
+        "heads_ablated": Field("array", "--heads: the heads whose ablation delta is tracked", required=False),
+        "checkpoints": Field("array", "each checkpoint in step order", items=Field("object", "a checkpoint", fields={
+            "name": Field("string", "its file, folder or revision"), "step": Field("integer", "its step"),
+            "loss": Field("number", "the probe text's loss"),
+            "icl_score": Field("number", "the in-context learning score (null where the context is too short)"),
+            "heads": Field("array", "every head's scores (and delta)"),
+            "notes": Field("array", "what to know of it", required=False)})),
+        "phase_changes": Field("array", "per class, the interval of the best head's largest rise"),
+        "icl_change": Field(("object", "null"), "where the ICL score changes most"),
+    },
+    rows="one per checkpoint and head",
+    columns=(TRACK_COLUMNS := {
+        "checkpoint": Field("string", "the checkpoint's name"), "step": Field("integer", "its step"),
+        "loss": Field("number", "its loss"), "icl_score": Field("number", "its ICL score"), **HEAD_COLUMNS,
+        "delta": Field("number", "--heads: the head's ablation delta", required=False)}),
+    column_patterns={other_than(TRACK_COLUMNS): Field("number", "the head's score of this class at this checkpoint")},
+))
+
+# syntax -------------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "syntax", 1, "probe.syntax.result:SyntaxResult",
+    "Syntactic heads: per dependency relation and direction, each head's accuracy against the best positional "
+    "baseline (probe syntax --json).",
+    fields={
+        "model": MODEL, "scheme": Field("string", "the dependency scheme"),
+        "scheme_title": Field("string", "its title"), "source": Field("string", "the parsed corpus"),
+        "causal": Field("boolean", "whether the model is causal (a dependent sees only earlier words)"),
+        "n_layers": N_LAYERS, "n_heads": N_HEADS, "sentences": Field("integer", "sentences read"),
+        "words": Field("integer", "words read"), "min_count": Field("integer", "arcs a relation needs to be judged"),
+        "margin": Field("number", "how far above the baseline a syntactic head's accuracy is"),
+        "relations": Field("array", "each relation and direction", items=Field("object", "a relation", fields={
+            "relation": Field("string", "the relation"), "direction": Field("string", "dep->head or head->dep"),
+            "count": Field("integer", "its arcs"), "judged": Field("boolean", "count >= min_count"),
+            "baseline": Field("number", "the best fixed-offset accuracy"),
+            "baseline_offset": Field("integer", "that offset"), "best": Field("array", "the best heads"),
+            "accuracy": Field("array", "every head's accuracy, layers x heads")})),
+        "syntactic": Field("array", "the heads syntactic for some relation", items=Field("object", "a head", fields={
+            "layer": LAYER, "head": HEAD, "relations": Field("array", "'relation direction' names")})),
+        "confident": Field("object", "the share of confident rows per head"),
+        "skipped": Field("array", "what was skipped and why"),
+        "examples": Field("array", "sentences with their arcs and each head's hits"),
+    },
+    rows="one per head and relation (and direction)",
+    columns={**HEAD_COLUMNS, "relation": Field("string", "the relation"),
+             "direction": Field("string", "dep->head or head->dep"), "count": Field("integer", "its arcs"),
+             "judged": Field("boolean", "whether the relation has enough arcs"),
+             "accuracy": Field("number", "the head's accuracy on it"),
+             "baseline": Field("number", "the best fixed-offset accuracy"),
+             "margin": Field("number", "accuracy - baseline"),
+             "syntactic": Field("boolean", "judged and above the margin")},
+))
+
+# circuits -----------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "circuits", 1, "probe.circuits.pairs:Circuits",
+    "Induction heads, their K-composing feeders against the random baseline, and the ablation check "
+    "(probe circuits --json).",
+    fields={
+        "model": MODEL, "random_baseline": Field("number", "K-composition of random matrices of the same shapes"),
+        "folded_norm": Field(("string", "null"), "the norm whose gains were folded into the weights"),
+        "rotary_ignored": Field("boolean", "whether rotary embeddings are left out of the scores"),
+        "seconds": SECONDS,
+        "baseline_second_copy_loss": Field("number", "the second copy's loss, unablated"),
+        "induction_heads": Field("array", "each induction head", items=Field("object", "an induction head", fields={
+            "layer": LAYER, "head": HEAD, "induction_score": Field("number", "its induction score"),
+            "feeders": Field("array", "its strongest K-composing feeders"),
+            "checked": Field(("object", "null"), "the feeder ablated with it"),
+            "second_copy_deltas": Field("object", "feeder, induction, together: second-copy loss deltas"),
+            "interaction": Field("number", "together - feeder - induction")})),
+        "previous_token_pairs": Field("object", "the previous-token heads' ranks among the feeders"),
+    },
+    rows="one per induction head and feeder",
+    columns={**HEAD_COLUMNS, "induction_score": Field("number", "the induction head's score"),
+             "feeder_layer": Field("integer", "the feeder's layer"), "feeder_head": Field("integer", "its head"),
+             "feeder_name": Field("string", "its name (L5H1)"),
+             "k_composition": Field("number", "its K-composition into the induction head"),
+             "rank_in_layer": Field("integer", "1: the strongest of its layer"),
+             "previous_token": Field("boolean", "whether the feeder is a previous-token head")},
+))
+
+# steer --------------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "steer", 1, "probe.steering:SteerResult",
+    "Steering through single heads: the metric against alpha per head, every head ranked at one alpha, greedy "
+    "continuations (probe steer --json).",
+    fields={
+        "kind": Field("string", "steer"), "model": MODEL, "dtype": DTYPE, "metric": Field("string", "the metric"),
+        "metric_description": Field("string", "what it measures"), "data": Field("string", "what it was run on"),
+        "baseline": Field("number", "the metric at alpha 1 (the model as it is)"),
+        "baseline_figures": Field(("object", "null"), "task sets: the baseline's margin and accuracy"),
+        "alphas": Field("array", "the alphas of the curves", items=NUMBER),
+        "curves": Field("array", "per head: the metric at each alpha", items=Field("object", "a head", fields={
+            "layer": LAYER, "head": HEAD, "points": Field("array", "alpha, value, delta, figures")})),
+        "find": Field(("object", "null"), "--find: the alpha, the path, every head ranked by |delta|"),
+        "generations": Field(("object", "null"), "greedy continuations per head and alpha"),
+        "layer_names": Field(("array", "null"), "encoder-decoders' layer names"), "seconds": SECONDS,
+    },
+    rows="one per head and alpha (the curves; --find: its ranking at its alpha)",
+    columns={**HEAD_COLUMNS, "alpha": Field("number", "the head's output multiplied by alpha"),
+             "value": Field("number", "the metric"), "delta": Field("number", "value - baseline")},
+    column_patterns={r"^(margin|accuracy)$": Field("number", "task sets: the margin or accuracy")},
+))
+
+# heatmap ------------------------------------------------------------------------------------------------------------
+
+register(Kind(
+    "heatmap", 1, "probe.patterns:Patterns",
+    "The shown heads' attention weights on one text (probe heatmap --json): per head a list of query rows.",
+    fields={
+        "model": MODEL, "source": Field("string", "what the tokens are"),
+        "tokens": Field("array", "the visible token strings", items=Field("string", "a token")),
+        "first": Field("integer", "the position of the first token shown"),
+        "total_tokens": Field("integer", "tokens in the input before any cut"),
+        "decimals": Field("integer", "decimals the weights are rounded to"),
+        "causal": Field("boolean", "whether a query sees only earlier keys"),
+        "note": Field("string", "what was cut, if anything"), "layer_names": LAYER_NAMES,
+        "heads": Field("array", "each head shown", items=Field("object", "a head", fields={
+            "layer": LAYER, "head": HEAD, "name": NAME,
+            "weights": Field("array", "query rows of key weights", items=Field("array", "a row", items=NUMBER))})),
+    },
+    rows="one per head, query and key position",
+    columns={**HEAD_COLUMNS, "query": Field("integer", "the query's position"),
+             "key": Field("integer", "the key's position"),
+             "query_token": Field("string", "the query's token"), "key_token": Field("string", "the key's token"),
+             "weight": Field("number", "the attention weight")},
+))
