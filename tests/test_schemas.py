@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _budget(tmp: Path) -> list[str]:
     """kv-heads with an export, its budget calibrated (points measured: rows for the frame; a transformers model,
     which window ablation needs)."""
-    return ["kv-heads", "--model", "tests/planted.py:planted_gpt2", "--lengths", "120", "--depths", "0.5", "--sink", "1", "--recent", "4",
-            "--no-curve", "--export", f"razor:{tmp / 'razor.json'}"]
+    return ["kv-heads", "--model", "tests/planted.py:planted_gpt2", "--lengths", "120", "--depths", "0.5", "--sink",
+            "1", "--recent", "4", "--no-curve", "--export", f"razor:{tmp / 'razor.json'}"]
 
 
 RUNS: dict[str, tuple[Any, str]] = {
@@ -158,5 +158,5 @@ def test_the_docs_page_is_generated_from_the_registry() -> None:
     page = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(page)
     text = (ROOT / "docs" / "schemas.md").read_text(encoding="utf-8")
-    assert text == page.generated(text), "docs/schemas.md differs from the registry: run python docs/_build/schema_page.py"
+    assert text == page.generated(text), "docs/schemas.md differs from the registry: run docs/_build/schema_page.py"
     assert all(f"## {name} (v{entry.version})" in text for name, entry in SCHEMAS.items())
