@@ -70,21 +70,24 @@ def _hooks(model: torch.nn.Module) -> int:
                if name.endswith("_hooks") and isinstance(getattr(module, name), dict))
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_a_transformerlens_bridge_is_probed_as_its_model(kind: str, tokenizer_folder: Path) -> None:
+@pytest.mark.parametrize("kind, dtype", [(kind, torch.float32) for kind in KINDS] + [("llama_gqa", torch.bfloat16)])
+def test_a_transformerlens_bridge_is_probed_as_its_model(kind: str, dtype: torch.dtype, tokenizer_folder: Path) -> None:
+    """Booting switches the model to eager attention (TransformerLens reads its weights there): the bare model
+    compared is the same in eager attention, so that half precision compares kernels that round alike."""
     _needs("transformer_lens")
     from transformer_lens.model_bridge import TransformerBridge
 
-    model = tiny_hf(kind)
+    model = tiny_hf(kind).to(dtype)
+    model.set_attn_implementation("eager")
     expected = _probed(load_model(model, tokenizer=_tokenizer(tokenizer_folder)))  # before the bridge wraps it
     bridge = TransformerBridge.boot_transformers(f"tiny-{kind}", hf_model=model, tokenizer=_tokenizer(tokenizer_folder),
-                                                 device="cpu")
+                                                 device="cpu", dtype=dtype)
     logits, cache = bridge.run_with_cache(IDS)
     hooks = _hooks(bridge)
 
     loaded = load_model(bridge)
     assert loaded.tokenizer is bridge.tokenizer and loaded.name == f"tiny-{kind}"
-    assert type(loaded.model) is type(model)
+    assert type(loaded.model) is type(model) and next(loaded.model.parameters()).dtype == dtype
     shared = {parameter.data_ptr() for parameter in bridge.parameters()}
     assert {parameter.data_ptr() for parameter in loaded.model.parameters()} <= shared  # nothing copied
     _assert_same(_probed(loaded), expected)
