@@ -117,6 +117,19 @@ def test_a_bridge_over_a_dispatched_model_is_probed_through_its_own_modules(toke
     assert torch.equal(bridge(IDS), logits)
 
 
+def test_a_bridge_in_compatibility_mode_is_probed_as_it_runs(tokenizer_folder: Path) -> None:
+    """`enable_compatibility_mode()` folds LayerNorm into the weights and centres them, in the model's own tensors:
+    the model probe runs computes what the bridge computes."""
+    _needs("transformer_lens")
+    from transformer_lens.model_bridge import TransformerBridge
+
+    bridge = TransformerBridge.boot_transformers("tiny", hf_model=tiny_hf("gpt2"),
+                                                 tokenizer=_tokenizer(tokenizer_folder), device="cpu")
+    bridge.enable_compatibility_mode()
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(bridge).model(IDS).logits, bridge(IDS), atol=1e-5, rtol=0)
+
+
 @pytest.mark.filterwarnings("ignore:LanguageModel is deprecated")  # nnsight 0.8 prefers TransformersModel(...)
 @pytest.mark.parametrize("kind", KINDS)
 def test_an_nnsight_model_is_probed_in_place(kind: str, tokenizer_folder: Path) -> None:
