@@ -14,6 +14,7 @@ from torch import Tensor
 
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
                         ProbeSet, build_probe_set, real_tokens)
+from probe.ablation.heads import column_name
 from probe.errors import ProbeError, first_line
 from probe.frames import dataframe
 from probe.heads.accumulate import ScoreAccumulator
@@ -84,7 +85,7 @@ class Classification:
         encoder-decoder), each class's score, and its labels (comma-separated). Needs pandas."""
         names = self.layer_names
         return dataframe([{"layer": layer, "head": head,
-                           "name": f"{names[layer]}.{head}" if names else f"L{layer}H{head}",
+                           "name": column_name([(layer, head)], names),
                            **{name: float(score[layer, head]) for name, score in self.scores.items()},
                            "labels": ",".join(self.labels(layer, head))}
                           for layer in range(self.n_layers) for head in range(self.n_heads)])
