@@ -21,7 +21,7 @@ UNWRAPPED = 4096  # columns of a console that is not a terminal: lines and table
 EVERY_SECONDS = 30.0  # plain progress: at most this long between two lines
 EVERY_FRACTION = 10  # plain progress: a line at every tenth of the work
 MIN_GAP = 1.0  # plain progress: at least this long between two lines (and before the first)
-ANNOUNCE_AFTER = 2.0  # `timed_status`: work that takes longer says what it is doing, and when it is done
+ANNOUNCE_AFTER = 2.0  # `status`, `timed_status`: work that takes longer says what it is doing, and when it is done
 
 
 def _width(stream: TextIO) -> int | None:
