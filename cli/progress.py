@@ -1,6 +1,8 @@
 """What the user sees while a command runs: stdout for reports; stderr for spinners, progress, notes, warnings and
 errors. On a terminal progress is a live bar; in a log file (a cluster job, `2> log`) it is a plain line every 10% of
-the work or every 30 seconds. `-q` leaves only warnings and errors; nothing here wraps text that is not on a terminal.
+the work or every 30 seconds, each stage of a staged command named as it starts, and a step without a count (loading
+the model) named once it has taken 2 seconds, then timed. `-q` leaves only warnings and errors; nothing here wraps
+text that is not on a terminal.
 """
 
 from __future__ import annotations
