@@ -84,7 +84,7 @@ def test_circuits_command_says_what_runs_after_the_classification(tmp_path: Path
     code, _, stderr = run_cli(["circuits", "--model", PLANTED, "--num-seqs", "2", "--repeat-len", "8", "--seq-len",
                                "16"], capsys, monkeypatch)
     assert code == 0, stderr
-    started = [line for line in stderr.splitlines() if line.endswith(" ...")]
+    started = [line for line in stderr.splitlines() if line.startswith("circuits: ") and line.endswith(" ...")]
     assert started == ["circuits: K-composition ...", "circuits: classifying heads ...", "circuits: ablation check ..."]
 
 
