@@ -145,11 +145,12 @@ def test_a_slow_load_off_a_terminal_says_so_and_how_long_it_took(capsys, monkeyp
 
 
 def test_a_load_in_a_moment_or_with_quiet_says_nothing(capsys, monkeypatch) -> None:
-    monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 0.5)
-    monkeypatch.setattr(options, "load_model", _slow_load(0.0))
+    monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 1.5)  # building the planted model: well under it, even on a
+    monkeypatch.setattr(options, "load_model", _slow_load(0.0))  # busy machine
     options.load(options.ModelChoice("planted"))
     assert capsys.readouterr().err == ""
-    monkeypatch.setattr(options, "load_model", _slow_load(0.7))
+    monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 0.2)
+    monkeypatch.setattr(options, "load_model", _slow_load(0.5))
     cli_progress.set_quiet(True)
     options.load(options.ModelChoice("planted"))
     assert capsys.readouterr().err == ""
