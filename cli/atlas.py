@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from probe.atlas import atlas as build_atlas
-from probe.atlas.run import DEFAULT_NUM_SEQS
+from probe.atlas.run import DEFAULT_NUM_SEQS, STAGE_UNITS
 from probe.cli.classify import Data, RepeatLen, Thresholds, parse_thresholds
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
@@ -57,7 +57,7 @@ def atlas(
         raise ProbeError("--resume continues the sweeps kept in a --results folder: give --results")
     check_outputs({"--json": json_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    with stage_progress("atlas: ") as update:
+    with stage_progress("atlas: ", STAGE_UNITS) as update:
         result = build_atlas(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed,
                              thresholds=thresholds, task=task, task_count=count, fast=fast, batch_size=batch_size,
                              results_dir=results, resume=resume, progress=update, self_repair=self_repair)

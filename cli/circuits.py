@@ -11,7 +11,8 @@ import typer
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.progress import console, progress_bar
+from probe.cli.progress import console, stage_progress
+from probe.circuits.pairs import STAGE_UNITS
 from probe.circuits.pairs import circuits as find_circuits
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
 from probe.errors import ProbeError
@@ -40,7 +41,7 @@ def circuits(
         raise ProbeError(f"--top must be at least 1, got {top}")
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    with progress_bar("scoring heads") as update:
+    with stage_progress("circuits: ", STAGE_UNITS) as update:
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
                                repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=update)
     payload = result.to_dict()

@@ -13,7 +13,7 @@ from probe.ablation.methods import METHODS
 from probe.ablation.metrics import KINDS, METRICS
 from probe.cli.checks import check_hub_reachable
 from probe.cli.outputs import record_provenance
-from probe.cli.progress import status, warn
+from probe.cli.progress import status, timed_status, warn
 from probe.models import ALIASES, LoadedModel, load_model
 
 
@@ -80,14 +80,16 @@ class ModelChoice:
 
 
 def load(choice: ModelChoice) -> LoadedModel:
-    """Load the model with a spinner that says what is happening (transformers' own progress bars off)."""
+    """Load the model saying so on stderr, on a terminal or off it (a spinner, or a line once it has taken a while),
+    and how long it took (transformers' own progress bars off)."""
     from transformers.utils import logging as hf_logging  # a transformers submodule: loaded only to load a model
 
     hf_logging.disable_progress_bar()
     check_hub_reachable(choice.spec)  # one line now, not the hub client's half minute of retries
     gguf = choice.spec in ALIASES or choice.spec.endswith(".gguf")
     first_run = " (GGUF: dequantised on the first run, then cached)" if gguf else ""
-    with status(f"loading {choice.spec}{first_run} ..."), warnings.catch_warnings(record=True) as caught:
+    with timed_status(f"loading {choice.spec}{first_run}", f"loaded {choice.spec}"), \
+            warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         loaded = load_model(choice.spec, **choice.arguments())
     for warning in caught:  # e.g. a tokenizer that cannot encode text: one line each, not Python's two
@@ -95,5 +97,6 @@ def load(choice: ModelChoice) -> LoadedModel:
             warn(f"warning: {warning.message}")
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    record_provenance(loaded)
+    with status(f"hashing {choice.spec} for the provenance of the files written ..."):  # seconds for a big model
+        record_provenance(loaded)
     return loaded

@@ -1,14 +1,17 @@
 """What the user sees while a command runs: stdout for reports; stderr for spinners, progress, notes, warnings and
 errors. On a terminal progress is a live bar; in a log file (a cluster job, `2> log`) it is a plain line every 10% of
-the work or every 30 seconds. `-q` leaves only warnings and errors; nothing here wraps text that is not on a terminal.
+the work or every 30 seconds, each stage of a staged command named as it starts, and a step without a count (loading
+the model) named once it has taken 2 seconds, then timed. `-q` leaves only warnings and errors; nothing here wraps
+text that is not on a terminal.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import IO, Any, TextIO
 
@@ -20,6 +23,7 @@ UNWRAPPED = 4096  # columns of a console that is not a terminal: lines and table
 EVERY_SECONDS = 30.0  # plain progress: at most this long between two lines
 EVERY_FRACTION = 10  # plain progress: a line at every tenth of the work
 MIN_GAP = 1.0  # plain progress: at least this long between two lines (and before the first)
+ANNOUNCE_AFTER = 2.0  # `status`, `timed_status`: work that takes longer says what it is doing, and when it is done
 
 
 def _width(stream: TextIO) -> int | None:
@@ -66,9 +70,41 @@ def _showing(enabled: bool) -> bool:
 
 
 def status(message: str, enabled: bool = True) -> AbstractContextManager[Any]:
-    """A spinner on stderr while something without a count runs; nothing where `enabled` is False, with -q, or where
-    stderr is not a terminal (an error after it stays the only line there)."""
-    return errors.status(message) if _showing(enabled) and errors.is_terminal else nullcontext()
+    """A spinner on stderr while something without a count runs (`capturing attention ...`); off a terminal the same
+    words as a line once it has run ANNOUNCE_AFTER seconds, and `capturing attention: done in 7.2 s` at its end.
+    Nothing where `enabled` is False or with -q."""
+    if not _showing(enabled):
+        return nullcontext()
+    return _announced(message, f"{message.removesuffix(' ...')}: done", on_terminal=False)
+
+
+def timed_status(doing: str, done: str) -> AbstractContextManager[Any]:
+    """`status(f"{doing} ...")` that also says `{done} in 7.2 s` on a terminal (loading a model: how long the next
+    run will wait for it too)."""
+    return _announced(f"{doing} ...", done, on_terminal=True) if _showing(True) else nullcontext()
+
+
+@contextmanager
+def _announced(doing: str, done: str, on_terminal: bool) -> Iterator[None]:
+    """A spinner saying `doing` on a terminal; off one, a line saying it once the work has run ANNOUNCE_AFTER
+    seconds. Then `done in 7.2 s` where it took that long (on a terminal only with `on_terminal`). Work done in a
+    moment says nothing, and an error in it stays the only line (the error's own)."""
+    started = time.monotonic()
+    if errors.is_terminal:
+        with errors.status(doing):
+            yield
+    else:
+        announce = threading.Timer(ANNOUNCE_AFTER, _say, (doing,))
+        announce.daemon = True
+        announce.start()
+        try:
+            yield
+        finally:
+            announce.cancel()
+            announce.join()
+    seconds = time.monotonic() - started
+    if seconds >= ANNOUNCE_AFTER and (on_terminal or not errors.is_terminal):
+        _say(f"{done} in {seconds:.1f} s")
 
 
 def clock(seconds: float) -> str:
@@ -185,9 +221,11 @@ def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Cal
 
 
 @contextmanager
-def stage_progress(prefix: str) -> Iterator[Callable[[str, int, int], None]]:
-    """Progress of work in named stages, one bar (or plain lines) per stage as it starts; yields a
-    `(stage, done, total)` callback."""
+def stage_progress(prefix: str, units: Mapping[str, str] | None = None) -> Iterator[Callable[[str, int, int], None]]:
+    """Progress of work in named stages, one bar (or plain lines) per stage as it starts, each counted in the unit
+    the library declares for it in `units` (else as a share); off a terminal a line names each stage as it starts
+    (a stage that counts nothing, or only at its end, still says what is running). Yields a `(stage, done, total)`
+    callback."""
     with ExitStack() as scope:
         current: dict[str, Callable[[int, int], None]] = {}
 
@@ -195,7 +233,9 @@ def stage_progress(prefix: str) -> Iterator[Callable[[str, int, int], None]]:
             if stage not in current:
                 scope.close()
                 current.clear()
-                current[stage] = scope.enter_context(progress_bar(f"{prefix}{stage}"))
+                if not errors.is_terminal:
+                    note(f"{prefix}{stage} ...")
+                current[stage] = scope.enter_context(progress_bar(f"{prefix}{stage}", (units or {}).get(stage)))
             current[stage](done, total)
 
         yield update

@@ -81,7 +81,7 @@ def _first_tensor(value: Any) -> Tensor:
 
 
 @dataclass
-class _Recording:
+class Recording:
     """What one forward wrote into the residual stream, at the read points only (in the dtype the model runs in)."""
 
     targets: Targets
@@ -120,7 +120,7 @@ class _Recording:
 
 
 @dataclass(frozen=True)
-class _Structure:
+class Structure:
     """Where a model's residual stream is written: blocks, their attention layers and MLPs, final norm, LM head."""
 
     layers: list[AttentionLayer]
@@ -156,7 +156,7 @@ def _child(parent: nn.Module, names: tuple[str, ...], what: str) -> nn.Module:
     return found
 
 
-def model_structure(model: nn.Module) -> _Structure:
+def model_structure(model: nn.Module) -> Structure:
     """The parts DLA reads; ProbeError (one line) for a model it cannot decompose."""
     get_head: Any = getattr(model, "get_output_embeddings", None)  # transformers models have it
     head = get_head() if callable(get_head) else None
@@ -172,13 +172,13 @@ def model_structure(model: nn.Module) -> _Structure:
         raise ProbeError("a block with two attention layers: DLA reads one per block", parameter="model")
     d_model = head.weight.shape[1]
     body = getattr(model, getattr(model, "base_model_prefix", ""), model)
-    return _Structure(layers, blocks, [_child(block, MLP_NAMES, "MLP") for block in blocks.container],
+    return Structure(layers, blocks, [_child(block, MLP_NAMES, "MLP") for block in blocks.container],
                       [_projection(layer, d_model) for layer in layers],
                       _child(body, FINAL_NORMS, "final norm"), head)
 
 
 @contextmanager
-def _recording(structure: _Structure, recording: _Recording) -> Iterator[None]:
+def record_writes(structure: Structure, recording: Recording) -> Iterator[None]:
     """Forward hooks that fill `recording`; all removed on exit."""
     at = recording.at
 
@@ -257,7 +257,7 @@ def _check_close(found: Tensor, expected: Tensor, what: str, magnitude: Tensor, 
                          "model", parameter="model")
 
 
-def _check_stream(structure: _Structure, recording: _Recording, heads: dict[int, Tensor]) -> None:
+def check_stream(structure: Structure, recording: Recording, heads: dict[int, Tensor]) -> None:
     """Each attention output is its heads through the output projection; each block writes attention + MLP. Sums in
     float64 from the recorded values, so that only the model's own rounding is left to tolerate."""
     for layer, (matrix, bias) in zip(structure.layers, structure.projections):
@@ -294,7 +294,7 @@ class Shares:
     rounding: Tensor | None = None  # (points,) how far the model's own rounding may put the shares' sum from its score
 
 
-def _head_shares(structure: _Structure, recording: _Recording, read: Tensor) -> tuple[Tensor, Tensor | None]:
+def head_shares(structure: Structure, recording: Recording, read: Tensor) -> tuple[Tensor, Tensor | None]:
     """(points, n_layers, n_heads) and, where recorded, (points, n_layers, n_heads, keys)."""
     shares, by_position = [], []
     for layer, (matrix, _) in zip(structure.layers, structure.projections):
@@ -310,7 +310,7 @@ def _head_shares(structure: _Structure, recording: _Recording, read: Tensor) -> 
     return torch.stack(shares, dim=1), positions
 
 
-def _shares(structure: _Structure, recording: _Recording, logits: Tensor | None) -> Shares:
+def _shares(structure: Structure, recording: Recording, logits: Tensor | None) -> Shares:
     """Every component's share of the score at each read point, and the model's own score."""
     targets = recording.targets
     stream, normed = (value.double().cpu() for value in recording.final)
@@ -321,7 +321,7 @@ def _shares(structure: _Structure, recording: _Recording, logits: Tensor | None)
     def share(component: Tensor) -> Tensor:
         return (component.double().cpu() * read).sum(dim=-1)
 
-    heads, positions = _head_shares(structure, recording, read)
+    heads, positions = head_shares(structure, recording, read)
     biases = [torch.zeros(len(read), dtype=torch.float64) if bias is None else share(bias.expand_as(read))
               for _, bias in structure.projections]
     final_bias = torch.zeros(len(read), dtype=torch.float64) if norm.bias is None else direction @ norm.bias
@@ -336,7 +336,7 @@ def _shares(structure: _Structure, recording: _Recording, logits: Tensor | None)
                    _rounding(recording, read, normed, direction, logits))
 
 
-def _rounding(recording: _Recording, read: Tensor, normed: Tensor, direction: Tensor, logits: Tensor) -> Tensor:
+def _rounding(recording: Recording, read: Tensor, normed: Tensor, direction: Tensor, logits: Tensor) -> Tensor:
     """(points,) a bound on how far the model's own rounding puts its score from the exact sum of the shares: 2 eps
     of its dtype times what it rounded (each block's stream, dotted in absolute value with what a share reads; the
     final norm's output with the direction; the logits read). float32: ~1e-6; bfloat16: ~1e-1 on SmolLM2."""
@@ -355,16 +355,16 @@ def _capped(model: nn.Module) -> bool:
     return bool(getattr(getattr(model, "config", None), "final_logit_softcapping", None))
 
 
-def _batch_shares(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
+def _batch_shares(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
                   per_position: bool) -> Shares:
     """One clean forward with every write into the residual stream recorded at the read points, decomposed."""
-    recording = _Recording(targets, per_position)
+    recording = Recording(targets, per_position)
     with torch.no_grad():
-        with _recording(structure, recording), attention_hooks(loaded.model, points={
+        with record_writes(structure, recording), attention_hooks(loaded.model, points={
                 "z": recording.edit_heads,
                 **({"pattern": recording.on_weights, "v": recording.read_values} if per_position else {})}):
             output = run_model(loaded.model, ids, mask)
-        _check_stream(structure, recording, recording.heads)
+        check_stream(structure, recording, recording.heads)
         return _shares(structure, recording, None if _capped(loaded.model) else recording.at(logits_of(output)))
 
 

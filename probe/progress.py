@@ -12,6 +12,10 @@ Progress = Callable[[int, int], None]
 """The one progress callback type: `(done, total)`, in each function's own unit of work (classify: layers of batches;
 the sweep: block-forwards; kv_heads, track: their stages' steps). `total` may grow while the work is counted."""
 ProgressArg = bool | Progress | None
+StageProgress = Callable[[str, int, int], None]
+"""Progress of work in named stages: `(stage, done, total)`, each stage counted in its own unit (the caller's module
+names the units a user knows, e.g. the atlas' STAGE_UNITS; a stage without one is read as a share)."""
+StageProgressArg = bool | StageProgress | None
 log = logging.getLogger("probe")
 WIDTH = 30  # characters of the bar
 
@@ -40,3 +44,26 @@ def callback(progress: ProgressArg, label: str) -> Progress | None:
     if progress is True:
         return TextBar(label)
     return progress if callable(progress) else None
+
+
+def stage_callback(progress: StageProgressArg, label: str) -> StageProgress | None:
+    """The `(stage, done, total)` callback a `progress` argument asks for: True a TextBar per stage (`label: stage`), a
+    callable itself, else None."""
+    if progress is not True:
+        return progress if callable(progress) else None
+    bars: dict[str, TextBar] = {}
+    return lambda stage, done, total: bars.setdefault(stage, TextBar(f"{label}: {stage}"))(done, total)
+
+
+def stage_tick(progress: StageProgress | None, stage: str) -> Progress | None:
+    """One stage's `(done, total)` callback, reported at 0 at once: the stage says what it is doing before its first
+    unit of work is done (and where it counts none)."""
+    if progress is None:
+        return None
+    report = progress
+
+    def tick(done: int, total: int) -> None:
+        report(stage, done, total)
+
+    tick(0, 1)
+    return tick

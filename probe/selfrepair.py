@@ -33,8 +33,8 @@ from probe.ablation.blocks import keeping_outputs, skip_blocks
 from probe.ablation.heads import Head
 from probe.ablation.logits import CHECK_TOLERANCE
 from probe.ablation.methods import AblationMethod, build_method
-from probe.dla import Targets, _check_stream, _head_shares, _Recording, _recording, _Structure, frozen_norm, \
-    model_structure
+from probe.dla import Recording, Structure, Targets, check_stream, frozen_norm, head_shares, model_structure, \
+    record_writes
 from probe.errors import ProbeError
 from probe.hooks.capture import attention_hooks
 from probe.hooks.run import logits_of, run_model
@@ -64,7 +64,7 @@ class _Clean:
     centred: bool
     gain: Tensor
     logits: Tensor | None  # (points, vocab) float32: natural text only, what the direct effect adds to
-    recording: _Recording  # every write of the clean run at the read points
+    recording: Recording  # every write of the clean run at the read points
     kept: dict[int, Any]  # block -> its output (what an ablated run starts from)
 
 
@@ -97,13 +97,13 @@ def _score(targets: Targets, logits: Tensor) -> Tensor:
         logits, targets.answer)
 
 
-def _forward(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
+def _forward(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
              edit: Callable[[int, Tensor], Tensor] | None, *, keep: dict[int, Any] | None = None,
-             skip: dict[int, Any] | None = None) -> tuple[_Recording, Tensor]:
+             skip: dict[int, Any] | None = None) -> tuple[Recording, Tensor]:
     """One forward, `edit` applied to the heads' outputs first, every write recorded at the read points; the
     logits at those points. `keep`: every block's output kept there; `skip`: those blocks return the given value
     instead of running (the clean prefix reused, as the sweep's exact path reuses it)."""
-    recording = _Recording(targets, per_position=False)
+    recording = Recording(targets, per_position=False)
     positions = torch.unique(targets.positions)  # the LM head runs at these alone (the IOI prompts' last ones)
 
     def heads(layer: int, z: Tensor) -> Tensor:
@@ -111,7 +111,7 @@ def _forward(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tens
 
     with ExitStack() as scope:
         scope.enter_context(torch.no_grad())
-        scope.enter_context(_recording(structure, recording))
+        scope.enter_context(record_writes(structure, recording))
         scope.enter_context(attention_hooks(loaded.model, points={"z": heads}))
         if keep is not None:
             scope.enter_context(keeping_outputs(structure.blocks, keep))
@@ -125,20 +125,20 @@ def _forward(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tens
     return recording, logits[targets.rows.to(logits.device), at].detach()
 
 
-def _mlp_shares(structure: _Structure, recording: _Recording, read: Tensor) -> Tensor:
+def _mlp_shares(structure: Structure, recording: Recording, read: Tensor) -> Tensor:
     return torch.stack([(recording.mlp[block].double().cpu() * read).sum(dim=-1)
                         for block in range(len(structure.blocks))], dim=1)
 
 
-def _clean(loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None,
+def _clean(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None,
            targets: Targets) -> _Clean:
     """The clean run of one batch, decomposed through its own frozen norm (its stream checked as DLA checks it)."""
     kept: dict[int, Any] = {}
     recording, logits = _forward(loaded, structure, ids, mask, targets, None, keep=kept)
-    _check_stream(structure, recording, recording.heads)
+    check_stream(structure, recording, recording.heads)
     norm = frozen_norm(structure.norm, recording.final[0].double().cpu())
     read = norm.read(targets.direction(structure.head.weight.detach()))
-    heads, _ = _head_shares(structure, recording, read)
+    heads, _ = head_shares(structure, recording, read)
     return _Clean(targets, read, heads, _mlp_shares(structure, recording, read), _score(targets, logits),
                   targets.scored(logits.double().cpu()), norm.scale, norm.centred, norm.gain,
                   None if targets.distractor is not None else logits.float(), recording, kept)
@@ -169,8 +169,8 @@ class _Prefix:
     def path(self) -> str:
         return "exact: each ablated run starts at its head's block" if self.reuse else f"full forwards ({self.reason})"
 
-    def run(self, loaded: LoadedModel, structure: _Structure, ids: Tensor, mask: Tensor | None, clean: _Clean,
-            edit: Callable[[int, Tensor], Tensor], layer: int) -> tuple[_Recording, Tensor]:
+    def run(self, loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, clean: _Clean,
+            edit: Callable[[int, Tensor], Tensor], layer: int) -> tuple[Recording, Tensor]:
         """The ablated forward, its writes before the start block taken from the clean run (they are unchanged)."""
         start = structure.blocks.of_layer[layer]
         if not self.reuse or start == 0:
@@ -192,7 +192,7 @@ class _Prefix:
         return recording, logits
 
 
-def _direct_likelihood(structure: _Structure, clean: _Clean, write: Tensor) -> Tensor:
+def _direct_likelihood(structure: Structure, clean: _Clean, write: Tensor) -> Tensor:
     """(points,) the log-likelihood change of adding `write` (points, d_model), the ablated head's change through
     its W_O rows, to the clean stream read through the frozen norm (nothing downstream recomputed)."""
     assert clean.logits is not None
@@ -203,11 +203,11 @@ def _direct_likelihood(structure: _Structure, clean: _Clean, write: Tensor) -> T
     return _likelihood(changed, clean.targets.answer) - clean.score
 
 
-def _add_ablation(sums: _Sums, index: int, structure: _Structure, clean: _Clean, ablated: _Recording,
+def _add_ablation(sums: _Sums, index: int, structure: Structure, clean: _Clean, ablated: Recording,
                   logits: Tensor, head: Head) -> None:
     """Add one ablated forward's numbers at its batch's points to `sums[index]`."""
     layer, h = head
-    shares, _ = _head_shares(structure, ablated, clean.read)
+    shares, _ = head_shares(structure, ablated, clean.read)
     change = shares - clean.heads  # (points, n_layers, n_heads), through the clean run's frozen norm
     mlps = (_mlp_shares(structure, ablated, clean.read) - clean.mlps).sum(dim=1)
     direct_logit = change[:, layer, h]
@@ -226,7 +226,7 @@ def _add_ablation(sums: _Sums, index: int, structure: _Structure, clean: _Clean,
     sums.compensation[index] += change.sum(dim=0)
 
 
-def _check(loaded: LoadedModel, method: str, heads: Sequence[Head] | None, top: int) -> tuple[_Structure, list[Head]]:
+def _check(loaded: LoadedModel, method: str, heads: Sequence[Head] | None, top: int) -> tuple[Structure, list[Head]]:
     """The model's structure and the heads to ablate; ProbeError (one line) for what cannot be run."""
     if method not in SELF_REPAIR_METHODS:
         raise ProbeError(f"self-repair ablates a head by {' or '.join(SELF_REPAIR_METHODS)}, not {method!r}: the "

@@ -158,5 +158,6 @@ def test_the_dla_command(smollm2, tmp_path, capsys, monkeypatch) -> None:
 def test_the_dla_command_refuses_in_one_line(smollm2, tmp_path, capsys, monkeypatch, args, message) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"clean": "a b", "corrupt": "a b c", "answer": " x", "distractor": " y"}) + "\n")
+    monkeypatch.setattr("probe.cli.dla.load", lambda *args, **kwargs: smollm2)  # the session's model, not a reload
     code, _, err = run_cli(["dla", *[str(bad) if arg == "{bad}" else arg for arg in args]], capsys, monkeypatch)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1

@@ -25,6 +25,7 @@ from probe.ablation.sweep import sweep
 from probe.atlas.assemble import Measured, assemble
 from probe.atlas.examples import head_examples
 from probe.atlas.result import Atlas, Stage
+from probe.circuits.composition import UNIT as COMPOSITION_UNIT
 from probe.circuits.composition import composition_scores, copying_scores
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet, build_probe_set
 from probe.dla import next_token_attribution
@@ -34,12 +35,13 @@ from probe.heads.classify import Classification, classify
 from probe.heads.evidence import RULES
 from probe.models import LoadedModel
 from probe.patterns import TOKEN_LIMIT, Patterns, attention_patterns
-from probe.progress import TextBar, log
+from probe.progress import StageProgress, StageProgressArg, log, stage_callback, stage_tick
 
 DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads, most of the cost, on 4 x 128
 # tokens took 353 s on 2 lightly loaded CPU cores (bench/RESULTS.md, section 2); 8 sequences double it
-StageProgress = Callable[[str, int, int], None]
-"""(stage, done, total)."""
+STAGE_UNITS = {"composition": COMPOSITION_UNIT}
+"""What each stage counts where it is not a share of its work (classify's layers of batches and the sweeps'
+block-forwards mean nothing to a user)."""
 T = TypeVar("T")
 
 
@@ -50,18 +52,9 @@ class _Stages:
     progress: StageProgress | None
     done: list[Stage] = field(default_factory=list)
 
-    def tick(self, name: str) -> Callable[[int, int], None] | None:
-        if self.progress is None:
-            return None
-        report = self.progress
-        return lambda done, total: report(name, done, total)
-
     def run(self, name: str, work: Callable[[Callable[[int, int], None] | None], T], note: str = "") -> T:
         started = time.perf_counter()
-        tick = self.tick(name)
-        if tick is not None:
-            tick(0, 1)
-        out = work(tick)
+        out = work(stage_tick(self.progress, name))
         self.done.append(Stage(name, time.perf_counter() - started, note))
         log.info("atlas: %s in %.1f s", name, self.done[-1].seconds)
         return out
@@ -75,13 +68,6 @@ class _Stages:
             self.done.append(Stage(name, time.perf_counter() - started, f"skipped: {error}"))
             log.info("atlas: %s skipped: %s", name, error)
             return None
-
-
-def _stage_progress(progress: StageProgress | bool | None) -> StageProgress | None:
-    if progress is not True:
-        return progress if callable(progress) else None
-    bars: dict[str, TextBar] = {}
-    return lambda stage, done, total: bars.setdefault(stage, TextBar(f"atlas: {stage}"))(done, total)
 
 
 def _patterns(loaded: LoadedModel, probe_set: ProbeSet) -> Patterns:
@@ -123,7 +109,8 @@ def _results(results_dir: str | Path | None, name: str) -> Path | None:
 
 
 def _weights(loaded: LoadedModel, stages: _Stages) -> tuple[Any, Any]:
-    composition = stages.optional("composition", lambda tick: composition_scores(loaded.model, loaded.name))
+    composition = stages.optional("composition", lambda tick: composition_scores(loaded.model, loaded.name,
+                                                                                  progress=tick))
     copying = stages.optional("copying", lambda tick: copying_scores(loaded.model))
     return composition, copying
 
@@ -132,12 +119,12 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
           num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
           thresholds: dict[str, float] | None = None, task: str | Path | None = None, task_count: int = 32,
           fast: bool = False, batch_size: int = 8, results_dir: str | Path | None = None, resume: bool = False,
-          progress: StageProgress | bool | None = None, self_repair: bool = False) -> Atlas:
+          progress: StageProgressArg = None, self_repair: bool = False) -> Atlas:
     """Every head's evidence (see the module docstring): its classes, each label judged by its evidence rule
     (probe.heads.evidence), examples, OV writes, composition partners and causal effects. `fast` estimates the
     ablation deltas on natural text (attribution patching, marked estimated; a task's are exact all the same).
-    `progress=True` draws a bar per stage; a callable gets `(stage, done, total)`."""
-    stages = _Stages(_stage_progress(progress))
+    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
+    stages = _Stages(stage_callback(progress, "atlas"))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     natural_results, task_results = _results(results_dir, "ablation"), _results(results_dir, "task") if task else None
     classes = stages.run("classify", lambda tick: classify(

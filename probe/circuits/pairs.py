@@ -10,19 +10,22 @@ it alone already hurts induction, and ablating both costs less than the two cost
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from probe.frames import frame, head_columns, head_name
 from probe.ablation.heads import Head
 from probe.ablation.sweep import sweep
-from probe.circuits.composition import Composition, composition_scores
-from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, ProbeOptions, build_probe_set
+from probe.circuits.composition import UNIT, Composition, composition_scores
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, ProbeOptions, ProbeSet, build_probe_set
 from probe.heads.classify import Classification, classify
 from probe.models import LoadedModel
+from probe.progress import Progress, StageProgressArg, stage_callback, stage_tick
 
 CLASSES = ("previous_token", "induction")
+STAGE_UNITS = {"K-composition": UNIT}
+"""What each stage of `circuits` counts where it is not a share of its work: classifying heads and the ablation check
+count the library's own units (layers of batches, block-forwards), which mean nothing to a user."""
 
 
 @dataclass
@@ -124,14 +127,16 @@ def _pairs(composition: Composition, classes: Classification, top: int) -> tuple
 
 def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: int = 128,
              num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
-             batch_size: int = 8, method: str = "zero",
-             progress: Callable[[int, int], None] | None = None) -> Circuits:
+             batch_size: int = 8, method: str = "zero", progress: StageProgressArg = None) -> Circuits:
     """Induction heads, their strongest K-composing earlier heads (see the module docstring) and, with `check`, each
-    induction head ablated with its strongest previous-token feeder (else its top feeder), together and alone."""
+    induction head ablated with its strongest previous-token feeder (else its top feeder), together and alone.
+    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
     started = time.perf_counter()
-    composition = composition_scores(loaded.model, loaded.name, kinds=("k",))
+    report = stage_callback(progress, "circuits")
+    composition = composition_scores(loaded.model, loaded.name, kinds=("k",),
+                                     progress=stage_tick(report, "K-composition"))
     classes = classify(loaded, scores=list(CLASSES), seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
-                       seed=seed, batch_size=batch_size, progress=progress)
+                       seed=seed, batch_size=batch_size, progress=stage_tick(report, "classifying heads"))
     pairs, ranks = _pairs(composition, classes, top)
     result = Circuits(loaded.name, composition.baseline, pairs, ranks, composition.folded, 0.0)
     for pair in pairs:
@@ -140,14 +145,21 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
     checked = [pair for pair in pairs if pair.checked is not None]
     if check and checked:
         options = ProbeOptions(num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
-        probe_set = build_probe_set("repeated", loaded, options)
-        groups = [(pair.checked, pair.induction) for pair in pairs if pair.checked is not None]
-        heads = sorted({head for group in groups for head in group})
-        ablated = sweep(loaded, probe_set, heads, groups=groups, method=method, batch_size=batch_size)
-        by_heads = {entry.heads: entry.part_deltas["second_repeat"] for entry in ablated.results}
-        result.baseline_second_copy = ablated.baseline_parts["second_repeat"]
-        for pair, (feeder, induction) in zip(checked, groups):
-            pair.deltas = {"feeder": by_heads[(feeder,)], "induction": by_heads[(induction,)],
-                           "together": by_heads[(feeder, induction)]}
+        result.baseline_second_copy = _check(loaded, checked, build_probe_set("repeated", loaded, options), method,
+                                             batch_size, stage_tick(report, "ablation check"))
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _check(loaded: LoadedModel, checked: list[Pair], probe_set: ProbeSet, method: str, batch_size: int,
+           tick: Progress | None) -> float:
+    """Each pair's induction head and checked feeder ablated alone and together (their second-copy deltas, into
+    `pair.deltas`); the unablated second-copy loss."""
+    groups = [(pair.checked, pair.induction) for pair in checked if pair.checked is not None]
+    heads = sorted({head for group in groups for head in group})
+    ablated = sweep(loaded, probe_set, heads, groups=groups, method=method, batch_size=batch_size, progress=tick)
+    by_heads = {entry.heads: entry.part_deltas["second_repeat"] for entry in ablated.results}
+    for pair, (feeder, induction) in zip(checked, groups):
+        pair.deltas = {"feeder": by_heads[(feeder,)], "induction": by_heads[(induction,)],
+                       "together": by_heads[(feeder, induction)]}
+    return ablated.baseline_parts["second_repeat"]

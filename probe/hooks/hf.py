@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from probe.hooks.blocked import OnBlock, blocked_attention
 from probe.hooks.points import fire_heads, fire_inputs, fire_weights, fires
 from probe.hooks.restore import restoring
-from probe.hooks.types import AttentionInputs, LayerHooks, Undo
+from probe.hooks.types import AttentionInputs, LayerHooks, LseHook, Undo
 from probe.kernels import DEFAULT_CONFIG, AttentionCall, additive_bias, backend_for
 
 _HF_ACTIVE: weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]] = weakref.WeakKeyDictionary()  # by call
@@ -70,23 +70,23 @@ def _causal(module: nn.Module, is_causal: bool | None, mask: Tensor | None) -> b
 
 
 def _from_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-              hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
+              layer: int, on_lse: LseHook, kwargs: dict[str, Any]) -> Tensor | None:
     """The output of the fused kernel of the backend that serves the call (probe.kernels.backend_for), its statistics
-    handed to `hooks.on_lse`; None (and the reason handed to `on_lse.blocked`) where no backend serves it. The
-    statistics carry the hook's `config` where it has one. The backend is chosen before the mask is made additive
-    (a refused call never pays for an n x kv float bias)."""
-    assert hooks.on_lse is not None
+    handed to `on_lse` (the layer hooks' `on_lse`, read once by the caller: each read builds a new wrapper); None
+    (and the reason handed to `on_lse.blocked`) where no backend serves it. The statistics carry the hook's `config`
+    where it has one. The backend is chosen before the mask is made additive (a refused call never pays for an
+    n x kv float bias)."""
     inputs = _inputs(query, key, value, mask, kwargs)
     dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
     call = AttentionCall(query, key, value, mask if mask is not None else inputs.position_bias, inputs.scaling,
                          _causal(module, kwargs.get("is_causal"), mask), inputs.softcap, inputs.sinks, dropout)
     backend, problem = backend_for(call)
     if backend is None:
-        hooks.on_lse.blocked(hooks.layer, problem)
+        on_lse.blocked(layer, problem)
         return None
     call = replace(call, bias=additive_bias(mask, inputs.position_bias, query.dtype))
-    output, attention = backend.run(call, getattr(hooks.on_lse, "config", None) or DEFAULT_CONFIG)
-    hooks.on_lse(hooks.layer, attention)
+    output, attention = backend.run(call, getattr(on_lse, "config", None) or DEFAULT_CONFIG)
+    on_lse(layer, attention)
     return output
 
 
@@ -112,8 +112,9 @@ def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, val
                    attention_mask: Tensor | None, hooks: LayerHooks | None, kwargs: dict[str, Any]) -> Tensor:
     """The layer's attention output (b, n, hq, d): probe's blocked eager attention where its weights are read, else
     the model's own implementation; the fused kernel's output where its log-sum-exp is read (`on_lse`)."""
-    if hooks is not None and hooks.on_lse is not None:
-        output = _from_lse(module, query, key, value, attention_mask, hooks, kwargs)
+    on_lse = hooks.on_lse if hooks is not None else None
+    if hooks is not None and on_lse is not None:
+        output = _from_lse(module, query, key, value, attention_mask, hooks.layer, on_lse, kwargs)
         if output is not None:
             return output
     if hooks is not None and fires(hooks, "weights"):

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from probe.frames import frame
+from probe.frames import frame, head_name
 
 MIN_RISE = 0.1
 """The smallest rise of the best head's score, from one checkpoint to the next, that counts as a phase change (scores
@@ -155,7 +155,7 @@ class TrackResult:
     def rows(self) -> list[dict[str, Any]]:
         """One row per checkpoint x head: the trajectories as a table (CSV)."""
         return [{"checkpoint": c.name, "step": c.step, "loss": c.loss, "icl_score": c.icl_score,
-                 "layer": e["layer"], "head": e["head"], **e["scores"], "name": f"L{e['layer']}H{e['head']}",
+                 "layer": e["layer"], "head": e["head"], **e["scores"], "name": head_name(e["layer"], e["head"]),
                  **({"delta": e.get("delta")} if self.heads_ablated else {})}
                 for c in self.checkpoints for e in c.heads]
 
