@@ -14,7 +14,7 @@ from probe.cli.options import Force, HtmlFile, JsonFile
 from probe.cli.outputs import check_outputs, save
 from probe.cli.progress import console
 from probe.errors import ProbeError
-from probe.headmaps import FORMATS, GROUPINGS, compare as compare_maps, read_map
+from probe.headmaps import FORMATS, GROUPINGS, HeadMap, compare as compare_maps, read_map
 from probe.provenance import DISTRIBUTION, command_line, version_of
 from probe.reports.compare import compare_page, compare_report, compare_rows
 from probe.reports.files import stamp_outputs, write_csv, write_json, write_text
@@ -25,7 +25,8 @@ MapA = Annotated[Path, typer.Argument(help=f"The first head map (A). Formats: {F
 MapB = Annotated[Path, typer.Argument(help="The second head map (B); differences are B - A.", show_default=False)]
 Score = Annotated[Optional[list[str]], typer.Option(
     "--score", help="The score to read from a file that holds several (probe classify: a class; probe kv-heads: "
-    "retrieval, streaming, kv_retrieval, kv_streaming, duo). Once: both maps; twice: A's, then B's.")]
+    "retrieval, streaming, kv_retrieval, kv_streaming, duo). Once: each map that holds several (a map of one score "
+    "reads that one); twice: A's, then B's.")]
 Group = Annotated[Optional[str], typer.Option(
     "--group", help=f"Compare a query-head map with a KV-head map over KV heads: {', '.join(GROUPINGS)} over each "
     "KV head's query heads (GQA layout: query head q reads KV head q // (heads / KV heads)).")]
@@ -48,6 +49,20 @@ def _pair(values: list[str] | list[float] | None, flag: str) -> tuple[object, ob
     return values[0], values[-1]
 
 
+def _read(path: Path, score: str | None, shared: bool) -> HeadMap:
+    """The map in `path`; a score given once for both maps is for the maps that hold several (a file of one score
+    reads that one, and the report names it)."""
+    try:
+        return read_map(path, score)
+    except ProbeError as error:
+        if not shared or error.parameter != "score":
+            raise
+        try:
+            return read_map(path)
+        except ProbeError:
+            raise error from None
+
+
 def _stamp(a: Path, b: Path) -> None:
     """Every file written records what produced it (no model here: the maps compared)."""
     stamp_outputs({"probe": version_of(DISTRIBUTION), "python": platform.python_version(),
@@ -65,7 +80,8 @@ def compare(
     score_a, score_b = _pair(score, "--score")
     threshold_a, threshold_b = _pair(threshold, "--threshold")
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
-    first, second = read_map(a, score_a), read_map(b, score_b)  # type: ignore[arg-type]
+    shared = score is not None and len(score) == 1
+    first, second = _read(a, score_a, shared), _read(b, score_b, shared)  # type: ignore[arg-type]
     thresholds = None if threshold_a is None else (float(threshold_a), float(threshold_b))  # type: ignore[arg-type]
     try:
         payload = compare_maps(first, second, top_k=top, group=group, expand=expand, threshold=thresholds).to_dict()

@@ -44,8 +44,8 @@ def summary_lines(payload: dict[str, Any]) -> list[str]:
     if payload["conversion"]:
         lines.append(f"Converted: {payload['conversion']}.")
     lines.append(f"{payload['heads']} {_unit(payload)}s compared ({payload['n_layers']} layers x "
-                 f"{payload['heads_per_layer']}): Spearman {_number(payload['spearman'])}, Pearson "
-                 f"{_number(payload['pearson'])}, mean |B - A| {payload['mean_abs_difference']:.4f}, largest "
+                 f"{payload['heads_per_layer']}): Spearman {_number(payload['spearman'], '.4f')}, Pearson "
+                 f"{_number(payload['pearson'], '.4f')}, mean |B - A| {payload['mean_abs_difference']:.4f}, largest "
                  f"{payload['max_abs_difference']:.4f}.")
     lines.append(f"Top {top['k']}: {top['count']} in both (Jaccard {_number(top['jaccard'], '.2f')}); only A: "
                  f"{_heads(payload, top['only_a'])}; only B: {_heads(payload, top['only_b'])}.")
@@ -109,7 +109,8 @@ def compare_page(payload: dict[str, Any], *, listed: int = LISTED) -> str:
     the ranked list of the largest differences; offline, every text escaped."""
     facts = [("A", _describe(payload["a"])), ("B", _describe(payload["b"])),
              *((("converted", payload["conversion"]),) if payload["conversion"] else ()),
-             *(("" if index else "summary", line) for index, line in enumerate(summary_lines(payload)[2:]))]
+             *(("" if index else "summary", line) for index, line in
+               enumerate(line for line in summary_lines(payload)[2:] if not line.startswith("Converted")))]
     unit = _unit(payload)
     movers = payload["movers"][:listed]
     table = [[str(rank), _head(payload, row), _number(row["a"], ".4f"), _number(row["b"], ".4f"),
