@@ -148,6 +148,9 @@ def test_probes_own_files_read_back(tmp_path: Path, capsys, monkeypatch) -> None
     assert {tuple(cell) for cell in np.argwhere(duo.labels).tolist()} == full
     against = compare(retrieval, duo, group="max").to_dict()  # retrieval per query head against the exported gates
     assert against["labelled"] is None and against["convention"] == "kv"
+    code, out, err = run_cli(["compare", str(tmp_path / "kv.json"), str(tmp_path / "duo"), "--score", "retrieval",
+                              "--expand"], capsys, monkeypatch)  # once: for the map of several, the TSV has one
+    assert code == 0 and "score retrieval" in out and "score full_attention" in out, err
     kv_retrieval = read_map(tmp_path / "kv.json", "kv_retrieval")  # the KV head's retrieval: max over its group
     np.testing.assert_allclose(compare(retrieval, kv_retrieval, group="max").difference, 0.0)
     code, _, err = run_cli(["classify", "--model", PLANTED, "--json", str(tmp_path / "classify.json")], capsys,
