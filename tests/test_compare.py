@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import run_cli
-from test_browser import browser  # noqa: F401  (the fixture)
+from test_browser import browser, open_page  # noqa: F401  (the fixtures)
 from test_html import IMG
 
 from probe.errors import ProbeError
@@ -213,8 +213,8 @@ def test_a_malformed_probe_file_is_one_line(tmp_path: Path) -> None:
         read_map(tmp_path / "classify.json")
 
 
-def test_the_page_draws_a_b_and_the_difference(tmp_path: Path, browser) -> None:  # noqa: F811
-    from test_browser import Opened, screenshot
+def test_the_page_draws_a_b_and_the_difference(tmp_path: Path, open_page) -> None:  # noqa: F811
+    from test_browser import screenshot
 
     from probe.reports.compare import compare_page
 
@@ -224,23 +224,13 @@ def test_the_page_draws_a_b_and_the_difference(tmp_path: Path, browser) -> None:
     payload = compare(read_map(source), read_map(_duo(tmp_path / "duo", rng.random((3, 2)))), expand=True).to_dict()
     path = tmp_path / "compare.html"
     path.write_text(compare_page(payload), encoding="utf-8")
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    try:
-        page = context.new_page()
-        opened = Opened(page, path.resolve().as_uri())
-        page.on("console", lambda message: opened.console.append((message.type, message.text)))
-        page.on("pageerror", lambda error: opened.errors.append(str(error)))
-        page.on("request", lambda request: opened.requests.append(request.url))
-        page.goto(opened.url)
-        opened.wait_ready()
-        assert IMG in page.text_content("h1")
-        for name, key in (("a", "a"), ("b", "b"), ("difference", "difference")):
-            z = opened.z(f".probe-compare-{name}")
-            for row in payload["rows"]:
-                assert z[row["layer"]][row["head"]] == row[key]
-        listed = page.evaluate("[...document.querySelectorAll('.probe-movers tr')].length")
-        assert listed == 1 + min(15, payload["heads"])
-        screenshot(opened, "compare.png")
-        opened.check_clean()
-    finally:
-        context.close()
+    opened = open_page(path)
+    assert IMG in opened.page.text_content("h1")
+    for name in ("a", "b", "difference"):
+        z = opened.z(f".probe-compare-{name}")
+        for row in payload["rows"]:
+            assert z[row["layer"]][row["head"]] == row[name]
+    listed = opened.page.evaluate("[...document.querySelectorAll('.probe-movers tr')].length")
+    assert listed == 1 + min(15, payload["heads"])
+    screenshot(opened, "compare.png")
+    opened.check_clean()

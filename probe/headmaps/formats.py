@@ -75,6 +75,8 @@ def write_map(head_map: HeadMap, path: str | Path, format: str) -> Path:
 def pick_score(fields: list[str], score: str | None, source: Path) -> str:
     """The field to read: `score` where the file has it; the only one where it has one; else refused in one line
     listing the choices."""
+    if not fields:
+        raise ProbeError(f"{source} holds no head scores: write it again, or give another file")
     if score is not None and score in fields:
         return score
     if score is not None:
