@@ -91,6 +91,8 @@ def test_statistics_match_an_independent_computation(tmp_path: Path) -> None:
     assert {tuple(cell) for cell in result["top_k"]["only_a"]} == tops[0] - tops[1]
     moved = max(heads, key=lambda cell: abs(b[cell] - a[cell]))
     assert abs(result["movers"][0]["difference"]) == pytest.approx(abs(b[moved] - a[moved]))
+    frame_of = compare(*maps).to_frame()  # pandas: one row per head, named apart from numbers
+    assert len(frame_of) == 24 and frame_of["name"][0] == "L0H0" and frame_of["difference"].isna().sum() == 1
     labelled = compare(*maps, threshold=(0.5, 0.7)).to_dict()["labelled"]
     above = [{cell for cell in heads if values[cell] > cut} for values, cut in ((a, 0.5), (b, 0.7))]
     assert (labelled["count_a"], labelled["count_b"], labelled["count"]) == (len(above[0]), len(above[1]),
@@ -171,10 +173,12 @@ def test_the_command_writes_json_csv_and_html(tmp_path: Path, capsys, monkeypatc
     _duo(tmp_path / "duo", rng.random((3, 2)))
     outputs = ["--json", str(tmp_path / "c.json"), "--csv", str(tmp_path / "c.csv"), "--html", str(tmp_path / "c.html")]
     code, out, err = run_cli(["compare", str(tmp_path / "a.npy"), str(tmp_path / "duo"), "--group", "mean",
-                              "--top", "3", *outputs], capsys, monkeypatch)
+                              "--top", "3", "--threshold", "0.5", *outputs], capsys, monkeypatch)
     assert code == 0, err
     payload = json.loads((tmp_path / "c.json").read_text())
     assert payload["top_k"]["k"] == 3 and payload["conversion"].startswith("query heads -> KV heads: the mean")
+    above = [{(row["layer"], row["head"]) for row in payload["rows"] if row[side] > 0.5} for side in ("a", "b")]
+    assert payload["labelled"]["count"] == len(above[0] & above[1]) and payload["labelled"]["a"] == "value > 0.5"
     assert "Spearman" in out and "2 KV heads" in out and payload["provenance"]["maps"][1] == str(tmp_path / "duo")
     rows = pd.read_csv(tmp_path / "c.csv", comment="#")
     assert list(rows["name"][:2]) == ["L0KV0", "L0KV1"] and len(rows) == 6
