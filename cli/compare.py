@@ -1,0 +1,94 @@
+"""`probe compare A B`: two head maps (probe's JSON, DuoAttention, Retrieval_Head, a TransformerLens-style tensor)
+head by head: differences, rank correlation, overlap of the top-k and of the labelled sets, side-by-side maps."""
+
+from __future__ import annotations
+
+import platform
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from probe.cli.options import Force, HtmlFile, JsonFile
+from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.progress import console
+from probe.errors import ProbeError
+from probe.headmaps import FORMATS, GROUPINGS, HeadMap, compare as compare_maps, read_map
+from probe.provenance import DISTRIBUTION, command_line, version_of
+from probe.reports.compare import compare_page, compare_report, compare_rows
+from probe.reports.files import stamp_outputs, write_csv, write_text
+
+FORMAT_LIST = "; ".join(f"{name} ({entry.convention})" for name, entry in FORMATS.items())
+
+MapA = Annotated[Path, typer.Argument(help=f"The first head map (A). Formats: {FORMAT_LIST}.", show_default=False)]
+MapB = Annotated[Path, typer.Argument(help="The second head map (B); differences are B - A.", show_default=False)]
+Score = Annotated[Optional[list[str]], typer.Option(
+    "--score", help="The score to read from a file that holds several (probe classify: a class; probe kv-heads: "
+    "retrieval, streaming, kv_retrieval, kv_streaming, duo). Once: each map that holds several (a map of one score "
+    "reads that one); twice: A's, then B's.")]
+Group = Annotated[Optional[str], typer.Option(
+    "--group", help=f"Compare a query-head map with a KV-head map over KV heads: {', '.join(GROUPINGS)} over each "
+    "KV head's query heads (GQA layout: query head q reads KV head q // (heads / KV heads)).")]
+Expand = Annotated[bool, typer.Option(
+    "--expand", help="Compare a query-head map with a KV-head map over query heads: each query head takes its KV "
+    "head's value.")]
+Threshold = Annotated[Optional[list[float]], typer.Option(
+    "--threshold", help="Label the heads above this value (instead of the files' own labels). Once: both maps; "
+    "twice: A's, then B's.")]
+Top = Annotated[int, typer.Option("--top", help="Size of each map's top set whose overlap is measured.")]
+CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
+
+
+def _pair(values: list[str] | list[float] | None, flag: str) -> tuple[object, object]:
+    """A flag given once (both maps) or twice (A, then B)."""
+    if not values:
+        return None, None
+    if len(values) > 2:
+        raise ProbeError(f"{flag} is given {len(values)} times: give it once (both maps) or twice (A, then B)")
+    return values[0], values[-1]
+
+
+def _read(path: Path, score: str | None, shared: bool) -> HeadMap:
+    """The map in `path`; a score given once for both maps is for the maps that hold several (a file of one score
+    reads that one, and the report names it)."""
+    try:
+        return read_map(path, score)
+    except ProbeError as error:
+        if not shared or error.parameter != "score":
+            raise
+        try:
+            return read_map(path)
+        except ProbeError:
+            raise error from None
+
+
+def _stamp(a: Path, b: Path) -> None:
+    """Every file written records what produced it (no model here: the maps compared)."""
+    stamp_outputs({"probe": version_of(DISTRIBUTION), "python": platform.python_version(),
+                   "command": command_line(), "maps": [str(a), str(b)],
+                   "timestamp_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+
+
+def compare(
+    a: MapA, b: MapB, score: Score = None, group: Group = None, expand: Expand = False, threshold: Threshold = None,
+    top: Top = 10, json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
+    force: Force = False,
+) -> None:
+    """Compare two head maps: per-head differences (B - A), Spearman and Pearson correlation, overlap of the top
+    heads and of the labelled sets; query heads against KV heads only with --group or --expand."""
+    score_a, score_b = _pair(score, "--score")
+    threshold_a, threshold_b = _pair(threshold, "--threshold")
+    check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
+    shared = score is not None and len(score) == 1
+    first, second = _read(a, score_a, shared), _read(b, score_b, shared)  # type: ignore[arg-type]
+    thresholds = None if threshold_a is None else (float(threshold_a), float(threshold_b))  # type: ignore[arg-type]
+    try:
+        payload = compare_maps(first, second, top_k=top, group=group, expand=expand, threshold=thresholds).to_dict()
+    except ProbeError as error:  # the library names its parameters; the other conversion is a flag here too
+        raise ProbeError(str(error).replace(" or expand ", " or --expand "), parameter=error.parameter) from None
+    _stamp(a, b)
+    save_json(json_path, payload, "compare")
+    save(csv_path, lambda path: write_csv(path, compare_rows(payload)))
+    save(html_path, lambda path: write_text(path, compare_page(payload)))
+    compare_report(payload, console)

@@ -1,0 +1,140 @@
+"""`probe compare` rendered from its payload (`Comparison.to_dict()`): the terminal summary and table of the heads
+that moved most, CSV rows, and the page (maps A, B and B - A side by side, and the ranked differences). Computes
+nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from probe.reports.html import ASSETS, esc, facts_table, page, static_summary
+
+LISTED = 15  # heads listed in the terminal, largest |B - A| first
+
+
+def _unit(payload: dict[str, Any]) -> str:
+    return "KV head" if payload["convention"] == "kv" else "head"
+
+
+def _head(payload: dict[str, Any], row: dict[str, Any]) -> str:
+    """`18.6` (query heads) or `18.kv2` (KV heads): which kind of head a row is, always said."""
+    return f"{row['layer']}.{'kv' if payload['convention'] == 'kv' else ''}{row['head']}"
+
+
+def _describe(side: dict[str, Any]) -> str:
+    """One map in words: file, format, score, what a value belongs to, dtype and model where the file says."""
+    unit = "KV heads" if side["convention"] == "kv" else "query heads"
+    extra = [f"{side['dtype']}" if side["dtype"] else "", f"model {side['model']}" if side["model"] else ""]
+    facts = ", ".join(part for part in (side["format"], f"score {side['score']}", f"{side['columns']} {unit}",
+                                       *extra) if part)
+    return f"{side['source']} ({facts})"
+
+
+def _number(value: float | None, form: str = ".3f") -> str:
+    return "n/a" if value is None else f"{value:{form}}"
+
+
+def summary_lines(payload: dict[str, Any]) -> list[str]:
+    """The comparison in sentences: what was compared, the correlations, and the overlaps."""
+    top = payload["top_k"]
+    lines = [f"A: {_describe(payload['a'])}", f"B: {_describe(payload['b'])}"]
+    if payload["conversion"]:
+        lines.append(f"Converted: {payload['conversion']}.")
+    lines.append(f"{payload['heads']} {_unit(payload)}s compared ({payload['n_layers']} layers x "
+                 f"{payload['heads_per_layer']}): Spearman {_number(payload['spearman'], '.4f')}, Pearson "
+                 f"{_number(payload['pearson'], '.4f')}, mean |B - A| {payload['mean_abs_difference']:.4f}, largest "
+                 f"{payload['max_abs_difference']:.4f}.")
+    lines.append(f"Top {top['k']}: {top['count']} in both (Jaccard {_number(top['jaccard'], '.2f')}); only A: "
+                 f"{_heads(payload, top['only_a'])}; only B: {_heads(payload, top['only_b'])}.")
+    labelled = payload["labelled"]
+    if labelled:
+        lines.append(f"Labelled ({labelled['a']} in A: {labelled['count_a']}, {labelled['b']} in B: "
+                     f"{labelled['count_b']}): {labelled['count']} in both (Jaccard "
+                     f"{_number(labelled['jaccard'], '.2f')}); only A: {_heads(payload, labelled['only_a'])}; only B: "
+                     f"{_heads(payload, labelled['only_b'])}.")
+    lines.append(precision_line(payload))
+    return lines
+
+
+def precision_line(payload: dict[str, Any]) -> str:
+    """What each map was computed in, where its file says."""
+    said = [f"{side.upper()} computed in {dtype}" if dtype else f"{side.upper()}'s file states no dtype"
+            for side, dtype in payload["dtypes"].items()]
+    return "; ".join(said) + " (docs/precision.md: how far half precision lies from float32)."
+
+
+def _heads(payload: dict[str, Any], cells: list[list[int]], shown: int = 8) -> str:
+    names = [_head(payload, {"layer": layer, "head": head}) for layer, head in cells]
+    return "none" if not names else " ".join(names[:shown]) + (f" and {len(names) - shown} more"
+                                                               if len(names) > shown else "")
+
+
+def compare_report(payload: dict[str, Any], console: Console, *, listed: int = LISTED) -> None:
+    """The summary lines and the heads whose value moved most (B - A)."""
+    lines = summary_lines(payload)
+    console.print(Text(lines[0], style="bold"))
+    console.print(Text(lines[1], style="bold"))
+    for line in lines[2:-1]:
+        console.print(Text(line))
+    table = Table(title=f"Largest differences (B - A), {min(listed, len(payload['movers']))} of {payload['heads']}",
+                  title_justify="left", box=None, show_edge=False)
+    for column in (f"layer.{'kv' if payload['convention'] == 'kv' else 'head'}", "A", "B", "B - A", "rank A",
+                   "rank B"):
+        table.add_column(column, justify="right")
+    for row in payload["movers"][:listed]:
+        table.add_row(_head(payload, row), _number(row["a"], ".4f"), _number(row["b"], ".4f"),
+                      f"{row['difference']:+.4f}", str(row["rank_a"]), str(row["rank_b"]))
+    console.print(table)
+    console.print(Text(lines[-1], style="dim"))
+
+
+def compare_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per head for CSV: name (`L5H1`, `L5KV1` over KV heads), layer, head, a, b, difference, ranks, labels."""
+    unit = "KV" if payload["convention"] == "kv" else "H"
+    return [{"name": f"L{row['layer']}{unit}{row['head']}", **row} for row in payload["rows"]]
+
+
+def _grid(payload: dict[str, Any], key: str) -> list[list[float | None]]:
+    grid: list[list[float | None]] = [[None] * payload["heads_per_layer"] for _ in range(payload["n_layers"])]
+    for row in payload["rows"]:
+        grid[row["layer"]][row["head"]] = row[key]
+    return grid
+
+
+def compare_page(payload: dict[str, Any], *, listed: int = LISTED) -> str:
+    """`probe compare --html`: maps A, B and B - A side by side (same colour scale for A and B), the summary, and
+    the ranked list of the largest differences; offline, every text escaped."""
+    facts = [("A", _describe(payload["a"])), ("B", _describe(payload["b"])),
+             *((("converted", payload["conversion"]),) if payload["conversion"] else ()),
+             *(("" if index else "summary", line) for index, line in
+               enumerate(line for line in summary_lines(payload)[2:] if not line.startswith("Converted")))]
+    unit = _unit(payload)
+    movers = payload["movers"][:listed]
+    table = [[str(rank), _head(payload, row), _number(row["a"], ".4f"), _number(row["b"], ".4f"),
+              f"{row['difference']:+.4f}", str(row["rank_a"]), str(row["rank_b"])]
+             for rank, row in enumerate(movers, start=1)]
+    header = ["#", unit, "A", "B", "B - A", "rank A", "rank B"]
+    ranked = ('<table class="probe-static-table probe-movers"><tr>'
+              + "".join(f"<th>{esc(cell)}</th>" for cell in header) + "</tr>"
+              + "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in table)
+              + "</table>")
+    data = {"n_layers": payload["n_layers"], "n_heads": payload["heads_per_layer"], "unit": unit,
+            "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["heads_per_layer"])),
+            "a": _grid(payload, "a"), "b": _grid(payload, "b"), "difference": _grid(payload, "difference")}
+    body = (f"<h1>{esc(payload['a']['source'])} against {esc(payload['b']['source'])}</h1>" + facts_table(facts)
+            + static_summary("Largest differences", header, table[:5])
+            + '<h2>A, B and B - A per ' + esc(unit) + '</h2><div class="probe-row">'
+            '<div><div class="probe-plot-title">A</div><div class="probe-compare-a"></div></div>'
+            '<div><div class="probe-plot-title">B</div><div class="probe-compare-b"></div></div>'
+            '<div><div class="probe-plot-title">B - A</div><div class="probe-compare-difference"></div></div></div>'
+            f"<h2>Largest differences (B - A), {len(movers)} of {payload['heads']}</h2>" + ranked
+            + f"<script>{_compare_js()}</script>")
+    return page("compare", f"probe compare: {payload['a']['source']} vs {payload['b']['source']}", body, data,
+                embed_plotly=True)
+
+
+def _compare_js() -> str:
+    return (ASSETS / "compare.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
