@@ -96,6 +96,9 @@ def test_a_transformerlens_bridge_is_probed_as_its_model(kind: str, dtype: torch
     after, cache_after = bridge.run_with_cache(IDS)  # the bridge's own forward and hook points, as before
     assert torch.equal(after, logits)
     assert torch.equal(cache_after["blocks.1.attn.hook_pattern"], cache["blocks.1.attn.hook_pattern"])
+    if dtype == torch.float32:  # the model inside the bridge, given alone, is probed through its own modules too
+        _assert_same(_probed(load_model(bridge.original_model, tokenizer=_tokenizer(tokenizer_folder))), expected)
+        assert torch.equal(bridge(IDS), logits)
 
 
 def test_a_bridge_over_a_dispatched_model_is_probed_through_its_own_modules(tokenizer_folder: Path) -> None:

@@ -20,7 +20,7 @@ from probe.models.gguf import load_gguf
 from probe.models.origin import ModelOrigin, module_origin, origin_of
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import DeviceMap, dispatch_custom, input_device, parse_device_map
-from probe.models.wrapped import WrapperKind, wrapper_kinds, wrapper_of
+from probe.models.wrapped import WrapperKind, holds_bridge_components, unbridged, wrapper_kinds, wrapper_of
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -183,7 +183,10 @@ def _infer_vocab_size(model: nn.Module) -> int:
 
 def _given_module(model: nn.Module, tokenizer: Any | None, name: str | None, dtype: str | torch.dtype | None,
                   device: str | None) -> LoadedModel:
-    """A model already in memory: used as it is (moved or cast only when `device` or `dtype` is given)."""
+    """A model already in memory: used as it is (moved or cast only when `device` or `dtype` is given); a model a
+    TransformerBridge has booted (its `original_model`) is run through its own modules, as the bridge itself is."""
+    if holds_bridge_components(model):
+        model = unbridged(model)
     if dtype is not None:
         model = model.to(_parse_dtype(dtype))
     if device is not None:

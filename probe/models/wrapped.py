@@ -107,6 +107,18 @@ def _bridge_model(bridge: Any) -> nn.Module:
         raise ProbeError(f"this TransformerBridge runs no local torch model ({first_line(error)}): probe needs one, "
                          "e.g. a bridge from TransformerBridge.boot_transformers") from error
     bridge.eval()  # the bridge's components and the model's modules alike, before the view copies their flags
+    return unbridged(model)
+
+
+def holds_bridge_components(module: nn.Module) -> bool:
+    """Whether a bare module has TransformerBridge components in place of its own modules (a bridge's
+    `original_model` given alone): probed as it is, probe's hooks would never fire there."""
+    return any(type(child).__module__.startswith("transformer_lens.") for child in module.modules())
+
+
+def unbridged(model: nn.Module) -> nn.Module:
+    """`unwrapped_view` of a model a TransformerBridge has booted: each bridge component replaced by the module it
+    wraps (the weights shared, nothing copied)."""
     from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
 
     def original(module: nn.Module) -> nn.Module | None:
