@@ -29,6 +29,21 @@ def _budget(tmp: Path) -> list[str]:
             "1", "--recent", "4", "--no-curve", "--export", f"razor:{tmp / 'razor.json'}"]
 
 
+def _maps(tmp: Path) -> list[str]:
+    """compare on two maps the test writes: a query-head .npy with a head it lacks (NaN: null values and ranks)
+    against a DuoAttention KV-head map, grouped; --threshold labels both (the labelled overlap is written)."""
+    import numpy as np
+
+    query = np.random.default_rng(0).random((3, 8))
+    query[1, 2] = np.nan
+    np.save(tmp / "query.npy", query)
+    (tmp / "duo").mkdir()
+    (tmp / "duo" / "full_attention_heads.tsv").write_text(
+        "".join("\t".join(f"{value:.6f}" for value in row) + "\n" for row in np.random.default_rng(1).random((3, 2))),
+        encoding="utf-8")
+    return ["compare", str(tmp / "query.npy"), str(tmp / "duo"), "--group", "max", "--threshold", "0.5"]
+
+
 RUNS: dict[str, tuple[Any, str]] = {
     **{name: (args, "") for name, args in COMMANDS.items()},
     "circuits": (lambda tmp: ["circuits", "--model", PLANTED, "--seq-len", "64", "--num-seqs", "4", "--repeat-len",
@@ -39,6 +54,7 @@ RUNS: dict[str, tuple[Any, str]] = {
     "self-repair": (lambda tmp: ["patch", "--model", WORDS, "--task", "ioi", "--count", "6", "--heads", "0.1,1.2",
                                  "--self-repair"], "self_repair"),
     "kv-budget": (_budget, "razor.budget.json"),
+    "compare": (_maps, ""),
 }
 """Per kind: the command that writes it (--json added) and where its payload is: "" the --json file itself, a key
 of it (a section), or a file written beside it."""

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from probe.errors import ProbeError
-from probe.frames import frame
+from probe.frames import frame, head_columns
 from probe.headmaps.maps import KV, QUERY, HeadMap
 
 TOP_K = 10  # heads in each map's top set
@@ -160,11 +160,14 @@ class Comparison:
                 **self.statistics, "movers": moved[:self.movers], "rows": rows}
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head: layer, head, name (`L5H1`, or `L5KV1` over KV heads), a, b,
-        difference, ranks and labels. Needs pandas."""
-        unit = "KV" if self.a.convention == KV else "H"
-        return frame([{"name": f"L{row['layer']}{unit}{row['head']}", **row} for row in self.rows()])
-
+        """A pandas DataFrame, one row per head (schema `compare`'s frame_row): layer, head, name, a, b, difference,
+        ranks and labels. The name is frames' `L5H1` over query heads, `L5KV1` over KV heads (a KV head is no query
+        head, and a table must not say it is). Needs pandas."""
+        rows = [{**head_columns(row["layer"], row["head"]), **row} for row in self.rows()]
+        if self.a.convention == KV:
+            for row in rows:
+                row["name"] = f"L{row['layer']}KV{row['head']}"
+        return frame(rows)
 
     def __repr__(self) -> str:
         stats = self.statistics

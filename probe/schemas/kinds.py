@@ -496,3 +496,75 @@ register(Kind(
              "query_token": Field("string", "the query's token"), "key_token": Field("string", "the key's token"),
              "weight": Field("number", "the attention weight")},
 ))
+
+# compare ------------------------------------------------------------------------------------------------------------
+
+MAP_HEAD = Field("integer", "the head within its layer: a query head, or a KV head where `convention` is kv")
+CELLS = Field("array", "heads as [layer, head], in order", items=Field("array", "[layer, head]",
+                                                                        items=Field("integer", "layer, then head")))
+OVERLAP = {"count": Field("integer", "heads in both sets"),
+           "jaccard": Field("number", "count / heads in either set (undefined where both sets are empty)"),
+           "both": CELLS, "only_a": CELLS, "only_b": CELLS}
+MAP_FACTS = {
+    "source": Field("string", "the file (or DuoAttention folder) as given"),
+    "format": Field("string", "the head-map format that read it (docs/compare.md: duo, probe-classify, tensor, ...)"),
+    "score": Field("string", "the score read from it (a class, retrieval, full_attention, value, ...)"),
+    "convention": Field("string", "what a column is after any conversion: query (heads) or kv (heads)"),
+    "n_layers": Field("integer", "layers of the map"),
+    "columns": Field("integer", "heads per layer in its convention"),
+    "n_heads": Field(("integer", "null"), "query heads per layer, where the file says"),
+    "n_kv_heads": Field(("integer", "null"), "KV heads per layer, where the file says"),
+    "dtype": Field(("string", "null"), "the dtype of the run that made it, where the file says"),
+    "model": Field(("string", "null"), "the model it was made from, where the file says"),
+    "label_name": Field(("string", "null"), "what its labelled heads are (full, induction, value > 0.5); null: no "
+                                            "labels"),
+    "threshold": Field("number", "the threshold its labels came from (null: none)"),
+}
+COMPARE_ROW = {
+    "layer": LAYER, "head": MAP_HEAD, "a": Field("number", "A's value (null: A has none)"),
+    "b": Field("number", "B's value (null: B has none)"), "difference": Field("number", "b - a, rounded to 6 places"),
+    "rank_a": Field(("integer", "null"), "the head's rank in A (1: largest) among the heads both maps have"),
+    "rank_b": Field(("integer", "null"), "its rank in B"),
+    "label_a": Field(("boolean", "null"), "whether A labels it (null: A has no labels)"),
+    "label_b": Field(("boolean", "null"), "whether B labels it (null: B has no labels)"),
+}
+
+register(Kind(
+    "compare", 1, "probe.headmaps.compare:Comparison",
+    "Two head maps over the same heads (after an explicit conversion where one is over query heads, the other over "
+    "KV heads): per-head difference B - A, rank and linear correlation, top-k and labelled overlaps, the heads that "
+    "moved most (probe compare --json).",
+    fields={
+        "kind": Field("string", "compare"), "a": Field("object", "map A as read", fields=MAP_FACTS),
+        "b": Field("object", "map B as read", fields=MAP_FACTS),
+        "conversion": Field("string", "how one map was converted to the other's heads ('' where none was)"),
+        "convention": Field("string", "the heads compared: query or kv"),
+        "n_layers": N_LAYERS,
+        "heads_per_layer": Field("integer", "heads per layer compared (query or KV heads, per `convention`)"),
+        "dtype": Field(("string", "null"), "the dtype both maps were computed in (null where they differ or neither "
+                                           "file says: see dtypes)"),
+        "dtypes": Field("object", "each map's dtype, where its file says", fields={
+            "a": Field(("string", "null"), "A's"), "b": Field(("string", "null"), "B's")}),
+        "heads": Field("integer", "heads with a value in both maps: every statistic is over these"),
+        "spearman": Field("number", "Spearman's rank correlation (ties share their mean rank; undefined where a "
+                                    "map is constant or fewer than two heads)"),
+        "pearson": Field("number", "Pearson's correlation (undefined as Spearman's)"),
+        "mean_abs_difference": Field("number", "mean |b - a|"),
+        "max_abs_difference": Field("number", "max |b - a|"),
+        "top_k": Field("object", "the overlap of each map's k largest heads", fields={
+            "k": Field("integer", "the top set's size (--top, at most `heads`)"), **OVERLAP}),
+        "labelled": Field(("object", "null"), "the overlap of the labelled heads (null unless both maps have labels: "
+                                              "their own, or --threshold's)", fields={
+            **OVERLAP, "a": Field(("string", "null"), "what A's labels are"),
+            "b": Field(("string", "null"), "what B's labels are"),
+            "count_a": Field("integer", "heads A labels"), "count_b": Field("integer", "heads B labels")}),
+        "movers": Field("array", "the heads of largest |difference|, largest first (15 at most)",
+                        items=Field("object", "a head, as in rows", fields=COMPARE_ROW)),
+        "rows": Field("array", "every head, layer by layer", items=Field("object", "a head", fields=COMPARE_ROW)),
+    },
+    rows="one per head compared, layer by layer",
+    columns={"layer": LAYER, "head": MAP_HEAD,
+             "name": Field("string", "the head's name for a table: L18H6 over query heads, L5KV1 over KV heads (a KV "
+                                     "head is no query head)"),
+             **{name: entry for name, entry in COMPARE_ROW.items() if name not in ("layer", "head")}},
+))
