@@ -82,9 +82,14 @@ class ScoreAccumulator:
             self.sums[name], self.counts[name] = (torch.zeros(
                 *self.shape[:1], *part.shape[1:], dtype=torch.float64,
                 device=part.device if part.device.type == "cuda" else "cpu") for part in (sums, counts))
-        rows = slice(layers[0], layers[-1] + 1) if layers == list(range(layers[0], layers[-1] + 1)) else layers
-        self.sums[name][rows] += sums.to(self.sums[name].device)  # a slice: no index tensor copied to the device
-        self.counts[name][rows] += counts.to(self.counts[name].device)
+        sums, counts = sums.to(self.sums[name].device), counts.to(self.counts[name].device)
+        if layers == list(range(layers[0], layers[-1] + 1)):  # a slice: no index tensor copied to the device
+            self.sums[name][layers[0]:layers[-1] + 1] += sums
+            self.counts[name][layers[0]:layers[-1] + 1] += counts
+            return
+        for index, layer in enumerate(layers):  # python integers: nothing sent to the device either
+            self.sums[name][layer] += sums[index]
+            self.counts[name][layer] += counts[index]
 
     def _batch(self) -> Batch:
         if self.batch is None:

@@ -1,0 +1,67 @@
+"""No host synchronisation inside a forward whose layers the CUDA backend serves (issue 44): `score_heads` with every
+default score and streaming, on an unpadded batch (layer calls read side by side) and a padded one (an additive
+bias), and kv-heads' scoring pass (`score_needles`: streaming sums and the answer rows' top keys), run through
+Triton's interpreter (TRITON_INTERPRET=1: the CUDA backend's kernel on CPU tensors) while tests/host_reads.py
+records every host read probe asks for inside the forward. On a GPU `python -m bench gpu` checks the same with
+`torch.cuda.set_sync_debug_mode("error")`."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (probe.kernels.cuda decorates lazily)
+
+import pytest
+import torch
+from conftest import tiny_loaded
+from host_reads import host_reads
+
+from probe.heads.classify import score_heads
+from probe.heads.scores import SCORES
+from probe.inputs import NeedleOptions, ProbeSet, needle_set
+from probe.kernels import using_backend
+from probe.kernels.cuda import CudaBackend
+from probe.kv import score_needles
+
+pytest.importorskip("triton", reason="triton is not installed: the CUDA backend's kernel cannot run")
+pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning"),  # numpy, on the padding rows
+              pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")]  # past n of the interpreter's tiles
+
+DEFAULT = [name for name, score in SCORES.items() if score.by_default]
+NAMES = [*DEFAULT, "streaming"]
+
+
+def _repeated(batch: int, length: int, padded: int) -> ProbeSet:
+    """BOS + R random tokens repeated twice, `batch` sequences; the last `padded` positions of the last one are
+    padding (an attention mask: the kernel reads an additive bias)."""
+    generator = torch.Generator().manual_seed(0)
+    half = torch.randint(3, 120, (batch, (length - 1) // 2), generator=generator)
+    ids = torch.cat([torch.ones(batch, 1, dtype=torch.long), half, half], dim=1)
+    mask = None
+    if padded:
+        mask = torch.ones_like(ids)
+        mask[-1, -padded:] = 0
+    return ProbeSet("repeated", "random tokens, repeated", ids, 1, attention_mask=mask, repeat_len=half.shape[1])
+
+
+@pytest.mark.parametrize("batch, length, padded, names", [
+    (1, 265, 0, NAMES),  # streaming reads queries past 4 sink + 256 recent keys; layer calls read side by side
+    (2, 40, 5, DEFAULT),  # padding: an additive bias, each layer call read alone, two last keys for sep
+], ids=["plain", "padded"])
+def test_score_heads_reads_nothing_back_to_the_host_inside_a_forward(batch: int, length: int, padded: int,
+                                                                     names: list[str]) -> None:
+    loaded = tiny_loaded("llama_gqa")
+    with using_backend(CudaBackend()), host_reads(loaded.model) as reads:
+        scores = score_heads(loaded, _repeated(batch, length, padded), names, batch_size=2, path="lse")
+    assert scores.path == "cuda"
+    assert not reads, "\n".join(dict.fromkeys(reads))
+    assert all(torch.isfinite(scores[name]).all() for name in names) and scores["sink"].max() > 0
+
+
+def test_kv_heads_scoring_pass_reads_nothing_back_to_the_host_inside_a_forward() -> None:
+    loaded = tiny_loaded("llama_gqa")
+    needles = needle_set(loaded, NeedleOptions(lengths=(48, 64), depths=(0.5,), seed=3))
+    with using_backend(CudaBackend()), host_reads(loaded.model) as reads:
+        retrieval, streaming, run = score_needles(loaded, needles, sink=4, recent=8)
+    assert not reads, "\n".join(dict.fromkeys(reads))
+    assert streaming.min() > 0 and len(run.exact) == 2
