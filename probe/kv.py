@@ -42,7 +42,8 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, ProbeSet, natural_set, needle_set
 from probe.errors import ProbeError
-from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, streaming_from_lse, streaming_score
+from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, streaming_from_lse, streaming_score,
+                                 uploaded)
 from probe.hooks.capture import attention_hooks
 from probe.hooks.stacks import is_encoder_decoder
 from probe.kernels import FusedStatistics
@@ -137,10 +138,10 @@ class _Scorer:
         batch = self.batch
         assert batch is not None
         self._stream(layer, *self.streaming_fast(attention, batch))
-        if len(self.rows):  # (b, h, answer rows, keys), computed whole: argmax as retrieval_score reads them
+        if len(self.rows):  # (b, h, answer rows): the kernel's top keys, or argmax of the rows computed whole
             device = attention.lse.device
-            rows = batch.memo(("answer rows", str(device)), lambda: self.rows.to(device))  # once per prompt
-            self.tops.setdefault(layer, []).append(attention.rows(rows).argmax(dim=-1))
+            rows = batch.memo(("answer rows", str(device)), lambda: uploaded(self.rows, device))  # once per prompt
+            self.tops.setdefault(layer, []).append(attention.row_tops(rows))
 
     def blocked(self, layer: int, reason: str) -> None:
         """This layer's weights come to on_weights instead (its logits cannot be rebuilt from the log-sum-exp)."""

@@ -8,6 +8,7 @@ records every host read probe asks for inside the forward. On a GPU `python -m b
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (probe.kernels.cuda decorates lazily)
 
@@ -22,6 +23,7 @@ from probe.inputs import NeedleOptions, ProbeSet, needle_set
 from probe.kernels import using_backend
 from probe.kernels.cuda import CudaBackend
 from probe.kv import score_needles
+from probe.models import load_model
 
 pytest.importorskip("triton", reason="triton is not installed: the CUDA backend's kernel cannot run")
 pytestmark = [pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning"),  # numpy, on the padding rows
@@ -65,3 +67,17 @@ def test_kv_heads_scoring_pass_reads_nothing_back_to_the_host_inside_a_forward()
         retrieval, streaming, run = score_needles(loaded, needles, sink=4, recent=8)
     assert not reads, "\n".join(dict.fromkeys(reads))
     assert streaming.min() > 0 and len(run.exact) == 2
+
+
+def test_kv_heads_scores_from_the_kernels_top_keys_equal_the_blocked_path() -> None:
+    """The answer rows' top keys from the kernel (`row_tops`), fetched after the forward, give the blocked path's
+    retrieval scores on the planted GPT-2, whose head 1.1 copies the needle; streaming sums kept on the device
+    equal the blocked path's too."""
+    loaded = load_model(f"{Path(__file__).parent / 'planted.py'}:planted_gpt2")
+    needles = needle_set(loaded, NeedleOptions(lengths=(40, 48), depths=(0.5,), seed=1))
+    with using_backend(CudaBackend()):
+        retrieval, streaming, run = score_needles(loaded, needles, sink=1, recent=4)
+    blocked = score_needles(loaded, needles, sink=1, recent=4, fast=False)
+    assert all(run.exact) and blocked[2].exact == run.exact
+    assert retrieval[1, 1] > 0.99 and torch.equal(retrieval, blocked[0])
+    assert torch.allclose(streaming, blocked[1], atol=1e-5)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from probe.heads.scores import SCORES, Batch
+from probe.heads.scores import SCORES, Batch, uploaded
 from probe.kernels.base import FusedStatistics
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import FusedAttention, Label, side_by_side
@@ -159,7 +159,8 @@ class ScoreAccumulator:
         if plan.names and plan.names[0] in names:  # the linear scores are read with the group's first reading
             table, columns = attention.covering(plan.labels)  # (b, h, n, w): the labels' columns in it
             selection = batch.memo(("selection", tuple(self.names), n, kv, tuple(columns), table.shape[-1]),
-                                   lambda: plan.selection(columns, table.shape[-1]).to(table))
+                                   lambda: uploaded(plan.selection(columns, table.shape[-1]).to(table.dtype),
+                                                    table.device))
             sums = torch.einsum("bhnw,bnws->sh", table, selection).double().unflatten(-1, (len(layers), -1))
             for index, name in enumerate(plan.names):
                 self._add(name, layers, sums[index], plan.counts[index].expand_as(sums[index]))

@@ -24,6 +24,12 @@ from probe.kernels.config import DEFAULT_CONFIG
 from probe.kernels.fused import Label
 
 
+def uploaded(tensor: Tensor, device: torch.device) -> Tensor:
+    """`tensor` on `device`; a host tensor is copied without waiting (a blocking copy to a GPU synchronises its
+    stream: a batch's data copied inside a forward must not), which is safe from the host (CUDA stages it first)."""
+    return tensor.to(device, non_blocking=tensor.device.type == "cpu")
+
+
 @dataclass
 class Batch:
     """What a score needs to know of the sequences behind a block of weights."""
@@ -41,7 +47,7 @@ class Batch:
 
     def valid_on(self, device: torch.device) -> Tensor:
         """`valid` on `device`, copied once per batch (a copy per layer would wait for a GPU each time)."""
-        return self.memo(("valid", str(device)), lambda: self.valid.to(device))
+        return self.memo(("valid", str(device)), lambda: uploaded(self.valid, device))
 
 
 Reduce = Callable[[Tensor, int, Batch], tuple[Tensor, Tensor]]
@@ -264,7 +270,7 @@ def _last_key_owners(batch: Batch, device: torch.device) -> list[tuple[int, Tens
     """Each distinct last position of the batch, with the (b,) sequences ending there on `device` (once per batch:
     read on the host, not per layer)."""
     last = _last_keys(batch).clamp(min=0)
-    return [(int(key), (last == key).to(device)) for key in last.unique().tolist()]
+    return [(int(key), uploaded(last == key, device)) for key in last.unique().tolist()]
 
 
 def induction_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -378,7 +384,7 @@ def _neighbour_rows(valid: Tensor, kv: int, shift: int,
     n = valid.shape[1]
     keys = torch.arange(n, device=valid.device) + shift
     selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
-    return selected.to(device or valid.device), float(selected.sum())
+    return uploaded(selected, device or valid.device), float(selected.sum())
 
 
 @dataclass

@@ -283,6 +283,14 @@ class FusedAttention:
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
+    def row_tops(self, rows: Tensor) -> Tensor:
+        """(b, hq, len(rows)) long: each query row's most-attended key, as argmax says (the earliest maximum, a NaN
+        the largest): the kernel's own where it wrote them (`top_keys`: a gather), else argmax of the rows' weights;
+        on the device either way (kv-heads' retrieval score reads it after the forward)."""
+        if self.top_keys is not None:
+            return self.top_keys[:, :, rows].long()
+        return self.rows(rows).argmax(dim=-1)
+
     def _head_keys(self, sequence: int, kv_head: int) -> Tensor:
         """(kv, d): one key/value head's keys, contiguous (they arrive strided: a matmul reads a copy ~1.4x
         faster), made once per layer call."""
