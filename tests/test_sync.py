@@ -8,6 +8,7 @@ records every host read probe asks for inside the forward. On a GPU `python -m b
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (probe.kernels.cuda decorates lazily)
@@ -22,6 +23,7 @@ from probe.heads.scores import SCORES
 from probe.inputs import NeedleOptions, ProbeSet, needle_set
 from probe.kernels import using_backend
 from probe.kernels.cuda import CudaBackend
+from probe.kernels.fused import _gathered_keys
 from probe.kv import score_needles
 from probe.models import load_model
 
@@ -81,3 +83,24 @@ def test_kv_heads_scores_from_the_kernels_top_keys_equal_the_blocked_path() -> N
     assert all(run.exact) and blocked[2].exact == run.exact
     assert retrieval[1, 1] > 0.99 and torch.equal(retrieval, blocked[0])
     assert torch.allclose(streaming, blocked[1], atol=1e-5)
+
+
+def test_which_gathered_keys_are_hidden_is_decided_from_the_integers_as_the_mask_says() -> None:
+    """`_any_hidden` (no read of the mask: it would wait for a GPU) against the mask itself, on random queries, key
+    offsets and fixed keys, causal or not, with and without a key/value prefix."""
+    generator = random.Random(0)
+    for _ in range(3000):
+        n = generator.randint(1, 12)
+        kv = n + generator.choice([0, 0, generator.randint(1, 5)])
+        offsets = tuple(generator.sample(range(-8, 4), generator.randint(0, 3)))
+        keys = tuple(generator.sample(range(-2, 14), generator.randint(0, 2)))
+        start = generator.randint(0, n)
+        stop, causal = generator.randint(start, n), generator.random() < 0.5
+        gathered = _gathered_keys(1, n, kv, 1, offsets, keys, start, stop, causal, torch.device("cpu"))
+        rows = torch.arange(start, stop)[:, None]
+        wanted = torch.cat([rows + torch.tensor(offsets, dtype=torch.long),
+                            torch.tensor(keys, dtype=torch.long).expand(stop - start, -1)], dim=1)
+        hidden = (wanted < 0) | (wanted >= kv) | (causal & (wanted > rows + kv - n))
+        assert (gathered.hidden is not None) == bool(hidden.any()), (n, kv, offsets, keys, start, stop, causal)
+        if gathered.hidden is not None:
+            assert torch.equal(gathered.hidden, hidden)
