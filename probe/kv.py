@@ -43,8 +43,8 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, ProbeSet, natural_set, needle_set
 from probe.errors import ProbeError
-from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, SCORES, NeedleBatch, streaming_from_lse,
-                                 streaming_score)
+from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, streaming_from_lse, streaming_score,
+                                 uploaded)
 from probe.hooks.capture import attention_hooks
 from probe.hooks.stacks import is_encoder_decoder
 from probe.kernels import FusedStatistics
@@ -114,7 +114,8 @@ def _rows(needles: NeedleSet, first: int, batch_size: int) -> tuple[Tensor, Tens
 
 
 class _Scorer:
-    """Per-layer streaming sums and the answer rows of the attention, kept during one forward."""
+    """Per-layer streaming sums and the top key of each answer row, kept on the attention's device during one forward
+    (nothing is read back inside it: `fetched` copies them to the host once the forward is done)."""
 
     def __init__(self, n_layers: int, sink: int, recent: int) -> None:
         self.streaming = partial(streaming_score, sink=sink, recent=recent)
@@ -122,18 +123,26 @@ class _Scorer:
         self.paths: dict[int, str] = {}  # layers whose weights went the blocked way, and why
         self.stream_sums: dict[int, Tensor] = {}
         self.stream_counts: dict[int, Tensor] = {}
-        self.gathered: dict[int, list[Tensor]] = {}
+        self.tops: dict[int, list[Tensor]] = {}  # (b, h, answer rows) each row's most-attended key, per part
         self.batch: NeedleBatch | None = None
         self.rows = torch.empty(0, dtype=torch.long)
 
+    def _stream(self, layer: int, sums: Tensor, counts: Tensor) -> None:
+        """Add a layer's streaming sums and counts where its earlier ones are (on the device)."""
+        if layer in self.stream_sums:
+            sums = self.stream_sums[layer] + sums.to(self.stream_sums[layer].device)
+            counts = self.stream_counts[layer] + counts.to(self.stream_counts[layer].device)
+        self.stream_sums[layer], self.stream_counts[layer] = sums, counts
+
     def __call__(self, layer: int, attention: FusedStatistics) -> None:
-        """The fast path (an LseHook): the streaming band and the answer rows from the log-sum-exp."""
-        assert self.batch is not None
-        sums, counts = self.streaming_fast(attention, self.batch)
-        self.stream_sums[layer] = self.stream_sums.get(layer, 0) + sums.cpu()
-        self.stream_counts[layer] = self.stream_counts.get(layer, 0) + counts.cpu()
-        if len(self.rows):  # (b, h, answer rows, keys), computed whole
-            self.gathered.setdefault(layer, []).append(attention.rows(self.rows.to(attention.lse.device)).cpu())
+        """The fast path (an LseHook): the streaming band and the answer rows' top keys from the log-sum-exp."""
+        batch = self.batch
+        assert batch is not None
+        self._stream(layer, *self.streaming_fast(attention, batch))
+        if len(self.rows):  # (b, h, answer rows): the kernel's top keys, or argmax of the rows computed whole
+            device = attention.lse.device
+            rows = batch.memo(("answer rows", str(device)), lambda: uploaded(self.rows, device))  # once per prompt
+            self.tops.setdefault(layer, []).append(attention.row_tops(rows))
 
     def blocked(self, layer: int, reason: str) -> None:
         """This layer's weights come to on_weights instead (its logits cannot be rebuilt from the log-sum-exp)."""
@@ -142,20 +151,38 @@ class _Scorer:
     def on_weights(self, layer: int, start: int, weights: Tensor) -> None:
         assert self.batch is not None
         sums, counts = self.streaming(weights, start, self.batch)
-        self.stream_sums[layer] = self.stream_sums.get(layer, 0) + sums.cpu()
-        self.stream_counts[layer] = self.stream_counts.get(layer, 0) + counts.cpu()
+        self._stream(layer, sums.to(weights.device), counts.to(weights.device))
         inside = self.rows[(self.rows >= start) & (self.rows < start + weights.shape[2])]
-        if len(inside):  # (b, h, rows in this block, keys)
-            self.gathered.setdefault(layer, []).append(weights[:, :, (inside - start).to(weights.device)].cpu())
+        if len(inside):  # (b, h, rows in this block)
+            self.tops.setdefault(layer, []).append(weights[:, :, (inside - start).to(weights.device)].argmax(dim=-1))
+
+    def fetched(self) -> tuple[dict[int, Tensor], dict[int, Tensor], dict[int, Tensor]]:
+        """(streaming sums, counts, answer rows' top keys (b, h, rows)) per layer, on the host: after the forward."""
+        return (_fetched(self.stream_sums), _fetched(self.stream_counts),
+                _fetched({layer: torch.cat(parts, dim=2) for layer, parts in self.tops.items()}))
+
+
+def _fetched(parts: dict[int, Tensor]) -> dict[int, Tensor]:
+    """{layer: tensor} on the host, one copy per device and dtype (a copy per layer would wait once per layer)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for layer, part in parts.items():
+        groups.setdefault((part.device, part.dtype), []).append(layer)
+    out = {}
+    for layers in groups.values():
+        flat = torch.cat([parts[layer].reshape(-1) for layer in layers]).cpu()
+        for layer, piece in zip(layers, flat.split([parts[layer].numel() for layer in layers])):
+            out[layer] = piece.view(parts[layer].shape)
+    return out
 
 
 def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAULT_SINK,
                   recent: int = DEFAULT_RECENT, progress: Progress | None = None,
                   fast: bool = True) -> tuple[Tensor, Tensor, NeedleRun]:
     """(retrieval (n_layers, n_heads), streaming (n_layers, n_heads), the model's own needle accuracy), one forward
-    per prompt: streaming sums and the answer rows of each layer's attention are kept as the layers pass (`fast`:
-    from a fused backend's statistics, probe.kernels, where a layer allows it; else from blocks of weights); the
-    retrieval score (SCORES["retrieval"]) is reduced from those rows once the logits say which were predicted."""
+    per prompt: streaming sums and the top key of each answer row of each layer's attention are kept on the device
+    as the layers pass (`fast`: from a fused backend's statistics, probe.kernels, where a layer allows it; else from
+    blocks of weights), nothing read back inside the forward; the retrieval score (SCORES["retrieval"]'s definition)
+    is reduced from those top keys once the logits say which rows were predicted."""
     layers = attention_layers(loaded.model)
     n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)
     retrieval_sum, retrieval_prompts = torch.zeros(n_layers, n_heads, dtype=torch.float64), 0
@@ -176,30 +203,33 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
         run = _accuracy(sources[:, scorer.rows], correct)
         exact += run.exact
         tokens += run.token_accuracy
-        prompt_scores = _retrieval_of_prompt(scorer, sources[:, scorer.rows], correct, n_layers, n_heads)
+        sums, counts, tops = scorer.fetched()
+        prompt_scores = _retrieval_of_prompt(tops, sources[:, scorer.rows], correct, n_layers, n_heads)
         if prompt_scores is not None:
             retrieval_sum += prompt_scores
             retrieval_prompts += 1
-        for layer in scorer.stream_sums:
-            stream_sum[layer] += scorer.stream_sums[layer]
-            stream_count[layer] += scorer.stream_counts[layer]
+        for layer in sums:
+            stream_sum[layer] += sums[layer]
+            stream_count[layer] += counts[layer]
         if progress is not None:
             progress(index + 1, total)
     retrieval = retrieval_sum / max(retrieval_prompts, 1)
     return retrieval, stream_sum / stream_count.clamp(min=1), NeedleRun(exact, tokens)
 
 
-def _retrieval_of_prompt(scorer: _Scorer, sources: Tensor, correct: Tensor, n_layers: int,
+def _retrieval_of_prompt(tops: dict[int, Tensor], sources: Tensor, correct: Tensor, n_layers: int,
                          n_heads: int) -> Tensor | None:
-    """(n_layers, n_heads) retrieval score of one prompt; None where the model copied no key token correctly."""
-    if not bool(correct.any()):
+    """(n_layers, n_heads) retrieval score of one prompt from each answer row's most-attended key (b, h, rows), taken
+    during the forward; None where the model copied no key token correctly. As SCORES["retrieval"] defines it
+    (retrieval_score, Wu et al. 2024): over the rows whose target is copied from the needle and predicted correctly,
+    the fraction whose top key is that needle token."""
+    selected = (sources >= 0) & correct  # (b, rows)
+    if not bool(selected.any()):
         return None
     out = torch.zeros(n_layers, n_heads, dtype=torch.float64)
-    batch = NeedleBatch(valid=sources >= 0, offset=0, repeat_len=None, sources=sources, correct=correct)
-    for layer, parts in scorer.gathered.items():
-        rows = torch.cat(parts, dim=2)  # (1, h, answer rows, keys)
-        sums, counts = SCORES["retrieval"].reduce(rows, 0, batch)
-        out[layer, :len(sums)] = sums / counts.clamp(min=1)
+    for layer, top in tops.items():
+        hits = (top == sources[:, None, :]) & selected[:, None, :]  # (b, h, rows)
+        out[layer, :top.shape[1]] = hits.sum(dim=(0, 2)).double() / selected.sum()
     return out
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from probe.heads.scores import SCORES, Batch
+from probe.heads.scores import SCORES, Batch, uploaded
 from probe.kernels.base import FusedStatistics
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import FusedAttention, Label, side_by_side
@@ -82,9 +82,14 @@ class ScoreAccumulator:
             self.sums[name], self.counts[name] = (torch.zeros(
                 *self.shape[:1], *part.shape[1:], dtype=torch.float64,
                 device=part.device if part.device.type == "cuda" else "cpu") for part in (sums, counts))
-        rows = slice(layers[0], layers[-1] + 1) if layers == list(range(layers[0], layers[-1] + 1)) else layers
-        self.sums[name][rows] += sums.to(self.sums[name].device)  # a slice: no index tensor copied to the device
-        self.counts[name][rows] += counts.to(self.counts[name].device)
+        sums, counts = sums.to(self.sums[name].device), counts.to(self.counts[name].device)
+        if layers == list(range(layers[0], layers[-1] + 1)):  # a slice: no index tensor copied to the device
+            self.sums[name][layers[0]:layers[-1] + 1] += sums
+            self.counts[name][layers[0]:layers[-1] + 1] += counts
+            return
+        for index, layer in enumerate(layers):  # python integers: nothing sent to the device either
+            self.sums[name][layer] += sums[index]
+            self.counts[name][layer] += counts[index]
 
     def _batch(self) -> Batch:
         if self.batch is None:
@@ -154,7 +159,8 @@ class ScoreAccumulator:
         if plan.names and plan.names[0] in names:  # the linear scores are read with the group's first reading
             table, columns = attention.covering(plan.labels)  # (b, h, n, w): the labels' columns in it
             selection = batch.memo(("selection", tuple(self.names), n, kv, tuple(columns), table.shape[-1]),
-                                   lambda: plan.selection(columns, table.shape[-1]).to(table))
+                                   lambda: uploaded(plan.selection(columns, table.shape[-1]).to(table.dtype),
+                                                    table.device))
             sums = torch.einsum("bhnw,bnws->sh", table, selection).double().unflatten(-1, (len(layers), -1))
             for index, name in enumerate(plan.names):
                 self._add(name, layers, sums[index], plan.counts[index].expand_as(sums[index]))

@@ -24,6 +24,12 @@ from probe.kernels.config import DEFAULT_CONFIG
 from probe.kernels.fused import Label
 
 
+def uploaded(tensor: Tensor, device: torch.device) -> Tensor:
+    """`tensor` on `device`; a host tensor is copied without waiting (a blocking copy to a GPU synchronises its
+    stream: a batch's data copied inside a forward must not), which is safe from the host (CUDA stages it first)."""
+    return tensor.to(device, non_blocking=tensor.device.type == "cpu")
+
+
 @dataclass
 class Batch:
     """What a score needs to know of the sequences behind a block of weights."""
@@ -38,6 +44,10 @@ class Batch:
         if key not in self.memos:
             self.memos[key] = make()
         return self.memos[key]
+
+    def valid_on(self, device: torch.device) -> Tensor:
+        """`valid` on `device`, copied once per batch (a copy per layer would wait for a GPU each time)."""
+        return self.memo(("valid", str(device)), lambda: uploaded(self.valid, device))
 
 
 Reduce = Callable[[Tensor, int, Batch], tuple[Tensor, Tensor]]
@@ -247,14 +257,20 @@ def sep_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor
 
 def sep_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
     """sep_score's sums from the log-sum-exp: one column per distinct last position (one, without padding)."""
-    last = _last_keys(batch).clamp(min=0)
+    device = attention.lse.device
     values = None
-    for key in last.unique().tolist():
-        column = attention.column(int(key))  # (b, h, n)
-        values = column if values is None else torch.where((last == key).to(column.device)[:, None, None],
-                                                           column, values)
+    for key, owners in batch.memo(("sep keys", str(device)), lambda: _last_key_owners(batch, device)):
+        column = attention.column(key)  # (b, h, n)
+        values = column if values is None else torch.where(owners[:, None, None], column, values)
     assert values is not None
-    return _counted(values, batch.valid.to(values.device)[:, :values.shape[-1]])
+    return _counted(values, batch.valid_on(device)[:, :values.shape[-1]])
+
+
+def _last_key_owners(batch: Batch, device: torch.device) -> list[tuple[int, Tensor]]:
+    """Each distinct last position of the batch, with the (b,) sequences ending there on `device` (once per batch:
+    read on the host, not per layer)."""
+    last = _last_keys(batch).clamp(min=0)
+    return [(int(key), uploaded(last == key, device)) for key in last.unique().tolist()]
 
 
 def induction_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -368,7 +384,7 @@ def _neighbour_rows(valid: Tensor, kv: int, shift: int,
     n = valid.shape[1]
     keys = torch.arange(n, device=valid.device) + shift
     selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
-    return selected.to(device or valid.device), float(selected.sum())
+    return uploaded(selected, device or valid.device), float(selected.sum())
 
 
 @dataclass
@@ -421,13 +437,13 @@ def streaming_from_lse(attention: FusedStatistics, batch: Batch, sink: int = DEF
         return torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
     attention.prefetch((), range(sink))  # the sink columns in one pass
     sinks = sum((attention.column(key)[..., first:] for key in range(sink)), attention.lse.new_zeros(b, h, n - first))
-    valid = batch.valid.to(attention.lse.device)
-    sums, counts = torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
+    valid = batch.valid_on(attention.lse.device)
+    sums = counts = attention.lse.new_zeros(h, dtype=torch.float64)  # on the device: nothing read back per chunk
     for start, band in attention.band(1 - recent, 0, first):  # (b, h, rows, recent): keys i - recent + 1 .. i
         stop = start + band.shape[2]
         part_sums, part_counts = _counted(band.sum(dim=-1) + sinks[..., start - first:stop - first],
                                           valid[:, start:stop])
-        sums, counts = sums + part_sums.cpu(), counts + part_counts.cpu()
+        sums, counts = sums + part_sums, counts + part_counts
     return sums, counts
 
 

@@ -86,6 +86,9 @@ class FusedStatistics(Protocol):
     def rows(self, rows: Tensor) -> Tensor:
         """(b, hq, len(rows), kv): whole rows of weights."""
 
+    def row_tops(self, rows: Tensor) -> Tensor:
+        """(b, hq, len(rows)) long: each query row's most-attended key (argmax's answer), on the device."""
+
     def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
         """(hq,) float64: how many selected queries i have their largest weight on key i + shift (argmax's answer)."""
 

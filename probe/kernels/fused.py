@@ -110,7 +110,9 @@ class FusedAttention:
         computed by `prefetch` where they are not yet: a view of the table where one prefetch made them side by side,
         in order."""
         table, columns = self.covering(labels)
-        return table if columns == list(range(table.shape[-1])) else table[..., columns]
+        if columns == list(range(columns[0], columns[0] + len(columns))):  # a view (also: no index sent to a GPU)
+            return table[..., columns[0]:columns[0] + len(columns)]
+        return table.index_select(-1, _long_on(tuple(columns), table.device))
 
     def covering(self, labels: list[Label]) -> tuple[Tensor, list[int]]:
         """(table (b, hq, n, w), the column of each label in it): a view of the columns of one prefetched table from
@@ -168,7 +170,7 @@ class FusedAttention:
             return self._keys_weights(_gathered_keys(self.shape[0], self.shape[2], self.shape[3], self.key.shape[1],
                                                      offsets, keys, start, stop, self.causal, self.key.device),
                                       start, stop)
-        return self._columns_weights(torch.tensor(keys, device=self.key.device), start, stop)
+        return self._columns_weights(_long_on(keys, self.key.device), start, stop)
 
     def _columns_weights(self, keys: Tensor, start: int, stop: int) -> Tensor:
         """(b, hq, stop - start, len(keys)): the weights of queries start .. stop on the same keys, one matmul of
@@ -280,6 +282,14 @@ class FusedAttention:
         logits = torch.matmul(self._grouped(self.query[:, :, rows]), self.key.transpose(-1, -2))
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
+
+    def row_tops(self, rows: Tensor) -> Tensor:
+        """(b, hq, len(rows)) long: each query row's most-attended key, as argmax says (the earliest maximum, a NaN
+        the largest): the kernel's own where it wrote them (`top_keys`: a gather), else argmax of the rows' weights;
+        on the device either way (kv-heads' retrieval score reads it after the forward)."""
+        if self.top_keys is not None:
+            return self.top_keys[:, :, rows].long()
+        return self.rows(rows).argmax(dim=-1)
 
     def _head_keys(self, sequence: int, kv_head: int) -> Tensor:
         """(kv, d): one key/value head's keys, contiguous (they arrive strided: a matmul reads a copy ~1.4x
@@ -421,15 +431,39 @@ def _gathered_keys(b: int, n: int, kv: int, hk: int, offsets: tuple[int, ...], k
     """The keys i + offset and `keys` of queries start .. stop, and where they are in the flat key rows: the same for
     every layer of a forward (kept, so that a layer pays only for the gather and the matmul)."""
     rows = torch.arange(start, stop, device=device)
-    wanted = torch.cat([rows[:, None] + torch.tensor(offsets, dtype=torch.long, device=device),
-                        torch.tensor(keys, dtype=torch.long, device=device).expand(len(rows), -1)], dim=1)  # (m, k)
+    wanted = torch.cat([rows[:, None] + _long_on(offsets, device), _long_on(keys, device).expand(len(rows), -1)],
+                       dim=1)  # (m, k)
     hidden = (wanted < 0) | (wanted >= kv)
     if causal:
         hidden |= wanted > rows[:, None] + kv - n
     inside = wanted.clamp(0, kv - 1)
     index = (torch.arange(b, device=device)[:, None, None, None] * kv + inside[None, :, None, :]) * hk + \
         torch.arange(hk, device=device)[None, None, :, None]  # (b, m, hk, k)
-    return GatheredKeys(inside, hidden if bool(hidden.any()) else None, index.reshape(-1))
+    return GatheredKeys(inside, hidden if _any_hidden(n, kv, offsets, keys, start, stop, causal) else None,
+                        index.reshape(-1))
+
+
+def _any_hidden(n: int, kv: int, offsets: tuple[int, ...], keys: tuple[int, ...], start: int, stop: int,
+                causal: bool) -> bool:
+    """Whether any key i + offset (or fixed key) of queries start .. stop does not exist or is causally hidden:
+    decided from the integers (reading the mask back would wait for a GPU)."""
+    if start >= stop or not offsets + keys:
+        return False
+    low = min([start + offset for offset in offsets] + list(keys))
+    high = max([stop - 1 + offset for offset in offsets] + list(keys))
+    if low < 0 or high >= kv:
+        return True
+    # causal: query i sees keys up to i + kv - n; an offset past kv - n hides a key of every row, a fixed key one
+    # of the first row
+    return causal and (any(offset > kv - n for offset in offsets) or any(key > start + kv - n for key in keys))
+
+
+def _long_on(values: tuple[int, ...], device: torch.device) -> Tensor:
+    """The integers as a long tensor on `device`: consecutive ones made there (arange), others copied without
+    waiting (non_blocking: the host tensor is a temporary; a blocking copy synchronises a CUDA stream)."""
+    if values and list(values) == list(range(values[0], values[0] + len(values))):
+        return torch.arange(values[0], values[0] + len(values), device=device)
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
 
 
 def by_owner(owner: Tensor, read: Callable[..., tuple[Tensor, ...]], *columns: Tensor) -> tuple[Tensor, ...]:
