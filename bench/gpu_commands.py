@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, load_average, machine, now, save_result
+from bench.common import ROOT, load_average, load_result, machine, now, save_result
 from bench.smollm2_checkpoints import build
 
 COMMANDS: dict[str, list[str]] = {
@@ -54,7 +54,8 @@ def run_one(args: list[str], device: str, folder: Path) -> dict[str, Any]:
                            "--json", str(json_path)], cwd=ROOT, env=environment, capture_output=True, text=True,
                           timeout=3600)
     found = {"command": _line(args, device), "returncode": done.returncode,
-             "seconds": round(time.perf_counter() - started, 1), "output": done.stdout.replace(str(folder) + "/", "")}
+             "seconds": round(time.perf_counter() - started, 1),
+             "output": done.stdout.replace(f"{folder}/checkpoints", "run").replace(f"{folder}/", "")}
     if done.returncode != 0:
         found["error"] = done.stderr[-2000:]
     elif json_path.exists():
@@ -63,19 +64,33 @@ def run_one(args: list[str], device: str, folder: Path) -> dict[str, Any]:
     return found
 
 
-def run(device: str, log: Any = print, names: list[str] | None = None) -> dict[str, Any]:
+def _checkpoints(where: Path, built: Path | None, device: str, result: dict[str, Any]) -> None:
+    """`where` made to hold the checkpoints: a link to `built`, or three built there now (their seconds noted)."""
+    if built is not None:
+        where.symlink_to(built.resolve(), target_is_directory=True)
+        result["checkpoints"] = "built before the run (python -m bench.smollm2_checkpoints)"
+        return
+    started = time.perf_counter()
+    build(where, device=device, log=lambda line: None)
+    result["checkpoints"] = f"built on {device} in {time.perf_counter() - started:.0f} s"
+
+
+def run(device: str, log: Any = print, names: list[str] | None = None,
+        checkpoints: Path | None = None) -> dict[str, Any]:
     """Every command (or `names`) on `device` in bfloat16, saved as bench/results/gpu_commands-DEVICE.json after
-    each (a run cut short keeps what finished)."""
+    each (a run cut short keeps what finished); track reads `checkpoints` (a folder of step-N folders) where given,
+    else ones built now."""
     result: dict[str, Any] = {"benchmark": "gpu_commands", "date": now(), "machine": machine(), "device": device,
                               "dtype": "bfloat16", "load_before": load_average(), "commands": {}}
     name = f"gpu_commands-{device}"
+    if names:  # the commands of an earlier run that this one does not repeat are kept
+        result["commands"] = {key: value for key, value in (load_result(name) or {}).get("commands", {}).items()
+                              if key not in names}
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary)
         for command in names or list(COMMANDS):
             if any("{folder}/checkpoints" in arg for arg in COMMANDS[command]):
-                started = time.perf_counter()
-                build(folder / "checkpoints", device=device, log=lambda line: None)
-                result["checkpoints_seconds"] = round(time.perf_counter() - started, 1)
+                _checkpoints(folder / "checkpoints", checkpoints, device, result)
             result["commands"][command] = found = run_one(COMMANDS[command], device, folder)
             log(f"{command}: exit {found['returncode']}, {found['seconds']} s" + (
                 f": {found['error'][-300:]}" if "error" in found else ""))
@@ -100,14 +115,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--commands", default=",".join(COMMANDS))
+    parser.add_argument("--checkpoints", type=Path, default=None,
+                        help="track: a folder of step-N checkpoint folders (default: built in a temporary folder)")
     parser.add_argument("--markdown", action="store_true", help="print the saved run's section, run nothing")
     args = parser.parse_args()
     if args.markdown:
-        from bench.common import load_result
-
         print(markdown(load_result(f"gpu_commands-{args.device}") or {"commands": {}}))
         return
-    run(args.device, lambda line: print(line, flush=True), args.commands.split(","))
+    run(args.device, lambda line: print(line, flush=True), args.commands.split(","), args.checkpoints)
 
 
 if __name__ == "__main__":

@@ -346,3 +346,18 @@ def test_smollm2_classify_in_float16(smollm2) -> None:
     full, half = classify(smollm2), classify(load_model("smollm2", dtype="float16"))
     for name, scores in full.scores.items():
         assert float((half.scores[name] - scores).abs().max()) <= SCORES_FLOAT16, name
+
+
+def test_the_large_models_page_harness_runs_a_command_in_bfloat16(tmp_path: Path) -> None:
+    """bench/gpu_commands.py (docs/large-models.md's run, meant for one GPU session): a command in its own process
+    in bfloat16, its terminal report kept with the temporary folder's paths written as the user's, and the page's
+    markdown made from it."""
+    from bench import gpu_commands
+
+    found = gpu_commands.run_one(["classify", "--model", WORDS, "--html", "{folder}/page.html"], "cpu", tmp_path)
+    assert found["returncode"] == 0, found.get("error")
+    assert found["dtype"] == "bfloat16" and "computed in bfloat16" in found["output"].lower()
+    assert found["command"].startswith("probe classify --model") and "--dtype bfloat16" in found["command"]
+    assert str(tmp_path) not in found["output"] and (tmp_path / "page.html").is_file()
+    assert found["output"].strip() in gpu_commands.markdown({"commands": {"classify": found}, "device": "cpu",
+                                                             "date": "today"})
