@@ -31,7 +31,7 @@ COMMANDS: dict[str, list[str]] = {
     "dla": ["dla", "--task", "ioi", "--count", "16"],
     "kv-heads": ["kv-heads", "--lengths", "512", "--depths", "0.5", "--no-curve"],
     "atlas": ["atlas", "--seq-len", "32", "--num-seqs", "2", "--fast", "--html", "{folder}/atlas.html"],
-    "track": ["track", "--checkpoints", "{folder}/checkpoints/step-*", "--icl-seqs", "32"],
+    "track": ["track", "--checkpoints", "{folder}/checkpoints/step-*", "--icl-seqs", "8"],
 }
 """Each command's arguments after `probe` (the model is SmolLM2, the alias every command defaults to); {folder} is
 the run's temporary folder. Sizes a 2-core CPU finishes in minutes: on a GPU the same lines, as the page shows."""
@@ -99,13 +99,17 @@ def run(device: str, log: Any = print, names: list[str] | None = None,
     return result
 
 
-def markdown(data: dict[str, Any]) -> str:
-    """The page's section body: each command and its terminal output, as it ran."""
+def markdown(data: dict[str, Any], shown_device: str | None = None) -> str:
+    """The page's section body: each command and its terminal output, as it ran; `shown_device` prints the
+    commands with that --device instead (the page shows GPU commands with a CPU run's output, and says so)."""
     parts = []
     for found in data["commands"].values():
+        line = found["command"] if shown_device is None else found["command"].replace(
+            f"--device {data['device']}", f"--device {shown_device}")
         shown = found["output"].rstrip() if found["returncode"] == 0 else f"(failed: {found.get('error', '')[-300:]})"
-        parts.append(f"```bash\n{found['command']}\n```\n\n```text\n{shown}\n```\n\n"
-                     f"({found['seconds']:.0f} s wall on {data['device']}, {data['date']})\n")
+        parts.append(f"```bash\n{line}\n```\n\n```text\n{shown}\n```\n\n"
+                     f"({found['seconds']:.0f} s wall on {data['device']}, {data['date']}"
+                     + (f"; {found['source']}" if "source" in found else "") + ")\n")
     return "\n".join(parts)
 
 
@@ -118,9 +122,10 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=None,
                         help="track: a folder of step-N checkpoint folders (default: built in a temporary folder)")
     parser.add_argument("--markdown", action="store_true", help="print the saved run's section, run nothing")
+    parser.add_argument("--shown-device", default=None, help="--markdown: print the commands with this --device")
     args = parser.parse_args()
     if args.markdown:
-        print(markdown(load_result(f"gpu_commands-{args.device}") or {"commands": {}}))
+        print(markdown(load_result(f"gpu_commands-{args.device}") or {"commands": {}}, args.shown_device))
         return
     run(args.device, lambda line: print(line, flush=True), args.commands.split(","), args.checkpoints)
 

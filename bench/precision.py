@@ -50,23 +50,28 @@ COMMANDS: dict[str, list[str]] = {
 OPTIONAL: dict[str, list[str]] = {  # run only when --commands names them (minutes each on 2 CPU cores)
     "patch-all": ["patch", "--task", "ioi", "--count", "8"],
     "ablate-all": ["ablate", "--data", "natural", "--num-seqs", "2", "--seq-len", "64"],
-    "track": ["track", "--checkpoints", "{checkpoints}/step-*", "--icl-seqs", "32"],
+    "track": ["track", "--checkpoints", "{checkpoints}/step-*", "--icl-seqs", "8"],
 }
 """patch and ablate over all 270 heads (the default stages sweep the 63 SAMPLED heads); track over three real
 checkpoints of SmolLM2 (bench/smollm2_checkpoints.py: the released model and two fine-tuned from it, built in the
 run's temporary folder first, about 540 MB each)."""
 
 
-def run_command(args: list[str], dtype: str, folder: Path, name: str = "") -> tuple[dict[str, Any], float]:
-    """One run in a fresh process: its JSON payload and wall seconds."""
+def run_command(args: list[str], dtype: str, folder: Path, name: str = "") -> tuple[dict[str, Any], float | None]:
+    """One run in a fresh process: its JSON payload and wall seconds; its terminal report kept beside the JSON
+    (FOLDER/NAME-DTYPE.txt). A JSON already in `folder` (a --folder run cut short) is read, not run again (seconds
+    None)."""
     path = folder / f"{name or args[0]}-{dtype}.json"
-    environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if path.exists():
+        return json.loads(path.read_text()), None
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "120"}
     started = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "probe.cli", *args, "--dtype", dtype, "--json", str(path), "-q"],
                           cwd=ROOT, env=environment, capture_output=True, text=True, timeout=3600)
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise RuntimeError(f"probe {' '.join(args)} --dtype {dtype} failed ({done.returncode}): {done.stderr[-600:]}")
+    path.with_suffix(".txt").write_text(done.stdout)
     return json.loads(path.read_text()), seconds
 
 
@@ -187,27 +192,32 @@ def _measure(command: str, dtypes: list[str], folder: Path, log: Any,
                              "seconds": {}}
     args = _arguments(command, folder, checkpoints, log)
     try:
+        halves = {dtype: run_command(args, dtype, folder, command) for dtype in dtypes}
         full, found["seconds"]["float32"] = run_command(args, "float32", folder, command)
-        for dtype in dtypes:
-            half, found["seconds"][dtype] = run_command(args, dtype, folder, command)
+        for dtype, (half, found["seconds"][dtype]) in halves.items():
             assert half["provenance"]["dtype"] == dtype, half["provenance"]["dtype"]
             found[dtype] = COMPARE[args[0]](half, full)
             log(f"{command} {dtype}: {json.dumps(found[dtype])[:400]}")
     except RuntimeError as error:
         found["error"] = str(error)
         log(str(error))
-    found["seconds"] = {dtype: round(seconds, 1) for dtype, seconds in found["seconds"].items()}
+    found["seconds"] = {dtype: None if seconds is None else round(seconds, 1)
+                        for dtype, seconds in found["seconds"].items()}
     return found
 
 
-def run(dtypes: list[str], commands: list[str], log: Any = print, checkpoints: Path | None = None) -> dict[str, Any]:
-    """Every command's comparison, saved after each command (a long run keeps what finished)."""
+def run(dtypes: list[str], commands: list[str], log: Any = print, checkpoints: Path | None = None,
+        folder: Path | None = None) -> dict[str, Any]:
+    """Every command's comparison, saved after each command (a long run keeps what finished); each run's JSON and
+    terminal report are kept in `folder` where given (the same command again reads them), else in a temporary one."""
     result = {"benchmark": "precision", "date": now(), "machine": machine(), "load_before": load_average(),
               "model": "smollm2", "device": "cpu", "results": {},
               "command": "python -m bench.precision " + " ".join(sys.argv[1:])}
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as temporary:
+        where = folder or Path(temporary)
+        where.mkdir(parents=True, exist_ok=True)
         for command in commands:
-            result["results"][command] = _measure(command, dtypes, Path(folder), log, checkpoints)
+            result["results"][command] = _measure(command, dtypes, where, log, checkpoints)
             result["load_after"] = load_average()
             save(result)
     return result
@@ -227,8 +237,11 @@ def main() -> None:
     parser.add_argument("--checkpoints", type=Path, default=None,
                         help="track: a folder of step-N checkpoint folders (default: bench/smollm2_checkpoints.py "
                              "builds them in a temporary folder)")
+    parser.add_argument("--folder", type=Path, default=None,
+                        help="keep every run's JSON and terminal report here (a run found here is not repeated)")
     args = parser.parse_args()
-    run(args.dtypes.split(","), args.commands.split(","), lambda line: print(line, flush=True), args.checkpoints)
+    run(args.dtypes.split(","), args.commands.split(","), lambda line: print(line, flush=True), args.checkpoints,
+        args.folder)
     print(f"saved {OUT}")
 
 
