@@ -108,7 +108,7 @@ def markdown(data: dict[str, Any], shown_device: str | None = None) -> str:
             f"--device {data['device']}", f"--device {shown_device}")
         shown = found["output"].rstrip() if found["returncode"] == 0 else f"(failed: {found.get('error', '')[-300:]})"
         parts.append(f"```bash\n{line}\n```\n\n```text\n{shown}\n```\n\n"
-                     f"({found['seconds']:.0f} s wall on {data['device']}, {data['date']}"
+                     f"({found['seconds']:.0f} s wall on {data['device']}, {found.get('date', data['date'])}"
                      + (f"; {found['source']}" if "source" in found else "") + ")\n")
     return "\n".join(parts)
 

@@ -1,15 +1,18 @@
 """How far a bfloat16 or float16 run of SmolLM2 lies from its float32 run, command by command, on the CPU: the numbers
 docs/precision.md quotes as the precision contract.
 
-`python -m bench.precision [--dtypes bfloat16,float16] [--commands classify,ablate,patch,dla,kv-heads]` (saves
-bench/results/precision.json; `python -m bench --render` writes it into RESULTS.md).
+`python -m bench.precision [--dtypes bfloat16,float16] [--commands classify,ablate,patch,dla,kv-heads]
+[--folder DIR]` (saves bench/results/precision.json; `python -m bench --render` writes it into RESULTS.md; --folder
+keeps each run's JSON and terminal report, and a run found there is read instead of repeated).
 
 Each command runs as a user runs it (`probe CMD --dtype DTYPE --json FILE`, a fresh process), once per dtype, with
 the same inputs; its JSON is then compared with float32's head by head:
 - classify: per class, the largest |score difference|, and the heads whose labels differ, with their scores (a label
   that flips is a score within the difference of its threshold: borderline).
 Patching and ablation sweep every fifth layer's heads and the last layer's (SAMPLED: 63 of 270, on 2 shared CPU
-cores); classify, dla and kv-heads every head.
+cores); classify, dla and kv-heads every head. Optional stages (named in --commands): patch-all and ablate-all over
+all 270 heads; track over three real checkpoints of SmolLM2 (bench/smollm2_checkpoints.py), compared score by score
+per checkpoint, with each checkpoint's loss and ICL score and the phase changes found.
 - ablate (zero ablation, cross-entropy, exact sweep): the largest |delta difference|, relative to the largest
   |delta|, the Spearman of the deltas, and the top-10 heads shared.
 - patch (IOI, every head): the largest |patch effect difference| (effects are normalised: 0 = corrupt, 1 = clean),
