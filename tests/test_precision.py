@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -348,16 +349,36 @@ def test_smollm2_classify_in_float16(smollm2) -> None:
         assert float((half.scores[name] - scores).abs().max()) <= SCORES_FLOAT16, name
 
 
-def test_the_large_models_page_harness_runs_a_command_in_bfloat16(tmp_path: Path) -> None:
-    """bench/gpu_commands.py (docs/large-models.md's run, meant for one GPU session): a command in its own process
-    in bfloat16, its terminal report kept with the temporary folder's paths written as the user's, and the page's
-    markdown made from it."""
+def test_the_large_models_page_harness_runs_its_command_list_in_bfloat16(tmp_path: Path, monkeypatch) -> None:
+    """bench/gpu_commands.py (docs/large-models.md's run, meant for one GPU session) on a tiny model: each command
+    in its own process in bfloat16, its terminal report kept with the temporary folder's paths written as the user's,
+    track reading checkpoints built before the run, an earlier run's other commands kept, the page made from it."""
+    import bench.common as common
     from bench import gpu_commands
 
-    found = gpu_commands.run_one(["classify", "--model", WORDS, "--html", "{folder}/page.html"], "cpu", tmp_path)
-    assert found["returncode"] == 0, found.get("error")
-    assert found["dtype"] == "bfloat16" and "computed in bfloat16" in found["output"].lower()
-    assert found["command"].startswith("probe classify --model") and "--dtype bfloat16" in found["command"]
-    assert str(tmp_path) not in found["output"] and (tmp_path / "page.html").is_file()
-    assert found["output"].strip() in gpu_commands.markdown({"commands": {"classify": found}, "device": "cpu",
-                                                             "date": "today"})
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    for step in (0, 5):  # model folders, as bench/smollm2_checkpoints.py writes them
+        model = tiny_hf("llama_gqa")
+        torch.manual_seed(step)
+        for parameter in model.parameters():
+            parameter.data.normal_(0, 0.3)
+        model.save_pretrained(tmp_path / "built" / f"step-{step}")
+    monkeypatch.setattr(gpu_commands, "COMMANDS", {
+        "classify": ["classify", "--model", WORDS, "--html", "{folder}/page.html"],
+        "track": ["track", "--checkpoints", "{folder}/checkpoints/step-*", "--seq-len", "24", "--num-seqs", "2",
+                  "--repeat-len", "8", "--icl-seqs", "2"]})
+    common.save_result("gpu_commands-cpu", {"commands": {"dla": {"command": "probe dla"}}})
+    data = gpu_commands.run("cpu", lambda line: None, ["classify", "track"], checkpoints=tmp_path / "built")
+    assert list(data["commands"]) == ["dla", "classify", "track"]  # the earlier run's dla kept
+    for name in ("classify", "track"):
+        found = data["commands"][name]
+        assert found["returncode"] == 0, found.get("error")
+        assert found["dtype"] == "bfloat16" and "computed in bfloat16" in found["output"].lower()
+        assert "--device cpu --dtype bfloat16" in found["command"]
+        assert tempfile.gettempdir() not in found["output"] and str(tmp_path) not in found["output"]
+    assert "'run/step-*'" in data["commands"]["track"]["command"]
+    assert data["commands"]["track"]["output"].startswith("run: 2 checkpoints")  # the user's path, not ours
+    data["commands"].pop("dla")
+    page = gpu_commands.markdown(data, shown_device="cuda")
+    assert "probe classify --model" in page and "--device cuda --dtype bfloat16" in page
+    assert data["commands"]["classify"]["output"].strip() in page
