@@ -186,8 +186,13 @@ def record_writes(structure: Structure, recording: Recording) -> Iterator[None]:
         return lambda _module, _args, output: store.__setitem__(key, at(_first_tensor(output)))
 
     def keep_input(store: Any, key: int) -> Any:
-        return lambda _module, args, kwargs: store.__setitem__(
-            key, at(args[0] if args else kwargs["hidden_states"]))
+        def hook(_module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+            stream = args[0] if args else kwargs["hidden_states"]
+            if stream.dim() != 3:  # e.g. Gemma 3n's AltUp: (predictions, batch, positions, d_model)
+                raise ProbeError(f"block {key}'s input is not one residual stream (shape {tuple(stream.shape)}): "
+                                 "direct logit attribution cannot decompose this model")
+            store[key] = at(stream)
+        return hook
 
     final: dict[int, Tensor] = {}
     with restoring() as undo:
