@@ -79,7 +79,7 @@ def circuits_page(payload: dict[str, Any]) -> str:
                      "" if not checked else short_label(checked["layer"], checked["head"]),
                      _delta(deltas.get("feeder")), _delta(deltas.get("induction")), _delta(deltas.get("together")),
                      _delta(pair["interaction"])])
-    head = "".join(header_cell(cell) for cell in header)
+    head = "".join(header_cell(cell, i == 1) for i, cell in enumerate(header))
     cells = "".join("<tr>" + "".join(f'<td class="probe-text">{esc(cell)}</td>' if i == 1 else f"<td>{esc(cell)}</td>"
                                      for i, cell in enumerate(row)) + "</tr>" for row in rows)
     table = (f'<table class="probe-ranked probe-circuits"><tr>{head}</tr>{cells}</table>' if rows

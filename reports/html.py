@@ -184,7 +184,7 @@ STYLE = """
 .probe-page table.probe-ranked { border-collapse: collapse; font-size: 0.9em; width: 100%; }
 .probe-page table.probe-ranked th, .probe-page table.probe-ranked td { padding: 1px 10px 1px 0; text-align: right; }
 .probe-page table.probe-ranked th:first-child, .probe-page table.probe-ranked td:first-child,
-.probe-page table.probe-ranked td.probe-text { text-align: left; }
+.probe-page table.probe-ranked .probe-text { text-align: left; }
 """
 
 
@@ -222,9 +222,11 @@ def facts_table(rows: list[tuple[str, str]]) -> str:
         f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>" for key, value in rows) + "</table>"
 
 
-def header_cell(text: str) -> str:
-    """A table header, escaped, whose hyphenated words do not break at their hyphen (U+2011, a hyphen that holds)."""
-    return f"<th>{esc(text).replace('-', chr(0x2011))}</th>"
+def header_cell(text: str, words: bool = False) -> str:
+    """A table header, escaped, whose hyphenated words do not break at their hyphen (U+2011, a hyphen that holds);
+    `words`: it heads a column of words (left-aligned, as its cells)."""
+    cls = ' class="probe-text"' if words else ""
+    return f"<th{cls}>{esc(text).replace('-', chr(0x2011))}</th>"
 
 
 def ranked_table(header: list[str], rows: list[list[str]], text_columns: int = 0) -> str:
@@ -233,8 +235,8 @@ def ranked_table(header: list[str], rows: list[list[str]], text_columns: int = 0
     first = len(header) - text_columns
     cells = ["".join(f'<td class="probe-text">{esc(cell)}</td>' if i >= first else f"<td>{esc(cell)}</td>"
                      for i, cell in enumerate(row)) for row in rows]
-    return ('<table class="probe-ranked"><tr>' + "".join(header_cell(cell) for cell in header) + "</tr>"
-            + "".join(f"<tr>{row}</tr>" for row in cells) + "</table>")
+    head = "".join(header_cell(cell, i >= first) for i, cell in enumerate(header))
+    return f'<table class="probe-ranked"><tr>{head}</tr>' + "".join(f"<tr>{row}</tr>" for row in cells) + "</table>"
 
 
 # ---------------------------------------------------------------------------------------------------------------

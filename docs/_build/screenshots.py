@@ -1,4 +1,4 @@
-"""Screenshots of every kind of page probe writes, for the docs: `python docs/_build/screenshots.py [OUT]`.
+"""Screenshots of every kind of page probe writes, for the docs: `python docs/_build/screenshots.py [OUT [KIND...]]`.
 
 Runs the commands that write a page (the README's CLI tour, with small inputs: a few minutes on a CPU) on the
 default model (track: over a short run of examples/induction/train.py) in a temporary folder, opens each page in
@@ -64,12 +64,14 @@ def layout_faults(page: Any, kind: str) -> list[str]:
     return list(page.evaluate(FAULTS))
 
 
-def write_pages(folder: Path) -> dict[str, Path]:
+def write_pages(folder: Path, kinds: list[str]) -> dict[str, Path]:
     """Each kind's page, written by its command into `folder` (track's over a short run of the example's training,
     examples/induction/train.py, made there first)."""
-    subprocess.run([*TRAINING, "--out", str(folder / "run")], cwd=ROOT, check=True, capture_output=True)
+    if "track" in kinds:
+        subprocess.run([*TRAINING, "--out", str(folder / "run")], cwd=ROOT, check=True, capture_output=True)
     pages = {}
-    for kind, command in PAGES.items():
+    for kind in kinds:
+        command = PAGES[kind]
         path = folder / f"{kind}.html"
         args = [arg.replace("{run}", str(folder / "run")) for arg in command]
         done = subprocess.run([sys.executable, "-m", "probe.cli", "-q", *args, "--html", str(path)], cwd=ROOT,
@@ -107,9 +109,13 @@ def shoot(pages: dict[str, Path], out: Path) -> int:
 
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "images"
+    kinds = sys.argv[2:] or list(PAGES)
+    unknown = sorted(set(kinds) - set(PAGES))
+    if unknown:
+        sys.exit(f"error: no page kind {unknown[0]!r}: choose from {', '.join(PAGES)}")
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:
-        faults = shoot(write_pages(Path(folder)), out)
+        faults = shoot(write_pages(Path(folder), kinds), out)
     print(f"{faults} layout faults")
 
 

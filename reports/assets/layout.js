@@ -11,6 +11,16 @@
   const name = node => (node.textContent || node.className || node.tagName).toString().trim().slice(0, 60);
   const box = node => node.getBoundingClientRect();
   const shown = node => { const r = box(node); return r.width > 0 && r.height > 0 && node.offsetParent !== null; };
+  const seen = node => {  // its box as far as a scrolling or clipping ancestor shows it
+    const r = box(node), out = {left: r.left, top: r.top, right: r.right, bottom: r.bottom};
+    for (let up = node.parentElement; up && up !== root; up = up.parentElement) {
+      if (getComputedStyle(up).overflow === 'visible') continue;
+      const c = box(up);
+      out.left = Math.max(out.left, c.left); out.top = Math.max(out.top, c.top);
+      out.right = Math.min(out.right, c.right); out.bottom = Math.min(out.bottom, c.bottom);
+    }
+    return out;
+  };
   const overlap = (a, b) => Math.max(0, Math.min(a.right, b.right) - Math.max(a.left, b.left))
     * Math.max(0, Math.min(a.bottom, b.bottom) - Math.max(a.top, b.top));
   if (!root) return ['no .probe-page on the page'];
@@ -62,7 +72,7 @@
   const solid = Array.from(root.querySelectorAll('.js-plotly-plot, table, canvas, h1, h2, h3, .probe-overview'))
     .filter(node => shown(node) && !node.parentElement.closest('.js-plotly-plot, table, .probe-overview'));
   solid.forEach((a, i) => solid.slice(i + 1).forEach(b => {
-    if (!a.contains(b) && !b.contains(a) && overlap(box(a), box(b)) > 4)
+    if (!a.contains(b) && !b.contains(a) && overlap(seen(a), seen(b)) > 4)
       say('two boxes overlap: ' + name(a) + ' and', b);
   }));
 
@@ -103,10 +113,11 @@
     }
   });
 
-  // an x axis that runs far past its data
+  // an x axis that runs far past its data (on plots of lines and points only: a heatmap sets its own range)
   root.querySelectorAll('.js-plotly-plot').forEach(plot => {
     const axis = plot._fullLayout && plot._fullLayout.xaxis;
     if (!shown(plot) || !axis || axis.type !== 'linear' || !axis.range) return;
+    if ((plot.data || []).some(t => t.type !== 'scatter')) return;
     const xs = [].concat(...(plot.data || []).filter(t => t.type === 'scatter' && Array.isArray(t.x))
       .map(t => t.x.filter(x => typeof x === 'number')));
     if (xs.length < 2) return;
