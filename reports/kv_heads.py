@@ -143,8 +143,8 @@ def options_text(options: dict[str, Any]) -> str:
 
 
 def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
-    """The layer x KV-head map (blue streaming, red full; scores on hover) and the curve of probe's order against
-    random orders."""
+    """The layer x KV-head map (blue streaming, red full; scores on hover) beside the KV heads kept full (the
+    terminal's table), and the curve of probe's order against random orders."""
     total = payload["n_layers"] * payload["n_kv_heads"]
     accuracy = ", ".join(f"{row['length']} tokens at depth {row['depth']:g}: {row['accuracy']:.2f}"
                          for row in payload["needle_accuracy"])
