@@ -46,6 +46,9 @@ ATLAS_STYLE = """
 .probe-page .atlas-dashboard { border: 2px solid #4292c6; border-radius: 6px; padding: 4px 14px 14px;
   margin-top: 14px; }
 .probe-page .atlas-link { color: #2166ac; cursor: pointer; text-decoration: underline; }
+.probe-page .atlas-legend { display: flex; flex-wrap: wrap; gap: 4px 16px; margin: 4px 0; }
+.probe-page .atlas-swatch { display: inline-block; width: 11px; height: 11px; margin-right: 5px; border-radius: 2px;
+  vertical-align: -1px; }
 """
 
 
@@ -115,7 +118,7 @@ BODY = (
     '</label><span class="probe-small atlas-count"></span></div>'
     '<p class="probe-small">One point per head, coloured by its best-supported class; filled markers: labels '
     "that the weights or the cause support too, open markers: pattern only. Click a point, a cell or a row to open "
-    "the head's dashboard.</p>"
+    "the head's dashboard.</p><div class=\"atlas-legend probe-small\" aria-label=\"class colours\"></div>"
     '<div class="probe-row"><div class="atlas-scatter"></div><div class="probe-overview"><h3>Layer x head</h3>'
     '<div class="atlas-grid"></div></div></div>'
     '<div class="atlas-table-box"><table class="atlas-table"><thead></thead><tbody></tbody></table></div></div>'

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import esc, facts_table, page
+from probe.reports.html import esc, facts_table, header_cell, page
 from probe.reports.labels import column_label, short_label
 
 
@@ -79,9 +79,10 @@ def circuits_page(payload: dict[str, Any]) -> str:
                      "" if not checked else short_label(checked["layer"], checked["head"]),
                      _delta(deltas.get("feeder")), _delta(deltas.get("induction")), _delta(deltas.get("together")),
                      _delta(pair["interaction"])])
-    head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
-    cells = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
-    table = (f'<table class="probe-static-table probe-circuits"><tr>{head}</tr>{cells}</table>' if rows
+    head = "".join(header_cell(cell, i == 1) for i, cell in enumerate(header))
+    cells = "".join("<tr>" + "".join(f'<td class="probe-text">{esc(cell)}</td>' if i == 1 else f"<td>{esc(cell)}</td>"
+                                     for i, cell in enumerate(row)) + "</tr>" for row in rows)
+    table = (f'<table class="probe-ranked probe-circuits"><tr>{head}</tr>{cells}</table>' if rows
              else '<p class="probe-small">No induction head found.</p>')
     body = (f"<h1>Induction circuits of {esc(payload['model'])}</h1>" + facts_table(facts) + "<h2>Induction heads "
             "and the heads feeding their keys</h2>" + table + '<p class="probe-small">Δ: loss change on the second '

@@ -98,9 +98,11 @@ def dla_page(payload: dict[str, Any], *, top: int = TOP) -> str:
             "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["n_heads"])),
             "dla": _dla_grid(payload), "self_repair": None if not repair else self_repair_grid(repair)}
     body = (f"<h1>Direct logit attribution of {esc(payload['model'])}</h1>" + facts_table(rows)
-            + "<h2>Direct logit attribution per head (clean run)</h2><div class=\"probe-dla-grid\"></div>"
-            + ("" if not repair else "<h2>Self-repair per head</h2><div class=\"probe-dla-repair\"></div>"
-               + self_repair_html(repair, top=top))
+            + '<div class="probe-row"><div class="probe-grow"><h2>Direct logit attribution per head (clean run)</h2>'
+            '<div class="probe-dla-grid"></div></div>'
+            + ("" if not repair else '<div class="probe-grow"><h2>Self-repair per head</h2>'
+               '<div class="probe-dla-repair"></div></div>') + "</div>"
+            + ("" if not repair else self_repair_html(repair, top=top))
             + f"<script>{_dla_js()}</script>")
     return page("dla", f"probe dla: {payload['model']}", body, data, embed_plotly=True)
 

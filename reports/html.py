@@ -177,6 +177,14 @@ STYLE = """
 .probe-page table.probe-static-table { border-collapse: collapse; font-size: 0.9em; }
 .probe-page table.probe-static-table td, .probe-page table.probe-static-table th { padding: 1px 10px 1px 0;
   text-align: left; }
+.probe-page table.probe-kv td:first-child { white-space: nowrap; }
+.probe-page .js-plotly-plot { margin-top: 28px; }
+.probe-page .js-plotly-plot .modebar-container { top: -28px !important; }
+.probe-page .probe-grow { flex: 1 1 380px; min-width: 0; }
+.probe-page table.probe-ranked { border-collapse: collapse; font-size: 0.9em; width: 100%; }
+.probe-page table.probe-ranked th, .probe-page table.probe-ranked td { padding: 1px 10px 1px 0; text-align: right; }
+.probe-page table.probe-ranked th:first-child, .probe-page table.probe-ranked td:first-child,
+.probe-page table.probe-ranked .probe-text { text-align: left; }
 """
 
 
@@ -212,6 +220,23 @@ def facts_table(rows: list[tuple[str, str]]) -> str:
     """The page's key/value table under its title (model, input, options): every cell escaped."""
     return '<table class="probe-kv">' + "".join(
         f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>" for key, value in rows) + "</table>"
+
+
+def header_cell(text: str, words: bool = False) -> str:
+    """A table header, escaped, whose hyphenated words do not break at their hyphen (U+2011, a hyphen that holds);
+    `words`: it heads a column of words (left-aligned, as its cells)."""
+    cls = ' class="probe-text"' if words else ""
+    return f"<th{cls}>{esc(text).replace('-', chr(0x2011))}</th>"
+
+
+def ranked_table(header: list[str], rows: list[list[str]], text_columns: int = 0) -> str:
+    """A table of heads ranked by a number (the page's counterpart of a terminal report's table): the first column
+    names the head, the last `text_columns` are words (left-aligned), the rest numbers; every cell escaped."""
+    first = len(header) - text_columns
+    cells = ["".join(f'<td class="probe-text">{esc(cell)}</td>' if i >= first else f"<td>{esc(cell)}</td>"
+                     for i, cell in enumerate(row)) for row in rows]
+    head = "".join(header_cell(cell, i >= first) for i, cell in enumerate(header))
+    return f'<table class="probe-ranked"><tr>{head}</tr>' + "".join(f"<tr>{row}</tr>" for row in cells) + "</table>"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -297,6 +322,18 @@ def _pattern_viewer(block: dict[str, Any] | None, flagged: list[Any], have_patte
     return ""
 
 
+def _highest(payload: dict[str, Any], name: str, threshold: float, count: int = 5) -> str:
+    """Beside the grid of a class no head passes: the heads that come closest, so the reader sees how far off."""
+    entries = [(entry["scores"][name], entry["layer"], entry["head"]) for entry in payload["heads"]
+               if entry["scores"].get(name) is not None and math.isfinite(entry["scores"][name])]
+    top = sorted(entries, key=lambda e: (-e[0], e[1], e[2]))[:count]
+    names = payload.get("layer_names")
+    return ('<div class="probe-main"><p class="probe-small">No head scores above the threshold '
+            f"{threshold:g}; the {len(top)} highest:</p>"
+            + ranked_table(["head", "score"], [[long_label(layer, head, names), f"{score:.3f}"]
+                                               for score, layer, head in top]) + "</div>")
+
+
 def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dict[str, dict[str, Any]],
                    scores: list[dict[str, Any]]) -> str:
     """One class: its score grid (appended to `scores` for the page's data) and its flagged heads' viewer."""
@@ -313,7 +350,8 @@ def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dic
         return (f'<div class="probe-section probe-empty-class" data-score-index="{index}" data-score="{esc(name)}">'
                 f"<h2>{title}</h2><p class=\"probe-meta\">{esc(summary)}every head scores 0 on this model (the class "
                 "cannot apply to it), so there is no grid to show.</p></div>")
-    viewer = _pattern_viewer(patterns.get(probe), flagged, bool(patterns))
+    viewer = (_pattern_viewer(patterns.get(probe), flagged, bool(patterns)) if flagged
+              else _highest(payload, name, payload["thresholds"][name]))
     return (f'<div class="probe-section" data-score-index="{index}" data-score="{esc(name)}">'
             f"<h2>{title}</h2>"
             + (f'<p class="probe-meta">{esc(info["summary"])}; measured on the {esc(probe)} probe set. '

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import esc, facts_table, page, plotly_text
+from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
 from probe.reports.labels import long_label, precision_note, short_label
 
 LISTED = 15  # full KV heads listed in the terminal; the JSON has all
@@ -143,8 +143,8 @@ def options_text(options: dict[str, Any]) -> str:
 
 
 def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
-    """The layer x KV-head map (blue streaming, red full; scores on hover) and the curve of probe's order against
-    random orders."""
+    """The layer x KV-head map (blue streaming, red full; scores on hover) beside the KV heads kept full (the
+    terminal's table), and the curve of probe's order against random orders."""
     total = payload["n_layers"] * payload["n_kv_heads"]
     accuracy = ", ".join(f"{row['length']} tokens at depth {row['depth']:g}: {row['accuracy']:.2f}"
                          for row in payload["needle_accuracy"])
@@ -155,10 +155,20 @@ def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
             ("options", options_text(payload.get("options", {})))]
     curve = ('<div class="probe-section"><h2>Streaming the first k KV heads</h2><p class="probe-small">probe\'s '
              "order (retrieval ascending) against random orders: loss change on natural text, and needle accuracy "
-             'on prompts other than the scored ones.</p><div class="probe-row"><div class="probe-curve-loss"></div>'
-             '<div class="probe-curve-needle"></div></div></div>') if payload.get("curve") else ""
+             'on prompts other than the scored ones.</p><div class="probe-row">'
+             '<div class="probe-curve-loss probe-grow"></div>'
+             '<div class="probe-curve-needle probe-grow"></div></div></div>') if payload.get("curve") else ""
+    full = sorted((row for row in payload["kv_heads"] if row["label"] == "full"), key=lambda r: -r["rank"])
+    table = ranked_table(["layer.kv", "retrieval", "streaming", "rank"], [
+        [short_label(row["layer"], row["kv_head"]), f"{row['retrieval']:.3f}", f"{row['streaming']:.3f}",
+         str(row["rank"])] for row in full[:LISTED]])
+    more = f" ({LISTED} of {len(full)}; the JSON has all)" if len(full) > LISTED else ""
     body = (f"<h1>KV heads of {esc(payload['model'])}</h1>" + facts_table(rows)
-            + '<h2>Layer x KV head</h2><p class="probe-small">Red: full cache (retrieval); blue: streaming (sink + '
-            'recent). Hover for the scores.</p><div class="probe-kv-map"></div>' + curve)
+            + '<div class="probe-section"><div class="probe-row"><div class="probe-grow"><h2>Layer x KV head</h2>'
+            '<p class="probe-small">Red: full cache (retrieval); blue: streaming (sink + recent). Hover for the '
+            'scores.</p><div class="probe-kv-map"></div></div>'
+            f'<div class="probe-grow"><h2>The KV heads kept full{esc(more)}</h2>'
+            + (table if full else '<p class="probe-small">None: every KV head streams.</p>') + "</div></div></div>"
+            + curve)
     return page("kv_heads", f"probe kv-heads: {payload['model']}", body, _map_data(payload),
                  embed_plotly=embed_plotly)

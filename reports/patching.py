@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import esc, facts_table, page, plotly_text
+from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
 from probe.reports.labels import column_label, long_label, precision_note, short_label
 from probe.reports.selfrepair import self_repair_html, self_repair_report
 
@@ -136,7 +136,17 @@ def patch_data(payload: dict[str, Any], top: int = TOP) -> dict[str, Any]:
             "top": [long_label(row["layer"], row["head"], names) for row in ranked(payload, top)]}
 
 
+def _ranked_html(payload: dict[str, Any], top: int) -> str:
+    """The terminal report's table of the top heads by |patch effect|, as a table of the page."""
+    rows = [[_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
+             "" if row.get("dla") is None else f"{row['dla']:+.3f}", ", ".join(row.get("classes", []))]
+            for row in ranked(payload, top)]
+    return ranked_table(["head", "patch effect", "LD patched", "DLA", "classes"], rows, text_columns=1)
+
+
 def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP) -> str:
+    """The heads ranked by |patch effect| beside the layer x head maps of the patch effect and the DLA, then the
+    by-position view, path patching and self-repair where the run measured them."""
     data = patch_data(payload, top)
     rows = [("model", str(payload["model"])), ("data", str(payload["data"])),
             ("patched", f"each head's {payload['component']}, {payload['direction']}"),
@@ -144,13 +154,18 @@ def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int =
                                  f"{payload['corrupt_logit_diff']:+.4f}"),
             ("patch effect", "(LD patched - LD corrupt) / (LD clean - LD corrupt): 1 = the clean behaviour"),
             ("computed", str(payload["path"]))]
+    shown = len(ranked(payload, top))
     body = (f"<h1>Activation patching of {esc(payload['model'])}</h1>" + facts_table(rows)
-            + "<h2>Patch effect</h2><div class=\"probe-patch-effect\"></div>"
-            + ("<h2>Direct logit attribution (clean run)</h2><div class=\"probe-patch-dla\"></div>"
-               if data["dla"] is not None else "")
-            + ("<h2>By position: the top heads</h2><div class=\"probe-patch-position\"></div>"
-               if data["by_position"] is not None else "")
-            + ("<h2>Path patching: senders (down) through receivers (across)</h2>"
-               "<div class=\"probe-patch-paths\"></div>" if data["paths"] is not None else "")
+            + '<div class="probe-section"><div class="probe-row">'
+            f'<div class="probe-grow"><h2>Top {shown} heads by |patch effect|</h2>'
+            + _ranked_html(payload, top) + "</div>"
+            + '<div class="probe-grow"><h2>Patch effect</h2><div class="probe-patch-effect"></div></div>'
+            + ('<div class="probe-grow"><h2>Direct logit attribution (clean run)</h2>'
+               '<div class="probe-patch-dla"></div></div>' if data["dla"] is not None else "")
+            + "</div></div>"
+            + ('<div class="probe-section"><h2>By position: the top heads</h2><div class="probe-patch-position"></div>'
+               "</div>" if data["by_position"] is not None else "")
+            + ('<div class="probe-section"><h2>Path patching: senders (down) through receivers (across)</h2>'
+               '<div class="probe-patch-paths"></div></div>' if data["paths"] is not None else "")
             + (self_repair_html(payload["self_repair"], top=top) if payload.get("self_repair") else ""))
     return page("patch", f"probe patch: {payload['model']}", body, data, embed_plotly=embed_plotly)

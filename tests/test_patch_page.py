@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from probe.reports.patching import patch_page
+from probe.reports.patching import patch_page, ranked
 from test_browser import browser, open_page, screenshot  # noqa: F401 (fixtures)
 from test_html import IMG, SCRIPT
 from test_patching import ioi_runs
@@ -44,5 +44,10 @@ def test_patch_page_draws_the_maps_and_the_positions(tmp_path, open_page, monkey
     paths = opened.page.evaluate("document.querySelector('.probe-patch-paths').data[0]")
     assert paths["y"] == ["0.1", "0.2"]
     assert paths["z"][1][0] == pytest.approx(payload["paths"]["patch_effect"][1][0], abs=1e-6)
+    table = opened.page.evaluate("Array.from(document.querySelectorAll('table.probe-ranked tr')).slice(1)"
+                                 ".map(row => Array.from(row.cells).map(cell => cell.textContent))")
+    expected = ranked(payload)  # the terminal report's table, as the page's ranked list
+    assert [row[1] for row in table] == [f"{row['patch_effect']:+.3f}" for row in expected]
+    assert all(f"{row['layer']}.{row['head']}" in cells[0] for row, cells in zip(expected, table))
     screenshot(opened, "patch.png")
     opened.check_clean()

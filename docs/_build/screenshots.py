@@ -1,18 +1,22 @@
-"""Screenshots of every kind of page probe writes, for the docs: `python docs/_build/screenshots.py [OUT]`.
+"""Screenshots of every kind of page probe writes, for the docs: `python docs/_build/screenshots.py [OUT [KIND...]]`.
 
 Runs the commands that write a page (the README's CLI tour, with small inputs: a few minutes on a CPU) on the
-default model in a temporary folder, opens each page in Debian's Chromium (/usr/bin/chromium, driven by playwright,
-as tests/test_browser.py does) at 1400 px, and writes `OUT/page-<kind>.png` (default docs/images; the README's own
-picture, heatmap.png, is readme_picture.py's). It also measures each page at 1000 and 1400 px and prints what a
-reader would see as a fault: text past the right edge, a section with nothing in it, an axis label cut by its plot.
-The docs pages show the pictures it writes."""
+default model (track: over a short run of examples/induction/train.py) in a temporary folder, opens each page in
+Debian's Chromium (/usr/bin/chromium, driven by playwright, as tests/test_browser.py does) at 1400 px, and writes
+`OUT/page-<kind>.png` (default docs/images; the README's own picture, heatmap.png, is readme_picture.py's). It
+also checks each page's layout at 1000 and 1400 px with reports/assets/layout.js (the check
+tests/test_page_layout.py runs on every page kind) and prints each fault: text clipped by its box, overlapping
+boxes, a section with nothing in it, plots using too little of the width, a word broken in a header, an axis past
+its data. The docs pages show the pictures it writes."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--num-seqs", "1", "--seq-len", "24"]
@@ -27,48 +31,64 @@ PAGES = {  # kind -> the command that writes it (its --html is added)
     "kv-heads": ["kv-heads", "--lengths", "256", "--depths", "0.5", "--sink", "4", "--recent", "32", "--steps", "3",
                  "--random-seeds", "0", "--curve-texts", "1"],
     "atlas": ["atlas", *SMALL, "--repeat-len", "12"],
+    "dla": ["dla", "--task", "ioi", "--count", "4", "--self-repair"],
+    "steer": ["steer", "--heads", "23.3", "--scale", "0,2,3", "--task", "ioi", "--num-seqs", "4", "--generate",
+              "When Mary and John", "--max-new-tokens", "8"],
+    "track": ["track", "--model", "examples/induction/model.py:model", "--checkpoints", "{run}/step-*.pt",
+              "--icl-positions", "25,250", "--icl-seqs", "64"],  # the example's training run, made first
 }
 WIDTHS = (1000, 1400)
-FAULTS = """() => {
-  const faults = [], width = document.documentElement.clientWidth;
-  const root = document.querySelector('.probe-page');
-  if (root && root.dataset.state === 'error') faults.push('the page failed to draw: ' + root.innerText.slice(-200));
-  if (document.documentElement.scrollWidth > width + 1) faults.push('the page is wider than the window');
-  document.querySelectorAll('.probe-section').forEach(section => {
-    const text = Array.from(section.children).filter(c => c.tagName !== 'H2').map(c => c.innerText.trim()).join('');
-    if (!section.querySelector('svg, table, canvas, img') && !text)
-      faults.push('an empty section: ' + (section.querySelector('h2') || {innerText: '?'}).innerText);
-  });
-  document.querySelectorAll('.js-plotly-plot').forEach(plot => {
-    const box = plot.getBoundingClientRect();
-    plot.querySelectorAll('.xtick text, .ytick text').forEach(label => {
-      const r = label.getBoundingClientRect();
-      if (r.width && (r.left < box.left - 1 || r.right > box.right + 1))
-        faults.push('an axis label cut by its plot: ' + label.textContent);
-    });
-  });
-  return faults;
-}"""
+FAULTS = (ROOT / "reports" / "assets" / "layout.js").read_text(encoding="utf-8")  # () => [fault, ...]
+OPEN = {  # kind -> what a reader clicks before the check, so hidden parts are measured too
+    "atlas": "tr.atlas-row",  # a head's dashboard
+}
+TRAINING = [sys.executable, "examples/induction/train.py", "--steps", "120", "--every", "20", "--no-track"]
 
 
-def write_pages(folder: Path) -> dict[str, Path]:
-    """Each kind's page, written by its command into `folder`."""
+def ready(page: Any, timeout: float = 60.0) -> None:
+    """Wait until the page has drawn (or failed to): polled from Python, as the page's Content-Security-Policy
+    forbids the string functions playwright's wait_for_function evaluates."""
+    deadline = time.monotonic() + timeout
+    script = "(document.querySelector('.probe-page') || {dataset: {}}).dataset.state"
+    while page.evaluate(script) == "loading" and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def layout_faults(page: Any, kind: str) -> list[str]:
+    """The layout faults of a drawn page (reports/assets/layout.js), after the clicks of OPEN."""
+    ready(page)
+    if kind in OPEN:
+        page.click(OPEN[kind])
+        page.wait_for_timeout(300)
+        ready(page)
+    return list(page.evaluate(FAULTS))
+
+
+def write_pages(folder: Path, kinds: list[str]) -> dict[str, Path]:
+    """Each kind's page, written by its command into `folder` (track's over a short run of the example's training,
+    examples/induction/train.py, made there first)."""
+    if "track" in kinds:
+        subprocess.run([*TRAINING, "--out", str(folder / "run")], cwd=ROOT, check=True, capture_output=True)
     pages = {}
-    for kind, command in PAGES.items():
+    for kind in kinds:
+        command = PAGES[kind]
         path = folder / f"{kind}.html"
-        done = subprocess.run([sys.executable, "-m", "probe.cli", "-q", *command, "--html", str(path)], cwd=ROOT,
+        args = [arg.replace("{run}", str(folder / "run")) for arg in command]
+        done = subprocess.run([sys.executable, "-m", "probe.cli", "-q", *args, "--html", str(path)], cwd=ROOT,
                               capture_output=True, text=True)
         if done.returncode != 0:
-            print(f"{kind}: {' '.join(command)} failed: {done.stderr.strip()}")
+            print(f"{kind}: {' '.join(args)} failed: {done.stderr.strip()}")
             continue
         pages[kind] = path
     return pages
 
 
-def shoot(pages: dict[str, Path], out: Path) -> None:
-    """A 1400 px screenshot of each page, and its layout faults at every width."""
+def shoot(pages: dict[str, Path], out: Path) -> int:
+    """A 1400 px screenshot of each page (its top, as a reader first sees it), and its layout faults at every
+    width, printed; returns how many faults."""
     from playwright.sync_api import sync_playwright
 
+    count = 0
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", headless=True,
                                              args=["--no-sandbox", "--disable-gpu"])
@@ -76,22 +96,27 @@ def shoot(pages: dict[str, Path], out: Path) -> None:
             for width in WIDTHS:
                 page = browser.new_page(viewport={"width": width, "height": 900})
                 page.goto(path.resolve().as_uri())
-                page.wait_for_function("!document.querySelector('.probe-page') || "
-                                       "document.querySelector('.probe-page').dataset.state !== 'loading'",
-                                       timeout=60000)
-                for fault in page.evaluate(FAULTS):
-                    print(f"{kind} at {width} px: {fault}")
+                ready(page)
                 if width == 1400:
                     page.screenshot(path=str(out / f"page-{kind}.png"))
+                for fault in layout_faults(page, kind):
+                    print(f"{kind} at {width} px: {fault}")
+                    count += 1
                 page.close()
         browser.close()
+    return count
 
 
 def main() -> None:
     out = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "images"
+    kinds = sys.argv[2:] or list(PAGES)
+    unknown = sorted(set(kinds) - set(PAGES))
+    if unknown:
+        sys.exit(f"error: no page kind {unknown[0]!r}: choose from {', '.join(PAGES)}")
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:
-        shoot(write_pages(Path(folder)), out)
+        faults = shoot(write_pages(Path(folder), kinds), out)
+    print(f"{faults} layout faults")
 
 
 if __name__ == "__main__":

@@ -148,8 +148,9 @@
     (effects.top_tokens || []).forEach(function (token) {
       var context = String(token.context), cut = context.lastIndexOf("["), line = make("div", "atlas-example");
       line.appendChild(make("span", "probe-small", "\u0394 " + fmt(token.delta) + "  "));
-      line.appendChild(make("span", "", cut >= 0 ? context.slice(0, cut) : context));
-      line.appendChild(make("b", "", cut >= 0 ? context.slice(cut) : ""));
+      var visible = window.probeReports.visible;  // a newline in the text shown as \u21b5, as the heatmaps do
+      line.appendChild(make("span", "", visible(cut >= 0 ? context.slice(0, cut) : context)));
+      line.appendChild(make("b", "", visible(cut >= 0 ? context.slice(cut) : "")));
       node.appendChild(line);
     });
   }
@@ -180,19 +181,33 @@
       box.textContent = "";
       box.hidden = false;
       box.appendChild(make("h2", "", "Head " + row.label + " (layer " + entry.layer + ", head " + entry.head + ")"));
-      classesPart(section(box, make, "Classes and their evidence"), make, entry);
-      var pattern = patternPart(section(box, make, "Pattern"), tools, data, entry);
+      var top = box.appendChild(make("div", "probe-row")), side = make("div", "probe-main");
+      var pattern = patternPart(section(top, make, "Pattern"), tools, data, entry);
+      top.appendChild(side);  // the pattern beside its classes and causal effects
+      classesPart(section(side, make, "Classes and their evidence"), make, entry);
+      causePart(section(side, make, "Causal effects (zero ablation)"), make, entry);
       examplesPart(section(box, make, "Top examples, and a few from lower deciles (query outlined, attention shaded)"),
                    make, entry);
       writesPart(section(box, make, "What it writes (OV circuit through the unembedding)"), make, entry);
       partnersPart(section(box, make, "Composition partners"), make, entry, open);
-      causePart(section(box, make, "Causal effects (zero ablation)"), make, entry);
       return pattern.then(function () { root.dataset.dashboard = row.label; });
     });
   }
 
   // ----------------------------------------------------------------------------------------------------------
   // the head finder
+
+  function legend(node, data, palette) {  // what each colour of the scatter and the grid means
+    var make = window.probeReports.make;
+    data.classes.concat([null]).forEach(function (name) {
+      var item = make("span", "atlas-legend-item");
+      var swatch = item.appendChild(make("span", "atlas-swatch"));
+      swatch.style.background = name === null ? NONE : palette[name];
+      item.appendChild(make("span", "", name === null ? "no class" : name));
+      item.dataset.colour = name === null ? NONE : palette[name];
+      node.appendChild(item);
+    });
+  }
 
   function fill(select, options, chosen) {
     options.forEach(function (option) {
@@ -307,6 +322,7 @@
     try {
       var data = JSON.parse(document.getElementById(id + "-data").textContent);
       var palette = colours(data), names = metricNames(data);
+      legend(root.querySelector(".atlas-legend"), data, palette);
       var state = {x: data.metrics.delta ? "delta" : names[0], y: data.metrics.specificity ? "specificity" : names[1],
                    cls: "all", evidence: "all", search: "", sort: "label", descending: false};
       var scatter = root.querySelector(".atlas-scatter"), grid = root.querySelector(".atlas-grid");

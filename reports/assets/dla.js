@@ -4,12 +4,14 @@
   "use strict";
   var DIVERGING = [[0, "#2166ac"], [0.25, "#92c5de"], [0.5, "#f7f7f7"], [0.75, "#f4a582"], [1, "#b2182b"]];
 
-  function grid(node, data, z, title) {
+  function grid(node, data, z, title) {  // as wide as its column (.probe-grow)
+    var layout = window.probeReports.headGridLayout(data);
+    delete layout.width;
     return Plotly.newPlot(node, [{
       type: "heatmap", z: z, x: data.head_axis, y: data.layer_axis, colorscale: DIVERGING, zmid: 0, xgap: 1, ygap: 1,
       hoverongaps: false, colorbar: {thickness: 12, len: 0.8, title: {text: title, side: "top"}},
       hovertemplate: "layer %{y}, head %{x}: " + title + " %{z:+.3f}<extra></extra>"
-    }], window.probeReports.headGridLayout(data), window.probeReports.config);
+    }], layout, window.probeReports.config);
   }
 
   function dlaPage(id) {

@@ -199,6 +199,12 @@
     return {pick: pick, rows: function (r) { rows = r; if (query < 0) query = r.length - 1; paint(); }};
   }
 
+  // whitespace shown as the heatmap's labels show it (probe/patterns.py): a newline or a tab in a token's context
+  // would otherwise break the line or vanish
+  function visible(text) {
+    return String(text).replace(/\r/g, "\u240d").replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5");
+  }
+
   function layerName(layer, names) {
     return names ? names[layer] : String(layer);  // an encoder-decoder's layer_names: enc0, dec0, x0, ...
   }
@@ -487,9 +493,12 @@
         return {type: "line", xref: "paper", x0: 0, x1: 1, y0: limit.value, y1: limit.value,
                 line: {color: limit.color, dash: "dot", width: 1}};
       });
+      var most = 0;  // the axis runs to the furthest step any curve reached, not to 100%
+      traces.forEach(function (trace) { trace.x.forEach(function (x) { if (x > most) most = x; }); });
       var layout = {
         height: 480, margin: {l: 70, r: 20, t: 10, b: 50}, shapes: shapes, legend: {orientation: "h", y: -0.15},
-        xaxis: {title: {text: "share of " + data.units + " pruned"}, tickformat: ".0%", range: [0, 1.02]},
+        xaxis: {title: {text: "share of " + data.units + " pruned"}, tickformat: ".0%",
+                range: [0, Math.min(1, most || 1) * 1.02]},
         yaxis: {title: {text: data.metric}, type: data.log ? "log" : "linear"}
       };
       return Plotly.newPlot(root.querySelector(".probe-prune-plot"), traces, layout, CONFIG)
@@ -522,8 +531,8 @@
         var line = make("div", "probe-token-line");
         line.appendChild(make("span", "probe-small", "\u0394 " + (token.delta >= 0 ? "+" : "") +
           token.delta.toFixed(4) + "  sequence " + token.sequence + ":  "));
-        line.appendChild(make("span", "", token.before));
-        line.appendChild(make("b", "probe-token", token.token));
+        line.appendChild(make("span", "", visible(token.before)));
+        line.appendChild(make("b", "probe-token", visible(token.token)));
         box.appendChild(line);
       });
       root.dataset.selected = effects.label[index];
@@ -552,8 +561,8 @@
         colorscale: [[0, "#6baed6"], [0.5, "#6baed6"], [0.5, "#d6604d"], [1, "#d6604d"]], xgap: 2, ygap: 2,
         hovertemplate: "%{text}<extra></extra>"
       };
-      var mapLayout = {
-        height: Math.max(320, 16 * data.n_layers + 90), width: Math.max(260, 60 * data.n_kv_heads + 120),
+      var mapLayout = {  // as wide as its column: a model with few KV heads still gets cells one can point at
+        height: Math.max(320, 16 * data.n_layers + 90),
         margin: {l: 50, r: 10, t: 10, b: 40},
         xaxis: {title: {text: "KV head"}, dtick: 1, zeroline: false, showgrid: false},
         yaxis: nameLayers({title: {text: "layer"}, autorange: "reversed", dtick: data.n_layers > 40 ? 5 : 1,
@@ -570,8 +579,8 @@
           });
           var title = key === "loss_change" ? "\u0394 loss on natural text" : "needle accuracy";
           var node = root.querySelector(key === "loss_change" ? ".probe-curve-loss" : ".probe-curve-needle");
-          jobs.push(Plotly.newPlot(node, lines, {
-            height: 340, width: 460, margin: {l: 60, r: 10, t: 10, b: 50},
+          jobs.push(Plotly.newPlot(node, lines, {  // as wide as its column (.probe-grow)
+            height: 340, margin: {l: 60, r: 10, t: 10, b: 50},
             xaxis: {title: {text: "KV heads streamed (k)"}}, yaxis: {title: {text: title}}
           }, CONFIG));
         });
@@ -586,13 +595,15 @@
   // ------------------------------------------------------------------------------------------------------------
   // probe patch: layer x head maps of the patch effect and the DLA; the top heads' effect by position
 
-  function headGrid(node, data, z, title, hover) {
+  function headGrid(node, data, z, title, hover) {  // as wide as its column (.probe-grow)
+    var layout = headGridLayout(data);
+    delete layout.width;
     var grid = {
       type: "heatmap", z: z, x: data.head_axis, y: data.layer_axis, colorscale: DIVERGING, zmid: 0, xgap: 1, ygap: 1,
       hoverongaps: false, colorbar: {thickness: 12, len: 0.8, title: {text: title, side: "top"}},
       hovertemplate: "layer %{y}, head %{x}: " + hover + " %{z:+.3f}<extra></extra>"
     };
-    return Plotly.newPlot(node, [grid], headGridLayout(data), CONFIG);
+    return Plotly.newPlot(node, [grid], layout, CONFIG);
   }
 
   function patchPage(id) {
@@ -608,8 +619,9 @@
           hoverongaps: false, colorbar: {thickness: 12, len: 0.8, title: {text: "effect", side: "top"}},
           hovertemplate: "head %{y} at %{x}: patch effect %{z:+.3f}<extra></extra>"
         }], {
-          height: Math.max(300, 22 * spot.heads.length + 140), margin: {l: 70, r: 10, t: 10, b: 120},
-          xaxis: {type: "category", tickangle: -60}, yaxis: {type: "category", autorange: "reversed"}
+          height: Math.max(300, 22 * spot.heads.length + 140), margin: {l: 70, r: 10, t: 10, b: 40},
+          xaxis: {type: "category", tickangle: -60, automargin: true},
+          yaxis: {type: "category", autorange: "reversed", automargin: true}
         }, CONFIG));
       }
       if (data.paths) {
@@ -656,5 +668,5 @@
   }
 
   window.probeReports = {start: start, patternBlock: patternBlock, patternFigure: patternFigure, headGridLayout: headGridLayout,
-                         inflate: inflate, make: make, fail: fail, config: CONFIG};
+                         inflate: inflate, make: make, fail: fail, config: CONFIG, visible: visible};
 })();

@@ -69,7 +69,7 @@
           type: "heatmap", z: data.classes[name].grids[index], x: heads, y: layers, colorscale: SEQUENTIAL,
           zmin: 0, zmax: 1, xgap: 1, ygap: 1, hoverongaps: false,
           hovertemplate: "layer %{y}, head %{x}: " + name + " %{z:.3f}<extra></extra>"
-        }], {height: Math.max(240, 40 * data.n_layers + 100), width: Math.max(360, 40 * data.n_heads + 160),
+        }], {height: Math.max(240, 40 * data.n_layers + 100),  // as wide as the page
              margin: {l: 60, r: 10, t: 10, b: 50}, xaxis: {title: {text: "head"}, dtick: 1},
              yaxis: {title: {text: "layer"}, autorange: "reversed", dtick: 1}}, CONFIG);
       }
