@@ -4,13 +4,14 @@ nothing."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page, static_summary
+from probe.reports.html import ASSETS, esc, facts_table, page, ranked_table, static_summary
 
 LISTED = 15  # heads listed in the terminal, largest |B - A| first
 
@@ -24,6 +25,11 @@ def _head(payload: dict[str, Any], row: dict[str, Any]) -> str:
     return f"{row['layer']}.{'kv' if payload['convention'] == 'kv' else ''}{row['head']}"
 
 
+def _head_column(payload: dict[str, Any]) -> str:
+    """The heading of a column of heads: `layer.head` or `layer.kv`."""
+    return f"layer.{'kv' if payload['convention'] == 'kv' else 'head'}"
+
+
 def _describe(side: dict[str, Any]) -> str:
     """One map in words: file, format, score, what a value belongs to, dtype and model where the file says."""
     unit = "KV heads" if side["convention"] == "kv" else "query heads"
@@ -31,6 +37,16 @@ def _describe(side: dict[str, Any]) -> str:
     facts = ", ".join(part for part in (side["format"], f"score {side['score']}", f"{side['columns']} {unit}",
                                        *extra) if part)
     return f"{side['source']} ({facts})"
+
+
+def short_names(a: str, b: str) -> tuple[str, str]:
+    """The two maps by the ends of their paths that tell them apart (`f32.json`, `run1/map.json`): a title of two
+    whole paths would wrap inside a path; the facts under it give them whole."""
+    parts_a, parts_b = PurePath(a).parts, PurePath(b).parts
+    keep = 1  # one file read twice (two --score) is named once each
+    while parts_a != parts_b and parts_a[-keep:] == parts_b[-keep:]:
+        keep += 1
+    return str(PurePath(*parts_a[-keep:])), str(PurePath(*parts_b[-keep:]))
 
 
 def _number(value: float | None, form: str = ".3f") -> str:
@@ -81,8 +97,7 @@ def compare_report(payload: dict[str, Any], console: Console, *, listed: int = L
         console.print(Text(line))
     table = Table(title=f"Largest differences (B - A), {min(listed, len(payload['movers']))} of {payload['heads']}",
                   title_justify="left", box=None, show_edge=False)
-    for column in (f"layer.{'kv' if payload['convention'] == 'kv' else 'head'}", "A", "B", "B - A", "rank A",
-                   "rank B"):
+    for column in (_head_column(payload), "A", "B", "B - A", "rank A", "rank B"):
         table.add_column(column, justify="right")
     for row in payload["movers"][:listed]:
         table.add_row(_head(payload, row), _number(row["a"], ".4f"), _number(row["b"], ".4f"),
@@ -113,18 +128,15 @@ def compare_page(payload: dict[str, Any], *, listed: int = LISTED) -> str:
                enumerate(line for line in summary_lines(payload)[2:] if not line.startswith("Converted")))]
     unit = _unit(payload)
     movers = payload["movers"][:listed]
-    table = [[str(rank), _head(payload, row), _number(row["a"], ".4f"), _number(row["b"], ".4f"),
-              f"{row['difference']:+.4f}", str(row["rank_a"]), str(row["rank_b"])]
-             for rank, row in enumerate(movers, start=1)]
-    header = ["#", unit, "A", "B", "B - A", "rank A", "rank B"]
-    ranked = ('<table class="probe-static-table probe-movers"><tr>'
-              + "".join(f"<th>{esc(cell)}</th>" for cell in header) + "</tr>"
-              + "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in table)
-              + "</table>")
+    table = [[_head(payload, row), _number(row["a"], ".4f"), _number(row["b"], ".4f"), f"{row['difference']:+.4f}",
+              str(row["rank_a"]), str(row["rank_b"])] for row in movers]
+    header = [_head_column(payload), "A", "B", "B - A", "rank A", "rank B"]
+    ranked = f'<div class="probe-movers">{ranked_table(header, table)}</div>'  # numbers right-aligned
     data = {"n_layers": payload["n_layers"], "n_heads": payload["heads_per_layer"], "unit": unit,
             "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["heads_per_layer"])),
             "a": _grid(payload, "a"), "b": _grid(payload, "b"), "difference": _grid(payload, "difference")}
-    body = (f"<h1>{esc(payload['a']['source'])} against {esc(payload['b']['source'])}</h1>" + facts_table(facts)
+    name_a, name_b = short_names(payload["a"]["source"], payload["b"]["source"])
+    body = (f"<h1>{esc(name_a)} against {esc(name_b)}</h1>" + facts_table(facts)
             + static_summary("Largest differences", header, table[:5])
             + '<h2>A, B and B - A per ' + esc(unit) + '</h2><div class="probe-row">'
             '<div><div class="probe-plot-title">A</div><div class="probe-compare-a"></div></div>'

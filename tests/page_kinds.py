@@ -35,19 +35,27 @@ COMMANDS = {  # kind -> its command (its --html added); {folder} is where the in
     "track": ["track", "--model", TRACK, "--checkpoints", "{folder}/ckpt/step-*.pt", *SMALL, "--icl-seqs", "2"],
     "steer": ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--scale", "0,2", "--task", "ioi", "--num-seqs", "6",
               "--generate", "the keys to the", "--max-new-tokens", "4"],
+    "compare": ["compare", "{folder}/query.npy", "{folder}/duo", "--group", "max", "--threshold", "0.6"],
 }
 
 
 def make_inputs(folder: Path) -> None:
-    """What the commands read: a small CoNLL-U corpus, and three checkpoints of the tiny training run."""
+    """What the commands read: a small CoNLL-U corpus, three checkpoints of the tiny training run, and two head
+    maps of one model to compare, per query head (.npy) and per KV head (a DuoAttention folder)."""
+    import numpy as np
     from planted_syntax import conllu_corpus
     from track_models import tiny
+
+    from probe.headmaps import KV, HeadMap, write_map
 
     (folder / "c.conllu").write_text(conllu_corpus(16), encoding="utf-8")
     (folder / "ckpt").mkdir(exist_ok=True)
     for step in (0, 5, 10):
         torch.manual_seed(step + 1)
         torch.save(tiny()[0].state_dict(), folder / "ckpt" / f"step-{step}.pt")
+    rng = np.random.default_rng(0)  # 6 layers x 8 query heads reading 2 KV heads
+    np.save(folder / "query.npy", rng.random((6, 8)))
+    write_map(HeadMap(rng.random((6, 2)), KV, "duo", "duo", "full_attention", n_heads=8), folder / "duo", "duo")
 
 
 def run(args: list[str]) -> tuple[int, str]:

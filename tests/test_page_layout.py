@@ -153,3 +153,15 @@ def test_every_page_kind_has_its_screenshot_in_the_docs() -> None:
         assert (ROOT / "docs" / "images" / f"page-{kind}.png").is_file(), kind
     assert sum(path.stat().st_size for path in (ROOT / "docs" / "images").iterdir()) < 5 * 2**20
 
+
+
+def test_the_compare_page_is_titled_by_the_ends_of_its_paths(pages) -> None:
+    """Two whole paths in the title would wrap inside a path at 1000 px: the title names the maps by as much of
+    their paths as tells them apart, the facts under it by their whole paths."""
+    from probe.reports.compare import short_names
+
+    html = pages["compare"].read_text(encoding="utf-8")
+    assert "<h1>query.npy against duo</h1>" in html and str(pages["compare"].parent / "query.npy") in html
+    assert short_names("/runs/a/map.json", "/runs/b/map.json") == ("a/map.json", "b/map.json")
+    assert short_names("maps/f32.json", "maps/f32.json") == ("f32.json", "f32.json")
+    assert short_names("dir/m.json", "m.json") == ("dir/m.json", "m.json")

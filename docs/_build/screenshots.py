@@ -1,16 +1,17 @@
 """Screenshots of every kind of page probe writes, for the docs: `python docs/_build/screenshots.py [OUT [KIND...]]`.
 
 Runs the commands that write a page (the README's CLI tour, with small inputs: a few minutes on a CPU) on the
-default model (track: over a short run of examples/induction/train.py) in a temporary folder, opens each page in
-Debian's Chromium (/usr/bin/chromium, driven by playwright, as tests/test_browser.py does) at 1400 px, and writes
-`OUT/page-<kind>.png` (default docs/images; the README's own picture, heatmap.png, is readme_picture.py's). It
-also checks each page's layout at 1000 and 1400 px with reports/assets/layout.js (the check
-tests/test_page_layout.py runs on every page kind) and prints each fault: text clipped by its box, overlapping
-boxes, a section with nothing in it, plots using too little of the width, a word broken in a header, an axis past
-its data. The docs pages show the pictures it writes."""
+default model (track: over a short run of examples/induction/train.py; compare: classify's induction scores in
+float32 against bfloat16) in a temporary folder, opens each page in Debian's Chromium (/usr/bin/chromium, driven
+by playwright, as tests/test_browser.py does) at 1400 px, and writes `OUT/page-<kind>.png` (default docs/images;
+the README's own picture, heatmap.png, is readme_picture.py's). It also checks each page's layout at 1000 and
+1400 px with reports/assets/layout.js (the check tests/test_page_layout.py runs on every page kind) and prints
+each fault: text clipped by its box, overlapping boxes, a section with nothing in it, plots using too little of
+the width, a word broken in a header, an axis past its data. The docs pages show the pictures it writes."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -34,15 +35,24 @@ PAGES = {  # kind -> the command that writes it (its --html is added)
     "dla": ["dla", "--task", "ioi", "--count", "4", "--self-repair"],
     "steer": ["steer", "--heads", "23.3", "--scale", "0,2,3", "--task", "ioi", "--num-seqs", "4", "--generate",
               "When Mary and John", "--max-new-tokens", "8"],
-    "track": ["track", "--model", "examples/induction/model.py:model", "--checkpoints", "{run}/step-*.pt",
+    "track": ["track", "--model", "examples/induction/model.py:model", "--checkpoints", "{folder}/run/step-*.pt",
               "--icl-positions", "25,250", "--icl-seqs", "64"],  # the example's training run, made first
+    "compare": ["compare", "f32.json", "bf16.json", "--score", "induction"],  # the two classify runs, made first
 }
+PROBE = [sys.executable, "-m", "probe.cli", "-q"]
+CLASSIFY = [*PROBE, "classify", *SMALL, "--repeat-len", "12", "--json"]
+BEFORE = {  # kind -> the commands that make what its command reads, run first where it runs ({folder}: the folder)
+    "track": [[sys.executable, "examples/induction/train.py", "--steps", "120", "--every", "20", "--no-track",
+               "--out", "{folder}/run"]],
+    "compare": [[*CLASSIFY, "f32.json"], [*CLASSIFY, "bf16.json", "--dtype", "bfloat16"]],
+}
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+IN_FOLDER = {"compare"}  # kinds run in the temporary folder, so that their page names its inputs as a reader would
 WIDTHS = (1000, 1400)
 FAULTS = (ROOT / "reports" / "assets" / "layout.js").read_text(encoding="utf-8")  # () => [fault, ...]
 OPEN = {  # kind -> what a reader clicks before the check, so hidden parts are measured too
     "atlas": "tr.atlas-row",  # a head's dashboard
 }
-TRAINING = [sys.executable, "examples/induction/train.py", "--steps", "120", "--every", "20", "--no-track"]
 
 
 def ready(page: Any, timeout: float = 60.0) -> None:
@@ -64,22 +74,26 @@ def layout_faults(page: Any, kind: str) -> list[str]:
     return list(page.evaluate(FAULTS))
 
 
+def _run(args: list[str], folder: Path, kind: str) -> subprocess.CompletedProcess[str]:
+    """One command of `kind`, in the repository (or the folder, IN_FOLDER), importing the repository's probe."""
+    return subprocess.run([arg.replace("{folder}", str(folder)) for arg in args],
+                          cwd=folder if kind in IN_FOLDER else ROOT, env=ENV,
+                          capture_output=True, text=True)
+
+
 def write_pages(folder: Path, kinds: list[str]) -> dict[str, Path]:
-    """Each kind's page, written by its command into `folder` (track's over a short run of the example's training,
-    examples/induction/train.py, made there first)."""
-    if "track" in kinds:
-        subprocess.run([*TRAINING, "--out", str(folder / "run")], cwd=ROOT, check=True, capture_output=True)
+    """Each kind's page, written by its command into `folder`, after the commands of BEFORE that make its inputs
+    (track's short run of the example's training, compare's two classify runs)."""
     pages = {}
     for kind in kinds:
-        command = PAGES[kind]
         path = folder / f"{kind}.html"
-        args = [arg.replace("{run}", str(folder / "run")) for arg in command]
-        done = subprocess.run([sys.executable, "-m", "probe.cli", "-q", *args, "--html", str(path)], cwd=ROOT,
-                              capture_output=True, text=True)
-        if done.returncode != 0:
-            print(f"{kind}: {' '.join(args)} failed: {done.stderr.strip()}")
-            continue
-        pages[kind] = path
+        for args in [*BEFORE.get(kind, []), [*PROBE, *PAGES[kind], "--html", str(path)]]:
+            done = _run(args, folder, kind)
+            if done.returncode != 0:
+                print(f"{kind}: {' '.join(args)} failed: {done.stderr.strip()}")
+                break
+        else:
+            pages[kind] = path
     return pages
 
 
