@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import ASSETS, esc, facts_table, page, ranked_table, static_summary
+from probe.reports.labels import column_label
 
 LISTED = 15  # heads listed in the terminal, largest |B - A| first
 
@@ -108,8 +109,8 @@ def compare_report(payload: dict[str, Any], console: Console, *, listed: int = L
 
 def compare_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per head for CSV: name (`L5H1`, `L5KV1` over KV heads), layer, head, a, b, difference, ranks, labels."""
-    unit = "KV" if payload["convention"] == "kv" else "H"
-    return [{"name": f"L{row['layer']}{unit}{row['head']}", **row} for row in payload["rows"]]
+    kv = payload["convention"] == "kv"
+    return [{"name": column_label(row["layer"], row["head"], kv=kv), **row} for row in payload["rows"]]
 
 
 def _grid(payload: dict[str, Any], key: str) -> list[list[float | None]]:

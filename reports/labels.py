@@ -41,7 +41,8 @@ def precision_note(payload: dict[str, Any]) -> str:
     return f"computed in {dtype}, its sums in float32 or wider (docs/precision.md: how far it lies from float32)"
 
 
-def column_label(layer: int, head: int, names: LayerNames = None) -> str:
+def column_label(layer: int, head: int, names: LayerNames = None, *, kv: bool = False) -> str:
     """`L18H6` (`x3.1`): a head in a CSV or DataFrame column. pandas reads `0.1` and `0.10` as one float, so a column
-    of short labels would merge heads on a model of 10 or more heads per layer; --heads takes this form too."""
-    return f"L{layer}H{head}" if not names else short_label(layer, head, names)
+    of short labels would merge heads on a model of 10 or more heads per layer; --heads takes this form too. `kv`: a
+    key/value head (`L18KV2`), as maps over KV heads name theirs."""
+    return f"L{layer}{'KV' if kv else 'H'}{head}" if not names else short_label(layer, head, names)
