@@ -43,11 +43,11 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, ProbeSet, natural_set, needle_set
 from probe.errors import ProbeError
-from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, streaming_from_lse, streaming_score,
-                                 uploaded)
+from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, streaming_from_lse, streaming_score
 from probe.hooks.capture import attention_hooks
 from probe.hooks.stacks import is_encoder_decoder
 from probe.kernels import FusedStatistics
+from probe.kernels.fused import uploaded
 from probe.models import LoadedModel
 from probe.progress import Progress
 from probe.provenance import model_dtype

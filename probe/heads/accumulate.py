@@ -8,10 +8,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from probe.heads.scores import SCORES, Batch, uploaded
+from probe.heads.scores import SCORES, Batch
 from probe.kernels.base import FusedStatistics
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
-from probe.kernels.fused import FusedAttention, Label, side_by_side
+from probe.kernels.fused import FusedAttention, Label, side_by_side, uploaded
 
 BLOCKED = "blocked"
 

@@ -21,13 +21,7 @@ from probe.errors import ProbeError
 from probe.hooks.blocked import keys_computed
 from probe.kernels.base import FusedStatistics
 from probe.kernels.config import DEFAULT_CONFIG
-from probe.kernels.fused import Label
-
-
-def uploaded(tensor: Tensor, device: torch.device) -> Tensor:
-    """`tensor` on `device`; a host tensor is copied without waiting (a blocking copy to a GPU synchronises its
-    stream: a batch's data copied inside a forward must not), which is safe from the host (CUDA stages it first)."""
-    return tensor.to(device, non_blocking=tensor.device.type == "cpu")
+from probe.kernels.fused import Label, uploaded
 
 
 @dataclass

@@ -458,12 +458,17 @@ def _any_hidden(n: int, kv: int, offsets: tuple[int, ...], keys: tuple[int, ...]
     return causal and (any(offset > kv - n for offset in offsets) or any(key > start + kv - n for key in keys))
 
 
+def uploaded(tensor: Tensor, device: torch.device) -> Tensor:
+    """`tensor` on `device`; a host tensor is copied without waiting (a blocking copy to a GPU synchronises its
+    stream: a batch's data copied inside a forward must not), which is safe from the host (CUDA stages it first)."""
+    return tensor.to(device, non_blocking=tensor.device.type == "cpu")
+
+
 def _long_on(values: tuple[int, ...], device: torch.device) -> Tensor:
-    """The integers as a long tensor on `device`: consecutive ones made there (arange), others copied without
-    waiting (non_blocking: the host tensor is a temporary; a blocking copy synchronises a CUDA stream)."""
+    """The integers as a long tensor on `device`: consecutive ones made there (arange), others `uploaded`."""
     if values and list(values) == list(range(values[0], values[0] + len(values))):
         return torch.arange(values[0], values[0] + len(values), device=device)
-    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)
+    return uploaded(torch.tensor(values, dtype=torch.long), device)
 
 
 def by_owner(owner: Tensor, read: Callable[..., tuple[Tensor, ...]], *columns: Tensor) -> tuple[Tensor, ...]:
