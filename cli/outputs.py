@@ -16,6 +16,9 @@ from probe.reports.files import check_writable, non_finite_heads, stamp_outputs,
 from probe.schemas import header
 
 SHOWN_HEADS = 10  # heads named in the non-finite warning
+OVERFLOW_HINTS = {"float16": "float16 ends at 65504 and the model's values passed it there: try --dtype bfloat16 "
+                             "(float32's range) or float32",
+                  "bfloat16": "The model's bfloat16 forward gave NaN or infinity there: try --dtype float32"}
 
 
 def check_distinct(files: dict[str, Path | None]) -> None:
@@ -58,7 +61,7 @@ def warn_non_finite(payload: dict[str, Any]) -> None:
     shown = ", ".join(heads[:SHOWN_HEADS]) + (f" and {len(heads) - SHOWN_HEADS} more" if len(heads) > SHOWN_HEADS
                                               else "")
     warn(f"warning: numbers that are not finite (NaN or infinity) for {shown}; JSON writes them as null. "
-         "Half precision often overflows: try --dtype float32")
+         + OVERFLOW_HINTS.get(str(payload.get("dtype")), "The model's forward gave NaN or infinity there."))
 
 
 _command: dict[str, Any] = {}  # the running command's parameters (cli.app.Command puts them here)

@@ -38,6 +38,7 @@ from probe.hooks.run import logits_of, run_model
 from probe.inputs import ContrastSet, logit_diffs
 from probe.circuits.weights import FINAL_NORMS, _gain, _named_child
 from probe.errors import ProbeError
+from probe.overflow import forwards, require_finite
 from probe.hooks.restore import interrupts_deferred, restoring
 from probe.models import LoadedModel
 from probe.patterns import token_strings
@@ -406,7 +407,10 @@ def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tenso
                                        batch_targets, per_position))
     if not parts:
         raise ProbeError("no position to read the logits at", parameter="targets")
-    return _joined(parts)
+    shares = _joined(parts)
+    require_finite(shares.model_score, "the logit difference DLA decomposes", loaded.model,
+                   forwards(loaded.model, ids, mask, batch_size))
+    return shares
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, ProbeSet, natural_set, needle_set
 from probe.errors import ProbeError
+from probe.overflow import forwards, overflowed, require_finite
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, streaming_from_lse, streaming_score
 from probe.hooks.capture import attention_hooks
 from probe.hooks.stacks import is_encoder_decoder
@@ -189,7 +190,7 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
     stream_sum = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     stream_count = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     exact, tokens = [], []
-    total = needles.input_ids.shape[0]
+    total, finite = needles.input_ids.shape[0], []
     for index in range(total):
         ids, mask, sources = _rows(needles, index, 1)
         scorer = _Scorer(n_layers, sink, recent)
@@ -199,6 +200,7 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
         with torch.no_grad(), attention_hooks(loaded.model, on_weights=scorer.on_weights,
                                               on_lse=scorer if fast else None):
             output = run_model(loaded.model, ids, mask, logits=scorer.rows)
+        finite.append(torch.isfinite(logits_of(output)).all().cpu())  # read with the predictions, no second wait
         correct = _predictions(output, ids, scorer.rows, sources)
         run = _accuracy(sources[:, scorer.rows], correct)
         exact += run.exact
@@ -213,8 +215,18 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
             stream_count[layer] += counts[layer]
         if progress is not None:
             progress(index + 1, total)
-    retrieval = retrieval_sum / max(retrieval_prompts, 1)
-    return retrieval, stream_sum / stream_count.clamp(min=1), NeedleRun(exact, tokens)
+    retrieval, streaming = retrieval_sum / max(retrieval_prompts, 1), stream_sum / stream_count.clamp(min=1)
+    if not (all(finite) and bool(torch.isfinite(streaming).all())):
+        _refuse_overflow(loaded, needles)
+    return retrieval, streaming, NeedleRun(exact, tokens)
+
+
+def _refuse_overflow(loaded: LoadedModel, needles: NeedleSet) -> None:
+    """Streaming scores or logits that are NaN because the model's own forward overflowed (probe.overflow)."""
+    runs = [partial(run_model, loaded.model, *_rows(needles, index, 1)[:2]) for index in range(len(needles.input_ids))]
+    error = overflowed("the needle prompts' streaming scores or logits", loaded.model, runs)
+    if error is not None:
+        raise error
 
 
 def _retrieval_of_prompt(tops: dict[int, Tensor], sources: Tensor, correct: Tensor, n_layers: int,
@@ -349,6 +361,8 @@ def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: _Cur
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
     orders = {"probe": order} | {f"random_{seed}": random.Random(seed).sample(order, len(order)) for seed in seeds}
     base_loss, base_accuracy = _point(loaded, inputs, [], cache)
+    require_finite(base_loss, "the unablated model's loss on natural text", loaded.model,
+                   forwards(loaded.model, inputs.texts, None, 1))
     total, done = len(orders) * len(ks), 0
     curves: dict[str, dict[str, list[float | None]]] = {}
     stopped: dict[str, int] = {}

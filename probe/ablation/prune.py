@@ -35,7 +35,7 @@ from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losses, parts_of
 from probe.ablation.plan import check_probe_set, data_name, refuse_sources
-from probe.ablation.runners import NaiveRunner, batches_of
+from probe.ablation.runners import NaiveRunner, batches_of, require_finite_baseline
 from probe.ablation.sweep import sweep
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
@@ -147,7 +147,9 @@ class _Evaluator:
     def baseline(self) -> float:
         with torch.inference_mode():
             sums = reduce(operator.add, (self.runner.baseline(index) for index in range(len(self.runner.batches))))
-        return losses(sums, self.counts, list(self.scorer.parts))[0]
+        loss = losses(sums, self.counts, list(self.scorer.parts))[0]
+        require_finite_baseline(self.runner, loss)
+        return loss
 
     def loss(self, heads: Sequence[Head]) -> float:
         self.passes += 1

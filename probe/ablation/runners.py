@@ -12,6 +12,7 @@ interface, `sums(chunk, index) -> (copies, parts + 1)`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from probe.ablation.plan import CACHE_BYTES
 from probe.hooks.run import Source, logits_of, run_model
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
+from probe.overflow import not_finite
 
 NAIVE = "naive: one full forward per ablation"
 EXACT = "exact: baseline prefix reused, ablated runs start at the ablated layer's block"
@@ -142,6 +144,10 @@ class PrefixRunner:
     def batches(self) -> list[Batch]:
         return self.naive.batches
 
+    @property
+    def model(self) -> nn.Module:
+        return self.naive.model
+
     def sums(self, chunk: list[Ablation], index: int) -> Tensor:
         if self.reason is not None:
             return self.naive.sums(chunk, index)
@@ -217,3 +223,16 @@ class PrefixRunner:
 
 
 Runner = NaiveRunner | PrefixRunner
+
+
+def require_finite_baseline(runner: Runner, loss: float) -> None:
+    """Refuse a baseline the model's own forward made NaN or infinite (float16 overflowing: probe.overflow), and
+    the unablated outputs a comparing metric measures against: every ablated run would be measured against NaN."""
+    references = [batch.reference for batch in runner.batches if isinstance(batch.reference, Tensor)]
+    finite = bool(torch.isfinite(torch.tensor(loss)))
+    if finite and references:
+        finite = bool(torch.stack([torch.isfinite(reference).all() for reference in references]).all())
+    if not finite:
+        raise not_finite(f"the unablated model's {runner.scorer.metric.name}", runner.model,
+                         [partial(run_model, runner.model, batch.ids, batch.mask, source=batch.source)
+                          for batch in runner.batches])

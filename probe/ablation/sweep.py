@@ -34,7 +34,7 @@ from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_
 from probe.ablation.plan import assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.statistics import HeadStatistics
-from probe.ablation.runners import NaiveRunner, PrefixRunner, Runner, batches_of
+from probe.ablation.runners import NaiveRunner, PrefixRunner, Runner, batches_of, require_finite_baseline
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
 from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, real_tokens
@@ -137,6 +137,7 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
     finished = scorer.metric.finish(effects.baseline_rows())
     if finished is not None:
         loss = finished[0]
+    require_finite_baseline(runner, loss)
     return _Baseline(loss, parts, counts, effects, None if finished is None else finished[1])
 
 

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
+from probe.overflow import forwards, require_finite
 from probe.models import LoadedModel
 from probe.inputs.sets import ProbeOptions, check_context, register_probe_set
 from probe.inputs.tasks import IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, _single, _tokens, json_lines, sva_draws
@@ -247,7 +248,10 @@ def logit_diffs(loaded: LoadedModel, contrast: ContrastSet, ids: Tensor, *, batc
             rows = slice(start, start + batch_size)
             logits = logits_of(run_model(loaded.model, ids[rows], contrast.mask[rows]))
             parts.append(logit_diff(logits, contrast, rows))
-    return torch.cat(parts)
+    diffs = torch.cat(parts)
+    require_finite(diffs, "the logit difference of the prompts", loaded.model,
+                   forwards(loaded.model, ids, contrast.mask, batch_size))
+    return diffs
 
 
 def contrast_logit_diffs(loaded: LoadedModel, contrast: ContrastSet, *, batch_size: int = 8) -> tuple[Tensor, Tensor]:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from probe.ablation.sweep import baseline_metric
 from probe.inputs import ProbeSet, context_length, natural_set
 from probe.errors import ProbeError
+from probe.overflow import NotFiniteError
 from probe.hooks.outputs import logits_of
 from probe.hooks.run import run_model
 from probe.models import LoadedModel
@@ -80,5 +81,7 @@ def probe_loss(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: 
     probe_set = natural_set(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs)
     try:
         return baseline_metric(loaded, probe_set, metric="cross_entropy", batch_size=batch_size)[0]
+    except NotFiniteError:
+        raise  # a checkpoint whose forward overflows is refused, not tracked as having no loss
     except ProbeError:
         return None
