@@ -197,22 +197,31 @@ def test_nan_attention_gives_strict_json_and_one_warning(tmp_path: Path) -> None
     assert by_head[(1, 3)]["scores"]["induction"] is None and by_head[(1, 3)]["labels"] == []
     assert by_head[(1, 1)]["scores"]["induction"] > 0.8  # the other heads are scored as ever
     warnings = [line for line in completed.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "for 1.3;" in warnings[0] and "--dtype float32" in warnings[0]
+    assert len(warnings) == 1 and "for 1.3;" in warnings[0] and "gave NaN or infinity there" in warnings[0]
 
 
 def test_files_are_written_before_the_terminal_report(tmp_path: Path) -> None:
     """A report that fails to print (a closed pipe, a crash) must not cost the results."""
-    out = tmp_path / "sweep.json"
-    completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", NAN, *SMALL,
+    out = tmp_path / "heads.json"
+    completed = subprocess.run([sys.executable, "-m", "probe.cli", "classify", "--model", NAN, "--num-seqs", "2",
                                 "--json", str(out)],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
                                env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path)})
     assert completed.returncode == 0, completed.stdout
     output = completed.stdout
-    assert output.index(f"wrote {out}") < output.index("warning:") < output.index("Head ablation of")
-    data = strict_json(out)
-    assert data["baseline_loss"] is None and {h["delta"] for h in data["heads"]} == {None}
-    assert "1.3 │ 3." in output  # ablating the NaN head leaves a finite loss; its delta from a NaN baseline is nan
+    assert output.index(f"wrote {out}") < output.index("warning:") < output.index("Head classification of")
+    assert strict_json(out)["heads"][-1]["scores"]["induction"] is None
+
+
+def test_a_nan_baseline_is_refused_where_the_forward_first_went_nan(tmp_path: Path, capsys, monkeypatch) -> None:
+    """Head 1.3's NaN queries make every logit NaN, so every delta would be measured from NaN: the sweep refuses in
+    one line naming the module (probe.overflow), and writes nothing."""
+    out = tmp_path / "sweep.json"
+    code, _, stderr = run_cli(["ablate", "--model", NAN, *SMALL, "--json", str(out)], capsys, monkeypatch)
+    assert code == 2 and not out.exists()
+    assert stderr.strip().splitlines()[-1] == (
+        "error: the unablated model's cross_entropy came out NaN or infinite, because the model's own float32 forward "
+        "does (first in layers.1.W_q): its weights or inputs are broken")
 
 
 def test_a_nan_delta_renders_without_crashing(tmp_path: Path) -> None:
@@ -495,8 +504,8 @@ def test_quiet_shows_only_warnings_and_errors(tmp_path: Path, capsys, monkeypatc
     code, _, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, "--json", str(out), "--force"], capsys,
                               monkeypatch)
     assert code == 0 and f"wrote {out}" in stderr  # without -q: the notes
-    code, _, stderr = run_cli(["--quiet", "ablate", "--model", NAN, *SMALL, "--json", str(out), "--force"], capsys,
-                              monkeypatch)
+    code, _, stderr = run_cli(["--quiet", "classify", "--model", NAN, "--num-seqs", "2", "--json", str(out),
+                               "--force"], capsys, monkeypatch)
     assert code == 0 and stderr.startswith("warning: numbers that are not finite") and "wrote" not in stderr
     code, _, stderr = run_cli(["-q", "ablate", "--model", PLANTED, "--top", "0"], capsys, monkeypatch)
     assert code == 2 and stderr.strip() == "error: --top must be at least 1, got 0"

@@ -4,6 +4,8 @@ load instead, where it used to print tables of NaN; the same models in float32 r
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -51,7 +53,6 @@ def test_the_refusal_says_what_to_do_for_the_dtype(dtype: torch.dtype, advice: s
 
 
 COMMANDS = {
-    "classify": [],
     "ablate": ["--data", "repeated", "--num-seqs", "2", "--repeat-len", "8"],
     "prune": ["--data", "repeated", "--num-seqs", "2", "--seq-len", "24"],
     "dla": ["--task", "ioi", "--count", "4"],
@@ -63,8 +64,8 @@ COMMANDS = {
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_every_command_refuses_a_model_whose_float16_forward_overflows(name: str, tmp_path, capsys,
                                                                        monkeypatch) -> None:
-    """One line, exit 2, no traceback, no file written: the baseline (or the scores) came out NaN, where block 0's
-    MLP overflowed, and --dtype bfloat16 is the way out."""
+    """One line, exit 2, no traceback, no file written: the baseline came out NaN, where block 0's MLP overflowed,
+    and --dtype bfloat16 is the way out."""
     out = tmp_path / "out.json"
     code, _, err = run_cli([name, "--model", MLP, *COMMANDS[name], "--dtype", "float16", "--json", str(out)],
                            capsys, monkeypatch)
@@ -73,6 +74,20 @@ def test_every_command_refuses_a_model_whose_float16_forward_overflows(name: str
     assert line.startswith("error: ") and "came out NaN or infinite" in line, line
     assert "(first in model.layers.0.mlp.down_proj)" in line and ADVICE in line and "--dtype bfloat16" in line
     assert not out.exists()
+
+
+def test_classify_keeps_the_heads_before_the_overflow_and_says_which_are_not(tmp_path, capsys, monkeypatch) -> None:
+    """Scores need no baseline: layer 0's heads (before block 0's MLP overflowed) are scored, layer 1's are null, and
+    one warning names them with float16's advice."""
+    out = tmp_path / "heads.json"
+    code, _, err = run_cli(["classify", "--model", MLP, "--dtype", "float16", "--json", str(out)], capsys,
+                           monkeypatch)
+    assert code == 0, err
+    warning = next(line for line in err.splitlines() if line.startswith("warning:"))
+    assert "for 1.0, 1.1, 1.2, 1.3;" in warning and ADVICE in warning and "--dtype bfloat16" in warning
+    heads = json.loads(out.read_text())["heads"]
+    assert all(head["scores"]["induction"] is None for head in heads if head["layer"] == 1)
+    assert all(head["scores"]["induction"] is not None for head in heads if head["layer"] == 0)
 
 
 def test_the_same_model_in_float32_runs(tmp_path, capsys, monkeypatch) -> None:

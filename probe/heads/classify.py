@@ -15,7 +15,6 @@ from torch import Tensor
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
                         ProbeSet, build_probe_set, real_tokens)
 from probe.errors import ProbeError, first_line
-from probe.overflow import forwards, overflowed
 from probe.frames import frame, head_columns
 from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
@@ -315,7 +314,6 @@ def classify(
         paths[set_name] = scored.path
         done += _steps(probe_set, batch_size, len(layers), passes[set_name])
     log.info("classified %d classes on %s", len(names), ", ".join(sets))
-    _refuse_overflow(loaded, results, sets, batch_size)
     not_applicable = _not_applicable(names, layers, results)
     return Classification(
         model=loaded.name,
@@ -330,19 +328,6 @@ def classify(
         path=paths[order[0]] if len(set(paths.values())) == 1 else "; ".join(f"{k}: {v}" for k, v in paths.items()),
         dtype=model_dtype(loaded),
     )
-
-
-def _refuse_overflow(loaded: LoadedModel, results: dict[str, Tensor], sets: dict[str, ProbeSet],
-                     batch_size: int) -> None:
-    """Scores that are NaN because the model's own forward overflowed (float16 past 65504: every later layer reads
-    NaN) are refused, saying where (probe.overflow); the forwards are rerun only when a score is not finite."""
-    if all(bool(torch.isfinite(scores).all()) for scores in results.values()):
-        return
-    runs = [run for probe_set in sets.values()
-            for run in forwards(loaded.model, probe_set.input_ids, probe_set.attention_mask, batch_size)]
-    error = overflowed("the head scores", loaded.model, runs)
-    if error is not None:
-        raise error
 
 
 def _not_applicable(names: list[str], layers: list[AttentionLayer],
