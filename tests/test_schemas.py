@@ -45,7 +45,7 @@ def _maps(tmp: Path) -> list[str]:
 
 
 RUNS: dict[str, tuple[Any, str]] = {
-    **{name: (args, "") for name, args in COMMANDS.items()},
+    **{name: (args, "") for name, args in COMMANDS.items() if name in SCHEMAS},  # kinds, not variants of one
     "circuits": (lambda tmp: ["circuits", "--model", PLANTED, "--seq-len", "64", "--num-seqs", "4", "--repeat-len",
                               "20"], ""),  # induction heads to list
     "steer": (lambda tmp: ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--scale", "0,2", "--task", "ioi",
