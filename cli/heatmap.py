@@ -18,7 +18,7 @@ from probe.models import DEFAULT_MODEL
 from probe.patterns import Patterns, read_text, text_patterns
 from probe.reports.files import write_json, write_text
 from probe.schemas import header
-from probe.reports.labels import column_label
+from probe.reports.labels import column_label, precision_note
 from probe.reports.html import heatmap_page
 
 Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
@@ -66,15 +66,16 @@ def heatmap(
         page = heatmap_page(patterns.to_dict())
         write_text(html_path, page)
         note(f"wrote {html_path} ({len(page.encode('utf-8')) / 2**20:.1f} MiB, {len(patterns.tokens)} tokens)")
+    note(precision_note(patterns.to_dict()).capitalize() + ".")  # what the weights were computed in, as every report
 
 
 def weights_payload(patterns: Patterns) -> dict[str, Any]:
     """The shown heads' weights as plain JSON: what the page draws, for a script (per head a list of query rows)."""
     data = patterns.to_dict()
     names = data.get("layer_names")
-    return {"model": data["model"], "source": data["source"], "tokens": data["tokens"], "first": data["first"],
-            "total_tokens": data["total_tokens"], "decimals": data["decimals"], "causal": data["causal"],
-            "note": data["note"], **({"layer_names": names} if names else {}),
+    return {"model": data["model"], "dtype": data["dtype"], "source": data["source"], "tokens": data["tokens"],
+            "first": data["first"], "total_tokens": data["total_tokens"], "decimals": data["decimals"],
+            "causal": data["causal"], "note": data["note"], **({"layer_names": names} if names else {}),
             "heads": [{"layer": layer, "head": head, "name": column_label(layer, head, names),
                        "weights": np.round(patterns.weights(layer, head), data["decimals"]).tolist()}
                       for layer, head in patterns.heads if head >= 0]}  # not the page's layer averages (head -1)

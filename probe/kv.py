@@ -412,10 +412,11 @@ class Budget:
     total: int
     points: list[dict[str, Any]] = field(default_factory=list)
     measured_on: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "streamed": self.streamed, "total": self.total, "points": self.points,
-                "measured_on": self.measured_on}
+                "measured_on": self.measured_on, "dtype": self.dtype}
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per point the search measured (k, loss change, needle accuracy, accepted): the
@@ -456,7 +457,7 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
     return Budget(rule, low, len(order), sorted(points, key=lambda point: point["k"]),
                   {"baseline_loss": round(base_loss, 6), "baseline_needle_accuracy": round(base_accuracy, 6),
                    "natural_texts": int(inputs.texts.shape[0]), "natural_length": int(inputs.texts.shape[1]),
-                   "needle_prompts": int(inputs.needles.input_ids.shape[0])})
+                   "needle_prompts": int(inputs.needles.input_ids.shape[0])}, model_dtype(loaded))
 
 
 def budget_points(n_kv_total: int) -> int:
@@ -591,7 +592,7 @@ def _texts(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts:
 
 
 def _fixed_budget(order: list[tuple[int, int]], kv_retrieval: Tensor, kv_streaming: Tensor, full_fraction: float | None,
-                  thresholds: tuple[float | None, float | None],
+                  thresholds: tuple[float | None, float | None], dtype: str,
                   why: str | None = None) -> tuple[Budget, set[tuple[int, int]]]:
     """The full KV heads of a fixed budget (a fraction, or thresholds) and its rule (`why`: why not calibrated)."""
     full = full_heads(order, kv_retrieval, kv_streaming, full_fraction=full_fraction,
@@ -601,7 +602,8 @@ def _fixed_budget(order: list[tuple[int, int]], kv_retrieval: Tensor, kv_streami
     else:
         fraction = DEFAULT_FULL_FRACTION if full_fraction is None else full_fraction
         rule = f"fixed: the last {fraction:g} of the order full"
-    return Budget(rule + ("" if why is None else f" ({why})"), len(order) - len(full), len(order)), full
+    return Budget(rule + ("" if why is None else f" ({why})"), len(order) - len(full), len(order),
+                  dtype=dtype), full
 
 
 def kv_heads(
@@ -645,7 +647,7 @@ def kv_heads(
         full = set(order[budget.streamed:])
     else:
         budget, full = _fixed_budget(order, kv_retrieval, kv_streaming, full_fraction,
-                                     (retrieval_threshold, streaming_threshold), why_fixed)
+                                     (retrieval_threshold, streaming_threshold), model_dtype(loaded), why_fixed)
     clock.lap("budget")
     result = KVHeads(loaded.name, retrieval.shape[0], n_heads, n_kv, sink, recent, retrieval.float(),
                      streaming.float(), kv_retrieval.float(), kv_streaming.float(), order, full,

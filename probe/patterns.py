@@ -36,6 +36,7 @@ from probe.hooks.capture import stream_attention
 from probe.hooks.layers import attention_layers
 from probe.hooks.stacks import decoder_start, layer_names
 from probe.models import LoadedModel
+from probe.provenance import model_dtype
 
 DEFAULT_MAX_TOKENS = 512
 TOKEN_LIMIT = 1024
@@ -72,6 +73,7 @@ class Patterns:
     thumbnails: np.ndarray | None = None  # (len(heads), t, t) uint8: max-pooled weight * 255, for overviews
     meta: dict[str, Any] = field(default_factory=dict)
     layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     @property
     def labels(self) -> list[str]:
@@ -95,7 +97,7 @@ class Patterns:
                 "heads": [[layer, head] for layer, head in self.heads], "values": self.values,
                 "decimals": self.decimals, "scale": self.scale, "causal": self.causal, "n_layers": self.n_layers,
                 "n_heads": self.n_heads, "total_tokens": self.total_tokens, "note": self.note, "first": self.first,
-                "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE,
+                "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE, "dtype": self.dtype,
                 **({"layer_names": self.layer_names} if self.layer_names else {})}
 
     def to_frame(self) -> Any:
@@ -404,6 +406,7 @@ def attention_patterns(
         thumbnails=np.concatenate(picked.thumbnails) if thumbnails else None,
         first=window.start,
         layer_names=layer_names(found),
+        dtype=model_dtype(loaded),
     )
 
 

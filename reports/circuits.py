@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import esc, facts_table, header_cell, page
-from probe.reports.labels import column_label, short_label
+from probe.reports.labels import column_label, precision_fact, precision_note, short_label
 
 
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -57,6 +57,8 @@ def circuits_report(payload: dict[str, Any], console: Console) -> None:
                        f"{summary['above_baseline']}", style="bold"))
     console.print(Text("Δ: loss change on the second copy of the repeated set (zero ablation); interaction: Δ together"
                        " - Δ feeder - Δ induction (< 0: the two do one job)", style="dim"))
+    if precision_note(payload):  # the last line says what the numbers were computed in
+        console.print(Text(precision_note(payload).capitalize() + ".", style="dim"))
 
 
 def circuits_page(payload: dict[str, Any]) -> str:
@@ -67,7 +69,7 @@ def circuits_page(payload: dict[str, Any]) -> str:
               "(K-composition of random matrices of the same shapes; rotary ignored)"),
              ("previous-token -> induction pairs", f"{summary['pairs']}; the previous-token head composes most "
               f"strongly of its layer in {summary['ranked_first_in_layer']}, above the baseline in "
-              f"{summary['above_baseline']}")]
+              f"{summary['above_baseline']}")] + precision_fact(payload)
     header = ["induction head", "feeders by K-composition (P: previous-token head)", "ablated feeder", "Δ feeder",
               "Δ induction", "Δ together", "interaction"]
     rows = []

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from probe.errors import ProbeError
-from probe.reports.labels import LayerNames, long_label, short_label
+from probe.reports.labels import LayerNames, long_label, precision_fact, short_label
 
 ASSETS = Path(__file__).parent / "assets"
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
@@ -262,7 +262,8 @@ def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
         + facts_table([("input", patterns["source"]), ("tokens", f"{n:,}" + ("" if n == total else f" of {total:,}")),
                ("heads", shown),
                ("weights", f"rounded to {patterns['decimals']} decimals; "
-                           + ("keys after the query are masked (grey)" if patterns["causal"] else "no mask"))])
+                           + ("keys after the query are masked (grey)" if patterns["causal"] else "no mask")),
+               *precision_fact(patterns)])
         + (f'<p class="probe-note">{esc(note)}</p>' if note else "")
         + '<div class="probe-controls">'
         '<label>Layer <select class="probe-layer" aria-label="layer"></select></label>'

@@ -79,8 +79,8 @@ def curve_table(curve: dict[str, Any]) -> Table:
 
 def budget_record(payload: dict[str, Any]) -> dict[str, Any]:
     """What an export's budget file says: how the budget was chosen, what was measured, which KV heads stream."""
-    return {"model": payload["model"], "sink": payload["sink"], "recent": payload["recent"],
-            "budget": payload["budget"], "n_streaming": payload["n_streaming"],
+    return {"model": payload["model"], "dtype": payload["dtype"], "sink": payload["sink"],
+            "recent": payload["recent"], "budget": payload["budget"], "n_streaming": payload["n_streaming"],
             "streaming": [[row["layer"], row["kv_head"]] for row in payload["kv_heads"] if row["label"] != "full"]}
 
 

@@ -41,6 +41,12 @@ def precision_note(payload: dict[str, Any]) -> str:
     return f"computed in {dtype}, its sums in float32 or wider (docs/precision.md: how far it lies from float32)"
 
 
+def precision_fact(payload: dict[str, Any]) -> list[tuple[str, str]]:
+    """A page's facts-table row saying what the result was computed in (none for a payload without `dtype`)."""
+    note = precision_note(payload)
+    return [("precision", note)] if note else []
+
+
 def column_label(layer: int, head: int, names: LayerNames = None, *, kv: bool = False) -> str:
     """`L18H6` (`x3.1`): a head in a CSV or DataFrame column. pandas reads `0.1` and `0.10` as one float, so a column
     of short labels would merge heads on a model of 10 or more heads per layer; --heads takes this form too. `kv`: a

@@ -7,6 +7,7 @@ from typing import Any
 
 from probe.errors import ProbeError
 from probe.reports.html import esc, facts_table, page
+from probe.reports.labels import precision_fact
 
 COLORS = {"michel": "#b2182b", "sweep": "#2166ac"}
 NAMES = {"michel": "Michel importance (recomputed each step)", "sweep": "single-head sweep order"}
@@ -53,6 +54,7 @@ def prune_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
             ("limit", "none (to 100%)" if payload.get("max_loss") is None else f"{payload['max_loss']:.4f}")]
     if payload.get("note"):
         rows.append(("note", str(payload["note"])))
+    rows += precision_fact(payload)
     body = (f"<h1>Pruning curves of {esc(payload['model'])}</h1>" + facts_table(rows)
             + '<p class="probe-small">Dotted: the baseline (grey) and the largest loss allowed (red).</p>'
             '<div class="probe-prune-plot"></div>')

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import ASSETS, esc, facts_table, page
-from probe.reports.labels import column_label, short_label
+from probe.reports.labels import column_label, precision_fact, precision_note, short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
 SHOWN_SYNTACTIC = 25  # heads listed in the overview
@@ -72,6 +72,8 @@ def syntax_report(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"Most confident attention on arcs (weights > {payload['confident']['threshold']:g}, BOS "
                        "excluded; Vig & Belinkov 2019): ", style="bold"),
                   Text(", ".join(f"{short_label(layer, h)} {v:.2f}" for v, layer, h in ranked[:5])))
+    if precision_note(payload):  # the last line says what the numbers were computed in
+        console.print(Text(precision_note(payload).capitalize() + ".", style="dim"))
 
 
 def syntactic_grid(payload: dict[str, Any]) -> Table:
@@ -127,7 +129,7 @@ def syntax_page(payload: dict[str, Any]) -> str:
             ("sentences", f"{payload['sentences']} ({payload['words']} words)"),
             ("scoring", f"{how}; syntactic: accuracy > baseline + {payload['margin']:g}, relations with >= "
                         f"{payload['min_count']} arcs")]
-    rows += [("skipped", line) for line in payload["skipped"]]
+    rows += [("skipped", line) for line in payload["skipped"]] + precision_fact(payload)
     body = (f"<h1>Syntactic heads of {esc(payload['model'])}</h1>" + facts_table(rows)
             + "<h2>Accuracy above the best fixed-offset baseline, per relation and head</h2>"
             '<div class="probe-syntax-plot"></div>'

@@ -58,6 +58,7 @@ RUNS: dict[str, tuple[Any, str]] = {
 }
 """Per kind: the command that writes it (--json added) and where its payload is: "" the --json file itself, a key
 of it (a section), or a file written beside it."""
+RESULTS = set(SCHEMAS) - {"compare"}  # compare reads two maps: its dtype is theirs, null where they differ
 
 
 def validator(kind: str) -> jsonschema.Draft202012Validator:
@@ -101,6 +102,13 @@ def test_every_kind_has_a_run_here() -> None:
     assert set(RUNS) == set(SCHEMAS)
 
 
+def test_every_result_declares_the_dtype_it_was_computed_in() -> None:
+    """docs/precision.md: every result's payload has a `dtype` (a string, required) besides provenance's."""
+    for kind in RESULTS:
+        field = SCHEMAS[kind].fields.get("dtype")
+        assert field is not None and field.type == "string" and field.required, kind
+
+
 @pytest.mark.parametrize("kind", sorted(SCHEMAS))
 def test_the_file_validates_its_schema_refuses_a_broken_one_and_the_frame_has_its_columns(
         kind: str, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -110,6 +118,8 @@ def test_the_file_validates_its_schema_refuses_a_broken_one_and_the_frame_has_it
         assert list(payload)[:2] == ["schema", "schema_version"] and "provenance" in payload
     assert payload["schema"] == f"probe/{kind}" and payload["schema_version"] == SCHEMAS[kind].version
     check.validate(payload)
+    if kind in RESULTS:  # every result records the dtype it was computed in: these runs' default, float32
+        assert payload["dtype"] == "float32"
     required = next(name for name, field in SCHEMAS[kind].fields.items() if field.required)
     for broken in ({key: value for key, value in payload.items() if key != required},
                    {(key + "s" if key == required else key): value for key, value in payload.items()},

@@ -44,6 +44,7 @@ from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
+from probe.provenance import model_dtype
 
 ORDERINGS = ("michel", "sweep", "random")
 Unit = tuple[Head, ...]
@@ -109,13 +110,14 @@ class PruneResult:
     seconds: float = 0.0
     costs: dict[str, float] = field(default_factory=dict)
     layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     def to_dict(self) -> dict[str, Any]:
         note = ("" if self.units == "kv_groups" else
                 "query heads pruned alone: the key/value projections of a grouped-query layer still run in full")
         return {"model": self.model, "metric": self.metric, "method": self.method, "data": self.data,
                 "units": self.units, "n_units": self.n_units, "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "measured_on": self.measured_on or self.data,
+                "dtype": self.dtype, "measured_on": self.measured_on or self.data,
                 "baseline_loss": self.baseline_loss, "step": self.step, "max_loss": self.limit,
                 "seconds": round(self.seconds, 3), "costs": self.costs, "note": note or None,
                 "curves": [curve.to_dict() for curve in self.curves],
@@ -348,7 +350,7 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
                          *layer_shape(attention_layers(loaded.model)), baseline, step,
                          _limit(baseline, max_increase, relative),
                          None if eval_set is None else data_name(eval_set, eval_data),
-                         layer_names=layer_names(attention_layers(loaded.model)))
+                         layer_names=layer_names(attention_layers(loaded.model)), dtype=model_dtype(loaded))
     curves = [(name, None) for name in orderings if name != "random"] + \
         [("random", seed) for seed in seeds if "random" in orderings]
     total, done = math.ceil(1 / step - 1e-9) * (len(curves) + ("michel" in orderings)), [0]

@@ -20,6 +20,7 @@ from probe.circuits.composition import UNIT, Composition, composition_scores
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, ProbeOptions, ProbeSet, build_probe_set
 from probe.heads.classify import Classification, classify
 from probe.models import LoadedModel
+from probe.provenance import model_dtype
 from probe.progress import Progress, StageProgressArg, stage_callback, stage_tick
 
 CLASSES = ("previous_token", "induction")
@@ -80,11 +81,12 @@ class Circuits:
     folded: str
     seconds: float
     baseline_second_copy: float | None = None
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     def to_dict(self) -> dict[str, Any]:
         ranks = self.previous_token_ranks
         return {
-            "model": self.model, "random_baseline": round(self.baseline, 6),
+            "model": self.model, "dtype": self.dtype, "random_baseline": round(self.baseline, 6),
             "folded_norm": self.folded or None, "rotary_ignored": True, "seconds": round(self.seconds, 3),
             "baseline_second_copy_loss": self.baseline_second_copy,
             "induction_heads": [pair.to_dict() for pair in self.pairs],
@@ -138,7 +140,8 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
     classes = classify(loaded, scores=list(CLASSES), seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
                        seed=seed, batch_size=batch_size, progress=stage_tick(report, "classifying heads"))
     pairs, ranks = _pairs(composition, classes, top)
-    result = Circuits(loaded.name, composition.baseline, pairs, ranks, composition.folded, 0.0)
+    result = Circuits(loaded.name, composition.baseline, pairs, ranks, composition.folded, 0.0,
+                      dtype=model_dtype(loaded))
     for pair in pairs:
         previous = [feeder.head for feeder in pair.feeders if feeder.previous_token]
         pair.checked = (previous or [feeder.head for feeder in pair.feeders])[0] if pair.feeders else None

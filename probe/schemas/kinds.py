@@ -132,7 +132,7 @@ register(Kind(
         "model": MODEL, "metric": Field("string", "the metric"), "method": Field("string", "the ablation"),
         "data": Field("string", "the data the order was chosen on"),
         "units": Field("string", "heads or kv_groups: what one pruning decision removes"),
-        "n_units": Field("integer", "units there are"), "n_layers": N_LAYERS, "n_heads": N_HEADS,
+        "n_units": Field("integer", "units there are"), "n_layers": N_LAYERS, "n_heads": N_HEADS, "dtype": DTYPE,
         "measured_on": Field("string", "the data the losses were measured on"),
         "baseline_loss": Field("number", "the loss with nothing pruned"),
         "step": Field("number", "the share of units pruned per step"),
@@ -307,7 +307,7 @@ register(Kind(
     "kv-budget", 1, "probe.kv:Budget",
     "The budget file written beside a --export: how the budget was chosen, what was measured, which KV heads "
     "stream.",
-    fields={"model": MODEL, "sink": Field("integer", "the streaming cache's sink keys"),
+    fields={"model": MODEL, "dtype": DTYPE, "sink": Field("integer", "the streaming cache's sink keys"),
             "recent": Field("integer", "its recent keys"),
             "budget": Field(("object", "null"), "the rule, the number streamed, every point measured"),
             "n_streaming": Field("integer", "KV heads that stream"),
@@ -395,7 +395,7 @@ register(Kind(
         "model": MODEL, "scheme": Field("string", "the dependency scheme"),
         "scheme_title": Field("string", "its title"), "source": Field("string", "the parsed corpus"),
         "causal": Field("boolean", "whether the model is causal (a dependent sees only earlier words)"),
-        "n_layers": N_LAYERS, "n_heads": N_HEADS, "sentences": Field("integer", "sentences read"),
+        "n_layers": N_LAYERS, "n_heads": N_HEADS, "dtype": DTYPE, "sentences": Field("integer", "sentences read"),
         "words": Field("integer", "words read"), "min_count": Field("integer", "arcs a relation needs to be judged"),
         "margin": Field("number", "how far above the baseline a syntactic head's accuracy is"),
         "relations": Field("array", "each relation and direction", items=Field("object", "a relation", fields={
@@ -427,7 +427,8 @@ register(Kind(
     "Induction heads, their K-composing feeders against the random baseline, and the ablation check "
     "(probe circuits --json).",
     fields={
-        "model": MODEL, "random_baseline": Field("number", "K-composition of random matrices of the same shapes"),
+        "model": MODEL, "dtype": DTYPE,
+        "random_baseline": Field("number", "K-composition of random matrices of the same shapes"),
         "folded_norm": Field(("string", "null"), "the norm whose gains were folded into the weights"),
         "rotary_ignored": Field("boolean", "whether rotary embeddings are left out of the scores"),
         "seconds": SECONDS,
@@ -479,7 +480,7 @@ register(Kind(
     "heatmap", 1, "probe.patterns:Patterns",
     "The shown heads' attention weights on one text (probe heatmap --json): per head a list of query rows.",
     fields={
-        "model": MODEL, "source": Field("string", "what the tokens are"),
+        "model": MODEL, "dtype": DTYPE, "source": Field("string", "what the tokens are"),
         "tokens": Field("array", "the visible token strings", items=Field("string", "a token")),
         "first": Field("integer", "the position of the first token shown"),
         "total_tokens": Field("integer", "tokens in the input before any cut"),

@@ -34,6 +34,7 @@ class SyntaxResult:
     margin: float
     skipped: list[str] = field(default_factory=list)
     examples: list[dict[str, Any]] = field(default_factory=list)
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
     def ordered(self) -> list[tuple[str, str]]:
         """(relation, direction) keys in the scheme's order, then the others, most arcs first within a relation."""
@@ -85,7 +86,7 @@ class SyntaxResult:
         share = self.confident_share
         return {
             "model": self.model, "scheme": scheme.name, "scheme_title": scheme.title, "source": self.source,
-            "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads, "dtype": self.dtype,
             "sentences": self.sentences, "words": self.words, "min_count": self.min_count, "margin": self.margin,
             "relations": [self._relation_entry(key) for key in self.ordered()],
             "syntactic": [{"layer": layer, "head": head, "relations": names}

@@ -16,6 +16,7 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.run import accepts_argument
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
+from probe.provenance import model_dtype
 from probe.syntax.align import Aligned, align
 from probe.syntax.conllu import Sentence
 from probe.syntax.result import SyntaxResult
@@ -109,4 +110,4 @@ def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str
         model=loaded.name, scheme=scheme, source=source, causal=causal, n_layers=tally.shape[0],
         n_heads=tally.shape[1], sentences=len(aligned), words=sum(len(a.members) for a in aligned),
         relations=tally.relations, confident_share=tally.confident_share(), confident=confident,
-        min_count=min_count, margin=margin, skipped=skipped, examples=shown)
+        min_count=min_count, margin=margin, skipped=skipped, examples=shown, dtype=model_dtype(loaded))
