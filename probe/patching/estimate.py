@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from probe.ablation.estimate import gradient_scale
 from probe.ablation.heads import Ablation, Head
 from probe.ablation.metrics import Metric, choose_metric
 from probe.ablation.statistics import HeadOutputs
@@ -40,6 +41,8 @@ from probe.provenance import model_dtype
 from probe.patching.heads import PatchEntry, PatchResult, check_runs, patch_units, row_logit_diffs
 
 RECOMPUTE_TOLERANCE = 1e-4  # the QK fix's recomputation of an unpatched head against the model's own output
+# in float32; a half-precision model rounds its output to its dtype (bfloat16: by up to 2^-9 of values near 1, which
+# refused every query, key and value estimate), so there the tolerance is 2 eps of the dtype (2^-6 in bfloat16)
 
 
 @dataclass
@@ -48,8 +51,9 @@ class _Pass:
     or value patches) each layer's attention inputs."""
 
     heads: dict[int, Tensor]
-    grads: dict[int, Tensor]
+    grads: dict[int, Tensor]  # times `scale`: float16's gradients of a mean over rows kept in range (gradient_scale)
     inputs: dict[int, AttentionInputs]
+    scale: float = 1.0
 
 
 def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor | None, scored: Tensor, rows: int,
@@ -72,9 +76,10 @@ def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor 
             logits = logits_of(run_model(loaded.model, ids, mask))
         diffs = row_logit_diffs(metric, logits, ids, scored)  # (batch,)
         order = sorted(captured)
-        grads = torch.autograd.grad(diffs.sum() / rows, [captured[layer] for layer in order])
+        scale = gradient_scale(rows)
+        grads = torch.autograd.grad(diffs.sum() * (scale / rows), [captured[layer] for layer in order])
     heads = {layer: captured[layer].detach() for layer in order}
-    return _Pass(heads, dict(zip(order, grads)), inputs), float(diffs.detach().double().sum()) / rows
+    return _Pass(heads, dict(zip(order, grads)), inputs, scale), float(diffs.detach().double().sum()) / rows
 
 
 def _head_slice(value: Tensor | None, heads: list[int]) -> Tensor | None:
@@ -107,11 +112,11 @@ def _local_change(one: _Pass, layer: int, unit: Ablation, component: str, source
     patched_tensor[:, index] = source[:, index].to(patched_tensor.dtype)
     before = _recomputed(inputs, heads, group)
     gap = float((before - one.heads[layer][:, :, heads]).abs().max())
-    if gap > RECOMPUTE_TOLERANCE * max(1.0, float(before.abs().max())):
+    if gap > max(RECOMPUTE_TOLERANCE, 2 * torch.finfo(before.dtype).eps) * max(1.0, float(before.abs().max())):
         raise ProbeError(f"the QK fix cannot rebuild layer {layer}'s attention from its inputs (off by {gap:.3g}): "
                          "estimate the output component, or patch exactly", parameter="component")
     after = _recomputed(replace(inputs, **{component: patched_tensor}), heads, group)
-    return float((one.grads[layer][:, :, heads] * (after - before)).double().sum())
+    return float((one.grads[layer][:, :, heads] * (after - before)).double().sum()) / one.scale
 
 
 def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, units: list[Ablation], component: str,
@@ -129,7 +134,7 @@ def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, uni
             if component == "output":
                 heads = [head for _, head in unit]
                 delta = source.at(layer, one.heads[layer], batch)[:, :, heads] - one.heads[layer][:, :, heads]
-                changes[index] += float((one.grads[layer][:, :, heads] * delta).double().sum())
+                changes[index] += float((one.grads[layer][:, :, heads] * delta).double().sum()) / one.scale
             else:
                 changes[index] += _local_change(one, layer, unit, component, source.values[batch][layer])
     return changes, total
