@@ -348,3 +348,14 @@ def test_estimate_in_float16_keeps_the_gradients_of_a_mean_over_many_tokens() ->
         deltas[dtype] = torch.tensor([head.delta for head in result.heads], dtype=torch.float64)
     bfloat16, float16 = ((deltas[dtype] - deltas["float32"]).abs().max() for dtype in ("bfloat16", "float16"))
     assert float16 <= bfloat16 / 4, (float(float16), float(bfloat16))
+
+
+def test_a_scaled_gradient_past_float16s_range_falls_back_to_the_unscaled_one() -> None:
+    """scaled_gradients multiplies a mean over 1,024 tokens by 1,024 before the backward; where that would pass
+    65504 in float16 (an inf, then NaN terms), the unscaled gradient is returned instead, with scale 1."""
+    from probe.ablation.estimate import scaled_gradients
+
+    leaf = torch.ones(4, dtype=torch.float16, requires_grad=True)
+    for factor, scale, gradient in ((1.0, 1024.0, 128.0), (1000.0, 1.0, 125.0)):
+        (grad,), chosen = scaled_gradients((leaf.float() * factor).sum() / 8, 1024, [leaf])
+        assert chosen == scale and grad is not None and torch.equal(grad, torch.full_like(leaf, gradient))

@@ -75,13 +75,26 @@ def gradient_scale(count: float) -> float:
     """The power of two at or above `count`, that a mean over `count` tokens is multiplied by before its backward and
     its gradients' terms divided by after (in float64). Why: the gradient of a mean over many tokens falls under
     float16's smallest normal (6e-5; on SmolLM2 over 504 tokens 61% of the head outputs' gradients did, 1.7% were
-    flushed to 0), where it keeps 10 bits no more; scaled, it is about a sum's, in range. A power of two changes no
-    float32 or bfloat16 rounding: their terms stay what they were, bit for bit."""
+    flushed to 0), where it keeps 10 bits no more; scaled, it is about a sum's, in range (there: the largest 314,
+    1.9% under 6e-5). A power of two changes no float32 or bfloat16 rounding: their terms stay what they were, bit for
+    bit."""
     return 2.0 ** math.ceil(math.log2(max(count, 1.0)))
 
 
+def scaled_gradients(mean: Tensor, count: float, inputs: Sequence[Tensor], *, retain_graph: bool = False
+                     ) -> tuple[tuple[Tensor | None, ...], float]:
+    """The gradients of `mean` (over `count` tokens or rows) w.r.t. `inputs`, times the scale returned
+    (gradient_scale); where a scaled gradient is not finite (float16 ends at 65504), the unscaled ones, scale 1."""
+    scale = gradient_scale(count)
+    grads = torch.autograd.grad(mean * scale, inputs, retain_graph=True, allow_unused=True)
+    found = [grad for grad in grads if grad is not None]
+    if scale == 1.0 or not found or bool(torch.stack([torch.isfinite(grad).all() for grad in found]).all()):
+        return grads, scale
+    return torch.autograd.grad(mean, inputs, retain_graph=retain_graph, allow_unused=True), 1.0
+
+
 def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: list[int], valid: Tensor,
-                  n_tokens: float, samples: int, seed: int, step: Callable[[], None]) -> None:
+                  n_tokens: float, samples: int, seed: int, step: Callable[[], None], scale: float = 1.0) -> None:
     """Gauss-Newton term from `samples` backward passes with next tokens drawn from the model's predictions.
 
     The gradient of a sampled label's loss w.r.t. the logits is softmax - onehot(label): no second log-softmax,
@@ -89,8 +102,7 @@ def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: l
     vocab = shifted.shape[-1]
     probs = shifted.detach().softmax(dim=-1).reshape(-1, vocab)  # (batch * (positions - 1), vocab)
     cumulative = probs.cumsum(dim=-1)
-    scale = gradient_scale(n_tokens)  # float16's gradients kept in range (gradient_scale)
-    weight = (valid.reshape(-1, 1) * (scale / n_tokens)).to(probs.dtype)
+    weight = (valid.reshape(-1, 1) * (scale / n_tokens)).to(probs.dtype)  # the first order's scale: scaled_gradients
     generator = torch.Generator(device=probs.device).manual_seed(seed)
     for sample in range(samples):
         uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)
@@ -130,15 +142,15 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
         token_loss = scorer.metric.values(logits, batch.ids, None)  # (batch, positions - 1)
         order = sorted(outputs)
         inputs = [outputs[layer] for layer in order]
-        scale = gradient_scale(n_tokens)  # float16's gradients kept in range (gradient_scale)
-        loss = (token_loss * valid).sum() * (scale / n_tokens)
-        grads = torch.autograd.grad(loss, inputs, retain_graph=samples > 0)
+        loss = (token_loss * valid).sum() / n_tokens
+        grads, scale = scaled_gradients(loss, n_tokens, inputs, retain_graph=samples > 0)  # float16's kept in range
         for layer, grad in zip(order, grads):
+            assert grad is not None  # every head output feeds the logits
             first = -(grad * outputs[layer].detach()).double().sum(dim=(0, 1, 3)).cpu()
             terms.first[layer, :grad.shape[2]] += first / scale
         step()
         if samples:
-            _second_order(terms, shifted, inputs, order, valid, n_tokens, samples, seed, step)
+            _second_order(terms, shifted, inputs, order, valid, n_tokens, samples, seed, step, scale)
         terms.batch_sums.append(scorer.sums(logits.detach(), batch.ids, batch.counted, 1)[0])
         terms.sums += terms.batch_sums[-1]
     return kept

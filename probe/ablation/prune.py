@@ -30,7 +30,7 @@ from torch import Tensor
 
 from probe.frames import frame
 from probe.ablation.editor import head_editor
-from probe.ablation.estimate import gradient_scale
+from probe.ablation.estimate import scaled_gradients
 from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
@@ -192,10 +192,9 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
         values = graded(evaluator.scorer.metric).values(output, batch.ids, batch.reference)  # (batch, positions')
         counted = batch.counted[0].to(values.device)
         per_sequence = (values * counted).sum(dim=1) / counted.sum(dim=1).clamp(min=1)
-        scale = gradient_scale(float(counted.sum(dim=1).max()))  # float16's gradients of a mean kept in range
         order = sorted(outputs)
-        grads = torch.autograd.grad(per_sequence.sum() * scale, [outputs[layer] for layer in order],
-                                    allow_unused=True)
+        grads, scale = scaled_gradients(per_sequence.sum(), float(counted.sum(dim=1).max()),
+                                        [outputs[layer] for layer in order])  # float16's kept in range
     gates = torch.zeros(batch.ids.shape[0], n_layers, n_heads, dtype=torch.float64)
     for layer, grad in zip(order, grads):
         if grad is not None:

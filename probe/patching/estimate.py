@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from probe.ablation.estimate import gradient_scale
+from probe.ablation.estimate import scaled_gradients
 from probe.ablation.heads import Ablation, Head
 from probe.ablation.metrics import Metric, choose_metric
 from probe.ablation.statistics import HeadOutputs
@@ -51,7 +51,7 @@ class _Pass:
     or value patches) each layer's attention inputs."""
 
     heads: dict[int, Tensor]
-    grads: dict[int, Tensor]  # times `scale`: float16's gradients of a mean over rows kept in range (gradient_scale)
+    grads: dict[int, Tensor]  # times `scale`: float16's gradients of a mean over rows kept in range (scaled_gradients)
     inputs: dict[int, AttentionInputs]
     scale: float = 1.0
 
@@ -76,10 +76,10 @@ def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor 
             logits = logits_of(run_model(loaded.model, ids, mask))
         diffs = row_logit_diffs(metric, logits, ids, scored)  # (batch,)
         order = sorted(captured)
-        scale = gradient_scale(rows)
-        grads = torch.autograd.grad(diffs.sum() * (scale / rows), [captured[layer] for layer in order])
+        grads, scale = scaled_gradients(diffs.sum() / rows, rows, [captured[layer] for layer in order])
     heads = {layer: captured[layer].detach() for layer in order}
-    return _Pass(heads, dict(zip(order, grads)), inputs, scale), float(diffs.detach().double().sum()) / rows
+    kept = {layer: grad for layer, grad in zip(order, grads) if grad is not None}  # every head feeds the logits
+    return _Pass(heads, kept, inputs, scale), float(diffs.detach().double().sum()) / rows
 
 
 def _head_slice(value: Tensor | None, heads: list[int]) -> Tensor | None:
