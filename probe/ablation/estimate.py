@@ -84,11 +84,13 @@ def gradient_scale(count: float) -> float:
 def scaled_gradients(mean: Tensor, count: float, inputs: Sequence[Tensor], *, retain_graph: bool = False
                      ) -> tuple[tuple[Tensor | None, ...], float]:
     """The gradients of `mean` (over `count` tokens or rows) w.r.t. `inputs`, times the scale returned
-    (gradient_scale); where a scaled gradient is not finite (float16 ends at 65504), the unscaled ones, scale 1."""
+    (gradient_scale); where a scaled float16 gradient is not finite (float16 ends at 65504), the unscaled ones, scale
+    1. float32 and bfloat16 (float32's range) are never checked: no graph kept, no device sync."""
     scale = gradient_scale(count)
-    grads = torch.autograd.grad(mean * scale, inputs, retain_graph=True, allow_unused=True)
+    checked = scale > 1.0 and any(tensor.dtype == torch.float16 for tensor in inputs)
+    grads = torch.autograd.grad(mean * scale, inputs, retain_graph=retain_graph or checked, allow_unused=True)
     found = [grad for grad in grads if grad is not None]
-    if scale == 1.0 or not found or bool(torch.stack([torch.isfinite(grad).all() for grad in found]).all()):
+    if not checked or not found or bool(torch.stack([torch.isfinite(grad).all() for grad in found]).all()):
         return grads, scale
     return torch.autograd.grad(mean, inputs, retain_graph=retain_graph, allow_unused=True), 1.0
 
