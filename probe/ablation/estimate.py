@@ -76,8 +76,8 @@ def gradient_scale(count: float) -> float:
     its gradients' terms divided by after (in float64). Why: the gradient of a mean over many tokens falls under
     float16's smallest normal (6e-5; on SmolLM2 over 504 tokens 61% of the head outputs' gradients did, 1.7% were
     flushed to 0), where it keeps 10 bits no more; scaled, it is about a sum's, in range (there: the largest 314,
-    1.9% under 6e-5). A power of two changes no float32 or bfloat16 rounding: their terms stay what they were, bit for
-    bit."""
+    1.9% under 6e-5), and the float16 estimate lies 0.0037 from float32's deltas instead of 0.025 (bfloat16: 0.048).
+    A power of two changes no float32 or bfloat16 rounding: their terms stay what they were, bit for bit."""
     return 2.0 ** math.ceil(math.log2(max(count, 1.0)))
 
 
