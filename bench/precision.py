@@ -1,7 +1,7 @@
 """How far a bfloat16 or float16 run of SmolLM2 lies from its float32 run, command by command, on the CPU: the numbers
 docs/precision.md quotes as the precision contract.
 
-`python -m bench.precision [--dtypes bfloat16,float16] [--commands classify,ablate,patch,dla,kv-heads]
+`python -m bench.precision [--dtypes bfloat16,float16] [--commands classify,ablate,patch,dla,kv-heads,estimate]
 [--folder DIR]` (saves bench/results/precision.json; `python -m bench --render` writes it into RESULTS.md; --folder
 keeps each run's JSON and terminal report, and a run found there is read instead of repeated).
 
@@ -19,6 +19,8 @@ per checkpoint, with each checkpoint's loss and ICL score and the phase changes 
   the clean and corrupt logit differences, the Spearman and the top-10 heads shared.
 - dla (IOI): the largest |head share difference|, the logit difference, the identity's residual and its rounding
   bound.
+- estimate (`ablate --method estimate`: first-order gradients of the loss over all 270 heads, 8 x 64 tokens): as
+  ablate; float16's gradients of a mean are scaled into its range (probe.ablation.estimate.scaled_gradients).
 - kv-heads (scores and the fixed budget, no curve): the largest |retrieval| and |streaming| score differences and how
   many KV heads are streamed in both.
 """
@@ -48,6 +50,7 @@ COMMANDS: dict[str, list[str]] = {
     "patch": ["patch", "--task", "ioi", "--count", "8", "--heads", SAMPLED],
     "ablate": ["ablate", "--data", "natural", "--num-seqs", "2", "--seq-len", "64", "--heads", SAMPLED],
     "kv-heads": ["kv-heads", "--lengths", "512", "--depths", "0.5", "--no-curve", "--full-fraction", "0.5"],
+    "estimate": ["ablate", "--method", "estimate", "--data", "natural", "--num-seqs", "8", "--seq-len", "64"],
 }
 """What each command runs with (the model is SmolLM2, the alias every command defaults to)."""
 OPTIONAL: dict[str, list[str]] = {  # run only when --commands names them (minutes each on 2 CPU cores)

@@ -95,20 +95,39 @@ def scaled_gradients(mean: Tensor, count: float, inputs: Sequence[Tensor], *, re
     return torch.autograd.grad(mean, inputs, retain_graph=retain_graph, allow_unused=True), 1.0
 
 
+GUMBEL_CHUNK = 1 << 26  # noise elements made at once: 256 MB of float32 (at 128k vocab, 512 rows)
+
+
+def gumbel_draws(logits: Tensor, generator: torch.Generator) -> Tensor:
+    """(rows, 1): one label per row of `logits` (rows, vocab) drawn from its softmax, as argmax(logits + Gumbel
+    noise). Why not the inverse CDF: there a label is wherever a uniform draw falls in the vocabulary's cumulative
+    sums, so a small change of the logits (another dtype's rounding) moves every later boundary and draws another
+    label; Gumbel-max changes a label only where two noisy logits nearly tie. On SmolLM2 (4 x 64 tokens) a bfloat16
+    run drew float32's label for 97% of the rows (inverse CDF: 69%), float16 for 99.6% (85%): the one-sample second
+    order compares across dtypes."""
+    rows, vocab = logits.shape
+    step = max(1, GUMBEL_CHUNK // max(vocab, 1))
+    drawn = []
+    for start in range(0, rows, step):
+        part = logits[start:start + step]
+        uniform = torch.rand(part.shape, generator=generator, device=part.device, dtype=torch.float32)
+        drawn.append((part - uniform.clamp_(min=1e-20).log_().neg_().log_()).argmax(dim=-1, keepdim=True))
+    return torch.cat(drawn)
+
+
 def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: list[int], valid: Tensor,
                   n_tokens: float, samples: int, seed: int, step: Callable[[], None], scale: float = 1.0) -> None:
     """Gauss-Newton term from `samples` backward passes with next tokens drawn from the model's predictions.
 
     The gradient of a sampled label's loss w.r.t. the logits is softmax - onehot(label): no second log-softmax,
-    and labels drawn by inverse CDF (torch.multinomial is ~0.5 s at 512 x 49k here)."""
+    and labels drawn by Gumbel-max (`gumbel_draws`; torch.multinomial is ~0.5 s at 512 x 49k here)."""
     vocab = shifted.shape[-1]
-    probs = shifted.detach().softmax(dim=-1).reshape(-1, vocab)  # (batch * (positions - 1), vocab)
-    cumulative = probs.cumsum(dim=-1)
+    logits = shifted.detach().reshape(-1, vocab)  # (batch * (positions - 1), vocab) float32
+    probs = logits.softmax(dim=-1)
     weight = (valid.reshape(-1, 1) * (scale / n_tokens)).to(probs.dtype)  # the first order's scale: scaled_gradients
     generator = torch.Generator(device=probs.device).manual_seed(seed)
     for sample in range(samples):
-        uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)
-        drawn = torch.searchsorted(cumulative, uniform * cumulative[:, -1:]).clamp_(max=vocab - 1)
+        drawn = gumbel_draws(logits, generator)
         grad_logits = probs.clone()
         grad_logits.scatter_add_(1, drawn, -torch.ones_like(drawn, dtype=probs.dtype))
         grad_logits.mul_(weight)
