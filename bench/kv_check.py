@@ -3,7 +3,7 @@
     python -m bench.kv_check [--length 1024] [--texts 4] [--prompts 2]
 
 1. The map: `kv_heads(loaded)` with every default (the calibrated budget, sink 64 + recent 256), written as
-   `--export duo:DIR` writes it (reports.kv_heads.duo_tsv / duo_config), into a temporary folder.
+   `--export duo:DIR` writes it (probe.headmaps.formats.write_map, format duo), into a temporary folder.
 2. The evaluation reads only that folder, as DuoAttention does: `np.loadtxt(full_attention_heads.tsv)`, a KV head is
    full where its value is > 0.5, `config.json` gives `sink_size` and `recent_size`. The model then runs through an
    attention function of this file, registered with transformers' AttentionInterface: plain eager attention (q k^T
@@ -30,10 +30,11 @@ import torch
 from transformers import AttentionInterface
 
 from bench.common import RESULTS_DIR, load_average, machine, now
+from probe.headmaps.formats import kv_heads_map, write_map
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, natural_set, needle_set
 from probe.kv import kv_heads, needle_accuracy, text_loss
 from probe.models import load_model
-from probe.reports.kv_heads import duo_config, duo_tsv
+from probe.reports.kv_heads import duo_config
 
 OUT = RESULTS_DIR / "kv_check.json"
 STREAMING: dict[str, Any] = {"heads": None, "sink": 0, "recent": 0}  # what the attention function reads
@@ -100,8 +101,7 @@ def main() -> None:
     map_seconds = time.perf_counter() - timer
     payload = result.to_dict()
     folder = Path(tempfile.mkdtemp(prefix="kv-check-"))
-    (folder / "full_attention_heads.tsv").write_text(duo_tsv(payload))
-    (folder / "config.json").write_text(json.dumps(duo_config(payload)))
+    write_map(kv_heads_map(payload, "duo", "kv_check"), folder, "duo", settings=duo_config(payload))
     streaming, sink, recent = read_duo_map(folder)
     STREAMING.update(sink=sink, recent=recent)
     loaded.model.set_attn_implementation("kv_check_windowed")

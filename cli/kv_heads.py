@@ -3,7 +3,6 @@ head, the check curve, and the head maps KV-cache compression methods load (DuoA
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -15,12 +14,12 @@ from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
+from probe.headmaps.formats import DUO_CONFIG, DUO_FILE, kv_heads_map, write_map
 from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, kv_heads as run_kv_heads
 from probe.models import DEFAULT_MODEL
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
-from probe.reports.kv_heads import (budget_record, duo_config, duo_tsv, headkv_scores, kv_heads_page,
-                                   kv_heads_report, razor_map)
+from probe.reports.kv_heads import budget_record, duo_config, kv_heads_page, kv_heads_report, razor_map
 
 EXPORTS = ("duo", "razor", "headkv")
 """duo:DIR (DuoAttention), razor:FILE.json (RazorAttention), headkv:FILE.json (HeadKV / Wu et al.)."""
@@ -90,8 +89,8 @@ def _export_files(exports: dict[str, Path]) -> dict[str, Path | None]:
         if existing is not None and not existing.is_dir():
             raise ProbeError(f"--export duo names a folder; {existing} is a file")
         if folder.is_dir():
-            files["--export duo"] = folder / "full_attention_heads.tsv"
-            files["--export duo (config)"] = folder / "config.json"
+            files["--export duo"] = folder / DUO_FILE
+            files["--export duo (config)"] = folder / DUO_CONFIG
             files["--export duo (budget)"] = budget_file(folder)
     for kind in ("razor", "headkv"):
         if kind in exports:
@@ -108,17 +107,17 @@ def budget_file(export: Path) -> Path:
 
 
 def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
-    if "duo" in exports:
-        exports["duo"].mkdir(parents=True, exist_ok=True)
-        save(exports["duo"] / "full_attention_heads.tsv", lambda path: write_text(path, duo_tsv(payload)))
-        save(exports["duo"] / "config.json",
-             lambda path: write_json(path, duo_config(payload), schema=None, stamp=False))
+    """The maps through the head-map formats' writers (probe compare reads them back); RazorAttention's, which
+    no other command reads, and each export's budget file here."""
+    source = "probe kv-heads"
+    if "duo" in exports:  # full_attention_heads.tsv and config.json (sink_size, recent_size, threshold)
+        save(exports["duo"], lambda path: write_map(kv_heads_map(payload, "duo", source), path, "duo",
+                                                    settings=duo_config(payload)))
     if "razor" in exports:
         save(exports["razor"], lambda path: write_json(path, razor_map(payload), schema=None, stamp=False))
-    if "headkv" in exports:
-        # one line: HeadKV reads `json.loads(file.readline())` and reshapes the values, in file order, to
-        # (layers, heads)
-        save(exports["headkv"], lambda path: write_text(path, json.dumps(headkv_scores(payload)) + "\n"))
+    if "headkv" in exports:  # Retrieval_Head's {"L-H": [score]}, one line: HeadKV reads the first, in file order
+        save(exports["headkv"], lambda path: write_map(kv_heads_map(payload, "retrieval", source), path,
+                                                       "retrieval-head"))
     for export in exports.values():  # beside each export: how its budget was chosen
         save_json(budget_file(export), budget_record(payload), "kv-budget")
 

@@ -1,6 +1,7 @@
 """`probe kv-heads` rendered from its payload (`KVHeads.to_dict()`): the terminal table and curve, the HTML page
-(a layer x KV-head map coloured by label, scores on hover, and the curve), and the export files' contents
-(DuoAttention, RazorAttention, HeadKV). Computes nothing."""
+(a layer x KV-head map coloured by label, scores on hover, and the curve), and what the exports hold beyond their
+maps (DuoAttention's settings, RazorAttention's map, the budget file; the DuoAttention and HeadKV maps are written
+by probe.headmaps.formats' writers). Computes nothing."""
 
 from __future__ import annotations
 
@@ -96,12 +97,8 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def duo_tsv(payload: dict[str, Any]) -> str:
-    """DuoAttention's full_attention_heads.tsv: one row per layer, one tab-separated column per KV head."""
-    return "".join("\t".join(f"{value:g}" for value in row) + "\n" for row in payload["duo_full_attention_heads"])
-
-
 def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
+    """What DuoAttention's config.json says beside the map: the streaming heads' sink and recent keys."""
     return {"sink_size": payload["sink"], "recent_size": payload["recent"]}
 
 
@@ -112,11 +109,6 @@ def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
         if row["label"] == "full":
             out[str(row["layer"])].append(row["kv_head"])
     return out
-
-
-def headkv_scores(payload: dict[str, Any]) -> dict[str, list[float]]:
-    """{"layer-head": [retrieval score]} per query head, the retrieval-head file HeadKV reads."""
-    return {f"{row['layer']}-{row['head']}": [row["retrieval"]] for row in payload["heads"]}
 
 
 def _map_data(payload: dict[str, Any]) -> dict[str, Any]:

@@ -131,6 +131,22 @@ def test_written_maps_read_back(tmp_path: Path, name: str, format: str) -> None:
     np.testing.assert_allclose(back.values, values, rtol=1e-6)
 
 
+def test_text_maps_read_back_the_same_float64(tmp_path: Path) -> None:
+    """DuoAttention's TSV (`.18e`) and Retrieval_Head's JSON (repr) hold every float64 exactly; DuoAttention's
+    settings go into its config.json, a format without a settings file refuses them."""
+    values = np.random.default_rng(7).random((3, 4)) / 3  # 17 significant digits each
+    folder = write_map(HeadMap(values, KV, "made", "duo", "full_attention"), tmp_path / "duo", "duo",
+                       settings={"sink_size": 4, "recent_size": 8})
+    np.testing.assert_array_equal(read_map(folder).values, values)
+    assert json.loads((folder / "config.json").read_text()) == {"sink_size": 4, "recent_size": 8, "threshold": 0.5}
+    assert np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t").tolist() == values.tolist()
+    scores = HeadMap(values, QUERY, "made", "tensor", "retrieval")
+    np.testing.assert_array_equal(read_map(write_map(scores, tmp_path / "h.json", "retrieval-head")).values, values)
+    with pytest.raises(ProbeError, match="format 'retrieval-head' has no settings file"):
+        write_map(scores, tmp_path / "other.json", "retrieval-head", settings={"sink_size": 4})
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["duo", "h.json"]  # no temporary file left
+
+
 def test_probes_own_files_read_back(tmp_path: Path, capsys, monkeypatch) -> None:
     code, _, err = run_cli(["kv-heads", "--model", PLANTED, "--lengths", "120", "--depths", "0.5", "--sink", "1",
                             "--recent", "4", "--no-curve", "--full-fraction", "0.25",
@@ -145,7 +161,7 @@ def test_probes_own_files_read_back(tmp_path: Path, capsys, monkeypatch) -> None
     headkv = read_map(tmp_path / "headkv.json")  # --export headkv: is Retrieval_Head's format
     np.testing.assert_array_equal(headkv.values, retrieval.values)
     duo, inside = read_map(tmp_path / "duo"), read_map(tmp_path / "kv.json", "duo")
-    np.testing.assert_allclose(duo.values, inside.values)
+    np.testing.assert_array_equal(duo.values, inside.values)  # the same float64: one writer, `.18e`
     full = {(row["layer"], row["kv_head"]) for row in payload["kv_heads"] if row["label"] == "full"}
     assert {tuple(cell) for cell in np.argwhere(duo.labels).tolist()} == full
     against = compare(retrieval, duo, group="max").to_dict()  # retrieval per query head against the exported gates

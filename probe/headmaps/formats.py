@@ -9,6 +9,7 @@ A new format is one `register_format(HeadFormat(...))` call; nothing else names 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,19 +23,22 @@ from probe.headmaps.maps import KV, QUERY, HeadMap
 from probe.reading import exists, is_file, loads
 
 DUO_FILE = "full_attention_heads.tsv"  # DuoAttention's map (mit-han-lab/duo-attention attn_patterns/)
+DUO_CONFIG = "config.json"  # beside it: sink_size, recent_size (DuoAttention's), threshold (probe's)
 DUO_THRESHOLD = 0.5  # DuoAttention keeps a KV head full where its gate is above this (config.json's `threshold`)
 
 
 @dataclass(frozen=True)
 class HeadFormat:
-    """One format: `recognises(path)`, `read(path, score)`; `write(map, path)` where probe writes it."""
+    """One format: `recognises(path)`, `read(path, score)`; `write(map, path, settings)` where probe writes it
+    (`settings`: what the format's settings file holds beside the map, where it has one: `settings_file`)."""
 
     name: str
     convention: str  # in words: which heads a value belongs to
     summary: str
     recognises: Callable[[Path], bool]
     read: Callable[[Path, str | None], HeadMap]
-    write: Callable[[HeadMap, Path], None] | None = None
+    write: Callable[[HeadMap, Path, dict[str, Any]], None] | None = None
+    settings_file: str | None = None
 
 
 FORMATS: dict[str, HeadFormat] = {}
@@ -62,14 +66,31 @@ def read_map(path: str | Path, score: str | None = None) -> HeadMap:
     raise ProbeError(f"{where} is no head map probe reads: formats {', '.join(FORMATS)} (docs/compare.md)")
 
 
-def write_map(head_map: HeadMap, path: str | Path, format: str) -> Path:
-    """Write `head_map` in `format` (one of those that has a writer); returns the path written."""
+def write_map(head_map: HeadMap, path: str | Path, format: str, settings: dict[str, Any] | None = None) -> Path:
+    """Write `head_map` in `format` (one of those that has a writer), the one writer of that format's files (probe
+    compare's and probe kv-heads --export's); `settings` go into the format's settings file beside the map
+    (DuoAttention's config.json: sink_size, recent_size). Returns the path written."""
     entry = FORMATS.get(format)
     if entry is None or entry.write is None:
         writers = [name for name, known in FORMATS.items() if known.write is not None]
         raise ProbeError(f"format {format!r} has no writer: use one of {', '.join(writers)}", parameter="format")
-    entry.write(head_map, Path(path))
+    if settings and entry.settings_file is None:
+        raise ProbeError(f"format {format!r} has no settings file: write it without settings", parameter="settings")
+    entry.write(head_map, Path(path), settings or {})
     return Path(path)
+
+
+def _write_text(path: Path, text: str) -> None:
+    """Atomically (a temporary file beside it, renamed): a map file is whole or absent, never half written."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _number(value: float) -> str:
+    """One float64 as every text map probe writes it: `.18e`, DuoAttention's own form (numpy.savetxt's default),
+    which reads back as the same float64 (19 significant digits; 17 suffice)."""
+    return f"{value:.18e}"
 
 
 def pick_score(fields: list[str], score: str | None, source: Path) -> str:
@@ -145,7 +166,13 @@ KV_FIELDS = {"retrieval": QUERY, "streaming": QUERY, "kv_retrieval": KV, "kv_str
 def _read_kv_heads(path: Path, score: str | None) -> HeadMap:
     """probe kv-heads --json: retrieval / streaming per query head and per KV head (labels: the KV heads kept
     full), and the DuoAttention values it exports."""
-    payload = read_json(path)
+    return kv_heads_map(read_json(path), score, path)
+
+
+def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path) -> HeadMap:
+    """One map of a `KVHeads.to_dict()` payload (`score`: one of KV_FIELDS), as its --json file reads back: what
+    `probe kv-heads --export` writes through `write_map`."""
+    path = Path(source)
     name = pick_score(list(KV_FIELDS), score, path)
     n_layers, n_heads, n_kv = payload["n_layers"], payload["n_heads"], payload["n_kv_heads"]
     full = _grid(payload["kv_heads"], (n_layers, n_kv), lambda row: row["label"] == "full", "kv_head") == 1
@@ -196,12 +223,12 @@ def _read_retrieval_head(path: Path, score: str | None) -> HeadMap:
     return HeadMap(values, QUERY, str(path), "retrieval-head", "retrieval")
 
 
-def _write_retrieval_head(head_map: HeadMap, path: Path) -> None:
+def _write_retrieval_head(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
     """One line `{"L-H": [value]}` per query head, layers then heads (HeadKV reads the first line in order)."""
     query = head_map if head_map.convention == QUERY else head_map.to_query(head_map.n_heads or head_map.columns)
     scores = {f"{layer}-{head}": [float(query.values[layer, head])] for layer in range(query.n_layers)
               for head in range(query.columns) if not np.isnan(query.values[layer, head])}
-    path.write_text(json.dumps(scores) + "\n", encoding="utf-8")
+    _write_text(path, json.dumps(scores) + "\n")  # json writes a float as repr: the same float64 back
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -217,7 +244,7 @@ def _read_duo(path: Path, score: str | None) -> HeadMap:
     pick_score(["full_attention"], score, path)
     table = _duo_file(path)
     values = _matrix(table, "\t")
-    config = table.with_name("config.json")
+    config = table.with_name(DUO_CONFIG)
     settings = read_json(config) if is_file(config) else {}
     threshold = float(settings.get("threshold") or DUO_THRESHOLD)
     with np.errstate(invalid="ignore"):
@@ -226,16 +253,16 @@ def _read_duo(path: Path, score: str | None) -> HeadMap:
                    label_name="full", threshold=threshold, model=settings.get("model_name"))
 
 
-def _write_duo(head_map: HeadMap, path: Path) -> None:
-    """A DuoAttention folder: the TSV of a KV-head map and a config.json of its threshold."""
+def _write_duo(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
+    """A DuoAttention folder: the TSV of a KV-head map and a config.json of its threshold and `settings`
+    (DuoAttention's load_attn_pattern reads sink_size and recent_size there)."""
     if head_map.convention != KV:
         raise ProbeError(f"DuoAttention's map is over KV heads; {head_map.source} is over query heads: group it "
                          "first (HeadMap.to_kv)")
     path.mkdir(parents=True, exist_ok=True)
-    text = "".join("\t".join(f"{value:.18e}" for value in row) + "\n" for row in head_map.values)
-    (path / DUO_FILE).write_text(text, encoding="utf-8")
+    _write_text(path / DUO_FILE, "".join("\t".join(_number(value) for value in row) + "\n" for row in head_map.values))
     threshold = head_map.threshold if head_map.threshold is not None else DUO_THRESHOLD
-    (path / "config.json").write_text(json.dumps({"threshold": threshold}) + "\n", encoding="utf-8")
+    _write_text(path / DUO_CONFIG, json.dumps({**settings, "threshold": threshold}) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,7 +306,7 @@ def _read_tensor(path: Path, score: str | None) -> HeadMap:
     return HeadMap(values, QUERY, str(path), "tensor", name, n_heads=values.shape[1])  # a run's dtype: not said
 
 
-def _write_tensor(head_map: HeadMap, path: Path) -> None:
+def _write_tensor(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
     """The values as [n_layers, heads] float32: .pt (a torch tensor), .npy, or a CSV / TSV matrix."""
     suffix = path.suffix.lower()
     if suffix == ".pt":
@@ -300,7 +327,7 @@ def _suffix(*suffixes: str) -> Callable[[Path], bool]:
 
 register_format(HeadFormat(
     "duo", "KV heads", "DuoAttention: a folder or full_attention_heads.tsv (+ config.json): gate per KV head",
-    lambda path: _duo_file(path).name == DUO_FILE and is_file(_duo_file(path)), _read_duo, _write_duo))
+    lambda path: _duo_file(path).name == DUO_FILE and is_file(_duo_file(path)), _read_duo, _write_duo, DUO_CONFIG))
 register_format(HeadFormat(
     "probe-classify", "query heads", "probe classify --json: one score per class, its flagged heads labelled",
     _json_with(lambda data: _is_probe(data, "heads", "classes", "thresholds")), _read_classify))
