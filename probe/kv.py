@@ -44,7 +44,8 @@ from probe.hooks.run import logits_of, run_model
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, NeedleSet, ProbeSet, natural_set, needle_set
 from probe.errors import ProbeError
 from probe.overflow import forwards, overflowed, require_finite
-from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, streaming_from_lse, streaming_score
+from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, retrieval_hits, retrieval_rows,
+                                streaming_from_lse, streaming_score)
 from probe.hooks.capture import attention_hooks
 from probe.hooks.stacks import is_encoder_decoder
 from probe.kernels import FusedStatistics
@@ -232,16 +233,15 @@ def _refuse_overflow(loaded: LoadedModel, needles: NeedleSet) -> None:
 def _retrieval_of_prompt(tops: dict[int, Tensor], sources: Tensor, correct: Tensor, n_layers: int,
                          n_heads: int) -> Tensor | None:
     """(n_layers, n_heads) retrieval score of one prompt from each answer row's most-attended key (b, h, rows), taken
-    during the forward; None where the model copied no key token correctly. As SCORES["retrieval"] defines it
-    (retrieval_score, Wu et al. 2024): over the rows whose target is copied from the needle and predicted correctly,
-    the fraction whose top key is that needle token."""
-    selected = (sources >= 0) & correct  # (b, rows)
+    during the forward and read here, after it; None where the model copied no key token correctly. SCORES
+    ["retrieval"]'s own definition (retrieval_rows, retrieval_hits: Wu et al. 2024): over the rows whose target is
+    copied from the needle and predicted correctly, the fraction whose top key is that needle token."""
+    selected = retrieval_rows(sources, correct)  # (b, rows)
     if not bool(selected.any()):
         return None
     out = torch.zeros(n_layers, n_heads, dtype=torch.float64)
     for layer, top in tops.items():
-        hits = (top == sources[:, None, :]) & selected[:, None, :]  # (b, h, rows)
-        out[layer, :top.shape[1]] = hits.sum(dim=(0, 2)).double() / selected.sum()
+        out[layer, :top.shape[1]] = retrieval_hits(top.transpose(1, 2)[selected], sources[selected]) / selected.sum()
     return out
 
 

@@ -27,6 +27,32 @@ PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
 PLANTED_HF = f"{TESTS / 'planted.py'}:planted_gpt2"
 
 
+def test_the_kernels_top_keys_and_the_weights_score_retrieval_as_wu_et_al_by_hand() -> None:
+    """probe.kv's score from each answer row's top key and SCORES["retrieval"]'s from the weights are one definition:
+    both equal the fraction, counted by hand, of copied and correctly predicted rows whose top key is the needle."""
+    from probe.heads.scores import NeedleBatch, retrieval_score
+    from probe.kv import _retrieval_of_prompt
+
+    generator = torch.Generator().manual_seed(0)
+    b, h, n = 2, 3, 12
+    sources = torch.randint(-1, n, (b, n), generator=generator)
+    sources[sources % 3 == 0] = -1  # rows whose target the needle does not give
+    correct = torch.rand(b, n, generator=generator) > 0.3
+    weights = torch.rand(b, h, n, n, generator=generator).softmax(dim=-1)
+    for bi, head, row in [(0, 0, i) for i in range(n)] + [(1, 2, i) for i in range(0, n, 2)]:
+        if sources[bi, row] >= 0:  # head 0 copies on prompt 0, head 2 on half of prompt 1's rows
+            weights[bi, head, row, sources[bi, row]] = 2.0
+    scored = [(bi, row) for bi in range(b) for row in range(n) if sources[bi, row] >= 0 and correct[bi, row]]
+    by_hand = torch.tensor([sum(int(weights[bi, head, row].argmax()) == int(sources[bi, row]) for bi, row in scored)
+                            / len(scored) for head in range(h)], dtype=torch.float64)
+    assert by_hand[0] > 0 and by_hand[2] > 0
+    hits, counts = retrieval_score(weights, 0, NeedleBatch(valid=torch.ones(b, n, dtype=torch.bool), offset=0,
+                                                           repeat_len=None, sources=sources, correct=correct))
+    assert torch.equal(hits / counts, by_hand)
+    from_tops = _retrieval_of_prompt({0: weights.argmax(dim=-1)}, sources, correct, 1, h)
+    assert from_tops is not None and torch.equal(from_tops[0], by_hand)
+
+
 def test_planted_retrieval_and_streaming_heads_score_one_and_the_others_near_zero() -> None:
     """1.1 copies the token after the earlier copy (the needle's key); 0.0 (previous token) and 0.1 (sink) look only
     at sink + recent keys; the random heads spread their attention."""

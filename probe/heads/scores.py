@@ -441,6 +441,20 @@ def streaming_from_lse(attention: FusedStatistics, batch: Batch, sink: int = DEF
     return sums, counts
 
 
+def retrieval_rows(sources: Tensor, correct: Tensor) -> Tensor:
+    """The rows Wu et al. score (bool, `sources`' shape): the target is copied from the needle (its source, the
+    needle position, is >= 0) and the model predicts it correctly."""
+    return (sources >= 0) & correct
+
+
+def retrieval_hits(top: Tensor, source: Tensor) -> Tensor:
+    """Wu et al.'s copy-paste test, the one definition of the retrieval score (retrieval_score here, probe.kv's
+    from the kernels' top keys): per head, how many scored rows' most-attended key is the needle token their target
+    copies. `top` (rows, h): each scored row's most-attended key; `source` (rows,): that needle position. (h,)
+    float64; divided by the rows, the score."""
+    return (top == source[:, None]).sum(dim=0).double()
+
+
 def retrieval_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Wu et al. 2024, "Retrieval Head Mechanistically Explains Long-Context Factuality": over the answer positions
     of needle prompts whose target token is copied from the needle and which the model predicts correctly, the
@@ -452,14 +466,13 @@ def retrieval_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, 
                          "use probe.kv_heads (probe kv-heads)", parameter="scores")
     b, h, block, _ = weights.shape
     source = sources[:, start:start + block].to(weights.device)  # (b, block)
-    selected = (source >= 0) & correct[:, start:start + block].to(weights.device) & \
+    selected = retrieval_rows(source, correct[:, start:start + block].to(weights.device)) & \
         batch.valid[:, start:start + block].to(weights.device)
     if not bool(selected.any()):
         return torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
     rows = selected.nonzero(as_tuple=True)  # (batch index, query) pairs
     top = weights[rows[0], :, rows[1]].argmax(dim=-1)  # (selected, h)
-    hits = top == source[rows][:, None]
-    return hits.sum(dim=0).double(), torch.full((h,), float(hits.shape[0]), dtype=torch.float64)
+    return retrieval_hits(top, source[rows]), torch.full((h,), float(top.shape[0]), dtype=torch.float64)
 
 
 def retrieval_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
