@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ from probe.ablation.heads import Ablation, distinct
 from probe.ablation.methods import AblationMethod
 from probe.ablation.results import AblationResult, HeadResult
 from probe.inputs import ProbeSet
+from probe.atomic import write_atomically
 from probe.errors import ProbeError
 from probe.reading import loads
 from probe.models import LoadedModel
@@ -37,9 +37,7 @@ def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod
 def write_stream(path: Path, header: dict[str, Any], entries: list[HeadResult]) -> None:
     """A results stream (header line, one line per ablation), written atomically: a temporary file, renamed."""
     lines = [json.dumps(header)] + [json.dumps(entry.to_dict()) for entry in entries]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, "\n".join(lines) + "\n")
 
 
 HEADER_TYPES: dict[str, tuple[type, ...]] = {

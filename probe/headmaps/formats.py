@@ -9,7 +9,6 @@ A new format is one `register_format(HeadFormat(...))` call; nothing else names 
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from probe.atomic import write_atomically
 from probe.errors import ProbeError, first_line
 from probe.headmaps.maps import KV, QUERY, HeadMap
 from probe.reading import exists, is_file, loads
@@ -78,13 +78,6 @@ def write_map(head_map: HeadMap, path: str | Path, format: str, settings: dict[s
         raise ProbeError(f"format {format!r} has no settings file: write it without settings", parameter="settings")
     entry.write(head_map, Path(path), settings or {})
     return Path(path)
-
-
-def _write_text(path: Path, text: str) -> None:
-    """Atomically (a temporary file beside it, renamed): a map file is whole or absent, never half written."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _number(value: float) -> str:
@@ -228,7 +221,7 @@ def _write_retrieval_head(head_map: HeadMap, path: Path, settings: dict[str, Any
     query = head_map if head_map.convention == QUERY else head_map.to_query(head_map.n_heads or head_map.columns)
     scores = {f"{layer}-{head}": [float(query.values[layer, head])] for layer in range(query.n_layers)
               for head in range(query.columns) if not np.isnan(query.values[layer, head])}
-    _write_text(path, json.dumps(scores) + "\n")  # json writes a float as repr: the same float64 back
+    write_atomically(path, json.dumps(scores) + "\n")  # json writes a float as repr: the same float64 back
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -260,9 +253,10 @@ def _write_duo(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
         raise ProbeError(f"DuoAttention's map is over KV heads; {head_map.source} is over query heads: group it "
                          "first (HeadMap.to_kv)")
     path.mkdir(parents=True, exist_ok=True)
-    _write_text(path / DUO_FILE, "".join("\t".join(_number(value) for value in row) + "\n" for row in head_map.values))
+    rows = ("\t".join(_number(value) for value in row) + "\n" for row in head_map.values)
+    write_atomically(path / DUO_FILE, "".join(rows))
     threshold = head_map.threshold if head_map.threshold is not None else DUO_THRESHOLD
-    _write_text(path / DUO_CONFIG, json.dumps({**settings, "threshold": threshold}) + "\n")
+    write_atomically(path / DUO_CONFIG, json.dumps({**settings, "threshold": threshold}) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------------------

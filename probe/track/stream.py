@@ -5,10 +5,10 @@ sweep's stream, probe/ablation/stream.py, does the same for ablations)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from probe.atomic import write_atomically
 from probe.errors import ProbeError
 from probe.track.result import CheckpointResult
 
@@ -18,9 +18,7 @@ TRACK_FORMAT = 1
 def write_track_stream(path: Path, header: dict[str, Any], entries: list[CheckpointResult]) -> None:
     """Header and entries, written atomically (a temporary file, renamed)."""
     lines = [json.dumps(header)] + [json.dumps(entry.to_dict()) for entry in entries]
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomically(path, "\n".join(lines) + "\n")
 
 
 def read_track(path: str | Path) -> tuple[dict[str, Any], list[CheckpointResult]]:
