@@ -18,7 +18,7 @@ from probe.models import DEFAULT_MODEL
 from probe.patterns import Patterns, read_text, text_patterns
 from probe.reports.files import write_json, write_text
 from probe.schemas import header
-from probe.reports.labels import column_label, precision_note
+from probe.reports.labels import column_label, precision_sentence
 from probe.reports.html import heatmap_page
 
 Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
@@ -66,7 +66,7 @@ def heatmap(
         page = heatmap_page(patterns.to_dict())
         write_text(html_path, page)
         note(f"wrote {html_path} ({len(page.encode('utf-8')) / 2**20:.1f} MiB, {len(patterns.tokens)} tokens)")
-    note(precision_note(patterns.to_dict()).capitalize() + ".")  # what the weights were computed in, as every report
+    note(precision_sentence({"dtype": patterns.dtype}))  # what the weights were computed in, as every report says
 
 
 def weights_payload(patterns: Patterns) -> dict[str, Any]:

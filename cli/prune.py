@@ -22,7 +22,7 @@ from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeO
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.files import write_csv, write_text
-from probe.reports.labels import precision_note
+from probe.reports.labels import precision_clause
 from probe.reports.prune import prune_page
 
 Step = Annotated[float, typer.Option("--step", help="Share of the heads removed per step, e.g. 0.1 (10%).")]
@@ -71,10 +71,10 @@ def summary(payload: dict, console_) -> None:
         console_.print(f"  {'':<18} [dim]{curve['stopped']}[/dim]")
     if payload.get("note"):
         console_.print(f"[dim]{payload['note']}[/dim]")
-    costs, precision = payload["costs"], f"; {precision_note(payload)}" if precision_note(payload) else ""
+    costs = payload["costs"]
     console_.print(f"[dim]{payload['seconds']:.1f} s, {costs['forward_equivalents']} forward-equivalents "
                    f"({costs['loss_passes']} loss passes, {costs['gradient_passes']} gradient passes, "
-                   f"sweep {costs['sweep_forward_equivalents']}){precision}[/dim]")
+                   f"sweep {costs['sweep_forward_equivalents']}){precision_clause(payload)}[/dim]")
 
 
 def prune(

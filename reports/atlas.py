@@ -18,7 +18,7 @@ from rich.text import Text
 
 from probe.errors import ProbeError
 from probe.reports.html import ASSETS, esc, facts_table, page, pattern_spec, static_summary
-from probe.reports.labels import precision_note, short_label
+from probe.reports.labels import precision_clause, short_label
 
 STATUS_WORDS = {"confirmed": "confirmed", "partial": "partly supported", "pattern_only": "pattern only",
                 "unchecked": "unchecked", "none": "no class"}
@@ -170,6 +170,5 @@ def atlas_report(payload: dict[str, Any], console: Console, *, top: int = 15) ->
         console.print(f"  {title}: {shown or 'none'}", markup=False, highlight=False)
     stages = ", ".join(f"{s['name']} {s['seconds']:.1f} s" + (f" ({s['note']})" if s["note"] else "")
                        for s in payload["stages"])
-    precision = f"; {precision_note(payload)}" if precision_note(payload) else ""
-    console.print(Text(f"  {stages}{precision}", style="dim"))
+    console.print(Text(f"  {stages}{precision_clause(payload)}", style="dim"))
 

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import esc, facts_table, header_cell, page
-from probe.reports.labels import column_label, precision_fact, precision_note, short_label
+from probe.reports.labels import column_label, precision_fact, precision_sentence, short_label
 
 
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -57,8 +57,8 @@ def circuits_report(payload: dict[str, Any], console: Console) -> None:
                        f"{summary['above_baseline']}", style="bold"))
     console.print(Text("Δ: loss change on the second copy of the repeated set (zero ablation); interaction: Δ together"
                        " - Δ feeder - Δ induction (< 0: the two do one job)", style="dim"))
-    if precision_note(payload):  # the last line says what the numbers were computed in
-        console.print(Text(precision_note(payload).capitalize() + ".", style="dim"))
+    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
+        console.print(Text(precision_sentence(payload), style="dim"))
 
 
 def circuits_page(payload: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
-from probe.reports.labels import long_label, precision_note, short_label
+from probe.reports.labels import long_label, precision_sentence, short_label
 
 LISTED = 15  # full KV heads listed in the terminal; the JSON has all
 
@@ -54,8 +54,8 @@ def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
     if payload.get("seconds"):
         stages = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in payload["seconds"].items())
         console.print(Text(f"Time per stage: {stages}.", style="dim"))
-    if precision_note(payload):
-        console.print(Text(precision_note(payload).capitalize() + ".", style="dim"))
+    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
+        console.print(Text(precision_sentence(payload), style="dim"))
 
 
 def curve_table(curve: dict[str, Any]) -> Table:

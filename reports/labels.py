@@ -41,6 +41,18 @@ def precision_note(payload: dict[str, Any]) -> str:
     return f"computed in {dtype}, its sums in float32 or wider (docs/precision.md: how far it lies from float32)"
 
 
+def precision_sentence(payload: dict[str, Any]) -> str:
+    """A terminal report's last line: `Computed in bfloat16, ....` ("" for a payload without `dtype`)."""
+    note = precision_note(payload)
+    return f"{note.capitalize()}." if note else ""
+
+
+def precision_clause(payload: dict[str, Any]) -> str:
+    """`; computed in ...`, closing a report's last line of timings ("" for a payload without `dtype`)."""
+    note = precision_note(payload)
+    return f"; {note}" if note else ""
+
+
 def precision_fact(payload: dict[str, Any]) -> list[tuple[str, str]]:
     """A page's facts-table row saying what the result was computed in (none for a payload without `dtype`)."""
     note = precision_note(payload)

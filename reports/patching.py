@@ -13,7 +13,7 @@ from rich.text import Text
 
 from probe.errors import ProbeError
 from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
-from probe.reports.labels import column_label, long_label, precision_note, short_label
+from probe.reports.labels import column_label, long_label, precision_clause, short_label
 from probe.reports.selfrepair import self_repair_html, self_repair_report
 
 TOP = 15  # heads in the terminal table and in the by-position view
@@ -62,8 +62,7 @@ def patch_report(payload: dict[str, Any], console: Console, *, top: int = TOP) -
         table.add_row(_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
                       "" if dla is None else f"{dla:+.3f}", ", ".join(row.get("classes", [])))
     console.print(table)
-    precision = f"; {precision_note(payload)}" if precision_note(payload) else ""
-    console.print(Text(f"  {payload['path']}; {payload['seconds']:.1f} s{precision}", style="dim"))
+    console.print(Text(f"  {payload['path']}; {payload['seconds']:.1f} s{precision_clause(payload)}", style="dim"))
     if payload.get("paths"):
         path_report(payload["paths"], console)
     if payload.get("self_repair"):

@@ -11,7 +11,7 @@ from rich.text import Text
 
 from probe.errors import ProbeError
 from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, static_summary
-from probe.reports.labels import long_label, precision_note, short_label
+from probe.reports.labels import long_label, precision_sentence, short_label
 
 
 def _number(value: Any) -> str:
@@ -78,8 +78,8 @@ def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) ->
     if payload.get("generations"):
         console.print(Text(f"Greedy continuations, {payload['generations']['max_new_tokens']} tokens", style="bold"))
         console.print(_generation_table(payload))
-    if precision_note(payload):  # every report's last line says what its numbers were computed in
-        console.print(Text(precision_note(payload).capitalize() + ".", style="dim"))
+    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
+        console.print(Text(precision_sentence(payload), style="dim"))
 
 
 def steer_data(payload: dict[str, Any]) -> dict[str, Any]:

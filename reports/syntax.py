@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import ASSETS, esc, facts_table, page
-from probe.reports.labels import column_label, precision_fact, precision_note, short_label
+from probe.reports.labels import column_label, precision_fact, precision_sentence, short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
 SHOWN_SYNTACTIC = 25  # heads listed in the overview
@@ -72,8 +72,8 @@ def syntax_report(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"Most confident attention on arcs (weights > {payload['confident']['threshold']:g}, BOS "
                        "excluded; Vig & Belinkov 2019): ", style="bold"),
                   Text(", ".join(f"{short_label(layer, h)} {v:.2f}" for v, layer, h in ranked[:5])))
-    if precision_note(payload):  # the last line says what the numbers were computed in
-        console.print(Text(precision_note(payload).capitalize() + ".", style="dim"))
+    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
+        console.print(Text(precision_sentence(payload), style="dim"))
 
 
 def syntactic_grid(payload: dict[str, Any]) -> Table:

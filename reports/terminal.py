@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.labels import column_label, layer_label, precision_note, short_label
+from probe.reports.labels import column_label, layer_label, precision_sentence, short_label
 
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
@@ -46,8 +46,8 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
             console.print(Text(f"  ... and {len(flagged) - max_rows} more (see --json)", style="dim"))
     console.print()
     console.print(overview(payload))
-    if precision_note(payload):
-        console.print(Text(precision_note(payload).capitalize() + ".", style="dim"))
+    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
+        console.print(Text(precision_sentence(payload), style="dim"))
 
 
 def overview(payload: dict[str, Any]) -> Table:
@@ -199,8 +199,8 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
     if any(entry.get("effects") for entry in singles):
         console.print()
         console.print(_specific_table(singles, top, payload.get("layer_names")))
-    if precision_note(payload):
-        console.print(Text(precision_note(payload).capitalize() + ".", style="dim"))
+    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
+        console.print(Text(precision_sentence(payload), style="dim"))
 
 
 def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) -> Table:
