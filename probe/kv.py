@@ -201,7 +201,7 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
         with torch.no_grad(), attention_hooks(loaded.model, on_weights=scorer.on_weights,
                                               on_lse=scorer if fast else None):
             output = run_model(loaded.model, ids, mask, logits=scorer.rows)
-        finite.append(torch.isfinite(logits_of(output)).all().cpu())  # read with the predictions, no second wait
+        finite.append(torch.isfinite(logits_of(output)).all())  # on the device: read once, after the last prompt
         correct = _predictions(output, ids, scorer.rows, sources)
         run = _accuracy(sources[:, scorer.rows], correct)
         exact += run.exact
@@ -217,7 +217,7 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
         if progress is not None:
             progress(index + 1, total)
     retrieval, streaming = retrieval_sum / max(retrieval_prompts, 1), stream_sum / stream_count.clamp(min=1)
-    if not (all(finite) and bool(torch.isfinite(streaming).all())):
+    if not ((not finite or bool(torch.stack(finite).all())) and bool(torch.isfinite(streaming).all())):
         _refuse_overflow(loaded, needles)
     return retrieval, streaming, NeedleRun(exact, tokens)
 

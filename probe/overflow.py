@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from probe.errors import ProbeError
 from probe.hooks.restore import restoring
 from probe.hooks.run import run_model
+from probe.provenance import module_dtype
 
 
 class NotFiniteError(ProbeError):
@@ -63,16 +64,13 @@ def first_non_finite(model: nn.Module, run: Callable[[], Any]) -> str | None:
     return found[0] if found else None
 
 
-def model_dtype_of(model: nn.Module) -> torch.dtype:
-    """The dtype of the model's first floating parameter (float32 where it has none)."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
-
-
-def _advice(dtype: torch.dtype) -> str:
-    if dtype == torch.float16:
+def _advice(dtype: str) -> str:
+    """What to load instead, for `dtype` as provenance names it (a mix, 'bfloat16+float16', by its narrowest)."""
+    kinds = dtype.split("+")
+    if "float16" in kinds:
         return ("float16 ends at 65504 and this model's values pass it; load it with dtype bfloat16 (float32's range "
                 "at float16's size) or float32")
-    if dtype == torch.bfloat16:
+    if "bfloat16" in kinds:
         return "try dtype float32; if that is not finite either, the model's weights or inputs are broken"
     return "its weights or inputs are broken"
 
@@ -87,11 +85,10 @@ def not_finite(what: str, model: nn.Module, runs: Iterable[Callable[[], Any]] = 
     """The refusal of a baseline `what` that is not finite: where the model's forward first was not (`site`, else
     the first of `runs` that shows it), and what to do, for the model's dtype."""
     site = site or _site(model, runs)
-    dtype = model_dtype_of(model)
+    dtype = module_dtype(model)
     where = f" (first in {site})" if site is not None else ""
-    return NotFiniteError(f"{what} came out NaN or infinite, because the model's own "
-                          f"{str(dtype).removeprefix('torch.')} forward does{where}: {_advice(dtype)}",
-                          parameter="dtype")
+    return NotFiniteError(f"{what} came out NaN or infinite, because the model's own {dtype} forward does{where}: "
+                          f"{_advice(dtype)}", parameter="dtype")
 
 
 def overflowed(what: str, model: nn.Module, runs: Iterable[Callable[[], Any]]) -> NotFiniteError | None:

@@ -134,7 +134,12 @@ def model_facts(loaded: LoadedModel) -> dict[str, Any]:
 
 def model_dtype(loaded: LoadedModel) -> str:
     """The floating dtype of the model's parameters ('float32'), or their dtypes joined where they mix."""
-    kinds = sorted({str(p.dtype).removeprefix("torch.") for p in loaded.model.parameters() if p.is_floating_point()})
+    return module_dtype(loaded.model)
+
+
+def module_dtype(model: nn.Module) -> str:
+    """model_dtype of a bare module: 'float32', 'bfloat16+float32' where they mix, 'none' without floating ones."""
+    kinds = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters() if p.is_floating_point()})
     return "+".join(kinds) or "none"
 
 
