@@ -11,6 +11,7 @@ interface, `sums(chunk, index) -> (copies, parts + 1)`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -229,7 +230,7 @@ def require_finite_baseline(runner: Runner, loss: float) -> None:
     """Refuse a baseline the model's own forward made NaN or infinite (float16 overflowing: probe.overflow), and
     the unablated outputs a comparing metric measures against: every ablated run would be measured against NaN."""
     references = [batch.reference for batch in runner.batches if isinstance(batch.reference, Tensor)]
-    finite = bool(torch.isfinite(torch.tensor(loss)))
+    finite = math.isfinite(loss)
     if finite and references:
         finite = bool(torch.stack([torch.isfinite(reference).all() for reference in references]).all())
     if not finite:
