@@ -14,8 +14,13 @@ from attention_calls import masked_logits, moved
 from probe.kernels import BACKENDS, DEFAULT_CONFIG, REFERENCE, AttentionCall, additive_bias, backend_for
 from probe.kernels.base import Backend, rebuild_problem
 
-DEVICES: dict[str, str] = {"cpu": "cpu", "cuda": "cuda"}
+DEVICES: dict[str, str] = {"cpu": "cpu", "cuda": "cuda", "flex-attention": "cuda", "sdpa-flash": "cuda",
+                           "sdpa-cudnn": "cuda"}
 """Backend name -> the device its cases run on (a CUDA backend: "cuda")."""
+
+PARTIAL = {"sdpa-flash", "sdpa-cudnn"}
+"""Backends whose kernels take only some of the cases on their device (half precision; the flash kernel no mask): a
+case such a backend's `problem` refuses is skipped with its reason. Every other backend serves every case."""
 
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 3e-2}  # output and weights: the kernels sum in another order
 
@@ -106,7 +111,10 @@ def _device(backend: Backend) -> str:
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda backend: backend.name)
 def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.dtype) -> None:
     call = moved(CASES[case](), dtype, _device(backend))
-    assert backend.problem(call) == ""
+    reason = backend.problem(call)
+    if reason and backend.name in PARTIAL:
+        pytest.skip(f"{backend.name} refuses the case: {reason}")
+    assert reason == ""
     with torch.no_grad():
         output, statistics = backend.run(call, DEFAULT_CONFIG)
         expected, reference = REFERENCE.run(call, DEFAULT_CONFIG)
@@ -132,8 +140,8 @@ def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.
         hits = top.sum(dim=(0, 2)).double().cpu()
         chosen = selected.clone()
         chosen[:, :max(0, -shift)] = False
-        assert torch.equal(statistics.neighbour_hits(chosen, shift), hits), shift
-        assert torch.equal(reference.neighbour_hits(chosen, shift), hits), shift
+        assert torch.equal(statistics.neighbour_hits(chosen, shift).cpu(), hits), shift
+        assert torch.equal(reference.neighbour_hits(chosen, shift).cpu(), hits), shift
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda backend: backend.name)

@@ -1,0 +1,237 @@
+"""The FlexAttention backend: torch's `flex_attention`, compiled by torch.compile into one fused Triton kernel, which
+returns each query row's log-sum-exp and its largest logit (`max_scores`) beside the output. Masks go to it as a block
+mask (whole blocks of hidden keys skipped) and a `mask_mod`; an additive bias (ALiBi-like) as a `score_mod`;
+grouped- and multi-query heads as they are (`enable_gqa`).
+
+Its statistics (`FlexStatistics`) answer positional's question (is the neighbour its row's top key?) from the row
+maxima: a neighbour whose logit is below its row's maximum by more than the kernel's rounding is beaten, and one that
+holds more than half its row's weight is the top; only the rows neither decides (the neighbour at the maximum, where
+a tie with an earlier key would change argmax's answer) are computed whole (`FusedAttention.tops_of_rows`). A row's
+top key itself (`row_tops`) needs the index, which a maximum does not give: those rows are computed whole.
+
+CUDA only: on the CPU torch refuses `max_scores` (eager and compiled) and its compiled CPU kernel refuses the
+log-sum-exp; the eager CPU path gives the log-sum-exp only, from the whole n x n matrix (tests use it to check the
+masks built here). torch 2.9 and later ask with `return_aux=AuxRequest(lse=True, max_scores=True)`; a torch whose
+`flex_attention` has no `AuxRequest` is asked with `return_lse=True` and its statistics search whole rows instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from probe.kernels.base import AttentionCall, rebuild_problem
+from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.fused import FusedAttention
+
+NAME = "flex-attention"
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+MAX_HEAD_DIM = 256
+ROUNDING = 2.0**-8  # the kernel's logit against a float32 one, per scale |q| |k|: a bfloat16 rounding of a scaled
+# query (PRESCALE_QK) or TF32 products are within it; float32 sums and the log2 round trip are far below
+SLACK = 2.0**-16  # relative rounding of the maximum, the log-sum-exp and a logit rebuilt from a weight
+
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def flex_module() -> Any | None:
+    """torch.nn.attention.flex_attention, or None where this torch has none."""
+    try:
+        return importlib.import_module("torch.nn.attention.flex_attention")
+    except ImportError:
+        return None
+
+
+class FlexBackend:
+    """FlexAttention on CUDA tensors of float32, bfloat16 or float16, head sizes up to 256 (padded to a power of two,
+    at least 16), causal, any additive mask or bias, grouped-query heads, dv != d."""
+
+    name = NAME
+
+    def problem(self, call: AttentionCall) -> str:
+        """"" where FlexAttention serves the call, else why not. Reads shapes, dtypes and devices only."""
+        shared = rebuild_problem(call)
+        if shared:
+            return shared
+        if flex_module() is None:
+            return "this torch has no torch.nn.attention.flex_attention (torch 2.5 or later)"
+        device = call.query.device.type
+        if device != "cuda":
+            return f"FlexAttention's row maxima are computed on cuda only, not {device} (torch refuses them there)"
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed (torch.compile builds FlexAttention's kernel with it)"
+        kernel_takes = (
+            (call.query.dtype in DTYPES and call.key.dtype == call.value.dtype == call.query.dtype,
+             f"queries, keys and values of {call.query.dtype} (FlexAttention takes float32, bfloat16, float16)"),
+            (max(call.query.shape[-1], call.value.shape[-1]) <= MAX_HEAD_DIM, f"head size over {MAX_HEAD_DIM}"),
+            (call.bias is None or call.bias.dim() <= 4, "a bias of more than 4 dimensions"))
+        return next((reason for takes, reason in kernel_takes if not takes), "")
+
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FlexStatistics]:
+        """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and row maxima)."""
+        output, lse, maxima = flex_outputs(call, compiled_flex())
+        return output, FlexStatistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None,
+                                      lse, config, max_scores=maxima)
+
+
+@functools.cache
+def compiled_flex() -> Callable[..., Any]:
+    """flex_attention compiled once per process (its eager form forms the n x n matrix); shapes that change between
+    calls are compiled dynamic after the first change (torch.compile's default)."""
+    module = flex_module()
+    assert module is not None
+    return torch.compile(module.flex_attention)
+
+
+def aux_request() -> tuple[dict[str, Any], bool]:
+    """(keyword arguments asking flex_attention for the log-sum-exp and, where this torch has them, the row maxima;
+    whether it has them): `return_aux=AuxRequest(...)` from torch 2.9, `return_lse=True` before."""
+    module = flex_module()
+    request = getattr(module, "AuxRequest", None)
+    if request is None:
+        return {"return_lse": True}, False
+    if "max_scores" in request._fields:
+        return {"return_aux": request(lse=True, max_scores=True)}, True
+    return {"return_aux": request(lse=True)}, False
+
+
+def unpacked(result: tuple[Tensor, Any]) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(output, log-sum-exp, row maxima or None) of flex_attention's answer in either form (an AuxOutput, or the
+    log-sum-exp alone)."""
+    output, aux = result
+    if isinstance(aux, Tensor):
+        return output, aux, None
+    return output, aux.lse, getattr(aux, "max_scores", None)
+
+
+def flex_outputs(call: AttentionCall, attend: Callable[..., Any], maxima: bool = True,
+                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(output (b, n, hq, dv), log-sum-exp (b, hq, n) float32, row maxima (b, hq, n) float32 or None) of the call
+    through `attend` (flex_attention compiled, or eager in tests); `maxima=False` asks for the log-sum-exp alone (what
+    the CPU gives)."""
+    query, key, value = padded_heads(call)
+    score_mod, mask_mod = modifications(call)
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = block_mask_for(mask_mod, call)
+    kwargs, has_maxima = aux_request()
+    if not maxima and "return_aux" in kwargs:
+        kwargs = {"return_aux": type(kwargs["return_aux"])(lse=True)}
+    output, lse, row_maxima = unpacked(attend(query, key, value, score_mod=score_mod, block_mask=block_mask,
+                                              scale=call.scaling, enable_gqa=query.shape[1] != key.shape[1],
+                                              **kwargs))
+    dv = call.value.shape[-1]
+    output = output[..., :dv].transpose(1, 2).contiguous()
+    return output, lse.float(), row_maxima.float() if has_maxima and maxima and row_maxima is not None else None
+
+
+def padded_heads(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:
+    """Query, key and value with head sizes padded by zero columns to a power of two, at least 16 (the kernel's tiles;
+    a zero column adds nothing to a logit, and the output's extra columns are dropped): 64 and 128 are unchanged."""
+    def padded(tensor: Tensor) -> Tensor:
+        size = tensor.shape[-1]
+        wanted = max(16, 1 << (size - 1).bit_length())
+        return tensor if wanted == size else F.pad(tensor, (0, wanted - size))
+
+    return padded(call.query), padded(call.key), padded(call.value)
+
+
+def modifications(call: AttentionCall) -> tuple[ScoreMod | None, MaskMod | None]:
+    """(score_mod, mask_mod) of the call: where its masks come from (the one place to change when the call carries key
+    lengths or a window as numbers instead of a dense bias). A bias: its -inf entries hide keys (the mask, so that
+    whole hidden blocks are skipped) and its finite ones are added (the score); plain causal: keys after the query
+    hidden (a key/value prefix shifts the diagonal by kv - n); else neither."""
+    b, hq, n, _ = call.query.shape
+    kv = call.key.shape[2]
+    if call.bias is not None:
+        bias = call.bias[(None,) * (4 - call.bias.dim())].expand(b, hq, n, kv)  # broadcast dimensions: stride 0
+
+        def add_bias(score: Tensor, batch: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
+            return score + bias[batch, head, row, key]
+
+        def visible(batch: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
+            return bias[batch, head, row, key] > float("-inf")
+
+        return add_bias, visible
+    if call.causal:
+        offset = kv - n
+
+        def causal(batch: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
+            return key <= row + offset
+
+        return None, causal
+    return None, None
+
+
+def block_mask_for(mask_mod: MaskMod, call: AttentionCall) -> Any:
+    """The block mask of `mask_mod` over the call's queries and keys: per sequence and head where the bias has those
+    dimensions, else one for all (a plain causal mask: one per shape, kept). Built by a compiled pass on CUDA (no
+    dense n x kv mask in memory)."""
+    module = flex_module()
+    assert module is not None
+    b, hq, n, _ = call.query.shape
+    kv = call.key.shape[2]
+    bias = call.bias
+    sequences = b if bias is not None and bias.dim() == 4 and bias.shape[0] > 1 else None
+    heads = hq if bias is not None and bias.dim() >= 3 and bias.shape[-3] > 1 else None
+    return module.create_block_mask(mask_mod, sequences, heads, n, kv, device=call.query.device,
+                                    _compile=call.query.device.type == "cuda")
+
+
+@dataclass
+class FlexStatistics(FusedAttention):
+    """FusedAttention with each row's largest logit as FlexAttention computed it (`max_scores`, None where this torch
+    gives none): positional's question is answered from it where it decides the row (the module's docstring)."""
+
+    backend = NAME
+    max_scores: Tensor | None = field(default=None, repr=False)  # (b, hq, n) float32
+
+    def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
+        """FusedAttention.neighbour_hits, on the statistics' device: rows the maxima decide are counted there; the
+        rest (`undecided`) are computed whole (tops_of_rows), argmax's answer exactly."""
+        if self.max_scores is None or self.top_keys is not None:
+            return super().neighbour_hits(selected, shift).to(self.lse.device)
+        b, hq, n, _ = self.shape
+        chosen = selected.to(self.lse.device)[:, None, :n].expand(b, hq, n)
+        top, undecided = self.decided(shift)
+        hits = (top & chosen).sum(dim=(0, 2), dtype=torch.float64)
+        found = (undecided & chosen).nonzero()  # (k, 3): b, h, query
+        if len(found):
+            tops = self.tops_of_rows(found, found[:, 2] + shift)
+            hits += torch.bincount(found[tops, 1], minlength=hq).to(hits)
+        return hits
+
+    def decided(self, shift: int) -> tuple[Tensor, Tensor]:
+        """(top, undecided), (b, hq, n) bool, for the neighbour i + shift of every query: top where it holds more than
+        half the row's weight (no other key can reach it); beaten where its logit is below the row's maximum by more
+        than the kernel's rounding (`rounding`, which also bounds the log-sum-exp's error); undecided otherwise, and
+        where a NaN is involved."""
+        maxima = self.max_scores
+        assert maxima is not None
+        weight = self.aligned(shift)  # exactly 0 where the neighbour does not exist or is hidden
+        logit = torch.log(weight) + self.lse  # the neighbour's logit (-inf where its weight is 0)
+        rounding = self.rounding(logit, maxima)
+        beaten = logit < maxima - rounding
+        top = weight * torch.exp(-rounding) > 0.5 + self.config.margin  # the log-sum-exp errs by rounding at most
+        unsure = self.lse.isnan() | maxima.isnan() | weight.isnan()
+        return top & ~unsure, ~top & ~beaten | unsure
+
+    def rounding(self, logit: Tensor, maxima: Tensor) -> Tensor:
+        """(b, hq, n): how far the kernel's maximum may lie from the float32 logit of the same key, at most: ROUNDING x
+        scale |q_i| max_j |k_j| (per key/value head) for the products, SLACK of the magnitudes for the rest."""
+        b, hq, n, _ = self.shape
+        hk = self.key.shape[1]
+        longest = self.key.norm(dim=-1).amax(dim=-1)  # (b, hk)
+        longest = longest.repeat_interleave(hq // hk, dim=1)[..., None]  # (b, hq, 1)
+        products = ROUNDING * self.scaling * self.query.norm(dim=-1) * longest
+        finite = torch.where(logit.isfinite(), logit.abs(), 0.0)
+        return products + SLACK * (maxima.abs() + self.lse.abs() + finite + 1.0)

@@ -1,0 +1,163 @@
+"""sdpa's fused kernels with their log-sum-exp (flash attention, cuDNN attention), and a separate pass for each row's
+top key: the Triton kernel's statistics-only pass (`probe.kernels.cuda.attention_statistics`: the log-sum-exp and
+top key of every row, without values) where Triton serves the call, else none (the statistics then find a row's
+maximum from whole rows, `FusedAttention.tops_of_rows`: exact, slower).
+
+Which op computes the output and log-sum-exp is one choice per kernel and device (`lse_kernel`): on CUDA
+`aten._scaled_dot_product_flash_attention` (half precision, no mask, grouped-query heads as they are) or
+`aten._scaled_dot_product_cudnn_attention(compute_log_sumexp=True)` (half precision, an additive bias, grouped-query
+heads); on the CPU the flash op `aten._scaled_dot_product_flash_attention_for_cpu` (any float dtype, a mask): the
+same composition runs there, the top keys through Triton's interpreter (TRITON_INTERPRET=1), which is how it is
+tested without a GPU. Head sizes are padded by zero columns to one size, a multiple of 8 (the CUDA kernels' unit; a
+zero column adds nothing to a logit, the output's extra columns are dropped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from probe.kernels.base import AttentionCall, rebuild_problem
+from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.cuda import CudaBackend, attention_statistics
+from probe.kernels.fused import FusedAttention
+
+LseKernel = Callable[[Tensor, Tensor, Tensor, Tensor | None, bool, float], tuple[Tensor, Tensor]]
+"""(query, key, value, additive bias or None, causal, scale) -> (output (b, hq, n, d), log-sum-exp (b, hq, n, ...))."""
+
+HALF = (torch.bfloat16, torch.float16)
+TRITON = CudaBackend()  # asked whether its statistics pass serves a call (the top keys)
+
+
+def _cpu_flash(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, causal: bool,
+               scale: float) -> tuple[Tensor, Tensor]:
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, 0.0, causal,
+                                                                       attn_mask=bias, scale=scale)
+
+
+def _cuda_flash(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, causal: bool,
+                scale: float) -> tuple[Tensor, Tensor]:
+    assert bias is None, "the flash kernel takes no mask (SdpaBackend.problem refuses it)"
+    output, lse, *_ = torch.ops.aten._scaled_dot_product_flash_attention(query, key, value, 0.0, causal, False,
+                                                                         scale=scale)
+    return output, lse
+
+
+def _cuda_cudnn(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, causal: bool,
+                scale: float) -> tuple[Tensor, Tensor]:
+    output, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(query, key, value, bias, True, 0.0, causal,
+                                                                         False, scale=scale)
+    return output, lse
+
+
+KERNELS: dict[tuple[str, str], LseKernel] = {("flash", "cpu"): _cpu_flash, ("flash", "cuda"): _cuda_flash,
+                                             ("cudnn", "cuda"): _cuda_cudnn}
+"""(kernel, device type) -> its op: the CUDA ops and the CPU's flash op behind one signature."""
+
+
+def lse_kernel(kernel: str, device: str) -> LseKernel | None:
+    """The op that computes the output and the log-sum-exp of `kernel` on a `device` ("cuda", "cpu"), or None."""
+    return KERNELS.get((kernel, device))
+
+
+def _kernel_problem(kernel: str, call: AttentionCall) -> str:
+    """Why `kernel` on the call's device cannot take the call ("" where it can): the CUDA kernels' constraints."""
+    device = call.query.device.type
+    if lse_kernel(kernel, device) is None:
+        return f"sdpa's {kernel} kernel with its log-sum-exp is not wired for {device}"
+    if device != "cuda":
+        return ""
+    if call.query.dtype not in HALF or call.key.dtype != call.query.dtype or call.value.dtype != call.query.dtype:
+        return f"queries, keys and values of {call.query.dtype} (the {kernel} kernel takes bfloat16 or float16)"
+    if torch.cuda.get_device_capability(call.query.device) < (8, 0):
+        return f"the {kernel} kernel needs compute capability 8.0 or later"
+    widest = _padded_size(max(call.query.shape[-1], call.value.shape[-1]))
+    if kernel == "flash":
+        if not torch.backends.cuda.is_flash_attention_available():
+            return "this torch was built without the flash attention kernel"
+        if call.bias is not None:
+            return "a mask or bias (the flash kernel takes causal masks only)"
+        return "head size over 256" if widest > 256 else ""
+    if not torch.backends.cudnn.is_available():
+        return "cuDNN is not available"
+    return "head size over 128 (cuDNN attention)" if widest > 128 else ""
+
+
+class SdpaBackend:
+    """sdpa's `kernel` ("flash" or "cudnn") for the output and log-sum-exp, the Triton statistics pass for the top
+    keys (the module's docstring)."""
+
+    def __init__(self, kernel: str) -> None:
+        if kernel not in ("flash", "cudnn"):
+            raise ValueError(f"kernel is 'flash' or 'cudnn', got {kernel!r}")
+        self.kernel = kernel
+        self.name = f"sdpa-{kernel}"
+        self.statistics = STATISTICS[kernel]
+
+    def problem(self, call: AttentionCall) -> str:
+        """"" where the kernel serves the call, else why not. Reads shapes, dtypes and devices only."""
+        return rebuild_problem(call) or _kernel_problem(self.kernel, call)
+
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, SdpaAttention]:
+        """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and, where the Triton
+        pass serves the call, each row's top key)."""
+        kernel = lse_kernel(self.kernel, call.query.device.type)
+        assert kernel is not None
+        b, hq, n, _ = call.query.shape
+        dv = call.value.shape[-1]
+        plain_causal = call.causal and call.bias is None
+        output, lse = kernel(*_padded(call), call.bias, plain_causal, call.scaling)
+        top = top_keys(call)
+        statistics = self.statistics(call.query, call.key, call.bias, call.scaling, plain_causal,
+                                     lse[:, :, :n].reshape(b, hq, n).float(), config, top_keys=top)
+        return output[..., :dv].transpose(1, 2).contiguous(), statistics
+
+
+def top_keys(call: AttentionCall) -> Tensor | None:
+    """(b, hq, n) int32: each row's top key from the Triton kernel's statistics pass where it serves the call (CUDA,
+    or CPU tensors under TRITON_INTERPRET=1), else None (the statistics search whole rows)."""
+    if TRITON.problem(call):
+        return None
+    return attention_statistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None)[1]
+
+
+def _padded_size(size: int) -> int:
+    return -(-size // 8) * 8
+
+
+def _padded(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:
+    """Query, key and value with one head size, a multiple of 8: zero columns appended where needed (none for 64 or
+    128)."""
+    size = _padded_size(max(call.query.shape[-1], call.value.shape[-1]))
+
+    def padded(tensor: Tensor) -> Tensor:
+        return tensor if tensor.shape[-1] == size else F.pad(tensor, (0, size - tensor.shape[-1]))
+
+    return padded(call.query), padded(call.key), padded(call.value)
+
+
+@dataclass
+class SdpaAttention(FusedAttention):
+    """FusedAttention with the Triton pass's top keys where it ran (`top_keys`), answering on the statistics' device
+    either way (the scores add its counts there)."""
+
+    def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
+        """FusedAttention.neighbour_hits (from the top keys, or whole rows), on the statistics' device."""
+        return super().neighbour_hits(selected, shift).to(self.lse.device)
+
+
+@dataclass
+class SdpaFlashAttention(SdpaAttention):
+    backend = "sdpa-flash"
+
+
+@dataclass
+class SdpaCudnnAttention(SdpaAttention):
+    backend = "sdpa-cudnn"
+
+
+STATISTICS: dict[str, type[SdpaAttention]] = {"flash": SdpaFlashAttention, "cudnn": SdpaCudnnAttention}
