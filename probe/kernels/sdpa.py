@@ -49,6 +49,8 @@ def _cuda_flash(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, 
 
 def _cuda_cudnn(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, causal: bool,
                 scale: float) -> tuple[Tensor, Tensor]:
+    if bias is not None:
+        bias = bias[(None,) * (4 - bias.dim())]  # the op takes a 4-dimensional bias (broadcast dimensions: stride 0)
     output, lse, *_ = torch.ops.aten._scaled_dot_product_cudnn_attention(query, key, value, bias, True, 0.0, causal,
                                                                          False, scale=scale)
     return output, lse
