@@ -201,6 +201,39 @@ def test_flex_kernel_maxima_lie_within_the_rounding_allowed(case: str, dtype: to
     assert bool(((statistics.lse - reference.lse).abs() <= rounding).all())
 
 
+def _previous_token_head() -> AttentionCall:
+    """Queries that look like the key before them: the neighbour i - 1 is most rows' top, many of them at
+    weights under one half, which the maxima cannot decide."""
+    generator = torch.Generator().manual_seed(13)
+    key = torch.randn(1, 2, 96, 16, generator=generator)
+    query = torch.roll(key, 1, dims=2) * 0.6 + 0.5 * torch.randn(1, 2, 96, 16, generator=generator)
+    return AttentionCall(query, key, key, None, 0.25, True)
+
+
+@pytest.mark.parametrize("triton_pass", [True, False], ids=["triton pass", "whole rows"])
+def test_flex_statistics_settle_many_undecided_rows_in_one_pass(triton_pass: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A previous-token head leaves most rows undecided by the maxima: one Triton statistics pass gives every row's
+    top key (kept as top_keys), or, where Triton does not serve the call, whole rows do; argmax's counts either way."""
+    if not triton_pass:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    elif TRITON.problem(CASES["causal"]()):
+        pytest.skip(f"the Triton pass: {TRITON.problem(CASES['causal']())}")
+    call = _previous_token_head()
+    _, reference = REFERENCE.run(call, DEFAULT_CONFIG)
+    statistics = FlexStatistics(call.query, call.key, None, call.scaling, True, reference.lse,
+                                max_scores=masked_logits(call).amax(dim=-1))
+    _, undecided = statistics.decided(-1)
+    assert float(undecided.float().mean()) > flex_kernel.WHOLE_ROWS
+    selected = torch.ones(1, 96, dtype=torch.bool)
+    selected[:, 0] = False
+    rows = torch.arange(1, 96)
+    expected = (masked_logits(call)[:, :, rows].argmax(dim=-1) == rows - 1).sum(dim=(0, 2)).double()
+    assert expected.sum() > 0.75 * 2 * 95
+    assert torch.equal(statistics.neighbour_hits(selected, -1), expected)
+    assert (statistics.top_keys is not None) == triton_pass
+
+
 def test_flex_statistics_without_maxima_search_whole_rows() -> None:
     """A torch that gives no row maxima (before AuxRequest): the same counts, from whole rows."""
     call = CASES["ties"]()

@@ -5,9 +5,11 @@ grouped- and multi-query heads as they are (`enable_gqa`).
 
 Its statistics (`FlexStatistics`) answer positional's question (is the neighbour its row's top key?) from the row
 maxima: a neighbour whose logit is below its row's maximum by more than the kernel's rounding is beaten, and one that
-holds more than half its row's weight is the top; only the rows neither decides (the neighbour at the maximum, where
-a tie with an earlier key would change argmax's answer) are computed whole (`FusedAttention.tops_of_rows`). A row's
-top key itself (`row_tops`) needs the index, which a maximum does not give: those rows are computed whole.
+holds more than half its row's weight is the top; the rows neither decides (the neighbour at the maximum, where a
+tie with an earlier key, or a key within the kernel's rounding, would change argmax's answer) are computed whole
+(`FusedAttention.tops_of_rows`), or, where they are more than WHOLE_ROWS of all (a previous-token head's), every row's
+top key comes from one pass of the Triton kernel's statistics (probe.kernels.cuda.attention_statistics). A row's top
+key itself (`row_tops`) needs the index, which a maximum does not give: those rows are computed whole.
 
 CUDA only: on the CPU torch refuses `max_scores` (eager and compiled) and its compiled CPU kernel refuses the
 log-sum-exp; the eager CPU path gives the log-sum-exp only, from the whole n x n matrix (tests use it to check the
@@ -30,6 +32,7 @@ from torch import Tensor
 
 from probe.kernels.base import AttentionCall, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.cuda import CudaBackend, attention_statistics
 from probe.kernels.fused import FusedAttention
 
 NAME = "flex-attention"
@@ -38,6 +41,9 @@ MAX_HEAD_DIM = 256
 ROUNDING = 2.0**-8  # the kernel's logit against a float32 one, per scale |q| |k|: a bfloat16 rounding of a scaled
 # query (PRESCALE_QK) or TF32 products are within it; float32 sums and the log2 round trip are far below
 SLACK = 2.0**-16  # relative rounding of the maximum, the log-sum-exp and a logit rebuilt from a weight
+WHOLE_ROWS = 1 / 16  # of the rows, the most the maxima may leave undecided for whole rows (FusedAttention.tops_of_rows)
+# to settle them; more (a previous-token head: its neighbour is at most rows' maximum) and one Triton statistics pass
+# over the call gives every row's top key instead
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -120,9 +126,7 @@ def flex_outputs(call: AttentionCall, attend: Callable[..., Any], maxima: bool =
     the CPU gives)."""
     query, key, value = padded_heads(call)
     score_mod, mask_mod = modifications(call)
-    block_mask = None
-    if mask_mod is not None:
-        block_mask = block_mask_for(mask_mod, call)
+    block_mask = None if mask_mod is None else block_mask_for(mask_mod, call)
     kwargs, has_maxima = aux_request()
     if not maxima and "return_aux" in kwargs:
         kwargs = {"return_aux": type(kwargs["return_aux"])(lse=True)}
@@ -163,28 +167,45 @@ def modifications(call: AttentionCall) -> tuple[ScoreMod | None, MaskMod | None]
 
         return add_bias, visible
     if call.causal:
-        offset = kv - n
-
-        def causal(batch: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
-            return key <= row + offset
-
-        return None, causal
+        return None, causal_mask(kv - n)
     return None, None
 
 
+def causal_mask(offset: int) -> MaskMod:
+    """The mask_mod of plain causal attention: key j visible from query i where j <= i + offset (kv - n)."""
+    def causal(batch: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
+        return key <= row + offset
+
+    return causal
+
+
 def block_mask_for(mask_mod: MaskMod, call: AttentionCall) -> Any:
-    """The block mask of `mask_mod` over the call's queries and keys: per sequence and head where the bias has those
-    dimensions, else one for all (a plain causal mask: one per shape, kept). Built by a compiled pass on CUDA (no
-    dense n x kv mask in memory)."""
-    module = flex_module()
-    assert module is not None
+    """The block mask of `mask_mod` (modifications') over the call's queries and keys: per sequence and head where
+    the bias has those dimensions (per sequence where there is none), else one for all; plain causal attention's is
+    made once per shape and device (every layer of a forward shares it)."""
     b, hq, n, _ = call.query.shape
     kv = call.key.shape[2]
     bias = call.bias
-    sequences = b if bias is not None and bias.dim() == 4 and bias.shape[0] > 1 else None
+    if bias is None and call.causal:
+        return _causal_block_mask(n, kv, call.query.device)
+    sequences = b if bias is None or (bias.dim() == 4 and bias.shape[0] > 1) else None
     heads = hq if bias is not None and bias.dim() >= 3 and bias.shape[-3] > 1 else None
-    return module.create_block_mask(mask_mod, sequences, heads, n, kv, device=call.query.device,
-                                    _compile=call.query.device.type == "cuda")
+    return _block_mask(mask_mod, sequences, heads, n, kv, call.query.device)
+
+
+@functools.lru_cache(maxsize=8)
+def _causal_block_mask(n: int, kv: int, device: torch.device) -> Any:
+    """The block mask of plain causal attention, kept per shape and device."""
+    return _block_mask(causal_mask(kv - n), None, None, n, kv, device)
+
+
+def _block_mask(mask_mod: MaskMod, sequences: int | None, heads: int | None, n: int, kv: int,
+                device: torch.device) -> Any:
+    """create_block_mask, by a compiled pass on CUDA (no dense n x kv mask in memory)."""
+    module = flex_module()
+    assert module is not None
+    return module.create_block_mask(mask_mod, sequences, heads, n, kv, device=device,
+                                    _compile=device.type == "cuda")
 
 
 @dataclass
@@ -205,10 +226,21 @@ class FlexStatistics(FusedAttention):
         top, undecided = self.decided(shift)
         hits = (top & chosen).sum(dim=(0, 2), dtype=torch.float64)
         found = (undecided & chosen).nonzero()  # (k, 3): b, h, query
+        if len(found) > WHOLE_ROWS * b * hq * n and self.triton_top_keys():
+            return super().neighbour_hits(selected, shift)  # from the top keys just computed
         if len(found):
             tops = self.tops_of_rows(found, found[:, 2] + shift)
             hits += torch.bincount(found[tops, 1], minlength=hq).to(hits)
         return hits
+
+    def triton_top_keys(self) -> bool:
+        """Compute every row's top key by the Triton kernel's statistics pass (probe.kernels.cuda, on the float32
+        queries and keys kept here) and keep them as `top_keys`; False where the kernel does not serve the call."""
+        call = AttentionCall(self.query, self.key, self.key, self.bias, self.scaling, self.causal)
+        if CudaBackend().problem(call):
+            return False
+        self.top_keys = attention_statistics(self.query, self.key, self.bias, self.scaling, self.causal)[1]
+        return True
 
     def decided(self, shift: int) -> tuple[Tensor, Tensor]:
         """(top, undecided), (b, hq, n) bool, for the neighbour i + shift of every query: top where it holds more than
