@@ -113,6 +113,29 @@ def test_six_default_scores_through_sdpa_flash_equal_the_blocked_path() -> None:
             assert (fast[name] - blocked[name]).abs().max() <= 1e-5, name
 
 
+def test_sdpa_flash_reads_nothing_back_to_the_host_inside_a_forward() -> None:
+    """Every default score through sdpa-flash with the Triton pass's top keys, a padded batch (an additive bias):
+    nothing inside the forward waits for the device (tests/host_reads.py)."""
+    from host_reads import host_reads
+
+    from probe.inputs import ProbeSet
+
+    loaded = tiny_loaded("llama_gqa")
+    if TRITON.problem(CASES["causal"]()):
+        pytest.skip(f"the Triton pass: {TRITON.problem(CASES['causal']())}")
+    generator = torch.Generator().manual_seed(0)
+    half = torch.randint(3, 120, (2, 19), generator=generator)
+    ids = torch.cat([torch.ones(2, 1, dtype=torch.long), half, half], dim=1)
+    mask = torch.ones_like(ids)
+    mask[-1, -5:] = 0
+    probe_set = ProbeSet("repeated", "random tokens, repeated", ids, 1, attention_mask=mask, repeat_len=19)
+    names = [name for name, score in SCORES.items() if score.by_default and score.probe == "repeated"]
+    with using_backend(FLASH), host_reads(loaded.model) as reads:
+        scores = score_heads(loaded, probe_set, names, batch_size=2, path="lse")
+    assert scores.path == "sdpa-flash"
+    assert not reads, "\n".join(dict.fromkeys(reads))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", list(CASES))
 def test_flex_masks_give_the_reference_attention(case: str, dtype: torch.dtype, eager_flex: object) -> None:

@@ -9,7 +9,9 @@ holds more than half its row's weight is the top; the rows neither decides (the 
 tie with an earlier key, or a key within the kernel's rounding, would change argmax's answer) are computed whole
 (`FusedAttention.tops_of_rows`), or, where they are more than WHOLE_ROWS of all (a previous-token head's), every row's
 top key comes from one pass of the Triton kernel's statistics (probe.kernels.cuda.attention_statistics). A row's top
-key itself (`row_tops`) needs the index, which a maximum does not give: those rows are computed whole.
+key itself (`row_tops`) needs the index, which a maximum does not give: those rows are computed whole. Counting the
+undecided rows reads a number back from the GPU (one wait per neighbour and layer), which the Triton backend's top
+keys do not.
 
 CUDA only: on the CPU torch refuses `max_scores` (eager and compiled) and its compiled CPU kernel refuses the
 log-sum-exp; the eager CPU path gives the log-sum-exp only, from the whole n x n matrix (tests use it to check the
@@ -75,6 +77,8 @@ class FlexBackend:
             return f"FlexAttention's row maxima are computed on cuda only, not {device} (torch refuses them there)"
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed (torch.compile builds FlexAttention's kernel with it)"
+        if not torch._dynamo.is_dynamo_supported():
+            return "torch.compile does not run on this Python (FlexAttention's kernel is built by it)"
         kernel_takes = (
             (call.query.dtype in DTYPES and call.key.dtype == call.value.dtype == call.query.dtype,
              f"queries, keys and values of {call.query.dtype} (FlexAttention takes float32, bfloat16, float16)"),
