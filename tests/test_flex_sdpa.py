@@ -257,13 +257,29 @@ def test_flex_statistics_settle_many_undecided_rows_in_one_pass(triton_pass: boo
     assert (statistics.top_keys is not None) == triton_pass
 
 
-def test_flex_statistics_without_maxima_search_whole_rows() -> None:
-    """A torch that gives no row maxima (before AuxRequest): the same counts, from whole rows."""
-    call = CASES["ties"]()
-    _, reference = REFERENCE.run(call, DEFAULT_CONFIG)
-    statistics = FlexStatistics(call.query, call.key, None, call.scaling, True, reference.lse)
+@pytest.mark.parametrize("triton_pass", [True, False], ids=["triton pass", "whole rows"])
+def test_flex_statistics_without_maxima(triton_pass: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Statistics without row maxima (layer calls read side by side, which keeps only top keys; a torch that gives
+    none): the same counts, from the Triton pass's top keys where it serves the call, else from whole rows."""
+    if not triton_pass:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+    elif TRITON.problem(CASES["causal"]()):
+        pytest.skip(f"the Triton pass: {TRITON.problem(CASES['causal']())}")
+    from probe.kernels import side_by_side
+
+    ties = CASES["ties"]()
+    calls = [ties, AttentionCall(ties.query.flip(2), ties.key, ties.value, None, 3.0, True)]  # other queries
+    parts = []
+    for call in calls:
+        _, reference = REFERENCE.run(call, DEFAULT_CONFIG)
+        parts.append(FlexStatistics(call.query, call.key, None, call.scaling, True, reference.lse,
+                                    max_scores=masked_logits(call).amax(dim=-1)))
+    joined = side_by_side(parts)
+    assert isinstance(joined, FlexStatistics) and joined.max_scores is None
     selected = torch.ones(2, 40, dtype=torch.bool)
-    assert torch.equal(statistics.neighbour_hits(selected, -1), reference.neighbour_hits(selected, -1))
+    expected = torch.cat([part.neighbour_hits(selected, 0) for part in parts])
+    assert torch.equal(joined.neighbour_hits(selected, 0), expected)
+    assert (joined.top_keys is not None) == triton_pass
 
 
 def test_flex_asks_for_what_this_torch_has(monkeypatch: pytest.MonkeyPatch, eager_flex: object) -> None:

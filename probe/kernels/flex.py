@@ -222,7 +222,11 @@ class FlexStatistics(FusedAttention):
 
     def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
         """FusedAttention.neighbour_hits, on the statistics' device: rows the maxima decide are counted there; the
-        rest (`undecided`) are computed whole (tops_of_rows), argmax's answer exactly."""
+        rest (`undecided`) are computed whole (tops_of_rows), argmax's answer exactly. Without maxima (layer calls
+        read side by side, which keeps top keys only; a torch that gives none): the Triton pass's top keys where it
+        serves the call, else whole rows."""
+        if self.max_scores is None and self.top_keys is None:
+            self.triton_top_keys()
         if self.max_scores is None or self.top_keys is not None:
             return super().neighbour_hits(selected, shift).to(self.lse.device)
         b, hq, n, _ = self.shape
