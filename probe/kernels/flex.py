@@ -16,7 +16,8 @@ keys do not.
 CUDA only: on the CPU torch refuses `max_scores` (eager and compiled) and its compiled CPU kernel refuses the
 log-sum-exp; the eager CPU path gives the log-sum-exp only, from the whole n x n matrix (tests use it to check the
 masks built here). torch 2.9 and later ask with `return_aux=AuxRequest(lse=True, max_scores=True)`; a torch whose
-`flex_attention` has no `AuxRequest` is asked with `return_lse=True` and its statistics search whole rows instead.
+`flex_attention` has no `AuxRequest` is asked with `return_lse=True`, and its statistics, without maxima, take the
+Triton pass's top keys (whole rows where Triton does not serve the call).
 """
 
 from __future__ import annotations
