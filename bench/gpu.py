@@ -395,7 +395,7 @@ def section(data: dict[str, Any]) -> str:
     """The markdown section of RESULTS.md for one run."""
     where = "dry run (tiny layout, CPU, float32: not a measurement)" if data.get("dry_run") else \
         f"{data['machine'].get('gpu')}, {data.get('dtype')}"
-    lines = ["## GPU: classify against the sdpa forward (issue 44)", "",
+    lines = ["## GPU: classify against the sdpa forward", "",
              f"{data['date']}, {where}; `{data.get('command', 'python -m bench gpu')}`.", "",
              "| layout | tokens | plain | classify | ratio | target | (b) ratio | peak plain GiB | peak classify GiB "
              "| path |", "|---|---|---|---|---|---|---|---|---|---|"]
