@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from probe.ablation import ablate
 from probe.hooks.capture import attention_hooks
-from probe.hooks.outputs import logits_of
+from probe.models.outputs import logits_of
 from probe.hooks.run import run_model
 from probe.errors import ProbeError
 from probe.hooks.points import KINDS, POINTS, SITES
