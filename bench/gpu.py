@@ -199,19 +199,6 @@ def agreement(device: str, log: Log, length: int) -> dict[str, Any]:
     return out
 
 
-class _Reader:
-    """An LseHook that hands each layer's statistics to the accumulator (as score_heads' reader does)."""
-
-    def __init__(self, accumulator: Any) -> None:
-        self.accumulator, self.config = accumulator, accumulator.config
-
-    def __call__(self, layer: int, attention: Any) -> None:
-        self.accumulator(layer, attention)
-
-    def blocked(self, layer: int, reason: str) -> None:
-        self.accumulator.blocked(layer, reason)
-
-
 @contextmanager
 def _sync_errors_inside(model: torch.nn.Module) -> Iterator[None]:
     """`torch.cuda.set_sync_debug_mode("error")` while the model's forward runs (its pre-hook turns it on, an
@@ -256,7 +243,9 @@ def sync_check(loaded: Any, length: int, device: str) -> dict[str, Any]:
     ids = repeated_set(loaded.vocab_size, length).input_ids
     layers = attention_layers(loaded.model)
     accumulator = ScoreAccumulator(SIX, len(layers), max(layer.n_heads for layer in layers))
-    with torch.no_grad(), attention_hooks(loaded.model, on_lse=_Reader(accumulator)):
+    points = {"lse": lambda attention, ctx: accumulator(ctx.layer, attention),  # as score_heads reads them
+              "blocked": lambda reason, ctx: accumulator.blocked(ctx.layer, reason)}
+    with torch.no_grad(), attention_hooks(loaded.model, points, config=accumulator.config):
         for attempt in range(2):
             accumulator.batch = Batch(valid=torch.ones_like(ids, dtype=torch.bool), offset=1,
                                       repeat_len=(length - 1) // 2)
@@ -406,7 +395,7 @@ def section(data: dict[str, Any]) -> str:
     """The markdown section of RESULTS.md for one run."""
     where = "dry run (tiny layout, CPU, float32: not a measurement)" if data.get("dry_run") else \
         f"{data['machine'].get('gpu')}, {data.get('dtype')}"
-    lines = ["## GPU: classify against the sdpa forward (issue 44)", "",
+    lines = ["## GPU: classify against the sdpa forward", "",
              f"{data['date']}, {where}; `{data.get('command', 'python -m bench gpu')}`.", "",
              "| layout | tokens | plain | classify | ratio | target | (b) ratio | peak plain GiB | peak classify GiB "
              "| path |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -37,12 +37,12 @@ def plain_first_order(loaded: Any, clean: Any, corrupt: Any, component: str, uni
     source = head_inputs(loaded, clean, component, batch_size=clean.input_ids.shape[0]).values[0]
     leaves: dict[int, torch.Tensor] = {}
 
-    def make_leaf(layer: int, inputs: Any) -> Any:
-        leaves[layer] = getattr(inputs, component).detach().requires_grad_()
-        return replace(inputs, **{component: leaves[layer]})
+    def make_leaf(inputs: Any, ctx: Any) -> Any:
+        leaves[ctx.layer] = getattr(inputs, component).detach().requires_grad_()
+        return replace(inputs, **{component: leaves[ctx.layer]})
 
     ids, mask = corrupt.input_ids, corrupt.attention_mask
-    with torch.enable_grad(), attention_hooks(loaded.model, edit_inputs=make_leaf):
+    with torch.enable_grad(), attention_hooks(loaded.model, {"inputs": make_leaf}):
         logits = logits_of(run_model(loaded.model, ids, mask))
     rows = torch.arange(ids.shape[0])
     last = corrupt.scored.int().argmax(dim=1)

@@ -256,7 +256,7 @@ def long_context(data: dict[str, Any]) -> str:
              "what `probe classify` runs per probe set) against one plain sdpa forward with logits "
              "(`model(input_ids)`) of the same ids, interleaved, order rotated each repeat; ratio = median of "
              f"per-repeat ratios. `before` is the blocked attention and score functions of {data['before_commit']} "
-             "(before issue 16), swapped in and timed in the same run. Rows can come from separate runs "
+             "(before the long-context rewrite), swapped in and timed in the same run. Rows can come from separate runs "
              "(`--long-lengths`); NOTES.md names each row's run and load.\n",
              "| tokens | repeats | plain (s) | probe (s) | probe / plain | range | before (s) | before / plain | "
              "probe / before |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -398,7 +398,7 @@ def _atlas_build(name: str, entry: dict[str, Any], limit: float) -> list[str]:
     browser, mib = entry["browser"], entry["page_bytes"] / 2**20
     summary = entry["summary"]
     loads = (f"load average (1 min) {load[0][0]:.2f} before, {load[1][0]:.2f} after" if load[0] is not None
-             else "load not recorded (a shared machine: 5 engineers on 2 cores)")
+             else "load not recorded (a shared machine: 2 cores, other jobs running)")
     return [f"### {name}", "", f"- Date: {entry['date']}; command: `{entry.get('command', '?')}`; {loads}", "",
             f"Total {entry['seconds']:.1f} s (target {limit:.0f} s on 2 CPU cores: {verdict}). Seconds per stage: "
             f"{stages}.", f"Notes: {notes}." if notes else "",
@@ -450,8 +450,8 @@ def kv_order(data: dict[str, Any]) -> str:
 
 
 def kv_default(data: dict[str, Any]) -> str:
-    """bench/kv_default.py (issue 30): the default `probe kv-heads` on SmolLM2, end to end, in a fresh process."""
-    lines = ["## kv-heads: the default run on SmolLM2, end to end (issue 30: within 5 minutes on 2 CPU cores)", "",
+    """bench/kv_default.py: the default `probe kv-heads` on SmolLM2, end to end, in a fresh process."""
+    lines = ["## kv-heads: the default run on SmolLM2, end to end (target: within 5 minutes on 2 CPU cores)", "",
              _machine(data), "", "| run | date | load before / after | wall | peak RSS (GiB) | scores | budget | curve "
              "| budget points; curve values | KV heads streamed |", "|---|---|---|---:|---:|---:|---:|---:|---|---:|"]
     for name in ("default", "every_random_point"):
@@ -479,9 +479,9 @@ def _ratio_cell(timings: dict[str, Any], name: str) -> str:
 
 
 def lse(data: dict[str, Any]) -> str:
-    """bench/lse.py (issue 28): scores from the log-sum-exp against a plain sdpa forward, and memory at 32k."""
+    """bench/lse.py: scores from the log-sum-exp against a plain sdpa forward, and memory at 32k."""
     threads = data.get("threads", 1)
-    lines = [f"## Head scores from the attention's log-sum-exp (issue 28), SmolLM2, one sequence, {threads} "
+    lines = [f"## Head scores from the attention's log-sum-exp, SmolLM2, one sequence, {threads} "
              f"thread{'s' if threads != 1 else ''}", "", _machine(data),
              f"- torch threads: {data['threads']}; variants interleaved, order rotated every repeat; ratio = median "
              "over repeats of (variant / plain of the same repeat), range in brackets. Baseline `plain`: the sdpa "
@@ -578,8 +578,7 @@ def render(extra: str = "") -> str:
 
 
 def write(extra: str = "") -> None:
-    notes = RESULTS_MD.parent / "NOTES.md"
-    text = render(extra)
-    if notes.is_file():
-        text += "\n" + notes.read_text(encoding="utf-8")
-    RESULTS_MD.write_text(text, encoding="utf-8")
+    """RESULTS.md: the rendered results and a pointer to how each came about (bench/NOTES.md, the history, which
+    RESULTS.md does not repeat)."""
+    pointer = "How each number came about, run by run: [NOTES.md](NOTES.md).\n"
+    RESULTS_MD.write_text(render(extra) + "\n" + pointer, encoding="utf-8")

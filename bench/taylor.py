@@ -39,13 +39,13 @@ def _losses(model: torch.nn.Module, ids: torch.Tensor, layer: int, head: int, sc
 
     batch = ids.shape[0]
 
-    def scale(_layer: int, values: torch.Tensor) -> torch.Tensor:
+    def scale(values: torch.Tensor, _ctx: Any) -> torch.Tensor:
         values = values.clone()
         for copy, factor in enumerate(scales):
             values[copy * batch:(copy + 1) * batch, :, head] *= factor
         return values
 
-    with torch.inference_mode(), attention_hooks(model, edit_heads=scale, layers={layer}):
+    with torch.inference_mode(), attention_hooks(model, {"z": scale}, layers={layer}):
         logits = logits_of(run_model(model, ids.repeat(len(scales), 1), None))[:, :-1].float()
     targets = ids[:, 1:].repeat(len(scales), 1)
     token_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")

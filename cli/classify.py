@@ -14,6 +14,7 @@ from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
 from probe.heads.classify import Classification
 from probe.heads.classify import classify as run_classify
+from probe.heads.scores import SCORES
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
@@ -74,7 +75,7 @@ def classify(
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
     conllu: ClassifyConllu = None, csv_path: ClassifyCsv = None,
 ) -> None:
-    """Score every head (previous-token, sink, induction, duplicate-token, next-token, positional) and label them."""
+    # its help, `probe classify --help`'s first line, is _help(): the classes come from the registry
     thresholds = parse_thresholds(threshold or [])
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences = read_conllu(conllu) if conllu is not None else None
@@ -93,3 +94,12 @@ def classify(
                                                             repeat_len=repeat_len, seed=seed)))
     warn_non_finite(payload)
     classification_report(payload, console)
+
+
+def _help() -> str:
+    """The command's help: the classes `classify` scores by default, read from the registry (SCORES)."""
+    names = [name.replace("_", "-") for name, score in SCORES.items() if score.by_default]
+    return f"Score every head ({', '.join(names)}) and label them."
+
+
+classify.__doc__ = _help()

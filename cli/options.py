@@ -49,7 +49,7 @@ OffloadFolder = Annotated[Optional[Path], typer.Option(
 SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text sequence (BOS not counted).")]
 NumSeqs = Annotated[int, typer.Option("--num-seqs", help="Number of sequences in each probe set.")]
 Seed = Annotated[int, typer.Option(
-    "--seed", help="Seed of the random tokens, and of the methods that draw at random (resample's derangement).")]
+    "--seed", help="Seed of the random tokens, and of the ablation methods that draw at random.")]
 Metric = Annotated[Optional[str], typer.Option("--metric", help=metric_help())]
 Labels = Annotated[Optional[Path], typer.Option(
     "--labels", help="Sequence classifiers: a JSON-lines file of {\"text\", \"label\"} rows ({\"text\", "

@@ -35,6 +35,7 @@ from probe.ablation.blocks import Blocks, find_blocks
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.run import logits_of, run_model
+from probe.hooks.types import HookContext
 from probe.inputs import ContrastSet, logit_diffs
 from probe.circuits.weights import FINAL_NORMS, _gain, _named_child
 from probe.errors import ProbeError
@@ -100,14 +101,16 @@ class Recording:
         """(batch, positions, ...) -> (points, ...)."""
         return value[self.targets.rows.to(value.device), self.targets.positions.to(value.device)].detach()
 
-    def edit_heads(self, layer: int, heads: Tensor) -> Tensor:
-        self.heads[layer] = self.at(heads)
+    def edit_heads(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        """The `z` point's handler: keeps the heads' outputs at the read points, changes nothing."""
+        self.heads[ctx.layer] = self.at(heads)
         return heads
 
-    def on_weights(self, layer: int, start: int, weights: Tensor) -> None:
+    def on_weights(self, weights: Tensor, ctx: HookContext) -> None:
         """Keep the query row of each read point that falls in this block of queries."""
         if not self.per_position:
             return
+        layer, start = ctx.layer, ctx.start
         stored = self.weights.setdefault(layer, weights.new_zeros(len(self.targets.rows), weights.shape[1],
                                                                    weights.shape[-1]))
         inside = (self.targets.positions >= start) & (self.targets.positions < start + weights.shape[2])
@@ -115,9 +118,9 @@ class Recording:
         rows, queries = self.targets.rows[points], self.targets.positions[points] - start
         stored[points] = weights[rows.to(weights.device), :, queries.to(weights.device)].detach()
 
-    def read_values(self, layer: int, value: Tensor) -> None:
+    def read_values(self, value: Tensor, ctx: HookContext) -> None:
         """The `v` hook point's reader: keeps the values (batch, keys, n_kv_heads, head_dim) of the read rows."""
-        self.values[layer] = value[self.targets.rows.to(value.device)].transpose(1, 2).detach()
+        self.values[ctx.layer] = value[self.targets.rows.to(value.device)].transpose(1, 2).detach()
 
 
 @dataclass(frozen=True)

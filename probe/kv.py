@@ -48,6 +48,7 @@ from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, retri
                                 streaming_from_lse, streaming_score)
 from probe.hooks.capture import attention_hooks
 from probe.hooks.stacks import is_encoder_decoder
+from probe.hooks.types import Handler, HookContext
 from probe.kernels import FusedStatistics
 from probe.kernels.fused import uploaded
 from probe.models import LoadedModel
@@ -136,9 +137,9 @@ class _Scorer:
             counts = self.stream_counts[layer] + counts.to(self.stream_counts[layer].device)
         self.stream_sums[layer], self.stream_counts[layer] = sums, counts
 
-    def __call__(self, layer: int, attention: FusedStatistics) -> None:
-        """The fast path (an LseHook): the streaming band and the answer rows' top keys from the log-sum-exp."""
-        batch = self.batch
+    def on_lse(self, attention: FusedStatistics, ctx: HookContext) -> None:
+        """The fast path (the `lse` point): the streaming band and the answer rows' top keys from the log-sum-exp."""
+        layer, batch = ctx.layer, self.batch
         assert batch is not None
         self._stream(layer, *self.streaming_fast(attention, batch))
         if len(self.rows):  # (b, h, answer rows): the kernel's top keys, or argmax of the rows computed whole
@@ -146,11 +147,13 @@ class _Scorer:
             rows = batch.memo(("answer rows", str(device)), lambda: uploaded(self.rows, device))  # once per prompt
             self.tops.setdefault(layer, []).append(attention.row_tops(rows))
 
-    def blocked(self, layer: int, reason: str) -> None:
+    def blocked(self, reason: str, ctx: HookContext) -> None:
         """This layer's weights come to on_weights instead (its logits cannot be rebuilt from the log-sum-exp)."""
-        self.paths[layer] = reason
+        self.paths[ctx.layer] = reason
 
-    def on_weights(self, layer: int, start: int, weights: Tensor) -> None:
+    def on_weights(self, weights: Tensor, ctx: HookContext) -> None:
+        """The blocked path (the `pattern` point): the same from a block of weights."""
+        layer, start = ctx.layer, ctx.start
         assert self.batch is not None
         sums, counts = self.streaming(weights, start, self.batch)
         self._stream(layer, sums.to(weights.device), counts.to(weights.device))
@@ -198,8 +201,9 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
         scorer.rows = _answer_rows(sources)
         valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         scorer.batch = NeedleBatch(valid=valid, offset=needles.offset, repeat_len=None)
-        with torch.no_grad(), attention_hooks(loaded.model, on_weights=scorer.on_weights,
-                                              on_lse=scorer if fast else None):
+        points: dict[str, Handler] = {"pattern": scorer.on_weights,
+                                      **({"lse": scorer.on_lse, "blocked": scorer.blocked} if fast else {})}
+        with torch.no_grad(), attention_hooks(loaded.model, points):
             output = run_model(loaded.model, ids, mask, logits=scorer.rows)
         finite.append(torch.isfinite(logits_of(output)).all())  # on the device: read once, after the last prompt
         correct = _predictions(output, ids, scorer.rows, sources)

@@ -33,6 +33,7 @@ from probe.errors import ProbeError
 from probe.heads.classify import Classification
 from probe.heads.scores import SCORES
 from probe.hooks.capture import stream_attention
+from probe.hooks.types import HookContext
 from probe.hooks.layers import attention_layers
 from probe.hooks.stacks import decoder_start, layer_names
 from probe.models import LoadedModel
@@ -248,7 +249,8 @@ def _window_attention(loaded: LoadedModel, ids: Tensor, layers: set[int], start:
     kept: dict[int, list[Tensor]] = {}
     outside = [0.0, 0]
 
-    def keep(layer: int, first: int, weights: Tensor) -> None:
+    def keep(weights: Tensor, ctx: HookContext) -> None:
+        layer, first = ctx.layer, ctx.start
         rows = weights[0, :, max(start - first, 0):max(stop - first, 0)]  # (heads, block rows in the window, keys)
         if rows.shape[1] == 0:
             return

@@ -20,7 +20,7 @@ recorded at the read points (probe.dla's recording), read through the final norm
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +37,9 @@ from probe.dla import Recording, Structure, Targets, check_stream, frozen_norm, 
     record_writes
 from probe.errors import ProbeError
 from probe.hooks.capture import attention_hooks
+from probe.hooks.points import Writer
 from probe.hooks.run import logits_of, run_model
+from probe.hooks.types import HookContext
 from probe.inputs import ContrastSet, ProbeSet
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback
@@ -98,7 +100,7 @@ def _score(targets: Targets, logits: Tensor) -> Tensor:
 
 
 def _forward(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
-             edit: Callable[[int, Tensor], Tensor] | None, *, keep: dict[int, Any] | None = None,
+             edit: Writer | None, *, keep: dict[int, Any] | None = None,
              skip: dict[int, Any] | None = None) -> tuple[Recording, Tensor]:
     """One forward, `edit` applied to the heads' outputs first, every write recorded at the read points; the
     logits at those points. `keep`: every block's output kept there; `skip`: those blocks return the given value
@@ -106,8 +108,8 @@ def _forward(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tenso
     recording = Recording(targets, per_position=False)
     positions = torch.unique(targets.positions)  # the LM head runs at these alone (the IOI prompts' last ones)
 
-    def heads(layer: int, z: Tensor) -> Tensor:
-        return recording.edit_heads(layer, z if edit is None else edit(layer, z))
+    def heads(z: Tensor, ctx: HookContext) -> Tensor:
+        return recording.edit_heads(z if edit is None else edit(z, ctx), ctx)
 
     with ExitStack() as scope:
         scope.enter_context(torch.no_grad())
@@ -144,10 +146,10 @@ def _clean(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor 
                   None if targets.distractor is not None else logits.float(), recording, kept)
 
 
-def _ablating(method: AblationMethod, layer: int, head: int, batch: int) -> Callable[[int, Tensor], Tensor]:
+def _ablating(method: AblationMethod, layer: int, head: int, batch: int) -> Writer:
     """A `z` writer: head `head` of `layer` replaced as the method replaces it, every other head as it was."""
-    def edit(index: int, z: Tensor) -> Tensor:
-        if index != layer:
+    def edit(z: Tensor, ctx: HookContext) -> Tensor:
+        if ctx.layer != layer:
             return z
         chosen = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
         chosen[head] = True
@@ -170,7 +172,7 @@ class _Prefix:
         return "exact: each ablated run starts at its head's block" if self.reuse else f"full forwards ({self.reason})"
 
     def run(self, loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, clean: _Clean,
-            edit: Callable[[int, Tensor], Tensor], layer: int) -> tuple[Recording, Tensor]:
+            edit: Writer, layer: int) -> tuple[Recording, Tensor]:
         """The ablated forward, its writes before the start block taken from the clean run (they are unchanged)."""
         start = structure.blocks.of_layer[layer]
         if not self.reuse or start == 0:

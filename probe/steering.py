@@ -33,6 +33,7 @@ from probe.hooks.points import Writer
 from probe.hooks.run import logits_of, run_model
 from probe.hooks.stacks import layer_names
 from probe.hooks.trace import Trace
+from probe.hooks.types import HookContext
 from probe.inputs import ProbeSet
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
@@ -52,11 +53,12 @@ def _heads_of(model: nn.Module, key: str | Head) -> list[Head]:
 
 def scale_writer(alphas: Mapping[int, float]) -> Writer:
     """A `z` writer multiplying each head of `alphas` (head -> alpha) by its own alpha, the others as they are."""
-    def scale(layer: int, tensor: Tensor) -> Tensor:
+    def scale(tensor: Tensor, ctx: HookContext) -> Tensor:
         factors = torch.ones(tensor.shape[2], dtype=tensor.dtype, device=tensor.device)
         for head, alpha in alphas.items():
             if not 0 <= head < tensor.shape[2]:
-                raise ProbeError(f"layer {layer} has heads 0 to {tensor.shape[2] - 1}, not {head}", parameter="heads")
+                raise ProbeError(f"layer {ctx.layer} has heads 0 to {tensor.shape[2] - 1}, not {head}",
+                                 parameter="heads")
             factors[head] = alpha
         return tensor * factors[:, None]
 

@@ -105,7 +105,7 @@ def _ioi(loaded: LoadedModel) -> Any:
 
 def _weights(loaded: LoadedModel) -> dict[str, Any]:
     seen: list[torch.Tensor] = []
-    with torch.no_grad(), attention_hooks(loaded.model, on_weights=lambda layer, start, w: seen.append(w.clone())):
+    with torch.no_grad(), attention_hooks(loaded.model, {"pattern": lambda w, ctx: seen.append(w.clone())}):
         loaded.model(IDS)
     return {"weights": seen, "captured": capture_attention(loaded.model, IDS)}
 

@@ -61,7 +61,7 @@ def test_capture_leaves_outputs_and_model_unchanged(kind: str) -> None:
         before = logits_of(run_model(model, ids))
     state = {k: v.clone() for k, v in model.state_dict().items()}
     seen = []
-    with torch.no_grad(), attention_hooks(model, on_weights=lambda layer, start, w: seen.append(layer)):
+    with torch.no_grad(), attention_hooks(model, {"pattern": lambda w, ctx: seen.append(ctx.layer)}):
         during = logits_of(run_model(model, ids))
     with torch.no_grad():
         after = logits_of(run_model(model, ids))
@@ -75,10 +75,10 @@ def test_hooks_restored_after_error() -> None:
     model = tiny_hf("llama_gqa")
     before = model.config._attn_implementation
 
-    def fail(layer, start, weights):
+    def fail(weights, ctx):
         raise RuntimeError("boom")
 
-    with pytest.raises(RuntimeError, match="boom"), attention_hooks(model, on_weights=fail):
+    with pytest.raises(RuntimeError, match="boom"), attention_hooks(model, {"pattern": fail}):
         run_model(model, torch.randint(1, 120, (1, 5)))
     assert model.config._attn_implementation == before
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
@@ -236,12 +236,12 @@ def test_second_interrupt_inside_restoration_leaves_the_model_whole(kind: str, s
     state = _hook_state(model)
     interrupt = _InterruptOnce(step)
 
-    def first_interrupt(layer, start, weights):
+    def first_interrupt(weights, ctx):
         sys.settrace(interrupt)  # the next restoration step is interrupted too
         raise KeyboardInterrupt
 
     try:
-        with pytest.raises(KeyboardInterrupt), attention_hooks(model, on_weights=first_interrupt):
+        with pytest.raises(KeyboardInterrupt), attention_hooks(model, {"pattern": first_interrupt}):
             run_model(model, ids)
     finally:
         sys.settrace(None)
@@ -253,23 +253,64 @@ def test_second_interrupt_inside_restoration_leaves_the_model_whole(kind: str, s
 
 
 @pytest.mark.parametrize("kind", ["llama_gqa", "gpt2"])
-def test_keyword_callbacks_are_hook_points(kind: str) -> None:
-    """`on_weights` is the `pattern` point and `edit_heads` the `z` point: the same calls, by either name."""
+def test_handlers_are_told_their_context(kind: str) -> None:
+    """Every handler is `fn(payload, ctx)`: the layer and point, a pattern block's first query, and the inputs the
+    layer computes from (its mask, with the padded keys of row 1, and its head grouping)."""
     model = tiny_hf(kind)
     ids = torch.randint(1, 120, (2, 9))
-    blocks_a: list = []
-    blocks_b: list = []
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    blocks: list = []
+    heads: list = []
 
-    def halve(layer: int, z: torch.Tensor) -> torch.Tensor:
+    def read(weights: torch.Tensor, ctx) -> None:
+        blocks.append((ctx.point, ctx.layer, ctx.start, weights.shape[2]))
+
+    def halve(z: torch.Tensor, ctx) -> torch.Tensor:
+        attends = ctx.mask if ctx.mask.dtype == torch.bool else ctx.mask == 0
+        heads.append((ctx.point, ctx.layer, ctx.group, bool(attends[0, 0, -1].all()),
+                      bool(attends[1, 0, -1, 6:].any())))
         return z * 0.5
 
-    with torch.no_grad(), attention_hooks(model, on_weights=lambda *call: blocks_a.append(call), edit_heads=halve,
-                                          query_block=4):
-        by_keywords = logits_of(run_model(model, ids))
-    with torch.no_grad(), attention_hooks(model, points={"pattern": lambda *call: blocks_b.append(call), "z": halve},
-                                          query_block=4):
-        by_points = logits_of(run_model(model, ids))
-    assert torch.equal(by_keywords, by_points)
-    assert [(layer, start) for layer, start, _ in blocks_a] == [(layer, start) for layer, start, _ in blocks_b]
-    assert all(torch.equal(a[2], b[2]) for a, b in zip(blocks_a, blocks_b))
-    assert len(blocks_a) == 2 * 3  # two layers, three query blocks of 9 queries
+    with torch.no_grad(), attention_hooks(model, {"pattern": read, "z": halve}, query_block=4):
+        halved = logits_of(run_model(model, ids, mask))
+    with torch.no_grad():
+        plain = logits_of(run_model(model, ids, mask))
+    group = model.config.num_attention_heads // getattr(model.config, "num_key_value_heads",
+                                                        model.config.num_attention_heads)
+    assert blocks == [("pattern", layer, start, min(4, 9 - start)) for layer in (0, 1) for start in (0, 4, 8)]
+    assert heads == [("z", layer, group, True, False) for layer in (0, 1)]
+    assert not torch.equal(halved, plain)  # the writer's result is what the layer went on with
+
+
+def test_blocked_point_and_kernel_configuration() -> None:
+    """A layer whose `lse` cannot be had tells the `blocked` point why; where a backend serves it, the backend runs
+    with the configuration given to attention_hooks (an argument, not an attribute of a handler)."""
+    import planted
+    from probe.kernels import DEFAULT_CONFIG, KernelConfig, using_backend
+    from probe.kernels.cpu import CpuBackend
+
+    reasons: list = []
+    with torch.no_grad(), attention_hooks(planted.planted_textbook(), {
+            "lse": lambda statistics, ctx: reasons.append("served"),
+            "blocked": lambda reason, ctx: reasons.append((ctx.layer, reason))}):
+        pass
+    assert reasons == [(layer, "attention computed inside the module (custom layer)") for layer in (0, 1)]
+
+    configs: list = []
+
+    class Recording(CpuBackend):
+        def run(self, call, config=DEFAULT_CONFIG):
+            configs.append(config)
+            return super().run(call, config)
+
+    config = KernelConfig()
+    kept: list = []
+    model = tiny_hf("llama_gqa")
+    with torch.no_grad(), using_backend(Recording()), attention_hooks(
+            model, {"lse": lambda statistics, ctx: kept.append(ctx.layer)}, config=config):
+        run_model(model, torch.randint(1, 120, (1, 6)))
+    assert kept == [0, 1] and len(configs) == 2 and all(each is config for each in configs)
+    assert config is not DEFAULT_CONFIG
+
+

@@ -16,6 +16,7 @@ from planted import PLANTED
 import probe.heads.classify as classify_module
 from probe.hooks.layers import attention_layers
 from probe.heads.classify import classify
+from probe.heads.scores import SCORES
 from probe.inputs import natural_set, repeated_set
 from probe.models import ALIASES, Alias, load_model
 
@@ -51,8 +52,7 @@ def test_thresholds_override_and_json_schema(tmp_path: Path, capsys, monkeypatch
     by_head = {(h["layer"], h["head"]): h for h in data["heads"]}
     assert "induction" not in by_head[(1, 1)]["labels"]  # 0.85 is under the raised threshold
     assert sum("sink" in h["labels"] for h in data["heads"]) > 1  # lowered threshold flags more heads
-    assert set(by_head[(0, 0)]["scores"]) == {"previous_token", "sink", "induction", "duplicate_token",
-                                              "next_token", "sep", "positional"}
+    assert set(by_head[(0, 0)]["scores"]) == {name for name, score in SCORES.items() if score.by_default}
     assert "random tokens" in data["probe_sets"]["natural"]["description"]
     assert "sink heads" in stdout or "sink" in stdout
     # an existing file is never overwritten silently
@@ -275,3 +275,11 @@ def test_the_forward_ends_once_every_layer_is_read(monkeypatch, path: str) -> No
         assert torch.equal(stopped[name], full[name]), name
     with torch.no_grad():
         assert model(input_ids=probe_set.input_ids[:1]).logits.isfinite().all()
+
+
+def test_the_classify_help_names_the_registrys_default_classes(capsys, monkeypatch) -> None:
+    """`probe classify --help` lists the classes scored by default from SCORES, none kept by hand."""
+    monkeypatch.setenv("COLUMNS", "400")
+    code, stdout, _ = run_cli(["classify", "--help"], capsys, monkeypatch)
+    defaults = [name.replace("_", "-") for name, score in SCORES.items() if score.by_default]
+    assert code == 0 and f"Score every head ({', '.join(defaults)}) and label them." in " ".join(stdout.split())

@@ -69,11 +69,11 @@ def test_hf_offloaded_model_is_restored(llama_dir: Path, tmp_path: Path) -> None
     assert wrapped  # accelerate's hooks are there to be kept
     seen: list[tuple[int, str]] = []
 
-    def halve(layer: int, heads: torch.Tensor) -> torch.Tensor:
-        seen.append((layer, heads.device.type))
+    def halve(heads: torch.Tensor, ctx) -> torch.Tensor:
+        seen.append((ctx.layer, heads.device.type))
         return heads * 0.5
 
-    with torch.no_grad(), attention_hooks(model, on_weights=lambda *a: None, edit_heads=halve):
+    with torch.no_grad(), attention_hooks(model, {"pattern": lambda *a: None, "z": halve}):
         edited = logits_of(run_model(model, ids))
     assert sorted(seen) == [(layer, "cpu") for layer in range(4)]  # offloaded layers ran on the execution device
     assert not torch.equal(edited, before)

@@ -208,12 +208,12 @@ def test_a_shared_attention_module_is_one_layer_per_call() -> None:
     assert (only_last[2] - every[0]).abs().max() > 1e-4  # the third call's weights, not the first's
     seen: list[int] = []
 
-    def fail_once(layer: int, start: int, weights: torch.Tensor) -> None:
-        seen.append(layer)
+    def fail_once(weights: torch.Tensor, ctx) -> None:
+        seen.append(ctx.layer)
         if seen == [0]:
             raise RuntimeError("cut short")
 
-    with torch.no_grad(), attention_hooks(model, on_weights=fail_once):  # a forward cut short, then a whole one
+    with torch.no_grad(), attention_hooks(model, {"pattern": fail_once}):  # a forward cut short, then a whole one
         with pytest.raises(RuntimeError, match="cut short"):
             run_model(model, ids)
         run_model(model, ids)

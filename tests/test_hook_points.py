@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from probe.ablation import ablate
 from probe.hooks.capture import attention_hooks
-from probe.hooks.outputs import logits_of
+from probe.models.outputs import logits_of
 from probe.hooks.run import run_model
 from probe.errors import ProbeError
 from probe.hooks.points import KINDS, POINTS, SITES
@@ -188,7 +188,7 @@ def test_model_restored_exactly_after_an_error_inside_the_with(factory, error: t
         before = logits_of(run_model(model, ids))
     state = _state(model)
 
-    def explode(layer: int, z: torch.Tensor) -> torch.Tensor:
+    def explode(z: torch.Tensor, ctx) -> torch.Tensor:
         raise error("inside a writer")
 
     with pytest.raises(error), torch.no_grad(), Trace(model, {"z": {0: scale_head(0, 3.0)}}, read=["z"]):
@@ -221,20 +221,20 @@ def test_unsupported_points_are_refused_in_one_line() -> None:
 def test_a_writer_that_changes_the_shape_is_refused() -> None:
     model = tiny_hf("llama_gqa")
     with pytest.raises(ProbeError, match="must keep"), torch.no_grad(), \
-            Trace(model, {"z": {0: lambda layer, z: z[:, :, :2]}}):
+            Trace(model, {"z": {0: lambda z, ctx: z[:, :, :2]}}):
         model(torch.randint(1, 120, (1, 5)))
 
 
 def test_the_registry_declares_every_point_fully() -> None:
-    """attention_hooks' keyword callbacks are points too; every point names a known site and layer kinds."""
+    """Every point names a known site and layer kinds; a name that is no point is refused in one line."""
     public = [name for name, point in POINTS.items() if point.public]
     assert public == ["q", "k", "v", "lse", "pattern", "z"]
     for point in POINTS.values():
         assert point.site in SITES and point.kinds <= KINDS and point.carries
         assert (point.apply is not None) == (point.site == "inputs")
     model = planted_textbook()
-    with pytest.raises(ProbeError, match="given twice"), \
-            attention_hooks(model, edit_heads=lambda layer, z: z, points={"z": lambda layer, z: z}):
+    with pytest.raises(ProbeError, match="no hook point 'edit_heads'"), \
+            attention_hooks(model, {"edit_heads": lambda z, ctx: z}):
         pass
 
 

@@ -84,7 +84,7 @@ def test_block_budget_bounds_every_block(monkeypatch) -> None:
     budget = 2 * 4 * LENGTH * 4 * 10  # ten query rows of (batch 2 x heads 4 x keys) float32
     monkeypatch.setattr(blocked, "BLOCK_BYTES", budget)
     sizes = []
-    with torch.no_grad(), attention_hooks(model, on_weights=lambda layer, start, w: sizes.append(w.shape)):
+    with torch.no_grad(), attention_hooks(model, {"pattern": lambda w, ctx: sizes.append(w.shape)}):
         run_model(model, ids)
     assert sizes and all(s[2] * s[0] * s[1] * s[3] * 4 <= budget for s in sizes)
     assert all(s[3] == LENGTH for s in sizes)  # every block covers all keys, later ones as zeros
@@ -256,7 +256,7 @@ def test_unpadded_causal_batch_builds_no_mask() -> None:
 
     hf._hf_weights_attention = spy
     try:
-        with torch.no_grad(), attention_hooks(model, on_weights=lambda *a: None):
+        with torch.no_grad(), attention_hooks(model, {"pattern": lambda *a: None}):
             run_model(model, torch.randint(1, 120, (2, 50)))
     finally:
         hf._hf_weights_attention = original

@@ -363,14 +363,13 @@ def test_streaming_band_equals_the_blocked_reduction() -> None:
     batch = Batch(valid=mask.bool(), offset=1, repeat_len=None)
     kept = {}
 
-    class Keep:
-        def __call__(self, layer, attention):
-            kept[layer] = attention
+    def keep(attention, ctx):
+        kept[ctx.layer] = attention
 
-        def blocked(self, layer, reason):
-            raise AssertionError(reason)
+    def blocked(reason, ctx):
+        raise AssertionError(reason)
 
-    with torch.no_grad(), attention_hooks(model, on_lse=Keep()):
+    with torch.no_grad(), attention_hooks(model, {"lse": keep, "blocked": blocked}):
         run_model(model, ids, mask)
     weights = capture_attention(model, ids, mask)
     for layer, attention in kept.items():
@@ -455,16 +454,15 @@ def test_value_heads_smaller_than_query_heads_take_the_fast_path() -> None:
     ids = torch.randint(1, 120, (2, 40), generator=torch.Generator().manual_seed(1))
     served: list[tuple[int, str, int]] = []
 
-    class Keep:
-        def __call__(self, layer, attention):
-            served.append((layer, attention.backend, attention.query.shape[-1]))
+    def keep(attention, ctx):
+        served.append((ctx.layer, attention.backend, attention.query.shape[-1]))
 
-        def blocked(self, layer, reason):
-            raise AssertionError(reason)
+    def blocked(reason, ctx):
+        raise AssertionError(reason)
 
     with torch.no_grad():
         own = model(input_ids=ids).logits
-        with attention_hooks(model, on_lse=Keep()):
+        with attention_hooks(model, {"lse": keep, "blocked": blocked}):
             hooked = run_model(model, ids, None).logits
     assert served == [(0, "cpu", 24), (1, "cpu", 24)]
     assert (own - hooked).abs().max() <= TOLERANCE

@@ -132,13 +132,13 @@ def test_circuit_weights_reproduce_the_heads(name: str) -> None:
         "hidden_states", args[0] if args else None)), with_kwargs=True),
         block.self_attn.o_proj.register_forward_hook(lambda _m, args, out: seen.update(z=args[0], out=out))]
 
-    def keep(layer: int, inputs):
-        if layer == 1:
+    def keep(inputs, ctx):
+        if ctx.layer == 1:
             seen.update(q=inputs.query, k=inputs.key, v=inputs.value)
         return inputs
 
     try:
-        with torch.no_grad(), attention_hooks(model, edit_inputs=keep):
+        with torch.no_grad(), attention_hooks(model, {"inputs": keep}):
             run_model(model, torch.randint(1, 120, (1, 5)))
     finally:
         for handle in handles:

@@ -1,7 +1,7 @@
 """The head-class lists of README.md and docs/getting-started.md, generated from the registry (probe.heads.scores
 SCORES, then the classes scored outside it: `syntactic`). Each list sits between `<!-- class-list:KIND -->` and
-`<!-- /class-list -->`; `python docs/_build/class_lists.py` rewrites them, and tests/test_docs.py fails while a list
-differs from the registry.
+`<!-- /class-list -->`; `python docs/_build/generate.py` rewrites them with every other generated file, and
+tests/test_generated.py fails while a list differs from the registry.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """docs/schemas.md's list of the published schemas, generated from the registry (probe.schemas SCHEMAS): each kind,
 its version, its fields and its `to_frame()` columns, between `<!-- schemas -->` and `<!-- /schemas -->`.
-`python docs/_build/schema_page.py` rewrites it, and tests/test_schemas.py fails while the page differs from the
-registry.
+`python docs/_build/generate.py` rewrites it with every other generated file, and tests/test_generated.py fails while
+the page differs from the registry.
 """
 
 from __future__ import annotations

@@ -21,18 +21,20 @@ from probe.ablation.statistics import HeadStatistics
 from probe.ablation.window import PatternAblation, RestrictedHeads
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
-from probe.hooks.types import AttentionInputs
+from probe.hooks.points import Writer
+from probe.hooks.types import AttentionInputs, HookContext
 from probe.errors import ProbeError
 
 
 def head_editor(ablations: Sequence[Ablation], method: AblationMethod,
-                batch: int | None = None) -> tuple[Callable[[int, Tensor], Tensor], set[int]]:
+                batch: int | None = None) -> tuple[Writer, set[int]]:
     """A `z` writer for `len(ablations)` stacked copies of a batch (the probe set's batch `batch`): copy
     i has ablations[i] replaced by `method`; and the layers it edits."""
     copies, by_layer = len(ablations), heads_by_layer(ablations)
     masks: dict[tuple[int, torch.device], Tensor] = {}
 
-    def edit(layer: int, heads: Tensor) -> Tensor:  # heads: (copies * batch, positions, n_heads, head_dim)
+    def edit(heads: Tensor, ctx: HookContext) -> Tensor:  # heads: (copies * batch, positions, n_heads, head_dim)
+        layer = ctx.layer
         entries = by_layer.get(layer)
         if not entries:
             return heads
@@ -65,12 +67,14 @@ def _refuse_non_causal_stacks(model: nn.Module, layers: set[int], method: Ablati
 
 
 def inputs_editor(ablations: Sequence[Ablation], method: InputPatch,
-                  batch: int | None = None) -> tuple[Callable[[int, AttentionInputs], AttentionInputs], set[int]]:
+                  batch: int | None = None) -> tuple[Callable[[AttentionInputs, HookContext], AttentionInputs],
+                                                     set[int]]:
     """An `inputs` handler for `len(ablations)` stacked copies of a batch: copy i has the `method.component` of
     ablations[i]'s heads replaced (a key or value: of their key/value groups); and the layers it edits."""
     copies, by_layer = len(ablations), heads_by_layer(ablations)
 
-    def edit(layer: int, inputs: AttentionInputs) -> AttentionInputs:
+    def edit(inputs: AttentionInputs, ctx: HookContext) -> AttentionInputs:
+        layer = ctx.layer
         entries = by_layer.get(layer)
         if not entries:
             return inputs

@@ -38,6 +38,7 @@ from probe.hooks.run import logits_of, run_model
 from probe.inputs import LABELS_LAYOUT, ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
+from probe.hooks.types import HookContext
 from probe.models import LoadedModel
 from probe.models.parts import output_embeddings
 from probe.provenance import model_dtype
@@ -145,16 +146,16 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
     more (second-order terms); returns the blocks' outputs, kept for the exact refinement."""
     outputs: dict[int, Tensor] = {}
 
-    def capture(layer: int, values: Tensor) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
+    def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
         if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
             values = values.detach().requires_grad_()
-        outputs[layer] = values
+        outputs[ctx.layer] = values
         return values
 
     kept: dict[int, Any] = {}
     with torch.enable_grad():
         with keeping_outputs(blocks, kept) if blocks is not None else _nothing(), \
-                attention_hooks(model, edit_heads=capture), readout.watching():
+                attention_hooks(model, {"z": capture}), readout.watching():
             logits = logits_of(run_model(model, batch.ids, batch.mask))  # (batch, positions, vocab)
         readout.settle(logits.detach())
         step()

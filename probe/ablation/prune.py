@@ -44,6 +44,7 @@ from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
+from probe.hooks.types import HookContext
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
 
@@ -179,15 +180,15 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
     edit_pruned, _ = head_editor([tuple(pruned)], runner.method, index)
     outputs: dict[int, Tensor] = {}
 
-    def capture(layer: int, values: Tensor) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
-        values = edit_pruned(layer, values)
+    def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
+        values = edit_pruned(values, ctx)
         if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
             values = values.detach().requires_grad_()
-        outputs[layer] = values
+        outputs[ctx.layer] = values
         return values
 
     with torch.enable_grad():
-        with attention_hooks(runner.model, edit_heads=capture):
+        with attention_hooks(runner.model, {"z": capture}):
             output = logits_of(run_model(runner.model, batch.ids, batch.mask))  # (batch, positions, vocab)
         values = graded(evaluator.scorer.metric).values(output, batch.ids, batch.reference)  # (batch, positions')
         counted = batch.counted[0].to(values.device)

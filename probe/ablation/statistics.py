@@ -19,6 +19,7 @@ from torch import Tensor
 
 from probe.hooks.capture import attention_hooks
 from probe.hooks.run import run_model
+from probe.hooks.types import HookContext
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -109,8 +110,9 @@ class _Sums:
         self.counts: dict[int, Tensor] = {}
         self.valid: Tensor | None = None  # (batch, positions) of the batch running
 
-    def record(self, layer: int, heads: Tensor) -> Tensor:
-        """An edit_heads function that changes nothing. heads: (batch, positions, n_heads, head_dim)."""
+    def record(self, heads: Tensor, ctx: HookContext) -> None:
+        """A `z` reader. heads: (batch, positions, n_heads, head_dim)."""
+        layer = ctx.layer
         assert self.valid is not None
         valid = self.valid.to(heads.device)
         values = heads.detach().double() * valid[:, :, None, None]
@@ -119,7 +121,6 @@ class _Sums:
         self._add(self.counts, layer, count)
         for power in self.powers:
             self._add(self.sums, (layer, power), (values if power == 1 else values ** power).sum(dim=reduce))
-        return heads
 
     def _add(self, into: dict, key: object, total: Tensor) -> None:
         if key not in into:
@@ -147,7 +148,7 @@ def head_statistics(loaded: LoadedModel, reference: ProbeSet, names: Sequence[st
     if unknown:
         raise ProbeError(f"unknown statistic {unknown[0]!r}: use some of {', '.join(STATISTICS)}", parameter="names")
     sums = _Sums({power for name in names for power in STATISTICS[name].powers}, per_position)
-    with torch.no_grad(), attention_hooks(loaded.model, edit_heads=sums.record):
+    with torch.no_grad(), attention_hooks(loaded.model, {"z": sums.record}):
         for ids, mask in reference.batches(batch_size):
             sums.valid = real_tokens(ids, mask)
             run_model(loaded.model, ids, mask)
@@ -183,18 +184,16 @@ class HeadOutputs:
                 _add_tensor(digest, batch[layer])
 
 
-def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, hook: str,
+def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, point: str,
                read: Callable[[Any], Tensor]) -> HeadOutputs:
-    """What `read` takes of each layer's `hook` argument (attention_hooks' edit_heads or edit_inputs), batch by batch
-    of `source` (one forward pass over it, nothing changed)."""
+    """What `read` takes of each layer's payload at hook point `point` (`z` or `inputs`), batch by batch of
+    `source` (one forward pass over it, nothing changed)."""
     values: list[dict[int, Tensor]] = []
 
-    def record(layer: int, seen: Any) -> Any:
-        values[-1][layer] = read(seen).detach().clone()
-        return seen
+    def record(seen: Any, ctx: HookContext) -> None:
+        values[-1][ctx.layer] = read(seen).detach().clone()
 
-    hooks: dict[str, Any] = {hook: record}
-    with torch.no_grad(), attention_hooks(loaded.model, **hooks):
+    with torch.no_grad(), attention_hooks(loaded.model, {point: record}):
         for ids, mask in source.batches(batch_size):
             values.append({})
             run_model(loaded.model, ids, mask, logits=False)
@@ -203,13 +202,13 @@ def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, hook: str
 
 def head_outputs(loaded: LoadedModel, source: ProbeSet, *, batch_size: int = 8) -> HeadOutputs:
     """Every head's output (rows, positions, n_heads, head_dim) on each batch of `source`."""
-    return _per_batch(loaded, source, batch_size, "edit_heads", lambda heads: heads)
+    return _per_batch(loaded, source, batch_size, "z", lambda heads: heads)
 
 
 def head_inputs(loaded: LoadedModel, source: ProbeSet, component: str, *, batch_size: int = 8) -> HeadOutputs:
     """Every layer's attention input `component` (query, key or value: (rows, heads, positions, head_dim), keys and
     values per key/value head) on each batch of `source`."""
-    return _per_batch(loaded, source, batch_size, "edit_inputs", lambda inputs: getattr(inputs, component))
+    return _per_batch(loaded, source, batch_size, "inputs", lambda inputs: getattr(inputs, component))
 
 
 def head_means(loaded: LoadedModel, reference: ProbeSet, *, per_position: bool = False,

@@ -20,7 +20,7 @@ from probe.ablation.methods import AblationMethod, register_method
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, window_keys
 from probe.hooks.restricted import Layout, block_layout, restricted_attention
-from probe.hooks.types import AttentionInputs
+from probe.hooks.types import AttentionInputs, HookContext
 
 
 class PatternAblation(AblationMethod):
@@ -96,8 +96,11 @@ class RestrictedHeads:
             self._layouts[key] = block_layout(*key[:2], self.method.key_spans, self.method.allowed_keys, key[2])
         return self._layouts[key]
 
-    def __call__(self, layer: int, inputs: AttentionInputs, output: Tensor | None) -> Tensor:
-        """The layer's output (b, n, hq, d) with the chosen heads recomputed; `output` None where they are all."""
+    def __call__(self, output: Tensor | None, ctx: HookContext) -> Tensor:
+        """The layer's output (b, n, hq, d) with the chosen heads recomputed from `ctx.inputs`; `output` None where
+        they are all."""
+        inputs, layer = ctx.inputs, ctx.layer
+        assert inputs is not None  # the recompute site always has them
         batch, n_heads, n_queries, _ = inputs.query.shape
         per_copy = batch // self.copies
         if output is None:  # heads as wide as a value head (multi-head latent attention's are narrower)

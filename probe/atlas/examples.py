@@ -21,6 +21,7 @@ from probe.inputs import ProbeSet, real_tokens
 from probe.heads.classify import forward
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
+from probe.hooks.types import HookContext
 from probe.models import LoadedModel
 from probe.patterns import token_strings
 
@@ -86,19 +87,18 @@ def activity(loaded: LoadedModel, probe_set: ProbeSet, batch_size: int = 8, step
     outputs = _output_matrices(loaded)
     at = [0]
 
-    def on_weights(layer: int, start: int, weights: Tensor) -> None:
+    def on_weights(weights: Tensor, ctx: HookContext) -> None:
         b, h, block, _ = weights.shape
         top = weights[..., 1:].amax(dim=-1) if weights.shape[-1] > 1 else torch.zeros(b, h, block)
-        nonfirst[at[0]:at[0] + b, start:start + block, layer, :h] = top.permute(0, 2, 1).float().cpu()
+        nonfirst[at[0]:at[0] + b, ctx.start:ctx.start + block, ctx.layer, :h] = top.permute(0, 2, 1).float().cpu()
 
-    def edit_heads(layer: int, values: Tensor) -> Tensor:
+    def read_heads(values: Tensor, ctx: HookContext) -> None:
         b, n, h, _ = values.shape
-        written = torch.einsum("bnhd,hdm->bnhm", values.float(), outputs[layer].to(values.device))
-        norms[at[0]:at[0] + b, :n, layer, :h] = written.norm(dim=-1).cpu()
-        return values
+        written = torch.einsum("bnhd,hdm->bnhm", values.float(), outputs[ctx.layer].to(values.device))
+        norms[at[0]:at[0] + b, :n, ctx.layer, :h] = written.norm(dim=-1).cpu()
 
     valid = torch.zeros(rows, length, dtype=torch.bool)
-    with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, edit_heads=edit_heads):
+    with torch.no_grad(), attention_hooks(loaded.model, {"pattern": on_weights, "z": read_heads}):
         for ids, mask in probe_set.batches(batch_size):
             valid[at[0]:at[0] + ids.shape[0], :ids.shape[1]] = real_tokens(ids, mask)
             forward(loaded.model, ids, mask)
@@ -138,14 +138,14 @@ def attend(loaded: LoadedModel, probe_set: ProbeSet, chosen: dict[tuple[int, int
         by_layer.setdefault(layer, []).extend((head, example) for example in examples)
     at = [0]
 
-    def on_weights(layer: int, start: int, weights: Tensor) -> None:
+    def on_weights(weights: Tensor, ctx: HookContext) -> None:
         b, _, block, _ = weights.shape
-        for head, example in by_layer.get(layer, []):
-            row, query = example.sequence - at[0], example.position - start
+        for head, example in by_layer.get(ctx.layer, []):
+            row, query = example.sequence - at[0], example.position - ctx.start
             if 0 <= row < b and 0 <= query < block:
                 _shade(example, weights[row, head, query, :example.position + 1].float().cpu())
 
-    with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, layers=set(by_layer)):
+    with torch.no_grad(), attention_hooks(loaded.model, {"pattern": on_weights}, layers=set(by_layer)):
         for ids, mask in probe_set.batches(batch_size):
             forward(loaded.model, ids, mask)
             at[0] += ids.shape[0]

@@ -48,8 +48,9 @@ def linear_plan(names: list[str], batch: Batch, n: int, kv: int) -> LinearPlan:
 
 class ScoreAccumulator:
     """Running sums and counts of several scores for every (layer, head), fed one block of weights at a time
-    (`update`) or one layer call's fused statistics (`__call__`, an LseHook for attention_hooks). `config` tunes the
-    fast path (KernelConfig: chunk sizes and stages, never a number); the backends read it from here."""
+    (`update`) or one layer call's fused statistics (`__call__`, from the `lse` hook point). `config` tunes the
+    fast path (KernelConfig: chunk sizes and stages, never a number), the one `attention_hooks(config=...)` runs
+    the backends with."""
 
     def __init__(self, names: list[str], n_layers: int, n_heads: int, config: KernelConfig = DEFAULT_CONFIG) -> None:
         self.names = names

@@ -23,6 +23,7 @@ from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.kernels import DEFAULT_CONFIG, FusedStatistics, KernelConfig
 from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
+from probe.hooks.types import Handler, HookContext
 from probe.models import LoadedModel
 from probe.progress import Progress, callback, log
 from probe.provenance import model_dtype
@@ -166,20 +167,22 @@ def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_
     read: set[int] = set()  # layers of this batch whose attention is read to the end
     stop = _stop_when_read(loaded.model, len(layers), read)
 
-    def on_weights(layer: int, start: int, weights: Tensor) -> None:
-        accumulator.update(layer, start, weights)
-        if start + weights.shape[2] >= weights.shape[3]:
+    def on_weights(weights: Tensor, ctx: HookContext) -> None:
+        accumulator.update(ctx.layer, ctx.start, weights)
+        if ctx.start + weights.shape[2] >= weights.shape[3]:
             step()
-            stop(layer)
+            stop(ctx.layer)
 
-    def on_lse(layer: int, attention: FusedStatistics) -> None:
-        accumulator(layer, attention)
+    def on_lse(attention: FusedStatistics, ctx: HookContext) -> None:
+        accumulator(ctx.layer, attention)
         step()
-        stop(layer)
+        stop(ctx.layer)
 
-    reader = _LseReader(on_lse, accumulator.blocked, config) if use_lse else None
-    with torch.no_grad(), attention_hooks(loaded.model, on_weights=on_weights, query_block=query_block,
-                                          on_lse=reader):
+    def blocked(reason: str, ctx: HookContext) -> None:
+        accumulator.blocked(ctx.layer, reason)
+
+    points: dict[str, Handler] = {"pattern": on_weights, **({"lse": on_lse, "blocked": blocked} if use_lse else {})}
+    with torch.no_grad(), attention_hooks(loaded.model, points, query_block=query_block, config=config):
         for ids, mask in batches:
             valid = real_tokens(ids, mask)
             accumulator.batch = Batch(valid=valid, offset=probe_set.offset, repeat_len=probe_set.repeat_len)
@@ -207,17 +210,6 @@ def _stop_when_read(model: torch.nn.Module, n_layers: int, read: set[int]) -> Ca
             raise _EveryLayerRead
 
     return mark
-
-
-class _LseReader:
-    """An LseHook from two callables, and the config the backends read."""
-
-    def __init__(self, read: Callable[[int, FusedStatistics], None], blocked: Callable[[int, str], None],
-                 config: KernelConfig) -> None:
-        self.read, self.blocked, self.config = read, blocked, config
-
-    def __call__(self, layer: int, attention: FusedStatistics) -> None:
-        self.read(layer, attention)
 
 
 def forward(model: torch.nn.Module, ids: Tensor, mask: Tensor | None) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -16,11 +17,11 @@ from probe.hooks.families import install_family
 from probe.hooks.hf import count_calls_per_forward, install_hf, switch_implementation
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.mha import install_mha
-from probe.hooks.points import POINTS, point_named, refusal
+from probe.hooks.points import POINTS, fire_blocked, point_named, refusal
 from probe.hooks.restore import restoring
 from probe.hooks.run import Source, run_model
-from probe.hooks.types import (Handler, HeadsEdit, HeadsRecompute, InputsEdit, LayerHooks, LseHook, Undo,
-                               WeightsHook)
+from probe.hooks.types import BlockedHandler, Handler, HookContext, LayerHooks, TensorHandler, Undo
+from probe.kernels.config import KernelConfig
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
     "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
@@ -29,46 +30,26 @@ INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
 """AttentionLayer.kind -> the function that hooks one layer of that kind, appending its undo steps."""
 
 
-LEGACY = {"on_weights": "pattern", "edit_heads": "z", "edit_inputs": "inputs", "recompute_heads": "recompute",
-          "on_lse": "lse"}
-"""attention_hooks' keyword callbacks -> the hook point each one is a handler of."""
-
-
 @contextmanager
-def attention_hooks(
-    model: nn.Module,
-    on_weights: WeightsHook | None = None,
-    edit_heads: HeadsEdit | None = None,
-    layers: set[int] | None = None,
-    query_block: int | None = None,
-    recompute_heads: HeadsRecompute | None = None,
-    on_lse: LseHook | None = None,
-    edit_inputs: InputsEdit | None = None,
-    *,
-    points: Mapping[str, Handler] | None = None,
-) -> Iterator[list[AttentionLayer]]:
+def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = None, *, layers: set[int] | None = None,
+                    query_block: int | None = None, config: KernelConfig | None = None
+                    ) -> Iterator[list[AttentionLayer]]:
     """Hook every attention layer (or those in `layers`) for the body of the `with`: `points` maps a hook point's
-    name (probe.hooks.points.POINTS) to its handler, called for every chosen layer with the layer's index first.
+    name (probe.hooks.points.POINTS) to its handler, `fn(payload, ctx)`, called for every chosen layer with a
+    HookContext (`ctx.layer`, `ctx.point`, ...).
 
-    The keyword callbacks are the same points by their older names: `on_weights` is `pattern`
-    (`(layer, start, weights)`, float32 (batch, query_heads, block, keys) in query blocks), `edit_heads` is `z`,
-    `edit_inputs` is `inputs` (the AttentionInputs the layer computes from: patching), `recompute_heads` is
-    `recompute` (heads computed again from the inputs: window ablation, before `z`; `pattern` sees the layer's own
-    weights), `on_lse` is `lse` (the fused kernel's log-sum-exp, probe.kernels, instead of the weights where they can
-    be rebuilt
-    from it; elsewhere `on_lse.blocked(layer, reason)` is called and the weights go to `pattern`). A point a layer
+    `pattern` hands float32 weights (batch, query_heads, block, keys) one query block at a time (`ctx.start`);
+    `inputs` the AttentionInputs the layer computes from (patching); `recompute` computes heads again from
+    `ctx.inputs` (window ablation, before `z`; `pattern` sees the layer's own weights); `lse` a fused backend's
+    statistics (probe.kernels, run with `config`, DEFAULT_CONFIG when None) instead of the weights where they can be
+    rebuilt from them; elsewhere the `blocked` point is told why and the weights go to `pattern`. A point a layer
     kind cannot serve is refused in one line before anything changes. Nested `with`s add up (hf and
     nn.MultiheadAttention layers too: the inner's handlers run after the outer's). On exit the model is exactly
     as before, also when the body raises or is interrupted.
     """
-    given = {"on_weights": on_weights, "edit_heads": edit_heads, "edit_inputs": edit_inputs,
-             "recompute_heads": recompute_heads, "on_lse": on_lse}
-    handlers: dict[str, Handler] = {LEGACY[name]: handler for name, handler in given.items() if handler is not None}
-    for name, handler in (points or {}).items():
+    handlers = dict(points or {})
+    for name in handlers:
         point_named(name)
-        if name in handlers:
-            raise ProbeError(f"hook point {name!r} given twice (as a point and as {_legacy_name(name)})")
-        handlers[name] = handler
     found = attention_layers(model)
     chosen = [layer for layer in found if layers is None or layer.index in layers]
     per_layer = {layer.index: _served(layer, handlers) for layer in chosen}
@@ -79,22 +60,19 @@ def attention_hooks(
             count_calls_per_forward(model, undo)
         for layer in chosen:
             served = {name: [handler] for name, handler in per_layer[layer.index].items()}
-            hooks = LayerHooks(layer.index, served, query_block, layer.call, layer.calls)
+            hooks = LayerHooks(layer.index, served, query_block, layer.call, layer.calls, config)
             INSTALLERS[layer.kind](layer.module, hooks, undo)
         for layer in chosen:  # told only once nothing can be refused any more
-            for name, handler in handlers.items():
-                if name not in per_layer[layer.index]:
-                    handler.blocked(layer.index, f"attention computed inside the module ({layer.kind} layer)")
+            fired = per_layer[layer.index]
+            if "blocked" in fired and any(POINTS[name].fallback and name not in fired for name in handlers):
+                fire_blocked([cast(BlockedHandler, fired["blocked"])], layer.index,
+                             f"attention computed inside the module ({layer.kind} layer)")
         yield found
-
-
-def _legacy_name(point: str) -> str:
-    return next(name for name, value in LEGACY.items() if value == point)
 
 
 def _served(layer: AttentionLayer, handlers: dict[str, Handler]) -> dict[str, Handler]:
     """The handlers this layer's kind fires; a point it lacks is refused, or left out where the point falls back to
-    its handler's `blocked`."""
+    the `blocked` point."""
     served = {}
     for name, handler in handlers.items():
         point = POINTS[name]
@@ -105,12 +83,14 @@ def _served(layer: AttentionLayer, handlers: dict[str, Handler]) -> dict[str, Ha
     return served
 
 
-def stream_attention(model: nn.Module, input_ids: Tensor, on_weights: WeightsHook, *,
+def stream_attention(model: nn.Module, input_ids: Tensor, on_weights: TensorHandler, *,
                      attention_mask: Tensor | None = None, layers: set[int] | None = None,
                      query_block: int | None = None, source: Source | None = None) -> None:
-    """One forward that only reads attention: each layer's weights go to `on_weights` one query block at a time.
+    """One forward that only reads attention: each layer's weights go to `on_weights` (a `pattern` handler) one
+    query block at a time.
     `source`: an encoder-decoder's encoder input, (ids, mask or None), where it is not `input_ids` (run_model)."""
-    with torch.no_grad(), attention_hooks(model, on_weights=on_weights, layers=layers, query_block=query_block):
+    with torch.no_grad(), attention_hooks(model, {"pattern": on_weights}, layers=layers,
+                                                  query_block=query_block):
         run_model(model, input_ids, attention_mask, logits=False, source=source)
 
 
@@ -124,8 +104,8 @@ def capture_attention(model: nn.Module, input_ids: Tensor, attention_mask: Tenso
     """
     blocks: dict[int, list[Tensor]] = {}
 
-    def keep(layer: int, start: int, weights: Tensor) -> None:
-        blocks.setdefault(layer, []).append(weights.detach().cpu())
+    def keep(weights: Tensor, ctx: HookContext) -> None:
+        blocks.setdefault(ctx.layer, []).append(weights.detach().cpu())
 
     stream_attention(model, input_ids, keep, attention_mask=attention_mask, layers=layers, query_block=query_block,
                      source=source)

@@ -20,9 +20,9 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
-from probe.hooks.points import fire_heads, fire_inputs, fire_weights, fires
+from probe.hooks.points import fire_blocked, fire_heads, fire_inputs, fire_statistics, fire_weights, fires
 from probe.hooks.restore import restoring
-from probe.hooks.types import AttentionInputs, LayerHooks, LseHook, Undo
+from probe.hooks.types import AttentionInputs, HookContext, LayerHooks, Undo
 from probe.kernels import DEFAULT_CONFIG, AttentionCall, additive_bias, backend_for
 
 _HF_ACTIVE: weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]] = weakref.WeakKeyDictionary()  # by call
@@ -70,23 +70,22 @@ def _causal(module: nn.Module, is_causal: bool | None, mask: Tensor | None) -> b
 
 
 def _from_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-              layer: int, on_lse: LseHook, kwargs: dict[str, Any]) -> Tensor | None:
-    """The output of the fused kernel of the backend that serves the call (probe.kernels.backend_for), its statistics
-    handed to `on_lse` (the layer hooks' `on_lse`, read once by the caller: each read builds a new wrapper); None
-    (and the reason handed to `on_lse.blocked`) where no backend serves it. The statistics carry the hook's `config`
-    where it has one. The backend is chosen before the mask is made additive (a refused call never pays for an
-    n x kv float bias)."""
+              hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
+    """The output of the fused kernel of the backend that serves the call (probe.kernels.backend_for), run with the
+    hooks' kernel configuration, its statistics handed to the `lse` point; None (and the reason handed to the
+    `blocked` point) where no backend serves it. The backend is chosen before the mask is made additive (a refused
+    call never pays for an n x kv float bias)."""
     inputs = _inputs(query, key, value, mask, kwargs)
     dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
     call = AttentionCall(query, key, value, mask if mask is not None else inputs.position_bias, inputs.scaling,
                          _causal(module, kwargs.get("is_causal"), mask), inputs.softcap, inputs.sinks, dropout)
     backend, problem = backend_for(call)
     if backend is None:
-        on_lse.blocked(layer, problem)
+        fire_blocked(hooks.of("blocked"), hooks.layer, problem)
         return None
     call = replace(call, bias=additive_bias(mask, inputs.position_bias, query.dtype))
-    output, attention = backend.run(call, getattr(on_lse, "config", None) or DEFAULT_CONFIG)
-    on_lse(layer, attention)
+    output, attention = backend.run(call, hooks.config or DEFAULT_CONFIG)
+    fire_statistics(hooks, attention, inputs)
     return output
 
 
@@ -111,15 +110,15 @@ def _inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, kwar
 def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                    attention_mask: Tensor | None, hooks: LayerHooks | None, kwargs: dict[str, Any]) -> Tensor:
     """The layer's attention output (b, n, hq, d): probe's blocked eager attention where its weights are read, else
-    the model's own implementation; the fused kernel's output where its log-sum-exp is read (`on_lse`)."""
-    on_lse = hooks.on_lse if hooks is not None else None
-    if hooks is not None and on_lse is not None:
-        output = _from_lse(module, query, key, value, attention_mask, hooks.layer, on_lse, kwargs)
+    the model's own implementation; the fused kernel's output where its log-sum-exp is read (the `lse` point)."""
+    if hooks is not None and hooks.of("lse"):
+        output = _from_lse(module, query, key, value, attention_mask, hooks, kwargs)
         if output is not None:
             return output
     if hooks is not None and fires(hooks, "weights"):
+        inputs = _inputs(query, key, value, attention_mask, kwargs)
         output, _ = _hf_weights_attention(module, query, key, value, attention_mask,
-                                          on_block=partial(fire_weights, hooks),
+                                          on_block=partial(fire_weights, hooks, inputs=inputs),
                                           query_block=hooks.query_block, **kwargs)
         return output
     return _original_function(name, module)(module, query, key, value, attention_mask, **kwargs)[0]
@@ -138,15 +137,16 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
         if fires(hooks, "inputs"):  # read or replaced queries, keys or values (patching)
             edited = fire_inputs(hooks, _inputs(query, key, value, attention_mask, kwargs))
             query, key, value = edited.query, edited.key, edited.value
-        recompute = hooks.recompute_heads
+        inputs = _inputs(query, key, value, attention_mask, kwargs)
+        recompute, ctx = hooks.recompute, HookContext(hooks.layer, "recompute", inputs=inputs)
         if recompute is not None and not fires(hooks, "weights") and recompute.covers_every_head(hooks.layer,
                                                                                                  query.shape[1]):
-            output = recompute(hooks.layer, _inputs(query, key, value, attention_mask, kwargs), None)  # own not needed
+            output = recompute(None, ctx)  # the layer's own output is not needed
         else:
             output = _own_attention(original_name, module, query, key, value, attention_mask, hooks, kwargs)
             if recompute is not None:
-                output = recompute(hooks.layer, _inputs(query, key, value, attention_mask, kwargs), output)
-        output = fire_heads(hooks, output)  # (b, n, hq, d)
+                output = recompute(output, ctx)
+        output = fire_heads(hooks, output, inputs)  # (b, n, hq, d)
         return output, None
 
     return probe_attention

@@ -75,19 +75,20 @@ def _mha_forward(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value:
     query, key, value, key_padding_mask, unbatched = _batch_first(self, query, key, value, key_padding_mask)
     q, k, v = _project(self, query, key, value)
     mask = _combined_mask(attn_mask, key_padding_mask, q, k.shape[2])
+    inputs = AttentionInputs(q, k, v, mask, q.shape[-1] ** -0.5)
     if fires(hooks, "inputs"):
-        edited = fire_inputs(hooks, AttentionInputs(q, k, v, mask, q.shape[-1] ** -0.5))
-        q, k, v = edited.query, edited.key, edited.value
+        inputs = fire_inputs(hooks, inputs)
+        q, k, v = inputs.query, inputs.key, inputs.value
     kept: list[Tensor] = []
 
     def on_block(start: int, weights: Tensor) -> None:
-        fire_weights(hooks, start, weights)
+        fire_weights(hooks, start, weights, inputs)
         if need_weights:
             kept.append(weights)
 
     heads_out = blocked_attention(q, k, v, scaling=None, mask=mask, causal=False, on_block=on_block,
                                   dropout=self.dropout if self.training else 0.0, query_block=hooks.query_block)
-    heads_out = fire_heads(hooks, heads_out.transpose(1, 2))  # (b, n, h, d)
+    heads_out = fire_heads(hooks, heads_out.transpose(1, 2), inputs)  # (b, n, h, d)
     output = self.out_proj(heads_out.reshape(*heads_out.shape[:2], self.embed_dim))  # (b, n, E)
     if not self.batch_first or unbatched:
         output = output.transpose(0, 1)

@@ -1,8 +1,10 @@
 """The named hook points of an attention layer: the one registry of what a caller can read or replace.
 
 Each `HookPoint` says what it carries, whether a handler may replace it, which layer kinds (`AttentionLayer.kind`)
-fire it, and at which site of the layer's computation (`SITES`). The installers (hf.py, mha.py, custom.py,
-families.py) fire sites, never named callbacks: `fire_inputs` where the layer has its queries, keys and values,
+fire it, and at which site of the layer's computation (`SITES`). Every handler is `fn(payload, ctx)` with a
+`HookContext` (probe.hooks.types): the payload is a tensor, or for probe's own points the AttentionInputs, the fused
+statistics, or the reason a layer went blocked. The installers (hf.py, mha.py, custom.py, families.py) fire sites,
+never named callbacks: `fire_inputs` where the layer has its queries, keys and values,
 `fire_heads` where it has its head outputs before the output projection, `fire_weights` for each query block of
 weights. A new point on an existing site is one entry in `POINTS` (with its `apply` for an inputs-site point).
 
@@ -14,14 +16,18 @@ head size, which may differ from the query's (DeepSeek's multi-head latent atten
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from probe.errors import ProbeError
-from probe.hooks.types import AttentionInputs, LayerHooks
+from probe.hooks.types import (AttentionInputs, BlockedHandler, HookContext, InputsHandler, LayerHooks,
+                               StatisticsHandler, TensorHandler)
+
+if TYPE_CHECKING:
+    from probe.kernels.base import FusedStatistics
 
 KINDS = frozenset({"hf", "mha", "custom", "family"})
 """Every AttentionLayer.kind: hf (transformers' attention interface), mha (nn.MultiheadAttention), custom
@@ -29,26 +35,27 @@ KINDS = frozenset({"hf", "mha", "custom", "family"})
 SITES = ("inputs", "recompute", "lse", "weights", "heads")
 """Where in a layer's computation a point fires, in this order."""
 
-Writer = Callable[[int, Tensor], Tensor]
-"""(layer, tensor) -> the tensor the layer goes on with: the public handler of a writable per-head point."""
+Writer = Callable[[Tensor, HookContext], Tensor]
+"""fn(tensor, ctx) -> the tensor the layer goes on with: the public handler of a writable per-head point."""
 
 
-def _per_head(field: str) -> Callable[[int, AttentionInputs, Any], AttentionInputs]:
+def _per_head(field: str) -> Callable[[AttentionInputs, Any, HookContext], AttentionInputs]:
     """An inputs-site point on one field of AttentionInputs (b, h, n, d), handed over as (b, n, h, d)."""
-    def apply(layer: int, inputs: AttentionInputs, handler: Any) -> AttentionInputs:
+    def apply(inputs: AttentionInputs, handler: TensorHandler, ctx: HookContext) -> AttentionInputs:
         tensor = getattr(inputs, field)
-        replaced = handler(layer, tensor.transpose(1, 2))
+        replaced = handler(tensor.transpose(1, 2), ctx)
         if replaced is None:  # a reader
             return inputs
         if replaced.shape != tensor.transpose(1, 2).shape:
             raise ProbeError(f"a writer of hook point {_NAMES[field]!r} returned shape {tuple(replaced.shape)} for "
-                             f"layer {layer}; it must keep {tuple(tensor.transpose(1, 2).shape)}")
-        return dataclasses.replace(inputs, **{field: replaced.transpose(1, 2)})
+                             f"layer {ctx.layer}; it must keep {tuple(tensor.transpose(1, 2).shape)}")
+        return dataclasses.replace(inputs, **{field: replaced.transpose(1, 2)})  # type: ignore[arg-type]
     return apply
 
 
-def _whole(layer: int, inputs: AttentionInputs, handler: Any) -> AttentionInputs:
-    return handler(layer, inputs)
+def _whole(inputs: AttentionInputs, handler: InputsHandler, ctx: HookContext) -> AttentionInputs:
+    replaced = handler(inputs, ctx)
+    return inputs if replaced is None else replaced
 
 
 _NAMES = {"query": "q", "key": "k", "value": "v"}
@@ -63,9 +70,9 @@ class HookPoint:
     carries: str  # what the handler gets, with its shape
     writable: bool  # whether a handler's result replaces it
     kinds: frozenset[str]  # layer kinds that fire it
-    public: bool = True  # False: probe's own (its handler has a richer protocol than `Writer`)
-    apply: Callable[[int, AttentionInputs, Any], AttentionInputs] | None = None  # inputs-site points
-    fallback: bool = False  # a layer kind without it tells the handler `blocked(layer, reason)` instead of refusing
+    public: bool = True  # False: probe's own (`Trace` neither reads nor writes it)
+    apply: Callable[[AttentionInputs, Any, HookContext], AttentionInputs] | None = None  # inputs-site points
+    fallback: bool = False  # a layer kind without it fires `blocked` instead of refusing
     refusal: str = ""  # why the other kinds lack it, for the one-line ProbeError
 
 
@@ -81,15 +88,19 @@ POINTS: dict[str, HookPoint] = {point.name: point for point in [
               frozenset({"hf", "mha"}), apply=_per_head("key")),
     HookPoint("v", "inputs", "values (batch, key positions, key/value heads, value head_dim)", True,
               frozenset({"hf", "mha"}), apply=_per_head("value")),
-    HookPoint("recompute", "recompute", "HeadsRecompute: chosen heads computed again from the inputs (window ablation)",
+    HookPoint("recompute", "recompute", "the layer's output (batch, positions, query heads, value head_dim), or None "
+              "where the handler (a Recompute) covers every head: chosen heads computed again from ctx.inputs "
+              "(window ablation)",
               True, frozenset({"hf"}), public=False,
               refusal="changing which keys a head attends to works on transformers models only; this model's "
                       "attention is its own module"),
-    HookPoint("lse", "lse", "the fused kernel's FusedAttention: queries, keys, bias and log-sum-exp (batch, query "
+    HookPoint("lse", "lse", "the fused kernel's FusedStatistics: queries, keys, bias and log-sum-exp (batch, query "
               "heads, positions) float32", False, frozenset({"hf"}), fallback=True,
               refusal="the log-sum-exp comes from the fused kernel, which only transformers' attention interface runs"),
+    HookPoint("blocked", "lse", "why the layer's `lse` could not be had (str): its weights go to `pattern` instead",
+              False, KINDS, public=False),
     HookPoint("pattern", "weights", "attention weights (batch, query heads, block, keys) float32, one query block at a "
-              "time: handler(layer, first query of the block, weights)", False, KINDS),
+              "time (ctx.start: the block's first query)", False, KINDS),
     HookPoint("z", "heads", "head outputs before the output projection (batch, positions, query heads, value "
               "head_dim)", True, KINDS),
 ]}
@@ -117,17 +128,17 @@ def fire_inputs(hooks: LayerHooks, inputs: AttentionInputs) -> AttentionInputs:
     """The inputs-site points of the layer, in registry order, each on the inputs the previous one left."""
     for point in POINTS.values():
         if point.site == "inputs" and point.apply is not None:
-            for handler in hooks.handlers.get(point.name, ()):
-                inputs = point.apply(hooks.layer, inputs, handler)
+            for handler in hooks.of(point.name):
+                inputs = point.apply(inputs, handler, HookContext(hooks.layer, point.name, inputs=inputs))
     return inputs
 
 
-def fire_heads(hooks: LayerHooks, heads: Tensor) -> Tensor:
+def fire_heads(hooks: LayerHooks, heads: Tensor, inputs: AttentionInputs | None = None) -> Tensor:
     """The heads-site points: each handler's result (or the heads, for a reader returning None) goes on."""
     for point in POINTS.values():
         if point.site == "heads":
-            for handler in hooks.handlers.get(point.name, ()):
-                replaced = handler(hooks.layer, heads)
+            for handler in hooks.of(point.name):
+                replaced = handler(heads, HookContext(hooks.layer, point.name, inputs=inputs))
                 if replaced is None:  # a reader
                     continue
                 if replaced.shape != heads.shape:
@@ -137,12 +148,27 @@ def fire_heads(hooks: LayerHooks, heads: Tensor) -> Tensor:
     return heads
 
 
-def fire_weights(hooks: LayerHooks, start: int, weights: Tensor) -> None:
-    """The weights-site points, read-only: each handler sees one query block."""
+def fire_weights(hooks: LayerHooks, start: int, weights: Tensor, inputs: AttentionInputs | None = None) -> None:
+    """The weights-site points, read-only: each handler sees one query block, `ctx.start` its first query."""
     for point in POINTS.values():
         if point.site == "weights":
-            for handler in hooks.handlers.get(point.name, ()):
-                handler(hooks.layer, start, weights)
+            for handler in hooks.of(point.name):
+                handler(weights, HookContext(hooks.layer, point.name, start, inputs))
+
+
+def fire_statistics(hooks: LayerHooks, statistics: FusedStatistics, inputs: AttentionInputs | None = None) -> None:
+    """The `lse` point: one layer call's fused statistics, to each of its handlers."""
+    ctx = HookContext(hooks.layer, "lse", inputs=inputs)
+    handler: StatisticsHandler
+    for handler in hooks.of("lse"):
+        handler(statistics, ctx)
+
+
+def fire_blocked(handlers: Iterable[BlockedHandler], layer: int, reason: str) -> None:
+    """The `blocked` point: why a layer whose `lse` was asked for runs the blocked path."""
+    ctx = HookContext(layer, "blocked")
+    for handler in handlers:
+        handler(reason, ctx)
 
 
 def fires(hooks: LayerHooks, site: str) -> bool:

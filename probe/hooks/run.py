@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from probe.errors import ProbeError
 from probe.hooks.hf import is_hf_model
-from probe.hooks.outputs import logits_of
+from probe.models.outputs import logits_of
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models.placement import input_device
 

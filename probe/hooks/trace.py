@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from contextlib import ExitStack
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -23,17 +23,21 @@ from probe.errors import ProbeError
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
 from probe.hooks.points import POINTS, Writer, point_named, refusal
-from probe.hooks.types import Handler
+from probe.hooks.types import Handler, HookContext
+
+if TYPE_CHECKING:
+    from probe.kernels.base import FusedStatistics
 
 
 class Trace:
     """Hook points of chosen attention layers, read and replaced while the `with` runs.
 
-    `edit` maps a writable point's name to {layer: writer}; a writer `fn(layer, tensor) -> tensor` returns what the
-    layer goes on with (same shape). `read` names the points to keep, at `layers` (None: every layer); a point read
-    where it is also edited is kept after the edit. What is kept is the last forward's: `trace[layer][point]`
-    (`pattern` joined over its query blocks into (batch, query heads, queries, keys); `lse` the (batch, query heads,
-    queries) log-sum-exp, absent where the layer's logits cannot be rebuilt from it: `trace.blocked[layer]` says why).
+    `edit` maps a writable point's name to {layer: writer}; a writer `fn(tensor, ctx) -> tensor` returns what the
+    layer goes on with (same shape; `ctx` a HookContext: `ctx.layer`, `ctx.mask`, ...). `read` names the points to
+    keep, at `layers` (None: every layer); a point read where it is also edited is kept after the edit. What is kept
+    is the last forward's: `trace[layer][point]` (`pattern` joined over its query blocks into (batch, query heads,
+    queries, keys); `lse` the (batch, query heads, queries) log-sum-exp, absent where the layer's logits cannot be
+    rebuilt from it: `trace.blocked[layer]` says why).
     """
 
     def __init__(self, model: nn.Module | Any, edit: Mapping[str, Mapping[int, Writer]] | None = None,
@@ -60,10 +64,9 @@ class Trace:
         self._kept.clear()
         self.blocked.clear()
         chosen = self._chosen_layers()
-        handlers = {name: self._handler(name) for name in {*self.edit, *self.read}}
         with ExitStack() as stack:
-            stack.enter_context(attention_hooks(self.model, layers=chosen, query_block=self.query_block,
-                                                points=handlers))
+            stack.enter_context(attention_hooks(self.model, self._handlers(), layers=chosen,
+                                                query_block=self.query_block))
             self._stack = stack.pop_all()
         return self
 
@@ -92,44 +95,42 @@ class Trace:
     def _reads_at(self, name: str, layer: int) -> bool:
         return name in self.read and (self.layers is None or layer in self.layers)
 
+    def _handlers(self) -> dict[str, Handler]:
+        """One handler per point read or edited (`lse` with its `blocked`)."""
+        handlers: dict[str, Handler] = {name: self._handler(name) for name in {*self.edit, *self.read}}
+        if "lse" in handlers:
+            handlers["lse"], handlers["blocked"] = self._keep_lse, self._note_blocked
+        return handlers
+
     def _handler(self, name: str) -> Handler:
         if name == "pattern":
             return self._keep_block
-        if name == "lse":
-            return _LseReader(self)
         writers = self.edit.get(name, {})
 
-        def handle(layer: int, tensor: Tensor) -> Tensor:
-            writer = writers.get(layer)
+        def handle(tensor: Tensor, ctx: HookContext) -> Tensor:
+            writer = writers.get(ctx.layer)
             if writer is not None:
-                tensor = writer(layer, tensor)
-            if self._reads_at(name, layer):
-                self._kept.setdefault(layer, {})[name] = tensor.detach().clone()
+                tensor = writer(tensor, ctx)
+            if self._reads_at(name, ctx.layer):
+                self._kept.setdefault(ctx.layer, {})[name] = tensor.detach().clone()
             return tensor
 
         return handle
 
-    def _keep_block(self, layer: int, start: int, weights: Tensor) -> None:
-        if not self._reads_at("pattern", layer):
+    def _keep_block(self, weights: Tensor, ctx: HookContext) -> None:
+        if not self._reads_at("pattern", ctx.layer):
             return
-        blocks = self._kept.setdefault(layer, {})
-        if start == 0:  # a new forward
+        blocks = self._kept.setdefault(ctx.layer, {})
+        if ctx.start == 0:  # a new forward
             blocks["pattern"] = []
         blocks["pattern"].append(weights.detach())  # blocked attention leaves a kept block to its keeper
 
+    def _keep_lse(self, attention: FusedStatistics, ctx: HookContext) -> None:
+        if self._reads_at("lse", ctx.layer):
+            self._kept.setdefault(ctx.layer, {})["lse"] = attention.lse.detach().clone()
 
-class _LseReader:
-    """The `lse` point's handler for a Trace: keeps each layer's log-sum-exp, or why it could not be had."""
-
-    def __init__(self, trace: Trace) -> None:
-        self.trace = trace
-
-    def __call__(self, layer: int, attention: Any) -> None:  # a FusedAttention: its `lse` is kept
-        if self.trace._reads_at("lse", layer):
-            self.trace._kept.setdefault(layer, {})["lse"] = attention.lse.detach().clone()
-
-    def blocked(self, layer: int, reason: str) -> None:
-        self.trace.blocked[layer] = reason
+    def _note_blocked(self, reason: str, ctx: HookContext) -> None:
+        self.blocked[ctx.layer] = reason
 
 
 def _check_names(edit: Mapping[str, Mapping[int, Writer]], read: Iterable[str]) -> None:
@@ -160,8 +161,8 @@ def _factors(heads: int | Iterable[int], value: float, tensor: Tensor, layer: in
 def scale_head(heads: int | Iterable[int], alpha: float) -> Writer:
     """A writer multiplying the chosen heads' slices by `alpha` (others exactly as they are): alpha = 0 is zero
     ablation, alpha > 1 amplifies. For `z`, `q`, `k` or `v`."""
-    def scale(layer: int, tensor: Tensor) -> Tensor:
-        return tensor * _factors(heads, alpha, tensor, layer)[:, None]
+    def scale(tensor: Tensor, ctx: HookContext) -> Tensor:
+        return tensor * _factors(heads, alpha, tensor, ctx.layer)[:, None]
 
     return scale
 
@@ -169,8 +170,8 @@ def scale_head(heads: int | Iterable[int], alpha: float) -> Writer:
 def add_to_head(heads: int | Iterable[int], vector: Tensor) -> Writer:
     """A writer adding `vector` (head_dim,), at every position, to the chosen heads' slices: steering a head's
     output along a direction. For `z`, `q`, `k` or `v`."""
-    def add(layer: int, tensor: Tensor) -> Tensor:
-        chosen = 1 - _factors(heads, 0.0, tensor, layer)  # 1 at the chosen heads
+    def add(tensor: Tensor, ctx: HookContext) -> Tensor:
+        chosen = 1 - _factors(heads, 0.0, tensor, ctx.layer)  # 1 at the chosen heads
         return tensor + chosen[:, None] * vector.to(tensor.device, tensor.dtype)
 
     return add

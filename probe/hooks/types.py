@@ -1,4 +1,5 @@
-"""What the hook modules share: the callbacks a caller passes, and what one hooked layer is told."""
+"""What the hook modules share: the handlers a caller passes (`fn(payload, ctx)`), the context they are called
+with, and what one hooked layer is told."""
 
 from __future__ import annotations
 
@@ -10,11 +11,7 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from probe.kernels.base import FusedStatistics
-
-WeightsHook = Callable[[int, int, Tensor], None]
-"""(layer, first query index of the block, weights (batch, query_heads, block, keys)) -> None."""
-HeadsEdit = Callable[[int, Tensor], Tensor]
-"""(layer, head outputs (batch, queries, heads, head_dim), before the output projection) -> replacement."""
+    from probe.kernels.config import KernelConfig
 
 
 @dataclass
@@ -31,14 +28,48 @@ class AttentionInputs:
     position_bias: Tensor | None = None  # broadcastable to (b, hq, n, kv)
 
 
-InputsEdit = Callable[[int, "AttentionInputs"], "AttentionInputs"]
-"""(layer, the inputs of its attention) -> the inputs it computes from instead (patching queries, keys or values)."""
+@dataclass(frozen=True)
+class HookContext:
+    """Where a handler is called: which layer and point, and what the layer knows there.
+
+    `start` is the first query position the payload holds (a `pattern` block's; 0 elsewhere). `inputs` are the
+    queries, keys, values, mask and scaling the layer computes from (after the `inputs`-site writers), where the
+    site has them: transformers layers and nn.MultiheadAttention; None at the `z` point of hand-written and family
+    layers, whose attention is computed inside the module."""
+
+    layer: int
+    point: str
+    start: int = 0
+    inputs: AttentionInputs | None = None
+
+    @property
+    def mask(self) -> Tensor | None:
+        """The layer's attention mask as it was given (boolean, True = attend, or additive), or None."""
+        return None if self.inputs is None else self.inputs.mask
+
+    @property
+    def group(self) -> int | None:
+        """Query heads per key/value head (1 without grouped-query attention), or None where inputs are unknown."""
+        return None if self.inputs is None else self.inputs.query.shape[1] // self.inputs.key.shape[1]
 
 
-class HeadsRecompute(Protocol):
-    """Heads computed again another way (over other keys: window ablation), from the inputs of the layer's attention."""
+TensorHandler = Callable[[Tensor, HookContext], Tensor | None]
+"""The handler of a tensor point (q, k, v, z, pattern): `fn(tensor, ctx)` returns the tensor the layer goes on with
+(same shape), or None to leave it as it is (a reader; the only kind `pattern` takes)."""
+InputsHandler = Callable[[AttentionInputs, HookContext], AttentionInputs | None]
+"""The `inputs` point's: the whole AttentionInputs (patching a head's query, key or value), or None to keep them."""
+StatisticsHandler = Callable[["FusedStatistics", HookContext], None]
+"""The `lse` point's: a fused backend's statistics of one layer call (probe.kernels), read-only."""
+BlockedHandler = Callable[[str, HookContext], None]
+"""The `blocked` point's: why a layer whose `lse` was asked for runs the blocked path instead (its weights go to
+`pattern`)."""
 
-    def __call__(self, layer: int, inputs: AttentionInputs, output: Tensor | None) -> Tensor:
+
+class Recompute(Protocol):
+    """The `recompute` point's handler: heads computed again another way (over other keys: window ablation) from
+    `ctx.inputs`."""
+
+    def __call__(self, output: Tensor | None, ctx: HookContext) -> Tensor:
         """The layer's output (b, n, hq, d) with the chosen heads recomputed; `output` is the layer's own, or None
         where `covers_every_head` said it is not needed."""
 
@@ -46,72 +77,40 @@ class HeadsRecompute(Protocol):
         """Whether every head of the layer is recomputed, so that the layer's own attention can be skipped."""
 
 
-class LseHook(Protocol):
-    """Reads a layer's attention from a fused backend's statistics (probe.kernels), where a backend serves the call.
-    An optional `config` attribute (a probe.kernels.KernelConfig) is handed to the backend."""
-
-    def __call__(self, layer: int, attention: FusedStatistics) -> None:
-        """Called once per layer call with its queries, keys, bias and log-sum-exp."""
-
-    def blocked(self, layer: int, reason: str) -> None:
-        """Called instead where the layer's weights cannot be rebuilt from it (they go to `on_weights`), and why."""
+Handler = TensorHandler | InputsHandler | StatisticsHandler | BlockedHandler | Recompute
+"""What a hook point's handler is: `fn(payload, ctx)`, the payload's type set by the point
+(probe.hooks.points.POINTS: a tensor for most, AttentionInputs, FusedStatistics or a reason for the others)."""
 
 
 Undo = Callable[[], None]
 """One restoration step; steps are idempotent, so that an interrupted one can be run again."""
 
 
-Handler = Any
-"""What a hook point's handler is: a `Writer`-like (layer, tensor) -> tensor for the per-head points, `WeightsHook`
-for `pattern`, `LseHook` for `lse`, `HeadsRecompute` for `recompute`, `InputsEdit` for `inputs` (probe.hooks.points)."""
-
-
 @dataclass
 class LayerHooks:
     """What one hooked layer does besides its own computation: the handlers of its hook points, by point name, in
-    the order they run (probe.hooks.points fires them)."""
+    the order they run (probe.hooks.points fires them), and the kernel configuration its `lse` point runs with."""
 
     layer: int
     handlers: dict[str, list[Handler]] = field(default_factory=dict)
     query_block: int | None = None
     call: int = 0  # which call of its module this layer is (ALBERT runs one module as every layer)
     calls: int = 1  # how many times the model calls that module per forward
+    config: KernelConfig | None = None  # None: probe.kernels.DEFAULT_CONFIG
 
     def merged(self, inner: LayerHooks) -> LayerHooks:
         """These hooks with a nested `with`'s added after them (same layer, same call)."""
         handlers = {name: [*self.handlers.get(name, ()), *inner.handlers.get(name, ())]
                     for name in {*self.handlers, *inner.handlers}}
-        return LayerHooks(self.layer, handlers, inner.query_block or self.query_block, self.call, self.calls)
+        return LayerHooks(self.layer, handlers, inner.query_block or self.query_block, self.call, self.calls,
+                          inner.config or self.config)
+
+    def of(self, point: str) -> list[Any]:
+        """The handlers of one point, in order; their type is the point's (probe.hooks.points)."""
+        return self.handlers.get(point, [])
 
     @property
-    def on_lse(self) -> LseHook | None:
-        """The `lse` point's handlers as one LseHook, or None."""
-        readers = self.handlers.get("lse")
-        return _AllLse(readers) if readers else None
-
-    @property
-    def recompute_heads(self) -> HeadsRecompute | None:
+    def recompute(self) -> Recompute | None:
         """The `recompute` point's handler (one: two recomputations of the same heads would not compose)."""
-        recomputes = self.handlers.get("recompute")
+        recomputes = self.of("recompute")
         return recomputes[-1] if recomputes else None
-
-
-@dataclass
-class _AllLse:
-    """Several LseHooks as one."""
-
-    readers: list[LseHook]
-
-    def __call__(self, layer: int, attention: FusedStatistics) -> None:
-        for reader in self.readers:
-            reader(layer, attention)
-
-    def blocked(self, layer: int, reason: str) -> None:
-        for reader in self.readers:
-            reader.blocked(layer, reason)
-
-    @property
-    def config(self) -> Any:
-        """The kernel configuration (probe.kernels.KernelConfig) the first reader that names one asks for, or None."""
-        configs = (getattr(reader, "config", None) for reader in self.readers)
-        return next((config for config in configs if config is not None), None)

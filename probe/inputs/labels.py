@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from probe.errors import ProbeError
-from probe.hooks.outputs import logits_of
+from probe.models.outputs import logits_of
 from probe.hooks.run import run_model
 from probe.inputs.contrast import ContrastPair, ContrastSet
 from probe.inputs.sets import ProbeSet, context_length, given, register_probe_set, right_padded

@@ -53,7 +53,7 @@ class CudaBackend:
     make additive. CPU tensors too where TRITON_INTERPRET=1 is set (Triton's interpreter: tests without a GPU).
     `output`: "kernel" (the default) takes the layer's output from the kernel, one pass for output and statistics;
     "sdpa" keeps torch's own attention for the output and runs the kernel for the statistics alone, without the
-    value product (issue 44's two designs: `python -m bench gpu` times both against sdpa)."""
+    value product (`python -m bench gpu` times both against sdpa)."""
 
     name = NAME
 

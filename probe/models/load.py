@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from probe.errors import ProbeError, first_line
-from probe.hooks.outputs import logits_of
+from probe.models.outputs import logits_of
 from probe.models.aliases import ALIASES, DEFAULT_MODEL, HUB_ALIASES, alias_path, resolve_alias
 from probe.models.custom import is_custom_spec, load_custom, missing_function
 from probe.models.gguf import load_gguf

@@ -34,7 +34,7 @@ from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.hooks.blocked import blocked_attention
 from probe.hooks.stacks import layer_names
-from probe.hooks.types import AttentionInputs
+from probe.hooks.types import AttentionInputs, HookContext
 from probe.inputs import ProbeSet, normalised_effect
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
@@ -62,14 +62,13 @@ def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor 
     captured: dict[int, Tensor] = {}
     inputs: dict[int, AttentionInputs] = {}
 
-    def capture(layer: int, heads: Tensor) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
+    def capture(heads: Tensor, ctx: HookContext) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
         heads = heads if heads.requires_grad else heads.detach().requires_grad_()
-        captured[layer] = heads
+        captured[ctx.layer] = heads
         return heads
 
-    def record(layer: int, seen: AttentionInputs) -> AttentionInputs:
-        inputs[layer] = replace(seen, query=seen.query.detach(), key=seen.key.detach(), value=seen.value.detach())
-        return seen
+    def record(seen: AttentionInputs, ctx: HookContext) -> None:
+        inputs[ctx.layer] = replace(seen, query=seen.query.detach(), key=seen.key.detach(), value=seen.value.detach())
 
     with torch.enable_grad():
         with attention_hooks(loaded.model, points={"z": capture, **({"inputs": record} if keep_inputs else {})}):
@@ -147,12 +146,10 @@ def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_si
     values: list[dict[int, Tensor]] = []
     total = 0.0
 
-    def record(layer: int, seen: Any) -> Any:
-        values[-1][layer] = (seen if component == "output" else getattr(seen, component)).detach().clone()
-        return seen
+    def record(seen: Any, ctx: HookContext) -> None:
+        values[-1][ctx.layer] = (seen if component == "output" else getattr(seen, component)).detach().clone()
 
-    point = "z" if component == "output" else "inputs"
-    with torch.no_grad(), attention_hooks(loaded.model, points={point: record}):
+    with torch.no_grad(), attention_hooks(loaded.model, {"z" if component == "output" else "inputs": record}):
         for batch, (ids, mask) in enumerate(source.batches(batch_size)):
             values.append({})
             logits = logits_of(run_model(loaded.model, ids, mask))

@@ -18,7 +18,7 @@ norm (recomputed) and the unembedding read; no later head or MLP sees it. One co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,8 @@ from probe.dla import model_structure
 from probe.hooks.restore import restoring
 from probe.inputs import ContrastSet, ProbeSet, normalised_effect
 from probe.errors import ProbeError
-from probe.hooks.types import AttentionInputs
+from probe.hooks.points import Writer
+from probe.hooks.types import AttentionInputs, HookContext
 from probe.models import LoadedModel
 from probe.patching.heads import check_runs, mean_logit_diff, row_logit_diffs
 from probe.patching.runs import contrast_runs
@@ -71,9 +72,10 @@ class PathResult:
 
 
 def _frozen_but(sender: Head, clean: HeadOutputs, corrupt: HeadOutputs,
-                batch: int) -> Callable[[int, Tensor], Tensor]:
+                batch: int) -> Writer:
     """A `z` writer: every head at its corrupted output but `sender`, at its clean one."""
-    def edit(layer: int, heads: Tensor) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
+    def edit(heads: Tensor, ctx: HookContext) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
+        layer = ctx.layer
         frozen = corrupt.at(layer, heads, batch).clone()
         if layer == sender[0]:
             frozen[:, :, sender[1]] = clean.at(layer, heads, batch)[:, :, sender[1]]
@@ -81,15 +83,14 @@ def _frozen_but(sender: Head, clean: HeadOutputs, corrupt: HeadOutputs,
     return edit
 
 
-def _recorded(loaded: LoadedModel, ids: Tensor, mask: Tensor | None, edit: Callable[[int, Tensor], Tensor],
+def _recorded(loaded: LoadedModel, ids: Tensor, mask: Tensor | None, edit: Writer,
               component: str, layers: set[int]) -> dict[int, Tensor]:
     """Pass 1: the receivers' layers' `component` inputs with the heads edited by `edit`."""
     seen: dict[int, Tensor] = {}
 
-    def record(layer: int, inputs: AttentionInputs) -> AttentionInputs:
-        if layer in layers:
-            seen[layer] = getattr(inputs, component).detach().clone()
-        return inputs
+    def record(inputs: AttentionInputs, ctx: HookContext) -> None:
+        if ctx.layer in layers:
+            seen[ctx.layer] = getattr(inputs, component).detach().clone()
 
     with torch.no_grad(), attention_hooks(loaded.model, points={"z": edit, "inputs": record}):
         run_model(loaded.model, ids, mask, logits=False)

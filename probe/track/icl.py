@@ -18,7 +18,7 @@ from probe.ablation.sweep import baseline_metric
 from probe.inputs import ProbeSet, context_length, natural_set
 from probe.errors import ProbeError
 from probe.overflow import NotFiniteError
-from probe.hooks.outputs import logits_of
+from probe.models.outputs import logits_of
 from probe.hooks.run import run_model
 from probe.models import LoadedModel
 

@@ -1,4 +1,6 @@
-"""Reading what a model's forward returned; no other probe module needed, so model loading can use it too."""
+"""Reading what a model's forward returned (its logits, or its last hidden states): part of what a loaded model is,
+so that loading can check a model's first forward and every later stage (probe.hooks.run re-exports it) reads the
+same."""
 
 from __future__ import annotations
 
