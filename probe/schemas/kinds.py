@@ -49,8 +49,8 @@ register(Kind(
     "Every head's score on each class's probe set, the thresholds, and the labels they give (probe classify --json).",
     fields={
         "model": MODEL, "n_layers": N_LAYERS, "n_heads": N_HEADS, "layer_names": LAYER_NAMES,
-        "path": Field("string", "how the scores were computed: the fast path's backend (cpu, cuda), blocked, or "
-                                "which layers went which way", required=False),
+        "path": Field("string", "how the scores were computed: the name of the fast path's backend (one of "
+                                "probe.kernels.BACKENDS), blocked, or which layers went which way", required=False),
         "dtype": DTYPE, "thresholds": THRESHOLDS, "classes": CLASSES,
         "probe_sets": Field("object", "each probe set used: its name, description, size and seed",
                             patterns={NAME_RE: Field("object", "a probe set's description")}),
