@@ -114,11 +114,12 @@ def run(device: str, log: Any = print, names: list[str] | None = None,
             if any("{folder}/checkpoints" in arg for arg in COMMANDS[command]):
                 _checkpoints(folder / "checkpoints", checkpoints, device, result)
             result["commands"][command] = found = run_one(COMMANDS[command], device, folder,
-                                                          max(1.0, end - time.perf_counter()))
+                                                          min(3600.0, max(1.0, end - time.perf_counter())))
             log(f"{command}: exit {found['returncode']}, {found['seconds']} s" + (
                 f": {found['error'][-300:]}" if "error" in found else ""))
             result["load_after"] = load_average()
             save_result(name, result)
+    save_result(name, result)  # the skipped ones too
     return result
 
 
@@ -133,6 +134,7 @@ def markdown(data: dict[str, Any], shown_device: str | None = None) -> str:
         parts.append(f"```bash\n{line}\n```\n\n```text\n{shown}\n```\n\n"
                      f"({found['seconds']:.0f} s wall on {data['device']}, {found.get('date', data['date'])}"
                      + (f"; {found['source']}" if "source" in found else "") + ")\n")
+    parts += [f"`probe {name}` was not run: past the run's time budget.\n" for name in data.get("skipped", [])]
     return "\n".join(parts)
 
 

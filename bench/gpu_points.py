@@ -138,15 +138,14 @@ def layer_inputs(layout: str, length: int, device: str, dtype: torch.dtype) -> d
 
 def candidates(layout: str, length: int, device: str, dtype: torch.dtype) -> tuple[list[Any], dict[str, str]]:
     """(the registered backends that serve the layout's causal call at this length, in registry order; each other's
-    reason). The call's tensors have the real shapes, dtype and device but no memory (one element, expanded): a
-    backend's `problem` reads no values."""
+    reason). The call's tensors have the real shapes, dtype and device, their values unset (a backend's `problem`
+    reads none)."""
     from probe.kernels import BACKENDS, AttentionCall
 
     sizes = LAYOUTS[layout]
     hq, hk = sizes["num_attention_heads"], sizes["num_key_value_heads"]
     d = sizes["hidden_size"] // hq
-    one = torch.zeros(1, device=device, dtype=dtype)
-    query, key = one.expand(1, hq, length, d), one.expand(1, hk, length, d)
+    query, key = (torch.empty(1, heads, length, d, device=device, dtype=dtype) for heads in (hq, hk))
     call = AttentionCall(query, key, key, None, d ** -0.5, True)
     serving, refused = [], {}
     for backend in list(BACKENDS):
@@ -329,7 +328,12 @@ def kernel_rows(ctx: Context, layout: str, length: int, serving: list[Any]) -> N
         def fused(backend: Any = backend) -> Any:
             return backend.run(call, DEFAULT_CONFIG)
 
-        timings = timed(ctx, {"sdpa": sdpa, backend.name: fused}, "sdpa", 5 if ctx.device == "cuda" else 1)
+        failed: dict[str, str] = {}
+        timings = timed(ctx, {"sdpa": sdpa, backend.name: fused}, "sdpa", 5 if ctx.device == "cuda" else 1, failed)
+        if failed:
+            ctx.emit({"kind": "kernel", "layout": layout, "tokens": length, "backend": backend.name,
+                      "outcome": "error", "error": failed[backend.name]})
+            continue
         output, statistics = backend.run(call, DEFAULT_CONFIG)
         ctx.emit({"kind": "kernel", "layout": layout, "tokens": length, "backend": backend.name, "outcome": "ok",
                   "ratio": timings.ratio(backend.name), "reference_rows": reference["output"].shape[2],
