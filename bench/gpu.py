@@ -159,6 +159,10 @@ class Group:
         if final:
             self.finished.add(point["id"])
 
+    def _setup_deadline(self, points: dict[str, dict[str, Any]]) -> float:
+        """How long a child may take outside a point (its imports, the step to the next point)."""
+        return min(time.time() + max(point["cap"] for point in points.values()), self.budget_end)
+
     def _child(self, attempt: int) -> None:  # long: starts, watches and reads one child to its end
         """One child for the points left: its events read as they come, the child killed where its point is past
         the deadline and the grace; a point in progress when it ended is recorded as killed or crashed."""
@@ -179,7 +183,7 @@ class Group:
                                      env=environment, stdout=child_log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         current: dict[str, Any] | None = None
-        deadline = min(time.time() + max(point["cap"] for point in points.values()), self.budget_end)
+        deadline = self._setup_deadline(points)
         offset, killed = 0, ""
         while True:
             returncode = child.poll()
@@ -193,7 +197,7 @@ class Group:
                     self._record(point, event["row"], final=False)
                 else:
                     self.finished.add(point["id"])
-                    current = None
+                    current, deadline = None, self._setup_deadline(points)
                     self.log(f"  {point['id']}: done in {event['seconds']:.1f} s")
             if returncode is not None:
                 break

@@ -45,7 +45,8 @@ def test_the_dry_run_measures_every_serving_backend_and_records_what_did_not_fin
 
     plan = [gpu.DRY_PLAN[0] + [gpu._point("classify", "tiny", 40, cap=0),  # past its deadline at once
                                gpu._point("kv", "tiny", 12)],  # needle prompts of 12 tokens: refused, raises
-            [{**gpu._point("classify", "tiny", 32, cap=0), "grace": 0}]]  # its child killed before it can check
+            [{**gpu._point("classify", "tiny", 32, cap=0), "grace": 0},  # its child killed before it can check
+             gpu._point("sync", "tiny", 20)]]  # then run by a fresh child
     data = gpu.run(True, log, name="gpu-dry", plan=plan)
     assert saved == list(range(1, len(saved) + 1)) and len(saved) == len(data["rows"])  # each row saved at once
     assert json.loads((tmp_path / "gpu-dry.json").read_text())["choice"] == data["choice"]
@@ -65,6 +66,7 @@ def test_the_dry_run_measures_every_serving_backend_and_records_what_did_not_fin
     error = rows[("kv", 12, None, None)]
     assert error["outcome"] == "error" and error["error"].startswith("ProbeError: needle prompts of 12 tokens")
     assert rows[("classify", 32, None, None)]["outcome"] == "killed"
+    assert rows[("sync", 20, None, None)]["outcome"] == "ok"  # the point after the killed one: a fresh child's
     assert {row["result"] for row in data["rows"] if row["kind"] == "sync"} == {"not run: no CUDA device"}
     assert data["choice"]["first"] in serving and any(line.startswith("registry: put ") for line in logged)
     text = section(data)
