@@ -262,10 +262,8 @@ def _timed_rows(ctx: Context, variants: dict[str, Callable[[], Any]], repeats: i
     failed: dict[str, str] = {}
     try:
         timings = timed(ctx, variants, "plain", repeats, failed)
-        for name, text in failed.items():
-            ctx.emit({**base, "backend": name, "outcome": "error", "error": text})
-        return timings
     except PointTimeout as error:
+        _failed_rows(ctx, failed, base)
         partial = getattr(error, "timings", None)
         if partial is not None:
             for name in [name for name in list(variants)[1:] if name not in failed]:
@@ -273,6 +271,13 @@ def _timed_rows(ctx: Context, variants: dict[str, Callable[[], Any]], repeats: i
                           "ratio": partial.ratio(name), "repeats": len(partial.seconds[name]),
                           "seconds": {"plain": partial.median("plain"), "probe": partial.median(name)}})
         raise
+    _failed_rows(ctx, failed, base)
+    return timings
+
+
+def _failed_rows(ctx: Context, failed: dict[str, str], base: dict[str, Any]) -> None:
+    for name, text in failed.items():
+        ctx.emit({**base, "backend": name, "outcome": "error", "error": text})
 
 
 def last_rows_reference(inputs: dict[str, Any], count: int) -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bench.gpu import KV_TARGET, TARGETS, choice_lines
+from bench.gpu import KV_TARGET, TARGETS, choice_lines, choose
 
 
 def _gib(value: int | None) -> str:
@@ -81,7 +81,7 @@ def section(data: dict[str, Any]) -> str:
              "registered in probe.kernels that served the layer's call, random-init llama layouts (one sequence of "
              "BOS and random tokens repeated), medians of interleaved repeats; peak memory is "
              "torch.cuda.max_memory_allocated.", ""]
-    lines += [line.strip() for line in choice_lines(data.get("choice", {"first": None, "points": [], "wins": {}}))]
+    lines += [line.strip() for line in choice_lines(choose(rows))]  # from the rows: a run cut short has no choice
     lines += ["", "classify's scoring pass (six default scores) against `run_model(..., logits=False)`:", ""]
     lines += _timed_table([row for row in done if row["kind"] == "classify"], TARGETS, dry, True)
     lines += ["", f"kv-heads' scoring pass (`score_needles`, one needle prompt of token ids) against the forward "
@@ -102,5 +102,6 @@ def section(data: dict[str, Any]) -> str:
         lines += ["", "Points that did not finish (their outcome):"]
         lines += [f"- {row['point']}" + (f" ({row['backend']})" if row.get("backend") else "") + f": "
                   f"{row['outcome']}: {row.get('where') or row.get('error') or row.get('why', '')}"
+                  + (f" ({row['ratio']:.3f}x over {row['repeats']} finished repeat(s))" if "ratio" in row else "")
                   for row in unfinished]
     return "\n".join(lines) + "\n"

@@ -204,3 +204,30 @@ def test_the_commands_stage_skips_what_its_budget_does_not_reach(tmp_path: Path,
     assert data["skipped"] == ["classify", "track"] and data["commands"] == {}
     assert json.loads((tmp_path / "gpu_commands-cpu.json").read_text())["skipped"] == ["classify", "track"]
     assert logged == ["classify: skipped (past the 0 s budget)", "track: skipped (past the 0 s budget)"]
+
+
+def test_a_point_cut_by_its_deadline_keeps_the_rounds_it_finished_and_a_failing_backend_stops_only_itself() -> None:
+    emitted: list[dict[str, object]] = []
+    ctx = gpu_points.Context("cpu", torch.float32, emitted.append)
+    ctx.deadline = gpu_points.Deadline(time.time() + 600)
+    calls = []
+
+    def slow() -> None:
+        calls.append("slow")
+        if len(calls) == 3:  # its warm-up, round 1, then inside round 2: the deadline passes
+            ctx.deadline.at = 0.0
+
+    def broken() -> None:
+        raise torch.OutOfMemoryError("out of memory")
+
+    variants = {"plain": lambda: None, "broken": broken, "slow": slow}
+    with pytest.raises(gpu_points.PointTimeout):
+        gpu_points._timed_rows(ctx, variants, 5, {"kind": "classify"})
+    assert [(row["backend"], row["outcome"]) for row in emitted] == [("broken", "error"), ("slow", "timeout")]
+    assert emitted[1]["repeats"] == 1 and str(emitted[1]["where"]).startswith("repeat 2 of")
+    emitted.clear()
+    ctx.deadline = gpu_points.Deadline(time.time() + 600)
+    timings = gpu_points._timed_rows(ctx, {"plain": lambda: None, "broken": broken}, 2, {"kind": "kv"})
+    assert list(timings.seconds) == ["plain"] and len(timings.seconds["plain"]) == 2
+    assert emitted == [{"kind": "kv", "backend": "broken", "outcome": "error",
+                        "error": "OutOfMemoryError: out of memory"}]
