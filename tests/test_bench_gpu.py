@@ -21,6 +21,7 @@ import torch
 
 import bench.common as common
 from bench import gpu, gpu_points
+from bench.__main__ import _gpu_section
 from bench.gpu_report import section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,15 +42,15 @@ def test_the_dry_run_measures_every_serving_backend_and_records_what_did_not_fin
     def log(line: str) -> None:
         logged.append(line)
         if line.startswith("    "):  # a row: it is in the results file already
-            saved.append(len(json.loads((tmp_path / "gpu-dry.json").read_text())["rows"]))
+            saved.append(len(json.loads((tmp_path / "gpu.json").read_text())["rows"]))
 
     plan = [gpu.DRY_PLAN[0] + [gpu._point("classify", "tiny", 40, cap=0),  # past its deadline at once
                                gpu._point("kv", "tiny", 12)],  # needle prompts of 12 tokens: refused, raises
             [{**gpu._point("classify", "tiny", 32, cap=0), "grace": 0},  # its child killed before it can check
              gpu._point("sync", "tiny", 20)]]  # then run by a fresh child
-    data = gpu.run(True, log, name="gpu-dry", plan=plan)
+    data = gpu.run(True, log, name="gpu", plan=plan)
     assert saved == list(range(1, len(saved) + 1)) and len(saved) == len(data["rows"])  # each row saved at once
-    assert json.loads((tmp_path / "gpu-dry.json").read_text())["choice"] == data["choice"]
+    assert json.loads((tmp_path / "gpu.json").read_text())["choice"] == data["choice"]
     rows = {(row["kind"], row["tokens"], row.get("backend"), row.get("dtype")): row for row in data["rows"]}
     serving = [backend.name for backend in gpu_points.candidates("tiny", 48, "cpu", torch.float32)[0]]
     assert len(serving) >= 2  # the CPU kernel and the Triton kernel interpreted: asked, never named
@@ -70,6 +71,7 @@ def test_the_dry_run_measures_every_serving_backend_and_records_what_did_not_fin
     assert {row["result"] for row in data["rows"] if row["kind"] == "sync"} == {"not run: no CUDA device"}
     assert data["choice"]["first"] in serving and any(line.startswith("registry: put ") for line in logged)
     text = section(data)
+    assert text == _gpu_section()  # what `python -m bench --render` puts into RESULTS.md from gpu.json
     assert "| tiny | 48 |" in text and "dry run" in text and "Points that did not finish" in text
     assert "classify tiny 32: killed" in text
     assert data["versions"]["torch"] in torch.__version__ and "triton" in data["versions"]  # stated per run
