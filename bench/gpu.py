@@ -110,9 +110,10 @@ def run(dry: bool, log: Log, name: str = "gpu", plan: list[list[dict[str, Any]]]
     budget = budget if budget is not None else BUDGET_SECONDS
     started = time.time()
     results = Results(common.RESULTS_DIR / f"{name}.json", {
-        "benchmark": "gpu", "date": now(), "machine": machine(("transformers",)), "versions": versions(), "device": device,
-        "dtype": "bfloat16" if device == "cuda" else "float32", "dry_run": device == "cpu", "budget_seconds": budget,
-        "grace_seconds": grace, "plan": [point["id"] for group in plan for point in group], "rows": []})
+        "benchmark": "gpu", "date": now(), "machine": machine(("transformers",)), "versions": versions(),
+        "device": device, "dtype": "bfloat16" if device == "cuda" else "float32", "dry_run": device == "cpu",
+        "budget_seconds": budget, "grace_seconds": grace,
+        "plan": [point["id"] for group in plan for point in group], "rows": []})
     log(f"gpu: {device}, {results.data['dtype']}, budget {budget:.0f} s, {len(results.data['plan'])} points")
     with tempfile.TemporaryDirectory(prefix="bench-gpu-") as folder:
         for number, group in enumerate(plan):

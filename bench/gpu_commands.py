@@ -97,8 +97,9 @@ def run(device: str, log: Any = print, names: list[str] | None = None,
     else ones built now. `budget`: seconds for them all: a command is stopped when it runs out, and those not started
     by then are recorded as skipped."""
     end = time.perf_counter() + (budget if budget is not None else 10**9)
-    result: dict[str, Any] = {"benchmark": "gpu_commands", "date": now(), "machine": machine(("transformers",)), "device": device,
-                              "dtype": "bfloat16", "load_before": load_average(), "commands": {}, "skipped": []}
+    result: dict[str, Any] = {"benchmark": "gpu_commands", "date": now(), "machine": machine(("transformers",)),
+                              "device": device, "dtype": "bfloat16", "load_before": load_average(), "commands": {},
+                              "skipped": []}
     name = f"gpu_commands-{device}"
     if names:  # the commands of an earlier run that this one does not repeat are kept
         result["commands"] = {key: value for key, value in (load_result(name) or {}).get("commands", {}).items()
