@@ -178,20 +178,34 @@ def timed(ctx: Context, variants: dict[str, Callable[[], Any]], baseline: str, r
     for repeat in range(repeats):
         order = names[repeat % len(names):] + names[:repeat % len(names)]
         done: dict[str, float] = {}
-        for name in order:
-            try:
+        try:
+            for name in order:
                 ctx.deadline.check(f"repeat {repeat + 1} of {name}")
-            except PointTimeout as error:
-                error.timings = timings if repeat else None  # type: ignore[attr-defined]
-                raise
-            gc.collect()  # not inside a timed run
-            start = time.perf_counter()
-            variants[name]()
-            ctx.finish()
-            done[name] = time.perf_counter() - start
+                gc.collect()  # not inside a timed run
+                start = time.perf_counter()
+                variants[name]()
+                ctx.finish()
+                done[name] = time.perf_counter() - start
+        except PointTimeout as error:  # between runs or inside one (between layers)
+            error.timings = timings if repeat else None  # type: ignore[attr-defined]
+            raise
         for name in names:
             timings.seconds[name].append(done[name])
     return timings
+
+
+def peaks(ctx: Context, variants: dict[str, Callable[[], Any]], timings: Timings
+          ) -> tuple[dict[str, int | None], PointTimeout | None]:
+    """Each timed variant's peak (`peak`); past the deadline the rest are None, and the timeout is returned, to be
+    raised once the timed rows are written."""
+    found: dict[str, int | None] = {name: None for name in timings.seconds}
+    try:
+        for name in found:
+            ctx.deadline.check(f"peak memory of {name}")
+            found[name] = peak(ctx, variants[name])
+    except PointTimeout as error:
+        return found, error
+    return found, None
 
 
 def peak(ctx: Context, run: Callable[[], Any]) -> int | None:
@@ -242,17 +256,19 @@ def classify_point(ctx: Context, point: dict[str, Any]) -> None:
     variants = {"plain": plain, **{backend.name: scoring(backend) for backend in serving}}
     with ctx.deadline.on_layers(loaded.model):
         timings = _timed_rows(ctx, variants, point["repeats"], base)
-        peaks = {name: peak(ctx, run) for name, run in variants.items() if name in timings.seconds}
+        memory, late = peaks(ctx, variants, timings)
     serving = [backend for backend in serving if backend.name in timings.seconds]
     first = found[serving[0].name] if serving else None
     for backend in serving:
         scores = found[backend.name]
         ctx.emit({**base, "backend": backend.name, "outcome": "ok", "ratio": timings.ratio(backend.name),
                   "seconds": {"plain": timings.median("plain"), "probe": timings.median(backend.name)},
-                  "repeats": len(timings.seconds["plain"]), "peak_bytes": {"plain": peaks["plain"],
-                                                                           "probe": peaks[backend.name]},
+                  "repeats": len(timings.seconds["plain"]), "peak_bytes": {"plain": memory["plain"],
+                                                                           "probe": memory[backend.name]},
                   "path": scores.path, "served": scores.path == backend.name,
                   "difference_to_first": {"backend": serving[0].name, "largest": _largest(scores, first)}})
+    if late is not None:
+        raise late
     kernel_rows(ctx, layout, length, serving)
 
 
@@ -378,12 +394,14 @@ def kv_point(ctx: Context, point: dict[str, Any]) -> None:
         return
     with ctx.deadline.on_layers(loaded.model):
         timings = _timed_rows(ctx, variants, point["repeats"], base)
-        peaks = {name: peak(ctx, run) for name, run in variants.items() if name in timings.seconds}
+        memory, late = peaks(ctx, variants, timings)
     for backend in [backend for backend in serving if backend.name in timings.seconds]:
         ctx.emit({**base, "backend": backend.name, "outcome": "ok", "ratio": timings.ratio(backend.name),
                   "seconds": {"plain": timings.median("plain"), "probe": timings.median(backend.name)},
                   "repeats": len(timings.seconds["plain"]),
-                  "peak_bytes": {"plain": peaks["plain"], "probe": peaks[backend.name]}})
+                  "peak_bytes": {"plain": memory["plain"], "probe": memory[backend.name]}})
+    if late is not None:
+        raise late
 
 
 def agreement_point(ctx: Context, point: dict[str, Any]) -> None:

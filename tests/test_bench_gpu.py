@@ -217,8 +217,9 @@ def test_a_point_cut_by_its_deadline_keeps_the_rounds_it_finished_and_a_failing_
 
     def slow() -> None:
         calls.append("slow")
-        if len(calls) == 3:  # its warm-up, round 1, then inside round 2: the deadline passes
+        if len(calls) == 3:  # its warm-up, round 1, then inside round 2 the deadline passes: a layer's check
             ctx.deadline.at = 0.0
+            ctx.deadline.check("layer 0")
 
     def broken() -> None:
         raise torch.OutOfMemoryError("out of memory")
@@ -227,7 +228,7 @@ def test_a_point_cut_by_its_deadline_keeps_the_rounds_it_finished_and_a_failing_
     with pytest.raises(gpu_points.PointTimeout):
         gpu_points._timed_rows(ctx, variants, 5, {"kind": "classify"})
     assert [(row["backend"], row["outcome"]) for row in emitted] == [("broken", "error"), ("slow", "timeout")]
-    assert emitted[1]["repeats"] == 1 and str(emitted[1]["where"]).startswith("repeat 2 of")
+    assert emitted[1]["repeats"] == 1 and emitted[1]["where"] == "layer 0"  # round 1's timings kept
     emitted.clear()
     ctx.deadline = gpu_points.Deadline(time.time() + 600)
     timings = gpu_points._timed_rows(ctx, {"plain": lambda: None, "broken": broken}, 2, {"kind": "kv"})
