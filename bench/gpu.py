@@ -132,12 +132,11 @@ class Group:
 
     def __init__(self, points: list[dict[str, Any]], device: str, budget_end: float, grace: float, folder: Path,
                  results: Results, log: Log) -> None:
-        self.points, self.device, self.budget_end, self.grace = points, device, budget_end, grace
+        positions = max(point["tokens"] for point in points) + 64  # the model's context, one for the group
+        self.points = [{"positions": positions, **point} for point in points]  # copies: the plan stays as it is
+        self.device, self.budget_end, self.grace = device, budget_end, grace
         self.folder, self.results, self.log = folder, results, log
         self.finished: set[str] = set()
-        positions = max(point["tokens"] for point in points) + 64
-        for point in points:
-            point.setdefault("positions", positions)
 
     def left(self) -> list[dict[str, Any]]:
         return [point for point in self.points if point["id"] not in self.finished]
