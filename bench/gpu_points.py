@@ -158,10 +158,11 @@ def candidates(layout: str, length: int, device: str, dtype: torch.dtype) -> tup
 
 
 def timed(ctx: Context, variants: dict[str, Callable[[], Any]], baseline: str, repeats: int,
-          failed: dict[str, str] | None = None) -> Timings:
+          failed: dict[str, str] | None = None, memory: dict[str, int | None] | None = None) -> Timings:
     """Each variant once to warm up, then `repeats` rounds interleaved (the order rotated each round), the deadline
     checked between runs. Past the deadline the rounds finished so far are kept on the raised PointTimeout. A
-    variant other than the baseline that raises in its warm-up is left out, its error in `failed`."""
+    variant other than the baseline that raises in its warm-up is left out, its error in `failed`. `memory`: each
+    variant's peak bytes in the last round (torch.cuda.max_memory_allocated, reset before it; None off CUDA)."""
     names = list(variants)
     for name in list(names):
         ctx.deadline.check(f"warm-up of {name}")
@@ -178,45 +179,25 @@ def timed(ctx: Context, variants: dict[str, Callable[[], Any]], baseline: str, r
     for repeat in range(repeats):
         order = names[repeat % len(names):] + names[:repeat % len(names)]
         done: dict[str, float] = {}
+        last = repeat == repeats - 1 and memory is not None and ctx.device == "cuda"
         try:
             for name in order:
                 ctx.deadline.check(f"repeat {repeat + 1} of {name}")
                 gc.collect()  # not inside a timed run
+                if last:
+                    torch.cuda.reset_peak_memory_stats()
                 start = time.perf_counter()
                 variants[name]()
                 ctx.finish()
                 done[name] = time.perf_counter() - start
+                if memory is not None:
+                    memory[name] = int(torch.cuda.max_memory_allocated()) if last else None
         except PointTimeout as error:  # between runs or inside one (between layers)
             error.timings = timings if repeat else None  # type: ignore[attr-defined]
             raise
         for name in names:
             timings.seconds[name].append(done[name])
     return timings
-
-
-def peaks(ctx: Context, variants: dict[str, Callable[[], Any]], timings: Timings
-          ) -> tuple[dict[str, int | None], PointTimeout | None]:
-    """Each timed variant's peak (`peak`); past the deadline the rest are None, and the timeout is returned, to be
-    raised once the timed rows are written."""
-    found: dict[str, int | None] = {name: None for name in timings.seconds}
-    try:
-        for name in found:
-            ctx.deadline.check(f"peak memory of {name}")
-            found[name] = peak(ctx, variants[name])
-    except PointTimeout as error:
-        return found, error
-    return found, None
-
-
-def peak(ctx: Context, run: Callable[[], Any]) -> int | None:
-    """Bytes at the allocator's peak while `run` ran (None off CUDA)."""
-    if ctx.device != "cuda":
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    run()
-    torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated())
 
 
 def _largest(first: Any, second: Any) -> float:
@@ -254,9 +235,9 @@ def classify_point(ctx: Context, point: dict[str, Any]) -> None:
         return run
 
     variants = {"plain": plain, **{backend.name: scoring(backend) for backend in serving}}
+    memory: dict[str, int | None] = {}
     with ctx.deadline.on_layers(loaded.model):
-        timings = _timed_rows(ctx, variants, point["repeats"], base)
-        memory, late = peaks(ctx, variants, timings)
+        timings = _timed_rows(ctx, variants, point["repeats"], base, memory)
     serving = [backend for backend in serving if backend.name in timings.seconds]
     first = found[serving[0].name] if serving else None
     for backend in serving:
@@ -267,17 +248,16 @@ def classify_point(ctx: Context, point: dict[str, Any]) -> None:
                                                                            "probe": memory[backend.name]},
                   "path": scores.path, "served": scores.path == backend.name,
                   "difference_to_first": {"backend": serving[0].name, "largest": _largest(scores, first)}})
-    if late is not None:
-        raise late
     kernel_rows(ctx, layout, length, serving)
 
 
-def _timed_rows(ctx: Context, variants: dict[str, Callable[[], Any]], repeats: int, base: dict[str, Any]) -> Timings:
+def _timed_rows(ctx: Context, variants: dict[str, Callable[[], Any]], repeats: int, base: dict[str, Any],
+                memory: dict[str, int | None]) -> Timings:
     """`timed`; a backend that raised in its warm-up as an error row (the others go on); where the deadline cut the
     rounds, those finished as rows before the timeout."""
     failed: dict[str, str] = {}
     try:
-        timings = timed(ctx, variants, "plain", repeats, failed)
+        timings = timed(ctx, variants, "plain", repeats, failed, memory)
     except PointTimeout as error:
         _failed_rows(ctx, failed, base)
         partial = getattr(error, "timings", None)
@@ -392,16 +372,14 @@ def kv_point(ctx: Context, point: dict[str, Any]) -> None:
     if not serving:
         ctx.emit({**base, "outcome": "error", "error": f"no registered backend serves this call: {refused}"})
         return
+    memory: dict[str, int | None] = {}
     with ctx.deadline.on_layers(loaded.model):
-        timings = _timed_rows(ctx, variants, point["repeats"], base)
-        memory, late = peaks(ctx, variants, timings)
+        timings = _timed_rows(ctx, variants, point["repeats"], base, memory)
     for backend in [backend for backend in serving if backend.name in timings.seconds]:
         ctx.emit({**base, "backend": backend.name, "outcome": "ok", "ratio": timings.ratio(backend.name),
                   "seconds": {"plain": timings.median("plain"), "probe": timings.median(backend.name)},
                   "repeats": len(timings.seconds["plain"]),
                   "peak_bytes": {"plain": memory["plain"], "probe": memory[backend.name]}})
-    if late is not None:
-        raise late
 
 
 def agreement_point(ctx: Context, point: dict[str, Any]) -> None:
@@ -433,8 +411,8 @@ def sync_point(ctx: Context, point: dict[str, Any]) -> None:
     from bench.gpu_sync import kv_sync_check, sync_check
 
     loaded = ctx.model(point["layout"], point["positions"])
-    ids = repeated_set(loaded.vocab_size, point["tokens"]).input_ids
-    checks = {"classify": lambda: sync_check(loaded, ids, SIX, ctx.device),
+    probe_set = repeated_set(loaded.vocab_size, point["tokens"])
+    checks = {"classify": lambda: sync_check(loaded, probe_set, SIX, ctx.device),
               "kv-heads": lambda: kv_sync_check(loaded, point["tokens"], ctx.device)}
     for what, check in checks.items():
         with ctx.deadline.on_layers(loaded.model):

@@ -1,29 +1,15 @@
 """Whether probe's scoring passes wait for the GPU inside a forward: `torch.cuda.set_sync_debug_mode("error")` while
-the model's forward runs, after a warm-up (Triton compiles), on a fresh batch. Used by bench/gpu_points.py's sync
+the model's forward runs, on a second run after a warm-up (Triton compiles). Used by bench/gpu_points.py's sync
 point; off CUDA each check says it did not run."""
 
 from __future__ import annotations
 
-import contextlib
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import torch
-
-class _Reader:
-    """An LseHook that hands each layer's statistics to the accumulator (as score_heads' reader does)."""
-
-    def __init__(self, accumulator: Any) -> None:
-        self.accumulator, self.config = accumulator, accumulator.config
-
-    def __call__(self, layer: int, attention: Any) -> None:
-        self.accumulator(layer, attention)
-
-    def blocked(self, layer: int, reason: str) -> None:
-        self.accumulator.blocked(layer, reason)
-
 
 @contextmanager
 def _sync_errors_inside(model: torch.nn.Module) -> Iterator[None]:
@@ -53,33 +39,23 @@ def _synchronised(error: BaseException) -> dict[str, Any]:
             "last_frame": str(traceback.extract_tb(cause.__traceback__)[-1])}
 
 
-def sync_check(loaded: Any, ids: torch.Tensor, names: list[str], device: str) -> dict[str, Any]:
-    """A batch's forward (`ids`: BOS and a half repeated) with the accumulator reading every layer (the scores
-    `names`, as score_heads does: the batch's tokens on the host), once to warm up, then with a fresh batch (its
-    per-batch memos made inside the forward, copied to the device without waiting) under
-    set_sync_debug_mode("error"): "none" or the first synchronising operation and where in probe it was asked for."""
+def sync_check(loaded: Any, probe_set: Any, names: list[str], device: str) -> dict[str, Any]:
+    """classify's scoring pass (`score_heads` with the scores `names`, one sequence per batch) once to warm up, then
+    again with set_sync_debug_mode("error") inside each forward (a batch's memos are made there and copied to the
+    device without waiting; its one transfer of results comes after): "none" and the path the scores took, or the
+    first synchronising operation and where in probe it was asked for."""
     if device != "cuda":
         return {"result": "not run: no CUDA device"}
-    from probe.heads.accumulate import ScoreAccumulator
-    from probe.heads.classify import forward
-    from probe.heads.scores import Batch
-    from probe.hooks.capture import attention_hooks
-    from probe.hooks.layers import attention_layers
+    from probe.heads.classify import score_heads
 
-    length = ids.shape[1]
-    layers = attention_layers(loaded.model)
-    accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers))
-    with torch.no_grad(), attention_hooks(loaded.model, on_lse=_Reader(accumulator)):
-        for attempt in range(2):
-            accumulator.batch = Batch(valid=torch.ones_like(ids, dtype=torch.bool), offset=1,
-                                      repeat_len=(length - 1) // 2)
-            torch.cuda.synchronize()
-            try:
-                with _sync_errors_inside(loaded.model) if attempt else contextlib.nullcontext():
-                    forward(loaded.model, ids, None)
-            except Exception as error:
-                return _synchronised(error)
-    return {"result": "none", "path": accumulator.path()}
+    score_heads(loaded, probe_set, names, batch_size=1)
+    torch.cuda.synchronize()
+    try:
+        with _sync_errors_inside(loaded.model):
+            scores = score_heads(loaded, probe_set, names, batch_size=1)
+    except Exception as error:
+        return _synchronised(error)
+    return {"result": "none", "path": scores.path}
 
 
 def kv_sync_check(loaded: Any, length: int, device: str) -> dict[str, Any]:
