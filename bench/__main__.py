@@ -1,7 +1,7 @@
 """`python -m bench [NAME ...] [options]`: run the benchmarks (default: all) and rewrite bench/RESULTS.md.
 
 NAME is classification, ablation, taylor, memory, profile or long_context (the default: all of them), or gpu
-(bench/gpu.py: on a CUDA device within --budget seconds, 420 by default; without one, a tiny dry run on the CPU saved
+(bench/gpu.py: on a CUDA device, about 8 minutes on one H100; without one, a tiny dry run on the CPU saved
 as bench/results/gpu-dry.json and left out of RESULTS.md). Each benchmark saves bench/results/NAME.json with the
 machine, date and this command line; RESULTS.md is rendered from every saved result (`python -m bench --render`
 only renders).
@@ -51,8 +51,8 @@ def main() -> None:
                              "when other processes load the machine")
     parser.add_argument("--dry-run", action="store_true", help="gpu: the tiny CPU run even where a GPU is present")
     parser.add_argument("--budget", type=float, default=None,
-                        help="gpu: seconds for all points (default bench.gpu.BUDGET_SECONDS); points not started by "
-                             "then are skipped, in the order bench/gpu.py states")
+                        help="gpu: seconds for all points (default bench.gpu.BUDGET_SECONDS, 420); points not "
+                             "started by then are skipped, in the order bench/gpu.py states")
     parser.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from saved results")
     args = parser.parse_args()
     if args.threads is not None:
