@@ -50,6 +50,9 @@ def main() -> None:
                         help="torch threads (default: torch's own choice, one per core); 1 keeps ratios steadier "
                              "when other processes load the machine")
     parser.add_argument("--dry-run", action="store_true", help="gpu: the tiny CPU run even where a GPU is present")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="gpu: seconds for all points (default bench.gpu.BUDGET_SECONDS, 420); points not "
+                             "started by then are skipped, in the order bench/gpu.py states")
     parser.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from saved results")
     args = parser.parse_args()
     if args.threads is not None:
@@ -69,7 +72,7 @@ def main() -> None:
         started = time.perf_counter()
         log(f"== {name}")
         if name == "gpu":
-            _gpu(args.dry_run, command, log)
+            _gpu(args.dry_run, command, log, args.budget)
             continue
         if name == "classification":
             from bench import classification
@@ -129,21 +132,21 @@ def main() -> None:
     log(f"wrote {report.RESULTS_MD}")
 
 
-def _gpu(dry_run: bool, command: str, log: Callable[[str], None]) -> None:
+def _gpu(dry_run: bool, command: str, log: Callable[[str], None], budget: float | None = None) -> None:
     """bench/gpu.py: the GPU run saved as gpu.json (rendered into RESULTS.md), a dry run as gpu-dry.json (printed)."""
     import torch
 
-    from bench import gpu
+    from bench import gpu, gpu_report
 
     dry = dry_run or not torch.cuda.is_available()
     started = time.perf_counter()
-    data = gpu.run(dry, log, name="gpu-dry" if dry else "gpu")
+    data = gpu.run(dry, log, name="gpu-dry" if dry else "gpu", budget=budget)
     data["command"] = command
     data["bench_seconds"] = time.perf_counter() - started
     path = save_result("gpu-dry" if dry else "gpu", data)
     log(f"   saved {path} ({data['bench_seconds']:.0f} s)")
     if dry:
-        log(gpu.section(data))
+        log(gpu_report.section(data))
 
 
 def _gpu_section() -> str:
@@ -153,9 +156,9 @@ def _gpu_section() -> str:
     data = load_result("gpu")
     if data is None:
         return ""
-    from bench import gpu
+    from bench import gpu_report
 
-    return gpu.section(data)
+    return gpu_report.section(data) if "rows" in data else ""  # a gpu.json of the earlier layout has no rows
 
 
 if __name__ == "__main__":

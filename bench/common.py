@@ -30,8 +30,9 @@ MEMORY_CAP = 8 * GIB  # no benchmark process may grow past this: other work shar
 TL_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on."""
+def machine(packages: tuple[str, ...] = ("transformers", "transformer_lens")) -> dict[str, Any]:
+    """What the numbers were measured on (with the versions of `packages`: importing TransformerLens takes seconds,
+    a benchmark that does not use it leaves it out)."""
     import torch
 
     cpu = platform.processor() or ""
@@ -50,7 +51,7 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     versions = {"python": platform.python_version(), "torch": torch.__version__}
-    for package in ("transformers", "transformer_lens"):
+    for package in packages:
         try:
             module = __import__(package)
             versions[package] = getattr(module, "__version__", "?")
@@ -59,7 +60,8 @@ def machine() -> dict[str, Any]:
     try:
         from importlib.metadata import version
 
-        versions["transformer_lens"] = version("transformer-lens")
+        if "transformer_lens" in packages:
+            versions["transformer_lens"] = version("transformer-lens")
     except Exception:
         pass
     gpu = "none"
