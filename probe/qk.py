@@ -405,7 +405,7 @@ def _valid_keys(inputs: AttentionInputs, n: int) -> Tensor:
     return causal & seen
 
 
-ROUNDING = 4.0  # the check's bound: ROUNDING eps of the model's dtype times sum_i |q_i| times sum_j |k_j| (scaled)
+ROUNDING = 2.0  # the check's bound: ROUNDING eps of the model's dtype times sum_i |q_i| times sum_j |k_j| (scaled)
 
 
 @dataclass
