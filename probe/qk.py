@@ -183,6 +183,8 @@ class _Twin:
 
     module: nn.Module
     dtype: torch.dtype
+    head: int  # the head read, among the queries the copy hands on
+    kv_head: int
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
 
@@ -209,7 +211,24 @@ class _Twin:
                          "interface: QK attribution cannot read them", parameter="model")
 
 
-def make_twin(module: nn.Module, dtype: torch.dtype) -> _Twin:
+def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[int, int]:
+    """Where the copy has separate q_proj / k_proj / v_proj linears, keep only the rows of the head read and of its
+    key/value head (the copy then computes one head's query and key: a ninth of the work on SmolLM2); the indices of
+    the head and key/value head in what the copy hands on."""
+    linears = [getattr(twin, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    if not all(isinstance(linear, nn.Linear) for linear in linears):
+        return head, kv_head
+    for linear, index in zip(linears, (head, kv_head, kv_head)):
+        assert isinstance(linear, nn.Linear)
+        rows = slice(index * head_dim, (index + 1) * head_dim)
+        linear.weight = nn.Parameter(linear.weight[rows].clone(), requires_grad=False)
+        if linear.bias is not None:
+            linear.bias = nn.Parameter(linear.bias[rows].clone(), requires_grad=False)
+        linear.out_features = head_dim
+    return 0, 0
+
+
+def make_twin(module: nn.Module, dtype: torch.dtype, head: int, kv_head: int, head_dim: int) -> _Twin:
     """The copy of `module` in `dtype` (the model's own weights, projections and rotary code), run on other inputs."""
     _register_capture()
     config = getattr(module, "config", None)
@@ -220,7 +239,7 @@ def make_twin(module: nn.Module, dtype: torch.dtype) -> _Twin:
     own_config = copy.copy(config)
     own_config._attn_implementation_internal = CAPTURE
     twin.config = own_config
-    return _Twin(twin, dtype)
+    return _Twin(twin, dtype, *_one_head(twin, head, kv_head, head_dim))
 
 
 STREAM_ROUNDING = 4.0  # the components' sum may differ from the stream by this many eps of its dtype times sum |c|
@@ -262,8 +281,8 @@ def _frozen(norm: nn.Module | None, stream: Tensor) -> _Norm:
     return _Norm(frozen.centred, frozen.scale, frozen.gain, frozen.bias)
 
 
-def project(twin: _Twin, norm: _Norm, parts: Iterator[tuple[Component, Tensor]], stream: Tensor, head: int,
-            kv_head: int) -> tuple[list[Component], Tensor, Tensor]:
+def project(twin: _Twin, norm: _Norm, parts: Iterator[tuple[Component, Tensor]],
+            stream: Tensor) -> tuple[list[Component], Tensor, Tensor]:
     """Every component's query for `head` and key for `kv_head`, (components, positions, d) float64, rotated at its
     own position; the last component is `bias`, what the layer computes from no stream at all. The components must
     sum to the `stream` the layer reads (positions, d_model), as the model rounded it."""
@@ -271,6 +290,7 @@ def project(twin: _Twin, norm: _Norm, parts: Iterator[tuple[Component, Tensor]],
     positions = norm.scale.shape[0]
     sums = [torch.zeros(stream.shape, dtype=torch.float64), torch.zeros(stream.shape, dtype=torch.float64)]
     zero_q, zero_k = twin(torch.zeros(1, positions, norm.gain.shape[0], dtype=torch.float64))
+    head, kv_head = twin.head, twin.kv_head
     zero_q, zero_k = zero_q[0, head], zero_k[0, kv_head]
 
     def flush(chunk: list[Tensor]) -> None:
@@ -500,8 +520,7 @@ def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at
     inputs, n = call.inputs, ids.shape[0]
     stream = recording.block_in[target.block]
     names, queries, keys = project(twin.called_as(call.args, call.kwargs), _frozen(target.norm, stream.double().cpu()),
-                                   _components(target.structure, recording, target.block, call.positions), stream,
-                                   target.head, target.kv_head)
+                                   _components(target.structure, recording, target.block, call.positions), stream)
     scaling = float(inputs.scaling)
     own_q = inputs.query[0, target.head].detach().double().cpu()
     own_k = inputs.key[0, target.kv_head].detach().double().cpu()
@@ -568,7 +587,8 @@ def qk_attribution(loaded: LoadedModel, ids: Tensor, head: tuple[int, int], *, m
     names: list[Component] = []
     report = progress or (lambda done, total: None)
     parameters = next(loaded.model.parameters())
-    twin = make_twin(target.layer.module, torch.float64 if parameters.dtype == torch.float64 else torch.float32)
+    twin = make_twin(target.layer.module, torch.float64 if parameters.dtype == torch.float64 else torch.float32,
+                     target.head, target.kv_head, target.layer.head_dim)
     with torch.no_grad():
         for row, length in enumerate(lengths):
             names = _add_row(target, twin, ids[row, :length].cpu(), rule, None if query is None else (query, key or 0),
