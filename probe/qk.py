@@ -267,6 +267,7 @@ class _Norm:
     bias: Tensor | None
 
     def __call__(self, component: Tensor) -> Tensor:
+        """(..., positions, d_model) -> what the layer reads of it."""
         centred = component - component.mean(dim=-1, keepdim=True) if self.centred else component
         return centred * self.scale[:, None] * self.gain
 
@@ -294,9 +295,10 @@ def project(twin: _Twin, norm: _Norm, parts: Iterator[tuple[Component, Tensor]],
     zero_q, zero_k = zero_q[0, head], zero_k[0, kv_head]
 
     def flush(chunk: list[Tensor]) -> None:
-        sums[0] += sum(chunk)
-        sums[1] += sum(part.abs() for part in chunk)
-        query, key = twin(torch.stack([norm(part) for part in chunk]))
+        stacked = torch.stack(chunk)  # (components, positions, d_model)
+        sums[0] += stacked.sum(dim=0)
+        sums[1] += stacked.abs().sum(dim=0)
+        query, key = twin(norm(stacked))
         queries.append(query[:, head] - zero_q)
         keys.append(key[:, kv_head] - zero_k)
 

@@ -21,8 +21,8 @@
     ];
     var layout = {
       height: Math.max(420, 26 * rows + 260), margin: {l: 90, r: 20, t: 20, b: 90}, showlegend: false,
-      xaxis: {domain: [0, 0.78], tickangle: -45, automargin: true, title: {text: "key side"}},
-      yaxis: {domain: [0, 0.76], autorange: "reversed", automargin: true, title: {text: "query side"}},
+      xaxis: {domain: [0, 0.78], tickangle: -45, automargin: true, title: {text: "key side", standoff: 12}},
+      yaxis: {domain: [0, 0.76], autorange: "reversed", automargin: true, title: {text: "query side", standoff: 12}},
       xaxis2: {domain: [0.8, 1], zeroline: true, title: {text: "query-side sum"}},
       yaxis2: {domain: [0.8, 1], zeroline: true, title: {text: "key-side sum"}}
     };
