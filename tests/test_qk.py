@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_cli
+from conftest import run_cli, tiny_hf
 from families import tiny_family
 from planted import planted_gpt2
 from test_browser import IMG, SCRIPT, browser, open_page  # noqa: F401
@@ -28,7 +28,7 @@ def _loaded(model: torch.nn.Module, name: str) -> LoadedModel:
 
 def _sharpened(family: str) -> torch.nn.Module:
     """A tiny random model whose scores are far from 0 (weights scaled up), so that the identity is not vacuous."""
-    model = tiny_family(family)
+    model = tiny_hf("llama_mqa") if family == "llama_mqa" else tiny_family(family)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if parameter.dim() == 2 and ("q_proj" in name or "k_proj" in name or "c_attn" in name
@@ -45,7 +45,8 @@ def _eager_log_weights(model: torch.nn.Module, ids: torch.Tensor, layer: int, he
     return weights.double().log()
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "gpt_neox"])  # RoPE + GQA; LayerNorm + absolute; parallel
+@pytest.mark.parametrize("family", ["llama", "llama_mqa", "gpt2", "gpt_neox"])  # RoPE + GQA / MQA; LayerNorm +
+# absolute positions; parallel attention and MLP (GPT-NeoX: partial rotary, fused query_key_value, biases)
 def test_the_pairs_sum_to_the_models_own_score(family: str) -> None:
     model = _sharpened(family)
     loaded = _loaded(model, family)
@@ -64,6 +65,7 @@ def test_the_pairs_sum_to_the_models_own_score(family: str) -> None:
     names = [component.name for component in result.components]
     assert names[0] == "embed" and names[-1] == "bias" and "L0H3" in names and "MLP0" in names
     assert ("pos" in names) == (family == "gpt2")  # absolute position embeddings are their own component
+    assert result.kv_head == {"llama": 0, "llama_mqa": 0, "gpt2": 1, "gpt_neox": 1}[family]  # head 1's key side
 
 
 def test_a_planted_induction_heads_key_side_names_the_previous_token_head() -> None:
