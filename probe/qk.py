@@ -196,8 +196,10 @@ class _Twin:
         return self
 
     def __call__(self, stream: Tensor) -> tuple[Tensor, Tensor]:
-        """(batch, positions, d_model) -> queries (batch, heads, positions, d) and keys (batch, kv heads, ...)."""
-        stream = stream.to(self.dtype)
+        """(batch, positions, d_model) -> queries (batch, heads, positions, d) and keys (batch, kv heads, ...), float64
+        on the CPU; the copy runs where the layer does (its parameters' device)."""
+        device = next(self.module.parameters()).device
+        stream = stream.to(device=device, dtype=self.dtype)
         args, kwargs = self.args, dict(self.kwargs)
         if args:
             args = (stream, *args[1:])
@@ -206,7 +208,7 @@ class _Twin:
         try:
             self.module(*args, **kwargs)
         except _Captured as captured:
-            return captured.query.double(), captured.key.double()
+            return captured.query.double().cpu(), captured.key.double().cpu()
         raise ProbeError(f"{type(self.module).__name__} did not hand its queries and keys to transformers' attention "
                          "interface: QK attribution cannot read them", parameter="model")
 
