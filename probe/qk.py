@@ -555,7 +555,11 @@ def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at
 
 
 def _target(loaded: LoadedModel, head: tuple[int, int]) -> _Target:
-    structure = model_structure(loaded.model)
+    try:
+        structure = model_structure(loaded.model)
+    except ProbeError as error:  # its words are DLA's; the reason holds for QK attribution too
+        raise ProbeError(f"QK attribution reads the residual stream as direct logit attribution does: {error}",
+                         parameter="model") from None
     layer_index, head_index = head
     if not 0 <= layer_index < len(structure.layers):
         raise ProbeError(f"layer {layer_index} is out of range: the model has {len(structure.layers)} attention "

@@ -163,10 +163,16 @@ def test_the_qk_command_refuses_bad_input_in_one_line(args, message, capsys, mon
     assert code == 2 and len(err.strip().splitlines()) == 1 and message in err, err
 
 
-def test_a_layer_outside_the_attention_interface_is_refused_in_one_line() -> None:
-    model = tiny_family("gptj")  # read through probe's family adapter, which hands no queries and keys
-    with pytest.raises(ProbeError, match="attention interface"):
-        qk_attribution(_loaded(model, "gptj"), torch.randint(3, 120, (1, 8)), (1, 0))
+@pytest.mark.parametrize("build, message", [
+    (lambda: tiny_family("gptj"), "attention interface"),  # read through a family adapter: no queries and keys handed
+    (lambda: tiny_hf("bert"), "LM head"),
+    (lambda: tiny_hf("gemma2"), "soft-capping"),  # a model in memory: its config is read once it is loaded
+])
+def test_a_loaded_model_it_cannot_decompose_is_refused_in_one_line(build, message) -> None:
+    model = build()
+    with pytest.raises(ProbeError, match=message) as refused:
+        qk_attribution(_loaded(model, "tiny"), torch.randint(3, 100, (1, 8)), (1, 0))
+    assert "\n" not in str(refused.value)
 
 
 def test_smollm2_induction_head_reads_the_previous_token_head(smollm2) -> None:
