@@ -83,8 +83,9 @@ def qk_report(payload: dict[str, Any], console: Console, *, top: int = 10) -> No
         console.print(Text(f"query side: {_side(payload, view['query'], 5)}"))
         console.print(Text(f"by kind (query / key): {_groups(view, 'kind')}", style="dim"))
         console.print(Text(_check_line(view, name), style="bold"))
-    console.print(Text("Each pair: a query-side component at the query times a key-side component at the key, "
-                       "through the norm frozen at the run and the rotary embedding of its own position", style="dim"))
+    console.print(Text("Each pair: a query-side component at the query dotted with a key-side component at the key "
+                       "(times the scaling), each read through the norm frozen at the run and rotated, where the model "
+                       "rotates, at its own position", style="dim"))
     if precision_sentence(payload):
         console.print(Text(precision_sentence(payload), style="dim"))
 
