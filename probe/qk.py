@@ -18,7 +18,7 @@ exact decomposition exists: soft-capped scores, multi-head latent attention, cro
 
 The pairs are accumulated into one (components, components) matrix per view while the query positions are read,
 so memory does not grow with the number of positions aggregated. The check: the pairs of each point sum to the
-model's own score (its captured queries and keys), within what the model's own rounding allows.
+model's own score (its captured queries and keys), within what the model's own rounding allows (`_rounding`).
 """
 
 from __future__ import annotations
@@ -429,7 +429,21 @@ def _valid_keys(inputs: AttentionInputs, n: int) -> Tensor:
     return causal & seen
 
 
-ROUNDING = 2.0  # the check's bound: ROUNDING eps of the model's dtype times sum_i |q_i| times sum_j |k_j| (scaled)
+ROUNDING = 4.0  # eps of the model's dtype times |q| |k| (scaled) that its projections and rotation may round off
+
+
+def _rounding(twin: _Twin, call: _Call, query: Tensor, key: Tensor, own_q: Tensor, own_k: Tensor, scaling: float,
+              eps: float) -> Tensor:
+    """(positions, positions): how far the model's own rounding may put its score from the pairs' sum. What the
+    model rounded in its stream and norm is measured: the layer's copy run on the input the layer really got gives
+    the queries and keys of that rounding (`query` and `key`, the pairs' sums, are those of the exact sum of the
+    components); what its projections and rotary embedding round is bounded, ROUNDING eps * |q| |k|."""
+    given = call.args[0] if call.args else call.kwargs["hidden_states"]
+    read_q, read_k = twin(given.detach().double().cpu()[:1])
+    gap_q, gap_k = read_q[0, twin.head] - query, read_k[0, twin.kv_head] - key  # (positions, d)
+    measured = (gap_q @ own_k.T).abs() + (query @ gap_k.T).abs()
+    rest = ROUNDING * eps * own_q.norm(dim=-1)[:, None] * own_k.norm(dim=-1)[None, :]
+    return scaling * (measured + rest)
 
 
 @dataclass
@@ -531,11 +545,10 @@ def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at
     valid = _valid_keys(inputs, n)
     scores = (own_q @ own_k.T * scaling).masked_fill(~valid, float("-inf"))
     rows, cols = _row_points(rule, at, ids, scores)
-    eps = torch.finfo(inputs.query.dtype).eps
-    q_size, k_size = queries.norm(dim=-1).sum(dim=0), keys.norm(dim=-1).sum(dim=0)  # (positions,)
+    bound = _rounding(twin, call, queries.sum(dim=0), keys.sum(dim=0), own_q, own_k, scaling,
+                      torch.finfo(inputs.query.dtype).eps)
     views.setdefault("score", _View(queries.new_zeros(len(names), len(names))))
-    views["score"].add(queries[:, rows], keys[:, cols], scores[rows, cols], scaling,
-                       ROUNDING * eps * scaling * q_size[rows] * k_size[cols])
+    views["score"].add(queries[:, rows], keys[:, cols], scores[rows, cols], scaling, bound[rows, cols])
     others = valid[rows].clone()
     others[torch.arange(len(rows)), cols] = False
     count = others.sum(dim=-1)
@@ -546,7 +559,7 @@ def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at
     own_others = (others * scores[rows].nan_to_num(neginf=0.0)).sum(dim=-1) / count
     views.setdefault("contrast", _View(queries.new_zeros(len(names), len(names))))
     views["contrast"].add(queries[:, rows], contrast_keys, scores[rows, cols] - own_others, scaling,
-                          ROUNDING * eps * scaling * q_size[rows] * (k_size[cols] + (others @ k_size) / count))
+                          bound[rows, cols] + (others * bound[rows]).sum(dim=-1) / count)
     return names
 
 
