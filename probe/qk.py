@@ -432,18 +432,23 @@ def _valid_keys(inputs: AttentionInputs, n: int) -> Tensor:
 ROUNDING = 4.0  # eps of the model's dtype times |q| |k| (scaled) that its projections and rotation may round off
 
 
-def _rounding(twin: _Twin, call: _Call, query: Tensor, key: Tensor, own_q: Tensor, own_k: Tensor, scaling: float,
-              eps: float) -> Tensor:
-    """(positions, positions): how far the model's own rounding may put its score from the pairs' sum. What the
-    model rounded in its stream and norm is measured: the layer's copy run on the input the layer really got gives
-    the queries and keys of that rounding (`query` and `key`, the pairs' sums, are those of the exact sum of the
-    components); what its projections and rotary embedding round is bounded, ROUNDING eps * |q| |k|."""
+def _rounding(twin: _Twin, call: _Call, queries: Tensor, keys: Tensor, own_q: Tensor, own_k: Tensor,
+              scaling: float, eps: float) -> Tensor:
+    """(positions, positions): how far rounding may put the model's score from the pairs' sum. What the model
+    rounded in its stream and norm is measured: the layer's copy run on the input the layer really got gives the
+    queries and keys of that rounding (the pairs' sums are those of the exact sum of the components); what its
+    projections and rotary embedding round is bounded, ROUNDING eps * |q| |k|; and what the copy itself rounds,
+    ROUNDING eps of its dtype * sum_i |q_i| |k| (and the same of the keys)."""
     given = call.args[0] if call.args else call.kwargs["hidden_states"]
     read_q, read_k = twin(given.detach().double().cpu()[:1])
-    gap_q, gap_k = read_q[0, twin.head] - query, read_k[0, twin.kv_head] - key  # (positions, d)
+    query, key = queries.sum(dim=0), keys.sum(dim=0)  # (positions, d)
+    gap_q, gap_k = read_q[0, twin.head] - query, read_k[0, twin.kv_head] - key
     measured = (gap_q @ own_k.T).abs() + (query @ gap_k.T).abs()
-    rest = ROUNDING * eps * own_q.norm(dim=-1)[:, None] * own_k.norm(dim=-1)[None, :]
-    return scaling * (measured + rest)
+    q_norm, k_norm = own_q.norm(dim=-1), own_k.norm(dim=-1)
+    rest = ROUNDING * eps * q_norm[:, None] * k_norm[None, :]
+    copy = ROUNDING * torch.finfo(twin.dtype).eps * (queries.norm(dim=-1).sum(dim=0)[:, None] * k_norm[None, :]
+                                                     + q_norm[:, None] * keys.norm(dim=-1).sum(dim=0)[None, :])
+    return scaling * (measured + rest + copy)
 
 
 @dataclass
@@ -545,8 +550,7 @@ def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at
     valid = _valid_keys(inputs, n)
     scores = (own_q @ own_k.T * scaling).masked_fill(~valid, float("-inf"))
     rows, cols = _row_points(rule, at, ids, scores)
-    bound = _rounding(twin, call, queries.sum(dim=0), keys.sum(dim=0), own_q, own_k, scaling,
-                      torch.finfo(inputs.query.dtype).eps)
+    bound = _rounding(twin, call, queries, keys, own_q, own_k, scaling, torch.finfo(inputs.query.dtype).eps)
     views.setdefault("score", _View(queries.new_zeros(len(names), len(names))))
     views["score"].add(queries[:, rows], keys[:, cols], scores[rows, cols], scaling, bound[rows, cols])
     others = valid[rows].clone()
