@@ -16,8 +16,8 @@ from typing import Any
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from probe.cli import (ablate, atlas, circuits, classify, compare, dla, heatmap, kv_heads, models, patch, prune, schema,
-                       steer, syntax, track)
+from probe.cli import (ablate, atlas, circuits, classify, compare, dla, heatmap, kv_heads, models, patch, prune, qk,
+                       schema, steer, syntax, track)
 from probe.cli.allocator import keep_freed_buffers
 from probe.cli.checks import check_before_loading
 from probe.cli.outputs import forget_provenance, remember_parameters
@@ -104,7 +104,7 @@ app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_
                   help="Find out what each attention head of a transformer does.")
 for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax, circuits.circuits,
                 prune.prune, kv_heads.kv_heads, dla.dla, patch.patch, track.track, atlas.atlas, steer.steer,
-                schema.schema, compare.compare):
+                schema.schema, compare.compare, qk.qk):
     app.command(cls=Command)(command)
 
 FLAGS = {
@@ -131,6 +131,7 @@ FLAGS = {
     "alphas": "--scale", "alpha": "--scale", "target_words": "--target-words", "prompt": "--generate",
     "max_new_tokens": "--max-new-tokens",
     "score": "--score", "group": "--group", "top_k": "--top",
+    "head": "--head", "at": "--at", "query": "--query", "key": "--key",
 }
 """Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
 

@@ -28,6 +28,8 @@ COMMANDS = {  # kind -> its command (its --html added); {folder} is where the in
               "0.125", "--seeds", "2", "--max-increase", "5%"],
     "patch": ["patch", "--model", WORDS, "--task", "ioi", "--count", "6", "--by-position"],
     "dla": ["dla", "--model", WORDS, "--task", "ioi", "--count", "6", "--self-repair"],
+    "qk": ["qk", "--model", f"{TESTS / 'planted.py'}:planted_gpt2", "--head", "1.1", "--at", "induction", "--num-seqs",
+           "2", "--repeat-len", "8"],
     "kv-heads": ["kv-heads", "--model", WORDS, "--lengths", "120", "--depths", "0.5", "--sink", "1", "--recent", "8",
                  "--steps", "2", "--random-seeds", "0", "--curve-texts", "1",
                  "--needle", "the keys to the cabinet are {key}"],  # words the tiny tokenizer knows

@@ -25,6 +25,7 @@ SMALL = {  # flags that shrink a command's inputs (appended: the last occurrence
     "circuits": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
     "prune": ["--num-seqs", "1", "--seq-len", "16", "--seeds", "1", "--step", "0.25"],
     "dla": ["--count", "2"],
+    "qk": ["--num-seqs", "1", "--repeat-len", "12"],
     "patch": ["--count", "2", "--heads", "0-1.*,17.3"],
     "kv-heads": ["--lengths", "160", "--depths", "0.5", "--sink", "4", "--recent", "32", "--steps", "2",
                  "--random-seeds", "0", "--curve-texts", "1"],

@@ -55,6 +55,8 @@ RUNS: dict[str, tuple[Any, str]] = {
                                  "--self-repair"], "self_repair"),
     "kv-budget": (_budget, "razor.budget.json"),
     "compare": (_maps, ""),
+    "qk": (lambda tmp: ["qk", "--model", "tests/planted.py:planted_gpt2", "--head", "1.1", "--at", "induction",
+                        "--num-seqs", "2", "--repeat-len", "8"], ""),
 }
 """Per kind: the command that writes it (--json added) and where its payload is: "" the --json file itself, a key
 of it (a section), or a file written beside it."""

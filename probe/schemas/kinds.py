@@ -569,3 +569,54 @@ register(Kind(
                                      "head is no query head)"),
              **{name: entry for name, entry in COMPARE_ROW.items() if name not in ("layer", "head")}},
 ))
+
+# qk -----------------------------------------------------------------------------------------------------------------
+
+QK_SIDE = Field("array", "each component's contribution on this side, the other side summed (components' order)",
+                items=NUMBER)
+QK_GROUPS = Field("array", "components grouped, each group's query-side and key-side sums", items=Field(
+    "object", "a group", fields={"group": Field("string", "embeddings / heads / MLPs / biases, or embed / L3 / bias"),
+                                 "query": NUMBER, "key": NUMBER}))
+QK_VIEW = Field("object", "one view's pairs, mean over its points", fields={
+    "model_score": Field("number", "the model's own mean (score or contrast)"),
+    "sum": Field("number", "the pairs' sum"), "points": Field("integer", "(query, key) points averaged over"),
+    "max_residual": Field("number", "max over points of |pairs' sum - the model's own|"),
+    "rounding_bound": Field("number", "the bound the model's own rounding allows"),
+    "query": QK_SIDE, "key": QK_SIDE,
+    "top_pairs": Field("array", "the pairs of largest |contribution|, largest first", items=Field(
+        "object", "a pair", fields={"query": Field("integer", "the query-side component (index into components)"),
+                                    "key": Field("integer", "the key-side component"), "value": NUMBER})),
+    "groups": Field("object", "grouped views", fields={"kind": QK_GROUPS, "layer": QK_GROUPS}),
+    "matrix": Field("array", "(components, components): row a query-side component, column a key-side one",
+                    items=Field("array", "a query-side component's row", items=NUMBER)),
+})
+QK_SIDE_COLUMNS = {
+    f"{side}{suffix}": Field(kind, f"the {side}-side component's {what}") for side in ("query", "key")
+    for suffix, kind, what in (("", "string", "name (L16H0, MLP12, embed, pos, L3 bias, bias)"),
+                               ("_kind", "string", "kind: embed, position, head, attention bias, mlp, bias"),
+                               ("_layer", "integer", "layer (-1: none)"), ("_head", "integer", "head (-1: none)"))}
+
+register(Kind(
+    "qk", 1, "probe.qk:QKAttribution",
+    "QK attribution: a head's pre-softmax scores split into pairs of query-side and key-side residual components, "
+    "with each side's marginals, grouped views and the check against the model's own scores (probe qk --json).",
+    fields={
+        "model": MODEL, "layer": LAYER, "head": HEAD, "kv_head": Field("integer", "its key/value head"),
+        "n_layers": N_LAYERS, "n_heads": N_HEADS, "source": Field("string", "what it was measured on"),
+        "rule": Field("string", "which key each query is read at: a rule's name, or positions (--query/--key)"),
+        "query": Field(("integer", "null"), "the query position given (null: the rule's)"),
+        "key": Field(("integer", "null"), "the key position given (null: the rule's)"),
+        "dtype": DTYPE,
+        "components": Field("array", "the residual components, in stream order", items=Field(
+            "object", "a component", fields={
+                "name": Field("string", "L16H0, MLP12, embed, pos, L3 bias or bias"),
+                "kind": Field("string", "embed, position, head, attention bias, mlp or bias"),
+                "layer": Field(("integer", "null"), "its layer (null: none)"),
+                "head": Field(("integer", "null"), "its head (null: none)")})),
+        "views": Field("object", "the score and the contrast (the key's score minus the mean of the query's other "
+                                 "keys')", fields={"score": QK_VIEW, "contrast": QK_VIEW}),
+    },
+    rows="one per (query-side, key-side) component pair",
+    columns={**QK_SIDE_COLUMNS, "score": Field("number", "the pair's mean contribution to the score"),
+             "contrast": Field("number", "the pair's mean contribution to the contrast")},
+))

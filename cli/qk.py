@@ -1,0 +1,81 @@
+"""`probe qk`: why a head attends where it does. Its pre-softmax scores on a probe set split into pairs of a
+query-side and a key-side residual component (embeddings, earlier heads and MLPs, biases), with each side's
+marginals, the grouped views, and the check that the pairs sum to the model's own score."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from probe.cli.checks import _config
+from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
+                               OffloadFolder, Seed, TrustRemoteCode, load)
+from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.progress import console, sweep_progress
+from probe.errors import ProbeError
+from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
+from probe.models import DEFAULT_MODEL
+from probe.qk import KEY_RULES, config_refusal, qk_attribution
+from probe.reports.files import write_csv, write_text
+from probe.reports.qk import qk_page, qk_report, qk_rows
+
+HeadSpec = Annotated[str, typer.Option("--head", help="The head whose scores are split, as LAYER.HEAD (17.3).")]
+At = Annotated[str, typer.Option("--at", help="Which key each query is read at: " + "; ".join(
+    f"{rule.name}: {rule.summary}" for rule in KEY_RULES.values()) + ".")]
+Query = Annotated[Optional[int], typer.Option("--query", help="Read one query position (with --key) on every row.")]
+Key = Annotated[Optional[int], typer.Option("--key", help="The key position read with --query.")]
+Data = Annotated[str, typer.Option(
+    "--data", help="repeated (BOS + random tokens repeated twice: an induction head's keys), natural (the embedded "
+    "English text), or a UTF-8 text file.")]
+SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text sequence (BOS not counted).")]
+RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy in the repeated set.")]
+Top = Annotated[int, typer.Option("--top", help="Pairs listed per view, largest |contribution| first.")]
+CsvFile = Annotated[Optional[Path], typer.Option(
+    "--csv", help="Write one row per (query-side, key-side) pair as CSV: its score and contrast contributions.")]
+HEAD = re.compile(r"(\d+)\.(\d+)")
+
+
+def _head(spec: str) -> tuple[int, int]:
+    found = HEAD.fullmatch(spec.strip())
+    if found is None:
+        raise ProbeError(f"--head {spec!r}: give one head as LAYER.HEAD, e.g. 17.3")
+    return int(found[1]), int(found[2])
+
+
+def qk(
+    head: HeadSpec, model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, at: At = "attended",
+    query: Query = None, key: Key = None, data: Data = "repeated", num_seqs: NumSeqs = 4,
+    repeat_len: RepeatLen = DEFAULT_REPEAT_LEN, seq_len: SeqLen = DEFAULT_SEQ_LEN, seed: Seed = 0, top: Top = 10,
+    json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None, device: Device = None,
+    dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
+) -> None:
+    """QK attribution: a head's scores from each query to the key it reads (the key it attends to most, the key
+    its class predicts, or --query/--key) as a sum over pairs of residual components, through the norm frozen at the
+    run; the pairs sum to the model's own score. Also the contrast: that key's score minus the other keys' mean."""
+    layer_head = _head(head)
+    if at not in KEY_RULES:
+        raise ProbeError(f"--at {at!r}: use one of {', '.join(KEY_RULES)}")
+    if (query is None) != (key is None):
+        raise ProbeError("give --query and --key together (one position each), or neither")
+    if top < 1:
+        raise ProbeError(f"--top must be at least 1, got {top}")
+    why = config_refusal(_config(model) or {})
+    if why:
+        raise ProbeError(why)
+    check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
+    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    name = data if data in ("repeated", "natural") else "natural"
+    probe_set = build_probe_set(name, loaded, ProbeOptions(data=None if data in ("repeated", "natural") else data,
+                                                           seq_len=seq_len, num_seqs=num_seqs,
+                                                           repeat_len=repeat_len, seed=seed))
+    with sweep_progress("qk") as (update, _):
+        result = qk_attribution(loaded, probe_set.input_ids, layer_head, mask=probe_set.attention_mask, at=at,
+                                query=query, key=key, source=probe_set.description, progress=update)
+    payload = result.to_dict()
+    save_json(json_path, payload, "qk")
+    save(csv_path, lambda path: write_csv(path, qk_rows(payload)))
+    save(html_path, lambda path: write_text(path, qk_page(payload)))
+    qk_report(payload, console, top=top)

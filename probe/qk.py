@@ -1,0 +1,727 @@
+"""QK attribution: why a head attends where it does, as a sum over pairs of residual-stream components.
+
+With the scale of the norm in front of the attention frozen at its value in the run (1 / rms for RMSNorm, 1 / std for
+LayerNorm, whose centring is linear and whose bias is one more component), a head's query at position t and its key
+at position s are affine in the residual stream, and rotary embeddings are a linear map per position. The stream at
+the head's layer is a sum of components (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"):
+the token and position embeddings, each earlier head's output through its rows of W_O, each earlier output
+projection's bias, each earlier MLP's output. So the pre-softmax score q_t . k_s * scaling is a sum over pairs (i, j)
+of query-side component i at t and key-side component j at s, and the pairs sum to the model's own score exactly;
+Anthropic's "attention QK attributions" (transformer-circuits.pub, 2025) decompose the same scores into feature
+pairs. The read's own biases (the norm's bias, the query and key projections' biases) are the component `bias`.
+
+Each component's query and key come from the model's own attention code: a copy of the layer, in float32 (float64
+for a float64 model), run on the component's normalised contribution with the run's rotary tables, stopped where
+transformers hands the queries and keys to the attention function. Grouped- and multi-query heads read their key/value
+head's keys; parallel attention and MLP blocks (GPT-J, GPT-NeoX) read the same stream. Refused in one line, where no
+exact decomposition exists: soft-capped scores, multi-head latent attention, cross-attention, ALiBi, query/key norms.
+
+The pairs are accumulated into one (components, components) matrix per view while the query positions are read,
+so memory does not grow with the number of positions aggregated. The check: the pairs of each point sum to the
+model's own score (its captured queries and keys), within what the model's own rounding allows (`_rounding`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from probe.circuits.weights import PRE_ATTENTION_NORMS, _named_child, _parent
+from probe.dla import Recording, Structure, Targets, frozen_norm, model_structure, record_writes
+from probe.errors import ProbeError
+from probe.frames import frame
+from probe.hooks.capture import attention_hooks
+from probe.hooks.restore import interrupts_deferred, restoring
+from probe.hooks.run import run_model
+from probe.hooks.types import AttentionInputs
+from probe.models import LoadedModel
+from probe.progress import Progress
+from probe.provenance import model_dtype
+
+POSITION_EMBEDDINGS = ("wpe", "embed_positions", "position_embeddings")
+QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm")
+TOP_PAIRS = 20  # pairs listed in to_dict(), largest |contribution| first
+CHUNK = 32  # components run through the layer's copy at once
+CAPTURE = "probe_qk_capture"  # the attention implementation the copy runs: it stops at the queries and keys
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# what cannot be exact
+
+
+def config_refusal(config: dict[str, Any]) -> str:
+    """Why a model with this config.json cannot have its scores decomposed exactly ("" where it can): read before any
+    model loads."""
+    if config.get("attn_logit_softcapping") or config.get("attn_softcapping"):
+        return ("attention soft-capping (a tanh of every score) is not linear in the residual stream: QK attribution "
+                "cannot split a capped score into pairs")
+    if config.get("kv_lora_rank"):
+        return ("multi-head latent attention normalises a latent between its two key projections (a second norm per "
+                "position, its rotary key shared by every head): QK attribution does not decompose it")
+    if config.get("is_encoder_decoder") or config.get("add_cross_attention"):
+        return ("cross-attention reads keys from another stream (the encoder's): QK attribution decomposes "
+                "self-attention of one residual stream")
+    if config.get("alibi") or config.get("model_type") in ("bloom", "mpt"):
+        return ("ALiBi adds a position bias to every score outside the query and key: QK attribution reads models "
+                "whose scores are q . k alone")
+    return ""
+
+
+def _refuse_layer(model: nn.Module, layer: Any) -> None:
+    config: Any = getattr(model, "config", None)
+    why = config_refusal(config.to_dict()) if hasattr(config, "to_dict") else ""
+    if why:
+        raise ProbeError(why, parameter="model")
+    if layer.kind != "hf":
+        raise ProbeError(f"attention layer {layer.index} ({type(layer.module).__name__}) does not go through "
+                         "transformers' attention interface, where QK attribution reads the queries and keys",
+                         parameter="model")
+    norms = [name for name in QK_NORMS if isinstance(getattr(layer.module, name, None), nn.Module)]
+    if norms:
+        raise ProbeError(f"attention layer {layer.index} normalises its queries and keys ({', '.join(norms)}), a "
+                         "second norm per head and position: QK attribution does not decompose it",
+                         parameter="model")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# components
+
+
+@dataclass(frozen=True)
+class Component:
+    """One residual-stream component: `embed`, `pos`, `L3H1` (a head's output), `L3 bias` (an output projection's
+    bias), `MLP3`, or `bias` (the read's own: the norm's bias and the query/key projections' biases)."""
+
+    name: str
+    kind: str  # embed, position, head, attention bias, mlp, bias
+    layer: int | None = None
+    head: int | None = None
+
+    @property
+    def group(self) -> str:
+        """Its group in the per-kind view: embeddings, heads, MLPs or biases."""
+        return {"embed": "embeddings", "position": "embeddings", "head": "heads", "mlp": "MLPs"}.get(self.kind,
+                                                                                                   "biases")
+
+    @property
+    def layer_group(self) -> str:
+        """Its group in the per-layer view: embed, L3 (heads, bias and MLP of layer 3), or bias."""
+        return "embed" if self.group == "embeddings" else ("bias" if self.layer is None else f"L{self.layer}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "layer": self.layer, "head": self.head}
+
+
+def _position_module(model: nn.Module) -> nn.Module | None:
+    body = getattr(model, getattr(model, "base_model_prefix", ""), model)
+    _, found = _named_child(body, POSITION_EMBEDDINGS)
+    return found
+
+
+def _components(structure: Structure, recording: Recording, block: int,
+                positions: Tensor | None) -> Iterator[tuple[Component, Tensor]]:
+    """Every component written before `block`, (positions, d_model) float64 on the CPU, in stream order."""
+    embed = recording.block_in[0].double().cpu()
+    if positions is None:
+        yield Component("embed", "embed"), embed
+    else:
+        yield Component("embed", "embed"), embed - positions
+        yield Component("pos", "position"), positions
+    for layer, (matrix, bias) in zip(structure.layers, structure.projections):
+        owner = structure.blocks.of_layer[layer.index]
+        if owner >= block:
+            continue
+        z = recording.heads[layer.index].double().cpu()  # (positions, heads, value_dim)
+        writes = torch.einsum("nhv,hvd->hnd", z, matrix.view(layer.n_heads, layer.value_dim, -1))
+        for head in range(layer.n_heads):
+            yield Component(f"L{layer.index}H{head}", "head", layer.index, head), writes[head]
+        if bias is not None:
+            yield Component(f"L{layer.index} bias", "attention bias", layer.index), bias.expand_as(embed)
+    for index in range(block):
+        yield Component(f"MLP{index}", "mlp", index), recording.mlp[index].double().cpu()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# each component's query and key, from a copy of the layer
+
+
+class _Captured(Exception):
+    def __init__(self, query: Tensor, key: Tensor) -> None:
+        super().__init__("queries and keys captured")
+        self.query, self.key = query, key
+
+
+def _stop(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+          **kwargs: Any) -> Any:
+    raise _Captured(query, key)
+
+
+def _register_capture() -> None:
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(CAPTURE, _stop)
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple):
+        return tuple(_cast(item, dtype) for item in value)
+    return value
+
+
+@dataclass
+class _Twin:
+    """A copy of the attention layer in `dtype` whose attention function raises the queries and keys it is handed,
+    called with the arguments the layer had in the run (its rotary tables among them)."""
+
+    module: nn.Module
+    dtype: torch.dtype
+    head: int  # the head read, among the queries the copy hands on
+    kv_head: int
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def called_as(self, args: tuple, kwargs: dict[str, Any]) -> _Twin:
+        """The twin called with a run's arguments (a cache left out, floating tensors in its dtype)."""
+        self.args = tuple(_cast(arg, self.dtype) for arg in args)
+        self.kwargs = {name: (None if "past_key" in name or name in ("cache", "layer_past") else
+                              _cast(value, self.dtype)) for name, value in kwargs.items()}
+        return self
+
+    def __call__(self, stream: Tensor) -> tuple[Tensor, Tensor]:
+        """(batch, positions, d_model) -> queries (batch, heads, positions, d) and keys (batch, kv heads, ...), float64
+        on the CPU; the copy runs where the layer does (its parameters' device)."""
+        device = next(self.module.parameters()).device
+        stream = stream.to(device=device, dtype=self.dtype)
+        args, kwargs = self.args, dict(self.kwargs)
+        if args:
+            args = (stream, *args[1:])
+        else:
+            kwargs["hidden_states"] = stream
+        try:
+            self.module(*args, **kwargs)
+        except _Captured as captured:
+            return captured.query.double().cpu(), captured.key.double().cpu()
+        raise ProbeError(f"{type(self.module).__name__} did not hand its queries and keys to transformers' attention "
+                         "interface: QK attribution cannot read them", parameter="model")
+
+
+def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[int, int]:
+    """Where the copy has separate q_proj / k_proj / v_proj linears, keep only the rows of the head read and of its
+    key/value head (the copy then computes one head's query and key: a ninth of the work on SmolLM2); the indices of
+    the head and key/value head in what the copy hands on."""
+    linears = [getattr(twin, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    if not all(isinstance(linear, nn.Linear) for linear in linears):
+        return head, kv_head
+    for linear, index in zip(linears, (head, kv_head, kv_head)):
+        assert isinstance(linear, nn.Linear)
+        rows = slice(index * head_dim, (index + 1) * head_dim)
+        linear.weight = nn.Parameter(linear.weight[rows].clone(), requires_grad=False)
+        if linear.bias is not None:
+            linear.bias = nn.Parameter(linear.bias[rows].clone(), requires_grad=False)
+        linear.out_features = head_dim
+    return 0, 0
+
+
+def make_twin(module: nn.Module, dtype: torch.dtype, head: int, kv_head: int, head_dim: int) -> _Twin:
+    """The copy of `module` in `dtype` (the model's own weights, projections and rotary code), run on other inputs."""
+    _register_capture()
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "_attn_implementation_internal"):
+        raise ProbeError(f"{type(module).__name__} has no transformers config: QK attribution reads the queries and "
+                         "keys through transformers' attention interface", parameter="model")
+    twin = copy.deepcopy(module).to(dtype).requires_grad_(False)
+    own_config = copy.copy(config)
+    own_config._attn_implementation_internal = CAPTURE
+    twin.config = own_config
+    return _Twin(twin, dtype, *_one_head(twin, head, kv_head, head_dim))
+
+
+STREAM_ROUNDING = 4.0  # the components' sum may differ from the stream by this many eps of its dtype times sum |c|
+
+
+def _check_sum(total: Tensor, size: Tensor, stream: Tensor) -> None:
+    """Refuse where the components do not make the stream the head reads (a block writing more than its attention
+    and MLP outputs: a norm after them, as in Gemma 2)."""
+    eps = torch.finfo(stream.dtype).eps
+    gap = (total - stream.double().cpu()).abs()
+    if bool((gap > STREAM_ROUNDING * eps * size + 1e-6 * size.max()).any()):
+        raise ProbeError(f"the embeddings, heads, biases and MLPs written before this layer do not sum to the stream "
+                         f"it reads (off by up to {float(gap.max()):.3g}): a block here writes more than its "
+                         "attention and MLP outputs (a norm after them, as in Gemma 2), which QK attribution does "
+                         "not decompose", parameter="model")
+
+
+@dataclass(frozen=True)
+class _Norm:
+    """The pre-attention norm as a linear map at each position, its bias apart."""
+
+    centred: bool
+    scale: Tensor  # (positions,) float64
+    gain: Tensor  # (d_model,) float64
+    bias: Tensor | None
+
+    def __call__(self, component: Tensor) -> Tensor:
+        """(..., positions, d_model) -> what the layer reads of it."""
+        centred = component - component.mean(dim=-1, keepdim=True) if self.centred else component
+        return centred * self.scale[:, None] * self.gain
+
+
+def _frozen(norm: nn.Module | None, stream: Tensor) -> _Norm:
+    """The norm in front of the attention frozen at the run's stream (positions, d_model); none or an identity is a
+    scale of 1."""
+    if norm is None or isinstance(norm, nn.Identity):
+        return _Norm(False, torch.ones(stream.shape[0], dtype=torch.float64),
+                     torch.ones(stream.shape[1], dtype=torch.float64), None)
+    frozen = frozen_norm(norm, stream)
+    return _Norm(frozen.centred, frozen.scale, frozen.gain, frozen.bias)
+
+
+def project(twin: _Twin, norm: _Norm, parts: Iterator[tuple[Component, Tensor]],
+            stream: Tensor) -> tuple[list[Component], Tensor, Tensor]:
+    """Every component's query for `head` and key for `kv_head`, (components, positions, d) float64, rotated at its
+    own position; the last component is `bias`, what the layer computes from no stream at all. The components must
+    sum to the `stream` the layer reads (positions, d_model), as the model rounded it."""
+    names, queries, keys = [], [], []
+    positions = norm.scale.shape[0]
+    sums = [torch.zeros(stream.shape, dtype=torch.float64), torch.zeros(stream.shape, dtype=torch.float64)]
+    zero_q, zero_k = twin(torch.zeros(1, positions, norm.gain.shape[0], dtype=torch.float64))
+    head, kv_head = twin.head, twin.kv_head
+    zero_q, zero_k = zero_q[0, head], zero_k[0, kv_head]
+
+    def flush(chunk: list[Tensor]) -> None:
+        stacked = torch.stack(chunk)  # (components, positions, d_model)
+        sums[0] += stacked.sum(dim=0)
+        sums[1] += stacked.abs().sum(dim=0)
+        query, key = twin(norm(stacked))
+        queries.append(query[:, head] - zero_q)
+        keys.append(key[:, kv_head] - zero_k)
+
+    chunk: list[Tensor] = []
+    for component, part in parts:
+        names.append(component)
+        chunk.append(part)
+        if len(chunk) == CHUNK:
+            flush(chunk)
+            chunk = []
+    if chunk:
+        flush(chunk)
+    _check_sum(sums[0], sums[1], stream)
+    names.append(Component("bias", "bias"))
+    if norm.bias is None:
+        queries.append(zero_q[None])
+        keys.append(zero_k[None])
+    else:
+        bias_q, bias_k = twin(norm.bias.expand(1, positions, -1))
+        queries.append(bias_q[:, head])
+        keys.append(bias_k[:, kv_head])
+    return names, torch.cat(queries), torch.cat(keys)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# which keys: the rules
+
+
+@dataclass(frozen=True)
+class KeyRule:
+    """Which key each query is read at: `keys(ids, scores)` -> (positions,) key per query, -1 where it has none
+    (`scores`: the head's own (positions, positions) scores, -inf where the query cannot see the key)."""
+
+    name: str
+    summary: str
+    keys: Callable[[Tensor, Tensor], Tensor]
+
+
+def _attended(ids: Tensor, scores: Tensor) -> Tensor:
+    return scores.argmax(dim=-1)
+
+
+def _induction(ids: Tensor, scores: Tensor) -> Tensor:
+    """The token after the query token's latest earlier occurrence (Olsson et al. 2022's induction key)."""
+    n = ids.shape[0]
+    same = (ids[:, None] == ids[None, :]) & torch.ones(n, n, dtype=torch.bool).tril(-1)
+    latest = torch.where(same, torch.arange(n)[None, :], -1).max(dim=-1).values
+    return torch.where(latest >= 0, latest + 1, -1)
+
+
+def _previous(ids: Tensor, scores: Tensor) -> Tensor:
+    return torch.arange(ids.shape[0]) - 1
+
+
+KEY_RULES: dict[str, KeyRule] = {rule.name: rule for rule in [
+    KeyRule("attended", "the key the head attends to most (its largest score)", _attended),
+    KeyRule("induction", "an induction head's key: the token after the previous occurrence of the query's token",
+            _induction),
+    KeyRule("previous", "a previous-token head's key: t - 1", _previous),
+]}
+"""Where the default aggregation reads each query: by rule name (`--at`)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one forward per row, the sums
+
+
+@dataclass
+class _Call:
+    """What the run showed of the head's layer: its arguments, its attention's inputs, the position embeddings."""
+
+    args: tuple = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: AttentionInputs | None = None
+    positions: Tensor | None = None
+
+
+class _Stop(Exception):
+    """Raised once the head's layer has its queries and keys: later layers are not needed."""
+
+
+def _keep_inputs(call: _Call) -> Callable[[int, AttentionInputs], AttentionInputs]:
+    def keep(_layer: int, inputs: AttentionInputs) -> AttentionInputs:
+        call.inputs = inputs
+        raise _Stop
+    return keep
+
+
+@contextmanager
+def _watch_call(layer: Any, positions: nn.Module | None, call: _Call, at: Callable[[Tensor], Tensor]) -> Iterator[None]:
+    """Keep the layer's arguments and the position embeddings' output; the hooks removed on exit."""
+    def keep_call(_module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        call.args, call.kwargs = args, kwargs
+
+    def keep_positions(_module: nn.Module, _args: Any, output: Tensor) -> None:
+        call.positions = at(output if output.dim() == 3 else output[None]).double().cpu()
+
+    with restoring() as undo:
+        with interrupts_deferred():
+            undo.append(layer.module.register_forward_pre_hook(keep_call, with_kwargs=True).remove)
+            if positions is not None:
+                undo.append(positions.register_forward_hook(keep_positions).remove)
+        yield
+
+
+def _valid_keys(inputs: AttentionInputs, n: int) -> Tensor:
+    """(n, n) bool: the keys each query sees (causal, and the mask's); an additive bias besides is refused."""
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    if inputs.softcap:
+        raise ProbeError("the layer soft-caps its scores (a tanh of each): QK attribution cannot split a capped "
+                         "score into pairs", parameter="model")
+    if inputs.position_bias is not None:
+        raise ProbeError("the layer adds a position bias to its scores: QK attribution reads scores that are "
+                         "q . k alone", parameter="model")
+    mask = inputs.mask
+    if mask is None:
+        return causal
+    mask = mask.detach().cpu()[0, 0] if mask.dim() == 4 else mask.detach().cpu().reshape(-1, n, n)[0]
+    mask = mask[-n:, -n:]
+    if mask.dtype == torch.bool:
+        return causal & mask
+    seen = mask > torch.finfo(mask.dtype).min / 2
+    if bool((mask[seen & causal] != 0).any()):
+        raise ProbeError("the layer's mask adds a bias to its scores (ALiBi or similar): QK attribution reads "
+                         "scores that are q . k alone", parameter="model")
+    return causal & seen
+
+
+ROUNDING = 4.0  # eps of the model's dtype times |q| |k| (scaled) that its projections and rotation may round off
+
+
+def _rounding(twin: _Twin, call: _Call, queries: Tensor, keys: Tensor, own_q: Tensor, own_k: Tensor,
+              scaling: float, eps: float) -> Tensor:
+    """(positions, positions): how far rounding may put the model's score from the pairs' sum. What the model
+    rounded in its stream and norm is measured: the layer's copy run on the input the layer really got gives the
+    queries and keys of that rounding (the pairs' sums are those of the exact sum of the components); what its
+    projections and rotary embedding round is bounded, ROUNDING eps * |q| |k|; and what the copy itself rounds,
+    ROUNDING eps of its dtype * sum_i |q_i| |k| (and the same of the keys)."""
+    given = call.args[0] if call.args else call.kwargs["hidden_states"]
+    read_q, read_k = twin(given.detach().double().cpu()[:1])
+    query, key = queries.sum(dim=0), keys.sum(dim=0)  # (positions, d)
+    gap_q, gap_k = read_q[0, twin.head] - query, read_k[0, twin.kv_head] - key
+    measured = (gap_q @ own_k.T).abs() + (query @ gap_k.T).abs()
+    q_norm, k_norm = own_q.norm(dim=-1), own_k.norm(dim=-1)
+    rest = ROUNDING * eps * q_norm[:, None] * k_norm[None, :]
+    copy = ROUNDING * torch.finfo(twin.dtype).eps * (queries.norm(dim=-1).sum(dim=0)[:, None] * k_norm[None, :]
+                                                     + q_norm[:, None] * keys.norm(dim=-1).sum(dim=0)[None, :])
+    return scaling * (measured + rest + copy)
+
+
+@dataclass
+class _View:
+    """One view's running sums: pairs (components, components), the model's own score, the check."""
+
+    pairs: Tensor
+    own: float = 0.0
+    points: int = 0
+    residual: float = 0.0
+    bound: float = 0.0
+
+    def add(self, queries: Tensor, keys: Tensor, own: Tensor, scaling: float, bound: Tensor) -> None:
+        """Points' queries (components, points, d) and keys (the same), their model's own scores (points,)."""
+        if own.numel() == 0:
+            return
+        self.pairs += scaling * queries.flatten(1) @ keys.flatten(1).T
+        made = (queries.sum(dim=0) * keys.sum(dim=0)).sum(dim=-1) * scaling
+        self.residual = max(self.residual, float((made - own).abs().max()))
+        self.bound = max(self.bound, float(bound.max()))
+        self.own += float(own.sum())
+        self.points += own.numel()
+
+    def check(self, what: str, dtype: str) -> None:
+        if self.residual > max(self.bound, 1e-9):
+            raise ProbeError(f"the pairs of {what} do not sum to the model's own score: off by up to "
+                             f"{self.residual:.3g}, more than its {dtype} rounding allows ({self.bound:.3g}); this "
+                             "model computes its queries or keys in a way QK attribution does not decompose",
+                             parameter="model")
+
+
+@dataclass
+class _Target:
+    """The head read, and what every row's run needs of the model."""
+
+    loaded: LoadedModel
+    structure: Structure
+    layer: Any  # AttentionLayer
+    head: int
+    kv_head: int
+    block: int
+    norm: nn.Module | None
+    positions: nn.Module | None
+
+
+def _run_row(target: _Target, ids: Tensor) -> tuple[Recording, _Call]:
+    """One forward of one row, every write into the stream recorded at every position, the layer's call kept."""
+    n = ids.shape[0]
+    zeros = torch.zeros(n, dtype=torch.long)
+    recording = Recording(Targets(zeros, torch.arange(n), zeros), per_position=False)
+    call = _Call()
+    model = target.loaded.model
+    try:
+        with record_writes(target.structure, recording), _watch_call(target.layer, target.positions, call,
+                                                                       recording.at), \
+                attention_hooks(model, points={"z": recording.edit_heads}), \
+                attention_hooks(model, layers={target.layer.index}, points={"inputs": _keep_inputs(call)}):
+            run_model(model, ids[None].to(_device(model)), logits=False)
+    except _Stop:  # the layers after the head's are not run
+        pass
+    if call.inputs is None:
+        raise ProbeError(f"attention layer {target.layer.index} did not run through transformers' attention "
+                         "interface: QK attribution cannot read its queries and keys", parameter="model")
+    return recording, call
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _row_points(rule: KeyRule | None, at: tuple[int, int] | None, ids: Tensor,
+                scores: Tensor) -> tuple[Tensor, Tensor]:
+    """(queries, keys) read on this row: the explicit (query, key), or the rule's key for every query."""
+    n = ids.shape[0]
+    if at is not None:
+        query, key = at
+        inside = query < n and 0 <= key <= query and bool(torch.isfinite(scores[query, key]))
+        return (torch.tensor([query]), torch.tensor([key])) if inside else (torch.zeros(0, dtype=torch.long),) * 2
+    assert rule is not None
+    keys = rule.keys(ids, scores)
+    queries = torch.arange(n)
+    keep = keys >= 0
+    keep[keep.clone()] = torch.isfinite(scores[queries[keep], keys[keep]])
+    return queries[keep], keys[keep]
+
+
+def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at: tuple[int, int] | None,
+             views: dict[str, _View]) -> list[Component]:
+    """One row's forward, its components' queries and keys, their pairs added to the views."""
+    recording, call = _run_row(target, ids)
+    assert call.inputs is not None
+    inputs, n = call.inputs, ids.shape[0]
+    stream = recording.block_in[target.block]
+    names, queries, keys = project(twin.called_as(call.args, call.kwargs), _frozen(target.norm, stream.double().cpu()),
+                                   _components(target.structure, recording, target.block, call.positions), stream)
+    scaling = float(inputs.scaling)
+    own_q = inputs.query[0, target.head].detach().double().cpu()
+    own_k = inputs.key[0, target.kv_head].detach().double().cpu()
+    valid = _valid_keys(inputs, n)
+    scores = (own_q @ own_k.T * scaling).masked_fill(~valid, float("-inf"))
+    rows, cols = _row_points(rule, at, ids, scores)
+    bound = _rounding(twin, call, queries, keys, own_q, own_k, scaling, torch.finfo(inputs.query.dtype).eps)
+    views.setdefault("score", _View(queries.new_zeros(len(names), len(names))))
+    views["score"].add(queries[:, rows], keys[:, cols], scores[rows, cols], scaling, bound[rows, cols])
+    others = valid[rows].clone()
+    others[torch.arange(len(rows)), cols] = False
+    count = others.sum(dim=-1)
+    keep = count > 0
+    rows, cols, others, count = rows[keep], cols[keep], others[keep].double(), count[keep].double()
+    mean_keys = (others @ keys.transpose(0, 1).flatten(1)).view(len(rows), *keys.shape[::2]) / count[:, None, None]
+    contrast_keys = keys[:, cols] - mean_keys.transpose(0, 1)
+    own_others = (others * scores[rows].nan_to_num(neginf=0.0)).sum(dim=-1) / count
+    views.setdefault("contrast", _View(queries.new_zeros(len(names), len(names))))
+    views["contrast"].add(queries[:, rows], contrast_keys, scores[rows, cols] - own_others, scaling,
+                          bound[rows, cols] + (others * bound[rows]).sum(dim=-1) / count)
+    return names
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the result
+
+
+def _target(loaded: LoadedModel, head: tuple[int, int]) -> _Target:
+    try:
+        structure = model_structure(loaded.model)
+    except ProbeError as error:  # its words are DLA's; the reason holds for QK attribution too
+        raise ProbeError(f"QK attribution reads the residual stream as direct logit attribution does: {error}",
+                         parameter="model") from None
+    layer_index, head_index = head
+    if not 0 <= layer_index < len(structure.layers):
+        raise ProbeError(f"layer {layer_index} is out of range: the model has {len(structure.layers)} attention "
+                         f"layers (0-{len(structure.layers) - 1})", parameter="head")
+    layer = structure.layers[layer_index]
+    if not 0 <= head_index < layer.n_heads:
+        raise ProbeError(f"head {head_index} is out of range: layer {layer_index} has {layer.n_heads} heads "
+                         f"(0-{layer.n_heads - 1})", parameter="head")
+    _refuse_layer(loaded.model, layer)
+    _, norm = _named_child(_parent(loaded.model, layer.module), PRE_ATTENTION_NORMS)
+    return _Target(loaded, structure, layer, head_index, head_index // (layer.n_heads // layer.n_kv_heads),
+                   structure.blocks.of_layer[layer_index], norm, _position_module(loaded.model))
+
+
+def qk_attribution(loaded: LoadedModel, ids: Tensor, head: tuple[int, int], *, mask: Tensor | None = None,
+                   at: str = "attended", query: int | None = None, key: int | None = None, source: str = "",
+                   progress: Progress | None = None) -> QKAttribution:
+    """The head's pre-softmax scores on the rows of `ids` (right-padded under `mask`), each split into pairs of
+    query-side and key-side components (module docstring), averaged over the points read: every query at the key of
+    rule `at` (`KEY_RULES`), or the one (`query`, `key`) of each row that has both. Also the contrast: the score of
+    that key minus the mean score of the query's other keys, split the same way."""
+    if (query is None) != (key is None):
+        raise ProbeError("give both query and key (positions), or neither", parameter="query")
+    if query is not None and key is not None and not 0 <= key <= query:
+        raise ProbeError(f"key {key} must lie in 0..query ({query}): a causal head's query sees earlier keys only",
+                         parameter="key")
+    rule = None if query is not None else KEY_RULES.get(at)
+    if query is None and rule is None:
+        raise ProbeError(f"no key rule {at!r}; the rules are {', '.join(KEY_RULES)}", parameter="at")
+    target = _target(loaded, head)
+    lengths = (torch.full((ids.shape[0],), ids.shape[1]) if mask is None else mask.bool().sum(dim=1)).tolist()
+    views: dict[str, _View] = {}
+    names: list[Component] = []
+    report = progress or (lambda done, total: None)
+    parameters = next(loaded.model.parameters())
+    twin = make_twin(target.layer.module, torch.float64 if parameters.dtype == torch.float64 else torch.float32,
+                     target.head, target.kv_head, target.layer.head_dim)
+    with torch.no_grad():
+        for row, length in enumerate(lengths):
+            names = _add_row(target, twin, ids[row, :length].cpu(), rule, None if query is None else (query, key or 0),
+                             views)
+            report(row + 1, len(lengths))
+    if not views or views["score"].points == 0:
+        raise ProbeError("no (query, key) point to read: every row is shorter than the query position, or the rule "
+                         "finds no key", parameter="query" if query is not None else "at")
+    dtype = model_dtype(loaded)
+    head_name = f"{head[0]}.{head[1]}"
+    views["score"].check(f"head {head_name}'s scores", dtype)
+    views["contrast"].check(f"head {head_name}'s contrasts", dtype)
+    rule_name = "positions" if rule is None else rule.name
+    return QKAttribution(loaded.name, head[0], head[1], target.kv_head, source, rule_name, query, key, names,
+                         views["score"], views["contrast"], target.layer.n_heads, len(target.structure.layers),
+                         dtype)
+
+
+@dataclass
+class QKAttribution:
+    """A head's scores split into pairs of components, mean over the points read (float64 sums of the model's
+    values); `pairs(view)` is (query-side components, key-side components), rows summing to the query side's
+    marginal."""
+
+    model: str
+    layer: int
+    head: int
+    kv_head: int
+    source: str
+    rule: str  # a KEY_RULES name, or "positions" (query and key given)
+    query: int | None
+    key: int | None
+    components: list[Component]
+    score: _View
+    contrast: _View
+    n_heads: int
+    n_layers: int
+    dtype: str = "float32"
+
+    def pairs(self, view: str = "score") -> Tensor:
+        """(components, components) float64: the mean contribution of (query-side i, key-side j)."""
+        chosen = self.score if view == "score" else self.contrast
+        return chosen.pairs / max(chosen.points, 1)
+
+    def key_side(self, view: str = "score") -> Tensor:
+        """(components,) each key-side component's contribution, every query-side component summed."""
+        return self.pairs(view).sum(dim=0)
+
+    def query_side(self, view: str = "score") -> Tensor:
+        return self.pairs(view).sum(dim=1)
+
+    def top_key_components(self, count: int = 3, view: str = "score") -> list[str]:
+        """The key-side components of largest contribution (signed: what raises the score most), largest first."""
+        order = self.key_side(view).argsort(descending=True)[:count]
+        return [self.components[int(index)].name for index in order]
+
+    def _view(self, name: str) -> dict[str, Any]:
+        chosen = self.score if name == "score" else self.contrast
+        pairs = self.pairs(name)
+        flat = pairs.flatten().abs().argsort(descending=True)[:TOP_PAIRS]
+        size = pairs.shape[1]
+        top = [{"query": int(index) // size, "key": int(index) % size, "value": float(pairs.flatten()[index])}
+               for index in flat if float(pairs.flatten()[index]) != 0.0]
+        query_side, key_side = pairs.sum(dim=1), pairs.sum(dim=0)
+        return {"model_score": chosen.own / max(chosen.points, 1), "sum": float(pairs.sum()),
+                "points": chosen.points, "max_residual": chosen.residual, "rounding_bound": chosen.bound,
+                "query": query_side.tolist(), "key": key_side.tolist(), "top_pairs": top,
+                "groups": {"kind": self._groups(query_side, key_side, "group"),
+                           "layer": self._groups(query_side, key_side, "layer_group")},
+                "matrix": pairs.tolist()}
+
+    def _groups(self, query_side: Tensor, key_side: Tensor, attribute: str) -> list[dict[str, Any]]:
+        groups: dict[str, list[float]] = {}
+        for component, q, k in zip(self.components, query_side.tolist(), key_side.tolist()):
+            sums = groups.setdefault(getattr(component, attribute), [0.0, 0.0])
+            sums[0] += q
+            sums[1] += k
+        return [{"group": name, "query": q, "key": k} for name, (q, k) in groups.items()]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain payload: the components, and per view (score, contrast) the model's own mean, the pairs' sum and
+        the check, each side's marginals, the top pairs, the grouped views and the whole pair matrix."""
+        return {"model": self.model, "layer": self.layer, "head": self.head, "kv_head": self.kv_head,
+                "n_layers": self.n_layers, "n_heads": self.n_heads, "source": self.source, "rule": self.rule,
+                "query": self.query, "key": self.key, "dtype": self.dtype,
+                "components": [component.to_dict() for component in self.components],
+                "views": {"score": self._view("score"), "contrast": self._view("contrast")}}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per (query-side, key-side) pair: the qk schema's columns (a layer or head of
+        -1 where the component has none). Needs pandas."""
+        return frame(pair_rows(self.to_dict()))
+
+
+def pair_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (query-side, key-side) component pair of a payload: its names, kinds, integer layers and heads
+    (-1 where none), and its mean contribution to the score and to the contrast."""
+    components = payload["components"]
+    score, contrast = payload["views"]["score"]["matrix"], payload["views"]["contrast"]["matrix"]
+    rows = []
+    for i, query in enumerate(components):
+        for j, key in enumerate(components):
+            rows.append({"query": query["name"], "query_kind": query["kind"], "query_layer": _int(query["layer"]),
+                         "query_head": _int(query["head"]), "key": key["name"], "key_kind": key["kind"],
+                         "key_layer": _int(key["layer"]), "key_head": _int(key["head"]),
+                         "score": score[i][j], "contrast": contrast[i][j]})
+    return rows
+
+
+def _int(value: int | None) -> int:
+    return -1 if value is None else value
