@@ -39,7 +39,7 @@ from probe.frames import frame
 from probe.hooks.capture import attention_hooks
 from probe.hooks.restore import interrupts_deferred, restoring
 from probe.hooks.run import run_model
-from probe.hooks.types import AttentionInputs
+from probe.hooks.types import AttentionInputs, HookContext
 from probe.models import LoadedModel
 from probe.progress import Progress
 from probe.provenance import model_dtype
@@ -382,8 +382,8 @@ class _Stop(Exception):
     """Raised once the head's layer has its queries and keys: later layers are not needed."""
 
 
-def _keep_inputs(call: _Call) -> Callable[[int, AttentionInputs], AttentionInputs]:
-    def keep(_layer: int, inputs: AttentionInputs) -> AttentionInputs:
+def _keep_inputs(call: _Call) -> Callable[[AttentionInputs, HookContext], AttentionInputs]:
+    def keep(inputs: AttentionInputs, _ctx: HookContext) -> AttentionInputs:
         call.inputs = inputs
         raise _Stop
     return keep
