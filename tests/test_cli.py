@@ -153,7 +153,8 @@ def test_every_output_file_is_written_by_a_rename(tmp_path: Path, capsys, monkey
     code, _, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, *(x for pair in outputs.items()
                                                                        for x in map(str, pair))], capsys, monkeypatch)
     assert code == 0, stderr
-    assert sorted(path for path in renamed if path.parent == tmp_path) == sorted(outputs.values())
+    written = [*outputs.values(), tmp_path / "sweep.provenance.json"]  # the CSV's provenance beside it
+    assert sorted(path for path in renamed if path.parent == tmp_path) == sorted(written)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
 
@@ -163,12 +164,12 @@ def test_csv_rows_as_csv(tmp_path: Path) -> None:
                    groups=[[(0, 0), (1, 1)]])
     write_csv(tmp_path / "r.csv", result.csv_rows())
     text = (tmp_path / "r.csv").read_text(encoding="utf-8")
-    assert text.splitlines()[0] == ("heads,layer,head,loss,delta,first_repeat_loss,first_repeat_delta,"
+    assert text.splitlines()[0] == ("name,loss,delta,first_repeat_loss,first_repeat_delta,"
                                     "second_repeat_loss,second_repeat_delta,mean_delta,max_sequence_delta,"
-                                    "p99_token_delta,max_token_delta,specificity")
+                                    "p99_token_delta,max_token_delta,specificity")  # a group: no layer, head
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert [row["heads"] for row in rows] == [row["heads"] for row in result.csv_rows()]
-    assert "L0H0+L1H1" in [row["heads"] for row in rows]
+    assert [row["name"] for row in rows] == [row["name"] for row in result.csv_rows()]
+    assert "L0H0+L1H1" in [row["name"] for row in rows]
     assert [float(row["delta"]) for row in rows] == [row["delta"] for row in result.csv_rows()]
 
 

@@ -187,9 +187,9 @@ def test_every_head_table_names_heads_apart_from_numbers(tmp_path: Path) -> None
                  "feeders": [{"layer": 0, "head": head, "k_composition": 0.5, "rank_in_layer": 1,
                               "previous_token": 0.5} for head in range(12)]}]})}
     for name, table in rows.items():
-        frames[name] = pandas.read_csv(write_csv(tmp_path / f"{name}.csv", table), comment="#")
+        frames[name] = pandas.read_csv(write_csv(tmp_path / f"{name}.csv", table))
     for name, frame in frames.items():
-        column, layer, head = ("feeder", "feeder_layer", "feeder_head") if name == "circuits" else (
+        column, layer, head = ("feeder_name", "feeder_layer", "feeder_head") if name == "circuits" else (
             "name", "layer", "head")
         assert frame[column].nunique() == len(frame) and not any(_is_number(text) for text in frame[column]), name
         assert str(frame[layer].dtype) == "int64" and str(frame[head].dtype) == "int64", name

@@ -183,7 +183,7 @@ def test_cli_end_to_end(tmp_path, capsys, monkeypatch):
     assert payload["syntactic"][0]["layer"] == 0 and payload["syntactic"][0]["head"] == 0
     obj = next(e for e in payload["relations"] if e["relation"] == "obj")
     assert obj["best"][0] == {"layer": 0, "head": 0, "accuracy": 1.0, "margin": round(1.0 - obj["baseline"], 4)}
-    rows = list(csv.DictReader(line for line in out["csv"].open() if not line.startswith("#")))  # provenance line
+    rows = list(csv.DictReader(out["csv"].open()))
     assert len(rows) == len(payload["relations"]) * 4
     assert "Universal Dependencies" in stdout and "obj" in stdout and "0.0" in stdout
     grid = stdout[stdout.index("Overview, layer x head"):].splitlines()
