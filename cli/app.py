@@ -128,7 +128,7 @@ FLAGS = {
     "icl_positions": "--icl-positions", "min_rise": "--min-rise", "scores": "--threshold",
     "order_by": "--order", "max_loss_increase": "--max-loss-increase", "curve_texts": "--curve-texts",
     "results_dir": "--results", "task_count": "--count", "fast": "--fast",
-    "alphas": "--scale", "alpha": "--scale", "target_words": "--target-words", "prompt": "--generate",
+    "alphas": "--alpha", "alpha": "--alpha", "target_words": "--target-words", "prompt": "--generate",
     "max_new_tokens": "--max-new-tokens",
     "score": "--score", "group": "--group", "top_k": "--top",
 }
