@@ -570,3 +570,16 @@ def test_a_head_has_one_short_and_one_long_name(capsys, monkeypatch) -> None:
     assert column_label(18, 6) == "L18H6" and column_label(3, 1, ["enc0"] * 3 + ["x3"]) == "x3.1"
     other_forms = re.compile(r"""["'(]L["'{+]|\bL\{|H\{|["'] ?H["']|Layer \{|head \{[^}]*\}, layer""")
     assert [path.name for path in sources if other_forms.search(path.read_text(encoding="utf-8"))] == []
+
+
+def test_help_at_80_columns_cuts_no_option_name(capsys, monkeypatch) -> None:
+    """A terminal of 80 columns shows every option's whole name: rich shortens a name column ('--trust-remote-co…')
+    when the columns beside it cannot give way."""
+    from probe.cli.reference import command_names
+
+    monkeypatch.setenv("COLUMNS", "80")
+    for name in command_names():
+        code, stdout, _ = run_cli([name, "--help"], capsys, monkeypatch)
+        assert code == 0, name
+        cut = [line for line in stdout.splitlines() if re.match(r"│ *-", line) and "…" in line]
+        assert cut == [], (name, cut)

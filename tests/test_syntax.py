@@ -277,6 +277,18 @@ def test_without_spacy_parsing_is_one_clear_error(monkeypatch):
         parse_text("The cat sat on the mat.")
 
 
+def test_the_command_without_spacy_says_how_to_install_it_and_names_conllu(capsys, monkeypatch):
+    import sys
+
+    from conftest import run_cli
+
+    monkeypatch.setitem(sys.modules, "spacy", None)
+    monkeypatch.setattr("probe.cli.syntax.load", lambda *args: pytest.fail("the model loads before the refusal"))
+    code, _, stderr = run_cli(["syntax", "--model", "tests/planted_syntax.py:planted_pair"], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "pip install 'probe-heads[syntax]'" in stderr and "--conllu FILE" in stderr and "(conllu)" not in stderr
+
+
 def test_a_margin_of_exactly_the_threshold_is_not_syntactic():
     from probe.syntax.result import SyntaxResult
     from probe.syntax.scores import RelationTally
