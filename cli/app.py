@@ -21,7 +21,7 @@ from probe.cli import (ablate, atlas, circuits, classify, compare, dla, heatmap,
 from probe.cli.allocator import keep_freed_buffers
 from probe.cli.checks import check_before_loading
 from probe.cli.outputs import forget_provenance, remember_parameters
-from probe.cli.progress import set_quiet, warn
+from probe.cli.progress import Interrupted, set_quiet, warn
 from probe.errors import ProbeError
 from probe.provenance import DISTRIBUTION, version_of
 
@@ -164,7 +164,7 @@ EXITS: tuple[tuple[type[BaseException], int | None, Describe, bool], ...] = (
     (typer.Exit, None, lambda error: None, False),  # --help and the like
     (typer.TyperException, None, lambda error: _usage_line(error), False),  # usage errors: their own code, 2
     (typer.Abort, INTERRUPTED, lambda error: "interrupted", False),
-    (KeyboardInterrupt, INTERRUPTED, lambda error: "interrupted", False),
+    (KeyboardInterrupt, INTERRUPTED, lambda error: str(error) or "interrupted", False),  # cli.progress.Interrupted
     (Exception, 1, lambda error: f"{_rank_prefix()}error: {type(error).__name__}: {error} (run with --debug for the "
                                  "traceback)", True),
 )
@@ -243,6 +243,6 @@ def main() -> None:
     finally:
         forget_provenance()
     if outcome == INTERRUPTED:  # typer turns Ctrl-C into an exit code, returned rather than raised
-        _exit(KeyboardInterrupt())
+        _exit(Interrupted.take())
     if isinstance(outcome, int) and outcome:
         sys.exit(outcome)

@@ -21,7 +21,7 @@ from probe.cli.ablate import (Data, Heads, Results, Resume, Stack, check_heads_s
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode)
 from probe.cli.outputs import check_distinct, check_outputs, save, save_json, warn_non_finite
-from probe.cli.progress import console, status, sweep_progress, warn
+from probe.cli.progress import Interrupted, console, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
@@ -147,8 +147,8 @@ def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None,
                                   data=_data_file(request), progress=update, on_result=on_result)
     except KeyboardInterrupt:
         if show:
-            warn(f"interrupted: {finished_count(stream)} finished head(s) are saved in {stream}; run the same "
-                 "command with --resume to continue")
+            raise Interrupted(f"interrupted; {finished_count(stream)} finished head(s) saved in {stream}: run the "
+                              "same command with --resume to continue") from None
         raise
     return None if swept is None else find_result(loaded, swept, alpha, metric)
 
