@@ -136,20 +136,20 @@ def twelve_heads(tmp_path: Path) -> str:
 
 def test_head_names_survive_a_pandas_round_trip(tmp_path: Path, capsys, monkeypatch) -> None:
     """pandas reads a column of `0.1`, `0.10` as floats, one value: every head keeps its own name, and integer
-    layer and head columns, in the CSV the docs tell users to read with `read_csv(path, comment="#")`."""
+    layer and head columns, in a CSV plain `read_csv(path)` reads."""
     import pandas
 
     out = tmp_path / "t.csv"
     code, _, stderr = run_cli(["-q", "ablate", "-m", twelve_heads(tmp_path), "--data", "repeated", "--repeat-len",
                                "6", "--num-seqs", "2", "--csv", str(out)], capsys, monkeypatch)
     assert code == 0, stderr
-    frame = pandas.read_csv(out, comment="#")
-    assert len(frame) == 24 and frame["heads"].nunique() == 24
-    assert not pandas.api.types.is_numeric_dtype(frame["heads"])
-    assert not any(_is_number(name) for name in frame["heads"])
+    frame = pandas.read_csv(out)
+    assert len(frame) == 24 and frame["name"].nunique() == 24
+    assert not pandas.api.types.is_numeric_dtype(frame["name"])
+    assert not any(_is_number(name) for name in frame["name"])
     assert str(frame["layer"].dtype) == "int64" and str(frame["head"].dtype) == "int64"
     assert sorted(zip(frame["layer"], frame["head"])) == [(layer, head) for layer in range(2) for head in range(12)]
-    named = dict(zip(frame["heads"], zip(frame["layer"], frame["head"])))
+    named = dict(zip(frame["name"], zip(frame["layer"], frame["head"])))
     assert named["L0H1"] == (0, 1) and named["L0H10"] == (0, 10)
 
 
@@ -393,7 +393,7 @@ def test_the_outputs_people_expect(tmp_path: Path, capsys, monkeypatch) -> None:
     code, _, stderr = run_cli(["classify", "-m", planted, "--num-seqs", "2", "--seq-len", "16", "--repeat-len", "8",
                                "--csv", str(table)], capsys, monkeypatch)
     assert code == 0, stderr
-    frame = pandas.read_csv(table, comment="#")
+    frame = pandas.read_csv(table)
     assert list(frame.columns[:3]) == ["layer", "head", "name"] and len(frame) == 8
     induction = frame[frame["name"] == "L1H1"].iloc[0]
     assert induction["induction"] > 0.8 and "induction" in induction["labels"]
