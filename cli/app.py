@@ -235,6 +235,7 @@ def _options(
 def main() -> None:
     """Entry point: run the app; a failure becomes one line on stderr and the exit code EXITS gives it."""
     keep_freed_buffers()
+    Interrupted.take()  # an earlier run's in this process (tests, a notebook) is not this one's
     try:
         outcome = app(standalone_mode=False)
     except (Exception, KeyboardInterrupt) as error:
