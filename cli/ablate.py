@@ -19,7 +19,7 @@ import typer
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json, warn_non_finite
-from probe.cli.progress import console, note, status, sweep_progress, warn
+from probe.cli.progress import Interrupted, console, note, status, sweep_progress
 from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
 from probe.ablation.methods import AblationMethod, build_method
 from probe.hooks.layers import attention_layers
@@ -268,8 +268,8 @@ def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None
                                    resume=resume, data=request.data_file, progress=update, on_result=on_result)
     except KeyboardInterrupt:
         if show:
-            warn(f"interrupted: {finished_count(stream)} finished ablation(s) are saved in {stream}; run the same "
-                 "command with --resume to continue")
+            raise Interrupted(f"interrupted; {finished_count(stream)} finished ablation(s) saved in {stream}: run the "
+                              "same command with --resume to continue") from None
         raise
     if show and done_before:
         note(f"resumed: {done_before} ablation(s) read from {stream}")

@@ -21,7 +21,7 @@ from probe.cli import (ablate, atlas, circuits, classify, compare, dla, heatmap,
 from probe.cli.allocator import keep_freed_buffers
 from probe.cli.checks import check_before_loading
 from probe.cli.outputs import forget_provenance, remember_parameters
-from probe.cli.progress import set_quiet, warn
+from probe.cli.progress import Interrupted, set_quiet, warn
 from probe.errors import ProbeError
 from probe.provenance import DISTRIBUTION, version_of
 
@@ -128,7 +128,7 @@ FLAGS = {
     "icl_positions": "--icl-positions", "min_rise": "--min-rise", "scores": "--threshold",
     "order_by": "--order", "max_loss_increase": "--max-loss-increase", "curve_texts": "--curve-texts",
     "results_dir": "--results", "task_count": "--count", "fast": "--fast",
-    "alphas": "--scale", "alpha": "--scale", "target_words": "--target-words", "prompt": "--generate",
+    "alphas": "--alpha", "alpha": "--alpha", "target_words": "--target-words", "prompt": "--generate",
     "max_new_tokens": "--max-new-tokens",
     "score": "--score", "group": "--group", "top_k": "--top",
     "head": "--head", "at": "--at", "query": "--query", "key": "--key",
@@ -165,7 +165,7 @@ EXITS: tuple[tuple[type[BaseException], int | None, Describe, bool], ...] = (
     (typer.Exit, None, lambda error: None, False),  # --help and the like
     (typer.TyperException, None, lambda error: _usage_line(error), False),  # usage errors: their own code, 2
     (typer.Abort, INTERRUPTED, lambda error: "interrupted", False),
-    (KeyboardInterrupt, INTERRUPTED, lambda error: "interrupted", False),
+    (KeyboardInterrupt, INTERRUPTED, lambda error: str(error) or "interrupted", False),  # cli.progress.Interrupted
     (Exception, 1, lambda error: f"{_rank_prefix()}error: {type(error).__name__}: {error} (run with --debug for the "
                                  "traceback)", True),
 )
@@ -236,6 +236,7 @@ def _options(
 def main() -> None:
     """Entry point: run the app; a failure becomes one line on stderr and the exit code EXITS gives it."""
     keep_freed_buffers()
+    Interrupted.take()  # an earlier run's in this process (tests, a notebook) is not this one's
     try:
         outcome = app(standalone_mode=False)
     except (Exception, KeyboardInterrupt) as error:
@@ -244,6 +245,6 @@ def main() -> None:
     finally:
         forget_provenance()
     if outcome == INTERRUPTED:  # typer turns Ctrl-C into an exit code, returned rather than raised
-        _exit(KeyboardInterrupt())
+        _exit(Interrupted.take())
     if isinstance(outcome, int) and outcome:
         sys.exit(outcome)

@@ -5,6 +5,7 @@ checks the same things again later (its users call it without the CLI); the mess
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -42,11 +43,27 @@ def check_before_loading(parameters: dict[str, Any]) -> None:
             read_text_file(value, parameter=name, what=what)
         elif name == "text" and isinstance(value, str) and not value.strip():
             raise ProbeError("text is empty: give the text to look at", parameter="text")
+    check_threshold_names(parameters.get("threshold"))
     check_device(parameters.get("device"))
     model = parameters.get("model")
     if isinstance(model, str) and not parameters.get("revisions"):
         check_layers(model, parameters)  # the hub's reachability is asked at load time (cli.options.load), after
         # every command's own argument checks: those need no network
+
+
+def check_threshold_names(items: Any) -> None:
+    """`--threshold NAME=VALUE` items name head classes (probe.heads.scores SCORES): an unknown name (a typo) is
+    refused here, with the closest class, rather than after the model has loaded. Other values (compare's numbers)
+    pass."""
+    from probe.heads.scores import SCORES
+
+    for item in items if isinstance(items, list) else []:
+        name, sep, _ = item.partition("=") if isinstance(item, str) else ("", "", "")
+        if sep and name.strip() and name.strip() not in SCORES:
+            close = difflib.get_close_matches(name.strip(), list(SCORES), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise ProbeError(f"--threshold {item!r}: no head class called {name.strip()!r}; {hint}the classes are "
+                             f"{', '.join(SCORES)}")
 
 
 def _hub_id(source: str) -> bool:

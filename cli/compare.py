@@ -22,7 +22,8 @@ from probe.reports.files import stamp_outputs, write_csv, write_text
 FORMAT_LIST = "; ".join(f"{name} ({entry.convention})" for name, entry in FORMATS.items())
 
 MapA = Annotated[Path, typer.Argument(help=f"The first head map (A). Formats: {FORMAT_LIST}.", show_default=False)]
-MapB = Annotated[Path, typer.Argument(help="The second head map (B); differences are B - A.", show_default=False)]
+MapB = Annotated[Path, typer.Argument(help="The second head map (B); differences are B - A where both hold the same "
+                                      "kind of score, ranks otherwise.", show_default=False)]
 Score = Annotated[Optional[list[str]], typer.Option(
     "--score", help="The score to read from a file that holds several (probe classify: a class; probe kv-heads: "
     "retrieval, streaming, kv_retrieval, kv_streaming, duo). Once: each map that holds several (a map of one score "
@@ -37,6 +38,9 @@ Threshold = Annotated[Optional[list[float]], typer.Option(
     "--threshold", help="Label the heads above this value (instead of the files' own labels). Once: both maps; "
     "twice: A's, then B's.")]
 Top = Annotated[int, typer.Option("--top", help="Size of each map's top set whose overlap is measured.")]
+SameKind = Annotated[bool, typer.Option(
+    "--same-kind", help="Declare that A and B hold the same kind of score where a file does not say what it holds "
+    "(a tensor): B - A is then shown. Maps whose formats name different scores are compared by rank.")]
 CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
 
 
@@ -72,11 +76,12 @@ def _stamp(a: Path, b: Path) -> None:
 
 def compare(
     a: MapA, b: MapB, score: Score = None, group: Group = None, expand: Expand = False, threshold: Threshold = None,
-    top: Top = 10, json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
-    force: Force = False,
+    top: Top = 10, same_kind: SameKind = False, json_path: JsonFile = None, csv_path: CsvFile = None,
+    html_path: HtmlFile = None, force: Force = False,
 ) -> None:
-    """Compare two head maps: per-head differences (B - A), Spearman and Pearson correlation, overlap of the top
-    heads and of the labelled sets; query heads against KV heads only with --group or --expand."""
+    """Compare two head maps: per-head differences (B - A) where both hold the same kind of score (else ranks),
+    Spearman and Pearson correlation, overlap of the top heads and of the labelled sets; query heads against KV
+    heads only with --group or --expand."""
     score_a, score_b = _pair(score, "--score")
     threshold_a, threshold_b = _pair(threshold, "--threshold")
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
@@ -84,9 +89,11 @@ def compare(
     first, second = _read(a, score_a, shared), _read(b, score_b, shared)  # type: ignore[arg-type]
     thresholds = None if threshold_a is None else (float(threshold_a), float(threshold_b))  # type: ignore[arg-type]
     try:
-        payload = compare_maps(first, second, top_k=top, group=group, expand=expand, threshold=thresholds).to_dict()
-    except ProbeError as error:  # the library names its parameters; the other conversion is a flag here too
-        raise ProbeError(str(error).replace(" or expand ", " or --expand "), parameter=error.parameter) from None
+        payload = compare_maps(first, second, top_k=top, group=group, expand=expand, threshold=thresholds,
+                               same_kind=same_kind).to_dict()
+    except ProbeError as error:  # the library names its parameters; these are flags here too
+        message = str(error).replace(" or expand ", " or --expand ").replace("drop same_kind", "drop --same-kind")
+        raise ProbeError(message, parameter=error.parameter) from None
     _stamp(a, b)
     save_json(json_path, payload, "compare")
     save(csv_path, lambda path: write_csv(path, compare_rows(payload)))

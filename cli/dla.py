@@ -10,7 +10,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from probe.ablation import parse_heads
 from probe.ablation.heads import Head
+from probe.cli.ablate import check_heads_syntax
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                OffloadFolder, Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
@@ -18,6 +20,7 @@ from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import CONTRAST_TASKS, ContrastSet, ProbeOptions, build_probe_set
 from probe.dla import logit_attribution
 from probe.errors import ProbeError
+from probe.hooks.layers import attention_layers
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.reports.dla import dla_page, dla_report, dla_rows
 from probe.reports.files import write_csv, write_text
@@ -36,6 +39,9 @@ SelfRepairFlag = Annotated[bool, typer.Option(
     "--self-repair", help="Also ablate each head alone (one forward per head and batch): the logit difference's "
     "total change, the head's direct effect through the frozen final norm, self-repair = total - direct, and the "
     "later heads whose DLA rises to cover for it.")]
+RepairHeads = Annotated[Optional[str], typer.Option(
+    "--heads", help="With --self-repair: the heads ablated, LAYER.HEAD items, e.g. 9.1,10.7 (5.* for a layer); "
+    "default: every head. DLA itself covers every head at no extra cost.")]
 RepairMethod = Annotated[str, typer.Option(
     "--repair-method", help=f"How --self-repair ablates a head: {' or '.join(SELF_REPAIR_METHODS)} (mean: its mean "
     "output over every position of the clean prompts).")]
@@ -57,9 +63,9 @@ def self_repair_section(loaded: LoadedModel, contrast: ContrastSet, method: str,
 def dla(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, task: Task = None, pairs: Pairs = None,
     count: Count = 32, seed: Seed = 0, top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None,
-    html_path: HtmlFile = None, self_repair: SelfRepairFlag = False, repair_method: RepairMethod = "zero",
-    batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
-    offload_folder: OffloadFolder = None, force: Force = False,
+    html_path: HtmlFile = None, self_repair: SelfRepairFlag = False, heads: RepairHeads = None,
+    repair_method: RepairMethod = "zero", batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32",
+    device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
     """Direct logit attribution: each head's share of logit(answer) - logit(distractor) at the last prompt position
     of the clean prompts, through the final norm frozen; the shares of every component sum to the model's own."""
@@ -68,13 +74,17 @@ def dla(
     if top < 1:
         raise ProbeError(f"--top must be at least 1, got {top}")
     check_repair_method(repair_method)
+    if heads is not None and not self_repair:
+        raise ProbeError("--heads chooses the heads --self-repair ablates: add --self-repair (DLA covers every head)")
+    check_heads_syntax(heads)
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    chosen = None if heads is None else parse_heads(heads, attention_layers(loaded.model))  # before any work
     contrast = build_probe_set("contrast", loaded, ProbeOptions(task=task, pairs=pairs, num_seqs=count, seed=seed))
     with status(f"attributing {len(contrast)} pairs ..."):
         payload = logit_attribution(loaded, contrast, batch_size=batch_size).to_dict()
     if self_repair:
-        payload["self_repair"] = self_repair_section(loaded, contrast, repair_method, None, batch_size)
+        payload["self_repair"] = self_repair_section(loaded, contrast, repair_method, chosen, batch_size)
     warn_non_finite(payload)
     save_json(json_path, payload, "dla")
     save(csv_path, lambda path: write_csv(path, dla_rows(payload)))

@@ -45,9 +45,10 @@ StreamingThreshold = Annotated[Optional[float], typer.Option(
     "--streaming-threshold", help="Full where the KV head's streaming score (min over its group) is below this.")]
 Curve = Annotated[bool, typer.Option("--curve/--no-curve", help="Check the order: stream k = 0 .. all KV heads.")]
 Steps = Annotated[int, typer.Option("--steps", help="Points of the curve (k from 0 to all KV heads).")]
-StopRandom = Annotated[bool, typer.Option(
-    "--stop-random/--every-random-point", help="Stop a random order's curve at its first point the budget's rule "
-    "refuses where probe's order is kept (it is clearly below there); --every-random-point measures them all.")]
+EveryRandomPoint = Annotated[bool, typer.Option(
+    "--every-random-point", help="Measure every point of the random orders' curves. By default a random order's "
+    "curve stops at its first point the budget's rule refuses where probe's order is kept (it is clearly below "
+    "there).")]
 RandomSeeds = Annotated[str, typer.Option("--random-seeds", help="Seeds of the random orders, comma-separated.")]
 CurveTexts = Annotated[int, typer.Option("--curve-texts", help="Natural-text sequences the curve's loss is read on.")]
 Data = Annotated[Optional[Path], typer.Option("--data", help="UTF-8 text for the curve's loss (default: embedded).")]
@@ -131,8 +132,8 @@ def kv_heads(
     sink: Sink = KV_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
     retrieval_threshold: RetrievalThreshold = None, streaming_threshold: StreamingThreshold = None,
     max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE, order: Order = "retrieval",
-    curve: Curve = True, steps: Steps = 5, random_seeds: RandomSeeds = "0,1", stop_random: StopRandom = True,
-    curve_texts: CurveTexts = 2,
+    curve: Curve = True, steps: Steps = 5, random_seeds: RandomSeeds = "0,1",
+    every_random_point: EveryRandomPoint = False, curve_texts: CurveTexts = 2,
     data: Data = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None, html_path: HtmlFile = None,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
@@ -149,7 +150,7 @@ def kv_heads(
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,
                               max_loss_increase=max_loss_increase, order_by=order,
                               streaming_threshold=streaming_threshold, curve=curve, steps=steps,
-                              random_seeds=seeds, stop_random=stop_random, curve_texts=curve_texts,
+                              random_seeds=seeds, stop_random=not every_random_point, curve_texts=curve_texts,
                               data=None if data is None else str(data), seed=seed, progress=update)
     payload = result.to_dict()
     save_json(json_path, payload, "kv-heads")

@@ -11,8 +11,8 @@ from typing import Any
 from probe.cli.progress import note, warn
 from probe.errors import ProbeError
 from probe.models import LoadedModel
-from probe.provenance import command_line, provenance
-from probe.reports.files import check_writable, non_finite_heads, stamp_outputs, write_json
+from probe.provenance import command_line, provenance, utc_now
+from probe.reports.files import check_writable, non_finite_heads, provenance_path, stamp_outputs, write_json
 from probe.schemas import header
 
 SHOWN_HEADS = 10  # heads named in the non-finite warning
@@ -34,7 +34,11 @@ def check_distinct(files: dict[str, Path | None]) -> None:
 
 
 def check_outputs(files: dict[str, Path | None], *, force: bool) -> None:
-    """Before any work: the outputs are distinct, and none replaces an existing file without `force`."""
+    """Before any work: the outputs are distinct, and none replaces an existing file without `force`; a CSV file's
+    provenance sidecar (reports.files.provenance_path) counts as an output of its own."""
+    csv_path = files.get("--csv")
+    if csv_path is not None:
+        files = {**files, "--csv (its provenance)": provenance_path(csv_path)}
     check_distinct(files)
     for path in files.values():
         if path is not None:
@@ -75,9 +79,16 @@ def remember_parameters(parameters: dict[str, Any]) -> None:
 
 def record_provenance(loaded: LoadedModel) -> None:
     """Every file this command writes from now on records what produced it: the model (hashed), versions, dtype,
-    device, the command line, the seed (the command's --seed, where it has one) and the time."""
+    device, the command line, the seed (the command's --seed, where it has one) and the time the model was loaded.
+    Made when the first file is written: a run that writes none never hashes the model."""
     seed = _command.get("seed")
-    stamp_outputs(provenance(loaded, seed=seed if isinstance(seed, int) else None, command=command_line()))
+    command, loaded_at = command_line(), utc_now()
+
+    def made() -> dict[str, Any]:
+        return provenance(loaded, seed=seed if isinstance(seed, int) else None, command=command) | {
+            "timestamp_utc": loaded_at}
+
+    stamp_outputs(made)
 
 
 def forget_provenance() -> None:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from typing import IO, Any, TextIO
+from typing import IO, Any, ClassVar, TextIO
 
 from rich.console import Console
 from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
@@ -58,6 +58,25 @@ def note(message: str) -> None:
     """One plain line on stderr (no rich markup: paths and model names are printed as they are); none with -q."""
     if not _state["quiet"]:
         _say(message)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, after a command saved what had finished: its message is the one line the command line prints
+    ("interrupted; ... saved in X"), where a bare KeyboardInterrupt prints "interrupted" alone. typer turns any
+    Ctrl-C into exit code 130 and drops the exception: `take()` hands the entry point the last one raised."""
+
+    _last: ClassVar[list[Interrupted]] = []
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        Interrupted._last[:] = [self]
+
+    @classmethod
+    def take(cls) -> KeyboardInterrupt:
+        """The last Interrupted raised (forgotten now), or a bare KeyboardInterrupt."""
+        last = cls._last[:1]
+        cls._last.clear()
+        return last[0] if last else KeyboardInterrupt()
 
 
 def warn(message: str) -> None:

@@ -21,7 +21,7 @@ from probe.cli.ablate import (Data, Heads, Results, Resume, Stack, check_heads_s
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
                                ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode)
 from probe.cli.outputs import check_distinct, check_outputs, save, save_json, warn_non_finite
-from probe.cli.progress import console, status, sweep_progress, warn
+from probe.cli.progress import Interrupted, console, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
@@ -34,11 +34,11 @@ from probe.reports.files import write_text
 from probe.reports.steer import steer_page, steer_report
 from probe.steering import SteerResult, check_alphas, find_result, generations, steer_curves
 
-Scale = Annotated[str, typer.Option(
-    "--scale", help="Alphas the heads' outputs are multiplied by, comma-separated, e.g. 0,0.5,2,3 (0: zero "
+Alpha = Annotated[str, typer.Option(
+    "--alpha", help="Alphas the heads' outputs are multiplied by, comma-separated, e.g. 0,0.5,2,3 (0: zero "
     "ablation; 1: the model as it is, always measured; above 1: amplified). With --find: one alpha.")]
 Find = Annotated[bool, typer.Option(
-    "--find", help="Scale every head (or each of --heads) alone by the one --scale alpha and rank them by how far "
+    "--find", help="Scale every head (or each of --heads) alone by the one --alpha and rank them by how far "
     "it moves the metric (an exact sweep: streamed to --results, --resume, split under torchrun).")]
 TargetWords = Annotated[Optional[Path], typer.Option(
     "--target-words", help="Measure a behaviour on text: a UTF-8 file of one word or phrase per line (# comments); "
@@ -74,14 +74,14 @@ class Request:
     max_new_tokens: int
 
 
-def parse_scale(text: str) -> list[float]:
-    """--scale: comma-separated finite numbers, each once."""
+def parse_alphas(text: str) -> list[float]:
+    """--alpha: comma-separated finite numbers, each once."""
     try:
         values = [float(item) for item in text.split(",") if item.strip()]
     except ValueError:
-        raise ProbeError(f"--scale {text!r}: give numbers separated by commas, e.g. 0,0.5,2,3") from None
+        raise ProbeError(f"--alpha {text!r}: give numbers separated by commas, e.g. 0,0.5,2,3") from None
     if not values or not all(math.isfinite(value) for value in values):
-        raise ProbeError(f"--scale {text!r}: give finite numbers separated by commas, e.g. 0,0.5,2,3")
+        raise ProbeError(f"--alpha {text!r}: give finite numbers separated by commas, e.g. 0,0.5,2,3")
     return check_alphas(values)
 
 
@@ -101,7 +101,7 @@ def check_request(request: Request, top: int, distributed: bool) -> None:
     if request.metric is not None and request.metric not in METRICS:
         raise ProbeError(f"--metric {request.metric!r}: use one of {', '.join(METRICS)}")
     if request.find and len(request.alphas) != 1:
-        raise ProbeError("--find ranks every head at one alpha: give one --scale value, e.g. --scale 3")
+        raise ProbeError("--find ranks every head at one alpha: give one --alpha value, e.g. --alpha 3")
     if not request.find and request.heads is None:
         raise ProbeError("give --heads (the heads to steer, e.g. 23.3) or --find (rank every head)")
     if request.max_new_tokens < 1:
@@ -147,8 +147,8 @@ def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None,
                                   data=_data_file(request), progress=update, on_result=on_result)
     except KeyboardInterrupt:
         if show:
-            warn(f"interrupted: {finished_count(stream)} finished head(s) are saved in {stream}; run the same "
-                 "command with --resume to continue")
+            raise Interrupted(f"interrupted; {finished_count(stream)} finished head(s) saved in {stream}: run the "
+                              "same command with --resume to continue") from None
         raise
     return None if swept is None else find_result(loaded, swept, alpha, metric)
 
@@ -180,7 +180,7 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions, batc
 
 def steer(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, heads: Heads = None,
-    scale: Scale = "0,0.5,2,3", find: Find = False, target_words: TargetWords = None, task: Task = None,
+    alpha: Alpha = "0,0.5,2,3", find: Find = False, target_words: TargetWords = None, task: Task = None,
     pairs: Pairs = None, labels: Labels = None, metric: Metric = None, data: Data = "natural",
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, seed: Seed = DEFAULT_SEED,
     generate: Generate = None, max_new_tokens: MaxNewTokens = 20, batch_size: BatchSize = 8, stack: Stack = None,
@@ -190,7 +190,7 @@ def steer(
 ) -> None:
     """Turn single heads up or down: the metric against alpha, the text generated, and which head moves a
     behaviour most (--find)."""
-    request = Request(heads, parse_scale(scale), find, data, task, pairs, labels, metric, target_words, generate,
+    request = Request(heads, parse_alphas(alpha), find, data, task, pairs, labels, metric, target_words, generate,
                       max_new_tokens)
     outputs, rank = {"--json": json_path, "--html": html_path}, current()
     main_process = rank is None or rank.is_main

@@ -16,7 +16,7 @@ from probe.cli.classify import Data, RepeatLen, Thresholds, parse_thresholds
 from probe.cli.options import BatchSize, Device, Dtype, Force, HtmlFile, JsonFile, NumSeqs, Seed, SeqLen, \
     TrustRemoteCode
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json
-from probe.cli.progress import console, note, progress_bar, warn
+from probe.cli.progress import Interrupted, console, note, progress_bar, warn
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.distributed import current
 from probe.errors import ProbeError
@@ -115,8 +115,8 @@ def track(
                                dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     except KeyboardInterrupt:
         if main_process:
-            warn(f"interrupted: the finished checkpoints are saved in {stream}; run the same command with --resume "
-                 "to continue")
+            raise Interrupted(f"interrupted; the finished checkpoints saved in {stream}: run the same command with "
+                              "--resume to continue") from None
         raise
     if result is None:
         return

@@ -162,5 +162,10 @@ def provenance(loaded: LoadedModel, *, seed: int | None = None, command: str | N
         "probe": version_of(DISTRIBUTION), "torch": torch.__version__, "transformers": version_of("transformers"),
         "python": platform.python_version(), "model": model_facts(loaded), "dtype": model_dtype(loaded),
         "device": model_device(loaded), "command": command, "seed": seed,
-        "timestamp_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "timestamp_utc": utc_now(),
     }
+
+
+def utc_now() -> str:
+    """The time now as provenance writes it: 2026-01-31T12:00:00Z."""
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

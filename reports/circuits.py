@@ -13,15 +13,17 @@ from probe.reports.labels import column_label, precision_fact, precision_sentenc
 
 
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (induction head, feeder): for CSV."""
+    """One row per (induction head, feeder), for CSV: the induction head as every head table names it (name, layer,
+    head), its score, then the feeder (`feeder_name`, `feeder_layer`, `feeder_head`, ...): the circuits schema's
+    columns, and the pair's deltas where it was checked."""
     rows = []
     for pair in payload["induction_heads"]:
         deltas = pair["second_copy_deltas"]
         for rank, feeder in enumerate(pair["feeders"], start=1):
             checked = pair["checked"] == {"layer": feeder["layer"], "head": feeder["head"]}
-            rows.append({"induction": column_label(pair["layer"], pair["head"]), "induction_layer": pair["layer"],
-                         "induction_head": pair["head"], "induction_score": pair["induction_score"], "rank": rank,
-                         "feeder": column_label(feeder["layer"], feeder["head"]), "feeder_layer": feeder["layer"],
+            rows.append({"name": column_label(pair["layer"], pair["head"]), "layer": pair["layer"],
+                         "head": pair["head"], "induction_score": pair["induction_score"], "rank": rank,
+                         "feeder_name": column_label(feeder["layer"], feeder["head"]), "feeder_layer": feeder["layer"],
                          "feeder_head": feeder["head"],
                          "k_composition": feeder["k_composition"], "rank_in_layer": feeder["rank_in_layer"],
                          "previous_token": feeder["previous_token"],

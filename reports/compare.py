@@ -1,6 +1,6 @@
 """`probe compare` rendered from its payload (`Comparison.to_dict()`): the terminal summary and table of the heads
-that moved most, CSV rows, and the page (maps A, B and B - A side by side, and the ranked differences). Computes
-nothing."""
+that moved most, CSV rows, and the page (maps A and B, each on its own colour scale with its unit, and B - A beside
+them where the maps hold the same kind of score, rank B - rank A where not; the ranked list). Computes nothing."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page, ranked_table, static_summary
+from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, ranked_table, static_summary
 from probe.reports.labels import column_label
 
 LISTED = 15  # heads listed in the terminal, largest |B - A| first
@@ -35,7 +35,9 @@ def _describe(side: dict[str, Any]) -> str:
     """One map in words: file, format, score, what a value belongs to, dtype and model where the file says."""
     unit = "KV heads" if side["convention"] == "kv" else "query heads"
     extra = [f"{side['dtype']}" if side["dtype"] else "", f"model {side['model']}" if side["model"] else ""]
-    facts = ", ".join(part for part in (side["format"], f"score {side['score']}", f"{side['columns']} {unit}",
+    holds = f"{side['quantity']} ({side['unit']})" if side.get("quantity") and side.get("unit") else \
+        side.get("quantity") or "a score its file does not name"
+    facts = ", ".join(part for part in (side["format"], f"score {side['score']}", holds, f"{side['columns']} {unit}",
                                        *extra) if part)
     return f"{side['source']} ({facts})"
 
@@ -60,10 +62,13 @@ def summary_lines(payload: dict[str, Any]) -> list[str]:
     lines = [f"A: {_describe(payload['a'])}", f"B: {_describe(payload['b'])}"]
     if payload["conversion"]:
         lines.append(f"Converted: {payload['conversion']}.")
+    differences = (f", mean |B - A| {payload['mean_abs_difference']:.4f}, largest "
+                   f"{payload['max_abs_difference']:.4f}" if by_difference(payload) else "")
     lines.append(f"{payload['heads']} {_unit(payload)}s compared ({payload['n_layers']} layers x "
                  f"{payload['heads_per_layer']}): Spearman {_number(payload['spearman'], '.4f')}, Pearson "
-                 f"{_number(payload['pearson'], '.4f')}, mean |B - A| {payload['mean_abs_difference']:.4f}, largest "
-                 f"{payload['max_abs_difference']:.4f}.")
+                 f"{_number(payload['pearson'], '.4f')}{differences}.")
+    if not by_difference(payload):
+        lines.append(ranks_sentence(payload))
     lines.append(f"Top {top['k']}: {top['count']} in both (Jaccard {_number(top['jaccard'], '.2f')}); only A: "
                  f"{_heads(payload, top['only_a'])}; only B: {_heads(payload, top['only_b'])}.")
     labelled = payload["labelled"]
@@ -74,6 +79,33 @@ def summary_lines(payload: dict[str, Any]) -> list[str]:
                      f"{_heads(payload, labelled['only_b'])}.")
     lines.append(precision_line(payload))
     return lines
+
+
+def by_difference(payload: dict[str, Any]) -> bool:
+    """Whether the maps hold one kind of score, so that B - A is shown (else their ranks are compared)."""
+    return payload.get("measure", "difference") == "difference"
+
+
+def ranks_sentence(payload: dict[str, Any]) -> str:
+    """Why there is no B - A: the two maps measure different things."""
+    kinds = [payload[side].get("quantity") or "a score its file does not name" for side in ("a", "b")]
+    return (f"A holds {kinds[0]}, B {kinds[1]}: not one kind of score, so no B - A; compared by rank (1: largest; "
+            "rank B - rank A below zero: B ranks the head higher).")
+
+
+def _columns(payload: dict[str, Any]) -> tuple[list[str], str]:
+    """The ranked table's header and what it ranks by: B - A, or rank B - rank A."""
+    if by_difference(payload):
+        return [_head_column(payload), "A", "B", "B - A", "rank A", "rank B"], "B - A"
+    return [_head_column(payload), "A", "B", "rank A", "rank B", "rank B - rank A"], "rank B - rank A"
+
+
+def _cells(payload: dict[str, Any], row: dict[str, Any]) -> list[str]:
+    """One ranked row as text, in `_columns`' order."""
+    values, ranked = [_number(row["a"], ".4f"), _number(row["b"], ".4f")], [str(row["rank_a"]), str(row["rank_b"])]
+    if by_difference(payload):
+        return [_head(payload, row), *values, f"{row['difference']:+.4f}", *ranked]
+    return [_head(payload, row), *values, *ranked, f"{row['rank_difference']:+d}"]
 
 
 def precision_line(payload: dict[str, Any]) -> str:
@@ -96,19 +128,20 @@ def compare_report(payload: dict[str, Any], console: Console, *, listed: int = L
     console.print(Text(lines[1], style="bold"))
     for line in lines[2:-1]:
         console.print(Text(line))
-    table = Table(title=f"Largest differences (B - A), {min(listed, len(payload['movers']))} of {payload['heads']}",
+    header, by = _columns(payload)
+    table = Table(title=f"Largest differences ({by}), {min(listed, len(payload['movers']))} of {payload['heads']}",
                   title_justify="left", box=None, show_edge=False)
-    for column in (_head_column(payload), "A", "B", "B - A", "rank A", "rank B"):
+    for column in header:
         table.add_column(column, justify="right")
     for row in payload["movers"][:listed]:
-        table.add_row(_head(payload, row), _number(row["a"], ".4f"), _number(row["b"], ".4f"),
-                      f"{row['difference']:+.4f}", str(row["rank_a"]), str(row["rank_b"]))
+        table.add_row(*_cells(payload, row))
     console.print(table)
     console.print(Text(lines[-1], style="dim"))
 
 
 def compare_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per head for CSV: name (`L5H1`, `L5KV1` over KV heads), layer, head, a, b, difference, ranks, labels."""
+    """One row per head for CSV: name (`L5H1`, `L5KV1` over KV heads), layer, head, a, b, difference (empty where
+    the maps are of different kinds), ranks and their difference, labels."""
     kv = payload["convention"] == "kv"
     return [{"name": column_label(row["layer"], row["head"], kv=kv), **row} for row in payload["rows"]]
 
@@ -120,30 +153,42 @@ def _grid(payload: dict[str, Any], key: str) -> list[list[float | None]]:
     return grid
 
 
+def _scale(side: dict[str, Any], name: str) -> dict[str, Any]:
+    """How the page draws one map: its own colour scale, its unit, centred on 0 where its values are signed."""
+    return {"title": name, "unit": plotly_text(side.get("unit") or "value"), "signed": bool(side.get("signed"))}
+
+
 def compare_page(payload: dict[str, Any], *, listed: int = LISTED) -> str:
-    """`probe compare --html`: maps A, B and B - A side by side (same colour scale for A and B), the summary, and
-    the ranked list of the largest differences; offline, every text escaped."""
+    """`probe compare --html`: maps A and B, each on its own colour scale with its unit (a signed map centred on 0),
+    and B - A beside them where the maps hold one kind of score, rank B - rank A where not (and the page says so);
+    the summary and the ranked list of the largest differences; offline, every text escaped."""
     facts = [("A", _describe(payload["a"])), ("B", _describe(payload["b"])),
              *((("converted", payload["conversion"]),) if payload["conversion"] else ()),
              *(("" if index else "summary", line) for index, line in
                enumerate(line for line in summary_lines(payload)[2:] if not line.startswith("Converted")))]
     unit = _unit(payload)
     movers = payload["movers"][:listed]
-    table = [[_head(payload, row), _number(row["a"], ".4f"), _number(row["b"], ".4f"), f"{row['difference']:+.4f}",
-              str(row["rank_a"]), str(row["rank_b"])] for row in movers]
-    header = [_head_column(payload), "A", "B", "B - A", "rank A", "rank B"]
+    header, by = _columns(payload)
+    table = [_cells(payload, row) for row in movers]
     ranked = f'<div class="probe-movers">{ranked_table(header, table)}</div>'  # numbers right-aligned
+    third = "difference" if by_difference(payload) else "rank_difference"
     data = {"n_layers": payload["n_layers"], "n_heads": payload["heads_per_layer"], "unit": unit,
             "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["heads_per_layer"])),
-            "a": _grid(payload, "a"), "b": _grid(payload, "b"), "difference": _grid(payload, "difference")}
+            "a": _grid(payload, "a"), "b": _grid(payload, "b"), "third": _grid(payload, third),
+            "scales": {"a": _scale(payload["a"], "A"), "b": _scale(payload["b"], "B"),
+                       "third": {"title": by, "signed": True, "unit": plotly_text(payload["a"].get("unit") or "value")
+                                 if third == "difference" else "places"}}}
     name_a, name_b = short_names(payload["a"]["source"], payload["b"]["source"])
+    note = "" if by_difference(payload) else f'<p class="probe-note">{esc(ranks_sentence(payload))}</p>'
     body = (f"<h1>{esc(name_a)} against {esc(name_b)}</h1>" + facts_table(facts)
             + static_summary("Largest differences", header, table[:5])
-            + '<h2>A, B and B - A per ' + esc(unit) + '</h2><div class="probe-row">'
+            + f"<h2>A, B and {esc(by)} per {esc(unit)}</h2>" + note
+            + "<p>Each map on its own colour scale, in its own unit; signed values on a scale centred on 0.</p>"
+            '<div class="probe-row">'
             '<div><div class="probe-plot-title">A</div><div class="probe-compare-a"></div></div>'
             '<div><div class="probe-plot-title">B</div><div class="probe-compare-b"></div></div>'
-            '<div><div class="probe-plot-title">B - A</div><div class="probe-compare-difference"></div></div></div>'
-            f"<h2>Largest differences (B - A), {len(movers)} of {payload['heads']}</h2>" + ranked
+            f'<div><div class="probe-plot-title">{esc(by)}</div><div class="probe-compare-third"></div></div></div>'
+            f"<h2>Largest differences ({esc(by)}), {len(movers)} of {payload['heads']}</h2>" + ranked
             + f"<script>{_compare_js()}</script>")
     return page("compare", f"probe compare: {payload['a']['source']} vs {payload['b']['source']}", body, data,
                 embed_plotly=True)

@@ -1,8 +1,10 @@
 """Writing result files: never overwrite silently, never leave half a file behind, only strict JSON, every JSON file
 names its published schema first ("schema": "probe/KIND", "schema_version": N: docs/schemas.md), and every file
-carries the run's provenance once the CLI has set it (`stamp_outputs`): a "provenance" key in JSON, a first
-`# provenance: {...}` comment line in CSV, a provenance block in an HTML page. Every command's files are written
-here, so a new command's files carry it without doing anything."""
+carries the run's provenance once the CLI has set it (`stamp_outputs`): a "provenance" key in JSON, a provenance
+block in an HTML page, and beside a CSV file a sidecar `NAME.provenance.json` (`provenance_path`), so that the CSV
+itself is a plain table `pandas.read_csv(path)` reads as it is. Every command's files are written here, so a new
+command's files carry it without doing anything. The provenance is computed when the first file asks for it (a model
+hash takes seconds), never for a run that writes none."""
 
 from __future__ import annotations
 
@@ -13,25 +15,37 @@ import math
 import os
 import tempfile
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from probe.errors import ProbeError
 from probe.reports.html import provenance_block
 from probe.reports.labels import short_label
 
-_stamp: dict[str, Any] = {}  # "provenance": the dict every file written from now on carries
+Provenance = dict[str, Any] | Callable[[], dict[str, Any]]
+_stamp: dict[str, Any] = {}  # "provenance": the dict every file written from now on carries, or what makes it
 
 
-def stamp_outputs(provenance: dict[str, Any] | None) -> None:
-    """From now on every JSON, CSV and HTML file written here carries `provenance` (None: none, as before)."""
+def stamp_outputs(provenance: Provenance | None) -> None:
+    """From now on every JSON, CSV and HTML file written here carries `provenance` (None: none, as before): a dict,
+    or a function that makes it, called once, when the first file is written."""
     _stamp.clear()
     if provenance is not None:
         _stamp["provenance"] = provenance
 
 
 def current_stamp() -> dict[str, Any] | None:
-    """The provenance files carry now, or None."""
-    return _stamp.get("provenance")
+    """The provenance files carry now, or None (made now if it was stamped as a function)."""
+    provenance = _stamp.get("provenance")
+    if callable(provenance):
+        provenance = _stamp["provenance"] = provenance()
+    return provenance
+
+
+def provenance_path(path: str | Path) -> Path:
+    """Where a CSV file's provenance goes: `heads.csv` -> `heads.provenance.json`, beside it."""
+    target = Path(path)
+    return target.with_name(f"{target.stem or target.name}.provenance.json")
 
 
 def stamped(data: Any) -> Any:
@@ -106,15 +120,18 @@ def write_json(path: str | Path, data: dict[str, Any], *, schema: dict[str, Any]
 
 
 def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> Path:
-    """Rows with the same keys as CSV, columns in key order (atomically, like every output file)."""
+    """Rows with the same keys as CSV, columns in key order, the header first and nothing else but rows, so that
+    `pandas.read_csv(path)` reads it as it is (atomically, like every output file). The run's provenance, where the
+    CLI stamped one, goes to the sidecar `provenance_path(path)`, written first."""
     buffer = io.StringIO()
-    provenance = current_stamp()
-    if provenance is not None:  # pandas: read_csv(path, comment="#")
-        buffer.write("# provenance: " + json.dumps(finite(provenance), allow_nan=False) + "\n")
     if rows:
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
+    provenance = current_stamp()
+    if provenance is not None:  # a small file of its own: not a result, so it names the file it describes
+        write_text(provenance_path(path), json.dumps({"describes": Path(path).name, "provenance": finite(provenance)},
+                                                     indent=2, allow_nan=False) + "\n")
     return write_text(path, buffer.getvalue())
 
 

@@ -1,8 +1,10 @@
-"""`probe steer`'s reports from `SteerResult.to_dict()`: the metric against alpha per head (a terminal table, a
-curve per head on the page), `--find`'s ranking, and the greedy continuations side by side. Computes nothing."""
+"""`probe steer`'s reports from `SteerResult.to_dict()`: the measure against alpha per head (a terminal table, a
+curve per head on the page), `--find`'s ranking, and the greedy continuations side by side; a one-line header, the
+details (data, metric, the model as it is) in the footer. Computes nothing."""
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any
 
 from rich.console import Console
@@ -16,6 +18,39 @@ from probe.reports.labels import long_label, precision_sentence, short_label
 
 def _number(value: Any) -> str:
     return "nan" if value is None else f"{value:.4f}"
+
+
+HEADER = 100  # characters of the terminal report's first line at most
+
+
+def _measure(payload: dict[str, Any]) -> str:
+    """What the values are: the logit difference itself (a metric that is minus it, read forwards), or the metric."""
+    return str(payload.get("measure") or payload["metric"])
+
+
+def header_line(payload: dict[str, Any]) -> str:
+    """The report's first line, at most HEADER characters: the model (by its file's name where the whole path
+    would not fit) and what is measured."""
+    what = f": {_measure(payload)} against alpha" if payload["curves"] else ""
+    line = f"Steering heads of {payload['model']}{what}"
+    if len(line) > HEADER:
+        line = f"Steering heads of {PurePath(str(payload['model'])).name}{what}"
+    return line if len(line) <= HEADER else line[:HEADER - 3] + "..."
+
+
+def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the header leaves out: the input, what the values are, the model as it is (alpha 1)."""
+    figures = _figures(payload.get("baseline_figures"))
+    measure, metric = _measure(payload), str(payload["metric"])
+    reads = (f"the {measure} itself, higher = more of the behaviour (the metric {metric} is minus it: "
+             f"{payload['metric_description']})" if measure != metric else f"{metric}: {payload['metric_description']}")
+    return [("input", str(payload["data"])), ("values", reads),
+            ("as it is (alpha 1)", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
+
+
+def footer_lines(payload: dict[str, Any]) -> list[str]:
+    """The details under the tables, one line each."""
+    return [f"{name[:1].upper() + name[1:]}: {text}." for name, text in details(payload)]
 
 
 def _figures(figures: dict[str, Any] | None) -> str:
@@ -32,18 +67,15 @@ def _curve_table(payload: dict[str, Any]) -> Table:
     for alpha in payload["alphas"]:
         table.add_column(f"alpha {alpha:g}", justify="right")
     for curve in payload["curves"]:
-        cells = []
-        for point in curve["points"]:
-            margin = (point.get("figures") or {}).get("margin")
-            cells.append(_number(point["value"]) + ("" if margin is None else f" ({_number(margin)})"))
-        table.add_row(short_label(curve["layer"], curve["head"], names), *cells)
+        table.add_row(short_label(curve["layer"], curve["head"], names),
+                      *(_number(point["value"]) for point in curve["points"]))
     return table
 
 
 def _find_table(payload: dict[str, Any], top: int) -> Table:
     names, find = payload.get("layer_names"), payload["find"]
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("rank", "head", f"{payload['metric']} at alpha {find['alpha']:g}", "change", "figures"):
+    for column in ("rank", "head", f"{_measure(payload)} at alpha {find['alpha']:g}", "change", "figures"):
         table.add_column(column, justify="right" if column != "figures" else "left")
     for rank, entry in enumerate(find["ranking"][:top], start=1):
         table.add_row(str(rank), short_label(entry["layer"], entry["head"], names), _number(entry["value"]),
@@ -64,11 +96,9 @@ def _generation_table(payload: dict[str, Any]) -> Table:
 
 
 def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
-    """The curves (metric per head and alpha; a task's margin in brackets), the ranking, the continuations."""
-    figures = _figures(payload.get("baseline_figures"))
-    console.print(Text(f"Steering heads of {payload['model']}", style="bold"),
-                  Text(f"({payload['data']}; {payload['metric']}: {payload['metric_description']}; as it is "
-                       f"{_number(payload['baseline'])}{', ' + figures if figures else ''})"))
+    """A one-line header, the curves (the measure per head and alpha), the ranking, the continuations, and the
+    details in the footer."""
+    console.print(Text(header_line(payload), style="bold"))
     if payload["curves"]:
         console.print(_curve_table(payload))
     if payload.get("find"):
@@ -78,6 +108,8 @@ def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) ->
     if payload.get("generations"):
         console.print(Text(f"Greedy continuations, {payload['generations']['max_new_tokens']} tokens", style="bold"))
         console.print(_generation_table(payload))
+    for line in footer_lines(payload):
+        console.print(Text(line, style="dim"))
     if precision_sentence(payload):  # every report's last line: what its numbers were computed in
         console.print(Text(precision_sentence(payload), style="dim"))
 
@@ -96,7 +128,7 @@ def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
         "alpha": find["alpha"],
         "labels": [plotly_text(short_label(e["layer"], e["head"], names)) for e in find["ranking"][:30]],
         "delta": [e["delta"] for e in find["ranking"][:30]]}
-    return {"metric": plotly_text(str(payload["metric"])), "baseline": payload["baseline"], "lines": lines,
+    return {"metric": plotly_text(_measure(payload)), "baseline": payload["baseline"], "lines": lines,
             "bars": bars}
 
 
@@ -118,14 +150,14 @@ def _generation_rows(payload: dict[str, Any]) -> str:
 def steer_page(payload: dict[str, Any]) -> str:
     """`probe steer --html`: self-contained and offline, every text escaped."""
     data = steer_data(payload)
+    measure = _measure(payload)
     rows = [("model", str(payload["model"])), ("dtype", str(payload.get("dtype"))), ("data", str(payload["data"])),
-            ("metric", f"{payload['metric']}: {payload['metric_description']}"),
-            ("as it is (alpha 1)", _number(payload["baseline"]))]
-    summary = static_summary("metric against alpha", ["head", *(f"alpha {a:g}" for a in payload["alphas"])],
+            *details(payload)]
+    summary = static_summary(f"{measure} against alpha", ["head", *(f"alpha {a:g}" for a in payload["alphas"])],
                              [[line["label"], *(_number(v) for v in line["value"])] for line in data["lines"]])
     body = (f"<h1>Steering heads of {esc(payload['model'])}</h1>" + facts_table(rows)
-            + ("<h2>Metric against alpha</h2>" + summary + '<div class="probe-steer-curves"></div>'
-               if data["lines"] else "")
+            + (f"<h2>{esc(measure[:1].upper() + measure[1:])} against alpha</h2>" + summary
+               + '<div class="probe-steer-curves"></div>' if data["lines"] else "")
             + (f"<h2>Every head scaled by {data['bars']['alpha']:g}: the largest changes</h2>"
                '<div class="probe-steer-find"></div>' if data["bars"] else "")
             + _generation_rows(payload) + f"<script>{_steer_js()}</script>")

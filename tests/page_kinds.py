@@ -35,7 +35,7 @@ COMMANDS = {  # kind -> its command (its --html added); {folder} is where the in
                  "--needle", "the keys to the cabinet are {key}"],  # words the tiny tokenizer knows
     "atlas": ["atlas", "--model", PLANTED_LM, *SMALL, "--json", "{folder}/atlas.json"],
     "track": ["track", "--model", TRACK, "--checkpoints", "{folder}/ckpt/step-*.pt", *SMALL, "--icl-seqs", "2"],
-    "steer": ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--scale", "0,2", "--task", "ioi", "--num-seqs", "6",
+    "steer": ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--alpha", "0,2", "--task", "ioi", "--num-seqs", "6",
               "--generate", "the keys to the", "--max-new-tokens", "4"],
     "compare": ["compare", "{folder}/query.npy", "{folder}/duo", "--group", "max", "--threshold", "0.6"],
 }

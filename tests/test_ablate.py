@@ -470,7 +470,7 @@ def test_result_schema_csv_and_html(tmp_path: Path) -> None:
     json.dumps(data)
     write_csv(tmp_path / "r.csv", result.csv_rows())
     lines = (tmp_path / "r.csv").read_text().splitlines()
-    assert lines[0].startswith("heads,layer,head,loss,delta,first_repeat_loss")
+    assert lines[0].startswith("name,loss,delta,first_repeat_loss")  # a group among them: no layer, head
     assert len(lines) == 4
     page = result._repr_html_()  # a notebook output: a fragment, not a document
     assert "planted_textbook" in page and "<html" not in page.lower() and "<meta" not in page.lower()
@@ -520,7 +520,7 @@ def test_cli_sweep_json_csv_and_resume(tmp_path: Path, capsys, monkeypatch) -> N
     assert "1.1" in stdout and "0.0" in stdout
     data = json.loads(out.read_text())
     assert len(data["heads"]) == 8 and data["method"] == "zero" and data["data"] == "repeated"
-    assert csv.read_text().count("\n") == 10  # the provenance line, the header, 8 heads
+    assert csv.read_text().count("\n") == 9  # the header, 8 heads (the provenance is in a.provenance.json)
     # the same command again: the results file exists
     code, _, stderr = run_cli([*args, "--results", str(results)], capsys, monkeypatch)
     assert code == 2 and "--resume" in stderr and len(stderr.strip().splitlines()) == 1

@@ -119,6 +119,7 @@ def test_circuits_command_writes_json_and_csv(tmp_path, capsys, monkeypatch):
     payload = json.loads((tmp_path / "c.json").read_text())
     assert payload["induction_heads"][0]["checked"] == {"layer": 0, "head": 0}
     lines = (tmp_path / "c.csv").read_text().splitlines()
-    assert lines[0].startswith("# provenance:") and lines[1].startswith("induction,")
+    assert lines[0].startswith("name,layer,head,induction_score,")  # a plain table: provenance beside it
+    assert (tmp_path / "c.provenance.json").is_file()
     code, _, err = run_cli(["circuits", "--model", spec, "--top", "0"], capsys, monkeypatch)
     assert code == 2 and "--top" in err

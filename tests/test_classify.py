@@ -120,7 +120,7 @@ def no_attention():
     (["--model", "{tmp}/factories.py:no_attention"], "no attention layers found"),
     (["--model", "{planted}", "--seq-len", "300"], "longer than the model's context"),
     (["--model", "{planted}", "--seq-len", "1"], "must be at least 2, got 1"),
-    (["--model", "{planted}", "--threshold", "bogus=0.5"], "unknown head class 'bogus'"),
+    (["--model", "{planted}", "--threshold", "bogus=0.5"], "no head class called 'bogus'"),
     (["--model", "{planted}", "--threshold", "induction"], "NAME=VALUE"),
 ])
 def test_bad_input_is_one_clear_line(args: list[str], message: str, tmp_path: Path, capsys, monkeypatch) -> None:
@@ -135,6 +135,15 @@ def test_bad_input_is_one_clear_line(args: list[str], message: str, tmp_path: Pa
     lines = [line for line in stderr.strip().splitlines() if line.strip()]
     assert lines and lines[-1].startswith("error: ") and message in " ".join(lines)
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("command", ["classify", "atlas", "track"])
+def test_a_misspelt_class_in_threshold_is_refused_before_the_model_loads(command: str, capsys, monkeypatch) -> None:
+    monkeypatch.setattr("probe.cli.options.load_model", lambda *a, **k: pytest.fail("the model loaded first"))
+    code, _, stderr = run_cli([command, "--model", f"{TESTS / 'planted.py'}:planted_textbook", "--threshold",
+                               "inductoin=0.3"], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "no head class called 'inductoin'; did you mean induction?" in stderr
 
 
 def test_text_errors(smollm2, tmp_path: Path) -> None:

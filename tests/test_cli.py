@@ -98,7 +98,9 @@ def test_sigint_during_a_sweep_exits_130_and_resume_finishes_it(tmp_path: Path) 
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130, stderr
-    assert "interrupted: " in stderr and "finished ablation(s) are saved in" in stderr and "--resume" in stderr
+    said = [line for line in stderr.splitlines() if "interrupted" in line]  # one clean line, no bare second one
+    assert len(said) == 1 and said[0].startswith("interrupted; ") and "finished ablation(s) saved in" in said[0]
+    assert "--resume" in said[0] and stderr.strip().splitlines()[-1] == said[0], stderr
     assert not out.exists()
     saved = lines(results) - 1
     assert 2 <= saved < 8
@@ -153,7 +155,8 @@ def test_every_output_file_is_written_by_a_rename(tmp_path: Path, capsys, monkey
     code, _, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL, *(x for pair in outputs.items()
                                                                        for x in map(str, pair))], capsys, monkeypatch)
     assert code == 0, stderr
-    assert sorted(path for path in renamed if path.parent == tmp_path) == sorted(outputs.values())
+    written = [*outputs.values(), tmp_path / "sweep.provenance.json"]  # the CSV's provenance beside it
+    assert sorted(path for path in renamed if path.parent == tmp_path) == sorted(written)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary file left
 
 
@@ -163,12 +166,12 @@ def test_csv_rows_as_csv(tmp_path: Path) -> None:
                    groups=[[(0, 0), (1, 1)]])
     write_csv(tmp_path / "r.csv", result.csv_rows())
     text = (tmp_path / "r.csv").read_text(encoding="utf-8")
-    assert text.splitlines()[0] == ("heads,layer,head,loss,delta,first_repeat_loss,first_repeat_delta,"
+    assert text.splitlines()[0] == ("name,loss,delta,first_repeat_loss,first_repeat_delta,"
                                     "second_repeat_loss,second_repeat_delta,mean_delta,max_sequence_delta,"
-                                    "p99_token_delta,max_token_delta,specificity")
+                                    "p99_token_delta,max_token_delta,specificity")  # a group: no layer, head
     rows = list(csv.DictReader(io.StringIO(text)))
-    assert [row["heads"] for row in rows] == [row["heads"] for row in result.csv_rows()]
-    assert "L0H0+L1H1" in [row["heads"] for row in rows]
+    assert [row["name"] for row in rows] == [row["name"] for row in result.csv_rows()]
+    assert "L0H0+L1H1" in [row["name"] for row in rows]
     assert [float(row["delta"]) for row in rows] == [row["delta"] for row in result.csv_rows()]
 
 
@@ -569,3 +572,16 @@ def test_a_head_has_one_short_and_one_long_name(capsys, monkeypatch) -> None:
     assert column_label(18, 6) == "L18H6" and column_label(3, 1, ["enc0"] * 3 + ["x3"]) == "x3.1"
     other_forms = re.compile(r"""["'(]L["'{+]|\bL\{|H\{|["'] ?H["']|Layer \{|head \{[^}]*\}, layer""")
     assert [path.name for path in sources if other_forms.search(path.read_text(encoding="utf-8"))] == []
+
+
+def test_help_at_80_columns_cuts_no_option_name(capsys, monkeypatch) -> None:
+    """A terminal of 80 columns shows every option's whole name: rich shortens a name column ('--trust-remote-co…')
+    when the columns beside it cannot give way."""
+    from probe.cli.reference import command_names
+
+    monkeypatch.setenv("COLUMNS", "80")
+    for name in command_names():
+        code, stdout, _ = run_cli([name, "--help"], capsys, monkeypatch)
+        assert code == 0, name
+        cut = [line for line in stdout.splitlines() if re.match(r"│ *-", line) and "…" in line]
+        assert cut == [], (name, cut)

@@ -76,7 +76,7 @@ def test_statistics_match_an_independent_computation(tmp_path: Path) -> None:
     b = np.round(a + rng.normal(0, 0.3, a.shape), 1)
     a[2, 3] = np.nan  # a head one map lacks is left out of every statistic
     maps = [HeadMap(values, QUERY, name, "tensor", "value") for name, values in (("a", a), ("b", b))]
-    result = compare(*maps, top_k=5).to_dict()
+    result = compare(*maps, top_k=5, same_kind=True).to_dict()  # two tensors: their files do not say
     frame = pd.DataFrame({"a": a.ravel(), "b": b.ravel()}).dropna()
     assert result["heads"] == 23
     assert result["spearman"] == pytest.approx(frame.corr(method="spearman").loc["a", "b"], abs=1e-12)
@@ -91,7 +91,7 @@ def test_statistics_match_an_independent_computation(tmp_path: Path) -> None:
     assert {tuple(cell) for cell in result["top_k"]["only_a"]} == tops[0] - tops[1]
     moved = max(heads, key=lambda cell: abs(b[cell] - a[cell]))
     assert abs(result["movers"][0]["difference"]) == pytest.approx(abs(b[moved] - a[moved]))
-    frame_of = compare(*maps).to_frame()  # pandas: one row per head, named apart from numbers
+    frame_of = compare(*maps, same_kind=True).to_frame()  # pandas: one row per head, named apart from numbers
     assert len(frame_of) == 24 and frame_of["name"][0] == "L0H0" and frame_of["difference"].isna().sum() == 1
     labelled = compare(*maps, threshold=(0.5, 0.7)).to_dict()["labelled"]
     above = [{cell for cell in heads if values[cell] > cut} for values, cut in ((a, 0.5), (b, 0.7))]
@@ -189,14 +189,14 @@ def test_the_command_writes_json_csv_and_html(tmp_path: Path, capsys, monkeypatc
     _duo(tmp_path / "duo", rng.random((3, 2)))
     outputs = ["--json", str(tmp_path / "c.json"), "--csv", str(tmp_path / "c.csv"), "--html", str(tmp_path / "c.html")]
     code, out, err = run_cli(["compare", str(tmp_path / "a.npy"), str(tmp_path / "duo"), "--group", "mean",
-                              "--top", "3", "--threshold", "0.5", *outputs], capsys, monkeypatch)
+                              "--top", "3", "--threshold", "0.5", "--same-kind", *outputs], capsys, monkeypatch)
     assert code == 0, err
     payload = json.loads((tmp_path / "c.json").read_text())
     assert payload["top_k"]["k"] == 3 and payload["conversion"].startswith("query heads -> KV heads: the mean")
     above = [{(row["layer"], row["head"]) for row in payload["rows"] if row[side] > 0.5} for side in ("a", "b")]
     assert payload["labelled"]["count"] == len(above[0] & above[1]) and payload["labelled"]["a"] == "value > 0.5"
     assert "Spearman" in out and "2 KV heads" in out and payload["provenance"]["maps"][1] == str(tmp_path / "duo")
-    rows = pd.read_csv(tmp_path / "c.csv", comment="#")
+    rows = pd.read_csv(tmp_path / "c.csv")
     assert list(rows["name"][:2]) == ["L0KV0", "L0KV1"] and len(rows) == 6
     np.testing.assert_allclose(rows["difference"], rows["b"] - rows["a"], atol=2e-6)
     assert "B - A" in (tmp_path / "c.html").read_text()
@@ -241,16 +241,60 @@ def test_the_page_draws_a_b_and_the_difference(tmp_path: Path, open_page) -> Non
     rng = np.random.default_rng(7)
     source = tmp_path / f"{IMG}.npy"  # a file name is text the page shows: escaped
     np.save(source, _query_map(rng))
-    payload = compare(read_map(source), read_map(_duo(tmp_path / "duo", rng.random((3, 2)))), expand=True).to_dict()
+    payload = compare(read_map(source), read_map(_duo(tmp_path / "duo", rng.random((3, 2)))), expand=True,
+                      same_kind=True).to_dict()
     path = tmp_path / "compare.html"
     path.write_text(compare_page(payload), encoding="utf-8")
     opened = open_page(path)
     assert IMG in opened.page.text_content("h1")
-    for name in ("a", "b", "difference"):
+    for name, key in (("a", "a"), ("b", "b"), ("third", "difference")):
         z = opened.z(f".probe-compare-{name}")
         for row in payload["rows"]:
-            assert z[row["layer"]][row["head"]] == row[name]
+            assert z[row["layer"]][row["head"]] == row[key]
     listed = opened.page.evaluate("[...document.querySelectorAll('.probe-movers tr')].length")
     assert listed == 1 + min(15, payload["heads"])
     screenshot(opened, "compare.png")
+    opened.check_clean()
+
+
+def test_scores_against_ablation_deltas_are_compared_by_rank_each_map_on_its_own_scale(
+        tmp_path: Path, capsys, monkeypatch, open_page) -> None:  # noqa: F811
+    """An attention share minus a loss change means nothing: classify's scores against ablate's deltas give ranks,
+    no B - A (the page says so), each map drawn on its own colour scale with its unit, the signed deltas centred
+    on 0; two maps of one kind of score do get B - A."""
+    small = ["--model", PLANTED, "--num-seqs", "2", "--repeat-len", "8"]
+    for args in (["classify", *small, "--seq-len", "24"], ["ablate", *small, "--data", "repeated"]):
+        code, _, err = run_cli([*args, "--json", str(tmp_path / f"{args[0]}.json")], capsys, monkeypatch)
+        assert code == 0, err
+    scores, deltas = read_map(tmp_path / "classify.json", "induction"), read_map(tmp_path / "ablate.json", "delta")
+    assert scores.quantity == "induction score" and "ablated" in (deltas.quantity or "") and deltas.signed
+    payload = compare(scores, deltas).to_dict()
+    assert payload["measure"] == "ranks" and payload["mean_abs_difference"] is None
+    assert all(row["difference"] is None for row in payload["rows"])
+    assert all(row["rank_difference"] == row["rank_b"] - row["rank_a"] for row in payload["rows"])
+    assert [abs(row["rank_difference"]) for row in payload["movers"]] == sorted(
+        (abs(row["rank_difference"]) for row in payload["rows"]), reverse=True)[:len(payload["movers"])]
+    assert compare(scores, scores).to_dict()["measure"] == "difference"  # one kind: B - A
+    with pytest.raises(ProbeError, match="different kinds of score"):
+        compare(scores, deltas, same_kind=True)
+    html = tmp_path / "c.html"
+    code, out, err = run_cli(["compare", str(tmp_path / "classify.json"), str(tmp_path / "ablate.json"), "--score",
+                              "induction", "--score", "delta", "--html", str(html)], capsys, monkeypatch)
+    assert code == 0 and "compared by rank" in out and "mean |B - A|" not in out, out
+    header = " ".join(out.split("Largest differences")[1].splitlines()[1].split())
+    assert header.endswith("rank A rank B rank B - rank A"), header  # ranked by rank, and no B - A column
+    opened = open_page(html)
+    assert "not one kind of score, so no B - A" in opened.page.text_content(".probe-page")
+    traces = {name: opened.page.evaluate(f"(() => {{ const t = document.querySelector('.probe-compare-{name}')"
+                                         ".data[0]; return [t.zmin, t.zmax, t.zmid, t.colorbar.title.text]; })()")
+              for name in ("a", "b", "third")}
+    values = {"a": scores.values, "b": deltas.values}
+    assert traces["a"][:2] == pytest.approx([np.nanmin(values["a"]), np.nanmax(values["a"])])  # its own range
+    reach = np.nanmax(np.abs(values["b"]))
+    assert traces["b"][:3] == pytest.approx([-reach, reach, 0])  # signed: centred on 0, a negative is no zero
+    assert "score, 0 to 1" in traces["a"][3] and "cross_entropy change" in traces["b"][3]
+    assert traces["third"][2] == 0 and "rank" in traces["third"][3]
+    z = opened.z(".probe-compare-third")
+    for row in payload["rows"]:
+        assert z[row["layer"]][row["head"]] == row["rank_difference"]
     opened.check_clean()

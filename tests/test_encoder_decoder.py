@@ -169,7 +169,7 @@ def test_the_loss_is_the_models_labels_loss_and_exact_equals_naive(name: str) ->
     assert_unchanged(model, before)
     payload = naive.to_dict()
     assert payload["layer_names"] == ["enc0", "enc1", "dec0", "x0", "dec1", "x1"]
-    assert [row["heads"] for row in naive.csv_rows()] != [] and "x1.3" in {r["heads"] for r in naive.csv_rows()}
+    assert [row["name"] for row in naive.csv_rows()] != [] and "x1.3" in {r["name"] for r in naive.csv_rows()}
 
 
 @pytest.mark.parametrize("name", SUPPORTED)

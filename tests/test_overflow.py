@@ -57,7 +57,7 @@ COMMANDS = {
     "prune": ["--data", "repeated", "--num-seqs", "2", "--seq-len", "24"],
     "dla": ["--task", "ioi", "--count", "4"],
     "patch": ["--task", "ioi", "--count", "4"],
-    "steer": ["--heads", "0.1", "--scale", "0,2", "--data", "natural", "--num-seqs", "2", "--seq-len", "24"],
+    "steer": ["--heads", "0.1", "--alpha", "0,2", "--data", "natural", "--num-seqs", "2", "--seq-len", "24"],
 }
 
 

@@ -66,11 +66,26 @@ def newline_atlas(folder: Path) -> Path:
     return path
 
 
+def compare_kinds(folder: Path) -> Path:
+    """probe compare of two kinds of score (classify's induction scores against ablate's loss changes): compared by
+    rank, with the sentence that says why, each map on its own scale."""
+    small = ["--model", page_kinds.PLANTED, "--num-seqs", "2", "--repeat-len", "8"]
+    path = folder / "compare-kinds.html"
+    for args in (["classify", *small, "--json", str(folder / "scores.json")],
+                 ["ablate", *small, "--data", "repeated", "--json", str(folder / "deltas.json")],
+                 ["compare", str(folder / "scores.json"), str(folder / "deltas.json"), "--score", "induction",
+                  "--score", "delta", "--html", str(path)]):
+        code, err = page_kinds.run([*args, "--force"])
+        assert code == 0, err
+    return path
+
+
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("pages")
     made = page_kinds.write_pages(folder)
-    return made | {"prune-early": early_stop_prune(folder), "atlas-newline": newline_atlas(folder)}
+    return made | {"prune-early": early_stop_prune(folder), "atlas-newline": newline_atlas(folder),
+                   "compare-kinds": compare_kinds(folder)}
 
 
 def faults_of(browser: Any, path: Path, width: int, kind: str) -> list[str]:  # noqa: F811
@@ -86,13 +101,14 @@ def faults_of(browser: Any, path: Path, width: int, kind: str) -> list[str]:  # 
         context.close()
 
 
-KINDS = [*page_kinds.COMMANDS, "prune-early", "atlas-newline"]
+KINDS = [*page_kinds.COMMANDS, "prune-early", "atlas-newline", "compare-kinds"]
+OPENED_AS = {"atlas-newline": "atlas", "compare-kinds": "compare"}  # a variant laid out as its command's page
 
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_page_kind_lays_out_without_a_fault(kind: str, width: int, pages, browser) -> None:  # noqa: F811
-    opened = "atlas" if kind == "atlas-newline" else kind
+    opened = OPENED_AS.get(kind, kind)
     assert faults_of(browser, pages[kind], width, opened) == []
 
 

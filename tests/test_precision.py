@@ -123,7 +123,7 @@ COMMANDS: dict[str, Any] = {
     "track": lambda tmp: ["track", "--model", f"{TESTS / 'track_models.py'}:tiny", "--checkpoints",
                           _checkpoints(tmp), "--seq-len", "24", "--num-seqs", "2", "--repeat-len", "8",
                           "--icl-seqs", "2"],
-    "steer": lambda tmp: ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--scale", "0,2", "--task", "ioi",
+    "steer": lambda tmp: ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--alpha", "0,2", "--task", "ioi",
                           "--num-seqs", "6", "--generate", "the keys to the", "--max-new-tokens", "3"],
     "heatmap": lambda tmp: ["heatmap", "--model", WORDS, "--text", "the keys to the cabinet are here", "--html",
                             str(tmp / "heatmap.html")],

@@ -41,14 +41,35 @@ def test_every_output_of_a_command_carries_the_provenance(tmp_path: Path, capsys
     model = stamp["model"]
     assert model["kind"] == "custom" and model["source"].endswith("planted.py:planted_textbook")
     assert model["sha256"] == tensor_hash(load_model(PLANTED).model) and model["dequantised"] is None
-    first = out["csv"].read_text(encoding="utf-8").splitlines()[0]
-    assert first.startswith("# provenance: ") and json.loads(first[len("# provenance: "):]) == stamp
+    assert out["csv"].read_text(encoding="utf-8").startswith("name,layer,head,")  # a plain table, header first
+    assert json.loads((tmp_path / "sweep.provenance.json").read_text(encoding="utf-8")) == {
+        "describes": "sweep.csv", "provenance": stamp}
     page = out["html"].read_text(encoding="utf-8")
     block = re.search(r'<script type="application/json" id="probe-provenance">(.*?)</script>', page, re.S)
     assert json.loads(block.group(1)) == stamp and page.index("probe-provenance") < page.rindex("</body>")
     assert current_stamp() is None  # the command is over: a file written later carries nothing of it
     write_json(tmp_path / "later.json", {"a": 1}, schema={"schema": "probe/test", "schema_version": 1})
     assert "provenance" not in json.loads((tmp_path / "later.json").read_text(encoding="utf-8"))
+
+
+def test_a_run_that_writes_no_file_never_hashes_the_model(tmp_path: Path, capsys, monkeypatch) -> None:
+    """The model's hash costs seconds on a real model: made when the first file asks for it, once, never for a run
+    that only prints."""
+    import probe.provenance
+
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    hashed = []
+    real = probe.provenance.model_facts
+    monkeypatch.setattr(probe.provenance, "model_facts", lambda loaded: hashed.append(loaded.name) or real(loaded))
+    args = ["classify", "--model", PLANTED, "--num-seqs", "2", "--seq-len", "16", "--repeat-len", "8"]
+    code, stdout, stderr = run_cli(args, capsys, monkeypatch)
+    assert code == 0 and "Head classification" in stdout, stderr
+    assert hashed == []
+    out = {kind: tmp_path / f"heads.{kind}" for kind in ("json", "csv")}
+    code, _, stderr = run_cli([*args, "--json", str(out["json"]), "--csv", str(out["csv"])], capsys, monkeypatch)
+    assert code == 0, stderr
+    assert len(hashed) == 1  # two files, one hash
+    assert json.loads(out["json"].read_text(encoding="utf-8"))["provenance"]["model"]["sha256"]
 
 
 def test_a_file_is_hashed_once_and_the_hash_is_its_bytes(tmp_path: Path, monkeypatch) -> None:

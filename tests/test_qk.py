@@ -107,7 +107,7 @@ def test_the_qk_command_writes_json_csv_and_the_page(tmp_path: Path, capsys, mon
     assert "L0H0" in out and "largest |pairs - model's own|" in out and "Computed in float32" in out
     payload = json.loads(paths["json"].read_text(encoding="utf-8"))
     assert payload["schema"] == "probe/qk" and payload["dtype"] == "float32" and payload["rule"] == "induction"
-    rows = pandas.read_csv(paths["csv"], comment="#")
+    rows = pandas.read_csv(paths["csv"])
     assert list(rows.columns[:4]) == ["rank", "query", "query_layer", "query_head"]
     assert all(rows[column].dtype.kind == "i" for column in ("query_layer", "query_head", "key_layer", "key_head"))
     assert (rows.iloc[0]["query"], rows.iloc[0]["key"], rows.iloc[0]["key_layer"]) == ("embed", "L0H0", 0)

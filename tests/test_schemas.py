@@ -48,7 +48,7 @@ RUNS: dict[str, tuple[Any, str]] = {
     **{name: (args, "") for name, args in COMMANDS.items() if name in SCHEMAS},  # kinds, not variants of one
     "circuits": (lambda tmp: ["circuits", "--model", PLANTED, "--seq-len", "64", "--num-seqs", "4", "--repeat-len",
                               "20"], ""),  # induction heads to list
-    "steer": (lambda tmp: ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--scale", "0,2", "--task", "ioi",
+    "steer": (lambda tmp: ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--alpha", "0,2", "--task", "ioi",
                            "--num-seqs", "6", "--generate", "the keys", "--max-new-tokens", "2"], ""),
     "heatmap": (lambda tmp: ["heatmap", "--model", WORDS, "--text", "the keys to the cabinet are here"], ""),
     "self-repair": (lambda tmp: ["patch", "--model", WORDS, "--task", "ioi", "--count", "6", "--heads", "0.1,1.2",
@@ -152,7 +152,8 @@ def test_probe_schema_prints_each(kind: str, capsys, monkeypatch) -> None:
     code, out, err = run_cli(["schema", kind], capsys, monkeypatch)
     assert code == 0, err
     printed = json.loads(out)
-    assert printed == SCHEMAS[kind].schema() and printed["$id"] == f"urn:probe-heads:schema:{kind}:1"
+    assert printed == SCHEMAS[kind].schema()
+    assert printed["$id"] == f"urn:probe-heads:schema:{kind}:{SCHEMAS[kind].version}"
     jsonschema.Draft202012Validator.check_schema(printed)
 
 

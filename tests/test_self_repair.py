@@ -192,6 +192,17 @@ def test_the_dla_and_patch_commands_show_self_repair(tmp_path, capsys, monkeypat
     code, _, stderr = run_cli(["dla", "--model", words, "--task", "ioi", "--self-repair", "--repair-method", "noise"],
                               capsys, monkeypatch)
     assert code == 2 and "--repair-method 'noise': use one of zero, mean" in stderr
+    code, _, stderr = run_cli(["dla", "--model", words, "--task", "ioi", "--count", "6", "--self-repair", "--heads",
+                               "1.2,0.1", "--json", str(out), "--force"], capsys, monkeypatch)
+    assert code == 0, stderr
+    chosen = json.loads(out.read_text())
+    assert {(row["layer"], row["head"]) for row in chosen["self_repair"]["heads"]} == {(1, 2), (0, 1)}
+    assert len(chosen["heads"]) == 8  # DLA itself still covers every head
+    code, _, stderr = run_cli(["dla", "--model", words, "--task", "ioi", "--heads", "0.1"], capsys, monkeypatch)
+    assert code == 2 and "add --self-repair" in stderr and len(stderr.strip().splitlines()) == 1
+    code, _, stderr = run_cli(["dla", "--model", words, "--task", "ioi", "--self-repair", "--heads", "7.0"], capsys,
+                              monkeypatch)
+    assert code == 2 and "7" in stderr and len(stderr.strip().splitlines()) == 1  # past the model's layers
 
 
 def test_smollm2_ioi_self_repair_equals_the_sweep_dla_and_a_hand_computation(smollm2) -> None:

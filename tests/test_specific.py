@@ -235,7 +235,7 @@ def test_cli_task_run_reports_baseline_accuracy_and_specific_heads(tmp_path: Pat
     assert set(payload["baseline_task"]) == {"margin", "accuracy"} and "task, unablated:" in stdout
     assert all("effects" in entry and "task_accuracy" in entry for entry in payload["heads"])
     assert "sharpest specific" in stdout
-    assert "specificity" in csv.read_text().splitlines()[1]  # after the provenance line
+    assert "specificity" in csv.read_text().splitlines()[0]  # the header first (provenance: r.provenance.json)
     code, _, stderr = run_cli(["ablate", "--model", WORDS, "--task", "ioi", "--method", "estimate"], capsys,
                               monkeypatch)
     assert code == 2 and "estimate linearises" in stderr

@@ -26,7 +26,7 @@ from probe.inputs import ProbeOptions, ProbeSet, build_probe_set, contrast_task,
 from probe.models import LoadedModel, load_model
 from probe.patching.runs import contrast_runs
 from probe.reports.steer import steer_page
-from probe.cli.steer import parse_scale
+from probe.cli.steer import parse_alphas
 from probe.steering import find_heads, generations, greedy, steer, steer_curves
 from test_browser import browser, open_page  # noqa: F401 (fixtures)
 from test_cli import strict_json
@@ -194,9 +194,11 @@ def test_generate_restores_the_model_and_steers_model_generate() -> None:
     with steer(loaded, {"1.2": 4.0}), torch.no_grad():  # around model.generate, as around any forward
         generated = loaded.model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)
         ours = greedy(loaded, ids, 6)
-    assert generated[0, ids.shape[1]:].tolist() == ours[0].tolist()
-    assert loaded.tokenizer.decode(ours[0]) == next(row["text"] for row in result["rows"]
-                                                    if (row["layer"], row["head"], row["alpha"]) == (1, 2, 4.0))
+    assert generated[0, ids.shape[1]:].tolist() == ours[0]
+    for row in result["rows"]:  # the batch, a row per head and alpha, gives what one generation at a time gives
+        with steer(loaded, {(row["layer"], row["head"]): row["alpha"]}):
+            alone = greedy(loaded, ids, 6)[0]
+        assert loaded.tokenizer.decode(alone) == row["text"], row
     with pytest.raises(RuntimeError), steer(loaded, {"0.1": 3.0}):
         raise RuntimeError("interrupted")
     assert all(torch.equal(before[name], value) for name, value in _state(loaded.model).items())
@@ -205,7 +207,7 @@ def test_generate_restores_the_model_and_steers_model_generate() -> None:
 
 def test_cli_curves_on_ioi_pairs_equal_the_library_and_the_page_escapes(tmp_path: Path, capsys, monkeypatch) -> None:
     out, page = tmp_path / "steer.json", tmp_path / "steer.html"
-    code, stdout, stderr = run_cli(["steer", "--model", WORDS, "--heads", "1.2,0.1", "--scale", "0,2",
+    code, stdout, stderr = run_cli(["steer", "--model", WORDS, "--heads", "1.2,0.1", "--alpha", "0,2",
                                     "--task", "ioi", "--num-seqs", "6", "--generate", "<b>the keys</b> & the",
                                     "--max-new-tokens", "4", "--json", str(out), "--html", str(page)],
                                    capsys, monkeypatch)
@@ -220,7 +222,14 @@ def test_cli_curves_on_ioi_pairs_equal_the_library_and_the_page_escapes(tmp_path
         assert [p["value"] for p in ours["points"]] == pytest.approx([p["value"] for p in theirs["points"]],
                                                                      abs=1e-6)
         assert [p["figures"]["margin"] for p in ours["points"]] == pytest.approx(
-            [-p["value"] for p in ours["points"]], abs=1e-9)  # the margin is the logit difference itself
+            [p["value"] for p in ours["points"]], abs=1e-9)  # read forwards: the logit difference itself
+        assert [p["delta"] for p in ours["points"]] == pytest.approx(
+            [p["value"] - payload["baseline"] for p in ours["points"]], abs=1e-9)
+    assert payload["measure"] == "logit difference" and payload["baseline"] == pytest.approx(
+        payload["baseline_figures"]["margin"], abs=1e-9)
+    first = stdout.splitlines()[0]
+    assert first.startswith("Steering heads of") and "logit difference" in first and len(first) <= 100, first
+    assert "higher = more of the behaviour" in stdout.split("alpha 2")[-1]  # in the footer, not the header
     assert "1.2" in stdout and "alpha 2" in stdout
     html = page.read_text(encoding="utf-8")
     assert "<b>the keys</b>" not in html and "&lt;b&gt;the keys&lt;/b&gt; &amp; the" in html
@@ -233,7 +242,7 @@ def test_cli_find_with_target_words_streams_and_resumes(tmp_path: Path, capsys, 
     text = _write(tmp_path / "text.txt", "the keys to the cabinet are here . the author near the guards is tired . "
                   * 6)
     results, out = tmp_path / "find.jsonl", tmp_path / "find.json"
-    args = ["steer", "--model", WORDS, "--find", "--scale", "3", "--target-words", str(words), "--data", str(text),
+    args = ["steer", "--model", WORDS, "--find", "--alpha", "3", "--target-words", str(words), "--data", str(text),
             "--seq-len", "16", "--num-seqs", "2", "--results", str(results), "--json", str(out),
             "--generate", "the keys to the", "--max-new-tokens", "3"]
     code, _, stderr = run_cli(args, capsys, monkeypatch)
@@ -254,7 +263,7 @@ def test_cli_find_with_target_words_streams_and_resumes(tmp_path: Path, capsys, 
 
 
 def test_find_under_torchrun_equals_one_process(tmp_path: Path) -> None:
-    args = ["--model", MODEL, "--data", "repeated", "--num-seqs", "3", "--find", "--scale", "2.5", "--stack", "1"]
+    args = ["--model", MODEL, "--data", "repeated", "--num-seqs", "3", "--find", "--alpha", "2.5", "--stack", "1"]
     single = alone([*args, "--json", str(tmp_path / "one.json"), "--results", str(tmp_path / "one.jsonl")], tmp_path,
                    "steer")
     assert single.returncode == 0, single.stderr
@@ -267,8 +276,8 @@ def test_find_under_torchrun_equals_one_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--find", "--scale", "0,3"], "one --scale value"), (["--scale", "1,x"], "numbers separated by commas"),
-    ([], "give --heads"), (["--heads", "1.2", "--scale", "inf"], "finite"),
+    (["--find", "--alpha", "0,3"], "one --alpha value"), (["--alpha", "1,x"], "numbers separated by commas"),
+    ([], "give --heads"), (["--heads", "1.2", "--alpha", "inf"], "finite"),
     (["--heads", "1.2", "--task", "ioi", "--target-words", "w.txt"], "give one of them"),
     (["--heads", "1.2", "--target-words", "missing.txt"], "not found"),
 ])
@@ -296,7 +305,7 @@ WORD_LINES = st.one_of(st.sampled_from(["time", "day", "# comment", "", "  week 
 
 @given(text=inputs(SCALES))
 def test_scales_parse_or_refuse(text: str) -> None:
-    result = valid_or_refused(lambda: parse_scale(text))
+    result = valid_or_refused(lambda: parse_alphas(text))
     if not isinstance(result, ProbeError):
         assert result and all(isinstance(alpha, float) and abs(alpha) < float("inf") for alpha in result)
         assert len(set(result)) == len(result)
@@ -312,7 +321,7 @@ def test_words_files_read_or_refuse(tmp_path: Path, data: bytes) -> None:
 @given(text=inputs(SCALES), data=file_bytes(WORD_LINES))
 def test_scales_and_words_on_the_command_line(tmp_path: Path, text: str, data: bytes, capsys, monkeypatch) -> None:
     words = write(tmp_path / "words.txt", data)
-    code, err = cli_outcome(["steer", "--model", MISSING_MODEL, "--heads", "0.1", "--scale", argument(text),
+    code, err = cli_outcome(["steer", "--model", MISSING_MODEL, "--heads", "0.1", "--alpha", argument(text),
                              "--target-words", str(words)], capsys, monkeypatch)
     assert code == 2 and "error: " in err
 
@@ -354,6 +363,6 @@ def test_name_mover_curve_on_smollm2_ioi_equals_the_hand_computation(smollm2: Lo
         with scaled_projection(smollm2.model, 23, 3, point["alpha"], 64):
             hand = float(logit_diffs(smollm2, ioi, ioi.clean).mean())
         assert point["figures"]["margin"] == pytest.approx(hand, abs=1e-3)
-        assert point["value"] == pytest.approx(-hand, abs=1e-3)
+        assert point["value"] == pytest.approx(hand, abs=1e-3)  # read forwards: the logit difference itself
         margins.append(hand)
     assert margins == sorted(margins) and margins[-1] > margins[0] + 2.0  # turned up, the answer is pushed harder

@@ -183,7 +183,7 @@ def test_cli_end_to_end(tmp_path, capsys, monkeypatch):
     assert payload["syntactic"][0]["layer"] == 0 and payload["syntactic"][0]["head"] == 0
     obj = next(e for e in payload["relations"] if e["relation"] == "obj")
     assert obj["best"][0] == {"layer": 0, "head": 0, "accuracy": 1.0, "margin": round(1.0 - obj["baseline"], 4)}
-    rows = list(csv.DictReader(line for line in out["csv"].open() if not line.startswith("#")))  # provenance line
+    rows = list(csv.DictReader(out["csv"].open()))
     assert len(rows) == len(payload["relations"]) * 4
     assert "Universal Dependencies" in stdout and "obj" in stdout and "0.0" in stdout
     grid = stdout[stdout.index("Overview, layer x head"):].splitlines()
@@ -275,6 +275,18 @@ def test_without_spacy_parsing_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "spacy", None)  # what `import spacy` meets where the extra is not installed
     with pytest.raises(ProbeError, match=r"parsing text needs spaCy: pip install 'probe-heads\[syntax\]'"):
         parse_text("The cat sat on the mat.")
+
+
+def test_the_command_without_spacy_says_how_to_install_it_and_names_conllu(capsys, monkeypatch):
+    import sys
+
+    from conftest import run_cli
+
+    monkeypatch.setitem(sys.modules, "spacy", None)
+    monkeypatch.setattr("probe.cli.syntax.load", lambda *args: pytest.fail("the model loads before the refusal"))
+    code, _, stderr = run_cli(["syntax", "--model", "tests/planted_syntax.py:planted_pair"], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert "pip install 'probe-heads[syntax]'" in stderr and "--conllu FILE" in stderr and "(conllu)" not in stderr
 
 
 def test_a_margin_of_exactly_the_threshold_is_not_syntactic():

@@ -173,7 +173,7 @@ def test_cli_writes_outputs_and_refuses_bad_input(tmp_path: Path, capsys, monkey
     assert [c["step"] for c in payload["checkpoints"]] == [9, 10] and "provenance" in payload
     assert "context (64 tokens) is shorter than token 500" in err  # the ICL score's null, said once
     rows = (tmp_path / "t.csv").read_text().splitlines()
-    assert len(rows) == 2 + 2 * 8 and rows[1].startswith("checkpoint,step,loss,icl_score,layer,head,previous_token")
+    assert len(rows) == 1 + 2 * 8 and rows[0].startswith("checkpoint,step,loss,icl_score,layer,head,previous_token")
     bad = {"no checkpoint matches": ["--model", TINY, "--checkpoints", str(tmp_path / "none-*.pt")],
            "differ": ["--checkpoints", str(tmp_path / "hf-*")],
            "cannot resolve revision 'step99999999' of EleutherAI/pythia-70m": [

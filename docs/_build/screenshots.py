@@ -34,7 +34,7 @@ PAGES = {  # kind -> the command that writes it (its --html is added)
     "atlas": ["atlas", *SMALL, "--repeat-len", "12"],
     "dla": ["dla", "--task", "ioi", "--count", "4", "--self-repair"],
     "qk": ["qk", "--head", "17.3", "--at", "induction", "--num-seqs", "2"],
-    "steer": ["steer", "--heads", "23.3", "--scale", "0,2,3", "--task", "ioi", "--num-seqs", "4", "--generate",
+    "steer": ["steer", "--heads", "23.3", "--alpha", "0,2,3", "--task", "ioi", "--num-seqs", "4", "--generate",
               "When Mary and John", "--max-new-tokens", "8"],
     "track": ["track", "--model", "examples/induction/model.py:model", "--checkpoints", "{folder}/run/step-*.pt",
               "--icl-positions", "25,250", "--icl-seqs", "64"],  # the example's training run, made first

@@ -102,7 +102,7 @@ class ScaleAblation(AblationMethod):
     it; per copy, since it reads each stacked copy's own values."""
 
     name = "scale"
-    summary = "multiply the head's output by alpha (probe steer --scale; 0, the default, is zero ablation)"
+    summary = "multiply the head's output by alpha (probe steer --alpha; 0, the default, is zero ablation)"
     per_copy = True
 
     def __init__(self, alpha: float = 0.0) -> None:

@@ -77,6 +77,8 @@ class Metric:
     estimable: ClassVar[bool] = False  # the attribution-patching estimate's second order (the softmax's) is its own
     per_row: ClassVar[bool] = False  # one value per row (a classifier's): `values` (batch, classes), by `scored`
     surrogate: ClassVar[str | None] = None  # a metric without a gradient: the metric whose gradient stands in for it
+    forwards: ClassVar[str | None] = None  # a metric that is minus a quantity (a loss of a margin): that quantity,
+    # which reports that read "higher = more of the behaviour" (steering) show instead, its sign turned back
 
     def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Chunkable metrics: values from logits (..., vocab) at positions t and the tokens (...) at t + 1."""
@@ -150,6 +152,7 @@ class TaskMargin(CrossEntropy):
     reads = "next-token logits at a task set's scored positions"
     applies = ("task",)
     default_for = ("task",)
+    forwards = "task margin"
     estimable = False  # a difference of two sequences' losses
 
     def signs(self, rows: int) -> Tensor | None:
@@ -195,6 +198,7 @@ class LogitDiff(Metric):
     reads = "next-token logits at the last prompt position: the answer's and the distractor's"
     applies = ("contrast",)
     default_for = ("contrast",)
+    forwards = "logit difference"
 
     def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
         logits = output[:, :-2].float()  # (batch, positions - 2, vocab): position t, answer t + 1, distractor t + 2

@@ -185,13 +185,15 @@ class AblationResult:
         return entry
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """One row per ablation, for CSV: label, layer, head, loss, delta, the parts (same keys in every row), and in
-        estimate mode `value`: exact or estimated."""
+        """One row per ablation, for CSV: name (`L18H6`; heads ablated together `L5H1+L18H6`), layer and head
+        (integers: only where every ablation is one head, so that pandas reads them as integers), loss, delta, the
+        parts (same keys in every row), and in estimate mode `value`: exact or estimated."""
         rows = []
+        singles = all(len(r.heads) == 1 for r in self.results)
         for r in self.ranked():
-            row: dict[str, Any] = {"heads": column_name(r.heads, self.layer_names),
-                                   "layer": r.layer if len(r.heads) == 1 else "",
-                                   "head": r.head if len(r.heads) == 1 else "", "loss": r.loss, "delta": r.delta}
+            row: dict[str, Any] = {"name": column_name(r.heads, self.layer_names),
+                                   **({"layer": r.layer, "head": r.head} if singles else {}),
+                                   "loss": r.loss, "delta": r.delta}
             for name in self.baseline_parts:
                 row[f"{name}_loss"] = r.parts.get(name, "")
                 row[f"{name}_delta"] = r.part_deltas.get(name, "")
@@ -212,8 +214,8 @@ class AblationResult:
         for result, row in zip(self.ranked(), self.csv_rows()):
             single = len(result.heads) == 1
             rows.append({"layer": result.layer if single else None, "head": result.head if single else None,
-                         "name": row["heads"], **{key: None if value == "" else value for key, value in row.items()
-                                                  if key not in ("heads", "layer", "head")}})
+                         "name": row["name"], **{key: None if value == "" else value for key, value in row.items()
+                                                 if key not in ("name", "layer", "head")}})
         return frame(rows)
 
     def __repr__(self) -> str:

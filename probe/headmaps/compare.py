@@ -2,6 +2,11 @@
 per-head difference b - a, Spearman and Pearson correlation, overlap of the top-k and of the labelled sets, and the
 heads that moved most. Maps of different conventions (query heads against KV heads) are compared only after an
 explicit conversion (`group` or `expand`); anything else of another shape is refused in one line.
+
+A difference b - a is taken only between maps of the same kind of score, as each map's format declares it
+(`HeadMap.quantity`: an attention share minus a loss change means nothing); other maps are compared by rank (the
+`measure` "ranks": rank B - rank A per head), unless the caller declares them the same kind (`same_kind`, for files
+that do not say what they hold, such as tensors).
 """
 
 from __future__ import annotations
@@ -92,11 +97,30 @@ def _labelled(a: HeadMap, b: HeadMap, threshold: tuple[float, float] | None) -> 
     return a.with_labels(threshold[0]), b.with_labels(threshold[1])
 
 
+DIFFERENCE, RANKS = "difference", "ranks"
+"""How a comparison sets B against A per head: b - a (the same kind of score), or rank B - rank A."""
+
+
+def measure(a: HeadMap, b: HeadMap, same_kind: bool) -> str:
+    """DIFFERENCE where both formats declare the same quantity, or the caller declares it (`same_kind`) for maps
+    that do not say; RANKS otherwise. Declaring two declared, different quantities the same is refused."""
+    if a.same_kind(b):
+        return DIFFERENCE
+    if not same_kind:
+        return RANKS
+    if a.quantity is not None and b.quantity is not None:
+        raise ProbeError(f"A holds {a.quantity}, B {b.quantity}: different kinds of score, compared by rank; drop "
+                         "same_kind", parameter="same_kind")
+    return DIFFERENCE
+
+
 def compare(a: HeadMap, b: HeadMap, *, top_k: int = TOP_K, group: str | None = None, expand: bool = False,
-            threshold: tuple[float, float] | None = None, movers: int = MOVERS) -> Comparison:
-    """Compare two head maps head by head (b - a), after an explicit conversion where their conventions differ."""
+            threshold: tuple[float, float] | None = None, movers: int = MOVERS, same_kind: bool = False) -> Comparison:
+    """Compare two head maps head by head after an explicit conversion where their conventions differ: b - a
+    where they hold the same kind of score (`measure`), their ranks otherwise."""
     if top_k < 1:
         raise ProbeError(f"top_k must be at least 1, got {top_k}", parameter="top_k")
+    how = measure(a, b, same_kind)
     a, b, conversion = align(a, b, group=group, expand=expand)
     a, b = _labelled(a, b, threshold)
     valid = np.isfinite(a.values) & np.isfinite(b.values)
@@ -109,12 +133,13 @@ def compare(a: HeadMap, b: HeadMap, *, top_k: int = TOP_K, group: str | None = N
         labels = _overlap(_cells(a.labels & valid), _cells(b.labels & valid))
         labels.update(a=a.label_name, b=b.label_name, count_a=int((a.labels & valid).sum()),
                       count_b=int((b.labels & valid).sum()))
+    differs = how == DIFFERENCE
     statistics = {"heads": int(valid.sum()), "spearman": _pearson(ranks(x), ranks(y)), "pearson": _pearson(x, y),
-                  "mean_abs_difference": float(np.abs(y - x).mean()),
-                  "max_abs_difference": float(np.abs(y - x).max()),
+                  "mean_abs_difference": float(np.abs(y - x).mean()) if differs else None,
+                  "max_abs_difference": float(np.abs(y - x).max()) if differs else None,
                   "top_k": {"k": k, **_overlap(_top(a.values, valid, k), _top(b.values, valid, k))},
                   "labelled": labels}
-    return Comparison(a, b, conversion, valid, statistics, movers)
+    return Comparison(a, b, conversion, valid, statistics, movers, how)
 
 
 @dataclass
@@ -127,14 +152,17 @@ class Comparison:
     valid: np.ndarray  # heads with a value in both
     statistics: dict[str, Any]
     movers: int = MOVERS
+    measure: str = DIFFERENCE  # DIFFERENCE: the same kind of score; RANKS: rank B - rank A only
 
     @property
     def difference(self) -> np.ndarray:
-        """b - a per head (NaN where either has no value)."""
+        """b - a per head (NaN where either has no value), whatever the maps hold: `measure` says whether it
+        means anything."""
         return self.b.values - self.a.values
 
     def rows(self) -> list[dict[str, Any]]:
-        """One row per head: layer, head, a, b, difference, each map's rank (1: largest) and label."""
+        """One row per head: layer, head, a, b, difference (None unless the maps are of one kind), each map's rank
+        (1: largest), rank B - rank A, and each map's label."""
         rank = {}
         for name, values in (("a", self.a.values), ("b", self.b.values)):
             cells = sorted(((int(layer), int(head)) for layer, head in np.argwhere(self.valid)),
@@ -143,18 +171,22 @@ class Comparison:
         rows = []
         for layer, head in np.ndindex(*self.valid.shape):
             a, b = self.a.values[layer, head], self.b.values[layer, head]
+            rank_a, rank_b = rank["a"].get((layer, head)), rank["b"].get((layer, head))
             rows.append({"layer": layer, "head": head, "a": _number(a), "b": _number(b),
-                         "difference": _number(b - a), "rank_a": rank["a"].get((layer, head)),
-                         "rank_b": rank["b"].get((layer, head)), "label_a": _label(self.a, layer, head),
-                         "label_b": _label(self.b, layer, head)})
+                         "difference": _number(b - a) if self.measure == DIFFERENCE else None,
+                         "rank_a": rank_a, "rank_b": rank_b,
+                         "rank_difference": None if rank_a is None or rank_b is None else rank_b - rank_a,
+                         "label_a": _label(self.a, layer, head), "label_b": _label(self.b, layer, head)})
         return rows
 
     def to_dict(self) -> dict[str, Any]:
         rows = self.rows()
-        moved = sorted((row for row in rows if row["difference"] is not None),
-                       key=lambda row: (-abs(row["difference"]), row["layer"], row["head"]))
+        key = "difference" if self.measure == DIFFERENCE else "rank_difference"
+        moved = sorted((row for row in rows if row[key] is not None),
+                       key=lambda row: (-abs(row[key]), row["layer"], row["head"]))
         dtypes = {"a": self.a.dtype, "b": self.b.dtype}
-        return {"kind": "compare", "a": self.a.facts(), "b": self.b.facts(), "conversion": self.conversion,
+        return {"kind": "compare", "measure": self.measure, "a": self.a.facts(), "b": self.b.facts(),
+                "conversion": self.conversion,
                 "convention": self.a.convention, "n_layers": self.a.n_layers, "heads_per_layer": self.a.columns,
                 "dtype": self.a.dtype if self.a.dtype == self.b.dtype else None, "dtypes": dtypes,
                 **self.statistics, "movers": moved[:self.movers], "rows": rows}

@@ -25,6 +25,9 @@ from probe.reading import exists, is_file, loads
 DUO_FILE = "full_attention_heads.tsv"  # DuoAttention's map (mit-han-lab/duo-attention attn_patterns/)
 DUO_CONFIG = "config.json"  # beside it: sink_size, recent_size (DuoAttention's), threshold (probe's)
 DUO_THRESHOLD = 0.5  # DuoAttention keeps a KV head full where its gate is above this (config.json's `threshold`)
+SHARE = "score, 0 to 1"  # the unit of probe's head-class scores (shares of attention or of hits) and of a gate
+GATE = "DuoAttention gate"  # the quantity of DuoAttention's map and of probe kv-heads' `duo` values
+GATE_UNIT = "gate, 0 to 1"
 
 
 @dataclass(frozen=True)
@@ -149,11 +152,14 @@ def _read_classify(path: Path, score: str | None) -> HeadMap:
     return HeadMap(_grid(heads, shape, lambda row: row["scores"].get(name)), QUERY, str(path), "probe-classify",
                    name, n_heads=payload["n_heads"], n_kv_heads=payload.get("n_kv_heads"), dtype=payload.get("dtype"),
                    model=payload.get("model"), labels=labels, label_name=name,
-                   threshold=(payload.get("thresholds") or {}).get(name))
+                   threshold=(payload.get("thresholds") or {}).get(name), quantity=f"{name} score", unit=SHARE)
 
 
 KV_FIELDS = {"retrieval": QUERY, "streaming": QUERY, "kv_retrieval": KV, "kv_streaming": KV, "duo": KV}
 """probe kv-heads' maps: per query head (`heads`), per KV head (`kv_heads`), and the DuoAttention values."""
+KV_QUANTITIES = {"retrieval": "retrieval score", "streaming": "streaming score", "kv_retrieval": "retrieval score",
+                 "kv_streaming": "streaming score", "duo": GATE}
+"""What each of those maps measures: a KV head's score is its query heads' (grouped), the same kind of score."""
 
 
 def _read_kv_heads(path: Path, score: str | None) -> HeadMap:
@@ -178,7 +184,8 @@ def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path)
     kv = KV_FIELDS[name] == KV
     return HeadMap(values, KV_FIELDS[name], str(path), "probe-kv-heads", name, n_heads=n_heads, n_kv_heads=n_kv,
                    dtype=payload.get("dtype"), model=payload.get("model"), labels=full if kv else None,
-                   label_name="full" if kv else None, threshold=DUO_THRESHOLD if name == "duo" else None)
+                   label_name="full" if kv else None, threshold=DUO_THRESHOLD if name == "duo" else None,
+                   quantity=KV_QUANTITIES[name], unit=GATE_UNIT if name == "duo" else SHARE)
 
 
 def _read_ablate(path: Path, score: str | None) -> HeadMap:
@@ -188,8 +195,12 @@ def _read_ablate(path: Path, score: str | None) -> HeadMap:
     fields = ["delta", *sorted({key for row in heads for key in row if key.endswith("_delta")})]
     name = pick_score(fields, score, path)
     values = _grid(heads, (payload["n_layers"], payload["n_heads"]), lambda row: row.get(name))
+    metric = payload.get("metric") or "metric"
+    part = "" if name == "delta" else f" on {name.removesuffix('_delta')}"
     return HeadMap(values, QUERY, str(path), "probe-ablate", name, n_heads=payload["n_heads"],
-                   dtype=payload.get("dtype"), model=payload.get("model"))
+                   dtype=payload.get("dtype"), model=payload.get("model"),
+                   quantity=f"change in {metric}{part} when the head is ablated", unit=f"{metric} change",
+                   signed=True)
 
 
 HEAD_KEY = re.compile(r"^(\d+)-(\d+)$")
@@ -213,7 +224,7 @@ def _read_retrieval_head(path: Path, score: str | None) -> HeadMap:
         if not trials or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in trials):
             raise ProbeError(f"{path}: head {layer}-{head} has no list of numbers")
         values[layer, head] = float(np.mean(trials))
-    return HeadMap(values, QUERY, str(path), "retrieval-head", "retrieval")
+    return HeadMap(values, QUERY, str(path), "retrieval-head", "retrieval", quantity="retrieval score", unit=SHARE)
 
 
 def _write_retrieval_head(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
@@ -243,7 +254,8 @@ def _read_duo(path: Path, score: str | None) -> HeadMap:
     with np.errstate(invalid="ignore"):
         labels = values > threshold
     return HeadMap(values, KV, str(path), "duo", "full_attention", n_kv_heads=values.shape[1], labels=labels,
-                   label_name="full", threshold=threshold, model=settings.get("model_name"))
+                   label_name="full", threshold=threshold, model=settings.get("model_name"), quantity=GATE,
+                   unit=GATE_UNIT)
 
 
 def _write_duo(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
@@ -297,7 +309,7 @@ def _read_tensor(path: Path, score: str | None) -> HeadMap:
     values = np.asarray(tensor.float().numpy() if hasattr(tensor, "float") else tensor, dtype=np.float64)
     if values.ndim != 2:
         raise ProbeError(f"{path}: a head map is [n_layers, n_heads], got shape {tuple(values.shape)}")
-    return HeadMap(values, QUERY, str(path), "tensor", name, n_heads=values.shape[1])  # a run's dtype: not said
+    return HeadMap(values, QUERY, str(path), "tensor", name, n_heads=values.shape[1])  # dtype, quantity: not said
 
 
 def _write_tensor(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:

@@ -41,6 +41,9 @@ class HeadMap:
     labels: np.ndarray | None = None
     label_name: str | None = None  # what a label means: "full", "induction", "score > 0.1"
     threshold: float | None = None  # the threshold the labels came from, where they came from one
+    quantity: str | None = None  # what a value measures, as its format declares it ("induction score"); None: unsaid
+    unit: str | None = None  # the unit of a value, in words ("score, 0 to 1"), where the format knows it
+    signed: bool = False  # the format's values may be negative (a loss change): drawn on a scale centred on 0
 
     def __post_init__(self) -> None:
         if self.values.ndim != 2 or 0 in self.values.shape:
@@ -99,12 +102,23 @@ class HeadMap:
         return replace(self, values=np.repeat(self.values, size, axis=1), convention=QUERY, labels=labels,
                        n_heads=n_heads, n_kv_heads=self.columns)
 
+    def same_kind(self, other: HeadMap) -> bool:
+        """Whether `other` holds the same kind of score, so that a difference of the two means something: both
+        formats declare their quantity, and it is the same (a map that does not say is of no known kind)."""
+        return self.quantity is not None and self.quantity == other.quantity
+
+    def has_sign(self) -> bool:
+        """Signed values: the format says so, or a value is negative."""
+        finite = self.values[np.isfinite(self.values)]
+        return self.signed or bool(finite.size and finite.min() < 0)
+
     def facts(self) -> dict[str, Any]:
         """What the file said about itself, for a comparison's payload."""
         return {"source": self.source, "format": self.format, "score": self.score, "convention": self.convention,
                 "n_layers": self.n_layers, "columns": self.columns, "n_heads": self.n_heads,
                 "n_kv_heads": self.n_kv_heads, "dtype": self.dtype, "model": self.model,
-                "label_name": self.label_name if self.labels is not None else None, "threshold": self.threshold}
+                "label_name": self.label_name if self.labels is not None else None, "threshold": self.threshold,
+                "quantity": self.quantity, "unit": self.unit, "signed": self.has_sign()}
 
 
 def _group_size(query: HeadMap, n_kv_heads: int) -> int:

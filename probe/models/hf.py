@@ -49,6 +49,26 @@ def _needs_remote_code(error: Exception) -> bool:
 
 
 @contextmanager
+def loading_bars_off() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights") off while probe loads a model, from Python as from the
+    command line; huggingface_hub's download bars as they were; both as before afterwards."""
+    from huggingface_hub import utils as hub
+    from transformers.utils import logging as hf_logging
+
+    was_on, hub_off = hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # turns the hub's off too: a download keeps its bar
+    if not hub_off:
+        hub.enable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()
+        if hub_off:
+            hub.disable_progress_bars()
+
+
+@contextmanager
 def remote_code_refused(source: str) -> Iterator[None]:
     """transformers' refusal to run a model's own code, as one ProbeError saying how to allow it."""
     try:
@@ -106,7 +126,7 @@ def from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] |
     """
     from transformers import AutoConfig
 
-    with remote_code_refused(source):
+    with remote_code_refused(source), loading_bars_off():
         config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **kwargs)
         if refuses_encoder_decoder(config):  # whisper would load as its decoder alone
             raise ProbeError(encoder_decoder_refusal(config.model_type), parameter="spec")

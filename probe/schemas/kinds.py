@@ -453,16 +453,20 @@ register(Kind(
 # steer --------------------------------------------------------------------------------------------------------------
 
 register(Kind(
-    "steer", 1, "probe.steering:SteerResult",
+    "steer", 2, "probe.steering:SteerResult",
     "Steering through single heads: the metric against alpha per head, every head ranked at one alpha, greedy "
     "continuations (probe steer --json).",
     fields={
         "kind": Field("string", "steer"), "model": MODEL, "dtype": DTYPE, "metric": Field("string", "the metric"),
-        "metric_description": Field("string", "what it measures"), "data": Field("string", "what it was run on"),
-        "baseline": Field("number", "the metric at alpha 1 (the model as it is)"),
+        "metric_description": Field("string", "what it measures"),
+        "measure": Field("string", "what every value is: the metric itself, or, for a metric that is minus a "
+                                   "quantity (logit_diff, task_margin), that quantity (logit difference, task margin), "
+                                   "so that higher is more of the behaviour"),
+        "data": Field("string", "what it was run on"),
+        "baseline": Field("number", "the measure at alpha 1 (the model as it is)"),
         "baseline_figures": Field(("object", "null"), "task sets: the baseline's margin and accuracy"),
         "alphas": Field("array", "the alphas of the curves", items=NUMBER),
-        "curves": Field("array", "per head: the metric at each alpha", items=Field("object", "a head", fields={
+        "curves": Field("array", "per head: the measure at each alpha", items=Field("object", "a head", fields={
             "layer": LAYER, "head": HEAD, "points": Field("array", "alpha, value, delta, figures")})),
         "find": Field(("object", "null"), "--find: the alpha, the path, every head ranked by |delta|"),
         "generations": Field(("object", "null"), "greedy continuations per head and alpha"),
@@ -470,7 +474,7 @@ register(Kind(
     },
     rows="one per head and alpha (the curves; --find: its ranking at its alpha)",
     columns={**HEAD_COLUMNS, "alpha": Field("number", "the head's output multiplied by alpha"),
-             "value": Field("number", "the metric"), "delta": Field("number", "value - baseline")},
+             "value": Field("number", "the measure"), "delta": Field("number", "value - baseline")},
     column_patterns={r"^(margin|accuracy)$": Field("number", "task sets: the margin or accuracy")},
 ))
 
@@ -520,12 +524,18 @@ MAP_FACTS = {
     "label_name": Field(("string", "null"), "what its labelled heads are (full, induction, value > 0.5); null: no "
                                             "labels"),
     "threshold": Field("number", "the threshold its labels came from (null: none)"),
+    "quantity": Field(("string", "null"), "what a value measures, as its format declares it (null: the file does "
+                                          "not say, as a tensor's)"),
+    "unit": Field(("string", "null"), "the unit of a value, where the format knows it"),
+    "signed": Field("boolean", "whether its values may be negative (drawn on a scale centred on 0)"),
 }
 COMPARE_ROW = {
     "layer": LAYER, "head": MAP_HEAD, "a": Field("number", "A's value (null: A has none)"),
-    "b": Field("number", "B's value (null: B has none)"), "difference": Field("number", "b - a, rounded to 6 places"),
+    "b": Field("number", "B's value (null: B has none)"),
+    "difference": Field("number", "b - a, rounded to 6 places (null where measure is ranks)"),
     "rank_a": Field(("integer", "null"), "the head's rank in A (1: largest) among the heads both maps have"),
     "rank_b": Field(("integer", "null"), "its rank in B"),
+    "rank_difference": Field(("integer", "null"), "rank_b - rank_a (negative: B ranks it higher)"),
     "label_a": Field(("boolean", "null"), "whether A labels it (null: A has no labels)"),
     "label_b": Field(("boolean", "null"), "whether B labels it (null: B has no labels)"),
 }
@@ -536,7 +546,10 @@ register(Kind(
     "KV heads): per-head difference B - A, rank and linear correlation, top-k and labelled overlaps, the heads that "
     "moved most (probe compare --json).",
     fields={
-        "kind": Field("string", "compare"), "a": Field("object", "map A as read", fields=MAP_FACTS),
+        "kind": Field("string", "compare"),
+        "measure": Field("string", "difference (b - a: both maps hold the same kind of score) or ranks (rank B - "
+                                   "rank A: different kinds, whose difference would mean nothing)"),
+        "a": Field("object", "map A as read", fields=MAP_FACTS),
         "b": Field("object", "map B as read", fields=MAP_FACTS),
         "conversion": Field("string", "how one map was converted to the other's heads ('' where none was)"),
         "convention": Field("string", "the heads compared: query or kv"),
@@ -550,8 +563,8 @@ register(Kind(
         "spearman": Field("number", "Spearman's rank correlation (ties share their mean rank; undefined where a "
                                     "map is constant or fewer than two heads)"),
         "pearson": Field("number", "Pearson's correlation (undefined as Spearman's)"),
-        "mean_abs_difference": Field("number", "mean |b - a|"),
-        "max_abs_difference": Field("number", "max |b - a|"),
+        "mean_abs_difference": Field("number", "mean |b - a| (null where measure is ranks)"),
+        "max_abs_difference": Field("number", "max |b - a| (null where measure is ranks)"),
         "top_k": Field("object", "the overlap of each map's k largest heads", fields={
             "k": Field("integer", "the top set's size (--top, at most `heads`)"), **OVERLAP}),
         "labelled": Field(("object", "null"), "the overlap of the labelled heads (null unless both maps have labels: "
@@ -559,7 +572,8 @@ register(Kind(
             **OVERLAP, "a": Field(("string", "null"), "what A's labels are"),
             "b": Field(("string", "null"), "what B's labels are"),
             "count_a": Field("integer", "heads A labels"), "count_b": Field("integer", "heads B labels")}),
-        "movers": Field("array", "the heads of largest |difference|, largest first (15 at most)",
+        "movers": Field("array", "the heads of largest |difference| (|rank_difference| where measure is ranks), "
+                                 "largest first (15 at most)",
                         items=Field("object", "a head, as in rows", fields=COMPARE_ROW)),
         "rows": Field("array", "every head, layer by layer", items=Field("object", "a head", fields=COMPARE_ROW)),
     },

@@ -24,14 +24,16 @@ def load_pipeline(name: str | None = None) -> Any:
         import spacy  # an optional extra: imported only to parse
     except ImportError as error:
         raise ProbeError(f"parsing text needs spaCy: {install_hint('syntax')} (spaCy and an English pipeline), "
-                         "or give parses as a CoNLL-U file (conllu)") from error
+                         "or give sentences already parsed: conllu FILE (a CoNLL-U file)",
+                         parameter="conllu") from error
     for candidate in [name] if name else PIPELINES:
         try:
             return spacy.load(candidate)
         except OSError:
             continue
     raise ProbeError(f"no spaCy English pipeline installed (tried {', '.join([name] if name else PIPELINES)}): "
-                     f"{install_hint('syntax')}")
+                     f"{install_hint('syntax')}, or give sentences already parsed: conllu FILE (a CoNLL-U file)",
+                     parameter="conllu")
 
 
 def prose(text: str) -> list[str]:
