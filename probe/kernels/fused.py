@@ -336,8 +336,8 @@ class FusedAttention:
         same answer."""
         b, hq, n, _ = self.shape
         if self.top_keys is not None:  # the kernel's argmax per row: counted on the device (no sync), float64 there
-            wanted = torch.arange(n, device=self.top_keys.device) + shift
-            hit = (self.top_keys == wanted) & selected.to(self.top_keys.device)[:, None, :n]
+            hit = (self.top_keys == _neighbours(n, shift, self.top_keys.device)) & \
+                selected.to(self.top_keys.device)[:, None, :n]
             return hit.sum(dim=(0, 2), dtype=torch.float64)
         found = selected.to(self.lse.device)[:, None, :n].expand(b, hq, n).nonzero()  # (k, 3): b, h, query
         top = self.tops_of_rows(found, found[:, 2] + shift) if len(found) else found.new_zeros(0, dtype=torch.bool)
@@ -466,6 +466,12 @@ def _any_hidden(n: int, kv: int, offsets: tuple[int, ...], keys: tuple[int, ...]
     # causal: query i sees keys up to i + kv - n; an offset past kv - n hides a key of every row, a fixed key one
     # of the first row
     return causal and (any(offset > kv - n for offset in offsets) or any(key > start + kv - n for key in keys))
+
+
+@functools.lru_cache(maxsize=64)
+def _neighbours(n: int, shift: int, device: torch.device) -> Tensor:
+    """(n,) long: each query's neighbour key i + shift, made once for every layer of every forward."""
+    return torch.arange(shift, n + shift, device=device)
 
 
 def uploaded(tensor: Tensor, device: torch.device) -> Tensor:
