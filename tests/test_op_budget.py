@@ -5,8 +5,8 @@ operation probe's own code asks for inside the model's forward (views included: 
 those inside a Triton launch (the interpreter's copies: on a GPU, the kernel itself) and inside `Batch.memo` (made
 once per batch, what every layer then reads). The last forward of a run is counted: the running sums and the labels'
 index exist by then, as they do for every forward but the first. On a GPU each operation that is not a view is a
-launch; a launch costs about what the whole layer's scoring costs at 2048 tokens, so their number must not grow
-with the sequence (row chunks, per-score additions) and stays small."""
+launch, whose fixed cost short inputs pay per layer: their number must not grow with the sequence (row chunks) and
+stays small (no per-score additions)."""
 
 from __future__ import annotations
 
@@ -41,17 +41,17 @@ TRITON = str(Path(triton.__file__).resolve().parent)
 MEMO = str(Path(PROBE) / "heads" / "scores.py")
 DEFAULT = [name for name, score in SCORES.items() if score.by_default]
 
-OPS_PER_LAYER = 80
+OPS_PER_LAYER = 64
 """The budget per layer, every default score read from a layer call alone (views included). What it consists of,
-measured at 74 (unpadded): the attention launch's outputs (log-sum-exp, top keys: 4); one launch of the label kernel
-for every diagonal and column the scores declare (its table: 1) and its covering view; the linear scores (previous
-token, induction, duplicate token, next token, sink) in one einsum of that table with the batch's selections and one
-addition each to their stacked sums and counts (about 20); sep's column and its masked sum (about 10); positional's
-two neighbours counted from the kernel's top keys (about 25); sep's and positional's additions to their sums and
-counts (about 10)."""
-PADDED_OPS_PER_LAYER = 110
-"""The same with padding (an additive mask the hooks build and the kernels read; measured at 103): the mask made
-additive (3), a second sep column for the second last position, and the bias broadcast for each launch."""
+measured at 60 (24 of them not views): the attention launch's outputs (3); the label kernel's table of every
+diagonal and column the scores declare, and the views of it they read (6); the linear scores (previous token, sink,
+induction, duplicate token, next token) in one einsum of that table with the batch's selections (14, mostly views)
+and one addition each to their stacked sums and counts (2); sep's column summed over the valid queries (9);
+positional's two neighbours counted from the kernel's top keys (6); sep's and positional's sums and counts
+reshaped and added (20)."""
+PADDED_OPS_PER_LAYER = 90
+"""The same with padding, measured at 83: besides the above, the mask made additive by the hooks (3), the bias
+broadcast for each launch, and a second sep column for the batch's second last position (one more launch)."""
 PER_LAYER = replace(DEFAULT_CONFIG, group_bytes=0, diagonal_rows=128)  # each layer call read alone, as long inputs
 # are; row chunks of 128 where the fast path chunks rows at all (none may be issued per chunk)
 
