@@ -118,7 +118,8 @@ def test_prune_command_writes_json_csv_and_html(tmp_path, capsys, monkeypatch):
     assert michel["kept_mask"][1][1] == 1 and michel["kept_mask"][0][0] == 1  # the induction circuit is kept
     assert "michel" in out and "forward-equivalents" in out
     lines = outputs["--csv"].read_text().splitlines()
-    assert lines[0].startswith("# provenance:") and lines[1].startswith("ordering,seed,step,")
+    assert lines[0].startswith("ordering,seed,step,")  # the header first; the provenance beside the file
+    assert json.loads((tmp_path / "p.provenance.json").read_text())["describes"] == "p.csv"
     assert "probe-prune-plot" in outputs["--html"].read_text()
     for bad, message in ((["--max-increase", "lots"], "--max-increase"), (["--step", "2"], "--step"),
                          (["--orderings", "best"], "--orderings")):

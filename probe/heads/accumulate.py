@@ -46,6 +46,23 @@ def linear_plan(names: list[str], batch: Batch, n: int, kv: int) -> LinearPlan:
                       torch.tensor([float(mask.sum()) for mask in selected], dtype=torch.float64))
 
 
+def _zeros(shape: tuple[int, ...], part: Tensor) -> Tensor:
+    """Running sums float64 for parts like `part`: on a CUDA part's device (no host round-trip per layer; `result`
+    fetches them), else on the CPU."""
+    return torch.zeros(shape, dtype=torch.float64, device=part.device if part.device.type == "cuda" else "cpu")
+
+
+def _add_at(total: Tensor, layers: list[int], part: Tensor, dim: int = 0) -> None:
+    """total[layers] += part along `dim`: one addition where the layers are consecutive (a slice: no index tensor
+    copied to the device), else one per layer (python integers: nothing sent to the device either)."""
+    part = part.to(total.device)
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        total.narrow(dim, layers[0], len(layers)).add_(part)
+        return
+    for index, layer in enumerate(layers):
+        total.select(dim, layer).add_(part.select(dim, index) if part.shape[dim] > 1 else part.select(dim, 0))
+
+
 class ScoreAccumulator:
     """Running sums and counts of several scores for every (layer, head), fed one block of weights at a time
     (`update`) or one layer call's fused statistics (`__call__`, from the `lse` hook point). `config` tunes the
@@ -61,6 +78,8 @@ class ScoreAccumulator:
         self.pending: list[tuple[int, FusedStatistics]] = []  # layer calls held back, read together by `flush`
         self._current: Batch | None = None
         self.paths: dict[int, tuple[bool, str]] = {}  # layer -> (fast, the backend that served or why it went blocked)
+        self.stacks: dict[tuple[str, ...], tuple[Tensor, Tensor]] = {}  # a LinearPlan's running sums and counts,
+        # (scores, n_layers, h) each: the rows of `sums` and `counts` of its scores
 
     @property
     def batch(self) -> Batch | None:
@@ -79,18 +98,28 @@ class ScoreAccumulator:
 
     def _add(self, name: str, layers: list[int], sums: Tensor, counts: Tensor) -> None:
         """Add sums and counts (len(layers), ...) of `layers`."""
-        if name not in self.sums:  # CUDA sums stay there (no host round-trip per layer; `result` fetches them)
-            self.sums[name], self.counts[name] = (torch.zeros(
-                *self.shape[:1], *part.shape[1:], dtype=torch.float64,
-                device=part.device if part.device.type == "cuda" else "cpu") for part in (sums, counts))
-        sums, counts = sums.to(self.sums[name].device), counts.to(self.counts[name].device)
-        if layers == list(range(layers[0], layers[-1] + 1)):  # a slice: no index tensor copied to the device
-            self.sums[name][layers[0]:layers[-1] + 1] += sums
-            self.counts[name][layers[0]:layers[-1] + 1] += counts
+        if name not in self.sums:
+            self.sums[name], self.counts[name] = (_zeros((self.shape[0], *part.shape[1:]), part)
+                                                  for part in (sums, counts))
+        _add_at(self.sums[name], layers, sums)
+        _add_at(self.counts[name], layers, counts)
+
+    def _add_plan(self, plan: LinearPlan, layers: list[int], sums: Tensor, counts: Tensor) -> None:
+        """Add the plan's scores' sums (scores, len(layers), h) and counts (scores,) of `layers` in one addition each:
+        their running sums are one stacked tensor (each score's `sums[name]` a view of its row), made on the first
+        call; where a score's sums exist apart already (a layer read blocked first), each is added on its own."""
+        stacked = self.stacks.get(tuple(plan.names))
+        if stacked is None and not any(name in self.sums for name in plan.names):
+            shape = (len(plan.names), self.shape[0], sums.shape[-1])
+            stacked = self.stacks[tuple(plan.names)] = (_zeros(shape, sums), _zeros(shape, sums))
+            for index, name in enumerate(plan.names):
+                self.sums[name], self.counts[name] = stacked[0][index], stacked[1][index]
+        if stacked is None:
+            for index, name in enumerate(plan.names):
+                self._add(name, layers, sums[index], counts[index, None, None].expand_as(sums[index]))
             return
-        for index, layer in enumerate(layers):  # python integers: nothing sent to the device either
-            self.sums[name][layer] += sums[index]
-            self.counts[name][layer] += counts[index]
+        _add_at(stacked[0], layers, sums, dim=1)
+        _add_at(stacked[1], layers, counts[:, None, None].to(stacked[1].device), dim=1)
 
     def _batch(self) -> Batch:
         if self.batch is None:
@@ -163,8 +192,8 @@ class ScoreAccumulator:
                                    lambda: uploaded(plan.selection(columns, table.shape[-1]).to(table.dtype),
                                                     table.device))
             sums = torch.einsum("bhnw,bnws->sh", table, selection).double().unflatten(-1, (len(layers), -1))
-            for index, name in enumerate(plan.names):
-                self._add(name, layers, sums[index], plan.counts[index].expand_as(sums[index]))
+            self._add_plan(plan, layers, sums, batch.memo(("plan counts", tuple(self.names), n, kv, str(table.device)),
+                                                          lambda: uploaded(plan.counts, table.device)))
         for name in names:
             fast = SCORES[name].fast
             assert fast is not None, name

@@ -357,18 +357,17 @@ def positional_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tenso
     row's maximum (`neighbour_hits`: argmax's answer; the CPU backend's by a staged search that reads whole rows only
     for the rows its cheap stages cannot decide, probe.kernels.cpu; the CUDA backend's from its kernel's top keys)."""
     b, h, n, kv = attention.shape
-    sums = torch.zeros(2, h, dtype=torch.float64, device=attention.lse.device)  # where neighbour_hits counts: a
-    # kernel's top keys are counted on its device, without a round-trip to the host
-    counts = torch.zeros(2, h, dtype=torch.float64)
     device = attention.lse.device  # the rows are taken there once per batch (memo): no copy per layer
-    for index, shift in enumerate((-1, 1)):
+    hits, counts = [], []
+    for shift in (-1, 1):
         selected, count = batch.memo(("neighbours", n, kv, shift, str(device)),
                                      lambda: _neighbour_rows(batch.valid, kv, shift, device))
-        counts[index] += count
-        if attention.bias is None and attention.causal and shift > kv - n:  # the neighbour is causally hidden
-            continue
-        sums[index] += attention.neighbour_hits(selected, shift)
-    return sums, counts
+        counts.append(count)
+        hidden = attention.bias is None and attention.causal and shift > kv - n  # the neighbour is causally hidden
+        hits.append(torch.zeros(h, dtype=torch.float64, device=device) if hidden else
+                    attention.neighbour_hits(selected, shift))  # where it counts: a kernel's top keys on its device
+    return torch.stack(hits), batch.memo(("neighbour counts", n, kv, h), lambda: torch.tensor(
+        counts, dtype=torch.float64)[:, None].expand(2, h))  # counts: on the host (no round-trip either)
 
 
 def _neighbour_rows(valid: Tensor, kv: int, shift: int,

@@ -33,6 +33,7 @@ from torch import Tensor
 from probe.kernels.base import AttentionCall, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import FusedAttention
+from probe.kernels.labels import label_weights
 
 triton: Any = None  # imported on the kernel's first use (_jitted): Triton reads TRITON_INTERPRET when it is imported
 tl: Any = None
@@ -101,9 +102,19 @@ class CudaBackend:
 @dataclass
 class CudaAttention(FusedAttention):
     """FusedAttention with the kernel's top key of every row (`top_keys`): row maxima (positional's question) are
-    read from it on the device (FusedAttention.neighbour_hits / tops_of_rows), never searched."""
+    read from it on the device (FusedAttention.neighbour_hits / tops_of_rows), never searched. Queries and keys stay
+    in the model's dtype (`whole_copies` False: a float32 copy of both per layer would cost what the kernel costs in
+    memory traffic); the diagonals and columns the scores read come from one launch over every row
+    (probe.kernels.labels), which makes each value it loads float32."""
 
     backend = NAME
+    whole_copies = False
+
+    def _in_chunks(self, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
+        """(b, hq, n, len(offsets) + len(keys)): FusedAttention's table of the weights on keys i + offset and on
+        `keys`, from one launch of the label kernel over every row (no row chunks, no gathered keys)."""
+        return label_weights(self.query, self.key, self.bias, self.lse, self.scaling, self.causal, offsets, keys,
+                             interpreted())
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,9 @@ class TableColumn(NamedTuple):
 
 
 def _statistics_copy(tensor: Tensor) -> Tensor:
-    """A half-precision query or key as float32 (float32 and wider as they are)."""
+    """A half-precision query or key (or a chunk of them) as float32; float32 and wider as they are (no copy)."""
     return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+
 
 @dataclass
 class FusedAttention:
@@ -50,6 +51,9 @@ class FusedAttention:
     faster. `backend` names the backend that made it (a result's `path` reports it)."""
 
     backend: ClassVar[str] = "reference"
+    whole_copies: ClassVar[bool] = True  # half-precision queries and keys kept as whole float32 copies; False: kept
+    # in the model's dtype, each chunk a statistic reads made float32 where it is read (the same float32 values:
+    # a GPU backend's, whose copies would cost a layer's memory traffic and memory)
 
     query: Tensor  # (b, hq, n, d)
     key: Tensor  # (b, hk, kv, d)
@@ -67,8 +71,11 @@ class FusedAttention:
         """Half-precision queries and keys are kept as float32 copies, whichever backend made the statistics: every
         logit they rebuild is then a float32 product of the model's own values, so the staged search's bounds and
         ties (float32's rounding, 2^-13 |q| |k| margins) hold as derived for any input dtype, and a rebuilt weight
-        carries float32's error, not bfloat16's 2^-8 per logit (docs/precision.md)."""
-        self.query, self.key = _statistics_copy(self.query), _statistics_copy(self.key)
+        carries float32's error, not bfloat16's 2^-8 per logit (docs/precision.md). A backend that sets
+        `whole_copies` False keeps them as given: every read below makes its chunk float32 (`_statistics_copy`,
+        no copy of float32), which gives the same float32 values chunk by chunk."""
+        if self.whole_copies:
+            self.query, self.key = _statistics_copy(self.query), _statistics_copy(self.key)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -176,8 +183,8 @@ class FusedAttention:
         """(b, hq, stop - start, len(keys)): the weights of queries start .. stop on the same keys, one matmul of
         the queries against those keys (repeated to the query heads: a few rows)."""
         b, hq, n, kv = self.shape
-        key = self.key[:, :, keys].repeat_interleave(hq // self.key.shape[1], dim=1)  # (b, hq, c, d)
-        logits = torch.matmul(self.query[:, :, start:stop], key.transpose(-1, -2)) * self.scaling
+        key = _statistics_copy(self.key[:, :, keys]).repeat_interleave(hq // self.key.shape[1], dim=1)  # (b, hq, c, d)
+        logits = torch.matmul(_statistics_copy(self.query[:, :, start:stop]), key.transpose(-1, -2)) * self.scaling
         rows = torch.arange(start, stop, device=keys.device)
         return self._finish(logits, rows, keys, self.lse[:, :, start:stop])
 
@@ -186,8 +193,9 @@ class FusedAttention:
         by its heads), gathered from the flat key rows: one batched matmul; hidden keys exactly 0."""
         b, hq, n, kv = self.shape
         hk, d, m, k = self.key.shape[1], self.query.shape[-1], stop - start, gathered.inside.shape[1]
-        keys = _flat(self.key).index_select(0, gathered.index).view(b * m * hk, k, d)
-        query = self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d)  # a view, as handed over
+        keys = _statistics_copy(_flat(self.key).index_select(0, gathered.index).view(b * m * hk, k, d))
+        query = _statistics_copy(self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d))  # a
+        # view, as handed over (float32)
         logits = torch.bmm(query, keys.transpose(1, 2)).view(b, m, hq, k).transpose(1, 2)  # (b, hq, m, k)
         logits = logits.mul_(self.scaling).float()  # ours: changed in place from here
         if self.bias is not None:
@@ -215,12 +223,12 @@ class FusedAttention:
         b, hq, _, d = self.query.shape
         hk, rep = self.key.shape[1], hq // self.key.shape[1]
         blocks = -(-(stop - start) // block)
-        query = F.pad(self.query[:, :, start:stop], (0, 0, 0, blocks * block - (stop - start)))
+        query = F.pad(_statistics_copy(self.query[:, :, start:stop]), (0, 0, 0, blocks * block - (stop - start)))
         query = query.view(b, hk, rep, blocks, block, d).transpose(2, 3).reshape(b, hk, blocks, rep * block, d)
         first_key = start + low  # the first block's first key; keys outside 0 .. kv are zero padding
         span = blocks * block + width - 1
         left, right = max(0, -first_key), max(0, first_key + span - self.key.shape[2])
-        keys = F.pad(self.key[:, :, max(0, first_key):first_key + span], (0, 0, left, right))
+        keys = F.pad(_statistics_copy(self.key[:, :, max(0, first_key):first_key + span]), (0, 0, left, right))
         windows = keys.unfold(2, block + width - 1, block)  # (b, hk, blocks, d, block + width - 1), a view
         logits = torch.matmul(query, windows)  # (b, hk, blocks, rep * block, block + width - 1)
         s = logits.stride()  # row r of a block: columns r .. r + width - 1 of its window
@@ -259,9 +267,9 @@ class FusedAttention:
             sequence, head, row = part.unbind(1)
             keys = row[:, None] + low + torch.arange(width, device=part.device)  # (k, width)
             inside = keys.clamp(0, kv - 1)
-            query = _flat(self.query).index_select(0, (sequence * n + row) * hq + head)  # (k, d)
+            query = _statistics_copy(_flat(self.query).index_select(0, (sequence * n + row) * hq + head))  # (k, d)
             index = (sequence[:, None] * kv + inside) * hk + (head // (hq // hk))[:, None]
-            gathered = _flat(self.key).index_select(0, index.reshape(-1)).view(len(part), width, -1)
+            gathered = _statistics_copy(_flat(self.key).index_select(0, index.reshape(-1)).view(len(part), width, -1))
             logits = torch.bmm(gathered, query[:, :, None])[..., 0] * self.scaling
             hidden = (keys < 0) | (keys >= kv)
             if self.bias is not None:
@@ -279,7 +287,8 @@ class FusedAttention:
         """(b, hq, len(rows), kv): the query rows' weights over every key, exact (for row maxima)."""
         b, hq, _, kv = self.shape
         keys = torch.arange(kv, device=self.query.device)
-        logits = torch.matmul(self._grouped(self.query[:, :, rows]), self.key.transpose(-1, -2))
+        logits = torch.matmul(self._grouped(_statistics_copy(self.query[:, :, rows])),
+                              _statistics_copy(self.key).transpose(-1, -2))  # the few rows' keys: all of them
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
@@ -295,7 +304,7 @@ class FusedAttention:
         """(kv, d): one key/value head's keys, contiguous (they arrive strided: a matmul reads a copy ~1.4x
         faster), made once per layer call."""
         if (sequence, kv_head) not in self.contiguous_keys:
-            self.contiguous_keys[(sequence, kv_head)] = self.key[sequence, kv_head].contiguous()
+            self.contiguous_keys[(sequence, kv_head)] = _statistics_copy(self.key[sequence, kv_head]).contiguous()
         return self.contiguous_keys[(sequence, kv_head)]
 
     def tops_of_rows(self, found: Tensor, keys: Tensor) -> Tensor:
@@ -327,8 +336,8 @@ class FusedAttention:
         same answer."""
         b, hq, n, _ = self.shape
         if self.top_keys is not None:  # the kernel's argmax per row: counted on the device (no sync), float64 there
-            wanted = torch.arange(n, device=self.top_keys.device) + shift
-            hit = (self.top_keys == wanted) & selected.to(self.top_keys.device)[:, None, :n]
+            hit = (self.top_keys == _neighbours(n, shift, self.top_keys.device)) & \
+                selected.to(self.top_keys.device)[:, None, :n]
             return hit.sum(dim=(0, 2), dtype=torch.float64)
         found = selected.to(self.lse.device)[:, None, :n].expand(b, hq, n).nonzero()  # (k, 3): b, h, query
         top = self.tops_of_rows(found, found[:, 2] + shift) if len(found) else found.new_zeros(0, dtype=torch.bool)
@@ -342,10 +351,11 @@ class FusedAttention:
         padded = found.new_zeros(b * hk, int(sizes.max()), 3)  # padding: sequence 0, head 0, query 0
         padded[owner, slot] = found
         sequence, head, row = padded.unbind(-1)
-        query = _flat(self.query).index_select(0, ((sequence * n + row) * hq + head).reshape(-1))
+        query = _statistics_copy(_flat(self.query).index_select(0, ((sequence * n + row) * hq + head).reshape(-1)))
         limit = min(kv, int(found[:, 2].max()) + kv - n + 1) if self.causal else kv
         logits = torch.bmm(query.view(b * hk, -1, d) * self.scaling,
-                           self.key[:, :, :limit].reshape(b * hk, limit, d).transpose(1, 2))  # (b x hk, most, keys)
+                           _statistics_copy(self.key[:, :, :limit].reshape(b * hk, limit, d)).transpose(1, 2))  # (b
+        # x hk, most, keys)
         if self.bias is not None:
             bias = self.bias[..., :limit]
             logits += bias[sequence if bias.shape[0] > 1 else 0, head if bias.shape[1] > 1 else 0,
@@ -387,7 +397,7 @@ class FusedAttention:
         kv, offset = self.shape[3], self.shape[3] - self.shape[2]
         limit = min(kv, int(rows.max()) + offset + 1) if self.causal else kv
         keys = self._head_keys(batch, kv_head)[:limit]
-        logits = (self.query[batch, heads, rows] * self.scaling) @ keys.T  # scaled as blocked
+        logits = (_statistics_copy(self.query[batch, heads, rows]) * self.scaling) @ keys.T  # scaled as blocked
         if self.bias is not None:
             bias = self.bias[batch if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
             logits += bias[heads if bias.shape[0] > 1 else 0, rows if bias.shape[1] > 1 else 0]
@@ -456,6 +466,12 @@ def _any_hidden(n: int, kv: int, offsets: tuple[int, ...], keys: tuple[int, ...]
     # causal: query i sees keys up to i + kv - n; an offset past kv - n hides a key of every row, a fixed key one
     # of the first row
     return causal and (any(offset > kv - n for offset in offsets) or any(key > start + kv - n for key in keys))
+
+
+@functools.lru_cache(maxsize=64)
+def _neighbours(n: int, shift: int, device: torch.device) -> Tensor:
+    """(n,) long: each query's neighbour key i + shift, made once for every layer of every forward."""
+    return torch.arange(shift, n + shift, device=device)
 
 
 def uploaded(tensor: Tensor, device: torch.device) -> Tensor:
