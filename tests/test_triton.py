@@ -17,13 +17,13 @@ os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (pr
 import pytest
 import torch
 from attention_calls import masked_logits, moved
-from conftest import tiny_loaded
+from conftest import tiny_hf, tiny_loaded
 from families import ADAPTED, FAMILY_MODELS, tiny_family
 
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES
 from probe.inputs import ProbeSet
-from probe.kernels import REFERENCE, AttentionCall, additive_bias, using_backend
+from probe.kernels import DEFAULT_CONFIG, REFERENCE, AttentionCall, KernelConfig, additive_bias, using_backend
 from probe.kernels.cuda import CudaAttention, CudaBackend
 from probe.models import LoadedModel
 
@@ -76,8 +76,39 @@ def _ties_and_nan() -> AttentionCall:
     return AttentionCall(query, key, value, None, 3.0, True)
 
 
+def _key_mask_padded() -> AttentionCall:
+    """Right padding as a (b, kv) key mask beside causal masking (what the hooks hand over for transformers' padded
+    masks), 70 tokens: key blocks seen whole, the diagonal's and the padding's."""
+    query, key, value = _qkv(2, 2, 1, 70, 16, 16, seed=10)
+    valid = torch.ones(2, 70, dtype=torch.bool)
+    valid[1, 45:] = False
+    return AttentionCall(query, key, value, None, 0.25, True, key_mask=valid)
+
+
+def _key_mask_bidirectional() -> AttentionCall:
+    """An encoder's left and right padding: a key mask alone, no causal masking."""
+    query, key, value = _qkv(2, 2, 2, 41, 16, 32, seed=11)
+    valid = torch.ones(2, 41, dtype=torch.bool)
+    valid[0, :9], valid[1, 30:] = False, False
+    return AttentionCall(query, key, value, None, 0.3, False, key_mask=valid)
+
+
+def _window(n: int, window: int, padded_from: int | None, seed: int) -> AttentionCall:
+    """A causal sliding window as an int (and right padding as a key mask where given)."""
+    query, key, value = _qkv(1 if padded_from is None else 2, 2, 2, n, 16, 16, seed=seed)
+    valid = None
+    if padded_from is not None:
+        valid = torch.ones(2, n, dtype=torch.bool)
+        valid[1, padded_from:] = False
+    return AttentionCall(query, key, value, None, 0.25, True, key_mask=valid, window=window)
+
+
 CASES = {
     "causal": lambda: AttentionCall(*_qkv(2, 4, 4, 24, 16, 16, seed=0), None, 0.25, True),
+    "key mask, padded": _key_mask_padded,
+    "key mask, bidirectional": _key_mask_bidirectional,
+    "window 5 as an int": lambda: _window(40, 5, None, 12),  # narrower than a block
+    "window 70, padded": lambda: _window(130, 70, 100, 13),  # blocks seen whole between the edge and the diagonal
     "padded": _padded,
     "sliding window": _sliding_window,
     "grouped-query": lambda: AttentionCall(*_qkv(1, 6, 2, 33, 16, 16, seed=4), None, 0.35, True),
@@ -119,7 +150,8 @@ def test_kernel_equals_the_reference(case: str, dtype: torch.dtype) -> None:
             assert torch.equal(hits, reference.neighbour_hits(chosen, shift)), shift
 
 
-@pytest.mark.parametrize("case", ["padded", "grouped-query", "value head smaller (MLA)", "ties and NaN"])
+@pytest.mark.parametrize("case", ["padded", "grouped-query", "value head smaller (MLA)", "ties and NaN",
+                                  "key mask, padded", "window 70, padded"])
 def test_statistics_alone_beside_torchs_output(case: str) -> None:
     """Design (b) of issue 44: CudaBackend(output="sdpa") takes the layer's output from torch's sdpa and runs the
     kernel without values (attention_statistics): the output is attention's, the log-sum-exp and top keys are the
@@ -208,6 +240,41 @@ def test_six_default_scores_through_the_kernel_equal_the_blocked_path() -> None:
     differences, paths = _against_blocked(loaded, _probe_sets(loaded.vocab_size)[:2])
     assert paths == {"cuda"}
     assert max(value for name, value in differences.items() if name != "positional") <= 1e-4, differences
+
+
+class _Recording(CudaBackend):
+    """The CUDA backend, keeping every call the hooks hand it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[AttentionCall] = []
+
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, CudaAttention]:
+        self.calls.append(call)
+        return super().run(call, config)
+
+
+def test_padding_and_a_sliding_window_reach_the_kernel_as_a_key_mask_and_an_int() -> None:
+    """A padded batch through a tiny Mistral with a sliding window of 16 (under the sequence's 24 tokens; wide
+    enough that every padding query's window still holds a real key): every layer call reaches the kernel as a
+    (b, kv) key mask and the window, no dense bias, and the six default scores equal the blocked path's
+    (transformers' own masks) within 1e-5."""
+    model = tiny_hf("mistral", sliding_window=16)
+    loaded = LoadedModel(model=model, tokenizer=None, name="tiny-mistral", vocab_size=120)
+    recording = _Recording()
+    probe_sets = _probe_sets(120)[:2]
+    for probe_set in probe_sets:
+        names = [name for name in SIX if SCORES[name].probe == probe_set.name]
+        with using_backend(recording):
+            fast = score_heads(loaded, probe_set, names, batch_size=2, path="lse")
+        blocked = score_heads(loaded, probe_set, names, batch_size=2, path="blocked")
+        assert fast.path == "cuda"
+        assert max(float((fast[name] - blocked[name]).abs().max()) for name in names) <= 1e-5
+    structured = [call for call in recording.calls if call.key_mask is not None]
+    assert all(call.bias is None for call in recording.calls)  # never a dense bias (a batch shorter than the
+    assert structured and all(call.window == 16 and call.causal and  # window with no padding has no mask at all)
+                              call.key_mask.shape == (call.query.shape[0], call.key.shape[2]) for call in structured)
+    assert any(not bool(call.key_mask.all()) for call in structured)  # the padded batches' keys
 
 
 @pytest.mark.parametrize("name", [name for name in FAMILY_MODELS if name not in ADAPTED])
