@@ -1,16 +1,13 @@
 """The CUDA backend's Triton kernel (probe/kernels/cuda.py), run here by Triton's interpreter (TRITON_INTERPRET=1,
 set below: the same kernel on CPU tensors, slowly, so the shapes are tiny) against the blocked reference: the output,
 each row's log-sum-exp and its top key (argmax of the float32 logits: the earliest on ties, a NaN the largest), on
-causal, padded, sliding-window, grouped- and multi-query, dv != d, odd-length, tied and NaN calls in each dtype; and
-the six default scores through `score_heads` with the backend forced, against the blocked path."""
+causal, padded, sliding-window (as a bias, and as a key mask and window), grouped- and multi-query, dv != d,
+odd-length, tied and NaN calls in each dtype; and the six default scores through `score_heads` with the backend forced,
+against the blocked path. Its compiled form: tests/test_kernel_compile.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (probe.kernels.cuda decorates lazily)
 
@@ -286,39 +283,3 @@ def test_every_family_through_the_kernel_equals_the_blocked_path(name: str) -> N
     differences, paths = _against_blocked(loaded, _probe_sets(120)[:2])
     assert paths == {"cuda"}, paths
     assert max(differences.values()) <= 1e-5, differences
-
-
-COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import probe.kernels.cuda as cuda
-
-kernel = cuda._jitted(False)
-for dtype, d, dv, bias, causal, output in (("bf16", 64, 64, False, True, True), ("fp32", 80, 48, True, False, True),
-                                           ("fp16", 128, 1, False, True, False)):
-    blocks = cuda.blocks_for(d, dv, interpreter=False)
-    constants = dict(NONE=cuda.NO_NAN, HAS_BIAS=bias, CAUSAL=causal, WITH_OUTPUT=output,
-                     PRECISION="ieee" if dtype == "fp32" else "tf32",
-                     UPCAST=False, BLOCK_M=blocks.rows, BLOCK_N=blocks.keys, HEAD=blocks.head,
-                     VALUE_HEAD=blocks.value_head)
-    types = dict(Q="*" + dtype, K="*" + dtype, V="*" + dtype, B="*" + dtype, Out="*" + dtype, Lse="*fp32",
-                 Top="*i32", scaling="fp32")
-    signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in kernel.arg_names}
-    source = ASTSource(kernel, signature, {(kernel.arg_names.index(name),): value for name, value in constants.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": blocks.warps})
-    assert compiled.asm["cubin"], dtype
-"""
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no CUDA compiler in triton")
-def test_the_kernel_compiles_for_an_h100() -> None:
-    """Triton's compiler, not its interpreter, builds the kernel for sm_90 (an H100) down to a cubin without a GPU
-    (ptxas ships with triton): bfloat16 causal with head 64, float32 with a bias and heads 80 / 48 (padded), and the
-    float16 statistics alone (no value product, design (b)). The
-    interpreter runs Python the compiler refuses; this is where that shows before a GPU does. In a fresh process:
-    Triton compiles only where it was imported without TRITON_INTERPRET."""
-    environment = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    result = subprocess.run([sys.executable, "-c", COMPILE], env=environment, cwd=Path(__file__).parents[1],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
