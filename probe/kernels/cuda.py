@@ -149,22 +149,23 @@ class Tile:
 TILES: dict[tuple[int, str, bool], tuple[Tile, ...]] = {
     # (the wider padded head, "half" for bfloat16 / float16 or "float32", with the output) -> the tiles autotune
     # times. Half precision: tensor-core products in the tutorial's shapes, narrowed to 32 keys per step where the
-    # output accumulator, the running top key and the masks would otherwise spill (128 x 64 at head 128 does);
-    # without the output, wider steps fit. Float32: exact products (IEEE, CUDA cores), small tiles. Each compiles for
-    # sm_80 and sm_90 without spills within their shared memory (tests/test_kernel_compile.py; the registers,
-    # shared memory and spills of each: bench/RESULTS.md, `python -m bench kernel_compile`).
+    # output accumulator, the running top key and the masks would otherwise spill (128 x 64 at head 128 does, and
+    # 64 x 32 at head 256); without the output, wider steps fit. Float32: exact products (IEEE, on CUDA cores, their
+    # operands in registers), small tiles. Each compiles for sm_80 and sm_90 without spills within their shared
+    # memory (tests/test_kernel_compile.py; registers, shared memory and spills of each in bench/RESULTS.md,
+    # `python -m bench kernel_compile`).
     (64, "half", True): (Tile(128, 32, 4, 3), Tile(64, 64, 4, 3)),
-    (128, "half", True): (Tile(128, 32, 8, 3), Tile(64, 32, 4, 3)),
-    (256, "half", True): (Tile(64, 32, 8, 2),),
+    (128, "half", True): (Tile(128, 32, 8, 3), Tile(64, 32, 8, 3)),
+    (256, "half", True): (Tile(32, 32, 8, 2),),
     (64, "half", False): (Tile(128, 64, 4, 3), Tile(128, 128, 8, 3)),
     (128, "half", False): (Tile(128, 64, 8, 3), Tile(128, 128, 8, 3)),
     (256, "half", False): (Tile(128, 64, 8, 2), Tile(64, 64, 4, 3)),
-    (64, "float32", True): (Tile(64, 32, 4, 2),),
-    (128, "float32", True): (Tile(32, 32, 4, 2),),
-    (256, "float32", True): (Tile(32, 32, 4, 1),),
-    (64, "float32", False): (Tile(64, 32, 4, 2),),
-    (128, "float32", False): (Tile(64, 32, 4, 2),),
-    (256, "float32", False): (Tile(32, 32, 4, 2),),
+    (64, "float32", True): (Tile(32, 32, 4, 2),),
+    (128, "float32", True): (Tile(16, 32, 4, 2),),
+    (256, "float32", True): (Tile(16, 16, 4, 1),),
+    (64, "float32", False): (Tile(32, 32, 4, 2),),
+    (128, "float32", False): (Tile(16, 32, 4, 2),),
+    (256, "float32", False): (Tile(16, 16, 4, 2),),
 }
 INTERPRETER_TILE = Tile(32, 32, 4, 1)  # numpy's cost is per step: small tiles waste nothing there
 
