@@ -65,10 +65,11 @@ def _recognised(mask: Tensor, arguments: dict[str, Any]) -> MaskStructure | None
         window = _sliding_window(arguments.get("mask_function"), forms)
         kind = "causal" if window is not None else None
     q_length, kv_length = arguments.get("q_length"), int(mask.shape[-1])
-    if kind is None or mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or \
-            tuple(mask.shape[2:]) != (q_length, arguments.get("kv_length")) or q_length != kv_length or \
-            arguments.get("q_offset", 0) != 0 or arguments.get("kv_offset", 0) != 0 or \
-            not isinstance(arguments.get("q_offset", 0), int) or not isinstance(arguments.get("kv_offset", 0), int):
+    # the offsets are tensors under a static cache: only ints are compared (a tensor's comparison is a host read)
+    offsets = (arguments.get("q_offset", 0), arguments.get("kv_offset", 0))
+    if kind is None or not all(isinstance(offset, int) and offset == 0 for offset in offsets) or \
+            mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or \
+            tuple(mask.shape[2:]) != (q_length, arguments.get("kv_length")) or q_length != kv_length:
         return None
     padding = arguments.get("attention_mask")
     if padding is None:
