@@ -19,7 +19,7 @@ from bench import report
 from bench.common import save_result
 
 ALL = ["classification", "ablation", "taylor", "memory", "profile", "long_context"]
-ON_REQUEST = ["gpu"]  # run only when named
+ON_REQUEST = ["gpu", "kernel_compile"]  # run only when named
 
 
 def main() -> None:
@@ -74,7 +74,11 @@ def main() -> None:
         if name == "gpu":
             _gpu(args.dry_run, command, log, args.budget)
             continue
-        if name == "classification":
+        if name == "kernel_compile":  # no GPU: Triton's compiler, every autotune configuration for sm_90 and sm_80
+            from bench import kernel_compile
+
+            data = kernel_compile.run(log)
+        elif name == "classification":
             from bench import classification
 
             data = classification.run(repeats=args.repeats or 7, log=log, with_tl=not args.no_tl,

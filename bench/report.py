@@ -572,6 +572,11 @@ def render(extra: str = "") -> str:
         data = load_result(name)
         if data is not None and (needs is None or needs in data):
             parts.append(section(data))
+    compiled = load_result("kernel_compile")
+    if compiled is not None:
+        from bench import kernel_compile
+
+        parts.append(kernel_compile.section(compiled))
     if extra:
         parts.append(extra)
     return "\n".join(parts)

@@ -92,9 +92,43 @@ def _ties() -> AttentionCall:
     return AttentionCall(query, key, value, None, 3.0, True)  # sharp rows: two tied keys hold most of a row
 
 
+def _key_mask_right_padded() -> AttentionCall:
+    """Right padding as the hooks hand over a mask transformers made from padding and causality: a (b, kv) key mask
+    beside the causal flag, no bias."""
+    query, key, value = _qkv(3, 4, 2, 20, 8, 8, seed=10)
+    valid = torch.ones(3, 20, dtype=torch.bool)
+    valid[1, 14:], valid[2, 7:] = False, False
+    return AttentionCall(query, key, value, None, 8 ** -0.5, True, key_mask=valid)
+
+
+def _key_mask_bidirectional() -> AttentionCall:
+    """An encoder's padding, left and right (no causal mask): a key mask alone."""
+    query, key, value = _qkv(2, 2, 2, 17, 8, 8, seed=11)
+    valid = torch.ones(2, 17, dtype=torch.bool)
+    valid[0, :5], valid[1, 12:] = False, False
+    return AttentionCall(query, key, value, None, 0.4, False, key_mask=valid)
+
+
+def _window() -> AttentionCall:
+    """A causal sliding window of 6 keys over 37 tokens (Mistral's, Gemma's local layers), no padding."""
+    query, key, value = _qkv(2, 4, 2, 37, 8, 8, seed=12)
+    return AttentionCall(query, key, value, None, 0.35, True, window=6)
+
+
+def _window_padded() -> AttentionCall:
+    """A sliding window of 8 and right padding together (every padding query's window still holds a real key)."""
+    query, key, value = _qkv(2, 2, 1, 26, 8, 8, seed=13)
+    valid = torch.ones(2, 26, dtype=torch.bool)
+    valid[1, 22:] = False
+    return AttentionCall(query, key, value, None, 0.5, True, key_mask=valid, window=8)
+
+
 CASES = {"causal": _causal, "padded bool mask": _padded_bool_mask, "additive bias": _additive_bias,
          "grouped-query": _grouped_query, "multi-query": _multi_query, "value head smaller": _smaller_value_head,
-         "value head larger": _larger_value_head, "odd lengths": _odd_lengths, "ties": _ties}
+         "value head larger": _larger_value_head, "odd lengths": _odd_lengths, "ties": _ties,
+         "key mask, right padded": _key_mask_right_padded, "key mask, bidirectional": _key_mask_bidirectional,
+         "sliding window": _window, "sliding window, padded": _window_padded}
+STRUCTURED = ["key mask, right padded", "key mask, bidirectional", "sliding window", "sliding window, padded"]
 
 
 def _device(backend: Backend) -> str:
@@ -178,3 +212,42 @@ def test_the_reference_in_query_blocks_equals_one_block(case: str) -> None:
     output, statistics = REFERENCE.run(call, DEFAULT_CONFIG)
     blocked_output, blocked = REFERENCE.run(call, replace(DEFAULT_CONFIG, reference_block=7))
     assert torch.equal(output, blocked_output) and torch.equal(statistics.lse, blocked.lse)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", STRUCTURED)
+@pytest.mark.parametrize("backend", [*BACKENDS, REFERENCE], ids=lambda backend: backend.name)
+def test_a_key_mask_and_window_give_the_numbers_of_their_dense_bias(backend: Backend, case: str,
+                                                                      dtype: torch.dtype) -> None:
+    """A call whose mask is a key mask and window (what the hooks hand over for transformers' padding and sliding
+    window masks) gives the numbers of the same call with the boolean mask they stand for made additive
+    (`additive_bias`, what the hooks handed over before): bit for bit on backends that read a dense mask (the CPU
+    kernel, the reference), within the tolerance on a kernel that reads the key mask and window themselves."""
+    call = moved(CASES[case](), dtype, "cpu" if backend is REFERENCE else _device(backend))
+    n, kv = call.query.shape[2], call.key.shape[2]
+    distance = torch.arange(n)[:, None] + kv - n - torch.arange(kv)[None, :]
+    seen = (distance >= 0) if call.causal else torch.ones(n, kv, dtype=torch.bool)
+    if call.window is not None:
+        seen = seen & (distance < call.window)
+    seen = seen.to(call.query.device)
+    key_mask = call.key_mask if call.key_mask is not None else torch.ones(1, kv, dtype=torch.bool)
+    mask = seen[None, None] & key_mask.to(call.query.device)[:, None, None, :]
+    dense = AttentionCall(call.query, call.key, call.value, additive_bias(mask, None, dtype), call.scaling, False)
+    assert torch.equal(call.dense_bias(), dense.bias)
+    assert call.key_mask is None or call.dense_bias() is call.dense_bias()  # made once per key mask (per forward)
+    assert backend.problem(call) == "" and backend.problem(dense) == ""
+    with torch.no_grad():
+        output, statistics = backend.run(call, DEFAULT_CONFIG)
+        dense_output, dense_statistics = backend.run(dense, DEFAULT_CONFIG)
+    if backend.name in ("cpu", "reference"):
+        assert torch.equal(output, dense_output) and torch.equal(statistics.lse, dense_statistics.lse)
+    else:
+        assert (output.float() - dense_output.float()).abs().max() <= TOLERANCE[dtype]
+        assert (statistics.lse - dense_statistics.lse).abs().max() <= TOLERANCE[dtype] * 4
+
+
+def test_refused_mask_forms() -> None:
+    """A window without causal masking, or a bias beside a key mask, is no form any backend reads."""
+    call = _window()
+    assert "without causal" in rebuild_problem(replace(call, causal=False))
+    assert "one mask form" in rebuild_problem(replace(call, bias=torch.zeros(1, 1, 37, 37)))

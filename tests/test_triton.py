@@ -1,29 +1,26 @@
 """The CUDA backend's Triton kernel (probe/kernels/cuda.py), run here by Triton's interpreter (TRITON_INTERPRET=1,
 set below: the same kernel on CPU tensors, slowly, so the shapes are tiny) against the blocked reference: the output,
 each row's log-sum-exp and its top key (argmax of the float32 logits: the earliest on ties, a NaN the largest), on
-causal, padded, sliding-window, grouped- and multi-query, dv != d, odd-length, tied and NaN calls in each dtype; and
-the six default scores through `score_heads` with the backend forced, against the blocked path."""
+causal, padded, sliding-window (as a bias, and as a key mask and window), grouped- and multi-query, dv != d,
+odd-length, tied and NaN calls in each dtype; and the six default scores through `score_heads` with the backend forced,
+against the blocked path. Its compiled form: tests/test_kernel_compile.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (probe.kernels.cuda decorates lazily)
 
 import pytest
 import torch
 from attention_calls import masked_logits, moved
-from conftest import tiny_loaded
+from conftest import tiny_hf, tiny_loaded
 from families import ADAPTED, FAMILY_MODELS, tiny_family
 
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES
 from probe.inputs import ProbeSet
-from probe.kernels import REFERENCE, AttentionCall, additive_bias, using_backend
+from probe.kernels import DEFAULT_CONFIG, REFERENCE, AttentionCall, KernelConfig, additive_bias, using_backend
 from probe.kernels.cuda import CudaAttention, CudaBackend
 from probe.models import LoadedModel
 
@@ -76,8 +73,39 @@ def _ties_and_nan() -> AttentionCall:
     return AttentionCall(query, key, value, None, 3.0, True)
 
 
+def _key_mask_padded() -> AttentionCall:
+    """Right padding as a (b, kv) key mask beside causal masking (what the hooks hand over for transformers' padded
+    masks), 70 tokens: key blocks seen whole, the diagonal's and the padding's."""
+    query, key, value = _qkv(2, 2, 1, 70, 16, 16, seed=10)
+    valid = torch.ones(2, 70, dtype=torch.bool)
+    valid[1, 45:] = False
+    return AttentionCall(query, key, value, None, 0.25, True, key_mask=valid)
+
+
+def _key_mask_bidirectional() -> AttentionCall:
+    """An encoder's left and right padding: a key mask alone, no causal masking."""
+    query, key, value = _qkv(2, 2, 2, 41, 16, 32, seed=11)
+    valid = torch.ones(2, 41, dtype=torch.bool)
+    valid[0, :9], valid[1, 30:] = False, False
+    return AttentionCall(query, key, value, None, 0.3, False, key_mask=valid)
+
+
+def _window(n: int, window: int, padded_from: int | None, seed: int) -> AttentionCall:
+    """A causal sliding window as an int (and right padding as a key mask where given)."""
+    query, key, value = _qkv(1 if padded_from is None else 2, 2, 2, n, 16, 16, seed=seed)
+    valid = None
+    if padded_from is not None:
+        valid = torch.ones(2, n, dtype=torch.bool)
+        valid[1, padded_from:] = False
+    return AttentionCall(query, key, value, None, 0.25, True, key_mask=valid, window=window)
+
+
 CASES = {
     "causal": lambda: AttentionCall(*_qkv(2, 4, 4, 24, 16, 16, seed=0), None, 0.25, True),
+    "key mask, padded": _key_mask_padded,
+    "key mask, bidirectional": _key_mask_bidirectional,
+    "window 5 as an int": lambda: _window(40, 5, None, 12),  # narrower than a block
+    "window 70, padded": lambda: _window(130, 70, 100, 13),  # blocks seen whole between the edge and the diagonal
     "padded": _padded,
     "sliding window": _sliding_window,
     "grouped-query": lambda: AttentionCall(*_qkv(1, 6, 2, 33, 16, 16, seed=4), None, 0.35, True),
@@ -119,7 +147,8 @@ def test_kernel_equals_the_reference(case: str, dtype: torch.dtype) -> None:
             assert torch.equal(hits, reference.neighbour_hits(chosen, shift)), shift
 
 
-@pytest.mark.parametrize("case", ["padded", "grouped-query", "value head smaller (MLA)", "ties and NaN"])
+@pytest.mark.parametrize("case", ["padded", "grouped-query", "value head smaller (MLA)", "ties and NaN",
+                                  "key mask, padded", "window 70, padded"])
 def test_statistics_alone_beside_torchs_output(case: str) -> None:
     """Design (b) of issue 44: CudaBackend(output="sdpa") takes the layer's output from torch's sdpa and runs the
     kernel without values (attention_statistics): the output is attention's, the log-sum-exp and top keys are the
@@ -210,6 +239,41 @@ def test_six_default_scores_through_the_kernel_equal_the_blocked_path() -> None:
     assert max(value for name, value in differences.items() if name != "positional") <= 1e-4, differences
 
 
+class _Recording(CudaBackend):
+    """The CUDA backend, keeping every call the hooks hand it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[AttentionCall] = []
+
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, CudaAttention]:
+        self.calls.append(call)
+        return super().run(call, config)
+
+
+def test_padding_and_a_sliding_window_reach_the_kernel_as_a_key_mask_and_an_int() -> None:
+    """A padded batch through a tiny Mistral with a sliding window of 16 (under the sequence's 24 tokens; wide
+    enough that every padding query's window still holds a real key): every layer call reaches the kernel as a
+    (b, kv) key mask and the window, no dense bias, and the six default scores equal the blocked path's
+    (transformers' own masks) within 1e-5."""
+    model = tiny_hf("mistral", sliding_window=16)
+    loaded = LoadedModel(model=model, tokenizer=None, name="tiny-mistral", vocab_size=120)
+    recording = _Recording()
+    probe_sets = _probe_sets(120)[:2]
+    for probe_set in probe_sets:
+        names = [name for name in SIX if SCORES[name].probe == probe_set.name]
+        with using_backend(recording):
+            fast = score_heads(loaded, probe_set, names, batch_size=2, path="lse")
+        blocked = score_heads(loaded, probe_set, names, batch_size=2, path="blocked")
+        assert fast.path == "cuda"
+        assert max(float((fast[name] - blocked[name]).abs().max()) for name in names) <= 1e-5
+    structured = [call for call in recording.calls if call.key_mask is not None]
+    assert all(call.bias is None for call in recording.calls)  # never a dense bias (a batch shorter than the
+    assert structured and all(call.window == 16 and call.causal and  # window with no padding has no mask at all)
+                              call.key_mask.shape == (call.query.shape[0], call.key.shape[2]) for call in structured)
+    assert any(not bool(call.key_mask.all()) for call in structured)  # the padded batches' keys
+
+
 @pytest.mark.parametrize("name", [name for name in FAMILY_MODELS if name not in ADAPTED])
 def test_every_family_through_the_kernel_equals_the_blocked_path(name: str) -> None:
     """Every family read through transformers' attention interface (tests/families.py: grouped-query, multi-head
@@ -219,39 +283,3 @@ def test_every_family_through_the_kernel_equals_the_blocked_path(name: str) -> N
     differences, paths = _against_blocked(loaded, _probe_sets(120)[:2])
     assert paths == {"cuda"}, paths
     assert max(differences.values()) <= 1e-5, differences
-
-
-COMPILE = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-import probe.kernels.cuda as cuda
-
-kernel = cuda._jitted(False)
-for dtype, d, dv, bias, causal, output in (("bf16", 64, 64, False, True, True), ("fp32", 80, 48, True, False, True),
-                                           ("fp16", 128, 1, False, True, False)):
-    blocks = cuda.blocks_for(d, dv, interpreter=False)
-    constants = dict(NONE=cuda.NO_NAN, HAS_BIAS=bias, CAUSAL=causal, WITH_OUTPUT=output,
-                     PRECISION="ieee" if dtype == "fp32" else "tf32",
-                     UPCAST=False, BLOCK_M=blocks.rows, BLOCK_N=blocks.keys, HEAD=blocks.head,
-                     VALUE_HEAD=blocks.value_head)
-    types = dict(Q="*" + dtype, K="*" + dtype, V="*" + dtype, B="*" + dtype, Out="*" + dtype, Lse="*fp32",
-                 Top="*i32", scaling="fp32")
-    signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in kernel.arg_names}
-    source = ASTSource(kernel, signature, {(kernel.arg_names.index(name),): value for name, value in constants.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": blocks.warps})
-    assert compiled.asm["cubin"], dtype
-"""
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no CUDA compiler in triton")
-def test_the_kernel_compiles_for_an_h100() -> None:
-    """Triton's compiler, not its interpreter, builds the kernel for sm_90 (an H100) down to a cubin without a GPU
-    (ptxas ships with triton): bfloat16 causal with head 64, float32 with a bias and heads 80 / 48 (padded), and the
-    float16 statistics alone (no value product, design (b)). The
-    interpreter runs Python the compiler refuses; this is where that shows before a GPU does. In a fresh process:
-    Triton compiles only where it was imported without TRITON_INTERPRET."""
-    environment = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
-    result = subprocess.run([sys.executable, "-c", COMPILE], env=environment, cwd=Path(__file__).parents[1],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]

@@ -20,6 +20,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
+from probe.hooks.masks import noting_structure, structure_of
 from probe.hooks.points import fire_blocked, fire_heads, fire_inputs, fire_statistics, fire_weights, fires
 from probe.hooks.restore import restoring
 from probe.hooks.types import AttentionInputs, HookContext, LayerHooks, Undo
@@ -73,17 +74,26 @@ def _from_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask
               hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
     """The output of the fused kernel of the backend that serves the call (probe.kernels.backend_for), run with the
     hooks' kernel configuration, its statistics handed to the `lse` point; None (and the reason handed to the
-    `blocked` point) where no backend serves it. The backend is chosen before the mask is made additive (a refused
-    call never pays for an n x kv float bias)."""
+    `blocked` point) where no backend serves it. A mask transformers made from padding, causality and a sliding
+    window goes as a (b, kv) key mask and a window size (probe.hooks.masks), any other as an additive bias, made after
+    the backend is chosen (a refused call never pays for an n x kv float bias)."""
     inputs = _inputs(query, key, value, mask, kwargs)
     dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
-    call = AttentionCall(query, key, value, mask if mask is not None else inputs.position_bias, inputs.scaling,
-                         _causal(module, kwargs.get("is_causal"), mask), inputs.softcap, inputs.sinks, dropout)
+    structure = structure_of(mask) if inputs.position_bias is None else None
+    if structure is not None and tuple(structure.key_mask.shape) == (query.shape[0], key.shape[2]):
+        # padding, causal and a sliding window as transformers made them: a (b, kv) key mask and an int
+        call = AttentionCall(query, key, value, None, inputs.scaling, structure.causal, inputs.softcap, inputs.sinks,
+                             dropout, key_mask=structure.key_mask, window=structure.window)
+    else:
+        structure = None
+        call = AttentionCall(query, key, value, mask if mask is not None else inputs.position_bias, inputs.scaling,
+                             _causal(module, kwargs.get("is_causal"), mask), inputs.softcap, inputs.sinks, dropout)
     backend, problem = backend_for(call)
     if backend is None:
         fire_blocked(hooks.of("blocked"), hooks.layer, problem)
         return None
-    call = replace(call, bias=additive_bias(mask, inputs.position_bias, query.dtype))
+    if structure is None:
+        call = replace(call, bias=additive_bias(mask, inputs.position_bias, query.dtype))
     output, attention = backend.run(call, hooks.config or DEFAULT_CONFIG)
     fire_statistics(hooks, attention, inputs)
     return output
@@ -160,7 +170,8 @@ def _register_hf() -> None:
 
     for name, original in _ORIGINAL_IMPLEMENTATION.items():
         AttentionInterface.register(name, _make_hf_implementation(name))
-        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[original])
+        make_mask = ALL_MASK_ATTENTION_FUNCTIONS[original]  # sdpa's boolean masks: their structure noted (masks.py)
+        AttentionMaskInterface.register(name, noting_structure(make_mask) if original == "sdpa" else make_mask)
     _REGISTERED.append(True)
 
 

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import Tensor
+from torch.utils.weak import WeakTensorKeyDictionary
 
 if TYPE_CHECKING:
     from probe.kernels.config import KernelConfig
@@ -35,7 +36,8 @@ class AttentionCall:
     query: Tensor  # (b, hq, n, d)
     key: Tensor  # (b, hk, kv, d), hq a multiple of hk (grouped- or multi-query)
     value: Tensor  # (b, hk, kv, dv): dv may differ from d (multi-head latent attention: 128 against 192)
-    bias: Tensor | None  # additive, broadcastable to (b, hq, n, kv) (additive_bias); None: plain, causal or not.
+    bias: Tensor | None  # additive, broadcastable to (b, hq, n, kv) (additive_bias); None: plain, causal or not,
+    # or masked by key_mask / window below.
     # `Backend.problem` is asked before a mask is made additive: it may read the bias' presence, shape and device,
     # not its dtype or values
     scaling: float
@@ -43,6 +45,54 @@ class AttentionCall:
     softcap: float | None = None  # tanh soft-capping of the logits (Gemma 2)
     sinks: Tensor | None = None  # (hq,) learned sink logits (gpt-oss)
     dropout: float = 0.0  # while training
+    key_mask: Tensor | None = None  # (b, kv) bool, True: a key the sequence attends (padding as a 2-D mask says);
+    # only where bias is None: a mask as small as the keys, never n x kv (dense_bias makes the n x kv form)
+    window: int | None = None  # a causal sliding window: query i sees keys j with i + kv - n - window < j;
+    # only where bias is None
+
+    @property
+    def structured(self) -> bool:
+        """Whether the mask is given as key_mask / window (scalars and a per-sequence vector), not as a bias."""
+        return self.key_mask is not None or self.window is not None
+
+    def dense_bias(self) -> Tensor | None:
+        """The call's mask as one additive tensor in the queries' dtype: `bias` where given, else key_mask, window
+        and causal made (b or 1, 1, n, kv) with 0 where a key is seen and -inf where not (what `additive_bias`
+        makes of the boolean mask they stand for, value for value), else None (plain). Made once per key_mask
+        tensor, n, window and dtype (the layers of one forward share it), for backends that read a dense mask."""
+        if self.bias is not None or not self.structured:
+            return self.bias
+        made: dict[tuple, Tensor] = {}
+        if self.key_mask is not None:
+            made = _DENSE.setdefault(self.key_mask, made)
+        form = (self.query.shape[2], self.key.shape[2], self.causal, self.window, self.query.dtype)
+        if form not in made:
+            seen = self.visible()
+            made[form] = torch.zeros(seen.shape, dtype=self.query.dtype, device=seen.device).masked_fill_(
+                seen.logical_not(), float("-inf"))  # additive_bias's, value for value
+        return made[form]
+
+    def visible(self) -> Tensor:
+        """(b or 1, 1, n, kv) bool: the keys each query sees, from key_mask, causal and window."""
+        n, kv, device = self.query.shape[2], self.key.shape[2], self.query.device
+        keys = torch.arange(kv, device=device)[None, :]
+        last = torch.arange(n, device=device)[:, None] + kv - n  # each query's own position among the keys
+        seen = keys <= last if self.causal else torch.ones(n, kv, dtype=torch.bool, device=device)
+        if self.window is not None:
+            seen = seen & (keys > last - self.window)
+        seen = seen[None, None]
+        return seen & self.key_mask[:, None, None, :] if self.key_mask is not None else seen
+
+    def with_dense_bias(self) -> AttentionCall:
+        """This call with key_mask and window made a dense bias (`dense_bias`; causal then carried by it): for a
+        backend whose kernel reads a dense mask. Itself where the mask is a bias already or the call is plain."""
+        if not self.structured:
+            return self
+        return replace(self, bias=self.dense_bias(), causal=False, key_mask=None, window=None)
+
+
+_DENSE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+"""key_mask -> {(n, kv, causal, window, dtype): its dense bias}: made once for the layers that share a key_mask."""
 
 
 class FusedStatistics(Protocol):
@@ -157,6 +207,10 @@ def rebuild_problem(call: AttentionCall) -> str:
         return "gradients requested"
     if call.causal and call.bias is None and query.shape[2] != key.shape[2]:
         return "causal queries after a key/value prefix"
+    if call.bias is not None and call.structured:
+        return "a bias beside key_mask / window (one mask form per call)"
+    if call.window is not None and not call.causal:
+        return "a sliding window without causal masking"
     if query.shape[1] % key.shape[1]:
         return "query heads not a multiple of key/value heads"
     return ""

@@ -42,7 +42,9 @@ class CpuBackend:
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, CpuAttention]:
         """The output (b, n, hq, dv) and the statistics its weights are rebuilt from. Grouped-query heads go to the
-        kernel as they are (it reads the shared keys per query head); causal applies only without a bias."""
+        kernel as they are (it reads the shared keys per query head); causal applies only without a bias; a key mask
+        and window go to the kernel as the dense bias they stand for (AttentionCall.with_dense_bias)."""
+        call = call.with_dense_bias()
         query, key, value = call.query, call.key, call.value
         d, dv = query.shape[-1], value.shape[-1]
         if dv < d:

@@ -9,9 +9,15 @@ program holds one block of query rows of one query head, walks the blocks of key
 (grouped- and multi-query heads read the shared keys where they are: never repeated in memory), keeps each row's
 running maximum and sum of exponentials, and rescales its output accumulator when the maximum grows. Beside the
 running maximum it keeps the running top key: the maximum among NaN-free logits with its earliest index, and the
-earliest NaN. Masks are the call's additive bias (padding, sliding windows, ALiBi: a boolean mask made additive by
-the hooks) read with broadcast strides, or plain causal, computed from indices. Head sizes are padded to a power of
-two (at least 16) inside the kernel; the value head has a size of its own (multi-head latent attention).
+earliest NaN. Masks come as the call's key mask (each sequence's (kv,) padding vector), sliding window (an int) and
+causal flag, computed from indices: every block of keys that all of a program's rows see whole runs unmasked, only the
+blocks on the diagonal, the window's edge and the last keys pay for the mask (as Triton's tutorial splits its causal
+loop). Any other mask is an additive bias (ALiBi, a mask the hooks do not recognise) read with broadcast strides.
+Logits are kept in base-2 units (the scale times log2(e), folded once), so every exponential is an exp2. Head sizes
+are compile-time constants, padded to a power of two (at least 16) only where they are not one; the value head has a
+size of its own (multi-head latent attention). Tiles, warps and pipeline stages are chosen by `triton.autotune` among
+a short list per head size and dtype (`TILES`), each compiled for sm_80 and sm_90 without register spills
+(`python -m bench kernel_compile`, tests/test_kernel_compile.py).
 
 Runs on CUDA tensors; with `TRITON_INTERPRET=1` set (Triton's interpreter, tests on a machine without a GPU) it also
 serves CPU tensors, slowly. Soft-capping stays refused (`rebuild_problem`): a weight rebuilt as
@@ -24,6 +30,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,13 +42,17 @@ from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import FusedAttention
 from probe.kernels.labels import label_weights
 
-triton: Any = None  # imported on the kernel's first use (_jitted): Triton reads TRITON_INTERPRET when it is imported
+triton: Any = None  # imported on the kernel's first use (_kernels): Triton reads TRITON_INTERPRET when it is imported
 tl: Any = None
+_largest: Any = None  # tl.max, tl.min and tl.sum: set in each mode's namespace of the kernel (_kernels)
+_smallest: Any = None
+_total: Any = None
 
 NAME = "cuda"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 MAX_HEAD_DIM = 256
 NO_NAN = 2**30  # "no NaN seen yet": larger than any key index the kernel is given (passed in as a constexpr)
+LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernel's logits are the scaled ones times this
 
 
 def interpreted() -> bool:
@@ -50,11 +61,11 @@ def interpreted() -> bool:
 
 
 class CudaBackend:
-    """The Triton kernel: CUDA tensors of float32, bfloat16 or float16, head sizes up to 256, any mask the hooks
-    make additive. CPU tensors too where TRITON_INTERPRET=1 is set (Triton's interpreter: tests without a GPU).
-    `output`: "kernel" (the default) takes the layer's output from the kernel, one pass for output and statistics;
-    "sdpa" keeps torch's own attention for the output and runs the kernel for the statistics alone, without the
-    value product (`python -m bench gpu` times both against sdpa)."""
+    """The Triton kernel: CUDA tensors of float32, bfloat16 or float16, head sizes up to 256, a key mask, sliding
+    window and causal flag or any additive bias. CPU tensors too where TRITON_INTERPRET=1 is set (Triton's
+    interpreter: tests without a GPU). `output`: "kernel" (the default) takes the layer's output from the kernel, one
+    pass for output and statistics; "sdpa" keeps torch's own attention for the output and runs the kernel for the
+    statistics alone, without the value product (`python -m bench gpu` times both against sdpa)."""
 
     name = NAME
 
@@ -85,17 +96,25 @@ class CudaBackend:
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, CudaAttention]:
         """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and each row's top
-        key index); causal applies only without a bias."""
-        plain_causal = call.causal and call.bias is None
+        key index). The kernel reads the key mask and window as they are; the statistics rebuild weights from the
+        dense form (`AttentionCall.dense_bias`, made once for the layers that share a key mask)."""
+        causal = call.causal and call.bias is None  # the kernel's flag: with a key mask and window, or plain
+        dense = call.with_dense_bias()  # what sdpa and the statistics read: a bias where the mask is not plain
+        plain_causal = dense.causal and dense.bias is None
         if self.output == "sdpa":
-            lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, plain_causal)
+            # sdpa hands back neither its log-sum-exp nor its logits, so the statistics need q k^T once more: the
+            # kernel's statistics-only pass (no value loads, no value product, tiles of its own) is that second
+            # pass at its cheapest. A backend whose fused kernel returns the log-sum-exp with the output would
+            # need only each row's top key from a second pass.
+            lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, causal,
+                                            key_mask=call.key_mask, window=call.window)
             output = torch.nn.functional.scaled_dot_product_attention(
-                call.query, call.key, call.value, attn_mask=call.bias, is_causal=plain_causal, scale=call.scaling,
+                call.query, call.key, call.value, attn_mask=dense.bias, is_causal=plain_causal, scale=call.scaling,
                 enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
         else:
-            output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling,
-                                                 plain_causal)
-        return output, CudaAttention(call.query, call.key, call.bias, call.scaling, plain_causal, lse, config,
+            output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling, causal,
+                                                 key_mask=call.key_mask, window=call.window)
+        return output, CudaAttention(call.query, call.key, dense.bias, call.scaling, plain_causal, lse, config,
                                      top_keys=top)
 
 
@@ -118,143 +137,285 @@ class CudaAttention(FusedAttention):
 
 
 @dataclass(frozen=True)
-class Blocks:
-    """How the kernel tiles one call: query rows per program, keys per step, padded head sizes, warps."""
+class Masks:
+    """What hides keys from a query in one launch: an additive bias broadcastable to (b, hq, n, kv), or a key mask
+    (b, kv) bool, a causal sliding window of `window` keys and the causal flag (computed from indices)."""
+
+    bias: Tensor | None = None
+    key_mask: Tensor | None = None
+    window: int | None = None
+    causal: bool = False
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One configuration autotune may pick: query rows per program, keys per step, warps, pipeline stages."""
 
     rows: int
     keys: int
-    head: int
-    value_head: int
     warps: int
+    stages: int
 
 
-def blocks_for(d: int, dv: int, interpreter: bool) -> Blocks:
-    """The tiling of a call: head sizes padded to a power of two (tl.dot needs 16 at least); 128 x 64 tiles for
-    heads up to 64 wide, 64 x 64 to 128, 64 x 32 above (shared memory holds a query block and a key and value
-    block); the interpreter takes 32 x 32 (numpy's cost is per step, small tiles waste nothing there)."""
-    head, value_head = (max(16, 1 << (size - 1).bit_length()) for size in (d, dv))
-    widest = max(head, value_head)
-    if interpreter:
-        return Blocks(32, 32, head, value_head, 4)
-    if widest <= 64:
-        return Blocks(128, 64, head, value_head, 4)
-    return Blocks(64, 64 if widest <= 128 else 32, head, value_head, 4 if widest <= 128 else 8)
+TILES: dict[tuple[int, str, bool], tuple[Tile, ...]] = {
+    # (the wider padded head, "half" for bfloat16 / float16 or "float32", with the output) -> the tiles autotune
+    # times. Half precision: tensor-core products in the tutorial's shapes, narrowed to 32 keys per step where the
+    # output accumulator, the running top key and the masks would otherwise spill (128 x 64 at head 128 does, and
+    # 64 x 32 at head 256); without the output, wider steps fit. Float32: exact products (IEEE, on CUDA cores, their
+    # operands in registers), small tiles. Each compiles for sm_80 and sm_90 without spills within their shared
+    # memory (tests/test_kernel_compile.py; registers, shared memory and spills of each in bench/RESULTS.md,
+    # `python -m bench kernel_compile`).
+    (64, "half", True): (Tile(128, 32, 4, 3), Tile(64, 64, 4, 3)),
+    (128, "half", True): (Tile(128, 32, 8, 3), Tile(64, 32, 8, 3)),
+    (256, "half", True): (Tile(32, 32, 8, 2),),
+    (64, "half", False): (Tile(128, 64, 4, 3), Tile(128, 128, 8, 3)),
+    (128, "half", False): (Tile(128, 64, 8, 3), Tile(128, 128, 8, 3)),
+    (256, "half", False): (Tile(128, 64, 8, 2), Tile(64, 64, 4, 3)),
+    (64, "float32", True): (Tile(32, 32, 4, 2),),
+    (128, "float32", True): (Tile(16, 32, 4, 2),),
+    (256, "float32", True): (Tile(16, 16, 4, 1),),
+    (64, "float32", False): (Tile(32, 32, 4, 2),),
+    (128, "float32", False): (Tile(16, 32, 4, 2),),
+    (256, "float32", False): (Tile(16, 16, 4, 2),),
+}
+INTERPRETER_TILE = Tile(32, 32, 4, 1)  # numpy's cost is per step: small tiles waste nothing there
+
+
+def padded(size: int) -> int:
+    """A head size as the kernel holds it: the next power of two, at least 16 (tl.dot's least)."""
+    return max(16, 1 << (size - 1).bit_length())
+
+
+def tiles_for(head: int, value_head: int, dtype: torch.dtype, with_output: bool) -> tuple[Tile, ...]:
+    """The tiles autotune chooses among for padded head sizes, a dtype and whether the output is written."""
+    widest = max(head, value_head if with_output else 16)
+    size = 64 if widest <= 64 else 128 if widest <= 128 else 256
+    return TILES[size, "float32" if dtype == torch.float32 else "half", with_output]
 
 
 def attention_forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scaling: float,
-                      causal: bool) -> tuple[Tensor, Tensor, Tensor]:
+                      causal: bool, *, key_mask: Tensor | None = None,
+                      window: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(output (b, n, hq, dv) in the value's dtype, log-sum-exp (b, hq, n) float32, top key (b, hq, n) int32) of
-    query (b, hq, n, d), key (b, hk, kv, d), value (b, hk, kv, dv) and an additive bias broadcastable to
-    (b, hq, n, kv) or None (then `causal` hides keys j > i + kv - n). One kernel launch, no host synchronisation."""
+    query (b, hq, n, d), key (b, hk, kv, d), value (b, hk, kv, dv), and the mask: an additive bias broadcastable to
+    (b, hq, n, kv), or a key mask (b, kv) bool, a causal sliding window and `causal` (keys j > i + kv - n hidden).
+    One kernel launch, no host synchronisation."""
     b, hq, n, _ = query.shape
     output = value.new_empty(b, n, hq, value.shape[-1])
-    return (output, *_launch(query, key, value, output, bias, scaling, causal))
+    return (output, *_launch(query, key, value, output, scaling, Masks(bias, key_mask, window, causal)))
 
 
-def attention_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float,
-                         causal: bool) -> tuple[Tensor, Tensor]:
+def attention_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, *,
+                         key_mask: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
     """attention_forward's log-sum-exp and top keys alone: the same pass without values or the value product."""
-    return _launch(query, key, None, None, bias, scaling, causal)
+    return _launch(query, key, None, None, scaling, Masks(bias, key_mask, window, causal))
 
 
-def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | None, bias: Tensor | None,
-            scaling: float, causal: bool) -> tuple[Tensor, Tensor]:
+def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | None, scaling: float,
+            masks: Masks) -> tuple[Tensor, Tensor]:
     """One launch of the kernel: its log-sum-exp and top keys, the output written where `output` is given."""
     b, hq, n, d = query.shape
     hk, kv = key.shape[1], key.shape[2]
     dv = value.shape[-1] if value is not None else 1
     lse = torch.empty(b, hq, n, dtype=torch.float32, device=query.device)
     top = torch.empty(b, hq, n, dtype=torch.int32, device=query.device)
+    bias = masks.bias
     if bias is not None:
         bias = bias[(None,) * (4 - bias.dim())].expand(b, hq, n, kv)  # broadcast dimensions: stride 0
     interpreter = interpreted()  # on any device's tensors (it copies them to the host): its own tiles and dots
-    blocks = blocks_for(d, dv, interpreter)
-    grid = (-(-n // blocks.rows), b * hq)
     none = (0, 0, 0, 0)
-    _kernel()[grid](
+    arguments = (
         query, key, value if value is not None else key, bias if bias is not None else query,
-        output if output is not None else query, lse, top, *query.stride(), *key.stride(),
-        *(value.stride() if value is not None else none), *(bias.stride() if bias is not None else none),
-        *(output.stride() if output is not None else none), n, kv, hq, hq // hk, d, dv, scaling,
-        NONE=NO_NAN, HAS_BIAS=bias is not None, CAUSAL=causal, WITH_OUTPUT=output is not None,
-        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        UPCAST=query.dtype == torch.bfloat16 and interpreter, BLOCK_M=blocks.rows,
-        BLOCK_N=blocks.keys, HEAD=blocks.head, VALUE_HEAD=blocks.value_head, num_warps=blocks.warps)
+        masks.key_mask if masks.key_mask is not None else lse, output if output is not None else query, lse, top,
+        *query.stride(), *key.stride(), *(value.stride() if value is not None else none),
+        *(bias.stride() if bias is not None else none),
+        *(masks.key_mask.stride() if masks.key_mask is not None else (0, 0)),
+        *(output.stride() if output is not None else none),
+        n, kv, hq, hq // hk, masks.window or 0, scaling * LOG2E, _length_class(kv))
+    constants = dict(D=d, DV=dv, HEAD=padded(d), VALUE_HEAD=padded(dv), NONE=NO_NAN, HAS_BIAS=bias is not None,
+                     HAS_KEY_MASK=masks.key_mask is not None, WINDOWED=masks.window is not None,
+                     CAUSAL=masks.causal, WITH_OUTPUT=output is not None,
+                     PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+                     UPCAST=query.dtype == torch.bfloat16 and interpreter)
+    kernel = _kernels(interpreter).launch
+    if interpreter:
+        tile = INTERPRETER_TILE
+        kernel[(-(-n // tile.rows), b * hq)](*arguments, **constants, BLOCK_M=tile.rows, BLOCK_N=tile.keys,
+                                             num_warps=tile.warps)
+    else:
+        kernel[lambda meta: (triton.cdiv(n, meta["BLOCK_M"]), b * hq)](*arguments, **constants)
     return lse, top
 
 
+def _length_class(kv: int) -> int:
+    """Autotune's key for the keys' count: its power of two from 256 to 65536 (one timing per class, not per
+    length)."""
+    return min(max(padded(kv), 256), 65536)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernel of one mode: `launch` (autotuned when compiled) and `jitted`, the function Triton compiles."""
+
+    launch: Any
+    jitted: Any
+
+
 @functools.lru_cache(maxsize=2)
-def _jitted(interpret: bool) -> Any:
-    """The kernel, compiled by Triton (or wrapped by its interpreter). Triton is imported here, not with probe:
-    whether it interprets is fixed when it is imported (its own helpers, tl.sum and the like, are decorated then),
-    so a test sets TRITON_INTERPRET before the first call, not before importing probe."""
-    del interpret  # the cache key: one decoration per mode
+def _kernels(interpret: bool) -> Kernels:
+    """The kernel, compiled by Triton (autotuned over TILES) or wrapped by its interpreter. Triton is imported here,
+    not with probe: whether it interprets is fixed when it is decorated, so a test sets TRITON_INTERPRET before the
+    first call. Each mode gets its own copy of the kernel's functions (their globals: Triton, the helpers decorated
+    in that mode, and Triton's reductions, which the interpreter re-decorates where Triton was imported before it
+    was asked to interpret: they were then decorated for the compiler)."""
     global triton, tl
     triton, tl = importlib.import_module("triton"), importlib.import_module("triton.language")
-    return triton.jit(_attention_rows)
+    namespace: dict[str, Any] = {"__name__": __name__, "tl": tl, "triton": triton}
+    for name, reduction in (("_largest", tl.max), ("_smallest", tl.min), ("_total", tl.sum)):
+        namespace[name] = triton.jit(reduction.fn) if interpret else reduction
+
+    def jitted(function: Any) -> Any:
+        return triton.jit(types.FunctionType(function.__code__, namespace, function.__name__))
+
+    namespace["_tile"], namespace["_walk_keys"] = jitted(_tile), jitted(_walk_keys)
+    kernel = jitted(_attention_rows)
+    if interpret:
+        return Kernels(kernel, kernel)
+    tiles = dict.fromkeys(tile for choices in TILES.values() for tile in choices)
+    configs = [triton.Config({"BLOCK_M": tile.rows, "BLOCK_N": tile.keys}, num_warps=tile.warps,
+                             num_stages=tile.stages) for tile in tiles]
+    tuned = triton.autotune(configs, key=["HEAD", "VALUE_HEAD", "CAUSAL", "WITH_OUTPUT", "length_class"],
+                            prune_configs_by={"early_config_prune": _configs_for_call})(kernel)
+    return Kernels(tuned, kernel)
 
 
-def _kernel() -> Any:
-    return _jitted(interpreted())
+def _configs_for_call(configs: list[Any], named_args: dict[str, Any], **constants: Any) -> list[Any]:
+    """autotune's pruning: the configurations of TILES for this call's head sizes, dtype and output."""
+    wanted = tiles_for(constants["HEAD"], constants["VALUE_HEAD"], named_args["Q"].dtype, constants["WITH_OUTPUT"])
+    return [config for config in configs
+            if Tile(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
+            in wanted]
 
 
-def _attention_rows(Q, K, V, B, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                    sbb, sbh, sbn, sbk, sob, son, soh, sod, n, kv, hq, group, d, dv, scaling, NONE: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr,
-                    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr, VALUE_HEAD: tl.constexpr):
+def _attention_rows(Q, K, V, Bias, KeyMask, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn,
+                    svd, sbb, sbh, sbn, sbk, smb, smk, sob, son, soh, sod, n, kv, hq, group, window, qk_scale,
+                    length_class, D: tl.constexpr, DV: tl.constexpr, HEAD: tl.constexpr, VALUE_HEAD: tl.constexpr,
+                    NONE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEY_MASK: tl.constexpr, WINDOWED: tl.constexpr,
+                    CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One block of BLOCK_M query rows of one (sequence, query head): its log-sum-exp, top keys and (WITH_OUTPUT)
-    output rows. PRECISION "ieee": float32 products, not TF32. UPCAST: bfloat16 dots in float32 (the interpreter's
-    dot misreads bfloat16). tl.reduce with Triton's combine functions, not tl.max: the interpreter serves those even
-    where Triton was imported without it (tl.max is then a compiled helper it cannot call)."""
+    output rows. D, DV: the head sizes; HEAD, VALUE_HEAD: the same padded to a power of two. qk_scale: the scaling
+    times log2(e) (logits in base 2). PRECISION "ieee": float32 products, not TF32. UPCAST: bfloat16 dots in float32
+    (the interpreter's dot misreads bfloat16). length_class: autotune's key alone."""
     sequence, head = (tl.program_id(1) // hq).to(tl.int64), tl.program_id(1) % hq  # offsets past 2^31: int64
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    dims, value_dims = tl.arange(0, HEAD), tl.arange(0, VALUE_HEAD)
+    first = tl.program_id(0) * BLOCK_M
+    rows = first + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
+    dims = tl.arange(0, HEAD)
     q = tl.load(Q + sequence * sqb + head * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
-                mask=(rows[:, None] < n) & (dims[None, :] < d), other=0.0)
+                mask=(rows[:, None] < n) & (dims[None, :] < D), other=0.0)  # (BLOCK_M, HEAD)
     q = q.to(tl.float32) if UPCAST else q
-    k_base, v_base = K + sequence * skb + head // group * skh, V + sequence * svb + head // group * svh  # shared
-    # per row: the running maximum of the NaN-free logits, the sum of exp(logit - maximum), the output accumulator,
-    maximum, total = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.full([BLOCK_M], 0.0, tl.float32)
-    acc = tl.full([BLOCK_M, VALUE_HEAD], 0.0, tl.float32)  # and the earliest key holding the maximum and NaN
-    top, first_nan = tl.full([BLOCK_M], 0, tl.int32), tl.full([BLOCK_M], NONE, tl.int32)
-    end = tl.minimum(kv, (tl.program_id(0) + 1) * BLOCK_M + kv - n) if CAUSAL else kv  # the last key any row sees
-    for start in range(0, end, BLOCK_N):
-        keys = start + tl.arange(0, BLOCK_N)
-        k = tl.load(k_base + keys[None, :] * skn + dims[:, None] * skd,
-                    mask=(keys[None, :] < kv) & (dims[:, None] < d), other=0.0)  # (HEAD, BLOCK_N)
-        logits = tl.dot(q, k.to(tl.float32) if UPCAST else k, input_precision=PRECISION) * scaling
-        visible = (rows[:, None] < n) & (keys[None, :] < kv)
-        if HAS_BIAS:
-            bias = tl.load(B + sequence * sbb + head * sbh + rows[:, None].to(tl.int64) * sbn + keys[None, :] * sbk,
-                           mask=visible, other=float("-inf"))
-            logits = logits + bias.to(tl.float32)
-        if CAUSAL:
-            visible = visible & (keys[None, :] <= rows[:, None] + kv - n)
-        logits = tl.where(visible, logits, float("-inf"))
-        is_nan = logits != logits
-        first_nan = tl.minimum(first_nan, tl.reduce(tl.where(is_nan, keys[None, :], NONE), 1,
-                                                    tl.standard._elementwise_min))
-        clean = tl.where(is_nan, float("-inf"), logits)
-        block_max = tl.reduce(clean, 1, tl.standard._elementwise_max)  # top: the block's earliest key at its max,
-        top = tl.where(block_max > maximum, tl.reduce(tl.where(clean == block_max[:, None], keys[None, :], NONE), 1,
-                                                      tl.standard._elementwise_min), top)  # if larger (ties: earlier)
-        grown = tl.maximum(maximum, block_max)
-        shift = tl.where(grown == float("-inf"), 0.0, grown)  # rows with no visible key yet: exp(-inf) = 0
-        weights = tl.exp(clean - shift[:, None])
-        rescale = tl.exp(maximum - shift)
-        total = total * rescale + tl.reduce(weights, 1, tl.standard._sum_combine)
-        if WITH_OUTPUT:
-            v = tl.load(v_base + keys[:, None] * svn + value_dims[None, :] * svd,
-                        mask=(keys[:, None] < kv) & (value_dims[None, :] < dv), other=0.0)  # (BLOCK_N, VALUE_HEAD)
-            v = v.to(tl.float32) if UPCAST else v
-            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
-        maximum = grown
+    keys_at = K + sequence * skb + head // group * skh  # grouped query heads read their key/value head in place
+    values_at = V + sequence * svb + head // group * svh
+    bias_at = Bias + sequence * sbb + head * sbh + rows[:, None].to(tl.int64) * sbn  # (BLOCK_M, 1)
+    mask_at = KeyMask + sequence * smb
+    # per row: the running maximum of the NaN-free logits, the sum of exp2(logit - maximum), the output
+    # accumulator, the earliest key holding the maximum, the earliest NaN
+    maximum, total = tl.full([BLOCK_M], float("-inf"), tl.float32), tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, VALUE_HEAD], tl.float32)
+    top, first_nan = tl.zeros([BLOCK_M], tl.int32), tl.full([BLOCK_M], NONE, tl.int32)
+    # the keys, in order: [start, body) masked (the window's edge), [body, body_end) seen whole by every row,
+    # [body_end, stop) masked (the diagonal and the last keys); query i is key i + kv - n
+    stop = tl.minimum(kv, first + BLOCK_M + kv - n) if CAUSAL else kv
+    start, body = 0, 0
+    if WINDOWED:  # keys past every row's window start at its last row's
+        start = tl.maximum(first + kv - n - window + 1, 0) // BLOCK_N * BLOCK_N
+        body = tl.minimum((tl.maximum(first + BLOCK_M + kv - n - window, 0) + BLOCK_N - 1) // BLOCK_N * BLOCK_N,
+                          stop)
+    whole = kv // BLOCK_N * BLOCK_N
+    if CAUSAL:  # keys up to the first row's own
+        whole = tl.minimum(whole, (first + kv - n + 1) // BLOCK_N * BLOCK_N)
+    body_end = tl.maximum(body, whole)
+    state = (maximum, total, acc, top, first_nan)
+    where = (keys_at, values_at, bias_at, mask_at, skn, skd, svn, svd, sbk, smk)
+    sizes = (rows, n, kv, window, qk_scale)
+    state = _walk_keys(q, state, where, sizes, start, body, D, DV, HEAD, VALUE_HEAD, NONE, HAS_BIAS, HAS_KEY_MASK,
+                       WINDOWED, CAUSAL, WITH_OUTPUT, PRECISION, UPCAST, BLOCK_N, True)
+    state = _walk_keys(q, state, where, sizes, body, body_end, D, DV, HEAD, VALUE_HEAD, NONE, HAS_BIAS,
+                       HAS_KEY_MASK, WINDOWED, CAUSAL, WITH_OUTPUT, PRECISION, UPCAST, BLOCK_N, False)
+    maximum, total, acc, top, first_nan = _walk_keys(
+        q, state, where, sizes, body_end, stop, D, DV, HEAD, VALUE_HEAD, NONE, HAS_BIAS, HAS_KEY_MASK, WINDOWED,
+        CAUSAL, WITH_OUTPUT, PRECISION, UPCAST, BLOCK_N, True)
     nan_row = first_nan < NONE  # a NaN logit: the row's weights, output and log-sum-exp are NaN, as softmax's
     if WITH_OUTPUT:
+        value_dims = tl.arange(0, VALUE_HEAD)
         tl.store(Out + sequence * sob + rows[:, None] * son + head * soh + value_dims[None, :] * sod,
                  tl.where(nan_row[:, None], float("nan"), acc / total[:, None]).to(Out.dtype.element_ty),
-                 mask=(rows[:, None] < n) & (value_dims[None, :] < dv))
-    tl.store(Lse + (sequence * hq + head) * n + rows, tl.where(nan_row, float("nan"), maximum + tl.log(total)),
-             mask=rows < n)
+                 mask=(rows[:, None] < n) & (value_dims[None, :] < DV))
+    lse = (maximum + tl.math.log2(total)) * 0.6931471805599453  # base 2 back to natural: times ln(2)
+    tl.store(Lse + (sequence * hq + head) * n + rows, tl.where(nan_row, float("nan"), lse), mask=rows < n)
     tl.store(Top + (sequence * hq + head) * n + rows, tl.where(nan_row, first_nan, top), mask=rows < n)
+
+
+def _walk_keys(q, state, where, sizes, start, stop, D: tl.constexpr, DV: tl.constexpr, HEAD: tl.constexpr,
+               VALUE_HEAD: tl.constexpr, NONE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+               WINDOWED: tl.constexpr, CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr, PRECISION: tl.constexpr,
+               UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Keys start .. stop, BLOCK_N at a time, into the rows' running state (maximum, total, acc, top, first_nan).
+    MASKED: blocks where some row must not see some key (past kv, after its own, before its window); otherwise
+    only the key mask and a bias apply. Keys come in order, so a tie keeps the earlier top key."""
+    maximum, total, acc, top, first_nan = state
+    keys_at, values_at, bias_at, mask_at, skn, skd, svn, svd, sbk, smk = where
+    rows, n, kv, window, qk_scale = sizes
+    dims, value_dims = tl.arange(0, HEAD), tl.arange(0, VALUE_HEAD)
+    for begin in range(start, stop, BLOCK_N):
+        keys = begin + tl.arange(0, BLOCK_N)  # (BLOCK_N,)
+        k = _tile(keys_at, keys, dims, skn, skd, kv, D, HEAD, MASKED)  # (BLOCK_N, HEAD)
+        k = k.to(tl.float32) if UPCAST else k
+        logits = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale  # (BLOCK_M, BLOCK_N), base 2
+        if HAS_BIAS:
+            bias = tl.load(bias_at + keys[None, :] * sbk, mask=(rows[:, None] < n) & (keys[None, :] < kv),
+                           other=float("-inf"))
+            logits = logits + bias.to(tl.float32) * 1.4426950408889634  # log2(e)
+        if HAS_KEY_MASK:
+            attends = tl.load(mask_at + keys * smk, mask=keys < kv, other=0) != 0  # (BLOCK_N,)
+            logits = tl.where(attends[None, :], logits, float("-inf"))
+        if MASKED:
+            own = rows[:, None] + kv - n  # (BLOCK_M, 1): each query's own key
+            seen = keys[None, :] < kv
+            if CAUSAL:
+                seen = seen & (keys[None, :] <= own)
+            if WINDOWED:
+                seen = seen & (keys[None, :] > own - window)
+            logits = tl.where(seen, logits, float("-inf"))
+        is_nan = logits != logits  # the earliest NaN: the first block with one holds it, at its first
+        nan_seen, nan_at = _largest(is_nan.to(tl.int32), 1, return_indices=True, return_indices_tie_break_left=True)
+        first_nan = tl.where((first_nan == NONE) & (nan_seen > 0), begin + nan_at, first_nan)
+        clean = tl.where(is_nan, float("-inf"), logits)  # the block's earliest key at its maximum: the top if larger
+        block_max, at = _largest(clean, 1, return_indices=True, return_indices_tie_break_left=True)
+        top = tl.where(block_max > maximum, begin + at, top)
+        grown = tl.maximum(maximum, block_max)
+        shift = tl.where(grown == float("-inf"), 0.0, grown)  # rows with no visible key yet: exp2(-inf) = 0
+        weights = tl.math.exp2(clean - shift[:, None])
+        rescale = tl.math.exp2(maximum - shift)
+        total = total * rescale + _total(weights, 1)
+        if WITH_OUTPUT:
+            v = _tile(values_at, keys, value_dims, svn, svd, kv, DV, VALUE_HEAD, MASKED)  # (BLOCK_N, VALUE_HEAD)
+            v = v.to(tl.float32) if UPCAST else v
+            acc = tl.dot(weights.to(v.dtype), v, acc * rescale[:, None], input_precision=PRECISION)
+        maximum = grown
+    return maximum, total, acc, top, first_nan
+
+
+def _tile(at, keys, dims, stride_key, stride_dim, kv, SIZE: tl.constexpr, PADDED: tl.constexpr,
+          MASKED: tl.constexpr):
+    """(BLOCK_N, PADDED) keys or values: masked past kv only in a MASKED block, past SIZE only in a padded head."""
+    pointers = at + keys[:, None] * stride_key + dims[None, :] * stride_dim
+    if MASKED and SIZE == PADDED:
+        tile = tl.load(pointers, mask=keys[:, None] < kv, other=0.0)
+    elif MASKED:
+        tile = tl.load(pointers, mask=(keys[:, None] < kv) & (dims[None, :] < SIZE), other=0.0)
+    elif SIZE == PADDED:
+        tile = tl.load(pointers)
+    else:
+        tile = tl.load(pointers, mask=dims[None, :] < SIZE, other=0.0)
+    return tile

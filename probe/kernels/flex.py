@@ -88,7 +88,9 @@ class FlexBackend:
         return next((reason for takes, reason in kernel_takes if not takes), "")
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FlexStatistics]:
-        """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and row maxima)."""
+        """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and row maxima). A key
+        mask and window go as the dense bias they stand for (its -inf entries the block mask)."""
+        call = call.with_dense_bias()
         output, lse, maxima = flex_outputs(call, compiled_flex())
         return output, FlexStatistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None,
                                       lse, config, max_scores=maxima)

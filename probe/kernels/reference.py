@@ -24,7 +24,9 @@ class ReferenceBackend:
         return rebuild_problem(call)
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedAttention]:
-        """(output (b, n, hq, dv) in the value's dtype, statistics with a float32 log-sum-exp)."""
+        """(output (b, n, hq, dv) in the value's dtype, statistics with a float32 log-sum-exp); a key mask and window
+        as the dense bias they stand for."""
+        call = call.with_dense_bias()
         query, key, value = call.query, call.key, call.value
         b, hq, n, _ = query.shape
         rep, kv = hq // key.shape[1], key.shape[2]

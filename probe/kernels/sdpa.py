@@ -81,7 +81,7 @@ def _kernel_problem(kernel: str, call: AttentionCall) -> str:
     if kernel == "flash":
         if not torch.backends.cuda.is_flash_attention_available():
             return "this torch was built without the flash attention kernel"
-        if call.bias is not None:
+        if call.bias is not None or call.structured:
             return "a mask or bias (the flash kernel takes causal masks only)"
         return "head size over 256" if widest > 256 else ""
     if not torch.backends.cudnn.is_available():
@@ -106,7 +106,8 @@ class SdpaBackend:
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, SdpaAttention]:
         """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and, where the Triton
-        pass serves the call, each row's top key)."""
+        pass serves the call, each row's top key). A key mask and window go as the dense bias they stand for."""
+        call = call.with_dense_bias()
         kernel = lse_kernel(self.kernel, call.query.device.type)
         assert kernel is not None
         b, hq, n, _ = call.query.shape
