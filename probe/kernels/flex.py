@@ -90,7 +90,7 @@ class FlexBackend:
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FlexStatistics]:
         """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and row maxima). A key
         mask and window go as the dense bias they stand for (its -inf entries the block mask)."""
-        call = call.with_dense_bias()
+        call = call.with_dense_bias()  # the statistics below read the same bias
         output, lse, maxima = flex_outputs(call, compiled_flex())
         return output, FlexStatistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None,
                                       lse, config, max_scores=maxima)
@@ -130,7 +130,8 @@ def flex_outputs(call: AttentionCall, attend: Callable[..., Any], maxima: bool =
                  ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(output (b, n, hq, dv), log-sum-exp (b, hq, n) float32, row maxima (b, hq, n) float32 or None) of the call
     through `attend` (flex_attention compiled, or eager in tests); `maxima=False` asks for the log-sum-exp alone (what
-    the CPU gives)."""
+    the CPU gives). A key mask and window go as the dense bias they stand for."""
+    call = call.with_dense_bias()
     query, key, value = padded_heads(call)
     score_mod, mask_mod = modifications(call)
     block_mask = None if mask_mod is None else block_mask_for(mask_mod, call)
