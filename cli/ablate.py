@@ -7,37 +7,34 @@ processes (probe.distributed); rank 0 reports and writes the outputs.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
-                               ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
-from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json, warn_non_finite
+from probe.cli.checks import check_heads_syntax
+from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
+                               Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder, Results, Resume, Seed, SeqLen,
+                               Stack, TrustRemoteCode, load_for, method_help)
+from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
 from probe.cli.progress import Interrupted, console, note, status, sweep_progress
-from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads, read_results
+from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads
 from probe.ablation.methods import AblationMethod, build_method
+from probe.ablation.stream import cached_results_path, finished_count
 from probe.hooks.layers import attention_layers
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                           TASKS, build_probe_set, read_labelled, read_task_file)
-from probe.distributed import Rank, current, rank_device, rank_placement, sharded_sweep
+from probe.inputs.choice import data_file, probe_set_name
+from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.reading import is_file
-from probe.models import DEFAULT_MODEL, LoadedModel, cache_root, load_model
+from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.reports.files import write_csv, write_text
 from probe.reports.html import ablation_page
 from probe.reports.terminal import ablation_report
 
-HEAD_ITEM = re.compile(r"^(all|\*|(enc|dec|x)?\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$", re.IGNORECASE)  # enc/dec/x: stacks
 
-Heads = Annotated[Optional[str], typer.Option(
-    "--heads", help="Heads to ablate: LAYER.HEAD items, e.g. 5.1,18.6; 5.* for a whole layer; ranges 3-4.0-2; "
-    "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention); default: every head, one at a time.")]
 Together = Annotated[bool, typer.Option(
     "--together", help="Ablate the --heads together, in one run, instead of one at a time.")]
 ESTIMATE = "estimate"  # not a method: attribution patching of every head's zero ablation (probe.ablation.estimate)
@@ -48,9 +45,6 @@ PerPosition = Annotated[bool, typer.Option(
     "--per-position", help="Methods that read statistics of the heads' outputs (" + ", ".join(
         name for name, method in METHODS.items() if method.statistics) + "): one value per position (over the "
     "sequences) instead of one over all positions.")]
-Data = Annotated[str, typer.Option(
-    "--data", help="natural (embedded English text), repeated (BOS + random tokens repeated twice: losses on each "
-    "copy too), or a UTF-8 text file.")]
 RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy with --data repeated.")]
 Task = Annotated[Optional[str], typer.Option(
     "--task", help="Measure a task instead of the loss on text: sva (subject-verb agreement), ioi (indirect object "
@@ -59,19 +53,8 @@ Task = Annotated[Optional[str], typer.Option(
 Pairs = Annotated[Optional[Path], typer.Option(
     "--pairs", help="Encoder-decoders (t5, bart): a JSON-lines file of {\"source\", \"target\"} texts; the encoder "
     "reads the source, the loss is the decoder's on the target (zero or window ablation).")]
-Stack = Annotated[Optional[int], typer.Option(
-    "--stack", help="Ablations of one layer stacked into one forward (default: as many as fit in 1 GiB; one at long "
-    "context).")]
-Naive = Annotated[bool, typer.Option(
-    "--naive", help="One full forward per ablation, no reuse of the baseline (the reference the exact mode is "
-    "checked against).")]
 Budget = Annotated[float, typer.Option("--budget", help="--method estimate: forward-pass equivalents to spend.")]
 CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write the results as CSV.")]
-Results = Annotated[Optional[Path], typer.Option(
-    "--results", help="Stream each finished head to this JSON-lines file (kept); default: a file in probe's cache, "
-    "removed when done.")]
-Resume = Annotated[bool, typer.Option(
-    "--resume", help="Continue an interrupted sweep: skip the heads its results file already holds.")]
 Top = Annotated[int, typer.Option("--top", help="Rows in each terminal table.")]
 
 
@@ -98,28 +81,11 @@ class Request:
     def probe_set(self) -> str:
         """The probe set's name in probe.inputs.PROBE_SETS: labelled texts, source/target pairs, a task, or text (a
         file is natural)."""
-        if self.labels is not None:
-            return "labels"
-        if self.pairs is not None:
-            return "pairs"
-        if self.task is not None:
-            return "task"
-        return "repeated" if self.data == "repeated" else "natural"
+        return probe_set_name(self.data, labels=self.labels, task=self.task, pairs=self.pairs)
 
     @property
     def data_file(self) -> Path | None:
-        return None if self.data in ("natural", "repeated") else Path(self.data)
-
-
-def check_heads_syntax(spec: str | None) -> None:
-    """Reject a malformed --heads before the model is loaded (ranges are checked against the model later)."""
-    if spec is None:
-        return
-    for item in (item.strip() for item in spec.split(",")):
-        if not HEAD_ITEM.match(item):
-            raise ProbeError(f"malformed head {item!r} in --heads: use LAYER.HEAD items separated by commas, "
-                             "e.g. 5.1,18.6, or 5.* (every head of layer 5), 3-4.0-2 (ranges), all; "
-                             "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention)")
+        return data_file(self.data)
 
 
 def check_request(request: Request, *, top: int, html: bool, distributed: bool) -> None:
@@ -189,25 +155,6 @@ def check_labels(request: Request) -> None:
         read_labelled(request.labels)
 
 
-def check_results_file(results: Path | None, *, resume: bool, force: bool) -> None:
-    """--results: a file in a folder that exists, holding no other sweep unless --resume (continue) or --force."""
-    if results is None:
-        return
-    if results.is_dir():
-        raise ProbeError(f"--results {results} is a folder: give a file name")
-    if not results.parent.exists():
-        raise ProbeError(f"folder {results.parent} does not exist: create it first")
-    if results.exists() and results.stat().st_size > 0 and not (resume or force):
-        raise ProbeError(f"{results} exists: pass --resume to continue that sweep, or --force to start over")
-
-
-def default_results_path(key: dict[str, Any]) -> Path:
-    """Where a sweep streams when --results is not given: probe's cache, named by everything that shapes the numbers,
-    so that the same command with --resume finds it."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    return cache_root() / "ablate" / f"sweep-{digest}.jsonl"
-
-
 def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> dict[str, Any]:
     """Everything that shapes a sweep's numbers, as the command line gave it (names the default results file)."""
     return {"model": choice.spec, "data": request.data, "seq_len": options.seq_len, "num_seqs": options.num_seqs,
@@ -217,25 +164,6 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> d
             "dtype": choice.dtype, "device": choice.device, "task": request.task, "metric": request.metric,
             **({"pairs": str(request.pairs)} if request.pairs is not None else {}),
             **({"labels": str(request.labels)} if request.labels is not None else {})}
-
-
-def load_for(choice: ModelChoice, rank: Rank | None) -> LoadedModel:
-    """The model, for this process: under torchrun on its own GPU (or share of a device map)."""
-    if rank is None:
-        return load(choice)
-    placement, folder, memory = rank_placement(rank, choice.device_map, choice.offload_folder)
-    loaded = load_model(choice.spec, **{**choice.arguments(), "device": rank_device(rank, choice.device),
-                                        "device_map": placement, "offload_folder": folder, "max_memory": memory})
-    record_provenance(loaded)
-    return loaded
-
-
-def finished_count(path: Path) -> int:
-    """Ablations a results stream holds (0 for a missing, empty or unreadable one)."""
-    try:
-        return len(read_results(path)[1]) if path.is_file() and path.stat().st_size else 0
-    except ProbeError:
-        return 0
 
 
 def run_estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, request: Request,
@@ -308,7 +236,7 @@ def ablate(
     if method == ESTIMATE:
         result = run_estimate(loaded, probe_set, chosen, request, main_process)
     else:
-        stream = results or default_results_path(cache_key(choice, request, options))
+        stream = results or cached_results_path(cache_key(choice, request, options))
         result = run_sweep(loaded, probe_set, chosen, request, stream, resume=resume, show=main_process)
     if not main_process or result is None:
         return

@@ -141,3 +141,17 @@ def check_layers(spec: str, parameters: dict[str, Any]) -> None:
                 if number >= count:
                     raise ProbeError(f"layer {number} in {name} {item!r} is out of range: the model has {count} "
                                      f"layers (0-{count - 1})", parameter=name)
+
+
+HEAD_ITEM = re.compile(r"^(all|\*|(enc|dec|x)?\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$", re.IGNORECASE)  # enc/dec/x: stacks
+
+
+def check_heads_syntax(spec: str | None) -> None:
+    """Reject a malformed --heads before the model is loaded (ranges are checked against the model later)."""
+    if spec is None:
+        return
+    for item in (item.strip() for item in spec.split(",")):
+        if not HEAD_ITEM.match(item):
+            raise ProbeError(f"malformed head {item!r} in --heads: use LAYER.HEAD items separated by commas, "
+                             "e.g. 5.1,18.6, or 5.* (every head of layer 5), 3-4.0-2 (ranges), all; "
+                             "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention)")

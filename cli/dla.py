@@ -12,7 +12,7 @@ import typer
 
 from probe.ablation import parse_heads
 from probe.ablation.heads import Head
-from probe.cli.ablate import check_heads_syntax
+from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                OffloadFolder, Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite

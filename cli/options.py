@@ -14,6 +14,7 @@ from probe.ablation.metrics import KINDS, METRICS
 from probe.cli.checks import check_hub_reachable
 from probe.cli.outputs import record_provenance
 from probe.cli.progress import status, timed_status, warn
+from probe.distributed import Rank, rank_device, rank_placement
 from probe.models import ALIASES, LoadedModel, load_model
 
 
@@ -60,6 +61,23 @@ Force = Annotated[bool, typer.Option("--force", help="Overwrite output files tha
 JsonFile = Annotated[Optional[Path], typer.Option(
     "--json", help="Write the results as JSON (strict: a NaN or infinity is written as null).")]
 HtmlFile = Annotated[Optional[Path], typer.Option("--html", help="Write an interactive HTML report.")]
+Heads = Annotated[Optional[str], typer.Option(
+    "--heads", help="Heads to ablate: LAYER.HEAD items, e.g. 5.1,18.6; 5.* for a whole layer; ranges 3-4.0-2; "
+    "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention); default: every head, one at a time.")]
+Data = Annotated[str, typer.Option(
+    "--data", help="natural (embedded English text), repeated (BOS + random tokens repeated twice: losses on each "
+    "copy too), or a UTF-8 text file.")]
+Stack = Annotated[Optional[int], typer.Option(
+    "--stack", help="Ablations of one layer stacked into one forward (default: as many as fit in 1 GiB; one at long "
+    "context).")]
+Naive = Annotated[bool, typer.Option(
+    "--naive", help="One full forward per ablation, no reuse of the baseline (the reference the exact mode is "
+    "checked against).")]
+Results = Annotated[Optional[Path], typer.Option(
+    "--results", help="Stream each finished head to this JSON-lines file (kept); default: a file in probe's cache, "
+    "removed when done.")]
+Resume = Annotated[bool, typer.Option(
+    "--resume", help="Continue an interrupted sweep: skip the heads its results file already holds.")]
 
 
 @dataclass(frozen=True)
@@ -99,4 +117,15 @@ def load(choice: ModelChoice) -> LoadedModel:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     with status(f"hashing {choice.spec} for the provenance of the files written ..."):  # seconds for a big model
         record_provenance(loaded)
+    return loaded
+
+
+def load_for(choice: ModelChoice, rank: Rank | None) -> LoadedModel:
+    """The model, for this process: under torchrun on its own GPU (or share of a device map)."""
+    if rank is None:
+        return load(choice)
+    placement, folder, memory = rank_placement(rank, choice.device_map, choice.offload_folder)
+    loaded = load_model(choice.spec, **{**choice.arguments(), "device": rank_device(rank, choice.device),
+                                        "device_map": placement, "offload_folder": folder, "max_memory": memory})
+    record_provenance(loaded)
     return loaded

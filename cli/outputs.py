@@ -95,3 +95,15 @@ def forget_provenance() -> None:
     """After a command: files written later (another command in the same process) do not carry this one's."""
     _command.clear()
     stamp_outputs(None)
+
+
+def check_results_file(results: Path | None, *, resume: bool, force: bool) -> None:
+    """--results: a file in a folder that exists, holding no other sweep unless --resume (continue) or --force."""
+    if results is None:
+        return
+    if results.is_dir():
+        raise ProbeError(f"--results {results} is a folder: give a file name")
+    if not results.parent.exists():
+        raise ProbeError(f"folder {results.parent} does not exist: create it first")
+    if results.exists() and results.stat().st_size > 0 and not (resume or force):
+        raise ProbeError(f"{results} exists: pass --resume to continue that sweep, or --force to start over")

@@ -17,12 +17,13 @@ from probe.ablation import parse_heads
 from probe.ablation.methods import PATCHES
 from probe.hooks.layers import attention_layers
 from probe.heads.classify import classify
-from probe.cli.ablate import (Heads, Naive, Results, Resume, Stack, check_heads_syntax, check_results_file,
-                              default_results_path, load_for)
+from probe.cli.checks import check_heads_syntax
+from probe.ablation.stream import cached_results_path
 from probe.cli.dla import Count, Pairs, RepairMethod, SelfRepairFlag, Task, check_repair_method, self_repair_section
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
-                               OffloadFolder, Seed, TrustRemoteCode)
-from probe.cli.outputs import check_distinct, check_outputs, save, save_json, warn_non_finite
+from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Model,
+                               ModelChoice, Naive, OffloadFolder, Results, Resume, Seed, Stack, TrustRemoteCode,
+                               load_for)
+from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.distributed import current, sharded_sweep
@@ -154,7 +155,7 @@ def patch(
     loaded = load_for(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code), rank)
     contrast = build_probe_set("contrast" if labels is None else "class_contrast", loaded,
                                ProbeOptions(task=task, pairs=pairs, labels=labels, num_seqs=count, seed=seed))
-    stream = results or default_results_path({"command": "patch", "model": model, "task": task, "pairs": str(pairs),
+    stream = results or cached_results_path({"command": "patch", "model": model, "task": task, "pairs": str(pairs),
                                               "labels": str(labels),
                                               "count": count, "seed": seed, "dtype": dtype} | asdict(request))
     stream.parent.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from probe.ablation.metrics import METRICS
 from probe.ablation.prune import ORDERINGS, PruneResult, check_prune_options
 from probe.ablation.prune import prune as run_prune
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
+from probe.inputs.choice import data_file, probe_set_name
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.files import write_csv, write_text
@@ -98,10 +99,9 @@ def prune(
         raise ProbeError("--labels replaces --data and --eval-data: give one of them")
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    file = None if data in ("natural", "repeated") else Path(data)
-    probe_set = build_probe_set("labels" if labels is not None else "repeated" if data == "repeated" else "natural",
-                                loaded, ProbeOptions(data=file, seq_len=seq_len, num_seqs=num_seqs, seed=seed,
-                                                     labels=labels))
+    probe_set = build_probe_set(probe_set_name(data, labels=labels), loaded,
+                                ProbeOptions(data=data_file(data), seq_len=seq_len, num_seqs=num_seqs, seed=seed,
+                                             labels=labels))
     eval_set = None if eval_data is None else build_probe_set(
         "natural", loaded, ProbeOptions(data=eval_data, seq_len=seq_len, num_seqs=num_seqs, seed=seed))
     with progress_bar("pruning", unit="steps") as update:

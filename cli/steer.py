@@ -16,17 +16,19 @@ from probe.ablation.heads import Head
 from probe.ablation.methods import ScaleAblation
 from probe.ablation.metrics import Metric as MetricObject
 from probe.ablation.metrics import choose_metric, read_target_words, target_words
-from probe.cli.ablate import (Data, Heads, Results, Resume, Stack, check_heads_syntax, check_results_file,
-                              default_results_path, finished_count, load_for)
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
-                               ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode)
-from probe.cli.outputs import check_distinct, check_outputs, save, save_json, warn_non_finite
+from probe.cli.checks import check_heads_syntax
+from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
+                               Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Results, Resume, Seed, SeqLen, Stack,
+                               TrustRemoteCode, load_for)
+from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
 from probe.cli.progress import Interrupted, console, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
 from probe.inputs import (CONTRAST_TASKS, DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
-                          build_probe_set)
+                          ContrastSet, build_probe_set)
+from probe.inputs.choice import data_file, probe_set_name
+from probe.ablation.stream import cached_results_path, finished_count
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching.runs import contrast_runs
 from probe.reading import is_file
@@ -118,14 +120,10 @@ def check_request(request: Request, top: int, distributed: bool) -> None:
 
 def probe_input(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
     """The input measured: clean prompts of contrast pairs (logit difference), a task file, labelled texts, or text."""
-    if request.pairs is not None or request.task in CONTRAST_TASKS:
-        contrast = build_probe_set("contrast", loaded, replace(options, task=request.task, pairs=request.pairs))
-        return contrast_runs(loaded, contrast)[0]
-    if request.labels is not None:
-        return build_probe_set("labels", loaded, replace(options, labels=request.labels))
-    if request.task is not None:
-        return build_probe_set("task", loaded, replace(options, task=request.task))
-    return build_probe_set("repeated" if request.data == "repeated" else "natural", loaded, options)
+    name = probe_set_name(request.data, labels=request.labels, task=request.task, pairs=request.pairs, contrast=True)
+    chosen = build_probe_set(name, loaded, replace(options, task=request.task, pairs=request.pairs,
+                                                   labels=request.labels))
+    return contrast_runs(loaded, chosen)[0] if isinstance(chosen, ContrastSet) else chosen
 
 
 def chosen_metric(loaded: LoadedModel, probe_set: ProbeSet, request: Request) -> MetricObject:
@@ -155,10 +153,9 @@ def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None,
 
 def _data_file(request: Request) -> Path | None:
     """The text file measured, for the result's `data` (None: the set names itself)."""
-    if request.data in ("natural", "repeated") or any(value is not None for value in
-                                                       (request.task, request.pairs, request.labels)):
+    if any(value is not None for value in (request.task, request.pairs, request.labels)):
         return None
-    return Path(request.data)
+    return data_file(request.data)
 
 
 def add_generations(loaded: LoadedModel, result: SteerResult, heads: list[Head], request: Request, seed: int) -> None:
@@ -206,7 +203,7 @@ def steer(
     measured = chosen_metric(loaded, probe_set, request)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     if find:
-        stream = results or default_results_path(cache_key(choice, request, options, batch_size))
+        stream = results or cached_results_path(cache_key(choice, request, options, batch_size))
         result = run_find(loaded, probe_set, chosen, measured, request, stream, resume=resume,
                           batch_size=batch_size, stack=stack, show=main_process)
         if result is not None and results is None:

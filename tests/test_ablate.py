@@ -578,7 +578,6 @@ def test_cli_empty_and_too_short_data_files(tmp_path: Path, capsys, monkeypatch,
     short = tmp_path / "short.txt"
     short.write_text("Hi")
     monkeypatch.setattr("probe.cli.options.load", lambda *args, **kwargs: smollm2)  # the session's model, not a reload
-    monkeypatch.setattr("probe.cli.ablate.load", lambda *args, **kwargs: smollm2)
     code, _, stderr = run_cli(["ablate", "--data", str(short), "--seq-len", "4"], capsys, monkeypatch)
     assert code == 2 and "fewer than one chunk" in stderr and len(stderr.strip().splitlines()) == 1
 

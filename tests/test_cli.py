@@ -136,7 +136,7 @@ def test_two_outputs_at_one_path_are_refused_before_any_work(args: list[str], fl
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr("probe.cli.classify.load", never)
-    monkeypatch.setattr("probe.cli.ablate.load", never)
+    monkeypatch.setattr("probe.cli.options.load", never)
     monkeypatch.chdir(tmp_path)
     filled = [arg.format(out=tmp_path / "out.json") for arg in args]
     code, _, stderr = run_cli([*filled, "--model", PLANTED], capsys, monkeypatch)

@@ -15,8 +15,9 @@ from test_browser import browser  # noqa: F401  (the fixture)
 from probe.ablation.editor import ablate
 from probe.ablation.window import PatternAblation, WindowAblation
 from probe.inputs import natural_set
-from probe.kv import (CURVE_SEED_OFFSET, _held_out, aggregate, kv_groups, kv_heads, loss_order, needle_accuracy,
-                     stream_curve, text_loss)
+from probe.kv import (CURVE_SEED_OFFSET, aggregate, kv_groups, kv_heads, loss_order, needle_accuracy, stream_curve,
+                     text_loss)
+from probe.kv.pipeline import _held_out
 from probe.models import load_model
 from probe.reports.kv_heads import kv_heads_report
 from rich.console import Console
@@ -31,7 +32,7 @@ def test_the_kernels_top_keys_and_the_weights_score_retrieval_as_wu_et_al_by_han
     """probe.kv's score from each answer row's top key and SCORES["retrieval"]'s from the weights are one definition:
     both equal the fraction, counted by hand, of copied and correctly predicted rows whose top key is the needle."""
     from probe.heads.scores import NeedleBatch, retrieval_score
-    from probe.kv import _retrieval_of_prompt
+    from probe.kv.scoring import _retrieval_of_prompt
 
     generator = torch.Generator().manual_seed(0)
     b, h, n = 2, 3, 12

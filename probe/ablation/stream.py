@@ -16,7 +16,7 @@ from probe.inputs import ProbeSet
 from probe.atomic import write_atomically
 from probe.errors import ProbeError
 from probe.reading import loads
-from probe.models import LoadedModel
+from probe.models import LoadedModel, cache_root
 
 RESULTS_FORMAT = 1
 
@@ -190,3 +190,18 @@ def _check_resumable(path: Path, old: dict[str, Any], header: dict[str, Any]) ->
     if not math.isclose(old["baseline_loss"], header["baseline_loss"], rel_tol=1e-5, abs_tol=1e-7):
         raise ProbeError(f"cannot resume from {path}: its baseline loss {old['baseline_loss']:.6f} differs "
                          f"from this model's {header['baseline_loss']:.6f} (different weights?)")
+
+
+def cached_results_path(key: dict[str, Any]) -> Path:
+    """Where a sweep streams when no results file is given: probe's cache, named by `key` (everything that shapes the
+    numbers, as the command was given them), so that the same command with resume finds it."""
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return cache_root() / "ablate" / f"sweep-{digest}.jsonl"  # every command's sweeps, one folder
+
+
+def finished_count(path: Path) -> int:
+    """Ablations a results stream holds (0 for a missing, empty or unreadable one)."""
+    try:
+        return len(read_results(path)[1]) if path.is_file() and path.stat().st_size else 0
+    except ProbeError:
+        return 0

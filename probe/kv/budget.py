@@ -1,0 +1,113 @@
+"""How many KV heads stream: the calibrated budget (a bisection over k, every point measured, `Budget`) or a fixed
+one (the last `full_fraction` of the order full, or thresholds on the scores), and the labels it gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from probe.frames import frame
+from probe.errors import ProbeError
+from probe.models import LoadedModel
+from probe.progress import Progress
+from probe.provenance import model_dtype
+from probe.kv.points import CurveInputs, measured_point
+
+
+DEFAULT_FULL_FRACTION = 0.25  # the fixed budget's default, where a fixed budget is asked for
+DEFAULT_MAX_LOSS_INCREASE = 0.03
+
+
+def full_heads(order: list[tuple[int, int]], retrieval: Tensor, streaming: Tensor, *, full_fraction: float | None,
+               retrieval_threshold: float | None, streaming_threshold: float | None) -> set[tuple[int, int]]:
+    """The KV heads labelled full: the last `full_fraction` of the order, or by thresholds where given."""
+    if retrieval_threshold is not None or streaming_threshold is not None:
+        return {h for h in order if (retrieval_threshold is not None and float(retrieval[h]) > retrieval_threshold)
+                or (streaming_threshold is not None and float(streaming[h]) < streaming_threshold)}
+    fraction = DEFAULT_FULL_FRACTION if full_fraction is None else full_fraction
+    if not 0.0 <= fraction <= 1.0:
+        raise ProbeError(f"full_fraction is a fraction of the KV heads, in [0, 1]; got {fraction}",
+                         parameter="full_fraction")
+    n_full = round(fraction * len(order))
+    return set(order[len(order) - n_full:]) if n_full else set()
+
+
+@dataclass
+class Budget:
+    """How many KV heads stream, and why: the rule, and every point the search measured (k heads streamed in the
+    order: the loss change and the needle accuracy), none it did not."""
+
+    rule: str
+    streamed: int
+    total: int
+    points: list[dict[str, Any]] = field(default_factory=list)
+    measured_on: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rule": self.rule, "streamed": self.streamed, "total": self.total, "points": self.points,
+                "measured_on": self.measured_on, "dtype": self.dtype}
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per point the search measured (k, loss change, needle accuracy, accepted): the
+        kv-budget schema's columns. Needs pandas."""
+        return frame([{key: point[key] for key in ("k", "loss_change", "needle_accuracy", "accepted")}
+                      for point in self.points])
+
+
+def accepts(point: dict[str, Any], baseline_accuracy: float, max_loss_increase: float) -> bool:
+    return point["needle_accuracy"] >= baseline_accuracy and point["loss_change"] <= max_loss_increase
+
+
+def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs, *,
+                     max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
+                     progress: Progress | None = None) -> Budget:
+    """The largest k whose point (the first k KV heads of `order` streamed) keeps the needle accuracy at the
+    unablated model's and the loss change within `max_loss_increase`, by bisection over k (see probe.kv's
+    docstring); every point measured is in the result."""
+    cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
+    base_loss, base_accuracy = measured_point(loaded, inputs, [], cache)
+    points: list[dict[str, Any]] = []
+
+    def measure(k: int) -> bool:
+        loss, accuracy = measured_point(loaded, inputs, order[:k], cache)
+        point = {"k": k, "loss_change": round(loss - base_loss, 6), "needle_accuracy": round(accuracy, 6)}
+        point["accepted"] = accepts(point, base_accuracy, max_loss_increase)
+        points.append(point)
+        if progress is not None:
+            progress(len(points), budget_points(len(order)))
+        return bool(point["accepted"])
+
+    low, high = 0, len(order) + 1  # k = low is accepted (nothing streamed), k = high is not (past the end)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if measure(middle) else (low, middle)
+    rule = (f"calibrated: the largest k whose measured point keeps needle accuracy >= {base_accuracy:.2f} (the "
+            f"unablated model's) and the loss change <= +{max_loss_increase:g}, by bisection over the order")
+    return Budget(rule, low, len(order), sorted(points, key=lambda point: point["k"]),
+                  {"baseline_loss": round(base_loss, 6), "baseline_needle_accuracy": round(base_accuracy, 6),
+                   "natural_texts": int(inputs.texts.shape[0]), "natural_length": int(inputs.texts.shape[1]),
+                   "needle_prompts": int(inputs.needles.input_ids.shape[0])}, model_dtype(loaded))
+
+
+def budget_points(n_kv_total: int) -> int:
+    """The most points the budget's bisection measures: one per halving of k = 1 .. all."""
+    return max(n_kv_total, 1).bit_length()
+
+
+def fixed_budget(order: list[tuple[int, int]], kv_retrieval: Tensor, kv_streaming: Tensor, full_fraction: float | None,
+                  thresholds: tuple[float | None, float | None], dtype: str,
+                  why: str | None = None) -> tuple[Budget, set[tuple[int, int]]]:
+    """The full KV heads of a fixed budget (a fraction, or thresholds) and its rule (`why`: why not calibrated)."""
+    full = full_heads(order, kv_retrieval, kv_streaming, full_fraction=full_fraction,
+                      retrieval_threshold=thresholds[0], streaming_threshold=thresholds[1])
+    if thresholds != (None, None):
+        rule = f"fixed: full where retrieval > {thresholds[0]} or streaming < {thresholds[1]} (thresholds given)"
+    else:
+        fraction = DEFAULT_FULL_FRACTION if full_fraction is None else full_fraction
+        rule = f"fixed: the last {fraction:g} of the order full"
+    return Budget(rule + ("" if why is None else f" ({why})"), len(order) - len(full), len(order),
+                  dtype=dtype), full

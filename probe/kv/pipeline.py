@@ -1,0 +1,165 @@
+"""`kv_heads`, the pipeline: check the arguments, score the needle prompts, order the KV heads, label them from
+a budget and check the order with its curve, each stage on its own prompts and texts (held out by seed and by
+sequence).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from probe.ablation.window import WindowAblation
+from probe.hooks.layers import attention_layers
+from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, ProbeSet, natural_set, needle_set
+from probe.errors import ProbeError
+from probe.heads.scores import DEFAULT_RECENT
+from probe.hooks.stacks import is_encoder_decoder
+from probe.models import LoadedModel
+from probe.progress import Progress
+from probe.provenance import model_dtype
+from probe.kv.budget import DEFAULT_MAX_LOSS_INCREASE, budget_points, calibrate_budget, fixed_budget
+from probe.kv.curve import curve_steps, stream_curve
+from probe.kv.order import ORDERS, aggregate, kv_groups, loss_order, stream_order
+from probe.kv.points import CurveInputs
+from probe.kv.result import KVHeads
+from probe.kv.scoring import accuracy_table, score_needles
+
+CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the scored ones
+BUDGET_SEED_OFFSET = 2000  # the budget's needle prompts: another seed than the scored ones and the curve's
+
+
+KV_SINK = 64  # sink keys of a streaming head: DuoAttention's deployed cache (64 sink + 256 recent keys)
+
+
+def _check(loaded: LoadedModel, lengths: tuple[int, ...], sink: int, recent: int, seeds: list[int],
+           order_by: str) -> None:
+    if order_by not in ORDERS:
+        raise ProbeError(f"order_by {order_by!r}: use one of {', '.join(ORDERS)}", parameter="order_by")
+    if is_encoder_decoder(loaded.model):  # every layer would be windowed, and only decoder self-attention can be
+        raise ProbeError("kv-heads sorts a decoder-only model's KV heads for a decoding cache; an encoder-decoder's "
+                         "encoder and cross-attention keep no such cache: it is not supported")
+    if sink < 0 or recent < 1:
+        raise ProbeError(f"sink must be >= 0 and recent >= 1, got sink {sink}, recent {recent}", parameter="recent")
+    if not lengths or max(lengths) <= sink + recent + 16:
+        raise ProbeError(f"the streaming score reads queries past sink + recent = {sink + recent}: give lengths "
+                         f"longer than {sink + recent + 16} or a smaller recent", parameter="lengths")
+    if len(set(seeds)) != len(seeds):
+        raise ProbeError("random_seeds must differ from each other", parameter="random_seeds")
+
+
+def _held_out(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int,
+              seed_offset: int, window: WindowAblation) -> CurveInputs:
+    """Inputs the scores never read: natural texts `first_text` .. `first_text + texts` of the longest length and
+    needle prompts of seed `options.seed + seed_offset`."""
+    needles = needle_set(loaded, replace(options, seed=options.seed + seed_offset))
+    n_heads, n_kv = kv_groups(loaded)
+    return CurveInputs(_texts(loaded, options, data, texts, first_text).input_ids, needles, n_heads // n_kv, window)
+
+
+def _texts(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int) -> ProbeSet:
+    """Natural texts `first_text` .. `first_text + texts` of the longest length: the curve reads the first ones, the
+    budget the next, the loss order the ones after."""
+    natural = natural_set(loaded, data=data, seq_len=max(options.lengths) - 1, num_seqs=first_text + texts,
+                          seed=options.seed)
+    if natural.input_ids.shape[0] < first_text + texts:
+        raise ProbeError(f"the text has {natural.input_ids.shape[0]} sequences of {max(options.lengths)} tokens; the "
+                         f"curve, the budget and the order need {first_text + texts} different ones: give a longer "
+                         "--data or fewer curve texts", parameter="curve_texts")
+    return ProbeSet(natural.name, f"{natural.description}, sequences {first_text}..{first_text + texts - 1}",
+                    natural.input_ids[first_text:first_text + texts], natural.offset)
+
+
+def kv_heads(
+    loaded: LoadedModel, *, lengths: tuple[int, ...] = (1024,), depths: tuple[float, ...] = DEFAULT_DEPTHS,
+    prompts: int = 1, needle: str | None = None, sink: int = KV_SINK, recent: int = DEFAULT_RECENT,
+    full_fraction: float | None = None, retrieval_threshold: float | None = None,
+    streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
+    curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,
+    data: str | None = None, seed: int = 0, order_by: str = "retrieval", stop_random: bool = True,
+    progress: Progress | None = None,
+) -> KVHeads:
+    """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
+    `recent` window), aggregate per KV head, order them, label full / streaming (a calibrated budget unless
+    `full_fraction` or a threshold is given: see probe.kv's docstring), and (with `curve`) check the order: windowed
+    KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and accuracy on
+    needle prompts of another seed, against random orders of `random_seeds` (`stop_random`: each stops once clearly
+    below probe's order, see stream_curve). `order_by`: a name of ORDERS."""
+    _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by)
+    options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
+                            **({"needle": needle} if needle else {}))  # type: ignore[arg-type]
+    calibrated, why_fixed = _budget_kind(loaded, full_fraction is None and retrieval_threshold is None
+                                         and streaming_threshold is None)
+    scored = needle_set(loaded, options)
+    n_heads, n_kv = kv_groups(loaded)
+    n_total = len(attention_layers(loaded.model)) * n_kv
+    counts = [scored.input_ids.shape[0], n_total if order_by == "loss" else 0,
+              budget_points(n_total) if calibrated else 0,
+              (len(curve_steps(n_total, steps)) + 1) * (1 + len(random_seeds)) if curve else 0]
+    stage, clock = _stages(progress, counts), _Clock()
+    retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent, progress=stage(0))
+    clock.lap("scores")
+    kv_retrieval, kv_streaming = aggregate(retrieval, n_kv, "max"), aggregate(streaming, n_kv, "min")
+    window = WindowAblation(sink=sink, recent=recent)
+    order = stream_order(kv_retrieval, kv_streaming) if order_by == "retrieval" else loss_order(
+        loaded, kv_retrieval, _texts(loaded, options, data, curve_texts, 2 * curve_texts), window, progress=stage(1))[0]
+    clock.lap("order")
+    if calibrated:
+        held_out = _held_out(loaded, options, data, curve_texts, curve_texts, BUDGET_SEED_OFFSET, window)
+        budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=stage(2))
+        budget.measured_on["needle_seed"] = seed + BUDGET_SEED_OFFSET
+        full = set(order[budget.streamed:])
+    else:
+        budget, full = fixed_budget(order, kv_retrieval, kv_streaming, full_fraction,
+                                     (retrieval_threshold, streaming_threshold), model_dtype(loaded), why_fixed)
+    clock.lap("budget")
+    result = KVHeads(loaded.name, retrieval.shape[0], n_heads, n_kv, sink, recent, retrieval.float(),
+                     streaming.float(), kv_retrieval.float(), kv_streaming.float(), order, full,
+                     accuracy_table(scored, run), budget=budget, dtype=model_dtype(loaded))
+    result.options = {"lengths": list(lengths), "depths": list(depths), "prompts": prompts, "seed": seed,
+                      "needle": options.needle, "full_fraction": full_fraction,
+                      "retrieval_threshold": retrieval_threshold, "streaming_threshold": streaming_threshold,
+                      "max_loss_increase": max_loss_increase, "order_by": order_by, "stop_random": stop_random,
+                      "scored_on": scored.description}
+    if curve:
+        inputs = _held_out(loaded, options, data, curve_texts, 0, CURVE_SEED_OFFSET, window)
+        ks = sorted(set(curve_steps(len(order), steps)) | {budget.streamed})  # the map's own k, checked too
+        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage(3),
+                                    stop_below=max_loss_increase if stop_random else None)
+        result.curve["needle_seed"] = seed + CURVE_SEED_OFFSET
+        clock.lap("curve")
+    result.seconds = clock.laps
+    return result
+
+
+class _Clock:
+    """Wall seconds per stage, in the order the stages ran."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self.last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.laps[stage] = round(now - self.last, 3)
+        self.last = now
+
+
+def _budget_kind(loaded: LoadedModel, wanted: bool) -> tuple[bool, str | None]:
+    """(whether the budget is calibrated, why not where it was wanted but cannot be)."""
+    if not wanted or all(layer.kind == "hf" for layer in attention_layers(loaded.model)):
+        return wanted, None
+    return False, ("a calibrated budget measures window ablation, which needs transformers attention; this model's "
+                   "is its own")
+
+
+def _stages(progress: Progress | None, counts: list[int]) -> Callable[[int], Progress | None]:
+    """Progress callbacks for consecutive stages of `counts` steps each, reported as one bar over their sum."""
+    total = sum(counts)
+
+    def stage(index: int) -> Progress | None:
+        if progress is None:
+            return None
+        before = sum(counts[:index])
+        return lambda done, _: progress(before + min(done, counts[index]), total)
+    return stage
