@@ -65,7 +65,7 @@ class CudaBackend:
     window and causal flag or any additive bias. CPU tensors too where TRITON_INTERPRET=1 is set (Triton's
     interpreter: tests without a GPU). `output`: "kernel" (the default) takes the layer's output from the kernel, one
     pass for output and statistics; "sdpa" keeps torch's own attention for the output and runs the kernel for the
-    statistics alone, without the value product (`python -m bench gpu` times both against sdpa)."""
+    statistics alone, without the value product (not registered: `python -m bench gpu` times what is)."""
 
     name = NAME
 
