@@ -4,6 +4,7 @@ what they write equals the same change made to the weights, and the model comes 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
 from pathlib import Path
 
@@ -247,8 +248,10 @@ def _worked_example() -> str:
 
 def test_the_docs_table_lists_every_public_point() -> None:
     page = (Path(__file__).resolve().parents[1] / "docs" / "hooks.md").read_text(encoding="utf-8")
-    rows = {line.split("|")[1].strip(" `"): line.split("|")[3:5] for line in page.splitlines()
-            if line.startswith("| `")}
+    lines = page.splitlines()
+    first = next(index for index, line in enumerate(lines) if line.startswith("| `"))
+    table = list(itertools.takewhile(lambda line: line.startswith("|"), lines[first:]))  # the points' table
+    rows = {line.split("|")[1].strip(" `"): line.split("|")[3:5] for line in table}
     public = {name: point for name, point in POINTS.items() if point.public}
     assert set(rows) == set(public)
     order = ["hf", "mha", "custom", "family"]
