@@ -1,9 +1,11 @@
 """Head maps as the field publishes them (DuoAttention, Retrieval_Head, TransformerLens-style tensors, probe's own
-JSON), read into one `HeadMap` with its convention stated, and `compare(a, b)` of any two (docs/compare.md)."""
+JSON), read into one `HeadMap` with its convention stated, `compare(a, b)` of any two (docs/compare.md), and a
+DuoAttention folder as kvpress's DuoAttentionPress reads it (`kvpress_pattern`, docs/kv-heads.md)."""
 
 from probe.headmaps.compare import Comparison, align, compare, ranks
 from probe.headmaps.formats import FORMATS, HeadFormat, read_map, register_format, write_map
+from probe.headmaps.kvpress import kvpress_head_ratio, kvpress_pattern
 from probe.headmaps.maps import GROUPINGS, KV, QUERY, HeadMap
 
-__all__ = ["FORMATS", "GROUPINGS", "KV", "QUERY", "Comparison", "HeadFormat", "HeadMap", "align", "compare", "ranks",
-           "read_map", "register_format", "write_map"]
+__all__ = ["FORMATS", "GROUPINGS", "KV", "QUERY", "Comparison", "HeadFormat", "HeadMap", "align", "compare",
+           "kvpress_head_ratio", "kvpress_pattern", "ranks", "read_map", "register_format", "write_map"]
