@@ -67,9 +67,7 @@ class AttentionCall:
             made = _DENSE.setdefault(self.key_mask, made)
         form = (self.query.shape[2], self.key.shape[2], self.causal, self.window, self.query.dtype)
         if form not in made:
-            seen = self.visible()
-            made[form] = torch.zeros(seen.shape, dtype=self.query.dtype, device=seen.device).masked_fill_(
-                seen.logical_not(), float("-inf"))  # additive_bias's, value for value
+            made[form] = boolean_as_additive(self.visible(), self.query.dtype)
         return made[form]
 
     def visible(self) -> Tensor:
@@ -216,11 +214,15 @@ def rebuild_problem(call: AttentionCall) -> str:
     return ""
 
 
+def boolean_as_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask (True = attend) as an additive one: 0 where a key is seen, -inf where not."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(), float("-inf"))
+
+
 def additive_bias(mask: Tensor | None, position_bias: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """The mask (boolean: True = attend, or additive) and position bias as one additive float tensor, or None."""
     if mask is not None and mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(),
-                                                                                   float("-inf"))
+        mask = boolean_as_additive(mask, dtype)
     elif mask is not None:
         mask = mask.to(dtype)
     if position_bias is None:
