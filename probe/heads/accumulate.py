@@ -119,7 +119,7 @@ class ScoreAccumulator:
                 self._add(name, layers, sums[index], counts[index, None, None].expand_as(sums[index]))
             return
         _add_at(stacked[0], layers, sums, dim=1)
-        _add_at(stacked[1], layers, counts[:, None, None].to(stacked[1].device), dim=1)
+        _add_at(stacked[1], layers, counts[:, None, None], dim=1)
 
     def _batch(self) -> Batch:
         if self.batch is None:

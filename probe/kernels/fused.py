@@ -194,8 +194,8 @@ class FusedAttention:
         b, hq, n, kv = self.shape
         hk, d, m, k = self.key.shape[1], self.query.shape[-1], stop - start, gathered.inside.shape[1]
         keys = _statistics_copy(_flat(self.key).index_select(0, gathered.index).view(b * m * hk, k, d))
-        query = _statistics_copy(self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d))  # a
-        # view, as handed over (float32)
+        # a view where the query arrives float32 (no copy), else its chunk made float32
+        query = _statistics_copy(self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d))
         logits = torch.bmm(query, keys.transpose(1, 2)).view(b, m, hq, k).transpose(1, 2)  # (b, hq, m, k)
         logits = logits.mul_(self.scaling).float()  # ours: changed in place from here
         if self.bias is not None:
@@ -353,9 +353,8 @@ class FusedAttention:
         sequence, head, row = padded.unbind(-1)
         query = _statistics_copy(_flat(self.query).index_select(0, ((sequence * n + row) * hq + head).reshape(-1)))
         limit = min(kv, int(found[:, 2].max()) + kv - n + 1) if self.causal else kv
-        logits = torch.bmm(query.view(b * hk, -1, d) * self.scaling,
-                           _statistics_copy(self.key[:, :, :limit].reshape(b * hk, limit, d)).transpose(1, 2))  # (b
-        # x hk, most, keys)
+        seen = _statistics_copy(self.key[:, :, :limit].reshape(b * hk, limit, d))  # the keys a row may see
+        logits = torch.bmm(query.view(b * hk, -1, d) * self.scaling, seen.transpose(1, 2))  # (b x hk, most, keys)
         if self.bias is not None:
             bias = self.bias[..., :limit]
             logits += bias[sequence if bias.shape[0] > 1 else 0, head if bias.shape[1] > 1 else 0,
