@@ -11,11 +11,12 @@ import typer
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
                                Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.progress import console, progress_bar
+from probe.cli.progress import console, stage_progress
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
 from probe.headmaps.formats import DUO_CONFIG, DUO_FILE, kv_heads_map, write_map
 from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, kv_heads as run_kv_heads
+from probe.kv.pipeline import STAGE_UNITS
 from probe.models import DEFAULT_MODEL
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
@@ -145,7 +146,7 @@ def kv_heads(
     seeds = _numbers(random_seeds, int, "random_seeds")
     check_outputs({"--json": json_path, "--html": html_path, **_export_files(exports)}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    with progress_bar("scoring heads" + (" and streaming them" if curve else "")) as update:
+    with stage_progress("kv-heads: ", STAGE_UNITS) as update:
         result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,
                               max_loss_increase=max_loss_increase, order_by=order,

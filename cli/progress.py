@@ -1,8 +1,11 @@
 """What the user sees while a command runs: stdout for reports; stderr for spinners, progress, notes, warnings and
 errors. On a terminal progress is a live bar; in a log file (a cluster job, `2> log`) it is a plain line every 10% of
-the work or every 30 seconds, each stage of a staged command named as it starts, and a step without a count (loading
-the model) named once it has taken 2 seconds, then timed. `-q` leaves only warnings and errors; nothing here wraps
-text that is not on a terminal.
+the work and at least every 30 seconds (a heartbeat thread says how far the work is when the library has reported
+nothing for that long), each stage of a staged command named as it starts, a time left only once a tenth of the
+stage's work is done (measured from that stage's own rate), and a step without a count (loading the model) named once
+it has taken 2 seconds, then every 30 seconds, then timed. `-q` leaves only warnings and errors; nothing here wraps
+text that is not on a terminal. Every time read here comes from `monotonic` (tests put a fake clock there, and a
+fake `heartbeat` that they drive themselves).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ EVERY_SECONDS = 30.0  # plain progress: at most this long between two lines
 EVERY_FRACTION = 10  # plain progress: a line at every tenth of the work
 MIN_GAP = 1.0  # plain progress: at least this long between two lines (and before the first)
 ANNOUNCE_AFTER = 2.0  # `status`, `timed_status`: work that takes longer says what it is doing, and when it is done
+ESTIMATE_AFTER = 0.1  # plain progress: the time left is shown once this share of the stage's work is done
+BEAT = 1.0  # seconds between two looks of the heartbeat thread: a silent gap is at most EVERY_SECONDS
+monotonic = time.monotonic  # the clock of every progress line (a test's fake clock replaces it)
 
 
 def _width(stream: TextIO) -> int | None:
@@ -104,24 +110,60 @@ def timed_status(doing: str, done: str) -> AbstractContextManager[Any]:
 
 
 @contextmanager
+def heartbeat(tick: Callable[[], None], period: float | None = None) -> Iterator[None]:
+    """`tick()` every `period` (BEAT) seconds on a daemon thread while the block runs (each tick decides for itself
+    whether a line is due): a library call that reports nothing for minutes still gets a line every 30 seconds."""
+    stop = threading.Event()
+    every = BEAT if period is None else period
+
+    def beat() -> None:
+        while not stop.wait(every):
+            tick()
+
+    thread = threading.Thread(target=beat, name="probe-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+class Announcer:
+    """Off a terminal, a step without a count: `doing` once it has run ANNOUNCE_AFTER seconds, then `doing` with its
+    time elapsed every EVERY_SECONDS (`generating 20 tokens: 1:00 elapsed`), each from `tick()`."""
+
+    def __init__(self, doing: str, now: Callable[[], float] | None = None) -> None:
+        self.doing, self.now = doing, now or (lambda: monotonic())
+        self.started = self.now()
+        self.last_line: float | None = None
+        self.lock = threading.Lock()
+
+    def tick(self) -> None:
+        with self.lock:
+            now = self.now()
+            if self.last_line is None:
+                if now - self.started >= ANNOUNCE_AFTER:
+                    self.last_line = now
+                    _say(self.doing)
+            elif now - self.last_line >= EVERY_SECONDS - BEAT:
+                self.last_line = now
+                _say(f"{self.doing.removesuffix(' ...')}: {clock(now - self.started)} elapsed")
+
+
+@contextmanager
 def _announced(doing: str, done: str, on_terminal: bool) -> Iterator[None]:
     """A spinner saying `doing` on a terminal; off one, a line saying it once the work has run ANNOUNCE_AFTER
-    seconds. Then `done in 7.2 s` where it took that long (on a terminal only with `on_terminal`). Work done in a
-    moment says nothing, and an error in it stays the only line (the error's own)."""
-    started = time.monotonic()
+    seconds, and another every 30 seconds. Then `done in 7.2 s` where it took that long (on a terminal only with
+    `on_terminal`). Work done in a moment says nothing, and an error in it stays the only line (the error's own)."""
+    started = monotonic()
     if errors.is_terminal:
         with errors.status(doing):
             yield
     else:
-        announce = threading.Timer(ANNOUNCE_AFTER, _say, (doing,))
-        announce.daemon = True
-        announce.start()
-        try:
+        with heartbeat(Announcer(doing).tick, min(BEAT, ANNOUNCE_AFTER / 4)):
             yield
-        finally:
-            announce.cancel()
-            announce.join()
-    seconds = time.monotonic() - started
+    seconds = monotonic() - started
     if seconds >= ANNOUNCE_AFTER and (on_terminal or not errors.is_terminal):
         _say(f"{done} in {seconds:.1f} s")
 
@@ -135,18 +177,22 @@ def clock(seconds: float) -> str:
 
 class PlainProgress:
     """Progress for a log file: `ablating heads: 44% (12 heads done), 1:05 elapsed, ~1:20 left`, one line at every
-    tenth of the work and at least every 30 seconds while work is reported, never a carriage return, never two lines
-    within a second (work done in a moment says only that it is done).
+    tenth of the work and at least every 30 seconds (`tick()`, from the heartbeat, also when no work is reported),
+    never a carriage return, never two lines within a second (work done in a moment says only that it is done).
 
     It ends at its total: the last line comes from `finish()`, once the work and every result are in (`12/12
     checkpoints`, every head counted), not from the last report, which can come before the last result. The time
     left is the rate measured since the first report of work done, not since the start (loading and set-up before
-    the first unit would otherwise inflate every estimate). `unit` names what is counted (`checkpoints`); without
-    one, a share (the library's own unit, layers of batches or block-forwards, means nothing to a user)."""
+    the first unit would otherwise inflate every estimate), and it is shown only once ESTIMATE_AFTER of the work is
+    done (an estimate from the first few units is often off by far more than 2x). `unit` names what is counted
+    (`checkpoints`); without one, a share (the library's own unit, layers of batches or block-forwards, means
+    nothing to a user)."""
 
-    def __init__(self, description: str, *, unit: str | None = None, now: Callable[[], float] = time.monotonic) -> None:
-        self.description, self.unit, self.now = description, unit, now
-        self.started = now()
+    def __init__(self, description: str, *, unit: str | None = None,
+                 now: Callable[[], float] | None = None) -> None:
+        self.description, self.unit, self.now = description, unit, now or (lambda: monotonic())
+        self.started = self.now()
+        self.lock = threading.Lock()
         self.last_line: float | None = None
         self.first: tuple[float, int] | None = None  # (time, done) of the first report of work done
         self.tenths, self.done, self.total = 0, 0, 0
@@ -159,15 +205,26 @@ class PlainProgress:
         """The library's `(done, total)` callback: a line when a new tenth is reached or 30 s have passed."""
         if not total:
             return
-        now, tenths = self.now(), EVERY_FRACTION * done // total
-        self.done, self.total = done, total
-        if self.first is None and done > 0:
-            self.first = (now, done)
-        since = now - (self.started if self.last_line is None else self.last_line)
-        if done >= total or since < MIN_GAP or (tenths <= self.tenths and since < EVERY_SECONDS):
-            return
-        self.tenths, self.last_line = max(tenths, self.tenths), now
-        _say(self.line(done, total, now))
+        with self.lock:
+            now, tenths = self.now(), EVERY_FRACTION * done // total
+            self.done, self.total = done, total
+            if self.first is None and done > 0:
+                self.first = (now, done)
+            since = now - (self.started if self.last_line is None else self.last_line)
+            if done >= total or since < MIN_GAP or (tenths <= self.tenths and since < EVERY_SECONDS):
+                return
+            self.tenths, self.last_line = max(tenths, self.tenths), now
+            _say(self.line(done, total, now))
+
+    def tick(self) -> None:
+        """The heartbeat's look: a line where EVERY_SECONDS have passed since the last one (or the start), at the
+        work reported so far (a library call inside one unit of work reports nothing for minutes)."""
+        with self.lock:
+            now = self.now()
+            since = now - (self.started if self.last_line is None else self.last_line)
+            if self.total and self.done < self.total and since >= EVERY_SECONDS - BEAT:
+                self.last_line = now
+                _say(self.line(self.done, self.total, now))
 
     def finish(self) -> None:
         """The last line, at the total, once the work is done; none where it took under a second and nothing was
@@ -177,8 +234,10 @@ class PlainProgress:
             _say(self.line(self.total, self.total, now))
 
     def left(self, done: int, total: int, now: float) -> float | None:
-        """Seconds left at the rate measured since the first report of work done; None before there is a rate."""
-        if self.first is None or done <= self.first[1] or now <= self.first[0] or done >= total:
+        """Seconds left at the rate measured since the first report of work done; None before there is a rate and
+        before ESTIMATE_AFTER of the work is done."""
+        if (self.first is None or done <= self.first[1] or now <= self.first[0] or done >= total
+                or done < ESTIMATE_AFTER * total):
             return None
         return (total - done) * (now - self.first[0]) / (done - self.first[1])
 
@@ -205,7 +264,8 @@ def progress_bar(description: str, unit: str | None = None) -> Iterator[Callable
         yield lambda done, total: None
     elif not errors.is_terminal:
         plain = PlainProgress(description, unit=unit)
-        yield plain.update
+        with heartbeat(plain.tick):
+            yield plain.update
         plain.finish()
     else:
         with Progress(*_bar_columns(unit), TimeElapsedColumn(), TimeRemainingColumn(), console=errors,
@@ -224,7 +284,8 @@ def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Cal
         return
     if not errors.is_terminal:
         plain = PlainProgress(description)
-        yield plain.update, plain.head_done
+        with heartbeat(plain.tick):
+            yield plain.update, plain.head_done
         plain.finish()
         return
     with Progress(*_bar_columns(None), TextColumn("{task.fields[heads]}"), TimeElapsedColumn(),

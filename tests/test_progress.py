@@ -4,6 +4,7 @@ silent), and the model load and every other uncounted step off a terminal (silen
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import time
@@ -174,3 +175,143 @@ def test_a_step_without_a_count_off_a_terminal_is_said_and_timed(capsys, monkeyp
     with pytest.raises(RuntimeError), cli_progress.status("capturing attention ..."):
         raise RuntimeError("at once")
     assert capsys.readouterr().err == ""  # an error in a moment stays the only line: the error's own
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# truthful plain progress: a line at least every 30 s (the heartbeat's tick), a time left only past a tenth
+
+
+def test_a_stage_silent_for_30_seconds_still_gets_a_line_from_the_heartbeat(capsys) -> None:
+    clock = [0.0]
+    plain = cli_progress.PlainProgress("kv-heads: calibrating the budget", unit="points", now=lambda: clock[0])
+    plain.update(1, 8)  # the unablated point, at once
+    for seconds in (10.0, 28.0):
+        clock[0] = seconds
+        plain.tick()  # under 30 s of silence: nothing
+    assert capsys.readouterr().err == ""
+    clock[0] = 31.0
+    plain.tick()
+    clock[0] = 45.0
+    plain.tick()
+    clock[0] = 61.0
+    plain.tick()
+    assert capsys.readouterr().err.splitlines() == [  # 1 of 8 done: past a tenth, but no rate measured yet
+        "kv-heads: calibrating the budget: 1/8 points (12%), 0:31 elapsed",
+        "kv-heads: calibrating the budget: 1/8 points (12%), 1:01 elapsed"]
+    clock[0] = 70.0
+    plain.update(2, 8)
+    assert capsys.readouterr().err.splitlines() == [
+        "kv-heads: calibrating the budget: 2/8 points (25%), 1:10 elapsed, ~7:00 left"]  # 70 s per point since 1
+
+
+def test_no_time_left_before_a_tenth_of_the_stage(capsys) -> None:
+    """Patching said `~3:06:39 left` at 0%: a rate from the first units is not one to trust."""
+    clock = [0.0]
+    plain = cli_progress.PlainProgress("patching heads", now=lambda: clock[0])
+    for done in range(1, 100):
+        clock[0] += 31.0
+        plain.update(done, 1000)  # a line every call (31 s apart), each under a tenth
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 99 and not any("left" in line for line in lines)
+    clock[0] += 31.0
+    plain.update(100, 1000)
+    assert capsys.readouterr().err.strip().endswith("10%, 51:40 elapsed, ~7:45:00 left")  # 900 units at 31 s
+
+
+def test_a_step_without_a_count_says_it_is_still_running_every_30_seconds(capsys) -> None:
+    clock = [0.0]
+    announcer = cli_progress.Announcer("generating 20 tokens per head and alpha ...", now=lambda: clock[0])
+    for clock[0] in (1.0, 2.5, 20.0, 31.0, 32.0, 62.0, 100.0):
+        announcer.tick()
+    assert capsys.readouterr().err.splitlines() == [
+        "generating 20 tokens per head and alpha ...",
+        "generating 20 tokens per head and alpha: 0:32 elapsed",  # 29.5 s after the first line: within a beat
+        "generating 20 tokens per head and alpha: 1:02 elapsed",
+        "generating 20 tokens per head and alpha: 1:40 elapsed"]
+
+
+def test_the_heartbeat_ticks_on_its_own_thread_until_the_block_ends(monkeypatch) -> None:
+    import threading
+
+    ticked = threading.Event()
+    monkeypatch.setattr(cli_progress, "BEAT", 0.01)
+    with cli_progress.heartbeat(ticked.set):
+        assert ticked.wait(60)  # a tick came while the block ran (no timing asserted: it waits for it)
+    ticked.clear()
+    time.sleep(0.05)
+    assert not ticked.is_set()  # and none after it
+
+
+def test_kv_heads_reports_each_stage_on_its_own_to_its_total() -> None:
+    """The budget stage took 830 of 892 s under a `scoring heads` bar counted over every stage's steps: each stage
+    now reports its own work, so its time left is measured from its own rate."""
+    from probe.kv import kv_heads
+    from probe.kv.pipeline import STAGE_UNITS as KV_UNITS
+
+    from conftest import tiny_loaded
+
+    reports: list[tuple[str, int, int]] = []
+    kv_heads(tiny_loaded("llama_gqa"), lengths=(100,), depths=(0.5,), sink=2, recent=8, steps=2, random_seeds=(0,),
+             curve_texts=1, progress=lambda *report: reports.append(report))
+    stages = _stages(reports)
+    assert list(stages) == ["scoring heads", "calibrating the budget", "checking the order"]
+    assert set(stages) <= set(KV_UNITS) and all(counts[0][0] == 0 for counts in stages.values())
+    assert all(_ends_at_its_total(counts) for counts in stages.values()), stages
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# every long command on a fake clock: each stage named as it starts, no time left before a tenth of its stage, every
+# counted stage ending at its total
+
+WORDS = "tests/words.py:tiny_with_words"
+COMMANDS = {
+    "classify": ["classify", "--model", PLANTED, "--num-seqs", "2", "--seq-len", "16", "--repeat-len", "8"],
+    "ablate": ["ablate", "--model", PLANTED, "--num-seqs", "2", "--seq-len", "16"],
+    "prune": ["prune", "--model", PLANTED, "--num-seqs", "2", "--seq-len", "24", "--seeds", "1", "--step", "0.25"],
+    "patch": ["patch", "--model", WORDS, "--task", "ioi", "--count", "4"],
+    "dla": ["dla", "--model", WORDS, "--task", "ioi", "--count", "4", "--self-repair"],
+    "steer": ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--alpha", "0,2", "--task", "ioi", "--num-seqs", "4",
+              "--generate", "the keys", "--max-new-tokens", "3"],
+    "kv-heads": ["kv-heads", "--model", f"{TESTS / 'planted.py'}:planted_gpt2", "--lengths", "120", "--depths", "0.5",
+                 "--sink", "1", "--recent", "4", "--steps", "2", "--random-seeds", "0", "--curve-texts", "1"],
+    "atlas": ["atlas", "--model", "tests/planted.py:planted_lm", "--seq-len", "24", "--num-seqs", "2",
+              "--repeat-len", "8"],
+    "circuits": ["circuits", "--model", PLANTED, "--num-seqs", "2", "--seq-len", "16", "--repeat-len", "8"],
+    "qk": ["qk", "--model", f"{TESTS / 'planted.py'}:planted_gpt2", "--head", "1.1", "--at", "induction",
+           "--num-seqs", "2", "--repeat-len", "8"],
+}
+STAGES = {  # the stages a command names as each starts, in order
+    "kv-heads": ["kv-heads: scoring heads ...", "kv-heads: calibrating the budget ...",
+                 "kv-heads: checking the order ..."],
+    "circuits": ["circuits: K-composition ...", "circuits: classifying heads ...", "circuits: ablation check ..."],
+}
+COUNTED = re.compile(r"^(?P<what>.+?): (?:\d+/\d+ [a-z ]+ \()?(?P<percent>\d+)%")
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_past_a_tenth(
+        command: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    clock = [0.0]
+
+    def fake_clock() -> float:  # every look at the clock: 4 s later
+        clock[0] += 4.0
+        return clock[0]
+
+    monkeypatch.setattr(cli_progress, "monotonic", fake_clock)
+    monkeypatch.setattr(cli_progress, "heartbeat", lambda tick, period=None: contextlib.nullcontext())
+    monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)  # a random tiny model's corruption changes little
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    monkeypatch.chdir(TESTS.parent)
+    code, _, stderr = run_cli([*COMMANDS[command], "--json", str(tmp_path / "out.json")], capsys, monkeypatch)
+    assert code == 0, stderr
+    lines = stderr.splitlines()
+    counted = [(found["what"], int(found["percent"]), line) for line in lines if (found := COUNTED.match(line))]
+    assert counted or command == "steer", stderr  # steer's chosen heads: steps without a count, each timed
+    assert command != "steer" or re.search(r"^generating 3 tokens per head and alpha: done in", stderr, re.M)
+    assert all(percent >= 10 for _, percent, line in counted if " left" in line), stderr
+    last: dict[str, int] = {}
+    for what, percent, _ in counted:
+        last[what] = percent
+    assert all(percent == 100 for percent in last.values()), last
+    started = [line for line in lines if line.endswith(" ...") and line.startswith(f"{command}: ")]
+    assert started == STAGES.get(command, started), stderr

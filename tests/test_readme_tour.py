@@ -1,79 +1,27 @@
 """The README's CLI tour runs as written: every command of its first bash block, in a fresh folder, on the default
-model (slow: SmolLM2, loaded once for the session), with flags that shrink the inputs where the command has them.
-The inputs the tour names (a classifier folder and its labelled texts, a training run's checkpoints) are made here
-first, the way a user would have them."""
+model (slow: SmolLM2, loaded once for the session), with flags that shrink the inputs where the command has them
+(bench/tour.py's SMALL; `python -m bench.tour` runs and times the tour as written). The inputs the tour names (a
+classifier folder and its labelled texts, a training run's checkpoints) are made here first, the way a user would
+have them (bench/tour.py's make_inputs). The README's Python block runs too, with small inputs."""
 
 from __future__ import annotations
 
-import json
-import re
 import shlex
-import sys
 from pathlib import Path
 
-import torch
+import pytest
 
+from bench.tour import SMALL, make_inputs, python_block, quick_python, tour_lines
 from conftest import run_cli
 from probe.models import LoadedModel
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
-SMALL = {  # flags that shrink a command's inputs (appended: the last occurrence of a flag wins)
-    "classify": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
-    "ablate": ["--num-seqs", "1", "--seq-len", "16", "--heads", "0-1.*,17.3"],
-    "syntax": ["--max-sentences", "4", "--min-count", "1"],
-    "circuits": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
-    "prune": ["--num-seqs", "1", "--seq-len", "16", "--seeds", "1", "--step", "0.25"],
-    "dla": ["--count", "2"],
-    "qk": ["--num-seqs", "1", "--repeat-len", "12"],
-    "patch": ["--count", "2", "--heads", "0-1.*,17.3"],
-    "kv-heads": ["--lengths", "160", "--depths", "0.5", "--sink", "4", "--recent", "32", "--steps", "2",
-                 "--random-seeds", "0", "--curve-texts", "1"],
-    "atlas": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
-    "track": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12", "--icl-seqs", "2", "--icl-positions",
-              "2,20"],
-}
-RUN_PY = f"""
-import sys
-import torch
-sys.path.insert(0, {str(ROOT / 'examples' / 'induction')!r})
-from model import AttentionOnly, ByteTokenizer
-
-
-def model():
-    return AttentionOnly(n_layers=2, d_model=32, n_heads=4, max_len=256), ByteTokenizer()
-"""
 
 
 def tour() -> list[str]:
     """The commands of the README's `## CLI tour` bash block, comments dropped."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = re.search(r"## CLI tour\s+```bash\n(.*?)```", readme, re.S)
-    assert block, "README.md has no CLI tour block"
-    lines = [line.split("  #")[0].strip() for line in block.group(1).splitlines()]
-    return [line for line in lines if line]
-
-
-def make_inputs(folder: Path) -> None:
-    """What the tour's commands name: `my-classifier` and `dev.jsonl`, `run.py` and `ckpt/step-*.pt`."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from classifiers import tiny_bert_classifier, word_tokenizer
-
-    words = ["the", "film", "was", "good", "bad", "fine", "plot", "acting",
-             "quick", "brown", "fox", "jumps"]  # the loader's check encodes a fox
-    tokenizer = word_tokenizer(words)
-    tiny_bert_classifier(len(tokenizer)).save_pretrained(folder / "my-classifier")
-    tokenizer.save_pretrained(folder / "my-classifier")
-    rows = [{"text": f"the {noun} was {word}", "label": label} for noun in ("film", "plot", "acting")
-            for word, label in (("good", "positive"), ("bad", "negative"), ("fine", "neutral"))]
-    (folder / "dev.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    (folder / "run.py").write_text(RUN_PY, encoding="utf-8")
-    (folder / "ckpt").mkdir()
-    namespace: dict = {}
-    exec(compile(RUN_PY, "run.py", "exec"), namespace)
-    for step in (10, 20):
-        torch.manual_seed(step)
-        torch.save(namespace["model"]()[0].state_dict(), folder / "ckpt" / f"step-{step}.pt")
+    return [command for command, _ in tour_lines((ROOT / "README.md").read_text(encoding="utf-8"))]
 
 
 def test_the_readme_cli_tour_runs_as_written(tmp_path: Path, capsys, monkeypatch, smollm2: LoadedModel) -> None:
@@ -130,3 +78,17 @@ def layout_faults(pages: list[Path]) -> list[str]:
                 page.close()
         browser.close()
     return faults
+
+
+def test_the_readme_python_block_runs(monkeypatch, smollm2: LoadedModel) -> None:
+    """The block as written, each call given small inputs (quick_python), on the session's SmolLM2."""
+    import probe
+
+    monkeypatch.setattr(probe, "load_model", lambda spec, **kwargs: smollm2 if spec == "smollm2" else
+                        pytest.fail(f"the block loads {spec!r}"))
+    code = quick_python(python_block((ROOT / "README.md").read_text(encoding="utf-8")))
+    assert "num_seqs=1" in code and "fast=True" in code
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert {"result", "patterns", "swept"} <= set(namespace)
+    assert len(namespace["swept"].results) == 270 and namespace["result"].flagged("induction")

@@ -69,7 +69,10 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
     unablated model's and the loss change within `max_loss_increase`, by bisection over k (see probe.kv's
     docstring); every point measured is in the result."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
+    most = budget_points(len(order)) + 1  # the unablated model's point, then at most one per halving
     base_loss, base_accuracy = measured_point(loaded, inputs, [], cache)
+    if progress is not None:
+        progress(1, most)
     points: list[dict[str, Any]] = []
 
     def measure(k: int) -> bool:
@@ -78,7 +81,7 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
         point["accepted"] = accepts(point, base_accuracy, max_loss_increase)
         points.append(point)
         if progress is not None:
-            progress(len(points), budget_points(len(order)))
+            progress(1 + len(points), most)
         return bool(point["accepted"])
 
     low, high = 0, len(order) + 1  # k = low is accepted (nothing streamed), k = high is not (past the end)

@@ -6,8 +6,8 @@ sequence).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 from probe.ablation.window import WindowAblation
 from probe.hooks.layers import attention_layers
@@ -16,9 +16,9 @@ from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
-from probe.progress import Progress
+from probe.progress import StageProgress, stage_tick
 from probe.provenance import model_dtype
-from probe.kv.budget import DEFAULT_MAX_LOSS_INCREASE, budget_points, calibrate_budget, fixed_budget
+from probe.kv.budget import DEFAULT_MAX_LOSS_INCREASE, calibrate_budget, fixed_budget
 from probe.kv.curve import curve_steps, stream_curve
 from probe.kv.order import ORDERS, aggregate, kv_groups, loss_order, stream_order
 from probe.kv.points import CurveInputs
@@ -29,6 +29,11 @@ CURVE_SEED_OFFSET = 1000  # the curve's needle prompts: another seed than the sc
 BUDGET_SEED_OFFSET = 2000  # the budget's needle prompts: another seed than the scored ones and the curve's
 
 
+STAGE_UNITS = {"scoring heads": "needle prompts", "ordering by loss": "KV heads", "calibrating the budget": "points",
+               "checking the order": "points"}
+"""What each stage of `kv_heads` counts, in the order the stages run (a stage not asked for is skipped): each is
+reported on its own, so that a time left is measured from that stage's own rate (a budget point, two forwards over
+held-out texts and prompts, costs far more than a scored prompt)."""
 KV_SINK = 64  # sink keys of a streaming head: DuoAttention's deployed cache (64 sink + 256 recent keys)
 
 
@@ -77,14 +82,15 @@ def kv_heads(
     streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
     curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,
     data: str | None = None, seed: int = 0, order_by: str = "retrieval", stop_random: bool = True,
-    progress: Progress | None = None,
+    progress: StageProgress | None = None,
 ) -> KVHeads:
     """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
     `recent` window), aggregate per KV head, order them, label full / streaming (a calibrated budget unless
     `full_fraction` or a threshold is given: see probe.kv's docstring), and (with `curve`) check the order: windowed
     KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and accuracy on
     needle prompts of another seed, against random orders of `random_seeds` (`stop_random`: each stops once clearly
-    below probe's order, see stream_curve). `order_by`: a name of ORDERS."""
+    below probe's order, see stream_curve). `order_by`: a name of ORDERS. `progress`: `(stage, done, total)`, the
+    stages of STAGE_UNITS."""
     _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by)
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
                             **({"needle": needle} if needle else {}))  # type: ignore[arg-type]
@@ -92,21 +98,20 @@ def kv_heads(
                                          and streaming_threshold is None)
     scored = needle_set(loaded, options)
     n_heads, n_kv = kv_groups(loaded)
-    n_total = len(attention_layers(loaded.model)) * n_kv
-    counts = [scored.input_ids.shape[0], n_total if order_by == "loss" else 0,
-              budget_points(n_total) if calibrated else 0,
-              (len(curve_steps(n_total, steps)) + 1) * (1 + len(random_seeds)) if curve else 0]
-    stage, clock = _stages(progress, counts), _Clock()
-    retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent, progress=stage(0))
+    stage, clock = partial(stage_tick, progress), _Clock()
+    retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent,
+                                              progress=stage("scoring heads"))
     clock.lap("scores")
     kv_retrieval, kv_streaming = aggregate(retrieval, n_kv, "max"), aggregate(streaming, n_kv, "min")
     window = WindowAblation(sink=sink, recent=recent)
     order = stream_order(kv_retrieval, kv_streaming) if order_by == "retrieval" else loss_order(
-        loaded, kv_retrieval, _texts(loaded, options, data, curve_texts, 2 * curve_texts), window, progress=stage(1))[0]
+        loaded, kv_retrieval, _texts(loaded, options, data, curve_texts, 2 * curve_texts), window,
+        progress=stage("ordering by loss"))[0]
     clock.lap("order")
     if calibrated:
         held_out = _held_out(loaded, options, data, curve_texts, curve_texts, BUDGET_SEED_OFFSET, window)
-        budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=stage(2))
+        budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase,
+                                  progress=stage("calibrating the budget"))
         budget.measured_on["needle_seed"] = seed + BUDGET_SEED_OFFSET
         full = set(order[budget.streamed:])
     else:
@@ -124,7 +129,7 @@ def kv_heads(
     if curve:
         inputs = _held_out(loaded, options, data, curve_texts, 0, CURVE_SEED_OFFSET, window)
         ks = sorted(set(curve_steps(len(order), steps)) | {budget.streamed})  # the map's own k, checked too
-        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage(3),
+        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage("checking the order"),
                                     stop_below=max_loss_increase if stop_random else None)
         result.curve["needle_seed"] = seed + CURVE_SEED_OFFSET
         clock.lap("curve")
@@ -151,15 +156,3 @@ def _budget_kind(loaded: LoadedModel, wanted: bool) -> tuple[bool, str | None]:
         return wanted, None
     return False, ("a calibrated budget measures window ablation, which needs transformers attention; this model's "
                    "is its own")
-
-
-def _stages(progress: Progress | None, counts: list[int]) -> Callable[[int], Progress | None]:
-    """Progress callbacks for consecutive stages of `counts` steps each, reported as one bar over their sum."""
-    total = sum(counts)
-
-    def stage(index: int) -> Progress | None:
-        if progress is None:
-            return None
-        before = sum(counts[:index])
-        return lambda done, _: progress(before + min(done, counts[index]), total)
-    return stage

@@ -1,0 +1,345 @@
+"""`python -m bench.tour`: the README's CLI tour and its Python block run as written, each in a fresh process in one
+temporary folder (the tour's inputs made there first, as tests/test_readme_tour.py makes them), with the wall time
+of each against the time the README states beside it, the longest silent gap between two lines of its stderr (the
+start and the end count as lines), and every time left a progress line printed once a tenth of its stage was done,
+against the time that stage actually took to its last line.
+
+Each command has a timeout (`--timeout`, 600 s by default: past it the command is stopped and marked so) and each
+result is saved as it comes (bench/results/tour.json, RESULTS.md re-rendered), so an unattended run always finishes
+and leaves what it measured. `--quick` appends the flags that shrink each command's inputs (SMALL, the tour test's)
+and runs a shrunken Python block: a check that the harness and the tour work, not a timing. `--only NAME` runs the
+commands of those subcommands (`python` for the Python block). Times depend on the machine and its load: the README's
+are for 2 quiet cores; run this on such a machine for the table that counts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, load_result, machine, now, save_result
+
+README = ROOT / "README.md"
+NAME = "tour"
+TIMEOUT = 600.0  # seconds a command may run before it is stopped (the README aims each under 3 minutes)
+GAP_LIMIT = 30.0  # the docs' promise: a line at least every 30 s
+ESTIMATE_FROM = 10  # estimates printed at this percent of their stage or later are judged
+SMALL = {  # flags that shrink a command's inputs (appended: the last occurrence of a flag wins)
+    "classify": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
+    "ablate": ["--num-seqs", "1", "--seq-len", "16", "--heads", "0-1.*,17.3"],
+    "syntax": ["--max-sentences", "4", "--min-count", "1"],
+    "circuits": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
+    "prune": ["--num-seqs", "1", "--seq-len", "16", "--seeds", "1", "--step", "0.25"],
+    "dla": ["--count", "2"],
+    "qk": ["--num-seqs", "1", "--repeat-len", "12"],
+    "patch": ["--count", "2", "--heads", "0-1.*,17.3"],
+    "steer": ["--num-seqs", "2", "--max-new-tokens", "4"],
+    "kv-heads": ["--lengths", "160", "--depths", "0.5", "--sink", "4", "--recent", "32", "--steps", "2",
+                 "--random-seeds", "0", "--curve-texts", "1"],
+    "atlas": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
+    "track": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12", "--icl-seqs", "2", "--icl-positions",
+              "2,20"],
+}
+QUICK_PYTHON = (  # the Python block's calls with small inputs (--quick): (a call's start, the arguments it gets)
+    ("classify(loaded", ", num_seqs=1, seq_len=24, repeat_len=12"),
+    ("natural_set(loaded", ", seq_len=16, num_seqs=1"),
+    ("atlas(loaded", ", num_seqs=1, seq_len=24, repeat_len=12"),
+)
+RUN_PY = f"""
+import sys
+import torch
+sys.path.insert(0, {str(ROOT / 'examples' / 'induction')!r})
+from model import AttentionOnly, ByteTokenizer
+
+
+def model():
+    return AttentionOnly(n_layers=2, d_model=32, n_heads=4, max_len=256), ByteTokenizer()
+"""
+STATED = re.compile(r"\bunder (\d+(?:\.\d+)?) (s|min)\b")
+PROGRESS = re.compile(r"^(?P<stage>[^:]+(?::[^:]+)?): .*?(?P<percent>\d+)%.*?(?:~(?P<left>[\d:]+) left)?$")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One thing the tour runs: a command line (`probe ...`) or the Python block, with the time the README states."""
+
+    name: str
+    line: str
+    stated: float | None  # seconds, from "(under N min)" beside it
+
+    def argv(self, python: str, quick: bool) -> list[str]:
+        if self.name == "python":
+            return [python, "-c", quick_python(self.line) if quick else self.line]
+        args = shlex.split(self.line)[1:]
+        small = SMALL.get(args[0], []) if quick and not {"--model", "-m"} & set(args) else []
+        return [python, "-c", "import sys; from probe.cli.app import main; sys.argv[0] = 'probe'; sys.exit(main())",
+                *args, *small]
+
+
+def quick_python(code: str) -> str:
+    """The Python block with QUICK_PYTHON's small inputs: each call's own keywords (written as `name=value`) kept
+    where QUICK_PYTHON does not give the same one, the rest of the block as written."""
+    for call, small in QUICK_PYTHON:
+        given = dict(item.split("=", 1) for item in small.lstrip(", ").split(", "))
+
+        def shrink(found: re.Match[str], given: dict[str, str] = given, call: str = call) -> str:
+            own = [item for item in found[1].lstrip(", ").split(", ") if item and item.split("=")[0] not in given]
+            return call + "".join(f", {item}" for item in own) + small
+
+        code = re.sub(re.escape(call) + r"((?:, [a-z_]+=[^,()]+)*)(?=\))", shrink, code)
+    return code
+
+
+def _seconds(text: str) -> float | None:
+    found = STATED.search(text)
+    return None if found is None else float(found[1]) * (60 if found[2] == "min" else 1)
+
+
+def tour_lines(readme: str) -> list[tuple[str, str]]:
+    """(command, its comment) of each line of the README's `## CLI tour` bash block."""
+    block = re.search(r"## CLI tour\s+```bash\n(.*?)```", readme, re.S)
+    if block is None:
+        raise SystemExit("README.md has no CLI tour block")
+    pairs = [(line.split("  #")[0].strip(), line.partition("  #")[2]) for line in block.group(1).splitlines()]
+    return [(command, comment) for command, comment in pairs if command]
+
+
+def python_block(readme: str) -> str:
+    """The README's Python block (the one under `## Python API`)."""
+    block = re.search(r"## Python API\s+```python\n(.*?)```", readme, re.S)
+    if block is None:
+        raise SystemExit("README.md has no Python API block")
+    return block.group(1)
+
+
+def steps(readme: str) -> list[Step]:
+    """Every tour command, then the Python block (its stated time: the `(under N min)` of its first lines)."""
+    found = [Step(shlex.split(command)[1], command, _seconds(comment)) for command, comment in tour_lines(readme)]
+    code = python_block(readme)
+    return [*found, Step("python", code, _seconds("\n".join(code.splitlines()[:2])))]
+
+
+def make_inputs(folder: Path) -> None:
+    """What the tour's commands name: `my-classifier` and `dev.jsonl`, `run.py` and `ckpt/step-*.pt`."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from classifiers import tiny_bert_classifier, word_tokenizer
+
+    words = ["the", "film", "was", "good", "bad", "fine", "plot", "acting",
+             "quick", "brown", "fox", "jumps"]  # the loader's check encodes a fox
+    tokenizer = word_tokenizer(words)
+    tiny_bert_classifier(len(tokenizer)).save_pretrained(folder / "my-classifier")
+    tokenizer.save_pretrained(folder / "my-classifier")
+    rows = [{"text": f"the {noun} was {word}", "label": label} for noun in ("film", "plot", "acting")
+            for word, label in (("good", "positive"), ("bad", "negative"), ("fine", "neutral"))]
+    (folder / "dev.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    (folder / "run.py").write_text(RUN_PY, encoding="utf-8")
+    (folder / "ckpt").mkdir(exist_ok=True)
+    namespace: dict[str, Any] = {}
+    exec(compile(RUN_PY, "run.py", "exec"), namespace)
+    for step in (10, 20):
+        torch.manual_seed(step)
+        torch.save(namespace["model"]()[0].state_dict(), folder / "ckpt" / f"step-{step}.pt")
+
+
+@dataclass
+class Outcome:
+    """What one step did: its exit, its wall time, its longest silent gap, and each judged estimate."""
+
+    name: str
+    line: str
+    stated: float | None
+    code: int | None = None
+    seconds: float = 0.0
+    timed_out: bool = False
+    gap: float = 0.0
+    estimates: list[dict[str, Any]] = field(default_factory=list)
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def worst_estimate(self) -> float | None:
+        """The largest factor by which an estimate missed (2.0: off by 2x, either way)."""
+        return max((entry["factor"] for entry in self.estimates), default=None)
+
+
+def judge(lines: Iterable[tuple[float, str]], ended: float) -> tuple[float, list[dict[str, Any]]]:
+    """From (seconds since the start, line) of a step's stderr and its end: the longest silent gap (start and end
+    count as lines) and each estimate printed at ESTIMATE_FROM% of its stage or later, against the time that stage's
+    last line came (the outcome it estimated)."""
+    timed = list(lines)
+    marks = [0.0, *(at for at, _ in timed), ended]
+    gap = max(later - earlier for earlier, later in zip(marks, marks[1:]))
+    last_of: dict[str, float] = {}
+    printed: list[tuple[str, float, int, float]] = []
+    for at, text in timed:
+        found = PROGRESS.match(text)
+        if found is None:
+            continue
+        stage = found["stage"]
+        last_of[stage] = at
+        if found["left"] and int(found["percent"]) >= ESTIMATE_FROM:
+            printed.append((stage, at, int(found["percent"]), _clock_seconds(found["left"])))
+    estimates = []
+    for stage, at, percent, left in printed:
+        actual = last_of[stage] - at
+        factor = max(actual, 1.0) / max(left, 1.0)
+        estimates.append({"stage": stage, "at": round(at, 1), "percent": percent, "left": left,
+                          "actual": round(actual, 1), "factor": round(max(factor, 1 / factor), 2)})
+    return gap, estimates
+
+
+def _clock_seconds(text: str) -> float:
+    seconds = 0.0
+    for part in text.split(":"):
+        seconds = 60 * seconds + int(part)
+    return seconds
+
+
+def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
+             python: str = sys.executable) -> Outcome:
+    """One step in its own process (its own process group, stopped whole at the timeout), stderr read line by line
+    as it comes, each line timed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(
+        os.pathsep), "PYTHONUNBUFFERED": "1"}
+    env.pop("COLUMNS", None)
+    started = time.monotonic()
+    child = subprocess.Popen(step.argv(python, quick), cwd=folder, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+    lines: list[tuple[float, str]] = []
+    assert child.stderr is not None
+    reader = threading.Thread(target=_read, args=(child.stderr, lines, started), daemon=True)
+    reader.start()
+    outcome = Outcome(step.name, step.line, step.stated)
+    try:
+        outcome.code = child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        outcome.timed_out = True
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    ended = time.monotonic() - started
+    reader.join(timeout=10)
+    outcome.seconds = round(ended, 1)
+    outcome.gap, outcome.estimates = judge(lines, ended)
+    outcome.gap = round(outcome.gap, 1)
+    outcome.tail = [text for _, text in lines[-8:]]
+    return outcome
+
+
+def _read(stream: Any, lines: list[tuple[float, str]], started: float) -> None:
+    for text in stream:
+        lines.append((time.monotonic() - started, text.rstrip("\n")))
+
+
+def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = False,
+        log: Callable[[str], None] = print, save: Callable[[dict[str, Any]], None] | None = None,
+        readme: str | None = None) -> dict[str, Any]:
+    """Every step (or those of `only`) in one fresh temporary folder, in the README's order; `save` gets the result
+    so far after each step."""
+    chosen = [step for step in steps(readme or README.read_text(encoding="utf-8"))
+              if not only or step.name in only]
+    data: dict[str, Any] = {"date": now(), "machine": machine(packages=("transformers",)), "quick": quick,
+                            "timeout": timeout, "load_before": os.getloadavg(), "rows": []}
+    with tempfile.TemporaryDirectory(prefix="probe-tour-") as folder:
+        make_inputs(Path(folder))
+        for step in chosen:
+            log(f"-- {step.line.splitlines()[0] if step.name != 'python' else 'the README Python block'}")
+            outcome = run_step(step, Path(folder), timeout, quick)
+            row = asdict(outcome) | {"worst_estimate": outcome.worst_estimate, "load": os.getloadavg()}
+            data["rows"].append(row)
+            log(f"   {_verdict(row)}")
+            if save is not None:
+                save(data)
+    return data
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    if row["timed_out"]:
+        return f"stopped at the timeout ({row['seconds']:.0f} s)"
+    exit_text = "ok" if row["code"] == 0 else f"exit {row['code']}: {' | '.join(row['tail'][-2:])}"
+    return f"{exit_text}, {row['seconds']:.0f} s, longest silence {row['gap']:.0f} s"
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def section(data: dict[str, Any]) -> str:
+    """The RESULTS.md section: one row per step."""
+    host = data["machine"]
+    lines = ["## The README tour, as written (`python -m bench.tour`)", "",
+             f"{data['date']}, {host['cpu']}, {host['cores']} cores, torch threads {host['torch_threads']}, load "
+             f"before {', '.join(f'{value:.1f}' for value in data['load_before'])}"
+             + (" (--quick: small inputs, not a timing)" if data.get("quick") else "") + ". Stated: the README's "
+             f"time; silence: the longest gap between two stderr lines (the docs promise at most {GAP_LIMIT:.0f} s); "
+             f"estimates: each time left printed at {ESTIMATE_FROM}% of its stage or later, against the time the "
+             "stage took (worst factor either way; the aim is within 2x).", "",
+             "| command | exit | seconds | stated | within | longest silence (s) | estimates judged | worst "
+             "estimate | load after |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        label = "the README Python block" if row["name"] == "python" else row["line"]
+        exit_text = "timeout" if row["timed_out"] else str(row["code"])
+        within = "-" if row["stated"] is None else ("yes" if row["seconds"] <= row["stated"] and not row["timed_out"]
+                                                    else "**no**")
+        worst = "-" if row["worst_estimate"] is None else f"{row['worst_estimate']:.2f}x"
+        label = label.replace("|", "\\|")
+        lines.append(f"| `{label}` | {exit_text} | {row['seconds']:.0f} | "
+                     f"{_minutes(row['stated'])} | {within} | {row['gap']:.0f} | {len(row['estimates'])} | {worst} "
+                     f"| {row['load'][0]:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def _save(data: dict[str, Any]) -> None:
+    from bench import report
+
+    save_result(NAME, data)
+    report.write()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.tour", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", default=None, metavar="NAME",
+                        help="run only this subcommand's tour lines (repeatable; `python`: the Python block)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds a step may run (default 600)")
+    parser.add_argument("--quick", action="store_true", help="small inputs: check the harness, not a timing "
+                                                             "(saved as tour-quick.json, left out of RESULTS.md)")
+    args = parser.parse_args(argv)
+
+    def log(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    previous = load_result(NAME) if args.only and not args.quick else None
+
+    def save(data: dict[str, Any]) -> None:
+        if previous is not None:  # a run of some steps: the other steps' rows kept, in the README's order
+            rows = {row["line"]: row for row in previous["rows"]} | {row["line"]: row for row in data["rows"]}
+            order = [step.line for step in steps(README.read_text(encoding="utf-8"))]
+            data = data | {"rows": [rows[line] for line in order if line in rows]}
+        if args.quick:
+            save_result(f"{NAME}-quick", data)
+        else:
+            _save(data)
+
+    data = run(args.only, args.timeout, args.quick, log, save)
+    save(data)
+    log(section(data))
+
+
+if __name__ == "__main__":
+    main()

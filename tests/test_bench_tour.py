@@ -1,0 +1,79 @@
+"""`python -m bench.tour`: the README's steps parsed with their stated times, the silent gaps and estimates judged
+from timed lines, and a tour run end to end on a planted model: each step in its own process, a step past its
+timeout stopped and marked, every result saved as it comes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import tour
+
+TESTS = Path(__file__).parent
+PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
+README = f"""# a readme
+
+## CLI tour
+
+```bash
+probe classify --model {PLANTED} --num-seqs 2 --seq-len 16 --repeat-len 8 --json heads.json  # scores (under 1 min)
+probe schema classify                          # its JSON Schema (under 10 s)
+```
+
+## Python API
+
+```python
+# the whole block: under 2 min
+import time
+time.sleep(60)
+```
+"""
+
+
+def test_every_tour_command_states_a_time_under_three_minutes_and_the_python_block_one() -> None:
+    *commands, block = tour.steps(tour.README.read_text(encoding="utf-8"))
+    assert block.name == "python" and block.stated is not None and len(commands) >= 12
+    assert all(step.stated is not None and step.stated <= 180 for step in commands), \
+        [step.line for step in commands if step.stated is None or step.stated > 180]
+
+
+def test_steps_read_the_commands_their_times_and_the_python_block() -> None:
+    found = tour.steps(README)
+    assert [(step.name, step.stated) for step in found] == [("classify", 60.0), ("schema", 10.0), ("python", 120.0)]
+    assert found[0].line.startswith("probe classify") and "#" not in found[0].line
+    assert found[2].line.startswith("# the whole block")
+
+
+def test_quick_python_gives_each_call_small_inputs_and_keeps_the_rest() -> None:
+    code = "swept = sweep(loaded, natural_set(loaded, num_seqs=2), progress=True)\natlas(loaded, fast=True).to_dict()\n"
+    assert tour.quick_python(code) == (
+        "swept = sweep(loaded, natural_set(loaded, seq_len=16, num_seqs=1), progress=True)\n"
+        "atlas(loaded, fast=True, num_seqs=1, seq_len=24, repeat_len=12).to_dict()\n")
+
+
+def test_judge_finds_the_longest_silence_and_each_estimate_against_its_stage_end() -> None:
+    lines = [(2.0, "loading smollm2 ..."), (5.0, "kv-heads: scoring heads ..."),
+             (10.0, "kv-heads: scoring heads: 1/10 needle prompts (10%), 0:05 elapsed, ~0:45 left"),
+             (20.0, "kv-heads: scoring heads: 5/10 needle prompts (50%), 0:15 elapsed, ~0:10 left"),
+             (35.0, "kv-heads: scoring heads: 10/10 needle prompts (100%), 0:30 elapsed"),
+             (80.0, "kv-heads: checking the order: 3/30 points (10%), 0:40 elapsed, ~6:00 left"),
+             (81.0, "patching heads: 5%, 0:01 elapsed, ~9:00 left"),  # before a tenth: not judged
+             (90.0, "kv-heads: checking the order: 30/30 points (100%), 0:50 elapsed")]
+    gap, estimates = tour.judge(lines, 95.0)
+    assert gap == 45.0  # 35 s -> 80 s
+    assert [(entry["stage"], entry["percent"], entry["actual"], entry["factor"]) for entry in estimates] == [
+        ("kv-heads: scoring heads", 10, 25.0, 1.8), ("kv-heads: scoring heads", 50, 15.0, 1.5),
+        ("kv-heads: checking the order", 10, 10.0, 36.0)]
+
+
+def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    saved: list[int] = []
+    data = tour.run(timeout=45, readme=README, log=lambda text: None,
+                    save=lambda data: saved.append(len(data["rows"])))
+    rows = data["rows"]
+    assert saved == [1, 2, 3] and [row["name"] for row in rows] == ["classify", "schema", "python"]
+    assert rows[0]["code"] == 0 and rows[1]["code"] == 0, rows
+    assert rows[2]["timed_out"] and rows[2]["code"] is None  # the sleeping block: stopped at the timeout
+    assert all(row["gap"] <= row["seconds"] for row in rows)
+    text = tour.section(data)
+    assert text.count("\n| `") == 3 and "| timeout |" in text and "**no**" in text
