@@ -577,6 +577,11 @@ def render(extra: str = "") -> str:
         from bench import kernel_compile
 
         parts.append(kernel_compile.section(compiled))
+    toured = load_result("tour")  # python -m bench.tour: the README's tour as written
+    if toured is not None:
+        from bench import tour
+
+        parts.append(tour.section(toured))
     if extra:
         parts.append(extra)
     return "\n".join(parts)

@@ -69,6 +69,7 @@ def model():
     return AttentionOnly(n_layers=2, d_model=32, n_heads=4, max_len=256), ByteTokenizer()
 """
 STATED = re.compile(r"\bunder (\d+(?:\.\d+)?) (s|min)\b")
+PLAN = re.compile(r"^plan: .*: about (?P<low>[\d:]+)(?: s)?(?:-(?P<high>[\d:]+)(?: s)?)? here")
 PROGRESS = re.compile(r"^(?P<stage>[^:]+(?::[^:]+)?): .*?(?P<percent>\d+)%.*?(?:~(?P<left>[\d:]+) left)?$")
 
 
@@ -179,7 +180,7 @@ class Outcome:
 def judge(lines: Iterable[tuple[float, str]], ended: float) -> tuple[float, list[dict[str, Any]]]:
     """From (seconds since the start, line) of a step's stderr and its end: the longest silent gap (start and end
     count as lines) and each estimate printed at ESTIMATE_FROM% of its stage or later, against the time that stage's
-    last line came (the outcome it estimated)."""
+    last line came (the outcome it estimated); a plan line's range, against the time from it to the end."""
     timed = list(lines)
     marks = [0.0, *(at for at, _ in timed), ended]
     gap = max(later - earlier for earlier, later in zip(marks, marks[1:]))
@@ -193,13 +194,27 @@ def judge(lines: Iterable[tuple[float, str]], ended: float) -> tuple[float, list
         last_of[stage] = at
         if found["left"] and int(found["percent"]) >= ESTIMATE_FROM:
             printed.append((stage, at, int(found["percent"]), _clock_seconds(found["left"])))
-    estimates = []
+    estimates = [plan for at, text in timed if (plan := _plan(at, text, ended))]
     for stage, at, percent, left in printed:
         actual = last_of[stage] - at
         factor = max(actual, 1.0) / max(left, 1.0)
         estimates.append({"stage": stage, "at": round(at, 1), "percent": percent, "left": left,
                           "actual": round(actual, 1), "factor": round(max(factor, 1 / factor), 2)})
     return gap, estimates
+
+
+def _plan(at: float, text: str, ended: float) -> dict[str, Any] | None:
+    """A command's `plan: ...: about LOW-HIGH here` line against the time from it to the step's end: judged as an
+    estimate whose factor is 1.0 inside the range."""
+    found = PLAN.match(text)
+    if found is None:
+        return None
+    low = _clock_seconds(found["low"])
+    high = _clock_seconds(found["high"] or found["low"])
+    actual = ended - at
+    factor = 1.0 if low <= actual <= high else max(actual / max(high, 1.0), low / max(actual, 1.0))
+    return {"stage": "plan", "at": round(at, 1), "percent": 0, "left": [low, high], "actual": round(actual, 1),
+            "factor": round(factor, 2)}
 
 
 def _clock_seconds(text: str) -> float:
@@ -228,8 +243,10 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
         outcome.code = child.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         outcome.timed_out = True
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
+    finally:  # past the timeout, and where the harness itself is stopped: the step's processes go too
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
     ended = time.monotonic() - started
     reader.join(timeout=10)
     outcome.seconds = round(ended, 1)
@@ -288,7 +305,8 @@ def section(data: dict[str, Any]) -> str:
              + (" (--quick: small inputs, not a timing)" if data.get("quick") else "") + ". Stated: the README's "
              f"time; silence: the longest gap between two stderr lines (the docs promise at most {GAP_LIMIT:.0f} s); "
              f"estimates: each time left printed at {ESTIMATE_FROM}% of its stage or later, against the time the "
-             "stage took (worst factor either way; the aim is within 2x).", "",
+             "stage took (worst factor either way; the aim is within 2x), and each plan line's range (`plan: ...: "
+             "about LOW-HIGH`) against the time from it to the end (1.00x: inside the range).", "",
              "| command | exit | seconds | stated | within | longest silence (s) | estimates judged | worst "
              "estimate | load after |", "|---|---|---|---|---|---|---|---|---|"]
     for row in data["rows"]:
@@ -320,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small inputs: check the harness, not a timing "
                                                              "(saved as tour-quick.json, left out of RESULTS.md)")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`: the running step is stopped with the harness
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)

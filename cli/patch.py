@@ -24,6 +24,7 @@ from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Heads
                                ModelChoice, Naive, OffloadFolder, Results, Resume, Seed, Stack, TrustRemoteCode,
                                load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
+from probe.cli.plans import plan, sweep_work
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.distributed import current, sharded_sweep
@@ -109,6 +110,11 @@ def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, st
         with status("estimating every head's patch ...", show):
             return patch_contrast(loaded, contrast, chosen, estimate=True, component=request.component,
                                   noising=request.noising, batch_size=request.batch_size)
+    count = len(chosen) if chosen is not None else sum(layer.n_heads for layer in attention_layers(loaded.model))
+    sweeps = 1 + (contrast.corrupt.shape[1] if request.by_position else 0)  # one sweep, then one per position
+    if not resume:
+        plan(loaded, [sweep_work(f"patching heads on {len(contrast)} pairs", count * sweeps, contrast.corrupt)],
+             request.batch_size, show and current() is None)
     with sweep_progress("patching heads", show) as (update, on_result):
         return patch_contrast(loaded, contrast, chosen, component=request.component, noising=request.noising,
                               by_position=request.by_position, mode="naive" if request.naive else "exact",

@@ -48,6 +48,11 @@ def set_quiet(quiet: bool) -> None:
     _state["quiet"] = quiet
 
 
+def quiet() -> bool:
+    """Whether `-q` is in force (no progress, no notes)."""
+    return bool(_state["quiet"])
+
+
 def _printable(text: str, stream: IO[str]) -> str:
     """Text as `stream` can encode it: what it cannot (a lone surrogate, from argv bytes that are not UTF-8 quoted
     in an error; a character outside its encoding) as a backslash escape, as Python's own stderr writes it. A stream

@@ -77,3 +77,13 @@ def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path:
     assert all(row["gap"] <= row["seconds"] for row in rows)
     text = tour.section(data)
     assert text.count("\n| `") == 3 and "| timeout |" in text and "**no**" in text
+
+
+def test_a_plan_line_is_judged_against_the_time_to_the_end() -> None:
+    plan = ("plan: ablating heads (270 heads, one forward each from its layer on, on 2 x 128 tokens): about 1:10-2:30 "
+            "here (one forward of the batch timed: 0.41 s)")
+    _, inside = tour.judge([(5.0, plan)], 105.0)
+    _, past = tour.judge([(5.0, plan)], 305.0)
+    assert inside == [{"stage": "plan", "at": 5.0, "percent": 0, "left": [70.0, 150.0], "actual": 100.0,
+                       "factor": 1.0}]
+    assert past[0]["factor"] == 2.0

@@ -315,3 +315,41 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
     assert all(percent == 100 for percent in last.values()), last
     started = [line for line in lines if line.endswith(" ...") and line.startswith(f"{command}: ")]
     assert started == STAGES.get(command, started), stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a long command's plan: what it will run and a range of how long, from one forward of its own batch timed here
+
+
+def test_a_plan_is_its_forwards_times_one_timed_forward_with_slack(capsys, monkeypatch) -> None:
+    import torch
+
+    import probe.cli.plans as plans
+
+    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size: 3.0)
+    batch = torch.ones((2, 128), dtype=torch.long)
+    said = plans.plan(None, [plans.Work("ablating heads", batch, (10, 20))], 8)  # type: ignore[arg-type]
+    assert said == (24.0, 96.0)  # 10 x 3 s x 0.8 .. 20 x 3 s x 1.6
+    assert capsys.readouterr().err == "plan: ablating heads: about 24 s-1:36 here (one forward of the batch " \
+                                      "timed: 3.00 s)\n"
+    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size: 0.1)
+    assert plans.plan(None, [plans.Work("a moment", batch, (1, 2))], 8) == pytest.approx((0.08, 0.32))  # type: ignore[arg-type]
+    assert capsys.readouterr().err == ""  # under SAID_FROM: nothing said
+    cli_progress.set_quiet(True)
+    assert plans.plan(None, [plans.Work("quiet", batch, (100, 200))], 8) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("command", ["ablate", "patch", "kv-heads"])
+def test_a_long_command_says_its_plan_before_its_work_starts(command: str, tmp_path: Path, capsys,
+                                                             monkeypatch) -> None:
+    monkeypatch.setattr("probe.cli.plans.SAID_FROM", 0.0)  # the tiny models' work takes a moment: say it anyway
+    monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    monkeypatch.chdir(TESTS.parent)
+    code, _, stderr = run_cli(COMMANDS[command], capsys, monkeypatch)
+    assert code == 0, stderr
+    lines = stderr.splitlines()
+    plans = [index for index, line in enumerate(lines)
+             if re.match(r"plan: .+: about [\d: s-]+ here \(one forward", line)]
+    work = [index for index, line in enumerate(lines) if re.match(r"(ablating heads|patching heads|kv-heads: )", line)]
+    assert len(plans) == 1 and work and plans[0] < work[0], stderr

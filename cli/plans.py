@@ -1,0 +1,84 @@
+"""What a long command says before its work starts: what it will run and how long that takes on this machine, as a
+range. The range is counted in forwards of the command's own batch (the unit its work is made of: a sweep runs each
+head's ablated forward from that head's layer on) times one such forward timed here, now, so it holds on a laptop, a
+loaded machine and a GPU alike; the time left printed once a tenth of the work is done replaces it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from probe.cli.progress import clock, note, quiet
+from probe.hooks.run import run_model
+from probe.models import LoadedModel
+
+SWEEP_FORWARDS = (0.5, 1.0)  # one head's exact ablation, in forwards of the batch (bench/RESULTS.md: 0.60-0.73x)
+SLACK = (0.8, 1.6)  # the timed forward against a forward inside the work (warm caches, a busy machine)
+SAID_FROM = 30.0  # seconds: work whose range reaches this is said; shorter work says nothing
+
+
+@dataclass(frozen=True)
+class Work:
+    """Work of one kind: `forwards` (low, high) of `batch`, said as `what`."""
+
+    what: str
+    batch: Tensor
+    forwards: tuple[float, float]
+
+
+def forward_seconds(loaded: LoadedModel, batch: Tensor, batch_size: int) -> float:
+    """Seconds of one forward of `batch` (in rows of `batch_size`, as the work runs it) on this machine: the second
+    of two (the first pays one-off costs)."""
+    seconds = 0.0
+    with torch.no_grad():
+        for _ in range(2):
+            started = time.perf_counter()
+            for chunk in batch.split(max(batch_size, 1)):
+                run_model(loaded.model, chunk, logits=False)
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - started
+    return seconds
+
+
+def span(low: float, high: float) -> str:
+    """`40 s-1:30`, or `2:10-4:40`: a range as a person reads it."""
+    def one(seconds: float) -> str:
+        return f"{seconds:.0f} s" if seconds < 60 else clock(seconds)
+    return f"{one(low)}-{one(high)}" if one(low) != one(high) else one(low)
+
+
+def plan(loaded: LoadedModel, works: Sequence[Work], batch_size: int, show: bool = True) -> tuple[float, float] | None:
+    """Say the parts of the work and the range of the whole in one line, where the range reaches SAID_FROM seconds
+    (`-q`, or `show` False: nothing, and nothing timed); the range in seconds, None where nothing was timed."""
+    if not show or not works or quiet():
+        return None
+    low = high = 0.0
+    parts = []
+    timed: dict[tuple[int, ...], float] = {}
+    for work in works:
+        shape = tuple(work.batch.shape)
+        if shape not in timed:
+            timed[shape] = forward_seconds(loaded, work.batch, batch_size)
+        low += work.forwards[0] * timed[shape] * SLACK[0]
+        high += work.forwards[1] * timed[shape] * SLACK[1]
+        parts.append(work.what)
+    if high >= SAID_FROM:
+        note(f"plan: {'; then '.join(parts)}: about {span(low, high)} here (one forward of the batch timed: "
+             f"{', '.join(f'{seconds:.2f} s' for seconds in timed.values())})")
+    return low, high
+
+
+def sweep_work(what: str, heads: int, batch: Tensor) -> Work:
+    """An exact sweep of `heads` heads over `batch` (each head's forward from its layer on)."""
+    return Work(f"{what} ({heads} heads, one forward each from its layer on, on {_tokens(batch)})", batch,
+                (SWEEP_FORWARDS[0] * heads, SWEEP_FORWARDS[1] * heads))
+
+
+def _tokens(batch: Tensor) -> str:
+    rows, length = batch.shape[0], batch.shape[-1]
+    return f"{rows} x {length} tokens"
