@@ -194,8 +194,9 @@ class PlainProgress:
     nothing to a user)."""
 
     def __init__(self, description: str, *, unit: str | None = None,
-                 now: Callable[[], float] | None = None) -> None:
+                 now: Callable[[], float] | None = None, estimate: bool = True) -> None:
         self.description, self.unit, self.now = description, unit, now or (lambda: monotonic())
+        self.estimate = estimate  # False: a total that is only a bound, or units of unequal cost: no time left
         self.started = self.now()
         self.lock = threading.Lock()
         self.last_line: float | None = None
@@ -241,8 +242,8 @@ class PlainProgress:
     def left(self, done: int, total: int, now: float) -> float | None:
         """Seconds left at the rate measured since the first report of work done; None before there is a rate and
         before ESTIMATE_AFTER of the work is done."""
-        if (self.first is None or done <= self.first[1] or now <= self.first[0] or done >= total
-                or done < ESTIMATE_AFTER * total):
+        if (not self.estimate or self.first is None or done <= self.first[1] or now <= self.first[0]
+                or done >= total or done < ESTIMATE_AFTER * total):
             return None
         return (total - done) * (now - self.first[0]) / (done - self.first[1])
 
@@ -262,19 +263,21 @@ def _bar_columns(unit: str | None) -> list[Any]:
 
 
 @contextmanager
-def progress_bar(description: str, unit: str | None = None) -> Iterator[Callable[[int, int], None]]:
+def progress_bar(description: str, unit: str | None = None,
+                 estimate: bool = True) -> Iterator[Callable[[int, int], None]]:
     """Progress with a count (in `unit`, e.g. "checkpoints"; without one, a share) and the time left on stderr (a
-    bar, or plain lines); yields a `(done, total)` callback."""
+    bar, or plain lines; no time left with `estimate` False: a total that only bounds the work, units of unequal
+    cost); yields a `(done, total)` callback."""
     if not _showing(True):
         yield lambda done, total: None
     elif not errors.is_terminal:
-        plain = PlainProgress(description, unit=unit)
+        plain = PlainProgress(description, unit=unit, estimate=estimate)
         with heartbeat(plain.tick):
             yield plain.update
         plain.finish()
     else:
-        with Progress(*_bar_columns(unit), TimeElapsedColumn(), TimeRemainingColumn(), console=errors,
-                      transient=True) as bar:
+        left = [TimeRemainingColumn()] if estimate else []
+        with Progress(*_bar_columns(unit), TimeElapsedColumn(), *left, console=errors, transient=True) as bar:
             task = bar.add_task(description, total=None)
             yield lambda done, total: bar.update(task, completed=done, total=total)
 

@@ -309,6 +309,7 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
     assert counted or command == "steer", stderr  # steer's chosen heads: steps without a count, each timed
     assert command != "steer" or re.search(r"^generating 3 tokens per head and alpha: done in", stderr, re.M)
     assert all(percent >= 10 for _, percent, line in counted if " left" in line), stderr
+    assert command != "prune" or " left" not in stderr  # its steps only bound the work (a curve stops at the limit)
     last: dict[str, int] = {}
     for what, percent, _ in counted:
         last[what] = percent
@@ -339,7 +340,7 @@ def test_a_plan_is_its_forwards_times_one_timed_forward_with_slack(capsys, monke
     assert plans.plan(None, [plans.Work("quiet", batch, (100, 200))], 8) is None  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("command", ["ablate", "patch", "kv-heads"])
+@pytest.mark.parametrize("command", ["ablate", "patch", "kv-heads", "prune"])
 def test_a_long_command_says_its_plan_before_its_work_starts(command: str, tmp_path: Path, capsys,
                                                              monkeypatch) -> None:
     monkeypatch.setattr("probe.cli.plans.SAID_FROM", 0.0)  # the tiny models' work takes a moment: say it anyway
@@ -351,5 +352,6 @@ def test_a_long_command_says_its_plan_before_its_work_starts(command: str, tmp_p
     lines = stderr.splitlines()
     plans = [index for index, line in enumerate(lines)
              if re.match(r"plan: .+: about [\d: s-]+ here \(one forward", line)]
-    work = [index for index, line in enumerate(lines) if re.match(r"(ablating heads|patching heads|kv-heads: )", line)]
+    work = [index for index, line in enumerate(lines)
+            if re.match(r"(ablating heads|patching heads|kv-heads: |pruning)", line)]
     assert len(plans) == 1 and work and plans[0] < work[0], stderr
