@@ -2,13 +2,14 @@
 temporary folder (the tour's inputs made there first, as tests/test_readme_tour.py makes them), with the wall time
 of each against the time the README states beside it, the longest silent gap between two lines of its stderr (the
 start and the end count as lines), and every time left a progress line printed once a tenth of its stage was done,
-against the time that stage actually took to its last line.
+against the time that stage actually took to its last line (and each `plan:` line's range against the time from it to
+the end).
 
 Each command has a timeout (`--timeout`, 600 s by default: past it the command is stopped and marked so) and each
 result is saved as it comes (bench/results/tour.json, RESULTS.md re-rendered), so an unattended run always finishes
 and leaves what it measured. `--quick` appends the flags that shrink each command's inputs (SMALL, the tour test's)
 and runs a shrunken Python block: a check that the harness and the tour work, not a timing. `--only NAME` runs the
-commands of those subcommands (`python` for the Python block). Times depend on the machine and its load: the README's
+commands of those subcommands (`python` for the Python block), keeping the other rows of the last run. Times depend on the machine and its load: the README's
 are for 2 quiet cores; run this on such a machine for the table that counts.
 """
 
