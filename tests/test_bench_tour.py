@@ -4,6 +4,7 @@ timeout stopped and marked, every result saved as it comes."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from bench import tour
@@ -23,8 +24,7 @@ probe schema classify                          # its JSON Schema (under 10 s)
 
 ```python
 # the whole block: under 2 min
-import time
-time.sleep(60)
+print("the block ran")
 ```
 """
 
@@ -68,15 +68,17 @@ def test_judge_finds_the_longest_silence_and_each_estimate_against_its_stage_end
 def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
     saved: list[int] = []
-    data = tour.run(timeout=45, readme=README, log=lambda text: None,
+    data = tour.run(timeout=600, readme=README, log=lambda text: None,
                     save=lambda data: saved.append(len(data["rows"])))
     rows = data["rows"]
     assert saved == [1, 2, 3] and [row["name"] for row in rows] == ["classify", "schema", "python"]
-    assert rows[0]["code"] == 0 and rows[1]["code"] == 0, rows
-    assert rows[2]["timed_out"] and rows[2]["code"] is None  # the sleeping block: stopped at the timeout
-    assert all(row["gap"] <= row["seconds"] for row in rows)
+    assert [row["code"] for row in rows] == [0, 0, 0] and not any(row["timed_out"] for row in rows), rows
+    assert all(0 <= row["gap"] <= row["seconds"] for row in rows)
+    sleeping = tour.run_step(tour.Step("python", "import time\ntime.sleep(600)", 60.0), tmp_path, timeout=1)
+    assert sleeping.timed_out and sleeping.code is None  # stopped at its timeout, its process gone
+    data["rows"].append(dataclasses.asdict(sleeping) | {"worst_estimate": None, "load": (0.0, 0.0, 0.0)})
     text = tour.section(data)
-    assert text.count("\n| `") == 3 and "| timeout |" in text and "**no**" in text
+    assert text.count("\n| `") == 4 and "| timeout |" in text and "**no**" in text
 
 
 def test_a_plan_line_is_judged_against_the_time_to_the_end() -> None:

@@ -120,8 +120,8 @@ def test_stages_off_a_terminal_say_each_stage_and_count_in_its_unit(capsys, monk
 
 
 def _on_clock(init, clock: list[float]):
-    def with_clock(self, description: str, *, unit: str | None = None, now=None) -> None:
-        init(self, description, unit=unit, now=lambda: clock[0])
+    def with_clock(self, description: str, *, unit: str | None = None, now=None, **options) -> None:
+        init(self, description, unit=unit, now=lambda: clock[0], **options)
     return with_clock
 
 
@@ -343,7 +343,8 @@ def test_a_plan_is_its_forwards_times_one_timed_forward_with_slack(capsys, monke
 @pytest.mark.parametrize("command", ["ablate", "patch", "kv-heads", "prune"])
 def test_a_long_command_says_its_plan_before_its_work_starts(command: str, tmp_path: Path, capsys,
                                                              monkeypatch) -> None:
-    monkeypatch.setattr("probe.cli.plans.SAID_FROM", 0.0)  # the tiny models' work takes a moment: say it anyway
+    monkeypatch.setattr("probe.cli.plans.SAID_FROM", 0.0)  # the tiny models' work takes a moment: say it anyway,
+    monkeypatch.setattr(cli_progress, "MIN_GAP", 0.0)  # and its progress lines too
     monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
     monkeypatch.chdir(TESTS.parent)
