@@ -12,7 +12,7 @@ import typer
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
                                Seed, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.plans import Work, plan
+from probe.cli.plans import Work, plan, planned_first
 from probe.cli.progress import console, stage_progress
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
@@ -170,9 +170,10 @@ def kv_heads(
     check_outputs({"--json": json_path, "--html": html_path, **_export_files(exports)}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     calibrated = full_fraction is None and retrieval_threshold is None and streaming_threshold is None
-    plan(loaded, kv_work(loaded, max(sizes), len(sizes) * len(where) * prompts, curve_texts,
-                         (calibrated, curve), (steps, len(seeds))), batch_size=1)
-    with stage_progress("kv-heads: ", STAGE_UNITS) as update:
+    work = kv_work(loaded, max(sizes), len(sizes) * len(where) * prompts, curve_texts, (calibrated, curve),
+                   (steps, len(seeds)))
+    with stage_progress("kv-heads: ", STAGE_UNITS) as stages:
+        update = planned_first(lambda: plan(loaded, work, batch_size=1), stages)
         result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,
                               max_loss_increase=max_loss_increase, order_by=order,

@@ -6,7 +6,7 @@ loaded machine and a GPU alike; the time left printed once a tenth of the work i
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -63,7 +63,10 @@ def plan(loaded: LoadedModel, works: Sequence[Work], batch_size: int, show: bool
     for work in works:
         shape = tuple(work.batch.shape)
         if shape not in timed:
-            timed[shape] = forward_seconds(loaded, work.batch, batch_size)
+            try:
+                timed[shape] = forward_seconds(loaded, work.batch, batch_size)
+            except Exception:  # a plan is advice: input the work refuses (a length past the model's) is refused by
+                return None  # the work itself, in its own one line
         low += work.forwards[0] * timed[shape] * SLACK[0]
         high += work.forwards[1] * timed[shape] * SLACK[1]
         parts.append(work.what)
@@ -82,3 +85,18 @@ def sweep_work(what: str, heads: int, batch: Tensor) -> Work:
 def _tokens(batch: Tensor) -> str:
     rows, length = batch.shape[0], batch.shape[-1]
     return f"{rows} x {length} tokens"
+
+
+def planned_first(say_plan: Callable[[], object], update: Callable[..., None]) -> Callable[..., None]:
+    """`update` (a `(done, total)` or `(stage, done, total)` callback), with the plan said at its first report:
+    after the library has checked its arguments and inputs (a refusal stays the only line), before the work. Only
+    for a library call whose first report comes before any hook is on the model (kv_heads': its first stage's 0):
+    the plan runs forwards of its own."""
+    planned: list[bool] = []
+
+    def first_the_plan(*report: object) -> None:
+        if not planned:
+            planned.append(True)
+            say_plan()
+        update(*report)
+    return first_the_plan

@@ -356,3 +356,17 @@ def test_a_long_command_says_its_plan_before_its_work_starts(command: str, tmp_p
     work = [index for index, line in enumerate(lines)
             if re.match(r"(ablating heads|patching heads|kv-heads: |pruning)", line)]
     assert len(plans) == 1 and work and plans[0] < work[0], stderr
+
+
+def test_a_plan_that_cannot_time_its_forward_says_nothing_and_leaves_the_refusal_to_the_work(capsys) -> None:
+    import torch
+
+    import probe.cli.plans as plans
+
+    class Refusing(torch.nn.Module):
+        def forward(self, input_ids):
+            raise ValueError("past the model's positions")
+
+    loaded = LoadedModel(model=Refusing(), tokenizer=None, name="refusing", vocab_size=10)
+    assert plans.plan(loaded, [plans.Work("x", torch.ones((1, 8), dtype=torch.long), (100, 200))], 1) is None
+    assert capsys.readouterr().err == ""
