@@ -148,10 +148,12 @@ class ScoreAccumulator:
             self.flush()
 
     def _groups(self, attention: FusedStatistics) -> bool:
-        """Whether this layer call may be read with others (side_by_side): no bias, and a score reads layer groups
+        """Whether this layer call may be read with others (side_by_side): no mask beyond causal (no bias, key mask
+        or window), and a score reads layer groups
         (one diagonal or column, LinearPlan, or declared layers_at_once; the others read each call of a group alone,
         and cost only themselves the grouping)."""
-        return attention.bias is None and isinstance(attention, FusedAttention) and bool(self._grouping(attention))
+        return attention.bias is None and attention.key_mask is None and attention.window is None and \
+            isinstance(attention, FusedAttention) and bool(self._grouping(attention))
 
     def _grouping(self, attention: FusedStatistics) -> list[str]:
         """The scores that read a group of layer calls as one: one diagonal or column, or declared layers_at_once."""

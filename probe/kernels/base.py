@@ -104,6 +104,8 @@ class FusedStatistics(Protocol):
     causal: bool
     lse: Tensor  # (b, hq, n) float32
     config: KernelConfig
+    key_mask: Tensor | None  # (b, kv) bool and a sliding window, where the mask came so (bias None)
+    window: int | None
 
     @property
     def backend(self) -> str:

@@ -176,8 +176,9 @@ class CpuAttention(FusedAttention):
         high = int(position.max()) + 1 if self.causal else self.shape[3]
         logits = (self.query[sequence, part[:, 1], part[:, 2]] * self.scaling) @ self._head_keys(
             sequence, kv_head)[low:high].T  # (r, high - low)
-        if self.bias is not None:
-            bias = self.bias[sequence if self.bias.shape[0] > 1 else 0][..., low:high]  # (hq or 1, n or 1, keys)
+        dense = self.dense_bias
+        if dense is not None:
+            bias = dense[sequence if dense.shape[0] > 1 else 0][..., low:high]  # (hq or 1, n or 1, keys)
             logits += bias[part[:, 1] if bias.shape[0] > 1 else 0, part[:, 2] if bias.shape[1] > 1 else 0]
         elif self.causal:
             seen = int(position.min()) + 1 - low  # columns every row of the part may attend to
@@ -230,8 +231,8 @@ class CpuAttention(FusedAttention):
         query = self.query[sequence, head, row] * self.scaling  # (r, d), scaled as the blocked path
         logits = query @ witness_keys.T  # (r, witnesses)
         own = (query * head_keys[keys]).sum(dim=-1)  # (r,)
-        if self.bias is not None:
-            bias = self.bias[sequence if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
+        if self.dense_bias is not None:
+            bias = self.dense_bias[sequence if self.dense_bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
             bias = bias[head if bias.shape[0] > 1 else 0, row if bias.shape[1] > 1 else 0].expand(len(part), -1)
             logits += bias[:, witnesses]
             own = own + bias.gather(1, keys[:, None])[:, 0]
@@ -248,7 +249,7 @@ class CpuAttention(FusedAttention):
         config.bounds_from keys or more on a CPU with bfloat16 arithmetic: bounds first (bounded_tops), the rows they
         leave unsure from whole float32 rows after (at least config.row_chunk of them: a matmul of one row rounds a
         copy of a key unlike the key)."""
-        if self.bias is not None or not self.config.bounds_on_cpu or self.query.device.type != "cpu" or \
+        if self.dense_bias is not None or not self.config.bounds_on_cpu or self.query.device.type != "cpu" or \
                 self.shape[3] < self.config.bounds_from:
             return super().tops(batch, kv_head, heads, rows, keys)
         top, unsure = self._in_row_chunks(self.bounded_tops, batch, kv_head, heads, rows, keys)

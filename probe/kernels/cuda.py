@@ -96,11 +96,9 @@ class CudaBackend:
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, CudaAttention]:
         """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and each row's top
-        key index). The kernel reads the key mask and window as they are; the statistics rebuild weights from the
-        dense form (`AttentionCall.dense_bias`, made once for the layers that share a key mask)."""
+        key index). The kernel and the statistics read the key mask and window as they are: no dense bias is made
+        (but for `output="sdpa"`, whose output torch computes from one)."""
         causal = call.causal and call.bias is None  # the kernel's flag: with a key mask and window, or plain
-        dense = call.with_dense_bias()  # what sdpa and the statistics read: a bias where the mask is not plain
-        plain_causal = dense.causal and dense.bias is None
         if self.output == "sdpa":
             # sdpa hands back neither its log-sum-exp nor its logits, so the statistics need q k^T once more: the
             # kernel's statistics-only pass (no value loads, no value product, tiles of its own) is that second
@@ -108,14 +106,15 @@ class CudaBackend:
             # need only each row's top key from a second pass.
             lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, causal,
                                             key_mask=call.key_mask, window=call.window)
+            dense = call.with_dense_bias()  # what sdpa reads: a bias where the mask is not plain
             output = torch.nn.functional.scaled_dot_product_attention(
-                call.query, call.key, call.value, attn_mask=dense.bias, is_causal=plain_causal, scale=call.scaling,
-                enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
+                call.query, call.key, call.value, attn_mask=dense.bias, is_causal=dense.causal and dense.bias is None,
+                scale=call.scaling, enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
         else:
             output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling, causal,
                                                  key_mask=call.key_mask, window=call.window)
-        return output, CudaAttention(call.query, call.key, dense.bias, call.scaling, plain_causal, lse, config,
-                                     top_keys=top)
+        return output, CudaAttention(call.query, call.key, call.bias, call.scaling, causal, lse, config, top_keys=top,
+                                     key_mask=call.key_mask, window=call.window)
 
 
 @dataclass
@@ -133,7 +132,7 @@ class CudaAttention(FusedAttention):
         """(b, hq, n, len(offsets) + len(keys)): FusedAttention's table of the weights on keys i + offset and on
         `keys`, from one launch of the label kernel over every row (no row chunks, no gathered keys)."""
         return label_weights(self.query, self.key, self.bias, self.lse, self.scaling, self.causal, offsets, keys,
-                             interpreted())
+                             interpreted(), key_mask=self.key_mask, window=self.window)
 
 
 @dataclass(frozen=True)

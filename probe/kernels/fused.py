@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probe.kernels.base import AttentionCall
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 
 
@@ -66,6 +67,10 @@ class FusedAttention:
     contiguous_keys: dict[HeadId, Tensor] = field(default_factory=dict, repr=False)  # (kv, d) per head, made once
     top_keys: Tensor | None = field(default=None, repr=False)  # (b, hq, n) int: each row's top key (argmax's answer),
     # where the backend's kernel wrote it (probe.kernels.cuda): row maxima are then read, never searched
+    key_mask: Tensor | None = field(default=None, repr=False)  # (b, kv) bool, True: a key the sequence attends; with
+    # `window` (a causal sliding window, AttentionCall's), only where bias is None: the mask as the kernel read it
+    window: int | None = None
+    dense: Tensor | None = field(default=None, repr=False)  # key_mask and window made additive, where a read needs it
 
     def __post_init__(self) -> None:
         """Half-precision queries and keys are kept as float32 copies, whichever backend made the statistics: every
@@ -76,6 +81,18 @@ class FusedAttention:
         no copy of float32), which gives the same float32 values chunk by chunk."""
         if self.whole_copies:
             self.query, self.key = _statistics_copy(self.query), _statistics_copy(self.key)
+
+    @property
+    def dense_bias(self) -> Tensor | None:
+        """The additive form of the mask, what the reads below that do not take key_mask and window add: `bias`, or
+        key_mask, window and causal made (b, 1, n, kv) once, on the first such read (none on the paths that read
+        the key mask itself, probe.kernels.labels), else None (plain, causal or not)."""
+        if self.bias is not None or (self.key_mask is None and self.window is None):
+            return self.bias
+        if self.dense is None:
+            self.dense = AttentionCall(self.query, self.key, self.key, None, self.scaling, self.causal,
+                                       key_mask=self.key_mask, window=self.window).dense_bias()
+        return self.dense
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -89,8 +106,8 @@ class FusedAttention:
 
     def _finish(self, logits: Tensor, rows: Tensor | slice, keys: Tensor, lse: Tensor) -> Tensor:
         """logits (b, hq, m, k) of query rows and keys -> weights: bias added, causal keys zeroed."""
-        if self.bias is not None:
-            bias = self.bias[..., rows, :] if self.bias.shape[-2] > 1 else self.bias
+        if self.dense_bias is not None:
+            bias = self.dense_bias[..., rows, :] if self.dense_bias.shape[-2] > 1 else self.dense_bias
             logits = logits + bias[..., keys]
         elif self.causal:
             positions = torch.arange(self.shape[2], device=logits.device)[rows] + self.shape[3] - self.shape[2]
@@ -198,8 +215,8 @@ class FusedAttention:
         query = _statistics_copy(self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d))
         logits = torch.bmm(query, keys.transpose(1, 2)).view(b, m, hq, k).transpose(1, 2)  # (b, hq, m, k)
         logits = logits.mul_(self.scaling).float()  # ours: changed in place from here
-        if self.bias is not None:
-            bias = self.bias[..., start:stop, :] if self.bias.shape[-2] > 1 else self.bias
+        if self.dense_bias is not None:
+            bias = self.dense_bias[..., start:stop, :] if self.dense_bias.shape[-2] > 1 else self.dense_bias
             logits += bias.expand(*bias.shape[:2], m, kv).gather(-1, gathered.inside.expand(*bias.shape[:2], -1, -1))
         if gathered.hidden is not None:
             logits.masked_fill_(gathered.hidden, float("-inf"))
@@ -244,8 +261,8 @@ class FusedAttention:
         kv, width = self.shape[3], logits.shape[-1]
         device = logits.device
         keys = torch.arange(start, stop, device=device)[:, None] + low + torch.arange(width, device=device)
-        if self.bias is not None:
-            bias = self.bias[..., start:stop, :] if self.bias.shape[-2] > 1 else self.bias
+        if self.dense_bias is not None:
+            bias = self.dense_bias[..., start:stop, :] if self.dense_bias.shape[-2] > 1 else self.dense_bias
             index = keys.clamp(0, kv - 1).expand(*bias.shape[:2], stop - start, width)
             logits += bias.expand(*bias.shape[:2], stop - start, kv).gather(-1, index)
         logits = logits.sub_(self.lse[:, :, start:stop, None]).exp_()
@@ -272,8 +289,8 @@ class FusedAttention:
             gathered = _statistics_copy(_flat(self.key).index_select(0, index.reshape(-1)).view(len(part), width, -1))
             logits = torch.bmm(gathered, query[:, :, None])[..., 0] * self.scaling
             hidden = (keys < 0) | (keys >= kv)
-            if self.bias is not None:
-                bias = self.bias
+            if self.dense_bias is not None:
+                bias = self.dense_bias
                 logits = logits + bias[sequence[:, None] if bias.shape[0] > 1 else 0,
                                        head[:, None] if bias.shape[1] > 1 else 0,
                                        row[:, None] if bias.shape[2] > 1 else 0, inside]
@@ -355,8 +372,8 @@ class FusedAttention:
         limit = min(kv, int(found[:, 2].max()) + kv - n + 1) if self.causal else kv
         seen = _statistics_copy(self.key[:, :, :limit].reshape(b * hk, limit, d))  # the keys a row may see
         logits = torch.bmm(query.view(b * hk, -1, d) * self.scaling, seen.transpose(1, 2))  # (b x hk, most, keys)
-        if self.bias is not None:
-            bias = self.bias[..., :limit]
+        if self.dense_bias is not None:
+            bias = self.dense_bias[..., :limit]
             logits += bias[sequence if bias.shape[0] > 1 else 0, head if bias.shape[1] > 1 else 0,
                            row if bias.shape[2] > 1 else 0]
         elif self.causal:
@@ -397,8 +414,8 @@ class FusedAttention:
         limit = min(kv, int(rows.max()) + offset + 1) if self.causal else kv
         keys = self._head_keys(batch, kv_head)[:limit]
         logits = (_statistics_copy(self.query[batch, heads, rows]) * self.scaling) @ keys.T  # scaled as blocked
-        if self.bias is not None:
-            bias = self.bias[batch if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
+        if self.dense_bias is not None:
+            bias = self.dense_bias[batch if self.dense_bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
             logits += bias[heads if bias.shape[0] > 1 else 0, rows if bias.shape[1] > 1 else 0]
         elif self.causal:
             seen = int(rows.min()) + offset + 1  # keys every row of the chunk sees
