@@ -1,5 +1,5 @@
 """The diagonals and columns of one layer call's weights, A[i, i + shift] and A[i, key], rebuilt from the log-sum-exp
-in one Triton launch over every query row: what the CUDA backend's statistics hand the scores (`CudaAttention`).
+in one Triton launch over every query row: what the CUDA backend's statistics hand the scores (the record's `tables`).
 
 A program holds a block of query rows of one query head; for each label it loads the one key each row reads (the key
 i + shift, or the fixed key) from the head's key/value head where it lies (never repeated, never gathered into a
