@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
-                               Seed, TrustRemoteCode, load)
+                               Seed, TextData, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
@@ -51,7 +51,6 @@ EveryRandomPoint = Annotated[bool, typer.Option(
     "there).")]
 RandomSeeds = Annotated[str, typer.Option("--random-seeds", help="Seeds of the random orders, comma-separated.")]
 CurveTexts = Annotated[int, typer.Option("--curve-texts", help="Natural-text sequences the curve's loss is read on.")]
-Data = Annotated[Optional[Path], typer.Option("--data", help="UTF-8 text for the curve's loss (default: embedded).")]
 Export = Annotated[Optional[list[str]], typer.Option(
     "--export", help="FORMAT:PATH (repeatable): duo:DIR (full_attention_heads.tsv + config.json), "
     "razor:FILE.json ({layer: [kv_head, ...]} kept full), headkv:FILE.json ({\"layer-head\": [score]}).")]
@@ -134,7 +133,8 @@ def kv_heads(
     max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE, order: Order = "retrieval",
     curve: Curve = True, steps: Steps = 5, random_seeds: RandomSeeds = "0,1",
     every_random_point: EveryRandomPoint = False, curve_texts: CurveTexts = 2,
-    data: Data = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None, html_path: HtmlFile = None,
+    data: TextData = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None,
+    html_path: HtmlFile = None,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:

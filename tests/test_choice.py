@@ -22,11 +22,14 @@ def test_data_names_a_generated_text_or_a_file() -> None:
     ("repeated", {}, False, "repeated"),
     ("corpus.txt", {}, False, "natural"),  # a file is natural text
     ("natural", {"labels": Path("l.jsonl")}, False, "labels"),
-    ("natural", {"pairs": Path("p.jsonl")}, False, "pairs"),  # ablate: source/target pairs
+    ("natural", {"seq2seq": Path("p.jsonl")}, False, "seq2seq"),  # ablate: an encoder-decoder's source/target texts
+    ("natural", {"pairs": Path("p.jsonl")}, False, "contrast"),  # clean/corrupt pairs, whoever measures them
     ("natural", {"task": "sva"}, False, "task"),
     ("natural", {"pairs": Path("p.jsonl")}, True, "contrast"),  # steer: contrast pairs
     ("natural", {"task": "my_task.jsonl"}, True, "task"),  # a task file is no contrast task
     ("natural", {"labels": Path("l.jsonl")}, True, "labels"),
+    ("natural", {"labels": Path("l.jsonl"), "compared": True}, True, "class_contrast"),  # patch: a classifier's pairs
+    ("natural", {"task": "sva", "compared": True}, True, "contrast"),  # patch, dla: a task's clean/corrupt pairs
 ])
 def test_the_inputs_choose_one_registered_set(data: str, given: dict, contrast: bool, expected: str) -> None:
     name = probe_set_name(data, contrast=contrast, **given)
