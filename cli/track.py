@@ -5,8 +5,6 @@ torchrun the checkpoints are split over the processes; rank 0 writes the outputs
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -21,7 +19,7 @@ from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEF
 from probe.distributed import current
 from probe.errors import ProbeError
 from probe.models import LoadedModel
-from probe.models.aliases import cache_root
+from probe.ablation.stream import cached_results_path
 from probe.reports.files import write_csv, write_text
 from probe.reports.track import track_page, track_report
 from probe.track import MIN_RISE, TrackOptions, find_run, read_track, track as run_track
@@ -54,8 +52,7 @@ def results_file(results: Path | None, key: dict[str, Any], *, resume: bool, for
     """--results checked (a file in a folder that exists, holding no other run unless --resume or --force), or the
     cache file that the same command finds again with --resume."""
     if results is None:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        path = cache_root() / "track" / f"run-{digest}.jsonl"
+        path = cached_results_path(key, folder="track", stem="run")
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
     if results.is_dir() or not results.parent.is_dir():

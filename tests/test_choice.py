@@ -49,3 +49,12 @@ def test_the_cache_file_is_named_by_everything_in_the_key(tmp_path: Path, monkey
     assert path.parent == tmp_path / "ablate" and path.suffix == ".jsonl"
     assert cached_results_path(dict(reversed(key.items()))) == path  # the order of the key's entries does not count
     assert cached_results_path({**key, "batch_size": 4}) != path
+
+
+def test_a_run_of_another_kind_is_cached_in_its_own_folder(tmp_path: Path, monkeypatch) -> None:
+    """probe track's runs: the same naming, their own folder and stem."""
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    key = {"checkpoints": "run/step-*", "seed": 0}
+    path = cached_results_path(key, folder="track", stem="run")
+    assert path.parent == tmp_path / "track" and path.name.startswith("run-") and path.suffix == ".jsonl"
+    assert path.name.removeprefix("run-") == cached_results_path(key).name.removeprefix("sweep-")
