@@ -18,14 +18,14 @@ from probe.ablation.metrics import Metric as MetricObject
 from probe.ablation.metrics import choose_metric, read_target_words, target_words
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
-                               Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Results, Resume, Seed, SeqLen, Stack,
-                               TrustRemoteCode, load_for)
+                               Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
+                               Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
 from probe.cli.progress import Interrupted, console, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
-from probe.inputs import (CONTRAST_TASKS, DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
+from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                           ContrastSet, build_probe_set)
 from probe.inputs.choice import data_file, probe_set_name
 from probe.ablation.stream import cached_results_path, finished_count
@@ -50,13 +50,6 @@ Generate = Annotated[Optional[str], typer.Option(
     "--generate", help="Also continue this prompt greedily for each head and alpha, side by side with the model as "
     "it is (with --find: the top head).")]
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per continuation.")]
-Task = Annotated[Optional[str], typer.Option(
-    "--task", help=f"Measure a task instead of text: {', '.join(CONTRAST_TASKS)} (generated clean prompts; the "
-    "logit difference of answer and distractor), or a JSON-lines task file (the task margin). --num-seqs items.")]
-Pairs = Annotated[Optional[Path], typer.Option(
-    "--pairs", help="A JSON-lines file of {\"clean\", \"corrupt\", \"answer\", \"distractor\"} rows: the logit "
-    "difference on the clean prompts.")]
-Top = Annotated[int, typer.Option("--top", help="Heads listed by --find.")]
 
 
 @dataclass(frozen=True)

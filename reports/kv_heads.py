@@ -90,6 +90,11 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
     if not budget:
         return []
     lines = [f"Budget: {budget['rule']}: {budget['streamed']} of {budget['total']} KV heads stream."]
+    press = budget.get("kvpress")
+    if press:  # what to pass kvpress for it to stream exactly these heads
+        lines.append(f"kvpress: DuoAttentionPress(head_compression_ratio={press['head_compression_ratio']!r}) "
+                     f"streams exactly them; it removes {press['removed']:.4f} of a {press['length']}-token KV cache "
+                     f"(sink {press['sink_size']} + recent {press['recent_size']} kept per streamed head).")
     for point in budget["points"]:
         mark = "kept" if point["accepted"] else "refused"
         lines.append(f"  k = {point['k']}: loss change {point['loss_change']:+.4f}, needle accuracy "
@@ -98,8 +103,11 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
 
 
 def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
-    """What DuoAttention's config.json says beside the map: the streaming heads' sink and recent keys."""
-    return {"sink_size": payload["sink"], "recent_size": payload["recent"]}
+    """What DuoAttention's config.json says beside the map: the streaming heads' sink and recent keys (and, for a
+    kvpress budget, the head_compression_ratio that streams exactly its streaming heads)."""
+    press = (payload.get("budget") or {}).get("kvpress")
+    return {"sink_size": payload["sink"], "recent_size": payload["recent"],
+            **({"head_compression_ratio": press["head_compression_ratio"]} if press else {})}
 
 
 def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:

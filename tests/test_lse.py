@@ -63,7 +63,8 @@ def _padded_sets(vocab: int, length: int = 40, num: int = 3) -> tuple[ProbeSet, 
 def _both_paths(loaded: LoadedModel, probe_sets: tuple[ProbeSet, ...]) -> tuple[dict, dict, set[str]]:
     fast, blocked, paths = {}, {}, set()
     for probe_set in probe_sets:
-        names = [name for name, score in SCORES.items() if score.probe == probe_set.name]
+        names = [name for name, score in SCORES.items()  # a class without a fast path has no other path to match
+                 if score.probe == probe_set.name and score.fast is not None]
         lse = score_heads(loaded, probe_set, names, batch_size=2)
         fast.update(lse)
         paths.add(lse.path)

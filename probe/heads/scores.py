@@ -545,3 +545,22 @@ for _score in (
           "R", by_default=False, fast=retrieval_from_lse),
 ):
     register_score(_score)
+
+
+LOCAL_WINDOW = 4  # the local class's band: the current token and the 2nd .. 4th tokens back
+
+
+def local_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Mean over queries i >= LOCAL_WINDOW of the attention on keys i - LOCAL_WINDOW .. i but i - 1: local heads,
+    whose attention stays in a narrow band on the diagonal, Kovaleva et al. 2019's "diagonal" pattern ("Revealing
+    the Dark Secrets of BERT") and the local attention Child et al. 2019 build in ("Generating Long Sequences with
+    Sparse Transformers"). The previous token is left out: previous-token heads are a class of their own."""
+    queries = (LOCAL_WINDOW, weights.shape[-1])  # every key of the band exists
+    sums, counts = _relative_mass(weights, start, batch, 0, queries)
+    for shift in range(2, LOCAL_WINDOW + 1):
+        sums = sums + _relative_mass(weights, start, batch, -shift, queries)[0]
+    return sums, counts
+
+
+register_score(Score("local", "natural", 0.5, f"attends to itself and the 2nd to {LOCAL_WINDOW}th tokens back (a "
+                     "local band; the previous token excluded)", local_score, "L", by_default=False))
