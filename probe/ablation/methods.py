@@ -496,6 +496,54 @@ class ResampleAblation(AblationMethod):
             digest.update(self.donors[index].numpy().tobytes())
 
 
+@register_method
+class ShuffleAblation(AblationMethod):
+    """Each sequence's head output permuted over its own token positions: every token position takes the head's
+    output at another token position of the same sequence (a seeded derangement per row, as resample ablation's over
+    rows), so that the head keeps what it wrote on this sequence but loses where it wrote it. Padded positions are
+    never donors and keep their own values: the permutation is read from the batch's padding mask (`ctx.batch`).
+    The permutation is fixed by `seed` and the row's place in the probe set, so it is the same at every layer, in
+    every stacked copy and for any batch size."""
+
+    name = "shuffle"
+    summary = "permute the head's output over its sequence's own positions (seeded; padding never a donor)"
+    per_copy = True
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        return cls(seed=inputs.seed)
+
+    def order(self, batch: BatchContext | None, positions: int) -> Tensor:
+        """(rows, positions) long: the position each position takes its value from."""
+        if batch is None:
+            raise ProbeError("shuffle ablation permutes a sequence's own token positions and reads the batch's padding "
+                             "for it: run it in a sweep, or give ablate() or Trace the batch (BatchContext.of(ids, "
+                             "mask))", parameter="method")
+        tokens = batch.tokens(positions)
+        if tokens.shape[1] != positions:
+            raise ProbeError(f"the batch's mask has {tokens.shape[1]} positions, the heads' outputs {positions}: give "
+                             "the mask of the ids that run", parameter="batch")
+        order = torch.arange(positions).repeat(len(batch.rows), 1)
+        for row, number in enumerate(batch.rows.tolist()):
+            real = tokens[row].nonzero().flatten()
+            donors = derangement(len(real), torch.Generator().manual_seed(self.seed * 1_000_003 + number))
+            order[row, real] = real[donors]
+        return order
+
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        order = self.order(ctx.batch, heads.shape[1]).to(heads.device)
+        return heads.gather(1, order[:, :, None, None].expand_as(heads))
+
+    def describe(self) -> str | None:
+        return f"shuffle: each sequence's own token positions, a seeded derangement (seed {self.seed})"
+
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
+        digest.update(f"shuffle {self.seed}".encode())
+
+
 def check_method(name: str) -> None:
     if name not in METHODS:
         raise ProbeError(f"unknown ablation method {name!r}: use one of {', '.join(METHODS)}", parameter="method")
