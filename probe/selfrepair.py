@@ -253,7 +253,7 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
     """Every chosen head ablated alone on every batch of `probe_set` (the sweep's batches): the sums over points."""
     structure, chosen = _check(loaded, method, heads, top)
     contexts = batch_contexts(probe_set, batch_size)  # the sweep's batches, the method bound to them as it binds
-    ablation = build_method(method, loaded, probe_set, batch_size=batch_size).bound(contexts)
+    ablation = build_method(method, loaded, probe_set, batch_size=batch_size).bound_to(contexts)
     batches = probe_set.batches(batch_size)
     n_heads = structure.layers[0].n_heads
     sums = _Sums.zeros(len(chosen), len(structure.layers), n_heads)

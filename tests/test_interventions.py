@@ -34,11 +34,11 @@ class Recorder(AblationMethod):
     name = "recorder"
 
     def __init__(self) -> None:
-        self.bound_to: list[list[int | None]] = []
+        self.bindings: list[list[int | None]] = []
         self.seen: list[tuple[int | None, tuple[int, ...], int]] = []  # index, rows, tokens
 
     def bind(self, batches: list[BatchContext]) -> None:  # type: ignore[override]
-        self.bound_to.append([batch.index for batch in batches])
+        self.bindings.append([batch.index for batch in batches])
 
     def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
         assert ctx.batch is not None
@@ -51,19 +51,19 @@ def test_the_sweep_prune_and_ablate_bind_the_method_and_hand_it_the_batch() -> N
     probe_set = padded_set(loaded)
     method = Recorder()
     sweep(loaded, probe_set, [(0, 1)], method=method, batch_size=3, mode="naive")
-    assert method.bound_to == [[0, 1]]  # bound once, to both batches, before any forward
+    assert method.bindings == [[0, 1]]  # bound once, to both batches, before any forward
     assert {(index, rows, tokens) for index, rows, tokens in method.seen} == {
         (0, (0, 1, 2), 12 + 10 + 8), (1, (3,), 6)}  # set-wide rows, each batch's own padding
     method.seen.clear()
     prune(loaded, probe_set, orderings=("random",), seeds=(0,), step=0.5, method=method, batch_size=3,
           eval_set=repeated_set(loaded, repeat_len=4, num_seqs=2))
-    assert method.bound_to[1:3] == [[0, 1], [0]]  # one bound copy per probe set: the pruned one, the held-out one
+    assert method.bindings[1:3] == [[0, 1], [0]]  # one bound copy per probe set: the pruned one, the held-out one
     assert {index for index, _, _ in method.seen} == {0}  # the losses are measured on the held-out set alone
     method.seen.clear()
     ids, mask = probe_set.batches(4)[0]
     with torch.no_grad(), ablate(loaded.model, [(1, 2)], method=method, batch=BatchContext.of(ids, mask)):
         run_model(loaded.model, ids, mask)
-    assert method.bound_to[-1] == [None] and method.seen == [(None, (0, 1, 2, 3), 12 + 10 + 8 + 6)]
+    assert method.bindings[-1] == [None] and method.seen == [(None, (0, 1, 2, 3), 12 + 10 + 8 + 6)]
 
 
 def test_a_methods_writer_is_its_ablation() -> None:
@@ -77,7 +77,7 @@ def test_a_methods_writer_is_its_ablation() -> None:
             if kind.statistics or kind.point != "z":
                 continue
             method = kind.build(MethodInputs(seed=1, value=2.0))  # a value where the method takes one
-            with Trace(loaded, {"z": {1: method.bound([batch]).writer([0, 2])}}, batch=batch):
+            with Trace(loaded, {"z": {1: method.bound_to([batch]).writer([0, 2])}}, batch=batch):
                 traced = logits_of(run_model(loaded.model, ids, mask))
             with ablate(loaded.model, [(1, 0), (1, 2)], method=method, batch=batch):
                 ablated = logits_of(run_model(loaded.model, ids, mask))

@@ -25,7 +25,7 @@ from probe.hooks.types import BatchContext
 def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
             batch: BatchContext | None = None) -> AbstractContextManager[list[AttentionLayer]]:
     """`len(ablations)` stacked copies of a batch, copy i with ablations[i]'s heads replaced by `method` (bound to
-    the batches it runs: `AblationMethod.bound`), for the body of the `with`; `batch` is the batch it runs, handed
+    the batches it runs: `AblationMethod.bound_to`), for the body of the `with`; `batch` is the batch it runs, handed
     to the method as `ctx.batch`. Restored on exit."""
     handler, layers = method.handler(ablations)
     method.check(attention_layers(model), layers)
@@ -39,7 +39,7 @@ def ablate(model: nn.Module, heads: Iterable[Head], *, method: str | AblationMet
     `statistics` it reads, or a method object). `batch`: the batch the body runs (`BatchContext.of(ids, mask)`),
     which the method is bound to as a sweep binds it, and sees as `ctx.batch` (its padding, for methods that read
     it). Restored on exit."""
-    chosen = method_named(method, statistics).bound([] if batch is None else [batch])
+    chosen = method_named(method, statistics).bound_to([] if batch is None else [batch])
     heads = tuple(heads)
     check_heads(attention_layers(model), heads)
     with ablated(model, [heads], chosen, batch):

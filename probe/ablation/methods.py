@@ -18,7 +18,7 @@ number it is made with, which `probe steer --values` sets) and `identity` (the v
 is), `point` (the hook point it writes), `across_sequences` (its replacement reads other sequences' values at the
 same positions), `estimable` (the attribution-patching estimate linearises it), `summary` (its line in help texts),
 and `add_to_fingerprint` (what its numbers depend on). Every caller binds the method to the batches it runs
-(`bound(batches)`: a copy of its own, so one object serves two probe sets) before any forward.
+(`bound_to(batches)`: a copy of its own, so one object serves two probe sets) before any forward.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class AblationMethod:
         """Called once before a run with every batch it runs, in order (a probe set's), so that what the method
         fixes per batch (resample's donors) is fixed, and in its fingerprint, before any forward."""
 
-    def bound(self, batches: Sequence[BatchContext]) -> AblationMethod:
+    def bound_to(self, batches: Sequence[BatchContext]) -> AblationMethod:
         """A copy of the method bound to `batches` (`bind`); the method itself is left as it was, so that one
         object serves runs over different probe sets."""
         method = copy.copy(self)

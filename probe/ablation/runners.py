@@ -77,12 +77,12 @@ def _baseline_sums(scorer: Scorer, batch: Batch, output: Tensor | Final) -> Tens
 
 
 class NaiveRunner:
-    """One full forward per ablation. It holds the method bound to its batches (`AblationMethod.bound`)."""
+    """One full forward per ablation. It holds the method bound to its batches (`AblationMethod.bound_to`)."""
 
     def __init__(self, model: nn.Module, method: AblationMethod, scorer: Scorer, readout: Readout,
                  batches: list[Batch], why: str = "") -> None:
         self.model, self.scorer, self.readout, self.batches = model, scorer, readout, batches
-        self.method = method.bound([batch.context for batch in batches if batch.context is not None])
+        self.method = method.bound_to([batch.context for batch in batches if batch.context is not None])
         self.path = f"{NAIVE} ({why})" if why else NAIVE
 
     def start_of(self, ablation: Ablation) -> int:

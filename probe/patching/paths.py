@@ -121,7 +121,7 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
         for i, sender in enumerate(senders):
             edit = _frozen_but(sender, clean_out, corrupt_out, batch)
             seen = _recorded(loaded, ids, mask, edit, component, {layer for layer, _ in receivers})
-            method = PATCHES[component](HeadOutputs([{}] * batch + [seen], "path patching's first pass")).bound(
+            method = PATCHES[component](HeadOutputs([{}] * batch + [seen], "path patching's first pass")).bound_to(
                 contexts)
             for j, receiver in enumerate(receivers):
                 with torch.no_grad(), ablated(loaded.model, [(receiver,)], method, contexts[batch]):
