@@ -193,8 +193,42 @@ class ZeroAblation(AblationMethod):
         return torch.zeros((), dtype=heads.dtype, device=heads.device)
 
 
+class ValueIntervention(AblationMethod):
+    """An intervention made with one finite number, its `parameter` (at least `minimum`), which `probe steer
+    --values` sets; at `zero` (0 unless None) it is zero ablation exactly. A subclass says what it does with the
+    number (`change`)."""
+
+    per_copy = True  # it changes each stacked copy's own values
+    parameter = "value"
+    minimum: ClassVar[float] = -math.inf
+    zero: ClassVar[float | None] = 0.0
+
+    def __init__(self, value: float = 0.0) -> None:
+        value = float(value)
+        if not (math.isfinite(value) and value >= self.minimum):
+            floor = "" if self.minimum == -math.inf else f" >= {self.minimum:g}"
+            raise ProbeError(f"{self.parameter} must be a finite number{floor}, got {value}", parameter=self.parameter)
+        self.value = value
+
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        return cls(0.0 if inputs.value is None else inputs.value)
+
+    def change(self, heads: Tensor) -> Tensor:
+        """The heads' outputs changed by the value (other than `zero`)."""
+        raise NotImplementedError
+
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        if self.value == self.zero:  # zero ablation exactly (0 * inf would be nan, 0 * -1 is -0)
+            return torch.zeros_like(heads)
+        return self.change(heads)
+
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
+        digest.update(f"{self.name} {self.value!r}".encode())
+
+
 @register_method
-class ScaleAblation(AblationMethod):
+class ScaleAblation(ValueIntervention):
     """The head's output multiplied by `alpha`: 0 is zero ablation (exactly: the replacement is 0 itself), between 0
     and 1 damps it, above 1 amplifies it, below 0 reverses it (steering through single heads: SAMD, 2025). Written
     against the `z` point like every output method, so the sweep's prefix reuse, streaming, resume and shards serve
@@ -202,29 +236,17 @@ class ScaleAblation(AblationMethod):
 
     name = "scale"
     summary = "multiply the head's output by alpha (probe steer's default intervention; 0 is zero ablation)"
-    per_copy = True
     parameter, identity = "alpha", 1.0
 
-    def __init__(self, alpha: float = 0.0) -> None:
-        alpha = float(alpha)
-        if not math.isfinite(alpha):
-            raise ProbeError(f"alpha must be a finite number, got {alpha}", parameter="alpha")
-        self.alpha = alpha
+    @property
+    def alpha(self) -> float:
+        return self.value
 
-    @classmethod
-    def build(cls, inputs: MethodInputs) -> AblationMethod:
-        return cls(0.0 if inputs.value is None else inputs.value)
-
-    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
-        if self.alpha == 0.0:  # zero ablation exactly (0 * inf would be nan, 0 * -1 is -0)
-            return torch.zeros_like(heads)
-        return heads * self.alpha
+    def change(self, heads: Tensor) -> Tensor:
+        return heads * self.value
 
     def describe(self) -> str | None:
         return f"head outputs multiplied by {self.alpha:g}"
-
-    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
-        digest.update(f"scale {self.alpha!r}".encode())
 
 
 class AddIntervention(AblationMethod):
