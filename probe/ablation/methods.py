@@ -566,6 +566,24 @@ class ShuffleAblation(AblationMethod):
         digest.update(f"shuffle {self.seed}".encode())
 
 
+@register_method
+class ClampIntervention(ValueIntervention):
+    """Every element of the head's output limited to [-bound, bound]: its large activations capped, its small ones
+    as they are (0 is zero ablation, exactly; a bound past the head's largest |element| leaves it as it is). A
+    steering intervention like scale, made with one number, so `probe steer --intervention clamp --values 1,2`
+    measures the metric against the bound."""
+
+    name = "clamp"
+    summary = "limit every element of the head's output to [-bound, bound] (0 is zero ablation)"
+    parameter, minimum = "bound", 0.0
+
+    def change(self, heads: Tensor) -> Tensor:
+        return heads.clamp(min=-self.value, max=self.value)
+
+    def describe(self) -> str | None:
+        return f"head outputs clamped to [-{self.value:g}, {self.value:g}]"
+
+
 def check_method(name: str) -> None:
     if name not in METHODS:
         raise ProbeError(f"unknown ablation method {name!r}: use one of {', '.join(METHODS)}", parameter="method")
