@@ -132,18 +132,19 @@ class AblationMethod:
         """The handler of `point` for `len(ablations)` stacked copies of a batch (copy i with ablations[i]'s heads
         replaced), and the layers it edits."""
         copies, by_layer = len(ablations), heads_by_layer(ablations)
-        masks: dict[int, Tensor] = {}
+        masks: dict[tuple[int, torch.device], Tensor] = {}  # made once per layer on the heads' device
 
         def edit(heads: Tensor, ctx: HookContext) -> Tensor:  # heads: (copies * batch, positions, n_heads, head_dim)
             entries = by_layer.get(ctx.layer)
             if not entries:
                 return heads
-            if ctx.layer not in masks:
+            key = (ctx.layer, heads.device)
+            if key not in masks:
                 mask = torch.zeros(copies, 1, 1, heads.shape[2], 1, dtype=torch.bool)
                 for each, heads_of_copy in entries.items():
                     mask[each, 0, 0, heads_of_copy, 0] = True
-                masks[ctx.layer] = mask
-            return self.replaced(heads, ctx, masks[ctx.layer])
+                masks[key] = mask.to(heads.device)
+            return self.replaced(heads, ctx, masks[key])
 
         return edit, set(by_layer)
 
@@ -533,10 +534,20 @@ class ShuffleAblation(AblationMethod):
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
+        self.orders: dict[tuple[bytes, bytes, torch.device], Tensor] = {}  # rows and mask -> order, on a device
 
     @classmethod
     def build(cls, inputs: MethodInputs) -> AblationMethod:
         return cls(seed=inputs.seed)
+
+    def order_on(self, batch: BatchContext | None, positions: int, device: torch.device) -> Tensor:
+        """`order` on `device`, made once per batch and device (every layer and stacked copy reads the same)."""
+        tokens = None if batch is None else batch.tokens(positions).cpu()
+        key = (b"" if batch is None else batch.rows.cpu().numpy().tobytes(),
+               b"" if tokens is None else tokens.numpy().tobytes() + bytes(str(tokens.shape), "ascii"), device)
+        if key not in self.orders:
+            self.orders[key] = self.order(batch, positions).to(device)
+        return self.orders[key]
 
     def order(self, batch: BatchContext | None, positions: int) -> Tensor:
         """(rows, positions) long: the position each position takes its value from."""
@@ -544,7 +555,7 @@ class ShuffleAblation(AblationMethod):
             raise ProbeError("shuffle ablation permutes a sequence's own token positions and reads the batch's padding "
                              "for it: run it in a sweep, or give ablate() or Trace the batch (BatchContext.of(ids, "
                              "mask))", parameter="method")
-        tokens = batch.tokens(positions)
+        tokens = batch.tokens(positions).cpu()
         if tokens.shape[1] != positions:
             raise ProbeError(f"the batch's mask has {tokens.shape[1]} positions, the heads' outputs {positions}: give "
                              "the mask of the ids that run", parameter="batch")
@@ -556,7 +567,7 @@ class ShuffleAblation(AblationMethod):
         return order
 
     def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
-        order = self.order(ctx.batch, heads.shape[1]).to(heads.device)
+        order = self.order_on(ctx.batch, heads.shape[1], heads.device)
         return heads.gather(1, order[:, :, None, None].expand_as(heads))
 
     def describe(self) -> str | None:
