@@ -160,10 +160,6 @@ class AblationMethod:
         resumed sweep can tell two sweeps of this method apart."""
 
 
-Intervention = AblationMethod
-"""What `probe steer --intervention` and `Trace` writers call the same classes."""
-
-
 def chained(writers: Sequence[Writer]) -> Writer:
     """One writer running `writers` in turn (several interventions on one layer)."""
     def write(tensor: Tensor, ctx: HookContext) -> Tensor:
