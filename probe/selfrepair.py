@@ -20,6 +20,7 @@ recorded at the read points (probe.dla's recording), read through the final norm
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -33,13 +34,14 @@ from probe.ablation.blocks import keeping_outputs, skip_blocks
 from probe.ablation.heads import Head
 from probe.ablation.logits import CHECK_TOLERANCE
 from probe.ablation.methods import AblationMethod, build_method
+from probe.ablation.runners import batch_contexts
 from probe.dla import Recording, Structure, Targets, check_stream, frozen_norm, head_shares, model_structure, \
     record_writes
 from probe.errors import ProbeError
 from probe.hooks.capture import attention_hooks
 from probe.hooks.points import Writer
 from probe.hooks.run import logits_of, run_model
-from probe.hooks.types import HookContext
+from probe.hooks.types import BatchContext, HookContext
 from probe.inputs import ContrastSet, ProbeSet
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback
@@ -146,15 +148,13 @@ def _clean(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor 
                   None if targets.distractor is not None else logits.float(), recording, kept)
 
 
-def _ablating(method: AblationMethod, layer: int, head: int, batch: int) -> Writer:
-    """A `z` writer: head `head` of `layer` replaced as the method replaces it, every other head as it was."""
+def _ablating(method: AblationMethod, layer: int, head: int, batch: BatchContext) -> Writer:
+    """A `z` writer: head `head` of `layer` replaced as the method's own writer replaces it, told the batch that
+    runs (`ctx.batch`), every other head as it was."""
+    write = method.writer([head])
+
     def edit(z: Tensor, ctx: HookContext) -> Tensor:
-        if ctx.layer != layer:
-            return z
-        chosen = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
-        chosen[head] = True
-        replacement = method.replacement(layer, z, batch).to(device=z.device, dtype=z.dtype)
-        return torch.where(chosen[:, None], replacement, z)
+        return write(z, dataclasses.replace(ctx, batch=batch)) if ctx.layer == layer else z
     return edit
 
 
@@ -252,9 +252,9 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
              batch_size: int, top: int, progress: ProgressArg) -> tuple[_Sums, list[Head], str, str]:
     """Every chosen head ablated alone on every batch of `probe_set` (the sweep's batches): the sums over points."""
     structure, chosen = _check(loaded, method, heads, top)
-    ablation = build_method(method, loaded, probe_set, batch_size=batch_size)
+    contexts = batch_contexts(probe_set, batch_size)  # the sweep's batches, the method bound to them as it binds
+    ablation = build_method(method, loaded, probe_set, batch_size=batch_size).bound_to(contexts)
     batches = probe_set.batches(batch_size)
-    ablation.bind([int(ids.shape[0]) for ids, _ in batches])
     n_heads = structure.layers[0].n_heads
     sums = _Sums.zeros(len(chosen), len(structure.layers), n_heads)
     tick, done, prefix = callback(progress, "self-repair"), 0, _Prefix()
@@ -266,8 +266,8 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
         clean = _clean(loaded, structure, ids, mask, part)
         sums.points += len(part.rows)
         for number, (layer, h) in enumerate(chosen):
-            ablated, logits = prefix.run(loaded, structure, ids, mask, clean, _ablating(ablation, layer, h, index),
-                                         layer)
+            edit = _ablating(ablation, layer, h, contexts[index])
+            ablated, logits = prefix.run(loaded, structure, ids, mask, clean, edit, layer)
             _add_ablation(sums, number, structure, clean, ablated, logits, (layer, h))
             done += 1
             if tick is not None:

@@ -1,6 +1,6 @@
-"""`probe steer`'s reports from `SteerResult.to_dict()`: the measure against alpha per head (a terminal table, a
-curve per head on the page), `--find`'s ranking, and the greedy continuations side by side; a one-line header, the
-details (data, metric, the model as it is) in the footer. Computes nothing."""
+"""`probe steer`'s reports from `SteerResult.to_dict()`: the measure against the intervention's value per head (a
+terminal table, a curve per head on the page), `--find`'s ranking, and the greedy continuations side by side; a
+one-line header, the details (data, metric, intervention, the model as it is) in the footer. Computes nothing."""
 
 from __future__ import annotations
 
@@ -28,10 +28,15 @@ def _measure(payload: dict[str, Any]) -> str:
     return str(payload.get("measure") or payload["metric"])
 
 
+def _parameter(payload: dict[str, Any]) -> str:
+    """What the intervention's values are (scale's alpha)."""
+    return str(payload["parameter"])
+
+
 def header_line(payload: dict[str, Any]) -> str:
     """The report's first line, at most HEADER characters: the model (by its file's name where the whole path
     would not fit) and what is measured."""
-    what = f": {_measure(payload)} against alpha" if payload["curves"] else ""
+    what = f": {_measure(payload)} against {_parameter(payload)}" if payload["curves"] else ""
     line = f"Steering heads of {payload['model']}{what}"
     if len(line) > HEADER:
         line = f"Steering heads of {PurePath(str(payload['model'])).name}{what}"
@@ -39,13 +44,14 @@ def header_line(payload: dict[str, Any]) -> str:
 
 
 def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
-    """What the header leaves out: the input, what the values are, the model as it is (alpha 1)."""
+    """What the header leaves out: the input, what the values are, the intervention, the model as it is."""
     figures = _figures(payload.get("baseline_figures"))
     measure, metric = _measure(payload), str(payload["metric"])
     reads = (f"the {measure} itself, higher = more of the behaviour (the metric {metric} is minus it: "
              f"{payload['metric_description']})" if measure != metric else f"{metric}: {payload['metric_description']}")
     return [("input", str(payload["data"])), ("values", reads),
-            ("as it is (alpha 1)", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
+            ("intervention", f"{payload['intervention']} at each {_parameter(payload)}"),
+            ("as it is", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
 
 
 def footer_lines(payload: dict[str, Any]) -> list[str]:
@@ -64,8 +70,8 @@ def _curve_table(payload: dict[str, Any]) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
     table.add_column("head", justify="right")
-    for alpha in payload["alphas"]:
-        table.add_column(f"alpha {alpha:g}", justify="right")
+    for value in payload["values"]:
+        table.add_column(f"{_parameter(payload)} {value:g}", justify="right")
     for curve in payload["curves"]:
         table.add_row(short_label(curve["layer"], curve["head"], names),
                       *(_number(point["value"]) for point in curve["points"]))
@@ -75,7 +81,8 @@ def _curve_table(payload: dict[str, Any]) -> Table:
 def _find_table(payload: dict[str, Any], top: int) -> Table:
     names, find = payload.get("layer_names"), payload["find"]
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("rank", "head", f"{_measure(payload)} at alpha {find['alpha']:g}", "change", "figures"):
+    for column in ("rank", "head", f"{_measure(payload)} at {_parameter(payload)} {find['setting']:g}", "change",
+                   "figures"):
         table.add_column(column, justify="right" if column != "figures" else "left")
     for rank, entry in enumerate(find["ranking"][:top], start=1):
         table.add_row(str(rank), short_label(entry["layer"], entry["head"], names), _number(entry["value"]),
@@ -87,23 +94,24 @@ def _generation_table(payload: dict[str, Any]) -> Table:
     names, generated = payload.get("layer_names"), payload["generations"]
     table = Table(show_edge=False, pad_edge=False, box=None, show_lines=False)
     table.add_column("head", justify="right")
-    table.add_column("alpha", justify="right")
+    table.add_column(_parameter(payload), justify="right")
     table.add_column(f"continuation of {generated['prompt']!r}", overflow="fold")
-    table.add_row("as it is", "1", repr(generated["baseline"]))
+    table.add_row("as it is", "", repr(generated["baseline"]))
     for row in generated["rows"]:
-        table.add_row(short_label(row["layer"], row["head"], names), f"{row['alpha']:g}", repr(row["text"]))
+        table.add_row(short_label(row["layer"], row["head"], names), f"{row['setting']:g}", repr(row["text"]))
     return table
 
 
 def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
-    """A one-line header, the curves (the measure per head and alpha), the ranking, the continuations, and the
+    """A one-line header, the curves (the measure per head and value), the ranking, the continuations, and the
     details in the footer."""
     console.print(Text(header_line(payload), style="bold"))
     if payload["curves"]:
         console.print(_curve_table(payload))
     if payload.get("find"):
-        console.print(Text(f"Every head scaled by {payload['find']['alpha']:g} alone, largest change first "
-                           f"({payload['find']['path']})", style="bold"))
+        console.print(Text(f"Every head alone under {payload['intervention']} at {_parameter(payload)} "
+                           f"{payload['find']['setting']:g}, largest change first ({payload['find']['path']})",
+                           style="bold"))
         console.print(_find_table(payload, top))
     if payload.get("generations"):
         console.print(Text(f"Greedy continuations, {payload['generations']['max_new_tokens']} tokens", style="bold"))
@@ -115,21 +123,23 @@ def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) ->
 
 
 def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
-    """The page's plot data: one line per head (metric against alpha), alpha 1's value marked; --find's top bars."""
-    if "alphas" not in payload or "curves" not in payload:
-        raise ProbeError("not a steering result (no alphas or curves)")
+    """The page's plot data: one line per head (the measure against the intervention's value), the model as it is
+    marked; --find's top bars."""
+    if "values" not in payload or "curves" not in payload:
+        raise ProbeError("not a steering result (no values or curves)")
     names = payload.get("layer_names")
     lines = [{"label": plotly_text(short_label(c["layer"], c["head"], names)),
               "name": plotly_text(long_label(c["layer"], c["head"], names)),
-              "alpha": [p["alpha"] for p in c["points"]], "value": [p["value"] for p in c["points"]]}
+              "setting": [p["setting"] for p in c["points"]], "value": [p["value"] for p in c["points"]]}
              for c in payload["curves"]]
     find = payload.get("find")
     bars = None if not find else {
-        "alpha": find["alpha"],
+        "setting": find["setting"],
         "labels": [plotly_text(short_label(e["layer"], e["head"], names)) for e in find["ranking"][:30]],
         "delta": [e["delta"] for e in find["ranking"][:30]]}
-    return {"metric": plotly_text(_measure(payload)), "baseline": payload["baseline"], "lines": lines,
-            "bars": bars}
+    return {"metric": plotly_text(_measure(payload)), "parameter": plotly_text(_parameter(payload)),
+            "intervention": plotly_text(str(payload["intervention"])), "baseline": payload["baseline"],
+            "lines": lines, "bars": bars}
 
 
 def _generation_rows(payload: dict[str, Any]) -> str:
@@ -137,13 +147,15 @@ def _generation_rows(payload: dict[str, Any]) -> str:
     if not generated:
         return ""
     names = payload.get("layer_names")
-    rows = [("as it is", "1", generated["baseline"])] + [
-        (short_label(row["layer"], row["head"], names), f"{row['alpha']:g}", row["text"]) for row in generated["rows"]]
+    rows = [("as it is", "", generated["baseline"])] + [
+        (short_label(row["layer"], row["head"], names), f"{row['setting']:g}", row["text"])
+        for row in generated["rows"]]
     text_cell = '<td class="probe-steer-text" style="white-space: pre-wrap">'  # the text as generated
-    body = "".join(f"<tr><td>{esc(head)}</td><td>{esc(alpha)}</td>{text_cell}{esc(text)}</td></tr>"
-                   for head, alpha, text in rows)
+    body = "".join(f"<tr><td>{esc(head)}</td><td>{esc(value)}</td>{text_cell}{esc(text)}</td></tr>"
+                   for head, value, text in rows)
     return (f"<h2>Greedy continuations of <q>{esc(generated['prompt'])}</q></h2>"
-            '<table class="probe-static-table probe-steer-generations"><tr><th>head</th><th>alpha</th>'
+            '<table class="probe-static-table probe-steer-generations"><tr><th>head</th>'
+            f"<th>{esc(_parameter(payload))}</th>"
             f"<th>continuation ({generated['max_new_tokens']} tokens)</th></tr>{body}</table>")
 
 
@@ -153,12 +165,15 @@ def steer_page(payload: dict[str, Any]) -> str:
     measure = _measure(payload)
     rows = [("model", str(payload["model"])), ("dtype", str(payload.get("dtype"))), ("data", str(payload["data"])),
             *details(payload)]
-    summary = static_summary(f"{measure} against alpha", ["head", *(f"alpha {a:g}" for a in payload["alphas"])],
+    parameter = _parameter(payload)
+    summary = static_summary(f"{measure} against {parameter}",
+                             ["head", *(f"{parameter} {v:g}" for v in payload["values"])],
                              [[line["label"], *(_number(v) for v in line["value"])] for line in data["lines"]])
     body = (f"<h1>Steering heads of {esc(payload['model'])}</h1>" + facts_table(rows)
-            + (f"<h2>{esc(measure[:1].upper() + measure[1:])} against alpha</h2>" + summary
+            + (f"<h2>{esc(measure[:1].upper() + measure[1:])} against {esc(parameter)}</h2>" + summary
                + '<div class="probe-steer-curves"></div>' if data["lines"] else "")
-            + (f"<h2>Every head scaled by {data['bars']['alpha']:g}: the largest changes</h2>"
+            + (f"<h2>Every head under {esc(payload['intervention'])} at {esc(parameter)} "
+               f"{data['bars']['setting']:g}: the largest changes</h2>"
                '<div class="probe-steer-find"></div>' if data["bars"] else "")
             + _generation_rows(payload) + f"<script>{_steer_js()}</script>")
     return page("steer", f"probe steer: {payload['model']}", body, data, embed_plotly=True)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from probe.frames import frame
-from probe.ablation.editor import head_editor
+from probe.ablation.editor import ablated
 from probe.ablation.estimate import scaled_gradients
 from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
@@ -177,18 +177,17 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
     with L_x the sequence's mean metric and the `pruned` heads ablated."""
     runner = evaluator.runner
     batch = runner.batches[index]
-    edit_pruned, _ = head_editor([tuple(pruned)], runner.method, index)
     outputs: dict[int, Tensor] = {}
 
     def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
-        values = edit_pruned(values, ctx)
         if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
             values = values.detach().requires_grad_()
         outputs[ctx.layer] = values
         return values
 
     with torch.enable_grad():
-        with attention_hooks(runner.model, {"z": capture}):
+        with ablated(runner.model, [tuple(pruned)], runner.method, batch.context), \
+                attention_hooks(runner.model, {"z": capture}, batch=batch.context):
             output = logits_of(run_model(runner.model, batch.ids, batch.mask))  # (batch, positions, vocab)
         values = graded(evaluator.scorer.metric).values(output, batch.ids, batch.reference)  # (batch, positions')
         counted = batch.counted[0].to(values.device)

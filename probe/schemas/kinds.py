@@ -453,9 +453,9 @@ register(Kind(
 # steer --------------------------------------------------------------------------------------------------------------
 
 register(Kind(
-    "steer", 2, "probe.steering:SteerResult",
-    "Steering through single heads: the metric against alpha per head, every head ranked at one alpha, greedy "
-    "continuations (probe steer --json).",
+    "steer", 3, "probe.steering:SteerResult",
+    "Steering through single heads: the metric against an intervention's value per head (scale: alpha), every head "
+    "ranked at one value, greedy continuations (probe steer --json).",
     fields={
         "kind": Field("string", "steer"), "model": MODEL, "dtype": DTYPE, "metric": Field("string", "the metric"),
         "metric_description": Field("string", "what it measures"),
@@ -463,17 +463,21 @@ register(Kind(
                                    "quantity (logit_diff, task_margin), that quantity (logit difference, task margin), "
                                    "so that higher is more of the behaviour"),
         "data": Field("string", "what it was run on"),
-        "baseline": Field("number", "the measure at alpha 1 (the model as it is)"),
+        "baseline": Field("number", "the measure of the model as it is"),
         "baseline_figures": Field(("object", "null"), "task sets: the baseline's margin and accuracy"),
-        "alphas": Field("array", "the alphas of the curves", items=NUMBER),
-        "curves": Field("array", "per head: the measure at each alpha", items=Field("object", "a head", fields={
-            "layer": LAYER, "head": HEAD, "points": Field("array", "alpha, value, delta, figures")})),
-        "find": Field(("object", "null"), "--find: the alpha, the path, every head ranked by |delta|"),
-        "generations": Field(("object", "null"), "greedy continuations per head and alpha"),
+        "intervention": Field("string", "the intervention (a registered ablation method that takes a value: scale, "
+                                        "...)"),
+        "parameter": Field("string", "what its values are (scale: alpha)"),
+        "values": Field("array", "the intervention's values of the curves", items=NUMBER),
+        "curves": Field("array", "per head: the measure at each value", items=Field("object", "a head", fields={
+            "layer": LAYER, "head": HEAD, "points": Field("array", "setting, value, delta, figures")})),
+        "find": Field(("object", "null"), "--find: the setting, the path, every head ranked by |delta|"),
+        "generations": Field(("object", "null"), "greedy continuations per head and setting"),
         "layer_names": Field(("array", "null"), "encoder-decoders' layer names"), "seconds": SECONDS,
     },
-    rows="one per head and alpha (the curves; --find: its ranking at its alpha)",
-    columns={**HEAD_COLUMNS, "alpha": Field("number", "the head's output multiplied by alpha"),
+    rows="one per head and setting (the curves; --find: its ranking at its setting)",
+    columns={**HEAD_COLUMNS, "setting": Field("number", "the intervention's value (scale: the alpha the head's "
+                                                         "output is multiplied by)"),
              "value": Field("number", "the measure"), "delta": Field("number", "value - baseline")},
     column_patterns={r"^(margin|accuracy)$": Field("number", "task sets: the margin or accuracy")},
 ))
