@@ -1,76 +1,22 @@
-"""The published kinds, one `register` each: the fields of the payload its command writes with --json and the columns
-of its result's `to_frame()`. A field a `to_dict()` gains must be declared here (tests/test_schemas.py validates every
-command's file against its schema, and no schema admits an undeclared field)."""
+"""The published kinds: those declared on their result class (probe.schemas.declare: the class' fields are the
+payload's, `to_dict()` and the schema are made from them), listed in DECLARED, and those declared here, one
+`register` each, beside a `to_dict()` written by hand. A field such a `to_dict()` gains must be declared here
+(tests/test_schemas.py validates every command's file against its schema, and no schema admits an undeclared
+field)."""
 
 from __future__ import annotations
 
 from probe.schemas.base import Field, Kind, register
+from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
+                                  NAME, NAME_RE, NUMBER, SECONDS, THRESHOLDS, other_than)
 
-# Shared pieces ------------------------------------------------------------------------------------------------------
+DECLARED = (
+    "probe.heads.classify:Classification",
+)
+"""The result classes that declare their kind (`module:Class`), imported when the registry is first read."""
 
-NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
-
-
-def other_than(columns: dict[str, Field]) -> str:
-    """A class (or metric) name as a column: any name but the fixed `columns` beside it."""
-    return rf"^(?!({'|'.join(columns)})$)[A-Za-z_][\w:.-]*$"
-
-
-LAYER = Field("integer", "the head's layer (0 first)")
-HEAD = Field("integer", "the head within its layer (a query head)")
-NAME = Field("string", "the head's name for a table: L18H6 (x3.1 on an encoder-decoder's cross-attention), which "
-                       "pandas never reads as a number")
-HEAD_COLUMNS = {"layer": LAYER, "head": HEAD, "name": NAME}
-MODEL = Field("string", "the model as given (a path, an alias, a hub id or FILE.py:FUNCTION)")
-N_LAYERS = Field("integer", "attention layers of the model")
-N_HEADS = Field("integer", "query heads per layer")
-DTYPE = Field("string", "the dtype the model ran in (float32, bfloat16, float16): docs/precision.md says how far a "
-                        "half-precision result lies")
-LAYER_NAMES = Field("array", "encoder-decoders: each layer's name (enc0, dec0, x0 for cross-attention); absent "
-                             "otherwise", required=False, items=Field("string", "a layer's name"))
-SECONDS = Field("number", "wall time of the run, in seconds")
-NUMBER = Field("number", "a number")
-SCORE_BY_CLASS = Field("object", "each class's score (null where the class does not apply to the layer)",
-                       patterns={NAME_RE: Field("number", "the score")})
-THRESHOLDS = Field("object", "each class's threshold: a head is labelled where its score is above it",
-                   patterns={NAME_RE: Field("number", "the threshold")})
-CLASSES = Field("object", "each class: its summary, letter, probe set and default threshold",
-                patterns={NAME_RE: Field("object", "what the class means and how it is scored")})
-
-
-def head_ref(description: str) -> Field:
-    return Field("object", description, fields={"layer": LAYER, "head": HEAD})
-
-
-# classify -----------------------------------------------------------------------------------------------------------
-
-register(Kind(
-    "classify", 1, "probe.heads.classify:Classification",
-    "Every head's score on each class's probe set, the thresholds, and the labels they give (probe classify --json).",
-    fields={
-        "model": MODEL, "n_layers": N_LAYERS, "n_heads": N_HEADS, "layer_names": LAYER_NAMES,
-        "path": Field("string", "how the scores were computed: the name of the fast path's backend (one of "
-                                "probe.kernels.BACKENDS), blocked, or which layers went which way", required=False),
-        "dtype": DTYPE, "thresholds": THRESHOLDS, "classes": CLASSES,
-        "probe_sets": Field("object", "each probe set used: its name, description, size and seed",
-                            patterns={NAME_RE: Field("object", "a probe set's description")}),
-        "flagged": Field("object", "per class, the heads labelled, highest score first",
-                         patterns={NAME_RE: Field("array", "the heads labelled", items=Field(
-                             "object", "a labelled head", fields={"layer": LAYER, "head": HEAD,
-                                                                  "score": Field("number", "its score")}))}),
-        "not_applicable": Field("object", "per class, the layers it does not apply to (their scores are null)",
-                                required=False),
-        "heads": Field("array", "every head, layer by layer", items=Field("object", "one head", fields={
-            "layer": LAYER, "head": HEAD, "scores": SCORE_BY_CLASS,
-            "labels": Field("array", "the classes whose threshold its score passes", items=Field("string", "a class"))
-        })),
-    },
-    rows="one per head, layer by layer",
-    columns=(CLASSIFY_COLUMNS := {**HEAD_COLUMNS,
-                                  "labels": Field("string", "the classes it is labelled with, comma-separated")}),
-    column_patterns={other_than(CLASSIFY_COLUMNS): Field("number", "the head's score of this class (a column per "
-                                                                   "class)")},
-))
+for _declared in DECLARED:
+    register(_declared)
 
 # ablate -------------------------------------------------------------------------------------------------------------
 
