@@ -10,7 +10,7 @@ import pytest
 
 from probe.schemas import SCHEMAS, Field
 from probe.schemas.common import HEAD, LAYER
-from probe.schemas.declare import Payload, columns, declarations, kind, payload, result, schema_field
+from probe.schemas.declare import Payload, columns, declarations, declared_kind, payload, published, schema_field
 
 
 class Entry(Payload, frozen=True):
@@ -19,7 +19,7 @@ class Entry(Payload, frozen=True):
     value: float | None = schema_field("a value (null: none)", column="the value")
 
 
-@result("toy", 3, "A toy kind.", rows="one per entry", columns=columns({"name": Field("string", "a name")}, Entry))
+@published("toy", 3, "A toy kind.", rows="one per entry", columns=columns({"name": Field("string", "a name")}, Entry))
 class Toy(Payload):
     model: str = schema_field("the model")
     note: str = schema_field("a note", required=False, default="", kw_only=True)
@@ -46,7 +46,7 @@ def test_the_payload_follows_the_declarations_in_order_optional_fields_left_out(
 
 
 def test_the_schema_types_come_from_the_annotations_and_validate_the_payload() -> None:
-    declared = kind(Toy)
+    declared = declared_kind(Toy)
     assert "toy" not in SCHEMAS and declared.result == f"{__name__}:Toy"
     schema = declared.schema()
     properties = schema["properties"]

@@ -30,7 +30,7 @@ from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
                                   NAME_RE, SCORE_BY_CLASS, THRESHOLDS, other_than)
-from probe.schemas.declare import Payload, payload, record_field, result, schema_field
+from probe.schemas.declare import Payload, payload, published, record_field, schema_field
 
 
 class Flagged(Payload, frozen=True):
@@ -50,12 +50,12 @@ class HeadLabels(Payload, frozen=True):
     labels: list[str] = schema_field("the classes whose threshold its score passes", items="a class")
 
 
-@result("classify", 1, "Every head's score on each class's probe set, the thresholds, and the labels they give "
-        "(probe classify --json).", rows="one per head, layer by layer",
-        columns=(CLASSIFY_COLUMNS := {**HEAD_COLUMNS,
-                                      "labels": Field("string", "the classes it is labelled with, comma-separated")}),
-        column_patterns={other_than(CLASSIFY_COLUMNS): Field("number", "the head's score of this class (a column per "
-                                                                       "class)")})
+@published("classify", 1, "Every head's score on each class's probe set, the thresholds, and the labels they give "
+           "(probe classify --json).", rows="one per head, layer by layer",
+           columns=(CLASSIFY_COLUMNS := {
+               **HEAD_COLUMNS, "labels": Field("string", "the classes it is labelled with, comma-separated")}),
+           column_patterns={other_than(CLASSIFY_COLUMNS): Field(
+               "number", "the head's score of this class (a column per class)")})
 class Classification(Payload):
     """Scores of every head, the thresholds used, and which probe sets produced them."""
 

@@ -34,3 +34,5 @@ THRESHOLDS = Field("object", "each class's threshold: a head is labelled where i
 CLASSES = Field("object", "each class: its summary, letter, probe set and default threshold",
                 patterns={NAME_RE: Field("object", "what the class means and how it is scored")})
 
+SELF_REPAIR = Field("object", "the self-repair section (--self-repair): the self-repair kind's payload",
+                    required=False, ref="self-repair")

@@ -1,5 +1,5 @@
 """A result declared once: a dataclass whose fields carry their schema (`schema_field`), with the payload fields
-computed from them as methods (`payload`), becomes a published kind (`result`): its `to_dict()`, its JSON Schema
+computed from them as methods (`payload`), becomes a published kind (`published`): its `to_dict()`, its JSON Schema
 (`probe schema KIND`), its `to_frame()` columns and its section of docs/schemas.md are all made from those
 declarations. A nested object of a payload (one head's entry) is a `Payload` too, declared the same way.
 
@@ -149,7 +149,7 @@ def _field(name: str, annotation: Any, spec: Spec, where: str) -> Field:
     elif items is None and _is_record(inner) and "array" in kinds:
         raise TypeError(f"{where}.{name}: an array of records needs items= (their description)")
     fields = spec.fields
-    if fields is None and _is_record(inner) and "object" in ([kind] if isinstance(kind, str) else kind):
+    if fields is None and spec.type is None and _is_record(inner) and "object" in kinds:
         fields = record_fields(inner)
     return Field(kind, spec.description, spec.required, items, fields, spec.patterns, spec.ref)
 
@@ -242,7 +242,7 @@ def _left_out(value: Any, omit: str) -> bool:
 
 
 def to_payload(self: Any) -> dict[str, Any]:
-    """The payload of a record or result: its declared fields in order, optional ones left out where empty."""
+    """The payload of a Payload: its declared fields in order, optional ones left out where empty."""
     out: dict[str, Any] = {}
     for item in declarations(type(self)):
         value = getattr(self, item.attribute)
@@ -276,7 +276,7 @@ class Payload:
         return to_payload(self)
 
 
-def result(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],
+def published(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],
            column_patterns: Mapping[str, Field] | None = None, sections: Mapping[str, Field] | None = None,
            first: Mapping[str, Field] | None = None) -> Callable[[type[T]], type[T]]:
     """A dataclass that is a published kind: `name` and `version` (docs/schemas.md), its payload its declared
@@ -294,7 +294,7 @@ def result(name: str, version: int, description: str, *, rows: str, columns: Map
     return declare
 
 
-def kind(cls: type) -> Kind:
-    """The kind a `result` class declares."""
+def declared_kind(cls: type) -> Kind:
+    """The kind a `published` class declares."""
     declared: Kind = cls.__dict__["__kind__"]
     return declared
