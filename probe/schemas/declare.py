@@ -95,7 +95,8 @@ def payload(description: str, *, required: bool = True, key: str | None = None, 
             patterns: dict[str, Field] | None = None, ref: str | None = None, omit: Literal["empty", "none"] = "empty",
             column: bool | str | Field = False, spread: bool = False) -> Callable[[T], T]:
     """A method whose value is a payload field, computed when the payload is made (its type from the return
-    annotation). `spread=True`: the method returns several fields, named by `patterns`, merged in at its place."""
+    annotation). `spread=True`: the method returns several fields, merged in at its place: those `fields` declares,
+    or named by `patterns`."""
     spec = Spec(description, required, key, type, items, fields, patterns, ref, omit, None, column, spread)
 
     def mark(method: T) -> T:
@@ -196,8 +197,11 @@ def declarations(cls: type) -> list[Declared]:
 
 
 def record_fields(cls: type) -> dict[str, Field]:
-    """A record's payload fields (spread ones excepted), as schema fields."""
-    return {item.key: item.field for item in declarations(cls) if not item.spec.spread}
+    """A record's payload fields, as schema fields (a spread one's declared `fields` in its place)."""
+    out: dict[str, Field] = {}
+    for item in declarations(cls):
+        out.update(item.spec.fields or {} if item.spec.spread else {item.key: item.field})
+    return out
 
 
 def record_patterns(cls: type) -> dict[str, Field]:

@@ -18,6 +18,10 @@ DECLARED = (
     "probe.kv.result:KVHeads",
     "probe.selfrepair:SelfRepair",
     "probe.ablation.prune:PruneResult",
+    "probe.syntax.result:SyntaxResult",
+    "probe.circuits.pairs:Circuits",
+    "probe.qk:QKAttribution",
+    "probe.headmaps.compare:Comparison",
 )
 """The result classes that declare their kind (`module:Class`), imported when the registry is first read."""
 
@@ -108,71 +112,6 @@ register(Kind(
     column_patterns={other_than(TRACK_COLUMNS): Field("number", "the head's score of this class at this checkpoint")},
 ))
 
-# syntax -------------------------------------------------------------------------------------------------------------
-
-register(Kind(
-    "syntax", 1, "probe.syntax.result:SyntaxResult",
-    "Syntactic heads: per dependency relation and direction, each head's accuracy against the best positional "
-    "baseline (probe syntax --json).",
-    fields={
-        "model": MODEL, "scheme": Field("string", "the dependency scheme"),
-        "scheme_title": Field("string", "its title"), "source": Field("string", "the parsed corpus"),
-        "causal": Field("boolean", "whether the model is causal (a dependent sees only earlier words)"),
-        "n_layers": N_LAYERS, "n_heads": N_HEADS, "dtype": DTYPE, "sentences": Field("integer", "sentences read"),
-        "words": Field("integer", "words read"), "min_count": Field("integer", "arcs a relation needs to be judged"),
-        "margin": Field("number", "how far above the baseline a syntactic head's accuracy is"),
-        "relations": Field("array", "each relation and direction", items=Field("object", "a relation", fields={
-            "relation": Field("string", "the relation"), "direction": Field("string", "dep->head or head->dep"),
-            "count": Field("integer", "its arcs"), "judged": Field("boolean", "count >= min_count"),
-            "baseline": Field("number", "the best fixed-offset accuracy"),
-            "baseline_offset": Field("integer", "that offset"), "best": Field("array", "the best heads"),
-            "accuracy": Field("array", "every head's accuracy, layers x heads")})),
-        "syntactic": Field("array", "the heads syntactic for some relation", items=Field("object", "a head", fields={
-            "layer": LAYER, "head": HEAD, "relations": Field("array", "'relation direction' names")})),
-        "confident": Field("object", "the share of confident rows per head"),
-        "skipped": Field("array", "what was skipped and why"),
-        "examples": Field("array", "sentences with their arcs and each head's hits"),
-    },
-    rows="one per head and relation (and direction)",
-    columns={**HEAD_COLUMNS, "relation": Field("string", "the relation"),
-             "direction": Field("string", "dep->head or head->dep"), "count": Field("integer", "its arcs"),
-             "judged": Field("boolean", "whether the relation has enough arcs"),
-             "accuracy": Field("number", "the head's accuracy on it"),
-             "baseline": Field("number", "the best fixed-offset accuracy"),
-             "margin": Field("number", "accuracy - baseline"),
-             "syntactic": Field("boolean", "judged and above the margin")},
-))
-
-# circuits -----------------------------------------------------------------------------------------------------------
-
-register(Kind(
-    "circuits", 1, "probe.circuits.pairs:Circuits",
-    "Induction heads, their K-composing feeders against the random baseline, and the ablation check "
-    "(probe circuits --json).",
-    fields={
-        "model": MODEL, "dtype": DTYPE,
-        "random_baseline": Field("number", "K-composition of random matrices of the same shapes"),
-        "folded_norm": Field(("string", "null"), "the norm whose gains were folded into the weights"),
-        "rotary_ignored": Field("boolean", "whether rotary embeddings are left out of the scores"),
-        "seconds": SECONDS,
-        "baseline_second_copy_loss": Field("number", "the second copy's loss, unablated"),
-        "induction_heads": Field("array", "each induction head", items=Field("object", "an induction head", fields={
-            "layer": LAYER, "head": HEAD, "induction_score": Field("number", "its induction score"),
-            "feeders": Field("array", "its strongest K-composing feeders"),
-            "checked": Field(("object", "null"), "the feeder ablated with it"),
-            "second_copy_deltas": Field("object", "feeder, induction, together: second-copy loss deltas"),
-            "interaction": Field("number", "together - feeder - induction")})),
-        "previous_token_pairs": Field("object", "the previous-token heads' ranks among the feeders"),
-    },
-    rows="one per induction head and feeder",
-    columns={**HEAD_COLUMNS, "induction_score": Field("number", "the induction head's score"),
-             "feeder_layer": Field("integer", "the feeder's layer"), "feeder_head": Field("integer", "its head"),
-             "feeder_name": Field("string", "its name (L5H1)"),
-             "k_composition": Field("number", "its K-composition into the induction head"),
-             "rank_in_layer": Field("integer", "1: the strongest of its layer"),
-             "previous_token": Field("boolean", "whether the feeder is a previous-token head")},
-))
-
 # steer --------------------------------------------------------------------------------------------------------------
 
 register(Kind(
@@ -223,137 +162,4 @@ register(Kind(
              "key": Field("integer", "the key's position"),
              "query_token": Field("string", "the query's token"), "key_token": Field("string", "the key's token"),
              "weight": Field("number", "the attention weight")},
-))
-
-# compare ------------------------------------------------------------------------------------------------------------
-
-MAP_HEAD = Field("integer", "the head within its layer: a query head, or a KV head where `convention` is kv")
-CELLS = Field("array", "heads as [layer, head], in order", items=Field("array", "[layer, head]",
-                                                                        items=Field("integer", "layer, then head")))
-OVERLAP = {"count": Field("integer", "heads in both sets"),
-           "jaccard": Field("number", "count / heads in either set (undefined where both sets are empty)"),
-           "both": CELLS, "only_a": CELLS, "only_b": CELLS}
-MAP_FACTS = {
-    "source": Field("string", "the file (or DuoAttention folder) as given"),
-    "format": Field("string", "the head-map format that read it (docs/compare.md: duo, probe-classify, tensor, ...)"),
-    "score": Field("string", "the score read from it (a class, retrieval, full_attention, value, ...)"),
-    "convention": Field("string", "what a column is after any conversion: query (heads) or kv (heads)"),
-    "n_layers": Field("integer", "layers of the map"),
-    "columns": Field("integer", "heads per layer in its convention"),
-    "n_heads": Field(("integer", "null"), "query heads per layer, where the file says"),
-    "n_kv_heads": Field(("integer", "null"), "KV heads per layer, where the file says"),
-    "dtype": Field(("string", "null"), "the dtype of the run that made it, where the file says"),
-    "model": Field(("string", "null"), "the model it was made from, where the file says"),
-    "label_name": Field(("string", "null"), "what its labelled heads are (full, induction, value > 0.5); null: no "
-                                            "labels"),
-    "threshold": Field("number", "the threshold its labels came from (null: none)"),
-    "quantity": Field(("string", "null"), "what a value measures, as its format declares it (null: the file does "
-                                          "not say, as a tensor's)"),
-    "unit": Field(("string", "null"), "the unit of a value, where the format knows it"),
-    "signed": Field("boolean", "whether its values may be negative (drawn on a scale centred on 0)"),
-}
-COMPARE_ROW = {
-    "layer": LAYER, "head": MAP_HEAD, "a": Field("number", "A's value (null: A has none)"),
-    "b": Field("number", "B's value (null: B has none)"),
-    "difference": Field("number", "b - a, rounded to 6 places (null where measure is ranks)"),
-    "rank_a": Field(("integer", "null"), "the head's rank in A (1: largest) among the heads both maps have"),
-    "rank_b": Field(("integer", "null"), "its rank in B"),
-    "rank_difference": Field(("integer", "null"), "rank_b - rank_a (negative: B ranks it higher)"),
-    "label_a": Field(("boolean", "null"), "whether A labels it (null: A has no labels)"),
-    "label_b": Field(("boolean", "null"), "whether B labels it (null: B has no labels)"),
-}
-
-register(Kind(
-    "compare", 1, "probe.headmaps.compare:Comparison",
-    "Two head maps over the same heads (after an explicit conversion where one is over query heads, the other over "
-    "KV heads): per-head difference B - A, rank and linear correlation, top-k and labelled overlaps, the heads that "
-    "moved most (probe compare --json).",
-    fields={
-        "kind": Field("string", "compare"),
-        "measure": Field("string", "difference (b - a: both maps hold the same kind of score) or ranks (rank B - "
-                                   "rank A: different kinds, whose difference would mean nothing)"),
-        "a": Field("object", "map A as read", fields=MAP_FACTS),
-        "b": Field("object", "map B as read", fields=MAP_FACTS),
-        "conversion": Field("string", "how one map was converted to the other's heads ('' where none was)"),
-        "convention": Field("string", "the heads compared: query or kv"),
-        "n_layers": N_LAYERS,
-        "heads_per_layer": Field("integer", "heads per layer compared (query or KV heads, per `convention`)"),
-        "dtype": Field(("string", "null"), "the dtype both maps were computed in (null where they differ or neither "
-                                           "file says: see dtypes)"),
-        "dtypes": Field("object", "each map's dtype, where its file says", fields={
-            "a": Field(("string", "null"), "A's"), "b": Field(("string", "null"), "B's")}),
-        "heads": Field("integer", "heads with a value in both maps: every statistic is over these"),
-        "spearman": Field("number", "Spearman's rank correlation (ties share their mean rank; undefined where a "
-                                    "map is constant or fewer than two heads)"),
-        "pearson": Field("number", "Pearson's correlation (undefined as Spearman's)"),
-        "mean_abs_difference": Field("number", "mean |b - a| (null where measure is ranks)"),
-        "max_abs_difference": Field("number", "max |b - a| (null where measure is ranks)"),
-        "top_k": Field("object", "the overlap of each map's k largest heads", fields={
-            "k": Field("integer", "the top set's size (--top, at most `heads`)"), **OVERLAP}),
-        "labelled": Field(("object", "null"), "the overlap of the labelled heads (null unless both maps have labels: "
-                                              "their own, or --threshold's)", fields={
-            **OVERLAP, "a": Field(("string", "null"), "what A's labels are"),
-            "b": Field(("string", "null"), "what B's labels are"),
-            "count_a": Field("integer", "heads A labels"), "count_b": Field("integer", "heads B labels")}),
-        "movers": Field("array", "the heads of largest |difference| (|rank_difference| where measure is ranks), "
-                                 "largest first (15 at most)",
-                        items=Field("object", "a head, as in rows", fields=COMPARE_ROW)),
-        "rows": Field("array", "every head, layer by layer", items=Field("object", "a head", fields=COMPARE_ROW)),
-    },
-    rows="one per head compared, layer by layer",
-    columns={"layer": LAYER, "head": MAP_HEAD,
-             "name": Field("string", "the head's name for a table: L18H6 over query heads, L5KV1 over KV heads (a KV "
-                                     "head is no query head)"),
-             **{name: entry for name, entry in COMPARE_ROW.items() if name not in ("layer", "head")}},
-))
-
-# qk -----------------------------------------------------------------------------------------------------------------
-
-QK_SIDE = Field("array", "each component's contribution on this side, the other side summed (components' order)",
-                items=NUMBER)
-QK_GROUPS = Field("array", "components grouped, each group's query-side and key-side sums", items=Field(
-    "object", "a group", fields={"group": Field("string", "embeddings / heads / MLPs / biases, or embed / L3 / bias"),
-                                 "query": NUMBER, "key": NUMBER}))
-QK_VIEW = Field("object", "one view's pairs, mean over its points", fields={
-    "model_score": Field("number", "the model's own mean (score or contrast)"),
-    "sum": Field("number", "the pairs' sum"), "points": Field("integer", "(query, key) points averaged over"),
-    "max_residual": Field("number", "max over points of |pairs' sum - the model's own|"),
-    "rounding_bound": Field("number", "the bound the model's own rounding allows"),
-    "query": QK_SIDE, "key": QK_SIDE,
-    "top_pairs": Field("array", "the pairs of largest |contribution|, largest first", items=Field(
-        "object", "a pair", fields={"query": Field("integer", "the query-side component (index into components)"),
-                                    "key": Field("integer", "the key-side component"), "value": NUMBER})),
-    "groups": Field("object", "grouped views", fields={"kind": QK_GROUPS, "layer": QK_GROUPS}),
-    "matrix": Field("array", "(components, components): row a query-side component, column a key-side one",
-                    items=Field("array", "a query-side component's row", items=NUMBER)),
-})
-QK_SIDE_COLUMNS = {
-    f"{side}{suffix}": Field(kind, f"the {side}-side component's {what}") for side in ("query", "key")
-    for suffix, kind, what in (("", "string", "name (L16H0, MLP12, embed, pos, L3 bias, bias)"),
-                               ("_kind", "string", "kind: embed, position, head, attention bias, mlp, bias"),
-                               ("_layer", "integer", "layer (-1: none)"), ("_head", "integer", "head (-1: none)"))}
-
-register(Kind(
-    "qk", 1, "probe.qk:QKAttribution",
-    "QK attribution: a head's pre-softmax scores split into pairs of query-side and key-side residual components, "
-    "with each side's marginals, grouped views and the check against the model's own scores (probe qk --json).",
-    fields={
-        "model": MODEL, "layer": LAYER, "head": HEAD, "kv_head": Field("integer", "its key/value head"),
-        "n_layers": N_LAYERS, "n_heads": N_HEADS, "source": Field("string", "what it was measured on"),
-        "rule": Field("string", "which key each query is read at: a rule's name, or positions (--query/--key)"),
-        "query": Field(("integer", "null"), "the query position given (null: the rule's)"),
-        "key": Field(("integer", "null"), "the key position given (null: the rule's)"),
-        "dtype": DTYPE,
-        "components": Field("array", "the residual components, in stream order", items=Field(
-            "object", "a component", fields={
-                "name": Field("string", "L16H0, MLP12, embed, pos, L3 bias or bias"),
-                "kind": Field("string", "embed, position, head, attention bias, mlp or bias"),
-                "layer": Field(("integer", "null"), "its layer (null: none)"),
-                "head": Field(("integer", "null"), "its head (null: none)")})),
-        "views": Field("object", "the score and the contrast (the key's score minus the mean of the query's other "
-                                 "keys')", fields={"score": QK_VIEW, "contrast": QK_VIEW}),
-    },
-    rows="one per (query-side, key-side) component pair",
-    columns={**QK_SIDE_COLUMNS, "score": Field("number", "the pair's mean contribution to the score"),
-             "contrast": Field("number", "the pair's mean contribution to the contrast")},
 ))

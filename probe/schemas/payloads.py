@@ -97,7 +97,7 @@ class CircuitsPayload(Header):
     folded_norm: str | None
     rotary_ignored: bool
     seconds: float
-    baseline_second_copy_loss: float
+    baseline_second_copy_loss: float | None
     induction_heads: list[CircuitsPayloadInductionHeadsItem]
     previous_token_pairs: dict[str, Any]
 
