@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from probe.schemas.base import Field, Kind, register
 from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
-                                  NAME, NAME_RE, NUMBER, SECONDS, THRESHOLDS, other_than)
+                                  NAME, NAME_RE, NUMBER, SECONDS, other_than)
 
 DECLARED = (
     "probe.heads.classify:Classification",
@@ -22,6 +22,7 @@ DECLARED = (
     "probe.circuits.pairs:Circuits",
     "probe.qk:QKAttribution",
     "probe.headmaps.compare:Comparison",
+    "probe.track.result:TrackResult",
 )
 """The result classes that declare their kind (`module:Class`), imported when the registry is first read."""
 
@@ -81,35 +82,6 @@ register(Kind(
                                "classes": Field("string", "its classes, comma-separated")}),
     column_patterns={other_than(ATLAS_COLUMNS): Field("number", "a metric of the head (a column per metric: the "
                                                                 "atlas' metrics)")},
-))
-
-# track --------------------------------------------------------------------------------------------------------------
-
-register(Kind(
-    "track", 1, "probe.track.result:TrackResult",
-    "Heads across training: every checkpoint's head scores, loss and ICL score, and the phase changes "
-    "(probe track --json).",
-    fields={
-        "model": MODEL, "kind": Field("string", "how the checkpoints were given: folders, revisions, state_dicts"),
-        "dtype": DTYPE, "n_layers": N_LAYERS, "n_heads": N_HEADS, "thresholds": THRESHOLDS, "classes": CLASSES,
-        "options": Field("object", "the options of the run, and the run's checkpoints"),
-        "min_rise": Field("number", "the smallest rise that counts as a phase change"),
-        "heads_ablated": Field("array", "--heads: the heads whose ablation delta is tracked", required=False),
-        "checkpoints": Field("array", "each checkpoint in step order", items=Field("object", "a checkpoint", fields={
-            "name": Field("string", "its file, folder or revision"), "step": Field("integer", "its step"),
-            "loss": Field("number", "the probe text's loss"),
-            "icl_score": Field("number", "the in-context learning score (null where the context is too short)"),
-            "heads": Field("array", "every head's scores (and delta)"),
-            "notes": Field("array", "what to know of it", required=False)})),
-        "phase_changes": Field("array", "per class, the interval of the best head's largest rise"),
-        "icl_change": Field(("object", "null"), "where the ICL score changes most"),
-    },
-    rows="one per checkpoint and head",
-    columns=(TRACK_COLUMNS := {
-        "checkpoint": Field("string", "the checkpoint's name"), "step": Field("integer", "its step"),
-        "loss": Field("number", "its loss"), "icl_score": Field("number", "its ICL score"), **HEAD_COLUMNS,
-        "delta": Field("number", "--heads: the head's ablation delta", required=False)}),
-    column_patterns={other_than(TRACK_COLUMNS): Field("number", "the head's score of this class at this checkpoint")},
 ))
 
 # steer --------------------------------------------------------------------------------------------------------------
