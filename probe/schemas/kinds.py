@@ -7,8 +7,7 @@ field)."""
 from __future__ import annotations
 
 from probe.schemas.base import Field, Kind, register
-from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
-                                  NAME, NAME_RE, NUMBER, SECONDS, other_than)
+from probe.schemas.common import (DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, NAME, NUMBER, SECONDS)
 
 DECLARED = (
     "probe.heads.classify:Classification",
@@ -23,6 +22,7 @@ DECLARED = (
     "probe.qk:QKAttribution",
     "probe.headmaps.compare:Comparison",
     "probe.track.result:TrackResult",
+    "probe.atlas.result:Atlas",
 )
 """The result classes that declare their kind (`module:Class`), imported when the registry is first read."""
 
@@ -45,43 +45,6 @@ register(Kind(
              "loss_change": Field("number", "the loss change with them streamed"),
              "needle_accuracy": Field("number", "the needle accuracy with them streamed"),
              "accepted": Field("boolean", "whether the point is within the budget's rule")},
-))
-
-# atlas --------------------------------------------------------------------------------------------------------------
-
-register(Kind(
-    "atlas", 1, "probe.atlas.result:Atlas",
-    "Every head of a model: its classes with their evidence, metrics, examples, writes, partners and effects "
-    "(probe atlas --json).",
-    fields={
-        "model": MODEL, "n_layers": N_LAYERS, "n_heads": N_HEADS, "dtype": DTYPE, "layer_names": LAYER_NAMES,
-        "settings": Field("object", "the options of the build and the baselines it measured"),
-        "stages": Field("array", "each stage run", items=Field("object", "a stage", fields={
-            "name": Field("string", "the stage"), "seconds": Field("number", "its wall time"),
-            "note": Field("string", "skipped, estimated, ... ('' where nothing to say)")})),
-        "classes": CLASSES, "metrics": Field("object", "the metrics the heads have, with what each means",
-                                             patterns={NAME_RE: Field("string", "what the metric means")}),
-        "evidence": Field("object", "the evidence rules and their thresholds"),
-        "summary": Field("object", "counts of labels by support, where pattern and cause disagree"),
-        "heads": Field("array", "every head, layer by layer", items=Field("object", "one head's dashboard", fields={
-            "layer": LAYER, "head": HEAD,
-            "classes": Field("array", "its classes, each with its evidence"),
-            "status": Field("string", "the strongest support any of its labels has"),
-            "pattern": Field(("string", "null"), "the probe set its pattern is shown on"),
-            "metrics": Field("object", "its numbers by metric", patterns={NAME_RE: NUMBER}),
-            "examples": Field("array", "where it attends most, in context"),
-            "writes": Field("array", "what it writes through the unembedding"),
-            "partners": Field("object", "its composition feeders and readers"),
-            "effects": Field("object", "its causal effects"),
-            "task": Field(("object", "null"), "a task set's effects"),
-            "self_repair": Field(("object", "null"), "its self-repair, where measured")})),
-    },
-    rows="one per head, layer by layer",
-    columns=(ATLAS_COLUMNS := {**HEAD_COLUMNS, "status": Field("string", "the strongest support of its labels"),
-                               "pattern": Field(("string", "null"), "the probe set of its pattern"),
-                               "classes": Field("string", "its classes, comma-separated")}),
-    column_patterns={other_than(ATLAS_COLUMNS): Field("number", "a metric of the head (a column per metric: the "
-                                                                "atlas' metrics)")},
 ))
 
 # steer --------------------------------------------------------------------------------------------------------------
