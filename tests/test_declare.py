@@ -67,3 +67,30 @@ def test_a_field_whose_annotation_says_no_json_type_must_name_one() -> None:
     with pytest.raises(TypeError, match="no JSON type: pass type="):
         class Vague(Payload):
             anything: object = schema_field("anything")
+
+
+def test_every_declared_result_is_its_kind_in_the_registry() -> None:
+    """Each class DECLARED lists is a Payload whose kind the registry holds as it is (name, class path), and its
+    to_dict is the generated one."""
+    import importlib
+
+    from probe.schemas.kinds import DECLARED
+
+    for path in DECLARED:
+        module, name = path.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert issubclass(cls, Payload) and cls.to_dict is Payload.to_dict, path
+        declared = declared_kind(cls)
+        assert SCHEMAS[declared.name] is declared and declared.result == path
+
+
+def test_frame_rows_are_the_declared_columns() -> None:
+    """record_rows: a head's three columns, then each field declared a column (a list joined by commas; an optional
+    one left out where None)."""
+    from probe.frames import record_rows
+    from probe.patching.heads import PatchHead
+
+    rows = record_rows([PatchHead(1, 2, 0.5, None, 1.5, ["sink", "induction"]), PatchHead(0, 1, 0.1, 0.2, 1.0)])
+    assert rows == [{"layer": 1, "head": 2, "name": "L1H2", "patch_effect": 0.5, "dla": None, "logit_diff": 1.5,
+                     "classes": "sink,induction"},
+                    {"layer": 0, "head": 1, "name": "L0H1", "patch_effect": 0.1, "dla": 0.2, "logit_diff": 1.0}]

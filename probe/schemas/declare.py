@@ -4,9 +4,14 @@ computed from them as methods (`payload`), becomes a published kind (`published`
 declarations. A nested object of a payload (one head's entry) is a `Payload` too, declared the same way.
 
 The JSON type of a field comes from its annotation (`str` string, `int` integer, `float` number, `bool` boolean,
-`list[...]` array, `dict[...]` object, a record an object of its fields, `X | None` also null); `type=` overrides it
-where the annotation says too little (`Any`). The payload's keys follow the declarations' order in the class body,
-methods included; a field with a default that sits before one without is declared `kw_only=True`."""
+`list[...]` array, `dict[...]` object, a Payload an object of its fields, `X | None` also null); `type=` overrides it
+where the annotation says too little (`Any`, a class of the library's own). The payload's keys follow the
+declarations' order in the class body, methods included; a field with a default that sits before one without is
+declared `kw_only=True` (its constructor's positional order is the fields' without it). An attribute without
+`schema_field` is the result's own and not in the payload.
+
+A result whose `to_dict()` is still written by hand declares its kind in probe/schemas/kinds.py (`register(Kind(...))`);
+both kinds of declaration live in one registry (probe.schemas.SCHEMAS)."""
 
 from __future__ import annotations
 
@@ -281,15 +286,15 @@ class Payload:
 
 
 def published(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],
-           column_patterns: Mapping[str, Field] | None = None, sections: Mapping[str, Field] | None = None,
-           first: Mapping[str, Field] | None = None) -> Callable[[type[T]], type[T]]:
-    """A dataclass that is a published kind: `name` and `version` (docs/schemas.md), its payload its declared
-    fields (`to_dict()`, unless the class writes its own), `rows` and `columns` what one row of its `to_frame()`
-    is. `sections`: fields the command adds to the payload beside the result's own (the self-repair section);
-    `first`: fields written before the declared ones. The kind is `cls.__kind__`; probe.schemas.kinds lists it."""
+              column_patterns: Mapping[str, Field] | None = None,
+              sections: Mapping[str, Field] | None = None) -> Callable[[type[T]], type[T]]:
+    """A Payload class that is a published kind: `name` and `version` (docs/schemas.md), its payload its declared
+    fields (`to_dict()`), `rows` and `columns` what one row of its `to_frame()` is (`columns(...)` takes them from
+    fields declared `column=`). `sections`: fields the command adds to the payload beside the result's own (the
+    self-repair section). The kind is `declared_kind(cls)`; probe/schemas/kinds.py lists the class in DECLARED."""
 
     def declare(cls: type[T]) -> type[T]:
-        fields = {**(first or {}), **record_fields(cls), **(sections or {})}
+        fields = {**record_fields(cls), **(sections or {})}
         cls.__kind__ = Kind(name, version, f"{cls.__module__}:{cls.__qualname__}",  # type: ignore[attr-defined]
                             description, fields, rows, dict(columns), record_patterns(cls),
                             dict(column_patterns or {}))
