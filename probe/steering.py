@@ -20,13 +20,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from probe.frames import frame, head_columns
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, NUMBER, SECONDS
+from probe.schemas.declare import Payload, payload, published, schema_field
 from probe.ablation.heads import Head, parse_heads
 from probe.ablation.methods import METHODS, AblationMethod, MethodInputs, chained, method_class
 from probe.ablation.metrics import Metric, choose_metric
@@ -100,36 +102,51 @@ def check_values(values: Iterable[float], parameter: str = "values") -> list[flo
     return chosen
 
 
-@dataclass
-class SteerResult:
+@published("steer", 3, "Steering through single heads: the metric against an intervention's value per head (scale: "
+           "alpha), every head ranked at one value, greedy continuations (probe steer --json).",
+           rows="one per head and setting (the curves; --find: its ranking at its setting)",
+           columns={**HEAD_COLUMNS, "setting": Field("number", "the intervention's value (scale: the alpha the head's "
+                                                                "output is multiplied by)"),
+                    "value": Field("number", "the measure"), "delta": Field("number", "value - baseline")},
+           column_patterns={r"^(margin|accuracy)$": Field("number", "task sets: the margin or accuracy")})
+class SteerResult(Payload):
     """A metric against an intervention's value for chosen heads (`curves`), a ranking of every head at one value
     (`find`), and greedy continuations per head and value (`generations`); `baseline` is the model as it is (scale's
     alpha 1). `intervention` names the method of METHODS, `parameter` what its values are (scale's "alpha")."""
 
-    model: str
-    dtype: str
-    metric: str
-    description: str
-    data: str
-    baseline: float  # the measure of the model as it is
-    measure: str = ""  # what every value is: the metric's forwards quantity (logit difference), or the metric
-    figures: dict[str, float] | None = None  # the baseline's margin and accuracy (logit difference, task sets)
-    intervention: str = "scale"
-    parameter: str = "alpha"
-    values: list[float] = field(default_factory=list)  # the intervention's values of the curves
-    curves: list[dict[str, Any]] = field(default_factory=list)  # per head: measure and figures at each setting
-    find: dict[str, Any] | None = None  # setting, path, and every head ranked by |delta|
-    generations: dict[str, Any] | None = None
-    layer_names: list[str] | None = None
-    seconds: float = 0.0
+    @payload("steer")
+    def kind(self) -> str:
+        return "steer"
 
-    def to_dict(self) -> dict[str, Any]:
-        """The plain payload reports render (JSON-safe but for non-finite numbers, which write_json nulls)."""
-        return {"kind": "steer", "model": self.model, "dtype": self.dtype, "metric": self.metric,
-                "metric_description": self.description, "measure": self.measure or self.metric, "data": self.data,
-                "baseline": self.baseline, "baseline_figures": self.figures, "intervention": self.intervention,
-                "parameter": self.parameter, "values": self.values, "curves": self.curves, "find": self.find,
-                "generations": self.generations, "layer_names": self.layer_names, "seconds": self.seconds}
+    model: str = schema_field(MODEL)
+    dtype: str = schema_field(DTYPE)
+    metric: str = schema_field("the metric")
+    description: str = schema_field("what it measures", key="metric_description")
+
+    @payload("what every value is: the metric itself, or, for a metric that is minus a quantity (logit_diff, "
+             "task_margin), that quantity (logit difference, task margin), so that higher is more of the behaviour",
+             key="measure")
+    def measured(self) -> str:
+        return self.measure or self.metric
+
+    data: str = schema_field("what it was run on")
+    baseline: float = schema_field("the measure of the model as it is")
+    measure: str = ""  # what every value is: the metric's forwards quantity (logit difference), or the metric
+    figures: dict[str, float] | None = schema_field("task sets: the baseline's margin and accuracy",
+                                                    key="baseline_figures", default=None)
+    intervention: str = schema_field("the intervention (a registered ablation method that takes a value: scale, "
+                                     "...)", default="scale")
+    parameter: str = schema_field("what its values are (scale: alpha)", default="alpha")
+    values: list[float] = schema_field("the intervention's values of the curves", items=NUMBER, default_factory=list)
+    curves: list[dict[str, Any]] = schema_field(  # per head: measure and figures at each setting
+        "per head: the measure at each value", items=Field("object", "a head", fields={
+            "layer": LAYER, "head": HEAD, "points": Field("array", "setting, value, delta, figures")}),
+        default_factory=list)
+    find: dict[str, Any] | None = schema_field(  # setting, path, and every head ranked by |delta|
+        "--find: the setting, the path, every head ranked by |delta|", default=None)
+    generations: dict[str, Any] | None = schema_field("greedy continuations per head and setting", default=None)
+    layer_names: list[str] | None = schema_field("encoder-decoders' layer names", default=None)
+    seconds: float = schema_field(SECONDS, default=0.0)
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head and setting: the curves' points, or --find's ranking at its setting;

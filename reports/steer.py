@@ -5,7 +5,7 @@ one-line header, the details (data, metric, intervention, the model as it is) in
 from __future__ import annotations
 
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +15,9 @@ from probe.errors import ProbeError
 from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, static_summary
 from probe.reports.labels import long_label, precision_sentence, short_label
 
+if TYPE_CHECKING:
+    from probe.schemas.payloads import SteerPayload
+
 
 def _number(value: Any) -> str:
     return "nan" if value is None else f"{value:.4f}"
@@ -23,17 +26,17 @@ def _number(value: Any) -> str:
 HEADER = 100  # characters of the terminal report's first line at most
 
 
-def _measure(payload: dict[str, Any]) -> str:
+def _measure(payload: SteerPayload) -> str:
     """What the values are: the logit difference itself (a metric that is minus it, read forwards), or the metric."""
     return str(payload.get("measure") or payload["metric"])
 
 
-def _parameter(payload: dict[str, Any]) -> str:
+def _parameter(payload: SteerPayload) -> str:
     """What the intervention's values are (scale's alpha)."""
     return str(payload["parameter"])
 
 
-def header_line(payload: dict[str, Any]) -> str:
+def header_line(payload: SteerPayload) -> str:
     """The report's first line, at most HEADER characters: the model (by its file's name where the whole path
     would not fit) and what is measured."""
     what = f": {_measure(payload)} against {_parameter(payload)}" if payload["curves"] else ""
@@ -43,7 +46,7 @@ def header_line(payload: dict[str, Any]) -> str:
     return line if len(line) <= HEADER else line[:HEADER - 3] + "..."
 
 
-def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
+def details(payload: SteerPayload) -> list[tuple[str, str]]:
     """What the header leaves out: the input, what the values are, the intervention, the model as it is."""
     figures = _figures(payload.get("baseline_figures"))
     measure, metric = _measure(payload), str(payload["metric"])
@@ -54,7 +57,7 @@ def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
             ("as it is", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
 
 
-def footer_lines(payload: dict[str, Any]) -> list[str]:
+def footer_lines(payload: SteerPayload) -> list[str]:
     """The details under the tables, one line each."""
     return [f"{name[:1].upper() + name[1:]}: {text}." for name, text in details(payload)]
 
@@ -66,7 +69,7 @@ def _figures(figures: dict[str, Any] | None) -> str:
     return ", ".join(f"{name} {_number(value)}" for name, value in figures.items())
 
 
-def _curve_table(payload: dict[str, Any]) -> Table:
+def _curve_table(payload: SteerPayload) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
     table.add_column("head", justify="right")
@@ -78,8 +81,8 @@ def _curve_table(payload: dict[str, Any]) -> Table:
     return table
 
 
-def _find_table(payload: dict[str, Any], top: int) -> Table:
-    names, find = payload.get("layer_names"), payload["find"]
+def _find_table(payload: SteerPayload, find: dict[str, Any], top: int) -> Table:
+    names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
     for column in ("rank", "head", f"{_measure(payload)} at {_parameter(payload)} {find['setting']:g}", "change",
                    "figures"):
@@ -90,8 +93,8 @@ def _find_table(payload: dict[str, Any], top: int) -> Table:
     return table
 
 
-def _generation_table(payload: dict[str, Any]) -> Table:
-    names, generated = payload.get("layer_names"), payload["generations"]
+def _generation_table(payload: SteerPayload, generated: dict[str, Any]) -> Table:
+    names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None, show_lines=False)
     table.add_column("head", justify="right")
     table.add_column(_parameter(payload), justify="right")
@@ -102,27 +105,27 @@ def _generation_table(payload: dict[str, Any]) -> Table:
     return table
 
 
-def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
+def steer_report(payload: SteerPayload, console: Console, *, top: int = 15) -> None:
     """A one-line header, the curves (the measure per head and value), the ranking, the continuations, and the
     details in the footer."""
     console.print(Text(header_line(payload), style="bold"))
     if payload["curves"]:
         console.print(_curve_table(payload))
-    if payload.get("find"):
+    find, generated = payload.get("find"), payload.get("generations")
+    if find:
         console.print(Text(f"Every head alone under {payload['intervention']} at {_parameter(payload)} "
-                           f"{payload['find']['setting']:g}, largest change first ({payload['find']['path']})",
-                           style="bold"))
-        console.print(_find_table(payload, top))
-    if payload.get("generations"):
-        console.print(Text(f"Greedy continuations, {payload['generations']['max_new_tokens']} tokens", style="bold"))
-        console.print(_generation_table(payload))
+                           f"{find['setting']:g}, largest change first ({find['path']})", style="bold"))
+        console.print(_find_table(payload, find, top))
+    if generated:
+        console.print(Text(f"Greedy continuations, {generated['max_new_tokens']} tokens", style="bold"))
+        console.print(_generation_table(payload, generated))
     for line in footer_lines(payload):
         console.print(Text(line, style="dim"))
     if precision_sentence(payload):  # every report's last line: what its numbers were computed in
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
+def steer_data(payload: SteerPayload) -> dict[str, Any]:
     """The page's plot data: one line per head (the measure against the intervention's value), the model as it is
     marked; --find's top bars."""
     if "values" not in payload or "curves" not in payload:
@@ -142,7 +145,7 @@ def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
             "lines": lines, "bars": bars}
 
 
-def _generation_rows(payload: dict[str, Any]) -> str:
+def _generation_rows(payload: SteerPayload) -> str:
     generated = payload.get("generations")
     if not generated:
         return ""
@@ -159,7 +162,7 @@ def _generation_rows(payload: dict[str, Any]) -> str:
             f"<th>continuation ({generated['max_new_tokens']} tokens)</th></tr>{body}</table>")
 
 
-def steer_page(payload: dict[str, Any]) -> str:
+def steer_page(payload: SteerPayload) -> str:
     """`probe steer --html`: self-contained and offline, every text escaped."""
     data = steer_data(payload)
     measure = _measure(payload)

@@ -7,7 +7,7 @@ field)."""
 from __future__ import annotations
 
 from probe.schemas.base import Field, Kind, register
-from probe.schemas.common import (DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, NAME, NUMBER, SECONDS)
+from probe.schemas.common import (DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, NAME, NUMBER)
 
 DECLARED = (
     "probe.heads.classify:Classification",
@@ -23,6 +23,7 @@ DECLARED = (
     "probe.headmaps.compare:Comparison",
     "probe.track.result:TrackResult",
     "probe.atlas.result:Atlas",
+    "probe.steering:SteerResult",
 )
 """The result classes that declare their kind (`module:Class`), imported when the registry is first read."""
 
@@ -45,38 +46,6 @@ register(Kind(
              "loss_change": Field("number", "the loss change with them streamed"),
              "needle_accuracy": Field("number", "the needle accuracy with them streamed"),
              "accepted": Field("boolean", "whether the point is within the budget's rule")},
-))
-
-# steer --------------------------------------------------------------------------------------------------------------
-
-register(Kind(
-    "steer", 3, "probe.steering:SteerResult",
-    "Steering through single heads: the metric against an intervention's value per head (scale: alpha), every head "
-    "ranked at one value, greedy continuations (probe steer --json).",
-    fields={
-        "kind": Field("string", "steer"), "model": MODEL, "dtype": DTYPE, "metric": Field("string", "the metric"),
-        "metric_description": Field("string", "what it measures"),
-        "measure": Field("string", "what every value is: the metric itself, or, for a metric that is minus a "
-                                   "quantity (logit_diff, task_margin), that quantity (logit difference, task margin), "
-                                   "so that higher is more of the behaviour"),
-        "data": Field("string", "what it was run on"),
-        "baseline": Field("number", "the measure of the model as it is"),
-        "baseline_figures": Field(("object", "null"), "task sets: the baseline's margin and accuracy"),
-        "intervention": Field("string", "the intervention (a registered ablation method that takes a value: scale, "
-                                        "...)"),
-        "parameter": Field("string", "what its values are (scale: alpha)"),
-        "values": Field("array", "the intervention's values of the curves", items=NUMBER),
-        "curves": Field("array", "per head: the measure at each value", items=Field("object", "a head", fields={
-            "layer": LAYER, "head": HEAD, "points": Field("array", "setting, value, delta, figures")})),
-        "find": Field(("object", "null"), "--find: the setting, the path, every head ranked by |delta|"),
-        "generations": Field(("object", "null"), "greedy continuations per head and setting"),
-        "layer_names": Field(("array", "null"), "encoder-decoders' layer names"), "seconds": SECONDS,
-    },
-    rows="one per head and setting (the curves; --find: its ranking at its setting)",
-    columns={**HEAD_COLUMNS, "setting": Field("number", "the intervention's value (scale: the alpha the head's "
-                                                         "output is multiplied by)"),
-             "value": Field("number", "the measure"), "delta": Field("number", "value - baseline")},
-    column_patterns={r"^(margin|accuracy)$": Field("number", "task sets: the margin or accuracy")},
 ))
 
 # heatmap ------------------------------------------------------------------------------------------------------------
