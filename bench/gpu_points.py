@@ -303,7 +303,9 @@ def _errors(reference: dict[str, torch.Tensor], output: torch.Tensor, statistics
         n = reference["logits"].shape[-1]
         rows = torch.arange(n - count, n, device=output.device)
         found["lse"] = float((statistics.lse[:, :, -count:].float() - reference["lse"]).abs().max())
-        tops = statistics.row_tops(rows).to(reference["logits"].device)
+        from probe.kernels import Weights
+
+        tops = Weights(statistics).row_tops(rows).to(reference["logits"].device)
         chosen = reference["logits"].gather(-1, tops[..., None]).squeeze(-1)
         found["top_key_gap"] = float((reference["logits"].amax(dim=-1) - chosen).max())
     return found

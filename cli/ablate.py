@@ -14,9 +14,9 @@ from typing import Annotated, Any, Optional
 import typer
 
 from probe.cli.checks import check_heads_syntax
-from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
-                               Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder, Results, Resume, Seed, SeqLen,
-                               Stack, TrustRemoteCode, load_for, method_help)
+from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile,
+                               JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
+                               RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
 from probe.cli.plans import plan, sweep_work
 from probe.cli.progress import Interrupted, console, note, status, sweep_progress
@@ -38,25 +38,14 @@ from probe.reports.terminal import ablation_report
 
 Together = Annotated[bool, typer.Option(
     "--together", help="Ablate the --heads together, in one run, instead of one at a time.")]
-ESTIMATE = "estimate"  # not a method: attribution patching of every head's zero ablation (probe.ablation.estimate)
-Method = Annotated[str, typer.Option("--method", help=method_help(
-    f"{ESTIMATE}: attribution-patching estimate of every zero-ablation delta from a few forward/backward passes (the "
-    "top heads checked exactly)"))]
+Seq2seq = Annotated[Optional[Path], typer.Option(
+    "--seq2seq", help="Encoder-decoders (t5, bart): a JSON-lines file of {\"source\", \"target\"} texts; the encoder "
+    "reads the source, the loss is the decoder's on the target (zero or window ablation).")]
 PerPosition = Annotated[bool, typer.Option(
     "--per-position", help="Methods that read statistics of the heads' outputs (" + ", ".join(
         name for name, method in METHODS.items() if method.statistics) + "): one value per position (over the "
     "sequences) instead of one over all positions.")]
-RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy with --data repeated.")]
-Task = Annotated[Optional[str], typer.Option(
-    "--task", help="Measure a task instead of the loss on text: sva (subject-verb agreement), ioi (indirect object "
-    "identification), or a JSON-lines file of sentence_good/sentence_bad or prompt/answer/distractor rows. --num-seqs "
-    "items of a generated task.")]
-Pairs = Annotated[Optional[Path], typer.Option(
-    "--pairs", help="Encoder-decoders (t5, bart): a JSON-lines file of {\"source\", \"target\"} texts; the encoder "
-    "reads the source, the loss is the decoder's on the target (zero or window ablation).")]
 Budget = Annotated[float, typer.Option("--budget", help="--method estimate: forward-pass equivalents to spend.")]
-CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write the results as CSV.")]
-Top = Annotated[int, typer.Option("--top", help="Rows in each terminal table.")]
 
 
 @dataclass(frozen=True)
@@ -73,16 +62,16 @@ class Request:
     naive: bool
     budget: float
     task: str | None = None  # sva, ioi or a JSON-lines file
-    pairs: Path | None = None  # encoder-decoders: a JSON-lines file of source/target texts (probe.inputs.pairs)
+    seq2seq: Path | None = None  # encoder-decoders: a JSON-lines file of source/target texts (probe.inputs.pairs)
     metric: str | None = None  # a name of METRICS; None: the one for this input
     seed: int = 0  # of the probe set, and of methods that draw at random
     labels: Path | None = None  # sequence classifiers: a JSON-lines file of labelled texts (probe.inputs.labels)
 
     @property
     def probe_set(self) -> str:
-        """The probe set's name in probe.inputs.PROBE_SETS: labelled texts, source/target pairs, a task, or text (a
+        """The probe set's name in probe.inputs.PROBE_SETS: labelled texts, source/target texts, a task, or text (a
         file is natural)."""
-        return probe_set_name(self.data, labels=self.labels, task=self.task, pairs=self.pairs)
+        return probe_set_name(self.data, labels=self.labels, task=self.task, seq2seq=self.seq2seq)
 
     @property
     def data_file(self) -> Path | None:
@@ -116,11 +105,11 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
                          "without torchrun")
     if request.task is not None:
         check_task(request)
-    if request.pairs is not None and (request.task is not None or request.data != "natural"):
-        raise ProbeError("--pairs replaces --data and --task: give one of them")
-    if request.labels is not None and (request.task is not None or request.pairs is not None or
+    if request.seq2seq is not None and (request.task is not None or request.data != "natural"):
+        raise ProbeError("--seq2seq replaces --data and --task: give one of them")
+    if request.labels is not None and (request.task is not None or request.seq2seq is not None or
                                        request.data != "natural"):
-        raise ProbeError("--labels replaces --data, --task and --pairs: give one of them")
+        raise ProbeError("--labels replaces --data, --task and --seq2seq: give one of them")
     if request.labels is not None:
         check_labels(request)
     if request.data_file is not None and not is_file(request.data_file):
@@ -129,8 +118,8 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
 
 
 def probe_set_for(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
-    """The sweep's data: source/target pairs, a task, or a probe set."""
-    return build_probe_set(request.probe_set, loaded, replace(options, task=request.task, pairs=request.pairs,
+    """The sweep's data: source/target texts, a task, or a probe set."""
+    return build_probe_set(request.probe_set, loaded, replace(options, task=request.task, seq2seq=request.seq2seq,
                                                               labels=request.labels))
 
 
@@ -163,7 +152,7 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> d
             "per_position": request.per_position, "heads": request.heads, "together": request.together,
             "batch_size": request.batch_size, "stack": request.stack, "naive": request.naive,
             "dtype": choice.dtype, "device": choice.device, "task": request.task, "metric": request.metric,
-            **({"pairs": str(request.pairs)} if request.pairs is not None else {}),
+            **({"seq2seq": str(request.seq2seq)} if request.seq2seq is not None else {}),
             **({"labels": str(request.labels)} if request.labels is not None else {})}
 
 
@@ -214,14 +203,14 @@ def ablate(
     heads: Heads = None, together: Together = False, method: Method = "zero", per_position: PerPosition = False,
     data: Data = "natural", seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS,
     repeat_len: RepeatLen = DEFAULT_REPEAT_LEN, seed: Seed = DEFAULT_SEED, batch_size: BatchSize = 8,
-    stack: Stack = None, naive: Naive = False, budget: Budget = 10.0, task: Task = None, pairs: Pairs = None,
+    stack: Stack = None, naive: Naive = False, budget: Budget = 10.0, task: Task = None, seq2seq: Seq2seq = None,
     labels: Labels = None, metric: Metric = None,
     json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
     results: Results = None, resume: Resume = False, top: Top = 15, force: Force = False,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
 ) -> None:
     """Ablate heads and measure the loss change: which heads can the model not do without?"""
-    request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task, pairs,
+    request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task, seq2seq,
                       metric, seed, labels)
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     rank = current()

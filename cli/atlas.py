@@ -3,16 +3,15 @@ dashboard per head."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from probe.atlas import atlas as build_atlas
 from probe.atlas.run import DEFAULT_NUM_SEQS, STAGE_UNITS
-from probe.cli.classify import Data, RepeatLen, Thresholds, parse_thresholds
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
-                               OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, Count, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
+                               ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Results, Resume, Seed, SelfRepair,
+                               SeqLen, Task, TextData, Thresholds, TrustRemoteCode, load, parse_thresholds)
 from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, stage_progress
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
@@ -21,28 +20,13 @@ from probe.models import DEFAULT_MODEL
 from probe.reports.atlas import atlas_page, atlas_report
 from probe.reports.files import write_text
 
-NumSeqs = Annotated[int, typer.Option(
-    "--num-seqs", help="Sequences in each probe set (natural text and the repeated set). The exact sweep is most of "
-    "the cost: SmolLM2's 270 heads on 4 x 128 tokens took 353 s on 2 lightly loaded CPU cores (bench/RESULTS.md).")]
-Task = Annotated[Optional[str], typer.Option(
-    "--task", help="Also ablate every head on a task: sva, ioi, or a JSON-lines file of sentence_good/sentence_bad "
-    "or prompt/answer/distractor rows; each head's task delta joins its dashboard.")]
-Count = Annotated[int, typer.Option("--count", help="Items of a generated --task.")]
 Fast = Annotated[bool, typer.Option(
     "--fast", help="Estimate the ablation deltas on natural text (attribution patching, ~10 forward-equivalents) "
     "instead of the exact sweep; the page marks them estimated. A --task sweep stays exact.")]
-Results = Annotated[Optional[Path], typer.Option(
-    "--results", help="Folder that keeps the sweeps' results streams (ablation.jsonl, task.jsonl), for --resume.")]
-SelfRepair = Annotated[bool, typer.Option(
-    "--self-repair", help="Also zero-ablate every head on the natural text once more, recording every head's DLA: its "
-    "total and direct effect on the log-likelihood, self-repair = total - direct, and the heads that cover for it "
-    "on its dashboard (about as long as the exact sweep).")]
-Resume = Annotated[bool, typer.Option(
-    "--resume", help="Continue the sweeps an interrupted run left in --results (the other stages run again).")]
 
 
 def atlas(
-    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: Data = None,
+    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: TextData = None,
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN,
     seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, task: Task = None, count: Count = 32, fast: Fast = False,
     results: Results = None, resume: Resume = False, self_repair: SelfRepair = False, json_path: JsonFile = None,

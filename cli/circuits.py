@@ -3,13 +3,12 @@ those are previous-token heads, and an ablation check of each pair."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
-                               NumSeqs, OffloadFolder, Seed, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
+                               ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, stage_progress
 from probe.circuits.pairs import STAGE_UNITS
@@ -20,11 +19,7 @@ from probe.models import DEFAULT_MODEL
 from probe.reports.circuits import circuit_rows, circuits_page, circuits_report
 from probe.reports.files import write_csv, write_text
 
-Top = Annotated[int, typer.Option("--top", help="Earlier heads listed per induction head.")]
 NoCheck = Annotated[bool, typer.Option("--no-check", help="Skip the ablation check (weights and classification only).")]
-CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per (induction head, feeder) as CSV.")]
-SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text sequence of the classification.")]
-RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy in the repeated set.")]
 
 
 def circuits(

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Annotated, Optional
 
-import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, Model, ModelChoice,
-                               NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
+                               ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, TextData, Thresholds,
+                               TrustRemoteCode, load, parse_thresholds)
 from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
 from probe.heads.classify import Classification
 from probe.heads.classify import classify as run_classify
 from probe.heads.scores import SCORES
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
-from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patterns import classification_patterns
 from probe.syntax import read_conllu, syntax_scores
@@ -25,37 +22,6 @@ from probe.reports.files import write_csv, write_text
 from probe.reports.html import classification_page
 from probe.reports.terminal import classification_report, classification_rows
 
-Data = Annotated[Optional[Path], typer.Option(
-    "--data", help="UTF-8 text file to use instead of the embedded English text.")]
-RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy in the repeated set.")]
-Thresholds = Annotated[Optional[list[str]], typer.Option(
-    "--threshold", help="Override a class threshold: NAME=VALUE (repeatable).")]
-ClassifyConllu = Annotated[Optional[Path], typer.Option(
-    "--conllu", help="Gold parses (CoNLL-U): adds the syntactic class (see probe syntax).")]
-ClassifyCsv = Annotated[Optional[Path], typer.Option(
-    "--csv", help="Write one row per head as CSV: layer, head, its name (L5H1), each class's score, its labels.")]
-ClassifyJson = Annotated[Optional[Path], typer.Option(
-    "--json", help="Write every head's scores and labels as JSON (strict: a NaN score is written as null).")]
-
-
-def parse_thresholds(items: list[str]) -> dict[str, float]:
-    """--threshold NAME=VALUE items; each value a finite number, each class named once (a second value for one
-    class would silently replace the first)."""
-    thresholds: dict[str, float] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            sep = ""
-        if not sep or not name.strip():
-            raise ProbeError(f"--threshold takes NAME=VALUE, e.g. induction=0.3; got {item!r}")
-        if not math.isfinite(number):
-            raise ProbeError(f"--threshold {item!r}: the value must be a finite number, e.g. induction=0.3")
-        if name.strip() in thresholds:
-            raise ProbeError(f"--threshold {name.strip()} is given twice: give each class one value")
-        thresholds[name.strip()] = number
-    return thresholds
 
 
 def html_page(loaded: LoadedModel, result: Classification, *, data: Path | None, seq_len: int, repeat_len: int,
@@ -68,12 +34,12 @@ def html_page(loaded: LoadedModel, result: Classification, *, data: Path | None,
 
 
 def classify(
-    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: Data = None,
+    model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: TextData = None,
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN,
-    seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, json_path: ClassifyJson = None,
+    seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, json_path: JsonFile = None,
     html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32",
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
-    conllu: ClassifyConllu = None, csv_path: ClassifyCsv = None,
+    conllu: Conllu = None, csv_path: CsvFile = None,
 ) -> None:
     # its help, `probe classify --help`'s first line, is _help(): the classes come from the registry
     thresholds = parse_thresholds(threshold or [])

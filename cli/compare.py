@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import Force, HtmlFile, JsonFile
+from probe.cli.options import CsvFile, Force, HtmlFile, JsonFile, MapThresholds, Top
 from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console
 from probe.errors import ProbeError
@@ -34,14 +34,9 @@ Group = Annotated[Optional[str], typer.Option(
 Expand = Annotated[bool, typer.Option(
     "--expand", help="Compare a query-head map with a KV-head map over query heads: each query head takes its KV "
     "head's value.")]
-Threshold = Annotated[Optional[list[float]], typer.Option(
-    "--threshold", help="Label the heads above this value (instead of the files' own labels). Once: both maps; "
-    "twice: A's, then B's.")]
-Top = Annotated[int, typer.Option("--top", help="Size of each map's top set whose overlap is measured.")]
 SameKind = Annotated[bool, typer.Option(
     "--same-kind", help="Declare that A and B hold the same kind of score where a file does not say what it holds "
     "(a tensor): B - A is then shown. Maps whose formats name different scores are compared by rank.")]
-CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
 
 
 def _pair(values: list[str] | list[float] | None, flag: str) -> tuple[object, object]:
@@ -75,7 +70,7 @@ def _stamp(a: Path, b: Path) -> None:
 
 
 def compare(
-    a: MapA, b: MapB, score: Score = None, group: Group = None, expand: Expand = False, threshold: Threshold = None,
+    a: MapA, b: MapB, score: Score = None, group: Group = None, expand: Expand = False, threshold: MapThresholds = None,
     top: Top = 10, same_kind: SameKind = False, json_path: JsonFile = None, csv_path: CsvFile = None,
     html_path: HtmlFile = None, force: Force = False,
 ) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import numpy as np
 import typer
 
-from probe.cli.options import Device, DeviceMap, Dtype, Force, Model, ModelChoice, OffloadFolder, TrustRemoteCode, load
+from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
+                               Text, TextFile, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs
 from probe.cli.progress import note, status
 from probe.ablation.heads import parse_layers
@@ -21,12 +21,6 @@ from probe.schemas import header
 from probe.reports.labels import column_label, precision_sentence
 from probe.reports.html import heatmap_page
 
-Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
-File = Annotated[Optional[Path], typer.Option("--file", help="A UTF-8 text file to look at.")]
-Page = Annotated[Optional[Path], typer.Option("--html", help="The HTML page to write.")]
-WeightsJson = Annotated[Optional[Path], typer.Option(
-    "--json", help="Write the shown heads' weights as JSON: tokens, and per head its layer, head, name and the rows of "
-    "its attention (query x key, rounded to --decimals; null where a causal model masks the key).")]
 Layers = Annotated[Optional[str], typer.Option(
     "--layers", help="Layers to include, e.g. 0-5,12; an encoder-decoder's by stack, e.g. enc0-2,x3 (default: all).")]
 MaxTokens = Annotated[int, typer.Option(
@@ -38,11 +32,11 @@ Decimals = Annotated[int, typer.Option("--decimals", help="Decimals kept of each
 
 
 def heatmap(
-    html_path: Page = None, text: Text = None, file: File = None, model: Model = DEFAULT_MODEL,
+    html_path: HtmlFile = None, text: Text = None, file: TextFile = None, model: Model = DEFAULT_MODEL,
     trust_remote_code: TrustRemoteCode = False, layers: Layers = None, max_tokens: MaxTokens = 512,
     window_start: WindowStart = 0, decimals: Decimals = 3, device: Device = None, dtype: Dtype = "float32",
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
-    json_path: WeightsJson = None,
+    json_path: JsonFile = None,
 ) -> None:
     """Draw every head's attention on a text: one head at a time, chosen on the page, with an overview of all."""
     if (text is None) == (file is None):

@@ -10,7 +10,7 @@ import torch
 import typer
 
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
-                               Seed, TrustRemoteCode, load)
+                               Seed, TextData, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.plans import Work, plan, planned_first
 from probe.cli.progress import console, stage_progress
@@ -19,7 +19,7 @@ from probe.heads.scores import DEFAULT_RECENT
 from probe.headmaps.formats import DUO_CONFIG, DUO_FILE, kv_heads_map, write_map
 from probe.hooks.layers import attention_layers
 from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, budget_points, kv_groups, kv_heads as run_kv_heads
-from probe.kv.pipeline import STAGE_UNITS
+from probe.kv.pipeline import STAGE_UNITS, check_budget_choice
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
@@ -47,6 +47,11 @@ RetrievalThreshold = Annotated[Optional[float], typer.Option(
     "--retrieval-threshold", help="Full where the KV head's retrieval score (max over its group) is above this.")]
 StreamingThreshold = Annotated[Optional[float], typer.Option(
     "--streaming-threshold", help="Full where the KV head's streaming score (min over its group) is below this.")]
+KvpressRatio = Annotated[Optional[float], typer.Option(
+    "--kvpress-ratio", help="The budget for NVIDIA kvpress's DuoAttentionPress removing this fraction of the KV cache "
+    "(its compression_ratio) at the longest --lengths: the map streams exactly the KV heads that press streams, and "
+    "the head_compression_ratio to pass is printed and written to the export's config.json. Instead of the calibrated "
+    "budget; its point is measured.")]
 Curve = Annotated[bool, typer.Option("--curve/--no-curve", help="Check the order: stream k = 0 .. all KV heads.")]
 Steps = Annotated[int, typer.Option("--steps", help="Points of the curve (k from 0 to all KV heads).")]
 EveryRandomPoint = Annotated[bool, typer.Option(
@@ -55,7 +60,6 @@ EveryRandomPoint = Annotated[bool, typer.Option(
     "there).")]
 RandomSeeds = Annotated[str, typer.Option("--random-seeds", help="Seeds of the random orders, comma-separated.")]
 CurveTexts = Annotated[int, typer.Option("--curve-texts", help="Natural-text sequences the curve's loss is read on.")]
-Data = Annotated[Optional[Path], typer.Option("--data", help="UTF-8 text for the curve's loss (default: embedded).")]
 Export = Annotated[Optional[list[str]], typer.Option(
     "--export", help="FORMAT:PATH (repeatable): duo:DIR (full_attention_heads.tsv + config.json), "
     "razor:FILE.json ({layer: [kv_head, ...]} kept full), headkv:FILE.json ({\"layer-head\": [score]}).")]
@@ -155,10 +159,12 @@ def kv_heads(
     depths: Depths = DEPTHS, prompts: Prompts = 1, needle: Needle = DEFAULT_NEEDLE,
     sink: Sink = KV_SINK, recent: Recent = DEFAULT_RECENT, full_fraction: FullFraction = None,
     retrieval_threshold: RetrievalThreshold = None, streaming_threshold: StreamingThreshold = None,
-    max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE, order: Order = "retrieval",
+    max_loss_increase: MaxLossIncrease = DEFAULT_MAX_LOSS_INCREASE, kvpress_ratio: KvpressRatio = None,
+    order: Order = "retrieval",
     curve: Curve = True, steps: Steps = 5, random_seeds: RandomSeeds = "0,1",
     every_random_point: EveryRandomPoint = False, curve_texts: CurveTexts = 2,
-    data: Data = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None, html_path: HtmlFile = None,
+    data: TextData = None, seed: Seed = 0, export: Export = None, json_path: JsonFile = None,
+    html_path: HtmlFile = None,
     device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
 ) -> None:
@@ -167,9 +173,11 @@ def kv_heads(
     sizes = _numbers(lengths, int, "lengths")
     where = _numbers(depths, float, "depths")
     seeds = _numbers(random_seeds, int, "random_seeds")
+    check_budget_choice(kvpress_ratio, (full_fraction, retrieval_threshold, streaming_threshold), sizes, sink, recent)
     check_outputs({"--json": json_path, "--html": html_path, **_export_files(exports)}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    calibrated = full_fraction is None and retrieval_threshold is None and streaming_threshold is None
+    calibrated = full_fraction is None and retrieval_threshold is None and streaming_threshold is None \
+        and kvpress_ratio is None
     work = kv_work(loaded, max(sizes), len(sizes) * len(where) * prompts, curve_texts, (calibrated, curve),
                    (steps, len(seeds)))
     with stage_progress("kv-heads: ", STAGE_UNITS) as stages:
@@ -179,7 +187,8 @@ def kv_heads(
                               max_loss_increase=max_loss_increase, order_by=order,
                               streaming_threshold=streaming_threshold, curve=curve, steps=steps,
                               random_seeds=seeds, stop_random=not every_random_point, curve_texts=curve_texts,
-                              data=None if data is None else str(data), seed=seed, progress=update)
+                              data=None if data is None else str(data), seed=seed, kvpress_ratio=kvpress_ratio,
+                              progress=update)
     payload = result.to_dict()
     save_json(json_path, payload, "kv-heads")
     save(html_path, lambda path: write_text(path, kv_heads_page(payload)))

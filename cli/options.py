@@ -1,7 +1,10 @@
-"""Options shared by the commands, and what they mean: which model to load and where, which files to write."""
+"""Every option more than one command takes, declared once here with what it means: which model to load and where,
+which inputs to read, which files to write. A flag one command alone takes is declared in that command's module;
+`tests/test_cli_options.py` fails on a flag declared in two modules, or on a command reading another's options."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +18,10 @@ from probe.cli.checks import check_hub_reachable
 from probe.cli.outputs import record_provenance
 from probe.cli.progress import status, timed_status, warn
 from probe.distributed import Rank, rank_device, rank_placement
+from probe.errors import ProbeError
+from probe.inputs import CONTRAST_TASKS, TASKS
 from probe.models import ALIASES, LoadedModel, load_model
+from probe.selfrepair import SELF_REPAIR_METHODS
 
 
 def method_help(*more: str) -> str:
@@ -33,9 +39,15 @@ def metric_help() -> str:
         return f"{name} ({metric.reads}{default})"
     return "What is measured: " + "; ".join(clause(name) for name in METRICS) + "."
 
+
+ESTIMATE = "estimate"  # not a method: attribution patching of every head's zero ablation (probe.ablation.estimate)
+
 Model = Annotated[str, typer.Option(
     "--model", "-m", help="Alias, model folder, .gguf file, hub id, or FILE.py:FUNCTION (imports and runs that Python "
     "file). A folder's or hub model's own code never runs without --trust-remote-code.")]
+TrackedModel = Annotated[Optional[str], typer.Option(  # --model where checkpoints of a run are loaded (probe track)
+    "--model", "-m", help="A hub id whose --revisions are the checkpoints, or FILE.py:FUNCTION (imports and runs that "
+    "file) whose model the --checkpoints state dicts load into; none for a glob of model folders.")]
 TrustRemoteCode = Annotated[bool, typer.Option(
     "--trust-remote-code", help="Let a model folder or hub id run the Python code it ships (transformers' "
     "trust_remote_code). Only for models whose code you trust.")]
@@ -55,18 +67,23 @@ Metric = Annotated[Optional[str], typer.Option("--metric", help=metric_help())]
 Labels = Annotated[Optional[Path], typer.Option(
     "--labels", help="Sequence classifiers: a JSON-lines file of {\"text\", \"label\"} rows ({\"text\", "
     "\"text_pair\", \"label\"} for sentence pairs; a label is a class index or a name of the config's id2label); "
-    "measured by the gold class's cross-entropy, or --metric accuracy.")]
+    "measured by the gold class's cross-entropy, or --metric accuracy. probe patch reads clean/corrupt texts of one "
+    "token length instead, {\"clean\", \"corrupt\", \"answer\", \"distractor\"} rows with two classes: their logit "
+    "difference.")]
 BatchSize = Annotated[int, typer.Option("--batch-size", help="Sequences per forward pass.")]
 Force = Annotated[bool, typer.Option("--force", help="Overwrite output files that exist.")]
 JsonFile = Annotated[Optional[Path], typer.Option(
     "--json", help="Write the results as JSON (strict: a NaN or infinity is written as null).")]
 HtmlFile = Annotated[Optional[Path], typer.Option("--html", help="Write an interactive HTML report.")]
 Heads = Annotated[Optional[str], typer.Option(
-    "--heads", help="Heads to ablate: LAYER.HEAD items, e.g. 5.1,18.6; 5.* for a whole layer; ranges 3-4.0-2; "
-    "encoder-decoders name the stack: enc5.1, dec5.1, x5.1 (cross-attention); default: every head, one at a time.")]
+    "--heads", help="The heads worked on (ablated, steered, patched, tracked: see the command): LAYER.HEAD items, "
+    "e.g. 5.1,18.6; 5.* for a whole layer; ranges 3-4.0-2; encoder-decoders name the stack: enc5.1, dec5.1, x5.1 "
+    "(cross-attention).")]
 Data = Annotated[str, typer.Option(
     "--data", help="natural (embedded English text), repeated (BOS + random tokens repeated twice: losses on each "
     "copy too), or a UTF-8 text file.")]
+TextData = Annotated[Optional[Path], typer.Option(  # --data where the command makes its repeated set itself
+    "--data", help="A UTF-8 text file to use instead of the embedded English text.")]
 Stack = Annotated[Optional[int], typer.Option(
     "--stack", help="Ablations of one layer stacked into one forward (default: as many as fit in 1 GiB; one at long "
     "context).")]
@@ -74,10 +91,82 @@ Naive = Annotated[bool, typer.Option(
     "--naive", help="One full forward per ablation, no reuse of the baseline (the reference the exact mode is "
     "checked against).")]
 Results = Annotated[Optional[Path], typer.Option(
-    "--results", help="Stream each finished head to this JSON-lines file (kept); default: a file in probe's cache, "
-    "removed when done.")]
+    "--results", help="Stream each finished unit of work (a head's ablation; a checkpoint with probe track) to this "
+    "JSON-lines file, kept (probe atlas: a folder of its sweeps' files); default: probe's cache, removed when done.")]
 Resume = Annotated[bool, typer.Option(
-    "--resume", help="Continue an interrupted sweep: skip the heads its results file already holds.")]
+    "--resume", help="Continue an interrupted run: skip what its --results already holds.")]
+RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy in the repeated set.")]
+Top = Annotated[int, typer.Option(
+    "--top", help="How many of the largest are kept: rows of each table, largest first (probe compare: the size of "
+    "each map's top set whose overlap is measured).")]
+CsvFile = Annotated[Optional[Path], typer.Option(
+    "--csv", help="Write the results as CSV: one row per line of the command's table (a head, pair, step or "
+    "checkpoint).")]
+Task = Annotated[Optional[str], typer.Option(
+    "--task", help=f"A task: generated by name, {', '.join(TASKS)} (sva: subject-verb agreement, after Marvin & "
+    "Linzen 2018; ioi: indirect object identification, Wang et al. 2022), or a JSON-lines task file of "
+    "{\"prompt\", \"answer\", \"distractor\"} or {\"sentence_good\", \"sentence_bad\"} rows; measured by the answer's "
+    "margin over the distractor. Commands that patch or attribute need corrupt prompts: a generated task's, or "
+    "--pairs.")]
+Pairs = Annotated[Optional[Path], typer.Option(
+    "--pairs", help="Clean/corrupt pairs: a JSON-lines file of {\"clean\", \"corrupt\", \"answer\", \"distractor\"} "
+    "rows; clean and corrupt of one token length, answer and distractor single tokens (mind the leading space); "
+    "measured by the logit difference of answer and distractor.")]
+Count = Annotated[int, typer.Option("--count", help="Items generated by --task (those the model cannot use dropped).")]
+SelfRepair = Annotated[bool, typer.Option(
+    "--self-repair", help="Also ablate each head alone: its total and direct effect (through the frozen final norm), "
+    "self-repair = total - direct, and the later heads whose direct logit attribution rises to cover for it.")]
+RepairMethod = Annotated[str, typer.Option(
+    "--repair-method", help=f"How --self-repair ablates a head: {' or '.join(SELF_REPAIR_METHODS)} (mean: its mean "
+    "output over every position of the clean prompts).")]
+Method = Annotated[str, typer.Option("--method", help="How a head is ablated: " + method_help(
+    f"{ESTIMATE} (probe ablate): attribution-patching estimate of every zero-ablation delta from a few "
+    "forward/backward passes (the top heads checked exactly)"))]
+Thresholds = Annotated[Optional[list[str]], typer.Option(
+    "--threshold", help="Override a class threshold: NAME=VALUE (repeatable).")]
+MapThresholds = Annotated[Optional[list[float]], typer.Option(  # --threshold where head maps are read (compare)
+    "--threshold", help="Label the heads above this value (instead of the files' own labels). Once: both maps; "
+    "twice: A's, then B's.")]
+Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
+TextFile = Annotated[Optional[Path], typer.Option(
+    "--file", help="A UTF-8 text file to read: the text looked at (instead of --text), or parsed with spaCy (probe "
+    "syntax; default: the embedded English text).")]
+Conllu = Annotated[Optional[Path], typer.Option(
+    "--conllu", help="Gold parses as a CoNLL-U file (Universal Dependencies labels): the syntactic class (probe "
+    "syntax).")]
+
+
+def parse_thresholds(items: list[str]) -> dict[str, float]:
+    """--threshold NAME=VALUE items; each value a finite number, each class named once (a second value for one
+    class would silently replace the first)."""
+    thresholds: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            sep = ""
+        if not sep or not name.strip():
+            raise ProbeError(f"--threshold takes NAME=VALUE, e.g. induction=0.3; got {item!r}")
+        if not math.isfinite(number):
+            raise ProbeError(f"--threshold {item!r}: the value must be a finite number, e.g. induction=0.3")
+        if name.strip() in thresholds:
+            raise ProbeError(f"--threshold {name.strip()} is given twice: give each class one value")
+        thresholds[name.strip()] = number
+    return thresholds
+
+
+def check_repair_method(method: str) -> None:
+    if method not in SELF_REPAIR_METHODS:
+        raise ProbeError(f"--repair-method {method!r}: use one of {', '.join(SELF_REPAIR_METHODS)}")
+
+
+def check_contrast_task(task: str | None) -> None:
+    """--task where clean and corrupt runs are compared: a generated task, whose corrupt prompts probe makes (a task
+    file has none)."""
+    if task is not None and task not in CONTRAST_TASKS:
+        raise ProbeError(f"--task {task!r}: this command compares clean and corrupt prompts, which probe generates "
+                         f"for {', '.join(CONTRAST_TASKS)}; give a file of clean/corrupt rows with --pairs")
 
 
 @dataclass(frozen=True)

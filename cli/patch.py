@@ -19,14 +19,16 @@ from probe.hooks.layers import attention_layers
 from probe.heads.classify import classify
 from probe.cli.checks import check_heads_syntax
 from probe.ablation.stream import cached_results_path
-from probe.cli.dla import Count, Pairs, RepairMethod, SelfRepairFlag, Task, check_repair_method, self_repair_section
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Model,
-                               ModelChoice, Naive, OffloadFolder, Results, Resume, Seed, Stack, TrustRemoteCode,
-                               load_for)
+from probe.cli.dla import self_repair_section
+from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
+                               Labels, Model, ModelChoice, Naive, OffloadFolder, Pairs, RepairMethod, Results, Resume,
+                               Seed, SelfRepair, Stack, Task, Top, TrustRemoteCode, check_contrast_task,
+                               check_repair_method, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
 from probe.cli.plans import plan, sweep_work
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
+from probe.inputs.choice import probe_set_name
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
@@ -54,12 +56,6 @@ Estimate = Annotated[bool, typer.Option(
     "--estimate", help="Estimate every head's patch of --component by attribution patching (one forward and "
     "backward; a query or key with AtP*'s QK fix; each value marked estimated) instead of patching each head.")]
 NoClasses = Annotated[bool, typer.Option("--no-classes", help="Do not classify the heads (saves a few forwards).")]
-Top = Annotated[int, typer.Option("--top", help="Heads listed, largest |patch effect| first.")]
-CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per head as CSV.")]
-ClassPairs = Annotated[Optional[Path], typer.Option(
-    "--labels", help="Sequence classifiers: a JSON-lines file of {\"clean\", \"corrupt\", \"answer\", "
-    "\"distractor\"} rows: two texts of one token length and two classes (indices or id2label names); the metric is "
-    "the logit difference of the two classes.")]
 
 
 @dataclass(frozen=True)
@@ -133,11 +129,11 @@ def add_paths(loaded: LoadedModel, contrast: ContrastSet, result: PatchResult, s
 
 def patch(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, task: Task = None, pairs: Pairs = None,
-    labels: ClassPairs = None, count: Count = 32, seed: Seed = 0, component: Component = "output",
+    labels: Labels = None, count: Count = 32, seed: Seed = 0, component: Component = "output",
     noising: Noising = False,
     by_position: ByPosition = False, heads: Heads = None, senders: Senders = None, receivers: Receivers = None,
     path_component: PathComponent = "value", naive: Naive = False, estimate: Estimate = False,
-    no_classes: NoClasses = False, self_repair: SelfRepairFlag = False, repair_method: RepairMethod = "zero",
+    no_classes: NoClasses = False, self_repair: SelfRepair = False, repair_method: RepairMethod = "zero",
     top: Top = 15, json_path: JsonFile = None, csv_path: CsvFile = None,
     html_path: HtmlFile = None, results: Results = None, resume: Resume = False, batch_size: BatchSize = 8,
     stack: Stack = None, device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
@@ -149,6 +145,7 @@ def patch(
     rank = current()
     main_process = rank is None or rank.is_main
     check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, top, rank is not None)
+    check_contrast_task(task)
     check_paths(senders, receivers, path_component)
     check_repair_method(repair_method)
     if self_repair and labels is not None:
@@ -159,7 +156,8 @@ def patch(
         check_outputs(outputs, force=force)
     check_results_file(results, resume=resume, force=force)
     loaded = load_for(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code), rank)
-    contrast = build_probe_set("contrast" if labels is None else "class_contrast", loaded,
+    contrast = build_probe_set(probe_set_name("natural", labels=labels, task=task, pairs=pairs, contrast=True,
+                                              compared=True), loaded,
                                ProbeOptions(task=task, pairs=pairs, labels=labels, num_seqs=count, seed=seed))
     stream = results or cached_results_path({"command": "patch", "model": model, "task": task, "pairs": str(pairs),
                                               "labels": str(labels),

@@ -11,8 +11,9 @@ from typing import Annotated, Optional
 import typer
 from torch import Tensor
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels, Metric, Model,
-                               ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load, method_help)
+from probe.cli.options import (BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels,
+                               Method, Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen,
+                               TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.plans import Work, plan, sweep_work
 from probe.cli.progress import console, progress_bar
@@ -37,15 +38,12 @@ Orderings = Annotated[str, typer.Option(
     "--orderings", help="Comma-separated: michel (importance recomputed each step), sweep (single-head ablation "
     "order), random.")]
 Seeds = Annotated[int, typer.Option("--seeds", help="Random orderings drawn (seeds --seed, --seed + 1, ...).")]
-Method = Annotated[str, typer.Option("--method", help="How pruned heads are removed: " + method_help())]
 KvGroups = Annotated[bool, typer.Option(
     "--kv-groups", help="Prune whole key/value groups of a grouped-query model (removing query heads alone saves "
     "no key/value compute).")]
-Data = Annotated[str, typer.Option("--data", help="natural (embedded English text), repeated, or a UTF-8 text file.")]
 EvalData = Annotated[Optional[Path], typer.Option(
     "--eval-data", help="Measure the losses on this UTF-8 text file (same --seq-len / --num-seqs) instead of the "
     "--data the orderings are chosen on: a held-out check.")]
-CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per (ordering, step) as CSV.")]
 
 
 def parse_max_increase(text: str | None) -> tuple[float | None, bool]:

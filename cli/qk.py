@@ -5,14 +5,13 @@ marginals, the grouped views, and the check that the pairs sum to the model's ow
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from probe.cli.checks import _config
-from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, NumSeqs,
-                               OffloadFolder, Seed, TrustRemoteCode, load)
+from probe.cli.options import (CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
+                               NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, sweep_progress
 from probe.errors import ProbeError
@@ -27,14 +26,6 @@ At = Annotated[str, typer.Option("--at", help="Which key each query is read at: 
     f"{rule.name}: {rule.summary}" for rule in KEY_RULES.values()) + ".")]
 Query = Annotated[Optional[int], typer.Option("--query", help="Read one query position (with --key) on every row.")]
 Key = Annotated[Optional[int], typer.Option("--key", help="The key position read with --query.")]
-Data = Annotated[str, typer.Option(
-    "--data", help="repeated (BOS + random tokens repeated twice: an induction head's keys), natural (the embedded "
-    "English text), or a UTF-8 text file.")]
-SeqLen = Annotated[int, typer.Option("--seq-len", help="Tokens per natural-text sequence (BOS not counted).")]
-RepeatLen = Annotated[int, typer.Option("--repeat-len", help="Random tokens per copy in the repeated set.")]
-Top = Annotated[int, typer.Option("--top", help="Pairs listed per view, largest |contribution| first.")]
-CsvFile = Annotated[Optional[Path], typer.Option(
-    "--csv", help="Write one row per (query-side, key-side) pair as CSV: its score and contrast contributions.")]
 HEAD = re.compile(r"(\d+)\.(\d+)")
 
 

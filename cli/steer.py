@@ -1,6 +1,7 @@
-"""`probe steer`: heads' outputs multiplied by alpha; the metric of an input against alpha per head, greedy
-continuations side by side, and (`--find`) every head ranked by how far one alpha moves the metric, through the sweep
-(streamed, resumable, split over processes under torchrun)."""
+"""`probe steer`: an intervention on heads' outputs (`--intervention`, any registered one that takes a value: scale
+multiplies by alpha); the metric of an input against its values per head, greedy continuations side by side, and
+(`--find`) every head ranked by how far one value moves the metric, through the sweep (streamed, resumable, split
+over processes under torchrun)."""
 
 from __future__ import annotations
 
@@ -13,19 +14,19 @@ import typer
 
 from probe.ablation import METRICS, parse_heads
 from probe.ablation.heads import Head
-from probe.ablation.methods import ScaleAblation
+from probe.ablation.methods import METHODS
 from probe.ablation.metrics import Metric as MetricObject
 from probe.ablation.metrics import choose_metric, read_target_words, target_words
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
-                               Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Results, Resume, Seed, SeqLen, Stack,
-                               TrustRemoteCode, load_for)
+                               Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
+                               Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
 from probe.cli.progress import Interrupted, console, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
-from probe.inputs import (CONTRAST_TASKS, DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
+from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                           ContrastSet, build_probe_set)
 from probe.inputs.choice import data_file, probe_set_name
 from probe.ablation.stream import cached_results_path, finished_count
@@ -34,29 +35,30 @@ from probe.patching.runs import contrast_runs
 from probe.reading import is_file
 from probe.reports.files import write_text
 from probe.reports.steer import steer_page, steer_report
-from probe.steering import SteerResult, check_alphas, find_result, generations, steer_curves
+from probe.steering import (SteerResult, check_values, find_result, generations, intervention_named, steer_curves,
+                            steerable)
 
-Alpha = Annotated[str, typer.Option(
-    "--alpha", help="Alphas the heads' outputs are multiplied by, comma-separated, e.g. 0,0.5,2,3 (0: zero "
-    "ablation; 1: the model as it is, always measured; above 1: amplified). With --find: one alpha.")]
+DEFAULT_VALUES = "0,0.5,2,3"
+Intervention = Annotated[str, typer.Option(
+    "--intervention", help="What is done to each head: "
+    + "; ".join(f"{name} ({METHODS[name].parameter}): {METHODS[name].summary}" for name in steerable()) + ".")]
+VALUES_HELP = (f"The intervention's values, comma-separated (default {DEFAULT_VALUES}); the model as it is (scale's "
+               "alpha 1) is always measured. With --find: one value.")
+ALPHA_HELP = ("Scale's alphas, comma-separated, e.g. 0,0.5,2,3 (0: zero ablation; above 1: amplified): --values under "
+              "its name, for an intervention whose value is an alpha.")
+Values = Annotated[Optional[str], typer.Option("--values", help=VALUES_HELP)]
+Alpha = Annotated[Optional[str], typer.Option("--alpha", help=ALPHA_HELP)]
 Find = Annotated[bool, typer.Option(
-    "--find", help="Scale every head (or each of --heads) alone by the one --alpha and rank them by how far "
-    "it moves the metric (an exact sweep: streamed to --results, --resume, split under torchrun).")]
+    "--find", help="Apply the intervention at the one value to every head (or each of --heads) alone and rank "
+    "them by how far it moves the metric (an exact sweep: streamed to --results, --resume, split under torchrun).")]
 TargetWords = Annotated[Optional[Path], typer.Option(
     "--target-words", help="Measure a behaviour on text: a UTF-8 file of one word or phrase per line (# comments); "
     "the metric is the mean next-token probability of each line's first token after a space (' time'), higher = "
     "more of the behaviour.")]
 Generate = Annotated[Optional[str], typer.Option(
-    "--generate", help="Also continue this prompt greedily for each head and alpha, side by side with the model as "
+    "--generate", help="Also continue this prompt greedily for each head and value, side by side with the model as "
     "it is (with --find: the top head).")]
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="Tokens generated per continuation.")]
-Task = Annotated[Optional[str], typer.Option(
-    "--task", help=f"Measure a task instead of text: {', '.join(CONTRAST_TASKS)} (generated clean prompts; the "
-    "logit difference of answer and distractor), or a JSON-lines task file (the task margin). --num-seqs items.")]
-Pairs = Annotated[Optional[Path], typer.Option(
-    "--pairs", help="A JSON-lines file of {\"clean\", \"corrupt\", \"answer\", \"distractor\"} rows: the logit "
-    "difference on the clean prompts.")]
-Top = Annotated[int, typer.Option("--top", help="Heads listed by --find.")]
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class Request:
     """What to steer and measure: everything of a run but the model and the output files."""
 
     heads: str | None
-    alphas: list[float]
+    intervention: str
+    values: list[float]
     find: bool
     data: str
     task: str | None
@@ -76,15 +79,34 @@ class Request:
     max_new_tokens: int
 
 
-def parse_alphas(text: str) -> list[float]:
-    """--alpha: comma-separated finite numbers, each once."""
+def parse_values(text: str, flag: str = "--values") -> list[float]:
+    """--values (or --alpha): comma-separated finite numbers, each once."""
     try:
         values = [float(item) for item in text.split(",") if item.strip()]
     except ValueError:
-        raise ProbeError(f"--alpha {text!r}: give numbers separated by commas, e.g. 0,0.5,2,3") from None
+        raise ProbeError(f"{flag} {text!r}: give numbers separated by commas, e.g. 0,0.5,2,3") from None
     if not values or not all(math.isfinite(value) for value in values):
-        raise ProbeError(f"--alpha {text!r}: give finite numbers separated by commas, e.g. 0,0.5,2,3")
-    return check_alphas(values)
+        raise ProbeError(f"{flag} {text!r}: give finite numbers separated by commas, e.g. 0,0.5,2,3")
+    return check_values(values)
+
+
+def chosen_values(intervention: str, values: str | None, alpha: str | None) -> list[float]:
+    """The values of --values, or of --alpha where the intervention's value is an alpha; the intervention checked
+    to be one of the registered ones that take a value, and to take each value (before the model loads)."""
+    if intervention not in steerable():
+        raise ProbeError(f"--intervention {intervention!r}: use one of {', '.join(steerable())}")
+    if alpha is None:
+        chosen = parse_values(DEFAULT_VALUES if values is None else values)
+    elif values is not None:
+        raise ProbeError("--alpha and --values give the same values: give one of them")
+    elif METHODS[intervention].parameter != "alpha":
+        raise ProbeError(f"--alpha sets an alpha; {intervention}'s value is its {METHODS[intervention].parameter}: "
+                         "give --values")
+    else:
+        chosen = parse_values(alpha, "--alpha")
+    for value in chosen:
+        intervention_named(intervention, value)  # refuses a value the intervention cannot take, in one line
+    return chosen
 
 
 def check_request(request: Request, top: int, distributed: bool) -> None:
@@ -102,8 +124,8 @@ def check_request(request: Request, top: int, distributed: bool) -> None:
         read_target_words(request.words)
     if request.metric is not None and request.metric not in METRICS:
         raise ProbeError(f"--metric {request.metric!r}: use one of {', '.join(METRICS)}")
-    if request.find and len(request.alphas) != 1:
-        raise ProbeError("--find ranks every head at one alpha: give one --alpha value, e.g. --alpha 3")
+    if request.find and len(request.values) != 1:
+        raise ProbeError("--find ranks every head at one value: give one --values value, e.g. --values 3")
     if not request.find and request.heads is None:
         raise ProbeError("give --heads (the heads to steer, e.g. 23.3) or --find (rank every head)")
     if request.max_new_tokens < 1:
@@ -135,12 +157,13 @@ def chosen_metric(loaded: LoadedModel, probe_set: ProbeSet, request: Request) ->
 def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, metric: MetricObject,
              request: Request, stream: Path, *, resume: bool, batch_size: int, stack: int | None,
              show: bool) -> SteerResult | None:
-    """Every head scaled by the one alpha, through the sharded sweep; on Ctrl-C, say what is saved."""
+    """Every head under the intervention at the one value, through the sharded sweep; on Ctrl-C, say what is
+    saved."""
     stream.parent.mkdir(parents=True, exist_ok=True)
-    alpha = request.alphas[0]
+    value, method = request.values[0], intervention_named(request.intervention, request.values[0])
     try:
-        with sweep_progress(f"scaling heads by {alpha:g}", show) as (update, on_result):
-            swept = sharded_sweep(loaded, probe_set, heads, method=ScaleAblation(alpha), metric=metric,
+        with sweep_progress(f"{request.intervention} at {value:g} per head", show) as (update, on_result):
+            swept = sharded_sweep(loaded, probe_set, heads, method=method, metric=metric,
                                   batch_size=batch_size, stack=stack, results_path=stream, resume=resume,
                                   data=_data_file(request), progress=update, on_result=on_result)
     except KeyboardInterrupt:
@@ -148,7 +171,7 @@ def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None,
             raise Interrupted(f"interrupted; {finished_count(stream)} finished head(s) saved in {stream}: run the "
                               "same command with --resume to continue") from None
         raise
-    return None if swept is None else find_result(loaded, swept, alpha, metric)
+    return None if swept is None else find_result(loaded, swept, value, metric, request.intervention)
 
 
 def _data_file(request: Request) -> Path | None:
@@ -164,9 +187,10 @@ def add_generations(loaded: LoadedModel, result: SteerResult, heads: list[Head],
     if request.find:
         ranking = result.find["ranking"] if result.find else []
         heads = [(ranking[0]["layer"], ranking[0]["head"])] if ranking else []
-    with status(f"generating {request.max_new_tokens} tokens per head and alpha ..."):
-        result.generations = generations(loaded, request.prompt, heads, request.alphas,
-                                         max_new_tokens=request.max_new_tokens, seed=seed)
+    with status(f"generating {request.max_new_tokens} tokens per head and value ..."):
+        result.generations = generations(loaded, request.prompt, heads, request.values,
+                                         intervention=request.intervention, max_new_tokens=request.max_new_tokens,
+                                         seed=seed)
 
 
 def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions, batch_size: int) -> dict[str, Any]:
@@ -177,7 +201,8 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions, batc
 
 def steer(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, heads: Heads = None,
-    alpha: Alpha = "0,0.5,2,3", find: Find = False, target_words: TargetWords = None, task: Task = None,
+    intervention: Intervention = "scale", values: Values = None, alpha: Alpha = None, find: Find = False,
+    target_words: TargetWords = None, task: Task = None,
     pairs: Pairs = None, labels: Labels = None, metric: Metric = None, data: Data = "natural",
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, seed: Seed = DEFAULT_SEED,
     generate: Generate = None, max_new_tokens: MaxNewTokens = 20, batch_size: BatchSize = 8, stack: Stack = None,
@@ -185,10 +210,10 @@ def steer(
     html_path: HtmlFile = None, force: Force = False, device: Device = None, dtype: Dtype = "float32",
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None,
 ) -> None:
-    """Turn single heads up or down: the metric against alpha, the text generated, and which head moves a
-    behaviour most (--find)."""
-    request = Request(heads, parse_alphas(alpha), find, data, task, pairs, labels, metric, target_words, generate,
-                      max_new_tokens)
+    """Turn single heads up or down (scale, or any registered intervention that takes a value): the metric against
+    its value, the text generated, and which head moves a behaviour most (--find)."""
+    request = Request(heads, intervention, chosen_values(intervention, values, alpha), find, data, task, pairs,
+                      labels, metric, target_words, generate, max_new_tokens)
     outputs, rank = {"--json": json_path, "--html": html_path}, current()
     main_process = rank is None or rank.is_main
     check_request(request, top, rank is not None)
@@ -209,8 +234,9 @@ def steer(
         if result is not None and results is None:
             stream.unlink(missing_ok=True)  # the cache stream only serves --resume
     else:
-        with status(f"measuring {len(chosen or [])} head(s) at {len(request.alphas)} alpha(s) ..."):
-            result = steer_curves(loaded, probe_set, chosen or [], request.alphas, metric=measured,
+        with status(f"measuring {len(chosen or [])} head(s) at {len(request.values)} value(s) ..."):
+            result = steer_curves(loaded, probe_set, chosen or [], request.values,
+                                  intervention=request.intervention, metric=measured,
                                   batch_size=batch_size, stack=stack,
                                   data=None if _data_file(request) is None else str(_data_file(request)))
     if not main_process or result is None:

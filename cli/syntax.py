@@ -4,12 +4,12 @@ models), on CoNLL-U parses or on text parsed with spaCy (the optional extra `pro
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from probe.cli.options import (BatchSize, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
-                         OffloadFolder, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
+                               ModelChoice, OffloadFolder, TextFile, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar, status, warn
 from probe.inputs import ENGLISH
@@ -21,17 +21,11 @@ from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT
 from probe.reports.files import write_csv, write_text
 from probe.reports.syntax import syntax_page, syntax_report, syntax_rows
 
-Conllu = Annotated[Optional[Path], typer.Option(
-    "--conllu", help="Gold parses as a CoNLL-U file (Universal Dependencies labels).")]
-TextFile = Annotated[Optional[Path], typer.Option(
-    "--text", help="UTF-8 text to parse with spaCy (the syntax extra of probe); default: the embedded English "
-    "text.")]
 MaxSentences = Annotated[int, typer.Option("--max-sentences", help="Sentences scored at most.")]
 Margin = Annotated[float, typer.Option("--margin", help="Accuracy above the baseline that makes a head syntactic.")]
 MinCount = Annotated[int, typer.Option("--min-count", help="Arcs a relation needs (per direction) to be judged.")]
 Confident = Annotated[float, typer.Option(
     "--confident", help="Attention weight above which Vig & Belinkov's confident share counts it.")]
-CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write one row per relation, direction and head.")]
 
 
 def read_parses(conllu: Path | None, text: Path | None, max_sentences: int) -> tuple[list[Sentence], str, str]:
@@ -39,18 +33,18 @@ def read_parses(conllu: Path | None, text: Path | None, max_sentences: int) -> t
     if max_sentences < 1:
         raise ProbeError(f"--max-sentences must be at least 1, got {max_sentences}")
     if conllu is not None and text is not None:
-        raise ProbeError("give --conllu or --text, not both")
+        raise ProbeError("give --conllu or --file, not both")
     if conllu is not None:
         return read_conllu(conllu)[:max_sentences], "ud", f"CoNLL-U file {conllu}"
     from probe.syntax.parse import parse_text  # here, not at the top: spaCy is an optional extra
 
     if text is not None and not is_file(text):
-        raise ProbeError(f"text file not found: {text}", parameter="text")
+        raise ProbeError(f"text file not found: {text}", parameter="file")
     source = f"text file {text}, parsed by spaCy" if text else "embedded English text, parsed by spaCy"
     try:
         raw = (text or ENGLISH).read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise ProbeError(f"{text} is not UTF-8 text: {error.reason}", parameter="text") from error
+        raise ProbeError(f"{text} is not UTF-8 text: {error.reason}", parameter="file") from error
     with status("parsing with spaCy ..."):
         sentences = parse_text(raw, source=str(text or ENGLISH.name), max_sentences=max_sentences)
     return sentences, "clearnlp", source
@@ -58,7 +52,7 @@ def read_parses(conllu: Path | None, text: Path | None, max_sentences: int) -> t
 
 def syntax(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, conllu: Conllu = None,
-    text: TextFile = None, max_sentences: MaxSentences = 200, margin: Margin = MARGIN, min_count: MinCount = MIN_COUNT,
+    file: TextFile = None, max_sentences: MaxSentences = 200, margin: Margin = MARGIN, min_count: MinCount = MIN_COUNT,
     confident: Confident = CONFIDENT, json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None,
     batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32", device_map: DeviceMap = None,
     offload_folder: OffloadFolder = None, force: Force = False,
@@ -66,7 +60,7 @@ def syntax(
     """Find syntactic heads: per dependency relation, each head's accuracy at attending to the related word, against
     the best fixed-offset baseline."""
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
-    sentences, scheme, source = read_parses(conllu, text, max_sentences)
+    sentences, scheme, source = read_parses(conllu, file, max_sentences)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     with progress_bar("scoring sentences", unit="sentences") as update:
         result = syntax_scores(loaded, sentences, scheme=scheme, source=source, batch_size=batch_size,

@@ -5,31 +5,26 @@ torchrun the checkpoints are split over the processes; rank 0 writes the outputs
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.classify import Data, RepeatLen, Thresholds, parse_thresholds
-from probe.cli.options import BatchSize, Device, Dtype, Force, HtmlFile, JsonFile, NumSeqs, Seed, SeqLen, \
-    TrustRemoteCode
+from probe.cli.options import (BatchSize, CsvFile, Device, Dtype, Force, Heads, HtmlFile, JsonFile, NumSeqs,
+                               RepeatLen, Results, Resume, Seed, SeqLen, TextData, Thresholds, TrackedModel,
+                               TrustRemoteCode, parse_thresholds)
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json
 from probe.cli.progress import Interrupted, console, note, progress_bar, warn
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.distributed import current
 from probe.errors import ProbeError
 from probe.models import LoadedModel
-from probe.models.aliases import cache_root
+from probe.ablation.stream import cached_results_path
 from probe.reports.files import write_csv, write_text
 from probe.reports.track import track_page, track_report
 from probe.track import MIN_RISE, TrackOptions, find_run, read_track, track as run_track
 from probe.track.icl import EARLY, ICL_SEQS, LATE
 
-TrackModel = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="A hub id whose --revisions are the checkpoints, or FILE.py:FUNCTION (imports and runs that "
-    "file) whose model the --checkpoints state dicts load into; none for a glob of model folders.")]
 Checkpoints = Annotated[Optional[str], typer.Option(
     "--checkpoints", help="Glob of the checkpoints, quoted: model folders ('run/step-*') or state-dict files "
     "('ckpt/*.pt', with --model FILE.py:FUNCTION); ordered by the last number in each name.")]
@@ -39,19 +34,9 @@ IclPositions = Annotated[str, typer.Option(
     "--icl-positions", help="EARLY,LATE: the in-context learning score is the loss on token LATE minus the loss on "
     "token EARLY (Olsson et al. 2022).")]
 IclSeqs = Annotated[int, typer.Option("--icl-seqs", help="Texts the in-context learning score averages over.")]
-AblateHeads = Annotated[Optional[str], typer.Option(
-    "--heads", help="Also the zero-ablation loss change of these heads at every checkpoint: LAYER.HEAD items, "
-    "e.g. 1.2,1.3.")]
 MinRise = Annotated[float, typer.Option(
     "--min-rise", help="The smallest rise of a class's best head score between two checkpoints that is a phase "
     "change.")]
-Results = Annotated[Optional[Path], typer.Option(
-    "--results", help="Stream each finished checkpoint to this JSON-lines file (kept); default: a file in probe's "
-    "cache, removed when the run completes.")]
-Resume = Annotated[bool, typer.Option("--resume", help="Continue an interrupted run: skip the checkpoints its results "
-                                      "file already holds.")]
-CsvFile = Annotated[Optional[Path], typer.Option("--csv", help="Write the trajectories as CSV, one row per "
-                                                 "checkpoint x head.")]
 
 
 def parse_positions(text: str) -> tuple[int, int]:
@@ -67,8 +52,7 @@ def results_file(results: Path | None, key: dict[str, Any], *, resume: bool, for
     """--results checked (a file in a folder that exists, holding no other run unless --resume or --force), or the
     cache file that the same command finds again with --resume."""
     if results is None:
-        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
-        path = cache_root() / "track" / f"run-{digest}.jsonl"
+        path = cached_results_path(key, folder="track", stem="run")
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
     if results.is_dir() or not results.parent.is_dir():
@@ -79,11 +63,11 @@ def results_file(results: Path | None, key: dict[str, Any], *, resume: bool, for
 
 
 def track(
-    model: TrackModel = None, checkpoints: Checkpoints = None, revisions: Revisions = None,
-    trust_remote_code: TrustRemoteCode = False, data: Data = None, seq_len: SeqLen = DEFAULT_SEQ_LEN,
+    model: TrackedModel = None, checkpoints: Checkpoints = None, revisions: Revisions = None,
+    trust_remote_code: TrustRemoteCode = False, data: TextData = None, seq_len: SeqLen = DEFAULT_SEQ_LEN,
     num_seqs: NumSeqs = DEFAULT_NUM_SEQS, repeat_len: RepeatLen = DEFAULT_REPEAT_LEN, seed: Seed = DEFAULT_SEED,
     threshold: Thresholds = None, icl_positions: IclPositions = f"{EARLY},{LATE}", icl_seqs: IclSeqs = ICL_SEQS,
-    heads: AblateHeads = None, min_rise: MinRise = MIN_RISE, results: Results = None, resume: Resume = False,
+    heads: Heads = None, min_rise: MinRise = MIN_RISE, results: Results = None, resume: Resume = False,
     json_path: JsonFile = None, csv_path: CsvFile = None, html_path: HtmlFile = None, batch_size: BatchSize = 8,
     device: Device = None, dtype: Dtype = "float32", force: Force = False,
 ) -> None:

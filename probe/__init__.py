@@ -17,12 +17,13 @@ _CHECKOUT = _Path(__file__).resolve().parent.parent
 if not (_Path(__file__).parent / "cli").is_dir() and (_CHECKOUT / "cli" / "app.py").is_file():
     __path__.append(str(_CHECKOUT))  # a package's own search path: before the imports below, which may need it
 
-from probe.atlas import Atlas  # noqa: E402, F401 (after the search path is set; re-exported through __all__)
+from probe.ablation.methods import add_to_head, scale_head  # noqa: E402, F401 (after the search path is set; re-exported through __all__)
+from probe.atlas import Atlas  # noqa: E402, F401
 from probe.errors import ProbeError  # noqa: E402, F401
 from probe.heads.classify import Classification, classify  # noqa: E402, F401
 from probe.hooks.capture import attention_hooks, capture_attention  # noqa: E402, F401
 from probe.hooks.layers import attention_layers  # noqa: E402, F401
-from probe.hooks.trace import Trace, add_to_head, scale_head  # noqa: E402, F401
+from probe.hooks.trace import Trace  # noqa: E402, F401
 from probe.kv import KVHeads, kv_heads  # noqa: E402, F401
 from probe.models import LoadedModel, load_model  # noqa: E402, F401
 

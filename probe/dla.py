@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.frames import frame, head_rows
+from probe.frames import frame, record_rows
 from probe.ablation.blocks import Blocks, find_blocks
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import AttentionLayer, attention_layers
@@ -44,6 +44,8 @@ from probe.hooks.restore import interrupts_deferred, restoring
 from probe.models import LoadedModel
 from probe.patterns import token_strings
 from probe.provenance import model_dtype
+from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS, NUMBER, SELF_REPAIR
+from probe.schemas.declare import Payload, columns, payload, published, schema_field
 
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 PROJECTION_NAMES = ("o_proj", "dense", "c_proj", "out_proj", "W_o", "wo")
@@ -422,19 +424,98 @@ def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tenso
 PER_POSITION_HEADS = 5  # heads whose shares by source position to_dict() gives
 
 
-@dataclass
-class Attribution:
+class Identity(Payload, frozen=True):
+    """The decomposition's check: the shares sum to the model's own score, within its rounding."""
+
+    sum: float = schema_field("the shares' mean sum")
+    max_residual: float = schema_field("max |sum of shares - the model's own score|")
+    rounding_bound: float | None = schema_field("the bound the model's own rounding allows")
+
+
+class Components(Payload, frozen=True):
+    """The mean share of each kind of component."""
+
+    embeddings: float = schema_field(NUMBER)
+    heads: float = schema_field(NUMBER)
+    attention_biases: float = schema_field(NUMBER)
+    mlps: list[float] = schema_field("each layer's MLP", items=NUMBER)
+    final_bias: float = schema_field(NUMBER)
+
+
+class HeadShare(Payload, frozen=True):
+    """One head's mean share."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    dla: float = schema_field("its mean share", column="the head's mean direct logit attribution")
+
+
+@published("dla", 1, "Direct logit attribution: each head's mean share of the score, the other components, and the "
+           "identity check (probe dla --json).", rows="one per head, largest |share| first",
+           columns=columns(HEAD_COLUMNS, HeadShare), sections={"self_repair": SELF_REPAIR})
+class Attribution(Payload):
     """Direct logit attribution at each read point, float64: every component's share of the score, which they sum
     to (`residual`: how far not). For a contrast set a point is a pair (its last prompt position, clean run)."""
 
-    model: str
-    source: str  # what was read
-    metric: str  # "logit difference" or "logit of the next token"
+    model: str = schema_field(MODEL)
+    source: str = schema_field("what it was measured on")  # what was read
+    metric: str = schema_field("logit difference, or the logit of the next token")
     shares: Shares
     tokens: list[list[str]]  # per point: a contrast pair's prompt (what head_positions are over); else the read token
+
+    @payload("positions (or pairs) averaged over")
+    def points(self) -> int:
+        return len(self.tokens)
+
+    @payload(N_LAYERS.description)
+    def n_layers(self) -> int:
+        return int(self.shares.heads.shape[1])
+
+    @payload(N_HEADS.description)
+    def n_heads(self) -> int:
+        return int(self.shares.heads.shape[2])
+
     corrupt_score: Tensor | None = None  # (points,) the model's logit difference on the corrupt prompts
-    capped: bool = False  # the logits are soft-capped: DLA and the score are of the logits before capping
-    dtype: str = "float32"  # what the model ran in: the shares are float64 sums of its values in this dtype
+    capped: bool = schema_field("whether the model soft-caps its logits",
+                                default=False)  # DLA and the score are of the logits before capping
+
+    @payload("the model's own mean score")
+    def logit_diff(self) -> float:
+        return float(self.shares.model_score.mean())
+
+    @payload("a contrast set's corrupt runs' mean score (null on text)")
+    def logit_diff_corrupt(self) -> float | None:
+        return None if self.corrupt_score is None else float(self.corrupt_score.mean())
+
+    dtype: str = schema_field(DTYPE, default="float32")  # the shares are float64 sums of the model's values in it
+
+    @payload("the decomposition's check")
+    def identity(self) -> Identity:
+        return Identity(float(self.total.mean()), self.residual, self.rounding_bound)
+
+    @payload("the mean share of each component")
+    def components(self) -> Components:
+        shares = self.shares
+        return Components(float(shares.embeddings.mean()), float(shares.heads.sum(dim=(1, 2)).mean()),
+                          float(shares.attention_biases.sum(dim=1).mean()), shares.mlps.mean(dim=0).tolist(),
+                          float(shares.final_bias.mean()))
+
+    @payload("every head, largest |share| first", key="heads", items="one head")
+    def head_shares(self) -> list[HeadShare]:
+        per_head = self.per_head
+        return [HeadShare(layer, head, float(per_head[layer, head]))
+                for layer, head in self.top_heads(per_head.numel())]
+
+    @payload("the top heads' shares by source position", type=("object", "null"))
+    def per_position(self) -> dict[str, Any] | None:
+        positions = self.shares.head_positions
+        if positions is None:
+            return None
+        heads = self.top_heads(PER_POSITION_HEADS)
+        return {"heads": [{"layer": layer, "head": head} for layer, head in heads],
+                "points": [{"tokens": tokens, "values": [positions[point, layer, head, :len(tokens)].tolist()
+                                                         for layer, head in heads]}
+                           for point, tokens in enumerate(self.tokens)]}
 
     @property
     def per_head(self) -> Tensor:
@@ -464,39 +545,10 @@ class Attribution:
         order = self.per_head.abs().flatten().argsort(descending=True)[:count]
         return [divmod(int(index), self.per_head.shape[1]) for index in order]
 
-    def _per_position(self) -> dict[str, Any] | None:
-        positions = self.shares.head_positions
-        if positions is None:
-            return None
-        heads = self.top_heads(PER_POSITION_HEADS)
-        return {"heads": [{"layer": layer, "head": head} for layer, head in heads],
-                "points": [{"tokens": tokens, "values": [positions[point, layer, head, :len(tokens)].tolist()
-                                                         for layer, head in heads]}
-                           for point, tokens in enumerate(self.tokens)]}
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain payload: every head's mean share (largest |share| first), the other components, the model's score
-        (clean and corrupt for a contrast set), the identity's residual, and the top heads by source position."""
-        per_head, shares = self.per_head, self.shares
-        heads = [{"layer": layer, "head": head, "dla": float(per_head[layer, head])}
-                 for layer, head in self.top_heads(per_head.numel())]
-        corrupt = None if self.corrupt_score is None else float(self.corrupt_score.mean())
-        return {"model": self.model, "source": self.source, "metric": self.metric, "points": len(self.tokens),
-                "n_layers": per_head.shape[0], "n_heads": per_head.shape[1], "capped": self.capped,
-                "logit_diff": float(shares.model_score.mean()), "logit_diff_corrupt": corrupt,
-                "dtype": self.dtype, "identity": {"sum": float(self.total.mean()), "max_residual": self.residual,
-                                                  "rounding_bound": self.rounding_bound},
-                "components": {"embeddings": float(shares.embeddings.mean()),
-                               "heads": float(shares.heads.sum(dim=(1, 2)).mean()),
-                               "attention_biases": float(shares.attention_biases.sum(dim=1).mean()),
-                               "mlps": shares.mlps.mean(dim=0).tolist(),
-                               "final_bias": float(shares.final_bias.mean())},
-                "heads": heads, "per_position": self._per_position()}
-
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head, largest |share| first: layer, head, name, dla (the dla schema's
         columns). Needs pandas."""
-        return frame(head_rows(self.to_dict()["heads"], ("dla",)))
+        return frame(record_rows(self.head_shares()))
 
 
 def logit_attribution(loaded: LoadedModel, contrast: ContrastSet, *, batch_size: int = 8,

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from probe.errors import ProbeError, install_hint
+from probe.schemas.declare import declarations
 
 
 def frame(rows: list[dict[str, Any]]) -> Any:
@@ -44,5 +45,21 @@ def head_rows(entries: list[dict[str, Any]], keys: Sequence[str], layer_names: S
         for key, field in joined.items():
             if key in entry:
                 row[key] = ",".join(str(item[field]) if isinstance(item, dict) else str(item) for item in entry[key])
+        rows.append(row)
+    return rows
+
+
+def record_rows(records: Sequence[Any], layer_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """One row per head's record (a probe.schemas.declare Payload with `layer` and `head`): the head's columns, then
+    each field the record declares a column, in order (a list written comma-separated; an optional field left out
+    where it is None)."""
+    rows = []
+    for item in records:
+        row = head_columns(item.layer, item.head, layer_names)
+        for declared in declarations(type(item)):
+            value = getattr(item, declared.attribute)
+            if declared.column is None or (value is None and not declared.field.required):
+                continue
+            row[declared.key] = ",".join(map(str, value)) if isinstance(value, list) else value
         rows.append(row)
     return rows

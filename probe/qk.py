@@ -43,6 +43,9 @@ from probe.hooks.types import AttentionInputs, HookContext
 from probe.models import LoadedModel
 from probe.progress import Progress
 from probe.provenance import model_dtype
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, HEAD, LAYER, MODEL, N_HEADS, N_LAYERS, NUMBER
+from probe.schemas.declare import Payload, payload, published, schema_field
 
 POSITION_EMBEDDINGS = ("wpe", "embed_positions", "position_embeddings")
 QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm")
@@ -628,30 +631,71 @@ def qk_attribution(loaded: LoadedModel, ids: Tensor, head: tuple[int, int], *, m
     views["contrast"].check(f"head {head_name}'s contrasts", dtype)
     rule_name = "positions" if rule is None else rule.name
     return QKAttribution(loaded.name, head[0], head[1], target.kv_head, source, rule_name, query, key, names,
-                         views["score"], views["contrast"], target.layer.n_heads, len(target.structure.layers),
-                         dtype)
+                         views["score"], views["contrast"], n_heads=target.layer.n_heads,
+                         n_layers=len(target.structure.layers), dtype=dtype)
 
 
-@dataclass
-class QKAttribution:
+QK_SIDE = Field("array", "each component's contribution on this side, the other side summed (components' order)",
+                items=NUMBER)
+QK_GROUPS = Field("array", "components grouped, each group's query-side and key-side sums", items=Field(
+    "object", "a group", fields={"group": Field("string", "embeddings / heads / MLPs / biases, or embed / L3 / bias"),
+                                 "query": NUMBER, "key": NUMBER}))
+QK_VIEW = Field("object", "one view's pairs, mean over its points", fields={
+    "model_score": Field("number", "the model's own mean (score or contrast)"),
+    "sum": Field("number", "the pairs' sum"), "points": Field("integer", "(query, key) points averaged over"),
+    "max_residual": Field("number", "max over points of |pairs' sum - the model's own|"),
+    "rounding_bound": Field("number", "the bound the model's own rounding allows"),
+    "query": QK_SIDE, "key": QK_SIDE,
+    "top_pairs": Field("array", "the pairs of largest |contribution|, largest first", items=Field(
+        "object", "a pair", fields={"query": Field("integer", "the query-side component (index into components)"),
+                                    "key": Field("integer", "the key-side component"), "value": NUMBER})),
+    "groups": Field("object", "grouped views", fields={"kind": QK_GROUPS, "layer": QK_GROUPS}),
+    "matrix": Field("array", "(components, components): row a query-side component, column a key-side one",
+                    items=Field("array", "a query-side component's row", items=NUMBER)),
+})
+QK_SIDE_COLUMNS = {
+    f"{side}{suffix}": Field(kind, f"the {side}-side component's {what}") for side in ("query", "key")
+    for suffix, kind, what in (("", "string", "name (L16H0, MLP12, embed, pos, L3 bias, bias)"),
+                               ("_kind", "string", "kind: embed, position, head, attention bias, mlp, bias"),
+                               ("_layer", "integer", "layer (-1: none)"), ("_head", "integer", "head (-1: none)"))}
+
+
+@published("qk", 1, "QK attribution: a head's pre-softmax scores split into pairs of query-side and key-side residual "
+           "components, with each side's marginals, grouped views and the check against the model's own scores (probe "
+           "qk --json).", rows="one per (query-side, key-side) component pair",
+           columns={**QK_SIDE_COLUMNS, "score": Field("number", "the pair's mean contribution to the score"),
+                    "contrast": Field("number", "the pair's mean contribution to the contrast")})
+class QKAttribution(Payload):
     """A head's scores split into pairs of components, mean over the points read (float64 sums of the model's
     values); `pairs(view)` is (query-side components, key-side components), rows summing to the query side's
     marginal."""
 
-    model: str
-    layer: int
-    head: int
-    kv_head: int
-    source: str
-    rule: str  # a KEY_RULES name, or "positions" (query and key given)
-    query: int | None
-    key: int | None
-    components: list[Component]
+    model: str = schema_field(MODEL)
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    kv_head: int = schema_field("its key/value head")
+    n_layers: int = schema_field(N_LAYERS, kw_only=True)
+    n_heads: int = schema_field(N_HEADS, kw_only=True)
+    source: str = schema_field("what it was measured on")
+    rule: str = schema_field(  # a KEY_RULES name, or "positions" (query and key given)
+        "which key each query is read at: a rule's name, or positions (--query/--key)")
+    query: int | None = schema_field("the query position given (null: the rule's)")
+    key: int | None = schema_field("the key position given (null: the rule's)")
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)
+    components: list[Component] = schema_field(
+        "the residual components, in stream order", items=Field("object", "a component", fields={
+            "name": Field("string", "L16H0, MLP12, embed, pos, L3 bias or bias"),
+            "kind": Field("string", "embed, position, head, attention bias, mlp or bias"),
+            "layer": Field(("integer", "null"), "its layer (null: none)"),
+            "head": Field(("integer", "null"), "its head (null: none)")}),
+        dump=lambda components: [component.to_dict() for component in components])
     score: _View
     contrast: _View
-    n_heads: int
-    n_layers: int
-    dtype: str = "float32"
+
+    @payload("the score and the contrast (the key's score minus the mean of the query's other keys')",
+             fields={"score": QK_VIEW, "contrast": QK_VIEW})
+    def views(self) -> dict[str, Any]:
+        return {"score": self._view("score"), "contrast": self._view("contrast")}
 
     def pairs(self, view: str = "score") -> Tensor:
         """(components, components) float64: the mean contribution of (query-side i, key-side j)."""
@@ -692,15 +736,6 @@ class QKAttribution:
             sums[0] += q
             sums[1] += k
         return [{"group": name, "query": q, "key": k} for name, (q, k) in groups.items()]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain payload: the components, and per view (score, contrast) the model's own mean, the pairs' sum and
-        the check, each side's marginals, the top pairs, the grouped views and the whole pair matrix."""
-        return {"model": self.model, "layer": self.layer, "head": self.head, "kv_head": self.kv_head,
-                "n_layers": self.n_layers, "n_heads": self.n_heads, "source": self.source, "rule": self.rule,
-                "query": self.query, "key": self.key, "dtype": self.dtype,
-                "components": [component.to_dict() for component in self.components],
-                "views": {"score": self._view("score"), "contrast": self._view("contrast")}}
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per (query-side, key-side) pair: the qk schema's columns (a layer or head of

@@ -20,6 +20,7 @@ recorded at the read points (probe.dla's recording), read through the final norm
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -28,21 +29,25 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.frames import frame, head_name, head_rows
+from probe.frames import frame, head_name, record_rows
 from probe.ablation.blocks import keeping_outputs, skip_blocks
 from probe.ablation.heads import Head
 from probe.ablation.logits import CHECK_TOLERANCE
 from probe.ablation.methods import AblationMethod, build_method
+from probe.ablation.runners import batch_contexts
 from probe.dla import Recording, Structure, Targets, check_stream, frozen_norm, head_shares, model_structure, \
     record_writes
 from probe.errors import ProbeError
 from probe.hooks.capture import attention_hooks
 from probe.hooks.points import Writer
 from probe.hooks.run import logits_of, run_model
-from probe.hooks.types import HookContext
+from probe.hooks.types import BatchContext, HookContext
 from probe.inputs import ContrastSet, ProbeSet
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS
+from probe.schemas.declare import Payload, columns, payload, published, schema_field
 
 SELF_REPAIR_METHODS = ("zero", "mean")
 LOGIT_DIFF = "logit difference"
@@ -146,15 +151,13 @@ def _clean(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor 
                   None if targets.distractor is not None else logits.float(), recording, kept)
 
 
-def _ablating(method: AblationMethod, layer: int, head: int, batch: int) -> Writer:
-    """A `z` writer: head `head` of `layer` replaced as the method replaces it, every other head as it was."""
+def _ablating(method: AblationMethod, layer: int, head: int, batch: BatchContext) -> Writer:
+    """A `z` writer: head `head` of `layer` replaced as the method's own writer replaces it, told the batch that
+    runs (`ctx.batch`), every other head as it was."""
+    write = method.writer([head])
+
     def edit(z: Tensor, ctx: HookContext) -> Tensor:
-        if ctx.layer != layer:
-            return z
-        chosen = torch.zeros(z.shape[2], dtype=torch.bool, device=z.device)
-        chosen[head] = True
-        replacement = method.replacement(layer, z, batch).to(device=z.device, dtype=z.dtype)
-        return torch.where(chosen[:, None], replacement, z)
+        return write(z, dataclasses.replace(ctx, batch=batch)) if ctx.layer == layer else z
     return edit
 
 
@@ -252,9 +255,9 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
              batch_size: int, top: int, progress: ProgressArg) -> tuple[_Sums, list[Head], str, str]:
     """Every chosen head ablated alone on every batch of `probe_set` (the sweep's batches): the sums over points."""
     structure, chosen = _check(loaded, method, heads, top)
-    ablation = build_method(method, loaded, probe_set, batch_size=batch_size)
+    contexts = batch_contexts(probe_set, batch_size)  # the sweep's batches, the method bound to them as it binds
+    ablation = build_method(method, loaded, probe_set, batch_size=batch_size).bound_to(contexts)
     batches = probe_set.batches(batch_size)
-    ablation.bind([int(ids.shape[0]) for ids, _ in batches])
     n_heads = structure.layers[0].n_heads
     sums = _Sums.zeros(len(chosen), len(structure.layers), n_heads)
     tick, done, prefix = callback(progress, "self-repair"), 0, _Prefix()
@@ -266,8 +269,8 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
         clean = _clean(loaded, structure, ids, mask, part)
         sums.points += len(part.rows)
         for number, (layer, h) in enumerate(chosen):
-            ablated, logits = prefix.run(loaded, structure, ids, mask, clean, _ablating(ablation, layer, h, index),
-                                         layer)
+            edit = _ablating(ablation, layer, h, contexts[index])
+            ablated, logits = prefix.run(loaded, structure, ids, mask, clean, edit, layer)
             _add_ablation(sums, number, structure, clean, ablated, logits, (layer, h))
             done += 1
             if tick is not None:
@@ -277,28 +280,74 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
     return sums, chosen, ablation.describe() or "", prefix.path
 
 
-@dataclass
-class SelfRepair:
+class RepairedHead(Payload, frozen=True):
+    """One ablated head: its total and direct effects, the self-repair between them and its parts."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    total: float = schema_field("the score's change with the head ablated", column=True)
+    direct: float = schema_field("its own path to the logits, the final norm frozen at the clean run",
+                                 column="its direct effect")
+    self_repair: float = schema_field("total - direct", column=True)
+    repaired: float | None = schema_field("self_repair / -direct (null below the repair floor)",
+                                          column="self_repair / -direct (null below the floor)")
+    by_heads: float = schema_field("later heads' DLA change", column=True)
+    by_mlps: float = schema_field("the MLPs'", column="the MLPs' change")
+    by_norm: float = schema_field("the final norm's rescaling", column=True)
+    compensating: list[dict[str, Any]] = schema_field(
+        "the other heads whose DLA moved most against the direct effect", items=Field(
+            "object", "a head and its DLA change"), column=Field(
+            "string", "the compensating heads and their DLA change: 'L1H3 -0.011, ...'"))
+
+
+@published("self-repair", 1, "Per ablated head: its total effect, its direct effect, and the self-repair between them, "
+           "split into later heads', MLPs' and the final norm's share (probe dla / probe patch --self-repair, the "
+           "self_repair section).", rows="one per ablated head, largest |direct| first",
+           columns=columns(HEAD_COLUMNS, RepairedHead))
+class SelfRepair(Payload):
     """Per ablated head, means over the read points, float64 (module docstring): `total`, `direct`,
     `self_repair` = total - direct, its parts `by_heads`, `by_mlps`, `by_norm`, and each later head's
     `compensation` (n_layers, n_heads; the ablated head's own entry is its direct effect on the DLA score)."""
 
-    model: str
-    source: str
-    metric: str  # LOGIT_DIFF or LIKELIHOOD
-    method: str
-    dtype: str
-    points: int
+    model: str = schema_field(MODEL)
+    source: str = schema_field("what it was measured on")
+    metric: str = schema_field("logit difference, or the next token's log-likelihood on text")  # LOGIT_DIFF or
+    # LIKELIHOOD
+    method: str = schema_field("zero or mean ablation")
+    reference: str = schema_field("what the mean ablation's means were taken over ('' for zero)", default="",
+                                  kw_only=True)
+    dtype: str = schema_field(DTYPE)
+    points: int = schema_field("positions (or pairs) averaged over")
+
+    @payload(N_LAYERS.description)
+    def n_layers(self) -> int:
+        return int(self.compensation.shape[1])
+
+    @payload(N_HEADS.description)
+    def n_heads(self) -> int:
+        return int(self.compensation.shape[2])
+
+    unit: str = schema_field("the unit of the compensation columns", key="compensation_unit", default="",
+                             kw_only=True)  # what compensation is measured in
+    path: str = schema_field("how the ablated runs were computed", default="", kw_only=True)  # the clean prefix
+    # reused, or full forwards and why
+
+    @payload("`repaired` is shown where |direct| is at least this share of the largest")
+    def repair_floor(self) -> float:
+        return REPAIR_FLOOR
+
+    @payload("one entry per ablated head, largest |direct| first", key="heads", items="one head")
+    def entries(self) -> list[RepairedHead]:
+        """One per ablated head, largest |direct| first (the heads whose own path matters most)."""
+        return [self.entry(index) for index in self.direct.abs().argsort(descending=True).tolist()]
+
     heads: list[Head]
     total: Tensor  # (ablated,)
     direct: Tensor
     by_mlps: Tensor
     by_norm: Tensor
     compensation: Tensor  # (ablated, n_layers, n_heads)
-    reference: str = ""  # what a mean ablation's mean was taken over
-    top: int = COMPENSATING
-    unit: str = field(default="")  # what compensation is measured in
-    path: str = ""  # how the ablated runs ran (the clean prefix reused, or full forwards and why)
+    top: int = field(default=COMPENSATING, kw_only=True)
 
     @property
     def self_repair(self) -> Tensor:
@@ -320,36 +369,29 @@ class SelfRepair:
         width, values = toward.shape[1], self.compensation[index].flatten()
         return [(*divmod(int(i), width), float(values[i])) for i in order if toward.flatten()[i] > 0]
 
-    def row(self, index: int) -> dict[str, Any]:
+    def entry(self, index: int) -> RepairedHead:
         """One ablated head's numbers, its compensating heads, and `repaired` = self-repair / -direct (the share of
         its direct effect the rest of the model gives back; None below REPAIR_FLOOR)."""
         layer, head = self.heads[index]
         direct, repair = float(self.direct[index]), float(self.self_repair[index])
         floor = REPAIR_FLOOR * float(self.direct.abs().max())
-        return {"layer": layer, "head": head, "total": float(self.total[index]), "direct": direct,
-                "self_repair": repair, "repaired": repair / -direct if abs(direct) > max(floor, 1e-9) else None,
-                "by_heads": float(self.by_heads[index]), "by_mlps": float(self.by_mlps[index]),
-                "by_norm": float(self.by_norm[index]),
-                "compensating": [{"layer": at, "head": h, "value": v} for at, h, v in self.compensating(index)]}
+        return RepairedHead(layer, head, float(self.total[index]), direct, repair,
+                            repair / -direct if abs(direct) > max(floor, 1e-9) else None,
+                            float(self.by_heads[index]), float(self.by_mlps[index]), float(self.by_norm[index]),
+                            [{"layer": at, "head": h, "value": v} for at, h, v in self.compensating(index)])
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain payload: one row per ablated head, largest |direct| first (the heads whose own path matters most),
-        each with its compensating heads."""
-        order = self.direct.abs().argsort(descending=True).tolist()
-        return {"model": self.model, "source": self.source, "metric": self.metric, "method": self.method,
-                "reference": self.reference, "dtype": self.dtype, "points": self.points,
-                "n_layers": self.compensation.shape[1], "n_heads": self.compensation.shape[2],
-                "compensation_unit": self.unit, "path": self.path, "repair_floor": REPAIR_FLOOR,
-                "heads": [self.row(index) for index in order]}
+    def row(self, index: int) -> dict[str, Any]:
+        """`entry(index)` as its payload holds it."""
+        return self.entry(index).to_dict()
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per ablated head, largest |direct| first: the self-repair schema's columns
         (the compensating heads as one string, `L1H3 -0.011, ...`). Needs pandas."""
-        entries = self.to_dict()["heads"]
-        rows = head_rows(entries, ("total", "direct", "self_repair", "repaired", "by_heads", "by_mlps", "by_norm"))
+        entries = self.entries()
+        rows = record_rows(entries)
         for row, entry in zip(rows, entries):
             row["compensating"] = ", ".join(f"{head_name(item['layer'], item['head'])} {item['value']:+.3g}"
-                                            for item in entry["compensating"])
+                                            for item in entry.compensating)
         return frame(rows)
 
 
@@ -360,7 +402,7 @@ def _result(loaded: LoadedModel, source: str, metric: str, method: str,
     unit = LOGIT_DIFF if metric == LOGIT_DIFF else "logit of the next token"
     return SelfRepair(loaded.name, source, metric, method, str(next(loaded.model.parameters()).dtype).replace(
         "torch.", ""), n, heads, sums.total / n, sums.direct / n, sums.by_mlps / n, sums.by_norm / n,
-        sums.compensation / n, reference, top, unit, path)
+        sums.compensation / n, reference=reference, top=top, unit=unit, path=path)
 
 
 def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,

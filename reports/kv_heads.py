@@ -5,7 +5,7 @@ by probe.headmaps.formats' writers). Computes nothing."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -14,10 +14,13 @@ from rich.text import Text
 from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
 from probe.reports.labels import long_label, precision_sentence, short_label
 
+if TYPE_CHECKING:
+    from probe.schemas.payloads import KvHeadsPayload
+
 LISTED = 15  # full KV heads listed in the terminal; the JSON has all
 
 
-def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
+def kv_heads_report(payload: KvHeadsPayload, console: Console) -> None:
     """The model's needle accuracy, the KV heads kept full, and the curve."""
     total = payload["n_layers"] * payload["n_kv_heads"]
     console.print(Text(f"KV heads of {payload['model']}", style="bold"),
@@ -46,9 +49,10 @@ def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
         console.print(Text(f"  ... and {len(full) - LISTED} more (see --json)", style="dim"))
     for line in budget_lines(payload.get("budget")):
         console.print(Text(line))
-    if payload.get("curve"):
-        console.print(curve_table(payload["curve"]))
-        for name, k in (payload["curve"].get("stopped") or {}).items():
+    curve = payload.get("curve")
+    if curve:
+        console.print(curve_table(curve))
+        for name, k in (curve.get("stopped") or {}).items():
             console.print(Text(f"  {name.replace('_', ' seed ')} stopped at k = {k}: refused where probe's order is "
                                "kept (--every-random-point measures the rest)", style="dim"))
     if payload.get("seconds"):
@@ -78,7 +82,7 @@ def curve_table(curve: dict[str, Any]) -> Table:
     return table
 
 
-def budget_record(payload: dict[str, Any]) -> dict[str, Any]:
+def budget_record(payload: KvHeadsPayload) -> dict[str, Any]:
     """What an export's budget file says: how the budget was chosen, what was measured, which KV heads stream."""
     return {"model": payload["model"], "dtype": payload["dtype"], "sink": payload["sink"],
             "recent": payload["recent"], "budget": payload["budget"], "n_streaming": payload["n_streaming"],
@@ -90,6 +94,11 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
     if not budget:
         return []
     lines = [f"Budget: {budget['rule']}: {budget['streamed']} of {budget['total']} KV heads stream."]
+    press = budget.get("kvpress")
+    if press:  # what to pass kvpress for it to stream exactly these heads
+        lines.append(f"kvpress: DuoAttentionPress(head_compression_ratio={press['head_compression_ratio']!r}) "
+                     f"streams exactly them; it removes {press['removed']:.4f} of a {press['length']}-token KV cache "
+                     f"(sink {press['sink_size']} + recent {press['recent_size']} kept per streamed head).")
     for point in budget["points"]:
         mark = "kept" if point["accepted"] else "refused"
         lines.append(f"  k = {point['k']}: loss change {point['loss_change']:+.4f}, needle accuracy "
@@ -97,12 +106,15 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
-    """What DuoAttention's config.json says beside the map: the streaming heads' sink and recent keys."""
-    return {"sink_size": payload["sink"], "recent_size": payload["recent"]}
+def duo_config(payload: KvHeadsPayload) -> dict[str, Any]:
+    """What DuoAttention's config.json says beside the map: the streaming heads' sink and recent keys (and, for a
+    kvpress budget, the head_compression_ratio that streams exactly its streaming heads)."""
+    press = (payload.get("budget") or {}).get("kvpress")
+    return {"sink_size": payload["sink"], "recent_size": payload["recent"],
+            **({"head_compression_ratio": press["head_compression_ratio"]} if press else {})}
 
 
-def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
+def razor_map(payload: KvHeadsPayload) -> dict[str, list[int]]:
     """{layer: [kv_head, ...]}: the KV heads that keep the full cache."""
     out: dict[str, list[int]] = {str(layer): [] for layer in range(payload["n_layers"])}
     for row in payload["kv_heads"]:
@@ -111,7 +123,7 @@ def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
     return out
 
 
-def _map_data(payload: dict[str, Any]) -> dict[str, Any]:
+def _map_data(payload: KvHeadsPayload) -> dict[str, Any]:
     n_layers, n_kv = payload["n_layers"], payload["n_kv_heads"]
     z = [[0] * n_kv for _ in range(n_layers)]
     hover = [[""] * n_kv for _ in range(n_layers)]
@@ -134,7 +146,7 @@ def options_text(options: dict[str, Any]) -> str:
     return "; ".join(f"{name.replace('_', ' ')} {value(item)}" for name, item in options.items()) or "defaults"
 
 
-def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
+def kv_heads_page(payload: KvHeadsPayload, *, embed_plotly: bool = True) -> str:
     """The layer x KV-head map (blue streaming, red full; scores on hover) beside the KV heads kept full (the
     terminal's table), and the curve of probe's order against random orders."""
     total = payload["n_layers"] * payload["n_kv_heads"]

@@ -1,11 +1,11 @@
-"""`probe steer`'s reports from `SteerResult.to_dict()`: the measure against alpha per head (a terminal table, a
-curve per head on the page), `--find`'s ranking, and the greedy continuations side by side; a one-line header, the
-details (data, metric, the model as it is) in the footer. Computes nothing."""
+"""`probe steer`'s reports from `SteerResult.to_dict()`: the measure against the intervention's value per head (a
+terminal table, a curve per head on the page), `--find`'s ranking, and the greedy continuations side by side; a
+one-line header, the details (data, metric, intervention, the model as it is) in the footer. Computes nothing."""
 
 from __future__ import annotations
 
 from pathlib import PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -15,6 +15,9 @@ from probe.errors import ProbeError
 from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, static_summary
 from probe.reports.labels import long_label, precision_sentence, short_label
 
+if TYPE_CHECKING:
+    from probe.schemas.payloads import SteerPayload
+
 
 def _number(value: Any) -> str:
     return "nan" if value is None else f"{value:.4f}"
@@ -23,32 +26,38 @@ def _number(value: Any) -> str:
 HEADER = 100  # characters of the terminal report's first line at most
 
 
-def _measure(payload: dict[str, Any]) -> str:
+def _measure(payload: SteerPayload) -> str:
     """What the values are: the logit difference itself (a metric that is minus it, read forwards), or the metric."""
     return str(payload.get("measure") or payload["metric"])
 
 
-def header_line(payload: dict[str, Any]) -> str:
+def _parameter(payload: SteerPayload) -> str:
+    """What the intervention's values are (scale's alpha)."""
+    return str(payload["parameter"])
+
+
+def header_line(payload: SteerPayload) -> str:
     """The report's first line, at most HEADER characters: the model (by its file's name where the whole path
     would not fit) and what is measured."""
-    what = f": {_measure(payload)} against alpha" if payload["curves"] else ""
+    what = f": {_measure(payload)} against {_parameter(payload)}" if payload["curves"] else ""
     line = f"Steering heads of {payload['model']}{what}"
     if len(line) > HEADER:
         line = f"Steering heads of {PurePath(str(payload['model'])).name}{what}"
     return line if len(line) <= HEADER else line[:HEADER - 3] + "..."
 
 
-def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
-    """What the header leaves out: the input, what the values are, the model as it is (alpha 1)."""
+def details(payload: SteerPayload) -> list[tuple[str, str]]:
+    """What the header leaves out: the input, what the values are, the intervention, the model as it is."""
     figures = _figures(payload.get("baseline_figures"))
     measure, metric = _measure(payload), str(payload["metric"])
     reads = (f"the {measure} itself, higher = more of the behaviour (the metric {metric} is minus it: "
              f"{payload['metric_description']})" if measure != metric else f"{metric}: {payload['metric_description']}")
     return [("input", str(payload["data"])), ("values", reads),
-            ("as it is (alpha 1)", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
+            ("intervention", f"{payload['intervention']} at each {_parameter(payload)}"),
+            ("as it is", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
 
 
-def footer_lines(payload: dict[str, Any]) -> list[str]:
+def footer_lines(payload: SteerPayload) -> list[str]:
     """The details under the tables, one line each."""
     return [f"{name[:1].upper() + name[1:]}: {text}." for name, text in details(payload)]
 
@@ -60,22 +69,23 @@ def _figures(figures: dict[str, Any] | None) -> str:
     return ", ".join(f"{name} {_number(value)}" for name, value in figures.items())
 
 
-def _curve_table(payload: dict[str, Any]) -> Table:
+def _curve_table(payload: SteerPayload) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
     table.add_column("head", justify="right")
-    for alpha in payload["alphas"]:
-        table.add_column(f"alpha {alpha:g}", justify="right")
+    for value in payload["values"]:
+        table.add_column(f"{_parameter(payload)} {value:g}", justify="right")
     for curve in payload["curves"]:
         table.add_row(short_label(curve["layer"], curve["head"], names),
                       *(_number(point["value"]) for point in curve["points"]))
     return table
 
 
-def _find_table(payload: dict[str, Any], top: int) -> Table:
-    names, find = payload.get("layer_names"), payload["find"]
+def _find_table(payload: SteerPayload, find: dict[str, Any], top: int) -> Table:
+    names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("rank", "head", f"{_measure(payload)} at alpha {find['alpha']:g}", "change", "figures"):
+    for column in ("rank", "head", f"{_measure(payload)} at {_parameter(payload)} {find['setting']:g}", "change",
+                   "figures"):
         table.add_column(column, justify="right" if column != "figures" else "left")
     for rank, entry in enumerate(find["ranking"][:top], start=1):
         table.add_row(str(rank), short_label(entry["layer"], entry["head"], names), _number(entry["value"]),
@@ -83,82 +93,90 @@ def _find_table(payload: dict[str, Any], top: int) -> Table:
     return table
 
 
-def _generation_table(payload: dict[str, Any]) -> Table:
-    names, generated = payload.get("layer_names"), payload["generations"]
+def _generation_table(payload: SteerPayload, generated: dict[str, Any]) -> Table:
+    names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None, show_lines=False)
     table.add_column("head", justify="right")
-    table.add_column("alpha", justify="right")
+    table.add_column(_parameter(payload), justify="right")
     table.add_column(f"continuation of {generated['prompt']!r}", overflow="fold")
-    table.add_row("as it is", "1", repr(generated["baseline"]))
+    table.add_row("as it is", "", repr(generated["baseline"]))
     for row in generated["rows"]:
-        table.add_row(short_label(row["layer"], row["head"], names), f"{row['alpha']:g}", repr(row["text"]))
+        table.add_row(short_label(row["layer"], row["head"], names), f"{row['setting']:g}", repr(row["text"]))
     return table
 
 
-def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
-    """A one-line header, the curves (the measure per head and alpha), the ranking, the continuations, and the
+def steer_report(payload: SteerPayload, console: Console, *, top: int = 15) -> None:
+    """A one-line header, the curves (the measure per head and value), the ranking, the continuations, and the
     details in the footer."""
     console.print(Text(header_line(payload), style="bold"))
     if payload["curves"]:
         console.print(_curve_table(payload))
-    if payload.get("find"):
-        console.print(Text(f"Every head scaled by {payload['find']['alpha']:g} alone, largest change first "
-                           f"({payload['find']['path']})", style="bold"))
-        console.print(_find_table(payload, top))
-    if payload.get("generations"):
-        console.print(Text(f"Greedy continuations, {payload['generations']['max_new_tokens']} tokens", style="bold"))
-        console.print(_generation_table(payload))
+    find, generated = payload.get("find"), payload.get("generations")
+    if find:
+        console.print(Text(f"Every head alone under {payload['intervention']} at {_parameter(payload)} "
+                           f"{find['setting']:g}, largest change first ({find['path']})", style="bold"))
+        console.print(_find_table(payload, find, top))
+    if generated:
+        console.print(Text(f"Greedy continuations, {generated['max_new_tokens']} tokens", style="bold"))
+        console.print(_generation_table(payload, generated))
     for line in footer_lines(payload):
         console.print(Text(line, style="dim"))
     if precision_sentence(payload):  # every report's last line: what its numbers were computed in
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
-    """The page's plot data: one line per head (metric against alpha), alpha 1's value marked; --find's top bars."""
-    if "alphas" not in payload or "curves" not in payload:
-        raise ProbeError("not a steering result (no alphas or curves)")
+def steer_data(payload: SteerPayload) -> dict[str, Any]:
+    """The page's plot data: one line per head (the measure against the intervention's value), the model as it is
+    marked; --find's top bars."""
+    if "values" not in payload or "curves" not in payload:
+        raise ProbeError("not a steering result (no values or curves)")
     names = payload.get("layer_names")
     lines = [{"label": plotly_text(short_label(c["layer"], c["head"], names)),
               "name": plotly_text(long_label(c["layer"], c["head"], names)),
-              "alpha": [p["alpha"] for p in c["points"]], "value": [p["value"] for p in c["points"]]}
+              "setting": [p["setting"] for p in c["points"]], "value": [p["value"] for p in c["points"]]}
              for c in payload["curves"]]
     find = payload.get("find")
     bars = None if not find else {
-        "alpha": find["alpha"],
+        "setting": find["setting"],
         "labels": [plotly_text(short_label(e["layer"], e["head"], names)) for e in find["ranking"][:30]],
         "delta": [e["delta"] for e in find["ranking"][:30]]}
-    return {"metric": plotly_text(_measure(payload)), "baseline": payload["baseline"], "lines": lines,
-            "bars": bars}
+    return {"metric": plotly_text(_measure(payload)), "parameter": plotly_text(_parameter(payload)),
+            "intervention": plotly_text(str(payload["intervention"])), "baseline": payload["baseline"],
+            "lines": lines, "bars": bars}
 
 
-def _generation_rows(payload: dict[str, Any]) -> str:
+def _generation_rows(payload: SteerPayload) -> str:
     generated = payload.get("generations")
     if not generated:
         return ""
     names = payload.get("layer_names")
-    rows = [("as it is", "1", generated["baseline"])] + [
-        (short_label(row["layer"], row["head"], names), f"{row['alpha']:g}", row["text"]) for row in generated["rows"]]
+    rows = [("as it is", "", generated["baseline"])] + [
+        (short_label(row["layer"], row["head"], names), f"{row['setting']:g}", row["text"])
+        for row in generated["rows"]]
     text_cell = '<td class="probe-steer-text" style="white-space: pre-wrap">'  # the text as generated
-    body = "".join(f"<tr><td>{esc(head)}</td><td>{esc(alpha)}</td>{text_cell}{esc(text)}</td></tr>"
-                   for head, alpha, text in rows)
+    body = "".join(f"<tr><td>{esc(head)}</td><td>{esc(value)}</td>{text_cell}{esc(text)}</td></tr>"
+                   for head, value, text in rows)
     return (f"<h2>Greedy continuations of <q>{esc(generated['prompt'])}</q></h2>"
-            '<table class="probe-static-table probe-steer-generations"><tr><th>head</th><th>alpha</th>'
+            '<table class="probe-static-table probe-steer-generations"><tr><th>head</th>'
+            f"<th>{esc(_parameter(payload))}</th>"
             f"<th>continuation ({generated['max_new_tokens']} tokens)</th></tr>{body}</table>")
 
 
-def steer_page(payload: dict[str, Any]) -> str:
+def steer_page(payload: SteerPayload) -> str:
     """`probe steer --html`: self-contained and offline, every text escaped."""
     data = steer_data(payload)
     measure = _measure(payload)
     rows = [("model", str(payload["model"])), ("dtype", str(payload.get("dtype"))), ("data", str(payload["data"])),
             *details(payload)]
-    summary = static_summary(f"{measure} against alpha", ["head", *(f"alpha {a:g}" for a in payload["alphas"])],
+    parameter = _parameter(payload)
+    summary = static_summary(f"{measure} against {parameter}",
+                             ["head", *(f"{parameter} {v:g}" for v in payload["values"])],
                              [[line["label"], *(_number(v) for v in line["value"])] for line in data["lines"]])
     body = (f"<h1>Steering heads of {esc(payload['model'])}</h1>" + facts_table(rows)
-            + (f"<h2>{esc(measure[:1].upper() + measure[1:])} against alpha</h2>" + summary
+            + (f"<h2>{esc(measure[:1].upper() + measure[1:])} against {esc(parameter)}</h2>" + summary
                + '<div class="probe-steer-curves"></div>' if data["lines"] else "")
-            + (f"<h2>Every head scaled by {data['bars']['alpha']:g}: the largest changes</h2>"
+            + (f"<h2>Every head under {esc(payload['intervention'])} at {esc(parameter)} "
+               f"{data['bars']['setting']:g}: the largest changes</h2>"
                '<div class="probe-steer-find"></div>' if data["bars"] else "")
             + _generation_rows(payload) + f"<script>{_steer_js()}</script>")
     return page("steer", f"probe steer: {payload['model']}", body, data, embed_plotly=True)

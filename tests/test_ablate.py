@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from conftest import run_cli, tiny_hf, tiny_loaded
 from planted import UNRELATED, PlantedModel, TextbookAttention, planted_mha, planted_textbook
 
+from probe.hooks.types import HookContext
 from probe.ablation import (AblationMethod, HeadResult, METHODS, ablate, all_heads, estimate,
                             head_means, load_results, parse_heads, read_results, sweep)
 from probe.ablation.estimate import BACKWARD_COST, GRAD_FORWARD_COST, gumbel_draws
@@ -747,8 +748,8 @@ class SequenceMean(AblationMethod):
     def __init__(self, means: object = None) -> None:  # the constructor METHODS entries share
         self.seen: set[int | None] = set()
 
-    def replacement(self, layer: int, heads: torch.Tensor, batch: int | None) -> torch.Tensor:
-        self.seen.add(batch)
+    def replacement(self, heads: torch.Tensor, ctx: HookContext) -> torch.Tensor:
+        self.seen.add(None if ctx.batch is None else ctx.batch.index)
         return heads.mean(dim=0, keepdim=True)  # (1, positions, n_heads, head_dim): other sequences' values
 
 

@@ -25,7 +25,8 @@ from probe.atlas import atlas
 from probe.circuits import composition_scores, copying_scores
 from probe.dla import logit_attribution, next_token_attribution
 from probe.headmaps import compare, read_map
-from probe.hooks.trace import Trace, add_to_head, scale_head
+from probe.ablation.methods import add_to_head, scale_head
+from probe.hooks.trace import Trace
 from probe.inputs import (ProbeSet, contrast_logit_diffs, contrast_task, logit_diff, natural_set, normalised_effect,
                           repeated_set)
 from probe.inputs.contrast import logit_diffs

@@ -11,7 +11,8 @@ import pytest
 import torch
 from attention_calls import masked_logits, moved
 
-from probe.kernels import BACKENDS, DEFAULT_CONFIG, REFERENCE, AttentionCall, additive_bias, backend_for
+from probe.kernels import (BACKENDS, DEFAULT_CONFIG, REFERENCE, AttentionCall, ReferenceBackend, Weights, additive_bias,
+                           backend_for)
 from probe.kernels.base import Backend, rebuild_problem
 
 DEVICES: dict[str, str] = {"cpu": "cpu", "cuda": "cuda", "flex-attention": "cuda", "sdpa-flash": "cuda",
@@ -161,8 +162,8 @@ def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.
     assert (statistics.lse - reference.lse).abs().max() <= tolerance * 4
     device = call.query.device
     every = torch.arange(n, device=device)
-    weights = statistics.rows(every)
-    assert (weights - reference.rows(every)).abs().max() <= tolerance
+    weights = Weights(statistics).rows(every)
+    assert (weights - Weights(reference).rows(every)).abs().max() <= tolerance
     # bfloat16 too: its weights are rebuilt from float32 logits of its queries and keys (docs/precision.md)
     assert (weights.sum(dim=-1) - 1).abs().max() <= tolerance * 4  # the log-sum-exp fits the logits rebuilt
     # which key tops each row: argmax's answer, ties to the earliest
@@ -174,8 +175,8 @@ def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.
         hits = top.sum(dim=(0, 2)).double().cpu()
         chosen = selected.clone()
         chosen[:, :max(0, -shift)] = False
-        assert torch.equal(statistics.neighbour_hits(chosen, shift).cpu(), hits), shift
-        assert torch.equal(reference.neighbour_hits(chosen, shift).cpu(), hits), shift
+        assert torch.equal(Weights(statistics).neighbour_hits(chosen, shift).cpu(), hits), shift
+        assert torch.equal(Weights(reference).neighbour_hits(chosen, shift).cpu(), hits), shift
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda backend: backend.name)
@@ -206,11 +207,11 @@ def test_a_cpu_call_is_served_by_the_cpu_backend_and_a_meta_call_by_none() -> No
 
 @pytest.mark.parametrize("case", ["padded bool mask", "odd lengths"])
 def test_the_reference_in_query_blocks_equals_one_block(case: str) -> None:
-    """The reference forms its logits a block of queries at a time (KernelConfig.reference_block): blocks of 7
+    """The reference forms its logits a block of queries at a time (`ReferenceBackend(block=...)`): blocks of 7
     queries give the numbers of one block, bit for bit."""
     call = CASES[case]()
     output, statistics = REFERENCE.run(call, DEFAULT_CONFIG)
-    blocked_output, blocked = REFERENCE.run(call, replace(DEFAULT_CONFIG, reference_block=7))
+    blocked_output, blocked = ReferenceBackend(block=7).run(call, DEFAULT_CONFIG)
     assert torch.equal(output, blocked_output) and torch.equal(statistics.lse, blocked.lse)
 
 

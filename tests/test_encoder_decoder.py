@@ -313,7 +313,7 @@ def word_tokenizer(folder: Path, words: list[str]) -> None:
                             eos_token="</s>").save_pretrained(folder)
 
 
-def test_ablate_reads_pairs_from_a_file(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_ablate_reads_seq2seq_texts_from_a_file(tmp_path: Path, capsys, monkeypatch) -> None:
     from probe.models.hf import SAMPLE_TEXT
 
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
@@ -324,7 +324,7 @@ def test_ablate_reads_pairs_from_a_file(tmp_path: Path, capsys, monkeypatch) -> 
     lines = [{"source": "The cat sat on the mat", "target": "le chat"}, {"source": "a fox", "target": "the lazy dog"}]
     data = tmp_path / "pairs.jsonl"
     data.write_text("\n".join(json.dumps(line) for line in lines) + "\n", encoding="utf-8")
-    code, out, err = run_cli(["ablate", "--model", str(folder), "--pairs", str(data), "--heads", "x0.1,dec1.0",
+    code, out, err = run_cli(["ablate", "--model", str(folder), "--seq2seq", str(data), "--heads", "x0.1,dec1.0",
                               "--json", str(tmp_path / "pairs.json")], capsys, monkeypatch)
     assert code == 0, err
     result = json.loads((tmp_path / "pairs.json").read_text(encoding="utf-8"))
@@ -334,8 +334,8 @@ def test_ablate_reads_pairs_from_a_file(tmp_path: Path, capsys, monkeypatch) -> 
     probe_set = read_pairs(loaded, data)
     assert probe_set.source_ids.shape == (2, 6) and probe_set.input_ids.shape == (2, 4)  # start + 3 words
     assert result["baseline_loss"] == pytest.approx(labels_loss(loaded.model, probe_set), abs=1e-5)
-    assert result["data"] == f"pairs file {data}" and "x0.1" in out
-    code, out, err = run_cli(["ablate", "--model", str(folder), "--pairs", str(data), "--method", "mean"],
+    assert result["data"] == f"seq2seq file {data}" and "x0.1" in out
+    code, out, err = run_cli(["ablate", "--model", str(folder), "--seq2seq", str(data), "--method", "mean"],
                              capsys, monkeypatch)
     assert code == 2 and "--method" in err and "not mean" in err
 

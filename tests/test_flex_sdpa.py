@@ -24,7 +24,9 @@ from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES
 from probe.kernels import BACKENDS, DEFAULT_CONFIG, REFERENCE, AttentionCall, additive_bias, using_backend
 from probe.kernels import flex as flex_kernel
-from probe.kernels.flex import FlexBackend, FlexStatistics, aux_request, block_mask_for, flex_outputs, modifications
+from probe.kernels import FusedStatistics, Weights
+from probe.kernels.flex import (MAXIMA_SEARCH, FlexBackend, aux_request, block_mask_for, flex_outputs, flex_statistics,
+                                modifications)
 from probe.kernels.sdpa import TRITON, SdpaBackend, lse_kernel
 
 pytest.importorskip("triton", reason="triton is not installed: the top keys' pass cannot run")
@@ -87,7 +89,8 @@ def test_sdpa_without_triton_finds_the_maxima_from_whole_rows(monkeypatch: pytes
     assert without.top_keys is None and with_triton.top_keys is not None
     selected = torch.ones(2, 40, dtype=torch.bool)
     for shift in (-1, 0):
-        assert torch.equal(without.neighbour_hits(selected, shift), with_triton.neighbour_hits(selected, shift))
+        assert torch.equal(Weights(without).neighbour_hits(selected, shift),
+                           Weights(with_triton).neighbour_hits(selected, shift))
 
 
 def test_six_default_scores_through_sdpa_flash_equal_the_blocked_path() -> None:
@@ -168,11 +171,11 @@ def test_flex_block_mask_skips_hidden_blocks() -> None:
                                                                            False)) == (None, None)
 
 
-def _maxima_moved(call: AttentionCall, statistics: FlexStatistics, fraction: float) -> torch.Tensor:
+def _maxima_moved(call: AttentionCall, statistics: FusedStatistics, fraction: float) -> torch.Tensor:
     """Each row's float32 maximum moved up or down (alternating rows) by `fraction` of the rounding the statistics
     allow the kernel's."""
     maxima = masked_logits(call).amax(dim=-1)
-    rounding = statistics.rounding(maxima, maxima)
+    rounding = MAXIMA_SEARCH.rounding(Weights(statistics), maxima, maxima)
     sign = (torch.arange(maxima.shape[-1]) % 2 * 2 - 1).to(maxima)
     return maxima + sign * fraction * rounding
 
@@ -187,12 +190,13 @@ def test_flex_statistics_answer_from_the_row_maxima(case: str, dtype: torch.dtyp
     call = moved(CASES[case](), dtype).with_dense_bias()  # what FlexBackend.run hands its statistics
     _, reference = REFERENCE.run(call, DEFAULT_CONFIG)
     plain_causal = call.causal and call.bias is None
-    statistics = FlexStatistics(call.query, call.key, call.bias, call.scaling, plain_causal, reference.lse)
-    statistics.max_scores = _maxima_moved(call, statistics, 0.9)
+    statistics = flex_statistics(call.query, call.key, call.bias, call.scaling, plain_causal, reference.lse)
+    statistics.row_maxima = _maxima_moved(call, statistics, 0.9)
     whole: list[int] = []
-    original = FlexStatistics.tops_of_rows
-    monkeypatch.setattr(FlexStatistics, "tops_of_rows",
-                        lambda self, found, keys: whole.append(len(found)) or original(self, found, keys))
+    original = Weights.tops_of_rows
+    monkeypatch.setattr(Weights, "tops_of_rows",
+                        lambda self, found, keys, tops=None: whole.append(len(found)) or original(self, found, keys,
+                                                                                                  tops))
     logits = masked_logits(call)
     b, hq, n, _ = call.query.shape
     for shift in (-1, 0):
@@ -200,27 +204,27 @@ def test_flex_statistics_answer_from_the_row_maxima(case: str, dtype: torch.dtyp
         expected = (logits[:, :, rows].argmax(dim=-1) == rows + shift).sum(dim=(0, 2)).double()
         selected = torch.ones(b, n, dtype=torch.bool)
         selected[:, :max(0, -shift)] = False
-        assert torch.equal(statistics.neighbour_hits(selected, shift), expected), shift
+        assert torch.equal(Weights(statistics).neighbour_hits(selected, shift), expected), shift
     assert sum(whole) < 2 * b * hq * n  # the maxima decided some rows
     every = torch.arange(n)
-    assert torch.equal(statistics.row_tops(every), logits.argmax(dim=-1))
+    assert torch.equal(Weights(statistics).row_tops(every), logits.argmax(dim=-1))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FlexAttention's row maxima: computed on CUDA only")
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.float16], ids=str)
 @pytest.mark.parametrize("case", list(CASES))
 def test_flex_kernel_maxima_lie_within_the_rounding_allowed(case: str, dtype: torch.dtype) -> None:
-    """On a GPU: the compiled kernel's row maxima lie within `FlexStatistics.rounding` of the float32 maxima (the
+    """On a GPU: the compiled kernel's row maxima lie within `MaximaSearch.rounding` of the float32 maxima (the
     bound every decision from them rests on), and its log-sum-exp within the same of the reference's."""
     call = moved(CASES[case](), dtype, "cuda")
     assert FLEX.problem(call) == ""
     with torch.no_grad():
         _, statistics = FLEX.run(call, DEFAULT_CONFIG)
         _, reference = REFERENCE.run(call, DEFAULT_CONFIG)
-    assert isinstance(statistics, FlexStatistics) and statistics.max_scores is not None
+    assert isinstance(statistics, FusedStatistics) and statistics.row_maxima is not None
     maxima = masked_logits(call).amax(dim=-1)
-    rounding = statistics.rounding(maxima, maxima)
-    assert bool(((statistics.max_scores - maxima).abs() <= rounding).all())
+    rounding = MAXIMA_SEARCH.rounding(Weights(statistics), maxima, maxima)
+    assert bool(((statistics.row_maxima - maxima).abs() <= rounding).all())
     assert bool(((statistics.lse - reference.lse).abs() <= rounding).all())
 
 
@@ -244,16 +248,16 @@ def test_flex_statistics_settle_many_undecided_rows_in_one_pass(triton_pass: boo
         pytest.skip(f"the Triton pass: {TRITON.problem(CASES['causal']())}")
     call = _previous_token_head()
     _, reference = REFERENCE.run(call, DEFAULT_CONFIG)
-    statistics = FlexStatistics(call.query, call.key, None, call.scaling, True, reference.lse,
-                                max_scores=masked_logits(call).amax(dim=-1))
-    _, undecided = statistics.decided(-1)
+    statistics = flex_statistics(call.query, call.key, None, call.scaling, True, reference.lse,
+                                 maxima=masked_logits(call).amax(dim=-1))
+    _, undecided = MAXIMA_SEARCH.decided(Weights(statistics), masked_logits(call).amax(dim=-1), -1)
     assert float(undecided.float().mean()) > flex_kernel.WHOLE_ROWS
     selected = torch.ones(1, 96, dtype=torch.bool)
     selected[:, 0] = False
     rows = torch.arange(1, 96)
     expected = (masked_logits(call)[:, :, rows].argmax(dim=-1) == rows - 1).sum(dim=(0, 2)).double()
     assert expected.sum() > 0.75 * 2 * 95
-    assert torch.equal(statistics.neighbour_hits(selected, -1), expected)
+    assert torch.equal(Weights(statistics).neighbour_hits(selected, -1), expected)
     assert (statistics.top_keys is not None) == triton_pass
 
 
@@ -272,13 +276,13 @@ def test_flex_statistics_without_maxima(triton_pass: bool, monkeypatch: pytest.M
     parts = []
     for call in calls:
         _, reference = REFERENCE.run(call, DEFAULT_CONFIG)
-        parts.append(FlexStatistics(call.query, call.key, None, call.scaling, True, reference.lse,
-                                    max_scores=masked_logits(call).amax(dim=-1)))
+        parts.append(flex_statistics(call.query, call.key, None, call.scaling, True, reference.lse,
+                                     maxima=masked_logits(call).amax(dim=-1)))
     joined = side_by_side(parts)
-    assert isinstance(joined, FlexStatistics) and joined.max_scores is None
+    assert joined.backend == "flex-attention" and joined.row_maxima is None
     selected = torch.ones(2, 40, dtype=torch.bool)
-    expected = torch.cat([part.neighbour_hits(selected, 0) for part in parts])
-    assert torch.equal(joined.neighbour_hits(selected, 0), expected)
+    expected = torch.cat([Weights(part).neighbour_hits(selected, 0) for part in parts])
+    assert torch.equal(Weights(joined).neighbour_hits(selected, 0), expected)
     assert (joined.top_keys is not None) == triton_pass
 
 

@@ -29,7 +29,7 @@ from probe.ablation.sweep import sweep
 from probe.hooks.layers import attention_layers
 from probe.hooks.stacks import layer_names
 from probe.cli.app import main
-from probe.cli.classify import parse_thresholds
+from probe.cli.options import parse_thresholds
 from probe.cli.kv_heads import parse_exports
 from probe.cli.prune import parse_max_increase
 from probe.distributed import shard_paths
@@ -466,7 +466,7 @@ def test_results_streams_on_the_command_line(data: st.DataObject, cli_stream: Pa
 def test_encoder_decoder_pairs_on_the_command_line(data: bytes, t5_folder: Path, tmp_path: Path, capsys,
                                                    monkeypatch) -> None:
     path = write(tmp_path / "pairs.jsonl", data)
-    cli_outcome(["ablate", "--model", str(t5_folder), "--pairs", str(path), "--heads", "x0.1", "--results",
+    cli_outcome(["ablate", "--model", str(t5_folder), "--seq2seq", str(path), "--heads", "x0.1", "--results",
                  str(tmp_path / "r.jsonl"), "--force"], capsys, monkeypatch)
 
 

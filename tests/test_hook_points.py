@@ -20,7 +20,8 @@ from probe.models.outputs import logits_of
 from probe.hooks.run import run_model
 from probe.errors import ProbeError
 from probe.hooks.points import KINDS, POINTS, SITES
-from probe.hooks.trace import Trace, add_to_head, scale_head
+from probe.ablation.methods import add_to_head, scale_head
+from probe.hooks.trace import Trace
 from probe.inputs.contrast import logit_diffs
 
 LAYER = 1

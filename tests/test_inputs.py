@@ -14,7 +14,7 @@ from probe.inputs import (PROBE_SETS, ProbeOptions, build_probe_set, contrast_ta
 
 
 def test_every_input_kind_is_registered_and_declares_its_kind() -> None:
-    assert {"natural", "repeated", "needle", "task", "pairs", "contrast"} <= set(PROBE_SETS)
+    assert {"natural", "repeated", "needle", "task", "seq2seq", "contrast"} <= set(PROBE_SETS)
     for name, entry in PROBE_SETS.items():
         assert entry.name == name and entry.kind in KINDS and entry.summary, name
 

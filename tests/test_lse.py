@@ -1,7 +1,8 @@
 """Scores from the fused statistics (probe/kernels/): the fast path equals the blocked path (the reference) on every
 family where it applies, with padding, on sliding-window layers and on the real default model; where a layer's logits
 cannot be rebuilt, the result's path says so and the numbers are the blocked path's. Each stage of the CPU backend's
-staged search is forced at short lengths through a KernelConfig and counted through its public stage method."""
+staged search is forced at short lengths through its SearchConfig (`CpuBackend(search=...)`) and counted through its
+public stage method."""
 
 from __future__ import annotations
 
@@ -22,10 +23,26 @@ from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES, Batch, diagonal_score, register_score, streaming_from_lse, streaming_score
-from probe.kernels import DEFAULT_CONFIG, CpuAttention, KernelConfig
+from probe.heads.classify import HeadScores
+from probe.kernels import DEFAULT_CONFIG, DEFAULT_SEARCH, CpuBackend, KernelConfig, SearchConfig, StagedSearch, Weights
+from probe.kernels.base import using_backend
+from probe.kernels.cpu import cpu_statistics
 from probe.models import LoadedModel
 
 TOLERANCE = 1e-5
+
+
+def _searched(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], search: SearchConfig = DEFAULT_SEARCH,
+              config: KernelConfig = DEFAULT_CONFIG, batch_size: int = 3) -> HeadScores:
+    """score_heads on the fast path, the CPU backend searching row maxima with `search`."""
+    with using_backend(CpuBackend(search)):
+        return score_heads(loaded, probe_set, names, batch_size=batch_size, config=config)
+
+
+def _cpu_weights(query: Tensor, key: Tensor, scaling: float, lse: Tensor, search: SearchConfig = DEFAULT_SEARCH,
+                 config: KernelConfig = DEFAULT_CONFIG) -> Weights:
+    """The weights of a plain causal CPU record of these queries and keys, its search tuned by `search`."""
+    return Weights(cpu_statistics(query, key, None, scaling, True, lse, config, StagedSearch(search)))
 
 
 def _padded_sets(vocab: int, length: int = 40, num: int = 3) -> tuple[ProbeSet, ProbeSet]:
@@ -46,7 +63,8 @@ def _padded_sets(vocab: int, length: int = 40, num: int = 3) -> tuple[ProbeSet, 
 def _both_paths(loaded: LoadedModel, probe_sets: tuple[ProbeSet, ...]) -> tuple[dict, dict, set[str]]:
     fast, blocked, paths = {}, {}, set()
     for probe_set in probe_sets:
-        names = [name for name, score in SCORES.items() if score.probe == probe_set.name]
+        names = [name for name, score in SCORES.items()  # a class without a fast path has no other path to match
+                 if score.probe == probe_set.name and score.fast is not None]
         lse = score_heads(loaded, probe_set, names, batch_size=2)
         fast.update(lse)
         paths.add(lse.path)
@@ -117,17 +135,17 @@ def test_positional_rows_the_band_cannot_decide_are_settled_exactly(monkeypatch)
     natural, _ = _padded_sets(120, length=64)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
     settled: list[int] = []
-    settle = CpuAttention.settle_stage
-    monkeypatch.setattr(CpuAttention, "settle_stage",
-                        lambda self, found, shift: settled.append(len(found)) or settle(self, found, shift))
-    fast = score_heads(loaded, natural, ["positional"], batch_size=3, config=replace(DEFAULT_CONFIG, positional_band=2))
+    settle = StagedSearch.settle_stage
+    monkeypatch.setattr(StagedSearch, "settle_stage", lambda self, weights, found, shift:
+                        settled.append(len(found)) or settle(self, weights, found, shift))
+    fast = _searched(loaded, natural, ["positional"], replace(DEFAULT_SEARCH, positional_band=2))
     assert sum(settled) > 100
     assert torch.equal(fast["positional"], blocked["positional"])
 
 
-def _near_slices(config: KernelConfig, span: int, before: int) -> KernelConfig:
+def _near_slices(search: SearchConfig, span: int, before: int) -> SearchConfig:
     """Stages 2 and 4 at any length, with near slices of `span` positions and `before` earlier keys."""
-    return replace(config, band_from=0, near_from=0, near_span=span, near_before=before)
+    return replace(search, band_from=0, near_from=0, near_span=span, near_before=before)
 
 
 @pytest.mark.parametrize("stages", ["band", "near", "one_head_at_a_time", "no_rivals"])
@@ -138,24 +156,24 @@ def test_every_stage_of_the_positional_fast_path_equals_blocked(monkeypatch, sta
     loaded = tiny_loaded("llama_gqa")
     natural, _ = _padded_sets(120, length=64)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
-    config = DEFAULT_CONFIG
+    config, search = DEFAULT_CONFIG, DEFAULT_SEARCH
     if stages in ("band", "near"):
-        config = _near_slices(config, 16, 8)
+        search = _near_slices(search, 16, 8)
     if stages == "near":  # a band of the neighbours only: most rows it leaves open go to the near keys
-        config = replace(config, positional_band=2)
+        search = replace(search, positional_band=2)
     if stages == "one_head_at_a_time":
         config = replace(config, rows_at_once=0)
     if stages == "no_rivals":
-        config = replace(config, positional_rivals=())
+        search = replace(search, positional_rivals=())
     decided: dict[str, list[int]] = {"band_stage": [], "near_stage": []}
     for stage in decided:
-        def counting(attention, found, shift, original=getattr(CpuAttention, stage), stage=stage):  # noqa: B008
-            hits, still_open = original(attention, found, shift)
+        def counting(self, weights, found, shift, original=getattr(StagedSearch, stage), stage=stage):  # noqa: B008
+            hits, still_open = original(self, weights, found, shift)
             decided[stage].append(len(found) - len(still_open))
             return hits, still_open
 
-        monkeypatch.setattr(CpuAttention, stage, counting)
-    fast = score_heads(loaded, natural, ["positional"], batch_size=3, config=config)
+        monkeypatch.setattr(StagedSearch, stage, counting)
+    fast = _searched(loaded, natural, ["positional"], search, config)
     assert torch.equal(fast["positional"], blocked["positional"])
     assert (sum(decided["band_stage"]) > 20) == (stages == "band")  # the forced stage decides rows
     assert (sum(decided["near_stage"]) > 20) == (stages == "near")
@@ -169,18 +187,18 @@ def test_positional_witnesses_stage_equals_blocked(monkeypatch, batch_size: int)
     loaded = tiny_loaded("llama_gqa")
     natural, _ = _padded_sets(120, length=64)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=batch_size, path="blocked")
-    config = replace(DEFAULT_CONFIG, positional_band=2, witnesses_from=0, first_keys=4, longest_keys=4)
+    search = replace(DEFAULT_SEARCH, positional_band=2, witnesses_from=0, first_keys=4, longest_keys=4)
     decided, masked = [], []
-    witnesses = CpuAttention.witness_stage
+    witnesses = StagedSearch.witness_stage
 
-    def counting(attention, found, shift):
-        still_open = witnesses(attention, found, shift)
+    def counting(self, weights, found, shift):
+        still_open = witnesses(self, weights, found, shift)
         decided.append(len(found) - len(still_open))
-        masked.append(attention.bias is not None)
+        masked.append(weights.bias is not None)
         return still_open
 
-    monkeypatch.setattr(CpuAttention, "witness_stage", counting)
-    fast = score_heads(loaded, natural, ["positional"], batch_size=batch_size, config=config)
+    monkeypatch.setattr(StagedSearch, "witness_stage", counting)
+    fast = _searched(loaded, natural, ["positional"], search, batch_size=batch_size)
     assert torch.equal(fast["positional"], blocked["positional"])
     assert sum(decided) > 20
     assert any(masked) == (batch_size > 1)
@@ -192,10 +210,10 @@ def test_beaten_by_witnesses_agrees_with_whole_rows() -> None:
     torch.manual_seed(3)
     query, key = torch.randn(2, 4, 50, 8), torch.randn(2, 2, 50, 8)
     key[:, :, 30] *= 5  # the longest key of each head: a witness though it is not among the first
-    attention = CpuAttention(query, key, None, 0.3, True, torch.zeros(2, 4, 50))
+    attention = _cpu_weights(query, key, 0.3, torch.zeros(2, 4, 50))
     found = torch.cartesian_prod(torch.arange(2), torch.arange(4), torch.arange(1, 50))  # (b, h, query)
     keys = found[:, 2] - 1
-    beaten = attention.beaten_by_witnesses(found, keys, 3, 1)
+    beaten = StagedSearch().beaten_by_witnesses(attention, found, keys, 3, 1)
     logits = torch.matmul(query, key.repeat_interleave(2, dim=1).transpose(-1, -2)) * 0.3  # (b, h, n, n)
     rows = logits[found[:, 0], found[:, 1], found[:, 2]]  # (k, n)
     witness = torch.zeros(len(found), 50, dtype=torch.bool)
@@ -224,7 +242,7 @@ def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) 
     repeated = ProbeSet("repeated", "random", torch.cat([torch.zeros(3, 1, dtype=torch.long), half, half], 1), 1,
                         repeat_len=31)
     natural = ProbeSet("natural", "random", torch.randint(1, 120, (3, 64)), 1)
-    config = _near_slices(DEFAULT_CONFIG, 16, 8) if stages == "band and near" else DEFAULT_CONFIG
+    search = _near_slices(DEFAULT_SEARCH, 16, 8) if stages == "band and near" else DEFAULT_SEARCH
     groups: list[int] = []
     flush = accumulate.ScoreAccumulator.flush
     monkeypatch.setattr(accumulate.ScoreAccumulator, "flush",
@@ -232,8 +250,8 @@ def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) 
     assert not SCORES["sep"].layers_at_once  # read each layer call alone: the others still read groups
     for probe_set in (natural, repeated):
         names = [name for name, score in SCORES.items() if score.probe == probe_set.name and score.by_default]
-        grouped = score_heads(loaded, probe_set, names, batch_size=3, config=config)
-        alone = score_heads(loaded, probe_set, names, batch_size=3, config=replace(config, group_bytes=0))
+        grouped = _searched(loaded, probe_set, names, search)
+        alone = _searched(loaded, probe_set, names, search, replace(DEFAULT_CONFIG, group_bytes=0))
         for name in names:
             assert torch.allclose(grouped[name], alone[name], rtol=0, atol=1e-6), name
         assert max(groups) == 5, probe_set.name  # every layer of a batch in one group, then one at a time
@@ -250,14 +268,16 @@ def _causal_logits(query: Tensor, key: Tensor, scaling: float) -> Tensor:
     return (logits * scaling).masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
 
 
-BOUNDED = replace(DEFAULT_CONFIG, bounds_on_cpu=True, bounds_from=0, rows_at_once=0)
-"""Whole rows bounded first (bfloat16) at any length and on any CPU, one key/value head at a time."""
+BOUNDED = replace(DEFAULT_SEARCH, bounds_on_cpu=True, bounds_from=0)
+"""Whole rows bounded first (bfloat16) at any length and on any CPU,"""
+ONE_HEAD = replace(DEFAULT_CONFIG, rows_at_once=0)
+"""one key/value head at a time."""
 
 
 def _bounded_rows(monkeypatch) -> dict[str, int]:
     """Counts the rows the bounds were asked about and those they left unsure."""
     counted = {"rows": 0, "unsure": 0}
-    bounded = CpuAttention.bounded_tops
+    bounded = StagedSearch.bounded_tops
 
     def counting(self, *args):
         top, unsure = bounded(self, *args)
@@ -265,7 +285,7 @@ def _bounded_rows(monkeypatch) -> dict[str, int]:
         counted["unsure"] += int(unsure.sum())
         return top, unsure
 
-    monkeypatch.setattr(CpuAttention, "bounded_tops", counting)
+    monkeypatch.setattr(StagedSearch, "bounded_tops", counting)
     return counted
 
 
@@ -278,15 +298,15 @@ def test_bounded_whole_rows_equal_blocked(monkeypatch) -> None:
     natural = ProbeSet("natural", "random", tokens, 1)
     blocked = score_heads(loaded, natural, ["positional"], batch_size=3, path="blocked")
     counted = _bounded_rows(monkeypatch)
-    config = replace(BOUNDED, positional_band=2, positional_rivals=())  # most rows go on to the whole rows
+    search = replace(BOUNDED, positional_band=2, positional_rivals=())  # most rows go on to the whole rows
     unsure = {}
-    for candidates in (-1, DEFAULT_CONFIG.candidates):  # -1: no key's logit read, every row the bounds leave goes whole
+    for candidates in (-1, DEFAULT_SEARCH.candidates):  # -1: no key's logit read, every row the bounds leave goes whole
         counted.update(rows=0, unsure=0)
-        fast = score_heads(loaded, natural, ["positional"], batch_size=3, config=replace(config, candidates=candidates))
+        fast = _searched(loaded, natural, ["positional"], replace(search, candidates=candidates), ONE_HEAD)
         assert torch.equal(fast["positional"], blocked["positional"]), candidates
         unsure[candidates] = counted["unsure"]
     assert counted["rows"] > 500 and 0 < unsure[-1] < counted["rows"] / 2
-    assert unsure[DEFAULT_CONFIG.candidates] < unsure[-1]
+    assert unsure[DEFAULT_SEARCH.candidates] < unsure[-1]
 
 
 @pytest.mark.parametrize("stage", ["whole rows", "near", "bounds"])
@@ -294,7 +314,8 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> 
     """Keys that copy the neighbour's key tie with it exactly: the earliest maximum wins, as argmax says, on every
     stage (stage 1 rivals, the near keys (forced: slices of 8 positions and 4 keys before), the whole rows, bounded
     in bfloat16 first or not)."""
-    config = _near_slices(DEFAULT_CONFIG, 8, 4) if stage == "near" else BOUNDED if stage == "bounds" else DEFAULT_CONFIG
+    search = _near_slices(DEFAULT_SEARCH, 8, 4) if stage == "near" else BOUNDED if stage == "bounds" else DEFAULT_SEARCH
+    config = ONE_HEAD if stage == "bounds" else DEFAULT_CONFIG
     counted = _bounded_rows(monkeypatch) if stage == "bounds" else {"rows": 1}
     torch.manual_seed(3)
     b, hq, hk, n, d = 2, 4, 2, 40, 8
@@ -302,7 +323,7 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> 
     key[:, :, 10:20] = key[:, :, 9:19].clone()  # key j = key j - 1: ties between neighbours and rivals
     key[:, :, 30] = key[:, :, 2]  # a far copy: only the whole row sees it
     logits = _causal_logits(query, key, 0.5)
-    attention = CpuAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1), config)
+    attention = _cpu_weights(query, key, 0.5, torch.logsumexp(logits, dim=-1), search, config)
     batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
     sums, counts = scores.positional_from_lse(attention, batch)
     top = logits.argmax(dim=-1)[..., 1:]  # queries 1 .. n - 1, neighbour i - 1
@@ -323,16 +344,16 @@ def test_bounded_rows_read_only_the_keys_a_row_sees(monkeypatch) -> None:
     key = torch.cumsum(drift * 0.05, dim=2) + torch.randn(b, hk, 1, d)  # neighbouring keys close: close calls
     logits = _causal_logits(query, key, 0.5)
     rows, unsure = torch.arange(1, n).repeat(hq // hk), {}
-    for candidates in (-1, DEFAULT_CONFIG.candidates):  # -1: every row the bounds leave goes whole
-        attention = CpuAttention(query, key, None, 0.5, True, torch.zeros(b, hq, n),
-                                 replace(BOUNDED, candidates=candidates))
+    for candidates in (-1, DEFAULT_SEARCH.candidates):  # -1: every row the bounds leave goes whole
+        search = StagedSearch(replace(BOUNDED, candidates=candidates))
+        attention = _cpu_weights(query, key, 0.5, torch.zeros(b, hq, n), search.config, ONE_HEAD)
         counted.update(unsure=0)
         for kv_head in range(hk):
             heads = torch.arange(hq // hk).repeat_interleave(n - 1) + kv_head * (hq // hk)
-            top = attention.tops(0, kv_head, heads, rows, rows - 1)
+            top = search.tops(attention, 0, kv_head, heads, rows, rows - 1)
             assert torch.equal(top, logits[0, heads, rows].argmax(dim=-1) == rows - 1), (kv_head, candidates)
         unsure[candidates] = counted["unsure"]
-    assert unsure[DEFAULT_CONFIG.candidates] < unsure[-1]
+    assert unsure[DEFAULT_SEARCH.candidates] < unsure[-1]
 
 
 def test_bounded_rows_count_a_nan_logit_as_the_maximum(monkeypatch) -> None:
@@ -344,8 +365,8 @@ def test_bounded_rows_count_a_nan_logit_as_the_maximum(monkeypatch) -> None:
     query, key = torch.randn(b, hq, n, d), torch.randn(b, hk, n, d)
     key[:, :, 25, 0] = float("nan")
     logits = _causal_logits(query, key, 0.5)
-    config = replace(BOUNDED, positional_rivals=(), positional_band=2)
-    attention = CpuAttention(query, key, None, 0.5, True, torch.logsumexp(logits, dim=-1), config)  # NaN from 25 on
+    search = replace(BOUNDED, positional_rivals=(), positional_band=2)
+    attention = _cpu_weights(query, key, 0.5, torch.logsumexp(logits, dim=-1), search, ONE_HEAD)  # NaN from 25 on
     batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
     sums, _ = scores.positional_from_lse(attention, batch)
     top = logits.argmax(dim=-1)[..., 1:]  # NaN at key 25: the maximum of rows 25 ..
@@ -373,7 +394,7 @@ def test_streaming_band_equals_the_blocked_reduction() -> None:
         run_model(model, ids, mask)
     weights = capture_attention(model, ids, mask)
     for layer, attention in kept.items():
-        fast = streaming_from_lse(attention, batch, sink=2, recent=8)
+        fast = streaming_from_lse(Weights(attention), batch, sink=2, recent=8)
         reference = streaming_score(weights[layer], 0, batch, sink=2, recent=8)
         assert torch.equal(fast[1], reference[1])
         assert (fast[0] - reference[0]).abs().max() <= TOLERANCE * float(reference[1][0])

@@ -49,9 +49,10 @@ induction, duplicate token, next token) in one einsum of that table with the bat
 and one addition each to their stacked sums and counts (2); sep's column summed over the valid queries (9);
 positional's two neighbours counted from the kernel's top keys (6); sep's and positional's sums and counts
 reshaped and added (20)."""
-PADDED_OPS_PER_LAYER = 90
-"""The same with padding, measured at 82: besides the above, the mask made additive by the hooks (3), the bias
-broadcast for each launch, and a second sep column for the batch's second last position (one more launch)."""
+PADDED_OPS_PER_LAYER = 72
+"""The same with padding, measured at 68.5: besides the above, a second sep column for the batch's second last
+position (one more launch of the label kernel). The padding goes to both kernels as each sequence's (kv,) key mask,
+read where a key lies: no dense (n, kv) bias is made, nor broadcast per launch."""
 PER_LAYER = replace(DEFAULT_CONFIG, group_bytes=0, diagonal_rows=128)  # each layer call read alone, as long inputs
 # are; row chunks of 128 where the fast path chunks rows at all (none may be issued per chunk)
 

@@ -270,7 +270,7 @@ COMMANDS = {
     "prune": ["prune", "--model", PLANTED, "--num-seqs", "2", "--seq-len", "24", "--seeds", "1", "--step", "0.25"],
     "patch": ["patch", "--model", WORDS, "--task", "ioi", "--count", "4"],
     "dla": ["dla", "--model", WORDS, "--task", "ioi", "--count", "4", "--self-repair"],
-    "steer": ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--alpha", "0,2", "--task", "ioi", "--num-seqs", "4",
+    "steer": ["steer", "--model", WORDS, "--heads", "1.2,0.1", "--values", "0,2", "--task", "ioi", "--num-seqs", "4",
               "--generate", "the keys", "--max-new-tokens", "3"],
     "kv-heads": ["kv-heads", "--model", f"{TESTS / 'planted.py'}:planted_gpt2", "--lengths", "120", "--depths", "0.5",
                  "--sink", "1", "--recent", "4", "--steps", "2", "--random-seeds", "0", "--curve-texts", "1"],
@@ -307,7 +307,7 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
     lines = stderr.splitlines()
     counted = [(found["what"], int(found["percent"]), line) for line in lines if (found := COUNTED.match(line))]
     assert counted or command == "steer", stderr  # steer's chosen heads: steps without a count, each timed
-    assert command != "steer" or re.search(r"^generating 3 tokens per head and alpha: done in", stderr, re.M)
+    assert command != "steer" or re.search(r"^generating 3 tokens per head and value: done in", stderr, re.M)
     assert all(percent >= 10 for _, percent, line in counted if " left" in line), stderr
     assert command != "prune" or " left" not in stderr  # its steps only bound the work (a curve stops at the limit)
     last: dict[str, int] = {}

@@ -1,6 +1,8 @@
 """The published schemas (probe/schemas/, docs/schemas.md): every command's --json file validates against its kind's
 schema, the schema refuses a payload with a field missing or misspelt, `probe schema` prints each, and every result's
-`to_frame()` has the columns its schema documents. Adding a kind: its `register` entry and its line in RUNS."""
+`to_frame()` has the columns its schema documents. Adding a kind: its result class declared with
+probe.schemas.declare (`@published`, listed in probe/schemas/kinds.py's DECLARED), or its `register` entry, and its
+line in RUNS."""
 
 from __future__ import annotations
 

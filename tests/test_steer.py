@@ -22,11 +22,12 @@ from probe.ablation.metrics import METRICS, TargetWords, read_target_words, targ
 from probe.ablation.sweep import baseline_metric
 from probe.errors import ProbeError
 from probe.hooks.run import logits_of, run_model
+from probe.hooks.types import HookContext
 from probe.inputs import ProbeOptions, ProbeSet, build_probe_set, contrast_task, logit_diffs, repeated_set
 from probe.models import LoadedModel, load_model
 from probe.patching.runs import contrast_runs
 from probe.reports.steer import steer_page
-from probe.cli.steer import parse_alphas
+from probe.cli.steer import parse_values
 from probe.steering import find_heads, generations, greedy, steer, steer_curves
 from test_browser import browser, open_page  # noqa: F401 (fixtures)
 from test_cli import strict_json
@@ -62,14 +63,14 @@ def test_the_curve_equals_scaling_the_projection_by_hand(tiny_llama: LoadedModel
     probe_set = repeated_set(tiny_llama, repeat_len=6, num_seqs=3, seed=1)
     heads, alphas = [(0, 1), (1, 3)], [0.0, 0.5, 2.0, 3.0]
     result = steer_curves(tiny_llama, probe_set, heads, alphas, batch_size=2)
-    assert result.alphas == [0.0, 0.5, 1.0, 2.0, 3.0]  # ascending, alpha 1 (the model as it is) added
+    assert result.values == [0.0, 0.5, 1.0, 2.0, 3.0]  # ascending, alpha 1 (the model as it is) added
     base = cross_entropy(tiny_llama.model, probe_set.input_ids)
     assert result.baseline == pytest.approx(base, abs=1e-5)
     for curve in result.curves:
         for point in curve["points"]:
-            with scaled_projection(tiny_llama.model, curve["layer"], curve["head"], point["alpha"], HEAD_DIM):
+            with scaled_projection(tiny_llama.model, curve["layer"], curve["head"], point["setting"], HEAD_DIM):
                 hand = cross_entropy(tiny_llama.model, probe_set.input_ids)
-            assert point["value"] == pytest.approx(hand, abs=1e-5), (curve["layer"], curve["head"], point["alpha"])
+            assert point["value"] == pytest.approx(hand, abs=1e-5), (curve["layer"], curve["head"], point["setting"])
             assert point["delta"] == pytest.approx(hand - base, abs=1e-5)
     assert result.curves[1]["points"][0]["value"] != pytest.approx(base, abs=1e-4)  # the head does something
 
@@ -99,12 +100,12 @@ def test_half_precision_scaling_keeps_the_dtype_and_zero_equals_zero_ablation(dt
     result = steer_curves(loaded, probe_set, [(1, 2)], [0.0, 3.0])
     assert result.dtype == str(dtype).removeprefix("torch.") and len(result.curves[0]["points"]) == 3
     heads = torch.randn(2, 3, 4, 16, dtype=dtype)
-    assert ScaleAblation(2.0).replacement(0, heads, None).dtype == dtype
+    assert ScaleAblation(2.0).replacement(heads, HookContext(0, "z")).dtype == dtype
 
 
 def test_scale_is_a_registered_method_built_with_its_alpha() -> None:
     assert METHODS["scale"] is ScaleAblation
-    built = build_method("scale", None, None, alpha=2.5)  # type: ignore[arg-type]  # needs no statistics
+    built = build_method("scale", None, None, value=2.5)  # type: ignore[arg-type]  # needs no statistics
     assert isinstance(built, ScaleAblation) and built.alpha == 2.5
     assert build_method("scale", None, None).alpha == 0.0  # type: ignore[arg-type, attr-defined]
     with pytest.raises(ProbeError, match="finite"):
@@ -188,7 +189,7 @@ def test_generate_restores_the_model_and_steers_model_generate() -> None:
     assert all(torch.equal(before[name], after[name]) for name in before)
     assert type(loaded.model.model.layers[0].self_attn).forward is forward
     assert not any(module._forward_hooks or module._forward_pre_hooks for module in loaded.model.modules())
-    assert [row["text"] for row in result["rows"] if row["alpha"] == 1.0] == [result["baseline"]] * 2
+    assert [row["text"] for row in result["rows"] if row["setting"] == 1.0] == [result["baseline"]] * 2
     assert len({row["text"] for row in result["rows"]}) > 1  # scaling changes what is generated
     ids = torch.tensor([loaded.tokenizer("the keys to the")["input_ids"]])
     with steer(loaded, {"1.2": 4.0}), torch.no_grad():  # around model.generate, as around any forward
@@ -196,7 +197,7 @@ def test_generate_restores_the_model_and_steers_model_generate() -> None:
         ours = greedy(loaded, ids, 6)
     assert generated[0, ids.shape[1]:].tolist() == ours[0]
     for row in result["rows"]:  # the batch, a row per head and alpha, gives what one generation at a time gives
-        with steer(loaded, {(row["layer"], row["head"]): row["alpha"]}):
+        with steer(loaded, {(row["layer"], row["head"]): row["setting"]}):
             alone = greedy(loaded, ids, 6)[0]
         assert loaded.tokenizer.decode(alone) == row["text"], row
     with pytest.raises(RuntimeError), steer(loaded, {"0.1": 3.0}):
@@ -214,7 +215,8 @@ def test_cli_curves_on_ioi_pairs_equal_the_library_and_the_page_escapes(tmp_path
     assert code == 0, stderr
     payload = strict_json(out)
     assert payload["kind"] == "steer" and payload["dtype"] == "float32" and payload["metric"] == "logit_diff"
-    assert payload["provenance"]["model"]["name"] == WORDS and payload["alphas"] == [0.0, 1.0, 2.0]
+    assert payload["provenance"]["model"]["name"] == WORDS and payload["values"] == [0.0, 1.0, 2.0]
+    assert payload["intervention"] == "scale" and payload["parameter"] == "alpha"
     loaded = words_loaded()
     clean = contrast_runs(loaded, contrast_task(loaded, "ioi", count=6, seed=0))[0]
     library = steer_curves(loaded, clean, [(1, 2), (0, 1)], [0.0, 2.0]).to_dict()
@@ -250,7 +252,7 @@ def test_cli_find_with_target_words_streams_and_resumes(tmp_path: Path, capsys, 
     first = strict_json(out)
     assert results.is_file() and len(first["find"]["ranking"]) == 8 and first["metric"].startswith("target_words:")
     top = first["find"]["ranking"][0]
-    assert [(row["layer"], row["head"], row["alpha"]) for row in first["generations"]["rows"]] == [
+    assert [(row["layer"], row["head"], row["setting"]) for row in first["generations"]["rows"]] == [
         (top["layer"], top["head"], 3.0)]  # the top head, at the alpha it was found with
     loaded = words_loaded()
     probe_set = build_probe_set("natural", loaded, ProbeOptions(text, 16, 2))
@@ -276,7 +278,10 @@ def test_find_under_torchrun_equals_one_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--find", "--alpha", "0,3"], "one --alpha value"), (["--alpha", "1,x"], "numbers separated by commas"),
+    (["--find", "--alpha", "0,3"], "one --values value"), (["--find", "--values", "0,3"], "one --values value"),
+    (["--alpha", "1,x"], "numbers separated by commas"), (["--heads", "1.2", "--values", "1,x"], "--values '1,x'"),
+    (["--heads", "1.2", "--alpha", "2", "--values", "3"], "give one of them"),
+    (["--heads", "1.2", "--intervention", "zero"], "--intervention 'zero': use one of scale"),
     ([], "give --heads"), (["--heads", "1.2", "--alpha", "inf"], "finite"),
     (["--heads", "1.2", "--task", "ioi", "--target-words", "w.txt"], "give one of them"),
     (["--heads", "1.2", "--target-words", "missing.txt"], "not found"),
@@ -289,9 +294,10 @@ def test_bad_options_are_one_line_before_the_model_loads(extra: list[str], messa
 
 def test_the_page_draws_from_a_payload_and_refuses_another(tmp_path: Path) -> None:
     payload = {"model": "<m>", "dtype": "float32", "data": "<d>", "metric": "logit_diff", "metric_description": "x",
-               "baseline": 1.0, "alphas": [0.0, 1.0], "curves": [{"layer": 0, "head": 1, "points": [
-                   {"alpha": 0.0, "value": 0.5, "delta": -0.5, "figures": {}},
-                   {"alpha": 1.0, "value": 1.0, "delta": 0.0, "figures": {}}]}], "find": None, "generations": None}
+               "baseline": 1.0, "intervention": "scale", "parameter": "alpha", "values": [0.0, 1.0],
+               "curves": [{"layer": 0, "head": 1, "points": [
+                   {"setting": 0.0, "value": 0.5, "delta": -0.5, "figures": {}},
+                   {"setting": 1.0, "value": 1.0, "delta": 0.0, "figures": {}}]}], "find": None, "generations": None}
     html = steer_page(payload)
     assert "&lt;m&gt;" in html and "<m>" not in html.replace("<meta", "")
     with pytest.raises(ProbeError, match="not a steering result"):
@@ -305,7 +311,7 @@ WORD_LINES = st.one_of(st.sampled_from(["time", "day", "# comment", "", "  week 
 
 @given(text=inputs(SCALES))
 def test_scales_parse_or_refuse(text: str) -> None:
-    result = valid_or_refused(lambda: parse_alphas(text))
+    result = valid_or_refused(lambda: parse_values(text))
     if not isinstance(result, ProbeError):
         assert result and all(isinstance(alpha, float) and abs(alpha) < float("inf") for alpha in result)
         assert len(set(result)) == len(result)
@@ -328,16 +334,17 @@ def test_scales_and_words_on_the_command_line(tmp_path: Path, text: str, data: b
 
 @pytest.mark.browser
 def test_the_page_draws_a_curve_per_head_and_the_bars_in_a_browser(tmp_path: Path, open_page) -> None:  # noqa: F811
-    points = [{"alpha": a, "value": v, "delta": v - 1.0, "figures": {}}
+    points = [{"setting": a, "value": v, "delta": v - 1.0, "figures": {}}
               for a, v in ((0.0, 0.5), (1.0, 1.0), (3.0, 2.0))]
     payload = {"model": SCRIPT, "dtype": "float32", "data": IMG, "metric": "target_words", "metric_description": SCRIPT,
-               "baseline": 1.0, "alphas": [0.0, 1.0, 3.0], "layer_names": None,
+               "baseline": 1.0, "intervention": "scale", "parameter": "alpha", "values": [0.0, 1.0, 3.0],
+               "layer_names": None,
                "curves": [{"layer": 0, "head": 1, "points": points}, {"layer": 1, "head": 2, "points": points[::-1]}],
-               "find": {"alpha": 3.0, "path": "exact", "ranking": [
+               "find": {"setting": 3.0, "path": "exact", "ranking": [
                    {"layer": 1, "head": 2, "value": 2.0, "delta": 1.0, "figures": {}},
                    {"layer": 0, "head": 1, "value": 0.8, "delta": -0.2, "figures": {}}]},
                "generations": {"prompt": SCRIPT, "max_new_tokens": 4, "seed": 0, "baseline": IMG,
-                               "rows": [{"layer": 0, "head": 1, "alpha": 3.0, "text": f"{SCRIPT} then"}]}}
+                               "rows": [{"layer": 0, "head": 1, "setting": 3.0, "text": f"{SCRIPT} then"}]}}
     path = tmp_path / "steer.html"
     path.write_text(steer_page(payload), encoding="utf-8")
     opened = open_page(path)
@@ -360,7 +367,7 @@ def test_name_mover_curve_on_smollm2_ioi_equals_the_hand_computation(smollm2: Lo
     result = steer_curves(smollm2, clean, [(23, 3)], [0.0, 1.0, 2.0, 3.0])
     margins = []
     for point in result.curves[0]["points"]:
-        with scaled_projection(smollm2.model, 23, 3, point["alpha"], 64):
+        with scaled_projection(smollm2.model, 23, 3, point["setting"], 64):
             hand = float(logit_diffs(smollm2, ioi, ioi.clean).mean())
         assert point["figures"]["margin"] == pytest.approx(hand, abs=1e-3)
         assert point["value"] == pytest.approx(hand, abs=1e-3)  # read forwards: the logit difference itself

@@ -252,7 +252,7 @@ def test_cli_parses_text_with_spacy_and_names_the_scheme(tmp_path, capsys, monke
     text = write(tmp_path, "We go home now. They run fast today. I walk there slowly.\n\n", "t.txt")
     out = tmp_path / "s.json"
     model = ["syntax", "--model", "tests/planted_syntax.py:planted_pair"]
-    code, stdout, stderr = run_cli(model + ["--text", str(text), "--min-count", "1", "--json", str(out)],
+    code, stdout, stderr = run_cli(model + ["--file", str(text), "--min-count", "1", "--json", str(out)],
                                    capsys, monkeypatch)
     assert code == 0, stderr
     payload = json.loads(out.read_text())
@@ -260,11 +260,11 @@ def test_cli_parses_text_with_spacy_and_names_the_scheme(tmp_path, capsys, monke
     assert {e["relation"] for e in payload["relations"]} >= {"nsubj", "advmod", "punct"}
     assert "ClearNLP" in stdout
     empty = write(tmp_path, "    code = 1\n\n****\n", "code.txt")
-    code, _, stderr = run_cli(model + ["--text", str(empty)], capsys, monkeypatch)
+    code, _, stderr = run_cli(model + ["--file", str(empty)], capsys, monkeypatch)
     assert code == 2 and stderr.strip() == (f"error: spaCy found no sentence of 3 or more words in {empty} (prose "
                                             "paragraphs: not indented, with letters)")
-    code, _, stderr = run_cli(model + ["--text", str(empty), "--conllu", str(empty)], capsys, monkeypatch)
-    assert code == 2 and stderr.strip() == "error: give --conllu or --text, not both"
+    code, _, stderr = run_cli(model + ["--file", str(empty), "--conllu", str(empty)], capsys, monkeypatch)
+    assert code == 2 and stderr.strip() == "error: give --conllu or --file, not both"
 
 
 def test_without_spacy_parsing_is_one_clear_error(monkeypatch):

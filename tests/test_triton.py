@@ -20,8 +20,9 @@ from families import ADAPTED, FAMILY_MODELS, tiny_family
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES
 from probe.inputs import ProbeSet
-from probe.kernels import DEFAULT_CONFIG, REFERENCE, AttentionCall, KernelConfig, additive_bias, using_backend
-from probe.kernels.cuda import CudaAttention, CudaBackend
+from probe.kernels import (DEFAULT_CONFIG, REFERENCE, AttentionCall, FusedStatistics, KernelConfig, Label, Weights,
+                           additive_bias, using_backend)
+from probe.kernels.cuda import CudaBackend
 from probe.models import LoadedModel
 
 triton = pytest.importorskip("triton", reason="triton is not installed: the CUDA backend's kernel cannot run")
@@ -126,7 +127,7 @@ def test_kernel_equals_the_reference(case: str, dtype: torch.dtype) -> None:
     output, statistics = CUDA.run(call)
     expected, reference = REFERENCE.run(call)
     b, hq, n, _ = call.query.shape
-    assert isinstance(statistics, CudaAttention) and statistics.backend == "cuda"
+    assert isinstance(statistics, FusedStatistics) and statistics.backend == "cuda"
     assert output.shape == expected.shape == (b, n, hq, call.value.shape[-1]) and output.dtype == dtype
     assert statistics.lse.dtype == torch.float32 and statistics.top_keys is not None
     nan_rows = reference.lse.isnan()
@@ -141,10 +142,29 @@ def test_kernel_equals_the_reference(case: str, dtype: torch.dtype) -> None:
     for shift in (-1, 0):  # positional's question, from the kernel's indices, against whole rows (the reference)
         chosen = selected.clone()
         chosen[:, :max(0, -shift)] = False
-        hits = statistics.neighbour_hits(chosen, shift)
+        hits = Weights(statistics).neighbour_hits(chosen, shift)
         assert hits.dtype == torch.float64 and hits.shape == (hq,)
         if dtype == torch.float32:  # the reference rebuilds bfloat16 logits in bfloat16: its ties are others
-            assert torch.equal(hits, reference.neighbour_hits(chosen, shift)), shift
+            assert torch.equal(hits, Weights(reference).neighbour_hits(chosen, shift)), shift
+
+
+@pytest.mark.parametrize("case", ["key mask, padded", "window 70, padded"])
+def test_labels_read_the_key_mask_and_window_as_they_are(case: str) -> None:
+    """The diagonals and columns of a call masked by a key mask and a window come from the label kernel reading the
+    (b, kv) key mask and the int window where each key lies: the reference's weights (from the dense bias they stand
+    for), exactly 0 where a key is hidden, and no dense bias made on the way."""
+    call = CASES[case]()
+    assert call.key_mask is not None and call.bias is None
+    _, statistics = CUDA.run(call)
+    _, reference = REFERENCE.run(call)
+    assert statistics.bias is None and statistics.key_mask is call.key_mask and statistics.window == call.window
+    labels = [Label("diagonal", shift) for shift in (-3, -1, 0, 1)] + [Label("column", key) for key in (0, 5)]
+    weights = Weights(statistics)
+    table, expected = weights.stacked(labels), Weights(reference).stacked(labels)
+    assert weights.dense is None  # the key mask was read, never made (n, kv)
+    finite = ~expected.isnan()
+    assert torch.equal(~table.isnan(), finite) and (table - expected)[finite].abs().max() <= 2e-6
+    assert torch.equal(table[finite] == 0, expected[finite] == 0)  # hidden keys: exactly 0 on both
 
 
 @pytest.mark.parametrize("case", ["padded", "grouped-query", "value head smaller (MLA)", "ties and NaN",
@@ -173,11 +193,11 @@ def test_side_by_side_carries_the_top_keys() -> None:
     calls = [CUDA.run(CASES["causal"]())[1], CUDA.run(AttentionCall(*_qkv(2, 4, 4, 24, 16, 16, seed=11), None,
                                                                    0.25, True))[1]]
     joined = side_by_side(calls)
-    assert isinstance(joined, CudaAttention) and joined.top_keys is not None
+    assert isinstance(joined, FusedStatistics) and joined.backend == "cuda" and joined.top_keys is not None
     assert torch.equal(joined.top_keys, torch.cat([call.top_keys for call in calls], dim=1))  # type: ignore[misc]
     selected = torch.ones(2, 24, dtype=torch.bool)
-    assert torch.equal(joined.neighbour_hits(selected, 0),
-                       torch.cat([call.neighbour_hits(selected, 0) for call in calls]))
+    assert torch.equal(Weights(joined).neighbour_hits(selected, 0),
+                       torch.cat([Weights(call).neighbour_hits(selected, 0) for call in calls]))
 
 
 def test_refusals_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,7 +266,7 @@ class _Recording(CudaBackend):
         super().__init__()
         self.calls: list[AttentionCall] = []
 
-    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, CudaAttention]:
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[torch.Tensor, FusedStatistics]:
         self.calls.append(call)
         return super().run(call, config)
 

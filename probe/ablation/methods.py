@@ -1,32 +1,44 @@
-"""Ablation methods: what replaces an ablated head's output. One class per method, one signature (as pyvene's
-interventions): `replacement(layer, heads, batch)` gives the values that stand in for the ablated heads of `layer`.
+"""Interventions on heads: what stands in for a chosen head's output (or its query, key or value, or the keys it
+sees). One class per method, one signature (as pyvene's interventions): `replacement(heads, ctx)` gives the values
+that stand in for the chosen heads, `ctx` the hook point's HookContext (`ctx.layer`; `ctx.batch`: the rows, padding
+mask and positions of the batch that runs). The same object is a `Trace` writer (`writer(heads)`), the sweep's,
+prune's and self-repair's ablation, and `probe steer`'s intervention: there is no second implementation.
 
 - zero ablation: 0 (Michel et al. 2019; Olsson et al. 2022);
+- scale: the output times alpha (steering through single heads: SAMD, 2025); add: a vector added (`add_to_head`);
 - mean ablation: the head's mean output over a reference set, overall or per position;
 - resample ablation: the head's output on another sequence of the set (Chan et al. 2022, causal scrubbing; the
-  resampling ablation of Wang et al. 2022), each sequence's donor fixed by a seeded derangement.
+  resampling ablation of Wang et al. 2022), each sequence's donor fixed by a seeded derangement;
+- activation patching: the output (or query, key, value) of the same row of a source run.
 
-A method declares what it needs, and its callers (sweep, prune, the estimate, the CLI) ask it, never its name:
-`statistics` (names in probe.ablation.statistics.STATISTICS, taken over a reference set by one collector),
-`build(inputs)` (how it is made from what a caller has: those statistics and a seed), `across_sequences` (its
-replacement reads other sequences' values at the same positions), `estimable` (the attribution-patching estimate
-linearises it), `summary` (its line in help texts), and `add_to_fingerprint` (what its numbers depend on).
-
-`batch` is the index of the probe set's batch that is running (None outside a sweep, e.g. in `ablate()`), so that
-a method can take values of other sequences of the same batch (resample ablation) with no change to the runners.
+A method declares what it needs, and its callers (sweep, prune, the estimate, steering, the CLI) ask it, never its
+name: `statistics` (names in probe.ablation.statistics.STATISTICS, taken over a reference set by one collector),
+`build(inputs)` (how it is made from what a caller has: those statistics, a seed, a value), `parameter` (the one
+number it is made with, which `probe steer --values` sets) and `identity` (the value that leaves the model as it
+is), `point` (the hook point it writes), `across_sequences` (its replacement reads other sequences' values at the
+same positions), `estimable` (the attribution-patching estimate linearises it), `summary` (its line in help texts),
+and `add_to_fingerprint` (what its numbers depend on). Every caller binds the method to the batches it runs
+(`bound_to(batches)`: a copy of its own, so one object serves two probe sets) before any forward.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import hashlib
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from probe.ablation.heads import Ablation, heads_by_layer
 from probe.ablation.statistics import HeadOutputs, HeadStatistics, head_inputs, head_outputs, head_statistics
+from probe.hooks.layers import AttentionLayer
+from probe.hooks.points import Writer
+from probe.hooks.types import AttentionInputs, BatchContext, Handler, HookContext
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -38,11 +50,25 @@ class MethodInputs:
 
     statistics: HeadStatistics | None = None  # the statistics the method declares, over a reference set
     seed: int = 0  # for methods that draw at random (resample's derangement)
-    alpha: float = 0.0  # scale: the factor of the heads' outputs
+    value: float | None = None  # the method's `parameter` (scale's alpha); None: its default
+
+
+def chosen_heads(heads: int | Iterable[int], n_heads: int, layer: int) -> list[int]:
+    """The heads as a list, each checked to exist in a layer of `n_heads`."""
+    chosen = [heads] if isinstance(heads, int) else list(heads)
+    bad = [head for head in chosen if not 0 <= head < n_heads]
+    if bad:
+        raise ProbeError(f"layer {layer} has heads 0 to {n_heads - 1}, not {bad[0]}", parameter="heads")
+    return chosen
+
+
+def batch_index(ctx: HookContext) -> int | None:
+    """The index of the probe set's batch that runs (None outside a probe set's run)."""
+    return None if ctx.batch is None else ctx.batch.index
 
 
 class AblationMethod:
-    """What an ablated head outputs instead of its own output."""
+    """An intervention: what chosen heads output instead of their own output (see the module docstring)."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""  # what replaces the head's output, for help texts
@@ -50,20 +76,80 @@ class AblationMethod:
     per_copy: ClassVar[bool] = False  # the replacement depends on each stacked copy's own values (resample)
     across_sequences: ClassVar[bool] = False  # reads other sequences' values at the same positions
     estimable: ClassVar[bool] = False  # the attribution-patching estimate linearises it
-    edits: ClassVar[str] = "outputs"  # where it acts: the heads' "outputs", their "keys" (window), their "inputs"
+    point: ClassVar[str] = "z"  # the hook point it writes: "z" (outputs), "inputs" (patching), "recompute" (window)
+    parameter: ClassVar[str | None] = None  # the one number it is made with (`MethodInputs.value`), e.g. "alpha"
+    identity: ClassVar[float | None] = None  # the parameter's value that leaves the model as it is (scale: 1)
 
     @classmethod
     def build(cls, inputs: MethodInputs) -> AblationMethod:
         """The method, made from what a caller has (`inputs.statistics` holds what `statistics` names)."""
         return cls()
 
-    def bind(self, batch_rows: list[int]) -> None:
-        """Called by a sweep before it runs, with the number of sequences of each batch of the probe set."""
+    def bind(self, batches: Sequence[BatchContext]) -> None:
+        """Called once before a run with every batch it runs, in order (a probe set's), so that what the method
+        fixes per batch (resample's donors) is fixed, and in its fingerprint, before any forward."""
 
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+    def bound_to(self, batches: Sequence[BatchContext]) -> AblationMethod:
+        """A copy of the method bound to `batches` (`bind`); the method itself is left as it was, so that one
+        object serves runs over different probe sets."""
+        method = copy.copy(self)
+        method.bind(batches)
+        return method
+
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
         """Values broadcastable to `heads` (batch, positions, n_heads, head_dim), one copy of the batch's head
-        outputs in `layer`; only the ablated heads' slices are used."""
+        outputs in layer `ctx.layer`; only the chosen heads' slices are used."""
         raise NotImplementedError
+
+    def replaced(self, tensor: Tensor, ctx: HookContext, chosen: Tensor) -> Tensor:
+        """`tensor` (copies * batch, ...) with the `chosen` slices (bool, broadcastable to (copies, batch, ...)) set
+        to the replacement: each copy's own where the method is `per_copy`, else the first copy's."""
+        copies = chosen.shape[0]
+        stacked = tensor.reshape(copies, tensor.shape[0] // copies, *tensor.shape[1:])  # (copies, batch, ...)
+        if self.per_copy:  # each copy's own values (copies differ once an earlier layer is ablated)
+            replacement = torch.stack([self.replacement(each, ctx) for each in stacked])
+        else:
+            replacement = self.replacement(stacked[0], ctx)
+        return torch.where(chosen.to(tensor.device), replacement, stacked).reshape(tensor.shape)
+
+    def writer(self, heads: int | Iterable[int], rows: Iterable[int] | None = None) -> Writer:
+        """A writer of `z` (or `q`, `k`, `v`: (batch, positions, heads, head_dim)) for `Trace`: the chosen heads
+        (of the rows `rows` alone, None: every row) replaced, everything else exactly as it was."""
+        wanted, only = heads, None if rows is None else list(rows)
+
+        def write(tensor: Tensor, ctx: HookContext) -> Tensor:
+            by_head = torch.zeros(tensor.shape[2], dtype=torch.bool)
+            by_head[chosen_heads(wanted, tensor.shape[2], ctx.layer)] = True
+            by_row = torch.ones(tensor.shape[0] if only else 1, dtype=torch.bool)
+            if only:
+                by_row[:] = False
+                by_row[only] = True
+            return self.replaced(tensor, ctx, (by_row[:, None, None, None] & by_head[:, None])[None])
+
+        return write
+
+    def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
+        """The handler of `point` for `len(ablations)` stacked copies of a batch (copy i with ablations[i]'s heads
+        replaced), and the layers it edits."""
+        copies, by_layer = len(ablations), heads_by_layer(ablations)
+        masks: dict[tuple[int, torch.device], Tensor] = {}  # made once per layer on the heads' device
+
+        def edit(heads: Tensor, ctx: HookContext) -> Tensor:  # heads: (copies * batch, positions, n_heads, head_dim)
+            entries = by_layer.get(ctx.layer)
+            if not entries:
+                return heads
+            key = (ctx.layer, heads.device)
+            if key not in masks:
+                mask = torch.zeros(copies, 1, 1, heads.shape[2], 1, dtype=torch.bool)
+                for each, heads_of_copy in entries.items():
+                    mask[each, 0, 0, heads_of_copy, 0] = True
+                masks[key] = mask.to(heads.device)
+            return self.replaced(heads, ctx, masks[key])
+
+        return edit, set(by_layer)
+
+    def check(self, layers: Sequence[AttentionLayer], edited: set[int]) -> None:
+        """Refuse (ProbeError, one line) layers the method cannot act on; every layer by default."""
 
     def describe(self) -> str | None:
         """What the replacement was taken over, for reports (None: nothing to say)."""
@@ -72,6 +158,16 @@ class AblationMethod:
     def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
         """Feed what the replacement depends on (reference values) to the fingerprint of a results stream, so that a
         resumed sweep can tell two sweeps of this method apart."""
+
+
+def chained(writers: Sequence[Writer]) -> Writer:
+    """One writer running `writers` in turn (several interventions on one layer)."""
+    def write(tensor: Tensor, ctx: HookContext) -> Tensor:
+        for each in writers:
+            tensor = each(tensor, ctx)
+        return tensor
+
+    return write
 
 
 METHODS: dict[str, type[AblationMethod]] = {}
@@ -90,41 +186,96 @@ class ZeroAblation(AblationMethod):
     summary = "set the head's output to 0"
     estimable = True
 
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
         return torch.zeros((), dtype=heads.dtype, device=heads.device)
 
 
+class ValueIntervention(AblationMethod):
+    """An intervention made with one finite number, its `parameter` (at least `minimum`), which `probe steer
+    --values` sets; at `zero` (0 unless None) it is zero ablation exactly. A subclass says what it does with the
+    number (`change`)."""
+
+    per_copy = True  # it changes each stacked copy's own values
+    parameter = "value"
+    minimum: ClassVar[float] = -math.inf
+    zero: ClassVar[float | None] = 0.0
+
+    def __init__(self, value: float = 0.0) -> None:
+        value = float(value)
+        if not (math.isfinite(value) and value >= self.minimum):
+            floor = "" if self.minimum == -math.inf else f" >= {self.minimum:g}"
+            raise ProbeError(f"{self.parameter} must be a finite number{floor}, got {value}", parameter=self.parameter)
+        self.value = value
+
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        return cls(0.0 if inputs.value is None else inputs.value)
+
+    def change(self, heads: Tensor) -> Tensor:
+        """The heads' outputs changed by the value (other than `zero`)."""
+        raise NotImplementedError
+
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        if self.value == self.zero:  # zero ablation exactly (0 * inf would be nan, 0 * -1 is -0)
+            return torch.zeros_like(heads)
+        return self.change(heads)
+
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
+        digest.update(f"{self.name} {self.value!r}".encode())
+
+
 @register_method
-class ScaleAblation(AblationMethod):
+class ScaleAblation(ValueIntervention):
     """The head's output multiplied by `alpha`: 0 is zero ablation (exactly: the replacement is 0 itself), between 0
     and 1 damps it, above 1 amplifies it, below 0 reverses it (steering through single heads: SAMD, 2025). Written
     against the `z` point like every output method, so the sweep's prefix reuse, streaming, resume and shards serve
     it; per copy, since it reads each stacked copy's own values."""
 
     name = "scale"
-    summary = "multiply the head's output by alpha (probe steer --alpha; 0, the default, is zero ablation)"
-    per_copy = True
+    summary = "multiply the head's output by alpha (probe steer's default intervention; 0 is zero ablation)"
+    parameter, identity = "alpha", 1.0
 
-    def __init__(self, alpha: float = 0.0) -> None:
-        alpha = float(alpha)
-        if not math.isfinite(alpha):
-            raise ProbeError(f"alpha must be a finite number, got {alpha}", parameter="alpha")
-        self.alpha = alpha
+    @property
+    def alpha(self) -> float:
+        return self.value
 
-    @classmethod
-    def build(cls, inputs: MethodInputs) -> AblationMethod:
-        return cls(inputs.alpha)
-
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        if self.alpha == 0.0:  # zero ablation exactly (0 * inf would be nan, 0 * -1 is -0)
-            return torch.zeros_like(heads)
-        return heads * self.alpha
+    def change(self, heads: Tensor) -> Tensor:
+        return heads * self.value
 
     def describe(self) -> str | None:
         return f"head outputs multiplied by {self.alpha:g}"
 
+
+class AddIntervention(AblationMethod):
+    """A vector (head_dim,) added to the head's output at every position: steering a head's output along a
+    direction. Not in METHODS (it is made with a vector, not a number): `add_to_head(heads, vector)`."""
+
+    name = "add"
+    summary = "add a vector to the head's output at every position"
+
+    def __init__(self, vector: Tensor) -> None:
+        self.vector = vector
+
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        return heads + self.vector.to(heads.device, heads.dtype)
+
+    def describe(self) -> str | None:
+        return f"a vector of norm {float(self.vector.float().norm()):.4g} added to the head outputs"
+
     def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
-        digest.update(f"scale {self.alpha!r}".encode())
+        digest.update(self.vector.detach().cpu().double().numpy().tobytes())
+
+
+def scale_head(heads: int | Iterable[int], alpha: float) -> Writer:
+    """A `Trace` writer multiplying the chosen heads' slices by `alpha` (others exactly as they are): alpha = 0 is
+    zero ablation, alpha > 1 amplifies. For `z`, `q`, `k` or `v`. `ScaleAblation(alpha).writer(heads)`."""
+    return ScaleAblation(alpha).writer(heads)
+
+
+def add_to_head(heads: int | Iterable[int], vector: Tensor) -> Writer:
+    """A `Trace` writer adding `vector` (head_dim,), at every position, to the chosen heads' slices: steering a head's
+    output along a direction. For `z`, `q`, `k` or `v`. `AddIntervention(vector).writer(heads)`."""
+    return AddIntervention(vector).writer(heads)
 
 
 class StatisticAblation(AblationMethod):
@@ -155,8 +306,8 @@ class MeanAblation(StatisticAblation):
     statistics = ("mean",)
     across_sequences = True
 
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        return self.reference.at("mean", layer, heads)  # (n_heads, head_dim), or (positions, n_heads, head_dim)
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        return self.reference.at("mean", ctx.layer, heads)  # (n_heads, head_dim), or (positions, n_heads, head_dim)
 
 
 @register_method
@@ -184,9 +335,9 @@ class NoiseAblation(StatisticAblation):
         seed = (self.seed * 1_000_003 + layer) * 1_000_003 + (0 if batch is None else batch + 1)
         return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        noise = self.noise(layer, heads.shape, batch).to(device=heads.device, dtype=heads.dtype)
-        return self.reference.at("mean", layer, heads) + self.reference.at("std", layer, heads) * noise
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        noise = self.noise(ctx.layer, heads.shape, batch_index(ctx)).to(device=heads.device, dtype=heads.dtype)
+        return self.reference.at("mean", ctx.layer, heads) + self.reference.at("std", ctx.layer, heads) * noise
 
     def describe(self) -> str | None:
         return f"{super().describe()}, noise seed {self.seed}"
@@ -225,8 +376,8 @@ class PatchAblation(AblationMethod):
         """The same patch at `position` alone (the source's values are shared, not taken again)."""
         return type(self)(self.source, position)
 
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        patched = self.source.at(layer, heads, batch)
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        patched = self.source.at(ctx.layer, heads, batch_index(ctx))
         if self.position is None:
             return patched
         shape = [1] * heads.dim()
@@ -249,13 +400,31 @@ class InputPatch(PatchAblation):
     run. On a grouped-query model a key or value belongs to a key/value group: an ablation patches the groups of its
     query heads, so it changes every query head of those groups."""
 
-    edits = "inputs"
+    point = "inputs"
     positions_axis = 2  # queries (batch, heads, positions, head_dim), keys and values per key/value head
     component: ClassVar[str]  # the AttentionInputs field it patches
 
     @classmethod
     def collect(cls, loaded: LoadedModel, source: ProbeSet, batch_size: int) -> HeadOutputs:
         return head_inputs(loaded, source, cls.component, batch_size=batch_size)
+
+    def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
+        """An `inputs` handler for `len(ablations)` stacked copies of a batch: copy i has the `component` of
+        ablations[i]'s heads replaced (a key or value: of their key/value groups); and the layers it edits."""
+        copies, by_layer = len(ablations), heads_by_layer(ablations)
+
+        def edit(inputs: AttentionInputs, ctx: HookContext) -> AttentionInputs:
+            entries = by_layer.get(ctx.layer)
+            if not entries:
+                return inputs
+            tensor = getattr(inputs, self.component)  # (copies * batch, heads of this input, positions, head_dim)
+            group = inputs.query.shape[1] // tensor.shape[1]  # query heads per key/value head (1 for the query)
+            mask = torch.zeros(copies, 1, tensor.shape[1], 1, 1, dtype=torch.bool)
+            for each, heads_of_copy in entries.items():
+                mask[each, 0, sorted({head // group for head in heads_of_copy}), 0, 0] = True
+            return dataclasses.replace(inputs, **{self.component: self.replaced(tensor, ctx, mask)})  # type: ignore[arg-type]
+
+        return edit, set(by_layer)
 
 
 class QueryPatch(InputPatch):
@@ -322,12 +491,13 @@ class ResampleAblation(AblationMethod):
             self.donors[batch] = derangement(rows, torch.Generator().manual_seed(seed))
         return self.donors[batch]
 
-    def bind(self, batch_rows: list[int]) -> None:
-        for index, rows in enumerate(batch_rows):
-            self.donors_of(index, rows)
+    def bind(self, batches: Sequence[BatchContext]) -> None:
+        self.donors = {}  # a binding of its own (a bound copy never shares its donors with the method)
+        for batch in batches:
+            self.donors_of(batch.index, len(batch.rows))
 
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        return heads[self.donors_of(batch, heads.shape[0]).to(heads.device)]
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        return heads[self.donors_of(batch_index(ctx), heads.shape[0]).to(heads.device)]
 
     def describe(self) -> str | None:
         """The donors (set-wide row numbers, batch by batch), so that a result says exactly what was swapped."""
@@ -345,6 +515,82 @@ class ResampleAblation(AblationMethod):
             digest.update(self.donors[index].numpy().tobytes())
 
 
+@register_method
+class ShuffleAblation(AblationMethod):
+    """Each sequence's head output permuted over its own token positions: every token position takes the head's
+    output at another token position of the same sequence (a seeded derangement per row, as resample ablation's over
+    rows), so that the head keeps what it wrote on this sequence but loses where it wrote it. Padded positions are
+    never donors and keep their own values: the permutation is read from the batch's padding mask (`ctx.batch`).
+    The permutation is fixed by `seed` and the row's place in the probe set, so it is the same at every layer, in
+    every stacked copy and for any batch size."""
+
+    name = "shuffle"
+    summary = "permute the head's output over its sequence's own positions (seeded; padding never a donor)"
+    per_copy = True
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self.orders: dict[tuple[bytes, bytes, torch.device], Tensor] = {}  # rows and mask -> order, on a device
+
+    @classmethod
+    def build(cls, inputs: MethodInputs) -> AblationMethod:
+        return cls(seed=inputs.seed)
+
+    def order_on(self, batch: BatchContext | None, positions: int, device: torch.device) -> Tensor:
+        """`order` on `device`, made once per batch and device (every layer and stacked copy reads the same)."""
+        tokens = None if batch is None else batch.tokens(positions).cpu()
+        key = (b"" if batch is None else batch.rows.cpu().numpy().tobytes(),
+               b"" if tokens is None else tokens.numpy().tobytes() + bytes(str(tokens.shape), "ascii"), device)
+        if key not in self.orders:
+            self.orders[key] = self.order(batch, positions).to(device)
+        return self.orders[key]
+
+    def order(self, batch: BatchContext | None, positions: int) -> Tensor:
+        """(rows, positions) long: the position each position takes its value from."""
+        if batch is None:
+            raise ProbeError("shuffle ablation permutes a sequence's own token positions and reads the batch's padding "
+                             "for it: run it in a sweep, or give ablate() or Trace the batch (BatchContext.of(ids, "
+                             "mask))", parameter="method")
+        tokens = batch.tokens(positions).cpu()
+        if tokens.shape[1] != positions:
+            raise ProbeError(f"the batch's mask has {tokens.shape[1]} positions, the heads' outputs {positions}: give "
+                             "the mask of the ids that run", parameter="batch")
+        order = torch.arange(positions).repeat(len(batch.rows), 1)
+        for row, number in enumerate(batch.rows.tolist()):
+            real = tokens[row].nonzero().flatten()
+            donors = derangement(len(real), torch.Generator().manual_seed(self.seed * 1_000_003 + number))
+            order[row, real] = real[donors]
+        return order
+
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
+        order = self.order_on(ctx.batch, heads.shape[1], heads.device)
+        return heads.gather(1, order[:, :, None, None].expand_as(heads))
+
+    def describe(self) -> str | None:
+        return f"shuffle: each sequence's own token positions, a seeded derangement (seed {self.seed})"
+
+    def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
+        digest.update(f"shuffle {self.seed}".encode())
+
+
+@register_method
+class ClampIntervention(ValueIntervention):
+    """Every element of the head's output limited to [-bound, bound]: its large activations capped, its small ones
+    as they are (0 is zero ablation, exactly; a bound past the head's largest |element| leaves it as it is). A
+    steering intervention like scale, made with one number, so `probe steer --intervention clamp --values 1,2`
+    measures the metric against the bound."""
+
+    name = "clamp"
+    summary = "limit every element of the head's output to [-bound, bound] (0 is zero ablation)"
+    parameter, minimum = "bound", 0.0
+
+    def change(self, heads: Tensor) -> Tensor:
+        return heads.clamp(min=-self.value, max=self.value)
+
+    def describe(self) -> str | None:
+        return f"head outputs clamped to [-{self.value:g}, {self.value:g}]"
+
+
 def check_method(name: str) -> None:
     if name not in METHODS:
         raise ProbeError(f"unknown ablation method {name!r}: use one of {', '.join(METHODS)}", parameter="method")
@@ -360,16 +606,16 @@ def method_class(method: str | AblationMethod) -> type[AblationMethod]:
 
 def build_method(method: str | AblationMethod, loaded: LoadedModel, reference: ProbeSet, *,
                  statistics: HeadStatistics | None = None, per_position: bool = False, seed: int = 0,
-                 batch_size: int = 8, alpha: float = 0.0) -> AblationMethod:
+                 batch_size: int = 8, value: float | None = None) -> AblationMethod:
     """The method object: given as one, or built by name with what it declares it needs. Statistics not given are
-    taken over `reference` (per position with `per_position`); `alpha` is scale's factor."""
+    taken over `reference` (per position with `per_position`); `value` is its `parameter` (scale's alpha)."""
     if isinstance(method, AblationMethod):
         return method
     chosen = method_class(method)
     if chosen.statistics and statistics is None:
         statistics = head_statistics(loaded, reference, chosen.statistics, per_position=per_position,
                                      batch_size=batch_size)
-    return chosen.build(MethodInputs(statistics, seed, alpha))
+    return chosen.build(MethodInputs(statistics, seed, value))
 
 
 def method_named(name: str | AblationMethod, statistics: HeadStatistics | None = None) -> AblationMethod:

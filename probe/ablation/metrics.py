@@ -19,6 +19,8 @@ that count, for the whole probe set and each of its parts; `losses` finishes sum
   prompt with an answer and a distractor the pair differs in its last token, so the margin is logit(answer) -
   logit(distractor) at the last prompt position (Wang et al. 2022's logit difference). Accuracy: the share of pairs
   with a positive margin.
+- "top1" (text): 1 - top-1 accuracy of the next token, the share of predicted positions whose most likely token is
+  not the next one.
 - "target_words" (text, probe steer --target-words): the mean next-token probability of a set of target words' first
   tokens; higher is more of the behaviour, so it is a measure to raise, not a loss.
 
@@ -333,6 +335,24 @@ class ClassLogitDiff(ClassMetric):
 
     def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
         return torch.cat([-output.float(), output.float()], dim=-1)
+
+
+@register_metric
+class TopOne(Metric):
+    """1 - top-1 accuracy of the next token: 1 where the model's most likely next token (argmax's first on ties) is
+    not the one that follows, 0 where it is; the accuracy language-model evaluations report beside the loss (e.g.
+    LAMBADA's, Paperno et al. 2016), as an error so that delta > 0 is a cost like every other metric's."""
+
+    name = "top1"
+    description = ("1 - top-1 accuracy of the next token (the share of predicted positions whose most likely token "
+                   "is not the next one); delta > 0: the ablation costs accuracy")
+    shift = 1
+    reads = "the next-token logits' most likely token"
+    chunkable = True
+    surrogate = "cross_entropy"  # argmax has no gradient: Michel importance differentiates the loss instead
+
+    def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return (logits.argmax(dim=-1) != targets).float()
 
 
 def metric_named(name: str) -> Metric:

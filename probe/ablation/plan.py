@@ -43,8 +43,8 @@ def refuse_sources(probe_set: ProbeSet, what: str) -> None:
 
 
 def data_name(probe_set: ProbeSet, data: str | Path | None) -> str:
-    """What a result names its data: repeated, natural, the text file, the pairs or the labels file."""
-    if probe_set.name in ("pairs", "labels"):
+    """What a result names its data: repeated, natural, the text file, the seq2seq or the labels file."""
+    if probe_set.name in ("seq2seq", "labels"):
         return str(probe_set.meta.get("source", probe_set.name))
     if probe_set.name == "repeated" or probe_set.name.startswith("task:"):
         return probe_set.name

@@ -21,7 +21,7 @@ import math
 import operator
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from probe.frames import frame
-from probe.ablation.editor import head_editor
+from probe.ablation.editor import ablated
 from probe.ablation.estimate import scaled_gradients
 from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
@@ -47,6 +47,9 @@ from probe.hooks.stacks import layer_names
 from probe.hooks.types import HookContext
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS, SECONDS
+from probe.schemas.declare import Payload, columns, payload, published, schema_field
 
 ORDERINGS = ("michel", "sweep", "random")
 Unit = tuple[Head, ...]
@@ -63,67 +66,70 @@ def prune_units(loaded: LoadedModel, kv_groups: bool = False) -> list[Unit]:
     return units
 
 
-@dataclass
-class PruneStep:
-    step: int
-    units_removed: int
-    heads_removed: int
-    share: float  # of the units
-    loss: float
-    delta: float
-    removed: list[str]  # the units removed at this step
+class PruneStep(Payload):
+    """One step of a curve: the units pruned so far, all ablated together, and the loss then."""
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "units_removed": self.units_removed, "heads_removed": self.heads_removed,
-                "share_pruned": round(self.share, 6), "loss": self.loss, "delta": self.delta, "removed": self.removed}
-
-
-@dataclass
-class PruneCurve:
-    ordering: str
-    seed: int | None
-    steps: list[PruneStep]
-    kept: list[list[int]]  # per layer, 1 for a head kept, at the last step within the allowed increase
-    stopped: str  # why the curve ends
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"ordering": self.ordering, "seed": self.seed, "stopped": self.stopped, "kept_mask": self.kept,
-                "steps": [step.to_dict() for step in self.steps]}
+    step: int = schema_field("the step (0: nothing pruned)", column=True)
+    units_removed: int = schema_field("units pruned so far", column=True)
+    heads_removed: int = schema_field("query heads pruned so far", column=True)
+    share: float = schema_field("the share of units pruned", key="share_pruned", column=True,  # of the units
+                                dump=lambda share: round(share, 6))
+    loss: float = schema_field("the loss with them all ablated", column=True)
+    delta: float = schema_field("loss - baseline", column=True)
+    removed: list[str] = schema_field("the units removed at this step", column=Field(
+        "string", "the units removed at this step (L5H1 ...), space-separated"))
 
 
-@dataclass
-class PruneResult:
+class PruneCurve(Payload):
+    """One ordering's curve (and seed, for a random one)."""
+
+    ordering: str = schema_field("michel, sweep or random")
+    seed: int | None = schema_field("a random ordering's seed")
+    stopped: str = schema_field("why the curve ends", kw_only=True)
+    kept: list[list[int]] = schema_field(  # per layer, 1 for a head kept, at the last step within the allowed increase
+        "per layer, 1 for a head kept at the last step within the allowed increase", key="kept_mask")
+    steps: list[PruneStep] = schema_field("each step", items=Field("object", "a step"))
+
+
+@published("prune", 1, "Pruning curves: per ordering, the loss after each step with every pruned head ablated together "
+           "(probe prune).", rows="one per curve and step",
+           columns=columns({"ordering": Field("string", "the curve's ordering"),
+                            "seed": Field(("integer", "null"), "a random ordering's seed")}, PruneStep))
+class PruneResult(Payload):
     """Pruning curves (Michel et al. 2019): per ordering, the loss after each step with every pruned head ablated
     together; `to_dict()` is the JSON of `probe prune --json`."""
 
-    model: str
-    metric: str
-    method: str
-    data: str
-    units: str  # "heads" or "kv_groups"
-    n_units: int
-    n_layers: int
-    n_heads: int
-    baseline_loss: float
-    step: float
-    limit: float | None  # the largest loss allowed (from max_increase), None: prune to 100%
-    measured_on: str | None = None  # where the losses were measured, when not on the data the order was chosen on
-    curves: list[PruneCurve] = field(default_factory=list)
-    seconds: float = 0.0
-    costs: dict[str, float] = field(default_factory=dict)
-    layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
+    model: str = schema_field(MODEL)
+    metric: str = schema_field("the metric")
+    method: str = schema_field("the ablation")
+    data: str = schema_field("the data the order was chosen on")
+    units: str = schema_field("heads or kv_groups: what one pruning decision removes")  # "heads" or "kv_groups"
+    n_units: int = schema_field("units there are")
+    n_layers: int = schema_field(N_LAYERS)
+    n_heads: int = schema_field(N_HEADS)
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
 
-    def to_dict(self) -> dict[str, Any]:
-        note = ("" if self.units == "kv_groups" else
-                "query heads pruned alone: the key/value projections of a grouped-query layer still run in full")
-        return {"model": self.model, "metric": self.metric, "method": self.method, "data": self.data,
-                "units": self.units, "n_units": self.n_units, "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "dtype": self.dtype, "measured_on": self.measured_on or self.data,
-                "baseline_loss": self.baseline_loss, "step": self.step, "max_loss": self.limit,
-                "seconds": round(self.seconds, 3), "costs": self.costs, "note": note or None,
-                "curves": [curve.to_dict() for curve in self.curves],
-                **({"layer_names": self.layer_names} if self.layer_names else {})}
+    @payload("the data the losses were measured on", key="measured_on")
+    def measured(self) -> str:
+        return self.measured_on or self.data
+
+    baseline_loss: float = schema_field("the loss with nothing pruned")
+    step: float = schema_field("the share of units pruned per step")
+    limit: float | None = schema_field(  # from max_increase
+        "the largest loss allowed (null: prune to 100%)", key="max_loss")
+    measured_on: str | None = None  # where the losses were measured, when not on the data the order was chosen on
+    seconds: float = schema_field(SECONDS, default=0.0, kw_only=True, dump=lambda seconds: round(seconds, 3))
+    costs: dict[str, float] = schema_field("what the run cost: seconds, passes, forward-equivalents",
+                                           default_factory=dict, kw_only=True)
+
+    @payload("what pruning a query head alone leaves running, or null")
+    def note(self) -> str | None:
+        return None if self.units == "kv_groups" else ("query heads pruned alone: the key/value projections of a "
+                                                       "grouped-query layer still run in full")
+
+    curves: list[PruneCurve] = schema_field("one curve per ordering (and seed)", items="a curve",
+                                            default_factory=list, kw_only=True)
+    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)  # probe.hooks.stacks
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per curve and step (`rows()`): the prune schema's columns. Needs pandas."""
@@ -177,18 +183,17 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
     with L_x the sequence's mean metric and the `pruned` heads ablated."""
     runner = evaluator.runner
     batch = runner.batches[index]
-    edit_pruned, _ = head_editor([tuple(pruned)], runner.method, index)
     outputs: dict[int, Tensor] = {}
 
     def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
-        values = edit_pruned(values, ctx)
         if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
             values = values.detach().requires_grad_()
         outputs[ctx.layer] = values
         return values
 
     with torch.enable_grad():
-        with attention_hooks(runner.model, {"z": capture}):
+        with ablated(runner.model, [tuple(pruned)], runner.method, batch.context), \
+                attention_hooks(runner.model, {"z": capture}, batch=batch.context):
             output = logits_of(run_model(runner.model, batch.ids, batch.mask))  # (batch, positions, vocab)
         values = graded(evaluator.scorer.metric).values(output, batch.ids, batch.reference)  # (batch, positions')
         counted = batch.counted[0].to(values.device)
@@ -246,7 +251,7 @@ def _curve(evaluator: _Evaluator, units: list[Unit], result: PruneResult, orderi
             stopped = f"loss {loss:.4f} passed the limit {result.limit:.4f}"
             break
         kept = _mask(set(pruned), result.n_layers, result.n_heads)
-    return PruneCurve(ordering, seed, steps, kept, stopped)
+    return PruneCurve(ordering, seed, kept, steps, stopped=stopped)
 
 
 def _sweep_order(loaded: LoadedModel, probe_set: ProbeSet, units: list[Unit], method: AblationMethod,

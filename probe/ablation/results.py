@@ -11,6 +11,9 @@ from probe.ablation.heads import Ablation, Head, column_name, label
 from probe.ablation.metrics import METRICS, losses
 from probe.errors import ProbeError
 from probe.frames import frame
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, HEAD, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS
+from probe.schemas.declare import Payload, payload, published, schema_field
 
 
 EFFECT_COLUMNS = ("mean_delta", "max_sequence_delta", "p99_token_delta", "max_token_delta", "specificity")
@@ -113,29 +116,89 @@ def _optional(value: Any) -> float | None:
         raise ProbeError(f"the ablation entry has a malformed value ({error})") from None
 
 
-@dataclass
-class AblationResult:
+PART_RE = r"^(?!(loss|delta|baseline_loss|first_order|second_order)$).+_(loss|delta)$"
+ABLATION_ENTRY = {
+    "loss": Field("number", "the metric with the head (or heads) ablated"),
+    "delta": Field("number", "loss minus the baseline: > 0, the head helps"),
+    "exact": Field("boolean", "estimate mode: true where the head was ablated for real", required=False),
+    "effects": Field("object", "per-token and per-sequence effects: mean, max per sequence, p99 and max per token, "
+                               "specificity, the top tokens in context", required=False),
+    "first_order": Field("number", "estimate mode: the first-order term", required=False),
+    "second_order": Field("number", "estimate mode: the second-order term", required=False),
+}
+"""The fields of `HeadResult.to_dict()` (and the estimate's terms, `AblationResult.head_entries`) besides its
+heads: the entries differ in their heads (a head's `layer` and `head`, a group's `heads` and `label`)."""
+ABLATION_PATTERNS = {PART_RE: Field("number", "a part's loss (PART_loss) or its change (PART_delta): e.g. "
+                                              "second_repeat_loss on a repeated set"),
+                     r"^task_": Field("number", "task sets: the margin or accuracy with the head ablated")}
+
+
+@published("ablate", 1, "The metric with each head (and each group of heads) ablated, against the baseline (probe "
+           "ablate --json).", rows="one per ablation (a head, or a group: layer and head null), largest delta first",
+        columns={"layer": Field(("integer", "null"), "the head's layer (null for a group)"),
+                 "head": Field(("integer", "null"), "the head (null for a group)"),
+                 "name": Field("string", "L18H6, or L5H1+L18H6 for a group"),
+                 "loss": ABLATION_ENTRY["loss"], "delta": ABLATION_ENTRY["delta"],
+                 "value": Field("string", "estimate mode: exact or estimated", required=False)},
+        column_patterns={**ABLATION_PATTERNS, r"^(mean_delta|max_sequence_delta|p99_token_delta|max_token_delta|"
+                                              r"specificity)$": Field("number",
+                                                                      "a per-token effect (ablation.effects)")})
+class AblationResult(Payload):
     """Baseline and ablated metric of every ablation of a sweep, plus how it was computed."""
 
-    model: str
-    method: str  # "zero" or "mean"
-    data: str  # "natural", "repeated" or the text file
-    metric: str  # a key of METRICS
-    baseline_loss: float
+    model: str = schema_field(MODEL)
+    method: str = schema_field("the ablation: zero, mean, window, ...")  # "zero" or "mean"
+    data: str = schema_field("what the metric was measured on: natural, repeated, a text file, a task")
+    metric: str = schema_field("the metric's name")  # a key of METRICS
+
+    @payload("what it measures")
+    def metric_description(self) -> str:
+        metric = METRICS.get(self.metric)
+        return metric.description if metric is not None else self.metric
+
+    baseline_loss: float = schema_field("the metric with nothing ablated")
     results: list[HeadResult]
-    n_layers: int
-    n_heads: int
-    mode: str = "exact"  # "exact", "naive" or "estimate"
-    path: str = ""  # how the numbers were computed
-    baseline_parts: dict[str, float] = field(default_factory=dict)
-    probe_set: dict[str, Any] = field(default_factory=dict)
-    mean: str | None = None  # mean ablation: what the means were taken over
-    seconds: float | None = None
-    forwards: float | None = None  # cost in forward-pass equivalents (estimate mode)
-    terms: dict[Head, tuple[float, float]] | None = None  # estimate mode: (first-order, second-order) per head
-    task: dict[str, float] | None = None  # task sets: the unablated model's margin and accuracy
-    layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
+
+    @payload("one entry per head ablated alone", key="heads", type="array", items=Field(
+        "object", "one head", fields={"layer": LAYER, "head": HEAD, **ABLATION_ENTRY}, patterns=ABLATION_PATTERNS))
+    def head_entries(self) -> list[dict[str, Any]]:
+        """Each single head's entry (`HeadResult.to_dict()`, with the estimate's terms where it has them)."""
+        return [self._entry(r) for r in self.heads]
+
+    n_layers: int = schema_field(N_LAYERS)
+    n_heads: int = schema_field(N_HEADS)
+    mode: str = schema_field("exact, naive or estimate", default="exact", kw_only=True)
+    path: str = schema_field("how the numbers were computed", default="", kw_only=True)
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
+    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)  # probe.hooks.stacks
+    baseline_parts: dict[str, float] = field(default_factory=dict, kw_only=True)
+
+    @payload("each part's baseline loss", spread=True, patterns={
+        r"^baseline_.+_loss$": Field("number", "a part's baseline loss, e.g. baseline_second_repeat_loss")})
+    def baseline_part_losses(self) -> dict[str, float]:
+        return {f"baseline_{name}_loss": value for name, value in self.baseline_parts.items()}
+
+    @payload("heads ablated together", key="groups", required=False, type="array", items=Field(
+        "object", "one group", fields={"heads": Field("array", "its heads as [layer, head]"),
+                                       "label": Field("string", "its name, e.g. 5.1+18.6"), **ABLATION_ENTRY},
+        patterns=ABLATION_PATTERNS))
+    def group_entries(self) -> list[dict[str, Any]]:
+        return [r.to_dict(self.layer_names) for r in self.groups]
+
+    mean: str | None = schema_field("mean ablation: what the means were taken over", required=False, omit="none",
+                                    default=None, kw_only=True)
+    probe_set: dict[str, Any] = schema_field("the probe set's description", required=False, default_factory=dict,
+                                             kw_only=True)
+    seconds: float | None = schema_field("wall time of the sweep", required=False, default=None, kw_only=True,
+                                         dump=lambda seconds: round(seconds, 3))
+    forwards: float | None = schema_field(  # cost in forward-pass equivalents (estimate mode)
+        "estimate mode: cost in forward passes", key="forward_equivalents", required=False, default=None,
+        kw_only=True, dump=lambda forwards: round(forwards, 3))
+    task: dict[str, float] | None = schema_field(  # task sets: the unablated model's margin and accuracy
+        "task sets: the unablated model's margin and accuracy", key="baseline_task", required=False, omit="none",
+        default=None, kw_only=True)
+    terms: dict[Head, tuple[float, float]] | None = field(  # estimate mode: (first-order, second-order) per head
+        default=None, kw_only=True)
 
     @property
     def heads(self) -> list[HeadResult]:
@@ -150,33 +213,6 @@ class AblationResult:
     def ranked(self) -> list[HeadResult]:
         """All results, largest delta first."""
         return sorted(self.results, key=lambda r: (-r.delta, r.heads))
-
-    def to_dict(self) -> dict[str, Any]:
-        metric = METRICS.get(self.metric)
-        data: dict[str, Any] = {
-            "model": self.model, "method": self.method, "data": self.data, "metric": self.metric,
-            "metric_description": metric.description if metric is not None else self.metric,
-            "baseline_loss": self.baseline_loss, "heads": [self._entry(r) for r in self.heads],
-            "n_layers": self.n_layers, "n_heads": self.n_heads, "mode": self.mode, "path": self.path,
-            "dtype": self.dtype,
-        }
-        if self.layer_names:
-            data["layer_names"] = self.layer_names
-        for name, value in self.baseline_parts.items():
-            data[f"baseline_{name}_loss"] = value
-        if self.groups:
-            data["groups"] = [r.to_dict(self.layer_names) for r in self.groups]
-        if self.mean is not None:
-            data["mean"] = self.mean
-        if self.probe_set:
-            data["probe_set"] = self.probe_set
-        if self.seconds is not None:
-            data["seconds"] = round(self.seconds, 3)
-        if self.forwards is not None:
-            data["forward_equivalents"] = round(self.forwards, 3)
-        if self.task is not None:
-            data["baseline_task"] = self.task
-        return data
 
     def _entry(self, result: HeadResult) -> dict[str, Any]:
         entry = result.to_dict(self.layer_names)

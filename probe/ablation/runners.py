@@ -27,6 +27,7 @@ from probe.ablation.methods import AblationMethod
 from probe.ablation.metrics import Scorer
 from probe.ablation.plan import CACHE_BYTES
 from probe.hooks.run import Source, logits_of, run_model
+from probe.hooks.types import BatchContext
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.overflow import not_finite
@@ -45,13 +46,27 @@ class Batch:
     reference: Tensor | None = None  # unablated final outputs, for metrics that compare to them
     kept: dict[int, Any] | None = None  # unablated block outputs (None: recomputed when needed)
     source: Source | None = None  # an encoder-decoder's own encoder input (probe.inputs.pairs); None: the ids
+    context: BatchContext | None = None  # which batch of the set, its rows and padding: the methods' `ctx.batch`
+
+
+def batch_contexts(probe_set: ProbeSet, batch_size: int) -> list[BatchContext]:
+    """What a method sees of each batch of `probe_set.batches(batch_size)` (`ctx.batch`): one place for every
+    caller that binds a method (the sweep, pruning, self-repair, patching)."""
+    contexts, first = [], 0
+    for index, (ids, mask) in enumerate(probe_set.batches(batch_size)):
+        contexts.append(BatchContext.of(ids, mask, index, first))
+        first += int(ids.shape[0])
+    return contexts
 
 
 def batches_of(probe_set: ProbeSet, scorer: Scorer, batch_size: int) -> list[Batch]:
     """The probe set's batches, each with what its metric counts (positions, a task's scored ones, or a labelled
-    row's gold class) and its encoder's own sources: one place for the sweep, pruning and the estimate."""
-    return [Batch(ids, mask, scorer.masks(ids, mask, rows), source=source) for (ids, mask), rows, source in
-            zip(probe_set.batches(batch_size), probe_set.scored_batches(batch_size), probe_set.sources(batch_size))]
+    row's gold class), its encoder's own sources and its context: one place for the sweep, pruning and the
+    estimate."""
+    return [Batch(ids, mask, scorer.masks(ids, mask, rows), source=source, context=context)
+            for (ids, mask), rows, source, context in
+            zip(probe_set.batches(batch_size), probe_set.scored_batches(batch_size), probe_set.sources(batch_size),
+                batch_contexts(probe_set, batch_size))]
 
 
 def _baseline_sums(scorer: Scorer, batch: Batch, output: Tensor | Final) -> Tensor:
@@ -62,11 +77,12 @@ def _baseline_sums(scorer: Scorer, batch: Batch, output: Tensor | Final) -> Tens
 
 
 class NaiveRunner:
-    """One full forward per ablation."""
+    """One full forward per ablation. It holds the method bound to its batches (`AblationMethod.bound_to`)."""
 
     def __init__(self, model: nn.Module, method: AblationMethod, scorer: Scorer, readout: Readout,
                  batches: list[Batch], why: str = "") -> None:
-        self.model, self.method, self.scorer, self.readout, self.batches = model, method, scorer, readout, batches
+        self.model, self.scorer, self.readout, self.batches = model, scorer, readout, batches
+        self.method = method.bound_to([batch.context for batch in batches if batch.context is not None])
         self.path = f"{NAIVE} ({why})" if why else NAIVE
 
     def start_of(self, ablation: Ablation) -> int:
@@ -81,7 +97,7 @@ class NaiveRunner:
     def forward(self, ablation: Ablation, index: int, lean: bool | None = None) -> Tensor | Final:
         """One full forward of batch `index` with `ablation` ablated."""
         batch = self.batches[index]
-        with ablated(self.model, [ablation], self.method, index):
+        with ablated(self.model, [ablation], self.method, batch.context):
             return self.readout.forward(batch.ids, batch.mask, lean, batch.source)
 
     def sums(self, chunk: list[Ablation], index: int) -> Tensor:
@@ -142,6 +158,11 @@ class PrefixRunner:
         return self.naive.scorer
 
     @property
+    def method(self) -> AblationMethod:
+        """The method, bound to the batches (the naive runner's)."""
+        return self.naive.method
+
+    @property
     def batches(self) -> list[Batch]:
         return self.naive.batches
 
@@ -182,7 +203,7 @@ class PrefixRunner:
         stacked_ids = batch.ids.repeat(copies, 1)  # (copies * batch, positions)
         stacked_mask = None if batch.mask is None else batch.mask.repeat(copies, 1)
         with skip_blocks(self.blocks.container, {i: entry for i in range(start)}), \
-                ablated(model, chunk, self.naive.method, index):
+                ablated(model, chunk, self.naive.method, batch.context):
             return self.naive.readout.stacked(self.blocks, stacked_ids, stacked_mask)
 
     def _check(self, ablation: Ablation, index: int, stacked: Tensor | Final, copies: int) -> str:

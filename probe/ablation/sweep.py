@@ -316,7 +316,7 @@ def sweep(
     _check_resume(loaded, probe_set, results_path if resume else None)
     chosen = build_method(method, loaded, probe_set, statistics=statistics, seed=seed, batch_size=batch_size)
     runner, n_blocks = _runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
-    chosen.bind([int(batch.ids.shape[0]) for batch in runner.batches])
+    chosen = runner.method  # bound to the probe set's batches (its donors fixed before the fingerprint is taken)
     work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
     base, header, finished = _start(loaded, probe_set, chosen, runner, work, n_blocks, data, results_path, resume,
                                     on_result)

@@ -20,13 +20,14 @@ from probe.ablation.methods import AblationMethod, register_method
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT, DEFAULT_SINK, window_keys
 from probe.hooks.restricted import Layout, block_layout, restricted_attention
-from probe.hooks.types import AttentionInputs, HookContext
+from probe.hooks.layers import AttentionLayer
+from probe.hooks.types import AttentionInputs, Handler, HookContext
 
 
 class PatternAblation(AblationMethod):
     """An ablation that edits the attention pattern of the ablated heads (their keys), not their output."""
 
-    edits = "keys"
+    point = "recompute"
 
     def allowed_keys(self, queries: Tensor, keys: Tensor) -> Tensor:
         """(len(queries), len(keys)) bool: whether an ablated head may attend to each key from each query (absolute
@@ -38,8 +39,22 @@ class PatternAblation(AblationMethod):
         (the fewer keys, the less each query block computes)."""
         return [(0, stop)]
 
-    def replacement(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
+    def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
         return heads  # the output is the head's own, computed over the allowed keys
+
+    def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
+        """The `recompute` handler for the stacked copies (RestrictedHeads), and the layers it recomputes."""
+        recompute = RestrictedHeads(ablations, self)
+        return recompute, recompute.layers
+
+    def check(self, layers: Sequence[AttentionLayer], edited: set[int]) -> None:
+        """A key window (a KV cache kept while decoding) is defined on causal self-attention: an encoder-decoder's
+        encoder and cross-attention layers are refused in one line."""
+        other = sorted({layers[layer].stack for layer in edited} & {"encoder", "cross"})
+        if other:
+            raise ProbeError(f"{self.name} ablation restricts a causal head's keys to a decoding cache's; it applies "
+                             f"to an encoder-decoder's decoder self-attention (decN.H), not to its "
+                             f"{' or '.join(other)} layers", parameter="heads")
 
 
 @register_method

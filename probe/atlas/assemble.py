@@ -178,4 +178,4 @@ def assemble(loaded: LoadedModel, measured: Measured, settings: dict[str, Any], 
                     "compensation_unit": measured.self_repair.unit, "path": measured.self_repair.path},
                 "rules": sorted(RULES)}
     return Atlas(loaded.name, classes.n_layers, classes.n_heads, heads, described, settings, stages, patterns,
-                 classes.layer_names)
+                 layer_names=classes.layer_names)

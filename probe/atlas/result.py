@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from probe.frames import frame, head_rows
 from probe.heads.evidence import CAUSE_DELTA, COMPOSITION_RATIO, PART_DELTA, RULES
 from probe.patterns import Patterns
+from probe.schemas.base import Field
+from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
+                                  NAME_RE, NUMBER, other_than)
+from probe.schemas.declare import Payload, payload, published, schema_field
 
 METRICS = {
     "delta": "mean loss change on natural text when the head is zero-ablated (nats)",
@@ -27,36 +31,55 @@ METRICS = {
 """Per-head numbers the head finder can plot (`<class>` scores come on top), with what each means."""
 
 
-@dataclass
-class Stage:
+class Stage(Payload):
     """One stage of the build: how long it took and what to know of it (skipped, estimated, ...)."""
 
-    name: str
-    seconds: float
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "seconds": round(self.seconds, 2), "note": self.note}
+    name: str = schema_field("the stage")
+    seconds: float = schema_field("its wall time", dump=lambda seconds: round(seconds, 2))
+    note: str = schema_field("skipped, estimated, ... ('' where nothing to say)", default="")
 
 
-@dataclass
-class Atlas:
+@published("atlas", 1, "Every head of a model: its classes with their evidence, metrics, examples, writes, partners "
+           "and effects (probe atlas --json).", rows="one per head, layer by layer",
+           columns=(ATLAS_COLUMNS := {**HEAD_COLUMNS, "status": Field("string", "the strongest support of its labels"),
+                                      "pattern": Field(("string", "null"), "the probe set of its pattern"),
+                                      "classes": Field("string", "its classes, comma-separated")}),
+           column_patterns={other_than(ATLAS_COLUMNS): Field("number", "a metric of the head (a column per metric: "
+                                                                       "the atlas' metrics)")})
+class Atlas(Payload):
     """Every head of a model: its classes with the evidence for each, its examples, what it writes, its partners
     and its causal effects. `patterns` (probe set -> Patterns on the set's first sequence) go to the page only."""
 
-    model: str
-    n_layers: int
-    n_heads: int
+    model: str = schema_field(MODEL)
+    n_layers: int = schema_field(N_LAYERS)
+    n_heads: int = schema_field(N_HEADS)
+
+    @payload(DTYPE.description)
+    def dtype(self) -> str:
+        return str(self.settings.get("dtype", "float32"))
+
+    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)
     heads: list[dict[str, Any]]
     classes: dict[str, dict[str, Any]]
-    settings: dict[str, Any]
-    stages: list[Stage] = field(default_factory=list)
-    patterns: dict[str, Patterns] = field(default_factory=dict)
-    layer_names: list[str] | None = None
+    settings: dict[str, Any] = schema_field("the options of the build and the baselines it measured")
+    stages: list[Stage] = schema_field("each stage run", items="a stage", default_factory=list)
 
-    def head(self, layer: int, head: int) -> dict[str, Any]:
-        return self.heads[layer * self.n_heads + head]
+    @payload(CLASSES.description, key="classes", patterns=CLASSES.patterns)
+    def class_entries(self) -> dict[str, dict[str, Any]]:
+        return self.classes
 
+    @payload("the metrics the heads have, with what each means",
+             patterns={NAME_RE: Field("string", "what the metric means")})
+    def metrics(self) -> dict[str, str]:
+        return {name: text for name, text in METRICS.items()
+                if any(entry["metrics"].get(name) is not None for entry in self.heads)}
+
+    @payload("the evidence rules and their thresholds")
+    def evidence(self) -> dict[str, Any]:
+        return {"cause_delta": CAUSE_DELTA, "part_delta": PART_DELTA, "composition_ratio": COMPOSITION_RATIO,
+                "rules": {name: rule.describe() for name, rule in RULES.items()}}
+
+    @payload("counts of labels by support, where pattern and cause disagree")
     def summary(self) -> dict[str, Any]:
         """Counts of labels by how well they are supported, and where pattern and cause disagree."""
         labels = [(entry, label) for entry in self.heads for label in entry["classes"]]
@@ -72,18 +95,26 @@ class Atlas:
                                          if not e["classes"]],
                 "needed": len(needed)}
 
-    def to_dict(self) -> dict[str, Any]:
-        metrics = {name: text for name, text in METRICS.items()
-                   if any(entry["metrics"].get(name) is not None for entry in self.heads)}
-        return {"model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads,
-                "dtype": self.settings.get("dtype", "float32"),
-                **({"layer_names": self.layer_names} if self.layer_names else {}),
-                "settings": self.settings, "stages": [stage.to_dict() for stage in self.stages],
-                "classes": self.classes, "metrics": metrics,
-                "evidence": {"cause_delta": CAUSE_DELTA, "part_delta": PART_DELTA,
-                             "composition_ratio": COMPOSITION_RATIO,
-                             "rules": {name: rule.describe() for name, rule in RULES.items()}},
-                "summary": self.summary(), "heads": self.heads}
+    @payload("every head, layer by layer", key="heads", type="array", items=Field(
+        "object", "one head's dashboard", fields={
+            "layer": LAYER, "head": HEAD,
+            "classes": Field("array", "its classes, each with its evidence"),
+            "status": Field("string", "the strongest support any of its labels has"),
+            "pattern": Field(("string", "null"), "the probe set its pattern is shown on"),
+            "metrics": Field("object", "its numbers by metric", patterns={NAME_RE: NUMBER}),
+            "examples": Field("array", "where it attends most, in context"),
+            "writes": Field("array", "what it writes through the unembedding"),
+            "partners": Field("object", "its composition feeders and readers"),
+            "effects": Field("object", "its causal effects"),
+            "task": Field(("object", "null"), "a task set's effects"),
+            "self_repair": Field(("object", "null"), "its self-repair, where measured")}))
+    def dashboards(self) -> list[dict[str, Any]]:
+        return self.heads
+
+    patterns: dict[str, Patterns] = field(default_factory=dict)
+
+    def head(self, layer: int, head: int) -> dict[str, Any]:
+        return self.heads[layer * self.n_heads + head]
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head: layer, head, name, status, pattern, its classes (comma-separated)

@@ -22,6 +22,9 @@ from probe.heads.classify import Classification, classify
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
 from probe.progress import Progress, StageProgressArg, stage_callback, stage_tick
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, SECONDS
+from probe.schemas.declare import Payload, payload, published, schema_field
 
 CLASSES = ("previous_token", "induction")
 STAGE_UNITS = {"K-composition": UNIT}
@@ -68,35 +71,58 @@ class Pair:
                 "interaction": None if self.interaction is None else round(self.interaction, 6)}
 
 
-@dataclass
-class Circuits:
+@published("circuits", 1, "Induction heads, their K-composing feeders against the random baseline, and the ablation "
+           "check (probe circuits --json).", rows="one per induction head and feeder",
+           columns={**HEAD_COLUMNS, "induction_score": Field("number", "the induction head's score"),
+                    "feeder_layer": Field("integer", "the feeder's layer"), "feeder_head": Field("integer", "its head"),
+                    "feeder_name": Field("string", "its name (L5H1)"),
+                    "k_composition": Field("number", "its K-composition into the induction head"),
+                    "rank_in_layer": Field("integer", "1: the strongest of its layer"),
+                    "previous_token": Field("boolean", "whether the feeder is a previous-token head")})
+class Circuits(Payload):
     """What `circuits` found: each induction head's strongest K-composing feeders (Elhage et al. 2021) against the
     random baseline, the previous-token heads' ranks among them, and the ablation check; `to_dict()` is the JSON of
     `probe circuits --json`."""
 
-    model: str
-    baseline: float  # K-composition of random matrices of the same shapes
+    model: str = schema_field(MODEL)
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
+    baseline: float = schema_field("K-composition of random matrices of the same shapes", key="random_baseline",
+                                   dump=lambda baseline: round(baseline, 6))
     pairs: list[Pair]
     previous_token_ranks: list[tuple[Head, Head, float, int]]  # (previous-token head, induction head, K, rank)
     folded: str
-    seconds: float
-    baseline_second_copy: float | None = None
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
-    def to_dict(self) -> dict[str, Any]:
+    @payload("the norm whose gains were folded into the weights")
+    def folded_norm(self) -> str | None:
+        return self.folded or None
+
+    @payload("whether rotary embeddings are left out of the scores")
+    def rotary_ignored(self) -> bool:
+        return True
+
+    seconds: float = schema_field(SECONDS, dump=lambda seconds: round(seconds, 3))
+    baseline_second_copy: float | None = schema_field("the second copy's loss, unablated",
+                                                      key="baseline_second_copy_loss", default=None)
+
+    @payload("each induction head", key="induction_heads", type="array", items=Field(
+        "object", "an induction head", fields={
+            "layer": LAYER, "head": HEAD, "induction_score": Field("number", "its induction score"),
+            "feeders": Field("array", "its strongest K-composing feeders"),
+            "checked": Field(("object", "null"), "the feeder ablated with it"),
+            "second_copy_deltas": Field("object", "feeder, induction, together: second-copy loss deltas"),
+            "interaction": Field("number", "together - feeder - induction")}))
+    def induction_heads(self) -> list[dict[str, Any]]:
+        """`Pair.to_dict()` of each induction head."""
+        return [pair.to_dict() for pair in self.pairs]
+
+    @payload("the previous-token heads' ranks among the feeders")
+    def previous_token_pairs(self) -> dict[str, Any]:
         ranks = self.previous_token_ranks
-        return {
-            "model": self.model, "dtype": self.dtype, "random_baseline": round(self.baseline, 6),
-            "folded_norm": self.folded or None, "rotary_ignored": True, "seconds": round(self.seconds, 3),
-            "baseline_second_copy_loss": self.baseline_second_copy,
-            "induction_heads": [pair.to_dict() for pair in self.pairs],
-            "previous_token_pairs": {
-                "pairs": len(ranks), "ranked_first_in_layer": sum(rank == 1 for *_, rank in ranks),
+        return {"pairs": len(ranks), "ranked_first_in_layer": sum(rank == 1 for *_, rank in ranks),
                 "above_baseline": sum(score > self.baseline for _, _, score, _ in ranks),
                 "entries": [{"previous_token": f"{p[0]}.{p[1]}", "induction": f"{i[0]}.{i[1]}",
                              "k_composition": round(score, 6), "rank_in_layer": rank}
-                            for p, i, score, rank in ranks]},
-        }
+                            for p, i, score, rank in ranks]}
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per induction head and feeder: the induction head (layer, head, name, score)

@@ -11,7 +11,6 @@ that do not say what they hold, such as tensors).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,9 @@ import numpy as np
 from probe.errors import ProbeError
 from probe.frames import frame, head_columns
 from probe.headmaps.maps import KV, QUERY, HeadMap
+from probe.schemas.base import Field
+from probe.schemas.common import LAYER, N_LAYERS
+from probe.schemas.declare import Payload, payload, published, schema_field
 
 TOP_K = 10  # heads in each map's top set
 MOVERS = 15  # largest differences listed
@@ -139,27 +141,122 @@ def compare(a: HeadMap, b: HeadMap, *, top_k: int = TOP_K, group: str | None = N
                   "max_abs_difference": float(np.abs(y - x).max()) if differs else None,
                   "top_k": {"k": k, **_overlap(_top(a.values, valid, k), _top(b.values, valid, k))},
                   "labelled": labels}
-    return Comparison(a, b, conversion, valid, statistics, movers, how)
+    return Comparison(a, b, conversion, valid, statistics, movers, measure=how)
 
 
-@dataclass
-class Comparison:
+MAP_HEAD = Field("integer", "the head within its layer: a query head, or a KV head where `convention` is kv")
+CELLS = Field("array", "heads as [layer, head], in order", items=Field("array", "[layer, head]",
+                                                                        items=Field("integer", "layer, then head")))
+OVERLAP = {"count": Field("integer", "heads in both sets"),
+           "jaccard": Field("number", "count / heads in either set (undefined where both sets are empty)"),
+           "both": CELLS, "only_a": CELLS, "only_b": CELLS}
+MAP_FACTS = {
+    "source": Field("string", "the file (or DuoAttention folder) as given"),
+    "format": Field("string", "the head-map format that read it (docs/compare.md: duo, probe-classify, tensor, ...)"),
+    "score": Field("string", "the score read from it (a class, retrieval, full_attention, value, ...)"),
+    "convention": Field("string", "what a column is after any conversion: query (heads) or kv (heads)"),
+    "n_layers": Field("integer", "layers of the map"),
+    "columns": Field("integer", "heads per layer in its convention"),
+    "n_heads": Field(("integer", "null"), "query heads per layer, where the file says"),
+    "n_kv_heads": Field(("integer", "null"), "KV heads per layer, where the file says"),
+    "dtype": Field(("string", "null"), "the dtype of the run that made it, where the file says"),
+    "model": Field(("string", "null"), "the model it was made from, where the file says"),
+    "label_name": Field(("string", "null"), "what its labelled heads are (full, induction, value > 0.5); null: no "
+                                            "labels"),
+    "threshold": Field("number", "the threshold its labels came from (null: none)"),
+    "quantity": Field(("string", "null"), "what a value measures, as its format declares it (null: the file does "
+                                          "not say, as a tensor's)"),
+    "unit": Field(("string", "null"), "the unit of a value, where the format knows it"),
+    "signed": Field("boolean", "whether its values may be negative (drawn on a scale centred on 0)"),
+}
+COMPARE_ROW = {
+    "layer": LAYER, "head": MAP_HEAD, "a": Field("number", "A's value (null: A has none)"),
+    "b": Field("number", "B's value (null: B has none)"),
+    "difference": Field("number", "b - a, rounded to 6 places (null where measure is ranks)"),
+    "rank_a": Field(("integer", "null"), "the head's rank in A (1: largest) among the heads both maps have"),
+    "rank_b": Field(("integer", "null"), "its rank in B"),
+    "rank_difference": Field(("integer", "null"), "rank_b - rank_a (negative: B ranks it higher)"),
+    "label_a": Field(("boolean", "null"), "whether A labels it (null: A has no labels)"),
+    "label_b": Field(("boolean", "null"), "whether B labels it (null: B has no labels)"),
+}
+
+STATISTICS = {
+    "heads": Field("integer", "heads with a value in both maps: every statistic is over these"),
+    "spearman": Field("number", "Spearman's rank correlation (ties share their mean rank; undefined where a "
+                                "map is constant or fewer than two heads)"),
+    "pearson": Field("number", "Pearson's correlation (undefined as Spearman's)"),
+    "mean_abs_difference": Field("number", "mean |b - a| (null where measure is ranks)"),
+    "max_abs_difference": Field("number", "max |b - a| (null where measure is ranks)"),
+    "top_k": Field("object", "the overlap of each map's k largest heads", fields={
+        "k": Field("integer", "the top set's size (--top, at most `heads`)"), **OVERLAP}),
+    "labelled": Field(("object", "null"), "the overlap of the labelled heads (null unless both maps have labels: "
+                                          "their own, or --threshold's)", fields={
+        **OVERLAP, "a": Field(("string", "null"), "what A's labels are"),
+        "b": Field(("string", "null"), "what B's labels are"),
+        "count_a": Field("integer", "heads A labels"), "count_b": Field("integer", "heads B labels")}),
+}
+"""What `compare` measures over the heads both maps have (`Comparison.statistics`)."""
+
+
+@published("compare", 1, "Two head maps over the same heads (after an explicit conversion where one is over query "
+           "heads, the other over KV heads): per-head difference B - A, rank and linear correlation, top-k and "
+           "labelled overlaps, the heads that moved most (probe compare --json).",
+           rows="one per head compared, layer by layer",
+           columns={"layer": LAYER, "head": MAP_HEAD, "name": Field(
+               "string", "the head's name for a table: L18H6 over query heads, L5KV1 over KV heads (a KV head is no "
+               "query head)"), **{name: entry for name, entry in COMPARE_ROW.items() if name not in ("layer", "head")}})
+class Comparison(Payload):
     """Two head maps over the same heads, and how they differ (`to_dict()`, `to_frame()`)."""
 
-    a: HeadMap
-    b: HeadMap
-    conversion: str  # "" where the maps were compared as read
+    @payload("compare")
+    def kind(self) -> str:
+        return "compare"
+
+    measure: str = schema_field(  # DIFFERENCE: the same kind of score; RANKS: rank B - rank A only
+        "difference (b - a: both maps hold the same kind of score) or ranks (rank B - rank A: different kinds, whose "
+        "difference would mean nothing)", default=DIFFERENCE, kw_only=True)
+    a: HeadMap = schema_field("map A as read", type="object", fields=MAP_FACTS, dump=HeadMap.facts)
+    b: HeadMap = schema_field("map B as read", type="object", fields=MAP_FACTS, dump=HeadMap.facts)
+    conversion: str = schema_field(  # "" where the maps were compared as read
+        "how one map was converted to the other's heads ('' where none was)")
     valid: np.ndarray  # heads with a value in both
     statistics: dict[str, Any]
     movers: int = MOVERS
-    measure: str = DIFFERENCE  # DIFFERENCE: the same kind of score; RANKS: rank B - rank A only
 
-    @property
-    def difference(self) -> np.ndarray:
-        """b - a per head (NaN where either has no value), whatever the maps hold: `measure` says whether it
-        means anything."""
-        return self.b.values - self.a.values
+    @payload("the heads compared: query or kv")
+    def convention(self) -> str:
+        return self.a.convention
 
+    @payload(N_LAYERS.description)
+    def n_layers(self) -> int:
+        return self.a.n_layers
+
+    @payload("heads per layer compared (query or KV heads, per `convention`)")
+    def heads_per_layer(self) -> int:
+        return self.a.columns
+
+    @payload("the dtype both maps were computed in (null where they differ or neither file says: see dtypes)")
+    def dtype(self) -> str | None:
+        return self.a.dtype if self.a.dtype == self.b.dtype else None
+
+    @payload("each map's dtype, where its file says", fields={"a": Field(("string", "null"), "A's"),
+                                                             "b": Field(("string", "null"), "B's")})
+    def dtypes(self) -> dict[str, str | None]:
+        return {"a": self.a.dtype, "b": self.b.dtype}
+
+    @payload("the statistics over the heads both maps have", spread=True, fields=STATISTICS)
+    def measured(self) -> dict[str, Any]:
+        return self.statistics
+
+    @payload("the heads of largest |difference| (|rank_difference| where measure is ranks), largest first (15 at "
+             "most)", key="movers", items=Field("object", "a head, as in rows", fields=COMPARE_ROW))
+    def moved(self) -> list[dict[str, Any]]:
+        key = "difference" if self.measure == DIFFERENCE else "rank_difference"
+        moved = sorted((row for row in self.rows() if row[key] is not None),
+                       key=lambda row: (-abs(row[key]), row["layer"], row["head"]))
+        return moved[:self.movers]
+
+    @payload("every head, layer by layer", items=Field("object", "a head", fields=COMPARE_ROW))
     def rows(self) -> list[dict[str, Any]]:
         """One row per head: layer, head, a, b, difference (None unless the maps are of one kind), each map's rank
         (1: largest), rank B - rank A, and each map's label."""
@@ -179,17 +276,11 @@ class Comparison:
                          "label_a": _label(self.a, layer, head), "label_b": _label(self.b, layer, head)})
         return rows
 
-    def to_dict(self) -> dict[str, Any]:
-        rows = self.rows()
-        key = "difference" if self.measure == DIFFERENCE else "rank_difference"
-        moved = sorted((row for row in rows if row[key] is not None),
-                       key=lambda row: (-abs(row[key]), row["layer"], row["head"]))
-        dtypes = {"a": self.a.dtype, "b": self.b.dtype}
-        return {"kind": "compare", "measure": self.measure, "a": self.a.facts(), "b": self.b.facts(),
-                "conversion": self.conversion,
-                "convention": self.a.convention, "n_layers": self.a.n_layers, "heads_per_layer": self.a.columns,
-                "dtype": self.a.dtype if self.a.dtype == self.b.dtype else None, "dtypes": dtypes,
-                **self.statistics, "movers": moved[:self.movers], "rows": rows}
+    @property
+    def difference(self) -> np.ndarray:
+        """b - a per head (NaN where either has no value), whatever the maps hold: `measure` says whether it
+        means anything."""
+        return self.b.values - self.a.values
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head (schema `compare`'s frame_row): layer, head, name, a, b, difference,

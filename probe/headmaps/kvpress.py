@@ -9,6 +9,7 @@ depend on it.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,32 @@ def kvpress_head_ratio(path: str | Path) -> float:
     settings = read_json(Path(path) / DUO_CONFIG)
     threshold = float(settings.get("threshold") or DUO_THRESHOLD)
     return float((scores <= threshold).sum() / scores.size)
+
+
+def kvpress_removable(sink: int, recent: int, length: int) -> float:
+    """The most of a `length`-token context's KV cache kvpress's DuoAttentionPress removes: every KV head streamed,
+    each keeping its sink + recent keys (its `compression_ratio` is head_compression_ratio * (1 - (sink + recent) /
+    length))."""
+    return max(0.0, 1.0 - (sink + recent) / length)
+
+
+def check_kvpress_ratio(ratio: float, sink: int, recent: int, length: int) -> None:
+    """A fraction of the KV cache to remove that kvpress's DuoAttentionPress can reach at `length` tokens."""
+    if not math.isfinite(ratio) or not 0.0 < ratio < 1.0:
+        raise ProbeError(f"kvpress_ratio is the fraction of the KV cache kvpress removes, in (0, 1); got {ratio:g}",
+                         parameter="kvpress_ratio")
+    most = kvpress_removable(sink, recent, length)
+    if ratio > most:
+        raise ProbeError(f"kvpress_ratio {ratio:g}: streaming every KV head removes {most:.4f} of a {length}-token "
+                         f"cache (sink {sink} + recent {recent} kept); give at most that, or longer lengths",
+                         parameter="kvpress_ratio")
+
+
+def kvpress_streamed(ratio: float, n_kv_heads: int, sink: int, recent: int, length: int) -> tuple[int, float]:
+    """(KV heads to stream, the head_compression_ratio to pass) for kvpress's DuoAttentionPress to remove `ratio` of a
+    `length`-token context's KV cache: the press streams the round(n * head_compression_ratio) lowest-scored KV heads,
+    so k / n streams exactly k, the k nearest the ratio (the removed fraction is then k / n * (1 - (sink + recent) /
+    length))."""
+    check_kvpress_ratio(ratio, sink, recent, length)
+    streamed = min(n_kv_heads, round(ratio / kvpress_removable(sink, recent, length) * n_kv_heads))
+    return streamed, streamed / n_kv_heads

@@ -11,7 +11,7 @@ from torch import Tensor
 from probe.heads.scores import SCORES, Batch
 from probe.kernels.base import FusedStatistics
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
-from probe.kernels.fused import FusedAttention, Label, side_by_side, uploaded
+from probe.kernels.fused import Label, Weights, side_by_side, uploaded
 
 BLOCKED = "blocked"
 
@@ -148,10 +148,11 @@ class ScoreAccumulator:
             self.flush()
 
     def _groups(self, attention: FusedStatistics) -> bool:
-        """Whether this layer call may be read with others (side_by_side): no bias, and a score reads layer groups
+        """Whether this layer call may be read with others (side_by_side): no mask beyond causal (no bias, key mask
+        or window), and a score reads layer groups
         (one diagonal or column, LinearPlan, or declared layers_at_once; the others read each call of a group alone,
         and cost only themselves the grouping)."""
-        return attention.bias is None and isinstance(attention, FusedAttention) and bool(self._grouping(attention))
+        return attention.plain and bool(self._grouping(attention))
 
     def _grouping(self, attention: FusedStatistics) -> list[str]:
         """The scores that read a group of layer calls as one: one diagonal or column, or declared layers_at_once."""
@@ -176,14 +177,16 @@ class ScoreAccumulator:
             self._read(layers, calls[0], self.names)
             return
         grouping = self._grouping(calls[0])
-        self._read(layers, side_by_side(calls), grouping)  # type: ignore[arg-type]
+        self._read(layers, side_by_side(calls), grouping)
         alone = [name for name in self.names if name not in grouping]
         for layer, call in zip(layers, calls) if alone else ():
             self._read([layer], call, alone)
 
-    def _read(self, layers: list[int], attention: FusedStatistics, names: list[str]) -> None:
-        """Add the scores `names` of `layers`, read as one call `attention`."""
-        batch, (n, kv), plan = self._batch(), attention.shape[2:], self._plan(attention)
+    def _read(self, layers: list[int], statistics: FusedStatistics, names: list[str]) -> None:
+        """Add the scores `names` of `layers`, read as one call `statistics` (its Weights: read the same way for every
+        backend)."""
+        batch, (n, kv), plan = self._batch(), statistics.shape[2:], self._plan(statistics)
+        attention = Weights(statistics)
         attention.prefetch([shift for name in names for shift in SCORES[name].diagonals(batch)],
                            [key for name in names for key in SCORES[name].columns(batch)])
         if plan.names and plan.names[0] in names:  # the linear scores are read with the group's first reading

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -27,24 +27,81 @@ from probe.hooks.types import Handler, HookContext
 from probe.models import LoadedModel
 from probe.progress import Progress, callback, log
 from probe.provenance import model_dtype
+from probe.schemas.base import Field
+from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
+                                  NAME_RE, SCORE_BY_CLASS, THRESHOLDS, other_than)
+from probe.schemas.declare import Payload, payload, published, record_field, schema_field
 
 
-@dataclass
-class Classification:
+class Flagged(Payload, frozen=True):
+    """A head a class labels, with its score."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    score: float = schema_field("its score")
+
+
+class HeadLabels(Payload, frozen=True):
+    """One head's scores by class and the classes it is labelled with."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    scores: dict[str, float | None] = schema_field(SCORE_BY_CLASS)
+    labels: list[str] = schema_field("the classes whose threshold its score passes", items="a class")
+
+
+@published("classify", 1, "Every head's score on each class's probe set, the thresholds, and the labels they give "
+           "(probe classify --json).", rows="one per head, layer by layer",
+           columns=(CLASSIFY_COLUMNS := {
+               **HEAD_COLUMNS, "labels": Field("string", "the classes it is labelled with, comma-separated")}),
+           column_patterns={other_than(CLASSIFY_COLUMNS): Field(
+               "number", "the head's score of this class (a column per class)")})
+class Classification(Payload):
     """Scores of every head, the thresholds used, and which probe sets produced them."""
 
-    model: str
-    n_layers: int
-    n_heads: int
+    model: str = schema_field(MODEL)
+    n_layers: int = schema_field(N_LAYERS)
+    n_heads: int = schema_field(N_HEADS)
+    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)  # encoder-decoders: `enc0`,
+    # `dec0`, `x0`, ... (probe.hooks.stacks)
+    path: str = schema_field("how the scores were computed: the name of the fast path's backend (one of "
+                             "probe.kernels.BACKENDS), blocked, or which layers went which way", required=False,
+                             default="", kw_only=True)  # the fast path's backend ("cpu"), "blocked", or which layers
+    # went which way (score_heads)
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # what the model ran in: docs/precision.md says
+    # how far a half-precision run lies
     scores: dict[str, Tensor]  # name -> (n_layers, n_heads)
-    thresholds: dict[str, float]
-    probe_sets: dict[str, dict[str, Any]] = field(default_factory=dict)
+    thresholds: dict[str, float] = schema_field(THRESHOLDS)
+
+    @payload(CLASSES.description, patterns=CLASSES.patterns)
+    def classes(self) -> dict[str, dict[str, Any]]:
+        """What each class scored means: its summary, letter, probe set and default threshold."""
+        return {name: SCORES[name].describe() if name in SCORES else self.extra_classes[name]
+                for name in self.scores if name in SCORES or name in self.extra_classes}
+
+    probe_sets: dict[str, dict[str, Any]] = schema_field(
+        "each probe set used: its name, description, size and seed", default_factory=dict,
+        patterns={NAME_RE: Field("object", "a probe set's description")})
     extra_classes: dict[str, dict[str, Any]] = field(default_factory=dict)  # classes scored outside SCORES
-    layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
-    not_applicable: dict[str, list[int]] = field(default_factory=dict)  # class -> layers it does not apply to (n/a)
-    path: str = ""  # how the scores were computed: the fast path's backend ("cpu"), "blocked", or which layers went
-    # which way (score_heads)
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
+
+    @payload("per class, the heads labelled, highest score first", key="flagged", patterns={NAME_RE: Field(
+        "array", "the heads labelled", items=record_field(Flagged, "a labelled head"))})
+    def flagged_heads(self) -> dict[str, list[Flagged]]:
+        """Per class, the heads labelled, highest score first (scores rounded to 6 places)."""
+        return {name: [Flagged(layer, head, round(score, 6)) for layer, head, score in self.flagged(name)]
+                for name in self.scores}
+
+    not_applicable: dict[str, list[int]] = schema_field(
+        "per class, the layers it does not apply to (their scores are null)", required=False, default_factory=dict,
+        kw_only=True)  # class -> layers it does not apply to (n/a)
+
+    @payload("every head, layer by layer", key="heads", items="one head")
+    def head_labels(self) -> list[HeadLabels]:
+        """Every head's scores (rounded to 6 places; None where its class does not apply) and labels."""
+        return [HeadLabels(layer, head, {name: None if layer in self.not_applicable.get(name, ()) else
+                                         round(float(score[layer, head]), 6) for name, score in self.scores.items()},
+                           self.labels(layer, head))
+                for layer in range(self.n_layers) for head in range(self.n_heads)]
 
     def labels(self, layer: int, head: int) -> list[str]:
         return [name for name, score in self.scores.items() if float(score[layer, head]) > self.thresholds[name]]
@@ -55,30 +112,6 @@ class Classification:
         heads = [(layer, head, float(score[layer, head])) for layer in range(self.n_layers)
                  for head in range(self.n_heads) if float(score[layer, head]) > self.thresholds[name]]
         return sorted(heads, key=lambda item: -item[2])
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-            **({"layer_names": self.layer_names} if self.layer_names else {}),
-            **({"path": self.path} if self.path else {}),
-            "dtype": self.dtype,
-            "thresholds": dict(self.thresholds),
-            "classes": {name: SCORES[name].describe() if name in SCORES else self.extra_classes[name]
-                        for name in self.scores if name in SCORES or name in self.extra_classes},
-            "probe_sets": self.probe_sets,
-            "flagged": {name: [{"layer": layer, "head": head, "score": round(score, 6)}
-                               for layer, head, score in self.flagged(name)] for name in self.scores},
-            **({"not_applicable": self.not_applicable} if self.not_applicable else {}),
-            "heads": [
-                {"layer": layer, "head": head,
-                 "scores": {name: None if layer in self.not_applicable.get(name, ()) else
-                            round(float(score[layer, head]), 6) for name, score in self.scores.items()},
-                 "labels": self.labels(layer, head)}
-                for layer in range(self.n_layers) for head in range(self.n_heads)
-            ],
-        }
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head: layer, head, its name (`L5H1`, never read as a number; `x1.2` on an

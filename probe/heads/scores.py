@@ -19,9 +19,8 @@ from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.blocked import keys_computed
-from probe.kernels.base import FusedStatistics
-from probe.kernels.config import DEFAULT_CONFIG
-from probe.kernels.fused import Label, uploaded
+from probe.kernels.cpu import DEFAULT_SEARCH
+from probe.kernels.fused import Label, Weights, uploaded
 
 
 @dataclass
@@ -46,7 +45,7 @@ class Batch:
 
 Reduce = Callable[[Tensor, int, Batch], tuple[Tensor, Tensor]]
 """(weights (b, h, block, keys), first query index, batch) -> (per-head sums (h,), per-head counts (h,))."""
-Fast = Callable[[FusedStatistics, Batch], tuple[Tensor, Tensor]]
+Fast = Callable[[Weights, Batch], tuple[Tensor, Tensor]]
 """(one layer call's queries, keys and log-sum-exp, batch) -> the same (sums, counts) as the score's Reduce over all
 of its blocks: the fast path (probe.kernels), which never forms the weights' n x n matrix."""
 Finish = Callable[[Tensor, Tensor], Tensor]
@@ -166,7 +165,7 @@ class Diagonal:
             selected &= (queries >= low) & (queries < high)
         return Label("diagonal", shift), selected
 
-    def __call__(self, attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
+    def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
         (_, shift), selected = self.selection(batch, attention.shape[2], attention.shape[3])
         return _counted(attention.aligned(shift), selected.to(attention.lse.device))
 
@@ -189,7 +188,7 @@ class Column:
         """The column it averages, and the (b, n) queries it averages over: the valid ones."""
         return Label("column", self.key), batch.valid[:, :n]
 
-    def __call__(self, attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
+    def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
         values = attention.column(self.key)
         return _counted(values, batch.valid.to(values.device)[:, :values.shape[-1]])
 
@@ -210,7 +209,7 @@ class ReadsDiagonals:
     def keys(self, batch: Batch) -> tuple[int, ...]:
         return self.key_columns
 
-    def __call__(self, attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
+    def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
         return self.compute(attention, batch)
 
 
@@ -249,7 +248,7 @@ def sep_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor
     return _counted(values, batch.valid.to(weights.device)[:, start:start + block])
 
 
-def sep_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
+def sep_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
     """sep_score's sums from the log-sum-exp: one column per distinct last position (one, without padding)."""
     device = attention.lse.device
     values = None
@@ -351,7 +350,7 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
     return mean_score(sums, counts).max(dim=1).values
 
 
-def positional_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
+def positional_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
     """positional_score's sums and counts from the fused statistics: for each neighbour, the valid queries whose
     neighbour exists and is valid are counted, and the statistics say for how many of them that neighbour holds the
     row's maximum (`neighbour_hits`: argmax's answer; the CPU backend's by a staged search that reads whole rows only
@@ -420,7 +419,7 @@ def streaming_score(weights: Tensor, start: int, batch: Batch, sink: int = DEFAU
     return (mass * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
 
 
-def streaming_from_lse(attention: FusedStatistics, batch: Batch, sink: int = DEFAULT_SINK,
+def streaming_from_lse(attention: Weights, batch: Batch, sink: int = DEFAULT_SINK,
                        recent: int = DEFAULT_RECENT) -> tuple[Tensor, Tensor]:
     """streaming_score's sums and counts from the log-sum-exp: the band of the `recent` keys ending at each query and
     the first `sink` columns, computed for queries i >= sink + recent only (O(n x (sink + recent)) per head)."""
@@ -474,7 +473,7 @@ def retrieval_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, 
     return retrieval_hits(top, source[rows]), torch.full((h,), float(top.shape[0]), dtype=torch.float64)
 
 
-def retrieval_from_lse(attention: FusedStatistics, batch: Batch) -> tuple[Tensor, Tensor]:
+def retrieval_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
     """retrieval_score from the log-sum-exp: only the answer rows' weights are computed, whole (exact maxima)."""
     sources, correct = getattr(batch, "sources", None), getattr(batch, "correct", None)
     if sources is None or correct is None:
@@ -538,7 +537,7 @@ for _score in (
           fast=sep_from_lse),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
           positional_score, "O", finish_positional,
-          fast=ReadsDiagonals(positional_from_lse, (-1, 1, *DEFAULT_CONFIG.positional_rivals), (0,),
+          fast=ReadsDiagonals(positional_from_lse, (-1, 1, *DEFAULT_SEARCH.positional_rivals), (0,),
                               layers_at_once=True)),
     Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",
           streaming_score, "W", by_default=False, fast=streaming_from_lse),
@@ -546,3 +545,22 @@ for _score in (
           "R", by_default=False, fast=retrieval_from_lse),
 ):
     register_score(_score)
+
+
+LOCAL_WINDOW = 4  # the local class's band: the current token and the 2nd .. 4th tokens back
+
+
+def local_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Mean over queries i >= LOCAL_WINDOW of the attention on keys i - LOCAL_WINDOW .. i but i - 1: local heads,
+    whose attention stays in a narrow band on the diagonal, Kovaleva et al. 2019's "diagonal" pattern ("Revealing
+    the Dark Secrets of BERT") and the local attention Child et al. 2019 build in ("Generating Long Sequences with
+    Sparse Transformers"). The previous token is left out: previous-token heads are a class of their own."""
+    queries = (LOCAL_WINDOW, weights.shape[-1])  # every key of the band exists
+    sums, counts = _relative_mass(weights, start, batch, 0, queries)
+    for shift in range(2, LOCAL_WINDOW + 1):
+        sums = sums + _relative_mass(weights, start, batch, -shift, queries)[0]
+    return sums, counts
+
+
+register_score(Score("local", "natural", 0.5, f"attends to itself and the 2nd to {LOCAL_WINDOW}th tokens back (a "
+                     "local band; the previous token excluded)", local_score, "L", by_default=False))

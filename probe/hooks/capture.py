@@ -20,7 +20,7 @@ from probe.hooks.mha import install_mha
 from probe.hooks.points import POINTS, fire_blocked, point_named, refusal
 from probe.hooks.restore import restoring
 from probe.hooks.run import Source, run_model
-from probe.hooks.types import BlockedHandler, Handler, HookContext, LayerHooks, TensorHandler, Undo
+from probe.hooks.types import BatchContext, BlockedHandler, Handler, HookContext, LayerHooks, TensorHandler, Undo
 from probe.kernels.config import KernelConfig
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
@@ -32,8 +32,8 @@ INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
 
 @contextmanager
 def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = None, *, layers: set[int] | None = None,
-                    query_block: int | None = None, config: KernelConfig | None = None
-                    ) -> Iterator[list[AttentionLayer]]:
+                    query_block: int | None = None, config: KernelConfig | None = None,
+                    batch: BatchContext | None = None) -> Iterator[list[AttentionLayer]]:
     """Hook every attention layer (or those in `layers`) for the body of the `with`: `points` maps a hook point's
     name (probe.hooks.points.POINTS) to its handler, `fn(payload, ctx)`, called for every chosen layer with a
     HookContext (`ctx.layer`, `ctx.point`, ...).
@@ -44,8 +44,9 @@ def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = Non
     statistics (probe.kernels, run with `config`, DEFAULT_CONFIG when None) instead of the weights where they can be
     rebuilt from them; elsewhere the `blocked` point is told why and the weights go to `pattern`. A point a layer
     kind cannot serve is refused in one line before anything changes. Nested `with`s add up (hf and
-    nn.MultiheadAttention layers too: the inner's handlers run after the outer's). On exit the model is exactly
-    as before, also when the body raises or is interrupted.
+    nn.MultiheadAttention layers too: the inner's handlers run after the outer's). `batch` (the rows, padding mask
+    and positions of the batch the body runs) is handed to every handler as `ctx.batch`. On exit the model is
+    exactly as before, also when the body raises or is interrupted.
     """
     handlers = dict(points or {})
     for name in handlers:
@@ -60,7 +61,7 @@ def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = Non
             count_calls_per_forward(model, undo)
         for layer in chosen:
             served = {name: [handler] for name, handler in per_layer[layer.index].items()}
-            hooks = LayerHooks(layer.index, served, query_block, layer.call, layer.calls, config)
+            hooks = LayerHooks(layer.index, served, query_block, layer.call, layer.calls, config, batch)
             INSTALLERS[layer.kind](layer.module, hooks, undo)
         for layer in chosen:  # told only once nothing can be refused any more
             fired = per_layer[layer.index]

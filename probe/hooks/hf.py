@@ -23,7 +23,7 @@ from probe.hooks.blocked import OnBlock, blocked_attention
 from probe.hooks.masks import noting_structure, structure_of
 from probe.hooks.points import fire_blocked, fire_heads, fire_inputs, fire_statistics, fire_weights, fires
 from probe.hooks.restore import restoring
-from probe.hooks.types import AttentionInputs, HookContext, LayerHooks, Undo
+from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 from probe.kernels import DEFAULT_CONFIG, AttentionCall, additive_bias, backend_for
 
 _HF_ACTIVE: weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]] = weakref.WeakKeyDictionary()  # by call
@@ -148,7 +148,7 @@ def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
             edited = fire_inputs(hooks, _inputs(query, key, value, attention_mask, kwargs))
             query, key, value = edited.query, edited.key, edited.value
         inputs = _inputs(query, key, value, attention_mask, kwargs)
-        recompute, ctx = hooks.recompute, HookContext(hooks.layer, "recompute", inputs=inputs)
+        recompute, ctx = hooks.recompute, hooks.context("recompute", inputs=inputs)
         if recompute is not None and not fires(hooks, "weights") and recompute.covers_every_head(hooks.layer,
                                                                                                  query.shape[1]):
             output = recompute(None, ctx)  # the layer's own output is not needed

@@ -129,7 +129,7 @@ def fire_inputs(hooks: LayerHooks, inputs: AttentionInputs) -> AttentionInputs:
     for point in POINTS.values():
         if point.site == "inputs" and point.apply is not None:
             for handler in hooks.of(point.name):
-                inputs = point.apply(inputs, handler, HookContext(hooks.layer, point.name, inputs=inputs))
+                inputs = point.apply(inputs, handler, hooks.context(point.name, inputs=inputs))
     return inputs
 
 
@@ -138,7 +138,7 @@ def fire_heads(hooks: LayerHooks, heads: Tensor, inputs: AttentionInputs | None 
     for point in POINTS.values():
         if point.site == "heads":
             for handler in hooks.of(point.name):
-                replaced = handler(heads, HookContext(hooks.layer, point.name, inputs=inputs))
+                replaced = handler(heads, hooks.context(point.name, inputs=inputs))
                 if replaced is None:  # a reader
                     continue
                 if replaced.shape != heads.shape:
@@ -153,12 +153,12 @@ def fire_weights(hooks: LayerHooks, start: int, weights: Tensor, inputs: Attenti
     for point in POINTS.values():
         if point.site == "weights":
             for handler in hooks.of(point.name):
-                handler(weights, HookContext(hooks.layer, point.name, start, inputs))
+                handler(weights, hooks.context(point.name, start, inputs))
 
 
 def fire_statistics(hooks: LayerHooks, statistics: FusedStatistics, inputs: AttentionInputs | None = None) -> None:
     """The `lse` point: one layer call's fused statistics, to each of its handlers."""
-    ctx = HookContext(hooks.layer, "lse", inputs=inputs)
+    ctx = hooks.context("lse", inputs=inputs)
     handler: StatisticsHandler
     for handler in hooks.of("lse"):
         handler(statistics, ctx)

@@ -1,5 +1,6 @@
 """`Trace`: read and replace an attention layer's named hook points for the body of a `with`, in the style of
-baukit's `Trace`; and the writers probe's steering is made of (`scale_head`, `add_to_head`).
+baukit's `Trace`. Its writers are the interventions of probe.ablation.methods (`scale_head`, `add_to_head`, or any
+method's `writer(heads)`).
 
     with Trace(model, {"z": {23: scale_head(3, 2.0)}}, read=["z", "pattern"], layers=[23]) as trace:
         model(ids)
@@ -23,7 +24,7 @@ from probe.errors import ProbeError
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
 from probe.hooks.points import POINTS, Writer, point_named, refusal
-from probe.hooks.types import Handler, HookContext
+from probe.hooks.types import BatchContext, Handler, HookContext
 
 if TYPE_CHECKING:
     from probe.kernels.base import FusedStatistics
@@ -37,17 +38,18 @@ class Trace:
     keep, at `layers` (None: every layer); a point read where it is also edited is kept after the edit. What is kept
     is the last forward's: `trace[layer][point]` (`pattern` joined over its query blocks into (batch, query heads,
     queries, keys); `lse` the (batch, query heads, queries) log-sum-exp, absent where the layer's logits cannot be
-    rebuilt from it: `trace.blocked[layer]` says why).
+    rebuilt from it: `trace.blocked[layer]` says why). `batch` is what the writers see as `ctx.batch` (the rows,
+    padding mask and positions of the batch the body runs).
     """
 
     def __init__(self, model: nn.Module | Any, edit: Mapping[str, Mapping[int, Writer]] | None = None,
                  read: Iterable[str] = (), layers: Iterable[int] | None = None, *,
-                 query_block: int | None = None) -> None:
+                 query_block: int | None = None, batch: BatchContext | None = None) -> None:
         self.model: nn.Module = model if isinstance(model, nn.Module) else model.model  # a LoadedModel too
         self.edit = {name: dict(writers) for name, writers in (edit or {}).items()}
         self.read = tuple(dict.fromkeys(read))
         self.layers = None if layers is None else set(layers)
-        self.query_block = query_block
+        self.query_block, self.batch = query_block, batch
         self.blocked: dict[int, str] = {}
         self._kept: dict[int, dict[str, Any]] = {}
         self._stack: ExitStack | None = None
@@ -66,7 +68,7 @@ class Trace:
         chosen = self._chosen_layers()
         with ExitStack() as stack:
             stack.enter_context(attention_hooks(self.model, self._handlers(), layers=chosen,
-                                                query_block=self.query_block))
+                                                query_block=self.query_block, batch=self.batch))
             self._stack = stack.pop_all()
         return self
 
@@ -144,34 +146,3 @@ def _check_names(edit: Mapping[str, Mapping[int, Writer]], read: Iterable[str]) 
     if "pattern" in read and "lse" in read:
         raise ProbeError("read `pattern` or `lse`, not both: a layer whose log-sum-exp is read runs the fused "
                          "kernel, which computes no weights", parameter="read")
-
-
-def _factors(heads: int | Iterable[int], value: float, tensor: Tensor, layer: int) -> Tensor:
-    """(heads,) of the tensor's dtype: `value` at the chosen heads, 1 elsewhere."""
-    chosen = [heads] if isinstance(heads, int) else list(heads)
-    n_heads = tensor.shape[2]
-    bad = [head for head in chosen if not 0 <= head < n_heads]
-    if bad:
-        raise ProbeError(f"layer {layer} has heads 0 to {n_heads - 1}, not {bad[0]}", parameter="heads")
-    factors = torch.ones(n_heads, dtype=tensor.dtype, device=tensor.device)
-    factors[chosen] = value
-    return factors
-
-
-def scale_head(heads: int | Iterable[int], alpha: float) -> Writer:
-    """A writer multiplying the chosen heads' slices by `alpha` (others exactly as they are): alpha = 0 is zero
-    ablation, alpha > 1 amplifies. For `z`, `q`, `k` or `v`."""
-    def scale(tensor: Tensor, ctx: HookContext) -> Tensor:
-        return tensor * _factors(heads, alpha, tensor, ctx.layer)[:, None]
-
-    return scale
-
-
-def add_to_head(heads: int | Iterable[int], vector: Tensor) -> Writer:
-    """A writer adding `vector` (head_dim,), at every position, to the chosen heads' slices: steering a head's
-    output along a direction. For `z`, `q`, `k` or `v`."""
-    def add(tensor: Tensor, ctx: HookContext) -> Tensor:
-        chosen = 1 - _factors(heads, 0.0, tensor, ctx.layer)  # 1 at the chosen heads
-        return tensor + chosen[:, None] * vector.to(tensor.device, tensor.dtype)
-
-    return add

@@ -1,6 +1,6 @@
 """Every input probe reads, in one package: each module builds one kind and registers it in `PROBE_SETS`.
 
-`natural` and `repeated` (natural.py), `needle` (needle.py), `task` (tasks.py), `pairs` (pairs.py: an
+`natural` and `repeated` (natural.py), `needle` (needle.py), `task` (tasks.py), `seq2seq` (pairs.py: an
 encoder-decoder's source/target texts), `contrast` (contrast.py: clean/corrupt pairs) and `labels` (labels.py:
 labelled texts for sequence classifiers). `build_probe_set(name,
 loaded, ProbeOptions(...))` builds any of them.

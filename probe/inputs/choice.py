@@ -1,5 +1,6 @@
-"""Which probe set a command's inputs choose: the one rule every command applies to its data, labels, pairs and task
-(`probe ablate`, `probe steer`, `probe prune`), so that the same inputs choose the same set everywhere."""
+"""Which probe set a command's inputs choose: the one rule every command applies to its data, labels, pairs, seq2seq
+texts and task (`probe ablate`, `probe steer`, `probe prune`), so that the same inputs choose the same set
+everywhere."""
 
 from __future__ import annotations
 
@@ -17,16 +18,17 @@ def data_file(data: str) -> Path | None:
 
 
 def probe_set_name(data: str, *, labels: Path | None = None, task: str | None = None, pairs: Path | None = None,
-                   contrast: bool = False) -> str:
-    """The name in PROBE_SETS of the set these inputs choose: labelled texts, pairs, a task, or text (a file is
-    natural). `contrast`: the caller measures a logit difference, so that pairs are contrast pairs and a task of
-    CONTRAST_TASKS is one too."""
-    if contrast and (pairs is not None or task in CONTRAST_TASKS):
+                   seq2seq: Path | None = None, contrast: bool = False, compared: bool = False) -> str:
+    """The name in PROBE_SETS of the set these inputs choose: labelled texts, an encoder-decoder's source/target texts
+    (`seq2seq`), clean/corrupt pairs, a task, or text (a file is natural). `contrast`: the caller measures a logit
+    difference, so that a task of CONTRAST_TASKS is its clean/corrupt pairs too; `compared`: the caller runs the clean
+    and the corrupt prompts both (patching), so that a classifier's labels file holds clean/corrupt texts."""
+    if pairs is not None or (contrast and task in CONTRAST_TASKS):
         return "contrast"
     if labels is not None:
-        return "labels"
-    if pairs is not None:
-        return "pairs"
+        return "class_contrast" if contrast and task is None and compared else "labels"
+    if seq2seq is not None:
+        return "seq2seq"
     if task is not None:
         return "task"
     return "repeated" if data == "repeated" else "natural"

@@ -3,7 +3,8 @@ teacher-forced behind its start token, and the loss is the cross-entropy of the 
 (the model's own `labels` loss). A JSON-lines file holds one {"source": TEXT, "target": TEXT} object per line.
 
 probe's other probe sets feed one sequence to both stacks (probe.hooks.stacks); a pairs set is the way to give the
-encoder something else, of its own length.
+encoder something else, of its own length: the `seq2seq` probe set (`--seq2seq FILE` on the command
+line).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ def pairs_set(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence
     start = decoder_start(loaded.model)
     if start is None:
         raise ProbeError("source/target pairs are for encoder-decoders (t5, bart): this model reads one sequence",
-                         parameter="pairs")
+                         parameter="seq2seq")
     if not pairs or any(len(source) < 1 or len(target) < 1 for source, target in pairs):
-        raise ProbeError("give at least one pair, each with a non-empty source and target", parameter="pairs")
+        raise ProbeError("give at least one pair, each with a non-empty source and target", parameter="seq2seq")
     pad = getattr(loaded.model.config, "pad_token_id", None)
     pad = pad if isinstance(pad, int) else 0
     target_ids, target_mask = right_padded([[start, *target] for _, target in pairs], pad)
@@ -36,15 +37,15 @@ def pairs_set(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence
     limit, longest = context_length(loaded), max(target_ids.shape[1], source_ids.shape[1])
     if limit is not None and longest > limit:
         raise ProbeError(f"a pair has {longest} tokens, more than the model's context of {limit}: shorten it",
-                         parameter="pairs")
+                         parameter="seq2seq")
     text = f"{description}: {len(pairs)} pairs, the decoder start token before each target"
-    return ProbeSet("pairs", text, target_ids, 1, target_mask, source_ids=source_ids, source_mask=source_mask,
+    return ProbeSet("seq2seq", text, target_ids, 1, target_mask, source_ids=source_ids, source_mask=source_mask,
                     meta={"source": description, "pairs": len(pairs), "start": "the decoder start token"})
 
 
 def _read_lines(path: Path) -> list[tuple[str, str]]:
     if not is_file(path):
-        raise ProbeError(f"pairs file not found: {path}", parameter="pairs")
+        raise ProbeError(f"seq2seq file not found: {path}", parameter="seq2seq")
     pairs = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
@@ -52,10 +53,10 @@ def _read_lines(path: Path) -> list[tuple[str, str]]:
         try:
             item = loads(line)
         except json.JSONDecodeError as error:
-            raise ProbeError(f"{path} line {number} is not JSON: {error.msg}", parameter="pairs") from None
+            raise ProbeError(f"{path} line {number} is not JSON: {error.msg}", parameter="seq2seq") from None
         if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("source", "target")):
             raise ProbeError(f"{path} line {number}: expected an object with string \"source\" and \"target\"",
-                             parameter="pairs")
+                             parameter="seq2seq")
         pairs.append((item["source"], item["target"]))
     return pairs
 
@@ -63,18 +64,18 @@ def _read_lines(path: Path) -> list[tuple[str, str]]:
 def read_pairs(loaded: LoadedModel, path: str | Path) -> ProbeSet:
     """The pairs of a JSON-lines file, tokenized without special tokens (the target behind the start token)."""
     if loaded.tokenizer is None:
-        raise ProbeError("this model has no tokenizer, so it cannot read pairs of texts", parameter="pairs")
+        raise ProbeError("this model has no tokenizer, so it cannot read pairs of texts", parameter="seq2seq")
     path = Path(path)
     try:
         texts = _read_lines(path)
     except UnicodeDecodeError as error:
-        raise ProbeError(f"pairs file {path} is not UTF-8 text: {error.reason}", parameter="pairs") from None
+        raise ProbeError(f"seq2seq file {path} is not UTF-8 text: {error.reason}", parameter="seq2seq") from None
     encode = lambda text: list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     return pairs_set(loaded, [(encode(source), encode(target)) for source, target in texts],
-                     description=f"pairs file {path}")
+                     description=f"seq2seq file {path}")
 
 
-register_probe_set("pairs", lambda loaded, options: read_pairs(loaded, given(options.pairs)), kind="text",
-                   reads=("pairs",),
+register_probe_set("seq2seq", lambda loaded, options: read_pairs(loaded, given(options.seq2seq)), kind="text",
+                   reads=("seq2seq",),
                    summary="encoder-decoders: a JSON-lines file of source/target texts; the encoder reads the source, "
                            "the decoder the target")

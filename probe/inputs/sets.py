@@ -2,7 +2,7 @@
 
 Every kind of input probe reads is a probe set registered here by its own module: `natural` and `repeated`
 (probe.inputs.natural), `needle` (probe.inputs.needle), `task` (probe.inputs.tasks: minimal pairs and prompts),
-`pairs` (probe.inputs.pairs: an encoder-decoder's source/target texts) and `contrast` (probe.inputs.contrast:
+`seq2seq` (probe.inputs.pairs: an encoder-decoder's source/target texts) and `contrast` (probe.inputs.contrast:
 clean/corrupt pairs for patching and direct logit attribution). An entry declares the kind of input it is (`kind`,
 the input kinds metrics apply to: text, task, contrast) and which option names the file or task it reads (`reads`),
 so that callers ask the registry instead of knowing each set.
@@ -193,7 +193,8 @@ class ProbeOptions:
     repeat_len: int = DEFAULT_REPEAT_LEN
     seed: int = DEFAULT_SEED
     task: str | Path | None = None  # task / contrast: a generated task's name, or (task) a JSON-lines file
-    pairs: str | Path | None = None  # pairs: source/target texts; contrast: clean/corrupt pairs (JSON-lines files)
+    pairs: str | Path | None = None  # contrast: clean/corrupt pairs (a JSON-lines file)
+    seq2seq: str | Path | None = None  # seq2seq: an encoder-decoder's source/target texts (a JSON-lines file)
     labels: str | Path | None = None  # labels: labelled texts for a sequence classifier (a JSON-lines file)
 
 
@@ -208,7 +209,7 @@ class ProbeSetKind:
     build: ProbeSetBuilder
     kind: str = "text"  # text, task, contrast or labels: the input kinds of probe.ablation.metrics.KINDS
     summary: str = ""
-    reads: tuple[str, ...] = ()  # ProbeOptions fields it needs one of (e.g. "task", "pairs"); () builds from defaults
+    reads: tuple[str, ...] = ()  # ProbeOptions fields it needs one of (e.g. "task", "seq2seq"); () builds from defaults
 
 
 PROBE_SETS: dict[str, ProbeSetKind] = {}

@@ -8,25 +8,24 @@ does, the layer runs the blocked eager path and the result's `path` says why. Ca
 never compare its name.
 
 A new backend (a GPU kernel) is one module with a class that has `name`, `problem` and `run`, whose statistics
-subclass `probe.kernels.fused.FusedAttention` (overriding what its kernel answers faster, such as
-`neighbour_hits` from its own row maxima); one `register_backend(...)` line in `probe/kernels/__init__.py`; and one
+are a `FusedStatistics` record (with the kernel's `top_keys` or `row_maxima` where it writes them, and a `search`
+where it finds row maxima its own way); one `register_backend(...)` line in `probe/kernels/__init__.py`; and one
 entry in `tests/test_backends.py`'s DEVICES (the device its cases run on), which checks it against
 `probe.kernels.reference` on every case.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 from torch.utils.weak import WeakTensorKeyDictionary
 
-if TYPE_CHECKING:
-    from probe.kernels.config import KernelConfig
+from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 
 
 @dataclass(frozen=True)
@@ -93,52 +92,56 @@ _DENSE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 """key_mask -> {(n, kv, causal, window, dtype): its dense bias}: made once for the layers that share a key_mask."""
 
 
-class FusedStatistics(Protocol):
-    """What the scores read of a backend's statistics (probe.kernels.fused.FusedAttention is the one implementation
-    every backend's object subclasses; the scores type against this)."""
+@dataclass
+class FusedStatistics:
+    """What a backend hands the scores for one layer call: a plain record. Every weight A[i, j] = exp(q_i . k_j *
+    scale + bias_ij - lse_i) is rebuilt from it (probe.kernels.fused.Weights reads it, the same way for every
+    backend), and whether a key holds its row's maximum is read from `top_keys` where the kernel wrote them, else
+    asked of `search`, the backend's own way of finding row maxima (the CPU's staged search, FlexAttention's row
+    maxima), else computed from whole rows."""
 
-    query: Tensor
-    key: Tensor
-    bias: Tensor | None
+    backend: str  # the backend that made it (a result's `path` reports it)
+    query: Tensor  # (b, hq, n, d): in the model's dtype, or float32 copies where the backend keeps them so; a read
+    # makes each chunk float32 where it reads it (the same float32 values either way: docs/precision.md)
+    key: Tensor  # (b, hk, kv, d), hq a multiple of hk
+    lse: Tensor  # (b, hq, n) float32: each query row's log-sum-exp
     scaling: float
-    causal: bool
-    lse: Tensor  # (b, hq, n) float32
-    config: KernelConfig
-
-    @property
-    def backend(self) -> str:
-        """The name of the backend that made it (a result's `path` reports it)."""
+    causal: bool  # keys after the query (j > i + kv - n) weigh 0; with key_mask and window, or plain
+    bias: Tensor | None = None  # additive, broadcastable to (b, hq, n, kv); None: plain or key_mask / window
+    key_mask: Tensor | None = None  # (b, kv) bool, True: a key the sequence attends (AttentionCall's); bias None
+    window: int | None = None  # a causal sliding window (AttentionCall's); bias None
+    row_maxima: Tensor | None = field(default=None, repr=False)  # (b, hq, n) float32: each row's largest logit
+    top_keys: Tensor | None = field(default=None, repr=False)  # (b, hq, n) int: each row's top key (argmax's
+    # answer: the earliest maximum, a NaN the largest), where the kernel wrote it
+    search: RowSearch | None = field(default=None, repr=False)  # how this backend answers neighbour_hits where
+    # top_keys do not (None: whole rows)
+    tables: LabelTables | None = field(default=None, repr=False)  # the backend's kernel for the diagonals and
+    # columns the scores read (None: gathered keys, one batched matmul per chunk of rows)
+    config: KernelConfig = DEFAULT_CONFIG  # how the reads chunk their work: never a number
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """(batch, query heads, queries, keys)."""
+        return self.query.shape[0], self.query.shape[1], self.query.shape[2], self.key.shape[2]
 
-    def aligned(self, shift: int) -> Tensor:
-        """(b, hq, n): A[i, i + shift], 0 where the key does not exist or is hidden."""
+    @property
+    def plain(self) -> bool:
+        """Whether nothing but causality masks keys (no bias, key mask or window): what side_by_side joins."""
+        return self.bias is None and self.key_mask is None and self.window is None
 
-    def column(self, key: int) -> Tensor:
-        """(b, hq, n): A[i, key]."""
 
-    def stacked(self, labels: list) -> Tensor:
-        """(b, hq, n, len(labels)): diagonals and columns side by side."""
+class RowSearch(Protocol):
+    """A backend's way to tell whether a key holds its row's maximum without the kernel's top keys."""
 
-    def covering(self, labels: list) -> tuple[Tensor, list[int]]:
-        """A table covering the labels, and each label's column in it."""
+    def neighbour_hits(self, weights: Any, selected: Tensor, shift: int) -> Tensor:
+        """(hq,) float64: per query head, how many selected queries i ((b, n) bool) have their largest weight on
+        key i + shift (argmax's answer exactly), read from `weights` (the call's probe.kernels.fused.Weights, which
+        imports this module: typed where a search is written)."""
 
-    def prefetch(self, shifts: Iterable[int], columns: Iterable[int] = ()) -> None:
-        """Compute the diagonals and columns the scores will read, in one pass."""
 
-    def band(self, low: int, high: int, first: int = 0) -> Iterator[tuple[int, Tensor]]:
-        """Chunks of rows: (start, A[i, i + low .. i + high])."""
-
-    def rows(self, rows: Tensor) -> Tensor:
-        """(b, hq, len(rows), kv): whole rows of weights."""
-
-    def row_tops(self, rows: Tensor) -> Tensor:
-        """(b, hq, len(rows)) long: each query row's most-attended key (argmax's answer), on the device."""
-
-    def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
-        """(hq,) float64: how many selected queries i have their largest weight on key i + shift (argmax's answer)."""
+LabelTables = Callable[["FusedStatistics", tuple[int, ...], tuple[int, ...]], Tensor]
+"""(statistics, offsets, keys) -> (b, hq, n, len(offsets) + len(keys)) float32: A[i, i + offset], then A[i, key]; 0
+where a key does not exist or is hidden."""
 
 
 class Backend(Protocol):
@@ -212,6 +215,14 @@ def rebuild_problem(call: AttentionCall) -> str:
     if query.shape[1] % key.shape[1]:
         return "query heads not a multiple of key/value heads"
     return ""
+
+
+def float32_copy(tensor: Tensor) -> Tensor:
+    """A half-precision query or key (or a chunk of them) as float32; float32 and wider as they are (no copy). A
+    backend whose record keeps whole float32 copies makes them with it (every logit a read rebuilds is then a
+    float32 product of the model's own values, so the CPU search's bounds and ties hold as derived for any input
+    dtype, docs/precision.md); the reads make each chunk float32 with it, which gives the same values."""
+    return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
 
 
 def boolean_as_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:

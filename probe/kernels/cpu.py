@@ -1,8 +1,8 @@
 """The CPU backend: the fused kernel (`torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`, which returns each
-query row's log-sum-exp with the output) and `CpuAttention`, its statistics, which answer whether a key is its row's
-top by a staged search instead of whole rows of logits.
+query row's log-sum-exp with the output) and `StagedSearch`, its record's search, which answers whether a key is its
+row's top by stages instead of whole rows of logits, tuned by its own `SearchConfig` (`CpuBackend(search=...)`).
 
-The staged search (`CpuAttention.neighbour_hits`): (1) every row against its rivals, a few diagonals and key 0 read
+The staged search (`StagedSearch.neighbour_hits`): (1) every row against its rivals, a few diagonals and key 0 read
 from one prefetched table; past `band_from` keys (2) the open rows' band of nearby keys; past `witnesses_from` (3) the
 likely witnesses (the first keys and the longest); past `near_from` (4) a slice of keys near each row; (5) the rows
 still open, whole (`tops_of_rows`: bounded in bfloat16 first from `bounds_from` keys on a CPU with bfloat16
@@ -17,19 +17,55 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, rebuild_problem
+from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
-from probe.kernels.fused import FusedAttention, HeadId, Label, by_owner
+from probe.kernels.fused import Label, Weights, by_owner
 
 NAME = "cpu"
+
+
+def _bfloat16_matmuls_fast() -> bool:
+    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16): its bfloat16 matmuls run ~3x faster than float32."""
+    return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """The staged search's thresholds: which stage is tried past how many keys, and how each is sized. None changes
+    a number (every stage decides a row only where it is sure), so a test forces a stage at a short length with
+    `dataclasses.replace(SearchConfig(), ...)`. Defaults are measured (bench/RESULTS.md)."""
+
+    positional_band: int = 16  # keys i - 15 .. i + 1 (and key 0) whose weights decide most rows left open
+    positional_rivals: tuple[int, ...] = (0, -2, -3, -4, -1, 1)  # offsets read for every row: cheap diagonals
+    band_from: int = 1024  # keys past which the rows stage 1 left open go to the band; shorter rows go whole
+    witnesses_from: int = 8192  # keys past which open rows are read against the witnesses (at 8192: break-even)
+    first_keys: int = 256  # likely witnesses that beat the neighbour of a row the band leaves open: the first keys,
+    longest_keys: int = 64  # and the longest keys of the key/value head (measured at 32768 tokens)
+    near_from: int = 4096  # keys past which the open rows go to the near keys (at 4096 and fewer the slice and the
+    # whole row after it cost more than the whole row alone)
+    near_span: int = 1024  # query positions of one bucket of the near-keys stage: its rows share one slice of keys
+    near_before: int = 1024  # keys before a bucket that its slice includes
+    margin: float = 1e-4  # a neighbour is surely the top when it outweighs the mass of the keys not computed by this
+    bound: float = 2.0**-7  # bfloat16 upper bounds of logits: q . k + bound |q| |k| (roundings need <= 0.0059 |q||k|)
+    bounds_on_cpu: bool = field(default_factory=_bfloat16_matmuls_fast)  # whether bounding whole rows pays here
+    candidates: int = 64  # keys a bounded row may have whose bound reaches its key's logit: float32 logits decide
+    bounds_from: int = 16384  # keys from which whole rows are bounded first (2.5x faster at 32768 keys; at 8192 the
+    # operations around the matmul cost what it saves)
+
+
+DEFAULT_SEARCH = SearchConfig()
+"""The search's thresholds where none are given."""
 
 
 class CpuBackend:
     """CPU's flash-attention kernel. A value head smaller than the query head (multi-head latent attention: 128 against
     192) is padded with zero columns, which leaves the first dv columns of the output exact; a larger one pads the
-    queries and keys instead (zero columns add nothing to a logit)."""
+    queries and keys instead (zero columns add nothing to a logit). `search`: the staged search's thresholds."""
 
     name = NAME
+
+    def __init__(self, search: SearchConfig = DEFAULT_SEARCH) -> None:
+        self.search = StagedSearch(search)
 
     def problem(self, call: AttentionCall) -> str:
         """"" where the kernel serves the call, else why not."""
@@ -40,7 +76,7 @@ class CpuBackend:
             return f"no log-sum-exp kernel wired for {call.query.device.type} yet (CPU only)"
         return ""
 
-    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, CpuAttention]:
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
         """The output (b, n, hq, dv) and the statistics its weights are rebuilt from. Grouped-query heads go to the
         kernel as they are (it reads the shared keys per query head); causal applies only without a bias; a key mask
         and window go to the kernel as the dense bias they stand for (AttentionCall.with_dense_bias)."""
@@ -54,46 +90,55 @@ class CpuBackend:
         plain_causal = call.causal and call.bias is None
         output, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, plain_causal, attn_mask=call.bias, scale=call.scaling)
-        attention = CpuAttention(call.query, call.key, call.bias, call.scaling, plain_causal, lse.float(), config)
+        statistics = cpu_statistics(call.query, call.key, call.bias, call.scaling, plain_causal, lse.float(), config,
+                                    self.search)
         output = output.transpose(1, 2)
-        return (output[..., :dv] if dv < d else output).contiguous(), attention
+        return (output[..., :dv] if dv < d else output).contiguous(), statistics
 
 
-@dataclass
-class CpuAttention(FusedAttention):
-    """FusedAttention whose row maxima come from the staged search (cheap stages first, whole rows for the rest)."""
+def cpu_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, lse: Tensor,
+                   config: KernelConfig = DEFAULT_CONFIG, search: StagedSearch | None = None) -> FusedStatistics:
+    """The CPU backend's record: half-precision queries and keys as whole float32 copies (the search's bounds and
+    ties hold as derived for any input dtype), the staged search (`StagedSearch(DEFAULT_SEARCH)` where none is
+    given)."""
+    return FusedStatistics(NAME, float32_copy(query), float32_copy(key), lse, scaling, causal, bias, config=config,
+                           search=search or StagedSearch(DEFAULT_SEARCH))
 
-    backend = NAME
-    bounded_keys: dict[HeadId, tuple[Tensor, Tensor]] = field(default_factory=dict, repr=False)  # bounded_tops'
-    witness_index: dict[tuple[int, int, int, int], Tensor] = field(default_factory=dict, repr=False)  # (.., first,
-    # longest): the witnesses' key indices of one key/value head
 
-    def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
-        """FusedAttention.neighbour_hits by stages, each only for the rows the one before left open (the module's
+@dataclass(frozen=True)
+class StagedSearch:
+    """The CPU's answer to neighbour_hits (the record's `search`): cheap stages first, whole rows for the rest, each
+    stage reading the call's `Weights` (what it keeps per call, the bounded keys and the witnesses' indices, in
+    `Weights.memo`)."""
+
+    config: SearchConfig = field(default_factory=SearchConfig)
+
+    def neighbour_hits(self, weights: Weights, selected: Tensor, shift: int) -> Tensor:
+        """Weights.neighbour_hits by stages, each only for the rows the one before left open (the module's
         docstring); up to band_from keys a whole row is about as cheap as the stages between."""
-        config, kv = self.config, self.shape[3]
-        hit, unsure = self.rivals_stage(selected.to(self.lse.device), shift)
+        config, kv = self.config, weights.shape[3]
+        hit, unsure = self.rivals_stage(weights, selected.to(weights.lse.device), shift)
         hits = hit.sum(dim=(0, 2)).double().cpu()
         found = unsure.nonzero()  # (k, 3): b, h, query
         if len(found) and kv > config.band_from:
-            band_hits, found = self.band_stage(found, shift)
+            band_hits, found = self.band_stage(weights, found, shift)
             hits += band_hits
         if len(found) and kv > config.witnesses_from:
-            found = self.witness_stage(found, shift)
+            found = self.witness_stage(weights, found, shift)
         if len(found) and kv > config.near_from:
-            near_hits, found = self.near_stage(found, shift)
+            near_hits, found = self.near_stage(weights, found, shift)
             hits += near_hits
         if len(found):
-            hits += self.settle_stage(found, shift)
+            hits += self.settle_stage(weights, found, shift)
         return hits
 
-    def rivals_stage(self, selected: Tensor, shift: int) -> tuple[Tensor, Tensor]:
+    def rivals_stage(self, weights: Weights, selected: Tensor, shift: int) -> tuple[Tensor, Tensor]:
         """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
         weight, key 0's and the rivals' (config.positional_rivals: keys i, i - 2, i - 3, i - 4, i +- 1), read from
         one table (exactly 0 where a key does not exist): the neighbour is the top when none of them beats it (an
         earlier key wins a tie) and it outweighs the mass of all other keys (1 - the computed mass)."""
-        rivals = _rivals(self.shape[2], shift, self.config.positional_rivals, self.lse.device)
-        table = self.stacked(rivals.labels)  # (b, h, n, r + 2)
+        rivals = _rivals(weights.shape[2], shift, self.config.positional_rivals, weights.lse.device)
+        table = weights.stacked(rivals.labels)  # (b, h, n, r + 2)
         earlier, weight, sink = rivals.earlier, table[..., rivals.earlier], table[..., -1]
         beats = (table[..., :earlier] >= weight[..., None]).any(dim=-1)
         beats |= (table[..., earlier + 1:-1] > weight[..., None]).any(dim=-1)
@@ -102,14 +147,14 @@ class CpuAttention(FusedAttention):
         hit = ~beats & (weight > (1.0 - computed).clamp(min=0.0) + self.config.margin) & selected[:, None]
         return hit, ~beats & ~hit & selected[:, None]
 
-    def band_stage(self, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
+    def band_stage(self, weights: Weights, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
         """Stage 2 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the band of keys
         i - 15 .. i + 1 (config.positional_band) and key 0: the neighbour is the top when it beats every other of them
         and the mass outside."""
         low = 1 - self.config.positional_band
-        band = self.band_of_rows(found, low, 1)  # (k, 17)
+        band = weights.band_of_rows(found, low, 1)  # (k, 17)
         sequence, head, row = found.unbind(1)
-        first = torch.where(row + low > 0, self.column(0)[sequence, head, row], -1.0)  # key 0 outside the band
+        first = torch.where(row + low > 0, weights.column(0)[sequence, head, row], -1.0)  # key 0 outside the band
         rest = (1.0 - band.sum(dim=-1) - first.clamp(min=0.0)).clamp(min=0.0)
         column = shift - low
         weight = band[:, column]
@@ -119,67 +164,70 @@ class CpuAttention(FusedAttention):
         if column + 1 < band.shape[-1]:
             beaten |= band[:, column + 1:].amax(dim=-1) > weight
         hit = ~beaten & (weight > rest + self.config.margin)
-        hits = torch.bincount(head[hit].cpu(), minlength=self.shape[1]).double()
+        hits = torch.bincount(head[hit].cpu(), minlength=weights.shape[1]).double()
         return hits, found[~beaten & ~hit]
 
-    def witness_stage(self, found: Tensor, shift: int) -> Tensor:
+    def witness_stage(self, weights: Weights, found: Tensor, shift: int) -> Tensor:
         """Stage 3 for the (b, h, query) rows `found`: the rows still open, less those where a likely witness surely
         beats the neighbour (beaten_by_witnesses: the config.first_keys first keys and the config.longest_keys longest
         keys). Far from its row, a row's top is most often among the first keys: at 32768 tokens, 63-84% of the
         beaten rows the near keys left open had one within the first 512, and the longest 64 keys beat 23-70% of
         those left after them. Before the near keys, it leaves them a third fewer rows."""
         config = self.config
-        return found[~self.beaten_by_witnesses(found, found[:, 2] + shift, config.first_keys, config.longest_keys)]
+        return found[~self.beaten_by_witnesses(weights, found, found[:, 2] + shift, config.first_keys,
+                                               config.longest_keys)]
 
-    def near_stage(self, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
+    def near_stage(self, weights: Weights, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
         """Stage 4 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the keys near each
         row (near_of_rows: at least the config.near_before keys before it, and key 0): the neighbour is not the top
         when a near key beats it, the top when none beats or ties it and it outweighs the mass of the keys not
         computed."""
-        b, h, n, kv = self.shape
+        b, h, n, kv = weights.shape
         long = found[:, 2] + kv - n >= self.config.near_from  # shorter rows: their whole row costs what a slice does
         near, short = found[long], found[~long]
         if not len(near):
             return torch.zeros(h, dtype=torch.float64), found
         sequence, head, row = near.unbind(1)
-        beaten, tied, mass = self.near_of_rows(near, row + shift)
-        weight = self.aligned(shift)[sequence, head, row]
+        beaten, tied, mass = self.near_of_rows(weights, near, row + shift)
+        weight = weights.aligned(shift)[sequence, head, row]
         hit = ~beaten & ~tied & (weight > (1.0 - mass).clamp(min=0.0) + self.config.margin)
         hits = torch.bincount(head[hit].cpu(), minlength=h).double()
         return hits, torch.cat([short, near[~beaten & ~hit]])
 
-    def settle_stage(self, found: Tensor, shift: int) -> Tensor:
+    def settle_stage(self, weights: Weights, found: Tensor, shift: int) -> Tensor:
         """Hits per head among the (b, h, query) rows `found`, each row's logits computed whole (tops_of_rows):
         argmax's answer, as the blocked path (the earliest maximum wins)."""
-        top = self.tops_of_rows(found, found[:, 2] + shift)
-        return torch.bincount(found[top, 1].cpu(), minlength=self.shape[1]).double()
+        top = weights.tops_of_rows(found, found[:, 2] + shift, functools.partial(self.tops, weights))
+        return torch.bincount(found[top, 1].cpu(), minlength=weights.shape[1]).double()
 
-    def near_of_rows(self, found: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def near_of_rows(self, weights: Weights, found: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(beaten (k,), tied (k,), mass (k,)) for the (b, h, query) rows `found` (k, 3) and one key each, over the
         keys near each row: the rows of a (sequence, key/value head) whose queries fall in one bucket of
         config.near_span positions share one slice of keys, from config.near_before keys before the bucket to its
         last query (so a row sees at least its config.near_before keys before it). beaten: a key of the slice has a
         larger logit than keys[t]; tied: none is larger but one equals it (argmax's tie rule needs the whole row);
         mass: the weight of every key of the slice the row may attend to, keys[t]'s included, and of key 0."""
-        b, hq, n, kv = self.shape
-        hk = self.key.shape[1]
+        b, hq, n, kv = weights.shape
+        hk = weights.key.shape[1]
         position = found[:, 2] + kv - n  # each query's own key position
         span = self.config.near_span
         owner = ((found[:, 0] * hk + found[:, 1] // (hq // hk)) * (kv // span + 1)) + position // span
-        beaten, tied, mass = by_owner(owner, self._near_part, found, keys, position)
+        beaten, tied, mass = by_owner(owner, functools.partial(self._near_part, weights), found, keys, position)
         return beaten, tied, mass
 
-    def _near_part(self, part: Tensor, keys: Tensor, position: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _near_part(self, weights: Weights, part: Tensor, keys: Tensor, position: Tensor
+                   ) -> tuple[Tensor, Tensor, Tensor]:
         """near_of_rows for the rows of one (sequence, key/value head, bucket)."""
-        sequence, kv_head = int(part[0, 0]), int(part[0, 1]) // (self.shape[1] // self.key.shape[1])
+        sequence, kv_head = int(part[0, 0]), int(part[0, 1]) // (weights.shape[1] // weights.key.shape[1])
         low = max(0, int(position[0]) // self.config.near_span * self.config.near_span - self.config.near_before)
-        high = int(position.max()) + 1 if self.causal else self.shape[3]
-        logits = (self.query[sequence, part[:, 1], part[:, 2]] * self.scaling) @ self._head_keys(
+        high = int(position.max()) + 1 if weights.causal else weights.shape[3]
+        logits = (weights.query[sequence, part[:, 1], part[:, 2]] * weights.scaling) @ weights._head_keys(
             sequence, kv_head)[low:high].T  # (r, high - low)
-        if self.bias is not None:
-            bias = self.bias[sequence if self.bias.shape[0] > 1 else 0][..., low:high]  # (hq or 1, n or 1, keys)
+        dense = weights.dense_bias
+        if dense is not None:
+            bias = dense[sequence if dense.shape[0] > 1 else 0][..., low:high]  # (hq or 1, n or 1, keys)
             logits += bias[part[:, 1] if bias.shape[0] > 1 else 0, part[:, 2] if bias.shape[1] > 1 else 0]
-        elif self.causal:
+        elif weights.causal:
             seen = int(position.min()) + 1 - low  # columns every row of the part may attend to
             columns = torch.arange(low + seen, high, device=logits.device)
             logits[:, seen:].masked_fill_(columns[None, :] > position[:, None], float("-inf"))
@@ -191,14 +239,14 @@ class CpuAttention(FusedAttention):
         mass = torch.zeros_like(own)  # only the rows neither beaten nor tied need it: the others are settled
         weighed = ~beaten & ~tied
         if bool(weighed.any()):  # most rows: the mass of all (in place, no copy), kept for those
-            lse = self.lse[sequence, part[:, 1], part[:, 2]]
+            lse = weights.lse[sequence, part[:, 1], part[:, 2]]
             mass = logits.sub_(lse[:, None]).exp_().sum(dim=-1) + torch.exp(own - lse)
             if low > 0:  # key 0 (the sink: often most of a row's weight) outside the slice
-                mass += self.column(0)[sequence, part[:, 1], part[:, 2]]
+                mass += weights.column(0)[sequence, part[:, 1], part[:, 2]]
             mass = mass.where(weighed, 0.0)
         return beaten, tied, mass
 
-    def beaten_by_witnesses(self, found: Tensor, keys: Tensor, first: int, longest: int) -> Tensor:
+    def beaten_by_witnesses(self, weights: Weights, found: Tensor, keys: Tensor, first: int, longest: int) -> Tensor:
         """(k,) bool: whether a likely witness that the (b, h, query) row found[t] may attend to, other than keys[t],
         has a larger logit than keys[t] by more than float32's rounding: keys[t] is then surely not the row's top,
         however the logits are rounded (ties and near-ties: False, left to the whole row). The likely witnesses of a
@@ -207,59 +255,63 @@ class CpuAttention(FusedAttention):
         (sequence, key/value head)."""
         if not len(found):
             return torch.zeros(0, dtype=torch.bool, device=found.device)
-        hq, hk = self.shape[1], self.key.shape[1]
+        hq, hk = weights.shape[1], weights.key.shape[1]
         owner = found[:, 0] * hk + found[:, 1] // (hq // hk)
-        return by_owner(owner, lambda part, key: (self._beaten_part(part, key, first, longest),), found, keys)[0]
+        return by_owner(owner, lambda part, key: (self._beaten_part(weights, part, key, first, longest),),
+                        found, keys)[0]
 
-    def _witnesses(self, sequence: int, kv_head: int, first: int, longest: int) -> Tensor:
+    def _witnesses(self, weights: Weights, sequence: int, kv_head: int, first: int, longest: int) -> Tensor:
         """The key indices beaten_by_witnesses reads for one key/value head: the first keys, then the longest of the
         others (made once per call)."""
-        if (sequence, kv_head, first, longest) not in self.witness_index:
-            norms = self._head_keys(sequence, kv_head)[first:].norm(dim=-1)
+        index = ("witnesses", sequence, kv_head, first, longest)
+        if index not in weights.memo:
+            norms = weights._head_keys(sequence, kv_head)[first:].norm(dim=-1)
             longer = norms.topk(min(longest, len(norms))).indices.sort().values + first
-            self.witness_index[(sequence, kv_head, first, longest)] = torch.cat(
-                [torch.arange(min(first, self.shape[3]), device=longer.device), longer])
-        return self.witness_index[(sequence, kv_head, first, longest)]
+            weights.memo[index] = torch.cat(
+                [torch.arange(min(first, weights.shape[3]), device=longer.device), longer])
+        return weights.memo[index]
 
-    def _beaten_part(self, part: Tensor, keys: Tensor, first: int, longest: int) -> Tensor:
+    def _beaten_part(self, weights: Weights, part: Tensor, keys: Tensor, first: int, longest: int) -> Tensor:
         """beaten_by_witnesses for the rows of one (sequence, key/value head)."""
-        sequence, kv_head = int(part[0, 0]), int(part[0, 1]) // (self.shape[1] // self.key.shape[1])
+        sequence, kv_head = int(part[0, 0]), int(part[0, 1]) // (weights.shape[1] // weights.key.shape[1])
         head, row = part[:, 1], part[:, 2]
-        head_keys, witnesses = self._head_keys(sequence, kv_head), self._witnesses(sequence, kv_head, first, longest)
+        head_keys = weights._head_keys(sequence, kv_head)
+        witnesses = self._witnesses(weights, sequence, kv_head, first, longest)
         witness_keys = head_keys[witnesses]  # (witnesses, d)
-        query = self.query[sequence, head, row] * self.scaling  # (r, d), scaled as the blocked path
+        query = weights.query[sequence, head, row] * weights.scaling  # (r, d), scaled as the blocked path
         logits = query @ witness_keys.T  # (r, witnesses)
         own = (query * head_keys[keys]).sum(dim=-1)  # (r,)
-        if self.bias is not None:
-            bias = self.bias[sequence if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
+        if weights.dense_bias is not None:
+            bias = weights.dense_bias[sequence if weights.dense_bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
             bias = bias[head if bias.shape[0] > 1 else 0, row if bias.shape[1] > 1 else 0].expand(len(part), -1)
             logits += bias[:, witnesses]
             own = own + bias.gather(1, keys[:, None])[:, 0]
-        elif self.causal:
-            logits.masked_fill_(witnesses[None, :] > row[:, None] + self.shape[3] - self.shape[2], float("-inf"))
+        elif weights.causal:
+            logits.masked_fill_(witnesses[None, :] > row[:, None] + weights.shape[3] - weights.shape[2], float("-inf"))
         norm = torch.maximum(witness_keys.norm(dim=-1).max(), head_keys[keys].norm(dim=-1))
         rounding = 2.0**-13 * (query.norm(dim=-1) * norm + own.abs())  # far above float32's, bias included
         return logits.amax(dim=-1) > own + rounding  # keys[t] among the witnesses: its logit is within rounding
 
-    def tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
+    def tops(self, weights: Weights, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
         """(len(rows),) bool: whether key keys[t] holds the largest weight of the row (query head heads[t], query
         rows[t]) of one sequence whose heads share key/value head `kv_head`, as argmax says (the earliest maximum
         wins, a NaN counts as the maximum); from the logits (exp is monotonic). Plain attention over
         config.bounds_from keys or more on a CPU with bfloat16 arithmetic: bounds first (bounded_tops), the rows they
         leave unsure from whole float32 rows after (at least config.row_chunk of them: a matmul of one row rounds a
         copy of a key unlike the key)."""
-        if self.bias is not None or not self.config.bounds_on_cpu or self.query.device.type != "cpu" or \
-                self.shape[3] < self.config.bounds_from:
-            return super().tops(batch, kv_head, heads, rows, keys)
-        top, unsure = self._in_row_chunks(self.bounded_tops, batch, kv_head, heads, rows, keys)
+        if weights.dense_bias is not None or not self.config.bounds_on_cpu or weights.query.device.type != "cpu" or \
+                weights.shape[3] < self.config.bounds_from:
+            return weights.tops(batch, kv_head, heads, rows, keys)
+        top, unsure = weights._in_row_chunks(functools.partial(self.bounded_tops, weights), batch, kv_head, heads,
+                                             rows, keys)
         if bool(unsure.any()):
             index = unsure.nonzero()[:, 0]
-            padded = torch.cat([index, index[:1].expand(max(0, self.config.row_chunk - len(index)))])
-            top[index] = self._in_row_chunks(self._tops_chunk, batch, kv_head, heads[padded], rows[padded],
+            padded = torch.cat([index, index[:1].expand(max(0, weights.config.row_chunk - len(index)))])
+            top[index] = weights._in_row_chunks(weights._tops_chunk, batch, kv_head, heads[padded], rows[padded],
                                              keys[padded])[0][:len(index)]
         return top
 
-    def bounded_tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor
+    def bounded_tops(self, weights: Weights, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor
                      ) -> tuple[Tensor, Tensor]:
         """(top, unsure) (len(rows),) bool, from upper bounds of the logits of keys 1 .. in one bfloat16 matmul
         (q . k plus config.bound |q| |k| as a 65th dimension: bfloat16 rounds each factor and the sum to 2^-9, so a
@@ -270,14 +322,15 @@ class CpuAttention(FusedAttention):
         bound reaches the key's logit (at 32768 tokens, 99% have 6 or fewer): those keys' float32 logits decide
         them the same way (_best_candidate); else unsure (ties, NaN, the neighbour at key 0, more than
         config.candidates such keys: the whole float32 row decides)."""
-        offset = self.shape[3] - self.shape[2]
-        limit = min(self.shape[3], int(rows.max()) + offset + 1) if self.causal else self.shape[3]
-        query = self.query[batch, heads, rows] * self.scaling  # (r, d) as _row_logits scales it
-        head_keys, (bounded_keys, longest) = self._head_keys(batch, kv_head), self._bounded_keys(batch, kv_head)
+        offset = weights.shape[3] - weights.shape[2]
+        limit = min(weights.shape[3], int(rows.max()) + offset + 1) if weights.causal else weights.shape[3]
+        query = weights.query[batch, heads, rows] * weights.scaling  # (r, d) as _row_logits scales it
+        head_keys = weights._head_keys(batch, kv_head)
+        bounded_keys, longest = self._bounded_keys(weights, batch, kv_head)
         norm = query.norm(dim=-1)
         upper = torch.cat([query, self.config.bound * norm[:, None]], dim=1).to(torch.bfloat16) @ \
             bounded_keys[1:limit].T
-        if self.causal:  # (r, limit - 1): column c is key c + 1
+        if weights.causal:  # (r, limit - 1): column c is key c + 1
             seen = int(rows.min()) + offset + 1
             hidden = torch.arange(seen, limit, device=upper.device)[None, :] > rows[:, None] + offset
             upper[:, seen - 1:].masked_fill_(hidden, float("-inf"))
@@ -297,15 +350,16 @@ class CpuAttention(FusedAttention):
             beaten[unsure] = (best > above[unsure]) | (sink[unsure] > above[unsure])
         return top & (keys > 0), ~top & ~beaten | (keys == 0)
 
-    def _bounded_keys(self, batch: int, kv_head: int) -> tuple[Tensor, Tensor]:
+    def _bounded_keys(self, weights: Weights, batch: int, kv_head: int) -> tuple[Tensor, Tensor]:
         """((kv, d + 1) bfloat16: one key/value head's keys and their norms, the longest key but key 0's norm) for
         bounded_tops, made once per call."""
-        if (batch, kv_head) not in self.bounded_keys:
-            keys = self._head_keys(batch, kv_head)
+        index = ("bounded", batch, kv_head)
+        if index not in weights.memo:
+            keys = weights._head_keys(batch, kv_head)
             norms = keys.norm(dim=-1, keepdim=True)
-            self.bounded_keys[(batch, kv_head)] = (torch.cat([keys, norms], dim=1).to(torch.bfloat16),
+            weights.memo[index] = (torch.cat([keys, norms], dim=1).to(torch.bfloat16),
                                                    norms[1:].max() if len(keys) > 1 else norms.new_zeros(()))
-        return self.bounded_keys[(batch, kv_head)]
+        return weights.memo[index]
 
 def _best_candidate(upper: Tensor, query: Tensor, threshold: Tensor, head_keys: Tensor, candidates: int
                     ) -> Tensor:

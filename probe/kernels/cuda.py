@@ -1,7 +1,7 @@
 """The CUDA backend: one Triton flash-attention forward that writes, in a single pass over the keys, the output, each
 query row's log-sum-exp (float32) and the index of its largest logit (the earliest on ties, a NaN counting as the
 largest, as argmax says on the CPU). The scores then read every diagonal and column from the log-sum-exp and every
-row's top key from the indices (`FusedAttention.top_keys`): nothing of the n x n weights, no search, and no value
+row's top key from the indices (the record's `top_keys`): nothing of the n x n weights, no search, and no value
 read back to the host.
 
 The kernel is a flash-attention forward (Dao et al. 2022, "FlashAttention"; Triton's fused-attention tutorial): a
@@ -37,9 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, rebuild_problem
+from probe.kernels.base import AttentionCall, FusedStatistics, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
-from probe.kernels.fused import FusedAttention
 from probe.kernels.labels import label_weights
 
 triton: Any = None  # imported on the kernel's first use (_kernels): Triton reads TRITON_INTERPRET when it is imported
@@ -94,13 +93,11 @@ class CudaBackend:
             return "a bias of more than 4 dimensions"
         return ""
 
-    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, CudaAttention]:
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
         """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and each row's top
-        key index). The kernel reads the key mask and window as they are; the statistics rebuild weights from the
-        dense form (`AttentionCall.dense_bias`, made once for the layers that share a key mask)."""
+        key index). The kernel and the statistics read the key mask and window as they are: no dense bias is made
+        (but for `output="sdpa"`, whose output torch computes from one)."""
         causal = call.causal and call.bias is None  # the kernel's flag: with a key mask and window, or plain
-        dense = call.with_dense_bias()  # what sdpa and the statistics read: a bias where the mask is not plain
-        plain_causal = dense.causal and dense.bias is None
         if self.output == "sdpa":
             # sdpa hands back neither its log-sum-exp nor its logits, so the statistics need q k^T once more: the
             # kernel's statistics-only pass (no value loads, no value product, tiles of its own) is that second
@@ -108,32 +105,26 @@ class CudaBackend:
             # need only each row's top key from a second pass.
             lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, causal,
                                             key_mask=call.key_mask, window=call.window)
+            dense = call.with_dense_bias()  # what sdpa reads: a bias where the mask is not plain
             output = torch.nn.functional.scaled_dot_product_attention(
-                call.query, call.key, call.value, attn_mask=dense.bias, is_causal=plain_causal, scale=call.scaling,
-                enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
+                call.query, call.key, call.value, attn_mask=dense.bias, is_causal=dense.causal and dense.bias is None,
+                scale=call.scaling, enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
         else:
             output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling, causal,
                                                  key_mask=call.key_mask, window=call.window)
-        return output, CudaAttention(call.query, call.key, dense.bias, call.scaling, plain_causal, lse, config,
-                                     top_keys=top)
+        # queries and keys stay in the model's dtype: a float32 copy of both per layer would cost what the kernel
+        # costs in memory traffic (each read makes its chunk float32: the same values)
+        return output, FusedStatistics(NAME, call.query, call.key, lse, call.scaling, causal, call.bias,
+                                       call.key_mask, call.window, top_keys=top, tables=label_table, config=config)
 
 
-@dataclass
-class CudaAttention(FusedAttention):
-    """FusedAttention with the kernel's top key of every row (`top_keys`): row maxima (positional's question) are
-    read from it on the device (FusedAttention.neighbour_hits / tops_of_rows), never searched. Queries and keys stay
-    in the model's dtype (`whole_copies` False: a float32 copy of both per layer would cost what the kernel costs in
-    memory traffic); the diagonals and columns the scores read come from one launch over every row
-    (probe.kernels.labels), which makes each value it loads float32."""
-
-    backend = NAME
-    whole_copies = False
-
-    def _in_chunks(self, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
-        """(b, hq, n, len(offsets) + len(keys)): FusedAttention's table of the weights on keys i + offset and on
-        `keys`, from one launch of the label kernel over every row (no row chunks, no gathered keys)."""
-        return label_weights(self.query, self.key, self.bias, self.lse, self.scaling, self.causal, offsets, keys,
-                             interpreted())
+def label_table(statistics: FusedStatistics, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
+    """The record's `tables`: the weights on keys i + offset and on `keys` (b, hq, n, len(offsets) + len(keys)), from
+    one launch of the label kernel over every row (probe.kernels.labels: no row chunks, no gathered keys, each value
+    made float32 where it is loaded, the key mask and window read as they are)."""
+    return label_weights(statistics.query, statistics.key, statistics.bias, statistics.lse, statistics.scaling,
+                         statistics.causal, offsets, keys, interpreted(), key_mask=statistics.key_mask,
+                         window=statistics.window)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,11 @@ returns each query row's log-sum-exp and its largest logit (`max_scores`) beside
 mask (whole blocks of hidden keys skipped) and a `mask_mod`; an additive bias (ALiBi-like) as a `score_mod`;
 grouped- and multi-query heads as they are (`enable_gqa`).
 
-Its statistics (`FlexStatistics`) answer positional's question (is the neighbour its row's top key?) from the row
+Its statistics' search (`MaximaSearch`) answers positional's question (is the neighbour its row's top key?) from the row
 maxima: a neighbour whose logit is below its row's maximum by more than the kernel's rounding is beaten, and one that
 holds more than half its row's weight is the top; the rows neither decides (the neighbour at the maximum, where a
 tie with an earlier key, or a key within the kernel's rounding, would change argmax's answer) are computed whole
-(`FusedAttention.tops_of_rows`), or, where they are more than WHOLE_ROWS of all (a previous-token head's), every row's
+(`Weights.tops_of_rows`), or, where they are more than WHOLE_ROWS of all (a previous-token head's), every row's
 top key comes from one pass of the Triton kernel's statistics (probe.kernels.cuda.attention_statistics). A row's top
 key itself (`row_tops`) needs the index, which a maximum does not give: those rows are computed whole. Counting the
 undecided rows reads a number back from the GPU (one wait per neighbour and layer), which the Triton backend's top
@@ -26,17 +26,16 @@ import functools
 import importlib
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, rebuild_problem
+from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.cuda import CudaBackend, attention_statistics
-from probe.kernels.fused import FusedAttention
+from probe.kernels.fused import Weights
 
 NAME = "flex-attention"
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -44,7 +43,8 @@ MAX_HEAD_DIM = 256
 ROUNDING = 2.0**-8  # the kernel's logit against a float32 one, per scale |q| |k|: a bfloat16 rounding of a scaled
 # query (PRESCALE_QK) or TF32 products are within it; float32 sums and the log2 round trip are far below
 SLACK = 2.0**-16  # relative rounding of the maximum, the log-sum-exp and a logit rebuilt from a weight
-WHOLE_ROWS = 1 / 16  # of the rows, the most the maxima may leave undecided for whole rows (FusedAttention.tops_of_rows)
+MARGIN = 1e-4  # a neighbour is surely the top when its weight exceeds half its row's by this, besides the rounding
+WHOLE_ROWS = 1 / 16  # of the rows, the most the maxima may leave undecided for whole rows (Weights.tops_of_rows)
 # to settle them; more (a previous-token head: its neighbour is at most rows' maximum) and one Triton statistics pass
 # over the call gives every row's top key instead
 
@@ -87,13 +87,13 @@ class FlexBackend:
             (call.bias is None or call.bias.dim() <= 4, "a bias of more than 4 dimensions"))
         return next((reason for takes, reason in kernel_takes if not takes), "")
 
-    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FlexStatistics]:
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
         """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and row maxima). A key
         mask and window go as the dense bias they stand for (its -inf entries the block mask)."""
         call = call.with_dense_bias()  # the statistics below read the same bias
         output, lse, maxima = flex_outputs(call, compiled_flex())
-        return output, FlexStatistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None,
-                                      lse, config, max_scores=maxima)
+        return output, flex_statistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None,
+                                       lse, config, maxima)
 
 
 @functools.cache
@@ -216,66 +216,75 @@ def _block_mask(mask_mod: MaskMod, sequences: int | None, heads: int | None, n: 
                                     _compile=device.type == "cuda")
 
 
-@dataclass
-class FlexStatistics(FusedAttention):
-    """FusedAttention with each row's largest logit as FlexAttention computed it (`max_scores`, None where this torch
-    gives none): positional's question is answered from it where it decides the row (the module's docstring)."""
+def flex_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, lse: Tensor,
+                    config: KernelConfig = DEFAULT_CONFIG, maxima: Tensor | None = None) -> FusedStatistics:
+    """FlexAttention's record: half-precision queries and keys as whole float32 copies (the Triton pass and the
+    whole rows read them), each row's largest logit as the kernel computed it (`row_maxima`, None where this torch
+    gives none), and `MaximaSearch`, which answers positional's question from them where they decide the row."""
+    return FusedStatistics(NAME, float32_copy(query), float32_copy(key), lse, scaling, causal, bias,
+                           row_maxima=maxima, search=MAXIMA_SEARCH, config=config)
 
-    backend = NAME
-    max_scores: Tensor | None = field(default=None, repr=False)  # (b, hq, n) float32
 
-    def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
-        """FusedAttention.neighbour_hits, on the statistics' device: rows the maxima decide are counted there; the
-        rest (`undecided`) are computed whole (tops_of_rows), argmax's answer exactly. Without maxima (layer calls
-        read side by side, which keeps top keys only; a torch that gives none): the Triton pass's top keys where it
-        serves the call, else whole rows."""
-        if self.max_scores is None and self.top_keys is None:
-            self.triton_top_keys()
-        if self.max_scores is None or self.top_keys is not None:
-            return super().neighbour_hits(selected, shift).to(self.lse.device)
-        b, hq, n, _ = self.shape
-        chosen = selected.to(self.lse.device)[:, None, :n].expand(b, hq, n)
-        top, undecided = self.decided(shift)
+class MaximaSearch:
+    """neighbour_hits from the row maxima (the module's docstring): rows they decide are counted on the statistics'
+    device; the rest are computed whole (Weights.tops_of_rows), argmax's answer exactly. Without maxima (layer calls
+    read side by side, which keeps top keys only; a torch that gives none): the Triton pass's top keys where it
+    serves the call, else whole rows."""
+
+    def neighbour_hits(self, weights: Weights, selected: Tensor, shift: int) -> Tensor:
+        """(hq,) float64 on the statistics' device: how many selected queries i have their top key at i + shift."""
+        maxima = weights.statistics.row_maxima
+        if maxima is None or weights.top_keys is not None:
+            if weights.top_keys is None:
+                self.triton_top_keys(weights)
+            return weights.counted_hits(selected, shift)
+        b, hq, n, _ = weights.shape
+        chosen = selected.to(weights.lse.device)[:, None, :n].expand(b, hq, n)
+        top, undecided = self.decided(weights, maxima, shift)
         hits = (top & chosen).sum(dim=(0, 2), dtype=torch.float64)
         found = (undecided & chosen).nonzero()  # (k, 3): b, h, query
-        if len(found) > WHOLE_ROWS * b * hq * n and self.triton_top_keys():
-            return super().neighbour_hits(selected, shift)  # from the top keys just computed
+        if len(found) > WHOLE_ROWS * b * hq * n and self.triton_top_keys(weights):
+            return weights.counted_hits(selected, shift)  # from the top keys just computed
         if len(found):
-            tops = self.tops_of_rows(found, found[:, 2] + shift)
+            tops = weights.tops_of_rows(found, found[:, 2] + shift)
             hits += torch.bincount(found[tops, 1], minlength=hq).to(hits)
         return hits
 
-    def triton_top_keys(self) -> bool:
+    def triton_top_keys(self, weights: Weights) -> bool:
         """Compute every row's top key by the Triton kernel's statistics pass (probe.kernels.cuda, on the float32
-        queries and keys kept here) and keep them as `top_keys`; False where the kernel does not serve the call."""
-        call = AttentionCall(self.query, self.key, self.key, self.bias, self.scaling, self.causal)
+        queries and keys kept here) and keep them in the record (`top_keys`); False where the kernel does not serve
+        the call."""
+        bias = weights.dense_bias
+        call = AttentionCall(weights.query, weights.key, weights.key, bias, weights.scaling, weights.causal)
         if CudaBackend().problem(call):
             return False
-        self.top_keys = attention_statistics(self.query, self.key, self.bias, self.scaling, self.causal)[1]
+        weights.statistics.top_keys = attention_statistics(weights.query, weights.key, bias, weights.scaling,
+                                                           weights.causal)[1]
         return True
 
-    def decided(self, shift: int) -> tuple[Tensor, Tensor]:
+    def decided(self, weights: Weights, maxima: Tensor, shift: int) -> tuple[Tensor, Tensor]:
         """(top, undecided), (b, hq, n) bool, for the neighbour i + shift of every query: top where it holds more than
         half the row's weight (no other key can reach it); beaten where its logit is below the row's maximum by more
         than the kernel's rounding (`rounding`, which also bounds the log-sum-exp's error); undecided otherwise, and
         where a NaN is involved."""
-        maxima = self.max_scores
-        assert maxima is not None
-        weight = self.aligned(shift)  # exactly 0 where the neighbour does not exist or is hidden
-        logit = torch.log(weight) + self.lse  # the neighbour's logit (-inf where its weight is 0)
-        rounding = self.rounding(logit, maxima)
+        weight = weights.aligned(shift)  # exactly 0 where the neighbour does not exist or is hidden
+        logit = torch.log(weight) + weights.lse  # the neighbour's logit (-inf where its weight is 0)
+        rounding = self.rounding(weights, logit, maxima)
         beaten = logit < maxima - rounding
-        top = weight * torch.exp(-rounding) > 0.5 + self.config.margin  # the log-sum-exp errs by rounding at most
-        unsure = self.lse.isnan() | maxima.isnan() | weight.isnan()
+        top = weight * torch.exp(-rounding) > 0.5 + MARGIN  # the log-sum-exp errs by rounding at most
+        unsure = weights.lse.isnan() | maxima.isnan() | weight.isnan()
         return top & ~unsure, ~top & ~beaten | unsure
 
-    def rounding(self, logit: Tensor, maxima: Tensor) -> Tensor:
+    def rounding(self, weights: Weights, logit: Tensor, maxima: Tensor) -> Tensor:
         """(b, hq, n): how far the kernel's maximum may lie from the float32 logit of the same key, at most: ROUNDING x
         scale |q_i| max_j |k_j| (per key/value head) for the products, SLACK of the magnitudes for the rest."""
-        b, hq, n, _ = self.shape
-        hk = self.key.shape[1]
-        longest = self.key.norm(dim=-1).amax(dim=-1)  # (b, hk)
+        b, hq, n, _ = weights.shape
+        hk = weights.key.shape[1]
+        longest = weights.key.norm(dim=-1).amax(dim=-1)  # (b, hk)
         longest = longest.repeat_interleave(hq // hk, dim=1)[..., None]  # (b, hq, 1)
-        products = ROUNDING * self.scaling * self.query.norm(dim=-1) * longest
+        products = ROUNDING * weights.scaling * weights.query.norm(dim=-1) * longest
         finite = torch.where(logit.isfinite(), logit.abs(), 0.0)
-        return products + SLACK * (maxima.abs() + self.lse.abs() + finite + 1.0)
+        return products + SLACK * (maxima.abs() + weights.lse.abs() + finite + 1.0)
+
+
+MAXIMA_SEARCH = MaximaSearch()

@@ -1,24 +1,26 @@
-"""The fused statistics of one layer call: its queries, keys, additive bias and each query row's log-sum-exp, from
-which any weight `A[i, j] = exp(q_i . k_j * scale + bias_ij - lse_i)` is rebuilt without the n x n matrix.
+"""The weights of one layer call rebuilt from its statistics record (probe.kernels.base.FusedStatistics: queries,
+keys, mask and each query row's log-sum-exp): any weight `A[i, j] = exp(q_i . k_j * scale + bias_ij - lse_i)`
+without the n x n matrix.
 
-Any diagonal, column or band of A costs O(n x head_dim) per key offset and head. `FusedAttention` rebuilds on any
-device; whether a key holds a row's maximum (`neighbour_hits`, `tops_of_rows`) it answers from whole rows of logits,
-and a backend's own subclass may answer it faster (probe.kernels.cpu: a staged search; a GPU kernel: its argmax).
-`side_by_side` reads several layer calls as one.
+Any diagonal, column or band of A costs O(n x head_dim) per key offset and head. `Weights` reads every backend's
+record the same way, on any device; whether a key holds a row's maximum (`neighbour_hits`, `tops_of_rows`) it reads
+from the kernel's top keys, or asks the backend's search (the record's `search`: probe.kernels.cpu's staged search,
+probe.kernels.flex's row maxima), or answers from whole rows of logits. `side_by_side` joins several layer calls'
+records into one.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal, NamedTuple
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy
 
 
 class Label(NamedTuple):
@@ -39,43 +41,45 @@ class TableColumn(NamedTuple):
     column: int
 
 
-def _statistics_copy(tensor: Tensor) -> Tensor:
-    """A half-precision query or key (or a chunk of them) as float32; float32 and wider as they are (no copy)."""
-    return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+class Weights:
+    """The weights one layer call's statistics rebuild, A[i, j] = exp(q_i . k_j * scale + bias_ij - lse_i), read the
+    same way whichever backend made the record: diagonals, columns, bands and whole rows, with what they cache (the
+    prefetched table, contiguous keys per head, and `memo` for a backend's search). Whether a key holds its row's
+    maximum comes from the kernel's top keys, else the backend's `search`, else whole rows. Made by whoever reads a
+    record (the scores' accumulator, kv-heads' scoring): the record stays plain."""
 
+    def __init__(self, statistics: FusedStatistics) -> None:
+        self.statistics = statistics
+        self.query, self.key, self.lse = statistics.query, statistics.key, statistics.lse
+        self.scaling, self.causal, self.config = statistics.scaling, statistics.causal, statistics.config
+        self.bias = statistics.bias
+        self.tables: dict[Label, TableColumn] = {}  # prefetched diagonals and columns
+        self.contiguous_keys: dict[HeadId, Tensor] = {}  # (kv, d) per head, made once
+        self.memo: dict[Hashable, Any] = {}  # what a backend's search keeps for this call (made once each)
+        self.dense: Tensor | None = None  # key_mask and window made additive, where a read needs it
 
-@dataclass
-class FusedAttention:
-    """One layer call's queries, keys, additive bias and log-sum-exp: what any weight A[i, j] is rebuilt from. The
-    reference backend's statistics (any device, whole rows for row maxima); backends subclass it where they answer
-    faster. `backend` names the backend that made it (a result's `path` reports it)."""
+    @property
+    def backend(self) -> str:
+        """The name of the backend that made the statistics."""
+        return self.statistics.backend
 
-    backend: ClassVar[str] = "reference"
-    whole_copies: ClassVar[bool] = True  # half-precision queries and keys kept as whole float32 copies; False: kept
-    # in the model's dtype, each chunk a statistic reads made float32 where it is read (the same float32 values:
-    # a GPU backend's, whose copies would cost a layer's memory traffic and memory)
+    @property
+    def top_keys(self) -> Tensor | None:
+        """(b, hq, n) int: each row's top key where the kernel (or a search, once) wrote them, else None."""
+        return self.statistics.top_keys
 
-    query: Tensor  # (b, hq, n, d)
-    key: Tensor  # (b, hk, kv, d)
-    bias: Tensor | None  # additive, broadcastable to (b, hq, n, kv); None: plain (causal or not)
-    scaling: float
-    causal: bool  # keys after the query (j > i + kv - n) get weight 0; only where bias is None
-    lse: Tensor  # (b, hq, n) float32
-    config: KernelConfig = DEFAULT_CONFIG  # how the work is chunked and which stages are tried: never a number
-    tables: dict[Label, TableColumn] = field(default_factory=dict, repr=False)  # prefetched diagonals and columns
-    contiguous_keys: dict[HeadId, Tensor] = field(default_factory=dict, repr=False)  # (kv, d) per head, made once
-    top_keys: Tensor | None = field(default=None, repr=False)  # (b, hq, n) int: each row's top key (argmax's answer),
-    # where the backend's kernel wrote it (probe.kernels.cuda): row maxima are then read, never searched
-
-    def __post_init__(self) -> None:
-        """Half-precision queries and keys are kept as float32 copies, whichever backend made the statistics: every
-        logit they rebuild is then a float32 product of the model's own values, so the staged search's bounds and
-        ties (float32's rounding, 2^-13 |q| |k| margins) hold as derived for any input dtype, and a rebuilt weight
-        carries float32's error, not bfloat16's 2^-8 per logit (docs/precision.md). A backend that sets
-        `whole_copies` False keeps them as given: every read below makes its chunk float32 (`_statistics_copy`,
-        no copy of float32), which gives the same float32 values chunk by chunk."""
-        if self.whole_copies:
-            self.query, self.key = _statistics_copy(self.query), _statistics_copy(self.key)
+    @property
+    def dense_bias(self) -> Tensor | None:
+        """The additive form of the mask, what the reads below that do not take key_mask and window add: `bias`, or
+        key_mask, window and causal made (b, 1, n, kv) once, on the first such read (none on the paths that read
+        the key mask itself, probe.kernels.labels), else None (plain, causal or not)."""
+        statistics = self.statistics
+        if statistics.bias is not None or (statistics.key_mask is None and statistics.window is None):
+            return statistics.bias
+        if self.dense is None:
+            self.dense = AttentionCall(self.query, self.key, self.key, None, self.scaling, self.causal,
+                                       key_mask=statistics.key_mask, window=statistics.window).dense_bias()
+        return self.dense
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -89,8 +93,8 @@ class FusedAttention:
 
     def _finish(self, logits: Tensor, rows: Tensor | slice, keys: Tensor, lse: Tensor) -> Tensor:
         """logits (b, hq, m, k) of query rows and keys -> weights: bias added, causal keys zeroed."""
-        if self.bias is not None:
-            bias = self.bias[..., rows, :] if self.bias.shape[-2] > 1 else self.bias
+        if self.dense_bias is not None:
+            bias = self.dense_bias[..., rows, :] if self.dense_bias.shape[-2] > 1 else self.dense_bias
             logits = logits + bias[..., keys]
         elif self.causal:
             positions = torch.arange(self.shape[2], device=logits.device)[rows] + self.shape[3] - self.shape[2]
@@ -160,7 +164,10 @@ class FusedAttention:
 
     def _in_chunks(self, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
         """(b, hq, n, len(offsets) + len(keys)): the weights of every query i on keys i + offset and on `keys`, a
-        chunk of config.diagonal_rows rows at a time (one chunk: returned as computed, no copy)."""
+        chunk of config.diagonal_rows rows at a time (one chunk: returned as computed, no copy); the backend's own
+        kernel where it has one (`FusedStatistics.tables`: CUDA's label kernel, one launch over every row)."""
+        if self.statistics.tables is not None:
+            return self.statistics.tables(self.statistics, offsets, keys)
         b, hq, n, kv = self.shape
         step = self.config.diagonal_rows
         chunks = [(start, min(n, start + step)) for start in range(0, n, step)]
@@ -183,8 +190,8 @@ class FusedAttention:
         """(b, hq, stop - start, len(keys)): the weights of queries start .. stop on the same keys, one matmul of
         the queries against those keys (repeated to the query heads: a few rows)."""
         b, hq, n, kv = self.shape
-        key = _statistics_copy(self.key[:, :, keys]).repeat_interleave(hq // self.key.shape[1], dim=1)  # (b, hq, c, d)
-        logits = torch.matmul(_statistics_copy(self.query[:, :, start:stop]), key.transpose(-1, -2)) * self.scaling
+        key = float32_copy(self.key[:, :, keys]).repeat_interleave(hq // self.key.shape[1], dim=1)  # (b, hq, c, d)
+        logits = torch.matmul(float32_copy(self.query[:, :, start:stop]), key.transpose(-1, -2)) * self.scaling
         rows = torch.arange(start, stop, device=keys.device)
         return self._finish(logits, rows, keys, self.lse[:, :, start:stop])
 
@@ -193,13 +200,13 @@ class FusedAttention:
         by its heads), gathered from the flat key rows: one batched matmul; hidden keys exactly 0."""
         b, hq, n, kv = self.shape
         hk, d, m, k = self.key.shape[1], self.query.shape[-1], stop - start, gathered.inside.shape[1]
-        keys = _statistics_copy(_flat(self.key).index_select(0, gathered.index).view(b * m * hk, k, d))
+        keys = float32_copy(_flat(self.key).index_select(0, gathered.index).view(b * m * hk, k, d))
         # a view where the query arrives float32 (no copy), else its chunk made float32
-        query = _statistics_copy(self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d))
+        query = float32_copy(self.query[:, :, start:stop].transpose(1, 2).reshape(b * m * hk, hq // hk, d))
         logits = torch.bmm(query, keys.transpose(1, 2)).view(b, m, hq, k).transpose(1, 2)  # (b, hq, m, k)
         logits = logits.mul_(self.scaling).float()  # ours: changed in place from here
-        if self.bias is not None:
-            bias = self.bias[..., start:stop, :] if self.bias.shape[-2] > 1 else self.bias
+        if self.dense_bias is not None:
+            bias = self.dense_bias[..., start:stop, :] if self.dense_bias.shape[-2] > 1 else self.dense_bias
             logits += bias.expand(*bias.shape[:2], m, kv).gather(-1, gathered.inside.expand(*bias.shape[:2], -1, -1))
         if gathered.hidden is not None:
             logits.masked_fill_(gathered.hidden, float("-inf"))
@@ -223,12 +230,12 @@ class FusedAttention:
         b, hq, _, d = self.query.shape
         hk, rep = self.key.shape[1], hq // self.key.shape[1]
         blocks = -(-(stop - start) // block)
-        query = F.pad(_statistics_copy(self.query[:, :, start:stop]), (0, 0, 0, blocks * block - (stop - start)))
+        query = F.pad(float32_copy(self.query[:, :, start:stop]), (0, 0, 0, blocks * block - (stop - start)))
         query = query.view(b, hk, rep, blocks, block, d).transpose(2, 3).reshape(b, hk, blocks, rep * block, d)
         first_key = start + low  # the first block's first key; keys outside 0 .. kv are zero padding
         span = blocks * block + width - 1
         left, right = max(0, -first_key), max(0, first_key + span - self.key.shape[2])
-        keys = F.pad(_statistics_copy(self.key[:, :, max(0, first_key):first_key + span]), (0, 0, left, right))
+        keys = F.pad(float32_copy(self.key[:, :, max(0, first_key):first_key + span]), (0, 0, left, right))
         windows = keys.unfold(2, block + width - 1, block)  # (b, hk, blocks, d, block + width - 1), a view
         logits = torch.matmul(query, windows)  # (b, hk, blocks, rep * block, block + width - 1)
         s = logits.stride()  # row r of a block: columns r .. r + width - 1 of its window
@@ -244,8 +251,8 @@ class FusedAttention:
         kv, width = self.shape[3], logits.shape[-1]
         device = logits.device
         keys = torch.arange(start, stop, device=device)[:, None] + low + torch.arange(width, device=device)
-        if self.bias is not None:
-            bias = self.bias[..., start:stop, :] if self.bias.shape[-2] > 1 else self.bias
+        if self.dense_bias is not None:
+            bias = self.dense_bias[..., start:stop, :] if self.dense_bias.shape[-2] > 1 else self.dense_bias
             index = keys.clamp(0, kv - 1).expand(*bias.shape[:2], stop - start, width)
             logits += bias.expand(*bias.shape[:2], stop - start, kv).gather(-1, index)
         logits = logits.sub_(self.lse[:, :, start:stop, None]).exp_()
@@ -267,13 +274,13 @@ class FusedAttention:
             sequence, head, row = part.unbind(1)
             keys = row[:, None] + low + torch.arange(width, device=part.device)  # (k, width)
             inside = keys.clamp(0, kv - 1)
-            query = _statistics_copy(_flat(self.query).index_select(0, (sequence * n + row) * hq + head))  # (k, d)
+            query = float32_copy(_flat(self.query).index_select(0, (sequence * n + row) * hq + head))  # (k, d)
             index = (sequence[:, None] * kv + inside) * hk + (head // (hq // hk))[:, None]
-            gathered = _statistics_copy(_flat(self.key).index_select(0, index.reshape(-1)).view(len(part), width, -1))
+            gathered = float32_copy(_flat(self.key).index_select(0, index.reshape(-1)).view(len(part), width, -1))
             logits = torch.bmm(gathered, query[:, :, None])[..., 0] * self.scaling
             hidden = (keys < 0) | (keys >= kv)
-            if self.bias is not None:
-                bias = self.bias
+            if self.dense_bias is not None:
+                bias = self.dense_bias
                 logits = logits + bias[sequence[:, None] if bias.shape[0] > 1 else 0,
                                        head[:, None] if bias.shape[1] > 1 else 0,
                                        row[:, None] if bias.shape[2] > 1 else 0, inside]
@@ -287,8 +294,8 @@ class FusedAttention:
         """(b, hq, len(rows), kv): the query rows' weights over every key, exact (for row maxima)."""
         b, hq, _, kv = self.shape
         keys = torch.arange(kv, device=self.query.device)
-        logits = torch.matmul(self._grouped(_statistics_copy(self.query[:, :, rows])),
-                              _statistics_copy(self.key).transpose(-1, -2))  # the few rows' keys: all of them
+        logits = torch.matmul(self._grouped(float32_copy(self.query[:, :, rows])),
+                              float32_copy(self.key).transpose(-1, -2))  # the few rows' keys: all of them
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
@@ -304,14 +311,14 @@ class FusedAttention:
         """(kv, d): one key/value head's keys, contiguous (they arrive strided: a matmul reads a copy ~1.4x
         faster), made once per layer call."""
         if (sequence, kv_head) not in self.contiguous_keys:
-            self.contiguous_keys[(sequence, kv_head)] = _statistics_copy(self.key[sequence, kv_head]).contiguous()
+            self.contiguous_keys[(sequence, kv_head)] = float32_copy(self.key[sequence, kv_head]).contiguous()
         return self.contiguous_keys[(sequence, kv_head)]
 
-    def tops_of_rows(self, found: Tensor, keys: Tensor) -> Tensor:
+    def tops_of_rows(self, found: Tensor, keys: Tensor, tops: Callable[..., Tensor] | None = None) -> Tensor:
         """(k,) bool: `tops` for the (b, h, query) rows `found` (k, 3) of any sequences and heads. Where the rows of
         every (sequence, key/value head) group, padded to the largest group, fit in config.rows_at_once logits, one
         batched matmul serves them all (short inputs: per-call overhead, not arithmetic, is their cost); else one group
-        at a time."""
+        at a time, by `tops` (a search's own, or `Weights.tops`)."""
         if self.top_keys is not None:  # the kernel's own argmax: a gather, no logits and no host round-trip
             return self.top_keys[found[:, 0], found[:, 1], found[:, 2]] == keys
         b, hq, _, kv = self.shape
@@ -322,7 +329,8 @@ class FusedAttention:
         sizes = torch.bincount(owner, minlength=b * hk)
         if b * hk * int(sizes.max()) * kv > self.config.rows_at_once:
             groups = sizes[sizes > 0].tolist()
-            top = torch.cat([self.tops(int(part[0, 0]), int(part[0, 1]) // (hq // hk), part[:, 1], part[:, 2], key)
+            tops = tops or self.tops
+            top = torch.cat([tops(int(part[0, 0]), int(part[0, 1]) // (hq // hk), part[:, 1], part[:, 2], key)
                              for part, key in zip(found.split(groups), keys.split(groups))])
         else:
             top = self._tops_padded(found, keys, owner, sizes)
@@ -331,9 +339,16 @@ class FusedAttention:
     def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
         """(hq,) float64: per query head, how many of the selected queries i ((b, n) bool) have their largest weight
         on key i + shift, as argmax says (the earliest maximum wins, a NaN counts as the maximum): the question the
-        positional score asks of every row. From the kernel's `top_keys` where it wrote them (on their device), else
-        from whole rows (tops_of_rows, on the CPU); a backend's subclass may answer from cheaper stages, with the
-        same answer."""
+        positional score asks of every row. From the kernel's `top_keys` where it wrote them, else from the
+        backend's `search` (cheaper stages, the same answer), else from whole rows; on the statistics' device."""
+        search = self.statistics.search
+        if self.top_keys is None and search is not None:
+            return search.neighbour_hits(self, selected, shift).to(self.lse.device)
+        return self.counted_hits(selected, shift).to(self.lse.device)
+
+    def counted_hits(self, selected: Tensor, shift: int) -> Tensor:
+        """neighbour_hits without a search: from the top keys (on their device, no sync) or whole rows (on the
+        CPU)."""
         b, hq, n, _ = self.shape
         if self.top_keys is not None:  # the kernel's argmax per row: counted on the device (no sync), float64 there
             hit = (self.top_keys == _neighbours(n, shift, self.top_keys.device)) & \
@@ -351,12 +366,12 @@ class FusedAttention:
         padded = found.new_zeros(b * hk, int(sizes.max()), 3)  # padding: sequence 0, head 0, query 0
         padded[owner, slot] = found
         sequence, head, row = padded.unbind(-1)
-        query = _statistics_copy(_flat(self.query).index_select(0, ((sequence * n + row) * hq + head).reshape(-1)))
+        query = float32_copy(_flat(self.query).index_select(0, ((sequence * n + row) * hq + head).reshape(-1)))
         limit = min(kv, int(found[:, 2].max()) + kv - n + 1) if self.causal else kv
-        seen = _statistics_copy(self.key[:, :, :limit].reshape(b * hk, limit, d))  # the keys a row may see
+        seen = float32_copy(self.key[:, :, :limit].reshape(b * hk, limit, d))  # the keys a row may see
         logits = torch.bmm(query.view(b * hk, -1, d) * self.scaling, seen.transpose(1, 2))  # (b x hk, most, keys)
-        if self.bias is not None:
-            bias = self.bias[..., :limit]
+        if self.dense_bias is not None:
+            bias = self.dense_bias[..., :limit]
             logits += bias[sequence if bias.shape[0] > 1 else 0, head if bias.shape[1] > 1 else 0,
                            row if bias.shape[2] > 1 else 0]
         elif self.causal:
@@ -396,33 +411,34 @@ class FusedAttention:
         kv, offset = self.shape[3], self.shape[3] - self.shape[2]
         limit = min(kv, int(rows.max()) + offset + 1) if self.causal else kv
         keys = self._head_keys(batch, kv_head)[:limit]
-        logits = (_statistics_copy(self.query[batch, heads, rows]) * self.scaling) @ keys.T  # scaled as blocked
-        if self.bias is not None:
-            bias = self.bias[batch if self.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
+        logits = (float32_copy(self.query[batch, heads, rows]) * self.scaling) @ keys.T  # scaled as blocked
+        if self.dense_bias is not None:
+            bias = self.dense_bias[batch if self.dense_bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
             logits += bias[heads if bias.shape[0] > 1 else 0, rows if bias.shape[1] > 1 else 0]
         elif self.causal:
             seen = int(rows.min()) + offset + 1  # keys every row of the chunk sees
             hidden = torch.arange(seen, limit, device=logits.device)[None, :] > rows[:, None] + offset
             logits[:, seen:].masked_fill_(hidden, float("-inf"))
         return logits
-def side_by_side(calls: list[FusedAttention]) -> FusedAttention:
-    """Several layer calls as one FusedAttention, their heads side by side (layer by layer): query head l x hq + h
+def side_by_side(calls: list[FusedStatistics]) -> FusedStatistics:
+    """Several layer calls' statistics as one record, their heads side by side (layer by layer): query head l x hq + h
     is head h of calls[l], and its key/value head l x hk + h // (hq / hk) still the one it reads. A score pays its
     small operations once per group of layers, not once per layer (short inputs: those operations, not arithmetic,
-    are their cost). The calls share one shape, the scaling, no bias and the causal flag; queries and keys are
-    copied once, in the layout transformers hands them over ((b, n, h, d) in memory)."""
+    are their cost). The calls share one backend, shape, the scaling, the causal flag and no other mask (`plain`);
+    queries and keys are copied once, in the layout transformers hands them over ((b, n, h, d) in memory). The
+    kernel's top keys are kept with their heads, row maxima are not (a search then goes without them)."""
     first = calls[0]
-    assert all(type(call) is type(first) and call.shape == first.shape and call.bias is None
+    assert all(call.backend == first.backend and call.shape == first.shape and call.plain
                and call.causal == first.causal and call.scaling == first.scaling and call.config == first.config
-               for call in calls), "side_by_side takes calls of one backend, shape and config, no bias"
+               for call in calls), "side_by_side takes calls of one backend, shape and config, no mask but causal"
 
     def heads(tensors: list[Tensor]) -> Tensor:
         return torch.cat([tensor.transpose(1, 2) for tensor in tensors], dim=2).transpose(1, 2)
 
     tops = [call.top_keys for call in calls if call.top_keys is not None]  # a kernel's top keys, kept with its heads
-    return type(first)(heads([call.query for call in calls]), heads([call.key for call in calls]), None,
-                       first.scaling, first.causal, torch.cat([call.lse for call in calls], dim=1), first.config,
-                       top_keys=torch.cat(tops, dim=1) if len(tops) == len(calls) else None)
+    return replace(first, query=heads([call.query for call in calls]), key=heads([call.key for call in calls]),
+                   lse=torch.cat([call.lse for call in calls], dim=1), row_maxima=None,
+                   top_keys=torch.cat(tops, dim=1) if len(tops) == len(calls) else None)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The diagonals and columns of one layer call's weights, A[i, i + shift] and A[i, key], rebuilt from the log-sum-exp
-in one Triton launch over every query row: what the CUDA backend's statistics hand the scores (`CudaAttention`).
+in one Triton launch over every query row: what the CUDA backend's statistics hand the scores (the record's `tables`).
 
 A program holds a block of query rows of one query head; for each label it loads the one key each row reads (the key
 i + shift, or the fixed key) from the head's key/value head where it lies (never repeated, never gathered into a
@@ -29,11 +29,14 @@ DIAGONAL, COLUMN = 0, 1  # a label's kind, as the kernel reads it
 
 
 def label_weights(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, scaling: float, causal: bool,
-                  offsets: tuple[int, ...], keys: tuple[int, ...], interpreter: bool) -> Tensor:
+                  offsets: tuple[int, ...], keys: tuple[int, ...], interpreter: bool, *,
+                  key_mask: Tensor | None = None, window: int | None = None) -> Tensor:
     """(b, hq, n, len(offsets) + len(keys)) float32: A[i, i + offset] for each offset, then A[i, key] for each key,
     of query (b, hq, n, d) and key (b, hk, kv, d) in any of the kernel's dtypes, the additive bias broadcastable to
-    (b, hq, n, kv) or None (then `causal` hides keys j > i + kv - n), and the log-sum-exp (b, hq, n) float32. One
-    launch, no host synchronisation (the labels go to the device once per set of labels, without waiting)."""
+    (b, hq, n, kv) or None (then `causal` hides keys j > i + kv - n, `key_mask` (b, kv) bool the keys a sequence does
+    not attend, and `window` the keys j <= i + kv - n - window), and the log-sum-exp (b, hq, n) float32. One launch,
+    no host synchronisation (the labels go to the device once per set of labels, without waiting); a key mask is
+    read as it is, never made a dense bias."""
     b, hq, n, d = query.shape
     hk, kv = key.shape[1], key.shape[2]
     count = len(offsets) + len(keys)
@@ -44,10 +47,13 @@ def label_weights(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, 
         bias = bias[(None,) * (4 - bias.dim())].expand(b, hq, n, kv)  # broadcast dimensions: stride 0
     rows = 32 if interpreter else 64  # the interpreter's cost is per step: small blocks waste nothing there
     _kernel(interpreter)[(-(-n // rows), b * hq)](
-        query, key, bias if bias is not None else lse, lse, _labels(offsets, keys, query.device), out,
+        query, key, bias if bias is not None else lse, key_mask if key_mask is not None else lse, lse,
+        _labels(offsets, keys, query.device), out,
         *query.stride(), *key.stride(), *(bias.stride() if bias is not None else (0, 0, 0, 0)),
-        n, kv, hq, hq // hk, d, count, scaling, HAS_BIAS=bias is not None, CAUSAL=causal and bias is None,
-        BLOCK_M=rows, HEAD=max(16, 1 << (d - 1).bit_length()), num_warps=4)
+        *(key_mask.stride() if key_mask is not None else (0, 0)),
+        n, kv, hq, hq // hk, d, count, scaling, window or 0, HAS_BIAS=bias is not None,
+        HAS_KEY_MASK=key_mask is not None and bias is None, WINDOWED=window is not None and bias is None,
+        CAUSAL=causal and bias is None, BLOCK_M=rows, HEAD=max(16, 1 << (d - 1).bit_length()), num_warps=4)
     return out
 
 
@@ -68,8 +74,9 @@ def _kernel(interpreter: bool) -> Any:
     return triton.jit(_label_rows)
 
 
-def _label_rows(Q, K, B, Lse, Labels, Out, sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbn, sbk, n, kv, hq,
-                group, d, count, scaling, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+def _label_rows(Q, K, B, KeyMask, Lse, Labels, Out, sqb, sqh, sqn, sqd, skb, skh, skn, skd, sbb, sbh, sbn, sbk,
+                smb, smk, n, kv, hq, group, d, count, scaling, window, HAS_BIAS: tl.constexpr,
+                HAS_KEY_MASK: tl.constexpr, WINDOWED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                 HEAD: tl.constexpr):
     """BLOCK_M query rows of one (sequence, query head): each label's weight per row. A row's logit is the float32
     sum of its float32 products (tl.reduce with Triton's combine function, as the attention kernel's: the
@@ -93,7 +100,11 @@ def _label_rows(Q, K, B, Lse, Labels, Out, sqb, sqh, sqn, sqd, skb, skh, skn, sk
             logits = logits + tl.load(B + sequence * sbb + head * sbh + rows.to(tl.int64) * sbn + keys * sbk,
                                       mask=exists, other=0.0).to(tl.float32)
         hidden = ~exists
+        if HAS_KEY_MASK:  # the sequence's own padding: one byte per key, read where the key lies
+            hidden = hidden | (tl.load(KeyMask + sequence * smb + keys * smk, mask=exists, other=0) == 0)
         if CAUSAL:
             hidden = hidden | (keys > rows + kv - n)
+        if WINDOWED:
+            hidden = hidden | (keys <= rows + kv - n - window)
         logits = tl.where(hidden, float("-inf"), logits)
         tl.store(Out + ((sequence * hq + head) * n + rows) * count + label, tl.exp(logits - lse), mask=present)

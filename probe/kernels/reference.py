@@ -1,16 +1,15 @@
 """The blocked reference backend: eager logits one block of queries at a time, float32 statistics, on any device and
 dtype. Slow (it forms each block's logits), so it is not registered for the hooks: it is the check every other
-backend is tested against (tests/test_backends.py), and its statistics (a plain FusedAttention) answer row maxima
-from whole rows."""
+backend is tested against (tests/test_backends.py), and its statistics (a record without top keys or a search)
+answer row maxima from whole rows."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, rebuild_problem
+from probe.kernels.base import AttentionCall, FusedStatistics, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
-from probe.kernels.fused import FusedAttention
 
 
 class ReferenceBackend:
@@ -19,11 +18,14 @@ class ReferenceBackend:
 
     name = "reference"
 
+    def __init__(self, block: int = 256) -> None:
+        self.block = block  # queries whose logits (b, hq, block, kv) it forms at once
+
     def problem(self, call: AttentionCall) -> str:
         """"" wherever the weights can be rebuilt at all: every device and dtype."""
         return rebuild_problem(call)
 
-    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedAttention]:
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
         """(output (b, n, hq, dv) in the value's dtype, statistics with a float32 log-sum-exp); a key mask and window
         as the dense bias they stand for."""
         call = call.with_dense_bias()
@@ -35,8 +37,8 @@ class ReferenceBackend:
         plain_causal = call.causal and call.bias is None
         output = values.new_empty(b, hq, n, value.shape[-1])
         lse = values.new_empty(b, hq, n)
-        for start in range(0, n, config.reference_block):
-            stop = min(n, start + config.reference_block)
+        for start in range(0, n, self.block):
+            stop = min(n, start + self.block)
             logits = torch.matmul(query[:, :, start:stop].float(), keys.transpose(-1, -2)) * call.scaling
             if call.bias is not None:
                 bias = call.bias[..., start:stop, :] if call.bias.shape[-2] > 1 else call.bias
@@ -46,7 +48,8 @@ class ReferenceBackend:
                 logits = logits.masked_fill(torch.arange(kv, device=logits.device)[None, :] > rows, float("-inf"))
             lse[:, :, start:stop] = torch.logsumexp(logits, dim=-1)
             output[:, :, start:stop] = torch.matmul(torch.softmax(logits, dim=-1), values)
-        statistics = FusedAttention(query.float(), key.float(), call.bias, call.scaling, plain_causal, lse, config)
+        statistics = FusedStatistics(self.name, query.float(), key.float(), lse, call.scaling, plain_causal, call.bias,
+                                     config=config)
         return output.transpose(1, 2).to(value.dtype).contiguous(), statistics
 
 

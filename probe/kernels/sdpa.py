@@ -1,7 +1,7 @@
 """sdpa's fused kernels with their log-sum-exp (flash attention, cuDNN attention), and a separate pass for each row's
 top key: the Triton kernel's statistics-only pass (`probe.kernels.cuda.attention_statistics`: the log-sum-exp and
 top key of every row, without values) where Triton serves the call, else none (the statistics then find a row's
-maximum from whole rows, `FusedAttention.tops_of_rows`: exact, slower).
+maximum from whole rows, `Weights.tops_of_rows`: exact, slower).
 
 Which op computes the output and log-sum-exp is one choice per kernel and device (`lse_kernel`): on CUDA
 `aten._scaled_dot_product_flash_attention` (half precision, no mask, grouped-query heads as they are) or
@@ -15,16 +15,14 @@ zero column adds nothing to a logit, the output's extra columns are dropped).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, rebuild_problem
+from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.cuda import CudaBackend, attention_statistics
-from probe.kernels.fused import FusedAttention
 
 LseKernel = Callable[[Tensor, Tensor, Tensor, Tensor | None, bool, float], tuple[Tensor, Tensor]]
 """(query, key, value, additive bias or None, causal, scale) -> (output (b, hq, n, d), log-sum-exp (b, hq, n, ...))."""
@@ -98,13 +96,12 @@ class SdpaBackend:
             raise ValueError(f"kernel is 'flash' or 'cudnn', got {kernel!r}")
         self.kernel = kernel
         self.name = f"sdpa-{kernel}"
-        self.statistics = STATISTICS[kernel]
 
     def problem(self, call: AttentionCall) -> str:
         """"" where the kernel serves the call, else why not. Reads shapes, dtypes and devices only."""
         return rebuild_problem(call) or _kernel_problem(self.kernel, call)
 
-    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, SdpaAttention]:
+    def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
         """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and, where the Triton
         pass serves the call, each row's top key). A key mask and window go as the dense bias they stand for."""
         call = call.with_dense_bias()
@@ -114,9 +111,9 @@ class SdpaBackend:
         dv = call.value.shape[-1]
         plain_causal = call.causal and call.bias is None
         output, lse = kernel(*_padded(call), call.bias, plain_causal, call.scaling)
-        top = top_keys(call)
-        statistics = self.statistics(call.query, call.key, call.bias, call.scaling, plain_causal,
-                                     lse[:, :, :n].reshape(b, hq, n).float(), config, top_keys=top)
+        statistics = FusedStatistics(self.name, float32_copy(call.query), float32_copy(call.key),
+                                     lse[:, :, :n].reshape(b, hq, n).float(), call.scaling, plain_causal, call.bias,
+                                     top_keys=top_keys(call), config=config)
         return output[..., :dv].transpose(1, 2).contiguous(), statistics
 
 
@@ -141,26 +138,3 @@ def _padded(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:
         return tensor if tensor.shape[-1] == size else F.pad(tensor, (0, size - tensor.shape[-1]))
 
     return padded(call.query), padded(call.key), padded(call.value)
-
-
-@dataclass
-class SdpaAttention(FusedAttention):
-    """FusedAttention with the Triton pass's top keys where it ran (`top_keys`), answering on the statistics' device
-    either way (the scores add its counts there)."""
-
-    def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
-        """FusedAttention.neighbour_hits (from the top keys, or whole rows), on the statistics' device."""
-        return super().neighbour_hits(selected, shift).to(self.lse.device)
-
-
-@dataclass
-class SdpaFlashAttention(SdpaAttention):
-    backend = "sdpa-flash"
-
-
-@dataclass
-class SdpaCudnnAttention(SdpaAttention):
-    backend = "sdpa-cudnn"
-
-
-STATISTICS: dict[str, type[SdpaAttention]] = {"flash": SdpaFlashAttention, "cudnn": SdpaCudnnAttention}

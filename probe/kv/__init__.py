@@ -12,7 +12,10 @@ full cache (retrieval), per query head and per KV head, with the check that make
   bisection over k (about log2 of the KV heads' count points, each measured), assuming the acceptable k are a
   prefix. A fixed budget on request: the `full_fraction` of KV heads that retrieval needs most stay full (or, with
   thresholds, a head is full when its retrieval score passes `retrieval_threshold` or its streaming score falls
-  below `streaming_threshold`).
+  below `streaming_threshold`). Or the budget of kvpress's DuoAttentionPress at a fraction of the KV cache removed
+  (`kvpress_ratio`, at the longest length): the press streams the lowest-scored `head_compression_ratio` of the KV
+  heads, and k / n of them, k the nearest that removes the fraction, streams exactly the first k of the order;
+  their point is measured as the calibrated budget's.
 - Order: retrieval ascending, ties by streaming descending (a streaming-first order would stream retrieval heads
   early: in plain text they too put most of their mass on sink + recent keys).
 - The curve: the first k KV heads of that order windowed (WindowAblation), k = 0 .. all, the loss change on natural

@@ -1,4 +1,5 @@
-"""How many KV heads stream: the calibrated budget (a bisection over k, every point measured, `Budget`) or a fixed
+"""How many KV heads stream: the calibrated budget (a bisection over k, every point measured, `Budget`), the budget
+of a fraction of the KV cache kvpress's DuoAttentionPress removes (`kvpress_budget`: its point measured), or a fixed
 one (the last `full_fraction` of the order full, or thresholds on the scores), and the labels it gives.
 """
 
@@ -10,6 +11,7 @@ from typing import Any
 from torch import Tensor
 
 from probe.frames import frame
+from probe.headmaps.kvpress import kvpress_removable, kvpress_streamed
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.progress import Progress
@@ -46,10 +48,12 @@ class Budget:
     points: list[dict[str, Any]] = field(default_factory=list)
     measured_on: dict[str, Any] = field(default_factory=dict)
     dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
+    kvpress: dict[str, Any] | None = None  # a kvpress budget: the ratio asked, the head_compression_ratio to pass
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "streamed": self.streamed, "total": self.total, "points": self.points,
-                "measured_on": self.measured_on, "dtype": self.dtype}
+                "measured_on": self.measured_on, "dtype": self.dtype,
+                **({"kvpress": self.kvpress} if self.kvpress is not None else {})}
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per point the search measured (k, loss change, needle accuracy, accepted): the
@@ -91,9 +95,38 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
     rule = (f"calibrated: the largest k whose measured point keeps needle accuracy >= {base_accuracy:.2f} (the "
             f"unablated model's) and the loss change <= +{max_loss_increase:g}, by bisection over the order")
     return Budget(rule, low, len(order), sorted(points, key=lambda point: point["k"]),
-                  {"baseline_loss": round(base_loss, 6), "baseline_needle_accuracy": round(base_accuracy, 6),
-                   "natural_texts": int(inputs.texts.shape[0]), "natural_length": int(inputs.texts.shape[1]),
-                   "needle_prompts": int(inputs.needles.input_ids.shape[0])}, model_dtype(loaded))
+                  _measured_on(inputs, base_loss, base_accuracy), model_dtype(loaded))
+
+
+def _measured_on(inputs: CurveInputs, base_loss: float, base_accuracy: float) -> dict[str, Any]:
+    """What a budget's points were measured on, and the unablated model's loss and needle accuracy there."""
+    return {"baseline_loss": round(base_loss, 6), "baseline_needle_accuracy": round(base_accuracy, 6),
+            "natural_texts": int(inputs.texts.shape[0]), "natural_length": int(inputs.texts.shape[1]),
+            "needle_prompts": int(inputs.needles.input_ids.shape[0])}
+
+
+def kvpress_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs | None, ratio: float, *,
+                   sink: int, recent: int, length: int, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
+                   why: str | None = None) -> Budget:
+    """The first k KV heads of `order` streamed, k the number kvpress's DuoAttentionPress streams to remove `ratio` of
+    a `length`-token KV cache (probe.headmaps.kvpress_streamed: its head_compression_ratio streams exactly these, the
+    lowest-scored in the export); the point is measured on `inputs` as the calibrated budget's are (None: not
+    measured, `why`)."""
+    streamed, head_ratio = kvpress_streamed(ratio, len(order), sink, recent, length)
+    removed = head_ratio * kvpress_removable(sink, recent, length)
+    rule = (f"kvpress: head_compression_ratio {head_ratio:.6g} streams the {streamed} lowest-scored of {len(order)} "
+            f"KV heads, removing {removed:.4f} of a {length}-token KV cache ({ratio:g} asked)")
+    budget = Budget(rule + ("" if why is None else f" ({why})"), streamed, len(order), dtype=model_dtype(loaded),
+                    kvpress={"compression_ratio": ratio, "head_compression_ratio": head_ratio, "length": length,
+                             "removed": round(removed, 6), "sink_size": sink, "recent_size": recent})
+    if inputs is not None:
+        cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
+        base_loss, base_accuracy = measured_point(loaded, inputs, [], cache)
+        loss, accuracy = measured_point(loaded, inputs, order[:streamed], cache)
+        point = {"k": streamed, "loss_change": round(loss - base_loss, 6), "needle_accuracy": round(accuracy, 6)}
+        budget.points = [{**point, "accepted": accepts(point, base_accuracy, max_loss_increase)}]
+        budget.measured_on = _measured_on(inputs, base_loss, base_accuracy)
+    return budget
 
 
 def budget_points(n_kv_total: int) -> int:

@@ -16,9 +16,11 @@ from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
-from probe.progress import StageProgress, stage_tick
+from probe.progress import Progress, StageProgress, stage_tick
 from probe.provenance import model_dtype
-from probe.kv.budget import DEFAULT_MAX_LOSS_INCREASE, calibrate_budget, fixed_budget
+from probe.headmaps.kvpress import check_kvpress_ratio
+from probe.kv.budget import (DEFAULT_MAX_LOSS_INCREASE, Budget, calibrate_budget, fixed_budget,
+                             kvpress_budget)
 from probe.kv.curve import curve_steps, stream_curve
 from probe.kv.order import ORDERS, aggregate, kv_groups, loss_order, stream_order
 from probe.kv.points import CurveInputs
@@ -38,7 +40,8 @@ KV_SINK = 64  # sink keys of a streaming head: DuoAttention's deployed cache (64
 
 
 def _check(loaded: LoadedModel, lengths: tuple[int, ...], sink: int, recent: int, seeds: list[int],
-           order_by: str) -> None:
+           order_by: str, kvpress_ratio: float | None, fixed: tuple[float | None, ...]) -> bool:
+    """The arguments checked against the model; whether a fixed budget is asked for (check_budget_choice)."""
     if order_by not in ORDERS:
         raise ProbeError(f"order_by {order_by!r}: use one of {', '.join(ORDERS)}", parameter="order_by")
     if is_encoder_decoder(loaded.model):  # every layer would be windowed, and only decoder self-attention can be
@@ -51,6 +54,23 @@ def _check(loaded: LoadedModel, lengths: tuple[int, ...], sink: int, recent: int
                          f"longer than {sink + recent + 16} or a smaller recent", parameter="lengths")
     if len(set(seeds)) != len(seeds):
         raise ProbeError("random_seeds must differ from each other", parameter="random_seeds")
+    return check_budget_choice(kvpress_ratio, fixed, lengths, sink, recent)
+
+
+def check_budget_choice(kvpress_ratio: float | None, fixed: tuple[float | None, ...], lengths: tuple[int, ...],
+                        sink: int, recent: int) -> bool:
+    """Whether a fixed budget is asked for (`fixed`: the full fraction and the thresholds, None where not given); a
+    kvpress ratio is a budget of its own, one kvpress can reach at the longest length. Judged from the arguments
+    alone, before any model loads."""
+    asked = any(value is not None for value in fixed)
+    if kvpress_ratio is None:
+        return asked
+    if asked:
+        raise ProbeError("kvpress_ratio is a budget of its own: give no full fraction or thresholds beside it",
+                         parameter="kvpress_ratio")
+    if lengths:
+        check_kvpress_ratio(kvpress_ratio, sink, recent, max(lengths))
+    return False
 
 
 def _held_out(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int,
@@ -82,20 +102,20 @@ def kv_heads(
     streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
     curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,
     data: str | None = None, seed: int = 0, order_by: str = "retrieval", stop_random: bool = True,
-    progress: StageProgress | None = None,
+    kvpress_ratio: float | None = None, progress: StageProgress | None = None,
 ) -> KVHeads:
     """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
     `recent` window), aggregate per KV head, order them, label full / streaming (a calibrated budget unless
-    `full_fraction` or a threshold is given: see probe.kv's docstring), and (with `curve`) check the order: windowed
-    KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural texts of the longest length and accuracy on
-    needle prompts of another seed, against random orders of `random_seeds` (`stop_random`: each stops once clearly
-    below probe's order, see stream_curve). `order_by`: a name of ORDERS. `progress`: `(stage, done, total)`, the
-    stages of STAGE_UNITS."""
-    _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by)
+    `full_fraction`, a threshold or `kvpress_ratio` is given: see probe.kv's docstring, probe.kv.budget.kvpress_budget)
+    and (with `curve`) check the order: windowed KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural
+    texts of the longest length and accuracy on needle prompts of another seed, against random orders of
+    `random_seeds` (`stop_random`: each stops once clearly below probe's order, see stream_curve). `progress`:
+    `(stage, done, total)`, the stages of STAGE_UNITS."""
+    fixed = _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by, kvpress_ratio,
+                   (full_fraction, retrieval_threshold, streaming_threshold))
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
                             **({"needle": needle} if needle else {}))  # type: ignore[arg-type]
-    calibrated, why_fixed = _budget_kind(loaded, full_fraction is None and retrieval_threshold is None
-                                         and streaming_threshold is None)
+    calibrated, why_fixed = _budget_kind(loaded, not fixed)
     scored = needle_set(loaded, options)
     n_heads, n_kv = kv_groups(loaded)
     stage, clock = partial(stage_tick, progress), _Clock()
@@ -108,12 +128,12 @@ def kv_heads(
         loaded, kv_retrieval, _texts(loaded, options, data, curve_texts, 2 * curve_texts), window,
         progress=stage("ordering by loss"))[0]
     clock.lap("order")
-    if calibrated:
-        held_out = _held_out(loaded, options, data, curve_texts, curve_texts, BUDGET_SEED_OFFSET, window)
-        budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase,
-                                  progress=stage("calibrating the budget"))
-        budget.measured_on["needle_seed"] = seed + BUDGET_SEED_OFFSET
-        full = set(order[budget.streamed:])
+    if calibrated or kvpress_ratio is not None:
+        held_out = _held_out(loaded, options, data, curve_texts, curve_texts, BUDGET_SEED_OFFSET, window) \
+            if calibrated else None
+        budget, full = _measured_budget(loaded, order, held_out, kvpress_ratio, (sink, recent, max(lengths)),
+                                        max_loss_increase, why_fixed,
+                                        stage("calibrating the budget"))
     else:
         budget, full = fixed_budget(order, kv_retrieval, kv_streaming, full_fraction,
                                      (retrieval_threshold, streaming_threshold), model_dtype(loaded), why_fixed)
@@ -135,6 +155,26 @@ def kv_heads(
         clock.lap("curve")
     result.seconds = clock.laps
     return result
+
+
+def _measured_budget(loaded: LoadedModel, order: list[tuple[int, int]], held_out: CurveInputs | None,
+                     kvpress_ratio: float | None, cache: tuple[int, int, int], max_loss_increase: float,
+                     why: str | None, progress: Progress | None) -> tuple[Budget, set[tuple[int, int]]]:
+    """The budget whose points are measured on `held_out` (None: a kvpress budget that cannot be measured, `why`):
+    kvpress's for `kvpress_ratio` of the cache (`cache`: sink, recent, length), else the calibrated one; and the KV
+    heads it keeps full."""
+    if kvpress_ratio is None:
+        assert held_out is not None
+        budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=progress)
+    else:
+        sink, recent, length = cache
+        budget = kvpress_budget(loaded, order, held_out, kvpress_ratio, sink=sink, recent=recent, length=length,
+                                max_loss_increase=max_loss_increase, why=why)
+        if progress is not None:
+            progress(1, 1)
+    if held_out is not None:
+        budget.measured_on["needle_seed"] = held_out.needles.meta["seed"]
+    return budget, set(order[budget.streamed:])
 
 
 class _Clock:

@@ -4,41 +4,96 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
 
-from probe.frames import frame, head_rows
+from probe.frames import frame, record_rows
 from probe.kv.budget import Budget
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS
+from probe.schemas.declare import Payload, columns, payload, published, schema_field
 
 
-@dataclass
-class KVHeads:
+class KVHeadEntry(Payload, frozen=True):
+    """One KV head: its label, scores over its query heads, and place in the streaming order."""
+
+    layer: int = schema_field(LAYER)
+    kv_head: int = schema_field("the key/value head")
+    label: str = schema_field("full or streaming")
+    retrieval: float = schema_field("max over its query heads")
+    streaming: float = schema_field("min over its query heads")
+    rank: int = schema_field("its place in the streaming order")
+    query_heads: list[int] = schema_field("its query heads", items="a query head")
+
+
+class QueryHeadEntry(Payload, frozen=True):
+    """One query head's scores."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    kv_head: int = schema_field("its key/value head", column=True)
+    retrieval: float = schema_field("retrieval score", column="the head's retrieval score")
+    streaming: float = schema_field("streaming score", column="the head's streaming score")
+
+
+@published("kv-heads", 1, "Retrieval and streaming scores per query and KV head, their labels, the streaming order and "
+           "its budget (probe kv-heads --json).", rows="one per query head",
+           columns=columns(HEAD_COLUMNS, QueryHeadEntry, {
+               "label": Field("string", "its KV head's label: full or streaming"),
+               "rank": Field("integer", "its KV head's place in the streaming order")}))
+class KVHeads(Payload):
     """Retrieval and streaming scores per query head and per KV head, labels, the streaming order and its check."""
 
-    model: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    sink: int
-    recent: int
+    model: str = schema_field(MODEL)
+    n_layers: int = schema_field(N_LAYERS)
+    n_heads: int = schema_field(N_HEADS)
+    n_kv_heads: int = schema_field("key/value heads per layer")
+    sink: int = schema_field("the streaming cache's sink keys")
+    recent: int = schema_field("the streaming cache's recent keys")
+    options: dict[str, Any] = schema_field("the options of the run", default_factory=dict, kw_only=True)
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
     retrieval: Tensor  # (n_layers, n_heads)
     streaming: Tensor  # (n_layers, n_heads)
     kv_retrieval: Tensor  # (n_layers, n_kv_heads): max over the group
     kv_streaming: Tensor  # (n_layers, n_kv_heads): min over the group
-    order: list[tuple[int, int]]
+
+    @payload("how a KV head's scores come from its query heads'")
+    def aggregation(self) -> str:
+        return "a KV head's retrieval score is the max over its query heads, its streaming score the min"
+
+    @payload("every KV head", items="one KV head")
+    def kv_heads(self) -> list[KVHeadEntry]:
+        group = self.n_heads // self.n_kv_heads
+        return [KVHeadEntry(layer, kv, self.label(layer, kv), round(float(self.kv_retrieval[layer, kv]), 6),
+                            round(float(self.kv_streaming[layer, kv]), 6), self.order.index((layer, kv)),
+                            list(range(kv * group, (kv + 1) * group)))
+                for layer in range(self.n_layers) for kv in range(self.n_kv_heads)]
+
+    @payload("every query head", items="one query head")
+    def heads(self) -> list[QueryHeadEntry]:
+        group = self.n_heads // self.n_kv_heads
+        return [QueryHeadEntry(layer, head, head // group, round(float(self.retrieval[layer, head]), 6),
+                               round(float(self.streaming[layer, head]), 6))
+                for layer in range(self.n_layers) for head in range(self.n_heads)]
+
+    order: list[tuple[int, int]] = schema_field("KV heads as [layer, kv_head], first streamed first",
+                                                dump=lambda order: [list(h) for h in order])
     full: set[tuple[int, int]]
-    accuracy: list[dict[str, Any]]  # the model's own needle accuracy per (length, depth), on the scored prompts
-    curve: dict[str, Any] | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-    budget: Budget | None = None
-    seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage: scores, order, budget, curve
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
 
-    def label(self, layer: int, kv_head: int) -> str:
-        return "full" if (layer, kv_head) in self.full else "streaming"
+    @payload("KV heads labelled streaming")
+    def n_streaming(self) -> int:
+        return self.n_layers * self.n_kv_heads - len(self.full)
 
+    accuracy: list[dict[str, Any]] = schema_field(  # on the scored prompts
+        "the model's own needle accuracy per length and depth", key="needle_accuracy")
+    curve: dict[str, Any] | None = schema_field("the order's curve against random orders (null: --no-curve)",
+                                                default=None)
+    budget: Budget | None = schema_field("how many KV heads stream, and every point the search measured",
+                                         type=("object", "null"), default=None,
+                                         dump=lambda budget: None if budget is None else budget.to_dict())
+
+    @payload("DuoAttention's full_attention_heads values, layers x KV heads", key="duo_full_attention_heads")
     def duo_values(self) -> list[list[float]]:
         """DuoAttention's full_attention_heads (n_layers x n_kv_heads, in [0, 1], full where > 0.5): the order's
         rank spread over (0, 0.5) for streaming heads and (0.5, 1] for full ones, so that DuoAttention's own
@@ -49,36 +104,17 @@ class KVHeads:
         value |= {h: 0.5 + 0.5 * (rank + 1) / len(kept) for rank, h in enumerate(kept)}
         return [[round(value[(layer, kv)], 6) for kv in range(self.n_kv_heads)] for layer in range(self.n_layers)]
 
-    def to_dict(self) -> dict[str, Any]:
-        group = self.n_heads // self.n_kv_heads
-        return {
-            "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
-            "sink": self.sink, "recent": self.recent, "options": self.options, "dtype": self.dtype,
-            "aggregation": "a KV head's retrieval score is the max over its query heads, its streaming score the min",
-            "kv_heads": [
-                {"layer": layer, "kv_head": kv, "label": self.label(layer, kv),
-                 "retrieval": round(float(self.kv_retrieval[layer, kv]), 6),
-                 "streaming": round(float(self.kv_streaming[layer, kv]), 6),
-                 "rank": self.order.index((layer, kv)), "query_heads": list(range(kv * group, (kv + 1) * group))}
-                for layer in range(self.n_layers) for kv in range(self.n_kv_heads)],
-            "heads": [{"layer": layer, "head": head, "kv_head": head // group,
-                       "retrieval": round(float(self.retrieval[layer, head]), 6),
-                       "streaming": round(float(self.streaming[layer, head]), 6)}
-                      for layer in range(self.n_layers) for head in range(self.n_heads)],
-            "order": [list(h) for h in self.order],
-            "n_streaming": self.n_layers * self.n_kv_heads - len(self.full),
-            "needle_accuracy": self.accuracy,
-            "curve": self.curve,
-            "budget": None if self.budget is None else self.budget.to_dict(),
-            "duo_full_attention_heads": self.duo_values(),
-            "seconds": self.seconds,
-        }
+    seconds: dict[str, float] = schema_field(  # scores, order, budget, curve
+        "wall time per stage", default_factory=dict)
+
+    def label(self, layer: int, kv_head: int) -> str:
+        return "full" if (layer, kv_head) in self.full else "streaming"
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per query head: layer, head, name, its KV head, retrieval and streaming
         scores, and its KV head's label and rank in the streaming order (the kv-heads schema's columns). Needs
         pandas."""
-        rows = head_rows(self.to_dict()["heads"], ("kv_head", "retrieval", "streaming"))
+        rows = record_rows(self.heads())
         for row in rows:
             row["label"] = self.label(row["layer"], row["kv_head"])
             row["rank"] = self.order.index((row["layer"], row["kv_head"]))

@@ -22,7 +22,7 @@ from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, retri
 from probe.hooks.capture import attention_hooks
 from probe.hooks.types import Handler, HookContext
 from probe.kernels import FusedStatistics
-from probe.kernels.fused import uploaded
+from probe.kernels.fused import Weights, uploaded
 from probe.models import LoadedModel
 from probe.progress import Progress
 
@@ -105,13 +105,13 @@ class _Scorer:
 
     def on_lse(self, attention: FusedStatistics, ctx: HookContext) -> None:
         """The fast path (the `lse` point): the streaming band and the answer rows' top keys from the log-sum-exp."""
-        layer, batch = ctx.layer, self.batch
+        layer, batch, weights = ctx.layer, self.batch, Weights(attention)
         assert batch is not None
-        self._stream(layer, *self.streaming_fast(attention, batch))
+        self._stream(layer, *self.streaming_fast(weights, batch))
         if len(self.rows):  # (b, h, answer rows): the kernel's top keys, or argmax of the rows computed whole
             device = attention.lse.device
             rows = batch.memo(("answer rows", str(device)), lambda: uploaded(self.rows, device))  # once per prompt
-            self.tops.setdefault(layer, []).append(attention.row_tops(rows))
+            self.tops.setdefault(layer, []).append(weights.row_tops(rows))
 
     def blocked(self, reason: str, ctx: HookContext) -> None:
         """This layer's weights come to on_weights instead (its logits cannot be rebuilt from the log-sum-exp)."""

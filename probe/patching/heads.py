@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.frames import frame, head_rows
+from probe.frames import frame, record_rows
 from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
 from probe.ablation.methods import PatchAblation, patch_method
 from probe.ablation.metrics import PATCH_LAYOUTS, Metric
@@ -39,6 +39,10 @@ from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
+from probe.schemas.base import Field
+from probe.schemas.common import (DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS, SECONDS,
+                                  SELF_REPAIR)
+from probe.schemas.declare import Payload, columns, payload, published, schema_field
 
 Sweep = Callable[..., AblationResult | None]
 """sweep, or probe.distributed.sharded_sweep (same keywords): what runs the patches."""
@@ -60,69 +64,76 @@ class PatchEntry:
                 "patch_effect": self.patch_effect, **({} if self.position is None else {"position": self.position})}
 
 
-@dataclass
-class PatchResult:
+class PatchHead(Payload, frozen=True):
+    """One query head's patch effect (a key or value patch: its group's, with the group's kv_head)."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    patch_effect: float = schema_field("1: patching the head restores the clean behaviour, 0: the corrupt one",
+                                       column="the head's patch effect")
+    dla: float | None = schema_field("its direct logit attribution on the clean run (null where none)",
+                                     column="its DLA on the clean run")
+    logit_diff: float = schema_field("the logit difference with it patched", column=True)
+    classes: list[str] | None = schema_field("its classes, where they were classified", required=False, omit="none",
+                                             column=Field("string", "its classes, comma-separated", required=False),
+                                             default=None)
+    kv_head: int | None = schema_field("a key or value patch: its key/value group", required=False, column=True,
+                                       default=None)
+
+
+@published("patch", 1, "Activation patching: each head's patch effect between clean and corrupt runs of a contrast set "
+           "(probe patch).", rows="one per query head patched", columns=columns(HEAD_COLUMNS, PatchHead),
+           sections={"self_repair": SELF_REPAIR})
+class PatchResult(Payload):
     """Every head's patch effect, and the logit differences it is normalised by."""
 
-    model: str
-    component: str  # output, query, key or value
-    direction: str  # denoising (clean into corrupt) or noising (corrupt into clean)
-    data: str
-    clean_logit_diff: float
-    corrupt_logit_diff: float
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
+    model: str = schema_field(MODEL)
+    component: str = schema_field("what was patched: output, query, key or value")
+    direction: str = schema_field("denoising (clean into corrupt) or noising (corrupt into clean)")
+    data: str = schema_field("the contrast set")
+    clean_logit_diff: float = schema_field("the clean runs' mean logit difference")
+    corrupt_logit_diff: float = schema_field("the corrupt runs' mean logit difference")
+    n_layers: int = schema_field(N_LAYERS)
+    n_heads: int = schema_field(N_HEADS)
+    n_kv_heads: int = schema_field("key/value heads per layer")
     entries: list[PatchEntry]
-    positions: list[PatchEntry] = field(default_factory=list)  # by position: one entry per (unit, position)
-    tokens: list[str] = field(default_factory=list)  # each position's token(s) over the pairs (by-position axis)
-    mode: str = "exact"
-    path: str = ""
-    seconds: float = 0.0
-    layer_names: list[str] | None = None
-    dla: list[list[float]] | None = None  # (n_layers, n_heads) direct logit attribution on the clean run
-    dla_note: str | None = None  # why there is none
-    classes: dict[Head, list[str]] = field(default_factory=dict)  # each head's classes, where they were classified
-    paths: dict[str, Any] | None = None  # a path patching matrix (probe.patching.paths.PathResult.to_dict())
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
+
+    @payload("one entry per query head patched", items="one head")
+    def heads(self) -> list[PatchHead]:
+        """One per query head, layer by layer: its patch effect and logit difference (a key or value patch: its
+        group's, with the group's kv_head)."""
+        group = self.n_heads // max(self.n_kv_heads, 1)
+        rows = [PatchHead(layer, head, entry.patch_effect, None if self.dla is None else self.dla[layer][head],
+                          entry.logit_diff, self.classes.get((layer, head), []) if self.classes else None,
+                          head // group if self.component in ("key", "value") else None)
+                for entry in self.entries for layer, head in entry.heads]
+        return sorted(rows, key=lambda row: (row.layer, row.head))
+
+    positions: list[PatchEntry] = schema_field(  # by position: one entry per (unit, position)
+        "--by-position: one entry per unit and position", key="by_position", default_factory=list,
+        dump=lambda entries: [entry.to_dict() for entry in entries])
+    tokens: list[str] = schema_field("--by-position: each position's tokens",  # over the pairs (by-position axis)
+                                     default_factory=list)
+    mode: str = schema_field("exact or estimate", default="exact")
+    path: str = schema_field("how the numbers were computed", default="")
+    seconds: float = schema_field(SECONDS, default=0.0, dump=lambda seconds: round(seconds, 3))
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
+    dla_note: str | None = schema_field("why there is no DLA", required=False, default=None, kw_only=True)
+    paths: dict[str, Any] | None = schema_field(  # probe.patching.paths.PathResult.to_dict()
+        "--senders/--receivers: the path patching matrix", required=False, default=None, kw_only=True)
+    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)
+    dla: list[list[float]] | None = field(default=None, kw_only=True)  # (n_layers, n_heads) DLA on the clean run
+    classes: dict[Head, list[str]] = field(default_factory=dict, kw_only=True)  # each head's, where classified
 
     def add_classes(self, labels: Callable[[int, int], list[str]]) -> None:
         """Each head's classes (e.g. `Classification.labels`), shown beside its patch effect."""
         self.classes = {(layer, head): labels(layer, head) for layer in range(self.n_layers)
                         for head in range(self.n_heads)}
 
-    def heads(self) -> list[dict[str, Any]]:
-        """One row per query head: its layer, head, patch effect and logit difference (a key or value patch: its
-        group's, with the group's kv_head)."""
-        group = self.n_heads // max(self.n_kv_heads, 1)
-        rows = []
-        for entry in self.entries:
-            for layer, head in entry.heads:
-                row: dict[str, Any] = {"layer": layer, "head": head, "patch_effect": entry.patch_effect,
-                                       "dla": None if self.dla is None else self.dla[layer][head],
-                                       "logit_diff": entry.logit_diff,
-                                       **({"classes": self.classes.get((layer, head), [])} if self.classes else {})}
-                if self.component in ("key", "value"):
-                    row["kv_head"] = head // group
-                rows.append(row)
-        return sorted(rows, key=lambda row: (row["layer"], row["head"]))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "component": self.component, "direction": self.direction, "data": self.data,
-                "clean_logit_diff": self.clean_logit_diff, "corrupt_logit_diff": self.corrupt_logit_diff,
-                "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
-                "heads": self.heads(), "by_position": [entry.to_dict() for entry in self.positions],
-                "tokens": self.tokens, "mode": self.mode, "path": self.path, "seconds": round(self.seconds, 3),
-                "dtype": self.dtype,
-                **({"dla_note": self.dla_note} if self.dla_note else {}),
-                **({"paths": self.paths} if self.paths else {}),
-                **({"layer_names": self.layer_names} if self.layer_names else {})}
-
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per query head patched: layer, head, name, patch effect, DLA, logit difference
         (classes comma-separated; kv_head for a key or value patch): the patch schema's columns. Needs pandas."""
-        return frame(head_rows(self.heads(), ("patch_effect", "dla", "logit_diff", "kv_head"), self.layer_names,
-                               classes=""))
+        return frame(record_rows(self.heads(), self.layer_names))
 
 
 def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) -> list[Ablation]:
@@ -220,7 +231,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
     return PatchResult(loaded.name, component, "noising" if noising else "denoising", data or clean.description,
                        clean_ld, corrupt_ld, *layer_shape(layers), max(layer.n_kv_heads for layer in layers), entries,
                        positions, _tokens(loaded, clean) if by_position else [], swept.mode, swept.path,
-                       time.perf_counter() - started, layer_names(layers), dtype=model_dtype(loaded))
+                       time.perf_counter() - started, layer_names=layer_names(layers), dtype=model_dtype(loaded))
 
 
 def row_logit_diffs(metric: Metric, logits: Tensor, ids: Tensor, scored: Tensor) -> Tensor:

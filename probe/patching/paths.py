@@ -29,6 +29,7 @@ from probe.ablation.editor import ablated
 from probe.ablation.heads import Head, check_heads
 from probe.ablation.methods import PATCHES, InputPatch
 from probe.ablation.metrics import choose_metric
+from probe.ablation.runners import batch_contexts
 from probe.ablation.statistics import HeadOutputs, head_outputs
 from probe.ablation.sweep import baseline_metric
 from probe.hooks.capture import attention_hooks
@@ -115,13 +116,15 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
     clean_out, corrupt_out = (head_outputs(loaded, run, batch_size=batch_size) for run in (clean, corrupt))
     metric = choose_metric(loaded, corrupt)
     sums = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
+    contexts = batch_contexts(corrupt, batch_size)
     for batch, (ids, mask) in enumerate(corrupt.batches(batch_size)):
         for i, sender in enumerate(senders):
             edit = _frozen_but(sender, clean_out, corrupt_out, batch)
             seen = _recorded(loaded, ids, mask, edit, component, {layer for layer, _ in receivers})
-            method = PATCHES[component](HeadOutputs([{}] * batch + [seen], "path patching's first pass"))
+            method = PATCHES[component](HeadOutputs([{}] * batch + [seen], "path patching's first pass")).bound_to(
+                contexts)
             for j, receiver in enumerate(receivers):
-                with torch.no_grad(), ablated(loaded.model, [(receiver,)], method, batch):
+                with torch.no_grad(), ablated(loaded.model, [(receiver,)], method, contexts[batch]):
                     logits = logits_of(run_model(loaded.model, ids, mask))
                 assert corrupt.scored is not None  # a task set's answers: patching's runs mark them
                 scored = corrupt.scored[batch * batch_size:batch * batch_size + ids.shape[0]]

@@ -7,6 +7,8 @@ a new optional field keeps it."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,15 +99,50 @@ class Kind:
                 **body, "$defs": {"frame_row": row}}
 
 
-SCHEMAS: dict[str, Kind] = {}
-"""Every published kind by name: adding one is a `register` call and its test (tests/test_schemas.py)."""
+class Registry(Mapping[str, Kind]):
+    """The published kinds by name. A kind declared on its result class (probe.schemas.declare) is listed by the
+    class' path (`module:Class`) and imported the first time the registry is read, so that a result's module can
+    import the declarations without the registry importing every result first."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, Kind] = {}
+        self._pending: list[Kind | str] = []
+
+    def add(self, entry: Kind | str) -> None:
+        """A kind, or the `module:Class` of a class that declares one; both are checked for names registered
+        twice when the registry is read."""
+        self._pending.append(entry)
+
+    def _loaded(self) -> dict[str, Kind]:
+        while self._pending:
+            entry = self._pending.pop(0)
+            if isinstance(entry, str):
+                module, name = entry.split(":")
+                entry = getattr(importlib.import_module(module), name).__kind__
+                assert isinstance(entry, Kind)
+            if entry.name in self._kinds:  # a mistake in the code, not input
+                raise ValueError(f"schema kind {entry.name!r} is registered twice")
+            self._kinds[entry.name] = entry
+        return self._kinds
+
+    def __getitem__(self, name: str) -> Kind:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
 
 
-def register(kind: Kind) -> Kind:
-    """Add a kind to SCHEMAS (a second kind of one name is a mistake in the code, not input)."""
-    if kind.name in SCHEMAS:
-        raise ValueError(f"schema kind {kind.name!r} is registered twice")
-    SCHEMAS[kind.name] = kind
+SCHEMAS = Registry()
+"""Every published kind by name: adding one is a result class declared with probe.schemas.declare.result, listed
+in probe/schemas/kinds.py, and its run in tests/test_schemas.py."""
+
+
+def register(kind: Kind | str) -> Kind | str:
+    """Add a kind to SCHEMAS: a `Kind`, or the `module:Class` of a result class that declares one."""
+    SCHEMAS.add(kind)
     return kind
 
 

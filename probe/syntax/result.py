@@ -2,39 +2,95 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from probe.frames import frame, head_columns
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS
+from probe.schemas.declare import Payload, payload, published, schema_field
 from probe.syntax.scores import SCHEMES, RelationTally
 
 TOP_HEADS = 5  # best heads listed per relation
 
 
-@dataclass
-class SyntaxResult:
+class RelationEntry(Payload, frozen=True):
+    """One relation and direction: its arcs, the positional baseline, the best heads and every head's accuracy."""
+
+    relation: str = schema_field("the relation")
+    direction: str = schema_field("dep->head or head->dep")
+    count: int = schema_field("its arcs")
+    judged: bool = schema_field("count >= min_count")
+    baseline: float = schema_field("the best fixed-offset accuracy")
+    baseline_offset: int = schema_field("that offset")
+    best: list[dict[str, Any]] = schema_field("the best heads")
+    accuracy: list[list[float]] = schema_field("every head's accuracy, layers x heads")
+
+
+class SyntacticHead(Payload, frozen=True):
+    """A head syntactic for some relation."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    relations: list[str] = schema_field("'relation direction' names")
+
+
+@published("syntax", 1, "Syntactic heads: per dependency relation and direction, each head's accuracy against the best "
+           "positional baseline (probe syntax --json).", rows="one per head and relation (and direction)",
+           columns={**HEAD_COLUMNS, "relation": Field("string", "the relation"),
+                    "direction": Field("string", "dep->head or head->dep"), "count": Field("integer", "its arcs"),
+                    "judged": Field("boolean", "whether the relation has enough arcs"),
+                    "accuracy": Field("number", "the head's accuracy on it"),
+                    "baseline": Field("number", "the best fixed-offset accuracy"),
+                    "margin": Field("number", "accuracy - baseline"),
+                    "syntactic": Field("boolean", "judged and above the margin")})
+class SyntaxResult(Payload):
     """Per (relation, direction): every head's accuracy, the arc count and the best fixed-offset baseline; and every
     head's share of confident attention on arcs."""
 
-    model: str
+    model: str = schema_field(MODEL)
     scheme: str  # a key of SCHEMES
-    source: str
-    causal: bool
-    n_layers: int
-    n_heads: int
-    sentences: int
-    words: int
+
+    @payload("the dependency scheme", key="scheme")
+    def scheme_name(self) -> str:
+        return SCHEMES[self.scheme].name
+
+    @payload("its title")
+    def scheme_title(self) -> str:
+        return SCHEMES[self.scheme].title
+
+    source: str = schema_field("the parsed corpus")
+    causal: bool = schema_field("whether the model is causal (a dependent sees only earlier words)")
+    n_layers: int = schema_field(N_LAYERS)
+    n_heads: int = schema_field(N_HEADS)
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
+    sentences: int = schema_field("sentences read")
+    words: int = schema_field("words read")
     relations: dict[tuple[str, str], RelationTally]
     confident_share: Tensor  # (layers, heads)
     confident: float
-    min_count: int
-    margin: float
-    skipped: list[str] = field(default_factory=list)
-    examples: list[dict[str, Any]] = field(default_factory=list)
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
+    min_count: int = schema_field("arcs a relation needs to be judged")
+    margin: float = schema_field("how far above the baseline a syntactic head's accuracy is")
+
+    @payload("each relation and direction", key="relations", items="a relation")
+    def relation_entries(self) -> list[RelationEntry]:
+        return [self._relation_entry(key) for key in self.ordered()]
+
+    @payload("the heads syntactic for some relation", key="syntactic", items="a head")
+    def syntactic_heads(self) -> list[SyntacticHead]:
+        return [SyntacticHead(layer, head, names) for (layer, head), names in sorted(self.syntactic().items())]
+
+    @payload("the share of confident rows per head", key="confident")
+    def confidence(self) -> dict[str, Any]:
+        return {"threshold": self.confident,
+                "share": [[round(float(v), 4) for v in row] for row in self.confident_share]}
+
+    skipped: list[str] = schema_field("what was skipped and why", default_factory=list,
+                                      dump=lambda skipped: list(skipped))
+    examples: list[dict[str, Any]] = schema_field("sentences with their arcs and each head's hits",
+                                                  default_factory=list)
 
     def ordered(self) -> list[tuple[str, str]]:
         """(relation, direction) keys in the scheme's order, then the others, most arcs first within a relation."""
@@ -69,7 +125,7 @@ class SyntaxResult:
                 heads.setdefault((layer, head), []).append(f"{relation} {direction}")
         return heads
 
-    def _relation_entry(self, key: tuple[str, str]) -> dict[str, Any]:
+    def _relation_entry(self, key: tuple[str, str]) -> RelationEntry:
         tally = self.relations[key]
         accuracy = tally.accuracy()
         offset, baseline = tally.baseline()
@@ -77,33 +133,16 @@ class SyntaxResult:
         best = [{"layer": i // self.n_heads, "head": i % self.n_heads,
                  "accuracy": round(float(accuracy.flatten()[i]), 4),
                  "margin": round(float(accuracy.flatten()[i]) - baseline, 4)} for i in order]
-        return {"relation": key[0], "direction": key[1], "count": tally.count, "judged": tally.count >= self.min_count,
-                "baseline": round(baseline, 4), "baseline_offset": offset, "best": best,
-                "accuracy": [[round(float(v), 4) for v in row] for row in accuracy]}
-
-    def to_dict(self) -> dict[str, Any]:
-        scheme = SCHEMES[self.scheme]
-        share = self.confident_share
-        return {
-            "model": self.model, "scheme": scheme.name, "scheme_title": scheme.title, "source": self.source,
-            "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads, "dtype": self.dtype,
-            "sentences": self.sentences, "words": self.words, "min_count": self.min_count, "margin": self.margin,
-            "relations": [self._relation_entry(key) for key in self.ordered()],
-            "syntactic": [{"layer": layer, "head": head, "relations": names}
-                          for (layer, head), names in sorted(self.syntactic().items())],
-            "confident": {"threshold": self.confident,
-                          "share": [[round(float(v), 4) for v in row] for row in share]},
-            "skipped": list(self.skipped),
-            "examples": self.examples,
-        }
+        return RelationEntry(key[0], key[1], tally.count, tally.count >= self.min_count, round(baseline, 4), offset,
+                             best, [[round(float(v), 4) for v in row] for row in accuracy])
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head and relation (and direction): its accuracy, the baseline, the margin
         between them, and whether it is syntactic for it (the syntax schema's columns). Needs pandas."""
-        payload, syntactic = self.to_dict(), self.syntactic()
-        return frame([{**head_columns(layer, head), "relation": entry["relation"], "direction": entry["direction"],
-                       "count": entry["count"], "judged": entry["judged"], "accuracy": accuracy,
-                       "baseline": entry["baseline"], "margin": round(accuracy - entry["baseline"], 4),
-                       "syntactic": f"{entry['relation']} {entry['direction']}" in syntactic.get((layer, head), ())}
-                      for entry in payload["relations"] for layer, row in enumerate(entry["accuracy"])
+        syntactic = self.syntactic()
+        return frame([{**head_columns(layer, head), "relation": entry.relation, "direction": entry.direction,
+                       "count": entry.count, "judged": entry.judged, "accuracy": accuracy,
+                       "baseline": entry.baseline, "margin": round(accuracy - entry.baseline, 4),
+                       "syntactic": f"{entry.relation} {entry.direction}" in syntactic.get((layer, head), ())}
+                      for entry in self.relation_entries() for layer, row in enumerate(entry.accuracy)
                       for head, accuracy in enumerate(row)])

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from probe.frames import frame, head_name
+from probe.schemas.base import Field
+from probe.schemas.common import CLASSES, DTYPE, HEAD_COLUMNS, MODEL, N_HEADS, N_LAYERS, THRESHOLDS, other_than
+from probe.schemas.declare import Payload, payload, published, schema_field
 
 MIN_RISE = 0.1
 """The smallest rise of the best head's score, from one checkpoint to the next, that counts as a phase change (scores
@@ -122,35 +125,61 @@ def phase_changes(checkpoints: list[CheckpointResult], thresholds: dict[str, flo
     return found
 
 
-@dataclass
-class TrackResult:
+@published("track", 1, "Heads across training: every checkpoint's head scores, loss and ICL score, and the phase "
+           "changes (probe track --json).", rows="one per checkpoint and head",
+           columns=(TRACK_COLUMNS := {
+               "checkpoint": Field("string", "the checkpoint's name"), "step": Field("integer", "its step"),
+               "loss": Field("number", "its loss"), "icl_score": Field("number", "its ICL score"), **HEAD_COLUMNS,
+               "delta": Field("number", "--heads: the head's ablation delta", required=False)}),
+           column_patterns={other_than(TRACK_COLUMNS): Field("number", "the head's score of this class at this "
+                                                                       "checkpoint")})
+class TrackResult(Payload):
     """Every checkpoint's numbers in step order, and what the run shows."""
 
-    model: str
-    kind: str  # folders, revisions, state_dicts
+    model: str = schema_field(MODEL)
+    kind: str = schema_field(  # folders, revisions, state_dicts
+        "how the checkpoints were given: folders, revisions, state_dicts")
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # what the models ran in (docs/precision.md)
+
+    @payload(N_LAYERS.description)
+    def n_layers(self) -> int:
+        first = self.checkpoints[0].heads if self.checkpoints else []
+        return 1 + max((e["layer"] for e in first), default=-1)
+
+    @payload(N_HEADS.description)
+    def n_heads(self) -> int:
+        first = self.checkpoints[0].heads if self.checkpoints else []
+        return 1 + max((e["head"] for e in first), default=-1)
+
     checkpoints: list[CheckpointResult]
-    thresholds: dict[str, float]
-    classes: dict[str, dict[str, Any]]
-    options: dict[str, Any]
-    min_rise: float = MIN_RISE
-    heads_ablated: list[str] = field(default_factory=list)
-    dtype: str = "float32"  # what the models ran in: docs/precision.md says how far a half-precision run lies
+    thresholds: dict[str, float] = schema_field(THRESHOLDS)
+    classes: dict[str, dict[str, Any]] = schema_field(CLASSES)
+    options: dict[str, Any] = schema_field("the options of the run, and the run's checkpoints")
+    min_rise: float = schema_field("the smallest rise that counts as a phase change", default=MIN_RISE)
+    heads_ablated: list[str] = schema_field("--heads: the heads whose ablation delta is tracked", required=False,
+                                            default_factory=list)
+
+    @payload("each checkpoint in step order", key="checkpoints", type="array", items=Field(
+        "object", "a checkpoint", fields={
+            "name": Field("string", "its file, folder or revision"), "step": Field("integer", "its step"),
+            "loss": Field("number", "the probe text's loss"),
+            "icl_score": Field("number", "the in-context learning score (null where the context is too short)"),
+            "heads": Field("array", "every head's scores (and delta)"),
+            "notes": Field("array", "what to know of it", required=False)}))
+    def checkpoint_entries(self) -> list[dict[str, Any]]:
+        return [c.to_dict() for c in self.checkpoints]
+
+    @payload("per class, the interval of the best head's largest rise", key="phase_changes")
+    def phase_change_list(self) -> list[dict[str, Any]]:
+        return self.phase_changes
+
+    @payload("where the ICL score changes most")
+    def icl_change(self) -> dict[str, Any] | None:
+        return icl_change(self.checkpoints)
 
     @property
     def phase_changes(self) -> list[dict[str, Any]]:
         return phase_changes(self.checkpoints, self.thresholds, min_rise=self.min_rise)
-
-    def to_dict(self) -> dict[str, Any]:
-        first = self.checkpoints[0].heads if self.checkpoints else []
-        return {
-            "model": self.model, "kind": self.kind, "dtype": self.dtype,
-            "n_layers": 1 + max((e["layer"] for e in first), default=-1),
-            "n_heads": 1 + max((e["head"] for e in first), default=-1),
-            "thresholds": dict(self.thresholds), "classes": self.classes, "options": self.options,
-            "min_rise": self.min_rise, **({"heads_ablated": self.heads_ablated} if self.heads_ablated else {}),
-            "checkpoints": [c.to_dict() for c in self.checkpoints],
-            "phase_changes": self.phase_changes, "icl_change": icl_change(self.checkpoints),
-        }
 
     def rows(self) -> list[dict[str, Any]]:
         """One row per checkpoint x head: the trajectories as a table (CSV)."""

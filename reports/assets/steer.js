@@ -1,4 +1,4 @@
-/* probe steer's page: the metric against alpha, one line per head (alpha 1, the model as it is, dotted), and
+/* probe steer's page: the metric against the intervention's value, one line per head (the model as it is dotted), and
    --find's largest changes as bars. Registered for probe.js's start(); every number comes from the page's JSON,
    strings reach the page through plotly only (escaped for its markup by the report). */
 (function () {
@@ -8,15 +8,15 @@
 
   function curvePlot(node, data) {
     var traces = data.lines.map(function (line, index) {
-      return {type: "scatter", mode: "lines+markers", x: line.alpha, y: line.value, name: line.label,
+      return {type: "scatter", mode: "lines+markers", x: line.setting, y: line.value, name: line.label,
               line: {color: COLOURS[index % COLOURS.length], width: 2},
-              hovertemplate: line.name + ": " + data.metric + " %{y:.4f} at alpha %{x}<extra></extra>"};
+              hovertemplate: line.name + ": " + data.metric + " %{y:.4f} at " + data.parameter + " %{x}<extra></extra>"};
     });
     var shapes = [{type: "line", xref: "paper", x0: 0, x1: 1, y0: data.baseline, y1: data.baseline,
                    line: {color: "#444", dash: "dot", width: 1}}];
     return Plotly.newPlot(node, traces, {
       height: 360, margin: {l: 70, r: 20, t: 10, b: 45}, shapes: shapes, hovermode: "closest",
-      xaxis: {title: {text: "alpha (the head's output multiplied by it)"}}, yaxis: {title: {text: data.metric}}
+      xaxis: {title: {text: data.intervention + ": " + data.parameter}}, yaxis: {title: {text: data.metric}}
     }, CONFIG);
   }
 
@@ -25,7 +25,7 @@
                                   marker: {color: "#2166ac"},
                                   hovertemplate: "%{x}: change %{y:+.4f}<extra></extra>"}], {
       height: 320, margin: {l: 70, r: 20, t: 10, b: 60}, xaxis: {type: "category", title: {text: "head"}},
-      yaxis: {title: {text: "change at alpha " + data.bars.alpha}}
+      yaxis: {title: {text: "change at " + data.parameter + " " + data.bars.setting}}
     }, CONFIG);
   }
 

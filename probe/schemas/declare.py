@@ -1,0 +1,309 @@
+"""A result declared once: a dataclass whose fields carry their schema (`schema_field`), with the payload fields
+computed from them as methods (`payload`), becomes a published kind (`published`): its `to_dict()`, its JSON Schema
+(`probe schema KIND`), its `to_frame()` columns and its section of docs/schemas.md are all made from those
+declarations. A nested object of a payload (one head's entry) is a `Payload` too, declared the same way.
+
+The JSON type of a field comes from its annotation (`str` string, `int` integer, `float` number, `bool` boolean,
+`list[...]` array, `dict[...]` object, a Payload an object of its fields, `X | None` also null); `type=` overrides it
+where the annotation says too little (`Any`, a class of the library's own). The payload's keys follow the
+declarations' order in the class body, methods included; a field with a default that sits before one without is
+declared `kw_only=True` (its constructor's positional order is the fields' without it). An attribute without
+`schema_field` is the result's own and not in the payload.
+
+A result whose `to_dict()` is still written by hand declares its kind in probe/schemas/kinds.py (`register(Kind(...))`);
+both kinds of declaration live in one registry (probe.schemas.SCHEMAS)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+
+from probe.schemas.base import Field, Kind
+
+if sys.version_info >= (3, 11):
+    from typing import dataclass_transform
+elif TYPE_CHECKING:
+    from typing_extensions import dataclass_transform
+else:  # Python 3.10 runs without it: it tells the type checker that a Payload is a dataclass
+
+    def dataclass_transform(**_: Any) -> Callable[[T], T]:
+        return lambda cls: cls
+
+SPEC = "probe.schema"  # the key of a field's dataclasses metadata that holds its declaration
+_order = itertools.count()  # declarations in the order they were written: the payload's key order
+T = TypeVar("T")
+FieldType = str | tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one payload field declares besides its annotation (see `schema_field`)."""
+
+    description: str
+    required: bool = True
+    key: str | None = None
+    type: FieldType | None = None
+    items: Field | str | None = None
+    fields: dict[str, Field] | None = None
+    patterns: dict[str, Field] | None = None
+    ref: str | None = None
+    omit: Literal["empty", "none"] = "empty"
+    dump: Callable[[Any], Any] | None = None
+    column: bool | str | Field = False
+    spread: bool = False
+    order: int = dataclasses.field(default_factory=lambda: next(_order))
+
+
+@dataclass(frozen=True)
+class Declared:
+    """One payload field as declared: its key, the attribute (or method) that holds it, its schema and column."""
+
+    key: str
+    attribute: str
+    computed: bool
+    spec: Spec
+    field: Field
+    column: Field | None
+
+
+def schema_field(description: str | Field, *, required: bool = True, key: str | None = None,
+                 type: FieldType | None = None, items: Field | str | None = None,
+                 fields: dict[str, Field] | None = None,
+                 patterns: dict[str, Field] | None = None, ref: str | None = None,
+                 omit: Literal["empty", "none"] = "empty", dump: Callable[[Any], Any] | None = None,
+                 column: bool | str | Field = False, default: Any = dataclasses.MISSING,
+                 default_factory: Any = dataclasses.MISSING, kw_only: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field that is also a payload field: its meaning (or a shared Field, taken as it is).
+    `required=False`: left out of the payload where its value is
+    None or empty (`omit="none"`: None only); `key`: its payload name where it differs from the attribute's; `dump`:
+    how the value is written (rounded, say); `items`: an array's items (a description for the annotation's item
+    type, or a Field); `column`: also a `to_frame()` column of the same name (True: the same meaning; a string:
+    another description; a Field: another type)."""
+    if isinstance(description, Field):  # a shared field (probe.schemas.common) as it is
+        shared = description
+        spec = Spec(shared.description, shared.required, key, shared.type, shared.items, shared.fields,
+                    shared.patterns, shared.ref, omit, dump, column)
+    else:
+        spec = Spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column)
+    return dataclasses.field(default=default, default_factory=default_factory, kw_only=kw_only,
+                             metadata={SPEC: spec})
+
+
+def payload(description: str, *, required: bool = True, key: str | None = None, type: FieldType | None = None,
+            items: Field | str | None = None, fields: dict[str, Field] | None = None,
+            patterns: dict[str, Field] | None = None, ref: str | None = None, omit: Literal["empty", "none"] = "empty",
+            column: bool | str | Field = False, spread: bool = False) -> Callable[[T], T]:
+    """A method whose value is a payload field, computed when the payload is made (its type from the return
+    annotation). `spread=True`: the method returns several fields, merged in at its place: those `fields` declares,
+    or named by `patterns`."""
+    spec = Spec(description, required, key, type, items, fields, patterns, ref, omit, None, column, spread)
+
+    def mark(method: T) -> T:
+        setattr(method, SPEC, spec)
+        return method
+
+    return mark
+
+
+# JSON types from annotations ---------------------------------------------------------------------------------------
+
+PRIMITIVES: dict[type, str] = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def _json_type(annotation: Any) -> tuple[list[str], Any]:
+    """The JSON type(s) of an annotation, and what an array holds (its item annotation) or a record's class."""
+    if annotation in (Any, object):
+        return [], None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        found: list[str] = []
+        inner = None
+        for arg in args:
+            kinds, item = (["null"], None) if arg is type(None) else _json_type(arg)
+            found += [kind for kind in kinds if kind not in found]
+            inner = inner if item is None else item
+        return ([] if not found or found == ["null"] else found), inner
+    if annotation in PRIMITIVES:
+        return [PRIMITIVES[annotation]], None
+    if _is_record(annotation):
+        return ["object"], annotation
+    base = origin or annotation
+    if isinstance(base, type) and issubclass(base, Mapping):
+        return ["object"], None
+    if isinstance(base, type) and issubclass(base, Sequence) and base is not str:
+        return ["array"], args[0] if args else None
+    return [], None
+
+
+def _field(name: str, annotation: Any, spec: Spec, where: str) -> Field:
+    """The schema of one declared field."""
+    kinds, inner = _json_type(annotation)
+    if not spec.required and "null" in kinds:  # an optional field is left out, never null
+        kinds.remove("null")
+    kind: FieldType | None = spec.type or (kinds[0] if len(kinds) == 1 else tuple(kinds) if kinds else None)
+    if kind is None:
+        raise TypeError(f"{where}.{name}: its annotation {annotation!r} gives no JSON type: pass type=")
+    items = spec.items
+    if isinstance(items, str):
+        items = record_field(inner, items) if _is_record(inner) else Field(_json_type(inner)[0][0], items)
+    elif items is None and _is_record(inner) and "array" in kinds:
+        raise TypeError(f"{where}.{name}: an array of records needs items= (their description)")
+    fields = spec.fields
+    if fields is None and spec.type is None and _is_record(inner) and "object" in kinds:
+        fields = record_fields(inner)
+    return Field(kind, spec.description, spec.required, items, fields, spec.patterns, spec.ref)
+
+
+def _is_record(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, Payload) and annotation is not Payload
+
+
+def _column(key: str, spec: Spec, field: Field) -> Field | None:
+    if spec.column is False:
+        return None
+    if isinstance(spec.column, Field):
+        return spec.column
+    description = spec.column if isinstance(spec.column, str) else field.description
+    return Field(field.type, description, field.required, ref=field.ref)
+
+
+# Declarations of a class -------------------------------------------------------------------------------------------
+
+def _declarations(cls: type) -> list[Declared]:
+    """Every payload field of `cls` (dataclass fields with a spec, and `payload` methods), in declaration order."""
+    hints = typing.get_type_hints(cls)
+    found: list[tuple[int, Declared]] = []
+    for item in dataclasses.fields(cls):
+        spec = item.metadata.get(SPEC)
+        if isinstance(spec, Spec):
+            key = spec.key or item.name
+            schema = _field(key, hints[item.name], spec, cls.__name__)
+            found.append((spec.order, Declared(key, item.name, False, spec, schema, _column(key, spec, schema))))
+    for name, member in vars(cls).items():
+        spec = getattr(member, SPEC, None)
+        if isinstance(spec, Spec) and callable(member):
+            key = spec.key or name
+            returned = typing.get_type_hints(member).get("return", Any)
+            schema = _field(key, returned, spec, cls.__name__)
+            found.append((spec.order, Declared(key, name, True, spec, schema, _column(key, spec, schema))))
+    return [declared for _, declared in sorted(found, key=lambda pair: pair[0])]
+
+
+def declarations(cls: type) -> list[Declared]:
+    """The payload fields of a Payload class."""
+    declared: list[Declared] = cls.__dict__["__declared__"]
+    return declared
+
+
+def record_fields(cls: type) -> dict[str, Field]:
+    """A record's payload fields, as schema fields (a spread one's declared `fields` in its place)."""
+    out: dict[str, Field] = {}
+    for item in declarations(cls):
+        out.update(item.spec.fields or {} if item.spec.spread else {item.key: item.field})
+    return out
+
+
+def record_patterns(cls: type) -> dict[str, Field]:
+    """The patterns of a record's spread fields (fields named by a regular expression)."""
+    return {pattern: field for item in declarations(cls) if item.spec.spread
+            for pattern, field in (item.spec.patterns or {}).items()}
+
+
+def record_field(cls: type, description: str) -> Field:
+    """A record as an object field of another payload."""
+    return Field("object", description, fields=record_fields(cls), patterns=record_patterns(cls) or None)
+
+
+def columns(*parts: type | Mapping[str, Field]) -> dict[str, Field]:
+    """Frame columns: each part a record (its fields declared `column=`) or a dict of columns, in order."""
+    out: dict[str, Field] = {}
+    for part in parts:
+        if isinstance(part, Mapping):
+            out.update(part)
+        else:
+            out.update({item.key: item.column for item in declarations(part) if item.column is not None})
+    return out
+
+
+def plain(value: Any) -> Any:
+    """A value as a payload holds it: records as their dicts, inside lists, tuples and dicts too."""
+    if isinstance(value, Payload):
+        return value.to_dict()
+    if isinstance(value, list):
+        return [plain(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(plain(item) for item in value)
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return value
+
+
+def _left_out(value: Any, omit: str) -> bool:
+    if value is None:
+        return True
+    return omit == "empty" and isinstance(value, (str, list, tuple, dict)) and not value
+
+
+def to_payload(self: Any) -> dict[str, Any]:
+    """The payload of a Payload: its declared fields in order, optional ones left out where empty."""
+    out: dict[str, Any] = {}
+    for item in declarations(type(self)):
+        value = getattr(self, item.attribute)
+        if item.computed:
+            value = value()
+        if not item.spec.required and _left_out(value, item.spec.omit):
+            continue
+        if item.spec.dump is not None:
+            value = item.spec.dump(value)
+        if item.spec.spread:
+            out.update(plain(value))
+        else:
+            out[item.key] = plain(value)
+    return out
+
+
+@dataclass_transform(field_specifiers=(schema_field, dataclasses.field))
+class Payload:
+    """A dataclass whose declared fields are a payload, or a nested object of one (`class Head(Payload,
+    frozen=True)`: the class is made a dataclass); `to_dict()` gives it, in declaration order."""
+
+    __declared__: ClassVar[list[Declared]]
+
+    def __init_subclass__(cls, *, frozen: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        dataclasses.dataclass(frozen=frozen)(cls)
+        cls.__declared__ = _declarations(cls)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The payload: every declared field in order, an optional one left out where it is None or empty."""
+        return to_payload(self)
+
+
+def published(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],
+              column_patterns: Mapping[str, Field] | None = None,
+              sections: Mapping[str, Field] | None = None) -> Callable[[type[T]], type[T]]:
+    """A Payload class that is a published kind: `name` and `version` (docs/schemas.md), its payload its declared
+    fields (`to_dict()`), `rows` and `columns` what one row of its `to_frame()` is (`columns(...)` takes them from
+    fields declared `column=`). `sections`: fields the command adds to the payload beside the result's own (the
+    self-repair section). The kind is `declared_kind(cls)`; probe/schemas/kinds.py lists the class in DECLARED."""
+
+    def declare(cls: type[T]) -> type[T]:
+        fields = {**record_fields(cls), **(sections or {})}
+        cls.__kind__ = Kind(name, version, f"{cls.__module__}:{cls.__qualname__}",  # type: ignore[attr-defined]
+                            description, fields, rows, dict(columns), record_patterns(cls),
+                            dict(column_patterns or {}))
+        return cls
+
+    return declare
+
+
+def declared_kind(cls: type) -> Kind:
+    """The kind a `published` class declares."""
+    declared: Kind = cls.__dict__["__kind__"]
+    return declared
