@@ -201,12 +201,15 @@ def _svg_panel(data: dict[str, Any], length: int, left: float, width: float, top
     for fraction in fractions:
         out.append(f'<text x="{x(fraction):.1f}" y="{top + height + 15}" text-anchor="middle" font-size="11">'
                    f'{fraction:.0%}</text>')
+    if not any(cell["needle_n"] for cell in cells.values()):
+        out.append(f'<text x="{left + width / 2}" y="{top + height / 2}" text-anchor="middle" font-size="12" '
+                   'fill="#666">no needle prompts measured</text>')
     base = cells.get(("none", 0.0))
     if base and base["needle_n"]:
         out.append(f'<line x1="{left}" x2="{left + width}" y1="{y(base["accuracy"]):.1f}" '
                    f'y2="{y(base["accuracy"]):.1f}" stroke="#000" stroke-dasharray="4 3"/>')
     for index, method in enumerate(ORDER):
-        shift = (index - (len(ORDER) - 1) / 2) * 0.012 * span / 0.3
+        shift = (index - (len(ORDER) - 1) / 2) * 6  # pixels: the methods' bars side by side
         points = [(x(f) + shift, cells[(method, f)]) for f in fractions
                   if (method, f) in cells and cells[(method, f)]["needle_n"]]
         colour = COLOURS[method]
@@ -223,7 +226,7 @@ def _svg_panel(data: dict[str, Any], length: int, left: float, width: float, top
 def svg(data: dict[str, Any]) -> str:
     """Needle accuracy against the fraction of the KV cache removed, one panel per length, 95% Wilson intervals as
     bars, no compression dashed."""
-    width, height, panel_w, panel_h = 860, 330, 330, 220
+    width, height, panel_w, panel_h = 930, 330, 330, 220
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              f'viewBox="0 0 {width} {height}" font-family="sans-serif">',
              f'<rect width="{width}" height="{height}" fill="#fff"/>',
@@ -234,8 +237,8 @@ def svg(data: dict[str, Any]) -> str:
     parts.append(f'<text x="{50 + panel_w + 20}" y="{50 + panel_h + 35}" text-anchor="middle" font-size="12">'
                  'fraction of the KV cache removed</text>')
     for index, method in enumerate(ORDER):
-        parts += [f'<rect x="{width - 130}" y="{60 + index * 20}" width="12" height="12" fill="{COLOURS[method]}"/>',
-                  f'<text x="{width - 112}" y="{71 + index * 20}" font-size="12">{method}</text>']
+        parts += [f'<rect x="{width - 145}" y="{60 + index * 20}" width="12" height="12" fill="{COLOURS[method]}"/>',
+                  f'<text x="{width - 127}" y="{71 + index * 20}" font-size="12">{method}</text>']
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
 
