@@ -46,13 +46,17 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not isinstance(found, dict):
                 continue
             cell = cells.setdefault((row["length"], key), {"right": 0, "n": 0, "reported": [], "removed": [],
-                                                           "loss": 0.0, "tokens": 0, "base": 0.0, "texts": 0})
+                                                           "loss": 0.0, "tokens": 0, "base": 0.0, "texts": 0,
+                                                           "depths": {}})
             cell["removed"].append(found["removed"])
             if "reported" in found:
                 cell["reported"].append(found["reported"])
             if row["kind"] == "needle":
+                right = found["answer"].strip().startswith(row["key"])
                 cell["n"] += 1
-                cell["right"] += found["answer"].strip().startswith(row["key"])
+                cell["right"] += right
+                tally = cell["depths"].setdefault(str(row["depth"]), [0, 0])
+                tally[0], tally[1] = tally[0] + right, tally[1] + 1
             else:
                 cell["texts"] += 1
                 cell["loss"] += found["loss_sum"]
@@ -68,6 +72,7 @@ def aggregate(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "ci": [round(low, 4), round(high, 4)],
                     "reported": round(statistics.mean(cell["reported"]), 4) if cell["reported"] else 0.0,
                     "removed": round(statistics.mean(cell["removed"]), 4), "texts": cell["texts"],
+                    "by_depth": dict(sorted(cell["depths"].items())),
                     "loss": round(cell["loss"] / tokens, 5) if cell["texts"] else None,
                     "loss_change": round((cell["loss"] - cell["base"]) / tokens, 5) if cell["texts"] else None})
     return out
@@ -143,6 +148,23 @@ def table(data: dict[str, Any], length: int) -> list[str]:
     return lines
 
 
+def depth_table(data: dict[str, Any], length: int) -> list[str]:
+    """Right / n by the needle's depth in the context, per fraction and method."""
+    cells = _cells(data, length)
+    depths = [str(depth) for depth in data["depths"]]
+    lines = [f"By the needle's depth ({length} tokens; right / n):", "",
+             "| removed | method | " + " | ".join(depths) + " |", "|---:|---|" + "---:|" * len(depths)]
+    keys = [("none", 0.0)] + [(method, fraction) for fraction in data["fractions"] for method in ORDER]
+    for method, fraction in keys:
+        cell = cells.get((method, fraction))
+        if cell is None or not cell["needle_n"]:
+            continue
+        found = cell.get("by_depth", {})
+        lines.append(f"| {fraction:.0%} | {method} | "
+                     + " | ".join("-" if d not in found else f"{found[d][0]} / {found[d][1]}" for d in depths) + " |")
+    return lines
+
+
 def verdict(data: dict[str, Any], length: int = 2048, fraction: float = 0.7) -> str:
     """The target: at 70% removed and 2048 tokens, probe's map keeps needle accuracy >= 0.9 and is at least as good
     as every kvpress press (point estimates; the intervals are in the table)."""
@@ -176,7 +198,7 @@ def section(data: dict[str, Any]) -> str:
              f"{data['depths']}; greedy answers of {data['answer_tokens']} tokens; loss of {data['continuation']} "
              "continuation tokens after the context. How: bench/NOTES.md.", ""]
     for length in data["lengths"]:
-        lines += table(data, length) + [""]
+        lines += table(data, length) + [""] + depth_table(data, length) + [""]
     lines.append(verdict(data))
     return "\n".join(lines) + "\n"
 
@@ -251,7 +273,8 @@ def publish(payload: dict[str, Any]) -> None:
     PLOT.write_text(svg(payload), encoding="utf-8")
     text = DOCS.read_text(encoding="utf-8")
     if BEGIN in text and END in text:
-        lines = [line for length in payload["lengths"] for line in table(payload, length) + [""]]
+        lines = [line for length in payload["lengths"]
+                 for line in table(payload, length) + [""] + depth_table(payload, length) + [""]]
         body = "\n".join(lines) + verdict(payload)
         head, rest = text.split(BEGIN, 1)
         DOCS.write_text(head + BEGIN + "\n" + body + "\n" + END + rest.split(END, 1)[1], encoding="utf-8")
