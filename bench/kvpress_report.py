@@ -103,7 +103,7 @@ def map_summary(folder: Path) -> dict[str, Any]:
     return {"folder": str(folder.relative_to(ROOT)), "sink_size": config["sink_size"],
             "recent_size": config["recent_size"], "layers": len(rows), "kv_heads": len(rows[0]),
             "budget_streamed": budget.get("streamed_count", budget.get("streamed")),
-            "command": "probe kv-heads --no-curve --export duo:" + str(folder.relative_to(ROOT))}
+            "command": "probe kv-heads --full-fraction 0.5 --no-curve --export duo:" + str(folder.relative_to(ROOT))}
 
 
 COLOURS = {"probe map": "#d62728", "random map": "#7f7f7f", "StreamingLLM": "#1f77b4", "SnapKV": "#2ca02c",
@@ -190,9 +190,11 @@ def section(data: dict[str, Any]) -> str:
     versions = found_machine.get("versions", {})
     lines = ["## kvpress: probe's KV-head map against kvpress's presses, SmolLM2, CPU, float32", "",
              f"- {found_machine.get('cpu', '?')}; torch {versions.get('torch')}, transformers "
-             f"{versions.get('transformers')}, kvpress {versions.get('kvpress')}; "
-             + "; ".join(f"{length}: `{r['command']}` from {r['date']} ({r['threads']} thread(s))"
-                         for length, r in runs.items()),
+             f"{versions.get('transformers')}, kvpress {versions.get('kvpress')}; `{run.get('command')}`, "
+             f"{run.get('threads')} thread(s) per process (several processes shared the grid: bench/NOTES.md); rows "
+             f"from {data.get('rows_from')} to {data.get('rows_to')}, 1-minute load average "
+             f"{'-'.join(f'{x:.0f}' for x in data.get('load_range') or [] if x is not None)} on "
+             f"{found_machine.get('cores')} cores",
              f"- probe's map: `{found['command']}` ({found['layers']} layers x {found['kv_heads']} KV heads, sink "
              f"{found['sink_size']} + recent {found['recent_size']}); needle prompts of seed {data['seed']}, depths "
              f"{data['depths']}; greedy answers of {data['answer_tokens']} tokens; loss of {data['continuation']} "
