@@ -218,7 +218,8 @@ def _svg_panel(data: dict[str, Any], length: int, left: float, width: float, top
         return top + (1 - value) * height
 
     out = [f'<rect x="{left}" y="{top}" width="{width}" height="{height}" fill="none" stroke="#999"/>',
-           f'<text x="{left + width / 2}" y="{top - 8}" text-anchor="middle" font-size="13">{length} tokens</text>']
+           f'<text x="{left + width / 2}" y="{top - 8}" text-anchor="middle" font-size="13">{length} tokens, '
+           f'{max((cell["needle_n"] for cell in cells.values()), default=0)} needle prompts per point</text>']
     for tick in (0, 0.25, 0.5, 0.75, 1.0):
         out.append(f'<line x1="{left}" x2="{left + width}" y1="{y(tick):.1f}" y2="{y(tick):.1f}" stroke="#eee"/>')
         out.append(f'<text x="{left - 5}" y="{y(tick) + 4:.1f}" text-anchor="end" font-size="11">{tick:g}</text>')
