@@ -468,6 +468,13 @@ def kv_default(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def kvpress_section(data: dict[str, Any]) -> str:
+    """bench/kvpress.py: probe's map against kvpress's presses (rendered by bench/kvpress_report.py)."""
+    from bench import kvpress_report
+
+    return kvpress_report.section(data)
+
+
 LSE_TARGET = 1.05
 
 
@@ -568,7 +575,7 @@ def render(extra: str = "") -> str:
                                  ("patching", patching, None),
                                  ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
                                  ("atlas", atlas, None), ("kv_default", kv_default, None),
-                                 ("precision", precision, None)):
+                                 ("precision", precision, None), ("kvpress", kvpress_section, "cells")):
         data = load_result(name)
         if data is not None and (needs is None or needs in data):
             parts.append(section(data))
