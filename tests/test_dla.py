@@ -153,7 +153,7 @@ def test_the_dla_command(smollm2, tmp_path, capsys, monkeypatch) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (["--task", "ioi", "--pairs", "x.jsonl"], "give --task or --pairs"),
     (["--pairs", "{bad}"], "line 1: clean is 2 tokens and corrupt 3"),
-    (["--task", "nope"], "--task 'nope' is not a contrast task"),
+    (["--task", "nope"], "--task 'nope': this command compares clean and corrupt prompts"),
 ])
 def test_the_dla_command_refuses_in_one_line(smollm2, tmp_path, capsys, monkeypatch, args, message) -> None:
     bad = tmp_path / "bad.jsonl"

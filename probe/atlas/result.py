@@ -54,8 +54,8 @@ class Atlas(Payload):
     n_layers: int = schema_field(N_LAYERS)
     n_heads: int = schema_field(N_HEADS)
 
-    @payload(DTYPE.description)
-    def dtype(self) -> str:
+    @payload(DTYPE.description, key="dtype")
+    def run_dtype(self) -> str:
         return str(self.settings.get("dtype", "float32"))
 
     layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)

@@ -235,8 +235,9 @@ class Comparison(Payload):
     def heads_per_layer(self) -> int:
         return self.a.columns
 
-    @payload("the dtype both maps were computed in (null where they differ or neither file says: see dtypes)")
-    def dtype(self) -> str | None:
+    @payload("the dtype both maps were computed in (null where they differ or neither file says: see dtypes)",
+             key="dtype")
+    def run_dtype(self) -> str | None:
         return self.a.dtype if self.a.dtype == self.b.dtype else None
 
     @payload("each map's dtype, where its file says", fields={"a": Field(("string", "null"), "A's"),
