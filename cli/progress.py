@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import IO, Any, ClassVar, TextIO
 
@@ -285,8 +285,8 @@ def progress_bar(description: str, unit: str | None = None,
 @contextmanager
 def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Callable[[int, int], None],
                                                                               Callable[[Any], None]]]:
-    """Progress with ETA (work is counted in block-forwards, so early layers weigh more) and heads done; yields the
-    `(done, total)` and the per-result callbacks."""
+    """Progress with ETA (work is weighed by the parameters each run passes, so early layers weigh more) and heads
+    done; yields the `(done, total)` and the per-result callbacks."""
     if not _showing(enabled):
         yield (lambda done, total: None), (lambda result: None)
         return
@@ -309,11 +309,12 @@ def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Cal
 
 
 @contextmanager
-def stage_progress(prefix: str, units: Mapping[str, str] | None = None) -> Iterator[Callable[[str, int, int], None]]:
+def stage_progress(prefix: str, units: Mapping[str, str] | None = None,
+                   bounded: Collection[str] = ()) -> Iterator[Callable[[str, int, int], None]]:
     """Progress of work in named stages, one bar (or plain lines) per stage as it starts, each counted in the unit
-    the library declares for it in `units` (else as a share); off a terminal a line names each stage as it starts
-    (a stage that counts nothing, or only at its end, still says what is running). Yields a `(stage, done, total)`
-    callback."""
+    the library declares for it in `units` (else as a share), with no time left for a stage in `bounded` (its total
+    only bounds its work); off a terminal a line names each stage as it starts (a stage that counts nothing, or only
+    at its end, still says what is running). Yields a `(stage, done, total)` callback."""
     with ExitStack() as scope:
         current: dict[str, Callable[[int, int], None]] = {}
 
@@ -323,7 +324,8 @@ def stage_progress(prefix: str, units: Mapping[str, str] | None = None) -> Itera
                 current.clear()
                 if not errors.is_terminal:
                     note(f"{prefix}{stage} ...")
-                current[stage] = scope.enter_context(progress_bar(f"{prefix}{stage}", (units or {}).get(stage)))
+                current[stage] = scope.enter_context(progress_bar(f"{prefix}{stage}", (units or {}).get(stage),
+                                                                  estimate=stage not in bounded))
             current[stage](done, total)
 
         yield update

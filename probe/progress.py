@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 Progress = Callable[[int, int], None]
 """The one progress callback type: `(done, total)`, in each function's own unit of work (classify: layers of batches;
-the sweep: block-forwards; kv_heads, track: their stages' steps). `total` may grow while the work is counted."""
+the sweep: thousandths of a full forward, weighed by parameters; kv_heads, track: their stages' steps). `total` may
+grow while the work is counted."""
 ProgressArg = bool | Progress | None
 StageProgress = Callable[[str, int, int], None]
 """Progress of work in named stages: `(stage, done, total)`, each stage counted in its own unit (the caller's module

@@ -259,6 +259,31 @@ def test_kv_heads_reports_each_stage_on_its_own_to_its_total() -> None:
     assert all(_ends_at_its_total(counts) for counts in stages.values()), stages
 
 
+def test_a_sweep_weighs_each_run_by_the_parameters_it_passes() -> None:
+    """A sweep's time left follows its work only if a run from a late block weighs what it costs: its blocks and the
+    readout (a large vocabulary's unembedding weighs several blocks), not one block per block and one for the
+    readout, which left a SmolLM2 sweep's last tenth twice as long as its estimate."""
+    from probe.ablation import sweep
+    from probe.ablation.blocks import find_blocks
+    from probe.hooks.layers import attention_layers
+    from probe.inputs import natural_set
+
+    from conftest import tiny_loaded
+
+    loaded = tiny_loaded("llama_gqa")
+    reports: list[tuple[int, int]] = []
+    sweep(loaded, natural_set(loaded, seq_len=12, num_seqs=2), stack=1, progress=lambda *r: reports.append(r))
+    steps = [done - before for (before, _), (done, _) in zip([(0, 0), *reports], reports)]
+    blocks, _ = find_blocks(loaded.model, attention_layers(loaded.model))
+    assert blocks is not None
+    per_block = [sum(p.numel() for p in block.parameters()) for block in blocks.container]
+    unembed = loaded.model.get_output_embeddings().weight.numel()
+    per_run = [round(1000 * (sum(per_block[start:]) + unembed) / (sum(per_block) + unembed))
+               for start in range(len(blocks))]
+    assert steps[0] == per_run[0] == 1000 and set(steps[1:]) == set(per_run)  # the baseline, then a run per head
+    assert reports[-1][0] == reports[-1][1]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # every long command on a fake clock: each stage named as it starts, no time left before a tenth of its stage, every
 # counted stage ending at its total
@@ -310,6 +335,7 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
     assert command != "steer" or re.search(r"^generating 3 tokens per head and value: done in", stderr, re.M)
     assert all(percent >= 10 for _, percent, line in counted if " left" in line), stderr
     assert command != "prune" or " left" not in stderr  # its steps only bound the work (a curve stops at the limit)
+    assert not any(" left" in line for line in lines if "checking the order" in line)  # a random order stops early
     last: dict[str, int] = {}
     for what, percent, _ in counted:
         last[what] = percent

@@ -12,6 +12,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.hooks.layers import AttentionLayer
+from probe.models.parts import output_embeddings
 from probe.hooks.run import run_model
 from probe.hooks.restore import interrupts_deferred, restoring
 
@@ -31,6 +32,19 @@ class Blocks:
         """The block a run that changes attention layer `layer` starts from: the layer's own block, or `restart`."""
         block = self.of_layer[layer]
         return block if self.restart is None else min(block, self.restart)
+
+
+def forward_costs(model: nn.Module, blocks: Blocks | None) -> Callable[[int], float]:
+    """Cost of a run that starts at block `start` and ends with the readout, as a fraction of a full forward, from
+    parameter counts (the work per token of a block or of the unembedding is proportional to its weights; a large
+    vocabulary's unembedding weighs several blocks: SmolLM2's about 8). 1.0 for every run without a block list."""
+    if blocks is None:
+        return lambda start: 1.0
+    per_block = [sum(p.numel() for p in block.parameters()) for block in blocks.container]
+    head = output_embeddings(model)
+    unembed = sum(p.numel() for p in head.parameters()) if head is not None else 0
+    total = sum(per_block) + unembed
+    return lambda start: (sum(per_block[start:]) + unembed) / max(total, 1)
 
 
 def _parents(model: nn.Module) -> dict[int, nn.Module]:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.ablation.blocks import Blocks, find_blocks, keeping_outputs
+from probe.ablation.blocks import Blocks, find_blocks, forward_costs, keeping_outputs
 from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
@@ -40,7 +40,6 @@ from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.hooks.types import HookContext
 from probe.models import LoadedModel
-from probe.models.parts import output_embeddings
 from probe.provenance import model_dtype
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
@@ -58,18 +57,6 @@ class _Terms:
     second: Tensor  # (n_layers, n_heads) float64 second-order terms
     sums: Tensor  # (parts + 1,) unablated metric sums
     batch_sums: list[Tensor] = field(default_factory=list)  # (parts + 1,) per batch
-
-
-def _flop_costs(model: nn.Module, blocks: Blocks | None) -> Callable[[int], float]:
-    """Cost of an ablated run that starts at block `start`, as a fraction of a full forward, from parameter counts
-    (the work per token of a block or of the unembedding is proportional to its weights)."""
-    if blocks is None:
-        return lambda start: 1.0
-    per_block = [sum(p.numel() for p in block.parameters()) for block in blocks.container]
-    head = output_embeddings(model)
-    unembed = sum(p.numel() for p in head.parameters()) if head is not None else 0
-    total = sum(per_block) + unembed
-    return lambda start: (sum(per_block[start:]) + unembed) / max(total, 1)
 
 
 def gradient_scale(count: float) -> float:
@@ -299,7 +286,7 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     baseline_loss, baseline_parts = losses(terms.sums, counts, list(scorer.parts))
     estimated = {head: float(terms.first[head] + terms.second[head]) for head in heads}
 
-    flop_cost = _flop_costs(model, blocks)
+    flop_cost = forward_costs(model, blocks)
     start_of = (lambda head: blocks.start_of(head[0])) if blocks is not None else (lambda head: 0)
     spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)
     check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.ablation.blocks import find_blocks
+from probe.ablation.blocks import find_blocks, forward_costs
 from probe.ablation.effects import Effects, token_text
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
@@ -47,9 +47,14 @@ from probe.provenance import model_dtype, model_facts
 MODES = ("exact", "naive", "estimate")
 
 
+WORK_UNITS = 1000  # a full forward of one batch, in the sweep's units of progress
+
+
 @dataclass
 class _Work:
-    """Progress in block-forwards of one batch: `total` is an upper bound until the chunks are known."""
+    """Progress in thousandths of a full forward of one batch (forward_costs: a run from a late block, the readout
+    included, weighs what its parameters do), so the time left follows the work left: `total` is an upper bound until
+    the chunks are known."""
 
     total: int
     progress: Progress | None
@@ -90,8 +95,9 @@ def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequen
 
 
 def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
-            batch_size: int, ablations: list[Ablation]) -> tuple[Runner, int]:
-    """The runner of this sweep (prefix reuse where the model has a block list) and its blocks per forward."""
+            batch_size: int, ablations: list[Ablation]) -> tuple[Runner, Callable[[int], int]]:
+    """The runner of this sweep (prefix reuse where the model has a block list) and the cost of a run from a start
+    block, in the units progress counts (WORK_UNITS a full forward)."""
     model = loaded.model
     scorer = Scorer(metric, parts_of(probe_set))
     layers = attention_layers(model)
@@ -99,8 +105,10 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ablatio
     readout = Readout.choose(model, metric.chunkable, blocks)
     runner = NaiveRunner(model, method, scorer, readout, batches_of(probe_set, scorer, batch_size), why_not)
     if blocks is None:
-        return runner, len(layers)
-    return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), len(blocks)
+        return runner, lambda start: WORK_UNITS
+    fraction = forward_costs(model, blocks)
+    costs = [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
+    return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), costs.__getitem__
 
 
 @dataclass
@@ -114,7 +122,7 @@ class _Baseline:
     task: dict[str, float] | None  # task sets: margin and accuracy
 
 
-def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Baseline:
+def _baseline(runner: Runner, work: _Work, cost: Callable[[int], int], tokenizer: Any) -> _Baseline:
     """The unablated model's metric over the probe set, its per-position values kept for the per-token effects."""
     scorer = runner.scorer
     sums = torch.zeros(len(scorer.parts) + 1, dtype=torch.float64)
@@ -126,7 +134,7 @@ def _baseline(runner: Runner, work: _Work, n_blocks: int, tokenizer: Any) -> _Ba
             sums += runner.baseline(index)
             # a metric that compares to the baseline is 0 on it (and is not computed)
             values.append(scorer.keep[0][0] if scorer.keep else torch.zeros(batch.counted.shape[1:]))
-            work.advance(n_blocks + 1)
+            work.advance(cost(0))
     scorer.keep = None
     loss, parts = losses(sums, counts, list(scorer.parts))
     effects = Effects([batch.ids for batch in runner.batches], [batch.counted[0].cpu() for batch in runner.batches],
@@ -146,8 +154,8 @@ def baseline_metric(loaded: LoadedModel, probe_set: ProbeSet, *, metric: str | M
     """The unablated model's metric over a probe set, as a sweep's baseline measures it (and a task set's margin
     and accuracy): one forward per batch."""
     chosen = choose_metric(loaded, probe_set, metric)
-    runner, n_blocks = _runner(loaded, probe_set, "naive", method_named("zero"), chosen, batch_size, [])
-    base = _baseline(runner, _Work(0, None), n_blocks, loaded.tokenizer)
+    runner, cost = _runner(loaded, probe_set, "naive", method_named("zero"), chosen, batch_size, [])
+    base = _baseline(runner, _Work(0, None), cost, loaded.tokenizer)
     return base.loss, base.task
 
 
@@ -176,7 +184,7 @@ def _check_resume(loaded: LoadedModel, probe_set: ProbeSet, results_path: str | 
 
 
 def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_size: int,
-          shard: tuple[int, int] | None, n_blocks: int) -> list[list[Ablation]]:
+          shard: tuple[int, int] | None, cost: Callable[[int], int]) -> list[list[Ablation]]:
     """The chunks this process runs: ablations of one start block, `stack` copies at most (default: as many as
     fit), and under `shard=(rank, world)` this rank's share of exactly the chunks one process would run."""
     if not isinstance(runner, PrefixRunner) or runner.reason is not None:
@@ -189,7 +197,7 @@ def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_si
     planned = chunks(ablations, runner.start_of, stack)
     if shard is None:
         return planned
-    owner = assign_chunks([len(chunk) * (n_blocks - runner.start_of(chunk[0]) + 1) for chunk in planned], shard[1])
+    owner = assign_chunks([len(chunk) * cost(runner.start_of(chunk[0])) for chunk in planned], shard[1])
     return [chunk for chunk, rank in zip(planned, owner) if rank == shard[0]]
 
 
@@ -197,7 +205,7 @@ def _logits_bytes() -> int:
     return readouts.LOGITS_BYTES  # read when used: tests lower it to force chunked logits
 
 
-def _run(runner: Runner, todo: list[list[Ablation]], work: _Work, n_blocks: int,
+def _run(runner: Runner, todo: list[list[Ablation]], work: _Work, cost: Callable[[int], int],
          finish: Callable[[list[Ablation], Tensor, list[Tensor]], None]) -> None:
     """Every chunk on every batch; `finish` gets the chunk, its (copies, parts + 1) sums and its per-position values
     (copies, batch, positions') of each batch once all batches are in."""
@@ -210,7 +218,7 @@ def _run(runner: Runner, todo: list[list[Ablation]], work: _Work, n_blocks: int,
             scorer.keep = []
             sums += runner.sums(chunk, index)
             values.append(torch.cat(scorer.keep))
-            work.advance(len(chunk) * (n_blocks - start + 1))
+            work.advance(len(chunk) * cost(start))
         scorer.keep = None
         finish(chunk, sums, values)
 
@@ -252,10 +260,10 @@ class _Finished:
 
 
 def _start(loaded: LoadedModel, probe_set: ProbeSet, chosen: AblationMethod, runner: Runner, work: _Work,
-           n_blocks: int, data: str | Path | None, results_path: str | Path | None, resume: bool,
+           cost: Callable[[int], int], data: str | Path | None, results_path: str | Path | None, resume: bool,
            on_result: Callable[[HeadResult], None] | None) -> tuple[_Baseline, dict[str, Any], _Finished]:
     """The unablated baseline, the results header, and where finished ablations go (the stream, `on_result`)."""
-    base = _baseline(runner, work, n_blocks, loaded.tokenizer)
+    base = _baseline(runner, work, cost, loaded.tokenizer)
     header = _header(loaded, probe_set, chosen, runner.scorer.metric.name, data_name(probe_set, data),
                      (base.loss, base.parts)) | {"task": base.task}
     finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
@@ -315,18 +323,18 @@ def sweep(
     chosen_metric = choose_metric(loaded, probe_set, metric)
     _check_resume(loaded, probe_set, results_path if resume else None)
     chosen = build_method(method, loaded, probe_set, statistics=statistics, seed=seed, batch_size=batch_size)
-    runner, n_blocks = _runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
+    runner, cost = _runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
     chosen = runner.method  # bound to the probe set's batches (its donors fixed before the fingerprint is taken)
-    work = _Work(len(runner.batches) * (n_blocks + 1) * (1 + len(ablations)), progress)
-    base, header, finished = _start(loaded, probe_set, chosen, runner, work, n_blocks, data, results_path, resume,
+    work = _Work(len(runner.batches) * cost(0) * (1 + len(ablations)), progress)
+    base, header, finished = _start(loaded, probe_set, chosen, runner, work, cost, data, results_path, resume,
                                     on_result)
     log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, base.loss)
-    planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, n_blocks)
+    planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, cost)
     todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
-    work.total = work.done + sum(len(runner.batches) * len(chunk) * (n_blocks - runner.start_of(chunk[0]) + 1)
+    work.total = work.done + sum(len(runner.batches) * len(chunk) * cost(runner.start_of(chunk[0]))
                                  for chunk in todo)
     with ExitStack() as scope:
         scope.enter_context(torch.inference_mode())  # ~2% quicker than no_grad on CPU: no version counters
         scope.callback(finished.close)
-        _run(runner, todo, work, n_blocks, finished.add_chunk)
+        _run(runner, todo, work, cost, finished.add_chunk)
     return _result(loaded, chosen, runner, header, base, finished, ablations, started)

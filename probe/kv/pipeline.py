@@ -36,6 +36,9 @@ STAGE_UNITS = {"scoring heads": "needle prompts", "ordering by loss": "KV heads"
 """What each stage of `kv_heads` counts, in the order the stages run (a stage not asked for is skipped): each is
 reported on its own, so that a time left is measured from that stage's own rate (a budget point, two forwards over
 held-out texts and prompts, costs far more than a scored prompt)."""
+BOUNDED_STAGES = frozenset({"checking the order"})
+"""Stages whose total only bounds their work (a random order stops at its first point the budget's rule refuses), so
+no time left can be read from their rate."""
 KV_SINK = 64  # sink keys of a streaming head: DuoAttention's deployed cache (64 sink + 256 recent keys)
 
 
