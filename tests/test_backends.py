@@ -175,7 +175,11 @@ def test_backend_equals_the_reference(backend: Backend, case: str, dtype: torch.
         hits = top.sum(dim=(0, 2)).double().cpu()
         chosen = selected.clone()
         chosen[:, :max(0, -shift)] = False
-        assert torch.equal(Weights(statistics).neighbour_hits(chosen, shift).cpu(), hits), shift
+        read = Weights(statistics)  # what the record says neighbour_hits reads, computed first, as a layer does:
+        read.prefetch(*read.neighbour_reads((shift,)))
+        declared = set(read.tables)
+        assert torch.equal(read.neighbour_hits(chosen, shift).cpu(), hits), shift
+        assert set(read.tables) == declared, shift  # it read no diagonal or column beyond what it declared
         assert torch.equal(Weights(reference).neighbour_hits(chosen, shift).cpu(), hits), shift
 
 

@@ -73,6 +73,7 @@ def test_sdpa_flash_with_the_triton_top_keys_passes_the_backend_cases(case: str,
     _, statistics = FLASH.run(call, DEFAULT_CONFIG)
     if TRITON.problem(call) == "":  # the interpreter (no GPU here): the Triton pass's top keys, argmax's answer
         assert statistics.top_keys is not None
+        assert Weights(statistics).neighbour_reads((-1, 1)) == ((), ())  # positional reads them: no diagonal
         assert torch.equal(statistics.top_keys.long(), masked_logits(call).argmax(dim=-1))
 
 
@@ -192,6 +193,7 @@ def test_flex_statistics_answer_from_the_row_maxima(case: str, dtype: torch.dtyp
     plain_causal = call.causal and call.bias is None
     statistics = flex_statistics(call.query, call.key, call.bias, call.scaling, plain_causal, reference.lse)
     statistics.row_maxima = _maxima_moved(call, statistics, 0.9)
+    assert Weights(statistics).neighbour_reads((-1, 0)) == ((-1, 0), ())  # `decided` reads the neighbours' weights
     whole: list[int] = []
     original = Weights.tops_of_rows
     monkeypatch.setattr(Weights, "tops_of_rows",
@@ -280,6 +282,7 @@ def test_flex_statistics_without_maxima(triton_pass: bool, monkeypatch: pytest.M
                                      maxima=masked_logits(call).amax(dim=-1)))
     joined = side_by_side(parts)
     assert joined.backend == "flex-attention" and joined.row_maxima is None
+    assert Weights(joined).neighbour_reads((0,)) == ((), ())  # no maxima: nothing of the table is read
     selected = torch.ones(2, 40, dtype=torch.bool)
     expected = torch.cat([Weights(part).neighbour_hits(selected, 0) for part in parts])
     assert torch.equal(Weights(joined).neighbour_hits(selected, 0), expected)

@@ -8,6 +8,7 @@ against the blocked path. Its compiled form: tests/test_kernel_compile.py."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated (probe.kernels.cuda decorates lazily)
 
@@ -20,8 +21,9 @@ from families import ADAPTED, FAMILY_MODELS, tiny_family
 from probe.heads.classify import score_heads
 from probe.heads.scores import SCORES
 from probe.inputs import ProbeSet
-from probe.kernels import (DEFAULT_CONFIG, REFERENCE, AttentionCall, FusedStatistics, KernelConfig, Label, Weights,
-                           additive_bias, using_backend)
+from probe.kernels import (DEFAULT_CONFIG, REFERENCE, AttentionCall, CpuBackend, FusedStatistics, KernelConfig, Label,
+                           Weights, additive_bias, using_backend)
+from probe.kernels.base import Backend
 from probe.kernels.cuda import CudaBackend
 from probe.models import LoadedModel
 
@@ -303,3 +305,42 @@ def test_every_family_through_the_kernel_equals_the_blocked_path(name: str) -> N
     differences, paths = _against_blocked(loaded, _probe_sets(120)[:2])
     assert paths == {"cuda"}, paths
     assert max(differences.values()) <= 1e-5, differences
+
+
+RIVALS = {Label("diagonal", shift) for shift in (-4, -3, -2, -1, 0, 1)} | {Label("column", 0)}
+"""What the CPU's staged search reads for positional's neighbours i - 1 and i + 1 (its rivals stage, with the default
+SearchConfig: the rival diagonals and key 0), computed in the layer's one pass with the other scores' labels."""
+
+
+@pytest.mark.parametrize("backend", [CUDA, CpuBackend()], ids=lambda backend: backend.name)
+def test_positional_prefetches_what_the_records_search_reads(backend: Backend,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which diagonals and columns a layer computes for positional is the record's to say: on the CUDA backend's
+    record the kernel's top keys answer, so the layer computes only what the other scores read themselves
+    (previous token's diagonal, the sink's column; nothing for positional alone: the label kernel is never
+    launched); on the CPU's, the staged search's rivals, all in the one pass with the others' (no later read computes
+    any). Padded (each layer read alone) and not (layers read side by side); positional equals the blocked path's."""
+    computed: list[set[Label]] = []  # the labels each prefetch computed, where it computed any
+    prefetch = Weights.prefetch
+
+    def counted(self: Weights, shifts: Iterable[int], columns: Iterable[int] = ()) -> None:
+        before = set(self.tables)
+        prefetch(self, shifts, columns)
+        if set(self.tables) - before:
+            computed.append(set(self.tables) - before)
+
+    monkeypatch.setattr(Weights, "prefetch", counted)
+    loaded = tiny_loaded("llama_gqa")
+    padded = _probe_sets(loaded.vocab_size)[0]
+    for probe_set in (padded, ProbeSet("natural", "random", padded.input_ids, 1)):
+        blocked = score_heads(loaded, probe_set, ["positional"], batch_size=2, path="blocked")
+        for names, own in ((["positional"], set()), (["previous_token", "sink", "positional"],
+                                                      {Label("diagonal", -1), Label("column", 0)})):
+            computed.clear()
+            with using_backend(backend):
+                fast = score_heads(loaded, probe_set, names, batch_size=2, path="lse")
+            assert fast.path == backend.name
+            assert torch.equal(fast["positional"], blocked["positional"]), (names, probe_set.attention_mask)
+            expected = own if backend is CUDA else own | RIVALS
+            assert computed if expected else not computed, (names, computed)
+            assert all(labels == expected for labels in computed), (names, computed)

@@ -184,11 +184,13 @@ class ScoreAccumulator:
 
     def _read(self, layers: list[int], statistics: FusedStatistics, names: list[str]) -> None:
         """Add the scores `names` of `layers`, read as one call `statistics` (its Weights: read the same way for every
-        backend)."""
+        backend), the diagonals and columns each score reads of this record (`Score.reads`: its own, and what the
+        record's search reads for it) computed first in one pass."""
         batch, (n, kv), plan = self._batch(), statistics.shape[2:], self._plan(statistics)
         attention = Weights(statistics)
-        attention.prefetch([shift for name in names for shift in SCORES[name].diagonals(batch)],
-                           [key for name in names for key in SCORES[name].columns(batch)])
+        reads = [SCORES[name].reads(batch, attention) for name in names]  # what each score reads of this record
+        attention.prefetch([shift for offsets, _ in reads for shift in offsets],
+                           [key for _, keys in reads for key in keys])
         if plan.names and plan.names[0] in names:  # the linear scores are read with the group's first reading
             table, columns = attention.covering(plan.labels)  # (b, h, n, w): the labels' columns in it
             selection = batch.memo(("selection", tuple(self.names), n, kv, tuple(columns), table.shape[-1]),

@@ -19,7 +19,6 @@ from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.blocked import keys_computed
-from probe.kernels.cpu import DEFAULT_SEARCH
 from probe.kernels.fused import Label, Weights, uploaded
 
 
@@ -81,6 +80,14 @@ class Score:
         """The columns (keys) its fast path reads, computed with the diagonals."""
         keys = getattr(self.fast, "keys", None)
         return () if keys is None else tuple(keys(batch))
+
+    def reads(self, batch: Batch, attention: Weights) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(diagonals, columns) its fast path reads of this layer call: its own (`diagonals`, `columns`), and what
+        the record reads to answer the neighbour questions it asks (`Weights.neighbour_reads`: its backend's
+        search's, none where the kernel's top keys answer). The layer computes every score's in one pass."""
+        asks = getattr(self.fast, "neighbours", None)
+        offsets, keys = attention.neighbour_reads(asks(batch)) if asks is not None else ((), ())
+        return self.diagonals(batch) + offsets, self.columns(batch) + keys
 
     @property
     def layers_at_once(self) -> bool:
@@ -196,18 +203,23 @@ class Column:
 @dataclass(frozen=True)
 class ReadsDiagonals:
     """A fast path that reads fixed diagonals (among other things), declared so that they are computed with the
-    other scores' in one pass."""
+    other scores' in one pass; and the shifts whose `Weights.neighbour_hits` it asks, whose reads the record
+    declares (`Score.reads`: what a backend's search reads, none from a kernel's top keys)."""
 
     compute: Fast
-    offsets: tuple[int, ...]
+    offsets: tuple[int, ...] = ()
     key_columns: tuple[int, ...] = ()
     layers_at_once: bool = False  # `compute` reads several layers as one call (side_by_side: their heads side by side)
+    neighbour_shifts: tuple[int, ...] = ()  # the shifts `compute` asks neighbour_hits of
 
     def shifts(self, batch: Batch) -> tuple[int, ...]:
         return self.offsets
 
     def keys(self, batch: Batch) -> tuple[int, ...]:
         return self.key_columns
+
+    def neighbours(self, batch: Batch) -> tuple[int, ...]:
+        return self.neighbour_shifts
 
     def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
         return self.compute(attention, batch)
@@ -286,6 +298,10 @@ def next_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor,
     return _relative_mass(weights, start, batch, 1)
 
 
+NEIGHBOURS = (-1, 1)
+"""The neighbours i + shift whose share of rows' top keys positional counts."""
+
+
 def positional_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Fraction of queries whose most-attended key is one fixed neighbour (i-1 or i+1, whichever is more often),
     after Voita et al. 2019, "Analyzing Multi-Head Self-Attention", who call a head positional when that fraction is
@@ -310,7 +326,7 @@ def positional_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor,
     unsure = top.isnan()
     valid = batch.valid.to(weights.device)
     sums, counts = [], []
-    for shift in (-1, 1):
+    for shift in NEIGHBOURS:
         first, rows = _diagonal_rows(start, block, n_keys, shift)
         queries = torch.arange(start + first, start + first + rows, device=weights.device)
         selected = valid[:, queries] & valid[:, queries + shift]  # (b, rows)
@@ -354,11 +370,12 @@ def positional_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tenso
     """positional_score's sums and counts from the fused statistics: for each neighbour, the valid queries whose
     neighbour exists and is valid are counted, and the statistics say for how many of them that neighbour holds the
     row's maximum (`neighbour_hits`: argmax's answer; the CPU backend's by a staged search that reads whole rows only
-    for the rows its cheap stages cannot decide, probe.kernels.cpu; the CUDA backend's from its kernel's top keys)."""
+    for the rows its cheap stages cannot decide, probe.kernels.cpu; the CUDA backend's from its kernel's top keys).
+    It reads nothing else: what neighbour_hits reads is the record's to declare (`neighbour_shifts`, Score.reads)."""
     b, h, n, kv = attention.shape
     device = attention.lse.device  # the rows are taken there once per batch (memo): no copy per layer
     hits, counts = [], []
-    for shift in (-1, 1):
+    for shift in NEIGHBOURS:
         selected, count = batch.memo(("neighbours", n, kv, shift, str(device)),
                                      lambda: _neighbour_rows(batch.valid, kv, shift, device))
         counts.append(count)
@@ -537,8 +554,7 @@ for _score in (
           fast=sep_from_lse),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
           positional_score, "O", finish_positional,
-          fast=ReadsDiagonals(positional_from_lse, (-1, 1, *DEFAULT_SEARCH.positional_rivals), (0,),
-                              layers_at_once=True)),
+          fast=ReadsDiagonals(positional_from_lse, layers_at_once=True, neighbour_shifts=NEIGHBOURS)),
     Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",
           streaming_score, "W", by_default=False, fast=streaming_from_lse),
     Score("retrieval", "needle", 0.1, "copies the needle token it attends to (Wu et al. 2024)", retrieval_score,

@@ -114,7 +114,7 @@ class FusedStatistics:
     top_keys: Tensor | None = field(default=None, repr=False)  # (b, hq, n) int: each row's top key (argmax's
     # answer: the earliest maximum, a NaN the largest), where the kernel wrote it
     search: RowSearch | None = field(default=None, repr=False)  # how this backend answers neighbour_hits where
-    # top_keys do not (None: whole rows)
+    # top_keys do not, and which diagonals and columns it reads for that (`reads`) (None: whole rows)
     tables: LabelTables | None = field(default=None, repr=False)  # the backend's kernel for the diagonals and
     # columns the scores read (None: gathered keys, one batched matmul per chunk of rows)
     config: KernelConfig = DEFAULT_CONFIG  # how the reads chunk their work: never a number
@@ -137,6 +137,11 @@ class RowSearch(Protocol):
         """(hq,) float64: per query head, how many selected queries i ((b, n) bool) have their largest weight on
         key i + shift (argmax's answer exactly), read from `weights` (the call's probe.kernels.fused.Weights, which
         imports this module: typed where a search is written)."""
+
+    def reads(self, statistics: FusedStatistics, shifts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(diagonal offsets, key columns): what neighbour_hits reads of the prefetched table for these shifts on this
+        record, declared before it is asked (Weights.neighbour_reads), so that the layer computes them with the
+        scores' own diagonals and columns in one pass and none it will not read."""
 
 
 LabelTables = Callable[["FusedStatistics", tuple[int, ...], tuple[int, ...]], Tensor]

@@ -132,6 +132,12 @@ class StagedSearch:
             hits += self.settle_stage(weights, found, shift)
         return hits
 
+    def reads(self, statistics: FusedStatistics, shifts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """What rivals_stage reads for these shifts (RowSearch.reads): the neighbours' diagonals, the rivals'
+        (config.positional_rivals) and key 0, so that the layer's one pass computes them with the scores' own; the
+        later stages read what that table leaves open, row by row."""
+        return tuple(sorted({*shifts, *self.config.positional_rivals})), (0,)
+
     def rivals_stage(self, weights: Weights, selected: Tensor, shift: int) -> tuple[Tensor, Tensor]:
         """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
         weight, key 0's and the rivals' (config.positional_rivals: keys i, i - 2, i - 3, i - 4, i +- 1), read from

@@ -250,6 +250,11 @@ class MaximaSearch:
             hits += torch.bincount(found[tops, 1], minlength=hq).to(hits)
         return hits
 
+    def reads(self, statistics: FusedStatistics, shifts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """What neighbour_hits reads of the prefetched table (RowSearch.reads): the neighbours' diagonals where the
+        row maxima decide rows (`decided`); none without maxima (the Triton pass's top keys answer)."""
+        return (tuple(sorted(set(shifts))), ()) if statistics.row_maxima is not None else ((), ())
+
     def triton_top_keys(self, weights: Weights) -> bool:
         """Compute every row's top key by the Triton kernel's statistics pass (probe.kernels.cuda, on the float32
         queries and keys kept here) and keep them in the record (`top_keys`); False where the kernel does not serve

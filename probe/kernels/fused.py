@@ -346,6 +346,16 @@ class Weights:
             return search.neighbour_hits(self, selected, shift).to(self.lse.device)
         return self.counted_hits(selected, shift).to(self.lse.device)
 
+    def neighbour_reads(self, shifts: Iterable[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(diagonal offsets, key columns) that neighbour_hits reads of the prefetched table for these shifts: none
+        where the kernel's top keys answer or whole rows do, else what the record's search declares
+        (`RowSearch.reads`). A score that asks neighbour_hits declares these with its own (Score.reads), so that
+        `prefetch` computes them in the layer's one pass, and a backend that does not read them computes none."""
+        search = self.statistics.search
+        if self.top_keys is not None or search is None:
+            return (), ()
+        return search.reads(self.statistics, tuple(shifts))
+
     def counted_hits(self, selected: Tensor, shift: int) -> Tensor:
         """neighbour_hits without a search: from the top keys (on their device, no sync) or whole rows (on the
         CPU)."""
