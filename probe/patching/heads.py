@@ -133,7 +133,7 @@ class PatchResult(Payload):
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per query head patched: layer, head, name, patch effect, DLA, logit difference
         (classes comma-separated; kv_head for a key or value patch): the patch schema's columns. Needs pandas."""
-        return frame(record_rows(self.heads(), self.layer_names))
+        return frame(record_rows(self.heads, self.layer_names))
 
 
 def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) -> list[Ablation]:
