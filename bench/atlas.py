@@ -113,7 +113,7 @@ def main() -> None:
     entry["page_bytes"] = len(html.encode("utf-8"))
     entry["browser"] = page_in_chromium(path, result.n_layers * result.n_heads) | {"date": now(),
                                                                                     "load": load_average()}
-    entry["summary"] = result.summary()
+    entry["summary"] = result.summary
     data.update({kind: entry, "machine": machine()})
     OUT.write_text(json.dumps(data, indent=1, default=str) + "\n")
     print("wrote", OUT)

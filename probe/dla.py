@@ -548,7 +548,7 @@ class Attribution(Payload):
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head, largest |share| first: layer, head, name, dla (the dla schema's
         columns). Needs pandas."""
-        return frame(record_rows(self.head_shares()))
+        return frame(record_rows(self.head_shares))
 
 
 def logit_attribution(loaded: LoadedModel, contrast: ContrastSet, *, batch_size: int = 8,

@@ -96,15 +96,14 @@ def _refuse_layer(model: nn.Module, layer: Any) -> None:
 # components
 
 
-@dataclass(frozen=True)
-class Component:
+class Component(Payload, frozen=True):
     """One residual-stream component: `embed`, `pos`, `L3H1` (a head's output), `L3 bias` (an output projection's
     bias), `MLP3`, or `bias` (the read's own: the norm's bias and the query/key projections' biases)."""
 
-    name: str
-    kind: str  # embed, position, head, attention bias, mlp, bias
-    layer: int | None = None
-    head: int | None = None
+    name: str = schema_field("L16H0, MLP12, embed, pos, L3 bias or bias")
+    kind: str = schema_field("embed, position, head, attention bias, mlp or bias")
+    layer: int | None = schema_field("its layer (null: none)", default=None)
+    head: int | None = schema_field("its head (null: none)", default=None)
 
     @property
     def group(self) -> str:
@@ -116,9 +115,6 @@ class Component:
     def layer_group(self) -> str:
         """Its group in the per-layer view: embed, L3 (heads, bias and MLP of layer 3), or bias."""
         return "embed" if self.group == "embeddings" else ("bias" if self.layer is None else f"L{self.layer}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "layer": self.layer, "head": self.head}
 
 
 def _position_module(model: nn.Module) -> nn.Module | None:
@@ -682,13 +678,7 @@ class QKAttribution(Payload):
     query: int | None = schema_field("the query position given (null: the rule's)")
     key: int | None = schema_field("the key position given (null: the rule's)")
     dtype: str = schema_field(DTYPE, default="float32", kw_only=True)
-    components: list[Component] = schema_field(
-        "the residual components, in stream order", items=Field("object", "a component", fields={
-            "name": Field("string", "L16H0, MLP12, embed, pos, L3 bias or bias"),
-            "kind": Field("string", "embed, position, head, attention bias, mlp or bias"),
-            "layer": Field(("integer", "null"), "its layer (null: none)"),
-            "head": Field(("integer", "null"), "its head (null: none)")}),
-        dump=lambda components: [component.to_dict() for component in components])
+    components: list[Component] = schema_field("the residual components, in stream order", items="a component")
     score: _View
     contrast: _View
 

@@ -387,7 +387,7 @@ class SelfRepair(Payload):
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per ablated head, largest |direct| first: the self-repair schema's columns
         (the compensating heads as one string, `L1H3 -0.011, ...`). Needs pandas."""
-        entries = self.entries()
+        entries = self.entries
         rows = record_rows(entries)
         for row, entry in zip(rows, entries):
             row["compensating"] = ", ".join(f"{head_name(item['layer'], item['head'])} {item['value']:+.3g}"

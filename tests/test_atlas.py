@@ -109,7 +109,7 @@ def test_evidence_labels_the_planted_heads(built):
     assert previous["class"] == "previous_token" and previous["evidence"]["status"] == "confirmed"
     sink = built.head(0, 1)["classes"][0]
     assert sink["class"] == "sink" and sink["evidence"]["text"] == "pattern only"  # it writes where nothing reads
-    summary = built.summary()
+    summary = built.summary
     assert "0.1 sink" in summary["pattern_only"]
     payload = built.to_dict()
     json.dumps(payload, allow_nan=False)  # strict JSON

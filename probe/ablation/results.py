@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from torch import Tensor
@@ -13,24 +13,49 @@ from probe.errors import ProbeError
 from probe.frames import frame
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, HEAD, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS
-from probe.schemas.declare import Payload, payload, published, schema_field
+from probe.schemas.declare import Payload, payload, published, record_fields, schema_field
 
 
 EFFECT_COLUMNS = ("mean_delta", "max_sequence_delta", "p99_token_delta", "max_token_delta", "specificity")
 """The scalar per-token effects, one CSV column each (the top tokens stay in the JSON)."""
 
 
-@dataclass
-class HeadResult:
-    """The metric with one head ablated (or several together: `heads`)."""
+PART_RE = r"^(?!(loss|delta|baseline_loss|first_order|second_order)$).+_(loss|delta)$"
+ABLATION_PATTERNS = {PART_RE: Field("number", "a part's loss (PART_loss) or its change (PART_delta): e.g. "
+                                              "second_repeat_loss on a repeated set"),
+                     r"^task_": Field("number", "task sets: the margin or accuracy with the head ablated")}
+"""The fields of an ablation's entry named by a pattern: its parts' and its task's."""
+
+
+class HeadResult(Payload):
+    """The metric with one head ablated (or several together: `heads`). Its declared fields are what was measured;
+    `to_dict()` is its entry (`entry()`): its head (a group's heads and label) first, then those."""
 
     heads: Ablation
-    loss: float
-    delta: float
+    loss: float = schema_field("the metric with the head (or heads) ablated")
+    delta: float = schema_field("loss minus the baseline: > 0, the head helps")
     parts: dict[str, float] = field(default_factory=dict)  # e.g. first_repeat / second_repeat losses
     part_deltas: dict[str, float] = field(default_factory=dict)
-    exact: bool | None = None  # estimate mode: True for the heads that were ablated exactly
-    effects: dict[str, Any] = field(default_factory=dict)  # per-token and per-sequence effects (ablation.effects)
+
+    @payload("each part's loss and its change", spread=True, patterns={PART_RE: ABLATION_PATTERNS[PART_RE]})
+    def part_values(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for name, value in self.parts.items():
+            out[f"{name}_loss"] = value
+            out[f"{name}_delta"] = self.part_deltas.get(name)
+        return out
+
+    exact: bool | None = schema_field(  # estimate mode: True for the heads that were ablated exactly
+        "estimate mode: true where the head was ablated for real", required=False, omit="none", default=None)
+
+    @payload("task sets: the margin and accuracy with the head ablated", spread=True,
+             patterns={r"^task_": ABLATION_PATTERNS[r"^task_"]})
+    def task_values(self) -> dict[str, float]:
+        return {f"task_{name}": value for name, value in self.task.items()}
+
+    effects: dict[str, Any] = schema_field(  # per-token and per-sequence effects (ablation.effects)
+        "per-token and per-sequence effects: mean, max per sequence, p99 and max per token, specificity, the top "
+        "tokens in context", required=False, default_factory=dict)
     task: dict[str, float] = field(default_factory=dict)  # task sets: margin and accuracy with the head ablated
 
     @property
@@ -49,22 +74,14 @@ class HeadResult:
         return HeadResult(ablation, loss, loss - baseline_loss, parts,
                           {name: parts[name] - baseline_parts[name] for name in baseline_parts}, exact)
 
+    def entry(self, layer_names: list[str] | None = None) -> HeadEntry | GroupEntry:
+        """Its entry in the payload: a head's, or a group's (whose label names layers by `layer_names` on an
+        encoder-decoder)."""
+        return HeadEntry.of(self) if len(self.heads) == 1 else GroupEntry.of(self, layer_names)
+
     def to_dict(self, layer_names: list[str] | None = None) -> dict[str, Any]:
-        entry: dict[str, Any] = {}
-        if len(self.heads) == 1:
-            entry.update(layer=self.layer, head=self.head)
-        else:
-            entry.update(heads=[list(head) for head in self.heads], label=label(self.heads, layer_names))
-        entry.update(loss=self.loss, delta=self.delta)
-        for name, value in self.parts.items():
-            entry[f"{name}_loss"] = value
-            entry[f"{name}_delta"] = self.part_deltas.get(name)
-        if self.exact is not None:
-            entry["exact"] = self.exact
-        entry.update({f"task_{name}": value for name, value in self.task.items()})
-        if self.effects:
-            entry["effects"] = self.effects
-        return entry
+        """Its entry (`entry()`), as the payload and the sweep's stream hold it."""
+        return self.entry(layer_names).to_dict()
 
     @staticmethod
     def from_dict(entry: Any) -> HeadResult:
@@ -116,21 +133,42 @@ def _optional(value: Any) -> float | None:
         raise ProbeError(f"the ablation entry has a malformed value ({error})") from None
 
 
-PART_RE = r"^(?!(loss|delta|baseline_loss|first_order|second_order)$).+_(loss|delta)$"
-ABLATION_ENTRY = {
-    "loss": Field("number", "the metric with the head (or heads) ablated"),
-    "delta": Field("number", "loss minus the baseline: > 0, the head helps"),
-    "exact": Field("boolean", "estimate mode: true where the head was ablated for real", required=False),
-    "effects": Field("object", "per-token and per-sequence effects: mean, max per sequence, p99 and max per token, "
-                               "specificity, the top tokens in context", required=False),
-    "first_order": Field("number", "estimate mode: the first-order term", required=False),
-    "second_order": Field("number", "estimate mode: the second-order term", required=False),
-}
-"""The fields of `HeadResult.to_dict()` (and the estimate's terms, `AblationResult.head_entries`) besides its
-heads: the entries differ in their heads (a head's `layer` and `head`, a group's `heads` and `label`)."""
-ABLATION_PATTERNS = {PART_RE: Field("number", "a part's loss (PART_loss) or its change (PART_delta): e.g. "
-                                              "second_repeat_loss on a repeated set"),
-                     r"^task_": Field("number", "task sets: the margin or accuracy with the head ablated")}
+FIRST_ORDER = Field("number", "estimate mode: the first-order term", required=False)
+SECOND_ORDER = Field("number", "estimate mode: the second-order term", required=False)
+
+
+class HeadEntry(Payload):
+    """A head's entry of the payload: its layer and head, what its ablation measured, the estimate's terms."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    result: HeadResult = schema_field("what its ablation measured", spread=True)
+    first_order: float | None = schema_field(FIRST_ORDER, default=None)
+    second_order: float | None = schema_field(SECOND_ORDER, default=None)
+
+    @staticmethod
+    def of(result: HeadResult, terms: tuple[float, float] | None = None) -> HeadEntry:
+        """The entry of a single head's result, with the estimate's first- and second-order `terms` where given."""
+        first, second = terms or (None, None)
+        return HeadEntry(result.layer, result.head, result, first, second)
+
+
+class GroupEntry(Payload):
+    """The entry of heads ablated together: their heads and label, then what the ablation measured."""
+
+    heads: list[list[int]] = schema_field("its heads as [layer, head]")
+    label: str = schema_field("its name, e.g. 5.1+18.6")
+    result: HeadResult = schema_field("what its ablation measured", spread=True)
+    first_order: float | None = schema_field(FIRST_ORDER, default=None)  # never given: a group has no terms
+    second_order: float | None = schema_field(SECOND_ORDER, default=None)
+
+    @staticmethod
+    def of(result: HeadResult, layer_names: list[str] | None = None) -> GroupEntry:
+        return GroupEntry([list(head) for head in result.heads], label(result.heads, layer_names), result)
+
+
+MEASURED = record_fields(HeadResult)
+"""What an ablation's entry holds besides its heads (`HeadResult`'s declared fields)."""
 
 
 @published("ablate", 1, "The metric with each head (and each group of heads) ablated, against the baseline (probe "
@@ -138,7 +176,7 @@ ABLATION_PATTERNS = {PART_RE: Field("number", "a part's loss (PART_loss) or its 
         columns={"layer": Field(("integer", "null"), "the head's layer (null for a group)"),
                  "head": Field(("integer", "null"), "the head (null for a group)"),
                  "name": Field("string", "L18H6, or L5H1+L18H6 for a group"),
-                 "loss": ABLATION_ENTRY["loss"], "delta": ABLATION_ENTRY["delta"],
+                 "loss": MEASURED["loss"], "delta": MEASURED["delta"],
                  "value": Field("string", "estimate mode: exact or estimated", required=False)},
         column_patterns={**ABLATION_PATTERNS, r"^(mean_delta|max_sequence_delta|p99_token_delta|max_token_delta|"
                                               r"specificity)$": Field("number",
@@ -159,11 +197,11 @@ class AblationResult(Payload):
     baseline_loss: float = schema_field("the metric with nothing ablated")
     results: list[HeadResult]
 
-    @payload("one entry per head ablated alone", key="heads", type="array", items=Field(
-        "object", "one head", fields={"layer": LAYER, "head": HEAD, **ABLATION_ENTRY}, patterns=ABLATION_PATTERNS))
-    def head_entries(self) -> list[dict[str, Any]]:
-        """Each single head's entry (`HeadResult.to_dict()`, with the estimate's terms where it has them)."""
-        return [self._entry(r) for r in self.heads]
+    @payload("one entry per head ablated alone", key="heads", items="one head")
+    def head_entries(self) -> list[HeadEntry]:
+        """Each single head's entry, with the estimate's terms where it has them."""
+        terms = self.terms or {}
+        return [HeadEntry.of(r, terms.get(r.heads[0])) for r in self.heads]
 
     n_layers: int = schema_field(N_LAYERS)
     n_heads: int = schema_field(N_HEADS)
@@ -178,12 +216,9 @@ class AblationResult(Payload):
     def baseline_part_losses(self) -> dict[str, float]:
         return {f"baseline_{name}_loss": value for name, value in self.baseline_parts.items()}
 
-    @payload("heads ablated together", key="groups", required=False, type="array", items=Field(
-        "object", "one group", fields={"heads": Field("array", "its heads as [layer, head]"),
-                                       "label": Field("string", "its name, e.g. 5.1+18.6"), **ABLATION_ENTRY},
-        patterns=ABLATION_PATTERNS))
-    def group_entries(self) -> list[dict[str, Any]]:
-        return [r.to_dict(self.layer_names) for r in self.groups]
+    @payload("heads ablated together", key="groups", required=False, items="one group")
+    def group_entries(self) -> list[GroupEntry]:
+        return [GroupEntry.of(r, self.layer_names) for r in self.groups]
 
     mean: str | None = schema_field("mean ablation: what the means were taken over", required=False, omit="none",
                                     default=None, kw_only=True)
@@ -213,12 +248,6 @@ class AblationResult(Payload):
     def ranked(self) -> list[HeadResult]:
         """All results, largest delta first."""
         return sorted(self.results, key=lambda r: (-r.delta, r.heads))
-
-    def _entry(self, result: HeadResult) -> dict[str, Any]:
-        entry = result.to_dict(self.layer_names)
-        if self.terms is not None and result.heads[0] in self.terms:
-            entry["first_order"], entry["second_order"] = self.terms[result.heads[0]]
-        return entry
 
     def csv_rows(self) -> list[dict[str, Any]]:
         """One row per ablation, for CSV: name (`L18H6`; heads ablated together `L5H1+L18H6`), layer and head

@@ -54,8 +54,8 @@ class Atlas(Payload):
     n_layers: int = schema_field(N_LAYERS)
     n_heads: int = schema_field(N_HEADS)
 
-    @payload(DTYPE.description, key="dtype")
-    def run_dtype(self) -> str:
+    @payload(DTYPE.description)
+    def dtype(self) -> str:
         return str(self.settings.get("dtype", "float32"))
 
     layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)
@@ -125,7 +125,7 @@ class Atlas(Payload):
         return frame(rows)
 
     def __repr__(self) -> str:
-        summary = self.summary()
+        summary = self.summary
         confirmed = sum(counts.get("confirmed", 0) for counts in summary["by_class"].values())
         return (f"Atlas({self.model!r}: {self.n_layers}x{self.n_heads} heads, {summary['labels']} labels, "
                 f"{confirmed} confirmed, {len(summary['pattern_only'])} pattern only)")

@@ -10,7 +10,6 @@ it alone already hurts induction, and ablating both costs less than the two cost
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from probe.frames import frame, head_columns, head_name
@@ -32,43 +31,60 @@ STAGE_UNITS = {"K-composition": UNIT}
 count the library's own units (layers of batches, block-forwards), which mean nothing to a user."""
 
 
-@dataclass
-class Feeder:
+def _rounded(value: float) -> float:
+    return round(value, 6)
+
+
+class Feeder(Payload):
     """An earlier head and its K-composition into one induction head."""
 
     head: Head
-    score: float
-    rank_in_layer: int  # 1: the strongest of its layer
-    previous_token: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.head[0], "head": self.head[1], "k_composition": round(self.score, 6),
-                "rank_in_layer": self.rank_in_layer, "previous_token": self.previous_token}
+    @payload(LAYER, key="layer")
+    def layer_index(self) -> int:
+        return self.head[0]
+
+    @payload(HEAD, key="head")
+    def head_index(self) -> int:
+        return self.head[1]
+
+    score: float = schema_field("its K-composition into the induction head", key="k_composition", dump=_rounded)
+    rank_in_layer: int = schema_field("1: the strongest of its layer")
+    previous_token: bool = schema_field("whether it is a previous-token head")
 
 
-@dataclass
-class Pair:
+class Pair(Payload):
     """An induction head, its strongest feeders, and the causal check with its strongest feeder."""
 
     induction: Head
-    induction_score: float
-    feeders: list[Feeder]
-    checked: Head | None = None  # the feeder ablated with it (the strongest previous-token feeder, else the top one)
-    deltas: dict[str, float] = field(default_factory=dict)  # "feeder", "induction", "together": second-copy deltas
 
-    @property
+    @payload(LAYER)
+    def layer(self) -> int:
+        return self.induction[0]
+
+    @payload(HEAD)
+    def head(self) -> int:
+        return self.induction[1]
+
+    induction_score: float = schema_field("its induction score", dump=_rounded)
+    feeders: list[Feeder] = schema_field(  # type= alone: the schema declares no items here (Feeder's fields)
+        "its strongest K-composing feeders", type="array")
+    checked: Head | None = None  # the feeder ablated with it (the strongest previous-token feeder, else the top one)
+
+    @payload("the feeder ablated with it", key="checked")
+    def checked_head(self) -> dict[str, int] | None:
+        return None if self.checked is None else {"layer": self.checked[0], "head": self.checked[1]}
+
+    deltas: dict[str, float] = schema_field(  # "feeder", "induction", "together": second-copy deltas
+        "feeder, induction, together: second-copy loss deltas", key="second_copy_deltas", default_factory=dict,
+        dump=lambda deltas: {key: _rounded(value) for key, value in deltas.items()})
+
+    @payload("together - feeder - induction", type="number",
+             dump=lambda interaction: None if interaction is None else _rounded(interaction))
     def interaction(self) -> float | None:
         if not self.deltas:
             return None
         return self.deltas["together"] - self.deltas["feeder"] - self.deltas["induction"]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"layer": self.induction[0], "head": self.induction[1],
-                "induction_score": round(self.induction_score, 6),
-                "feeders": [feeder.to_dict() for feeder in self.feeders],
-                "checked": None if self.checked is None else {"layer": self.checked[0], "head": self.checked[1]},
-                "second_copy_deltas": {key: round(value, 6) for key, value in self.deltas.items()},
-                "interaction": None if self.interaction is None else round(self.interaction, 6)}
 
 
 @published("circuits", 1, "Induction heads, their K-composing feeders against the random baseline, and the ablation "
@@ -104,16 +120,9 @@ class Circuits(Payload):
     baseline_second_copy: float | None = schema_field("the second copy's loss, unablated",
                                                       key="baseline_second_copy_loss", default=None)
 
-    @payload("each induction head", key="induction_heads", type="array", items=Field(
-        "object", "an induction head", fields={
-            "layer": LAYER, "head": HEAD, "induction_score": Field("number", "its induction score"),
-            "feeders": Field("array", "its strongest K-composing feeders"),
-            "checked": Field(("object", "null"), "the feeder ablated with it"),
-            "second_copy_deltas": Field("object", "feeder, induction, together: second-copy loss deltas"),
-            "interaction": Field("number", "together - feeder - induction")}))
-    def induction_heads(self) -> list[dict[str, Any]]:
-        """`Pair.to_dict()` of each induction head."""
-        return [pair.to_dict() for pair in self.pairs]
+    @payload("each induction head", items="an induction head")
+    def induction_heads(self) -> list[Pair]:
+        return self.pairs
 
     @payload("the previous-token heads' ranks among the feeders")
     def previous_token_pairs(self) -> dict[str, Any]:

@@ -235,9 +235,8 @@ class Comparison(Payload):
     def heads_per_layer(self) -> int:
         return self.a.columns
 
-    @payload("the dtype both maps were computed in (null where they differ or neither file says: see dtypes)",
-             key="dtype")
-    def run_dtype(self) -> str | None:
+    @payload("the dtype both maps were computed in (null where they differ or neither file says: see dtypes)")
+    def dtype(self) -> str | None:
         return self.a.dtype if self.a.dtype == self.b.dtype else None
 
     @payload("each map's dtype, where its file says", fields={"a": Field(("string", "null"), "A's"),
@@ -253,7 +252,7 @@ class Comparison(Payload):
              "most)", key="movers", items=Field("object", "a head, as in rows", fields=COMPARE_ROW))
     def moved(self) -> list[dict[str, Any]]:
         key = "difference" if self.measure == DIFFERENCE else "rank_difference"
-        moved = sorted((row for row in self.rows() if row[key] is not None),
+        moved = sorted((row for row in self.rows if row[key] is not None),
                        key=lambda row: (-abs(row[key]), row["layer"], row["head"]))
         return moved[:self.movers]
 
@@ -287,7 +286,7 @@ class Comparison(Payload):
         """A pandas DataFrame, one row per head (schema `compare`'s frame_row): layer, head, name, a, b, difference,
         ranks and labels. The name is frames' `L5H1` over query heads, `L5KV1` over KV heads (a KV head is no query
         head, and a table must not say it is). Needs pandas."""
-        rows = [{**head_columns(row["layer"], row["head"]), **row} for row in self.rows()]
+        rows = [{**head_columns(row["layer"], row["head"]), **row} for row in self.rows]
         if self.a.convention == KV:
             for row in rows:
                 row["name"] = f"L{row['layer']}KV{row['head']}"

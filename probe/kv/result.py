@@ -114,7 +114,7 @@ class KVHeads(Payload):
         """A pandas DataFrame, one row per query head: layer, head, name, its KV head, retrieval and streaming
         scores, and its KV head's label and rank in the streaming order (the kv-heads schema's columns). Needs
         pandas."""
-        rows = record_rows(self.heads())
+        rows = record_rows(self.heads)
         for row in rows:
             row["label"] = self.label(row["layer"], row["kv_head"])
             row["rank"] = self.order.index((row["layer"], row["kv_head"]))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import torch
@@ -50,18 +50,19 @@ Sweep = Callable[..., AblationResult | None]
 MAX_TOKENS_PER_POSITION = 3  # distinct tokens a by-position label names before "..."
 
 
-@dataclass
-class PatchEntry:
+class PatchEntry(Payload):
     """One head's (or key/value group's) patch: the logit difference with it patched, and its normalised effect."""
 
     heads: Ablation  # the query heads patched together (a key/value group's, for a key or value patch)
-    logit_diff: float
-    patch_effect: float
-    position: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"heads": [list(head) for head in self.heads], "logit_diff": self.logit_diff,
-                "patch_effect": self.patch_effect, **({} if self.position is None else {"position": self.position})}
+    @payload("the query heads patched together, as [layer, head]", key="heads")
+    def head_list(self) -> list[list[int]]:
+        return [list(head) for head in self.heads]
+
+    logit_diff: float = schema_field("the logit difference with it patched")
+    patch_effect: float = schema_field("1: patching restores the clean behaviour, 0: the corrupt one")
+    position: int | None = schema_field("--by-position: the position patched", required=False, omit="none",
+                                        default=None)
 
 
 class PatchHead(Payload, frozen=True):
@@ -109,9 +110,9 @@ class PatchResult(Payload):
                 for entry in self.entries for layer, head in entry.heads]
         return sorted(rows, key=lambda row: (row.layer, row.head))
 
-    positions: list[PatchEntry] = schema_field(  # by position: one entry per (unit, position)
-        "--by-position: one entry per unit and position", key="by_position", default_factory=list,
-        dump=lambda entries: [entry.to_dict() for entry in entries])
+    positions: list[PatchEntry] = schema_field(  # by position: one entry per (unit, position); type= alone: the
+        "--by-position: one entry per unit and position", key="by_position", type="array",  # schema names no items
+        default_factory=list)
     tokens: list[str] = schema_field("--by-position: each position's tokens",  # over the pairs (by-position axis)
                                      default_factory=list)
     mode: str = schema_field("exact or estimate", default="exact")
@@ -133,7 +134,7 @@ class PatchResult(Payload):
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per query head patched: layer, head, name, patch effect, DLA, logit difference
         (classes comma-separated; kv_head for a key or value patch): the patch schema's columns. Needs pandas."""
-        return frame(record_rows(self.heads(), self.layer_names))
+        return frame(record_rows(self.heads, self.layer_names))
 
 
 def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) -> list[Ablation]:

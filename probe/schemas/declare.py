@@ -1,14 +1,16 @@
 """A result declared once: a dataclass whose fields carry their schema (`schema_field`), with the payload fields
-computed from them as methods (`payload`), becomes a published kind (`published`): its `to_dict()`, its JSON Schema
-(`probe schema KIND`), its `to_frame()` columns and its section of docs/schemas.md are all made from those
-declarations. A nested object of a payload (one head's entry) is a `Payload` too, declared the same way.
+computed from them as properties (`payload`: `result.dtype` is the value), becomes a published kind (`published`):
+its `to_dict()`, its JSON Schema (`probe schema KIND`), its `to_frame()` columns and its section of docs/schemas.md
+are all made from those declarations. A nested object of a payload (one head's entry) is a `Payload` too, declared
+the same way: an array of them takes its items' schema from their class (`items=` its description), a field
+declared `spread=True` merges a nested Payload's fields in at its place (an entry's head, then what was measured).
 
 The JSON type of a field comes from its annotation (`str` string, `int` integer, `float` number, `bool` boolean,
 `list[...]` array, `dict[...]` object, a Payload an object of its fields, `X | None` also null); `type=` overrides it
 where the annotation says too little (`Any`, a class of the library's own). The payload's keys follow the
-declarations' order in the class body, methods included; a field with a default that sits before one without is
-declared `kw_only=True` (its constructor's positional order is the fields' without it). An attribute without
-`schema_field` is the result's own and not in the payload.
+declarations' order in the class body, `payload` properties included; a field with a default that sits before one
+without is declared `kw_only=True` (its constructor's positional order is the fields' without it). An attribute
+without `schema_field` is the result's own and not in the payload.
 
 A result whose `to_dict()` is still written by hand declares its kind in probe/schemas/kinds.py (`register(Kind(...))`);
 both kinds of declaration live in one registry (probe.schemas.SCHEMAS)."""
@@ -22,7 +24,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, TypeVar, overload
 
 from probe.schemas.base import Field, Kind
 
@@ -38,6 +40,7 @@ else:  # Python 3.10 runs without it: it tells the type checker that a Payload i
 SPEC = "probe.schema"  # the key of a field's dataclasses metadata that holds its declaration
 _order = itertools.count()  # declarations in the order they were written: the payload's key order
 T = TypeVar("T")
+R = TypeVar("R")
 FieldType = str | tuple[str, ...]
 
 
@@ -62,7 +65,8 @@ class Spec:
 
 @dataclass(frozen=True)
 class Declared:
-    """One payload field as declared: its key, the attribute (or method) that holds it, its schema and column."""
+    """One payload field as declared: its key, the attribute (a field or a `payload` property) that holds it, its
+    schema and column; `computed`: a `payload` property."""
 
     key: str
     attribute: str
@@ -72,41 +76,70 @@ class Declared:
     column: Field | None
 
 
+def _spec(description: str | Field, required: bool, key: str | None, type: FieldType | None,
+          items: Field | str | None, fields: dict[str, Field] | None, patterns: dict[str, Field] | None,
+          ref: str | None, omit: Literal["empty", "none"], dump: Callable[[Any], Any] | None,
+          column: bool | str | Field, spread: bool) -> Spec:
+    """A declaration: its own meaning, or a shared Field (probe.schemas.common) taken as it is."""
+    if isinstance(description, Field):
+        shared = description
+        return Spec(shared.description, shared.required, key, shared.type, shared.items, shared.fields,
+                    shared.patterns, shared.ref, omit, dump, column, spread)
+    return Spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
+
+
 def schema_field(description: str | Field, *, required: bool = True, key: str | None = None,
                  type: FieldType | None = None, items: Field | str | None = None,
                  fields: dict[str, Field] | None = None,
                  patterns: dict[str, Field] | None = None, ref: str | None = None,
                  omit: Literal["empty", "none"] = "empty", dump: Callable[[Any], Any] | None = None,
-                 column: bool | str | Field = False, default: Any = dataclasses.MISSING,
+                 column: bool | str | Field = False, spread: bool = False, default: Any = dataclasses.MISSING,
                  default_factory: Any = dataclasses.MISSING, kw_only: Any = dataclasses.MISSING) -> Any:
     """A dataclass field that is also a payload field: its meaning (or a shared Field, taken as it is).
     `required=False`: left out of the payload where its value is
     None or empty (`omit="none"`: None only); `key`: its payload name where it differs from the attribute's; `dump`:
     how the value is written (rounded, say); `items`: an array's items (a description for the annotation's item
-    type, or a Field); `column`: also a `to_frame()` column of the same name (True: the same meaning; a string:
-    another description; a Field: another type)."""
-    if isinstance(description, Field):  # a shared field (probe.schemas.common) as it is
-        shared = description
-        spec = Spec(shared.description, shared.required, key, shared.type, shared.items, shared.fields,
-                    shared.patterns, shared.ref, omit, dump, column)
-    else:
-        spec = Spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column)
+    type, a nested Payload's included, or a Field); `column`: also a `to_frame()` column of the same name (True: the
+    same meaning; a string: another description; a Field: another type); `spread=True`: a nested Payload whose
+    fields are merged in at its place."""
+    spec = _spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
     return dataclasses.field(default=default, default_factory=default_factory, kw_only=kw_only,
                              metadata={SPEC: spec})
 
 
-def payload(description: str, *, required: bool = True, key: str | None = None, type: FieldType | None = None,
-            items: Field | str | None = None, fields: dict[str, Field] | None = None,
-            patterns: dict[str, Field] | None = None, ref: str | None = None, omit: Literal["empty", "none"] = "empty",
-            column: bool | str | Field = False, spread: bool = False) -> Callable[[T], T]:
-    """A method whose value is a payload field, computed when the payload is made (its type from the return
-    annotation). `spread=True`: the method returns several fields, merged in at its place: those `fields` declares,
-    or named by `patterns`."""
-    spec = Spec(description, required, key, type, items, fields, patterns, ref, omit, None, column, spread)
+class Computed(property, Generic[R]):
+    """A payload field computed from the result's other fields (`payload`): a property, read as `result.name`, whose
+    declaration (`spec`) the class' payload and schema are made from."""
 
-    def mark(method: T) -> T:
-        setattr(method, SPEC, spec)
-        return method
+    spec: Spec
+
+    def __init__(self, method: Callable[[Any], R], spec: Spec) -> None:
+        super().__init__(method, doc=method.__doc__)
+        self.spec = spec
+
+    if TYPE_CHECKING:  # the value's type for the type checker: the method's return type
+        @overload
+        def __get__(self, instance: None, owner: type | None = None, /) -> Computed[R]: ...
+
+        @overload
+        def __get__(self, instance: object, owner: type | None = None, /) -> R: ...
+
+        def __get__(self, instance: object, owner: type | None = None, /) -> Any: ...
+
+
+def payload(description: str | Field, *, required: bool = True, key: str | None = None,
+            type: FieldType | None = None, items: Field | str | None = None, fields: dict[str, Field] | None = None,
+            patterns: dict[str, Field] | None = None, ref: str | None = None, omit: Literal["empty", "none"] = "empty",
+            dump: Callable[[Any], Any] | None = None, column: bool | str | Field = False,
+            spread: bool = False) -> Callable[[Callable[[Any], R]], Computed[R]]:
+    """A method whose value is a payload field, made a property (`result.name` is the value, computed each time it
+    is read; its type from the return annotation). `spread=True`: the method returns several fields, merged in at
+    its place: those `fields` declares, or named by `patterns`, or a nested Payload's own; `dump`: how the value is
+    written in the payload where it differs from the property's (rounded, say)."""
+    spec = _spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
+
+    def mark(method: Callable[[Any], R]) -> Computed[R]:
+        return Computed(method, spec)
 
     return mark
 
@@ -152,12 +185,13 @@ def _field(name: str, annotation: Any, spec: Spec, where: str) -> Field:
     items = spec.items
     if isinstance(items, str):
         items = record_field(inner, items) if _is_record(inner) else Field(_json_type(inner)[0][0], items)
-    elif items is None and _is_record(inner) and "array" in kinds:
-        raise TypeError(f"{where}.{name}: an array of records needs items= (their description)")
-    fields = spec.fields
-    if fields is None and spec.type is None and _is_record(inner) and "object" in kinds:
-        fields = record_fields(inner)
-    return Field(kind, spec.description, spec.required, items, fields, spec.patterns, spec.ref)
+    elif items is None and _is_record(inner) and "array" in kinds and spec.type is None:
+        raise TypeError(f"{where}.{name}: an array of records needs items= (their description), or type= to leave "
+                        "its items undeclared")
+    fields, patterns = spec.fields, spec.patterns
+    if fields is None and spec.type is None and _is_record(inner) and "object" in kinds:  # a nested Payload
+        fields, patterns = record_fields(inner), patterns or record_patterns(inner) or None
+    return Field(kind, spec.description, spec.required, items, fields, patterns, spec.ref)
 
 
 def _is_record(annotation: Any) -> bool:
@@ -176,7 +210,8 @@ def _column(key: str, spec: Spec, field: Field) -> Field | None:
 # Declarations of a class -------------------------------------------------------------------------------------------
 
 def _declarations(cls: type) -> list[Declared]:
-    """Every payload field of `cls` (dataclass fields with a spec, and `payload` methods), in declaration order."""
+    """Every payload field of `cls` (dataclass fields with a spec, and `payload` properties), in declaration
+    order."""
     hints = typing.get_type_hints(cls)
     found: list[tuple[int, Declared]] = []
     for item in dataclasses.fields(cls):
@@ -186,10 +221,10 @@ def _declarations(cls: type) -> list[Declared]:
             schema = _field(key, hints[item.name], spec, cls.__name__)
             found.append((spec.order, Declared(key, item.name, False, spec, schema, _column(key, spec, schema))))
     for name, member in vars(cls).items():
-        spec = getattr(member, SPEC, None)
-        if isinstance(spec, Spec) and callable(member):
+        if isinstance(member, Computed) and member.fget is not None:
+            spec = member.spec
             key = spec.key or name
-            returned = typing.get_type_hints(member).get("return", Any)
+            returned = typing.get_type_hints(member.fget).get("return", Any)
             schema = _field(key, returned, spec, cls.__name__)
             found.append((spec.order, Declared(key, name, True, spec, schema, _column(key, spec, schema))))
     return [declared for _, declared in sorted(found, key=lambda pair: pair[0])]
@@ -202,17 +237,18 @@ def declarations(cls: type) -> list[Declared]:
 
 
 def record_fields(cls: type) -> dict[str, Field]:
-    """A record's payload fields, as schema fields (a spread one's declared `fields` in its place)."""
+    """A record's payload fields, as schema fields (a spread one's fields in its place: those it declares, or its
+    nested Payload's)."""
     out: dict[str, Field] = {}
     for item in declarations(cls):
-        out.update(item.spec.fields or {} if item.spec.spread else {item.key: item.field})
+        out.update(item.field.fields or {} if item.spec.spread else {item.key: item.field})
     return out
 
 
 def record_patterns(cls: type) -> dict[str, Field]:
     """The patterns of a record's spread fields (fields named by a regular expression)."""
     return {pattern: field for item in declarations(cls) if item.spec.spread
-            for pattern, field in (item.spec.patterns or {}).items()}
+            for pattern, field in (item.field.patterns or {}).items()}
 
 
 def record_field(cls: type, description: str) -> Field:
@@ -255,14 +291,12 @@ def to_payload(self: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in declarations(type(self)):
         value = getattr(self, item.attribute)
-        if item.computed:
-            value = value()
         if not item.spec.required and _left_out(value, item.spec.omit):
             continue
         if item.spec.dump is not None:
             value = item.spec.dump(value)
-        if item.spec.spread:
-            out.update(plain(value))
+        if item.spec.spread:  # a nested Payload's declared fields, or a dict of fields
+            out.update(to_payload(value) if isinstance(value, Payload) else plain(value))
         else:
             out[item.key] = plain(value)
     return out

@@ -144,5 +144,5 @@ class SyntaxResult(Payload):
                        "count": entry.count, "judged": entry.judged, "accuracy": accuracy,
                        "baseline": entry.baseline, "margin": round(accuracy - entry.baseline, 4),
                        "syntactic": f"{entry.relation} {entry.direction}" in syntactic.get((layer, head), ())}
-                      for entry in self.relation_entries() for layer, row in enumerate(entry.accuracy)
+                      for entry in self.relation_entries for layer, row in enumerate(entry.accuracy)
                       for head, accuracy in enumerate(row)])

@@ -9,7 +9,6 @@ the interval where it changes most. Whether the two are the same interval is the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from probe.frames import frame, head_name
@@ -22,17 +21,17 @@ MIN_RISE = 0.1
 are attention shares, 0 to 1)."""
 
 
-@dataclass
-class CheckpointResult:
+class CheckpointResult(Payload):
     """One checkpoint's numbers. `heads`: classify's per-head entries ({"layer", "head", "scores"}), with "delta"
     where heads were ablated."""
 
-    name: str
-    step: int
-    loss: float | None
-    icl_score: float | None
-    heads: list[dict[str, Any]]
-    notes: list[str] = field(default_factory=list)
+    name: str = schema_field("its file, folder or revision")
+    step: int = schema_field("its step")
+    loss: float | None = schema_field("the probe text's loss", type="number")
+    icl_score: float | None = schema_field("the in-context learning score (null where the context is too short)",
+                                           type="number")
+    heads: list[dict[str, Any]] = schema_field("every head's scores (and delta)")
+    notes: list[str] = schema_field("what to know of it", required=False, default_factory=list)
 
     def score(self, name: str, layer: int, head: int) -> float | None:
         return self.grid(name)[layer][head]
@@ -45,10 +44,6 @@ class CheckpointResult:
         for entry in self.heads:
             grid[entry["layer"]][entry["head"]] = entry["scores"].get(name)
         return grid
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "step": self.step, "loss": self.loss, "icl_score": self.icl_score,
-                "heads": self.heads, **({"notes": self.notes} if self.notes else {})}
 
     @staticmethod
     def from_dict(entry: dict[str, Any]) -> CheckpointResult:
@@ -159,15 +154,9 @@ class TrackResult(Payload):
     heads_ablated: list[str] = schema_field("--heads: the heads whose ablation delta is tracked", required=False,
                                             default_factory=list)
 
-    @payload("each checkpoint in step order", key="checkpoints", type="array", items=Field(
-        "object", "a checkpoint", fields={
-            "name": Field("string", "its file, folder or revision"), "step": Field("integer", "its step"),
-            "loss": Field("number", "the probe text's loss"),
-            "icl_score": Field("number", "the in-context learning score (null where the context is too short)"),
-            "heads": Field("array", "every head's scores (and delta)"),
-            "notes": Field("array", "what to know of it", required=False)}))
-    def checkpoint_entries(self) -> list[dict[str, Any]]:
-        return [c.to_dict() for c in self.checkpoints]
+    @payload("each checkpoint in step order", key="checkpoints", items="a checkpoint")
+    def checkpoint_entries(self) -> list[CheckpointResult]:
+        return self.checkpoints
 
     @payload("per class, the interval of the best head's largest rise", key="phase_changes")
     def phase_change_list(self) -> list[dict[str, Any]]:
