@@ -107,7 +107,7 @@ def main() -> None:
         result, entry = build(args.fast, lambda text: print(text, file=sys.stderr, flush=True))
         saved.write_bytes(pickle.dumps(result))
         entry["command"] = "python -m bench.atlas" + ("" if len(sys.argv) == 1 else " " + shlex.join(sys.argv[1:]))
-    html = atlas_page(result.to_dict(), {name: p.to_dict() for name, p in result.patterns.items()})
+    html = atlas_page(result.to_dict(), {name: p.page_payload() for name, p in result.patterns.items()})
     path = RESULTS_DIR / f"atlas-{kind}.html"
     path.write_text(html, encoding="utf-8")
     entry["page_bytes"] = len(html.encode("utf-8"))

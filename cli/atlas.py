@@ -47,7 +47,7 @@ def atlas(
                              results_dir=results, resume=resume, progress=update, self_repair=self_repair)
     payload = result.to_dict()
     save_json(json_path, payload, "atlas")
-    save(html_path, lambda path: write_text(path, atlas_page(payload, {name: block.to_dict() for name, block
+    save(html_path, lambda path: write_text(path, atlas_page(payload, {name: block.page_payload() for name, block
                                                                        in result.patterns.items()})))
     warn_non_finite(payload)
     atlas_report(payload, console)

@@ -30,7 +30,7 @@ def html_page(loaded: LoadedModel, result: Classification, *, data: Path | None,
     with status("capturing the patterns of flagged heads ..."):
         patterns = classification_patterns(loaded, result, data=data, seq_len=seq_len, repeat_len=repeat_len,
                                            seed=seed)
-    return classification_page(result.to_dict(), {name: block.to_dict() for name, block in patterns.items()})
+    return classification_page(result.to_dict(), {name: block.page_payload() for name, block in patterns.items()})
 
 
 def classify(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
-import numpy as np
 import typer
 
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
@@ -15,10 +14,10 @@ from probe.ablation.heads import parse_layers
 from probe.hooks.layers import attention_layers
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
-from probe.patterns import Patterns, read_text, text_patterns
+from probe.patterns import read_text, text_patterns
 from probe.reports.files import write_json, write_text
 from probe.schemas import header
-from probe.reports.labels import column_label, precision_sentence
+from probe.reports.labels import precision_sentence
 from probe.reports.html import heatmap_page
 
 Layers = Annotated[Optional[str], typer.Option(
@@ -53,23 +52,12 @@ def heatmap(
                                  max_tokens=max_tokens, start=window_start)
     if patterns.note:
         note(f"note: {patterns.note}")
-    if json_path is not None:
-        write_json(json_path, weights_payload(patterns), schema=header("heatmap"))
+    if json_path is not None:  # the shown heads' weights as plain JSON, for a script: the heatmap kind's payload
+        write_json(json_path, patterns.to_dict(), schema=header("heatmap"))
         note(f"wrote {json_path} ({len(patterns.heads)} heads, {len(patterns.tokens)} tokens)")
     if html_path is not None:
-        page = heatmap_page(patterns.to_dict())
+        page = heatmap_page(patterns.page_payload())
         write_text(html_path, page)
         note(f"wrote {html_path} ({len(page.encode('utf-8')) / 2**20:.1f} MiB, {len(patterns.tokens)} tokens)")
     note(precision_sentence({"dtype": patterns.dtype}))  # what the weights were computed in, as every report says
 
-
-def weights_payload(patterns: Patterns) -> dict[str, Any]:
-    """The shown heads' weights as plain JSON: what the page draws, for a script (per head a list of query rows)."""
-    data = patterns.to_dict()
-    names = data.get("layer_names")
-    return {"model": data["model"], "dtype": data["dtype"], "source": data["source"], "tokens": data["tokens"],
-            "first": data["first"], "total_tokens": data["total_tokens"], "decimals": data["decimals"],
-            "causal": data["causal"], "note": data["note"], **({"layer_names": names} if names else {}),
-            "heads": [{"layer": layer, "head": head, "name": column_label(layer, head, names),
-                       "weights": np.round(patterns.weights(layer, head), data["decimals"]).tolist()}
-                      for layer, head in patterns.heads if head >= 0]}  # not the page's layer averages (head -1)

@@ -23,7 +23,7 @@ from probe.kv.pipeline import BOUNDED_STAGES, STAGE_UNITS, check_budget_choice
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
-from probe.reports.kv_heads import budget_record, duo_config, kv_heads_page, kv_heads_report, razor_map
+from probe.reports.kv_heads import duo_config, kv_heads_page, kv_heads_report, razor_map
 
 EXPORTS = ("duo", "razor", "headkv")
 """duo:DIR (DuoAttention), razor:FILE.json (RazorAttention), headkv:FILE.json (HeadKV / Wu et al.)."""
@@ -115,9 +115,9 @@ def budget_file(export: Path) -> Path:
         export.with_name(export.stem + ".budget.json")
 
 
-def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
+def _write_exports(exports: dict[str, Path], payload: dict[str, Any], budget: dict[str, Any]) -> None:
     """The maps through the head-map formats' writers (probe compare reads them back); RazorAttention's, which
-    no other command reads, and each export's budget file here."""
+    no other command reads, and each export's budget file (`budget`, the kv-budget kind's payload) here."""
     source = "probe kv-heads"
     if "duo" in exports:  # full_attention_heads.tsv and config.json (sink_size, recent_size, threshold)
         save(exports["duo"], lambda path: write_map(kv_heads_map(payload, "duo", source), path, "duo",
@@ -128,7 +128,7 @@ def _write_exports(exports: dict[str, Path], payload: dict[str, Any]) -> None:
         save(exports["headkv"], lambda path: write_map(kv_heads_map(payload, "retrieval", source), path,
                                                        "retrieval-head"))
     for export in exports.values():  # beside each export: how its budget was chosen
-        save_json(budget_file(export), budget_record(payload), "kv-budget")
+        save_json(budget_file(export), budget, "kv-budget")
 
 
 def kv_work(loaded: LoadedModel, length: int, needles: int, texts: int, stages: tuple[bool, bool],
@@ -192,5 +192,5 @@ def kv_heads(
     payload = result.to_dict()
     save_json(json_path, payload, "kv-heads")
     save(html_path, lambda path: write_text(path, kv_heads_page(payload)))
-    _write_exports(exports, payload)
+    _write_exports(exports, payload, result.budget_record().to_dict())
     kv_heads_report(payload, console)

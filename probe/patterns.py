@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.frames import frame, head_columns
+from probe.frames import frame, head_columns, head_name
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
                           build_probe_set, context_length, is_encoder, read_text_file)
 from probe.errors import ProbeError
@@ -38,6 +38,10 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.stacks import decoder_start, layer_names
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
+from probe.schemas.base import Field
+from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, NAME, NUMBER
+from probe.schemas.declare import Payload, payload, published, schema_field
+from probe.schemas.pages import PatternsPage
 
 DEFAULT_MAX_TOKENS = 512
 TOKEN_LIMIT = 1024
@@ -50,31 +54,56 @@ SYMBOLS = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍"}
 _SENTENCEPIECE_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
-@dataclass
-class Patterns:
+class HeadWeights(Payload, frozen=True):
+    """One head's rounded weights, as `probe heatmap --json` writes them."""
+
+    layer: int = schema_field(LAYER)
+    head: int = schema_field(HEAD)
+    name: str = schema_field(NAME)
+    weights: list[list[float]] = schema_field("query rows of key weights", items=Field("array", "a row", items=NUMBER))
+
+
+@published("heatmap", 1, "The shown heads' attention weights on one text (probe heatmap --json): per head a list of "
+           "query rows.", rows="one per head, query and key position",
+           columns={**HEAD_COLUMNS, "query": Field("integer", "the query's position"),
+                    "key": Field("integer", "the key's position"),
+                    "query_token": Field("string", "the query's token"),
+                    "key_token": Field("string", "the key's token"), "weight": Field("number", "the attention weight")})
+class Patterns(Payload):
     """Attention of some heads on one token sequence, rounded for a page.
 
     `values[i]` is head `heads[i]` = (layer, head) as integers weight * 10**decimals, queries down, keys across;
     head AVERAGE (-1) is the mean over that layer's heads. With `causal`, keys after the query are masked: the
-    values there are 0 and pages leave them blank.
+    values there are 0 and pages leave them blank. `to_dict()` is the heatmap kind's payload (`probe heatmap
+    --json`: each head's weights as lists, the layer averages left out); `page_payload()` is what the pages draw.
     """
 
-    model: str
-    source: str  # what the tokens are, in words
-    tokens: list[str]  # visible token strings, one per position
+    model: str = schema_field(MODEL)
+    # what the model ran in: docs/precision.md says how far a half-precision run lies
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)
+    source: str = schema_field("what the tokens are")
+    tokens: list[str] = schema_field("the visible token strings", items="a token")  # one per position
+    first: int = schema_field("the position of the first token shown", default=0, kw_only=True)  # of a window
+    total_tokens: int = schema_field("tokens in the input before any cut")
+    decimals: int = schema_field("decimals the weights are rounded to")
+    causal: bool = schema_field("whether a query sees only earlier keys")
+    note: str = schema_field("what was cut, if anything", default="", kw_only=True)
+    # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
+    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)
     heads: list[tuple[int, int]]
     values: np.ndarray  # (len(heads), n, n) uint16
-    decimals: int
-    causal: bool
     n_layers: int
     n_heads: int
-    total_tokens: int  # tokens in the input before any cut
-    note: str = ""  # what was cut, if anything
-    first: int = 0  # the position of the first token shown (a window of a longer input)
     thumbnails: np.ndarray | None = None  # (len(heads), t, t) uint8: max-pooled weight * 255, for overviews
     meta: dict[str, Any] = field(default_factory=dict)
-    layer_names: list[str] | None = None  # encoder-decoders: `enc0`, `dec0`, `x0`, ... (probe.hooks.stacks)
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
+
+    @payload("each head shown", key="heads", items="a head")
+    def head_weights(self) -> list[HeadWeights]:
+        """The shown heads' rounded weights (NaN, written null, where a causal model masks the key); not the page's
+        layer averages (head -1)."""
+        return [HeadWeights(layer, head, head_name(layer, head, self.layer_names),
+                            np.round(self.weights(layer, head), self.decimals).tolist())
+                for layer, head in self.heads if head >= 0]
 
     @property
     def labels(self) -> list[str]:
@@ -92,14 +121,17 @@ class Patterns:
         except ValueError:
             raise ProbeError(f"no pattern of layer {layer} head {head} here", parameter="heads") from None
 
-    def to_dict(self) -> dict[str, Any]:
+    def page_payload(self) -> PatternsPage:
         """The plain payload the HTML pages take (values and thumbnails stay numpy arrays)."""
-        return {"model": self.model, "source": self.source, "tokens": list(self.tokens), "labels": self.labels,
-                "heads": [[layer, head] for layer, head in self.heads], "values": self.values,
-                "decimals": self.decimals, "scale": self.scale, "causal": self.causal, "n_layers": self.n_layers,
-                "n_heads": self.n_heads, "total_tokens": self.total_tokens, "note": self.note, "first": self.first,
-                "thumbnails": self.thumbnails, "meta": dict(self.meta), "average": AVERAGE, "dtype": self.dtype,
-                **({"layer_names": self.layer_names} if self.layer_names else {})}
+        out: PatternsPage = {
+            "model": self.model, "source": self.source, "tokens": list(self.tokens), "labels": self.labels,
+            "heads": [[layer, head] for layer, head in self.heads], "values": self.values, "decimals": self.decimals,
+            "scale": self.scale, "causal": self.causal, "n_layers": self.n_layers, "n_heads": self.n_heads,
+            "total_tokens": self.total_tokens, "note": self.note, "first": self.first, "thumbnails": self.thumbnails,
+            "meta": dict(self.meta), "average": AVERAGE, "dtype": self.dtype}
+        if self.layer_names:
+            out["layer_names"] = self.layer_names
+        return out
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per head, query and key shown (a causal pattern's keys up to its query): layer,
@@ -123,7 +155,7 @@ class Patterns:
     def _repr_html_(self) -> str:
         from probe.reports.html import heatmap_page  # reports render; the library never needs them otherwise
 
-        return heatmap_page(self.to_dict(), embed_plotly=False)
+        return heatmap_page(self.page_payload(), embed_plotly=False)
 
     def weights(self, layer: int, head: int) -> np.ndarray:
         """The rounded weights of one head as float32 (n, n), NaN where a causal model masks the key."""

@@ -1,5 +1,5 @@
 """`probe atlas`: the terminal summary and the page (head finder, overview grid, one dashboard per head) from an
-`Atlas.to_dict()` payload and the patterns of each probe set (`Patterns.to_dict()`).
+`Atlas.to_dict()` payload and the patterns of each probe set (`Patterns.page_payload()`).
 
 The page carries a small table of every head (its classes, evidence status and numbers) for the finder, and each
 head's dashboard as deflated JSON, decoded in the browser only when that dashboard opens; patterns travel as
@@ -21,6 +21,7 @@ from probe.reports.html import ASSETS, esc, facts_table, page, pattern_spec, sta
 from probe.reports.labels import precision_clause, short_label
 
 if TYPE_CHECKING:
+    from probe.schemas.pages import PatternsPage
     from probe.schemas.payloads import AtlasPayload
 
 STATUS_WORDS = {"confirmed": "confirmed", "partial": "partly supported", "pattern_only": "pattern only",
@@ -129,7 +130,7 @@ BODY = (
 )
 
 
-def atlas_page(payload: AtlasPayload, patterns: dict[str, dict[str, Any]] | None = None, *,
+def atlas_page(payload: AtlasPayload, patterns: dict[str, PatternsPage] | None = None, *,
                embed_plotly: bool = True) -> str:
     """`probe atlas --html` and `Atlas._repr_html_`: the head finder (scatter of any two metrics, layer x head grid,
     sortable and searchable table, filters by class and evidence) and each head's dashboard on click."""

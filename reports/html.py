@@ -1,6 +1,6 @@
 """Self-contained interactive HTML pages: attention heatmaps, classification overviews, ablation plots.
 
-Reports render and compute nothing: each page takes the plain payload of a result (`Patterns.to_dict()`,
+Reports render and compute nothing: each page takes the plain payload of a result (`Patterns.page_payload()`,
 `Classification.to_dict()`, `AblationResult.to_dict()` or the ablation JSON) and imports nothing from probe but its
 error type. Each page is one file that works offline from file://: plotly.js and probe's small runtime
 (`reports/assets/probe.js`) are inlined, a Content-Security-Policy forbids every request, and patterns travel as
@@ -28,6 +28,7 @@ from probe.errors import ProbeError
 from probe.reports.labels import LayerNames, long_label, precision_fact, short_label
 
 if TYPE_CHECKING:
+    from probe.schemas.pages import PatternsPage
     from probe.schemas.payloads import ClassifyPayload
 
 ASSETS = Path(__file__).parent / "assets"
@@ -117,8 +118,8 @@ def pack_uint16(values: np.ndarray) -> str:
     return _deflate(np.ascontiguousarray(planes.T).tobytes())
 
 
-def pattern_spec(patterns: dict[str, Any], group: int) -> dict[str, Any]:
-    """The page's form of a patterns payload (`Patterns.to_dict()`): labels escaped for plotly, heads in deflated
+def pattern_spec(patterns: PatternsPage, group: int) -> dict[str, Any]:
+    """The page's form of a patterns payload (`Patterns.page_payload()`): labels escaped for plotly, heads in deflated
     groups of `group` (decoded on demand), a causal model's lower triangle only."""
     n, heads, values = len(patterns["tokens"]), patterns["heads"], patterns["values"]
     flat = values.reshape(len(heads), n * n)  # (heads, queries * keys)
@@ -246,9 +247,9 @@ def ranked_table(header: list[str], rows: list[list[str]], text_columns: int = 0
 # pages
 
 
-def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
+def heatmap_page(patterns: PatternsPage, *, embed_plotly: bool = True) -> str:
     """`probe heatmap`: one head's pattern at a time (layer and head chosen on the page, or each layer's average),
-    with an overview of every head that selects on click. `patterns` is a `Patterns.to_dict()` payload."""
+    with an overview of every head that selects on click. `patterns` is a `Patterns.page_payload()`."""
     heads, n_layers, n_heads = patterns["heads"], patterns["n_layers"], patterns["n_heads"]
     layers = sorted({layer for layer, _ in heads})
     per_layer = [sum(1 for at, _ in heads if at == layer) for layer in layers]
@@ -290,7 +291,7 @@ def heatmap_page(patterns: dict[str, Any], *, embed_plotly: bool = True) -> str:
     return page("heatmap", f"probe heatmap: {patterns['model']}", body, data, embed_plotly=embed_plotly)
 
 
-def _overview(patterns: dict[str, Any]) -> str:
+def _overview(patterns: PatternsPage) -> str:
     thumbnails = patterns.get("thumbnails")
     if thumbnails is None:
         return ""
@@ -311,7 +312,7 @@ def _score_grid(payload: ClassifyPayload, name: str) -> list[list[float | None]]
     return grid
 
 
-def _pattern_viewer(block: dict[str, Any] | None, flagged: list[Any], have_patterns: bool) -> str:
+def _pattern_viewer(block: PatternsPage | None, flagged: list[Any], have_patterns: bool) -> str:
     """The flagged-head pattern viewer of one class section, or a hint at how to get one."""
     if block is not None and flagged:
         note = block["note"]
@@ -322,7 +323,7 @@ def _pattern_viewer(block: dict[str, Any] | None, flagged: list[Any], have_patte
     if flagged and not have_patterns:
         return ('<p class="probe-small">Patterns of the flagged heads: <code>probe classify --html FILE</code>, '
                 "or <code>classification_page(result.to_dict(), patterns=...)</code> with the "
-                "<code>to_dict()</code> of each of <code>classification_patterns(loaded, result)</code>.</p>")
+                "<code>page_payload()</code> of each of <code>classification_patterns(loaded, result)</code>.</p>")
     return ""
 
 
@@ -338,7 +339,7 @@ def _highest(payload: ClassifyPayload, name: str, threshold: float, count: int =
                                                for score, layer, head in top]) + "</div>")
 
 
-def _class_section(payload: ClassifyPayload, index: int, name: str, patterns: dict[str, dict[str, Any]],
+def _class_section(payload: ClassifyPayload, index: int, name: str, patterns: dict[str, PatternsPage],
                    scores: list[dict[str, Any]]) -> str:
     """One class: its score grid (appended to `scores` for the page's data) and its flagged heads' viewer."""
     info = payload["classes"].get(name)
@@ -363,10 +364,10 @@ def _class_section(payload: ClassifyPayload, index: int, name: str, patterns: di
             + f'<div class="probe-row"><div class="probe-score-plot"></div>{viewer}</div></div>')
 
 
-def classification_page(payload: ClassifyPayload, patterns: dict[str, dict[str, Any]] | None = None, *,
+def classification_page(payload: ClassifyPayload, patterns: dict[str, PatternsPage] | None = None, *,
                         embed_plotly: bool = True) -> str:
     """`probe classify --html` and `Classification._repr_html_`: a layer x head grid of each score with flagged
-    heads marked and, when `patterns` are given (probe set name -> `Patterns.to_dict()`), each flagged head's
+    heads marked and, when `patterns` are given (probe set name -> `Patterns.page_payload()`), each flagged head's
     pattern on the input that earned the label. `payload` is a `Classification.to_dict()`."""
     patterns = patterns or {}
     scores: list[dict[str, Any]] = []

@@ -1,7 +1,8 @@
 """`probe kv-heads` rendered from its payload (`KVHeads.to_dict()`): the terminal table and curve, the HTML page
 (a layer x KV-head map coloured by label, scores on hover, and the curve), and what the exports hold beyond their
-maps (DuoAttention's settings, RazorAttention's map, the budget file; the DuoAttention and HeadKV maps are written
-by probe.headmaps.formats' writers). Computes nothing."""
+maps (DuoAttention's settings, RazorAttention's map; the DuoAttention and HeadKV maps are written by
+probe.headmaps.formats' writers, the budget file beside each is `KVHeads.budget_record()`'s payload). Computes
+nothing."""
 
 from __future__ import annotations
 
@@ -80,13 +81,6 @@ def curve_table(curve: dict[str, Any]) -> Table:
         table.add_row(str(k), f"{ours['loss_change'][index]:+.4f}", mean("loss_change", "+.4f"),
                       f"{ours['needle_accuracy'][index]:.2f}", mean("needle_accuracy", ".2f"))
     return table
-
-
-def budget_record(payload: KvHeadsPayload) -> dict[str, Any]:
-    """What an export's budget file says: how the budget was chosen, what was measured, which KV heads stream."""
-    return {"model": payload["model"], "dtype": payload["dtype"], "sink": payload["sink"],
-            "recent": payload["recent"], "budget": payload["budget"], "n_streaming": payload["n_streaming"],
-            "streaming": [[row["layer"], row["kv_head"]] for row in payload["kv_heads"] if row["label"] != "full"]}
 
 
 def budget_lines(budget: dict[str, Any] | None) -> list[str]:

@@ -252,17 +252,17 @@ def payload(result: Any, dtypes: list[str]) -> Any:
 # 8.9e-5, prune 4.3e-4 / 1.0e-4, patching (logit differences) 1.0e-3 / 1.5e-4, attribution patching (output, query,
 # key and value) 1.2e-2 / 7.7e-4, dla 4.5e-4 / 7.3e-5, self-repair 1.2e-3 / 1.3e-4, steering 4.2e-3 / 5.1e-4,
 # circuits 6.1e-4 / 9.8e-5, atlas 1.5e-3 / 1.9e-4, track 2.6e-3 / 2.6e-4, syntax 0 / 0 (its argmax counts apart),
-# patterns 1 / 1 (weights in thousandths, rounded), inputs 2.4e-3 / 3.6e-4, headmaps (compare's difference) 7e-6 /
-# 2e-6. Bounds: 3 to 10 times those, float16's tighter.
+# patterns 1e-3 / 1e-3 (the heatmap payload's weights, rounded to 0.001), inputs 2.4e-3 / 3.6e-4, headmaps
+# (compare's difference) 7e-6 / 2e-6. Bounds: 3 to 10 times those, float16's tighter.
 BOUNDS = {
     "bfloat16": {"classify": 1e-3, "attention": 2e-3, "trace": 0.02, "kv_heads": 1e-3, "ablation": 0.01,
                  "estimate": 5e-3, "prune": 5e-3, "patching": 0.01, "attribution_patching": 0.04, "dla": 5e-3,
                  "self_repair": 0.01, "steering": 0.02, "circuits": 5e-3, "atlas": 0.01, "track": 0.02,
-                 "syntax": 5e-3, "patterns": 5, "inputs": 0.02, "headmaps": 1e-3},
+                 "syntax": 5e-3, "patterns": 5e-3, "inputs": 0.02, "headmaps": 1e-3},
     "float16": {"classify": 2e-4, "attention": 2e-4, "trace": 3e-3, "kv_heads": 2e-4, "ablation": 1.5e-3,
                 "estimate": 1e-3, "prune": 1e-3, "patching": 2e-3, "attribution_patching": 4e-3, "dla": 1e-3,
                 "self_repair": 2e-3, "steering": 3e-3, "circuits": 1e-3, "atlas": 2e-3, "track": 3e-3,
-                "syntax": 1e-3, "patterns": 3, "inputs": 3e-3, "headmaps": 2e-4},
+                "syntax": 1e-3, "patterns": 3e-3, "inputs": 3e-3, "headmaps": 2e-4},
 }
 IGNORE = {"ablation": frozenset({"top_tokens", "specificity"}), "self_repair": frozenset({"repaired"}),
           "patching": frozenset({"patch_effect"}), "inputs": frozenset({"normalised"}),

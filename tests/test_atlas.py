@@ -180,7 +180,8 @@ def test_page_in_chromium(built, tmp_path, open_page):  # noqa: F811
     induction["examples"][0]["spans"][-1]["tokens"][0] = SCRIPT + IMG  # text in a dashboard stays text
     induction["classes"][0]["evidence"]["kinds"]["weights"]["why"] = IMG
     path = tmp_path / "atlas.html"
-    path.write_text(atlas_page(payload, {name: p.to_dict() for name, p in built.patterns.items()}), encoding="utf-8")
+    blocks = {name: p.page_payload() for name, p in built.patterns.items()}
+    path.write_text(atlas_page(payload, blocks), encoding="utf-8")
     opened = open_page(path)
     assert opened.page.text_content("h1") == f"Atlas of {SCRIPT}"
     assert len(_rows(opened)) == 8 and opened.page.locator(".atlas-dashboard").is_hidden()

@@ -149,7 +149,7 @@ def hover_text(opened: Opened, q: int, k: int, selector: str = ".probe-plot") ->
 def test_heatmap_page_draws_the_captured_attention(smollm2, tmp_path, open_page):
     patterns = text_patterns(smollm2, TEXT, source=f"text file {IMG}.txt")
     path = tmp_path / "heatmap.html"
-    path.write_text(heatmap_page(patterns.to_dict()), encoding="utf-8")
+    path.write_text(heatmap_page(patterns.page_payload()), encoding="utf-8")
     ids = text_ids(smollm2, TEXT)
     captured = capture_attention(smollm2.model, __import__("torch").tensor([ids]))
     opened = open_page(path)
@@ -195,7 +195,7 @@ def test_injected_text_stays_text(tmp_path, open_page, causal):
     tokens = [SCRIPT, IMG, "&amp;", "<b>bold</b>", "␣the", "␣the"]
     path = tmp_path / "injection.html"
     patterns = fake_patterns(tokens, model=SCRIPT, source=f"text file {IMG}", causal=causal)
-    path.write_text(heatmap_page(patterns.to_dict()), encoding="utf-8")
+    path.write_text(heatmap_page(patterns.page_payload()), encoding="utf-8")
     opened = open_page(path)
     assert_pattern(opened.z(), patterns.values[0] / 1000, causal=causal)  # an encoder's pattern has no blank
     opened.page.click('canvas.probe-thumb[data-layer="1"][data-head="-1"]')
@@ -219,7 +219,7 @@ def test_classification_page(smollm2, tmp_path, open_page):
     result.model = f"smollm2 {SCRIPT}"
     patterns = classification_patterns(smollm2, result, **options)
     path = tmp_path / "classify.html"
-    page = classification_page(result.to_dict(), {name: block.to_dict() for name, block in patterns.items()})
+    page = classification_page(result.to_dict(), {name: block.page_payload() for name, block in patterns.items()})
     path.write_text(page, encoding="utf-8")
     opened = open_page(path)
     assert opened.page.text_content("h1") == f"Head classification of smollm2 {SCRIPT}"
@@ -293,7 +293,7 @@ def test_notebook_results_render(tmp_path, open_page):
     patterns.thumbnails = None  # as classification_patterns makes them: no overview
     forget_notebook_plotly()
     first, second = (classification_page(result.to_dict(), embed_plotly=False) for _ in range(2))
-    third = heatmap_page(patterns.to_dict(), embed_plotly=False)
+    third = heatmap_page(patterns.page_payload(), embed_plotly=False)
     path = tmp_path / "notebook.html"
     path.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'></head><body>{first}"
                     f"<div id='cell2'></div><div id='cell3'>{third}</div></body></html>", encoding="utf-8")
@@ -376,7 +376,7 @@ def test_a_long_token_strip_wraps_inside_its_column(width: int, tmp_path, browse
     """The strip under the heatmap ran into the "All heads" grid beside it at 1400 px (its tokens had no place to
     wrap): drawn, the strip's box and the grid's box do not intersect, and the strip stays in its column."""
     path = tmp_path / "strip.html"
-    path.write_text(heatmap_page(long_strip_patterns().to_dict()), encoding="utf-8")
+    path.write_text(heatmap_page(long_strip_patterns().page_payload()), encoding="utf-8")
     context = browser.new_context(viewport={"width": width, "height": 1000})
     try:
         opened = Opened(context.new_page(), path.resolve().as_uri())

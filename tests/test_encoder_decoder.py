@@ -255,7 +255,7 @@ def test_pages_name_the_layers_by_stack(tmp_path: Path, open_page) -> None:  # n
     opened = open_page(path)
     assert tick_texts(opened, "y", ".probe-score-plot") == names
     opened.check_clean()
-    patterns = attention_patterns(loaded, [2, 17, 33, 17, 33], source="ids").to_dict()
+    patterns = attention_patterns(loaded, [2, 17, 33, 17, 33], source="ids").page_payload()
     path = tmp_path / "heatmap.html"
     path.write_text(heatmap_page(patterns), encoding="utf-8")
     opened = open_page(path)

@@ -42,7 +42,7 @@ def ready(page: Any, selector: str, **expected: str) -> None:
 def test_the_colour_scale_can_leave_bos_out(browser, tmp_path: Path) -> None:  # noqa: F811
     patterns = fake_patterns(["<s>", "a", "b", "c", "d"])
     path = tmp_path / "heatmap.html"
-    path.write_text(heatmap_page(patterns.to_dict()), encoding="utf-8")
+    path.write_text(heatmap_page(patterns.page_payload()), encoding="utf-8")
     page = opened(browser, path)
     ready(page, ".probe-page", layer="0", head="0")
     assert page.evaluate("document.querySelector('.probe-plot').data[0].zmax") == 1
@@ -65,7 +65,7 @@ def test_repeat_boundary_and_expected_diagonal_are_marked(browser, tmp_path: Pat
     scores["induction"][1, 1] = scores["duplicate_token"][0, 1] = scores["sink"][1, 0] = 0.9
     result = Classification(model="m", n_layers=2, n_heads=2, scores=scores,
                             thresholds={"induction": 0.4, "duplicate_token": 0.4, "sink": 0.3})
-    blocks = {"repeated": patterns.to_dict(), "natural": fake_patterns(tokens).to_dict()}
+    blocks = {"repeated": patterns.page_payload(), "natural": fake_patterns(tokens).page_payload()}
     page_text = classification_page(result.to_dict(), blocks)
     spec = page_data(page_text)["patterns"]["repeated"]
     assert (spec["repeat"], spec["offset"], spec["first"]) == (R, 1, 0)
@@ -95,7 +95,7 @@ def test_a_click_on_a_token_shows_its_attention_over_the_text(browser, tmp_path:
     tokens = ["<s>", "<b>x</b>", "y", "␣z", "x", "y"]
     patterns = fake_patterns(tokens)
     path = tmp_path / "heatmap.html"
-    path.write_text(heatmap_page(patterns.to_dict()), encoding="utf-8")
+    path.write_text(heatmap_page(patterns.page_payload()), encoding="utf-8")
     page = opened(browser, path)
     ready(page, ".probe-page", layer="0", head="0")
     spans = page.locator(".probe-tokens span")
@@ -125,7 +125,7 @@ def test_a_click_on_a_token_shows_its_attention_over_the_text(browser, tmp_path:
 def test_labels_stay_readable_at_150_tokens_and_follow_a_zoom(browser, tmp_path: Path) -> None:  # noqa: F811
     patterns = fake_patterns([f"tok{i}" for i in range(150)])
     path = tmp_path / "long.html"
-    path.write_text(heatmap_page(patterns.to_dict()), encoding="utf-8")
+    path.write_text(heatmap_page(patterns.page_payload()), encoding="utf-8")
     page = opened(browser, path)
     ready(page, ".probe-page", layer="0", head="0")
     ticks = "Array.from(document.querySelectorAll('.probe-plot .xtick text')).map(t => t.textContent)"

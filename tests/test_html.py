@@ -119,7 +119,7 @@ def test_bidirectional_models_are_not_masked():
     patterns = attention_patterns(loaded, torch.arange(1, 9), source="test", decimals=4)
     assert not patterns.causal
     assert not np.isnan(patterns.weights(0, 0)).any()
-    spec = pattern_spec(patterns.to_dict(), 5)
+    spec = pattern_spec(patterns.page_payload(), 5)
     assert len(unpack_uint16(spec["chunks"][0])) == 5 * 8 * 8
 
 
@@ -187,7 +187,7 @@ def test_classification_patterns_use_the_sequence_that_earned_the_label():
     expected = capture_attention(loaded.model, repeated[None], layers={1})[1][0, 2].numpy()
     lower = np.tril_indices(len(repeated))
     np.testing.assert_allclose(patterns["repeated"].weights(1, 2)[lower], expected[lower], atol=5e-4 + 1e-7)
-    page = classification_page(result.to_dict(), {name: block.to_dict() for name, block in patterns.items()})
+    page = classification_page(result.to_dict(), {name: block.page_payload() for name, block in patterns.items()})
     data = page_data(page)
     assert set(data["patterns"]) == {"natural", "repeated"}
     assert [s["name"] for s in data["scores"]] == ["sink", "induction", "previous_token"]
@@ -208,7 +208,7 @@ def test_packing_round_trips_and_compresses():
 
 def test_pattern_spec_keeps_the_lower_triangle_of_causal_models():
     patterns = fake_patterns([f"t{i}" for i in range(7)])
-    spec = pattern_spec(patterns.to_dict(), 3)
+    spec = pattern_spec(patterns.page_payload(), 3)
     assert len(spec["chunks"]) == 2 and spec["group"] == 3 and spec["causal"]
     flat = np.concatenate([unpack_uint16(chunk) for chunk in spec["chunks"]]).reshape(6, -1)
     rows, cols = np.tril_indices(7)
@@ -225,7 +225,7 @@ def test_escaping_helpers():
 
 def test_heatmap_page_is_self_contained_and_escaped():
     tokens = [SCRIPT, IMG, "␣the", "&amp;", "␣the"]
-    page = heatmap_page(fake_patterns(tokens, model=SCRIPT, source=f"text file {IMG}").to_dict())
+    page = heatmap_page(fake_patterns(tokens, model=SCRIPT, source=f"text file {IMG}").page_payload())
     assert page.startswith("<!DOCTYPE html>")
     assert "Content-Security-Policy" in page and "default-src &#x27;none&#x27;" in page
     assert "window.Plotly = Plotly" in page  # plotly.js inlined

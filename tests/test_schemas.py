@@ -1,8 +1,8 @@
 """The published schemas (probe/schemas/, docs/schemas.md): every command's --json file validates against its kind's
 schema, the schema refuses a payload with a field missing or misspelt, `probe schema` prints each, and every result's
-`to_frame()` has the columns its schema documents. Adding a kind: its result class declared with
-probe.schemas.declare (`@published`, listed in probe/schemas/kinds.py's DECLARED), or its `register` entry, and its
-line in RUNS."""
+`to_frame()` has the columns its schema documents, and the file holds its result's `to_dict()` as it is. Adding a
+kind: its result class declared with probe.schemas.declare (`@published`, listed in probe/schemas/kinds.py's DECLARED),
+and its line in RUNS."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from conftest import run_cli
 from test_precision import COMMANDS, PLANTED, WORDS
 
-from probe.reports.files import write_json
+from probe.reports.files import finite, write_json
 from probe.schemas import SCHEMAS, header
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,6 +130,15 @@ def test_the_file_validates_its_schema_refuses_a_broken_one_and_the_frame_has_it
                    {**payload, "schema_version": SCHEMAS[kind].version + 1}):
         assert not check.is_valid(broken)
     frame_columns(kind, result)
+    written_as_declared(payload, result)
+
+
+def written_as_declared(payload: dict[str, Any], result: Any) -> None:
+    """The file holds the result's own `to_dict()` (made from its declarations), nothing added, dropped or
+    reordered: a field declared but not written, or written but not declared, fails here."""
+    written = {key: value for key, value in payload.items() if key not in ("schema", "schema_version", "provenance")}
+    declared = json.loads(json.dumps(finite(result.to_dict()), allow_nan=False))
+    assert list(written) == list(declared) and written == declared
 
 
 def frame_columns(kind: str, result: Any) -> None:

@@ -264,7 +264,8 @@ def test_the_dla_page_and_an_atlas_dashboard_draw_self_repair(tmp_path, capsys, 
     payload = built.to_dict()
     payload["model"] = SCRIPT + IMG  # text stays text
     path = tmp_path / "atlas.html"
-    path.write_text(atlas_page(payload, {name: p.to_dict() for name, p in built.patterns.items()}), encoding="utf-8")
+    blocks = {name: p.page_payload() for name, p in built.patterns.items()}
+    path.write_text(atlas_page(payload, blocks), encoding="utf-8")
     opened = open_page(path)
     opened.page.click("tr.atlas-row[data-head='0.1']")
     opened.wait_ready(dashboard="0.1")

@@ -133,7 +133,7 @@ class Atlas(Payload):
     def _repr_html_(self) -> str:
         from probe.reports.atlas import atlas_page  # reports render; the library never needs them otherwise
 
-        return atlas_page(self.to_dict(), {name: p.to_dict() for name, p in self.patterns.items()},
+        return atlas_page(self.to_dict(), {name: p.page_payload() for name, p in self.patterns.items()},
                           embed_plotly=False)
 
 

@@ -29,7 +29,8 @@ Modules, one job each, data flowing one way (scoring -> order -> points -> budge
 `scoring` (the needle prompts' scoring pass and the model's own needle accuracy), `order` (per KV head scores and the
 streaming order), `points` (one point of an order measured: loss and needle accuracy with k KV heads streamed),
 `budget` (the calibrated or fixed budget, `Budget`, the labels), `curve` (the order against random orders), `result`
-(`KVHeads`, its `to_dict` and `to_frame`), `pipeline` (`kv_heads`, the stages in turn).
+(`KVHeads`, its `to_dict` and `to_frame`; `KVBudget`, an export's budget file), `pipeline` (`kv_heads`, the stages
+in turn).
 """
 
 from probe.kv.budget import (DEFAULT_FULL_FRACTION, DEFAULT_MAX_LOSS_INCREASE, Budget, budget_points, calibrate_budget,
@@ -38,10 +39,10 @@ from probe.kv.curve import curve_steps, stream_curve
 from probe.kv.order import ORDERS, RETRIEVAL_FLOOR, aggregate, kv_groups, loss_order, query_heads, stream_order
 from probe.kv.pipeline import BUDGET_SEED_OFFSET, CURVE_SEED_OFFSET, KV_SINK, kv_heads
 from probe.kv.points import CurveInputs, text_loss
-from probe.kv.result import KVHeads
+from probe.kv.result import KVBudget, KVHeads
 from probe.kv.scoring import NeedleRun, accuracy_table, needle_accuracy, score_needles
 
 __all__ = ["BUDGET_SEED_OFFSET", "CURVE_SEED_OFFSET", "DEFAULT_FULL_FRACTION", "DEFAULT_MAX_LOSS_INCREASE", "KV_SINK",
-           "ORDERS", "RETRIEVAL_FLOOR", "Budget", "CurveInputs", "KVHeads", "NeedleRun", "accuracy_table", "aggregate",
-           "budget_points", "calibrate_budget", "curve_steps", "full_heads", "kv_groups", "kv_heads", "loss_order",
-           "needle_accuracy", "query_heads", "score_needles", "stream_curve", "stream_order", "text_loss"]
+           "ORDERS", "RETRIEVAL_FLOOR", "Budget", "CurveInputs", "KVBudget", "KVHeads", "NeedleRun", "accuracy_table",
+           "aggregate", "budget_points", "calibrate_budget", "curve_steps", "full_heads", "kv_groups", "kv_heads",
+           "loss_order", "needle_accuracy", "query_heads", "score_needles", "stream_curve", "stream_order", "text_loss"]

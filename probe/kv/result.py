@@ -1,5 +1,6 @@
 """`KVHeads`, the result of `kv_heads`: scores per query and KV head, labels, the order, its budget and curve;
-`to_dict()` (the kv-heads schema's payload) and `to_frame()`.
+`to_dict()` (the kv-heads schema's payload) and `to_frame()`. `KVBudget`, what the budget file beside each export
+says (`KVHeads.budget_record()`, the kv-budget schema's payload).
 """
 
 from __future__ import annotations
@@ -35,6 +36,41 @@ class QueryHeadEntry(Payload, frozen=True):
     kv_head: int = schema_field("its key/value head", column=True)
     retrieval: float = schema_field("retrieval score", column="the head's retrieval score")
     streaming: float = schema_field("streaming score", column="the head's streaming score")
+
+
+def _budget_payload(budget: Budget | None) -> dict[str, Any] | None:
+    """A budget as the payloads hold it (null: none)."""
+    return None if budget is None else budget.to_dict()
+
+
+@published("kv-budget", 1, "The budget file written beside a --export: how the budget was chosen, what was measured, "
+           "which KV heads stream.", rows="one per point the budget's search measured",
+           columns={"k": Field("integer", "KV heads streamed, first k of the order"),
+                    "loss_change": Field("number", "the loss change with them streamed"),
+                    "needle_accuracy": Field("number", "the needle accuracy with them streamed"),
+                    "accepted": Field("boolean", "whether the point is within the budget's rule")})
+class KVBudget(Payload):
+    """The budget of a KV-head map and the map's streaming heads: what an export's budget file says, beside the
+    files its consumers read (`KVHeads.budget_record()`)."""
+
+    model: str = schema_field(MODEL)
+    dtype: str = schema_field(DTYPE)
+    sink: int = schema_field("the streaming cache's sink keys")
+    recent: int = schema_field("its recent keys")
+    budget: Budget | None = schema_field("the rule, the number streamed, every point measured",
+                                         type=("object", "null"), dump=_budget_payload)
+
+    @payload("KV heads that stream")
+    def n_streaming(self) -> int:
+        return len(self.streaming)
+
+    streaming: list[tuple[int, int]] = schema_field("the streaming KV heads as [layer, kv_head]",
+                                                    dump=lambda heads: [list(head) for head in heads])
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per point the budget's search measured (k, loss change, needle accuracy,
+        accepted: `Budget.to_frame()`; none without a budget). Needs pandas."""
+        return frame([]) if self.budget is None else self.budget.to_frame()
 
 
 @published("kv-heads", 1, "Retrieval and streaming scores per query and KV head, their labels, the streaming order and "
@@ -90,8 +126,7 @@ class KVHeads(Payload):
     curve: dict[str, Any] | None = schema_field("the order's curve against random orders (null: --no-curve)",
                                                 default=None)
     budget: Budget | None = schema_field("how many KV heads stream, and every point the search measured",
-                                         type=("object", "null"), default=None,
-                                         dump=lambda budget: None if budget is None else budget.to_dict())
+                                         type=("object", "null"), default=None, dump=_budget_payload)
 
     @payload("DuoAttention's full_attention_heads values, layers x KV heads", key="duo_full_attention_heads")
     def duo_values(self) -> list[list[float]]:
@@ -106,6 +141,13 @@ class KVHeads(Payload):
 
     seconds: dict[str, float] = schema_field(  # scores, order, budget, curve
         "wall time per stage", default_factory=dict)
+
+    def budget_record(self) -> KVBudget:
+        """What the budget file beside an export says: the budget, the cache a streaming head keeps, and the KV
+        heads that stream, layer by layer."""
+        streaming = [(layer, kv) for layer in range(self.n_layers) for kv in range(self.n_kv_heads)
+                     if (layer, kv) not in self.full]
+        return KVBudget(self.model, self.dtype, self.sink, self.recent, self.budget, streaming)
 
     def label(self, layer: int, kv_head: int) -> str:
         return "full" if (layer, kv_head) in self.full else "streaming"

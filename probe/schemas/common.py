@@ -1,5 +1,5 @@
 """The fields many kinds share (a head's layer and index, the model, its dtype, ...), declared once here and used
-by the results' declarations (probe.schemas.declare) and the kinds declared in probe/schemas/kinds.py."""
+by the results' declarations (probe.schemas.declare)."""
 
 from __future__ import annotations
 

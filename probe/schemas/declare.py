@@ -12,8 +12,8 @@ declarations' order in the class body, `payload` properties included; a field wi
 without is declared `kw_only=True` (its constructor's positional order is the fields' without it). An attribute
 without `schema_field` is the result's own and not in the payload.
 
-A result whose `to_dict()` is still written by hand declares its kind in probe/schemas/kinds.py (`register(Kind(...))`);
-both kinds of declaration live in one registry (probe.schemas.SCHEMAS)."""
+Every published kind is declared so, its class listed in probe/schemas/kinds.py's DECLARED; the registry
+(probe.schemas.SCHEMAS) imports them when first read."""
 
 from __future__ import annotations
 
