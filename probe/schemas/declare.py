@@ -267,11 +267,16 @@ def columns(*parts: type | Mapping[str, Field]) -> dict[str, Field]:
     return out
 
 
+_LEAVES = (float, int, str, type(None))  # what a payload holds as it is (bool is an int)
+
+
 def plain(value: Any) -> Any:
     """A value as a payload holds it: records as their dicts, inside lists, tuples and dicts too."""
     if isinstance(value, Payload):
         return value.to_dict()
     if isinstance(value, list):
+        if all(isinstance(item, _LEAVES) for item in value):  # a row of numbers (a heatmap's: 256 x 256 per head)
+            return list(value)
         return [plain(item) for item in value]
     if isinstance(value, tuple):
         return tuple(plain(item) for item in value)
