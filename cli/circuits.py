@@ -10,14 +10,26 @@ import typer
 from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.plans import SWEEP_FORWARDS, Work, classify_works, composition_work, plan
 from probe.cli.progress import console, stage_progress
-from probe.circuits.pairs import STAGE_UNITS
+from probe.circuits.pairs import CLASSES, STAGE_UNITS
 from probe.circuits.pairs import circuits as find_circuits
-from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
+from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, ProbeOptions, build_probe_set
 from probe.errors import ProbeError
-from probe.models import DEFAULT_MODEL
+from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.reports.circuits import circuit_rows, circuits_page, circuits_report
 from probe.reports.files import write_csv, write_text
+
+def circuits_work(loaded: LoadedModel, options: ProbeOptions, top: int, check: bool) -> list[Work]:
+    """K-composition in layer pairs, the classification's passes, and the check: up to `top` pairs, each head alone
+    and the two together (none where no induction head is found), in forwards of the repeated set."""
+    works = [composition_work(loaded, "k"), *classify_works(loaded, options, list(CLASSES))]
+    if check:
+        batch = build_probe_set("repeated", loaded, options).input_ids
+        works.append(Work(f"the ablation check (up to {top} pairs: {3 * top} ablations, one forward each from its "
+                          "layer on)", batch, (0.0, SWEEP_FORWARDS[1] * 3 * top)))
+    return works
+
 
 NoCheck = Annotated[bool, typer.Option("--no-check", help="Skip the ablation check (weights and classification only).")]
 
@@ -36,6 +48,8 @@ def circuits(
         raise ProbeError(f"--top must be at least 1, got {top}")
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    options = ProbeOptions(seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
+    plan(loaded, circuits_work(loaded, options, top, not no_check), batch_size)
     with stage_progress("circuits: ", STAGE_UNITS) as update:
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
                                repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=update)

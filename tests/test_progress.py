@@ -291,6 +291,12 @@ COUNTED = re.compile(r"^(?P<what>.+?): (?:\d+/\d+ [a-z ]+ \()?(?P<percent>\d+)%"
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_past_a_tenth(
         command: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    on_a_fake_clock(command, COMMANDS[command], tmp_path, capsys, monkeypatch)
+
+
+def on_a_fake_clock(command: str, args: list[str], tmp_path: Path, capsys, monkeypatch) -> list[str]:
+    """`args` run with every look at the clock 4 s later and no heartbeat thread: each stage named as it starts, no
+    time left before a tenth of its stage, every counted stage ending at 100%; its stderr lines."""
     clock = [0.0]
 
     def fake_clock() -> float:  # every look at the clock: 4 s later
@@ -302,7 +308,7 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
     monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)  # a random tiny model's corruption changes little
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
     monkeypatch.chdir(TESTS.parent)
-    code, _, stderr = run_cli([*COMMANDS[command], "--json", str(tmp_path / "out.json")], capsys, monkeypatch)
+    code, _, stderr = run_cli([*args, "--json", str(tmp_path / "out.json")], capsys, monkeypatch)
     assert code == 0, stderr
     lines = stderr.splitlines()
     counted = [(found["what"], int(found["percent"]), line) for line in lines if (found := COUNTED.match(line))]
@@ -316,6 +322,7 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
     assert all(percent == 100 for percent in last.values()), last
     started = [line for line in lines if line.endswith(" ...") and line.startswith(f"{command}: ")]
     assert started == STAGES.get(command, started), stderr
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------
