@@ -25,7 +25,8 @@ from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.reports.atlas import atlas_page, atlas_report
 from probe.reports.files import write_text
 
-PLAN_STAGES = (3.0, 8.0)  # examples (two passes over the natural set), DLA and patterns, in its forwards
+PLAN_STAGES = (6.0, 22.0)  # copying, examples, patterns and DLA (each position's heads to the next token's logit),
+# in forwards of the natural set (bench/NOTES.md: about 13 on SmolLM2)
 SELF_REPAIR = (0.5, 1.5)  # one head zero-ablated on the natural set, its total and direct effects, in its forwards
 
 
@@ -48,7 +49,7 @@ def atlas_work(loaded: LoadedModel, options: ProbeOptions, fast: bool, task: Pro
     if task is not None:
         works.append(sweep_work("ablating every head on the task", heads, build_probe_set("task", loaded,
                                                                                            task).input_ids))
-    works.append(Work("examples, patterns and DLA", natural, PLAN_STAGES))
+    works.append(Work("copying scores, examples, patterns and DLA", natural, PLAN_STAGES))
     if self_repair:
         works.append(Work(f"self-repair ({heads} heads, one forward each)", natural,
                           (SELF_REPAIR[0] * heads, SELF_REPAIR[1] * heads)))

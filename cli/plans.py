@@ -46,12 +46,12 @@ class Work:
     forwards: tuple[float, float]
 
 
-def forward_seconds(loaded: LoadedModel, batch: Tensor, batch_size: int) -> float:
-    """Seconds of one forward of `batch` (in rows of `batch_size`, as the work runs it) on this machine: the second
-    of two (the first pays one-off costs)."""
+def forward_seconds(loaded: LoadedModel, batch: Tensor, batch_size: int, runs: int = 2) -> float:
+    """Seconds of one forward of `batch` (in rows of `batch_size`, as the work runs it) on this machine: the last of
+    `runs` (the first of a process pays one-off costs; a plan's later shapes run once)."""
     seconds = 0.0
     with torch.no_grad():
-        for _ in range(2):
+        for _ in range(runs):
             started = time.perf_counter()
             for chunk in batch.split(max(batch_size, 1)):
                 run_model(loaded.model, chunk, logits=False)
@@ -81,7 +81,7 @@ def plan(loaded: LoadedModel, works: Sequence[Work], batch_size: int, show: bool
         if key not in timed:
             try:
                 timed[key] = work.batch.seconds() if isinstance(work.batch, Unit) else \
-                    forward_seconds(loaded, work.batch, batch_size)
+                    forward_seconds(loaded, work.batch, batch_size, runs=1 if _forwards(timed) else 2)
             except Exception:  # a plan is advice: input the work refuses (a length past the model's) is refused by
                 continue  # the work itself, in its own one line, or skipped (the ICL score past the model's context)
         if key not in timed:
@@ -96,9 +96,13 @@ def plan(loaded: LoadedModel, works: Sequence[Work], batch_size: int, show: bool
     return low, high
 
 
+def _forwards(timed: dict[object, float]) -> list[float]:
+    return [seconds for key, seconds in timed.items() if not isinstance(key, str)]
+
+
 def _timings(timed: dict[object, float]) -> str:
     """`one forward of the batch timed: 0.52 s, 0.21 s; one layer pair timed: 0.03 s`."""
-    forwards = [seconds for key, seconds in timed.items() if not isinstance(key, str)]
+    forwards = _forwards(timed)
     said = [f"one forward of the batch timed: {', '.join(f'{seconds:.2f} s' for seconds in forwards)}"] \
         if forwards else []
     return "; ".join(said + [f"one {key} timed: {seconds:.2f} s" for key, seconds in timed.items()

@@ -62,7 +62,10 @@ def test_a_unit_that_is_no_forward_is_timed_once_and_said_in_the_line(capsys) ->
 
 def test_work_that_cannot_be_timed_is_left_out_and_the_rest_said(capsys, monkeypatch) -> None:
     """The in-context learning score past a small model's context: the library skips it, the plan leaves it out."""
-    def forward(loaded, batch, batch_size) -> float:
+    runs_of: list[int] = []
+
+    def forward(loaded, batch, batch_size, runs=2) -> float:
+        runs_of.append(runs)
         if batch.shape[1] > 64:
             raise IndexError("index out of range in self")
         return 1.0
@@ -72,6 +75,7 @@ def test_work_that_cannot_be_timed_is_left_out_and_the_rest_said(capsys, monkeyp
     said = plans.plan(None, [plans.Work("the loss", short, (40, 40)),  # type: ignore[arg-type]
                              plans.Work("the score past the context", long, (40, 40))], 8)
     assert said == pytest.approx((32.0, 64.0))
+    assert runs_of == [2, 1]  # the first shape run twice (one-off costs), a later one once
     assert capsys.readouterr().err == "plan: the loss: about 32 s-1:04 here (one forward of the batch timed: " \
                                       "1.00 s)\n"
 
@@ -98,9 +102,11 @@ WORK = {  # the library call where each command's work starts: a spy there marks
     "steer": "probe.steering.baseline_metric", "syntax": "probe.syntax.run.capture_attention",
     "track": "probe.track.run.measure"}
 PARTS = {  # what each plan names
-    "atlas": ["classifying every head", "K/Q/V-composition", "ablating every head", "examples, patterns and DLA"],
+    "atlas": ["classifying every head", "K/Q/V-composition", "ablating every head",
+              "copying scores, examples, patterns and DLA"],
     "circuits": ["K-composition (1 layer pairs, from the weights)", "classifying every head",
-                 "the ablation check (up to 3 pairs: 9 ablations"],
+                 "the ablation check (each induction head found and its feeder, alone and together: up to 12 "
+                 "ablations"],
     "steer": ["measuring 2 head(s) at 2 value(s)", "generating 3 tokens in 5 rows"],
     "syntax": ["reading every head's attention on 12 sentences (2 batch(es))"],
     "track": ["2 checkpoint(s), each loaded (the first in", "classifying every head", "the loss"],

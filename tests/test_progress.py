@@ -334,13 +334,13 @@ def test_a_plan_is_its_forwards_times_one_timed_forward_with_slack(capsys, monke
 
     import probe.cli.plans as plans
 
-    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size: 3.0)
+    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size, runs=2: 3.0)
     batch = torch.ones((2, 128), dtype=torch.long)
     said = plans.plan(None, [plans.Work("ablating heads", batch, (10, 20))], 8)  # type: ignore[arg-type]
     assert said == (24.0, 96.0)  # 10 x 3 s x 0.8 .. 20 x 3 s x 1.6
     assert capsys.readouterr().err == "plan: ablating heads: about 24 s-1:36 here (one forward of the batch " \
                                       "timed: 3.00 s)\n"
-    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size: 0.1)
+    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size, runs=2: 0.1)
     assert plans.plan(None, [plans.Work("a moment", batch, (1, 2))], 8) == pytest.approx((0.08, 0.32))  # type: ignore[arg-type]
     assert capsys.readouterr().err == ""  # under SAID_FROM: nothing said
     cli_progress.set_quiet(True)
