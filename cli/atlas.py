@@ -15,7 +15,8 @@ from probe.cli.options import (BatchSize, Count, Device, DeviceMap, Dtype, Force
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Results, Resume, Seed, SelfRepair,
                                SeqLen, Task, TextData, Thresholds, TrustRemoteCode, load, parse_thresholds)
 from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
-from probe.cli.plans import SWEEP_FORWARDS, Work, classify_works, composition_work, plan, sweep_work
+from probe.cli.plans import (SWEEP_FORWARDS, Work, classify_works, composition_work, plan, planned_first,
+                             sweep_work)
 from probe.cli.progress import console, stage_progress
 from probe.heads.evidence import RULES
 from probe.hooks.layers import attention_layers
@@ -78,11 +79,10 @@ def atlas(
     check_outputs({"--json": json_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
-    if not resume:
-        plan(loaded, atlas_work(loaded, options, fast, None if task is None else replace(options, task=task,
-                                                                                           num_seqs=count),
-                                self_repair), batch_size)
-    with stage_progress("atlas: ", STAGE_UNITS) as update:
+    tasks = None if task is None else replace(options, task=task, num_seqs=count)
+    with stage_progress("atlas: ", STAGE_UNITS) as stages:
+        update = planned_first(lambda: None if resume else plan(
+            loaded, atlas_work(loaded, options, fast, tasks, self_repair), batch_size), stages)
         result = build_atlas(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed,
                              thresholds=thresholds, task=task, task_count=count, fast=fast, batch_size=batch_size,
                              results_dir=results, resume=resume, progress=update, self_repair=self_repair)

@@ -10,7 +10,7 @@ import typer
 from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.plans import SWEEP_FORWARDS, Work, classify_works, composition_work, plan
+from probe.cli.plans import SWEEP_FORWARDS, Work, classify_works, composition_work, plan, planned_first
 from probe.cli.progress import console, stage_progress
 from probe.circuits.pairs import CLASSES, STAGE_UNITS
 from probe.circuits.pairs import circuits as find_circuits
@@ -54,8 +54,8 @@ def circuits(
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     options = ProbeOptions(seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
-    plan(loaded, circuits_work(loaded, options, not no_check), batch_size)
-    with stage_progress("circuits: ", STAGE_UNITS) as update:
+    with stage_progress("circuits: ", STAGE_UNITS) as stages:
+        update = planned_first(lambda: plan(loaded, circuits_work(loaded, options, not no_check), batch_size), stages)
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
                                repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=update)
     payload = result.to_dict()

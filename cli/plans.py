@@ -141,8 +141,8 @@ def _tokens(batch: Tensor) -> str:
 def planned_first(say_plan: Callable[[], object], update: Callable[..., None]) -> Callable[..., None]:
     """`update` (a `(done, total)` or `(stage, done, total)` callback), with the plan said at its first report:
     after the library has checked its arguments and inputs (a refusal stays the only line), before the work. Only
-    for a library call whose first report comes before any hook is on the model (kv_heads': its first stage's 0):
-    the plan runs forwards of its own."""
+    for a library call whose first report comes before any hook is on the model (kv_heads', atlas' and circuits':
+    their first stage's 0; syntax_scores': its 0 before the first batch): the plan runs forwards of its own."""
     planned: list[bool] = []
 
     def first_the_plan(*report: object) -> None:

@@ -255,16 +255,23 @@ def progress_bar(description: str, unit: str | None = None, estimate: bool = Tru
                  announce: bool = False) -> Iterator[Callable[[int, int], None]]:
     """Progress with a count (in `unit`, e.g. "checkpoints"; without one, a share) and the time left on stderr (a
     bar, or plain lines; no time left with `estimate` False: a total that only bounds the work, units of unequal
-    cost); yields a `(done, total)` callback. `announce`: off a terminal, `description ...` said as it starts (a
-    command's one stage, whose first unit can take minutes)."""
+    cost); yields a `(done, total)` callback. `announce`: off a terminal, `description ...` said at the first
+    report (a command's one stage, whose first unit can take minutes; after the library's checks, so that a refusal
+    stays the only line)."""
     if not _showing(True):
         yield lambda done, total: None
     elif not errors.is_terminal:
-        if announce:
-            note(f"{description} ...")
         plain = PlainProgress(description, unit=unit, estimate=estimate)
+        said: list[bool] = []
+
+        def first_said(done: int, total: int) -> None:
+            if not said:
+                said.append(True)
+                note(f"{description} ...")
+            plain.update(done, total)
+
         with heartbeat(plain.tick):
-            yield plain.update
+            yield first_said if announce else plain.update
         plain.finish()
     else:
         left = [TimeRemainingColumn()] if estimate else []

@@ -12,7 +12,7 @@ import typer
 from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, OffloadFolder, TextFile, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.plans import CAPTURE, Work, plan
+from probe.cli.plans import CAPTURE, Work, plan, planned_first
 from probe.cli.progress import console, progress_bar, status, warn
 from probe.inputs import ENGLISH
 from probe.errors import ProbeError
@@ -80,8 +80,8 @@ def syntax(
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences, scheme, source = read_parses(conllu, file, max_sentences)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    plan(loaded, syntax_work(loaded, sentences, batch_size), batch_size)
-    with progress_bar("scoring sentences", unit="sentences", announce=True) as update:
+    with progress_bar("scoring sentences", unit="sentences", announce=True) as scored:
+        update = planned_first(lambda: plan(loaded, syntax_work(loaded, sentences, batch_size), batch_size), scored)
         result = syntax_scores(loaded, sentences, scheme=scheme, source=source, batch_size=batch_size,
                                min_count=min_count, margin=margin, confident=confident, progress=update)
     payload = result.to_dict()
