@@ -1,7 +1,8 @@
 """What a long command says before its work starts: what it will run and how long that takes on this machine, as a
 range. The range is counted in forwards of the command's own batch (the unit its work is made of: a sweep runs each
 head's ablated forward from that head's layer on) times one such forward timed here, now, so it holds on a laptop, a
-loaded machine and a GPU alike; the time left printed once a tenth of the work is done replaces it."""
+loaded machine and a GPU alike (work that is no forward, a layer pair of the weights' composition, is counted in
+its own unit, one timed here too); the time left printed once a tenth of the work is done replaces it."""
 
 from __future__ import annotations
 
@@ -12,30 +13,45 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from probe.circuits.composition import pair_seconds
 from probe.cli.progress import clock, note, quiet
+from probe.heads.classify import classify_work
+from probe.hooks.layers import attention_layers
 from probe.hooks.run import run_model
+from probe.inputs import ProbeOptions
 from probe.models import LoadedModel
 
 SWEEP_FORWARDS = (0.5, 1.0)  # one head's exact ablation, in forwards of the batch (bench/RESULTS.md: 0.60-0.73x)
+CAPTURE = (1.0, 2.0)  # a pass that reads every head's attention (classify's, syntax's), in forwards of its batch
+PAIR = (0.2, 1.0)  # a layer pair of the weights' composition, in the pair timed with both its layers' set-up
 SLACK = (0.8, 1.6)  # the timed forward against a forward inside the work (warm caches, a busy machine)
 SAID_FROM = 30.0  # seconds: work whose range reaches this is said; shorter work says nothing
 
 
 @dataclass(frozen=True)
+class Unit:
+    """A unit of work that is not a forward of a batch: its name as the plan says it (`layer pair`), and how to time
+    one here (seconds)."""
+
+    name: str
+    seconds: Callable[[], float]
+
+
+@dataclass(frozen=True)
 class Work:
-    """Work of one kind: `forwards` (low, high) of `batch`, said as `what`."""
+    """Work of one kind: `forwards` (low, high) of `batch` (or that many of a `Unit`), said as `what`."""
 
     what: str
-    batch: Tensor
+    batch: Tensor | Unit
     forwards: tuple[float, float]
 
 
-def forward_seconds(loaded: LoadedModel, batch: Tensor, batch_size: int) -> float:
-    """Seconds of one forward of `batch` (in rows of `batch_size`, as the work runs it) on this machine: the second
-    of two (the first pays one-off costs)."""
+def forward_seconds(loaded: LoadedModel, batch: Tensor, batch_size: int, runs: int = 2) -> float:
+    """Seconds of one forward of `batch` (in rows of `batch_size`, as the work runs it) on this machine: the last of
+    `runs` (the first of a process pays one-off costs; a plan's later shapes run once)."""
     seconds = 0.0
     with torch.no_grad():
-        for _ in range(2):
+        for _ in range(runs):
             started = time.perf_counter()
             for chunk in batch.split(max(batch_size, 1)):
                 run_model(loaded.model, chunk, logits=False)
@@ -59,27 +75,62 @@ def plan(loaded: LoadedModel, works: Sequence[Work], batch_size: int, show: bool
         return None
     low = high = 0.0
     parts = []
-    timed: dict[tuple[int, ...], float] = {}
+    timed: dict[object, float] = {}
     for work in works:
-        shape = tuple(work.batch.shape)
-        if shape not in timed:
+        key = work.batch.name if isinstance(work.batch, Unit) else tuple(work.batch.shape)
+        if key not in timed:
             try:
-                timed[shape] = forward_seconds(loaded, work.batch, batch_size)
+                timed[key] = work.batch.seconds() if isinstance(work.batch, Unit) else \
+                    forward_seconds(loaded, work.batch, batch_size, runs=1 if _forwards(timed) else 2)
             except Exception:  # a plan is advice: input the work refuses (a length past the model's) is refused by
-                return None  # the work itself, in its own one line
-        low += work.forwards[0] * timed[shape] * SLACK[0]
-        high += work.forwards[1] * timed[shape] * SLACK[1]
-        parts.append(work.what)
+                continue  # the work itself, in its own one line, or skipped (the ICL score past the model's context)
+        if key not in timed:
+            continue
+        low += work.forwards[0] * timed[key] * SLACK[0]
+        high += work.forwards[1] * timed[key] * SLACK[1]
+        parts += [work.what] if work.what else []
+    if not timed:
+        return None
     if high >= SAID_FROM:
-        note(f"plan: {'; then '.join(parts)}: about {span(low, high)} here (one forward of the batch timed: "
-             f"{', '.join(f'{seconds:.2f} s' for seconds in timed.values())})")
+        note(f"plan: {'; then '.join(parts)}: about {span(low, high)} here ({_timings(timed)})")
     return low, high
+
+
+def _forwards(timed: dict[object, float]) -> list[float]:
+    return [seconds for key, seconds in timed.items() if not isinstance(key, str)]
+
+
+def _timings(timed: dict[object, float]) -> str:
+    """`one forward of the batch timed: 0.52 s, 0.21 s; one layer pair timed: 0.03 s`."""
+    forwards = _forwards(timed)
+    said = [f"one forward of the batch timed: {', '.join(f'{seconds:.2f} s' for seconds in forwards)}"] \
+        if forwards else []
+    return "; ".join(said + [f"one {key} timed: {seconds:.2f} s" for key, seconds in timed.items()
+                             if isinstance(key, str)])
 
 
 def sweep_work(what: str, heads: int, batch: Tensor) -> Work:
     """An exact sweep of `heads` heads over `batch` (each head's forward from its layer on)."""
     return Work(f"{what} ({heads} heads, one forward each from its layer on, on {_tokens(batch)})", batch,
                 (SWEEP_FORWARDS[0] * heads, SWEEP_FORWARDS[1] * heads))
+
+
+def classify_works(loaded: LoadedModel, options: ProbeOptions, scores: list[str] | None = None) -> list[Work]:
+    """`classify`'s passes, each a forward of its probe set that reads every head's attention (CAPTURE)."""
+    work = classify_work(loaded, options, scores)
+    passes = sum(count for _, count in work.values())
+    said = f"classifying every head ({passes} pass(es) over {len(work)} probe set(s))"
+    return [Work(said if index == 0 else "", probe_set.input_ids, (CAPTURE[0] * count, CAPTURE[1] * count))
+            for index, (probe_set, count) in enumerate(work.values())]
+
+
+def composition_work(loaded: LoadedModel, kinds: str) -> Work:
+    """The weights' composition of every head into every later head, for each of `kinds` (K, Q, V): layer pairs,
+    one timed here (`pair_seconds`)."""
+    layers = len(attention_layers(loaded.model))
+    pairs = len(kinds) * layers * (layers - 1) // 2
+    return Work(f"{'/'.join(kind.upper() for kind in kinds)}-composition ({pairs} layer pairs, from the weights)",
+                Unit("layer pair", lambda: pair_seconds(loaded.model)), (PAIR[0] * pairs, PAIR[1] * pairs))
 
 
 def _tokens(batch: Tensor) -> str:
@@ -90,8 +141,8 @@ def _tokens(batch: Tensor) -> str:
 def planned_first(say_plan: Callable[[], object], update: Callable[..., None]) -> Callable[..., None]:
     """`update` (a `(done, total)` or `(stage, done, total)` callback), with the plan said at its first report:
     after the library has checked its arguments and inputs (a refusal stays the only line), before the work. Only
-    for a library call whose first report comes before any hook is on the model (kv_heads': its first stage's 0):
-    the plan runs forwards of its own."""
+    for a library call whose first report comes before any hook is on the model (kv_heads', atlas' and circuits':
+    their first stage's 0; syntax_scores': its 0 before the first batch): the plan runs forwards of its own."""
     planned: list[bool] = []
 
     def first_the_plan(*report: object) -> None:

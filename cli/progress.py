@@ -22,6 +22,8 @@ from rich.console import Console
 from rich.progress import (BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn,
                            TimeRemainingColumn)
 
+from probe.progress import heartbeat as beating
+
 UNWRAPPED = 4096  # columns of a console that is not a terminal: lines and tables keep their natural width
 EVERY_SECONDS = 30.0  # plain progress: at most this long between two lines
 EVERY_FRACTION = 10  # plain progress: a line at every tenth of the work
@@ -114,24 +116,10 @@ def timed_status(doing: str, done: str) -> AbstractContextManager[Any]:
     return _announced(f"{doing} ...", done, on_terminal=True) if _showing(True) else nullcontext()
 
 
-@contextmanager
-def heartbeat(tick: Callable[[], None], period: float | None = None) -> Iterator[None]:
+def heartbeat(tick: Callable[[], None], period: float | None = None) -> AbstractContextManager[None]:
     """`tick()` every `period` (BEAT) seconds on a daemon thread while the block runs (each tick decides for itself
     whether a line is due): a library call that reports nothing for minutes still gets a line every 30 seconds."""
-    stop = threading.Event()
-    every = BEAT if period is None else period
-
-    def beat() -> None:
-        while not stop.wait(every):
-            tick()
-
-    thread = threading.Thread(target=beat, name="probe-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+    return beating(tick, BEAT if period is None else period)
 
 
 class Announcer:
@@ -263,17 +251,27 @@ def _bar_columns(unit: str | None) -> list[Any]:
 
 
 @contextmanager
-def progress_bar(description: str, unit: str | None = None,
-                 estimate: bool = True) -> Iterator[Callable[[int, int], None]]:
+def progress_bar(description: str, unit: str | None = None, estimate: bool = True,
+                 announce: bool = False) -> Iterator[Callable[[int, int], None]]:
     """Progress with a count (in `unit`, e.g. "checkpoints"; without one, a share) and the time left on stderr (a
     bar, or plain lines; no time left with `estimate` False: a total that only bounds the work, units of unequal
-    cost); yields a `(done, total)` callback."""
+    cost); yields a `(done, total)` callback. `announce`: off a terminal, `description ...` said at the first
+    report (a command's one stage, whose first unit can take minutes; after the library's checks, so that a refusal
+    stays the only line)."""
     if not _showing(True):
         yield lambda done, total: None
     elif not errors.is_terminal:
         plain = PlainProgress(description, unit=unit, estimate=estimate)
+        said: list[bool] = []
+
+        def first_said(done: int, total: int) -> None:
+            if not said:
+                said.append(True)
+                note(f"{description} ...")
+            plain.update(done, total)
+
         with heartbeat(plain.tick):
-            yield plain.update
+            yield first_said if announce else plain.update
         plain.finish()
     else:
         left = [TimeRemainingColumn()] if estimate else []

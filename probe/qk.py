@@ -613,6 +613,7 @@ def qk_attribution(loaded: LoadedModel, ids: Tensor, head: tuple[int, int], *, m
     parameters = next(loaded.model.parameters())
     twin = make_twin(target.layer.module, torch.float64 if parameters.dtype == torch.float64 else torch.float32,
                      target.head, target.kv_head, target.layer.head_dim)
+    report(0, len(lengths))  # the count is known before the first row, however long it runs
     with torch.no_grad():
         for row, length in enumerate(lengths):
             names = _add_row(target, twin, ids[row, :length].cpu(), rule, None if query is None else (query, key or 0),

@@ -44,7 +44,7 @@ from probe.hooks.run import logits_of, run_model
 from probe.hooks.types import BatchContext, HookContext
 from probe.inputs import ContrastSet, ProbeSet
 from probe.models import LoadedModel
-from probe.progress import ProgressArg, callback
+from probe.progress import ProgressArg, callback, reports
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS
 from probe.schemas.declare import Payload, columns, payload, published, schema_field
@@ -405,6 +405,7 @@ def _result(loaded: LoadedModel, source: str, metric: str, method: str,
         sums.compensation / n, reference=reference, top=top, unit=unit, path=path)
 
 
+@reports("self-repair")
 def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
                          method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
                          progress: ProgressArg = None) -> SelfRepair:
@@ -421,6 +422,7 @@ def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequ
     return _result(loaded, contrast.description, LOGIT_DIFF, method, measured, top)
 
 
+@reports("self-repair")
 def text_self_repair(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
                      method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
                      progress: ProgressArg = None) -> SelfRepair:

@@ -316,6 +316,12 @@ COUNTED = re.compile(r"^(?P<what>.+?): (?:\d+/\d+ [a-z ]+ \()?(?P<percent>\d+)%"
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_past_a_tenth(
         command: str, tmp_path: Path, capsys, monkeypatch) -> None:
+    on_a_fake_clock(command, COMMANDS[command], tmp_path, capsys, monkeypatch)
+
+
+def on_a_fake_clock(command: str, args: list[str], tmp_path: Path, capsys, monkeypatch) -> list[str]:
+    """`args` run with every look at the clock 4 s later and no heartbeat thread: each stage named as it starts, no
+    time left before a tenth of its stage, every counted stage ending at 100%; its stderr lines."""
     clock = [0.0]
 
     def fake_clock() -> float:  # every look at the clock: 4 s later
@@ -327,7 +333,7 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
     monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)  # a random tiny model's corruption changes little
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
     monkeypatch.chdir(TESTS.parent)
-    code, _, stderr = run_cli([*COMMANDS[command], "--json", str(tmp_path / "out.json")], capsys, monkeypatch)
+    code, _, stderr = run_cli([*args, "--json", str(tmp_path / "out.json")], capsys, monkeypatch)
     assert code == 0, stderr
     lines = stderr.splitlines()
     counted = [(found["what"], int(found["percent"]), line) for line in lines if (found := COUNTED.match(line))]
@@ -342,6 +348,7 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
     assert all(percent == 100 for percent in last.values()), last
     started = [line for line in lines if line.endswith(" ...") and line.startswith(f"{command}: ")]
     assert started == STAGES.get(command, started), stderr
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -353,13 +360,13 @@ def test_a_plan_is_its_forwards_times_one_timed_forward_with_slack(capsys, monke
 
     import probe.cli.plans as plans
 
-    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size: 3.0)
+    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size, runs=2: 3.0)
     batch = torch.ones((2, 128), dtype=torch.long)
     said = plans.plan(None, [plans.Work("ablating heads", batch, (10, 20))], 8)  # type: ignore[arg-type]
     assert said == (24.0, 96.0)  # 10 x 3 s x 0.8 .. 20 x 3 s x 1.6
     assert capsys.readouterr().err == "plan: ablating heads: about 24 s-1:36 here (one forward of the batch " \
                                       "timed: 3.00 s)\n"
-    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size: 0.1)
+    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size, runs=2: 0.1)
     assert plans.plan(None, [plans.Work("a moment", batch, (1, 2))], 8) == pytest.approx((0.08, 0.32))  # type: ignore[arg-type]
     assert capsys.readouterr().err == ""  # under SAID_FROM: nothing said
     cli_progress.set_quiet(True)

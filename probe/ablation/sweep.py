@@ -41,7 +41,7 @@ from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
-from probe.progress import Progress, callback, log
+from probe.progress import Progress, callback, log, reports
 from probe.provenance import model_dtype, model_facts
 
 MODES = ("exact", "naive", "estimate")
@@ -282,6 +282,7 @@ def _result(loaded: LoadedModel, chosen: AblationMethod, runner: Runner, header:
         dtype=header["dtype"])
 
 
+@reports("ablating heads")
 def sweep(
     loaded: LoadedModel,
     probe_set: ProbeSet,

@@ -35,7 +35,7 @@ from probe.heads.classify import Classification, classify
 from probe.heads.evidence import RULES
 from probe.models import LoadedModel
 from probe.patterns import TOKEN_LIMIT, Patterns, attention_patterns
-from probe.progress import StageProgress, StageProgressArg, log, stage_callback, stage_tick
+from probe.progress import StageProgress, StageProgressArg, log, reports, stage_callback, stage_tick
 
 DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads, most of the cost, on 4 x 128
 # tokens took 353 s on 2 lightly loaded CPU cores (bench/RESULTS.md, section 2); 8 sequences double it
@@ -115,6 +115,7 @@ def _weights(loaded: LoadedModel, stages: _Stages) -> tuple[Any, Any]:
     return composition, copying
 
 
+@reports("atlas", stages=True)
 def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int = DEFAULT_SEQ_LEN,
           num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
           thresholds: dict[str, float] | None = None, task: str | Path | None = None, task_count: int = 32,

@@ -17,14 +17,16 @@ division by the norm, biases. The scores read the weights as if the model had no
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
 
-from probe.circuits.weights import HeadWeights, all_layer_weights, embedding_matrices
+from probe.circuits.weights import HeadWeights, all_layer_weights, embedding_matrices, layer_weights
 from probe.errors import ProbeError
+from probe.hooks.layers import attention_layers
 from probe.progress import Progress
 
 KINDS = ("k", "q", "v")
@@ -143,6 +145,24 @@ def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] 
         result[kind] = table
     d_model, d_head = layers[0].W_Q.shape[1:]
     return Composition(name, result, random_baseline(d_model, d_head), layers[0].folded)
+
+
+def pair_seconds(model: nn.Module, kind: str = "k") -> float:
+    """Seconds of one (earlier, later) layer pair of `composition_scores` here, the second of two runs: layers 0
+    and 1, with both layers' set-up (weights, triangles, distinct heads), which the whole shares between the pairs
+    a layer is in; so it bounds a pair of the whole from above. What a plan multiplies by the pairs to come."""
+    layers = attention_layers(model)[:2]
+    seconds = 0.0
+    if len(layers) < 2:
+        return seconds
+    for _ in range(2):
+        started = time.perf_counter()
+        first, second = (layer_weights(model, layer) for layer in layers)
+        earlier, later = _factors(first, "ov"), _factors(second, kind)
+        composition_between(earlier, later, triangles=(_triangles(*earlier), _triangles(*later)),
+                            distinct=distinct_heads(later[0]))
+        seconds = time.perf_counter() - started
+    return seconds
 
 
 def copying_scores(model: nn.Module) -> Tensor:

@@ -20,7 +20,7 @@ from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, Pro
 from probe.heads.classify import Classification, classify
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
-from probe.progress import Progress, StageProgressArg, stage_callback, stage_tick
+from probe.progress import Progress, StageProgressArg, reports, stage_callback, stage_tick
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, SECONDS
 from probe.schemas.declare import Payload, payload, published, schema_field
@@ -162,6 +162,7 @@ def _pairs(composition: Composition, classes: Classification, top: int) -> tuple
     return pairs, ranks
 
 
+@reports("circuits", stages=True)
 def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: int = 128,
              num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
              batch_size: int = 8, method: str = "zero", progress: StageProgressArg = None) -> Circuits:

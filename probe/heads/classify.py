@@ -25,7 +25,7 @@ from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
 from probe.hooks.types import Handler, HookContext
 from probe.models import LoadedModel
-from probe.progress import Progress, callback, log
+from probe.progress import Progress, callback, log, reports
 from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
@@ -299,6 +299,19 @@ def _steps(probe_set: ProbeSet, batch_size: int, n_layers: int, passes: int = 1)
     return -(-probe_set.input_ids.shape[0] // batch_size) * n_layers * passes
 
 
+def classify_work(loaded: LoadedModel, options: ProbeOptions, scores: list[str] | None = None,
+                  path: str = "auto") -> dict[str, tuple[ProbeSet, int]]:
+    """The probe sets `classify` scores on, in its order, each with its passes over the whole set (a pass: one
+    forward of every batch, its attention read): its work, for a caller that says beforehand how long it takes."""
+    names = [name for name, score in SCORES.items() if score.by_default] if scores is None else scores
+    needed = {SCORES[name].probe for name in names}
+    order = [set_name for set_name in PROBE_SETS if set_name in needed] + sorted(needed - set(PROBE_SETS))
+    return {set_name: (build_probe_set(set_name, loaded, options),
+                       len(score_passes([name for name in names if SCORES[name].probe == set_name], path)))
+            for set_name in order}
+
+
+@reports("classifying heads")
 def classify(
     loaded: LoadedModel,
     *,
@@ -323,11 +336,11 @@ def classify(
     chosen = _thresholds(names, thresholds, batch_size)
     layers = attention_layers(loaded.model)
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
-    needed = {SCORES[name].probe for name in names}
-    order = [set_name for set_name in PROBE_SETS if set_name in needed] + sorted(needed - set(PROBE_SETS))
-    sets = {set_name: build_probe_set(set_name, loaded, options) for set_name in order}
+    work = classify_work(loaded, options, names, path)
+    sets = {set_name: probe_set for set_name, (probe_set, _) in work.items()}
+    order = list(sets)
     by_set = {set_name: [name for name in names if SCORES[name].probe == set_name] for set_name in sets}
-    passes = {set_name: len(score_passes(by_set[set_name], path)) for set_name in sets}
+    passes = {set_name: count for set_name, (_, count) in work.items()}
     total = sum(_steps(probe_set, batch_size, len(layers), passes[name]) for name, probe_set in sets.items())
     results: dict[str, Tensor] = {}
     paths: dict[str, str] = {}

@@ -16,7 +16,7 @@ from probe.errors import ProbeError
 from probe.heads.scores import SCORES
 from probe.hooks.layers import attention_layers
 from probe.models import LoadedModel, input_device, load_model
-from probe.progress import Progress, callback, log
+from probe.progress import Progress, callback, log, reports
 from probe.track.checkpoints import STATE_DICTS, Checkpoint, Run, check_run, load_checkpoints
 from probe.track.icl import EARLY, ICL_SEQS, LATE, check_positions, icl_score, probe_loss
 from probe.track.result import MIN_RISE, CheckpointResult, TrackResult
@@ -90,6 +90,8 @@ def _score_all(run: Run, todo: list[Checkpoint], options: TrackOptions, stream: 
     share = Run(run.kind, tuple(todo), run.model)
     done = len(stream.done)
     total = done + len(todo)
+    if progress is not None:
+        progress(done, total)  # the count is known before the first checkpoint loads, however long that takes
     for checkpoint, loaded in load_checkpoints(share, base, **load_options):
         if hooks.on_model is not None:
             hooks.on_model(loaded)
@@ -125,6 +127,7 @@ def _check(options: TrackOptions) -> None:
         raise ProbeError(f"min_rise must be positive, got {options.min_rise}", parameter="min_rise")
 
 
+@reports("tracking checkpoints")
 def track(run: Run, options: TrackOptions | None = None, *, results_path: str | Path, resume: bool = False,
           progress: Progress | bool | None = None, on_result: Callable[[CheckpointResult], None] | None = None,
           on_model: Callable[[LoadedModel], None] | None = None, **load_options: Any) -> TrackResult | None:
