@@ -71,6 +71,16 @@ def smollm2() -> LoadedModel:
     return load_model(REAL_MODEL)
 
 
+@pytest.fixture(scope="session")
+def command_outputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Every kind of page by its own command on a tiny model (tests/page_kinds.py), run once per session, each
+    writing its page (`KIND.html`) and, where it has one, its `--csv` table (`KIND.csv`) in the same run: the pages
+    tests/test_page_layout.py lays out, the tables tests/test_csv_files.py reads. Pages by kind."""
+    import page_kinds
+
+    return page_kinds.write_pages(tmp_path_factory.mktemp("pages"), tables=page_kinds.TABLES)
+
+
 def tiny_hf(kind: str, **overrides) -> torch.nn.Module:
     """A small random Hugging Face model of the given architecture, in eval mode, float32."""
     import transformers as tf

@@ -39,6 +39,8 @@ COMMANDS = {  # kind -> its command (its --html added); {folder} is where the in
               "--generate", "the keys to the", "--max-new-tokens", "4"],
     "compare": ["compare", "{folder}/query.npy", "{folder}/duo", "--group", "max", "--threshold", "0.6"],
 }
+TABLES = ("classify", "ablate", "syntax", "circuits", "prune", "patch", "dla", "track", "compare", "qk")
+"""The kinds whose command also writes a `--csv` table."""
 
 
 def make_inputs(folder: Path) -> None:
@@ -77,8 +79,9 @@ def run(args: list[str]) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-def write_pages(folder: Path, kinds: list[str] | None = None) -> dict[str, Path]:
-    """Each kind's page, written by its command into `folder` (a command that fails raises, with its stderr)."""
+def write_pages(folder: Path, kinds: list[str] | None = None, tables: tuple[str, ...] = ()) -> dict[str, Path]:
+    """Each kind's page, written by its command into `folder` (a command that fails raises, with its stderr); the
+    kinds in `tables` write their `--csv` table beside it in the same run (`KIND.csv`)."""
     import probe.inputs.contrast as contrast
 
     make_inputs(folder)
@@ -88,7 +91,8 @@ def write_pages(folder: Path, kinds: list[str] | None = None) -> dict[str, Path]
         for kind in kinds or list(COMMANDS):
             path = folder / f"{kind}.html"
             args = [arg.replace("{folder}", str(folder)) for arg in COMMANDS[kind]]
-            code, err = run([*args, "--html", str(path), "--force"])
+            table = ["--csv", str(folder / f"{kind}.csv")] if kind in tables else []
+            code, err = run([*args, "--html", str(path), *table, "--force"])
             assert code == 0 and path.is_file(), f"{kind}: {' '.join(args)}\n{err}"
             pages[kind] = path
     finally:

@@ -5,6 +5,7 @@ ablation reports, and one short and one long name of a head."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -189,17 +190,16 @@ def test_an_interrupted_write_leaves_no_file(tmp_path: Path, monkeypatch) -> Non
 # NaN: strict JSON, one warning, files before reports, charts that do not crash
 
 
-def test_nan_attention_gives_strict_json_and_one_warning(tmp_path: Path) -> None:
+def test_nan_attention_gives_strict_json_and_one_warning(tmp_path: Path, capsys, monkeypatch) -> None:
     out = tmp_path / "heads.json"
-    completed = subprocess.run([sys.executable, "-m", "probe.cli", "classify", "--model", NAN, "--num-seqs", "2",
-                                "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                               env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert completed.returncode == 0, completed.stderr
+    code, _, stderr = run_cli(["classify", "--model", NAN, "--num-seqs", "2", "--json", str(out)], capsys,
+                              monkeypatch)
+    assert code == 0, stderr
     data = strict_json(out)
     by_head = {(h["layer"], h["head"]): h for h in data["heads"]}
     assert by_head[(1, 3)]["scores"]["induction"] is None and by_head[(1, 3)]["labels"] == []
     assert by_head[(1, 1)]["scores"]["induction"] > 0.8  # the other heads are scored as ever
-    warnings = [line for line in completed.stderr.splitlines() if line.startswith("warning:")]
+    warnings = [line for line in stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "for 1.3;" in warnings[0] and "gave NaN or infinity there" in warnings[0]
 
 
@@ -410,13 +410,12 @@ def test_an_estimate_says_in_its_titles_that_it_is_one_and_how() -> None:
 # output that is not a terminal: no wrapping at 80 columns, plain progress lines; -q and -v
 
 
-def test_a_report_in_a_file_is_not_wrapped_at_80_columns(tmp_path: Path) -> None:
-    environment = {key: value for key, value in os.environ.items() if key != "COLUMNS"}
-    completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", PLANTED, *SMALL], cwd=ROOT,
-                               capture_output=True, text=True, timeout=300,
-                               env={**environment, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path)})
-    assert completed.returncode == 0, completed.stderr
-    lines_out = completed.stdout.splitlines()
+def test_a_report_in_a_file_is_not_wrapped_at_80_columns(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    code, stdout, stderr = run_cli(["ablate", "--model", PLANTED, *SMALL], capsys, monkeypatch)  # stdout: no terminal
+    assert code == 0, stderr
+    lines_out = stdout.splitlines()
     assert f"Head ablation of {PLANTED} (2 layers x 4 heads, zero ablation)" in lines_out
     metric = next(line for line in lines_out if line.startswith("  metric:"))
     assert metric.endswith("(padding excluded)") and len(metric) > 80
@@ -426,16 +425,14 @@ def test_a_report_in_a_file_is_not_wrapped_at_80_columns(tmp_path: Path) -> None
 PLAIN_LINE = re.compile(r"^ablating heads: \d+%( \(\d+ heads? done\))?, \d+:\d\d elapsed(, ~\d+:\d\d left)?$")
 
 
-def test_progress_in_a_log_file_is_plain_lines(tmp_path: Path) -> None:
+def test_progress_in_a_log_file_is_plain_lines(tmp_path: Path, capsys, monkeypatch) -> None:
     log = tmp_path / "stderr.log"
-    with open(log, "w", encoding="utf-8") as stderr:
-        completed = subprocess.run([sys.executable, "-m", "probe.cli", "ablate", "--model", SLOW, *SMALL,
-                                    "--stack", "1"],
-                                   cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True, timeout=300,
-                                   env={**os.environ, "PYTHONPATH": str(ROOT), "PROBE_CACHE": str(tmp_path),
-                                        "PROBE_TEST_SLEEP": "0.05"})
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    monkeypatch.setenv("PROBE_TEST_SLEEP", "0.05")
+    with open(log, "w", encoding="utf-8") as stderr, contextlib.redirect_stderr(stderr):
+        code, _, _ = run_cli(["ablate", "--model", SLOW, *SMALL, "--stack", "1"], capsys, monkeypatch)
     text = log.read_text(encoding="utf-8")
-    assert completed.returncode == 0, text
+    assert code == 0, text
     assert "\r" not in text and "\x1b" not in text  # no live bar, no escape codes
     progress = [line for line in text.splitlines() if line.startswith("ablating heads")]
     assert all(PLAIN_LINE.match(line) for line in progress), progress

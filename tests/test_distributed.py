@@ -93,50 +93,70 @@ def test_torchrun_patching_equals_one_process(tmp_path: Path) -> None:
     assert not shard_paths(tmp_path / "two.jsonl") and run.stdout.count("Activation patching of") == 1
 
 
-def test_dead_process_loses_only_unfinished_heads_and_resume_completes(tmp_path: Path) -> None:
-    results = tmp_path / "sweep.jsonl"
-    args = [*SWEEP, "--stack", "1", "--results", str(results)]
-    # reference: one process, uninterrupted, counting its forwards
-    full = alone([*args[:-1], str(tmp_path / "ref.jsonl"), "--json", str(tmp_path / "ref.json")], tmp_path,
-                 PROBE_TEST_FORWARD_LOG=str(tmp_path / "ref.log"))
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One process's uninterrupted sweep with --stack 1 (ref.json, ref.jsonl, and ref.log counting its forwards),
+    run once: both sweeps that lose a process are compared with it."""
+    folder = tmp_path_factory.mktemp("reference")
+    full = alone([*SWEEP, "--stack", "1", "--results", str(folder / "ref.jsonl"), "--json", str(folder / "ref.json")],
+                 folder, PROBE_TEST_FORWARD_LOG=str(folder / "ref.log"))
     assert full.returncode == 0, full.stderr
-    # rank 1 dies when its 7th forward starts: discovery, first output, baseline, 2 chunks (+ the exact path's
+    return folder
+
+
+@pytest.fixture(scope="module")
+def died(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of a torchrun sweep (--stack 1, results sweep.jsonl) whose rank 1 died when its 7th forward
+    started, run once: each test resumes its own copy."""
+    folder = tmp_path_factory.mktemp("died")
+    run = torchrun([*SWEEP, "--stack", "1", "--results", str(folder / "sweep.jsonl")], folder,
+                   PROBE_TEST_DIE_RANK="1", PROBE_TEST_DIE_AT="7")
+    assert run.returncode != 0 and shard_paths(folder / "sweep.jsonl")
+    return folder
+
+
+def copy_of(died: Path, tmp_path: Path) -> Path:
+    """The dead sweep's files (results file and shards) copied into `tmp_path`; the results file's path there."""
+    for path in died.iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path / "sweep.jsonl"
+
+
+def test_dead_process_loses_only_unfinished_heads_and_resume_completes(tmp_path: Path, reference: Path,
+                                                                       died: Path) -> None:
+    # rank 1 died when its 7th forward started: discovery, first output, baseline, 2 chunks (+ the exact path's
     # check) are done by then, 2 of its 4 chunks are not
-    died = torchrun(args, tmp_path, PROBE_TEST_DIE_RANK="1", PROBE_TEST_DIE_AT="7")
-    assert died.returncode != 0
+    results = copy_of(died, tmp_path)
+    args = [*SWEEP, "--stack", "1", "--results", str(results)]
     shards = {int(path.name.rpartition("-")[2]): path for path in shard_paths(results)}
     assert 1 in shards
     finished = entries(shards[1])
     assert 1 <= len(finished) < 4
     kept = {(e["layer"], e["head"]) for path in shards.values() for e in entries(path)}
-    reference = {(e["layer"], e["head"]): e for e in entries(tmp_path / "ref.jsonl")}
+    expected = {(e["layer"], e["head"]): e for e in entries(reference / "ref.jsonl")}
     for entry in finished:  # what the dead process finished is already the final number
-        assert entry == reference[(entry["layer"], entry["head"])]
-    # the rerun completes the rest, and does less work than the whole sweep
+        assert entry == expected[(entry["layer"], entry["head"])]
+    # the rerun completes the rest, and does less work than the whole sweep (one process, uninterrupted)
     log = tmp_path / "resume.log"
     resumed = torchrun([*args, "--resume", "--json", str(tmp_path / "resumed.json")], tmp_path,
                        PROBE_TEST_FORWARD_LOG=str(log))
     assert resumed.returncode == 0, resumed.stderr
-    assert comparable(tmp_path / "resumed.json")["heads"] == comparable(tmp_path / "ref.json")["heads"]
-    assert comparable(tmp_path / "resumed.json") == comparable(tmp_path / "ref.json")
+    assert comparable(tmp_path / "resumed.json")["heads"] == comparable(reference / "ref.json")["heads"]
+    assert comparable(tmp_path / "resumed.json") == comparable(reference / "ref.json")
     assert not shard_paths(results)
-    full_forwards = len((tmp_path / "ref.log").read_text().splitlines())
+    full_forwards = len((reference / "ref.log").read_text().splitlines())
     setup = 3  # discovery, first output, baseline: every process pays these
     resumed_work = len(log.read_text().splitlines()) - 2 * setup
     assert resumed_work < full_forwards - setup
     assert len(kept) > 0
 
 
-def test_resume_alone_completes_a_torchrun_sweep(tmp_path: Path) -> None:
-    results = tmp_path / "sweep.jsonl"
-    args = [*SWEEP, "--stack", "1", "--results", str(results)]
-    died = torchrun(args, tmp_path, PROBE_TEST_DIE_RANK="1", PROBE_TEST_DIE_AT="7")
-    assert died.returncode != 0 and shard_paths(results)
-    finished = alone([*args, "--resume", "--json", str(tmp_path / "done.json")], tmp_path)
+def test_resume_alone_completes_a_torchrun_sweep(tmp_path: Path, reference: Path, died: Path) -> None:
+    results = copy_of(died, tmp_path)
+    finished = alone([*SWEEP, "--stack", "1", "--results", str(results), "--resume", "--json",
+                      str(tmp_path / "done.json")], tmp_path)
     assert finished.returncode == 0, finished.stderr
-    reference = alone([*SWEEP, "--stack", "1", "--json", str(tmp_path / "ref.json")], tmp_path)
-    assert reference.returncode == 0, reference.stderr
-    assert comparable(tmp_path / "done.json") == comparable(tmp_path / "ref.json")
+    assert comparable(tmp_path / "done.json") == comparable(reference / "ref.json")
     assert not shard_paths(results)
 
 

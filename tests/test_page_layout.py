@@ -81,10 +81,9 @@ def compare_kinds(folder: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("pages")
-    made = page_kinds.write_pages(folder)
-    return made | {"prune-early": early_stop_prune(folder), "atlas-newline": newline_atlas(folder),
+def pages(command_outputs: dict[str, Path]) -> dict[str, Path]:
+    folder = command_outputs["atlas"].parent  # the session's pages (tests/conftest.py), beside which the variants go
+    return command_outputs | {"prune-early": early_stop_prune(folder), "atlas-newline": newline_atlas(folder),
                    "compare-kinds": compare_kinds(folder)}
 
 

@@ -355,10 +355,18 @@ def smollm2_bfloat16(smollm2) -> LoadedModel:
     return load_model("smollm2", dtype="bfloat16")
 
 
-def test_smollm2_classify_in_bfloat16(smollm2, smollm2_bfloat16) -> None:
+@pytest.fixture(scope="module")
+def smollm2_classified(smollm2) -> Any:
+    """SmolLM2's float32 classification, computed once: bfloat16's and float16's tests compare with the same one."""
     from probe import classify
 
-    full, half = classify(smollm2), classify(smollm2_bfloat16)
+    return classify(smollm2)
+
+
+def test_smollm2_classify_in_bfloat16(smollm2_classified, smollm2_bfloat16) -> None:
+    from probe import classify
+
+    full, half = smollm2_classified, classify(smollm2_bfloat16)
     assert half.dtype == "bfloat16" and full.dtype == "float32"
     borderline = []
     for name, scores in full.scores.items():
@@ -398,13 +406,13 @@ def test_smollm2_ablate_patch_and_dla_in_bfloat16(smollm2, smollm2_bfloat16) -> 
     assert attribution.residual <= attribution.rounding_bound  # type: ignore[operator]
 
 
-def test_smollm2_classify_in_float16(smollm2) -> None:
+def test_smollm2_classify_in_float16(smollm2, smollm2_classified) -> None:
     why = _float16_supported()
     if why:
         pytest.skip(why)
     from probe import classify
 
-    full, half = classify(smollm2), classify(load_model("smollm2", dtype="float16"))
+    full, half = smollm2_classified, classify(load_model("smollm2", dtype="float16"))
     for name, scores in full.scores.items():
         assert float((half.scores[name] - scores).abs().max()) <= SCORES_FLOAT16, name
 
