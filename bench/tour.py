@@ -347,8 +347,8 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
 
 
 def _children_cpu() -> float:
-    """CPU seconds (user + system) of this process's children that have ended: a step's own work, whatever else
-    shares the cores (on 2 quiet cores its wall time is at least half of it)."""
+    """CPU seconds (user + system) of this process's children that have ended: a step's own work, which other work
+    on the host inflates less than its wall time (a CPU-bound step's quiet wall time is at most its CPU time)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
@@ -377,7 +377,7 @@ def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = F
                            for step in every if (reason := _skipped(step, Path(folder), toured))]
         skipped = {entry["line"] for entry in data["skipped"]}
         for step in every:
-            if step.line in skipped or (only and step.name not in only):
+            if step.line in skipped or (only and step.name not in only and step.line not in only):
                 continue
             log(f"-- {step.line.splitlines()[0] if step.name != 'python' else 'the README Python block'}")
             outcome = run_step(step, Path(folder), timeout, quick)
@@ -423,7 +423,8 @@ def section(data: dict[str, Any]) -> str:
              f"before {', '.join(f'{value:.1f}' for value in data['load_before'])}"
              + (" (--quick: small inputs, not a timing)" if data.get("quick") else "") + ". Stated: the "
              f"{'README' if doc is None else 'document'}'s time; CPU seconds: user + system of the step's processes "
-             "(what other work on the host does not inflate; on 2 quiet cores the wall time is at least half of it); "
+             "(other work on the host inflates it less than the wall time; a CPU-bound step's quiet wall time is at "
+             "most its CPU time); "
              "silence: the longest gap between two stderr lines "
              f"(the docs promise at most {GAP_LIMIT:.0f} s); estimates: each time left printed at {ESTIMATE_FROM}% of "
              "its stage or later, against the time the stage took (worst factor either way; the aim is within 2x), "
@@ -433,7 +434,7 @@ def section(data: dict[str, Any]) -> str:
              "worst estimate | load after |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(row) for row in data["rows"]]
     if data.get("skipped"):
-        lines += ["", "Not run (each line as written needs what this machine has not, offline):", ""]
+        lines += ["", "Not run here, and why:", ""]
         lines += [f"- `{entry['line']}`: {entry['reason']}" for entry in data["skipped"]]
     return "\n".join(lines) + "\n"
 
@@ -454,7 +455,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.tour", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", default=None, metavar="NAME",
-                        help="run only this subcommand's tour lines (repeatable; `python`: the Python block)")
+                        help="run only this subcommand's tour lines, or this one line as written (repeatable; "
+                             "`python`: the Python block)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds a step may run (default 600)")
     parser.add_argument("--quick", action="store_true", help="small inputs: check the harness, not a timing "
                                                              "(saved as tour-quick.json, left out of RESULTS.md)")

@@ -1,11 +1,13 @@
 """`python -m bench.tour`: the README's steps parsed with their stated times, the silent gaps and estimates judged
 from timed lines, and a tour run end to end on a planted model: each step in its own process, a step past its
 timeout stopped and marked, every result saved as it comes. A document's `probe` lines (`--doc`): read, those that
-cannot run here offline skipped with the reason."""
+cannot run here offline skipped with the reason; getting-started's runnable lines each parse as the CLI reads them
+(with its checks before loading) and state a time."""
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from pathlib import Path
 
 from bench import tour
@@ -135,3 +137,32 @@ def test_a_documents_tour_runs_its_runnable_lines_and_lists_the_others(tmp_path:
     assert "- `probe classify --model org/name --trust-remote-code`: needs the hub" in text
     assert tour.result_name("docs/guide.md") == "tour-guide" and tour.result_name(None) == "tour"
 
+
+def parse(line: str) -> None:
+    """A `probe ...` line parsed as the CLI parses it, and its checks before the model loads (a renamed flag, a bad
+    value, a layer past the model's), without running the command."""
+    import typer
+
+    from probe.cli.app import app
+    from probe.cli.checks import check_before_loading
+
+    name, *rest = shlex.split(line)[1:]
+    command = typer.main.get_command(app).commands[name]
+    with command.make_context(name, rest) as context:
+        check_before_loading(context.params)
+
+
+def test_every_runnable_getting_started_line_parses_and_states_a_time(tmp_path: Path, monkeypatch) -> None:
+    """The lines `python -m bench.tour --doc docs/getting-started.md` runs here (those it skips need a file, a model
+    or a package of the user's) each state a time, the README tour's where it is the README's line, and parse."""
+    doc = tour.doc_steps((ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8"))
+    readme = dict(tour.tour_lines(tour.README.read_text(encoding="utf-8")))
+    tour.copy_clone_files(tmp_path, doc)
+    monkeypatch.chdir(tmp_path)
+    runnable = [step for step in doc if tour.skip_reason(step.line, tmp_path) is None]
+    assert len(runnable) >= 18 and len(doc) - len(runnable) >= 5
+    assert [step.line for step in runnable if step.stated is None] == []
+    assert [step.line for step in runnable if step.line in readme
+            and step.stated != tour._seconds(readme[step.line])] == []
+    for step in runnable:
+        parse(step.line)
