@@ -584,11 +584,12 @@ def render(extra: str = "") -> str:
         from bench import kernel_compile
 
         parts.append(kernel_compile.section(compiled))
-    toured = load_result("tour")  # python -m bench.tour: the README's tour as written
-    if toured is not None:
-        from bench import tour
+    from bench import tour
 
-        parts.append(tour.section(toured))
+    for doc in (None, *tour.DOCS):  # python -m bench.tour [--doc DOC]: the README's tour, each document's commands
+        toured = load_result(tour.result_name(doc))
+        if toured is not None:
+            parts.append(tour.section(toured))
     if extra:
         parts.append(extra)
     return "\n".join(parts)

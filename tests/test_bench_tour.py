@@ -1,15 +1,19 @@
 """`python -m bench.tour`: the README's steps parsed with their stated times, the silent gaps and estimates judged
 from timed lines, and a tour run end to end on a planted model: each step in its own process, a step past its
-timeout stopped and marked, every result saved as it comes."""
+timeout stopped and marked, every result saved as it comes. A document's `probe` lines (`--doc`): read, those that
+cannot run here offline skipped with the reason; getting-started's runnable lines each parse as the CLI reads them
+(with its checks before loading) and state a time."""
 
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from pathlib import Path
 
 from bench import tour
 
 TESTS = Path(__file__).parent
+ROOT = TESTS.parent
 PLANTED = f"{TESTS / 'planted.py'}:planted_textbook"
 README = f"""# a readme
 
@@ -25,6 +29,23 @@ probe schema classify                          # its JSON Schema (under 10 s)
 ```python
 # the whole block: under 2 min
 print("the block ran")
+```
+"""
+
+
+DOC = f"""# a guide
+
+```bash
+bash install.sh && .venv/bin/probe classify
+```
+
+```bash
+probe classify --model tests/planted.py:planted_textbook --num-seqs 2 --seq-len 16 --repeat-len 8  # (under 1 min)
+probe classify --model org/name --trust-remote-code   # a hub model
+probe classify --model path/to/hf-folder
+probe classify --data my.txt --seq-len 256
+probe syntax --conllu en_ewt-ud-dev.conllu --json s.json
+probe ablate --data repeated --model {PLANTED}  # (under 20 s)
 ```
 """
 
@@ -68,7 +89,7 @@ def test_judge_finds_the_longest_silence_and_each_estimate_against_its_stage_end
 def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
     saved: list[int] = []
-    data = tour.run(timeout=600, readme=README, log=lambda text: None,
+    data = tour.run(timeout=600, text=README, log=lambda text: None,
                     save=lambda data: saved.append(len(data["rows"])))
     rows = data["rows"]
     assert saved == [1, 2, 3] and [row["name"] for row in rows] == ["classify", "schema", "python"]
@@ -89,3 +110,59 @@ def test_a_plan_line_is_judged_against_the_time_to_the_end() -> None:
     assert inside == [{"stage": "plan", "at": 5.0, "percent": 0, "left": [70.0, 150.0], "actual": 100.0,
                        "factor": 1.0}]
     assert past[0]["factor"] == 2.0
+
+
+def test_a_documents_probe_lines_are_read_and_those_that_need_what_is_not_here_skipped_with_why(
+        tmp_path: Path) -> None:
+    found = tour.doc_steps(DOC)
+    assert [(step.name, step.stated) for step in found] == [
+        ("classify", 60.0), ("classify", None), ("classify", None), ("classify", None), ("syntax", None),
+        ("ablate", 20.0)]
+    assert tour.skip_reason(found[0].line, tmp_path) == "needs a model of yours: tests/planted.py:planted_textbook"
+    tour.copy_clone_files(tmp_path, found)  # the clone's file the line names: now it runs as from a clone
+    assert (tmp_path / "tests" / "planted.py").read_bytes() == (TESTS / "planted.py").read_bytes()
+    assert [tour.skip_reason(step.line, tmp_path) for step in found] == [
+        None, "needs the hub: org/name is a hub id", "needs a model of yours: path/to/hf-folder",
+        "needs a file of yours: --data my.txt", "needs a file of yours: --conllu en_ewt-ud-dev.conllu", None]
+
+
+def test_a_documents_tour_runs_its_runnable_lines_and_lists_the_others(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
+    data = tour.run(timeout=600, text=DOC, doc="docs/guide.md", log=lambda text: None, only=["classify"])
+    assert [(row["name"], row["code"], row["stated"]) for row in data["rows"]] == [("classify", 0, 60.0)]
+    assert [entry["reason"].split(":")[0] for entry in data["skipped"]] == [
+        "needs the hub", "needs a model of yours", "needs a file of yours", "needs a file of yours"]
+    text = tour.section(data)
+    assert text.startswith("## docs/guide.md's commands") and text.count("\n| `") == 1
+    assert "- `probe classify --model org/name --trust-remote-code`: needs the hub" in text
+    assert tour.result_name("docs/guide.md") == "tour-guide" and tour.result_name(None) == "tour"
+
+
+def parse(line: str) -> None:
+    """A `probe ...` line parsed as the CLI parses it, and its checks before the model loads (a renamed flag, a bad
+    value, a layer past the model's), without running the command."""
+    import typer
+
+    from probe.cli.app import app
+    from probe.cli.checks import check_before_loading
+
+    name, *rest = shlex.split(line)[1:]
+    command = typer.main.get_command(app).commands[name]
+    with command.make_context(name, rest) as context:
+        check_before_loading(context.params)
+
+
+def test_every_runnable_getting_started_line_parses_and_states_a_time(tmp_path: Path, monkeypatch) -> None:
+    """The lines `python -m bench.tour --doc docs/getting-started.md` runs here (those it skips need a file, a model
+    or a package of the user's) each state a time, the README tour's where it is the README's line, and parse."""
+    doc = tour.doc_steps((ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8"))
+    readme = dict(tour.tour_lines(tour.README.read_text(encoding="utf-8")))
+    tour.copy_clone_files(tmp_path, doc)
+    monkeypatch.chdir(tmp_path)
+    runnable = [step for step in doc if tour.skip_reason(step.line, tmp_path) is None]
+    assert len(runnable) >= 18 and len(doc) - len(runnable) >= 5
+    assert [step.line for step in runnable if step.stated is None] == []
+    assert [step.line for step in runnable if step.line in readme
+            and step.stated != tour._seconds(readme[step.line])] == []
+    for step in runnable:
+        parse(step.line)
