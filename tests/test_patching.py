@@ -479,3 +479,24 @@ def test_attribution_patching_is_the_first_order_of_the_exact_patch(monkeypatch)
     for entry, up, down in zip(estimated.entries, plus.results, minus.results):
         derivative = (up.task["margin"] - down.task["margin"]) / (2 * step)
         assert entry.logit_diff - estimated.corrupt_logit_diff == pytest.approx(derivative, rel=5e-3, abs=2e-5)
+
+
+def test_patching_by_position_counts_every_positions_sweep_in_one_progress(monkeypatch) -> None:
+    """By position, one sweep runs per position after the first: the progress counts them all as one total (a
+    command by position went minutes without a line once the first sweep had reached its 100%)."""
+    import probe.inputs.contrast as contrast
+    from probe.patching import patch_heads
+    from test_specific import words_loaded
+
+    monkeypatch.setattr(contrast, "MIN_GAP", 1e-4)  # a random tiny model's corruption changes little
+    loaded = words_loaded()
+    clean, corrupt = ioi_runs(loaded, count=4)
+    reports: list[tuple[int, int]] = []
+    patch_heads(loaded, clean, corrupt, [(0, 1), (1, 0)], by_position=True, batch_size=4,
+                progress=lambda *report: reports.append(report))
+    positions = corrupt.input_ids.shape[1]
+    assert reports[-1][1] % (1 + positions) == 0  # (1 + positions) sweeps of one size, all counted
+    assert len(reports) >= 2 * (1 + positions)  # each sweep reports its baseline and its heads
+    dones = [done for done, _ in reports]
+    assert dones == sorted(dones) and reports[-1][0] == reports[-1][1]
+    assert sum(done == total for done, total in reports) == 1  # 100% once, at the very end

@@ -38,6 +38,7 @@ from probe.inputs import ProbeSet, normalised_effect
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
+from probe.progress import Progress, callback
 from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import (DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS, SECONDS,
@@ -195,12 +196,34 @@ def _swept(run: Sweep, loaded: LoadedModel, target: ProbeSet, units: list[Ablati
                method=method, **options)
 
 
+def _in_parts(progress: Progress | None, parts: int) -> Callable[[int], Progress | None]:
+    """Part `index`'s `(done, total)` callback for `parts` sweeps of one set of units, run one after the other, as
+    one count: the finished parts' work, then this part's, the parts still to come counted as this one's total."""
+    finished, latest = [0], [0]
+
+    def part(index: int) -> Progress | None:
+        if progress is None or parts == 1:
+            return progress
+        report = progress
+        finished[0] += latest[0]  # the part before this one is done: its last total is its work
+        latest[0] = 0
+
+        def tick(done: int, total: int) -> None:
+            latest[0] = total
+            report(finished[0] + done, finished[0] + total * (parts - index))
+        return tick
+    return part
+
+
 def _by_position(loaded: LoadedModel, target: ProbeSet, units: list[Ablation], method: PatchAblation,
-                 logit_diffs: tuple[float, float], mode: str, batch_size: int) -> list[PatchEntry]:
-    """Every unit patched at each position alone: one sweep per position (each reusing its prefix)."""
+                 logit_diffs: tuple[float, float], mode: str, batch_size: int,
+                 part: Callable[[int], Progress | None]) -> list[PatchEntry]:
+    """Every unit patched at each position alone: one sweep per position (each reusing its prefix), counted as
+    parts 1, 2, ... of the progress."""
     entries = []
     for position in range(target.input_ids.shape[1]):
-        swept = _swept(sweep, loaded, target, units, method.at(position), mode=mode, batch_size=batch_size)
+        swept = _swept(sweep, loaded, target, units, method.at(position), mode=mode, batch_size=batch_size,
+                       progress=part(position + 1))
         assert swept is not None  # a plain sweep always reports
         entries += _entries(swept, *logit_diffs, position)
     return entries
@@ -220,13 +243,16 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
     method = patch_method(loaded, source, component, batch_size=batch_size)
     units = patch_units(loaded, heads, component)
     source_ld = mean_logit_diff(baseline_metric(loaded, source, batch_size=batch_size))
-    swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data, **options)
+    part = _in_parts(callback(options.pop("progress", None), "patching heads"),
+                     1 + (target.input_ids.shape[1] if by_position else 0))
+    swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data,
+                   progress=part(0), **options)
     if swept is None:
         return None
     target_ld = mean_logit_diff((swept.baseline_loss, swept.task))
     clean_ld, corrupt_ld = (target_ld, source_ld) if noising else (source_ld, target_ld)
     entries = _entries(swept, clean_ld, corrupt_ld, None)
-    positions = _by_position(loaded, target, units, method, (clean_ld, corrupt_ld), mode, batch_size) \
+    positions = _by_position(loaded, target, units, method, (clean_ld, corrupt_ld), mode, batch_size, part) \
         if by_position else []
     layers = attention_layers(loaded.model)
     return PatchResult(loaded.name, component, "noising" if noising else "denoising", data or clean.description,
