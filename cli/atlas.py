@@ -10,7 +10,7 @@ import typer
 
 from probe.ablation.estimate import ESTIMATE_BUDGET
 from probe.atlas import atlas as build_atlas
-from probe.atlas.run import DEFAULT_NUM_SEQS, STAGE_UNITS
+from probe.atlas.run import DEFAULT_NUM_SEQS, STAGE_UNITS, bounded_stages
 from probe.cli.options import (BatchSize, Count, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Results, Resume, Seed, SelfRepair,
                                SeqLen, Task, TextData, Thresholds, TrustRemoteCode, load, parse_thresholds)
@@ -80,7 +80,7 @@ def atlas(
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     tasks = None if task is None else replace(options, task=task, num_seqs=count)
-    with stage_progress("atlas: ", STAGE_UNITS) as stages:
+    with stage_progress("atlas: ", STAGE_UNITS, bounded_stages(fast)) as stages:
         update = planned_first(lambda: None if resume else plan(
             loaded, atlas_work(loaded, options, fast, tasks, self_repair), batch_size), stages)
         result = build_atlas(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed,

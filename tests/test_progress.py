@@ -301,6 +301,8 @@ COMMANDS = {
                  "--sink", "1", "--recent", "4", "--steps", "2", "--random-seeds", "0", "--curve-texts", "1"],
     "atlas": ["atlas", "--model", "tests/planted.py:planted_lm", "--seq-len", "24", "--num-seqs", "2",
               "--repeat-len", "8"],
+    "atlas --fast": ["atlas", "--model", "tests/planted.py:planted_lm", "--seq-len", "24", "--num-seqs", "2",
+                     "--repeat-len", "8", "--fast"],
     "circuits": ["circuits", "--model", PLANTED, "--num-seqs", "2", "--seq-len", "16", "--repeat-len", "8"],
     "qk": ["qk", "--model", f"{TESTS / 'planted.py'}:planted_gpt2", "--head", "1.1", "--at", "induction",
            "--num-seqs", "2", "--repeat-len", "8"],
@@ -342,6 +344,7 @@ def on_a_fake_clock(command: str, args: list[str], tmp_path: Path, capsys, monke
     assert all(percent >= 10 for _, percent, line in counted if " left" in line), stderr
     assert command != "prune" or " left" not in stderr  # its steps only bound the work (a curve stops at the limit)
     assert not any(" left" in line for line in lines if "checking the order" in line)  # a random order stops early
+    assert command != "atlas --fast" or not any(" left" in line for line in lines if "atlas: ablation" in line)
     last: dict[str, int] = {}
     for what, percent, _ in counted:
         last[what] = percent

@@ -42,6 +42,14 @@ DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 27
 STAGE_UNITS = {"composition": COMPOSITION_UNIT}
 """What each stage counts where it is not a share of its work (classify's layers of batches and the sweeps'
 block-forwards mean nothing to a user)."""
+
+
+def bounded_stages(fast: bool) -> frozenset[str]:
+    """The stages whose total only bounds their work, so no time left can be read from their rate: with `fast`, the
+    ablation stage is the estimate, whose total grows once it has chosen the heads it ablates exactly."""
+    return frozenset({"ablation"}) if fast else frozenset()
+
+
 T = TypeVar("T")
 
 
