@@ -240,7 +240,7 @@ class PlainProgress:
         amount = f"{done}/{total} {self.unit} ({percent})" if self.unit else percent
         heads = f" ({self.heads} head{'' if self.heads == 1 else 's'} done)" if self.heads is not None else ""
         left = self.left(done, total, now)
-        estimate = "" if left is None else f", ~{clock(left)} left"
+        estimate = "" if left is None else f", ~{clock(round(left))} left"  # nearest: 1.9 s left is ~0:02
         return f"{self.description}: {amount}{heads}, {clock(now - self.started)} elapsed{estimate}"
 
 

@@ -21,6 +21,7 @@ from probe.hooks.types import HookContext
 from probe.ablation import (AblationMethod, HeadResult, METHODS, ablate, all_heads, estimate,
                             head_means, load_results, parse_heads, read_results, sweep)
 from probe.ablation.estimate import BACKWARD_COST, GRAD_FORWARD_COST, gumbel_draws
+from probe.ablation.blocks import WORK_UNITS
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet, natural_set, repeated_set
@@ -453,6 +454,25 @@ def test_estimate_terms_and_exact_refinement() -> None:
     assert partly.forwards <= budget + 1e-9
     with pytest.raises(ProbeError, match="next-token loss"):
         estimate(tiny_loaded("bert"), small_set(tiny_loaded("bert")))
+
+
+
+def test_estimate_progress_counts_forward_equivalents_of_its_whole_plan() -> None:
+    """The estimate's progress is in forward-equivalents of one batch (WORK_UNITS each), its total the whole plan from
+    the first report (the budget bounds the exact runs), only lowered once the heads to refine are chosen, so a time
+    left is honest from the first pass; it ends at its total, which equals the forwards it reports."""
+    loaded = tiny_loaded("llama_gqa")
+    probe_set = small_set(loaded, seqs=4)
+    for options in ({"budget": GRAD_FORWARD_COST + BACKWARD_COST * 2 + 1.5}, {"refine": 3}, {"refine": 0}):
+        seen: list[tuple[int, int]] = []
+        result = estimate(loaded, probe_set, progress=lambda done, total: seen.append((done, total)), **options)
+        first_total = seen[0][1]
+        assert seen[0][0] == round(GRAD_FORWARD_COST * WORK_UNITS)  # the first pass, at its weight, of the plan
+        assert all(total <= first_total for _, total in seen)  # the plan only shrinks
+        assert [done for done, _ in seen] == sorted(done for done, _ in seen)
+        assert seen[-1][0] == seen[-1][1] == pytest.approx(result.forwards * WORK_UNITS, abs=2)  # one batch
+        if "budget" in options:
+            assert first_total == round(options["budget"] * WORK_UNITS)
 
 
 # ---------------------------------------------------------------------------------------------------------------

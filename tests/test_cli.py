@@ -451,7 +451,7 @@ def test_plain_progress_comes_every_tenth_or_every_30_seconds(capsys) -> None:
     plain.finish()
     assert capsys.readouterr().err.splitlines() == [
         "tracking: 12/100 checkpoints (12%), 0:02 elapsed, ~0:08 left",  # 11 in the 1 s since the first report
-        "tracking: 13/100 checkpoints (13%), 0:40 elapsed, ~4:42 left",
+        "tracking: 13/100 checkpoints (13%), 0:40 elapsed, ~4:43 left",  # 87 x 39 s / 12: 282.75 s
         "tracking: 100/100 checkpoints (100%), 1:41 elapsed"]
 
 

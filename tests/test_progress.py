@@ -218,6 +218,19 @@ def test_no_time_left_before_a_tenth_of_the_stage(capsys) -> None:
     assert capsys.readouterr().err.strip().endswith("10%, 51:40 elapsed, ~7:45:00 left")  # 900 units at 31 s
 
 
+
+def test_the_time_left_is_rounded_to_the_nearest_second(capsys) -> None:
+    """Two of three prompts done at 1.9 s each: about 1.9 s are left, shown as ~0:02, not cut to ~0:01 (half the
+    truth on a short stage)."""
+    clock = [0.0]
+    plain = cli_progress.PlainProgress("kv-heads: scoring heads", now=lambda: clock[0])
+    plain.update(0, 3)
+    for done in (1, 2):
+        clock[0] += 1.9
+        plain.update(done, 3)
+    assert capsys.readouterr().err.splitlines()[-1] == "kv-heads: scoring heads: 66%, 0:03 elapsed, ~0:02 left"
+
+
 def test_a_step_without_a_count_says_it_is_still_running_every_30_seconds(capsys) -> None:
     clock = [0.0]
     announcer = cli_progress.Announcer("generating 20 tokens per head and alpha ...", now=lambda: clock[0])

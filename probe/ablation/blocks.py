@@ -34,6 +34,9 @@ class Blocks:
         return block if self.restart is None else min(block, self.restart)
 
 
+WORK_UNITS = 1000  # a full forward of one batch, in the units the sweep's and the estimate's progress count
+
+
 def forward_costs(model: nn.Module, blocks: Blocks | None) -> Callable[[int], float]:
     """Cost of a run that starts at block `start` and ends with the readout, as a fraction of a full forward, from
     parameter counts (the work per token of a block or of the unembedding is proportional to its weights; a large

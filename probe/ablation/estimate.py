@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.ablation.blocks import Blocks, find_blocks, forward_costs, keeping_outputs
+from probe.ablation.blocks import WORK_UNITS, Blocks, find_blocks, forward_costs, keeping_outputs
 from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
@@ -104,7 +104,7 @@ def gumbel_draws(logits: Tensor, generator: torch.Generator) -> Tensor:
 
 
 def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: list[int], valid: Tensor,
-                  n_tokens: float, samples: int, seed: int, step: Callable[[], None], scale: float = 1.0) -> None:
+                  n_tokens: float, samples: int, seed: int, step: Callable[[float], None], scale: float = 1.0) -> None:
     """Gauss-Newton term from `samples` backward passes with next tokens drawn from the model's predictions.
 
     The gradient of a sampled label's loss w.r.t. the logits is softmax - onehot(label): no second log-softmax,
@@ -124,11 +124,11 @@ def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: l
         for layer, value, grad in zip(order, inputs, grads):
             projection = -(grad * value.detach()).sum(dim=-1).double() / scale  # (batch, positions, heads)
             terms.second[layer, :grad.shape[2]] += 0.5 * n_tokens / samples * projection.pow(2).sum(dim=(0, 1)).cpu()
-        step()
+        step(BACKWARD_COST)
 
 
 def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Batch, terms: _Terms, n_tokens: float,
-                   samples: int, seed: int, step: Callable[[], None], blocks: Blocks | None) -> dict[int, Any]:
+                   samples: int, seed: int, step: Callable[[float], None], blocks: Blocks | None) -> dict[int, Any]:
     """One forward that keeps the graph from every head's output, its backward (first-order terms), `samples`
     more (second-order terms); returns the blocks' outputs, kept for the exact refinement."""
     outputs: dict[int, Tensor] = {}
@@ -145,7 +145,7 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
                 attention_hooks(model, {"z": capture}), readout.watching():
             logits = logits_of(run_model(model, batch.ids, batch.mask))  # (batch, positions, vocab)
         readout.settle(logits.detach())
-        step()
+        step(GRAD_FORWARD_COST)
         valid = batch.counted[0].to(logits.device)
         shifted = logits[:, :-1].float()
         token_loss = scorer.metric.values(logits, batch.ids, None)  # (batch, positions - 1)
@@ -157,12 +157,21 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
             assert grad is not None  # every head output feeds the logits
             first = -(grad * outputs[layer].detach()).double().sum(dim=(0, 1, 3)).cpu()
             terms.first[layer, :grad.shape[2]] += first / scale
-        step()
+        step(BACKWARD_COST)
         if samples:
             _second_order(terms, shifted, inputs, order, valid, n_tokens, samples, seed, step, scale)
         terms.batch_sums.append(scorer.sums(logits.detach(), batch.ids, batch.counted, 1)[0])
         terms.sums += terms.batch_sums[-1]
     return kept
+
+
+def _kept_for(blocks: Blocks | None, heads: list[Head], kept: dict[int, Any]) -> dict[int, Any] | None:
+    """The blocks' outputs the exact refinement may start from: those before the last block a head is in (None
+    without blocks: nothing to start from)."""
+    if blocks is None:
+        return None
+    last = max(blocks.of_layer[layer] for layer, _ in heads)
+    return {i: value for i, value in kept.items() if i < last}
 
 
 @contextmanager
@@ -189,8 +198,10 @@ def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room
     return chosen
 
 
-def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], step: Callable[[], None]) -> dict[Head, Tensor]:
-    """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block."""
+def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], cost: Callable[[Head], float],
+            step: Callable[[float], None]) -> dict[Head, Tensor]:
+    """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block, each
+    batch's chunk counted at its heads' `cost`."""
     by_start: dict[int, list[Head]] = {}
     for head in chosen:
         by_start.setdefault(runner.start_of((head,)), []).append(head)
@@ -201,23 +212,29 @@ def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], step: Callab
             totals = torch.zeros(len(group), len(runner.scorer.parts) + 1, dtype=torch.float64)
             for index in range(len(runner.batches)):
                 totals += runner.sums(chunk, index)
-                step()
+                step(sum(cost(head) for head in group))
             exact.update(zip(group, totals))
     return exact
 
 
 @dataclass
 class _Steps:
-    """Progress in passes over one batch."""
+    """Progress in the estimate's own cost unit, forward-equivalents of one batch (WORK_UNITS each), so that a time
+    left is honest from the first pass: `total` is the whole plan (the gradient passes and the exact runs the budget
+    allows) and is lowered to what was chosen once the heads to refine are known."""
 
-    total: int
+    total: float  # forward-equivalents
     progress: Callable[[int, int], None] | None
-    done: int = 0
+    done: float = 0.0
 
-    def __call__(self) -> None:
-        self.done += 1
+    def __call__(self, cost: float) -> None:
+        self.done += cost
+        self.report()
+
+    def report(self) -> None:
         if self.progress is not None:
-            self.progress(min(self.done, self.total), self.total)
+            total = max(1, round(self.total * WORK_UNITS))
+            self.progress(min(round(self.done * WORK_UNITS), total), total)
 
 
 def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None, metric: str | Metric | None,
@@ -277,32 +294,34 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
                    torch.zeros(len(scorer.parts) + 1, dtype=torch.float64))
     counts = torch.stack([batch.counted.sum(dim=(1, 2)) for batch in batches_]).sum(dim=0).double()
     n_tokens = float(counts[0].clamp(min=1))
-    step = _Steps(len(batches_) * (2 + samples), progress)
+    flop_cost = forward_costs(model, blocks)
+    start_of = (lambda head: blocks.start_of(head[0])) if blocks is not None else (lambda head: 0)
+    spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)  # forward-equivalents, of every batch
+    check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0
+    room = budget - spent - check_cost
+    step = _Steps(len(batches_) * spent + check_cost
+                  + len(batches_) * (max(room, 0.0) if refine is None else max(refine, 0) * (1 + LOSS_COST)), progress)
     for index, batch in enumerate(batches_):
         kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, step, blocks)
-        if blocks is not None:
-            last = max(blocks.of_layer[layer] for layer, _ in heads)
-            batch.kept = {i: value for i, value in kept.items() if i < last}
+        batch.kept = _kept_for(blocks, heads, kept)
     baseline_loss, baseline_parts = losses(terms.sums, counts, list(scorer.parts))
     estimated = {head: float(terms.first[head] + terms.second[head]) for head in heads}
 
-    flop_cost = forward_costs(model, blocks)
-    start_of = (lambda head: blocks.start_of(head[0])) if blocks is not None else (lambda head: 0)
-    spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)
-    check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0
-    chosen = _choose(heads, terms, estimated, budget - spent - check_cost, refine,
-                     lambda head: flop_cost(start_of(head)) + LOSS_COST)
+    chosen = _choose(heads, terms, estimated, room, refine, lambda head: flop_cost(start_of(head)) + LOSS_COST)
     path = ("estimate: attribution patching + Gauss-Newton second order" if samples
             else "estimate: attribution patching (first order)")
     exact: dict[Head, Tensor] = {}
+    step.total = step.done  # the plan, now that the heads to refine are known
     if chosen:
         runner, how = _exact_runner(loaded, readout, scorer, batches_, blocks, why_not, terms.batch_sums[0], heads)
-        spent += check_cost
-        step.total += len(batches_) * len({runner.start_of((head,)) for head in chosen})
-        exact = _refine(runner, chosen, step)
-        for head in exact:  # in the order they ran, as the forwards were spent
-            spent += flop_cost(runner.start_of((head,))) + LOSS_COST
+        cost = lambda head: flop_cost(runner.start_of((head,))) + LOSS_COST  # noqa: E731
+        step.total += check_cost + len(batches_) * sum(cost(head) for head in chosen)
+        step(check_cost)
+        exact = _refine(runner, chosen, cost, step)
+        spent += check_cost + sum(cost(head) for head in exact)  # in the order they ran, as the forwards were spent
         path += f", {len(chosen)} top heads ablated exactly ({how})"
+    else:
+        step.report()  # the plan is done: its end reported at its lowered total
     results = [HeadResult.of_sums((head,), exact[head], counts, baseline_loss, baseline_parts, exact=True)
                if head in exact else HeadResult((head,), baseline_loss + estimated[head], estimated[head], exact=False)
                for head in heads]

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.ablation.blocks import find_blocks, forward_costs
+from probe.ablation.blocks import WORK_UNITS, find_blocks, forward_costs
 from probe.ablation.effects import Effects, token_text
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
@@ -47,7 +47,6 @@ from probe.provenance import model_dtype, model_facts
 MODES = ("exact", "naive", "estimate")
 
 
-WORK_UNITS = 1000  # a full forward of one batch, in the sweep's units of progress
 
 
 @dataclass
