@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import typer
+from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from probe.cli import (ablate, atlas, circuits, classify, compare, dla, heatmap, kv_heads, models, patch, prune, qk,
@@ -86,6 +87,9 @@ class Command(_BareFlags, TyperCommand):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        for param in self.params:  # typer's rich help reads markup: `[kv_head, ...]` would vanish as a tag
+            if getattr(param, "help", None):
+                param.help = escape(param.help)
         self.params.extend(_LATE_FLAGS)
 
     def invoke(self, ctx: Any) -> Any:
