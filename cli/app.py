@@ -88,8 +88,9 @@ class Command(_BareFlags, TyperCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for param in self.params:  # typer's rich help reads markup: `[kv_head, ...]` would vanish as a tag
-            if getattr(param, "help", None):
-                param.help = escape(param.help)
+            text = getattr(param, "help", None)
+            if text:
+                setattr(param, "help", escape(text))  # an Option's (click's Parameter has no help)
         self.params.extend(_LATE_FLAGS)
 
     def invoke(self, ctx: Any) -> Any:
