@@ -15,7 +15,7 @@ from typing import Any
 
 import typer
 from rich.markup import escape
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 from probe.cli import (ablate, atlas, circuits, classify, compare, dla, heatmap, kv_heads, models, patch, prune, qk,
                        schema, steer, syntax, track)
@@ -88,9 +88,8 @@ class Command(_BareFlags, TyperCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         for param in self.params:  # typer's rich help reads markup: `[kv_head, ...]` would vanish as a tag
-            text = getattr(param, "help", None)
-            if text:
-                setattr(param, "help", escape(text))  # an Option's (click's Parameter has no help)
+            if isinstance(param, (TyperOption, TyperArgument)) and param.help:
+                param.help = escape(param.help)
         self.params.extend(_LATE_FLAGS)
 
     def invoke(self, ctx: Any) -> Any:
