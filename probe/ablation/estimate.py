@@ -40,6 +40,7 @@ from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.hooks.types import HookContext
 from probe.models import LoadedModel
+from probe.progress import Progress, ProgressArg, callback, reports
 from probe.provenance import model_dtype
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
@@ -211,7 +212,7 @@ class _Steps:
     """Progress in passes over one batch."""
 
     total: int
-    progress: Callable[[int, int], None] | None
+    progress: Progress | None
     done: int = 0
 
     def __call__(self) -> None:
@@ -256,16 +257,19 @@ def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches
     return (naive, f"the exact path failed its check: {reason}") if reason else (prefix, "prefix reused")
 
 
+@reports("estimating")
 def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
              metric: str | Metric | None = None, batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET,
              refine: int | None = None,
              seed: int = 0, data: str | Path | None = None,
-             progress: Callable[[int, int], None] | None = None) -> AblationResult:
+             progress: ProgressArg = None) -> AblationResult:
     """Every head's zero-ablation delta, estimated from a few forward and backward passes instead of a sweep (see
     the module's docstring): first-order terms, `samples` second-order samples, then the heads estimated to matter
     most ablated exactly until `budget` forward-equivalents are spent (or the top `refine` heads, if given). The
     cost is counted in forward-equivalents from measured ratios (GRAD_FORWARD_COST, BACKWARD_COST, LOSS_COST) and
-    the weights each ablated run recomputes; `AblationResult.forwards` reports it."""
+    the weights each ablated run recomputes; `AblationResult.forwards` reports it. `progress=True` draws a bar on
+    stderr; a callable gets `(done, total)` in passes over one batch (the total grows by the exact runs once the heads
+    to refine are chosen)."""
     started = time.perf_counter()
     heads, scorer, batches_ = _setup(loaded, probe_set, heads, metric, batch_size, samples)
     model = loaded.model
@@ -277,7 +281,7 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
                    torch.zeros(len(scorer.parts) + 1, dtype=torch.float64))
     counts = torch.stack([batch.counted.sum(dim=(1, 2)) for batch in batches_]).sum(dim=0).double()
     n_tokens = float(counts[0].clamp(min=1))
-    step = _Steps(len(batches_) * (2 + samples), progress)
+    step = _Steps(len(batches_) * (2 + samples), callback(progress, "estimating"))
     for index, batch in enumerate(batches_):
         kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, step, blocks)
         if blocks is not None:
