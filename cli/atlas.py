@@ -80,7 +80,7 @@ def atlas(
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     tasks = None if task is None else replace(options, task=task, num_seqs=count)
-    with stage_progress("atlas: ", STAGE_UNITS, bounded_stages(fast)) as stages:
+    with stage_progress("atlas: ", STAGE_UNITS, bounded_stages(fast=fast)) as stages:
         update = planned_first(lambda: None if resume else plan(
             loaded, atlas_work(loaded, options, fast, tasks, self_repair), batch_size), stages)
         result = build_atlas(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed,

@@ -19,7 +19,7 @@ from probe.heads.scores import DEFAULT_RECENT
 from probe.headmaps.formats import DUO_CONFIG, DUO_FILE, kv_heads_map, write_map
 from probe.hooks.layers import attention_layers
 from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, budget_points, kv_groups, kv_heads as run_kv_heads
-from probe.kv.pipeline import BOUNDED_STAGES, STAGE_UNITS, check_budget_choice
+from probe.kv.pipeline import STAGE_UNITS, bounded_stages, check_budget_choice
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
@@ -180,7 +180,7 @@ def kv_heads(
         and kvpress_ratio is None
     work = kv_work(loaded, max(sizes), len(sizes) * len(where) * prompts, curve_texts, (calibrated, curve),
                    (steps, len(seeds)))
-    with stage_progress("kv-heads: ", STAGE_UNITS, BOUNDED_STAGES) as stages:
+    with stage_progress("kv-heads: ", STAGE_UNITS, bounded_stages(stop_random=not every_random_point)) as stages:
         update = planned_first(lambda: plan(loaded, work, batch_size=1), stages)
         result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,

@@ -1,11 +1,15 @@
-"""Progress and logging for library users: `progress=True` draws a plain bar on stderr, drawn again at least every
-30 seconds while the work reports nothing (a heartbeat thread, for the time the call runs: `reports`), a callable
-gets `(done, total)`; the library logs what it chose under the `probe` logger (`logging.getLogger("probe")`)."""
+"""Progress and logging for library users. Every public library function that takes `progress` takes the same
+keyword argument (`ProgressArg`, or `StageProgressArg` for work in stages) under `reports`: `progress=True` draws a
+plain bar on stderr, drawn again at least every 30 seconds while the work reports nothing (a heartbeat thread, for
+the time the call runs), a callable gets `(done, total)` (`(stage, done, total)`), None shows nothing; the function
+reads it through `callback` / `stage_callback`. The library logs what it chose under the `probe` logger
+(`logging.getLogger("probe")`)."""
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import threading
 import time
@@ -18,10 +22,14 @@ Progress = Callable[[int, int], None]
 the sweep: thousandths of a full forward, weighed by parameters; kv_heads, track: their stages' steps). `total` may
 grow while the work is counted."""
 ProgressArg = bool | Progress | None
+"""What a public function's `progress` keyword takes: True (a bar on stderr, with its heartbeat: `reports`), a
+`(done, total)` callable, or None (False too: nothing shown)."""
 StageProgress = Callable[[str, int, int], None]
 """Progress of work in named stages: `(stage, done, total)`, each stage counted in its own unit (the caller's module
 names the units a user knows, e.g. the atlas' STAGE_UNITS; a stage without one is read as a share)."""
 StageProgressArg = bool | StageProgress | None
+"""What the `progress` keyword of work in stages takes: True (a bar per stage), a `(stage, done, total)` callable, or
+None."""
 log = logging.getLogger("probe")
 WIDTH = 30  # characters of the bar
 REDRAW = 0.1  # seconds: a bar is drawn at most this often from its reports
@@ -113,11 +121,16 @@ class StageBars:
 def reports(label: str, stages: bool = False) -> Callable[[Callable[P, T]], Callable[P, T]]:
     """A library function's `progress=True` (a keyword argument): its TextBar (with `stages`, a bar per stage) made
     here, and drawn again by a heartbeat thread at least every EVERY_SECONDS while the function runs, also where its
-    work reports nothing for minutes; the thread ends with the call, also on an error or Ctrl-C."""
+    work reports nothing for minutes; the thread ends with the call, also on an error or Ctrl-C. The function gets the
+    bar as its callable, and passes a callable on to the reported functions it calls: one bar, one thread. Under
+    torchrun only the first process draws one (`_shows_progress`); the others get None."""
     def wrap(function: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(function)
         def run(*args: P.args, **kwargs: P.kwargs) -> T:
             if kwargs.get("progress") is not True:
+                return function(*args, **kwargs)
+            if not _shows_progress():
+                kwargs["progress"] = None
                 return function(*args, **kwargs)
             bar = StageBars(label) if stages else TextBar(label)
             kwargs["progress"] = bar
@@ -125,6 +138,15 @@ def reports(label: str, stages: bool = False) -> Callable[[Callable[P, T]], Call
                 return function(*args, **kwargs)
         return run
     return wrap
+
+
+def _shows_progress() -> bool:
+    """Whether this process draws `progress=True`'s bar: run alone, or torchrun's first process (each process's bar
+    would show its own share of the work; the first's stands for all, docs/large-models.md)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
+    except ValueError:
+        return True  # not torchrun's: its variables are integers
 
 
 def callback(progress: ProgressArg, label: str) -> Progress | None:

@@ -41,7 +41,7 @@ from probe.hooks.restore import interrupts_deferred, restoring
 from probe.hooks.run import run_model
 from probe.hooks.types import AttentionInputs, HookContext
 from probe.models import LoadedModel
-from probe.progress import Progress
+from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, HEAD, LAYER, MODEL, N_HEADS, N_LAYERS, NUMBER
@@ -590,13 +590,15 @@ def _target(loaded: LoadedModel, head: tuple[int, int]) -> _Target:
                    structure.blocks.of_layer[layer_index], norm, _position_module(loaded.model))
 
 
+@reports("qk attribution")
 def qk_attribution(loaded: LoadedModel, ids: Tensor, head: tuple[int, int], *, mask: Tensor | None = None,
                    at: str = "attended", query: int | None = None, key: int | None = None, source: str = "",
-                   progress: Progress | None = None) -> QKAttribution:
+                   progress: ProgressArg = None) -> QKAttribution:
     """The head's pre-softmax scores on the rows of `ids` (right-padded under `mask`), each split into pairs of
     query-side and key-side components (module docstring), averaged over the points read: every query at the key of
     rule `at` (`KEY_RULES`), or the one (`query`, `key`) of each row that has both. Also the contrast: the score of
-    that key minus the mean score of the query's other keys, split the same way."""
+    that key minus the mean score of the query's other keys, split the same way. `progress=True` draws a bar on
+    stderr; a callable gets `(done, total)` in rows."""
     if (query is None) != (key is None):
         raise ProbeError("give both query and key (positions), or neither", parameter="query")
     if query is not None and key is not None and not 0 <= key <= query:
@@ -609,7 +611,7 @@ def qk_attribution(loaded: LoadedModel, ids: Tensor, head: tuple[int, int], *, m
     lengths = (torch.full((ids.shape[0],), ids.shape[1]) if mask is None else mask.bool().sum(dim=1)).tolist()
     views: dict[str, _View] = {}
     names: list[Component] = []
-    report = progress or (lambda done, total: None)
+    report = callback(progress, "qk attribution") or (lambda done, total: None)
     parameters = next(loaded.model.parameters())
     twin = make_twin(target.layer.module, torch.float64 if parameters.dtype == torch.float64 else torch.float32,
                      target.head, target.kv_head, target.layer.head_dim)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from torch import Tensor, nn
@@ -46,8 +47,8 @@ def forward_costs(model: nn.Module, blocks: Blocks | None) -> Callable[[int], fl
     per_block = [sum(p.numel() for p in block.parameters()) for block in blocks.container]
     head = output_embeddings(model)
     unembed = sum(p.numel() for p in head.parameters()) if head is not None else 0
-    total = sum(per_block) + unembed
-    return lambda start: (sum(per_block[start:]) + unembed) / max(total, 1)
+    from_block = [*accumulate(reversed(per_block), initial=unembed)][::-1]  # [start]: blocks start.. and the readout
+    return lambda start: from_block[start] / max(from_block[0], 1)
 
 
 def _parents(model: nn.Module) -> dict[int, nn.Module]:

@@ -40,6 +40,7 @@ from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.hooks.types import HookContext
 from probe.models import LoadedModel
+from probe.progress import Progress, ProgressArg, callback, reports
 from probe.provenance import model_dtype
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
@@ -224,7 +225,7 @@ class _Steps:
     allows) and is lowered to what was chosen once the heads to refine are known."""
 
     total: float  # forward-equivalents
-    progress: Callable[[int, int], None] | None
+    progress: Progress | None
     done: float = 0.0
 
     def __call__(self, cost: float) -> None:
@@ -235,6 +236,14 @@ class _Steps:
         if self.progress is not None:
             total = max(1, round(self.total * WORK_UNITS))
             self.progress(min(round(self.done * WORK_UNITS), total), total)
+
+
+def _planned(n_batches: int, gradient: float, check_cost: float, room: float, refine: int | None) -> float:
+    """The estimate's whole work in forward-equivalents of one batch, before the heads to refine are chosen: every
+    batch's gradient passes, the check, and every batch's exact runs within the budget's room (or `refine` heads, at
+    most a full forward each)."""
+    exact = max(room, 0.0) if refine is None else max(refine, 0) * (1 + LOSS_COST)
+    return n_batches * (gradient + exact) + check_cost
 
 
 def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None, metric: str | Metric | None,
@@ -273,16 +282,18 @@ def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches
     return (naive, f"the exact path failed its check: {reason}") if reason else (prefix, "prefix reused")
 
 
+@reports("estimating")
 def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
              metric: str | Metric | None = None, batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET,
-             refine: int | None = None,
-             seed: int = 0, data: str | Path | None = None,
-             progress: Callable[[int, int], None] | None = None) -> AblationResult:
+             refine: int | None = None, seed: int = 0, data: str | Path | None = None,
+             progress: ProgressArg = None) -> AblationResult:
     """Every head's zero-ablation delta, estimated from a few forward and backward passes instead of a sweep (see
     the module's docstring): first-order terms, `samples` second-order samples, then the heads estimated to matter
     most ablated exactly until `budget` forward-equivalents are spent (or the top `refine` heads, if given). The
     cost is counted in forward-equivalents from measured ratios (GRAD_FORWARD_COST, BACKWARD_COST, LOSS_COST) and
-    the weights each ablated run recomputes; `AblationResult.forwards` reports it."""
+    the weights each ablated run recomputes; `AblationResult.forwards` reports it. `progress=True` draws a bar on
+    stderr; a callable gets `(done, total)` in passes over one batch (the total grows by the exact runs once the heads
+    to refine are chosen)."""
     started = time.perf_counter()
     heads, scorer, batches_ = _setup(loaded, probe_set, heads, metric, batch_size, samples)
     model = loaded.model
@@ -299,8 +310,7 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)  # forward-equivalents, of every batch
     check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0
     room = budget - spent - check_cost
-    step = _Steps(len(batches_) * spent + check_cost
-                  + len(batches_) * (max(room, 0.0) if refine is None else max(refine, 0) * (1 + LOSS_COST)), progress)
+    step = _Steps(_planned(len(batches_), spent, check_cost, room, refine), callback(progress, "estimating"))
     for index, batch in enumerate(batches_):
         kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, step, blocks)
         batch.kept = _kept_for(blocks, heads, kept)

@@ -46,6 +46,7 @@ from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.hooks.types import HookContext
 from probe.models import LoadedModel
+from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS, SECONDS
@@ -324,19 +325,21 @@ class _Run:
         return lambda remaining, pruned: [unit for unit in order if unit in remaining]
 
 
+@reports("pruning")
 def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] = ORDERINGS, step: float = 0.1,
           max_increase: float | None = None, relative: bool = True, seeds: Sequence[int] = (0, 1, 2),
           method: str | AblationMethod = "zero", metric: str | Metric | None = None, kv_groups: bool = False,
           method_seed: int = 0, batch_size: int = 8, data: str | None = None, eval_set: ProbeSet | None = None,
-          eval_data: str | None = None, progress: Callable[[int, int], None] | None = None) -> PruneResult:
+          eval_data: str | None = None, progress: ProgressArg = None) -> PruneResult:
     """Pruning curves (see the module docstring): for each ordering, remove `step` of the units per step, measure
     the metric with all removed heads ablated together (`method`: a name of METHODS, built with the statistics it
     reads over `probe_set` and `method_seed`, or an AblationMethod), until it rises past `max_increase` (relative to the
     baseline, or absolute with `relative=False`) or everything is gone. `metric`: a Metric object or a name of
     METRICS (default: the loss, as sweeps choose it: `choose_metric`). `eval_set`: measure
     the losses there instead of on `probe_set`, where the orderings are chosen (a held-out check: an order chosen on
-    a small sample overfits it)."""
-    started = time.perf_counter()
+    a small sample overfits it). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in steps
+    (their total bounds the work: a curve stops at the limit)."""
+    started, report = time.perf_counter(), callback(progress, "pruning")
     check_probe_set(probe_set)
     refuse_sources(probe_set, "prune")
     chosen_metric = choose_metric(loaded, probe_set, metric)
@@ -365,8 +368,8 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
 
     def tick() -> None:
         done[0] += 1
-        if progress is not None:
-            progress(min(done[0], total), total)
+        if report is not None:
+            report(min(done[0], total), total)
 
     run = _Run(loaded, probe_set, evaluator, units, (result.n_layers, result.n_heads), batch_size, tick)
     planned = 0  # the steps counted in `total` for the curves done: a curve stopped at the limit skips the rest

@@ -41,7 +41,7 @@ from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
-from probe.progress import Progress, callback, log, reports
+from probe.progress import Progress, ProgressArg, callback, log, reports
 from probe.provenance import model_dtype, model_facts
 
 MODES = ("exact", "naive", "estimate")
@@ -298,7 +298,7 @@ def sweep(
     results_path: str | Path | None = None,
     resume: bool = False,
     data: str | Path | None = None,
-    progress: Progress | bool | None = None,
+    progress: ProgressArg = None,
     on_result: Callable[[HeadResult], None] | None = None,
     shard: tuple[int, int] | None = None,
 ) -> AblationResult:

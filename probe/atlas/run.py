@@ -44,9 +44,10 @@ STAGE_UNITS = {"composition": COMPOSITION_UNIT}
 block-forwards mean nothing to a user)."""
 
 
-def bounded_stages(fast: bool) -> frozenset[str]:
-    """The stages whose total only bounds their work, so no time left can be read from their rate: with `fast`, the
-    ablation stage is the estimate, whose total grows once it has chosen the heads it ablates exactly."""
+def bounded_stages(*, fast: bool = False) -> frozenset[str]:
+    """The stages of an `atlas` run with these options whose total only bounds their work, so no time left can be
+    read from their rate: with `fast`, the ablation stage is the estimate, whose total grows once it has chosen the
+    heads it ablates exactly."""
     return frozenset({"ablation"}) if fast else frozenset()
 
 

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from probe.circuits.weights import HeadWeights, all_layer_weights, embedding_matrices, layer_weights
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
-from probe.progress import Progress
+from probe.progress import ProgressArg, callback, reports
 
 KINDS = ("k", "q", "v")
 UNIT = "layer pairs"  # what `composition_scores` counts in its progress
@@ -117,17 +117,19 @@ class Composition:
         return int((row > row[earlier[1]]).sum()) + 1
 
 
-def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] = KINDS,
-                       progress: Progress | None = None) -> Composition:
+@reports("composition")
+def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] = KINDS, *,
+                       progress: ProgressArg = None) -> Composition:
     """K-, Q- and V-composition of every head into every head of a later layer (see the module docstring).
-    `progress` gets `(done, total)` in layer pairs (each pair of an earlier and a later layer, per kind: the same work
-    each, so the rate measured early holds to the end), reported after each later layer."""
+    `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layer pairs (each pair of an earlier and
+    a later layer, per kind: the same work each, so the rate measured early holds to the end), reported after each
+    later layer."""
     layers = all_layer_weights(model)
     n_layers, n_heads = len(layers), max(w.W_Q.shape[0] for w in layers)
     result = {}
-    total, done = len(kinds) * n_layers * (n_layers - 1) // 2, 0
-    if progress is not None:
-        progress(0, total)
+    total, done, report = len(kinds) * n_layers * (n_layers - 1) // 2, 0, callback(progress, "composition")
+    if report is not None:
+        report(0, total)
     for kind in kinds:
         table = torch.full((n_layers, n_heads, n_layers, n_heads), float("nan"), dtype=torch.float64)
         earlier = [_factors(w, "ov") for w in layers]
@@ -140,8 +142,8 @@ def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] 
                                              distinct=distinct)
                 table[a, :scores.shape[0], b, :scores.shape[1]] = scores
             done += b
-            if progress is not None and b:
-                progress(done, total)
+            if report is not None and b:
+                report(done, total)
         result[kind] = table
     d_model, d_head = layers[0].W_Q.shape[1:]
     return Composition(name, result, random_baseline(d_model, d_head), layers[0].folded)

@@ -25,7 +25,7 @@ from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
 from probe.hooks.types import Handler, HookContext
 from probe.models import LoadedModel
-from probe.progress import Progress, callback, log, reports
+from probe.progress import Progress, ProgressArg, callback, log, reports
 from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
@@ -142,8 +142,9 @@ class HeadScores(dict):
 PATHS = ("auto", "lse", "blocked")
 
 
+@reports("scoring heads")
 def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, batch_size: int = 8,
-                query_block: int | None = None, progress: Progress | None = None,
+                query_block: int | None = None, progress: ProgressArg = None,
                 progress_offset: int = 0, progress_total: int | None = None, path: str = "auto",
                 config: KernelConfig = DEFAULT_CONFIG) -> HeadScores:
     """Run the probe set through the model in batches and reduce each layer's attention into the named scores.
@@ -151,7 +152,10 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
     formed; layers no backend serves fall back to blocks of weights, and the result's `path` names the backend and
     says which layers went blocked), "blocked" reduces blocks of eager weights everywhere, "auto" is "lse" for the
     scores that have a fast path and a second, blocked pass for those that have none (each class without one costs
-    only itself the blocked path). `config` tunes the fast path (chunks and stages; never a number)."""
+    only itself the blocked path). `config` tunes the fast path (chunks and stages; never a number). `progress=True`
+    draws a bar on stderr; a callable gets `(done, total)` in layers of batches, from `progress_offset` of
+    `progress_total` where the scores are part of a longer count (classify's)."""
+    report = callback(progress, "scoring heads")
     passes = score_passes(names, path)
     steps = len(probe_set.batches(batch_size)) * len(attention_layers(loaded.model))
     total = progress_total or steps * len(passes)
@@ -159,7 +163,7 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
     paths = []
     for index, (chosen, use_lse) in enumerate(passes):
         scored = _score_pass(loaded, probe_set, chosen, use_lse, batch_size=batch_size, query_block=query_block,
-                             progress=progress, progress_offset=progress_offset + index * steps,
+                             progress=report, progress_offset=progress_offset + index * steps,
                              progress_total=total, config=config)
         found.update(scored)
         paths.append(scored.path if index == 0 else f"{scored.path} for {', '.join(chosen)} (no fast path)")
@@ -324,7 +328,7 @@ def classify(
     scores: list[str] | None = None,
     batch_size: int = 8,
     query_block: int | None = None,
-    progress: Progress | bool | None = None,
+    progress: ProgressArg = None,
     path: str = "auto",
 ) -> Classification:
     """Score every head of the model for each class in `scores` (default: all of SCORES) and label them, each

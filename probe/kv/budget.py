@@ -14,7 +14,7 @@ from probe.frames import frame
 from probe.headmaps.kvpress import kvpress_removable, kvpress_streamed
 from probe.errors import ProbeError
 from probe.models import LoadedModel
-from probe.progress import Progress
+from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
 from probe.kv.points import CurveInputs, measured_point
 
@@ -66,17 +66,20 @@ def accepts(point: dict[str, Any], baseline_accuracy: float, max_loss_increase: 
     return point["needle_accuracy"] >= baseline_accuracy and point["loss_change"] <= max_loss_increase
 
 
+@reports("calibrating the budget")
 def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs, *,
                      max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
-                     progress: Progress | None = None) -> Budget:
+                     progress: ProgressArg = None) -> Budget:
     """The largest k whose point (the first k KV heads of `order` streamed) keeps the needle accuracy at the
     unablated model's and the loss change within `max_loss_increase`, by bisection over k (see probe.kv's
-    docstring); every point measured is in the result."""
+    docstring); every point measured is in the result. `progress=True` draws a bar on stderr; a callable gets
+    `(done, total)` in points (the unablated model's first)."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
+    report = callback(progress, "calibrating the budget")
     most = budget_points(len(order)) + 1  # the unablated model's point, then at most one per halving
     base_loss, base_accuracy = measured_point(loaded, inputs, [], cache)
-    if progress is not None:
-        progress(1, most)
+    if report is not None:
+        report(1, most)
     points: list[dict[str, Any]] = []
 
     def measure(k: int) -> bool:
@@ -84,8 +87,8 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
         point = {"k": k, "loss_change": round(loss - base_loss, 6), "needle_accuracy": round(accuracy, 6)}
         point["accepted"] = accepts(point, base_accuracy, max_loss_increase)
         points.append(point)
-        if progress is not None:
-            progress(1 + len(points), most)
+        if report is not None:
+            report(1 + len(points), most)
         return bool(point["accepted"])
 
     low, high = 0, len(order) + 1  # k = low is accepted (nothing streamed), k = high is not (past the end)

@@ -10,7 +10,7 @@ from typing import Any
 from probe.errors import ProbeError
 from probe.overflow import forwards, require_finite
 from probe.models import LoadedModel
-from probe.progress import Progress
+from probe.progress import ProgressArg, callback, reports
 from probe.kv.budget import DEFAULT_MAX_LOSS_INCREASE, accepts
 from probe.kv.points import CurveInputs, measured_point
 
@@ -22,14 +22,18 @@ def curve_steps(n_kv_total: int, steps: int) -> list[int]:
     return sorted({round(i * n_kv_total / steps) for i in range(steps + 1)})
 
 
+@reports("checking the order")
 def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs, ks: list[int],
-                 seeds: list[int], progress: Progress | None = None, *,
+                 seeds: list[int], *, progress: ProgressArg = None,
                  stop_below: float | None = DEFAULT_MAX_LOSS_INCREASE) -> dict[str, Any]:
     """Loss change and needle accuracy with the first k KV heads of `order` windowed, and of random orders. With
     `stop_below` (a loss bound), a random order stops at its first k that the budget's rule refuses (needle accuracy
     below the unablated model's, or loss change over the bound) where probe's order is accepted: it is clearly
-    below there, and its later points (None) are not measured, except those another order already measured."""
+    below there, and its later points (None) are not measured, except those another order already measured.
+    `progress=True` draws a bar on stderr; a callable gets `(done, total)` in points of every order (with
+    `stop_below` the total only bounds the work: `probe.kv.pipeline.bounded_stages`)."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
+    report = callback(progress, "checking the order")
     orders = {"probe": order} | {f"random_{seed}": random.Random(seed).sample(order, len(order)) for seed in seeds}
     base_loss, base_accuracy = measured_point(loaded, inputs, [], cache)
     require_finite(base_loss, "the unablated model's loss on natural text", loaded.model,
@@ -49,8 +53,8 @@ def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: Curv
                 losses.append(round(loss - base_loss, 6))
                 accuracies.append(round(accuracy, 6))
             done += 1
-            if progress is not None:
-                progress(done, total)
+            if report is not None:
+                report(done, total)
             if name != "probe" and name not in stopped and stop_below is not None and _clearly_below(
                     losses[index], accuracies[index], curves["probe"], index, base_accuracy, stop_below):
                 stopped[name] = k

@@ -13,7 +13,7 @@ from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.models import LoadedModel
-from probe.progress import Progress
+from probe.progress import ProgressArg, reports
 
 
 def kv_groups(loaded: LoadedModel) -> tuple[int, int]:
@@ -46,11 +46,13 @@ ORDERS = ("retrieval", "loss")
 streamed alone, retrieving heads last (loss_order: one exact window-ablation sweep of every KV head)."""
 
 
+@reports("ordering by loss")
 def loss_order(loaded: LoadedModel, kv_retrieval: Tensor, texts: ProbeSet, window: WindowAblation, *,
-               batch_size: int = 1, progress: Progress | None = None) -> tuple[list[tuple[int, int]], list[float]]:
+               batch_size: int = 1, progress: ProgressArg = None) -> tuple[list[tuple[int, int]], list[float]]:
     """KV heads ordered by the loss change each causes when it alone streams (an exact window-ablation sweep of
     every KV group on `texts`), retrieval-aware: the heads whose retrieval score passes RETRIEVAL_FLOOR go last,
-    by retrieval. Returns the order and each head's loss change, in order."""
+    by retrieval. Returns the order and each head's loss change, in order. `progress=True` draws a bar on stderr; a
+    callable gets the sweep's `(done, total)`."""
     n_layers, n_kv = kv_retrieval.shape
     group = attention_layers(loaded.model)[0].n_heads // n_kv
     heads = [(layer, kv) for layer in range(n_layers) for kv in range(n_kv)]

@@ -16,7 +16,7 @@ from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
-from probe.progress import Progress, StageProgress, stage_tick
+from probe.progress import Progress, StageProgressArg, reports, stage_callback, stage_tick
 from probe.provenance import model_dtype
 from probe.headmaps.kvpress import check_kvpress_ratio
 from probe.kv.budget import (DEFAULT_MAX_LOSS_INCREASE, Budget, calibrate_budget, fixed_budget,
@@ -36,10 +36,14 @@ STAGE_UNITS = {"scoring heads": "needle prompts", "ordering by loss": "KV heads"
 """What each stage of `kv_heads` counts, in the order the stages run (a stage not asked for is skipped): each is
 reported on its own, so that a time left is measured from that stage's own rate (a budget point, two forwards over
 held-out texts and prompts, costs far more than a scored prompt)."""
-BOUNDED_STAGES = frozenset({"checking the order"})
-"""Stages whose total only bounds their work (a random order stops at its first point the budget's rule refuses), so
-no time left can be read from their rate."""
 KV_SINK = 64  # sink keys of a streaming head: DuoAttention's deployed cache (64 sink + 256 recent keys)
+
+
+def bounded_stages(*, stop_random: bool = True) -> frozenset[str]:
+    """The stages of a `kv_heads` run with these options whose total only bounds their work, so no time left can be
+    read from their rate: with `stop_random`, checking the order (a random order stops at its first point the
+    budget's rule refuses)."""
+    return frozenset({"checking the order"}) if stop_random else frozenset()
 
 
 def _check(loaded: LoadedModel, lengths: tuple[int, ...], sink: int, recent: int, seeds: list[int],
@@ -98,6 +102,7 @@ def _texts(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts:
                     natural.input_ids[first_text:first_text + texts], natural.offset)
 
 
+@reports("kv-heads", stages=True)
 def kv_heads(
     loaded: LoadedModel, *, lengths: tuple[int, ...] = (1024,), depths: tuple[float, ...] = DEFAULT_DEPTHS,
     prompts: int = 1, needle: str | None = None, sink: int = KV_SINK, recent: int = DEFAULT_RECENT,
@@ -105,15 +110,15 @@ def kv_heads(
     streaming_threshold: float | None = None, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
     curve: bool = True, steps: int = 5, random_seeds: tuple[int, ...] = (0, 1), curve_texts: int = 2,
     data: str | None = None, seed: int = 0, order_by: str = "retrieval", stop_random: bool = True,
-    kvpress_ratio: float | None = None, progress: StageProgress | None = None,
+    kvpress_ratio: float | None = None, progress: StageProgressArg = None,
 ) -> KVHeads:
     """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
     `recent` window), aggregate per KV head, order them, label full / streaming (a calibrated budget unless
     `full_fraction`, a threshold or `kvpress_ratio` is given: see probe.kv's docstring, probe.kv.budget.kvpress_budget)
     and (with `curve`) check the order: windowed KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural
     texts of the longest length and accuracy on needle prompts of another seed, against random orders of
-    `random_seeds` (`stop_random`: each stops once clearly below probe's order, see stream_curve). `progress`:
-    `(stage, done, total)`, the stages of STAGE_UNITS."""
+    `random_seeds` (`stop_random`: each stops once clearly below probe's order, see stream_curve). `progress=True`
+    draws a bar per stage; a callable gets `(stage, done, total)`, the stages of STAGE_UNITS."""
     fixed = _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by, kvpress_ratio,
                    (full_fraction, retrieval_threshold, streaming_threshold))
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
@@ -121,7 +126,7 @@ def kv_heads(
     calibrated, why_fixed = _budget_kind(loaded, not fixed)
     scored = needle_set(loaded, options)
     n_heads, n_kv = kv_groups(loaded)
-    stage, clock = partial(stage_tick, progress), _Clock()
+    stage, clock = partial(stage_tick, stage_callback(progress, "kv-heads")), _Clock()
     retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent,
                                               progress=stage("scoring heads"))
     clock.lap("scores")
@@ -152,7 +157,7 @@ def kv_heads(
     if curve:
         inputs = _held_out(loaded, options, data, curve_texts, 0, CURVE_SEED_OFFSET, window)
         ks = sorted(set(curve_steps(len(order), steps)) | {budget.streamed})  # the map's own k, checked too
-        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), stage("checking the order"),
+        result.curve = stream_curve(loaded, order, inputs, ks, list(random_seeds), progress=stage("checking the order"),
                                     stop_below=max_loss_increase if stop_random else None)
         result.curve["needle_seed"] = seed + CURVE_SEED_OFFSET
         clock.lap("curve")

@@ -24,7 +24,7 @@ from probe.hooks.types import Handler, HookContext
 from probe.kernels import FusedStatistics
 from probe.kernels.fused import Weights, uploaded
 from probe.models import LoadedModel
-from probe.progress import Progress
+from probe.progress import ProgressArg, callback, reports
 
 
 @dataclass
@@ -146,15 +146,17 @@ def _fetched(parts: dict[int, Tensor]) -> dict[int, Tensor]:
     return out
 
 
+@reports("scoring heads")
 def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAULT_SINK,
-                  recent: int = DEFAULT_RECENT, progress: Progress | None = None,
+                  recent: int = DEFAULT_RECENT, progress: ProgressArg = None,
                   fast: bool = True) -> tuple[Tensor, Tensor, NeedleRun]:
     """(retrieval (n_layers, n_heads), streaming (n_layers, n_heads), the model's own needle accuracy), one forward
     per prompt: streaming sums and the top key of each answer row of each layer's attention are kept on the device
     as the layers pass (`fast`: from a fused backend's statistics, probe.kernels, where a layer allows it; else from
     blocks of weights), nothing read back inside the forward; the retrieval score (SCORES["retrieval"]'s definition)
-    is reduced from those top keys once the logits say which rows were predicted."""
-    layers = attention_layers(loaded.model)
+    is reduced from those top keys once the logits say which rows were predicted. `progress=True` draws a bar on
+    stderr; a callable gets `(done, total)` in needle prompts."""
+    layers, report = attention_layers(loaded.model), callback(progress, "scoring heads")
     n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)
     retrieval_sum, retrieval_prompts = torch.zeros(n_layers, n_heads, dtype=torch.float64), 0
     stream_sum = torch.zeros(n_layers, n_heads, dtype=torch.float64)
@@ -184,8 +186,8 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
         for layer in sums:
             stream_sum[layer] += sums[layer]
             stream_count[layer] += counts[layer]
-        if progress is not None:
-            progress(index + 1, total)
+        if report is not None:
+            report(index + 1, total)
     retrieval, streaming = retrieval_sum / max(retrieval_prompts, 1), stream_sum / stream_count.clamp(min=1)
     if not ((not finite or bool(torch.stack(finite).all())) and bool(torch.isfinite(streaming).all())):
         _refuse_overflow(loaded, needles)

@@ -38,7 +38,7 @@ from probe.inputs import ProbeSet, normalised_effect
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
-from probe.progress import Progress, callback
+from probe.progress import Progress, ProgressArg, callback, reports
 from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import (DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS, SECONDS,
@@ -229,22 +229,23 @@ def _by_position(loaded: LoadedModel, target: ProbeSet, units: list[Ablation], m
     return entries
 
 
+@reports("patching heads")
 def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: Sequence[Head] | None = None, *,
                 component: str = "output", noising: bool = False, by_position: bool = False, mode: str = "exact",
-                batch_size: int = 8, data: str = "", run: Sweep = sweep, **options: Any) -> PatchResult | None:
+                batch_size: int = 8, data: str = "", run: Sweep = sweep, progress: ProgressArg = None,
+                **options: Any) -> PatchResult | None:
     """Patch each head (default: every head; a key or value: every key/value group) between the clean and the
     corrupted run (two probe sets of one shape: probe.patching.contrast_runs), denoising by default; with `by_position`
     also each head at each position alone. `run` is the sweep (probe.distributed.sharded_sweep under torchrun) and
-    `options` go to it (results_path, resume, stack, progress, on_result); None on a process of torchrun's that does
-    not report."""
+    `options` go to it (results_path, resume, stack, on_result); None on a process of torchrun's that does not
+    report. `progress=True` draws a bar on stderr; a callable gets `(done, total)`, every sweep counted in one."""
     started = time.perf_counter()
     check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)
     method = patch_method(loaded, source, component, batch_size=batch_size)
     units = patch_units(loaded, heads, component)
     source_ld = mean_logit_diff(baseline_metric(loaded, source, batch_size=batch_size))
-    part = _in_parts(callback(options.pop("progress", None), "patching heads"),
-                     1 + (target.input_ids.shape[1] if by_position else 0))
+    part = _in_parts(callback(progress, "patching heads"), 1 + (target.input_ids.shape[1] if by_position else 0))
     swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data,
                    progress=part(0), **options)
     if swept is None:

@@ -3,7 +3,6 @@ captured with probe.hooks.capture_attention), word-level attention per sentence,
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,6 +15,7 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.run import accepts_argument
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
+from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
 from probe.syntax.align import Aligned, align
 from probe.syntax.conllu import Sentence
@@ -75,11 +75,13 @@ def _check(*, batch_size: int, min_count: int, margin: float, confident: float) 
             raise ProbeError(f"{name} must be a number from 0 to below 1, got {fraction}", parameter=name)
 
 
+@reports("scoring sentences")
 def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str, source: str,
                   batch_size: int = 8, min_count: int = MIN_COUNT, margin: float = MARGIN,
                   confident: float = CONFIDENT, examples: int = EXAMPLES,
-                  progress: Callable[[int, int], None] | None = None) -> SyntaxResult:
-    """Score every head on the sentences' arcs (see probe.syntax.scores for the definitions)."""
+                  progress: ProgressArg = None) -> SyntaxResult:
+    """Score every head on the sentences' arcs (see probe.syntax.scores for the definitions). `progress=True` draws
+    a bar on stderr; a callable gets `(done, total)` in sentences."""
     if scheme not in SCHEMES:
         raise ProbeError(f"unknown label scheme {scheme!r}: choose from {', '.join(SCHEMES)}", parameter="scheme")
     _check(batch_size=batch_size, min_count=min_count, margin=margin, confident=confident)
@@ -94,8 +96,9 @@ def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str
     if not (is_hf_model(loaded.model) or accepts_argument(loaded.model, "attention_mask")):
         batch_size = 1  # a custom model that takes no mask cannot be given padding: one sentence per forward
     shown: list[dict[str, Any]] = []
-    if progress is not None:
-        progress(0, len(aligned))  # the count is known before the first batch, however long it runs
+    report = callback(progress, "scoring sentences")
+    if report is not None:
+        report(0, len(aligned))  # the count is known before the first batch, however long it runs
     for first in range(0, len(aligned), batch_size):
         batch = aligned[first:first + batch_size]
         ids, mask = _batch_ids(batch, pad if isinstance(pad, int) else 0)
@@ -106,8 +109,8 @@ def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str
             predicted = tally.add(item, weights[row, :, :, :n, :n])
             if len(shown) < examples:
                 shown.append(_example(item, predicted, causal))
-        if progress is not None:
-            progress(min(first + batch_size, len(aligned)), len(aligned))
+        if report is not None:
+            report(min(first + batch_size, len(aligned)), len(aligned))
     return SyntaxResult(
         model=loaded.name, scheme=scheme, source=source, causal=causal, n_layers=tally.shape[0],
         n_heads=tally.shape[1], sentences=len(aligned), words=sum(len(a.members) for a in aligned),

@@ -16,7 +16,7 @@ from probe.errors import ProbeError
 from probe.heads.scores import SCORES
 from probe.hooks.layers import attention_layers
 from probe.models import LoadedModel, input_device, load_model
-from probe.progress import Progress, callback, log, reports
+from probe.progress import Progress, ProgressArg, callback, log, reports
 from probe.track.checkpoints import STATE_DICTS, Checkpoint, Run, check_run, load_checkpoints
 from probe.track.icl import EARLY, ICL_SEQS, LATE, check_positions, icl_score, probe_loss
 from probe.track.result import MIN_RISE, CheckpointResult, TrackResult
@@ -129,7 +129,7 @@ def _check(options: TrackOptions) -> None:
 
 @reports("tracking checkpoints")
 def track(run: Run, options: TrackOptions | None = None, *, results_path: str | Path, resume: bool = False,
-          progress: Progress | bool | None = None, on_result: Callable[[CheckpointResult], None] | None = None,
+          progress: ProgressArg = None, on_result: Callable[[CheckpointResult], None] | None = None,
           on_model: Callable[[LoadedModel], None] | None = None, **load_options: Any) -> TrackResult | None:
     """Score every checkpoint of `run` (probe.track.checkpoints.find_run) and return the trajectories.
 
