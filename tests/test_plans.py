@@ -196,9 +196,11 @@ def test_circuits_plans_its_check_once_the_classification_has_sized_it(tmp_path:
         return original(*args, progress=spy, **kwargs)
 
     monkeypatch.setattr(pairs, "sweep", sweep)
-    lines = on_a_fake_clock("circuits", ARGS["circuits"](tmp_path), tmp_path, capsys, monkeypatch)
+    page = tmp_path / "circuits.html"  # --html: the same command, its page written after the work
+    lines = on_a_fake_clock("circuits", [*ARGS["circuits"](tmp_path), "--html", str(page)], tmp_path, capsys,
+                            monkeypatch)
     said = [index for index, line in enumerate(lines) if PLAN.match(line)]
-    assert len(said) == 2, lines
+    assert len(said) == 2 and page.is_file(), lines
     assert said[0] < lines.index("circuits: K-composition ...") and "not in this range" in lines[said[0]]
     # once the classification is in (its last line, at its total, comes as the next stage starts), before the check
     assert lines.index("circuits: classifying heads ...") < said[1] < lines.index("circuits: ablation check ...")
