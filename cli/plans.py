@@ -23,8 +23,8 @@ from probe.models import LoadedModel
 
 SWEEP_FORWARDS = (0.5, 1.0)  # one head's exact ablation, in forwards of the batch (bench/RESULTS.md: 0.60-0.73x)
 CAPTURE = (1.0, 2.0)  # a pass that reads every head's attention (classify's, syntax's), in forwards of its batch
-PAIR = (1.0, 5.0)  # a layer pair of the weights' composition, in the pair timed with its share of the set-up (1.5-4.5x)
-COUNTED = (0.5, 1.2)  # a sweep counted in forwards by its own cost model (sweep_forwards); bench/NOTES.md: 0.49-1.44x
+PAIR = (1.0, 5.0)  # a layer pair of the weights' composition, in the pair timed with its share of the set-up (1.5-5x)
+COUNTED = (0.5, 1.2)  # a sweep counted in forwards by its own cost model (sweep_forwards); bench/NOTES.md: 0.49-1.62x
 SLACK = (0.8, 1.6)  # the timed forward against a forward inside the work (warm caches, a busy machine)
 SAID_FROM = 30.0  # seconds: work whose range reaches this is said; shorter work says nothing
 
