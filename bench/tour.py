@@ -268,7 +268,9 @@ class Outcome:
 def judge(lines: Iterable[tuple[float, str]], ended: float) -> tuple[float, list[dict[str, Any]]]:
     """From (seconds since the start, line) of a step's stderr and its end: the longest silent gap (start and end
     count as lines) and each estimate printed at ESTIMATE_FROM% of its stage or later, against the time that stage's
-    last line came (the outcome it estimated); a plan line's range, against the time from it to the end."""
+    last line came (the outcome it estimated); a plan line's range, against the time from it to the next plan line
+    (a command that plans a later part in a line of its own, once an earlier part has sized it, leaves it out of the
+    first line's range) or to the end."""
     timed = list(lines)
     marks = [0.0, *(at for at, _ in timed), ended]
     gap = max(later - earlier for earlier, later in zip(marks, marks[1:]))
@@ -282,7 +284,9 @@ def judge(lines: Iterable[tuple[float, str]], ended: float) -> tuple[float, list
         last_of[stage] = at
         if found["left"] and int(found["percent"]) >= ESTIMATE_FROM:
             printed.append((stage, at, int(found["percent"]), _clock_seconds(found["left"])))
-    estimates = [plan for at, text in timed if (plan := _plan(at, text, ended))]
+    planned = [at for at, text in timed if PLAN.match(text)]
+    estimates = [plan for at, text in timed
+                 if (plan := _plan(at, text, min([ended, *(later for later in planned if later > at)])))]
     for stage, at, percent, left in printed:
         actual = last_of[stage] - at
         factor = max(actual, 1.0) / max(left, 1.0)
@@ -292,8 +296,8 @@ def judge(lines: Iterable[tuple[float, str]], ended: float) -> tuple[float, list
 
 
 def _plan(at: float, text: str, ended: float) -> dict[str, Any] | None:
-    """A command's `plan: ...: about LOW-HIGH here` line against the time from it to the step's end: judged as an
-    estimate whose factor is 1.0 inside the range."""
+    """A command's `plan: ...: about LOW-HIGH here` line against the time from it to `ended` (the step's end, or the
+    next plan line's time): judged as an estimate whose factor is 1.0 inside the range."""
     found = PLAN.match(text)
     if found is None:
         return None
@@ -428,8 +432,8 @@ def section(data: dict[str, Any]) -> str:
              "silence: the longest gap between two stderr lines "
              f"(the docs promise at most {GAP_LIMIT:.0f} s); estimates: each time left printed at {ESTIMATE_FROM}% of "
              "its stage or later, against the time the stage took (worst factor either way; the aim is within 2x), "
-             "and each plan line's range (`plan: ...: about LOW-HIGH`) against the time from it to the end (1.00x: "
-             "inside the range).", "",
+             "and each plan line's range (`plan: ...: about LOW-HIGH`) against the time from it to the next plan "
+             "line or the end (1.00x: inside the range).", "",
              "| command | exit | seconds | CPU seconds | stated | within | longest silence (s) | estimates judged | "
              "worst estimate | load after |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(row) for row in data["rows"]]

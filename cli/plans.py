@@ -23,7 +23,8 @@ from probe.models import LoadedModel
 
 SWEEP_FORWARDS = (0.5, 1.0)  # one head's exact ablation, in forwards of the batch (bench/RESULTS.md: 0.60-0.73x)
 CAPTURE = (1.0, 2.0)  # a pass that reads every head's attention (classify's, syntax's), in forwards of its batch
-PAIR = (0.2, 1.0)  # a layer pair of the weights' composition, in the pair timed with both its layers' set-up
+PAIR = (1.0, 5.0)  # a layer pair of the weights' composition, in the pair timed with its share of the set-up (1.5-5x)
+COUNTED = (0.5, 1.2)  # a sweep counted in forwards by its own cost model (sweep_forwards); bench/NOTES.md: 0.49-1.62x
 SLACK = (0.8, 1.6)  # the timed forward against a forward inside the work (warm caches, a busy machine)
 SAID_FROM = 30.0  # seconds: work whose range reaches this is said; shorter work says nothing
 
@@ -39,11 +40,31 @@ class Unit:
 
 @dataclass(frozen=True)
 class Work:
-    """Work of one kind: `forwards` (low, high) of `batch` (or that many of a `Unit`), said as `what`."""
+    """Work of one kind: `forwards` (low, high) of `batch` (or that many of a `Unit`), said as `what`. `later`: work
+    that an earlier part sizes (circuits' check, sized by the induction heads the classification finds), said in a
+    line of its own once that part is done: this line names it and leaves it out of its range, and its high end
+    only decides whether the line is said."""
 
     what: str
     batch: Tensor | Unit
     forwards: tuple[float, float]
+    later: bool = False
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A plan's range in seconds, its parts as said, how its units were timed, and `reach`: the high end with the
+    bounds of the work planned later."""
+
+    low: float
+    high: float
+    parts: list[str]
+    timings: str
+    reach: float
+
+    def line(self) -> str:
+        """`plan: PARTS: about LOW-HIGH here (TIMINGS)`: the line bench/tour.py parses."""
+        return f"plan: {'; then '.join(self.parts)}: about {span(self.low, self.high)} here ({self.timings})"
 
 
 def forward_seconds(loaded: LoadedModel, batch: Tensor, batch_size: int, runs: int = 2) -> float:
@@ -71,9 +92,20 @@ def span(low: float, high: float) -> str:
 def plan(loaded: LoadedModel, works: Sequence[Work], batch_size: int, show: bool = True) -> tuple[float, float] | None:
     """Say the parts of the work and the range of the whole in one line, where the range reaches SAID_FROM seconds
     (`-q`, or `show` False: nothing, and nothing timed); the range in seconds, None where nothing was timed."""
-    if not show or not works or quiet():
+    estimate = estimated(loaded, works, batch_size) if show else None
+    if estimate is None:
         return None
-    low = high = 0.0
+    say(estimate)
+    return estimate.low, estimate.high
+
+
+def estimated(loaded: LoadedModel, works: Sequence[Work], batch_size: int, warm: bool = False) -> Estimate | None:
+    """The range of `works`, each unit timed here once (the first forward twice, its first run paying a process's
+    one-off costs, unless `warm`: the process has run the model already); None under `-q` (nothing timed) or where
+    nothing could be timed."""
+    if not works or quiet():
+        return None
+    low = high = reach = 0.0
     parts = []
     timed: dict[object, float] = {}
     for work in works:
@@ -81,19 +113,27 @@ def plan(loaded: LoadedModel, works: Sequence[Work], batch_size: int, show: bool
         if key not in timed:
             try:
                 timed[key] = work.batch.seconds() if isinstance(work.batch, Unit) else \
-                    forward_seconds(loaded, work.batch, batch_size, runs=1 if _forwards(timed) else 2)
+                    forward_seconds(loaded, work.batch, batch_size, runs=1 if warm or _forwards(timed) else 2)
             except Exception:  # a plan is advice: input the work refuses (a length past the model's) is refused by
                 continue  # the work itself, in its own one line, or skipped (the ICL score past the model's context)
         if key not in timed:
             continue
-        low += work.forwards[0] * timed[key] * SLACK[0]
-        high += work.forwards[1] * timed[key] * SLACK[1]
-        parts += [work.what] if work.what else []
-    if not timed:
-        return None
-    if high >= SAID_FROM:
-        note(f"plan: {'; then '.join(parts)}: about {span(low, high)} here ({_timings(timed)})")
-    return low, high
+        reach += work.forwards[1] * timed[key] * SLACK[1]
+        if not work.later:
+            low += work.forwards[0] * timed[key] * SLACK[0]
+            high += work.forwards[1] * timed[key] * SLACK[1]
+        parts += [f"{work.what}, planned once known and not in this range" if work.later else work.what] \
+            if work.what else []
+    return Estimate(low, high, parts, _timings(timed), reach) if timed else None
+
+
+def say(estimate: Estimate, said_from: float | None = None) -> bool:
+    """Say `estimate`'s line where its reach (its range's high end and the later work's bounds) reaches `said_from`
+    seconds (SAID_FROM); whether it was said."""
+    if estimate.reach < (SAID_FROM if said_from is None else said_from):
+        return False
+    note(estimate.line())
+    return True
 
 
 def _forwards(timed: dict[object, float]) -> list[float]:
@@ -113,6 +153,14 @@ def sweep_work(what: str, heads: int, batch: Tensor) -> Work:
     """An exact sweep of `heads` heads over `batch` (each head's forward from its layer on)."""
     return Work(f"{what} ({heads} heads, one forward each from its layer on, on {_tokens(batch)})", batch,
                 (SWEEP_FORWARDS[0] * heads, SWEEP_FORWARDS[1] * heads))
+
+
+def counted_sweep_work(what: str, heads: str, ablations: int, forwards: float, batch: Tensor) -> Work:
+    """A sweep of `ablations` of `heads` (as said) whose work the library counted as `forwards` of `batch`
+    (`probe.ablation.sweep.sweep_forwards`: the baseline and each ablation from its block on), and up to one forward
+    more: the prefix reuse's self-check."""
+    return Work(f"{what} ({heads}: {ablations} ablations, one forward each from its layer on, on {_tokens(batch)})",
+                batch, (COUNTED[0] * forwards, COUNTED[1] * (forwards + 1.0)))
 
 
 def classify_works(loaded: LoadedModel, options: ProbeOptions, scores: list[str] | None = None) -> list[Work]:

@@ -102,7 +102,7 @@ def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path:
     assert text.count("\n| `") == 4 and "| timeout |" in text and "**no**" in text
 
 
-def test_a_plan_line_is_judged_against_the_time_to_the_end() -> None:
+def test_a_plan_line_is_judged_against_the_time_to_the_next_plan_line_or_the_end() -> None:
     plan = ("plan: ablating heads (270 heads, one forward each from its layer on, on 2 x 128 tokens): about 1:10-2:30 "
             "here (one forward of the batch timed: 0.41 s)")
     _, inside = tour.judge([(5.0, plan)], 105.0)
@@ -110,6 +110,10 @@ def test_a_plan_line_is_judged_against_the_time_to_the_end() -> None:
     assert inside == [{"stage": "plan", "at": 5.0, "percent": 0, "left": [70.0, 150.0], "actual": 100.0,
                        "factor": 1.0}]
     assert past[0]["factor"] == 2.0
+    check = "plan: the ablation check (10 heads: 18 ablations, ...): about 20-50 s here (one forward of the batch ...)"
+    _, both = tour.judge([(5.0, plan), (95.0, check)], 135.0)  # the first line's work ends where the second's starts
+    assert [(entry["left"], entry["actual"], entry["factor"]) for entry in both] == [
+        ([70.0, 150.0], 90.0, 1.0), ([20.0, 50.0], 40.0, 1.0)]
 
 
 def test_a_documents_probe_lines_are_read_and_those_that_need_what_is_not_here_skipped_with_why(

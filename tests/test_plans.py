@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import io
+import json
 import re
 import sys
 import threading
@@ -17,10 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+import probe.circuits.pairs as pairs
 import probe.cli.plans as plans
 import probe.cli.progress as cli_progress
 import probe.progress as library_progress
-from bench.tour import PLAN
+from bench.tour import PLAN, _clock_seconds
 from conftest import run_cli
 from planted import planted_textbook
 from planted_syntax import conllu_corpus
@@ -80,6 +82,35 @@ def test_work_that_cannot_be_timed_is_left_out_and_the_rest_said(capsys, monkeyp
                                       "1.00 s)\n"
 
 
+def test_work_planned_later_is_named_left_out_of_the_range_and_decides_only_whether_the_line_is_said(
+        capsys, monkeypatch) -> None:
+    runs_of: list[int] = []
+
+    def forward(loaded, batch, batch_size, runs=2) -> float:
+        runs_of.append(runs)
+        return 1.0
+
+    monkeypatch.setattr(plans, "forward_seconds", forward)
+    batch = torch.ones((2, 32), dtype=torch.long)
+    works = [plans.Work("classifying", batch, (5, 10)),
+             plans.Work("the check (up to 40 ablations)", batch, (0, 40), later=True)]
+    estimate = plans.estimated(None, works, 8)  # type: ignore[arg-type]
+    assert estimate is not None
+    assert (estimate.low, estimate.high, estimate.reach) == pytest.approx((4.0, 16.0, 80.0))
+    assert plans.say(estimate)  # the whole may reach SAID_FROM: said, its range that of the work before the check
+    line = capsys.readouterr().err.strip()
+    assert line == "plan: classifying; then the check (up to 40 ablations), planned once known and not in this " \
+                   "range: about 4 s-16 s here (one forward of the batch timed: 1.00 s)"
+    found = PLAN.match(line)
+    assert found is not None and (found["low"], found["high"]) == ("4", "16")
+    later = plans.estimated(None, [plans.Work("the check (3 ablations)", batch, (2, 5))], 8, warm=True)  # type: ignore[arg-type]
+    assert later is not None and (later.low, later.high) == pytest.approx((1.6, 8.0))
+    assert runs_of == [2, 1]  # a warm process times its first forward once
+    assert not plans.say(later) and capsys.readouterr().err == ""  # on its own: under SAID_FROM
+    assert plans.say(later, 0.0)  # after a line that left the check to it: said whatever its length
+    assert capsys.readouterr().err.startswith("plan: the check (3 ablations): about 2 s-8 s here")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # each long command: one plan line, in the format the tour parses, before its work starts
 
@@ -105,8 +136,8 @@ PARTS = {  # what each plan names
     "atlas": ["classifying every head", "K/Q/V-composition", "ablating every head",
               "copying scores, examples, patterns and DLA"],
     "circuits": ["K-composition (1 layer pairs, from the weights)", "classifying every head",
-                 "the ablation check (each induction head found and its feeder, alone and together: up to 12 "
-                 "ablations"],
+                 "then the ablation check (each induction head found and its feeder, alone and together: up to 12 "
+                 "ablations), planned once known and not in this range: about "],
     "steer": ["measuring 2 head(s) at 2 value(s)", "generating 3 tokens in 5 rows"],
     "syntax": ["reading every head's attention on 12 sentences (2 batch(es))"],
     "track": ["2 checkpoint(s), each loaded (the first in", "classifying every head", "the loss"],
@@ -136,11 +167,57 @@ def test_a_long_command_says_its_plan_in_the_tours_format_before_its_work(comman
     assert code == 0, stderr
     lines = stderr.splitlines()
     said = [index for index, line in enumerate(lines) if PLAN.match(line)]
-    assert len(said) == 1 and said[0] < lines.index("WORK STARTS"), stderr
-    line = lines[said[0]]
-    assert all(part in line for part in PARTS[command]), line
-    assert re.search(r"\((?:one forward of the batch timed: [\d.]+ s(?:, [\d.]+ s)*)?(?:; )?"
-                     r"(?:one [a-z ]+ timed: [\d.]+ s(?:; )?)*\)$", line), line
+    # circuits plans its check in a second line, once the classification has found the induction heads
+    assert len(said) == (2 if command == "circuits" else 1) and said[0] < lines.index("WORK STARTS"), stderr
+    assert all(part in lines[said[0]] for part in PARTS[command]), lines[said[0]]
+    for line in (lines[index] for index in said):
+        assert re.search(r"\((?:one forward of the batch timed: [\d.]+ s(?:, [\d.]+ s)*)?(?:; )?"
+                         r"(?:one [a-z ]+ timed: [\d.]+ s(?:; )?)*\)$", line), line
+
+
+FORWARD = 10.0  # seconds: the fake timing of every forward a plan times
+
+
+def test_circuits_plans_its_check_once_the_classification_has_sized_it(tmp_path: Path, capsys,
+                                                                        monkeypatch) -> None:
+    """On a fake clock, with every timed forward FORWARD s: the first line leaves the check out of its range, the
+    second names the heads the check ablates and holds the time the check's sweep counts (its work in forwards of its
+    batch, each FORWARD s, and the prefix reuse's self-check)."""
+    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size, runs=2: FORWARD)
+    monkeypatch.setattr(plans, "pair_seconds", lambda model: 0.5)
+    counted: list[tuple[int, int]] = []  # the check's sweep: its (done, total) in thousandths of a batch's forward
+    original = pairs.sweep
+
+    def sweep(*args, progress=None, **kwargs):
+        def spy(done: int, total: int) -> None:
+            counted.append((done, total))
+            if progress is not None:
+                progress(done, total)
+        return original(*args, progress=spy, **kwargs)
+
+    monkeypatch.setattr(pairs, "sweep", sweep)
+    page = tmp_path / "circuits.html"  # --html: the same command, its page written after the work
+    lines = on_a_fake_clock("circuits", [*ARGS["circuits"](tmp_path), "--html", str(page)], tmp_path, capsys,
+                            monkeypatch)
+    said = [index for index, line in enumerate(lines) if PLAN.match(line)]
+    assert len(said) == 2 and page.is_file(), lines
+    assert said[0] < lines.index("circuits: K-composition ...") and "not in this range" in lines[said[0]]
+    # once the classification is in (its last line, at its total, comes as the next stage starts), before the check
+    assert lines.index("circuits: classifying heads ...") < said[1] < lines.index("circuits: ablation check ...")
+    payload = json.loads((tmp_path / "out.json").read_text())
+    checked = [entry for entry in payload["induction_heads"] if entry["checked"] is not None]
+    heads = {(entry["layer"], entry["head"]) for entry in checked} | \
+        {(entry["checked"]["layer"], entry["checked"]["head"]) for entry in checked}
+    assert checked and f"plan: the ablation check ({len(heads)} heads, {len(checked)} of them induction heads, alone " \
+                       f"and in pairs: {len(heads) + len(checked)} ablations, one forward each from its layer on, " \
+                       in lines[said[1]]
+    done, total = counted[-1]  # --num-seqs 2, --batch-size 8: one batch, the whole set
+    assert done == total
+    outcome = FORWARD * (total / 1000 + 1)  # the sweep's forwards of its one batch, and the self-check's one
+    found = PLAN.match(lines[said[1]])
+    assert found is not None
+    assert _clock_seconds(found["low"]) <= FORWARD * total / 1000 and outcome <= _clock_seconds(found["high"]), \
+        (lines[said[1]], outcome)
 
 
 @pytest.mark.parametrize(("command", "stage"), [("syntax", "scoring sentences"), ("track", "tracking")])

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.ablation.blocks import WORK_UNITS, find_blocks, forward_costs
+from probe.ablation.blocks import WORK_UNITS, Blocks, find_blocks, forward_costs
 from probe.ablation.effects import Effects, token_text
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
@@ -105,9 +105,28 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ablatio
     runner = NaiveRunner(model, method, scorer, readout, batches_of(probe_set, scorer, batch_size), why_not)
     if blocks is None:
         return runner, lambda start: WORK_UNITS
+    return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), _costs(model, blocks).__getitem__
+
+
+def _costs(model: torch.nn.Module, blocks: Blocks) -> list[int]:
+    """The cost of a run from each start block, in the units progress counts (WORK_UNITS a full forward)."""
     fraction = forward_costs(model, blocks)
-    costs = [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
-    return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), costs.__getitem__
+    return [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
+
+
+def sweep_forwards(loaded: LoadedModel, heads: Sequence[Head] | None = None,
+                   groups: Sequence[Sequence[Head]] = ()) -> float:
+    """The work of an exact sweep of `heads` alone and `groups` together, in full forwards of its probe set, as its
+    progress counts it: the unablated baseline, and each ablation from the block it starts at (a late one weighs
+    what its blocks and the readout do). Left out: the prefix reuse's self-check, one full forward of one batch.
+    For a caller that says beforehand how long a sweep takes."""
+    ablations = _ablations(loaded, heads, groups)
+    blocks, _ = find_blocks(loaded.model, attention_layers(loaded.model))
+    if blocks is None:
+        return 1.0 + len(ablations)
+    costs = _costs(loaded.model, blocks)
+    return (WORK_UNITS + sum(costs[min(blocks.start_of(layer) for layer, _ in ablation)]
+                             for ablation in ablations)) / WORK_UNITS
 
 
 @dataclass

@@ -10,6 +10,8 @@ it alone already hurts induction, and ablating both costs less than the two cost
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from probe.frames import frame, head_columns, head_name
@@ -29,6 +31,17 @@ CLASSES = ("previous_token", "induction")
 STAGE_UNITS = {"K-composition": UNIT}
 """What each stage of `circuits` counts where it is not a share of its work: classifying heads and the ablation check
 count the library's own units (layers of batches, block-forwards), which mean nothing to a user."""
+
+
+@dataclass(frozen=True)
+class Check:
+    """The ablation check `circuits` is about to run, known once the classification has found the induction heads:
+    each of `heads` ablated alone and each (feeder, induction head) of `groups` together, on `probe_set`. What its
+    `on_check` gets, so that a caller can say how long the check takes before it starts."""
+
+    heads: list[Head]
+    groups: list[tuple[Head, Head]]
+    probe_set: ProbeSet
 
 
 def _rounded(value: float) -> float:
@@ -165,10 +178,12 @@ def _pairs(composition: Composition, classes: Classification, top: int) -> tuple
 @reports("circuits", stages=True)
 def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: int = 128,
              num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
-             batch_size: int = 8, method: str = "zero", progress: StageProgressArg = None) -> Circuits:
+             batch_size: int = 8, method: str = "zero", progress: StageProgressArg = None,
+             on_check: Callable[[Check], None] | None = None) -> Circuits:
     """Induction heads, their strongest K-composing earlier heads (see the module docstring) and, with `check`, each
     induction head ablated with its strongest previous-token feeder (else its top feeder), together and alone.
-    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
+    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`.
+    `on_check` gets the check's `Check` once the classification has chosen it, before it runs."""
     started = time.perf_counter()
     report = stage_callback(progress, "circuits")
     composition = composition_scores(loaded.model, loaded.name, kinds=("k",),
@@ -184,21 +199,25 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
     checked = [pair for pair in pairs if pair.checked is not None]
     if check and checked:
         options = ProbeOptions(num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
-        result.baseline_second_copy = _check(loaded, checked, build_probe_set("repeated", loaded, options), method,
-                                             batch_size, stage_tick(report, "ablation check"))
+        groups = [(pair.checked, pair.induction) for pair in checked if pair.checked is not None]
+        chosen = Check(sorted({head for group in groups for head in group}), groups,
+                       build_probe_set("repeated", loaded, options))
+        if on_check is not None:
+            on_check(chosen)
+        result.baseline_second_copy = _check(loaded, checked, chosen, method, batch_size,
+                                             stage_tick(report, "ablation check"))
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _check(loaded: LoadedModel, checked: list[Pair], probe_set: ProbeSet, method: str, batch_size: int,
+def _check(loaded: LoadedModel, checked: list[Pair], chosen: Check, method: str, batch_size: int,
            tick: Progress | None) -> float:
     """Each pair's induction head and checked feeder ablated alone and together (their second-copy deltas, into
     `pair.deltas`); the unablated second-copy loss."""
-    groups = [(pair.checked, pair.induction) for pair in checked if pair.checked is not None]
-    heads = sorted({head for group in groups for head in group})
-    ablated = sweep(loaded, probe_set, heads, groups=groups, method=method, batch_size=batch_size, progress=tick)
+    ablated = sweep(loaded, chosen.probe_set, chosen.heads, groups=chosen.groups, method=method,
+                    batch_size=batch_size, progress=tick)
     by_heads = {entry.heads: entry.part_deltas["second_repeat"] for entry in ablated.results}
-    for pair, (feeder, induction) in zip(checked, groups):
+    for pair, (feeder, induction) in zip(checked, chosen.groups):
         pair.deltas = {"feeder": by_heads[(feeder,)], "induction": by_heads[(induction,)],
                        "together": by_heads[(feeder, induction)]}
     return ablated.baseline_parts["second_repeat"]
