@@ -3,6 +3,7 @@ those are previous-token heads, and an ablation check of each pair."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -55,6 +56,7 @@ class _Plans:
     loaded: LoadedModel
     options: ProbeOptions
     batch_size: int
+    end_stage: Callable[[], None]  # the classification's last line comes before the check's plan times a forward
     said: bool = False
 
     def first(self, check: bool) -> None:
@@ -62,6 +64,7 @@ class _Plans:
         self.said = estimate is not None and say(estimate)
 
     def check(self, chosen: Check) -> None:
+        self.end_stage()
         estimate = estimated(self.loaded, [check_work(self.loaded, chosen)], self.batch_size, warm=True)
         if estimate is not None:
             say(estimate, 0.0 if self.said else None)
@@ -85,8 +88,8 @@ def circuits(
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     options = ProbeOptions(seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
-    plans = _Plans(loaded, options, batch_size)
     with stage_progress("circuits: ", STAGE_UNITS) as stages:
+        plans = _Plans(loaded, options, batch_size, stages.end)
         update = planned_first(lambda: plans.first(not no_check), stages)
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
                                repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=update,

@@ -306,24 +306,36 @@ def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Cal
         yield (lambda done, total: bar.update(task, completed=done, total=total)), on_result
 
 
+class StageLines:
+    """The `(stage, done, total)` callback of `stage_progress`: a bar (or plain lines) per stage as it starts; `end()`
+    ends the stage running (its last line) where the command does work of its own before the next stage (a plan's
+    timed forward), so that the stage's last line says when it ended."""
+
+    def __init__(self, scope: ExitStack, prefix: str, units: Mapping[str, str] | None,
+                 bounded: Collection[str]) -> None:
+        self.scope, self.prefix, self.units, self.bounded = scope, prefix, units or {}, bounded
+        self.current: dict[str, Callable[[int, int], None]] = {}
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if stage not in self.current:
+            self.end()
+            if not errors.is_terminal:
+                note(f"{self.prefix}{stage} ...")
+            self.current[stage] = self.scope.enter_context(progress_bar(
+                f"{self.prefix}{stage}", self.units.get(stage), estimate=stage not in self.bounded))
+        self.current[stage](done, total)
+
+    def end(self) -> None:
+        self.scope.close()
+        self.current.clear()
+
+
 @contextmanager
 def stage_progress(prefix: str, units: Mapping[str, str] | None = None,
-                   bounded: Collection[str] = ()) -> Iterator[Callable[[str, int, int], None]]:
+                   bounded: Collection[str] = ()) -> Iterator[StageLines]:
     """Progress of work in named stages, one bar (or plain lines) per stage as it starts, each counted in the unit
     the library declares for it in `units` (else as a share), with no time left for a stage in `bounded` (its total
     only bounds its work); off a terminal a line names each stage as it starts (a stage that counts nothing, or only
-    at its end, still says what is running). Yields a `(stage, done, total)` callback."""
+    at its end, still says what is running). Yields the `(stage, done, total)` callback, a StageLines."""
     with ExitStack() as scope:
-        current: dict[str, Callable[[int, int], None]] = {}
-
-        def update(stage: str, done: int, total: int) -> None:
-            if stage not in current:
-                scope.close()
-                current.clear()
-                if not errors.is_terminal:
-                    note(f"{prefix}{stage} ...")
-                current[stage] = scope.enter_context(progress_bar(f"{prefix}{stage}", (units or {}).get(stage),
-                                                                  estimate=stage not in bounded))
-            current[stage](done, total)
-
-        yield update
+        yield StageLines(scope, prefix, units, bounded)

@@ -202,8 +202,10 @@ def test_circuits_plans_its_check_once_the_classification_has_sized_it(tmp_path:
     said = [index for index, line in enumerate(lines) if PLAN.match(line)]
     assert len(said) == 2 and page.is_file(), lines
     assert said[0] < lines.index("circuits: K-composition ...") and "not in this range" in lines[said[0]]
-    # once the classification is in (its last line, at its total, comes as the next stage starts), before the check
+    # once the classification is in (its last line, at its total, before the plan times a forward), before the check
     assert lines.index("circuits: classifying heads ...") < said[1] < lines.index("circuits: ablation check ...")
+    ended = [index for index, line in enumerate(lines) if line.startswith("circuits: classifying heads: 100%")]
+    assert ended and ended[0] < said[1], lines
     payload = json.loads((tmp_path / "out.json").read_text())
     checked = [entry for entry in payload["induction_heads"] if entry["checked"] is not None]
     heads = {(entry["layer"], entry["head"]) for entry in checked} | \
