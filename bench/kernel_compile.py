@@ -6,8 +6,9 @@ masks that cost the most registers (a key mask, a sliding window and causal: eve
 tests/test_kernel_compile.py runs the same compiles and fails on a spill or on more shared memory than the target
 gives one program.
 
-All compiles run in one fresh process (Triton compiles only where it was imported without TRITON_INTERPRET) with a
-cache of its own (a cached kernel skips ptxas, whose report is what is read).
+The compiles run in fresh processes (Triton compiles only where it was imported without TRITON_INTERPRET), each with
+a cache of its own (a cached kernel skips ptxas, whose report is what is read): one by default, the test's two side by
+side (each compile keeps one core busy).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, machine
@@ -67,25 +69,56 @@ for arch, head, dtype, with_output in json.loads(sys.argv[1]):
 
 
 def compile_configurations(archs: tuple[int, ...] = ARCHS, heads: tuple[int, ...] = HEADS,
-                           dtypes: tuple[str, ...] = DTYPES, timeout: float = 600) -> list[dict[str, Any]]:
+                           dtypes: tuple[str, ...] = DTYPES, timeout: float = 600,
+                           processes: int = 1) -> list[dict[str, Any]]:
     """One row per compiled configuration (arch, head, dtype, output pass or statistics alone, tile, warps, stages):
-    registers per thread, spilled bytes (stores + loads) and shared memory, compiled in one fresh process, dtype by
-    dtype in the order given. Past `timeout` seconds the process is stopped and the rows compiled so far returned."""
+    registers per thread, spilled bytes (stores + loads) and shared memory, compiled in fresh processes, dtype by
+    dtype in the order given. `processes` processes compile side by side (ptxas and LLVM use one core each), the
+    configuration sets dealt out in turn, each process with a cache of its own; rows come back in `expected`'s order.
+    Past `timeout` seconds the processes are stopped and the rows compiled so far returned."""
     wanted = expected(archs, heads, dtypes)
-    with tempfile.TemporaryDirectory() as cache:
-        environment = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": cache,
-                       "TRITON_DUMP_PTXAS_LOG": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
-        process = subprocess.Popen([sys.executable, "-c", COMPILE, json.dumps(wanted)], env=environment, cwd=ROOT,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    by_target = [(arch, head, dtype, output) for dtype in dtypes for head in heads for output in (True, False)
+                 for arch in archs]  # neighbours differ in the target alone
+    count = max(1, min(processes, len(by_target)))
+    with tempfile.TemporaryDirectory() as folder:
+        started = [_start(by_target[share::count], Path(folder) / str(share)) for share in range(count)]
         try:
-            stdout, stderr = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            stdout, stderr = process.communicate()
-        else:
-            if process.returncode != 0:
-                raise RuntimeError(f"compiling the kernel failed:\n{stderr[-4000:]}")
-    return [json.loads(row) for row in re.findall(r"^ROW (.*)$", stdout, re.MULTILINE)]
+            deadline = time.monotonic() + timeout
+            stdout = "".join(_finished(process, deadline, Path(folder) / str(share))
+                             for share, process in enumerate(started))
+        finally:
+            for process in started:
+                if process.poll() is None:
+                    process.kill()
+                process.wait()
+    rows = [json.loads(row) for row in re.findall(r"^ROW (.*)$", stdout, re.MULTILINE)]
+    order = {key: index for index, key in enumerate(wanted)}
+    return sorted(rows, key=lambda row: order[row["arch"], row["head"], row["dtype"], row["output"]])
+
+
+def _start(sets: list[tuple[int, int, str, bool]], folder: Path) -> subprocess.Popen[bytes]:
+    """A fresh process compiling `sets`, with a Triton cache of its own in `folder` and its output in files there
+    (a pipe nobody reads while another process is waited for could fill)."""
+    folder.mkdir()
+    environment = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_CACHE_DIR": str(folder / "cache"),
+                   "TRITON_DUMP_PTXAS_LOG": "1", "TRITON_DEFAULT_FP_FUSION": "1"}
+    with open(folder / "stdout", "wb") as stdout, open(folder / "stderr", "wb") as stderr:
+        return subprocess.Popen([sys.executable, "-c", COMPILE, json.dumps(sets)], env=environment, cwd=ROOT,
+                                stdout=stdout, stderr=stderr)
+
+
+def _finished(process: subprocess.Popen[bytes], deadline: float, folder: Path) -> str:
+    """A compiling process' output once it exits, or what it printed before `deadline` (it is then stopped)."""
+    try:
+        process.wait(timeout=max(deadline - time.monotonic(), 0))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    else:
+        if process.returncode != 0:
+            stderr = (folder / "stderr").read_text(errors="replace")
+            raise RuntimeError(f"compiling the kernel failed:\n{stderr[-4000:]}")
+    return (folder / "stdout").read_text(errors="replace")
 
 
 def expected(archs: tuple[int, ...] = ARCHS, heads: tuple[int, ...] = HEADS,

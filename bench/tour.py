@@ -51,25 +51,25 @@ TIMEOUT = 600.0  # seconds a command may run before it is stopped (the README ai
 GAP_LIMIT = 30.0  # the docs' promise: a line at least every 30 s
 ESTIMATE_FROM = 10  # estimates printed at this percent of their stage or later are judged
 SMALL = {  # flags that shrink a command's inputs (appended: the last occurrence of a flag wins)
-    "classify": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
-    "ablate": ["--num-seqs", "1", "--seq-len", "16", "--heads", "0-1.*,17.3"],
+    "classify": ["--num-seqs", "1", "--seq-len", "16", "--repeat-len", "8"],
+    "ablate": ["--num-seqs", "1", "--seq-len", "8", "--heads", "0-1.*,17.3"],
     "syntax": ["--max-sentences", "4", "--min-count", "1"],
     "circuits": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
-    "prune": ["--num-seqs", "1", "--seq-len", "16", "--seeds", "1", "--step", "0.25"],
+    "prune": ["--num-seqs", "1", "--seq-len", "8", "--seeds", "1", "--step", "0.25"],
     "dla": ["--count", "2"],
     "qk": ["--num-seqs", "1", "--repeat-len", "12"],
     "patch": ["--count", "2", "--heads", "0-1.*,17.3"],
     "steer": ["--num-seqs", "2", "--max-new-tokens", "4"],
     "kv-heads": ["--lengths", "160", "--depths", "0.5", "--sink", "4", "--recent", "32", "--steps", "2",
                  "--random-seeds", "0", "--curve-texts", "1"],
-    "atlas": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12"],
+    "atlas": ["--num-seqs", "1", "--seq-len", "16", "--repeat-len", "8"],
     "track": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12", "--icl-seqs", "2", "--icl-positions",
               "2,20"],
 }
 QUICK_PYTHON = (  # the Python block's calls with small inputs (--quick): (a call's start, the arguments it gets)
-    ("classify(loaded", ", num_seqs=1, seq_len=24, repeat_len=12"),
-    ("natural_set(loaded", ", seq_len=16, num_seqs=1"),
-    ("atlas(loaded", ", num_seqs=1, seq_len=24, repeat_len=12"),
+    ("classify(loaded", ", num_seqs=1, seq_len=16, repeat_len=8"),
+    ("natural_set(loaded", ", seq_len=8, num_seqs=1"),
+    ("atlas(loaded", ", num_seqs=1, seq_len=16, repeat_len=8"),
 )
 RUN_PY = f"""
 import sys

@@ -67,8 +67,8 @@ def test_steps_read_the_commands_their_times_and_the_python_block() -> None:
 def test_quick_python_gives_each_call_small_inputs_and_keeps_the_rest() -> None:
     code = "swept = sweep(loaded, natural_set(loaded, num_seqs=2), progress=True)\natlas(loaded, fast=True).to_dict()\n"
     assert tour.quick_python(code) == (
-        "swept = sweep(loaded, natural_set(loaded, seq_len=16, num_seqs=1), progress=True)\n"
-        "atlas(loaded, fast=True, num_seqs=1, seq_len=24, repeat_len=12).to_dict()\n")
+        "swept = sweep(loaded, natural_set(loaded, seq_len=8, num_seqs=1), progress=True)\n"
+        "atlas(loaded, fast=True, num_seqs=1, seq_len=16, repeat_len=8).to_dict()\n")
 
 
 def test_judge_finds_the_longest_silence_and_each_estimate_against_its_stage_end() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from probe.errors import ProbeError
 from probe.hooks.points import KINDS, POINTS, SITES
 from probe.ablation.methods import add_to_head, scale_head
 from probe.hooks.trace import Trace
-from probe.inputs.contrast import logit_diffs
+from probe.inputs.contrast import ContrastSet, logit_diffs
 
 LAYER = 1
 
@@ -262,26 +263,39 @@ def test_the_docs_table_lists_every_public_point() -> None:
     assert "print(" in _worked_example()
 
 
-@pytest.mark.slow
-def test_the_worked_example_runs_and_equals_scaling_the_projection(capsys) -> None:
-    """docs/hooks.md's example, run as written: head 23.3 doubled through `z` is head 3's columns of layer 23's
-    output projection doubled."""
+def test_the_worked_example_runs_and_equals_scaling_the_projection(capsys, monkeypatch, smollm2) -> None:
+    """docs/hooks.md's example, run as written (its `load_model("smollm2")` handed the session's SmolLM2): head 23.3
+    doubled through `z` is head 3's columns of layer 23's output projection doubled. The checks after it read the
+    pairs of logit_diffs' first batch (8 of 32), a batch computed alone as it is within the whole set."""
+    import probe
+
+    monkeypatch.setattr(probe, "load_model", lambda spec, **kwargs: smollm2 if spec == "smollm2" and not kwargs else
+                        pytest.fail(f"the example loads {spec!r} {kwargs}"))
     scope: dict = {}
     exec(compile(_worked_example(), "docs/hooks.md", "exec"), scope)
     loaded, ioi, clean, doubled = (scope[name] for name in ("loaded", "ioi", "clean", "doubled"))
     assert "with head 23.3 doubled" in capsys.readouterr().out
+    first = _first_pairs(ioi, 8)
     projection = loaded.model.model.layers[23].self_attn.o_proj
     saved = projection.weight.detach().clone()
     try:
         with torch.no_grad():
             projection.weight[:, 3 * 64:4 * 64] *= 2
-        by_weights = logit_diffs(loaded, ioi, ioi.clean)
+        by_weights = logit_diffs(loaded, first, first.clean)
     finally:
         with torch.no_grad():
             projection.weight.copy_(saved)
-    torch.testing.assert_close(doubled, by_weights, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(doubled[:8], by_weights, rtol=1e-4, atol=1e-4)
     assert doubled.mean() > clean.mean() + 1.0  # the head pushes the answer
-    torch.testing.assert_close(logit_diffs(loaded, ioi, ioi.clean), clean, rtol=0, atol=0)  # restored
+    torch.testing.assert_close(logit_diffs(loaded, first, first.clean), clean[:8], rtol=0, atol=0)  # restored
+
+
+def _first_pairs(contrast: ContrastSet, count: int) -> ContrastSet:
+    """The contrast set's first `count` pairs, padded to the whole set's width (so that a batch of them is the batch
+    logit_diffs runs within the whole set)."""
+    return replace(contrast, clean=contrast.clean[:count], corrupt=contrast.corrupt[:count],
+                   mask=contrast.mask[:count], answer=contrast.answer[:count],
+                   distractor=contrast.distractor[:count], pairs=contrast.pairs[:count])
 
 
 def test_lse_blocked_where_the_logits_cannot_be_rebuilt() -> None:

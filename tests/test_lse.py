@@ -115,14 +115,23 @@ def test_sliding_window_layers_of_gemma3_at_2048_tokens() -> None:
 
 
 @pytest.mark.slow
-def test_default_model_at_2048_tokens(smollm2) -> None:
+def test_default_model_past_the_band_threshold(smollm2, monkeypatch) -> None:
+    """SmolLM2 with more keys than the default search's `band_from` (1024), so that its every stage at this length
+    (the rivals, the band, whole rows) meets the real model's rows (the band's counted): both probe sets past it."""
+    length = DEFAULT_SEARCH.band_from + 256
     torch.manual_seed(2)
-    half = torch.randint(100, smollm2.vocab_size, (1, 1023))
+    half = torch.randint(100, smollm2.vocab_size, (1, (length - 1) // 2))
     bos = torch.tensor([[smollm2.tokenizer.bos_token_id]])
-    repeated = ProbeSet("repeated", "random", torch.cat([bos, half, half], 1), 1, repeat_len=1023)
-    natural = ProbeSet("natural", "random", torch.cat([bos, torch.randint(100, smollm2.vocab_size, (1, 2047))], 1), 1)
+    repeated = ProbeSet("repeated", "random", torch.cat([bos, half, half], 1), 1, repeat_len=half.shape[1])
+    text = torch.randint(100, smollm2.vocab_size, (1, length - 1))
+    natural = ProbeSet("natural", "random", torch.cat([bos, text], 1), 1)
+    assert min(repeated.input_ids.shape[1], natural.input_ids.shape[1]) > DEFAULT_SEARCH.band_from
+    banded: list[int] = []
+    band = StagedSearch.band_stage
+    monkeypatch.setattr(StagedSearch, "band_stage", lambda self, weights, found, shift:
+                        banded.append(len(found)) or band(self, weights, found, shift))
     fast, blocked, paths = _both_paths(smollm2, (natural, repeated))
-    assert paths == {"cpu"}
+    assert paths == {"cpu"} and sum(banded) > 0
     for score in fast:
         assert (fast[score] - blocked[score]).abs().max() <= TOLERANCE, score
     assert float(fast["induction"].max()) > 0.5  # real induction heads, found on the fast path
