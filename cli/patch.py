@@ -33,6 +33,7 @@ from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching import PatchResult, patch_contrast
+from probe.patching.heads import patch_units
 from probe.patching.paths import LOGITS, path_contrast
 from probe.reports.files import write_csv, write_text
 from probe.reports.patching import patch_page, patch_report, patch_rows
@@ -106,10 +107,11 @@ def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, st
         with status("estimating every head's patch ...", show):
             return patch_contrast(loaded, contrast, chosen, estimate=True, component=request.component,
                                   noising=request.noising, batch_size=request.batch_size)
-    count = len(chosen) if chosen is not None else sum(layer.n_heads for layer in attention_layers(loaded.model))
+    count = len(patch_units(loaded, chosen, request.component))  # a key or value: one run per key/value group
+    unit = "key/value groups" if request.component in ("key", "value") else "heads"
     sweeps = 1 + (contrast.corrupt.shape[1] if request.by_position else 0)  # one sweep, then one per position
     if not resume:
-        plan(loaded, [sweep_work(f"patching heads on {len(contrast)} pairs", count * sweeps, contrast.corrupt)],
+        plan(loaded, [sweep_work(f"patching heads on {len(contrast)} pairs", count * sweeps, contrast.corrupt, unit)],
              request.batch_size, show and current() is None)
     with sweep_progress("patching heads", show) as (update, on_result):
         return patch_contrast(loaded, contrast, chosen, component=request.component, noising=request.noising,

@@ -149,9 +149,10 @@ def _timings(timed: dict[object, float]) -> str:
                              if isinstance(key, str)])
 
 
-def sweep_work(what: str, heads: int, batch: Tensor) -> Work:
-    """An exact sweep of `heads` heads over `batch` (each head's forward from its layer on)."""
-    return Work(f"{what} ({heads} heads, one forward each from its layer on, on {_tokens(batch)})", batch,
+def sweep_work(what: str, heads: int, batch: Tensor, unit: str = "heads") -> Work:
+    """An exact sweep of `heads` heads (or other `unit`s, each one run: a key/value group patched) over `batch`
+    (each one's forward from its layer on)."""
+    return Work(f"{what} ({heads} {unit}, one forward each from its layer on, on {_tokens(batch)})", batch,
                 (SWEEP_FORWARDS[0] * heads, SWEEP_FORWARDS[1] * heads))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -405,6 +406,25 @@ def test_a_long_command_says_its_plan_before_its_work_starts(command: str, tmp_p
     work = [index for index, line in enumerate(lines)
             if re.match(r"(ablating heads|patching heads|kv-heads: |pruning)", line)]
     assert len(plans) == 1 and work and plans[0] < work[0], stderr
+
+
+
+def test_patching_a_key_plans_one_run_per_key_value_group(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A key or value is patched once per key/value group, not per query head: the plan counts the runs the sweep
+    makes (it said 3x too long for SmolLM2's keys, 9 query heads on 3 KV heads), every position's sweep included."""
+    monkeypatch.setattr("probe.cli.plans.SAID_FROM", 0.0)
+    monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)
+    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    monkeypatch.chdir(TESTS.parent)
+    code, _, stderr = run_cli([*COMMANDS["patch"], "--component", "key", "--by-position", "--json",
+                               str(tmp_path / "p.json")], capsys, monkeypatch)
+    assert code == 0, stderr
+    found = re.search(r"\((\d+) key/value groups, one forward each from its layer on, on \d+ x (\d+) tokens\)", stderr)
+    assert found is not None, stderr
+    groups = 2 * 2  # the words model: 2 layers of 2 key/value heads (4 query heads)
+    assert int(found[1]) == groups * (1 + int(found[2]))  # one sweep, then one per position
+    payload = json.loads((tmp_path / "p.json").read_text())
+    assert len({(entry["layer"], entry["head"]) for entry in payload["heads"]}) == 2 * 4  # reported per query head
 
 
 def test_a_plan_that_cannot_time_its_forward_says_nothing_and_leaves_the_refusal_to_the_work(capsys) -> None:
