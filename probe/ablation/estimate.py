@@ -292,8 +292,8 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     most ablated exactly until `budget` forward-equivalents are spent (or the top `refine` heads, if given). The
     cost is counted in forward-equivalents from measured ratios (GRAD_FORWARD_COST, BACKWARD_COST, LOSS_COST) and
     the weights each ablated run recomputes; `AblationResult.forwards` reports it. `progress=True` draws a bar on
-    stderr; a callable gets `(done, total)` in passes over one batch (the total grows by the exact runs once the heads
-    to refine are chosen)."""
+    stderr; a callable gets `(done, total)` in forward-equivalents of one batch (WORK_UNITS each): the whole plan from
+    the first report, the exact runs bounded by the budget, the total lowered once the heads to refine are chosen."""
     started = time.perf_counter()
     heads, scorer, batches_ = _setup(loaded, probe_set, heads, metric, batch_size, samples)
     model = loaded.model
@@ -316,7 +316,6 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
         batch.kept = _kept_for(blocks, heads, kept)
     baseline_loss, baseline_parts = losses(terms.sums, counts, list(scorer.parts))
     estimated = {head: float(terms.first[head] + terms.second[head]) for head in heads}
-
     chosen = _choose(heads, terms, estimated, room, refine, lambda head: flop_cost(start_of(head)) + LOSS_COST)
     path = ("estimate: attribution patching + Gauss-Newton second order" if samples
             else "estimate: attribution patching (first order)")
@@ -325,10 +324,11 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     if chosen:
         runner, how = _exact_runner(loaded, readout, scorer, batches_, blocks, why_not, terms.batch_sums[0], heads)
         cost = lambda head: flop_cost(runner.start_of((head,))) + LOSS_COST  # noqa: E731
-        step.total += check_cost + len(batches_) * sum(cost(head) for head in chosen)
+        refined = sum(cost(head) for head in chosen)  # the exact runs of one batch
+        step.total += check_cost + len(batches_) * refined
         step(check_cost)
         exact = _refine(runner, chosen, cost, step)
-        spent += check_cost + sum(cost(head) for head in exact)  # in the order they ran, as the forwards were spent
+        spent += check_cost + refined
         path += f", {len(chosen)} top heads ablated exactly ({how})"
     else:
         step.report()  # the plan is done: its end reported at its lowered total

@@ -46,8 +46,8 @@ block-forwards mean nothing to a user)."""
 
 def bounded_stages(*, fast: bool = False) -> frozenset[str]:
     """The stages of an `atlas` run with these options whose total only bounds their work, so no time left can be
-    read from their rate: with `fast`, the ablation stage is the estimate, whose total grows once it has chosen the
-    heads it ablates exactly."""
+    read from their rate: with `fast`, the ablation stage is the estimate, whose total is its budget's bound until it
+    has chosen the heads it ablates exactly (then lowered to them)."""
     return frozenset({"ablation"}) if fast else frozenset()
 
 
