@@ -108,7 +108,7 @@ def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, st
             return patch_contrast(loaded, contrast, chosen, estimate=True, component=request.component,
                                   noising=request.noising, batch_size=request.batch_size)
     count = len(patch_units(loaded, chosen, request.component))  # a key or value: one run per key/value group
-    unit = "key/value groups" if request.component in ("key", "value") else "heads"
+    unit = "key/value groups" if PATCHES[request.component].per_kv_group else "heads"
     sweeps = 1 + (contrast.corrupt.shape[1] if request.by_position else 0)  # one sweep, then one per position
     if not resume:
         plan(loaded, [sweep_work(f"patching heads on {len(contrast)} pairs", count * sweeps, contrast.corrupt, unit)],

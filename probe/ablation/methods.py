@@ -358,6 +358,7 @@ class PatchAblation(AblationMethod):
     summary = "set the head's output to its output on the same row of a source run (activation patching)"
     across_sequences = True
     what: ClassVar[str] = "output"  # what of the head it patches, for reports
+    per_kv_group: ClassVar[bool] = False  # one patch changes a key/value group's query heads together (keys, values)
 
     positions_axis: ClassVar[int] = 1  # of what it patches: heads (batch, positions, n_heads, head_dim)
 
@@ -433,10 +434,12 @@ class QueryPatch(InputPatch):
 
 class KeyPatch(InputPatch):
     name, component, what = "patch_key", "key", "key"
+    per_kv_group = True
 
 
 class ValuePatch(InputPatch):
     name, component, what = "patch_value", "value", "value"
+    per_kv_group = True
 
 
 PATCHES: dict[str, type[PatchAblation]] = {"output": PatchAblation, "query": QueryPatch, "key": KeyPatch,
@@ -448,10 +451,15 @@ def patch_method(loaded: LoadedModel, source: ProbeSet, component: str = "output
                  batch_size: int = 8) -> PatchAblation:
     """The patching method of `component` (a key of PATCHES), holding the source run's values, batch by batch;
     `at(position)` of it patches one position."""
+    chosen = patch_class(component)
+    return chosen(chosen.collect(loaded, source, batch_size))
+
+
+def patch_class(component: str) -> type[PatchAblation]:
+    """The patching method class of `component` (a key of PATCHES), an unknown one refused."""
     if component not in PATCHES:
         raise ProbeError(f"unknown component {component!r}: use one of {', '.join(PATCHES)}", parameter="component")
-    chosen = PATCHES[component]
-    return chosen(chosen.collect(loaded, source, batch_size))
+    return PATCHES[component]
 
 
 def derangement(rows: int, generator: torch.Generator) -> Tensor:

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from probe.frames import frame, record_rows
 from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
-from probe.ablation.methods import PatchAblation, patch_method
+from probe.ablation.methods import PatchAblation, patch_class, patch_method
 from probe.ablation.metrics import PATCH_LAYOUTS, Metric
 from probe.ablation.results import AblationResult
 from probe.ablation.sweep import baseline_metric, sweep
@@ -104,10 +104,10 @@ class PatchResult(Payload):
     def heads(self) -> list[PatchHead]:
         """One per query head, layer by layer: its patch effect and logit difference (a key or value patch: its
         group's, with the group's kv_head)."""
-        group = self.n_heads // max(self.n_kv_heads, 1)
+        group, per_group = self.n_heads // max(self.n_kv_heads, 1), patch_class(self.component).per_kv_group
         rows = [PatchHead(layer, head, entry.patch_effect, None if self.dla is None else self.dla[layer][head],
                           entry.logit_diff, self.classes.get((layer, head), []) if self.classes else None,
-                          head // group if self.component in ("key", "value") else None)
+                          head // group if per_group else None)
                 for entry in self.entries for layer, head in entry.heads]
         return sorted(rows, key=lambda row: (row.layer, row.head))
 
@@ -141,7 +141,7 @@ class PatchResult(Payload):
 def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: str) -> list[Ablation]:
     """What is patched one at a time: each query head, or (a key or value) each key/value group's query heads."""
     chosen = list(all_heads(loaded.model) if heads is None else heads)
-    if component not in ("key", "value"):
+    if not patch_class(component).per_kv_group:
         return [(head,) for head in chosen]
     layers = attention_layers(loaded.model)
     units: dict[tuple[int, int], list[Head]] = {}
