@@ -22,7 +22,6 @@ from probe.reports.labels import precision_clause, short_label
 
 if TYPE_CHECKING:
     from probe.schemas.pages import PatternsPage
-    from probe.schemas.payloads import AtlasPayload
 
 STATUS_WORDS = {"confirmed": "confirmed", "partial": "partly supported", "pattern_only": "pattern only",
                 "unchecked": "unchecked", "none": "no class"}
@@ -62,7 +61,7 @@ def _deflated_json(data: Any) -> str:
     return base64.b64encode(zlib.compress(text.encode("utf-8"), 9)).decode("ascii")
 
 
-def _rows(payload: AtlasPayload) -> list[dict[str, Any]]:
+def _rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """The finder's table: every head's label, classes with their status, and its numbers."""
     names = payload.get("layer_names")
     return [{"layer": entry["layer"], "head": entry["head"], "label": short_label(entry["layer"], entry["head"], names),
@@ -70,7 +69,7 @@ def _rows(payload: AtlasPayload) -> list[dict[str, Any]]:
              "status": entry["status"], "metrics": entry["metrics"]} for entry in payload["heads"]]
 
 
-def _check(payload: AtlasPayload) -> None:
+def _check(payload: dict[str, Any]) -> None:
     missing = [key for key in ("model", "n_layers", "n_heads", "heads", "classes", "metrics") if key not in payload]
     if missing:
         raise ProbeError(f"atlas result has no {missing[0]!r}")
@@ -78,13 +77,13 @@ def _check(payload: AtlasPayload) -> None:
         raise ProbeError("atlas result has no heads to show")
 
 
-def _summary_rows(payload: AtlasPayload) -> list[list[str]]:
+def _summary_rows(payload: dict[str, Any]) -> list[list[str]]:
     by_class = payload["summary"]["by_class"]
     return [[name, ", ".join(f"{count} {STATUS_WORDS[status]}" for status, count in sorted(counts.items()))]
             for name, counts in by_class.items()]
 
 
-def _facts(payload: AtlasPayload) -> str:
+def _facts(payload: dict[str, Any]) -> str:
     settings = payload["settings"]
     stages = ", ".join(f"{s['name']} {s['seconds']:.0f} s" + (f" ({s['note']})" if s["note"] else "")
                        for s in payload["stages"])
@@ -98,7 +97,7 @@ def _facts(payload: AtlasPayload) -> str:
     return facts_table(rows)
 
 
-def _rules(payload: AtlasPayload) -> str:
+def _rules(payload: dict[str, Any]) -> str:
     evidence = payload["evidence"]
     items = "".join(f"<li><b>{esc(name)}</b>: {esc(rule['summary'])}</li>" for name, rule in evidence["rules"].items())
     return ('<details class="probe-small"><summary>How labels are checked</summary><p>A label comes from the '
@@ -130,7 +129,7 @@ BODY = (
 )
 
 
-def atlas_page(payload: AtlasPayload, patterns: dict[str, PatternsPage] | None = None, *,
+def atlas_page(payload: dict[str, Any], patterns: dict[str, PatternsPage] | None = None, *,
                embed_plotly: bool = True) -> str:
     """`probe atlas --html` and `Atlas._repr_html_`: the head finder (scatter of any two metrics, layer x head grid,
     sortable and searchable table, filters by class and evidence) and each head's dashboard on click."""
@@ -156,7 +155,7 @@ def _atlas_js() -> str:
     return (ASSETS / "atlas.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
 
 
-def atlas_report(payload: AtlasPayload, console: Console, *, top: int = 15) -> None:
+def atlas_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
     """Labels by evidence, per class; the pattern-only labels; the heads the model needs without a label."""
     summary = payload["summary"]
     console.print(Text(f"Atlas of {payload['model']}: {summary['labels']} labels on "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -11,11 +11,8 @@ from rich.text import Text
 from probe.reports.html import esc, facts_table, header_cell, page
 from probe.reports.labels import column_label, precision_fact, precision_sentence, short_label
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import CircuitsPayload
 
-
-def circuit_rows(payload: CircuitsPayload) -> list[dict[str, Any]]:
+def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (induction head, feeder), for CSV: the induction head as every head table names it (name, layer,
     head), its score, then the feeder (`feeder_name`, `feeder_layer`, `feeder_head`, ...): the circuits schema's
     columns, and the pair's deltas where it was checked."""
@@ -40,7 +37,7 @@ def _delta(value: Any) -> str:
     return "" if value is None else f"{value:+.3f}"
 
 
-def circuits_report(payload: CircuitsPayload, console: Console) -> None:
+def circuits_report(payload: dict[str, Any], console: Console) -> None:
     """Per induction head: its strongest K-composing earlier heads, and the pair ablated together vs alone."""
     console.print(Text(f"Induction circuits of {payload['model']}", style="bold"),
                   Text(f"(K-composition; random baseline {payload['random_baseline']:.3f}; rotary ignored)"))
@@ -66,7 +63,7 @@ def circuits_report(payload: CircuitsPayload, console: Console) -> None:
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def circuits_page(payload: CircuitsPayload) -> str:
+def circuits_page(payload: dict[str, Any]) -> str:
     """`probe circuits --html`: the terminal's table as a page (each induction head, its feeders by K-composition,
     the feeder ablated and the loss changes), with the run's facts; tables only, nothing to draw."""
     summary = payload["previous_token_pairs"]

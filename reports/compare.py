@@ -5,7 +5,7 @@ them where the maps hold the same kind of score, rank B - rank A where not; the 
 from __future__ import annotations
 
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -14,27 +14,24 @@ from rich.text import Text
 from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, ranked_table, static_summary
 from probe.reports.labels import column_label
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import ComparePayload, ComparePayloadA, ComparePayloadMoversItem
-
 LISTED = 15  # heads listed in the terminal, largest |B - A| first
 
 
-def _unit(payload: ComparePayload) -> str:
+def _unit(payload: dict[str, Any]) -> str:
     return "KV head" if payload["convention"] == "kv" else "head"
 
 
-def _head(payload: ComparePayload, layer: int, head: int) -> str:
+def _head(payload: dict[str, Any], layer: int, head: int) -> str:
     """`18.6` (query heads) or `18.kv2` (KV heads): which kind of head a row is, always said."""
     return f"{layer}.{'kv' if payload['convention'] == 'kv' else ''}{head}"
 
 
-def _head_column(payload: ComparePayload) -> str:
+def _head_column(payload: dict[str, Any]) -> str:
     """The heading of a column of heads: `layer.head` or `layer.kv`."""
     return f"layer.{'kv' if payload['convention'] == 'kv' else 'head'}"
 
 
-def _describe(side: ComparePayloadA) -> str:
+def _describe(side: dict[str, Any]) -> str:
     """One map in words: file, format, score, what a value belongs to, dtype and model where the file says."""
     unit = "KV heads" if side["convention"] == "kv" else "query heads"
     extra = [f"{side['dtype']}" if side["dtype"] else "", f"model {side['model']}" if side["model"] else ""]
@@ -59,7 +56,7 @@ def _number(value: float | None, form: str = ".3f") -> str:
     return "n/a" if value is None else f"{value:{form}}"
 
 
-def summary_lines(payload: ComparePayload) -> list[str]:
+def summary_lines(payload: dict[str, Any]) -> list[str]:
     """The comparison in sentences: what was compared, the correlations, and the overlaps."""
     top = payload["top_k"]
     lines = [f"A: {_describe(payload['a'])}", f"B: {_describe(payload['b'])}"]
@@ -84,26 +81,26 @@ def summary_lines(payload: ComparePayload) -> list[str]:
     return lines
 
 
-def by_difference(payload: ComparePayload) -> bool:
+def by_difference(payload: dict[str, Any]) -> bool:
     """Whether the maps hold one kind of score, so that B - A is shown (else their ranks are compared)."""
     return payload.get("measure", "difference") == "difference"
 
 
-def ranks_sentence(payload: ComparePayload) -> str:
+def ranks_sentence(payload: dict[str, Any]) -> str:
     """Why there is no B - A: the two maps measure different things."""
     kinds = [payload[side].get("quantity") or "a score its file does not name" for side in ("a", "b")]
     return (f"A holds {kinds[0]}, B {kinds[1]}: not one kind of score, so no B - A; compared by rank (1: largest; "
             "rank B - rank A below zero: B ranks the head higher).")
 
 
-def _columns(payload: ComparePayload) -> tuple[list[str], str]:
+def _columns(payload: dict[str, Any]) -> tuple[list[str], str]:
     """The ranked table's header and what it ranks by: B - A, or rank B - rank A."""
     if by_difference(payload):
         return [_head_column(payload), "A", "B", "B - A", "rank A", "rank B"], "B - A"
     return [_head_column(payload), "A", "B", "rank A", "rank B", "rank B - rank A"], "rank B - rank A"
 
 
-def _cells(payload: ComparePayload, row: ComparePayloadMoversItem) -> list[str]:
+def _cells(payload: dict[str, Any], row: dict[str, Any]) -> list[str]:
     """One ranked row as text, in `_columns`' order."""
     values, ranked = [_number(row["a"], ".4f"), _number(row["b"], ".4f")], [str(row["rank_a"]), str(row["rank_b"])]
     if by_difference(payload):
@@ -111,20 +108,20 @@ def _cells(payload: ComparePayload, row: ComparePayloadMoversItem) -> list[str]:
     return [_head(payload, row['layer'], row['head']), *values, *ranked, f"{row['rank_difference']:+d}"]
 
 
-def precision_line(payload: ComparePayload) -> str:
+def precision_line(payload: dict[str, Any]) -> str:
     """What each map was computed in, where its file says."""
     said = [f"{side.upper()} computed in {dtype}" if dtype else f"{side.upper()}'s file states no dtype"
             for side, dtype in payload["dtypes"].items()]
     return "; ".join(said) + " (docs/precision.md: how far half precision lies from float32)."
 
 
-def _heads(payload: ComparePayload, cells: list[list[int]], shown: int = 8) -> str:
+def _heads(payload: dict[str, Any], cells: list[list[int]], shown: int = 8) -> str:
     names = [_head(payload, layer, head) for layer, head in cells]
     return "none" if not names else " ".join(names[:shown]) + (f" and {len(names) - shown} more"
                                                                if len(names) > shown else "")
 
 
-def compare_report(payload: ComparePayload, console: Console, *, listed: int = LISTED) -> None:
+def compare_report(payload: dict[str, Any], console: Console, *, listed: int = LISTED) -> None:
     """The summary lines and the heads whose value moved most (B - A)."""
     lines = summary_lines(payload)
     console.print(Text(lines[0], style="bold"))
@@ -142,14 +139,14 @@ def compare_report(payload: ComparePayload, console: Console, *, listed: int = L
     console.print(Text(lines[-1], style="dim"))
 
 
-def compare_rows(payload: ComparePayload) -> list[dict[str, Any]]:
+def compare_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per head for CSV: name (`L5H1`, `L5KV1` over KV heads), layer, head, a, b, difference (empty where
     the maps are of different kinds), ranks and their difference, labels."""
     kv = payload["convention"] == "kv"
     return [{"name": column_label(row["layer"], row["head"], kv=kv), **row} for row in payload["rows"]]
 
 
-def _grid(payload: ComparePayload,
+def _grid(payload: dict[str, Any],
           key: Literal["a", "b", "difference", "rank_difference"]) -> list[list[float | None]]:
     grid: list[list[float | None]] = [[None] * payload["heads_per_layer"] for _ in range(payload["n_layers"])]
     for row in payload["rows"]:
@@ -157,12 +154,12 @@ def _grid(payload: ComparePayload,
     return grid
 
 
-def _scale(side: ComparePayloadA, name: str) -> dict[str, Any]:
+def _scale(side: dict[str, Any], name: str) -> dict[str, Any]:
     """How the page draws one map: its own colour scale, its unit, centred on 0 where its values are signed."""
     return {"title": name, "unit": plotly_text(side.get("unit") or "value"), "signed": bool(side.get("signed"))}
 
 
-def compare_page(payload: ComparePayload, *, listed: int = LISTED) -> str:
+def compare_page(payload: dict[str, Any], *, listed: int = LISTED) -> str:
     """`probe compare --html`: maps A and B, each on its own colour scale with its unit (a signed map centred on 0),
     and B - A beside them where the maps hold one kind of score, rank B - rank A where not (and the page says so);
     the summary and the ranked list of the largest differences; offline, every text escaped."""

@@ -4,7 +4,7 @@ difference directly, the other components, the decomposition's identity check, a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -14,13 +14,10 @@ from probe.reports.html import ASSETS, esc, facts_table, page
 from probe.reports.labels import column_label, precision_note, short_label
 from probe.reports.selfrepair import TOP, self_repair_grid, self_repair_html, self_repair_report
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import DlaPayload, SelfRepairPayloadHeadsItem
-
 SHOWN_POSITIONS = 4  # source positions named for the top head
 
 
-def dla_rows(payload: DlaPayload) -> list[dict[str, Any]]:
+def dla_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per head (largest |DLA| first): for CSV."""
     section = payload.get("self_repair")
     repair = {(row["layer"], row["head"]): row for row in (section["heads"] if section else [])}
@@ -29,7 +26,7 @@ def dla_rows(payload: DlaPayload) -> list[dict[str, Any]]:
             for rank, entry in enumerate(payload["heads"], start=1)]
 
 
-def _repair_columns(row: SelfRepairPayloadHeadsItem | None) -> dict[str, Any]:
+def _repair_columns(row: dict[str, Any] | None) -> dict[str, Any]:
     """A head's self-repair numbers for its CSV row (nothing where self-repair was not measured)."""
     if row is None:
         return {}
@@ -37,7 +34,7 @@ def _repair_columns(row: SelfRepairPayloadHeadsItem | None) -> dict[str, Any]:
             "covered_by": " ".join(column_label(entry["layer"], entry["head"]) for entry in row["compensating"])}
 
 
-def _sources(payload: DlaPayload) -> Text | None:
+def _sources(payload: dict[str, Any]) -> Text | None:
     """The top head's largest shares by source position, on the first pair."""
     per_position = payload.get("per_position")
     if not per_position or not per_position["points"]:
@@ -50,7 +47,7 @@ def _sources(payload: DlaPayload) -> Text | None:
                 f"({''.join(point['tokens'])!r}): {listed}", style="dim")
 
 
-def dla_report(payload: DlaPayload, console: Console, *, top: int = 15) -> None:
+def dla_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
     """The `top` heads by |DLA| (mean over points), the scores and the identity's residual."""
     corrupt = payload["logit_diff_corrupt"]
     header = f"{payload['metric']} {payload['logit_diff']:+.3f} (clean)" + (
@@ -83,14 +80,14 @@ def dla_report(payload: DlaPayload, console: Console, *, top: int = 15) -> None:
         self_repair_report(payload["self_repair"], console, top=top)
 
 
-def _dla_grid(payload: DlaPayload) -> list[list[float | None]]:
+def _dla_grid(payload: dict[str, Any]) -> list[list[float | None]]:
     grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
     for entry in payload["heads"]:
         grid[entry["layer"]][entry["head"]] = round(float(entry["dla"]), 6)
     return grid
 
 
-def dla_page(payload: DlaPayload, *, top: int = TOP) -> str:
+def dla_page(payload: dict[str, Any], *, top: int = TOP) -> str:
     """`probe dla --html`: the layer x head maps of DLA (and self-repair) and the self-repair table; offline,
     every text escaped."""
     repair = payload.get("self_repair")

@@ -29,7 +29,6 @@ from probe.reports.labels import LayerNames, long_label, precision_fact, short_l
 
 if TYPE_CHECKING:
     from probe.schemas.pages import PatternsPage
-    from probe.schemas.payloads import ClassifyPayload
 
 ASSETS = Path(__file__).parent / "assets"
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
@@ -302,7 +301,7 @@ def _overview(patterns: PatternsPage) -> str:
             '<div class="probe-grid"></div></div>')
 
 
-def _score_grid(payload: ClassifyPayload, name: str) -> list[list[float | None]]:
+def _score_grid(payload: dict[str, Any], name: str) -> list[list[float | None]]:
     """(n_layers, n_heads) scores of one class, rounded for the page; None where not finite (or null)."""
     grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
     for entry in payload["heads"]:
@@ -327,7 +326,7 @@ def _pattern_viewer(block: PatternsPage | None, flagged: list[Any], have_pattern
     return ""
 
 
-def _highest(payload: ClassifyPayload, name: str, threshold: float, count: int = 5) -> str:
+def _highest(payload: dict[str, Any], name: str, threshold: float, count: int = 5) -> str:
     """Beside the grid of a class no head passes: the heads that come closest, so the reader sees how far off."""
     entries = [(entry["scores"][name], entry["layer"], entry["head"]) for entry in payload["heads"]
                if entry["scores"].get(name) is not None and math.isfinite(entry["scores"][name])]
@@ -339,7 +338,7 @@ def _highest(payload: ClassifyPayload, name: str, threshold: float, count: int =
                                                for score, layer, head in top]) + "</div>")
 
 
-def _class_section(payload: ClassifyPayload, index: int, name: str, patterns: dict[str, PatternsPage],
+def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dict[str, PatternsPage],
                    scores: list[dict[str, Any]]) -> str:
     """One class: its score grid (appended to `scores` for the page's data) and its flagged heads' viewer."""
     info = payload["classes"].get(name)
@@ -364,7 +363,7 @@ def _class_section(payload: ClassifyPayload, index: int, name: str, patterns: di
             + f'<div class="probe-row"><div class="probe-score-plot"></div>{viewer}</div></div>')
 
 
-def classification_page(payload: ClassifyPayload, patterns: dict[str, PatternsPage] | None = None, *,
+def classification_page(payload: dict[str, Any], patterns: dict[str, PatternsPage] | None = None, *,
                         embed_plotly: bool = True) -> str:
     """`probe classify --html` and `Classification._repr_html_`: a layer x head grid of each score with flagged
     heads marked and, when `patterns` are given (probe set name -> `Patterns.page_payload()`), each flagged head's

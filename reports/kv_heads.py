@@ -6,7 +6,7 @@ nothing."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -15,13 +15,10 @@ from rich.text import Text
 from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
 from probe.reports.labels import long_label, precision_sentence, short_label
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import KvHeadsPayload
-
 LISTED = 15  # full KV heads listed in the terminal; the JSON has all
 
 
-def kv_heads_report(payload: KvHeadsPayload, console: Console) -> None:
+def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
     """The model's needle accuracy, the KV heads kept full, and the curve."""
     total = payload["n_layers"] * payload["n_kv_heads"]
     console.print(Text(f"KV heads of {payload['model']}", style="bold"),
@@ -100,7 +97,7 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def duo_config(payload: KvHeadsPayload) -> dict[str, Any]:
+def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
     """What DuoAttention's config.json says beside the map: the streaming heads' sink and recent keys (and, for a
     kvpress budget, the head_compression_ratio that streams exactly its streaming heads)."""
     press = (payload.get("budget") or {}).get("kvpress")
@@ -108,7 +105,7 @@ def duo_config(payload: KvHeadsPayload) -> dict[str, Any]:
             **({"head_compression_ratio": press["head_compression_ratio"]} if press else {})}
 
 
-def razor_map(payload: KvHeadsPayload) -> dict[str, list[int]]:
+def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
     """{layer: [kv_head, ...]}: the KV heads that keep the full cache."""
     out: dict[str, list[int]] = {str(layer): [] for layer in range(payload["n_layers"])}
     for row in payload["kv_heads"]:
@@ -117,7 +114,7 @@ def razor_map(payload: KvHeadsPayload) -> dict[str, list[int]]:
     return out
 
 
-def _map_data(payload: KvHeadsPayload) -> dict[str, Any]:
+def _map_data(payload: dict[str, Any]) -> dict[str, Any]:
     n_layers, n_kv = payload["n_layers"], payload["n_kv_heads"]
     z = [[0] * n_kv for _ in range(n_layers)]
     hover = [[""] * n_kv for _ in range(n_layers)]
@@ -140,7 +137,7 @@ def options_text(options: dict[str, Any]) -> str:
     return "; ".join(f"{name.replace('_', ' ')} {value(item)}" for name, item in options.items()) or "defaults"
 
 
-def kv_heads_page(payload: KvHeadsPayload, *, embed_plotly: bool = True) -> str:
+def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
     """The layer x KV-head map (blue streaming, red full; scores on hover) beside the KV heads kept full (the
     terminal's table), and the curve of probe's order against random orders."""
     total = payload["n_layers"] * payload["n_kv_heads"]

@@ -5,7 +5,7 @@ payload's `self_repair` table (reports/selfrepair.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -18,18 +18,15 @@ from probe.reports.selfrepair import self_repair_html, self_repair_report
 
 TOP = 15  # heads in the terminal table and in the by-position view
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import PatchPayload, PatchPayloadHeadsItem
 
-
-def _rows(payload: PatchPayload) -> list[PatchPayloadHeadsItem]:
+def _rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     rows = payload.get("heads")
     if not isinstance(rows, list) or not rows:
         raise ProbeError("patching result has no heads to show")
     return rows
 
 
-def ranked(payload: PatchPayload, top: int = TOP) -> list[PatchPayloadHeadsItem]:
+def ranked(payload: dict[str, Any], top: int = TOP) -> list[dict[str, Any]]:
     """The `top` head rows by |patch effect| (a key/value group's query heads once: the group's first)."""
     rows = [row for row in _rows(payload) if row.get("kv_head") is None or row["head"] == min(
         other["head"] for other in _rows(payload) if other["layer"] == row["layer"]
@@ -37,7 +34,7 @@ def ranked(payload: PatchPayload, top: int = TOP) -> list[PatchPayloadHeadsItem]
     return sorted(rows, key=lambda row: (-abs(row["patch_effect"]), row["layer"], row["head"]))[:top]
 
 
-def patch_rows(payload: PatchPayload) -> list[dict[str, Any]]:
+def patch_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One CSV row per head: its numbers, and its classes joined by spaces."""
     names = payload.get("layer_names")
     return [{"name": column_label(row["layer"], row["head"], names)}
@@ -45,12 +42,12 @@ def patch_rows(payload: PatchPayload) -> list[dict[str, Any]]:
             | {"classes": " ".join(row.get("classes", []))} for row in _rows(payload)]
 
 
-def _unit(row: PatchPayloadHeadsItem, payload: PatchPayload) -> str:
+def _unit(row: dict[str, Any], payload: dict[str, Any]) -> str:
     name = short_label(row["layer"], row["head"], payload.get("layer_names"))
     return name if row.get("kv_head") is None else f"{row['layer']}.kv{row['kv_head']} (from {name})"
 
 
-def patch_report(payload: PatchPayload, console: Console, *, top: int = TOP) -> None:
+def patch_report(payload: dict[str, Any], console: Console, *, top: int = TOP) -> None:
     """The runs' logit differences, then the top heads by patch effect with their DLA and classes."""
     console.print(Text(f"Activation patching of {payload['model']}: {payload['component']}, {payload['direction']}",
                        style="bold"), Text(f"({payload['data']})", style="dim"))
@@ -95,7 +92,7 @@ def path_report(paths: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
-def _grid(payload: PatchPayload, key: Literal["patch_effect", "dla"]) -> list[list[float | None]]:
+def _grid(payload: dict[str, Any], key: Literal["patch_effect", "dla"]) -> list[list[float | None]]:
     """(n_layers, n_heads) of one value of the head rows (None where a head has none)."""
     grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
     for row in _rows(payload):
@@ -105,7 +102,7 @@ def _grid(payload: PatchPayload, key: Literal["patch_effect", "dla"]) -> list[li
     return grid
 
 
-def _by_position(payload: PatchPayload, top: int) -> dict[str, Any] | None:
+def _by_position(payload: dict[str, Any], top: int) -> dict[str, Any] | None:
     """The top heads' patch effect at each position (heads down, positions across), or None without it."""
     entries = payload.get("by_position") or []
     if not entries:
@@ -120,7 +117,7 @@ def _by_position(payload: PatchPayload, top: int) -> dict[str, Any] | None:
                   for position in positions]}
 
 
-def _paths(payload: PatchPayload) -> dict[str, Any] | None:
+def _paths(payload: dict[str, Any]) -> dict[str, Any] | None:
     paths = payload.get("paths")
     if not paths:
         return None
@@ -129,7 +126,7 @@ def _paths(payload: PatchPayload) -> dict[str, Any] | None:
             "y": [f"{layer}.{head}" for layer, head in paths["senders"]], "component": paths["component"]}
 
 
-def patch_data(payload: PatchPayload, top: int = TOP) -> dict[str, Any]:
+def patch_data(payload: dict[str, Any], top: int = TOP) -> dict[str, Any]:
     names = payload.get("layer_names")
     return {"n_layers": payload["n_layers"], "n_heads": payload["n_heads"], "layer_names": names,
             "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["n_heads"])),
@@ -139,7 +136,7 @@ def patch_data(payload: PatchPayload, top: int = TOP) -> dict[str, Any]:
             "top": [long_label(row["layer"], row["head"], names) for row in ranked(payload, top)]}
 
 
-def _ranked_html(payload: PatchPayload, top: int) -> str:
+def _ranked_html(payload: dict[str, Any], top: int) -> str:
     """The terminal report's table of the top heads by |patch effect|, as a table of the page."""
     rows = [[_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
              "" if row.get("dla") is None else f"{row['dla']:+.3f}", ", ".join(row.get("classes", []))]
@@ -147,7 +144,7 @@ def _ranked_html(payload: PatchPayload, top: int) -> str:
     return ranked_table(["head", "patch effect", "LD patched", "DLA", "classes"], rows, text_columns=1)
 
 
-def patch_page(payload: PatchPayload, *, embed_plotly: bool = True, top: int = TOP) -> str:
+def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP) -> str:
     """The heads ranked by |patch effect| beside the layer x head maps of the patch effect and the DLA, then the
     by-position view, path patching and self-repair where the run measured them."""
     data = patch_data(payload, top)

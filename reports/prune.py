@@ -3,20 +3,17 @@ orderings drawn as a band from their lowest to their highest loss at each step."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from probe.errors import ProbeError
 from probe.reports.html import esc, facts_table, page
 from probe.reports.labels import precision_fact
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import PrunePayload, PrunePayloadCurvesItem
-
 COLORS = {"michel": "#b2182b", "sweep": "#2166ac"}
 NAMES = {"michel": "Michel importance (recomputed each step)", "sweep": "single-head sweep order"}
 
 
-def _band(curves: list[PrunePayloadCurvesItem]) -> dict[str, Any] | None:
+def _band(curves: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Lowest and highest loss of the random curves at each step that any of them reached."""
     random = [curve["steps"] for curve in curves if curve["ordering"] == "random"]
     if not random:
@@ -31,7 +28,7 @@ def _band(curves: list[PrunePayloadCurvesItem]) -> dict[str, Any] | None:
     return {"share": share, "low": low, "high": high, "name": f"random order ({len(random)} seeds: lowest to highest)"}
 
 
-def prune_data(payload: PrunePayload) -> dict[str, Any]:
+def prune_data(payload: dict[str, Any]) -> dict[str, Any]:
     curves = payload.get("curves")
     if not isinstance(curves, list) or not curves:
         raise ProbeError("pruning result has no curves to draw")
@@ -46,7 +43,7 @@ def prune_data(payload: PrunePayload) -> dict[str, Any]:
             "log": False}
 
 
-def prune_page(payload: PrunePayload, *, embed_plotly: bool = True) -> str:
+def prune_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
     data = prune_data(payload)
     rows = [("model", str(payload["model"])), ("metric", str(payload["metric"])),
             ("method", f"{payload['method']} ablation, all pruned heads together"),

@@ -4,7 +4,7 @@ to the model's own score; the page draws the pair matrix as a heatmap with the m
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.table import Table
@@ -13,20 +13,17 @@ from rich.text import Text
 from probe.reports.html import ASSETS, esc, facts_table, page, ranked_table
 from probe.reports.labels import precision_fact, precision_sentence
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import QkPayload, QkPayloadViewsScore
-
 SHOWN = 16  # components per side drawn in the page's matrix (the rest summed into "other")
 View = Literal["score", "contrast"]
 VIEWS: dict[View, str] = {"score": "the score",
                           "contrast": "the contrast (the key's score minus the mean of the other keys')"}
 
 
-def _name(payload: QkPayload, index: int) -> str:
+def _name(payload: dict[str, Any], index: int) -> str:
     return str(payload["components"][index]["name"])
 
 
-def qk_rows(payload: QkPayload) -> list[dict[str, Any]]:
+def qk_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per (query-side, key-side) component pair, largest |score contribution| first: for CSV. Layer and head
     are integers, -1 where the component has none (embeddings, MLPs' head, biases)."""
     components, views = payload["components"], payload["views"]
@@ -44,33 +41,33 @@ def qk_rows(payload: QkPayload) -> list[dict[str, Any]]:
     return rows
 
 
-def _title(payload: QkPayload) -> str:
+def _title(payload: dict[str, Any]) -> str:
     return f"QK attribution of head {payload['layer']}.{payload['head']} of {payload['model']}"
 
 
-def _keys_read(payload: QkPayload) -> str:
+def _keys_read(payload: dict[str, Any]) -> str:
     if payload["rule"] == "positions":
         return f"query {payload['query']}, key {payload['key']}"
     return f"every query at its {payload['rule']} key"
 
 
-def _check_line(view: QkPayloadViewsScore, what: str) -> str:
+def _check_line(view: dict[str, Any], what: str) -> str:
     return (f"{what}: the model's own mean {view['model_score']:+.4f}, the pairs' sum {view['sum']:+.4f} over "
             f"{view['points']} points; largest |pairs - model's own| {view['max_residual']:.2e} (its rounding allows "
             f"{view['rounding_bound']:.2e})")
 
 
-def _side(payload: QkPayload, values: list[float], top: int) -> str:
+def _side(payload: dict[str, Any], values: list[float], top: int) -> str:
     order = sorted(range(len(values)), key=lambda index: -abs(values[index]))[:top]
     return "  ".join(f"{_name(payload, index)} {values[index]:+.3f}" for index in order)
 
 
-def _groups(view: QkPayloadViewsScore, grouping: Literal["kind", "layer"]) -> str:
+def _groups(view: dict[str, Any], grouping: Literal["kind", "layer"]) -> str:
     return "  ".join(f"{entry['group']} {entry['query']:+.3f} / {entry['key']:+.3f}"
                      for entry in view["groups"][grouping])
 
 
-def qk_report(payload: QkPayload, console: Console, *, top: int = 10) -> None:
+def qk_report(payload: dict[str, Any], console: Console, *, top: int = 10) -> None:
     """Per view: the top pairs, each side's top components, the groups, and the check."""
     console.print(Text(_title(payload), style="bold"),
                   Text(f"({payload['source']}; {_keys_read(payload)}; key/value head {payload['kv_head']})"))
@@ -95,7 +92,7 @@ def qk_report(payload: QkPayload, console: Console, *, top: int = 10) -> None:
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def _shown(payload: QkPayload, view: QkPayloadViewsScore) -> dict[str, Any]:
+def _shown(payload: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
     """The matrix of the SHOWN components of largest |marginal| on each side, the rest summed into "other"."""
     def chosen(values: list[float]) -> list[int]:
         return sorted(range(len(values)), key=lambda index: -abs(values[index]))[:SHOWN]
@@ -117,7 +114,7 @@ def _shown(payload: QkPayload, view: QkPayloadViewsScore) -> dict[str, Any]:
             "key_marginal": [round(sum(view["key"][j] for j in col_set), 6) for col_set in col_sets]}
 
 
-def _section(payload: QkPayload, name: View) -> str:
+def _section(payload: dict[str, Any], name: View) -> str:
     view = payload["views"][name]
     pairs = [[str(rank), _name(payload, pair["query"]), _name(payload, pair["key"]), f"{pair['value']:+.4f}"]
              for rank, pair in enumerate(view["top_pairs"], start=1)]
@@ -132,7 +129,7 @@ def _section(payload: QkPayload, name: View) -> str:
             + ranked_table(["group", "query side", "key side"], groups) + "</div></div></div>")
 
 
-def qk_page(payload: QkPayload) -> str:
+def qk_page(payload: dict[str, Any]) -> str:
     """`probe qk --html`: per view the pair matrix as a heatmap with each side's marginal beside it, the top pairs
     and the grouped views; offline, every text escaped."""
     facts = [("model", str(payload["model"])), ("data", str(payload["source"])),

@@ -4,7 +4,7 @@ ablated head with the later heads that cover for it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -12,9 +12,6 @@ from rich.text import Text
 
 from probe.reports.html import esc
 from probe.reports.labels import short_label
-
-if TYPE_CHECKING:
-    from probe.schemas.payloads import SelfRepairPayload, SelfRepairPayloadHeadsItem
 
 TOP = 15  # ablated heads listed, largest |direct| first
 
@@ -27,16 +24,16 @@ EXPLAINED = ("total: the score's change with the head ablated; direct: its own p
              "fell where the direct effect is a gain, as a negative head's is)")
 
 
-def _explained(section: SelfRepairPayload) -> str:
+def _explained(section: dict[str, Any]) -> str:
     return (EXPLAINED.format(floor=section.get("repair_floor", 0.0))
             + f"; heads, MLPs, norm and covered by in {section['compensation_unit']}")
 
 
-def _heads(section: SelfRepairPayload, top: int) -> list[SelfRepairPayloadHeadsItem]:
+def _heads(section: dict[str, Any], top: int) -> list[dict[str, Any]]:
     return list(section["heads"])[:top]
 
 
-def _covered(row: SelfRepairPayloadHeadsItem) -> str:
+def _covered(row: dict[str, Any]) -> str:
     return ", ".join(f"{short_label(entry['layer'], entry['head'])} {entry['value']:+.3f}"
                      for entry in row["compensating"]) or "-"
 
@@ -45,12 +42,12 @@ def _share(value: float | None) -> str:
     return "" if value is None else f"{value:.0%}"
 
 
-def _title(section: SelfRepairPayload) -> str:
+def _title(section: dict[str, Any]) -> str:
     return (f"Self-repair of {section['model']}: {section['method']} ablation, {section['metric']} "
             f"({section['points']} points; {section['dtype']}; largest |direct| first)")
 
 
-def self_repair_report(section: SelfRepairPayload, console: Console, *, top: int = TOP) -> None:
+def self_repair_report(section: dict[str, Any], console: Console, *, top: int = TOP) -> None:
     """The `top` ablated heads by |direct| effect, with their self-repair and the heads that cover for them."""
     console.print(Text(_title(section), style="bold"))
     table = Table(show_edge=False, pad_edge=False, box=None)
@@ -65,14 +62,14 @@ def self_repair_report(section: SelfRepairPayload, console: Console, *, top: int
     console.print(Text(f"  {_explained(section)}; {section.get('path', '')}", style="dim"))
 
 
-def self_repair_rows(section: SelfRepairPayload) -> list[dict[str, Any]]:
+def self_repair_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
     """One CSV row per ablated head (largest |direct| first), its compensating heads joined by spaces."""
     return [{key: value for key, value in row.items() if key != "compensating"}
             | {"covered_by": " ".join(f"{entry['layer']}.{entry['head']}" for entry in row["compensating"])}
             for row in section["heads"]]
 
 
-def self_repair_grid(section: SelfRepairPayload) -> list[list[float | None]]:
+def self_repair_grid(section: dict[str, Any]) -> list[list[float | None]]:
     """(n_layers, n_heads) self-repair (None where a head was not ablated), for a layer x head map."""
     grid: list[list[float | None]] = [[None] * section["n_heads"] for _ in range(section["n_layers"])]
     for row in section["heads"]:
@@ -80,7 +77,7 @@ def self_repair_grid(section: SelfRepairPayload) -> list[list[float | None]]:
     return grid
 
 
-def self_repair_html(section: SelfRepairPayload, *, top: int = TOP) -> str:
+def self_repair_html(section: dict[str, Any], *, top: int = TOP) -> str:
     """The page's self-repair section: a title, what the columns mean, and the table (every text escaped)."""
     header = ["head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm", "covered by"]
     rows = [[short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",

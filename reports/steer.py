@@ -5,7 +5,7 @@ one-line header, the details (data, metric, intervention, the model as it is) in
 from __future__ import annotations
 
 from pathlib import PurePath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -15,9 +15,6 @@ from probe.errors import ProbeError
 from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, static_summary
 from probe.reports.labels import long_label, precision_sentence, short_label
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import SteerPayload
-
 
 def _number(value: Any) -> str:
     return "nan" if value is None else f"{value:.4f}"
@@ -26,17 +23,17 @@ def _number(value: Any) -> str:
 HEADER = 100  # characters of the terminal report's first line at most
 
 
-def _measure(payload: SteerPayload) -> str:
+def _measure(payload: dict[str, Any]) -> str:
     """What the values are: the logit difference itself (a metric that is minus it, read forwards), or the metric."""
     return str(payload.get("measure") or payload["metric"])
 
 
-def _parameter(payload: SteerPayload) -> str:
+def _parameter(payload: dict[str, Any]) -> str:
     """What the intervention's values are (scale's alpha)."""
     return str(payload["parameter"])
 
 
-def header_line(payload: SteerPayload) -> str:
+def header_line(payload: dict[str, Any]) -> str:
     """The report's first line, at most HEADER characters: the model (by its file's name where the whole path
     would not fit) and what is measured."""
     what = f": {_measure(payload)} against {_parameter(payload)}" if payload["curves"] else ""
@@ -46,7 +43,7 @@ def header_line(payload: SteerPayload) -> str:
     return line if len(line) <= HEADER else line[:HEADER - 3] + "..."
 
 
-def details(payload: SteerPayload) -> list[tuple[str, str]]:
+def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
     """What the header leaves out: the input, what the values are, the intervention, the model as it is."""
     figures = _figures(payload.get("baseline_figures"))
     measure, metric = _measure(payload), str(payload["metric"])
@@ -57,7 +54,7 @@ def details(payload: SteerPayload) -> list[tuple[str, str]]:
             ("as it is", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
 
 
-def footer_lines(payload: SteerPayload) -> list[str]:
+def footer_lines(payload: dict[str, Any]) -> list[str]:
     """The details under the tables, one line each."""
     return [f"{name[:1].upper() + name[1:]}: {text}." for name, text in details(payload)]
 
@@ -69,7 +66,7 @@ def _figures(figures: dict[str, Any] | None) -> str:
     return ", ".join(f"{name} {_number(value)}" for name, value in figures.items())
 
 
-def _curve_table(payload: SteerPayload) -> Table:
+def _curve_table(payload: dict[str, Any]) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
     table.add_column("head", justify="right")
@@ -81,7 +78,7 @@ def _curve_table(payload: SteerPayload) -> Table:
     return table
 
 
-def _find_table(payload: SteerPayload, find: dict[str, Any], top: int) -> Table:
+def _find_table(payload: dict[str, Any], find: dict[str, Any], top: int) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
     for column in ("rank", "head", f"{_measure(payload)} at {_parameter(payload)} {find['setting']:g}", "change",
@@ -93,7 +90,7 @@ def _find_table(payload: SteerPayload, find: dict[str, Any], top: int) -> Table:
     return table
 
 
-def _generation_table(payload: SteerPayload, generated: dict[str, Any]) -> Table:
+def _generation_table(payload: dict[str, Any], generated: dict[str, Any]) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None, show_lines=False)
     table.add_column("head", justify="right")
@@ -105,7 +102,7 @@ def _generation_table(payload: SteerPayload, generated: dict[str, Any]) -> Table
     return table
 
 
-def steer_report(payload: SteerPayload, console: Console, *, top: int = 15) -> None:
+def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
     """A one-line header, the curves (the measure per head and value), the ranking, the continuations, and the
     details in the footer."""
     console.print(Text(header_line(payload), style="bold"))
@@ -125,7 +122,7 @@ def steer_report(payload: SteerPayload, console: Console, *, top: int = 15) -> N
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def steer_data(payload: SteerPayload) -> dict[str, Any]:
+def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
     """The page's plot data: one line per head (the measure against the intervention's value), the model as it is
     marked; --find's top bars."""
     if "values" not in payload or "curves" not in payload:
@@ -145,7 +142,7 @@ def steer_data(payload: SteerPayload) -> dict[str, Any]:
             "lines": lines, "bars": bars}
 
 
-def _generation_rows(payload: SteerPayload) -> str:
+def _generation_rows(payload: dict[str, Any]) -> str:
     generated = payload.get("generations")
     if not generated:
         return ""
@@ -162,7 +159,7 @@ def _generation_rows(payload: SteerPayload) -> str:
             f"<th>continuation ({generated['max_new_tokens']} tokens)</th></tr>{body}</table>")
 
 
-def steer_page(payload: SteerPayload) -> str:
+def steer_page(payload: dict[str, Any]) -> str:
     """`probe steer --html`: self-contained and offline, every text escaped."""
     data = steer_data(payload)
     measure = _measure(payload)

@@ -3,7 +3,7 @@ relation x head map of accuracy above the baseline, and one head's correct arcs 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -12,14 +12,11 @@ from rich.text import Text
 from probe.reports.html import ASSETS, esc, facts_table, page
 from probe.reports.labels import column_label, precision_fact, precision_sentence, short_label
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import SyntaxPayload
-
 SHOWN_HEADS = 3  # best heads per relation in the terminal
 SHOWN_SYNTACTIC = 25  # heads listed in the overview
 
 
-def _header(payload: SyntaxPayload, console: Console) -> None:
+def _header(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"Syntactic heads of {payload['model']}", style="bold"),
                   Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
     console.print(Text(f"  parses: {payload['source']}; {payload['sentences']} sentences, {payload['words']} words; "
@@ -32,7 +29,7 @@ def _header(payload: SyntaxPayload, console: Console) -> None:
         console.print(Text(f"  {line}", style="yellow"))
 
 
-def relation_table(payload: SyntaxPayload) -> Table:
+def relation_table(payload: dict[str, Any]) -> Table:
     """Per judged relation and direction: arcs, the best fixed offset, and the best heads with their margins."""
     table = Table(show_edge=False, pad_edge=False, box=None, title="Best heads per relation", title_justify="left",
                   title_style="bold")
@@ -52,7 +49,7 @@ def relation_table(payload: SyntaxPayload) -> Table:
     return table
 
 
-def syntax_report(payload: SyntaxPayload, console: Console) -> None:
+def syntax_report(payload: dict[str, Any], console: Console) -> None:
     """The relations with their best heads, then which heads are syntactic for which relations."""
     _header(payload, console)
     console.print()
@@ -79,7 +76,7 @@ def syntax_report(payload: SyntaxPayload, console: Console) -> None:
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def syntactic_grid(payload: SyntaxPayload) -> Table:
+def syntactic_grid(payload: dict[str, Any]) -> Table:
     """Layer x head: for how many relation-directions each head is syntactic (· for none)."""
     counts = {(e["layer"], e["head"]): len(e["relations"]) for e in payload["syntactic"]}
     table = Table(show_edge=False, pad_edge=False, box=None)
@@ -92,7 +89,7 @@ def syntactic_grid(payload: SyntaxPayload) -> Table:
     return table
 
 
-def syntax_rows(payload: SyntaxPayload) -> list[dict[str, Any]]:
+def syntax_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """CSV: one row per relation, direction and head."""
     rows = []
     for entry in payload["relations"]:
@@ -108,7 +105,7 @@ def syntax_rows(payload: SyntaxPayload) -> list[dict[str, Any]]:
     return rows
 
 
-def _grid(payload: SyntaxPayload) -> dict[str, Any]:
+def _grid(payload: dict[str, Any]) -> dict[str, Any]:
     """Rows: judged relation-directions; columns: every head; values: accuracy minus the relation's baseline."""
     rows, z = [], []
     for entry in payload["relations"]:
@@ -119,7 +116,7 @@ def _grid(payload: SyntaxPayload) -> dict[str, Any]:
     return {"rows": rows, "z": z, "heads": heads}
 
 
-def syntax_page(payload: SyntaxPayload) -> str:
+def syntax_page(payload: dict[str, Any]) -> str:
     """`probe syntax --html`: the relation x head map and, for a chosen head and sentence, the arcs it gets right."""
     syntactic = sorted(payload["syntactic"], key=lambda e: (-len(e["relations"]), e["layer"], e["head"]))
     named = {(e["layer"], e["head"]) for e in syntactic}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -13,14 +13,11 @@ from rich.text import Text
 
 from probe.reports.labels import column_label, layer_label, precision_sentence, short_label
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import AblatePayload, ClassifyPayload
-
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
 
 
-def classification_report(payload: ClassifyPayload, console: Console, *, max_rows: int = MAX_ROWS) -> None:
+def classification_report(payload: dict[str, Any], console: Console, *, max_rows: int = MAX_ROWS) -> None:
     """For each class, the flagged heads by score, then a layer x head overview of the labels."""
     console.print(Text(f"Head classification of {payload['model']}", style="bold"),
                   Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
@@ -54,7 +51,7 @@ def classification_report(payload: ClassifyPayload, console: Console, *, max_row
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def overview(payload: ClassifyPayload) -> Table:
+def overview(payload: dict[str, Any]) -> Table:
     """Layer x head grid; each cell holds the letters of the head's labels."""
     classes = payload["classes"]
     legend = " ".join(f"{info['letter']}={name}" for name, info in classes.items())
@@ -98,7 +95,7 @@ def _by_delta(entry: dict[str, Any]) -> tuple[bool, float]:
     return (not math.isfinite(delta), -delta if math.isfinite(delta) else 0.0)
 
 
-def _part_names(payload: AblatePayload) -> list[str]:
+def _part_names(payload: dict[str, Any]) -> list[str]:
     """The parts the baseline loss is split into (baseline_first_repeat_loss -> first_repeat), in payload order."""
     return [key[len("baseline_"):-len("_loss")] for key in payload
             if key.startswith("baseline_") and key.endswith("_loss") and key != "baseline_loss"]
@@ -110,7 +107,7 @@ def _bar(delta: float, scale: float) -> Text:
     return Text("█" * max(1, round(abs(delta) / scale * 20)), style="red" if delta > 0 else "blue")
 
 
-def _delta_table(payload: AblatePayload, title: str, rows: list[dict[str, Any]]) -> Table:
+def _delta_table(payload: dict[str, Any], title: str, rows: list[dict[str, Any]]) -> Table:
     """One row per ablation: loss, delta, the deltas of the parts, (estimate) exact or estimated, and a bar."""
     estimate, parts = payload["mode"] == "estimate", _part_names(payload)
     grid = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
@@ -133,7 +130,7 @@ def _delta_table(payload: AblatePayload, title: str, rows: list[dict[str, Any]])
     return grid
 
 
-def _ablation_header(payload: AblatePayload, console: Console) -> None:
+def _ablation_header(payload: dict[str, Any], console: Console) -> None:
     """What was run, on which data, with which metric, and the baseline."""
     what = f"{payload['method']} ablation" + (" (estimated)" if payload["mode"] == "estimate" else "")
     console.print(Text(f"Head ablation of {payload['model']}", style="bold"),
@@ -165,7 +162,7 @@ def _ablation_header(payload: AblatePayload, console: Console) -> None:
         console.print(Text(f"  time of the whole {run}: {seconds:.1f} s{cost}", style="dim"))
 
 
-def _estimate_note(payload: AblatePayload) -> Text | None:
+def _estimate_note(payload: dict[str, Any]) -> Text | None:
     """Under the tables of an estimate: which values are estimated, and how (the payload's `path`)."""
     if payload["mode"] != "estimate":
         return None
@@ -173,7 +170,7 @@ def _estimate_note(payload: AblatePayload) -> Text | None:
                 "for real.", style="dim")
 
 
-def ablation_report(payload: AblatePayload, console: Console, *, top: int = 15) -> None:
+def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
     """An ablation payload: what was run, the baseline, the heads whose removal hurts most (positive delta) and
     those whose removal helps (negative delta), heads whose delta is not a finite number ('nan', no bar), and heads
     ablated together. An estimate's tables say so in their titles, and how it was made."""
@@ -227,7 +224,7 @@ def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) 
     return grid
 
 
-def classification_rows(payload: ClassifyPayload) -> list[dict[str, Any]]:
+def classification_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
     """`probe classify --csv`: one row per head, the DataFrame's columns (`Classification.to_frame`): layer, head,
     its name (`L5H1`: pandas never reads it as a number), each class's score (empty where the class does not apply
     to the layer), its labels (comma-separated)."""

@@ -4,7 +4,7 @@ line per head; the in-context learning score and loss on the same axis; a step s
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -12,15 +12,12 @@ from rich.table import Table
 from probe.reports.html import ASSETS, esc, facts_table, page
 from probe.reports.labels import long_label, precision_sentence, short_label
 
-if TYPE_CHECKING:
-    from probe.schemas.payloads import TrackPayload, TrackPayloadCheckpointsItem
-
 
 def _number(value: Any, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
-def _best(checkpoint: TrackPayloadCheckpointsItem, name: str) -> str:
+def _best(checkpoint: dict[str, Any], name: str) -> str:
     scored = [(e["scores"].get(name), e) for e in checkpoint["heads"] if e["scores"].get(name) is not None]
     if not scored:
         return "n/a"
@@ -28,7 +25,7 @@ def _best(checkpoint: TrackPayloadCheckpointsItem, name: str) -> str:
     return f"{value:.2f} (head {short_label(entry['layer'], entry['head'])})"  # `0.03 (0.3)` reads as two numbers
 
 
-def _trajectory_table(payload: TrackPayload) -> Table:
+def _trajectory_table(payload: dict[str, Any]) -> Table:
     classes = list(payload["thresholds"])
     table = Table(title="Per checkpoint: loss, in-context learning score, best head of each class",
                   title_justify="left")
@@ -40,7 +37,7 @@ def _trajectory_table(payload: TrackPayload) -> Table:
     return table
 
 
-def _phase_table(payload: TrackPayload) -> Table:
+def _phase_table(payload: dict[str, Any]) -> Table:
     table = Table(title=f"Phase changes (the best head's largest rise between two checkpoints, at least "
                         f"{payload['min_rise']:g})", title_justify="left")
     for column in ("class", "steps", "best head score", "heads crossing the threshold", "ICL change there",
@@ -54,7 +51,7 @@ def _phase_table(payload: TrackPayload) -> Table:
     return table
 
 
-def track_report(payload: TrackPayload, console: Console) -> None:
+def track_report(payload: dict[str, Any], console: Console) -> None:
     """The terminal summary of a run."""
     checkpoints = payload["checkpoints"]
     steps = f"steps {checkpoints[0]['step']} to {checkpoints[-1]['step']}" if checkpoints else "no checkpoints"
@@ -75,7 +72,7 @@ def track_report(payload: TrackPayload, console: Console) -> None:
         console.print(precision_sentence(payload), style="dim", markup=False)
 
 
-def _flagged(payload: TrackPayload, name: str) -> set[tuple[int, int]]:
+def _flagged(payload: dict[str, Any], name: str) -> set[tuple[int, int]]:
     """Heads the page highlights for a class: those crossing its threshold at its phase change, and those over it
     at the last checkpoint."""
     heads = {(int(layer), int(head)) for change in payload["phase_changes"] if change["class"] == name
@@ -85,7 +82,7 @@ def _flagged(payload: TrackPayload, name: str) -> set[tuple[int, int]]:
     return heads | {(e["layer"], e["head"]) for e in last if (e["scores"].get(name) or 0) > threshold}
 
 
-def track_data(payload: TrackPayload) -> dict[str, Any]:
+def track_data(payload: dict[str, Any]) -> dict[str, Any]:
     """The page's data: per class one line per head over the steps, and the layer x head grid at every step."""
     checkpoints = payload["checkpoints"]
     n_layers, n_heads = payload["n_layers"], payload["n_heads"]
@@ -112,7 +109,7 @@ def track_data(payload: TrackPayload) -> dict[str, Any]:
             "icl_change": payload.get("icl_change"), "classes": classes, "n_layers": n_layers, "n_heads": n_heads}
 
 
-def _phase_rows(payload: TrackPayload) -> str:
+def _phase_rows(payload: dict[str, Any]) -> str:
     rows = "".join(f"<tr><td>{esc(c['class'])}</td><td>{c['from_step']} &rarr; {c['to_step']}</td>"
                    f"<td>{c['best_before']:.3f} &rarr; {c['best_after']:.3f}</td>"
                    f"<td>{esc(', '.join(c['heads']) or 'none')}</td><td>{esc(_number(c['icl_change']))}</td>"
@@ -124,7 +121,7 @@ def _phase_rows(payload: TrackPayload) -> str:
             "<th>heads crossing</th><th>ICL change there</th><th>ICL's largest change</th></tr>" + rows + "</table>")
 
 
-def track_page(payload: TrackPayload) -> str:
+def track_page(payload: dict[str, Any]) -> str:
     """`probe track --html`: self-contained, every text escaped."""
     checkpoints, options = payload["checkpoints"], payload["options"]
     rows = [("model", str(payload["model"])), ("checkpoints", f"{len(checkpoints)} ({payload['kind']}), steps "

@@ -1,7 +1,7 @@
 """The shape of the code (issue 11): data flows one way, with no import cycle and no function-level import to hide
 one; the library (probe/) knows nothing of the CLI (cli/, the module probe.cli) and reaches the renderers (reports/,
 probe.reports) only lazily from `_repr_html_`; the renderers take nothing from the library but its error type (and
-the payloads' and pages' types, for the type checker); no function runs past LONG_FUNCTION lines without a written
+the pages' types, for the type checker); no function runs past LONG_FUNCTION lines without a written
 reason; nothing imports cli or reports by their folder names (issue 20: installed, they exist only as probe.cli and
 probe.reports)."""
 
@@ -136,10 +136,10 @@ def test_library_knows_nothing_of_the_cli_and_renders_nothing() -> None:
 
 
 def test_reports_take_only_the_error_type_from_probe() -> None:
-    """...and, for the type checker, the payloads' TypedDicts (generated from the kinds' declarations) and the pages'
-    (probe/schemas/pages.py): modules that import nothing of probe."""
+    """...and, for the type checker, the pages' TypedDicts (probe/schemas/pages.py), a module that imports nothing of
+    probe; a kind's payload reaches a report as the plain dict its `to_dict()` made."""
     taken = {e.target for e in import_edges() if within(e.source, REPORTS) and in_library(e.target)}
-    types = {"probe.schemas.payloads", "probe.schemas.pages"}
+    types = {"probe.schemas.pages"}
     assert taken <= {"probe.errors", *types}
     for module in types:
         text = (ROOT / "probe" / "schemas" / f"{module.rsplit('.', 1)[1]}.py").read_text(encoding="utf-8")

@@ -1,10 +1,10 @@
 """Every generated file, regenerated in one command: `python docs/_build/generate.py` (from any directory).
 
 Each generator here fills regions of checked-in files from a registry: `class_lists.py` the head-class lists of
-README.md and docs/getting-started.md (probe.heads.scores.SCORES), `schema_page.py` docs/schemas.md's schemas
-and `payload_types.py` probe/schemas/payloads.py's TypedDicts (both probe.schemas.SCHEMAS). `tests/test_generated.py` fails, naming this command, while any file differs from what its
-generator makes. The pages mkdocs fills at build time (the CLI reference, the home page, the API pages' members)
-are not files here: `generated_pages.py` and mkdocstrings make them from the code each time.
+README.md and docs/getting-started.md (probe.heads.scores.SCORES), and `schema_page.py` docs/schemas.md's
+schemas (probe.schemas.SCHEMAS). `tests/test_generated.py` fails, naming this command, while any file differs from
+what its generator makes. The pages mkdocs fills at build time (the CLI reference, the home page, the API pages'
+members) are not files here: `generated_pages.py` and mkdocstrings make them from the code each time.
 """
 
 from __future__ import annotations
@@ -33,9 +33,8 @@ def targets() -> list[tuple[Path, Callable[[str], str]]]:
     """(file, its generator's `generated(text) -> text`) for every generated file."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    lists, schemas, types = _generator("class_lists"), _generator("schema_page"), _generator("payload_types")
-    return [*[(ROOT / name, lists.generated) for name in lists.FILES], (schemas.PAGE, schemas.generated),
-            (types.PAGE, types.generated)]
+    lists, schemas = _generator("class_lists"), _generator("schema_page")
+    return [*[(ROOT / name, lists.generated) for name in lists.FILES], (schemas.PAGE, schemas.generated)]
 
 
 def stale() -> list[Path]:
