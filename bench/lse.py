@@ -144,7 +144,6 @@ def main() -> None:
     parser.add_argument("--kv-lengths", type=int, nargs="*", default=[2048, 4096])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--name", default="lse", help="the results file: bench/results/NAME.json")
     parser.add_argument("--repeats-32k", type=int, default=REPEATS[32768], help="repeats at 32768 tokens")
     parser.add_argument("--allocator", choices=["cli", "default"], default="cli",
                         help="cli: freed buffers kept in the C heap, as the probe command sets (cli/allocator.py); "
@@ -167,16 +166,16 @@ def main() -> None:
                            "memory": {}, "kv": {}, "classify": {}}
     if not args.no_memory:  # first, in fresh processes: a child's peak RSS counts its parent's memory at fork
         out["memory"] = memory(log)
-        save_result(args.name, out)
+        save_result("lse", out)
     loaded = load_model("smollm2")
     for length in args.kv_lengths:
         out["kv"][str(length)] = kv_speed(loaded, length, REPEATS.get(length, 2), log)
-        save_result(args.name, out)
+        save_result("lse", out)
     for length in args.lengths:
         out["classify"][str(length)] = classify_speed(loaded, length, REPEATS.get(length, 1), log)
         out["load_after"] = load_average()
-        save_result(args.name, out)
-    log(f"wrote bench/results/{args.name}.json")
+        save_result("lse", out)
+    log("wrote bench/results/lse.json")
 
 
 if __name__ == "__main__":

@@ -571,7 +571,7 @@ def render(extra: str = "") -> str:
                                                       f"## 1b. On {data.get('device')}, {data.get('dtype')}: "
                                                       "classification", 1))
     # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
-    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("lse-cli", lse, None), ("lse-threads1", lse, None),
+    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None),
                                  ("patching", patching, None),
                                  ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
                                  ("atlas", atlas, None), ("kv_default", kv_default, None),
