@@ -28,6 +28,12 @@ RESULTS_MD = BENCH / "RESULTS.md"
 GIB = 2**30
 MEMORY_CAP = 8 * GIB  # no benchmark process may grow past this: other work shares the machine
 TL_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TOUR_DOCS = ("docs/getting-started.md",)  # the documents whose `probe` lines `python -m bench.tour --doc` runs
+
+
+def tour_result(doc: str | None) -> str:
+    """bench.tour's result name: `tour` for the README's tour, `tour-STEM` for a document's lines."""
+    return "tour" if doc is None else f"tour-{Path(doc).stem}"
 
 
 def machine(packages: tuple[str, ...] = ("transformers", "transformer_lens")) -> dict[str, Any]:
@@ -262,7 +268,3 @@ def load_result(name: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def fmt_gib(value: float | None) -> str:
-    return "-" if value is None else f"{value / GIB:.2f}"

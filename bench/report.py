@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bench.common import GIB, RESULTS_MD, load_result
+from bench import kernel_compile, kvpress_report
+from bench.common import GIB, RESULTS_DIR, RESULTS_MD, TOUR_DOCS, load_result, tour_result
 
 TARGETS = {"classification": 1.15, "ablation_naive": 0.65, "ablation_tl": 0.57, "long_context_4096": 1.5}
 
@@ -468,13 +469,6 @@ def kv_default(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kvpress_section(data: dict[str, Any]) -> str:
-    """bench/kvpress.py: probe's map against kvpress's presses (rendered by bench/kvpress_report.py)."""
-    from bench import kvpress_report
-
-    return kvpress_report.section(data)
-
-
 LSE_TARGET = 1.05
 
 
@@ -553,50 +547,94 @@ def precision(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(extra: str = "") -> str:
+GAP_LIMIT = 30.0  # seconds: the docs' promise of a line at least this often
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def tour(data: dict[str, Any]) -> str:
+    """bench/tour.py: one row per step run (the README's tour, or a document's `probe` lines), then the steps
+    skipped and why."""
+    host = data["machine"]
+    doc = data.get("doc")
+    title = ("## The README tour, as written (`python -m bench.tour`)" if doc is None else
+             f"## {doc}'s commands, as written (`python -m bench.tour --doc {doc}`)")
+    lines = [title, "",
+             f"{data['date']}, {host['cpu']}, {host['cores']} cores, torch threads {host['torch_threads']}, load "
+             f"before {', '.join(f'{value:.1f}' for value in data['load_before'])}"
+             + (" (--quick: small inputs, not a timing)" if data.get("quick") else "") + ". Stated: the "
+             f"{'README' if doc is None else 'document'}'s time; CPU seconds: user + system of the step's processes "
+             "(other work on the host inflates it less than the wall time; a CPU-bound step's quiet wall time is at "
+             "most its CPU time); silence: the longest gap between two stderr lines "
+             f"(the docs promise at most {GAP_LIMIT:.0f} s).", "",
+             "| command | exit | seconds | CPU seconds | stated | within | longest silence (s) | load after |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [_tour_row(row) for row in data["rows"]]
+    if data.get("skipped"):
+        lines += ["", "Not run here, and why:", ""]
+        lines += [f"- `{entry['line']}`: {entry['reason']}" for entry in data["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def _tour_row(row: dict[str, Any]) -> str:
+    label = "the README Python block" if row["name"] == "python" else row["line"]
+    exit_text = "timeout" if row["timed_out"] else str(row["code"])
+    within = "-" if row["stated"] is None else ("yes" if row["seconds"] <= row["stated"] and not row["timed_out"]
+                                                else "**no**")
+    label = label.replace("|", "\\|")
+    cpu = f"{row['cpu_seconds']:.0f}" if "cpu_seconds" in row else "-"
+    return (f"| `{label}` | {exit_text} | {row['seconds']:.0f} | {cpu} | {_minutes(row['stated'])} | {within} | "
+            f"{row['gap']:.0f} | {row['load'][0]:.1f} |")
+
+
+def gpu_section() -> str:
+    """The GPU section, from bench/results/gpu.json where a GPU run saved one (bench/gpu_report.py)."""
+    data = load_result("gpu")
+    if data is None or "rows" not in data:  # a gpu.json of an earlier layout has no rows
+        return ""
+    from bench import gpu_report
+
+    return gpu_report.section(data)
+
+
+SECTIONS = (  # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
+    ("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("patching", patching, None), ("kv_order", kv_order, None),
+    ("patching_qk", patching_qk, None), ("atlas", atlas, None), ("kv_default", kv_default, None),
+    ("precision", precision, None), ("kvpress", kvpress_report.section, "cells"),
+    ("kernel_compile", kernel_compile.section, None))
+
+
+def render() -> str:
+    """RESULTS.md's text from every saved result."""
     parts = [HEADER]
     for name, fn in (("classification", classification), ("ablation", ablation), ("taylor", taylor),
                      ("memory", memory), ("profile", profile), ("long_context", long_context)):
         data = load_result(name)
-        if data is not None:
-            parts.append(fn(data))
-        else:
-            parts.append(f"## {name}\n\nNot run yet: `python -m bench {name}`.\n")
-    from bench.common import RESULTS_DIR
-
+        parts.append(fn(data) if data is not None else f"## {name}\n\nNot run yet: `python -m bench {name}`.\n")
     for path in sorted(RESULTS_DIR.glob("classification-*.json")):  # GPU runs of benchmark 1
         data = load_result(path.stem)
         if data is not None:
             parts.append(classification(data).replace("## 1. Classification",
                                                       f"## 1b. On {data.get('device')}, {data.get('dtype')}: "
                                                       "classification", 1))
-    # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
-    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None),
-                                 ("patching", patching, None),
-                                 ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
-                                 ("atlas", atlas, None), ("kv_default", kv_default, None),
-                                 ("precision", precision, None), ("kvpress", kvpress_section, "cells")):
+    for name, section, needs in SECTIONS:
         data = load_result(name)
         if data is not None and (needs is None or needs in data):
             parts.append(section(data))
-    compiled = load_result("kernel_compile")
-    if compiled is not None:
-        from bench import kernel_compile
-
-        parts.append(kernel_compile.section(compiled))
-    from bench import tour
-
-    for doc in (None, *tour.DOCS):  # python -m bench.tour [--doc DOC]: the README's tour, each document's commands
-        toured = load_result(tour.result_name(doc))
+    for doc in (None, *TOUR_DOCS):  # python -m bench.tour [--doc DOC]: the README's tour, each document's commands
+        toured = load_result(tour_result(doc))
         if toured is not None:
-            parts.append(tour.section(toured))
-    if extra:
-        parts.append(extra)
+            parts.append(tour(toured))
+    if gpu := gpu_section():
+        parts.append(gpu)
     return "\n".join(parts)
 
 
-def write(extra: str = "") -> None:
-    """RESULTS.md: the rendered results and a pointer to how each came about (bench/NOTES.md, the history, which
-    RESULTS.md does not repeat)."""
-    pointer = "How each number came about, run by run: [NOTES.md](NOTES.md).\n"
-    RESULTS_MD.write_text(render(extra) + "\n" + pointer, encoding="utf-8")
+def write() -> None:
+    """RESULTS.md: the rendered results and a pointer to bench/NOTES.md (how to rerun each, what it compares)."""
+    pointer = "How each benchmark runs, what it compares against and what to trust: [NOTES.md](NOTES.md).\n"
+    RESULTS_MD.write_text(render() + "\n" + pointer, encoding="utf-8")
