@@ -27,8 +27,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.classification import spearman
-from bench.common import have_transformer_lens, interleaved, load_average, machine, now, transformer_lens_bridge
+from bench.common import (have_transformer_lens, interleaved, load_average, machine, now, spearman,
+                          transformer_lens_bridge)
 from probe.ablation import estimate, sweep
 from probe.inputs import natural_set
 from probe.models import load_model

@@ -28,6 +28,7 @@ RESULTS_MD = BENCH / "RESULTS.md"
 GIB = 2**30
 MEMORY_CAP = 8 * GIB  # no benchmark process may grow past this: other work shares the machine
 TL_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SIX = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]  # every score
 TOUR_DOCS = ("docs/getting-started.md",)  # the documents whose `probe` lines `python -m bench.tour --doc` runs
 
 
@@ -158,6 +159,28 @@ def interleaved(variants: dict[str, Callable[[], Any]], baseline: str, repeats: 
         log(f"  repeat {repeat + 1}/{repeats}: " + ", ".join(
             f"{name} {timings.seconds[name][-1]:.3f}s" for name in names) + f" (load {timings.load[-1][0]:.2f})")
     return timings
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation of `a` and `b` (ties take their mean rank)."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        result = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                result[order[k]] = (i + j) / 2
+            i = j + 1
+        return result
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------------------------

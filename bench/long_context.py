@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from bench.common import ROOT, interleaved, last_json, load_average, machine, now, run_measured
+from bench.common import ROOT, SIX, interleaved, last_json, load_average, machine, now, run_measured
 
 BEFORE = "a197f6a"  # the commit before issue 16's changes to blocked attention and the scores
 REPEATS = {128: 7, 4096: 3, 8192: 1}
@@ -69,7 +69,6 @@ def _speed(loaded: Any, length: int, repeats: int, with_before: bool, log: Any) 
     from probe.heads.classify import score_heads
     from probe.heads.scores import SCORES
 
-    names = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]
     probe_set = repeated_set(loaded, repeat_len=(length - 1) // 2, num_seqs=1, seed=0)
     ids = probe_set.input_ids
     results: dict[str, Any] = {}
@@ -79,18 +78,18 @@ def _speed(loaded: Any, length: int, repeats: int, with_before: bool, log: Any) 
             loaded.model(input_ids=ids, use_cache=False)
 
     def probe() -> None:
-        results["after"] = score_heads(loaded, probe_set, names, batch_size=1)
+        results["after"] = score_heads(loaded, probe_set, SIX, batch_size=1)
 
     def probe_before() -> None:
         with code_before():
-            results["before"] = score_heads(loaded, probe_set, names, batch_size=1)
+            results["before"] = score_heads(loaded, probe_set, SIX, batch_size=1)
 
     variants = {"plain": plain, "probe": probe}
     if with_before:
         variants["probe_before"] = probe_before
     log(f"long context: {tuple(ids.shape)}, {repeats} repeats, variants {', '.join(variants)}")
     timings = interleaved(variants, "plain", repeats, warmup=1 if length <= 1024 else 0, log=log)
-    out: dict[str, Any] = {"tokens": int(ids.shape[1]), "scores": names, "timings": timings.to_dict()}
+    out: dict[str, Any] = {"tokens": int(ids.shape[1]), "scores": SIX, "timings": timings.to_dict()}
     if "before" in results:
         out["largest_difference_before_after"] = {
             name: float((results["after"][name] - results["before"][name]).abs().max()) for name in SCORES

@@ -27,13 +27,12 @@ from typing import Any
 
 import torch
 
-from bench.common import interleaved, last_json, load_average, machine, now, run_measured, save_result
+from bench.common import SIX, interleaved, last_json, load_average, machine, now, run_measured, save_result
 
 REPEATS = {512: 15, 2048: 3, 4096: 7, 8192: 5, 32768: 1}
 REFERENCE_REPEATS = 2
 BLOCKED_UP_TO = 4096
 LOGITS_UP_TO = 8192
-SIX = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]
 
 
 def repeated_ids(loaded: Any, length: int) -> Any:

@@ -17,21 +17,17 @@ logit differences is reported.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
 
 import torch
 
-from bench.common import RESULTS_DIR, interleaved, load_average, machine, now
+from bench.common import interleaved, load_average, machine, now, save_result, spearman
 from probe.inputs import contrast_task
 from probe.models import load_model
-from bench.classification import spearman
 from probe.patching import contrast_runs, patch_heads
 from probe.patching.estimate import estimate_patches
-
-OUT = RESULTS_DIR / "patching.json"
 
 
 def naive_loop(model: Any, clean: Any, corrupt: Any, heads: list[tuple[int, int]], head_dim: int) -> dict:
@@ -126,8 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     layers = None if args.layers == "all" else [int(x) for x in args.layers.split(",")]
     data = run(args.count, args.repeats, layers)
-    OUT.write_text(json.dumps(data, indent=1))
-    print("wrote", OUT)
+    print("wrote", save_result("patching", data))
 
 
 if __name__ == "__main__":
