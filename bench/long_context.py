@@ -1,12 +1,12 @@
-"""Long context (issue 16): `probe classify`'s scoring against a plain forward at 128, 4096 and 8192 tokens, and peak
+"""Long context: `probe classify`'s scoring against a plain forward at 128, 4096 and 8192 tokens, and peak
 memory at 32,768 tokens.
 
 Speed: SmolLM2, one sequence of BOS + R random tokens repeated twice (the repeated probe set, R = (N - 1) // 2),
 variants timed interleaved in one process, the order rotated every repeat:
 - plain: one ordinary sdpa forward, logits included, `model(input_ids)` (the baseline, as in benchmark 1);
 - probe: `score_heads` with all six scores on that sequence (what `probe classify` runs per probe set);
-- probe_before: the same with blocked attention and the score functions of commit BEFORE (the code before issue 16)
-  swapped in, so that before and after are timed in the same run.
+- probe_before: the same with blocked attention and the score functions of commit BEFORE (the code before the
+  long-context rewrite) swapped in, so that before and after are timed in the same run.
 Memory: fresh processes (bench.long_context_point) on a random llama with SmolLM2's layer sizes and a 32k context;
 peak RSS from the kernel, 8 GiB watchdog; and the scores in query blocks against the unblocked computation.
 """
@@ -26,7 +26,7 @@ import torch
 
 from bench.common import ROOT, SIX, interleaved, last_json, load_average, machine, now, run_measured
 
-BEFORE = "a197f6a"  # the commit before issue 16's changes to blocked attention and the scores
+BEFORE = "a197f6a"  # the commit before the long-context rewrite of blocked attention and the scores
 REPEATS = {128: 7, 4096: 3, 8192: 1}
 BEFORE_UP_TO = 4096  # probe_before is timed up to this length (it is the slowest variant)
 MEMORY_POINTS = [("load_only", 32768), ("classify", 32768), ("heatmap", 32768), ("equal", 2048)]
@@ -165,7 +165,8 @@ def _memory(log: Any) -> dict[str, Any]:
             point.update(last_json(result.stdout))
         else:
             point["error"] = result.stderr[-1500:]
-        log(f"  {tool} {length}: peak {result.peak_rss / 2**30:.2f} GiB, {result.seconds:.0f} s, rc {result.returncode}")
+        log(f"  {tool} {length}: peak {result.peak_rss / 2**30:.2f} GiB, {result.seconds:.0f} s, "
+            f"rc {result.returncode}")
         points[f"{tool}:{length}"] = point
     return points
 

@@ -1,4 +1,4 @@
-"""Issue 28: head scores from the attention's log-sum-exp, against a plain sdpa forward, in one run.
+"""Head scores from the attention's log-sum-exp, against a plain sdpa forward, in one run.
 
     python -m bench.lse [--lengths 512 4096 8192 32768] [--kv-lengths 2048 4096] [--threads 1] [--repeats-32k 1]
 
@@ -84,8 +84,8 @@ def classify_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str
         out["reference_timings"] = interleaved(references, "plain", REFERENCE_REPEATS, warmup=warmup,
                                                log=log).to_dict()
     if "blocked" in scores:
-        out["largest_difference_lse_blocked"] = {name: float((scores["lse"][name] - scores["blocked"][name]).abs().max())
-                                                 for name in SIX}
+        out["largest_difference_lse_blocked"] = {
+            name: float((scores["lse"][name] - scores["blocked"][name]).abs().max()) for name in SIX}
     return out
 
 

@@ -20,7 +20,8 @@ def _machine(data: dict[str, Any]) -> str:
         load_text = f"; load average (1 min) {load[0][0]:.2f} before" + (
             f", {load[1][0]:.2f} after" if load[1] is not None else "")
     return (f"- Date: {data['date']}; command: `{data.get('command', '?')}`\n"
-            f"- Machine: {m['cpu']}, {m['cores']} cores (torch threads: {m['torch_threads']}), {m['memory_gib']} GiB RAM, "
+            f"- Machine: {m['cpu']}, {m['cores']} cores (torch threads: {m['torch_threads']}), "
+            f"{m['memory_gib']} GiB RAM, "
             f"GPU: {m['gpu']}; {m['os']}\n- Versions: {versions}{load_text}\n")
 
 
@@ -227,7 +228,8 @@ def profile(data: dict[str, Any]) -> str:
         if not part:
             continue
         s = part["seconds"]
-        lines.append(f"### {name}: {part['shape'][0]} x {part['shape'][1]} tokens, scores {', '.join(part['scores'])}\n")
+        lines.append(f"### {name}: {part['shape'][0]} x {part['shape'][1]} tokens, scores "
+                     f"{', '.join(part['scores'])}\n")
         lines.append(f"One run each (not a benchmark, see above for those): plain forward {s['plain']:.3f} s, "
                      f"probe {s['probe']:.3f} s. Self time by op inside probe's run "
                      f"({part['profiled_self_seconds']:.2f} s of op time under the profiler):\n")
@@ -257,8 +259,8 @@ def long_context(data: dict[str, Any]) -> str:
              "what `probe classify` runs per probe set) against one plain sdpa forward with logits "
              "(`model(input_ids)`) of the same ids, interleaved, order rotated each repeat; ratio = median of "
              f"per-repeat ratios. `before` is the blocked attention and score functions of {data['before_commit']} "
-             "(before the long-context rewrite), swapped in and timed in the same run. Rows can come from separate runs "
-             "(`--long-lengths`); NOTES.md names each row's run and load.\n",
+             "(before the long-context rewrite), swapped in and timed in the same run. Rows can come from separate "
+             "runs (`--long-lengths`); NOTES.md names each row's run and load.\n",
              "| tokens | repeats | plain (s) | probe (s) | probe / plain | range | before (s) | before / plain | "
              "probe / before |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for length, part in sorted(data["speed"].items(), key=lambda kv: int(kv[0])):
@@ -279,7 +281,8 @@ def long_context(data: dict[str, Any]) -> str:
     target = data["speed"].get("4096")
     if target:
         lines.append(f"- Target `probe classify` at 4096 tokens <= {TARGETS['long_context_4096']}x a plain "
-                     f"forward: {_verdict(target['timings']['ratio_vs_baseline']['probe'], TARGETS['long_context_4096'])}.")
+                     f"forward: "
+                     f"{_verdict(target['timings']['ratio_vs_baseline']['probe'], TARGETS['long_context_4096'])}.")
     layer = data.get("layer_profile")
     if layer:
         lines.append(f"\n- Profile of one attention layer (SmolLM2's sizes, random q/k/v, {layer['length']} positions, "
@@ -323,7 +326,8 @@ def long_context(data: dict[str, Any]) -> str:
 HEADER = """# probe benchmarks
 
 Run them all with `python -m bench` (or `bash bench/run.sh`); one at a time with `python -m bench classification`,
-`ablation`, `taylor`, `memory`, `profile`, `long_context`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'`
+`ablation`, `taylor`, `memory`, `profile`, `long_context`. TransformerLens comes with the `bench` extra: \
+`pip install -e '.[bench]'`
 (install `torch` first, pinned to the version you have, so that the resolver keeps it). Each benchmark writes
 `bench/results/NAME.json`; this file is rendered from those files, so every number below was measured in the run
 whose date and command head its section. Ratios are against a baseline timed in the same run.
@@ -337,7 +341,7 @@ device-agnostic (`probe classify --device cuda --dtype bfloat16`); `python -m be
 def kv_heads(data: dict[str, Any]) -> str:
     """bench/kv_heads.py: the scoring pass and a curve forward against a plain forward, and the curve's ends."""
     kv, curve = data["kv_heads"], data["kv_heads"]["curve"]
-    timings = data.get("timings") or [data["timing"]]  # results written before lengths were a list: one timing
+    timings = data["timings"]
     lines = [f"## kv-heads: scoring pass and curve forwards, SmolLM2 at {kv['options']['lengths'][-1]} tokens",
              "", f"- Date: {data['date']}; command: `{data['command']}` (timing: {timings[0]['repeats']} repeats, "
              "variants interleaved, median of per-repeat ratios; see docs/kv-heads.md)"]
@@ -370,7 +374,8 @@ def patching(data: dict[str, Any]) -> str:
     timings = data["timings"]
     ratio, (low, high) = timings["ratio_vs_baseline"]["probe"], timings["ratio_range"]["probe"]
     lines = [f"## Activation patching of every head, SmolLM2, {data['pairs']} IOI pairs", "", _machine(data),
-             f"- {data['repeats']} repeats, interleaved; ratio = median of per-repeat ratios", "", "| variant | median time (s) | ratio vs naive | ratio range |", "|---|---:|---:|---:|",
+             f"- {data['repeats']} repeats, interleaved; ratio = median of per-repeat ratios", "",
+             "| variant | median time (s) | ratio vs naive | ratio range |", "|---|---:|---:|---:|",
              f"| naive: one hooked forward of the corrupt prompts per head (baseline) | "
              f"{timings['median_seconds']['naive']:.2f} | 1.00x | |",
              f"| **probe** `patch_heads` (exact) | {timings['median_seconds']['probe']:.2f} | {ratio:.2f}x | "
@@ -403,8 +408,9 @@ def _atlas_build(name: str, entry: dict[str, Any], limit: float) -> list[str]:
     return [f"### {name}", "", f"- Date: {entry['date']}; command: `{entry.get('command', '?')}`; {loads}", "",
             f"Total {entry['seconds']:.1f} s (target {limit:.0f} s on 2 CPU cores: {verdict}). Seconds per stage: "
             f"{stages}.", f"Notes: {notes}." if notes else "",
-            f"Page: {mib:.1f} MiB (target < 15 MiB); head finder ready {browser['ready_seconds']:.2f} s after opening in "
-            f"headless Chromium (target < 3 s; load average {browser['load'][0]:.2f}); {browser['dashboards_opened']} of "
+            f"Page: {mib:.1f} MiB (target < 15 MiB); head finder ready {browser['ready_seconds']:.2f} s after "
+            f"opening in headless Chromium (target < 3 s; load average {browser['load'][0]:.2f}); "
+            f"{browser['dashboards_opened']} of "
             f"{browser['heads']} dashboards opened in {browser['dashboards_seconds']:.0f} s, "
             f"{browser['n_console_errors']} console errors, {browser['requests']} request(s), "
             f"{len(browser['external_requests'])} external.",
@@ -481,7 +487,7 @@ def _ratio_cell(timings: dict[str, Any], name: str) -> str:
 
 def lse(data: dict[str, Any]) -> str:
     """bench/lse.py: scores from the log-sum-exp against a plain sdpa forward, and memory at 32k."""
-    threads = data.get("threads", 1)
+    threads = data["threads"]
     lines = [f"## Head scores from the attention's log-sum-exp, SmolLM2, one sequence, {threads} "
              f"thread{'s' if threads != 1 else ''}", "", _machine(data),
              f"- torch threads: {data['threads']}; variants interleaved, order rotated every repeat; ratio = median "
@@ -490,9 +496,8 @@ def lse(data: dict[str, Any]) -> str:
              + ("" if not any("reference_timings" in row for row in data.get("classify", {}).values()) else
                 " The target ratio (probe) comes from plain and probe alone, in alternation; the blocked path and "
                 "the forward with logits were timed against plain in a loop of their own (`reference_timings`).")
-             + ("" if "allocator" not in data else " Allocator: "
-                + ("freed buffers kept in the C heap, as the `probe` command sets (cli/allocator.py)."
-                   if data["allocator"] == "cli" else "glibc's own thresholds.")), "",
+             + " Allocator: " + ("freed buffers kept in the C heap, as the `probe` command sets (cli/allocator.py)."
+                                 if data["allocator"] == "cli" else "glibc's own thresholds."), "",
              "| tokens | repeats | plain (s) | probe, log-sum-exp path (six scores; target <= 1.05x) | probe, blocked "
              "path | plain with logits at every position | path | largest difference lse vs blocked |",
              "|---:|---:|---:|---|---|---|---|---:|"]
@@ -516,7 +521,8 @@ def lse(data: dict[str, Any]) -> str:
     for tokens, row in data.get("kv", {}).items():
         t = row["timings"]
         lines.append(f"| {tokens} | {len(t['seconds']['plain'])} | {t['median_seconds']['plain']:.2f} | "
-                     f"{_verdict(t['ratio_vs_baseline']['scoring'], LSE_TARGET)} | {_ratio_cell(t, 'scoring_blocked')} | "
+                     f"{_verdict(t['ratio_vs_baseline']['scoring'], LSE_TARGET)} | "
+                     f"{_ratio_cell(t, 'scoring_blocked')} | "
                      f"{_ratio_cell(t, 'plain_no_logits')} | {t['paired_ratios']['scoring/plain_no_logits']:.2f}x | "
                      f"{max(row['largest_difference_lse_blocked'].values()):.1e} |")
     memory = data.get("memory") or {}
@@ -524,7 +530,8 @@ def lse(data: dict[str, Any]) -> str:
         lines += ["", "Peak RSS at 32,768 tokens, fresh processes (`python -m bench.long_context_point TOOL 32768`, a "
                   "random llama with SmolLM2's layer sizes, 2 layers):", "",
                   "| tool | peak RSS (GiB) | seconds of work (the child's own timer) |", "|---|---:|---:|"]
-        lines += [f"| {tool} | {point['peak_rss'] / GIB:.2f} | {point['seconds']:.0f} |" for tool, point in memory.items()]
+        lines += [f"| {tool} | {point['peak_rss'] / GIB:.2f} | {point['seconds']:.0f} |"
+                  for tool, point in memory.items()]
         if "plain" in memory and "classify" in memory:
             ratio = memory["classify"]["peak_rss"] / memory["plain"]["peak_rss"]
             lines.append(f"\nTarget classify's peak within 10% of a plain forward's: "
