@@ -1,7 +1,8 @@
 """`python -m bench.tour`: the README's CLI tour and its Python block run as written, each in a fresh process in one
 temporary folder (the tour's inputs made there first, as tests/test_readme_tour.py makes them), with the wall time
 of each against the time the README states beside it, its CPU time, and the longest silent gap between two lines of
-its stderr (the start and the end count as lines). It reads no line's content: only when each line came.
+its stderr (the start and the end count as lines; a line ends at a newline or a carriage return, so a bar redrawn
+in place counts each time). It reads no line's content: only when each line came.
 
 Each command has a timeout (`--timeout`, 600 s by default: past it the command is stopped and marked so) and each
 result is saved as it comes (bench/results/tour.json, RESULTS.md re-rendered), so an unattended run always finishes
@@ -264,7 +265,7 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
     used = _children_cpu()
     started = time.monotonic()
     child = subprocess.Popen(step.argv(python, quick), cwd=folder, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+                             stderr=subprocess.PIPE, start_new_session=True)
     lines: list[tuple[float, str]] = []
     assert child.stderr is not None
     reader = threading.Thread(target=_read, args=(child.stderr, lines, started), daemon=True)
@@ -295,8 +296,15 @@ def _children_cpu() -> float:
 
 
 def _read(stream: Any, lines: list[tuple[float, str]], started: float) -> None:
-    for text in stream:
-        lines.append((time.monotonic() - started, text.rstrip("\n")))
+    """Each line of the binary `stream` as it comes, with its time: a line ends at a newline or a carriage return
+    (read as soon as it arrives, not held back to see whether a newline follows it)."""
+    pending = b""
+    while chunk := stream.read1(65536):
+        *complete, pending = re.split(rb"\r\n?|\n", pending + chunk)
+        at = time.monotonic() - started
+        lines += [(at, text.decode(errors="replace")) for text in complete if text]
+    if pending:
+        lines.append((time.monotonic() - started, pending.decode(errors="replace")))
 
 
 def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = False,

@@ -78,6 +78,15 @@ def test_the_longest_silence_counts_the_start_and_the_end_as_lines() -> None:
     assert tour.longest_silence([1.0], 40.0) == 39.0  # the last line to the end
 
 
+def test_a_bar_redrawn_in_place_counts_as_lines(tmp_path: Path) -> None:
+    """A bar that rewrites its line with a carriage return shows the step alive each time it is drawn."""
+    code = "import sys, time\nfor part in ('1/3\\r', '2/3\\r', '3/3\\n'):\n    time.sleep(1)\n" \
+           "    sys.stderr.write(part)\n    sys.stderr.flush()\n"
+    outcome = tour.run_step(tour.Step("python", code, None), tmp_path, timeout=60)
+    assert outcome.code == 0 and outcome.tail == ["1/3", "2/3", "3/3"], outcome
+    assert outcome.gap <= outcome.seconds - 1.5  # a draw each second, not one silence of three seconds
+
+
 def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
     saved: list[int] = []
