@@ -132,7 +132,7 @@ def main() -> None:
         path = save_result(name if not (name == "classification" and args.device not in (None, "cpu"))
                            else f"{name}-{args.device}-{args.dtype}", data)
         log(f"   saved {path} ({data['bench_seconds']:.0f} s)")
-    report.write(_gpu_section())
+    report.write()
     log(f"wrote {report.RESULTS_MD}")
 
 
@@ -151,18 +151,6 @@ def _gpu(dry_run: bool, command: str, log: Callable[[str], None], budget: float 
     log(f"   saved {path} ({data['bench_seconds']:.0f} s)")
     if dry:
         log(gpu_report.section(data))
-
-
-def _gpu_section() -> str:
-    """The GPU section of RESULTS.md, from bench/results/gpu.json where a GPU run saved one."""
-    from bench.common import load_result
-
-    data = load_result("gpu")
-    if data is None:
-        return ""
-    from bench import gpu_report
-
-    return gpu_report.section(data) if "rows" in data else ""  # a gpu.json of the earlier layout has no rows
 
 
 if __name__ == "__main__":

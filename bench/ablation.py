@@ -27,13 +27,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.classification import spearman
-from bench.common import have_transformer_lens, interleaved, load_average, machine, now, transformer_lens_bridge
+from bench.common import (have_transformer_lens, interleaved, load_average, machine, now, spearman,
+                          transformer_lens_bridge)
 from probe.ablation import estimate, sweep
 from probe.inputs import natural_set
 from probe.models import load_model
-
-SUBSET_LAYERS = [2, 7, 12, 17, 22, 27]  # the representative subset named in the docstring
 
 
 def mean_loss(logits: torch.Tensor, ids: torch.Tensor) -> float:
@@ -118,7 +116,8 @@ def run(repeats: int = 3, layers: list[int] | None = None, log: Any = print, wit
         "probe_path": losses.get("probe_exact_path"),
         "max_abs_loss_difference_vs_naive": agreement,
         "baseline_loss": baseline_loss,
-        "largest_deltas_naive": sorted(((f"{l}.{h}", d) for (l, h), d in naive_deltas.items()), key=lambda x: -x[1])[:10],
+        "largest_deltas_naive": sorted(((f"{l}.{h}", d) for (l, h), d in naive_deltas.items()),
+                                       key=lambda x: -x[1])[:10],
     }
     if with_estimate:  # the timed exact sweep is the reference when it covered every head
         reference = deltas.get("probe_exact") if len(heads) == n_layers * n_heads else None

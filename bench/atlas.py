@@ -11,7 +11,6 @@ page again from the pickled atlas of the last build (bench/results/atlas-{exact,
 from __future__ import annotations
 
 import argparse
-import json
 import pickle
 import shlex
 import sys
@@ -21,12 +20,11 @@ from typing import Any
 
 import torch
 
-from bench.common import RESULTS_DIR, load_average, machine, now
+from bench.common import RESULTS_DIR, load_average, load_result, machine, now, save_result
 from probe.atlas import atlas
 from probe.models import load_model
 from probe.reports.atlas import atlas_page
 
-OUT = RESULTS_DIR / "atlas.json"
 CHROMIUM = "/usr/bin/chromium"
 
 
@@ -92,7 +90,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     kind = "fast" if args.fast else "exact"
     saved = RESULTS_DIR / f"atlas-{kind}.pkl"
-    data = json.loads(OUT.read_text()) if OUT.is_file() else {}
+    data = load_result("atlas") or {}
     entry = data.get(kind, {})
     if args.saved:
         result = pickle.loads(Path(args.saved).read_bytes())
@@ -115,8 +113,7 @@ def main() -> None:
                                                                                     "load": load_average()}
     entry["summary"] = result.summary
     data.update({kind: entry, "machine": machine()})
-    OUT.write_text(json.dumps(data, indent=1, default=str) + "\n")
-    print("wrote", OUT)
+    print("wrote", save_result("atlas", data))
 
 
 if __name__ == "__main__":

@@ -14,37 +14,16 @@ Variants, all on the same (8, 101) batch of token ids, timed interleaved in one 
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import torch
 
-from bench.common import have_transformer_lens, interleaved, load_average, machine, now, transformer_lens_bridge
+from bench.common import (have_transformer_lens, interleaved, load_average, machine, now, spearman,
+                          transformer_lens_bridge)
 
 NAMES = ["previous_token", "duplicate_token", "induction"]
 TL_NAMES = {"previous_token": "previous_token_head", "duplicate_token": "duplicate_token_head",
             "induction": "induction_head"}
-
-
-def spearman(a: list[float], b: list[float]) -> float:
-    def ranks(values: list[float]) -> list[float]:
-        order = sorted(range(len(values)), key=lambda i: values[i])
-        result = [0.0] * len(values)
-        i = 0
-        while i < len(order):
-            j = i
-            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-                j += 1
-            for k in range(i, j + 1):
-                result[order[k]] = (i + j) / 2
-            i = j + 1
-        return result
-
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else float("nan")
 
 
 def run(repeats: int = 7, log: Any = print, with_tl: bool = True, device: str | None = None,

@@ -28,6 +28,13 @@ RESULTS_MD = BENCH / "RESULTS.md"
 GIB = 2**30
 MEMORY_CAP = 8 * GIB  # no benchmark process may grow past this: other work shares the machine
 TL_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SIX = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]  # every score
+TOUR_DOCS = ("docs/getting-started.md",)  # the documents whose `probe` lines `python -m bench.tour --doc` runs
+
+
+def tour_result(doc: str | None) -> str:
+    """bench.tour's result name: `tour` for the README's tour, `tour-STEM` for a document's lines."""
+    return "tour" if doc is None else f"tour-{Path(doc).stem}"
 
 
 def machine(packages: tuple[str, ...] = ("transformers", "transformer_lens")) -> dict[str, Any]:
@@ -154,6 +161,28 @@ def interleaved(variants: dict[str, Callable[[], Any]], baseline: str, repeats: 
     return timings
 
 
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation of `a` and `b` (ties take their mean rank)."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        result = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                result[order[k]] = (i + j) / 2
+            i = j + 1
+        return result
+
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # fresh processes with a memory watchdog
 
@@ -262,7 +291,3 @@ def load_result(name: str) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def fmt_gib(value: float | None) -> str:
-    return "-" if value is None else f"{value / GIB:.2f}"

@@ -26,9 +26,8 @@ from typing import Any
 
 import torch
 
-from bench.common import Timings
+from bench.common import SIX, Timings
 
-SIX = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]
 LAYOUTS: dict[str, dict[str, Any]] = {  # the layer sizes of the models the plan names (random init)
     "135M": {"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
              "intermediate_size": 1536, "vocab_size": 49152},

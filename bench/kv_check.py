@@ -1,4 +1,4 @@
-"""Issue 30: the default `probe kv-heads` map on SmolLM2, evaluated independently of probe's window ablation.
+"""The default `probe kv-heads` map on SmolLM2, evaluated independently of probe's window ablation.
 
     python -m bench.kv_check [--length 1024] [--texts 4] [--prompts 2]
 
@@ -29,14 +29,13 @@ import numpy as np
 import torch
 from transformers import AttentionInterface
 
-from bench.common import RESULTS_DIR, load_average, machine, now
+from bench.common import load_average, machine, now, save_result
 from probe.headmaps.formats import kv_heads_map, write_map
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, natural_set, needle_set
 from probe.kv import kv_heads, needle_accuracy, text_loss
 from probe.models import load_model
 from probe.reports.kv_heads import duo_config
 
-OUT = RESULTS_DIR / "kv_check.json"
 STREAMING: dict[str, Any] = {"heads": None, "sink": 0, "recent": 0}  # what the attention function reads
 
 
@@ -53,7 +52,8 @@ def windowed_eager(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     allowed = (positions[None, :] <= positions[:, None]).expand(hq, n, n).clone()
     if STREAMING["heads"] is not None:
         streaming = torch.as_tensor(STREAMING["heads"][module.layer_idx]).repeat_interleave(group)  # (hq,)
-        window = (positions[None, :] < STREAMING["sink"]) | (positions[None, :] > positions[:, None] - STREAMING["recent"])
+        window = ((positions[None, :] < STREAMING["sink"])
+                  | (positions[None, :] > positions[:, None] - STREAMING["recent"]))
         allowed[streaming] &= window
     scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores.float(), dim=-1).to(query.dtype)
@@ -117,7 +117,7 @@ def main() -> None:
            "plain_loss": round(plain_loss, 6), "baseline_loss": round(base_loss, 6),
            "baseline_needle_accuracy": base_accuracy,
            "loss_change": round(loss - base_loss, 6), "needle_accuracy": accuracy}
-    OUT.write_text(json.dumps(out, indent=1))
+    save_result("kv_check", out)
     print(json.dumps({k: v for k, v in out.items() if k not in ("machine", "budget")}, indent=1))
 
 

@@ -27,8 +27,8 @@ from probe.hooks.run import run_model
 from probe.heads.classify import classify
 from probe.kv import kv_heads, score_needles  # noqa: E402
 from probe.inputs import NeedleOptions, needle_set  # noqa: E402
+from bench.common import save_result  # noqa: E402
 
-OUT = Path(__file__).parent / "results" / "kv_heads.json"
 HALF = tuple((layer, head) for layer in range(30) for head in range(0, 9, 2))  # about half of SmolLM2's heads
 EVERY = tuple((layer, head) for layer in range(30) for head in range(9))  # the curve's last point
 
@@ -97,7 +97,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=1, help="Needle prompts per depth that the scores are made on.")
     parser.add_argument("--curve-texts", type=int, default=1, help="Natural texts the curve's loss is measured on.")
     parser.add_argument("--timing-lengths", type=int, nargs="*", help="Lengths to time at (default: --length).")
-    parser.add_argument("--timing-from", type=Path, help="A kv_heads.json whose timing to keep instead of timing again.")
+    parser.add_argument("--timing-from", type=Path,
+                        help="A kv_heads.json whose timing to keep instead of timing again.")
     parser.add_argument("--curve-from", type=Path, help="A kv_heads.json whose map and curve to keep instead of "
                         "computing them again.")
     args = parser.parse_args()
@@ -110,14 +111,13 @@ def main() -> None:
         for length in args.timing_lengths or [args.length]:
             result["timings"].append(timings(loaded, length, args.recent, args.repeats))
             print(json.dumps(result["timings"][-1]), flush=True)
-    OUT.write_text(json.dumps(result, indent=1))
+    save_result("kv_heads", result)
     if args.curve_from is not None:
         result.update(earlier_run(args.curve_from, "curve_from",
                                   ("kv_heads", "kv_heads_seconds", "induction", "duplicate_token")))
     else:
         result.update(map_and_curve(loaded, args))
-    OUT.write_text(json.dumps(result, indent=1))
-    print("wrote", OUT)
+    print("wrote", save_result("kv_heads", result))
 
 
 if __name__ == "__main__":

@@ -17,14 +17,13 @@ from typing import Any
 
 import torch
 
-from bench.common import RESULTS_DIR, load_average, machine, now
+from bench.common import load_average, machine, now, save_result
 from probe.ablation.window import WindowAblation
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, ProbeSet, natural_set
-from probe.kv import (BUDGET_SEED_OFFSET, CURVE_SEED_OFFSET, _held_out, _point, calibrate_budget, kv_heads,
-                      loss_order)
+from probe.kv import BUDGET_SEED_OFFSET, CURVE_SEED_OFFSET, calibrate_budget, kv_heads, loss_order
+from probe.kv.pipeline import _held_out
+from probe.kv.points import measured_point
 from probe.models import load_model
-
-OUT = RESULTS_DIR / "kv_order.json"
 
 
 def budget_and_check(loaded: Any, order: list, options: NeedleOptions, window: WindowAblation) -> dict[str, Any]:
@@ -32,8 +31,8 @@ def budget_and_check(loaded: Any, order: list, options: NeedleOptions, window: W
     budget = calibrate_budget(loaded, order, _held_out(loaded, options, None, 2, 2, BUDGET_SEED_OFFSET, window))
     check_inputs = _held_out(loaded, options, None, 2, 0, CURVE_SEED_OFFSET, window)
     cache: dict = {}
-    base_loss, base_accuracy = _point(loaded, check_inputs, [], cache)
-    loss, accuracy = _point(loaded, check_inputs, order[:budget.streamed], cache)
+    base_loss, base_accuracy = measured_point(loaded, check_inputs, [], cache)
+    loss, accuracy = measured_point(loaded, check_inputs, order[:budget.streamed], cache)
     return {"streamed": budget.streamed, "points": budget.points, "seconds": time.perf_counter() - started,
             "check": {"loss_change": loss - base_loss, "needle_accuracy": accuracy,
                       "baseline_needle_accuracy": base_accuracy}}
@@ -61,7 +60,7 @@ def main() -> None:
     data = {"benchmark": "kv_order", "date": started, "machine": machine(), "load_before": load_before,
             "load_after": load_average(), "length": args.length, "orders": found,
             "command": "python -m bench.kv_order " + " ".join(sys.argv[1:])}
-    OUT.write_text(json.dumps(data, indent=1))
+    save_result("kv_order", data)
     print(json.dumps({name: {k: v for k, v in f.items() if k not in ("points", "order_loss_changes")}
                       for name, f in found.items()}, indent=1))
 

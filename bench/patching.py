@@ -3,8 +3,9 @@
 `python -m bench.patching [--count 32] [--repeats 3] [--layers all|2,7,...]` (saves bench/results/patching.json;
 `python -m bench --render` writes it into RESULTS.md).
 
-Both variants start from the same clean and corrupt prompts (probe.inputs.contrast's generated ioi pairs, each prompt one
-row) and patch each head's output (its slice of o_proj's input) from the clean run into the corrupt run, denoising:
+Both variants start from the same clean and corrupt prompts (probe.inputs.contrast's generated ioi pairs, each
+prompt one row) and patch each head's output (its slice of o_proj's input) from the clean run into the corrupt run,
+denoising:
 - naive (the baseline): plain PyTorch. One forward of the clean prompts keeps every layer's o_proj input; then for
   each head a forward pre-hook on its o_proj puts the clean slice in, one full forward of the corrupt prompts, and
   the mean logit difference at the last prompt position.
@@ -17,21 +18,17 @@ logit differences is reported.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
 
 import torch
 
-from bench.common import RESULTS_DIR, interleaved, load_average, machine, now
+from bench.common import interleaved, load_average, machine, now, save_result, spearman
 from probe.inputs import contrast_task
 from probe.models import load_model
-from bench.classification import spearman
 from probe.patching import contrast_runs, patch_heads
 from probe.patching.estimate import estimate_patches
-
-OUT = RESULTS_DIR / "patching.json"
 
 
 def naive_loop(model: Any, clean: Any, corrupt: Any, heads: list[tuple[int, int]], head_dim: int) -> dict:
@@ -79,10 +76,11 @@ def estimate_quality(loaded: Any, clean: Any, corrupt: Any, heads: list[tuple[in
     estimated = estimate_patches(loaded, clean, corrupt, heads, batch_size=count)
     seconds = time.perf_counter() - start
     values = {entry.heads[0]: entry.logit_diff for entry in estimated.entries}
+    corrupt = estimated.corrupt_logit_diff
+    top = [set(sorted(heads, key=lambda h, found=found: -abs(found[h] - corrupt))[:10]) for found in (values, exact)]
     return {"seconds": seconds, "forward_seconds": forward, "forward_equivalents": seconds / forward,
             "spearman_vs_exact": spearman([values[h] for h in heads], [exact[h] for h in heads]),
-            "top10_overlap": len(set(sorted(heads, key=lambda h: -abs(values[h] - estimated.corrupt_logit_diff))[:10])
-                                 & set(sorted(heads, key=lambda h: -abs(exact[h] - estimated.corrupt_logit_diff))[:10]))}
+            "top10_overlap": len(top[0] & top[1])}
 
 
 def run(count: int, repeats: int, layers: list[int] | None) -> dict[str, Any]:
@@ -126,8 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     layers = None if args.layers == "all" else [int(x) for x in args.layers.split(",")]
     data = run(args.count, args.repeats, layers)
-    OUT.write_text(json.dumps(data, indent=1))
-    print("wrote", OUT)
+    print("wrote", save_result("patching", data))
 
 
 if __name__ == "__main__":

@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from bench.classification import spearman
-from bench.common import RESULTS_DIR, load_average, machine, now
+from bench.common import load_average, machine, now, save_result, spearman
 from probe.ablation.statistics import head_inputs
 from probe.hooks.capture import attention_hooks
 from probe.hooks.run import logits_of, run_model
@@ -28,7 +27,6 @@ from probe.models import load_model
 from probe.patching import contrast_runs, patch_heads
 from probe.patching.estimate import estimate_patches
 
-OUT = RESULTS_DIR / "patching_qk.json"
 COMPONENTS = ("query", "key", "value")
 
 
@@ -99,7 +97,7 @@ def main() -> None:
     data = {"benchmark": "patching_qk", "date": started, "machine": machine(), "load_before": load_before,
             "load_after": load_average(), "pairs": args.count, "layers": args.layers, "components": found,
             "command": "python -m bench.patching_qk " + " ".join(sys.argv[1:])}
-    OUT.write_text(json.dumps(data, indent=1))
+    save_result("patching_qk", data)
     print(json.dumps(found, indent=1))
 
 

@@ -37,11 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.classification import spearman
-from bench.common import RESULTS_DIR, ROOT, load_average, machine, now
+from bench.common import ROOT, load_average, load_result, machine, now, save_result, spearman
 from bench.smollm2_checkpoints import build
 
-OUT = RESULTS_DIR / "precision.json"
 
 SAMPLED = "0.*,5.*,10.*,15.*,20.*,25.*,29.*"  # every fifth layer and the last: 63 of SmolLM2's 270 heads
 COMMANDS: dict[str, list[str]] = {
@@ -230,9 +228,9 @@ def run(dtypes: list[str], commands: list[str], log: Any = print, checkpoints: P
 
 
 def save(result: dict[str, Any]) -> None:
-    """Into OUT, keeping the commands this run did not measure."""
-    kept = json.loads(OUT.read_text()).get("results", {}) if OUT.exists() else {}
-    OUT.write_text(json.dumps({**result, "results": {**kept, **result["results"]}}, indent=1) + "\n")
+    """Into bench/results/precision.json, keeping the commands this run did not measure."""
+    kept = (load_result("precision") or {}).get("results", {})
+    save_result("precision", {**result, "results": {**kept, **result["results"]}})
 
 
 def main() -> None:
@@ -248,7 +246,7 @@ def main() -> None:
     args = parser.parse_args()
     run(args.dtypes.split(","), args.commands.split(","), lambda line: print(line, flush=True), args.checkpoints,
         args.folder)
-    print(f"saved {OUT}")
+    print("saved bench/results/precision.json")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from bench.common import GIB, RESULTS_MD, load_result
+from bench import kernel_compile, kvpress_report
+from bench.common import GIB, RESULTS_DIR, RESULTS_MD, TOUR_DOCS, load_result, tour_result
 
 TARGETS = {"classification": 1.15, "ablation_naive": 0.65, "ablation_tl": 0.57, "long_context_4096": 1.5}
 
@@ -19,7 +20,8 @@ def _machine(data: dict[str, Any]) -> str:
         load_text = f"; load average (1 min) {load[0][0]:.2f} before" + (
             f", {load[1][0]:.2f} after" if load[1] is not None else "")
     return (f"- Date: {data['date']}; command: `{data.get('command', '?')}`\n"
-            f"- Machine: {m['cpu']}, {m['cores']} cores (torch threads: {m['torch_threads']}), {m['memory_gib']} GiB RAM, "
+            f"- Machine: {m['cpu']}, {m['cores']} cores (torch threads: {m['torch_threads']}), "
+            f"{m['memory_gib']} GiB RAM, "
             f"GPU: {m['gpu']}; {m['os']}\n- Versions: {versions}{load_text}\n")
 
 
@@ -226,7 +228,8 @@ def profile(data: dict[str, Any]) -> str:
         if not part:
             continue
         s = part["seconds"]
-        lines.append(f"### {name}: {part['shape'][0]} x {part['shape'][1]} tokens, scores {', '.join(part['scores'])}\n")
+        lines.append(f"### {name}: {part['shape'][0]} x {part['shape'][1]} tokens, scores "
+                     f"{', '.join(part['scores'])}\n")
         lines.append(f"One run each (not a benchmark, see above for those): plain forward {s['plain']:.3f} s, "
                      f"probe {s['probe']:.3f} s. Self time by op inside probe's run "
                      f"({part['profiled_self_seconds']:.2f} s of op time under the profiler):\n")
@@ -256,8 +259,8 @@ def long_context(data: dict[str, Any]) -> str:
              "what `probe classify` runs per probe set) against one plain sdpa forward with logits "
              "(`model(input_ids)`) of the same ids, interleaved, order rotated each repeat; ratio = median of "
              f"per-repeat ratios. `before` is the blocked attention and score functions of {data['before_commit']} "
-             "(before the long-context rewrite), swapped in and timed in the same run. Rows can come from separate runs "
-             "(`--long-lengths`); NOTES.md names each row's run and load.\n",
+             "(before the long-context rewrite), swapped in and timed in the same run. Rows can come from separate "
+             "runs (`--long-lengths`); NOTES.md names each row's run and load.\n",
              "| tokens | repeats | plain (s) | probe (s) | probe / plain | range | before (s) | before / plain | "
              "probe / before |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for length, part in sorted(data["speed"].items(), key=lambda kv: int(kv[0])):
@@ -278,7 +281,8 @@ def long_context(data: dict[str, Any]) -> str:
     target = data["speed"].get("4096")
     if target:
         lines.append(f"- Target `probe classify` at 4096 tokens <= {TARGETS['long_context_4096']}x a plain "
-                     f"forward: {_verdict(target['timings']['ratio_vs_baseline']['probe'], TARGETS['long_context_4096'])}.")
+                     f"forward: "
+                     f"{_verdict(target['timings']['ratio_vs_baseline']['probe'], TARGETS['long_context_4096'])}.")
     layer = data.get("layer_profile")
     if layer:
         lines.append(f"\n- Profile of one attention layer (SmolLM2's sizes, random q/k/v, {layer['length']} positions, "
@@ -322,7 +326,8 @@ def long_context(data: dict[str, Any]) -> str:
 HEADER = """# probe benchmarks
 
 Run them all with `python -m bench` (or `bash bench/run.sh`); one at a time with `python -m bench classification`,
-`ablation`, `taylor`, `memory`, `profile`, `long_context`. TransformerLens comes with the `bench` extra: `pip install -e '.[bench]'`
+`ablation`, `taylor`, `memory`, `profile`, `long_context`. TransformerLens comes with the `bench` extra: \
+`pip install -e '.[bench]'`
 (install `torch` first, pinned to the version you have, so that the resolver keeps it). Each benchmark writes
 `bench/results/NAME.json`; this file is rendered from those files, so every number below was measured in the run
 whose date and command head its section. Ratios are against a baseline timed in the same run.
@@ -336,7 +341,7 @@ device-agnostic (`probe classify --device cuda --dtype bfloat16`); `python -m be
 def kv_heads(data: dict[str, Any]) -> str:
     """bench/kv_heads.py: the scoring pass and a curve forward against a plain forward, and the curve's ends."""
     kv, curve = data["kv_heads"], data["kv_heads"]["curve"]
-    timings = data.get("timings") or [data["timing"]]  # results written before lengths were a list: one timing
+    timings = data["timings"]
     lines = [f"## kv-heads: scoring pass and curve forwards, SmolLM2 at {kv['options']['lengths'][-1]} tokens",
              "", f"- Date: {data['date']}; command: `{data['command']}` (timing: {timings[0]['repeats']} repeats, "
              "variants interleaved, median of per-repeat ratios; see docs/kv-heads.md)"]
@@ -369,7 +374,8 @@ def patching(data: dict[str, Any]) -> str:
     timings = data["timings"]
     ratio, (low, high) = timings["ratio_vs_baseline"]["probe"], timings["ratio_range"]["probe"]
     lines = [f"## Activation patching of every head, SmolLM2, {data['pairs']} IOI pairs", "", _machine(data),
-             f"- {data['repeats']} repeats, interleaved; ratio = median of per-repeat ratios", "", "| variant | median time (s) | ratio vs naive | ratio range |", "|---|---:|---:|---:|",
+             f"- {data['repeats']} repeats, interleaved; ratio = median of per-repeat ratios", "",
+             "| variant | median time (s) | ratio vs naive | ratio range |", "|---|---:|---:|---:|",
              f"| naive: one hooked forward of the corrupt prompts per head (baseline) | "
              f"{timings['median_seconds']['naive']:.2f} | 1.00x | |",
              f"| **probe** `patch_heads` (exact) | {timings['median_seconds']['probe']:.2f} | {ratio:.2f}x | "
@@ -402,8 +408,9 @@ def _atlas_build(name: str, entry: dict[str, Any], limit: float) -> list[str]:
     return [f"### {name}", "", f"- Date: {entry['date']}; command: `{entry.get('command', '?')}`; {loads}", "",
             f"Total {entry['seconds']:.1f} s (target {limit:.0f} s on 2 CPU cores: {verdict}). Seconds per stage: "
             f"{stages}.", f"Notes: {notes}." if notes else "",
-            f"Page: {mib:.1f} MiB (target < 15 MiB); head finder ready {browser['ready_seconds']:.2f} s after opening in "
-            f"headless Chromium (target < 3 s; load average {browser['load'][0]:.2f}); {browser['dashboards_opened']} of "
+            f"Page: {mib:.1f} MiB (target < 15 MiB); head finder ready {browser['ready_seconds']:.2f} s after "
+            f"opening in headless Chromium (target < 3 s; load average {browser['load'][0]:.2f}); "
+            f"{browser['dashboards_opened']} of "
             f"{browser['heads']} dashboards opened in {browser['dashboards_seconds']:.0f} s, "
             f"{browser['n_console_errors']} console errors, {browser['requests']} request(s), "
             f"{len(browser['external_requests'])} external.",
@@ -468,13 +475,6 @@ def kv_default(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def kvpress_section(data: dict[str, Any]) -> str:
-    """bench/kvpress.py: probe's map against kvpress's presses (rendered by bench/kvpress_report.py)."""
-    from bench import kvpress_report
-
-    return kvpress_report.section(data)
-
-
 LSE_TARGET = 1.05
 
 
@@ -487,7 +487,7 @@ def _ratio_cell(timings: dict[str, Any], name: str) -> str:
 
 def lse(data: dict[str, Any]) -> str:
     """bench/lse.py: scores from the log-sum-exp against a plain sdpa forward, and memory at 32k."""
-    threads = data.get("threads", 1)
+    threads = data["threads"]
     lines = [f"## Head scores from the attention's log-sum-exp, SmolLM2, one sequence, {threads} "
              f"thread{'s' if threads != 1 else ''}", "", _machine(data),
              f"- torch threads: {data['threads']}; variants interleaved, order rotated every repeat; ratio = median "
@@ -496,9 +496,8 @@ def lse(data: dict[str, Any]) -> str:
              + ("" if not any("reference_timings" in row for row in data.get("classify", {}).values()) else
                 " The target ratio (probe) comes from plain and probe alone, in alternation; the blocked path and "
                 "the forward with logits were timed against plain in a loop of their own (`reference_timings`).")
-             + ("" if "allocator" not in data else " Allocator: "
-                + ("freed buffers kept in the C heap, as the `probe` command sets (cli/allocator.py)."
-                   if data["allocator"] == "cli" else "glibc's own thresholds.")), "",
+             + " Allocator: " + ("freed buffers kept in the C heap, as the `probe` command sets (cli/allocator.py)."
+                                 if data["allocator"] == "cli" else "glibc's own thresholds."), "",
              "| tokens | repeats | plain (s) | probe, log-sum-exp path (six scores; target <= 1.05x) | probe, blocked "
              "path | plain with logits at every position | path | largest difference lse vs blocked |",
              "|---:|---:|---:|---|---|---|---|---:|"]
@@ -522,7 +521,8 @@ def lse(data: dict[str, Any]) -> str:
     for tokens, row in data.get("kv", {}).items():
         t = row["timings"]
         lines.append(f"| {tokens} | {len(t['seconds']['plain'])} | {t['median_seconds']['plain']:.2f} | "
-                     f"{_verdict(t['ratio_vs_baseline']['scoring'], LSE_TARGET)} | {_ratio_cell(t, 'scoring_blocked')} | "
+                     f"{_verdict(t['ratio_vs_baseline']['scoring'], LSE_TARGET)} | "
+                     f"{_ratio_cell(t, 'scoring_blocked')} | "
                      f"{_ratio_cell(t, 'plain_no_logits')} | {t['paired_ratios']['scoring/plain_no_logits']:.2f}x | "
                      f"{max(row['largest_difference_lse_blocked'].values()):.1e} |")
     memory = data.get("memory") or {}
@@ -530,7 +530,8 @@ def lse(data: dict[str, Any]) -> str:
         lines += ["", "Peak RSS at 32,768 tokens, fresh processes (`python -m bench.long_context_point TOOL 32768`, a "
                   "random llama with SmolLM2's layer sizes, 2 layers):", "",
                   "| tool | peak RSS (GiB) | seconds of work (the child's own timer) |", "|---|---:|---:|"]
-        lines += [f"| {tool} | {point['peak_rss'] / GIB:.2f} | {point['seconds']:.0f} |" for tool, point in memory.items()]
+        lines += [f"| {tool} | {point['peak_rss'] / GIB:.2f} | {point['seconds']:.0f} |"
+                  for tool, point in memory.items()]
         if "plain" in memory and "classify" in memory:
             ratio = memory["classify"]["peak_rss"] / memory["plain"]["peak_rss"]
             lines.append(f"\nTarget classify's peak within 10% of a plain forward's: "
@@ -553,50 +554,94 @@ def precision(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(extra: str = "") -> str:
+GAP_LIMIT = 30.0  # seconds: the docs' promise of a line at least this often
+
+
+def _minutes(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def tour(data: dict[str, Any]) -> str:
+    """bench/tour.py: one row per step run (the README's tour, or a document's `probe` lines), then the steps
+    skipped and why."""
+    host = data["machine"]
+    doc = data.get("doc")
+    title = ("## The README tour, as written (`python -m bench.tour`)" if doc is None else
+             f"## {doc}'s commands, as written (`python -m bench.tour --doc {doc}`)")
+    lines = [title, "",
+             f"{data['date']}, {host['cpu']}, {host['cores']} cores, torch threads {host['torch_threads']}, load "
+             f"before {', '.join(f'{value:.1f}' for value in data['load_before'])}"
+             + (" (--quick: small inputs, not a timing)" if data.get("quick") else "") + ". Stated: the "
+             f"{'README' if doc is None else 'document'}'s time; CPU seconds: user + system of the step's processes "
+             "(other work on the host inflates it less than the wall time; a CPU-bound step's quiet wall time is at "
+             "most its CPU time); silence: the longest gap between two stderr lines "
+             f"(the docs promise at most {GAP_LIMIT:.0f} s).", "",
+             "| command | exit | seconds | CPU seconds | stated | within | longest silence (s) | load after |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [_tour_row(row) for row in data["rows"]]
+    if data.get("skipped"):
+        lines += ["", "Not run here, and why:", ""]
+        lines += [f"- `{entry['line']}`: {entry['reason']}" for entry in data["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def _tour_row(row: dict[str, Any]) -> str:
+    label = "the README Python block" if row["name"] == "python" else row["line"]
+    exit_text = "timeout" if row["timed_out"] else str(row["code"])
+    within = "-" if row["stated"] is None else ("yes" if row["seconds"] <= row["stated"] and not row["timed_out"]
+                                                else "**no**")
+    label = label.replace("|", "\\|")
+    cpu = f"{row['cpu_seconds']:.0f}" if "cpu_seconds" in row else "-"
+    return (f"| `{label}` | {exit_text} | {row['seconds']:.0f} | {cpu} | {_minutes(row['stated'])} | {within} | "
+            f"{row['gap']:.0f} | {row['load'][0]:.1f} |")
+
+
+def gpu_section() -> str:
+    """The GPU section, from bench/results/gpu.json where a GPU run saved one (bench/gpu_report.py)."""
+    data = load_result("gpu")
+    if data is None or "rows" not in data:  # a gpu.json of an earlier layout has no rows
+        return ""
+    from bench import gpu_report
+
+    return gpu_report.section(data)
+
+
+SECTIONS = (  # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
+    ("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("patching", patching, None), ("kv_order", kv_order, None),
+    ("patching_qk", patching_qk, None), ("atlas", atlas, None), ("kv_default", kv_default, None),
+    ("precision", precision, None), ("kvpress", kvpress_report.section, "cells"),
+    ("kernel_compile", kernel_compile.section, None))
+
+
+def render() -> str:
+    """RESULTS.md's text from every saved result."""
     parts = [HEADER]
     for name, fn in (("classification", classification), ("ablation", ablation), ("taylor", taylor),
                      ("memory", memory), ("profile", profile), ("long_context", long_context)):
         data = load_result(name)
-        if data is not None:
-            parts.append(fn(data))
-        else:
-            parts.append(f"## {name}\n\nNot run yet: `python -m bench {name}`.\n")
-    from bench.common import RESULTS_DIR
-
+        parts.append(fn(data) if data is not None else f"## {name}\n\nNot run yet: `python -m bench {name}`.\n")
     for path in sorted(RESULTS_DIR.glob("classification-*.json")):  # GPU runs of benchmark 1
         data = load_result(path.stem)
         if data is not None:
             parts.append(classification(data).replace("## 1. Classification",
                                                       f"## 1b. On {data.get('device')}, {data.get('dtype')}: "
                                                       "classification", 1))
-    # (result file, its section, a key the section needs: kv_heads.json may hold the timings alone)
-    for name, section, needs in (("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("lse-cli", lse, None), ("lse-threads1", lse, None),
-                                 ("patching", patching, None),
-                                 ("kv_order", kv_order, None), ("patching_qk", patching_qk, None),
-                                 ("atlas", atlas, None), ("kv_default", kv_default, None),
-                                 ("precision", precision, None), ("kvpress", kvpress_section, "cells")):
+    for name, section, needs in SECTIONS:
         data = load_result(name)
         if data is not None and (needs is None or needs in data):
             parts.append(section(data))
-    compiled = load_result("kernel_compile")
-    if compiled is not None:
-        from bench import kernel_compile
-
-        parts.append(kernel_compile.section(compiled))
-    from bench import tour
-
-    for doc in (None, *tour.DOCS):  # python -m bench.tour [--doc DOC]: the README's tour, each document's commands
-        toured = load_result(tour.result_name(doc))
+    for doc in (None, *TOUR_DOCS):  # python -m bench.tour [--doc DOC]: the README's tour, each document's commands
+        toured = load_result(tour_result(doc))
         if toured is not None:
-            parts.append(tour.section(toured))
-    if extra:
-        parts.append(extra)
+            parts.append(tour(toured))
+    if gpu := gpu_section():
+        parts.append(gpu)
     return "\n".join(parts)
 
 
-def write(extra: str = "") -> None:
-    """RESULTS.md: the rendered results and a pointer to how each came about (bench/NOTES.md, the history, which
-    RESULTS.md does not repeat)."""
-    pointer = "How each number came about, run by run: [NOTES.md](NOTES.md).\n"
-    RESULTS_MD.write_text(render(extra) + "\n" + pointer, encoding="utf-8")
+def write() -> None:
+    """RESULTS.md: the rendered results and a pointer to bench/NOTES.md (how to rerun each, what it compares)."""
+    pointer = "How each benchmark runs, what it compares against and what to trust: [NOTES.md](NOTES.md).\n"
+    RESULTS_MD.write_text(render() + "\n" + pointer, encoding="utf-8")

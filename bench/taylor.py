@@ -21,8 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bench.classification import spearman
-from bench.common import load_average, machine, now
+from bench.common import load_average, machine, now, spearman
 from probe.ablation import estimate, sweep
 from probe.hooks.capture import attention_hooks
 from probe.hooks.run import logits_of, run_model

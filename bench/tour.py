@@ -1,9 +1,8 @@
 """`python -m bench.tour`: the README's CLI tour and its Python block run as written, each in a fresh process in one
 temporary folder (the tour's inputs made there first, as tests/test_readme_tour.py makes them), with the wall time
-of each against the time the README states beside it, the longest silent gap between two lines of its stderr (the
-start and the end count as lines), and every time left a progress line printed once a tenth of its stage was done,
-against the time that stage actually took to its last line (and each `plan:` line's range against the time from it to
-the end).
+of each against the time the README states beside it, its CPU time, and the longest silent gap between two lines of
+its stderr (the start and the end count as lines; a line ends at a newline or a carriage return, so a bar redrawn
+in place counts each time). It reads no line's content: only when each line came.
 
 Each command has a timeout (`--timeout`, 600 s by default: past it the command is stopped and marked so) and each
 result is saved as it comes (bench/results/tour.json, RESULTS.md re-rendered), so an unattended run always finishes
@@ -41,15 +40,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, load_result, machine, now, save_result
+from bench import report
+from bench.common import ROOT, TOUR_DOCS, load_result, machine, now, save_result, tour_result
 
 README = ROOT / "README.md"
-NAME = "tour"
-DOCS = ("docs/getting-started.md",)  # the documents whose `probe` lines `--doc` runs (each with its RESULTS.md section)
 INPUT_FLAGS = ("--data", "--file", "--conllu", "--labels")  # flags whose path-like value is a file the command reads
 TIMEOUT = 600.0  # seconds a command may run before it is stopped (the README aims each under 3 minutes)
-GAP_LIMIT = 30.0  # the docs' promise: a line at least every 30 s
-ESTIMATE_FROM = 10  # estimates printed at this percent of their stage or later are judged
 SMALL = {  # flags that shrink a command's inputs (appended: the last occurrence of a flag wins)
     "classify": ["--num-seqs", "1", "--seq-len", "16", "--repeat-len", "8"],
     "ablate": ["--num-seqs", "1", "--seq-len", "8", "--heads", "0-1.*,17.3"],
@@ -82,8 +78,6 @@ def model():
     return AttentionOnly(n_layers=2, d_model=32, n_heads=4, max_len=256), ByteTokenizer()
 """
 STATED = re.compile(r"\bunder (\d+(?:\.\d+)?) (s|min)\b")
-PLAN = re.compile(r"^plan: .*: about (?P<low>[\d:]+)(?: s)?(?:-(?P<high>[\d:]+)(?: s)?)? here")
-PROGRESS = re.compile(r"^(?P<stage>[^:]+(?::[^:]+)?): .*?(?P<percent>\d+)%.*?(?:~(?P<left>[\d:]+) left)?$")
 
 
 @dataclass(frozen=True)
@@ -155,11 +149,6 @@ def doc_steps(text: str) -> list[Step]:
             if command.startswith("probe "):
                 steps_.append(Step(shlex.split(command)[1], command.strip(), _seconds(comment)))
     return steps_
-
-
-def result_name(doc: str | None) -> str:
-    """The result file's name (without .json): `tour` for the README, `tour-STEM` for a document."""
-    return NAME if doc is None else f"{NAME}-{Path(doc).stem}"
 
 
 def skip_reason(line: str, folder: Path) -> str | None:
@@ -246,7 +235,7 @@ def make_inputs(folder: Path) -> None:
 
 @dataclass
 class Outcome:
-    """What one step did: its exit, its wall time and CPU time, its longest silent gap, and each judged estimate."""
+    """What one step did: its exit, its wall time and CPU time, its longest silent gap, its last lines."""
 
     name: str
     line: str
@@ -256,64 +245,14 @@ class Outcome:
     cpu_seconds: float = 0.0  # user + system, the step's processes together
     timed_out: bool = False
     gap: float = 0.0
-    estimates: list[dict[str, Any]] = field(default_factory=list)
     tail: list[str] = field(default_factory=list)
 
-    @property
-    def worst_estimate(self) -> float | None:
-        """The largest factor by which an estimate missed (2.0: off by 2x, either way)."""
-        return max((entry["factor"] for entry in self.estimates), default=None)
 
-
-def judge(lines: Iterable[tuple[float, str]], ended: float) -> tuple[float, list[dict[str, Any]]]:
-    """From (seconds since the start, line) of a step's stderr and its end: the longest silent gap (start and end
-    count as lines) and each estimate printed at ESTIMATE_FROM% of its stage or later, against the time that stage's
-    last line came (the outcome it estimated); a plan line's range, against the time from it to the next plan line
-    (a command that plans a later part in a line of its own, once an earlier part has sized it, leaves it out of the
-    first line's range) or to the end."""
-    timed = list(lines)
-    marks = [0.0, *(at for at, _ in timed), ended]
-    gap = max(later - earlier for earlier, later in zip(marks, marks[1:]))
-    last_of: dict[str, float] = {}
-    printed: list[tuple[str, float, int, float]] = []
-    for at, text in timed:
-        found = PROGRESS.match(text)
-        if found is None:
-            continue
-        stage = found["stage"]
-        last_of[stage] = at
-        if found["left"] and int(found["percent"]) >= ESTIMATE_FROM:
-            printed.append((stage, at, int(found["percent"]), _clock_seconds(found["left"])))
-    planned = [at for at, text in timed if PLAN.match(text)]
-    estimates = [plan for at, text in timed
-                 if (plan := _plan(at, text, min([ended, *(later for later in planned if later > at)])))]
-    for stage, at, percent, left in printed:
-        actual = last_of[stage] - at
-        factor = max(actual, 1.0) / max(left, 1.0)
-        estimates.append({"stage": stage, "at": round(at, 1), "percent": percent, "left": left,
-                          "actual": round(actual, 1), "factor": round(max(factor, 1 / factor), 2)})
-    return gap, estimates
-
-
-def _plan(at: float, text: str, ended: float) -> dict[str, Any] | None:
-    """A command's `plan: ...: about LOW-HIGH here` line against the time from it to `ended` (the step's end, or the
-    next plan line's time): judged as an estimate whose factor is 1.0 inside the range."""
-    found = PLAN.match(text)
-    if found is None:
-        return None
-    low = _clock_seconds(found["low"])
-    high = _clock_seconds(found["high"] or found["low"])
-    actual = ended - at
-    factor = 1.0 if low <= actual <= high else max(actual / max(high, 1.0), low / max(actual, 1.0))
-    return {"stage": "plan", "at": round(at, 1), "percent": 0, "left": [low, high], "actual": round(actual, 1),
-            "factor": round(factor, 2)}
-
-
-def _clock_seconds(text: str) -> float:
-    seconds = 0.0
-    for part in text.split(":"):
-        seconds = 60 * seconds + int(part)
-    return seconds
+def longest_silence(times: Iterable[float], ended: float) -> float:
+    """The longest gap between two lines of a step's stderr, from the seconds since the start each line came and
+    the step's end (the start and the end count as lines)."""
+    marks = [0.0, *times, ended]
+    return max(later - earlier for earlier, later in zip(marks, marks[1:]))
 
 
 def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
@@ -326,7 +265,7 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
     used = _children_cpu()
     started = time.monotonic()
     child = subprocess.Popen(step.argv(python, quick), cwd=folder, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+                             stderr=subprocess.PIPE, start_new_session=True)
     lines: list[tuple[float, str]] = []
     assert child.stderr is not None
     reader = threading.Thread(target=_read, args=(child.stderr, lines, started), daemon=True)
@@ -344,8 +283,7 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
     reader.join(timeout=10)
     outcome.seconds = round(ended, 1)
     outcome.cpu_seconds = round(_children_cpu() - used, 1)
-    outcome.gap, outcome.estimates = judge(lines, ended)
-    outcome.gap = round(outcome.gap, 1)
+    outcome.gap = round(longest_silence((at for at, _ in lines), ended), 1)
     outcome.tail = [text for _, text in lines[-8:]]
     return outcome
 
@@ -358,8 +296,15 @@ def _children_cpu() -> float:
 
 
 def _read(stream: Any, lines: list[tuple[float, str]], started: float) -> None:
-    for text in stream:
-        lines.append((time.monotonic() - started, text.rstrip("\n")))
+    """Each line of the binary `stream` as it comes, with its time: a line ends at a newline or a carriage return
+    (read as soon as it arrives, not held back to see whether a newline follows it)."""
+    pending = b""
+    while chunk := stream.read1(65536):
+        *complete, pending = re.split(rb"\r\n?|\n", pending + chunk)
+        at = time.monotonic() - started
+        lines += [(at, text.decode(errors="replace")) for text in complete if text]
+    if pending:
+        lines.append((time.monotonic() - started, pending.decode(errors="replace")))
 
 
 def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = False,
@@ -385,7 +330,7 @@ def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = F
                 continue
             log(f"-- {step.line.splitlines()[0] if step.name != 'python' else 'the README Python block'}")
             outcome = run_step(step, Path(folder), timeout, quick)
-            row = asdict(outcome) | {"worst_estimate": outcome.worst_estimate, "load": os.getloadavg()}
+            row = asdict(outcome) | {"load": os.getloadavg()}
             data["rows"].append(row)
             log(f"   {_verdict(row)}")
             if save is not None:
@@ -410,51 +355,6 @@ def _verdict(row: dict[str, Any]) -> str:
             f"{row['gap']:.0f} s")
 
 
-def _minutes(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-
-
-def section(data: dict[str, Any]) -> str:
-    """The RESULTS.md section: one row per step run, then the steps skipped and why."""
-    host = data["machine"]
-    doc = data.get("doc")
-    title = ("## The README tour, as written (`python -m bench.tour`)" if doc is None else
-             f"## {doc}'s commands, as written (`python -m bench.tour --doc {doc}`)")
-    lines = [title, "",
-             f"{data['date']}, {host['cpu']}, {host['cores']} cores, torch threads {host['torch_threads']}, load "
-             f"before {', '.join(f'{value:.1f}' for value in data['load_before'])}"
-             + (" (--quick: small inputs, not a timing)" if data.get("quick") else "") + ". Stated: the "
-             f"{'README' if doc is None else 'document'}'s time; CPU seconds: user + system of the step's processes "
-             "(other work on the host inflates it less than the wall time; a CPU-bound step's quiet wall time is at "
-             "most its CPU time); "
-             "silence: the longest gap between two stderr lines "
-             f"(the docs promise at most {GAP_LIMIT:.0f} s); estimates: each time left printed at {ESTIMATE_FROM}% of "
-             "its stage or later, against the time the stage took (worst factor either way; the aim is within 2x), "
-             "and each plan line's range (`plan: ...: about LOW-HIGH`) against the time from it to the next plan "
-             "line or the end (1.00x: inside the range).", "",
-             "| command | exit | seconds | CPU seconds | stated | within | longest silence (s) | estimates judged | "
-             "worst estimate | load after |", "|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [_row(row) for row in data["rows"]]
-    if data.get("skipped"):
-        lines += ["", "Not run here, and why:", ""]
-        lines += [f"- `{entry['line']}`: {entry['reason']}" for entry in data["skipped"]]
-    return "\n".join(lines) + "\n"
-
-
-def _row(row: dict[str, Any]) -> str:
-    label = "the README Python block" if row["name"] == "python" else row["line"]
-    exit_text = "timeout" if row["timed_out"] else str(row["code"])
-    within = "-" if row["stated"] is None else ("yes" if row["seconds"] <= row["stated"] and not row["timed_out"]
-                                                else "**no**")
-    worst = "-" if row["worst_estimate"] is None else f"{row['worst_estimate']:.2f}x"
-    label = label.replace("|", "\\|")
-    cpu = f"{row['cpu_seconds']:.0f}" if "cpu_seconds" in row else "-"
-    return (f"| `{label}` | {exit_text} | {row['seconds']:.0f} | {cpu} | {_minutes(row['stated'])} | {within} | "
-            f"{row['gap']:.0f} | {len(row['estimates'])} | {worst} | {row['load'][0]:.1f} |")
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.tour", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -465,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="small inputs: check the harness, not a timing "
                                                              "(saved as tour-quick.json, left out of RESULTS.md)")
     parser.add_argument("--doc", metavar="PATH", help="run this document's `probe` lines instead of the README's "
-                                                      f"tour (a path in the clone: {', '.join(DOCS)})")
+                                                      f"tour (a path in the clone: {', '.join(TOUR_DOCS)})")
     parser.add_argument("--except-readme", action="store_true",
                         help="with --doc: leave out the lines the README's tour has too (its run times them)")
     args = parser.parse_args(argv)
@@ -476,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    name = result_name(args.doc) + ("-quick" if args.quick else "")
+    name = tour_result(args.doc) + ("-quick" if args.quick else "")
     previous = load_result(name) if args.only else None
 
     def save(data: dict[str, Any]) -> None:
@@ -487,13 +387,11 @@ def main(argv: list[str] | None = None) -> None:
             data = data | {"rows": [rows[line] for line in order if line in rows]}
         save_result(name, data)
         if not args.quick:
-            from bench import report
-
             report.write()
 
     data = run(args.only, args.timeout, args.quick, log, save, doc=args.doc, except_readme=args.except_readme)
     save(data)
-    log(section(data))
+    log(report.tour(data))
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import torch
 
 import bench.common as common
 from bench import gpu, gpu_points
-from bench.__main__ import _gpu_section
+from bench.report import gpu_section
 from bench.gpu_report import section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,7 +71,7 @@ def test_the_dry_run_measures_every_serving_backend_and_records_what_did_not_fin
     assert {row["result"] for row in data["rows"] if row["kind"] == "sync"} == {"not run: no CUDA device"}
     assert data["choice"]["first"] in serving and any(line.startswith("registry: put ") for line in logged)
     text = section(data)
-    assert text == _gpu_section()  # what `python -m bench --render` puts into RESULTS.md from gpu.json
+    assert text == gpu_section()  # what `python -m bench --render` puts into RESULTS.md from gpu.json
     assert "| tiny | 48 |" in text and "dry run" in text and "Points that did not finish" in text
     assert "classify tiny 32: killed" in text
     assert data["versions"]["torch"] in torch.__version__ and "triton" in data["versions"]  # stated per run

@@ -1,5 +1,5 @@
-"""`python -m bench.tour`: the README's steps parsed with their stated times, the silent gaps and estimates judged
-from timed lines, and a tour run end to end on a planted model: each step in its own process, a step past its
+"""`python -m bench.tour`: the README's steps parsed with their stated times, the longest silence found from the
+times lines came, and a tour run end to end on a planted model: each step in its own process, a step past its
 timeout stopped and marked, every result saved as it comes. A document's `probe` lines (`--doc`): read, those that
 cannot run here offline skipped with the reason; getting-started's runnable lines each parse as the CLI reads them
 (with its checks before loading) and state a time."""
@@ -10,7 +10,8 @@ import dataclasses
 import shlex
 from pathlib import Path
 
-from bench import tour
+from bench import report, tour
+from bench.common import tour_result
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -71,19 +72,19 @@ def test_quick_python_gives_each_call_small_inputs_and_keeps_the_rest() -> None:
         "atlas(loaded, fast=True, num_seqs=1, seq_len=16, repeat_len=8).to_dict()\n")
 
 
-def test_judge_finds_the_longest_silence_and_each_estimate_against_its_stage_end() -> None:
-    lines = [(2.0, "loading smollm2 ..."), (5.0, "kv-heads: scoring heads ..."),
-             (10.0, "kv-heads: scoring heads: 1/10 needle prompts (10%), 0:05 elapsed, ~0:45 left"),
-             (20.0, "kv-heads: scoring heads: 5/10 needle prompts (50%), 0:15 elapsed, ~0:10 left"),
-             (35.0, "kv-heads: scoring heads: 10/10 needle prompts (100%), 0:30 elapsed"),
-             (80.0, "kv-heads: checking the order: 3/30 points (10%), 0:40 elapsed, ~6:00 left"),
-             (81.0, "patching heads: 5%, 0:01 elapsed, ~9:00 left"),  # before a tenth: not judged
-             (90.0, "kv-heads: checking the order: 30/30 points (100%), 0:50 elapsed")]
-    gap, estimates = tour.judge(lines, 95.0)
-    assert gap == 45.0  # 35 s -> 80 s
-    assert [(entry["stage"], entry["percent"], entry["actual"], entry["factor"]) for entry in estimates] == [
-        ("kv-heads: scoring heads", 10, 25.0, 1.8), ("kv-heads: scoring heads", 50, 15.0, 1.5),
-        ("kv-heads: checking the order", 10, 10.0, 36.0)]
+def test_the_longest_silence_counts_the_start_and_the_end_as_lines() -> None:
+    assert tour.longest_silence([2.0, 5.0, 35.0, 80.0, 90.0], 95.0) == 45.0  # 35 s -> 80 s
+    assert tour.longest_silence([], 12.5) == 12.5  # a step that printed nothing: silent throughout
+    assert tour.longest_silence([1.0], 40.0) == 39.0  # the last line to the end
+
+
+def test_a_bar_redrawn_in_place_counts_as_lines(tmp_path: Path) -> None:
+    """A bar that rewrites its line with a carriage return shows the step alive each time it is drawn."""
+    code = "import sys, time\nfor part in ('1/3\\r', '2/3\\r', '3/3\\n'):\n    time.sleep(1)\n" \
+           "    sys.stderr.write(part)\n    sys.stderr.flush()\n"
+    outcome = tour.run_step(tour.Step("python", code, None), tmp_path, timeout=60)
+    assert outcome.code == 0 and outcome.tail == ["1/3", "2/3", "3/3"], outcome
+    assert outcome.gap <= outcome.seconds - 1.5  # a draw each second, not one silence of three seconds
 
 
 def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path: Path, monkeypatch) -> None:
@@ -97,23 +98,9 @@ def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path:
     assert all(0 <= row["gap"] <= row["seconds"] for row in rows)
     sleeping = tour.run_step(tour.Step("python", "import time\ntime.sleep(600)", 60.0), tmp_path, timeout=1)
     assert sleeping.timed_out and sleeping.code is None  # stopped at its timeout, its process gone
-    data["rows"].append(dataclasses.asdict(sleeping) | {"worst_estimate": None, "load": (0.0, 0.0, 0.0)})
-    text = tour.section(data)
+    data["rows"].append(dataclasses.asdict(sleeping) | {"load": (0.0, 0.0, 0.0)})
+    text = report.tour(data)
     assert text.count("\n| `") == 4 and "| timeout |" in text and "**no**" in text
-
-
-def test_a_plan_line_is_judged_against_the_time_to_the_next_plan_line_or_the_end() -> None:
-    plan = ("plan: ablating heads (270 heads, one forward each from its layer on, on 2 x 128 tokens): about 1:10-2:30 "
-            "here (one forward of the batch timed: 0.41 s)")
-    _, inside = tour.judge([(5.0, plan)], 105.0)
-    _, past = tour.judge([(5.0, plan)], 305.0)
-    assert inside == [{"stage": "plan", "at": 5.0, "percent": 0, "left": [70.0, 150.0], "actual": 100.0,
-                       "factor": 1.0}]
-    assert past[0]["factor"] == 2.0
-    check = "plan: the ablation check (10 heads: 18 ablations, ...): about 20-50 s here (one forward of the batch ...)"
-    _, both = tour.judge([(5.0, plan), (95.0, check)], 135.0)  # the first line's work ends where the second's starts
-    assert [(entry["left"], entry["actual"], entry["factor"]) for entry in both] == [
-        ([70.0, 150.0], 90.0, 1.0), ([20.0, 50.0], 40.0, 1.0)]
 
 
 def test_a_documents_probe_lines_are_read_and_those_that_need_what_is_not_here_skipped_with_why(
@@ -136,10 +123,10 @@ def test_a_documents_tour_runs_its_runnable_lines_and_lists_the_others(tmp_path:
     assert [(row["name"], row["code"], row["stated"]) for row in data["rows"]] == [("classify", 0, 60.0)]
     assert [entry["reason"].split(":")[0] for entry in data["skipped"]] == [
         "needs the hub", "needs a model of yours", "needs a file of yours", "needs a file of yours"]
-    text = tour.section(data)
+    text = report.tour(data)
     assert text.startswith("## docs/guide.md's commands") and text.count("\n| `") == 1
     assert "- `probe classify --model org/name --trust-remote-code`: needs the hub" in text
-    assert tour.result_name("docs/guide.md") == "tour-guide" and tour.result_name(None) == "tour"
+    assert tour_result("docs/guide.md") == "tour-guide" and tour_result(None) == "tour"
 
 
 def parse(line: str) -> None:

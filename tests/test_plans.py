@@ -1,7 +1,6 @@
-"""What a long command says before its work: one `plan:` line (the line bench/tour.py judges against the outcome)
-with its parts and a range of how long, counted in units timed here (forwards of its batch, the weights' layer
-pairs, a checkpoint's load), said before the work starts; and the library's own `progress=True` bar, drawn again at
-least every 30 s while a call reports nothing."""
+"""What a long command says before its work: one `plan:` line with its parts and a range of how long, counted in
+units timed here (forwards of its batch, the weights' layer pairs, a checkpoint's load), said before the work
+starts; and the library's own `progress=True` bar, drawn again at least every 30 s while a call reports nothing."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ import probe.circuits.pairs as pairs
 import probe.cli.plans as plans
 import probe.cli.progress as cli_progress
 import probe.progress as library_progress
-from bench.tour import PLAN, _clock_seconds
 from conftest import run_cli
 from planted import planted_textbook
 from planted_syntax import conllu_corpus
@@ -31,6 +29,15 @@ from test_progress import COMMANDS, on_a_fake_clock
 from test_track import tiny_checkpoints
 
 TESTS = Path(__file__).parent
+PLAN = re.compile(r"^plan: .*: about (?P<low>[\d:]+)(?: s)?(?:-(?P<high>[\d:]+)(?: s)?)? here")  # its range
+
+
+def _clock_seconds(text: str) -> float:
+    """`1:36` or `24`: seconds."""
+    seconds = 0.0
+    for part in text.split(":"):
+        seconds = 60 * seconds + int(part)
+    return seconds
 
 
 @pytest.fixture(autouse=True)
