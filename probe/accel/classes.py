@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from probe.accel.registry import Column, Diagonal, FromWeights, register_accelerator
+from probe.accel.registry import Column, Diagonal, FromWeights, register_accelerator, with_key
 from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, NEIGHBOURS, Batch, NeedleBatch, last_keys, repeat_len,
                                 retrieval_score, second_repeat, selected_sums)
 from probe.kernels.fused import Weights, uploaded
@@ -58,9 +58,7 @@ def positional_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tenso
 
 def _neighbour_rows(valid: Tensor, kv: int, shift: int, device: torch.device) -> tuple[Tensor, float]:
     """((b, n) the valid queries whose neighbour i + shift exists and is valid, on `device`, how many there are)."""
-    n = valid.shape[1]
-    keys = torch.arange(n, device=valid.device) + shift
-    selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
+    selected = with_key(valid, valid.shape[1], kv, shift)
     return uploaded(selected, device), float(selected.sum())
 
 

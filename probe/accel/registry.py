@@ -9,6 +9,7 @@ every such class of the layer in one product), and `FromWeights`, any other func
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ Reads = tuple[tuple[int, ...], tuple[int, ...]]
 """(diagonal offsets, key columns) a class reads of a layer call: computed with every other class's in one pass."""
 
 
-class Accelerator:
+class Accelerator(ABC):
     """How one head class's (sums, counts) come from a layer call's fused statistics. The defaults: it reads no
     diagonal or column ahead, each layer call alone, and computes its own sums (no selection)."""
 
@@ -38,9 +39,15 @@ class Accelerator:
         accumulator reads every such class of a layer in one product); None: it computes its own sums."""
         return None
 
+    @abstractmethod
     def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
         """(sums, counts) of this layer call: its Score's reduce's over all of the call's blocks."""
-        raise NotImplementedError
+
+
+def with_key(valid: Tensor, n: int, kv: int, shift: int) -> Tensor:
+    """(b, n) bool: the valid queries i of `n` whose key i + shift exists among `kv` and is valid."""
+    keys = torch.arange(n, device=valid.device) + shift
+    return valid[:, :n] & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
 
 
 @dataclass(frozen=True)
@@ -59,11 +66,10 @@ class Diagonal(Accelerator):
         """The diagonal it averages, and the (b, n) queries it averages over: valid, their key valid and existing,
         in `queries` where given."""
         shift = self.shift(batch)
-        queries = torch.arange(n, device=batch.valid.device)
-        keys = queries + shift
-        selected = batch.valid[:, :n] & batch.valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
+        selected = with_key(batch.valid, n, kv, shift)
         if self.queries is not None:
             low, high = self.queries(batch)
+            queries = torch.arange(n, device=batch.valid.device)
             selected &= (queries >= low) & (queries < high)
         return Label("diagonal", shift), selected
 

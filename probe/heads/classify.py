@@ -193,8 +193,8 @@ def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_
     batch's forward ends once every layer's attention is read: the last layer's MLP, the final norm and the head
     change no score."""
     layers = attention_layers(loaded.model)
-    shape = (names, len(layers), max(layer.n_heads for layer in layers))
-    accumulator = FusedAccumulator(*shape, config) if use_lse else ScoreAccumulator(*shape)
+    sums_of = (names, len(layers), max(layer.n_heads for layer in layers))  # the classes, layers and heads
+    accumulator = FusedAccumulator(*sums_of, config) if use_lse else ScoreAccumulator(*sums_of)
     batches = probe_set.batches(batch_size)
     done = [progress_offset]
 
