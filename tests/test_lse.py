@@ -1,8 +1,8 @@
-"""Scores from the fused statistics (probe/kernels/): the fast path equals the blocked path (the reference) on every
-family where it applies, with padding, on sliding-window layers and on the real default model; where a layer's logits
-cannot be rebuilt, the result's path says so and the numbers are the blocked path's. Each stage of the CPU backend's
-staged search is forced at short lengths through its SearchConfig (`CpuBackend(search=...)`) and counted through its
-public stage method."""
+"""Scores from the fused statistics (probe/accel/ reading probe/kernels/' records): the fast path equals the blocked
+path (the reference) on every family where it applies, with padding, on sliding-window layers and on the real default
+model; where a layer's logits cannot be rebuilt, the result's path says so and the numbers are the blocked path's.
+Each stage of the CPU backend's staged search is forced at short lengths through its SearchConfig
+(`CpuBackend(search=...)`) and counted through its public stage method."""
 
 from __future__ import annotations
 
