@@ -241,10 +241,10 @@ def test_non_finite_thresholds_are_refused(value: float) -> None:
 def test_a_new_head_class_is_one_function_and_one_registry_entry() -> None:
     """Self-attending heads, A[i, i]: the reduce function and the registry entry are all a new class needs."""
     from probe.errors import ProbeError
-    from probe.heads.scores import SCORES, Score, _relative_mass, register_score
+    from probe.heads.scores import SCORES, Score, diagonal_mass, register_score
 
     def self_score(weights, start, batch):
-        return _relative_mass(weights, start, batch, 0)
+        return diagonal_mass(weights, start, batch, 0)
 
     entry = Score("self", "natural", 0.5, "attends to the current token", self_score, "C")
     register_score(entry)

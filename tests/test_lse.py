@@ -1,8 +1,8 @@
-"""Scores from the fused statistics (probe/kernels/): the fast path equals the blocked path (the reference) on every
-family where it applies, with padding, on sliding-window layers and on the real default model; where a layer's logits
-cannot be rebuilt, the result's path says so and the numbers are the blocked path's. Each stage of the CPU backend's
-staged search is forced at short lengths through its SearchConfig (`CpuBackend(search=...)`) and counted through its
-public stage method."""
+"""Scores from the fused statistics (probe/accel/ reading probe/kernels/' records): the fast path equals the blocked
+path (the reference) on every family where it applies, with padding, on sliding-window layers and on the real default
+model; where a layer's logits cannot be rebuilt, the result's path says so and the numbers are the blocked path's.
+Each stage of the CPU backend's staged search is forced at short lengths through its SearchConfig
+(`CpuBackend(search=...)`) and counted through its public stage method."""
 
 from __future__ import annotations
 
@@ -15,14 +15,16 @@ from torch import Tensor
 from conftest import tiny_hf, tiny_loaded
 from families import ADAPTED, FAMILY_MODELS, tiny_family
 
-import probe.heads.accumulate as accumulate
+import probe.accel.accumulate as accumulate
 import probe.heads.scores as scores
+from probe.accel import ACCELERATORS, Diagonal, register_accelerator
+from probe.accel.classes import positional_from_lse, streaming_from_lse
 from probe.hooks.capture import attention_hooks, capture_attention
 from probe.hooks.run import run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.heads.classify import score_heads
-from probe.heads.scores import SCORES, Batch, diagonal_score, register_score, streaming_from_lse, streaming_score
+from probe.heads.scores import SCORES, Batch, Score, diagonal_mass, register_score, streaming_score
 from probe.heads.classify import HeadScores
 from probe.kernels import DEFAULT_CONFIG, DEFAULT_SEARCH, CpuBackend, KernelConfig, SearchConfig, StagedSearch, Weights
 from probe.kernels.base import using_backend
@@ -63,8 +65,8 @@ def _padded_sets(vocab: int, length: int = 40, num: int = 3) -> tuple[ProbeSet, 
 def _both_paths(loaded: LoadedModel, probe_sets: tuple[ProbeSet, ...]) -> tuple[dict, dict, set[str]]:
     fast, blocked, paths = {}, {}, set()
     for probe_set in probe_sets:
-        names = [name for name, score in SCORES.items()  # a class without a fast path has no other path to match
-                 if score.probe == probe_set.name and score.fast is not None]
+        names = [name for name, score in SCORES.items()  # a class without an accelerator has no other path to match
+                 if score.probe == probe_set.name and name in ACCELERATORS]
         lse = score_heads(loaded, probe_set, names, batch_size=2)
         fast.update(lse)
         paths.add(lse.path)
@@ -253,10 +255,10 @@ def test_layers_read_in_groups_equal_each_layer_alone(monkeypatch, stages: str) 
     natural = ProbeSet("natural", "random", torch.randint(1, 120, (3, 64)), 1)
     search = _near_slices(DEFAULT_SEARCH, 16, 8) if stages == "band and near" else DEFAULT_SEARCH
     groups: list[int] = []
-    flush = accumulate.ScoreAccumulator.flush
-    monkeypatch.setattr(accumulate.ScoreAccumulator, "flush",
+    flush = accumulate.FusedAccumulator.flush
+    monkeypatch.setattr(accumulate.FusedAccumulator, "flush",
                         lambda self: groups.append(len(self.pending)) or flush(self))
-    assert not SCORES["sep"].layers_at_once  # read each layer call alone: the others still read groups
+    assert not ACCELERATORS["sep"].layers_at_once  # read each layer call alone: the others still read groups
     for probe_set in (natural, repeated):
         names = [name for name, score in SCORES.items() if score.probe == probe_set.name and score.by_default]
         grouped = _searched(loaded, probe_set, names, search)
@@ -334,7 +336,7 @@ def test_positional_fast_path_breaks_ties_as_argmax(monkeypatch, stage: str) -> 
     logits = _causal_logits(query, key, 0.5)
     attention = _cpu_weights(query, key, 0.5, torch.logsumexp(logits, dim=-1), search, config)
     batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
-    sums, counts = scores.positional_from_lse(attention, batch)
+    sums, counts = positional_from_lse(attention, batch)
     top = logits.argmax(dim=-1)[..., 1:]  # queries 1 .. n - 1, neighbour i - 1
     assert torch.equal(sums[0], (top == torch.arange(n - 1)).sum(dim=(0, 2)).double())
     assert torch.equal(sums[1], torch.zeros(hq, dtype=torch.float64))  # the next key is causally hidden
@@ -377,7 +379,7 @@ def test_bounded_rows_count_a_nan_logit_as_the_maximum(monkeypatch) -> None:
     search = replace(BOUNDED, positional_rivals=(), positional_band=2)
     attention = _cpu_weights(query, key, 0.5, torch.logsumexp(logits, dim=-1), search, ONE_HEAD)  # NaN from 25 on
     batch = Batch(valid=torch.ones(b, n, dtype=torch.bool), offset=1, repeat_len=None)
-    sums, _ = scores.positional_from_lse(attention, batch)
+    sums, _ = positional_from_lse(attention, batch)
     top = logits.argmax(dim=-1)[..., 1:]  # NaN at key 25: the maximum of rows 25 ..
     assert torch.equal(sums[0], (top == torch.arange(n - 1)).sum(dim=(0, 2)).double())
     assert counted["rows"] > 0
@@ -409,9 +411,15 @@ def test_streaming_band_equals_the_blocked_reduction() -> None:
         assert (fast[0] - reference[0]).abs().max() <= TOLERANCE * float(reference[1][0])
 
 
+def _two_back(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
+    return diagonal_mass(weights, start, batch, -2)
+
+
 def test_a_declared_diagonal_gets_the_fast_path() -> None:
-    """A new diagonal-type score declares its offset and nothing else."""
-    register_score(diagonal_score("two_back", "natural", 0.5, "attends two tokens back", lambda batch: -2))
+    """A new class's accelerator, a diagonal, declares its offset and nothing else: registered by the class's name
+    beside the class's Score, the runner reads the class with it."""
+    register_score(Score("two_back", "natural", 0.5, "attends two tokens back", _two_back))
+    register_accelerator("two_back", Diagonal(lambda batch: -2))
     try:
         loaded = tiny_loaded("llama_gqa")
         natural, _ = _padded_sets(120)
@@ -422,7 +430,7 @@ def test_a_declared_diagonal_gets_the_fast_path() -> None:
         assert (fast["two_back"] - blocked["two_back"]).abs().max() <= TOLERANCE
         assert float(blocked["two_back"].max()) > 0
     finally:
-        del SCORES["two_back"]
+        del SCORES["two_back"], ACCELERATORS["two_back"]
 
 
 def test_a_score_without_fast_path_costs_only_itself_the_blocked_path_and_lse_is_refused() -> None:

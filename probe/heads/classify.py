@@ -14,6 +14,7 @@ from torch import Tensor
 
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, PROBE_SETS, ProbeOptions,
                         ProbeSet, build_probe_set, real_tokens)
+from probe.accel import ACCELERATORS, FusedAccumulator
 from probe.errors import ProbeError, first_line
 from probe.frames import frame, head_columns
 from probe.heads.accumulate import ScoreAccumulator
@@ -151,10 +152,10 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
     `path`: "lse" reads each layer's fused statistics from the backend that serves it (probe.kernels; no weights
     formed; layers no backend serves fall back to blocks of weights, and the result's `path` names the backend and
     says which layers went blocked), "blocked" reduces blocks of eager weights everywhere, "auto" is "lse" for the
-    scores that have a fast path and a second, blocked pass for those that have none (each class without one costs
-    only itself the blocked path). `config` tunes the fast path (chunks and stages; never a number). `progress=True`
-    draws a bar on stderr; a callable gets `(done, total)` in layers of batches, from `progress_offset` of
-    `progress_total` where the scores are part of a longer count (classify's)."""
+    scores that have a fast path (an accelerator, probe.accel) and a second, blocked pass for those that have none
+    (each class without one costs only itself the blocked path). `config` tunes the fast path (chunks and stages;
+    never a number). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layers of batches,
+    from `progress_offset` of `progress_total` where the scores are part of a longer count (classify's)."""
     report = callback(progress, "scoring heads")
     passes = score_passes(names, path)
     steps = len(probe_set.batches(batch_size)) * len(attention_layers(loaded.model))
@@ -176,7 +177,7 @@ def score_passes(names: list[str], path: str) -> list[tuple[list[str], bool]]:
     """The forward passes `score_heads` runs: (the scores read in it, whether from the fused statistics)."""
     if path not in PATHS:
         raise ProbeError(f"path must be one of {', '.join(PATHS)}, got {path!r}", parameter="path")
-    slow = [name for name in names if SCORES[name].fast is None]
+    slow = [name for name in names if name not in ACCELERATORS]
     if path == "lse" and slow:
         raise ProbeError(f"no fast path for {', '.join(slow)}: use path='blocked' or 'auto'", parameter="path")
     fast = [name for name in names if name not in slow]
@@ -192,7 +193,8 @@ def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_
     batch's forward ends once every layer's attention is read: the last layer's MLP, the final norm and the head
     change no score."""
     layers = attention_layers(loaded.model)
-    accumulator = ScoreAccumulator(names, len(layers), max(layer.n_heads for layer in layers), config)
+    sums_of = (names, len(layers), max(layer.n_heads for layer in layers))  # the classes, layers and heads
+    accumulator = FusedAccumulator(*sums_of, config) if use_lse else ScoreAccumulator(*sums_of)
     batches = probe_set.batches(batch_size)
     done = [progress_offset]
 
@@ -211,11 +213,13 @@ def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_
             stop(ctx.layer)
 
     def on_lse(attention: FusedStatistics, ctx: HookContext) -> None:
+        assert isinstance(accumulator, FusedAccumulator)
         accumulator(ctx.layer, attention)
         step()
         stop(ctx.layer)
 
     def blocked(reason: str, ctx: HookContext) -> None:
+        assert isinstance(accumulator, FusedAccumulator)
         accumulator.blocked(ctx.layer, reason)
 
     points: dict[str, Handler] = {"pattern": on_weights, **({"lse": on_lse, "blocked": blocked} if use_lse else {})}

@@ -2,10 +2,12 @@
 
 A is one head's attention, rows are queries i, columns keys j; "mean over queries" pools every (sequence, query)
 pair of the probe set, padded positions excluded. Each score is reduced from blocks of attention weights as
-the layers produce them, so full patterns are never kept.
+the layers produce them, so full patterns are never kept. This path alone computes every class.
 
 A new head class is one reduce function here and one `register_score(Score(...))`: the Score names the probe set
-its score is computed on (a key of probe.inputs.PROBE_SETS), its default threshold, letter and summary.
+its score is computed on (a key of probe.inputs.PROBE_SETS), its default threshold, letter and summary. How a class's
+sums come faster from a fused backend's statistics is an accelerator's, registered beside it by the class's name
+(probe.accel); a class without one runs here on every backend.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from torch import Tensor
 
 from probe.errors import ProbeError
 from probe.hooks.blocked import keys_computed
-from probe.kernels.fused import Label, Weights, uploaded
 
 
 @dataclass
@@ -37,16 +38,9 @@ class Batch:
             self.memos[key] = make()
         return self.memos[key]
 
-    def valid_on(self, device: torch.device) -> Tensor:
-        """`valid` on `device`, copied once per batch (a copy per layer would wait for a GPU each time)."""
-        return self.memo(("valid", str(device)), lambda: uploaded(self.valid, device))
-
 
 Reduce = Callable[[Tensor, int, Batch], tuple[Tensor, Tensor]]
 """(weights (b, h, block, keys), first query index, batch) -> (per-head sums (h,), per-head counts (h,))."""
-Fast = Callable[[Weights, Batch], tuple[Tensor, Tensor]]
-"""(one layer call's queries, keys and log-sum-exp, batch) -> the same (sums, counts) as the score's Reduce over all
-of its blocks: the fast path (probe.kernels), which never forms the weights' n x n matrix."""
 Finish = Callable[[Tensor, Tensor], Tensor]
 """(sums (n_layers, ...), counts of the same shape), pooled over the whole set -> scores (n_layers, n_heads)."""
 
@@ -69,37 +63,6 @@ class Score:
     finish: Finish = mean_score
     by_default: bool = True  # computed by `classify` when no scores are named (False: long or special inputs)
     on_cross: bool = False  # whether the definition holds for cross-attention, whose keys are another sequence's
-    fast: Fast | None = None  # the same sums from the log-sum-exp (a Diagonal, Column, ...); None: blocked path only
-
-    def diagonals(self, batch: Batch) -> tuple[int, ...]:
-        """The diagonals (key offsets) its fast path reads: the layer computes every score's in one pass."""
-        shifts = getattr(self.fast, "shifts", None)
-        return () if shifts is None else tuple(shifts(batch))
-
-    def columns(self, batch: Batch) -> tuple[int, ...]:
-        """The columns (keys) its fast path reads, computed with the diagonals."""
-        keys = getattr(self.fast, "keys", None)
-        return () if keys is None else tuple(keys(batch))
-
-    def reads(self, batch: Batch, attention: Weights) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(diagonals, columns) its fast path reads of this layer call: its own (`diagonals`, `columns`), and what
-        the record reads to answer the neighbour questions it asks (`Weights.neighbour_reads`: its backend's
-        search's, none where the kernel's top keys answer). The layer computes every score's in one pass."""
-        asks = getattr(self.fast, "neighbours", None)
-        offsets, keys = attention.neighbour_reads(asks(batch)) if asks is not None else ((), ())
-        return self.diagonals(batch) + offsets, self.columns(batch) + keys
-
-    @property
-    def layers_at_once(self) -> bool:
-        """Whether its fast path reads several layers at once (probe.kernels.side_by_side: one call, their heads
-        side by side), as the accumulator groups the layer calls of short inputs."""
-        return bool(getattr(self.fast, "layers_at_once", False))
-
-    def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor] | None:
-        """Where its fast path is the mean of one diagonal or column over selected queries: which, and the (b, n)
-        queries (None: it computes its own sums)."""
-        selection = getattr(self.fast, "selection", None)
-        return None if selection is None else selection(batch, n, kv)
 
     def describe(self) -> dict[str, object]:
         """What a report needs to know of the class: plain values, for to_dict payloads."""
@@ -114,8 +77,8 @@ def _diagonal_rows(start: int, block: int, n_keys: int, shift: int) -> tuple[int
     return first, max(0, min(block, n_keys - offset) - first)
 
 
-def _relative_mass(weights: Tensor, start: int, batch: Batch, shift: int,
-                   query_range: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
+def diagonal_mass(weights: Tensor, start: int, batch: Batch, shift: int,
+                  query_range: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
     """Sum and count of A[i, i + shift] over valid queries i (in `query_range`, if given) whose key exists."""
     b, h, block, n_keys = weights.shape
     first, rows = _diagonal_rows(start, block, n_keys, shift)
@@ -129,123 +92,33 @@ def _relative_mass(weights: Tensor, start: int, batch: Batch, shift: int,
     return (values * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
 
 
-def _column_mass(weights: Tensor, start: int, batch: Batch, column: int) -> tuple[Tensor, Tensor]:
+def column_mass(weights: Tensor, start: int, batch: Batch, column: int) -> tuple[Tensor, Tensor]:
+    """Sum and count of A[i, column] over valid queries i."""
     b, h, block, _ = weights.shape
     selected = batch.valid.to(weights.device)[:, start:start + block]
     mask = selected[:, None, :].to(weights.dtype)
     return (weights[..., column] * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
 
 
-def _counted(values: Tensor, selected: Tensor) -> tuple[Tensor, Tensor]:
+def selected_sums(values: Tensor, selected: Tensor) -> tuple[Tensor, Tensor]:
     """values (b, h, m) and selected (b, m) -> per-head sum over the selected entries and their count."""
     mask = selected[:, None, :].to(values.dtype)
     return (values * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(values.shape[1])
 
 
-@dataclass(frozen=True)
-class Diagonal:
-    """A diagonal-type score: the mean of A[i, i + shift] over valid queries i whose key is valid (and in `queries`,
-    [first, stop), where given); both may depend on the batch (induction's on the repeat length). The declaration is
-    both paths: `reduce` on blocks of weights, and the object itself (a `Fast`) on the log-sum-exp."""
-
-    shift: Callable[[Batch], int]
-    queries: Callable[[Batch], tuple[int, int]] | None = None
-
-    def reduce(self, weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
-        """The blocked path's Reduce."""
-        return _relative_mass(weights, start, batch, self.shift(batch),
-                              None if self.queries is None else self.queries(batch))
-
-    def shifts(self, batch: Batch) -> tuple[int, ...]:
-        """The one diagonal it reads."""
-        return (self.shift(batch),)
-
-    def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor]:
-        """The diagonal it averages, and the (b, n) queries it averages over: valid, their key valid and existing,
-        in `queries` where given (ScoreAccumulator reads every such score of a layer in one product)."""
-        shift = self.shift(batch)
-        queries = torch.arange(n, device=batch.valid.device)
-        keys = queries + shift
-        selected = batch.valid[:, :n] & batch.valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
-        if self.queries is not None:
-            low, high = self.queries(batch)
-            selected &= (queries >= low) & (queries < high)
-        return Label("diagonal", shift), selected
-
-    def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-        (_, shift), selected = self.selection(batch, attention.shape[2], attention.shape[3])
-        return _counted(attention.aligned(shift), selected.to(attention.lse.device))
-
-
-@dataclass(frozen=True)
-class Column:
-    """A column-type score: the mean of A[i, key] over valid queries i."""
-
-    key: int
-
-    def keys(self, batch: Batch) -> tuple[int, ...]:
-        """The one column it reads."""
-        return (self.key,)
-
-    def reduce(self, weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
-        """The blocked path's Reduce."""
-        return _column_mass(weights, start, batch, self.key)
-
-    def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor]:
-        """The column it averages, and the (b, n) queries it averages over: the valid ones."""
-        return Label("column", self.key), batch.valid[:, :n]
-
-    def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-        values = attention.column(self.key)
-        return _counted(values, batch.valid.to(values.device)[:, :values.shape[-1]])
-
-
-@dataclass(frozen=True)
-class ReadsDiagonals:
-    """A fast path that reads fixed diagonals (among other things), declared so that they are computed with the
-    other scores' in one pass; and the shifts whose `Weights.neighbour_hits` it asks, whose reads the record
-    declares (`Score.reads`: what a backend's search reads, none from a kernel's top keys)."""
-
-    compute: Fast
-    offsets: tuple[int, ...] = ()
-    key_columns: tuple[int, ...] = ()
-    layers_at_once: bool = False  # `compute` reads several layers as one call (side_by_side: their heads side by side)
-    neighbour_shifts: tuple[int, ...] = ()  # the shifts `compute` asks neighbour_hits of
-
-    def shifts(self, batch: Batch) -> tuple[int, ...]:
-        return self.offsets
-
-    def keys(self, batch: Batch) -> tuple[int, ...]:
-        return self.key_columns
-
-    def neighbours(self, batch: Batch) -> tuple[int, ...]:
-        return self.neighbour_shifts
-
-    def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-        return self.compute(attention, batch)
-
-
-def diagonal_score(name: str, probe: str, threshold: float, summary: str, shift: Callable[[Batch], int],
-                   queries: Callable[[Batch], tuple[int, int]] | None = None, **options: object) -> Score:
-    """A head class that is one diagonal of A, with both paths from its declaration (register it with
-    register_score): `diagonal_score("two_back", "natural", 0.5, "attends two tokens back", lambda b: -2)`."""
-    declared = Diagonal(shift, queries)
-    return Score(name, probe, threshold, summary, declared.reduce, fast=declared, **options)  # type: ignore[arg-type]
-
-
 def previous_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Mean over queries i >= 1 of A[i, i-1]: previous-token heads (Olsson et al. 2022, "In-context Learning and
     Induction Heads"; the first half of an induction circuit in Elhage et al. 2021)."""
-    return _relative_mass(weights, start, batch, -1)
+    return diagonal_mass(weights, start, batch, -1)
 
 
 def sink_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Mean over all queries of A[i, 0]: alpha_1, the attention-sink metric of Gu et al. 2024, "When Attention Sink
     Emerges in Language Models" (Xiao et al. 2023 named the sink)."""
-    return _column_mass(weights, start, batch, 0)
+    return column_mass(weights, start, batch, 0)
 
 
-def _last_keys(batch: Batch) -> Tensor:
+def last_keys(batch: Batch) -> Tensor:
     """(b,) each sequence's last real position (right padding): [SEP] in an encoder's [CLS] ... [SEP] input."""
     return batch.valid.sum(dim=1) - 1
 
@@ -255,47 +128,27 @@ def sep_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor
     al. 2019 ("What Does BERT Look At?") find holds most of many BERT heads' attention in the middle layers (read as
     a no-op). On a causal model only the last query sees that key, so the score stays near 0."""
     b, h, block, _ = weights.shape
-    last = _last_keys(batch).to(weights.device).clamp(min=0)
+    last = last_keys(batch).to(weights.device).clamp(min=0)
     values = weights.gather(-1, last[:, None, None, None].expand(b, h, block, 1))[..., 0]
-    return _counted(values, batch.valid.to(weights.device)[:, start:start + block])
-
-
-def sep_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-    """sep_score's sums from the log-sum-exp: one column per distinct last position (one, without padding)."""
-    device = attention.lse.device
-    values = None
-    for key, owners in batch.memo(("sep keys", str(device)), lambda: _last_key_owners(batch, device)):
-        column = attention.column(key)  # (b, h, n)
-        values = column if values is None else torch.where(owners[:, None, None], column, values)
-    assert values is not None
-    return _counted(values, batch.valid_on(device)[:, :values.shape[-1]])
-
-
-def _last_key_owners(batch: Batch, device: torch.device) -> list[tuple[int, Tensor]]:
-    """Each distinct last position of the batch, with the (b,) sequences ending there on `device` (once per batch:
-    read on the host, not per layer)."""
-    last = _last_keys(batch).clamp(min=0)
-    return [(int(key), uploaded(last == key, device)) for key in last.unique().tolist()]
+    return selected_sums(values, batch.valid.to(weights.device)[:, start:start + block])
 
 
 def induction_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """On BOS + R random tokens repeated twice, mean over second-repeat queries i of A[i, i-R+1]: attention to the
     token after the earlier copy (prefix matching, Olsson et al. 2022)."""
-    first, repeat = batch.offset, _repeat_len(batch)
-    return _relative_mass(weights, start, batch, 1 - repeat, (first + repeat, first + 2 * repeat))
+    return diagonal_mass(weights, start, batch, 1 - repeat_len(batch), second_repeat(batch))
 
 
 def duplicate_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Same data as induction, mean over second-repeat queries i of A[i, i-R]: attention to the earlier copy of
     the current token (duplicate-token heads, Wang et al. 2022, "Interpretability in the Wild")."""
-    first, repeat = batch.offset, _repeat_len(batch)
-    return _relative_mass(weights, start, batch, -repeat, (first + repeat, first + 2 * repeat))
+    return diagonal_mass(weights, start, batch, -repeat_len(batch), second_repeat(batch))
 
 
 def next_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Mean over queries of A[i, i+1] (queries with a next token): next-token heads of bidirectional encoders
     (Clark et al. 2019, "What Does BERT Look At?"). Zero by construction in a causal model."""
-    return _relative_mass(weights, start, batch, 1)
+    return diagonal_mass(weights, start, batch, 1)
 
 
 NEIGHBOURS = (-1, 1)
@@ -366,36 +219,6 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
     return mean_score(sums, counts).max(dim=1).values
 
 
-def positional_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-    """positional_score's sums and counts from the fused statistics: for each neighbour, the valid queries whose
-    neighbour exists and is valid are counted, and the statistics say for how many of them that neighbour holds the
-    row's maximum (`neighbour_hits`: argmax's answer; the CPU backend's by a staged search that reads whole rows only
-    for the rows its cheap stages cannot decide, probe.kernels.cpu; the CUDA backend's from its kernel's top keys).
-    It reads nothing else: what neighbour_hits reads is the record's to declare (`neighbour_shifts`, Score.reads)."""
-    b, h, n, kv = attention.shape
-    device = attention.lse.device  # the rows are taken there once per batch (memo): no copy per layer
-    hits, counts = [], []
-    for shift in NEIGHBOURS:
-        selected, count = batch.memo(("neighbours", n, kv, shift, str(device)),
-                                     lambda: _neighbour_rows(batch.valid, kv, shift, device))
-        counts.append(count)
-        hidden = attention.bias is None and attention.causal and shift > kv - n  # the neighbour is causally hidden
-        hits.append(torch.zeros(h, dtype=torch.float64, device=device) if hidden else
-                    attention.neighbour_hits(selected, shift))  # where it counts: a kernel's top keys on its device
-    return torch.stack(hits), batch.memo(("neighbour counts", n, kv, h), lambda: torch.tensor(
-        counts, dtype=torch.float64)[:, None].expand(2, h))  # counts: on the host (no round-trip either)
-
-
-def _neighbour_rows(valid: Tensor, kv: int, shift: int,
-                    device: torch.device | None = None) -> tuple[Tensor, float]:
-    """((b, n) the valid queries whose neighbour i + shift exists and is valid, on `device` (default: valid's), how
-    many there are)."""
-    n = valid.shape[1]
-    keys = torch.arange(n, device=valid.device) + shift
-    selected = valid & valid[:, keys.clamp(0, n - 1)] & (keys >= 0) & (keys < kv)
-    return uploaded(selected, device or valid.device), float(selected.sum())
-
-
 @dataclass
 class NeedleBatch(Batch):
     """A batch of needle prompts (probe.inputs.needle): which needle key each answer position's target is copied
@@ -436,26 +259,6 @@ def streaming_score(weights: Tensor, start: int, batch: Batch, sink: int = DEFAU
     return (mass * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
 
 
-def streaming_from_lse(attention: Weights, batch: Batch, sink: int = DEFAULT_SINK,
-                       recent: int = DEFAULT_RECENT) -> tuple[Tensor, Tensor]:
-    """streaming_score's sums and counts from the log-sum-exp: the band of the `recent` keys ending at each query and
-    the first `sink` columns, computed for queries i >= sink + recent only (O(n x (sink + recent)) per head)."""
-    b, h, n, _ = attention.shape
-    first = sink + recent
-    if first >= n:
-        return torch.zeros(h, dtype=torch.float64), torch.zeros(h, dtype=torch.float64)
-    attention.prefetch((), range(sink))  # the sink columns in one pass
-    sinks = sum((attention.column(key)[..., first:] for key in range(sink)), attention.lse.new_zeros(b, h, n - first))
-    valid = batch.valid_on(attention.lse.device)
-    sums = counts = attention.lse.new_zeros(h, dtype=torch.float64)  # on the device: nothing read back per chunk
-    for start, band in attention.band(1 - recent, 0, first):  # (b, h, rows, recent): keys i - recent + 1 .. i
-        stop = start + band.shape[2]
-        part_sums, part_counts = _counted(band.sum(dim=-1) + sinks[..., start - first:stop - first],
-                                          valid[:, start:stop])
-        sums, counts = sums + part_sums, counts + part_counts
-    return sums, counts
-
-
 def retrieval_rows(sources: Tensor, correct: Tensor) -> Tensor:
     """The rows Wu et al. score (bool, `sources`' shape): the target is copied from the needle (its source, the
     needle position, is >= 0) and the model predicts it correctly."""
@@ -490,21 +293,16 @@ def retrieval_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, 
     return retrieval_hits(top, source[rows]), torch.full((h,), float(top.shape[0]), dtype=torch.float64)
 
 
-def retrieval_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-    """retrieval_score from the log-sum-exp: only the answer rows' weights are computed, whole (exact maxima)."""
-    sources, correct = getattr(batch, "sources", None), getattr(batch, "correct", None)
-    if sources is None or correct is None:
-        return retrieval_score(attention.lse[..., None], 0, batch)  # raises: the score needs needle prompts
-    rows = ((sources >= 0) & correct & batch.valid).any(dim=0).nonzero()[:, 0]
-    answers = NeedleBatch(valid=batch.valid[:, rows], offset=batch.offset, repeat_len=None, sources=sources[:, rows],
-                          correct=correct[:, rows])
-    return retrieval_score(attention.rows(rows.to(attention.lse.device)), 0, answers)
-
-
-def _repeat_len(batch: Batch) -> int:
+def repeat_len(batch: Batch) -> int:
+    """R, the repeat length of a repeated probe set's batch (refused on any other)."""
     if batch.repeat_len is None:
         raise ProbeError("this score needs a repeated probe set (one with a repeat_len)")
     return batch.repeat_len
+
+
+def second_repeat(batch: Batch) -> tuple[int, int]:
+    """[first, stop) of the second repeat's queries: the ones induction and duplicate-token scores count."""
+    return batch.offset + repeat_len(batch), batch.offset + 2 * repeat_len(batch)
 
 
 SCORES: dict[str, Score] = {}
@@ -519,46 +317,21 @@ def register_score(score: Score) -> Score:
     return score
 
 
-def _previous(batch: Batch) -> int:
-    return -1
-
-
-def _induction_shift(batch: Batch) -> int:
-    return 1 - _repeat_len(batch)
-
-
-def _duplicate_shift(batch: Batch) -> int:
-    return -_repeat_len(batch)
-
-
-def _second_repeat(batch: Batch) -> tuple[int, int]:
-    return batch.offset + _repeat_len(batch), batch.offset + 2 * _repeat_len(batch)
-
-
-def _next(batch: Batch) -> int:
-    return 1
-
-
 for _score in (
-    Score("previous_token", "natural", 0.5, "attends to the previous token", previous_token_score, "P",
-          fast=Diagonal(_previous)),
-    Score("sink", "natural", 0.3, "attends to the first token (attention sink)", sink_score, "S", on_cross=True,
-          fast=Column(0)),
+    Score("previous_token", "natural", 0.5, "attends to the previous token", previous_token_score, "P"),
+    Score("sink", "natural", 0.3, "attends to the first token (attention sink)", sink_score, "S", on_cross=True),
     Score("induction", "repeated", 0.4, "attends to the token after the earlier copy of the current one",
-          induction_score, "I", fast=Diagonal(_induction_shift, _second_repeat)),
+          induction_score, "I"),
     Score("duplicate_token", "repeated", 0.4, "attends to the earlier copy of the current token",
-          duplicate_token_score, "D", fast=Diagonal(_duplicate_shift, _second_repeat)),
-    Score("next_token", "natural", 0.5, "attends to the next token (encoders)", next_token_score, "N",
-          fast=Diagonal(_next)),
-    Score("sep", "natural", 0.3, "attends to the closing [SEP] (encoders; Clark et al. 2019)", sep_score, "E",
-          fast=sep_from_lse),
+          duplicate_token_score, "D"),
+    Score("next_token", "natural", 0.5, "attends to the next token (encoders)", next_token_score, "N"),
+    Score("sep", "natural", 0.3, "attends to the closing [SEP] (encoders; Clark et al. 2019)", sep_score, "E"),
     Score("positional", "natural", 0.9, "its strongest attention is on one fixed neighbour (Voita et al.)",
-          positional_score, "O", finish_positional,
-          fast=ReadsDiagonals(positional_from_lse, layers_at_once=True, neighbour_shifts=NEIGHBOURS)),
+          positional_score, "O", finish_positional),
     Score("streaming", "natural", 0.9, "sink + recent keys hold its attention (StreamingLLM's cache, 4 + 256)",
-          streaming_score, "W", by_default=False, fast=streaming_from_lse),
+          streaming_score, "W", by_default=False),
     Score("retrieval", "needle", 0.1, "copies the needle token it attends to (Wu et al. 2024)", retrieval_score,
-          "R", by_default=False, fast=retrieval_from_lse),
+          "R", by_default=False),
 ):
     register_score(_score)
 
@@ -572,9 +345,9 @@ def local_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tens
     the Dark Secrets of BERT") and the local attention Child et al. 2019 build in ("Generating Long Sequences with
     Sparse Transformers"). The previous token is left out: previous-token heads are a class of their own."""
     queries = (LOCAL_WINDOW, weights.shape[-1])  # every key of the band exists
-    sums, counts = _relative_mass(weights, start, batch, 0, queries)
+    sums, counts = diagonal_mass(weights, start, batch, 0, queries)
     for shift in range(2, LOCAL_WINDOW + 1):
-        sums = sums + _relative_mass(weights, start, batch, -shift, queries)[0]
+        sums = sums + diagonal_mass(weights, start, batch, -shift, queries)[0]
     return sums, counts
 
 

@@ -26,7 +26,7 @@ class KernelConfig:
     diagonal_rows: int = 4096  # query rows whose diagonals' keys are gathered at once
     gathered_columns: int = 4  # columns computed with the diagonals' gather; more go through one matmul
     gathered_rows: int = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
-    # reading several layer calls as one (probe.heads.accumulate)
+    # reading several layer calls as one (probe.accel.accumulate)
     group_bytes: int = 32 * 2**20  # queries and keys of layer calls held back to be read together, at most
 
 

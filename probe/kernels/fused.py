@@ -101,12 +101,6 @@ class Weights:
             logits = logits.masked_fill(keys[None, :] > positions[:, None], float("-inf"))
         return torch.exp(logits.float() - lse[..., None])
 
-    def diagonal(self, shift: int) -> tuple[int, Tensor]:
-        """(first query i, weights (b, hq, m)) of A[i, i + shift] for every query whose key exists."""
-        n, kv = self.shape[2], self.shape[3]
-        first, last = max(0, -shift), max(max(0, -shift), min(n, kv - shift))
-        return first, self.aligned(shift)[..., first:last]
-
     def aligned(self, shift: int) -> Tensor:
         """(b, hq, n): A[i, i + shift] for every query i, exactly 0 where the key does not exist or is hidden (kept:
         several scores read the same diagonal; `prefetch` computes several at once)."""
@@ -349,8 +343,9 @@ class Weights:
     def neighbour_reads(self, shifts: Iterable[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(diagonal offsets, key columns) that neighbour_hits reads of the prefetched table for these shifts: none
         where the kernel's top keys answer or whole rows do, else what the record's search declares
-        (`RowSearch.reads`). A score that asks neighbour_hits declares these with its own (Score.reads), so that
-        `prefetch` computes them in the layer's one pass, and a backend that does not read them computes none."""
+        (`RowSearch.reads`). A class that asks neighbour_hits declares these with its own (its accelerator's `reads`,
+        probe.accel), so that `prefetch` computes them in the layer's one pass, and a backend that does not read them
+        computes none."""
         search = self.statistics.search
         if self.top_keys is not None or search is None:
             return (), ()

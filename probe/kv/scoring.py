@@ -17,8 +17,9 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import NeedleSet
 from probe.overflow import overflowed
+from probe.accel.classes import streaming_from_lse
 from probe.heads.scores import (DEFAULT_RECENT, DEFAULT_SINK, NeedleBatch, retrieval_hits, retrieval_rows,
-                                streaming_from_lse, streaming_score)
+                                streaming_score)
 from probe.hooks.capture import attention_hooks
 from probe.hooks.types import Handler, HookContext
 from probe.kernels import FusedStatistics
