@@ -39,6 +39,7 @@ from probe.frames import frame
 from probe.hooks.capture import attention_hooks
 from probe.hooks.restore import interrupts_deferred, restoring
 from probe.hooks.run import run_model
+from probe.hooks.transformers_api import has_implementation, register_attention, set_implementation
 from probe.hooks.types import AttentionInputs, HookContext
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback, reports
@@ -161,12 +162,6 @@ def _stop(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attentio
     raise _Captured(query, key)
 
 
-def _register_capture() -> None:
-    from transformers.modeling_utils import AttentionInterface
-
-    AttentionInterface.register(CAPTURE, _stop)
-
-
 def _cast(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, Tensor):
         return value.to(dtype) if value.is_floating_point() else value
@@ -231,14 +226,14 @@ def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[
 
 def make_twin(module: nn.Module, dtype: torch.dtype, head: int, kv_head: int, head_dim: int) -> _Twin:
     """The copy of `module` in `dtype` (the model's own weights, projections and rotary code), run on other inputs."""
-    _register_capture()
-    config = getattr(module, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation_internal"):
+    register_attention(CAPTURE, _stop)
+    config: Any = getattr(module, "config", None)
+    if not has_implementation(config):
         raise ProbeError(f"{type(module).__name__} has no transformers config: QK attribution reads the queries and "
                          "keys through transformers' attention interface", parameter="model")
     twin = copy.deepcopy(module).to(dtype).requires_grad_(False)
     own_config = copy.copy(config)
-    own_config._attn_implementation_internal = CAPTURE
+    set_implementation(own_config, CAPTURE)  # the copy's own config: nothing to switch back
     twin.config = own_config
     return _Twin(twin, dtype, *_one_head(twin, head, kv_head, head_dim))
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from torch import nn
@@ -20,6 +19,7 @@ from torch import nn
 from probe.errors import ProbeError
 from probe.hooks.custom import edit_projection_input, read_returned_weights
 from probe.hooks.points import fires
+from probe.hooks.transformers_api import has_implementation, set_implementation
 from probe.hooks.types import LayerHooks, Undo
 
 
@@ -89,10 +89,8 @@ def _switch_to_eager(module: nn.Module, undo: list[Undo]) -> None:
     """The module's config (shared with the model) on eager while weights are read: the mask eager expects, and
     Falcon's eager branch, which is the one that returns weights."""
     config: Any = getattr(module, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation_internal"):
-        return
-    undo.append(partial(setattr, config, "_attn_implementation_internal", config._attn_implementation_internal))
-    config._attn_implementation_internal = "eager"
+    if has_implementation(config):
+        undo.append(set_implementation(config, "eager"))
 
 
 def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
