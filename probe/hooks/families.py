@@ -1,7 +1,8 @@
 """Hugging Face families whose attention does not go through transformers' attention interface (transformers 5):
 BLOOM, MPT and CodeGen compute it inline; GPT-Neo, GPT-J and Falcon choose an attention class when the model is
-built. Each family is one `Family` entry: which module is the attention, where it keeps its head count, and which
-submodule is the output projection (whose input is the heads, (batch, n, heads * head_dim), head-major).
+built. Each family is one `Family` entry: which module is the attention and where it keeps its head count; its
+output projection (whose input is the heads, (batch, n, heads * head_dim), head-major) is found by name
+(probe.models.parts: `out_proj`, BLOOM's and Falcon's `dense`).
 
 The shared code does the rest: their eager forward returns `(output, weights (b, heads, n, kv))`, so weights are read
 from what the module returns, with the model's configs switched to eager while read (Falcon picks sdpa at forward
@@ -21,6 +22,7 @@ from probe.hooks.custom import edit_projection_input, read_returned_weights
 from probe.hooks.points import fires
 from probe.hooks.transformers_api import has_implementation, set_implementation
 from probe.hooks.types import LayerHooks, Undo
+from probe.models.parts import OUTPUT_PROJECTIONS, output_projection
 
 
 def _bloom_problem(module: nn.Module) -> str:
@@ -33,22 +35,21 @@ def _bloom_problem(module: nn.Module) -> str:
 @dataclass(frozen=True)
 class Family:
     """How one family's attention module is read: the eager class (by name), the attribute holding the number of
-    query heads (and of key/value heads, where fewer), the output projection's attribute, and what can go wrong."""
+    query heads (and of key/value heads, where fewer), and what can go wrong."""
 
     attention: str
     heads: str
-    projection: str
     kv_heads: str = ""
     problem: Callable[[nn.Module], str] = lambda module: ""
 
 
 FAMILIES: dict[str, Family] = {
-    "gpt_neo": Family("GPTNeoSelfAttention", "num_heads", "out_proj"),
-    "gptj": Family("GPTJAttention", "num_attention_heads", "out_proj"),
-    "bloom": Family("BloomAttention", "num_heads", "dense", problem=_bloom_problem),
-    "falcon": Family("FalconAttention", "num_heads", "dense", kv_heads="num_kv_heads"),
-    "mpt": Family("MptAttention", "n_heads", "out_proj"),
-    "codegen": Family("CodeGenAttention", "num_attention_heads", "out_proj"),
+    "gpt_neo": Family("GPTNeoSelfAttention", "num_heads"),
+    "gptj": Family("GPTJAttention", "num_attention_heads"),
+    "bloom": Family("BloomAttention", "num_heads", problem=_bloom_problem),
+    "falcon": Family("FalconAttention", "num_heads", kv_heads="num_kv_heads"),
+    "mpt": Family("MptAttention", "n_heads"),
+    "codegen": Family("CodeGenAttention", "num_attention_heads"),
 }
 """config.model_type -> its Family."""
 
@@ -104,4 +105,8 @@ def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> No
         read_returned_weights(module, hooks, undo)
     if fires(hooks, "heads"):
         heads, _, _ = family_shape(module)
-        edit_projection_input(getattr(module, family.projection), heads, hooks, undo)
+        projection = output_projection(module)
+        if projection is None:
+            raise ProbeError(f"cannot edit the heads of {type(module).__name__}: it has no output projection "
+                             f"({', '.join(OUTPUT_PROJECTIONS)})")
+        edit_projection_input(projection, heads, hooks, undo)
