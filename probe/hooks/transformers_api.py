@@ -1,12 +1,12 @@
 """Every place probe meets transformers' attention machinery, each use named. Tested with transformers 5.1.0 (the
-declared floor: .ci/compat runs tests/test_classify.py, test_capture.py, test_hook_points.py, test_lse.py and
-test_kv_heads.py with it) and 5.24.0 (the newest, where the whole suite runs).
+declared floor: .ci/compat runs tests/test_classify.py, test_capture.py, test_hook_points.py, test_lse.py,
+test_kv_heads.py and test_mask_structure.py with it) and 5.24.0 (the newest, where the whole suite runs).
 
 Public API:
 
 - `AttentionInterface.register(name, function)`: probe's attention implementations (`register_attention`).
 - `ALL_ATTENTION_FUNCTIONS[name]`: transformers' own implementation that one of probe's stands in for
-  (`own_attention`); each modeling file's `eager_attention_forward`, the function its layers call for "eager".
+  (`own_attention`).
 - `AttentionMaskInterface.register(name, function)` and `ALL_MASK_ATTENTION_FUNCTIONS[name]`: the masks made for an
   implementation of probe's, made as transformers makes sdpa's or eager's (`register_attention`).
 - The arguments transformers hands a mask function (`sdpa_mask`'s signature), `masking_utils.causal_mask_function`
@@ -18,6 +18,8 @@ No public way: which implementation one config names, and switching it while hoo
 setters write). `PreTrainedModel.set_attn_implementation` is public but cannot be undone exactly: at 5.1.0 it leaves
 `_attn_was_changed` on sub-configs, it checks (and may fall back from) sdpa, it only warns on a model whose layers do
 not use the attention interface (Falcon), and it has no form for one config (QK attribution's copy of a layer).
+Nor is "eager" in the interface: each modeling file defines its own `eager_attention_forward`, which `own_attention`
+finds by that name in the module's modeling file.
 """
 
 from __future__ import annotations
