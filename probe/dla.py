@@ -37,18 +37,17 @@ from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.hooks.types import HookContext
 from probe.inputs import ContrastSet, logit_diffs
-from probe.circuits.weights import FINAL_NORMS, _gain, _named_child
 from probe.errors import ProbeError
 from probe.overflow import forwards, require_finite
 from probe.hooks.restore import interrupts_deferred, restoring
 from probe.models import LoadedModel
+from probe.models.parts import (FINAL_NORMS, MLPS, OUTPUT_PROJECTIONS, base_model, gain, named_child, output_embeddings,
+                                output_projection_weight)
 from probe.patterns import token_strings
 from probe.provenance import model_dtype
 from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS, NUMBER, SELF_REPAIR
 from probe.schemas.declare import Payload, columns, payload, published, schema_field
 
-MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
-PROJECTION_NAMES = ("o_proj", "dense", "c_proj", "out_proj", "W_o", "wo")
 STREAM_TOLERANCE = 1e-3  # relative, float32: a block's write must be its attention + MLP outputs this closely
 
 
@@ -140,22 +139,16 @@ class Structure:
 def _projection(layer: AttentionLayer, d_model: int) -> tuple[Tensor, Tensor | None]:
     """The output projection as (in, out) = (n_heads * head_dim, d_model) float64, and its bias."""
     width = layer.n_heads * layer.value_dim
-    for name in PROJECTION_NAMES:
-        module = getattr(layer.module, name, None)
-        weight = getattr(module, "weight", None)
-        if not isinstance(weight, Tensor) or weight.dim() != 2:
-            continue
-        matrix = weight.T if isinstance(module, nn.Linear) else weight  # GPT-2's Conv1D stores (in, out)
-        if tuple(matrix.shape) == (width, d_model):
-            bias = getattr(module, "bias", None)
-            return matrix.detach().double().cpu(), None if bias is None else bias.detach().double().cpu()
-    raise ProbeError(f"attention layer {layer.index} ({type(layer.module).__name__}) has no output projection probe "
-                     f"can read ({', '.join(PROJECTION_NAMES)} of {width} -> {d_model}): DLA cannot split it into "
-                     "heads", parameter="model")
+    found = output_projection_weight(layer.module, width, d_model)
+    if found is None:
+        raise ProbeError(f"attention layer {layer.index} ({type(layer.module).__name__}) has no output projection "
+                         f"probe can read ({', '.join(OUTPUT_PROJECTIONS)} of {width} -> {d_model}): DLA cannot split "
+                         "it into heads", parameter="model")
+    return found
 
 
 def _child(parent: nn.Module, names: tuple[str, ...], what: str) -> nn.Module:
-    _, found = _named_child(parent, names)
+    _, found = named_child(parent, names)
     if found is None:
         raise ProbeError(f"{type(parent).__name__} has no {what} probe can find ({', '.join(names)}): direct logit "
                          "attribution cannot decompose this model", parameter="model")
@@ -164,8 +157,7 @@ def _child(parent: nn.Module, names: tuple[str, ...], what: str) -> nn.Module:
 
 def model_structure(model: nn.Module) -> Structure:
     """The parts DLA reads; ProbeError (one line) for a model it cannot decompose."""
-    get_head: Any = getattr(model, "get_output_embeddings", None)  # transformers models have it
-    head = get_head() if callable(get_head) else None
+    head = output_embeddings(model)
     if not isinstance(head, nn.Linear):
         raise ProbeError(f"direct logit attribution needs an LM head (logits over the vocabulary): "
                          f"{type(model).__name__} has none (an encoder gives hidden states, not logits)",
@@ -177,10 +169,10 @@ def model_structure(model: nn.Module) -> Structure:
     if len(set(blocks.of_layer)) != len(blocks.of_layer):
         raise ProbeError("a block with two attention layers: DLA reads one per block", parameter="model")
     d_model = head.weight.shape[1]
-    body = getattr(model, getattr(model, "base_model_prefix", ""), model)
-    return Structure(layers, blocks, [_child(block, MLP_NAMES, "MLP") for block in blocks.container],
+    body = base_model(model)
+    return Structure(layers, blocks, [_child(block, MLPS, "MLP") for block in blocks.container],
                       [_projection(layer, d_model) for layer in layers],
-                      _child(body, FINAL_NORMS, "final norm"), head)
+                      _child(model if body is None else body, FINAL_NORMS, "final norm"), head)
 
 
 @contextmanager
@@ -248,9 +240,9 @@ def frozen_norm(norm: nn.Module, stream: Tensor) -> _FrozenNorm:
     x = stream.double()
     x = x - x.mean(dim=-1, keepdim=True) if centred else x
     scale = (x.pow(2).mean(dim=-1) + eps).rsqrt()
-    gain = _gain(norm)
+    found = gain(norm)
     bias = getattr(norm, "bias", None)
-    return _FrozenNorm(centred, scale, torch.ones(x.shape[-1], dtype=torch.float64) if gain is None else gain.cpu(),
+    return _FrozenNorm(centred, scale, torch.ones(x.shape[-1], dtype=torch.float64) if found is None else found.cpu(),
                        bias.detach().double().cpu() if isinstance(bias, Tensor) else None)
 
 

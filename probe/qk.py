@@ -32,23 +32,22 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.circuits.weights import PRE_ATTENTION_NORMS, _named_child, _parent
 from probe.dla import Recording, Structure, Targets, frozen_norm, model_structure, record_writes
 from probe.errors import ProbeError
 from probe.frames import frame
 from probe.hooks.capture import attention_hooks
 from probe.hooks.restore import interrupts_deferred, restoring
 from probe.hooks.run import run_model
+from probe.hooks.transformers_api import has_implementation, register_attention, set_implementation
 from probe.hooks.types import AttentionInputs, HookContext
 from probe.models import LoadedModel
+from probe.models.parts import position_embedding, pre_attention_norm, qk_norms, separate_projections
 from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, HEAD, LAYER, MODEL, N_HEADS, N_LAYERS, NUMBER
 from probe.schemas.declare import Payload, payload, published, schema_field
 
-POSITION_EMBEDDINGS = ("wpe", "embed_positions", "position_embeddings")
-QK_NORMS = ("q_norm", "k_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm")
 TOP_PAIRS = 20  # pairs listed in to_dict(), largest |contribution| first
 CHUNK = 32  # components run through the layer's copy at once
 CAPTURE = "probe_qk_capture"  # the attention implementation the copy runs: it stops at the queries and keys
@@ -85,7 +84,7 @@ def _refuse_layer(model: nn.Module, layer: Any) -> None:
         raise ProbeError(f"attention layer {layer.index} ({type(layer.module).__name__}) does not go through "
                          "transformers' attention interface, where QK attribution reads the queries and keys",
                          parameter="model")
-    norms = [name for name in QK_NORMS if isinstance(getattr(layer.module, name, None), nn.Module)]
+    norms = qk_norms(layer.module)
     if norms:
         raise ProbeError(f"attention layer {layer.index} normalises its queries and keys ({', '.join(norms)}), a "
                          "second norm per head and position: QK attribution does not decompose it",
@@ -115,12 +114,6 @@ class Component(Payload, frozen=True):
     def layer_group(self) -> str:
         """Its group in the per-layer view: embed, L3 (heads, bias and MLP of layer 3), or bias."""
         return "embed" if self.group == "embeddings" else ("bias" if self.layer is None else f"L{self.layer}")
-
-
-def _position_module(model: nn.Module) -> nn.Module | None:
-    body = getattr(model, getattr(model, "base_model_prefix", ""), model)
-    _, found = _named_child(body, POSITION_EMBEDDINGS)
-    return found
 
 
 def _components(structure: Structure, recording: Recording, block: int,
@@ -159,12 +152,6 @@ class _Captured(Exception):
 def _stop(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
           **kwargs: Any) -> Any:
     raise _Captured(query, key)
-
-
-def _register_capture() -> None:
-    from transformers.modeling_utils import AttentionInterface
-
-    AttentionInterface.register(CAPTURE, _stop)
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
@@ -216,11 +203,10 @@ def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[
     """Where the copy has separate q_proj / k_proj / v_proj linears, keep only the rows of the head read and of its
     key/value head (the copy then computes one head's query and key: a ninth of the work on SmolLM2); the indices of
     the head and key/value head in what the copy hands on."""
-    linears = [getattr(twin, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-    if not all(isinstance(linear, nn.Linear) for linear in linears):
+    linears = separate_projections(twin)
+    if linears is None:
         return head, kv_head
     for linear, index in zip(linears, (head, kv_head, kv_head)):
-        assert isinstance(linear, nn.Linear)
         rows = slice(index * head_dim, (index + 1) * head_dim)
         linear.weight = nn.Parameter(linear.weight[rows].clone(), requires_grad=False)
         if linear.bias is not None:
@@ -231,14 +217,14 @@ def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[
 
 def make_twin(module: nn.Module, dtype: torch.dtype, head: int, kv_head: int, head_dim: int) -> _Twin:
     """The copy of `module` in `dtype` (the model's own weights, projections and rotary code), run on other inputs."""
-    _register_capture()
-    config = getattr(module, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation_internal"):
+    register_attention(CAPTURE, _stop)
+    config: Any = getattr(module, "config", None)
+    if not has_implementation(config):
         raise ProbeError(f"{type(module).__name__} has no transformers config: QK attribution reads the queries and "
                          "keys through transformers' attention interface", parameter="model")
     twin = copy.deepcopy(module).to(dtype).requires_grad_(False)
     own_config = copy.copy(config)
-    own_config._attn_implementation_internal = CAPTURE
+    set_implementation(own_config, CAPTURE)  # the copy's own config: nothing to switch back
     twin.config = own_config
     return _Twin(twin, dtype, *_one_head(twin, head, kv_head, head_dim))
 
@@ -585,9 +571,9 @@ def _target(loaded: LoadedModel, head: tuple[int, int]) -> _Target:
         raise ProbeError(f"head {head_index} is out of range: layer {layer_index} has {layer.n_heads} heads "
                          f"(0-{layer.n_heads - 1})", parameter="head")
     _refuse_layer(loaded.model, layer)
-    _, norm = _named_child(_parent(loaded.model, layer.module), PRE_ATTENTION_NORMS)
+    _, norm = pre_attention_norm(loaded.model, layer.module)
     return _Target(loaded, structure, layer, head_index, head_index // (layer.n_heads // layer.n_kv_heads),
-                   structure.blocks.of_layer[layer_index], norm, _position_module(loaded.model))
+                   structure.blocks.of_layer[layer_index], norm, position_embedding(loaded.model))
 
 
 @reports("qk attribution")

@@ -214,10 +214,11 @@ class _InterruptOnce:
 
 
 def _hook_state(model: torch.nn.Module) -> list:
-    from probe.hooks.hf import _HF_ACTIVE
+    from probe.hooks.hf import RECORDING, SEAT
 
     return [(name, "forward" in m.__dict__, "_probe_hooks" in m.__dict__, len(m._forward_hooks),
-             len(m._forward_pre_hooks), m in _HF_ACTIVE) for name, m in model.named_modules()]
+             len(m._forward_pre_hooks), SEAT in m.__dict__ or RECORDING in m.__dict__)
+            for name, m in model.named_modules()]
 
 
 @pytest.mark.parametrize(("kind", "step"), [("llama_gqa", "__setattr__"), ("planted_textbook", "remove"),

@@ -14,7 +14,7 @@ from probe.hooks.capture import attention_hooks
 from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.heads.classify import classify
-from probe.hooks.hf import _HF_ACTIVE
+from probe.hooks.hf import SEAT
 from probe.models import input_device, load_model, parse_device_map
 
 PLANTED = str(Path(__file__).parent / "planted.py")
@@ -81,7 +81,7 @@ def test_hf_offloaded_model_is_restored(llama_dir: Path, tmp_path: Path) -> None
         after = logits_of(run_model(model, ids))
     assert torch.equal(after, before)
     assert model.config._attn_implementation == implementation
-    assert not any(module in _HF_ACTIVE for module in model.modules())
+    assert not any(SEAT in module.__dict__ for module in model.modules())
     assert {name: module.forward for name, module in model.named_modules()
             if "_hf_hook" in module.__dict__} == wrapped
     assert "model.embed_tokens.weight" in offloaded(model)

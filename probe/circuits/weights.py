@@ -17,18 +17,13 @@ q = x W_Q, k = x W_K, v = x W_V (each d_model -> d_head) and writes z W_O (d_hea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
 
 from torch import Tensor, nn
 
 from probe.errors import ProbeError
 from probe.hooks.layers import AttentionLayer, attention_layers
-from probe.models.parts import input_embeddings, output_embeddings
-
-PRE_ATTENTION_NORMS = ("input_layernorm", "ln_1", "attention_norm", "norm1", "ln_attn", "pre_attention_layernorm")
-FINAL_NORMS = ("norm", "ln_f", "final_layernorm", "final_layer_norm")
+from probe.models.parts import (FINAL_NORMS, attention_projections, base_model, gain, input_embeddings, named_child,
+                                output_embeddings, pre_attention_norm)
 
 
 @dataclass
@@ -47,94 +42,20 @@ def _split_rows(weight: Tensor, heads: int, head_dim: int) -> Tensor:
     return weight.reshape(heads, head_dim, -1).transpose(1, 2)
 
 
-def _latent(up: Any, norm: Any, down: Tensor) -> Tensor:
-    """The product of a low-rank pair `norm(x down^T) up^T` as one (out, in) weight, the norm's gain folded in."""
-    gain = _gain(norm)
-    middle = up.weight.detach().double() if gain is None else up.weight.detach().double() * gain[None, :]
-    return middle @ down.detach().double()
-
-
-def _latent_projections(module: Any, layer: AttentionLayer) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """DeepSeek's multi-head latent attention as (q, k, v, o) weights of per-head layout: keys [no rotary | rotary]."""
-    heads, nope, value = layer.n_heads, module.qk_nope_head_dim, layer.value_dim
-    if getattr(module, "q_proj", None) is not None:
-        q = module.q_proj.weight.detach().double()
-    else:
-        q = _latent(module.q_b_proj, module.q_a_layernorm, module.q_a_proj.weight)
-    down = module.kv_a_proj_with_mqa.weight
-    rank = down.shape[0] - module.qk_rope_head_dim
-    kv = _latent(module.kv_b_proj, module.kv_a_layernorm, down[:rank]).reshape(heads, nope + value, -1)
-    rotary = down[rank:].detach().double()[None].expand(heads, -1, -1)  # one rotary key, shared by every head
-    k = torch.cat([kv[:, :nope], rotary], dim=1).reshape(heads * layer.head_dim, -1)
-    return q, k, kv[:, nope:].reshape(heads * value, -1), module.o_proj.weight
-
-
-def _projections(module: nn.Module, layer: AttentionLayer) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(q, k, v) weights as nn.Linear stores them (out, in) and the output weight (d_model, n_heads * d_value)."""
-    q_size, kv_size = layer.n_heads * layer.head_dim, layer.n_kv_heads * layer.head_dim
-    if hasattr(module, "kv_b_proj") and hasattr(module, "kv_a_proj_with_mqa"):
-        return _latent_projections(module, layer)
-    names = [("q_proj", "k_proj", "v_proj", "o_proj"), ("W_q", "W_k", "W_v", "W_o")]
-    for names_ in names:
-        linears: list[Any] = [getattr(module, name, None) for name in names_]
-        if all(isinstance(linear, nn.Linear) for linear in linears):
-            wq, wk, wv, wo = linears
-            return wq.weight, wk.weight, wv.weight, wo.weight
-    fused_linear = getattr(module, "qkv_proj", None) or getattr(module, "W_qkv", None)
-    if isinstance(fused_linear, nn.Linear):
-        out: Any = getattr(module, "o_proj", None) or getattr(module, "W_o", None)
-        q, k, v = fused_linear.weight.split([q_size, kv_size, kv_size])
-        return q, k, v, out.weight
-    attn, proj = getattr(module, "c_attn", None), getattr(module, "c_proj", None)
-    if attn is not None and proj is not None:  # GPT-2 Conv1D: weight (in, out)
-        q, k, v = attn.weight.T.split([q_size, kv_size, kv_size])
-        return q, k, v, proj.weight.T
-    if isinstance(module, nn.MultiheadAttention) and module.in_proj_weight is not None:
-        q, k, v = module.in_proj_weight.split([q_size, kv_size, kv_size])
-        return q, k, v, module.out_proj.weight
-    raise ProbeError(f"cannot read the weights of {type(module).__name__}: weight-based scores read q/k/v/o_proj, "
-                     "W_q/W_k/W_v/W_o, a fused qkv_proj/W_qkv, GPT-2's c_attn/c_proj, DeepSeek's latent "
-                     "kv_a_proj_with_mqa/kv_b_proj and nn.MultiheadAttention",
-                     parameter="model")
-
-
-def _gain(norm: nn.Module | None) -> Tensor | None:
-    """The normalisation's per-coordinate gain (Gemma stores it as weight - 1)."""
-    weight = getattr(norm, "weight", None)
-    if not isinstance(weight, Tensor):
-        return None
-    gain = weight.detach().double()
-    return gain + 1.0 if "Gemma" in type(norm).__name__ else gain
-
-
-def _parent(model: nn.Module, module: nn.Module) -> nn.Module | None:
-    for name, candidate in model.named_modules():
-        if candidate is module:
-            return model.get_submodule(name.rpartition(".")[0])
-    return None
-
-
-def _named_child(parent: nn.Module | None, names: tuple[str, ...]) -> tuple[str, nn.Module | None]:
-    for name in names:
-        child = getattr(parent, name, None)
-        if isinstance(child, nn.Module):
-            return name, child
-    return "", None
-
-
 def layer_weights(model: nn.Module, layer: AttentionLayer) -> HeadWeights:
     """One attention layer's per-head W_Q, W_K, W_V, W_O (see the module docstring)."""
-    q, k, v, o = (w.detach().double() for w in _projections(layer.module, layer))
+    projections = attention_projections(layer.module, layer.n_heads, layer.n_kv_heads, layer.head_dim, layer.value_dim)
+    q, k, v, o = (w.detach().double() for w in projections)
     heads, kv_heads, head_dim = layer.n_heads, layer.n_kv_heads, layer.head_dim
     group = heads // max(kv_heads, 1)
     W_Q = _split_rows(q, heads, head_dim)
     W_K = _split_rows(k, kv_heads, head_dim).repeat_interleave(group, dim=0)
     W_V = _split_rows(v, kv_heads, layer.value_dim).repeat_interleave(group, dim=0)
     W_O = o.T.reshape(heads, layer.value_dim, -1)  # (n_heads, d_value, d_model)
-    name, norm = _named_child(_parent(model, layer.module), PRE_ATTENTION_NORMS)
-    gain = _gain(norm)
-    if gain is not None and gain.shape[0] == W_Q.shape[1]:
-        W_Q, W_K, W_V = (gain[None, :, None] * w for w in (W_Q, W_K, W_V))
+    name, norm = pre_attention_norm(model, layer.module)
+    scale = gain(norm)
+    if scale is not None and scale.shape[0] == W_Q.shape[1]:
+        W_Q, W_K, W_V = (scale[None, :, None] * w for w in (W_Q, W_K, W_V))
     else:
         name = ""
     return HeadWeights(W_Q, W_K, W_V, W_O, name)
@@ -157,9 +78,8 @@ def embedding_matrices(model: nn.Module) -> tuple[Tensor, Tensor]:
                          parameter="model")
     W_E = embed.weight.detach().float()
     W_U = unembed.weight.detach().float().T  # (d_model, vocab)
-    body = getattr(model, getattr(model, "base_model_prefix", ""), None)
-    _, norm = _named_child(body, FINAL_NORMS)
-    gain = _gain(norm)
-    if gain is not None and gain.shape[0] == W_U.shape[0]:
-        W_U = gain.float()[:, None] * W_U
+    _, norm = named_child(base_model(model), FINAL_NORMS)
+    scale = gain(norm)
+    if scale is not None and scale.shape[0] == W_U.shape[0]:
+        W_U = scale.float()[:, None] * W_U
     return W_E, W_U

@@ -8,6 +8,8 @@
 - `points`: the named hook points (`POINTS`) every installer fires; `types`: the one handler signature,
   `fn(payload, ctx)`, and its `HookContext`; `trace`: `Trace`, their public context manager, and its writers.
 - `restore`: clean-up that a second Ctrl-C cannot cut short.
+- `transformers_api`: every use of transformers' attention machinery, each named; `masks`: the structure of the
+  masks transformers makes for probe's implementation.
 
 `probe` re-exports the names most scripts need (`probe.__all__`, made from its imports).
 """

@@ -11,24 +11,14 @@ from torch import Tensor, nn
 from probe.errors import ProbeError
 from probe.hooks.points import fire_heads, fire_weights, fires
 from probe.hooks.types import LayerHooks, Undo
-
-OUTPUT_PROJECTIONS = ("W_o", "out_proj", "o_proj")
-
-
-def _output_projection(module: nn.Module) -> nn.Module | None:
-    for name in OUTPUT_PROJECTIONS:
-        projection = getattr(module, name, None)
-        if isinstance(projection, nn.Module):
-            return projection
-    return None
-
+from probe.models.parts import TEXTBOOK_OUTPUT_PROJECTIONS, output_projection
 
 def is_custom_attention(module: nn.Module) -> bool:
     """A candidate textbook attention module (discovery then checks that it returns per-head weights)."""
     return (
         not isinstance(module, nn.MultiheadAttention)
         and isinstance(getattr(module, "num_heads", None), int)
-        and any(hasattr(module, name) for name in OUTPUT_PROJECTIONS)
+        and any(hasattr(module, name) for name in TEXTBOOK_OUTPUT_PROJECTIONS)
     )
 
 
@@ -59,10 +49,10 @@ def edit_projection_input(projection: nn.Module, heads: int, hooks: LayerHooks, 
 
 
 def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    projection = _output_projection(module)
+    projection = output_projection(module, TEXTBOOK_OUTPUT_PROJECTIONS)
     if projection is None:
         raise ProbeError(f"cannot edit the heads of {type(module).__name__}: its output projection "
-                         f"({'/'.join(OUTPUT_PROJECTIONS)}) is not an nn.Module")
+                         f"({'/'.join(TEXTBOOK_OUTPUT_PROJECTIONS)}) is not an nn.Module")
     heads: Any = module.num_heads  # an int the module sets (nn.Module types attributes as tensors or modules)
     edit_projection_input(projection, int(heads), hooks, undo)
 

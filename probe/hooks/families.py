@@ -1,7 +1,8 @@
 """Hugging Face families whose attention does not go through transformers' attention interface (transformers 5):
 BLOOM, MPT and CodeGen compute it inline; GPT-Neo, GPT-J and Falcon choose an attention class when the model is
-built. Each family is one `Family` entry: which module is the attention, where it keeps its head count, and which
-submodule is the output projection (whose input is the heads, (batch, n, heads * head_dim), head-major).
+built. Each family is one `Family` entry: which module is the attention and where it keeps its head count; its
+output projection (whose input is the heads, (batch, n, heads * head_dim), head-major) is found by name
+(probe.models.parts: `out_proj`, BLOOM's and Falcon's `dense`).
 
 The shared code does the rest: their eager forward returns `(output, weights (b, heads, n, kv))`, so weights are read
 from what the module returns, with the model's configs switched to eager while read (Falcon picks sdpa at forward
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from torch import nn
@@ -20,7 +20,9 @@ from torch import nn
 from probe.errors import ProbeError
 from probe.hooks.custom import edit_projection_input, read_returned_weights
 from probe.hooks.points import fires
+from probe.hooks.transformers_api import has_implementation, set_implementation
 from probe.hooks.types import LayerHooks, Undo
+from probe.models.parts import OUTPUT_PROJECTIONS, output_projection
 
 
 def _bloom_problem(module: nn.Module) -> str:
@@ -33,22 +35,21 @@ def _bloom_problem(module: nn.Module) -> str:
 @dataclass(frozen=True)
 class Family:
     """How one family's attention module is read: the eager class (by name), the attribute holding the number of
-    query heads (and of key/value heads, where fewer), the output projection's attribute, and what can go wrong."""
+    query heads (and of key/value heads, where fewer), and what can go wrong."""
 
     attention: str
     heads: str
-    projection: str
     kv_heads: str = ""
     problem: Callable[[nn.Module], str] = lambda module: ""
 
 
 FAMILIES: dict[str, Family] = {
-    "gpt_neo": Family("GPTNeoSelfAttention", "num_heads", "out_proj"),
-    "gptj": Family("GPTJAttention", "num_attention_heads", "out_proj"),
-    "bloom": Family("BloomAttention", "num_heads", "dense", problem=_bloom_problem),
-    "falcon": Family("FalconAttention", "num_heads", "dense", kv_heads="num_kv_heads"),
-    "mpt": Family("MptAttention", "n_heads", "out_proj"),
-    "codegen": Family("CodeGenAttention", "num_attention_heads", "out_proj"),
+    "gpt_neo": Family("GPTNeoSelfAttention", "num_heads"),
+    "gptj": Family("GPTJAttention", "num_attention_heads"),
+    "bloom": Family("BloomAttention", "num_heads", problem=_bloom_problem),
+    "falcon": Family("FalconAttention", "num_heads", kv_heads="num_kv_heads"),
+    "mpt": Family("MptAttention", "n_heads"),
+    "codegen": Family("CodeGenAttention", "num_attention_heads"),
 }
 """config.model_type -> its Family."""
 
@@ -89,10 +90,8 @@ def _switch_to_eager(module: nn.Module, undo: list[Undo]) -> None:
     """The module's config (shared with the model) on eager while weights are read: the mask eager expects, and
     Falcon's eager branch, which is the one that returns weights."""
     config: Any = getattr(module, "config", None)
-    if config is None or not hasattr(config, "_attn_implementation_internal"):
-        return
-    undo.append(partial(setattr, config, "_attn_implementation_internal", config._attn_implementation_internal))
-    config._attn_implementation_internal = "eager"
+    if has_implementation(config):
+        undo.append(set_implementation(config, "eager"))
 
 
 def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
@@ -106,4 +105,8 @@ def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> No
         read_returned_weights(module, hooks, undo)
     if fires(hooks, "heads"):
         heads, _, _ = family_shape(module)
-        edit_projection_input(getattr(module, family.projection), heads, hooks, undo)
+        projection = output_projection(module)
+        if projection is None:
+            raise ProbeError(f"cannot edit the heads of {type(module).__name__}: it has no output projection "
+                             f"({', '.join(OUTPUT_PROJECTIONS)})")
+        edit_projection_input(projection, heads, hooks, undo)

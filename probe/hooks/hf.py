@@ -9,45 +9,48 @@ block of weights, per query head (grouped- and multi-query attention repeated to
 
 from __future__ import annotations
 
-import sys
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
-from probe.hooks.masks import noting_structure, structure_of
+from probe.hooks.masks import structure_of
 from probe.hooks.points import fire_blocked, fire_heads, fire_inputs, fire_statistics, fire_weights, fires
 from probe.hooks.restore import restoring
+from probe.hooks.transformers_api import (has_implementation, implementation, own_attention, register_attention,
+                                          set_implementation)
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 from probe.kernels import DEFAULT_CONFIG, AttentionCall, additive_bias, backend_for
 
-_HF_ACTIVE: weakref.WeakKeyDictionary[nn.Module, dict[int, LayerHooks]] = weakref.WeakKeyDictionary()  # by call
-_HF_CALLS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()  # calls so far, hooked modules
-_HF_RECORDER: list[list[tuple[nn.Module, int, int, int, int]]] = []  # discovery runs append here
-_ORIGINAL_IMPLEMENTATION = {"probe_sdpa": "sdpa", "probe_eager": "eager"}
-_REGISTERED: list[bool] = []  # one True once registered
+SEAT = "_probe_calls"  # an attention module's _Seat while hooked, in its __dict__
+RECORDING = "_probe_recording"  # every module's recording list during `recording_layers`, in its __dict__
+Recording = list[tuple[nn.Module, int, int, int, int]]
+
+
+@dataclass(eq=False)
+class _Seat:
+    """What probe's implementation does at one hooked attention module: the hooks of each of its calls in a forward
+    (a module called k times per forward, ALBERT's, is k layers) and the calls so far."""
+
+    by_call: dict[int, LayerHooks] = field(default_factory=dict)
+    calls: int = 0
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None  # a copy of a hooked module (QK attribution's copy of a layer) is not hooked
 
 
 def is_hf_model(model: nn.Module) -> bool:
     """Whether the model has a transformers config whose attention implementation probe can switch."""
-    config = getattr(model, "config", None)
-    return config is not None and hasattr(config, "_attn_implementation_internal")
+    return has_implementation(getattr(model, "config", None))
 
 
 def _original_function(name: str, module: nn.Module) -> Callable[..., tuple[Tensor, Any]]:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    if name == "eager":  # each modeling file has its own eager function; use the model's own
-        own = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
-        if own is not None:
-            return own
-        return _hf_weights_attention
-    return ALL_ATTENTION_FUNCTIONS[name]
+    own = own_attention(name, module)
+    return _hf_weights_attention if own is None else own
 
 
 def _hf_weights_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -100,15 +103,13 @@ def _from_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask
 
 
 def _active_hooks(module: nn.Module) -> LayerHooks | None:
-    """The hooks of this call of the module: a module called k times per forward (ALBERT) is k layers, told apart
-    by counting its calls modulo k."""
-    by_call = _HF_ACTIVE.get(module)
-    if by_call is None:
+    """The hooks of this call of the module: its calls are counted modulo the calls per forward."""
+    seat = module.__dict__.get(SEAT)
+    if seat is None:
         return None
-    count = _HF_CALLS.get(module, 0)
-    any_hooks = next(iter(by_call.values()))
-    _HF_CALLS[module] = (count + 1) % any_hooks.calls
-    return by_call.get(count)
+    count = seat.calls
+    seat.calls = (count + 1) % next(iter(seat.by_call.values())).calls
+    return seat.by_call.get(count)
 
 
 def _inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, kwargs: dict[str, Any]) -> AttentionInputs:
@@ -134,45 +135,34 @@ def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, val
     return _original_function(name, module)(module, query, key, value, attention_mask, **kwargs)[0]
 
 
-def _make_hf_implementation(name: str) -> Callable[..., tuple[Tensor, Any]]:
-    original_name = _ORIGINAL_IMPLEMENTATION[name]
-
-    def probe_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                        attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
-        for recording in _HF_RECORDER:
-            recording.append((module, query.shape[1], key.shape[1], query.shape[-1], value.shape[-1]))
-        hooks = _active_hooks(module)
-        if hooks is None:
-            return _own_attention(original_name, module, query, key, value, attention_mask, None, kwargs), None
-        if fires(hooks, "inputs"):  # read or replaced queries, keys or values (patching)
-            edited = fire_inputs(hooks, _inputs(query, key, value, attention_mask, kwargs))
-            query, key, value = edited.query, edited.key, edited.value
-        inputs = _inputs(query, key, value, attention_mask, kwargs)
-        recompute, ctx = hooks.recompute, hooks.context("recompute", inputs=inputs)
-        if recompute is not None and not fires(hooks, "weights") and recompute.covers_every_head(hooks.layer,
-                                                                                                 query.shape[1]):
-            output = recompute(None, ctx)  # the layer's own output is not needed
-        else:
-            output = _own_attention(original_name, module, query, key, value, attention_mask, hooks, kwargs)
-            if recompute is not None:
-                output = recompute(output, ctx)
-        output = fire_heads(hooks, output, inputs)  # (b, n, hq, d)
-        return output, None
-
-    return probe_attention
+def _probe_attention(original_name: str, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
+                     attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
+    """transformers' attention signature, run by probe: the module's hooks fire, the implementation it stands in for
+    (`original_name`) computes what no hook replaces; a discovery run records the call (`recording_layers`)."""
+    recording = module.__dict__.get(RECORDING)
+    if recording is not None:
+        recording.append((module, query.shape[1], key.shape[1], query.shape[-1], value.shape[-1]))
+    hooks = _active_hooks(module)
+    if hooks is None:
+        return _own_attention(original_name, module, query, key, value, attention_mask, None, kwargs), None
+    if fires(hooks, "inputs"):  # read or replaced queries, keys or values (patching)
+        edited = fire_inputs(hooks, _inputs(query, key, value, attention_mask, kwargs))
+        query, key, value = edited.query, edited.key, edited.value
+    inputs = _inputs(query, key, value, attention_mask, kwargs)
+    recompute, ctx = hooks.recompute, hooks.context("recompute", inputs=inputs)
+    if recompute is not None and not fires(hooks, "weights") and recompute.covers_every_head(hooks.layer,
+                                                                                             query.shape[1]):
+        output = recompute(None, ctx)  # the layer's own output is not needed
+    else:
+        output = _own_attention(original_name, module, query, key, value, attention_mask, hooks, kwargs)
+        if recompute is not None:
+            output = recompute(output, ctx)
+    output = fire_heads(hooks, output, inputs)  # (b, n, hq, d)
+    return output, None
 
 
-def _register_hf() -> None:
-    if _REGISTERED:
-        return
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-    from transformers.modeling_utils import AttentionInterface
-
-    for name, original in _ORIGINAL_IMPLEMENTATION.items():
-        AttentionInterface.register(name, _make_hf_implementation(name))
-        make_mask = ALL_MASK_ATTENTION_FUNCTIONS[original]  # sdpa's boolean masks: their structure noted (masks.py)
-        AttentionMaskInterface.register(name, noting_structure(make_mask) if original == "sdpa" else make_mask)
-    _REGISTERED.append(True)
+IMPLEMENTATIONS = {"probe_sdpa": partial(_probe_attention, "sdpa"), "probe_eager": partial(_probe_attention, "eager")}
+"""probe's implementations, named after the mask format each keeps (transformers' sdpa or eager)."""
 
 
 def _configs(model: nn.Module) -> list[Any]:
@@ -180,40 +170,47 @@ def _configs(model: nn.Module) -> list[Any]:
     seen: dict[int, Any] = {}
     for module in model.modules():
         config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
+        if has_implementation(config):
             seen.setdefault(id(config), config)
     return list(seen.values())
 
 
 def switch_implementation(model: nn.Module, undo: list[Undo]) -> None:
     """Switch every config of the model to probe's implementation; `undo` gets the steps that switch back."""
-    _register_hf()
+    for name, function in IMPLEMENTATIONS.items():
+        register_attention(name, function, masks_of=name.removeprefix("probe_"))
     for config in _configs(model):
-        implementation = config._attn_implementation_internal
-        undo.append(partial(setattr, config, "_attn_implementation_internal", implementation))
-        if not (isinstance(implementation, str) and implementation.startswith("probe_")):
-            keep = "eager" if implementation == "eager" else "sdpa"  # flash/flex/kernels: sdpa reads the same
-            config._attn_implementation_internal = f"probe_{keep}"
+        current = implementation(config)
+        if not (isinstance(current, str) and current.startswith("probe_")):
+            keep = "eager" if current == "eager" else "sdpa"  # flash/flex/kernels: sdpa reads the same
+            undo.append(set_implementation(config, f"probe_{keep}"))
 
 
-def _uninstall(module: nn.Module, call: int, previous: LayerHooks | None) -> None:
-    by_call = _HF_ACTIVE.get(module, {})
-    if previous is not None:  # an outer `with`'s hooks
-        by_call[call] = previous
+def _put_back(module: nn.Module, name: str, saved: Any) -> None:
+    if saved is None:
+        module.__dict__.pop(name, None)
     else:
-        by_call.pop(call, None)
-    if not by_call:
-        _HF_ACTIVE.pop(module, None)
-        _HF_CALLS.pop(module, None)
+        module.__dict__[name] = saved
+
+
+def _uninstall(seat: _Seat, call: int, previous: LayerHooks | None) -> None:
+    if previous is not None:  # an outer `with`'s hooks
+        seat.by_call[call] = previous
+    else:
+        seat.by_call.pop(call, None)
 
 
 def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     """Have probe's implementation read (and edit) this attention module, at call `hooks.call` of each forward; the
     switch itself is the caller's. Hooks already there (an outer `with`) run first."""
-    previous = _HF_ACTIVE.get(module, {}).get(hooks.call)
-    undo.append(partial(_uninstall, module, hooks.call, previous))
-    _HF_ACTIVE.setdefault(module, {})[hooks.call] = hooks if previous is None else previous.merged(hooks)
-    _HF_CALLS[module] = 0
+    seat = module.__dict__.get(SEAT)
+    if seat is None:
+        undo.append(partial(_put_back, module, SEAT, None))
+        seat = module.__dict__[SEAT] = _Seat()
+    previous = seat.by_call.get(hooks.call)
+    undo.append(partial(_uninstall, seat, hooks.call, previous))
+    seat.by_call[hooks.call] = hooks if previous is None else previous.merged(hooks)
+    seat.calls = 0
 
 
 def count_calls_per_forward(model: nn.Module, undo: list[Undo]) -> None:
@@ -221,23 +218,21 @@ def count_calls_per_forward(model: nn.Module, undo: list[Undo]) -> None:
     short (an exception caught inside the `with`) cannot shift which call is which layer."""
     def restart(_model: nn.Module, _args: Any) -> None:
         for module in model.modules():
-            if module in _HF_CALLS:
-                _HF_CALLS[module] = 0
+            seat = module.__dict__.get(SEAT)
+            if seat is not None:
+                seat.calls = 0
 
     undo.append(model.register_forward_pre_hook(restart).remove)
 
 
-def _forget(recording: list[tuple[nn.Module, int, int, int, int]]) -> None:
-    _HF_RECORDER[:] = [other for other in _HF_RECORDER if other is not recording]
-
-
 @contextmanager
-def recording_layers(model: nn.Module) -> Iterator[list[tuple[nn.Module, int, int, int, int]]]:
+def recording_layers(model: nn.Module) -> Iterator[Recording]:
     """For the body, probe's implementation runs the model and records (module, query heads, key/value heads,
     head_dim, value head size) of every attention call, in call order."""
-    recording: list[tuple[nn.Module, int, int, int, int]] = []
+    recording: Recording = []
     with restoring() as undo:
-        undo.append(partial(_forget, recording))
-        _HF_RECORDER.append(recording)
+        for module in model.modules():
+            undo.append(partial(_put_back, module, RECORDING, module.__dict__.get(RECORDING)))
+            module.__dict__[RECORDING] = recording
         switch_implementation(model, undo)
         yield recording

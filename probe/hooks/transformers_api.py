@@ -1,0 +1,127 @@
+"""Every place probe meets transformers' attention machinery, each use named. Tested with transformers 5.1.0 (the
+declared floor: .ci/compat runs tests/test_classify.py, test_capture.py, test_hook_points.py, test_lse.py,
+test_kv_heads.py and test_mask_structure.py with it) and 5.24.0 (the newest, where the whole suite runs).
+
+Public API:
+
+- `AttentionInterface.register(name, function)`: probe's attention implementations (`register_attention`).
+- `ALL_ATTENTION_FUNCTIONS[name]`: transformers' own implementation that one of probe's stands in for
+  (`own_attention`).
+- `AttentionMaskInterface.register(name, function)` and `ALL_MASK_ATTENTION_FUNCTIONS[name]`: the masks made for an
+  implementation of probe's, made as transformers makes sdpa's or eager's (`register_attention`).
+- The arguments transformers hands a mask function (`sdpa_mask`'s signature), `masking_utils.causal_mask_function`
+  and `bidirectional_mask_function` compared by identity, and the config's `sliding_window`: what `noting_sdpa_mask`
+  tells a padding, causal or sliding-window mask by (probe.hooks.masks).
+
+No public way: which implementation one config names, and switching it while hooked (`has_implementation`,
+`implementation`, `set_implementation`: the config's `_attn_implementation_internal`, the field transformers' own
+setters write). `PreTrainedModel.set_attn_implementation` is public but cannot be undone exactly: at 5.1.0 it leaves
+`_attn_was_changed` on sub-configs, it checks (and may fall back from) sdpa, it only warns on a model whose layers do
+not use the attention interface (Falcon), and it has no form for one config (QK attribution's copy of a layer).
+Nor is "eager" in the interface: each modeling file defines its own `eager_attention_forward`, which `own_attention`
+finds by that name in the module's modeling file.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from torch import Tensor, nn
+
+from probe.hooks.masks import note_structure
+from probe.hooks.types import Undo
+
+_FIELD = "_attn_implementation_internal"  # transformers 5.1.0 - 5.24.0: a config's attention implementation
+
+
+def has_implementation(config: Any) -> bool:
+    """Whether `config` is a transformers config naming an attention implementation (tested at 5.1.0 and 5.24.0)."""
+    return config is not None and hasattr(config, _FIELD)
+
+
+def implementation(config: Any) -> Any:
+    """The attention implementation the config names (tested at 5.1.0 and 5.24.0)."""
+    return getattr(config, _FIELD)
+
+
+def set_implementation(config: Any, name: str) -> Undo:
+    """Switch this one config (not its sub-configs) to the implementation `name`; the step that switches it back
+    exactly (tested at 5.1.0 and 5.24.0)."""
+    undo = partial(setattr, config, _FIELD, getattr(config, _FIELD))
+    setattr(config, _FIELD, name)
+    return undo
+
+
+def register_attention(name: str, function: Callable[..., Any], masks_of: str | None = None) -> None:
+    """Register `function` as the attention implementation `name` (`AttentionInterface.register`); where `masks_of`
+    is "sdpa" or "eager", its layers get that implementation's masks (`AttentionMaskInterface.register`), sdpa's with
+    their structure noted. Registering again replaces it: the same function each time."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(name, function)
+    if masks_of is not None:
+        make_mask = noting_sdpa_mask if masks_of == "sdpa" else ALL_MASK_ATTENTION_FUNCTIONS[masks_of]
+        AttentionMaskInterface.register(name, make_mask)
+
+
+def own_attention(name: str, module: nn.Module) -> Callable[..., tuple[Tensor, Any]] | None:
+    """transformers' own implementation `name` for this attention module (`ALL_ATTENTION_FUNCTIONS[name]`); for
+    "eager", the module's modeling file's own `eager_attention_forward`, None where it has none."""
+    if name == "eager":  # each modeling file has its own eager function (transformers 5.1.0 - 5.24.0)
+        return getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def noting_sdpa_mask(*args: Any, **kwargs: Any) -> Tensor | None:
+    """transformers' sdpa mask (`ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]`), its structure noted on it where the
+    arguments show it is the padding mask with causality or a sliding window and nothing else (probe.hooks.masks)."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    make_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
+    mask = make_mask(*args, **kwargs)
+    if isinstance(mask, Tensor):
+        arguments = inspect.signature(make_mask).bind(*args, **kwargs).arguments
+        form = _form(arguments, arguments.get("kwargs", {}).get("config"))
+        if form is not None:
+            note_structure(mask, arguments.get("attention_mask"), _query_length(arguments), *form)
+    return mask
+
+
+def _query_length(arguments: dict[str, Any]) -> int | None:
+    """The mask's query length: `q_length` (5.24.0), or the length of `cache_position` (5.1.0)."""
+    if "q_length" in arguments:
+        return arguments["q_length"]
+    position = arguments.get("cache_position")
+    return int(position.shape[0]) if isinstance(position, Tensor) else None
+
+
+def _form(arguments: dict[str, Any], config: Any) -> tuple[bool, int | None] | None:
+    """(causal, window) of the mask function: transformers' causal or bidirectional function by identity; a sliding
+    window where the arguments are those of transformers' sliding-window causal mask with nothing added (its size
+    `local_size` is the config's `sliding_window`, the config has no chunked attention, and transformers still allows
+    the causal skip, which it turns off when it adds packed sequences or other mask functions); else None."""
+    from transformers import masking_utils
+
+    function = arguments.get("mask_function", masking_utils.causal_mask_function)
+    # the offsets are tensors under a static cache: only ints are compared (a tensor's comparison is a host read)
+    offsets = (arguments.get("q_offset", 0), arguments.get("kv_offset", 0))
+    if not all(isinstance(offset, int) and offset == 0 for offset in offsets):
+        return None
+    if function is masking_utils.causal_mask_function:
+        return True, None
+    if function is masking_utils.bidirectional_mask_function:
+        return False, None
+    window = arguments.get("local_size")
+    chunked = getattr(config, "attention_chunk_size", None) or "chunked_attention" in (
+        getattr(config, "layer_types", None) or ())
+    if isinstance(window, int) and window > 0 and window == getattr(config, "sliding_window", None) and \
+            not chunked and arguments.get("allow_is_causal_skip", True) is True:
+        return True, window
+    return None
