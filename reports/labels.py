@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from probe.threads import threads_clause
+
 LayerNames = Sequence[str] | None
 """A payload's `layer_names`, or None where it has none (a model of one stack)."""
 
@@ -42,15 +44,16 @@ def precision_note(payload: dict[str, Any]) -> str:
 
 
 def precision_sentence(payload: dict[str, Any]) -> str:
-    """A terminal report's last line: `Computed in bfloat16, ....` ("" for a payload without `dtype`)."""
+    """A terminal report's last line: `Computed in bfloat16, ..., on 2 threads.` ("" for a payload without
+    `dtype`)."""
     note = precision_note(payload)
-    return f"{note.capitalize()}." if note else ""
+    return f"{note.capitalize()}{threads_clause()}." if note else ""
 
 
 def precision_clause(payload: dict[str, Any]) -> str:
     """`; computed in ...`, closing a report's last line of timings ("" for a payload without `dtype`)."""
     note = precision_note(payload)
-    return f"; {note}" if note else ""
+    return f"; {note}{threads_clause()}" if note else ""
 
 
 def precision_fact(payload: dict[str, Any]) -> list[tuple[str, str]]:

@@ -21,9 +21,10 @@ from importlib import metadata
 from pathlib import Path
 
 import pytest
+import typer
 from rich.console import Console
 
-from probe.cli.app import DISTRIBUTION, FLAGS, flag_message
+from probe.cli.app import DISTRIBUTION, app, flag_message
 from probe.cli.progress import PlainProgress
 from conftest import run_cli, tiny_loaded
 from probe.ablation import estimate, sweep
@@ -254,16 +255,20 @@ def test_non_finite_thresholds_are_refused(value: str, capsys, monkeypatch) -> N
 # messages and exit codes
 
 
-def test_a_library_parameter_is_shown_as_its_flag() -> None:
+def test_a_library_parameter_is_shown_as_the_flag_its_command_declares() -> None:
+    commands = typer.main.get_command(app).commands
+    classify, heatmap = commands["classify"].params, commands["heatmap"].params
     error = ProbeError("seq_len must be at least 2, got 1", parameter="seq_len")
-    assert flag_message(error) == "--seq-len must be at least 2, got 1"
+    assert flag_message(error, classify) == "--seq-len must be at least 2, got 1"
     error = ProbeError("heads: 0.9 is out of range: the model has 4 heads", parameter="heads")
-    assert flag_message(error) == "--heads: 0.9 is out of range: the model has 4 heads"
+    assert flag_message(error, commands["ablate"].params) == "--heads: 0.9 is out of range: the model has 4 heads"
     error = ProbeError("start must be a position", parameter="start")
-    assert flag_message(error) == "--window-start must be a position"
-    assert flag_message(ProbeError("max_memory is odd", parameter="max_memory")) == "max_memory is odd"
-    assert flag_message(ProbeError("plain")) == "plain"
-    assert FLAGS["results_path"] == "--results" and FLAGS["thresholds"] == "--threshold"
+    assert flag_message(error, heatmap) == "--window-start must be a position"
+    assert flag_message(error, classify) == "start must be a position"  # classify has no option that sets it
+    error = ProbeError("thresholds: the threshold of x must be a finite number", parameter="thresholds")
+    assert flag_message(error, classify).startswith("--threshold: the threshold of x")
+    assert flag_message(ProbeError("max_memory is odd", parameter="max_memory"), classify) == "max_memory is odd"
+    assert flag_message(ProbeError("plain"), classify) == "plain"
 
 
 def test_library_errors_reach_the_command_line_with_flags(capsys, monkeypatch) -> None:
