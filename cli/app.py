@@ -26,6 +26,7 @@ from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import Interrupted, set_quiet, warn
 from probe.errors import ProbeError
 from probe.provenance import DISTRIBUTION, version_of
+from probe.reports.labels import computed_on
 from probe.threads import use_threads
 
 
@@ -45,7 +46,7 @@ def _apply_flags() -> None:
         raise ProbeError("-q and -v contradict each other: give one")
     set_quiet(_state["quiet"])
     configure_logging(_state["verbose"])
-    use_threads(_state["threads"])
+    computed_on(use_threads(_state["threads"]))
 
 
 def _late_flags(given: dict[str, Any]) -> None:

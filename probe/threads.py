@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 from probe.errors import ProbeError
 
 ENV = "PROBE_THREADS"
-_chosen: list[int] = []  # the count use_threads set, where it set one
 
 
 def free_cpus() -> int:
@@ -25,7 +26,6 @@ def free_cpus() -> int:
 
 def use_threads(count: int | None = None) -> int:
     """Set torch's thread count to `count`, else to PROBE_THREADS, else to `free_cpus()`; the count set."""
-    import torch  # here: the reports read `threads_clause` without loading torch
     if count is None and os.environ.get(ENV, "").strip():
         text = os.environ[ENV].strip()
         if not text.isdigit() or int(text) < 1:
@@ -33,11 +33,4 @@ def use_threads(count: int | None = None) -> int:
         count = int(text)
     chosen = free_cpus() if count is None else count
     torch.set_num_threads(chosen)
-    _chosen[:] = [chosen]
     return chosen
-
-
-def threads_clause() -> str:
-    """`, on 2 threads`, closing a report's line on what its numbers were computed in, where `use_threads` chose the
-    count ("" where it did not: torch's own, a library call's)."""
-    return f", on {_chosen[0]} thread{'' if _chosen[0] == 1 else 's'}" if _chosen else ""

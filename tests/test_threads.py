@@ -12,6 +12,7 @@ import torch
 
 from conftest import run_cli
 from probe import threads
+from probe.reports import labels
 from probe.threads import free_cpus, use_threads
 
 PLANTED = f"{Path(__file__).parent / 'planted.py'}:planted_textbook"
@@ -20,11 +21,12 @@ PLANTED = f"{Path(__file__).parent / 'planted.py'}:planted_textbook"
 @pytest.fixture(autouse=True)
 def keep_torch_threads(monkeypatch) -> Iterator[None]:
     """Each test starts with no count chosen and leaves torch's own as it found it."""
-    before, chosen = torch.get_num_threads(), list(threads._chosen)
+    before, said = torch.get_num_threads(), dict(labels._run)
     monkeypatch.delenv(threads.ENV, raising=False)
     yield
     torch.set_num_threads(before)
-    threads._chosen[:] = chosen
+    labels._run.clear()
+    labels._run.update(said)
 
 
 def machine(monkeypatch, cpus: int, load: float) -> None:
