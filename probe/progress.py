@@ -79,7 +79,7 @@ def _number(value: float) -> str:
 
 
 class Counts(ProgressColumn):
-    """`12/40 heads, 0.8/s, 1:05 elapsed, ~1:20 left` (`30%, 2.1%/min, ...` for a stage without a unit; `1:05
+    """`12/40 heads, 0.8/s, 1:05 elapsed, ~1:20 left` (`30%, 2.1%/min, ...` or `%/s` for a stage without a unit; `1:05
     elapsed` alone for one without a total), the rate and the time left once they are known."""
 
     def render(self, task: Task) -> Text:
@@ -88,8 +88,11 @@ class Counts(ProgressColumn):
             return Text(f"{clock(elapsed)} elapsed")
         speed = rate(task)
         said = f"{task.completed:g}/{task.total:g} {unit}" if unit else f"{task.percentage:.0f}%"
-        if speed:
-            said += f", {_number(speed)}/s" if unit else f", {_number(60 * 100 * speed / task.total)}%/min"
+        if speed and unit:
+            said += f", {_number(speed)}/s"
+        elif speed:
+            per_minute = 60 * 100 * speed / task.total
+            said += f", {_number(per_minute)}%/min" if per_minute < 100 else f", {_number(per_minute / 60)}%/s"
         remaining = left(task)
         return Text(f"{said}, {clock(elapsed)} elapsed" + ("" if remaining is None else
                                                             f", ~{clock(round(remaining))} left"))
@@ -105,11 +108,12 @@ class Bars:
     def __init__(self, label: str, units: Mapping[str, str] | None = None, *, first: float = EVERY_SECONDS,
                  console: Console | None = None, now: Callable[[], float] | None = None) -> None:
         self.label, self.units, self.first = label, units or {}, first
-        self.console = console or Console(stderr=True, width=None if sys.stderr.isatty() else UNWRAPPED)
+        terminal = getattr(sys.stderr, "isatty", lambda: False)()
+        self.console = console or Console(stderr=True, width=None if terminal else UNWRAPPED)
         self.live = self.console.is_terminal  # off a terminal: lines, without the bar's glyphs (no colour there)
         self.rich = RichProgress(TextColumn("{task.description}"), *([BarColumn()] if self.live else []), Counts(),
                                  TextColumn("{task.fields[note]}"), console=self.console,
-                                 get_time=now or (lambda: monotonic()), transient=False)
+                                 get_time=now or (lambda: monotonic()), transient=False, redirect_stdout=False)
         self.current: TaskID | None = None
         self.stages: dict[str, TaskID] = {}
         self.said: float | None = None  # when the running stage's last line was said

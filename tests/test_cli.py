@@ -426,7 +426,7 @@ def test_a_report_in_a_file_is_not_wrapped_at_80_columns(tmp_path: Path, capsys,
     assert any(line.startswith("  computed: exact: ") and line.endswith("block") for line in lines_out)
 
 
-PLAIN_LINE = re.compile(r"^ablating heads \d+%(, [\d.]+%/min)?, \d+:\d\d elapsed(, ~\d+:\d\d left)?"
+PLAIN_LINE = re.compile(r"^ablating heads \d+%(, [\d.]+%/(min|s))?, \d+:\d\d elapsed(, ~\d+:\d\d left)?"
                         r"( \(\d+ heads? done\))?$")
 
 

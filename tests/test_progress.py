@@ -132,7 +132,7 @@ def test_stages_off_a_terminal_count_in_their_unit_and_end_at_their_total(capsys
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "atlas: composition 3/30 layer pairs, 0.75/s, 0:04 elapsed, ~0:36 left"  # its first tenth
     assert lines[-2] == "atlas: composition 30/30 layer pairs, 1.4/s, 0:22 elapsed"
-    assert lines[-1] == "atlas: patterns 100%, 1200%/min, 0:05 elapsed"
+    assert lines[-1] == "atlas: patterns 100%, 20%/s, 0:05 elapsed"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def test_the_time_left_is_rounded_to_the_nearest_second() -> None:
         for done in (1, 2):
             clock[0] += 1.9
             bars(done, 3)
-        assert written.getvalue().splitlines()[-1] == "kv-heads: scoring heads 67%, 1053%/min, 0:03 elapsed, ~0:02 left"
+        assert written.getvalue().splitlines()[-1] == "kv-heads: scoring heads 67%, 18%/s, 0:03 elapsed, ~0:02 left"
 
 
 def test_work_done_in_a_moment_says_nothing() -> None:
