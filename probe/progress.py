@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import ParamSpec, TypeVar
 
 from rich.console import Console
+from rich.table import Column
 from rich.progress import BarColumn, ProgressColumn, Task, TaskID, TextColumn
 from rich.progress import Progress as RichProgress
 from rich.text import Text
@@ -111,7 +112,8 @@ class Bars:
         terminal = getattr(sys.stderr, "isatty", lambda: False)()
         self.console = console or Console(stderr=True, width=None if terminal else UNWRAPPED)
         self.live = self.console.is_terminal  # off a terminal: lines, without the bar's glyphs (no colour there)
-        self.rich = RichProgress(TextColumn("{task.description}"), *([BarColumn()] if self.live else []), Counts(),
+        self.rich = RichProgress(TextColumn("{task.description}"), *([BarColumn(bar_width=20)] if self.live else []),
+                                 Counts(table_column=Column(no_wrap=True)),
                                  TextColumn("{task.fields[note]}"), console=self.console,
                                  get_time=now or (lambda: monotonic()), transient=False, redirect_stdout=False)
         self.current: TaskID | None = None
