@@ -18,7 +18,6 @@ from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, Devic
                                JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
                                RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
-from probe.cli.plans import plan, sweep_work
 from probe.cli.progress import Interrupted, console, note, status, sweep_progress
 from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads
 from probe.ablation.methods import AblationMethod, build_method
@@ -178,10 +177,6 @@ def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None
     stream.parent.mkdir(parents=True, exist_ok=True)
     done_before = finished_count(stream) if resume else 0
     groups = [heads] if request.together and heads else []
-    if not groups and not resume:
-        count = len(heads) if heads is not None else sum(layer.n_heads for layer in attention_layers(loaded.model))
-        plan(loaded, [sweep_work("ablating heads", count, probe_set.input_ids)], request.batch_size,
-             show and current() is None)
     try:
         with sweep_progress("ablating heads", show) as (update, on_result):
             result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,

@@ -1,7 +1,7 @@
 """The `probe` command: a thin typer layer over the library. Bad input ends in one line and a non-zero exit.
 
-Two tables live here and nowhere else: which exit code (and which one line) each kind of failure gets, and which
-flag each library parameter is, so that a library message about `seq_len` reads `--seq-len` on the command line.
+Which exit code (and which one line) each kind of failure gets lives here and nowhere else. A library message about
+a parameter (`seq_len`) names, on the command line, the flag that the running command declares for it (`--seq-len`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import typer
@@ -21,13 +21,16 @@ from probe.cli import (ablate, atlas, circuits, classify, compare, dla, heatmap,
                        schema, steer, syntax, track)
 from probe.cli.allocator import keep_freed_buffers
 from probe.cli.checks import check_before_loading
+from probe.cli.options import GLOBAL_PANEL, Threads
 from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import Interrupted, set_quiet, warn
 from probe.errors import ProbeError
 from probe.provenance import DISTRIBUTION, version_of
+from probe.reports.labels import computed_on
+from probe.threads import use_threads
 
 
-_state = {"debug": False, "quiet": False, "verbose": False}
+_state: dict[str, Any] = {"debug": False, "quiet": False, "verbose": False, "threads": None, "params": []}
 
 GLOBAL_FLAGS = (
     ("debug", ["--debug"], "Show tracebacks instead of one-line errors."),
@@ -43,22 +46,26 @@ def _apply_flags() -> None:
         raise ProbeError("-q and -v contradict each other: give one")
     set_quiet(_state["quiet"])
     configure_logging(_state["verbose"])
+    computed_on(use_threads(_state["threads"]))
 
 
-def _late_flags(given: dict[str, bool]) -> None:
-    """The global flags given after the command: they add to those given before it."""
+def _late_flags(given: dict[str, Any]) -> None:
+    """The global flags given after the command: they add to those given before it (`--threads` replaces)."""
+    threads = given.pop("threads")
     for name, value in given.items():
         _state[name] = _state[name] or value
+    _state["threads"] = _state["threads"] if threads is None else threads
     _apply_flags()
 
 
 def _flag(index: int) -> Any:
     """The typer option of GLOBAL_FLAGS[index]."""
     _, flags, help_ = GLOBAL_FLAGS[index]
-    return typer.Option(False, *flags, help=help_, rich_help_panel="Global flags (before or after the command)")
+    return typer.Option(False, *flags, help=help_, rich_help_panel=GLOBAL_PANEL)
 
 
-def _flags(debug: bool = _flag(0), quiet: bool = _flag(1), verbose: bool = _flag(2)) -> None:
+def _flags(debug: bool = _flag(0), quiet: bool = _flag(1), verbose: bool = _flag(2),
+           threads: Threads = None) -> None:
     """The global flags as options of their own: typer makes them, each command takes them after its name."""
 
 
@@ -92,8 +99,12 @@ class Command(_BareFlags, TyperCommand):
                 param.help = escape(param.help)
         self.params.extend(_LATE_FLAGS)
 
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _state["params"] = self.params  # a library error names the option that sets its parameter (flag_message)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: Any) -> Any:
-        _late_flags({name: ctx.params.pop(name) for name, _, _ in GLOBAL_FLAGS})
+        _late_flags({param.name: ctx.params.pop(param.name) for param in _LATE_FLAGS})
         remember_parameters(dict(ctx.params))
         check_before_loading(ctx.params)
         return super().invoke(ctx)
@@ -111,46 +122,30 @@ for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate
                 schema.schema, compare.compare, qk.qk):
     app.command(cls=Command)(command)
 
-FLAGS = {
-    "spec": "--model", "model": "--model", "trust_remote_code": "--trust-remote-code", "device": "--device",
-    "dtype": "--dtype", "device_map": "--device-map", "offload_folder": "--offload-folder",
-    "data": "--data", "seq_len": "--seq-len", "num_seqs": "--num-seqs", "repeat_len": "--repeat-len", "seed": "--seed",
-    "batch_size": "--batch-size", "thresholds": "--threshold",
-    "heads": "--heads", "groups": "--together", "together": "--together", "method": "--method",
-    "per_position": "--per-position", "stack": "--stack", "budget": "--budget", "results_path": "--results",
-    "resume": "--resume", "force": "--force", "top": "--top",
-    "text": "--text", "file": "--file", "layers": "--layers", "max_tokens": "--max-tokens", "start": "--window-start",
-    "decimals": "--decimals",
-    "conllu": "--conllu", "max_sentences": "--max-sentences", "margin": "--margin",
-    "min_count": "--min-count", "confident": "--confident",
-    "orderings": "--orderings", "step": "--step", "max_increase": "--max-increase", "seeds": "--seeds",
-    "task": "--task", "pairs": "--pairs", "seq2seq": "--seq2seq", "labels": "--labels", "count": "--count",
-    "metric": "--metric",
-    "component": "--component",
-    "lengths": "--lengths", "depths": "--depths", "needle": "--needle", "recent": "--recent", "sink": "--sink",
-    "full_fraction": "--full-fraction", "steps": "--steps", "random_seeds": "--random-seeds",
-    "checkpoints": "--checkpoints", "revisions": "--revisions", "revision": "--revisions",
-    "icl_positions": "--icl-positions", "min_rise": "--min-rise", "scores": "--threshold",
-    "order_by": "--order", "kvpress_ratio": "--kvpress-ratio", "max_loss_increase": "--max-loss-increase",
-    "curve_texts": "--curve-texts",
-    "results_dir": "--results", "task_count": "--count", "fast": "--fast",
-    "alphas": "--alpha", "alpha": "--alpha", "values": "--values", "intervention": "--intervention",
-    "target_words": "--target-words", "prompt": "--generate",
-    "max_new_tokens": "--max-new-tokens",
-    "score": "--score", "group": "--group", "top_k": "--top",
-    "head": "--head", "at": "--at", "query": "--query", "key": "--key",
-}
-"""Library parameter -> the flag that sets it. A ProbeError with `parameter` has that name replaced by the flag."""
+LIBRARY_NAMES = {"thresholds": "threshold", "start": "window_start", "order_by": "order", "top_k": "top"}
+"""A library parameter that a command's option sets under another name: that option's name. Every other library
+parameter is the option of its own name."""
 
 INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-C
 
 
-def flag_message(error: ProbeError) -> str:
-    """The error's message with its parameter's name (the first time it stands as a word) replaced by its flag."""
-    message, parameter = str(error), error.parameter
-    if parameter not in FLAGS:
+def flag_of(parameter: str | None, params: Sequence[Any]) -> str | None:
+    """The flag of the option that sets the library's `parameter`, as the command declares it (its long form), or
+    None where the command has no such option."""
+    name = LIBRARY_NAMES.get(parameter or "", parameter)
+    for param in params:
+        if param.name == name and isinstance(param, TyperOption):
+            return max(param.opts, key=len)
+    return None
+
+
+def flag_message(error: ProbeError, params: Sequence[Any]) -> str:
+    """The error's message with its parameter's name (the first time it stands as a word) replaced by the flag of
+    the option among `params` (the running command's) that sets it."""
+    message, flag = str(error), flag_of(error.parameter, params)
+    if flag is None or error.parameter is None:
         return message
-    return re.sub(rf"(?<![\w-]){re.escape(parameter)}(?![\w-])", FLAGS[parameter], message, count=1)
+    return re.sub(rf"(?<![\w-]){re.escape(error.parameter)}(?![\w-])", flag, message, count=1)
 
 
 def _rank_prefix() -> str:
@@ -168,7 +163,7 @@ def _usage_line(error: BaseException) -> str | None:
 Describe = Callable[[BaseException], "str | None"]
 EXITS: tuple[tuple[type[BaseException], int | None, Describe, bool], ...] = (
     # (kind of failure, exit code (None: its own exit_code), its one line (None: nothing), --debug re-raises it)
-    (ProbeError, 2, lambda error: f"{_rank_prefix()}error: {flag_message(error)}", True),  # type: ignore[arg-type]
+    (ProbeError, 2, lambda error: f"{_rank_prefix()}error: {flag_message(error, _state['params'])}", True),  # type: ignore[arg-type]
     (typer.Exit, None, lambda error: None, False),  # --help and the like
     (typer.TyperException, None, lambda error: _usage_line(error), False),  # usage errors: their own code, 2
     (typer.Abort, INTERRUPTED, lambda error: "interrupted", False),
@@ -232,11 +227,12 @@ def _options(
     debug: bool = _flag(0),
     quiet: bool = _flag(1),
     verbose: bool = _flag(2),
+    threads: Threads = None,
     _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                   help="Show probe's version and exit."),
 ) -> None:
     """The global flags given before the command (each command takes them after its name too)."""
-    _state.update(debug=debug, quiet=quiet, verbose=verbose)
+    _state.update(debug=debug, quiet=quiet, verbose=verbose, threads=threads)
     _apply_flags()
 
 
@@ -251,6 +247,7 @@ def main() -> None:
         raise
     finally:
         forget_provenance()
+        _state["params"] = []
     if outcome == INTERRUPTED:  # typer turns Ctrl-C into an exit code, returned rather than raised
         _exit(Interrupted.take())
     if isinstance(outcome, int) and outcome:

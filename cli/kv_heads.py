@@ -6,21 +6,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import torch
 import typer
 
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
                                Seed, TextData, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.plans import Work, plan, planned_first
 from probe.cli.progress import console, stage_progress
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
 from probe.headmaps.formats import DUO_CONFIG, DUO_FILE, kv_heads_map, write_map
-from probe.hooks.layers import attention_layers
-from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, budget_points, kv_groups, kv_heads as run_kv_heads
-from probe.kv.pipeline import STAGE_UNITS, bounded_stages, check_budget_choice
-from probe.models import DEFAULT_MODEL, LoadedModel
+from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, kv_heads as run_kv_heads
+from probe.kv.pipeline import STAGE_UNITS, check_budget_choice
+from probe.models import DEFAULT_MODEL
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
 from probe.reports.kv_heads import duo_config, kv_heads_page, kv_heads_report, razor_map
@@ -131,26 +128,6 @@ def _write_exports(exports: dict[str, Path], payload: dict[str, Any], budget: di
         save_json(budget_file(export), budget, "kv-budget")
 
 
-def kv_work(loaded: LoadedModel, length: int, needles: int, texts: int, stages: tuple[bool, bool],
-            curve: tuple[int, int]) -> list[Work]:
-    """The stages' forwards of `length` tokens: the scoring pass over the needle prompts (at most 1.5x a forward),
-    the budget's bisection (one point per halving of the KV heads, each over the held-out texts and prompts, the
-    windowed forward at most 1.3x), the curve's points (`curve`: steps, random seeds; a random order stops early)."""
-    calibrated, checked = stages
-    steps, seeds = curve
-    one = torch.ones((1, length), dtype=torch.long)
-    rows = texts + needles  # one point: the loss on the texts and the accuracy on the needle prompts
-    points = budget_points(len(attention_layers(loaded.model)) * kv_groups(loaded)[1])
-    works = [Work(f"scoring heads on {needles} needle prompt(s) of {length} tokens", one, (needles, 1.5 * needles))]
-    if calibrated:
-        works.append(Work(f"calibrating the budget (up to {points + 1} points of {rows} sequences)", one,
-                          ((points - 1) * rows, 1.3 * (points + 1) * rows)))
-    if checked:
-        works.append(Work(f"checking the order (up to {(steps + 2) * (1 + seeds)} points)", one,
-                          ((steps + 1) * rows, 1.3 * (steps + 2) * (1 + seeds) * rows)))
-    return works
-
-
 DEPTHS = ",".join(f"{depth:g}" for depth in DEFAULT_DEPTHS)  # --depths' default
 
 
@@ -176,19 +153,14 @@ def kv_heads(
     check_budget_choice(kvpress_ratio, (full_fraction, retrieval_threshold, streaming_threshold), sizes, sink, recent)
     check_outputs({"--json": json_path, "--html": html_path, **_export_files(exports)}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    calibrated = full_fraction is None and retrieval_threshold is None and streaming_threshold is None \
-        and kvpress_ratio is None
-    work = kv_work(loaded, max(sizes), len(sizes) * len(where) * prompts, curve_texts, (calibrated, curve),
-                   (steps, len(seeds)))
-    with stage_progress("kv-heads: ", STAGE_UNITS, bounded_stages(stop_random=not every_random_point)) as stages:
-        update = planned_first(lambda: plan(loaded, work, batch_size=1), stages)
+    with stage_progress("kv-heads", STAGE_UNITS) as stages:
         result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,
                               max_loss_increase=max_loss_increase, order_by=order,
                               streaming_threshold=streaming_threshold, curve=curve, steps=steps,
                               random_seeds=seeds, stop_random=not every_random_point, curve_texts=curve_texts,
                               data=None if data is None else str(data), seed=seed, kvpress_ratio=kvpress_ratio,
-                              progress=update)
+                              progress=stages)
     payload = result.to_dict()
     save_json(json_path, payload, "kv-heads")
     save(html_path, lambda path: write_text(path, kv_heads_page(payload)))

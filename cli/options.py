@@ -22,6 +22,7 @@ from probe.errors import ProbeError
 from probe.inputs import CONTRAST_TASKS, TASKS
 from probe.models import ALIASES, LoadedModel, load_model
 from probe.selfrepair import SELF_REPAIR_METHODS
+from probe.threads import ENV as THREADS_ENV
 
 
 def method_help(*more: str) -> str:
@@ -42,6 +43,10 @@ def metric_help() -> str:
 
 ESTIMATE = "estimate"  # not a method: attribution patching of every head's zero ablation (probe.ablation.estimate)
 
+GLOBAL_PANEL = "Global flags (before or after the command)"  # --help's panel of the flags every command takes
+Threads = Annotated[Optional[int], typer.Option(
+    "--threads", min=1, rich_help_panel=GLOBAL_PANEL, help="Threads torch computes on (default: the CPUs not busy "
+    f"when the run starts; {THREADS_ENV} sets it too).")]
 Model = Annotated[str, typer.Option(
     "--model", "-m", help="Alias, model folder, .gguf file, hub id, or FILE.py:FUNCTION (imports and runs that Python "
     "file). A folder's or hub model's own code never runs without --trust-remote-code.")]

@@ -25,7 +25,6 @@ from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dty
                                Seed, SelfRepair, Stack, Task, Top, TrustRemoteCode, check_contrast_task,
                                check_repair_method, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
-from probe.cli.plans import plan, sweep_work
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.inputs.choice import probe_set_name
@@ -33,7 +32,6 @@ from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching import PatchResult, patch_contrast
-from probe.patching.heads import patch_units
 from probe.patching.paths import LOGITS, path_contrast
 from probe.reports.files import write_csv, write_text
 from probe.reports.patching import patch_page, patch_report, patch_rows
@@ -107,12 +105,6 @@ def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, st
         with status("estimating every head's patch ...", show):
             return patch_contrast(loaded, contrast, chosen, estimate=True, component=request.component,
                                   noising=request.noising, batch_size=request.batch_size)
-    count = len(patch_units(loaded, chosen, request.component))  # a key or value: one run per key/value group
-    unit = "key/value groups" if PATCHES[request.component].per_kv_group else "heads"
-    sweeps = 1 + (contrast.corrupt.shape[1] if request.by_position else 0)  # one sweep, then one per position
-    if not resume:
-        plan(loaded, [sweep_work(f"patching heads on {len(contrast)} pairs", count * sweeps, contrast.corrupt, unit)],
-             request.batch_size, show and current() is None)
     with sweep_progress("patching heads", show) as (update, on_result):
         return patch_contrast(loaded, contrast, chosen, component=request.component, noising=request.noising,
                               by_position=request.by_position, mode="naive" if request.naive else "exact",

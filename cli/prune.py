@@ -9,13 +9,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from torch import Tensor
 
 from probe.cli.options import (BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels,
                                Method, Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen,
                                TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.plans import Work, plan, sweep_work
 from probe.cli.progress import console, progress_bar
 from probe.ablation.methods import METHODS
 from probe.ablation.metrics import METRICS
@@ -24,8 +22,7 @@ from probe.ablation.prune import prune as run_prune
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
 from probe.inputs.choice import data_file, probe_set_name
 from probe.errors import ProbeError
-from probe.hooks.layers import attention_layers
-from probe.models import DEFAULT_MODEL, LoadedModel
+from probe.models import DEFAULT_MODEL
 from probe.reports.files import write_csv, write_text
 from probe.reports.labels import precision_clause
 from probe.reports.prune import prune_page
@@ -79,23 +76,6 @@ def summary(payload: dict, console_) -> None:
                    f"sweep {costs['sweep_forward_equivalents']}){precision_clause(payload)}[/dim]")
 
 
-def prune_work(loaded: LoadedModel, batch: Tensor, orderings: list[str], step: float, seeds: int) -> list[Work]:
-    """The orderings' forwards of the probe set: up to `steps` each (a curve stops once the loss passes the limit,
-    as early as its first step): Michel's a gradient (about 3 forwards) and a loss each, the sweep ordering an exact
-    sweep of every head first, each random ordering a loss each."""
-    steps = math.ceil(1 / step - 1e-9)
-    heads = sum(layer.n_heads for layer in attention_layers(loaded.model))
-    works = [Work(f"michel ordering (up to {steps} steps: a gradient and a loss each)", batch, (4, 4 * steps))] \
-        if "michel" in orderings else []
-    if "sweep" in orderings:
-        sweep = sweep_work("sweep ordering: an exact sweep", heads, batch)
-        works.append(Work(sweep.what + f", then up to {steps} steps", batch,
-                          (sweep.forwards[0] + 1, sweep.forwards[1] + steps)))
-    if "random" in orderings:
-        works.append(Work(f"{seeds} random ordering(s) (up to {steps} steps each)", batch, (seeds, seeds * steps)))
-    return works
-
-
 def prune(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, data: Data = "natural",
     seq_len: SeqLen = DEFAULT_SEQ_LEN, num_seqs: NumSeqs = DEFAULT_NUM_SEQS, seed: Seed = DEFAULT_SEED,
@@ -122,8 +102,7 @@ def prune(
                                              labels=labels))
     eval_set = None if eval_data is None else build_probe_set(
         "natural", loaded, ProbeOptions(data=eval_data, seq_len=seq_len, num_seqs=num_seqs, seed=seed))
-    plan(loaded, prune_work(loaded, probe_set.input_ids, chosen, step, seeds), batch_size)
-    with progress_bar("pruning", unit="steps", estimate=False) as update:  # the steps: a bound, of unequal cost
+    with progress_bar("pruning", unit="steps") as update:
         result: PruneResult = run_prune(loaded, probe_set, orderings=chosen, step=step, max_increase=limit,
                                         relative=relative, seeds=range(seed, seed + seeds), method=method,
                                         metric=metric, method_seed=seed, kv_groups=kv_groups, batch_size=batch_size,

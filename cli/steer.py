@@ -10,12 +10,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import torch
 import typer
 
 from probe.ablation import METRICS, parse_heads
 from probe.ablation.heads import Head
-from probe.ablation.methods import METHODS, method_class
+from probe.ablation.methods import METHODS
 from probe.ablation.metrics import Metric as MetricObject
 from probe.ablation.metrics import choose_metric, read_target_words, target_words
 from probe.cli.checks import check_heads_syntax
@@ -23,7 +22,6 @@ from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
                                Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
-from probe.cli.plans import Work, plan, sweep_work
 from probe.cli.progress import Interrupted, console, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
@@ -183,25 +181,6 @@ def _data_file(request: Request) -> Path | None:
     return data_file(request.data)
 
 
-def steer_work(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, request: Request) -> list[Work]:
-    """--find's sweep of every head (or the curves' sweep of each head at each value but the identity), then the
-    continuations: one batch of a row per head and value (with --find: the top head) and the model as it is,
-    up to --max-new-tokens forwards of it, each a token longer (one stop token in every row ends them)."""
-    layers = attention_layers(loaded.model)
-    count = len(heads) if heads is not None else sum(layer.n_heads for layer in layers)
-    identity = method_class(request.intervention).identity
-    changed = [value for value in request.values if value != identity]
-    works = [sweep_work(f"{request.intervention} at {request.values[0]:g} per head", count, probe_set.input_ids)
-             if request.find else sweep_work(f"measuring {count} head(s) at {len(changed)} value(s)",
-                                             count * len(changed), probe_set.input_ids)]
-    if request.prompt is not None and loaded.tokenizer is not None:
-        rows = 1 + (min(count, 1) if request.find else count) * len(changed)
-        tokens, length = request.max_new_tokens, len(loaded.tokenizer(request.prompt)["input_ids"])
-        works.append(Work(f"generating {tokens} tokens in {rows} rows", torch.ones(
-            (rows, length + tokens // 2), dtype=torch.long), (1.0, float(tokens))))
-    return works
-
-
 def add_generations(loaded: LoadedModel, result: SteerResult, heads: list[Head], request: Request, seed: int) -> None:
     if request.prompt is None:
         return
@@ -248,8 +227,6 @@ def steer(
     probe_set = probe_input(loaded, request, options)
     measured = chosen_metric(loaded, probe_set, request)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
-    if not resume:
-        plan(loaded, steer_work(loaded, probe_set, chosen, request), batch_size, main_process and rank is None)
     if find:
         stream = results or cached_results_path(cache_key(choice, request, options, batch_size))
         result = run_find(loaded, probe_set, chosen, measured, request, stream, resume=resume,

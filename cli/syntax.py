@@ -6,20 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-import torch
 import typer
 
 from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, OffloadFolder, TextFile, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.plans import CAPTURE, Work, plan, planned_first
 from probe.cli.progress import console, progress_bar, status, warn
 from probe.inputs import ENGLISH
 from probe.errors import ProbeError
 from probe.reading import is_file
-from probe.models import DEFAULT_MODEL, LoadedModel
+from probe.models import DEFAULT_MODEL
 from probe.syntax import Sentence, read_conllu, syntax_scores
-from probe.syntax.run import prepare
 from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT
 from probe.reports.files import write_csv, write_text
 from probe.reports.syntax import syntax_page, syntax_report, syntax_rows
@@ -53,21 +50,6 @@ def read_parses(conllu: Path | None, text: Path | None, max_sentences: int) -> t
     return sentences, "clearnlp", source
 
 
-def syntax_work(loaded: LoadedModel, sentences: list[Sentence], batch_size: int) -> list[Work]:
-    """The sentences' batches, each a forward that reads every head's attention (CAPTURE), timed at the longest
-    sentence's tokens: the whole, at most that; at least the share of the sentences' mean length."""
-    try:
-        aligned, _ = prepare(loaded, sentences)
-    except ProbeError:  # refused by the work itself, in its own one line
-        return []
-    lengths = [len(item.ids) for item in aligned]
-    batches = -(-len(lengths) // max(batch_size, 1))
-    share = sum(lengths) / len(lengths) / max(lengths)
-    return [Work(f"reading every head's attention on {len(lengths)} sentences ({batches} batch(es))",
-                 torch.ones((min(batch_size, len(lengths)), max(lengths)), dtype=torch.long),
-                 (CAPTURE[0] * batches * share, CAPTURE[1] * batches))]
-
-
 def syntax(
     model: Model = DEFAULT_MODEL, trust_remote_code: TrustRemoteCode = False, conllu: Conllu = None,
     file: TextFile = None, max_sentences: MaxSentences = 200, margin: Margin = MARGIN, min_count: MinCount = MIN_COUNT,
@@ -80,8 +62,7 @@ def syntax(
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences, scheme, source = read_parses(conllu, file, max_sentences)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    with progress_bar("scoring sentences", unit="sentences", announce=True) as scored:
-        update = planned_first(lambda: plan(loaded, syntax_work(loaded, sentences, batch_size), batch_size), scored)
+    with progress_bar("scoring sentences", unit="sentences") as update:
         result = syntax_scores(loaded, sentences, scheme=scheme, source=source, batch_size=batch_size,
                                min_count=min_count, margin=margin, confident=confident, progress=update)
     payload = result.to_dict()

@@ -5,23 +5,17 @@ torchrun the checkpoints are split over the processes; rank 0 writes the outputs
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
-import torch
 import typer
 
 from probe.cli.options import (BatchSize, CsvFile, Device, Dtype, Force, Heads, HtmlFile, JsonFile, NumSeqs,
                                RepeatLen, Results, Resume, Seed, SeqLen, TextData, Thresholds, TrackedModel,
                                TrustRemoteCode, parse_thresholds)
-from probe.ablation import parse_heads
-from probe.cli.plans import Unit, Work, classify_works, plan, sweep_work
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json
 from probe.cli.progress import Interrupted, console, note, progress_bar, warn
-from probe.hooks.layers import attention_layers
-from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
-                          build_probe_set)
+from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN)
 from probe.distributed import current
 from probe.errors import ProbeError
 from probe.models import LoadedModel
@@ -68,27 +62,6 @@ def results_file(results: Path | None, key: dict[str, Any], *, resume: bool, for
     return results
 
 
-LOAD = (0.5, 1.2)  # a checkpoint's load, in the first one's (which also paid the run's one-off costs)
-
-
-def track_work(loaded: LoadedModel, options: TrackOptions, checkpoints: int, first_load: float) -> list[Work]:
-    """Each checkpoint to score: its load (the first one's, timed), classify's passes, the loss, the in-context
-    learning score's texts and, with --heads, their sweep; in forwards of their sets on the first checkpoint."""
-    probe = ProbeOptions(data=options.data, seq_len=options.seq_len, num_seqs=options.num_seqs,
-                         repeat_len=options.repeat_len, seed=options.seed)
-    natural = build_probe_set("natural", loaded, probe).input_ids
-    icl = torch.ones((options.icl_seqs, options.late + 1), dtype=torch.long)
-    each = [*classify_works(loaded, probe, None if options.scores is None else list(options.scores)),
-            Work("the loss", natural, (1.0, 1.0)), Work("the in-context learning score", icl, (1.0, 1.0))]
-    if options.heads:
-        each.append(sweep_work("ablating --heads", len(parse_heads(options.heads, attention_layers(loaded.model))),
-                               natural))
-    load = Work(f"{checkpoints} checkpoint(s), each loaded (the first in {first_load:.1f} s) and scored",
-                Unit("checkpoint load", lambda: first_load), (LOAD[0] * (checkpoints - 1), LOAD[1] * (checkpoints - 1)))
-    return [load, *(Work(work.what, work.batch, (work.forwards[0] * checkpoints, work.forwards[1] * checkpoints))
-                    for work in each)]
-
-
 def track(
     model: TrackedModel = None, checkpoints: Checkpoints = None, revisions: Revisions = None,
     trust_remote_code: TrustRemoteCode = False, data: TextData = None, seq_len: SeqLen = DEFAULT_SEQ_LEN,
@@ -115,17 +88,13 @@ def track(
     done_before = len(read_track(stream)[1]) if resume and stream.is_file() and stream.stat().st_size else 0
     recorded: list[str] = []
 
-    def on_model(loaded: LoadedModel) -> None:  # the files' provenance and the plan: the first checkpoint's model
+    def on_model(loaded: LoadedModel) -> None:  # the files' provenance: the first checkpoint's model
         if not recorded:
             record_provenance(loaded)
             recorded.append(loaded.name)
-            plan(loaded, track_work(loaded, options, len(run.checkpoints) - done_before,
-                                    time.perf_counter() - started), batch_size, rank is None)
-
-    started = time.perf_counter()
 
     try:
-        with progress_bar("tracking", unit="checkpoints", announce=True) as update:
+        with progress_bar("tracking", unit="checkpoints") as update:
             result = run_track(run, options, results_path=stream, resume=resume, progress=update, on_model=on_model,
                                dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     except KeyboardInterrupt:

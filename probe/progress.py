@@ -1,9 +1,13 @@
-"""Progress and logging for library users. Every public library function that takes `progress` takes the same
-keyword argument (`ProgressArg`, or `StageProgressArg` for work in stages) under `reports`: `progress=True` draws a
-plain bar on stderr, drawn again at least every 30 seconds while the work reports nothing (a heartbeat thread, for
-the time the call runs), a callable gets `(done, total)` (`(stage, done, total)`), None shows nothing; the function
-reads it through `callback` / `stage_callback`. The library logs what it chose under the `probe` logger
-(`logging.getLogger("probe")`)."""
+"""Progress of library calls. A function that reports progress takes `progress` under `reports`: a callable gets the
+events, `(done, total)` (`(stage, done, total)` for work in stages), each in the function's own unit; None (or
+False) shows nothing; True draws `Bars` on stderr. The library logs what it chose under the `probe` logger
+(`logging.getLogger("probe")`).
+
+`Bars` is the one drawing of progress, for `progress=True` and the command line alike: rich's bar per stage with its
+rate and time left. Off a terminal (a log file, a cluster job) each stage's row is a line, without the bar's glyphs
+(they differ only by colour), at every tenth of the work and at least every EVERY_SECONDS: a heartbeat thread draws
+it while the work reports nothing (one long forward). The time left comes from the stage's rate since its first
+count (the set-up before it left out) and is shown once a tenth of the stage is done."""
 
 from __future__ import annotations
 
@@ -13,117 +17,196 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from types import TracebackType
 from typing import ParamSpec, TypeVar
 
+from rich.console import Console
+from rich.table import Column
+from rich.progress import BarColumn, ProgressColumn, Task, TaskID, TextColumn
+from rich.progress import Progress as RichProgress
+from rich.text import Text
+
 Progress = Callable[[int, int], None]
-"""The one progress callback type: `(done, total)`, in each function's own unit of work (classify: layers of batches;
-the sweep: thousandths of a full forward, weighed by parameters; kv_heads, track: their stages' steps). `total` may
-grow while the work is counted."""
+"""A `(done, total)` callback, in the function's own unit of work; `total` may grow while the work is counted."""
 ProgressArg = bool | Progress | None
-"""What a public function's `progress` keyword takes: True (a bar on stderr, with its heartbeat: `reports`), a
-`(done, total)` callable, or None (False too: nothing shown)."""
+"""What a public function's `progress` keyword takes: True (Bars on stderr), a `(done, total)` callable, or None."""
 StageProgress = Callable[[str, int, int], None]
-"""Progress of work in named stages: `(stage, done, total)`, each stage counted in its own unit (the caller's module
-names the units a user knows, e.g. the atlas' STAGE_UNITS; a stage without one is read as a share)."""
+"""Progress of work in named stages: `(stage, done, total)`, each stage counted in its own unit (the module's
+STAGE_UNITS names those a user knows; a stage without one is shown as a share)."""
 StageProgressArg = bool | StageProgress | None
 """What the `progress` keyword of work in stages takes: True (a bar per stage), a `(stage, done, total)` callable, or
 None."""
 log = logging.getLogger("probe")
-WIDTH = 30  # characters of the bar
-REDRAW = 0.1  # seconds: a bar is drawn at most this often from its reports
-EVERY_SECONDS = 30.0  # seconds: a bar is drawn at least this often while its call runs, reports or not
+EVERY_SECONDS = 30.0  # off a terminal: at most this long between two lines
+FIRST_TENTH = 0.1  # the time left is shown once this share of a stage is done
+MIN_GAP = 1.0  # off a terminal: at least this long between two lines of a stage's tenths
 BEAT = 1.0  # seconds between two looks of the heartbeat thread
+UNWRAPPED = 4096  # columns of a console that is not a terminal: a line keeps its natural width
+monotonic = time.monotonic  # the clock of every bar (a test's fake clock replaces it)
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
-@contextmanager
-def heartbeat(tick: Callable[[], None], period: float | None = None) -> Iterator[None]:
-    """`tick()` every `period` (BEAT) seconds on a daemon thread while the block runs (each tick decides for itself
-    whether a line is due): a call that reports nothing for minutes (one forward of a large model) still shows it
-    runs."""
-    stop = threading.Event()
-    every = BEAT if period is None else period
-
-    def beat() -> None:
-        while not stop.wait(every):
-            tick()
-
-    thread = threading.Thread(target=beat, name="probe-progress", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
+def clock(seconds: float) -> str:
+    """1:05, or 1:02:05 past an hour."""
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-class TextBar:
-    """`label [#########.....] 12/40 0:05` on stderr, redrawn in place (at most 10 times a second), a newline at the
-    end: enough for a notebook or a terminal without a dependency. `tick()` (the heartbeat's) draws it again with its
-    time elapsed where EVERY_SECONDS have passed since it was last drawn (`label ... 0:30` before the first report).
-    `now`: its clock (a test's fake one)."""
+def rate(task: Task) -> float | None:
+    """Units a second since the stage's first count (`since`: the set-up before it, a model's load or a sweep's
+    baseline, is no part of its rate); None before any time has passed."""
+    since = task.fields.get("since")
+    if since is None or task.start_time is None:
+        return None
+    seconds = (task.elapsed or 0.0) - (since[0] - task.start_time)
+    return (task.completed - since[1]) / seconds if seconds > 0 else None
 
-    def __init__(self, label: str, now: Callable[[], float] | None = None) -> None:
-        self.label, self.now = label, now or time.monotonic
-        self.started = self.now()
-        self.drawn: float | None = None  # when it was last drawn
-        self.done, self.total, self.ended = 0, 0, False
-        self.lock = threading.Lock()
+
+def left(task: Task) -> float | None:
+    """Seconds left at the stage's `rate`, once FIRST_TENTH of it is done; None before, where no unit was counted
+    since its first count, and where the stage has no total or has ended."""
+    speed, total, done = rate(task), task.total, task.completed
+    if task.stop_time is not None or not speed or not total or done < FIRST_TENTH * total or done >= total:
+        return None
+    return (total - done) / speed
+
+
+def _number(value: float) -> str:
+    """`380`, `12`, `2.1`, `0.25`: two significant digits, or the whole number past 10."""
+    return f"{value:.0f}" if value >= 10 else f"{value:.2g}"
+
+
+class Counts(ProgressColumn):
+    """`12/40 heads, 0.8/s, 1:05 elapsed, ~1:20 left` (`30%, 2.1%/min, ...` or `%/s` for a stage without a unit; `1:05
+    elapsed` alone for one without a total), the rate and the time left once they are known."""
+
+    def render(self, task: Task) -> Text:
+        elapsed, unit = task.elapsed or 0.0, task.fields.get("unit")
+        if not task.total:
+            return Text(f"{clock(elapsed)} elapsed")
+        speed = rate(task)
+        said = f"{task.completed:g}/{task.total:g} {unit}" if unit else f"{task.percentage:.0f}%"
+        if speed and unit:
+            said += f", {_number(speed)}/s"
+        elif speed:
+            per_minute = 60 * 100 * speed / task.total
+            said += f", {_number(per_minute)}%/min" if per_minute < 100 else f", {_number(per_minute / 60)}%/s"
+        remaining = left(task)
+        return Text(f"{said}, {clock(elapsed)} elapsed" + ("" if remaining is None else
+                                                            f", ~{clock(round(remaining))} left"))
+
+
+class Bars:
+    """rich's bar per stage on stderr, the callback of `(done, total)` (`__call__`, one stage named `label`) or of
+    `(stage, done, total)` (`stage`); `with` it while the work runs. `units`: what each stage counts. Off a terminal
+    the stage's row is a line at every new tenth (MIN_GAP apart), at least every EVERY_SECONDS (`tick`, from a
+    heartbeat thread, also before the first report) and at its end; a stage without a total (`status`) is said
+    first after `first` seconds. `console`, `now`: where it draws, and its clock."""
+
+    def __init__(self, label: str, units: Mapping[str, str] | None = None, *, first: float = EVERY_SECONDS,
+                 console: Console | None = None, now: Callable[[], float] | None = None) -> None:
+        self.label, self.units, self.first = label, units or {}, first
+        terminal = getattr(sys.stderr, "isatty", lambda: False)()
+        self.console = console or Console(stderr=True, width=None if terminal else UNWRAPPED)
+        self.live = self.console.is_terminal  # off a terminal: lines, without the bar's glyphs (no colour there)
+        self.rich = RichProgress(TextColumn("{task.description}"), *([BarColumn(bar_width=20)] if self.live else []),
+                                 Counts(table_column=Column(no_wrap=True)),
+                                 TextColumn("{task.fields[note]}"), console=self.console,
+                                 get_time=now or (lambda: monotonic()), transient=False, redirect_stdout=False)
+        self.current: TaskID | None = None
+        self.stages: dict[str, TaskID] = {}
+        self.said: float | None = None  # when the running stage's last line was said
+        self.tenths = 0
+        self.lock, self.stop = threading.Lock(), threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="probe-progress", daemon=True)
 
     def __call__(self, done: int, total: int) -> None:
+        self.stage(self.label, done, total)
+
+    def stage(self, stage: str, done: int, total: int | None) -> None:
         with self.lock:
-            self.done, self.total = done, total
-            now = self.now()
-            if done >= total or self.drawn is None or now - self.drawn >= REDRAW:
-                self._draw(now)
+            if stage not in self.stages:
+                self._end()
+                description = stage if stage == self.label else f"{self.label}: {stage}"
+                self.stages[stage] = self.rich.add_task(description, total=total or None,
+                                                        unit=self.units.get(stage), note="")
+                self.current, self.said, self.tenths = self.stages[stage], None, 0
+            self.rich.update(self.stages[stage], completed=done, total=total or None)
+            task = self.rich.tasks[self.stages[stage]]
+            if total and "since" not in task.fields:
+                task.fields["since"] = (self.rich.get_time(), done)
+            tenths = int(10 * done // total) if total else 0
+            if not self.live and tenths > self.tenths and self._since(task) >= MIN_GAP and done < (total or 0):
+                self.tenths = tenths
+                self._line(task)
 
-    def tick(self) -> None:
-        with self.lock:
-            now = self.now()
-            if not self.ended and now - (self.started if self.drawn is None else self.drawn) >= EVERY_SECONDS - BEAT:
-                self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        self.drawn, elapsed = now, int(now - self.started)
-        since = f"{elapsed // 60}:{elapsed % 60:02d}"
-        if not self.total:
-            sys.stderr.write(f"\r{self.label} ... {since}")
-        else:
-            filled = WIDTH * min(self.done, self.total) // self.total
-            self.ended = self.done >= self.total
-            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (WIDTH - filled)}] {self.done}/{self.total} "
-                             f"{since}" + ("\n" if self.ended else ""))
-        sys.stderr.flush()
-
-
-class StageBars:
-    """A TextBar per stage (`label: stage`), the `(stage, done, total)` callback; `tick()` ticks the stage running."""
-
-    def __init__(self, label: str, now: Callable[[], float] | None = None) -> None:
-        self.label, self.now = label, now
-        self.bars: dict[str, TextBar] = {}
-        self.current: TextBar | None = None
-
-    def __call__(self, stage: str, done: int, total: int) -> None:
-        if stage not in self.bars:
-            self.bars[stage] = TextBar(f"{self.label}: {stage}", self.now)
-        self.current = self.bars[stage]
-        self.current(done, total)
-
-    def tick(self) -> None:
+    def note(self, text: str) -> None:
+        """Words after the running stage's row (`12 heads done`)."""
         if self.current is not None:
-            self.current.tick()
+            self.rich.update(self.current, note=text)
+
+    def tick(self) -> None:
+        """Off a terminal, the running stage's row where EVERY_SECONDS have passed since its last line (`first`,
+        since its start, before its first)."""
+        with self.lock:
+            task = self.rich.tasks[self.current] if self.current is not None else None
+            due = self.first if self.said is None else EVERY_SECONDS
+            if task is not None and not self.live and not task.finished and self._since(task) >= due - BEAT / 2:
+                self._line(task)
+
+    def _since(self, task: Task) -> float:
+        return (task.elapsed or 0.0) if self.said is None else self.rich.get_time() - self.said
+
+    def _line(self, task: Task) -> None:
+        self.said = self.rich.get_time()
+        row = Text(" ").join([Text(task.description), Counts().render(task), Text(task.fields["note"])])
+        row.rstrip()
+        self.console.print(row, soft_wrap=True)
+
+    def _end(self) -> None:
+        """The running stage's last line (off a terminal: where it took MIN_GAP or more or said a line)."""
+        if self.current is None:
+            return
+        task = self.rich.tasks[self.current]
+        self.rich.stop_task(self.current)
+        if not task.total:  # the row before the first report, or a step without a count: its caller says its end
+            self.rich.update(self.current, visible=False)
+        else:  # ended: its work is done (a stage that stops early, or counts only at its end, included)
+            self.rich.update(self.current, completed=task.total)
+            if not self.live and (self.said is not None or (task.elapsed or 0.0) >= MIN_GAP):
+                self._line(task)
+
+    def _beat(self) -> None:
+        while not self.stop.wait(BEAT):
+            self.tick()
+
+    def __enter__(self) -> Bars:
+        self.stage(self.label, 0, None)  # a row from the start: said after `first` seconds, before any report
+        if self.live:
+            self.rich.start()
+        else:
+            self.thread.start()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        with self.lock:
+            if kind is None:
+                self._end()
+        if self.live:
+            self.rich.stop()
 
 
 def reports(label: str, stages: bool = False) -> Callable[[Callable[P, T]], Callable[P, T]]:
-    """A library function's `progress=True` (a keyword argument): its TextBar (with `stages`, a bar per stage) made
-    here, and drawn again by a heartbeat thread at least every EVERY_SECONDS while the function runs, also where its
-    work reports nothing for minutes; the thread ends with the call, also on an error or Ctrl-C. The function gets the
-    bar as its callable, and passes a callable on to the reported functions it calls: one bar, one thread. Under
-    torchrun only the first process draws one (`_shows_progress`); the others get None."""
+    """A library function's `progress=True`: Bars named `label`, drawn while the function runs (its heartbeat thread
+    ends with the call, also on an error or Ctrl-C); the function gets their callback (`stages`: the `(stage, done,
+    total)` one). Under torchrun only the first process draws (`_shows_progress`); the others get None."""
     def wrap(function: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(function)
         def run(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -132,16 +215,15 @@ def reports(label: str, stages: bool = False) -> Callable[[Callable[P, T]], Call
             if not _shows_progress():
                 kwargs["progress"] = None
                 return function(*args, **kwargs)
-            bar = StageBars(label) if stages else TextBar(label)
-            kwargs["progress"] = bar
-            with heartbeat(bar.tick):
+            with Bars(label) as bars:
+                kwargs["progress"] = bars.stage if stages else bars
                 return function(*args, **kwargs)
         return run
     return wrap
 
 
 def _shows_progress() -> bool:
-    """Whether this process draws `progress=True`'s bar: run alone, or torchrun's first process (each process's bar
+    """Whether this process draws `progress=True`'s bars: run alone, or torchrun's first process (each process's bar
     would show its own share of the work; the first's stands for all, docs/large-models.md)."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
@@ -149,19 +231,14 @@ def _shows_progress() -> bool:
         return True  # not torchrun's: its variables are integers
 
 
-def callback(progress: ProgressArg, label: str) -> Progress | None:
-    """The `(done, total)` callback a `progress` argument asks for: True a TextBar, a callable itself, else None."""
-    if progress is True:
-        return TextBar(label)
+def callback(progress: ProgressArg) -> Progress | None:
+    """The `(done, total)` callback a `progress` argument gives (`reports` made True's): a callable, else None."""
     return progress if callable(progress) else None
 
 
-def stage_callback(progress: StageProgressArg, label: str) -> StageProgress | None:
-    """The `(stage, done, total)` callback a `progress` argument asks for: True a TextBar per stage (`label: stage`), a
-    callable itself, else None."""
-    if progress is not True:
-        return progress if callable(progress) else None
-    return StageBars(label)
+def stage_callback(progress: StageProgressArg) -> StageProgress | None:
+    """The `(stage, done, total)` callback a `progress` argument gives (`reports` made True's), else None."""
+    return progress if callable(progress) else None
 
 
 def stage_tick(progress: StageProgress | None, stage: str) -> Progress | None:

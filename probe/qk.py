@@ -597,7 +597,7 @@ def qk_attribution(loaded: LoadedModel, ids: Tensor, head: tuple[int, int], *, m
     lengths = (torch.full((ids.shape[0],), ids.shape[1]) if mask is None else mask.bool().sum(dim=1)).tolist()
     views: dict[str, _View] = {}
     names: list[Component] = []
-    report = callback(progress, "qk attribution") or (lambda done, total: None)
+    report = callback(progress) or (lambda done, total: None)
     parameters = next(loaded.model.parameters())
     twin = make_twin(target.layer.module, torch.float64 if parameters.dtype == torch.float64 else torch.float32,
                      target.head, target.kv_head, target.layer.head_dim)

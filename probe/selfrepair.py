@@ -260,7 +260,7 @@ def _measure(loaded: LoadedModel, probe_set: ProbeSet, targets: Targets, method:
     batches = probe_set.batches(batch_size)
     n_heads = structure.layers[0].n_heads
     sums = _Sums.zeros(len(chosen), len(structure.layers), n_heads)
-    tick, done, prefix = callback(progress, "self-repair"), 0, _Prefix()
+    tick, done, prefix = callback(progress), 0, _Prefix()
     for index, (ids, mask) in enumerate(batches):
         rows = slice(index * batch_size, index * batch_size + ids.shape[0])
         part = targets.subset(rows)

@@ -11,6 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+_run: dict[str, int] = {}  # how the run computed, where its command line said: `threads`
+
+
+def computed_on(threads: int) -> None:
+    """The threads the run computes on (`probe.threads.use_threads`' choice), said after its precision."""
+    _run["threads"] = threads
+
+
+def _threads_clause() -> str:
+    threads = _run.get("threads")
+    return "" if threads is None else f", on {threads} thread{'' if threads == 1 else 's'}"
+
+
 LayerNames = Sequence[str] | None
 """A payload's `layer_names`, or None where it has none (a model of one stack)."""
 
@@ -42,15 +55,16 @@ def precision_note(payload: dict[str, Any]) -> str:
 
 
 def precision_sentence(payload: dict[str, Any]) -> str:
-    """A terminal report's last line: `Computed in bfloat16, ....` ("" for a payload without `dtype`)."""
+    """A terminal report's last line: `Computed in bfloat16, ..., on 2 threads.` ("" for a payload without
+    `dtype`)."""
     note = precision_note(payload)
-    return f"{note.capitalize()}." if note else ""
+    return f"{note.capitalize()}{_threads_clause()}." if note else ""
 
 
 def precision_clause(payload: dict[str, Any]) -> str:
     """`; computed in ...`, closing a report's last line of timings ("" for a payload without `dtype`)."""
     note = precision_note(payload)
-    return f"; {note}" if note else ""
+    return f"; {note}{_threads_clause()}" if note else ""
 
 
 def precision_fact(payload: dict[str, Any]) -> list[tuple[str, str]]:

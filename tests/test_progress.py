@@ -1,12 +1,11 @@
 """Progress that says what each stage of a command is doing, in units a user knows, to its total: the circuits'
-stages (the ablation check after the classification was silent), the atlas' composition stage (~90 s on SmolLM2,
-silent), and the model load and every other uncounted step off a terminal (silent where stderr was a file)."""
+stages, the atlas' composition stage (~90 s on SmolLM2), and the model load and every other uncounted step off a
+terminal; off a terminal a line at least every 30 s (on a fake clock), a time left only past a tenth of the stage and
+never below what its rate since its start says."""
 
 from __future__ import annotations
 
-import contextlib
 import io
-import json
 import re
 import time
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from rich.console import Console
 
 import probe.cli.options as options
 import probe.cli.progress as cli_progress
+import probe.progress as library_progress
 from conftest import run_cli
 from planted import planted_lm, planted_textbook
 from probe.atlas import atlas
@@ -81,13 +81,27 @@ def test_circuits_reports_each_stage_to_its_total() -> None:
     assert stages["K-composition"][-1] == (1, 1) and CIRCUITS_UNITS == {"K-composition": UNIT}  # 2 layers: 1 pair
 
 
-def test_circuits_command_says_what_runs_after_the_classification(tmp_path: Path, capsys, monkeypatch) -> None:
+def test_circuits_command_names_each_stage_off_a_terminal(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
+    slow_clock(monkeypatch)
     code, _, stderr = run_cli(["circuits", "--model", PLANTED, "--num-seqs", "2", "--repeat-len", "8", "--seq-len",
                                "16"], capsys, monkeypatch)
     assert code == 0, stderr
-    started = [line for line in stderr.splitlines() if line.startswith("circuits: ") and line.endswith(" ...")]
-    assert started == ["circuits: K-composition ...", "circuits: classifying heads ...", "circuits: ablation check ..."]
+    said = [stage for stage in ("K-composition", "classifying heads", "ablation check")
+            if any(line.startswith(f"circuits: {stage} ") for line in stderr.splitlines())]
+    assert said == ["K-composition", "classifying heads", "ablation check"], stderr
+
+
+def slow_clock(monkeypatch, step: float = 4.0) -> None:
+    """Every look at the bars' clock `step` seconds later, and no heartbeat thread looking at it."""
+    clock = [0.0]
+
+    def later() -> float:
+        clock[0] += step
+        return clock[0]
+
+    monkeypatch.setattr(library_progress, "monotonic", later)
+    monkeypatch.setattr(library_progress, "BEAT", 1e6)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -103,27 +117,22 @@ def test_atlas_composition_stage_counts_layer_pairs() -> None:
     assert list(stages)[:3] == ["classify", "composition", "copying"] and "dla" in stages
 
 
-def test_stages_off_a_terminal_say_each_stage_and_count_in_its_unit(capsys, monkeypatch) -> None:
+def test_stages_off_a_terminal_count_in_their_unit_and_end_at_their_total(capsys, monkeypatch) -> None:
     clock = [0.0]
-    monkeypatch.setattr(cli_progress.PlainProgress, "__init__", _on_clock(cli_progress.PlainProgress.__init__, clock))
-    with cli_progress.stage_progress("atlas: ", {"composition": "layer pairs"}) as update:
+    monkeypatch.setattr(library_progress, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(library_progress, "BEAT", 1e6)
+    with cli_progress.stage_progress("atlas", {"composition": "layer pairs"}) as update:
         update("composition", 0, 1)
         for done in range(0, 31, 3):
             clock[0] += 2.0
             update("composition", done, 30)
-        update("patterns", 0, 1)  # a stage that counts nothing
+        update("patterns", 0, 1)  # a stage that counts nothing until its end
         clock[0] += 5.0
+        update("patterns", 1, 1)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "atlas: composition ..." and "atlas: patterns ..." in lines
-    counted = [line for line in lines if "layer pairs" in line]
-    assert counted[-1] == "atlas: composition: 30/30 layer pairs (100%), 0:22 elapsed"
-    assert lines[-1] == "atlas: patterns: 100%, 0:05 elapsed"
-
-
-def _on_clock(init, clock: list[float]):
-    def with_clock(self, description: str, *, unit: str | None = None, now=None, **options) -> None:
-        init(self, description, unit=unit, now=lambda: clock[0], **options)
-    return with_clock
+    assert lines[0] == "atlas: composition 3/30 layer pairs, 0.75/s, 0:04 elapsed, ~0:36 left"  # its first tenth
+    assert lines[-2] == "atlas: composition 30/30 layer pairs, 1.4/s, 0:22 elapsed"
+    assert lines[-1] == "atlas: patterns 100%, 20%/s, 0:05 elapsed"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -139,11 +148,12 @@ def _slow_load(seconds: float):
 
 def test_a_slow_load_off_a_terminal_says_so_and_how_long_it_took(capsys, monkeypatch) -> None:
     monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 0.2)
+    monkeypatch.setattr(library_progress, "BEAT", 0.05)
     monkeypatch.setattr(options, "load_model", _slow_load(0.6))
     options.load(options.ModelChoice("planted"))
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "loading planted ..." and re.fullmatch(r"loaded planted in 0\.[6-9] s|loaded planted in "
-                                                              r"[1-9]\.\d s", lines[1]) and len(lines) == 2, lines
+    assert lines[0] == "loading planted ... 0:00 elapsed" and len(lines) == 2, lines
+    assert re.fullmatch(r"loaded planted in 0\.[6-9] s|loaded planted in [1-9]\.\d s", lines[1]), lines
 
 
 def test_a_load_in_a_moment_or_with_quiet_says_nothing(capsys, monkeypatch) -> None:
@@ -169,91 +179,146 @@ def test_a_slow_load_on_a_terminal_says_how_long_it_took(monkeypatch) -> None:
 
 def test_a_step_without_a_count_off_a_terminal_is_said_and_timed(capsys, monkeypatch) -> None:
     monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 0.2)
+    monkeypatch.setattr(library_progress, "BEAT", 0.05)
     with cli_progress.status("capturing attention ..."):
         time.sleep(0.5)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0] == "capturing attention ..." and re.fullmatch(r"capturing attention: done in \d\.\d s", lines[1])
+    assert lines[0] == "capturing attention ... 0:00 elapsed"
+    assert re.fullmatch(r"capturing attention: done in \d\.\d s", lines[1])
     with pytest.raises(RuntimeError), cli_progress.status("capturing attention ..."):
         raise RuntimeError("at once")
     assert capsys.readouterr().err == ""  # an error in a moment stays the only line: the error's own
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# truthful plain progress: a line at least every 30 s (the heartbeat's tick), a time left only past a tenth
+# off a terminal: a line at least every 30 s (the heartbeat's tick), a time left only past a tenth, from the rate
+# since the stage's start
 
 
-def test_a_stage_silent_for_30_seconds_still_gets_a_line_from_the_heartbeat(capsys) -> None:
+def bars_on(clock: list[float], label: str = "kv-heads", units: dict[str, str] | None = None,
+            first: float = library_progress.EVERY_SECONDS) -> tuple[library_progress.Bars, io.StringIO]:
+    """Bars off a terminal on `clock`, and what they write."""
+    written = io.StringIO()
+    bars = library_progress.Bars(label, units, first=first, console=Console(file=written, width=4096),
+                                 now=lambda: clock[0])
+    bars.stop.set()  # no heartbeat thread: the test ticks itself
+    return bars, written
+
+
+def test_a_stage_silent_for_30_seconds_still_gets_a_line_every_30_seconds(capsys) -> None:
     clock = [0.0]
-    plain = cli_progress.PlainProgress("kv-heads: calibrating the budget", unit="points", now=lambda: clock[0])
-    plain.update(1, 8)  # the unablated point, at once
-    for seconds in (10.0, 28.0):
-        clock[0] = seconds
-        plain.tick()  # under 30 s of silence: nothing
-    assert capsys.readouterr().err == ""
-    clock[0] = 31.0
-    plain.tick()
-    clock[0] = 45.0
-    plain.tick()
-    clock[0] = 61.0
-    plain.tick()
-    assert capsys.readouterr().err.splitlines() == [  # 1 of 8 done: past a tenth, but no rate measured yet
-        "kv-heads: calibrating the budget: 1/8 points (12%), 0:31 elapsed",
-        "kv-heads: calibrating the budget: 1/8 points (12%), 1:01 elapsed"]
-    clock[0] = 70.0
-    plain.update(2, 8)
-    assert capsys.readouterr().err.splitlines() == [
-        "kv-heads: calibrating the budget: 2/8 points (25%), 1:10 elapsed, ~7:00 left"]  # 70 s per point since 1
+    bars, written = bars_on(clock, units={"calibrating the budget": "points"})
+    with bars:
+        clock[0] = 20.0
+        bars.tick()  # before any report, under 30 s: nothing
+        clock[0] = 30.0
+        bars.tick()  # 30 s with nothing reported: that it runs
+        bars.stage("calibrating the budget", 1, 8)  # the unablated point
+        for seconds in (40.0, 55.0):
+            clock[0] = seconds
+            bars.tick()  # under 30 s of the stage's silence: nothing
+        for seconds in (60.0, 75.0, 90.0):
+            clock[0] = seconds
+            bars.tick()
+        clock[0] = 100.0
+        bars.stage("calibrating the budget", 2, 8)  # past a tenth, and a rate: 70 s a point since the first
+    assert written.getvalue().splitlines() == [
+        "kv-heads 0:30 elapsed",
+        "kv-heads: calibrating the budget 1/8 points, 0:30 elapsed",  # no rate measured yet: no time left
+        "kv-heads: calibrating the budget 1/8 points, 1:00 elapsed",
+        "kv-heads: calibrating the budget 2/8 points, 0.014/s, 1:10 elapsed, ~7:00 left",
+        "kv-heads: calibrating the budget 8/8 points, 0.1/s, 1:10 elapsed"]  # its end: at its total
 
 
-def test_no_time_left_before_a_tenth_of_the_stage(capsys) -> None:
+def test_no_time_left_before_a_tenth_of_the_stage() -> None:
     """Patching said `~3:06:39 left` at 0%: a rate from the first units is not one to trust."""
     clock = [0.0]
-    plain = cli_progress.PlainProgress("patching heads", now=lambda: clock[0])
-    for done in range(1, 100):
+    bars, written = bars_on(clock, "patching heads")
+    with bars:
+        for done in range(1, 100):
+            clock[0] += 31.0
+            bars(done, 1000)
+            bars.tick()  # a line every 31 s, each under a tenth
+        lines = written.getvalue().splitlines()
+        assert len(lines) == 99 and not any("left" in line for line in lines)
         clock[0] += 31.0
-        plain.update(done, 1000)  # a line every call (31 s apart), each under a tenth
-    lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 99 and not any("left" in line for line in lines)
-    clock[0] += 31.0
-    plain.update(100, 1000)
-    assert capsys.readouterr().err.strip().endswith("10%, 51:40 elapsed, ~7:45:00 left")  # 900 units at 31 s
+        bars(100, 1000)  # a tenth: a line, with the time left
+        assert written.getvalue().splitlines()[-1] == "patching heads 10%, 0.19%/min, 51:40 elapsed, ~7:45:00 left"
 
 
-
-def test_the_time_left_is_rounded_to_the_nearest_second(capsys) -> None:
-    """Two of three prompts done at 1.9 s each: about 1.9 s are left, shown as ~0:02, not cut to ~0:01 (half the
-    truth on a short stage)."""
+def test_the_time_left_is_the_measured_rate_since_the_first_count_never_below_the_time_spent() -> None:
+    """A minute of set-up, then a head every 2 s: the time left is the truth at every line (the rate since the
+    bar's start would have said ~15 minutes at the first), and the stage's whole (its time spent and left) never
+    reads below the time already spent; the last line is at the total, with no time left."""
     clock = [0.0]
-    plain = cli_progress.PlainProgress("kv-heads: scoring heads", now=lambda: clock[0])
-    plain.update(0, 3)
-    for done in (1, 2):
-        clock[0] += 1.9
-        plain.update(done, 3)
-    assert capsys.readouterr().err.splitlines()[-1] == "kv-heads: scoring heads: 66%, 0:03 elapsed, ~0:02 left"
+    bars, written = bars_on(clock, "ablating heads", {"ablating heads": "heads"})
+    with bars:
+        clock[0] = 60.0
+        bars(0, 40)
+        for head in range(1, 41):
+            clock[0] += 2.0
+            bars(head, 40)
+            task = bars.rich.tasks[bars.current]
+            remaining = library_progress.left(task)
+            assert remaining is None if head < 4 or head == 40 else remaining == 2.0 * (40 - head)
+            assert (task.elapsed or 0) + (remaining or 0) >= task.elapsed
+    lines = written.getvalue().splitlines()
+    found = [re.search(r" (\d+)/40 heads, 0.5/s, (\d+):(\d\d) elapsed(?:, ~(\d+):(\d\d) left)?$", line)
+             for line in lines]
+    assert all(found) and len(lines) == 10, lines  # a line a tenth, the last at the total
+    assert [int(m[4]) * 60 + int(m[5]) for m in found[:-1]] == [2 * (40 - 4 * tenth) for tenth in range(1, 10)]
+    assert lines[-1] == "ablating heads 40/40 heads, 0.5/s, 2:20 elapsed"
 
 
-def test_a_step_without_a_count_says_it_is_still_running_every_30_seconds(capsys) -> None:
+def test_the_time_left_is_rounded_to_the_nearest_second() -> None:
+    """Two of three prompts done at 1.9 s each: about 1.9 s are left, shown as ~0:02, not cut to ~0:01."""
     clock = [0.0]
-    announcer = cli_progress.Announcer("generating 20 tokens per head and alpha ...", now=lambda: clock[0])
-    for clock[0] in (1.0, 2.5, 20.0, 31.0, 32.0, 62.0, 100.0):
-        announcer.tick()
-    assert capsys.readouterr().err.splitlines() == [
-        "generating 20 tokens per head and alpha ...",
-        "generating 20 tokens per head and alpha: 0:32 elapsed",  # 29.5 s after the first line: within a beat
-        "generating 20 tokens per head and alpha: 1:02 elapsed",
-        "generating 20 tokens per head and alpha: 1:40 elapsed"]
+    bars, written = bars_on(clock, "kv-heads: scoring heads")
+    with bars:
+        bars(0, 3)
+        for done in (1, 2):
+            clock[0] += 1.9
+            bars(done, 3)
+        assert written.getvalue().splitlines()[-1] == "kv-heads: scoring heads 67%, 18%/s, 0:03 elapsed, ~0:02 left"
 
 
-def test_the_heartbeat_ticks_on_its_own_thread_until_the_block_ends(monkeypatch) -> None:
+def test_work_done_in_a_moment_says_nothing() -> None:
+    """Ten steps in 0.1 s: no line per step (they would all read `0:00 elapsed, ~0:00 left`), nor at the end."""
+    clock = [0.0]
+    bars, written = bars_on(clock, "training", {"training": "steps"})
+    with bars:
+        for step in range(1, 11):
+            clock[0] += 0.01
+            bars(step, 10)
+    assert written.getvalue() == ""
+
+
+def test_a_step_without_a_count_says_it_is_still_running_every_30_seconds() -> None:
+    clock = [0.0]
+    bars, written = bars_on(clock, "generating 20 tokens per head and alpha ...", first=cli_progress.ANNOUNCE_AFTER)
+    with bars:
+        for clock[0] in (1.0, 2.5, 20.0, 31.0, 32.0, 62.0, 100.0):
+            bars.tick()
+    assert written.getvalue().splitlines() == [
+        "generating 20 tokens per head and alpha ... 0:02 elapsed",
+        "generating 20 tokens per head and alpha ... 0:32 elapsed",  # 29.5 s after the first line: within a beat
+        "generating 20 tokens per head and alpha ... 1:02 elapsed",
+        "generating 20 tokens per head and alpha ... 1:40 elapsed"]
+
+
+def test_the_heartbeat_draws_on_its_own_thread_until_the_block_ends(monkeypatch) -> None:
+    """A model's load or one forward reports nothing for minutes: the thread says it runs, and stops with it."""
     import threading
 
-    ticked = threading.Event()
-    monkeypatch.setattr(cli_progress, "BEAT", 0.01)
-    with cli_progress.heartbeat(ticked.set):
-        assert ticked.wait(60)  # a tick came while the block ran (no timing asserted: it waits for it)
-    ticked.clear()
-    time.sleep(0.05)
-    assert not ticked.is_set()  # and none after it
+    monkeypatch.setattr(library_progress, "BEAT", 0.01)
+    monkeypatch.setattr(library_progress, "EVERY_SECONDS", 0.02)
+    written = io.StringIO()
+    with library_progress.Bars("loading", console=Console(file=written, width=4096)):
+        deadline = time.monotonic() + 60
+        while not written.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.01)  # waits for the thread's line: nothing timed
+        assert written.getvalue().startswith("loading ")
+    assert not [thread for thread in threading.enumerate() if thread.name == "probe-progress"]
 
 
 def test_kv_heads_reports_each_stage_on_its_own_to_its_total() -> None:
@@ -321,12 +386,11 @@ COMMANDS = {
     "qk": ["qk", "--model", f"{TESTS / 'planted.py'}:planted_gpt2", "--head", "1.1", "--at", "induction",
            "--num-seqs", "2", "--repeat-len", "8"],
 }
-STAGES = {  # the stages a command names as each starts, in order
-    "kv-heads": ["kv-heads: scoring heads ...", "kv-heads: calibrating the budget ...",
-                 "kv-heads: checking the order ..."],
-    "circuits": ["circuits: K-composition ...", "circuits: classifying heads ...", "circuits: ablation check ..."],
+STAGES = {  # the stages a command counts, in order
+    "kv-heads": ["kv-heads: scoring heads", "kv-heads: calibrating the budget", "kv-heads: checking the order"],
+    "circuits": ["circuits: K-composition", "circuits: classifying heads", "circuits: ablation check"],
 }
-COUNTED = re.compile(r"^(?P<what>.+?): (?:\d+/\d+ [a-z ]+ \()?(?P<percent>\d+)%")
+COUNTED = re.compile(r"^(?P<what>.+?) (?:(?P<done>\d+)/(?P<total>\d+) [a-zA-Z/ ]+|(?P<percent>\d+)%), ")
 
 
 @pytest.mark.parametrize("command", list(COMMANDS))
@@ -336,106 +400,26 @@ def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_p
 
 
 def on_a_fake_clock(command: str, args: list[str], tmp_path: Path, capsys, monkeypatch) -> list[str]:
-    """`args` run with every look at the clock 4 s later and no heartbeat thread: each stage named as it starts, no
-    time left before a tenth of its stage, every counted stage ending at 100%; its stderr lines."""
-    clock = [0.0]
-
-    def fake_clock() -> float:  # every look at the clock: 4 s later
-        clock[0] += 4.0
-        return clock[0]
-
-    monkeypatch.setattr(cli_progress, "monotonic", fake_clock)
-    monkeypatch.setattr(cli_progress, "heartbeat", lambda tick, period=None: contextlib.nullcontext())
+    """`args` run with every look at the clock 4 s later and no heartbeat thread: no time left before a tenth of its
+    stage, every counted stage ending at 100%, in order; its stderr lines."""
+    slow_clock(monkeypatch)
     monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)  # a random tiny model's corruption changes little
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
     monkeypatch.chdir(TESTS.parent)
     code, _, stderr = run_cli([*args, "--json", str(tmp_path / "out.json")], capsys, monkeypatch)
     assert code == 0, stderr
     lines = stderr.splitlines()
-    counted = [(found["what"], int(found["percent"]), line) for line in lines if (found := COUNTED.match(line))]
+    counted = [(found["what"], _percent(found), line) for line in lines if (found := COUNTED.match(line))]
     assert counted or command == "steer", stderr  # steer's chosen heads: steps without a count, each timed
     assert command != "steer" or re.search(r"^generating 3 tokens per head and value: done in", stderr, re.M)
     assert all(percent >= 10 for _, percent, line in counted if " left" in line), stderr
-    assert command != "prune" or " left" not in stderr  # its steps only bound the work (a curve stops at the limit)
-    assert not any(" left" in line for line in lines if "checking the order" in line)  # a random order stops early
-    assert command != "atlas --fast" or not any(" left" in line for line in lines if "atlas: ablation" in line)
     last: dict[str, int] = {}
     for what, percent, _ in counted:
         last[what] = percent
     assert all(percent == 100 for percent in last.values()), last
-    started = [line for line in lines if line.endswith(" ...") and line.startswith(f"{command}: ")]
-    assert started == STAGES.get(command, started), stderr
+    assert list(last)[:len(STAGES.get(command, []))] == STAGES.get(command, []), stderr
     return lines
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# a long command's plan: what it will run and a range of how long, from one forward of its own batch timed here
-
-
-def test_a_plan_is_its_forwards_times_one_timed_forward_with_slack(capsys, monkeypatch) -> None:
-    import torch
-
-    import probe.cli.plans as plans
-
-    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size, runs=2: 3.0)
-    batch = torch.ones((2, 128), dtype=torch.long)
-    said = plans.plan(None, [plans.Work("ablating heads", batch, (10, 20))], 8)  # type: ignore[arg-type]
-    assert said == (24.0, 96.0)  # 10 x 3 s x 0.8 .. 20 x 3 s x 1.6
-    assert capsys.readouterr().err == "plan: ablating heads: about 24 s-1:36 here (one forward of the batch " \
-                                      "timed: 3.00 s)\n"
-    monkeypatch.setattr(plans, "forward_seconds", lambda loaded, batch, batch_size, runs=2: 0.1)
-    assert plans.plan(None, [plans.Work("a moment", batch, (1, 2))], 8) == pytest.approx((0.08, 0.32))  # type: ignore[arg-type]
-    assert capsys.readouterr().err == ""  # under SAID_FROM: nothing said
-    cli_progress.set_quiet(True)
-    assert plans.plan(None, [plans.Work("quiet", batch, (100, 200))], 8) is None  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize("command", ["ablate", "patch", "kv-heads", "prune"])
-def test_a_long_command_says_its_plan_before_its_work_starts(command: str, tmp_path: Path, capsys,
-                                                             monkeypatch) -> None:
-    monkeypatch.setattr("probe.cli.plans.SAID_FROM", 0.0)  # the tiny models' work takes a moment: say it anyway,
-    monkeypatch.setattr(cli_progress, "MIN_GAP", 0.0)  # and its progress lines too
-    monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)
-    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
-    monkeypatch.chdir(TESTS.parent)
-    code, _, stderr = run_cli(COMMANDS[command], capsys, monkeypatch)
-    assert code == 0, stderr
-    lines = stderr.splitlines()
-    plans = [index for index, line in enumerate(lines)
-             if re.match(r"plan: .+: about [\d: s-]+ here \(one forward", line)]
-    work = [index for index, line in enumerate(lines)
-            if re.match(r"(ablating heads|patching heads|kv-heads: |pruning)", line)]
-    assert len(plans) == 1 and work and plans[0] < work[0], stderr
-
-
-
-def test_patching_a_key_plans_one_run_per_key_value_group(tmp_path: Path, capsys, monkeypatch) -> None:
-    """A key or value is patched once per key/value group, not per query head: the plan counts the runs the sweep
-    makes (it said 3x too long for SmolLM2's keys, 9 query heads on 3 KV heads), every position's sweep included."""
-    monkeypatch.setattr("probe.cli.plans.SAID_FROM", 0.0)
-    monkeypatch.setattr("probe.inputs.contrast.MIN_GAP", 1e-4)
-    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
-    monkeypatch.chdir(TESTS.parent)
-    code, _, stderr = run_cli([*COMMANDS["patch"], "--component", "key", "--by-position", "--json",
-                               str(tmp_path / "p.json")], capsys, monkeypatch)
-    assert code == 0, stderr
-    found = re.search(r"\((\d+) key/value groups, one forward each from its layer on, on \d+ x (\d+) tokens\)", stderr)
-    assert found is not None, stderr
-    groups = 2 * 2  # the words model: 2 layers of 2 key/value heads (4 query heads)
-    assert int(found[1]) == groups * (1 + int(found[2]))  # one sweep, then one per position
-    payload = json.loads((tmp_path / "p.json").read_text())
-    assert len({(entry["layer"], entry["head"]) for entry in payload["heads"]}) == 2 * 4  # reported per query head
-
-
-def test_a_plan_that_cannot_time_its_forward_says_nothing_and_leaves_the_refusal_to_the_work(capsys) -> None:
-    import torch
-
-    import probe.cli.plans as plans
-
-    class Refusing(torch.nn.Module):
-        def forward(self, input_ids):
-            raise ValueError("past the model's positions")
-
-    loaded = LoadedModel(model=Refusing(), tokenizer=None, name="refusing", vocab_size=10)
-    assert plans.plan(loaded, [plans.Work("x", torch.ones((1, 8), dtype=torch.long), (100, 200))], 1) is None
-    assert capsys.readouterr().err == ""
+def _percent(found: re.Match[str]) -> int:
+    return int(found["percent"]) if found["percent"] else 100 * int(found["done"]) // int(found["total"])

@@ -1,20 +1,21 @@
-"""One `progress` argument across the library: every public function that takes it takes True (a bar on stderr,
-drawn again by a heartbeat while the call runs), a callable or None, through `probe.progress.reports`; each draws its
-bar on a tiny model, and patch_heads' bar is drawn by the heartbeat while its sweep reports nothing (it made its own
-bar without one and handed the sweep a callable, so nothing redrew it)."""
+"""One `progress` argument across the library: every public function that takes it takes True (rich's bars on
+stderr, a line at least every 30 s off a terminal while the call runs), a callable or None, through
+`probe.progress.reports`; each draws its bar on a tiny model, and patch_heads' is drawn by the heartbeat while its
+sweep reports nothing."""
 
 from __future__ import annotations
 
 import ast
+import io
 import re
 import threading
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_loaded
+from rich.console import Console
 
 import probe.progress as library_progress
 from probe.ablation import estimate, sweep
@@ -31,7 +32,22 @@ from probe.qk import qk_attribution
 from probe.syntax import read_conllu, syntax_scores
 
 PROBE = Path(__file__).resolve().parents[1] / "probe"
-DRAWN = re.compile(r"\] (\d+)/\1 \d+:\d\d\n$")  # a bar's last drawing: at its total, then a newline
+DRAWN = re.compile(r" (100%|(\d+)/\2 [a-zA-Z ]+), [^\n]*\d+:\d\d elapsed\n$")  # a stage's last line: at its total
+
+
+@pytest.fixture
+def slow_clock(monkeypatch) -> Iterator[None]:
+    """Every look at the bars' clock 1 s later (a tiny model's call takes a moment: its last line is said only
+    after a second), and no heartbeat thread looking at it."""
+    clock = [0.0]
+
+    def later() -> float:
+        clock[0] += 1.0
+        return clock[0]
+
+    monkeypatch.setattr(library_progress, "monotonic", later)
+    monkeypatch.setattr(library_progress, "BEAT", 1e6)
+    yield
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -127,22 +143,42 @@ CALLS: dict[str, Callable[[LoadedModel, Path, pytest.MonkeyPatch], object]] = {
 
 @pytest.mark.parametrize("label", list(CALLS))
 def test_progress_true_draws_the_functions_bar_on_stderr_to_its_total(label: str, tmp_path: Path, capsys,
-                                                                      monkeypatch) -> None:
+                                                                      monkeypatch, slow_clock) -> None:
     CALLS[label](tiny_loaded("llama_gqa"), tmp_path, monkeypatch)
     drawn = capsys.readouterr().err
     name = label.removesuffix(" (kv)")
-    assert drawn.startswith(f"\r{name} [") and all(part.startswith(f"{name} ") for part in drawn.split("\r")[1:])
-    assert DRAWN.search(drawn), drawn  # (the estimate's total grows past its first: a bar to it, then the rest)
+    assert drawn and all(line.startswith(f"{name} ") for line in drawn.splitlines()), drawn
+    assert "\r" not in drawn and "\x1b" not in drawn  # off a terminal: lines
+    assert DRAWN.search(drawn), drawn
     assert not [thread for thread in threading.enumerate() if thread.name == "probe-progress"]  # ended with the call
 
 
-def test_kv_heads_progress_true_draws_a_bar_per_stage(capsys) -> None:
+def test_kv_heads_progress_true_draws_a_bar_per_stage(capsys, slow_clock) -> None:
     kv_heads(tiny_loaded("llama_gqa"), lengths=(100,), depths=(0.5,), sink=2, recent=8, steps=2, random_seeds=(0,),
              curve_texts=1, progress=True)
-    bars = [line.rsplit("\r", 1)[-1] for line in capsys.readouterr().err.split("\n")[:-1]]  # each stage's last
-    assert [bar.split(" [")[0] for bar in bars] == ["kv-heads: scoring heads", "kv-heads: calibrating the budget",
-                                                    "kv-heads: checking the order"], bars
-    assert all(DRAWN.search(bar + "\n") for bar in bars), bars
+    lines = capsys.readouterr().err.splitlines()
+    for stage in ("scoring heads", "calibrating the budget", "checking the order"):
+        said = [line for line in lines if line.startswith(f"kv-heads: {stage} ")]
+        assert said and DRAWN.search(said[-1] + "\n"), lines  # each stage's own lines, its last at its total
+
+
+def test_progress_true_on_a_terminal_draws_rich_bars_with_a_time_left(monkeypatch) -> None:
+    screen = io.StringIO()
+    monkeypatch.setattr(library_progress, "Console", lambda **_: Console(file=screen, force_terminal=True, width=120))
+    clock = [0.0]
+    monkeypatch.setattr(library_progress, "monotonic", lambda: clock[0])
+
+    @library_progress.reports("counting")
+    def count(*, progress: library_progress.ProgressArg = None) -> None:
+        assert callable(progress)
+        for done in range(11):
+            clock[0] += 2.0
+            progress(done, 10)
+
+    count(progress=True)
+    drawn = screen.getvalue()
+    assert "\x1b" in drawn and "counting" in drawn and "━" in drawn  # rich's live bar
+    assert "100%" in drawn
 
 
 def test_a_callable_is_the_callers_own(capsys) -> None:
@@ -153,88 +189,43 @@ def test_a_callable_is_the_callers_own(capsys) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# patch_heads' bar: drawn again by the heartbeat while the work reports nothing, on a fake clock
+# patch_heads' bar: drawn by the heartbeat while the work reports nothing, on a fake clock
 
 
 def test_patch_heads_bar_is_drawn_by_the_heartbeat_while_its_sweep_reports_nothing(capsys, monkeypatch) -> None:
     clock = [0.0]
-    bar_class, tick = library_progress.TextBar, library_progress.TextBar.tick
+    tick = library_progress.Bars.tick
     drew = threading.Event()
 
-    def ticked(self: library_progress.TextBar) -> None:
+    def ticked(self: library_progress.Bars) -> None:
         tick(self)
-        if self.drawn is not None:
+        if self.said is not None:
             drew.set()
 
-    monkeypatch.setattr(library_progress, "TextBar", partial(bar_class, now=lambda: clock[0]))
-    monkeypatch.setattr(bar_class, "tick", ticked)
+    monkeypatch.setattr(library_progress, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(library_progress.Bars, "tick", ticked)
     monkeypatch.setattr(library_progress, "BEAT", 0.01)
 
     def after_31_silent_seconds(*args, **options):
-        clock[0] = 31.0  # the baselines took 31 s, and nothing was reported yet
+        clock[0] = 31.0  # the baselines took 31 s, and nothing was reported but the start
         assert drew.wait(60), "no heartbeat drew the bar"  # it waits for the thread: nothing timed
         return sweep(*args, **options)
 
     _patch(monkeypatch, run=after_31_silent_seconds)
-    drawings = capsys.readouterr().err.split("\r")[1:]
-    assert drawings[0] == "patching heads ... 0:31"  # before any report: that it runs, and for how long
-    assert DRAWN.search(drawings[-1]) and drawings[-1].startswith("patching heads ["), drawings
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "patching heads 0:31 elapsed", lines  # before any report: that it runs, and how long
+    assert DRAWN.search(lines[-1] + "\n"), lines
     assert not [thread for thread in threading.enumerate() if thread.name == "probe-progress"]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# bounded stages: each staged module declares them for the run's options, `bounded_stages(**options)`, and the CLI
-# asks it with the run's own
-
-
-def test_bounded_stages_take_the_runs_options_by_their_names() -> None:
-    import inspect
-
-    import probe.atlas.run as atlas_run
-    import probe.kv.pipeline as pipeline
-
-    for module, function in ((atlas_run, atlas_run.atlas), (pipeline, pipeline.kv_heads)):
-        declared, own = (inspect.signature(f).parameters for f in (module.bounded_stages, function))
-        assert declared and all(parameter.kind is parameter.KEYWORD_ONLY and own[name].default == parameter.default
-                                for name, parameter in declared.items()), module.__name__
-    assert atlas_run.bounded_stages(fast=True) == {"ablation"} and not atlas_run.bounded_stages()
-    assert pipeline.bounded_stages() == {"checking the order"} and not pipeline.bounded_stages(stop_random=False)
-
-
-def test_kv_heads_measuring_every_random_point_shows_the_orders_check_a_time_left(tmp_path: Path, capsys,
-                                                                                 monkeypatch) -> None:
-    """Random orders that never stop make the check's total its work: the stage is bounded only where they stop, and
-    the CLI asks `bounded_stages` with the run's own options."""
-    import contextlib
-
-    import probe.cli.progress as cli_progress
-    from conftest import run_cli
-    from test_progress import COMMANDS
-
-    clock = [0.0]
-
-    def fake_clock() -> float:  # every look at the clock: 4 s later
-        clock[0] += 4.0
-        return clock[0]
-
-    cli_progress.set_quiet(False)
-    monkeypatch.setattr(cli_progress, "monotonic", fake_clock)
-    monkeypatch.setattr(cli_progress, "heartbeat", lambda tick, period=None: contextlib.nullcontext())
-    monkeypatch.setenv("PROBE_CACHE", str(tmp_path))
-    code, _, stderr = run_cli([*COMMANDS["kv-heads"], "--every-random-point"], capsys, monkeypatch)
-    assert code == 0, stderr
-    lines = [line for line in stderr.splitlines() if line.startswith("kv-heads: checking the order: ")]
-    assert any(" left" in line for line in lines), lines  # without the flag none (tests/test_progress.py's fake clock)
-
-
 def test_under_torchrun_only_the_first_process_draws_its_bar(capsys, monkeypatch) -> None:
-    """Every process of a torchrun job runs the same call; a heartbeat on each would print every process's `... 0:30`
-    lines while its share of the sweep has nothing to report there."""
+    """Every process of a torchrun job runs the same call; bars on each would print every process's lines, each of
+    its own share of the sweep."""
     seen: list[object] = []
     work = library_progress.reports("working")(lambda *, progress=None: seen.append(progress))
     monkeypatch.setenv("WORLD_SIZE", "2")
     for rank in ("1", "0"):
         monkeypatch.setenv("RANK", rank)
         work(progress=True)
-    assert seen[0] is None and isinstance(seen[1], library_progress.TextBar)
+    assert seen[0] is None and isinstance(seen[1], library_progress.Bars)
     assert not [thread for thread in threading.enumerate() if thread.name == "probe-progress"]

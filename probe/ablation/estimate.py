@@ -310,7 +310,7 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)  # forward-equivalents, of every batch
     check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0
     room = budget - spent - check_cost
-    step = _Steps(_planned(len(batches_), spent, check_cost, room, refine), callback(progress, "estimating"))
+    step = _Steps(_planned(len(batches_), spent, check_cost, room, refine), callback(progress))
     for index, batch in enumerate(batches_):
         kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, step, blocks)
         batch.kept = _kept_for(blocks, heads, kept)

@@ -339,7 +339,7 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     the losses there instead of on `probe_set`, where the orderings are chosen (a held-out check: an order chosen on
     a small sample overfits it). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in steps
     (their total bounds the work: a curve stops at the limit)."""
-    started, report = time.perf_counter(), callback(progress, "pruning")
+    started, report = time.perf_counter(), callback(progress)
     check_probe_set(probe_set)
     refuse_sources(probe_set, "prune")
     chosen_metric = choose_metric(loaded, probe_set, metric)

@@ -114,21 +114,6 @@ def _costs(model: torch.nn.Module, blocks: Blocks) -> list[int]:
     return [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
 
 
-def sweep_forwards(loaded: LoadedModel, heads: Sequence[Head] | None = None,
-                   groups: Sequence[Sequence[Head]] = ()) -> float:
-    """The work of an exact sweep of `heads` alone and `groups` together, in full forwards of its probe set, as its
-    progress counts it: the unablated baseline, and each ablation from the block it starts at (a late one weighs
-    what its blocks and the readout do). Left out: the prefix reuse's self-check, one full forward of one batch.
-    For a caller that says beforehand how long a sweep takes."""
-    ablations = _ablations(loaded, heads, groups)
-    blocks, _ = find_blocks(loaded.model, attention_layers(loaded.model))
-    if blocks is None:
-        return 1.0 + len(ablations)
-    costs = _costs(loaded.model, blocks)
-    return (WORK_UNITS + sum(costs[min(blocks.start_of(layer) for layer, _ in ablation)]
-                             for ablation in ablations)) / WORK_UNITS
-
-
 @dataclass
 class _Baseline:
     """The unablated model's metric, and what each ablation is compared to."""
@@ -332,7 +317,7 @@ def sweep(
     what that file holds (refusing another model, dtype or probe set). `shard=(rank, world)` runs only this
     process's share of the chunks (probe.distributed): merged shards equal one process's sweep.
     """
-    started, progress = time.perf_counter(), callback(progress, "ablating heads")  # True: a bar on stderr
+    started, progress = time.perf_counter(), callback(progress)  # True: a bar on stderr
     _validate(probe_set, method, mode, stack)
     ablations = _ablations(loaded, heads, groups)
     if mode == "estimate":

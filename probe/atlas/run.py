@@ -44,13 +44,6 @@ STAGE_UNITS = {"composition": COMPOSITION_UNIT}
 block-forwards mean nothing to a user)."""
 
 
-def bounded_stages(*, fast: bool = False) -> frozenset[str]:
-    """The stages of an `atlas` run with these options whose total only bounds their work, so no time left can be
-    read from their rate: with `fast`, the ablation stage is the estimate, whose total is its budget's bound until it
-    has chosen the heads it ablates exactly (then lowered to them)."""
-    return frozenset({"ablation"}) if fast else frozenset()
-
-
 T = TypeVar("T")
 
 
@@ -134,7 +127,7 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
     (probe.heads.evidence), examples, OV writes, composition partners and causal effects. `fast` estimates the
     ablation deltas on natural text (attribution patching, marked estimated; a task's are exact all the same).
     `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
-    stages = _Stages(stage_callback(progress, "atlas"))
+    stages = _Stages(stage_callback(progress))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     natural_results, task_results = _results(results_dir, "ablation"), _results(results_dir, "task") if task else None
     classes = stages.run("classify", lambda tick: classify(

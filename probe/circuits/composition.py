@@ -17,16 +17,14 @@ division by the norm, biases. The scores read the weights as if the model had no
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
 from torch import Tensor, nn
 
-from probe.circuits.weights import HeadWeights, all_layer_weights, embedding_matrices, layer_weights
+from probe.circuits.weights import HeadWeights, all_layer_weights, embedding_matrices
 from probe.errors import ProbeError
-from probe.hooks.layers import attention_layers
 from probe.progress import ProgressArg, callback, reports
 
 KINDS = ("k", "q", "v")
@@ -127,7 +125,7 @@ def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] 
     layers = all_layer_weights(model)
     n_layers, n_heads = len(layers), max(w.W_Q.shape[0] for w in layers)
     result = {}
-    total, done, report = len(kinds) * n_layers * (n_layers - 1) // 2, 0, callback(progress, "composition")
+    total, done, report = len(kinds) * n_layers * (n_layers - 1) // 2, 0, callback(progress)
     if report is not None:
         report(0, total)
     for kind in kinds:
@@ -147,32 +145,6 @@ def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] 
         result[kind] = table
     d_model, d_head = layers[0].W_Q.shape[1:]
     return Composition(name, result, random_baseline(d_model, d_head), layers[0].folded)
-
-
-def pair_seconds(model: nn.Module, kind: str = "k", runs: int = 5, window: float = 0.25) -> float:
-    """Seconds of one (earlier, later) layer pair of `composition_scores` here, as the whole spends them: one pair's
-    product (layers 0 and 1) and its share of the set-up (weights, triangles, distinct heads) that the whole does
-    once per layer, each the least of at least `runs` runs and `window` seconds. A run of a few milliseconds that a
-    busy machine pre-empts takes many times its work (the set-up's small linear-algebra calls most: up to 200x under
-    load), where the whole's seconds average that out: the least is the machine's own speed, which a plan's slack
-    stretches. What a plan multiplies by the pairs to come (bench/NOTES.md)."""
-    layers = attention_layers(model)
-    if len(layers) < 2:
-        return 0.0
-    set_up: list[float] = []
-    product: list[float] = []
-    begun = time.perf_counter()
-    while len(product) < runs or time.perf_counter() - begun < window:
-        started = time.perf_counter()
-        first, second = (layer_weights(model, layer) for layer in layers[:2])
-        earlier, later = _factors(first, "ov"), _factors(second, kind)
-        triangles, distinct = (_triangles(*earlier), _triangles(*later)), distinct_heads(later[0])
-        ready = time.perf_counter()
-        composition_between(earlier, later, triangles=triangles, distinct=distinct)
-        set_up.append(ready - started)
-        product.append(time.perf_counter() - ready)
-    pairs = len(layers) * (len(layers) - 1) // 2
-    return min(product) + min(set_up) * len(layers) / pairs  # each layer's set-up as an earlier and a later one
 
 
 def copying_scores(model: nn.Module) -> Tensor:

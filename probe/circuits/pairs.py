@@ -10,7 +10,6 @@ it alone already hurts induction, and ablating both costs less than the two cost
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +35,7 @@ count the library's own units (layers of batches, block-forwards), which mean no
 @dataclass(frozen=True)
 class Check:
     """The ablation check `circuits` is about to run, known once the classification has found the induction heads:
-    each of `heads` ablated alone and each (feeder, induction head) of `groups` together, on `probe_set`. What its
-    `on_check` gets, so that a caller can say how long the check takes before it starts."""
+    each of `heads` ablated alone and each (feeder, induction head) of `groups` together, on `probe_set`."""
 
     heads: list[Head]
     groups: list[tuple[Head, Head]]
@@ -178,14 +176,12 @@ def _pairs(composition: Composition, classes: Classification, top: int) -> tuple
 @reports("circuits", stages=True)
 def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: int = 128,
              num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
-             batch_size: int = 8, method: str = "zero", progress: StageProgressArg = None,
-             on_check: Callable[[Check], None] | None = None) -> Circuits:
+             batch_size: int = 8, method: str = "zero", progress: StageProgressArg = None) -> Circuits:
     """Induction heads, their strongest K-composing earlier heads (see the module docstring) and, with `check`, each
     induction head ablated with its strongest previous-token feeder (else its top feeder), together and alone.
-    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`.
-    `on_check` gets the check's `Check` once the classification has chosen it, before it runs."""
+    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
     started = time.perf_counter()
-    report = stage_callback(progress, "circuits")
+    report = stage_callback(progress)
     composition = composition_scores(loaded.model, loaded.name, kinds=("k",),
                                      progress=stage_tick(report, "K-composition"))
     classes = classify(loaded, scores=list(CLASSES), seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
@@ -202,8 +198,6 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
         groups = [(pair.checked, pair.induction) for pair in checked if pair.checked is not None]
         chosen = Check(sorted({head for group in groups for head in group}), groups,
                        build_probe_set("repeated", loaded, options))
-        if on_check is not None:
-            on_check(chosen)
         result.baseline_second_copy = _check(loaded, checked, chosen, method, batch_size,
                                              stage_tick(report, "ablation check"))
     result.seconds = time.perf_counter() - started

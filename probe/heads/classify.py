@@ -156,7 +156,7 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
     (each class without one costs only itself the blocked path). `config` tunes the fast path (chunks and stages;
     never a number). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layers of batches,
     from `progress_offset` of `progress_total` where the scores are part of a longer count (classify's)."""
-    report = callback(progress, "scoring heads")
+    report = callback(progress)
     passes = score_passes(names, path)
     steps = len(probe_set.batches(batch_size)) * len(attention_layers(loaded.model))
     total = progress_total or steps * len(passes)
@@ -339,7 +339,7 @@ def classify(
     class on the probe set it names (`Score.probe`). `progress=True` draws a bar on stderr; a callable gets
     `(done, total)`. `path`: how scores are computed (score_heads): "auto" (the log-sum-exp where it can),
     "lse" or "blocked"."""
-    progress = callback(progress, "classifying heads")
+    progress = callback(progress)
     names = [name for name, score in SCORES.items() if score.by_default] if scores is None else scores
     chosen = _thresholds(names, thresholds, batch_size)
     layers = attention_layers(loaded.model)

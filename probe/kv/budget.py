@@ -75,7 +75,7 @@ def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: 
     docstring); every point measured is in the result. `progress=True` draws a bar on stderr; a callable gets
     `(done, total)` in points (the unablated model's first)."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
-    report = callback(progress, "calibrating the budget")
+    report = callback(progress)
     most = budget_points(len(order)) + 1  # the unablated model's point, then at most one per halving
     base_loss, base_accuracy = measured_point(loaded, inputs, [], cache)
     if report is not None:

@@ -31,9 +31,9 @@ def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: Curv
     below the unablated model's, or loss change over the bound) where probe's order is accepted: it is clearly
     below there, and its later points (None) are not measured, except those another order already measured.
     `progress=True` draws a bar on stderr; a callable gets `(done, total)` in points of every order (with
-    `stop_below` the total only bounds the work: `probe.kv.pipeline.bounded_stages`)."""
+    `stop_below` the total only bounds the work)."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
-    report = callback(progress, "checking the order")
+    report = callback(progress)
     orders = {"probe": order} | {f"random_{seed}": random.Random(seed).sample(order, len(order)) for seed in seeds}
     base_loss, base_accuracy = measured_point(loaded, inputs, [], cache)
     require_finite(base_loss, "the unablated model's loss on natural text", loaded.model,

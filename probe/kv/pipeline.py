@@ -39,13 +39,6 @@ held-out texts and prompts, costs far more than a scored prompt)."""
 KV_SINK = 64  # sink keys of a streaming head: DuoAttention's deployed cache (64 sink + 256 recent keys)
 
 
-def bounded_stages(*, stop_random: bool = True) -> frozenset[str]:
-    """The stages of a `kv_heads` run with these options whose total only bounds their work, so no time left can be
-    read from their rate: with `stop_random`, checking the order (a random order stops at its first point the
-    budget's rule refuses)."""
-    return frozenset({"checking the order"}) if stop_random else frozenset()
-
-
 def _check(loaded: LoadedModel, lengths: tuple[int, ...], sink: int, recent: int, seeds: list[int],
            order_by: str, kvpress_ratio: float | None, fixed: tuple[float | None, ...]) -> bool:
     """The arguments checked against the model; whether a fixed budget is asked for (check_budget_choice)."""
@@ -126,7 +119,7 @@ def kv_heads(
     calibrated, why_fixed = _budget_kind(loaded, not fixed)
     scored = needle_set(loaded, options)
     n_heads, n_kv = kv_groups(loaded)
-    stage, clock = partial(stage_tick, stage_callback(progress, "kv-heads")), _Clock()
+    stage, clock = partial(stage_tick, stage_callback(progress)), _Clock()
     retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent,
                                               progress=stage("scoring heads"))
     clock.lap("scores")

@@ -157,7 +157,7 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
     blocks of weights), nothing read back inside the forward; the retrieval score (SCORES["retrieval"]'s definition)
     is reduced from those top keys once the logits say which rows were predicted. `progress=True` draws a bar on
     stderr; a callable gets `(done, total)` in needle prompts."""
-    layers, report = attention_layers(loaded.model), callback(progress, "scoring heads")
+    layers, report = attention_layers(loaded.model), callback(progress)
     n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)
     retrieval_sum, retrieval_prompts = torch.zeros(n_layers, n_heads, dtype=torch.float64), 0
     stream_sum = torch.zeros(n_layers, n_heads, dtype=torch.float64)

@@ -245,7 +245,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
     method = patch_method(loaded, source, component, batch_size=batch_size)
     units = patch_units(loaded, heads, component)
     source_ld = mean_logit_diff(baseline_metric(loaded, source, batch_size=batch_size))
-    part = _in_parts(callback(progress, "patching heads"), 1 + (target.input_ids.shape[1] if by_position else 0))
+    part = _in_parts(callback(progress), 1 + (target.input_ids.shape[1] if by_position else 0))
     swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data,
                    progress=part(0), **options)
     if swept is None:

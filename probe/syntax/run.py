@@ -96,7 +96,7 @@ def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str
     if not (is_hf_model(loaded.model) or accepts_argument(loaded.model, "attention_mask")):
         batch_size = 1  # a custom model that takes no mask cannot be given padding: one sentence per forward
     shown: list[dict[str, Any]] = []
-    report = callback(progress, "scoring sentences")
+    report = callback(progress)
     if report is not None:
         report(0, len(aligned))  # the count is known before the first batch, however long it runs
     for first in range(0, len(aligned), batch_size):

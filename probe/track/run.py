@@ -140,7 +140,7 @@ def track(run: Run, options: TrackOptions | None = None, *, results_path: str | 
     returns the merged result (the others None), equal to one process's."""
     options = options or TrackOptions()
     _check(options)
-    progress = callback(progress, "tracking checkpoints")
+    progress = callback(progress)
     rank = current()
     if rank is not None:
         load_options["device"] = rank_device(rank, load_options.get("device"))
