@@ -273,3 +273,42 @@ def test_another_host_than_loopback_needs_a_token(capsys, monkeypatch) -> None:
     code, _, err = run_cli(["serve", "--host", "0.0.0.0", "--model", "tests/words.py:tiny_with_words"], capsys,
                            monkeypatch)
     assert code == 2 and err.strip().count("\n") == 0 and "--token" in err
+
+
+def test_a_client_that_goes_away_cancels_its_queued_request(loaded: LoadedModel) -> None:
+    """A real server: while the worker is busy, a client sends an ablation and hangs up; it never runs."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from probe.serve import start
+
+    server = start(loaded)
+    app = server.handle.config.app
+    views, worker = app.state.views, app.state.worker
+    worker.submit(lambda: views.text(TEXT), 60).result(60)
+    before, gate = views.forwards, threading.Event()
+    worker.submit(gate.wait, 60)
+    address = urlsplit(server.url)
+    body = json.dumps(BODIES["ablate"]).encode()
+    with socket.create_connection((address.hostname, address.port)) as client:
+        client.sendall(f"POST /api/ablate HTTP/1.1\r\nHost: {address.netloc}\r\nAuthorization: Bearer "
+                       f"{address.query.removeprefix('token=')}\r\nContent-Type: application/json\r\n"
+                       f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(0.5)
+    time.sleep(0.6)  # the server notices the hang-up (it polls every 0.2 s) and cancels the queued job
+    gate.set()
+    worker.submit(lambda: None, 60).result(60)  # everything queued before has run or been dropped
+    assert views.forwards == before
+    server.stop()
+
+
+def test_show_serves_beside_the_kernel(loaded: LoadedModel, capsys) -> None:
+    import urllib.request
+
+    from probe.serve import show
+
+    server = show(loaded, height=500)
+    assert "IFrame" in capsys.readouterr().out  # outside a notebook, IPython prints the display's repr
+    with urllib.request.urlopen(server.url.replace("/?", "/api/info?"), timeout=30) as answer:
+        assert json.load(answer)["model"] == "tiny-words"
+    server.stop()

@@ -21,6 +21,8 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pydantic import BaseModel, ConfigDict, Field
 
 from probe.errors import ProbeError
@@ -122,25 +124,44 @@ def _authorised(request: Request, token: str) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-def _guard(token: str) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
-    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        origin = request.headers.get("origin")
+class Guard:
+    """ASGI middleware around the app: the token, the origin and the body's declared size checked before anything
+    runs, and the security headers on every answer. (Pure ASGI: Starlette's BaseHTTPMiddleware would hide a
+    client's disconnection from the endpoint, which cancels its queued work.)"""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app, self.token = app, token
+
+    def refusal(self, request: Request) -> JSONResponse | None:
+        origin, length = request.headers.get("origin"), request.headers.get("content-length")
         if origin is not None and origin.split("://", 1)[-1] != request.headers.get("host"):
-            response: Response = _one_line(403, "requests from another origin are refused")
-        elif not _authorised(request, token):
-            response = _one_line(401, "give the token printed when the server started: ?token=...")
-        elif int(request.headers.get("content-length") or 0) > MAX_BODY or len(await request.body()) > MAX_BODY:
-            response = _one_line(413, f"the request body is over {MAX_BODY // 1024} KiB")
-        else:
-            response = await call_next(request)
-            if request.query_params.get("token"):
-                response.set_cookie(COOKIE, token, httponly=True, samesite="strict")
-        response.headers["Content-Security-Policy"] = CSP
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
-        response.headers["Cache-Control"] = "no-store"
-        return response
-    return guard
+            return _one_line(403, "requests from another origin are refused")
+        if not _authorised(request, self.token):
+            return _one_line(401, "give the token printed when the server started: ?token=...")
+        if request.method == "POST" and not (length or "").isdigit():
+            return _one_line(411, "give the body's Content-Length")
+        if int(length or 0) > MAX_BODY:
+            return _one_line(413, f"the request body is over {MAX_BODY // 1024} KiB")
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        cookie = request.query_params.get("token") and _authorised(request, self.token)
+
+        async def secured(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                headers.update({"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+                                "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"})
+                if cookie:
+                    headers.append("Set-Cookie", f"{COOKIE}={self.token}; HttpOnly; Path=/; SameSite=Strict")
+            await send(message)
+
+        refused = self.refusal(request)
+        await (refused or self.app)(scope, receive, secured)
 
 
 async def _answer(request: Request, worker: Worker, work: Callable[[], Any], seconds: float) -> Any:
@@ -171,7 +192,7 @@ def create_app(views: Views, token: str, *, worker: Worker | None = None, time_l
                   description="Every head of one model on a text: attention, scores, QK attribution, DLA, ablation.")
     queue = worker or Worker()
     app.state.worker, app.state.views = queue, views
-    app.middleware("http")(_guard(token))
+    app.add_middleware(Guard, token=token)
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(Exception, lambda _r, error: _one_line(500, f"{type(error).__name__}: {error}"))
 

@@ -247,7 +247,8 @@ class Views:
         check_heads(self.layers, heads)
         context: AbstractContextManager[Any]
         if method in ABLATIONS:
-            context = ablate(self.loaded.model, heads, method=method, statistics=self._means(view))
+            context = ablate(self.loaded.model, heads, method=method,
+                             statistics=self._means(view) if method == "mean" else None)
         elif method in steerable():
             context = steer(self.loaded.model, {head: factor for head in heads}, intervention=method)
         else:
