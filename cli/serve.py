@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import webbrowser
 from typing import Annotated, Optional
 
@@ -45,7 +44,7 @@ def serve(
     app = create_app(Views(loaded, max_tokens=max_tokens), token)
     address = f"http://{host if ':' not in host else f'[{host}]'}:{port}/?token={token}"
     console.print(f"serving {loaded.name}: open {address}", markup=False, highlight=False, soft_wrap=True)
-    if open_page and not os.environ.get("CI"):
+    if open_page:
         webbrowser.open(address)
     uvicorn.run(app, host=host, port=port, log_level="warning")
     app.state.worker.close()

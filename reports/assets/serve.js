@@ -143,7 +143,7 @@
           x.push(key); y.push(query); c.push(head.top_keys_per_query.weights[query][i]);
         });
       });
-      trace = {type: "scattergl", mode: "markers", x: x, y: y, marker: {color: c, colorscale: "Blues", size: 3},
+      trace = {type: "scatter", mode: "markers", x: x, y: y, marker: {color: c, colorscale: "Blues", size: 3},
                hovertemplate: "query %{y}<br>key %{x}<extra></extra>"};
     }
     var size = Math.min(900, 200 + 14 * labels.length);
