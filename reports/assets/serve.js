@@ -5,6 +5,7 @@
   var TOKEN = new URLSearchParams(location.search).get("token");  // where the page was opened with one (an IFrame)
   var state = {text: "", score: "", head: null, pos: 0, tok: null, heads: "", method: "zero", factor: 0};
   var info = null, data = null;
+  var LIGHT_TO_DARK = [[0, "#f7fbff"], [0.25, "#c6dbef"], [0.5, "#6baed6"], [0.75, "#2171b5"], [1, "#08306b"]];
 
   function $(id) { return document.getElementById(id); }
 
@@ -77,17 +78,19 @@
     table.appendChild(tr);
   }
 
-  function shade(values, scale, colour) {
+  function shade(values, colour) {
+    // losses (all positive) from their least to their largest; changes (signed) from 0 to the largest size
+    var sizes = values.map(Math.abs), low = Math.min.apply(null, values), high = Math.max.apply(null, sizes);
+    low = low > 0 ? low : 0;
     return values.map(function (value) {
-      var alpha = Math.min(1, Math.abs(value) / (scale || 1));
-      return colour(value) + alpha.toFixed(3) + ")";
+      var alpha = high > low ? (Math.abs(value) - low) / (high - low) : 0;
+      return colour(value) + Math.max(0.05, alpha).toFixed(3) + ")";
     });
   }
 
   function tokens(root, values, colour, onClick) {
     root.textContent = "";
-    var scale = Math.max.apply(null, values.map(Math.abs).concat([1e-9]));
-    var colours = shade(values, scale, colour);
+    var colours = shade(values, colour);
     data.tokens.forEach(function (token, position) {
       var span = make("span", token);
       if (position > 0) span.style.background = colours[position - 1];
@@ -100,10 +103,10 @@
 
   function drawGrid() {
     var z = data.scores[state.score];
-    var trace = {type: "heatmap", z: z, colorscale: "Blues", zmin: 0, zmax: 1,
+    var trace = {type: "heatmap", z: z, colorscale: LIGHT_TO_DARK, zmin: 0, zmax: 1,
                  hovertemplate: "layer %{y} head %{x}: %{z:.3f}<extra></extra>"};
     var layout = {width: 360, height: Math.max(260, 18 * z.length + 90), margin: {t: 10, l: 50, r: 10, b: 40},
-                  xaxis: {title: {text: "head"}, dtick: 1}, yaxis: {title: {text: "layer"}, autorange: "reversed"}};
+                  xaxis: {title: {text: "head"}, dtick: 1}, yaxis: {title: {text: "layer"}, autorange: "reversed", dtick: 1}};
     if (state.head) layout.shapes = [{type: "rect", x0: state.head[1] - 0.5, x1: state.head[1] + 0.5,
                                       y0: state.head[0] - 0.5, y1: state.head[0] + 0.5, line: {color: "#d62728"}}];
     Plotly.react($("grid"), [trace], layout, {displaylogo: false});
@@ -134,7 +137,7 @@
     var labels = head.tokens.map(function (token, i) { return plotlyText(i + ":" + token); });
     var trace;
     if (head.weights) {
-      trace = {type: "heatmap", z: head.weights, x: labels, y: labels, colorscale: "Blues", zmin: 0, zmax: 1,
+      trace = {type: "heatmap", z: head.weights, x: labels, y: labels, colorscale: LIGHT_TO_DARK, zmin: 0, zmax: 1,
                hovertemplate: "query %{y}<br>key %{x}<br>%{z:.3f}<extra></extra>"};
     } else {  // a long text: each query's top keys
       var x = [], y = [], c = [];
@@ -143,7 +146,7 @@
           x.push(key); y.push(query); c.push(head.top_keys_per_query.weights[query][i]);
         });
       });
-      trace = {type: "scatter", mode: "markers", x: x, y: y, marker: {color: c, colorscale: "Blues", size: 3},
+      trace = {type: "scatter", mode: "markers", x: x, y: y, marker: {color: c, colorscale: LIGHT_TO_DARK, size: 3},
                hovertemplate: "query %{y}<br>key %{x}<extra></extra>"};
     }
     var size = Math.min(900, 200 + 14 * labels.length);
