@@ -3,8 +3,9 @@
 A text's first view is one forward: its tokens, per-token loss, top next tokens at every position, each head's
 score of every head class that applies to one text (the natural-text classes of `probe.heads.scores.SCORES`, each
 reduced from the layer's attention blocks by its own `reduce` and `finish`) and the attention itself (float16; past
-`FULL_TOKENS` tokens each query's `TOP_KEYS` largest keys). Recent texts' views are kept, bounded in bytes, so that
-clicking another head of a seen text runs no forward. Every method runs on the worker thread (probe.serve.worker).
+`FULL_TOKENS` tokens, or past half the cache's bytes, each query's `TOP_KEYS` largest keys). Recent texts' views
+are kept, bounded in bytes, so that clicking another head of a seen text runs no forward. Every method runs on the
+worker thread (probe.serve.worker).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import torch
@@ -85,8 +87,9 @@ class Views:
                 "n_heads": max(layer.n_heads for layer in self.layers), "max_tokens": self.max_tokens,
                 "scores": {name: score.summary for name, score in SCORES.items() if score.probe == "natural"},
                 "ablations": [name for name in ABLATIONS if name in METHODS], "steering": steerable(),
-                "presets": self.presets()}
+                "presets": self.presets}
 
+    @cached_property
     def presets(self) -> dict[str, str]:
         """The embedded probe sets' first rows as texts (none without a tokenizer to decode them)."""
         tokenizer = self.loaded.tokenizer
@@ -122,20 +125,22 @@ class Views:
         batch = Batch(valid=torch.ones(1, n, dtype=torch.bool, device=self.device), offset=int(bos), repeat_len=None)
         sums: dict[tuple[str, int], list[Tensor]] = {}
         kept: dict[int, list[Any]] = {}
+        heads = sum(layer.n_heads for layer in self.layers)
+        full = n <= FULL_TOKENS and 2 * heads * n * n <= self.cache_bytes // 2  # float16 matrices, half the cache
 
         def keep(weights: Tensor, ctx: HookContext) -> None:  # (1, heads, block, keys)
             for name in names:
                 total, count = SCORES[name].reduce(weights, ctx.start, batch)
                 sums.setdefault((name, ctx.layer), []).extend((total.double().cpu(), count.double().cpu()))
             block = weights[0].detach()
-            kept.setdefault(ctx.layer, []).append(block.half().cpu() if n <= FULL_TOKENS else
+            kept.setdefault(ctx.layer, []).append(block.half().cpu() if full else
                                                   tuple(part.cpu() for part in block.topk(min(TOP_KEYS, n), -1)))
 
         with torch.no_grad(), attention_hooks(self.loaded.model, {"pattern": keep}):
             logits = logits_of(run_model(self.loaded.model, ids[None].to(self.device)))[0].float().cpu()
         self.forwards += 1
         return View(ids, token_strings(self.loaded, ids), *self._losses(ids, logits), self._scores(names, sums),
-                    {layer: torch.cat(parts, 1) if n <= FULL_TOKENS else
+                    {layer: torch.cat(parts, 1) if full else
                      (torch.cat([v for v, _ in parts], 1).half(), torch.cat([k for _, k in parts], 1).int())
                      for layer, parts in kept.items()})
 
