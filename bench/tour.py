@@ -59,6 +59,7 @@ SMALL = {  # flags that shrink a command's inputs (appended: the last occurrence
     "kv-heads": ["--lengths", "160", "--depths", "0.5", "--sink", "4", "--recent", "32", "--steps", "2",
                  "--random-seeds", "0", "--curve-texts", "1"],
     "atlas": ["--num-seqs", "1", "--seq-len", "16", "--repeat-len", "8"],
+    "serve": ["--help"],  # serves until stopped: the quick tour checks that its line parses
     "track": ["--num-seqs", "1", "--seq-len", "24", "--repeat-len", "12", "--icl-seqs", "2", "--icl-positions",
               "2,20"],
 }

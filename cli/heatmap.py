@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
-                               Text, TextFile, TrustRemoteCode, load)
+from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, MaxTokens, Model, ModelChoice,
+                               OffloadFolder, Text, TextFile, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs
 from probe.cli.progress import note, status
 from probe.ablation.heads import parse_layers
@@ -22,8 +22,6 @@ from probe.reports.html import heatmap_page
 
 Layers = Annotated[Optional[str], typer.Option(
     "--layers", help="Layers to include, e.g. 0-5,12; an encoder-decoder's by stack, e.g. enc0-2,x3 (default: all).")]
-MaxTokens = Annotated[int, typer.Option(
-    "--max-tokens", help="Positions shown (at most 1024); a longer input is shown as a window.")]
 WindowStart = Annotated[int, typer.Option(
     "--window-start", help="First position of the window shown; the model still runs on all the tokens before it, "
     "so its queries see their whole context.")]

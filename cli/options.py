@@ -133,6 +133,9 @@ MapThresholds = Annotated[Optional[list[float]], typer.Option(  # --threshold wh
     "--threshold", help="Label the heads above this value (instead of the files' own labels). Once: both maps; "
     "twice: A's, then B's.")]
 Text = Annotated[Optional[str], typer.Option("--text", help="The text to look at.")]
+MaxTokens = Annotated[int, typer.Option(
+    "--max-tokens", help="Tokens read: probe heatmap's positions shown (at most 1024; a longer input is shown as a "
+    "window), probe serve's longest text.")]
 TextFile = Annotated[Optional[Path], typer.Option(
     "--file", help="A UTF-8 text file to read: the text looked at (instead of --text), or parsed with spaCy (probe "
     "syntax; default: the embedded English text).")]
