@@ -59,10 +59,6 @@ def _runtime_js() -> str:
     return (ASSETS / "probe.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
 
 
-def forget_notebook_plotly() -> None:
-    """Kept for notebooks written against older probe: every notebook result now carries plotly.js itself."""
-
-
 # Run a notebook result's inert copy of plotly.js only where the output's document has none yet: each output (in
 # the notebook's page or in an iframe of its own) is drawn wherever it is shown, and plotly runs once per document.
 # require.js (classic Jupyter) would take plotly's UMD bundle as an AMD module and leave window.Plotly unset, so

@@ -18,8 +18,8 @@ from probe.inputs import natural_set, repeated_set
 from probe.errors import ProbeError
 from probe.patterns import (AVERAGE, Patterns, attention_patterns, classification_patterns, text_ids, text_patterns,
                             token_strings, visible)
-from probe.reports.html import (ablation_page, classification_page, esc, forget_notebook_plotly, heatmap_page,
-                          pack_uint16, pattern_spec, plotly_text, script_json)
+from probe.reports.html import (ablation_page, classification_page, esc, heatmap_page, pack_uint16, pattern_spec,
+                                plotly_text, script_json)
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
@@ -251,8 +251,6 @@ def test_notebook_fragments_each_carry_plotly_and_a_static_summary():
     assert SCRIPT not in first and esc(SCRIPT) in first
     ids = re.findall(r'class="probe-page" id="([^"]+)"', first + second)
     assert len(set(ids)) == 2  # two results in one notebook do not share element ids
-    forget_notebook_plotly()  # kept for old notebooks; changes nothing
-    assert "window.Plotly = Plotly" in classification_page(result.to_dict(), embed_plotly=False)
 
 
 def test_plain_text_reprs_are_short_summaries():
