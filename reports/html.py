@@ -2,9 +2,10 @@
 
 Reports render and compute nothing: each page takes the plain payload of a result (`Patterns.page_payload()`,
 `Classification.to_dict()`, `AblationResult.to_dict()` or the ablation JSON) and imports nothing from probe but its
-error type. Each page is one file that works offline from file://: plotly.js and probe's small runtime
-(`reports/assets/probe.js`) are inlined, a Content-Security-Policy forbids every request, and patterns travel as
-rounded integers, deflated and base64-encoded, decoded in the browser one layer or head at a time.
+error type and where the head classes attend (probe.heads.scores' REPEAT_DIAGONALS). Each page is one file that works
+offline from file://: plotly.js and probe's small runtime (`reports/assets/probe.js`) are inlined, a
+Content-Security-Policy forbids every request, and patterns travel as rounded integers, deflated and base64-encoded,
+decoded in the browser one layer or head at a time.
 
 Escaping: text in HTML goes through `html.escape`; text plotly draws (token labels) is entity-escaped for plotly's
 own markup; JSON inside <script> has <, > and & as \\u escapes. Nothing reaches innerHTML on the page.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from probe.errors import ProbeError
+from probe.heads.scores import REPEAT_DIAGONALS
 from probe.reports.labels import LayerNames, long_label, precision_fact, short_label
 
 if TYPE_CHECKING:
@@ -35,9 +37,6 @@ CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline
        "font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
 TOP_HEADS = 20  # bars in the ablation chart
 STATIC_HEADS = 10  # heads in the summary table shown without JavaScript
-# where a head of a class attends on a repeated sequence, as key - query + repeat length: an induction head looks at
-# the token after the earlier copy of the current one (k = q - R + 1), a duplicate-token head at that copy (k = q - R)
-EXPECTED_DIAGONAL = {"induction": 1, "duplicate_token": 0}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -342,7 +341,7 @@ def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dic
     flagged = payload["flagged"][name]
     scores.append({"name": name, "probe": probe, "z": _score_grid(payload, name),
                    "flagged": [[e["layer"], e["head"], round(e["score"], 4)] for e in flagged],
-                   "diagonal": EXPECTED_DIAGONAL.get(name)})
+                   "diagonal": REPEAT_DIAGONALS.get(name)})
     title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
                 f"(score > {payload['thresholds'][name]:g})")
     if not flagged and not any(value for row in scores[-1]["z"] for value in row):  # e.g. next-token on a decoder

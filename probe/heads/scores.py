@@ -133,16 +133,24 @@ def sep_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor
     return selected_sums(values, batch.valid.to(weights.device)[:, start:start + block])
 
 
+REPEAT_DIAGONALS = {"induction": 1, "duplicate_token": 0}
+"""Where a head of a class attends on a repeated sequence (R tokens, then the same R again), as key - query + R: an
+induction head looks at the token after the earlier copy of the current one (k = q - R + 1), a duplicate-token head
+at that copy (k = q - R)."""
+
+
 def induction_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """On BOS + R random tokens repeated twice, mean over second-repeat queries i of A[i, i-R+1]: attention to the
     token after the earlier copy (prefix matching, Olsson et al. 2022)."""
-    return diagonal_mass(weights, start, batch, 1 - repeat_len(batch), second_repeat(batch))
+    return diagonal_mass(weights, start, batch, REPEAT_DIAGONALS["induction"] - repeat_len(batch),
+                         second_repeat(batch))
 
 
 def duplicate_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Same data as induction, mean over second-repeat queries i of A[i, i-R]: attention to the earlier copy of
     the current token (duplicate-token heads, Wang et al. 2022, "Interpretability in the Wild")."""
-    return diagonal_mass(weights, start, batch, -repeat_len(batch), second_repeat(batch))
+    return diagonal_mass(weights, start, batch, REPEAT_DIAGONALS["duplicate_token"] - repeat_len(batch),
+                         second_repeat(batch))
 
 
 def next_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
