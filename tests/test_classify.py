@@ -251,6 +251,12 @@ def test_a_new_head_class_is_one_function_and_one_registry_entry() -> None:
     try:
         with pytest.raises(ProbeError, match="exists already"):
             register_score(entry)
+        with pytest.raises(ProbeError) as twin:  # the overview tells classes apart by their letters
+            register_score(Score("copy", "natural", 0.5, "attends to the current token", self_score, "C"))
+        assert str(twin.value) == "head class 'copy': letter 'C' is 'self''s already: give it one of its own"
+        assert "copy" not in SCORES
+        with pytest.raises(ProbeError, match="letter 'P' is 'previous_token''s"):  # the default: its first letter
+            register_score(Score("prefix", "natural", 0.5, "attends to the first tokens", self_score))
         loaded = load_model(f"{TESTS / 'planted.py'}:planted_textbook")
         result = classify(loaded, scores=["self", "previous_token"])
         assert result.scores["self"].shape == (2, 4) and result.scores["self"][0, 0] < 0.01  # a previous-token head

@@ -318,9 +318,14 @@ SCORES: dict[str, Score] = {}
 
 
 def register_score(score: Score) -> Score:
-    """Add a head class (a new name: replacing one would change what earlier results mean)."""
+    """Add a head class (a new name: replacing one would change what earlier results mean; a letter of its own: the
+    layer x head overview tells classes apart by it)."""
     if score.name in SCORES:
         raise ProbeError(f"a head class named {score.name!r} exists already")
+    letter = score.describe()["letter"]
+    taken = next((name for name, known in SCORES.items() if known.describe()["letter"] == letter), None)
+    if taken is not None:
+        raise ProbeError(f"head class {score.name!r}: letter {letter!r} is {taken!r}'s already: give it one of its own")
     SCORES[score.name] = score
     return score
 
