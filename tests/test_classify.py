@@ -229,6 +229,21 @@ def test_misleading_messages_say_what_to_do(tmp_path: Path) -> None:
         assert raised.value.parameter == "device"
 
 
+def test_a_threshold_for_a_class_not_scored_by_default_scores_it() -> None:
+    """Asking a class's threshold asks for its labels: local (not scored by default) is scored and labelled with
+    it, beside the classes named."""
+    from probe.heads.scores import SCORES
+
+    assert not SCORES["local"].by_default
+    loaded = load_model(f"{TESTS / 'planted.py'}:planted_textbook")
+    result = classify(loaded, scores=["previous_token"], thresholds={"local": 0.25})
+    assert list(result.scores) == ["previous_token", "local"] and result.thresholds["local"] == 0.25
+    assert result.thresholds["previous_token"] == SCORES["previous_token"].threshold
+    default = classify(loaded, thresholds={"local": 0.25})
+    assert "local" in default.scores and "sink" in default.scores
+    assert torch.equal(default.scores["local"], result.scores["local"])
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_thresholds_are_refused(value: float) -> None:
     from probe.errors import ProbeError
