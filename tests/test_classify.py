@@ -313,3 +313,41 @@ def test_the_classify_help_names_the_registrys_default_classes(capsys, monkeypat
     code, stdout, _ = run_cli(["classify", "--help"], capsys, monkeypatch)
     defaults = [name.replace("_", "-") for name, score in SCORES.items() if score.by_default]
     assert code == 0 and f"Score every head ({', '.join(defaults)}) and label them." in " ".join(stdout.split())
+
+
+def test_the_overview_draws_a_class_on_most_heads_light_so_that_the_others_show() -> None:
+    """Sink heads label most heads of most models: their letter is a light lower-case mark after the others', so
+    an induction head among them reads I, and the legend says how many heads the light class covers."""
+    from rich.console import Console
+
+    from probe.heads.classify import Classification
+    from probe.reports.terminal import classification_report, overview
+
+    sink = torch.full((3, 4), 0.9)
+    sink[2, 3] = 0.0
+    induction = torch.zeros(3, 4)
+    induction[1, 2] = 0.9
+    result = Classification(model="m", n_layers=3, n_heads=4, scores={"sink": sink, "induction": induction},
+                            thresholds={"sink": 0.3, "induction": 0.4})
+    console = Console(record=True, width=200)
+    classification_report(result.to_dict(), console, also=["retrieval", "local"])
+    lines = console.export_text().splitlines()
+    assert "Overview, layer x head: s=sink (light: on 11 of 12 heads) I=induction" in lines
+    assert lines[lines.index("    1  s  s  Is  s") + 1] == "    2  s  s  s   ·"
+    assert "Scored: sink, induction; also: --score retrieval, --score local" in lines
+    _, grid = overview(result.to_dict()).renderables
+    cell = grid.columns[3]._cells[1]
+    assert [(span.start, span.end, span.style) for span in cell.spans] == [(0, 1, "bold"), (1, 2, "dim")]
+    few = Classification(model="m", n_layers=3, n_heads=4, scores={"sink": induction}, thresholds={"sink": 0.3})
+    legend, grid = overview(few.to_dict()).renderables
+    assert str(legend) == "Overview, layer x head: S=sink" and str(grid.columns[3]._cells[1]) == "S"
+
+
+def test_classify_scores_the_classes_asked_and_names_the_rest(capsys, monkeypatch) -> None:
+    base = ["classify", "--model", f"{TESTS / 'planted.py'}:planted_textbook", "--seq-len", "16", "--num-seqs", "2"]
+    code, stdout, stderr = run_cli([*base, "--score", "local"], capsys, monkeypatch)
+    assert code == 0, stderr
+    rest = [name for name, score in SCORES.items() if not score.by_default and name != "local"]
+    assert "local heads:" in stdout and f"also: {', '.join(f'--score {name}' for name in rest)}" in stdout
+    code, _, stderr = run_cli([*base, "--score", "nope"], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "--score 'nope': choose from" in stderr
