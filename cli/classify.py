@@ -26,16 +26,16 @@ from probe.reports.html import classification_page
 from probe.reports.terminal import classification_report, classification_rows
 
 
-ScoreNames = Annotated[Optional[list[str]], typer.Option(
-    "--score", help="Also score this head class (repeatable): " + ", ".join(
+HeadClasses = Annotated[Optional[list[str]], typer.Option(
+    "--class", help="Also score this head class (repeatable): " + ", ".join(
         name for name, score in SCORES.items() if not score.by_default) + " are not scored by default.")]
 
 
 def chosen_scores(extra: list[str]) -> list[str] | None:
-    """The classes to score: those scored by default, and each --score (None: the default ones alone)."""
+    """The classes to score: those scored by default, and each --class (None: the default ones alone)."""
     unknown = [name for name in extra if name not in SCORES]
     if unknown:
-        raise ProbeError(f"--score {unknown[0]!r}: choose from {', '.join(SCORES)}")
+        raise ProbeError(f"--class {unknown[0]!r}: choose from {', '.join(SCORES)}")
     if not extra:
         return None
     names = [name for name, score in SCORES.items() if score.by_default]
@@ -57,11 +57,11 @@ def classify(
     seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, json_path: JsonFile = None,
     html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32",
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
-    conllu: Conllu = None, csv_path: CsvFile = None, score: ScoreNames = None,
+    conllu: Conllu = None, csv_path: CsvFile = None, head_class: HeadClasses = None,
 ) -> None:
     # its help, `probe classify --help`'s first line, is _help(): the classes come from the registry
     thresholds = parse_thresholds(threshold or [])
-    scores = chosen_scores(score or [])
+    scores = chosen_scores(head_class or [])
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences = read_conllu(conllu) if conllu is not None else None
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
@@ -79,7 +79,8 @@ def classify(
     save(html_path, lambda path: write_text(path, html_page(loaded, result, data=data, seq_len=seq_len,
                                                             repeat_len=repeat_len, seed=seed)))
     warn_non_finite(payload)
-    classification_report(payload, console, also=[name for name in SCORES if name not in payload["classes"]])
+    unscored = [name for name in SCORES if name not in payload["classes"]]
+    classification_report(payload, console, also=[f"--class {name}" for name in unscored])
 
 
 def _help() -> str:

@@ -22,7 +22,7 @@ PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
 def classification_report(payload: dict[str, Any], console: Console, *, max_rows: int = MAX_ROWS,
                           also: Sequence[str] = ()) -> None:
     """For each class, the flagged heads by score, then a layer x head overview of the labels, the classes scored
-    and `also`, the classes that `--score NAME` adds."""
+    and `also`, how to ask for the others (`--class retrieval`)."""
     console.print(Text(f"Head classification of {payload['model']}", style="bold"),
                   Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
     for name, info in payload["probe_sets"].items():
@@ -52,7 +52,7 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
     console.print()
     console.print(overview(payload))
     console.print(Text(f"Scored: {', '.join(payload['flagged'])}"
-                       + (f"; also: {', '.join(f'--score {name}' for name in also)}" if also else ""), style="dim"))
+                       + (f"; also: {', '.join(also)}" if also else ""), style="dim"))
     if precision_sentence(payload):  # every report's last line: what its numbers were computed in
         console.print(Text(precision_sentence(payload), style="dim"))
 

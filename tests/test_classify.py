@@ -330,11 +330,11 @@ def test_the_overview_draws_a_class_on_most_heads_light_so_that_the_others_show(
     result = Classification(model="m", n_layers=3, n_heads=4, scores={"sink": sink, "induction": induction},
                             thresholds={"sink": 0.3, "induction": 0.4})
     console = Console(record=True, width=200)
-    classification_report(result.to_dict(), console, also=["retrieval", "local"])
+    classification_report(result.to_dict(), console, also=["--class retrieval", "--class local"])
     lines = console.export_text().splitlines()
     assert "Overview, layer x head: s=sink (light: on 11 of 12 heads) I=induction" in lines
     assert lines[lines.index("    1  s  s  Is  s") + 1] == "    2  s  s  s   ·"
-    assert "Scored: sink, induction; also: --score retrieval, --score local" in lines
+    assert "Scored: sink, induction; also: --class retrieval, --class local" in lines
     _, grid = overview(result.to_dict()).renderables
     cell = grid.columns[3]._cells[1]
     assert [(span.start, span.end, span.style) for span in cell.spans] == [(0, 1, "bold"), (1, 2, "dim")]
@@ -345,9 +345,9 @@ def test_the_overview_draws_a_class_on_most_heads_light_so_that_the_others_show(
 
 def test_classify_scores_the_classes_asked_and_names_the_rest(capsys, monkeypatch) -> None:
     base = ["classify", "--model", f"{TESTS / 'planted.py'}:planted_textbook", "--seq-len", "16", "--num-seqs", "2"]
-    code, stdout, stderr = run_cli([*base, "--score", "local"], capsys, monkeypatch)
+    code, stdout, stderr = run_cli([*base, "--class", "local"], capsys, monkeypatch)
     assert code == 0, stderr
     rest = [name for name, score in SCORES.items() if not score.by_default and name != "local"]
-    assert "local heads:" in stdout and f"also: {', '.join(f'--score {name}' for name in rest)}" in stdout
-    code, _, stderr = run_cli([*base, "--score", "nope"], capsys, monkeypatch)
-    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "--score 'nope': choose from" in stderr
+    assert "local heads:" in stdout and f"also: {', '.join(f'--class {name}' for name in rest)}" in stdout
+    code, _, stderr = run_cli([*base, "--class", "nope"], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "--class 'nope': choose from" in stderr
