@@ -1,4 +1,5 @@
-"""`probe ablate`: zero- or mean-ablate heads and report how much the loss changes, as a table, JSON, CSV and HTML.
+"""`probe ablate`: ablate heads (--method: one of probe.ablation.METHODS, or the estimate) and report how much the
+loss changes, as a table, JSON, CSV and HTML.
 
 Every finished head is streamed to a results file (`--results`, or a file in probe's cache that is removed when the
 sweep completes), so an interrupted sweep continues with `--resume`. Under torchrun the sweep is split over the
