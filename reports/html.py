@@ -2,10 +2,9 @@
 
 Reports render and compute nothing: each page takes the plain payload of a result (`Patterns.page_payload()`,
 `Classification.to_dict()`, `AblationResult.to_dict()` or the ablation JSON) and imports nothing from probe but its
-error type and where the head classes attend (probe.heads.scores' REPEAT_DIAGONALS). Each page is one file that works
-offline from file://: plotly.js and probe's small runtime (`reports/assets/probe.js`) are inlined, a
-Content-Security-Policy forbids every request, and patterns travel as rounded integers, deflated and base64-encoded,
-decoded in the browser one layer or head at a time.
+error type. Each page is one file that works offline from file://: plotly.js and probe's small runtime
+(`reports/assets/probe.js`) are inlined, a Content-Security-Policy forbids every request, and patterns travel as
+rounded integers, deflated and base64-encoded, decoded in the browser one layer or head at a time.
 
 Escaping: text in HTML goes through `html.escape`; text plotly draws (token labels) is entity-escaped for plotly's
 own markup; JSON inside <script> has <, > and & as \\u escapes. Nothing reaches innerHTML on the page.
@@ -26,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from probe.errors import ProbeError
-from probe.heads.scores import REPEAT_DIAGONALS
 from probe.reports.labels import LayerNames, long_label, precision_fact, short_label
 
 if TYPE_CHECKING:
@@ -341,7 +339,7 @@ def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dic
     flagged = payload["flagged"][name]
     scores.append({"name": name, "probe": probe, "z": _score_grid(payload, name),
                    "flagged": [[e["layer"], e["head"], round(e["score"], 4)] for e in flagged],
-                   "diagonal": REPEAT_DIAGONALS.get(name)})
+                   "diagonal": None if info is None else info.get("diagonal")})
     title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
                 f"(score > {payload['thresholds'][name]:g})")
     if not flagged and not any(value for row in scores[-1]["z"] for value in row):  # e.g. next-token on a decoder

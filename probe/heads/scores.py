@@ -65,9 +65,11 @@ class Score:
     on_cross: bool = False  # whether the definition holds for cross-attention, whose keys are another sequence's
 
     def describe(self) -> dict[str, object]:
-        """What a report needs to know of the class: plain values, for to_dict payloads."""
+        """What a report needs to know of the class: plain values, for to_dict payloads (and where its heads attend
+        on a repeated sequence, for a class that declares it in REPEAT_DIAGONALS)."""
+        diagonal = REPEAT_DIAGONALS.get(self.name)
         return {"summary": self.summary, "letter": self.letter or self.name[0].upper(), "probe_set": self.probe,
-                "default_threshold": self.threshold}
+                "default_threshold": self.threshold, **({"diagonal": diagonal} if diagonal is not None else {})}
 
 
 def _diagonal_rows(start: int, block: int, n_keys: int, shift: int) -> tuple[int, int]:
