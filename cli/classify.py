@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated, Optional
 
+import typer
 
 from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, TextData, Thresholds,
                                TrustRemoteCode, load, parse_thresholds)
 from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
+from probe.errors import ProbeError
 from probe.heads.classify import Classification
 from probe.heads.classify import classify as run_classify
 from probe.heads.scores import SCORES
@@ -22,6 +25,21 @@ from probe.reports.files import write_csv, write_text
 from probe.reports.html import classification_page
 from probe.reports.terminal import classification_report, classification_rows
 
+
+HeadClasses = Annotated[Optional[list[str]], typer.Option(
+    "--class", help="Also score this head class (repeatable): " + ", ".join(
+        name for name, score in SCORES.items() if not score.by_default) + " are not scored by default.")]
+
+
+def chosen_scores(extra: list[str]) -> list[str] | None:
+    """The classes to score: those scored by default, and each --class (None: the default ones alone)."""
+    unknown = [name for name in extra if name not in SCORES]
+    if unknown:
+        raise ProbeError(f"--class {unknown[0]!r}: choose from {', '.join(SCORES)}")
+    if not extra:
+        return None
+    names = [name for name, score in SCORES.items() if score.by_default]
+    return names + [name for name in dict.fromkeys(extra) if name not in names]
 
 
 def html_page(loaded: LoadedModel, result: Classification, *, data: Path | None, seq_len: int, repeat_len: int,
@@ -39,16 +57,18 @@ def classify(
     seed: Seed = DEFAULT_SEED, threshold: Thresholds = None, json_path: JsonFile = None,
     html_path: HtmlFile = None, batch_size: BatchSize = 8, device: Device = None, dtype: Dtype = "float32",
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
-    conllu: Conllu = None, csv_path: CsvFile = None,
+    conllu: Conllu = None, csv_path: CsvFile = None, head_class: HeadClasses = None,
 ) -> None:
     # its help, `probe classify --help`'s first line, is _help(): the classes come from the registry
     thresholds = parse_thresholds(threshold or [])
+    scores = chosen_scores(head_class or [])
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences = read_conllu(conllu) if conllu is not None else None
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     with progress_bar("classifying heads") as update:
         result = run_classify(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
-                              seed=seed, thresholds=thresholds, batch_size=batch_size, progress=update)
+                              seed=seed, thresholds=thresholds, scores=scores, batch_size=batch_size,
+                              progress=update)
     if sentences is not None:
         with progress_bar("scoring syntactic heads") as update:
             add_syntactic(result, syntax_scores(loaded, sentences, scheme="ud", source=f"CoNLL-U file {conllu}",
@@ -59,7 +79,8 @@ def classify(
     save(html_path, lambda path: write_text(path, html_page(loaded, result, data=data, seq_len=seq_len,
                                                             repeat_len=repeat_len, seed=seed)))
     warn_non_finite(payload)
-    classification_report(payload, console)
+    unscored = [name for name in SCORES if name not in payload["classes"]]
+    classification_report(payload, console, also=[f"--class {name}" for name in unscored])
 
 
 def _help() -> str:

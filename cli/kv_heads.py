@@ -14,13 +14,13 @@ from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, stage_progress
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
-from probe.headmaps.formats import DUO_CONFIG, DUO_FILE, kv_heads_map, write_map
+from probe.headmaps.formats import DUO_CONFIG, DUO_FILE, duo_config, kv_heads_map, razor_map, write_map
 from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, kv_heads as run_kv_heads
 from probe.kv.pipeline import STAGE_UNITS, check_budget_choice
 from probe.models import DEFAULT_MODEL
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
 from probe.reports.files import write_json, write_text
-from probe.reports.kv_heads import duo_config, kv_heads_page, kv_heads_report, razor_map
+from probe.reports.kv_heads import kv_heads_page, kv_heads_report
 
 EXPORTS = ("duo", "razor", "headkv")
 """duo:DIR (DuoAttention), razor:FILE.json (RazorAttention), headkv:FILE.json (HeadKV / Wu et al.)."""

@@ -20,7 +20,8 @@ from probe.cli.progress import status, timed_status, warn
 from probe.distributed import Rank, rank_device, rank_placement
 from probe.errors import ProbeError
 from probe.inputs import CONTRAST_TASKS, TASKS
-from probe.models import ALIASES, LoadedModel, load_model
+from probe.models import LoadedModel, load_model
+from probe.models.load import loading_words
 from probe.selfrepair import SELF_REPAIR_METHODS
 from probe.threads import ENV as THREADS_ENV
 
@@ -201,9 +202,7 @@ def load(choice: ModelChoice) -> LoadedModel:
 
     hf_logging.disable_progress_bar()
     check_hub_reachable(choice.spec)  # one line now, not the hub client's half minute of retries
-    gguf = choice.spec in ALIASES or choice.spec.endswith(".gguf")
-    first_run = " (GGUF: dequantised on the first run, then cached)" if gguf else ""
-    with timed_status(f"loading {choice.spec}{first_run}", f"loaded {choice.spec}"), \
+    with timed_status(loading_words(choice.spec), f"loaded {choice.spec}"), \
             warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
         loaded = load_model(choice.spec, **choice.arguments())

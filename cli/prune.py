@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 
 from probe.cli.options import (BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels,
                                Method, Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen,
@@ -25,7 +26,7 @@ from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.files import write_csv, write_text
 from probe.reports.labels import precision_clause
-from probe.reports.prune import prune_page
+from probe.reports.prune import prune_page, prune_verdict
 
 Step = Annotated[float, typer.Option("--step", help="Share of the heads removed per step, e.g. 0.1 (10%).")]
 MaxIncrease = Annotated[Optional[str], typer.Option(
@@ -57,8 +58,9 @@ def parse_max_increase(text: str | None) -> tuple[float | None, bool]:
     return (value / 100 if relative else value), relative
 
 
-def summary(payload: dict, console_) -> None:
-    """Per ordering: how far it got within the limit, and its loss at each step."""
+def summary(payload: dict, console_, limit: str | None = None) -> None:
+    """Per ordering: how far it got within the limit, and its loss at each step; then, in words, the most pruned
+    within the limit (`limit`: --max-increase as given)."""
     console_.print(f"[bold]Pruning curves of {payload['model']}[/bold] ({payload['n_units']} "
                    f"{payload['units'].replace('_', ' ')}, baseline loss {payload['baseline_loss']:.4f} "
                    f"({payload['metric']})"
@@ -68,6 +70,9 @@ def summary(payload: dict, console_) -> None:
         points = "  ".join(f"{step['share_pruned']:.0%}: {step['loss']:.3f}" for step in curve["steps"][1:])
         console_.print(f"  {name:<18} {points}")
         console_.print(f"  {'':<18} [dim]{curve['stopped']}[/dim]")
+    verdict = None if limit is None else prune_verdict(payload, limit)
+    if verdict:
+        console_.print(f"[bold]{escape(verdict)}[/bold]")
     if payload.get("note"):
         console_.print(f"[dim]{payload['note']}[/dim]")
     costs = payload["costs"]
@@ -112,4 +117,4 @@ def prune(
     save_json(json_path, payload, "prune")
     save(csv_path, lambda path: write_csv(path, result.rows()))
     save(html_path, lambda path: write_text(path, prune_page(payload)))
-    summary(payload, console)
+    summary(payload, console, max_increase)

@@ -246,4 +246,4 @@ def steer(
     save_json(json_path, payload, "steer")
     save(html_path, lambda path: write_text(path, steer_page(payload)))
     warn_non_finite(payload)
-    steer_report(payload, console, top=top)
+    steer_report(payload, console, top=top, flag="--values" if alpha is None else "--alpha")

@@ -42,7 +42,7 @@ def _sources(payload: dict[str, Any]) -> Text | None:
     head, point = per_position["heads"][0], per_position["points"][0]
     values = point["values"][0]
     order = sorted(range(len(values)), key=lambda index: -abs(values[index]))[:SHOWN_POSITIONS]
-    listed = ", ".join(f"{point['tokens'][index]!r} {values[index]:+.3f}" for index in order)
+    listed = ", ".join(f"{point['tokens'][index]!r} at position {index} {values[index]:+.3f}" for index in order)
     return Text(f"{short_label(head['layer'], head['head'])} by source position on the first pair "
                 f"({''.join(point['tokens'])!r}): {listed}", style="dim")
 

@@ -35,9 +35,6 @@ CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline
        "font-src data:; connect-src 'none'; form-action 'none'; base-uri 'none'")
 TOP_HEADS = 20  # bars in the ablation chart
 STATIC_HEADS = 10  # heads in the summary table shown without JavaScript
-# where a head of a class attends on a repeated sequence, as key - query + repeat length: an induction head looks at
-# the token after the earlier copy of the current one (k = q - R + 1), a duplicate-token head at that copy (k = q - R)
-EXPECTED_DIAGONAL = {"induction": 1, "duplicate_token": 0}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -57,10 +54,6 @@ def plotly_js() -> str:
 
 def _runtime_js() -> str:
     return (ASSETS / "probe.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
-
-
-def forget_notebook_plotly() -> None:
-    """Kept for notebooks written against older probe: every notebook result now carries plotly.js itself."""
 
 
 # Run a notebook result's inert copy of plotly.js only where the output's document has none yet: each output (in
@@ -346,7 +339,7 @@ def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dic
     flagged = payload["flagged"][name]
     scores.append({"name": name, "probe": probe, "z": _score_grid(payload, name),
                    "flagged": [[e["layer"], e["head"], round(e["score"], 4)] for e in flagged],
-                   "diagonal": EXPECTED_DIAGONAL.get(name)})
+                   "diagonal": None if info is None else info.get("diagonal")})
     title = esc(f"{name}: {len(flagged)} head{'s' if len(flagged) != 1 else ''} flagged "
                 f"(score > {payload['thresholds'][name]:g})")
     if not flagged and not any(value for row in scores[-1]["z"] for value in row):  # e.g. next-token on a decoder

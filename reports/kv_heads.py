@@ -1,8 +1,6 @@
 """`probe kv-heads` rendered from its payload (`KVHeads.to_dict()`): the terminal table and curve, the HTML page
-(a layer x KV-head map coloured by label, scores on hover, and the curve), and what the exports hold beyond their
-maps (DuoAttention's settings, RazorAttention's map; the DuoAttention and HeadKV maps are written by
-probe.headmaps.formats' writers, the budget file beside each is `KVHeads.budget_record()`'s payload). Computes
-nothing."""
+(a layer x KV-head map coloured by label, scores on hover, and the curve). Computes nothing; the exports are
+probe.headmaps.formats'."""
 
 from __future__ import annotations
 
@@ -95,23 +93,6 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
         lines.append(f"  k = {point['k']}: loss change {point['loss_change']:+.4f}, needle accuracy "
                      f"{point['needle_accuracy']:.2f} ({mark})")
     return lines
-
-
-def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
-    """What DuoAttention's config.json says beside the map: the streaming heads' sink and recent keys (and, for a
-    kvpress budget, the head_compression_ratio that streams exactly its streaming heads)."""
-    press = (payload.get("budget") or {}).get("kvpress")
-    return {"sink_size": payload["sink"], "recent_size": payload["recent"],
-            **({"head_compression_ratio": press["head_compression_ratio"]} if press else {})}
-
-
-def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
-    """{layer: [kv_head, ...]}: the KV heads that keep the full cache."""
-    out: dict[str, list[int]] = {str(layer): [] for layer in range(payload["n_layers"])}
-    for row in payload["kv_heads"]:
-        if row["label"] == "full":
-            out[str(row["layer"])].append(row["kv_head"])
-    return out
 
 
 def _map_data(payload: dict[str, Any]) -> dict[str, Any]:

@@ -28,6 +28,23 @@ def _band(curves: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"share": share, "low": low, "high": high, "name": f"random order ({len(random)} seeds: lowest to highest)"}
 
 
+def prune_verdict(payload: dict[str, Any], limit: str) -> str | None:
+    """In words, the most any ordering pruned within the loss limit (`limit`: the allowed increase as the user gave
+    it, 5% or 0.2), or that none could prune any; None where there is no limit."""
+    if payload.get("max_loss") is None:
+        return None
+    most, most_loss, ordering = 0.0, payload["baseline_loss"], ""
+    units = "key/value groups" if payload.get("units") == "kv_groups" else "heads"
+    for curve in payload["curves"]:
+        for step in curve["steps"]:
+            if step["loss"] is not None and step["loss"] <= payload["max_loss"] and step["share_pruned"] > most:
+                most, most_loss, ordering = step["share_pruned"], step["loss"], curve["ordering"]
+    within = f"within +{limit.strip().lstrip('+')} (loss at most {payload['max_loss']:.4f})"
+    if not ordering:
+        return f"No fraction of {units} can be pruned {within}: every ordering's first step passes it."
+    return f"Up to {most:.0%} of the {units} can be pruned {within}: the {ordering} ordering, loss {most_loss:.4f}."
+
+
 def prune_data(payload: dict[str, Any]) -> dict[str, Any]:
     curves = payload.get("curves")
     if not isinstance(curves, list) or not curves:

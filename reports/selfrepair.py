@@ -62,13 +62,6 @@ def self_repair_report(section: dict[str, Any], console: Console, *, top: int = 
     console.print(Text(f"  {_explained(section)}; {section.get('path', '')}", style="dim"))
 
 
-def self_repair_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
-    """One CSV row per ablated head (largest |direct| first), its compensating heads joined by spaces."""
-    return [{key: value for key, value in row.items() if key != "compensating"}
-            | {"covered_by": " ".join(f"{entry['layer']}.{entry['head']}" for entry in row["compensating"])}
-            for row in section["heads"]]
-
-
 def self_repair_grid(section: dict[str, Any]) -> list[list[float | None]]:
     """(n_layers, n_heads) self-repair (None where a head was not ablated), for a layer x head map."""
     grid: list[list[float | None]] = [[None] * section["n_heads"] for _ in range(section["n_layers"])]

@@ -33,10 +33,11 @@ def _parameter(payload: dict[str, Any]) -> str:
     return str(payload["parameter"])
 
 
-def header_line(payload: dict[str, Any]) -> str:
+def header_line(payload: dict[str, Any], flag: str = "--values") -> str:
     """The report's first line, at most HEADER characters: the model (by its file's name where the whole path
-    would not fit) and what is measured."""
-    what = f": {_measure(payload)} against {_parameter(payload)}" if payload["curves"] else ""
+    would not fit) and what is measured, at each of `flag`'s values (the intervention's parameter)."""
+    what = (f": {_measure(payload)} at each of {flag} ({payload['intervention']}'s {_parameter(payload)})"
+            if payload["curves"] else "")
     line = f"Steering heads of {payload['model']}{what}"
     if len(line) > HEADER:
         line = f"Steering heads of {PurePath(str(payload['model'])).name}{what}"
@@ -44,13 +45,13 @@ def header_line(payload: dict[str, Any]) -> str:
 
 
 def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
-    """What the header leaves out: the input, what the values are, the intervention, the model as it is."""
+    """What the header leaves out: the input, what is measured, the intervention, the model as it is."""
     figures = _figures(payload.get("baseline_figures"))
     measure, metric = _measure(payload), str(payload["metric"])
     reads = (f"the {measure} itself, higher = more of the behaviour (the metric {metric} is minus it: "
-             f"{payload['metric_description']})" if measure != metric else f"{metric}: {payload['metric_description']}")
-    return [("input", str(payload["data"])), ("values", reads),
-            ("intervention", f"{payload['intervention']} at each {_parameter(payload)}"),
+             f"{payload['metric_description']})" if measure != metric else f"{metric}, {payload['metric_description']}")
+    return [("input", str(payload["data"])), ("measured", reads),
+            ("intervention", f"{payload['intervention']}, its {_parameter(payload)} set to each value"),
             ("as it is", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
 
 
@@ -66,22 +67,27 @@ def _figures(figures: dict[str, Any] | None) -> str:
     return ", ".join(f"{name} {_number(value)}" for name, value in figures.items())
 
 
-def _curve_table(payload: dict[str, Any]) -> Table:
+def _word(flag: str) -> str:
+    """What a column calls one of the flag's values: value (--values), alpha (--alpha)."""
+    return flag.lstrip("-").removesuffix("s")
+
+
+def _curve_table(payload: dict[str, Any], flag: str) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
     table.add_column("head", justify="right")
     for value in payload["values"]:
-        table.add_column(f"{_parameter(payload)} {value:g}", justify="right")
+        table.add_column(f"{_word(flag)} {value:g}", justify="right")
     for curve in payload["curves"]:
         table.add_row(short_label(curve["layer"], curve["head"], names),
                       *(_number(point["value"]) for point in curve["points"]))
     return table
 
 
-def _find_table(payload: dict[str, Any], find: dict[str, Any], top: int) -> Table:
+def _find_table(payload: dict[str, Any], find: dict[str, Any], top: int, flag: str) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("rank", "head", f"{_measure(payload)} at {_parameter(payload)} {find['setting']:g}", "change",
+    for column in ("rank", "head", f"{_measure(payload)} at {_word(flag)} {find['setting']:g}", "change",
                    "figures"):
         table.add_column(column, justify="right" if column != "figures" else "left")
     for rank, entry in enumerate(find["ranking"][:top], start=1):
@@ -90,11 +96,11 @@ def _find_table(payload: dict[str, Any], find: dict[str, Any], top: int) -> Tabl
     return table
 
 
-def _generation_table(payload: dict[str, Any], generated: dict[str, Any]) -> Table:
+def _generation_table(payload: dict[str, Any], generated: dict[str, Any], flag: str) -> Table:
     names = payload.get("layer_names")
     table = Table(show_edge=False, pad_edge=False, box=None, show_lines=False)
     table.add_column("head", justify="right")
-    table.add_column(_parameter(payload), justify="right")
+    table.add_column(_word(flag), justify="right")
     table.add_column(f"continuation of {generated['prompt']!r}", overflow="fold")
     table.add_row("as it is", "", repr(generated["baseline"]))
     for row in generated["rows"]:
@@ -102,20 +108,20 @@ def _generation_table(payload: dict[str, Any], generated: dict[str, Any]) -> Tab
     return table
 
 
-def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
+def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15, flag: str = "--values") -> None:
     """A one-line header, the curves (the measure per head and value), the ranking, the continuations, and the
-    details in the footer."""
-    console.print(Text(header_line(payload), style="bold"))
+    details in the footer; the tables name the values by `flag`, the option that gave them (--values, --alpha)."""
+    console.print(Text(header_line(payload, flag), style="bold"))
     if payload["curves"]:
-        console.print(_curve_table(payload))
+        console.print(_curve_table(payload, flag))
     find, generated = payload.get("find"), payload.get("generations")
     if find:
         console.print(Text(f"Every head alone under {payload['intervention']} at {_parameter(payload)} "
                            f"{find['setting']:g}, largest change first ({find['path']})", style="bold"))
-        console.print(_find_table(payload, find, top))
+        console.print(_find_table(payload, find, top, flag))
     if generated:
         console.print(Text(f"Greedy continuations, {generated['max_new_tokens']} tokens", style="bold"))
-        console.print(_generation_table(payload, generated))
+        console.print(_generation_table(payload, generated, flag))
     for line in footer_lines(payload):
         console.print(Text(line, style="dim"))
     if precision_sentence(payload):  # every report's last line: what its numbers were computed in

@@ -4,21 +4,25 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from probe.reports.labels import column_label, layer_label, precision_sentence, short_label
 
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
+COMMON = 0.3  # a class labelling more than this share of the heads is drawn light in the overview
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
 
 
-def classification_report(payload: dict[str, Any], console: Console, *, max_rows: int = MAX_ROWS) -> None:
-    """For each class, the flagged heads by score, then a layer x head overview of the labels."""
+def classification_report(payload: dict[str, Any], console: Console, *, max_rows: int = MAX_ROWS,
+                          also: Sequence[str] = ()) -> None:
+    """For each class, the flagged heads by score, then a layer x head overview of the labels, the classes scored
+    and `also`, how to ask for the others (`--class retrieval`)."""
     console.print(Text(f"Head classification of {payload['model']}", style="bold"),
                   Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
     for name, info in payload["probe_sets"].items():
@@ -47,16 +51,34 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
             console.print(Text(f"  ... and {len(flagged) - max_rows} more (see --json)", style="dim"))
     console.print()
     console.print(overview(payload))
+    console.print(Text(f"Scored: {', '.join(payload['flagged'])}"
+                       + (f"; also: {', '.join(also)}" if also else ""), style="dim"))
     if precision_sentence(payload):  # every report's last line: what its numbers were computed in
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def overview(payload: dict[str, Any]) -> Table:
-    """Layer x head grid; each cell holds the letters of the head's labels."""
+def common_classes(payload: dict[str, Any]) -> dict[str, int]:
+    """The classes that label more than COMMON of the heads (sink heads, on most models), with their head counts:
+    the overview draws them light, so that the other classes show."""
+    total = payload["n_layers"] * payload["n_heads"]
+    counts = Counter(name for entry in payload["heads"] for name in entry["labels"])
+    return {name: count for name, count in counts.items() if count > COMMON * total}
+
+
+def overview(payload: dict[str, Any]) -> Group:
+    """The legend, then the layer x head grid; each cell holds the letters of the head's labels, a common class's
+    (common_classes) in light lower case after the others'."""
     classes = payload["classes"]
-    legend = " ".join(f"{info['letter']}={name}" for name, info in classes.items())
-    table = Table(title=f"Overview, layer x head: {legend}", title_justify="left", show_edge=False,
-                  pad_edge=False, box=None)
+    common = common_classes(payload)
+    total = payload["n_layers"] * payload["n_heads"]
+
+    def letter(name: str) -> str:
+        known = classes[name]["letter"] if name in classes else name[0].upper()
+        return known.lower() if name in common else known
+
+    legend = " ".join(f"{letter(name)}={name}" + (f" (light: on {common[name]} of {total} heads)"
+                                                   if name in common else "") for name in classes)
+    table = Table(show_edge=False, pad_edge=False, box=None)
     table.add_column("layer", justify="right", style="dim")
     for head in range(payload["n_heads"]):
         table.add_column(str(head), justify="center")
@@ -64,11 +86,12 @@ def overview(payload: dict[str, Any]) -> Table:
     for layer in range(payload["n_layers"]):
         cells = []
         for head in range(payload["n_heads"]):
-            letters = "".join(classes[name]["letter"] if name in classes else name[0].upper()
-                              for name in labels.get((layer, head), []))
-            cells.append(Text(letters or "·", style="bold" if letters else "dim"))
+            cell = Text()
+            for name in sorted(labels.get((layer, head), []), key=lambda name: name in common):
+                cell.append(letter(name), style="dim" if name in common else "bold")
+            cells.append(cell if cell else Text("·", style="dim"))
         table.add_row(layer_label(layer, payload.get("layer_names")), *cells)
-    return table
+    return Group(Text(f"Overview, layer x head: {legend}"), table)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -591,6 +591,24 @@ def test_cli_bad_input_is_one_line(args: list[str], message: str, capsys, monkey
     assert message in stderr
 
 
+@pytest.mark.parametrize("flag", ["--task", "--labels"])
+def test_cli_estimate_with_a_task_names_every_registered_method(flag: str, tmp_path: Path, capsys,
+                                                                monkeypatch) -> None:
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text('{"text": "a b", "label": 0}\n')
+    value = "sva" if flag == "--task" else str(labels)
+    code, _, stderr = run_cli(["ablate", "--model", PLANTED, "--method", "estimate", flag, value], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1, stderr
+    assert f"use another --method ({', '.join(METHODS)}) with {flag}" in stderr
+
+
+def test_cli_seq2seq_help_names_the_methods_that_sweep_pairs() -> None:
+    from probe.cli.ablate import Seq2seq
+
+    usable = [name for name, method in METHODS.items() if not method.across_sequences]
+    assert usable and f"(--method {' or '.join(usable)})" in Seq2seq.__metadata__[0].help
+
+
 def test_cli_empty_and_too_short_data_files(tmp_path: Path, capsys, monkeypatch, smollm2) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")

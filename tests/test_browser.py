@@ -20,7 +20,7 @@ from probe.hooks.capture import capture_attention
 from probe.heads.classify import Classification, classify
 from probe.inputs import repeated_set
 from probe.patterns import AVERAGE, Patterns, classification_patterns, text_ids, text_patterns
-from probe.reports.html import ablation_page, classification_page, forget_notebook_plotly, heatmap_page
+from probe.reports.html import ablation_page, classification_page, heatmap_page
 from test_html import IMG, SCRIPT, fake_patterns
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -291,7 +291,6 @@ def test_notebook_results_render(tmp_path, open_page):
                             "induction": torch.rand(4, 3)}, thresholds={"sink": 0.5, "induction": 0.5})
     patterns = fake_patterns([SCRIPT, "a", "b", "c"], model=SCRIPT)
     patterns.thumbnails = None  # as classification_patterns makes them: no overview
-    forget_notebook_plotly()
     first, second = (classification_page(result.to_dict(), embed_plotly=False) for _ in range(2))
     third = heatmap_page(patterns.page_payload(), embed_plotly=False)
     path = tmp_path / "notebook.html"

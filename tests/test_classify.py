@@ -229,6 +229,21 @@ def test_misleading_messages_say_what_to_do(tmp_path: Path) -> None:
         assert raised.value.parameter == "device"
 
 
+def test_a_threshold_for_a_class_not_scored_by_default_scores_it() -> None:
+    """Asking a class's threshold asks for its labels: local (not scored by default) is scored and labelled with
+    it, beside the classes named."""
+    from probe.heads.scores import SCORES
+
+    assert not SCORES["local"].by_default
+    loaded = load_model(f"{TESTS / 'planted.py'}:planted_textbook")
+    result = classify(loaded, scores=["previous_token"], thresholds={"local": 0.25})
+    assert list(result.scores) == ["previous_token", "local"] and result.thresholds["local"] == 0.25
+    assert result.thresholds["previous_token"] == SCORES["previous_token"].threshold
+    default = classify(loaded, thresholds={"local": 0.25})
+    assert "local" in default.scores and "sink" in default.scores
+    assert torch.equal(default.scores["local"], result.scores["local"])
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
 def test_non_finite_thresholds_are_refused(value: float) -> None:
     from probe.errors import ProbeError
@@ -251,6 +266,12 @@ def test_a_new_head_class_is_one_function_and_one_registry_entry() -> None:
     try:
         with pytest.raises(ProbeError, match="exists already"):
             register_score(entry)
+        with pytest.raises(ProbeError) as twin:  # the overview tells classes apart by their letters
+            register_score(Score("copy", "natural", 0.5, "attends to the current token", self_score, "C"))
+        assert str(twin.value) == "head class 'copy': letter 'C' is 'self''s already: give it one of its own"
+        assert "copy" not in SCORES
+        with pytest.raises(ProbeError, match="letter 'P' is 'previous_token''s"):  # the default: its first letter
+            register_score(Score("prefix", "natural", 0.5, "attends to the first tokens", self_score))
         loaded = load_model(f"{TESTS / 'planted.py'}:planted_textbook")
         result = classify(loaded, scores=["self", "previous_token"])
         assert result.scores["self"].shape == (2, 4) and result.scores["self"][0, 0] < 0.01  # a previous-token head
@@ -292,3 +313,41 @@ def test_the_classify_help_names_the_registrys_default_classes(capsys, monkeypat
     code, stdout, _ = run_cli(["classify", "--help"], capsys, monkeypatch)
     defaults = [name.replace("_", "-") for name, score in SCORES.items() if score.by_default]
     assert code == 0 and f"Score every head ({', '.join(defaults)}) and label them." in " ".join(stdout.split())
+
+
+def test_the_overview_draws_a_class_on_most_heads_light_so_that_the_others_show() -> None:
+    """Sink heads label most heads of most models: their letter is a light lower-case mark after the others', so
+    an induction head among them reads I, and the legend says how many heads the light class covers."""
+    from rich.console import Console
+
+    from probe.heads.classify import Classification
+    from probe.reports.terminal import classification_report, overview
+
+    sink = torch.full((3, 4), 0.9)
+    sink[2, 3] = 0.0
+    induction = torch.zeros(3, 4)
+    induction[1, 2] = 0.9
+    result = Classification(model="m", n_layers=3, n_heads=4, scores={"sink": sink, "induction": induction},
+                            thresholds={"sink": 0.3, "induction": 0.4})
+    console = Console(record=True, width=200)
+    classification_report(result.to_dict(), console, also=["--class retrieval", "--class local"])
+    lines = console.export_text().splitlines()
+    assert "Overview, layer x head: s=sink (light: on 11 of 12 heads) I=induction" in lines
+    assert lines[lines.index("    1  s  s  Is  s") + 1] == "    2  s  s  s   ·"
+    assert "Scored: sink, induction; also: --class retrieval, --class local" in lines
+    _, grid = overview(result.to_dict()).renderables
+    cell = grid.columns[3]._cells[1]
+    assert [(span.start, span.end, span.style) for span in cell.spans] == [(0, 1, "bold"), (1, 2, "dim")]
+    few = Classification(model="m", n_layers=3, n_heads=4, scores={"sink": induction}, thresholds={"sink": 0.3})
+    legend, grid = overview(few.to_dict()).renderables
+    assert str(legend) == "Overview, layer x head: S=sink" and str(grid.columns[3]._cells[1]) == "S"
+
+
+def test_classify_scores_the_classes_asked_and_names_the_rest(capsys, monkeypatch) -> None:
+    base = ["classify", "--model", f"{TESTS / 'planted.py'}:planted_textbook", "--seq-len", "16", "--num-seqs", "2"]
+    code, stdout, stderr = run_cli([*base, "--class", "local"], capsys, monkeypatch)
+    assert code == 0, stderr
+    rest = [name for name, score in SCORES.items() if not score.by_default and name != "local"]
+    assert "local heads:" in stdout and f"also: {', '.join(f'--class {name}' for name in rest)}" in stdout
+    code, _, stderr = run_cli([*base, "--class", "nope"], capsys, monkeypatch)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1 and "--class 'nope': choose from" in stderr

@@ -161,3 +161,15 @@ def test_the_dla_command_refuses_in_one_line(smollm2, tmp_path, capsys, monkeypa
     monkeypatch.setattr("probe.cli.dla.load", lambda *args, **kwargs: smollm2)  # the session's model, not a reload
     code, _, err = run_cli(["dla", *[str(bad) if arg == "{bad}" else arg for arg in args]], capsys, monkeypatch)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_top_heads_sources_name_their_positions() -> None:
+    from probe.reports.dla import _sources
+
+    tokens = ["<s>", "When", "␣Mary", "␣and", "␣Daniel"]
+    payload = {"per_position": {"heads": [{"layer": 5, "head": 1}],
+                                "points": [{"tokens": tokens, "values": [[0.1, 0.0, -0.4, 0.05, 1.713]]}]}}
+    line = str(_sources(payload))
+    assert line.startswith("5.1 by source position on the first pair ('<s>When␣Mary␣and␣Daniel'): ")
+    assert line.endswith("'␣Daniel' at position 4 +1.713, '␣Mary' at position 2 -0.400, '<s>' at position 0 +0.100, "
+                         "'␣and' at position 3 +0.050")

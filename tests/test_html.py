@@ -18,8 +18,8 @@ from probe.inputs import natural_set, repeated_set
 from probe.errors import ProbeError
 from probe.patterns import (AVERAGE, Patterns, attention_patterns, classification_patterns, text_ids, text_patterns,
                             token_strings, visible)
-from probe.reports.html import (ablation_page, classification_page, esc, forget_notebook_plotly, heatmap_page,
-                          pack_uint16, pattern_spec, plotly_text, script_json)
+from probe.reports.html import (ablation_page, classification_page, esc, heatmap_page, pack_uint16, pattern_spec,
+                                plotly_text, script_json)
 
 SCRIPT = "<script>alert(1)</script>"
 IMG = '"><img src=x onerror=alert(1)>'
@@ -239,6 +239,22 @@ def test_heatmap_page_is_self_contained_and_escaped():
     assert spec["labels"][2] != spec["labels"][4]
 
 
+@pytest.mark.parametrize("name", ["induction", "duplicate_token"])
+def test_the_page_marks_the_diagonal_the_class_scores(name: str) -> None:
+    """The classify page draws its expected diagonal (key - query + R) where the class's score reads: attention put
+    there alone scores 1."""
+    from probe.heads.scores import SCORES, Batch
+
+    result = Classification(model="m", n_layers=1, n_heads=1, scores={name: torch.ones(1, 1)}, thresholds={name: 0.4})
+    diagonal = next(score["diagonal"] for score in page_data(classification_page(result.to_dict()))["scores"])
+    repeat, n = 5, 11  # BOS, R tokens, the same R again
+    weights = torch.zeros(1, 1, n, n)
+    for query in range(1 + repeat, 1 + 2 * repeat):
+        weights[0, 0, query, query - repeat + diagonal] = 1.0
+    sums, counts = SCORES[name].reduce(weights, 0, Batch(torch.ones(1, n, dtype=torch.bool), 1, repeat))
+    assert torch.equal(sums / counts, torch.ones(1))
+
+
 def test_notebook_fragments_each_carry_plotly_and_a_static_summary():
     result = Classification(model=SCRIPT, n_layers=3, n_heads=2, scores={"sink": torch.rand(3, 2)},
                             thresholds={"sink": 0.3})
@@ -251,8 +267,6 @@ def test_notebook_fragments_each_carry_plotly_and_a_static_summary():
     assert SCRIPT not in first and esc(SCRIPT) in first
     ids = re.findall(r'class="probe-page" id="([^"]+)"', first + second)
     assert len(set(ids)) == 2  # two results in one notebook do not share element ids
-    forget_notebook_plotly()  # kept for old notebooks; changes nothing
-    assert "window.Plotly = Plotly" in classification_page(result.to_dict(), embed_plotly=False)
 
 
 def test_plain_text_reprs_are_short_summaries():

@@ -437,7 +437,7 @@ def test_a_score_without_fast_path_costs_only_itself_the_blocked_path_and_lse_is
     """A class without a fast path runs blocked in a pass of its own: the others keep the fast path (their numbers
     are the fast path's, bit for bit), and it gets the blocked path's numbers."""
     register_score(scores.Score("plain_prev", "natural", 0.5, "previous token, blocked only",
-                                scores.previous_token_score))
+                                scores.previous_token_score, "B"))
     try:
         loaded = tiny_loaded("llama_gqa")
         natural, _ = _padded_sets(120)

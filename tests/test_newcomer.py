@@ -48,6 +48,20 @@ def test_the_hints_name_extras_that_exist() -> None:
     assert named and named <= defined, named - defined
 
 
+def test_the_default_install_has_what_the_readme_tour_runs() -> None:
+    """`bash install.sh` (no --test) installs the syntax extra, spaCy and its English pipeline: the README's tour
+    runs `probe syntax` on raw text, which spaCy parses; the README says what install.sh installs."""
+    script = (ROOT / "install.sh").read_text(encoding="utf-8")
+    default = script.split('if [ "${1:-}" = "--test" ]; then', 1)[1].split("else\n", 1)[1].split("fi\n", 1)[0]
+    extras = re.search(r'-e "\.\[([a-z,]+)\]"', default)
+    assert extras and "syntax" in extras.group(1).split(","), default
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.search(r'^syntax = \["spacy', pyproject, re.M)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    before, tour = readme.split("## CLI tour", 1)
+    assert "\nprobe syntax " in tour and "spaCy for `probe syntax`" in before
+
+
 def fake_hub_cache(cache: Path, hub_id: str) -> None:
     """A hub cache holding a tiny random GPT-2 under `hub_id`, laid out as huggingface_hub lays out downloads."""
     import transformers as tf

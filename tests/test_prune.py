@@ -117,6 +117,7 @@ def test_prune_command_writes_json_csv_and_html(tmp_path, capsys, monkeypatch):
     michel = payload["curves"][0]
     assert michel["kept_mask"][1][1] == 1 and michel["kept_mask"][0][0] == 1  # the induction circuit is kept
     assert "michel" in out and "forward-equivalents" in out
+    assert "of the heads can be pruned within +50% (loss at most" in out
     lines = outputs["--csv"].read_text().splitlines()
     assert lines[0].startswith("ordering,seed,step,")  # the header first; the provenance beside the file
     assert json.loads((tmp_path / "p.provenance.json").read_text())["describes"] == "p.csv"
@@ -146,3 +147,21 @@ def test_losses_measured_on_a_held_out_set_while_the_order_is_chosen_on_the_prob
         pruned += [tuple(int(x) for x in name.split(".")) for name in step.removed]
         assert step.loss == pytest.approx(_loss_by_hand(loaded.model, held_out.input_ids, pruned), rel=1e-5)
     assert result.costs["loss_passes"] == 4 and result.costs["gradient_passes"] == 4
+
+
+def test_the_verdict_says_in_words_how_much_can_be_pruned_within_the_limit_as_given():
+    from probe.reports.prune import prune_verdict
+
+    def curve(ordering, losses):
+        return {"ordering": ordering, "steps": [{"share_pruned": index / 4, "loss": loss}
+                                                for index, loss in enumerate(losses)]}
+
+    payload = {"baseline_loss": 3.0, "max_loss": 3.15, "units": "heads",
+               "curves": [curve("michel", [3.0, 3.4]), curve("random", [3.0, 3.2])]}
+    assert prune_verdict(payload, "5%") == ("No fraction of heads can be pruned within +5% (loss at most 3.1500): "
+                                            "every ordering's first step passes it.")
+    payload["curves"].append(curve("sweep", [3.0, 3.05, 3.1, 3.3]))
+    assert prune_verdict(payload | {"units": "kv_groups"}, "0.15") == (
+        "Up to 50% of the key/value groups can be pruned within +0.15 (loss at most 3.1500): the sweep ordering, "
+        "loss 3.1000.")
+    assert prune_verdict(payload | {"max_loss": None}, "5%") is None  # no limit: pruned to 100%

@@ -373,3 +373,17 @@ def test_name_mover_curve_on_smollm2_ioi_equals_the_hand_computation(smollm2: Lo
         assert point["value"] == pytest.approx(hand, abs=1e-3)  # read forwards: the logit difference itself
         margins.append(hand)
     assert margins == sorted(margins) and margins[-1] > margins[0] + 2.0  # turned up, the answer is pushed harder
+
+
+@pytest.mark.parametrize("flag, word", [("--values", "value"), ("--alpha", "alpha")])
+def test_the_table_names_the_values_by_the_flag_that_gave_them(flag: str, word: str, capsys, monkeypatch) -> None:
+    planted = f"{Path(__file__).parent / 'planted.py'}:planted_textbook"
+    code, stdout, stderr = run_cli(["steer", "--model", planted, "--heads", "1.1", flag, "0,2", "--data", "repeated",
+                                    "--num-seqs", "2"], capsys, monkeypatch)
+    assert code == 0, stderr
+    lines = stdout.splitlines()
+    assert lines[0].endswith(f": cross_entropy at each of {flag} (scale's alpha)"), lines[0]
+    assert lines[1].split() == ["head", word, "0", word, "1", word, "2"]
+    assert "Measured: cross_entropy, mean next-token cross-entropy over all predicted tokens (padding excluded)." \
+        in lines and "Intervention: scale, its alpha set to each value." in lines
+    assert not any(line.startswith("Values:") for line in lines)

@@ -188,6 +188,26 @@ def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path)
                    quantity=KV_QUANTITIES[name], unit=GATE_UNIT if name == "duo" else SHARE)
 
 
+def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
+    """What DuoAttention's config.json says beside the map of a `KVHeads.to_dict()` payload (`write_map`'s
+    settings): the streaming heads' sink and recent keys (and, for a kvpress budget, the head_compression_ratio that
+    streams exactly its streaming heads)."""
+    press = (payload.get("budget") or {}).get("kvpress")
+    return {"sink_size": payload["sink"], "recent_size": payload["recent"],
+            **({"head_compression_ratio": press["head_compression_ratio"]} if press else {})}
+
+
+def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
+    """RazorAttention's map of a `KVHeads.to_dict()` payload, {layer: [kv_head, ...]}: the KV heads that keep the
+    full cache (`probe kv-heads --export razor:` writes it as JSON; no format reads it back, as it does not say how
+    many KV heads a layer has)."""
+    out: dict[str, list[int]] = {str(layer): [] for layer in range(payload["n_layers"])}
+    for row in payload["kv_heads"]:
+        if row["label"] == "full":
+            out[str(row["layer"])].append(row["kv_head"])
+    return out
+
+
 def _read_ablate(path: Path, score: str | None) -> HeadMap:
     """probe ablate --json: the metric's change per ablated head (`delta`, and each part's `*_delta`)."""
     payload = read_json(path)

@@ -298,9 +298,14 @@ def _thresholds(names: list[str], thresholds: dict[str, float] | None, batch_siz
                              parameter="thresholds")
     if batch_size < 1:
         raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
-    chosen = {name: SCORES[name].threshold for name in names}
-    chosen.update({name: value for name, value in (thresholds or {}).items() if name in chosen})
-    return chosen
+    return {name: SCORES[name].threshold for name in names} | (thresholds or {})
+
+
+def _scored(scores: list[str] | None, thresholds: dict[str, float] | None) -> list[str]:
+    """The classes to score: those named (None: the registry's `by_default` ones), and each class given a threshold
+    (asking a class's threshold is asking for its labels)."""
+    names = [name for name, score in SCORES.items() if score.by_default] if scores is None else list(scores)
+    return names + [name for name in thresholds or {} if name in SCORES and name not in names]
 
 
 def _steps(probe_set: ProbeSet, batch_size: int, n_layers: int, passes: int = 1) -> int:
@@ -335,12 +340,12 @@ def classify(
     progress: ProgressArg = None,
     path: str = "auto",
 ) -> Classification:
-    """Score every head of the model for each class in `scores` (default: all of SCORES) and label them, each
-    class on the probe set it names (`Score.probe`). `progress=True` draws a bar on stderr; a callable gets
-    `(done, total)`. `path`: how scores are computed (score_heads): "auto" (the log-sum-exp where it can),
-    "lse" or "blocked"."""
+    """Score every head of the model for each class in `scores` (default: those of SCORES scored by default) and
+    each class given one of `thresholds`, and label them, each class on the probe set it names (`Score.probe`).
+    `progress=True` draws a bar on stderr; a callable gets `(done, total)`. `path`: how scores are computed
+    (score_heads): "auto" (the log-sum-exp where it can), "lse" or "blocked"."""
     progress = callback(progress)
-    names = [name for name, score in SCORES.items() if score.by_default] if scores is None else scores
+    names = _scored(scores, thresholds)
     chosen = _thresholds(names, thresholds, batch_size)
     layers = attention_layers(loaded.model)
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)

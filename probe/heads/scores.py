@@ -65,9 +65,11 @@ class Score:
     on_cross: bool = False  # whether the definition holds for cross-attention, whose keys are another sequence's
 
     def describe(self) -> dict[str, object]:
-        """What a report needs to know of the class: plain values, for to_dict payloads."""
+        """What a report needs to know of the class: plain values, for to_dict payloads (and where its heads attend
+        on a repeated sequence, for a class that declares it in REPEAT_DIAGONALS)."""
+        diagonal = REPEAT_DIAGONALS.get(self.name)
         return {"summary": self.summary, "letter": self.letter or self.name[0].upper(), "probe_set": self.probe,
-                "default_threshold": self.threshold}
+                "default_threshold": self.threshold, **({"diagonal": diagonal} if diagonal is not None else {})}
 
 
 def _diagonal_rows(start: int, block: int, n_keys: int, shift: int) -> tuple[int, int]:
@@ -133,16 +135,24 @@ def sep_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor
     return selected_sums(values, batch.valid.to(weights.device)[:, start:start + block])
 
 
+REPEAT_DIAGONALS = {"induction": 1, "duplicate_token": 0}
+"""Where a head of a class attends on a repeated sequence (R tokens, then the same R again), as key - query + R: an
+induction head looks at the token after the earlier copy of the current one (k = q - R + 1), a duplicate-token head
+at that copy (k = q - R)."""
+
+
 def induction_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """On BOS + R random tokens repeated twice, mean over second-repeat queries i of A[i, i-R+1]: attention to the
     token after the earlier copy (prefix matching, Olsson et al. 2022)."""
-    return diagonal_mass(weights, start, batch, 1 - repeat_len(batch), second_repeat(batch))
+    return diagonal_mass(weights, start, batch, REPEAT_DIAGONALS["induction"] - repeat_len(batch),
+                         second_repeat(batch))
 
 
 def duplicate_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
     """Same data as induction, mean over second-repeat queries i of A[i, i-R]: attention to the earlier copy of
     the current token (duplicate-token heads, Wang et al. 2022, "Interpretability in the Wild")."""
-    return diagonal_mass(weights, start, batch, -repeat_len(batch), second_repeat(batch))
+    return diagonal_mass(weights, start, batch, REPEAT_DIAGONALS["duplicate_token"] - repeat_len(batch),
+                         second_repeat(batch))
 
 
 def next_token_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -310,9 +320,14 @@ SCORES: dict[str, Score] = {}
 
 
 def register_score(score: Score) -> Score:
-    """Add a head class (a new name: replacing one would change what earlier results mean)."""
+    """Add a head class (a new name: replacing one would change what earlier results mean; a letter of its own: the
+    layer x head overview tells classes apart by it)."""
     if score.name in SCORES:
         raise ProbeError(f"a head class named {score.name!r} exists already")
+    letter = score.describe()["letter"]
+    taken = next((name for name, known in SCORES.items() if known.describe()["letter"] == letter), None)
+    if taken is not None:
+        raise ProbeError(f"head class {score.name!r}: letter {letter!r} is {taken!r}'s already: give it one of its own")
     SCORES[score.name] = score
     return score
 

@@ -9,6 +9,9 @@ import os
 import shutil
 import struct
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,21 @@ def _check_file(gguf: Path) -> None:
         raise _damaged(gguf, first_line(error) or type(error).__name__) from error
 
 
+@contextmanager
+def tqdm_bars_off() -> Iterator[None]:
+    """tqdm's bars off for the body, as before afterwards. transformers draws its "Converting and de-quantizing GGUF
+    tensors" bar with tqdm itself, which its own progress-bar setting (`disable_progress_bar`) does not reach; probe
+    says that it dequantises instead."""
+    from tqdm import std
+
+    init = vars(std.tqdm)["__init__"]
+    std.tqdm.__init__ = partialmethod(init, disable=True)
+    try:
+        yield
+    finally:
+        std.tqdm.__init__ = init
+
+
 def _dequantise(gguf: Path) -> tuple[nn.Module, Any]:
     """The model in float32 and its tokenizer, read from the GGUF file by transformers."""
     for package in ("gguf", "accelerate"):
@@ -63,7 +81,8 @@ def _dequantise(gguf: Path) -> tuple[nn.Module, Any]:
             raise ProbeError(f"loading a .gguf file needs the '{package}' package: pip install {package}")
     _check_file(gguf)
     folder, name = str(gguf.parent), gguf.name
-    model = from_pretrained(folder, torch.float32, gguf_file=name)
+    with tqdm_bars_off():
+        model = from_pretrained(folder, torch.float32, gguf_file=name)
     tokenizer = load_tokenizer(folder, gguf_file=name)
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config  # the cached weights are plain floats

@@ -16,7 +16,7 @@ from probe.errors import ProbeError, first_line
 from probe.models.outputs import logits_of
 from probe.models.aliases import ALIASES, DEFAULT_MODEL, HUB_ALIASES, alias_path, resolve_alias
 from probe.models.custom import is_custom_spec, load_custom, missing_function
-from probe.models.gguf import load_gguf
+from probe.models.gguf import cached_config, load_gguf
 from probe.models.origin import ModelOrigin, module_origin, origin_of
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import DeviceMap, dispatch_custom, input_device, parse_device_map
@@ -150,6 +150,17 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
         raise ProbeError(f"model path not found: {spec}", parameter="spec")
     raise ProbeError(f"unknown model {spec!r}: use an alias ({', '.join([*ALIASES, *HUB_ALIASES])}), a model "
                      "folder, a .gguf file, a hub id like org/name, or FILE.py:FUNCTION", parameter="spec")
+
+
+def loading_words(spec: str) -> str:
+    """What loading `spec` does, for the line that says so while it runs: a GGUF file (an alias' or a .gguf path)
+    is dequantised on its first load and read from probe's cache after."""
+    path = alias_path(ALIASES[spec]) if spec in ALIASES else Path(spec) if spec.endswith(".gguf") else None
+    if path is None or not path.is_file():
+        return f"loading {spec}"
+    if cached_config(path) is not None:
+        return f"loading {spec} from its dequantised cache"
+    return f"loading {spec} (dequantising its GGUF file, once: later runs read the cache)"
 
 
 def _is_hub_id(spec: str) -> bool:
