@@ -1,6 +1,5 @@
-"""The model's block list (decoder layers), for reusing the unablated baseline's prefix: find it, keep each block's
-output, and make blocks return kept outputs instead of running. Every hook and override is undone on exit, also
-when a second Ctrl-C lands during the clean-up (probe.hooks.restore)."""
+"""The model's block list (decoder layers), for reusing the baseline's prefix: keep each block's output and make
+blocks return kept outputs; undone on exit (probe.hooks.restore)."""
 
 from __future__ import annotations
 
@@ -88,9 +87,8 @@ def find_blocks(model: nn.Module, layers: list[AttentionLayer]) -> tuple[Blocks 
 
 
 def _shared_keys_restart(layers: list[AttentionLayer], of_layer: list[int]) -> int | None:
-    """Where layers reuse the keys and values an earlier layer made in the same forward (Gemma-3n's KV-shared
-    layers, `is_kv_shared_layer`, read those of the layers that `store_full_length_kv`), a run must start at or
-    before the first block that stores them: a kept block output does not hand them on. None: no layer reuses."""
+    """The block a run must start at or before where layers reuse another layer's keys and values (Gemma-3n's
+    KV-shared layers): a kept block output does not hand them on. None: no layer reuses."""
     if not any(getattr(layer.module, "is_kv_shared_layer", False) is True for layer in layers):
         return None
     stores = [of_layer[layer.index] for layer in layers if getattr(layer.module, "store_full_length_kv", False) is True]

@@ -73,10 +73,7 @@ def _parse_item(item: str, layers: list[AttentionLayer]) -> list[Head]:
 
 
 def parse_heads(spec: str, layers: list[AttentionLayer]) -> list[Head]:
-    """`5.1,18.6` -> [(5, 1), (18, 6)]. Also `5.*` or `5` (every head of layer 5), ranges `3-5.0-2`, and `all`.
-
-    Heads are numbered as query heads, the way every probe report numbers them.
-    """
+    """`5.1,18.6` -> [(5, 1), (18, 6)]; also `5.*` or `5` (a whole layer), ranges `3-5.0-2`, and `all` (query heads)."""
     items = [item.strip() for item in spec.split(",")]
     if not spec.strip() or any(not item for item in items):
         raise ProbeError(f"malformed heads {spec!r}: give LAYER.HEAD items separated by commas, e.g. 5.1,18.6",

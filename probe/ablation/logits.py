@@ -1,9 +1,6 @@
-"""How the loss is read off a forward, chosen once per sweep (`Readout`):
-- full: the model's logits (or last hidden states) as the forward returns them;
-- chunked (long context): the logits would pass LOGITS_BYTES, so the forward keeps its last block's output
-  (`Final`) and the model's head runs again on it a chunk of positions at a time;
-- direct: the decoder's output goes through the LM head HEAD_ROWS positions at a time, where the first baseline
-  forward shows that this gives the model's logits (no soft-capping or scaling after the head)."""
+"""How the loss is read off a forward, chosen once per sweep (`Readout`): the logits as returned; chunked (`Final`:
+the head runs again a chunk of positions at a time where the logits would pass LOGITS_BYTES); or direct (the LM head
+HEAD_ROWS positions at a time, where the first forward shows that this gives the model's logits)."""
 
 from __future__ import annotations
 
@@ -69,9 +66,8 @@ def head_values(model: nn.Module, normed: Tensor, ids: Tensor, token_values: Tok
 
 @dataclass
 class Final:
-    """A forward's last block output, standing in for logits too large to hold (8192 tokens x 49k vocabulary are
-    1.6 GB): the model's own head (final norm, unembedding, any soft-capping) runs again on it, every block
-    skipped, for a chunk of positions at a time (`logits_to_keep`)."""
+    """A forward's last block output standing in for logits too large to hold: the model's own head runs again on it
+    a chunk of positions at a time (`logits_to_keep`)."""
 
     model: nn.Module
     blocks: Blocks
@@ -199,9 +195,8 @@ class Readout:
 
     def forward(self, ids: Tensor, mask: Tensor | None, lean: bool | None = None,
                 source: Source | None = None) -> Tensor | Final:
-        """A forward's logits (or last hidden states), or its Final where the logits would be too large (`lean`
-        None), or as told. `source`: an encoder-decoder's own encoder input (probe.inputs.pairs; never lean: an
-        encoder-decoder has no one block list)."""
+        """A forward's logits (or last hidden states), or its Final where they would be too large (`lean` None), or
+        as told; `source`: an encoder-decoder's own encoder input."""
         if lean is None:
             lean = self.lean(ids)
         if not lean or source is not None:

@@ -1,19 +1,9 @@
 """`prune`: pruning curves. Remove heads step by step and measure the loss with all removed heads ablated together.
 
-Michel et al. 2019 ("Are Sixteen Heads Really Better than One?"): head importance I_h = E_x |dL/dxi_h| for a gate
-xi_h multiplying head h's output (xi = 1: dL/dxi_h = <dL/dz_h, z_h> summed over the example's positions), the
-absolute value taken per example (sequence) before averaging, then normalised per layer (l2 norm over the layer's
-remaining heads); greedy iterative pruning: each step removes the `step` share of units of lowest importance,
-importance recomputed with the removed heads ablated. Orderings compared:
-- "michel": the importance above, recomputed after every step;
-- "sweep": the exact single-head sweep order (smallest delta first), one sweep up front;
-- "random": a random order per seed (a band over seeds).
-
-The loss at each step is measured exactly (one forward over the probe set, all removed heads ablated together with
-the method of METHODS). A unit is a query head, or with `kv_groups` a key/value group of a grouped-query model (its
-query heads together): only removing a whole group saves key/value compute. Cost is bounded and counted, so no
-resume: per ordering at most ceil(1 / step) loss passes (michel: as many gradient passes besides), plus one sweep.
-"""
+Orderings: "michel" (Michel et al. 2019: importance E_x |dL/dxi_h| of a gate on each head's output, normalised per
+layer, recomputed after every step), "sweep" (the exact single-head sweep's order) and "random" (a band over seeds).
+A unit is a query head, or with `kv_groups` a key/value group. Cost is bounded (at most ceil(1 / step) loss passes
+per ordering), so no resume."""
 
 from __future__ import annotations
 
@@ -331,14 +321,10 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
           method: str | AblationMethod = "zero", metric: str | Metric | None = None, kv_groups: bool = False,
           method_seed: int = 0, batch_size: int = 8, data: str | None = None, eval_set: ProbeSet | None = None,
           eval_data: str | None = None, progress: ProgressArg = None) -> PruneResult:
-    """Pruning curves (see the module docstring): for each ordering, remove `step` of the units per step, measure
-    the metric with all removed heads ablated together (`method`: a name of METHODS, built with the statistics it
-    reads over `probe_set` and `method_seed`, or an AblationMethod), until it rises past `max_increase` (relative to the
-    baseline, or absolute with `relative=False`) or everything is gone. `metric`: a Metric object or a name of
-    METRICS (default: the loss, as sweeps choose it: `choose_metric`). `eval_set`: measure
-    the losses there instead of on `probe_set`, where the orderings are chosen (a held-out check: an order chosen on
-    a small sample overfits it). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in steps
-    (their total bounds the work: a curve stops at the limit)."""
+    """Pruning curves (see the module docstring): per ordering, remove `step` of the units per step until the metric
+    rises past `max_increase` (relative, or absolute with `relative=False`). `method` and `metric` as in `sweep`;
+    `eval_set`: measure the losses there instead of on `probe_set`, where the orderings are chosen. `progress`: True
+    draws a bar, a callable gets `(done, total)` in steps."""
     started, report = time.perf_counter(), callback(progress)
     check_probe_set(probe_set)
     refuse_sources(probe_set, "prune")

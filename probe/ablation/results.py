@@ -250,9 +250,8 @@ class AblationResult(Payload):
         return sorted(self.results, key=lambda r: (-r.delta, r.heads))
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """One row per ablation, for CSV: name (`L18H6`; heads ablated together `L5H1+L18H6`), layer and head
-        (integers: only where every ablation is one head, so that pandas reads them as integers), loss, delta, the
-        parts (same keys in every row), and in estimate mode `value`: exact or estimated."""
+        """One row per ablation, for CSV: name, layer and head (only where every ablation is one head), loss, delta,
+        parts."""
         rows = []
         singles = all(len(r.heads) == 1 for r in self.results)
         for r in self.ranked():
@@ -272,9 +271,7 @@ class AblationResult(Payload):
         return rows
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per ablation, largest delta first: layer and head (None for a group), name
-        (`L5H1`, `L5H1+L18H6`), then the CSV's columns (loss, delta, the parts' losses and deltas; in estimate mode
-        `value`: exact or estimated); the ablate schema's columns. Needs pandas."""
+        """A pandas DataFrame, one row per ablation, largest delta first: the ablate schema's columns. Needs pandas."""
         rows = []
         for result, row in zip(self.ranked(), self.csv_rows()):
             single = len(result.heads) == 1

@@ -1,13 +1,7 @@
-"""Runners: the metric sums of a chunk of ablations (stacked copies) on one batch of the probe set, behind one
-interface, `sums(chunk, index) -> (copies, parts + 1)`.
-
-- NaiveRunner: one full forward per ablation; the reference the other is checked against.
-- PrefixRunner: the unablated baseline keeps the output of every block (decoder layer); an ablation in layer l then
-  short-circuits blocks 0..l-1 to those kept outputs, so only blocks l.. and the unembedding run again; a chunk's
-  ablations share one forward as stacked copies of the batch. Checked against the naive runner on the first chunk
-  that reuses anything; if they differ (or the model cannot run from kept outputs) it falls back to naive and says
-  why in `path`.
-"""
+"""Runners: the metric sums of a chunk of ablations (stacked copies) on one batch, `sums(chunk, index) -> (copies,
+parts + 1)`. NaiveRunner: one full forward per ablation. PrefixRunner: an ablation in layer l runs from the
+baseline's kept block outputs, blocks l.. only; checked against naive on the first chunk that reuses anything,
+falling back (and saying why in `path`) if they differ."""
 
 from __future__ import annotations
 
@@ -60,9 +54,7 @@ def batch_contexts(probe_set: ProbeSet, batch_size: int) -> list[BatchContext]:
 
 
 def batches_of(probe_set: ProbeSet, scorer: Scorer, batch_size: int) -> list[Batch]:
-    """The probe set's batches, each with what its metric counts (positions, a task's scored ones, or a labelled
-    row's gold class), its encoder's own sources and its context: one place for the sweep, pruning and the
-    estimate."""
+    """The probe set's batches, each with what its metric counts, its encoder's sources and its context."""
     return [Batch(ids, mask, scorer.masks(ids, mask, rows), source=source, context=context)
             for (ids, mask), rows, source, context in
             zip(probe_set.batches(batch_size), probe_set.scored_batches(batch_size), probe_set.sources(batch_size),

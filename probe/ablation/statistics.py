@@ -1,10 +1,5 @@
-"""Reference statistics of every head's output over a reference set, for the methods that replace a head's output
-with a statistic of it (mean ablation, noise ablation). One collector serves every such method: a method declares
-the statistics it reads (`AblationMethod.statistics`), and `head_statistics` takes them all in one forward pass.
-
-A statistic is a registry entry (`STATISTICS`): the power sums it needs and how to finish them into a value. A new
-statistic is one entry here.
-"""
+"""Reference statistics of every head's output over a reference set (mean and noise ablation): one collector,
+`head_statistics`, takes every statistic the methods declare in one pass; a statistic is an entry of STATISTICS."""
 
 from __future__ import annotations
 

@@ -193,9 +193,8 @@ def _check_resumable(path: Path, old: dict[str, Any], header: dict[str, Any]) ->
 
 
 def cached_results_path(key: dict[str, Any], folder: str = "ablate", stem: str = "sweep") -> Path:
-    """Where a sweep (or another run that streams its results, `folder` and `stem` naming it) streams when no results
-    file is given: probe's cache, named by `key` (everything that shapes the numbers, as the command was given them),
-    so that the same command with resume finds it."""
+    """Where a run streams when no results file is given: probe's cache, named by `key` (what shapes the numbers), so
+    that the same command with resume finds it."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / folder / f"{stem}-{digest}.jsonl"  # every command's sweeps in one folder
 

@@ -1,15 +1,7 @@
-"""`sweep`: one result per head (or group of heads ablated together), each against the unablated baseline.
-
-Three ways to run one (`mode`):
-- "naive": one full forward per ablation; the reference the others are checked against.
-- "exact" (default): the baseline's prefix reused, stacked copies per forward (runners.PrefixRunner); the same
-  numbers as "naive" (checked on the first forward that reuses anything; if they differ the sweep falls back to
-  "naive" and says so in `path`).
-- "estimate": attribution patching of every head's zero-ablation delta (see `estimate`).
-
-Results stream to a JSON-lines file as each ablation finishes; `resume=True` skips what that file holds. The model
-is restored exactly on exit, also after an error or Ctrl-C.
-"""
+"""`sweep`: one result per head (or group of heads ablated together), each against the unablated baseline. `mode`:
+"naive" (one full forward per ablation, the reference), "exact" (the baseline's prefix reused, stacked copies;
+checked against naive on the first reuse, falling back if they differ), "estimate" (attribution patching). Results
+stream to a JSON-lines file; `resume=True` skips what it holds. The model is restored exactly on exit."""
 
 from __future__ import annotations
 
@@ -306,17 +298,12 @@ def sweep(
     on_result: Callable[[HeadResult], None] | None = None,
     shard: tuple[int, int] | None = None,
 ) -> AblationResult:
-    """Ablate each head of `heads` alone (default: every head) and each group of `groups` together; measure the
-    metric for each against the unablated baseline.
+    """Ablate each head of `heads` alone (default: every head) and each group of `groups` together; the metric of
+    each against the unablated baseline.
 
-    `method` is a name of METHODS (built with what it declares: `statistics` it reads, taken over the probe set when
-    not given; `seed`) or an AblationMethod object. `metric` is a name of METRICS or a Metric (default: the one for
-    this input, `choose_metric`). `mode` "exact" reuses the baseline's prefix and stacks `stack` ablations per
-    forward (default: as many of one layer as fit in STACK_BYTES); "naive" runs one full forward per ablation;
-    "estimate" calls `estimate`. `results_path` streams each finished ablation to a JSON-lines file; `resume` skips
-    what that file holds (refusing another model, dtype or probe set). `shard=(rank, world)` runs only this
-    process's share of the chunks (probe.distributed): merged shards equal one process's sweep.
-    """
+    `method`: a name of METHODS (built with what it declares) or an AblationMethod; `metric`: a name of METRICS or a
+    Metric (default: `choose_metric`); `mode` as the module says, `stack` ablations per forward (default: what fits
+    in STACK_BYTES); `results_path` and `resume` stream and resume; `shard=(rank, world)` runs this process's share."""
     started, progress = time.perf_counter(), callback(progress)  # True: a bar on stderr
     _validate(probe_set, method, mode, stack)
     ablations = _ablations(loaded, heads, groups)

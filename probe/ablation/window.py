@@ -1,11 +1,6 @@
-"""Ablation methods that change which keys a head attends to, rather than what it outputs.
-
-Window ablation restricts the chosen heads to a StreamingLLM cache (Xiao et al. 2023): the first `sink` keys and
-the `recent` most recent ones, the softmax renormalised over those alone, exactly what the head computes when its
-KV cache keeps nothing else (DuoAttention's streaming heads, Xiao et al. 2024). It works through the `recompute`
-hook point (probe.hooks.points): the chosen heads are computed again over their sink and recent keys alone
-(`probe.hooks.restricted`), so a windowed head costs about sink + recent keys per query, not n.
-"""
+"""Ablation methods that change which keys a head attends to. Window ablation restricts the chosen heads to a
+StreamingLLM cache (Xiao et al. 2023: the first `sink` keys and the `recent` latest, softmax renormalised), through
+the `recompute` hook point, so a windowed head costs about sink + recent keys per query."""
 
 from __future__ import annotations
 
