@@ -1,14 +1,6 @@
-"""Provenance: what produced a result file, so that a number can be traced back to a model, a setup and a run.
-
-`provenance(loaded, seed=..., command=...)` is the dict every JSON, CSV and HTML output of the CLI carries (added
-in one place: reports.files, when the CLI has loaded its model). The model is identified by a content hash:
-
-- files (a GGUF file, a model folder's weight files): sha256 of the files' bytes, streamed, computed once per file
-  and cached in probe's cache under the file's path, size and modification time;
-- a hub id: the hub commit transformers resolved (`revision`) names the content; no hash;
-- weights made by code (FILE.py:FUNCTION, an nn.Module given to load_model): sha256 of the parameters and buffers
-  (names, shapes, dtypes, bytes), up to MAX_TENSOR_HASH bytes of them.
-"""
+"""Provenance: what produced a result file (versions, the model and its content hash, setup, command), added to every
+CLI output in one place (reports.files). Files are hashed by their bytes (cached by path, size and mtime), a hub id
+is named by its resolved commit, weights made by code by their tensors (up to MAX_TENSOR_HASH bytes)."""
 
 from __future__ import annotations
 

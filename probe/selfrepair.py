@@ -1,22 +1,11 @@
-"""Self-repair per head: what ablating a head costs in total, what it costs through its own direct path to the
-logits, and which later components make up the difference (McGrath et al. 2023, the Hydra effect; Rushing and Nanda
-2024; the backup name movers of Wang et al. 2022).
+"""Self-repair per head: what ablating a head costs in total, through its own direct path to the logits, and which
+later components make up the difference (McGrath et al. 2023; Rushing and Nanda 2024), read through the final norm
+frozen at the clean run.
 
-For each head, zero- or mean-ablated alone, one forward of each batch with every write into the residual stream
-recorded at the read points (probe.dla's recording), read through the final norm frozen at the CLEAN run:
-
-- total: the change of the score under the ablation, the model's own (the logit difference on a contrast set; on
-  natural text the log-likelihood of the next token, minus the loss). It is minus the sweep's delta of the same
-  ablation (the sweep measures minus the logit difference, or the loss).
-- direct: the head's own path only: its replaced output minus its clean output, through its rows of W_O, the frozen
-  norm and the unembedding, nothing downstream recomputed. Zero ablation: minus the head's DLA. On natural text the
-  change of the log-likelihood with that one change added to the clean logits.
-- self-repair = total - direct: what the rest of the model does in response (> 0: it makes up for the head).
-- compensation of a later head: its DLA under the ablation minus its clean DLA, both through the clean run's frozen
-  norm (`by_heads` sums them, `by_mlps` the MLPs', `by_norm` is what the final norm's own rescaling adds). On a
-  contrast set direct + by_heads + by_mlps + by_norm = total exactly; on natural text these are of the logit of the
-  correct next token (DLA's score there), not of the log-likelihood.
-"""
+total: the change of the score (logit difference, or the next token's log-likelihood), minus the sweep's delta;
+direct: the head's replaced output minus its clean output through W_O, the frozen norm and the unembedding alone;
+self-repair = total - direct (> 0: the rest makes up for the head), split into later heads' compensation
+(`by_heads`), the MLPs' (`by_mlps`) and the norm's rescaling (`by_norm`), which sum to it exactly on a contrast set."""
 
 from __future__ import annotations
 
@@ -107,9 +96,8 @@ def _score(targets: Targets, logits: Tensor) -> Tensor:
 def _forward(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
              edit: Writer | None, *, keep: dict[int, Any] | None = None,
              skip: dict[int, Any] | None = None) -> tuple[Recording, Tensor]:
-    """One forward, `edit` applied to the heads' outputs first, every write recorded at the read points; the
-    logits at those points. `keep`: every block's output kept there; `skip`: those blocks return the given value
-    instead of running (the clean prefix reused, as the sweep's exact path reuses it)."""
+    """One forward, `edit` applied to the heads' outputs, every write recorded at the read points; the logits there.
+    `keep`: every block's output kept; `skip`: those blocks return the given value instead of running."""
     recording = Recording(targets, per_position=False)
     positions = torch.unique(targets.positions)  # the LM head runs at these alone (the IOI prompts' last ones)
 
@@ -305,9 +293,8 @@ class RepairedHead(Payload, frozen=True):
            "self_repair section).", rows="one per ablated head, largest |direct| first",
            columns=columns(HEAD_COLUMNS, RepairedHead))
 class SelfRepair(Payload):
-    """Per ablated head, means over the read points, float64 (module docstring): `total`, `direct`,
-    `self_repair` = total - direct, its parts `by_heads`, `by_mlps`, `by_norm`, and each later head's
-    `compensation` (n_layers, n_heads; the ablated head's own entry is its direct effect on the DLA score)."""
+    """Per ablated head, means over the read points (module docstring): total, direct, self_repair and its parts, and
+    each later head's compensation (n_layers, n_heads)."""
 
     model: str = schema_field(MODEL)
     source: str = schema_field("what it was measured on")

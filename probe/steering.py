@@ -1,19 +1,7 @@
-"""Steering through single heads: a head's output multiplied by alpha (SAMD, 2025: "intervening on single heads can
-steer downstream behavior"), or changed by any registered intervention that takes one number (`steerable()`:
-`probe.ablation.methods`, whose classes are at once the sweep's ablation methods and `Trace` writers), measured or
-generated from.
-
-- `steer(model, {"23.3": 2.0})`: a context manager (a `Trace` of the intervention's `z` writers) around any forward
-  or generation, restored exactly afterwards;
-- `steer_curves`: the metric of an input as a function of the intervention's value, per head (one exact sweep of
-  the method per value, so prefix reuse and stacked copies serve it);
-- `find_heads`: every head at one value, ranked by how far it moves the metric (the sweep itself: streaming,
-  resume and torchrun shards through `probe.distributed.sharded_sweep` from the CLI);
-- `generations`: greedy continuations of a prompt per head and value, side by side, all of them in one batch.
-
-Values read forwards: a metric that is minus a quantity (the logit difference, a task's margin: `Metric.forwards`)
-is reported as that quantity, so that higher is more of the behaviour and turning a head that writes it up raises it.
-"""
+"""Steering through single heads (SAMD, 2025): a head's output multiplied by alpha, or changed by any registered
+intervention made with one number (`steerable()`): `steer` (a context manager), `steer_curves` (the metric against
+the value, per head), `find_heads` (every head ranked at one value) and `generations` (greedy continuations). Values
+read forwards: a metric that is minus a quantity (`Metric.forwards`) is reported as that quantity."""
 
 from __future__ import annotations
 
@@ -74,8 +62,7 @@ def steerable() -> list[str]:
 
 def steer(model: nn.Module | LoadedModel, scales: Settings, intervention: str = "scale") -> Trace:
     """Heads intervened on while the `with` runs: `scales` maps heads ("23.3", "5.*", or (layer, head)) to the
-    intervention's value (scale's alpha: 0 is zero ablation, above 1 amplifies; any of `steerable()`). Around any
-    forward or `model.generate`; the model is restored exactly on exit."""
+    intervention's value; restored exactly on exit."""
     module = _model_of(model)
     by_layer: dict[int, dict[int, float]] = {}
     for key, value in scales.items():
@@ -110,9 +97,8 @@ def check_values(values: Iterable[float], parameter: str = "values") -> list[flo
                     "value": Field("number", "the measure"), "delta": Field("number", "value - baseline")},
            column_patterns={r"^(margin|accuracy)$": Field("number", "task sets: the margin or accuracy")})
 class SteerResult(Payload):
-    """A metric against an intervention's value for chosen heads (`curves`), a ranking of every head at one value
-    (`find`), and greedy continuations per head and value (`generations`); `baseline` is the model as it is (scale's
-    alpha 1). `intervention` names the method of METHODS, `parameter` what its values are (scale's "alpha")."""
+    """A metric against an intervention's value per head (`curves`), every head ranked at one value (`find`), and
+    greedy continuations (`generations`)."""
 
     @payload("steer")
     def kind(self) -> str:
@@ -149,9 +135,7 @@ class SteerResult(Payload):
     seconds: float = schema_field(SECONDS, default=0.0)
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head and setting: the curves' points, or --find's ranking at its setting;
-        layer, head, name, setting, value, delta (and a task set's margin and accuracy): the steer schema's columns.
-        Needs pandas."""
+        """A pandas DataFrame, one row per head and setting: the steer schema's columns. Needs pandas."""
         points = [(curve, point) for curve in self.curves for point in curve["points"]]
         if self.find is not None:
             points += [(entry, {**entry, "setting": self.find["setting"]}) for entry in self.find["ranking"]]
@@ -186,10 +170,8 @@ def settings(intervention: str, values: Iterable[float]) -> list[float]:
 def steer_curves(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head], values: Iterable[float], *,
                  intervention: str = "scale", metric: str | Metric | None = None, batch_size: int = 8,
                  stack: int | None = None, data: str | None = None) -> SteerResult:
-    """For each head alone, the metric over `probe_set` with the intervention (a name of `steerable()`) at each
-    value, in ascending order (scale: the output multiplied by each alpha, alpha 1 added): one exact sweep of the
-    method per value; the intervention's identity value is the baseline, measured once. Values read forwards
-    (`forwards`): the logit difference itself, not minus it."""
+    """For each head alone, the metric with the intervention at each value in ascending order (its identity added and
+    measured once as the baseline): one exact sweep per value, values read forwards."""
     started, chosen_values = time.perf_counter(), settings(intervention, values)
     identity = method_class(intervention).identity
     chosen = choose_metric(loaded, probe_set, metric)
@@ -256,10 +238,8 @@ def _end_tokens(loaded: LoadedModel) -> set[int]:
 
 
 def greedy(loaded: LoadedModel, ids: Tensor, max_new_tokens: int) -> list[list[int]]:
-    """The greedy next tokens after each row of `ids` (rows, positions), each row up to and including its first
-    end-of-sequence token: a full forward of the whole batch per token, no cache (the same on every kind of model
-    probe hooks). Every row advances together, so no padding is needed; a row that has ended keeps being extended
-    until all have, and its tokens after the end are dropped."""
+    """The greedy next tokens after each row of `ids`, up to each row's first end-of-sequence token: a full forward
+    of the whole batch per token, no cache, every row advancing together."""
     stops = _end_tokens(loaded)
     new: list[list[int]] = [[] for _ in range(ids.shape[0])]
     with torch.no_grad():
@@ -296,10 +276,8 @@ def _prompt_ids(loaded: LoadedModel, prompt: str) -> Tensor:
 
 def generations(loaded: LoadedModel, prompt: str, heads: Sequence[Head], values: Iterable[float], *,
                 intervention: str = "scale", max_new_tokens: int = 20, seed: int = 0) -> dict[str, Any]:
-    """Greedy continuations of `prompt`: the model as it is, and each head alone at each of the intervention's
-    values, side by side, all in one batch (a row per head and value, each row's head changed in that row alone:
-    the same tokens as one generation at a time; the seed is fixed for models whose forward draws, though greedy
-    decoding itself does not)."""
+    """Greedy continuations of `prompt`: the model as it is and each head alone at each value, all in one batch (a
+    row per head and value, each edited in its row alone)."""
     if max_new_tokens < 1:
         raise ProbeError(f"max_new_tokens must be at least 1, got {max_new_tokens}", parameter="max_new_tokens")
     chosen_values, ids, tokenizer = check_values(values), _prompt_ids(loaded, prompt), loaded.tokenizer

@@ -1,13 +1,7 @@
-"""`compare(a, b)`: two head maps side by side (two models' checkpoints, two dtypes, probe against a published map):
-per-head difference b - a, Spearman and Pearson correlation, overlap of the top-k and of the labelled sets, and the
-heads that moved most. Maps of different conventions (query heads against KV heads) are compared only after an
-explicit conversion (`group` or `expand`); anything else of another shape is refused in one line.
-
-A difference b - a is taken only between maps of the same kind of score, as each map's format declares it
-(`HeadMap.quantity`: an attention share minus a loss change means nothing); other maps are compared by rank (the
-`measure` "ranks": rank B - rank A per head), unless the caller declares them the same kind (`same_kind`, for files
-that do not say what they hold, such as tensors).
-"""
+"""`compare(a, b)`: two head maps side by side: per-head difference b - a, Spearman and Pearson correlation, overlap
+of the top-k and labelled sets, the heads that moved most. Query-head and KV-head maps are compared only after an
+explicit conversion (`group` or `expand`). A difference is taken only between maps of the same kind of score
+(`HeadMap.quantity`, or `same_kind`); others are compared by rank."""
 
 from __future__ import annotations
 
@@ -283,9 +277,8 @@ class Comparison(Payload):
         return self.b.values - self.a.values
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head (schema `compare`'s frame_row): layer, head, name, a, b, difference,
-        ranks and labels. The name is frames' `L5H1` over query heads, `L5KV1` over KV heads (a KV head is no query
-        head, and a table must not say it is). Needs pandas."""
+        """A pandas DataFrame, one row per head (schema `compare`'s frame_row), named over KV heads (`L5KV1`) where
+        the maps are. Needs pandas."""
         rows = [{**head_columns(row["layer"], row["head"]), **row} for row in self.rows]
         if self.a.convention == KV:
             for row in rows:

@@ -1,12 +1,6 @@
-"""`HeadMap`: one number per (layer, head) as the field publishes it, with its convention stated (query heads or KV
-heads) and the conversions between the two made explicit.
-
-A grouped-query model has `n_heads` query heads sharing `n_kv_heads` key/value heads per layer; query head `q`
-reads KV head `q // (n_heads // n_kv_heads)`, the layout of transformers' `repeat_kv`. A map over query heads
-becomes a map over KV heads only by a reduction chosen by the caller (`to_kv(group)`: max, min or mean over each
-KV head's query heads), and a KV-head map becomes a query-head map only by `to_query()` (each query head takes its
-KV head's value); nothing converts silently.
-"""
+"""`HeadMap`: one number per (layer, head) with its convention stated (query heads or KV heads, query head `q`
+reading KV head `q // (n_heads // n_kv_heads)`); conversions are explicit (`to_kv(group)`, `to_query()`), never
+silent."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What a published schema is made of: each result kind declares its fields (type and meaning) once, in a `Kind`,
-and its JSON Schema (draft 2020-12) and the columns of its `to_frame()` are built from that one declaration.
-
-Every JSON file probe writes starts with `"schema": "probe/KIND"` and `"schema_version": N` (`header`); the schema's
-`$id` is `urn:probe-heads:schema:KIND:N`. A version goes up when a field is removed, renamed or changes meaning;
-a new optional field keeps it."""
+"""What a published schema is made of: a `Kind` declares its fields once, and its JSON Schema and `to_frame()`
+columns are built from that. A version goes up when a field is removed, renamed or changes meaning."""
 
 from __future__ import annotations
 
@@ -20,9 +16,8 @@ NUMBER_NOTE = " (null where it was not finite: strict JSON has no NaN or infinit
 
 @dataclass(frozen=True)
 class Field:
-    """One field of a payload: its JSON type(s) and what it means. `items`: an array's items; `fields`: an object's
-    fields (no others allowed); `patterns`: an object's fields named by a regular expression (a class name, a part);
-    `ref`: the payload of another kind, nested (a `self_repair` section). "number" also admits null."""
+    """One field of a payload: its JSON type(s) and meaning; `items`, `fields`, `patterns` (fields named by a regular
+    expression), `ref` (another kind's payload, nested). "number" also admits null."""
 
     type: str | tuple[str, ...]
     description: str
@@ -100,9 +95,8 @@ class Kind:
 
 
 class Registry(Mapping[str, Kind]):
-    """The published kinds by name. A kind declared on its result class (probe.schemas.declare) is listed by the
-    class' path (`module:Class`) and imported the first time the registry is read, so that a result's module can
-    import the declarations without the registry importing every result first."""
+    """The published kinds by name, each listed by its class' `module:Class` and imported when the registry is first
+    read, so that a result's module can import the declarations."""
 
     def __init__(self) -> None:
         self._kinds: dict[str, Kind] = {}
