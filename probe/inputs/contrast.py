@@ -1,21 +1,8 @@
-"""Contrast sets: clean/corrupt prompt pairs, the input of direct logit attribution and of activation patching.
-
-A pair is two prompts of one token length that differ where the behaviour under study is decided, and two single
-tokens that may follow them: `answer` (right after the clean prompt) and `distractor`. The metric is the logit
-difference logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022, "Interpretability in
-the Wild"); a patching result is normalised by the clean and corrupt runs' mean differences (`normalised_effect`).
-
-Pairs come from a JSON-lines file of `{"clean": ..., "corrupt": ..., "answer": ..., "distractor": ...}` rows
-(`read_contrast_pairs`), or are generated (`CONTRAST_TASKS`):
-- ioi: the ABC corruption of Wang et al. 2022: the second mention of the subject replaced by a third name ("When
-  Mary and John went to the store, John gave a drink to" / "..., Anna gave a drink to"; answer " Mary", distractor
-  " John"), on probe.tasks' templates and names;
-- sva: the subject's number flipped (probe.tasks' templates, after Marvin & Linzen 2018: "The keys to the cabinet" /
-  "The key to the cabinet"; answer " are", distractor " is").
-Clean and corrupt must tokenize to the same length, so that position t of one is position t of the other: a file's
-row that does not is refused (naming its line); a generated one is dropped and counted, as are generated items whose
-answer or distractor is not one token.
-"""
+"""Contrast sets: clean/corrupt prompt pairs of one token length, with an answer and a distractor token, the input of
+direct logit attribution and activation patching; the metric is logit(answer) - logit(distractor) at the last prompt
+position (Wang et al. 2022). Pairs come from a JSON-lines file (`read_contrast_pairs`: a row of unequal lengths is
+refused) or are generated (`CONTRAST_TASKS`: ioi's ABC corruption, sva's flipped subject number; items of unequal
+lengths or multi-token answers are dropped and counted)."""
 
 from __future__ import annotations
 
@@ -167,9 +154,8 @@ def ioi_pairs(count: int, seed: int) -> list[ContrastPair]:
 
 
 def sva_pairs(count: int, seed: int) -> list[ContrastPair]:
-    """Subject-verb agreement pairs on probe.tasks' items: the corrupt prompt is the clean one with the subject's
-    number flipped (and a relative clause's verb that agrees with the subject with it); the answer is the verb that
-    agrees with the clean subject, the distractor the other form. Half the clean subjects singular, half plural."""
+    """Subject-verb agreement pairs: the corrupt prompt has the subject's number flipped (and an agreeing relative
+    clause's verb); answer the agreeing verb, distractor the other form; half the subjects singular."""
     return [ContrastPair(draw.prompt(draw.plural), draw.prompt(not draw.plural), draw.verb[draw.plural],
                          draw.verb[not draw.plural]) for draw in sva_draws(count, seed)]
 
@@ -227,9 +213,8 @@ def logit_diff(logits: Tensor, contrast: ContrastSet, rows: Tensor | slice | Non
 
 
 def normalised_effect(ld_patched: Tensor | float, ld_clean: Tensor | float, ld_corrupt: Tensor | float) -> float:
-    """(mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt), means over pairs first: 1 = the clean
-    behaviour restored, 0 = none of it (Wang et al. 2022's normalisation). ProbeError where the clean and corrupt
-    means are closer than MIN_GAP."""
+    """(mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt) (Wang et al. 2022): 1 = clean
+    behaviour restored; ProbeError where the clean and corrupt means are closer than MIN_GAP."""
     patched, clean, corrupt = (float(torch.as_tensor(value, dtype=torch.float64).mean())
                                for value in (ld_patched, ld_clean, ld_corrupt))
     if abs(clean - corrupt) < MIN_GAP:

@@ -1,19 +1,7 @@
-"""Labelled texts for sequence classifiers: a JSON-lines file of {"text": str, "label": int | str} rows ({"text",
-"text_pair", "label"} for sentence-pair tasks such as NLI), each tokenized with the model's special tokens
-([CLS] ... [SEP]) as the classifier was trained on them.
-
-The set's `scored` is (rows, classes), one-hot on each row's gold class: which of a classification metric's values
-count (probe.ablation.metrics' `class_cross_entropy` and `accuracy`, which declare `per_row`), as a task set's
-`scored` says which positions count. A string label is matched to the model's `id2label`; an integer is the class
-index. The number of classes is read off one forward (the class logits' last dimension), which also tells a model
-without a classification head apart in one line.
-
-`read_class_pairs` reads a classifier's clean/corrupt texts for patching ({"clean", "corrupt", "answer",
-"distractor"} rows, the last two classes): a ContrastSet whose `classes` are set, scored by class_logit_diff.
-
-Limit: text pairs are given to the tokenizer as a pair, but probe passes input ids and the attention mask only, so a
-model with segment embeddings (BERT's token_type_ids) sees both texts as segment A; RoBERTa and DistilBERT have none.
-"""
+"""Labelled texts for sequence classifiers: a JSON-lines file of {"text", "label"} rows ("text_pair" for pair tasks),
+tokenized with the model's special tokens. The set's `scored` is one-hot on each row's gold class (a string label
+matched to `id2label`); the class count is read off one forward. `read_class_pairs` reads clean/corrupt texts for
+patching. Limit: probe passes ids and mask only, so BERT's token_type_ids see both texts of a pair as segment A."""
 
 from __future__ import annotations
 
@@ -182,8 +170,7 @@ def _answer_distractor(row: dict, where: str, names: list[str]) -> tuple[int, in
 
 def read_class_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
     """A classifier's clean/corrupt pairs: {"clean", "corrupt", "answer", "distractor"} rows of two texts of one
-    token length and two classes (indices or id2label names); the metric is logit(answer) - logit(distractor) of the
-    class logits (probe.patching's class_logit_diff). A bad row is one error naming its line."""
+    token length and two classes; a bad row is one error naming its line."""
     rows = json_lines(path, "pairs file", "give a .jsonl file of clean/corrupt/answer/distractor rows", "labels")
     texts = [_class_texts(row, where) for where, row in rows]
     clean, corrupt = (_encode(loaded, [LabelledText(pair[side], 0, where=where) for (where, _), pair in

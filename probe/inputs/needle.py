@@ -1,13 +1,6 @@
-"""The needle probe set: needle-in-a-haystack prompts built by code, teacher-forced, for the retrieval score.
-
-Each prompt (Wu et al. 2024; Kamradt's needle in a haystack): BOS, natural text (probe/inputs/english.txt from a
-seeded offset) with a needle sentence holding a random key (`DEFAULT_NEEDLE`, a 6-digit number) inserted at a
-depth, then a question that ends with the needle's words before the key, then the key itself as the answer. One
-forward scores a prompt: at each answer position the model's prediction of the next key token is read (teacher
-forcing), and the needle position that token is copied from is known (`NeedleSet.sources`).
-
-A model without a tokenizer gets random tokens: a cue of 3 tokens and a key of 4, none of them in the haystack.
-"""
+"""The needle probe set (Wu et al. 2024; Kamradt): BOS, seeded natural text with a needle sentence holding a random
+key inserted at a depth, a question ending with the needle's words before the key, then the key, teacher-forced; the
+needle position each key token is copied from is known (`NeedleSet.sources`). Random tokens without a tokenizer."""
 
 from __future__ import annotations
 

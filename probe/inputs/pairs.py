@@ -1,11 +1,5 @@
-"""Source/target pairs for encoder-decoders (t5, bart): the encoder reads the source, the decoder the target,
-teacher-forced behind its start token, and the loss is the cross-entropy of the decoder's logits on the target tokens
-(the model's own `labels` loss). A JSON-lines file holds one {"source": TEXT, "target": TEXT} object per line.
-
-probe's other probe sets feed one sequence to both stacks (probe.hooks.stacks); a pairs set is the way to give the
-encoder something else, of its own length: the `seq2seq` probe set (`--seq2seq FILE` on the command
-line).
-"""
+"""Source/target pairs for encoder-decoders (the `seq2seq` probe set): the encoder reads the source, the decoder the
+target teacher-forced, scored by the cross-entropy on the target tokens. A JSON-lines file of {"source", "target"}."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Probe sets: the inputs heads are scored and ablated on, and the one registry of them.
-
-Every kind of input probe reads is a probe set registered here by its own module: `natural` and `repeated`
-(probe.inputs.natural), `needle` (probe.inputs.needle), `task` (probe.inputs.tasks: minimal pairs and prompts),
-`seq2seq` (probe.inputs.pairs: an encoder-decoder's source/target texts) and `contrast` (probe.inputs.contrast:
-clean/corrupt pairs for patching and direct logit attribution). An entry declares the kind of input it is (`kind`,
-the input kinds metrics apply to: text, task, contrast) and which option names the file or task it reads (`reads`),
-so that callers ask the registry instead of knowing each set.
-
-Every sequence of a natural or repeated set has the same length, so they need no padding; batches that do are
-right-padded.
-"""
+"""Probe sets: the inputs heads are scored and ablated on, and their one registry. An entry declares its input kind
+(`kind`) and which option names what it reads (`reads`), so that callers ask the registry instead of knowing each
+set. Batches that need padding are right-padded."""
 
 from __future__ import annotations
 

@@ -1,22 +1,8 @@
-"""Task sets: minimal pairs that a head's specific job shows up on, as probe sets for the `task_margin` metric.
-
-A task is a list of pairs. A JSON-lines file holds one pair per line, of one of two kinds:
-- minimal pairs `{"sentence_good": ..., "sentence_bad": ...}` (BLiMP's rows, Warstadt et al. 2020): scored on the
-  log-probability of the whole sentence (every token, after BOS where the model has one);
-- prompts `{"prompt": ..., "answer": ..., "distractor": ...}`: the answer and the distractor are single tokens that
-  follow the prompt as written (mind the leading space: " Mary"); scored at the last prompt position, where the
-  difference of the two sequences' log-probabilities is logit(answer) - logit(distractor).
-
-Two tasks are generated here from templates and word lists written for probe (TASKS):
-- sva: subject-verb agreement across a prepositional phrase or a relative clause whose noun has the other number,
-  in the spirit of Marvin & Linzen 2018 ("The keys to the cabinet" -> " are", not " is");
-- ioi: indirect object identification (Wang et al. 2022), BABA and ABBA templates ("When Mary and John went to the
-  store, John gave a drink to" -> " Mary", not " John").
-Generated items whose answer or distractor is not a single token for the model are dropped (and counted).
-
-A task set holds each pair as two rows, good then bad, right-padded, with `scored` marking the positions whose
-next token counts.
-"""
+"""Task sets for the `task_margin` metric: pairs from a JSON-lines file, minimal pairs {"sentence_good",
+"sentence_bad"} (BLiMP) scored on the whole sentence, or prompts {"prompt", "answer", "distractor"} scored at the
+last prompt position; or generated (TASKS: sva after Marvin & Linzen 2018, ioi after Wang et al. 2022; items with a
+multi-token answer or distractor dropped and counted). Each pair is two rows, good then bad, `scored` marking the
+positions that count."""
 
 from __future__ import annotations
 

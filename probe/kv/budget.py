@@ -1,7 +1,5 @@
-"""How many KV heads stream: the calibrated budget (a bisection over k, every point measured, `Budget`), the budget
-of a fraction of the KV cache kvpress's DuoAttentionPress removes (`kvpress_budget`: its point measured), or a fixed
-one (the last `full_fraction` of the order full, or thresholds on the scores), and the labels it gives.
-"""
+"""How many KV heads stream: the calibrated budget (`Budget`), the one kvpress removes a fraction of the cache with
+(`kvpress_budget`), or a fixed one, and the labels it gives."""
 
 from __future__ import annotations
 
@@ -111,10 +109,8 @@ def _measured_on(inputs: CurveInputs, base_loss: float, base_accuracy: float) ->
 def kvpress_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs | None, ratio: float, *,
                    sink: int, recent: int, length: int, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
                    why: str | None = None) -> Budget:
-    """The first k KV heads of `order` streamed, k the number kvpress's DuoAttentionPress streams to remove `ratio` of
-    a `length`-token KV cache (probe.headmaps.kvpress_streamed: its head_compression_ratio streams exactly these, the
-    lowest-scored in the export); the point is measured on `inputs` as the calibrated budget's are (None: not
-    measured, `why`)."""
+    """The first k KV heads of `order` streamed, k what kvpress's DuoAttentionPress streams to remove `ratio` of a
+    `length`-token cache; measured on `inputs` as the calibrated budget's are (None: not measured, `why`)."""
     streamed, head_ratio = kvpress_streamed(ratio, len(order), sink, recent, length)
     removed = head_ratio * kvpress_removable(sink, recent, length)
     rule = (f"kvpress: head_compression_ratio {head_ratio:.6g} streams the {streamed} lowest-scored of {len(order)} "

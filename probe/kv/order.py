@@ -1,7 +1,5 @@
-"""The order in which KV heads stream: per KV head scores (a group's max retrieval, min streaming), the retrieval
-order (retrieval ascending, ties by streaming descending) or the loss order (an exact window-ablation sweep of every
-KV head, retrieving heads last), and the query heads that share a KV head.
-"""
+"""The order in which KV heads stream (retrieval order, or loss order: an exact window-ablation sweep, retrieving
+heads last), per KV head scores, and the query heads that share a KV head."""
 
 from __future__ import annotations
 

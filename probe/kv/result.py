@@ -1,7 +1,4 @@
-"""`KVHeads`, the result of `kv_heads`: scores per query and KV head, labels, the order, its budget and curve;
-`to_dict()` (the kv-heads schema's payload) and `to_frame()`. `KVBudget`, what the budget file beside each export
-says (`KVHeads.budget_record()`, the kv-budget schema's payload).
-"""
+"""`KVHeads`, the result of `kv_heads` (the kv-heads schema), and `KVBudget`, the budget file beside each export."""
 
 from __future__ import annotations
 
@@ -130,9 +127,8 @@ class KVHeads(Payload):
 
     @payload("DuoAttention's full_attention_heads values, layers x KV heads", key="duo_full_attention_heads")
     def duo_values(self) -> list[list[float]]:
-        """DuoAttention's full_attention_heads (n_layers x n_kv_heads, in [0, 1], full where > 0.5): the order's
-        rank spread over (0, 0.5) for streaming heads and (0.5, 1] for full ones, so that DuoAttention's own
-        `sparsify_attention_heads(sparsity=...)`, which keeps the largest values, follows probe's order too."""
+        """DuoAttention's full_attention_heads (n_layers x n_kv_heads, full where > 0.5): the order's rank spread
+        over (0, 0.5) and (0.5, 1], so that DuoAttention's own sparsification follows probe's order too."""
         streamed = [h for h in self.order if h not in self.full]
         kept = [h for h in self.order if h in self.full]
         value = {h: 0.5 * (rank + 1) / (len(streamed) + 1) for rank, h in enumerate(streamed)}
@@ -153,9 +149,7 @@ class KVHeads(Payload):
         return "full" if (layer, kv_head) in self.full else "streaming"
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per query head: layer, head, name, its KV head, retrieval and streaming
-        scores, and its KV head's label and rank in the streaming order (the kv-heads schema's columns). Needs
-        pandas."""
+        """A pandas DataFrame, one row per query head: the kv-heads schema's columns. Needs pandas."""
         rows = record_rows(self.heads)
         for row in rows:
             row["label"] = self.label(row["layer"], row["kv_head"])
