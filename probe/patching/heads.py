@@ -1,20 +1,8 @@
-"""Activation patching of every head between a clean and a corrupted run (Vig et al. 2020; Meng et al. 2022; Wang
-et al. 2022): denoising patches each head's clean value into the corrupted run, noising the corrupted value into
-the clean run. The runs are two probe sets of the same shape (each prompt followed by its answer and its distractor:
-probe.patching.contrast_runs), so the metric is the logit difference logit(answer) - logit(distractor) at the last
-prompt position (the logit_diff metric), and each head's result is normalised as
-
-    patch_effect = (mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt)
-
-(means over pairs first; probe.inputs.contrast.normalised_effect, which refuses runs whose differences are too close): 1
-where patching the head alone gives the clean behaviour, 0 where it gives the corrupted one, in either direction
-(Heimersheim & Nanda 2024, "How to use and interpret activation patching").
-
-A patch is an ablation method (probe.ablation.methods.PatchAblation, QueryPatch, KeyPatch, ValuePatch); the sweep
-runs it, so the exact path reuses the prefix before the patched layer, and results stream and resume as a sweep's.
-On a grouped-query model a key or value patch is a key/value group's: it is run once per group, and each query
-head of the group reports the group's effect with the group's `kv_head`.
-"""
+"""Activation patching of every head between a clean and a corrupted run (Vig et al. 2020; Meng et al. 2022; Wang et
+al. 2022): denoising patches each head's clean value into the corrupted run, noising the other way. The metric is the
+logit difference, each head's effect normalised by `normalised_effect` (1: clean behaviour, 0: corrupted; Heimersheim
+& Nanda 2024). A patch is an ablation method the sweep runs (prefix reuse, streaming, resume); a key or value patch
+is a key/value group's, reported on each of its query heads."""
 
 from __future__ import annotations
 
@@ -234,11 +222,9 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
                 component: str = "output", noising: bool = False, by_position: bool = False, mode: str = "exact",
                 batch_size: int = 8, data: str = "", run: Sweep = sweep, progress: ProgressArg = None,
                 **options: Any) -> PatchResult | None:
-    """Patch each head (default: every head; a key or value: every key/value group) between the clean and the
-    corrupted run (two probe sets of one shape: probe.patching.contrast_runs), denoising by default; with `by_position`
-    also each head at each position alone. `run` is the sweep (probe.distributed.sharded_sweep under torchrun) and
-    `options` go to it (results_path, resume, stack, on_result); None on a process of torchrun's that does not
-    report. `progress=True` draws a bar on stderr; a callable gets `(done, total)`, every sweep counted in one."""
+    """Patch each head (a key or value: each key/value group) between the clean and corrupted runs, denoising by
+    default, with `by_position` also each position alone. `run` is the sweep (sharded under torchrun), `options` go
+    to it; None on a torchrun process that does not report. `progress`: a bar, or a callable of `(done, total)`."""
     started = time.perf_counter()
     check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)

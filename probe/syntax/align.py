@@ -1,7 +1,5 @@
-"""Words <-> tokens: which tokens of a sentence each word covers, through the tokenizer's character offsets, and
-word-level attention from token-level attention (Clark et al. 2019, "What Does BERT Look At?", section 4.1):
-attention *to* a split word is the sum of the attention to its tokens, attention *from* a split word the mean of
-its tokens' attention."""
+"""Words <-> tokens through the tokenizer's offsets, and word-level attention (Clark et al. 2019, section 4.1): to a
+split word the sum over its tokens, from it the mean."""
 
 from __future__ import annotations
 

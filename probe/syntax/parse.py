@@ -1,9 +1,5 @@
-"""Parsing raw text with spaCy, the optional extra `pip install 'probe-heads[syntax]'` (spaCy and an English pipeline).
-
-spaCy is imported here only, when a text is parsed, so probe runs without it. Its English pipelines label arcs in
-the ClearNLP scheme (Choi & Palmer 2012; `nsubj`, `dobj`, `pobj`, `prep`, ...), not Universal Dependencies: UD makes
-content words the heads (a preposition hangs from its noun), ClearNLP makes the preposition the head of its object.
-"""
+"""Parsing raw text with spaCy (the optional extra `probe-heads[syntax]`), imported only when a text is parsed; its
+English pipelines label arcs in the ClearNLP scheme, not Universal Dependencies."""
 
 from __future__ import annotations
 

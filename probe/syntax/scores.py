@@ -1,21 +1,8 @@
-"""Syntactic heads, by the definitions of Clark et al. 2019, "What Does BERT Look At? An Analysis of BERT's
-Attention" (section 4.2) and, for causal models, Vig & Belinkov 2019, "Analyzing the Structure of Attention in a
-Transformer Language Model".
-
-- Each head is a classifier: for a query word, its prediction is the word it attends to most (word-level attention,
-  see probe.syntax.align), the query itself and BOS / special tokens excluded. Its accuracy on a relation is the
-  share of that relation's arcs whose other end it predicts, per direction: `dep->head` (the dependent is the
-  query) and `head->dep` (the head is).
-- Causal models see only earlier words, so only arcs whose other end is earlier than the query are visible: each
-  arc is scored once, from its later word, and only earlier words are candidates. The two directions are reported
-  separately (`dep->head`: the head comes first; `head->dep`: the dependent does).
-- Baseline: per relation and direction, the best fixed relative offset from the query (Clark et al.: -3..+2).
-- A head is syntactic for a relation when its accuracy beats that baseline by more than MARGIN, on a relation and
-  direction with at least MIN_COUNT arcs (fewer make accuracies too noisy to compare).
-- Confident attention (Vig & Belinkov 2019, section 4.2): of a head's attention weights above CONFIDENT (BOS and
-  tokens in no word excluded, as keys and as queries), the weighted share that links two words joined by a
-  dependency arc, in either direction.
-"""
+"""Syntactic heads, by Clark et al. 2019 (section 4.2) and, for causal models, Vig & Belinkov 2019. Each head is a
+classifier: for a query word, the word it attends to most; its accuracy on a relation is the share of arcs whose
+other end it predicts, per direction (a causal model sees each arc once, from its later word). Baseline: the best
+fixed relative offset (-3..+2); syntactic: accuracy above it by MARGIN on a relation with MIN_COUNT arcs. Confident
+attention: of a head's weights above CONFIDENT, the share linking two words joined by an arc."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""The checkpoints of a training run, in step order, and loading them one at a time.
-
-Three forms: Hugging Face model folders matched by a glob (`run/step-*`), a hub model's revisions (Pythia publishes
-`step0` ... `step143000`), and state-dict files (`ckpt/*.pt`) loaded into a custom model (`FILE.py:FUNCTION`) with
-`torch.load(weights_only=True)`, which refuses a pickle that would run code. A checkpoint's step is the last number
-in its name (`step-10` is 10, ordered after `step-9`). Everything is checked before the first is scored: a glob that
-matches nothing, checkpoints of different architectures, a revision that cannot be resolved.
-"""
+"""The checkpoints of a training run in step order (the last number of a name), loaded one at a time: Hugging Face
+folders by glob, a hub model's revisions, or state-dict files (`torch.load(weights_only=True)`) into a custom model;
+everything checked before the first is scored."""
 
 from __future__ import annotations
 
@@ -183,9 +178,8 @@ def _mismatch(name: str, shapes: dict[str, tuple[int, ...]], expected: dict[str,
 
 def load_checkpoints(run: Run, base: LoadedModel | None = None, **options: Any
                      ) -> Iterator[tuple[Checkpoint, LoadedModel]]:
-    """Each checkpoint loaded in turn, one in memory at a time (the caller drops its reference before the next):
-    folders and revisions through `load_model`, state dicts copied into the one custom model (`base`, made by
-    `model` when not given). `options`: load_model's."""
+    """Each checkpoint loaded in turn, one in memory at a time; state dicts copied into the one custom model
+    (`base`)."""
     if run.kind == STATE_DICTS:
         loaded = base or load_model(str(run.model), **options)
         for checkpoint in run.checkpoints:

@@ -1,10 +1,5 @@
-"""A training run's trajectories: per checkpoint, every head's scores, the loss and the in-context learning score; and
-the phase changes found in them.
-
-A phase change (Olsson et al. 2022, section 3): for each head class, the checkpoint interval where the best head's
-score rises most, with the heads whose score crosses the class threshold there; for the in-context learning score,
-the interval where it changes most. Whether the two are the same interval is the paper's co-occurrence claim.
-"""
+"""A training run's trajectories per checkpoint, and the phase changes in them (Olsson et al. 2022, section 3): per
+class the interval where the best head's score rises most, and whether the ICL score changes most there too."""
 
 from __future__ import annotations
 
@@ -95,10 +90,8 @@ def _crossing(before: CheckpointResult, after: CheckpointResult, name: str, thre
 
 def phase_changes(checkpoints: list[CheckpointResult], thresholds: dict[str, float], *,
                   min_rise: float = MIN_RISE) -> list[dict[str, Any]]:
-    """For each class, the interval where the best head's score rises most, where that rise is at least
-    `min_rise`: its steps, the rise, its share of the whole run's range, the heads crossing the threshold there,
-    the in-context learning score's change over the same interval and whether it is the interval where that score
-    changes most."""
+    """For each class, the interval where the best head's score rises most (at least `min_rise`), the heads crossing
+    the threshold there and the in-context learning score's change over it."""
     icl = icl_change(checkpoints)
     found = []
     for name, threshold in thresholds.items():

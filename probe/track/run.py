@@ -131,13 +131,9 @@ def _check(options: TrackOptions) -> None:
 def track(run: Run, options: TrackOptions | None = None, *, results_path: str | Path, resume: bool = False,
           progress: ProgressArg = None, on_result: Callable[[CheckpointResult], None] | None = None,
           on_model: Callable[[LoadedModel], None] | None = None, **load_options: Any) -> TrackResult | None:
-    """Score every checkpoint of `run` (probe.track.checkpoints.find_run) and return the trajectories.
-
-    Each finished checkpoint is appended to `results_path` (JSON lines); `resume=True` skips those it holds
-    (refusing a file of another model or options). `load_options` go to `load_model` (dtype, device, ...);
-    `on_model` sees each checkpoint's model once loaded, `on_result` each checkpoint's result.
-    Under torchrun, process r scores every world-th unfinished checkpoint into its own shard file, and rank 0
-    returns the merged result (the others None), equal to one process's."""
+    """Score every checkpoint of `run` and return the trajectories, each finished checkpoint appended to
+    `results_path` (`resume=True` skips those it holds). Under torchrun each process scores its share into a shard,
+    rank 0 returning the merged result (the others None)."""
     options = options or TrackOptions()
     _check(options)
     progress = callback(progress)

@@ -1,6 +1,4 @@
-"""The track results stream: a JSON-lines file, a header line then one line per finished checkpoint, appended and
-flushed as each finishes, so an interrupted run loses nothing finished and `resume=True` continues from it (the
-sweep's stream, probe/ablation/stream.py, does the same for ablations)."""
+"""The track results stream: a header line then one line per finished checkpoint, flushed as each finishes."""
 
 from __future__ import annotations
 
