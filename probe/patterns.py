@@ -18,7 +18,7 @@ from torch import Tensor
 
 from probe.frames import frame, head_columns, head_name
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
-                          build_probe_set, context_length, is_encoder, read_text_file)
+                          build_probe_set, context_length, is_encoder)
 from probe.errors import ProbeError
 from probe.heads.classify import Classification
 from probe.heads.scores import SCORES
@@ -442,11 +442,6 @@ def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[in
     described = f"the text has {len(text):,} characters, more than {needed:,} tokens" if len(ids) > needed else None
     return attention_patterns(loaded, ids[:needed + 1], source=source, layers=layers, decimals=decimals,
                               max_tokens=max_tokens, start=start, input_description=described)
-
-
-def read_text(path: str | Path) -> str:
-    """A UTF-8 text file, with one clear error when it is missing, binary or empty."""
-    return read_text_file(path, parameter="file")
 
 
 def classification_patterns(loaded: LoadedModel, result: Classification, *, data: str | Path | None = None,
