@@ -85,8 +85,7 @@ class Patterns(Payload):
 
     @payload("each head shown", key="heads", items="a head")
     def head_weights(self) -> list[HeadWeights]:
-        """The shown heads' rounded weights (NaN, written null, where a causal model masks the key); not the page's
-        layer averages (head -1)."""
+        """The shown heads' rounded weights (NaN where a causal model masks the key), not the layer averages."""
         return [HeadWeights(layer, head, head_name(layer, head, self.layer_names),
                             np.round(self.weights(layer, head), self.decimals).tolist())
                 for layer, head in self.heads if head >= 0]
@@ -154,8 +153,7 @@ class Patterns(Payload):
 
 
 def visible(text: str) -> str:
-    """Whitespace and invisible characters as symbols: '␣' space, '↵' newline, '⇥' tab, '\\x07' and '\\u200b'
-    for other control, format and separator characters; an empty token is '∅'."""
+    """Whitespace and invisible characters as symbols ('␣', '↵', '⇥', escapes); an empty token is '∅'."""
     out = []
     for char in text:
         if char in SYMBOLS:
@@ -196,8 +194,7 @@ def _partial_bytes(raw: str) -> bytes | None:
 
 
 def token_strings(loaded: LoadedModel, ids: list[int] | Tensor) -> list[str]:
-    """One visible string per token id. Special tokens are wrapped in ⟨ ⟩; a token that holds only part of a
-    UTF-8 character shows its bytes (\\xf0\\x9f); without a tokenizer a token is '#id'."""
+    """One visible string per token id: specials in ⟨ ⟩, a partial UTF-8 character as its bytes, '#id' untokenized."""
     ids = [int(i) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
     tokenizer = loaded.tokenizer
     if tokenizer is None:
@@ -260,8 +257,7 @@ def _thumbnail(weights: Tensor) -> np.ndarray:
 
 def _window_attention(loaded: LoadedModel, ids: Tensor, layers: set[int], start: int, stop: int
                       ) -> tuple[dict[int, Tensor], float]:
-    """Each layer's (heads, w, w) attention among positions start..stop-1 of one sequence, and the mean share of
-    those queries' attention that goes to keys outside the window. Full patterns exist one query block at a time."""
+    """Each layer's (heads, w, w) attention inside the window, and the mean share going to keys outside it."""
     kept: dict[int, list[Tensor]] = {}
     outside = [0.0, 0]
 

@@ -140,8 +140,7 @@ def _clean(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor 
 
 
 def _ablating(method: AblationMethod, layer: int, head: int, batch: BatchContext) -> Writer:
-    """A `z` writer: head `head` of `layer` replaced as the method's own writer replaces it, told the batch that
-    runs (`ctx.batch`), every other head as it was."""
+    """A `z` writer replacing head `head` of `layer` as the method's own writer does, told the batch that runs."""
     write = method.writer([head])
 
     def edit(z: Tensor, ctx: HookContext) -> Tensor:
@@ -151,8 +150,8 @@ def _ablating(method: AblationMethod, layer: int, head: int, batch: BatchContext
 
 @dataclass
 class _Prefix:
-    """Whether ablated runs start at the ablated head's block from the clean run's kept outputs: checked once
-    against a full forward (as the sweep's exact path is), full forwards from then on if it differs."""
+    """Whether ablated runs start at the head's block from the clean run's kept outputs (checked once, as the
+    sweep's)."""
 
     reuse: bool = True
     checked: bool = False
@@ -186,8 +185,7 @@ class _Prefix:
 
 
 def _direct_likelihood(structure: Structure, clean: _Clean, write: Tensor) -> Tensor:
-    """(points,) the log-likelihood change of adding `write` (points, d_model), the ablated head's change through
-    its W_O rows, to the clean stream read through the frozen norm (nothing downstream recomputed)."""
+    """(points,) log-likelihood change of adding `write` to the clean stream read through the frozen norm."""
     assert clean.logits is not None
     weight = structure.head.weight.detach()
     write = write - write.mean(dim=-1, keepdim=True) if clean.centred else write
@@ -347,8 +345,7 @@ class SelfRepair(Payload):
         return self.compensation.sum(dim=(1, 2)) - own
 
     def compensating(self, index: int, count: int | None = None) -> list[tuple[int, int, float]]:
-        """The `count` other heads whose DLA moved most against the ablated head's direct effect (rose where the
-        direct effect is a loss, fell where it is a gain: a negative head's), those that moved that way at all."""
+        """The `count` other heads whose DLA moved most against the ablated head's direct effect."""
         sign = -1.0 if float(self.direct[index]) > 0 else 1.0
         toward = self.compensation[index] * sign
         toward[self.heads[index]] = float("-inf")
@@ -357,8 +354,7 @@ class SelfRepair(Payload):
         return [(*divmod(int(i), width), float(values[i])) for i in order if toward.flatten()[i] > 0]
 
     def entry(self, index: int) -> RepairedHead:
-        """One ablated head's numbers, its compensating heads, and `repaired` = self-repair / -direct (the share of
-        its direct effect the rest of the model gives back; None below REPAIR_FLOOR)."""
+        """One ablated head's numbers, its compensating heads, and `repaired` = self-repair / -direct."""
         layer, head = self.heads[index]
         direct, repair = float(self.direct[index]), float(self.self_repair[index])
         floor = REPAIR_FLOOR * float(self.direct.abs().max())
@@ -372,8 +368,7 @@ class SelfRepair(Payload):
         return self.entry(index).to_dict()
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per ablated head, largest |direct| first: the self-repair schema's columns
-        (the compensating heads as one string, `L1H3 -0.011, ...`). Needs pandas."""
+        """A pandas DataFrame, one row per ablated head, largest |direct| first: the self-repair schema's columns."""
         entries = self.entries
         rows = record_rows(entries)
         for row, entry in zip(rows, entries):
@@ -396,8 +391,7 @@ def _result(loaded: LoadedModel, source: str, metric: str, method: str,
 def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
                          method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
                          progress: ProgressArg = None) -> SelfRepair:
-    """Self-repair of the logit difference at each pair's last prompt position, on the clean prompts run as the
-    sweep and `probe patch` run them (probe.patching.contrast_runs); `heads` default to every head."""
+    """Self-repair of the logit difference at each pair's last prompt position, on the clean prompts."""
     from probe.patching.runs import contrast_runs
 
     if contrast.classes is not None:
@@ -413,8 +407,7 @@ def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequ
 def text_self_repair(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
                      method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
                      progress: ProgressArg = None) -> SelfRepair:
-    """Self-repair of the next token's log-likelihood (minus the loss) at every position of natural text whose next
-    token is a token, as the sweep's cross-entropy counts them."""
+    """Self-repair of the next token's log-likelihood at every position of natural text the cross-entropy counts."""
     ids = probe_set.input_ids
     present = torch.ones_like(ids, dtype=torch.bool) if probe_set.attention_mask is None else \
         probe_set.attention_mask.bool()

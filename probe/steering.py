@@ -46,8 +46,7 @@ def _heads_of(model: nn.Module, key: str | Head) -> list[Head]:
 
 
 def intervention_named(name: str, value: float) -> AblationMethod:
-    """The registered intervention `name` (a method of METHODS that takes a value: `steerable()`) made with
-    `value`, its `parameter` (scale's alpha)."""
+    """The registered intervention `name` (one of `steerable()`) made with `value`, its `parameter`."""
     chosen = method_class(name)
     if chosen.parameter is None:
         raise ProbeError(f"the {name} intervention takes no value to steer with: use one of "
@@ -145,8 +144,7 @@ class SteerResult(Payload):
 
 
 def forwards(metric: Metric) -> float:
-    """The sign that turns the metric's values into what steering reports: -1 for a metric that is minus its
-    quantity (`Metric.forwards`: the logit difference itself, higher = more of the behaviour), else 1."""
+    """-1 for a metric that is minus its quantity (`Metric.forwards`), else 1: what steering's values are times."""
     return -1.0 if metric.forwards else 1.0
 
 
@@ -161,8 +159,7 @@ def _result(loaded: LoadedModel, metric: Metric, data: str, baseline: float, fig
 
 
 def settings(intervention: str, values: Iterable[float]) -> list[float]:
-    """The values of a curve in ascending order, with the intervention's `identity` (scale's alpha 1: the model as
-    it is) added where it has one."""
+    """A curve's values in ascending order, the intervention's `identity` (the model as it is) added."""
     identity = method_class(intervention).identity
     return sorted({*check_values(values), *([] if identity is None else [identity])})
 
@@ -199,8 +196,7 @@ def steer_curves(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head]
 
 
 def ranking(swept: AblationResult, sign: float = 1.0) -> list[dict[str, Any]]:
-    """Every head of a sweep, the largest |delta| first (nan last): how far one setting moves the metric; values
-    and deltas times `sign` (`forwards`)."""
+    """Every head of a sweep, the largest |delta| first (nan last), values and deltas times `sign`."""
     def key(entry: Any) -> float:
         return -abs(entry.delta) if not math.isnan(entry.delta) else math.inf
 
@@ -210,8 +206,7 @@ def ranking(swept: AblationResult, sign: float = 1.0) -> list[dict[str, Any]]:
 
 def find_result(loaded: LoadedModel, swept: AblationResult, value: float, metric: Metric,
                 intervention: str = "scale") -> SteerResult:
-    """A SteerResult holding a sweep of the intervention at `value` over every head, ranked, its values read
-    forwards."""
+    """A SteerResult holding a sweep at `value` over every head, ranked, its values read forwards."""
     result = _result(loaded, metric, swept.data, swept.baseline_loss, swept.task, intervention)
     result.find = {"setting": value, "path": swept.path, "ranking": ranking(swept, forwards(metric))}
     result.seconds = swept.seconds or 0.0
@@ -220,8 +215,8 @@ def find_result(loaded: LoadedModel, swept: AblationResult, value: float, metric
 
 def find_heads(loaded: LoadedModel, probe_set: ProbeSet, value: float, *, intervention: str = "scale",
                metric: str | Metric | None = None, **options: Any) -> SteerResult:
-    """Every head under the intervention at `value` alone (scale: multiplied by alpha), ranked by how far it moves
-    the metric; `options` go to `sweep` (batch_size, stack, results_path, resume, shard, progress)."""
+    """Every head under the intervention at `value` alone, ranked by how far it moves the metric; `options` to
+    `sweep`."""
     chosen = choose_metric(loaded, probe_set, metric)
     method = intervention_named(intervention, check_values([value])[0])
     swept = sweep(loaded, probe_set, method=method, metric=chosen, **options)
@@ -255,8 +250,7 @@ def greedy(loaded: LoadedModel, ids: Tensor, max_new_tokens: int) -> list[list[i
 
 
 def row_writers(rows: Sequence[tuple[int, Head, float]], intervention: str = "scale") -> dict[int, Writer]:
-    """`z` writers for a batch whose rows each steer one head: `rows` (row, (layer, head), value), each the
-    intervention's own writer on that row and head alone; the other rows and heads as they are."""
+    """`z` writers for a batch whose rows each steer one head: `rows` of (row, (layer, head), value)."""
     by_layer: dict[int, list[Writer]] = {}
     for row, (layer, head), value in rows:
         by_layer.setdefault(layer, []).append(intervention_named(intervention, value).writer(head, rows=[row]))

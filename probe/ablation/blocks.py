@@ -110,8 +110,7 @@ def _stop(_module: nn.Module, _args: Any) -> None:
 @contextmanager
 def keeping_outputs(blocks: Blocks, kept: dict[int, Any], order: list[int] | None = None,
                     stop_at: int | None = None) -> Iterator[None]:
-    """Every block's output (detached) into `kept` (and its index into `order`) while the body runs; with
-    `stop_at`, the forward ends (`_Stop`) before that block runs."""
+    """Every block's output (detached) into `kept` while the body runs; with `stop_at`, the forward ends there."""
     with restoring() as undo:
         with interrupts_deferred():
             for index, block in enumerate(blocks.container):
@@ -153,8 +152,7 @@ def detach(value: Any) -> Any:
 
 
 def batch_axis(tensor: Tensor, batch: int, positions: int | None) -> int | None:
-    """The axis of a block output's rows: the one of size `batch` right before the positions (Gemma-3n's AltUp
-    carries (predictions, batch, positions, hidden)), else a leading one of size `batch`; None: not per row."""
+    """The axis of a block output's rows (Gemma-3n's AltUp puts predictions first); None: not per row."""
     if positions is not None:
         for axis in range(tensor.dim() - 1):
             if tensor.shape[axis] == batch and tensor.shape[axis + 1] == positions:

@@ -44,8 +44,7 @@ def specificity(deltas: Tensor) -> float:
 
 
 class Effects:
-    """Summaries of ablated runs' per-position values against the baseline's (`baseline[i]`, `counted[i]` per batch);
-    `per_row`: one value per sequence; `signs`: -1 for a task set's bad rows, so that a delta > 0 always hurts."""
+    """Summaries of ablated runs' per-position values against the baseline's; `signs`: -1 for a task's bad rows."""
 
     def __init__(self, ids: list[Tensor], counted: list[Tensor], baseline: list[Tensor], shift: int,
                  text: TokenText, signs: Tensor | None = None, per_row: list[Tensor] | None = None) -> None:

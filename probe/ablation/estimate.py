@@ -63,8 +63,7 @@ def gradient_scale(count: float) -> float:
 
 def scaled_gradients(mean: Tensor, count: float, inputs: Sequence[Tensor], *, retain_graph: bool = False
                      ) -> tuple[tuple[Tensor | None, ...], float]:
-    """The gradients of `mean` w.r.t. `inputs` times the scale returned (gradient_scale); unscaled (scale 1) where a
-    scaled float16 gradient is not finite."""
+    """The gradients of `mean` w.r.t. `inputs` times the scale returned (1 where a scaled float16 one is not finite)."""
     scale = gradient_scale(count)
     checked = scale > 1.0 and any(tensor.dtype == torch.float16 for tensor in inputs)
     grads = torch.autograd.grad(mean * scale, inputs, retain_graph=retain_graph or checked, allow_unused=True)
@@ -114,8 +113,7 @@ def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: l
 
 def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Batch, terms: _Terms, n_tokens: float,
                    samples: int, seed: int, step: Callable[[float], None], blocks: Blocks | None) -> dict[int, Any]:
-    """One forward that keeps the graph from every head's output, its backward (first-order terms), `samples`
-    more (second-order terms); returns the blocks' outputs, kept for the exact refinement."""
+    """One forward keeping the graph from every head's output and its backwards; returns the blocks' outputs."""
     outputs: dict[int, Tensor] = {}
 
     def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
@@ -151,8 +149,7 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
 
 
 def _kept_for(blocks: Blocks | None, heads: list[Head], kept: dict[int, Any]) -> dict[int, Any] | None:
-    """The blocks' outputs the exact refinement may start from: those before the last block a head is in (None
-    without blocks: nothing to start from)."""
+    """The blocks' outputs the exact refinement may start from (None without blocks)."""
     if blocks is None:
         return None
     last = max(blocks.of_layer[layer] for layer, _ in heads)
@@ -184,8 +181,7 @@ def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room
 
 def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], cost: Callable[[Head], float],
             step: Callable[[float], None]) -> dict[Head, Tensor]:
-    """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block, each
-    batch's chunk counted at its heads' `cost`."""
+    """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block."""
     by_start: dict[int, list[Head]] = {}
     for head in chosen:
         by_start.setdefault(runner.start_of((head,)), []).append(head)
@@ -255,8 +251,7 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
 
 def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches_: list[Batch], blocks: Blocks | None,
                   why_not: str, expected: Tensor, heads: list[Head]) -> tuple[NaiveRunner | PrefixRunner, str]:
-    """Prefix reuse where one cheap check on the first batch reproduces its baseline, else one forward each; and
-    which it is, for the path."""
+    """Prefix reuse where a check on the first batch reproduces its baseline, else one forward each; and which."""
     naive = NaiveRunner(loaded.model, ZeroAblation(), scorer, readout, batches_)
     if blocks is None:
         return naive, why_not

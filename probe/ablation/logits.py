@@ -26,8 +26,7 @@ CHECK_TOLERANCE = 1e-4  # relative to the outputs' scale: the exact path must re
 
 
 def chunkable_blocks(model: nn.Module) -> Blocks | None:
-    """The block list, when a forward's logits can be had a chunk of positions at a time instead of whole: a causal
-    Hugging Face LM whose forward takes `logits_to_keep`, its attention layers in one block list."""
+    """The block list where a causal Hugging Face LM's logits can be had a chunk of positions at a time."""
     if not isinstance(getattr(getattr(model, "config", None), "vocab_size", None), int):
         return None
     if not is_hf_model(model) or not accepts_argument(model, "logits_to_keep"):
@@ -50,8 +49,7 @@ over the leading dimensions): what the chunked readouts compute a chunk at a tim
 
 
 def head_values(model: nn.Module, normed: Tensor, ids: Tensor, token_values: TokenValues) -> Tensor:
-    """(rows, n - 1) next-token values, the LM head applied to HEAD_ROWS positions at a time: the logits of a chunk
-    are still in cache when the metric reads them (about 12% faster on CPU than all positions at once)."""
+    """(rows, n - 1) next-token values, the LM head HEAD_ROWS positions at a time (their logits stay in cache)."""
     head = output_embeddings(model)
     assert head is not None  # the direct readout is chosen only for a model with an LM head (_direct_head)
     rows, n = ids.shape
@@ -96,8 +94,7 @@ class Final:
         return torch.cat(values, dim=1)
 
     def first_rows(self, batch: int) -> Tensor:
-        """(batch, positions, ...): the first rows of the last block's output (Gemma-3n's is (predictions, rows,
-        positions, hidden): its rows and positions are moved to the front)."""
+        """The first rows of the last block's output (Gemma-3n's rows and positions moved to the front)."""
         hidden = self.hidden[0] if isinstance(self.hidden, (tuple, list)) else self.hidden
         axis = batch_axis(hidden, self.ids.shape[0], self.ids.shape[1]) or 0
         return hidden.narrow(axis, 0, batch).movedim((axis, axis + 1), (0, 1))
@@ -133,8 +130,7 @@ def keeping_decoder_output(model: nn.Module, kept: list[Tensor]) -> Iterator[Non
 
 
 def _direct_head(model: nn.Module, normed: Tensor, logits: Tensor) -> bool:
-    """Whether the model's logits are its LM head applied to the decoder's output and nothing else: checked on the
-    first two positions of a forward whose logits are at hand."""
+    """Whether the logits are the LM head on the decoder's output and nothing else, checked on two positions."""
     positions = min(2, logits.shape[1])
     head = output_embeddings(model)
     if head is None:
@@ -148,8 +144,7 @@ def _direct_head(model: nn.Module, normed: Tensor, logits: Tensor) -> bool:
 
 def _last_block_output(model: nn.Module, blocks: Blocks, ids: Tensor, mask: Tensor | None,
                        direct: bool = False) -> Final:
-    """One forward that keeps the last block's output (and with `direct`, the decoder's) and computes the logits of
-    the last position only."""
+    """One forward keeping the last block's output (with `direct`, the decoder's), logits of the last position only."""
     kept: list[Any] = []
     normed: list[Tensor] = []
     last = blocks.container[len(blocks.container) - 1]
@@ -168,8 +163,7 @@ def _nothing() -> Iterator[None]:
 
 @dataclass
 class Readout:
-    """How every forward of one sweep gives what the metric reads: chosen once, from the model and from what the
-    metric declares (`chunkable`: its values can be had a chunk of positions at a time)."""
+    """How every forward of one sweep gives what the metric reads, chosen once from the model and the metric."""
 
     model: nn.Module
     chunkable: Blocks | None = None  # where logits can be had a chunk of positions at a time, for this metric
@@ -178,8 +172,7 @@ class Readout:
 
     @classmethod
     def choose(cls, model: nn.Module, chunkable_metric: bool, blocks: Blocks | None) -> Readout:
-        """`chunkable_metric`: the metric's `chunkable`; `blocks`: the sweep's block list if it reuses the
-        baseline's prefix (the direct head needs it)."""
+        """`chunkable_metric`: the metric's `chunkable`; `blocks`: the sweep's block list if it reuses the prefix."""
         chunkable = chunkable_blocks(model) if chunkable_metric else None
         maybe_direct = blocks is not None and chunkable is not None and decoder(model) is not None
         return cls(model, chunkable, None if maybe_direct else False)

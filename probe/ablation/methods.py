@@ -80,13 +80,13 @@ class AblationMethod:
         return method
 
     def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
-        """Values broadcastable to `heads` (batch, positions, n_heads, head_dim), one copy of the batch's head
-        outputs in layer `ctx.layer`; only the chosen heads' slices are used."""
+        """Values broadcastable to `heads` (batch, positions, n_heads, head_dim); only the chosen heads' slices are
+        used."""
         raise NotImplementedError
 
     def replaced(self, tensor: Tensor, ctx: HookContext, chosen: Tensor) -> Tensor:
-        """`tensor` (copies * batch, ...) with the `chosen` slices (bool, broadcastable to (copies, batch, ...)) set
-        to the replacement: each copy's own where the method is `per_copy`, else the first copy's."""
+        """`tensor` with the `chosen` slices set to the replacement: each copy's own where `per_copy`, else the
+        first's."""
         copies = chosen.shape[0]
         stacked = tensor.reshape(copies, tensor.shape[0] // copies, *tensor.shape[1:])  # (copies, batch, ...)
         if self.per_copy:  # each copy's own values (copies differ once an earlier layer is ablated)
@@ -96,8 +96,8 @@ class AblationMethod:
         return torch.where(chosen.to(tensor.device), replacement, stacked).reshape(tensor.shape)
 
     def writer(self, heads: int | Iterable[int], rows: Iterable[int] | None = None) -> Writer:
-        """A writer of `z` (or `q`, `k`, `v`: (batch, positions, heads, head_dim)) for `Trace`: the chosen heads
-        (of the rows `rows` alone, None: every row) replaced, everything else exactly as it was."""
+        """A `Trace` writer of `z`, `q`, `k` or `v`: the chosen heads (of `rows` alone, None: all) replaced, all else
+        kept."""
         wanted, only = heads, None if rows is None else list(rows)
 
         def write(tensor: Tensor, ctx: HookContext) -> Tensor:
@@ -112,8 +112,8 @@ class AblationMethod:
         return write
 
     def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
-        """The handler of `point` for `len(ablations)` stacked copies of a batch (copy i with ablations[i]'s heads
-        replaced), and the layers it edits."""
+        """The handler of `point` for stacked copies of a batch (copy i: ablations[i] replaced), and the layers it
+        edits."""
         copies, by_layer = len(ablations), heads_by_layer(ablations)
         masks: dict[tuple[int, torch.device], Tensor] = {}  # made once per layer on the heads' device
 
@@ -173,8 +173,7 @@ class ZeroAblation(AblationMethod):
 
 
 class ValueIntervention(AblationMethod):
-    """Made with one finite number, its `parameter`, which `probe steer --values` sets; at `zero` it is zero
-    ablation."""
+    """Made with one finite number, its `parameter` (`probe steer --values`); at `zero` it is zero ablation."""
 
     per_copy = True  # it changes each stacked copy's own values
     parameter = "value"
@@ -288,8 +287,7 @@ class MeanAblation(StatisticAblation):
 
 @register_method
 class NoiseAblation(StatisticAblation):
-    """The head's mean output plus seeded Gaussian noise of its standard deviation (Meng et al. 2022's corruption,
-    per head); the noise is fixed by seed, layer and batch index."""
+    """The head's mean output plus Gaussian noise of its std (Meng et al. 2022), seeded by seed, layer and batch."""
 
     name = "noise"
     summary = "set the head's output to its mean plus seeded Gaussian noise of its standard deviation"
@@ -322,8 +320,7 @@ class NoiseAblation(StatisticAblation):
 
 
 class PatchAblation(AblationMethod):
-    """Activation patching: each ablated head's output replaced by its output on the same row of a source run. Not in
-    METHODS: it needs a source run (`probe patch`)."""
+    """Activation patching: a head's output taken from the same row of a source run (not in METHODS: `probe patch`)."""
 
     name = "patch"
     summary = "set the head's output to its output on the same row of a source run (activation patching)"
@@ -334,8 +331,7 @@ class PatchAblation(AblationMethod):
     positions_axis: ClassVar[int] = 1  # of what it patches: heads (batch, positions, n_heads, head_dim)
 
     def __init__(self, source: HeadOutputs, position: int | None = None) -> None:
-        """`position`: patch that position alone (None: every position); the other positions keep each stacked
-        copy's own values, so that the replacement is per copy."""
+        """`position`: patch that position alone (None: every one); the others keep each copy's own values."""
         self.source, self.position = source, position
         self.per_copy = position is not None  # type: ignore[misc]
 
@@ -367,8 +363,7 @@ class PatchAblation(AblationMethod):
 
 
 class InputPatch(PatchAblation):
-    """Activation patching of a head's query, key or value (after rotary); a key or value patches the query heads'
-    key/value groups, so it changes every query head of those groups."""
+    """Patching a head's query, key or value; a key or value patches every query head of its key/value group."""
 
     point = "inputs"
     positions_axis = 2  # queries (batch, heads, positions, head_dim), keys and values per key/value head
@@ -379,8 +374,8 @@ class InputPatch(PatchAblation):
         return head_inputs(loaded, source, cls.component, batch_size=batch_size)
 
     def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
-        """An `inputs` handler for `len(ablations)` stacked copies of a batch: copy i has the `component` of
-        ablations[i]'s heads replaced (a key or value: of their key/value groups); and the layers it edits."""
+        """An `inputs` handler for stacked copies (a key or value: of the heads' key/value groups), and the layers it
+        edits."""
         copies, by_layer = len(ablations), heads_by_layer(ablations)
 
         def edit(inputs: AttentionInputs, ctx: HookContext) -> AttentionInputs:
@@ -418,8 +413,7 @@ PATCHES: dict[str, type[PatchAblation]] = {"output": PatchAblation, "query": Que
 
 def patch_method(loaded: LoadedModel, source: ProbeSet, component: str = "output", *,
                  batch_size: int = 8) -> PatchAblation:
-    """The patching method of `component` (a key of PATCHES), holding the source run's values, batch by batch;
-    `at(position)` of it patches one position."""
+    """The patching method of `component` (of PATCHES), holding the source run's values; `at(position)` for one."""
     chosen = patch_class(component)
     return chosen(chosen.collect(loaded, source, batch_size))
 
@@ -572,8 +566,7 @@ def method_class(method: str | AblationMethod) -> type[AblationMethod]:
 def build_method(method: str | AblationMethod, loaded: LoadedModel, reference: ProbeSet, *,
                  statistics: HeadStatistics | None = None, per_position: bool = False, seed: int = 0,
                  batch_size: int = 8, value: float | None = None) -> AblationMethod:
-    """The method object: given as one, or built by name with what it declares it needs. Statistics not given are
-    taken over `reference` (per position with `per_position`); `value` is its `parameter` (scale's alpha)."""
+    """The method given, or built by name with what it declares (statistics taken over `reference` if not given)."""
     if isinstance(method, AblationMethod):
         return method
     chosen = method_class(method)

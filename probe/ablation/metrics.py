@@ -60,13 +60,11 @@ class Metric:
         raise NotImplementedError
 
     def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
-        """(batch, positions - shift) values of one copy; output (batch, positions, features). A chunkable metric's
-        are its token values at every position."""
+        """(batch, positions - shift) values of one copy; a chunkable metric's are its token values."""
         return self.token_values(output[:, :-1].float(), ids[:, 1:].to(output.device))
 
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
-        """(loss, figures) from (rows,) per-sequence sums, for metrics that are not a mean over positions (None:
-        the loss is the sums over the counts)."""
+        """(loss, figures) from (rows,) per-sequence sums (None: the loss is the sums over the counts)."""
         return None
 
     def signs(self, rows: int) -> Tensor | None:
@@ -141,8 +139,7 @@ class TaskMargin(CrossEntropy):
 
 @register_metric
 class KLDivergence(Metric):
-    """KL(p_unablated || p_ablated) of the next-token distributions: how far the ablation moves what the model
-    predicts, whichever token comes (the KL-to-the-clean-model measure of Conmy et al. 2023, ACDC)."""
+    """KL(p_unablated || p_ablated) of the next-token distributions (Conmy et al. 2023, ACDC)."""
 
     name = "kl"
     description = ("mean over predicted positions of KL(p_unablated || p_ablated) of the next-token distributions; "
@@ -247,8 +244,7 @@ def target_words(loaded: LoadedModel, path: str | Path) -> TargetWords:
 
 
 class ClassMetric(Metric):
-    """A sequence classifier's metric: one value per class of each row, `(batch, classes)`, of which the set's
-    `scored` counts the gold class (a labelled set, probe.inputs.labels)."""
+    """A sequence classifier's metric: (batch, classes) values, of which the set's `scored` counts the gold class."""
 
     shift = 0
     applies = ("labels",)
@@ -270,8 +266,7 @@ class ClassCrossEntropy(ClassMetric):
 
 @register_metric
 class Accuracy(ClassMetric):
-    """1 - accuracy: each class's value is 1 where it is not the top class, so the gold class's value is the row's
-    error (ties go to the first class, as argmax breaks them)."""
+    """1 - accuracy: 1 for every class but the top one (argmax's first on ties), so the gold class's is the error."""
 
     name = "accuracy"
     description = ("1 - accuracy on labelled texts (the share whose top class is not the gold one); delta > 0: the "
@@ -340,8 +335,7 @@ def has_logits(loaded: LoadedModel, output: Any) -> bool:
 
 
 def input_kind(loaded: LoadedModel, probe_set: ProbeSet) -> str:
-    """Which of KINDS the model and probe set are: labelled texts, a task set, a causal LM on text, or outputs
-    alone. A classifier reads labelled texts only: on other input, one line."""
+    """Which of KINDS the model and probe set are; a classifier on anything but labelled texts is refused."""
     layout = probe_set.meta.get("layout")
     if layout in (LABELS_LAYOUT, CLASS_CONTRAST_LAYOUT):
         return "labels" if layout == LABELS_LAYOUT else "class_contrast"
@@ -357,8 +351,7 @@ def input_kind(loaded: LoadedModel, probe_set: ProbeSet) -> str:
 
 
 def choose_metric(loaded: LoadedModel, probe_set: ProbeSet, metric: str | Metric | None = None) -> Metric:
-    """The metric of a sweep, a pruning run or an estimate: the one named (of METRICS) or given, checked against the
-    input kind it applies to; None: the metric that declares itself the default for this kind."""
+    """The metric named or given, checked against the input's kind; None: the kind's default metric."""
     kind = input_kind(loaded, probe_set)
     if metric is None:
         return next(candidate for candidate in METRICS.values() if kind in candidate.default_for)

@@ -1,5 +1,4 @@
-"""The plan of a sweep: the probe set in batches, ablations in chunks (stacked copies of one start block), how many
-copies to stack, and which process runs which chunk."""
+"""The plan of a sweep: batches, chunks of ablations (one start block each), copies to stack, chunks per process."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def check_probe_set(probe_set: ProbeSet) -> None:
 
 
 def check_sources(probe_set: ProbeSet, method: type[AblationMethod]) -> None:
-    """A probe set whose encoder reads its own sources runs no method that reads other sequences' values (mean,
-    resample): those are the target's positions, not the encoder's."""
+    """A probe set whose encoder reads its own sources runs no method that reads other sequences' values."""
     if probe_set.source_ids is not None and method.across_sequences:
         usable = [name for name, entry in METHODS.items() if not entry.across_sequences]
         raise ProbeError(f"source/target pairs are swept with method {' or '.join(usable)}, not {method.name}: their "
@@ -81,8 +79,7 @@ def default_stack(model: nn.Module, inputs: Sequence[Tensor], vocab_size: int, c
 
 
 def assign_chunks(costs: Sequence[float], world_size: int) -> list[int]:
-    """The rank of each chunk: largest first, each to the least-loaded rank; deterministic, so every process computes
-    the same split without talking."""
+    """The rank of each chunk, largest first to the least-loaded rank: every process computes the same split."""
     if world_size < 1:
         raise ProbeError(f"world size must be at least 1, got {world_size}")
     load = [0.0] * world_size

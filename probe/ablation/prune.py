@@ -87,8 +87,7 @@ class PruneCurve(Payload):
            columns=columns({"ordering": Field("string", "the curve's ordering"),
                             "seed": Field(("integer", "null"), "a random ordering's seed")}, PruneStep))
 class PruneResult(Payload):
-    """Pruning curves (Michel et al. 2019): per ordering, the loss after each step with every pruned head ablated
-    together; `to_dict()` is the JSON of `probe prune --json`."""
+    """Pruning curves: per ordering, the loss after each step with every pruned head ablated together."""
 
     model: str = schema_field(MODEL)
     metric: str = schema_field("the metric")
@@ -163,15 +162,13 @@ class _Evaluator:
 
 
 def graded(metric: Metric) -> Metric:
-    """The metric whose gradient Michel importance takes: the metric, or the one standing in for a metric without a
-    gradient (accuracy: the cross-entropy, as Michel et al. 2019 take it)."""
+    """The metric Michel importance differentiates: the metric, or its `surrogate` where it has no gradient."""
     return metric if metric.surrogate is None else METRICS[metric.surrogate]
 
 
 def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int, n_heads: int,
                     index: int) -> Tensor:
-    """(batch, n_layers, n_heads) dL_x/dxi_h of each sequence x of batch `index`: <dL_x/dz_h, z_h> over positions,
-    with L_x the sequence's mean metric and the `pruned` heads ablated."""
+    """(batch, n_layers, n_heads) dL_x/dxi_h per sequence of batch `index`, the `pruned` heads ablated."""
     runner = evaluator.runner
     batch = runner.batches[index]
     outputs: dict[int, Tensor] = {}
@@ -201,8 +198,7 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
 
 def importance(evaluator: _Evaluator, units: Sequence[Unit], pruned: Sequence[Head], shape: tuple[int, int]
                ) -> dict[Unit, float]:
-    """Michel et al. 2019 importance of each unit: E_x |sum over its heads of dL_x/dxi_h|, normalised by the l2 norm
-    of its layer's units (see the module docstring)."""
+    """Michel et al. 2019 importance of each unit, normalised by the l2 norm of its layer's units."""
     raw = torch.zeros(len(units), dtype=torch.float64)
     n_seqs = 0
     for index in range(len(evaluator.runner.batches)):
@@ -223,8 +219,7 @@ def _mask(pruned: set[Head], n_layers: int, n_heads: int) -> list[list[int]]:
 # long: one loop that picks, measures and stops; splitting it would pass its six pieces of state around
 def _curve(evaluator: _Evaluator, units: list[Unit], result: PruneResult, ordering: str, seed: int | None,
            choose: Callable[[list[Unit], list[Head]], list[Unit]], progress: Callable[[], None]) -> PruneCurve:
-    """Prune `units` in steps of `result.step` in the order `choose(remaining, pruned heads)` gives, measuring the
-    loss with every pruned head ablated, until the loss passes `result.limit` or nothing is left."""
+    """Prune `units` in steps in the order `choose` gives, until the loss passes `result.limit` or none is left."""
     per_step = max(1, math.ceil(result.step * len(units) - 1e-9))
     remaining, pruned = list(units), list[Head]()
     steps = [PruneStep(0, 0, 0, 0.0, result.baseline_loss, 0.0, [])]

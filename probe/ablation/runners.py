@@ -44,8 +44,7 @@ class Batch:
 
 
 def batch_contexts(probe_set: ProbeSet, batch_size: int) -> list[BatchContext]:
-    """What a method sees of each batch of `probe_set.batches(batch_size)` (`ctx.batch`): one place for every
-    caller that binds a method (the sweep, pruning, self-repair, patching)."""
+    """What a method sees of each batch of `probe_set.batches(batch_size)` (`ctx.batch`), for every caller."""
     contexts, first = [], 0
     for index, (ids, mask) in enumerate(probe_set.batches(batch_size)):
         contexts.append(BatchContext.of(ids, mask, index, first))
@@ -103,8 +102,7 @@ class NaiveRunner:
 
 
 class PrefixRunner:
-    """Ablated runs that start at the ablated layer's block, from the baseline's kept block outputs; falls back to
-    `naive` (and says why in `path`) where the model cannot be run that way or the check fails."""
+    """Ablated runs from the baseline's kept block outputs; falls back to `naive` (saying why in `path`)."""
 
     def __init__(self, naive: NaiveRunner, blocks: Blocks, ablations: list[Ablation], tokens: int,
                  checked: bool = False) -> None:
@@ -221,8 +219,7 @@ class PrefixRunner:
         return ""
 
     def reproduces(self, index: int, expected: Tensor) -> str:
-        """'' if short-circuiting the blocks before the last one reproduces the baseline's metric sums `expected` on
-        batch `index`: a check of the prefix reuse that costs one block and the unembedding, not a full forward."""
+        """'' if short-circuiting the blocks before the last reproduces the baseline's sums on batch `index`."""
         batch = self.batches[index]
         if batch.kept is None:
             return "no block outputs kept"
@@ -240,8 +237,7 @@ Runner = NaiveRunner | PrefixRunner
 
 
 def require_finite_baseline(runner: Runner, loss: float) -> None:
-    """Refuse a baseline the model's own forward made NaN or infinite (float16 overflowing: probe.overflow), and
-    the unablated outputs a comparing metric measures against: every ablated run would be measured against NaN."""
+    """Refuse a NaN or infinite baseline (probe.overflow): every ablated run would be measured against it."""
     references = [batch.reference for batch in runner.batches if isinstance(batch.reference, Tensor)]
     finite = math.isfinite(loss)
     if finite and references:

@@ -1,5 +1,4 @@
-"""The results stream: a JSON-lines file, a header line then one line per finished ablation, appended and flushed
-as each finishes, so an interrupted sweep loses nothing finished and `resume=True` continues from it."""
+"""The results stream: a header line then one line per finished ablation, flushed as each finishes, for `resume`."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ RESULTS_FORMAT = 1
 
 
 def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: str) -> str:
-    """What makes two sweeps' numbers comparable: model, data, method (and what it depends on), metric. Not the
-    heads, not timing."""
+    """What makes two sweeps' numbers comparable: model, data, method (and what it depends on), metric."""
     digest = hashlib.sha256()
     digest.update(json.dumps([loaded.name, method.name, metric, probe_set.offset, probe_set.repeat_len]).encode())
     digest.update(probe_set.input_ids.cpu().contiguous().numpy().tobytes())
@@ -169,8 +167,7 @@ def _difference(old: dict[str, Any], header: dict[str, Any]) -> str | None:
 
 
 def check_same_sweep(path: Path, identity: dict[str, Any]) -> None:
-    """Before any work: a results file to continue holds a sweep of this model, dtype and probe set (`identity`:
-    the header's model, model_sha256, dtype and probe_set), else one line saying which differs."""
+    """Before any work: a results file to continue holds a sweep of this model, dtype and probe set, else one line."""
     if path.is_file() and path.stat().st_size > 0:
         _refuse_another(path, read_results(path)[0], identity)
 

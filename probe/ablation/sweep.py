@@ -87,8 +87,7 @@ def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequen
 
 def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
             batch_size: int, ablations: list[Ablation]) -> tuple[Runner, Callable[[int], int]]:
-    """The runner of this sweep (prefix reuse where the model has a block list) and the cost of a run from a start
-    block, in the units progress counts (WORK_UNITS a full forward)."""
+    """The runner of this sweep (prefix reuse where the model has a block list) and a run's cost by start block."""
     model = loaded.model
     scorer = Scorer(metric, parts_of(probe_set))
     layers = attention_layers(model)
@@ -146,8 +145,7 @@ def _baseline(runner: Runner, work: _Work, cost: Callable[[int], int], tokenizer
 
 def baseline_metric(loaded: LoadedModel, probe_set: ProbeSet, *, metric: str | Metric | None = None,
                     batch_size: int = 8) -> tuple[float, dict[str, float] | None]:
-    """The unablated model's metric over a probe set, as a sweep's baseline measures it (and a task set's margin
-    and accuracy): one forward per batch."""
+    """The unablated model's metric over a probe set as a sweep's baseline measures it (and a task's figures)."""
     chosen = choose_metric(loaded, probe_set, metric)
     runner, cost = _runner(loaded, probe_set, "naive", method_named("zero"), chosen, batch_size, [])
     base = _baseline(runner, _Work(0, None), cost, loaded.tokenizer)
@@ -180,8 +178,7 @@ def _check_resume(loaded: LoadedModel, probe_set: ProbeSet, results_path: str | 
 
 def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_size: int,
           shard: tuple[int, int] | None, cost: Callable[[int], int]) -> list[list[Ablation]]:
-    """The chunks this process runs: ablations of one start block, `stack` copies at most (default: as many as
-    fit), and under `shard=(rank, world)` this rank's share of exactly the chunks one process would run."""
+    """The chunks this process runs: ablations of one start block, `stack` copies at most, this shard's share."""
     if not isinstance(runner, PrefixRunner) or runner.reason is not None:
         stack = 1
     elif stack is None:
@@ -202,8 +199,7 @@ def _logits_bytes() -> int:
 
 def _run(runner: Runner, todo: list[list[Ablation]], work: _Work, cost: Callable[[int], int],
          finish: Callable[[list[Ablation], Tensor, list[Tensor]], None]) -> None:
-    """Every chunk on every batch; `finish` gets the chunk, its (copies, parts + 1) sums and its per-position values
-    (copies, batch, positions') of each batch once all batches are in."""
+    """Every chunk on every batch; `finish` gets each chunk, its sums and its per-position values once all are in."""
     scorer = runner.scorer
     for chunk in todo:
         sums = torch.zeros(len(chunk), len(scorer.parts) + 1, dtype=torch.float64)  # (copies, parts + 1)

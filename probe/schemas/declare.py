@@ -54,8 +54,7 @@ class Spec:
 
 @dataclass(frozen=True)
 class Declared:
-    """One payload field as declared: its key, the attribute (a field or a `payload` property) that holds it, its
-    schema and column; `computed`: a `payload` property."""
+    """One payload field as declared: its key, the attribute holding it, its schema and column."""
 
     key: str
     attribute: str
@@ -94,8 +93,7 @@ def schema_field(description: str | Field, *, required: bool = True, key: str | 
 
 
 class Computed(property, Generic[R]):
-    """A payload field computed from the result's other fields (`payload`): a property, read as `result.name`, whose
-    declaration (`spec`) the class' payload and schema are made from."""
+    """A payload field computed from the result's other fields: a property whose `spec` the schema is made from."""
 
     spec: Spec
 
@@ -194,8 +192,7 @@ def _column(key: str, spec: Spec, field: Field) -> Field | None:
 # Declarations of a class -------------------------------------------------------------------------------------------
 
 def _declarations(cls: type) -> list[Declared]:
-    """Every payload field of `cls` (dataclass fields with a spec, and `payload` properties), in declaration
-    order."""
+    """Every payload field of `cls` (fields with a spec, and `payload` properties), in declaration order."""
     hints = typing.get_type_hints(cls)
     found: list[tuple[int, Declared]] = []
     for item in dataclasses.fields(cls):
@@ -221,8 +218,7 @@ def declarations(cls: type) -> list[Declared]:
 
 
 def record_fields(cls: type) -> dict[str, Field]:
-    """A record's payload fields, as schema fields (a spread one's fields in its place: those it declares, or its
-    nested Payload's)."""
+    """A record's payload fields as schema fields (a spread one's fields in its place)."""
     out: dict[str, Field] = {}
     for item in declarations(cls):
         out.update(item.field.fields or {} if item.spec.spread else {item.key: item.field})
@@ -293,8 +289,7 @@ def to_payload(self: Any) -> dict[str, Any]:
 
 @dataclass_transform(field_specifiers=(schema_field, dataclasses.field))
 class Payload:
-    """A dataclass whose declared fields are a payload, or a nested object of one (`class Head(Payload,
-    frozen=True)`: the class is made a dataclass); `to_dict()` gives it, in declaration order."""
+    """A dataclass whose declared fields are a payload, or a nested object of one; `to_dict()` gives it."""
 
     __declared__: ClassVar[list[Declared]]
 
@@ -311,8 +306,8 @@ class Payload:
 def published(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],
               column_patterns: Mapping[str, Field] | None = None,
               sections: Mapping[str, Field] | None = None) -> Callable[[type[T]], type[T]]:
-    """A Payload class that is a published kind `name`, `version`: its payload its declared fields, `rows` and
-    `columns` one row of its `to_frame()`; `sections`: fields the command adds beside the result's own."""
+    """A Payload class that is the published kind `name`, `version`; `sections`: fields a command adds beside its
+    own."""
 
     def declare(cls: type[T]) -> type[T]:
         fields = {**record_fields(cls), **(sections or {})}
