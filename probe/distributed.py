@@ -267,8 +267,7 @@ def _remove_stale_shards(results_path: Path, world_size: int) -> None:
 
 
 def _gathered(result: AblationResult, ablations: list[Any]) -> tuple[dict[Any, HeadResult], set[str]]:
-    """Every process's results, merged (the first of each ablation), and the paths they took; checks that all
-    processes computed the same baseline and that no ablation is missing."""
+    """Every process's results merged, and their paths; refuses differing baselines and missing ablations."""
     gathered = gather((result.baseline_loss, result.baseline_parts, result.path,
                         [entry.to_dict() for entry in result.results]))
     baselines = {(baseline, json.dumps(parts, sort_keys=True)) for baseline, parts, _, _ in gathered}

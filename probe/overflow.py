@@ -22,8 +22,7 @@ class NotFiniteError(ProbeError):
 
 
 def _has_non_finite(value: Any, bad: Callable[[Tensor], Tensor] = lambda t: ~torch.isfinite(t)) -> bool:
-    """Whether a module's output (a tensor, or tensors inside a tuple, list, dict or model output) holds a value
-    `bad` marks: a NaN or an infinity by default."""
+    """Whether a module's output (tensors anywhere inside it) holds a value `bad` marks (NaN or infinity by default)."""
     if isinstance(value, Tensor):
         return value.is_floating_point() and bool(bad(value).any())
     if isinstance(value, dict):
@@ -74,8 +73,7 @@ def _site(model: nn.Module, runs: Iterable[Callable[[], Any]]) -> str | None:
 
 def not_finite(what: str, model: nn.Module, runs: Iterable[Callable[[], Any]] = (), *,
                site: str | None = None) -> NotFiniteError:
-    """The refusal of a baseline `what` that is not finite: where the model's forward first was not (`site`, else
-    the first of `runs` that shows it), and what to do, for the model's dtype."""
+    """The refusal of a baseline that is not finite: where the forward first was not, and what to do for its dtype."""
     site = site or _site(model, runs)
     dtype = module_dtype(model)
     where = f" (first in {site})" if site is not None else ""

@@ -21,8 +21,7 @@ MOVERS = 15  # largest differences listed
 
 
 def align(a: HeadMap, b: HeadMap, *, group: str | None = None, expand: bool = False) -> tuple[HeadMap, HeadMap, str]:
-    """`a` and `b` over the same heads, and what was converted ("" where nothing was): a query-head map against a
-    KV-head map needs `group` (query -> KV) or `expand` (KV -> query)."""
+    """`a` and `b` over the same heads, and what was converted; query against KV heads needs `group` or `expand`."""
     if group is not None and expand:
         raise ProbeError("group and expand are two ways of one conversion: give one of them", parameter="group")
     if a.n_layers != b.n_layers:
@@ -98,8 +97,7 @@ DIFFERENCE, RANKS = "difference", "ranks"
 
 
 def measure(a: HeadMap, b: HeadMap, same_kind: bool) -> str:
-    """DIFFERENCE where both formats declare the same quantity, or the caller declares it (`same_kind`) for maps
-    that do not say; RANKS otherwise. Declaring two declared, different quantities the same is refused."""
+    """DIFFERENCE where both declare the same quantity (or `same_kind` for maps that do not say), else RANKS."""
     if a.same_kind(b):
         return DIFFERENCE
     if not same_kind:
@@ -112,8 +110,7 @@ def measure(a: HeadMap, b: HeadMap, same_kind: bool) -> str:
 
 def compare(a: HeadMap, b: HeadMap, *, top_k: int = TOP_K, group: str | None = None, expand: bool = False,
             threshold: tuple[float, float] | None = None, movers: int = MOVERS, same_kind: bool = False) -> Comparison:
-    """Compare two head maps head by head after an explicit conversion where their conventions differ: b - a
-    where they hold the same kind of score (`measure`), their ranks otherwise."""
+    """Compare two head maps head by head: b - a where they hold the same kind of score (`measure`), ranks otherwise."""
     if top_k < 1:
         raise ProbeError(f"top_k must be at least 1, got {top_k}", parameter="top_k")
     how = measure(a, b, same_kind)
@@ -252,8 +249,7 @@ class Comparison(Payload):
 
     @payload("every head, layer by layer", items=Field("object", "a head", fields=COMPARE_ROW))
     def rows(self) -> list[dict[str, Any]]:
-        """One row per head: layer, head, a, b, difference (None unless the maps are of one kind), each map's rank
-        (1: largest), rank B - rank A, and each map's label."""
+        """One row per head: its values, difference, each map's rank (1: largest), rank difference and labels."""
         rank = {}
         for name, values in (("a", self.a.values), ("b", self.b.values)):
             cells = sorted(((int(layer), int(head)) for layer, head in np.argwhere(self.valid)),
@@ -272,8 +268,7 @@ class Comparison(Payload):
 
     @property
     def difference(self) -> np.ndarray:
-        """b - a per head (NaN where either has no value), whatever the maps hold: `measure` says whether it
-        means anything."""
+        """b - a per head (NaN where either has no value): `measure` says whether it means anything."""
         return self.b.values - self.a.values
 
     def to_frame(self) -> Any:

@@ -40,8 +40,7 @@ class ContrastPair:
 
 @dataclass
 class ContrastSet:
-    """Pairs as token ids, right-padded: row i of `clean` and `corrupt` have the same length (one `mask`), and the
-    logit difference is read at `last[i]`, the last prompt position."""
+    """Pairs as token ids, right-padded, clean and corrupt of one length per row; the difference read at `last[i]`."""
 
     name: str
     description: str
@@ -119,8 +118,7 @@ def contrast_set(loaded: LoadedModel, pairs: list[ContrastPair], name: str, desc
 
 
 def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
-    """The pairs of a JSON-lines file; ProbeError naming FILE line N of a row that is malformed, whose answer or
-    distractor is not one token, or whose clean and corrupt prompts tokenize to different lengths."""
+    """The pairs of a JSON-lines file; a malformed, multi-token or unequal-length row refused naming FILE line N."""
     _needs_tokenizer(loaded, "pairs")
     pairs = []
     for where, row in json_lines(path, "pairs file", "give a .jsonl file of clean/corrupt/answer/distractor rows",
@@ -138,8 +136,8 @@ def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
 
 
 def ioi_pairs(count: int, seed: int) -> list[ContrastPair]:
-    """IOI pairs with the ABC corruption (Wang et al. 2022): ABBA and BABA alternating in the clean prompt; in the
-    corrupt one the subject's second mention is a third name, so neither name is repeated."""
+    """IOI pairs with the ABC corruption (Wang et al. 2022): the subject's second mention a third name in the corrupt
+    one."""
     rng = random.Random(seed)
     pairs = []
     for index in range(count):
@@ -165,8 +163,7 @@ CONTRAST_TASKS: dict[str, Callable[[int, int], list[ContrastPair]]] = {"ioi": io
 
 
 def contrast_task(loaded: LoadedModel, task: str, *, count: int = 32, seed: int = 0) -> ContrastSet:
-    """A generated contrast set (a name of CONTRAST_TASKS); pairs this model cannot use as they are (answer or
-    distractor not one token, clean and corrupt of different lengths) are dropped and counted."""
+    """A generated contrast set (of CONTRAST_TASKS); pairs this model cannot use are dropped and counted."""
     if task not in CONTRAST_TASKS:
         raise ProbeError(f"task {task!r} is not a contrast task: use one of {', '.join(CONTRAST_TASKS)}, or a pairs "
                          "file", parameter="task")
@@ -203,8 +200,7 @@ register_probe_set("contrast", contrast_inputs, kind="contrast", reads=("pairs",
 
 
 def logit_diff(logits: Tensor, contrast: ContrastSet, rows: Tensor | slice | None = None) -> Tensor:
-    """(pairs,) float64 logit(answer) - logit(distractor) at each pair's last prompt position. `logits` (batch,
-    positions, vocab) are those of the contrast set's rows `rows` (all by default), clean or corrupt alike."""
+    """(pairs,) float64 logit(answer) - logit(distractor) at each pair's last prompt position (rows `rows`)."""
     chosen = slice(None) if rows is None else rows
     last, answer, distractor = (value[chosen] for value in (contrast.last, contrast.answer, contrast.distractor))
     at_last = logits[torch.arange(logits.shape[0]), last.to(logits.device)].double()  # (batch, vocab)

@@ -65,8 +65,7 @@ def read_labelled(path: str | Path) -> list[LabelledText]:
 
 
 def class_count(loaded: LoadedModel, ids: Tensor, mask: Tensor | None) -> int:
-    """The number of classes, from one forward of one row: the class logits' last dimension. A model whose output
-    is not (batch, classes) has no classification head: one line."""
+    """The number of classes, from one forward of one row; a model without a classification head is refused."""
     with torch.no_grad():
         output = logits_of(run_model(loaded.model, ids[:1], None if mask is None else mask[:1]))
     if output.dim() != 2:
@@ -78,8 +77,7 @@ def class_count(loaded: LoadedModel, ids: Tensor, mask: Tensor | None) -> int:
 
 
 def class_names(loaded: LoadedModel, count: int) -> list[str]:
-    """The classes' names: the config's `id2label` (a custom model's own `id2label`) where it names `count` classes,
-    else their indices."""
+    """The classes' names: the config's `id2label` where it names `count` classes, else their indices."""
     for owner in (getattr(loaded.model, "config", None), loaded.model):
         names = getattr(owner, "id2label", None)
         if isinstance(names, dict) and len(names) == count and {int(i) for i in names} == set(range(count)):
@@ -125,8 +123,7 @@ def _pad_id(loaded: LoadedModel) -> int:
 
 
 def labelled_set(loaded: LoadedModel, rows: list[LabelledText], *, description: str = "labelled texts") -> ProbeSet:
-    """A probe set of labelled texts, right-padded, its `scored` one-hot on each row's gold class (errors name each
-    row by its `where`, else "row N")."""
+    """A probe set of labelled texts, right-padded, its `scored` one-hot on each row's gold class."""
     if not rows:
         raise ProbeError("give at least one labelled text", parameter="labels")
     rows = [row if row.where else replace(row, where=f"row {i + 1}") for i, row in enumerate(rows)]

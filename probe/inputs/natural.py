@@ -18,8 +18,7 @@ from probe.models import LoadedModel
 
 
 def _wrap(loaded: LoadedModel, chunks: Tensor) -> tuple[Tensor, int, str]:
-    """Add BOS (decoders whose tokenizer has one) or [CLS] ... [SEP] (encoders); else nothing, and position 0 plays
-    the BOS role. Returns the ids, the first content position and what starts each sequence."""
+    """Add BOS (decoders) or [CLS] ... [SEP] (encoders); returns the ids, the first content position and the start."""
     tokenizer = loaded.tokenizer
     n = chunks.shape[0]
     start_id = decoder_start(loaded.model)

@@ -46,7 +46,7 @@ class NeedleSet(ProbeSet):
 @dataclass
 class _Parts:
     """Token ids of one prompt's pieces; `key_at` the key's offset in the needle, `counted` its key tokens that
-    count (whitespace-only tokens carry nothing of the key)."""
+    count."""
 
     needle: list[int]
     question: list[int]
@@ -138,8 +138,7 @@ def _prompt(loaded: LoadedModel, length: int, depth: float, generator: torch.Gen
 
 
 def needle_set(loaded: LoadedModel, options: ProbeOptions) -> NeedleSet:
-    """Needle prompts for every (length, depth) of `options` (a NeedleOptions; a plain ProbeOptions gives one length,
-    its seq_len), `prompts` each, seeded by `options.seed`."""
+    """Needle prompts for every (length, depth) of `options`, `prompts` each, seeded by `options.seed`."""
     lengths = getattr(options, "lengths", (options.seq_len,))
     depths = getattr(options, "depths", DEFAULT_DEPTHS)
     prompts, template = getattr(options, "prompts", 1), getattr(options, "needle", DEFAULT_NEEDLE)

@@ -64,8 +64,7 @@ class ProbeSet:
         return out
 
     def sources(self, batch_size: int) -> list[Source | None]:
-        """The encoder input of each batch of `batches(batch_size)`, right padding cut; None each without sources (the
-        encoder then reads the batch itself)."""
+        """The encoder input of each batch, right padding cut; None each without sources."""
         if self.source_ids is None:
             return [None] * len(self.batches(batch_size))
         return [(ids, mask) for ids, mask in ProbeSet("source", "", self.source_ids, 0,
@@ -93,8 +92,7 @@ def real_tokens(ids: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def is_encoder(loaded: LoadedModel) -> bool:
-    """A bidirectional model (BERT-like): its attention modules are not causal. An encoder-decoder is not one: its
-    output is the decoder's, causal, next-token logits."""
+    """A bidirectional model (BERT-like); an encoder-decoder is not one (its output is the causal decoder's)."""
     if is_encoder_decoder(loaded.model):
         return False
     return not all(getattr(layer.module, "is_causal", True) for layer in attention_layers(loaded.model)

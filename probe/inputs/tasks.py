@@ -50,8 +50,7 @@ def _item(row: Any, where: str) -> TaskItem:
 
 
 def json_lines(path: str | Path, what: str, hint: str, parameter: str) -> list[tuple[str, Any]]:
-    """(where, row) of each non-empty line of a JSON-lines file, `where` naming FILE line N; ProbeError naming the
-    file and line of what cannot be read. `what` names the file ("task file"), `hint` what to give instead."""
+    """(where, row) of each non-empty line of a JSON-lines file; what cannot be read refused naming FILE line N."""
     path = Path(path)
     if not is_file(path):
         raise ProbeError(f"{what} not found: {path} ({hint})", parameter=parameter)
@@ -127,8 +126,8 @@ class SvaDraw:
 
 
 def sva_draws(count: int, seed: int) -> list[SvaDraw]:
-    """The random choices of `count` agreement items: half singular subjects, half plural; subject and attractor
-    of opposite number."""
+    """The random choices of `count` agreement items: half singular subjects; subject and attractor of opposite
+    number."""
     rng = random.Random(seed)
     draws = []
     for index in range(count):
@@ -142,15 +141,13 @@ def sva_draws(count: int, seed: int) -> list[SvaDraw]:
 
 
 def sva_items(count: int, seed: int) -> list[TaskItem]:
-    """Subject-verb agreement prompts: subject and attractor of opposite number, answer the verb that agrees with
-    the subject, distractor the one that agrees with the attractor. Half singular subjects, half plural."""
+    """Agreement prompts: answer the verb agreeing with the subject, distractor the one agreeing with the attractor."""
     return [TaskItem(draw.prompt(draw.plural), answer=draw.verb[draw.plural], distractor=draw.verb[not draw.plural])
             for draw in sva_draws(count, seed)]
 
 
 def ioi_items(count: int, seed: int) -> list[TaskItem]:
-    """IOI prompts, ABBA and BABA alternating: two names, the subject repeated; the answer is the other name (the
-    indirect object), the distractor the subject."""
+    """IOI prompts, ABBA and BABA alternating: answer the indirect object, distractor the subject."""
     rng = random.Random(seed)
     items = []
     for index in range(count):
@@ -196,8 +193,8 @@ def _rows(loaded: LoadedModel, item: TaskItem, bos: list[int]) -> list[tuple[lis
 
 
 def task_items(loaded: LoadedModel, task: str | Path, count: int, seed: int) -> tuple[list[TaskItem], str, list[str]]:
-    """The items of a task (a name of TASKS or a file), those of a file all checked, generated ones that are not
-    single tokens dropped; their source, and what was dropped."""
+    """The items of a task (of TASKS, or a file), generated ones that are not single tokens dropped; source and
+    drops."""
     if loaded.tokenizer is None:
         raise ProbeError("a task set needs the model's tokenizer (this model has none)", parameter="task")
     if str(task) in TASKS:
@@ -225,8 +222,7 @@ def task_set(loaded: LoadedModel, task: str | Path, *, count: int = 32, seed: in
 
 def items_set(loaded: LoadedModel, items: list[TaskItem], name: str, source: str,
               dropped: list[str] | None = None) -> ProbeSet:
-    """The probe set of task items (good and bad row each, `scored` marking what the metric reads); `name` and
-    `source` say what they are, `dropped` what was left out."""
+    """The probe set of task items (a good and a bad row each, `scored` marking what the metric reads)."""
     dropped = dropped or []
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None)
     bos = [bos_id] if isinstance(bos_id, int) else []

@@ -37,8 +37,7 @@ def full_heads(order: list[tuple[int, int]], retrieval: Tensor, streaming: Tenso
 
 @dataclass
 class Budget:
-    """How many KV heads stream, and why: the rule, and every point the search measured (k heads streamed in the
-    order: the loss change and the needle accuracy), none it did not."""
+    """How many KV heads stream, and why: the rule, and every point the search measured."""
 
     rule: str
     streamed: int
@@ -54,8 +53,7 @@ class Budget:
                 **({"kvpress": self.kvpress} if self.kvpress is not None else {})}
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per point the search measured (k, loss change, needle accuracy, accepted): the
-        kv-budget schema's columns. Needs pandas."""
+        """A pandas DataFrame, one row per point the search measured: the kv-budget schema's columns. Needs pandas."""
         return frame([{key: point[key] for key in ("k", "loss_change", "needle_accuracy", "accepted")}
                       for point in self.points])
 

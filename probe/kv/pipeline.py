@@ -72,16 +72,14 @@ def check_budget_choice(kvpress_ratio: float | None, fixed: tuple[float | None, 
 
 def _held_out(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int,
               seed_offset: int, window: WindowAblation) -> CurveInputs:
-    """Inputs the scores never read: natural texts `first_text` .. `first_text + texts` of the longest length and
-    needle prompts of seed `options.seed + seed_offset`."""
+    """Inputs the scores never read: natural texts of the longest length and needle prompts of another seed."""
     needles = needle_set(loaded, replace(options, seed=options.seed + seed_offset))
     n_heads, n_kv = kv_groups(loaded)
     return CurveInputs(_texts(loaded, options, data, texts, first_text).input_ids, needles, n_heads // n_kv, window)
 
 
 def _texts(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int) -> ProbeSet:
-    """Natural texts `first_text` .. `first_text + texts` of the longest length: the curve reads the first ones, the
-    budget the next, the loss order the ones after."""
+    """Natural texts `first_text` .. `first_text + texts` of the longest length, each stage reading its own."""
     natural = natural_set(loaded, data=data, seq_len=max(options.lengths) - 1, num_seqs=first_text + texts,
                           seed=options.seed)
     if natural.input_ids.shape[0] < first_text + texts:

@@ -47,8 +47,7 @@ def _budget_payload(budget: Budget | None) -> dict[str, Any] | None:
                     "needle_accuracy": Field("number", "the needle accuracy with them streamed"),
                     "accepted": Field("boolean", "whether the point is within the budget's rule")})
 class KVBudget(Payload):
-    """The budget of a KV-head map and the map's streaming heads: what an export's budget file says, beside the
-    files its consumers read (`KVHeads.budget_record()`)."""
+    """What an export's budget file says: the budget of a KV-head map and its streaming heads."""
 
     model: str = schema_field(MODEL)
     dtype: str = schema_field(DTYPE)
@@ -65,8 +64,7 @@ class KVBudget(Payload):
                                                     dump=lambda heads: [list(head) for head in heads])
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per point the budget's search measured (k, loss change, needle accuracy,
-        accepted: `Budget.to_frame()`; none without a budget). Needs pandas."""
+        """A pandas DataFrame, one row per point the budget's search measured (none without a budget). Needs pandas."""
         return frame([]) if self.budget is None else self.budget.to_frame()
 
 
@@ -139,8 +137,7 @@ class KVHeads(Payload):
         "wall time per stage", default_factory=dict)
 
     def budget_record(self) -> KVBudget:
-        """What the budget file beside an export says: the budget, the cache a streaming head keeps, and the KV
-        heads that stream, layer by layer."""
+        """The budget file beside an export: the budget, the cache a streaming head keeps, the streaming KV heads."""
         streaming = [(layer, kv) for layer in range(self.n_layers) for kv in range(self.n_kv_heads)
                      if (layer, kv) not in self.full]
         return KVBudget(self.model, self.dtype, self.sink, self.recent, self.budget, streaming)

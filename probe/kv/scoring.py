@@ -28,8 +28,8 @@ from probe.progress import ProgressArg, callback, reports
 
 @dataclass
 class NeedleRun:
-    """One teacher-forced forward of needle prompts: per prompt whether every key token was predicted, the fraction
-    that was, and (when scored) the per-head retrieval and streaming sums."""
+    """One teacher-forced forward of needle prompts: per prompt whether and how much of the key was predicted, and
+    sums."""
 
     exact: list[bool]
     token_accuracy: list[float]
@@ -82,8 +82,8 @@ def _rows(needles: NeedleSet, first: int, batch_size: int) -> tuple[Tensor, Tens
 
 
 class _Scorer:
-    """Per-layer streaming sums and the top key of each answer row, kept on the attention's device during one forward
-    (nothing is read back inside it: `fetched` copies them to the host once the forward is done)."""
+    """Per-layer streaming sums and each answer row's top key, kept on the device during one forward (`fetched`
+    after)."""
 
     def __init__(self, n_layers: int, sink: int, recent: int) -> None:
         self.streaming = partial(streaming_score, sink=sink, recent=recent)

@@ -37,8 +37,7 @@ RECOMPUTE_TOLERANCE = 1e-4  # the QK fix's recomputation of an unpatched head ag
 
 @dataclass
 class _Pass:
-    """One batch of the target run: its head outputs z (rows, positions, heads, head_dim), dLD/dz, and (query, key
-    or value patches) each layer's attention inputs."""
+    """One batch of the target run: its head outputs z, dLD/dz, and (QK fix) each layer's attention inputs."""
 
     heads: dict[int, Tensor]
     grads: dict[int, Tensor]  # times `scale`: float16's gradients of a mean over rows kept in range (scaled_gradients)
@@ -79,8 +78,7 @@ def _head_slice(value: Tensor | None, heads: list[int]) -> Tensor | None:
 
 
 def _recomputed(inputs: AttentionInputs, heads: list[int], group: int) -> Tensor:
-    """(rows, positions, len(heads), head_dim): the outputs of `heads` (all of key/value head `group`) recomputed
-    from `inputs` by eager attention."""
+    """The outputs of `heads` (all of KV head `group`) recomputed from `inputs` by eager attention."""
     out = blocked_attention(inputs.query[:, heads], inputs.key[:, group:group + 1], inputs.value[:, group:group + 1],
                             scaling=inputs.scaling, mask=_head_slice(inputs.mask, heads), causal=inputs.mask is None,
                             on_block=None, softcap=inputs.softcap,
@@ -90,8 +88,8 @@ def _recomputed(inputs: AttentionInputs, heads: list[int], group: int) -> Tensor
 
 
 def _local_change(one: _Pass, layer: int, unit: Ablation, component: str, source: Tensor) -> float:
-    """The QK fix's first-order change for one unit: its outputs recomputed with `component` from the source, their
-    change dotted with dLD/dz."""
+    """The QK fix's first-order change for one unit: outputs recomputed with the source's `component`, dotted with
+    dLD/dz."""
     inputs = one.inputs[layer]
     heads = [head for _, head in unit]
     group = heads[0] // (inputs.query.shape[1] // inputs.key.shape[1])
@@ -129,8 +127,7 @@ def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, uni
 
 
 def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_size: int) -> tuple[HeadOutputs, float]:
-    """The source run's head outputs (or attention inputs `component`) per batch and its mean logit difference, from
-    one forward per batch."""
+    """The source run's head outputs (or inputs `component`) per batch and its mean logit difference."""
     metric = choose_metric(loaded, source)
     values: list[dict[int, Tensor]] = []
     total = 0.0
@@ -151,8 +148,7 @@ def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_si
 def estimate_patches(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: Sequence[Head] | None = None, *,
                      component: str = "output", noising: bool = False, batch_size: int = 8,
                      data: str = "") -> PatchResult:
-    """Every head's patch of `component` between the clean and corrupted runs, estimated by attribution patching with
-    the QK fix; a PatchResult whose `mode` is "estimate"."""
+    """Every head's patch of `component`, estimated by attribution patching with the QK fix (`mode` "estimate")."""
     started = time.perf_counter()
     check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)

@@ -91,7 +91,7 @@ class PatchResult(Payload):
     @payload("one entry per query head patched", items="one head")
     def heads(self) -> list[PatchHead]:
         """One per query head, layer by layer: its patch effect and logit difference (a key or value patch: its
-        group's, with the group's kv_head)."""
+        group's)."""
         group, per_group = self.n_heads // max(self.n_kv_heads, 1), patch_class(self.component).per_kv_group
         rows = [PatchHead(layer, head, entry.patch_effect, None if self.dla is None else self.dla[layer][head],
                           entry.logit_diff, self.classes.get((layer, head), []) if self.classes else None,
@@ -121,8 +121,7 @@ class PatchResult(Payload):
                         for head in range(self.n_heads)}
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per query head patched: layer, head, name, patch effect, DLA, logit difference
-        (classes comma-separated; kv_head for a key or value patch): the patch schema's columns. Needs pandas."""
+        """A pandas DataFrame, one row per query head patched: the patch schema's columns. Needs pandas."""
         return frame(record_rows(self.heads, self.layer_names))
 
 
@@ -154,8 +153,8 @@ def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
 
 
 def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
-    """The by-position axis: each position's token over the rows, one where every row has the same one, else the
-    most frequent few joined by '/' (IOI prompts put different names at one position); ids without a tokenizer."""
+    """The by-position axis: each position's token over the rows (the most frequent few joined by '/' where they
+    differ)."""
     decode = (lambda token: str(token)) if loaded.tokenizer is None else (
         lambda token: loaded.tokenizer.decode([token]))
     mask = probe_set.attention_mask
@@ -249,8 +248,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
 
 
 def row_logit_diffs(metric: Metric, logits: Tensor, ids: Tensor, scored: Tensor) -> Tensor:
-    """(rows,) each row's logit difference from one forward's logits: the logit_diff metric's value at the row's
-    scored position (`scored`: the batch's rows of the probe set's `scored`, cut to the batch's length)."""
+    """(rows,) each row's logit difference at its scored position: the logit_diff metric's value."""
     values = metric.values(logits, ids, None)  # (batch, positions - 1), or a classifier's (batch, 2 x classes)
     return -(values * scored[:, :values.shape[1]].to(values.device)).sum(dim=1)
 

@@ -40,8 +40,7 @@ LOGITS = "logits"
 
 @dataclass
 class PathResult:
-    """The effect of each sender through each receiver's `component`: (senders, receivers) logit differences and
-    patch effects. The direct path has the one receiver LOGITS and the component "logits"."""
+    """The effect of each sender through each receiver's `component` (the direct path: receiver LOGITS, "logits")."""
 
     model: str
     component: str
@@ -147,8 +146,8 @@ def _check_readout(found: float, expected: float) -> None:
 
 def direct_path(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders: Sequence[Head], *,
                 batch_size: int = 8) -> PathResult:
-    """Each sender's effect straight into the logits, every other path frozen at the corrupted run (see the module
-    docstring): the direct-path patching of Wang et al. 2022 (their name movers' effect on the logits)."""
+    """Each sender's effect straight into the logits, every other path frozen at the corrupted run (Wang et al.
+    2022)."""
     check_runs(clean, corrupt)
     check_heads(attention_layers(loaded.model), list(senders))
     structure = model_structure(loaded.model)  # refuses a model without an LM head or a final norm it can find

@@ -57,8 +57,8 @@ def object_schema(fields: dict[str, Field], patterns: dict[str, Field] | None = 
 
 @dataclass(frozen=True)
 class Kind:
-    """A result kind probe writes as JSON: its name (the command's), version, the class whose payload it is
-    (`module:Class`), its top-level fields, and what one row of the class' `to_frame()` is and its columns."""
+    """A result kind probe writes as JSON: name, version, result class, top-level fields, its frame's rows and
+    columns."""
 
     name: str
     version: int
@@ -103,8 +103,8 @@ class Registry(Mapping[str, Kind]):
         self._pending: list[Kind | str] = []
 
     def add(self, entry: Kind | str) -> None:
-        """A kind, or the `module:Class` of a class that declares one; both are checked for names registered
-        twice when the registry is read."""
+        """A kind, or a declaring class' `module:Class`; names registered twice are refused when the registry is
+        read."""
         self._pending.append(entry)
 
     def _loaded(self) -> dict[str, Kind]:
