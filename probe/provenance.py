@@ -85,8 +85,7 @@ def file_facts(path: str | Path) -> dict[str, Any]:
 
 
 def tensor_hash(model: nn.Module) -> str | None:
-    """sha256 of the parameters and buffers (name, shape, dtype, bytes); None past MAX_TENSOR_HASH bytes or for
-    tensors that cannot be read (meta, offloaded)."""
+    """sha256 of the parameters and buffers; None past MAX_TENSOR_HASH bytes or for tensors that cannot be read."""
     state = model.state_dict()
     if sum(t.numel() * t.element_size() for t in state.values()) > MAX_TENSOR_HASH:
         return None
@@ -148,8 +147,7 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def provenance(loaded: LoadedModel, *, seed: int | None = None, command: str | None = None) -> dict[str, Any]:
-    """What produced a result: probe, torch, transformers, the model (resolved, hashed, dequantised or not), dtype,
-    device, the command line, the seed and the time (UTC)."""
+    """What produced a result: versions, the model (resolved, hashed), dtype, device, command line, seed, UTC time."""
     return {
         "probe": version_of(DISTRIBUTION), "torch": torch.__version__, "transformers": version_of("transformers"),
         "python": platform.python_version(), "model": model_facts(loaded), "dtype": model_dtype(loaded),

@@ -154,8 +154,7 @@ def attend(loaded: LoadedModel, probe_set: ProbeSet, chosen: dict[tuple[int, int
 
 
 def _shade(example: Example, line: Tensor) -> None:
-    """The query's weights over the CONTEXT tokens before it, and over a few tokens around its top key where that
-    lies further back (an induction head's earlier copy)."""
+    """The query's weights over the CONTEXT tokens before it, and around its top key where that lies further back."""
     example.top_key = int(line.argmax())
     example.top_weight = float(line[example.top_key])
     first = max(0, example.position - CONTEXT)

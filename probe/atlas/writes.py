@@ -16,8 +16,8 @@ PROMOTED = 6  # tokens listed per attended token
 
 
 def partners(composition: Composition, layer: int, head: int) -> tuple[list[Partner], list[Partner]]:
-    """(feeders, readers): the TOP_PARTNERS strongest earlier heads per kind (k, q, v) composing into this head, and
-    the TOP_PARTNERS strongest (later head, kind) pairs this head composes into."""
+    """(feeders, readers): the TOP_PARTNERS strongest earlier heads composing into this head, and heads it composes
+    into."""
     feeders: list[Partner] = []
     readers: list[Partner] = []
     for kind in composition.scores:

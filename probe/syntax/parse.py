@@ -33,8 +33,7 @@ def load_pipeline(name: str | None = None) -> Any:
 
 
 def prose(text: str) -> list[str]:
-    """The text's paragraphs of prose: blank-line separated, indented blocks (code, grammar rules) and lines
-    without a letter left out, each paragraph's lines joined into one."""
+    """The text's prose paragraphs, each joined into one line (indented blocks and letterless lines left out)."""
     paragraphs = []
     for block in re.split(r"\n\s*\n", text):
         lines = [line for line in block.splitlines() if not re.fullmatch(r"[\W_]+", line)]  # rules: ****, ====
@@ -45,8 +44,7 @@ def prose(text: str) -> list[str]:
 
 
 def _sentence(span: Any, where: str) -> Sentence | None:
-    """A spaCy sentence as a Sentence (whitespace tokens dropped); None when it is too short or an arc touches a
-    whitespace token."""
+    """A spaCy sentence as a Sentence; None when too short or an arc touches a whitespace token."""
     tokens = [token for token in span if not token.is_space]
     index = {token.i: position for position, token in enumerate(tokens)}
     if len(tokens) < MIN_WORDS or any(token.head.i not in index for token in tokens):
@@ -64,8 +62,7 @@ def _sentence(span: Any, where: str) -> Sentence | None:
 
 def parse_text(text: str, *, source: str = "the text", max_sentences: int | None = None,
                pipeline: str | None = None) -> list[Sentence]:
-    """Parse the prose of `text` (see `prose`) with spaCy into sentences of at least MIN_WORDS words, the first
-    `max_sentences` of them. Text with no such sentence is one ProbeError."""
+    """The first `max_sentences` sentences of at least MIN_WORDS words of `text`'s prose; none is a ProbeError."""
     nlp = load_pipeline(pipeline)
     sentences: list[Sentence] = []
     for paragraph in prose(text):

@@ -58,8 +58,7 @@ def queries(aligned: Aligned, causal: bool) -> list[tuple[int, int, str, str]]:
 
 
 def predictions(words: Tensor, query_words: list[int], causal: bool) -> Tensor:
-    """The word each head attends to most from each query word: words (layers, heads, n, n) -> (layers, heads,
-    queries); the query itself is no candidate, nor (causal) any later word."""
+    """The word each head attends to most from each query word (not itself, nor a later word where causal)."""
     n = words.shape[-1]
     query = torch.tensor(query_words)
     keys = torch.arange(n)
@@ -88,8 +87,7 @@ class RelationTally:
 
 
 class SyntaxTally:
-    """Accumulates, sentence by sentence, every head's hits per (relation, direction) and its confident
-    attention on and off arcs."""
+    """Every head's hits per (relation, direction) and confident attention, sentence by sentence."""
 
     def __init__(self, n_layers: int, n_heads: int, causal: bool, confident: float = CONFIDENT) -> None:
         self.shape, self.causal, self.confident = (n_layers, n_heads), causal, confident
@@ -98,8 +96,7 @@ class SyntaxTally:
         self.confident_mass = torch.zeros_like(self.on_arcs)
 
     def add(self, aligned: Aligned, weights: Tensor) -> Tensor | None:
-        """One sentence's token attention (layers, heads, tokens, tokens); returns the predictions of its arcs
-        (layers, heads, queries), in the order of `queries(aligned, causal)` (None: no arc)."""
+        """One sentence's token attention in; its arcs' predictions (layers, heads, queries) out (None: no arc)."""
         self._add_confident(aligned, weights)
         scored = queries(aligned, self.causal)
         if not scored:

@@ -50,8 +50,8 @@ def _token_losses(loaded: LoadedModel, probe_set: ProbeSet, positions: list[int]
 
 def icl_score(loaded: LoadedModel, *, early: int = EARLY, late: int = LATE, data: str | Path | None = None,
               num_seqs: int = ICL_SEQS, batch_size: int = 8) -> IclScore:
-    """Loss at token `late` minus loss at token `early` (BOS not counted) over up to `num_seqs` texts; None, with the
-    reason, where the model or the text is too short or has no tokenizer."""
+    """Loss at token `late` minus loss at token `early` (BOS not counted); None, with the reason, where it cannot be
+    had."""
     check_positions(early, late)
     if loaded.tokenizer is None:
         return IclScore(None, "no in-context learning score: the model has no tokenizer to read natural text")
@@ -70,8 +70,7 @@ def icl_score(loaded: LoadedModel, *, early: int = EARLY, late: int = LATE, data
 
 def probe_loss(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int = 128, num_seqs: int = 8,
                batch_size: int = 8) -> float | None:
-    """Mean next-token cross-entropy on the natural probe set, as a sweep's baseline measures it (None for a
-    model without next-token logits)."""
+    """Mean next-token cross-entropy on the natural probe set (None without next-token logits)."""
     probe_set = natural_set(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs)
     try:
         return baseline_metric(loaded, probe_set, metric="cross_entropy", batch_size=batch_size)[0]

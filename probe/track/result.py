@@ -17,8 +17,7 @@ are attention shares, 0 to 1)."""
 
 
 class CheckpointResult(Payload):
-    """One checkpoint's numbers. `heads`: classify's per-head entries ({"layer", "head", "scores"}), with "delta"
-    where heads were ablated."""
+    """One checkpoint's numbers; `heads`: classify's per-head entries, with "delta" where heads were ablated."""
 
     name: str = schema_field("its file, folder or revision")
     step: int = schema_field("its step")
@@ -61,8 +60,7 @@ def best_scores(checkpoints: list[CheckpointResult], name: str) -> list[float | 
 
 
 def _largest_step(values: list[float | None], either_way: bool = False) -> tuple[int, float] | None:
-    """(i, change) of the interval i -> i + 1 whose rise (or change, `either_way`) is largest, among intervals
-    with both values; the first of equals."""
+    """(i, change) of the interval i -> i + 1 whose rise (or change, `either_way`) is largest; the first of equals."""
     changes = [(i, b - a) for i, (a, b) in enumerate(zip(values, values[1:])) if _finite(a) and _finite(b)]
     if not changes:
         return None
@@ -90,8 +88,7 @@ def _crossing(before: CheckpointResult, after: CheckpointResult, name: str, thre
 
 def phase_changes(checkpoints: list[CheckpointResult], thresholds: dict[str, float], *,
                   min_rise: float = MIN_RISE) -> list[dict[str, Any]]:
-    """For each class, the interval where the best head's score rises most (at least `min_rise`), the heads crossing
-    the threshold there and the in-context learning score's change over it."""
+    """For each class, the interval where the best head's score rises most (at least `min_rise`), and the ICL change."""
     icl = icl_change(checkpoints)
     found = []
     for name, threshold in thresholds.items():
@@ -171,8 +168,7 @@ class TrackResult(Payload):
                 for c in self.checkpoints for e in c.heads]
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per checkpoint and head (`rows()`): checkpoint, step, loss, ICL score, layer,
-        head, name, each class's score (the track schema's columns). Needs pandas."""
+        """A pandas DataFrame, one row per checkpoint and head: the track schema's columns. Needs pandas."""
         return frame(self.rows())
 
     def __repr__(self) -> str:

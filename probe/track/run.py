@@ -33,8 +33,8 @@ class Hooks:
 
 @dataclass(frozen=True)
 class TrackOptions:
-    """What each checkpoint is scored on: classify's options, the in-context learning score's token indices, the
-    heads to ablate (none: no ablation), and the smallest rise that counts as a phase change."""
+    """What each checkpoint is scored on: classify's options, the ICL token indices, heads to ablate, the rise that
+    counts."""
 
     data: str | None = None
     seq_len: int = DEFAULT_SEQ_LEN
@@ -55,8 +55,7 @@ class TrackOptions:
 
 
 def measure(loaded: LoadedModel, checkpoint: Checkpoint, options: TrackOptions) -> CheckpointResult:
-    """One checkpoint: classify's scores of every head, the probe-text loss, the in-context learning score, and the
-    chosen heads' ablation deltas."""
+    """One checkpoint: every head's scores, the probe-text loss, the ICL score and the chosen heads' ablation deltas."""
     result = classify(loaded, data=options.data, seq_len=options.seq_len, num_seqs=options.num_seqs,
                       repeat_len=options.repeat_len, seed=options.seed, thresholds=options.thresholds,
                       scores=None if options.scores is None else list(options.scores), batch_size=options.batch_size)
@@ -78,8 +77,7 @@ def measure(loaded: LoadedModel, checkpoint: Checkpoint, options: TrackOptions) 
 
 
 def _identity(run: Run, options: TrackOptions, load_options: dict[str, Any]) -> dict[str, Any]:
-    """What makes two runs' numbers comparable (a results file is resumed only by the same): not the checkpoint
-    list, so that a run can be extended with later checkpoints."""
+    """What makes two runs' numbers comparable: not the checkpoint list, so that a run can be extended."""
     return {"kind": run.kind, "model": run.model or "", "options": options.to_dict(),
             "dtype": str(load_options.get("dtype") or "float32")}
 
