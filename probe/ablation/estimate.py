@@ -32,7 +32,7 @@ from probe.hooks.run import logits_of, run_model
 from probe.inputs import LABELS_LAYOUT, ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
-from probe.hooks.types import HookContext
+from probe.hooks.types import Handler, HookContext
 from probe.models import LoadedModel
 from probe.progress import Progress, ProgressArg, callback, reports
 from probe.provenance import model_dtype
@@ -111,21 +111,26 @@ def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: l
         step(BACKWARD_COST)
 
 
-def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Batch, terms: _Terms, n_tokens: float,
-                   samples: int, seed: int, step: Callable[[float], None], blocks: Blocks | None) -> dict[int, Any]:
-    """One forward keeping the graph from every head's output and its backwards; returns the blocks' outputs."""
-    outputs: dict[int, Tensor] = {}
-
+def keeping_graph(outputs: dict[int, Tensor]) -> Handler:
+    """A `z` handler keeping each layer's head outputs in `outputs` as tensors a backward reaches."""
     def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
         if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
             values = values.detach().requires_grad_()
         outputs[ctx.layer] = values
         return values
 
+    return capture
+
+
+def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Batch, terms: _Terms, n_tokens: float,
+                   samples: int, seed: int, step: Callable[[float], None], blocks: Blocks | None) -> dict[int, Any]:
+    """One forward keeping the graph from every head's output and its backwards; returns the blocks' outputs."""
+    outputs: dict[int, Tensor] = {}
+
     kept: dict[int, Any] = {}
     with torch.enable_grad():
         with keeping_outputs(blocks, kept) if blocks is not None else _nothing(), \
-                attention_hooks(model, {"z": capture}), readout.watching():
+                attention_hooks(model, {"z": keeping_graph(outputs)}), readout.watching():
             logits = logits_of(run_model(model, batch.ids, batch.mask))  # (batch, positions, vocab)
         readout.settle(logits.detach())
         step(GRAD_FORWARD_COST)

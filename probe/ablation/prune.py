@@ -20,7 +20,7 @@ from torch import Tensor
 
 from probe.frames import frame
 from probe.ablation.editor import ablated
-from probe.ablation.estimate import scaled_gradients
+from probe.ablation.estimate import keeping_graph, scaled_gradients
 from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
@@ -34,7 +34,6 @@ from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
-from probe.hooks.types import HookContext
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
@@ -173,15 +172,9 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
     batch = runner.batches[index]
     outputs: dict[int, Tensor] = {}
 
-    def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
-        if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
-            values = values.detach().requires_grad_()
-        outputs[ctx.layer] = values
-        return values
-
     with torch.enable_grad():
         with ablated(runner.model, [tuple(pruned)], runner.method, batch.context), \
-                attention_hooks(runner.model, {"z": capture}, batch=batch.context):
+                attention_hooks(runner.model, {"z": keeping_graph(outputs)}, batch=batch.context):
             output = logits_of(run_model(runner.model, batch.ids, batch.mask))  # (batch, positions, vocab)
         values = graded(evaluator.scorer.metric).values(output, batch.ids, batch.reference)  # (batch, positions')
         counted = batch.counted[0].to(values.device)
