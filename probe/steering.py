@@ -63,18 +63,15 @@ def steer(model: nn.Module | LoadedModel, scales: Settings, intervention: str = 
     """Heads intervened on while the `with` runs: `scales` maps heads ("23.3", "5.*", or (layer, head)) to the
     intervention's value; restored exactly on exit."""
     module = _model_of(model)
-    by_layer: dict[int, dict[int, float]] = {}
+    chosen: dict[Head, float] = {}
     for key, value in scales.items():
         value = float(value)
         if not math.isfinite(value):
             raise ProbeError(f"the value of {key} must be a finite number, got {value}", parameter="scales")
-        for layer, head in _heads_of(module, key):
-            by_layer.setdefault(layer, {})[head] = value
-    if not by_layer:
+        chosen.update(dict.fromkeys(_heads_of(module, key), value))
+    if not chosen:
         raise ProbeError("nothing to steer: give at least one head and its value", parameter="scales")
-    return Trace(module, {"z": {layer: chained([intervention_named(intervention, value).writer(head)
-                                                for head, value in values.items()])
-                                for layer, values in by_layer.items()}})
+    return Trace(module, {"z": row_writers([(None, head, value) for head, value in chosen.items()], intervention)})
 
 
 def check_values(values: Iterable[float], parameter: str = "values") -> list[float]:
@@ -249,11 +246,12 @@ def greedy(loaded: LoadedModel, ids: Tensor, max_new_tokens: int) -> list[list[i
     return new
 
 
-def row_writers(rows: Sequence[tuple[int, Head, float]], intervention: str = "scale") -> dict[int, Writer]:
-    """`z` writers for a batch whose rows each steer one head: `rows` of (row, (layer, head), value)."""
+def row_writers(rows: Sequence[tuple[int | None, Head, float]], intervention: str = "scale") -> dict[int, Writer]:
+    """`z` writers steering each (row, (layer, head), value) of `rows`: that head in that row (None: every row)."""
     by_layer: dict[int, list[Writer]] = {}
     for row, (layer, head), value in rows:
-        by_layer.setdefault(layer, []).append(intervention_named(intervention, value).writer(head, rows=[row]))
+        writer = intervention_named(intervention, value).writer(head, rows=None if row is None else [row])
+        by_layer.setdefault(layer, []).append(writer)
     return {layer: chained(writers) for layer, writers in by_layer.items()}
 
 
