@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +33,8 @@ def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod
     return digest.hexdigest()[:24]
 
 
-def write_stream(path: Path, header: dict[str, Any], entries: list[HeadResult]) -> None:
-    """A results stream (header line, one line per ablation), written atomically: a temporary file, renamed."""
+def write_stream(path: Path, header: dict[str, Any], entries: Sequence[Any]) -> None:
+    """A results stream (a header line, one line per entry's `to_dict()`), written atomically."""
     lines = [json.dumps(header)] + [json.dumps(entry.to_dict()) for entry in entries]
     write_atomically(path, "\n".join(lines) + "\n")
 
@@ -120,28 +121,37 @@ def load_results(*paths: str | Path) -> AblationResult:
                           layer_names=h.get("layer_names"), dtype=h.get("dtype", "float32"))
 
 
-class Stream:
-    """Appends one JSON line per finished ablation, flushed at once, so an interruption loses nothing finished."""
+class LineStream:
+    """A stream rewritten as `header` and `entries`, then one JSON line appended per finished entry, flushed at once,
+    so an interruption loses nothing finished; `done` holds the entries by `key`."""
 
-    def __init__(self, path: Path, header: dict[str, Any], resume: bool) -> None:
-        self.path = path
-        self.done: dict[Ablation, HeadResult] = {}
-        if resume and path.exists() and path.stat().st_size > 0:
-            old, entries = read_results(path)
-            _check_resumable(path, old, header)
-            self.done = {entry.heads: entry for entry in entries}
-            write_stream(path, old, entries)  # drops a half-written last line
-        else:
-            write_stream(path, header, [])
+    def __init__(self, path: Path, header: dict[str, Any], entries: Sequence[Any], key: Callable[[Any], Any]) -> None:
+        self.path, self.key = path, key
+        write_stream(path, header, entries)  # drops a half-written last line
+        self.done = {key(entry): entry for entry in entries}
         self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open while the stream lives; close() closes it)
 
-    def write(self, result: HeadResult) -> None:
+    def write(self, result: Any) -> None:
         self.file.write(json.dumps(result.to_dict()) + "\n")
         self.file.flush()
-        self.done[result.heads] = result
+        self.done[self.key(result)] = result
 
     def close(self) -> None:
         self.file.close()
+
+
+class Stream(LineStream):
+    """The results stream of a sweep; with `resume`, continuing the one at `path` (refused if it is another)."""
+
+    done: dict[Ablation, HeadResult]
+
+    def __init__(self, path: Path, header: dict[str, Any], resume: bool) -> None:
+        entries: list[HeadResult] = []
+        if resume and path.exists() and path.stat().st_size > 0:
+            old, entries = read_results(path)
+            _check_resumable(path, old, header)
+            header = old
+        super().__init__(path, header, entries, key=lambda result: result.heads)
 
 
 def _set_name(header: dict[str, Any]) -> str:
