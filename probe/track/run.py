@@ -11,7 +11,7 @@ from typing import Any
 from probe.ablation import parse_heads, sweep
 from probe.heads.classify import classify
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, natural_set
-from probe.distributed import current, gather, process_group, rank_device, shard_path
+from probe.distributed import current, gather, process_group, rank_device, shard_path, shard_paths
 from probe.errors import ProbeError
 from probe.heads.scores import SCORES
 from probe.hooks.layers import attention_layers
@@ -150,7 +150,7 @@ def track(run: Run, options: TrackOptions | None = None, *, results_path: str | 
             _score_all(run, todo, options, stream, base, load_options, progress, Hooks(on_model, on_result))
         finally:
             stream.close()
-        for shard in _visible(results_path)[1:]:
+        for shard in shard_paths(results_path):
             shard.unlink(missing_ok=True)
         return _result(run, options, stream.done, _model_name(run), identity["dtype"])
     return _sharded(run, options, identity, results_path, resume, base, load_options, progress,
@@ -193,7 +193,5 @@ def _sharded(run: Run, options: TrackOptions, identity: dict[str, Any], results_
 
 
 def _visible(results_path: Path) -> list[Path]:
-    """The results file and any shards of it that this process sees."""
-    return [results_path, *sorted(results_path.parent.glob(f"{results_path.name}.shard-*"))]
-
-
+    """The results file and any shards of it that this process sees (probe.distributed's shard files)."""
+    return [results_path, *shard_paths(results_path)]
