@@ -30,8 +30,8 @@ __all__ = ["Rank", "assign_chunks", "current", "process_group", "rank_device", "
            "shard_paths", "sharded_sweep"]
 
 TIMEOUT = timedelta(hours=float(os.environ.get("PROBE_DIST_TIMEOUT_HOURS", "168")))
-"""How long a process waits for the others at the final gather: the slowest share of a long sweep can finish hours
-after the fastest; a process that dies is noticed by torchrun, which stops the rest."""
+"""How long a process waits for the others at the final gather (the slowest share can finish hours after the
+fastest)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,6 @@ def current() -> Rank | None:
     return Rank(rank, world, local_rank, local_world)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # where each process puts its model
 
 
@@ -131,7 +130,6 @@ def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_fold
     return remapped, folder, None
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # the process group
 
 
@@ -174,7 +172,6 @@ def gather(value: Any) -> list[Any]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # shard files
 
 
@@ -241,7 +238,6 @@ def _merged(entry_lists: Any) -> list[HeadResult]:
                     key=lambda result: result.heads)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # the sharded sweep
 
 
@@ -286,9 +282,8 @@ def _gathered(result: AblationResult, ablations: list[Any]) -> tuple[dict[Any, H
 def sharded_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
                   results_path: str | Path, resume: bool = False, groups: Sequence[Sequence[Head]] = (),
                   mode: str = "exact", **options: Any) -> AblationResult | None:
-    """Run this process's share of `sweep` under torchrun; rank 0 writes the merged stream to `results_path` and
-    returns the merged result, the others None. Alone, it is `sweep`. Every process must compute the same baseline
-    bit for bit."""
+    """This process's share of `sweep` under torchrun; rank 0 writes and returns the merged result (the others None),
+    which equals `sweep`'s run alone, bit for bit."""
     results_path = Path(results_path)
     rank = current()
     if rank is None:

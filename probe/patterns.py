@@ -61,8 +61,7 @@ class HeadWeights(Payload, frozen=True):
                     "key_token": Field("string", "the key's token"), "weight": Field("number", "the attention weight")})
 class Patterns(Payload):
     """Attention of some heads on one token sequence, rounded for a page: `values[i]` is head `heads[i]` (AVERAGE:
-    the layer's mean), queries down, keys across. `to_dict()` is the heatmap payload, `page_payload()` what pages
-    draw."""
+    the layer's mean); `to_dict()` is the heatmap payload, `page_payload()` what pages draw."""
 
     model: str = schema_field(MODEL)
     # what the model ran in: docs/precision.md says how far a half-precision run lies
@@ -148,7 +147,6 @@ class Patterns(Payload):
         return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # token strings
 
 
@@ -239,7 +237,6 @@ def text_ids(loaded: LoadedModel, text: str) -> list[int]:
     return ([bos] if isinstance(bos, int) else []) + ids
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # patterns
 
 

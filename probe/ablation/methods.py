@@ -486,9 +486,8 @@ class ResampleAblation(AblationMethod):
 
 @register_method
 class ShuffleAblation(AblationMethod):
-    """Each sequence's head output permuted over its own token positions by a seeded derangement, padding never a
-    donor: the head keeps what it wrote but loses where. Fixed by seed and row number, the same at every layer and
-    batch size."""
+    """Each sequence's head output permuted over its own positions by a seeded derangement (padding never a donor):
+    the head keeps what it wrote but loses where; the same at every layer and batch size."""
 
     name = "shuffle"
     summary = "permute the head's output over its sequence's own positions (seeded; padding never a donor)"

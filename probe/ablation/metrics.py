@@ -30,12 +30,10 @@ KINDS = {"text": "a causal LM's next-token predictions on text",
 """The kinds of input a metric can apply to, as `input_kind` tells them apart."""
 
 CONTRAST_LAYOUT = "prompt, answer, distractor"
-"""`ProbeSet.meta["layout"]` of a set whose rows are a prompt, its answer and its distractor, scored at the last
-prompt position (probe.patching.runs): the logit_diff metric reads both tokens from the row."""
+"""The layout of rows of a prompt, its answer and its distractor, scored at the last prompt position (logit_diff)."""
 
 PATCH_LAYOUTS = (CONTRAST_LAYOUT, CLASS_CONTRAST_LAYOUT)
-"""The layouts of patching's clean and corrupt runs: a language model's prompts (logit_diff) and a classifier's texts
-(class_logit_diff, probe.inputs.labels)."""
+"""The layouts of patching's runs: a language model's prompts (logit_diff), a classifier's texts (class_logit_diff)."""
 
 
 class Metric:

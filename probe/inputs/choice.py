@@ -18,9 +18,8 @@ def data_file(data: str) -> Path | None:
 
 def probe_set_name(data: str, *, labels: Path | None = None, task: str | None = None, pairs: Path | None = None,
                    seq2seq: Path | None = None, contrast: bool = False, compared: bool = False) -> str:
-    """The name in PROBE_SETS of the set these inputs choose. `contrast`: the caller measures a logit difference (a
-    task of CONTRAST_TASKS is then its pairs); `compared`: the caller runs clean and corrupt both (a labels file
-    holds pairs)."""
+    """The name in PROBE_SETS of the set these inputs choose; `contrast`: a task is its clean/corrupt pairs;
+    `compared`: a labels file holds pairs."""
     if pairs is not None or (contrast and task in CONTRAST_TASKS):
         return "contrast"
     if labels is not None:

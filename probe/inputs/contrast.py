@@ -23,9 +23,7 @@ from probe.inputs.tasks import IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, 
 
 CONTRAST_KEYS = ("clean", "corrupt", "answer", "distractor")
 MIN_GAP = 0.05
-"""Smallest |mean LD_clean - mean LD_corrupt| (logits) a normalised effect divides by. Below it the clean and corrupt
-runs barely differ in what they prefer (a 5% change in the odds of answer over distractor): the ratio would mostly
-be the noise of the difference, however large it came out."""
+"""Smallest |mean LD_clean - mean LD_corrupt| a normalised effect divides by: below it the ratio is mostly noise."""
 
 
 @dataclass(frozen=True)
@@ -131,7 +129,6 @@ def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
     return contrast_set(loaded, pairs, Path(path).stem, f"pairs file {path}, {len(pairs)} pairs")
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # generated pairs
 
 
@@ -195,7 +192,6 @@ register_probe_set("contrast", contrast_inputs, kind="contrast", reads=("pairs",
                            "generated task (ioi, sva); the metric is the logit difference at the last position")
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # the metric
 
 

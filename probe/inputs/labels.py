@@ -22,13 +22,10 @@ from probe.inputs.tasks import json_lines
 from probe.models import LoadedModel
 
 CLASS_CONTRAST_LAYOUT = "clean/corrupt texts, an answer and a distractor class"
-"""`ProbeSet.meta["layout"]` of a classifier's clean or corrupt run (probe.patching.contrast_runs): its `scored` is
-(rows, 2 x classes), the answer class in the first half and the distractor class in the second, which the
-class_logit_diff metric reads."""
+"""The layout of a classifier's clean or corrupt run: `scored` (rows, 2 x classes), answer then distractor class."""
 
 LABELS_LAYOUT = "labels"
-"""`ProbeSet.meta["layout"]` of a labelled set: its `scored` marks each row's gold class (probe.ablation.metrics
-reads the kind from it)."""
+"""The layout of a labelled set: its `scored` marks each row's gold class."""
 
 
 @dataclass(frozen=True)

@@ -202,8 +202,7 @@ class ProbeSetKind:
 
 
 PROBE_SETS: dict[str, ProbeSetKind] = {}
-"""Every probe set by name (filled by the modules of probe.inputs as they are imported): a head class names the set
-its score is computed on (Score.probe), a command the set its input is."""
+"""Every probe set by name, filled by the modules of probe.inputs as they are imported."""
 
 
 def register_probe_set(name: str, builder: ProbeSetBuilder, *, kind: str = "text", summary: str = "",

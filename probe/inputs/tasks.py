@@ -77,7 +77,6 @@ def read_task_file(path: str | Path) -> list[TaskItem]:
                                                            "task")]
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # generated tasks (word lists and templates written for probe)
 
 NOUNS = [("author", "authors"), ("pilot", "pilots"), ("surgeon", "surgeons"), ("farmer", "farmers"),
@@ -163,7 +162,6 @@ TASKS: dict[str, Callable[[int, int], list[TaskItem]]] = {"sva": sva_items, "ioi
 """Generated tasks by name: (number of items, seed) -> items. A new task is one function here."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # task set
 
 

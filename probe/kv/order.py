@@ -38,8 +38,7 @@ def stream_order(retrieval: Tensor, streaming: Tensor) -> list[tuple[int, int]]:
 
 RETRIEVAL_FLOOR = 0.1  # a KV head retrieves (for the loss order) when its retrieval score passes this
 ORDERS = ("retrieval", "loss")
-"""How KV heads are ordered for streaming: retrieval ascending (stream_order), or by the loss change each causes
-streamed alone, retrieving heads last (loss_order: one exact window-ablation sweep of every KV head)."""
+"""How KV heads are ordered for streaming: retrieval ascending (stream_order), or by the loss change (loss_order)."""
 
 
 @reports("ordering by loss")

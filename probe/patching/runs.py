@@ -61,9 +61,8 @@ def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet,
 def patch_contrast(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
                    attribution: bool = True, estimate: bool = False, batch_size: int = 8,
                    **options: Any) -> PatchResult | None:
-    """`patch_heads` between the contrast set's clean and corrupt prompts, or with `estimate` the
-    attribution-patching estimate; each head with its DLA on the clean run (`attribution`, else the reason in
-    `dla_note`)."""
+    """`patch_heads` between the contrast set's clean and corrupt prompts (or with `estimate` its estimate), each
+    head with its DLA on the clean run (`attribution`, else the reason in `dla_note`)."""
     clean, corrupt = contrast_runs(loaded, contrast)
     if estimate:
         result: PatchResult | None = estimate_patches(loaded, clean, corrupt, heads, batch_size=batch_size,

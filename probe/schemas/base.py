@@ -130,8 +130,8 @@ class Registry(Mapping[str, Kind]):
 
 
 SCHEMAS = Registry()
-"""Every published kind by name: adding one is a result class declared with probe.schemas.declare.result, listed
-in probe/schemas/kinds.py, and its run in tests/test_schemas.py."""
+"""Every published kind by name: a result class declared with probe.schemas.declare, listed in
+probe/schemas/kinds.py."""
 
 
 def register(kind: Kind | str) -> Kind | str:

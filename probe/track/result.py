@@ -12,8 +12,7 @@ from probe.schemas.common import CLASSES, DTYPE, HEAD_COLUMNS, MODEL, N_HEADS, N
 from probe.schemas.declare import Payload, payload, published, schema_field
 
 MIN_RISE = 0.1
-"""The smallest rise of the best head's score, from one checkpoint to the next, that counts as a phase change (scores
-are attention shares, 0 to 1)."""
+"""The smallest rise of the best head's score between checkpoints that counts as a phase change (scores are 0 to 1)."""
 
 
 class CheckpointResult(Payload):

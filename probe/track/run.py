@@ -129,9 +129,8 @@ def _check(options: TrackOptions) -> None:
 def track(run: Run, options: TrackOptions | None = None, *, results_path: str | Path, resume: bool = False,
           progress: ProgressArg = None, on_result: Callable[[CheckpointResult], None] | None = None,
           on_model: Callable[[LoadedModel], None] | None = None, **load_options: Any) -> TrackResult | None:
-    """Score every checkpoint of `run` and return the trajectories, each finished checkpoint appended to
-    `results_path` (`resume=True` skips those it holds). Under torchrun each process scores its share into a shard,
-    rank 0 returning the merged result (the others None)."""
+    """Score every checkpoint of `run`, each appended to `results_path` (`resume=True` skips those it holds); under
+    torchrun each process scores a share, rank 0 returning the merged result (the others None)."""
     options = options or TrackOptions()
     _check(options)
     progress = callback(progress)
