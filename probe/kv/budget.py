@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -14,6 +13,8 @@ from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
+from probe.schemas.common import DTYPE
+from probe.schemas.declare import Payload, schema_field
 from probe.kv.points import CurveInputs, measured_point
 
 
@@ -35,22 +36,17 @@ def full_heads(order: list[tuple[int, int]], retrieval: Tensor, streaming: Tenso
     return set(order[len(order) - n_full:]) if n_full else set()
 
 
-@dataclass
-class Budget:
+class Budget(Payload):
     """How many KV heads stream, and why: the rule, and every point the search measured."""
 
-    rule: str
-    streamed: int
-    total: int
-    points: list[dict[str, Any]] = field(default_factory=list)
-    measured_on: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
-    kvpress: dict[str, Any] | None = None  # a kvpress budget: the ratio asked, the head_compression_ratio to pass
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "streamed": self.streamed, "total": self.total, "points": self.points,
-                "measured_on": self.measured_on, "dtype": self.dtype,
-                **({"kvpress": self.kvpress} if self.kvpress is not None else {})}
+    rule: str = schema_field("how the budget was chosen")
+    streamed: int = schema_field("KV heads streamed")
+    total: int = schema_field("KV heads")
+    points: list[dict[str, Any]] = schema_field("every point measured", type="array", default_factory=list)
+    measured_on: dict[str, Any] = schema_field("the held-out inputs", default_factory=dict)
+    dtype: str = schema_field(DTYPE, default="float32")  # docs/precision.md: how far a half-precision run lies
+    kvpress: dict[str, Any] | None = schema_field(  # a kvpress budget: the ratio asked, the head_compression_ratio
+        "kvpress's ratio and head_compression_ratio", required=False, omit="none", default=None)
 
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per point the search measured: the kv-budget schema's columns. Needs pandas."""

@@ -35,11 +35,6 @@ class QueryHeadEntry(Payload, frozen=True):
     streaming: float = schema_field("streaming score", column="the head's streaming score")
 
 
-def _budget_payload(budget: Budget | None) -> dict[str, Any] | None:
-    """A budget as the payloads hold it (null: none)."""
-    return None if budget is None else budget.to_dict()
-
-
 @published("kv-budget", 1, "The budget file written beside a --export: how the budget was chosen, what was measured, "
            "which KV heads stream.", rows="one per point the budget's search measured",
            columns={"k": Field("integer", "KV heads streamed, first k of the order"),
@@ -54,7 +49,7 @@ class KVBudget(Payload):
     sink: int = schema_field("the streaming cache's sink keys")
     recent: int = schema_field("its recent keys")
     budget: Budget | None = schema_field("the rule, the number streamed, every point measured",
-                                         type=("object", "null"), dump=_budget_payload)
+                                         type=("object", "null"))
 
     @payload("KV heads that stream")
     def n_streaming(self) -> int:
@@ -121,7 +116,7 @@ class KVHeads(Payload):
     curve: dict[str, Any] | None = schema_field("the order's curve against random orders (null: --no-curve)",
                                                 default=None)
     budget: Budget | None = schema_field("how many KV heads stream, and every point the search measured",
-                                         type=("object", "null"), default=None, dump=_budget_payload)
+                                         type=("object", "null"), default=None)
 
     @payload("DuoAttention's full_attention_heads values, layers x KV heads", key="duo_full_attention_heads")
     def duo_values(self) -> list[list[float]]:
