@@ -39,8 +39,6 @@ from probe.provenance import model_dtype, model_facts
 MODES = ("exact", "naive", "estimate")
 
 
-
-
 @dataclass
 class _Work:
     """Progress in thousandths of a full forward of one batch (forward_costs: a run from a late block, the readout

@@ -134,9 +134,8 @@ def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: st
     units: dict[tuple[int, int], list[Head]] = {}
     for layer, head in chosen:
         size = layers[layer].n_heads // max(layers[layer].n_kv_heads, 1)
-        units.setdefault((layer, head // size), [])
-        units[(layer, head // size)] = [(layer, first) for first in range((head // size) * size,
-                                                                          (head // size + 1) * size)]
+        group = head // size
+        units[(layer, group)] = [(layer, first) for first in range(group * size, (group + 1) * size)]
     return [tuple(unit) for unit in units.values()]
 
 
@@ -148,8 +147,6 @@ def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
     if clean.input_ids.shape != corrupt.input_ids.shape or not same_scored:
         raise ProbeError(f"the clean and corrupted runs need the same rows and token lengths, got "
                          f"{tuple(clean.input_ids.shape)} and {tuple(corrupt.input_ids.shape)}", parameter="corrupt")
-
-
 
 
 def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
