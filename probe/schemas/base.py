@@ -95,28 +95,24 @@ class Kind:
 
 
 class Registry(Mapping[str, Kind]):
-    """The published kinds by name, each listed by its class' `module:Class` and imported when the registry is first
-    read, so that a result's module can import the declarations."""
+    """The published kinds by name: the classes probe/schemas/kinds.py lists (`module:Class`), imported when the
+    registry is first read, so that a result's module can import the declarations."""
 
     def __init__(self) -> None:
-        self._kinds: dict[str, Kind] = {}
-        self._pending: list[Kind | str] = []
-
-    def add(self, entry: Kind | str) -> None:
-        """A kind, or a declaring class' `module:Class`; names registered twice are refused when the registry is
-        read."""
-        self._pending.append(entry)
+        self._kinds: dict[str, Kind] | None = None
 
     def _loaded(self) -> dict[str, Kind]:
-        while self._pending:
-            entry = self._pending.pop(0)
-            if isinstance(entry, str):
-                module, name = entry.split(":")
-                entry = getattr(importlib.import_module(module), name).__kind__
-                assert isinstance(entry, Kind)
-            if entry.name in self._kinds:  # a mistake in the code, not input
-                raise ValueError(f"schema kind {entry.name!r} is registered twice")
-            self._kinds[entry.name] = entry
+        if self._kinds is None:
+            from probe.schemas.kinds import DECLARED
+
+            self._kinds = {}
+            for path in DECLARED:
+                module, name = path.split(":")
+                kind = getattr(importlib.import_module(module), name).__kind__
+                assert isinstance(kind, Kind)
+                if kind.name in self._kinds:  # a mistake in the code, not input
+                    raise ValueError(f"schema kind {kind.name!r} is registered twice")
+                self._kinds[kind.name] = kind
         return self._kinds
 
     def __getitem__(self, name: str) -> Kind:
@@ -132,12 +128,6 @@ class Registry(Mapping[str, Kind]):
 SCHEMAS = Registry()
 """Every published kind by name: a result class declared with probe.schemas.declare, listed in
 probe/schemas/kinds.py."""
-
-
-def register(kind: Kind | str) -> Kind | str:
-    """Add a kind to SCHEMAS: a `Kind`, or the `module:Class` of a result class that declares one."""
-    SCHEMAS.add(kind)
-    return kind
 
 
 def kind_of(name: str) -> Kind:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from probe.schemas.base import register
-
 DECLARED = (
     "probe.heads.classify:Classification",
     "probe.ablation.results:AblationResult",
@@ -23,6 +21,3 @@ DECLARED = (
     "probe.patterns:Patterns",
 )
 """The result classes that declare their kind (`module:Class`), imported when the registry is first read."""
-
-for _declared in DECLARED:
-    register(_declared)
