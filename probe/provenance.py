@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from probe.atomic import write_atomically
 from probe.errors import DISTRIBUTION
 from probe.models import LoadedModel, cache_root
 CHUNK = 1 << 22  # bytes read at a time when hashing a file
@@ -46,9 +47,7 @@ def _write_cache(cache: dict[str, Any]) -> None:
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1), encoding="utf-8")
-        tmp.replace(path)
+        write_atomically(path, json.dumps(cache, indent=1))
     except OSError:
         pass  # an unwritable cache only costs the hash again next time
 
