@@ -1,12 +1,8 @@
 """How the probe process hands memory back: freed buffers up to `KEPT_BYTES` stay in the C heap for the next forward.
 
-glibc returns any buffer over its mmap threshold (at most 32 MiB) to the kernel when it is freed, and the next
-forward faults the same amount in again, page by page. A forward at 1024 tokens frees hundreds of MB of such buffers
-(SmolLM2's logits alone are 200 MB), so the default `probe kv-heads` (about 100 forwards) spent 40 s of system
-time in 20 million page faults; with the buffers kept it spent 1.4 s, and its wall time went from 3:49 to 3:20, for a
-peak RSS of 1.59 instead of 1.33 GiB (bench/NOTES.md). Buffers larger than `KEPT_BYTES` (32k-token attention
-temporaries) are still returned, so a long run's peak is not held after it.
-"""
+glibc returns buffers over its mmap threshold to the kernel when freed, and the next forward faults them in again:
+the default `probe kv-heads` spent 40 s of system time in page faults, 1.4 s with the buffers kept (bench/NOTES.md).
+Larger buffers are still returned, so a long run's peak is not held after it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What can be checked before the model loads is checked before it loads: a load takes seconds (minutes from the hub),
-and a typo found after it wastes them. `Command.invoke` (cli/app.py) runs `check_before_loading` on every command's
-parameters, by name, so a new command's `--num-seqs` or `--data` is checked without doing anything. The library
-checks the same things again later (its users call it without the CLI); the messages are the library's own."""
+"""What can be checked before the model loads is checked before it loads (a load takes seconds, minutes from the
+hub): `Command.invoke` runs `check_before_loading` on every command's parameters, by name. The messages are the
+library's."""
 
 from __future__ import annotations
 
@@ -52,9 +51,7 @@ def check_before_loading(parameters: dict[str, Any]) -> None:
 
 
 def check_threshold_names(items: Any) -> None:
-    """`--threshold NAME=VALUE` items name head classes (probe.heads.scores SCORES): an unknown name (a typo) is
-    refused here, with the closest class, rather than after the model has loaded. Other values (compare's numbers)
-    pass."""
+    """`--threshold NAME=VALUE` items naming no head class are refused before loading, with the closest class."""
     from probe.heads.scores import SCORES
 
     for item in items if isinstance(items, list) else []:
@@ -73,9 +70,8 @@ def _hub_id(source: str) -> bool:
 
 
 def check_hub_reachable(spec: str) -> None:
-    """A hub model not in the local cache needs the hub: where its host does not answer within HUB_TIMEOUT, say so in
-    one line now, instead of the hub client's retries (half a minute of warnings) and then the same refusal.
-    HF_HUB_OFFLINE set: the client refuses at once itself, with its own line."""
+    """A hub model not in the local cache whose host does not answer within HUB_TIMEOUT is refused in one line now,
+    not after the hub client's retries; with HF_HUB_OFFLINE the client refuses itself."""
     source = resolve_alias(spec)
     if not _hub_id(source):
         return
@@ -102,8 +98,7 @@ def check_hub_reachable(spec: str) -> None:
 
 
 def _config(spec: str) -> dict[str, Any] | None:
-    """The model's config.json as read without loading anything (a folder's, a GGUF alias' cache, the hub cache's),
-    or None where there is none to read."""
+    """The model's config.json as read without loading anything, or None where there is none to read."""
     source = resolve_alias(spec)
     path: Any = None
     if source in ALIASES:
@@ -124,8 +119,8 @@ def _config(spec: str) -> dict[str, Any] | None:
 
 
 def check_layers(spec: str, parameters: dict[str, Any]) -> None:
-    """A layer past the model's in --heads or --layers, from its config (a plain stack of layers; an encoder-decoder
-    or a config without a layer count is left to the loaded model's own check)."""
+    """A layer past the model's in --heads or --layers, from its config (others are left to the loaded model's
+    check)."""
     named = {name: value for name in ("heads", "layers") if isinstance(value := parameters.get(name), str)}
     config = _config(spec) if named else None
     counts = [config.get(key) for key in LAYER_COUNTS] if config and not config.get("is_encoder_decoder") else []

@@ -1,5 +1,4 @@
-"""`probe circuits`: induction heads, the earlier heads whose output feeds their keys (K-composition), which of
-those are previous-token heads, and an ablation check of each pair."""
+"""`probe circuits`: induction heads, the earlier heads feeding their keys (K-composition), and an ablation check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`probe compare A B`: two head maps (probe's JSON, DuoAttention, Retrieval_Head, a TransformerLens-style tensor)
-head by head: differences, rank correlation, overlap of the top-k and of the labelled sets, side-by-side maps."""
+"""`probe compare A B`: two head maps (probe's JSON, DuoAttention, Retrieval_Head, tensors) head by head."""
 
 from __future__ import annotations
 
@@ -49,8 +48,7 @@ def _pair(values: list[str] | list[float] | None, flag: str) -> tuple[object, ob
 
 
 def _read(path: Path, score: str | None, shared: bool) -> HeadMap:
-    """The map in `path`; a score given once for both maps is for the maps that hold several (a file of one score
-    reads that one, and the report names it)."""
+    """The map in `path`; a score given once for both is for the maps that hold several."""
     try:
         return read_map(path, score)
     except ProbeError as error:

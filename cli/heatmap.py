@@ -14,7 +14,8 @@ from probe.ablation.heads import parse_layers
 from probe.hooks.layers import attention_layers
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
-from probe.patterns import read_text, text_patterns
+from probe.inputs import read_text_file
+from probe.patterns import text_patterns
 from probe.reports.files import write_json, write_text
 from probe.schemas import header
 from probe.reports.labels import precision_sentence
@@ -41,7 +42,7 @@ def heatmap(
     if html_path is None and json_path is None:
         raise ProbeError("give --html PAGE, --json FILE or both: where to write what is captured")
     check_outputs({"--html": html_path, "--json": json_path}, force=force)
-    content = read_text(file) if file is not None else text
+    content = read_text_file(file, parameter="file") if file is not None else text
     source = f"text file {file}" if file is not None else "text given with --text"
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     chosen = parse_layers(layers, attention_layers(loaded.model))

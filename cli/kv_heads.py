@@ -1,5 +1,5 @@
-"""`probe kv-heads`: retrieval and streaming scores per query head and per KV head, a full / streaming label per KV
-head, the check curve, and the head maps KV-cache compression methods load (DuoAttention, RazorAttention, HeadKV)."""
+"""`probe kv-heads`: retrieval and streaming scores per head, a full / streaming label per KV head, the check curve,
+and the head maps KV-cache compression methods load (DuoAttention, RazorAttention, HeadKV)."""
 
 from __future__ import annotations
 
@@ -70,8 +70,7 @@ def _numbers(text: str, kind: type, parameter: str) -> tuple[Any, ...]:
 
 
 def parse_exports(items: list[str]) -> dict[str, Path]:
-    """FORMAT:PATH items -> {format: path}; one line for a format probe does not write, or one given twice (the
-    second path would silently replace the first)."""
+    """FORMAT:PATH items -> {format: path}; one line for a format probe does not write, or one given twice."""
     exports: dict[str, Path] = {}
     for item in items:
         kind, sep, path = item.partition(":")
@@ -86,8 +85,8 @@ def parse_exports(items: list[str]) -> dict[str, Path]:
 
 
 def _export_files(exports: dict[str, Path]) -> dict[str, Path | None]:
-    """The files the exports write (a duo folder that does not exist yet is made with its parents, as `mkdir -p`
-    would, so its files are new; a file in the way is refused before any work)."""
+    """The files the exports write (a duo folder made as `mkdir -p` would); a file in the way is refused before any
+    work."""
     files: dict[str, Path | None] = {}
     folder = exports.get("duo")
     if folder is not None:
@@ -106,15 +105,13 @@ def _export_files(exports: dict[str, Path]) -> dict[str, Path | None]:
 
 
 def budget_file(export: Path) -> Path:
-    """Where an export's budget rule is written beside it: DIR/probe_budget.json, or FILE.budget.json (the export
-    files themselves hold exactly what their consumers read)."""
+    """Where an export's budget rule is written beside it: DIR/probe_budget.json, or FILE.budget.json."""
     return export / "probe_budget.json" if export.suffix == "" or export.is_dir() else \
         export.with_name(export.stem + ".budget.json")
 
 
 def _write_exports(exports: dict[str, Path], payload: dict[str, Any], budget: dict[str, Any]) -> None:
-    """The maps through the head-map formats' writers (probe compare reads them back); RazorAttention's, which
-    no other command reads, and each export's budget file (`budget`, the kv-budget kind's payload) here."""
+    """The maps through the head-map formats' writers, RazorAttention's here, and each export's budget file."""
     source = "probe kv-heads"
     if "duo" in exports:  # full_attention_heads.tsv and config.json (sink_size, recent_size, threshold)
         save(exports["duo"], lambda path: write_map(kv_heads_map(payload, "duo", source), path, "duo",

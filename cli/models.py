@@ -1,5 +1,4 @@
-"""`probe models`: the model aliases and whether each is installed (or, for a hub model, in the hub cache): a table
-on a terminal, a plain list of lines of at most 100 characters elsewhere (a pipe, a file)."""
+"""`probe models`: the model aliases and whether each is installed: a table on a terminal, plain lines elsewhere."""
 
 from __future__ import annotations
 
@@ -34,7 +33,7 @@ def model_rows() -> list[tuple[str, str, str, str, str]]:
 
 def plain_list(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
     """Each alias as a line of its name and whether it is installed, then its details indented, wrapped at
-    PLAIN_WIDTH: what a pipe or a log file reads without a 300-column table."""
+    PLAIN_WIDTH."""
     lines = []
     for name, installed, model, weights, install in rows:
         lines.append(f"{name}: {installed}")

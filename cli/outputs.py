@@ -1,6 +1,5 @@
-"""The files a command writes: checked before any work, written before the terminal report, strict JSON, one
-warning when a result holds numbers that are not finite, and the run's provenance in every one (set once the model is
-loaded: `record_provenance`, called by cli.options.load, so that every command gets it)."""
+"""The files a command writes: checked before any work, strict JSON, a warning for numbers that are not finite, and
+the run's provenance in every one (`record_provenance`, called by cli.options.load)."""
 
 from __future__ import annotations
 
@@ -34,8 +33,8 @@ def check_distinct(files: dict[str, Path | None]) -> None:
 
 
 def check_outputs(files: dict[str, Path | None], *, force: bool) -> None:
-    """Before any work: the outputs are distinct, and none replaces an existing file without `force`; a CSV file's
-    provenance sidecar (reports.files.provenance_path) counts as an output of its own."""
+    """Before any work: the outputs (a CSV's provenance sidecar too) are distinct, and none replaces a file without
+    `force`."""
     csv_path = files.get("--csv")
     if csv_path is not None:
         files = {**files, "--csv (its provenance)": provenance_path(csv_path)}
@@ -78,9 +77,8 @@ def remember_parameters(parameters: dict[str, Any]) -> None:
 
 
 def record_provenance(loaded: LoadedModel) -> None:
-    """Every file this command writes from now on records what produced it: the model (hashed), versions, dtype,
-    device, the command line, the seed (the command's --seed, where it has one) and the time the model was loaded.
-    Made when the first file is written: a run that writes none never hashes the model."""
+    """Every file this command writes from now on records what produced it (provenance with the command's --seed),
+    made when the first file is written: a run that writes none never hashes the model."""
     seed = _command.get("seed")
     command, loaded_at = command_line(), utc_now()
 

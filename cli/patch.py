@@ -1,8 +1,6 @@
-"""`probe patch`: activation patching of every head between clean and corrupted prompts (a generated task or a
-JSON-lines file of pairs; a classifier's text pairs with two classes, `--labels`), normalised by their logit
-differences, each head with its direct logit attribution and its classes; a table, JSON, CSV and HTML. Under
-torchrun the patches are split over the processes as a sweep's are. `--self-repair` adds each head's total and direct
-effect under ablation on the clean prompts and the heads that cover for it (rank 0 alone)."""
+"""`probe patch`: activation patching of every head between clean and corrupted prompts (or a classifier's text
+pairs), each head with its DLA and classes; split over torchrun's processes as a sweep is; `--self-repair` adds each
+head's total and direct effect under ablation."""
 
 from __future__ import annotations
 

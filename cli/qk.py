@@ -1,6 +1,5 @@
-"""`probe qk`: why a head attends where it does. Its pre-softmax scores on a probe set split into pairs of a
-query-side and a key-side residual component (embeddings, earlier heads and MLPs, biases), with each side's
-marginals, the grouped views, and the check that the pairs sum to the model's own score."""
+"""`probe qk`: why a head attends where it does: its pre-softmax scores split into pairs of query-side and key-side
+residual components, with the check that the pairs sum to the model's own score."""
 
 from __future__ import annotations
 

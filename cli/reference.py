@@ -1,6 +1,5 @@
-"""The CLI reference of the documentation site: what `probe --help` and `probe COMMAND --help` print, generated from
-the typer app (never written by hand), as Markdown. docs/_hooks/cli_reference.py puts it into the site's CLI page;
-tests/test_docs.py checks each block against the command's own `--help`."""
+"""The CLI reference of the documentation site, generated from the typer app's `--help` as Markdown
+(docs/_hooks/cli_reference.py puts it into the site)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`probe syntax`: which heads follow syntactic dependencies (Clark et al. 2019; Vig & Belinkov 2019 for causal
-models), on CoNLL-U parses or on text parsed with spaCy (the optional extra `probe-heads[syntax]`)."""
+"""`probe syntax`: which heads follow syntactic dependencies, on CoNLL-U parses or text parsed with spaCy."""
 
 from __future__ import annotations
 

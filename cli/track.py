@@ -1,7 +1,5 @@
-"""`probe track`: every head class's scores, the loss and the in-context learning score of each checkpoint of a
-training run, and the phase changes in them. Each finished checkpoint is streamed to a results file (`--results`, or
-one in probe's cache, removed when the run completes), so an interrupted run continues with `--resume`. Under
-torchrun the checkpoints are split over the processes; rank 0 writes the outputs."""
+"""`probe track`: every head class's scores, the loss and the ICL score of each checkpoint of a training run, and the
+phase changes in them, streamed to a results file (`--resume` continues); split over torchrun's processes."""
 
 from __future__ import annotations
 
@@ -49,8 +47,7 @@ def parse_positions(text: str) -> tuple[int, int]:
 
 
 def results_file(results: Path | None, key: dict[str, Any], *, resume: bool, force: bool) -> Path:
-    """--results checked (a file in a folder that exists, holding no other run unless --resume or --force), or the
-    cache file that the same command finds again with --resume."""
+    """--results checked, or the cache file the same command finds again with --resume."""
     if results is None:
         path = cached_results_path(key, folder="track", stem="run")
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,15 +1,7 @@
-"""Sharded sweeps under torchrun: split the heads of an ablation sweep over processes, GPUs and machines.
-
-probe uses the engine researchers already run: `torchrun --nproc-per-node N -m probe.cli ablate ...` (or
-`torchrun --no-python probe ablate ...`, and multi-node torchrun). Every process loads the model on its own device
-(or its own group of GPUs, with a `device_map`), computes the same unablated baseline, and runs a share of the
-sweep's forward passes: the sweep is cut into exactly the chunks (stacked ablations of one layer) that one process
-would run, and the chunks are dealt out by cost, so every number comes from the same forward as in a
-single-process sweep and the merged result equals it exactly. Each process streams its finished ablations to its
-own shard file next to the results file, so a process that dies loses only the chunks it had not finished; a resumed
-run (`resume=True`) reads every shard it can see, shares what it read with the other processes, and runs the rest.
-Rank 0 gathers the results (torch.distributed, no shared filesystem needed) and writes the one results file.
-"""
+"""Sharded sweeps under torchrun (`torchrun --nproc-per-node N -m probe.cli ablate ...`): every process loads the
+model on its own device, computes the same baseline and runs a share of the sweep's chunks, dealt out by cost, so the
+merged result equals a single-process sweep exactly. Each process streams to its own shard file; a resumed run pools
+every shard it sees. Rank 0 gathers the results (torch.distributed) and writes the one results file."""
 
 from __future__ import annotations
 
@@ -38,8 +30,8 @@ __all__ = ["Rank", "assign_chunks", "current", "process_group", "rank_device", "
            "shard_paths", "sharded_sweep"]
 
 TIMEOUT = timedelta(hours=float(os.environ.get("PROBE_DIST_TIMEOUT_HOURS", "168")))
-"""How long a process waits for the others at the final gather: the slowest share of a long sweep can finish hours
-after the fastest; a process that dies is noticed by torchrun, which stops the rest."""
+"""How long a process waits for the others at the final gather (the slowest share can finish hours after the
+fastest)."""
 
 
 @dataclass(frozen=True)
@@ -57,10 +49,7 @@ class Rank:
 
 
 def current() -> Rank | None:
-    """This process's rank from torchrun's environment (WORLD_SIZE, RANK, LOCAL_RANK), or None when run alone.
-
-    A job of one process is run alone: nothing to split.
-    """
+    """This process's rank from torchrun's environment, or None when run alone (a job of one process too)."""
     env = os.environ
     if "WORLD_SIZE" not in env or "RANK" not in env:
         return None
@@ -79,7 +68,6 @@ def current() -> Rank | None:
     return Rank(rank, world, local_rank, local_world)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # where each process puts its model
 
 
@@ -108,12 +96,8 @@ def rank_device(rank: Rank | None, device: str | None) -> str | None:
 
 def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_folder: str | Path | None
                    ) -> tuple[DeviceMap | None, Path | None, dict[int | str, int] | None]:
-    """(device map, offload folder, max_memory) for this process, so that processes on one machine do not share.
-
-    A strategy ("auto", ...) is confined to this process's group of GPUs and its share of the CPU memory; GPU
-    indices of a JSON map count within the group (0 is the group's first GPU); each process offloads to its own
-    subfolder.
-    """
+    """(device map, offload folder, max_memory) for this process: a strategy confined to its group of GPUs and share
+    of CPU memory, a JSON map's GPU indices counted within the group, an offload subfolder of its own."""
     folder = None if offload_folder is None else Path(offload_folder)
     parsed = parse_device_map(device_map)
     if rank is None or parsed is None:
@@ -146,7 +130,6 @@ def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_fold
     return remapped, folder, None
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # the process group
 
 
@@ -156,11 +139,8 @@ def _backend(device: torch.device) -> str:
 
 @contextmanager
 def process_group(device: torch.device | str | None = None) -> Iterator[Rank | None]:
-    """torch.distributed's default group for the body of the `with` (nccl for a CUDA device, else gloo).
-
-    Yields this process's Rank, or None when not under torchrun. A group that already exists is used and left
-    alone.
-    """
+    """torch.distributed's default group (nccl on CUDA, else gloo) for the `with`, yielding this Rank (None when
+    alone); a group that already exists is used and left alone."""
     rank = current()
     if rank is None:
         yield None
@@ -192,7 +172,6 @@ def gather(value: Any) -> list[Any]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # shard files
 
 
@@ -236,11 +215,8 @@ def _finished(results_path: Path) -> tuple[dict[str, Any] | None, list[HeadResul
 
 
 def _share_finished(results_path: Path, mine: Path) -> int:
-    """Before a resumed run: pool what every process can see, and start this process's shard with all of it.
-
-    Processes on other machines may see other files; after this, every shard holds every finished ablation, so
-    whichever rank now owns a finished chunk skips it. Returns how many ablations were finished.
-    """
+    """Before a resumed run: pool what every process sees into this process's shard, so that whichever rank owns a
+    finished chunk skips it. Returns how many ablations were finished."""
     header, entries, read = _finished(results_path)
     pooled = gather((header, [entry.to_dict() for entry in entries], read))
     headers = [(h, files) for h, _, files in pooled if h is not None]
@@ -262,7 +238,6 @@ def _merged(entry_lists: Any) -> list[HeadResult]:
                     key=lambda result: result.heads)
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # the sharded sweep
 
 
@@ -288,8 +263,7 @@ def _remove_stale_shards(results_path: Path, world_size: int) -> None:
 
 
 def _gathered(result: AblationResult, ablations: list[Any]) -> tuple[dict[Any, HeadResult], set[str]]:
-    """Every process's results, merged (the first of each ablation), and the paths they took; checks that all
-    processes computed the same baseline and that no ablation is missing."""
+    """Every process's results merged, and their paths; refuses differing baselines and missing ablations."""
     gathered = gather((result.baseline_loss, result.baseline_parts, result.path,
                         [entry.to_dict() for entry in result.results]))
     baselines = {(baseline, json.dumps(parts, sort_keys=True)) for baseline, parts, _, _ in gathered}
@@ -308,14 +282,8 @@ def _gathered(result: AblationResult, ablations: list[Any]) -> tuple[dict[Any, H
 def sharded_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
                   results_path: str | Path, resume: bool = False, groups: Sequence[Sequence[Head]] = (),
                   mode: str = "exact", **options: Any) -> AblationResult | None:
-    """Run this process's share of `sweep` under torchrun; rank 0 returns the merged result, the others None.
-
-    Run alone, it is `sweep(..., results_path=results_path, resume=resume)`. Under torchrun every process streams
-    to `shard_path(results_path, rank)`; at the end rank 0 writes the merged stream to `results_path` (a later
-    resumed run, alone or under torchrun, continues from it) and the shards are removed. The merged result equals
-    the single-process sweep: same chunks, same forwards, same baseline (checked: every process must compute the
-    same baseline bit for bit).
-    """
+    """This process's share of `sweep` under torchrun; rank 0 writes and returns the merged result (the others None),
+    which equals `sweep`'s run alone, bit for bit."""
     results_path = Path(results_path)
     rank = current()
     if rank is None:

@@ -1,12 +1,6 @@
-"""A model forward that stops being finite: refuse its results, saying where it first did and what to load instead.
-
-A half-precision model can overflow in its own forward: float16 ends at 65504, so a large activation or attention
-logit becomes infinite and everything after it NaN. Every number probe derives from such a forward (a loss, a logit
-difference, a head's share) is then NaN, and a table of NaN says nothing. So a baseline that is not finite is
-refused in one line: where the forward first went non-finite (found by one more forward, with a hook on every
-module, run only once the check has failed) and what to do. The check itself reads one value the caller fetches to
-the host anyway, so a CUDA forward is not made to wait.
-"""
+"""A model forward that stops being finite (float16 ends at 65504): refuse its results in one line, saying where it
+first did (found by one more forward with a hook on every module, run only after the check failed) and what to load
+instead. The check reads a value the caller fetches anyway, so a CUDA forward is not made to wait."""
 
 from __future__ import annotations
 
@@ -28,8 +22,7 @@ class NotFiniteError(ProbeError):
 
 
 def _has_non_finite(value: Any, bad: Callable[[Tensor], Tensor] = lambda t: ~torch.isfinite(t)) -> bool:
-    """Whether a module's output (a tensor, or tensors inside a tuple, list, dict or model output) holds a value
-    `bad` marks: a NaN or an infinity by default."""
+    """Whether a module's output (tensors anywhere inside it) holds a value `bad` marks (NaN or infinity by default)."""
     if isinstance(value, Tensor):
         return value.is_floating_point() and bool(bad(value).any())
     if isinstance(value, dict):
@@ -45,10 +38,8 @@ def _nan_or_positive_inf(tensor: Tensor) -> Tensor:
 
 
 def first_non_finite(model: nn.Module, run: Callable[[], Any]) -> str | None:
-    """The name of the first module, in the order modules finish, whose output holds a NaN or an infinity during
-    `run()` (a forward of `model`); None where every output is finite. A module finishes after the modules it calls,
-    so the first one to turn finite inputs into a non-finite output is the innermost around the overflow (an
-    attention module's o_proj reads the NaN its softmax made: the attention module is named, not o_proj)."""
+    """The first module, in the order modules finish, whose output holds a NaN or infinity during `run()` (the
+    innermost around the overflow); None where every output is finite."""
     names = {id(module): name or type(module).__name__ for name, module in model.named_modules()}
     found: list[str] = []
 
@@ -82,8 +73,7 @@ def _site(model: nn.Module, runs: Iterable[Callable[[], Any]]) -> str | None:
 
 def not_finite(what: str, model: nn.Module, runs: Iterable[Callable[[], Any]] = (), *,
                site: str | None = None) -> NotFiniteError:
-    """The refusal of a baseline `what` that is not finite: where the model's forward first was not (`site`, else
-    the first of `runs` that shows it), and what to do, for the model's dtype."""
+    """The refusal of a baseline that is not finite: where the forward first was not, and what to do for its dtype."""
     site = site or _site(model, runs)
     dtype = module_dtype(model)
     where = f" (first in {site})" if site is not None else ""
@@ -92,9 +82,8 @@ def not_finite(what: str, model: nn.Module, runs: Iterable[Callable[[], Any]] = 
 
 
 def overflowed(what: str, model: nn.Module, runs: Iterable[Callable[[], Any]]) -> NotFiniteError | None:
-    """The refusal of results `what` that hold NaN, where one of `runs` shows the model's own forward going
-    non-finite; None where every forward is finite (the NaN are the results' own, such as a class that does not
-    apply)."""
+    """The refusal of results `what` that hold NaN where one of `runs` shows the forward going non-finite; None where
+    every forward is finite (the NaN are the results' own)."""
     site = _site(model, runs)
     return None if site is None else not_finite(what, model, site=site)
 

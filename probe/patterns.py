@@ -1,17 +1,7 @@
-"""Attention patterns ready to draw: what the HTML reports show, computed here so that reports only render.
-
-A `Patterns` holds the full attention of some heads on one token sequence, rounded to `decimals` places and kept
-as integers (weight * 10**decimals in uint16): three decimals are below what a colour scale can show, and
-integers compress well on the page. Token strings are made visible (spaces, newlines, tabs, control characters
-and special tokens get symbols) so that axes are unambiguous; `labels` prefix each with its position so that
-repeated tokens stay distinct.
-
-Long inputs are shown as a window, never drawn whole, because a page with every head of a 30-layer model at 1024
-tokens is already ~40 MB: `max_tokens` positions (default 512, at most 1024) from `start` (default 0). The model
-runs on the whole context up to the window's end (a causal model's queries in the window see every key before it),
-its attention streamed a query block at a time with only the window's rows and columns kept; `note` says what is
-shown and how much of the window's attention goes to keys outside it, which the page does not draw.
-"""
+"""Attention patterns ready to draw: what the HTML reports show, computed here so that reports only render. Weights
+are kept as uint16 integers (weight * 10**decimals: they compress well on a page), token strings made visible. Long
+inputs are shown as a window (`max_tokens` positions from `start`), the model run on the context up to its end, its
+attention streamed a query block at a time; `note` says how much attention goes to keys outside the window."""
 
 from __future__ import annotations
 
@@ -28,7 +18,7 @@ from torch import Tensor
 
 from probe.frames import frame, head_columns, head_name
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions,
-                          build_probe_set, context_length, is_encoder, read_text_file)
+                          build_probe_set, context_length, is_encoder)
 from probe.errors import ProbeError
 from probe.heads.classify import Classification
 from probe.heads.scores import SCORES
@@ -70,13 +60,8 @@ class HeadWeights(Payload, frozen=True):
                     "query_token": Field("string", "the query's token"),
                     "key_token": Field("string", "the key's token"), "weight": Field("number", "the attention weight")})
 class Patterns(Payload):
-    """Attention of some heads on one token sequence, rounded for a page.
-
-    `values[i]` is head `heads[i]` = (layer, head) as integers weight * 10**decimals, queries down, keys across;
-    head AVERAGE (-1) is the mean over that layer's heads. With `causal`, keys after the query are masked: the
-    values there are 0 and pages leave them blank. `to_dict()` is the heatmap kind's payload (`probe heatmap
-    --json`: each head's weights as lists, the layer averages left out); `page_payload()` is what the pages draw.
-    """
+    """Attention of some heads on one token sequence, rounded for a page: `values[i]` is head `heads[i]` (AVERAGE:
+    the layer's mean); `to_dict()` is the heatmap payload, `page_payload()` what pages draw."""
 
     model: str = schema_field(MODEL)
     # what the model ran in: docs/precision.md says how far a half-precision run lies
@@ -99,8 +84,7 @@ class Patterns(Payload):
 
     @payload("each head shown", key="heads", items="a head")
     def head_weights(self) -> list[HeadWeights]:
-        """The shown heads' rounded weights (NaN, written null, where a causal model masks the key); not the page's
-        layer averages (head -1)."""
+        """The shown heads' rounded weights (NaN where a causal model masks the key), not the layer averages."""
         return [HeadWeights(layer, head, head_name(layer, head, self.layer_names),
                             np.round(self.weights(layer, head), self.decimals).tolist())
                 for layer, head in self.heads if head >= 0]
@@ -134,9 +118,7 @@ class Patterns(Payload):
         return out
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head, query and key shown (a causal pattern's keys up to its query): layer,
-        head, name, positions, tokens and the weight (the heatmap schema's columns; the layer averages left out).
-        Needs pandas."""
+        """A pandas DataFrame, one row per head, query and key shown: the heatmap schema's columns. Needs pandas."""
         rows = []
         for layer, head in (pair for pair in self.heads if pair[1] >= 0):
             weights = self.weights(layer, head)
@@ -165,13 +147,11 @@ class Patterns(Payload):
         return out
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # token strings
 
 
 def visible(text: str) -> str:
-    """Whitespace and invisible characters as symbols: '␣' space, '↵' newline, '⇥' tab, '\\x07' and '\\u200b'
-    for other control, format and separator characters; an empty token is '∅'."""
+    """Whitespace and invisible characters as symbols ('␣', '↵', '⇥', escapes); an empty token is '∅'."""
     out = []
     for char in text:
         if char in SYMBOLS:
@@ -212,8 +192,7 @@ def _partial_bytes(raw: str) -> bytes | None:
 
 
 def token_strings(loaded: LoadedModel, ids: list[int] | Tensor) -> list[str]:
-    """One visible string per token id. Special tokens are wrapped in ⟨ ⟩; a token that holds only part of a
-    UTF-8 character shows its bytes (\\xf0\\x9f); without a tokenizer a token is '#id'."""
+    """One visible string per token id: specials in ⟨ ⟩, a partial UTF-8 character as its bytes, '#id' untokenized."""
     ids = [int(i) for i in (ids.tolist() if isinstance(ids, Tensor) else ids)]
     tokenizer = loaded.tokenizer
     if tokenizer is None:
@@ -258,7 +237,6 @@ def text_ids(loaded: LoadedModel, text: str) -> list[int]:
     return ([bos] if isinstance(bos, int) else []) + ids
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # patterns
 
 
@@ -276,8 +254,7 @@ def _thumbnail(weights: Tensor) -> np.ndarray:
 
 def _window_attention(loaded: LoadedModel, ids: Tensor, layers: set[int], start: int, stop: int
                       ) -> tuple[dict[int, Tensor], float]:
-    """Each layer's (heads, w, w) attention among positions start..stop-1 of one sequence, and the mean share of
-    those queries' attention that goes to keys outside the window. Full patterns exist one query block at a time."""
+    """Each layer's (heads, w, w) attention inside the window, and the mean share going to keys outside it."""
     kept: dict[int, list[Tensor]] = {}
     outside = [0.0, 0]
 
@@ -412,13 +389,8 @@ def attention_patterns(
     start: int = 0,
     input_description: str | None = None,
 ) -> Patterns:
-    """Run the model on one sequence and keep the patterns of every head of `layers` (default all), plus each
-    layer's mean over heads when `average`; or exactly the (layer, head) pairs in `heads`.
-
-    At most `max_tokens` positions are kept, from `start`: a sequence longer than that is shown as a window, and
-    `note` says so (see the module docstring), naming the input as `input_description` (default: its length in
-    tokens).
-    """
+    """Run the model on one sequence and keep the patterns of every head of `layers` (default all), each layer's mean
+    with `average`, or exactly `heads`; at most `max_tokens` positions from `start` (a window, said in `note`)."""
     _check_options(decimals, max_tokens)
     window = _window(loaded, input_ids, start, max_tokens)
     found = attention_layers(loaded.model)
@@ -446,10 +418,8 @@ def attention_patterns(
 
 def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[int] | None = None,
                   decimals: int = DEFAULT_DECIMALS, max_tokens: int = DEFAULT_MAX_TOKENS, start: int = 0) -> Patterns:
-    """Every head's pattern (and each layer's average) on a text, a window of `max_tokens` positions from `start`
-    where it is longer: what `probe heatmap` draws.
-
-    A causal model's text of more than LARGE_TEXT characters is tokenized only as far as the window needs."""
+    """Every head's pattern (and each layer's average) on a text, windowed: what `probe heatmap` draws; a long text
+    is tokenized only as far as the window needs."""
     _check_options(decimals, max_tokens)
     if len(text) <= LARGE_TEXT or is_encoder(loaded):
         return attention_patterns(loaded, text_ids(loaded, text), source=source, layers=layers, decimals=decimals,
@@ -467,17 +437,11 @@ def text_patterns(loaded: LoadedModel, text: str, *, source: str, layers: set[in
                               max_tokens=max_tokens, start=start, input_description=described)
 
 
-def read_text(path: str | Path) -> str:
-    """A UTF-8 text file, with one clear error when it is missing, binary or empty."""
-    return read_text_file(path, parameter="file")
-
-
 def classification_patterns(loaded: LoadedModel, result: Classification, *, data: str | Path | None = None,
                             seq_len: int | None = None, repeat_len: int | None = None, seed: int | None = None,
                             decimals: int = DEFAULT_DECIMALS) -> dict[str, Patterns]:
-    """{probe set name: patterns of the heads flagged by the classes scored on it}, on the set's first sequence:
-    the input that earned the label (the repeated sequence for induction and duplicate-token heads, natural text
-    for the others). The sets are rebuilt with the options of the run, so the sequence is the one scored."""
+    """{probe set name: patterns of the heads flagged by the classes scored on it}, on the set's first sequence (the
+    set rebuilt with the run's options)."""
     wanted: dict[str, set[tuple[int, int]]] = {}
     for name in result.scores:
         probe = SCORES[name].probe if name in SCORES else "natural"

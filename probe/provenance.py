@@ -1,14 +1,6 @@
-"""Provenance: what produced a result file, so that a number can be traced back to a model, a setup and a run.
-
-`provenance(loaded, seed=..., command=...)` is the dict every JSON, CSV and HTML output of the CLI carries (added
-in one place: reports.files, when the CLI has loaded its model). The model is identified by a content hash:
-
-- files (a GGUF file, a model folder's weight files): sha256 of the files' bytes, streamed, computed once per file
-  and cached in probe's cache under the file's path, size and modification time;
-- a hub id: the hub commit transformers resolved (`revision`) names the content; no hash;
-- weights made by code (FILE.py:FUNCTION, an nn.Module given to load_model): sha256 of the parameters and buffers
-  (names, shapes, dtypes, bytes), up to MAX_TENSOR_HASH bytes of them.
-"""
+"""Provenance: what produced a result file (versions, the model and its content hash, setup, command), added to every
+CLI output in one place (reports.files). Files are hashed by their bytes (cached by path, size and mtime), a hub id
+is named by its resolved commit, weights made by code by their tensors (up to MAX_TENSOR_HASH bytes)."""
 
 from __future__ import annotations
 
@@ -26,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from probe.atomic import write_atomically
 from probe.errors import DISTRIBUTION
 from probe.models import LoadedModel, cache_root
 CHUNK = 1 << 22  # bytes read at a time when hashing a file
@@ -54,9 +47,7 @@ def _write_cache(cache: dict[str, Any]) -> None:
     path = _cache_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(cache, indent=1), encoding="utf-8")
-        tmp.replace(path)
+        write_atomically(path, json.dumps(cache, indent=1))
     except OSError:
         pass  # an unwritable cache only costs the hash again next time
 
@@ -93,8 +84,7 @@ def file_facts(path: str | Path) -> dict[str, Any]:
 
 
 def tensor_hash(model: nn.Module) -> str | None:
-    """sha256 of the parameters and buffers (name, shape, dtype, bytes); None past MAX_TENSOR_HASH bytes or for
-    tensors that cannot be read (meta, offloaded)."""
+    """sha256 of the parameters and buffers; None past MAX_TENSOR_HASH bytes or for tensors that cannot be read."""
     state = model.state_dict()
     if sum(t.numel() * t.element_size() for t in state.values()) > MAX_TENSOR_HASH:
         return None
@@ -156,8 +146,7 @@ def command_line(argv: list[str] | None = None) -> str:
 
 
 def provenance(loaded: LoadedModel, *, seed: int | None = None, command: str | None = None) -> dict[str, Any]:
-    """What produced a result: probe, torch, transformers, the model (resolved, hashed, dequantised or not), dtype,
-    device, the command line, the seed and the time (UTC)."""
+    """What produced a result: versions, the model (resolved, hashed), dtype, device, command line, seed, UTC time."""
     return {
         "probe": version_of(DISTRIBUTION), "torch": torch.__version__, "transformers": version_of("transformers"),
         "python": platform.python_version(), "model": model_facts(loaded), "dtype": model_dtype(loaded),

@@ -1,22 +1,11 @@
-"""Self-repair per head: what ablating a head costs in total, what it costs through its own direct path to the
-logits, and which later components make up the difference (McGrath et al. 2023, the Hydra effect; Rushing and Nanda
-2024; the backup name movers of Wang et al. 2022).
+"""Self-repair per head: what ablating a head costs in total, through its own direct path to the logits, and which
+later components make up the difference (McGrath et al. 2023; Rushing and Nanda 2024), read through the final norm
+frozen at the clean run.
 
-For each head, zero- or mean-ablated alone, one forward of each batch with every write into the residual stream
-recorded at the read points (probe.dla's recording), read through the final norm frozen at the CLEAN run:
-
-- total: the change of the score under the ablation, the model's own (the logit difference on a contrast set; on
-  natural text the log-likelihood of the next token, minus the loss). It is minus the sweep's delta of the same
-  ablation (the sweep measures minus the logit difference, or the loss).
-- direct: the head's own path only: its replaced output minus its clean output, through its rows of W_O, the frozen
-  norm and the unembedding, nothing downstream recomputed. Zero ablation: minus the head's DLA. On natural text the
-  change of the log-likelihood with that one change added to the clean logits.
-- self-repair = total - direct: what the rest of the model does in response (> 0: it makes up for the head).
-- compensation of a later head: its DLA under the ablation minus its clean DLA, both through the clean run's frozen
-  norm (`by_heads` sums them, `by_mlps` the MLPs', `by_norm` is what the final norm's own rescaling adds). On a
-  contrast set direct + by_heads + by_mlps + by_norm = total exactly; on natural text these are of the logit of the
-  correct next token (DLA's score there), not of the log-likelihood.
-"""
+total: the change of the score (logit difference, or the next token's log-likelihood), minus the sweep's delta;
+direct: the head's replaced output minus its clean output through W_O, the frozen norm and the unembedding alone;
+self-repair = total - direct (> 0: the rest makes up for the head), split into later heads' compensation
+(`by_heads`), the MLPs' (`by_mlps`) and the norm's rescaling (`by_norm`), which sum to it exactly on a contrast set."""
 
 from __future__ import annotations
 
@@ -107,9 +96,8 @@ def _score(targets: Targets, logits: Tensor) -> Tensor:
 def _forward(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
              edit: Writer | None, *, keep: dict[int, Any] | None = None,
              skip: dict[int, Any] | None = None) -> tuple[Recording, Tensor]:
-    """One forward, `edit` applied to the heads' outputs first, every write recorded at the read points; the
-    logits at those points. `keep`: every block's output kept there; `skip`: those blocks return the given value
-    instead of running (the clean prefix reused, as the sweep's exact path reuses it)."""
+    """One forward, `edit` applied to the heads' outputs, every write recorded at the read points; the logits there.
+    `keep`: every block's output kept; `skip`: those blocks return the given value instead of running."""
     recording = Recording(targets, per_position=False)
     positions = torch.unique(targets.positions)  # the LM head runs at these alone (the IOI prompts' last ones)
 
@@ -152,8 +140,7 @@ def _clean(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor 
 
 
 def _ablating(method: AblationMethod, layer: int, head: int, batch: BatchContext) -> Writer:
-    """A `z` writer: head `head` of `layer` replaced as the method's own writer replaces it, told the batch that
-    runs (`ctx.batch`), every other head as it was."""
+    """A `z` writer replacing head `head` of `layer` as the method's own writer does, told the batch that runs."""
     write = method.writer([head])
 
     def edit(z: Tensor, ctx: HookContext) -> Tensor:
@@ -163,8 +150,8 @@ def _ablating(method: AblationMethod, layer: int, head: int, batch: BatchContext
 
 @dataclass
 class _Prefix:
-    """Whether ablated runs start at the ablated head's block from the clean run's kept outputs: checked once
-    against a full forward (as the sweep's exact path is), full forwards from then on if it differs."""
+    """Whether ablated runs start at the head's block from the clean run's kept outputs (checked once, as the
+    sweep's)."""
 
     reuse: bool = True
     checked: bool = False
@@ -198,8 +185,7 @@ class _Prefix:
 
 
 def _direct_likelihood(structure: Structure, clean: _Clean, write: Tensor) -> Tensor:
-    """(points,) the log-likelihood change of adding `write` (points, d_model), the ablated head's change through
-    its W_O rows, to the clean stream read through the frozen norm (nothing downstream recomputed)."""
+    """(points,) log-likelihood change of adding `write` to the clean stream read through the frozen norm."""
     assert clean.logits is not None
     weight = structure.head.weight.detach()
     write = write - write.mean(dim=-1, keepdim=True) if clean.centred else write
@@ -305,9 +291,8 @@ class RepairedHead(Payload, frozen=True):
            "self_repair section).", rows="one per ablated head, largest |direct| first",
            columns=columns(HEAD_COLUMNS, RepairedHead))
 class SelfRepair(Payload):
-    """Per ablated head, means over the read points, float64 (module docstring): `total`, `direct`,
-    `self_repair` = total - direct, its parts `by_heads`, `by_mlps`, `by_norm`, and each later head's
-    `compensation` (n_layers, n_heads; the ablated head's own entry is its direct effect on the DLA score)."""
+    """Per ablated head, means over the read points (module docstring): total, direct, self_repair and its parts, and
+    each later head's compensation (n_layers, n_heads)."""
 
     model: str = schema_field(MODEL)
     source: str = schema_field("what it was measured on")
@@ -360,8 +345,7 @@ class SelfRepair(Payload):
         return self.compensation.sum(dim=(1, 2)) - own
 
     def compensating(self, index: int, count: int | None = None) -> list[tuple[int, int, float]]:
-        """The `count` other heads whose DLA moved most against the ablated head's direct effect (rose where the
-        direct effect is a loss, fell where it is a gain: a negative head's), those that moved that way at all."""
+        """The `count` other heads whose DLA moved most against the ablated head's direct effect."""
         sign = -1.0 if float(self.direct[index]) > 0 else 1.0
         toward = self.compensation[index] * sign
         toward[self.heads[index]] = float("-inf")
@@ -370,8 +354,7 @@ class SelfRepair(Payload):
         return [(*divmod(int(i), width), float(values[i])) for i in order if toward.flatten()[i] > 0]
 
     def entry(self, index: int) -> RepairedHead:
-        """One ablated head's numbers, its compensating heads, and `repaired` = self-repair / -direct (the share of
-        its direct effect the rest of the model gives back; None below REPAIR_FLOOR)."""
+        """One ablated head's numbers, its compensating heads, and `repaired` = self-repair / -direct."""
         layer, head = self.heads[index]
         direct, repair = float(self.direct[index]), float(self.self_repair[index])
         floor = REPAIR_FLOOR * float(self.direct.abs().max())
@@ -385,8 +368,7 @@ class SelfRepair(Payload):
         return self.entry(index).to_dict()
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per ablated head, largest |direct| first: the self-repair schema's columns
-        (the compensating heads as one string, `L1H3 -0.011, ...`). Needs pandas."""
+        """A pandas DataFrame, one row per ablated head, largest |direct| first: the self-repair schema's columns."""
         entries = self.entries
         rows = record_rows(entries)
         for row, entry in zip(rows, entries):
@@ -409,8 +391,7 @@ def _result(loaded: LoadedModel, source: str, metric: str, method: str,
 def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
                          method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
                          progress: ProgressArg = None) -> SelfRepair:
-    """Self-repair of the logit difference at each pair's last prompt position, on the clean prompts run as the
-    sweep and `probe patch` run them (probe.patching.contrast_runs); `heads` default to every head."""
+    """Self-repair of the logit difference at each pair's last prompt position, on the clean prompts."""
     from probe.patching.runs import contrast_runs
 
     if contrast.classes is not None:
@@ -426,8 +407,7 @@ def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequ
 def text_self_repair(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
                      method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
                      progress: ProgressArg = None) -> SelfRepair:
-    """Self-repair of the next token's log-likelihood (minus the loss) at every position of natural text whose next
-    token is a token, as the sweep's cross-entropy counts them."""
+    """Self-repair of the next token's log-likelihood at every position of natural text the cross-entropy counts."""
     ids = probe_set.input_ids
     present = torch.ones_like(ids, dtype=torch.bool) if probe_set.attention_mask is None else \
         probe_set.attention_mask.bool()

@@ -1,19 +1,7 @@
-"""Steering through single heads: a head's output multiplied by alpha (SAMD, 2025: "intervening on single heads can
-steer downstream behavior"), or changed by any registered intervention that takes one number (`steerable()`:
-`probe.ablation.methods`, whose classes are at once the sweep's ablation methods and `Trace` writers), measured or
-generated from.
-
-- `steer(model, {"23.3": 2.0})`: a context manager (a `Trace` of the intervention's `z` writers) around any forward
-  or generation, restored exactly afterwards;
-- `steer_curves`: the metric of an input as a function of the intervention's value, per head (one exact sweep of
-  the method per value, so prefix reuse and stacked copies serve it);
-- `find_heads`: every head at one value, ranked by how far it moves the metric (the sweep itself: streaming,
-  resume and torchrun shards through `probe.distributed.sharded_sweep` from the CLI);
-- `generations`: greedy continuations of a prompt per head and value, side by side, all of them in one batch.
-
-Values read forwards: a metric that is minus a quantity (the logit difference, a task's margin: `Metric.forwards`)
-is reported as that quantity, so that higher is more of the behaviour and turning a head that writes it up raises it.
-"""
+"""Steering through single heads (SAMD, 2025): a head's output multiplied by alpha, or changed by any registered
+intervention made with one number (`steerable()`): `steer` (a context manager), `steer_curves` (the metric against
+the value, per head), `find_heads` (every head ranked at one value) and `generations` (greedy continuations). Values
+read forwards: a metric that is minus a quantity (`Metric.forwards`) is reported as that quantity."""
 
 from __future__ import annotations
 
@@ -58,8 +46,7 @@ def _heads_of(model: nn.Module, key: str | Head) -> list[Head]:
 
 
 def intervention_named(name: str, value: float) -> AblationMethod:
-    """The registered intervention `name` (a method of METHODS that takes a value: `steerable()`) made with
-    `value`, its `parameter` (scale's alpha)."""
+    """The registered intervention `name` (one of `steerable()`) made with `value`, its `parameter`."""
     chosen = method_class(name)
     if chosen.parameter is None:
         raise ProbeError(f"the {name} intervention takes no value to steer with: use one of "
@@ -74,21 +61,17 @@ def steerable() -> list[str]:
 
 def steer(model: nn.Module | LoadedModel, scales: Settings, intervention: str = "scale") -> Trace:
     """Heads intervened on while the `with` runs: `scales` maps heads ("23.3", "5.*", or (layer, head)) to the
-    intervention's value (scale's alpha: 0 is zero ablation, above 1 amplifies; any of `steerable()`). Around any
-    forward or `model.generate`; the model is restored exactly on exit."""
+    intervention's value; restored exactly on exit."""
     module = _model_of(model)
-    by_layer: dict[int, dict[int, float]] = {}
+    chosen: dict[Head, float] = {}
     for key, value in scales.items():
         value = float(value)
         if not math.isfinite(value):
             raise ProbeError(f"the value of {key} must be a finite number, got {value}", parameter="scales")
-        for layer, head in _heads_of(module, key):
-            by_layer.setdefault(layer, {})[head] = value
-    if not by_layer:
+        chosen.update(dict.fromkeys(_heads_of(module, key), value))
+    if not chosen:
         raise ProbeError("nothing to steer: give at least one head and its value", parameter="scales")
-    return Trace(module, {"z": {layer: chained([intervention_named(intervention, value).writer(head)
-                                                for head, value in values.items()])
-                                for layer, values in by_layer.items()}})
+    return Trace(module, {"z": row_writers([(None, head, value) for head, value in chosen.items()], intervention)})
 
 
 def check_values(values: Iterable[float], parameter: str = "values") -> list[float]:
@@ -110,9 +93,8 @@ def check_values(values: Iterable[float], parameter: str = "values") -> list[flo
                     "value": Field("number", "the measure"), "delta": Field("number", "value - baseline")},
            column_patterns={r"^(margin|accuracy)$": Field("number", "task sets: the margin or accuracy")})
 class SteerResult(Payload):
-    """A metric against an intervention's value for chosen heads (`curves`), a ranking of every head at one value
-    (`find`), and greedy continuations per head and value (`generations`); `baseline` is the model as it is (scale's
-    alpha 1). `intervention` names the method of METHODS, `parameter` what its values are (scale's "alpha")."""
+    """A metric against an intervention's value per head (`curves`), every head ranked at one value (`find`), and
+    greedy continuations (`generations`)."""
 
     @payload("steer")
     def kind(self) -> str:
@@ -149,9 +131,7 @@ class SteerResult(Payload):
     seconds: float = schema_field(SECONDS, default=0.0)
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head and setting: the curves' points, or --find's ranking at its setting;
-        layer, head, name, setting, value, delta (and a task set's margin and accuracy): the steer schema's columns.
-        Needs pandas."""
+        """A pandas DataFrame, one row per head and setting: the steer schema's columns. Needs pandas."""
         points = [(curve, point) for curve in self.curves for point in curve["points"]]
         if self.find is not None:
             points += [(entry, {**entry, "setting": self.find["setting"]}) for entry in self.find["ranking"]]
@@ -161,8 +141,7 @@ class SteerResult(Payload):
 
 
 def forwards(metric: Metric) -> float:
-    """The sign that turns the metric's values into what steering reports: -1 for a metric that is minus its
-    quantity (`Metric.forwards`: the logit difference itself, higher = more of the behaviour), else 1."""
+    """-1 for a metric that is minus its quantity (`Metric.forwards`), else 1: what steering's values are times."""
     return -1.0 if metric.forwards else 1.0
 
 
@@ -177,8 +156,7 @@ def _result(loaded: LoadedModel, metric: Metric, data: str, baseline: float, fig
 
 
 def settings(intervention: str, values: Iterable[float]) -> list[float]:
-    """The values of a curve in ascending order, with the intervention's `identity` (scale's alpha 1: the model as
-    it is) added where it has one."""
+    """A curve's values in ascending order, the intervention's `identity` (the model as it is) added."""
     identity = method_class(intervention).identity
     return sorted({*check_values(values), *([] if identity is None else [identity])})
 
@@ -186,10 +164,8 @@ def settings(intervention: str, values: Iterable[float]) -> list[float]:
 def steer_curves(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head], values: Iterable[float], *,
                  intervention: str = "scale", metric: str | Metric | None = None, batch_size: int = 8,
                  stack: int | None = None, data: str | None = None) -> SteerResult:
-    """For each head alone, the metric over `probe_set` with the intervention (a name of `steerable()`) at each
-    value, in ascending order (scale: the output multiplied by each alpha, alpha 1 added): one exact sweep of the
-    method per value; the intervention's identity value is the baseline, measured once. Values read forwards
-    (`forwards`): the logit difference itself, not minus it."""
+    """For each head alone, the metric with the intervention at each value in ascending order (its identity added and
+    measured once as the baseline): one exact sweep per value, values read forwards."""
     started, chosen_values = time.perf_counter(), settings(intervention, values)
     identity = method_class(intervention).identity
     chosen = choose_metric(loaded, probe_set, metric)
@@ -217,8 +193,7 @@ def steer_curves(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head]
 
 
 def ranking(swept: AblationResult, sign: float = 1.0) -> list[dict[str, Any]]:
-    """Every head of a sweep, the largest |delta| first (nan last): how far one setting moves the metric; values
-    and deltas times `sign` (`forwards`)."""
+    """Every head of a sweep, the largest |delta| first (nan last), values and deltas times `sign`."""
     def key(entry: Any) -> float:
         return -abs(entry.delta) if not math.isnan(entry.delta) else math.inf
 
@@ -228,8 +203,7 @@ def ranking(swept: AblationResult, sign: float = 1.0) -> list[dict[str, Any]]:
 
 def find_result(loaded: LoadedModel, swept: AblationResult, value: float, metric: Metric,
                 intervention: str = "scale") -> SteerResult:
-    """A SteerResult holding a sweep of the intervention at `value` over every head, ranked, its values read
-    forwards."""
+    """A SteerResult holding a sweep at `value` over every head, ranked, its values read forwards."""
     result = _result(loaded, metric, swept.data, swept.baseline_loss, swept.task, intervention)
     result.find = {"setting": value, "path": swept.path, "ranking": ranking(swept, forwards(metric))}
     result.seconds = swept.seconds or 0.0
@@ -238,8 +212,8 @@ def find_result(loaded: LoadedModel, swept: AblationResult, value: float, metric
 
 def find_heads(loaded: LoadedModel, probe_set: ProbeSet, value: float, *, intervention: str = "scale",
                metric: str | Metric | None = None, **options: Any) -> SteerResult:
-    """Every head under the intervention at `value` alone (scale: multiplied by alpha), ranked by how far it moves
-    the metric; `options` go to `sweep` (batch_size, stack, results_path, resume, shard, progress)."""
+    """Every head under the intervention at `value` alone, ranked by how far it moves the metric; `options` to
+    `sweep`."""
     chosen = choose_metric(loaded, probe_set, metric)
     method = intervention_named(intervention, check_values([value])[0])
     swept = sweep(loaded, probe_set, method=method, metric=chosen, **options)
@@ -256,10 +230,8 @@ def _end_tokens(loaded: LoadedModel) -> set[int]:
 
 
 def greedy(loaded: LoadedModel, ids: Tensor, max_new_tokens: int) -> list[list[int]]:
-    """The greedy next tokens after each row of `ids` (rows, positions), each row up to and including its first
-    end-of-sequence token: a full forward of the whole batch per token, no cache (the same on every kind of model
-    probe hooks). Every row advances together, so no padding is needed; a row that has ended keeps being extended
-    until all have, and its tokens after the end are dropped."""
+    """The greedy next tokens after each row of `ids`, up to each row's first end-of-sequence token: a full forward
+    of the whole batch per token, no cache, every row advancing together."""
     stops = _end_tokens(loaded)
     new: list[list[int]] = [[] for _ in range(ids.shape[0])]
     with torch.no_grad():
@@ -274,12 +246,12 @@ def greedy(loaded: LoadedModel, ids: Tensor, max_new_tokens: int) -> list[list[i
     return new
 
 
-def row_writers(rows: Sequence[tuple[int, Head, float]], intervention: str = "scale") -> dict[int, Writer]:
-    """`z` writers for a batch whose rows each steer one head: `rows` (row, (layer, head), value), each the
-    intervention's own writer on that row and head alone; the other rows and heads as they are."""
+def row_writers(rows: Sequence[tuple[int | None, Head, float]], intervention: str = "scale") -> dict[int, Writer]:
+    """`z` writers steering each (row, (layer, head), value) of `rows`: that head in that row (None: every row)."""
     by_layer: dict[int, list[Writer]] = {}
     for row, (layer, head), value in rows:
-        by_layer.setdefault(layer, []).append(intervention_named(intervention, value).writer(head, rows=[row]))
+        writer = intervention_named(intervention, value).writer(head, rows=None if row is None else [row])
+        by_layer.setdefault(layer, []).append(writer)
     return {layer: chained(writers) for layer, writers in by_layer.items()}
 
 
@@ -296,10 +268,8 @@ def _prompt_ids(loaded: LoadedModel, prompt: str) -> Tensor:
 
 def generations(loaded: LoadedModel, prompt: str, heads: Sequence[Head], values: Iterable[float], *,
                 intervention: str = "scale", max_new_tokens: int = 20, seed: int = 0) -> dict[str, Any]:
-    """Greedy continuations of `prompt`: the model as it is, and each head alone at each of the intervention's
-    values, side by side, all in one batch (a row per head and value, each row's head changed in that row alone:
-    the same tokens as one generation at a time; the seed is fixed for models whose forward draws, though greedy
-    decoding itself does not)."""
+    """Greedy continuations of `prompt`: the model as it is and each head alone at each value, all in one batch (a
+    row per head and value, each edited in its row alone)."""
     if max_new_tokens < 1:
         raise ProbeError(f"max_new_tokens must be at least 1, got {max_new_tokens}", parameter="max_new_tokens")
     chosen_values, ids, tokenizer = check_values(values), _prompt_ids(loaded, prompt), loaded.tokenizer

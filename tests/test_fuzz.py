@@ -38,7 +38,7 @@ from probe.inputs import (natural_set, read_contrast_pairs, read_labelled, read_
                           repeated_set, task_set)
 from probe.models import LoadedModel, load_model
 from probe.models.placement import parse_device_map
-from probe.patterns import read_text
+from probe.inputs import read_text_file
 from probe.syntax import read_conllu
 
 TESTS = Path(__file__).parent
@@ -231,7 +231,7 @@ TEXT_LINES = ["go home now", "walking slowly", "The cat sat on the mat.", "", " 
 @given(data=file_bytes(inputs(TEXT_LINES)))
 def test_text_files_read_or_refuse(data: bytes, tmp_path: Path, worded: LoadedModel) -> None:
     path = write(tmp_path / "text.txt", data)
-    text = valid_or_refused(lambda: read_text(path))
+    text = valid_or_refused(lambda: read_text_file(path, parameter="file"))
     as_read = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")  # universal newlines
     assert isinstance(text, ProbeError) or text == as_read
     valid_or_refused(lambda: natural_set(worded, data=path, seq_len=4, num_seqs=2))

@@ -1,6 +1,5 @@
-"""The model's block list (decoder layers), for reusing the unablated baseline's prefix: find it, keep each block's
-output, and make blocks return kept outputs instead of running. Every hook and override is undone on exit, also
-when a second Ctrl-C lands during the clean-up (probe.hooks.restore)."""
+"""The model's block list (decoder layers), for reusing the baseline's prefix: keep each block's output and make
+blocks return kept outputs; undone on exit (probe.hooks.restore)."""
 
 from __future__ import annotations
 
@@ -88,9 +87,8 @@ def find_blocks(model: nn.Module, layers: list[AttentionLayer]) -> tuple[Blocks 
 
 
 def _shared_keys_restart(layers: list[AttentionLayer], of_layer: list[int]) -> int | None:
-    """Where layers reuse the keys and values an earlier layer made in the same forward (Gemma-3n's KV-shared
-    layers, `is_kv_shared_layer`, read those of the layers that `store_full_length_kv`), a run must start at or
-    before the first block that stores them: a kept block output does not hand them on. None: no layer reuses."""
+    """The block a run must start at or before where layers reuse another layer's keys and values (Gemma-3n's
+    KV-shared layers): a kept block output does not hand them on. None: no layer reuses."""
     if not any(getattr(layer.module, "is_kv_shared_layer", False) is True for layer in layers):
         return None
     stores = [of_layer[layer.index] for layer in layers if getattr(layer.module, "store_full_length_kv", False) is True]
@@ -112,8 +110,7 @@ def _stop(_module: nn.Module, _args: Any) -> None:
 @contextmanager
 def keeping_outputs(blocks: Blocks, kept: dict[int, Any], order: list[int] | None = None,
                     stop_at: int | None = None) -> Iterator[None]:
-    """Every block's output (detached) into `kept` (and its index into `order`) while the body runs; with
-    `stop_at`, the forward ends (`_Stop`) before that block runs."""
+    """Every block's output (detached) into `kept` while the body runs; with `stop_at`, the forward ends there."""
     with restoring() as undo:
         with interrupts_deferred():
             for index, block in enumerate(blocks.container):
@@ -155,8 +152,7 @@ def detach(value: Any) -> Any:
 
 
 def batch_axis(tensor: Tensor, batch: int, positions: int | None) -> int | None:
-    """The axis of a block output's rows: the one of size `batch` right before the positions (Gemma-3n's AltUp
-    carries (predictions, batch, positions, hidden)), else a leading one of size `batch`; None: not per row."""
+    """The axis of a block output's rows (Gemma-3n's AltUp puts predictions first); None: not per row."""
     if positions is not None:
         for axis in range(tensor.dim() - 1):
             if tensor.shape[axis] == batch and tensor.shape[axis + 1] == positions:

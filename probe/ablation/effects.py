@@ -1,17 +1,7 @@
-"""Per-token and per-sequence effects of each ablation, from the per-position metric values that the sweep's
-forwards compute anyway (no extra pass): the mean delta, the largest per-sequence delta, the 99th percentile and
-maximum per-token delta, the top affected tokens with a few tokens of context, and a specificity figure.
-
-Specificity is the share of a head's total loss increase that its top 1% of tokens carry (the 1% concentration
-ratio of the positive per-token deltas, as concentration ratios measure how much of a total the largest members
-hold): about 0.01 when ablation raises the loss evenly over the text, 1 when a single token (of 100 or more) takes
-it all. It follows the per-token loss analysis of Olsson et al. 2022 (a head's effect read token by token, not
-averaged) and is what makes a head like a subject-verb agreement head visible: little mean change, all of it on
-the few tokens where the head's job arises.
-
-Memory stays bounded: a chunk's per-token values live until its ablations finish (copies x tokens of the set),
-then only the summary (a few numbers and TOP_TOKENS entries per ablation) is kept.
-"""
+"""Per-token and per-sequence effects of each ablation, from the per-position values the sweep computes anyway: mean
+delta, largest per-sequence delta, 99th percentile and maximum per-token delta, top affected tokens with context, and
+specificity, the share of a head's loss increase its top 1% of tokens carry (about 0.01 when even, 1 when one token
+takes it all; Olsson et al. 2022 read effects token by token). A chunk's values live until it finishes."""
 
 from __future__ import annotations
 
@@ -54,13 +44,7 @@ def specificity(deltas: Tensor) -> float:
 
 
 class Effects:
-    """Summaries of ablated runs' per-position values against the baseline's, batch by batch of the probe set.
-
-    `baseline[i]` (batch_i, positions') are the unablated values of batch i and `counted[i]` which of them count;
-    `shift` is the metric's (position t scored on token t + 1); `per_row`: each batch's sequence lengths where the
-    metric has one value per sequence (a classifier's, at its gold class: the "token" is the sequence, shown by its
-    first tokens); `signs` (rows,) +1 or -1 per sequence: a task set's
-    bad rows count with -1, so that a per-token delta > 0 always means that the ablation hurts."""
+    """Summaries of ablated runs' per-position values against the baseline's; `signs`: -1 for a task's bad rows."""
 
     def __init__(self, ids: list[Tensor], counted: list[Tensor], baseline: list[Tensor], shift: int,
                  text: TokenText, signs: Tensor | None = None, per_row: list[Tensor] | None = None) -> None:

@@ -1,15 +1,9 @@
 """`estimate`: every head's zero-ablation delta from a few forward and backward passes instead of a sweep.
 
-Attribution patching (Syed et al. 2023; Kramar et al. 2024) takes the first-order term -<dL/dz_h, z_h> of each
-head's output z_h from one forward and one backward. Zero-ablating a head is a large step, and on real models the
-loss rises faster than linearly along it (SmolLM2: first order alone explains about a third of a typical delta), so
-two corrections in the spirit of AtP*:
-- the second-order term 1/2 v^T G v with v = -z_h and G the Gauss-Newton matrix of the loss, estimated from
-  `samples` extra backward passes with next tokens sampled from the model's own predictions (their squared
-  per-position projections onto v are unbiased for the position-diagonal part of v^T G v);
-- of the REFINE_CANDIDATES heads estimated to matter most, those whose estimate rests most on the second-order term
-  are ablated exactly (through the same runners as the exact sweep) until the budget is spent.
-"""
+Attribution patching (Syed et al. 2023; Kramar et al. 2024) gives the first-order term -<dL/dz_h, z_h>; zero ablation
+is a large step (on SmolLM2 first order explains about a third of a typical delta), so, as AtP*, a Gauss-Newton
+second-order term from `samples` sampled-label backward passes, and the heads whose estimate rests most on it ablated
+exactly until the budget is spent."""
 
 from __future__ import annotations
 
@@ -38,7 +32,7 @@ from probe.hooks.run import logits_of, run_model
 from probe.inputs import LABELS_LAYOUT, ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
-from probe.hooks.types import HookContext
+from probe.hooks.types import Handler, HookContext
 from probe.models import LoadedModel
 from probe.progress import Progress, ProgressArg, callback, reports
 from probe.provenance import model_dtype
@@ -61,20 +55,15 @@ class _Terms:
 
 
 def gradient_scale(count: float) -> float:
-    """The power of two at or above `count`, that a mean over `count` tokens is multiplied by before its backward and
-    its gradients' terms divided by after (in float64). Why: the gradient of a mean over many tokens falls under
-    float16's smallest normal (6e-5; on SmolLM2 over 504 tokens 61% of the head outputs' gradients did, 1.7% were
-    flushed to 0), where it keeps 10 bits no more; scaled, it is about a sum's, in range (there: the largest 314,
-    1.9% under 6e-5), and the float16 estimate lies 0.0037 from float32's deltas instead of 0.025 (bfloat16: 0.048).
-    A power of two changes no float32 or bfloat16 rounding: their terms stay what they were, bit for bit."""
+    """The power of two at or above `count` that a mean over `count` tokens is scaled by before its backward: a
+    mean's gradient falls under float16's smallest normal (on SmolLM2 61% of them did); a power of two changes no
+    float32 or bfloat16 rounding."""
     return 2.0 ** math.ceil(math.log2(max(count, 1.0)))
 
 
 def scaled_gradients(mean: Tensor, count: float, inputs: Sequence[Tensor], *, retain_graph: bool = False
                      ) -> tuple[tuple[Tensor | None, ...], float]:
-    """The gradients of `mean` (over `count` tokens or rows) w.r.t. `inputs`, times the scale returned
-    (gradient_scale); where a scaled float16 gradient is not finite (float16 ends at 65504), the unscaled ones, scale
-    1. float32 and bfloat16 (float32's range) are never checked: no graph kept, no device sync."""
+    """The gradients of `mean` w.r.t. `inputs` times the scale returned (1 where a scaled float16 one is not finite)."""
     scale = gradient_scale(count)
     checked = scale > 1.0 and any(tensor.dtype == torch.float16 for tensor in inputs)
     grads = torch.autograd.grad(mean * scale, inputs, retain_graph=retain_graph or checked, allow_unused=True)
@@ -88,12 +77,8 @@ GUMBEL_CHUNK = 1 << 26  # noise elements made at once: 256 MB of float32 (at 128
 
 
 def gumbel_draws(logits: Tensor, generator: torch.Generator) -> Tensor:
-    """(rows, 1): one label per row of `logits` (rows, vocab) drawn from its softmax, as argmax(logits + Gumbel
-    noise). Why not the inverse CDF: there a label is wherever a uniform draw falls in the vocabulary's cumulative
-    sums, so a small change of the logits (another dtype's rounding) moves every later boundary and draws another
-    label; Gumbel-max changes a label only where two noisy logits nearly tie. On SmolLM2 (4 x 64 tokens) a bfloat16
-    run drew float32's label for 97% of the rows (inverse CDF: 69%), float16 for 99.6% (85%): the one-sample second
-    order compares across dtypes."""
+    """(rows, 1): one label per row drawn from softmax(logits) by Gumbel-max, which changes a label only where two
+    noisy logits nearly tie, so that the one-sample second order compares across dtypes (inverse CDF does not)."""
     rows, vocab = logits.shape
     step = max(1, GUMBEL_CHUNK // max(vocab, 1))
     drawn = []
@@ -106,10 +91,8 @@ def gumbel_draws(logits: Tensor, generator: torch.Generator) -> Tensor:
 
 def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: list[int], valid: Tensor,
                   n_tokens: float, samples: int, seed: int, step: Callable[[float], None], scale: float = 1.0) -> None:
-    """Gauss-Newton term from `samples` backward passes with next tokens drawn from the model's predictions.
-
-    The gradient of a sampled label's loss w.r.t. the logits is softmax - onehot(label): no second log-softmax,
-    and labels drawn by Gumbel-max (`gumbel_draws`; torch.multinomial is ~0.5 s at 512 x 49k here)."""
+    """Gauss-Newton term from `samples` backward passes with next tokens drawn from the model's predictions
+    (`gumbel_draws`)."""
     vocab = shifted.shape[-1]
     logits = shifted.detach().reshape(-1, vocab)  # (batch * (positions - 1), vocab) float32
     probs = logits.softmax(dim=-1)
@@ -128,22 +111,26 @@ def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: l
         step(BACKWARD_COST)
 
 
-def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Batch, terms: _Terms, n_tokens: float,
-                   samples: int, seed: int, step: Callable[[float], None], blocks: Blocks | None) -> dict[int, Any]:
-    """One forward that keeps the graph from every head's output, its backward (first-order terms), `samples`
-    more (second-order terms); returns the blocks' outputs, kept for the exact refinement."""
-    outputs: dict[int, Tensor] = {}
-
+def keeping_graph(outputs: dict[int, Tensor]) -> Handler:
+    """A `z` handler keeping each layer's head outputs in `outputs` as tensors a backward reaches."""
     def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
         if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
             values = values.detach().requires_grad_()
         outputs[ctx.layer] = values
         return values
 
+    return capture
+
+
+def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Batch, terms: _Terms, n_tokens: float,
+                   samples: int, seed: int, step: Callable[[float], None], blocks: Blocks | None) -> dict[int, Any]:
+    """One forward keeping the graph from every head's output and its backwards; returns the blocks' outputs."""
+    outputs: dict[int, Tensor] = {}
+
     kept: dict[int, Any] = {}
     with torch.enable_grad():
         with keeping_outputs(blocks, kept) if blocks is not None else _nothing(), \
-                attention_hooks(model, {"z": capture}), readout.watching():
+                attention_hooks(model, {"z": keeping_graph(outputs)}), readout.watching():
             logits = logits_of(run_model(model, batch.ids, batch.mask))  # (batch, positions, vocab)
         readout.settle(logits.detach())
         step(GRAD_FORWARD_COST)
@@ -167,8 +154,7 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
 
 
 def _kept_for(blocks: Blocks | None, heads: list[Head], kept: dict[int, Any]) -> dict[int, Any] | None:
-    """The blocks' outputs the exact refinement may start from: those before the last block a head is in (None
-    without blocks: nothing to start from)."""
+    """The blocks' outputs the exact refinement may start from (None without blocks)."""
     if blocks is None:
         return None
     last = max(blocks.of_layer[layer] for layer, _ in heads)
@@ -182,9 +168,8 @@ def _nothing() -> Iterator[None]:
 
 def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room: float, refine: int | None,
             cost: Callable[[Head], float]) -> list[Head]:
-    """The heads to ablate exactly: the top `refine` estimates, or (by default) among the top REFINE_CANDIDATES
-    those whose estimate leans most on the second-order term, while `room` lasts: there the Taylor model is least
-    trustworthy (on SmolLM2 these are early-layer heads it overrates)."""
+    """The heads to ablate exactly: the top `refine` estimates, or among the top REFINE_CANDIDATES those leaning most
+    on the second-order term, while `room` lasts."""
     ranked = sorted(heads, key=lambda head: (-estimated[head], head))
     if refine is not None:
         return ranked[:max(0, refine)]
@@ -201,8 +186,7 @@ def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room
 
 def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], cost: Callable[[Head], float],
             step: Callable[[float], None]) -> dict[Head, Tensor]:
-    """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block, each
-    batch's chunk counted at its heads' `cost`."""
+    """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block."""
     by_start: dict[int, list[Head]] = {}
     for head in chosen:
         by_start.setdefault(runner.start_of((head,)), []).append(head)
@@ -272,8 +256,7 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
 
 def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches_: list[Batch], blocks: Blocks | None,
                   why_not: str, expected: Tensor, heads: list[Head]) -> tuple[NaiveRunner | PrefixRunner, str]:
-    """Prefix reuse where one cheap check on the first batch reproduces its baseline, else one forward each; and
-    which it is, for the path."""
+    """Prefix reuse where a check on the first batch reproduces its baseline, else one forward each; and which."""
     naive = NaiveRunner(loaded.model, ZeroAblation(), scorer, readout, batches_)
     if blocks is None:
         return naive, why_not
@@ -287,13 +270,9 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
              metric: str | Metric | None = None, batch_size: int = 8, samples: int = 1, budget: float = ESTIMATE_BUDGET,
              refine: int | None = None, seed: int = 0, data: str | Path | None = None,
              progress: ProgressArg = None) -> AblationResult:
-    """Every head's zero-ablation delta, estimated from a few forward and backward passes instead of a sweep (see
-    the module's docstring): first-order terms, `samples` second-order samples, then the heads estimated to matter
-    most ablated exactly until `budget` forward-equivalents are spent (or the top `refine` heads, if given). The
-    cost is counted in forward-equivalents from measured ratios (GRAD_FORWARD_COST, BACKWARD_COST, LOSS_COST) and
-    the weights each ablated run recomputes; `AblationResult.forwards` reports it. `progress=True` draws a bar on
-    stderr; a callable gets `(done, total)` in forward-equivalents of one batch (WORK_UNITS each): the whole plan from
-    the first report, the exact runs bounded by the budget, the total lowered once the heads to refine are chosen."""
+    """Every head's zero-ablation delta estimated (see the module's docstring), then the heads estimated to matter
+    most ablated exactly until `budget` forward-equivalents are spent (or the top `refine`);
+    `AblationResult.forwards` reports the cost. `progress`: True draws a bar, a callable gets `(done, total)`."""
     started = time.perf_counter()
     heads, scorer, batches_ = _setup(loaded, probe_set, heads, metric, batch_size, samples)
     model = loaded.model

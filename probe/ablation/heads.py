@@ -54,8 +54,7 @@ def _parse_range(text: str, limit: int, what: str, item: str, parameter: str = "
 
 
 def _layers_named(layer_part: str, layers: list[AttentionLayer], item: str, parameter: str) -> list[AttentionLayer]:
-    """The layers `layer_part` names (`3-5`, `x3`, `*`): numbered within their stack on an encoder-decoder, plainly
-    on a model of one stack."""
+    """The layers `layer_part` names (`3-5`, `x3`, `*`), numbered within their stack on an encoder-decoder."""
     stack, numbers = split_layer_part(layer_part, {layer.stack for layer in layers if layer.stack}, item, parameter)
     in_stack = [layer for layer in layers if layer.stack == stack]  # every layer, on a model of one stack
     return [in_stack[number] for number in _parse_range(numbers, len(in_stack), "layer", item, parameter)]
@@ -73,10 +72,7 @@ def _parse_item(item: str, layers: list[AttentionLayer]) -> list[Head]:
 
 
 def parse_heads(spec: str, layers: list[AttentionLayer]) -> list[Head]:
-    """`5.1,18.6` -> [(5, 1), (18, 6)]. Also `5.*` or `5` (every head of layer 5), ranges `3-5.0-2`, and `all`.
-
-    Heads are numbered as query heads, the way every probe report numbers them.
-    """
+    """`5.1,18.6` -> [(5, 1), (18, 6)]; also `5.*` or `5` (a whole layer), ranges `3-5.0-2`, and `all` (query heads)."""
     items = [item.strip() for item in spec.split(",")]
     if not spec.strip() or any(not item for item in items):
         raise ProbeError(f"malformed heads {spec!r}: give LAYER.HEAD items separated by commas, e.g. 5.1,18.6",
@@ -109,8 +105,7 @@ def check_heads(layers: list[AttentionLayer], heads: Iterable[Head]) -> None:
 
 
 def heads_by_layer(ablations: Sequence[Ablation]) -> dict[int, dict[int, list[int]]]:
-    """layer -> copy -> its heads (sorted, each once): where each of `len(ablations)` stacked copies of a batch has
-    which heads of the layer ablated."""
+    """layer -> copy -> its heads (sorted, each once), for stacked copies of a batch."""
     grouped: dict[int, dict[int, set[int]]] = {}
     for copy, ablation in enumerate(ablations):
         for layer, head in ablation:
@@ -124,14 +119,12 @@ def label(ablation: Sequence[Head], names: Sequence[str] | None = None) -> str:
 
 
 def column_name(ablation: Sequence[Head], names: Sequence[str] | None = None) -> str:
-    """'L5H1' or 'L5H1+L18H6': `label` for a table column, which pandas cannot read as a number (it reads `0.1` and
-    `0.10` as one float); encoder-decoders' labels ('x1.2') already start with a letter. --heads takes both forms."""
+    """'L5H1' or 'L5H1+L18H6': a table column name pandas cannot read as a number; --heads takes both forms."""
     return as_column(label(ablation, names))
 
 
 def as_column(text: str) -> str:
-    """Every plain `5.1` in a label or a list of labels written `L5H1` (`x1.2` unchanged). reports/labels.py's
-    `column_label` writes the same."""
+    """Every plain `5.1` in a label or a list of labels written `L5H1` (as reports/labels.py's `column_label`)."""
     return PLAIN_LABEL.sub(r"L\1H\2", text)
 
 
@@ -144,7 +137,6 @@ def distinct(items: Iterable[T], key: Callable[[T], object] = lambda item: item)
 
 
 def ablation_list(model: nn.Module, heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]]) -> list[Ablation]:
-    """A sweep's ablations in the order it reports them: each head alone (default: every head unless `groups` are
-    given), then each group together; each ablation once."""
+    """A sweep's ablations in report order: each head alone (default: all unless `groups`), then each group."""
     chosen = list(all_heads(model) if heads is None and not groups else heads or [])
     return distinct([(head,) for head in chosen] + [tuple(group) for group in groups])

@@ -1,9 +1,6 @@
-"""How the loss is read off a forward, chosen once per sweep (`Readout`):
-- full: the model's logits (or last hidden states) as the forward returns them;
-- chunked (long context): the logits would pass LOGITS_BYTES, so the forward keeps its last block's output
-  (`Final`) and the model's head runs again on it a chunk of positions at a time;
-- direct: the decoder's output goes through the LM head HEAD_ROWS positions at a time, where the first baseline
-  forward shows that this gives the model's logits (no soft-capping or scaling after the head)."""
+"""How the loss is read off a forward, chosen once per sweep (`Readout`): the logits as returned; chunked (`Final`:
+the head runs again a chunk of positions at a time where the logits would pass LOGITS_BYTES); or direct (the LM head
+HEAD_ROWS positions at a time, where the first forward shows that this gives the model's logits)."""
 
 from __future__ import annotations
 
@@ -29,8 +26,7 @@ CHECK_TOLERANCE = 1e-4  # relative to the outputs' scale: the exact path must re
 
 
 def chunkable_blocks(model: nn.Module) -> Blocks | None:
-    """The block list, when a forward's logits can be had a chunk of positions at a time instead of whole: a causal
-    Hugging Face LM whose forward takes `logits_to_keep`, its attention layers in one block list."""
+    """The block list where a causal Hugging Face LM's logits can be had a chunk of positions at a time."""
     if not isinstance(getattr(getattr(model, "config", None), "vocab_size", None), int):
         return None
     if not is_hf_model(model) or not accepts_argument(model, "logits_to_keep"):
@@ -53,8 +49,7 @@ over the leading dimensions): what the chunked readouts compute a chunk at a tim
 
 
 def head_values(model: nn.Module, normed: Tensor, ids: Tensor, token_values: TokenValues) -> Tensor:
-    """(rows, n - 1) next-token values, the LM head applied to HEAD_ROWS positions at a time: the logits of a chunk
-    are still in cache when the metric reads them (about 12% faster on CPU than all positions at once)."""
+    """(rows, n - 1) next-token values, the LM head HEAD_ROWS positions at a time (their logits stay in cache)."""
     head = output_embeddings(model)
     assert head is not None  # the direct readout is chosen only for a model with an LM head (_direct_head)
     rows, n = ids.shape
@@ -69,9 +64,8 @@ def head_values(model: nn.Module, normed: Tensor, ids: Tensor, token_values: Tok
 
 @dataclass
 class Final:
-    """A forward's last block output, standing in for logits too large to hold (8192 tokens x 49k vocabulary are
-    1.6 GB): the model's own head (final norm, unembedding, any soft-capping) runs again on it, every block
-    skipped, for a chunk of positions at a time (`logits_to_keep`)."""
+    """A forward's last block output standing in for logits too large to hold: the model's own head runs again on it
+    a chunk of positions at a time (`logits_to_keep`)."""
 
     model: nn.Module
     blocks: Blocks
@@ -100,8 +94,7 @@ class Final:
         return torch.cat(values, dim=1)
 
     def first_rows(self, batch: int) -> Tensor:
-        """(batch, positions, ...): the first rows of the last block's output (Gemma-3n's is (predictions, rows,
-        positions, hidden): its rows and positions are moved to the front)."""
+        """The first rows of the last block's output (Gemma-3n's rows and positions moved to the front)."""
         hidden = self.hidden[0] if isinstance(self.hidden, (tuple, list)) else self.hidden
         axis = batch_axis(hidden, self.ids.shape[0], self.ids.shape[1]) or 0
         return hidden.narrow(axis, 0, batch).movedim((axis, axis + 1), (0, 1))
@@ -137,8 +130,7 @@ def keeping_decoder_output(model: nn.Module, kept: list[Tensor]) -> Iterator[Non
 
 
 def _direct_head(model: nn.Module, normed: Tensor, logits: Tensor) -> bool:
-    """Whether the model's logits are its LM head applied to the decoder's output and nothing else: checked on the
-    first two positions of a forward whose logits are at hand."""
+    """Whether the logits are the LM head on the decoder's output and nothing else, checked on two positions."""
     positions = min(2, logits.shape[1])
     head = output_embeddings(model)
     if head is None:
@@ -152,8 +144,7 @@ def _direct_head(model: nn.Module, normed: Tensor, logits: Tensor) -> bool:
 
 def _last_block_output(model: nn.Module, blocks: Blocks, ids: Tensor, mask: Tensor | None,
                        direct: bool = False) -> Final:
-    """One forward that keeps the last block's output (and with `direct`, the decoder's) and computes the logits of
-    the last position only."""
+    """One forward keeping the last block's output (with `direct`, the decoder's), logits of the last position only."""
     kept: list[Any] = []
     normed: list[Tensor] = []
     last = blocks.container[len(blocks.container) - 1]
@@ -172,8 +163,7 @@ def _nothing() -> Iterator[None]:
 
 @dataclass
 class Readout:
-    """How every forward of one sweep gives what the metric reads: chosen once, from the model and from what the
-    metric declares (`chunkable`: its values can be had a chunk of positions at a time)."""
+    """How every forward of one sweep gives what the metric reads, chosen once from the model and the metric."""
 
     model: nn.Module
     chunkable: Blocks | None = None  # where logits can be had a chunk of positions at a time, for this metric
@@ -182,8 +172,7 @@ class Readout:
 
     @classmethod
     def choose(cls, model: nn.Module, chunkable_metric: bool, blocks: Blocks | None) -> Readout:
-        """`chunkable_metric`: the metric's `chunkable`; `blocks`: the sweep's block list if it reuses the
-        baseline's prefix (the direct head needs it)."""
+        """`chunkable_metric`: the metric's `chunkable`; `blocks`: the sweep's block list if it reuses the prefix."""
         chunkable = chunkable_blocks(model) if chunkable_metric else None
         maybe_direct = blocks is not None and chunkable is not None and decoder(model) is not None
         return cls(model, chunkable, None if maybe_direct else False)
@@ -199,9 +188,8 @@ class Readout:
 
     def forward(self, ids: Tensor, mask: Tensor | None, lean: bool | None = None,
                 source: Source | None = None) -> Tensor | Final:
-        """A forward's logits (or last hidden states), or its Final where the logits would be too large (`lean`
-        None), or as told. `source`: an encoder-decoder's own encoder input (probe.inputs.pairs; never lean: an
-        encoder-decoder has no one block list)."""
+        """A forward's logits (or last hidden states), or its Final where they would be too large (`lean` None), or
+        as told; `source`: an encoder-decoder's own encoder input."""
         if lean is None:
             lean = self.lean(ids)
         if not lean or source is not None:

@@ -1,25 +1,8 @@
-"""Interventions on heads: what stands in for a chosen head's output (or its query, key or value, or the keys it
-sees). One class per method, one signature (as pyvene's interventions): `replacement(heads, ctx)` gives the values
-that stand in for the chosen heads, `ctx` the hook point's HookContext (`ctx.layer`; `ctx.batch`: the rows, padding
-mask and positions of the batch that runs). The same object is a `Trace` writer (`writer(heads)`), the sweep's,
-prune's and self-repair's ablation, and `probe steer`'s intervention: there is no second implementation.
-
-- zero ablation: 0 (Michel et al. 2019; Olsson et al. 2022);
-- scale: the output times alpha (steering through single heads: SAMD, 2025); add: a vector added (`add_to_head`);
-- mean ablation: the head's mean output over a reference set, overall or per position;
-- resample ablation: the head's output on another sequence of the set (Chan et al. 2022, causal scrubbing; the
-  resampling ablation of Wang et al. 2022), each sequence's donor fixed by a seeded derangement;
-- activation patching: the output (or query, key, value) of the same row of a source run.
-
-A method declares what it needs, and its callers (sweep, prune, the estimate, steering, the CLI) ask it, never its
-name: `statistics` (names in probe.ablation.statistics.STATISTICS, taken over a reference set by one collector),
-`build(inputs)` (how it is made from what a caller has: those statistics, a seed, a value), `parameter` (the one
-number it is made with, which `probe steer --values` sets) and `identity` (the value that leaves the model as it
-is), `point` (the hook point it writes), `across_sequences` (its replacement reads other sequences' values at the
-same positions), `estimable` (the attribution-patching estimate linearises it), `summary` (its line in help texts),
-and `add_to_fingerprint` (what its numbers depend on). Every caller binds the method to the batches it runs
-(`bound_to(batches)`: a copy of its own, so one object serves two probe sets) before any forward.
-"""
+"""Interventions on heads: what stands in for a chosen head's output (or its query, key or value). One class per
+method, one signature (as pyvene's interventions): `replacement(heads, ctx)`. The same object is a `Trace` writer,
+the sweep's, prune's and self-repair's ablation, and `probe steer`'s intervention. A method declares what it needs
+(`statistics`, `parameter`, `point`, ...) and callers ask it, never its name; every caller binds it to the batches it
+runs (`bound_to`) before any forward."""
 
 from __future__ import annotations
 
@@ -86,24 +69,24 @@ class AblationMethod:
         return cls()
 
     def bind(self, batches: Sequence[BatchContext]) -> None:
-        """Called once before a run with every batch it runs, in order (a probe set's), so that what the method
-        fixes per batch (resample's donors) is fixed, and in its fingerprint, before any forward."""
+        """Called once before a run with every batch it runs, so that what it fixes per batch is fixed before any
+        forward."""
 
     def bound_to(self, batches: Sequence[BatchContext]) -> AblationMethod:
-        """A copy of the method bound to `batches` (`bind`); the method itself is left as it was, so that one
-        object serves runs over different probe sets."""
+        """A copy of the method bound to `batches` (`bind`), so that one object serves runs over different probe
+        sets."""
         method = copy.copy(self)
         method.bind(batches)
         return method
 
     def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
-        """Values broadcastable to `heads` (batch, positions, n_heads, head_dim), one copy of the batch's head
-        outputs in layer `ctx.layer`; only the chosen heads' slices are used."""
+        """Values broadcastable to `heads` (batch, positions, n_heads, head_dim); only the chosen heads' slices are
+        used."""
         raise NotImplementedError
 
     def replaced(self, tensor: Tensor, ctx: HookContext, chosen: Tensor) -> Tensor:
-        """`tensor` (copies * batch, ...) with the `chosen` slices (bool, broadcastable to (copies, batch, ...)) set
-        to the replacement: each copy's own where the method is `per_copy`, else the first copy's."""
+        """`tensor` with the `chosen` slices set to the replacement: each copy's own where `per_copy`, else the
+        first's."""
         copies = chosen.shape[0]
         stacked = tensor.reshape(copies, tensor.shape[0] // copies, *tensor.shape[1:])  # (copies, batch, ...)
         if self.per_copy:  # each copy's own values (copies differ once an earlier layer is ablated)
@@ -113,8 +96,8 @@ class AblationMethod:
         return torch.where(chosen.to(tensor.device), replacement, stacked).reshape(tensor.shape)
 
     def writer(self, heads: int | Iterable[int], rows: Iterable[int] | None = None) -> Writer:
-        """A writer of `z` (or `q`, `k`, `v`: (batch, positions, heads, head_dim)) for `Trace`: the chosen heads
-        (of the rows `rows` alone, None: every row) replaced, everything else exactly as it was."""
+        """A `Trace` writer of `z`, `q`, `k` or `v`: the chosen heads (of `rows` alone, None: all) replaced, all else
+        kept."""
         wanted, only = heads, None if rows is None else list(rows)
 
         def write(tensor: Tensor, ctx: HookContext) -> Tensor:
@@ -129,8 +112,8 @@ class AblationMethod:
         return write
 
     def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
-        """The handler of `point` for `len(ablations)` stacked copies of a batch (copy i with ablations[i]'s heads
-        replaced), and the layers it edits."""
+        """The handler of `point` for stacked copies of a batch (copy i: ablations[i] replaced), and the layers it
+        edits."""
         copies, by_layer = len(ablations), heads_by_layer(ablations)
         masks: dict[tuple[int, torch.device], Tensor] = {}  # made once per layer on the heads' device
 
@@ -156,8 +139,7 @@ class AblationMethod:
         return None
 
     def add_to_fingerprint(self, digest: hashlib._Hash) -> None:
-        """Feed what the replacement depends on (reference values) to the fingerprint of a results stream, so that a
-        resumed sweep can tell two sweeps of this method apart."""
+        """Feed what the replacement depends on to a results stream's fingerprint (resume tells two sweeps apart)."""
 
 
 def chained(writers: Sequence[Writer]) -> Writer:
@@ -191,9 +173,7 @@ class ZeroAblation(AblationMethod):
 
 
 class ValueIntervention(AblationMethod):
-    """An intervention made with one finite number, its `parameter` (at least `minimum`), which `probe steer
-    --values` sets; at `zero` (0 unless None) it is zero ablation exactly. A subclass says what it does with the
-    number (`change`)."""
+    """Made with one finite number, its `parameter` (`probe steer --values`); at `zero` it is zero ablation."""
 
     per_copy = True  # it changes each stacked copy's own values
     parameter = "value"
@@ -226,10 +206,7 @@ class ValueIntervention(AblationMethod):
 
 @register_method
 class ScaleAblation(ValueIntervention):
-    """The head's output multiplied by `alpha`: 0 is zero ablation (exactly: the replacement is 0 itself), between 0
-    and 1 damps it, above 1 amplifies it, below 0 reverses it (steering through single heads: SAMD, 2025). Written
-    against the `z` point like every output method, so the sweep's prefix reuse, streaming, resume and shards serve
-    it; per copy, since it reads each stacked copy's own values."""
+    """The head's output times `alpha` (steering through single heads: SAMD, 2025); 0 is zero ablation exactly."""
 
     name = "scale"
     summary = "multiply the head's output by alpha (probe steer's default intervention; 0 is zero ablation)"
@@ -247,8 +224,7 @@ class ScaleAblation(ValueIntervention):
 
 
 class AddIntervention(AblationMethod):
-    """A vector (head_dim,) added to the head's output at every position: steering a head's output along a
-    direction. Not in METHODS (it is made with a vector, not a number): `add_to_head(heads, vector)`."""
+    """A vector (head_dim,) added to the head's output at every position; not in METHODS (`add_to_head`)."""
 
     name = "add"
     summary = "add a vector to the head's output at every position"
@@ -267,14 +243,13 @@ class AddIntervention(AblationMethod):
 
 
 def scale_head(heads: int | Iterable[int], alpha: float) -> Writer:
-    """A `Trace` writer multiplying the chosen heads' slices by `alpha` (others exactly as they are): alpha = 0 is
-    zero ablation, alpha > 1 amplifies. For `z`, `q`, `k` or `v`. `ScaleAblation(alpha).writer(heads)`."""
+    """A `Trace` writer multiplying the chosen heads' slices by `alpha` (0: zero ablation); for `z`, `q`, `k` or `v`."""
     return ScaleAblation(alpha).writer(heads)
 
 
 def add_to_head(heads: int | Iterable[int], vector: Tensor) -> Writer:
-    """A `Trace` writer adding `vector` (head_dim,), at every position, to the chosen heads' slices: steering a head's
-    output along a direction. For `z`, `q`, `k` or `v`. `AddIntervention(vector).writer(heads)`."""
+    """A `Trace` writer adding `vector` (head_dim,) to the chosen heads' slices at every position; for `z`, `q`, `k`,
+    `v`."""
     return AddIntervention(vector).writer(heads)
 
 
@@ -312,10 +287,7 @@ class MeanAblation(StatisticAblation):
 
 @register_method
 class NoiseAblation(StatisticAblation):
-    """The head's mean output plus Gaussian noise of its standard deviation, per element and position: the head's
-    output replaced by a draw that matches its first two moments but carries none of the input's information (the
-    Gaussian corruption of Meng et al. 2022's causal tracing, applied to a head's output instead of the embeddings).
-    The noise is fixed by `seed`, the layer and the batch's index, so that every run of one ablation sees the same."""
+    """The head's mean output plus Gaussian noise of its std (Meng et al. 2022), seeded by seed, layer and batch."""
 
     name = "noise"
     summary = "set the head's output to its mean plus seeded Gaussian noise of its standard deviation"
@@ -348,11 +320,7 @@ class NoiseAblation(StatisticAblation):
 
 
 class PatchAblation(AblationMethod):
-    """Activation patching: each ablated head's output replaced by its output on the same row of another run, the
-    source (Vig et al. 2020; Meng et al. 2022; Wang et al. 2022; denoising when the sweep runs on the corrupted
-    prompts and the source is the clean run, noising the other way round; Heimersheim & Nanda 2024). Not a
-    `--method` of `probe ablate` (it needs a source run: `probe patch`), so not in METHODS: built from the source's
-    head outputs, `PatchAblation(head_outputs(loaded, source))`."""
+    """Activation patching: a head's output taken from the same row of a source run (not in METHODS: `probe patch`)."""
 
     name = "patch"
     summary = "set the head's output to its output on the same row of a source run (activation patching)"
@@ -363,8 +331,7 @@ class PatchAblation(AblationMethod):
     positions_axis: ClassVar[int] = 1  # of what it patches: heads (batch, positions, n_heads, head_dim)
 
     def __init__(self, source: HeadOutputs, position: int | None = None) -> None:
-        """`position`: patch that position alone (None: every position); the other positions keep each stacked
-        copy's own values, so that the replacement is per copy."""
+        """`position`: patch that position alone (None: every one); the others keep each copy's own values."""
         self.source, self.position = source, position
         self.per_copy = position is not None  # type: ignore[misc]
 
@@ -396,10 +363,7 @@ class PatchAblation(AblationMethod):
 
 
 class InputPatch(PatchAblation):
-    """Activation patching of a head's query, key or value input (after the projection, and the rotary embedding
-    where the model has one: the same positions, so the same as before it), taken from the same row of the source
-    run. On a grouped-query model a key or value belongs to a key/value group: an ablation patches the groups of its
-    query heads, so it changes every query head of those groups."""
+    """Patching a head's query, key or value; a key or value patches every query head of its key/value group."""
 
     point = "inputs"
     positions_axis = 2  # queries (batch, heads, positions, head_dim), keys and values per key/value head
@@ -410,8 +374,8 @@ class InputPatch(PatchAblation):
         return head_inputs(loaded, source, cls.component, batch_size=batch_size)
 
     def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
-        """An `inputs` handler for `len(ablations)` stacked copies of a batch: copy i has the `component` of
-        ablations[i]'s heads replaced (a key or value: of their key/value groups); and the layers it edits."""
+        """An `inputs` handler for stacked copies (a key or value: of the heads' key/value groups), and the layers it
+        edits."""
         copies, by_layer = len(ablations), heads_by_layer(ablations)
 
         def edit(inputs: AttentionInputs, ctx: HookContext) -> AttentionInputs:
@@ -449,8 +413,7 @@ PATCHES: dict[str, type[PatchAblation]] = {"output": PatchAblation, "query": Que
 
 def patch_method(loaded: LoadedModel, source: ProbeSet, component: str = "output", *,
                  batch_size: int = 8) -> PatchAblation:
-    """The patching method of `component` (a key of PATCHES), holding the source run's values, batch by batch;
-    `at(position)` of it patches one position."""
+    """The patching method of `component` (of PATCHES), holding the source run's values; `at(position)` for one."""
     chosen = patch_class(component)
     return chosen(chosen.collect(loaded, source, batch_size))
 
@@ -463,8 +426,7 @@ def patch_class(component: str) -> type[PatchAblation]:
 
 
 def derangement(rows: int, generator: torch.Generator) -> Tensor:
-    """(rows,) donor index of each row, never the row itself: a random permutation read as one cycle (each row
-    takes the next one's values), so it is a derangement for any rows >= 2."""
+    """(rows,) donor of each row, never itself: a random permutation read as one cycle (a derangement for rows >= 2)."""
     order = torch.randperm(rows, generator=generator)
     donors = torch.empty(rows, dtype=torch.long)
     donors[order] = order.roll(-1)
@@ -473,8 +435,7 @@ def derangement(rows: int, generator: torch.Generator) -> Tensor:
 
 @register_method
 class ResampleAblation(AblationMethod):
-    """Each sequence's head output replaced by the same head's output on another sequence of its batch (at the
-    same positions), the donor fixed per batch by a derangement seeded with `seed` and the batch's index."""
+    """Each sequence's head output taken from another sequence of its batch, by a derangement seeded per batch."""
 
     name = "resample"
     summary = "set the head's output to its output on another sequence of the batch (a seeded derangement)"
@@ -525,12 +486,8 @@ class ResampleAblation(AblationMethod):
 
 @register_method
 class ShuffleAblation(AblationMethod):
-    """Each sequence's head output permuted over its own token positions: every token position takes the head's
-    output at another token position of the same sequence (a seeded derangement per row, as resample ablation's over
-    rows), so that the head keeps what it wrote on this sequence but loses where it wrote it. Padded positions are
-    never donors and keep their own values: the permutation is read from the batch's padding mask (`ctx.batch`).
-    The permutation is fixed by `seed` and the row's place in the probe set, so it is the same at every layer, in
-    every stacked copy and for any batch size."""
+    """Each sequence's head output permuted over its own positions by a seeded derangement (padding never a donor):
+    the head keeps what it wrote but loses where; the same at every layer and batch size."""
 
     name = "shuffle"
     summary = "permute the head's output over its sequence's own positions (seeded; padding never a donor)"
@@ -583,10 +540,7 @@ class ShuffleAblation(AblationMethod):
 
 @register_method
 class ClampIntervention(ValueIntervention):
-    """Every element of the head's output limited to [-bound, bound]: its large activations capped, its small ones
-    as they are (0 is zero ablation, exactly; a bound past the head's largest |element| leaves it as it is). A
-    steering intervention like scale, made with one number, so `probe steer --intervention clamp --values 1,2`
-    measures the metric against the bound."""
+    """Every element of the head's output limited to [-bound, bound] (0 is zero ablation exactly)."""
 
     name = "clamp"
     summary = "limit every element of the head's output to [-bound, bound] (0 is zero ablation)"
@@ -599,24 +553,19 @@ class ClampIntervention(ValueIntervention):
         return f"head outputs clamped to [-{self.value:g}, {self.value:g}]"
 
 
-def check_method(name: str) -> None:
-    if name not in METHODS:
-        raise ProbeError(f"unknown ablation method {name!r}: use one of {', '.join(METHODS)}", parameter="method")
-
-
 def method_class(method: str | AblationMethod) -> type[AblationMethod]:
     """The class of a method given by name (of METHODS) or as an object, to ask what it declares."""
     if isinstance(method, AblationMethod):
         return type(method)
-    check_method(method)
+    if method not in METHODS:
+        raise ProbeError(f"unknown ablation method {method!r}: use one of {', '.join(METHODS)}", parameter="method")
     return METHODS[method]
 
 
 def build_method(method: str | AblationMethod, loaded: LoadedModel, reference: ProbeSet, *,
                  statistics: HeadStatistics | None = None, per_position: bool = False, seed: int = 0,
                  batch_size: int = 8, value: float | None = None) -> AblationMethod:
-    """The method object: given as one, or built by name with what it declares it needs. Statistics not given are
-    taken over `reference` (per position with `per_position`); `value` is its `parameter` (scale's alpha)."""
+    """The method given, or built by name with what it declares (statistics taken over `reference` if not given)."""
     if isinstance(method, AblationMethod):
         return method
     chosen = method_class(method)
@@ -627,8 +576,7 @@ def build_method(method: str | AblationMethod, loaded: LoadedModel, reference: P
 
 
 def method_named(name: str | AblationMethod, statistics: HeadStatistics | None = None) -> AblationMethod:
-    """The method `name` of METHODS built from `statistics` alone (no probe set to take them over); a method object
-    is used as it is."""
+    """The method `name` of METHODS built from `statistics` alone; a method object is used as it is."""
     if isinstance(name, AblationMethod):
         return name
     return method_class(name).build(MethodInputs(statistics))

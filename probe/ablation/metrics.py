@@ -1,34 +1,7 @@
 """What is measured. Each metric turns a (stacked) forward's outputs into per-copy float64 sums over the positions
-that count, for the whole probe set and each of its parts; `losses` finishes sums into mean losses.
-
-- "cross_entropy" (causal LMs): mean next-token cross-entropy over all predicted tokens of the probe set (every
-  position but the first predicts the next token; padding excluded), token-weighted. On the repeated set it is also
-  reported on the first and on the second copy (the second is where induction heads pay off).
-- "cosine_distance" (models without an LM head or not causal, e.g. BERT loaded with AutoModel): mean over
-  positions of 1 - cosine similarity between the final output vectors (last hidden states, or the logits of an MLM
-  head) with the head ablated and those of the unablated model. The baseline is 0 by definition.
-- "class_cross_entropy" (sequence classifiers on labelled texts, probe.inputs.labels): mean cross-entropy of each
-  row's gold class under the class logits, the loss a classifier is fine-tuned on.
-- "accuracy" (the same input): 1 - accuracy, the share of rows whose top class is not the gold one (Michel et al.
-  2019 prune BERT on MNLI by accuracy); delta > 0: the ablation costs accuracy. Michel importance differentiates the
-  cross-entropy instead (`surrogate`), as Michel et al. do: accuracy has no gradient.
-- "class_logit_diff" (a classifier's clean/corrupt text pairs, probe.inputs.labels.read_class_pairs): minus the mean
-  logit(answer class) - logit(distractor class), the metric of patching a classifier.
-- "task_margin" (task sets, probe.inputs.tasks): minus the mean log-probability margin of the good over the bad member
-  of each pair, log P(good) - log P(bad) (BLiMP's minimal pairs, Warstadt et al. 2020; Marvin & Linzen 2018); for a
-  prompt with an answer and a distractor the pair differs in its last token, so the margin is logit(answer) -
-  logit(distractor) at the last prompt position (Wang et al. 2022's logit difference). Accuracy: the share of pairs
-  with a positive margin.
-- "top1" (text): 1 - top-1 accuracy of the next token, the share of predicted positions whose most likely token is
-  not the next one.
-- "target_words" (text, probe steer --target-words): the mean next-token probability of a set of target words' first
-  tokens; higher is more of the behaviour, so it is a measure to raise, not a loss.
-
-A metric declares what it reads and where it applies, and callers ask it (`choose_metric`, `Readout`), never its
-name: `reads` (what of a forward it reads), `applies` and `default_for` (input kinds: KINDS), `compares` (it compares
-to the unablated outputs, kept per batch), `chunkable` (its values come from a chunk of positions' logits at a time
-through `token_values`, so that long inputs never hold their full logits).
-"""
+that count, for the whole probe set and each of its parts; `losses` finishes sums into mean losses. The metrics are
+the classes registered in METRICS, each with its `description`; a metric declares what it reads and where it applies
+(`reads`, `applies`, `default_for`, `compares`, `chunkable`), and callers ask it, never its name."""
 
 from __future__ import annotations
 
@@ -57,12 +30,10 @@ KINDS = {"text": "a causal LM's next-token predictions on text",
 """The kinds of input a metric can apply to, as `input_kind` tells them apart."""
 
 CONTRAST_LAYOUT = "prompt, answer, distractor"
-"""`ProbeSet.meta["layout"]` of a set whose rows are a prompt, its answer and its distractor, scored at the last
-prompt position (probe.patching.runs): the logit_diff metric reads both tokens from the row."""
+"""The layout of rows of a prompt, its answer and its distractor, scored at the last prompt position (logit_diff)."""
 
 PATCH_LAYOUTS = (CONTRAST_LAYOUT, CLASS_CONTRAST_LAYOUT)
-"""The layouts of patching's clean and corrupt runs: a language model's prompts (logit_diff) and a classifier's texts
-(class_logit_diff, probe.inputs.labels)."""
+"""The layouts of patching's runs: a language model's prompts (logit_diff), a classifier's texts (class_logit_diff)."""
 
 
 class Metric:
@@ -87,13 +58,11 @@ class Metric:
         raise NotImplementedError
 
     def values(self, output: Tensor, ids: Tensor, baseline: Tensor | None) -> Tensor:
-        """(batch, positions - shift) values of one copy; output (batch, positions, features). A chunkable metric's
-        are its token values at every position."""
+        """(batch, positions - shift) values of one copy; a chunkable metric's are its token values."""
         return self.token_values(output[:, :-1].float(), ids[:, 1:].to(output.device))
 
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
-        """(loss, figures) from (rows,) per-sequence sums, for metrics that are not a mean over positions (None:
-        the loss is the sums over the counts)."""
+        """(loss, figures) from (rows,) per-sequence sums (None: the loss is the sums over the counts)."""
         return None
 
     def signs(self, rows: int) -> Tensor | None:
@@ -168,8 +137,7 @@ class TaskMargin(CrossEntropy):
 
 @register_metric
 class KLDivergence(Metric):
-    """KL(p_unablated || p_ablated) of the next-token distributions: how far the ablation moves what the model
-    predicts, whichever token comes (the KL-to-the-clean-model measure of Conmy et al. 2023, ACDC)."""
+    """KL(p_unablated || p_ablated) of the next-token distributions (Conmy et al. 2023, ACDC)."""
 
     name = "kl"
     description = ("mean over predicted positions of KL(p_unablated || p_ablated) of the next-token distributions; "
@@ -188,10 +156,8 @@ class KLDivergence(Metric):
 
 @register_metric
 class LogitDiff(Metric):
-    """Minus the logit difference logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022),
-    each row being a prompt, its answer and its distractor (CONTRAST_LAYOUT): one row per pair, the two tokens read
-    from the row itself, so a patch costs one forward of each prompt. Causal: the appended tokens change nothing of
-    the prompt's logits."""
+    """Minus logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022), each row a prompt, its
+    answer and its distractor (CONTRAST_LAYOUT): one forward per prompt."""
 
     name = "logit_diff"
     description = ("minus the mean logit(answer) - logit(distractor) at the last prompt position; delta > 0: the "
@@ -217,11 +183,8 @@ class LogitDiff(Metric):
 
 @register_metric
 class TargetWords(Metric):
-    """The probability the model puts on a set of target tokens as the next token, at every position of a text: how
-    much of a behaviour (talking about time, about money, ...) the model shows there (SAMD, 2025 steer a head's use
-    of time expressions). Higher = more of the behaviour, so a sweep's delta > 0 means the edit raised it. The
-    tokens are each word's or phrase's first token as it appears after a space (`target_words`): the probability
-    of starting that word. The registered instance has no words; `target_words(loaded, path)` makes one that has."""
+    """The next-token probability of a set of target words' first tokens (after a space): how much of a behaviour the
+    model shows; higher is more. The registered instance has no words: `target_words(loaded, path)` makes one."""
 
     name = "target_words"
     description = ("mean over predicted positions of the next-token probability of the target words' first tokens; "
@@ -279,8 +242,7 @@ def target_words(loaded: LoadedModel, path: str | Path) -> TargetWords:
 
 
 class ClassMetric(Metric):
-    """A sequence classifier's metric: one value per class of each row, `(batch, classes)`, of which the set's
-    `scored` counts the gold class (a labelled set, probe.inputs.labels)."""
+    """A sequence classifier's metric: (batch, classes) values, of which the set's `scored` counts the gold class."""
 
     shift = 0
     applies = ("labels",)
@@ -302,8 +264,7 @@ class ClassCrossEntropy(ClassMetric):
 
 @register_metric
 class Accuracy(ClassMetric):
-    """1 - accuracy: each class's value is 1 where it is not the top class, so the gold class's value is the row's
-    error (ties go to the first class, as argmax breaks them)."""
+    """1 - accuracy: 1 for every class but the top one (argmax's first on ties), so the gold class's is the error."""
 
     name = "accuracy"
     description = ("1 - accuracy on labelled texts (the share whose top class is not the gold one); delta > 0: the "
@@ -322,9 +283,8 @@ class Accuracy(ClassMetric):
 
 @register_metric
 class ClassLogitDiff(ClassMetric):
-    """Minus logit(answer) - logit(distractor) of a classifier's class logits (a clean/corrupt run of
-    probe.inputs.labels.read_class_pairs): each class's -logit, then its +logit, as values, `(batch, 2 x classes)`;
-    the run's `scored` picks the answer in the first half and the distractor in the second. Finished as logit_diff."""
+    """Minus logit(answer) - logit(distractor) of a classifier's class logits: values (batch, 2 x classes), -logit
+    then +logit, of which the run's `scored` picks the answer and the distractor."""
 
     name = "class_logit_diff"
     description = ("minus the mean logit(answer class) - logit(distractor class) of a classifier; delta > 0: the "
@@ -339,9 +299,7 @@ class ClassLogitDiff(ClassMetric):
 
 @register_metric
 class TopOne(Metric):
-    """1 - top-1 accuracy of the next token: 1 where the model's most likely next token (argmax's first on ties) is
-    not the one that follows, 0 where it is; the accuracy language-model evaluations report beside the loss (e.g.
-    LAMBADA's, Paperno et al. 2016), as an error so that delta > 0 is a cost like every other metric's."""
+    """1 - top-1 accuracy of the next token (argmax's first on ties), an error so that delta > 0 is a cost."""
 
     name = "top1"
     description = ("1 - top-1 accuracy of the next token (the share of predicted positions whose most likely token "
@@ -375,8 +333,7 @@ def has_logits(loaded: LoadedModel, output: Any) -> bool:
 
 
 def input_kind(loaded: LoadedModel, probe_set: ProbeSet) -> str:
-    """Which of KINDS the model and probe set are: labelled texts, a task set, a causal LM on text, or outputs
-    alone. A classifier reads labelled texts only: on other input, one line."""
+    """Which of KINDS the model and probe set are; a classifier on anything but labelled texts is refused."""
     layout = probe_set.meta.get("layout")
     if layout in (LABELS_LAYOUT, CLASS_CONTRAST_LAYOUT):
         return "labels" if layout == LABELS_LAYOUT else "class_contrast"
@@ -392,8 +349,7 @@ def input_kind(loaded: LoadedModel, probe_set: ProbeSet) -> str:
 
 
 def choose_metric(loaded: LoadedModel, probe_set: ProbeSet, metric: str | Metric | None = None) -> Metric:
-    """The metric of a sweep, a pruning run or an estimate: the one named (of METRICS) or given, checked against the
-    input kind it applies to; None: the metric that declares itself the default for this kind."""
+    """The metric named or given, checked against the input's kind; None: the kind's default metric."""
     kind = input_kind(loaded, probe_set)
     if metric is None:
         return next(candidate for candidate in METRICS.values() if kind in candidate.default_for)
@@ -428,9 +384,8 @@ class Scorer:
     keep: list[Tensor] | None = None  # when a list: every `sums` call appends its (copies, batch, positions') values
 
     def masks(self, ids: Tensor, mask: Tensor | None, scored: Tensor | None = None) -> Tensor:
-        """(parts + 1, batch, positions - shift) booleans: which positions count, for the whole set and each part;
-        `scored` (batch, positions - shift): only these (a task set's sentence or answer tokens). A per-row metric's
-        (parts + 1, batch, classes): `scored` itself, each row's gold class (the parts are positions: none)."""
+        """(parts + 1, batch, positions - shift) booleans of the positions that count (only `scored` where given); a
+        per-row metric's (parts + 1, batch, classes): `scored` itself."""
         if self.metric.per_row:
             if scored is None:
                 raise ProbeError(f"metric {self.metric.name} reads labelled texts: give labels", parameter="labels")

@@ -1,5 +1,4 @@
-"""The plan of a sweep: the probe set in batches, ablations in chunks (stacked copies of one start block), how many
-copies to stack, and which process runs which chunk."""
+"""The plan of a sweep: batches, chunks of ablations (one start block each), copies to stack, chunks per process."""
 
 from __future__ import annotations
 
@@ -26,9 +25,7 @@ def check_probe_set(probe_set: ProbeSet) -> None:
 
 
 def check_sources(probe_set: ProbeSet, method: type[AblationMethod]) -> None:
-    """A probe set whose encoder reads sources of its own (probe.inputs.pairs) runs no method that reads other
-    sequences' values at the same positions (mean, resample): those are the target's positions, which the encoder's
-    are not."""
+    """A probe set whose encoder reads its own sources runs no method that reads other sequences' values."""
     if probe_set.source_ids is not None and method.across_sequences:
         usable = [name for name, entry in METHODS.items() if not entry.across_sequences]
         raise ProbeError(f"source/target pairs are swept with method {' or '.join(usable)}, not {method.name}: their "
@@ -73,9 +70,7 @@ def _output_bytes(model: nn.Module, ids: Tensor, vocab_size: int, logits: bool) 
 
 def default_stack(model: nn.Module, inputs: Sequence[Tensor], vocab_size: int, chunked: bool, lean: bool,
                   logits_bytes: int) -> int:
-    """As many copies as fit in STACK_BYTES. Where the logits of a stack can be computed a chunk of positions at a
-    time (`chunked`), they do not count, else no more copies than keep the logits within `logits_bytes`; long
-    inputs (`lean`: one copy's logits are already chunked) gain nothing from stacking: one copy each."""
+    """As many copies as fit in STACK_BYTES, the logits counted unless `chunked`; long inputs (`lean`) one copy each."""
     if chunked and lean:
         return 1
     per_copy = max(_output_bytes(model, ids, vocab_size, logits=not chunked) for ids in inputs)
@@ -84,12 +79,7 @@ def default_stack(model: nn.Module, inputs: Sequence[Tensor], vocab_size: int, c
 
 
 def assign_chunks(costs: Sequence[float], world_size: int) -> list[int]:
-    """The rank of each chunk: largest first, each to the least-loaded rank (ties: lowest rank, earliest chunk).
-
-    Deterministic, so every process computes the same split without talking; chunks of early layers cost more
-    (more blocks run after the ablated one), and dealing them out by cost gives every rank heads across all layers
-    with loads within one chunk of each other.
-    """
+    """The rank of each chunk, largest first to the least-loaded rank: every process computes the same split."""
     if world_size < 1:
         raise ProbeError(f"world size must be at least 1, got {world_size}")
     load = [0.0] * world_size

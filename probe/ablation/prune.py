@@ -1,19 +1,9 @@
 """`prune`: pruning curves. Remove heads step by step and measure the loss with all removed heads ablated together.
 
-Michel et al. 2019 ("Are Sixteen Heads Really Better than One?"): head importance I_h = E_x |dL/dxi_h| for a gate
-xi_h multiplying head h's output (xi = 1: dL/dxi_h = <dL/dz_h, z_h> summed over the example's positions), the
-absolute value taken per example (sequence) before averaging, then normalised per layer (l2 norm over the layer's
-remaining heads); greedy iterative pruning: each step removes the `step` share of units of lowest importance,
-importance recomputed with the removed heads ablated. Orderings compared:
-- "michel": the importance above, recomputed after every step;
-- "sweep": the exact single-head sweep order (smallest delta first), one sweep up front;
-- "random": a random order per seed (a band over seeds).
-
-The loss at each step is measured exactly (one forward over the probe set, all removed heads ablated together with
-the method of METHODS). A unit is a query head, or with `kv_groups` a key/value group of a grouped-query model (its
-query heads together): only removing a whole group saves key/value compute. Cost is bounded and counted, so no
-resume: per ordering at most ceil(1 / step) loss passes (michel: as many gradient passes besides), plus one sweep.
-"""
+Orderings: "michel" (Michel et al. 2019: importance E_x |dL/dxi_h| of a gate on each head's output, normalised per
+layer, recomputed after every step), "sweep" (the exact single-head sweep's order) and "random" (a band over seeds).
+A unit is a query head, or with `kv_groups` a key/value group. Cost is bounded (at most ceil(1 / step) loss passes
+per ordering), so no resume."""
 
 from __future__ import annotations
 
@@ -30,7 +20,7 @@ from torch import Tensor
 
 from probe.frames import frame
 from probe.ablation.editor import ablated
-from probe.ablation.estimate import scaled_gradients
+from probe.ablation.estimate import keeping_graph, scaled_gradients
 from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
@@ -44,7 +34,6 @@ from probe.hooks.run import logits_of, run_model
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
-from probe.hooks.types import HookContext
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
@@ -97,8 +86,7 @@ class PruneCurve(Payload):
            columns=columns({"ordering": Field("string", "the curve's ordering"),
                             "seed": Field(("integer", "null"), "a random ordering's seed")}, PruneStep))
 class PruneResult(Payload):
-    """Pruning curves (Michel et al. 2019): per ordering, the loss after each step with every pruned head ablated
-    together; `to_dict()` is the JSON of `probe prune --json`."""
+    """Pruning curves: per ordering, the loss after each step with every pruned head ablated together."""
 
     model: str = schema_field(MODEL)
     metric: str = schema_field("the metric")
@@ -173,28 +161,20 @@ class _Evaluator:
 
 
 def graded(metric: Metric) -> Metric:
-    """The metric whose gradient Michel importance takes: the metric, or the one standing in for a metric without a
-    gradient (accuracy: the cross-entropy, as Michel et al. 2019 take it)."""
+    """The metric Michel importance differentiates: the metric, or its `surrogate` where it has no gradient."""
     return metric if metric.surrogate is None else METRICS[metric.surrogate]
 
 
 def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int, n_heads: int,
                     index: int) -> Tensor:
-    """(batch, n_layers, n_heads) dL_x/dxi_h of each sequence x of batch `index`: <dL_x/dz_h, z_h> over positions,
-    with L_x the sequence's mean metric and the `pruned` heads ablated."""
+    """(batch, n_layers, n_heads) dL_x/dxi_h per sequence of batch `index`, the `pruned` heads ablated."""
     runner = evaluator.runner
     batch = runner.batches[index]
     outputs: dict[int, Tensor] = {}
 
-    def capture(values: Tensor, ctx: HookContext) -> Tensor:  # values: (batch, positions, n_heads, head_dim)
-        if not values.requires_grad:  # frozen weights: the first hooked layer becomes the leaf
-            values = values.detach().requires_grad_()
-        outputs[ctx.layer] = values
-        return values
-
     with torch.enable_grad():
         with ablated(runner.model, [tuple(pruned)], runner.method, batch.context), \
-                attention_hooks(runner.model, {"z": capture}, batch=batch.context):
+                attention_hooks(runner.model, {"z": keeping_graph(outputs)}, batch=batch.context):
             output = logits_of(run_model(runner.model, batch.ids, batch.mask))  # (batch, positions, vocab)
         values = graded(evaluator.scorer.metric).values(output, batch.ids, batch.reference)  # (batch, positions')
         counted = batch.counted[0].to(values.device)
@@ -211,8 +191,7 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
 
 def importance(evaluator: _Evaluator, units: Sequence[Unit], pruned: Sequence[Head], shape: tuple[int, int]
                ) -> dict[Unit, float]:
-    """Michel et al. 2019 importance of each unit: E_x |sum over its heads of dL_x/dxi_h|, normalised by the l2 norm
-    of its layer's units (see the module docstring)."""
+    """Michel et al. 2019 importance of each unit, normalised by the l2 norm of its layer's units."""
     raw = torch.zeros(len(units), dtype=torch.float64)
     n_seqs = 0
     for index in range(len(evaluator.runner.batches)):
@@ -233,8 +212,7 @@ def _mask(pruned: set[Head], n_layers: int, n_heads: int) -> list[list[int]]:
 # long: one loop that picks, measures and stops; splitting it would pass its six pieces of state around
 def _curve(evaluator: _Evaluator, units: list[Unit], result: PruneResult, ordering: str, seed: int | None,
            choose: Callable[[list[Unit], list[Head]], list[Unit]], progress: Callable[[], None]) -> PruneCurve:
-    """Prune `units` in steps of `result.step` in the order `choose(remaining, pruned heads)` gives, measuring the
-    loss with every pruned head ablated, until the loss passes `result.limit` or nothing is left."""
+    """Prune `units` in steps in the order `choose` gives, until the loss passes `result.limit` or none is left."""
     per_step = max(1, math.ceil(result.step * len(units) - 1e-9))
     remaining, pruned = list(units), list[Head]()
     steps = [PruneStep(0, 0, 0, 0.0, result.baseline_loss, 0.0, [])]
@@ -331,14 +309,10 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
           method: str | AblationMethod = "zero", metric: str | Metric | None = None, kv_groups: bool = False,
           method_seed: int = 0, batch_size: int = 8, data: str | None = None, eval_set: ProbeSet | None = None,
           eval_data: str | None = None, progress: ProgressArg = None) -> PruneResult:
-    """Pruning curves (see the module docstring): for each ordering, remove `step` of the units per step, measure
-    the metric with all removed heads ablated together (`method`: a name of METHODS, built with the statistics it
-    reads over `probe_set` and `method_seed`, or an AblationMethod), until it rises past `max_increase` (relative to the
-    baseline, or absolute with `relative=False`) or everything is gone. `metric`: a Metric object or a name of
-    METRICS (default: the loss, as sweeps choose it: `choose_metric`). `eval_set`: measure
-    the losses there instead of on `probe_set`, where the orderings are chosen (a held-out check: an order chosen on
-    a small sample overfits it). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in steps
-    (their total bounds the work: a curve stops at the limit)."""
+    """Pruning curves (see the module docstring): per ordering, remove `step` of the units per step until the metric
+    rises past `max_increase` (relative, or absolute with `relative=False`). `method` and `metric` as in `sweep`;
+    `eval_set`: measure the losses there instead of on `probe_set`, where the orderings are chosen. `progress`: True
+    draws a bar, a callable gets `(done, total)` in steps."""
     started, report = time.perf_counter(), callback(progress)
     check_probe_set(probe_set)
     refuse_sources(probe_set, "prune")

@@ -28,8 +28,8 @@ ABLATION_PATTERNS = {PART_RE: Field("number", "a part's loss (PART_loss) or its 
 
 
 class HeadResult(Payload):
-    """The metric with one head ablated (or several together: `heads`). Its declared fields are what was measured;
-    `to_dict()` is its entry (`entry()`): its head (a group's heads and label) first, then those."""
+    """The metric with one head (or `heads` together) ablated; `to_dict()` is its entry: its head, then what was
+    measured."""
 
     heads: Ablation
     loss: float = schema_field("the metric with the head (or heads) ablated")
@@ -75,8 +75,7 @@ class HeadResult(Payload):
                           {name: parts[name] - baseline_parts[name] for name in baseline_parts}, exact)
 
     def entry(self, layer_names: list[str] | None = None) -> HeadEntry | GroupEntry:
-        """Its entry in the payload: a head's, or a group's (whose label names layers by `layer_names` on an
-        encoder-decoder)."""
+        """Its entry in the payload: a head's, or a group's (labelled by `layer_names` on an encoder-decoder)."""
         return HeadEntry.of(self) if len(self.heads) == 1 else GroupEntry.of(self, layer_names)
 
     def to_dict(self, layer_names: list[str] | None = None) -> dict[str, Any]:
@@ -85,8 +84,7 @@ class HeadResult(Payload):
 
     @staticmethod
     def from_dict(entry: Any) -> HeadResult:
-        """The result `to_dict` wrote; ProbeError saying what is missing or wrong in a malformed entry (a value of
-        another type is refused, not converted: a head 1.5 read as 1, or a loss "2", would be silently wrong)."""
+        """The result `to_dict` wrote; a malformed entry refused saying what is wrong (values are never converted)."""
         if not isinstance(entry, dict):
             raise ProbeError(f"an ablation entry is a JSON object, not {type(entry).__name__}")
         try:
@@ -250,9 +248,8 @@ class AblationResult(Payload):
         return sorted(self.results, key=lambda r: (-r.delta, r.heads))
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """One row per ablation, for CSV: name (`L18H6`; heads ablated together `L5H1+L18H6`), layer and head
-        (integers: only where every ablation is one head, so that pandas reads them as integers), loss, delta, the
-        parts (same keys in every row), and in estimate mode `value`: exact or estimated."""
+        """One row per ablation, for CSV: name, layer and head (only where every ablation is one head), loss, delta,
+        parts."""
         rows = []
         singles = all(len(r.heads) == 1 for r in self.results)
         for r in self.ranked():
@@ -272,9 +269,7 @@ class AblationResult(Payload):
         return rows
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per ablation, largest delta first: layer and head (None for a group), name
-        (`L5H1`, `L5H1+L18H6`), then the CSV's columns (loss, delta, the parts' losses and deltas; in estimate mode
-        `value`: exact or estimated); the ablate schema's columns. Needs pandas."""
+        """A pandas DataFrame, one row per ablation, largest delta first: the ablate schema's columns. Needs pandas."""
         rows = []
         for result, row in zip(self.ranked(), self.csv_rows()):
             single = len(result.heads) == 1

@@ -1,13 +1,7 @@
-"""Runners: the metric sums of a chunk of ablations (stacked copies) on one batch of the probe set, behind one
-interface, `sums(chunk, index) -> (copies, parts + 1)`.
-
-- NaiveRunner: one full forward per ablation; the reference the other is checked against.
-- PrefixRunner: the unablated baseline keeps the output of every block (decoder layer); an ablation in layer l then
-  short-circuits blocks 0..l-1 to those kept outputs, so only blocks l.. and the unembedding run again; a chunk's
-  ablations share one forward as stacked copies of the batch. Checked against the naive runner on the first chunk
-  that reuses anything; if they differ (or the model cannot run from kept outputs) it falls back to naive and says
-  why in `path`.
-"""
+"""Runners: the metric sums of a chunk of ablations (stacked copies) on one batch, `sums(chunk, index) -> (copies,
+parts + 1)`. NaiveRunner: one full forward per ablation. PrefixRunner: an ablation in layer l runs from the
+baseline's kept block outputs, blocks l.. only; checked against naive on the first chunk that reuses anything,
+falling back (and saying why in `path`) if they differ."""
 
 from __future__ import annotations
 
@@ -50,8 +44,7 @@ class Batch:
 
 
 def batch_contexts(probe_set: ProbeSet, batch_size: int) -> list[BatchContext]:
-    """What a method sees of each batch of `probe_set.batches(batch_size)` (`ctx.batch`): one place for every
-    caller that binds a method (the sweep, pruning, self-repair, patching)."""
+    """What a method sees of each batch of `probe_set.batches(batch_size)` (`ctx.batch`), for every caller."""
     contexts, first = [], 0
     for index, (ids, mask) in enumerate(probe_set.batches(batch_size)):
         contexts.append(BatchContext.of(ids, mask, index, first))
@@ -60,9 +53,7 @@ def batch_contexts(probe_set: ProbeSet, batch_size: int) -> list[BatchContext]:
 
 
 def batches_of(probe_set: ProbeSet, scorer: Scorer, batch_size: int) -> list[Batch]:
-    """The probe set's batches, each with what its metric counts (positions, a task's scored ones, or a labelled
-    row's gold class), its encoder's own sources and its context: one place for the sweep, pruning and the
-    estimate."""
+    """The probe set's batches, each with what its metric counts, its encoder's sources and its context."""
     return [Batch(ids, mask, scorer.masks(ids, mask, rows), source=source, context=context)
             for (ids, mask), rows, source, context in
             zip(probe_set.batches(batch_size), probe_set.scored_batches(batch_size), probe_set.sources(batch_size),
@@ -111,8 +102,7 @@ class NaiveRunner:
 
 
 class PrefixRunner:
-    """Ablated runs that start at the ablated layer's block, from the baseline's kept block outputs; falls back to
-    `naive` (and says why in `path`) where the model cannot be run that way or the check fails."""
+    """Ablated runs from the baseline's kept block outputs; falls back to `naive` (saying why in `path`)."""
 
     def __init__(self, naive: NaiveRunner, blocks: Blocks, ablations: list[Ablation], tokens: int,
                  checked: bool = False) -> None:
@@ -229,8 +219,7 @@ class PrefixRunner:
         return ""
 
     def reproduces(self, index: int, expected: Tensor) -> str:
-        """'' if short-circuiting the blocks before the last one reproduces the baseline's metric sums `expected` on
-        batch `index`: a check of the prefix reuse that costs one block and the unembedding, not a full forward."""
+        """'' if short-circuiting the blocks before the last reproduces the baseline's sums on batch `index`."""
         batch = self.batches[index]
         if batch.kept is None:
             return "no block outputs kept"
@@ -248,8 +237,7 @@ Runner = NaiveRunner | PrefixRunner
 
 
 def require_finite_baseline(runner: Runner, loss: float) -> None:
-    """Refuse a baseline the model's own forward made NaN or infinite (float16 overflowing: probe.overflow), and
-    the unablated outputs a comparing metric measures against: every ablated run would be measured against NaN."""
+    """Refuse a NaN or infinite baseline (probe.overflow): every ablated run would be measured against it."""
     references = [batch.reference for batch in runner.batches if isinstance(batch.reference, Tensor)]
     finite = math.isfinite(loss)
     if finite and references:

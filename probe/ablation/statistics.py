@@ -1,10 +1,5 @@
-"""Reference statistics of every head's output over a reference set, for the methods that replace a head's output
-with a statistic of it (mean ablation, noise ablation). One collector serves every such method: a method declares
-the statistics it reads (`AblationMethod.statistics`), and `head_statistics` takes them all in one forward pass.
-
-A statistic is a registry entry (`STATISTICS`): the power sums it needs and how to finish them into a value. A new
-statistic is one entry here.
-"""
+"""Reference statistics of every head's output over a reference set (mean and noise ablation): one collector,
+`head_statistics`, takes every statistic the methods declare in one pass; a statistic is an entry of STATISTICS."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ from probe.models import LoadedModel
 
 @dataclass(frozen=True)
 class Statistic:
-    """A statistic of a head's output over positions: the power sums sum(x^k) it needs (k in `powers`), finished
-    into its value by `finish(moments)` where moments[k] = sum(x^k) / count."""
+    """A statistic over positions: the power sums sum(x^k) it needs (`powers`), finished by `finish(moments)`."""
 
     name: str
     powers: tuple[int, ...]
@@ -49,8 +43,7 @@ STATISTICS: dict[str, Statistic] = {statistic.name: statistic for statistic in (
 
 @dataclass
 class HeadStatistics:
-    """Statistics of every head of every layer over a reference set: statistic -> layer -> (heads, head_dim), or with
-    `per_position` layer -> (positions, heads, head_dim)."""
+    """Statistics of every head: statistic -> layer -> (heads, head_dim), per position (positions, heads, head_dim)."""
 
     stats: dict[str, dict[int, Tensor]]
     per_position: bool
@@ -92,8 +85,7 @@ class HeadStatistics:
 
 
 def _add_tensor(digest: hashlib._Hash, value: Tensor) -> None:
-    """A tensor's exact bytes into a fingerprint, in any dtype: numpy has no bfloat16, so the bytes are read through a
-    uint8 view (the same bytes numpy gives for the dtypes it has: float32 fingerprints are unchanged)."""
+    """A tensor's exact bytes into a fingerprint in any dtype (through a uint8 view: numpy has no bfloat16)."""
     digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
 
 
@@ -142,8 +134,7 @@ class _Sums:
 
 def head_statistics(loaded: LoadedModel, reference: ProbeSet, names: Sequence[str] = ("mean",), *,
                     per_position: bool = False, batch_size: int = 8) -> HeadStatistics:
-    """The statistics `names` (of STATISTICS) of every head's output over the reference set: one forward pass over
-    it, nothing changed."""
+    """The statistics `names` (of STATISTICS) of every head's output over the reference set, in one pass."""
     unknown = [name for name in names if name not in STATISTICS]
     if unknown:
         raise ProbeError(f"unknown statistic {unknown[0]!r}: use some of {', '.join(STATISTICS)}", parameter="names")
@@ -159,15 +150,14 @@ def head_statistics(loaded: LoadedModel, reference: ProbeSet, names: Sequence[st
 
 @dataclass
 class HeadOutputs:
-    """Every head's output on each batch of a source run, for methods that patch those values in (activation
-    patching's clean run): batch -> layer -> (rows, positions, n_heads, head_dim)."""
+    """Every head's output on each batch of a source run, to patch in: batch -> layer -> (rows, positions, heads,
+    dim)."""
 
     values: list[dict[int, Tensor]]
     source: str  # what the run was, for reports
 
     def at(self, layer: int, heads: Tensor, batch: int | None) -> Tensor:
-        """The source's head outputs of `layer` on batch `batch`, the shape of `heads` (the same rows and positions
-        of the run being patched)."""
+        """The source's head outputs of `layer` on batch `batch`, the shape of `heads`."""
         if batch is None or batch >= len(self.values):
             raise ProbeError("patching takes each batch's values from the same batch of the source run: run it as a "
                              "sweep over a probe set shaped like the source", parameter="method")
@@ -186,8 +176,7 @@ class HeadOutputs:
 
 def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, point: str,
                read: Callable[[Any], Tensor]) -> HeadOutputs:
-    """What `read` takes of each layer's payload at hook point `point` (`z` or `inputs`), batch by batch of
-    `source` (one forward pass over it, nothing changed)."""
+    """What `read` takes of each layer's payload at hook point `point`, batch by batch of `source`, in one pass."""
     values: list[dict[int, Tensor]] = []
 
     def record(seen: Any, ctx: HookContext) -> None:
@@ -206,8 +195,7 @@ def head_outputs(loaded: LoadedModel, source: ProbeSet, *, batch_size: int = 8) 
 
 
 def head_inputs(loaded: LoadedModel, source: ProbeSet, component: str, *, batch_size: int = 8) -> HeadOutputs:
-    """Every layer's attention input `component` (query, key or value: (rows, heads, positions, head_dim), keys and
-    values per key/value head) on each batch of `source`."""
+    """Every layer's attention input `component` (query, key or value) on each batch of `source`."""
     return _per_batch(loaded, source, batch_size, "inputs", lambda inputs: getattr(inputs, component))
 
 

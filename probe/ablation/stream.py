@@ -1,11 +1,11 @@
-"""The results stream: a JSON-lines file, a header line then one line per finished ablation, appended and flushed
-as each finishes, so an interrupted sweep loses nothing finished and `resume=True` continues from it."""
+"""The results stream: a header line then one line per finished ablation, flushed as each finishes, for `resume`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,7 @@ RESULTS_FORMAT = 1
 
 
 def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: str) -> str:
-    """What makes two sweeps' numbers comparable: model, data, method (and what it depends on), metric. Not the
-    heads, not timing."""
+    """What makes two sweeps' numbers comparable: model, data, method (and what it depends on), metric."""
     digest = hashlib.sha256()
     digest.update(json.dumps([loaded.name, method.name, metric, probe_set.offset, probe_set.repeat_len]).encode())
     digest.update(probe_set.input_ids.cpu().contiguous().numpy().tobytes())
@@ -34,8 +33,8 @@ def fingerprint(loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod
     return digest.hexdigest()[:24]
 
 
-def write_stream(path: Path, header: dict[str, Any], entries: list[HeadResult]) -> None:
-    """A results stream (header line, one line per ablation), written atomically: a temporary file, renamed."""
+def write_stream(path: Path, header: dict[str, Any], entries: Sequence[Any]) -> None:
+    """A results stream (a header line, one line per entry's `to_dict()`), written atomically."""
     lines = [json.dumps(header)] + [json.dumps(entry.to_dict()) for entry in entries]
     write_atomically(path, "\n".join(lines) + "\n")
 
@@ -122,28 +121,37 @@ def load_results(*paths: str | Path) -> AblationResult:
                           layer_names=h.get("layer_names"), dtype=h.get("dtype", "float32"))
 
 
-class Stream:
-    """Appends one JSON line per finished ablation, flushed at once, so an interruption loses nothing finished."""
+class LineStream:
+    """A stream rewritten as `header` and `entries`, then one JSON line appended per finished entry, flushed at once,
+    so an interruption loses nothing finished; `done` holds the entries by `key`."""
 
-    def __init__(self, path: Path, header: dict[str, Any], resume: bool) -> None:
-        self.path = path
-        self.done: dict[Ablation, HeadResult] = {}
-        if resume and path.exists() and path.stat().st_size > 0:
-            old, entries = read_results(path)
-            _check_resumable(path, old, header)
-            self.done = {entry.heads: entry for entry in entries}
-            write_stream(path, old, entries)  # drops a half-written last line
-        else:
-            write_stream(path, header, [])
+    def __init__(self, path: Path, header: dict[str, Any], entries: Sequence[Any], key: Callable[[Any], Any]) -> None:
+        self.path, self.key = path, key
+        write_stream(path, header, entries)  # drops a half-written last line
+        self.done = {key(entry): entry for entry in entries}
         self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open while the stream lives; close() closes it)
 
-    def write(self, result: HeadResult) -> None:
+    def write(self, result: Any) -> None:
         self.file.write(json.dumps(result.to_dict()) + "\n")
         self.file.flush()
-        self.done[result.heads] = result
+        self.done[self.key(result)] = result
 
     def close(self) -> None:
         self.file.close()
+
+
+class Stream(LineStream):
+    """The results stream of a sweep; with `resume`, continuing the one at `path` (refused if it is another)."""
+
+    done: dict[Ablation, HeadResult]
+
+    def __init__(self, path: Path, header: dict[str, Any], resume: bool) -> None:
+        entries: list[HeadResult] = []
+        if resume and path.exists() and path.stat().st_size > 0:
+            old, entries = read_results(path)
+            _check_resumable(path, old, header)
+            header = old
+        super().__init__(path, header, entries, key=lambda result: result.heads)
 
 
 def _set_name(header: dict[str, Any]) -> str:
@@ -169,8 +177,7 @@ def _difference(old: dict[str, Any], header: dict[str, Any]) -> str | None:
 
 
 def check_same_sweep(path: Path, identity: dict[str, Any]) -> None:
-    """Before any work: a results file to continue holds a sweep of this model, dtype and probe set (`identity`:
-    the header's model, model_sha256, dtype and probe_set), else one line saying which differs."""
+    """Before any work: a results file to continue holds a sweep of this model, dtype and probe set, else one line."""
     if path.is_file() and path.stat().st_size > 0:
         _refuse_another(path, read_results(path)[0], identity)
 
@@ -193,9 +200,8 @@ def _check_resumable(path: Path, old: dict[str, Any], header: dict[str, Any]) ->
 
 
 def cached_results_path(key: dict[str, Any], folder: str = "ablate", stem: str = "sweep") -> Path:
-    """Where a sweep (or another run that streams its results, `folder` and `stem` naming it) streams when no results
-    file is given: probe's cache, named by `key` (everything that shapes the numbers, as the command was given them),
-    so that the same command with resume finds it."""
+    """Where a run streams when no results file is given: probe's cache, named by `key` (what shapes the numbers), so
+    that the same command with resume finds it."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / folder / f"{stem}-{digest}.jsonl"  # every command's sweeps in one folder
 

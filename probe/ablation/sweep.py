@@ -1,15 +1,7 @@
-"""`sweep`: one result per head (or group of heads ablated together), each against the unablated baseline.
-
-Three ways to run one (`mode`):
-- "naive": one full forward per ablation; the reference the others are checked against.
-- "exact" (default): the baseline's prefix reused, stacked copies per forward (runners.PrefixRunner); the same
-  numbers as "naive" (checked on the first forward that reuses anything; if they differ the sweep falls back to
-  "naive" and says so in `path`).
-- "estimate": attribution patching of every head's zero-ablation delta (see `estimate`).
-
-Results stream to a JSON-lines file as each ablation finishes; `resume=True` skips what that file holds. The model
-is restored exactly on exit, also after an error or Ctrl-C.
-"""
+"""`sweep`: one result per head (or group of heads ablated together), each against the unablated baseline. `mode`:
+"naive" (one full forward per ablation, the reference), "exact" (the baseline's prefix reused, stacked copies;
+checked against naive on the first reuse, falling back if they differ), "estimate" (attribution patching). Results
+stream to a JSON-lines file; `resume=True` skips what it holds. The model is restored exactly on exit."""
 
 from __future__ import annotations
 
@@ -45,8 +37,6 @@ from probe.progress import Progress, ProgressArg, callback, log, reports
 from probe.provenance import model_dtype, model_facts
 
 MODES = ("exact", "naive", "estimate")
-
-
 
 
 @dataclass
@@ -95,8 +85,7 @@ def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequen
 
 def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
             batch_size: int, ablations: list[Ablation]) -> tuple[Runner, Callable[[int], int]]:
-    """The runner of this sweep (prefix reuse where the model has a block list) and the cost of a run from a start
-    block, in the units progress counts (WORK_UNITS a full forward)."""
+    """The runner of this sweep (prefix reuse where the model has a block list) and a run's cost by start block."""
     model = loaded.model
     scorer = Scorer(metric, parts_of(probe_set))
     layers = attention_layers(model)
@@ -154,8 +143,7 @@ def _baseline(runner: Runner, work: _Work, cost: Callable[[int], int], tokenizer
 
 def baseline_metric(loaded: LoadedModel, probe_set: ProbeSet, *, metric: str | Metric | None = None,
                     batch_size: int = 8) -> tuple[float, dict[str, float] | None]:
-    """The unablated model's metric over a probe set, as a sweep's baseline measures it (and a task set's margin
-    and accuracy): one forward per batch."""
+    """The unablated model's metric over a probe set as a sweep's baseline measures it (and a task's figures)."""
     chosen = choose_metric(loaded, probe_set, metric)
     runner, cost = _runner(loaded, probe_set, "naive", method_named("zero"), chosen, batch_size, [])
     base = _baseline(runner, _Work(0, None), cost, loaded.tokenizer)
@@ -188,8 +176,7 @@ def _check_resume(loaded: LoadedModel, probe_set: ProbeSet, results_path: str | 
 
 def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_size: int,
           shard: tuple[int, int] | None, cost: Callable[[int], int]) -> list[list[Ablation]]:
-    """The chunks this process runs: ablations of one start block, `stack` copies at most (default: as many as
-    fit), and under `shard=(rank, world)` this rank's share of exactly the chunks one process would run."""
+    """The chunks this process runs: ablations of one start block, `stack` copies at most, this shard's share."""
     if not isinstance(runner, PrefixRunner) or runner.reason is not None:
         stack = 1
     elif stack is None:
@@ -210,8 +197,7 @@ def _logits_bytes() -> int:
 
 def _run(runner: Runner, todo: list[list[Ablation]], work: _Work, cost: Callable[[int], int],
          finish: Callable[[list[Ablation], Tensor, list[Tensor]], None]) -> None:
-    """Every chunk on every batch; `finish` gets the chunk, its (copies, parts + 1) sums and its per-position values
-    (copies, batch, positions') of each batch once all batches are in."""
+    """Every chunk on every batch; `finish` gets each chunk, its sums and its per-position values once all are in."""
     scorer = runner.scorer
     for chunk in todo:
         sums = torch.zeros(len(chunk), len(scorer.parts) + 1, dtype=torch.float64)  # (copies, parts + 1)
@@ -306,17 +292,12 @@ def sweep(
     on_result: Callable[[HeadResult], None] | None = None,
     shard: tuple[int, int] | None = None,
 ) -> AblationResult:
-    """Ablate each head of `heads` alone (default: every head) and each group of `groups` together; measure the
-    metric for each against the unablated baseline.
+    """Ablate each head of `heads` alone (default: every head) and each group of `groups` together; the metric of
+    each against the unablated baseline.
 
-    `method` is a name of METHODS (built with what it declares: `statistics` it reads, taken over the probe set when
-    not given; `seed`) or an AblationMethod object. `metric` is a name of METRICS or a Metric (default: the one for
-    this input, `choose_metric`). `mode` "exact" reuses the baseline's prefix and stacks `stack` ablations per
-    forward (default: as many of one layer as fit in STACK_BYTES); "naive" runs one full forward per ablation;
-    "estimate" calls `estimate`. `results_path` streams each finished ablation to a JSON-lines file; `resume` skips
-    what that file holds (refusing another model, dtype or probe set). `shard=(rank, world)` runs only this
-    process's share of the chunks (probe.distributed): merged shards equal one process's sweep.
-    """
+    `method`: a name of METHODS (built with what it declares) or an AblationMethod; `metric`: a name of METRICS or a
+    Metric (default: `choose_metric`); `mode` as the module says, `stack` ablations per forward (default: what fits
+    in STACK_BYTES); `results_path` and `resume` stream and resume; `shard=(rank, world)` runs this process's share."""
     started, progress = time.perf_counter(), callback(progress)  # True: a bar on stderr
     _validate(probe_set, method, mode, stack)
     ablations = _ablations(loaded, heads, groups)

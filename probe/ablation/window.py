@@ -1,11 +1,6 @@
-"""Ablation methods that change which keys a head attends to, rather than what it outputs.
-
-Window ablation restricts the chosen heads to a StreamingLLM cache (Xiao et al. 2023): the first `sink` keys and
-the `recent` most recent ones, the softmax renormalised over those alone, exactly what the head computes when its
-KV cache keeps nothing else (DuoAttention's streaming heads, Xiao et al. 2024). It works through the `recompute`
-hook point (probe.hooks.points): the chosen heads are computed again over their sink and recent keys alone
-(`probe.hooks.restricted`), so a windowed head costs about sink + recent keys per query, not n.
-"""
+"""Ablation methods that change which keys a head attends to. Window ablation restricts the chosen heads to a
+StreamingLLM cache (Xiao et al. 2023: the first `sink` keys and the `recent` latest, softmax renormalised), through
+the `recompute` hook point, so a windowed head costs about sink + recent keys per query."""
 
 from __future__ import annotations
 
@@ -30,13 +25,11 @@ class PatternAblation(AblationMethod):
     point = "recompute"
 
     def allowed_keys(self, queries: Tensor, keys: Tensor) -> Tensor:
-        """(len(queries), len(keys)) bool: whether an ablated head may attend to each key from each query (absolute
-        positions; causality is added on top)."""
+        """(len(queries), len(keys)) bool: whether an ablated head may attend to each key from each query."""
         raise NotImplementedError
 
     def key_spans(self, first: int, stop: int) -> list[tuple[int, int]]:
-        """The key ranges queries first .. stop - 1 may attend to: every earlier key unless a method knows better
-        (the fewer keys, the less each query block computes)."""
+        """The key ranges queries first .. stop - 1 may attend to (fewer keys, less computed per query block)."""
         return [(0, stop)]
 
     def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
@@ -48,8 +41,7 @@ class PatternAblation(AblationMethod):
         return recompute, recompute.layers
 
     def check(self, layers: Sequence[AttentionLayer], edited: set[int]) -> None:
-        """A key window (a KV cache kept while decoding) is defined on causal self-attention: an encoder-decoder's
-        encoder and cross-attention layers are refused in one line."""
+        """A key window is defined on causal self-attention: encoder and cross-attention layers are refused."""
         other = sorted({layers[layer].stack for layer in edited} & {"encoder", "cross"})
         if other:
             raise ProbeError(f"{self.name} ablation restricts a causal head's keys to a decoding cache's; it applies "
@@ -87,8 +79,7 @@ class WindowAblation(PatternAblation):
 
 
 class RestrictedHeads:
-    """The `recompute` hook point's handler for `len(ablations)` stacked copies of a batch: copy i has the heads of
-    ablations[i] computed again over `method`'s keys only (`restricted_attention`)."""
+    """The `recompute` handler for stacked copies: copy i's heads computed again over `method`'s keys only."""
 
     def __init__(self, ablations: Sequence[Ablation], method: PatternAblation) -> None:
         self.copies, self.method = len(ablations), method
@@ -112,8 +103,7 @@ class RestrictedHeads:
         return self._layouts[key]
 
     def __call__(self, output: Tensor | None, ctx: HookContext) -> Tensor:
-        """The layer's output (b, n, hq, d) with the chosen heads recomputed from `ctx.inputs`; `output` None where
-        they are all."""
+        """The layer's output with the chosen heads recomputed from `ctx.inputs`; `output` None where they are all."""
         inputs, layer = ctx.inputs, ctx.layer
         assert inputs is not None  # the recompute site always has them
         batch, n_heads, n_queries, _ = inputs.query.shape

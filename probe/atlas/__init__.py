@@ -1,9 +1,5 @@
-"""The atlas: one result, and one page, where every head's evidence meets (pattern, weights, cause).
-
-    from probe.atlas import atlas
-    result = atlas(loaded)              # probe.atlas.run.atlas
-    result.to_dict()                    # the same JSON as `probe atlas --json`
-"""
+"""The atlas: one result, and one page, where every head's evidence meets (`atlas(loaded).to_dict()` is `probe atlas
+--json`)."""
 
 from probe.atlas.result import METRICS, Atlas, Stage
 from probe.atlas.run import atlas

@@ -121,15 +121,6 @@ def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None) ->
     return out
 
 
-def _status(labels: list[dict[str, Any]]) -> str:
-    """The head's best-supported label's status ("none" without a label)."""
-    return labels[0]["evidence"]["status"] if labels else "none"
-
-
-def _writes(reader: OVReader | None, layer: int, head: int, examples: list[Example]) -> list[dict[str, Any]] | None:
-    return None if reader is None else reader.writes(layer, head, attended_tokens(examples))
-
-
 def _reader(loaded: LoadedModel) -> OVReader | None:
     try:
         return OVReader(loaded.model, lambda ids: token_strings(loaded, ids))
@@ -146,11 +137,12 @@ def _head(measured: Measured, reader: OVReader | None, layer: int, head: int,
     task = _by_head(measured.task).get((layer, head))
     examples = chosen.get((layer, head), [])
     return {
-        "layer": layer, "head": head, "classes": labels, "status": _status(labels),
+        "layer": layer, "head": head, "classes": labels,
+        "status": labels[0]["evidence"]["status"] if labels else "none",  # the best-supported label's
         "pattern": labels[0]["probe_set"] if labels else "natural",
         "metrics": _metrics(measured, facts, activity),
         "examples": [example.to_dict() for example in examples],
-        "writes": _writes(reader, layer, head, examples),
+        "writes": None if reader is None else reader.writes(layer, head, attended_tokens(examples)),
         "partners": {"feeders": [p.to_dict() for p in found[0]], "readers": [p.to_dict() for p in found[1]]},
         "effects": _effects(_by_head(measured.ablation).get((layer, head)), measured.fast),
         "task": None if task is None else {"delta": _number(task.delta),

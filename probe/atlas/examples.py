@@ -1,11 +1,5 @@
-"""Each head's examples over the data: the query positions where its output is largest, and a few from lower
-deciles so that a reader sees the top ones are not cherry-picked (Neuronpedia's HeadVis shows heads the same way).
-
-Two passes over the probe set. The first records, for every head and query position, the norm of what the head
-writes into the residual stream (its output through its rows of W_O) and its largest attention to a key other than
-the first (BOS, often a sink that says little). The second keeps, for the positions chosen, the query's attention over
-the tokens before it, to shade them on the page.
-"""
+"""Each head's examples: the query positions where its output is largest, and a few from lower deciles (as
+Neuronpedia's HeadVis), from two passes: output norms and top keys, then the chosen queries' attention to shade."""
 
 from __future__ import annotations
 
@@ -35,9 +29,8 @@ Step = Callable[[], None]
 
 @dataclass
 class Example:
-    """One query position of one head: its output norm, which decile of the head's positions it is in, the tokens
-    before the query (and around its top key, where that is further back) with the query's attention on each, and
-    the key it attends to most."""
+    """One query position of one head: output norm, decile, the tokens before it with its attention on each, its top
+    key."""
 
     sequence: int
     position: int
@@ -161,8 +154,7 @@ def attend(loaded: LoadedModel, probe_set: ProbeSet, chosen: dict[tuple[int, int
 
 
 def _shade(example: Example, line: Tensor) -> None:
-    """The query's weights over the CONTEXT tokens before it, and over a few tokens around its top key where that
-    lies further back (an induction head's earlier copy)."""
+    """The query's weights over the CONTEXT tokens before it, and around its top key where that lies further back."""
     example.top_key = int(line.argmax())
     example.top_weight = float(line[example.top_key])
     first = max(0, example.position - CONTEXT)

@@ -47,8 +47,8 @@ class Stage(Payload):
            column_patterns={other_than(ATLAS_COLUMNS): Field("number", "a metric of the head (a column per metric: "
                                                                        "the atlas' metrics)")})
 class Atlas(Payload):
-    """Every head of a model: its classes with the evidence for each, its examples, what it writes, its partners
-    and its causal effects. `patterns` (probe set -> Patterns on the set's first sequence) go to the page only."""
+    """Every head of a model: classes with their evidence, examples, writes, partners, causal effects; `patterns`
+    page-only."""
 
     model: str = schema_field(MODEL)
     n_layers: int = schema_field(N_LAYERS)
@@ -117,8 +117,7 @@ class Atlas(Payload):
         return self.heads[layer * self.n_heads + head]
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head: layer, head, name, status, pattern, its classes (comma-separated)
-        and a column per metric (the atlas schema's columns). Needs pandas."""
+        """A pandas DataFrame, one row per head: the atlas schema's columns. Needs pandas."""
         rows = head_rows(self.heads, ("status", "pattern"), self.layer_names, classes="class")
         for row, entry in zip(rows, self.heads):
             row.update(entry["metrics"])

@@ -1,16 +1,6 @@
-"""`atlas`: every measurement the atlas shows, each by the library's own function (classify, sweep / estimate,
-composition and copying scores, direct logit attribution, patterns), run once, stage by stage, with progress.
-
-Stages: classify (every registered class), weights (K/Q/V composition, copying), ablation (every head on natural
-text: the exact sweep, or the estimate with `fast`), parts (the heads of classes whose evidence rule names a probe set
-part, ablated there: the second copy of a repeated sequence for induction and previous-token heads), task (with
-`task`), examples (two passes over natural text), patterns (every head on each probe set's first sequence) and dla
-(the correct next token's logit on natural text), and with `self_repair` the self_repair stage (every head zero-ablated
-on natural text: total and direct effect on the log-likelihood, the heads that cover for it; one forward per head and
-batch, about as long as the exact sweep). A stage the model cannot do (no embeddings for the copying score,
-no block list for DLA) is skipped with its reason. With `results_dir` the sweeps stream there and `resume` continues
-them.
-"""
+"""`atlas`: every measurement the atlas shows, each by the library's own function, run once, stage by stage
+(classify, weights, ablation, parts, task, examples, patterns, dla, self_repair); a stage the model cannot do is
+skipped with its reason. With `results_dir` the sweeps stream there and `resume` continues them."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What a head writes and whom it talks to, from its weights (Elhage et al. 2021):
-
-- its OV circuit read through the unembedding: for a token t the head attends to, the logits W_E[t] W_V W_O W_U
-  that the head's output adds (the norms in between ignored, as the copying score ignores them), top tokens first;
-- its composition partners: the earlier heads whose output feeds its queries, keys or values most strongly, and
-  the later heads that read its output most strongly (probe.circuits.composition's scores, any kind).
-"""
+"""What a head writes and whom it talks to, from its weights (Elhage et al. 2021): its OV circuit through the
+unembedding (top tokens), and its composition partners (probe.circuits.composition's scores)."""
 
 from __future__ import annotations
 
@@ -21,8 +16,8 @@ PROMOTED = 6  # tokens listed per attended token
 
 
 def partners(composition: Composition, layer: int, head: int) -> tuple[list[Partner], list[Partner]]:
-    """(feeders, readers): the TOP_PARTNERS strongest earlier heads per kind (k, q, v) composing into this head, and
-    the TOP_PARTNERS strongest (later head, kind) pairs this head composes into."""
+    """(feeders, readers): the TOP_PARTNERS strongest earlier heads composing into this head, and heads it composes
+    into."""
     feeders: list[Partner] = []
     readers: list[Partner] = []
     for kind in composition.scores:

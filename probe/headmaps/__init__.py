@@ -1,6 +1,5 @@
-"""Head maps as the field publishes them (DuoAttention, Retrieval_Head, TransformerLens-style tensors, probe's own
-JSON), read into one `HeadMap` with its convention stated, `compare(a, b)` of any two (docs/compare.md), and a
-DuoAttention folder as kvpress's DuoAttentionPress reads it (`kvpress_pattern`, docs/kv-heads.md)."""
+"""Head maps as the field publishes them, read into one `HeadMap` with its convention stated; `compare(a, b)` of any
+two; a DuoAttention folder as kvpress reads it (`kvpress_pattern`)."""
 
 from probe.headmaps.compare import Comparison, align, compare, ranks
 from probe.headmaps.formats import FORMATS, HeadFormat, read_map, register_format, write_map

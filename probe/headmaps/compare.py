@@ -1,13 +1,7 @@
-"""`compare(a, b)`: two head maps side by side (two models' checkpoints, two dtypes, probe against a published map):
-per-head difference b - a, Spearman and Pearson correlation, overlap of the top-k and of the labelled sets, and the
-heads that moved most. Maps of different conventions (query heads against KV heads) are compared only after an
-explicit conversion (`group` or `expand`); anything else of another shape is refused in one line.
-
-A difference b - a is taken only between maps of the same kind of score, as each map's format declares it
-(`HeadMap.quantity`: an attention share minus a loss change means nothing); other maps are compared by rank (the
-`measure` "ranks": rank B - rank A per head), unless the caller declares them the same kind (`same_kind`, for files
-that do not say what they hold, such as tensors).
-"""
+"""`compare(a, b)`: two head maps side by side: per-head difference b - a, Spearman and Pearson correlation, overlap
+of the top-k and labelled sets, the heads that moved most. Query-head and KV-head maps are compared only after an
+explicit conversion (`group` or `expand`). A difference is taken only between maps of the same kind of score
+(`HeadMap.quantity`, or `same_kind`); others are compared by rank."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ MOVERS = 15  # largest differences listed
 
 
 def align(a: HeadMap, b: HeadMap, *, group: str | None = None, expand: bool = False) -> tuple[HeadMap, HeadMap, str]:
-    """`a` and `b` over the same heads, and what was converted ("" where nothing was): a query-head map against a
-    KV-head map needs `group` (query -> KV) or `expand` (KV -> query)."""
+    """`a` and `b` over the same heads, and what was converted; query against KV heads needs `group` or `expand`."""
     if group is not None and expand:
         raise ProbeError("group and expand are two ways of one conversion: give one of them", parameter="group")
     if a.n_layers != b.n_layers:
@@ -104,8 +97,7 @@ DIFFERENCE, RANKS = "difference", "ranks"
 
 
 def measure(a: HeadMap, b: HeadMap, same_kind: bool) -> str:
-    """DIFFERENCE where both formats declare the same quantity, or the caller declares it (`same_kind`) for maps
-    that do not say; RANKS otherwise. Declaring two declared, different quantities the same is refused."""
+    """DIFFERENCE where both declare the same quantity (or `same_kind` for maps that do not say), else RANKS."""
     if a.same_kind(b):
         return DIFFERENCE
     if not same_kind:
@@ -118,8 +110,7 @@ def measure(a: HeadMap, b: HeadMap, same_kind: bool) -> str:
 
 def compare(a: HeadMap, b: HeadMap, *, top_k: int = TOP_K, group: str | None = None, expand: bool = False,
             threshold: tuple[float, float] | None = None, movers: int = MOVERS, same_kind: bool = False) -> Comparison:
-    """Compare two head maps head by head after an explicit conversion where their conventions differ: b - a
-    where they hold the same kind of score (`measure`), their ranks otherwise."""
+    """Compare two head maps head by head: b - a where they hold the same kind of score (`measure`), ranks otherwise."""
     if top_k < 1:
         raise ProbeError(f"top_k must be at least 1, got {top_k}", parameter="top_k")
     how = measure(a, b, same_kind)
@@ -258,8 +249,7 @@ class Comparison(Payload):
 
     @payload("every head, layer by layer", items=Field("object", "a head", fields=COMPARE_ROW))
     def rows(self) -> list[dict[str, Any]]:
-        """One row per head: layer, head, a, b, difference (None unless the maps are of one kind), each map's rank
-        (1: largest), rank B - rank A, and each map's label."""
+        """One row per head: its values, difference, each map's rank (1: largest), rank difference and labels."""
         rank = {}
         for name, values in (("a", self.a.values), ("b", self.b.values)):
             cells = sorted(((int(layer), int(head)) for layer, head in np.argwhere(self.valid)),
@@ -278,14 +268,12 @@ class Comparison(Payload):
 
     @property
     def difference(self) -> np.ndarray:
-        """b - a per head (NaN where either has no value), whatever the maps hold: `measure` says whether it
-        means anything."""
+        """b - a per head (NaN where either has no value): `measure` says whether it means anything."""
         return self.b.values - self.a.values
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head (schema `compare`'s frame_row): layer, head, name, a, b, difference,
-        ranks and labels. The name is frames' `L5H1` over query heads, `L5KV1` over KV heads (a KV head is no query
-        head, and a table must not say it is). Needs pandas."""
+        """A pandas DataFrame, one row per head (schema `compare`'s frame_row), named over KV heads (`L5KV1`) where
+        the maps are. Needs pandas."""
         rows = [{**head_columns(row["layer"], row["head"]), **row} for row in self.rows]
         if self.a.convention == KV:
             for row in rows:

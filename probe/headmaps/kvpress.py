@@ -1,11 +1,5 @@
-"""A DuoAttention folder (`probe kv-heads --export duo:DIR`) as NVIDIA's kvpress reads a head pattern.
-
-kvpress's `DuoAttentionPress.load_attention_pattern(model)` (kvpress 0.5.5) downloads DuoAttention's files for six
-checkpoints and returns `(sink_size, recent_size, head_scores)`: config.json's two sizes and the TSV read with
-`np.loadtxt(..., dtype=float, delimiter="\\t")`, clipped to [0, 1]. `kvpress_pattern(DIR)` returns the same from a
-local folder, so any model's map plugs in (docs/kv-heads.md shows how). kvpress is not imported here: probe does not
-depend on it.
-"""
+"""A DuoAttention folder (`probe kv-heads --export duo:DIR`) as NVIDIA's kvpress reads a head pattern
+(`DuoAttentionPress.load_attention_pattern`, kvpress 0.5.5), so any model's map plugs in; kvpress is not imported."""
 
 from __future__ import annotations
 
@@ -21,10 +15,8 @@ from probe.reading import is_file
 
 
 def kvpress_pattern(path: str | Path, model: Any | None = None) -> tuple[int, int, np.ndarray]:
-    """`(sink_size, recent_size, head_scores)` of the DuoAttention folder `path`, exactly as kvpress's
-    `DuoAttentionPress.load_attention_pattern` returns DuoAttention's own (scores float64, layers x KV heads,
-    clipped to [0, 1]). With `model` (a Hugging Face model), the map's shape is checked against its layers and KV
-    heads, since kvpress would index past a smaller map without a clear error."""
+    """`(sink_size, recent_size, head_scores)` of the DuoAttention folder `path`, as kvpress returns DuoAttention's
+    own; with `model`, the map's shape is checked against it (kvpress would index past a smaller map)."""
     folder = Path(path)
     table, config = folder / DUO_FILE, folder / DUO_CONFIG
     for needed in (table, config):
@@ -47,9 +39,8 @@ def kvpress_pattern(path: str | Path, model: Any | None = None) -> tuple[int, in
 
 
 def kvpress_head_ratio(path: str | Path) -> float:
-    """The `head_compression_ratio` for kvpress's DuoAttentionPress that streams exactly the KV heads the map in
-    `path` labels streaming (gate at or below config.json's threshold): kvpress streams the lowest-scored fraction
-    of heads, and probe's export ranks every streaming head below every full one."""
+    """The `head_compression_ratio` that makes DuoAttentionPress stream exactly the KV heads the map labels
+    streaming."""
     _, _, scores = kvpress_pattern(path)
     settings = read_json(Path(path) / DUO_CONFIG)
     threshold = float(settings.get("threshold") or DUO_THRESHOLD)
@@ -57,9 +48,8 @@ def kvpress_head_ratio(path: str | Path) -> float:
 
 
 def kvpress_removable(sink: int, recent: int, length: int) -> float:
-    """The most of a `length`-token context's KV cache kvpress's DuoAttentionPress removes: every KV head streamed,
-    each keeping its sink + recent keys (its `compression_ratio` is head_compression_ratio * (1 - (sink + recent) /
-    length))."""
+    """The most of a `length`-token KV cache DuoAttentionPress removes: every KV head streamed, keeping sink + recent
+    keys."""
     return max(0.0, 1.0 - (sink + recent) / length)
 
 
@@ -76,10 +66,8 @@ def check_kvpress_ratio(ratio: float, sink: int, recent: int, length: int) -> No
 
 
 def kvpress_streamed(ratio: float, n_kv_heads: int, sink: int, recent: int, length: int) -> tuple[int, float]:
-    """(KV heads to stream, the head_compression_ratio to pass) for kvpress's DuoAttentionPress to remove `ratio` of a
-    `length`-token context's KV cache: the press streams the round(n * head_compression_ratio) lowest-scored KV heads,
-    so k / n streams exactly k, the k nearest the ratio (the removed fraction is then k / n * (1 - (sink + recent) /
-    length))."""
+    """(KV heads to stream, the head_compression_ratio to pass) for DuoAttentionPress to remove `ratio` of a
+    `length`-token KV cache: k / n streams exactly k heads, the k nearest the ratio."""
     check_kvpress_ratio(ratio, sink, recent, length)
     streamed = min(n_kv_heads, round(ratio / kvpress_removable(sink, recent, length) * n_kv_heads))
     return streamed, streamed / n_kv_heads

@@ -1,12 +1,6 @@
-"""`HeadMap`: one number per (layer, head) as the field publishes it, with its convention stated (query heads or KV
-heads) and the conversions between the two made explicit.
-
-A grouped-query model has `n_heads` query heads sharing `n_kv_heads` key/value heads per layer; query head `q`
-reads KV head `q // (n_heads // n_kv_heads)`, the layout of transformers' `repeat_kv`. A map over query heads
-becomes a map over KV heads only by a reduction chosen by the caller (`to_kv(group)`: max, min or mean over each
-KV head's query heads), and a KV-head map becomes a query-head map only by `to_query()` (each query head takes its
-KV head's value); nothing converts silently.
-"""
+"""`HeadMap`: one number per (layer, head) with its convention stated (query heads or KV heads, query head `q`
+reading KV head `q // (n_heads // n_kv_heads)`); conversions are explicit (`to_kv(group)`, `to_query()`), never
+silent."""
 
 from __future__ import annotations
 
@@ -26,8 +20,7 @@ GROUPINGS = ("max", "min", "mean")
 
 @dataclass(frozen=True)
 class HeadMap:
-    """Values per (layer, head) of one map file: `values` (n_layers, columns) float64, NaN where the file has none;
-    `convention` QUERY or KV (what a column is); `labels` (same shape, bool) where the format labels heads."""
+    """Values per (layer, head) of one map file (NaN where none), its `convention` (QUERY or KV) and any `labels`."""
 
     values: np.ndarray
     convention: str
@@ -71,8 +64,7 @@ class HeadMap:
         return replace(self, labels=labels, label_name=f"{self.score} > {threshold:g}", threshold=threshold)
 
     def to_kv(self, group: str, n_kv_heads: int) -> HeadMap:
-        """This query-head map over `n_kv_heads` KV heads per layer: `group` (max, min, mean) over each KV head's
-        query heads (GQA layout q // (n_heads / n_kv_heads)). Labels: any (max), all (min), most (mean)."""
+        """This query-head map over KV heads: `group` (max, min, mean) over each KV head's query heads, labels alike."""
         if group not in GROUPINGS:
             raise ProbeError(f"group {group!r}: use one of {', '.join(GROUPINGS)}", parameter="group")
         if self.convention != QUERY:
@@ -90,8 +82,7 @@ class HeadMap:
                        n_heads=self.columns, n_kv_heads=n_kv_heads)
 
     def to_query(self, n_heads: int) -> HeadMap:
-        """This KV-head map over `n_heads` query heads per layer: each query head takes its KV head's value (and
-        label), as `repeat_kv` hands it the KV head's keys and values."""
+        """This KV-head map over query heads: each takes its KV head's value and label, as `repeat_kv` hands it keys."""
         if self.convention != KV:
             raise ProbeError(f"{self.source} is already a query-head map: expand only a KV-head map")
         if n_heads % self.columns:
@@ -103,8 +94,7 @@ class HeadMap:
                        n_heads=n_heads, n_kv_heads=self.columns)
 
     def same_kind(self, other: HeadMap) -> bool:
-        """Whether `other` holds the same kind of score, so that a difference of the two means something: both
-        formats declare their quantity, and it is the same (a map that does not say is of no known kind)."""
+        """Whether `other` holds the same kind of score: both formats declare the same quantity."""
         return self.quantity is not None and self.quantity == other.quantity
 
     def has_sign(self) -> bool:

@@ -1,10 +1,5 @@
-"""Every input probe reads, in one package: each module builds one kind and registers it in `PROBE_SETS`.
-
-`natural` and `repeated` (natural.py), `needle` (needle.py), `task` (tasks.py), `seq2seq` (pairs.py: an
-encoder-decoder's source/target texts), `contrast` (contrast.py: clean/corrupt pairs) and `labels` (labels.py:
-labelled texts for sequence classifiers). `build_probe_set(name,
-loaded, ProbeOptions(...))` builds any of them.
-"""
+"""Every input probe reads, in one package: each module builds one kind and registers it in `PROBE_SETS`;
+`build_probe_set(name, loaded, ProbeOptions(...))` builds any of them."""
 
 from probe.inputs.sets import (CONTEXT_ATTRIBUTES, DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN,
                                ENGLISH, PROBE_SETS, ProbeOptions, ProbeSet, ProbeSetKind, build_probe_set,

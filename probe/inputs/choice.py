@@ -1,6 +1,5 @@
-"""Which probe set a command's inputs choose: the one rule every command applies to its data, labels, pairs, seq2seq
-texts and task (`probe ablate`, `probe steer`, `probe prune`), so that the same inputs choose the same set
-everywhere."""
+"""Which probe set a command's inputs choose: one rule for every command, so that the same inputs choose the same
+set."""
 
 from __future__ import annotations
 
@@ -19,10 +18,8 @@ def data_file(data: str) -> Path | None:
 
 def probe_set_name(data: str, *, labels: Path | None = None, task: str | None = None, pairs: Path | None = None,
                    seq2seq: Path | None = None, contrast: bool = False, compared: bool = False) -> str:
-    """The name in PROBE_SETS of the set these inputs choose: labelled texts, an encoder-decoder's source/target texts
-    (`seq2seq`), clean/corrupt pairs, a task, or text (a file is natural). `contrast`: the caller measures a logit
-    difference, so that a task of CONTRAST_TASKS is its clean/corrupt pairs too; `compared`: the caller runs the clean
-    and the corrupt prompts both (patching), so that a classifier's labels file holds clean/corrupt texts."""
+    """The name in PROBE_SETS of the set these inputs choose; `contrast`: a task is its clean/corrupt pairs;
+    `compared`: a labels file holds pairs."""
     if pairs is not None or (contrast and task in CONTRAST_TASKS):
         return "contrast"
     if labels is not None:

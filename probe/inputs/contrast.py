@@ -1,21 +1,8 @@
-"""Contrast sets: clean/corrupt prompt pairs, the input of direct logit attribution and of activation patching.
-
-A pair is two prompts of one token length that differ where the behaviour under study is decided, and two single
-tokens that may follow them: `answer` (right after the clean prompt) and `distractor`. The metric is the logit
-difference logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022, "Interpretability in
-the Wild"); a patching result is normalised by the clean and corrupt runs' mean differences (`normalised_effect`).
-
-Pairs come from a JSON-lines file of `{"clean": ..., "corrupt": ..., "answer": ..., "distractor": ...}` rows
-(`read_contrast_pairs`), or are generated (`CONTRAST_TASKS`):
-- ioi: the ABC corruption of Wang et al. 2022: the second mention of the subject replaced by a third name ("When
-  Mary and John went to the store, John gave a drink to" / "..., Anna gave a drink to"; answer " Mary", distractor
-  " John"), on probe.tasks' templates and names;
-- sva: the subject's number flipped (probe.tasks' templates, after Marvin & Linzen 2018: "The keys to the cabinet" /
-  "The key to the cabinet"; answer " are", distractor " is").
-Clean and corrupt must tokenize to the same length, so that position t of one is position t of the other: a file's
-row that does not is refused (naming its line); a generated one is dropped and counted, as are generated items whose
-answer or distractor is not one token.
-"""
+"""Contrast sets: clean/corrupt prompt pairs of one token length, with an answer and a distractor token, the input of
+direct logit attribution and activation patching; the metric is logit(answer) - logit(distractor) at the last prompt
+position (Wang et al. 2022). Pairs come from a JSON-lines file (`read_contrast_pairs`: a row of unequal lengths is
+refused) or are generated (`CONTRAST_TASKS`: ioi's ABC corruption, sva's flipped subject number; items of unequal
+lengths or multi-token answers are dropped and counted)."""
 
 from __future__ import annotations
 
@@ -36,9 +23,7 @@ from probe.inputs.tasks import IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, 
 
 CONTRAST_KEYS = ("clean", "corrupt", "answer", "distractor")
 MIN_GAP = 0.05
-"""Smallest |mean LD_clean - mean LD_corrupt| (logits) a normalised effect divides by. Below it the clean and corrupt
-runs barely differ in what they prefer (a 5% change in the odds of answer over distractor): the ratio would mostly
-be the noise of the difference, however large it came out."""
+"""Smallest |mean LD_clean - mean LD_corrupt| a normalised effect divides by: below it the ratio is mostly noise."""
 
 
 @dataclass(frozen=True)
@@ -53,8 +38,7 @@ class ContrastPair:
 
 @dataclass
 class ContrastSet:
-    """Pairs as token ids, right-padded: row i of `clean` and `corrupt` have the same length (one `mask`), and the
-    logit difference is read at `last[i]`, the last prompt position."""
+    """Pairs as token ids, right-padded, clean and corrupt of one length per row; the difference read at `last[i]`."""
 
     name: str
     description: str
@@ -132,8 +116,7 @@ def contrast_set(loaded: LoadedModel, pairs: list[ContrastPair], name: str, desc
 
 
 def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
-    """The pairs of a JSON-lines file; ProbeError naming FILE line N of a row that is malformed, whose answer or
-    distractor is not one token, or whose clean and corrupt prompts tokenize to different lengths."""
+    """The pairs of a JSON-lines file; a malformed, multi-token or unequal-length row refused naming FILE line N."""
     _needs_tokenizer(loaded, "pairs")
     pairs = []
     for where, row in json_lines(path, "pairs file", "give a .jsonl file of clean/corrupt/answer/distractor rows",
@@ -146,13 +129,12 @@ def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
     return contrast_set(loaded, pairs, Path(path).stem, f"pairs file {path}, {len(pairs)} pairs")
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # generated pairs
 
 
 def ioi_pairs(count: int, seed: int) -> list[ContrastPair]:
-    """IOI pairs with the ABC corruption (Wang et al. 2022): ABBA and BABA alternating in the clean prompt; in the
-    corrupt one the subject's second mention is a third name, so neither name is repeated."""
+    """IOI pairs with the ABC corruption (Wang et al. 2022): the subject's second mention a third name in the corrupt
+    one."""
     rng = random.Random(seed)
     pairs = []
     for index in range(count):
@@ -167,9 +149,8 @@ def ioi_pairs(count: int, seed: int) -> list[ContrastPair]:
 
 
 def sva_pairs(count: int, seed: int) -> list[ContrastPair]:
-    """Subject-verb agreement pairs on probe.tasks' items: the corrupt prompt is the clean one with the subject's
-    number flipped (and a relative clause's verb that agrees with the subject with it); the answer is the verb that
-    agrees with the clean subject, the distractor the other form. Half the clean subjects singular, half plural."""
+    """Subject-verb agreement pairs: the corrupt prompt has the subject's number flipped (and an agreeing relative
+    clause's verb); answer the agreeing verb, distractor the other form; half the subjects singular."""
     return [ContrastPair(draw.prompt(draw.plural), draw.prompt(not draw.plural), draw.verb[draw.plural],
                          draw.verb[not draw.plural]) for draw in sva_draws(count, seed)]
 
@@ -179,8 +160,7 @@ CONTRAST_TASKS: dict[str, Callable[[int, int], list[ContrastPair]]] = {"ioi": io
 
 
 def contrast_task(loaded: LoadedModel, task: str, *, count: int = 32, seed: int = 0) -> ContrastSet:
-    """A generated contrast set (a name of CONTRAST_TASKS); pairs this model cannot use as they are (answer or
-    distractor not one token, clean and corrupt of different lengths) are dropped and counted."""
+    """A generated contrast set (of CONTRAST_TASKS); pairs this model cannot use are dropped and counted."""
     if task not in CONTRAST_TASKS:
         raise ProbeError(f"task {task!r} is not a contrast task: use one of {', '.join(CONTRAST_TASKS)}, or a pairs "
                          "file", parameter="task")
@@ -212,13 +192,11 @@ register_probe_set("contrast", contrast_inputs, kind="contrast", reads=("pairs",
                            "generated task (ioi, sva); the metric is the logit difference at the last position")
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # the metric
 
 
 def logit_diff(logits: Tensor, contrast: ContrastSet, rows: Tensor | slice | None = None) -> Tensor:
-    """(pairs,) float64 logit(answer) - logit(distractor) at each pair's last prompt position. `logits` (batch,
-    positions, vocab) are those of the contrast set's rows `rows` (all by default), clean or corrupt alike."""
+    """(pairs,) float64 logit(answer) - logit(distractor) at each pair's last prompt position (rows `rows`)."""
     chosen = slice(None) if rows is None else rows
     last, answer, distractor = (value[chosen] for value in (contrast.last, contrast.answer, contrast.distractor))
     at_last = logits[torch.arange(logits.shape[0]), last.to(logits.device)].double()  # (batch, vocab)
@@ -227,9 +205,8 @@ def logit_diff(logits: Tensor, contrast: ContrastSet, rows: Tensor | slice | Non
 
 
 def normalised_effect(ld_patched: Tensor | float, ld_clean: Tensor | float, ld_corrupt: Tensor | float) -> float:
-    """(mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt), means over pairs first: 1 = the clean
-    behaviour restored, 0 = none of it (Wang et al. 2022's normalisation). ProbeError where the clean and corrupt
-    means are closer than MIN_GAP."""
+    """(mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt) (Wang et al. 2022): 1 = clean
+    behaviour restored; ProbeError where the clean and corrupt means are closer than MIN_GAP."""
     patched, clean, corrupt = (float(torch.as_tensor(value, dtype=torch.float64).mean())
                                for value in (ld_patched, ld_clean, ld_corrupt))
     if abs(clean - corrupt) < MIN_GAP:

@@ -1,19 +1,7 @@
-"""Labelled texts for sequence classifiers: a JSON-lines file of {"text": str, "label": int | str} rows ({"text",
-"text_pair", "label"} for sentence-pair tasks such as NLI), each tokenized with the model's special tokens
-([CLS] ... [SEP]) as the classifier was trained on them.
-
-The set's `scored` is (rows, classes), one-hot on each row's gold class: which of a classification metric's values
-count (probe.ablation.metrics' `class_cross_entropy` and `accuracy`, which declare `per_row`), as a task set's
-`scored` says which positions count. A string label is matched to the model's `id2label`; an integer is the class
-index. The number of classes is read off one forward (the class logits' last dimension), which also tells a model
-without a classification head apart in one line.
-
-`read_class_pairs` reads a classifier's clean/corrupt texts for patching ({"clean", "corrupt", "answer",
-"distractor"} rows, the last two classes): a ContrastSet whose `classes` are set, scored by class_logit_diff.
-
-Limit: text pairs are given to the tokenizer as a pair, but probe passes input ids and the attention mask only, so a
-model with segment embeddings (BERT's token_type_ids) sees both texts as segment A; RoBERTa and DistilBERT have none.
-"""
+"""Labelled texts for sequence classifiers: a JSON-lines file of {"text", "label"} rows ("text_pair" for pair tasks),
+tokenized with the model's special tokens. The set's `scored` is one-hot on each row's gold class (a string label
+matched to `id2label`); the class count is read off one forward. `read_class_pairs` reads clean/corrupt texts for
+patching. Limit: probe passes ids and mask only, so BERT's token_type_ids see both texts of a pair as segment A."""
 
 from __future__ import annotations
 
@@ -34,13 +22,10 @@ from probe.inputs.tasks import json_lines
 from probe.models import LoadedModel
 
 CLASS_CONTRAST_LAYOUT = "clean/corrupt texts, an answer and a distractor class"
-"""`ProbeSet.meta["layout"]` of a classifier's clean or corrupt run (probe.patching.contrast_runs): its `scored` is
-(rows, 2 x classes), the answer class in the first half and the distractor class in the second, which the
-class_logit_diff metric reads."""
+"""The layout of a classifier's clean or corrupt run: `scored` (rows, 2 x classes), answer then distractor class."""
 
 LABELS_LAYOUT = "labels"
-"""`ProbeSet.meta["layout"]` of a labelled set: its `scored` marks each row's gold class (probe.ablation.metrics
-reads the kind from it)."""
+"""The layout of a labelled set: its `scored` marks each row's gold class."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +62,7 @@ def read_labelled(path: str | Path) -> list[LabelledText]:
 
 
 def class_count(loaded: LoadedModel, ids: Tensor, mask: Tensor | None) -> int:
-    """The number of classes, from one forward of one row: the class logits' last dimension. A model whose output
-    is not (batch, classes) has no classification head: one line."""
+    """The number of classes, from one forward of one row; a model without a classification head is refused."""
     with torch.no_grad():
         output = logits_of(run_model(loaded.model, ids[:1], None if mask is None else mask[:1]))
     if output.dim() != 2:
@@ -90,8 +74,7 @@ def class_count(loaded: LoadedModel, ids: Tensor, mask: Tensor | None) -> int:
 
 
 def class_names(loaded: LoadedModel, count: int) -> list[str]:
-    """The classes' names: the config's `id2label` (a custom model's own `id2label`) where it names `count` classes,
-    else their indices."""
+    """The classes' names: the config's `id2label` where it names `count` classes, else their indices."""
     for owner in (getattr(loaded.model, "config", None), loaded.model):
         names = getattr(owner, "id2label", None)
         if isinstance(names, dict) and len(names) == count and {int(i) for i in names} == set(range(count)):
@@ -137,8 +120,7 @@ def _pad_id(loaded: LoadedModel) -> int:
 
 
 def labelled_set(loaded: LoadedModel, rows: list[LabelledText], *, description: str = "labelled texts") -> ProbeSet:
-    """A probe set of labelled texts, right-padded, its `scored` one-hot on each row's gold class (errors name each
-    row by its `where`, else "row N")."""
+    """A probe set of labelled texts, right-padded, its `scored` one-hot on each row's gold class."""
     if not rows:
         raise ProbeError("give at least one labelled text", parameter="labels")
     rows = [row if row.where else replace(row, where=f"row {i + 1}") for i, row in enumerate(rows)]
@@ -182,8 +164,7 @@ def _answer_distractor(row: dict, where: str, names: list[str]) -> tuple[int, in
 
 def read_class_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
     """A classifier's clean/corrupt pairs: {"clean", "corrupt", "answer", "distractor"} rows of two texts of one
-    token length and two classes (indices or id2label names); the metric is logit(answer) - logit(distractor) of the
-    class logits (probe.patching's class_logit_diff). A bad row is one error naming its line."""
+    token length and two classes; a bad row is one error naming its line."""
     rows = json_lines(path, "pairs file", "give a .jsonl file of clean/corrupt/answer/distractor rows", "labels")
     texts = [_class_texts(row, where) for where, row in rows]
     clean, corrupt = (_encode(loaded, [LabelledText(pair[side], 0, where=where) for (where, _), pair in

@@ -1,13 +1,6 @@
-"""The natural and repeated probe sets.
-
-- natural: English prose shipped with probe (`probe/inputs/english.txt`, an excerpt of CPython's reference
-  documentation, the same on every Python version) or the user's text file (`data`), tokenized without special
-  tokens and cut into consecutive chunks of `seq_len` tokens; the first `num_seqs` are used, each with BOS
-  prepended where the model's tokenizer has one (an encoder gets its usual [CLS] ... [SEP]). A model without a
-  tokenizer gets random tokens instead; without a BOS, position 0 plays its role.
-- repeated: BOS + `repeat_len` random tokens repeated twice (Olsson et al. 2022), seeded; random tokens avoid
-  special tokens.
-"""
+"""The natural and repeated probe sets. natural: the shipped English prose (probe/inputs/english.txt) or the user's
+text, cut into chunks of `seq_len` tokens, BOS prepended where the tokenizer has one (random tokens without a
+tokenizer). repeated: BOS + `repeat_len` seeded random non-special tokens, twice (Olsson et al. 2022)."""
 
 from __future__ import annotations
 
@@ -25,8 +18,7 @@ from probe.models import LoadedModel
 
 
 def _wrap(loaded: LoadedModel, chunks: Tensor) -> tuple[Tensor, int, str]:
-    """Add BOS (decoders whose tokenizer has one) or [CLS] ... [SEP] (encoders); else nothing, and position 0 plays
-    the BOS role. Returns the ids, the first content position and what starts each sequence."""
+    """Add BOS (decoders) or [CLS] ... [SEP] (encoders); returns the ids, the first content position and the start."""
     tokenizer = loaded.tokenizer
     n = chunks.shape[0]
     start_id = decoder_start(loaded.model)

@@ -1,13 +1,6 @@
-"""The needle probe set: needle-in-a-haystack prompts built by code, teacher-forced, for the retrieval score.
-
-Each prompt (Wu et al. 2024; Kamradt's needle in a haystack): BOS, natural text (probe/inputs/english.txt from a
-seeded offset) with a needle sentence holding a random key (`DEFAULT_NEEDLE`, a 6-digit number) inserted at a
-depth, then a question that ends with the needle's words before the key, then the key itself as the answer. One
-forward scores a prompt: at each answer position the model's prediction of the next key token is read (teacher
-forcing), and the needle position that token is copied from is known (`NeedleSet.sources`).
-
-A model without a tokenizer gets random tokens: a cue of 3 tokens and a key of 4, none of them in the haystack.
-"""
+"""The needle probe set (Wu et al. 2024; Kamradt): BOS, seeded natural text with a needle sentence holding a random
+key inserted at a depth, a question ending with the needle's words before the key, then the key, teacher-forced; the
+needle position each key token is copied from is known (`NeedleSet.sources`). Random tokens without a tokenizer."""
 
 from __future__ import annotations
 
@@ -53,7 +46,7 @@ class NeedleSet(ProbeSet):
 @dataclass
 class _Parts:
     """Token ids of one prompt's pieces; `key_at` the key's offset in the needle, `counted` its key tokens that
-    count (whitespace-only tokens carry nothing of the key)."""
+    count."""
 
     needle: list[int]
     question: list[int]
@@ -145,8 +138,7 @@ def _prompt(loaded: LoadedModel, length: int, depth: float, generator: torch.Gen
 
 
 def needle_set(loaded: LoadedModel, options: ProbeOptions) -> NeedleSet:
-    """Needle prompts for every (length, depth) of `options` (a NeedleOptions; a plain ProbeOptions gives one length,
-    its seq_len), `prompts` each, seeded by `options.seed`."""
+    """Needle prompts for every (length, depth) of `options`, `prompts` each, seeded by `options.seed`."""
     lengths = getattr(options, "lengths", (options.seq_len,))
     depths = getattr(options, "depths", DEFAULT_DEPTHS)
     prompts, template = getattr(options, "prompts", 1), getattr(options, "needle", DEFAULT_NEEDLE)

@@ -1,22 +1,15 @@
-"""Source/target pairs for encoder-decoders (t5, bart): the encoder reads the source, the decoder the target,
-teacher-forced behind its start token, and the loss is the cross-entropy of the decoder's logits on the target tokens
-(the model's own `labels` loss). A JSON-lines file holds one {"source": TEXT, "target": TEXT} object per line.
-
-probe's other probe sets feed one sequence to both stacks (probe.hooks.stacks); a pairs set is the way to give the
-encoder something else, of its own length: the `seq2seq` probe set (`--seq2seq FILE` on the command
-line).
-"""
+"""Source/target pairs for encoder-decoders (the `seq2seq` probe set): the encoder reads the source, the decoder the
+target teacher-forced, scored by the cross-entropy on the target tokens. A JSON-lines file of {"source", "target"}."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 
 from probe.inputs.sets import ProbeSet, context_length, given, register_probe_set, right_padded
+from probe.inputs.tasks import json_lines
 from probe.errors import ProbeError
-from probe.reading import is_file, loads
 from probe.hooks.stacks import decoder_start
 from probe.models import LoadedModel
 
@@ -43,33 +36,16 @@ def pairs_set(loaded: LoadedModel, pairs: Sequence[tuple[Sequence[int], Sequence
                     meta={"source": description, "pairs": len(pairs), "start": "the decoder start token"})
 
 
-def _read_lines(path: Path) -> list[tuple[str, str]]:
-    if not is_file(path):
-        raise ProbeError(f"seq2seq file not found: {path}", parameter="seq2seq")
-    pairs = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = loads(line)
-        except json.JSONDecodeError as error:
-            raise ProbeError(f"{path} line {number} is not JSON: {error.msg}", parameter="seq2seq") from None
-        if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("source", "target")):
-            raise ProbeError(f"{path} line {number}: expected an object with string \"source\" and \"target\"",
-                             parameter="seq2seq")
-        pairs.append((item["source"], item["target"]))
-    return pairs
-
-
 def read_pairs(loaded: LoadedModel, path: str | Path) -> ProbeSet:
     """The pairs of a JSON-lines file, tokenized without special tokens (the target behind the start token)."""
     if loaded.tokenizer is None:
         raise ProbeError("this model has no tokenizer, so it cannot read pairs of texts", parameter="seq2seq")
-    path = Path(path)
-    try:
-        texts = _read_lines(path)
-    except UnicodeDecodeError as error:
-        raise ProbeError(f"seq2seq file {path} is not UTF-8 text: {error.reason}", parameter="seq2seq") from None
+    texts = []
+    for where, item in json_lines(path, "seq2seq file", "give a .jsonl file of source/target rows", "seq2seq"):
+        if not isinstance(item, dict) or not all(isinstance(item.get(key), str) for key in ("source", "target")):
+            raise ProbeError(f"{where}: expected an object with string \"source\" and \"target\"",
+                             parameter="seq2seq")
+        texts.append((item["source"], item["target"]))
     encode = lambda text: list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
     return pairs_set(loaded, [(encode(source), encode(target)) for source, target in texts],
                      description=f"seq2seq file {path}")

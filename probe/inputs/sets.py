@@ -1,15 +1,6 @@
-"""Probe sets: the inputs heads are scored and ablated on, and the one registry of them.
-
-Every kind of input probe reads is a probe set registered here by its own module: `natural` and `repeated`
-(probe.inputs.natural), `needle` (probe.inputs.needle), `task` (probe.inputs.tasks: minimal pairs and prompts),
-`seq2seq` (probe.inputs.pairs: an encoder-decoder's source/target texts) and `contrast` (probe.inputs.contrast:
-clean/corrupt pairs for patching and direct logit attribution). An entry declares the kind of input it is (`kind`,
-the input kinds metrics apply to: text, task, contrast) and which option names the file or task it reads (`reads`),
-so that callers ask the registry instead of knowing each set.
-
-Every sequence of a natural or repeated set has the same length, so they need no padding; batches that do are
-right-padded.
-"""
+"""Probe sets: the inputs heads are scored and ablated on, and their one registry. An entry declares its input kind
+(`kind`) and which option names what it reads (`reads`), so that callers ask the registry instead of knowing each
+set. Batches that need padding are right-padded."""
 
 from __future__ import annotations
 
@@ -73,8 +64,7 @@ class ProbeSet:
         return out
 
     def sources(self, batch_size: int) -> list[Source | None]:
-        """The encoder input of each batch of `batches(batch_size)`, right padding cut; None each without sources (the
-        encoder then reads the batch itself)."""
+        """The encoder input of each batch, right padding cut; None each without sources."""
         if self.source_ids is None:
             return [None] * len(self.batches(batch_size))
         return [(ids, mask) for ids, mask in ProbeSet("source", "", self.source_ids, 0,
@@ -102,8 +92,7 @@ def real_tokens(ids: Tensor, mask: Tensor | None) -> Tensor:
 
 
 def is_encoder(loaded: LoadedModel) -> bool:
-    """A bidirectional model (BERT-like): its attention modules are not causal. An encoder-decoder is not one: its
-    output is the decoder's, causal, next-token logits."""
+    """A bidirectional model (BERT-like); an encoder-decoder is not one (its output is the causal decoder's)."""
     if is_encoder_decoder(loaded.model):
         return False
     return not all(getattr(layer.module, "is_causal", True) for layer in attention_layers(loaded.model)
@@ -213,8 +202,7 @@ class ProbeSetKind:
 
 
 PROBE_SETS: dict[str, ProbeSetKind] = {}
-"""Every probe set by name (filled by the modules of probe.inputs as they are imported): a head class names the set
-its score is computed on (Score.probe), a command the set its input is."""
+"""Every probe set by name, filled by the modules of probe.inputs as they are imported."""
 
 
 def register_probe_set(name: str, builder: ProbeSetBuilder, *, kind: str = "text", summary: str = "",

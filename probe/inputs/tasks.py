@@ -1,22 +1,8 @@
-"""Task sets: minimal pairs that a head's specific job shows up on, as probe sets for the `task_margin` metric.
-
-A task is a list of pairs. A JSON-lines file holds one pair per line, of one of two kinds:
-- minimal pairs `{"sentence_good": ..., "sentence_bad": ...}` (BLiMP's rows, Warstadt et al. 2020): scored on the
-  log-probability of the whole sentence (every token, after BOS where the model has one);
-- prompts `{"prompt": ..., "answer": ..., "distractor": ...}`: the answer and the distractor are single tokens that
-  follow the prompt as written (mind the leading space: " Mary"); scored at the last prompt position, where the
-  difference of the two sequences' log-probabilities is logit(answer) - logit(distractor).
-
-Two tasks are generated here from templates and word lists written for probe (TASKS):
-- sva: subject-verb agreement across a prepositional phrase or a relative clause whose noun has the other number,
-  in the spirit of Marvin & Linzen 2018 ("The keys to the cabinet" -> " are", not " is");
-- ioi: indirect object identification (Wang et al. 2022), BABA and ABBA templates ("When Mary and John went to the
-  store, John gave a drink to" -> " Mary", not " John").
-Generated items whose answer or distractor is not a single token for the model are dropped (and counted).
-
-A task set holds each pair as two rows, good then bad, right-padded, with `scored` marking the positions whose
-next token counts.
-"""
+"""Task sets for the `task_margin` metric: pairs from a JSON-lines file, minimal pairs {"sentence_good",
+"sentence_bad"} (BLiMP) scored on the whole sentence, or prompts {"prompt", "answer", "distractor"} scored at the
+last prompt position; or generated (TASKS: sva after Marvin & Linzen 2018, ioi after Wang et al. 2022; items with a
+multi-token answer or distractor dropped and counted). Each pair is two rows, good then bad, `scored` marking the
+positions that count."""
 
 from __future__ import annotations
 
@@ -64,8 +50,7 @@ def _item(row: Any, where: str) -> TaskItem:
 
 
 def json_lines(path: str | Path, what: str, hint: str, parameter: str) -> list[tuple[str, Any]]:
-    """(where, row) of each non-empty line of a JSON-lines file, `where` naming FILE line N; ProbeError naming the
-    file and line of what cannot be read. `what` names the file ("task file"), `hint` what to give instead."""
+    """(where, row) of each non-empty line of a JSON-lines file; what cannot be read refused naming FILE line N."""
     path = Path(path)
     if not is_file(path):
         raise ProbeError(f"{what} not found: {path} ({hint})", parameter=parameter)
@@ -92,7 +77,6 @@ def read_task_file(path: str | Path) -> list[TaskItem]:
                                                            "task")]
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # generated tasks (word lists and templates written for probe)
 
 NOUNS = [("author", "authors"), ("pilot", "pilots"), ("surgeon", "surgeons"), ("farmer", "farmers"),
@@ -141,8 +125,8 @@ class SvaDraw:
 
 
 def sva_draws(count: int, seed: int) -> list[SvaDraw]:
-    """The random choices of `count` agreement items: half singular subjects, half plural; subject and attractor
-    of opposite number."""
+    """The random choices of `count` agreement items: half singular subjects; subject and attractor of opposite
+    number."""
     rng = random.Random(seed)
     draws = []
     for index in range(count):
@@ -156,15 +140,13 @@ def sva_draws(count: int, seed: int) -> list[SvaDraw]:
 
 
 def sva_items(count: int, seed: int) -> list[TaskItem]:
-    """Subject-verb agreement prompts: subject and attractor of opposite number, answer the verb that agrees with
-    the subject, distractor the one that agrees with the attractor. Half singular subjects, half plural."""
+    """Agreement prompts: answer the verb agreeing with the subject, distractor the one agreeing with the attractor."""
     return [TaskItem(draw.prompt(draw.plural), answer=draw.verb[draw.plural], distractor=draw.verb[not draw.plural])
             for draw in sva_draws(count, seed)]
 
 
 def ioi_items(count: int, seed: int) -> list[TaskItem]:
-    """IOI prompts, ABBA and BABA alternating: two names, the subject repeated; the answer is the other name (the
-    indirect object), the distractor the subject."""
+    """IOI prompts, ABBA and BABA alternating: answer the indirect object, distractor the subject."""
     rng = random.Random(seed)
     items = []
     for index in range(count):
@@ -180,7 +162,6 @@ TASKS: dict[str, Callable[[int, int], list[TaskItem]]] = {"sva": sva_items, "ioi
 """Generated tasks by name: (number of items, seed) -> items. A new task is one function here."""
 
 
-# ---------------------------------------------------------------------------------------------------------------
 # task set
 
 
@@ -210,8 +191,8 @@ def _rows(loaded: LoadedModel, item: TaskItem, bos: list[int]) -> list[tuple[lis
 
 
 def task_items(loaded: LoadedModel, task: str | Path, count: int, seed: int) -> tuple[list[TaskItem], str, list[str]]:
-    """The items of a task (a name of TASKS or a file), those of a file all checked, generated ones that are not
-    single tokens dropped; their source, and what was dropped."""
+    """The items of a task (of TASKS, or a file), generated ones that are not single tokens dropped; source and
+    drops."""
     if loaded.tokenizer is None:
         raise ProbeError("a task set needs the model's tokenizer (this model has none)", parameter="task")
     if str(task) in TASKS:
@@ -239,8 +220,7 @@ def task_set(loaded: LoadedModel, task: str | Path, *, count: int = 32, seed: in
 
 def items_set(loaded: LoadedModel, items: list[TaskItem], name: str, source: str,
               dropped: list[str] | None = None) -> ProbeSet:
-    """The probe set of task items (good and bad row each, `scored` marking what the metric reads); `name` and
-    `source` say what they are, `dropped` what was left out."""
+    """The probe set of task items (a good and a bad row each, `scored` marking what the metric reads)."""
     dropped = dropped or []
     bos_id = getattr(loaded.tokenizer, "bos_token_id", None)
     bos = [bos_id] if isinstance(bos_id, int) else []

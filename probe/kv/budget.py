@@ -1,11 +1,8 @@
-"""How many KV heads stream: the calibrated budget (a bisection over k, every point measured, `Budget`), the budget
-of a fraction of the KV cache kvpress's DuoAttentionPress removes (`kvpress_budget`: its point measured), or a fixed
-one (the last `full_fraction` of the order full, or thresholds on the scores), and the labels it gives.
-"""
+"""How many KV heads stream: the calibrated budget (`Budget`), the one kvpress removes a fraction of the cache with
+(`kvpress_budget`), or a fixed one, and the labels it gives."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch import Tensor
@@ -16,6 +13,8 @@ from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
+from probe.schemas.common import DTYPE
+from probe.schemas.declare import Payload, schema_field
 from probe.kv.points import CurveInputs, measured_point
 
 
@@ -37,27 +36,20 @@ def full_heads(order: list[tuple[int, int]], retrieval: Tensor, streaming: Tenso
     return set(order[len(order) - n_full:]) if n_full else set()
 
 
-@dataclass
-class Budget:
-    """How many KV heads stream, and why: the rule, and every point the search measured (k heads streamed in the
-    order: the loss change and the needle accuracy), none it did not."""
+class Budget(Payload):
+    """How many KV heads stream, and why: the rule, and every point the search measured."""
 
-    rule: str
-    streamed: int
-    total: int
-    points: list[dict[str, Any]] = field(default_factory=list)
-    measured_on: dict[str, Any] = field(default_factory=dict)
-    dtype: str = "float32"  # what the model ran in: docs/precision.md says how far a half-precision run lies
-    kvpress: dict[str, Any] | None = None  # a kvpress budget: the ratio asked, the head_compression_ratio to pass
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"rule": self.rule, "streamed": self.streamed, "total": self.total, "points": self.points,
-                "measured_on": self.measured_on, "dtype": self.dtype,
-                **({"kvpress": self.kvpress} if self.kvpress is not None else {})}
+    rule: str = schema_field("how the budget was chosen")
+    streamed: int = schema_field("KV heads streamed")
+    total: int = schema_field("KV heads")
+    points: list[dict[str, Any]] = schema_field("every point measured", type="array", default_factory=list)
+    measured_on: dict[str, Any] = schema_field("the held-out inputs", default_factory=dict)
+    dtype: str = schema_field(DTYPE, default="float32")  # docs/precision.md: how far a half-precision run lies
+    kvpress: dict[str, Any] | None = schema_field(  # a kvpress budget: the ratio asked, the head_compression_ratio
+        "kvpress's ratio and head_compression_ratio", required=False, omit="none", default=None)
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per point the search measured (k, loss change, needle accuracy, accepted): the
-        kv-budget schema's columns. Needs pandas."""
+        """A pandas DataFrame, one row per point the search measured: the kv-budget schema's columns. Needs pandas."""
         return frame([{key: point[key] for key in ("k", "loss_change", "needle_accuracy", "accepted")}
                       for point in self.points])
 
@@ -111,10 +103,8 @@ def _measured_on(inputs: CurveInputs, base_loss: float, base_accuracy: float) ->
 def kvpress_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs | None, ratio: float, *,
                    sink: int, recent: int, length: int, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
                    why: str | None = None) -> Budget:
-    """The first k KV heads of `order` streamed, k the number kvpress's DuoAttentionPress streams to remove `ratio` of
-    a `length`-token KV cache (probe.headmaps.kvpress_streamed: its head_compression_ratio streams exactly these, the
-    lowest-scored in the export); the point is measured on `inputs` as the calibrated budget's are (None: not
-    measured, `why`)."""
+    """The first k KV heads of `order` streamed, k what kvpress's DuoAttentionPress streams to remove `ratio` of a
+    `length`-token cache; measured on `inputs` as the calibrated budget's are (None: not measured, `why`)."""
     streamed, head_ratio = kvpress_streamed(ratio, len(order), sink, recent, length)
     removed = head_ratio * kvpress_removable(sink, recent, length)
     rule = (f"kvpress: head_compression_ratio {head_ratio:.6g} streams the {streamed} lowest-scored of {len(order)} "

@@ -1,6 +1,5 @@
-"""The streaming order's check: the loss change and the needle accuracy with the first k KV heads of probe's order
-windowed, k = 0 .. all, against random orders (each stops once clearly below probe's order).
-"""
+"""The streaming order's check: the loss change and needle accuracy with the first k KV heads windowed, against
+random orders."""
 
 from __future__ import annotations
 

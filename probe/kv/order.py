@@ -1,7 +1,5 @@
-"""The order in which KV heads stream: per KV head scores (a group's max retrieval, min streaming), the retrieval
-order (retrieval ascending, ties by streaming descending) or the loss order (an exact window-ablation sweep of every
-KV head, retrieving heads last), and the query heads that share a KV head.
-"""
+"""The order in which KV heads stream (retrieval order, or loss order: an exact window-ablation sweep, retrieving
+heads last), per KV head scores, and the query heads that share a KV head."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ from probe.progress import ProgressArg, reports
 
 
 def kv_groups(loaded: LoadedModel) -> tuple[int, int]:
-    """(query heads, KV heads) per layer: grouped-query attention shares one KV head among n_heads / n_kv query
-    heads, consecutive ones (transformers' repeat_kv order)."""
+    """(query heads, KV heads) per layer: consecutive query heads share a KV head (transformers' repeat_kv order)."""
     layers = attention_layers(loaded.model)
     n_heads = max(layer.n_heads for layer in layers)
     n_kv = max(getattr(layer, "n_kv_heads", None) or n_heads for layer in layers)
@@ -34,16 +31,14 @@ def aggregate(scores: Tensor, n_kv: int, how: str) -> Tensor:
 
 
 def stream_order(retrieval: Tensor, streaming: Tensor) -> list[tuple[int, int]]:
-    """KV heads (layer, kv_head), the one retrieval needs least first: retrieval ascending, ties by streaming
-    descending, then by position."""
+    """KV heads, retrieval ascending, ties by streaming descending, then by position."""
     heads = [(layer, kv) for layer in range(retrieval.shape[0]) for kv in range(retrieval.shape[1])]
     return sorted(heads, key=lambda h: (round(float(retrieval[h]), 6), -round(float(streaming[h]), 6), h))
 
 
 RETRIEVAL_FLOOR = 0.1  # a KV head retrieves (for the loss order) when its retrieval score passes this
 ORDERS = ("retrieval", "loss")
-"""How KV heads are ordered for streaming: retrieval ascending (stream_order), or by the loss change each causes
-streamed alone, retrieving heads last (loss_order: one exact window-ablation sweep of every KV head)."""
+"""How KV heads are ordered for streaming: retrieval ascending (stream_order), or by the loss change (loss_order)."""
 
 
 @reports("ordering by loss")

@@ -1,7 +1,5 @@
-"""`kv_heads`, the pipeline: check the arguments, score the needle prompts, order the KV heads, label them from
-a budget and check the order with its curve, each stage on its own prompts and texts (held out by seed and by
-sequence).
-"""
+"""`kv_heads`, the pipeline: check the arguments, score, order, label from a budget and check the order, each stage
+on its own held-out inputs."""
 
 from __future__ import annotations
 
@@ -59,9 +57,8 @@ def _check(loaded: LoadedModel, lengths: tuple[int, ...], sink: int, recent: int
 
 def check_budget_choice(kvpress_ratio: float | None, fixed: tuple[float | None, ...], lengths: tuple[int, ...],
                         sink: int, recent: int) -> bool:
-    """Whether a fixed budget is asked for (`fixed`: the full fraction and the thresholds, None where not given); a
-    kvpress ratio is a budget of its own, one kvpress can reach at the longest length. Judged from the arguments
-    alone, before any model loads."""
+    """Whether a fixed budget is asked for (`fixed`: the full fraction and thresholds given), judged before any model
+    loads; a kvpress ratio is a budget of its own."""
     asked = any(value is not None for value in fixed)
     if kvpress_ratio is None:
         return asked
@@ -75,16 +72,14 @@ def check_budget_choice(kvpress_ratio: float | None, fixed: tuple[float | None, 
 
 def _held_out(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int,
               seed_offset: int, window: WindowAblation) -> CurveInputs:
-    """Inputs the scores never read: natural texts `first_text` .. `first_text + texts` of the longest length and
-    needle prompts of seed `options.seed + seed_offset`."""
+    """Inputs the scores never read: natural texts of the longest length and needle prompts of another seed."""
     needles = needle_set(loaded, replace(options, seed=options.seed + seed_offset))
     n_heads, n_kv = kv_groups(loaded)
     return CurveInputs(_texts(loaded, options, data, texts, first_text).input_ids, needles, n_heads // n_kv, window)
 
 
 def _texts(loaded: LoadedModel, options: NeedleOptions, data: str | None, texts: int, first_text: int) -> ProbeSet:
-    """Natural texts `first_text` .. `first_text + texts` of the longest length: the curve reads the first ones, the
-    budget the next, the loss order the ones after."""
+    """Natural texts `first_text` .. `first_text + texts` of the longest length, each stage reading its own."""
     natural = natural_set(loaded, data=data, seq_len=max(options.lengths) - 1, num_seqs=first_text + texts,
                           seed=options.seed)
     if natural.input_ids.shape[0] < first_text + texts:
@@ -161,9 +156,8 @@ def kv_heads(
 def _measured_budget(loaded: LoadedModel, order: list[tuple[int, int]], held_out: CurveInputs | None,
                      kvpress_ratio: float | None, cache: tuple[int, int, int], max_loss_increase: float,
                      why: str | None, progress: Progress | None) -> tuple[Budget, set[tuple[int, int]]]:
-    """The budget whose points are measured on `held_out` (None: a kvpress budget that cannot be measured, `why`):
-    kvpress's for `kvpress_ratio` of the cache (`cache`: sink, recent, length), else the calibrated one; and the KV
-    heads it keeps full."""
+    """The budget measured on `held_out` (kvpress's for `kvpress_ratio`, else the calibrated one; None: kvpress's
+    cannot be measured, `why`) and the KV heads it keeps full."""
     if kvpress_ratio is None:
         assert held_out is not None
         budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=progress)

@@ -1,6 +1,5 @@
 """One point of the streaming order, measured: the natural-text loss and the needle accuracy with the first k KV
-heads of an order windowed, on inputs the scores never read. The budget's bisection and the curve both measure them.
-"""
+heads windowed, on inputs the scores never read."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""`KVHeads`, the result of `kv_heads`: scores per query and KV head, labels, the order, its budget and curve;
-`to_dict()` (the kv-heads schema's payload) and `to_frame()`. `KVBudget`, what the budget file beside each export
-says (`KVHeads.budget_record()`, the kv-budget schema's payload).
-"""
+"""`KVHeads`, the result of `kv_heads` (the kv-heads schema), and `KVBudget`, the budget file beside each export."""
 
 from __future__ import annotations
 
@@ -38,11 +35,6 @@ class QueryHeadEntry(Payload, frozen=True):
     streaming: float = schema_field("streaming score", column="the head's streaming score")
 
 
-def _budget_payload(budget: Budget | None) -> dict[str, Any] | None:
-    """A budget as the payloads hold it (null: none)."""
-    return None if budget is None else budget.to_dict()
-
-
 @published("kv-budget", 1, "The budget file written beside a --export: how the budget was chosen, what was measured, "
            "which KV heads stream.", rows="one per point the budget's search measured",
            columns={"k": Field("integer", "KV heads streamed, first k of the order"),
@@ -50,15 +42,14 @@ def _budget_payload(budget: Budget | None) -> dict[str, Any] | None:
                     "needle_accuracy": Field("number", "the needle accuracy with them streamed"),
                     "accepted": Field("boolean", "whether the point is within the budget's rule")})
 class KVBudget(Payload):
-    """The budget of a KV-head map and the map's streaming heads: what an export's budget file says, beside the
-    files its consumers read (`KVHeads.budget_record()`)."""
+    """What an export's budget file says: the budget of a KV-head map and its streaming heads."""
 
     model: str = schema_field(MODEL)
     dtype: str = schema_field(DTYPE)
     sink: int = schema_field("the streaming cache's sink keys")
     recent: int = schema_field("its recent keys")
     budget: Budget | None = schema_field("the rule, the number streamed, every point measured",
-                                         type=("object", "null"), dump=_budget_payload)
+                                         type=("object", "null"))
 
     @payload("KV heads that stream")
     def n_streaming(self) -> int:
@@ -68,8 +59,7 @@ class KVBudget(Payload):
                                                     dump=lambda heads: [list(head) for head in heads])
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per point the budget's search measured (k, loss change, needle accuracy,
-        accepted: `Budget.to_frame()`; none without a budget). Needs pandas."""
+        """A pandas DataFrame, one row per point the budget's search measured (none without a budget). Needs pandas."""
         return frame([]) if self.budget is None else self.budget.to_frame()
 
 
@@ -126,13 +116,12 @@ class KVHeads(Payload):
     curve: dict[str, Any] | None = schema_field("the order's curve against random orders (null: --no-curve)",
                                                 default=None)
     budget: Budget | None = schema_field("how many KV heads stream, and every point the search measured",
-                                         type=("object", "null"), default=None, dump=_budget_payload)
+                                         type=("object", "null"), default=None)
 
     @payload("DuoAttention's full_attention_heads values, layers x KV heads", key="duo_full_attention_heads")
     def duo_values(self) -> list[list[float]]:
-        """DuoAttention's full_attention_heads (n_layers x n_kv_heads, in [0, 1], full where > 0.5): the order's
-        rank spread over (0, 0.5) for streaming heads and (0.5, 1] for full ones, so that DuoAttention's own
-        `sparsify_attention_heads(sparsity=...)`, which keeps the largest values, follows probe's order too."""
+        """DuoAttention's full_attention_heads (n_layers x n_kv_heads, full where > 0.5): the order's rank spread
+        over (0, 0.5) and (0.5, 1], so that DuoAttention's own sparsification follows probe's order too."""
         streamed = [h for h in self.order if h not in self.full]
         kept = [h for h in self.order if h in self.full]
         value = {h: 0.5 * (rank + 1) / (len(streamed) + 1) for rank, h in enumerate(streamed)}
@@ -143,8 +132,7 @@ class KVHeads(Payload):
         "wall time per stage", default_factory=dict)
 
     def budget_record(self) -> KVBudget:
-        """What the budget file beside an export says: the budget, the cache a streaming head keeps, and the KV
-        heads that stream, layer by layer."""
+        """The budget file beside an export: the budget, the cache a streaming head keeps, the streaming KV heads."""
         streaming = [(layer, kv) for layer in range(self.n_layers) for kv in range(self.n_kv_heads)
                      if (layer, kv) not in self.full]
         return KVBudget(self.model, self.dtype, self.sink, self.recent, self.budget, streaming)
@@ -153,9 +141,7 @@ class KVHeads(Payload):
         return "full" if (layer, kv_head) in self.full else "streaming"
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per query head: layer, head, name, its KV head, retrieval and streaming
-        scores, and its KV head's label and rank in the streaming order (the kv-heads schema's columns). Needs
-        pandas."""
+        """A pandas DataFrame, one row per query head: the kv-heads schema's columns. Needs pandas."""
         rows = record_rows(self.heads)
         for row in rows:
             row["label"] = self.label(row["layer"], row["kv_head"])

@@ -1,8 +1,6 @@
-"""The scoring pass of `kv_heads`: one forward per needle prompt that keeps each layer's streaming sums and each
-answer row's top key on the device and fetches them once after it; the retrieval score (Wu et al. 2024) is then
-counted by `probe.heads.scores`' own definition, the streaming score is StreamingLLM's sink + recent mass (Xiao et al.
-2023). Also the model's own teacher-forced needle accuracy, per prompt and per (length, depth).
-"""
+"""The scoring pass of `kv_heads`: one forward per needle prompt keeping each layer's streaming sums and each answer
+row's top key on the device, fetched once after it; scores by probe.heads.scores' definitions; also the model's own
+teacher-forced needle accuracy."""
 
 from __future__ import annotations
 
@@ -30,8 +28,8 @@ from probe.progress import ProgressArg, callback, reports
 
 @dataclass
 class NeedleRun:
-    """One teacher-forced forward of needle prompts: per prompt whether every key token was predicted, the fraction
-    that was, and (when scored) the per-head retrieval and streaming sums."""
+    """One teacher-forced forward of needle prompts: per prompt whether and how much of the key was predicted, and
+    sums."""
 
     exact: list[bool]
     token_accuracy: list[float]
@@ -84,8 +82,8 @@ def _rows(needles: NeedleSet, first: int, batch_size: int) -> tuple[Tensor, Tens
 
 
 class _Scorer:
-    """Per-layer streaming sums and the top key of each answer row, kept on the attention's device during one forward
-    (nothing is read back inside it: `fetched` copies them to the host once the forward is done)."""
+    """Per-layer streaming sums and each answer row's top key, kept on the device during one forward (`fetched`
+    after)."""
 
     def __init__(self, n_layers: int, sink: int, recent: int) -> None:
         self.streaming = partial(streaming_score, sink=sink, recent=recent)
@@ -205,10 +203,8 @@ def _refuse_overflow(loaded: LoadedModel, needles: NeedleSet) -> None:
 
 def _retrieval_of_prompt(tops: dict[int, Tensor], sources: Tensor, correct: Tensor, n_layers: int,
                          n_heads: int) -> Tensor | None:
-    """(n_layers, n_heads) retrieval score of one prompt from each answer row's most-attended key (b, h, rows), taken
-    during the forward and read here, after it; None where the model copied no key token correctly. SCORES
-    ["retrieval"]'s own definition (retrieval_rows, retrieval_hits: Wu et al. 2024): over the rows whose target is
-    copied from the needle and predicted correctly, the fraction whose top key is that needle token."""
+    """(n_layers, n_heads) retrieval score of one prompt from each answer row's most-attended key, by
+    SCORES["retrieval"]'s definition; None where the model copied no key token correctly."""
     selected = retrieval_rows(sources, correct)  # (b, rows)
     if not bool(selected.any()):
         return None

@@ -1,18 +1,8 @@
-"""Attribution patching (Nanda 2023; Kramar et al. 2024, "AtP*"): every head's patch estimated at once from one
-forward and backward of the patched-into run, as the first-order change of the logit difference,
-
-    LD_patched(h) ~ LD_target + sum over rows, positions and dimensions of dLD/dz_h * (z_h,patched - z_h,target)
-
-with z_h the head's output (its slice of the output projection's input). For the output component z_h,patched is
-the source run's z_h. For a query, key or value patch, AtP*'s QK fix: z_h,patched is recomputed exactly, by the
-head's own attention over the target's inputs with the patched query, key or value in place (one head's, or a
-key/value group's query heads'), so the softmax that a query or key moves is not linearised, only what comes after
-the head; a value patch is linear in the value, and the same recomputation gives it. GradDrop (AtP*'s other
-refinement, against cancellation between paths) costs one backward per layer and is not applied. Cost: one
-forward of the source run (its values and its logit difference) and one forward and backward of the target run
-(about 4 forward-equivalents; each QK-fix recomputation is one head's attention). Every value is marked estimated;
-`bench/patching.py` and `bench/patching_qk.py` print its Spearman against the exact result.
-"""
+"""Attribution patching (Nanda 2023; Kramar et al. 2024, "AtP*"): every head's patch estimated from one forward and
+backward of the patched-into run, LD_patched(h) ~ LD_target + dLD/dz_h . (z_h,patched - z_h,target). For a query, key
+or value, AtP*'s QK fix: z_h,patched is recomputed by the head's own attention with the patched input in place, so
+the softmax is not linearised. GradDrop is not applied. Every value is marked estimated; bench/patching.py prints its
+Spearman against the exact result."""
 
 from __future__ import annotations
 
@@ -47,8 +37,7 @@ RECOMPUTE_TOLERANCE = 1e-4  # the QK fix's recomputation of an unpatched head ag
 
 @dataclass
 class _Pass:
-    """One batch of the target run: its head outputs z (rows, positions, heads, head_dim), dLD/dz, and (query, key
-    or value patches) each layer's attention inputs."""
+    """One batch of the target run: its head outputs z, dLD/dz, and (QK fix) each layer's attention inputs."""
 
     heads: dict[int, Tensor]
     grads: dict[int, Tensor]  # times `scale`: float16's gradients of a mean over rows kept in range (scaled_gradients)
@@ -89,8 +78,7 @@ def _head_slice(value: Tensor | None, heads: list[int]) -> Tensor | None:
 
 
 def _recomputed(inputs: AttentionInputs, heads: list[int], group: int) -> Tensor:
-    """(rows, positions, len(heads), head_dim): the outputs of `heads` (all of key/value head `group`) recomputed
-    from `inputs` by eager attention."""
+    """The outputs of `heads` (all of KV head `group`) recomputed from `inputs` by eager attention."""
     out = blocked_attention(inputs.query[:, heads], inputs.key[:, group:group + 1], inputs.value[:, group:group + 1],
                             scaling=inputs.scaling, mask=_head_slice(inputs.mask, heads), causal=inputs.mask is None,
                             on_block=None, softcap=inputs.softcap,
@@ -100,9 +88,8 @@ def _recomputed(inputs: AttentionInputs, heads: list[int], group: int) -> Tensor
 
 
 def _local_change(one: _Pass, layer: int, unit: Ablation, component: str, source: Tensor) -> float:
-    """The QK fix's first-order change for one unit (a query head; a key/value group's query heads): the unit's
-    outputs recomputed with `component` taken from the source (`source`: the source run's, (rows, heads, positions,
-    head_dim)), their change dotted with dLD/dz."""
+    """The QK fix's first-order change for one unit: outputs recomputed with the source's `component`, dotted with
+    dLD/dz."""
     inputs = one.inputs[layer]
     heads = [head for _, head in unit]
     group = heads[0] // (inputs.query.shape[1] // inputs.key.shape[1])
@@ -140,8 +127,7 @@ def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, uni
 
 
 def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_size: int) -> tuple[HeadOutputs, float]:
-    """The source run's head outputs (or attention inputs `component`) per batch and its mean logit difference, from
-    one forward per batch."""
+    """The source run's head outputs (or inputs `component`) per batch and its mean logit difference."""
     metric = choose_metric(loaded, source)
     values: list[dict[int, Tensor]] = []
     total = 0.0
@@ -162,9 +148,7 @@ def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_si
 def estimate_patches(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: Sequence[Head] | None = None, *,
                      component: str = "output", noising: bool = False, batch_size: int = 8,
                      data: str = "") -> PatchResult:
-    """Every head's patch of `component` (output, query, key, value: a key or value per key/value group) between the
-    clean and corrupted runs (probe.patching.contrast_runs), estimated by attribution patching with the QK fix (see
-    the module docstring); a PatchResult whose `mode` is "estimate"."""
+    """Every head's patch of `component`, estimated by attribution patching with the QK fix (`mode` "estimate")."""
     started = time.perf_counter()
     check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)

@@ -1,20 +1,8 @@
-"""Activation patching of every head between a clean and a corrupted run (Vig et al. 2020; Meng et al. 2022; Wang
-et al. 2022): denoising patches each head's clean value into the corrupted run, noising the corrupted value into
-the clean run. The runs are two probe sets of the same shape (each prompt followed by its answer and its distractor:
-probe.patching.contrast_runs), so the metric is the logit difference logit(answer) - logit(distractor) at the last
-prompt position (the logit_diff metric), and each head's result is normalised as
-
-    patch_effect = (mean LD_patched - mean LD_corrupt) / (mean LD_clean - mean LD_corrupt)
-
-(means over pairs first; probe.inputs.contrast.normalised_effect, which refuses runs whose differences are too close): 1
-where patching the head alone gives the clean behaviour, 0 where it gives the corrupted one, in either direction
-(Heimersheim & Nanda 2024, "How to use and interpret activation patching").
-
-A patch is an ablation method (probe.ablation.methods.PatchAblation, QueryPatch, KeyPatch, ValuePatch); the sweep
-runs it, so the exact path reuses the prefix before the patched layer, and results stream and resume as a sweep's.
-On a grouped-query model a key or value patch is a key/value group's: it is run once per group, and each query
-head of the group reports the group's effect with the group's `kv_head`.
-"""
+"""Activation patching of every head between a clean and a corrupted run (Vig et al. 2020; Meng et al. 2022; Wang et
+al. 2022): denoising patches each head's clean value into the corrupted run, noising the other way. The metric is the
+logit difference, each head's effect normalised by `normalised_effect` (1: clean behaviour, 0: corrupted; Heimersheim
+& Nanda 2024). A patch is an ablation method the sweep runs (prefix reuse, streaming, resume); a key or value patch
+is a key/value group's, reported on each of its query heads."""
 
 from __future__ import annotations
 
@@ -103,7 +91,7 @@ class PatchResult(Payload):
     @payload("one entry per query head patched", items="one head")
     def heads(self) -> list[PatchHead]:
         """One per query head, layer by layer: its patch effect and logit difference (a key or value patch: its
-        group's, with the group's kv_head)."""
+        group's)."""
         group, per_group = self.n_heads // max(self.n_kv_heads, 1), patch_class(self.component).per_kv_group
         rows = [PatchHead(layer, head, entry.patch_effect, None if self.dla is None else self.dla[layer][head],
                           entry.logit_diff, self.classes.get((layer, head), []) if self.classes else None,
@@ -133,8 +121,7 @@ class PatchResult(Payload):
                         for head in range(self.n_heads)}
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per query head patched: layer, head, name, patch effect, DLA, logit difference
-        (classes comma-separated; kv_head for a key or value patch): the patch schema's columns. Needs pandas."""
+        """A pandas DataFrame, one row per query head patched: the patch schema's columns. Needs pandas."""
         return frame(record_rows(self.heads, self.layer_names))
 
 
@@ -147,9 +134,8 @@ def patch_units(loaded: LoadedModel, heads: Sequence[Head] | None, component: st
     units: dict[tuple[int, int], list[Head]] = {}
     for layer, head in chosen:
         size = layers[layer].n_heads // max(layers[layer].n_kv_heads, 1)
-        units.setdefault((layer, head // size), [])
-        units[(layer, head // size)] = [(layer, first) for first in range((head // size) * size,
-                                                                          (head // size + 1) * size)]
+        group = head // size
+        units[(layer, group)] = [(layer, first) for first in range(group * size, (group + 1) * size)]
     return [tuple(unit) for unit in units.values()]
 
 
@@ -163,11 +149,9 @@ def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
                          f"{tuple(clean.input_ids.shape)} and {tuple(corrupt.input_ids.shape)}", parameter="corrupt")
 
 
-
-
 def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
-    """The by-position axis: each position's token over the rows, one where every row has the same one, else the
-    most frequent few joined by '/' (IOI prompts put different names at one position); ids without a tokenizer."""
+    """The by-position axis: each position's token over the rows (the most frequent few joined by '/' where they
+    differ)."""
     decode = (lambda token: str(token)) if loaded.tokenizer is None else (
         lambda token: loaded.tokenizer.decode([token]))
     mask = probe_set.attention_mask
@@ -234,11 +218,9 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
                 component: str = "output", noising: bool = False, by_position: bool = False, mode: str = "exact",
                 batch_size: int = 8, data: str = "", run: Sweep = sweep, progress: ProgressArg = None,
                 **options: Any) -> PatchResult | None:
-    """Patch each head (default: every head; a key or value: every key/value group) between the clean and the
-    corrupted run (two probe sets of one shape: probe.patching.contrast_runs), denoising by default; with `by_position`
-    also each head at each position alone. `run` is the sweep (probe.distributed.sharded_sweep under torchrun) and
-    `options` go to it (results_path, resume, stack, on_result); None on a process of torchrun's that does not
-    report. `progress=True` draws a bar on stderr; a callable gets `(done, total)`, every sweep counted in one."""
+    """Patch each head (a key or value: each key/value group) between the clean and corrupted runs, denoising by
+    default, with `by_position` also each position alone. `run` is the sweep (sharded under torchrun), `options` go
+    to it; None on a torchrun process that does not report. `progress`: a bar, or a callable of `(done, total)`."""
     started = time.perf_counter()
     check_runs(clean, corrupt)
     target, source = (clean, corrupt) if noising else (corrupt, clean)
@@ -263,8 +245,7 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
 
 
 def row_logit_diffs(metric: Metric, logits: Tensor, ids: Tensor, scored: Tensor) -> Tensor:
-    """(rows,) each row's logit difference from one forward's logits: the logit_diff metric's value at the row's
-    scored position (`scored`: the batch's rows of the probe set's `scored`, cut to the batch's length)."""
+    """(rows,) each row's logit difference at its scored position: the logit_diff metric's value."""
     values = metric.values(logits, ids, None)  # (batch, positions - 1), or a classifier's (batch, 2 x classes)
     return -(values * scored[:, :values.shape[1]].to(values.device)).sum(dim=1)
 

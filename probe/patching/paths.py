@@ -1,20 +1,8 @@
-"""Path patching (Wang et al. 2022, "Interpretability in the Wild"; Goldowsky-Dill et al. 2023): the effect of a
-sender head on the behaviour through one path only: into the query, key or value input of chosen receiver heads, or
-straight into the logits (`receivers="logits"`, `direct_path`).
-
-Two passes over the corrupted prompts, for each sender:
-1. the sender's output patched from the clean run and every other head frozen at its corrupted output (MLPs and
-   norms recompute), recording what each receiver's `component` becomes: the sender's clean value reaches it
-   through the residual stream and the MLPs, not through other heads;
-2. the corrupted run again with only the receiver's `component` replaced by that recording; its logit difference,
-   normalised as activation patching's (`probe.inputs.contrast.normalised_effect`), is the path's effect.
-Each pass is a plain forward with probe's hooks (no prefix reuse); a matrix of S senders and R receivers costs S + S x R
-forwards per batch.
-
-The direct path into the logits needs no forward per sender: the sender's change (clean minus corrupted output,
-through its rows of the output projection) is added to the corrupted run's final residual stream, which the final
-norm (recomputed) and the unembedding read; no later head or MLP sees it. One corrupted forward per batch.
-"""
+"""Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): a sender head's effect through one path only, into
+receivers' query, key or value, or into the logits (`direct_path`). Per sender, two passes over the corrupted
+prompts: the sender patched from the clean run with every other head frozen, recording each receiver's input; then
+the corrupted run with only that input replaced, its normalised logit difference the path's effect (S + S x R
+forwards). The direct path adds the sender's change through W_O to the corrupted final stream: one forward."""
 
 from __future__ import annotations
 
@@ -52,8 +40,7 @@ LOGITS = "logits"
 
 @dataclass
 class PathResult:
-    """The effect of each sender through each receiver's `component`: (senders, receivers) logit differences and
-    patch effects. The direct path has the one receiver LOGITS and the component "logits"."""
+    """The effect of each sender through each receiver's `component` (the direct path: receiver LOGITS, "logits")."""
 
     model: str
     component: str
@@ -159,8 +146,8 @@ def _check_readout(found: float, expected: float) -> None:
 
 def direct_path(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders: Sequence[Head], *,
                 batch_size: int = 8) -> PathResult:
-    """Each sender's effect straight into the logits, every other path frozen at the corrupted run (see the module
-    docstring): the direct-path patching of Wang et al. 2022 (their name movers' effect on the logits)."""
+    """Each sender's effect straight into the logits, every other path frozen at the corrupted run (Wang et al.
+    2022)."""
     check_runs(clean, corrupt)
     check_heads(attention_layers(loaded.model), list(senders))
     structure = model_structure(loaded.model)  # refuses a model without an LM head or a final norm it can find

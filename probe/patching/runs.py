@@ -19,8 +19,7 @@ from probe.patching.heads import PatchResult, patch_heads
 
 
 def _run(contrast: ContrastSet, prompts: torch.Tensor, which: str, offset: int) -> ProbeSet:
-    """One side's prompts as a probe set of the logit_diff metric: each pair's prompt, then its answer, then its
-    distractor (CONTRAST_LAYOUT), scored at the last prompt position."""
+    """One side's prompts as a logit_diff probe set: prompt, answer, distractor (CONTRAST_LAYOUT)."""
     pairs, last = len(contrast), contrast.last
     length = int(last.max()) + 3
     ids = torch.zeros(pairs, length, dtype=torch.long)
@@ -38,8 +37,7 @@ def _run(contrast: ContrastSet, prompts: torch.Tensor, which: str, offset: int) 
 
 
 def _class_run(contrast: ContrastSet, texts: torch.Tensor, which: str, classes: list[str]) -> ProbeSet:
-    """One side's texts as a probe set of the class_logit_diff metric: `scored` (pairs, 2 x classes) holds each
-    pair's answer class in the first half and its distractor class in the second (CLASS_CONTRAST_LAYOUT)."""
+    """One side's texts as a class_logit_diff probe set, `scored` holding the answer and distractor classes."""
     rows, count = torch.arange(len(contrast)), len(classes)
     scored = torch.zeros(len(contrast), 2 * count, dtype=torch.bool)
     scored[rows, contrast.answer], scored[rows, count + contrast.distractor] = True, True
@@ -50,8 +48,8 @@ def _class_run(contrast: ContrastSet, texts: torch.Tensor, which: str, classes: 
 
 
 def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet, ProbeSet]:
-    """(clean, corrupt) task sets of one shape, row for row: prompts followed by answer and distractor tokens, or a
-    classifier's texts scored on its answer and distractor classes (`contrast.classes`)."""
+    """(clean, corrupt) task sets of one shape, row for row: prompts with answer and distractor, or a classifier's
+    texts."""
     if contrast.classes is not None:
         return tuple(_class_run(contrast, texts, which, contrast.classes)  # type: ignore[return-value]
                      for texts, which in ((contrast.clean, "clean"), (contrast.corrupt, "corrupt")))
@@ -63,10 +61,8 @@ def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet,
 def patch_contrast(loaded: LoadedModel, contrast: ContrastSet, heads: Sequence[Head] | None = None, *,
                    attribution: bool = True, estimate: bool = False, batch_size: int = 8,
                    **options: Any) -> PatchResult | None:
-    """`patch_heads` between the contrast set's clean and corrupt prompts (`options`: component, noising,
-    by_position, mode, run, ...), or with `estimate` the attribution-patching estimate of every head's output patch
-    (`options`: noising); each head with its direct logit attribution on the clean run (`attribution`; a model
-    whose stream DLA cannot decompose gets the reason in `dla_note` instead)."""
+    """`patch_heads` between the contrast set's clean and corrupt prompts (or with `estimate` its estimate), each
+    head with its DLA on the clean run (`attribution`, else the reason in `dla_note`)."""
     clean, corrupt = contrast_runs(loaded, contrast)
     if estimate:
         result: PatchResult | None = estimate_patches(loaded, clean, corrupt, heads, batch_size=batch_size,

@@ -1,9 +1,5 @@
-"""What a published schema is made of: each result kind declares its fields (type and meaning) once, in a `Kind`,
-and its JSON Schema (draft 2020-12) and the columns of its `to_frame()` are built from that one declaration.
-
-Every JSON file probe writes starts with `"schema": "probe/KIND"` and `"schema_version": N` (`header`); the schema's
-`$id` is `urn:probe-heads:schema:KIND:N`. A version goes up when a field is removed, renamed or changes meaning;
-a new optional field keeps it."""
+"""What a published schema is made of: a `Kind` declares its fields once, and its JSON Schema and `to_frame()`
+columns are built from that. A version goes up when a field is removed, renamed or changes meaning."""
 
 from __future__ import annotations
 
@@ -20,9 +16,8 @@ NUMBER_NOTE = " (null where it was not finite: strict JSON has no NaN or infinit
 
 @dataclass(frozen=True)
 class Field:
-    """One field of a payload: its JSON type(s) and what it means. `items`: an array's items; `fields`: an object's
-    fields (no others allowed); `patterns`: an object's fields named by a regular expression (a class name, a part);
-    `ref`: the payload of another kind, nested (a `self_repair` section). "number" also admits null."""
+    """One field of a payload: its JSON type(s) and meaning; `items`, `fields`, `patterns` (fields named by a regular
+    expression), `ref` (another kind's payload, nested). "number" also admits null."""
 
     type: str | tuple[str, ...]
     description: str
@@ -62,8 +57,8 @@ def object_schema(fields: dict[str, Field], patterns: dict[str, Field] | None = 
 
 @dataclass(frozen=True)
 class Kind:
-    """A result kind probe writes as JSON: its name (the command's), version, the class whose payload it is
-    (`module:Class`), its top-level fields, and what one row of the class' `to_frame()` is and its columns."""
+    """A result kind probe writes as JSON: name, version, result class, top-level fields, its frame's rows and
+    columns."""
 
     name: str
     version: int
@@ -100,29 +95,24 @@ class Kind:
 
 
 class Registry(Mapping[str, Kind]):
-    """The published kinds by name. A kind declared on its result class (probe.schemas.declare) is listed by the
-    class' path (`module:Class`) and imported the first time the registry is read, so that a result's module can
-    import the declarations without the registry importing every result first."""
+    """The published kinds by name: the classes probe/schemas/kinds.py lists (`module:Class`), imported when the
+    registry is first read, so that a result's module can import the declarations."""
 
     def __init__(self) -> None:
-        self._kinds: dict[str, Kind] = {}
-        self._pending: list[Kind | str] = []
-
-    def add(self, entry: Kind | str) -> None:
-        """A kind, or the `module:Class` of a class that declares one; both are checked for names registered
-        twice when the registry is read."""
-        self._pending.append(entry)
+        self._kinds: dict[str, Kind] | None = None
 
     def _loaded(self) -> dict[str, Kind]:
-        while self._pending:
-            entry = self._pending.pop(0)
-            if isinstance(entry, str):
-                module, name = entry.split(":")
-                entry = getattr(importlib.import_module(module), name).__kind__
-                assert isinstance(entry, Kind)
-            if entry.name in self._kinds:  # a mistake in the code, not input
-                raise ValueError(f"schema kind {entry.name!r} is registered twice")
-            self._kinds[entry.name] = entry
+        if self._kinds is None:
+            from probe.schemas.kinds import DECLARED
+
+            self._kinds = {}
+            for path in DECLARED:
+                module, name = path.split(":")
+                kind = getattr(importlib.import_module(module), name).__kind__
+                assert isinstance(kind, Kind)
+                if kind.name in self._kinds:  # a mistake in the code, not input
+                    raise ValueError(f"schema kind {kind.name!r} is registered twice")
+                self._kinds[kind.name] = kind
         return self._kinds
 
     def __getitem__(self, name: str) -> Kind:
@@ -136,14 +126,8 @@ class Registry(Mapping[str, Kind]):
 
 
 SCHEMAS = Registry()
-"""Every published kind by name: adding one is a result class declared with probe.schemas.declare.result, listed
-in probe/schemas/kinds.py, and its run in tests/test_schemas.py."""
-
-
-def register(kind: Kind | str) -> Kind | str:
-    """Add a kind to SCHEMAS: a `Kind`, or the `module:Class` of a result class that declares one."""
-    SCHEMAS.add(kind)
-    return kind
+"""Every published kind by name: a result class declared with probe.schemas.declare, listed in
+probe/schemas/kinds.py."""
 
 
 def kind_of(name: str) -> Kind:

@@ -1,19 +1,8 @@
-"""A result declared once: a dataclass whose fields carry their schema (`schema_field`), with the payload fields
-computed from them as properties (`payload`: `result.dtype` is the value), becomes a published kind (`published`):
-its `to_dict()`, its JSON Schema (`probe schema KIND`), its `to_frame()` columns and its section of docs/schemas.md
-are all made from those declarations. A nested object of a payload (one head's entry) is a `Payload` too, declared
-the same way: an array of them takes its items' schema from their class (`items=` its description), a field
-declared `spread=True` merges a nested Payload's fields in at its place (an entry's head, then what was measured).
-
-The JSON type of a field comes from its annotation (`str` string, `int` integer, `float` number, `bool` boolean,
-`list[...]` array, `dict[...]` object, a Payload an object of its fields, `X | None` also null); `type=` overrides it
-where the annotation says too little (`Any`, a class of the library's own). The payload's keys follow the
-declarations' order in the class body, `payload` properties included; a field with a default that sits before one
-without is declared `kw_only=True` (its constructor's positional order is the fields' without it). An attribute
-without `schema_field` is the result's own and not in the payload.
-
-Every published kind is declared so, its class listed in probe/schemas/kinds.py's DECLARED; the registry
-(probe.schemas.SCHEMAS) imports them when first read."""
+"""A result declared once: a dataclass whose fields carry their schema (`schema_field`), with computed payload fields
+as properties (`payload`), becomes a published kind (`published`): its `to_dict()`, JSON Schema, `to_frame()` columns
+and docs/schemas.md section are made from those declarations. A field's JSON type comes from its annotation (`type=`
+overrides it); the payload's keys follow the declarations' order; an attribute without `schema_field` is not in the
+payload. A nested object is a `Payload` too; `spread=True` merges one's fields in at its place."""
 
 from __future__ import annotations
 
@@ -65,8 +54,7 @@ class Spec:
 
 @dataclass(frozen=True)
 class Declared:
-    """One payload field as declared: its key, the attribute (a field or a `payload` property) that holds it, its
-    schema and column; `computed`: a `payload` property."""
+    """One payload field as declared: its key, the attribute holding it, its schema and column."""
 
     key: str
     attribute: str
@@ -95,21 +83,17 @@ def schema_field(description: str | Field, *, required: bool = True, key: str | 
                  omit: Literal["empty", "none"] = "empty", dump: Callable[[Any], Any] | None = None,
                  column: bool | str | Field = False, spread: bool = False, default: Any = dataclasses.MISSING,
                  default_factory: Any = dataclasses.MISSING, kw_only: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field that is also a payload field: its meaning (or a shared Field, taken as it is).
-    `required=False`: left out of the payload where its value is
-    None or empty (`omit="none"`: None only); `key`: its payload name where it differs from the attribute's; `dump`:
-    how the value is written (rounded, say); `items`: an array's items (a description for the annotation's item
-    type, a nested Payload's included, or a Field); `column`: also a `to_frame()` column of the same name (True: the
-    same meaning; a string: another description; a Field: another type); `spread=True`: a nested Payload whose
-    fields are merged in at its place."""
+    """A dataclass field that is also a payload field: its meaning, or a shared Field. `required=False`: left out
+    where None or empty (`omit="none"`: None only); `key`: its payload name; `dump`: how the value is written;
+    `items`: an array's items; `column`: also a `to_frame()` column; `spread=True`: a nested Payload merged in at its
+    place."""
     spec = _spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
     return dataclasses.field(default=default, default_factory=default_factory, kw_only=kw_only,
                              metadata={SPEC: spec})
 
 
 class Computed(property, Generic[R]):
-    """A payload field computed from the result's other fields (`payload`): a property, read as `result.name`, whose
-    declaration (`spec`) the class' payload and schema are made from."""
+    """A payload field computed from the result's other fields: a property whose `spec` the schema is made from."""
 
     spec: Spec
 
@@ -132,10 +116,8 @@ def payload(description: str | Field, *, required: bool = True, key: str | None 
             patterns: dict[str, Field] | None = None, ref: str | None = None, omit: Literal["empty", "none"] = "empty",
             dump: Callable[[Any], Any] | None = None, column: bool | str | Field = False,
             spread: bool = False) -> Callable[[Callable[[Any], R]], Computed[R]]:
-    """A method whose value is a payload field, made a property (`result.name` is the value, computed each time it
-    is read; its type from the return annotation). `spread=True`: the method returns several fields, merged in at
-    its place: those `fields` declares, or named by `patterns`, or a nested Payload's own; `dump`: how the value is
-    written in the payload where it differs from the property's (rounded, say)."""
+    """A method whose value is a payload field, made a property (its type from the return annotation); options as
+    `schema_field`'s."""
     spec = _spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
 
     def mark(method: Callable[[Any], R]) -> Computed[R]:
@@ -210,8 +192,7 @@ def _column(key: str, spec: Spec, field: Field) -> Field | None:
 # Declarations of a class -------------------------------------------------------------------------------------------
 
 def _declarations(cls: type) -> list[Declared]:
-    """Every payload field of `cls` (dataclass fields with a spec, and `payload` properties), in declaration
-    order."""
+    """Every payload field of `cls` (fields with a spec, and `payload` properties), in declaration order."""
     hints = typing.get_type_hints(cls)
     found: list[tuple[int, Declared]] = []
     for item in dataclasses.fields(cls):
@@ -237,8 +218,7 @@ def declarations(cls: type) -> list[Declared]:
 
 
 def record_fields(cls: type) -> dict[str, Field]:
-    """A record's payload fields, as schema fields (a spread one's fields in its place: those it declares, or its
-    nested Payload's)."""
+    """A record's payload fields as schema fields (a spread one's fields in its place)."""
     out: dict[str, Field] = {}
     for item in declarations(cls):
         out.update(item.field.fields or {} if item.spec.spread else {item.key: item.field})
@@ -309,8 +289,7 @@ def to_payload(self: Any) -> dict[str, Any]:
 
 @dataclass_transform(field_specifiers=(schema_field, dataclasses.field))
 class Payload:
-    """A dataclass whose declared fields are a payload, or a nested object of one (`class Head(Payload,
-    frozen=True)`: the class is made a dataclass); `to_dict()` gives it, in declaration order."""
+    """A dataclass whose declared fields are a payload, or a nested object of one; `to_dict()` gives it."""
 
     __declared__: ClassVar[list[Declared]]
 
@@ -327,10 +306,8 @@ class Payload:
 def published(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],
               column_patterns: Mapping[str, Field] | None = None,
               sections: Mapping[str, Field] | None = None) -> Callable[[type[T]], type[T]]:
-    """A Payload class that is a published kind: `name` and `version` (docs/schemas.md), its payload its declared
-    fields (`to_dict()`), `rows` and `columns` what one row of its `to_frame()` is (`columns(...)` takes them from
-    fields declared `column=`). `sections`: fields the command adds to the payload beside the result's own (the
-    self-repair section). The kind is `declared_kind(cls)`; probe/schemas/kinds.py lists the class in DECLARED."""
+    """A Payload class that is the published kind `name`, `version`; `sections`: fields a command adds beside its
+    own."""
 
     def declare(cls: type[T]) -> type[T]:
         fields = {**record_fields(cls), **(sections or {})}

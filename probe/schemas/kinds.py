@@ -1,11 +1,6 @@
-"""The published kinds: each declared on its result class (probe.schemas.declare: the class' fields are the
-payload's, `to_dict()`, the schema and the frame's columns are made from them), listed in DECLARED
-(tests/test_schemas.py validates every command's file against its schema, and no schema admits an undeclared
-field)."""
+"""The published kinds, each declared on its result class (probe.schemas.declare) and listed in DECLARED."""
 
 from __future__ import annotations
-
-from probe.schemas.base import register
 
 DECLARED = (
     "probe.heads.classify:Classification",
@@ -26,6 +21,3 @@ DECLARED = (
     "probe.patterns:Patterns",
 )
 """The result classes that declare their kind (`module:Class`), imported when the registry is first read."""
-
-for _declared in DECLARED:
-    register(_declared)

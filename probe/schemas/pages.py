@@ -1,10 +1,5 @@
-"""What an HTML page takes besides a published kind's payload, as a TypedDict written once here: the library's
-method returns it and the reports read it, so the type checker holds both to the same keys. Reports name it for the
-type checker only (`if TYPE_CHECKING:`); it imports nothing of probe.
-
-So far one: the attention patterns a page draws (`Patterns.page_payload()`), which are no file of their own (their
-weights travel as numpy integer arrays, packed by the page): `probe heatmap --json` writes the heatmap kind's payload,
-`Patterns.to_dict()`, instead."""
+"""What an HTML page takes besides a published kind's payload, as a TypedDict the library returns and the reports
+read (for the type checker only): the attention patterns a page draws (`Patterns.page_payload()`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Words <-> tokens: which tokens of a sentence each word covers, through the tokenizer's character offsets, and
-word-level attention from token-level attention (Clark et al. 2019, "What Does BERT Look At?", section 4.1):
-attention *to* a split word is the sum of the attention to its tokens, attention *from* a split word the mean of
-its tokens' attention."""
+"""Words <-> tokens through the tokenizer's offsets, and word-level attention (Clark et al. 2019, section 4.1): to a
+split word the sum over its tokens, from it the mean."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ class Aligned:
 
 
 def word_attention(weights: Tensor, aligned: Aligned) -> Tensor:
-    """Token attention (..., tokens, tokens) -> word attention (..., words, words): rows averaged over a word's
-    tokens, columns summed over them. BOS and tokens outside every word drop out."""
+    """Token attention -> word attention: rows averaged over a word's tokens, columns summed; other tokens drop out."""
     source, target = aligned.matrices()
     return source @ weights @ target.T
 
@@ -62,8 +59,8 @@ def _offsets(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]
 
 
 def wrapping(tokenizer: Any, encoder: bool) -> tuple[list[int], list[int]]:
-    """The ids around a sentence, as probe's probe sets wrap text (probe.inputs): [CLS] ... [SEP] for an encoder whose
-    tokenizer has both, else BOS where the tokenizer has one, else nothing."""
+    """The ids around a sentence, as probe sets wrap text: [CLS] ... [SEP] for an encoder, else BOS where there is
+    one."""
     cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
     if encoder and isinstance(cls, int) and isinstance(sep, int):
         return [cls], [sep]
@@ -72,8 +69,7 @@ def wrapping(tokenizer: Any, encoder: bool) -> tuple[list[int], list[int]]:
 
 
 def align(tokenizer: Any, sentence: Sentence, encoder: bool = False) -> Aligned:
-    """Tokenize the sentence's text and give each word the tokens whose character span overlaps the word's; BOS or
-    [CLS] ... [SEP] (see `wrapping`) go around, in no word. A word no token overlaps is a ProbeError."""
+    """Each word's tokens by character-span overlap, `wrapping` around; a word no token overlaps is a ProbeError."""
     if tokenizer is None:
         raise ProbeError("the model has no tokenizer, so words cannot be matched to tokens", parameter="model")
     ids, offsets = _offsets(tokenizer, sentence.text)

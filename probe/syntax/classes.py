@@ -1,9 +1,5 @@
-"""The `syntactic` head class, added to a head classification when parses are given (`probe classify --conllu`).
-
-Its score is a head's largest accuracy minus baseline over the judged relations (SyntaxResult.excess), and its
-threshold the margin: a head is labelled syntactic exactly when `probe syntax` calls it syntactic for a relation.
-It is scored on parses, not on a probe set, so it joins the Classification as an extra class, not through SCORES.
-"""
+"""The `syntactic` head class, added to a classification when parses are given (`probe classify --conllu`): a head is
+syntactic exactly when `probe syntax` calls it so; scored on parses, so an extra class, not one of SCORES."""
 
 from __future__ import annotations
 

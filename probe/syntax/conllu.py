@@ -1,9 +1,5 @@
-"""Dependency parses as probe reads them: `Sentence`, and the CoNLL-U reader (the format of Universal Dependencies,
-https://universaldependencies.org/format.html).
-
-A sentence is a list of syntactic words with, for each, its head word and its relation, plus the text the words are
-written in and each word's character span in it (what the word <-> token alignment needs).
-"""
+"""Dependency parses as probe reads them: `Sentence` (words, their heads and relations, the text and each word's
+span) and the CoNLL-U reader."""
 
 from __future__ import annotations
 
@@ -74,10 +70,8 @@ def _finish(rows: list[tuple[str, int, str, bool]], where: str, count: int) -> S
 
 
 def read_conllu(path: str | Path) -> list[Sentence]:
-    """Every sentence of a CoNLL-U file. Multi-word token lines (`1-2`) and empty nodes (`1.1`) are skipped: the
-    syntactic words are what the tree links. A relation keeps its universal part (`nsubj:pass` -> `nsubj`). The
-    text the model reads is the words written out, a space after each unless its own line says SpaceAfter=No (so a
-    multi-word token such as `don't` reads `do n't`). A malformed line is one ProbeError naming FILE:LINE."""
+    """Every sentence of a CoNLL-U file: multi-word and empty-node lines skipped, relations cut to their universal
+    part, the text the words written out (SpaceAfter=No kept); a malformed line is one ProbeError naming FILE:LINE."""
     file = Path(path)
     if not is_file(file):
         raise ProbeError(f"conllu: file not found: {file}", parameter="conllu")

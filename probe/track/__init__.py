@@ -1,9 +1,5 @@
-"""Heads across training: every head class's scores, the loss and the in-context learning score of each checkpoint
-of a run, and the phase changes in them (Olsson et al. 2022). `probe track` is the command; docs/track.md the guide.
-
-    from probe.track import find_run, track
-    result = track(find_run("model.py:model", checkpoints="ckpt/step-*.pt"), results_path="track.jsonl")
-"""
+"""Heads across training (Olsson et al. 2022): every head class's scores, the loss and the in-context learning score
+of each checkpoint, and their phase changes; `probe track` is the command, docs/track.md the guide."""
 
 from probe.track.checkpoints import Checkpoint, Run, check_run, find_run, load_checkpoints, read_state_dict, step_of
 from probe.track.icl import IclScore, icl_score, probe_loss

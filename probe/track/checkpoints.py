@@ -1,11 +1,6 @@
-"""The checkpoints of a training run, in step order, and loading them one at a time.
-
-Three forms: Hugging Face model folders matched by a glob (`run/step-*`), a hub model's revisions (Pythia publishes
-`step0` ... `step143000`), and state-dict files (`ckpt/*.pt`) loaded into a custom model (`FILE.py:FUNCTION`) with
-`torch.load(weights_only=True)`, which refuses a pickle that would run code. A checkpoint's step is the last number
-in its name (`step-10` is 10, ordered after `step-9`). Everything is checked before the first is scored: a glob that
-matches nothing, checkpoints of different architectures, a revision that cannot be resolved.
-"""
+"""The checkpoints of a training run in step order (the last number of a name), loaded one at a time: Hugging Face
+folders by glob, a hub model's revisions, or state-dict files (`torch.load(weights_only=True)`) into a custom model;
+everything checked before the first is scored."""
 
 from __future__ import annotations
 
@@ -43,8 +38,7 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class Run:
-    """The checkpoints of one run, in step order, and how to load them: `model` is the hub id (revisions) or the
-    `FILE.py:FUNCTION` factory (state dicts); folders need none."""
+    """The checkpoints of one run in step order; `model` is the hub id (revisions) or the factory (state dicts)."""
 
     kind: str
     checkpoints: tuple[Checkpoint, ...]
@@ -82,8 +76,7 @@ def _matched(pattern: str) -> list[Path]:
 
 def find_run(model: str | None = None, *, checkpoints: str | None = None,
              revisions: str | Sequence[str] | None = None) -> Run:
-    """The run that the arguments name: `checkpoints` (a glob) of model folders, or of state-dict files with a
-    custom `model`; or a hub `model` with `revisions` (a list, or comma-separated)."""
+    """The run the arguments name: a glob of model folders or state dicts (with a custom `model`), or hub revisions."""
     if revisions is not None:
         names = [r.strip() for r in revisions.split(",")] if isinstance(revisions, str) else list(revisions)
         if checkpoints is not None or model is None or not [n for n in names if n]:
@@ -126,8 +119,7 @@ def _config_of(run: Run, checkpoint: Checkpoint) -> dict[str, Any]:
 
 
 def read_state_dict(path: str | Path, *, mmap: bool = False) -> dict[str, torch.Tensor]:
-    """A state dict saved with torch.save, read with `weights_only=True`: tensors and plain containers only; a
-    pickle that needs more (code, custom classes) is refused in one line."""
+    """A state dict read with `weights_only=True`: a pickle that needs code or custom classes is refused in one line."""
     try:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
@@ -152,8 +144,7 @@ def _shapes(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
 
 
 def check_run(run: Run, loaded: LoadedModel | None = None) -> None:
-    """Before any scoring: every checkpoint can be found and has one architecture (a custom model's: the shapes of
-    `loaded`'s state dict, read memory-mapped)."""
+    """Before any scoring: every checkpoint can be found and has one architecture."""
     if run.kind == STATE_DICTS:
         expected = _shapes(loaded.model.state_dict()) if loaded is not None else None
         for checkpoint in run.checkpoints:
@@ -183,9 +174,8 @@ def _mismatch(name: str, shapes: dict[str, tuple[int, ...]], expected: dict[str,
 
 def load_checkpoints(run: Run, base: LoadedModel | None = None, **options: Any
                      ) -> Iterator[tuple[Checkpoint, LoadedModel]]:
-    """Each checkpoint loaded in turn, one in memory at a time (the caller drops its reference before the next):
-    folders and revisions through `load_model`, state dicts copied into the one custom model (`base`, made by
-    `model` when not given). `options`: load_model's."""
+    """Each checkpoint loaded in turn, one in memory at a time; state dicts copied into the one custom model
+    (`base`)."""
     if run.kind == STATE_DICTS:
         loaded = base or load_model(str(run.model), **options)
         for checkpoint in run.checkpoints:

@@ -1,10 +1,5 @@
-"""What a checkpoint has learned, in two numbers: its loss on the probe text, and its in-context learning score.
-
-The in-context learning score of Olsson et al. (2022, "In-context Learning and Induction Heads", section 2): the loss
-on the `late`-th token of a text minus the loss on the `early`-th (500 and 50 there), averaged over texts. Tokens
-late in a context can use more of it; a model that does (induction heads are how small ones do) has a negative
-score, and the paper's phase change is where the score falls.
-"""
+"""A checkpoint's loss on the probe text and its in-context learning score (Olsson et al. 2022, section 2): the loss
+on the `late`-th token minus the loss on the `early`-th, negative for a model that uses its context."""
 
 from __future__ import annotations
 
@@ -55,9 +50,8 @@ def _token_losses(loaded: LoadedModel, probe_set: ProbeSet, positions: list[int]
 
 def icl_score(loaded: LoadedModel, *, early: int = EARLY, late: int = LATE, data: str | Path | None = None,
               num_seqs: int = ICL_SEQS, batch_size: int = 8) -> IclScore:
-    """Loss at token `late` minus loss at token `early` (tokens counted from 1, BOS not counted) on natural text
-    (`data`, else the embedded English), over up to `num_seqs` texts of `late` tokens. None, with the reason, where
-    the model has no tokenizer, its context is shorter than `late` tokens, or the text is."""
+    """Loss at token `late` minus loss at token `early` (BOS not counted); None, with the reason, where it cannot be
+    had."""
     check_positions(early, late)
     if loaded.tokenizer is None:
         return IclScore(None, "no in-context learning score: the model has no tokenizer to read natural text")
@@ -76,8 +70,7 @@ def icl_score(loaded: LoadedModel, *, early: int = EARLY, late: int = LATE, data
 
 def probe_loss(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int = 128, num_seqs: int = 8,
                batch_size: int = 8) -> float | None:
-    """Mean next-token cross-entropy on the natural probe set, as a sweep's baseline measures it (None for a
-    model without next-token logits)."""
+    """Mean next-token cross-entropy on the natural probe set (None without next-token logits)."""
     probe_set = natural_set(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs)
     try:
         return baseline_metric(loaded, probe_set, metric="cross_entropy", batch_size=batch_size)[0]

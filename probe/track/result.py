@@ -1,10 +1,5 @@
-"""A training run's trajectories: per checkpoint, every head's scores, the loss and the in-context learning score; and
-the phase changes found in them.
-
-A phase change (Olsson et al. 2022, section 3): for each head class, the checkpoint interval where the best head's
-score rises most, with the heads whose score crosses the class threshold there; for the in-context learning score,
-the interval where it changes most. Whether the two are the same interval is the paper's co-occurrence claim.
-"""
+"""A training run's trajectories per checkpoint, and the phase changes in them (Olsson et al. 2022, section 3): per
+class the interval where the best head's score rises most, and whether the ICL score changes most there too."""
 
 from __future__ import annotations
 
@@ -17,13 +12,11 @@ from probe.schemas.common import CLASSES, DTYPE, HEAD_COLUMNS, MODEL, N_HEADS, N
 from probe.schemas.declare import Payload, payload, published, schema_field
 
 MIN_RISE = 0.1
-"""The smallest rise of the best head's score, from one checkpoint to the next, that counts as a phase change (scores
-are attention shares, 0 to 1)."""
+"""The smallest rise of the best head's score between checkpoints that counts as a phase change (scores are 0 to 1)."""
 
 
 class CheckpointResult(Payload):
-    """One checkpoint's numbers. `heads`: classify's per-head entries ({"layer", "head", "scores"}), with "delta"
-    where heads were ablated."""
+    """One checkpoint's numbers; `heads`: classify's per-head entries, with "delta" where heads were ablated."""
 
     name: str = schema_field("its file, folder or revision")
     step: int = schema_field("its step")
@@ -66,8 +59,7 @@ def best_scores(checkpoints: list[CheckpointResult], name: str) -> list[float | 
 
 
 def _largest_step(values: list[float | None], either_way: bool = False) -> tuple[int, float] | None:
-    """(i, change) of the interval i -> i + 1 whose rise (or change, `either_way`) is largest, among intervals
-    with both values; the first of equals."""
+    """(i, change) of the interval i -> i + 1 whose rise (or change, `either_way`) is largest; the first of equals."""
     changes = [(i, b - a) for i, (a, b) in enumerate(zip(values, values[1:])) if _finite(a) and _finite(b)]
     if not changes:
         return None
@@ -95,10 +87,7 @@ def _crossing(before: CheckpointResult, after: CheckpointResult, name: str, thre
 
 def phase_changes(checkpoints: list[CheckpointResult], thresholds: dict[str, float], *,
                   min_rise: float = MIN_RISE) -> list[dict[str, Any]]:
-    """For each class, the interval where the best head's score rises most, where that rise is at least
-    `min_rise`: its steps, the rise, its share of the whole run's range, the heads crossing the threshold there,
-    the in-context learning score's change over the same interval and whether it is the interval where that score
-    changes most."""
+    """For each class, the interval where the best head's score rises most (at least `min_rise`), and the ICL change."""
     icl = icl_change(checkpoints)
     found = []
     for name, threshold in thresholds.items():
@@ -178,8 +167,7 @@ class TrackResult(Payload):
                 for c in self.checkpoints for e in c.heads]
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per checkpoint and head (`rows()`): checkpoint, step, loss, ICL score, layer,
-        head, name, each class's score (the track schema's columns). Needs pandas."""
+        """A pandas DataFrame, one row per checkpoint and head: the track schema's columns. Needs pandas."""
         return frame(self.rows())
 
     def __repr__(self) -> str:

@@ -11,7 +11,7 @@ from typing import Any
 from probe.ablation import parse_heads, sweep
 from probe.heads.classify import classify
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, natural_set
-from probe.distributed import current, gather, process_group, rank_device, shard_path
+from probe.distributed import current, gather, process_group, rank_device, shard_path, shard_paths
 from probe.errors import ProbeError
 from probe.heads.scores import SCORES
 from probe.hooks.layers import attention_layers
@@ -33,8 +33,8 @@ class Hooks:
 
 @dataclass(frozen=True)
 class TrackOptions:
-    """What each checkpoint is scored on: classify's options, the in-context learning score's token indices, the
-    heads to ablate (none: no ablation), and the smallest rise that counts as a phase change."""
+    """What each checkpoint is scored on: classify's options, the ICL token indices, heads to ablate, the rise that
+    counts."""
 
     data: str | None = None
     seq_len: int = DEFAULT_SEQ_LEN
@@ -55,8 +55,7 @@ class TrackOptions:
 
 
 def measure(loaded: LoadedModel, checkpoint: Checkpoint, options: TrackOptions) -> CheckpointResult:
-    """One checkpoint: classify's scores of every head, the probe-text loss, the in-context learning score, and the
-    chosen heads' ablation deltas."""
+    """One checkpoint: every head's scores, the probe-text loss, the ICL score and the chosen heads' ablation deltas."""
     result = classify(loaded, data=options.data, seq_len=options.seq_len, num_seqs=options.num_seqs,
                       repeat_len=options.repeat_len, seed=options.seed, thresholds=options.thresholds,
                       scores=None if options.scores is None else list(options.scores), batch_size=options.batch_size)
@@ -78,8 +77,7 @@ def measure(loaded: LoadedModel, checkpoint: Checkpoint, options: TrackOptions) 
 
 
 def _identity(run: Run, options: TrackOptions, load_options: dict[str, Any]) -> dict[str, Any]:
-    """What makes two runs' numbers comparable (a results file is resumed only by the same): not the checkpoint
-    list, so that a run can be extended with later checkpoints."""
+    """What makes two runs' numbers comparable: not the checkpoint list, so that a run can be extended."""
     return {"kind": run.kind, "model": run.model or "", "options": options.to_dict(),
             "dtype": str(load_options.get("dtype") or "float32")}
 
@@ -131,13 +129,8 @@ def _check(options: TrackOptions) -> None:
 def track(run: Run, options: TrackOptions | None = None, *, results_path: str | Path, resume: bool = False,
           progress: ProgressArg = None, on_result: Callable[[CheckpointResult], None] | None = None,
           on_model: Callable[[LoadedModel], None] | None = None, **load_options: Any) -> TrackResult | None:
-    """Score every checkpoint of `run` (probe.track.checkpoints.find_run) and return the trajectories.
-
-    Each finished checkpoint is appended to `results_path` (JSON lines); `resume=True` skips those it holds
-    (refusing a file of another model or options). `load_options` go to `load_model` (dtype, device, ...);
-    `on_model` sees each checkpoint's model once loaded, `on_result` each checkpoint's result.
-    Under torchrun, process r scores every world-th unfinished checkpoint into its own shard file, and rank 0
-    returns the merged result (the others None), equal to one process's."""
+    """Score every checkpoint of `run`, each appended to `results_path` (`resume=True` skips those it holds); under
+    torchrun each process scores a share, rank 0 returning the merged result (the others None)."""
     options = options or TrackOptions()
     _check(options)
     progress = callback(progress)
@@ -156,7 +149,7 @@ def track(run: Run, options: TrackOptions | None = None, *, results_path: str | 
             _score_all(run, todo, options, stream, base, load_options, progress, Hooks(on_model, on_result))
         finally:
             stream.close()
-        for shard in _visible(results_path)[1:]:
+        for shard in shard_paths(results_path):
             shard.unlink(missing_ok=True)
         return _result(run, options, stream.done, _model_name(run), identity["dtype"])
     return _sharded(run, options, identity, results_path, resume, base, load_options, progress,
@@ -199,7 +192,5 @@ def _sharded(run: Run, options: TrackOptions, identity: dict[str, Any], results_
 
 
 def _visible(results_path: Path) -> list[Path]:
-    """The results file and any shards of it that this process sees."""
-    return [results_path, *sorted(results_path.parent.glob(f"{results_path.name}.shard-*"))]
-
-
+    """The results file and any shards of it that this process sees (probe.distributed's shard files)."""
+    return [results_path, *shard_paths(results_path)]

@@ -1,6 +1,4 @@
-"""The track results stream: a JSON-lines file, a header line then one line per finished checkpoint, appended and
-flushed as each finishes, so an interrupted run loses nothing finished and `resume=True` continues from it (the
-sweep's stream, probe/ablation/stream.py, does the same for ablations)."""
+"""The track results stream: a header line then one line per finished checkpoint, flushed as each finishes."""
 
 from __future__ import annotations
 
@@ -8,17 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from probe.atomic import write_atomically
+from probe.ablation.stream import LineStream
 from probe.errors import ProbeError
 from probe.track.result import CheckpointResult
 
 TRACK_FORMAT = 1
-
-
-def write_track_stream(path: Path, header: dict[str, Any], entries: list[CheckpointResult]) -> None:
-    """Header and entries, written atomically (a temporary file, renamed)."""
-    lines = [json.dumps(header)] + [json.dumps(entry.to_dict()) for entry in entries]
-    write_atomically(path, "\n".join(lines) + "\n")
 
 
 def read_track(path: str | Path) -> tuple[dict[str, Any], list[CheckpointResult]]:
@@ -61,21 +53,13 @@ def finished(path: Path, identity: dict[str, Any]) -> list[CheckpointResult]:
     return entries
 
 
-class TrackStream:
-    """Appends one line per finished checkpoint, flushed at once; `done` holds what the file held (resume)."""
+class TrackStream(LineStream):
+    """The stream of a track run, by checkpoint name; `done` holds what the file held (resume) or `known`."""
+
+    done: dict[str, CheckpointResult]
 
     def __init__(self, path: Path, identity: dict[str, Any], resume: bool,
                  known: list[CheckpointResult] | None = None) -> None:
-        self.path = path
         entries = known if known is not None else (finished(path, identity) if resume else [])
-        self.done = {entry.name: entry for entry in entries}
-        write_track_stream(path, {"probe_track": TRACK_FORMAT, "identity": identity}, list(self.done.values()))
-        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open while the stream lives; close() closes it)
-
-    def write(self, result: CheckpointResult) -> None:
-        self.file.write(json.dumps(result.to_dict()) + "\n")
-        self.file.flush()
-        self.done[result.name] = result
-
-    def close(self) -> None:
-        self.file.close()
+        super().__init__(path, {"probe_track": TRACK_FORMAT, "identity": identity},
+                         list({entry.name: entry for entry in entries}.values()), key=lambda result: result.name)
