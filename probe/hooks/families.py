@@ -22,7 +22,6 @@ from probe.hooks.custom import edit_projection_input, read_returned_weights
 from probe.hooks.points import fires
 from probe.hooks.transformers_api import has_implementation, set_implementation
 from probe.hooks.types import LayerHooks, Undo
-from probe.models.parts import OUTPUT_PROJECTIONS, output_projection
 
 
 def _bloom_problem(module: nn.Module) -> str:
@@ -104,9 +103,4 @@ def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> No
         _switch_to_eager(module, undo)
         read_returned_weights(module, hooks, undo)
     if fires(hooks, "heads"):
-        heads, _, _ = family_shape(module)
-        projection = output_projection(module)
-        if projection is None:
-            raise ProbeError(f"cannot edit the heads of {type(module).__name__}: it has no output projection "
-                             f"({', '.join(OUTPUT_PROJECTIONS)})")
-        edit_projection_input(projection, heads, hooks, undo)
+        edit_projection_input(module, family_shape(module)[0], hooks, undo)

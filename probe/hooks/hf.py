@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from probe.hooks.blocked import OnBlock, blocked_attention
 from probe.hooks.masks import structure_of
 from probe.hooks.points import fire_blocked, fire_heads, fire_inputs, fire_statistics, fire_weights, fires
-from probe.hooks.restore import restoring
+from probe.hooks.restore import put_back, restoring
 from probe.hooks.transformers_api import (has_implementation, implementation, own_attention, register_attention,
                                           set_implementation)
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
@@ -186,13 +186,6 @@ def switch_implementation(model: nn.Module, undo: list[Undo]) -> None:
             undo.append(set_implementation(config, f"probe_{keep}"))
 
 
-def _put_back(module: nn.Module, name: str, saved: Any) -> None:
-    if saved is None:
-        module.__dict__.pop(name, None)
-    else:
-        module.__dict__[name] = saved
-
-
 def _uninstall(seat: _Seat, call: int, previous: LayerHooks | None) -> None:
     if previous is not None:  # an outer `with`'s hooks
         seat.by_call[call] = previous
@@ -205,7 +198,7 @@ def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     switch itself is the caller's. Hooks already there (an outer `with`) run first."""
     seat = module.__dict__.get(SEAT)
     if seat is None:
-        undo.append(partial(_put_back, module, SEAT, None))
+        undo.append(partial(put_back, module, SEAT, None))
         seat = module.__dict__[SEAT] = _Seat()
     previous = seat.by_call.get(hooks.call)
     undo.append(partial(_uninstall, seat, hooks.call, previous))
@@ -232,7 +225,7 @@ def recording_layers(model: nn.Module) -> Iterator[Recording]:
     recording: Recording = []
     with restoring() as undo:
         for module in model.modules():
-            undo.append(partial(_put_back, module, RECORDING, module.__dict__.get(RECORDING)))
+            undo.append(partial(put_back, module, RECORDING, module.__dict__.get(RECORDING)))
             module.__dict__[RECORDING] = recording
         switch_implementation(model, undo)
         yield recording
