@@ -475,17 +475,13 @@ def _run_row(target: _Target, ids: Tensor) -> tuple[Recording, _Call]:
                                                                        recording.at), \
                 attention_hooks(model, points={"z": recording.edit_heads}), \
                 attention_hooks(model, layers={target.layer.index}, points={"inputs": _keep_inputs(call)}):
-            run_model(model, ids[None].to(_device(model)), logits=False)
+            run_model(model, ids[None], logits=False)
     except _Stop:  # the layers after the head's are not run
         pass
     if call.inputs is None:
         raise ProbeError(f"attention layer {target.layer.index} did not run through transformers' attention "
                          "interface: QK attribution cannot read its queries and keys", parameter="model")
     return recording, call
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _row_points(rule: KeyRule | None, at: tuple[int, int] | None, ids: Tensor,

@@ -9,7 +9,7 @@ block of weights, per query head (grouped- and multi-query attention repeated to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -46,11 +46,6 @@ class _Seat:
 def is_hf_model(model: nn.Module) -> bool:
     """Whether the model has a transformers config whose attention implementation probe can switch."""
     return has_implementation(getattr(model, "config", None))
-
-
-def _original_function(name: str, module: nn.Module) -> Callable[..., tuple[Tensor, Any]]:
-    own = own_attention(name, module)
-    return _hf_weights_attention if own is None else own
 
 
 def _hf_weights_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -132,7 +127,8 @@ def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, val
                                           on_block=partial(fire_weights, hooks, inputs=inputs),
                                           query_block=hooks.query_block, **kwargs)
         return output
-    return _original_function(name, module)(module, query, key, value, attention_mask, **kwargs)[0]
+    original = own_attention(name, module) or _hf_weights_attention
+    return original(module, query, key, value, attention_mask, **kwargs)[0]
 
 
 def _probe_attention(original_name: str, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
