@@ -64,14 +64,11 @@ class Classification(Payload):
     model: str = schema_field(MODEL)
     n_layers: int = schema_field(N_LAYERS)
     n_heads: int = schema_field(N_HEADS)
-    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)  # encoder-decoders: `enc0`,
-    # `dec0`, `x0`, ... (probe.hooks.stacks)
+    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)
     path: str = schema_field("how the scores were computed: the name of the fast path's backend (one of "
                              "probe.kernels.BACKENDS), blocked, or which layers went which way", required=False,
-                             default="", kw_only=True)  # the fast path's backend ("cpu"), "blocked", or which layers
-    # went which way (score_heads)
-    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # what the model ran in: docs/precision.md says
-    # how far a half-precision run lies
+                             default="", kw_only=True)
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
     scores: dict[str, Tensor]  # name -> (n_layers, n_heads)
     thresholds: dict[str, float] = schema_field(THRESHOLDS)
 
@@ -95,7 +92,7 @@ class Classification(Payload):
 
     not_applicable: dict[str, list[int]] = schema_field(
         "per class, the layers it does not apply to (their scores are null)", required=False, default_factory=dict,
-        kw_only=True)  # class -> layers it does not apply to (n/a)
+        kw_only=True)
 
     @payload("every head, layer by layer", key="heads", items="one head")
     def head_labels(self) -> list[HeadLabels]:
