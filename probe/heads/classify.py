@@ -159,9 +159,9 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
     found: dict[str, Tensor] = {}
     paths = []
     for index, (chosen, use_lse) in enumerate(passes):
+        counted = None if report is None else partial(_counted_from, report, index * steps, total)
         scored = _score_pass(loaded, probe_set, chosen, use_lse, batch_size=batch_size, query_block=query_block,
-                             progress=report, progress_offset=index * steps,
-                             progress_total=total, config=config)
+                             progress=counted, config=config)
         found.update(scored)
         paths.append(scored.path if index == 0 else f"{scored.path} for {', '.join(chosen)} (no fast path)")
     scores = HeadScores({name: found[name] for name in names})
@@ -183,8 +183,7 @@ def score_passes(names: list[str], path: str) -> list[tuple[list[str], bool]]:
 
 
 def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_lse: bool, *, batch_size: int,
-                query_block: int | None, progress: Progress | None, progress_offset: int, progress_total: int,
-                config: KernelConfig) -> HeadScores:
+                query_block: int | None, progress: Progress | None, config: KernelConfig) -> HeadScores:
     """One pass of score_heads over the probe set: from the fused statistics (`use_lse`) or blocks of weights. Each
     batch's forward ends once every layer's attention is read: the last layer's MLP, the final norm and the head
     change no score."""
@@ -192,12 +191,12 @@ def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_
     sums_of = (names, len(layers), max(layer.n_heads for layer in layers))  # the classes, layers and heads
     accumulator = FusedAccumulator(*sums_of, config) if use_lse else ScoreAccumulator(*sums_of)
     batches = probe_set.batches(batch_size)
-    done = [progress_offset]
+    done = [0]
 
     def step() -> None:
         if progress is not None:
             done[0] += 1
-            progress(done[0], progress_total)
+            progress(done[0], len(batches) * len(layers))
 
     read: set[int] = set()  # layers of this batch whose attention is read to the end
     stop = _stop_when_read(loaded.model, len(layers), read)
@@ -364,7 +363,7 @@ def classify(
 
 
 def _counted_from(progress: Progress, done: int, total: int, step: int, _total: int) -> None:
-    """One probe set's progress as part of classify's count over every set."""
+    """Progress of one part of a longer count: its `step` counted on from `done` of `total`."""
     progress(done + step, total)
 
 
