@@ -113,17 +113,13 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
     return layers
 
 
-def _refuse_encoder_decoder(model: nn.Module) -> None:
-    config = getattr(model, "config", None)
-    if config is not None and refuses_encoder_decoder(config):
-        raise ProbeError(encoder_decoder_refusal(config.model_type))
-
-
 def attention_layers(model: nn.Module) -> list[AttentionLayer]:
     """The model's attention layers in call order, found once by a forward pass on two tokens and remembered."""
     if model in _LAYERS:
         return _LAYERS[model]
-    _refuse_encoder_decoder(model)
+    config = getattr(model, "config", None)
+    if config is not None and refuses_encoder_decoder(config):
+        raise ProbeError(encoder_decoder_refusal(config.model_type))
     family = family_of(model)
     if family is not None:
         layers = _family_layers(model, family)
