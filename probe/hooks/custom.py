@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from probe.errors import ProbeError
 from probe.hooks.points import fire_heads, fire_weights, fires
 from probe.hooks.types import LayerHooks, Undo
-from probe.models.parts import OUTPUT_PROJECTIONS, TEXTBOOK_OUTPUT_PROJECTIONS, output_projection
+from probe.models.parts import OUTPUT_PROJECTIONS, TEXTBOOK_OUTPUT_PROJECTIONS, named_child
 
 
 def is_custom_attention(module: nn.Module) -> bool:
@@ -41,7 +41,7 @@ def edit_projection_input(module: nn.Module, heads: int, hooks: LayerHooks, undo
                           names: tuple[str, ...] = OUTPUT_PROJECTIONS) -> None:
     """A pre-hook on the module's output projection (the first of `names`): its input (b, n, heads * head_dim),
     head-major, goes through the `z` point as (b, n, heads, head_dim)."""
-    projection = output_projection(module, names)
+    _, projection = named_child(module, names)
     if projection is None:
         raise ProbeError(f"cannot edit the heads of {type(module).__name__}: it has no output projection module "
                          f"({', '.join(names)})")
