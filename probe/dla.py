@@ -213,13 +213,18 @@ def record_writes(structure: Structure, recording: Recording) -> Iterator[None]:
 
 
 @dataclass(frozen=True)
-class _FrozenNorm:
-    """The final norm as a linear map at each read point: x -> centre(x) * scale * gain, its bias kept apart."""
+class FrozenNorm:
+    """A norm as a linear map at each read point: x -> centre(x) * scale * gain, its bias kept apart."""
 
     centred: bool  # LayerNorm subtracts the mean (linear: applied to every component)
     scale: Tensor  # (points,) float64: 1 / rms (RMSNorm) or 1 / std (LayerNorm) of the clean run's stream
     gain: Tensor  # (d_model,) float64
     bias: Tensor | None
+
+    def apply(self, component: Tensor) -> Tensor:
+        """(..., points, d_model) -> what the norm makes of it (its bias apart)."""
+        centred = component - component.mean(dim=-1, keepdim=True) if self.centred else component
+        return centred * self.scale[:, None] * self.gain
 
     def read(self, direction: Tensor) -> Tensor:
         """(points, d_model): the vector a component is dotted with, so that its share is component . vector."""
@@ -227,7 +232,7 @@ class _FrozenNorm:
         return vector - vector.mean(dim=-1, keepdim=True) if self.centred else vector
 
 
-def frozen_norm(norm: nn.Module, stream: Tensor) -> _FrozenNorm:
+def frozen_norm(norm: nn.Module, stream: Tensor) -> FrozenNorm:
     """The final norm with its scale frozen at the clean run's residual stream `stream` (points, d_model). Its epsilon
     is read from `variance_epsilon`, `eps` or `epsilon` (0 where it has none: the identity's residual shows it)."""
     name = type(norm).__name__
@@ -242,7 +247,7 @@ def frozen_norm(norm: nn.Module, stream: Tensor) -> _FrozenNorm:
     scale = (x.pow(2).mean(dim=-1) + eps).rsqrt()
     found = gain(norm)
     bias = getattr(norm, "bias", None)
-    return _FrozenNorm(centred, scale, torch.ones(x.shape[-1], dtype=torch.float64) if found is None else found.cpu(),
+    return FrozenNorm(centred, scale, torch.ones(x.shape[-1], dtype=torch.float64) if found is None else found.cpu(),
                        bias.detach().double().cpu() if isinstance(bias, Tensor) else None)
 
 

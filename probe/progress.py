@@ -246,10 +246,5 @@ def stage_tick(progress: StageProgress | None, stage: str) -> Progress | None:
     unit of work is done (and where it counts none)."""
     if progress is None:
         return None
-    report = progress
-
-    def tick(done: int, total: int) -> None:
-        report(stage, done, total)
-
-    tick(0, 1)
-    return tick
+    progress(stage, 0, 1)
+    return functools.partial(progress, stage)

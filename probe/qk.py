@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.dla import Recording, Structure, Targets, frozen_norm, model_structure, record_writes
+from probe.dla import FrozenNorm, Recording, Structure, Targets, frozen_norm, model_structure, record_writes
 from probe.errors import ProbeError
 from probe.frames import frame
 from probe.hooks.capture import attention_hooks
@@ -244,32 +244,16 @@ def _check_sum(total: Tensor, size: Tensor, stream: Tensor) -> None:
                          "not decompose", parameter="model")
 
 
-@dataclass(frozen=True)
-class _Norm:
-    """The pre-attention norm as a linear map at each position, its bias apart."""
-
-    centred: bool
-    scale: Tensor  # (positions,) float64
-    gain: Tensor  # (d_model,) float64
-    bias: Tensor | None
-
-    def __call__(self, component: Tensor) -> Tensor:
-        """(..., positions, d_model) -> what the layer reads of it."""
-        centred = component - component.mean(dim=-1, keepdim=True) if self.centred else component
-        return centred * self.scale[:, None] * self.gain
-
-
-def _frozen(norm: nn.Module | None, stream: Tensor) -> _Norm:
+def _frozen(norm: nn.Module | None, stream: Tensor) -> FrozenNorm:
     """The norm in front of the attention frozen at the run's stream (positions, d_model); none or an identity is a
     scale of 1."""
     if norm is None or isinstance(norm, nn.Identity):
-        return _Norm(False, torch.ones(stream.shape[0], dtype=torch.float64),
-                     torch.ones(stream.shape[1], dtype=torch.float64), None)
-    frozen = frozen_norm(norm, stream)
-    return _Norm(frozen.centred, frozen.scale, frozen.gain, frozen.bias)
+        return FrozenNorm(False, torch.ones(stream.shape[0], dtype=torch.float64),
+                          torch.ones(stream.shape[1], dtype=torch.float64), None)
+    return frozen_norm(norm, stream)
 
 
-def project(twin: _Twin, norm: _Norm, parts: Iterator[tuple[Component, Tensor]],
+def project(twin: _Twin, norm: FrozenNorm, parts: Iterator[tuple[Component, Tensor]],
             stream: Tensor) -> tuple[list[Component], Tensor, Tensor]:
     """Every component's query for `head` and key for `kv_head`, (components, positions, d) float64, rotated at its
     own position; the last component is `bias`, what the layer computes from no stream at all. The components must
@@ -285,7 +269,7 @@ def project(twin: _Twin, norm: _Norm, parts: Iterator[tuple[Component, Tensor]],
         stacked = torch.stack(chunk)  # (components, positions, d_model)
         sums[0] += stacked.sum(dim=0)
         sums[1] += stacked.abs().sum(dim=0)
-        query, key = twin(norm(stacked))
+        query, key = twin(norm.apply(stacked))
         queries.append(query[:, head] - zero_q)
         keys.append(key[:, kv_head] - zero_k)
 
@@ -491,17 +475,13 @@ def _run_row(target: _Target, ids: Tensor) -> tuple[Recording, _Call]:
                                                                        recording.at), \
                 attention_hooks(model, points={"z": recording.edit_heads}), \
                 attention_hooks(model, layers={target.layer.index}, points={"inputs": _keep_inputs(call)}):
-            run_model(model, ids[None].to(_device(model)), logits=False)
+            run_model(model, ids[None], logits=False)
     except _Stop:  # the layers after the head's are not run
         pass
     if call.inputs is None:
         raise ProbeError(f"attention layer {target.layer.index} did not run through transformers' attention "
                          "interface: QK attribution cannot read its queries and keys", parameter="model")
     return recording, call
-
-
-def _device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _row_points(rule: KeyRule | None, at: tuple[int, int] | None, ids: Tensor,

@@ -222,7 +222,7 @@ def _hook_state(model: torch.nn.Module) -> list:
 
 
 @pytest.mark.parametrize(("kind", "step"), [("llama_gqa", "__setattr__"), ("planted_textbook", "remove"),
-                                            ("planted_mha", "_put_back")])
+                                            ("planted_mha", "put_back")])
 def test_second_interrupt_inside_restoration_leaves_the_model_whole(kind: str, step: str) -> None:
     import sys
 

@@ -66,20 +66,16 @@ def distinct_heads(left: Tensor) -> tuple[Tensor, Tensor]:
     return left[keep], torch.tensor(index)
 
 
-def composition_between(earlier: tuple[Tensor, Tensor], later: tuple[Tensor, Tensor], paired: bool = False,
-                        triangles: tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]] | None = None,
-                        distinct: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """(heads of A, heads of B) composition scores of M_A = earlier[0] @ earlier[1] into M_B = later[0] @ later[1];
-    with `paired`, only A's i-th into B's i-th: (heads,). `triangles`: `_triangles` of earlier and later, where the
-    caller has them already (a layer's are the same for every pair it is in); `distinct`: `distinct_heads(later[0])`,
-    so that the product through a key/value group's shared matrix is computed once for the group."""
-    (t_a, _, a_norms), (_, t_b_right, b_norms) = triangles or (_triangles(*earlier), _triangles(*later))
-    if paired:
-        product = t_a @ (earlier[1] @ later[0]) @ t_b_right.transpose(1, 2)  # (heads, d_head, d_head)
-        return torch.linalg.matrix_norm(product) / (a_norms * b_norms).clamp(min=1e-300)
-    left, index = distinct if distinct is not None else (later[0], None)
-    middle = torch.einsum("aik,bkj->abij", earlier[1], left)  # (heads A, heads B, d_head, d_head)
-    middle = middle if index is None else middle[:, index]
+def composition_between(earlier: tuple[Tensor, Tensor], later: tuple[Tensor, Tensor],
+                        triangles: tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
+                        distinct: tuple[Tensor, Tensor]) -> Tensor:
+    """(heads of A, heads of B) composition scores of M_A = earlier[0] @ earlier[1] into M_B = later[0] @ later[1].
+    `triangles`: `_triangles` of earlier and later (a layer's are the same for every pair it is in); `distinct`:
+    `distinct_heads(later[0])`, so that the product through a key/value group's shared matrix is computed once for
+    the group."""
+    (t_a, _, a_norms), (_, t_b_right, b_norms) = triangles
+    left, index = distinct
+    middle = torch.einsum("aik,bkj->abij", earlier[1], left)[:, index]  # (heads A, heads B, d_head, d_head)
     product = t_a[:, None] @ middle @ t_b_right.transpose(1, 2)[None]
     return torch.linalg.matrix_norm(product) / (a_norms[:, None] * b_norms[None, :]).clamp(min=1e-300)
 
@@ -94,7 +90,10 @@ def random_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES, 
         return (torch.randn(samples, d_model, d_head, generator=generator, dtype=torch.float64),
                 torch.randn(samples, d_head, d_model, generator=generator, dtype=torch.float64))
 
-    return float(composition_between(draw(), draw(), paired=True).mean())
+    earlier, later = draw(), draw()  # the i-th A into the i-th B
+    (t_a, _, a_norms), (_, t_b_right, b_norms) = _triangles(*earlier), _triangles(*later)
+    product = t_a @ (earlier[1] @ later[0]) @ t_b_right.transpose(1, 2)  # (samples, d_head, d_head)
+    return float((torch.linalg.matrix_norm(product) / (a_norms * b_norms).clamp(min=1e-300)).mean())
 
 
 @dataclass

@@ -10,7 +10,6 @@ it alone already hurts induction, and ablating both costs less than the two cost
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from probe.frames import frame, head_columns, head_name
@@ -30,16 +29,6 @@ CLASSES = ("previous_token", "induction")
 STAGE_UNITS = {"K-composition": UNIT}
 """What each stage of `circuits` counts where it is not a share of its work: classifying heads and the ablation check
 count the library's own units (layers of batches, block-forwards), which mean nothing to a user."""
-
-
-@dataclass(frozen=True)
-class Check:
-    """The ablation check `circuits` is about to run, known once the classification has found the induction heads:
-    each of `heads` ablated alone and each (feeder, induction head) of `groups` together, on `probe_set`."""
-
-    heads: list[Head]
-    groups: list[tuple[Head, Head]]
-    probe_set: ProbeSet
 
 
 def _rounded(value: float) -> float:
@@ -194,24 +183,23 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
         pair.checked = (previous or [feeder.head for feeder in pair.feeders])[0] if pair.feeders else None
     checked = [pair for pair in pairs if pair.checked is not None]
     if check and checked:
-        options = ProbeOptions(num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
-        groups = [(pair.checked, pair.induction) for pair in checked if pair.checked is not None]
-        chosen = Check(sorted({head for group in groups for head in group}), groups,
-                       build_probe_set("repeated", loaded, options))
-        result.baseline_second_copy = _check(loaded, checked, chosen, method, batch_size,
+        probe_set = build_probe_set("repeated", loaded, ProbeOptions(num_seqs=num_seqs, repeat_len=repeat_len,
+                                                                     seed=seed))
+        result.baseline_second_copy = _check(loaded, checked, probe_set, method, batch_size,
                                              stage_tick(report, "ablation check"))
     result.seconds = time.perf_counter() - started
     return result
 
 
-def _check(loaded: LoadedModel, checked: list[Pair], chosen: Check, method: str, batch_size: int,
+def _check(loaded: LoadedModel, checked: list[Pair], probe_set: ProbeSet, method: str, batch_size: int,
            tick: Progress | None) -> float:
-    """Each pair's induction head and checked feeder ablated alone and together (their second-copy deltas, into
-    `pair.deltas`); the unablated second-copy loss."""
-    ablated = sweep(loaded, chosen.probe_set, chosen.heads, groups=chosen.groups, method=method,
-                    batch_size=batch_size, progress=tick)
+    """Each pair's induction head and checked feeder ablated alone and together on `probe_set` (their second-copy
+    deltas, into `pair.deltas`); the unablated second-copy loss."""
+    groups = [(pair.checked, pair.induction) for pair in checked if pair.checked is not None]
+    ablated = sweep(loaded, probe_set, sorted({head for group in groups for head in group}), groups=groups,
+                    method=method, batch_size=batch_size, progress=tick)
     by_heads = {entry.heads: entry.part_deltas["second_repeat"] for entry in ablated.results}
-    for pair, (feeder, induction) in zip(checked, chosen.groups):
+    for pair, (feeder, induction) in zip(checked, groups):
         pair.deltas = {"feeder": by_heads[(feeder,)], "induction": by_heads[(induction,)],
                        "together": by_heads[(feeder, induction)]}
     return ablated.baseline_parts["second_repeat"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from functools import partial
 from collections.abc import Callable
 from dataclasses import field
 from pathlib import Path
@@ -63,14 +64,11 @@ class Classification(Payload):
     model: str = schema_field(MODEL)
     n_layers: int = schema_field(N_LAYERS)
     n_heads: int = schema_field(N_HEADS)
-    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)  # encoder-decoders: `enc0`,
-    # `dec0`, `x0`, ... (probe.hooks.stacks)
+    layer_names: list[str] | None = schema_field(LAYER_NAMES, default=None, kw_only=True)
     path: str = schema_field("how the scores were computed: the name of the fast path's backend (one of "
                              "probe.kernels.BACKENDS), blocked, or which layers went which way", required=False,
-                             default="", kw_only=True)  # the fast path's backend ("cpu"), "blocked", or which layers
-    # went which way (score_heads)
-    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # what the model ran in: docs/precision.md says
-    # how far a half-precision run lies
+                             default="", kw_only=True)
+    dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
     scores: dict[str, Tensor]  # name -> (n_layers, n_heads)
     thresholds: dict[str, float] = schema_field(THRESHOLDS)
 
@@ -94,7 +92,7 @@ class Classification(Payload):
 
     not_applicable: dict[str, list[int]] = schema_field(
         "per class, the layers it does not apply to (their scores are null)", required=False, default_factory=dict,
-        kw_only=True)  # class -> layers it does not apply to (n/a)
+        kw_only=True)
 
     @payload("every head, layer by layer", key="heads", items="one head")
     def head_labels(self) -> list[HeadLabels]:
@@ -145,8 +143,7 @@ PATHS = ("auto", "lse", "blocked")
 
 @reports("scoring heads")
 def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, batch_size: int = 8,
-                query_block: int | None = None, progress: ProgressArg = None,
-                progress_offset: int = 0, progress_total: int | None = None, path: str = "auto",
+                query_block: int | None = None, progress: ProgressArg = None, path: str = "auto",
                 config: KernelConfig = DEFAULT_CONFIG) -> HeadScores:
     """Run the probe set through the model in batches and reduce each layer's attention into the named scores.
     `path`: "lse" reads each layer's fused statistics from the backend that serves it (probe.kernels; no weights
@@ -154,18 +151,17 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
     says which layers went blocked), "blocked" reduces blocks of eager weights everywhere, "auto" is "lse" for the
     scores that have a fast path (an accelerator, probe.accel) and a second, blocked pass for those that have none
     (each class without one costs only itself the blocked path). `config` tunes the fast path (chunks and stages;
-    never a number). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layers of batches,
-    from `progress_offset` of `progress_total` where the scores are part of a longer count (classify's)."""
+    never a number). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layers of batches."""
     report = callback(progress)
     passes = score_passes(names, path)
     steps = len(probe_set.batches(batch_size)) * len(attention_layers(loaded.model))
-    total = progress_total or steps * len(passes)
+    total = steps * len(passes)
     found: dict[str, Tensor] = {}
     paths = []
     for index, (chosen, use_lse) in enumerate(passes):
+        counted = None if report is None else partial(_counted_from, report, index * steps, total)
         scored = _score_pass(loaded, probe_set, chosen, use_lse, batch_size=batch_size, query_block=query_block,
-                             progress=report, progress_offset=progress_offset + index * steps,
-                             progress_total=total, config=config)
+                             progress=counted, config=config)
         found.update(scored)
         paths.append(scored.path if index == 0 else f"{scored.path} for {', '.join(chosen)} (no fast path)")
     scores = HeadScores({name: found[name] for name in names})
@@ -187,8 +183,7 @@ def score_passes(names: list[str], path: str) -> list[tuple[list[str], bool]]:
 
 
 def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_lse: bool, *, batch_size: int,
-                query_block: int | None, progress: Progress | None, progress_offset: int, progress_total: int,
-                config: KernelConfig) -> HeadScores:
+                query_block: int | None, progress: Progress | None, config: KernelConfig) -> HeadScores:
     """One pass of score_heads over the probe set: from the fused statistics (`use_lse`) or blocks of weights. Each
     batch's forward ends once every layer's attention is read: the last layer's MLP, the final norm and the head
     change no score."""
@@ -196,12 +191,12 @@ def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_
     sums_of = (names, len(layers), max(layer.n_heads for layer in layers))  # the classes, layers and heads
     accumulator = FusedAccumulator(*sums_of, config) if use_lse else ScoreAccumulator(*sums_of)
     batches = probe_set.batches(batch_size)
-    done = [progress_offset]
+    done = [0]
 
     def step() -> None:
         if progress is not None:
             done[0] += 1
-            progress(done[0], progress_total)
+            progress(done[0], len(batches) * len(layers))
 
     read: set[int] = set()  # layers of this batch whose attention is read to the end
     stop = _stop_when_read(loaded.model, len(layers), read)
@@ -308,22 +303,6 @@ def _scored(scores: list[str] | None, thresholds: dict[str, float] | None) -> li
     return names + [name for name in thresholds or {} if name in SCORES and name not in names]
 
 
-def _steps(probe_set: ProbeSet, batch_size: int, n_layers: int, passes: int = 1) -> int:
-    return -(-probe_set.input_ids.shape[0] // batch_size) * n_layers * passes
-
-
-def classify_work(loaded: LoadedModel, options: ProbeOptions, scores: list[str] | None = None,
-                  path: str = "auto") -> dict[str, tuple[ProbeSet, int]]:
-    """The probe sets `classify` scores on, in its order, each with its passes over the whole set (a pass: one
-    forward of every batch, its attention read): its work, for a caller that says beforehand how long it takes."""
-    names = [name for name, score in SCORES.items() if score.by_default] if scores is None else scores
-    needed = {SCORES[name].probe for name in names}
-    order = [set_name for set_name in PROBE_SETS if set_name in needed] + sorted(needed - set(PROBE_SETS))
-    return {set_name: (build_probe_set(set_name, loaded, options),
-                       len(score_passes([name for name in names if SCORES[name].probe == set_name], path)))
-            for set_name in order}
-
-
 @reports("classifying heads")
 def classify(
     loaded: LoadedModel,
@@ -349,21 +328,23 @@ def classify(
     chosen = _thresholds(names, thresholds, batch_size)
     layers = attention_layers(loaded.model)
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
-    work = classify_work(loaded, options, names, path)
-    sets = {set_name: probe_set for set_name, (probe_set, _) in work.items()}
-    order = list(sets)
-    by_set = {set_name: [name for name in names if SCORES[name].probe == set_name] for set_name in sets}
-    passes = {set_name: count for set_name, (_, count) in work.items()}
-    total = sum(_steps(probe_set, batch_size, len(layers), passes[name]) for name, probe_set in sets.items())
+    needed = {SCORES[name].probe for name in names}
+    order = [set_name for set_name in PROBE_SETS if set_name in needed] + sorted(needed - set(PROBE_SETS))
+    by_set = {set_name: [name for name in names if SCORES[name].probe == set_name] for set_name in order}
+    sets = {set_name: build_probe_set(set_name, loaded, options) for set_name in order}
+    steps = {set_name: -(-probe_set.input_ids.shape[0] // batch_size) * len(layers)
+             * len(score_passes(by_set[set_name], path)) for set_name, probe_set in sets.items()}
+    total = sum(steps.values())
     results: dict[str, Tensor] = {}
     paths: dict[str, str] = {}
     done = 0
     for set_name, probe_set in sets.items():
+        report = None if progress is None else partial(_counted_from, progress, done, total)
         scored = score_heads(loaded, probe_set, by_set[set_name], batch_size=batch_size, query_block=query_block,
-                             progress=progress, progress_offset=done, progress_total=total, path=path)
+                             progress=report, path=path)
         results.update(scored)
         paths[set_name] = scored.path
-        done += _steps(probe_set, batch_size, len(layers), passes[set_name])
+        done += steps[set_name]
     log.info("classified %d classes on %s", len(names), ", ".join(sets))
     not_applicable = _not_applicable(names, layers, results)
     return Classification(
@@ -379,6 +360,11 @@ def classify(
         path=paths[order[0]] if len(set(paths.values())) == 1 else "; ".join(f"{k}: {v}" for k, v in paths.items()),
         dtype=model_dtype(loaded),
     )
+
+
+def _counted_from(progress: Progress, done: int, total: int, step: int, _total: int) -> None:
+    """Progress of one part of a longer count: its `step` counted on from `done` of `total`."""
+    progress(done + step, total)
 
 
 def _not_applicable(names: list[str], layers: list[AttentionLayer],

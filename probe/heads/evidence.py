@@ -63,8 +63,10 @@ Check = Callable[[HeadFacts], "Verdict | None"]
 """One kind of evidence for one class: None where it was not measured."""
 
 
-def _strong(facts: HeadFacts, partner: Partner) -> bool:
-    return facts.baseline is not None and partner.score > COMPOSITION_RATIO * facts.baseline
+def _strong_k(facts: HeadFacts, partners: list[Partner], heads: set[tuple[int, int]]) -> Partner | None:
+    """The first of `partners` among `heads` whose K-composition is more than COMPOSITION_RATIO times the baseline."""
+    return next((p for p in partners if p.kind == "k" and (p.layer, p.head) in heads and facts.baseline is not None
+                 and p.score > COMPOSITION_RATIO * facts.baseline), None)
 
 
 def induction_weights(facts: HeadFacts) -> Verdict | None:
@@ -72,9 +74,7 @@ def induction_weights(facts: HeadFacts) -> Verdict | None:
     positive copying score: the head's key reads "the token before me", and it copies what it attends to."""
     if facts.copying is None or facts.baseline is None:
         return None
-    previous = facts.flagged.get("previous_token", set())
-    feeder = next((p for p in facts.feeders if p.kind == "k" and (p.layer, p.head) in previous and _strong(facts, p)),
-                  None)
+    feeder = _strong_k(facts, facts.feeders, facts.flagged.get("previous_token", set()))
     copies = facts.copying > 0
     if feeder is not None and copies:
         return True, f"K-composition from previous-token head {feeder.layer}.{feeder.head} ({feeder.score:.3f}), " \
@@ -88,9 +88,7 @@ def previous_token_weights(facts: HeadFacts) -> Verdict | None:
     """It is one of the strongest K-composing feeders of an induction head (above twice the random baseline)."""
     if facts.baseline is None:
         return None
-    induction = facts.flagged.get("induction", set())
-    reader = next((p for p in facts.readers if p.kind == "k" and (p.layer, p.head) in induction and _strong(facts, p)),
-                  None)
+    reader = _strong_k(facts, facts.readers, facts.flagged.get("induction", set()))
     if reader is None:
         return False, "feeds no induction head's keys strongly"
     return True, f"K-composes into induction head {reader.layer}.{reader.head} ({reader.score:.3f})"

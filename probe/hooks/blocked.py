@@ -78,19 +78,15 @@ class _Plan:
     truncate: bool  # causal without a mask: a block computes only the keys up to its last query
 
 
-def _choose_block(batch: int, heads: int, queries: int, keys: int, query_block: int | None) -> int:
-    if query_block is not None:
-        return max(1, query_block)
-    per_query = batch * heads * keys * 4
-    return max(1, min(queries, BLOCK_BYTES // max(per_query, 1)))
-
-
 def _plan(query: Tensor, key: Tensor, mask: Tensor | None, causal: bool, query_block: int | None) -> _Plan:
     batch, n_heads, n_queries, _ = query.shape
     n_keys = key.shape[2]
     offset = n_keys - n_queries
     truncate = causal and mask is None and offset >= 0  # keys after a block's last query are never attended
-    block = _choose_block(batch, n_heads, n_queries, n_keys, query_block)
+    if query_block is not None:
+        block = max(1, query_block)
+    else:
+        block = max(1, min(n_queries, BLOCK_BYTES // max(batch * n_heads * n_keys * 4, 1)))
     if truncate and query_block is None:  # several blocks, so that the skipped keys add up (<= 1/16 computed twice)
         block = min(block, max(CAUSAL_BLOCK, -(-n_queries // 8)))
     return _Plan(min(block, n_queries), offset, truncate)

@@ -11,7 +11,8 @@ from torch import Tensor, nn
 from probe.errors import ProbeError
 from probe.hooks.points import fire_heads, fire_weights, fires
 from probe.hooks.types import LayerHooks, Undo
-from probe.models.parts import TEXTBOOK_OUTPUT_PROJECTIONS, output_projection
+from probe.models.parts import OUTPUT_PROJECTIONS, TEXTBOOK_OUTPUT_PROJECTIONS, named_child
+
 
 def is_custom_attention(module: nn.Module) -> bool:
     """A candidate textbook attention module (discovery then checks that it returns per-head weights)."""
@@ -36,9 +37,15 @@ def read_returned_weights(module: nn.Module, hooks: LayerHooks, undo: list[Undo]
     undo.append(module.register_forward_hook(read_weights).remove)
 
 
-def edit_projection_input(projection: nn.Module, heads: int, hooks: LayerHooks, undo: list[Undo]) -> None:
-    """A pre-hook on the output projection: its input (b, n, heads * head_dim), head-major, goes through
-    the `z` point as (b, n, heads, head_dim)."""
+def edit_projection_input(module: nn.Module, heads: int, hooks: LayerHooks, undo: list[Undo],
+                          names: tuple[str, ...] = OUTPUT_PROJECTIONS) -> None:
+    """A pre-hook on the module's output projection (the first of `names`): its input (b, n, heads * head_dim),
+    head-major, goes through the `z` point as (b, n, heads, head_dim)."""
+    _, projection = named_child(module, names)
+    if projection is None:
+        raise ProbeError(f"cannot edit the heads of {type(module).__name__}: it has no output projection module "
+                         f"({', '.join(names)})")
+
     def edit_input(_module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         merged = args[0]  # (b, n, heads * head_dim)
         split = merged.reshape(*merged.shape[:-1], heads, merged.shape[-1] // heads)  # (b, n, heads, head_dim)
@@ -48,18 +55,10 @@ def edit_projection_input(projection: nn.Module, heads: int, hooks: LayerHooks, 
     undo.append(projection.register_forward_pre_hook(edit_input).remove)
 
 
-def _edit_heads(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    projection = output_projection(module, TEXTBOOK_OUTPUT_PROJECTIONS)
-    if projection is None:
-        raise ProbeError(f"cannot edit the heads of {type(module).__name__}: its output projection "
-                         f"({'/'.join(TEXTBOOK_OUTPUT_PROJECTIONS)}) is not an nn.Module")
-    heads: Any = module.num_heads  # an int the module sets (nn.Module types attributes as tensors or modules)
-    edit_projection_input(projection, int(heads), hooks, undo)
-
-
 def install_custom(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     """PyTorch hooks on the module (weights) and its output projection (edits); `undo` gets their removal."""
     if fires(hooks, "weights"):
         read_returned_weights(module, hooks, undo)
     if fires(hooks, "heads"):
-        _edit_heads(module, hooks, undo)
+        heads: Any = module.num_heads  # an int the module sets (nn.Module types attributes as tensors or modules)
+        edit_projection_input(module, int(heads), hooks, undo, TEXTBOOK_OUTPUT_PROJECTIONS)

@@ -22,7 +22,6 @@ from probe.hooks.custom import edit_projection_input, read_returned_weights
 from probe.hooks.points import fires
 from probe.hooks.transformers_api import has_implementation, set_implementation
 from probe.hooks.types import LayerHooks, Undo
-from probe.models.parts import OUTPUT_PROJECTIONS, output_projection
 
 
 def _bloom_problem(module: nn.Module) -> str:
@@ -86,14 +85,6 @@ def family_shape(module: nn.Module) -> tuple[int, int, int]:
     return heads, kv_heads, int(head_dim)
 
 
-def _switch_to_eager(module: nn.Module, undo: list[Undo]) -> None:
-    """The module's config (shared with the model) on eager while weights are read: the mask eager expects, and
-    Falcon's eager branch, which is the one that returns weights."""
-    config: Any = getattr(module, "config", None)
-    if has_implementation(config):
-        undo.append(set_implementation(config, "eager"))
-
-
 def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     """Weights from what the module returns, edits at its output projection's input; `undo` gets their removal."""
     family = _family_of_module(module)
@@ -101,12 +92,9 @@ def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> No
     if problem and fires(hooks, "heads"):
         raise ProbeError(problem)
     if fires(hooks, "weights"):
-        _switch_to_eager(module, undo)
+        config: Any = getattr(module, "config", None)  # shared with the model
+        if has_implementation(config):  # eager's mask, and Falcon's eager branch: the one that returns weights
+            undo.append(set_implementation(config, "eager"))
         read_returned_weights(module, hooks, undo)
     if fires(hooks, "heads"):
-        heads, _, _ = family_shape(module)
-        projection = output_projection(module)
-        if projection is None:
-            raise ProbeError(f"cannot edit the heads of {type(module).__name__}: it has no output projection "
-                             f"({', '.join(OUTPUT_PROJECTIONS)})")
-        edit_projection_input(projection, heads, hooks, undo)
+        edit_projection_input(module, family_shape(module)[0], hooks, undo)

@@ -9,7 +9,7 @@ block of weights, per query head (grouped- and multi-query attention repeated to
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from probe.hooks.blocked import OnBlock, blocked_attention
 from probe.hooks.masks import structure_of
 from probe.hooks.points import fire_blocked, fire_heads, fire_inputs, fire_statistics, fire_weights, fires
-from probe.hooks.restore import restoring
+from probe.hooks.restore import put_back, restoring
 from probe.hooks.transformers_api import (has_implementation, implementation, own_attention, register_attention,
                                           set_implementation)
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
@@ -46,11 +46,6 @@ class _Seat:
 def is_hf_model(model: nn.Module) -> bool:
     """Whether the model has a transformers config whose attention implementation probe can switch."""
     return has_implementation(getattr(model, "config", None))
-
-
-def _original_function(name: str, module: nn.Module) -> Callable[..., tuple[Tensor, Any]]:
-    own = own_attention(name, module)
-    return _hf_weights_attention if own is None else own
 
 
 def _hf_weights_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -132,7 +127,8 @@ def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, val
                                           on_block=partial(fire_weights, hooks, inputs=inputs),
                                           query_block=hooks.query_block, **kwargs)
         return output
-    return _original_function(name, module)(module, query, key, value, attention_mask, **kwargs)[0]
+    original = own_attention(name, module) or _hf_weights_attention
+    return original(module, query, key, value, attention_mask, **kwargs)[0]
 
 
 def _probe_attention(original_name: str, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
@@ -186,13 +182,6 @@ def switch_implementation(model: nn.Module, undo: list[Undo]) -> None:
             undo.append(set_implementation(config, f"probe_{keep}"))
 
 
-def _put_back(module: nn.Module, name: str, saved: Any) -> None:
-    if saved is None:
-        module.__dict__.pop(name, None)
-    else:
-        module.__dict__[name] = saved
-
-
 def _uninstall(seat: _Seat, call: int, previous: LayerHooks | None) -> None:
     if previous is not None:  # an outer `with`'s hooks
         seat.by_call[call] = previous
@@ -205,7 +194,7 @@ def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
     switch itself is the caller's. Hooks already there (an outer `with`) run first."""
     seat = module.__dict__.get(SEAT)
     if seat is None:
-        undo.append(partial(_put_back, module, SEAT, None))
+        undo.append(partial(put_back, module, SEAT, None))
         seat = module.__dict__[SEAT] = _Seat()
     previous = seat.by_call.get(hooks.call)
     undo.append(partial(_uninstall, seat, hooks.call, previous))
@@ -232,7 +221,7 @@ def recording_layers(model: nn.Module) -> Iterator[Recording]:
     recording: Recording = []
     with restoring() as undo:
         for module in model.modules():
-            undo.append(partial(_put_back, module, RECORDING, module.__dict__.get(RECORDING)))
+            undo.append(partial(put_back, module, RECORDING, module.__dict__.get(RECORDING)))
             module.__dict__[RECORDING] = recording
         switch_implementation(model, undo)
         yield recording

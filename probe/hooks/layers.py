@@ -55,13 +55,19 @@ def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, An
     return first
 
 
-def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
-    """Layers by call: a module the model calls k times (ALBERT shares one across its layers) is k layers."""
+def _two_tokens(model: nn.Module) -> None:
+    """The forward that discovery watches, on token ids (1, 2); the model's failure as one ProbeError."""
     try:
-        with torch.no_grad(), recording_layers(model) as recording:
+        with torch.no_grad():
             run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
     except Exception as error:
-        raise ProbeError(f"the model's forward failed on a two-token input: {type(error).__name__}: {error}") from error
+        raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
+
+
+def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
+    """Layers by call: a module the model calls k times (ALBERT shares one across its layers) is k layers."""
+    with recording_layers(model) as recording:
+        _two_tokens(model)
     modules = [module for module, *_ in recording]
     layers = []
     for index, (module, heads, kv_heads, head_dim, value_dim) in enumerate(recording):
@@ -79,13 +85,10 @@ def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
 def _called_in_order(model: nn.Module, candidates: list[nn.Module]) -> list[tuple[nn.Module, Any]]:
     """(module, output) of each call of the candidates on token ids (1, 2), in call order."""
     calls: list[tuple[nn.Module, Any]] = []
-    try:
-        with torch.no_grad(), restoring() as undo:
-            for candidate in candidates:
-                undo.append(candidate.register_forward_hook(lambda mod, _i, out: calls.append((mod, out))).remove)
-            run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
-    except Exception as error:
-        raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
+    with restoring() as undo:
+        for candidate in candidates:
+            undo.append(candidate.register_forward_hook(lambda mod, _i, out: calls.append((mod, out))).remove)
+        _two_tokens(model)
     return calls
 
 
@@ -110,17 +113,13 @@ def _module_layers(model: nn.Module) -> list[AttentionLayer]:
     return layers
 
 
-def _refuse_encoder_decoder(model: nn.Module) -> None:
-    config = getattr(model, "config", None)
-    if config is not None and refuses_encoder_decoder(config):
-        raise ProbeError(encoder_decoder_refusal(config.model_type))
-
-
 def attention_layers(model: nn.Module) -> list[AttentionLayer]:
     """The model's attention layers in call order, found once by a forward pass on two tokens and remembered."""
     if model in _LAYERS:
         return _LAYERS[model]
-    _refuse_encoder_decoder(model)
+    config = getattr(model, "config", None)
+    if config is not None and refuses_encoder_decoder(config):
+        raise ProbeError(encoder_decoder_refusal(config.model_type))
     family = family_of(model)
     if family is not None:
         layers = _family_layers(model, family)

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from probe.errors import ProbeError
 from probe.hooks.blocked import blocked_attention
 from probe.hooks.points import fire_heads, fire_inputs, fire_weights, fires
+from probe.hooks.restore import put_back
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 
 
@@ -102,23 +103,13 @@ def _mha_forward(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value:
     return output, weights.squeeze(0) if unbatched else weights
 
 
-def _put_back(module: nn.Module, target: str, saved: object, hooks: LayerHooks | None) -> None:
-    if saved is None:
-        module.__dict__.pop(target, None)
-    else:
-        setattr(module, target, saved)
-    if hooks is None:
-        module.__dict__.pop("_probe_hooks", None)
-    else:  # an outer `with`'s
-        module.__dict__["_probe_hooks"] = hooks
-
-
 def install_mha(module: nn.MultiheadAttention, hooks: LayerHooks, undo: list[Undo]) -> None:
     """Replace the module's forward by `_mha_forward` reading `hooks`; `undo` gets the step that puts it back."""
     # under accelerate's hooks (device map, offloading) `forward` is its wrapper, which loads the weights and then
     # calls `_old_forward`: replace that one, so the weights are still brought in; put back exactly what was there
     target = "_old_forward" if "_old_forward" in module.__dict__ else "forward"
     previous = module.__dict__.get("_probe_hooks")  # an outer `with`'s: they run first
-    undo.append(partial(_put_back, module, target, module.__dict__.get(target), previous))
+    undo.append(partial(put_back, module, target, module.__dict__.get(target)))
+    undo.append(partial(put_back, module, "_probe_hooks", previous))
     module.__dict__["_probe_hooks"] = hooks if previous is None else previous.merged(hooks)
     setattr(module, target, types.MethodType(_mha_forward, module))

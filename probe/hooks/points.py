@@ -40,14 +40,15 @@ Writer = Callable[[Tensor, HookContext], Tensor]
 
 
 def _per_head(field: str) -> Callable[[AttentionInputs, Any, HookContext], AttentionInputs]:
-    """An inputs-site point on one field of AttentionInputs (b, h, n, d), handed over as (b, n, h, d)."""
+    """An inputs-site point (q, k, v: the field's initial) on one field of AttentionInputs (b, h, n, d), handed over
+    as (b, n, h, d)."""
     def apply(inputs: AttentionInputs, handler: TensorHandler, ctx: HookContext) -> AttentionInputs:
         tensor = getattr(inputs, field)
         replaced = handler(tensor.transpose(1, 2), ctx)
         if replaced is None:  # a reader
             return inputs
         if replaced.shape != tensor.transpose(1, 2).shape:
-            raise ProbeError(f"a writer of hook point {_NAMES[field]!r} returned shape {tuple(replaced.shape)} for "
+            raise ProbeError(f"a writer of hook point {field[0]!r} returned shape {tuple(replaced.shape)} for "
                              f"layer {ctx.layer}; it must keep {tuple(tensor.transpose(1, 2).shape)}")
         return dataclasses.replace(inputs, **{field: replaced.transpose(1, 2)})  # type: ignore[arg-type]
     return apply
@@ -56,9 +57,6 @@ def _per_head(field: str) -> Callable[[AttentionInputs, Any, HookContext], Atten
 def _whole(inputs: AttentionInputs, handler: InputsHandler, ctx: HookContext) -> AttentionInputs:
     replaced = handler(inputs, ctx)
     return inputs if replaced is None else replaced
-
-
-_NAMES = {"query": "q", "key": "k", "value": "v"}
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,14 @@ def restore(steps: Iterable[Undo]) -> None:
         raise errors[0]
 
 
+def put_back(module: Any, name: str, saved: Any) -> None:
+    """Put `saved` back as the module's own attribute `name` (in its __dict__); None: remove the one set since."""
+    if saved is None:
+        module.__dict__.pop(name, None)
+    else:
+        module.__dict__[name] = saved
+
+
 @contextmanager
 def restoring() -> Iterator[list[Undo]]:
     """A list to append undo steps to; on exit they run in reverse order, whatever happened in the body."""

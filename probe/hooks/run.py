@@ -27,34 +27,25 @@ def accepts_argument(model: nn.Module, argument: str) -> bool:
         return False
 
 
-def _encoder_decoder_arguments(input_ids: Tensor, attention_mask: Tensor | None,
-                               source: Source | None) -> dict[str, Any]:
-    """The decoder reads `input_ids`, teacher-forced; the encoder reads the source, by default the same sequence."""
-    kwargs: dict[str, Any] = {"decoder_input_ids": input_ids}
-    if attention_mask is not None:
-        kwargs["decoder_attention_mask"] = attention_mask.to(input_ids.device)
-    source_ids, source_mask = (input_ids, attention_mask) if source is None else source
-    kwargs["input_ids"] = source_ids.to(input_ids.device)
-    if source_mask is not None:
-        kwargs["attention_mask"] = source_mask.to(input_ids.device)
-    return kwargs
-
-
 def _hf_arguments(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
                   logits: bool | Tensor, source: Source | None = None) -> dict[str, Any]:
+    """An encoder-decoder's decoder reads `input_ids`, teacher-forced, and its encoder the source, by default the
+    same sequence; any other model reads `input_ids`."""
+    device = input_ids.device
+    kwargs: dict[str, Any] = {}
     if is_encoder_decoder(model):
-        kwargs = _encoder_decoder_arguments(input_ids, attention_mask, source)
-    else:
-        kwargs = {"input_ids": input_ids}
+        kwargs["decoder_input_ids"] = input_ids
         if attention_mask is not None:
-            kwargs["attention_mask"] = attention_mask.to(input_ids.device)
+            kwargs["decoder_attention_mask"] = attention_mask.to(device)
+        if source is not None:
+            input_ids, attention_mask = source
+    kwargs["input_ids"] = input_ids.to(device)
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask.to(device)
     if getattr(model.config, "use_cache", None) is not None:
         kwargs["use_cache"] = False
-    if isinstance(logits, Tensor):
-        if accepts_argument(model, "logits_to_keep"):
-            kwargs["logits_to_keep"] = logits.to(input_ids.device)
-    elif not logits and accepts_argument(model, "logits_to_keep"):
-        kwargs["logits_to_keep"] = 1
+    if (isinstance(logits, Tensor) or not logits) and accepts_argument(model, "logits_to_keep"):
+        kwargs["logits_to_keep"] = logits.to(device) if isinstance(logits, Tensor) else 1
     return kwargs
 
 

@@ -55,11 +55,6 @@ def number_in_stacks(stacks: list[str]) -> list[int]:
     return [stacks[:flat].count(stack) for flat, stack in enumerate(stacks)]
 
 
-def short_layer_name(stack: str, index: int) -> str:
-    """`x3`: the layer as `--heads` names it."""
-    return f"{STACKS[stack]}{index}"
-
-
 def split_layer_part(text: str, stacks: set[str], item: str, parameter: str = "heads") -> tuple[str, str]:
     """`x3-4` -> ("cross", "3-4"): the layer part of the head (or layer) `item`; a model with stacks needs one, a
     model without takes none."""
@@ -83,4 +78,4 @@ def layer_names(layers: list[Any]) -> list[str] | None:
     stack, whose layers are plain numbers: what payloads carry as `layer_names` and reports print."""
     if not any(layer.stack for layer in layers):
         return None
-    return [short_layer_name(layer.stack, layer.in_stack) for layer in layers]
+    return [f"{STACKS[layer.stack]}{layer.in_stack}" for layer in layers]

@@ -50,10 +50,6 @@ class BatchContext:
             return torch.ones(len(self.rows), positions, dtype=torch.bool)
         return self.mask
 
-    def positions(self, positions: int) -> Tensor:
-        """(batch, positions) long: each token's position within its own sequence (padding counts none)."""
-        return (self.tokens(positions).long().cumsum(dim=1) - 1).clamp(min=0)
-
 
 @dataclass(frozen=True)
 class HookContext:
@@ -62,8 +58,8 @@ class HookContext:
     `start` is the first query position the payload holds (a `pattern` block's; 0 elsewhere). `inputs` are the
     queries, keys, values, mask and scaling the layer computes from (after the `inputs`-site writers), where the
     site has them: transformers layers and nn.MultiheadAttention; None at the `z` point of hand-written and family
-    layers, whose attention is computed inside the module. `batch` is the caller's BatchContext (rows, padding
-    mask, positions), None where the caller gave none."""
+    layers, whose attention is computed inside the module. `batch` is the caller's BatchContext (rows and padding
+    mask), None where the caller gave none."""
 
     layer: int
     point: str

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.models.aliases import ALIASES, alias_path
+from probe.models.custom import is_custom_spec
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
@@ -33,7 +34,7 @@ def origin_of(spec: str, model: Any) -> ModelOrigin:
         path = alias_path(ALIASES[spec]) if spec in ALIASES else Path(spec)
         resolved = str(Path(str(path)).resolve())
         return ModelOrigin("gguf", resolved, weights=(resolved,), dequantised=True)
-    if ":" in spec and spec.rpartition(":")[0].endswith(".py"):
+    if is_custom_spec(spec):
         file, _, function = spec.rpartition(":")
         return ModelOrigin("custom", f"{Path(file).resolve()}:{function}")
     folder = Path(spec)

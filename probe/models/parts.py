@@ -70,17 +70,11 @@ def named_child(parent: nn.Module | None, names: tuple[str, ...]) -> tuple[str, 
     return "", None
 
 
-def parent_of(model: nn.Module, module: nn.Module) -> nn.Module | None:
-    """The module that holds `module` (an attention layer's block), or None."""
-    for name, candidate in model.named_modules():
-        if candidate is module:
-            return model.get_submodule(name.rpartition(".")[0])
-    return None
-
-
 def pre_attention_norm(model: nn.Module, attention: nn.Module) -> tuple[str, nn.Module | None]:
     """The norm in front of an attention module (in its block), and its name; ("", None) where none is found."""
-    return named_child(parent_of(model, attention), PRE_ATTENTION_NORMS)
+    block = next((model.get_submodule(name.rpartition(".")[0]) for name, module in model.named_modules()
+                  if module is attention), None)
+    return named_child(block, PRE_ATTENTION_NORMS)
 
 
 def gain(norm: nn.Module | None) -> Tensor | None:
@@ -101,11 +95,6 @@ def separate_projections(attention: nn.Module) -> list[nn.Linear] | None:
     """The query, key and value projections where they are three nn.Linear (q_proj, k_proj, v_proj), else None."""
     linears = [getattr(attention, name, None) for name in SEPARATE_PROJECTIONS[0][:3]]
     return linears if all(isinstance(linear, nn.Linear) for linear in linears) else None  # type: ignore[return-value]
-
-
-def output_projection(attention: nn.Module, names: tuple[str, ...] = OUTPUT_PROJECTIONS) -> nn.Module | None:
-    """The attention's output projection: the first of `names` it has as a module, or None."""
-    return named_child(attention, names)[1]
 
 
 def output_projection_weight(attention: nn.Module, width: int, d_model: int) -> tuple[Tensor, Tensor | None] | None:

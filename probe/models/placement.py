@@ -95,10 +95,6 @@ def check_device_map(device_map: dict[str, int | str], module_names: Iterable[st
                              "(or a parent of it) to the map", parameter="device_map")
 
 
-def needs_offload_folder(device_map: DeviceMap | None) -> bool:
-    return isinstance(device_map, dict) and "disk" in device_map.values()
-
-
 def input_device(model: nn.Module) -> torch.device:
     """Where a forward's inputs should go.
 
@@ -146,7 +142,7 @@ def dispatch_custom(model: nn.Module, device_map: DeviceMap, offload_folder: str
                          (name for name, _ in model.named_parameters()))
         placed = dict(device_map)
     folder = None
-    if needs_offload_folder(placed):
+    if "disk" in placed.values():
         if offload_folder is None:
             raise ProbeError("the device map puts modules on disk: give an offload folder (offload_folder=DIR)",
                              parameter="offload_folder")
