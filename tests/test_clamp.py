@@ -79,7 +79,7 @@ def test_probe_steer_clamps_heads_against_the_bound(tmp_path: Path, capsys, monk
     rows = payload["generations"]["rows"]
     assert [(row["layer"], row["head"], row["setting"]) for row in rows] == [
         (1, 2, 0.02), (1, 2, 1.0), (0, 1, 0.02), (0, 1, 1.0)]
-    assert "bound 0.02" in stdout and "clamp" in stdout
+    assert "value 0.02" in stdout and "(clamp's bound)" in stdout
 
 
 @pytest.mark.parametrize(("extra", "message"), [

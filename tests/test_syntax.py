@@ -217,7 +217,7 @@ def test_classify_gains_the_syntactic_class_from_parses(tmp_path, capsys, monkey
     assert "syntactic" in labels[(0, 0)] and "syntactic" not in labels[(0, 1)]
     assert "previous_token" in labels[(0, 1)]  # next to the positional classes
     assert payload["flagged"]["syntactic"][0]["layer"] == 0 and payload["flagged"]["syntactic"][0]["head"] == 0
-    assert "syntactic heads:" in stdout and "Y=syntactic" in stdout
+    assert "syntactic heads:" in stdout and "y=syntactic (light: on 3 of 4 heads)" in stdout
     page = (tmp_path / "classes.html").read_text()
     assert 'data-score="syntactic"' in page and re.search(r"syntactic: \d+ heads? flagged", page)
 
