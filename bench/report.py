@@ -475,6 +475,40 @@ def kv_default(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _when(data: dict[str, Any]) -> str:
+    m, load = data["machine"], data.get("load_before") or [0.0]
+    return (f"{data['when']}, {m['cpu']}, {m['cores']} cores, torch threads {m['torch_threads']}, "
+            f"load average {load[0]:.1f} before")
+
+
+def serve(data: dict[str, Any]) -> str:
+    """bench/serve.py: `probe serve` under load (serve-load.json) and its speed on SmolLM2 (serve-speed.json)."""
+    lines = ["## probe serve: a load test on loopback and its speed", "",
+             f"Load: {data['clients']} clients x {data['requests_per_client']} mixed requests a round on "
+             f"`{data['model']}` ({_when(data)}); the model bit-identical afterwards: "
+             f"**{'yes' if data['identical_after'] else 'no'}**.", "",
+             "| round | requests | failed | seconds | p50 (ms) | p95 (ms) | peak RSS (GiB) |",
+             "|---:|---:|---:|---:|---:|---:|---:|"]
+    for index, run in enumerate(data["rounds"], 1):
+        lines.append(f"| {index} | {run['requests']} | {run['failed']} | {run['seconds']} | {run['p50_s'] * 1000:.0f} "
+                     f"| {run['p95_s'] * 1000:.0f} | {run['peak_rss_gib']} |")
+    speed = load_result("serve-speed") or {"runs": {}}
+    if speed["runs"]:
+        lines += ["", "Speed, SmolLM2 on the CPU, a text of the embedded English (targets: first view <= 1.5x a "
+                  "plain forward; a head click on a seen text under 100 ms, no forward; an ablation in at most two "
+                  "forwards):",
+                  "", "| dtype | tokens | when | first view / plain forward (range) | head click | zero | mean "
+                  "(first, again) | scale |", "|---|---:|---|---|---:|---:|---:|---:|"]
+    for dtype, run in speed["runs"].items():
+        low, high = run["timing"]["ratio_range"]["first view"]
+        forwards = {name: ", ".join(str(a["forwards"]) for a in answers) for name, answers in run["ablation"].items()}
+        lines.append(f"| {dtype} | {run['tokens']} | {_when(run)} | {run['first_view_over_plain']:.2f}x "
+                     f"({low:.2f}-{high:.2f}) | {run['head_click_seconds'] * 1000:.0f} ms, "
+                     f"{run['head_click_forwards']} forwards | {forwards.get('zero')} | {forwards.get('mean')} | "
+                     f"{forwards.get('scale')} |")
+    return "\n".join(lines) + "\n"
+
+
 LSE_TARGET = 1.05
 
 
@@ -612,7 +646,7 @@ SECTIONS = (  # (result file, its section, a key the section needs: kv_heads.jso
     ("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("patching", patching, None), ("kv_order", kv_order, None),
     ("patching_qk", patching_qk, None), ("atlas", atlas, None), ("kv_default", kv_default, None),
     ("precision", precision, None), ("kvpress", kvpress_report.section, "cells"),
-    ("kernel_compile", kernel_compile.section, None))
+    ("kernel_compile", kernel_compile.section, None), ("serve-load", serve, None))
 
 
 def render() -> str:

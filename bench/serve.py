@@ -1,7 +1,7 @@
 """`probe serve` under load, and its speed on SmolLM2.
 
     python -m bench.serve load [--model SPEC] [--clients 8] [--requests 25] [--rounds 3]
-    python -m bench.serve speed [--tokens 256] [--repeats 3]
+    python -m bench.serve speed [--tokens 256] [--repeats 3] [--dtype float32|bfloat16]
 
 `load`: a real server on 127.0.0.1 (a free port), `--clients` threads each sending `--requests` mixed requests
 (text, head, qk, dla, ablate, generate) over HTTP, per round; each request bounded at 120 s, each round at 10 min.
@@ -13,7 +13,7 @@ RSS after each round, p50/p95 latency. The default model is the tests' tiny Llam
 every head's attention, scores, losses and top tokens) against a plain forward, interleaved; a head click on the
 seen text in server time (no forward); and each action's answer counted in forwards.
 
-Writes bench/results/serve-load.json or bench/results/serve-speed.json.
+Writes bench/results/serve-load.json, or serve-speed.json (one entry per dtype, the latest run of each).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from bench.common import interleaved, load_average, machine, now, save_result
+from bench.common import interleaved, load_average, load_result, machine, now, save_result
 from probe.models import load_model
 
 TEXT = "the keys to the cabinet are here , the keys to the cabinet is here , the author near the guards is tired"
@@ -120,12 +120,12 @@ def load(spec: str, clients: int, requests: int, rounds: int) -> dict[str, Any]:
             "identical_after": fingerprint(loaded.model) == before}
 
 
-def speed(tokens: int, repeats: int) -> dict[str, Any]:
+def speed(tokens: int, repeats: int, dtype: str) -> dict[str, Any]:
     from probe.hooks.run import run_model
     from probe.inputs import ProbeOptions, build_probe_set
     from probe.serve.views import Views
 
-    loaded = load_model("smollm2")
+    loaded = load_model("smollm2", dtype=dtype)
     ids = build_probe_set("natural", loaded, ProbeOptions(num_seqs=1, seq_len=tokens)).input_ids[0, 1:]
     text = str(loaded.tokenizer.decode(ids.tolist()))
     views = Views(loaded)
@@ -150,7 +150,7 @@ def speed(tokens: int, repeats: int) -> dict[str, Any]:
         views.ablate(text, [(5, 3)], method, 2.0, 10)
         answers.setdefault(method, []).append({"forwards": views.forwards - before,
                                                "seconds": round(time.perf_counter() - started, 3)})
-    return {"tokens": len(views.view(text)[0].tokens), "timing": timed.to_dict(),
+    return {"dtype": dtype, "tokens": len(views.view(text)[0].tokens), "timing": timed.to_dict(),
             "first_view_over_plain": round(timed.ratio("first view"), 3), "head_click_seconds": round(click, 4),
             "head_click_forwards": views.forwards - count - sum(a["forwards"] for v in answers.values() for a in v),
             "ablation": answers}
@@ -165,13 +165,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     load_before = load_average()
     torch.set_num_threads(1)
     data = load(args.model, args.clients, args.requests, args.rounds) if args.what == "load" else \
-        speed(args.tokens, args.repeats)
+        speed(args.tokens, args.repeats, args.dtype)
     data.update(machine=machine(()), load_before=load_before, load_after=load_average(), when=now())
     print(json.dumps(data, indent=1))
+    if args.what == "speed":  # one entry per dtype: a run replaces its own dtype's
+        kept = load_result("serve-speed") or {}
+        data = {"runs": {**{run["dtype"]: run for run in kept.get("runs", {}).values()}, args.dtype: data}}
     save_result(f"serve-{args.what}", data)
 
 
