@@ -146,10 +146,10 @@ class Views:
 
     @staticmethod
     def _losses(ids: Tensor, logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        logp = logits.log_softmax(-1)
-        loss = -logp[:-1].gather(1, ids[1:, None])[:, 0]
-        probs, top = logp.exp().topk(min(TOP_NEXT, logp.shape[-1]), -1)
-        return loss, top, probs
+        lse = logits.logsumexp(-1)  # (n,): no (n, vocab) log-probabilities made, only the top ones
+        loss = lse[:-1] - logits[:-1].gather(1, ids[1:, None])[:, 0]
+        top_logits, top = logits.topk(min(TOP_NEXT, logits.shape[-1]), -1)
+        return loss, top, (top_logits - lse[:, None]).exp()
 
     def _scores(self, names: list[str], sums: dict[tuple[str, int], list[Tensor]]) -> dict[str, Tensor]:
         out = {}
