@@ -160,10 +160,12 @@ class Views:
             out[name] = SCORES[name].finish(totals, counts).float()
         return out
 
-    def _next(self, view: View, position: int, probs: Tensor | None = None) -> list[dict[str, Any]]:
-        """The top next tokens at `position` (with their probability in `probs` too, where given)."""
+    def _next(self, view: View, position: int, probs: Tensor | None = None,
+              strings: dict[int, str] | None = None) -> list[dict[str, Any]]:
+        """The top next tokens at `position` (with their probability in `probs` too, where given); `strings`: the
+        tokens' strings where they are already known."""
         ids = view.top_ids[position].tolist()
-        names = token_strings(self.loaded, ids)
+        names = [strings[i] for i in ids] if strings else token_strings(self.loaded, ids)
         rows: list[dict[str, Any]] = [{"id": token, "token": name, "p": round(float(p), 6)}
                                       for token, name, p in zip(ids, names, view.top_probs[position])]
         if probs is not None:
@@ -173,10 +175,12 @@ class Views:
 
     def text(self, text: str) -> dict[str, Any]:
         view, cached = self.view(text)
+        unique = sorted(set(view.top_ids.flatten().tolist()))  # the top tokens repeat: each decoded once
+        strings = dict(zip(unique, token_strings(self.loaded, unique)))
         return {"tokens": view.tokens, "ids": view.ids.tolist(), "loss": _round(view.loss), "cached": cached,
                 "mean_loss": round(float(view.loss.mean()), 6),
                 "scores": {name: _round(values) for name, values in view.scores.items()},
-                "next": [self._next(view, position) for position in range(view.ids.numel())]}
+                "next": [self._next(view, position, strings=strings) for position in range(view.ids.numel())]}
 
     # -- one head ------------------------------------------------------------------------------------------------
 
