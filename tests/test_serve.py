@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -312,3 +313,25 @@ def test_show_serves_beside_the_kernel(loaded: LoadedModel, capsys) -> None:
     with urllib.request.urlopen(server.url.replace("/?", "/api/info?"), timeout=30) as answer:
         assert json.load(answer)["model"] == "tiny-words"
     server.stop()
+
+
+def test_show_in_a_real_notebook_displays_the_page_and_serves_it() -> None:
+    """One call in a notebook cell, run by nbclient in an IPython kernel: an IFrame of the page is displayed, and the
+    server it starts beside the kernel answers the page's API with its token."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    root, tests = Path(__file__).resolve().parent.parent, Path(__file__).resolve().parent
+    cells = [f"import sys\nsys.path[:0] = [{str(root)!r}, {str(tests)!r}]\nimport json, urllib.request\n"
+             "from words import tiny_with_words\nfrom probe.models import LoadedModel\nfrom probe.serve import show\n"
+             "model, tokenizer = tiny_with_words()\n"
+             "loaded = LoadedModel(model=model, tokenizer=tokenizer, name='tiny-words', vocab_size=len(tokenizer))\n"
+             "server = show(loaded, height=500)",
+             "with urllib.request.urlopen(server.url.replace('/?', '/api/info?'), timeout=30) as answer:\n"
+             "    print(json.load(answer)['model'])\nserver.stop()"]
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source in cells])
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3",
+                            resources={"metadata": {"path": str(root)}}).execute()
+    shown = [output for output in notebook.cells[0].outputs if output.output_type == "display_data"]
+    assert len(shown) == 1 and "<iframe" in shown[0].data["text/html"] and "?token=" in shown[0].data["text/html"]
+    printed = "".join(output.get("text", "") for output in notebook.cells[1].outputs if output.output_type == "stream")
+    assert printed.strip() == "tiny-words"
