@@ -1,0 +1,66 @@
+"""Each query row's moments of its attention, the row statistics a flash-style pass accumulates beside the
+log-sum-exp, so that an entropy or a distance weighted by attention needs no n x n weights:
+
+    sum_j A_ij s_ij,  sum_j A_ij |i - j|,  sum_j A_ij (i - j)^2,  max_{j >= 1} s_ij
+
+with s_ij the scaled logit (its mask included) and A_ij = exp(s_ij - lse_i); i is the query's own key position. A
+row's entropy is then lse_i - sum_j A_ij s_ij, and its largest weight past key 0 exp(max_{j >= 1} s_ij - lse_i).
+
+The Triton kernel accumulates them in its one pass where `KernelConfig.moments` asks (probe.kernels.cuda);
+`row_moments` computes them for any other record from its log-sum-exp, a chunk of query rows at a time (the
+logits of `config.row_logits` at once, at least `config.row_chunk` rows): what the CPU backend writes where asked.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from probe.kernels.base import FusedStatistics, float32_copy
+from probe.kernels.fused import Weights
+
+MOMENTS = ("weighted_logit", "distance", "squared_distance", "largest_logit_past_first")
+"""The moments' order along the record's last dimension."""
+
+
+def row_moments(statistics: FusedStatistics) -> Tensor:
+    """(b, hq, n, 4) float32: every row's MOMENTS, from the record's queries, keys, mask and log-sum-exp."""
+    weights = Weights(statistics)
+    b, hq, n, kv = weights.shape
+    config = statistics.config
+    chunk = max(config.row_chunk, config.row_logits // max(kv * b * hq, 1))
+    out = statistics.lse.new_zeros(b, hq, n, len(MOMENTS))
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        out[:, :, start:stop] = _chunk_moments(weights, start, stop)
+    return out
+
+
+def _chunk_moments(weights: Weights, start: int, stop: int) -> Tensor:
+    """(b, hq, stop - start, 4): the moments of query rows start .. stop."""
+    b, hq, n, kv = weights.shape
+    hk, offset = weights.key.shape[1], kv - n
+    limit = min(kv, stop + offset) if weights.causal and weights.dense_bias is None else kv  # keys any row sees
+    query = float32_copy(weights.query[:, :, start:stop])
+    query = query.reshape(b, hk, (hq // hk) * (stop - start), query.shape[-1])
+    logits = torch.matmul(query, float32_copy(weights.key[:, :, :limit]).transpose(-1, -2))
+    logits = logits.view(b, hq, stop - start, limit) * weights.scaling
+    own = torch.arange(start, stop, device=logits.device) + offset  # each row's own key
+    keys = torch.arange(limit, device=logits.device)
+    bias = weights.dense_bias
+    if bias is not None:
+        logits = logits + (bias[..., start:stop, :limit] if bias.shape[-2] > 1 else bias[..., :limit]).float()
+    elif weights.causal:
+        logits = logits.masked_fill(keys[None, :] > own[:, None], float("-inf"))
+    probabilities = torch.exp(logits - weights.lse[:, :, start:stop, None])
+    seen = probabilities > 0
+    distance = (own[:, None] - keys[None, :]).abs().float()
+    weighted = torch.where(seen, probabilities * logits, 0.0).sum(dim=-1)
+    largest = logits[..., 1:].amax(dim=-1) if limit > 1 else torch.full_like(weighted, float("-inf"))
+    return torch.stack([weighted, (probabilities * distance).sum(dim=-1),
+                        (probabilities * distance.square()).sum(dim=-1), largest], dim=-1)
+
+
+def moments_of(statistics: FusedStatistics) -> Tensor:
+    """The record's moments: the backend's where it wrote them, else `row_moments`."""
+    return statistics.moments if statistics.moments is not None else row_moments(statistics)

@@ -1,0 +1,152 @@
+"""HeadVis's six metrics (probe.headvis): each against a direct computation from the model's own eager attention
+weights on a padded batch, the fused path equal to the blocked one, the row moments equal to those of whole rows, and
+the result's JSON valid against its schema."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jsonschema
+import pytest
+import torch
+from conftest import tiny_loaded
+from test_capture import eager_reference
+
+from probe.headvis import METRICS, head_metrics
+from probe.headvis.metrics import induction_pairs
+from probe.inputs import ProbeSet
+from probe.kernels import CpuBackend, using_backend
+from probe.kernels.cpu import cpu_statistics
+from probe.kernels.moments import row_moments
+from probe.reports.files import write_json
+from probe.schemas import SCHEMAS, header
+
+LENGTHS = [24, 17, 1, 24, 9]  # one sequence of one token: not counted (HeadVis's sequences have two at least)
+
+
+def padded_set(vocab: int = 12) -> ProbeSet:
+    """Right-padded random text from a small vocabulary, so that tokens repeat (induction pairs)."""
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, vocab, (len(LENGTHS), max(LENGTHS)), generator=generator)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(LENGTHS):
+        mask[row, :length] = 1
+    return ProbeSet("natural", "random tokens", ids.masked_fill(mask == 0, 0), 0, mask)
+
+
+def direct_metrics(attentions: tuple[torch.Tensor, ...], ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    """The six metrics from whole eager weights, one sequence and query at a time, as the definitions read."""
+    sums = {name: torch.zeros(len(attentions), attentions[0].shape[1], dtype=torch.float64) for name in METRICS}
+    positions = previous = repeated = 0
+    for row, length in enumerate(mask.sum(dim=1).tolist()):
+        if length < 2:
+            continue
+        tokens = ids[row, :length].tolist()
+        positions, previous = positions + length, previous + length - 1
+        repeated += sum(1 for i in range(length) if tokens[i] in tokens[:i])
+        for layer, attention in enumerate(attentions):
+            a = attention[row, :, :length, :length].double()  # (h, L, L)
+            distance = (torch.arange(length)[:, None] - torch.arange(length)[None, :]).abs().double()
+            sums["self_attention_score"][layer] += a.diagonal(dim1=-2, dim2=-1).sum(-1)
+            sums["prev_token_score"][layer] += a.diagonal(-1, dim1=-2, dim2=-1).sum(-1)
+            sums["pattern_entropy"][layer] -= (a * a.clamp_min(torch.finfo(torch.float32).tiny).log()).sum((-2, -1))
+            sums["qk_distance"][layer] += (a * distance).sum((-2, -1))
+            sums["qk_distance_variance"][layer] += (a * distance ** 2).sum((-2, -1))
+            for i in range(length):
+                for p in range(i):
+                    if tokens[p] == tokens[i]:
+                        value = a[:, i, p + 1]
+                        sums["induction_score"][layer] += torch.where(value < 0.01, 0.0, value)
+    out = {name: value / positions for name, value in sums.items()}
+    out["prev_token_score"] = sums["prev_token_score"] / previous
+    out["qk_distance_variance"] = out["qk_distance_variance"] - out["qk_distance"] ** 2
+    out["induction_score"] = sums["induction_score"] / repeated
+    return out
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    return tiny_loaded("llama_gqa")
+
+
+@pytest.fixture(scope="module")
+def eager(loaded) -> dict:
+    probe_set = padded_set()
+    output = eager_reference(loaded.model, probe_set.input_ids, probe_set.attention_mask)
+    return direct_metrics(output.attentions, probe_set.input_ids, probe_set.attention_mask)
+
+
+@pytest.mark.parametrize("path", ["auto", "blocked"])
+def test_each_metric_equals_the_eager_weights(loaded, eager: dict, path: str) -> None:
+    with using_backend(CpuBackend()):
+        result = head_metrics(loaded, padded_set(), batch_size=2, path=path, samples=0)
+    assert result.path == ("cpu" if path == "auto" else "blocked")
+    assert result.counts == {"sequences": 4, "queries": 74, "previous": 70,
+                             "repeated": result.counts["repeated"]}
+    assert result.counts["repeated"] == 36  # 74 tokens, each sequence of at most 12 distinct
+    for name in METRICS:
+        torch.testing.assert_close(result.metrics[name].double(), eager[name], atol=1e-5, rtol=0, msg=name)
+
+
+def test_fused_equals_blocked(loaded) -> None:
+    with using_backend(CpuBackend()):
+        fused = head_metrics(loaded, padded_set(), batch_size=3, samples=0)
+    blocked = head_metrics(loaded, padded_set(), batch_size=3, path="blocked", samples=0)
+    for name in METRICS:
+        torch.testing.assert_close(fused.metrics[name], blocked.metrics[name], atol=1e-5, rtol=0, msg=name)
+    torch.testing.assert_close(fused.max_activation, blocked.max_activation, atol=1e-6, rtol=0)
+
+
+def whole_row_moments(query, key, scaling: float) -> torch.Tensor:
+    """The moments of causal rows from the whole logits."""
+    n = query.shape[2]
+    key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    logits = (query @ key.transpose(-1, -2) * scaling).masked_fill(torch.ones(n, n).triu(1).bool(), float("-inf"))
+    weights = logits.softmax(dim=-1)
+    distance = (torch.arange(n)[:, None] - torch.arange(n)[None, :]).abs().float()
+    return torch.stack([torch.where(weights > 0, weights * logits, 0.0).sum(-1), (weights * distance).sum(-1),
+                        (weights * distance ** 2).sum(-1), logits[..., 1:].amax(-1)], dim=-1)
+
+
+def test_row_moments_equal_whole_rows_in_chunks() -> None:
+    torch.manual_seed(0)
+    query, key = torch.randn(2, 4, 300, 16), torch.randn(2, 2, 300, 16)
+    lse = torch.logsumexp((query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.25).masked_fill(
+        torch.ones(300, 300).triu(1).bool(), float("-inf")), dim=-1)
+    from dataclasses import replace
+
+    from probe.kernels import DEFAULT_CONFIG
+    statistics = cpu_statistics(query, key, None, 0.25, True, lse, replace(DEFAULT_CONFIG, row_chunk=64,
+                                                                           row_logits=1))
+    moments = row_moments(statistics)
+    expected = whole_row_moments(query, key, 0.25)
+    torch.testing.assert_close(moments[..., :3], expected[..., :3], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(moments[1:, :, 1:, 3], expected[1:, :, 1:, 3])
+
+
+def test_moments_are_computed_only_where_asked(loaded) -> None:
+    from probe.hooks.capture import attention_hooks
+
+    seen = []
+    with torch.no_grad(), using_backend(CpuBackend()), attention_hooks(
+            loaded.model, {"lse": lambda statistics, ctx: seen.append(statistics.moments)}):
+        loaded.model(torch.tensor([[1, 2, 3, 1, 2]]))
+    assert seen and all(moments is None for moments in seen)
+
+
+def test_induction_pairs_count_every_earlier_occurrence() -> None:
+    queries, keys, repeated = induction_pairs([5, 7, 5, 5, 7])
+    assert list(zip(queries.tolist(), keys.tolist())) == [(2, 1), (3, 1), (3, 3), (4, 2)]
+    assert repeated == 3
+
+
+def test_the_json_validates_against_its_schema(loaded, tmp_path) -> None:
+    with using_backend(CpuBackend()):
+        result = head_metrics(loaded, padded_set(), batch_size=5, samples=2)
+    payload = result.to_dict()
+    written = write_json(tmp_path / "headvis.json", payload, schema=header("headvis"))
+    jsonschema.Draft202012Validator(SCHEMAS["headvis"].schema()).validate(json.loads(written.read_text()))
+    assert len(payload["heads"]) == 2 * 4 and set(METRICS) <= set(payload["heads"][0])
+    assert all(math.isfinite(value) for entry in payload["heads"] for key, value in entry.items() if key in METRICS)
+    assert len(result.to_frame()) == 8
