@@ -150,3 +150,74 @@ def test_the_json_validates_against_its_schema(loaded, tmp_path) -> None:
     assert len(payload["heads"]) == 2 * 4 and set(METRICS) <= set(payload["heads"][0])
     assert all(math.isfinite(value) for entry in payload["heads"] for key, value in entry.items() if key in METRICS)
     assert len(result.to_frame()) == 8
+
+
+FRONTEND_CONFIG = {"model_name", "np_model_id", "dataset_name", "heads", "n_layers", "n_heads", "n_intervals",
+                   "metrics", "metric_descriptions", "head_data_pattern", "has_umap", "umap_heads", "custom_plots",
+                   "custom_tables", "statistics_display", "pipeline_config"}
+"""config.json's keys, as Neuronpedia's pipeline writes them for the HeadVis frontend."""
+HEAD_FILE = {"sequences", "qk_distance_histogram", "top_query_tokens", "top_key_tokens", "histogram", "statistics"}
+SEQUENCE = {"sequence_id", "interval", "tokens", "attention_indices", "attention_values", "seq_len",
+            "max_activation"}
+
+
+def test_the_command_writes_every_format_and_they_read_back(tmp_path, capsys, monkeypatch) -> None:
+    from conftest import run_cli
+    from test_precision import WORDS
+
+    from probe.headmaps import read_map
+    from probe.headvis.result import UNITS
+
+    paths = {flag: tmp_path / name for flag, name in (("--json", "h.json"), ("--csv", "h.csv"),
+                                                      ("--neuronpedia-json", "np.json"), ("--tree", "tree"))}
+    code, out, err = run_cli(["headvis", "--model", WORDS, "--num-seqs", "3", "--seq-len", "24", "--samples", "2",
+                              *[item for flag, path in paths.items() for item in (flag, str(path))]],
+                             capsys, monkeypatch)
+    assert code == 0, err
+    payload = json.loads(paths["--json"].read_text())
+    jsonschema.Draft202012Validator(SCHEMAS["headvis"].schema()).validate(payload)
+    for name in METRICS:
+        head_map = read_map(paths["--neuronpedia-json"], score=name)
+        assert head_map.unit == UNITS[name] and head_map.format == "neuronpedia-headvis"
+        written = [entry[name] for entry in payload["heads"]]  # layer by layer, head by head
+        assert head_map.values.flatten().tolist() == pytest.approx(written, abs=1e-6)
+    tree_reads_as_the_frontend_expects(paths["--tree"], payload)
+
+
+def tree_reads_as_the_frontend_expects(root, payload: dict) -> None:
+    config = json.loads((root / "config.json").read_text())
+    assert set(config) == FRONTEND_CONFIG and config["metrics"] == list(METRICS)
+    assert config["heads"] == [[entry["layer"], entry["head"]] for entry in payload["heads"]]
+    scatter = json.loads((root / "scatter_data.json").read_text())
+    assert [(row["layer"], row["head"]) for row in scatter] == [tuple(head) for head in config["heads"]]
+    assert json.loads((root / "server_config.json").read_text()) == {}
+    for layer, head in config["heads"]:
+        data = json.loads((root / "heads" / config["head_data_pattern"].format(layer=layer, head=head)).read_text())
+        assert set(data) == HEAD_FILE
+        assert sum(data["histogram"]["bin_values"]) == payload["counts"]["sequences"]
+        assert data["statistics"]["n_samples"] == len(data["sequences"]) == 2
+        for sequence in data["sequences"]:
+            assert set(sequence) == SEQUENCE and sequence["seq_len"] == len(sequence["tokens"])
+            assert 1 <= sequence["interval"] <= config["n_intervals"]
+            flat = sequence["attention_indices"]
+            assert flat == sorted(flat) and all(index % sequence["seq_len"] <= index // sequence["seq_len"]
+                                                for index in flat)  # causal: the key never after the query
+            assert min(sequence["attention_values"]) >= 0.005
+        mass = sum(value for sequence in data["sequences"] for value in sequence["attention_values"])
+        assert sum(data["qk_distance_histogram"]["bin_values"]) == pytest.approx(mass, abs=1e-3)
+        assert sum(item["weight"] for item in data["top_key_tokens"]) <= mass + 1e-3
+
+
+def test_sampled_rows_are_the_eager_weights(loaded) -> None:
+    from probe.headvis.tree import sparse_record
+
+    probe_set = padded_set()
+    with using_backend(CpuBackend()):
+        result = head_metrics(loaded, probe_set, batch_size=5, samples=3)
+    attentions = eager_reference(loaded.model, probe_set.input_ids, probe_set.attention_mask).attentions
+    assert [sample.index for sample in result.samples] == [0, 2, 3]  # valid sequences 0, 1, 3 and 4 of the set
+    for sample, row in zip(result.samples, [0, 3, 4]):
+        record = sparse_record(sample, 1, 2, 0.005)
+        length = record["seq_len"]
+        for flat, value in zip(record["attention_indices"], record["attention_values"]):
+            assert value == pytest.approx(float(attentions[1][row, 2, flat // length, flat % length]), abs=1e-4)
