@@ -1,11 +1,15 @@
 """HeadVis's six metrics (probe.headvis): each against a direct computation from the model's own eager attention
-weights on a padded batch, the fused path equal to the blocked one, the row moments equal to those of whole rows, and
-the result's JSON valid against its schema."""
+weights on a padded batch, through the CPU backend, the Triton kernel (Triton's interpreter) and the blocked path; the
+row moments equal to those of whole rows; the JSON, the Neuronpedia JSON and the HeadVis data tree read back."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+from dataclasses import replace
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first decorated: the Triton path runs on CPU tensors
 
 import jsonschema
 import pytest
@@ -16,7 +20,7 @@ from test_capture import eager_reference
 from probe.headvis import METRICS, head_metrics
 from probe.headvis.metrics import induction_pairs
 from probe.inputs import ProbeSet
-from probe.kernels import CpuBackend, using_backend
+from probe.kernels import DEFAULT_CONFIG, AttentionCall, CpuBackend, CudaBackend, using_backend
 from probe.kernels.cpu import cpu_statistics
 from probe.kernels.moments import row_moments
 from probe.reports.files import write_json
@@ -89,6 +93,32 @@ def test_each_metric_equals_the_eager_weights(loaded, eager: dict, path: str) ->
         torch.testing.assert_close(result.metrics[name].double(), eager[name], atol=1e-5, rtol=0, msg=name)
 
 
+def test_the_triton_kernel_path_equals_the_eager_weights(loaded, eager: dict) -> None:
+    pytest.importorskip("triton", reason="triton is not installed: the CUDA backend's kernel cannot run")
+    with using_backend(CudaBackend()):
+        result = head_metrics(loaded, padded_set(), batch_size=5, samples=0)
+    assert result.path == "cuda"
+    for name in METRICS:
+        torch.testing.assert_close(result.metrics[name].double(), eager[name], atol=1e-5, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("mask", ["causal", "key_mask", "window"])
+def test_the_kernels_moments_equal_those_rebuilt_from_the_lse(mask: str) -> None:
+    pytest.importorskip("triton", reason="triton is not installed: the CUDA backend's kernel cannot run")
+    torch.manual_seed(0)
+    query, key, value = torch.randn(2, 4, 70, 16), torch.randn(2, 2, 70, 16), torch.randn(2, 2, 70, 16)
+    seen = torch.ones(2, 70, dtype=torch.bool)
+    seen[1, 50:] = False
+    masks = {"causal": {}, "key_mask": {"key_mask": seen}, "window": {"window": 20}}[mask]
+    call = AttentionCall(query, key, value, None, 0.25, True, **masks)
+    output, statistics = CudaBackend().run(call, replace(DEFAULT_CONFIG, moments=True))
+    rebuilt = row_moments(replace(statistics, moments=None))
+    torch.testing.assert_close(statistics.moments[..., :3], rebuilt[..., :3], atol=2e-3, rtol=1e-5)
+    torch.testing.assert_close(statistics.moments[..., 1:, 3], rebuilt[..., 1:, 3], atol=1e-5, rtol=1e-5)
+    plain_output, plain = CudaBackend().run(call, DEFAULT_CONFIG)
+    assert plain.moments is None and torch.equal(plain_output, output)  # asked for only: nothing else changes
+
+
 def test_fused_equals_blocked(loaded) -> None:
     with using_backend(CpuBackend()):
         fused = head_metrics(loaded, padded_set(), batch_size=3, samples=0)
@@ -114,9 +144,6 @@ def test_row_moments_equal_whole_rows_in_chunks() -> None:
     query, key = torch.randn(2, 4, 300, 16), torch.randn(2, 2, 300, 16)
     lse = torch.logsumexp((query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.25).masked_fill(
         torch.ones(300, 300).triu(1).bool(), float("-inf")), dim=-1)
-    from dataclasses import replace
-
-    from probe.kernels import DEFAULT_CONFIG
     statistics = cpu_statistics(query, key, None, 0.25, True, lse, replace(DEFAULT_CONFIG, row_chunk=64,
                                                                            row_logits=1))
     moments = row_moments(statistics)
