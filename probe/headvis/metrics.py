@@ -38,7 +38,7 @@ SUMS = ("self", "previous", "entropy", "distance", "squared_distance", "inductio
 """The running sums the metrics are finished from."""
 INDUCTION_THRESHOLD = 0.01  # induction weights under it count 0 (HeadVis's default)
 TINY = torch.finfo(torch.float32).tiny  # the entropy's clamp
-PAIRS_AT_ONCE = 2**16  # induction pairs whose logits are computed at once
+PAIRS_AT_ONCE = 2**14  # induction pairs whose logits are computed at once (their queries and keys gathered)
 
 
 def induction_pairs(tokens: list[int]) -> tuple[Tensor, Tensor, int]:

@@ -21,6 +21,7 @@ from probe.kernels.fused import Weights
 
 MOMENTS = ("weighted_logit", "distance", "squared_distance", "largest_logit_past_first")
 """The moments' order along the record's last dimension."""
+LOWEST = torch.finfo(torch.float32).min  # a hidden key's logit in the sums
 
 
 def row_moments(statistics: FusedStatistics) -> Tensor:
@@ -37,28 +38,35 @@ def row_moments(statistics: FusedStatistics) -> Tensor:
 
 
 def _chunk_moments(weights: Weights, start: int, stop: int) -> Tensor:
-    """(b, hq, stop - start, 4): the moments of query rows start .. stop."""
+    """(b, hq, stop - start, 4): the moments of query rows start .. stop. Hidden keys get the lowest finite logit
+    (their weight exp(lowest - lse) is 0, and 0 x lowest adds nothing), so every sum is one product and reduction."""
     b, hq, n, kv = weights.shape
     hk, offset = weights.key.shape[1], kv - n
     limit = min(kv, stop + offset) if weights.causal and weights.dense_bias is None else kv  # keys any row sees
     query = float32_copy(weights.query[:, :, start:stop])
     query = query.reshape(b, hk, (hq // hk) * (stop - start), query.shape[-1])
     logits = torch.matmul(query, float32_copy(weights.key[:, :, :limit]).transpose(-1, -2))
-    logits = logits.view(b, hq, stop - start, limit) * weights.scaling
+    logits = logits.view(b, hq, stop - start, limit).mul_(weights.scaling)
     own = torch.arange(start, stop, device=logits.device) + offset  # each row's own key
     keys = torch.arange(limit, device=logits.device)
     bias = weights.dense_bias
     if bias is not None:
-        logits = logits + (bias[..., start:stop, :limit] if bias.shape[-2] > 1 else bias[..., :limit]).float()
+        logits += (bias[..., start:stop, :limit] if bias.shape[-2] > 1 else bias[..., :limit]).float()
+        logits.clamp_(min=LOWEST)
     elif weights.causal:
-        logits = logits.masked_fill(keys[None, :] > own[:, None], float("-inf"))
+        logits.masked_fill_(keys[None, :] > own[:, None], LOWEST)
     probabilities = torch.exp(logits - weights.lse[:, :, start:stop, None])
-    seen = probabilities > 0
     distance = (own[:, None] - keys[None, :]).abs().float()
-    weighted = torch.where(seen, probabilities * logits, 0.0).sum(dim=-1)
-    largest = logits[..., 1:].amax(dim=-1) if limit > 1 else torch.full_like(weighted, float("-inf"))
-    return torch.stack([weighted, (probabilities * distance).sum(dim=-1),
-                        (probabilities * distance.square()).sum(dim=-1), largest], dim=-1)
+    weighted = (probabilities * logits).sum(dim=-1)
+    apart = probabilities * distance
+    moments = [weighted, apart.sum(dim=-1), (apart * distance).sum(dim=-1)]
+    if limit > 1:
+        logits[..., 0] = LOWEST  # the largest logit past key 0, in place of a copy without it
+        largest = logits.amax(dim=-1)
+        moments.append(largest.masked_fill_(largest <= LOWEST, float("-inf")))  # no key past 0 seen
+    else:
+        moments.append(torch.full_like(weighted, float("-inf")))
+    return torch.stack(moments, dim=-1)
 
 
 def moments_of(statistics: FusedStatistics) -> Tensor:
