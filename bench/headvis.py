@@ -108,19 +108,21 @@ def load(name: str) -> Any:
     return load_model(name)
 
 
-def equality(name: str, peer: ModuleType, dtype: torch.dtype) -> dict[str, Any]:
-    """max |probe - HeadVis| per metric on two padded sequences of 512 tokens."""
+def equality(name: str, peer: ModuleType, dtype: torch.dtype, padded: bool = True) -> dict[str, Any]:
+    """max |probe - HeadVis| per metric on two sequences of 512 tokens, the second padded to 400 (`padded`: the
+    mask a bias, the CPU's rows read with it), else one sequence (plain causal rows)."""
     from probe.headvis import METRICS, head_metrics
     from probe.inputs import ProbeSet
 
     loaded = load(name)
     loaded.model.to(dtype)
-    ids = english_ids(loaded, 512, 2)
+    ids = english_ids(loaded, 512, 2 if padded else 1)
     mask = torch.ones_like(ids)
-    mask[1, 400:] = 0
+    mask[1:, 400:] = 0
     ids = ids.masked_fill(mask == 0, loaded.tokenizer.pad_token_id or 0)
     started = time.perf_counter()
-    ours = head_metrics(loaded, ProbeSet("natural", "English", ids, 1, mask), batch_size=2, samples=0)
+    ours = head_metrics(loaded, ProbeSet("natural", "English", ids, 1, mask if padded else None), batch_size=2,
+                        samples=0)
     probe_seconds = time.perf_counter() - started
     started = time.perf_counter()
     theirs = peer_metrics(peer, loaded, ids, mask)
@@ -129,7 +131,8 @@ def equality(name: str, peer: ModuleType, dtype: torch.dtype) -> dict[str, Any]:
             for metric in METRICS}
     relative = {metric: float((gap / theirs[metric].double().abs().clamp(min=1.0)).max())
                 for metric, gap in gaps.items()}
-    return {"model": name, "dtype": str(dtype).removeprefix("torch."), "path": ours.path, "tokens": [512, 400],
+    return {"model": name, "dtype": str(dtype).removeprefix("torch."), "path": ours.path,
+            "tokens": [512, 400] if padded else [512],
             "max_abs_difference": {metric: float(gap.max()) for metric, gap in gaps.items()},
             "max_relative_difference": relative,  # of |probe - HeadVis| to max(|HeadVis|, 1)
             "seconds": {"probe": probe_seconds, "headvis": peer_seconds},
@@ -218,8 +221,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         peer = peer_module(Path(folder))
         for name in args.models.split(","):
-            for dtype in (torch.float32, torch.bfloat16) if name == "smollm2" else (torch.float32,):
-                data["equality"].append(equality(name, peer, dtype))
+            runs = [(torch.float32, True), (torch.float32, False)]
+            for dtype, padded in runs + [(torch.bfloat16, True)] if name == "smollm2" else runs:
+                data["equality"].append(equality(name, peer, dtype, padded))
                 print(json.dumps(data["equality"][-1]), flush=True)
                 save_result("headvis", data)
     if not args.equality_only:

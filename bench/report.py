@@ -591,13 +591,15 @@ def precision(data: dict[str, Any]) -> str:
 def headvis(data: dict[str, Any]) -> str:
     """bench/headvis.py: probe's HeadVis metrics against Neuronpedia HeadVis's own pipeline, and their cost."""
     lines = ["## HeadVis metrics: probe against Neuronpedia HeadVis's pipeline", "", _machine(data),
-             "Same tokens (BOS + 511 English tokens, a second sequence right-padded to 400): max |probe - HeadVis| per "
-             "metric, and relative to max(|HeadVis|, 1).", "",
-             "| model | dtype | path | metric | max abs | max relative |", "| --- | --- | --- | --- | ---: | ---: |"]
+             "Same tokens (BOS + 511 English tokens; padded: a second sequence right-padded to 400): max |probe - "
+             "HeadVis| per metric, and relative to max(|HeadVis|, 1).", "",
+             "| model | dtype | tokens | path | metric | max abs | max relative |",
+             "| --- | --- | --- | --- | --- | ---: | ---: |"]
     for row in data["equality"]:
         for metric, gap in row["max_abs_difference"].items():
             relative = row.get("max_relative_difference", {}).get(metric)
-            lines.append(f"| {row['model']} | {row['dtype']} | {row['path']} | {metric} | {gap:.3g} | "
+            lines.append(f"| {row['model']} | {row['dtype']} | {row['tokens']} | {row['path']} | {metric} | "
+                         f"{gap:.3g} | "
                          f"{'' if relative is None else f'{relative:.3g}'} |")
     if data.get("cost"):
         lines += ["", "One sequence, each variant a fresh process (peak RSS the kernel's): plain = the sdpa forward, "

@@ -39,34 +39,54 @@ def row_moments(statistics: FusedStatistics) -> Tensor:
 
 def _chunk_moments(weights: Weights, start: int, stop: int) -> Tensor:
     """(b, hq, stop - start, 4): the moments of query rows start .. stop. Hidden keys get the lowest finite logit
-    (their weight exp(lowest - lse) is 0, and 0 x lowest adds nothing), so every sum is one product and reduction."""
+    (their weight exp(lowest - lse) is 0). Plain causal rows see no key after their own, so their sums come from one
+    product of the weights with the keys and two key positions (`_causal_sums`); any other mask, one product and
+    reduction each."""
     b, hq, n, kv = weights.shape
     hk, offset = weights.key.shape[1], kv - n
-    limit = min(kv, stop + offset) if weights.causal and weights.dense_bias is None else kv  # keys any row sees
-    query = float32_copy(weights.query[:, :, start:stop])
-    query = query.reshape(b, hk, (hq // hk) * (stop - start), query.shape[-1])
-    logits = torch.matmul(query, float32_copy(weights.key[:, :, :limit]).transpose(-1, -2))
-    logits = logits.view(b, hq, stop - start, limit).mul_(weights.scaling)
+    plain = weights.causal and weights.dense_bias is None
+    limit = min(kv, stop + offset) if plain else kv  # keys any row sees
+    query = float32_copy(weights.query[:, :, start:stop]) * weights.scaling
+    grouped = query.reshape(b, hk, (hq // hk) * (stop - start), query.shape[-1])
+    keys = float32_copy(weights.key[:, :, :limit])
+    logits = torch.matmul(grouped, keys.transpose(-1, -2)).view(b, hq, stop - start, limit)
     own = torch.arange(start, stop, device=logits.device) + offset  # each row's own key
-    keys = torch.arange(limit, device=logits.device)
+    positions = torch.arange(limit, device=logits.device)
     bias = weights.dense_bias
     if bias is not None:
         logits += (bias[..., start:stop, :limit] if bias.shape[-2] > 1 else bias[..., :limit]).float()
         logits.clamp_(min=LOWEST)
     elif weights.causal:
-        logits.masked_fill_(keys[None, :] > own[:, None], LOWEST)
+        logits.masked_fill_(positions[None, :] > own[:, None], LOWEST)
     probabilities = torch.exp(logits - weights.lse[:, :, start:stop, None])
-    distance = (own[:, None] - keys[None, :]).abs().float()
-    weighted = (probabilities * logits).sum(dim=-1)
-    apart = probabilities * distance
-    moments = [weighted, apart.sum(dim=-1), (apart * distance).sum(dim=-1)]
+    if plain:
+        sums = _causal_sums(probabilities, query, keys, own, start)
+    else:
+        distance = (own[:, None] - positions[None, :]).abs().float()
+        apart = probabilities * distance
+        sums = [(probabilities * logits).sum(dim=-1), apart.sum(dim=-1), (apart * distance).sum(dim=-1)]
     if limit > 1:
         logits[..., 0] = LOWEST  # the largest logit past key 0, in place of a copy without it
         largest = logits.amax(dim=-1)
-        moments.append(largest.masked_fill_(largest <= LOWEST, float("-inf")))  # no key past 0 seen
+        sums.append(largest.masked_fill_(largest <= LOWEST, float("-inf")))  # no key past 0 seen
     else:
-        moments.append(torch.full_like(weighted, float("-inf")))
-    return torch.stack(moments, dim=-1)
+        sums.append(torch.full_like(sums[0], float("-inf")))
+    return torch.stack(sums, dim=-1)
+
+
+def _causal_sums(probabilities: Tensor, query: Tensor, keys: Tensor, own: Tensor, start: int) -> list[Tensor]:
+    """sum_j A_ij s_ij, sum_j A_ij (i - j), sum_j A_ij (i - j)^2 of rows that see no key after their own, from one
+    product A [K | u | u^2] with u_j = i_0 - j (i_0 the first row's own key): s_ij = q_i . k_j (q scaled), and
+    i - j = (i - i_0) + u_j, whose
+    parts stay as small as the distances are (no cancellation of i^2 against j^2)."""
+    b, hq, m, limit = probabilities.shape
+    hk, d = keys.shape[1], keys.shape[-1]
+    u = (own[0] - torch.arange(limit, device=keys.device)).float()
+    extended = torch.cat([keys, torch.stack([u, u.square()], dim=-1).expand(b, hk, limit, 2)], dim=-1)
+    mixed = torch.matmul(probabilities.reshape(b, hk, (hq // hk) * m, limit), extended).view(b, hq, m, d + 2)
+    t = (own - own[0]).float()  # i - i_0
+    mean_u, mean_square = mixed[..., d], mixed[..., d + 1]
+    return [(query * mixed[..., :d]).sum(dim=-1), t + mean_u, t.square() + 2 * t * mean_u + mean_square]
 
 
 def moments_of(statistics: FusedStatistics) -> Tensor:
