@@ -40,7 +40,7 @@ def head_metrics(loaded: LoadedModel, probe_set: ProbeSet, *, batch_size: int = 
     layers = attention_layers(loaded.model)
     if any(layer.stack == "cross" for layer in layers):
         raise ProbeError("headvis reads self-attention: this model has cross-attention layers")
-    report = callback(progress, "headvis metrics")
+    report = callback(progress)
     batches = probe_set.batches(batch_size)
     sums = HeadVisSums(len(layers), max(layer.n_heads for layer in layers))
     paths = _read(loaded, batches, sums, path, replace(config, moments=True), report)
