@@ -119,6 +119,24 @@ def test_the_kernels_moments_equal_those_rebuilt_from_the_lse(mask: str) -> None
     assert plain.moments is None and torch.equal(plain_output, output)  # asked for only: nothing else changes
 
 
+def test_induction_read_a_few_queries_at_a_time_is_the_same(loaded, eager: dict, monkeypatch) -> None:
+    import probe.headvis.metrics as metrics
+
+    monkeypatch.setattr(metrics, "QUERIES_AT_ONCE", 2)
+    with using_backend(CpuBackend()):
+        result = head_metrics(loaded, padded_set(), batch_size=5, samples=0)
+    torch.testing.assert_close(result.metrics["induction_score"].double(), eager["induction_score"], atol=1e-5,
+                               rtol=0)
+
+
+def test_occurrence_groups_hold_each_repeated_token_once() -> None:
+    from probe.headvis.metrics import occurrence_groups
+
+    found = occurrence_groups(torch.tensor([5, 7, 5, 5, 7, 9]))
+    rows = sorted(tuple(row[kept].tolist()) for positions, real in found for row, kept in zip(positions, real))
+    assert rows == [(0, 2, 3), (1, 4)] and [positions.shape[1] for positions, _ in found] == [2, 4]
+
+
 def test_fused_equals_blocked(loaded) -> None:
     with using_backend(CpuBackend()):
         fused = head_metrics(loaded, padded_set(), batch_size=3, samples=0)

@@ -38,7 +38,7 @@ SUMS = ("self", "previous", "entropy", "distance", "squared_distance", "inductio
 """The running sums the metrics are finished from."""
 INDUCTION_THRESHOLD = 0.01  # induction weights under it count 0 (HeadVis's default)
 TINY = torch.finfo(torch.float32).tiny  # the entropy's clamp
-PAIRS_AT_ONCE = 2**14  # induction pairs whose logits are computed at once (their queries and keys gathered)
+QUERIES_AT_ONCE = 128  # queries of one token's occurrences whose induction logits are computed at once
 
 
 def induction_pairs(tokens: list[int]) -> tuple[Tensor, Tensor, int]:
@@ -64,6 +64,7 @@ class Sequences:
 
     valid: Tensor  # (b, n) bool: the tokens of sequences with at least two
     pairs: list[tuple[int, Tensor, Tensor]]  # (sequence, queries, keys) with at least one pair
+    groups: list[tuple[int, Tensor, Tensor]]  # (sequence, positions (g, c), real (g, c)): occurrence_groups'
     counts: Tensor  # (3,) float64: valid queries, valid queries after the first, queries with an earlier occurrence
 
     @classmethod
@@ -71,7 +72,7 @@ class Sequences:
         """The batch's ids (b, n) and real tokens (b, n) bool (right padding)."""
         lengths = valid.sum(dim=1)
         valid = valid & (lengths >= 2)[:, None]
-        pairs, repeated = [], 0
+        pairs, groups, repeated = [], [], 0
         for row, length in enumerate(lengths.tolist()):
             if length < 2:
                 continue
@@ -79,8 +80,29 @@ class Sequences:
             repeated += count
             if len(queries):
                 pairs.append((row, queries, keys))
+                groups += [(row, *bucket) for bucket in occurrence_groups(ids[row, :length])]
         used = lengths[lengths >= 2].double()
-        return cls(valid, pairs, torch.tensor([used.sum(), (used - 1).sum(), repeated], dtype=torch.float64))
+        return cls(valid, pairs, groups, torch.tensor([used.sum(), (used - 1).sum(), repeated], dtype=torch.float64))
+
+
+def occurrence_groups(tokens: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """The positions of each token that occurs twice or more in a sequence, as rows padded to the next power of two
+    of their count, one (positions (g, c), real (g, c) bool) per width: every induction pair (i, p + 1) is two
+    positions of one row, p before i."""
+    order = torch.argsort(tokens, stable=True)  # positions by token, in order within each token
+    counts = torch.unique_consecutive(tokens[order], return_counts=True)[1]
+    buckets: dict[int, list[Tensor]] = defaultdict(list)
+    for group in order.split(counts.tolist()):
+        if len(group) > 1:
+            buckets[1 << (len(group) - 1).bit_length()].append(group)
+    out = []
+    for width, found in sorted(buckets.items()):
+        positions = torch.zeros(len(found), width, dtype=torch.long)
+        real = torch.zeros(len(found), width, dtype=torch.bool)
+        for index, group in enumerate(found):
+            positions[index, :len(group)], real[index, :len(group)] = group, True
+        out.append((positions, real))
+    return out
 
 
 class HeadVisSums:
@@ -142,7 +164,7 @@ class HeadVisSums:
         past_first = rows.clone()
         past_first[..., 0] = 0.0
         largest = (torch.exp(moments[..., 3] - statistics.lse).nan_to_num(0.0) * past_first).amax(dim=-1)
-        induction = sum((_pair_weights(statistics, row, queries, keys) for row, queries, keys in batch.pairs),
+        induction = sum((_group_weights(statistics, row, positions, real) for row, positions, real in batch.groups),
                         torch.zeros(h, dtype=torch.float64, device=device))
         self._add(layer, [own, previous, entropy, distance, squared, induction], largest)
 
@@ -188,21 +210,29 @@ def _diagonal(weights: Tensor, start: int, shift: int) -> Tensor:
     return out
 
 
-def _pair_weights(statistics: FusedStatistics, row: int, queries: Tensor, keys: Tensor) -> Tensor:
-    """(h,) float64: sequence `row`'s weights A[i, j] at its induction pairs, those under the threshold counted 0,
-    summed: each from q_i . k_j and the log-sum-exp alone (the pairs' logits, a chunk of pairs at a time)."""
+def _group_weights(statistics: FusedStatistics, row: int, positions: Tensor, real: Tensor) -> Tensor:
+    """(h,) float64: sequence `row`'s induction weights A[i, p + 1] within each row of `positions` (p before i; those
+    under the threshold counted 0), summed: from the logits of those queries and keys alone (one product per row of
+    occurrences: the queries and keys gathered once, not once per pair) and the log-sum-exp."""
     query, key, lse = statistics.query[row], statistics.key[row], statistics.lse[row]  # (hq, n, d), (hk, kv, d)
-    hq, hk = query.shape[0], key.shape[0]
-    device = lse.device
-    total = torch.zeros(hq, dtype=torch.float64, device=device)
-    for first in range(0, len(queries), PAIRS_AT_ONCE):
-        rows, columns = queries[first:first + PAIRS_AT_ONCE].to(device), keys[first:first + PAIRS_AT_ONCE].to(device)
-        q = float32_copy(query[:, rows]).view(hk, hq // hk, len(rows), -1)
-        k = float32_copy(key[:, columns])[:, None]  # (hk, 1, pairs, d)
-        logits = (q * k).sum(dim=-1).reshape(hq, len(rows)) * statistics.scaling
-        logits = logits + _pair_bias(statistics, row, rows, columns)
-        values = torch.exp(logits - lse[:, rows])
-        total += values.masked_fill(values < INDUCTION_THRESHOLD, 0.0).sum(dim=-1).double()
+    hq, hk, d = query.shape[0], key.shape[0], query.shape[-1]
+    positions, real = positions.to(lse.device), real.to(lse.device)
+    groups, width = positions.shape
+    keys = (positions + 1).clamp(max=key.shape[1] - 1)  # a last occurrence's key is never read
+    k = float32_copy(key[:, keys.reshape(-1)]).view(hk, 1, groups, width, d).transpose(-1, -2)
+    earlier = torch.ones(width, width, dtype=torch.bool, device=lse.device).tril(-1)
+    counted = earlier & real[:, :, None] & real[:, None, :]  # (g, c, c): query a, key after occurrence b < a
+    total = torch.zeros(hq, dtype=torch.float64, device=lse.device)
+    for first in range(0, width, QUERIES_AT_ONCE):
+        rows = positions[:, first:first + QUERIES_AT_ONCE]
+        q = float32_copy(query[:, rows.reshape(-1)]).view(hk, hq // hk, groups, rows.shape[1], d)
+        logits = torch.matmul(q, k).reshape(hq, groups, rows.shape[1], width) * statistics.scaling
+        pairs = (rows[:, :, None].expand(-1, -1, width).reshape(-1), keys[:, None, :].expand_as(
+            counted[:, first:first + QUERIES_AT_ONCE]).reshape(-1))
+        logits = logits + _pair_bias(statistics, row, *pairs).view(-1, groups, rows.shape[1], width)
+        values = torch.exp(logits - lse[:, rows][..., None])
+        hidden = ~counted[:, first:first + QUERIES_AT_ONCE] | (values < INDUCTION_THRESHOLD)
+        total += values.masked_fill(hidden, 0.0).sum(dim=(1, 2, 3)).double()
     return total
 
 
