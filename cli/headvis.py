@@ -20,13 +20,13 @@ from probe.headvis.tree import neuronpedia_json, write_tree
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
 from probe.models import DEFAULT_MODEL
 from probe.reports.files import write_csv, write_json
-from probe.reports.labels import precision_sentence
+from probe.reports.labels import precision_sentence, short_label
 
 NeuronpediaJson = Annotated[Optional[Path], typer.Option(
     "--neuronpedia-json", help="Write Neuronpedia's head-metrics JSON: {config, metrics: {name: layers x heads}}.")]
 Tree = Annotated[Optional[Path], typer.Option(
-    "--tree", help="Write the HeadVis frontend's data tree into this folder (config.json, scatter_data.json, "
-    "heads/L{layer}H{head}.json).")]
+    "--tree", help="Write the HeadVis frontend's data tree into this folder (config.json, scatter_data.json and a "
+    "file per head under heads/).")]
 Samples = Annotated[int, typer.Option(
     "--samples", help="Sequences whose attention the data tree shows (their top weights per row).")]
 
@@ -62,7 +62,7 @@ def headvis(
         values = result.metrics[name]
         flat = values.nan_to_num(-math.inf).flatten()
         top = flat.topk(min(3, len(flat))).indices.tolist()
-        heads = ", ".join(f"{index // values.shape[1]}.{index % values.shape[1]} {float(flat[index]):.3f}"
+        heads = ", ".join(f"{short_label(index // values.shape[1], index % values.shape[1])} {float(flat[index]):.3f}"
                           for index in top)
         console.print(f"  {name:22} top: {heads}")
     console.print(precision_sentence({"dtype": result.dtype}))
