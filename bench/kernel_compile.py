@@ -45,11 +45,11 @@ for arch, head, dtype, with_output in json.loads(sys.argv[1]):
     value_head = head if with_output else 16
     for tile in cuda.tiles_for(head, value_head, DTYPE[dtype], with_output):
         constants = dict(D=head, DV=value_head, HEAD=head, VALUE_HEAD=value_head, NONE=cuda.NO_NAN, HAS_BIAS=False,
-                         HAS_KEY_MASK=True, WINDOWED=True, CAUSAL=True, WITH_OUTPUT=with_output,
+                         HAS_KEY_MASK=True, WINDOWED=True, CAUSAL=True, WITH_OUTPUT=with_output, MOMENTS=False,
                          PRECISION="ieee" if dtype == "fp32" else "tf32", UPCAST=False, BLOCK_M=tile.rows,
                          BLOCK_N=tile.keys)
         types = dict(Q="*" + dtype, K="*" + dtype, V="*" + dtype, Bias="*" + dtype, KeyMask="*i1",
-                     Out="*" + dtype, Lse="*fp32", Top="*i32", qk_scale="fp32")
+                     Out="*" + dtype, Lse="*fp32", Top="*i32", Moments="*fp32", qk_scale="fp32")
         signature = {name: "constexpr" if name in constants else types.get(name, "i32") for name in kernel.arg_names}
         source = ASTSource(kernel, signature,
                            {(kernel.arg_names.index(name),): value for name, value in constants.items()})

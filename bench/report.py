@@ -588,6 +588,34 @@ def precision(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def headvis(data: dict[str, Any]) -> str:
+    """bench/headvis.py: probe's HeadVis metrics against Neuronpedia HeadVis's own pipeline, and their cost."""
+    lines = ["## HeadVis metrics: probe against Neuronpedia HeadVis's pipeline", "", _machine(data),
+             "Same tokens (BOS + 511 English tokens; padded: a second sequence right-padded to 400): max |probe - "
+             "HeadVis| per metric, and relative to max(|HeadVis|, 1).", "",
+             "| model | dtype | tokens | path | metric | max abs | max relative |",
+             "| --- | --- | --- | --- | --- | ---: | ---: |"]
+    for row in data["equality"]:
+        for metric, gap in row["max_abs_difference"].items():
+            relative = row.get("max_relative_difference", {}).get(metric)
+            lines.append(f"| {row['model']} | {row['dtype']} | {row['tokens']} | {row['path']} | {metric} | "
+                         f"{gap:.3g} | "
+                         f"{'' if relative is None else f'{relative:.3g}'} |")
+    if data.get("cost"):
+        lines += ["", "One sequence, each variant a fresh process (peak RSS the kernel's): plain = the sdpa forward, "
+                  "probe = head_metrics, headvis = the peer's eager pipeline.", "",
+                  "| model | tokens | variant | seconds | x plain | peak RSS GiB | the call's own GiB |",
+                  "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
+        plain = {row["length"]: row.get("seconds") for row in data["cost"] if row["variant"] == "plain"}
+        for row in data["cost"]:
+            seconds, base = row.get("seconds"), plain.get(row["length"])
+            ratio = f"{seconds / base:.2f}" if seconds and base else ""
+            shown = f"{seconds:.2f}" if seconds is not None else row.get("stopped", "")
+            lines.append(f"| {row['model']} | {row['length']} | {row['variant']} | {shown} | {ratio} | "
+                         f"{row['peak_rss_gib']} | {row.get('call_gib', '')} |")
+    return "\n".join(lines) + "\n"
+
+
 GAP_LIMIT = 30.0  # seconds: the docs' promise of a line at least this often
 
 
@@ -646,7 +674,7 @@ SECTIONS = (  # (result file, its section, a key the section needs: kv_heads.jso
     ("kv_heads", kv_heads, "kv_heads"), ("lse", lse, None), ("patching", patching, None), ("kv_order", kv_order, None),
     ("patching_qk", patching_qk, None), ("atlas", atlas, None), ("kv_default", kv_default, None),
     ("precision", precision, None), ("kvpress", kvpress_report.section, "cells"),
-    ("kernel_compile", kernel_compile.section, None), ("serve-load", serve, None))
+    ("kernel_compile", kernel_compile.section, None), ("serve-load", serve, None), ("headvis", headvis, "equality"))
 
 
 def render() -> str:

@@ -17,8 +17,8 @@ import typer
 from rich.markup import escape
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
-from probe.cli import (ablate, atlas, circuits, classify, compare, dla, heatmap, kv_heads, models, patch, prune, qk,
-                       schema, serve, steer, syntax, track)
+from probe.cli import (ablate, atlas, circuits, classify, compare, dla, headvis, heatmap, kv_heads, models, patch,
+                       prune, qk, schema, serve, steer, syntax, track)
 from probe.cli.allocator import keep_freed_buffers
 from probe.cli.checks import check_before_loading
 from probe.cli.options import GLOBAL_PANEL, Threads
@@ -119,7 +119,7 @@ app = typer.Typer(cls=Group, add_completion=False, no_args_is_help=True, pretty_
                   help="Find out what each attention head of a transformer does.")
 for command in (classify.classify, models.models, heatmap.heatmap, ablate.ablate, syntax.syntax, circuits.circuits,
                 prune.prune, kv_heads.kv_heads, dla.dla, patch.patch, track.track, atlas.atlas, steer.steer,
-                schema.schema, compare.compare, qk.qk, serve.serve):
+                schema.schema, compare.compare, qk.qk, serve.serve, headvis.headvis):
     app.command(cls=Command)(command)
 
 LIBRARY_NAMES = {"thresholds": "threshold", "start": "window_start", "order_by": "order", "top_k": "top"}

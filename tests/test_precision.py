@@ -43,10 +43,10 @@ IGNORED = {"seconds", "provenance", "forward_equivalents", "timestamp_utc", "com
 CONTRACT = {
     "bfloat16": {"classify": 0.02, "ablate": 0.02, "prune": 0.02, "circuits": 0.02, "dla": 0.01,
                  "dla-self-repair": 0.01, "patch": 0.02, "atlas": 0.05, "kv-heads": 0.05, "kv-heads-export": 0.05,
-                 "syntax": 0.05, "track": 0.05, "steer": 0.02, "heatmap": 0.01},
+                 "syntax": 0.05, "track": 0.05, "steer": 0.02, "heatmap": 0.01, "headvis": 0.01},
     "float16": {"classify": 0.002, "ablate": 0.005, "prune": 0.002, "circuits": 0.002, "dla": 0.001,
                 "dla-self-repair": 0.001, "patch": 0.002, "atlas": 0.005, "kv-heads": 0.005, "kv-heads-export": 0.005,
-                "syntax": 0.005, "track": 0.005, "steer": 0.002, "heatmap": 0.002},
+                "syntax": 0.005, "track": 0.005, "steer": 0.002, "heatmap": 0.002, "headvis": 0.002},
 }
 
 
@@ -127,6 +127,7 @@ COMMANDS: dict[str, Any] = {
                           "--num-seqs", "6", "--generate", "the keys to the", "--max-new-tokens", "3"],
     "heatmap": lambda tmp: ["heatmap", "--model", WORDS, "--text", "the keys to the cabinet are here", "--html",
                             str(tmp / "heatmap.html")],
+    "headvis": lambda tmp: ["headvis", "--model", WORDS, "--num-seqs", "2", "--seq-len", "24"],
 }
 """Each command as a user runs it, writing into `tmp` (the run's own folder); `--dtype` and `--json` are added."""
 

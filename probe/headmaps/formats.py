@@ -371,3 +371,40 @@ register_format(HeadFormat(
 register_format(HeadFormat(
     "tensor", "query heads", "a TransformerLens-style [n_layers, n_heads] tensor: .pt, .npy, or a CSV / TSV matrix",
     _suffix(".pt", ".npy", ".csv", ".tsv"), _read_tensor, _write_tensor))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Neuronpedia HeadVis: its published head-metrics JSON {"config": ..., "metrics": {name: [[per head] per layer]}}
+
+
+def _is_neuronpedia_metrics(data: Any) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("config"), dict) and isinstance(data.get("metrics"), dict) \
+        and all(isinstance(rows, list) for rows in data["metrics"].values())
+
+
+def _read_neuronpedia(path: Path, score: str | None) -> HeadMap:
+    """Neuronpedia's head-metrics JSON: one query-head map per metric, each with its quantity and unit (an entropy
+    in nats is never compared with a share of attention)."""
+    from probe.headvis.result import UNITS
+
+    payload = read_json(path)
+    name = pick_score(list(payload["metrics"]), score, path)
+    values = np.array([[np.nan if value is None else float(value) for value in row]
+                       for row in payload["metrics"][name]], dtype=np.float64)
+    config = payload["config"]
+    return HeadMap(values, QUERY, str(path), "neuronpedia-headvis", name, n_heads=values.shape[1],
+                   dtype=config.get("dtype"), model=config.get("model_name"), quantity=name.replace("_", " "),
+                   unit=UNITS.get(name))
+
+
+def _write_neuronpedia(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
+    """One map as Neuronpedia's head-metrics JSON: its metric alone, null where a value is not a number."""
+    rows = [[None if np.isnan(value) else float(value) for value in row] for row in head_map.values.tolist()]
+    config = {"model_name": head_map.model, "dtype": head_map.dtype, "n_layers": len(rows), "n_heads": len(rows[0])}
+    write_atomically(path, json.dumps({"config": config, "metrics": {head_map.score: rows}}) + "\n")
+
+
+register_format(HeadFormat(
+    "neuronpedia-headvis", "query heads", "Neuronpedia HeadVis head-metrics JSON {\"config\", \"metrics\": {name: "
+    "layers x heads}}; probe headvis --neuronpedia-json", _json_with(_is_neuronpedia_metrics), _read_neuronpedia,
+    _write_neuronpedia))

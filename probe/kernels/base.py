@@ -118,6 +118,8 @@ class FusedStatistics:
     tables: LabelTables | None = field(default=None, repr=False)  # the backend's kernel for the diagonals and
     # columns the scores read (None: gathered keys, one batched matmul per chunk of rows)
     config: KernelConfig = DEFAULT_CONFIG  # how the reads chunk their work: never a number
+    moments: Tensor | None = field(default=None, repr=False)  # (b, hq, n, 4) float32 where the config asked for them
+    # (KernelConfig.moments): each row's moments, probe.kernels.moments.MOMENTS; None: a reader computes them
 
     @property
     def shape(self) -> tuple[int, int, int, int]:

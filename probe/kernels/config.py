@@ -28,6 +28,8 @@ class KernelConfig:
     gathered_rows: int = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
     # reading several layer calls as one (probe.accel.accumulate)
     group_bytes: int = 32 * 2**20  # queries and keys of layer calls held back to be read together, at most
+    # what the backends write beside the log-sum-exp, only where asked (no other number changes)
+    moments: bool = False  # each row's moments (FusedStatistics.moments, probe.kernels.moments): probe.headvis's
 
 
 DEFAULT_CONFIG = KernelConfig()

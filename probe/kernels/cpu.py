@@ -20,6 +20,7 @@ from torch import Tensor
 from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import Label, Weights, by_owner
+from probe.kernels.moments import row_moments
 
 NAME = "cpu"
 
@@ -92,6 +93,8 @@ class CpuBackend:
             query, key, value, 0.0, plain_causal, attn_mask=call.bias, scale=call.scaling)
         statistics = cpu_statistics(call.query, call.key, call.bias, call.scaling, plain_causal, lse.float(), config,
                                     self.search)
+        if config.moments:  # asked for (probe.headvis): from the log-sum-exp, a chunk of rows at a time
+            statistics.moments = row_moments(statistics)
         output = output.transpose(1, 2)
         return (output[..., :dv] if dv < d else output).contiguous(), statistics
 

@@ -2,7 +2,8 @@
 query row's log-sum-exp (float32) and the index of its largest logit (the earliest on ties, a NaN counting as the
 largest, as argmax says on the CPU). The scores then read every diagonal and column from the log-sum-exp and every
 row's top key from the indices (the record's `top_keys`): nothing of the n x n weights, no search, and no value
-read back to the host.
+read back to the host. Where the caller asks (`KernelConfig.moments`), the same pass also accumulates each row's moments
+(probe.kernels.moments: what an entropy and an attention-weighted distance are read from), rescaled as the output is.
 
 The kernel is a flash-attention forward (Dao et al. 2022, "FlashAttention"; Triton's fused-attention tutorial): a
 program holds one block of query rows of one query head, walks the blocks of keys of that head's key/value head
@@ -98,24 +99,27 @@ class CudaBackend:
         key index). The kernel and the statistics read the key mask and window as they are: no dense bias is made
         (but for `output="sdpa"`, whose output torch computes from one)."""
         causal = call.causal and call.bias is None  # the kernel's flag: with a key mask and window, or plain
+        b, hq, n, _ = call.query.shape
+        moments = torch.empty(b, hq, n, 4, dtype=torch.float32, device=call.query.device) if config.moments else None
         if self.output == "sdpa":
             # sdpa hands back neither its log-sum-exp nor its logits, so the statistics need q k^T once more: the
             # kernel's statistics-only pass (no value loads, no value product, tiles of its own) is that second
             # pass at its cheapest. A backend whose fused kernel returns the log-sum-exp with the output would
             # need only each row's top key from a second pass.
             lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, causal,
-                                            key_mask=call.key_mask, window=call.window)
+                                            key_mask=call.key_mask, window=call.window, moments=moments)
             dense = call.with_dense_bias()  # what sdpa reads: a bias where the mask is not plain
             output = torch.nn.functional.scaled_dot_product_attention(
                 call.query, call.key, call.value, attn_mask=dense.bias, is_causal=dense.causal and dense.bias is None,
                 scale=call.scaling, enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
         else:
             output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling, causal,
-                                                 key_mask=call.key_mask, window=call.window)
+                                                 key_mask=call.key_mask, window=call.window, moments=moments)
         # queries and keys stay in the model's dtype: a float32 copy of both per layer would cost what the kernel
         # costs in memory traffic (each read makes its chunk float32: the same values)
         return output, FusedStatistics(NAME, call.query, call.key, lse, call.scaling, causal, call.bias,
-                                       call.key_mask, call.window, top_keys=top, tables=label_table, config=config)
+                                       call.key_mask, call.window, top_keys=top, tables=label_table, config=config,
+                                       moments=moments)
 
 
 def label_table(statistics: FusedStatistics, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
@@ -136,6 +140,7 @@ class Masks:
     key_mask: Tensor | None = None
     window: int | None = None
     causal: bool = False
+    moments: Tensor | None = None  # (b, hq, n, 4) float32 the kernel fills with each row's moments, where given
 
 
 @dataclass(frozen=True)
@@ -185,21 +190,24 @@ def tiles_for(head: int, value_head: int, dtype: torch.dtype, with_output: bool)
 
 
 def attention_forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scaling: float,
-                      causal: bool, *, key_mask: Tensor | None = None,
-                      window: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                      causal: bool, *, key_mask: Tensor | None = None, window: int | None = None,
+                      moments: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(output (b, n, hq, dv) in the value's dtype, log-sum-exp (b, hq, n) float32, top key (b, hq, n) int32) of
     query (b, hq, n, d), key (b, hk, kv, d), value (b, hk, kv, dv), and the mask: an additive bias broadcastable to
     (b, hq, n, kv), or a key mask (b, kv) bool, a causal sliding window and `causal` (keys j > i + kv - n hidden).
-    One kernel launch, no host synchronisation."""
+    `moments` (b, hq, n, 4) float32, where given, is filled with each row's moments (probe.kernels.moments'
+    MOMENTS) in the same pass. One kernel launch, no host synchronisation."""
     b, hq, n, _ = query.shape
     output = value.new_empty(b, n, hq, value.shape[-1])
-    return (output, *_launch(query, key, value, output, scaling, Masks(bias, key_mask, window, causal)))
+    return (output, *_launch(query, key, value, output, scaling, Masks(bias, key_mask, window, causal, moments)))
 
 
 def attention_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, *,
-                         key_mask: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor]:
-    """attention_forward's log-sum-exp and top keys alone: the same pass without values or the value product."""
-    return _launch(query, key, None, None, scaling, Masks(bias, key_mask, window, causal))
+                         key_mask: Tensor | None = None, window: int | None = None,
+                         moments: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """attention_forward's log-sum-exp and top keys alone (and moments, where given): the same pass without values
+    or the value product."""
+    return _launch(query, key, None, None, scaling, Masks(bias, key_mask, window, causal, moments))
 
 
 def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | None, scaling: float,
@@ -218,6 +226,7 @@ def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | N
     arguments = (
         query, key, value if value is not None else key, bias if bias is not None else query,
         masks.key_mask if masks.key_mask is not None else lse, output if output is not None else query, lse, top,
+        masks.moments if masks.moments is not None else lse,
         *query.stride(), *key.stride(), *(value.stride() if value is not None else none),
         *(bias.stride() if bias is not None else none),
         *(masks.key_mask.stride() if masks.key_mask is not None else (0, 0)),
@@ -225,7 +234,7 @@ def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | N
         n, kv, hq, hq // hk, masks.window or 0, scaling * LOG2E, _length_class(kv))
     constants = dict(D=d, DV=dv, HEAD=padded(d), VALUE_HEAD=padded(dv), NONE=NO_NAN, HAS_BIAS=bias is not None,
                      HAS_KEY_MASK=masks.key_mask is not None, WINDOWED=masks.window is not None,
-                     CAUSAL=masks.causal, WITH_OUTPUT=output is not None,
+                     CAUSAL=masks.causal, WITH_OUTPUT=output is not None, MOMENTS=masks.moments is not None,
                      PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
                      UPCAST=query.dtype == torch.bfloat16 and interpreter)
     kernel = _kernels(interpreter).launch
@@ -268,14 +277,15 @@ def _kernels(interpret: bool) -> Kernels:
     def jitted(function: Any) -> Any:
         return triton.jit(types.FunctionType(function.__code__, namespace, function.__name__))
 
-    namespace["_tile"], namespace["_walk_keys"] = jitted(_tile), jitted(_walk_keys)
+    for helper in (_tile, _walk_keys, _moments, _store_moments):
+        namespace[helper.__name__] = jitted(helper)
     kernel = jitted(_attention_rows)
     if interpret:
         return Kernels(kernel, kernel)
     tiles = dict.fromkeys(tile for choices in TILES.values() for tile in choices)
     configs = [triton.Config({"BLOCK_M": tile.rows, "BLOCK_N": tile.keys}, num_warps=tile.warps,
                              num_stages=tile.stages) for tile in tiles]
-    tuned = triton.autotune(configs, key=["HEAD", "VALUE_HEAD", "CAUSAL", "WITH_OUTPUT", "length_class"],
+    tuned = triton.autotune(configs, key=["HEAD", "VALUE_HEAD", "CAUSAL", "WITH_OUTPUT", "MOMENTS", "length_class"],
                             prune_configs_by={"early_config_prune": _configs_for_call})(kernel)
     return Kernels(tuned, kernel)
 
@@ -288,16 +298,17 @@ def _configs_for_call(configs: list[Any], named_args: dict[str, Any], **constant
             in wanted]
 
 
-def _attention_rows(Q, K, V, Bias, KeyMask, Out, Lse, Top, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn,
-                    svd, sbb, sbh, sbn, sbk, smb, smk, sob, son, soh, sod, n, kv, hq, group, window, qk_scale,
+def _attention_rows(Q, K, V, Bias, KeyMask, Out, Lse, Top, Moments, sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh,
+                    svn, svd, sbb, sbh, sbn, sbk, smb, smk, sob, son, soh, sod, n, kv, hq, group, window, qk_scale,
                     length_class, D: tl.constexpr, DV: tl.constexpr, HEAD: tl.constexpr, VALUE_HEAD: tl.constexpr,
                     NONE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEY_MASK: tl.constexpr, WINDOWED: tl.constexpr,
-                    CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One block of BLOCK_M query rows of one (sequence, query head): its log-sum-exp, top keys and (WITH_OUTPUT)
-    output rows. D, DV: the head sizes; HEAD, VALUE_HEAD: the same padded to a power of two. qk_scale: the scaling
-    times log2(e) (logits in base 2). PRECISION "ieee": float32 products, not TF32. UPCAST: bfloat16 dots in float32
-    (the interpreter's dot misreads bfloat16). length_class: autotune's key alone."""
+                    CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr, MOMENTS: tl.constexpr, PRECISION: tl.constexpr,
+                    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One block of BLOCK_M query rows of one (sequence, query head): its log-sum-exp, top keys, (WITH_OUTPUT)
+    output rows and (MOMENTS) moments (probe.kernels.moments). D, DV: the head sizes; HEAD, VALUE_HEAD: the same
+    padded to a power of two. qk_scale: the scaling times log2(e) (logits in base 2). PRECISION "ieee": float32
+    products, not TF32. UPCAST: bfloat16 dots in float32 (the interpreter's dot misreads bfloat16). length_class:
+    autotune's key alone."""
     sequence, head = (tl.program_id(1) // hq).to(tl.int64), tl.program_id(1) % hq  # offsets past 2^31: int64
     first = tl.program_id(0) * BLOCK_M
     rows = first + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -326,16 +337,16 @@ def _attention_rows(Q, K, V, Bias, KeyMask, Out, Lse, Top, sqb, sqh, sqn, sqd, s
     if CAUSAL:  # keys up to the first row's own
         whole = tl.minimum(whole, (first + kv - n + 1) // BLOCK_N * BLOCK_N)
     body_end = tl.maximum(body, whole)
-    state = (maximum, total, acc, top, first_nan)
+    state = (maximum, total, acc, top, first_nan, (total, total, total, maximum))  # moments: 3 sums, a maximum
     where = (keys_at, values_at, bias_at, mask_at, skn, skd, svn, svd, sbk, smk)
     sizes = (rows, n, kv, window, qk_scale)
     state = _walk_keys(q, state, where, sizes, start, body, D, DV, HEAD, VALUE_HEAD, NONE, HAS_BIAS, HAS_KEY_MASK,
-                       WINDOWED, CAUSAL, WITH_OUTPUT, PRECISION, UPCAST, BLOCK_N, True)
+                       WINDOWED, CAUSAL, WITH_OUTPUT, MOMENTS, PRECISION, UPCAST, BLOCK_N, True)
     state = _walk_keys(q, state, where, sizes, body, body_end, D, DV, HEAD, VALUE_HEAD, NONE, HAS_BIAS,
-                       HAS_KEY_MASK, WINDOWED, CAUSAL, WITH_OUTPUT, PRECISION, UPCAST, BLOCK_N, False)
-    maximum, total, acc, top, first_nan = _walk_keys(
+                       HAS_KEY_MASK, WINDOWED, CAUSAL, WITH_OUTPUT, MOMENTS, PRECISION, UPCAST, BLOCK_N, False)
+    maximum, total, acc, top, first_nan, moments = _walk_keys(
         q, state, where, sizes, body_end, stop, D, DV, HEAD, VALUE_HEAD, NONE, HAS_BIAS, HAS_KEY_MASK, WINDOWED,
-        CAUSAL, WITH_OUTPUT, PRECISION, UPCAST, BLOCK_N, True)
+        CAUSAL, WITH_OUTPUT, MOMENTS, PRECISION, UPCAST, BLOCK_N, True)
     nan_row = first_nan < NONE  # a NaN logit: the row's weights, output and log-sum-exp are NaN, as softmax's
     if WITH_OUTPUT:
         value_dims = tl.arange(0, VALUE_HEAD)
@@ -345,16 +356,18 @@ def _attention_rows(Q, K, V, Bias, KeyMask, Out, Lse, Top, sqb, sqh, sqn, sqd, s
     lse = (maximum + tl.math.log2(total)) * 0.6931471805599453  # base 2 back to natural: times ln(2)
     tl.store(Lse + (sequence * hq + head) * n + rows, tl.where(nan_row, float("nan"), lse), mask=rows < n)
     tl.store(Top + (sequence * hq + head) * n + rows, tl.where(nan_row, first_nan, top), mask=rows < n)
+    _store_moments(Moments + ((sequence * hq + head) * n + rows) * 4, moments, total, rows < n, MOMENTS)
 
 
 def _walk_keys(q, state, where, sizes, start, stop, D: tl.constexpr, DV: tl.constexpr, HEAD: tl.constexpr,
                VALUE_HEAD: tl.constexpr, NONE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
-               WINDOWED: tl.constexpr, CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr, PRECISION: tl.constexpr,
-               UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Keys start .. stop, BLOCK_N at a time, into the rows' running state (maximum, total, acc, top, first_nan).
+               WINDOWED: tl.constexpr, CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr, MOMENTS: tl.constexpr,
+               PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Keys start .. stop, BLOCK_N at a time, into the rows' running state (maximum, total, acc, top, first_nan,
+    moments).
     MASKED: blocks where some row must not see some key (past kv, after its own, before its window); otherwise
     only the key mask and a bias apply. Keys come in order, so a tie keeps the earlier top key."""
-    maximum, total, acc, top, first_nan = state
+    maximum, total, acc, top, first_nan, moments = state
     keys_at, values_at, bias_at, mask_at, skn, skd, svn, svd, sbk, smk = where
     rows, n, kv, window, qk_scale = sizes
     dims, value_dims = tl.arange(0, HEAD), tl.arange(0, VALUE_HEAD)
@@ -393,8 +406,32 @@ def _walk_keys(q, state, where, sizes, start, stop, D: tl.constexpr, DV: tl.cons
             v = _tile(values_at, keys, value_dims, svn, svd, kv, DV, VALUE_HEAD, MASKED)  # (BLOCK_N, VALUE_HEAD)
             v = v.to(tl.float32) if UPCAST else v
             acc = tl.dot(weights.to(v.dtype), v, acc * rescale[:, None], input_precision=PRECISION)
+        if MOMENTS:
+            moments = _moments(moments, weights, clean, rescale, rows[:, None] + kv - n, keys)
         maximum = grown
-    return maximum, total, acc, top, first_nan
+    return maximum, total, acc, top, first_nan, moments
+
+
+def _moments(moments, weights, clean, rescale, own, keys):
+    """The rows' running moments with one block of keys: its weights exp2(clean - shift), rescaled as the total."""
+    weighted, distance, squared, past_first = moments
+    apart = tl.abs(own - keys[None, :]).to(tl.float32)  # (BLOCK_M, BLOCK_N): |i - j|
+    weighted = weighted * rescale + _total(tl.where(weights > 0, weights * clean, 0.0), 1)
+    distance = distance * rescale + _total(weights * apart, 1)
+    squared = squared * rescale + _total(weights * apart * apart, 1)
+    past_first = tl.maximum(past_first, _largest(tl.where(keys[None, :] >= 1, clean, float("-inf")), 1))
+    return weighted, distance, squared, past_first
+
+
+def _store_moments(at, moments, total, rows, MOMENTS: tl.constexpr):
+    """Where MOMENTS: the rows' moments, 4 floats a row from `at`: sums over the total, logits from base 2 back to
+    natural units."""
+    if MOMENTS:
+        weighted, distance, squared, past_first = moments
+        tl.store(at, weighted / total * 0.6931471805599453, mask=rows)
+        tl.store(at + 1, distance / total, mask=rows)
+        tl.store(at + 2, squared / total, mask=rows)
+        tl.store(at + 3, past_first * 0.6931471805599453, mask=rows)
 
 
 def _tile(at, keys, dims, stride_key, stride_dim, kv, SIZE: tl.constexpr, PADDED: tl.constexpr,

@@ -9,6 +9,7 @@ DECLARED = (
     "probe.patching.heads:PatchResult",
     "probe.kv.result:KVHeads",
     "probe.kv.result:KVBudget",
+    "probe.headvis.result:HeadVisMetrics",
     "probe.selfrepair:SelfRepair",
     "probe.ablation.prune:PruneResult",
     "probe.syntax.result:SyntaxResult",
