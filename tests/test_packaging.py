@@ -1,6 +1,6 @@
 """Packaging (issue 20): the wheel installs one top-level package, `probe`, with every module and data file of the
 three folders it is built from (cli/ as probe.cli, reports/ as probe.reports), under a distribution name of its
-own and complete metadata; a checkout runs its own cli/ and reports/ whatever is installed. `.ci/wheel` installs
+own and complete metadata; a second checkout beside the installed one is refused in one line. `.ci/wheel` installs
 the built wheel into a fresh environment and runs commands from it."""
 
 from __future__ import annotations
@@ -70,10 +70,11 @@ def test_the_wheel_metadata_names_the_distribution_its_license_and_the_command(w
     assert "probe = probe.cli.app:main" in wheel.read(f"{DIST_INFO}/entry_points.txt").decode()
 
 
-def test_a_checkout_runs_its_own_cli_and_renderers(checkout: Path) -> None:
-    """From a checkout's root, probe is its probe/ folder (the cwd comes first on sys.path); probe.cli and
-    probe.reports must then be its cli/ and reports/, not those of the probe that is installed (this repository)."""
-    code = "import probe.cli.app, probe.reports.html; print(probe.cli.app.__file__); print(probe.reports.html.__file__)"
+def test_a_second_checkout_is_refused_in_one_line(checkout: Path) -> None:
+    """From a checkout's root, probe is its probe/ folder (the cwd comes first on sys.path), while probe.cli comes
+    from the installed checkout (this repository): the mix is refused in one line naming both, never run."""
+    code = "import probe.cli.app"
     completed = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr
-    assert completed.stdout.split() == [str(checkout / "cli" / "app.py"), str(checkout / "reports" / "html.py")]
+    assert completed.returncode == 1
+    last = completed.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: probe is {checkout / 'probe'} but probe.cli is ") and "pip install -e ." in last
