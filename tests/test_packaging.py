@@ -77,4 +77,5 @@ def test_a_second_checkout_is_refused_in_one_line(checkout: Path) -> None:
     completed = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 1
     last = completed.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"ImportError: probe is {checkout / 'probe'} but probe.cli is ") and "pip install -e ." in last
+    assert last.startswith(f"ImportError: probe is {checkout / 'probe'} but probe.cli is ")
+    assert "pip install -e ." in last
