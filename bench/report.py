@@ -475,17 +475,11 @@ def kv_default(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _when(data: dict[str, Any]) -> str:
-    m, load = data["machine"], data.get("load_before") or [0.0]
-    return (f"{data['when']}, {m['cpu']}, {m['cores']} cores, torch threads {m['torch_threads']}, "
-            f"load average {load[0]:.1f} before")
-
-
 def serve(data: dict[str, Any]) -> str:
     """bench/serve.py: `probe serve` under load (serve-load.json) and its speed on SmolLM2 (serve-speed.json)."""
     lines = ["## probe serve: a load test on loopback and its speed", "",
-             f"Load: {data['clients']} clients x {data['requests_per_client']} mixed requests a round on "
-             f"`{data['model']}` ({_when(data)}); the model bit-identical afterwards: "
+             _machine(data), f"Load: {data['clients']} clients x {data['requests_per_client']} mixed requests a "
+             f"round on `{data['model']}`; the model bit-identical afterwards: "
              f"**{'yes' if data['identical_after'] else 'no'}**.", "",
              "| round | requests | failed | seconds | p50 (ms) | p95 (ms) | peak RSS (GiB) |",
              "|---:|---:|---:|---:|---:|---:|---:|"]
@@ -497,12 +491,13 @@ def serve(data: dict[str, Any]) -> str:
         lines += ["", "Speed, SmolLM2 on the CPU, a text of the embedded English (targets: first view <= 1.5x a "
                   "plain forward; a head click on a seen text under 100 ms, no forward; an ablation in at most two "
                   "forwards):",
-                  "", "| dtype | tokens | when | first view / plain forward (range) | head click | zero | mean "
-                  "(first, again) | scale |", "|---|---:|---|---|---:|---:|---:|---:|"]
+                  "", "| dtype | tokens | date; load before | first view / plain forward (range) | head click | zero "
+                  "| mean (first, again) | scale |", "|---|---:|---|---|---:|---:|---:|---:|"]
     for dtype, run in speed["runs"].items():
         low, high = run["timing"]["ratio_range"]["first view"]
         forwards = {name: ", ".join(str(a["forwards"]) for a in answers) for name, answers in run["ablation"].items()}
-        lines.append(f"| {dtype} | {run['tokens']} | {_when(run)} | {run['first_view_over_plain']:.2f}x "
+        lines.append(f"| {dtype} | {run['tokens']} | {run['date']}; {run['load_before'][0]:.1f} | "
+                     f"{run['first_view_over_plain']:.2f}x "
                      f"({low:.2f}-{high:.2f}) | {run['head_click_seconds'] * 1000:.0f} ms, "
                      f"{run['head_click_forwards']} forwards | {forwards.get('zero')} | {forwards.get('mean')} | "
                      f"{forwards.get('scale')} |")

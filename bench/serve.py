@@ -24,6 +24,7 @@ import json
 import random
 import resource
 import statistics
+import sys
 import threading
 import time
 import urllib.error
@@ -171,7 +172,8 @@ def main() -> None:
     torch.set_num_threads(1)
     data = load(args.model, args.clients, args.requests, args.rounds) if args.what == "load" else \
         speed(args.tokens, args.repeats, args.dtype)
-    data.update(machine=machine(()), load_before=load_before, load_after=load_average(), when=now())
+    data.update(machine=machine(()), load_before=load_before, load_after=load_average(), date=now(),
+                command="python -m bench.serve " + " ".join(sys.argv[1:]))
     print(json.dumps(data, indent=1))
     if args.what == "speed":  # one entry per dtype: a run replaces its own dtype's
         kept = load_result("serve-speed") or {}
