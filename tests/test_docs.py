@@ -171,9 +171,10 @@ def test_the_readme_is_short_and_keeps_its_two_commands() -> None:
     assert len(readme.splitlines()) <= 120
     blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
     assert blocks[:2] == ["bash install.sh && .venv/bin/probe classify\n",
-                          "bash install.sh --test && .venv/bin/python -m pytest -q\n"]
+                          'bash install.sh --test && .venv/bin/python -m pytest -q -m "not slow"\n']
     ci = (ROOT / ".ci" / "run").read_text().splitlines()  # the README's command, with the linters between its halves
-    assert ci.index("bash install.sh --test") < ci.index(".venv/bin/python -m pytest -q")
+    assert ci.index("bash install.sh --test") < ci.index('.venv/bin/python -m pytest -q -m "not slow"') \
+        < ci.index(".venv/bin/python -m pytest -q -m slow")  # and the tests that load SmolLM2
     picture = ROOT / "docs" / "images" / "heatmap.png"
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size < 300_000
     for target in re.findall(r"\]\(([^)#]+)", readme):
