@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("triton") is None,  # 
               pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_the_dry_run_measures_every_serving_backend_and_records_what_did_not_finish(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)

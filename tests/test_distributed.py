@@ -59,6 +59,7 @@ def entries(path: Path) -> list[dict]:
 # through torchrun
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_torchrun_two_processes_equal_one_process(tmp_path: Path) -> None:
     single = alone([*SWEEP, "--json", str(tmp_path / "one.json"), "--results", str(tmp_path / "one.jsonl")],
                    tmp_path)
@@ -160,6 +161,7 @@ def test_resume_alone_completes_a_torchrun_sweep(tmp_path: Path, reference: Path
     assert not shard_paths(results)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_torchrun_with_layers_offloaded_to_disk_equals_one_process(tmp_path: Path) -> None:
     """Each process loads a tiny Llama with half its layers on disk (its own offload folder); the merged sweep
     equals one process's sweep of the model in memory."""

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia
                                 reason="no CUDA compiler in triton")
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_the_kernel_compiles_for_sm90_and_sm80_without_spills() -> None:
     rows = compile_configurations(archs=(90, 80), heads=(128, 256), dtypes=("bf16",), processes=2)
     assert {(row["arch"], row["head"], row["output"]) for row in rows} == {

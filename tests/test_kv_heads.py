@@ -135,6 +135,7 @@ def planted_hf():
                             random_seeds=(0, 1, 2), curve_texts=1)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_the_calibrated_map_keeps_the_planted_retrieval_head_full_and_streams_the_others(planted_hf) -> None:
     _, result = planted_hf
     assert result.budget.rule.startswith("calibrated")
@@ -144,6 +145,7 @@ def test_the_calibrated_map_keeps_the_planted_retrieval_head_full_and_streams_th
     assert [point["k"] for point in refused] == [8] and refused[0]["needle_accuracy"] < 1.0
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_a_random_order_stops_once_refused_where_probes_order_is_kept(planted_hf) -> None:
     """Each stopped order's stopping point is refused by the budget's rule while probe's is kept there; it measured
     nothing after it but the points probe's order measured (k = all); every value it has equals the value a curve

@@ -109,6 +109,7 @@ for args in (sys.argv[1:-2], ["-q", "classify", "-m", sys.argv[-1]]):
 """
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_a_hub_alias_loads_its_hub_id_and_says_so_offline(tmp_path: Path) -> None:
     """`--model gpt2` is openai-community/gpt2 (recorded as such); offline and not cached: one line that says why."""
     cache, out = tmp_path / "hub", tmp_path / "heads.json"

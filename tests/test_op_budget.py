@@ -112,12 +112,14 @@ def _ops_per_layer(batch: int, length: int, padded: int) -> float:
     return sum(counting.ops.values()) / loaded.model.config.num_hidden_layers
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_the_cuda_paths_operations_per_layer_are_a_fixed_budget_at_every_length() -> None:
     counts = [_ops_per_layer(1, length, 0) for length in (64, 320)]  # one row chunk, and two and a half
     assert counts[0] == counts[1], counts
     assert counts[0] <= OPS_PER_LAYER, counts
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_a_padded_batch_costs_a_fixed_budget_too() -> None:
     counts = [_ops_per_layer(2, length, 5) for length in (64, 256)]
     assert counts[0] == counts[1], counts

@@ -418,6 +418,7 @@ def test_smollm2_classify_in_float16(smollm2, smollm2_classified) -> None:
         assert float((half.scores[name] - scores).abs().max()) <= SCORES_FLOAT16, name
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_the_large_models_page_harness_runs_its_command_list_in_bfloat16(tmp_path: Path, monkeypatch) -> None:
     """bench/gpu_commands.py (docs/large-models.md's run, meant for one GPU session) on a tiny model: each command
     in its own process in bfloat16, its terminal report kept with the temporary folder's paths written as the user's,

@@ -264,6 +264,7 @@ def test_cli_find_with_target_words_streams_and_resumes(tmp_path: Path, capsys, 
     assert strict_json(out)["find"]["ranking"] == first["find"]["ranking"]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores
 def test_find_under_torchrun_equals_one_process(tmp_path: Path) -> None:
     args = ["--model", MODEL, "--data", "repeated", "--num-seqs", "3", "--find", "--alpha", "2.5", "--stack", "1"]
     single = alone([*args, "--json", str(tmp_path / "one.json"), "--results", str(tmp_path / "one.jsonl")], tmp_path,
