@@ -313,7 +313,7 @@ def test_the_heartbeat_draws_on_its_own_thread_until_the_block_ends(monkeypatch)
     monkeypatch.setattr(library_progress, "BEAT", 0.01)
     monkeypatch.setattr(library_progress, "EVERY_SECONDS", 0.02)
     written = io.StringIO()
-    with library_progress.Bars("loading", console=Console(file=written, width=4096)):
+    with library_progress.Bars("loading", first=0.02, console=Console(file=written, width=4096)):
         deadline = time.monotonic() + 60
         while not written.getvalue() and time.monotonic() < deadline:
             time.sleep(0.01)  # waits for the thread's line: nothing timed
