@@ -141,15 +141,17 @@ def _components(structure: Structure, recording: Recording, block: int,
 # each component's query and key, from a copy of the layer
 
 
-class _Captured(Exception):
-    def __init__(self, query: Tensor, key: Tensor) -> None:
+class _Stop(Exception):
+    """Raised once a layer has handed on its queries and keys (kept, for the copy): nothing after them is run."""
+
+    def __init__(self, query: Tensor | None = None, key: Tensor | None = None) -> None:
         super().__init__("queries and keys captured")
         self.query, self.key = query, key
 
 
 def _stop(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
           **kwargs: Any) -> Any:
-    raise _Captured(query, key)
+    raise _Stop(query, key)
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
@@ -191,16 +193,16 @@ class _Twin:
             kwargs["hidden_states"] = stream
         try:
             self.module(*args, **kwargs)
-        except _Captured as captured:
+        except _Stop as captured:
+            assert captured.query is not None and captured.key is not None
             return captured.query.double().cpu(), captured.key.double().cpu()
         raise ProbeError(f"{type(self.module).__name__} did not hand its queries and keys to transformers' attention "
                          "interface: QK attribution cannot read them", parameter="model")
 
 
 def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[int, int]:
-    """Where the copy has separate q_proj / k_proj / v_proj linears, keep only the rows of the head read and of its
-    key/value head (the copy then computes one head's query and key: a ninth of the work on SmolLM2); the indices of
-    the head and key/value head in what the copy hands on."""
+    """Where the copy has separate q/k/v linears, keep only the rows of the head and its key/value head (a ninth of
+    the work on SmolLM2); the indices of the two in what the copy hands on."""
     linears = separate_projections(twin)
     if linears is None:
         return head, kv_head
@@ -317,10 +319,6 @@ KEY_RULES: dict[str, KeyRule] = {rule.name: rule for rule in [
 
 # ---------------------------------------------------------------------------------------------------------------
 # one forward per row, the sums
-
-
-class _Stop(Exception):
-    """Raised once the head's layer has its queries and keys: later layers are not needed."""
 
 
 @dataclass
