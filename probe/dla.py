@@ -107,7 +107,6 @@ class Recording:
         return heads
 
     def on_weights(self, weights: Tensor, ctx: HookContext) -> None:
-        """Keep the query row of each read point that falls in this block of queries."""
         if not self.per_position:
             return
         layer, start = ctx.layer, ctx.start
@@ -231,8 +230,8 @@ class FrozenNorm:
 
 
 def frozen_norm(norm: nn.Module, stream: Tensor) -> FrozenNorm:
-    """The final norm with its scale frozen at the clean run's residual stream `stream` (points, d_model). Its epsilon
-    is read from `variance_epsilon`, `eps` or `epsilon` (0 where it has none: the identity's residual shows it)."""
+    """`norm` with its scale frozen at the clean run's `stream` (points, d_model); an epsilon it lacks is 0 (the
+    identity's residual shows it)."""
     name = type(norm).__name__
     centred = "RMS" not in name and (isinstance(norm, nn.LayerNorm) or "LayerNorm" in name)
     if "RMS" not in name and not centred:

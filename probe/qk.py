@@ -59,8 +59,7 @@ CAPTURE = "probe_qk_capture"  # the attention implementation the copy runs: it s
 
 
 def config_refusal(config: dict[str, Any]) -> str:
-    """Why a model with this config.json cannot have its scores decomposed exactly ("" where it can): read before any
-    model loads."""
+    """Why a model with this config.json cannot have its scores decomposed exactly ("" where it can)."""
     if config.get("attn_logit_softcapping") or config.get("attn_softcapping"):
         return ("attention soft-capping (a tanh of every score) is not linear in the residual stream: QK attribution "
                 "cannot split a capped score into pairs")
@@ -408,7 +407,6 @@ class _View:
     bound: float = 0.0
 
     def add(self, queries: Tensor, keys: Tensor, own: Tensor, scaling: float, bound: Tensor) -> None:
-        """Points' queries (components, points, d) and keys (the same), their model's own scores (points,)."""
         if own.numel() == 0:
             return
         self.pairs += scaling * queries.flatten(1) @ keys.flatten(1).T
