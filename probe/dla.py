@@ -62,18 +62,17 @@ class Targets:
     distractor: Tensor | None = None
 
     def direction(self, unembedding: Tensor) -> Tensor:
-        """(points, d_model) float64: W_U[answer] - W_U[distractor] (W_U as nn.Linear stores it, (vocab, d_model))."""
+        """(points, d_model) float64: W_U[answer] - W_U[distractor] (W_U (vocab, d_model), as nn.Linear stores it)."""
         direction = unembedding[self.answer].double().cpu()
         return direction if self.distractor is None else direction - unembedding[self.distractor].double().cpu()
 
     def scored(self, values: Tensor) -> Tensor:
-        """(points,) float64 from per-point vocabulary values (points, vocab): the answer's minus the distractor's."""
+        """(points, vocab) -> (points,) float64: the answer's value minus the distractor's."""
         index = torch.arange(values.shape[0])
         score = values[index, self.answer].double()
         return score if self.distractor is None else score - values[index, self.distractor].double()
 
     def subset(self, rows: slice) -> Targets:
-        """The points of rows rows.start:rows.stop, their rows counted from rows.start."""
         keep = (self.rows >= rows.start) & (self.rows < rows.stop)
         return Targets(self.rows[keep] - rows.start, self.positions[keep], self.answer[keep],
                        None if self.distractor is None else self.distractor[keep])
@@ -103,12 +102,11 @@ class Recording:
         return value[self.targets.rows.to(value.device), self.targets.positions.to(value.device)].detach()
 
     def edit_heads(self, heads: Tensor, ctx: HookContext) -> Tensor:
-        """The `z` point's handler: keeps the heads' outputs at the read points, changes nothing."""
+        """The `z` point's handler: keeps the heads' outputs at the read points."""
         self.heads[ctx.layer] = self.at(heads)
         return heads
 
     def on_weights(self, weights: Tensor, ctx: HookContext) -> None:
-        """Keep the query row of each read point that falls in this block of queries."""
         if not self.per_position:
             return
         layer, start = ctx.layer, ctx.start
@@ -120,7 +118,7 @@ class Recording:
         stored[points] = weights[rows.to(weights.device), :, queries.to(weights.device)].detach()
 
     def read_values(self, value: Tensor, ctx: HookContext) -> None:
-        """The `v` hook point's reader: keeps the values (batch, keys, n_kv_heads, head_dim) of the read rows."""
+        """The `v` hook point's reader: keeps the values of the read rows."""
         self.values[ctx.layer] = value[self.targets.rows.to(value.device)].transpose(1, 2).detach()
 
 
@@ -137,7 +135,6 @@ class Structure:
 
 
 def _projection(layer: AttentionLayer, d_model: int) -> tuple[Tensor, Tensor | None]:
-    """The output projection as (in, out) = (n_heads * head_dim, d_model) float64, and its bias."""
     width = layer.n_heads * layer.value_dim
     found = output_projection_weight(layer.module, width, d_model)
     if found is None:
@@ -222,7 +219,7 @@ class FrozenNorm:
     bias: Tensor | None
 
     def apply(self, component: Tensor) -> Tensor:
-        """(..., points, d_model) -> what the norm makes of it (its bias apart)."""
+        """(..., points, d_model) -> what the norm makes of it, its bias apart."""
         centred = component - component.mean(dim=-1, keepdim=True) if self.centred else component
         return centred * self.scale[:, None] * self.gain
 
@@ -233,8 +230,8 @@ class FrozenNorm:
 
 
 def frozen_norm(norm: nn.Module, stream: Tensor) -> FrozenNorm:
-    """The final norm with its scale frozen at the clean run's residual stream `stream` (points, d_model). Its epsilon
-    is read from `variance_epsilon`, `eps` or `epsilon` (0 where it has none: the identity's residual shows it)."""
+    """`norm` with its scale frozen at the clean run's `stream` (points, d_model); an epsilon it lacks is 0 (the
+    identity's residual shows it)."""
     name = type(norm).__name__
     centred = "RMS" not in name and (isinstance(norm, nn.LayerNorm) or "LayerNorm" in name)
     if "RMS" not in name and not centred:
@@ -359,7 +356,7 @@ def _rounding(recording: Recording, read: Tensor, normed: Tensor, direction: Ten
 
 
 def _capped(model: nn.Module) -> bool:
-    """Whether the logits are soft-capped after the LM head (Gemma 2): then DLA reads the logits before capping."""
+    """Whether the logits are soft-capped after the LM head (Gemma 2)."""
     return bool(getattr(getattr(model, "config", None), "final_logit_softcapping", None))
 
 
@@ -377,7 +374,6 @@ def _batch_shares(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: 
 
 
 def _joined(parts: list[Shares]) -> Shares:
-    """The batches' shares as one, point after point."""
     def joined(values: list[Tensor | None]) -> Tensor | None:
         present = [value for value in values if value is not None]
         return torch.cat(present) if len(present) == len(values) else None
@@ -422,7 +418,7 @@ PER_POSITION_HEADS = 5  # heads whose shares by source position to_dict() gives
 
 
 class Identity(Payload, frozen=True):
-    """The decomposition's check: the shares sum to the model's own score, within its rounding."""
+    """The shares sum to the model's own score, within its rounding."""
 
     sum: float = schema_field("the shares' mean sum")
     max_residual: float = schema_field("max |sum of shares - the model's own score|")
@@ -521,30 +517,25 @@ class Attribution(Payload):
 
     @property
     def total(self) -> Tensor:
-        """(points,) the sum of every share."""
         shares = self.shares
         return (shares.embeddings + shares.heads.sum(dim=(1, 2)) + shares.attention_biases.sum(dim=1)
                 + shares.mlps.sum(dim=1) + shares.final_bias)
 
     @property
     def residual(self) -> float:
-        """max over points of |sum of shares - the model's own score|: the decomposition's identity check."""
         return float((self.total - self.shares.model_score).abs().max())
 
     @property
     def rounding_bound(self) -> float | None:
-        """max over points of the bound on |sum of shares - score| that the model's own rounding allows (its dtype's
-        eps times what it rounded: docs/precision.md); the residual lies within it."""
+        """The largest bound the model's own rounding allows the residual (docs/precision.md)."""
         return None if self.shares.rounding is None else float(self.shares.rounding.max())
 
     def top_heads(self, count: int) -> list[tuple[int, int]]:
-        """The `count` heads of largest |mean share|, largest first."""
         order = self.per_head.abs().flatten().argsort(descending=True)[:count]
         return [divmod(int(index), self.per_head.shape[1]) for index in order]
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head, largest |share| first: layer, head, name, dla (the dla schema's
-        columns). Needs pandas."""
+        """A pandas DataFrame, one row per head, largest |share| first (the dla schema's columns). Needs pandas."""
         return frame(record_rows(self.head_shares))
 
 

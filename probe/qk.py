@@ -27,6 +27,7 @@ import copy
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import torch
@@ -58,8 +59,7 @@ CAPTURE = "probe_qk_capture"  # the attention implementation the copy runs: it s
 
 
 def config_refusal(config: dict[str, Any]) -> str:
-    """Why a model with this config.json cannot have its scores decomposed exactly ("" where it can): read before any
-    model loads."""
+    """Why a model with this config.json cannot have its scores decomposed exactly ("" where it can)."""
     if config.get("attn_logit_softcapping") or config.get("attn_softcapping"):
         return ("attention soft-capping (a tanh of every score) is not linear in the residual stream: QK attribution "
                 "cannot split a capped score into pairs")
@@ -96,8 +96,7 @@ def _refuse_layer(model: nn.Module, layer: Any) -> None:
 
 
 class Component(Payload, frozen=True):
-    """One residual-stream component: `embed`, `pos`, `L3H1` (a head's output), `L3 bias` (an output projection's
-    bias), `MLP3`, or `bias` (the read's own: the norm's bias and the query/key projections' biases)."""
+    """One residual-stream component; `bias` is the read's own (the norm's and the query/key projections' biases)."""
 
     name: str = schema_field("L16H0, MLP12, embed, pos, L3 bias or bias")
     kind: str = schema_field("embed, position, head, attention bias, mlp or bias")
@@ -106,13 +105,11 @@ class Component(Payload, frozen=True):
 
     @property
     def group(self) -> str:
-        """Its group in the per-kind view: embeddings, heads, MLPs or biases."""
         return {"embed": "embeddings", "position": "embeddings", "head": "heads", "mlp": "MLPs"}.get(self.kind,
                                                                                                    "biases")
 
     @property
     def layer_group(self) -> str:
-        """Its group in the per-layer view: embed, L3 (heads, bias and MLP of layer 3), or bias."""
         return "embed" if self.group == "embeddings" else ("bias" if self.layer is None else f"L{self.layer}")
 
 
@@ -143,15 +140,17 @@ def _components(structure: Structure, recording: Recording, block: int,
 # each component's query and key, from a copy of the layer
 
 
-class _Captured(Exception):
-    def __init__(self, query: Tensor, key: Tensor) -> None:
+class _Stop(Exception):
+    """Raised once a layer has handed on its queries and keys (kept, for the copy): nothing after them is run."""
+
+    def __init__(self, query: Tensor | None = None, key: Tensor | None = None) -> None:
         super().__init__("queries and keys captured")
         self.query, self.key = query, key
 
 
 def _stop(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
           **kwargs: Any) -> Any:
-    raise _Captured(query, key)
+    raise _Stop(query, key)
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
@@ -175,7 +174,7 @@ class _Twin:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def called_as(self, args: tuple, kwargs: dict[str, Any]) -> _Twin:
-        """The twin called with a run's arguments (a cache left out, floating tensors in its dtype)."""
+        """The twin called with a run's arguments, the cache left out."""
         self.args = tuple(_cast(arg, self.dtype) for arg in args)
         self.kwargs = {name: (None if "past_key" in name or name in ("cache", "layer_past") else
                               _cast(value, self.dtype)) for name, value in kwargs.items()}
@@ -193,16 +192,16 @@ class _Twin:
             kwargs["hidden_states"] = stream
         try:
             self.module(*args, **kwargs)
-        except _Captured as captured:
+        except _Stop as captured:
+            assert captured.query is not None and captured.key is not None
             return captured.query.double().cpu(), captured.key.double().cpu()
         raise ProbeError(f"{type(self.module).__name__} did not hand its queries and keys to transformers' attention "
                          "interface: QK attribution cannot read them", parameter="model")
 
 
 def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[int, int]:
-    """Where the copy has separate q_proj / k_proj / v_proj linears, keep only the rows of the head read and of its
-    key/value head (the copy then computes one head's query and key: a ninth of the work on SmolLM2); the indices of
-    the head and key/value head in what the copy hands on."""
+    """Where the copy has separate q/k/v linears, keep only the rows of the head and its key/value head (a ninth of
+    the work on SmolLM2); the indices of the two in what the copy hands on."""
     linears = separate_projections(twin)
     if linears is None:
         return head, kv_head
@@ -216,7 +215,6 @@ def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[
 
 
 def make_twin(module: nn.Module, dtype: torch.dtype, head: int, kv_head: int, head_dim: int) -> _Twin:
-    """The copy of `module` in `dtype` (the model's own weights, projections and rotary code), run on other inputs."""
     register_attention(CAPTURE, _stop)
     config: Any = getattr(module, "config", None)
     if not has_implementation(config):
@@ -245,8 +243,7 @@ def _check_sum(total: Tensor, size: Tensor, stream: Tensor) -> None:
 
 
 def _frozen(norm: nn.Module | None, stream: Tensor) -> FrozenNorm:
-    """The norm in front of the attention frozen at the run's stream (positions, d_model); none or an identity is a
-    scale of 1."""
+    """The norm in front of the attention frozen at the run's stream; none or an identity is a scale of 1."""
     if norm is None or isinstance(norm, nn.Identity):
         return FrozenNorm(False, torch.ones(stream.shape[0], dtype=torch.float64),
                           torch.ones(stream.shape[1], dtype=torch.float64), None)
@@ -273,15 +270,9 @@ def project(twin: _Twin, norm: FrozenNorm, parts: Iterator[tuple[Component, Tens
         queries.append(query[:, head] - zero_q)
         keys.append(key[:, kv_head] - zero_k)
 
-    chunk: list[Tensor] = []
-    for component, part in parts:
-        names.append(component)
-        chunk.append(part)
-        if len(chunk) == CHUNK:
-            flush(chunk)
-            chunk = []
-    if chunk:
-        flush(chunk)
+    while chunk := list(islice(parts, CHUNK)):
+        names += [component for component, _ in chunk]
+        flush([part for _, part in chunk])
     _check_sum(sums[0], sums[1], stream)
     names.append(Component("bias", "bias"))
     if norm.bias is None:
@@ -308,10 +299,6 @@ class KeyRule:
     keys: Callable[[Tensor, Tensor], Tensor]
 
 
-def _attended(ids: Tensor, scores: Tensor) -> Tensor:
-    return scores.argmax(dim=-1)
-
-
 def _induction(ids: Tensor, scores: Tensor) -> Tensor:
     """The token after the query token's latest earlier occurrence (Olsson et al. 2022's induction key)."""
     n = ids.shape[0]
@@ -320,15 +307,11 @@ def _induction(ids: Tensor, scores: Tensor) -> Tensor:
     return torch.where(latest >= 0, latest + 1, -1)
 
 
-def _previous(ids: Tensor, scores: Tensor) -> Tensor:
-    return torch.arange(ids.shape[0]) - 1
-
-
 KEY_RULES: dict[str, KeyRule] = {rule.name: rule for rule in [
-    KeyRule("attended", "the key the head attends to most (its largest score)", _attended),
+    KeyRule("attended", "the key the head attends to most (its largest score)", lambda ids, scores: scores.argmax(-1)),
     KeyRule("induction", "an induction head's key: the token after the previous occurrence of the query's token",
             _induction),
-    KeyRule("previous", "a previous-token head's key: t - 1", _previous),
+    KeyRule("previous", "a previous-token head's key: t - 1", lambda ids, scores: torch.arange(ids.shape[0]) - 1),
 ]}
 """Where the default aggregation reads each query: by rule name (`--at`)."""
 
@@ -346,16 +329,9 @@ class _Call:
     inputs: AttentionInputs | None = None
     positions: Tensor | None = None
 
-
-class _Stop(Exception):
-    """Raised once the head's layer has its queries and keys: later layers are not needed."""
-
-
-def _keep_inputs(call: _Call) -> Callable[[AttentionInputs, HookContext], AttentionInputs]:
-    def keep(inputs: AttentionInputs, _ctx: HookContext) -> AttentionInputs:
-        call.inputs = inputs
+    def keep_inputs(self, inputs: AttentionInputs, _ctx: HookContext) -> AttentionInputs:
+        self.inputs = inputs
         raise _Stop
-    return keep
 
 
 @contextmanager
@@ -431,7 +407,6 @@ class _View:
     bound: float = 0.0
 
     def add(self, queries: Tensor, keys: Tensor, own: Tensor, scaling: float, bound: Tensor) -> None:
-        """Points' queries (components, points, d) and keys (the same), their model's own scores (points,)."""
         if own.numel() == 0:
             return
         self.pairs += scaling * queries.flatten(1) @ keys.flatten(1).T
@@ -474,7 +449,7 @@ def _run_row(target: _Target, ids: Tensor) -> tuple[Recording, _Call]:
         with record_writes(target.structure, recording), _watch_call(target.layer, target.positions, call,
                                                                        recording.at), \
                 attention_hooks(model, points={"z": recording.edit_heads}), \
-                attention_hooks(model, layers={target.layer.index}, points={"inputs": _keep_inputs(call)}):
+                attention_hooks(model, layers={target.layer.index}, points={"inputs": call.keep_inputs}):
             run_model(model, ids[None], logits=False)
     except _Stop:  # the layers after the head's are not run
         pass
@@ -662,7 +637,6 @@ class QKAttribution(Payload):
         return chosen.pairs / max(chosen.points, 1)
 
     def key_side(self, view: str = "score") -> Tensor:
-        """(components,) each key-side component's contribution, every query-side component summed."""
         return self.pairs(view).sum(dim=0)
 
     def query_side(self, view: str = "score") -> Tensor:
@@ -676,10 +650,9 @@ class QKAttribution(Payload):
     def _view(self, name: str) -> dict[str, Any]:
         chosen = self.score if name == "score" else self.contrast
         pairs = self.pairs(name)
-        flat = pairs.flatten().abs().argsort(descending=True)[:TOP_PAIRS]
-        size = pairs.shape[1]
-        top = [{"query": int(index) // size, "key": int(index) % size, "value": float(pairs.flatten()[index])}
-               for index in flat if float(pairs.flatten()[index]) != 0.0]
+        flat, size = pairs.flatten(), pairs.shape[1]
+        top = [{"query": int(index) // size, "key": int(index) % size, "value": float(flat[index])}
+               for index in flat.abs().argsort(descending=True)[:TOP_PAIRS] if float(flat[index]) != 0.0]
         query_side, key_side = pairs.sum(dim=1), pairs.sum(dim=0)
         return {"model_score": chosen.own / max(chosen.points, 1), "sum": float(pairs.sum()),
                 "points": chosen.points, "max_residual": chosen.residual, "rounding_bound": chosen.bound,
@@ -697,25 +670,18 @@ class QKAttribution(Payload):
         return [{"group": name, "query": q, "key": k} for name, (q, k) in groups.items()]
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per (query-side, key-side) pair: the qk schema's columns (a layer or head of
-        -1 where the component has none). Needs pandas."""
+        """A pandas DataFrame, one row per (query-side, key-side) pair: the qk schema's columns. Needs pandas."""
         return frame(pair_rows(self.to_dict()))
 
 
+def _side(side: str, component: dict[str, Any]) -> dict[str, Any]:
+    return {side: component["name"], f"{side}_kind": component["kind"],
+            **{f"{side}_{key}": -1 if component[key] is None else component[key] for key in ("layer", "head")}}
+
+
 def pair_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (query-side, key-side) component pair of a payload: its names, kinds, integer layers and heads
-    (-1 where none), and its mean contribution to the score and to the contrast."""
+    """One row per (query-side, key-side) component pair of a payload (a layer or head of -1 where none)."""
     components = payload["components"]
     score, contrast = payload["views"]["score"]["matrix"], payload["views"]["contrast"]["matrix"]
-    rows = []
-    for i, query in enumerate(components):
-        for j, key in enumerate(components):
-            rows.append({"query": query["name"], "query_kind": query["kind"], "query_layer": _int(query["layer"]),
-                         "query_head": _int(query["head"]), "key": key["name"], "key_kind": key["kind"],
-                         "key_layer": _int(key["layer"]), "key_head": _int(key["head"]),
-                         "score": score[i][j], "contrast": contrast[i][j]})
-    return rows
-
-
-def _int(value: int | None) -> int:
-    return -1 if value is None else value
+    return [{**_side("query", query), **_side("key", key), "score": score[i][j], "contrast": contrast[i][j]}
+            for i, query in enumerate(components) for j, key in enumerate(components)]

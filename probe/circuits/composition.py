@@ -109,7 +109,7 @@ class Composition:
         return float(self.scores[kind][earlier[0], earlier[1], later[0], later[1]])
 
     def rank_in_layer(self, kind: str, earlier: tuple[int, int], later: tuple[int, int]) -> int:
-        """1 if `earlier` composes most strongly into `later` of all heads of its layer."""
+        """1 if `earlier` composes into `later` most strongly of its layer's heads."""
         row = self.scores[kind][earlier[0], :, later[0], later[1]]
         return int((row > row[earlier[1]]).sum()) + 1
 
@@ -118,15 +118,13 @@ class Composition:
 def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] = KINDS, *,
                        progress: ProgressArg = None) -> Composition:
     """K-, Q- and V-composition of every head into every head of a later layer (see the module docstring).
-    `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layer pairs (each pair of an earlier and
-    a later layer, per kind: the same work each, so the rate measured early holds to the end), reported after each
-    later layer."""
+    `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layer pairs (per kind: the same work
+    each, so the rate measured early holds), reported after each later layer."""
     layers = all_layer_weights(model)
     n_layers, n_heads = len(layers), max(w.W_Q.shape[0] for w in layers)
     result = {}
-    total, done, report = len(kinds) * n_layers * (n_layers - 1) // 2, 0, callback(progress)
-    if report is not None:
-        report(0, total)
+    total, done, report = len(kinds) * n_layers * (n_layers - 1) // 2, 0, callback(progress) or (lambda *_: None)
+    report(0, total)
     for kind in kinds:
         table = torch.full((n_layers, n_heads, n_layers, n_heads), float("nan"), dtype=torch.float64)
         earlier = [_factors(w, "ov") for w in layers]
@@ -139,7 +137,7 @@ def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] 
                                              distinct=distinct)
                 table[a, :scores.shape[0], b, :scores.shape[1]] = scores
             done += b
-            if report is not None and b:
+            if b:
                 report(done, total)
         result[kind] = table
     d_model, d_head = layers[0].W_Q.shape[1:]
@@ -147,8 +145,7 @@ def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] 
 
 
 def copying_scores(model: nn.Module) -> Tensor:
-    """(n_layers, n_heads) sum(lambda) / sum(|lambda|) of the eigenvalues of W_E W_OV W_U, from the d_head x d_head
-    matrix W_O W_U W_E W_V (eig(AB) = eig(BA))."""
+    """(n_layers, n_heads) copying scores (see the module docstring)."""
     W_E, W_U = embedding_matrices(model)
     readback = (W_U @ W_E).double()  # (d_model, d_model): unembed, then embed again
     layers = all_layer_weights(model)

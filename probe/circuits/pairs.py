@@ -26,9 +26,7 @@ from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, SECOND
 from probe.schemas.declare import Payload, payload, published, schema_field
 
 CLASSES = ("previous_token", "induction")
-STAGE_UNITS = {"K-composition": UNIT}
-"""What each stage of `circuits` counts where it is not a share of its work: classifying heads and the ablation check
-count the library's own units (layers of batches, block-forwards), which mean nothing to a user."""
+STAGE_UNITS = {"K-composition": UNIT}  # the stages whose units mean something to a user
 
 
 def _rounded(value: float) -> float:
@@ -134,9 +132,7 @@ class Circuits(Payload):
                             for p, i, score, rank in ranks]}
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per induction head and feeder: the induction head (layer, head, name, score)
-        and the feeder (its layer, head, name, K-composition, rank in its layer, previous-token or not): the
-        circuits schema's columns. Needs pandas."""
+        """A pandas DataFrame, one row per induction head and feeder: the circuits schema's columns. Needs pandas."""
         return frame([{**head_columns(*pair.induction), "induction_score": pair.induction_score,
                        "feeder_layer": feeder.head[0], "feeder_head": feeder.head[1],
                        "feeder_name": head_name(*feeder.head), "k_composition": feeder.score,
@@ -155,7 +151,8 @@ def _pairs(composition: Composition, classes: Classification, top: int) -> tuple
             source = divmod(index, table.shape[1])
             feeders.append(Feeder(source, float(table[source]), composition.rank_in_layer("k", source, (layer, head)),
                                   source in previous))
-        pairs.append(Pair((layer, head), score, feeders))
+        checked = [feeder.head for feeder in feeders if feeder.previous_token] or [feeder.head for feeder in feeders]
+        pairs.append(Pair((layer, head), score, feeders, checked=checked[0] if checked else None))
         for source in sorted(p for p in previous if p[0] < layer):
             ranks.append((source, (layer, head), composition.score("k", source, (layer, head)),
                           composition.rank_in_layer("k", source, (layer, head))))
@@ -178,9 +175,6 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
     pairs, ranks = _pairs(composition, classes, top)
     result = Circuits(loaded.name, composition.baseline, pairs, ranks, composition.folded, 0.0,
                       dtype=model_dtype(loaded))
-    for pair in pairs:
-        previous = [feeder.head for feeder in pair.feeders if feeder.previous_token]
-        pair.checked = (previous or [feeder.head for feeder in pair.feeders])[0] if pair.feeders else None
     checked = [pair for pair in pairs if pair.checked is not None]
     if check and checked:
         probe_set = build_probe_set("repeated", loaded, ProbeOptions(num_seqs=num_seqs, repeat_len=repeat_len,
