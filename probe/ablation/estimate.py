@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,7 +129,7 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
 
     kept: dict[int, Any] = {}
     with torch.enable_grad():
-        with keeping_outputs(blocks, kept) if blocks is not None else _nothing(), \
+        with keeping_outputs(blocks, kept) if blocks is not None else nullcontext(), \
                 attention_hooks(model, {"z": keeping_graph(outputs)}), readout.watching():
             logits = logits_of(run_model(model, batch.ids, batch.mask))  # (batch, positions, vocab)
         readout.settle(logits.detach())
@@ -159,11 +159,6 @@ def _kept_for(blocks: Blocks | None, heads: list[Head], kept: dict[int, Any]) ->
         return None
     last = max(blocks.of_layer[layer] for layer, _ in heads)
     return {i: value for i, value in kept.items() if i < last}
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room: float, refine: int | None,

@@ -5,7 +5,7 @@ HEAD_ROWS positions at a time, where the first forward shows that this gives the
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -151,14 +151,9 @@ def _last_block_output(model: nn.Module, blocks: Blocks, ids: Tensor, mask: Tens
     with restoring() as undo:
         with interrupts_deferred():
             undo.append(last.register_forward_hook(lambda _m, _a, output: kept.append(detach(output))).remove)
-        with keeping_decoder_output(model, normed) if direct else _nothing():
+        with keeping_decoder_output(model, normed) if direct else nullcontext():
             run_model(model, ids, mask, logits=False)
     return Final(model, blocks, ids, mask, kept[-1], normed[-1] if direct else None)
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 @dataclass
@@ -207,7 +202,7 @@ class Readout:
     def watching(self) -> Any:
         """While the direct head is undecided, the body's forward keeps the decoder's output for `settle`."""
         self._normed.clear()
-        return keeping_decoder_output(self.model, self._normed) if self.direct is None else _nothing()
+        return keeping_decoder_output(self.model, self._normed) if self.direct is None else nullcontext()
 
     def settle(self, output: Any) -> None:
         """Decide the direct head from the watched forward's `output` (logits, or a Final)."""

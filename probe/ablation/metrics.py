@@ -313,12 +313,6 @@ class TopOne(Metric):
         return (logits.argmax(dim=-1) != targets).float()
 
 
-def metric_named(name: str) -> Metric:
-    if name not in METRICS:
-        raise ProbeError(f"unknown metric {name!r}: use one of {', '.join(METRICS)}", parameter="metric")
-    return METRICS[name]
-
-
 def has_logits(loaded: LoadedModel, output: Any) -> bool:
     """Whether a forward's output is next-token logits over the vocabulary (a causal LM with its head)."""
     if is_encoder(loaded):
@@ -353,7 +347,9 @@ def choose_metric(loaded: LoadedModel, probe_set: ProbeSet, metric: str | Metric
     kind = input_kind(loaded, probe_set)
     if metric is None:
         return next(candidate for candidate in METRICS.values() if kind in candidate.default_for)
-    chosen = metric if isinstance(metric, Metric) else metric_named(metric)
+    if not isinstance(metric, Metric) and metric not in METRICS:
+        raise ProbeError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}", parameter="metric")
+    chosen = metric if isinstance(metric, Metric) else METRICS[metric]
     if kind not in chosen.applies:
         usable = [name for name, candidate in METRICS.items() if kind in candidate.applies]
         raise ProbeError(f"metric {chosen.name} applies to {' or '.join(KINDS[k] for k in chosen.applies)}, not to "

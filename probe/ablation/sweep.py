@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.ablation.blocks import WORK_UNITS, Blocks, find_blocks, forward_costs
+from probe.ablation.blocks import WORK_UNITS, find_blocks, forward_costs
 from probe.ablation.effects import Effects, token_text
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
@@ -94,13 +94,9 @@ def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ablatio
     runner = NaiveRunner(model, method, scorer, readout, batches_of(probe_set, scorer, batch_size), why_not)
     if blocks is None:
         return runner, lambda start: WORK_UNITS
-    return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), _costs(model, blocks).__getitem__
-
-
-def _costs(model: torch.nn.Module, blocks: Blocks) -> list[int]:
-    """The cost of a run from each start block, in the units progress counts (WORK_UNITS a full forward)."""
-    fraction = forward_costs(model, blocks)
-    return [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
+    fraction = forward_costs(model, blocks)  # progress counts WORK_UNITS a full forward
+    costs = [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
+    return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), costs.__getitem__
 
 
 @dataclass
