@@ -79,7 +79,7 @@ class Request:
         return data_file(self.data)
 
 
-def check_request(request: Request, *, top: int, html: bool, distributed: bool) -> None:
+def check_request(request: Request, *, html: bool, distributed: bool) -> None:
     """Every option that can be judged without the model, before it is loaded."""
     choices = (*METHODS, ESTIMATE)  # every registered ablation method, and the estimate
     if request.method not in choices:
@@ -92,10 +92,6 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
         raise ProbeError(f"--metric {request.metric!r}: use one of {', '.join(METRICS)}")
     if request.method == ESTIMATE and (request.together or request.naive):
         raise ProbeError("--method estimate covers every head alone: drop --together / --naive")
-    if top < 1:
-        raise ProbeError(f"--top must be at least 1, got {top}")
-    if request.stack is not None and request.stack < 1:
-        raise ProbeError(f"--stack must be at least 1, got {request.stack}")
     if request.together and request.heads is None:
         raise ProbeError("--together needs --heads: the heads to ablate together, e.g. --heads 5.1,18.6")
     if html and request.together:
@@ -216,7 +212,7 @@ def ablate(
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     rank = current()
     main_process = rank is None or rank.is_main
-    check_request(request, top=top, html=html_path is not None, distributed=rank is not None)
+    check_request(request, html=html_path is not None, distributed=rank is not None)
     check_distinct({**outputs, "--results": results})
     if main_process:
         check_outputs(outputs, force=force)

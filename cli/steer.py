@@ -109,7 +109,7 @@ def chosen_values(intervention: str, values: str | None, alpha: str | None) -> l
     return chosen
 
 
-def check_request(request: Request, top: int, distributed: bool) -> None:
+def check_request(request: Request, distributed: bool) -> None:
     """Every option that can be judged without the model, before it is loaded."""
     sources = {"--task": request.task, "--pairs": request.pairs, "--labels": request.labels,
                "--target-words": request.words}
@@ -128,10 +128,6 @@ def check_request(request: Request, top: int, distributed: bool) -> None:
         raise ProbeError("--find ranks every head at one value: give one --values value, e.g. --values 3")
     if not request.find and request.heads is None:
         raise ProbeError("give --heads (the heads to steer, e.g. 23.3) or --find (rank every head)")
-    if request.max_new_tokens < 1:
-        raise ProbeError(f"--max-new-tokens must be at least 1, got {request.max_new_tokens}")
-    if top < 1:
-        raise ProbeError(f"--top must be at least 1, got {top}")
     if distributed and not request.find:
         raise ProbeError("torchrun splits --find's sweep over the processes: run curves without torchrun")
     check_heads_syntax(request.heads)
@@ -216,7 +212,7 @@ def steer(
                       labels, metric, target_words, generate, max_new_tokens)
     outputs, rank = {"--json": json_path, "--html": html_path}, current()
     main_process = rank is None or rank.is_main
-    check_request(request, top, rank is not None)
+    check_request(request, rank is not None)
     check_distinct({**outputs, "--results": results})
     if main_process:
         check_outputs(outputs, force=force)
