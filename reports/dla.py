@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page
+from probe.reports.html import asset_script, esc, facts_table, page
 from probe.reports.labels import column_label, precision_note, short_label
 from probe.reports.selfrepair import TOP, self_repair_grid, self_repair_html, self_repair_report
 
@@ -104,9 +104,5 @@ def dla_page(payload: dict[str, Any], *, top: int = TOP) -> str:
             + ("" if not repair else '<div class="probe-grow"><h2>Self-repair per head</h2>'
                '<div class="probe-dla-repair"></div></div>') + "</div>"
             + ("" if not repair else self_repair_html(repair, top=top))
-            + f"<script>{_dla_js()}</script>")
+            + asset_script("dla.js"))
     return page("dla", f"probe dla: {payload['model']}", body, data, embed_plotly=True)
-
-
-def _dla_js() -> str:
-    return (ASSETS / "dla.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page, ranked_table
+from probe.reports.html import asset_script, esc, facts_table, page, ranked_table
 from probe.reports.labels import precision_fact, precision_sentence
 
 SHOWN = 16  # components per side drawn in the page's matrix (the rest summed into "other")
@@ -137,9 +137,5 @@ def qk_page(payload: dict[str, Any]) -> str:
              ("keys read", _keys_read(payload))] + precision_fact(payload)
     data = {"views": {name: _shown(payload, payload["views"][name]) for name in VIEWS}}
     body = (f"<h1>{esc(_title(payload))}</h1>" + facts_table(facts)
-            + "".join(_section(payload, name) for name in VIEWS) + f"<script>{_qk_js()}</script>")
+            + "".join(_section(payload, name) for name in VIEWS) + asset_script("qk.js"))
     return page("qk", f"probe qk: {payload['model']}", body, data, embed_plotly=True)
-
-
-def _qk_js() -> str:
-    return (ASSETS / "qk.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

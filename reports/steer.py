@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, static_summary
+from probe.reports.html import asset_script, esc, facts_table, page, plotly_text, static_summary
 from probe.reports.labels import long_label, precision_sentence, short_label
 
 
@@ -181,9 +181,5 @@ def steer_page(payload: dict[str, Any]) -> str:
             + (f"<h2>Every head under {esc(payload['intervention'])} at {esc(parameter)} "
                f"{data['bars']['setting']:g}: the largest changes</h2>"
                '<div class="probe-steer-find"></div>' if data["bars"] else "")
-            + _generation_rows(payload) + f"<script>{_steer_js()}</script>")
+            + _generation_rows(payload) + asset_script("steer.js"))
     return page("steer", f"probe steer: {payload['model']}", body, data, embed_plotly=True)
-
-
-def _steer_js() -> str:
-    return (ASSETS / "steer.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page
+from probe.reports.html import asset_script, esc, facts_table, page
 from probe.reports.labels import column_label, precision_fact, precision_sentence, short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
@@ -140,11 +140,7 @@ def syntax_page(payload: dict[str, Any]) -> str:
             '<div class="probe-arcs-box" style="overflow-x:auto"></div>'
             '<p class="probe-small">Green: the head\'s strongest attention from the query word lands on the gold '
             "word; grey, dashed: it does not. Hover an arc for its relation.</p>"
-            f"<script>{_syntax_js()}</script>")
+            + asset_script("syntax.js"))
     data = {"grid": _grid(payload), "examples": payload["examples"], "n_heads": payload["n_heads"],
             "head_order": order}
     return page("syntax", f"probe syntax: {payload['model']}", body, data, embed_plotly=True)
-
-
-def _syntax_js() -> str:
-    return (ASSETS / "syntax.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
