@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import asset_script, esc, facts_table, page
-from probe.reports.labels import column_label, precision_fact, precision_sentence, short_label
+from probe.reports.terminal import print_precision, table
+from probe.reports.labels import column_label, precision_fact, short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
 SHOWN_SYNTACTIC = 25  # heads listed in the overview
@@ -31,11 +32,9 @@ def _header(payload: dict[str, Any], console: Console) -> None:
 
 def relation_table(payload: dict[str, Any]) -> Table:
     """Per judged relation and direction: arcs, the best fixed offset, and the best heads with their margins."""
-    table = Table(show_edge=False, pad_edge=False, box=None, title="Best heads per relation", title_justify="left",
-                  title_style="bold")
-    for name, justify in (("relation", "left"), ("direction", "left"), ("arcs", "right"), ("baseline", "right"),
-                          ("best heads: accuracy (margin)", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    columns = ("relation", "direction", "arcs", "baseline", "best heads: accuracy (margin)")
+    grid = table(*columns, left=columns[:2] + columns[-1:], title="Best heads per relation", title_justify="left",
+                 title_style="bold")
     for entry in payload["relations"]:
         if not entry["judged"]:
             continue
@@ -44,9 +43,9 @@ def relation_table(payload: dict[str, Any]) -> Table:
             good = best["margin"] > payload["margin"]
             heads.append(f"{short_label(best['layer'], best['head'])} {best['accuracy']:.2f} ({best['margin']:+.2f})  ",
                          style="bold green" if good else "")
-        table.add_row(entry["relation"], entry["direction"], str(entry["count"]),
-                      f"{entry['baseline']:.2f} @{entry['baseline_offset']:+d}", heads)
-    return table
+        grid.add_row(entry["relation"], entry["direction"], str(entry["count"]),
+                     f"{entry['baseline']:.2f} @{entry['baseline_offset']:+d}", heads)
+    return grid
 
 
 def syntax_report(payload: dict[str, Any], console: Console) -> None:
@@ -72,8 +71,7 @@ def syntax_report(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"Most confident attention on arcs (weights > {payload['confident']['threshold']:g}, BOS "
                        "excluded; Vig & Belinkov 2019): ", style="bold"),
                   Text(", ".join(f"{short_label(layer, h)} {v:.2f}" for v, layer, h in ranked[:5])))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def syntactic_grid(payload: dict[str, Any]) -> Table:

@@ -19,6 +19,20 @@ COMMON = 0.3  # a class labelling more than this share of the heads is drawn lig
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
 
 
+def print_precision(payload: dict[str, Any], console: Console) -> None:
+    """Every report's last line: what its numbers were computed in (none for a payload without `dtype`)."""
+    if precision_sentence(payload):
+        console.print(Text(precision_sentence(payload), style="dim"))
+
+
+def table(*columns: str, left: Sequence[str] = (), **options: Any) -> Table:
+    """A borderless table of right-aligned columns, those named in `left` aligned left."""
+    grid = Table(**{"show_edge": False, "pad_edge": False, "box": None, **options})
+    for column in columns:
+        grid.add_column(column, justify="left" if column in left else "right")
+    return grid
+
+
 def classification_report(payload: dict[str, Any], console: Console, *, max_rows: int = MAX_ROWS,
                           also: Sequence[str] = ()) -> None:
     """For each class, the flagged heads by score, then a layer x head overview of the labels, the classes scored
@@ -53,8 +67,7 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
     console.print(overview(payload))
     console.print(Text(f"Scored: {', '.join(payload['flagged'])}"
                        + (f"; also: {', '.join(also)}" if also else ""), style="dim"))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def common_classes(payload: dict[str, Any]) -> dict[str, int]:
@@ -224,8 +237,7 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
     if any(entry.get("effects") for entry in singles):
         console.print()
         console.print(_specific_table(singles, top, payload.get("layer_names")))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) -> Table:

@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from probe.reports.html import asset_script, esc, facts_table, page
-from probe.reports.labels import long_label, precision_sentence, short_label
+from probe.reports.terminal import print_precision
+from probe.reports.labels import long_label, short_label
 
 
 def _number(value: Any, digits: int = 3) -> str:
@@ -68,8 +69,7 @@ def track_report(payload: dict[str, Any], console: Console) -> None:
         console.print(f"In-context learning score: its largest change is {icl['change']:+.3f} between steps "
                       f"{icl['from_step']} and {icl['to_step']} (loss on token {payload['options']['late']} minus "
                       f"token {payload['options']['early']}; lower is more in-context learning).")
-    if precision_sentence(payload):
-        console.print(precision_sentence(payload), style="dim", markup=False)
+    print_precision(payload, console)
 
 
 def _flagged(payload: dict[str, Any], name: str) -> set[tuple[int, int]]:
