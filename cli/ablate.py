@@ -19,7 +19,7 @@ from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, Devic
                                JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
                                RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
-from probe.cli.progress import Interrupted, console, note, status, sweep_progress
+from probe.cli.progress import console, note, saved_on_interrupt, status, sweep_progress
 from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.stream import cached_results_path, finished_count
@@ -179,17 +179,12 @@ def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None
     stream.parent.mkdir(parents=True, exist_ok=True)
     done_before = finished_count(stream) if resume else 0
     groups = [heads] if request.together and heads else []
-    try:
-        with sweep_progress("ablating heads", show) as (update, on_result):
-            result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,
-                                   method=method, metric=request.metric, mode="naive" if request.naive else "exact",
-                                   batch_size=request.batch_size, stack=request.stack, results_path=stream,
-                                   resume=resume, data=request.data_file, progress=update, on_result=on_result)
-    except KeyboardInterrupt:
-        if show:
-            raise Interrupted(f"interrupted; {finished_count(stream)} finished ablation(s) saved in {stream}: run the "
-                              "same command with --resume to continue") from None
-        raise
+    with saved_on_interrupt(stream, lambda: f"{finished_count(stream)} finished ablation(s)", show), \
+            sweep_progress("ablating heads", show) as (update, on_result):
+        result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,
+                               method=method, metric=request.metric, mode="naive" if request.naive else "exact",
+                               batch_size=request.batch_size, stack=request.stack, results_path=stream,
+                               resume=resume, data=request.data_file, progress=update, on_result=on_result)
     if show and done_before:
         note(f"resumed: {done_before} ablation(s) read from {stream}")
     return result

@@ -22,7 +22,7 @@ from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
                                Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
-from probe.cli.progress import Interrupted, console, status, sweep_progress
+from probe.cli.progress import console, saved_on_interrupt, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
@@ -157,16 +157,11 @@ def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None,
     saved."""
     stream.parent.mkdir(parents=True, exist_ok=True)
     value, method = request.values[0], intervention_named(request.intervention, request.values[0])
-    try:
-        with sweep_progress(f"{request.intervention} at {value:g} per head", show) as (update, on_result):
-            swept = sharded_sweep(loaded, probe_set, heads, method=method, metric=metric,
-                                  batch_size=batch_size, stack=stack, results_path=stream, resume=resume,
-                                  data=_data_file(request), progress=update, on_result=on_result)
-    except KeyboardInterrupt:
-        if show:
-            raise Interrupted(f"interrupted; {finished_count(stream)} finished head(s) saved in {stream}: run the "
-                              "same command with --resume to continue") from None
-        raise
+    with saved_on_interrupt(stream, lambda: f"{finished_count(stream)} finished head(s)", show), \
+            sweep_progress(f"{request.intervention} at {value:g} per head", show) as (update, on_result):
+        swept = sharded_sweep(loaded, probe_set, heads, method=method, metric=metric,
+                              batch_size=batch_size, stack=stack, results_path=stream, resume=resume,
+                              data=_data_file(request), progress=update, on_result=on_result)
     return None if swept is None else find_result(loaded, swept, value, metric, request.intervention)
 
 
