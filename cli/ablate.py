@@ -8,7 +8,7 @@ processes (probe.distributed); rank 0 reports and writes the outputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -114,12 +114,6 @@ def check_request(request: Request, *, html: bool, distributed: bool) -> None:
                          "(not found)")
 
 
-def probe_set_for(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
-    """The sweep's data: source/target texts, a task, or a probe set."""
-    return build_probe_set(request.probe_set, loaded, replace(options, task=request.task, seq2seq=request.seq2seq,
-                                                              labels=request.labels))
-
-
 def refuse_estimate(what: str, flag: str) -> None:
     """The estimate linearises the loss of text: the exact sweep's methods (every one of METHODS) serve `flag`."""
     raise ProbeError(f"--method estimate linearises the next-token loss of text, not {what}: use another --method "
@@ -213,9 +207,10 @@ def ablate(
         check_outputs(outputs, force=force)
     check_results_file(results, resume=resume, force=force)
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
-    options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed)
+    options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed, task=task, seq2seq=seq2seq,
+                           labels=labels)
     loaded = load_for(choice, rank)
-    probe_set = probe_set_for(loaded, request, options)
+    probe_set = build_probe_set(request.probe_set, loaded, options)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
     result: AblationResult | None

@@ -16,7 +16,8 @@ from probe.ablation import METRICS, parse_heads
 from probe.ablation.heads import Head
 from probe.ablation.methods import METHODS
 from probe.ablation.metrics import Metric as MetricObject
-from probe.ablation.metrics import choose_metric, read_target_words, target_words
+from probe.ablation.metrics import choose_metric, read_target_words
+from probe.ablation.metrics import target_words as read_words
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
@@ -144,12 +145,6 @@ def probe_input(loaded: LoadedModel, request: Request, options: ProbeOptions) ->
     return contrast_runs(loaded, chosen)[0] if isinstance(chosen, ContrastSet) else chosen
 
 
-def chosen_metric(loaded: LoadedModel, probe_set: ProbeSet, request: Request) -> MetricObject:
-    if request.words is not None:
-        return choose_metric(loaded, probe_set, target_words(loaded, request.words))
-    return choose_metric(loaded, probe_set, request.metric)
-
-
 def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, metric: MetricObject,
              request: Request, stream: Path, *, resume: bool, batch_size: int, stack: int | None,
              show: bool) -> SteerResult | None:
@@ -216,7 +211,7 @@ def steer(
     options = ProbeOptions(None if data in ("natural", "repeated") else data, seq_len, num_seqs, seed=seed)
     loaded = load_for(choice, rank)
     probe_set = probe_input(loaded, request, options)
-    measured = chosen_metric(loaded, probe_set, request)
+    measured = choose_metric(loaded, probe_set, metric if target_words is None else read_words(loaded, target_words))
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     if find:
         stream = results or cached_results_path(cache_key(choice, request, options, batch_size))
