@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import asset_script, esc, facts_table, page
-from probe.reports.terminal import print_precision, table
+from probe.reports.terminal import layer_grid, print_precision, table
 from probe.reports.labels import column_label, precision_fact, short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
@@ -77,14 +77,8 @@ def syntax_report(payload: dict[str, Any], console: Console) -> None:
 def syntactic_grid(payload: dict[str, Any]) -> Table:
     """Layer x head: for how many relation-directions each head is syntactic (· for none)."""
     counts = {(e["layer"], e["head"]): len(e["relations"]) for e in payload["syntactic"]}
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    table.add_column("layer", justify="right", style="dim")
-    for head in range(payload["n_heads"]):
-        table.add_column(str(head), justify="center")
-    for layer in range(payload["n_layers"]):
-        cells = [counts.get((layer, head), 0) for head in range(payload["n_heads"])]
-        table.add_row(str(layer), *(Text(str(n), style="bold") if n else Text("·", style="dim") for n in cells))
-    return table
+    return layer_grid({**payload, "layer_names": None}, lambda layer, head: Text(
+        str(counts[layer, head]) if counts.get((layer, head)) else "", style="bold"))
 
 
 def syntax_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
