@@ -8,7 +8,7 @@ processes (probe.distributed); rank 0 reports and writes the outputs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -19,7 +19,7 @@ from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, Devic
                                JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
                                RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
-from probe.cli.progress import Interrupted, console, note, status, sweep_progress
+from probe.cli.progress import console, note, saved_on_interrupt, status, sweep_progress
 from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.stream import cached_results_path, finished_count
@@ -79,7 +79,7 @@ class Request:
         return data_file(self.data)
 
 
-def check_request(request: Request, *, top: int, html: bool, distributed: bool) -> None:
+def check_request(request: Request, *, html: bool, distributed: bool) -> None:
     """Every option that can be judged without the model, before it is loaded."""
     choices = (*METHODS, ESTIMATE)  # every registered ablation method, and the estimate
     if request.method not in choices:
@@ -92,10 +92,6 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
         raise ProbeError(f"--metric {request.metric!r}: use one of {', '.join(METRICS)}")
     if request.method == ESTIMATE and (request.together or request.naive):
         raise ProbeError("--method estimate covers every head alone: drop --together / --naive")
-    if top < 1:
-        raise ProbeError(f"--top must be at least 1, got {top}")
-    if request.stack is not None and request.stack < 1:
-        raise ProbeError(f"--stack must be at least 1, got {request.stack}")
     if request.together and request.heads is None:
         raise ProbeError("--together needs --heads: the heads to ablate together, e.g. --heads 5.1,18.6")
     if html and request.together:
@@ -116,12 +112,6 @@ def check_request(request: Request, *, top: int, html: bool, distributed: bool) 
     if request.data_file is not None and not is_file(request.data_file):
         raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
                          "(not found)")
-
-
-def probe_set_for(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
-    """The sweep's data: source/target texts, a task, or a probe set."""
-    return build_probe_set(request.probe_set, loaded, replace(options, task=request.task, seq2seq=request.seq2seq,
-                                                              labels=request.labels))
 
 
 def refuse_estimate(what: str, flag: str) -> None:
@@ -183,17 +173,12 @@ def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None
     stream.parent.mkdir(parents=True, exist_ok=True)
     done_before = finished_count(stream) if resume else 0
     groups = [heads] if request.together and heads else []
-    try:
-        with sweep_progress("ablating heads", show) as (update, on_result):
-            result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,
-                                   method=method, metric=request.metric, mode="naive" if request.naive else "exact",
-                                   batch_size=request.batch_size, stack=request.stack, results_path=stream,
-                                   resume=resume, data=request.data_file, progress=update, on_result=on_result)
-    except KeyboardInterrupt:
-        if show:
-            raise Interrupted(f"interrupted; {finished_count(stream)} finished ablation(s) saved in {stream}: run the "
-                              "same command with --resume to continue") from None
-        raise
+    with saved_on_interrupt(stream, lambda: f"{finished_count(stream)} finished ablation(s)", show), \
+            sweep_progress("ablating heads", show) as (update, on_result):
+        result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,
+                               method=method, metric=request.metric, mode="naive" if request.naive else "exact",
+                               batch_size=request.batch_size, stack=request.stack, results_path=stream,
+                               resume=resume, data=request.data_file, progress=update, on_result=on_result)
     if show and done_before:
         note(f"resumed: {done_before} ablation(s) read from {stream}")
     return result
@@ -216,15 +201,16 @@ def ablate(
     outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     rank = current()
     main_process = rank is None or rank.is_main
-    check_request(request, top=top, html=html_path is not None, distributed=rank is not None)
+    check_request(request, html=html_path is not None, distributed=rank is not None)
     check_distinct({**outputs, "--results": results})
     if main_process:
         check_outputs(outputs, force=force)
     check_results_file(results, resume=resume, force=force)
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
-    options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed)
+    options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed, task=task, seq2seq=seq2seq,
+                           labels=labels)
     loaded = load_for(choice, rank)
-    probe_set = probe_set_for(loaded, request, options)
+    probe_set = build_probe_set(request.probe_set, loaded, options)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
     result: AblationResult | None

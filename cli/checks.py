@@ -20,7 +20,8 @@ from probe.models import ALIASES, HUB_ALIASES, alias_path, check_device, resolve
 from probe.models.gguf import cached_config
 
 AT_LEAST = {"num_seqs": 1, "seq_len": 2, "repeat_len": 1, "count": 1, "batch_size": 1, "icl_seqs": 1,
-            "max_sentences": 1, "prompts": 1, "curve_texts": 1}
+            "max_sentences": 1, "prompts": 1, "curve_texts": 1, "top": 1, "stack": 1,
+            "max_new_tokens": 1}
 """Counts every command means the same by, and the least each can be (the library's own limits)."""
 TEXT_FILES = {"data": "data file", "eval_data": "data file", "text": "text file", "file": "text file"}
 """Parameters that name a UTF-8 text file (a Path, or `--data`'s str that is no probe set's name)."""

@@ -13,7 +13,6 @@ from probe.cli.progress import console, stage_progress
 from probe.circuits.pairs import STAGE_UNITS
 from probe.circuits.pairs import circuits as find_circuits
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
-from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.circuits import circuit_rows, circuits_page, circuits_report
 from probe.reports.files import write_csv, write_text
@@ -31,8 +30,6 @@ def circuits(
 ) -> None:
     """Induction heads and the earlier heads that feed their keys (K-composition, Elhage et al. 2021), marked when
     they are previous-token heads, each pair ablated together vs alone on the repeated set."""
-    if top < 1:
-        raise ProbeError(f"--top must be at least 1, got {top}")
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     with stage_progress("circuits", STAGE_UNITS) as stages:

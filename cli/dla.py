@@ -47,8 +47,6 @@ def dla(
     if (task is None) == (pairs is None):
         raise ProbeError("give --task or --pairs (one of them)")
     check_contrast_task(task)
-    if top < 1:
-        raise ProbeError(f"--top must be at least 1, got {top}")
     check_repair_method(repair_method)
     if heads is not None and not self_repair:
         raise ProbeError("--heads chooses the heads --self-repair ablates: add --self-repair (DLA covers every head)")

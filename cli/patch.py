@@ -69,14 +69,12 @@ class Request:
     stack: int | None
 
 
-def check_request(inputs: dict[str, object], request: Request, top: int, distributed: bool) -> None:
+def check_request(inputs: dict[str, object], request: Request, distributed: bool) -> None:
     """Every option that can be judged without the model; `inputs`: --task, --pairs and --labels as given."""
     if sum(value is not None for value in inputs.values()) != 1:
         raise ProbeError("give --task or --pairs (or a classifier's --labels): one of them")
     if request.component not in PATCHES:
         raise ProbeError(f"--component {request.component!r}: use one of {', '.join(PATCHES)}")
-    if top < 1:
-        raise ProbeError(f"--top must be at least 1, got {top}")
     if request.by_position and distributed:
         raise ProbeError("--by-position runs one sweep per position in one process: run it without torchrun")
     if request.estimate and (request.by_position or request.naive or distributed):
@@ -136,7 +134,7 @@ def patch(
     request = Request(component, noising, by_position, heads, naive, estimate, batch_size, stack)
     rank = current()
     main_process = rank is None or rank.is_main
-    check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, top, rank is not None)
+    check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, rank is not None)
     check_contrast_task(task)
     check_paths(senders, receivers, path_component)
     check_repair_method(repair_method)

@@ -133,6 +133,19 @@ def progress_bar(description: str, unit: str | None = None) -> Iterator[Callable
 
 
 @contextmanager
+def saved_on_interrupt(stream: Any, saved: Callable[[], str], show: bool = True) -> Iterator[None]:
+    """Ctrl-C in the block: `Interrupted`, saying what is `saved()` in `stream` and how to continue (a process that
+    does not report: the bare KeyboardInterrupt)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        if show:
+            raise Interrupted(f"interrupted; {saved()} saved in {stream}: run the same command with --resume to "
+                              "continue") from None
+        raise
+
+
+@contextmanager
 def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Callable[[int, int], None],
                                                                               Callable[[Any], None]]]:
     """Progress of a sweep (a share of its work) with the heads done after it; yields the `(done, total)` and the

@@ -50,8 +50,6 @@ def qk(
         raise ProbeError(f"--at {at!r}: use one of {', '.join(KEY_RULES)}")
     if (query is None) != (key is None):
         raise ProbeError("give --query and --key together (one position each), or neither")
-    if top < 1:
-        raise ProbeError(f"--top must be at least 1, got {top}")
     why = config_refusal(_config(model) or {})
     if why:
         raise ProbeError(why)

@@ -16,13 +16,14 @@ from probe.ablation import METRICS, parse_heads
 from probe.ablation.heads import Head
 from probe.ablation.methods import METHODS
 from probe.ablation.metrics import Metric as MetricObject
-from probe.ablation.metrics import choose_metric, read_target_words, target_words
+from probe.ablation.metrics import choose_metric, read_target_words
+from probe.ablation.metrics import target_words as read_words
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
                                Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
-from probe.cli.progress import Interrupted, console, status, sweep_progress
+from probe.cli.progress import console, saved_on_interrupt, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
@@ -109,7 +110,7 @@ def chosen_values(intervention: str, values: str | None, alpha: str | None) -> l
     return chosen
 
 
-def check_request(request: Request, top: int, distributed: bool) -> None:
+def check_request(request: Request, distributed: bool) -> None:
     """Every option that can be judged without the model, before it is loaded."""
     sources = {"--task": request.task, "--pairs": request.pairs, "--labels": request.labels,
                "--target-words": request.words}
@@ -128,10 +129,6 @@ def check_request(request: Request, top: int, distributed: bool) -> None:
         raise ProbeError("--find ranks every head at one value: give one --values value, e.g. --values 3")
     if not request.find and request.heads is None:
         raise ProbeError("give --heads (the heads to steer, e.g. 23.3) or --find (rank every head)")
-    if request.max_new_tokens < 1:
-        raise ProbeError(f"--max-new-tokens must be at least 1, got {request.max_new_tokens}")
-    if top < 1:
-        raise ProbeError(f"--top must be at least 1, got {top}")
     if distributed and not request.find:
         raise ProbeError("torchrun splits --find's sweep over the processes: run curves without torchrun")
     check_heads_syntax(request.heads)
@@ -148,12 +145,6 @@ def probe_input(loaded: LoadedModel, request: Request, options: ProbeOptions) ->
     return contrast_runs(loaded, chosen)[0] if isinstance(chosen, ContrastSet) else chosen
 
 
-def chosen_metric(loaded: LoadedModel, probe_set: ProbeSet, request: Request) -> MetricObject:
-    if request.words is not None:
-        return choose_metric(loaded, probe_set, target_words(loaded, request.words))
-    return choose_metric(loaded, probe_set, request.metric)
-
-
 def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, metric: MetricObject,
              request: Request, stream: Path, *, resume: bool, batch_size: int, stack: int | None,
              show: bool) -> SteerResult | None:
@@ -161,16 +152,11 @@ def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None,
     saved."""
     stream.parent.mkdir(parents=True, exist_ok=True)
     value, method = request.values[0], intervention_named(request.intervention, request.values[0])
-    try:
-        with sweep_progress(f"{request.intervention} at {value:g} per head", show) as (update, on_result):
-            swept = sharded_sweep(loaded, probe_set, heads, method=method, metric=metric,
-                                  batch_size=batch_size, stack=stack, results_path=stream, resume=resume,
-                                  data=_data_file(request), progress=update, on_result=on_result)
-    except KeyboardInterrupt:
-        if show:
-            raise Interrupted(f"interrupted; {finished_count(stream)} finished head(s) saved in {stream}: run the "
-                              "same command with --resume to continue") from None
-        raise
+    with saved_on_interrupt(stream, lambda: f"{finished_count(stream)} finished head(s)", show), \
+            sweep_progress(f"{request.intervention} at {value:g} per head", show) as (update, on_result):
+        swept = sharded_sweep(loaded, probe_set, heads, method=method, metric=metric,
+                              batch_size=batch_size, stack=stack, results_path=stream, resume=resume,
+                              data=_data_file(request), progress=update, on_result=on_result)
     return None if swept is None else find_result(loaded, swept, value, metric, request.intervention)
 
 
@@ -216,7 +202,7 @@ def steer(
                       labels, metric, target_words, generate, max_new_tokens)
     outputs, rank = {"--json": json_path, "--html": html_path}, current()
     main_process = rank is None or rank.is_main
-    check_request(request, top, rank is not None)
+    check_request(request, rank is not None)
     check_distinct({**outputs, "--results": results})
     if main_process:
         check_outputs(outputs, force=force)
@@ -225,7 +211,7 @@ def steer(
     options = ProbeOptions(None if data in ("natural", "repeated") else data, seq_len, num_seqs, seed=seed)
     loaded = load_for(choice, rank)
     probe_set = probe_input(loaded, request, options)
-    measured = chosen_metric(loaded, probe_set, request)
+    measured = choose_metric(loaded, probe_set, metric if target_words is None else read_words(loaded, target_words))
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     if find:
         stream = results or cached_results_path(cache_key(choice, request, options, batch_size))

@@ -12,7 +12,7 @@ from probe.cli.options import (BatchSize, CsvFile, Device, Dtype, Force, Heads, 
                                RepeatLen, Results, Resume, Seed, SeqLen, TextData, Thresholds, TrackedModel,
                                TrustRemoteCode, parse_thresholds)
 from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json
-from probe.cli.progress import Interrupted, console, note, progress_bar, warn
+from probe.cli.progress import console, note, progress_bar, saved_on_interrupt, warn
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN)
 from probe.distributed import current
 from probe.errors import ProbeError
@@ -90,15 +90,10 @@ def track(
             record_provenance(loaded)
             recorded.append(loaded.name)
 
-    try:
-        with progress_bar("tracking", unit="checkpoints") as update:
-            result = run_track(run, options, results_path=stream, resume=resume, progress=update, on_model=on_model,
-                               dtype=dtype, device=device, trust_remote_code=trust_remote_code)
-    except KeyboardInterrupt:
-        if main_process:
-            raise Interrupted(f"interrupted; the finished checkpoints saved in {stream}: run the same command with "
-                              "--resume to continue") from None
-        raise
+    with saved_on_interrupt(stream, lambda: "the finished checkpoints", main_process), \
+            progress_bar("tracking", unit="checkpoints") as update:
+        result = run_track(run, options, results_path=stream, resume=resume, progress=update, on_model=on_model,
+                           dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     if result is None:
         return
     if done_before:

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import ASSETS, esc, facts_table, page, pattern_spec, static_summary
+from probe.reports.html import asset_script, esc, facts_table, page, pattern_spec, static_summary
 from probe.reports.labels import precision_clause, short_label
 
 if TYPE_CHECKING:
@@ -147,12 +147,8 @@ def atlas_page(payload: dict[str, Any], patterns: dict[str, PatternsPage] | None
     note = ('<p class="probe-note">Ablation deltas on this page are <b>estimated</b> (attribution patching, '
             "--fast), not measured: run without --fast for numbers to report.</p>" if data["fast"] else "")
     body = (f"<style>{ATLAS_STYLE}</style><h1>Atlas of {esc(payload['model'])}</h1>" + _facts(payload) + note
-            + _rules(payload) + static + BODY + f"<script>{_atlas_js()}</script>")
+            + _rules(payload) + static + BODY + asset_script("atlas.js"))
     return page("atlas", f"probe atlas: {payload['model']}", body, data, embed_plotly=embed_plotly)
-
-
-def _atlas_js() -> str:
-    return (ASSETS / "atlas.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
 
 
 def atlas_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import esc, facts_table, header_cell, page
-from probe.reports.labels import column_label, precision_fact, precision_sentence, short_label
+from probe.reports.terminal import print_precision, table
+from probe.reports.labels import column_label, precision_fact, short_label
 
 
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -41,26 +41,24 @@ def circuits_report(payload: dict[str, Any], console: Console) -> None:
     """Per induction head: its strongest K-composing earlier heads, and the pair ablated together vs alone."""
     console.print(Text(f"Induction circuits of {payload['model']}", style="bold"),
                   Text(f"(K-composition; random baseline {payload['random_baseline']:.3f}; rotary ignored)"))
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("induction", "feeders by K-composition (P: previous-token head)", "ablated feeder", "Δ feeder",
-                   "Δ induction", "Δ together", "interaction"):
-        table.add_column(column, justify="left" if column.startswith("feeders") else "right")
+    feeders_column = "feeders by K-composition (P: previous-token head)"
+    grid = table("induction", feeders_column, "ablated feeder", "Δ feeder", "Δ induction", "Δ together", "interaction",
+                 left=(feeders_column,))
     for pair in payload["induction_heads"]:
         feeders = "  ".join(f"{short_label(f['layer'], f['head'])}{' P' if f['previous_token'] else ''} "
                             f"{f['k_composition']:.3f}" for f in pair["feeders"])
         deltas, checked = pair["second_copy_deltas"], pair.get("checked")
         ablated = "" if not checked else short_label(checked["layer"], checked["head"])
-        table.add_row(short_label(pair["layer"], pair["head"]), feeders, ablated, _delta(deltas.get("feeder")),
-                      _delta(deltas.get("induction")), _delta(deltas.get("together")), _delta(pair["interaction"]))
-    console.print(table)
+        grid.add_row(short_label(pair["layer"], pair["head"]), feeders, ablated, _delta(deltas.get("feeder")),
+                     _delta(deltas.get("induction")), _delta(deltas.get("together")), _delta(pair["interaction"]))
+    console.print(grid)
     summary = payload["previous_token_pairs"]
     console.print(Text(f"previous-token -> induction pairs: {summary['pairs']}; the previous-token head composes most "
                        f"strongly of its layer in {summary['ranked_first_in_layer']}, above the baseline in "
                        f"{summary['above_baseline']}", style="bold"))
     console.print(Text("Δ: loss change on the second copy of the repeated set (zero ablation); interaction: Δ together"
                        " - Δ feeder - Δ induction (< 0: the two do one job)", style="dim"))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def circuits_page(payload: dict[str, Any]) -> str:

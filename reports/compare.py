@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, ranked_table, static_summary
+from probe.reports.html import asset_script, esc, facts_table, page, plotly_text, ranked_table, static_summary
 from probe.reports.labels import column_label
 
 LISTED = 15  # heads listed in the terminal, largest |B - A| first
@@ -190,10 +190,6 @@ def compare_page(payload: dict[str, Any], *, listed: int = LISTED) -> str:
             '<div><div class="probe-plot-title">B</div><div class="probe-compare-b"></div></div>'
             f'<div><div class="probe-plot-title">{esc(by)}</div><div class="probe-compare-third"></div></div></div>'
             f"<h2>Largest differences ({esc(by)}), {len(movers)} of {payload['heads']}</h2>" + ranked
-            + f"<script>{_compare_js()}</script>")
+            + asset_script("compare.js"))
     return page("compare", f"probe compare: {payload['a']['source']} vs {payload['b']['source']}", body, data,
                 embed_plotly=True)
-
-
-def _compare_js() -> str:
-    return (ASSETS / "compare.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

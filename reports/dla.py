@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page
+from probe.reports.html import asset_script, esc, facts_table, page
+from probe.reports.terminal import table
 from probe.reports.labels import column_label, precision_note, short_label
 from probe.reports.selfrepair import TOP, self_repair_grid, self_repair_html, self_repair_report
 
@@ -54,13 +54,11 @@ def dla_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> N
         "" if corrupt is None else f", {corrupt:+.3f} (corrupt)")
     console.print(Text(f"Direct logit attribution of {payload['model']}", style="bold"),
                   Text(f"({payload['source']}; {payload['points']} points; {header})"))
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("rank", "head", "DLA", f"share of {payload['logit_diff']:+.3f}"):
-        table.add_column(column, justify="right")
+    grid = table("rank", "head", "DLA", f"share of {payload['logit_diff']:+.3f}")
     for rank, entry in enumerate(payload["heads"][:top], start=1):
         share = entry["dla"] / payload["logit_diff"] if payload["logit_diff"] else float("nan")
-        table.add_row(str(rank), short_label(entry["layer"], entry["head"]), f"{entry['dla']:+.3f}", f"{share:+.1%}")
-    console.print(table)
+        grid.add_row(str(rank), short_label(entry["layer"], entry["head"]), f"{entry['dla']:+.3f}", f"{share:+.1%}")
+    console.print(grid)
     parts = payload["components"]
     console.print(Text(f"heads {parts['heads']:+.3f}, MLPs {sum(parts['mlps']):+.3f}, embeddings "
                        f"{parts['embeddings']:+.3f}, attention biases {parts['attention_biases']:+.3f}, final biases "
@@ -104,9 +102,5 @@ def dla_page(payload: dict[str, Any], *, top: int = TOP) -> str:
             + ("" if not repair else '<div class="probe-grow"><h2>Self-repair per head</h2>'
                '<div class="probe-dla-repair"></div></div>') + "</div>"
             + ("" if not repair else self_repair_html(repair, top=top))
-            + f"<script>{_dla_js()}</script>")
+            + asset_script("dla.js"))
     return page("dla", f"probe dla: {payload['model']}", body, data, embed_plotly=True)
-
-
-def _dla_js() -> str:
-    return (ASSETS / "dla.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

@@ -52,8 +52,9 @@ def plotly_js() -> str:
     return text.replace("</script", "<\\/script")
 
 
-def _runtime_js() -> str:
-    return (ASSETS / "probe.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
+def asset_script(name: str) -> str:
+    """A script of reports/assets (`probe.js`, a page's own), as a <script> element to inline."""
+    return "<script>" + (ASSETS / name).read_text(encoding="utf-8").replace("</script", "<\\/script") + "</script>"
 
 
 # Run a notebook result's inert copy of plotly.js only where the output's document has none yet: each output (in
@@ -193,13 +194,13 @@ def page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotly
     if not embed_plotly:  # a notebook output: a fragment that carries plotly.js, run only where it is missing
         carry = (f'<script type="text/plain" id="{page_id}-plotly">{plotly_js()}</script>\n'
                  f"<script>{PLOTLY_LOADER % json.dumps(page_id + '-plotly')}</script>\n")
-        return (f"<style>{STYLE}</style>\n{content}{carry}<script>{_runtime_js()}</script>\n{start}\n")
+        return (f"<style>{STYLE}</style>\n{content}{carry}{asset_script('probe.js')}\n{start}\n")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
         f"<title>{esc(title)}</title>\n<style>{STYLE}\nbody {{ margin: 0; background: #fff; }}</style>\n</head>\n"
-        f"<body>\n{content}<script>{plotly_js()}</script>\n<script>{_runtime_js()}</script>\n{start}\n"
+        f"<body>\n{content}<script>{plotly_js()}</script>\n{asset_script('probe.js')}\n{start}\n"
         "</body>\n</html>\n"
     )
 

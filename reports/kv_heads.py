@@ -11,7 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
-from probe.reports.labels import long_label, precision_sentence, short_label
+from probe.reports.terminal import print_precision
+from probe.reports.labels import long_label, short_label
 
 LISTED = 15  # full KV heads listed in the terminal; the JSON has all
 
@@ -54,8 +55,7 @@ def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
     if payload.get("seconds"):
         stages = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in payload["seconds"].items())
         console.print(Text(f"Time per stage: {stages}.", style="dim"))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def curve_table(curve: dict[str, Any]) -> Table:

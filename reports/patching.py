@@ -8,11 +8,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from probe.errors import ProbeError
 from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
+from probe.reports.terminal import table
 from probe.reports.labels import column_label, long_label, precision_clause, short_label
 from probe.reports.selfrepair import self_repair_html, self_repair_report
 
@@ -53,15 +53,12 @@ def patch_report(payload: dict[str, Any], console: Console, *, top: int = TOP) -
                        style="bold"), Text(f"({payload['data']})", style="dim"))
     console.print(f"  logit difference: clean {payload['clean_logit_diff']:+.3f}, corrupt "
                   f"{payload['corrupt_logit_diff']:+.3f}; patch effect 1 = the clean behaviour, 0 = the corrupt one")
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    for name, justify in (("head", "right"), ("patch effect", "right"), ("LD patched", "right"),
-                          ("DLA", "right"), ("classes", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    grid = table("head", "patch effect", "LD patched", "DLA", "classes", left=("classes",))
     for row in ranked(payload, top):
         dla = row.get("dla")
-        table.add_row(_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
-                      "" if dla is None else f"{dla:+.3f}", ", ".join(row.get("classes", [])))
-    console.print(table)
+        grid.add_row(_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
+                     "" if dla is None else f"{dla:+.3f}", ", ".join(row.get("classes", [])))
+    console.print(grid)
     console.print(Text(f"  {payload['path']}; {payload['seconds']:.1f} s{precision_clause(payload)}", style="dim"))
     if payload.get("paths"):
         path_report(payload["paths"], console)
@@ -83,13 +80,10 @@ def _path_title(paths: dict[str, Any]) -> str:
 def path_report(paths: dict[str, Any], console: Console) -> None:
     """The sender x receiver matrix of path patching's effects."""
     console.print(Text(_path_title(paths), style="bold"))
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    table.add_column("sender \\ receiver", justify="right")
-    for receiver in paths["receivers"]:
-        table.add_column(_receiver(receiver), justify="right")
+    grid = table("sender \\ receiver", *(_receiver(receiver) for receiver in paths["receivers"]))
     for (layer, head), row in zip(paths["senders"], paths["patch_effect"]):
-        table.add_row(f"{layer}.{head}", *(f"{value:+.3f}" for value in row))
-    console.print(table)
+        grid.add_row(f"{layer}.{head}", *(f"{value:+.3f}" for value in row))
+    console.print(grid)
 
 
 def _grid(payload: dict[str, Any], key: Literal["patch_effect", "dla"]) -> list[list[float | None]]:

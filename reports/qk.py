@@ -10,8 +10,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page, ranked_table
-from probe.reports.labels import precision_fact, precision_sentence
+from probe.reports.html import asset_script, esc, facts_table, page, ranked_table
+from probe.reports.terminal import print_precision
+from probe.reports.labels import precision_fact
 
 SHOWN = 16  # components per side drawn in the page's matrix (the rest summed into "other")
 View = Literal["score", "contrast"]
@@ -88,8 +89,7 @@ def qk_report(payload: dict[str, Any], console: Console, *, top: int = 10) -> No
     console.print(Text("Each pair: a query-side component at the query dotted with a key-side component at the key "
                        "(times the scaling), each read through the norm frozen at the run and rotated, where the model "
                        "rotates, at its own position", style="dim"))
-    if precision_sentence(payload):
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def _shown(payload: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
@@ -137,9 +137,5 @@ def qk_page(payload: dict[str, Any]) -> str:
              ("keys read", _keys_read(payload))] + precision_fact(payload)
     data = {"views": {name: _shown(payload, payload["views"][name]) for name in VIEWS}}
     body = (f"<h1>{esc(_title(payload))}</h1>" + facts_table(facts)
-            + "".join(_section(payload, name) for name in VIEWS) + f"<script>{_qk_js()}</script>")
+            + "".join(_section(payload, name) for name in VIEWS) + asset_script("qk.js"))
     return page("qk", f"probe qk: {payload['model']}", body, data, embed_plotly=True)
-
-
-def _qk_js() -> str:
-    return (ASSETS / "qk.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

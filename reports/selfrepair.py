@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import esc
+from probe.reports.terminal import table
 from probe.reports.labels import short_label
 
 TOP = 15  # ablated heads listed, largest |direct| first
@@ -50,15 +50,13 @@ def _title(section: dict[str, Any]) -> str:
 def self_repair_report(section: dict[str, Any], console: Console, *, top: int = TOP) -> None:
     """The `top` ablated heads by |direct| effect, with their self-repair and the heads that cover for them."""
     console.print(Text(_title(section), style="bold"))
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    for name in ("head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm"):
-        table.add_column(name, justify="right")
-    table.add_column("covered by", justify="left")
+    grid = table("head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm", "covered by",
+                 left=("covered by",))
     for row in _heads(section, top):
-        table.add_row(short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",
-                      f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
-                      f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row))
-    console.print(table)
+        grid.add_row(short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",
+                     f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
+                     f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row))
+    console.print(grid)
     console.print(Text(f"  {_explained(section)}; {section.get('path', '')}", style="dim"))
 
 

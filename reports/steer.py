@@ -12,8 +12,9 @@ from rich.table import Table
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import ASSETS, esc, facts_table, page, plotly_text, static_summary
-from probe.reports.labels import long_label, precision_sentence, short_label
+from probe.reports.html import asset_script, esc, facts_table, page, plotly_text, static_summary
+from probe.reports.terminal import print_precision, table
+from probe.reports.labels import long_label, short_label
 
 
 def _number(value: Any) -> str:
@@ -74,26 +75,21 @@ def _word(flag: str) -> str:
 
 def _curve_table(payload: dict[str, Any], flag: str) -> Table:
     names = payload.get("layer_names")
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    table.add_column("head", justify="right")
-    for value in payload["values"]:
-        table.add_column(f"{_word(flag)} {value:g}", justify="right")
+    grid = table("head", *(f"{_word(flag)} {value:g}" for value in payload["values"]))
     for curve in payload["curves"]:
-        table.add_row(short_label(curve["layer"], curve["head"], names),
-                      *(_number(point["value"]) for point in curve["points"]))
-    return table
+        grid.add_row(short_label(curve["layer"], curve["head"], names),
+                     *(_number(point["value"]) for point in curve["points"]))
+    return grid
 
 
 def _find_table(payload: dict[str, Any], find: dict[str, Any], top: int, flag: str) -> Table:
     names = payload.get("layer_names")
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    for column in ("rank", "head", f"{_measure(payload)} at {_word(flag)} {find['setting']:g}", "change",
-                   "figures"):
-        table.add_column(column, justify="right" if column != "figures" else "left")
+    grid = table("rank", "head", f"{_measure(payload)} at {_word(flag)} {find['setting']:g}", "change", "figures",
+                 left=("figures",))
     for rank, entry in enumerate(find["ranking"][:top], start=1):
-        table.add_row(str(rank), short_label(entry["layer"], entry["head"], names), _number(entry["value"]),
-                      "nan" if entry["delta"] is None else f"{entry['delta']:+.4f}", _figures(entry.get("figures")))
-    return table
+        grid.add_row(str(rank), short_label(entry["layer"], entry["head"], names), _number(entry["value"]),
+                     "nan" if entry["delta"] is None else f"{entry['delta']:+.4f}", _figures(entry.get("figures")))
+    return grid
 
 
 def _generation_table(payload: dict[str, Any], generated: dict[str, Any], flag: str) -> Table:
@@ -124,8 +120,7 @@ def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15, fl
         console.print(_generation_table(payload, generated, flag))
     for line in footer_lines(payload):
         console.print(Text(line, style="dim"))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
@@ -181,9 +176,5 @@ def steer_page(payload: dict[str, Any]) -> str:
             + (f"<h2>Every head under {esc(payload['intervention'])} at {esc(parameter)} "
                f"{data['bars']['setting']:g}: the largest changes</h2>"
                '<div class="probe-steer-find"></div>' if data["bars"] else "")
-            + _generation_rows(payload) + f"<script>{_steer_js()}</script>")
+            + _generation_rows(payload) + asset_script("steer.js"))
     return page("steer", f"probe steer: {payload['model']}", body, data, embed_plotly=True)
-
-
-def _steer_js() -> str:
-    return (ASSETS / "steer.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

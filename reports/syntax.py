@@ -9,8 +9,9 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import ASSETS, esc, facts_table, page
-from probe.reports.labels import column_label, precision_fact, precision_sentence, short_label
+from probe.reports.html import asset_script, esc, facts_table, page
+from probe.reports.terminal import layer_grid, print_precision, table
+from probe.reports.labels import column_label, precision_fact, short_label
 
 SHOWN_HEADS = 3  # best heads per relation in the terminal
 SHOWN_SYNTACTIC = 25  # heads listed in the overview
@@ -31,11 +32,9 @@ def _header(payload: dict[str, Any], console: Console) -> None:
 
 def relation_table(payload: dict[str, Any]) -> Table:
     """Per judged relation and direction: arcs, the best fixed offset, and the best heads with their margins."""
-    table = Table(show_edge=False, pad_edge=False, box=None, title="Best heads per relation", title_justify="left",
-                  title_style="bold")
-    for name, justify in (("relation", "left"), ("direction", "left"), ("arcs", "right"), ("baseline", "right"),
-                          ("best heads: accuracy (margin)", "left")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    columns = ("relation", "direction", "arcs", "baseline", "best heads: accuracy (margin)")
+    grid = table(*columns, left=columns[:2] + columns[-1:], title="Best heads per relation", title_justify="left",
+                 title_style="bold")
     for entry in payload["relations"]:
         if not entry["judged"]:
             continue
@@ -44,9 +43,9 @@ def relation_table(payload: dict[str, Any]) -> Table:
             good = best["margin"] > payload["margin"]
             heads.append(f"{short_label(best['layer'], best['head'])} {best['accuracy']:.2f} ({best['margin']:+.2f})  ",
                          style="bold green" if good else "")
-        table.add_row(entry["relation"], entry["direction"], str(entry["count"]),
-                      f"{entry['baseline']:.2f} @{entry['baseline_offset']:+d}", heads)
-    return table
+        grid.add_row(entry["relation"], entry["direction"], str(entry["count"]),
+                     f"{entry['baseline']:.2f} @{entry['baseline_offset']:+d}", heads)
+    return grid
 
 
 def syntax_report(payload: dict[str, Any], console: Console) -> None:
@@ -72,21 +71,14 @@ def syntax_report(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"Most confident attention on arcs (weights > {payload['confident']['threshold']:g}, BOS "
                        "excluded; Vig & Belinkov 2019): ", style="bold"),
                   Text(", ".join(f"{short_label(layer, h)} {v:.2f}" for v, layer, h in ranked[:5])))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def syntactic_grid(payload: dict[str, Any]) -> Table:
     """Layer x head: for how many relation-directions each head is syntactic (· for none)."""
     counts = {(e["layer"], e["head"]): len(e["relations"]) for e in payload["syntactic"]}
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    table.add_column("layer", justify="right", style="dim")
-    for head in range(payload["n_heads"]):
-        table.add_column(str(head), justify="center")
-    for layer in range(payload["n_layers"]):
-        cells = [counts.get((layer, head), 0) for head in range(payload["n_heads"])]
-        table.add_row(str(layer), *(Text(str(n), style="bold") if n else Text("·", style="dim") for n in cells))
-    return table
+    return layer_grid({**payload, "layer_names": None}, lambda layer, head: Text(
+        str(counts[layer, head]) if counts.get((layer, head)) else "", style="bold"))
 
 
 def syntax_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -140,11 +132,7 @@ def syntax_page(payload: dict[str, Any]) -> str:
             '<div class="probe-arcs-box" style="overflow-x:auto"></div>'
             '<p class="probe-small">Green: the head\'s strongest attention from the query word lands on the gold '
             "word; grey, dashed: it does not. Hover an arc for its relation.</p>"
-            f"<script>{_syntax_js()}</script>")
+            + asset_script("syntax.js"))
     data = {"grid": _grid(payload), "examples": payload["examples"], "n_heads": payload["n_heads"],
             "head_order": order}
     return page("syntax", f"probe syntax: {payload['model']}", body, data, embed_plotly=True)
-
-
-def _syntax_js() -> str:
-    return (ASSETS / "syntax.js").read_text(encoding="utf-8").replace("</script", "<\\/script")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -17,6 +17,32 @@ from probe.reports.labels import column_label, layer_label, precision_sentence, 
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
 COMMON = 0.3  # a class labelling more than this share of the heads is drawn light in the overview
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
+
+
+def print_precision(payload: dict[str, Any], console: Console) -> None:
+    """Every report's last line: what its numbers were computed in (none for a payload without `dtype`)."""
+    if precision_sentence(payload):
+        console.print(Text(precision_sentence(payload), style="dim"))
+
+
+def table(*columns: str, left: Sequence[str] = (), **options: Any) -> Table:
+    """A borderless table of right-aligned columns, those named in `left` aligned left."""
+    grid = Table(**{"show_edge": False, "pad_edge": False, "box": None, **options})
+    for column in columns:
+        grid.add_column(column, justify="left" if column in left else "right")
+    return grid
+
+
+def layer_grid(payload: dict[str, Any], cell: Callable[[int, int], Text]) -> Table:
+    """Layer x head: a row per layer of the payload, each head's `cell(layer, head)`, a dim dot where it is empty."""
+    grid = Table(show_edge=False, pad_edge=False, box=None)
+    grid.add_column("layer", justify="right", style="dim")
+    for head in range(payload["n_heads"]):
+        grid.add_column(str(head), justify="center")
+    for layer in range(payload["n_layers"]):
+        cells = [cell(layer, head) for head in range(payload["n_heads"])]
+        grid.add_row(layer_label(layer, payload.get("layer_names")), *(c or Text("·", style="dim") for c in cells))
+    return grid
 
 
 def classification_report(payload: dict[str, Any], console: Console, *, max_rows: int = MAX_ROWS,
@@ -53,8 +79,7 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
     console.print(overview(payload))
     console.print(Text(f"Scored: {', '.join(payload['flagged'])}"
                        + (f"; also: {', '.join(also)}" if also else ""), style="dim"))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def common_classes(payload: dict[str, Any]) -> dict[str, int]:
@@ -78,20 +103,15 @@ def overview(payload: dict[str, Any]) -> Group:
 
     legend = " ".join(f"{letter(name)}={name}" + (f" (light: on {common[name]} of {total} heads)"
                                                    if name in common else "") for name in classes)
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    table.add_column("layer", justify="right", style="dim")
-    for head in range(payload["n_heads"]):
-        table.add_column(str(head), justify="center")
     labels = {(entry["layer"], entry["head"]): entry["labels"] for entry in payload["heads"]}
-    for layer in range(payload["n_layers"]):
-        cells = []
-        for head in range(payload["n_heads"]):
-            cell = Text()
-            for name in sorted(labels.get((layer, head), []), key=lambda name: name in common):
-                cell.append(letter(name), style="dim" if name in common else "bold")
-            cells.append(cell if cell else Text("·", style="dim"))
-        table.add_row(layer_label(layer, payload.get("layer_names")), *cells)
-    return Group(Text(f"Overview, layer x head: {legend}"), table)
+
+    def cell(layer: int, head: int) -> Text:
+        text = Text()
+        for name in sorted(labels.get((layer, head), []), key=lambda name: name in common):
+            text.append(letter(name), style="dim" if name in common else "bold")
+        return text
+
+    return Group(Text(f"Overview, layer x head: {legend}"), layer_grid(payload, cell))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -224,8 +244,7 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
     if any(entry.get("effects") for entry in singles):
         console.print()
         console.print(_specific_table(singles, top, payload.get("layer_names")))
-    if precision_sentence(payload):  # every report's last line: what its numbers were computed in
-        console.print(Text(precision_sentence(payload), style="dim"))
+    print_precision(payload, console)
 
 
 def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) -> Table:

@@ -9,8 +9,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from probe.reports.html import ASSETS, esc, facts_table, page
-from probe.reports.labels import long_label, precision_sentence, short_label
+from probe.reports.html import asset_script, esc, facts_table, page
+from probe.reports.terminal import print_precision
+from probe.reports.labels import long_label, short_label
 
 
 def _number(value: Any, digits: int = 3) -> str:
@@ -68,8 +69,7 @@ def track_report(payload: dict[str, Any], console: Console) -> None:
         console.print(f"In-context learning score: its largest change is {icl['change']:+.3f} between steps "
                       f"{icl['from_step']} and {icl['to_step']} (loss on token {payload['options']['late']} minus "
                       f"token {payload['options']['early']}; lower is more in-context learning).")
-    if precision_sentence(payload):
-        console.print(precision_sentence(payload), style="dim", markup=False)
+    print_precision(payload, console)
 
 
 def _flagged(payload: dict[str, Any], name: str) -> set[tuple[int, int]]:
@@ -143,9 +143,5 @@ def track_page(payload: dict[str, Any]) -> str:
             + '</select></label><label>Step <input type="range" class="probe-track-slider" min="0" max="'
             + f'{max(0, len(checkpoints) - 1)}" value="{max(0, len(checkpoints) - 1)}" aria-label="step"></label>'
             + '<span class="probe-track-step"></span></div><div class="probe-track-grid"></div>'
-            + f"<script>{_track_js()}</script>")
+            + asset_script("track.js"))
     return page("track", f"probe track: {payload['model']}", body, track_data(payload), embed_plotly=True)
-
-
-def _track_js() -> str:
-    return (ASSETS / "track.js").read_text(encoding="utf-8").replace("</script", "<\\/script")
