@@ -46,6 +46,7 @@ UNWRAPPED = 4096  # columns of a console that is not a terminal: a line keeps it
 monotonic = time.monotonic  # the clock of every bar (a test's fake clock replaces it)
 P = ParamSpec("P")
 T = TypeVar("T")
+C = TypeVar("C", bound=Callable[..., None])
 
 
 def clock(seconds: float) -> str:
@@ -231,13 +232,9 @@ def _shows_progress() -> bool:
         return True  # not torchrun's: its variables are integers
 
 
-def callback(progress: ProgressArg) -> Progress | None:
-    """The `(done, total)` callback a `progress` argument gives (`reports` made True's): a callable, else None."""
-    return progress if callable(progress) else None
-
-
-def stage_callback(progress: StageProgressArg) -> StageProgress | None:
-    """The `(stage, done, total)` callback a `progress` argument gives (`reports` made True's), else None."""
+def callback(progress: C | bool | None) -> C | None:
+    """The callback a `progress` argument gives (`reports` made True's), `(done, total)` or `(stage, done, total)`:
+    a callable, else None."""
     return progress if callable(progress) else None
 
 

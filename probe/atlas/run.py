@@ -25,7 +25,7 @@ from probe.heads.classify import Classification, classify
 from probe.heads.evidence import RULES
 from probe.models import LoadedModel
 from probe.patterns import TOKEN_LIMIT, Patterns, attention_patterns
-from probe.progress import StageProgress, StageProgressArg, log, reports, stage_callback, stage_tick
+from probe.progress import StageProgress, StageProgressArg, log, reports, callback, stage_tick
 
 DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads, most of the cost, on 4 x 128
 # tokens took 353 s on 2 lightly loaded CPU cores (bench/RESULTS.md, section 2); 8 sequences double it
@@ -117,7 +117,7 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
     (probe.heads.evidence), examples, OV writes, composition partners and causal effects. `fast` estimates the
     ablation deltas on natural text (attribution patching, marked estimated; a task's are exact all the same).
     `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
-    stages = _Stages(stage_callback(progress))
+    stages = _Stages(callback(progress))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     natural_results, task_results = _results(results_dir, "ablation"), _results(results_dir, "task") if task else None
     classes = stages.run("classify", lambda tick: classify(

@@ -20,7 +20,7 @@ from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, Pro
 from probe.heads.classify import Classification, classify
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
-from probe.progress import Progress, StageProgressArg, reports, stage_callback, stage_tick
+from probe.progress import Progress, StageProgressArg, reports, callback, stage_tick
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, SECONDS
 from probe.schemas.declare import Payload, payload, published, schema_field
@@ -167,7 +167,7 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
     induction head ablated with its strongest previous-token feeder (else its top feeder), together and alone.
     `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
     started = time.perf_counter()
-    report = stage_callback(progress)
+    report = callback(progress)
     composition = composition_scores(loaded.model, loaded.name, kinds=("k",),
                                      progress=stage_tick(report, "K-composition"))
     classes = classify(loaded, scores=list(CLASSES), seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,

@@ -19,7 +19,8 @@ from probe.errors import ProbeError
 from probe.overflow import forwards, require_finite
 from probe.models import LoadedModel
 from probe.inputs.sets import ProbeOptions, check_context, register_probe_set
-from probe.inputs.tasks import IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, _single, _tokens, json_lines, sva_draws
+from probe.inputs.tasks import (IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, json_lines, not_single_token,
+                               sva_draws, task_tokens)
 
 CONTRAST_KEYS = ("clean", "corrupt", "answer", "distractor")
 MIN_GAP = 0.05
@@ -80,10 +81,10 @@ def _bos(loaded: LoadedModel) -> list[int]:
 
 def _problem(loaded: LoadedModel, pair: ContrastPair) -> str | None:
     """Why a pair cannot be used as it is for this model (None: it can)."""
-    why = _single(loaded, TaskItem(pair.clean, answer=pair.answer, distractor=pair.distractor))
+    why = not_single_token(loaded, TaskItem(pair.clean, answer=pair.answer, distractor=pair.distractor))
     if why is not None:
         return f"{why} for this model; the logit difference needs single-token answers and distractors"
-    clean, corrupt = len(_tokens(loaded, pair.clean)), len(_tokens(loaded, pair.corrupt))
+    clean, corrupt = len(task_tokens(loaded, pair.clean)), len(task_tokens(loaded, pair.corrupt))
     if clean != corrupt:
         return (f"clean is {clean} tokens and corrupt {corrupt}: a pair's prompts must tokenize to the same length, "
                 "so that each position of one is that position of the other")
@@ -99,8 +100,8 @@ def contrast_set(loaded: LoadedModel, pairs: list[ContrastPair], name: str, desc
                  dropped: list[str] | None = None) -> ContrastSet:
     """The token ids of checked pairs (`_problem` is None for each), right-padded, BOS first where the model has one."""
     bos = _bos(loaded)
-    clean = [bos + _tokens(loaded, pair.clean) for pair in pairs]
-    corrupt = [bos + _tokens(loaded, pair.corrupt) for pair in pairs]
+    clean = [bos + task_tokens(loaded, pair.clean) for pair in pairs]
+    corrupt = [bos + task_tokens(loaded, pair.corrupt) for pair in pairs]
     length = max(len(ids) for ids in clean)
     check_context(loaded, length)
     shape = (len(pairs), length)
@@ -109,8 +110,8 @@ def contrast_set(loaded: LoadedModel, pairs: list[ContrastPair], name: str, desc
     for row, (one, other) in enumerate(zip(clean, corrupt)):
         ids["clean"][row, :len(one)], ids["corrupt"][row, :len(other)] = torch.tensor(one), torch.tensor(other)
         mask[row, :len(one)] = 1
-    answer = torch.tensor([_tokens(loaded, pair.answer)[0] for pair in pairs])
-    distractor = torch.tensor([_tokens(loaded, pair.distractor)[0] for pair in pairs])
+    answer = torch.tensor([task_tokens(loaded, pair.answer)[0] for pair in pairs])
+    distractor = torch.tensor([task_tokens(loaded, pair.distractor)[0] for pair in pairs])
     return ContrastSet(name, description, ids["clean"], ids["corrupt"], mask, answer, distractor, list(pairs),
                        list(dropped or []))
 

@@ -5,13 +5,14 @@ needle position each key token is copied from is known (`NeedleSet.sources`). Ra
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from probe.inputs.sets import (DEFAULT_SEED, ENGLISH, ProbeOptions, ProbeSet, context_length, random_tokens,
-                               register_probe_set, tokenize_prefix)
+from probe.inputs.sets import (DEFAULT_SEED, ENGLISH, ProbeOptions, ProbeSet, context_length, encode,
+                               random_tokens, register_probe_set, tokenize_prefix)
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
@@ -70,9 +71,7 @@ def _text_parts(tokenizer: Any, template: str, key: str) -> _Parts:
     if not cue:
         raise ProbeError("the needle needs words before {key}: the question repeats them", parameter="needle")
 
-    def ids(text: str) -> list[int]:
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
+    ids = partial(encode, tokenizer)
     needle, key_ids = ids(" " + template.format(key=key)), ids(" " + key)
     at = _find(needle, key_ids)
     if at < 0 or needle[:at] != ids(" " + cue):

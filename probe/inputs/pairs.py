@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 
-from probe.inputs.sets import ProbeSet, context_length, given, register_probe_set, right_padded
+from probe.inputs.sets import ProbeSet, context_length, encode, given, register_probe_set, right_padded
 from probe.inputs.tasks import json_lines
 from probe.errors import ProbeError
 from probe.hooks.stacks import decoder_start
@@ -46,8 +46,8 @@ def read_pairs(loaded: LoadedModel, path: str | Path) -> ProbeSet:
             raise ProbeError(f"{where}: expected an object with string \"source\" and \"target\"",
                              parameter="seq2seq")
         texts.append((item["source"], item["target"]))
-    encode = lambda text: list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
-    return pairs_set(loaded, [(encode(source), encode(target)) for source, target in texts],
+    tokenizer = loaded.tokenizer
+    return pairs_set(loaded, [(encode(tokenizer, source), encode(tokenizer, target)) for source, target in texts],
                      description=f"seq2seq file {path}")
 
 

@@ -123,15 +123,20 @@ def random_tokens(loaded: LoadedModel, shape: tuple[int, ...], generator: torch.
     return pool[torch.randint(len(pool), shape, generator=generator)]
 
 
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of a text without special tokens."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
 def tokenize_prefix(tokenizer: Any, text: str, needed: int) -> list[int]:
     """Token ids of the text, tokenizing only as much of it as `needed` tokens take (the text can be long)."""
     chars = max(needed * 8, 4096)
     while True:
         if chars >= len(text):
-            return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            return encode(tokenizer, text)
         cut = text.rfind("\n", 0, chars)
         cut = chars if cut <= 0 else cut
-        ids = list(tokenizer(text[:cut], add_special_tokens=False)["input_ids"])
+        ids = encode(tokenizer, text[:cut])
         if len(ids) >= needed + 64:  # the margin keeps the cut from changing the tokens used
             return ids
         chars *= 2

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from probe.inputs.sets import ProbeSet, check_context, given, register_probe_set
+from probe.inputs.sets import ProbeSet, check_context, encode, given, register_probe_set
 from probe.errors import ProbeError
 from probe.reading import is_file, loads
 from probe.models import LoadedModel
@@ -165,18 +165,18 @@ TASKS: dict[str, Callable[[int, int], list[TaskItem]]] = {"sva": sva_items, "ioi
 # task set
 
 
-def _tokens(loaded: LoadedModel, text: str) -> list[int]:
+def task_tokens(loaded: LoadedModel, text: str) -> list[int]:
     if loaded.tokenizer is None:
         raise ProbeError(f"a task set is text: {loaded.name} has no tokenizer", parameter="task")
-    return list(loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+    return encode(loaded.tokenizer, text)
 
 
-def _single(loaded: LoadedModel, item: TaskItem) -> str | None:
+def not_single_token(loaded: LoadedModel, item: TaskItem) -> str | None:
     """Why a prompt's answer or distractor is not one token for this model (None: both are)."""
     for what in ("answer", "distractor"):
         text = getattr(item, what)
-        if text is not None and len(_tokens(loaded, text)) != 1:
-            return f"{what} {text!r} is {len(_tokens(loaded, text))} tokens"
+        if text is not None and len(task_tokens(loaded, text)) != 1:
+            return f"{what} {text!r} is {len(task_tokens(loaded, text))} tokens"
     return None
 
 
@@ -184,10 +184,10 @@ def _rows(loaded: LoadedModel, item: TaskItem, bos: list[int]) -> list[tuple[lis
     """(ids, first scored position) of the good and the bad row of one item."""
     if item.answer is None:
         assert item.bad is not None
-        return [(bos + _tokens(loaded, sentence), 0) for sentence in (item.good, item.bad)]
+        return [(bos + task_tokens(loaded, sentence), 0) for sentence in (item.good, item.bad)]
     assert item.distractor is not None  # a prompt has both (read_task_file, the generated tasks)
-    prompt = bos + _tokens(loaded, item.good)
-    return [(prompt + _tokens(loaded, word), len(prompt) - 1) for word in (item.answer, item.distractor)]
+    prompt = bos + task_tokens(loaded, item.good)
+    return [(prompt + task_tokens(loaded, word), len(prompt) - 1) for word in (item.answer, item.distractor)]
 
 
 def task_items(loaded: LoadedModel, task: str | Path, count: int, seed: int) -> tuple[list[TaskItem], str, list[str]]:
@@ -197,15 +197,16 @@ def task_items(loaded: LoadedModel, task: str | Path, count: int, seed: int) -> 
         raise ProbeError("a task set needs the model's tokenizer (this model has none)", parameter="task")
     if str(task) in TASKS:
         items, source = TASKS[str(task)](count, seed), f"{task}: generated, {count} items, seed {seed}"
-        kept = [item for item in items if _single(loaded, item) is None]
-        dropped = [f"{item.good!r}: {_single(loaded, item)}" for item in items if _single(loaded, item) is not None]
+        reasons = [not_single_token(loaded, item) for item in items]
+        kept = [item for item, reason in zip(items, reasons) if reason is None]
+        dropped = [f"{item.good!r}: {reason}" for item, reason in zip(items, reasons) if reason is not None]
         if not kept:
             raise ProbeError(f"no item of task {task} has single-token answers for this model ({dropped[0]})",
                              parameter="task")
         return kept, source, dropped
     items = read_task_file(task)
     for number, item in enumerate(items, start=1):
-        why = _single(loaded, item)
+        why = not_single_token(loaded, item)
         if why is not None:
             raise ProbeError(f"{task} row {number}: {why} for this model; the logit difference needs single-token "
                              "answers and distractors")

@@ -14,7 +14,7 @@ from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
 from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
-from probe.progress import Progress, StageProgressArg, reports, stage_callback, stage_tick
+from probe.progress import Progress, StageProgressArg, reports, callback, stage_tick
 from probe.provenance import model_dtype
 from probe.headmaps.kvpress import check_kvpress_ratio
 from probe.kv.budget import (DEFAULT_MAX_LOSS_INCREASE, Budget, calibrate_budget, fixed_budget,
@@ -114,7 +114,7 @@ def kv_heads(
     calibrated, why_fixed = _budget_kind(loaded, not fixed)
     scored = needle_set(loaded, options)
     n_heads, n_kv = kv_groups(loaded)
-    stage, clock = partial(stage_tick, stage_callback(progress)), _Clock()
+    stage, clock = partial(stage_tick, callback(progress)), _Clock()
     retrieval, streaming, run = score_needles(loaded, scored, sink=sink, recent=recent,
                                               progress=stage("scoring heads"))
     clock.lap("scores")
