@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.common import ROOT, load_average, machine, now, save_result
 
-OFFSETS = (20, 60, 120, 240, 400)  # seconds into the run at which Ctrl-C comes
+OFFSETS = (20, 90, 200, 330)  # seconds into the run at which Ctrl-C comes
 COMMAND = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "not slow"]
 
 

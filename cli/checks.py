@@ -98,7 +98,7 @@ def check_hub_reachable(spec: str) -> None:
                          parameter="spec") from None
 
 
-def _config(spec: str) -> dict[str, Any] | None:
+def model_config(spec: str) -> dict[str, Any] | None:
     """The model's config.json as read without loading anything, or None where there is none to read."""
     source = resolve_alias(spec)
     path: Any = None
@@ -123,7 +123,7 @@ def check_layers(spec: str, parameters: dict[str, Any]) -> None:
     """A layer past the model's in --heads or --layers, from its config (others are left to the loaded model's
     check)."""
     named = {name: value for name in ("heads", "layers") if isinstance(value := parameters.get(name), str)}
-    config = _config(spec) if named else None
+    config = model_config(spec) if named else None
     counts = [config.get(key) for key in LAYER_COUNTS] if config and not config.get("is_encoder_decoder") else []
     count = next((value for value in counts if isinstance(value, int)), None)
     if not isinstance(count, int) or count < 1:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.checks import _config
+from probe.cli.checks import model_config
 from probe.cli.options import (CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
@@ -50,7 +50,7 @@ def qk(
         raise ProbeError(f"--at {at!r}: use one of {', '.join(KEY_RULES)}")
     if (query is None) != (key is None):
         raise ProbeError("give --query and --key together (one position each), or neither")
-    why = config_refusal(_config(model) or {})
+    why = config_refusal(model_config(model) or {})
     if why:
         raise ProbeError(why)
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)

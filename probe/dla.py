@@ -355,7 +355,7 @@ def _rounding(recording: Recording, read: Tensor, normed: Tensor, direction: Ten
     return 2 * eps * (stream + (normed.abs() * direction.abs()).sum(dim=-1) + read_logits)
 
 
-def _capped(model: nn.Module) -> bool:
+def logits_capped(model: nn.Module) -> bool:
     """Whether the logits are soft-capped after the LM head (Gemma 2)."""
     return bool(getattr(getattr(model, "config", None), "final_logit_softcapping", None))
 
@@ -370,7 +370,7 @@ def _batch_shares(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: 
                 **({"pattern": recording.on_weights, "v": recording.read_values} if per_position else {})}):
             output = run_model(loaded.model, ids, mask)
         check_stream(structure, recording, recording.heads)
-        return _shares(structure, recording, None if _capped(loaded.model) else recording.at(logits_of(output)))
+        return _shares(structure, recording, None if logits_capped(loaded.model) else recording.at(logits_of(output)))
 
 
 def _joined(parts: list[Shares]) -> Shares:
@@ -550,7 +550,7 @@ def logit_attribution(loaded: LoadedModel, contrast: ContrastSet, *, batch_size:
     corrupt = logit_diffs(loaded, contrast, contrast.corrupt, batch_size=batch_size)
     tokens = [token_strings(loaded, contrast.clean[row, :int(contrast.last[row]) + 1]) for row in range(len(contrast))]
     return Attribution(loaded.name, contrast.description, "logit difference", shares, tokens, corrupt,
-                       _capped(loaded.model), model_dtype(loaded))
+                       logits_capped(loaded.model), model_dtype(loaded))
 
 
 def next_token_attribution(loaded: LoadedModel, ids: Tensor, mask: Tensor | None = None, *,
@@ -563,5 +563,5 @@ def next_token_attribution(loaded: LoadedModel, ids: Tensor, mask: Tensor | None
     shares = attribute(loaded, ids, targets, mask=mask, batch_size=batch_size)
     tokens = [[token] for token in token_strings(loaded, ids[rows, positions])]
     return Attribution(loaded.name, f"natural text, {ids.shape[0]} sequences, {len(rows)} positions",
-                       "logit of the next token", shares, tokens, capped=_capped(loaded.model),
+                       "logit of the next token", shares, tokens, capped=logits_capped(loaded.model),
                        dtype=model_dtype(loaded))

@@ -22,7 +22,7 @@ from torch import Tensor
 from probe.ablation import METHODS, ablate, head_means
 from probe.ablation.heads import Head, check_heads
 from probe.ablation.statistics import HeadStatistics
-from probe.dla import Attribution, Targets, _capped, attribute
+from probe.dla import Attribution, Targets, logits_capped, attribute
 from probe.errors import ProbeError
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
@@ -235,7 +235,7 @@ class Views:
         self.forwards += 1
         name = token_strings(self.loaded, [token])[0]
         result = Attribution(self.loaded.name, f"the text at position {position}", f"logit of {name}", shares,
-                             [[name]], capped=_capped(self.loaded.model), dtype=model_dtype(self.loaded))
+                             [[name]], capped=logits_capped(self.loaded.model), dtype=model_dtype(self.loaded))
         return {**header("dla"), **result.to_dict()}
 
     # -- acting on heads -----------------------------------------------------------------------------------------
