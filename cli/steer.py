@@ -17,7 +17,7 @@ from probe.ablation.heads import Head
 from probe.ablation.methods import METHODS
 from probe.ablation.metrics import Metric as MetricObject
 from probe.ablation.metrics import choose_metric, read_target_words
-from probe.ablation.metrics import target_words as read_words
+from probe.ablation.metrics import target_words as target_words_metric  # `target_words` is an option of steer
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
@@ -211,7 +211,8 @@ def steer(
     options = ProbeOptions(None if data in ("natural", "repeated") else data, seq_len, num_seqs, seed=seed)
     loaded = load_for(choice, rank)
     probe_set = probe_input(loaded, request, options)
-    measured = choose_metric(loaded, probe_set, metric if target_words is None else read_words(loaded, target_words))
+    words = None if target_words is None else target_words_metric(loaded, target_words)
+    measured = choose_metric(loaded, probe_set, metric if words is None else words)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     if find:
         stream = results or cached_results_path(cache_key(choice, request, options, batch_size))

@@ -347,9 +347,9 @@ def choose_metric(loaded: LoadedModel, probe_set: ProbeSet, metric: str | Metric
     kind = input_kind(loaded, probe_set)
     if metric is None:
         return next(candidate for candidate in METRICS.values() if kind in candidate.default_for)
-    if not isinstance(metric, Metric) and metric not in METRICS:
+    chosen = metric if isinstance(metric, Metric) else METRICS.get(metric)
+    if chosen is None:
         raise ProbeError(f"unknown metric {metric!r}: use one of {', '.join(METRICS)}", parameter="metric")
-    chosen = metric if isinstance(metric, Metric) else METRICS[metric]
     if kind not in chosen.applies:
         usable = [name for name, candidate in METRICS.items() if kind in candidate.applies]
         raise ProbeError(f"metric {chosen.name} applies to {' or '.join(KINDS[k] for k in chosen.applies)}, not to "

@@ -175,8 +175,9 @@ def not_single_token(loaded: LoadedModel, item: TaskItem) -> str | None:
     """Why a prompt's answer or distractor is not one token for this model (None: both are)."""
     for what in ("answer", "distractor"):
         text = getattr(item, what)
-        if text is not None and len(task_tokens(loaded, text)) != 1:
-            return f"{what} {text!r} is {len(task_tokens(loaded, text))} tokens"
+        count = 1 if text is None else len(task_tokens(loaded, text))
+        if count != 1:
+            return f"{what} {text!r} is {count} tokens"
     return None
 
 
