@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -44,7 +45,7 @@ def main() -> None:
         print(rows[-1], file=sys.stderr)
     save_result("interrupt", {"date": now(), "command": "python -m bench.interrupt",
                               "machine": machine(packages=()), "load_before": before, "load_after": load_average(),
-                              "test_command": " ".join(["python", *COMMAND[1:]]), "rows": rows})
+                              "test_command": shlex.join(["python", *COMMAND[1:]]), "rows": rows})
     from bench import report
 
     report.write()
