@@ -18,6 +18,8 @@ from probe.circuits import copying_scores
 from probe.circuits.pairs import circuits
 from probe.heads.classify import classify
 from probe.dla import next_token_attribution
+from probe.headvis import METRICS as HEADVIS_METRICS
+from probe.headvis import head_metrics
 from probe.inputs import ProbeOptions, build_probe_set, natural_set
 from probe.heads.evidence import HeadFacts, Partner, judge
 from probe.models import LoadedModel
@@ -83,6 +85,15 @@ def test_causal_and_weight_fields_equal_ablate_and_circuits(planted, built):
         assert entry["metrics"]["copying"] == pytest.approx(float(copying[entry["layer"], entry["head"]]), abs=1e-6)
     writes = built.head(1, 1)["writes"]
     assert writes and all(write["promotes"][0]["token"] == write["token"] for write in writes)  # it copies
+
+
+def test_headvis_metrics_equal_head_metrics(planted, built):
+    alone = head_metrics(planted, natural_set(planted, seq_len=64, num_seqs=4), samples=0)
+    for entry in built.heads:
+        for name in HEADVIS_METRICS:
+            value = float(alone.metrics[name][entry["layer"], entry["head"]])
+            assert entry["metrics"][f"headvis_{name}"] == pytest.approx(value, abs=1e-6)
+    assert {f"headvis_{name}" for name in HEADVIS_METRICS} <= set(built.to_dict()["metrics"])  # the finder's axes
 
 
 def test_examples_show_what_the_head_does(planted, built):
@@ -191,6 +202,11 @@ def test_page_in_chromium(built, tmp_path, open_page):  # noqa: F811
     drawn = opened.page.evaluate("document.querySelector('.atlas-scatter').data[0]")
     expected = [entry["metrics"]["induction_score"] for entry in payload["heads"]]
     assert [drawn["x"][drawn["customdata"].index(i)] for i in range(8)] == expected
+    opened.page.select_option(".atlas-y", "headvis_pattern_entropy")  # HeadVis's metrics are axes too
+    opened.wait_ready(y="headvis_pattern_entropy")
+    drawn = opened.page.evaluate("document.querySelector('.atlas-scatter').data[0]")
+    expected = [entry["metrics"]["headvis_pattern_entropy"] for entry in payload["heads"]]
+    assert [drawn["y"][drawn["customdata"].index(i)] for i in range(8)] == expected
     assert "induction score" in opened.page.evaluate(
         "document.querySelector('.atlas-scatter').layout.xaxis.title.text")
 

@@ -17,6 +17,7 @@ from probe.circuits.composition import Composition
 from probe.dla import Attribution
 from probe.errors import ProbeError
 from probe.heads.classify import Classification
+from probe.headvis import HeadVisMetrics
 from probe.heads.evidence import RULES, HeadFacts, Partner, judge, rule_for
 from probe.heads.scores import SCORES
 from probe.models import LoadedModel
@@ -40,6 +41,7 @@ class Measured:
     dla: Attribution | None
     fast: bool
     self_repair: SelfRepair | None = None  # the self_repair stage, where it ran
+    headvis: HeadVisMetrics | None = None  # the headvis stage, where it ran
 
 
 def _number(value: Any) -> float | None:
@@ -118,6 +120,8 @@ def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None) ->
         "out": _number(max((p.score for p in facts.readers), default=None)),
         "self_repair": None if repair is None else _number(repair["self_repair"]),
     })
+    if measured.headvis is not None:
+        out.update({f"headvis_{name}": _number(value[layer, head]) for name, value in measured.headvis.metrics.items()})
     return out
 
 

@@ -6,6 +6,8 @@ from dataclasses import field
 from typing import Any
 
 from probe.frames import frame, head_rows
+from probe.headvis.metrics import METRICS as HEADVIS_METRICS
+from probe.headvis.result import UNITS as HEADVIS_UNITS
 from probe.heads.evidence import CAUSE_DELTA, COMPOSITION_RATIO, PART_DELTA, RULES
 from probe.patterns import Patterns
 from probe.schemas.base import Field
@@ -27,6 +29,8 @@ METRICS = {
     "nonfirst_attention": "mean over positions of the head's largest attention to a key after the first",
     "k_in": "strongest K-composition into this head from an earlier head",
     "out": "strongest composition of this head into a later head (any kind)",
+    **{f"headvis_{name}": f"Neuronpedia HeadVis's {name} on natural text ({HEADVIS_UNITS[name]})"
+       for name in HEADVIS_METRICS},
 }
 """Per-head numbers the head finder can plot (`<class>` scores come on top), with what each means."""
 

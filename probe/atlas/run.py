@@ -1,6 +1,6 @@
 """`atlas`: every measurement the atlas shows, each by the library's own function, run once, stage by stage
-(classify, weights, ablation, parts, task, examples, patterns, dla, self_repair); a stage the model cannot do is
-skipped with its reason. With `results_dir` the sweeps stream there and `resume` continues them."""
+(classify, weights, ablation, parts, task, examples, patterns, dla, self_repair, headvis); a stage the model cannot do
+is skipped with its reason. With `results_dir` the sweeps stream there and `resume` continues them."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, Prob
 from probe.dla import next_token_attribution
 from probe.selfrepair import text_self_repair
 from probe.errors import ProbeError
+from probe.headvis import head_metrics
 from probe.heads.classify import Classification, classify
 from probe.heads.evidence import RULES
 from probe.models import LoadedModel
@@ -140,7 +141,9 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
                                                                      batch_size=batch_size))
     repair = None if not self_repair else stages.optional("self_repair", lambda tick: text_self_repair(
         loaded, natural, batch_size=batch_size, progress=tick))
-    measured = Measured(classes, ablation, parts, tasks, composition, copying, examples, dla, fast, repair)
+    headvis = stages.optional("headvis", lambda tick: head_metrics(loaded, natural, batch_size=batch_size, samples=0,
+                                                                   progress=tick))
+    measured = Measured(classes, ablation, parts, tasks, composition, copying, examples, dla, fast, repair, headvis)
     settings = {"data": str(data) if data is not None else "natural (probe's English text)", "seq_len": seq_len,
                 "num_seqs": num_seqs, "repeat_len": repeat_len, "seed": seed, "fast": fast,
                 "task": None if task is None else str(task), "natural": natural.to_dict(), "self_repair": self_repair}
