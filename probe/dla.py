@@ -1,288 +1,30 @@
-"""Direct logit attribution (DLA): what each attention head, each MLP, the embeddings and the biases write into the
-residual stream, read off directly by the unembedding, without any later layer in between.
-
-The residual stream at the last layer is a sum: embeddings + every block's attention output + every block's MLP
-output (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"). An attention output is a sum over
-heads, head h writing z_h W_O^h (its slice of the output projection; under grouped-query attention each query head
-has its own slice), plus the projection's bias. The final norm is not linear, but with its scale frozen at each
-position (the value it took on the clean run: 1 / rms for RMSNorm, 1 / std for LayerNorm, whose centring is linear
-and applies to every component) it is, and so is everything after it: each component's share of a logit difference
-is that component, centred where the norm centres, times the frozen scale and the norm's gain, dotted with
-W_U[answer] - W_U[distractor] (Wang et al. 2022 read IOI heads this way). The norm's bias and the LM head's bias go
-to `final_bias`. The shares sum to the model's own logit difference: `Attribution.residual` is how far they do not.
-
-A head's share splits further by source position: z_h at the read position is a sum over keys of attention weight
-times value, so its share is a sum over source positions (`head_positions`; transformers-interface models only).
-
-Soft-capped logits (Gemma 2's final_logit_softcapping) are not linear in the residual stream: DLA is of the logits
-before capping, and the identity is checked against them (`capped`). A block that writes anything but its attention
-and MLP outputs into the stream (post-norms after them, Gemma 2; a residual added inside the attention, BLOOM) is
-refused, as is a model without an LM head (an encoder).
+"""Direct logit attribution (DLA; docs/patching.md): what each head, MLP, the embeddings and the biases write into
+the residual stream, read off by the unembedding through the final norm frozen at the clean run (Elhage et al. 2021;
+Wang et al. 2022). The shares sum to the model's own score (`Attribution.residual`: how far not). Soft-capped logits
+are attributed before capping (`capped`); blocks writing more than attention + MLP, and encoders, are refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from probe.frames import frame, record_rows
-from probe.ablation.blocks import Blocks, find_blocks
 from probe.hooks.capture import attention_hooks
-from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.run import logits_of, run_model
-from probe.hooks.types import HookContext
 from probe.inputs import ContrastSet, logit_diffs
 from probe.errors import ProbeError
 from probe.overflow import forwards, require_finite
-from probe.hooks.restore import interrupts_deferred, restoring
 from probe.models import LoadedModel
-from probe.models.parts import (FINAL_NORMS, MLPS, OUTPUT_PROJECTIONS, base_model, gain, named_child, output_embeddings,
-                                output_projection_weight)
 from probe.patterns import token_strings
 from probe.provenance import model_dtype
+from probe.residual import (Recording, Structure, Targets, check_stream, final_read, head_shares, mlp_shares,
+                            model_structure, record_writes, one_head_count)
 from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS, NUMBER, SELF_REPAIR
 from probe.schemas.declare import Payload, columns, payload, published, schema_field
-
-STREAM_TOLERANCE = 1e-3  # relative, float32: a block's write must be its attention + MLP outputs this closely
-
-
-@dataclass(frozen=True)
-class Targets:
-    """Where the logits are read: one point per (row, position), scored as logit(answer) - logit(distractor), or
-    logit(answer) alone where `distractor` is None (the correct next token over natural text)."""
-
-    rows: Tensor  # (points,) long
-    positions: Tensor  # (points,) long
-    answer: Tensor  # (points,) token ids
-    distractor: Tensor | None = None
-
-    def direction(self, unembedding: Tensor) -> Tensor:
-        """(points, d_model) float64: W_U[answer] - W_U[distractor] (W_U (vocab, d_model), as nn.Linear stores it)."""
-        direction = unembedding[self.answer].double().cpu()
-        return direction if self.distractor is None else direction - unembedding[self.distractor].double().cpu()
-
-    def scored(self, values: Tensor) -> Tensor:
-        """(points, vocab) -> (points,) float64: the answer's value minus the distractor's."""
-        index = torch.arange(values.shape[0])
-        score = values[index, self.answer].double()
-        return score if self.distractor is None else score - values[index, self.distractor].double()
-
-    def subset(self, rows: slice) -> Targets:
-        keep = (self.rows >= rows.start) & (self.rows < rows.stop)
-        return Targets(self.rows[keep] - rows.start, self.positions[keep], self.answer[keep],
-                       None if self.distractor is None else self.distractor[keep])
-
-
-def _first_tensor(value: Any) -> Tensor:
-    return value if isinstance(value, Tensor) else next(item for item in value if isinstance(item, Tensor))
-
-
-@dataclass
-class Recording:
-    """What one forward wrote into the residual stream, at the read points only (in the dtype the model runs in)."""
-
-    targets: Targets
-    per_position: bool
-    block_in: dict[int, Tensor] = field(default_factory=dict)  # block -> (points, d_model)
-    block_out: dict[int, Tensor] = field(default_factory=dict)
-    attention: dict[int, Tensor] = field(default_factory=dict)  # layer -> (points, d_model)
-    mlp: dict[int, Tensor] = field(default_factory=dict)  # block -> (points, d_model)
-    heads: dict[int, Tensor] = field(default_factory=dict)  # layer -> (points, n_heads, head_dim)
-    weights: dict[int, Tensor] = field(default_factory=dict)  # layer -> (points, n_heads, keys)
-    values: dict[int, Tensor] = field(default_factory=dict)  # layer -> (points, n_kv_heads, keys, head_dim)
-    final: list[Tensor] = field(default_factory=list)  # [the final norm's input, its output], (points, d_model)
-
-    def at(self, value: Tensor) -> Tensor:
-        """(batch, positions, ...) -> (points, ...)."""
-        return value[self.targets.rows.to(value.device), self.targets.positions.to(value.device)].detach()
-
-    def edit_heads(self, heads: Tensor, ctx: HookContext) -> Tensor:
-        """The `z` point's handler: keeps the heads' outputs at the read points."""
-        self.heads[ctx.layer] = self.at(heads)
-        return heads
-
-    def on_weights(self, weights: Tensor, ctx: HookContext) -> None:
-        if not self.per_position:
-            return
-        layer, start = ctx.layer, ctx.start
-        stored = self.weights.setdefault(layer, weights.new_zeros(len(self.targets.rows), weights.shape[1],
-                                                                   weights.shape[-1]))
-        inside = (self.targets.positions >= start) & (self.targets.positions < start + weights.shape[2])
-        points = inside.nonzero().flatten()
-        rows, queries = self.targets.rows[points], self.targets.positions[points] - start
-        stored[points] = weights[rows.to(weights.device), :, queries.to(weights.device)].detach()
-
-    def read_values(self, value: Tensor, ctx: HookContext) -> None:
-        """The `v` hook point's reader: keeps the values of the read rows."""
-        self.values[ctx.layer] = value[self.targets.rows.to(value.device)].transpose(1, 2).detach()
-
-
-@dataclass(frozen=True)
-class Structure:
-    """Where a model's residual stream is written: blocks, their attention layers and MLPs, final norm, LM head."""
-
-    layers: list[AttentionLayer]
-    blocks: Blocks
-    mlps: list[nn.Module]
-    projections: list[tuple[Tensor, Tensor | None]]  # per layer: (W (n_heads * head_dim, d_model), bias or None)
-    norm: nn.Module
-    head: nn.Linear
-
-
-def _projection(layer: AttentionLayer, d_model: int) -> tuple[Tensor, Tensor | None]:
-    width = layer.n_heads * layer.value_dim
-    found = output_projection_weight(layer.module, width, d_model)
-    if found is None:
-        raise ProbeError(f"attention layer {layer.index} ({type(layer.module).__name__}) has no output projection "
-                         f"probe can read ({', '.join(OUTPUT_PROJECTIONS)} of {width} -> {d_model}): DLA cannot split "
-                         "it into heads", parameter="model")
-    return found
-
-
-def _child(parent: nn.Module, names: tuple[str, ...], what: str) -> nn.Module:
-    _, found = named_child(parent, names)
-    if found is None:
-        raise ProbeError(f"{type(parent).__name__} has no {what} probe can find ({', '.join(names)}): direct logit "
-                         "attribution cannot decompose this model", parameter="model")
-    return found
-
-
-def model_structure(model: nn.Module) -> Structure:
-    """The parts DLA reads; ProbeError (one line) for a model it cannot decompose."""
-    head = output_embeddings(model)
-    if not isinstance(head, nn.Linear):
-        raise ProbeError(f"direct logit attribution needs an LM head (logits over the vocabulary): "
-                         f"{type(model).__name__} has none (an encoder gives hidden states, not logits)",
-                         parameter="model")
-    layers = attention_layers(model)
-    blocks, why = find_blocks(model, layers)
-    if blocks is None:
-        raise ProbeError(f"direct logit attribution reads one list of blocks: {why}", parameter="model")
-    if len(set(blocks.of_layer)) != len(blocks.of_layer):
-        raise ProbeError("a block with two attention layers: DLA reads one per block", parameter="model")
-    d_model = head.weight.shape[1]
-    body = base_model(model)
-    return Structure(layers, blocks, [_child(block, MLPS, "MLP") for block in blocks.container],
-                      [_projection(layer, d_model) for layer in layers],
-                      _child(model if body is None else body, FINAL_NORMS, "final norm"), head)
-
-
-@contextmanager
-def record_writes(structure: Structure, recording: Recording) -> Iterator[None]:
-    """Forward hooks that fill `recording`; all removed on exit."""
-    at = recording.at
-
-    def keep(store: dict[int, Tensor], key: int) -> Any:
-        return lambda _module, _args, output: store.__setitem__(key, at(_first_tensor(output)))
-
-    def keep_input(store: Any, key: int) -> Any:
-        def hook(_module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-            stream = args[0] if args else kwargs["hidden_states"]
-            if stream.dim() != 3:  # e.g. Gemma 3n's AltUp: (predictions, batch, positions, d_model)
-                raise ProbeError(f"block {key}'s input is not one residual stream (shape {tuple(stream.shape)}): "
-                                 "direct logit attribution cannot decompose this model")
-            store[key] = at(stream)
-        return hook
-
-    final: dict[int, Tensor] = {}
-    with restoring() as undo:
-        with interrupts_deferred():
-            for index, block in enumerate(structure.blocks.container):
-                undo.append(block.register_forward_pre_hook(keep_input(recording.block_in, index),
-                                                            with_kwargs=True).remove)
-                undo.append(block.register_forward_hook(keep(recording.block_out, index)).remove)
-                undo.append(structure.mlps[index].register_forward_hook(keep(recording.mlp, index)).remove)
-            for layer in structure.layers:
-                undo.append(layer.module.register_forward_hook(keep(recording.attention, layer.index)).remove)
-            undo.append(structure.norm.register_forward_pre_hook(keep_input(final, 0), with_kwargs=True).remove)
-            undo.append(structure.norm.register_forward_hook(keep(final, 1)).remove)
-        yield
-    recording.final[:] = [final[0], final[1]]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the decomposition
-
-
-@dataclass(frozen=True)
-class FrozenNorm:
-    """A norm as a linear map at each read point: x -> centre(x) * scale * gain, its bias kept apart."""
-
-    centred: bool  # LayerNorm subtracts the mean (linear: applied to every component)
-    scale: Tensor  # (points,) float64: 1 / rms (RMSNorm) or 1 / std (LayerNorm) of the clean run's stream
-    gain: Tensor  # (d_model,) float64
-    bias: Tensor | None
-
-    def apply(self, component: Tensor) -> Tensor:
-        """(..., points, d_model) -> what the norm makes of it, its bias apart."""
-        centred = component - component.mean(dim=-1, keepdim=True) if self.centred else component
-        return centred * self.scale[:, None] * self.gain
-
-    def read(self, direction: Tensor) -> Tensor:
-        """(points, d_model): the vector a component is dotted with, so that its share is component . vector."""
-        vector = self.scale[:, None] * self.gain * direction
-        return vector - vector.mean(dim=-1, keepdim=True) if self.centred else vector
-
-
-def frozen_norm(norm: nn.Module, stream: Tensor) -> FrozenNorm:
-    """`norm` with its scale frozen at the clean run's `stream` (points, d_model); an epsilon it lacks is 0 (the
-    identity's residual shows it)."""
-    name = type(norm).__name__
-    centred = "RMS" not in name and (isinstance(norm, nn.LayerNorm) or "LayerNorm" in name)
-    if "RMS" not in name and not centred:
-        raise ProbeError(f"the final norm is a {name}, neither RMSNorm nor LayerNorm: direct logit attribution "
-                         "cannot freeze its scale", parameter="model")
-    eps = next((float(getattr(norm, key)) for key in ("variance_epsilon", "eps", "epsilon")
-                if isinstance(getattr(norm, key, None), (int, float))), 0.0)
-    x = stream.double()
-    x = x - x.mean(dim=-1, keepdim=True) if centred else x
-    scale = (x.pow(2).mean(dim=-1) + eps).rsqrt()
-    found = gain(norm)
-    bias = getattr(norm, "bias", None)
-    return FrozenNorm(centred, scale, torch.ones(x.shape[-1], dtype=torch.float64) if found is None else found.cpu(),
-                       bias.detach().double().cpu() if isinstance(bias, Tensor) else None)
-
-
-def _check_close(found: Tensor, expected: Tensor, what: str, magnitude: Tensor, dtype: torch.dtype) -> None:
-    """Refuse where a write the decomposition assumes is not what the model computed. The tolerance scales with the
-    dtype the model runs in: float32's relative STREAM_TOLERANCE, plus 2 eps of that dtype times `magnitude` (each
-    element's sum of |terms| the model rounded: a bfloat16 stream of size 100 rounds a block's small write by 0.4)."""
-    gap = (found.double() - expected.double()).abs()
-    eps = torch.finfo(dtype).eps
-    allowed = STREAM_TOLERANCE * max(1.0, float(expected.double().abs().max())) + 2 * eps * magnitude.to(gap.device)
-    if bool((gap > allowed).any()):
-        worst, name = int((gap - allowed).argmax()), str(dtype).removeprefix("torch.")
-        raise ProbeError(f"{what} (off by {float(gap.flatten()[worst]):.3g} where {name} rounding allows "
-                         f"{float(allowed.flatten()[worst]):.3g}): direct logit attribution cannot decompose this "
-                         "model", parameter="model")
-
-
-def check_stream(structure: Structure, recording: Recording, heads: dict[int, Tensor]) -> None:
-    """Each attention output is its heads through the output projection; each block writes attention + MLP. Sums in
-    float64 from the recorded values, so that only the model's own rounding is left to tolerate."""
-    for layer, (matrix, bias) in zip(structure.layers, structure.projections):
-        z = heads[layer.index].flatten(1).double()
-        made = z @ matrix.to(z.device)
-        magnitude = z.abs() @ matrix.to(z.device).abs() + (0 if bias is None else bias.to(z.device).abs())
-        _check_close(made + (0 if bias is None else bias.to(made.device)), recording.attention[layer.index],
-                     f"attention layer {layer.index}'s output is not its heads through its output projection",
-                     magnitude, recording.attention[layer.index].dtype)
-    for block in range(len(structure.blocks)):
-        attention = [recording.attention[index].double() for index, owner in enumerate(structure.blocks.of_layer)
-                     if owner == block]
-        written = sum(attention) + recording.mlp[block].double()
-        into, out = recording.block_in[block], recording.block_out[block]
-        magnitude = into.double().abs() + out.double().abs() + recording.mlp[block].double().abs() + \
-            sum(part.abs() for part in attention)
-        _check_close(written, out.double() - into.double(),
-                     f"block {block} adds more than its attention and MLP outputs to the residual stream (a norm "
-                     "after them, as in Gemma 2, or a residual added inside one, as in MPT's MLP)", magnitude,
-                     out.dtype)
 
 
 @dataclass
@@ -299,29 +41,10 @@ class Shares:
     rounding: Tensor | None = None  # (points,) how far the model's own rounding may put the shares' sum from its score
 
 
-def head_shares(structure: Structure, recording: Recording, read: Tensor) -> tuple[Tensor, Tensor | None]:
-    """(points, n_layers, n_heads) and, where recorded, (points, n_layers, n_heads, keys)."""
-    shares, by_position = [], []
-    for layer, (matrix, _) in zip(structure.layers, structure.projections):
-        z = recording.heads[layer.index].double().cpu()  # (points, n_heads, head_dim)
-        per_head = (read @ matrix.T).view(*z.shape)  # what each head's z is dotted with
-        shares.append((z * per_head).sum(dim=-1))
-        if layer.index in recording.values and layer.index in recording.weights:
-            values = recording.values[layer.index].double().cpu()  # (points, n_kv_heads, keys, head_dim)
-            values = values.repeat_interleave(layer.n_heads // values.shape[1], dim=1)
-            weights = recording.weights[layer.index].double().cpu()  # (points, n_heads, keys)
-            by_position.append(weights * torch.einsum("phkd,phd->phk", values, per_head))
-    positions = torch.stack(by_position, dim=1) if len(by_position) == len(shares) else None
-    return torch.stack(shares, dim=1), positions
-
-
 def _shares(structure: Structure, recording: Recording, logits: Tensor | None) -> Shares:
     """Every component's share of the score at each read point, and the model's own score."""
     targets = recording.targets
-    stream, normed = (value.double().cpu() for value in recording.final)
-    norm = frozen_norm(structure.norm, stream)
-    direction = targets.direction(structure.head.weight.detach())
-    read = norm.read(direction)  # (points, d_model)
+    norm, direction, read = final_read(structure, recording)
 
     def share(component: Tensor) -> Tensor:
         return (component.double().cpu() * read).sum(dim=-1)
@@ -336,9 +59,8 @@ def _shares(structure: Structure, recording: Recording, logits: Tensor | None) -
     if logits is None:  # soft-capped: the score before capping
         logits = structure.head(recording.final[1]).detach()
     return Shares(share(recording.block_in[0]), heads, torch.stack(biases, dim=1),
-                   torch.stack([share(recording.mlp[block]) for block in range(len(structure.blocks))], dim=1),
-                   final_bias, targets.scored(logits.double().cpu()), positions,
-                   _rounding(recording, read, normed, direction, logits))
+                   mlp_shares(structure, recording, read), final_bias, targets.scored(logits.double().cpu()), positions,
+                   _rounding(recording, read, recording.final[1].double().cpu(), direction, logits))
 
 
 def _rounding(recording: Recording, read: Tensor, normed: Tensor, direction: Tensor, logits: Tensor) -> Tensor:
@@ -369,7 +91,7 @@ def _batch_shares(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: 
                 "z": recording.edit_heads,
                 **({"pattern": recording.on_weights, "v": recording.read_values} if per_position else {})}):
             output = run_model(loaded.model, ids, mask)
-        check_stream(structure, recording, recording.heads)
+        check_stream(structure, recording)
         return _shares(structure, recording, None if logits_capped(loaded.model) else recording.at(logits_of(output)))
 
 
@@ -391,10 +113,7 @@ def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tenso
     goes through transformers' interface (else None)."""
     if batch_size < 1:
         raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
-    structure = model_structure(loaded.model)
-    if len({layer.n_heads for layer in structure.layers}) != 1:
-        raise ProbeError("layers with different numbers of heads: DLA's (layer, head) table needs one",
-                         parameter="model")
+    structure = one_head_count(model_structure(loaded.model), "DLA")
     per_position = per_position and all(layer.kind == "hf" for layer in structure.layers)
     parts = []
     for start in range(0, ids.shape[0], batch_size):
@@ -543,10 +262,8 @@ def logit_attribution(loaded: LoadedModel, contrast: ContrastSet, *, batch_size:
                       per_position: bool = True) -> Attribution:
     """DLA of logit(answer) - logit(distractor) at each pair's last prompt position, on the clean prompts; the
     corrupt prompts' logit differences are run too, for the report."""
-    rows = torch.arange(len(contrast))
-    targets = Targets(rows, contrast.last, contrast.answer, contrast.distractor)
-    shares = attribute(loaded, contrast.clean, targets, mask=contrast.mask, per_position=per_position,
-                       batch_size=batch_size)
+    shares = attribute(loaded, contrast.clean, Targets.of_contrast(contrast), mask=contrast.mask,
+                       per_position=per_position, batch_size=batch_size)
     corrupt = logit_diffs(loaded, contrast, contrast.corrupt, batch_size=batch_size)
     tokens = [token_strings(loaded, contrast.clean[row, :int(contrast.last[row]) + 1]) for row in range(len(contrast))]
     return Attribution(loaded.name, contrast.description, "logit difference", shares, tokens, corrupt,
@@ -557,9 +274,8 @@ def next_token_attribution(loaded: LoadedModel, ids: Tensor, mask: Tensor | None
                            batch_size: int = 8) -> Attribution:
     """The direct effect of each component on the logit of the correct next token, at every position of natural
     text (`ids` (rows, positions), right-padded under `mask`) whose next token is a token."""
-    present = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
-    rows, positions = (present[:, 1:] & present[:, :-1]).nonzero(as_tuple=True)
-    targets = Targets(rows, positions, ids[rows, positions + 1])
+    targets = Targets.next_tokens(ids, mask)
+    rows, positions = targets.rows, targets.positions
     shares = attribute(loaded, ids, targets, mask=mask, batch_size=batch_size)
     tokens = [[token] for token in token_strings(loaded, ids[rows, positions])]
     return Attribution(loaded.name, f"natural text, {ids.shape[0]} sequences, {len(rows)} positions",

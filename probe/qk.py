@@ -1,24 +1,9 @@
-"""QK attribution: why a head attends where it does, as a sum over pairs of residual-stream components.
-
-With the scale of the norm in front of the attention frozen at its value in the run (1 / rms for RMSNorm, 1 / std for
-LayerNorm, whose centring is linear and whose bias is one more component), a head's query at position t and its key
-at position s are affine in the residual stream, and rotary embeddings are a linear map per position. The stream at
-the head's layer is a sum of components (Elhage et al. 2021, "A Mathematical Framework for Transformer Circuits"):
-the token and position embeddings, each earlier head's output through its rows of W_O, each earlier output
-projection's bias, each earlier MLP's output. So the pre-softmax score q_t . k_s * scaling is a sum over pairs (i, j)
-of query-side component i at t and key-side component j at s, and the pairs sum to the model's own score exactly;
-Anthropic's "attention QK attributions" (transformer-circuits.pub, 2025) decompose the same scores into feature
-pairs. The read's own biases (the norm's bias, the query and key projections' biases) are the component `bias`.
-
-Each component's query and key come from the model's own attention code: a copy of the layer, in float32 (float64
-for a float64 model), run on the component's normalised contribution with the run's rotary tables, stopped where
-transformers hands the queries and keys to the attention function. Grouped- and multi-query heads read their key/value
-head's keys; parallel attention and MLP blocks (GPT-J, GPT-NeoX) read the same stream. Refused in one line, where no
-exact decomposition exists: soft-capped scores, multi-head latent attention, cross-attention, ALiBi, query/key norms.
-
-The pairs are accumulated into one (components, components) matrix per view while the query positions are read,
-so memory does not grow with the number of positions aggregated. The check: the pairs of each point sum to the
-model's own score (its captured queries and keys), within what the model's own rounding allows (`_rounding`).
+"""QK attribution (docs/qk.md): a head's pre-softmax score q_t . k_s split into pairs of residual-stream components
+(query side at t, key side at s), which sum to the model's own score exactly, the norm in front of the attention
+frozen at the run. Each component's query and key come from a copy of the layer run on it (`_Twin`), so rotary,
+grouped-query and parallel blocks are the model's own code. Refused where no exact decomposition exists
+(`config_refusal`, `_refuse_layer`). The pairs are summed into one matrix per view as the rows run, so memory does
+not grow with the points read; the check is against the model's own scores within its rounding (`_rounding`).
 """
 
 from __future__ import annotations
@@ -33,7 +18,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.dla import FrozenNorm, Recording, Structure, Targets, frozen_norm, model_structure, record_writes
 from probe.errors import ProbeError
 from probe.frames import frame
 from probe.hooks.capture import attention_hooks
@@ -45,6 +29,8 @@ from probe.models import LoadedModel
 from probe.models.parts import position_embedding, pre_attention_norm, qk_norms, separate_projections
 from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
+from probe.residual import (FrozenNorm, Recording, Structure, Targets, check_stream, frozen_norm, model_structure,
+                            record_writes)
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, HEAD, LAYER, MODEL, N_HEADS, N_LAYERS, NUMBER
 from probe.schemas.declare import Payload, payload, published, schema_field
@@ -122,12 +108,11 @@ def _components(structure: Structure, recording: Recording, block: int,
     else:
         yield Component("embed", "embed"), embed - positions
         yield Component("pos", "position"), positions
-    for layer, (matrix, bias) in zip(structure.layers, structure.projections):
-        owner = structure.blocks.of_layer[layer.index]
-        if owner >= block:
+    for layer, (_, bias) in zip(structure.layers, structure.projections):
+        if structure.blocks.of_layer[layer.index] >= block:
             continue
         z = recording.heads[layer.index].double().cpu()  # (positions, heads, value_dim)
-        writes = torch.einsum("nhv,hvd->hnd", z, matrix.view(layer.n_heads, layer.value_dim, -1))
+        writes = torch.einsum("nhv,hvd->hnd", z, structure.head_matrix(layer.index))
         for head in range(layer.n_heads):
             yield Component(f"L{layer.index}H{head}", "head", layer.index, head), writes[head]
         if bias is not None:
@@ -227,45 +212,18 @@ def make_twin(module: nn.Module, dtype: torch.dtype, head: int, kv_head: int, he
     return _Twin(twin, dtype, *_one_head(twin, head, kv_head, head_dim))
 
 
-STREAM_ROUNDING = 4.0  # the components' sum may differ from the stream by this many eps of its dtype times sum |c|
-
-
-def _check_sum(total: Tensor, size: Tensor, stream: Tensor) -> None:
-    """Refuse where the components do not make the stream the head reads (a block writing more than its attention
-    and MLP outputs: a norm after them, as in Gemma 2)."""
-    eps = torch.finfo(stream.dtype).eps
-    gap = (total - stream.double().cpu()).abs()
-    if bool((gap > STREAM_ROUNDING * eps * size + 1e-6 * size.max()).any()):
-        raise ProbeError(f"the embeddings, heads, biases and MLPs written before this layer do not sum to the stream "
-                         f"it reads (off by up to {float(gap.max()):.3g}): a block here writes more than its "
-                         "attention and MLP outputs (a norm after them, as in Gemma 2), which QK attribution does "
-                         "not decompose", parameter="model")
-
-
-def _frozen(norm: nn.Module | None, stream: Tensor) -> FrozenNorm:
-    """The norm in front of the attention frozen at the run's stream; none or an identity is a scale of 1."""
-    if norm is None or isinstance(norm, nn.Identity):
-        return FrozenNorm(False, torch.ones(stream.shape[0], dtype=torch.float64),
-                          torch.ones(stream.shape[1], dtype=torch.float64), None)
-    return frozen_norm(norm, stream)
-
-
-def project(twin: _Twin, norm: FrozenNorm, parts: Iterator[tuple[Component, Tensor]],
-            stream: Tensor) -> tuple[list[Component], Tensor, Tensor]:
+def project(twin: _Twin, norm: FrozenNorm,
+            parts: Iterator[tuple[Component, Tensor]]) -> tuple[list[Component], Tensor, Tensor]:
     """Every component's query for `head` and key for `kv_head`, (components, positions, d) float64, rotated at its
-    own position; the last component is `bias`, what the layer computes from no stream at all. The components must
-    sum to the `stream` the layer reads (positions, d_model), as the model rounded it."""
+    own position; the last component is `bias`, what the layer computes from no stream at all."""
     names, queries, keys = [], [], []
     positions = norm.scale.shape[0]
-    sums = [torch.zeros(stream.shape, dtype=torch.float64), torch.zeros(stream.shape, dtype=torch.float64)]
     zero_q, zero_k = twin(torch.zeros(1, positions, norm.gain.shape[0], dtype=torch.float64))
     head, kv_head = twin.head, twin.kv_head
     zero_q, zero_k = zero_q[0, head], zero_k[0, kv_head]
 
     def flush(chunk: list[Tensor]) -> None:
         stacked = torch.stack(chunk)  # (components, positions, d_model)
-        sums[0] += stacked.sum(dim=0)
-        sums[1] += stacked.abs().sum(dim=0)
         query, key = twin(norm.apply(stacked))
         queries.append(query[:, head] - zero_q)
         keys.append(key[:, kv_head] - zero_k)
@@ -273,7 +231,6 @@ def project(twin: _Twin, norm: FrozenNorm, parts: Iterator[tuple[Component, Tens
     while chunk := list(islice(parts, CHUNK)):
         names += [component for component, _ in chunk]
         flush([part for _, part in chunk])
-    _check_sum(sums[0], sums[1], stream)
     names.append(Component("bias", "bias"))
     if norm.bias is None:
         queries.append(zero_q[None])
@@ -480,10 +437,11 @@ def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at
     """One row's forward, its components' queries and keys, their pairs added to the views."""
     recording, call = _run_row(target, ids)
     assert call.inputs is not None
+    check_stream(target.structure, recording, "QK attribution", target.block)
     inputs, n = call.inputs, ids.shape[0]
-    stream = recording.block_in[target.block]
-    names, queries, keys = project(twin.called_as(call.args, call.kwargs), _frozen(target.norm, stream.double().cpu()),
-                                   _components(target.structure, recording, target.block, call.positions), stream)
+    norm = frozen_norm(target.norm, recording.block_in[target.block].double().cpu())
+    names, queries, keys = project(twin.called_as(call.args, call.kwargs), norm,
+                                   _components(target.structure, recording, target.block, call.positions))
     scaling = float(inputs.scaling)
     own_q = inputs.query[0, target.head].detach().double().cpu()
     own_k = inputs.key[0, target.kv_head].detach().double().cpu()

@@ -24,8 +24,6 @@ from probe.ablation.heads import Head
 from probe.ablation.logits import CHECK_TOLERANCE
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.runners import batch_contexts
-from probe.dla import Recording, Structure, Targets, check_stream, frozen_norm, head_shares, model_structure, \
-    record_writes
 from probe.errors import ProbeError
 from probe.hooks.capture import attention_hooks
 from probe.hooks.points import Writer
@@ -34,6 +32,8 @@ from probe.hooks.types import BatchContext, HookContext
 from probe.inputs import ContrastSet, ProbeSet
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback, reports
+from probe.residual import (FrozenNorm, Recording, Structure, Targets, check_stream, final_read, head_shares,
+                            mlp_shares, model_structure, one_head_count, record_writes)
 from probe.schemas.base import Field
 from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS
 from probe.schemas.declare import Payload, columns, payload, published, schema_field
@@ -56,9 +56,7 @@ class _Clean:
     mlps: Tensor  # (points, n_blocks)
     score: Tensor  # (points,) float64: the model's own score (logit difference, or log-likelihood)
     logit: Tensor  # (points,) float64: the scored logit (difference) the shares sum to
-    scale: Tensor  # (points,) float64: the frozen norm's scale
-    centred: bool
-    gain: Tensor
+    norm: FrozenNorm
     logits: Tensor | None  # (points, vocab) float32: natural text only, what the direct effect adds to
     recording: Recording  # every write of the clean run at the read points
     kept: dict[int, Any]  # block -> its output (what an ablated run starts from)
@@ -120,22 +118,16 @@ def _forward(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tenso
     return recording, logits[targets.rows.to(logits.device), at].detach()
 
 
-def _mlp_shares(structure: Structure, recording: Recording, read: Tensor) -> Tensor:
-    return torch.stack([(recording.mlp[block].double().cpu() * read).sum(dim=-1)
-                        for block in range(len(structure.blocks))], dim=1)
-
-
 def _clean(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None,
            targets: Targets) -> _Clean:
     """The clean run of one batch, decomposed through its own frozen norm (its stream checked as DLA checks it)."""
     kept: dict[int, Any] = {}
     recording, logits = _forward(loaded, structure, ids, mask, targets, None, keep=kept)
-    check_stream(structure, recording, recording.heads)
-    norm = frozen_norm(structure.norm, recording.final[0].double().cpu())
-    read = norm.read(targets.direction(structure.head.weight.detach()))
+    check_stream(structure, recording)
+    norm, _, read = final_read(structure, recording)
     heads, _ = head_shares(structure, recording, read)
-    return _Clean(targets, read, heads, _mlp_shares(structure, recording, read), _score(targets, logits),
-                  targets.scored(logits.double().cpu()), norm.scale, norm.centred, norm.gain,
+    return _Clean(targets, read, heads, mlp_shares(structure, recording, read), _score(targets, logits),
+                  targets.scored(logits.double().cpu()), norm,
                   None if targets.distractor is not None else logits.float(), recording, kept)
 
 
@@ -188,8 +180,7 @@ def _direct_likelihood(structure: Structure, clean: _Clean, write: Tensor) -> Te
     """(points,) log-likelihood change of adding `write` to the clean stream read through the frozen norm."""
     assert clean.logits is not None
     weight = structure.head.weight.detach()
-    write = write - write.mean(dim=-1, keepdim=True) if clean.centred else write
-    normed = (write * clean.scale[:, None] * clean.gain).to(device=weight.device, dtype=torch.float32)
+    normed = clean.norm.apply(write).to(device=weight.device, dtype=torch.float32)
     changed = clean.logits + normed @ weight.float().T
     return _likelihood(changed, clean.targets.answer) - clean.score
 
@@ -200,16 +191,14 @@ def _add_ablation(sums: _Sums, index: int, structure: Structure, clean: _Clean, 
     layer, h = head
     shares, _ = head_shares(structure, ablated, clean.read)
     change = shares - clean.heads  # (points, n_layers, n_heads), through the clean run's frozen norm
-    mlps = (_mlp_shares(structure, ablated, clean.read) - clean.mlps).sum(dim=1)
+    mlps = (mlp_shares(structure, ablated, clean.read) - clean.mlps).sum(dim=1)
     direct_logit = change[:, layer, h]
     logit = clean.targets.scored(logits.double().cpu()) - clean.logit
     if clean.logits is None:
         direct = direct_logit
     else:
-        matrix = structure.projections[layer][0]
-        dim = structure.layers[layer].head_dim
         z_change = (ablated.heads[layer][:, h] - clean.recording.heads[layer][:, h]).double().cpu()
-        direct = _direct_likelihood(structure, clean, z_change @ matrix[h * dim:(h + 1) * dim])
+        direct = _direct_likelihood(structure, clean, z_change @ structure.head_matrix(layer)[h])
     sums.total[index] += float((_score(clean.targets, logits) - clean.score).sum())
     sums.direct[index] += float(direct.sum())
     sums.by_mlps[index] += float(mlps.sum())
@@ -224,11 +213,7 @@ def _check(loaded: LoadedModel, method: str, heads: Sequence[Head] | None, top: 
                          "direct effect needs one replacement per head", parameter="method")
     if top < 1:
         raise ProbeError(f"top must be at least 1, got {top}", parameter="top")
-    structure = model_structure(loaded.model)
-    counts = {layer.n_heads for layer in structure.layers}
-    if len(counts) != 1:
-        raise ProbeError("layers with different numbers of heads: self-repair's (layer, head) table needs one",
-                         parameter="model")
+    structure = one_head_count(model_structure(loaded.model), "self-repair")
     every = [(layer.index, h) for layer in structure.layers for h in range(layer.n_heads)]
     chosen = every if heads is None else [tuple(head) for head in heads]
     missing = [head for head in chosen if head not in every]
@@ -398,8 +383,7 @@ def contrast_self_repair(loaded: LoadedModel, contrast: ContrastSet, heads: Sequ
         raise ProbeError("self-repair reads a language model's unembedding; a classifier's pooler and head are not "
                          "decomposed", parameter="contrast")
     clean, _ = contrast_runs(loaded, contrast)
-    targets = Targets(torch.arange(len(contrast)), contrast.last, contrast.answer, contrast.distractor)
-    measured = _measure(loaded, clean, targets, method, heads, batch_size, top, progress)
+    measured = _measure(loaded, clean, Targets.of_contrast(contrast), method, heads, batch_size, top, progress)
     return _result(loaded, contrast.description, LOGIT_DIFF, method, measured, top)
 
 
@@ -408,10 +392,6 @@ def text_self_repair(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[H
                      method: str = "zero", batch_size: int = 8, top: int = COMPENSATING,
                      progress: ProgressArg = None) -> SelfRepair:
     """Self-repair of the next token's log-likelihood at every position of natural text the cross-entropy counts."""
-    ids = probe_set.input_ids
-    present = torch.ones_like(ids, dtype=torch.bool) if probe_set.attention_mask is None else \
-        probe_set.attention_mask.bool()
-    rows, positions = (present[:, 1:] & present[:, :-1]).nonzero(as_tuple=True)
-    targets = Targets(rows, positions, ids[rows, positions + 1])
+    targets = Targets.next_tokens(probe_set.input_ids, probe_set.attention_mask)
     measured = _measure(loaded, probe_set, targets, method, heads, batch_size, top, progress)
     return _result(loaded, probe_set.description, LIKELIHOOD, method, measured, top)

@@ -23,7 +23,7 @@ from probe.ablation.sweep import baseline_metric
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
-from probe.dla import model_structure
+from probe.residual import model_structure
 from probe.hooks.restore import restoring
 from probe.inputs import ContrastSet, ProbeSet, normalised_effect
 from probe.errors import ProbeError
@@ -167,9 +167,8 @@ def direct_path(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders
             for i, (layer, head) in enumerate(senders):
                 values = corrupt_out.values[batch][layer]  # (rows, positions, n_heads, head_dim)
                 change = (clean_out.at(layer, values, batch) - values)[:, :, head]
-                width = change.shape[-1]
-                rows = structure.projections[layer][0][head * width:(head + 1) * width]  # (head_dim, d_model)
-                sums[i, 0] += float(read((change.double() @ rows.to(change.device)).to(stream.dtype)))
+                rows = structure.head_matrix(layer)[head].to(change.device)  # (value_dim, d_model)
+                sums[i, 0] += float(read((change.double() @ rows).to(stream.dtype)))
     rows_total = corrupt.input_ids.shape[0]
     _check_readout(unpatched / rows_total, corrupt_ld)
     means = (sums / rows_total).tolist()
