@@ -1,18 +1,8 @@
-"""Weight-based scores of heads and pairs of heads (Elhage et al. 2021, "A Mathematical Framework for Transformer
-Circuits"); no data needed.
-
-- Composition of an earlier head A into a later head B: C = ||M_A M_B||_F / (||M_A||_F ||M_B||_F) with
-  M_A = W_OV of A and M_B = W_QK^T of B (K-composition: A's output feeds B's keys), W_QK (Q-composition: B's
-  queries) or W_OV (V-composition: B's values). A random baseline: the same score of Gaussian matrices of the same
-  shapes (Elhage et al. compare against it too). Every matrix has rank d_head, so the norms are computed on
-  d_head x d_head matrices: for M = L R (L: d_model x d_head, R: d_head x d_model), ||L X R||_F = ||T_L X T_R^T||_F
-  with T the triangular factors of the QR decompositions of L and R^T.
-- Copying score of a head: the eigenvalues lambda of W_E W_OV W_U summarised as sum(lambda) / sum(|lambda|) (1: the
-  head raises the logits of the tokens it attends to). eig(AB) = eig(BA) gives them from the d_head x d_head
-  matrix W_O W_U W_E W_V; float64 whatever the model's dtype (the vocab-sized product W_U W_E in float32).
-
-What the weights cannot say is ignored (see probe.circuits.weights): rotary position embeddings, the per-position
-division by the norm, biases. The scores read the weights as if the model had no positional rotation.
+"""Weight-based scores of heads and pairs of heads (Elhage et al. 2021; docs/circuits.md), no data needed.
+Composition of A into B: ||M_A M_B||_F / (||M_A||_F ||M_B||_F), M_A = W_OV of A, M_B = W_QK^T (K), W_QK (Q) or W_OV
+(V) of B, against Gaussian matrices of the same shapes; every matrix has rank d_head, so the norms are taken on
+d_head x d_head QR triangles. Copying: sum(lambda) / sum(|lambda|) of W_E W_OV W_U's eigenvalues, from the
+d_head x d_head W_O W_U W_E W_V (eig(AB) = eig(BA)), float64.
 """
 
 from __future__ import annotations

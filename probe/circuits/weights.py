@@ -1,17 +1,8 @@
-"""Per-head weight matrices, read from the model's attention modules, in the row-vector convention of Elhage et al.
-2021 ("A Mathematical Framework for Transformer Circuits"): a head reads the residual stream x (d_model) as
-q = x W_Q, k = x W_K, v = x W_V (each d_model -> d_head) and writes z W_O (d_head -> d_model).
-
-- Grouped-query attention: the key/value weights a group of query heads shares belong to each of them (query head h
-  takes key/value head h // (n_heads / n_kv_heads), as transformers' repeat_kv does).
-- The gain of the normalisation in front of the attention (RMSNorm or LayerNorm weight) is folded into W_Q, W_K and
-  W_V: it scales the inputs' coordinates. What cannot be folded is ignored: the division by the norm of x (a scalar
-  per position), LayerNorm's centring and biases, and rotary position embeddings (which rotate q and k by position;
-  weight-based scores see the weights as if there were none).
-- Multi-head latent attention (DeepSeek V2 / V3): queries and keys/values go through low-rank latents with a norm
-  between the two projections; the product of the two is the head's matrix (the latent norm's gain folded in, its
-  division ignored like the pre-attention norm's), and the rotary part of the key, one for all heads, is each head's.
-  W_V and W_O are then d_model -> v_head_dim and back, smaller than W_Q and W_K's d_head.
+"""Per-head weight matrices in the row-vector convention of Elhage et al. 2021 (docs/circuits.md): q = x W_Q,
+k = x W_K, v = x W_V, a head writes z W_O. A key/value group's weights belong to each of its query heads; the
+pre-attention norm's gain is folded into W_Q, W_K, W_V; what the weights cannot say (the norm's division, centring,
+biases, rotary embeddings) is ignored. Multi-head latent attention's two projections are multiplied into one
+(probe.models.parts), so its W_V and W_O are d_model -> v_head_dim and back.
 """
 
 from __future__ import annotations
