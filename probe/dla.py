@@ -130,9 +130,6 @@ def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tenso
     return shares
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# results
-
 PER_POSITION_HEADS = 5  # heads whose shares by source position to_dict() gives
 
 

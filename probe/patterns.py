@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -147,9 +148,6 @@ class Patterns(Payload):
         return out
 
 
-# token strings
-
-
 def visible(text: str) -> str:
     """Whitespace and invisible characters as symbols ('␣', '↵', '⇥', escapes); an empty token is '∅'."""
     out = []
@@ -164,21 +162,13 @@ def visible(text: str) -> str:
     return "".join(out) or "∅"
 
 
-def _byte_level_decoder() -> dict[str, int]:
-    """GPT-2's byte-to-unicode table, reversed: the characters byte-level BPE vocabularies are written in."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for byte in range(256):
-        if byte not in printable:
-            printable.append(byte)
-            chars.append(256 + extra)
-            extra += 1
-    return {chr(char): byte for byte, char in zip(printable, chars)}
+@cache
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-to-unicode table (transformers' own), reversed: the characters byte-level BPE vocabularies are
+    written in."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-
-_BYTE_DECODER = _byte_level_decoder()
+    return {char: byte for byte, char in bytes_to_unicode().items()}
 
 
 def _partial_bytes(raw: str) -> bytes | None:
@@ -186,8 +176,9 @@ def _partial_bytes(raw: str) -> bytes | None:
     match = _SENTENCEPIECE_BYTE.match(raw)
     if match:
         return bytes([int(match.group(1), 16)])
-    if raw and all(char in _BYTE_DECODER for char in raw):
-        return bytes(_BYTE_DECODER[char] for char in raw)
+    decoder = _byte_decoder()
+    if raw and all(char in decoder for char in raw):
+        return bytes(decoder[char] for char in raw)
     return None
 
 
@@ -235,9 +226,6 @@ def text_ids(loaded: LoadedModel, text: str) -> list[int]:
     if bos is None:
         bos = getattr(getattr(loaded.model, "config", None), "bos_token_id", None)
     return ([bos] if isinstance(bos, int) else []) + ids
-
-
-# patterns
 
 
 def _round(weights: Tensor, decimals: int) -> np.ndarray:

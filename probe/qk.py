@@ -40,10 +40,6 @@ CHUNK = 32  # components run through the layer's copy at once
 CAPTURE = "probe_qk_capture"  # the attention implementation the copy runs: it stops at the queries and keys
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# what cannot be exact
-
-
 def config_refusal(config: dict[str, Any]) -> str:
     """Why a model with this config.json cannot have its scores decomposed exactly ("" where it can)."""
     if config.get("attn_logit_softcapping") or config.get("attn_softcapping"):
@@ -75,10 +71,6 @@ def _refuse_layer(model: nn.Module, layer: Any) -> None:
         raise ProbeError(f"attention layer {layer.index} normalises its queries and keys ({', '.join(norms)}), a "
                          "second norm per head and position: QK attribution does not decompose it",
                          parameter="model")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# components
 
 
 class Component(Payload, frozen=True):
@@ -119,10 +111,6 @@ def _components(structure: Structure, recording: Recording, block: int,
             yield Component(f"L{layer.index} bias", "attention bias", layer.index), bias.expand_as(embed)
     for index in range(block):
         yield Component(f"MLP{index}", "mlp", index), recording.mlp[index].double().cpu()
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# each component's query and key, from a copy of the layer
 
 
 class _Stop(Exception):
@@ -242,10 +230,6 @@ def project(twin: _Twin, norm: FrozenNorm,
     return names, torch.cat(queries), torch.cat(keys)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# which keys: the rules
-
-
 @dataclass(frozen=True)
 class KeyRule:
     """Which key each query is read at: `keys(ids, scores)` -> (positions,) key per query, -1 where it has none
@@ -271,10 +255,6 @@ KEY_RULES: dict[str, KeyRule] = {rule.name: rule for rule in [
     KeyRule("previous", "a previous-token head's key: t - 1", lambda ids, scores: torch.arange(ids.shape[0]) - 1),
 ]}
 """Where the default aggregation reads each query: by rule name (`--at`)."""
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# one forward per row, the sums
 
 
 @dataclass
@@ -463,10 +443,6 @@ def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at
     views["contrast"].add(queries[:, rows], contrast_keys, scores[rows, cols] - own_others, scaling,
                           bound[rows, cols] + (others * bound[rows]).sum(dim=-1) / count)
     return names
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the result
 
 
 def _target(loaded: LoadedModel, head: tuple[int, int]) -> _Target:

@@ -203,10 +203,6 @@ def record_writes(structure: Structure, recording: Recording) -> Iterator[None]:
     recording.final[:] = [final[0], final[1]]
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# the decomposition
-
-
 @dataclass(frozen=True)
 class FrozenNorm:
     """A norm as a linear map at each read point: x -> centre(x) * scale * gain, its bias kept apart."""

@@ -281,8 +281,7 @@ class SelfRepair(Payload):
 
     model: str = schema_field(MODEL)
     source: str = schema_field("what it was measured on")
-    metric: str = schema_field("logit difference, or the next token's log-likelihood on text")  # LOGIT_DIFF or
-    # LIKELIHOOD
+    metric: str = schema_field("logit difference, or the next token's log-likelihood on text")  # LIKELIHOOD on text
     method: str = schema_field("zero or mean ablation")
     reference: str = schema_field("what the mean ablation's means were taken over ('' for zero)", default="",
                                   kw_only=True)
@@ -299,8 +298,7 @@ class SelfRepair(Payload):
 
     unit: str = schema_field("the unit of the compensation columns", key="compensation_unit", default="",
                              kw_only=True)  # what compensation is measured in
-    path: str = schema_field("how the ablated runs were computed", default="", kw_only=True)  # the clean prefix
-    # reused, or full forwards and why
+    path: str = schema_field("how the ablated runs were computed", default="", kw_only=True)  # _Prefix.path
 
     @payload("`repaired` is shown where |direct| is at least this share of the largest")
     def repair_floor(self) -> float:
