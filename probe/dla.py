@@ -85,7 +85,7 @@ def logits_capped(model: nn.Module) -> bool:
 def _batch_shares(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, targets: Targets,
                   per_position: bool) -> Shares:
     """One clean forward with every write into the residual stream recorded at the read points, decomposed."""
-    recording = Recording(targets, per_position)
+    recording = Recording(targets)
     with torch.no_grad():
         with record_writes(structure, recording), attention_hooks(loaded.model, points={
                 "z": recording.edit_heads,

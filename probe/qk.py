@@ -379,7 +379,7 @@ def _run_row(target: _Target, ids: Tensor) -> tuple[Recording, _Call]:
     """One forward of one row, every write into the stream recorded at every position, the layer's call kept."""
     n = ids.shape[0]
     zeros = torch.zeros(n, dtype=torch.long)
-    recording = Recording(Targets(zeros, torch.arange(n), zeros), per_position=False)
+    recording = Recording(Targets(zeros, torch.arange(n), zeros))
     call = _Call()
     model = target.loaded.model
     try:

@@ -72,7 +72,6 @@ class Recording:
     """What one forward wrote into the residual stream, at the read points only (in the dtype the model runs in)."""
 
     targets: Targets
-    per_position: bool
     block_in: dict[int, Tensor] = field(default_factory=dict)  # block -> (points, d_model)
     block_out: dict[int, Tensor] = field(default_factory=dict)
     attention: dict[int, Tensor] = field(default_factory=dict)  # layer -> (points, d_model)
@@ -92,8 +91,6 @@ class Recording:
         return heads
 
     def on_weights(self, weights: Tensor, ctx: HookContext) -> None:
-        if not self.per_position:
-            return
         layer, start = ctx.layer, ctx.start
         stored = self.weights.setdefault(layer, weights.new_zeros(len(self.targets.rows), weights.shape[1],
                                                                    weights.shape[-1]))

@@ -96,7 +96,7 @@ def _forward(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tenso
              skip: dict[int, Any] | None = None) -> tuple[Recording, Tensor]:
     """One forward, `edit` applied to the heads' outputs, every write recorded at the read points; the logits there.
     `keep`: every block's output kept; `skip`: those blocks return the given value instead of running."""
-    recording = Recording(targets, per_position=False)
+    recording = Recording(targets)
     positions = torch.unique(targets.positions)  # the LM head runs at these alone (the IOI prompts' last ones)
 
     def heads(z: Tensor, ctx: HookContext) -> Tensor:

@@ -35,16 +35,6 @@ from probe.provenance import model_dtype
 Settings = Mapping[str, float] | Mapping[Head, float]
 
 
-def _model_of(model: nn.Module | LoadedModel) -> nn.Module:
-    return model if isinstance(model, nn.Module) else model.model
-
-
-def _heads_of(model: nn.Module, key: str | Head) -> list[Head]:
-    if isinstance(key, str):
-        return parse_heads(key, attention_layers(model))
-    return [(int(key[0]), int(key[1]))]
-
-
 def intervention_named(name: str, value: float) -> AblationMethod:
     """The registered intervention `name` (one of `steerable()`) made with `value`, its `parameter`."""
     chosen = method_class(name)
@@ -62,13 +52,14 @@ def steerable() -> list[str]:
 def steer(model: nn.Module | LoadedModel, scales: Settings, intervention: str = "scale") -> Trace:
     """Heads intervened on while the `with` runs: `scales` maps heads ("23.3", "5.*", or (layer, head)) to the
     intervention's value; restored exactly on exit."""
-    module = _model_of(model)
+    module = model if isinstance(model, nn.Module) else model.model
     chosen: dict[Head, float] = {}
     for key, value in scales.items():
         value = float(value)
         if not math.isfinite(value):
             raise ProbeError(f"the value of {key} must be a finite number, got {value}", parameter="scales")
-        chosen.update(dict.fromkeys(_heads_of(module, key), value))
+        heads = parse_heads(key, attention_layers(module)) if isinstance(key, str) else [(int(key[0]), int(key[1]))]
+        chosen.update(dict.fromkeys(heads, value))
     if not chosen:
         raise ProbeError("nothing to steer: give at least one head and its value", parameter="scales")
     return Trace(module, {"z": row_writers([(None, head, value) for head, value in chosen.items()], intervention)})
