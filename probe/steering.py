@@ -1,7 +1,6 @@
-"""Steering through single heads (SAMD, 2025): a head's output multiplied by alpha, or changed by any registered
-intervention made with one number (`steerable()`): `steer` (a context manager), `steer_curves` (the metric against
-the value, per head), `find_heads` (every head ranked at one value) and `generations` (greedy continuations). Values
-read forwards: a metric that is minus a quantity (`Metric.forwards`) is reported as that quantity."""
+"""Steering through single heads (SAMD, 2025; docs/steering.md): a head's output times alpha, or any registered
+intervention made with one number (`steerable()`). Values read forwards: a metric that is minus a quantity
+(`Metric.forwards`) is reported as that quantity."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Attribution patching (Nanda 2023; Kramar et al. 2024, "AtP*"): every head's patch estimated from one forward and
-backward of the patched-into run, LD_patched(h) ~ LD_target + dLD/dz_h . (z_h,patched - z_h,target). For a query, key
-or value, AtP*'s QK fix: z_h,patched is recomputed by the head's own attention with the patched input in place, so
-the softmax is not linearised. GradDrop is not applied. Every value is marked estimated; bench/patching.py prints its
-Spearman against the exact result."""
+"""Attribution patching (Nanda 2023; Kramar et al. 2024, AtP*; docs/patching.md): every head's patch from one
+forward and backward, LD_target + dLD/dz_h . (z_h,patched - z_h,target); a query, key or value through AtP*'s QK fix
+(the head's attention recomputed with the patched input). No GradDrop; every value is marked estimated."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): a sender head's effect through one path only, into
-receivers' query, key or value, or into the logits (`direct_path`). Per sender, two passes over the corrupted
-prompts: the sender patched from the clean run with every other head frozen, recording each receiver's input; then
-the corrupted run with only that input replaced, its normalised logit difference the path's effect (S + S x R
-forwards). The direct path adds the sender's change through W_O to the corrupted final stream: one forward."""
+"""Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023; docs/patching.md): a sender head's effect through one
+path only, into receivers' query, key or value (S + S x R forwards), or into the logits through W_O (`direct_path`)."""
 
 from __future__ import annotations
 
