@@ -1,6 +1,5 @@
-"""Scores from each layer call's fused statistics (probe.kernels), so that the weights are never formed at all: each
-class read by its accelerator (ACCELERATORS), into the running sums of probe.heads.accumulate; the layers no backend
-serves go to the classes' reduce over blocks instead."""
+"""Scores from each layer call's fused statistics (probe.kernels), the weights never formed: each class by its
+accelerator, into the running sums of probe.heads.accumulate; layers no backend serves go to the blocked reduce."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ from probe.kernels.fused import Label, Weights, side_by_side, uploaded
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """The classes whose accelerator is the mean of one diagonal or column over selected queries (a `selection`), for
-    one batch: every layer reads them in one product of its table of those weights with their selections, instead of
-    a dozen small operations per class and layer."""
+    """The classes whose accelerator is the mean of one diagonal or column over selected queries, for one batch: read
+    in one product of the layer's table with their selections, not a dozen small operations per class and layer."""
 
     names: list[str]
     labels: list[Label]  # the diagonal or column each class reads
@@ -48,10 +46,8 @@ def linear_plan(entries: dict[str, Accelerator], batch: Batch, n: int, kv: int) 
 
 
 class FusedAccumulator(ScoreAccumulator):
-    """ScoreAccumulator that also reads one layer call's fused statistics at a time (`__call__`, from the `lse` hook
-    point), every class by its accelerator; a layer no backend serves is `blocked` and its blocks go to `update`.
-    `config` tunes the fast path (KernelConfig: chunk sizes and stages, never a number), the one
-    `attention_hooks(config=...)` runs the backends with."""
+    """ScoreAccumulator that also reads layer calls' fused statistics (`__call__`, from the `lse` hook point), every
+    class by its accelerator; a layer no backend serves is `blocked` and its blocks go to `update`."""
 
     def __init__(self, names: list[str], n_layers: int, n_heads: int, config: KernelConfig = DEFAULT_CONFIG) -> None:
         super().__init__(names, n_layers, n_heads)
@@ -61,9 +57,8 @@ class FusedAccumulator(ScoreAccumulator):
         self.paths: dict[int, tuple[bool, str]] = {}  # layer -> (fast, the backend that served or why it went blocked)
 
     def __call__(self, layer: int, attention: FusedStatistics) -> None:
-        """Add one layer call from its queries, keys and log-sum-exp: read now, or held back and read with the next
-        calls (`flush`: their heads side by side, one pass for them all) where a class reads a group and the group's
-        queries and keys stay within config.group_bytes."""
+        """Add one layer call: read now, or held back and read with the next (`flush`) where a class reads a group
+        and the group stays within config.group_bytes."""
         self._batch()  # fails before the forward goes on without one
         groups = attention.plain and bool(self._grouping())  # no mask beyond causal, and a class reads groups
         held_back = self.pending[0][1] if self.pending else attention
@@ -76,8 +71,7 @@ class FusedAccumulator(ScoreAccumulator):
             self.flush()
 
     def _grouping(self) -> list[str]:
-        """The classes that read a group of layer calls as one (`layers_at_once`: one diagonal or column among them);
-        the others read each call of a group alone, and cost only themselves the grouping."""
+        """The classes that read a group of layer calls as one (`layers_at_once`)."""
         return [name for name, entry in self.entries.items() if entry.layers_at_once]
 
     def _plan(self, attention: FusedStatistics) -> LinearPlan:
@@ -86,9 +80,7 @@ class FusedAccumulator(ScoreAccumulator):
         return batch.memo(("linear plan", tuple(self.names), n, kv), lambda: linear_plan(self.entries, batch, n, kv))
 
     def flush(self) -> None:
-        """Read the layer calls held back, as one call with their heads side by side: the diagonals and columns the
-        classes read computed in one pass, those that average one of them (LinearPlan) in one product, the others
-        each by its accelerator; a class that does not read groups (not layers_at_once) reads each call alone."""
+        """Read the layer calls held back as one (side_by_side); a class that does not read groups reads each alone."""
         if not self.pending:
             return
         layers = [layer for layer, _ in self.pending]
@@ -104,9 +96,8 @@ class FusedAccumulator(ScoreAccumulator):
             self._read([layer], call, alone)
 
     def _read(self, layers: list[int], statistics: FusedStatistics, names: list[str]) -> None:
-        """Add the classes `names` of `layers`, read as one call `statistics` (its Weights: read the same way for
-        every backend), the diagonals and columns each class reads of this record (`Accelerator.reads`: its own, and
-        what the record's search reads for it) computed first in one pass."""
+        """Add the classes `names` of `layers`, read as one call `statistics`, what each reads prefetched in one pass;
+        the LinearPlan's classes in one product."""
         batch, (n, kv), plan = self._batch(), statistics.shape[2:], self._plan(statistics)
         attention = Weights(statistics)
         reads = [self.entries[name].reads(attention, batch) for name in names]  # what each reads of this record
@@ -135,8 +126,7 @@ class FusedAccumulator(ScoreAccumulator):
         self.paths[layer] = (False, reason)
 
     def path(self) -> str:
-        """Which way the scores were computed: the backend that served every layer ("cpu"), "blocked" (every layer,
-        weights), or "cpu; blocked at layers ...: reason" for the layers no backend could serve."""
+        """Which way the scores were computed: "cpu", "blocked", or "cpu; blocked at layers ...: reason"."""
         self.flush()
         if not self.paths:
             return BLOCKED

@@ -1,6 +1,5 @@
-"""The built-in head classes' accelerators, one `register_accelerator` each: previous token, sink, induction,
-duplicate token and next token as one diagonal or column; sep, positional, streaming and retrieval as functions of
-the weights a layer call's fused statistics rebuild. Local has none: it runs blocked."""
+"""The built-in head classes' accelerators: previous token, sink, induction, duplicate token and next token as one
+diagonal or column; sep, positional, streaming and retrieval as functions of the weights. Local has none."""
 
 from __future__ import annotations
 
@@ -30,18 +29,14 @@ def sep_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
 
 
 def _last_key_owners(batch: Batch, device: torch.device) -> list[tuple[int, Tensor]]:
-    """Each distinct last position of the batch, with the (b,) sequences ending there on `device` (once per batch:
-    read on the host, not per layer)."""
+    """Each distinct last position of the batch, with the (b,) sequences ending there on `device` (once per batch)."""
     last = last_keys(batch).clamp(min=0)
     return [(int(key), uploaded(last == key, device)) for key in last.unique().tolist()]
 
 
 def positional_from_lse(attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-    """positional_score's sums and counts from the fused statistics: for each neighbour, the valid queries whose
-    neighbour exists and is valid are counted, and the statistics say for how many of them that neighbour holds the
-    row's maximum (`neighbour_hits`: argmax's answer; the CPU backend's by a staged search that reads whole rows only
-    for the rows its cheap stages cannot decide, probe.kernels.cpu; the CUDA backend's from its kernel's top keys).
-    It reads nothing else: what neighbour_hits reads is the record's to declare (`neighbour_shifts`)."""
+    """positional_score's sums and counts: for each neighbour, the valid queries whose neighbour exists and is valid,
+    and how many of them have it as their argmax (`neighbour_hits`, whatever the backend answers it with)."""
     b, h, n, kv = attention.shape
     device = attention.lse.device  # the rows are taken there once per batch (memo): no copy per layer
     hits, counts = [], []
@@ -64,8 +59,8 @@ def _neighbour_rows(valid: Tensor, kv: int, shift: int, device: torch.device) ->
 
 def streaming_from_lse(attention: Weights, batch: Batch, sink: int = DEFAULT_SINK,
                        recent: int = DEFAULT_RECENT) -> tuple[Tensor, Tensor]:
-    """streaming_score's sums and counts from the log-sum-exp: the band of the `recent` keys ending at each query and
-    the first `sink` columns, computed for queries i >= sink + recent only (O(n x (sink + recent)) per head)."""
+    """streaming_score's sums and counts: the band of the `recent` keys ending at each query and the first `sink`
+    columns, for queries i >= sink + recent only."""
     b, h, n, _ = attention.shape
     first = sink + recent
     if first >= n:

@@ -1,10 +1,6 @@
 """The accelerator registry: for a head class (probe.heads.scores.SCORES) by name, how its sums come from one layer
-call's fused statistics (probe.kernels: the `Weights` a backend's record rebuilds, never the n x n matrix) instead of
-its Score's reduce over blocks of weights. An entry gives the same sums and counts as that reduce over all of the
-call's blocks (tests/test_accel.py holds every registered entry to it); a class without one runs blocked.
-
-The declarations: `Diagonal` and `Column` (the mean of one diagonal or column of A over selected queries, read with
-every such class of the layer in one product), and `FromWeights`, any other function of the rebuilt weights.
+call's `Weights` instead of its Score's reduce over blocks. An entry gives the same sums and counts as that reduce
+(tests/test_accel.py holds every entry to it); a class without one runs blocked.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ Reads = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 class Accelerator(ABC):
-    """How one head class's (sums, counts) come from a layer call's fused statistics. The defaults: it reads no
-    diagonal or column ahead, each layer call alone, and computes its own sums (no selection)."""
+    """How one head class's (sums, counts) come from a layer call's fused statistics."""
 
     layers_at_once: bool = False  # reads several layer calls joined as one (probe.kernels.side_by_side)
 
@@ -35,8 +30,8 @@ class Accelerator(ABC):
         return (), ()
 
     def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor] | None:
-        """Where it is the mean of one diagonal or column over selected queries: which, and the (b, n) queries (the
-        accumulator reads every such class of a layer in one product); None: it computes its own sums."""
+        """Where it is the mean of one diagonal or column over selected queries: which, and the (b, n) queries (read
+        with every such class in one product); None: it computes its own sums."""
         return None
 
     @abstractmethod
@@ -63,8 +58,7 @@ class Diagonal(Accelerator):
         return (self.shift(batch),), ()
 
     def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor]:
-        """The diagonal it averages, and the (b, n) queries it averages over: valid, their key valid and existing,
-        in `queries` where given."""
+        """The diagonal it averages, and the (b, n) queries it averages over."""
         shift = self.shift(batch)
         selected = with_key(batch.valid, n, kv, shift)
         if self.queries is not None:
@@ -89,7 +83,7 @@ class Column(Accelerator):
         return (), (self.key,)
 
     def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor]:
-        """The column it averages, and the (b, n) queries it averages over: the valid ones."""
+        """The column it averages, and the (b, n) valid queries."""
         return Label("column", self.key), batch.valid[:, :n]
 
     def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
@@ -99,10 +93,8 @@ class Column(Accelerator):
 
 @dataclass(frozen=True)
 class FromWeights(Accelerator):
-    """Any other class's sums: `compute(attention, batch)`, reading `attention.aligned / column / band / rows /
-    neighbour_hits`. `neighbour_shifts`: the shifts it asks `neighbour_hits` of, whose reads are the record's to
-    declare (`Weights.neighbour_reads`: its backend's search's, none where a kernel's top keys answer);
-    `layers_at_once`: `compute` also reads several layer calls joined as one."""
+    """Any other class's sums: `compute(attention, batch)`. `neighbour_shifts`: the shifts it asks `neighbour_hits` of
+    (their reads are the record's to declare); `layers_at_once`: it also reads layer calls joined as one."""
 
     compute: Callable[[Weights, Batch], tuple[Tensor, Tensor]]
     neighbour_shifts: tuple[int, ...] = ()

@@ -89,17 +89,12 @@ def diagonal_mass(weights: Tensor, start: int, batch: Batch, shift: int,
     selected = valid[:, queries] & valid[:, queries + shift]  # (b, rows)
     if query_range is not None:
         selected &= (queries >= query_range[0]) & (queries < query_range[1])
-    values = weights.diagonal(start + shift, dim1=-2, dim2=-1)  # (b, h, rows): a strided view, nothing gathered
-    mask = selected[:, None, :].to(values.dtype)
-    return (values * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
+    return selected_sums(weights.diagonal(start + shift, dim1=-2, dim2=-1), selected)  # a strided view
 
 
 def column_mass(weights: Tensor, start: int, batch: Batch, column: int) -> tuple[Tensor, Tensor]:
     """Sum and count of A[i, column] over valid queries i."""
-    b, h, block, _ = weights.shape
-    selected = batch.valid.to(weights.device)[:, start:start + block]
-    mask = selected[:, None, :].to(weights.dtype)
-    return (weights[..., column] * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
+    return selected_sums(weights[..., column], batch.valid.to(weights.device)[:, start:start + weights.shape[2]])
 
 
 def selected_sums(values: Tensor, selected: Tensor) -> tuple[Tensor, Tensor]:
@@ -265,8 +260,7 @@ def streaming_score(weights: Tensor, start: int, batch: Batch, sink: int = DEFAU
     band = rows.as_strided((b, h, m, recent), (stride[0], stride[1], stride[2] + stride[3], stride[3]),
                            rows.storage_offset() + (first - recent + 1) * stride[3])
     mass = band.sum(dim=-1) + rows[..., :sink].sum(dim=-1)  # (b, h, m)
-    mask = batch.valid.to(weights.device)[:, first:start + block][:, None, :].to(mass.dtype)
-    return (mass * mask).sum(dim=(0, 2)).double(), mask.sum(dim=(0, 2)).double().expand(h)
+    return selected_sums(mass, batch.valid.to(weights.device)[:, first:start + block])
 
 
 def retrieval_rows(sources: Tensor, correct: Tensor) -> Tensor:

@@ -1,13 +1,8 @@
 """Fused attention, one backend per device: the seam between the hooks and the scores.
 
-- `base`: what a backend provides (`AttentionCall`, `Backend`, the `FusedStatistics` record) and the registry
-  (`BACKENDS`, `register_backend`, `backend_for`).
-- `config`: `KernelConfig`, the chunk sizes every backend's statistics are read with, passed in.
-- `fused`: `Weights`, the weights any record rebuilds, read the same way for every backend, and `side_by_side`.
-- `cpu`: the CPU kernel and its staged search for row maxima (`SearchConfig`: its thresholds); `cuda`: the Triton
-  kernel that also writes each row's top key (`labels`: its diagonals and columns); `flex`: FlexAttention with its
-  row maxima; `sdpa`: sdpa's flash and cuDNN kernels with their log-sum-exp, the Triton statistics pass for the top
-  keys; `reference`: the blocked check.
+`base`: what a backend provides and the registry; `config`: `KernelConfig`; `fused`: `Weights`, the weights any
+record rebuilds, and `side_by_side`; `cpu`, `cuda` (with `labels`), `flex`, `sdpa`: the backends; `reference`: the
+blocked check.
 """
 
 from probe.kernels.base import (BACKENDS, AttentionCall, Backend, FusedStatistics, RowSearch, additive_bias,

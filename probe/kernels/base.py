@@ -1,17 +1,12 @@
 """What a fused-attention backend provides: read this file to write one.
 
-A backend computes one layer call's attention fused, the n x n weights never formed: the output, and a statistics
-object from which the scores rebuild any weight `A[i, j] = exp(q_i . k_j * scale + bias_ij - lse_i)` (each query row's
-log-sum-exp, with the queries, keys and bias) and ask whether a key holds its row's maximum. The hooks build an
-`AttentionCall`, ask `backend_for(call)` which backend serves it, and hand its statistics to the scores; where none
-does, the layer runs the blocked eager path and the result's `path` says why. Callers ask a backend (`problem`),
-never compare its name.
+A backend computes one layer call's attention without the n x n weights: the output, and a `FusedStatistics` record
+from which the scores rebuild any weight `A[i, j] = exp(q_i . k_j * scale + bias_ij - lse_i)`. The hooks ask
+`backend_for(call)`; where none serves, the layer runs blocked and the result's `path` says why.
 
-A new backend (a GPU kernel) is one module with a class that has `name`, `problem` and `run`, whose statistics
-are a `FusedStatistics` record (with the kernel's `top_keys` or `row_maxima` where it writes them, and a `search`
-where it finds row maxima its own way); one `register_backend(...)` line in `probe/kernels/__init__.py`; and one
-entry in `tests/test_backends.py`'s DEVICES (the device its cases run on), which checks it against
-`probe.kernels.reference` on every case.
+A new backend is a class with `name`, `problem` and `run`, one `register_backend(...)` line in
+`probe/kernels/__init__.py`, and one entry in `tests/test_backends.py`'s DEVICES (checked against
+`probe.kernels.reference` on every case).
 """
 
 from __future__ import annotations
@@ -35,19 +30,15 @@ class AttentionCall:
     query: Tensor  # (b, hq, n, d)
     key: Tensor  # (b, hk, kv, d), hq a multiple of hk (grouped- or multi-query)
     value: Tensor  # (b, hk, kv, dv): dv may differ from d (multi-head latent attention: 128 against 192)
-    bias: Tensor | None  # additive, broadcastable to (b, hq, n, kv) (additive_bias); None: plain, causal or not,
-    # or masked by key_mask / window below.
-    # `Backend.problem` is asked before a mask is made additive: it may read the bias' presence, shape and device,
-    # not its dtype or values
+    bias: Tensor | None  # additive, broadcastable to (b, hq, n, kv); None: plain or key_mask / window below.
+    # `Backend.problem` is asked before a mask is made additive: it may read the bias' shape, not its values
     scaling: float
     causal: bool  # keys after the query (j > i + kv - n) hidden; only where bias is None
     softcap: float | None = None  # tanh soft-capping of the logits (Gemma 2)
     sinks: Tensor | None = None  # (hq,) learned sink logits (gpt-oss)
     dropout: float = 0.0  # while training
-    key_mask: Tensor | None = None  # (b, kv) bool, True: a key the sequence attends (padding as a 2-D mask says);
-    # only where bias is None: a mask as small as the keys, never n x kv (dense_bias makes the n x kv form)
-    window: int | None = None  # a causal sliding window: query i sees keys j with i + kv - n - window < j;
-    # only where bias is None
+    key_mask: Tensor | None = None  # (b, kv) bool, True: a key the sequence attends; only where bias is None
+    window: int | None = None  # causal sliding window: query i sees keys j > i + kv - n - window; bias None
 
     @property
     def structured(self) -> bool:
@@ -55,10 +46,8 @@ class AttentionCall:
         return self.key_mask is not None or self.window is not None
 
     def dense_bias(self) -> Tensor | None:
-        """The call's mask as one additive tensor in the queries' dtype: `bias` where given, else key_mask, window
-        and causal made (b or 1, 1, n, kv) with 0 where a key is seen and -inf where not (what `additive_bias`
-        makes of the boolean mask they stand for, value for value), else None (plain). Made once per key_mask
-        tensor, n, window and dtype (the layers of one forward share it), for backends that read a dense mask."""
+        """The call's mask as one additive tensor: `bias`, else key_mask, window and causal made (b or 1, 1, n, kv),
+        else None. Made once per key_mask, shape, window and dtype (the layers of one forward share it)."""
         if self.bias is not None or not self.structured:
             return self.bias
         made: dict[tuple, Tensor] = {}
@@ -81,8 +70,7 @@ class AttentionCall:
         return seen & self.key_mask[:, None, None, :] if self.key_mask is not None else seen
 
     def with_dense_bias(self) -> AttentionCall:
-        """This call with key_mask and window made a dense bias (`dense_bias`; causal then carried by it): for a
-        backend whose kernel reads a dense mask. Itself where the mask is a bias already or the call is plain."""
+        """This call with key_mask and window made a dense bias (for kernels that read one); else itself."""
         if not self.structured:
             return self
         return replace(self, bias=self.dense_bias(), causal=False, key_mask=None, window=None)
@@ -94,15 +82,11 @@ _DENSE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
 @dataclass
 class FusedStatistics:
-    """What a backend hands the scores for one layer call: a plain record. Every weight A[i, j] = exp(q_i . k_j *
-    scale + bias_ij - lse_i) is rebuilt from it (probe.kernels.fused.Weights reads it, the same way for every
-    backend), and whether a key holds its row's maximum is read from `top_keys` where the kernel wrote them, else
-    asked of `search`, the backend's own way of finding row maxima (the CPU's staged search, FlexAttention's row
-    maxima), else computed from whole rows."""
+    """What a backend hands the scores for one layer call (probe.kernels.fused.Weights reads it the same way for every
+    backend). Row maxima come from `top_keys`, else `search`, else whole rows."""
 
     backend: str  # the backend that made it (a result's `path` reports it)
-    query: Tensor  # (b, hq, n, d): in the model's dtype, or float32 copies where the backend keeps them so; a read
-    # makes each chunk float32 where it reads it (the same float32 values either way: docs/precision.md)
+    query: Tensor  # (b, hq, n, d): the model's dtype or float32 copies (the same float32 values: docs/precision.md)
     key: Tensor  # (b, hk, kv, d), hq a multiple of hk
     lse: Tensor  # (b, hq, n) float32: each query row's log-sum-exp
     scaling: float
@@ -111,15 +95,11 @@ class FusedStatistics:
     key_mask: Tensor | None = None  # (b, kv) bool, True: a key the sequence attends (AttentionCall's); bias None
     window: int | None = None  # a causal sliding window (AttentionCall's); bias None
     row_maxima: Tensor | None = field(default=None, repr=False)  # (b, hq, n) float32: each row's largest logit
-    top_keys: Tensor | None = field(default=None, repr=False)  # (b, hq, n) int: each row's top key (argmax's
-    # answer: the earliest maximum, a NaN the largest), where the kernel wrote it
-    search: RowSearch | None = field(default=None, repr=False)  # how this backend answers neighbour_hits where
-    # top_keys do not, and which diagonals and columns it reads for that (`reads`) (None: whole rows)
-    tables: LabelTables | None = field(default=None, repr=False)  # the backend's kernel for the diagonals and
-    # columns the scores read (None: gathered keys, one batched matmul per chunk of rows)
+    top_keys: Tensor | None = field(default=None, repr=False)  # (b, hq, n) int: each row's argmax, from the kernel
+    search: RowSearch | None = field(default=None, repr=False)  # answers neighbour_hits where top_keys do not
+    tables: LabelTables | None = field(default=None, repr=False)  # a kernel for diagonals and columns (None: gathers)
     config: KernelConfig = DEFAULT_CONFIG  # how the reads chunk their work: never a number
-    moments: Tensor | None = field(default=None, repr=False)  # (b, hq, n, 4) float32 where the config asked for them
-    # (KernelConfig.moments): each row's moments, probe.kernels.moments.MOMENTS; None: a reader computes them
+    moments: Tensor | None = field(default=None, repr=False)  # (b, hq, n, 4) where KernelConfig.moments asked
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -128,7 +108,7 @@ class FusedStatistics:
 
     @property
     def plain(self) -> bool:
-        """Whether nothing but causality masks keys (no bias, key mask or window): what side_by_side joins."""
+        """Whether nothing but causality masks keys: what side_by_side joins."""
         return self.bias is None and self.key_mask is None and self.window is None
 
 
@@ -136,19 +116,15 @@ class RowSearch(Protocol):
     """A backend's way to tell whether a key holds its row's maximum without the kernel's top keys."""
 
     def neighbour_hits(self, weights: Any, selected: Tensor, shift: int) -> Tensor:
-        """(hq,) float64: per query head, how many selected queries i ((b, n) bool) have their largest weight on
-        key i + shift (argmax's answer exactly), read from `weights` (the call's probe.kernels.fused.Weights, which
-        imports this module: typed where a search is written)."""
+        """(hq,) float64: per query head, how many selected queries i ((b, n) bool) have their argmax at i + shift,
+        read from `weights` (a probe.kernels.fused.Weights, which imports this module)."""
 
     def reads(self, statistics: FusedStatistics, shifts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(diagonal offsets, key columns): what neighbour_hits reads of the prefetched table for these shifts on this
-        record, declared before it is asked (Weights.neighbour_reads), so that the layer computes them with the
-        scores' own diagonals and columns in one pass and none it will not read."""
+        """(diagonal offsets, key columns) neighbour_hits reads for these shifts: prefetched in the layer's one pass."""
 
 
 LabelTables = Callable[["FusedStatistics", tuple[int, ...], tuple[int, ...]], Tensor]
-"""(statistics, offsets, keys) -> (b, hq, n, len(offsets) + len(keys)) float32: A[i, i + offset], then A[i, key]; 0
-where a key does not exist or is hidden."""
+"""(statistics, offsets, keys) -> (b, hq, n, len(offsets) + len(keys)) float32: A[i, i + offset], then A[i, key]."""
 
 
 class Backend(Protocol):
@@ -177,8 +153,7 @@ def register_backend(backend: Backend) -> Backend:
 
 @contextmanager
 def using_backend(backend: Backend) -> Iterator[Backend]:
-    """Within the block, `backend_for` asks this backend alone (tests and benchmarks compare backends on one input:
-    calls it refuses go blocked, with its reason); the registry is restored on leaving, also on error."""
+    """Within the block, `backend_for` asks this backend alone (tests and benchmarks compare backends)."""
     saved = BACKENDS[:]
     BACKENDS[:] = [backend]
     try:
@@ -188,8 +163,7 @@ def using_backend(backend: Backend) -> Iterator[Backend]:
 
 
 def backend_for(call: AttentionCall) -> tuple[Backend | None, str]:
-    """(the first registered backend that serves the call, ""), or (None, why none does: one reason where every
-    backend gives the same, else each backend's)."""
+    """(the first registered backend that serves the call, ""), or (None, why none does)."""
     reasons: dict[str, str] = {}
     for backend in BACKENDS:
         reason = backend.problem(call)
@@ -202,8 +176,7 @@ def backend_for(call: AttentionCall) -> tuple[Backend | None, str]:
 
 
 def rebuild_problem(call: AttentionCall) -> str:
-    """Why this call's weights cannot be rebuilt from a log-sum-exp on any backend ("" where they can): what every
-    backend's `problem` asks first."""
+    """Why this call's weights cannot be rebuilt from a log-sum-exp on any backend ("" where they can)."""
     query, key = call.query, call.key
     if call.softcap is not None:
         return "soft-capped logits (the fused kernel has no soft-capping)"
@@ -225,11 +198,37 @@ def rebuild_problem(call: AttentionCall) -> str:
 
 
 def float32_copy(tensor: Tensor) -> Tensor:
-    """A half-precision query or key (or a chunk of them) as float32; float32 and wider as they are (no copy). A
-    backend whose record keeps whole float32 copies makes them with it (every logit a read rebuilds is then a
-    float32 product of the model's own values, so the CPU search's bounds and ties hold as derived for any input
-    dtype, docs/precision.md); the reads make each chunk float32 with it, which gives the same values."""
+    """A half-precision tensor as float32, wider ones as they are: every rebuilt logit is then a float32 product of the
+    model's own values (docs/precision.md)."""
     return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+
+
+def triton_problem(call: AttentionCall, kernel: str) -> str:
+    """Why a Triton kernel (float32, bfloat16, float16; heads up to 256) cannot take the call ("" where it can)."""
+    dtype = call.query.dtype
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16) or call.key.dtype != dtype or \
+            call.value.dtype != dtype:
+        return f"queries, keys and values of {dtype} ({kernel} takes float32, bfloat16, float16)"
+    if max(call.query.shape[-1], call.value.shape[-1]) > 256:
+        return "head size over 256"
+    if call.bias is not None and call.bias.dim() > 4:
+        return "a bias of more than 4 dimensions"
+    return ""
+
+
+def padded(size: int) -> int:
+    """A head size as a Triton kernel holds it: the next power of two, at least 16 (tl.dot's least)."""
+    return max(16, 1 << (size - 1).bit_length())
+
+
+def zero_padded(tensor: Tensor, size: int) -> Tensor:
+    """The tensor's last dimension padded by zero columns to `size` (a zero column adds nothing to a logit)."""
+    return tensor if tensor.shape[-1] == size else torch.nn.functional.pad(tensor, (0, size - tensor.shape[-1]))
+
+
+def broadcast_bias(bias: Tensor, shape: tuple[int, int, int, int]) -> Tensor:
+    """An additive bias expanded to (b, hq, n, kv): broadcast dimensions get stride 0."""
+    return bias[(None,) * (4 - bias.dim())].expand(*shape)
 
 
 def boolean_as_additive(mask: Tensor, dtype: torch.dtype) -> Tensor:

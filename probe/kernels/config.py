@@ -1,11 +1,7 @@
 """How every backend's statistics are read into weights and scores: chunk sizes, in one frozen object.
 
-None of them changes a number: each says how work is chunked, so a test (or a user on another machine) passes
-`dataclasses.replace(KernelConfig(), ...)` to force a chunking at a short length, and the result must not move. The
-statistics record carries its config; `score_heads`, `classify`'s accumulator and `kv_heads`' scoring take an
-optional `config=`. What one backend alone tunes lives with it: the CPU's staged search for row maxima and its
-thresholds (`probe.kernels.cpu.SearchConfig`, `CpuBackend(search=...)`), the reference's query block
-(`ReferenceBackend(block=...)`).
+None of them changes a number, so a test passes `dataclasses.replace(KernelConfig(), ...)` to force a chunking at a
+short length and the result must not move. What one backend alone tunes lives with it (`SearchConfig`).
 """
 
 from __future__ import annotations
@@ -28,8 +24,7 @@ class KernelConfig:
     gathered_rows: int = 2048  # rows of a gathered band at once (their keys: rows x width x head_dim floats)
     # reading several layer calls as one (probe.accel.accumulate)
     group_bytes: int = 32 * 2**20  # queries and keys of layer calls held back to be read together, at most
-    # what the backends write beside the log-sum-exp, only where asked (no other number changes)
-    moments: bool = False  # each row's moments (FusedStatistics.moments, probe.kernels.moments): probe.headvis's
+    moments: bool = False  # also write each row's moments (probe.kernels.moments, for probe.headvis)
 
 
 DEFAULT_CONFIG = KernelConfig()

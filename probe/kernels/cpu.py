@@ -1,12 +1,10 @@
-"""The CPU backend: the fused kernel (`torch.ops.aten._scaled_dot_product_flash_attention_for_cpu`, which returns each
-query row's log-sum-exp with the output) and `StagedSearch`, its record's search, which answers whether a key is its
-row's top by stages instead of whole rows of logits, tuned by its own `SearchConfig` (`CpuBackend(search=...)`).
+"""The CPU backend: the fused kernel (`aten._scaled_dot_product_flash_attention_for_cpu`, which returns the log-sum-exp
+with the output) and `StagedSearch`, which answers whether a key is its row's top by stages instead of whole rows.
 
-The staged search (`StagedSearch.neighbour_hits`): (1) every row against its rivals, a few diagonals and key 0 read
-from one prefetched table; past `band_from` keys (2) the open rows' band of nearby keys; past `witnesses_from` (3) the
-likely witnesses (the first keys and the longest); past `near_from` (4) a slice of keys near each row; (5) the rows
-still open, whole (`tops_of_rows`: bounded in bfloat16 first from `bounds_from` keys on a CPU with bfloat16
-arithmetic). Every stage decides a row only where it is sure, so the answer is argmax's exactly.
+The stages: (1) every row against its rivals, a few diagonals and key 0 from one prefetched table; past `band_from`
+keys (2) the band of nearby keys; past `witnesses_from` (3) the likely witnesses; past `near_from` (4) a slice of
+keys near each row; (5) the rest, whole (bounded in bfloat16 first from `bounds_from` keys where the CPU has it).
+Every stage decides a row only where it is sure, so the answer is argmax's exactly.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
+from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem, zero_padded
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import Label, Weights, by_owner
 from probe.kernels.moments import row_moments
@@ -26,15 +24,14 @@ NAME = "cpu"
 
 
 def _bfloat16_matmuls_fast() -> bool:
-    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16): its bfloat16 matmuls run ~3x faster than float32."""
+    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16): bfloat16 matmuls ~3x faster than float32."""
     return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
 
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """The staged search's thresholds: which stage is tried past how many keys, and how each is sized. None changes
-    a number (every stage decides a row only where it is sure), so a test forces a stage at a short length with
-    `dataclasses.replace(SearchConfig(), ...)`. Defaults are measured (bench/RESULTS.md)."""
+    """The staged search's thresholds: none changes a number (every stage decides a row only where it is sure), so a
+    test forces a stage at a short length. Defaults are measured (bench/RESULTS.md)."""
 
     positional_band: int = 16  # keys i - 15 .. i + 1 (and key 0) whose weights decide most rows left open
     positional_rivals: tuple[int, ...] = (0, -2, -3, -4, -1, 1)  # offsets read for every row: cheap diagonals
@@ -42,16 +39,14 @@ class SearchConfig:
     witnesses_from: int = 8192  # keys past which open rows are read against the witnesses (at 8192: break-even)
     first_keys: int = 256  # likely witnesses that beat the neighbour of a row the band leaves open: the first keys,
     longest_keys: int = 64  # and the longest keys of the key/value head (measured at 32768 tokens)
-    near_from: int = 4096  # keys past which the open rows go to the near keys (at 4096 and fewer the slice and the
-    # whole row after it cost more than the whole row alone)
+    near_from: int = 4096  # keys past which the open rows go to the near keys (below, the whole row is cheaper)
     near_span: int = 1024  # query positions of one bucket of the near-keys stage: its rows share one slice of keys
     near_before: int = 1024  # keys before a bucket that its slice includes
     margin: float = 1e-4  # a neighbour is surely the top when it outweighs the mass of the keys not computed by this
     bound: float = 2.0**-7  # bfloat16 upper bounds of logits: q . k + bound |q| |k| (roundings need <= 0.0059 |q||k|)
     bounds_on_cpu: bool = field(default_factory=_bfloat16_matmuls_fast)  # whether bounding whole rows pays here
     candidates: int = 64  # keys a bounded row may have whose bound reaches its key's logit: float32 logits decide
-    bounds_from: int = 16384  # keys from which whole rows are bounded first (2.5x faster at 32768 keys; at 8192 the
-    # operations around the matmul cost what it saves)
+    bounds_from: int = 16384  # keys from which whole rows are bounded first (2.5x faster at 32768 keys)
 
 
 DEFAULT_SEARCH = SearchConfig()
@@ -59,9 +54,7 @@ DEFAULT_SEARCH = SearchConfig()
 
 
 class CpuBackend:
-    """CPU's flash-attention kernel. A value head smaller than the query head (multi-head latent attention: 128 against
-    192) is padded with zero columns, which leaves the first dv columns of the output exact; a larger one pads the
-    queries and keys instead (zero columns add nothing to a logit). `search`: the staged search's thresholds."""
+    """CPU's flash-attention kernel; query, key and value padded to one head size (multi-head latent attention)."""
 
     name = NAME
 
@@ -78,16 +71,10 @@ class CpuBackend:
         return ""
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
-        """The output (b, n, hq, dv) and the statistics its weights are rebuilt from. Grouped-query heads go to the
-        kernel as they are (it reads the shared keys per query head); causal applies only without a bias; a key mask
-        and window go to the kernel as the dense bias they stand for (AttentionCall.with_dense_bias)."""
+        """The output (b, n, hq, dv) and its statistics; a key mask and window go as the dense bias they stand for."""
         call = call.with_dense_bias()
-        query, key, value = call.query, call.key, call.value
-        d, dv = query.shape[-1], value.shape[-1]
-        if dv < d:
-            value = torch.nn.functional.pad(value, (0, d - dv))
-        elif dv > d:
-            query, key = (torch.nn.functional.pad(tensor, (0, dv - d)) for tensor in (query, key))
+        d, dv = call.query.shape[-1], call.value.shape[-1]
+        query, key, value = (zero_padded(tensor, max(d, dv)) for tensor in (call.query, call.key, call.value))
         plain_causal = call.causal and call.bias is None
         output, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, 0.0, plain_causal, attn_mask=call.bias, scale=call.scaling)
@@ -101,24 +88,20 @@ class CpuBackend:
 
 def cpu_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, lse: Tensor,
                    config: KernelConfig = DEFAULT_CONFIG, search: StagedSearch | None = None) -> FusedStatistics:
-    """The CPU backend's record: half-precision queries and keys as whole float32 copies (the search's bounds and
-    ties hold as derived for any input dtype), the staged search (`StagedSearch(DEFAULT_SEARCH)` where none is
-    given)."""
+    """The CPU backend's record: float32 queries and keys (the search's bounds hold for any dtype), staged search."""
     return FusedStatistics(NAME, float32_copy(query), float32_copy(key), lse, scaling, causal, bias, config=config,
                            search=search or StagedSearch(DEFAULT_SEARCH))
 
 
 @dataclass(frozen=True)
 class StagedSearch:
-    """The CPU's answer to neighbour_hits (the record's `search`): cheap stages first, whole rows for the rest, each
-    stage reading the call's `Weights` (what it keeps per call, the bounded keys and the witnesses' indices, in
+    """The CPU's answer to neighbour_hits: cheap stages first, whole rows for the rest (per-call state in
     `Weights.memo`)."""
 
     config: SearchConfig = field(default_factory=SearchConfig)
 
     def neighbour_hits(self, weights: Weights, selected: Tensor, shift: int) -> Tensor:
-        """Weights.neighbour_hits by stages, each only for the rows the one before left open (the module's
-        docstring); up to band_from keys a whole row is about as cheap as the stages between."""
+        """Weights.neighbour_hits by stages, each for the rows the one before left open (the module's docstring)."""
         config, kv = self.config, weights.shape[3]
         hit, unsure = self.rivals_stage(weights, selected.to(weights.lse.device), shift)
         hits = hit.sum(dim=(0, 2)).double().cpu()
@@ -136,16 +119,13 @@ class StagedSearch:
         return hits
 
     def reads(self, statistics: FusedStatistics, shifts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """What rivals_stage reads for these shifts (RowSearch.reads): the neighbours' diagonals, the rivals'
-        (config.positional_rivals) and key 0, so that the layer's one pass computes them with the scores' own; the
-        later stages read what that table leaves open, row by row."""
+        """RowSearch.reads: rivals_stage's diagonals (the neighbours', the rivals') and key 0."""
         return tuple(sorted({*shifts, *self.config.positional_rivals})), (0,)
 
     def rivals_stage(self, weights: Weights, selected: Tensor, shift: int) -> tuple[Tensor, Tensor]:
-        """Stage 1 for the neighbour i + shift of every query: (hit (b, h, n), unsure (b, h, n)) from the neighbour's
-        weight, key 0's and the rivals' (config.positional_rivals: keys i, i - 2, i - 3, i - 4, i +- 1), read from
-        one table (exactly 0 where a key does not exist): the neighbour is the top when none of them beats it (an
-        earlier key wins a tie) and it outweighs the mass of all other keys (1 - the computed mass)."""
+        """Stage 1 for the neighbour i + shift of every query: (hit, unsure) (b, h, n) from one table of the
+        neighbour's, key 0's and the rivals' weights: the top when none beats it (an earlier key wins a tie) and it
+        outweighs the mass of all other keys."""
         rivals = _rivals(weights.shape[2], shift, self.config.positional_rivals, weights.lse.device)
         table = weights.stacked(rivals.labels)  # (b, h, n, r + 2)
         earlier, weight, sink = rivals.earlier, table[..., rivals.earlier], table[..., -1]
@@ -157,9 +137,8 @@ class StagedSearch:
         return hit, ~beats & ~hit & selected[:, None]
 
     def band_stage(self, weights: Weights, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
-        """Stage 2 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the band of keys
-        i - 15 .. i + 1 (config.positional_band) and key 0: the neighbour is the top when it beats every other of them
-        and the mass outside."""
+        """Stage 2 for the (b, h, query) rows `found`: (hits per head, rows still open), from the band of keys
+        i - 15 .. i + 1 and key 0: the top when it beats every other of them and the mass outside."""
         low = 1 - self.config.positional_band
         band = weights.band_of_rows(found, low, 1)  # (k, 17)
         sequence, head, row = found.unbind(1)
@@ -177,20 +156,15 @@ class StagedSearch:
         return hits, found[~beaten & ~hit]
 
     def witness_stage(self, weights: Weights, found: Tensor, shift: int) -> Tensor:
-        """Stage 3 for the (b, h, query) rows `found`: the rows still open, less those where a likely witness surely
-        beats the neighbour (beaten_by_witnesses: the config.first_keys first keys and the config.longest_keys longest
-        keys). Far from its row, a row's top is most often among the first keys: at 32768 tokens, 63-84% of the
-        beaten rows the near keys left open had one within the first 512, and the longest 64 keys beat 23-70% of
-        those left after them. Before the near keys, it leaves them a third fewer rows."""
+        """Stage 3 for the (b, h, query) rows `found`: those still open, less those a likely witness (the first and the
+        longest keys: far from its row, a row's top is most often among them) surely beats."""
         config = self.config
         return found[~self.beaten_by_witnesses(weights, found, found[:, 2] + shift, config.first_keys,
                                                config.longest_keys)]
 
     def near_stage(self, weights: Weights, found: Tensor, shift: int) -> tuple[Tensor, Tensor]:
-        """Stage 4 for the (b, h, query) rows `found`: (hits per head, the rows still open), from the keys near each
-        row (near_of_rows: at least the config.near_before keys before it, and key 0): the neighbour is not the top
-        when a near key beats it, the top when none beats or ties it and it outweighs the mass of the keys not
-        computed."""
+        """Stage 4 for the (b, h, query) rows `found`: (hits per head, rows still open), from the keys near each row
+        (near_of_rows): beaten by a near key, or the top when none beats or ties it and it outweighs the rest."""
         b, h, n, kv = weights.shape
         long = found[:, 2] + kv - n >= self.config.near_from  # shorter rows: their whole row costs what a slice does
         near, short = found[long], found[~long]
@@ -204,18 +178,15 @@ class StagedSearch:
         return hits, torch.cat([short, near[~beaten & ~hit]])
 
     def settle_stage(self, weights: Weights, found: Tensor, shift: int) -> Tensor:
-        """Hits per head among the (b, h, query) rows `found`, each row's logits computed whole (tops_of_rows):
-        argmax's answer, as the blocked path (the earliest maximum wins)."""
+        """Hits per head among the (b, h, query) rows `found`, each row's logits computed whole (argmax's answer)."""
         top = weights.tops_of_rows(found, found[:, 2] + shift, functools.partial(self.tops, weights))
         return torch.bincount(found[top, 1].cpu(), minlength=weights.shape[1]).double()
 
     def near_of_rows(self, weights: Weights, found: Tensor, keys: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """(beaten (k,), tied (k,), mass (k,)) for the (b, h, query) rows `found` (k, 3) and one key each, over the
-        keys near each row: the rows of a (sequence, key/value head) whose queries fall in one bucket of
-        config.near_span positions share one slice of keys, from config.near_before keys before the bucket to its
-        last query (so a row sees at least its config.near_before keys before it). beaten: a key of the slice has a
-        larger logit than keys[t]; tied: none is larger but one equals it (argmax's tie rule needs the whole row);
-        mass: the weight of every key of the slice the row may attend to, keys[t]'s included, and of key 0."""
+        """(beaten, tied, mass) (k,) for the (b, h, query) rows `found` (k, 3) and one key each, over the keys near each
+        row: rows of one (sequence, key/value head) in one bucket of config.near_span positions share one slice of
+        keys, from config.near_before keys before it. beaten: a key of the slice has a larger logit; tied: one equals
+        it (argmax's tie rule needs the whole row); mass: the weight of the slice's visible keys and key 0."""
         b, hq, n, kv = weights.shape
         hk = weights.key.shape[1]
         position = found[:, 2] + kv - n  # each query's own key position
@@ -229,17 +200,7 @@ class StagedSearch:
         """near_of_rows for the rows of one (sequence, key/value head, bucket)."""
         sequence, kv_head = int(part[0, 0]), int(part[0, 1]) // (weights.shape[1] // weights.key.shape[1])
         low = max(0, int(position[0]) // self.config.near_span * self.config.near_span - self.config.near_before)
-        high = int(position.max()) + 1 if weights.causal else weights.shape[3]
-        logits = (weights.query[sequence, part[:, 1], part[:, 2]] * weights.scaling) @ weights._head_keys(
-            sequence, kv_head)[low:high].T  # (r, high - low)
-        dense = weights.dense_bias
-        if dense is not None:
-            bias = dense[sequence if dense.shape[0] > 1 else 0][..., low:high]  # (hq or 1, n or 1, keys)
-            logits += bias[part[:, 1] if bias.shape[0] > 1 else 0, part[:, 2] if bias.shape[1] > 1 else 0]
-        elif weights.causal:
-            seen = int(position.min()) + 1 - low  # columns every row of the part may attend to
-            columns = torch.arange(low + seen, high, device=logits.device)
-            logits[:, seen:].masked_fill_(columns[None, :] > position[:, None], float("-inf"))
+        logits = weights._row_logits(sequence, kv_head, part[:, 1], part[:, 2], low)  # (r, keys from low)
         rows = torch.arange(len(part), device=logits.device)
         own = logits[rows, keys - low]
         logits[rows, keys - low] = float("-inf")
@@ -256,12 +217,9 @@ class StagedSearch:
         return beaten, tied, mass
 
     def beaten_by_witnesses(self, weights: Weights, found: Tensor, keys: Tensor, first: int, longest: int) -> Tensor:
-        """(k,) bool: whether a likely witness that the (b, h, query) row found[t] may attend to, other than keys[t],
-        has a larger logit than keys[t] by more than float32's rounding: keys[t] is then surely not the row's top,
-        however the logits are rounded (ties and near-ties: False, left to the whole row). The likely witnesses of a
-        key/value head are its `first` keys, where a row's top most often lies far from the row (Xiao et al. 2023,
-        "Efficient Streaming Language Models with Attention Sinks"), and its `longest` keys; one matmul per
-        (sequence, key/value head)."""
+        """(k,) bool: whether a likely witness the row found[t] may attend to beats keys[t] by more than float32's
+        rounding (ties: False, left to the whole row). The witnesses: the `first` keys, where a far row's top most
+        often lies (attention sinks, Xiao et al. 2023), and the `longest` keys; one matmul per key/value head."""
         if not len(found):
             return torch.zeros(0, dtype=torch.bool, device=found.device)
         hq, hk = weights.shape[1], weights.key.shape[1]
@@ -270,8 +228,7 @@ class StagedSearch:
                         found, keys)[0]
 
     def _witnesses(self, weights: Weights, sequence: int, kv_head: int, first: int, longest: int) -> Tensor:
-        """The key indices beaten_by_witnesses reads for one key/value head: the first keys, then the longest of the
-        others (made once per call)."""
+        """The witnesses of one key/value head: the first keys, then the longest others (made once per call)."""
         index = ("witnesses", sequence, kv_head, first, longest)
         if index not in weights.memo:
             norms = weights._head_keys(sequence, kv_head)[first:].norm(dim=-1)
@@ -302,12 +259,9 @@ class StagedSearch:
         return logits.amax(dim=-1) > own + rounding  # keys[t] among the witnesses: its logit is within rounding
 
     def tops(self, weights: Weights, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
-        """(len(rows),) bool: whether key keys[t] holds the largest weight of the row (query head heads[t], query
-        rows[t]) of one sequence whose heads share key/value head `kv_head`, as argmax says (the earliest maximum
-        wins, a NaN counts as the maximum); from the logits (exp is monotonic). Plain attention over
-        config.bounds_from keys or more on a CPU with bfloat16 arithmetic: bounds first (bounded_tops), the rows they
-        leave unsure from whole float32 rows after (at least config.row_chunk of them: a matmul of one row rounds a
-        copy of a key unlike the key)."""
+        """Weights.tops, with bfloat16 bounds first (bounded_tops) for plain attention over config.bounds_from keys on
+        a CPU with bfloat16 arithmetic; the rows they leave unsure from whole float32 rows (at least config.row_chunk
+        of them: a matmul of one row rounds a copy of a key unlike the key)."""
         if weights.dense_bias is not None or not self.config.bounds_on_cpu or weights.query.device.type != "cpu" or \
                 weights.shape[3] < self.config.bounds_from:
             return weights.tops(batch, kv_head, heads, rows, keys)
@@ -323,14 +277,11 @@ class StagedSearch:
     def bounded_tops(self, weights: Weights, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor
                      ) -> tuple[Tensor, Tensor]:
         """(top, unsure) (len(rows),) bool, from upper bounds of the logits of keys 1 .. in one bfloat16 matmul
-        (q . k plus config.bound |q| |k| as a 65th dimension: bfloat16 rounds each factor and the sum to 2^-9, so a
-        bound exceeds its logit by at least 0.0019 |q| |k| and at most 2 bound |q| |k|) and key 0's float32 logit (a
-        sink's key is often the longest: it would loosen the bounds of every row). The key is the top when every other
-        key's bound, and key 0's logit, is below its float32 logit; it is not when the highest bound less that
-        slack, or key 0's logit, beats it by more than float32's rounding. Of the rest, most have a key or two whose
-        bound reaches the key's logit (at 32768 tokens, 99% have 6 or fewer): those keys' float32 logits decide
-        them the same way (_best_candidate); else unsure (ties, NaN, the neighbour at key 0, more than
-        config.candidates such keys: the whole float32 row decides)."""
+        (q . k plus config.bound |q| |k| as an extra dimension: a bound exceeds its logit by at least 0.0019 |q| |k|
+        and at most 2 bound |q| |k|) and key 0's float32 logit (a sink's long key would loosen every bound). The key
+        is the top when every bound and key 0's logit are below its logit, not when one beats it by more than the
+        slack; the few keys whose bound reaches it decide the rest by float32 logits (_best_candidate); else unsure
+        (ties, NaN, the neighbour at key 0, more than config.candidates such keys)."""
         offset = weights.shape[3] - weights.shape[2]
         limit = min(weights.shape[3], int(rows.max()) + offset + 1) if weights.causal else weights.shape[3]
         query = weights.query[batch, heads, rows] * weights.scaling  # (r, d) as _row_logits scales it
@@ -360,8 +311,7 @@ class StagedSearch:
         return top & (keys > 0), ~top & ~beaten | (keys == 0)
 
     def _bounded_keys(self, weights: Weights, batch: int, kv_head: int) -> tuple[Tensor, Tensor]:
-        """((kv, d + 1) bfloat16: one key/value head's keys and their norms, the longest key but key 0's norm) for
-        bounded_tops, made once per call."""
+        """((kv, d + 1) bfloat16 keys and norms, the longest norm but key 0's) of one key/value head, once per call."""
         index = ("bounded", batch, kv_head)
         if index not in weights.memo:
             keys = weights._head_keys(batch, kv_head)
@@ -372,8 +322,8 @@ class StagedSearch:
 
 def _best_candidate(upper: Tensor, query: Tensor, threshold: Tensor, head_keys: Tensor, candidates: int
                     ) -> Tensor:
-    """(r,) the largest float32 logit of query row t among the keys whose bound upper[t] reaches threshold[t] (column c:
-    key c + 1), -inf where none does, NaN where more than `candidates` do (left to the whole row)."""
+    """(r,) the largest float32 logit of row t among the keys whose bound reaches threshold[t], -inf where none does,
+    NaN where more than `candidates` do."""
     close = upper.float() >= threshold[:, None]  # (r, keys)
     many = close.sum(dim=-1) > candidates
     row, column = close.masked_fill_(many[:, None], False).nonzero(as_tuple=True)
@@ -384,9 +334,8 @@ def _best_candidate(upper: Tensor, query: Tensor, threshold: Tensor, head_keys: 
 
 @dataclass(frozen=True)
 class _Rivals:
-    """Stage 1's reading of a neighbour i + shift: the table's columns (the rivals before the neighbour, the
-    neighbour, those after it, key 0: in the order prefetch makes them, so a view) and, per query, whether key 0 is
-    a rival (not the neighbour) and apart from the other rivals."""
+    """Stage 1's reading of a neighbour i + shift: the table's columns (in prefetch's order, so a view) and, per query,
+    whether key 0 is a rival and apart from the other rivals."""
 
     labels: list[Label]
     earlier: int  # rivals before the neighbour: columns 0 .. earlier - 1 (a tie goes to them); the neighbour next

@@ -1,28 +1,15 @@
-"""The CUDA backend: one Triton flash-attention forward that writes, in a single pass over the keys, the output, each
-query row's log-sum-exp (float32) and the index of its largest logit (the earliest on ties, a NaN counting as the
-largest, as argmax says on the CPU). The scores then read every diagonal and column from the log-sum-exp and every
-row's top key from the indices (the record's `top_keys`): nothing of the n x n weights, no search, and no value
-read back to the host. Where the caller asks (`KernelConfig.moments`), the same pass also accumulates each row's moments
-(probe.kernels.moments: what an entropy and an attention-weighted distance are read from), rescaled as the output is.
+"""The CUDA backend: one Triton flash-attention forward (Dao et al. 2022; Triton's fused-attention tutorial) that
+writes, in one pass over the keys, the output, each row's float32 log-sum-exp and the index of its largest logit (the
+earliest on ties, a NaN the largest, as argmax says). The scores read every weight from the log-sum-exp and every
+row's top key from the indices (`top_keys`): no search, nothing read back to the host. Where asked
+(`KernelConfig.moments`) the same pass accumulates each row's moments (probe.kernels.moments).
 
-The kernel is a flash-attention forward (Dao et al. 2022, "FlashAttention"; Triton's fused-attention tutorial): a
-program holds one block of query rows of one query head, walks the blocks of keys of that head's key/value head
-(grouped- and multi-query heads read the shared keys where they are: never repeated in memory), keeps each row's
-running maximum and sum of exponentials, and rescales its output accumulator when the maximum grows. Beside the
-running maximum it keeps the running top key: the maximum among NaN-free logits with its earliest index, and the
-earliest NaN. Masks come as the call's key mask (each sequence's (kv,) padding vector), sliding window (an int) and
-causal flag, computed from indices: every block of keys that all of a program's rows see whole runs unmasked, only the
-blocks on the diagonal, the window's edge and the last keys pay for the mask (as Triton's tutorial splits its causal
-loop). Any other mask is an additive bias (ALiBi, a mask the hooks do not recognise) read with broadcast strides.
-Logits are kept in base-2 units (the scale times log2(e), folded once), so every exponential is an exp2. Head sizes
-are compile-time constants, padded to a power of two (at least 16) only where they are not one; the value head has a
-size of its own (multi-head latent attention). Tiles, warps and pipeline stages are chosen by `triton.autotune` among
-a short list per head size and dtype (`TILES`), each compiled for sm_80 and sm_90 without register spills
-(`python -m bench kernel_compile`, tests/test_kernel_compile.py).
-
-Runs on CUDA tensors; with `TRITON_INTERPRET=1` set (Triton's interpreter, tests on a machine without a GPU) it also
-serves CPU tensors, slowly. Soft-capping stays refused (`rebuild_problem`): a weight rebuilt as
-exp(logit - lse) from the uncapped logit would not be the capped weight.
+A program holds a block of query rows of one query head and walks its key/value head's keys in place (grouped heads
+never repeated). Key mask, window and causal flag are computed from indices: blocks every row sees whole run
+unmasked, as the tutorial splits its causal loop; any other mask is an additive bias read with broadcast strides.
+Logits are in base 2 (the scale times log2(e)), so every exponential is an exp2. Tiles are autotuned among `TILES`,
+each compiled for sm_80 and sm_90 without spills (tests/test_kernel_compile.py). With `TRITON_INTERPRET=1` it also
+serves CPU tensors, slowly (tests without a GPU).
 """
 
 from __future__ import annotations
@@ -38,19 +25,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, FusedStatistics, rebuild_problem
+from probe.kernels.base import (AttentionCall, FusedStatistics, broadcast_bias, padded, rebuild_problem,
+                                triton_problem)
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.labels import label_weights
 
 triton: Any = None  # imported on the kernel's first use (_kernels): Triton reads TRITON_INTERPRET when it is imported
 tl: Any = None
-_largest: Any = None  # tl.max, tl.min and tl.sum: set in each mode's namespace of the kernel (_kernels)
-_smallest: Any = None
+_largest: Any = None  # tl.max and tl.sum: set in each mode's namespace of the kernel (_kernels)
 _total: Any = None
 
 NAME = "cuda"
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_HEAD_DIM = 256
 NO_NAN = 2**30  # "no NaN seen yet": larger than any key index the kernel is given (passed in as a constexpr)
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernel's logits are the scaled ones times this
 
@@ -61,11 +46,9 @@ def interpreted() -> bool:
 
 
 class CudaBackend:
-    """The Triton kernel: CUDA tensors of float32, bfloat16 or float16, head sizes up to 256, a key mask, sliding
-    window and causal flag or any additive bias. CPU tensors too where TRITON_INTERPRET=1 is set (Triton's
-    interpreter: tests without a GPU). `output`: "kernel" (the default) takes the layer's output from the kernel, one
-    pass for output and statistics; "sdpa" keeps torch's own attention for the output and runs the kernel for the
-    statistics alone, without the value product (not registered: `python -m bench gpu` times what is)."""
+    """The Triton kernel. `output`: "kernel" takes the layer's output from the kernel's one pass; "sdpa" keeps torch's
+    attention for the output and runs the kernel for the statistics alone (not registered: `python -m bench gpu`
+    times what is)."""
 
     name = NAME
 
@@ -75,8 +58,7 @@ class CudaBackend:
         self.output = output
 
     def problem(self, call: AttentionCall) -> str:
-        """"" where the kernel serves the call, else why not: CUDA tensors, and CPU tensors only where
-        TRITON_INTERPRET=1 is set (Triton's interpreter, for tests). Reads only shapes, dtypes and devices: no sync."""
+        """"" where the kernel serves the call, else why not. Reads only shapes, dtypes and devices: no sync."""
         shared = rebuild_problem(call)
         if shared:
             return shared
@@ -85,62 +67,36 @@ class CudaBackend:
         device = call.query.device.type
         if device != "cuda" and not (device == "cpu" and interpreted()):
             return f"the Triton kernel runs on cuda, not {device} (CPU tensors only with TRITON_INTERPRET=1)"
-        if call.query.dtype not in DTYPES or call.key.dtype != call.query.dtype or \
-                call.value.dtype != call.query.dtype:
-            return f"queries, keys and values of {call.query.dtype} (the kernel takes float32, bfloat16, float16)"
-        if max(call.query.shape[-1], call.value.shape[-1]) > MAX_HEAD_DIM:
-            return f"head size over {MAX_HEAD_DIM}"
-        if call.bias is not None and call.bias.dim() > 4:
-            return "a bias of more than 4 dimensions"
-        return ""
+        return triton_problem(call, "the kernel")
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
-        """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and each row's top
-        key index). The kernel and the statistics read the key mask and window as they are: no dense bias is made
-        (but for `output="sdpa"`, whose output torch computes from one)."""
+        """(output (b, n, hq, dv), statistics with the log-sum-exp and top keys); the key mask and window are read as
+        they are (no dense bias, but for `output="sdpa"`, whose output torch computes from one)."""
         causal = call.causal and call.bias is None  # the kernel's flag: with a key mask and window, or plain
         b, hq, n, _ = call.query.shape
         moments = torch.empty(b, hq, n, 4, dtype=torch.float32, device=call.query.device) if config.moments else None
+        masks = dict(key_mask=call.key_mask, window=call.window, moments=moments)
         if self.output == "sdpa":
-            # sdpa hands back neither its log-sum-exp nor its logits, so the statistics need q k^T once more: the
-            # kernel's statistics-only pass (no value loads, no value product, tiles of its own) is that second
-            # pass at its cheapest. A backend whose fused kernel returns the log-sum-exp with the output would
-            # need only each row's top key from a second pass.
-            lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, causal,
-                                            key_mask=call.key_mask, window=call.window, moments=moments)
-            dense = call.with_dense_bias()  # what sdpa reads: a bias where the mask is not plain
+            # sdpa hands back neither its log-sum-exp nor its logits: the statistics-only pass is q k^T once more
+            lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, causal, **masks)
+            dense = call.with_dense_bias()
             output = torch.nn.functional.scaled_dot_product_attention(
                 call.query, call.key, call.value, attn_mask=dense.bias, is_causal=dense.causal and dense.bias is None,
                 scale=call.scaling, enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
         else:
             output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling, causal,
-                                                 key_mask=call.key_mask, window=call.window, moments=moments)
-        # queries and keys stay in the model's dtype: a float32 copy of both per layer would cost what the kernel
-        # costs in memory traffic (each read makes its chunk float32: the same values)
+                                                 **masks)
+        # queries and keys stay in the model's dtype: float32 copies would cost what the kernel costs in traffic
         return output, FusedStatistics(NAME, call.query, call.key, lse, call.scaling, causal, call.bias,
                                        call.key_mask, call.window, top_keys=top, tables=label_table, config=config,
                                        moments=moments)
 
 
 def label_table(statistics: FusedStatistics, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
-    """The record's `tables`: the weights on keys i + offset and on `keys` (b, hq, n, len(offsets) + len(keys)), from
-    one launch of the label kernel over every row (probe.kernels.labels: no row chunks, no gathered keys, each value
-    made float32 where it is loaded, the key mask and window read as they are)."""
+    """The record's `tables`: one launch of the label kernel over every row (probe.kernels.labels)."""
     return label_weights(statistics.query, statistics.key, statistics.bias, statistics.lse, statistics.scaling,
                          statistics.causal, offsets, keys, interpreted(), key_mask=statistics.key_mask,
                          window=statistics.window)
-
-
-@dataclass(frozen=True)
-class Masks:
-    """What hides keys from a query in one launch: an additive bias broadcastable to (b, hq, n, kv), or a key mask
-    (b, kv) bool, a causal sliding window of `window` keys and the causal flag (computed from indices)."""
-
-    bias: Tensor | None = None
-    key_mask: Tensor | None = None
-    window: int | None = None
-    causal: bool = False
-    moments: Tensor | None = None  # (b, hq, n, 4) float32 the kernel fills with each row's moments, where given
 
 
 @dataclass(frozen=True)
@@ -154,13 +110,9 @@ class Tile:
 
 
 TILES: dict[tuple[int, str, bool], tuple[Tile, ...]] = {
-    # (the wider padded head, "half" for bfloat16 / float16 or "float32", with the output) -> the tiles autotune
-    # times. Half precision: tensor-core products in the tutorial's shapes, narrowed to 32 keys per step where the
-    # output accumulator, the running top key and the masks would otherwise spill (128 x 64 at head 128 does, and
-    # 64 x 32 at head 256); without the output, wider steps fit. Float32: exact products (IEEE, on CUDA cores, their
-    # operands in registers), small tiles. Each compiles for sm_80 and sm_90 without spills within their shared
-    # memory (tests/test_kernel_compile.py; registers, shared memory and spills of each in bench/RESULTS.md,
-    # `python -m bench kernel_compile`).
+    # (the wider padded head, "half" or "float32", with the output) -> the tiles autotune times. Half precision: the
+    # tutorial's shapes, narrowed to 32 keys per step where the accumulator, the top key and the masks would spill;
+    # float32: exact IEEE products, small tiles. Registers and spills of each: bench/RESULTS.md.
     (64, "half", True): (Tile(128, 32, 4, 3), Tile(64, 64, 4, 3)),
     (128, "half", True): (Tile(128, 32, 8, 3), Tile(64, 32, 8, 3)),
     (256, "half", True): (Tile(32, 32, 8, 2),),
@@ -177,11 +129,6 @@ TILES: dict[tuple[int, str, bool], tuple[Tile, ...]] = {
 INTERPRETER_TILE = Tile(32, 32, 4, 1)  # numpy's cost is per step: small tiles waste nothing there
 
 
-def padded(size: int) -> int:
-    """A head size as the kernel holds it: the next power of two, at least 16 (tl.dot's least)."""
-    return max(16, 1 << (size - 1).bit_length())
-
-
 def tiles_for(head: int, value_head: int, dtype: torch.dtype, with_output: bool) -> tuple[Tile, ...]:
     """The tiles autotune chooses among for padded head sizes, a dtype and whether the output is written."""
     widest = max(head, value_head if with_output else 16)
@@ -192,49 +139,45 @@ def tiles_for(head: int, value_head: int, dtype: torch.dtype, with_output: bool)
 def attention_forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scaling: float,
                       causal: bool, *, key_mask: Tensor | None = None, window: int | None = None,
                       moments: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(output (b, n, hq, dv) in the value's dtype, log-sum-exp (b, hq, n) float32, top key (b, hq, n) int32) of
-    query (b, hq, n, d), key (b, hk, kv, d), value (b, hk, kv, dv), and the mask: an additive bias broadcastable to
-    (b, hq, n, kv), or a key mask (b, kv) bool, a causal sliding window and `causal` (keys j > i + kv - n hidden).
-    `moments` (b, hq, n, 4) float32, where given, is filled with each row's moments (probe.kernels.moments'
-    MOMENTS) in the same pass. One kernel launch, no host synchronisation."""
+    """(output (b, n, hq, dv), log-sum-exp (b, hq, n) float32, top key (b, hq, n) int32), the mask an additive bias
+    or key mask (b, kv), window and `causal`; `moments` (b, hq, n, 4), where given, filled in the same pass. One
+    launch, no host synchronisation."""
     b, hq, n, _ = query.shape
     output = value.new_empty(b, n, hq, value.shape[-1])
-    return (output, *_launch(query, key, value, output, scaling, Masks(bias, key_mask, window, causal, moments)))
+    return (output, *_launch(query, key, value, output, scaling, bias, key_mask, window, causal, moments))
 
 
 def attention_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, *,
                          key_mask: Tensor | None = None, window: int | None = None,
                          moments: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """attention_forward's log-sum-exp and top keys alone (and moments, where given): the same pass without values
-    or the value product."""
-    return _launch(query, key, None, None, scaling, Masks(bias, key_mask, window, causal, moments))
+    """attention_forward's log-sum-exp and top keys alone: the same pass without values."""
+    return _launch(query, key, None, None, scaling, bias, key_mask, window, causal, moments)
 
 
 def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | None, scaling: float,
-            masks: Masks) -> tuple[Tensor, Tensor]:
+            bias: Tensor | None, key_mask: Tensor | None, window: int | None, causal: bool,
+            moments: Tensor | None) -> tuple[Tensor, Tensor]:
     """One launch of the kernel: its log-sum-exp and top keys, the output written where `output` is given."""
     b, hq, n, d = query.shape
     hk, kv = key.shape[1], key.shape[2]
     dv = value.shape[-1] if value is not None else 1
     lse = torch.empty(b, hq, n, dtype=torch.float32, device=query.device)
     top = torch.empty(b, hq, n, dtype=torch.int32, device=query.device)
-    bias = masks.bias
     if bias is not None:
-        bias = bias[(None,) * (4 - bias.dim())].expand(b, hq, n, kv)  # broadcast dimensions: stride 0
+        bias = broadcast_bias(bias, (b, hq, n, kv))
     interpreter = interpreted()  # on any device's tensors (it copies them to the host): its own tiles and dots
     none = (0, 0, 0, 0)
     arguments = (
         query, key, value if value is not None else key, bias if bias is not None else query,
-        masks.key_mask if masks.key_mask is not None else lse, output if output is not None else query, lse, top,
-        masks.moments if masks.moments is not None else lse,
+        key_mask if key_mask is not None else lse, output if output is not None else query, lse, top,
+        moments if moments is not None else lse,
         *query.stride(), *key.stride(), *(value.stride() if value is not None else none),
-        *(bias.stride() if bias is not None else none),
-        *(masks.key_mask.stride() if masks.key_mask is not None else (0, 0)),
+        *(bias.stride() if bias is not None else none), *(key_mask.stride() if key_mask is not None else (0, 0)),
         *(output.stride() if output is not None else none),
-        n, kv, hq, hq // hk, masks.window or 0, scaling * LOG2E, _length_class(kv))
+        n, kv, hq, hq // hk, window or 0, scaling * LOG2E, _length_class(kv))
     constants = dict(D=d, DV=dv, HEAD=padded(d), VALUE_HEAD=padded(dv), NONE=NO_NAN, HAS_BIAS=bias is not None,
-                     HAS_KEY_MASK=masks.key_mask is not None, WINDOWED=masks.window is not None,
-                     CAUSAL=masks.causal, WITH_OUTPUT=output is not None, MOMENTS=masks.moments is not None,
+                     HAS_KEY_MASK=key_mask is not None, WINDOWED=window is not None, CAUSAL=causal,
+                     WITH_OUTPUT=output is not None, MOMENTS=moments is not None,
                      PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
                      UPCAST=query.dtype == torch.bfloat16 and interpreter)
     kernel = _kernels(interpreter).launch
@@ -248,8 +191,7 @@ def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | N
 
 
 def _length_class(kv: int) -> int:
-    """Autotune's key for the keys' count: its power of two from 256 to 65536 (one timing per class, not per
-    length)."""
+    """Autotune's key for the keys' count: its power of two from 256 to 65536 (one timing per class)."""
     return min(max(padded(kv), 256), 65536)
 
 
@@ -263,15 +205,13 @@ class Kernels:
 
 @functools.lru_cache(maxsize=2)
 def _kernels(interpret: bool) -> Kernels:
-    """The kernel, compiled by Triton (autotuned over TILES) or wrapped by its interpreter. Triton is imported here,
-    not with probe: whether it interprets is fixed when it is decorated, so a test sets TRITON_INTERPRET before the
-    first call. Each mode gets its own copy of the kernel's functions (their globals: Triton, the helpers decorated
-    in that mode, and Triton's reductions, which the interpreter re-decorates where Triton was imported before it
-    was asked to interpret: they were then decorated for the compiler)."""
+    """The kernel, compiled by Triton (autotuned over TILES) or wrapped by its interpreter. Triton is imported here:
+    whether it interprets is fixed when it is decorated. Each mode gets its own copy of the kernel's functions and
+    Triton's reductions (decorated for the compiler where Triton was imported before it was asked to interpret)."""
     global triton, tl
     triton, tl = importlib.import_module("triton"), importlib.import_module("triton.language")
     namespace: dict[str, Any] = {"__name__": __name__, "tl": tl, "triton": triton}
-    for name, reduction in (("_largest", tl.max), ("_smallest", tl.min), ("_total", tl.sum)):
+    for name, reduction in (("_largest", tl.max), ("_total", tl.sum)):
         namespace[name] = triton.jit(reduction.fn) if interpret else reduction
 
     def jitted(function: Any) -> Any:
@@ -305,10 +245,8 @@ def _attention_rows(Q, K, V, Bias, KeyMask, Out, Lse, Top, Moments, sqb, sqh, sq
                     CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr, MOMENTS: tl.constexpr, PRECISION: tl.constexpr,
                     UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One block of BLOCK_M query rows of one (sequence, query head): its log-sum-exp, top keys, (WITH_OUTPUT)
-    output rows and (MOMENTS) moments (probe.kernels.moments). D, DV: the head sizes; HEAD, VALUE_HEAD: the same
-    padded to a power of two. qk_scale: the scaling times log2(e) (logits in base 2). PRECISION "ieee": float32
-    products, not TF32. UPCAST: bfloat16 dots in float32 (the interpreter's dot misreads bfloat16). length_class:
-    autotune's key alone."""
+    output rows and (MOMENTS) moments. HEAD, VALUE_HEAD: D and DV padded to a power of two. qk_scale: the scaling
+    times log2(e). UPCAST: bfloat16 dots in float32 (the interpreter's dot misreads bfloat16)."""
     sequence, head = (tl.program_id(1) // hq).to(tl.int64), tl.program_id(1) % hq  # offsets past 2^31: int64
     first = tl.program_id(0) * BLOCK_M
     rows = first + tl.arange(0, BLOCK_M)  # (BLOCK_M,)
@@ -363,10 +301,8 @@ def _walk_keys(q, state, where, sizes, start, stop, D: tl.constexpr, DV: tl.cons
                VALUE_HEAD: tl.constexpr, NONE: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
                WINDOWED: tl.constexpr, CAUSAL: tl.constexpr, WITH_OUTPUT: tl.constexpr, MOMENTS: tl.constexpr,
                PRECISION: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
-    """Keys start .. stop, BLOCK_N at a time, into the rows' running state (maximum, total, acc, top, first_nan,
-    moments).
-    MASKED: blocks where some row must not see some key (past kv, after its own, before its window); otherwise
-    only the key mask and a bias apply. Keys come in order, so a tie keeps the earlier top key."""
+    """Keys start .. stop, BLOCK_N at a time, into the rows' running state. MASKED: blocks where some row must not see
+    some key (past kv, after its own, before its window). Keys come in order, so a tie keeps the earlier top key."""
     maximum, total, acc, top, first_nan, moments = state
     keys_at, values_at, bias_at, mask_at, skn, skd, svn, svd, sbk, smk = where
     rows, n, kv, window, qk_scale = sizes
@@ -424,8 +360,7 @@ def _moments(moments, weights, clean, rescale, own, keys):
 
 
 def _store_moments(at, moments, total, rows, MOMENTS: tl.constexpr):
-    """Where MOMENTS: the rows' moments, 4 floats a row from `at`: sums over the total, logits from base 2 back to
-    natural units."""
+    """Where MOMENTS: the rows' 4 moments from `at`, sums over the total, logits back to natural units."""
     if MOMENTS:
         weighted, distance, squared, past_first = moments
         tl.store(at, weighted / total * 0.6931471805599453, mask=rows)

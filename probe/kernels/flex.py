@@ -1,23 +1,12 @@
-"""The FlexAttention backend: torch's `flex_attention`, compiled by torch.compile into one fused Triton kernel, which
-returns each query row's log-sum-exp and its largest logit (`max_scores`) beside the output. Masks go to it as a block
-mask (whole blocks of hidden keys skipped) and a `mask_mod`; an additive bias (ALiBi-like) as a `score_mod`;
-grouped- and multi-query heads as they are (`enable_gqa`).
+"""The FlexAttention backend: torch's `flex_attention`, compiled into one fused Triton kernel that returns each row's
+log-sum-exp and largest logit (`max_scores`) beside the output. Masks go as a block mask and a `mask_mod`, a bias as a
+`score_mod`, grouped heads as they are (`enable_gqa`).
 
-Its statistics' search (`MaximaSearch`) answers positional's question (is the neighbour its row's top key?) from the row
-maxima: a neighbour whose logit is below its row's maximum by more than the kernel's rounding is beaten, and one that
-holds more than half its row's weight is the top; the rows neither decides (the neighbour at the maximum, where a
-tie with an earlier key, or a key within the kernel's rounding, would change argmax's answer) are computed whole
-(`Weights.tops_of_rows`), or, where they are more than WHOLE_ROWS of all (a previous-token head's), every row's
-top key comes from one pass of the Triton kernel's statistics (probe.kernels.cuda.attention_statistics). A row's top
-key itself (`row_tops`) needs the index, which a maximum does not give: those rows are computed whole. Counting the
-undecided rows reads a number back from the GPU (one wait per neighbour and layer), which the Triton backend's top
-keys do not.
-
-CUDA only: on the CPU torch refuses `max_scores` (eager and compiled) and its compiled CPU kernel refuses the
-log-sum-exp; the eager CPU path gives the log-sum-exp only, from the whole n x n matrix (tests use it to check the
-masks built here). torch 2.9 and later ask with `return_aux=AuxRequest(lse=True, max_scores=True)`; a torch whose
-`flex_attention` has no `AuxRequest` is asked with `return_lse=True`, and its statistics, without maxima, take the
-Triton pass's top keys (whole rows where Triton does not serve the call).
+Its search (`MaximaSearch`) answers positional's question from the row maxima: a neighbour below its row's maximum by
+more than the kernel's rounding is beaten, one holding over half its row's weight is the top; the rest are computed
+whole, or, past WHOLE_ROWS of all (a previous-token head), every row's top key comes from the Triton statistics pass.
+CUDA only: on the CPU torch refuses `max_scores` (tests use the eager CPU path for the masks). A torch without
+`AuxRequest` (before 2.9) is asked with `return_lse=True` and its statistics take the Triton pass's top keys.
 """
 
 from __future__ import annotations
@@ -29,24 +18,20 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
+from probe.kernels.base import (AttentionCall, FusedStatistics, broadcast_bias, float32_copy, padded,
+                                rebuild_problem, triton_problem, zero_padded)
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.cuda import CudaBackend, attention_statistics
 from probe.kernels.fused import Weights
 
 NAME = "flex-attention"
-DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-MAX_HEAD_DIM = 256
 ROUNDING = 2.0**-8  # the kernel's logit against a float32 one, per scale |q| |k|: a bfloat16 rounding of a scaled
 # query (PRESCALE_QK) or TF32 products are within it; float32 sums and the log2 round trip are far below
 SLACK = 2.0**-16  # relative rounding of the maximum, the log-sum-exp and a logit rebuilt from a weight
 MARGIN = 1e-4  # a neighbour is surely the top when its weight exceeds half its row's by this, besides the rounding
-WHOLE_ROWS = 1 / 16  # of the rows, the most the maxima may leave undecided for whole rows (Weights.tops_of_rows)
-# to settle them; more (a previous-token head: its neighbour is at most rows' maximum) and one Triton statistics pass
-# over the call gives every row's top key instead
+WHOLE_ROWS = 1 / 16  # of the rows, the most the maxima may leave undecided for whole rows; past it, one Triton pass
 
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -61,8 +46,7 @@ def flex_module() -> Any | None:
 
 
 class FlexBackend:
-    """FlexAttention on CUDA tensors of float32, bfloat16 or float16, head sizes up to 256 (padded to a power of two,
-    at least 16), causal, any additive mask or bias, grouped-query heads, dv != d."""
+    """FlexAttention on CUDA tensors: causal, any additive mask or bias, grouped-query heads, dv != d."""
 
     name = NAME
 
@@ -80,16 +64,10 @@ class FlexBackend:
             return "triton is not installed (torch.compile builds FlexAttention's kernel with it)"
         if not torch._dynamo.is_dynamo_supported():
             return "torch.compile does not run on this Python (FlexAttention's kernel is built by it)"
-        kernel_takes = (
-            (call.query.dtype in DTYPES and call.key.dtype == call.value.dtype == call.query.dtype,
-             f"queries, keys and values of {call.query.dtype} (FlexAttention takes float32, bfloat16, float16)"),
-            (max(call.query.shape[-1], call.value.shape[-1]) <= MAX_HEAD_DIM, f"head size over {MAX_HEAD_DIM}"),
-            (call.bias is None or call.bias.dim() <= 4, "a bias of more than 4 dimensions"))
-        return next((reason for takes, reason in kernel_takes if not takes), "")
+        return triton_problem(call, "FlexAttention")
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
-        """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and row maxima). A key
-        mask and window go as the dense bias they stand for (its -inf entries the block mask)."""
+        """(output (b, n, hq, dv), statistics with the log-sum-exp and row maxima); key mask and window as a bias."""
         call = call.with_dense_bias()  # the statistics below read the same bias
         output, lse, maxima = flex_outputs(call, compiled_flex())
         return output, flex_statistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None,
@@ -98,16 +76,15 @@ class FlexBackend:
 
 @functools.cache
 def compiled_flex() -> Callable[..., Any]:
-    """flex_attention compiled once per process (its eager form forms the n x n matrix); shapes that change between
-    calls are compiled dynamic after the first change (torch.compile's default)."""
+    """flex_attention compiled once per process (its eager form forms the n x n matrix)."""
     module = flex_module()
     assert module is not None
     return torch.compile(module.flex_attention)
 
 
 def aux_request() -> tuple[dict[str, Any], bool]:
-    """(keyword arguments asking flex_attention for the log-sum-exp and, where this torch has them, the row maxima;
-    whether it has them): `return_aux=AuxRequest(...)` from torch 2.9, `return_lse=True` before."""
+    """(keyword arguments asking for the log-sum-exp and, where this torch has them, the row maxima; whether it has
+    them): `return_aux=AuxRequest(...)` from torch 2.9, `return_lse=True` before."""
     module = flex_module()
     request = getattr(module, "AuxRequest", None)
     if request is None:
@@ -118,8 +95,7 @@ def aux_request() -> tuple[dict[str, Any], bool]:
 
 
 def unpacked(result: tuple[Tensor, Any]) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(output, log-sum-exp, row maxima or None) of flex_attention's answer in either form (an AuxOutput, or the
-    log-sum-exp alone)."""
+    """(output, log-sum-exp, row maxima or None) of flex_attention's answer in either form."""
     output, aux = result
     if isinstance(aux, Tensor):
         return output, aux, None
@@ -128,9 +104,8 @@ def unpacked(result: tuple[Tensor, Any]) -> tuple[Tensor, Tensor, Tensor | None]
 
 def flex_outputs(call: AttentionCall, attend: Callable[..., Any], maxima: bool = True,
                  ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """(output (b, n, hq, dv), log-sum-exp (b, hq, n) float32, row maxima (b, hq, n) float32 or None) of the call
-    through `attend` (flex_attention compiled, or eager in tests); `maxima=False` asks for the log-sum-exp alone (what
-    the CPU gives). A key mask and window go as the dense bias they stand for."""
+    """(output (b, n, hq, dv), log-sum-exp (b, hq, n), row maxima or None) of the call through `attend` (compiled, or
+    eager in tests); `maxima=False` asks for the log-sum-exp alone (what the CPU gives)."""
     call = call.with_dense_bias()
     query, key, value = padded_heads(call)
     score_mod, mask_mod = modifications(call)
@@ -147,25 +122,18 @@ def flex_outputs(call: AttentionCall, attend: Callable[..., Any], maxima: bool =
 
 
 def padded_heads(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:
-    """Query, key and value with head sizes padded by zero columns to a power of two, at least 16 (the kernel's tiles;
-    a zero column adds nothing to a logit, and the output's extra columns are dropped): 64 and 128 are unchanged."""
-    def padded(tensor: Tensor) -> Tensor:
-        size = tensor.shape[-1]
-        wanted = max(16, 1 << (size - 1).bit_length())
-        return tensor if wanted == size else F.pad(tensor, (0, wanted - size))
-
-    return padded(call.query), padded(call.key), padded(call.value)
+    """Query, key and value each padded to a power of two, at least 16 (the kernel's tiles)."""
+    query, key, value = (zero_padded(tensor, padded(tensor.shape[-1])) for tensor in (call.query, call.key, call.value))
+    return query, key, value
 
 
 def modifications(call: AttentionCall) -> tuple[ScoreMod | None, MaskMod | None]:
-    """(score_mod, mask_mod) of the call: where its masks come from (the one place to change when the call carries key
-    lengths or a window as numbers instead of a dense bias). A bias: its -inf entries hide keys (the mask, so that
-    whole hidden blocks are skipped) and its finite ones are added (the score); plain causal: keys after the query
-    hidden (a key/value prefix shifts the diagonal by kv - n); else neither."""
+    """(score_mod, mask_mod) of the call: a bias' -inf entries hide keys (whole hidden blocks skipped) and its finite
+    ones are added; plain causal hides keys after the query (shifted by kv - n); else neither."""
     b, hq, n, _ = call.query.shape
     kv = call.key.shape[2]
     if call.bias is not None:
-        bias = call.bias[(None,) * (4 - call.bias.dim())].expand(b, hq, n, kv)  # broadcast dimensions: stride 0
+        bias = broadcast_bias(call.bias, (b, hq, n, kv))
 
         def add_bias(score: Tensor, batch: Tensor, head: Tensor, row: Tensor, key: Tensor) -> Tensor:
             return score + bias[batch, head, row, key]
@@ -188,9 +156,8 @@ def causal_mask(offset: int) -> MaskMod:
 
 
 def block_mask_for(mask_mod: MaskMod, call: AttentionCall) -> Any:
-    """The block mask of `mask_mod` (modifications') over the call's queries and keys: per sequence and head where
-    the bias has those dimensions (per sequence where there is none), else one for all; plain causal attention's is
-    made once per shape and device (every layer of a forward shares it)."""
+    """The block mask of `mask_mod`: per sequence and head where the bias has those dimensions; plain causal
+    attention's made once per shape and device."""
     b, hq, n, _ = call.query.shape
     kv = call.key.shape[2]
     bias = call.bias
@@ -218,18 +185,15 @@ def _block_mask(mask_mod: MaskMod, sequences: int | None, heads: int | None, n: 
 
 def flex_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, lse: Tensor,
                     config: KernelConfig = DEFAULT_CONFIG, maxima: Tensor | None = None) -> FusedStatistics:
-    """FlexAttention's record: half-precision queries and keys as whole float32 copies (the Triton pass and the
-    whole rows read them), each row's largest logit as the kernel computed it (`row_maxima`, None where this torch
-    gives none), and `MaximaSearch`, which answers positional's question from them where they decide the row."""
+    """FlexAttention's record: float32 queries and keys, the kernel's row maxima (None where this torch gives none) and
+    `MaximaSearch`."""
     return FusedStatistics(NAME, float32_copy(query), float32_copy(key), lse, scaling, causal, bias,
                            row_maxima=maxima, search=MAXIMA_SEARCH, config=config)
 
 
 class MaximaSearch:
-    """neighbour_hits from the row maxima (the module's docstring): rows they decide are counted on the statistics'
-    device; the rest are computed whole (Weights.tops_of_rows), argmax's answer exactly. Without maxima (layer calls
-    read side by side, which keeps top keys only; a torch that gives none): the Triton pass's top keys where it
-    serves the call, else whole rows."""
+    """neighbour_hits from the row maxima (the module's docstring), argmax's answer exactly. Without maxima (calls read
+    side by side; an older torch): the Triton pass's top keys where it serves the call, else whole rows."""
 
     def neighbour_hits(self, weights: Weights, selected: Tensor, shift: int) -> Tensor:
         """(hq,) float64 on the statistics' device: how many selected queries i have their top key at i + shift."""
@@ -251,14 +215,11 @@ class MaximaSearch:
         return hits
 
     def reads(self, statistics: FusedStatistics, shifts: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """What neighbour_hits reads of the prefetched table (RowSearch.reads): the neighbours' diagonals where the
-        row maxima decide rows (`decided`); none without maxima (the Triton pass's top keys answer)."""
+        """RowSearch.reads: the neighbours' diagonals where row maxima decide rows; none without maxima."""
         return (tuple(sorted(set(shifts))), ()) if statistics.row_maxima is not None else ((), ())
 
     def triton_top_keys(self, weights: Weights) -> bool:
-        """Compute every row's top key by the Triton kernel's statistics pass (probe.kernels.cuda, on the float32
-        queries and keys kept here) and keep them in the record (`top_keys`); False where the kernel does not serve
-        the call."""
+        """Every row's top key by the Triton statistics pass, kept in the record; False where it does not serve."""
         bias = weights.dense_bias
         call = AttentionCall(weights.query, weights.key, weights.key, bias, weights.scaling, weights.causal)
         if CudaBackend().problem(call):
@@ -268,10 +229,9 @@ class MaximaSearch:
         return True
 
     def decided(self, weights: Weights, maxima: Tensor, shift: int) -> tuple[Tensor, Tensor]:
-        """(top, undecided), (b, hq, n) bool, for the neighbour i + shift of every query: top where it holds more than
-        half the row's weight (no other key can reach it); beaten where its logit is below the row's maximum by more
-        than the kernel's rounding (`rounding`, which also bounds the log-sum-exp's error); undecided otherwise, and
-        where a NaN is involved."""
+        """(top, undecided), (b, hq, n) bool, for the neighbour i + shift of every query: top where it holds over half
+        the row's weight; beaten where its logit is below the row's maximum by more than `rounding`; undecided
+        otherwise, or where a NaN is involved."""
         weight = weights.aligned(shift)  # exactly 0 where the neighbour does not exist or is hidden
         logit = torch.log(weight) + weights.lse  # the neighbour's logit (-inf where its weight is 0)
         rounding = self.rounding(weights, logit, maxima)
@@ -281,8 +241,8 @@ class MaximaSearch:
         return top & ~unsure, ~top & ~beaten | unsure
 
     def rounding(self, weights: Weights, logit: Tensor, maxima: Tensor) -> Tensor:
-        """(b, hq, n): how far the kernel's maximum may lie from the float32 logit of the same key, at most: ROUNDING x
-        scale |q_i| max_j |k_j| (per key/value head) for the products, SLACK of the magnitudes for the rest."""
+        """(b, hq, n): how far the kernel's maximum may lie from the float32 logit of the same key: ROUNDING x scale
+        |q_i| max_j |k_j| for the products, SLACK of the magnitudes for the rest."""
         b, hq, n, _ = weights.shape
         hk = weights.key.shape[1]
         longest = weights.key.norm(dim=-1).amax(dim=-1)  # (b, hk)

@@ -1,12 +1,8 @@
-"""The weights of one layer call rebuilt from its statistics record (probe.kernels.base.FusedStatistics: queries,
-keys, mask and each query row's log-sum-exp): any weight `A[i, j] = exp(q_i . k_j * scale + bias_ij - lse_i)`
-without the n x n matrix.
+"""The weights of one layer call rebuilt from its statistics record: any `A[i, j] = exp(q_i . k_j * scale + bias_ij -
+lse_i)` without the n x n matrix, a diagonal, column or band costing O(n x head_dim) per key offset and head.
 
-Any diagonal, column or band of A costs O(n x head_dim) per key offset and head. `Weights` reads every backend's
-record the same way, on any device; whether a key holds a row's maximum (`neighbour_hits`, `tops_of_rows`) it reads
-from the kernel's top keys, or asks the backend's search (the record's `search`: probe.kernels.cpu's staged search,
-probe.kernels.flex's row maxima), or answers from whole rows of logits. `side_by_side` joins several layer calls'
-records into one.
+`Weights` reads every backend's record the same way; whether a key holds a row's maximum it reads from the kernel's
+top keys, or the record's `search`, or whole rows. `side_by_side` joins several layer calls' records into one.
 """
 
 from __future__ import annotations
@@ -42,11 +38,9 @@ class TableColumn(NamedTuple):
 
 
 class Weights:
-    """The weights one layer call's statistics rebuild, A[i, j] = exp(q_i . k_j * scale + bias_ij - lse_i), read the
-    same way whichever backend made the record: diagonals, columns, bands and whole rows, with what they cache (the
-    prefetched table, contiguous keys per head, and `memo` for a backend's search). Whether a key holds its row's
-    maximum comes from the kernel's top keys, else the backend's `search`, else whole rows. Made by whoever reads a
-    record (the scores' accumulator, kv-heads' scoring): the record stays plain."""
+    """The weights one layer call's statistics rebuild, read the same way whichever backend made the record, with what
+    the reads cache (the prefetched table, contiguous keys per head, `memo` for a backend's search): the record
+    stays plain."""
 
     def __init__(self, statistics: FusedStatistics) -> None:
         self.statistics = statistics
@@ -70,9 +64,7 @@ class Weights:
 
     @property
     def dense_bias(self) -> Tensor | None:
-        """The additive form of the mask, what the reads below that do not take key_mask and window add: `bias`, or
-        key_mask, window and causal made (b, 1, n, kv) once, on the first such read (none on the paths that read
-        the key mask itself, probe.kernels.labels), else None (plain, causal or not)."""
+        """The additive form of the mask (AttentionCall.dense_bias), made on the first read that needs it."""
         statistics = self.statistics
         if statistics.bias is not None or (statistics.key_mask is None and statistics.window is None):
             return statistics.bias
@@ -102,26 +94,24 @@ class Weights:
         return torch.exp(logits.float() - lse[..., None])
 
     def aligned(self, shift: int) -> Tensor:
-        """(b, hq, n): A[i, i + shift] for every query i, exactly 0 where the key does not exist or is hidden (kept:
-        several scores read the same diagonal; `prefetch` computes several at once)."""
+        """(b, hq, n): A[i, i + shift] for every query i, exactly 0 where the key does not exist or is hidden."""
         return self.stacked([Label("diagonal", shift)])[..., 0]
 
     def column(self, key: int) -> Tensor:
-        """(b, hq, n): A[i, key] for every query i (kept: the sink and positional scores both read key 0)."""
+        """(b, hq, n): A[i, key] for every query i."""
         return self.stacked([Label("column", key)])[..., 0]
 
     def stacked(self, labels: list[Label]) -> Tensor:
-        """(b, hq, n, len(labels)): the diagonals Label("diagonal", shift) and columns Label("column", key) named,
-        computed by `prefetch` where they are not yet: a view of the table where one prefetch made them side by side,
-        in order."""
+        """(b, hq, n, len(labels)): the labels' weights, prefetched where they are not yet (a view where one prefetch
+        made them side by side, in order)."""
         table, columns = self.covering(labels)
         if columns == list(range(columns[0], columns[0] + len(columns))):  # a view (also: no index sent to a GPU)
             return table[..., columns[0]:columns[0] + len(columns)]
         return table.index_select(-1, _long_on(tuple(columns), table.device))
 
     def covering(self, labels: list[Label]) -> tuple[Tensor, list[int]]:
-        """(table (b, hq, n, w), the column of each label in it): a view of the columns of one prefetched table from
-        the first label's to the last's (no copy), else the labels stacked (computed by `prefetch` where needed)."""
+        """(table (b, hq, n, w), the column of each label in it): a view of one prefetched table where they share
+        one, else the labels stacked."""
         if any(label not in self.tables for label in labels):
             self.prefetch([shift for kind, shift in labels if kind == "diagonal"],
                           [key for kind, key in labels if kind == "column"])
@@ -134,11 +124,9 @@ class Weights:
         return table[..., low:max(columns) + 1], [column - low for column in columns]
 
     def prefetch(self, shifts: Iterable[int], columns: Iterable[int] = ()) -> None:
-        """Compute the diagonals A[i, i + shift] and the columns A[i, key] that the scores will read in one table
-        (b, hq, n, k), in one pass over the queries (their keys gathered per chunk of rows, one batched matmul; many
-        columns, a wide sink, through one matmul against them), so that scores reading the same or several pay
-        once, not once each. Keys that do not exist (columns past the last key: not computed) or are hidden weigh
-        exactly 0."""
+        """Compute the diagonals A[i, i + shift] and columns A[i, key] the scores will read in one table, one pass
+        over the queries (many columns, a wide sink, through one matmul), so that scores reading the same pay once.
+        Keys that do not exist or are hidden weigh exactly 0."""
         kv = self.shape[3]
         offsets = tuple(sorted({int(shift) for shift in shifts} - {shift for kind, shift in self.tables
                                                                      if kind == "diagonal"}))
@@ -157,9 +145,8 @@ class Weights:
             self.tables[label] = TableColumn(table, column)
 
     def _in_chunks(self, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
-        """(b, hq, n, len(offsets) + len(keys)): the weights of every query i on keys i + offset and on `keys`, a
-        chunk of config.diagonal_rows rows at a time (one chunk: returned as computed, no copy); the backend's own
-        kernel where it has one (`FusedStatistics.tables`: CUDA's label kernel, one launch over every row)."""
+        """(b, hq, n, len(offsets) + len(keys)): the weights on keys i + offset and on `keys`, config.diagonal_rows
+        rows at a time, or by the backend's own kernel (`FusedStatistics.tables`)."""
         if self.statistics.tables is not None:
             return self.statistics.tables(self.statistics, offsets, keys)
         b, hq, n, kv = self.shape
@@ -181,8 +168,7 @@ class Weights:
         return self._columns_weights(_long_on(keys, self.key.device), start, stop)
 
     def _columns_weights(self, keys: Tensor, start: int, stop: int) -> Tensor:
-        """(b, hq, stop - start, len(keys)): the weights of queries start .. stop on the same keys, one matmul of
-        the queries against those keys (repeated to the query heads: a few rows)."""
+        """(b, hq, stop - start, len(keys)): queries start .. stop on the same keys, one matmul."""
         b, hq, n, kv = self.shape
         key = float32_copy(self.key[:, :, keys]).repeat_interleave(hq // self.key.shape[1], dim=1)  # (b, hq, c, d)
         logits = torch.matmul(float32_copy(self.query[:, :, start:stop]), key.transpose(-1, -2)) * self.scaling
@@ -190,8 +176,7 @@ class Weights:
         return self._finish(logits, rows, keys, self.lse[:, :, start:stop])
 
     def _keys_weights(self, gathered: GatheredKeys, start: int, stop: int) -> Tensor:
-        """(b, hq, stop - start, k): the weights of queries start .. stop on their keys (one set per query, shared
-        by its heads), gathered from the flat key rows: one batched matmul; hidden keys exactly 0."""
+        """(b, hq, stop - start, k): queries start .. stop on their gathered keys, one batched matmul."""
         b, hq, n, kv = self.shape
         hk, d, m, k = self.key.shape[1], self.query.shape[-1], stop - start, gathered.inside.shape[1]
         keys = float32_copy(_flat(self.key).index_select(0, gathered.index).view(b * m * hk, k, d))
@@ -208,8 +193,7 @@ class Weights:
 
     def band(self, low: int, high: int, first: int = 0) -> Iterator[tuple[int, Tensor]]:
         """Chunks of query rows from `first` on: (start, weights (b, hq, rows, high - low + 1)), column c holding
-        A[i, i + low + c] (0 where that key does not exist or is masked). One batched matmul per chunk: query blocks
-        against the keys their band spans, the band cut out of it by a strided view."""
+        A[i, i + low + c]. One batched matmul per chunk, the band cut out by a strided view."""
         width, n = high - low + 1, self.shape[2]
         block = self.config.band_block if width > self.config.band_block else 16  # keys per row: block + width - 1
         rows = max(block, self.config.band_rows // max(self.shape[0] * self.shape[1] * (block + width), 1)
@@ -219,8 +203,7 @@ class Weights:
             yield start, self._band_weights(self._band_logits(start, stop, low, width, block), start, stop, low)
 
     def _band_logits(self, start: int, stop: int, low: int, width: int, block: int) -> Tensor:
-        """(b, hq, stop - start, width) scaled logits of the band, through one batched matmul, and the band cut out,
-        scaled and put in head order in one pass."""
+        """(b, hq, stop - start, width) scaled logits of the band."""
         b, hq, _, d = self.query.shape
         hk, rep = self.key.shape[1], hq // self.key.shape[1]
         blocks = -(-(stop - start) // block)
@@ -240,8 +223,7 @@ class Weights:
         return out.view(b, hq, blocks * block, width)[:, :, :stop - start]
 
     def _band_weights(self, logits: Tensor, start: int, stop: int, low: int) -> Tensor:
-        """Band logits (float32, ours to change) -> weights: bias gathered, keys that do not exist or are causally
-        hidden at weight 0 (masks built only for the chunks that have such keys)."""
+        """Band logits (float32, ours to change) -> weights, hidden keys 0 (masks only for chunks that have such)."""
         kv, width = self.shape[3], logits.shape[-1]
         device = logits.device
         keys = torch.arange(start, stop, device=device)[:, None] + low + torch.arange(width, device=device)
@@ -259,8 +241,7 @@ class Weights:
         return logits
 
     def band_of_rows(self, found: Tensor, low: int, high: int) -> Tensor:
-        """(k, high - low + 1): A[i, i + low + c] of the (b, h, i) rows `found` (k, 3), 0 where that key does not
-        exist or is masked; each row's query and keys gathered from the flat rows, one batched matmul per chunk."""
+        """(k, high - low + 1): A[i, i + low + c] of the (b, h, i) rows `found` (k, 3), one batched matmul a chunk."""
         b, hq, n, kv = self.shape
         width, hk = high - low + 1, self.key.shape[1]
         out = []
@@ -294,25 +275,20 @@ class Weights:
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
     def row_tops(self, rows: Tensor) -> Tensor:
-        """(b, hq, len(rows)) long: each query row's most-attended key, as argmax says (the earliest maximum, a NaN
-        the largest): the kernel's own where it wrote them (`top_keys`: a gather), else argmax of the rows' weights;
-        on the device either way (kv-heads' retrieval score reads it after the forward)."""
+        """(b, hq, len(rows)) long: each query row's argmax, the kernel's `top_keys` where it wrote them."""
         if self.top_keys is not None:
             return self.top_keys[:, :, rows].long()
         return self.rows(rows).argmax(dim=-1)
 
     def _head_keys(self, sequence: int, kv_head: int) -> Tensor:
-        """(kv, d): one key/value head's keys, contiguous (they arrive strided: a matmul reads a copy ~1.4x
-        faster), made once per layer call."""
+        """(kv, d): one key/value head's keys, contiguous (a matmul reads a copy ~1.4x faster), once per call."""
         if (sequence, kv_head) not in self.contiguous_keys:
             self.contiguous_keys[(sequence, kv_head)] = float32_copy(self.key[sequence, kv_head]).contiguous()
         return self.contiguous_keys[(sequence, kv_head)]
 
     def tops_of_rows(self, found: Tensor, keys: Tensor, tops: Callable[..., Tensor] | None = None) -> Tensor:
-        """(k,) bool: `tops` for the (b, h, query) rows `found` (k, 3) of any sequences and heads. Where the rows of
-        every (sequence, key/value head) group, padded to the largest group, fit in config.rows_at_once logits, one
-        batched matmul serves them all (short inputs: per-call overhead, not arithmetic, is their cost); else one group
-        at a time, by `tops` (a search's own, or `Weights.tops`)."""
+        """(k,) bool: `tops` for the (b, h, query) rows `found` (k, 3). Where every (sequence, key/value head) group,
+        padded, fits in config.rows_at_once logits, one batched matmul serves them all; else one group at a time."""
         if self.top_keys is not None:  # the kernel's own argmax: a gather, no logits and no host round-trip
             return self.top_keys[found[:, 0], found[:, 1], found[:, 2]] == keys
         b, hq, _, kv = self.shape
@@ -331,29 +307,23 @@ class Weights:
         return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
 
     def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
-        """(hq,) float64: per query head, how many of the selected queries i ((b, n) bool) have their largest weight
-        on key i + shift, as argmax says (the earliest maximum wins, a NaN counts as the maximum): the question the
-        positional score asks of every row. From the kernel's `top_keys` where it wrote them, else from the
-        backend's `search` (cheaper stages, the same answer), else from whole rows; on the statistics' device."""
+        """(hq,) float64: per query head, how many selected queries i ((b, n) bool) have their argmax at i + shift
+        (the earliest maximum wins, a NaN counts as the maximum), from `top_keys`, else `search`, else whole rows."""
         search = self.statistics.search
         if self.top_keys is None and search is not None:
             return search.neighbour_hits(self, selected, shift).to(self.lse.device)
         return self.counted_hits(selected, shift).to(self.lse.device)
 
     def neighbour_reads(self, shifts: Iterable[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(diagonal offsets, key columns) that neighbour_hits reads of the prefetched table for these shifts: none
-        where the kernel's top keys answer or whole rows do, else what the record's search declares
-        (`RowSearch.reads`). A class that asks neighbour_hits declares these with its own (its accelerator's `reads`,
-        probe.accel), so that `prefetch` computes them in the layer's one pass, and a backend that does not read them
-        computes none."""
+        """(diagonal offsets, key columns) neighbour_hits reads for these shifts (`RowSearch.reads`; none where top
+        keys or whole rows answer), so that `prefetch` computes them in the layer's one pass."""
         search = self.statistics.search
         if self.top_keys is not None or search is None:
             return (), ()
         return search.reads(self.statistics, tuple(shifts))
 
     def counted_hits(self, selected: Tensor, shift: int) -> Tensor:
-        """neighbour_hits without a search: from the top keys (on their device, no sync) or whole rows (on the
-        CPU)."""
+        """neighbour_hits without a search: from the top keys (no sync) or whole rows."""
         b, hq, n, _ = self.shape
         if self.top_keys is not None:  # the kernel's argmax per row: counted on the device (no sync), float64 there
             hit = (self.top_keys == _neighbours(n, shift, self.top_keys.device)) & \
@@ -384,16 +354,14 @@ class Weights:
         return _key_is_top(logits[owner, slot], keys)  # the real rows only
 
     def tops(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
-        """(len(rows),) bool: whether key keys[t] holds the largest weight of the row (query head heads[t], query
-        rows[t]) of one sequence whose heads share key/value head `kv_head`, as argmax says (the earliest maximum
-        wins, a NaN counts as the maximum); from the float32 logits of whole rows (exp is monotonic)."""
+        """(len(rows),) bool: whether keys[t] is the argmax of row (heads[t], rows[t]) of one sequence's key/value head
+        `kv_head`, from the float32 logits of whole rows (exp is monotonic)."""
         return self._in_row_chunks(self._tops_chunk, batch, kv_head, heads, rows, keys)[0]
 
     def _in_row_chunks(self, read: Callable[..., Tensor | tuple[Tensor, ...]], batch: int, kv_head: int,
                        heads: Tensor, rows: Tensor, keys: Tensor) -> tuple[Tensor, ...]:
-        """read(batch, kv_head, heads, rows, keys) of chunks of config.row_logits logits (rows sorted first where there
-        is more than one chunk: a plain causal chunk computes only the keys up to its last query), its outputs (one
-        per row) in the order asked for."""
+        """read(batch, kv_head, heads, rows, keys) in chunks of config.row_logits logits (rows sorted first: a causal
+        chunk computes only the keys up to its last query), its outputs in the order asked for."""
         chunk = max(self.config.row_chunk, self.config.row_logits // self.shape[3])
         if len(rows) <= chunk:
             out = read(batch, kv_head, heads, rows, keys)
@@ -411,27 +379,27 @@ class Weights:
         """tops() of one chunk, from float32 logits."""
         return _key_is_top(self._row_logits(batch, kv_head, heads, rows), keys)
 
-    def _row_logits(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor) -> Tensor:
-        """(len(rows), keys up to the last row's) scaled logits of whole rows, masked keys at -inf."""
+    def _row_logits(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, low: int = 0) -> Tensor:
+        """(len(rows), keys low .. the last row's) scaled logits of rows of one sequence's key/value head, masked keys
+        at -inf."""
         kv, offset = self.shape[3], self.shape[3] - self.shape[2]
         limit = min(kv, int(rows.max()) + offset + 1) if self.causal else kv
-        keys = self._head_keys(batch, kv_head)[:limit]
+        keys = self._head_keys(batch, kv_head)[low:limit]
         logits = (float32_copy(self.query[batch, heads, rows]) * self.scaling) @ keys.T  # scaled as blocked
         if self.dense_bias is not None:
-            bias = self.dense_bias[batch if self.dense_bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
+            bias = self.dense_bias[batch if self.dense_bias.shape[0] > 1 else 0][..., low:limit]  # (hq or 1, n or 1, k)
             logits += bias[heads if bias.shape[0] > 1 else 0, rows if bias.shape[1] > 1 else 0]
         elif self.causal:
-            seen = int(rows.min()) + offset + 1  # keys every row of the chunk sees
-            hidden = torch.arange(seen, limit, device=logits.device)[None, :] > rows[:, None] + offset
+            seen = int(rows.min()) + offset + 1 - low  # columns every row sees
+            hidden = torch.arange(low + seen, limit, device=logits.device)[None, :] > rows[:, None] + offset
             logits[:, seen:].masked_fill_(hidden, float("-inf"))
         return logits
+
+
 def side_by_side(calls: list[FusedStatistics]) -> FusedStatistics:
-    """Several layer calls' statistics as one record, their heads side by side (layer by layer): query head l x hq + h
-    is head h of calls[l], and its key/value head l x hk + h // (hq / hk) still the one it reads. A score pays its
-    small operations once per group of layers, not once per layer (short inputs: those operations, not arithmetic,
-    are their cost). The calls share one backend, shape, the scaling, the causal flag and no other mask (`plain`);
-    queries and keys are copied once, in the layout transformers hands them over ((b, n, h, d) in memory). The
-    kernel's top keys are kept with their heads, row maxima are not (a search then goes without them)."""
+    """Several layer calls' statistics as one record, their heads side by side: query head l x hq + h is head h of
+    calls[l]. A score then pays its small operations once per group of layers. The calls share backend, shape,
+    scaling, causal flag and no other mask (`plain`); top keys are kept, row maxima are not."""
     first = calls[0]
     assert all(call.backend == first.backend and call.shape == first.shape and call.plain
                and call.causal == first.causal and call.scaling == first.scaling and call.config == first.config
@@ -458,8 +426,7 @@ class GatheredKeys:
 @functools.lru_cache(maxsize=64)
 def _gathered_keys(b: int, n: int, kv: int, hk: int, offsets: tuple[int, ...], keys: tuple[int, ...], start: int,
                    stop: int, causal: bool, device: torch.device) -> GatheredKeys:
-    """The keys i + offset and `keys` of queries start .. stop, and where they are in the flat key rows: the same for
-    every layer of a forward (kept, so that a layer pays only for the gather and the matmul)."""
+    """The keys i + offset and `keys` of queries start .. stop in the flat key rows: kept for every layer."""
     rows = torch.arange(start, stop, device=device)
     wanted = torch.cat([rows[:, None] + _long_on(offsets, device), _long_on(keys, device).expand(len(rows), -1)],
                        dim=1)  # (m, k)
@@ -475,16 +442,14 @@ def _gathered_keys(b: int, n: int, kv: int, hk: int, offsets: tuple[int, ...], k
 
 def _any_hidden(n: int, kv: int, offsets: tuple[int, ...], keys: tuple[int, ...], start: int, stop: int,
                 causal: bool) -> bool:
-    """Whether any key i + offset (or fixed key) of queries start .. stop does not exist or is causally hidden:
-    decided from the integers (reading the mask back would wait for a GPU)."""
+    """Whether any key of queries start .. stop is missing or causally hidden, from the integers (no GPU wait)."""
     if start >= stop or not offsets + keys:
         return False
     low = min([start + offset for offset in offsets] + list(keys))
     high = max([stop - 1 + offset for offset in offsets] + list(keys))
     if low < 0 or high >= kv:
         return True
-    # causal: query i sees keys up to i + kv - n; an offset past kv - n hides a key of every row, a fixed key one
-    # of the first row
+    # causal: an offset past kv - n hides a key of every row, a fixed key one of the first row
     return causal and (any(offset > kv - n for offset in offsets) or any(key > start + kv - n for key in keys))
 
 
@@ -495,8 +460,7 @@ def _neighbours(n: int, shift: int, device: torch.device) -> Tensor:
 
 
 def uploaded(tensor: Tensor, device: torch.device) -> Tensor:
-    """`tensor` on `device`; a host tensor is copied without waiting (a blocking copy to a GPU synchronises its
-    stream: a batch's data copied inside a forward must not), which is safe from the host (CUDA stages it first)."""
+    """`tensor` on `device`, a host tensor copied without waiting (a blocking copy would sync a forward's stream)."""
     return tensor.to(device, non_blocking=tensor.device.type == "cpu")
 
 
@@ -508,8 +472,7 @@ def _long_on(values: tuple[int, ...], device: torch.device) -> Tensor:
 
 
 def by_owner(owner: Tensor, read: Callable[..., tuple[Tensor, ...]], *columns: Tensor) -> tuple[Tensor, ...]:
-    """read(*columns of one owner's rows) for each owner (the rows grouped by a stable sort of `owner`, at least one),
-    its outputs (one value per row each) back in the order of the rows."""
+    """read(*columns of one owner's rows) for each owner, its outputs back in the order of the rows."""
     owner, order = owner.sort(stable=True)
     counts = torch.unique_consecutive(owner, return_counts=True)[1].tolist()
     parts = [read(*part) for part in zip(*(column[order].split(counts) for column in columns))]
@@ -517,10 +480,8 @@ def by_owner(owner: Tensor, read: Callable[..., tuple[Tensor, ...]], *columns: T
                  for out in (torch.cat(column) for column in zip(*parts)))
 
 def _key_is_top(logits: Tensor, keys: Tensor) -> Tensor:
-    """(k,) bool: whether key keys[t] holds the largest logit of row t of `logits` (k, keys), as argmax says (the
-    earliest maximum wins, a NaN counts as the maximum): the key's logit against the amax of the others (several
-    times cheaper than argmax on CPU); only rows where they tie or a NaN is involved go to argmax. `logits` is
-    changed (the keys' logits set to -inf, then back)."""
+    """(k,) bool: whether keys[t] is the argmax of row t of `logits` (k, keys): against the amax of the others (much
+    cheaper than argmax on CPU), ties and NaNs to argmax. `logits` is changed and put back."""
     rows = torch.arange(len(keys), device=keys.device)
     own = logits[rows, keys]
     logits[rows, keys] = float("-inf")
@@ -534,6 +495,5 @@ def _key_is_top(logits: Tensor, keys: Tensor) -> Tensor:
 
 
 def _flat(heads: Tensor) -> Tensor:
-    """(b, h, n, d) -> (b x n x h, d): row (b' x n + i) x h + h' is head h' at position i; a view in the layout
-    transformers hands queries and keys over in ((b, n, h, d) in memory), else one copy."""
+    """(b, h, n, d) -> (b x n x h, d): a view in the layout transformers hands them over in, else one copy."""
     return heads.transpose(1, 2).reshape(-1, heads.shape[-1])

@@ -1,14 +1,9 @@
 """The diagonals and columns of one layer call's weights, A[i, i + shift] and A[i, key], rebuilt from the log-sum-exp
-in one Triton launch over every query row: what the CUDA backend's statistics hand the scores (the record's `tables`).
+in one Triton launch over every query row: the CUDA backend's `tables`.
 
-A program holds a block of query rows of one query head; for each label it loads the one key each row reads (the key
-i + shift, or the fixed key) from the head's key/value head where it lies (never repeated, never gathered into a
-copy), makes the row's query and that key float32 where it loads them (half-precision values are exactly float32:
-the products are float32 products of the model's own values, as docs/precision.md reads them), and writes
-exp(q_i . k_j * scale + bias_ij - lse_i), exactly 0 where the key does not exist or is causally hidden. The table is
-all it allocates: no float32 copy of the queries or keys, no gathered keys, and one launch at any length.
-
-Runs on CUDA tensors; with `TRITON_INTERPRET=1` (Triton's interpreter) on CPU tensors too, as the attention kernel.
+Each row loads the one key it reads per label where it lies (never gathered into a copy), makes it and the query
+float32 (float32 products of the model's own values, docs/precision.md) and writes exp(logit - lse), exactly 0
+where the key does not exist or is hidden. With `TRITON_INTERPRET=1` it runs on CPU tensors too.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probe.kernels.base import broadcast_bias, padded
 from probe.kernels.fused import uploaded
 
 triton: Any = None  # imported on first use, as probe.kernels.cuda does: Triton reads TRITON_INTERPRET on import
@@ -32,11 +28,8 @@ def label_weights(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, 
                   offsets: tuple[int, ...], keys: tuple[int, ...], interpreter: bool, *,
                   key_mask: Tensor | None = None, window: int | None = None) -> Tensor:
     """(b, hq, n, len(offsets) + len(keys)) float32: A[i, i + offset] for each offset, then A[i, key] for each key,
-    of query (b, hq, n, d) and key (b, hk, kv, d) in any of the kernel's dtypes, the additive bias broadcastable to
-    (b, hq, n, kv) or None (then `causal` hides keys j > i + kv - n, `key_mask` (b, kv) bool the keys a sequence does
-    not attend, and `window` the keys j <= i + kv - n - window), and the log-sum-exp (b, hq, n) float32. One launch,
-    no host synchronisation (the labels go to the device once per set of labels, without waiting); a key mask is
-    read as it is, never made a dense bias."""
+    masked by the additive bias or else `causal`, `key_mask` and `window` as AttentionCall's. One launch, no host
+    synchronisation."""
     b, hq, n, d = query.shape
     hk, kv = key.shape[1], key.shape[2]
     count = len(offsets) + len(keys)
@@ -44,7 +37,7 @@ def label_weights(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, 
     if not count or not n:
         return out
     if bias is not None:
-        bias = bias[(None,) * (4 - bias.dim())].expand(b, hq, n, kv)  # broadcast dimensions: stride 0
+        bias = broadcast_bias(bias, (b, hq, n, kv))
     rows = 32 if interpreter else 64  # the interpreter's cost is per step: small blocks waste nothing there
     _kernel(interpreter)[(-(-n // rows), b * hq)](
         query, key, bias if bias is not None else lse, key_mask if key_mask is not None else lse, lse,
@@ -53,14 +46,13 @@ def label_weights(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, 
         *(key_mask.stride() if key_mask is not None else (0, 0)),
         n, kv, hq, hq // hk, d, count, scaling, window or 0, HAS_BIAS=bias is not None,
         HAS_KEY_MASK=key_mask is not None and bias is None, WINDOWED=window is not None and bias is None,
-        CAUSAL=causal and bias is None, BLOCK_M=rows, HEAD=max(16, 1 << (d - 1).bit_length()), num_warps=4)
+        CAUSAL=causal and bias is None, BLOCK_M=rows, HEAD=padded(d), num_warps=4)
     return out
 
 
 @functools.lru_cache(maxsize=64)
 def _labels(offsets: tuple[int, ...], keys: tuple[int, ...], device: torch.device) -> Tensor:
-    """(labels, 2) int32 on `device`: (kind, offset or key) per label; made once per set of labels (every layer of a
-    forward reads the same), sent without waiting."""
+    """(labels, 2) int32 on `device`: (kind, offset or key) per label; made once per set of labels."""
     rows = [(DIAGONAL, offset) for offset in offsets] + [(COLUMN, key) for key in keys]
     return uploaded(torch.tensor(rows, dtype=torch.int32), device)
 
@@ -79,8 +71,8 @@ def _label_rows(Q, K, B, KeyMask, Lse, Labels, Out, sqb, sqh, sqn, sqd, skb, skh
                 HAS_KEY_MASK: tl.constexpr, WINDOWED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
                 HEAD: tl.constexpr):
     """BLOCK_M query rows of one (sequence, query head): each label's weight per row. A row's logit is the float32
-    sum of its float32 products (tl.reduce with Triton's combine function, as the attention kernel's: the
-    interpreter serves it however Triton was imported)."""
+    sum of its float32 products (tl.reduce with Triton's combine function: the interpreter serves it however Triton
+    was imported)."""
     sequence, head = (tl.program_id(1) // hq).to(tl.int64), tl.program_id(1) % hq
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD)

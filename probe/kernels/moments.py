@@ -1,14 +1,10 @@
-"""Each query row's moments of its attention, the row statistics a flash-style pass accumulates beside the
-log-sum-exp, so that an entropy or a distance weighted by attention needs no n x n weights:
+"""Each query row's moments of its attention, accumulated beside the log-sum-exp so that an entropy or an attention-
+weighted distance needs no n x n weights:
 
     sum_j A_ij s_ij,  sum_j A_ij |i - j|,  sum_j A_ij (i - j)^2,  max_{j >= 1} s_ij
 
-with s_ij the scaled logit (its mask included) and A_ij = exp(s_ij - lse_i); i is the query's own key position. A
-row's entropy is then lse_i - sum_j A_ij s_ij, and its largest weight past key 0 exp(max_{j >= 1} s_ij - lse_i).
-
-The Triton kernel accumulates them in its one pass where `KernelConfig.moments` asks (probe.kernels.cuda);
-`row_moments` computes them for any other record from its log-sum-exp, a chunk of query rows at a time (the
-logits of `config.row_logits` at once, at least `config.row_chunk` rows): what the CPU backend writes where asked.
+with s_ij the scaled, masked logit; a row's entropy is lse_i - sum_j A_ij s_ij. The Triton kernel accumulates them
+in its pass (`KernelConfig.moments`); `row_moments` computes them for any other record, a chunk of rows at a time.
 """
 
 from __future__ import annotations
@@ -38,10 +34,8 @@ def row_moments(statistics: FusedStatistics) -> Tensor:
 
 
 def _chunk_moments(weights: Weights, start: int, stop: int) -> Tensor:
-    """(b, hq, stop - start, 4): the moments of query rows start .. stop. Hidden keys get the lowest finite logit
-    (their weight exp(lowest - lse) is 0). Plain causal rows see no key after their own, so their sums come from one
-    product of the weights with the keys and two key positions (`_causal_sums`); any other mask, one product and
-    reduction each."""
+    """(b, hq, stop - start, 4): the moments of query rows start .. stop, hidden keys at the lowest finite logit
+    (weight 0). Plain causal rows' sums come from one product (`_causal_sums`)."""
     b, hq, n, kv = weights.shape
     hk, offset = weights.key.shape[1], kv - n
     plain = weights.causal and weights.dense_bias is None
@@ -76,9 +70,7 @@ def _chunk_moments(weights: Weights, start: int, stop: int) -> Tensor:
 
 def _causal_sums(probabilities: Tensor, query: Tensor, keys: Tensor, own: Tensor, start: int) -> list[Tensor]:
     """sum_j A_ij s_ij, sum_j A_ij (i - j), sum_j A_ij (i - j)^2 of rows that see no key after their own, from one
-    product A [K | u | u^2] with u_j = i_0 - j (i_0 the first row's own key): s_ij = q_i . k_j (q scaled), and
-    i - j = (i - i_0) + u_j, whose
-    parts stay as small as the distances are (no cancellation of i^2 against j^2)."""
+    product A [K | u | u^2] with u_j = i_0 - j: i - j = (i - i_0) + u_j stays small (no cancellation)."""
     b, hq, m, limit = probabilities.shape
     hk, d = keys.shape[1], keys.shape[-1]
     u = (own[0] - torch.arange(limit, device=keys.device)).float()

@@ -1,7 +1,5 @@
-"""The blocked reference backend: eager logits one block of queries at a time, float32 statistics, on any device and
-dtype. Slow (it forms each block's logits), so it is not registered for the hooks: it is the check every other
-backend is tested against (tests/test_backends.py), and its statistics (a record without top keys or a search)
-answer row maxima from whole rows."""
+"""The blocked reference backend: eager logits one block of queries at a time, on any device and dtype. Not
+registered (slow): the check every other backend is tested against (tests/test_backends.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 
 
 class ReferenceBackend:
-    """Eager attention in query blocks: output and each row's log-sum-exp in float32, and statistics that rebuild
-    weights from float32 logits of the (possibly half-precision) queries and keys, as every backend's do."""
+    """Eager attention in query blocks, in float32."""
 
     name = "reference"
 
@@ -26,8 +23,7 @@ class ReferenceBackend:
         return rebuild_problem(call)
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
-        """(output (b, n, hq, dv) in the value's dtype, statistics with a float32 log-sum-exp); a key mask and window
-        as the dense bias they stand for."""
+        """(output (b, n, hq, dv), statistics with a float32 log-sum-exp)."""
         call = call.with_dense_bias()
         query, key, value = call.query, call.key, call.value
         b, hq, n, _ = query.shape

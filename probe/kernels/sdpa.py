@@ -1,15 +1,10 @@
-"""sdpa's fused kernels with their log-sum-exp (flash attention, cuDNN attention), and a separate pass for each row's
-top key: the Triton kernel's statistics-only pass (`probe.kernels.cuda.attention_statistics`: the log-sum-exp and
-top key of every row, without values) where Triton serves the call, else none (the statistics then find a row's
-maximum from whole rows, `Weights.tops_of_rows`: exact, slower).
+"""sdpa's fused kernels with their log-sum-exp (flash attention, cuDNN attention), and the Triton statistics-only pass
+for each row's top key where Triton serves the call (else whole rows find a row's maximum: exact, slower).
 
-Which op computes the output and log-sum-exp is one choice per kernel and device (`lse_kernel`): on CUDA
-`aten._scaled_dot_product_flash_attention` (half precision, no mask, grouped-query heads as they are) or
-`aten._scaled_dot_product_cudnn_attention(compute_log_sumexp=True)` (half precision, an additive bias, grouped-query
-heads); on the CPU the flash op `aten._scaled_dot_product_flash_attention_for_cpu` (any float dtype, a mask): the
-same composition runs there, the top keys through Triton's interpreter (TRITON_INTERPRET=1), which is how it is
-tested without a GPU. Head sizes are padded by zero columns to one size, a multiple of 8 (the CUDA kernels' unit; a
-zero column adds nothing to a logit, the output's extra columns are dropped).
+On CUDA `aten._scaled_dot_product_flash_attention` (half precision, no mask) or
+`aten._scaled_dot_product_cudnn_attention` (half precision, an additive bias); on the CPU the flash op
+`aten._scaled_dot_product_flash_attention_for_cpu`, the top keys through Triton's interpreter: how it is tested
+without a GPU. Head sizes are padded by zero columns to one size, a multiple of 8 (the CUDA kernels' unit).
 """
 
 from __future__ import annotations
@@ -17,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
+from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem, zero_padded
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.cuda import CudaBackend, attention_statistics
 
@@ -60,7 +54,7 @@ KERNELS: dict[tuple[str, str], LseKernel] = {("flash", "cpu"): _cpu_flash, ("fla
 
 
 def lse_kernel(kernel: str, device: str) -> LseKernel | None:
-    """The op that computes the output and the log-sum-exp of `kernel` on a `device` ("cuda", "cpu"), or None."""
+    """The op that computes the output and the log-sum-exp of `kernel` on a `device`, or None."""
     return KERNELS.get((kernel, device))
 
 
@@ -88,8 +82,7 @@ def _kernel_problem(kernel: str, call: AttentionCall) -> str:
 
 
 class SdpaBackend:
-    """sdpa's `kernel` ("flash" or "cudnn") for the output and log-sum-exp, the Triton statistics pass for the top
-    keys (the module's docstring)."""
+    """sdpa's `kernel` ("flash" or "cudnn") for the output and log-sum-exp, the Triton pass for the top keys."""
 
     def __init__(self, kernel: str) -> None:
         if kernel not in ("flash", "cudnn"):
@@ -102,8 +95,7 @@ class SdpaBackend:
         return rebuild_problem(call) or _kernel_problem(self.kernel, call)
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
-        """(output (b, n, hq, dv) in the value's dtype, statistics with the float32 log-sum-exp and, where the Triton
-        pass serves the call, each row's top key). A key mask and window go as the dense bias they stand for."""
+        """(output (b, n, hq, dv), statistics with the log-sum-exp and, where Triton serves, the top keys)."""
         call = call.with_dense_bias()
         kernel = lse_kernel(self.kernel, call.query.device.type)
         assert kernel is not None
@@ -118,8 +110,7 @@ class SdpaBackend:
 
 
 def top_keys(call: AttentionCall) -> Tensor | None:
-    """(b, hq, n) int32: each row's top key from the Triton kernel's statistics pass where it serves the call (CUDA,
-    or CPU tensors under TRITON_INTERPRET=1), else None (the statistics search whole rows)."""
+    """(b, hq, n) int32: each row's top key from the Triton statistics pass where it serves the call, else None."""
     if TRITON.problem(call):
         return None
     return attention_statistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None)[1]
@@ -130,11 +121,6 @@ def _padded_size(size: int) -> int:
 
 
 def _padded(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:
-    """Query, key and value with one head size, a multiple of 8: zero columns appended where needed (none for 64 or
-    128)."""
+    """Query, key and value with one head size, a multiple of 8."""
     size = _padded_size(max(call.query.shape[-1], call.value.shape[-1]))
-
-    def padded(tensor: Tensor) -> Tensor:
-        return tensor if tensor.shape[-1] == size else F.pad(tensor, (0, size - tensor.shape[-1]))
-
-    return padded(call.query), padded(call.key), padded(call.value)
+    return zero_padded(call.query, size), zero_padded(call.key, size), zero_padded(call.value, size)
