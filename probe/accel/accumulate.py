@@ -18,8 +18,7 @@ from probe.kernels.fused import Label, Weights, side_by_side, uploaded
 
 @dataclass(frozen=True)
 class LinearPlan:
-    """The classes whose accelerator is the mean of one diagonal or column over selected queries, for one batch: read
-    in one product of the layer's table with their selections, not a dozen small operations per class and layer."""
+    """The classes that average one diagonal or column over selected queries: read in one product per layer."""
 
     names: list[str]
     labels: list[Label]  # the diagonal or column each class reads
@@ -57,8 +56,7 @@ class FusedAccumulator(ScoreAccumulator):
         self.paths: dict[int, tuple[bool, str]] = {}  # layer -> (fast, the backend that served or why it went blocked)
 
     def __call__(self, layer: int, attention: FusedStatistics) -> None:
-        """Add one layer call: read now, or held back and read with the next (`flush`) where a class reads a group
-        and the group stays within config.group_bytes."""
+        """Add one layer call: read now, or held back to be read with the next (`flush`) up to config.group_bytes."""
         self._batch()  # fails before the forward goes on without one
         groups = attention.plain and bool(self._grouping())  # no mask beyond causal, and a class reads groups
         held_back = self.pending[0][1] if self.pending else attention
@@ -96,8 +94,7 @@ class FusedAccumulator(ScoreAccumulator):
             self._read([layer], call, alone)
 
     def _read(self, layers: list[int], statistics: FusedStatistics, names: list[str]) -> None:
-        """Add the classes `names` of `layers`, read as one call `statistics`, what each reads prefetched in one pass;
-        the LinearPlan's classes in one product."""
+        """Add the classes `names` of `layers`, read as one call, what each reads prefetched in one pass."""
         batch, (n, kv), plan = self._batch(), statistics.shape[2:], self._plan(statistics)
         attention = Weights(statistics)
         reads = [self.entries[name].reads(attention, batch) for name in names]  # what each reads of this record

@@ -30,8 +30,7 @@ class Accelerator(ABC):
         return (), ()
 
     def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor] | None:
-        """Where it is the mean of one diagonal or column over selected queries: which, and the (b, n) queries (read
-        with every such class in one product); None: it computes its own sums."""
+        """(the diagonal or column it averages, the (b, n) queries) where it is such a mean; None: its own sums."""
         return None
 
     @abstractmethod
@@ -47,8 +46,7 @@ def with_key(valid: Tensor, n: int, kv: int, shift: int) -> Tensor:
 
 @dataclass(frozen=True)
 class Diagonal(Accelerator):
-    """The mean of A[i, i + shift] over valid queries i whose key is valid (and in `queries`, [first, stop), where
-    given); both may depend on the batch (induction's on the repeat length)."""
+    """The mean of A[i, i + shift] over valid queries i whose key is valid (and in `queries` where given)."""
 
     shift: Callable[[Batch], int]
     queries: Callable[[Batch], tuple[int, int]] | None = None

@@ -1,6 +1,5 @@
 """Reducing attention into scores one block at a time, so that full patterns are never kept: every class by its
-Score's reduce. Reading each layer's fused statistics instead, with the classes' accelerators, is
-probe.accel.FusedAccumulator's, which adds into the same running sums."""
+Score's reduce. probe.accel.FusedAccumulator reads fused statistics into the same running sums."""
 
 from __future__ import annotations
 
@@ -13,14 +12,12 @@ BLOCKED = "blocked"
 
 
 def _zeros(shape: tuple[int, ...], part: Tensor) -> Tensor:
-    """Running sums float64 for parts like `part`: on a CUDA part's device (no host round-trip per layer; `result`
-    fetches them), else on the CPU."""
+    """Running float64 sums for parts like `part`: on a CUDA part's device (no host round-trip per layer)."""
     return torch.zeros(shape, dtype=torch.float64, device=part.device if part.device.type == "cuda" else "cpu")
 
 
 def _add_at(total: Tensor, layers: list[int], part: Tensor, dim: int = 0) -> None:
-    """total[layers] += part along `dim`: one addition where the layers are consecutive (a slice: no index tensor
-    copied to the device), else one per layer (python integers: nothing sent to the device either)."""
+    """total[layers] += part along `dim`, by a slice or per layer (no index tensor sent to the device)."""
     part = part.to(total.device)
     if layers == list(range(layers[0], layers[-1] + 1)):
         total.narrow(dim, layers[0], len(layers)).add_(part)
@@ -30,8 +27,7 @@ def _add_at(total: Tensor, layers: list[int], part: Tensor, dim: int = 0) -> Non
 
 
 class ScoreAccumulator:
-    """Running sums and counts of several scores for every (layer, head), fed one block of weights at a time
-    (`update`)."""
+    """Running sums and counts of several scores for every (layer, head), fed one block of weights at a time."""
 
     def __init__(self, names: list[str], n_layers: int, n_heads: int) -> None:
         self.names = names

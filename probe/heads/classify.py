@@ -146,12 +146,10 @@ def score_heads(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], *, b
                 query_block: int | None = None, progress: ProgressArg = None, path: str = "auto",
                 config: KernelConfig = DEFAULT_CONFIG) -> HeadScores:
     """Run the probe set through the model in batches and reduce each layer's attention into the named scores.
-    `path`: "lse" reads each layer's fused statistics from the backend that serves it (probe.kernels; no weights
-    formed; layers no backend serves fall back to blocks of weights, and the result's `path` names the backend and
-    says which layers went blocked), "blocked" reduces blocks of eager weights everywhere, "auto" is "lse" for the
-    scores that have a fast path (an accelerator, probe.accel) and a second, blocked pass for those that have none
-    (each class without one costs only itself the blocked path). `config` tunes the fast path (chunks and stages;
-    never a number). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layers of batches."""
+    `path`: "lse" reads each layer's fused statistics (probe.kernels; layers no backend serves go blocked, and the
+    result's `path` says which), "blocked" reduces blocks of eager weights everywhere, "auto" is "lse" for the scores
+    with an accelerator (probe.accel) and a second, blocked pass for the rest. `config` tunes the fast path (never a
+    number). `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layers of batches."""
     report = callback(progress)
     passes = score_passes(names, path)
     steps = len(probe_set.batches(batch_size)) * len(attention_layers(loaded.model))

@@ -1,18 +1,11 @@
 """Which kinds of evidence support a head's class label: its pattern, its weights, and what it causes.
 
-A label from `classify` rests on the head's attention pattern alone. The atlas (probe.atlas) gathers two more kinds
-of evidence for every head and asks each class's rule here whether they agree:
-
-- pattern: the class score passes its threshold (classify; the definitions in probe.heads.scores);
-- weights: what the head's matrices say, with no data (Elhage et al. 2021): the copying score (the eigenvalues of
-  W_E W_OV W_U) and K-composition between heads (probe.circuits.composition);
-- cause: what the model loses when the head is zero-ablated (probe.ablation): the mean loss change on natural text,
-  and for some classes the loss on the part of a probe set where the class's job pays off (the second copy of a
-  repeated sequence for induction, Olsson et al. 2022).
-
-A rule that has nothing to say about one kind (no weight-based signature is known for a sink head) leaves it out;
-a label is *confirmed* when every kind its rule defines supports it, *pattern only* when none but the pattern does.
-A new class's rule is one `register_rule(Rule(...))`; classes without a rule are judged on the cause alone.
+The atlas (probe.atlas) asks each class's rule here whether three kinds agree: the pattern (the class score passes
+its threshold), the weights with no data (Elhage et al. 2021: the copying score of W_E W_OV W_U and K-composition,
+probe.circuits.composition), and the cause (the loss change when the head is zero-ablated, probe.ablation, on natural
+text and, for some classes, on the part of a probe set where the class's job pays off). A label is *confirmed* when
+every kind its rule defines supports it, *pattern only* when none but the pattern does. A new class's rule is one
+`register_rule(Rule(...))`; classes without a rule are judged on the cause alone.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Per-head scores, each a continuous number in [0, 1] with a definition from the literature.
 
 A is one head's attention, rows are queries i, columns keys j; "mean over queries" pools every (sequence, query)
-pair of the probe set, padded positions excluded. Each score is reduced from blocks of attention weights as
-the layers produce them, so full patterns are never kept. This path alone computes every class.
-
-A new head class is one reduce function here and one `register_score(Score(...))`: the Score names the probe set
-its score is computed on (a key of probe.inputs.PROBE_SETS), its default threshold, letter and summary. How a class's
-sums come faster from a fused backend's statistics is an accelerator's, registered beside it by the class's name
-(probe.accel); a class without one runs here on every backend.
+pair of the probe set, padded positions excluded. Each score is reduced from blocks of weights as the layers produce
+them, so full patterns are never kept; this path alone computes every class. A new class is one reduce function and
+one `register_score(Score(...))`; a faster path from fused statistics is an accelerator's (probe.accel).
 """
 
 from __future__ import annotations
@@ -164,11 +160,7 @@ def positional_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor,
     """Fraction of queries whose most-attended key is one fixed neighbour (i-1 or i+1, whichever is more often),
     after Voita et al. 2019, "Analyzing Multi-Head Self-Attention", who call a head positional when that fraction is
     at least 90%. Returns sums and counts for both neighbours stacked, (2, h); `finish_positional` picks the larger.
-
-    Exactly argmax's answer (a NaN counts as the maximum, the earliest maximum wins), computed with amax, which is
-    several times faster on CPU: the neighbour k = i +- 1 is the argmax when it holds the row's maximum, no key before
-    the band of neighbours (start-1 .. start+block) holds it, and no other key of the band does; the rare rows where
-    one does are settled by argmax. Keys a causal block never computed (exactly zero) are not read."""
+    Exactly argmax's answer, computed with amax (several times faster on CPU): ties with another key go to argmax."""
     b, h, block, n_keys = weights.shape
     low, high = max(start - 1, 0), min(start + block + 1, n_keys)
     computed = max(keys_computed(weights), high)

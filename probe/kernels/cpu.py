@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem, zero_padded
+from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.fused import Label, Weights, by_owner
 from probe.kernels.moments import row_moments
+from probe.kernels.sdpa import KERNELS, lse_forward
 
 NAME = "cpu"
 
@@ -73,17 +74,12 @@ class CpuBackend:
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
         """The output (b, n, hq, dv) and its statistics; a key mask and window go as the dense bias they stand for."""
         call = call.with_dense_bias()
-        d, dv = call.query.shape[-1], call.value.shape[-1]
-        query, key, value = (zero_padded(tensor, max(d, dv)) for tensor in (call.query, call.key, call.value))
-        plain_causal = call.causal and call.bias is None
-        output, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            query, key, value, 0.0, plain_causal, attn_mask=call.bias, scale=call.scaling)
-        statistics = cpu_statistics(call.query, call.key, call.bias, call.scaling, plain_causal, lse.float(), config,
-                                    self.search)
+        output, lse = lse_forward(call, KERNELS["flash", "cpu"], max(call.query.shape[-1], call.value.shape[-1]))
+        statistics = cpu_statistics(call.query, call.key, call.bias, call.scaling, call.causal and call.bias is None,
+                                    lse, config, self.search)
         if config.moments:  # asked for (probe.headvis): from the log-sum-exp, a chunk of rows at a time
             statistics.moments = row_moments(statistics)
-        output = output.transpose(1, 2)
-        return (output[..., :dv] if dv < d else output).contiguous(), statistics
+        return output, statistics
 
 
 def cpu_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, lse: Tensor,
@@ -95,8 +91,7 @@ def cpu_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: flo
 
 @dataclass(frozen=True)
 class StagedSearch:
-    """The CPU's answer to neighbour_hits: cheap stages first, whole rows for the rest (per-call state in
-    `Weights.memo`)."""
+    """The CPU's answer to neighbour_hits: cheap stages first, whole rows for the rest (state in `Weights.memo`)."""
 
     config: SearchConfig = field(default_factory=SearchConfig)
 
@@ -322,8 +317,7 @@ class StagedSearch:
 
 def _best_candidate(upper: Tensor, query: Tensor, threshold: Tensor, head_keys: Tensor, candidates: int
                     ) -> Tensor:
-    """(r,) the largest float32 logit of row t among the keys whose bound reaches threshold[t], -inf where none does,
-    NaN where more than `candidates` do."""
+    """(r,) row t's largest float32 logit among keys whose bound reaches threshold[t] (NaN: over `candidates`)."""
     close = upper.float() >= threshold[:, None]  # (r, keys)
     many = close.sum(dim=-1) > candidates
     row, column = close.masked_fill_(many[:, None], False).nonzero(as_tuple=True)

@@ -75,17 +75,17 @@ class CudaBackend:
         causal = call.causal and call.bias is None  # the kernel's flag: with a key mask and window, or plain
         b, hq, n, _ = call.query.shape
         moments = torch.empty(b, hq, n, 4, dtype=torch.float32, device=call.query.device) if config.moments else None
-        masks = dict(key_mask=call.key_mask, window=call.window, moments=moments)
         if self.output == "sdpa":
             # sdpa hands back neither its log-sum-exp nor its logits: the statistics-only pass is q k^T once more
-            lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, causal, **masks)
+            lse, top = attention_statistics(call.query, call.key, call.bias, call.scaling, causal,
+                                            key_mask=call.key_mask, window=call.window, moments=moments)
             dense = call.with_dense_bias()
             output = torch.nn.functional.scaled_dot_product_attention(
                 call.query, call.key, call.value, attn_mask=dense.bias, is_causal=dense.causal and dense.bias is None,
                 scale=call.scaling, enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
         else:
             output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling, causal,
-                                                 **masks)
+                                                 key_mask=call.key_mask, window=call.window, moments=moments)
         # queries and keys stay in the model's dtype: float32 copies would cost what the kernel costs in traffic
         return output, FusedStatistics(NAME, call.query, call.key, lse, call.scaling, causal, call.bias,
                                        call.key_mask, call.window, top_keys=top, tables=label_table, config=config,

@@ -156,8 +156,7 @@ def causal_mask(offset: int) -> MaskMod:
 
 
 def block_mask_for(mask_mod: MaskMod, call: AttentionCall) -> Any:
-    """The block mask of `mask_mod`: per sequence and head where the bias has those dimensions; plain causal
-    attention's made once per shape and device."""
+    """The block mask of `mask_mod`: per sequence and head where the bias has them; plain causal's made once."""
     b, hq, n, _ = call.query.shape
     kv = call.key.shape[2]
     bias = call.bias
@@ -185,8 +184,7 @@ def _block_mask(mask_mod: MaskMod, sequences: int | None, heads: int | None, n: 
 
 def flex_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, lse: Tensor,
                     config: KernelConfig = DEFAULT_CONFIG, maxima: Tensor | None = None) -> FusedStatistics:
-    """FlexAttention's record: float32 queries and keys, the kernel's row maxima (None where this torch gives none) and
-    `MaximaSearch`."""
+    """FlexAttention's record: float32 queries and keys, the kernel's row maxima (or None) and `MaximaSearch`."""
     return FusedStatistics(NAME, float32_copy(query), float32_copy(key), lse, scaling, causal, bias,
                            row_maxima=maxima, search=MAXIMA_SEARCH, config=config)
 

@@ -76,12 +76,7 @@ class Weights:
     @property
     def shape(self) -> tuple[int, int, int, int]:
         """(batch, query heads, queries, keys)."""
-        return self.query.shape[0], self.query.shape[1], self.query.shape[2], self.key.shape[2]
-
-    def _grouped(self, query: Tensor) -> Tensor:
-        """(b, hq, m, d) -> (b, hk, rep * m, d): the query heads of one key/value head one after another."""
-        b, hq, m, d = query.shape
-        return query.reshape(b, self.key.shape[1], (hq // self.key.shape[1]) * m, d)
+        return self.statistics.shape
 
     def _finish(self, logits: Tensor, rows: Tensor | slice, keys: Tensor, lse: Tensor) -> Tensor:
         """logits (b, hq, m, k) of query rows and keys -> weights: bias added, causal keys zeroed."""
@@ -102,16 +97,14 @@ class Weights:
         return self.stacked([Label("column", key)])[..., 0]
 
     def stacked(self, labels: list[Label]) -> Tensor:
-        """(b, hq, n, len(labels)): the labels' weights, prefetched where they are not yet (a view where one prefetch
-        made them side by side, in order)."""
+        """(b, hq, n, len(labels)): the labels' weights, prefetched where they are not yet (a view where possible)."""
         table, columns = self.covering(labels)
         if columns == list(range(columns[0], columns[0] + len(columns))):  # a view (also: no index sent to a GPU)
             return table[..., columns[0]:columns[0] + len(columns)]
         return table.index_select(-1, _long_on(tuple(columns), table.device))
 
     def covering(self, labels: list[Label]) -> tuple[Tensor, list[int]]:
-        """(table (b, hq, n, w), the column of each label in it): a view of one prefetched table where they share
-        one, else the labels stacked."""
+        """(table (b, hq, n, w), each label's column in it): a view of one prefetched table, else the labels stacked."""
         if any(label not in self.tables for label in labels):
             self.prefetch([shift for kind, shift in labels if kind == "diagonal"],
                           [key for kind, key in labels if kind == "column"])
@@ -269,8 +262,9 @@ class Weights:
         """(b, hq, len(rows), kv): the query rows' weights over every key, exact (for row maxima)."""
         b, hq, _, kv = self.shape
         keys = torch.arange(kv, device=self.query.device)
-        logits = torch.matmul(self._grouped(float32_copy(self.query[:, :, rows])),
-                              float32_copy(self.key).transpose(-1, -2))  # the few rows' keys: all of them
+        hk = self.key.shape[1]
+        query = float32_copy(self.query[:, :, rows]).reshape(b, hk, hq // hk * len(rows), self.query.shape[-1])
+        logits = torch.matmul(query, float32_copy(self.key).transpose(-1, -2))  # query heads by key/value head
         logits = logits.view(b, hq, len(rows), kv) * self.scaling
         return self._finish(logits, rows, keys, self.lse[:, :, rows])
 
@@ -380,8 +374,7 @@ class Weights:
         return _key_is_top(self._row_logits(batch, kv_head, heads, rows), keys)
 
     def _row_logits(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, low: int = 0) -> Tensor:
-        """(len(rows), keys low .. the last row's) scaled logits of rows of one sequence's key/value head, masked keys
-        at -inf."""
+        """(len(rows), keys low .. the last row's) scaled logits of one sequence's key/value head, masked at -inf."""
         kv, offset = self.shape[3], self.shape[3] - self.shape[2]
         limit = min(kv, int(rows.max()) + offset + 1) if self.causal else kv
         keys = self._head_keys(batch, kv_head)[low:limit]

@@ -99,14 +99,20 @@ class SdpaBackend:
         call = call.with_dense_bias()
         kernel = lse_kernel(self.kernel, call.query.device.type)
         assert kernel is not None
-        b, hq, n, _ = call.query.shape
-        dv = call.value.shape[-1]
-        plain_causal = call.causal and call.bias is None
-        output, lse = kernel(*_padded(call), call.bias, plain_causal, call.scaling)
-        statistics = FusedStatistics(self.name, float32_copy(call.query), float32_copy(call.key),
-                                     lse[:, :, :n].reshape(b, hq, n).float(), call.scaling, plain_causal, call.bias,
-                                     top_keys=top_keys(call), config=config)
-        return output[..., :dv].transpose(1, 2).contiguous(), statistics
+        output, lse = lse_forward(call, kernel, _padded_size(max(call.query.shape[-1], call.value.shape[-1])))
+        statistics = FusedStatistics(self.name, float32_copy(call.query), float32_copy(call.key), lse, call.scaling,
+                                     call.causal and call.bias is None, call.bias, top_keys=top_keys(call),
+                                     config=config)
+        return output, statistics
+
+
+def lse_forward(call: AttentionCall, kernel: LseKernel, size: int) -> tuple[Tensor, Tensor]:
+    """(output (b, n, hq, dv), log-sum-exp (b, hq, n) float32) of an op that returns both, for a call whose mask is
+    a bias already (AttentionCall.with_dense_bias), its heads zero-padded to `size`."""
+    b, hq, n, _ = call.query.shape
+    query, key, value = (zero_padded(tensor, size) for tensor in (call.query, call.key, call.value))
+    output, lse = kernel(query, key, value, call.bias, call.causal and call.bias is None, call.scaling)
+    return output[..., :call.value.shape[-1]].transpose(1, 2).contiguous(), lse[:, :, :n].reshape(b, hq, n).float()
 
 
 def top_keys(call: AttentionCall) -> Tensor | None:
@@ -118,9 +124,3 @@ def top_keys(call: AttentionCall) -> Tensor | None:
 
 def _padded_size(size: int) -> int:
     return -(-size // 8) * 8
-
-
-def _padded(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:
-    """Query, key and value with one head size, a multiple of 8."""
-    size = _padded_size(max(call.query.shape[-1], call.value.shape[-1]))
-    return zero_padded(call.query, size), zero_padded(call.key, size), zero_padded(call.value, size)
