@@ -84,8 +84,9 @@ class CudaBackend:
                 call.query, call.key, call.value, attn_mask=dense.bias, is_causal=dense.causal and dense.bias is None,
                 scale=call.scaling, enable_gqa=call.query.shape[1] != call.key.shape[1]).transpose(1, 2).contiguous()
         else:
-            output, lse, top = attention_forward(call.query, call.key, call.value, call.bias, call.scaling, causal,
-                                                 key_mask=call.key_mask, window=call.window, moments=moments)
+            output = call.value.new_empty(b, n, hq, call.value.shape[-1])
+            lse, top = _launch(call.query, call.key, call.value, output, call.scaling, call.bias, call.key_mask,
+                               call.window, causal, moments)
         # queries and keys stay in the model's dtype: float32 copies would cost what the kernel costs in traffic
         return output, FusedStatistics(NAME, call.query, call.key, lse, call.scaling, causal, call.bias,
                                        call.key_mask, call.window, top_keys=top, tables=label_table, config=config,
@@ -136,28 +137,19 @@ def tiles_for(head: int, value_head: int, dtype: torch.dtype, with_output: bool)
     return TILES[size, "float32" if dtype == torch.float32 else "half", with_output]
 
 
-def attention_forward(query: Tensor, key: Tensor, value: Tensor, bias: Tensor | None, scaling: float,
-                      causal: bool, *, key_mask: Tensor | None = None, window: int | None = None,
-                      moments: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(output (b, n, hq, dv), log-sum-exp (b, hq, n) float32, top key (b, hq, n) int32), the mask an additive bias
-    or key mask (b, kv), window and `causal`; `moments` (b, hq, n, 4), where given, filled in the same pass. One
-    launch, no host synchronisation."""
-    b, hq, n, _ = query.shape
-    output = value.new_empty(b, n, hq, value.shape[-1])
-    return (output, *_launch(query, key, value, output, scaling, bias, key_mask, window, causal, moments))
-
-
 def attention_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scaling: float, causal: bool, *,
                          key_mask: Tensor | None = None, window: int | None = None,
                          moments: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """attention_forward's log-sum-exp and top keys alone: the same pass without values."""
+    """(log-sum-exp (b, hq, n) float32, top key (b, hq, n) int32): the kernel's pass without values. The mask: an
+    additive bias, or key mask (b, kv), window and `causal`; `moments`, where given, filled in the same pass."""
     return _launch(query, key, None, None, scaling, bias, key_mask, window, causal, moments)
 
 
 def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | None, scaling: float,
             bias: Tensor | None, key_mask: Tensor | None, window: int | None, causal: bool,
             moments: Tensor | None) -> tuple[Tensor, Tensor]:
-    """One launch of the kernel: its log-sum-exp and top keys, the output written where `output` is given."""
+    """One launch of the kernel, no host synchronisation: its log-sum-exp and top keys, the output (b, n, hq, dv)
+    written where given."""
     b, hq, n, d = query.shape
     hk, kv = key.shape[1], key.shape[2]
     dv = value.shape[-1] if value is not None else 1

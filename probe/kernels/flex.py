@@ -107,7 +107,8 @@ def flex_outputs(call: AttentionCall, attend: Callable[..., Any], maxima: bool =
     """(output (b, n, hq, dv), log-sum-exp (b, hq, n), row maxima or None) of the call through `attend` (compiled, or
     eager in tests); `maxima=False` asks for the log-sum-exp alone (what the CPU gives)."""
     call = call.with_dense_bias()
-    query, key, value = padded_heads(call)
+    # each head padded to a power of two, at least 16 (the kernel's tiles)
+    query, key, value = (zero_padded(tensor, padded(tensor.shape[-1])) for tensor in (call.query, call.key, call.value))
     score_mod, mask_mod = modifications(call)
     block_mask = None if mask_mod is None else block_mask_for(mask_mod, call)
     kwargs, has_maxima = aux_request()
@@ -119,12 +120,6 @@ def flex_outputs(call: AttentionCall, attend: Callable[..., Any], maxima: bool =
     dv = call.value.shape[-1]
     output = output[..., :dv].transpose(1, 2).contiguous()
     return output, lse.float(), row_maxima.float() if has_maxima and maxima and row_maxima is not None else None
-
-
-def padded_heads(call: AttentionCall) -> tuple[Tensor, Tensor, Tensor]:
-    """Query, key and value each padded to a power of two, at least 16 (the kernel's tiles)."""
-    query, key, value = (zero_padded(tensor, padded(tensor.shape[-1])) for tensor in (call.query, call.key, call.value))
-    return query, key, value
 
 
 def modifications(call: AttentionCall) -> tuple[ScoreMod | None, MaskMod | None]:

@@ -26,17 +26,6 @@ class Label(NamedTuple):
     at: int
 
 
-HeadId = tuple[int, int]
-"""(sequence, key/value head): what the per-head caches are keyed by."""
-
-
-class TableColumn(NamedTuple):
-    """Where a prefetched label is: its table (b, hq, n, w) and its column in it."""
-
-    table: Tensor
-    column: int
-
-
 class Weights:
     """The weights one layer call's statistics rebuild, read the same way whichever backend made the record, with what
     the reads cache (the prefetched table, contiguous keys per head, `memo` for a backend's search): the record
@@ -47,8 +36,8 @@ class Weights:
         self.query, self.key, self.lse = statistics.query, statistics.key, statistics.lse
         self.scaling, self.causal, self.config = statistics.scaling, statistics.causal, statistics.config
         self.bias = statistics.bias
-        self.tables: dict[Label, TableColumn] = {}  # prefetched diagonals and columns
-        self.contiguous_keys: dict[HeadId, Tensor] = {}  # (kv, d) per head, made once
+        self.tables: dict[Label, tuple[Tensor, int]] = {}  # prefetched labels: (table (b, hq, n, w), column)
+        self.contiguous_keys: dict[tuple[int, int], Tensor] = {}  # (sequence, key/value head) -> (kv, d)
         self.memo: dict[Hashable, Any] = {}  # what a backend's search keeps for this call (made once each)
         self.dense: Tensor | None = None  # key_mask and window made additive, where a read needs it
 
@@ -135,7 +124,7 @@ class Weights:
 
     def _keep(self, labels: list[Label], table: Tensor) -> None:
         for column, label in enumerate(labels):
-            self.tables[label] = TableColumn(table, column)
+            self.tables[label] = (table, column)
 
     def _in_chunks(self, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
         """(b, hq, n, len(offsets) + len(keys)): the weights on keys i + offset and on `keys`, config.diagonal_rows
