@@ -64,12 +64,9 @@ class CpuBackend:
 
     def problem(self, call: AttentionCall) -> str:
         """"" where the kernel serves the call, else why not."""
-        shared = rebuild_problem(call)
-        if shared:
-            return shared
-        if call.query.device.type != "cpu":
-            return f"no log-sum-exp kernel wired for {call.query.device.type} yet (CPU only)"
-        return ""
+        device = call.query.device.type
+        return rebuild_problem(call) or (f"no log-sum-exp kernel wired for {device} yet (CPU only)"
+                                         if device != "cpu" else "")
 
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
         """The output (b, n, hq, dv) and its statistics; a key mask and window go as the dense bias they stand for."""
