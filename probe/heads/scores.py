@@ -68,21 +68,20 @@ class Score:
                 "default_threshold": self.threshold, **({"diagonal": diagonal} if diagonal is not None else {})}
 
 
-def _diagonal_rows(start: int, block: int, n_keys: int, shift: int) -> tuple[int, int]:
-    """(first row, rows) of a block whose key i + shift exists: the diagonal at offset start + shift."""
+def _diagonal_queries(start: int, block: int, n_keys: int, shift: int, valid: Tensor) -> tuple[int, Tensor, Tensor]:
+    """(first row, queries, (b, rows) selected) of a block's queries whose key i + shift exists (the diagonal at
+    offset start + shift), selected where query and key are valid."""
     offset = start + shift
     first = max(0, -offset)
-    return first, max(0, min(block, n_keys - offset) - first)
+    queries = torch.arange(start + first, start + max(first, min(block, n_keys - offset)), device=valid.device)
+    return first, queries, valid[:, queries] & valid[:, queries + shift]
 
 
 def diagonal_mass(weights: Tensor, start: int, batch: Batch, shift: int,
                   query_range: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
     """Sum and count of A[i, i + shift] over valid queries i (in `query_range`, if given) whose key exists."""
     b, h, block, n_keys = weights.shape
-    first, rows = _diagonal_rows(start, block, n_keys, shift)
-    queries = torch.arange(start + first, start + first + rows, device=weights.device)
-    valid = batch.valid.to(weights.device)
-    selected = valid[:, queries] & valid[:, queries + shift]  # (b, rows)
+    _, queries, selected = _diagonal_queries(start, block, n_keys, shift, batch.valid.to(weights.device))
     if query_range is not None:
         selected &= (queries >= query_range[0]) & (queries < query_range[1])
     return selected_sums(weights.diagonal(start + shift, dim1=-2, dim2=-1), selected)  # a strided view
@@ -177,10 +176,8 @@ def positional_score(weights: Tensor, start: int, batch: Batch) -> tuple[Tensor,
     valid = batch.valid.to(weights.device)
     sums, counts = [], []
     for shift in NEIGHBOURS:
-        first, rows = _diagonal_rows(start, block, n_keys, shift)
-        queries = torch.arange(start + first, start + first + rows, device=weights.device)
-        selected = valid[:, queries] & valid[:, queries + shift]  # (b, rows)
-        part = slice(first, first + rows)
+        first, queries, selected = _diagonal_queries(start, block, n_keys, shift, valid)
+        part = slice(first, first + len(queries))
         at_key = band.diagonal(start + shift - low, dim1=-2, dim2=-1)  # (b, h, rows) a view of the neighbours
         hit = ((at_key == top[..., part]) | unsure[..., part]) & selected[:, None, :] & ~earlier[..., part]
         others = _band_max_without(band, start + shift - low)[..., part]
