@@ -128,6 +128,12 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def bos_ids(tokenizer: Any) -> list[int]:
+    """[BOS] where the tokenizer has one, else []."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return [bos] if isinstance(bos, int) else []
+
+
 def tokenize_prefix(tokenizer: Any, text: str, needed: int) -> list[int]:
     """Token ids of the text, tokenizing only as much of it as `needed` tokens take (the text can be long)."""
     chars = max(needed * 8, 4096)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from probe.errors import ProbeError
+from probe.inputs.sets import bos_ids
 from probe.syntax.conllu import Sentence
 
 
@@ -64,8 +65,7 @@ def wrapping(tokenizer: Any, encoder: bool) -> tuple[list[int], list[int]]:
     cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
     if encoder and isinstance(cls, int) and isinstance(sep, int):
         return [cls], [sep]
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return ([bos] if isinstance(bos, int) else []), []
+    return bos_ids(tokenizer), []
 
 
 def align(tokenizer: Any, sentence: Sentence, encoder: bool = False) -> Aligned:
