@@ -1,6 +1,5 @@
-"""The public context manager, `attention_hooks`, in the spirit of baukit's nethook: it installs what it needs on
-entry and restores the model exactly on exit, also when the body raises or is interrupted; and the streaming
-forward that `capture_attention` and the pattern pages are built on."""
+"""`attention_hooks`, the one context manager that owns every hook (as baukit's nethook), and the streaming forward
+that `capture_attention` and the pattern pages are built on."""
 
 from __future__ import annotations
 
@@ -23,11 +22,9 @@ from probe.hooks.run import Source, run_model
 from probe.hooks.types import BatchContext, BlockedHandler, Handler, HookContext, LayerHooks, TensorHandler, Undo
 from probe.kernels.config import KernelConfig
 
-INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
-    "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
-    "family": install_family,
+INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {  # AttentionLayer.kind -> its installer
+    "hf": install_hf, "mha": install_mha, "custom": install_custom, "family": install_family,  # type: ignore[dict-item]
 }
-"""AttentionLayer.kind -> the function that hooks one layer of that kind, appending its undo steps."""
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from probe.models.custom import is_custom_spec, load_custom, missing_function
 from probe.models.gguf import cached_config, load_gguf
 from probe.models.origin import ModelOrigin, module_origin, origin_of
 from probe.models.hf import from_pretrained, load_tokenizer
-from probe.models.placement import DeviceMap, dispatch_custom, input_device, parse_device_map
+from probe.models.placement import DeviceMap, input_device, parse_device_map, placed
 from probe.models.wrapped import WrapperKind, holds_bridge_components, unbridged, wrapper_kinds, wrapper_of
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -104,14 +104,6 @@ def _placement(device: str | None, device_map: DeviceMap | None, offload_folder:
         "max_memory": max_memory}
 
 
-def _load_custom(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None) -> tuple[nn.Module, Any]:
-    model, tokenizer = load_custom(spec)
-    model = model.to(dtype)
-    if placement is not None:
-        model = dispatch_custom(model, placement["device_map"], placement["offload_folder"], placement["max_memory"])
-    return model, tokenizer
-
-
 def _load_folder(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
                  trust_remote_code: bool) -> tuple[nn.Module, Any]:
     if spec.endswith(".py"):
@@ -135,7 +127,8 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
             raise ProbeError(f"model '{spec}' is not installed: {ALIASES[spec].install}", parameter="spec")
         return load_gguf(path, dtype, placement)
     if is_custom_spec(spec):
-        return _load_custom(spec, dtype, placement)
+        model, tokenizer = load_custom(spec)
+        return placed(model, dtype, placement), tokenizer
     if spec.endswith(".gguf"):
         if not Path(spec).is_file():
             raise ProbeError(f"GGUF file not found: {spec}", parameter="spec")
