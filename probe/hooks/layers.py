@@ -45,7 +45,7 @@ _TWO_TOKENS = (1, 2)
 
 
 def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, Any]]:
-    """Each module's first call, in call order (a module called twice is one layer)."""
+    """Each module's first call, in call order."""
     seen: set[int] = set()
     first = []
     for module, detail in calls:
@@ -93,7 +93,6 @@ def _called_in_order(model: nn.Module, candidates: list[nn.Module]) -> list[tupl
 
 
 def _family_layers(model: nn.Module, family: Family) -> list[AttentionLayer]:
-    """GPT-Neo, GPT-J, BLOOM, Falcon, MPT, CodeGen: the family's attention modules, in call order."""
     calls = _first_calls(_called_in_order(model, family_candidates(model, family)))
     return [AttentionLayer(index, module, "family", *family_shape(module)) for index, (module, _) in enumerate(calls)]
 

@@ -162,22 +162,20 @@ def _is_hub_id(spec: str) -> bool:
             and not Path(spec).exists() and spec.count("/") == 1 and not spec.startswith((".", "/")))
 
 
-def _vocab_size(model: nn.Module) -> int | None:
+def _vocab_size(model: nn.Module) -> int:
+    """`vocab_size` of the model or its config, else the input embedding's size, else the logits' last dimension on
+    a two-token input (a custom model)."""
     for owner in (model, getattr(model, "config", None)):
         size = getattr(owner, "vocab_size", None)
         if isinstance(size, int) and size > 0:
             return size
     embeddings = getattr(model, "get_input_embeddings", None)
-    if callable(embeddings):
-        try:
-            return embeddings().num_embeddings
-        except (AttributeError, NotImplementedError):
-            return None
-    return None
-
-
-def _infer_vocab_size(model: nn.Module) -> int:
-    """A custom model without `vocab_size`: the logits' last dimension on a two-token input."""
+    try:
+        size = embeddings().num_embeddings if callable(embeddings) else None
+    except (AttributeError, NotImplementedError):
+        size = None
+    if size:
+        return size
     try:
         with torch.no_grad():
             return int(logits_of(model(torch.zeros(1, 2, dtype=torch.long, device=input_device(model)))).shape[-1])
@@ -200,7 +198,7 @@ def _given_module(model: nn.Module, tokenizer: Any | None, name: str | None, dty
     origin = module_origin(model)
     name = name or getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
     return LoadedModel(model=model, tokenizer=tokenizer, name=str(name),
-                       vocab_size=_vocab_size(model) or _infer_vocab_size(model), origin=origin)
+                       vocab_size=_vocab_size(model), origin=origin)
 
 
 def _given_wrapper(kind: WrapperKind, wrapper: Any, tokenizer: Any | None, name: str | None,
@@ -269,7 +267,7 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     if device is not None:
         model = model.to(device)
     model.eval()
-    vocab_size = _vocab_size(model) or _infer_vocab_size(model)
+    vocab_size = _vocab_size(model)
     logging.getLogger("probe.models").info("loaded %s (%s)", spec, type(model).__name__)
     return LoadedModel(model=model, tokenizer=tokenizer or own_tokenizer, name=name or spec, vocab_size=vocab_size,
                        origin=origin_of(source, model))
