@@ -148,21 +148,14 @@ IMPLEMENTATIONS = {"probe_sdpa": partial(_probe_attention, "sdpa"), "probe_eager
 """probe's implementations, named after the mask format each keeps (transformers' sdpa or eager)."""
 
 
-def _configs(model: nn.Module) -> list[Any]:
-    """Every distinct config object in the model (composite models have one per sub-model)."""
-    seen: dict[int, Any] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if has_implementation(config):
-            seen.setdefault(id(config), config)
-    return list(seen.values())
-
-
 def switch_implementation(model: nn.Module, undo: list[Undo]) -> None:
     """Switch every config of the model to probe's implementation; `undo` gets the steps that switch back."""
     for name, function in IMPLEMENTATIONS.items():
         register_attention(name, function, masks_of=name.removeprefix("probe_"))
-    for config in _configs(model):
+    # every distinct config (a composite model has one per sub-model)
+    configs = {id(config): config for module in model.modules()
+               if has_implementation(config := getattr(module, "config", None))}
+    for config in configs.values():
         current = implementation(config)
         if not (isinstance(current, str) and current.startswith("probe_")):
             keep = "eager" if current == "eager" else "sdpa"  # flash/flex/kernels: sdpa reads the same

@@ -41,7 +41,6 @@ class AttentionLayer:
 
 
 _LAYERS: weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]] = weakref.WeakKeyDictionary()
-_TWO_TOKENS = (1, 2)
 
 
 def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, Any]]:
@@ -59,7 +58,7 @@ def _two_tokens(model: nn.Module) -> None:
     """The forward that discovery watches, on token ids (1, 2); the model's failure as one ProbeError."""
     try:
         with torch.no_grad():
-            run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
+            run_model(model, torch.zeros(1, 2, dtype=torch.long))
     except Exception as error:
         raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
 
