@@ -203,9 +203,8 @@ def _given_module(model: nn.Module, tokenizer: Any | None, name: str | None, dty
 
 def _given_wrapper(kind: WrapperKind, wrapper: Any, tokenizer: Any | None, name: str | None,
                    placement: dict[str, Any]) -> LoadedModel:
-    """A model wrapped by TransformerLens or nnsight: the Hugging Face module inside, probed where it is, with the
-    wrapper's tokenizer unless `tokenizer` is given. Casting or moving it here would leave the wrapper's own state
-    (a bridge's config, its components' tensors) behind, so dtype and placement are the wrapper's own."""
+    """The Hugging Face module inside a wrapper, probed where it is (casting or moving it here would leave the
+    wrapper's own state behind), with the wrapper's tokenizer unless `tokenizer` is given."""
     given = [key for key, value in placement.items() if value is not None]
     if given:
         raise ProbeError(f"a model wrapped by {kind.library} is probed where it is, in its own dtype: cast or move "
