@@ -36,15 +36,10 @@ def interrupts_deferred() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        if received:
-            _deliver(previous)
-
-
-def _deliver(previous: Any) -> None:
-    if callable(previous):
-        previous(signal.SIGINT, None)
-    elif previous != signal.SIG_IGN:
-        raise KeyboardInterrupt
+        if received and callable(previous):
+            previous(signal.SIGINT, None)
+        elif received and previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
 
 
 def restore(steps: Iterable[Undo]) -> None:
