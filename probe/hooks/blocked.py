@@ -1,14 +1,6 @@
-"""The computation every hooked layer shares: eager softmax attention, one query block at a time.
-
-Each block's float32 weights are handed to a callback and dropped, so nothing of size heads x n x n is kept for
-more than one block; the numbers are those of eager attention.
-
-Memory is reused from block to block: on CPU a fresh 100 MB tensor costs more in page faults (the kernel zeroing
-every new page) than the softmax that fills it, so the scores are written by `bmm(out=...)` into one buffer, the
-softmax runs in place there, and the zero-padded block handed to the callback is one more buffer whose zero tail is
-written only when the layout changes. A buffer the callback keeps (capture_attention stores the blocks) is left to
-it, and the next block takes a fresh one.
-"""
+"""Eager softmax attention one query block at a time, each block's float32 weights handed to a callback, so that
+nothing of size heads x n x n is kept. Buffers are reused from block to block (on CPU a fresh 100 MB tensor costs
+more in page faults than the softmax that fills it); one the callback keeps is left to it."""
 
 from __future__ import annotations
 
@@ -30,8 +22,8 @@ _KEYS_COMPUTED = "probe_keys_computed"  # attribute of a handed-out block: the c
 
 
 def keys_computed(weights: Tensor) -> int:
-    """How many leading keys of a block handed to `on_block` were computed; the later ones are exactly zero (a
-    causal block's keys after its last query). Lets a reduction skip the zeros; any block read whole is right too."""
+    """How many leading keys of a handed-out block were computed (the later ones are exactly 0): lets a reduction
+    skip them."""
     return getattr(weights, _KEYS_COMPUTED, weights.shape[-1])
 
 
@@ -43,8 +35,6 @@ def _storage_users(tensor: Tensor) -> int:
 
 
 class _Buffer:
-    """One flat buffer that a call's blocks are written into, one block after another."""
-
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device, reusable: bool) -> None:
         self.numel, self.dtype, self.device = numel, dtype, device
         self.reusable = reusable  # False when autograd records: out= arguments do not record gradients
@@ -53,7 +43,6 @@ class _Buffer:
         self.zero_from: tuple[int, int] | None = None  # (rows, first column) of a layout whose later columns are 0
 
     def view(self, *shape: int) -> Tensor:
-        """A contiguous tensor of `shape` at the start of the buffer (allocated on first use)."""
         if self.flat is None:
             self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
             self.users = _storage_users(self.flat)
@@ -71,8 +60,6 @@ class _Buffer:
 
 @dataclass
 class _Plan:
-    """How one call is cut into blocks."""
-
     block: int  # queries per block
     offset: int  # keys before the first query: queries are the last n positions of the keys
     truncate: bool  # causal without a mask: a block computes only the keys up to its last query
@@ -94,7 +81,7 @@ def _plan(query: Tensor, key: Tensor, mask: Tensor | None, causal: bool, query_b
 
 @lru_cache(maxsize=16)
 def _future(size: int, device: torch.device) -> Tensor:
-    """(size, size) bool, True above the diagonal: the causal mask of a truncated block, built once per shape."""
+    """The causal mask of a truncated block (True above the diagonal), built once per shape."""
     return torch.ones(size, size, dtype=torch.bool, device=device).triu_(1)
 
 
@@ -110,7 +97,6 @@ def _apply_mask(scores: Tensor, mask: Tensor, start: int, stop: int, n_keys: int
 
 def _block_scores(query: Tensor, key_t: Tensor, start: int, stop: int, limit: int, scaling: float,
                   softcap: float | None, position_bias: Tensor | None, buffer: _Buffer) -> Tensor:
-    """Scaled (and soft-capped, biased) scores of queries start..stop against the first `limit` keys."""
     batch, n_heads, _, head_dim = query.shape
     n_kv_heads, size = key_t.shape[1], stop - start
     rows = n_heads // n_kv_heads * size
@@ -131,8 +117,7 @@ def _block_scores(query: Tensor, key_t: Tensor, start: int, stop: int, limit: in
 
 
 def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
-    """float32 softmax over the keys (in place on float32 scores); learned sink logits (gpt-oss) join as one extra
-    column, dropped after."""
+    """float32 softmax over the keys; learned sink logits (gpt-oss) join as one extra column, dropped after."""
     if sinks is None:
         if scores.dtype == torch.float32 and not scores.requires_grad:
             return torch.softmax(scores, dim=-1, out=scores)
@@ -146,7 +131,6 @@ def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
 
 
 def _hand_out(on_block: OnBlock, start: int, weights: Tensor, n_keys: int, padded: _Buffer) -> None:
-    """Give the block's weights over all keys: a truncated block's later keys as zeros."""
     limit = weights.shape[-1]
     if limit == n_keys:
         on_block(start, weights)
@@ -166,7 +150,6 @@ def _hand_out(on_block: OnBlock, start: int, weights: Tensor, n_keys: int, padde
 
 
 def _buffers(query: Tensor, key: Tensor, value: Tensor, plan: _Plan) -> tuple[_Buffer, _Buffer]:
-    """(scores, zero-padded weights): room for one block of the call against all keys."""
     batch, n_heads = query.shape[:2]
     numel = batch * n_heads * plan.block * key.shape[2]
     reusable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
@@ -190,19 +173,10 @@ def blocked_attention(
     dropout: float = 0.0,
     query_block: int | None = None,
 ) -> Tensor:
-    """Eager softmax attention, computed query block by query block.
-
-    query/key (b, hq, n, d) / (b, hk, kv, d), value (b, hk, kv, dv) with hq a multiple of hk (dv may differ from d:
-    multi-head latent attention's value heads are smaller); mask broadcastable to (b, hq, n, kv), boolean (True =
-    attend) or additive float. Returns (b, hq, n, dv). `on_block(start, weights)` sees the float32
-    weights of queries start .. start + block over all keys: the same numbers eager attention produces.
-
-    Cost-saving details that do not change the numbers: grouped-query heads are computed by folding the query
-    heads of one key/value head into the query axis (no repeated copies of keys and values); the scaling is applied
-    to the query block; without a mask, causal attention computes only the keys up to the block's last query
-    (the later ones get weight 0, written as zeros into the block handed to `on_block`); and blocks are written
-    into reused buffers (see the module's docstring).
-    """
+    """query/key (b, hq, n, d) / (b, hk, kv, d), value (b, hk, kv, dv), hq a multiple of hk; mask broadcastable to
+    (b, hq, n, kv), boolean (True = attend) or additive. Returns (b, hq, n, dv); `on_block(start, weights)` sees
+    eager attention's float32 weights of each query block over all keys. Without a mask, causal attention computes
+    only the keys up to a block's last query (the rest handed out as zeros)."""
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv_heads, n_keys, value_dim = key.shape[1], key.shape[2], value.shape[-1]
     scaling = head_dim**-0.5 if scaling is None else scaling

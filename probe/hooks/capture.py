@@ -1,6 +1,5 @@
-"""The public context manager, `attention_hooks`, in the spirit of baukit's nethook: it installs what it needs on
-entry and restores the model exactly on exit, also when the body raises or is interrupted; and the streaming
-forward that `capture_attention` and the pattern pages are built on."""
+"""`attention_hooks`, the one context manager that owns every hook (as baukit's nethook), and the streaming forward
+that `capture_attention` and the pattern pages are built on."""
 
 from __future__ import annotations
 
@@ -23,11 +22,9 @@ from probe.hooks.run import Source, run_model
 from probe.hooks.types import BatchContext, BlockedHandler, Handler, HookContext, LayerHooks, TensorHandler, Undo
 from probe.kernels.config import KernelConfig
 
-INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {
-    "hf": install_hf, "mha": install_mha, "custom": install_custom,  # type: ignore[dict-item]
-    "family": install_family,
+INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {  # AttentionLayer.kind -> its installer
+    "hf": install_hf, "mha": install_mha, "custom": install_custom, "family": install_family,  # type: ignore[dict-item]
 }
-"""AttentionLayer.kind -> the function that hooks one layer of that kind, appending its undo steps."""
 
 
 @contextmanager
@@ -35,18 +32,13 @@ def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = Non
                     query_block: int | None = None, config: KernelConfig | None = None,
                     batch: BatchContext | None = None) -> Iterator[list[AttentionLayer]]:
     """Hook every attention layer (or those in `layers`) for the body of the `with`: `points` maps a hook point's
-    name (probe.hooks.points.POINTS) to its handler, `fn(payload, ctx)`, called for every chosen layer with a
-    HookContext (`ctx.layer`, `ctx.point`, ...).
+    name (probe.hooks.points.POINTS) to its handler, `fn(payload, ctx)`, called with a HookContext.
 
-    `pattern` hands float32 weights (batch, query_heads, block, keys) one query block at a time (`ctx.start`);
-    `inputs` the AttentionInputs the layer computes from (patching); `recompute` computes heads again from
-    `ctx.inputs` (window ablation, before `z`; `pattern` sees the layer's own weights); `lse` a fused backend's
-    statistics (probe.kernels, run with `config`, DEFAULT_CONFIG when None) instead of the weights where they can be
-    rebuilt from them; elsewhere the `blocked` point is told why and the weights go to `pattern`. A point a layer
-    kind cannot serve is refused in one line before anything changes. Nested `with`s add up (hf and
-    nn.MultiheadAttention layers too: the inner's handlers run after the outer's). `batch` (the rows, padding mask
-    and positions of the batch the body runs) is handed to every handler as `ctx.batch`. On exit the model is
-    exactly as before, also when the body raises or is interrupted.
+    `pattern` gets float32 weights (batch, query_heads, block, keys) one query block at a time (`ctx.start`); `lse`
+    a fused backend's statistics (run with `config`) where the weights can be rebuilt from them, else `blocked` is
+    told why and the weights go to `pattern`. A point a layer kind cannot serve is refused in one line before
+    anything changes. Nested `with`s add up, the inner's handlers after the outer's; `batch` reaches every handler
+    as `ctx.batch`. On exit the model is exactly as before, also when the body raises or is interrupted.
     """
     handlers = dict(points or {})
     for name in handlers:

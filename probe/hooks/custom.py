@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from probe.errors import ProbeError
 from probe.hooks.points import fire_heads, fire_weights, fires
 from probe.hooks.types import LayerHooks, Undo
-from probe.models.parts import OUTPUT_PROJECTIONS, TEXTBOOK_OUTPUT_PROJECTIONS, named_child
+from probe.models.parts import TEXTBOOK_OUTPUT_PROJECTIONS, named_child
 
 
 def is_custom_attention(module: nn.Module) -> bool:
@@ -29,18 +29,19 @@ def returns_head_weights(module: nn.Module, output: Any) -> bool:
             and output[1].dim() == 4 and output[1].shape[1] == module.num_heads)
 
 
-def read_returned_weights(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    """A forward hook handing the weights the module returns, output[1] (b, heads, n, kv), to the `pattern` point."""
-    def read_weights(_module: nn.Module, _inputs: Any, output: Any) -> None:
-        fire_weights(hooks, 0, output[1].float())
+def install_custom(module: nn.Module, hooks: LayerHooks, undo: list[Undo], heads: int | None = None,
+                   names: tuple[str, ...] = TEXTBOOK_OUTPUT_PROJECTIONS) -> None:
+    """`pattern` from the weights the forward returns, output[1]; `z` at the input of the output projection (the
+    first of `names`), (b, n, heads * head_dim) head-major, handed over as (b, n, heads, head_dim)."""
+    if fires(hooks, "weights"):
+        def read_weights(_module: nn.Module, _inputs: Any, output: Any) -> None:
+            fire_weights(hooks, 0, output[1].float())
 
-    undo.append(module.register_forward_hook(read_weights).remove)
-
-
-def edit_projection_input(module: nn.Module, heads: int, hooks: LayerHooks, undo: list[Undo],
-                          names: tuple[str, ...] = OUTPUT_PROJECTIONS) -> None:
-    """A pre-hook on the module's output projection (the first of `names`): its input (b, n, heads * head_dim),
-    head-major, goes through the `z` point as (b, n, heads, head_dim)."""
+        undo.append(module.register_forward_hook(read_weights).remove)
+    if not fires(hooks, "heads"):
+        return
+    given: Any = module.num_heads if heads is None else heads  # an int the module sets
+    count = int(given)
     _, projection = named_child(module, names)
     if projection is None:
         raise ProbeError(f"cannot edit the heads of {type(module).__name__}: it has no output projection module "
@@ -48,17 +49,7 @@ def edit_projection_input(module: nn.Module, heads: int, hooks: LayerHooks, undo
 
     def edit_input(_module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
         merged = args[0]  # (b, n, heads * head_dim)
-        split = merged.reshape(*merged.shape[:-1], heads, merged.shape[-1] // heads)  # (b, n, heads, head_dim)
-        edited = fire_heads(hooks, split)
-        return (edited.reshape(merged.shape), *args[1:])
+        split = merged.reshape(*merged.shape[:-1], count, merged.shape[-1] // count)  # (b, n, heads, head_dim)
+        return (fire_heads(hooks, split).reshape(merged.shape), *args[1:])
 
     undo.append(projection.register_forward_pre_hook(edit_input).remove)
-
-
-def install_custom(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    """PyTorch hooks on the module (weights) and its output projection (edits); `undo` gets their removal."""
-    if fires(hooks, "weights"):
-        read_returned_weights(module, hooks, undo)
-    if fires(hooks, "heads"):
-        heads: Any = module.num_heads  # an int the module sets (nn.Module types attributes as tensors or modules)
-        edit_projection_input(module, int(heads), hooks, undo, TEXTBOOK_OUTPUT_PROJECTIONS)

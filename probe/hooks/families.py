@@ -1,13 +1,8 @@
 """Hugging Face families whose attention does not go through transformers' attention interface (transformers 5):
 BLOOM, MPT and CodeGen compute it inline; GPT-Neo, GPT-J and Falcon choose an attention class when the model is
-built. Each family is one `Family` entry: which module is the attention and where it keeps its head count; its
-output projection (whose input is the heads, (batch, n, heads * head_dim), head-major) is found by name
-(probe.models.parts: `out_proj`, BLOOM's and Falcon's `dense`).
-
-The shared code does the rest: their eager forward returns `(output, weights (b, heads, n, kv))`, so weights are read
-from what the module returns, with the model's configs switched to eager while read (Falcon picks sdpa at forward
-time otherwise); head outputs are edited by a pre-hook on the output projection, as for hand-written modules.
-"""
+built. Each is one `Family` entry. Their eager forward returns `(output, weights)`, so they are hooked as
+hand-written modules are (probe.hooks.custom), the configs on eager while read (Falcon picks sdpa at forward time
+otherwise)."""
 
 from __future__ import annotations
 
@@ -18,10 +13,11 @@ from typing import Any
 from torch import nn
 
 from probe.errors import ProbeError
-from probe.hooks.custom import edit_projection_input, read_returned_weights
+from probe.hooks.custom import install_custom
 from probe.hooks.points import fires
 from probe.hooks.transformers_api import has_implementation, set_implementation
 from probe.hooks.types import LayerHooks, Undo
+from probe.models.parts import OUTPUT_PROJECTIONS
 
 
 def _bloom_problem(module: nn.Module) -> str:
@@ -86,15 +82,11 @@ def family_shape(module: nn.Module) -> tuple[int, int, int]:
 
 
 def install_family(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    """Weights from what the module returns, edits at its output projection's input; `undo` gets their removal."""
-    family = _family_of_module(module)
-    problem = family.problem(module)
+    """As a hand-written module's (install_custom), with the config on eager while weights are read."""
+    problem = _family_of_module(module).problem(module)
     if problem and fires(hooks, "heads"):
         raise ProbeError(problem)
-    if fires(hooks, "weights"):
-        config: Any = getattr(module, "config", None)  # shared with the model
-        if has_implementation(config):  # eager's mask, and Falcon's eager branch: the one that returns weights
-            undo.append(set_implementation(config, "eager"))
-        read_returned_weights(module, hooks, undo)
-    if fires(hooks, "heads"):
-        edit_projection_input(module, family_shape(module)[0], hooks, undo)
+    config: Any = getattr(module, "config", None)  # shared with the model
+    if fires(hooks, "weights") and has_implementation(config):  # eager's mask, and Falcon's branch that returns weights
+        undo.append(set_implementation(config, "eager"))
+    install_custom(module, hooks, undo, family_shape(module)[0], OUTPUT_PROJECTIONS)

@@ -1,11 +1,6 @@
-"""Hugging Face models whose attention goes through transformers' attention interface (Llama, Gemma, Qwen, Mistral,
-GPT-2, BERT, ...).
-
-probe registers its own attention implementation, `probe_sdpa` or `probe_eager` (named after the mask format it
-keeps), and switches the model's configs to it while hooked. Layers that nobody reads run the model's original
-implementation; layers that are read compute eager attention in query blocks (`blocked_attention`) and hand each
-block of weights, per query head (grouped- and multi-query attention repeated to query heads), to the caller.
-"""
+"""Hugging Face models whose attention goes through transformers' attention interface (Llama, Gemma, Qwen, GPT-2,
+BERT, ...): while hooked, their configs name probe's implementation, `probe_sdpa` or `probe_eager` (after the mask
+format it keeps). Layers nobody reads run the model's own implementation; read ones run `blocked_attention`."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ Recording = list[tuple[nn.Module, int, int, int, int]]
 
 @dataclass(eq=False)
 class _Seat:
-    """What probe's implementation does at one hooked attention module: the hooks of each of its calls in a forward
-    (a module called k times per forward, ALBERT's, is k layers) and the calls so far."""
+    """The hooks of each call of one hooked module per forward (ALBERT calls one module as every layer)."""
 
     by_call: dict[int, LayerHooks] = field(default_factory=dict)
     calls: int = 0
@@ -52,7 +46,7 @@ def _hf_weights_attention(module: nn.Module, query: Tensor, key: Tensor, value: 
                           dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
                           on_block: OnBlock | None = None, query_block: int | None = None,
                           **kwargs: Any) -> tuple[Tensor, None]:
-    """transformers' attention signature, computed by blocked_attention: query (b, hq, n, d) -> (b, n, hq, d)."""
+    """transformers' attention signature, computed by blocked_attention."""
     output = blocked_attention(
         query, key, value, scaling=scaling, mask=attention_mask, causal=_causal(module, is_causal, attention_mask),
         on_block=on_block, softcap=kwargs.get("softcap"), sinks=kwargs.get("s_aux"),
@@ -68,14 +62,11 @@ def _causal(module: nn.Module, is_causal: bool | None, mask: Tensor | None) -> b
     return bool(causal) and mask is None
 
 
-def _from_lse(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None,
-              hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
-    """The output of the fused kernel of the backend that serves the call (probe.kernels.backend_for), run with the
-    hooks' kernel configuration, its statistics handed to the `lse` point; None (and the reason handed to the
-    `blocked` point) where no backend serves it. A mask transformers made from padding, causality and a sliding
-    window goes as a (b, kv) key mask and a window size (probe.hooks.masks), any other as an additive bias, made after
-    the backend is chosen (a refused call never pays for an n x kv float bias)."""
-    inputs = _inputs(query, key, value, mask, kwargs)
+def _from_lse(module: nn.Module, inputs: AttentionInputs, hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
+    """The fused kernel's output, its statistics handed to `lse`; None (the reason handed to `blocked`) where no
+    backend serves the call. A mask transformers made from padding, causality and a sliding window goes as a (b, kv)
+    key mask and a window (probe.hooks.masks); any other as an additive bias, made only once a backend is chosen."""
+    query, key, value, mask = inputs.query, inputs.key, inputs.value, inputs.mask
     dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
     structure = structure_of(mask) if inputs.position_bias is None else None
     if structure is not None and tuple(structure.key_mask.shape) == (query.shape[0], key.shape[2]):
@@ -113,69 +104,58 @@ def _inputs(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, kwar
                            kwargs.get("softcap"), kwargs.get("s_aux"), kwargs.get("position_bias"))
 
 
-def _own_attention(name: str, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
-                   attention_mask: Tensor | None, hooks: LayerHooks | None, kwargs: dict[str, Any]) -> Tensor:
-    """The layer's attention output (b, n, hq, d): probe's blocked eager attention where its weights are read, else
-    the model's own implementation; the fused kernel's output where its log-sum-exp is read (the `lse` point)."""
+def _own_attention(name: str, module: nn.Module, inputs: AttentionInputs, hooks: LayerHooks | None,
+                   kwargs: dict[str, Any]) -> Tensor:
+    """The layer's attention output (b, n, hq, d): the fused kernel's where `lse` is read, blocked eager attention's
+    where the weights are, else the model's own implementation's."""
+    tensors = inputs.query, inputs.key, inputs.value, inputs.mask
     if hooks is not None and hooks.of("lse"):
-        output = _from_lse(module, query, key, value, attention_mask, hooks, kwargs)
+        output = _from_lse(module, inputs, hooks, kwargs)
         if output is not None:
             return output
     if hooks is not None and fires(hooks, "weights"):
-        inputs = _inputs(query, key, value, attention_mask, kwargs)
-        output, _ = _hf_weights_attention(module, query, key, value, attention_mask,
-                                          on_block=partial(fire_weights, hooks, inputs=inputs),
-                                          query_block=hooks.query_block, **kwargs)
-        return output
+        return _hf_weights_attention(module, *tensors, on_block=partial(fire_weights, hooks, inputs=inputs),
+                                     query_block=hooks.query_block, **kwargs)[0]
     original = own_attention(name, module) or _hf_weights_attention
-    return original(module, query, key, value, attention_mask, **kwargs)[0]
+    return original(module, *tensors, **kwargs)[0]
 
 
 def _probe_attention(original_name: str, module: nn.Module, query: Tensor, key: Tensor, value: Tensor,
                      attention_mask: Tensor | None, **kwargs: Any) -> tuple[Tensor, Any]:
-    """transformers' attention signature, run by probe: the module's hooks fire, the implementation it stands in for
-    (`original_name`) computes what no hook replaces; a discovery run records the call (`recording_layers`)."""
+    """transformers' attention signature: the module's hooks fire, the implementation `original_name` computes what
+    no hook replaces; a discovery run records the call (`recording_layers`)."""
     recording = module.__dict__.get(RECORDING)
     if recording is not None:
         recording.append((module, query.shape[1], key.shape[1], query.shape[-1], value.shape[-1]))
-    hooks = _active_hooks(module)
+    hooks, inputs = _active_hooks(module), _inputs(query, key, value, attention_mask, kwargs)
     if hooks is None:
-        return _own_attention(original_name, module, query, key, value, attention_mask, None, kwargs), None
+        return _own_attention(original_name, module, inputs, None, kwargs), None
     if fires(hooks, "inputs"):  # read or replaced queries, keys or values (patching)
-        edited = fire_inputs(hooks, _inputs(query, key, value, attention_mask, kwargs))
-        query, key, value = edited.query, edited.key, edited.value
-    inputs = _inputs(query, key, value, attention_mask, kwargs)
+        edited = fire_inputs(hooks, inputs)
+        inputs = _inputs(edited.query, edited.key, edited.value, attention_mask, kwargs)
     recompute, ctx = hooks.recompute, hooks.context("recompute", inputs=inputs)
-    if recompute is not None and not fires(hooks, "weights") and recompute.covers_every_head(hooks.layer,
-                                                                                             query.shape[1]):
+    heads = inputs.query.shape[1]
+    if recompute is not None and not fires(hooks, "weights") and recompute.covers_every_head(hooks.layer, heads):
         output = recompute(None, ctx)  # the layer's own output is not needed
     else:
-        output = _own_attention(original_name, module, query, key, value, attention_mask, hooks, kwargs)
+        output = _own_attention(original_name, module, inputs, hooks, kwargs)
         if recompute is not None:
             output = recompute(output, ctx)
-    output = fire_heads(hooks, output, inputs)  # (b, n, hq, d)
-    return output, None
+    return fire_heads(hooks, output, inputs), None  # (b, n, hq, d)
 
 
 IMPLEMENTATIONS = {"probe_sdpa": partial(_probe_attention, "sdpa"), "probe_eager": partial(_probe_attention, "eager")}
 """probe's implementations, named after the mask format each keeps (transformers' sdpa or eager)."""
 
 
-def _configs(model: nn.Module) -> list[Any]:
-    """Every distinct config object in the model (composite models have one per sub-model)."""
-    seen: dict[int, Any] = {}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if has_implementation(config):
-            seen.setdefault(id(config), config)
-    return list(seen.values())
-
-
 def switch_implementation(model: nn.Module, undo: list[Undo]) -> None:
     """Switch every config of the model to probe's implementation; `undo` gets the steps that switch back."""
     for name, function in IMPLEMENTATIONS.items():
         register_attention(name, function, masks_of=name.removeprefix("probe_"))
-    for config in _configs(model):
+    # every distinct config (a composite model has one per sub-model)
+    configs = {id(config): config for module in model.modules()
+               if has_implementation(config := getattr(module, "config", None))}
+    for config in configs.values():
         current = implementation(config)
         if not (isinstance(current, str) and current.startswith("probe_")):
             keep = "eager" if current == "eager" else "sdpa"  # flash/flex/kernels: sdpa reads the same
@@ -190,8 +170,8 @@ def _uninstall(seat: _Seat, call: int, previous: LayerHooks | None) -> None:
 
 
 def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    """Have probe's implementation read (and edit) this attention module, at call `hooks.call` of each forward; the
-    switch itself is the caller's. Hooks already there (an outer `with`) run first."""
+    """Hook call `hooks.call` of this module (the switch to probe's implementation is the caller's); an outer `with`'s
+    hooks run first."""
     seat = module.__dict__.get(SEAT)
     if seat is None:
         undo.append(partial(put_back, module, SEAT, None))
@@ -203,8 +183,8 @@ def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
 
 
 def count_calls_per_forward(model: nn.Module, undo: list[Undo]) -> None:
-    """Restart the call count of the model's hooked modules at every forward of `model`, so that a forward cut
-    short (an exception caught inside the `with`) cannot shift which call is which layer."""
+    """Restart the hooked modules' call counts at every forward, so that a forward cut short cannot shift which call
+    is which layer."""
     def restart(_model: nn.Module, _args: Any) -> None:
         for module in model.modules():
             seat = module.__dict__.get(SEAT)

@@ -41,11 +41,10 @@ class AttentionLayer:
 
 
 _LAYERS: weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]] = weakref.WeakKeyDictionary()
-_TWO_TOKENS = (1, 2)
 
 
 def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, Any]]:
-    """Each module's first call, in call order (a module called twice is one layer)."""
+    """Each module's first call, in call order."""
     seen: set[int] = set()
     first = []
     for module, detail in calls:
@@ -59,7 +58,7 @@ def _two_tokens(model: nn.Module) -> None:
     """The forward that discovery watches, on token ids (1, 2); the model's failure as one ProbeError."""
     try:
         with torch.no_grad():
-            run_model(model, torch.zeros(*_TWO_TOKENS, dtype=torch.long))
+            run_model(model, torch.zeros(1, 2, dtype=torch.long))
     except Exception as error:
         raise ProbeError(f"the model's forward failed on token ids (1, 2): {type(error).__name__}: {error}") from error
 
@@ -93,7 +92,6 @@ def _called_in_order(model: nn.Module, candidates: list[nn.Module]) -> list[tupl
 
 
 def _family_layers(model: nn.Module, family: Family) -> list[AttentionLayer]:
-    """GPT-Neo, GPT-J, BLOOM, Falcon, MPT, CodeGen: the family's attention modules, in call order."""
     calls = _first_calls(_called_in_order(model, family_candidates(model, family)))
     return [AttentionLayer(index, module, "family", *family_shape(module)) for index, (module, _) in enumerate(calls)]
 

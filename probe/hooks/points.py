@@ -1,17 +1,7 @@
-"""The named hook points of an attention layer: the one registry of what a caller can read or replace.
-
-Each `HookPoint` says what it carries, whether a handler may replace it, which layer kinds (`AttentionLayer.kind`)
-fire it, and at which site of the layer's computation (`SITES`). Every handler is `fn(payload, ctx)` with a
-`HookContext` (probe.hooks.types): the payload is a tensor, or for probe's own points the AttentionInputs, the fused
-statistics, or the reason a layer went blocked. The installers (hf.py, mha.py, custom.py, families.py) fire sites,
-never named callbacks: `fire_inputs` where the layer has its queries, keys and values,
-`fire_heads` where it has its head outputs before the output projection, `fire_weights` for each query block of
-weights. A new point on an existing site is one entry in `POINTS` (with its `apply` for an inputs-site point).
-
-Tensors of the per-head points are (batch, positions, heads, head_dim), as TransformerLens lays them out: `k` and
-`v` have the key/value heads (fewer than the query heads under grouped-query attention), and `v` / `z` the value
-head size, which may differ from the query's (DeepSeek's multi-head latent attention).
-"""
+"""The named hook points of an attention layer: the one registry of what a caller can read or replace. The
+installers fire sites (`fire_inputs`, `fire_heads`, `fire_weights`), never named callbacks, so that a new point on an
+existing site is one entry in `POINTS`. Per-head tensors are (batch, positions, heads, head_dim), as TransformerLens
+lays them out (`k` and `v` with the key/value heads)."""
 
 from __future__ import annotations
 
@@ -29,9 +19,7 @@ from probe.hooks.types import (AttentionInputs, BlockedHandler, HookContext, Inp
 if TYPE_CHECKING:
     from probe.kernels.base import FusedStatistics
 
-KINDS = frozenset({"hf", "mha", "custom", "family"})
-"""Every AttentionLayer.kind: hf (transformers' attention interface), mha (nn.MultiheadAttention), custom
-(hand-written modules returning (output, weights)), family (probe.hooks.families)."""
+KINDS = frozenset({"hf", "mha", "custom", "family"})  # every AttentionLayer.kind
 SITES = ("inputs", "recompute", "lse", "weights", "heads")
 """Where in a layer's computation a point fires, in this order."""
 
@@ -40,8 +28,7 @@ Writer = Callable[[Tensor, HookContext], Tensor]
 
 
 def _per_head(field: str) -> Callable[[AttentionInputs, Any, HookContext], AttentionInputs]:
-    """An inputs-site point (q, k, v: the field's initial) on one field of AttentionInputs (b, h, n, d), handed over
-    as (b, n, h, d)."""
+    """An inputs-site point on one field of AttentionInputs (b, h, n, d), handed over as (b, n, h, d)."""
     def apply(inputs: AttentionInputs, handler: TensorHandler, ctx: HookContext) -> AttentionInputs:
         tensor = getattr(inputs, field)
         replaced = handler(tensor.transpose(1, 2), ctx)
@@ -106,8 +93,7 @@ POINTS: dict[str, HookPoint] = {point.name: point for point in [
 
 
 def point_named(name: str, public: bool = False) -> HookPoint:
-    """The point of that name (with `public`, only a public one); ProbeError (one line, the public names)
-    otherwise."""
+    """The point of that name (with `public`, only a public one), else a ProbeError naming the public ones."""
     if name not in POINTS or (public and not POINTS[name].public):
         names = ", ".join(point.name for point in POINTS.values() if point.public)
         raise ProbeError(f"no hook point {name!r}; the points are {names}", parameter="points")

@@ -1,9 +1,6 @@
-"""Clean-up that a second Ctrl-C cannot cut short.
-
-Every hook installer records an idempotent undo step before it changes the model. `restoring()` runs all of them
-on exit with SIGINT deferred (main thread), each on its own: a step that raises does not stop the others, and a
-step cut short by KeyboardInterrupt is run again, so the model is whole before the interrupt goes on.
-"""
+"""Clean-up that a second Ctrl-C cannot cut short: every installer records an idempotent undo step before it changes
+the model, and `restoring()` runs them all with SIGINT deferred, a failing step not stopping the others and an
+interrupted one run again."""
 
 from __future__ import annotations
 
@@ -39,15 +36,10 @@ def interrupts_deferred() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-        if received:
-            _deliver(previous)
-
-
-def _deliver(previous: Any) -> None:
-    if callable(previous):
-        previous(signal.SIGINT, None)
-    elif previous != signal.SIG_IGN:
-        raise KeyboardInterrupt
+        if received and callable(previous):
+            previous(signal.SIGINT, None)
+        elif received and previous != signal.SIG_IGN:
+            raise KeyboardInterrupt
 
 
 def restore(steps: Iterable[Undo]) -> None:

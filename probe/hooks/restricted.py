@@ -1,13 +1,6 @@
-"""Attention restricted to chosen keys, computed over those keys only.
-
-A head restricted to a StreamingLLM cache (the first `sink` keys and the `recent` most recent ones) attends to
-sink + recent keys per query, not n. Writing the restriction as a dense (heads, n, n) mask would make every query
-pay for all n keys (and keep the fast causal kernels from running). Instead the queries are cut into blocks of
-`QUERY_BLOCK`, each block gathers only the key ranges its queries may see (`KeySpans`), and all blocks run in one
-batched attention call over their gathered keys, with the exact per-key restriction (`AllowedKeys`) as the mask.
-Which keys each block gathers depends only on the input's length, so the `Layout` is built once and serves every
-layer. The numbers are those of masked attention over all keys.
-"""
+"""Attention restricted to chosen keys (a StreamingLLM cache: sink + recent keys), computed over those keys only: a
+dense (heads, n, n) mask would make every query pay for all n keys. Query blocks gather the key ranges they may see
+and run in one batched call, the exact restriction as their mask; the numbers are those of masked attention."""
 
 from __future__ import annotations
 

@@ -29,8 +29,6 @@ def accepts_argument(model: nn.Module, argument: str) -> bool:
 
 def _hf_arguments(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None,
                   logits: bool | Tensor, source: Source | None = None) -> dict[str, Any]:
-    """An encoder-decoder's decoder reads `input_ids`, teacher-forced, and its encoder the source, by default the
-    same sequence; any other model reads `input_ids`."""
     device = input_ids.device
     kwargs: dict[str, Any] = {}
     if is_encoder_decoder(model):
@@ -50,8 +48,7 @@ def _hf_arguments(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | 
 
 
 def _custom_arguments(model: nn.Module, attention_mask: Tensor | None, device: Any) -> dict[str, Any]:
-    """A custom model gets the mask (1 = token, 0 = padding, as in Hugging Face) where its forward takes an
-    `attention_mask`; one that takes none cannot be given padding, since it would attend to the pad tokens."""
+    """The mask where the forward takes an `attention_mask`; a model that takes none cannot be given padding."""
     if attention_mask is None:
         return {}
     if accepts_argument(model, "attention_mask"):
@@ -69,13 +66,10 @@ def run_model(model: nn.Module, input_ids: Tensor, attention_mask: Tensor | None
     """One forward: Hugging Face models with their mask and no KV cache; custom models with the ids, and the mask
     where their forward takes an `attention_mask`.
 
-    `logits=False`: the caller only reads attention, so a Hugging Face LM computes the logits of the last position
-    only (`logits_to_keep=1`); at 8192 tokens the full logits of a 49k vocabulary would take 1.6 GB. A 1-D tensor of
-    positions: the logits of those positions only. Models without `logits_to_keep` compute all, as before.
-
-    Encoder-decoders (T5, BART): `input_ids` are what the decoder reads, teacher-forced (its logits at position t
-    predict token t + 1, as a decoder-only model's do); the encoder reads `source` = (ids, mask or None), by default
-    the same sequence (probe.hooks.stacks says why).
+    `logits=False` (only attention is read) has a Hugging Face LM compute the last position's logits only (at 8192
+    tokens a 49k vocabulary's full logits take 1.6 GB); a 1-D tensor of positions, those positions'. Encoder-decoders:
+    the decoder reads `input_ids` teacher-forced, the encoder `source` = (ids, mask or None), by default the same
+    sequence (probe.hooks.stacks).
     """
     input_ids = input_ids.to(input_device(model))
     if source is not None and not is_encoder_decoder(model):

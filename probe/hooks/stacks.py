@@ -1,18 +1,8 @@
 """Encoder-decoders (T5, BART): their attention layers as three named stacks, and the one place that names them.
-
-An encoder-decoder has three kinds of attention layer: the encoder's self-attention, the decoder's (causal)
-self-attention and the decoder's cross-attention (queries: decoder positions, keys: encoder positions). probe keeps
-one flat layer index internally, in call order (encoder layers, then each decoder block's self- and cross-attention);
-users see and name each layer by its stack and its index within that stack: `enc3`, `dec3`, `x3` (short, the form
-`--heads` takes: `x3.1`), `layer x3, head 1` (long). Single-stack models keep plain numbers (`3.1`) and carry no
-layer names at all.
-
-Inputs: probe's probe sets are one token sequence per row, which both stacks read: the encoder as its source, the
-decoder teacher-forced (the sequence begins with the decoder start token, probe.inputs), so the decoder's logits at t
-predict token t + 1 exactly as a decoder-only model's do, every metric, effect and score applies unchanged, and the
-loss equals the model's own `labels` loss on the tokens after the start token. A source of its own is passed to
-`run_model` / `capture_attention` as `source=(ids, mask)`, or to sweeps as a pairs set (probe.inputs.pairs).
-"""
+Internally layers keep one flat index in call order; users name them by stack and index within it: `enc3`, `dec3`,
+`x3` (`--heads x3.1`). Both stacks read each probe-set row, the decoder teacher-forced behind its start token, so
+that its logits at t predict token t + 1 as a decoder-only model's do and every metric applies unchanged; a source
+of its own goes as `source=(ids, mask)` or a pairs set (probe.inputs.pairs)."""
 
 from __future__ import annotations
 
@@ -75,7 +65,7 @@ def split_layer_part(text: str, stacks: set[str], item: str, parameter: str = "h
 
 def layer_names(layers: list[Any]) -> list[str] | None:
     """The short name of every layer (`enc0`, ..., `dec0`, `x0`, ...) in flat order, or None for a model of one
-    stack, whose layers are plain numbers: what payloads carry as `layer_names` and reports print."""
+    stack, whose layers are plain numbers."""
     if not any(layer.stack for layer in layers):
         return None
     return [f"{STACKS[layer.stack]}{layer.in_stack}" for layer in layers]

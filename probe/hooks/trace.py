@@ -13,7 +13,7 @@ on exit, also when the body raises or is interrupted (probe.hooks.restore).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from contextlib import ExitStack
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +52,7 @@ class Trace:
         self.query_block, self.batch = query_block, batch
         self.blocked: dict[int, str] = {}
         self._kept: dict[int, dict[str, Any]] = {}
-        self._stack: ExitStack | None = None
+        self._hooks: AbstractContextManager[Any] | None = None
         _check_names(self.edit, self.read)
 
     def __getitem__(self, layer: int) -> dict[str, Tensor]:
@@ -65,17 +65,16 @@ class Trace:
     def __enter__(self) -> Trace:
         self._kept.clear()
         self.blocked.clear()
-        chosen = self._chosen_layers()
-        with ExitStack() as stack:
-            stack.enter_context(attention_hooks(self.model, self._handlers(), layers=chosen,
-                                                query_block=self.query_block, batch=self.batch))
-            self._stack = stack.pop_all()
+        hooks = attention_hooks(self.model, self._handlers(), layers=self._chosen_layers(),
+                                query_block=self.query_block, batch=self.batch)
+        hooks.__enter__()
+        self._hooks = hooks
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  traceback: TracebackType | None) -> bool | None:
-        stack, self._stack = self._stack, None
-        return None if stack is None else stack.__exit__(kind, error, traceback)
+        hooks, self._hooks = self._hooks, None
+        return None if hooks is None else hooks.__exit__(kind, error, traceback)
 
     def _chosen_layers(self) -> set[int]:
         """The layers to hook (read and edited), every one checked to exist and to serve its points."""

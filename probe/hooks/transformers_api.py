@@ -2,16 +2,8 @@
 declared floor: .ci/compat runs tests/test_classify.py, test_capture.py, test_hook_points.py, test_lse.py,
 test_kv_heads.py and test_mask_structure.py with it) and 5.24.0 (the newest, where the whole suite runs).
 
-Public API:
-
-- `AttentionInterface.register(name, function)`: probe's attention implementations (`register_attention`).
-- `ALL_ATTENTION_FUNCTIONS[name]`: transformers' own implementation that one of probe's stands in for
-  (`own_attention`).
-- `AttentionMaskInterface.register(name, function)` and `ALL_MASK_ATTENTION_FUNCTIONS[name]`: the masks made for an
-  implementation of probe's, made as transformers makes sdpa's or eager's (`register_attention`).
-- The arguments transformers hands a mask function (`sdpa_mask`'s signature), `masking_utils.causal_mask_function`
-  and `bidirectional_mask_function` compared by identity, and the config's `sliding_window`: what `noting_sdpa_mask`
-  tells a padding, causal or sliding-window mask by (probe.hooks.masks).
+Public API: `AttentionInterface`, `AttentionMaskInterface` and their `ALL_*` registries, and the arguments
+transformers hands a mask function (each function below names what it uses).
 
 No public way: which implementation one config names, and switching it while hooked (`has_implementation`,
 `implementation`, `set_implementation`: the config's `_attn_implementation_internal`, the field transformers' own

@@ -1,5 +1,4 @@
-"""What the hook modules share: the handlers a caller passes (`fn(payload, ctx)`), the context they are called
-with, and what one hooked layer is told."""
+"""What the hook modules share: the handlers (`fn(payload, ctx)`), their context, and what one hooked layer is told."""
 
 from __future__ import annotations
 
@@ -79,20 +78,14 @@ class HookContext:
 
 
 TensorHandler = Callable[[Tensor, HookContext], Tensor | None]
-"""The handler of a tensor point (q, k, v, z, pattern): `fn(tensor, ctx)` returns the tensor the layer goes on with
-(same shape), or None to leave it as it is (a reader; the only kind `pattern` takes)."""
-InputsHandler = Callable[[AttentionInputs, HookContext], AttentionInputs | None]
-"""The `inputs` point's: the whole AttentionInputs (patching a head's query, key or value), or None to keep them."""
-StatisticsHandler = Callable[["FusedStatistics", HookContext], None]
-"""The `lse` point's: a fused backend's statistics of one layer call (probe.kernels), read-only."""
-BlockedHandler = Callable[[str, HookContext], None]
-"""The `blocked` point's: why a layer whose `lse` was asked for runs the blocked path instead (its weights go to
-`pattern`)."""
+"""q, k, v, z, pattern: the tensor the layer goes on with (same shape), or None to leave it (a reader)."""
+InputsHandler = Callable[[AttentionInputs, HookContext], AttentionInputs | None]  # `inputs`: the AttentionInputs
+StatisticsHandler = Callable[["FusedStatistics", HookContext], None]  # `lse`: one call's fused statistics, read-only
+BlockedHandler = Callable[[str, HookContext], None]  # `blocked`: why a layer asked for `lse` runs the blocked path
 
 
 class Recompute(Protocol):
-    """The `recompute` point's handler: heads computed again another way (over other keys: window ablation) from
-    `ctx.inputs`."""
+    """The `recompute` point's handler: heads computed again from `ctx.inputs` over other keys (window ablation)."""
 
     def __call__(self, output: Tensor | None, ctx: HookContext) -> Tensor:
         """The layer's output (b, n, hq, d) with the chosen heads recomputed; `output` is the layer's own, or None
@@ -103,8 +96,7 @@ class Recompute(Protocol):
 
 
 Handler = TensorHandler | InputsHandler | StatisticsHandler | BlockedHandler | Recompute
-"""What a hook point's handler is: `fn(payload, ctx)`, the payload's type set by the point
-(probe.hooks.points.POINTS: a tensor for most, AttentionInputs, FusedStatistics or a reason for the others)."""
+"""`fn(payload, ctx)`, the payload's type set by the point (probe.hooks.points.POINTS)."""
 
 
 Undo = Callable[[], None]
@@ -113,8 +105,7 @@ Undo = Callable[[], None]
 
 @dataclass
 class LayerHooks:
-    """What one hooked layer does besides its own computation: the handlers of its hook points, by point name, in
-    the order they run (probe.hooks.points fires them), and the kernel configuration its `lse` point runs with."""
+    """One hooked layer's handlers by point name, in the order they run, and what its `lse` point runs with."""
 
     layer: int
     handlers: dict[str, list[Handler]] = field(default_factory=dict)

@@ -1,6 +1,9 @@
 """Every input probe reads, in one package: each module builds one kind and registers it in `PROBE_SETS`;
 `build_probe_set(name, loaded, ProbeOptions(...))` builds any of them."""
 
+# ruff: noqa: F401 (every import is re-exported through __all__)
+from types import ModuleType as _ModuleType
+
 from probe.inputs.sets import (CONTEXT_ATTRIBUTES, DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN,
                                ENGLISH, PROBE_SETS, ProbeOptions, ProbeSet, ProbeSetKind, build_probe_set,
                                check_context, context_length, is_encoder, random_tokens, read_text_file, real_tokens,
@@ -15,64 +18,6 @@ from probe.inputs.contrast import (CONTRAST_TASKS, MIN_GAP, ContrastPair, Contra
 from probe.inputs.labels import (CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, LabelledText, class_names, label_index,
                                  labelled_set, read_class_pairs, read_labelled, read_labelled_set)
 
-__all__ = [
-                               "CLASS_CONTRAST_LAYOUT",
-                               "CONTEXT_ATTRIBUTES",
-                               "CONTRAST_TASKS",
-                               "DEFAULT_DEPTHS",
-                               "DEFAULT_NEEDLE",
-                               "DEFAULT_NUM_SEQS",
-                               "DEFAULT_REPEAT_LEN",
-                               "DEFAULT_SEED",
-                               "DEFAULT_SEQ_LEN",
-                               "ENGLISH",
-                               "LABELS_LAYOUT",
-                               "MIN_GAP",
-                               "PROBE_SETS",
-                               "TASKS",
-                               "ContrastPair",
-                               "ContrastSet",
-                               "LabelledText",
-                               "NeedleOptions",
-                               "NeedleSet",
-                               "ProbeOptions",
-                               "ProbeSet",
-                               "ProbeSetKind",
-                               "TaskItem",
-                               "build_probe_set",
-                               "check_context",
-                               "class_names",
-                               "context_length",
-                               "contrast_logit_diffs",
-                               "contrast_set",
-                               "contrast_task",
-                               "ioi_items",
-                               "ioi_pairs",
-                               "is_encoder",
-                               "items_set",
-                               "label_index",
-                               "labelled_set",
-                               "logit_diff",
-                               "logit_diffs",
-                               "natural_set",
-                               "needle_set",
-                               "normalised_effect",
-                               "pairs_set",
-                               "random_tokens",
-                               "read_class_pairs",
-                               "read_contrast_pairs",
-                               "read_labelled",
-                               "read_labelled_set",
-                               "read_pairs",
-                               "read_task_file",
-                               "read_text_file",
-                               "real_tokens",
-                               "register_probe_set",
-                               "repeated_set",
-                               "right_padded",
-                               "sva_items",
-                               "sva_pairs",
-                               "task_items",
-                               "task_set",
-                               "tokenize_prefix"
-]
+__all__ = sorted(name for name, value in globals().items() if not name.startswith("_")
+                 and not isinstance(value, _ModuleType))
+"""The names imported above (no second list to keep)."""

@@ -6,7 +6,6 @@ lengths or multi-token answers are dropped and counted)."""
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +17,8 @@ from probe.hooks.run import logits_of, run_model
 from probe.errors import ProbeError
 from probe.overflow import forwards, require_finite
 from probe.models import LoadedModel
-from probe.inputs.sets import ProbeOptions, check_context, register_probe_set
-from probe.inputs.tasks import (IOI_TEMPLATES, NAMES, OBJECTS, PLACES, TaskItem, json_lines, not_single_token,
-                               sva_draws, task_tokens)
+from probe.inputs.sets import ProbeOptions, bos_ids, check_context, register_probe_set, right_padded
+from probe.inputs.tasks import TaskItem, ioi_draws, json_lines, not_single_token, sva_draws, task_tokens
 
 CONTRAST_KEYS = ("clean", "corrupt", "answer", "distractor")
 MIN_GAP = 0.05
@@ -74,11 +72,6 @@ def _checked_pair(row: object, where: str) -> ContrastPair:
     return ContrastPair(*(row[key] for key in CONTRAST_KEYS))
 
 
-def _bos(loaded: LoadedModel) -> list[int]:
-    bos_id = getattr(loaded.tokenizer, "bos_token_id", None)
-    return [bos_id] if isinstance(bos_id, int) else []
-
-
 def _problem(loaded: LoadedModel, pair: ContrastPair) -> str | None:
     """Why a pair cannot be used as it is for this model (None: it can)."""
     why = not_single_token(loaded, TaskItem(pair.clean, answer=pair.answer, distractor=pair.distractor))
@@ -99,20 +92,14 @@ def _needs_tokenizer(loaded: LoadedModel, parameter: str) -> None:
 def contrast_set(loaded: LoadedModel, pairs: list[ContrastPair], name: str, description: str,
                  dropped: list[str] | None = None) -> ContrastSet:
     """The token ids of checked pairs (`_problem` is None for each), right-padded, BOS first where the model has one."""
-    bos = _bos(loaded)
+    bos = bos_ids(loaded.tokenizer)
     clean = [bos + task_tokens(loaded, pair.clean) for pair in pairs]
     corrupt = [bos + task_tokens(loaded, pair.corrupt) for pair in pairs]
-    length = max(len(ids) for ids in clean)
-    check_context(loaded, length)
-    shape = (len(pairs), length)
-    ids = {"clean": torch.zeros(shape, dtype=torch.long), "corrupt": torch.zeros(shape, dtype=torch.long)}
-    mask = torch.zeros(shape, dtype=torch.long)
-    for row, (one, other) in enumerate(zip(clean, corrupt)):
-        ids["clean"][row, :len(one)], ids["corrupt"][row, :len(other)] = torch.tensor(one), torch.tensor(other)
-        mask[row, :len(one)] = 1
+    (clean_ids, mask), (corrupt_ids, _) = right_padded(clean, 0), right_padded(corrupt, 0)
+    check_context(loaded, clean_ids.shape[1])
     answer = torch.tensor([task_tokens(loaded, pair.answer)[0] for pair in pairs])
     distractor = torch.tensor([task_tokens(loaded, pair.distractor)[0] for pair in pairs])
-    return ContrastSet(name, description, ids["clean"], ids["corrupt"], mask, answer, distractor, list(pairs),
+    return ContrastSet(name, description, clean_ids, corrupt_ids, mask, answer, distractor, list(pairs),
                        list(dropped or []))
 
 
@@ -136,17 +123,8 @@ def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
 def ioi_pairs(count: int, seed: int) -> list[ContrastPair]:
     """IOI pairs with the ABC corruption (Wang et al. 2022): the subject's second mention a third name in the corrupt
     one."""
-    rng = random.Random(seed)
-    pairs = []
-    for index in range(count):
-        io, subject, third = rng.sample(NAMES, 3)
-        first, second = (io, subject) if index % 2 == 0 else (subject, io)  # ABBA, then BABA
-        template = IOI_TEMPLATES[(index // 2) % len(IOI_TEMPLATES)]
-        place, thing = rng.choice(PLACES), rng.choice(OBJECTS)
-        clean, corrupt = (template.format(a=first, b=second, s=name, place=place, object=thing)
-                          for name in (subject, third))
-        pairs.append(ContrastPair(clean, corrupt, f" {io}", f" {subject}"))
-    return pairs
+    return [ContrastPair(prompt(s=subject), prompt(s=third), f" {io}", f" {subject}")
+            for prompt, (io, subject, third) in ioi_draws(count, seed, 3)]
 
 
 def sva_pairs(count: int, seed: int) -> list[ContrastPair]:

@@ -13,28 +13,23 @@ from probe.errors import ProbeError
 from probe.hooks.stacks import decoder_start
 from probe.inputs.sets import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, ENGLISH,
                                ProbeSet, check_context, is_encoder, random_tokens, read_text_file,
-                               register_probe_set, tokenize_prefix)
+                               register_probe_set, tokenize_prefix, wrapping)
 from probe.models import LoadedModel
 
 
 def _wrap(loaded: LoadedModel, chunks: Tensor) -> tuple[Tensor, int, str]:
     """Add BOS (decoders) or [CLS] ... [SEP] (encoders); returns the ids, the first content position and the start."""
-    tokenizer = loaded.tokenizer
-    n = chunks.shape[0]
     start_id = decoder_start(loaded.model)
+    suffix: list[int] = []
     if start_id is not None:  # encoder-decoders: both stacks read the sequence, the decoder's starts as it was trained
-        return torch.cat([torch.full((n, 1), start_id), chunks], dim=1), 1, "the decoder start token"
-    if tokenizer is None:
+        prefix, start = [start_id], "the decoder start token"
+    elif loaded.tokenizer is None:
         return chunks, 0, "no BOS (no tokenizer)"
-    if is_encoder(loaded):
-        cls_id, sep_id = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
-        if cls_id is not None and sep_id is not None:
-            return (torch.cat([torch.full((n, 1), cls_id), chunks, torch.full((n, 1), sep_id)], dim=1), 1,
-                    "[CLS] ... [SEP]")
-    bos = getattr(tokenizer, "bos_token_id", None)
-    if isinstance(bos, int):
-        return torch.cat([torch.full((n, 1), bos), chunks], dim=1), 1, "BOS"
-    return chunks, 0, "no BOS (the tokenizer has none)"
+    else:
+        prefix, suffix = wrapping(loaded.tokenizer, is_encoder(loaded))
+        start = "[CLS] ... [SEP]" if suffix else "BOS" if prefix else "no BOS (the tokenizer has none)"
+    around = [torch.tensor(ids, dtype=torch.long).expand(chunks.shape[0], -1) for ids in (prefix, suffix)]
+    return torch.cat([around[0], chunks, around[1]], dim=1), len(prefix), start
 
 
 def natural_set(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int = DEFAULT_SEQ_LEN,

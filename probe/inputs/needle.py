@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.inputs.sets import (DEFAULT_SEED, ENGLISH, ProbeOptions, ProbeSet, context_length, encode,
-                               random_tokens, register_probe_set, tokenize_prefix)
+from probe.inputs.sets import (DEFAULT_SEED, ENGLISH, ProbeOptions, ProbeSet, bos_ids, context_length, encode,
+                               random_tokens, register_probe_set, right_padded, tokenize_prefix)
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 
@@ -118,8 +118,7 @@ def _prompt(loaded: LoadedModel, length: int, depth: float, generator: torch.Gen
         key = " ".join(str(t) for t in parts.key)
     else:
         parts = _text_parts(loaded.tokenizer, template, key)
-        bos_id = getattr(loaded.tokenizer, "bos_token_id", None)
-        bos = [bos_id] if isinstance(bos_id, int) else []
+        bos = bos_ids(loaded.tokenizer)
     fixed = len(bos) + len(parts.needle) + len(parts.question) + len(parts.key)
     if length < fixed + 8:
         raise ProbeError(f"needle prompts of {length} tokens leave no room for text: give lengths of at least "
@@ -160,13 +159,8 @@ def needle_set(loaded: LoadedModel, options: ProbeOptions) -> NeedleSet:
                 cells.append((length, depth))
                 keys.append(rows[-1][2])
     width = max(lengths)
-    ids = torch.zeros(len(rows), width, dtype=torch.long)
-    sources = torch.full((len(rows), width), -1, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for row, (prompt, source, _) in enumerate(rows):
-        ids[row, :len(prompt)] = torch.tensor(prompt)
-        sources[row, :len(source)] = torch.tensor(source)
-        mask[row, :len(prompt)] = 1
+    ids, mask = right_padded([prompt for prompt, _, _ in rows], 0)
+    sources = right_padded([source for _, source, _ in rows], -1)[0]
     offset = 0 if loaded.tokenizer is None or getattr(loaded.tokenizer, "bos_token_id", None) is None else 1
     description = (f"needle: a {KEY_DIGITS}-digit key in a needle sentence at depths {list(depths)} of natural text, "
                    f"lengths {list(lengths)}, {prompts} prompt(s) each, seed {options.seed}")

@@ -128,6 +128,20 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def bos_ids(tokenizer: Any) -> list[int]:
+    """[BOS] where the tokenizer has one, else []."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return [bos] if isinstance(bos, int) else []
+
+
+def wrapping(tokenizer: Any, encoder: bool) -> tuple[list[int], list[int]]:
+    """The ids around a text: [CLS] ... [SEP] for an encoder, else BOS where there is one."""
+    cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
+    if encoder and isinstance(cls, int) and isinstance(sep, int):
+        return [cls], [sep]
+    return bos_ids(tokenizer), []
+
+
 def tokenize_prefix(tokenizer: Any, text: str, needed: int) -> list[int]:
     """Token ids of the text, tokenizing only as much of it as `needed` tokens take (the text can be long)."""
     chars = max(needed * 8, 4096)

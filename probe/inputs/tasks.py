@@ -10,12 +10,13 @@ import json
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from probe.inputs.sets import ProbeSet, check_context, encode, given, register_probe_set
+from probe.inputs.sets import ProbeSet, bos_ids, check_context, encode, given, register_probe_set, right_padded
 from probe.errors import ProbeError
 from probe.reading import is_file, loads
 from probe.models import LoadedModel
@@ -145,17 +146,24 @@ def sva_items(count: int, seed: int) -> list[TaskItem]:
             for draw in sva_draws(count, seed)]
 
 
+def ioi_draws(count: int, seed: int, names: int) -> list[tuple[Callable[..., str], list[str]]]:
+    """IOI items, ABBA and BABA alternating: each prompt with the subject's second mention `s` left to fill, and the
+    `names` names drawn (the indirect object, the subject, then the corruption's third name)."""
+    rng = random.Random(seed)
+    draws: list[tuple[Callable[..., str], list[str]]] = []
+    for index in range(count):
+        drawn = rng.sample(NAMES, names)
+        first, second = drawn[:2] if index % 2 == 0 else drawn[1::-1]  # ABBA, then BABA
+        template = IOI_TEMPLATES[(index // 2) % len(IOI_TEMPLATES)]
+        draws.append((partial(template.format, a=first, b=second, place=rng.choice(PLACES),
+                              object=rng.choice(OBJECTS)), drawn))
+    return draws
+
+
 def ioi_items(count: int, seed: int) -> list[TaskItem]:
     """IOI prompts, ABBA and BABA alternating: answer the indirect object, distractor the subject."""
-    rng = random.Random(seed)
-    items = []
-    for index in range(count):
-        io, subject = rng.sample(NAMES, 2)
-        first, second = (io, subject) if index % 2 == 0 else (subject, io)  # ABBA, then BABA
-        prompt = IOI_TEMPLATES[(index // 2) % len(IOI_TEMPLATES)].format(
-            a=first, b=second, s=subject, place=rng.choice(PLACES), object=rng.choice(OBJECTS))
-        items.append(TaskItem(prompt, answer=f" {io}", distractor=f" {subject}"))
-    return items
+    return [TaskItem(prompt(s=subject), answer=f" {io}", distractor=f" {subject}")
+            for prompt, (io, subject) in ioi_draws(count, seed, 2)]
 
 
 TASKS: dict[str, Callable[[int, int], list[TaskItem]]] = {"sva": sva_items, "ioi": ioi_items}
@@ -224,16 +232,12 @@ def items_set(loaded: LoadedModel, items: list[TaskItem], name: str, source: str
               dropped: list[str] | None = None) -> ProbeSet:
     """The probe set of task items (a good and a bad row each, `scored` marking what the metric reads)."""
     dropped = dropped or []
-    bos_id = getattr(loaded.tokenizer, "bos_token_id", None)
-    bos = [bos_id] if isinstance(bos_id, int) else []
+    bos = bos_ids(loaded.tokenizer)
     rows = [row for item in items for row in _rows(loaded, item, bos)]
-    length = max(len(ids) for ids, _ in rows)
-    check_context(loaded, length)
-    ids = torch.zeros(len(rows), length, dtype=torch.long)
-    mask = torch.zeros(len(rows), length, dtype=torch.long)
-    scored = torch.zeros(len(rows), length - 1, dtype=torch.bool)  # position t scores token t + 1
+    ids, mask = right_padded([tokens for tokens, _ in rows], 0)
+    check_context(loaded, ids.shape[1])
+    scored = torch.zeros(len(rows), ids.shape[1] - 1, dtype=torch.bool)  # position t scores token t + 1
     for row, (tokens, first) in enumerate(rows):
-        ids[row, :len(tokens)], mask[row, :len(tokens)] = torch.tensor(tokens), 1
         scored[row, first:len(tokens) - 1] = True
     kind = "prompts" if items[0].answer is not None else "minimal pairs"
     description = f"task {source} ({len(items)} {kind}" + (f", {len(dropped)} dropped: not single tokens)"

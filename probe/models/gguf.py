@@ -22,7 +22,7 @@ from torch import nn
 from probe.errors import ProbeError, first_line
 from probe.models.aliases import cache_root
 from probe.models.hf import from_pretrained, load_tokenizer
-from probe.models.placement import dispatch_custom
+from probe.models.placement import placed
 
 GGUF_MAGIC = b"GGUF"
 
@@ -132,10 +132,7 @@ def load_gguf(gguf: Path, dtype: torch.dtype = torch.float32,
         return found
     model, tokenizer = _dequantise(gguf)
     _write_cache(cached, model, tokenizer)
-    if placement and placement.get("device_map") is not None:
-        if (cached / "config.json").is_file():
-            del model
-            return from_pretrained(str(cached), dtype, placement), tokenizer
-        return dispatch_custom(model.to(dtype), placement["device_map"], placement.get("offload_folder"),
-                               placement.get("max_memory")), tokenizer
-    return model.to(dtype), tokenizer
+    if placement and placement.get("device_map") is not None and (cached / "config.json").is_file():
+        del model
+        return from_pretrained(str(cached), dtype, placement), tokenizer
+    return placed(model, dtype, placement), tokenizer

@@ -19,7 +19,7 @@ from probe.models.custom import is_custom_spec, load_custom, missing_function
 from probe.models.gguf import cached_config, load_gguf
 from probe.models.origin import ModelOrigin, module_origin, origin_of
 from probe.models.hf import from_pretrained, load_tokenizer
-from probe.models.placement import DeviceMap, dispatch_custom, input_device, parse_device_map
+from probe.models.placement import DeviceMap, input_device, parse_device_map, placed
 from probe.models.wrapped import WrapperKind, holds_bridge_components, unbridged, wrapper_kinds, wrapper_of
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
@@ -104,14 +104,6 @@ def _placement(device: str | None, device_map: DeviceMap | None, offload_folder:
         "max_memory": max_memory}
 
 
-def _load_custom(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None) -> tuple[nn.Module, Any]:
-    model, tokenizer = load_custom(spec)
-    model = model.to(dtype)
-    if placement is not None:
-        model = dispatch_custom(model, placement["device_map"], placement["offload_folder"], placement["max_memory"])
-    return model, tokenizer
-
-
 def _load_folder(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
                  trust_remote_code: bool) -> tuple[nn.Module, Any]:
     if spec.endswith(".py"):
@@ -135,7 +127,8 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
             raise ProbeError(f"model '{spec}' is not installed: {ALIASES[spec].install}", parameter="spec")
         return load_gguf(path, dtype, placement)
     if is_custom_spec(spec):
-        return _load_custom(spec, dtype, placement)
+        model, tokenizer = load_custom(spec)
+        return placed(model, dtype, placement), tokenizer
     if spec.endswith(".gguf"):
         if not Path(spec).is_file():
             raise ProbeError(f"GGUF file not found: {spec}", parameter="spec")
@@ -169,22 +162,20 @@ def _is_hub_id(spec: str) -> bool:
             and not Path(spec).exists() and spec.count("/") == 1 and not spec.startswith((".", "/")))
 
 
-def _vocab_size(model: nn.Module) -> int | None:
+def _vocab_size(model: nn.Module) -> int:
+    """`vocab_size` of the model or its config, else the input embedding's size, else the logits' last dimension on
+    a two-token input (a custom model)."""
     for owner in (model, getattr(model, "config", None)):
         size = getattr(owner, "vocab_size", None)
         if isinstance(size, int) and size > 0:
             return size
     embeddings = getattr(model, "get_input_embeddings", None)
-    if callable(embeddings):
-        try:
-            return embeddings().num_embeddings
-        except (AttributeError, NotImplementedError):
-            return None
-    return None
-
-
-def _infer_vocab_size(model: nn.Module) -> int:
-    """A custom model without `vocab_size`: the logits' last dimension on a two-token input."""
+    try:
+        size = embeddings().num_embeddings if callable(embeddings) else None
+    except (AttributeError, NotImplementedError):
+        size = None
+    if size:
+        return size
     try:
         with torch.no_grad():
             return int(logits_of(model(torch.zeros(1, 2, dtype=torch.long, device=input_device(model)))).shape[-1])
@@ -207,14 +198,13 @@ def _given_module(model: nn.Module, tokenizer: Any | None, name: str | None, dty
     origin = module_origin(model)
     name = name or getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
     return LoadedModel(model=model, tokenizer=tokenizer, name=str(name),
-                       vocab_size=_vocab_size(model) or _infer_vocab_size(model), origin=origin)
+                       vocab_size=_vocab_size(model), origin=origin)
 
 
 def _given_wrapper(kind: WrapperKind, wrapper: Any, tokenizer: Any | None, name: str | None,
                    placement: dict[str, Any]) -> LoadedModel:
-    """A model wrapped by TransformerLens or nnsight: the Hugging Face module inside, probed where it is, with the
-    wrapper's tokenizer unless `tokenizer` is given. Casting or moving it here would leave the wrapper's own state
-    (a bridge's config, its components' tensors) behind, so dtype and placement are the wrapper's own."""
+    """The Hugging Face module inside a wrapper, probed where it is (casting or moving it here would leave the
+    wrapper's own state behind), with the wrapper's tokenizer unless `tokenizer` is given."""
     given = [key for key, value in placement.items() if value is not None]
     if given:
         raise ProbeError(f"a model wrapped by {kind.library} is probed where it is, in its own dtype: cast or move "
@@ -276,7 +266,7 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     if device is not None:
         model = model.to(device)
     model.eval()
-    vocab_size = _vocab_size(model) or _infer_vocab_size(model)
+    vocab_size = _vocab_size(model)
     logging.getLogger("probe.models").info("loaded %s (%s)", spec, type(model).__name__)
     return LoadedModel(model=model, tokenizer=tokenizer or own_tokenizer, name=name or spec, vocab_size=vocab_size,
                        origin=origin_of(source, model))

@@ -1,11 +1,6 @@
-"""A model's parts, by the names model families give them: the attention's query/key/value and output projections,
-the norms (before the attention, of the queries and keys, the final one), the MLP, the embeddings (token, position)
-and the unembedding. Weight-based scores (probe.circuits), DLA, QK attribution and the hooks ask here; each part is
-found by the first of its names a module has.
-
-`nn.Module` types every attribute it does not declare as `Tensor | Module`, so a call of transformers'
-`get_input_embeddings()` / `get_output_embeddings()` on an `nn.Module` needs a cast at each reader; they ask here
-instead (a model without them, or whose getter raises, has none)."""
+"""A model's parts (projections, norms, MLP, embeddings, unembedding), each found by the first of the names model
+families give it that a module has: the one list of part names, which circuits, DLA, QK attribution and the hooks
+ask."""
 
 from __future__ import annotations
 

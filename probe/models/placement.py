@@ -1,11 +1,6 @@
-"""Models larger than one device: accelerate's device maps, for Hugging Face models and custom ones alike.
-
-A device map says where each module lives: a GPU index, "cpu", or "disk" (weights memory-mapped from an offload
-folder and moved in by accelerate's hooks only while the module runs). probe's hooks do not care: they run inside
-the attention modules' forward, on the tensors accelerate has already moved to the execution device. What does
-care is where the input ids go, because with offloading the first parameter of a model can be on 'meta';
-`input_device` answers that from the model's `hf_device_map`.
-"""
+"""Models larger than one device: accelerate's device maps, for Hugging Face models and custom ones alike. probe's
+hooks run inside the attention modules' forward, on tensors accelerate has moved already; what cares is where the
+input ids go (`input_device`), since with offloading the first parameter can be on 'meta'."""
 
 from __future__ import annotations
 
@@ -15,6 +10,7 @@ import tempfile
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -78,10 +74,8 @@ def parse_device_map(value: DeviceMap | None) -> DeviceMap | None:
 
 def check_device_map(device_map: dict[str, int | str], module_names: Iterable[str],
                      parameter_names: Iterable[str]) -> None:
-    """Every key names a module of the model and every parameter gets a device; else one line saying which.
-
-    accelerate only warns about a key that matches no module (a typo would silently leave that layer elsewhere).
-    """
+    """Every key names a module and every parameter gets a device, else one line saying which (accelerate only warns
+    about a key that matches no module)."""
     modules = set(module_names) | {""}
     for name in device_map:
         if name not in modules:
@@ -96,12 +90,8 @@ def check_device_map(device_map: dict[str, int | str], module_names: Iterable[st
 
 
 def input_device(model: nn.Module) -> torch.device:
-    """Where a forward's inputs should go.
-
-    With an accelerate device map: the main device (the first GPU in the map, else cpu), where accelerate runs
-    offloaded modules; the first parameter may be an offloaded placeholder on 'meta'. Otherwise: the device of
-    the first parameter that is not on 'meta', else cpu.
-    """
+    """Where a forward's inputs go: with a device map, its first GPU (else cpu), where accelerate runs offloaded
+    modules; otherwise the first parameter's device that is not 'meta', else cpu."""
     device_map = getattr(model, "hf_device_map", None)
     if isinstance(device_map, dict) and device_map:
         for device in device_map.values():
@@ -121,13 +111,18 @@ def _blocks(model: nn.Module) -> list[str]:
     return sorted(names | set(getattr(model, "_no_split_modules", None) or []))
 
 
+def placed(model: nn.Module, dtype: torch.dtype, placement: dict[str, Any] | None) -> nn.Module:
+    """A model in memory cast to `dtype`, and placed by `dispatch_custom` where a device map is given."""
+    model = model.to(dtype)
+    if placement is None or placement.get("device_map") is None:
+        return model
+    return dispatch_custom(model, placement["device_map"], placement.get("offload_folder"), placement.get("max_memory"))
+
+
 def dispatch_custom(model: nn.Module, device_map: DeviceMap, offload_folder: str | Path | None = None,
                     max_memory: dict[int | str, int | str] | None = None) -> nn.Module:
-    """Place a model that is already in memory (a custom FILE.py:FUNCTION model) with accelerate's hooks.
-
-    A strategy ("auto", ...) keeps the items of every nn.ModuleList whole, since a custom forward may add tensors
-    computed inside one block; a dict is taken as written.
-    """
+    """Place a model already in memory with accelerate's hooks; a strategy keeps every nn.ModuleList item whole (a
+    custom forward may add tensors computed inside one block)."""
     from accelerate import dispatch_model, infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 

@@ -1,11 +1,6 @@
-"""Models wrapped by an interpretability library: TransformerLens 4's `TransformerBridge`, nnsight's `NNsight` /
-`LanguageModel`. probe finds the Hugging Face module inside and probes that, with the wrapper's tokenizer, and leaves
-the wrapper working: it runs its own forward or trace afterwards with the same output as before.
-
-Each library is one `WrapperKind` in `WRAPPERS`: it names the package and the classes it takes (matched against the
-object's class hierarchy, by module and name, so recognising an object imports nothing), and how to get the module
-probe runs and the tokenizer. A library's package is imported only once one of its objects is in hand.
-"""
+"""Models wrapped by TransformerLens 4 (`TransformerBridge`) or nnsight: probe probes the Hugging Face module inside,
+with the wrapper's tokenizer, and leaves the wrapper working. Each library is one `WrapperKind`, recognised by class
+name and module, so that nothing is imported until one of its objects is in hand."""
 
 from __future__ import annotations
 
@@ -62,12 +57,9 @@ def wrapper_kinds() -> str:
 
 
 def unwrapped_view(root: nn.Module, unwrap: Callable[[nn.Module], nn.Module | None]) -> nn.Module:
-    """`root` with every wrapper module in its tree replaced by the module it wraps (`unwrap` gives it; None for a
-    module that wraps nothing). Subtrees with no wrapper are the model's own modules; every module above a wrapper is
-    a shallow copy with its own dicts of children, parameters, buffers and hooks, holding the same parameter and
-    buffer tensors (nothing is copied), and its methods bound to the module itself (accelerate's device-map hooks
-    bind `forward` to it). The wrapped tree itself is not touched: hooks and attributes probe sets on the copies never
-    reach it, and those on shared modules it removes afterwards, as on any model."""
+    """`root` with every wrapper module replaced by the module it wraps (`unwrap`; None: wraps nothing). Modules above
+    a wrapper are shallow copies with their own dicts (children, hooks) and methods bound to the copy, sharing every
+    tensor, so that what probe sets on them never reaches the wrapped tree."""
     return _view(root, unwrap, {})
 
 
@@ -98,9 +90,8 @@ def _rebound(value: Any, old: nn.Module, new: nn.Module) -> Any:
 
 
 def _bridge_model(bridge: Any) -> nn.Module:
-    """A TransformerBridge's Hugging Face model, as transformers built it. The bridge puts its own components in place
-    of the model's modules, and they compute attention themselves, outside transformers' attention interface (which
-    probe's hooks use): probe runs `unwrapped_view` of the model, each component replaced by its original module."""
+    """A TransformerBridge's Hugging Face model, its components (which compute attention outside transformers'
+    interface, where probe's hooks are) replaced by their original modules."""
     try:
         model = bridge.original_model
     except AttributeError as error:
@@ -138,9 +129,8 @@ def _bridge_name(bridge: Any) -> str | None:
 
 
 def _envoy_model(envoy: Any) -> nn.Module:
-    """The module an nnsight model wraps, in place: nnsight's controllers are inert outside a trace. A model built
-    lazily (its weights still on the meta device) is loaded first, as its own first trace would load it. Every nnsight
-    model is an `Envoy`, and so is each of its submodules: those are refused."""
+    """The module an nnsight model wraps, in place (nnsight's controllers are inert outside a trace), a lazy one
+    loaded first; an envoy of a submodule is refused."""
     if envoy.parent is not None:
         raise ProbeError(f"this nnsight envoy is one submodule ({envoy.path}) of a model: give load_model the model")
     if getattr(envoy, "dispatched", True) is False:

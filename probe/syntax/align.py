@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from probe.errors import ProbeError
+from probe.inputs.sets import wrapping
 from probe.syntax.conllu import Sentence
 
 
@@ -56,16 +57,6 @@ def _offsets(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]
         raise ProbeError("the model's tokenizer gives no character offsets (return_offsets_mapping), so words "
                          "cannot be matched to tokens: use a model with a fast (Rust) tokenizer", parameter="model")
     return list(encoded["input_ids"]), [tuple(pair) for pair in offsets]
-
-
-def wrapping(tokenizer: Any, encoder: bool) -> tuple[list[int], list[int]]:
-    """The ids around a sentence, as probe sets wrap text: [CLS] ... [SEP] for an encoder, else BOS where there is
-    one."""
-    cls, sep = getattr(tokenizer, "cls_token_id", None), getattr(tokenizer, "sep_token_id", None)
-    if encoder and isinstance(cls, int) and isinstance(sep, int):
-        return [cls], [sep]
-    bos = getattr(tokenizer, "bos_token_id", None)
-    return ([bos] if isinstance(bos, int) else []), []
 
 
 def align(tokenizer: Any, sentence: Sentence, encoder: bool = False) -> Aligned:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from probe.inputs import context_length, is_encoder
+from probe.inputs import context_length, is_encoder, right_padded
 from probe.errors import ProbeError
 from probe.hooks.capture import capture_attention
 from probe.hooks.hf import is_hf_model
@@ -39,17 +39,6 @@ def prepare(loaded: LoadedModel, sentences: list[Sentence]) -> tuple[list[Aligne
     if not kept:
         raise ProbeError("no sentence fits the model's context" if sentences else "no sentences to score")
     return kept, skipped
-
-
-def _batch_ids(batch: list[Aligned], pad: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Right-padded ids (batch, longest) and the mask (None when nothing is padding)."""
-    longest = max(len(item.ids) for item in batch)
-    ids = torch.full((len(batch), longest), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, item in enumerate(batch):
-        ids[row, :len(item.ids)] = torch.tensor(item.ids)
-        mask[row, :len(item.ids)] = 1
-    return ids, None if bool(mask.all()) else mask
 
 
 def _example(aligned: Aligned, predicted: torch.Tensor | None, causal: bool) -> dict[str, Any]:
@@ -101,8 +90,9 @@ def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str
         report(0, len(aligned))  # the count is known before the first batch, however long it runs
     for first in range(0, len(aligned), batch_size):
         batch = aligned[first:first + batch_size]
-        ids, mask = _batch_ids(batch, pad if isinstance(pad, int) else 0)
-        captured = capture_attention(loaded.model, ids, mask)  # {layer: (batch, heads, tokens, tokens)}
+        ids, mask = right_padded([item.ids for item in batch], pad if isinstance(pad, int) else 0)
+        # {layer: (batch, heads, tokens, tokens)}; no mask where nothing is padding
+        captured = capture_attention(loaded.model, ids, None if bool(mask.all()) else mask)
         weights = torch.stack([captured[layer.index] for layer in layers], dim=1)  # (batch, layers, heads, t, t)
         for row, item in enumerate(batch):
             n = len(item.ids)
