@@ -6,7 +6,7 @@ The peer is `compute_attention_metrics_for_batch` of Neuronpedia's compute-head-
 mirror (`git archive` into a temporary folder at run time: nothing of it is kept or committed) and finished into
 metrics as its `run_head_metrics` does.
 - equality: two sequences of the embedded English text, BOS + 511 tokens, the second right-padded to 400 (HeadVis's
-  padding), float32: max |probe - HeadVis| per metric; SmolLM2 also in bfloat16 (both in the model's dtype);
+  padding), float32: max |probe - HeadVis| per metric; also in bfloat16 (both in the model's dtype);
 - cost (SmolLM2, one sequence per length, each variant a fresh process, its peak RSS the kernel's): `plain`, the
   sdpa forward (`run_model(..., logits=False)`, what classify's ratio is against), `probe` (head_metrics: the fused
   statistics and row moments, no samples), `headvis` (the peer: eager attention with output_attentions=True, every
@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from bench.common import MEMORY_CAP, last_json, load_average, machine, now, run_measured, save_result
+from bench.common import MEMORY_CAP, last_json, load_average, load_result, machine, now, run_measured, save_result
 
 MIRROR = Path("/work/.mirror/hijohnnylin+neuronpedia/repo")
 PEER_DIR = "utils/neuronpedia-utils/neuronpedia_utils/headvis"
@@ -215,20 +215,32 @@ def main() -> None:
     if args.point:
         point(args.point[0], args.point[1], int(args.point[2]))
         return
-    data: dict[str, Any] = {"date": now(), "machine": machine(("transformers",)), "load_before": load_average(),
-                            "command": "python -m bench.headvis " + shlex.join(sys.argv[1:]), "equality": [],
-                            "cost": []}
+    models = args.models.split(",")
+    data = kept_parts(load_result("headvis") or {}, models, args.equality_only)
+    data.update({"date": now(), "machine": machine(("transformers",)), "load_before": load_average(),
+                 "command": "python -m bench.headvis " + shlex.join(sys.argv[1:])})
     with tempfile.TemporaryDirectory() as folder:
         peer = peer_module(Path(folder))
-        for name in args.models.split(","):
+        for name in models:
             runs = [(torch.float32, True), (torch.float32, False)]
-            for dtype, padded in runs + [(torch.bfloat16, True)] if name == "smollm2" else runs:
-                data["equality"].append(equality(name, peer, dtype, padded))
+            for dtype, padded in runs + [(torch.bfloat16, True)]:
+                data["equality"].append(equality(name, peer, dtype, padded) | {"date": data["date"]})
                 print(json.dumps(data["equality"][-1]), flush=True)
                 save_result("headvis", data)
     if not args.equality_only:
         data["cost"] = cost("smollm2", [int(length) for length in args.lengths.split(",")])
+        data["cost_date"] = data["date"]
         save_result("headvis", data)
+
+
+def kept_parts(previous: dict[str, Any], models: list[str], equality_only: bool) -> dict[str, Any]:
+    """What a run keeps of the previous file: the equality rows of models it does not run, and with
+    --equality-only the cost rows; each part keeps the date it was measured."""
+    date = previous.get("date", "")
+    rows = [row | {"date": row.get("date", date)} for row in previous.get("equality", []) if row["model"] not in models]
+    if not equality_only:
+        return {"equality": rows, "cost": []}
+    return {"equality": rows, "cost": previous.get("cost", []), "cost_date": previous.get("cost_date", date)}
 
 
 if __name__ == "__main__":

@@ -589,17 +589,18 @@ def headvis(data: dict[str, Any]) -> str:
     lines = ["## HeadVis metrics: probe against Neuronpedia HeadVis's pipeline", "", _machine(data),
              "Same tokens (BOS + 511 English tokens; padded: a second sequence right-padded to 400): max |probe - "
              "HeadVis| per metric, and relative to max(|HeadVis|, 1).", "",
-             "| model | dtype | tokens | path | metric | max abs | max relative |",
-             "| --- | --- | --- | --- | --- | ---: | ---: |"]
+             "| model | dtype | tokens | path | metric | max abs | max relative | measured |",
+             "| --- | --- | --- | --- | --- | ---: | ---: | --- |"]
     for row in data["equality"]:
         for metric, gap in row["max_abs_difference"].items():
             relative = row.get("max_relative_difference", {}).get(metric)
             lines.append(f"| {row['model']} | {row['dtype']} | {row['tokens']} | {row['path']} | {metric} | "
                          f"{gap:.3g} | "
-                         f"{'' if relative is None else f'{relative:.3g}'} |")
+                         f"{'' if relative is None else f'{relative:.3g}'} | {row.get('date', data['date'])} |")
     if data.get("cost"):
-        lines += ["", "One sequence, each variant a fresh process (peak RSS the kernel's): plain = the sdpa forward, "
-                  "probe = head_metrics, headvis = the peer's eager pipeline.", "",
+        lines += ["", f"Measured {data.get('cost_date', data['date'])}. One sequence, each variant a fresh process "
+                  "(peak RSS the kernel's): plain = the sdpa forward, probe = head_metrics, headvis = the peer's "
+                  "eager pipeline.", "",
                   "| model | tokens | variant | seconds | x plain | peak RSS GiB | the call's own GiB |",
                   "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
         plain = {row["length"]: row.get("seconds") for row in data["cost"] if row["variant"] == "plain"}
