@@ -1,10 +1,5 @@
-"""`probe ablate`: ablate heads (--method: one of probe.ablation.METHODS, or the estimate) and report how much the
-loss changes, as a table, JSON, CSV and HTML.
-
-Every finished head is streamed to a results file (`--results`, or a file in probe's cache that is removed when the
-sweep completes), so an interrupted sweep continues with `--resume`. Under torchrun the sweep is split over the
-processes (probe.distributed); rank 0 reports and writes the outputs.
-"""
+"""`probe ablate`: how much the loss changes with each head ablated. The sweep streams to a results file (`--resume`
+continues it) and splits over torchrun's processes; rank 0 reports."""
 
 from __future__ import annotations
 
@@ -18,9 +13,9 @@ from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile,
                                JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
                                RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
-from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
+from probe.cli.outputs import check_sweep_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, note, saved_on_interrupt, status, sweep_progress
-from probe.ablation import METHODS, METRICS, AblationResult, Head, estimate, parse_heads
+from probe.ablation import METHODS, AblationResult, Head, estimate, parse_heads
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.stream import cached_results_path, finished_count
 from probe.hooks.layers import attention_layers
@@ -29,7 +24,6 @@ from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DE
 from probe.inputs.choice import data_file, probe_set_name
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
-from probe.reading import is_file
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.reports.files import write_csv, write_text
 from probe.reports.html import ablation_page
@@ -70,8 +64,7 @@ class Request:
 
     @property
     def probe_set(self) -> str:
-        """The probe set's name in probe.inputs.PROBE_SETS: labelled texts, source/target texts, a task, or text (a
-        file is natural)."""
+        """The probe set's name in probe.inputs.PROBE_SETS."""
         return probe_set_name(self.data, labels=self.labels, task=self.task, seq2seq=self.seq2seq)
 
     @property
@@ -88,8 +81,6 @@ def check_request(request: Request, *, html: bool, distributed: bool) -> None:
         with_statistics = [name for name, method in METHODS.items() if method.statistics]
         raise ProbeError(f"--per-position applies to --method {' or '.join(with_statistics)}: the methods that read "
                          "statistics of the heads' outputs")
-    if request.metric is not None and request.metric not in METRICS:
-        raise ProbeError(f"--metric {request.metric!r}: use one of {', '.join(METRICS)}")
     if request.method == ESTIMATE and (request.together or request.naive):
         raise ProbeError("--method estimate covers every head alone: drop --together / --naive")
     if request.together and request.heads is None:
@@ -109,9 +100,6 @@ def check_request(request: Request, *, html: bool, distributed: bool) -> None:
         raise ProbeError("--labels replaces --data, --task and --seq2seq: give one of them")
     if request.labels is not None:
         check_labels(request)
-    if request.data_file is not None and not is_file(request.data_file):
-        raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
-                         "(not found)")
 
 
 def refuse_estimate(what: str, flag: str) -> None:
@@ -121,8 +109,7 @@ def refuse_estimate(what: str, flag: str) -> None:
 
 
 def check_task(request: Request) -> None:
-    """--task: a generated task or a readable task file (its rows checked now; single tokens once the model is
-    loaded); the estimate linearises the loss on text, not a task's margin."""
+    """--task: a generated task or a readable task file (its rows checked now, their tokens once the model loads)."""
     if request.method == ESTIMATE:
         refuse_estimate("a task's margin", "--task")
     if request.data != "natural":
@@ -132,8 +119,7 @@ def check_task(request: Request) -> None:
 
 
 def check_labels(request: Request) -> None:
-    """--labels: a readable labels file (its rows checked now; their classes once the model is loaded); the estimate
-    linearises the loss on text, not a classifier's."""
+    """--labels: a readable labels file (its rows checked now, their classes once the model loads)."""
     if request.method == ESTIMATE:
         refuse_estimate("a classifier's", "--labels")
     if request.labels is not None:
@@ -198,14 +184,11 @@ def ablate(
     """Ablate heads and measure the loss change: which heads can the model not do without?"""
     request = Request(heads, together, method, per_position, data, batch_size, stack, naive, budget, task, seq2seq,
                       metric, seed, labels)
-    outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
     rank = current()
     main_process = rank is None or rank.is_main
     check_request(request, html=html_path is not None, distributed=rank is not None)
-    check_distinct({**outputs, "--results": results})
-    if main_process:
-        check_outputs(outputs, force=force)
-    check_results_file(results, resume=resume, force=force)
+    check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
+                        force=force, writes=main_process)
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
     options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed, task=task, seq2seq=seq2seq,
                            labels=labels)

@@ -1,8 +1,5 @@
-"""How the probe process hands memory back: freed buffers up to `KEPT_BYTES` stay in the C heap for the next forward.
-
-glibc returns buffers over its mmap threshold to the kernel when freed, and the next forward faults them in again:
-the default `probe kv-heads` spent 40 s of system time in page faults, 1.4 s with the buffers kept (bench/NOTES.md).
-Larger buffers are still returned, so a long run's peak is not held after it."""
+"""Freed buffers up to `KEPT_BYTES` stay in the C heap for the next forward: glibc returned them to the kernel, and
+the default `probe kv-heads` spent 40 s in page faults faulting them back, 1.4 s with them kept (bench/NOTES.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The `probe` command: a thin typer layer over the library. Bad input ends in one line and a non-zero exit.
-
-Which exit code (and which one line) each kind of failure gets lives here and nowhere else. A library message about
-a parameter (`seq_len`) names, on the command line, the flag that the running command declares for it (`--seq-len`).
-"""
+"""The `probe` command, a thin typer layer over the library. Every failure's one line and exit code live here; a
+library message about a parameter (`seq_len`) names the running command's flag for it (`--seq-len`)."""
 
 from __future__ import annotations
 
@@ -21,7 +18,7 @@ from probe.cli import (ablate, atlas, circuits, classify, compare, dla, headvis,
                        prune, qk, schema, serve, steer, syntax, track)
 from probe.cli.allocator import keep_freed_buffers
 from probe.cli.checks import check_before_loading
-from probe.cli.options import GLOBAL_PANEL, Threads
+from probe.cli.options import Debug, Quiet, Threads, Verbose
 from probe.cli.outputs import forget_provenance, remember_parameters
 from probe.cli.progress import Interrupted, set_quiet, warn
 from probe.errors import ProbeError
@@ -31,14 +28,6 @@ from probe.threads import use_threads
 
 
 _state: dict[str, Any] = {"debug": False, "quiet": False, "verbose": False, "threads": None, "params": []}
-
-GLOBAL_FLAGS = (
-    ("debug", ["--debug"], "Show tracebacks instead of one-line errors."),
-    ("quiet", ["--quiet", "-q"], "No progress and no notes; warnings and errors only."),
-    ("verbose", ["--verbose", "-v"], "Also the library's log messages (INFO) on stderr."),
-)
-"""The flags `probe` takes before a command and every command takes after its name: (state key, flags, help)."""
-
 
 def _apply_flags() -> None:
     """Put the global flags' state into effect (`-q` and `-v` together are refused: they contradict each other)."""
@@ -58,22 +47,6 @@ def _late_flags(given: dict[str, Any]) -> None:
     _apply_flags()
 
 
-def _flag(index: int) -> Any:
-    """The typer option of GLOBAL_FLAGS[index]."""
-    _, flags, help_ = GLOBAL_FLAGS[index]
-    return typer.Option(False, *flags, help=help_, rich_help_panel=GLOBAL_PANEL)
-
-
-def _flags(debug: bool = _flag(0), quiet: bool = _flag(1), verbose: bool = _flag(2),
-           threads: Threads = None) -> None:
-    """The global flags as options of their own: typer makes them, each command takes them after its name."""
-
-
-_flags_app = typer.Typer(add_completion=False)
-_flags_app.command()(_flags)
-_LATE_FLAGS = typer.main.get_command(_flags_app).params
-
-
 class _BareFlags:
     """typer's rich help writes `<bool>` after a flag, as if it took a value: a flag is shown bare."""
 
@@ -86,11 +59,8 @@ class _BareFlags:
 
 
 class Command(_BareFlags, TyperCommand):
-    """A probe command (flags shown bare in --help; its parameters remembered for the provenance of its files).
-
-    It also takes the global flags (`--debug`, `-q`, `-v`) after its name, where a newcomer types them:
-    `probe classify -q` is `probe -q classify`.
-    """
+    """A probe command: its parameters remembered for its files' provenance, the global flags taken after its name
+    too (`probe classify -q`), where a newcomer types them."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -130,8 +100,7 @@ INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process stopped by Ctrl-
 
 
 def flag_of(parameter: str | None, params: Sequence[Any]) -> str | None:
-    """The flag of the option that sets the library's `parameter`, as the command declares it (its long form), or
-    None where the command has no such option."""
+    """The long flag of the command's option that sets the library's `parameter`, or None."""
     name = LIBRARY_NAMES.get(parameter or "", parameter)
     for param in params:
         if param.name == name and isinstance(param, TyperOption):
@@ -140,8 +109,7 @@ def flag_of(parameter: str | None, params: Sequence[Any]) -> str | None:
 
 
 def flag_message(error: ProbeError, params: Sequence[Any]) -> str:
-    """The error's message with its parameter's name (the first time it stands as a word) replaced by the flag of
-    the option among `params` (the running command's) that sets it."""
+    """The error's message with its parameter's name (first as a word) replaced by its flag among `params`."""
     message, flag = str(error), flag_of(error.parameter, params)
     if flag is None or error.parameter is None:
         return message
@@ -224,9 +192,9 @@ def configure_logging(verbose: bool) -> None:
 
 @app.callback()
 def _options(
-    debug: bool = _flag(0),
-    quiet: bool = _flag(1),
-    verbose: bool = _flag(2),
+    debug: Debug = False,
+    quiet: Quiet = False,
+    verbose: Verbose = False,
     threads: Threads = None,
     _version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
                                   help="Show probe's version and exit."),
@@ -234,6 +202,11 @@ def _options(
     """The global flags given before the command (each command takes them after its name too)."""
     _state.update(debug=debug, quiet=quiet, verbose=verbose, threads=threads)
     _apply_flags()
+
+
+_flags_app = typer.Typer(add_completion=False)  # typer makes the flags' options, each command takes after its name
+_flags_app.command()(_options)
+_LATE_FLAGS = [param for param in typer.main.get_command(_flags_app).params if param.name != "_version"]
 
 
 def main() -> None:

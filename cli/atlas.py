@@ -1,5 +1,4 @@
-"""`probe atlas`: one page where every head's evidence meets (pattern, weights, cause), with a head finder and one
-dashboard per head."""
+"""`probe atlas`: one page where every head's evidence meets (pattern, weights, cause)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What can be checked before the model loads is checked before it loads (a load takes seconds, minutes from the
-hub): `Command.invoke` runs `check_before_loading` on every command's parameters, by name. The messages are the
-library's."""
+"""What can be checked before the model loads (seconds, minutes from the hub): `Command.invoke` runs
+`check_before_loading` on every command's parameters, by name."""
 
 from __future__ import annotations
 
@@ -10,14 +9,20 @@ import os
 import re
 import socket
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from probe.errors import ProbeError
 from probe.ablation.heads import COLUMN_NAME
+from probe.ablation.methods import PATCHES
+from probe.ablation.metrics import METRICS
 from probe.inputs.sets import read_text_file
 from probe.models import ALIASES, HUB_ALIASES, alias_path, check_device, resolve_alias
 from probe.models.gguf import cached_config
+from probe.qk import KEY_RULES
+from probe.selfrepair import SELF_REPAIR_METHODS
+from probe.steering import steerable
 
 AT_LEAST = {"num_seqs": 1, "seq_len": 2, "repeat_len": 1, "count": 1, "batch_size": 1, "icl_seqs": 1,
             "max_sentences": 1, "prompts": 1, "curve_texts": 1, "top": 1, "stack": 1,
@@ -44,11 +49,21 @@ def check_before_loading(parameters: dict[str, Any]) -> None:
         elif name == "text" and isinstance(value, str) and not value.strip():
             raise ProbeError("text is empty: give the text to look at", parameter="text")
     check_threshold_names(parameters.get("threshold"))
+    for name, names in _choices().items():
+        value = parameters.get(name)
+        if isinstance(value, str) and value not in names:
+            raise ProbeError(f"--{name.replace('_', '-')} {value!r}: use one of {', '.join(names)}")
     check_device(parameters.get("device"))
     model = parameters.get("model")
     if isinstance(model, str) and not parameters.get("revisions"):
         check_layers(model, parameters)  # the hub's reachability is asked at load time (cli.options.load), after
         # every command's own argument checks: those need no network
+
+
+def _choices() -> dict[str, Sequence[str]]:
+    """Options whose value names one entry of a registry (read when the command runs: a plugin may register)."""
+    return {"metric": list(METRICS), "repair_method": SELF_REPAIR_METHODS, "component": list(PATCHES),
+            "path_component": ("query", "key", "value"), "at": list(KEY_RULES), "intervention": steerable()}
 
 
 def check_threshold_names(items: Any) -> None:
@@ -71,8 +86,7 @@ def _hub_id(source: str) -> bool:
 
 
 def check_hub_reachable(spec: str) -> None:
-    """A hub model not in the local cache whose host does not answer within HUB_TIMEOUT is refused in one line now,
-    not after the hub client's retries; with HF_HUB_OFFLINE the client refuses itself."""
+    """A hub model not cached whose host does not answer within HUB_TIMEOUT: one line now, not the client's retries."""
     source = resolve_alias(spec)
     if not _hub_id(source):
         return
@@ -120,8 +134,7 @@ def model_config(spec: str) -> dict[str, Any] | None:
 
 
 def check_layers(spec: str, parameters: dict[str, Any]) -> None:
-    """A layer past the model's in --heads or --layers, from its config (others are left to the loaded model's
-    check)."""
+    """A layer past the model's in --heads or --layers, from its config."""
     named = {name: value for name in ("heads", "layers") if isinstance(value := parameters.get(name), str)}
     config = model_config(spec) if named else None
     counts = [config.get(key) for key in LAYER_COUNTS] if config and not config.get("is_encoder_decoder") else []

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import platform
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -14,7 +13,7 @@ from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console
 from probe.errors import ProbeError
 from probe.headmaps import FORMATS, GROUPINGS, HeadMap, compare as compare_maps, read_map
-from probe.provenance import DISTRIBUTION, command_line, version_of
+from probe.provenance import DISTRIBUTION, command_line, utc_now, version_of
 from probe.reports.compare import compare_page, compare_report, compare_rows
 from probe.reports.files import stamp_outputs, write_csv, write_text
 
@@ -63,8 +62,7 @@ def _read(path: Path, score: str | None, shared: bool) -> HeadMap:
 def _stamp(a: Path, b: Path) -> None:
     """Every file written records what produced it (no model here: the maps compared)."""
     stamp_outputs({"probe": version_of(DISTRIBUTION), "python": platform.python_version(),
-                   "command": command_line(), "maps": [str(a), str(b)],
-                   "timestamp_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+                   "command": command_line(), "maps": [str(a), str(b)], "timestamp_utc": utc_now()})
 
 
 def compare(

@@ -1,6 +1,4 @@
-"""`probe dla`: direct logit attribution of the logit difference on clean/corrupt pairs (a generated task or a
-JSON-lines file), per head, with the decomposition's identity check; with `--self-repair` each head's total and
-direct effect under ablation and the heads that cover for it (also `probe patch --self-repair`)."""
+"""`probe dla`: direct logit attribution per head on clean/corrupt pairs, and `--self-repair` (also probe patch's)."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ from probe.ablation.heads import Head
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
                                Model, ModelChoice, OffloadFolder, Pairs, RepairMethod, Seed, SelfRepair, Task, Top,
-                               TrustRemoteCode, check_contrast_task, check_repair_method, load)
+                               TrustRemoteCode, check_contrast_task, load)
 from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
@@ -47,7 +45,6 @@ def dla(
     if (task is None) == (pairs is None):
         raise ProbeError("give --task or --pairs (one of them)")
     check_contrast_task(task)
-    check_repair_method(repair_method)
     if heads is not None and not self_repair:
         raise ProbeError("--heads chooses the heads --self-repair ablates: add --self-repair (DLA covers every head)")
     check_heads_syntax(heads)

@@ -1,6 +1,4 @@
-"""`probe headvis`: Neuronpedia HeadVis's six metrics of every head on natural text, read from the fused attention
-statistics; written as probe's JSON and CSV, Neuronpedia's head-metrics JSON, or the HeadVis frontend's data
-tree."""
+"""`probe headvis`: Neuronpedia HeadVis's six metrics of every head, as probe's files or Neuronpedia's."""
 
 from __future__ import annotations
 

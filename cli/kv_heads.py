@@ -1,5 +1,4 @@
-"""`probe kv-heads`: retrieval and streaming scores per head, a full / streaming label per KV head, the check curve,
-and the head maps KV-cache compression methods load (DuoAttention, RazorAttention, HeadKV)."""
+"""`probe kv-heads`: a full / streaming label per KV head, and the maps KV-cache compression methods load."""
 
 from __future__ import annotations
 
@@ -85,8 +84,7 @@ def parse_exports(items: list[str]) -> dict[str, Path]:
 
 
 def _export_files(exports: dict[str, Path]) -> dict[str, Path | None]:
-    """The files the exports write (a duo folder made as `mkdir -p` would); a file in the way is refused before any
-    work."""
+    """The files the exports write (a duo folder made as `mkdir -p` would); a file in the way is refused now."""
     files: dict[str, Path | None] = {}
     folder = exports.get("duo")
     if folder is not None:

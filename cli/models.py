@@ -32,8 +32,7 @@ def model_rows() -> list[tuple[str, str, str, str, str]]:
 
 
 def plain_list(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
-    """Each alias as a line of its name and whether it is installed, then its details indented, wrapped at
-    PLAIN_WIDTH."""
+    """Each alias and whether it is installed, then its details indented, wrapped at PLAIN_WIDTH."""
     lines = []
     for name, installed, model, weights, install in rows:
         lines.append(f"{name}: {installed}")

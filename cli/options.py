@@ -1,6 +1,5 @@
-"""Every option more than one command takes, declared once here with what it means: which model to load and where,
-which inputs to read, which files to write. A flag one command alone takes is declared in that command's module;
-`tests/test_cli_options.py` fails on a flag declared in two modules, or on a command reading another's options."""
+"""Every option more than one command takes, declared once (one command's own flags are in its module:
+`tests/test_cli_options.py` holds both)."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ from probe.threads import ENV as THREADS_ENV
 
 
 def method_help(*more: str) -> str:
-    """--method's help: one clause per registered method (METHODS) and the `more` given; a new method documents
-    itself."""
+    """--method's help: one clause per registered method and the `more` given."""
     return "; ".join([*(f"{name}: {method.summary or name}" for name, method in METHODS.items()), *more]) + "."
 
 
@@ -48,6 +46,12 @@ GLOBAL_PANEL = "Global flags (before or after the command)"  # --help's panel of
 Threads = Annotated[Optional[int], typer.Option(
     "--threads", min=1, rich_help_panel=GLOBAL_PANEL, help="Threads torch computes on (default: the CPUs not busy "
     f"when the run starts; {THREADS_ENV} sets it too).")]
+Debug = Annotated[bool, typer.Option(
+    "--debug", rich_help_panel=GLOBAL_PANEL, help="Show tracebacks instead of one-line errors.")]
+Quiet = Annotated[bool, typer.Option(
+    "--quiet", "-q", rich_help_panel=GLOBAL_PANEL, help="No progress and no notes; warnings and errors only.")]
+Verbose = Annotated[bool, typer.Option(
+    "--verbose", "-v", rich_help_panel=GLOBAL_PANEL, help="Also the library's log messages (INFO) on stderr.")]
 Model = Annotated[str, typer.Option(
     "--model", "-m", help="Alias, model folder, .gguf file, hub id, or FILE.py:FUNCTION (imports and runs that Python "
     "file). A folder's or hub model's own code never runs without --trust-remote-code.")]
@@ -146,8 +150,7 @@ Conllu = Annotated[Optional[Path], typer.Option(
 
 
 def parse_thresholds(items: list[str]) -> dict[str, float]:
-    """--threshold NAME=VALUE items; each value a finite number, each class named once (a second value for one
-    class would silently replace the first)."""
+    """--threshold NAME=VALUE items, each class once (a second value would silently replace the first)."""
     thresholds: dict[str, float] = {}
     for item in items:
         name, sep, value = item.partition("=")
@@ -165,14 +168,8 @@ def parse_thresholds(items: list[str]) -> dict[str, float]:
     return thresholds
 
 
-def check_repair_method(method: str) -> None:
-    if method not in SELF_REPAIR_METHODS:
-        raise ProbeError(f"--repair-method {method!r}: use one of {', '.join(SELF_REPAIR_METHODS)}")
-
-
 def check_contrast_task(task: str | None) -> None:
-    """--task where clean and corrupt runs are compared: a generated task, whose corrupt prompts probe makes (a task
-    file has none)."""
+    """--task where clean and corrupt runs are compared: a generated task (a task file has no corrupt prompts)."""
     if task is not None and task not in CONTRAST_TASKS:
         raise ProbeError(f"--task {task!r}: this command compares clean and corrupt prompts, which probe generates "
                          f"for {', '.join(CONTRAST_TASKS)}; give a file of clean/corrupt rows with --pairs")
@@ -196,8 +193,7 @@ class ModelChoice:
 
 
 def load(choice: ModelChoice) -> LoadedModel:
-    """Load the model saying so on stderr, on a terminal or off it (a spinner, or a line once it has taken a while),
-    and how long it took (transformers' own progress bars off)."""
+    """Load the model saying so on stderr, and how long it took (transformers' own progress bars off)."""
     from transformers.utils import logging as hf_logging  # a transformers submodule: loaded only to load a model
 
     hf_logging.disable_progress_bar()

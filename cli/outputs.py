@@ -1,5 +1,4 @@
-"""The files a command writes: checked before any work, strict JSON, a warning for numbers that are not finite, and
-the run's provenance in every one (`record_provenance`, called by cli.options.load)."""
+"""The files a command writes: checked before any work, a warning for non-finite numbers, provenance in each."""
 
 from __future__ import annotations
 
@@ -33,8 +32,7 @@ def check_distinct(files: dict[str, Path | None]) -> None:
 
 
 def check_outputs(files: dict[str, Path | None], *, force: bool) -> None:
-    """Before any work: the outputs (a CSV's provenance sidecar too) are distinct, and none replaces a file without
-    `force`."""
+    """The outputs (a CSV's sidecar too) are distinct, and none replaces a file without `force`."""
     csv_path = files.get("--csv")
     if csv_path is not None:
         files = {**files, "--csv (its provenance)": provenance_path(csv_path)}
@@ -77,8 +75,7 @@ def remember_parameters(parameters: dict[str, Any]) -> None:
 
 
 def record_provenance(loaded: LoadedModel) -> None:
-    """Every file this command writes from now on records what produced it (provenance with the command's --seed),
-    made when the first file is written: a run that writes none never hashes the model."""
+    """Every file written from now on records its provenance, made at the first: a run writing none hashes nothing."""
     seed = _command.get("seed")
     command, loaded_at = command_line(), utc_now()
 
@@ -95,8 +92,13 @@ def forget_provenance() -> None:
     stamp_outputs(None)
 
 
-def check_results_file(results: Path | None, *, resume: bool, force: bool) -> None:
-    """--results: a file in a folder that exists, holding no other sweep unless --resume (continue) or --force."""
+def check_sweep_outputs(files: dict[str, Path | None], results: Path | None, *, resume: bool, force: bool,
+                        writes: bool) -> None:
+    """A sweep's outputs (where this process `writes` them) and its --results: a file in a folder that exists,
+    holding no other sweep unless --resume (continue) or --force."""
+    check_distinct({**files, "--results": results})
+    if writes:
+        check_outputs(files, force=force)
     if results is None:
         return
     if results.is_dir():

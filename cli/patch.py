@@ -1,6 +1,4 @@
-"""`probe patch`: activation patching of every head between clean and corrupted prompts (or a classifier's text
-pairs), each head with its DLA and classes; split over torchrun's processes as a sweep is; `--self-repair` adds each
-head's total and direct effect under ablation."""
+"""`probe patch`: activation patching of every head between clean and corrupted prompts, with its DLA and classes."""
 
 from __future__ import annotations
 
@@ -20,9 +18,8 @@ from probe.ablation.stream import cached_results_path
 from probe.cli.dla import self_repair_section
 from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
                                Labels, Model, ModelChoice, Naive, OffloadFolder, Pairs, RepairMethod, Results, Resume,
-                               Seed, SelfRepair, Stack, Task, Top, TrustRemoteCode, check_contrast_task,
-                               check_repair_method, load_for)
-from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
+                               Seed, SelfRepair, Stack, Task, Top, TrustRemoteCode, check_contrast_task, load_for)
+from probe.cli.outputs import check_sweep_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.inputs.choice import probe_set_name
@@ -73,8 +70,6 @@ def check_request(inputs: dict[str, object], request: Request, distributed: bool
     """Every option that can be judged without the model; `inputs`: --task, --pairs and --labels as given."""
     if sum(value is not None for value in inputs.values()) != 1:
         raise ProbeError("give --task or --pairs (or a classifier's --labels): one of them")
-    if request.component not in PATCHES:
-        raise ProbeError(f"--component {request.component!r}: use one of {', '.join(PATCHES)}")
     if request.by_position and distributed:
         raise ProbeError("--by-position runs one sweep per position in one process: run it without torchrun")
     if request.estimate and (request.by_position or request.naive or distributed):
@@ -86,8 +81,6 @@ def check_request(inputs: dict[str, object], request: Request, distributed: bool
 def check_paths(senders: str | None, receivers: str | None, component: str) -> None:
     if (senders is None) != (receivers is None):
         raise ProbeError("path patching takes --senders and --receivers together")
-    if component not in ("query", "key", "value"):
-        raise ProbeError(f"--path-component {component!r}: use one of query, key, value")
     check_heads_syntax(senders)
     if receivers != LOGITS:
         check_heads_syntax(receivers)
@@ -137,14 +130,10 @@ def patch(
     check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, rank is not None)
     check_contrast_task(task)
     check_paths(senders, receivers, path_component)
-    check_repair_method(repair_method)
     if self_repair and labels is not None:
         raise ProbeError("--self-repair reads a language model's unembedding: not a classifier's --labels")
-    outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
-    check_distinct({**outputs, "--results": results})
-    if main_process:
-        check_outputs(outputs, force=force)
-    check_results_file(results, resume=resume, force=force)
+    check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
+                        force=force, writes=main_process)
     loaded = load_for(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code), rank)
     contrast = build_probe_set(probe_set_name("natural", labels=labels, task=task, pairs=pairs, contrast=True,
                                               compared=True), loaded,

@@ -1,9 +1,5 @@
-"""What the user sees while a command runs: stdout for reports; stderr for spinners, progress, notes, warnings and
-errors. Progress is probe.progress's Bars on the errors console: a live bar on a terminal, a line at every tenth and
-at least every 30 seconds in a log file (a cluster job, `2> log`), with its time left once a tenth of the stage is
-done; a step without a count (loading the model) is named once it has taken 2 seconds, then every 30 seconds, then
-timed. `-q` leaves only warnings and errors; nothing here wraps text that is not on a terminal.
-"""
+"""Reports go to stdout; spinners, progress (probe.progress's Bars: a live bar, or lines in a log file), notes,
+warnings and errors to stderr. `-q` leaves warnings and errors; no text off a terminal is wrapped."""
 
 from __future__ import annotations
 
@@ -38,15 +34,9 @@ def set_quiet(quiet: bool) -> None:
     _state["quiet"] = quiet
 
 
-def quiet() -> bool:
-    """Whether `-q` is in force (no progress, no notes)."""
-    return bool(_state["quiet"])
-
-
 def _printable(text: str, stream: IO[str]) -> str:
-    """Text as `stream` can encode it: what it cannot (a lone surrogate, from argv bytes that are not UTF-8 quoted
-    in an error; a character outside its encoding) as a backslash escape, as Python's own stderr writes it. A stream
-    of strict UTF-8 (a test's, a notebook's) raised instead, and rich kept the line to raise again at the next."""
+    """Text as `stream` can encode it, the rest (a lone surrogate from argv) backslash-escaped as Python's stderr does:
+    a strict stream raised, and rich kept the line to raise again at the next."""
     encoding = getattr(stream, "encoding", None) or "utf-8"
     return text.encode(encoding, "backslashreplace").decode(encoding)
 
@@ -62,9 +52,8 @@ def note(message: str) -> None:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C, after a command saved what had finished: its message is the one line the command line prints
-    ("interrupted; ... saved in X"), where a bare KeyboardInterrupt prints "interrupted" alone. typer turns any
-    Ctrl-C into exit code 130 and drops the exception: `take()` hands the entry point the last one raised."""
+    """Ctrl-C after a command saved what had finished, its message the line printed. typer drops the exception for
+    exit code 130: `take()` hands the entry point the last one raised."""
 
     _last: ClassVar[list[Interrupted]] = []
 
@@ -90,25 +79,22 @@ def _showing(enabled: bool) -> bool:
 
 
 def status(message: str, enabled: bool = True) -> AbstractContextManager[Any]:
-    """A spinner on stderr while something without a count runs (`capturing attention ...`); off a terminal the same
-    words as a line once it has run ANNOUNCE_AFTER seconds, again every 30 seconds, and `capturing attention: done in
-    7.2 s` at its end. Nothing where `enabled` is False or with -q."""
+    """A spinner while something without a count runs (off a terminal: a line after ANNOUNCE_AFTER seconds and when
+    done)."""
     if not _showing(enabled):
         return nullcontext()
     return _announced(message, f"{message.removesuffix(' ...')}: done", on_terminal=False)
 
 
 def timed_status(doing: str, done: str) -> AbstractContextManager[Any]:
-    """`status(f"{doing} ...")` that also says `{done} in 7.2 s` on a terminal (loading a model: how long the next
-    run will wait for it too)."""
+    """`status` that also says `{done} in 7.2 s` on a terminal (loading a model: the next run waits as long)."""
     return _announced(f"{doing} ...", done, on_terminal=True) if _showing(True) else nullcontext()
 
 
 @contextmanager
 def _announced(doing: str, done: str, on_terminal: bool) -> Iterator[None]:
-    """A spinner saying `doing` on a terminal; off one, Bars of a step without a total (a line once it has run
-    ANNOUNCE_AFTER seconds, another every 30 seconds). Then `done in 7.2 s` where it took that long (on a terminal
-    only with `on_terminal`). Work done in a moment says nothing, and an error in it stays the only line."""
+    """A spinner, or off a terminal Bars without a total; then `done in 7.2 s` where it took ANNOUNCE_AFTER. Work done
+    in a moment says nothing, and an error in it stays the only line."""
     started = library.monotonic()
     if errors.is_terminal:
         with errors.status(doing):
@@ -123,8 +109,7 @@ def _announced(doing: str, done: str, on_terminal: bool) -> Iterator[None]:
 
 @contextmanager
 def progress_bar(description: str, unit: str | None = None) -> Iterator[Callable[[int, int], None]]:
-    """Progress with a count (in `unit`, e.g. "checkpoints"; without one, a share), its rate and time left on stderr;
-    yields the `(done, total)` callback."""
+    """Progress with a count in `unit` (else a share); yields the `(done, total)` callback."""
     if not _showing(True):
         yield lambda done, total: None
         return
@@ -134,8 +119,7 @@ def progress_bar(description: str, unit: str | None = None) -> Iterator[Callable
 
 @contextmanager
 def saved_on_interrupt(stream: Any, saved: Callable[[], str], show: bool = True) -> Iterator[None]:
-    """Ctrl-C in the block: `Interrupted`, saying what is `saved()` in `stream` and how to continue (a process that
-    does not report: the bare KeyboardInterrupt)."""
+    """Ctrl-C in the block: `Interrupted`, saying what is `saved()` in `stream` and how to continue."""
     try:
         yield
     except KeyboardInterrupt:
@@ -148,8 +132,7 @@ def saved_on_interrupt(stream: Any, saved: Callable[[], str], show: bool = True)
 @contextmanager
 def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Callable[[int, int], None],
                                                                               Callable[[Any], None]]]:
-    """Progress of a sweep (a share of its work) with the heads done after it; yields the `(done, total)` and the
-    per-result callbacks."""
+    """Progress of a sweep with the heads done; yields the `(done, total)` and per-result callbacks."""
     if not _showing(enabled):
         yield (lambda done, total: None), (lambda result: None)
         return
@@ -165,8 +148,7 @@ def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Cal
 
 @contextmanager
 def stage_progress(prefix: str, units: Mapping[str, str] | None = None) -> Iterator[StageProgress]:
-    """Progress of work in named stages, a bar per stage as it starts (`prefix: stage`), each counted in the unit
-    the library declares for it in `units` (else as a share); yields the `(stage, done, total)` callback."""
+    """A bar per named stage, counted in its `units` (else a share); yields the `(stage, done, total)` callback."""
     if not _showing(True):
         yield lambda stage, done, total: None
         return

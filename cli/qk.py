@@ -1,5 +1,4 @@
-"""`probe qk`: why a head attends where it does: its pre-softmax scores split into pairs of query-side and key-side
-residual components, with the check that the pairs sum to the model's own score."""
+"""`probe qk`: a head's scores split into pairs of query-side and key-side residual components."""
 
 from __future__ import annotations
 
@@ -46,8 +45,6 @@ def qk(
     its class predicts, or --query/--key) as a sum over pairs of residual components, through the norm frozen at the
     run; the pairs sum to the model's own score. Also the contrast: that key's score minus the other keys' mean."""
     layer_head = _head(head)
-    if at not in KEY_RULES:
-        raise ProbeError(f"--at {at!r}: use one of {', '.join(KEY_RULES)}")
     if (query is None) != (key is None):
         raise ProbeError("give --query and --key together (one position each), or neither")
     why = config_refusal(model_config(model) or {})

@@ -1,5 +1,4 @@
-"""The CLI reference of the documentation site, generated from the typer app's `--help` as Markdown
-(docs/_hooks/cli_reference.py puts it into the site)."""
+"""The documentation site's CLI reference: the typer app's `--help` as Markdown."""
 
 from __future__ import annotations
 

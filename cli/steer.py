@@ -1,7 +1,5 @@
-"""`probe steer`: an intervention on heads' outputs (`--intervention`, any registered one that takes a value: scale
-multiplies by alpha); the metric of an input against its values per head, greedy continuations side by side, and
-(`--find`) every head ranked by how far one value moves the metric, through the sweep (streamed, resumable, split
-over processes under torchrun)."""
+"""`probe steer`: the metric against an intervention's values per head, and (`--find`) every head ranked through the
+sweep."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.ablation import METRICS, parse_heads
+from probe.ablation import parse_heads
 from probe.ablation.heads import Head
 from probe.ablation.methods import METHODS
 from probe.ablation.metrics import Metric as MetricObject
@@ -22,7 +20,7 @@ from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
                                Stack, Task, Top, TrustRemoteCode, load_for)
-from probe.cli.outputs import check_distinct, check_outputs, check_results_file, save, save_json, warn_non_finite
+from probe.cli.outputs import check_sweep_outputs, save, save_json, warn_non_finite
 from probe.cli.progress import console, saved_on_interrupt, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
@@ -33,7 +31,6 @@ from probe.inputs.choice import data_file, probe_set_name
 from probe.ablation.stream import cached_results_path, finished_count
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching.runs import contrast_runs
-from probe.reading import is_file
 from probe.reports.files import write_text
 from probe.reports.steer import steer_page, steer_report
 from probe.steering import (SteerResult, check_values, find_result, generations, intervention_named, steer_curves,
@@ -92,10 +89,7 @@ def parse_values(text: str, flag: str = "--values") -> list[float]:
 
 
 def chosen_values(intervention: str, values: str | None, alpha: str | None) -> list[float]:
-    """The values of --values, or of --alpha where the intervention's value is an alpha; the intervention checked
-    to be one of the registered ones that take a value, and to take each value (before the model loads)."""
-    if intervention not in steerable():
-        raise ProbeError(f"--intervention {intervention!r}: use one of {', '.join(steerable())}")
+    """The values of --values, or of --alpha where the intervention's value is an alpha, each checked."""
     if alpha is None:
         chosen = parse_values(DEFAULT_VALUES if values is None else values)
     elif values is not None:
@@ -123,8 +117,6 @@ def check_request(request: Request, distributed: bool) -> None:
         if request.metric is not None:
             raise ProbeError("--target-words is the metric: drop --metric")
         read_target_words(request.words)
-    if request.metric is not None and request.metric not in METRICS:
-        raise ProbeError(f"--metric {request.metric!r}: use one of {', '.join(METRICS)}")
     if request.find and len(request.values) != 1:
         raise ProbeError("--find ranks every head at one value: give one --values value, e.g. --values 3")
     if not request.find and request.heads is None:
@@ -132,9 +124,6 @@ def check_request(request: Request, distributed: bool) -> None:
     if distributed and not request.find:
         raise ProbeError("torchrun splits --find's sweep over the processes: run curves without torchrun")
     check_heads_syntax(request.heads)
-    if request.data not in ("natural", "repeated") and not is_file(request.data):
-        raise ProbeError(f"--data {request.data!r}: use natural, repeated, or the path of a UTF-8 text file "
-                         "(not found)")
 
 
 def probe_input(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
@@ -148,8 +137,7 @@ def probe_input(loaded: LoadedModel, request: Request, options: ProbeOptions) ->
 def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, metric: MetricObject,
              request: Request, stream: Path, *, resume: bool, batch_size: int, stack: int | None,
              show: bool) -> SteerResult | None:
-    """Every head under the intervention at the one value, through the sharded sweep; on Ctrl-C, say what is
-    saved."""
+    """Every head under the intervention at the one value, through the sharded sweep."""
     stream.parent.mkdir(parents=True, exist_ok=True)
     value, method = request.values[0], intervention_named(request.intervention, request.values[0])
     with saved_on_interrupt(stream, lambda: f"{finished_count(stream)} finished head(s)", show), \
@@ -203,10 +191,7 @@ def steer(
     outputs, rank = {"--json": json_path, "--html": html_path}, current()
     main_process = rank is None or rank.is_main
     check_request(request, rank is not None)
-    check_distinct({**outputs, "--results": results})
-    if main_process:
-        check_outputs(outputs, force=force)
-    check_results_file(results, resume=resume, force=force)
+    check_sweep_outputs(outputs, results, resume=resume, force=force, writes=main_process)
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
     options = ProbeOptions(None if data in ("natural", "repeated") else data, seq_len, num_seqs, seed=seed)
     loaded = load_for(choice, rank)

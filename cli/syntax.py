@@ -13,7 +13,6 @@ from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar, status, warn
 from probe.inputs import ENGLISH
 from probe.errors import ProbeError
-from probe.reading import is_file
 from probe.models import DEFAULT_MODEL
 from probe.syntax import Sentence, read_conllu, syntax_scores
 from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT
@@ -29,21 +28,14 @@ Confident = Annotated[float, typer.Option(
 
 def read_parses(conllu: Path | None, text: Path | None, max_sentences: int) -> tuple[list[Sentence], str, str]:
     """(sentences, label scheme, where they come from): CoNLL-U as given, or text parsed with spaCy."""
-    if max_sentences < 1:
-        raise ProbeError(f"--max-sentences must be at least 1, got {max_sentences}")
     if conllu is not None and text is not None:
         raise ProbeError("give --conllu or --file, not both")
     if conllu is not None:
         return read_conllu(conllu)[:max_sentences], "ud", f"CoNLL-U file {conllu}"
     from probe.syntax.parse import parse_text  # here, not at the top: spaCy is an optional extra
 
-    if text is not None and not is_file(text):
-        raise ProbeError(f"text file not found: {text}", parameter="file")
     source = f"text file {text}, parsed by spaCy" if text else "embedded English text, parsed by spaCy"
-    try:
-        raw = (text or ENGLISH).read_text(encoding="utf-8")
-    except UnicodeDecodeError as error:
-        raise ProbeError(f"{text} is not UTF-8 text: {error.reason}", parameter="file") from error
+    raw = (text or ENGLISH).read_text(encoding="utf-8")  # a --file is read first by check_before_loading
     with status("parsing with spaCy ..."):
         sentences = parse_text(raw, source=str(text or ENGLISH.name), max_sentences=max_sentences)
     return sentences, "clearnlp", source

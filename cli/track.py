@@ -1,5 +1,4 @@
-"""`probe track`: every head class's scores, the loss and the ICL score of each checkpoint of a training run, and the
-phase changes in them, streamed to a results file (`--resume` continues); split over torchrun's processes."""
+"""`probe track`: head scores, loss and ICL score per checkpoint of a training run, and their phase changes."""
 
 from __future__ import annotations
 

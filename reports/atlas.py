@@ -1,9 +1,5 @@
-"""`probe atlas`: the terminal summary and the page (head finder, overview grid, one dashboard per head) from an
-`Atlas.to_dict()` payload and the patterns of each probe set (`Patterns.page_payload()`).
-
-The page carries a small table of every head (its classes, evidence status and numbers) for the finder, and each
-head's dashboard as deflated JSON, decoded in the browser only when that dashboard opens; patterns travel as
-`pattern_spec` blocks, one head per chunk. Its script is `assets/atlas.js`, registered for probe.js's start()."""
+"""`probe atlas`: the terminal summary and the page (`assets/atlas.js`) from `Atlas.to_dict()`; each head's dashboard
+travels deflated, decoded only when it opens."""
 
 from __future__ import annotations
 
@@ -13,12 +9,12 @@ import zlib
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import asset_script, esc, facts_table, page, pattern_spec, static_summary
+from probe.reports.html import asset_script, esc, facts_table, grid_axes, page, pattern_spec, static_summary
 from probe.reports.labels import precision_clause, short_label
+from probe.reports.terminal import table
 
 if TYPE_CHECKING:
     from probe.schemas.pages import PatternsPage
@@ -131,13 +127,11 @@ BODY = (
 
 def atlas_page(payload: dict[str, Any], patterns: dict[str, PatternsPage] | None = None, *,
                embed_plotly: bool = True) -> str:
-    """`probe atlas --html` and `Atlas._repr_html_`: the head finder (scatter of any two metrics, layer x head grid,
-    sortable and searchable table, filters by class and evidence) and each head's dashboard on click."""
+    """`probe atlas --html`: the head finder (scatter, grid, table, filters) and each head's dashboard on click."""
     _check(payload)
     names = payload.get("layer_names")
     classes = list(payload["classes"])
-    data = {"n_layers": payload["n_layers"], "n_heads": payload["n_heads"], "layer_names": names,
-            "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["n_heads"])),
+    data = {**grid_axes(payload["n_layers"], payload["n_heads"]), "layer_names": names,
             "metrics": payload["metrics"], "classes": classes, "class_info": payload["classes"],
             "statuses": STATUS_WORDS, "table_metrics": [m for m in TABLE_METRICS if m in payload["metrics"]],
             "rows": _rows(payload), "dashboards": [_deflated_json(entry) for entry in payload["heads"]],
@@ -156,12 +150,7 @@ def atlas_report(payload: dict[str, Any], console: Console, *, top: int = 15) ->
     summary = payload["summary"]
     console.print(Text(f"Atlas of {payload['model']}: {summary['labels']} labels on "
                        f"{payload['n_layers'] * payload['n_heads']} heads", style="bold"))
-    table = Table(show_edge=False, pad_edge=False, box=None)
-    table.add_column("class")
-    table.add_column("labels")
-    for name, text in _summary_rows(payload):
-        table.add_row(name, text)
-    console.print(table)
+    console.print(table("class", "labels", left=("class", "labels"), rows=_summary_rows(payload)))
     for title, heads in (("pattern only", summary["pattern_only"]),
                          (f"needed without a label ({summary['needed']} heads needed in all)",
                           summary["needed_without_label"])):

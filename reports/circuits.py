@@ -12,10 +12,12 @@ from probe.reports.terminal import print_precision, table
 from probe.reports.labels import column_label, precision_fact, short_label
 
 
+FEEDERS = "feeders by K-composition (P: previous-token head)"
+DELTAS = ("ablated feeder", "Δ feeder", "Δ induction", "Δ together", "interaction")
+
+
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (induction head, feeder), for CSV: the induction head as every head table names it (name, layer,
-    head), its score, then the feeder (`feeder_name`, `feeder_layer`, `feeder_head`, ...): the circuits schema's
-    columns, and the pair's deltas where it was checked."""
+    """One CSV row per (induction head, feeder), the pair's deltas where it was checked."""
     rows = []
     for pair in payload["induction_heads"]:
         deltas = pair["second_copy_deltas"]
@@ -37,21 +39,25 @@ def _delta(value: Any) -> str:
     return "" if value is None else f"{value:+.3f}"
 
 
+def _rows(payload: dict[str, Any], between: str) -> list[list[str]]:
+    """Per induction head: its feeders (joined by `between`), the feeder ablated with it, and the loss changes."""
+    rows = []
+    for pair in payload["induction_heads"]:
+        feeders = between.join(f"{short_label(f['layer'], f['head'])}{' P' if f['previous_token'] else ''} "
+                               f"{f['k_composition']:.3f}" for f in pair["feeders"])
+        deltas, checked = pair["second_copy_deltas"], pair.get("checked")
+        rows.append([short_label(pair["layer"], pair["head"]), feeders,
+                     "" if not checked else short_label(checked["layer"], checked["head"]),
+                     _delta(deltas.get("feeder")), _delta(deltas.get("induction")), _delta(deltas.get("together")),
+                     _delta(pair["interaction"])])
+    return rows
+
+
 def circuits_report(payload: dict[str, Any], console: Console) -> None:
     """Per induction head: its strongest K-composing earlier heads, and the pair ablated together vs alone."""
     console.print(Text(f"Induction circuits of {payload['model']}", style="bold"),
                   Text(f"(K-composition; random baseline {payload['random_baseline']:.3f}; rotary ignored)"))
-    feeders_column = "feeders by K-composition (P: previous-token head)"
-    grid = table("induction", feeders_column, "ablated feeder", "Δ feeder", "Δ induction", "Δ together", "interaction",
-                 left=(feeders_column,))
-    for pair in payload["induction_heads"]:
-        feeders = "  ".join(f"{short_label(f['layer'], f['head'])}{' P' if f['previous_token'] else ''} "
-                            f"{f['k_composition']:.3f}" for f in pair["feeders"])
-        deltas, checked = pair["second_copy_deltas"], pair.get("checked")
-        ablated = "" if not checked else short_label(checked["layer"], checked["head"])
-        grid.add_row(short_label(pair["layer"], pair["head"]), feeders, ablated, _delta(deltas.get("feeder")),
-                     _delta(deltas.get("induction")), _delta(deltas.get("together")), _delta(pair["interaction"]))
-    console.print(grid)
+    console.print(table("induction", FEEDERS, *DELTAS, left=(FEEDERS,), rows=_rows(payload, "  ")))
     summary = payload["previous_token_pairs"]
     console.print(Text(f"previous-token -> induction pairs: {summary['pairs']}; the previous-token head composes most "
                        f"strongly of its layer in {summary['ranked_first_in_layer']}, above the baseline in "
@@ -62,25 +68,14 @@ def circuits_report(payload: dict[str, Any], console: Console) -> None:
 
 
 def circuits_page(payload: dict[str, Any]) -> str:
-    """`probe circuits --html`: the terminal's table as a page (each induction head, its feeders by K-composition,
-    the feeder ablated and the loss changes), with the run's facts; tables only, nothing to draw."""
+    """`probe circuits --html`: the terminal's table and the run's facts; nothing to draw."""
     summary = payload["previous_token_pairs"]
     facts = [("model", str(payload["model"])), ("random baseline", f"{payload['random_baseline']:.3f} "
               "(K-composition of random matrices of the same shapes; rotary ignored)"),
              ("previous-token -> induction pairs", f"{summary['pairs']}; the previous-token head composes most "
               f"strongly of its layer in {summary['ranked_first_in_layer']}, above the baseline in "
               f"{summary['above_baseline']}")] + precision_fact(payload)
-    header = ["induction head", "feeders by K-composition (P: previous-token head)", "ablated feeder", "Δ feeder",
-              "Δ induction", "Δ together", "interaction"]
-    rows = []
-    for pair in payload["induction_heads"]:
-        feeders = ", ".join(f"{short_label(f['layer'], f['head'])}{' P' if f['previous_token'] else ''} "
-                            f"{f['k_composition']:.3f}" for f in pair["feeders"])
-        deltas, checked = pair["second_copy_deltas"], pair.get("checked")
-        rows.append([short_label(pair["layer"], pair["head"]), feeders,
-                     "" if not checked else short_label(checked["layer"], checked["head"]),
-                     _delta(deltas.get("feeder")), _delta(deltas.get("induction")), _delta(deltas.get("together")),
-                     _delta(pair["interaction"])])
+    header, rows = ["induction head", FEEDERS, *DELTAS], _rows(payload, ", ")
     head = "".join(header_cell(cell, i == 1) for i, cell in enumerate(header))
     cells = "".join("<tr>" + "".join(f'<td class="probe-text">{esc(cell)}</td>' if i == 1 else f"<td>{esc(cell)}</td>"
                                      for i, cell in enumerate(row)) + "</tr>" for row in rows)

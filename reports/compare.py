@@ -1,6 +1,4 @@
-"""`probe compare` rendered from its payload (`Comparison.to_dict()`): the terminal summary and table of the heads
-that moved most, CSV rows, and the page (maps A and B, each on its own colour scale with its unit, and B - A beside
-them where the maps hold the same kind of score, rank B - rank A where not; the ranked list). Computes nothing."""
+"""`probe compare`'s terminal summary, CSV rows and page, from `Comparison.to_dict()`."""
 
 from __future__ import annotations
 
@@ -8,11 +6,12 @@ from pathlib import PurePath
 from typing import Any, Literal
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import asset_script, esc, facts_table, page, plotly_text, ranked_table, static_summary
-from probe.reports.labels import column_label
+from probe.reports.html import (asset_script, esc, facts_table, grid_axes, head_grid, page, plotly_text, ranked_table,
+                                static_summary)
+from probe.reports.labels import column_label, number
+from probe.reports.terminal import table
 
 LISTED = 15  # heads listed in the terminal, largest |B - A| first
 
@@ -43,17 +42,12 @@ def _describe(side: dict[str, Any]) -> str:
 
 
 def short_names(a: str, b: str) -> tuple[str, str]:
-    """The two maps by the ends of their paths that tell them apart (`f32.json`, `run1/map.json`): a title of two
-    whole paths would wrap inside a path; the facts under it give them whole."""
+    """The ends of the two paths that tell them apart (`run1/map.json`): two whole paths would wrap the title."""
     parts_a, parts_b = PurePath(a).parts, PurePath(b).parts
     keep = 1  # one file read twice (two --score) is named once each
     while parts_a != parts_b and parts_a[-keep:] == parts_b[-keep:]:
         keep += 1
     return str(PurePath(*parts_a[-keep:])), str(PurePath(*parts_b[-keep:]))
-
-
-def _number(value: float | None, form: str = ".3f") -> str:
-    return "n/a" if value is None else f"{value:{form}}"
 
 
 def summary_lines(payload: dict[str, Any]) -> list[str]:
@@ -65,17 +59,17 @@ def summary_lines(payload: dict[str, Any]) -> list[str]:
     differences = (f", mean |B - A| {payload['mean_abs_difference']:.4f}, largest "
                    f"{payload['max_abs_difference']:.4f}" if by_difference(payload) else "")
     lines.append(f"{payload['heads']} {_unit(payload)}s compared ({payload['n_layers']} layers x "
-                 f"{payload['heads_per_layer']}): Spearman {_number(payload['spearman'], '.4f')}, Pearson "
-                 f"{_number(payload['pearson'], '.4f')}{differences}.")
+                 f"{payload['heads_per_layer']}): Spearman {number(payload['spearman'], '.4f')}, Pearson "
+                 f"{number(payload['pearson'], '.4f')}{differences}.")
     if not by_difference(payload):
         lines.append(ranks_sentence(payload))
-    lines.append(f"Top {top['k']}: {top['count']} in both (Jaccard {_number(top['jaccard'], '.2f')}); only A: "
+    lines.append(f"Top {top['k']}: {top['count']} in both (Jaccard {number(top['jaccard'], '.2f')}); only A: "
                  f"{_heads(payload, top['only_a'])}; only B: {_heads(payload, top['only_b'])}.")
     labelled = payload["labelled"]
     if labelled:
         lines.append(f"Labelled ({labelled['a']} in A: {labelled['count_a']}, {labelled['b']} in B: "
                      f"{labelled['count_b']}): {labelled['count']} in both (Jaccard "
-                     f"{_number(labelled['jaccard'], '.2f')}); only A: {_heads(payload, labelled['only_a'])}; only B: "
+                     f"{number(labelled['jaccard'], '.2f')}); only A: {_heads(payload, labelled['only_a'])}; only B: "
                      f"{_heads(payload, labelled['only_b'])}.")
     lines.append(precision_line(payload))
     return lines
@@ -102,7 +96,7 @@ def _columns(payload: dict[str, Any]) -> tuple[list[str], str]:
 
 def _cells(payload: dict[str, Any], row: dict[str, Any]) -> list[str]:
     """One ranked row as text, in `_columns`' order."""
-    values, ranked = [_number(row["a"], ".4f"), _number(row["b"], ".4f")], [str(row["rank_a"]), str(row["rank_b"])]
+    values, ranked = [number(row["a"], ".4f"), number(row["b"], ".4f")], [str(row["rank_a"]), str(row["rank_b"])]
     if by_difference(payload):
         return [_head(payload, row['layer'], row['head']), *values, f"{row['difference']:+.4f}", *ranked]
     return [_head(payload, row['layer'], row['head']), *values, *ranked, f"{row['rank_difference']:+d}"]
@@ -129,29 +123,22 @@ def compare_report(payload: dict[str, Any], console: Console, *, listed: int = L
     for line in lines[2:-1]:
         console.print(Text(line))
     header, by = _columns(payload)
-    table = Table(title=f"Largest differences ({by}), {min(listed, len(payload['movers']))} of {payload['heads']}",
-                  title_justify="left", box=None, show_edge=False)
-    for column in header:
-        table.add_column(column, justify="right")
-    for row in payload["movers"][:listed]:
-        table.add_row(*_cells(payload, row))
-    console.print(table)
+    console.print(table(*header, pad_edge=True, title_justify="left", rows=(
+        _cells(payload, row) for row in payload["movers"][:listed]),
+        title=f"Largest differences ({by}), {min(listed, len(payload['movers']))} of {payload['heads']}"))
     console.print(Text(lines[-1], style="dim"))
 
 
 def compare_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per head for CSV: name (`L5H1`, `L5KV1` over KV heads), layer, head, a, b, difference (empty where
-    the maps are of different kinds), ranks and their difference, labels."""
+    """One CSV row per head, named `L5H1` (`L5KV1` over KV heads)."""
     kv = payload["convention"] == "kv"
     return [{"name": column_label(row["layer"], row["head"], kv=kv), **row} for row in payload["rows"]]
 
 
 def _grid(payload: dict[str, Any],
           key: Literal["a", "b", "difference", "rank_difference"]) -> list[list[float | None]]:
-    grid: list[list[float | None]] = [[None] * payload["heads_per_layer"] for _ in range(payload["n_layers"])]
-    for row in payload["rows"]:
-        grid[row["layer"]][row["head"]] = row[key]
-    return grid
+    return head_grid(payload["n_layers"], payload["heads_per_layer"],
+                     ((row["layer"], row["head"], row[key]) for row in payload["rows"]))
 
 
 def _scale(side: dict[str, Any], name: str) -> dict[str, Any]:
@@ -160,9 +147,8 @@ def _scale(side: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def compare_page(payload: dict[str, Any], *, listed: int = LISTED) -> str:
-    """`probe compare --html`: maps A and B, each on its own colour scale with its unit (a signed map centred on 0),
-    and B - A beside them where the maps hold one kind of score, rank B - rank A where not (and the page says so);
-    the summary and the ranked list of the largest differences; offline, every text escaped."""
+    """`probe compare --html`: maps A, B and B - A (rank B - rank A for different kinds of score), each on its own
+    scale, and the largest differences."""
     facts = [("A", _describe(payload["a"])), ("B", _describe(payload["b"])),
              *((("converted", payload["conversion"]),) if payload["conversion"] else ()),
              *(("" if index else "summary", line) for index, line in
@@ -173,8 +159,7 @@ def compare_page(payload: dict[str, Any], *, listed: int = LISTED) -> str:
     table = [_cells(payload, row) for row in movers]
     ranked = f'<div class="probe-movers">{ranked_table(header, table)}</div>'  # numbers right-aligned
     third: Literal["difference", "rank_difference"] = "difference" if by_difference(payload) else "rank_difference"
-    data = {"n_layers": payload["n_layers"], "n_heads": payload["heads_per_layer"], "unit": unit,
-            "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["heads_per_layer"])),
+    data = {**grid_axes(payload["n_layers"], payload["heads_per_layer"]), "unit": unit,
             "a": _grid(payload, "a"), "b": _grid(payload, "b"), "third": _grid(payload, third),
             "scales": {"a": _scale(payload["a"], "A"), "b": _scale(payload["b"], "B"),
                        "third": {"title": by, "signed": True, "unit": plotly_text(payload["a"].get("unit") or "value")

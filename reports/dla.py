@@ -1,6 +1,4 @@
-"""Terminal report, CSV rows and page of `Attribution.to_dict()` (probe dla): the heads that write the logit
-difference directly, the other components, the decomposition's identity check, and with `--self-repair` the payload's
-`self_repair` section (reports/selfrepair.py)."""
+"""`probe dla`'s terminal report, CSV rows and page, from `Attribution.to_dict()` (with its `self_repair`)."""
 
 from __future__ import annotations
 
@@ -9,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from probe.reports.html import asset_script, esc, facts_table, page
+from probe.reports.html import asset_script, esc, facts_table, grid_axes, head_grid, page
 from probe.reports.terminal import table
 from probe.reports.labels import column_label, precision_note, short_label
 from probe.reports.selfrepair import TOP, self_repair_grid, self_repair_html, self_repair_report
@@ -78,24 +76,16 @@ def dla_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> N
         self_repair_report(payload["self_repair"], console, top=top)
 
 
-def _dla_grid(payload: dict[str, Any]) -> list[list[float | None]]:
-    grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
-    for entry in payload["heads"]:
-        grid[entry["layer"]][entry["head"]] = round(float(entry["dla"]), 6)
-    return grid
-
-
 def dla_page(payload: dict[str, Any], *, top: int = TOP) -> str:
-    """`probe dla --html`: the layer x head maps of DLA (and self-repair) and the self-repair table; offline,
-    every text escaped."""
+    """`probe dla --html`: the maps of DLA (and self-repair) and the self-repair table."""
     repair = payload.get("self_repair")
     rows = [("model", str(payload["model"])), ("data", str(payload["source"])),
             ("metric", f"{payload['metric']}: {payload['logit_diff']:+.4f} clean"),
             ("identity", f"sum of shares {payload['identity']['sum']:+.4f}, largest |sum - model's own| "
                          f"{payload['identity']['max_residual']:.2e}")]
-    data = {"n_layers": payload["n_layers"], "n_heads": payload["n_heads"],
-            "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["n_heads"])),
-            "dla": _dla_grid(payload), "self_repair": None if not repair else self_repair_grid(repair)}
+    dla = ((entry["layer"], entry["head"], round(float(entry["dla"]), 6)) for entry in payload["heads"])
+    data = {**grid_axes(payload["n_layers"], payload["n_heads"]), "dla": head_grid(payload["n_layers"],
+            payload["n_heads"], dla), "self_repair": None if not repair else self_repair_grid(repair)}
     body = (f"<h1>Direct logit attribution of {esc(payload['model'])}</h1>" + facts_table(rows)
             + '<div class="probe-row"><div class="probe-grow"><h2>Direct logit attribution per head (clean run)</h2>'
             '<div class="probe-dla-grid"></div></div>'

@@ -1,10 +1,6 @@
-"""Writing result files: never overwrite silently, never leave half a file behind, only strict JSON, every JSON file
-names its published schema first ("schema": "probe/KIND", "schema_version": N: docs/schemas.md), and every file
-carries the run's provenance once the CLI has set it (`stamp_outputs`): a "provenance" key in JSON, a provenance
-block in an HTML page, and beside a CSV file a sidecar `NAME.provenance.json` (`provenance_path`), so that the CSV
-itself is a plain table `pandas.read_csv(path)` reads as it is. Every command's files are written here, so a new
-command's files carry it without doing anything. The provenance is computed when the first file asks for it (a model
-hash takes seconds), never for a run that writes none."""
+"""Every result file is written here: atomically, never over a file silently, strict JSON naming its schema first,
+and the run's provenance (`stamp_outputs`) in JSON, in an HTML page, or in a CSV's sidecar (the CSV stays a plain
+table). The provenance is made when the first file asks for it: a model hash takes seconds."""
 
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ _stamp: dict[str, Any] = {}  # "provenance": the dict every file written from no
 
 
 def stamp_outputs(provenance: Provenance | None) -> None:
-    """From now on every JSON, CSV and HTML file written here carries `provenance` (None: none, as before): a dict,
-    or a function that makes it, called once, when the first file is written."""
+    """Every file written from now on carries `provenance` (None: none): a dict, or a function called once for it."""
     _stamp.clear()
     if provenance is not None:
         _stamp["provenance"] = provenance
@@ -109,10 +104,8 @@ def finite(data: Any) -> Any:
 
 
 def write_json(path: str | Path, data: dict[str, Any], *, schema: dict[str, Any] | None, stamp: bool = True) -> Path:
-    """Strict JSON (non-finite numbers written as null), atomically. `schema`, asked of every caller: the keys naming
-    the file's published schema (`probe.schemas.header(kind)`: "schema" and "schema_version"), written first; None
-    only with `stamp=False`, a file in another tool's format (an export), which must hold exactly what that tool
-    reads, so no schema and no provenance key."""
+    """Strict JSON (non-finite numbers as null), `schema` (`probe.schemas.header(kind)`) first; None only with
+    `stamp=False`: an export in another tool's format holds exactly what that tool reads."""
     if schema is None and stamp:
         raise ValueError("a JSON file probe writes names its schema (probe.schemas.header); exports pass stamp=False")
     named = {**schema, **data} if schema else data
@@ -120,9 +113,8 @@ def write_json(path: str | Path, data: dict[str, Any], *, schema: dict[str, Any]
 
 
 def write_csv(path: str | Path, rows: list[dict[str, Any]]) -> Path:
-    """Rows with the same keys as CSV, columns in key order, the header first and nothing else but rows, so that
-    `pandas.read_csv(path)` reads it as it is (atomically, like every output file). The run's provenance, where the
-    CLI stamped one, goes to the sidecar `provenance_path(path)`, written first."""
+    """Rows of one set of keys as a CSV `pandas.read_csv` reads as it is; the provenance in its sidecar, written
+    first."""
     buffer = io.StringIO()
     if rows:
         writer = csv.DictWriter(buffer, fieldnames=list(rows[0]), lineterminator="\n")
@@ -146,8 +138,7 @@ def _has_non_finite(value: Any) -> bool:
 
 
 def non_finite_heads(payload: dict[str, Any]) -> list[str]:
-    """Labels ('5.1', '5.1+18.6') of the entries of a classification or ablation payload that hold a NaN or an
-    infinity, the baseline first when it has one."""
+    """Labels ('5.1', '5.1+18.6') of the entries holding a NaN or an infinity, the baseline first."""
     labels = ["the baseline"] if _has_non_finite(payload.get("baseline_loss")) else []
     for entry in [*payload.get("heads", []), *payload.get("groups", [])]:
         if _has_non_finite(entry):

@@ -1,14 +1,7 @@
-"""Self-contained interactive HTML pages: attention heatmaps, classification overviews, ablation plots.
-
-Reports render and compute nothing: each page takes the plain payload of a result (`Patterns.page_payload()`,
-`Classification.to_dict()`, `AblationResult.to_dict()` or the ablation JSON) and imports nothing from probe but its
-error type. Each page is one file that works offline from file://: plotly.js and probe's small runtime
-(`reports/assets/probe.js`) are inlined, a Content-Security-Policy forbids every request, and patterns travel as
-rounded integers, deflated and base64-encoded, decoded in the browser one layer or head at a time.
-
-Escaping: text in HTML goes through `html.escape`; text plotly draws (token labels) is entity-escaped for plotly's
-own markup; JSON inside <script> has <, > and & as \\u escapes. Nothing reaches innerHTML on the page.
-"""
+"""Self-contained HTML pages from plain payloads (probe imported for its error type only): one file that works
+offline from file://, plotly.js and `assets/probe.js` inlined, a Content-Security-Policy forbidding every request,
+patterns deflated and decoded in the browser a head at a time. Text in HTML goes through `html.escape`, text plotly
+draws is entity-escaped, JSON in <script> has <, > and & as \\u escapes; nothing reaches innerHTML."""
 
 from __future__ import annotations
 
@@ -18,6 +11,7 @@ import json
 import math
 import uuid
 import zlib
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,13 +31,8 @@ TOP_HEADS = 20  # bars in the ablation chart
 STATIC_HEADS = 10  # heads in the summary table shown without JavaScript
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# assets
-
-
 def plotly_js() -> str:
-    """plotly.js to inline: the cartesian bundle shipped in reports/assets (1.5 MB: heatmap, scatter, bar), else
-    the full bundle of the installed plotly package (4.8 MB)."""
+    """plotly.js to inline: the 1.5 MB cartesian bundle of reports/assets, else the installed plotly's 4.8 MB one."""
     bundled = ASSETS / "plotly-cartesian.min.js"
     if bundled.is_file():
         text = bundled.read_text(encoding="utf-8")
@@ -77,10 +66,6 @@ PLOTLY_LOADER = """(function () {
 })();"""
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# escaping and encoding
-
-
 def esc(text: Any) -> str:
     """Text for HTML: every <, >, &, " and ' escaped."""
     return html.escape(str(text), quote=True)
@@ -112,8 +97,7 @@ def pack_uint16(values: np.ndarray) -> str:
 
 
 def pattern_spec(patterns: PatternsPage, group: int) -> dict[str, Any]:
-    """The page's form of a patterns payload (`Patterns.page_payload()`): labels escaped for plotly, heads in deflated
-    groups of `group` (decoded on demand), a causal model's lower triangle only."""
+    """A `Patterns.page_payload()` for the page: heads deflated `group` at a time, a causal model's lower half."""
     n, heads, values = len(patterns["tokens"]), patterns["heads"], patterns["values"]
     flat = values.reshape(len(heads), n * n)  # (heads, queries * keys)
     rows, cols = np.tril_indices(n)
@@ -136,10 +120,6 @@ def pattern_spec(patterns: PatternsPage, group: int) -> dict[str, Any]:
         spec["thumbs"] = {"t": int(thumbnails.shape[-1]),
                           "data": _deflate(np.ascontiguousarray(thumbnails, dtype=np.uint8).tobytes())}
     return spec
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# the page frame
 
 
 STYLE = """
@@ -205,12 +185,31 @@ def page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotly
     )
 
 
-def static_summary(title: str, header: list[str], rows: list[list[str]]) -> str:
-    """A summary table for viewers that run no JavaScript (GitHub, nbviewer, e-mail): hidden once the plots draw."""
+def plain_table(header: list[str], rows: list[list[str]], kind: str = "") -> str:
+    """A table of text, every cell escaped; `kind`: a class that tests and scripts find it by."""
     head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
     body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
+    return f'<table class="probe-static-table{" " + kind if kind else ""}"><tr>{head}</tr>{body}</table>'
+
+
+def static_summary(title: str, header: list[str], rows: list[list[str]]) -> str:
+    """A summary table for viewers that run no JavaScript (GitHub, nbviewer, e-mail): hidden once the plots draw."""
     return (f'<div class="probe-static"><p class="probe-small">{esc(title)} (the interactive plots need '
-            f'JavaScript)</p><table class="probe-static-table"><tr>{head}</tr>{body}</table></div>')
+            f"JavaScript)</p>{plain_table(header, rows)}</div>")
+
+
+def head_grid(n_layers: int, n_heads: int, cells: Iterable[tuple[int, int, Any]], empty: Any = None) -> list[Any]:
+    """A layer x head map's rows: each cell's (layer, head, value), `empty` where a head has none."""
+    grid = [[empty] * n_heads for _ in range(n_layers)]
+    for layer, head, value in cells:
+        grid[layer][head] = value
+    return grid
+
+
+def grid_axes(n_layers: int, n_heads: int) -> dict[str, Any]:
+    """The page data's shape of a layer x head map (probe.js draws its axes from these)."""
+    return {"n_layers": n_layers, "n_heads": n_heads, "layer_axis": list(range(n_layers)),
+            "head_axis": list(range(n_heads))}
 
 
 def facts_table(rows: list[tuple[str, str]]) -> str:
@@ -220,15 +219,13 @@ def facts_table(rows: list[tuple[str, str]]) -> str:
 
 
 def header_cell(text: str, words: bool = False) -> str:
-    """A table header, escaped, whose hyphenated words do not break at their hyphen (U+2011, a hyphen that holds);
-    `words`: it heads a column of words (left-aligned, as its cells)."""
+    """A table header, escaped, its hyphens non-breaking (U+2011); `words`: it heads a left-aligned column."""
     cls = ' class="probe-text"' if words else ""
     return f"<th{cls}>{esc(text).replace('-', chr(0x2011))}</th>"
 
 
 def ranked_table(header: list[str], rows: list[list[str]], text_columns: int = 0) -> str:
-    """A table of heads ranked by a number (the page's counterpart of a terminal report's table): the first column
-    names the head, the last `text_columns` are words (left-aligned), the rest numbers; every cell escaped."""
+    """A terminal report's table of ranked heads on the page: the last `text_columns` are words, the rest numbers."""
     first = len(header) - text_columns
     cells = ["".join(f'<td class="probe-text">{esc(cell)}</td>' if i >= first else f"<td>{esc(cell)}</td>"
                      for i, cell in enumerate(row)) for row in rows]
@@ -236,13 +233,8 @@ def ranked_table(header: list[str], rows: list[list[str]], text_columns: int = 0
     return f'<table class="probe-ranked"><tr>{head}</tr>' + "".join(f"<tr>{row}</tr>" for row in cells) + "</table>"
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# pages
-
-
 def heatmap_page(patterns: PatternsPage, *, embed_plotly: bool = True) -> str:
-    """`probe heatmap`: one head's pattern at a time (layer and head chosen on the page, or each layer's average),
-    with an overview of every head that selects on click. `patterns` is a `Patterns.page_payload()`."""
+    """`probe heatmap`: one head's pattern at a time, with an overview of every head that selects on click."""
     heads, n_layers, n_heads = patterns["heads"], patterns["n_layers"], patterns["n_heads"]
     layers = sorted({layer for layer, _ in heads})
     per_layer = [sum(1 for at, _ in heads if at == layer) for layer in layers]
@@ -297,12 +289,9 @@ def _overview(patterns: PatternsPage) -> str:
 
 def _score_grid(payload: dict[str, Any], name: str) -> list[list[float | None]]:
     """(n_layers, n_heads) scores of one class, rounded for the page; None where not finite (or null)."""
-    grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
-    for entry in payload["heads"]:
-        value = entry["scores"].get(name)
-        if value is not None and math.isfinite(value):
-            grid[entry["layer"]][entry["head"]] = round(value, 4)
-    return grid
+    return head_grid(payload["n_layers"], payload["n_heads"], (
+        (entry["layer"], entry["head"], round(value, 4)) for entry in payload["heads"]
+        if (value := entry["scores"].get(name)) is not None and math.isfinite(value)))
 
 
 def _pattern_viewer(block: PatternsPage | None, flagged: list[Any], have_patterns: bool) -> str:
@@ -359,9 +348,8 @@ def _class_section(payload: dict[str, Any], index: int, name: str, patterns: dic
 
 def classification_page(payload: dict[str, Any], patterns: dict[str, PatternsPage] | None = None, *,
                         embed_plotly: bool = True) -> str:
-    """`probe classify --html` and `Classification._repr_html_`: a layer x head grid of each score with flagged
-    heads marked and, when `patterns` are given (probe set name -> `Patterns.page_payload()`), each flagged head's
-    pattern on the input that earned the label. `payload` is a `Classification.to_dict()`."""
+    """`probe classify --html`: each score's layer x head grid and, given `patterns` (probe set name ->
+    `Patterns.page_payload()`), each flagged head's pattern on the input that earned its label."""
     patterns = patterns or {}
     scores: list[dict[str, Any]] = []
     sections = [_class_section(payload, index, name, patterns, scores) for index, name in enumerate(payload["flagged"])]
@@ -376,8 +364,7 @@ def classification_page(payload: dict[str, Any], patterns: dict[str, PatternsPag
                        + (f" and {len(flagged) - STATIC_HEADS} more" if len(flagged) > STATIC_HEADS else "")
                        if flagged else "none"] for name, flagged in payload["flagged"].items()])
     body = f"<h1>Head classification of {esc(model)}</h1>" + facts_table(rows) + static + "".join(sections)
-    data = {"n_layers": n_layers, "n_heads": n_heads, "scores": scores, "layer_names": names,
-            "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads)),
+    data = {**grid_axes(n_layers, n_heads), "scores": scores, "layer_names": names,
             "patterns": {name: pattern_spec(block, 1) for name, block in patterns.items()}}
     return page("classification", f"probe classify: {model}", body, data, embed_plotly=embed_plotly)
 
@@ -419,26 +406,21 @@ def _ablation_entries(result: Any) -> list[tuple[int, int, float, float]]:
 
 def _ablation_data(entries: list[tuple[int, int, float, float]], n_layers: int, n_heads: int,
                    top: int, names: LayerNames = None) -> dict[str, Any]:
-    """The page's numbers: (n_layers, n_heads) grids of delta and loss (None: not ablated, or not finite) and the
-    `top` heads by |delta|."""
-    z: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
-    loss: list[list[float | None]] = [[None] * n_heads for _ in range(n_layers)]
+    """Grids of delta and loss (None: not ablated, or not finite) and the `top` heads by |delta|."""
     finite = [entry for entry in entries if math.isfinite(entry[2]) and math.isfinite(entry[3])]
-    for layer, head, head_loss, delta in finite:
-        z[layer][head], loss[layer][head] = round(delta, 6), round(head_loss, 6)
+    z = head_grid(n_layers, n_heads, ((layer, head, round(delta, 6)) for layer, head, _, delta in finite))
+    loss = head_grid(n_layers, n_heads, ((layer, head, round(value, 6)) for layer, head, value, _ in finite))
     ranked = sorted(finite, key=lambda e: -abs(e[3]))[:top]
     top_data = {"label": [short_label(layer, head, names) for layer, head, _, _ in ranked],
                 "name": [long_label(layer, head, names) for layer, head, _, _ in ranked],
                 "delta": [round(delta, 6) for _, _, _, delta in ranked],
                 "loss": [round(head_loss, 6) for _, _, head_loss, _ in ranked],
                 "color": ["#b2182b" if delta >= 0 else "#2166ac" for _, _, _, delta in ranked]}
-    return {"n_layers": n_layers, "n_heads": n_heads, "z": z, "loss": loss, "top": top_data, "layer_names": names,
-            "layer_axis": list(range(n_layers)), "head_axis": list(range(n_heads))}
+    return {**grid_axes(n_layers, n_heads), "z": z, "loss": loss, "top": top_data, "layer_names": names}
 
 
 def _estimate_marks(result: dict[str, Any], data: dict[str, Any], n_layers: int, n_heads: int) -> str:
-    """An estimate (`mode` estimate): each value marked exact or estimated in the page's data (grid `how`, bars
-    `how`); returns the heads row's "N ablated exactly, M estimated", or "" for a sweep."""
+    """An estimate's values marked exact or estimated in `data`; its "N ablated exactly, M estimated" ("" if none)."""
     if result.get("mode") != "estimate":
         return ""
     how: list[list[str | None]] = [[None] * n_heads for _ in range(n_layers)]
@@ -473,8 +455,7 @@ def _estimate_note(result: dict[str, Any]) -> str:
 
 
 def _effects_data(result: dict[str, Any]) -> dict[str, Any] | None:
-    """Per head with per-token effects: mean delta, specificity, and its top affected tokens (context split at the
-    token: text before it, the token), for the scatter of the ablation page; None when the payload has none."""
+    """The effects scatter's data: per head its mean delta, specificity and top tokens; None without effects."""
     heads = [entry for entry in result["heads"] if isinstance(entry.get("effects"), dict) and entry["effects"]]
     if not heads:
         return None
@@ -512,9 +493,8 @@ def _effects_section(effects: dict[str, Any] | None) -> str:
 
 
 def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP_HEADS) -> str:
-    """`probe ablate --html`: a layer x head heatmap of loss deltas (diverging, centred on 0) and the `top` heads
-    with the largest |delta|, from an ablation payload (`AblationResult.to_dict()` or the ablation JSON;
-    n_layers / n_heads may be absent). A head whose loss or delta is not finite is left blank."""
+    """`probe ablate --html` from an ablation payload or JSON (n_layers / n_heads may be absent): the heatmap of
+    loss deltas and the `top` heads by |delta|; a head whose loss or delta is not finite is left blank."""
     entries = _ablation_entries(result)
     n_layers = result.get("n_layers") or max(e[0] for e in entries) + 1
     n_heads = result.get("n_heads") or max(e[1] for e in entries) + 1
@@ -545,10 +525,6 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
     return page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# provenance
-
-
 def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     """("model.sha256", "ab12...") rows of a nested dict; None shown as a dash."""
     rows: list[tuple[str, str]] = []
@@ -561,8 +537,7 @@ def _flat(data: dict[str, Any], prefix: str = "") -> list[tuple[str, str]]:
 
 
 def provenance_block(provenance: dict[str, Any]) -> str:
-    """What produced the page (probe.provenance): a closed <details> table for the reader, and the same dict as JSON
-    (`#probe-provenance`) for a script."""
+    """What produced the page: a closed <details> table, and the same as JSON (`#probe-provenance`) for a script."""
     return ('<details class="probe-provenance" style="font: 0.85em system-ui, sans-serif; color: #555; '
             'max-width: 1500px; margin: 12px auto; padding: 0 16px;"><summary>Provenance: how this page was made'
             '</summary><table class="probe-kv">'

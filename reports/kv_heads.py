@@ -1,6 +1,4 @@
-"""`probe kv-heads` rendered from its payload (`KVHeads.to_dict()`): the terminal table and curve, the HTML page
-(a layer x KV-head map coloured by label, scores on hover, and the curve). Computes nothing; the exports are
-probe.headmaps.formats'."""
+"""`probe kv-heads`'s terminal report and page, from `KVHeads.to_dict()` (the exports are probe.headmaps')."""
 
 from __future__ import annotations
 
@@ -10,11 +8,23 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
-from probe.reports.terminal import print_precision
+from probe.reports.html import esc, facts_table, head_grid, page, plotly_text, ranked_table
+from probe.reports.terminal import print_precision, table
 from probe.reports.labels import long_label, short_label
 
 LISTED = 15  # full KV heads listed in the terminal; the JSON has all
+FULL = ["layer.kv", "retrieval", "streaming", "rank"]
+
+
+def _full(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The KV heads kept full, those retrieval needs most first."""
+    return sorted((row for row in payload["kv_heads"] if row["label"] == "full"), key=lambda r: -r["rank"])
+
+
+def _full_cells(full: list[dict[str, Any]]) -> list[list[str]]:
+    """The first LISTED full KV heads in FULL's columns: the terminal's table and the page's."""
+    return [[short_label(row["layer"], row["kv_head"]), f"{row['retrieval']:.3f}", f"{row['streaming']:.3f}",
+             str(row["rank"])] for row in full[:LISTED]]
 
 
 def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
@@ -24,24 +34,14 @@ def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
                   Text(f"({payload['n_layers']} layers x {payload['n_kv_heads']} KV heads, "
                        f"{payload['n_heads'] // payload['n_kv_heads']} query heads each; sink {payload['sink']} + "
                        f"recent {payload['recent']})"))
-    accuracy = Table(title="The model's own needle accuracy (teacher-forced, scored prompts)", title_justify="left",
-                     box=None, show_edge=False)
-    for column in ("length", "depth", "prompts", "all key tokens", "key tokens"):
-        accuracy.add_column(column, justify="right")
-    for row in payload["needle_accuracy"]:
-        accuracy.add_row(str(row["length"]), f"{row['depth']:g}", str(row["prompts"]), f"{row['accuracy']:.2f}",
-                         f"{row['token_accuracy']:.2f}")
-    console.print(accuracy)
-    full = sorted((row for row in payload["kv_heads"] if row["label"] == "full"), key=lambda r: -r["rank"])
+    console.print(table("length", "depth", "prompts", "all key tokens", "key tokens", pad_edge=True,
+                        title="The model's own needle accuracy (teacher-forced, scored prompts)", title_justify="left",
+                        rows=([str(row["length"]), f"{row['depth']:g}", str(row["prompts"]), f"{row['accuracy']:.2f}",
+                               f"{row['token_accuracy']:.2f}"] for row in payload["needle_accuracy"])))
+    full = _full(payload)
     console.print(Text(f"\n{payload['n_streaming']} of {total} KV heads stream, {len(full)} stay full "
                        f"(retrieval: max over the group; streaming: min)", style="bold"))
-    table = Table(box=None, show_edge=False)
-    for column in ("layer.kv", "retrieval", "streaming", "rank"):
-        table.add_column(column, justify="right")
-    for row in full[:LISTED]:
-        table.add_row(short_label(row["layer"], row["kv_head"]), f"{row['retrieval']:.3f}",
-                      f"{row['streaming']:.3f}", str(row["rank"]))
-    console.print(table)
+    console.print(table(*FULL, pad_edge=True, rows=_full_cells(full)))
     if len(full) > LISTED:
         console.print(Text(f"  ... and {len(full) - LISTED} more (see --json)", style="dim"))
     for line in budget_lines(payload.get("budget")):
@@ -61,11 +61,10 @@ def kv_heads_report(payload: dict[str, Any], console: Console) -> None:
 def curve_table(curve: dict[str, Any]) -> Table:
     """k streamed KV heads: loss change and needle accuracy for probe's order and the mean of the random ones."""
     randoms = [name for name in curve["orders"] if name != "probe"]
-    table = Table(title=f"Streaming the first k KV heads (baseline loss {curve['baseline_loss']:.4f}, needle accuracy "
-                        f"{curve['baseline_needle_accuracy']:.2f}; random: mean of {len(randoms)} orders)",
-                  title_justify="left", box=None, show_edge=False)
-    for column in ("k", "Δ loss probe", "Δ loss random", "needle probe", "needle random"):
-        table.add_column(column, justify="right")
+    grid = table("k", "Δ loss probe", "Δ loss random", "needle probe", "needle random", pad_edge=True,
+                 title=f"Streaming the first k KV heads (baseline loss {curve['baseline_loss']:.4f}, needle accuracy "
+                       f"{curve['baseline_needle_accuracy']:.2f}; random: mean of {len(randoms)} orders)",
+                 title_justify="left")
     ours = curve["orders"]["probe"]
     for index, k in enumerate(curve["k"]):
         def mean(key: str, form: str) -> str:
@@ -73,9 +72,9 @@ def curve_table(curve: dict[str, Any]) -> Table:
                       if (value := curve["orders"][name][key][index]) is not None]
             measured = f"{sum(values) / len(values):{form}}" if values else "stopped"
             return measured + (f" ({len(values)} of {len(randoms)})" if values and len(values) < len(randoms) else "")
-        table.add_row(str(k), f"{ours['loss_change'][index]:+.4f}", mean("loss_change", "+.4f"),
-                      f"{ours['needle_accuracy'][index]:.2f}", mean("needle_accuracy", ".2f"))
-    return table
+        grid.add_row(str(k), f"{ours['loss_change'][index]:+.4f}", mean("loss_change", "+.4f"),
+                     f"{ours['needle_accuracy'][index]:.2f}", mean("needle_accuracy", ".2f"))
+    return grid
 
 
 def budget_lines(budget: dict[str, Any] | None) -> list[str]:
@@ -97,14 +96,11 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
 
 def _map_data(payload: dict[str, Any]) -> dict[str, Any]:
     n_layers, n_kv = payload["n_layers"], payload["n_kv_heads"]
-    z = [[0] * n_kv for _ in range(n_layers)]
-    hover = [[""] * n_kv for _ in range(n_layers)]
-    for row in payload["kv_heads"]:
-        layer, kv = row["layer"], row["kv_head"]
-        z[layer][kv] = 1 if row["label"] == "full" else 0
-        hover[layer][kv] = plotly_text(f"{long_label(layer, kv).replace('head', 'KV head')}: {row['label']}, "
-                                       f"retrieval {row['retrieval']:.3f}, streaming {row['streaming']:.3f}, "
-                                       f"rank {row['rank']}")
+    rows = payload["kv_heads"]
+    z = head_grid(n_layers, n_kv, ((row["layer"], row["kv_head"], int(row["label"] == "full")) for row in rows), 0)
+    hover = head_grid(n_layers, n_kv, ((row["layer"], row["kv_head"], plotly_text(
+        f"{long_label(row['layer'], row['kv_head']).replace('head', 'KV head')}: {row['label']}, retrieval "
+        f"{row['retrieval']:.3f}, streaming {row['streaming']:.3f}, rank {row['rank']}")) for row in rows), "")
     curve = payload.get("curve")
     return {"n_layers": n_layers, "n_kv_heads": n_kv, "z": z, "hover": hover,
             "curve": None if not curve else {"k": curve["k"], "orders": curve["orders"]}}
@@ -119,8 +115,7 @@ def options_text(options: dict[str, Any]) -> str:
 
 
 def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
-    """The layer x KV-head map (blue streaming, red full; scores on hover) beside the KV heads kept full (the
-    terminal's table), and the curve of probe's order against random orders."""
+    """The layer x KV-head map beside the KV heads kept full, and the curve against random orders."""
     total = payload["n_layers"] * payload["n_kv_heads"]
     accuracy = ", ".join(f"{row['length']} tokens at depth {row['depth']:g}: {row['accuracy']:.2f}"
                          for row in payload["needle_accuracy"])
@@ -134,17 +129,15 @@ def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
              'on prompts other than the scored ones.</p><div class="probe-row">'
              '<div class="probe-curve-loss probe-grow"></div>'
              '<div class="probe-curve-needle probe-grow"></div></div></div>') if payload.get("curve") else ""
-    full = sorted((row for row in payload["kv_heads"] if row["label"] == "full"), key=lambda r: -r["rank"])
-    table = ranked_table(["layer.kv", "retrieval", "streaming", "rank"], [
-        [short_label(row["layer"], row["kv_head"]), f"{row['retrieval']:.3f}", f"{row['streaming']:.3f}",
-         str(row["rank"])] for row in full[:LISTED]])
+    full = _full(payload)
     more = f" ({LISTED} of {len(full)}; the JSON has all)" if len(full) > LISTED else ""
     body = (f"<h1>KV heads of {esc(payload['model'])}</h1>" + facts_table(rows)
             + '<div class="probe-section"><div class="probe-row"><div class="probe-grow"><h2>Layer x KV head</h2>'
             '<p class="probe-small">Red: full cache (retrieval); blue: streaming (sink + recent). Hover for the '
             'scores.</p><div class="probe-kv-map"></div></div>'
             f'<div class="probe-grow"><h2>The KV heads kept full{esc(more)}</h2>'
-            + (table if full else '<p class="probe-small">None: every KV head streams.</p>') + "</div></div></div>"
+            + (ranked_table(FULL, _full_cells(full)) if full else
+               '<p class="probe-small">None: every KV head streams.</p>') + "</div></div></div>"
             + curve)
     return page("kv_heads", f"probe kv-heads: {payload['model']}", body, _map_data(payload),
                  embed_plotly=embed_plotly)

@@ -1,10 +1,5 @@
-"""How a head is named in every report: one short form (`18.6`, tables, axes, lists) and one long form
-(`layer 18, head 6`, hovers, titles and sentences), and one for table columns (`L18H6`, CSV and DataFrames: it never
-reads as a number). probe.ablation's labels of heads ablated together (`5.1+18.6`) join short forms. The page script
-(assets/probe.js) writes the long form the same way.
-
-An encoder-decoder's payload carries `layer_names` (`enc0`, ..., `dec0`, `x0`, ...: probe.hooks.stacks names them);
-its heads read `x3.1` and `layer x3, head 1`. Every function takes those names (None: plain numbers)."""
+"""How every report names a head: short (`18.6`), long (`layer 18, head 6`, as assets/probe.js writes it) and in a
+column (`L18H6`); an encoder-decoder's payload's `layer_names` make them `x3.1` and `layer x3, head 1`."""
 
 from __future__ import annotations
 
@@ -43,9 +38,13 @@ def long_label(layer: int, head: int, names: LayerNames = None) -> str:
     return f"layer {layer_label(layer, names)}, head {head}"
 
 
+def number(value: float | None, form: str = ".3f") -> str:
+    """A payload number as text; "n/a" where it is None (strict JSON's null)."""
+    return "n/a" if value is None else f"{value:{form}}"
+
+
 def precision_note(payload: dict[str, Any]) -> str:
-    """The footer clause that says what a result was computed in: `computed in bfloat16 (...)`, from the payload's
-    `dtype` ("" where it has none: a payload written before results recorded it)."""
+    """`computed in bfloat16 (...)`, from the payload's `dtype` ("" where a payload predates it)."""
     dtype = payload.get("dtype")
     if not dtype:
         return ""
@@ -55,8 +54,7 @@ def precision_note(payload: dict[str, Any]) -> str:
 
 
 def precision_sentence(payload: dict[str, Any]) -> str:
-    """A terminal report's last line: `Computed in bfloat16, ..., on 2 threads.` ("" for a payload without
-    `dtype`)."""
+    """A terminal report's last line: `Computed in bfloat16, ..., on 2 threads.`"""
     note = precision_note(payload)
     return f"{note.capitalize()}{_threads_clause()}." if note else ""
 
@@ -74,7 +72,5 @@ def precision_fact(payload: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def column_label(layer: int, head: int, names: LayerNames = None, *, kv: bool = False) -> str:
-    """`L18H6` (`x3.1`): a head in a CSV or DataFrame column. pandas reads `0.1` and `0.10` as one float, so a column
-    of short labels would merge heads on a model of 10 or more heads per layer; --heads takes this form too. `kv`: a
-    key/value head (`L18KV2`), as maps over KV heads name theirs."""
+    """`L18H6` (`x3.1`; `kv`: `L18KV2`): pandas would read `0.1` and `0.10` as one float and merge two heads."""
     return f"L{layer}{'KV' if kv else 'H'}{head}" if not names else short_label(layer, head, names)

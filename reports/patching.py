@@ -1,7 +1,5 @@
-"""`probe patch`: its terminal report and its page, from `PatchResult.to_dict()` (with each head's direct logit
-attribution and classes, where the command added them): the heads by patch effect, layer x head maps of the patch
-effect and of the DLA, the by-position view with the prompt's tokens on its axis, and with `--self-repair` the
-payload's `self_repair` table (reports/selfrepair.py)."""
+"""`probe patch`'s terminal report, CSV rows and page, from `PatchResult.to_dict()` (with DLA, classes and
+self-repair where the command added them)."""
 
 from __future__ import annotations
 
@@ -11,12 +9,13 @@ from rich.console import Console
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import esc, facts_table, page, plotly_text, ranked_table
+from probe.reports.html import esc, facts_table, grid_axes, head_grid, page, plotly_text, ranked_table
 from probe.reports.terminal import table
 from probe.reports.labels import column_label, long_label, precision_clause, short_label
 from probe.reports.selfrepair import self_repair_html, self_repair_report
 
 TOP = 15  # heads in the terminal table and in the by-position view
+HEADER = ["head", "patch effect", "LD patched", "DLA", "classes"]
 
 
 def _rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -47,18 +46,20 @@ def _unit(row: dict[str, Any], payload: dict[str, Any]) -> str:
     return name if row.get("kv_head") is None else f"{row['layer']}.kv{row['kv_head']} (from {name})"
 
 
+def _ranked_cells(payload: dict[str, Any], top: int) -> list[list[str]]:
+    """The top heads by |patch effect|, in HEADER's columns: the terminal's table and the page's."""
+    return [[_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
+             "" if row.get("dla") is None else f"{row['dla']:+.3f}", ", ".join(row.get("classes", []))]
+            for row in ranked(payload, top)]
+
+
 def patch_report(payload: dict[str, Any], console: Console, *, top: int = TOP) -> None:
     """The runs' logit differences, then the top heads by patch effect with their DLA and classes."""
     console.print(Text(f"Activation patching of {payload['model']}: {payload['component']}, {payload['direction']}",
                        style="bold"), Text(f"({payload['data']})", style="dim"))
     console.print(f"  logit difference: clean {payload['clean_logit_diff']:+.3f}, corrupt "
                   f"{payload['corrupt_logit_diff']:+.3f}; patch effect 1 = the clean behaviour, 0 = the corrupt one")
-    grid = table("head", "patch effect", "LD patched", "DLA", "classes", left=("classes",))
-    for row in ranked(payload, top):
-        dla = row.get("dla")
-        grid.add_row(_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
-                     "" if dla is None else f"{dla:+.3f}", ", ".join(row.get("classes", [])))
-    console.print(grid)
+    console.print(table(*HEADER, left=("classes",), rows=_ranked_cells(payload, top)))
     console.print(Text(f"  {payload['path']}; {payload['seconds']:.1f} s{precision_clause(payload)}", style="dim"))
     if payload.get("paths"):
         path_report(payload["paths"], console)
@@ -88,12 +89,9 @@ def path_report(paths: dict[str, Any], console: Console) -> None:
 
 def _grid(payload: dict[str, Any], key: Literal["patch_effect", "dla"]) -> list[list[float | None]]:
     """(n_layers, n_heads) of one value of the head rows (None where a head has none)."""
-    grid: list[list[float | None]] = [[None] * payload["n_heads"] for _ in range(payload["n_layers"])]
-    for row in _rows(payload):
-        value = row.get(key)
-        if value is not None:
-            grid[row["layer"]][row["head"]] = round(float(value), 6)
-    return grid
+    cells = ((row["layer"], row["head"], round(float(value), 6)) for row in _rows(payload)
+             if (value := row.get(key)) is not None)
+    return head_grid(payload["n_layers"], payload["n_heads"], cells)
 
 
 def _by_position(payload: dict[str, Any], top: int) -> dict[str, Any] | None:
@@ -122,25 +120,15 @@ def _paths(payload: dict[str, Any]) -> dict[str, Any] | None:
 
 def patch_data(payload: dict[str, Any], top: int = TOP) -> dict[str, Any]:
     names = payload.get("layer_names")
-    return {"n_layers": payload["n_layers"], "n_heads": payload["n_heads"], "layer_names": names,
-            "layer_axis": list(range(payload["n_layers"])), "head_axis": list(range(payload["n_heads"])),
+    return {**grid_axes(payload["n_layers"], payload["n_heads"]), "layer_names": names,
             "effect": _grid(payload, "patch_effect"), "dla": _grid(payload, "dla") if any(
                 row.get("dla") is not None for row in _rows(payload)) else None,
             "by_position": _by_position(payload, top), "paths": _paths(payload),
             "top": [long_label(row["layer"], row["head"], names) for row in ranked(payload, top)]}
 
 
-def _ranked_html(payload: dict[str, Any], top: int) -> str:
-    """The terminal report's table of the top heads by |patch effect|, as a table of the page."""
-    rows = [[_unit(row, payload), f"{row['patch_effect']:+.3f}", f"{row['logit_diff']:+.3f}",
-             "" if row.get("dla") is None else f"{row['dla']:+.3f}", ", ".join(row.get("classes", []))]
-            for row in ranked(payload, top)]
-    return ranked_table(["head", "patch effect", "LD patched", "DLA", "classes"], rows, text_columns=1)
-
-
 def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP) -> str:
-    """The heads ranked by |patch effect| beside the layer x head maps of the patch effect and the DLA, then the
-    by-position view, path patching and self-repair where the run measured them."""
+    """The top heads beside the maps of patch effect and DLA, then what else the run measured."""
     data = patch_data(payload, top)
     rows = [("model", str(payload["model"])), ("data", str(payload["data"])),
             ("patched", f"each head's {payload['component']}, {payload['direction']}"),
@@ -152,7 +140,7 @@ def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int =
     body = (f"<h1>Activation patching of {esc(payload['model'])}</h1>" + facts_table(rows)
             + '<div class="probe-section"><div class="probe-row">'
             f'<div class="probe-grow"><h2>Top {shown} heads by |patch effect|</h2>'
-            + _ranked_html(payload, top) + "</div>"
+            + ranked_table(HEADER, _ranked_cells(payload, top), text_columns=1) + "</div>"
             + '<div class="probe-grow"><h2>Patch effect</h2><div class="probe-patch-effect"></div></div>'
             + ('<div class="probe-grow"><h2>Direct logit attribution (clean run)</h2>'
                '<div class="probe-patch-dla"></div></div>' if data["dla"] is not None else "")

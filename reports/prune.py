@@ -1,5 +1,4 @@
-"""`probe prune --html`: pruning curves (loss against the share pruned) from `PruneResult.to_dict()`; the random
-orderings drawn as a band from their lowest to their highest loss at each step."""
+"""`probe prune --html`: pruning curves from `PruneResult.to_dict()`, the random orderings as a band."""
 
 from __future__ import annotations
 
@@ -29,8 +28,7 @@ def _band(curves: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def prune_verdict(payload: dict[str, Any], limit: str) -> str | None:
-    """In words, the most any ordering pruned within the loss limit (`limit`: the allowed increase as the user gave
-    it, 5% or 0.2), or that none could prune any; None where there is no limit."""
+    """In words, the most any ordering pruned within `limit` (--max-increase as given); None without a limit."""
     if payload.get("max_loss") is None:
         return None
     most, most_loss, ordering = 0.0, payload["baseline_loss"], ""

@@ -1,17 +1,14 @@
-"""Terminal report, CSV rows and page of `QKAttribution.to_dict()` (probe qk): a head's scores split into pairs of
-query-side and key-side components, the marginals of each side, the grouped views and the check that the pairs sum
-to the model's own score; the page draws the pair matrix as a heatmap with the marginals beside it."""
+"""`probe qk`'s terminal report, CSV rows and page, from `QKAttribution.to_dict()`."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from probe.reports.html import asset_script, esc, facts_table, page, ranked_table
-from probe.reports.terminal import print_precision
+from probe.reports.terminal import print_precision, table
 from probe.reports.labels import precision_fact
 
 SHOWN = 16  # components per side drawn in the page's matrix (the rest summed into "other")
@@ -25,21 +22,19 @@ def _name(payload: dict[str, Any], index: int) -> str:
 
 
 def qk_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (query-side, key-side) component pair, largest |score contribution| first: for CSV. Layer and head
-    are integers, -1 where the component has none (embeddings, MLPs' head, biases)."""
+    """One CSV row per component pair, largest |score| first; layer and head -1 where the component has none."""
     components, views = payload["components"], payload["views"]
     size = len(components)
     cells = sorted(((i, j) for i in range(size) for j in range(size)),
                    key=lambda cell: -abs(views["score"]["matrix"][cell[0]][cell[1]]))
-    rows = []
-    for rank, (i, j) in enumerate(cells, start=1):
-        query, key = components[i], components[j]
-        rows.append({"rank": rank, "query": query["name"], "query_layer": -1 if query["layer"] is None else
-                     query["layer"], "query_head": -1 if query["head"] is None else query["head"],
-                     "key": key["name"], "key_layer": -1 if key["layer"] is None else key["layer"],
-                     "key_head": -1 if key["head"] is None else key["head"],
-                     "score": views["score"]["matrix"][i][j], "contrast": views["contrast"]["matrix"][i][j]})
-    return rows
+
+    def side(name: str, component: dict[str, Any]) -> dict[str, Any]:
+        return {name: component["name"], f"{name}_layer": -1 if component["layer"] is None else component["layer"],
+                f"{name}_head": -1 if component["head"] is None else component["head"]}
+
+    return [{"rank": rank, **side("query", components[i]), **side("key", components[j]),
+             "score": views["score"]["matrix"][i][j], "contrast": views["contrast"]["matrix"][i][j]}
+            for rank, (i, j) in enumerate(cells, start=1)]
 
 
 def _title(payload: dict[str, Any]) -> str:
@@ -58,9 +53,12 @@ def _check_line(view: dict[str, Any], what: str) -> str:
             f"{view['rounding_bound']:.2e})")
 
 
+def _largest(values: list[float], top: int) -> list[int]:
+    return sorted(range(len(values)), key=lambda index: -abs(values[index]))[:top]
+
+
 def _side(payload: dict[str, Any], values: list[float], top: int) -> str:
-    order = sorted(range(len(values)), key=lambda index: -abs(values[index]))[:top]
-    return "  ".join(f"{_name(payload, index)} {values[index]:+.3f}" for index in order)
+    return "  ".join(f"{_name(payload, index)} {values[index]:+.3f}" for index in _largest(values, top))
 
 
 def _groups(view: dict[str, Any], grouping: Literal["kind", "layer"]) -> str:
@@ -74,14 +72,11 @@ def qk_report(payload: dict[str, Any], console: Console, *, top: int = 10) -> No
                   Text(f"({payload['source']}; {_keys_read(payload)}; key/value head {payload['kv_head']})"))
     for name, what in VIEWS.items():
         view = payload["views"][name]
-        table = Table(title=f"Pairs of {what}", show_edge=False, pad_edge=False, box=None, title_justify="left")
-        for column in ("rank", "query side", "key side", "contribution", f"share of {view['model_score']:+.3f}"):
-            table.add_column(column, justify="left" if column.endswith("side") else "right")
-        for rank, pair in enumerate(view["top_pairs"][:top], start=1):
-            share = pair["value"] / view["model_score"] if view["model_score"] else float("nan")
-            table.add_row(str(rank), _name(payload, pair["query"]), _name(payload, pair["key"]),
-                          f"{pair['value']:+.3f}", f"{share:+.1%}")
-        console.print(table)
+        rows = [[str(rank), _name(payload, pair["query"]), _name(payload, pair["key"]), f"{pair['value']:+.3f}",
+                 f"{pair['value'] / view['model_score'] if view['model_score'] else float('nan'):+.1%}"]
+                for rank, pair in enumerate(view["top_pairs"][:top], start=1)]
+        console.print(table("rank", "query side", "key side", "contribution", f"share of {view['model_score']:+.3f}",
+                            left=("query side", "key side"), title=f"Pairs of {what}", title_justify="left", rows=rows))
         console.print(Text(f"key side: {_side(payload, view['key'], 5)}"))
         console.print(Text(f"query side: {_side(payload, view['query'], 5)}"))
         console.print(Text(f"by kind (query / key): {_groups(view, 'kind')}", style="dim"))
@@ -94,10 +89,7 @@ def qk_report(payload: dict[str, Any], console: Console, *, top: int = 10) -> No
 
 def _shown(payload: dict[str, Any], view: dict[str, Any]) -> dict[str, Any]:
     """The matrix of the SHOWN components of largest |marginal| on each side, the rest summed into "other"."""
-    def chosen(values: list[float]) -> list[int]:
-        return sorted(range(len(values)), key=lambda index: -abs(values[index]))[:SHOWN]
-
-    rows, cols = chosen(view["query"]), chosen(view["key"])
+    rows, cols = _largest(view["query"], SHOWN), _largest(view["key"], SHOWN)
     matrix = view["matrix"]
     rest_rows = [index for index in range(len(matrix)) if index not in rows]
     rest_cols = [index for index in range(len(matrix)) if index not in cols]
@@ -130,8 +122,7 @@ def _section(payload: dict[str, Any], name: View) -> str:
 
 
 def qk_page(payload: dict[str, Any]) -> str:
-    """`probe qk --html`: per view the pair matrix as a heatmap with each side's marginal beside it, the top pairs
-    and the grouped views; offline, every text escaped."""
+    """`probe qk --html`: per view the pair matrix with its marginals, the top pairs and the grouped views."""
     facts = [("model", str(payload["model"])), ("data", str(payload["source"])),
              ("head", f"{payload['layer']}.{payload['head']} (key/value head {payload['kv_head']})"),
              ("keys read", _keys_read(payload))] + precision_fact(payload)

@@ -1,6 +1,4 @@
-"""Self-repair tables from `SelfRepair.to_dict()` (probe.selfrepair), for `probe patch --self-repair` and `probe dla
---self-repair`: the terminal table, CSV rows, the layer x head grid of self-repair and the page's table, each
-ablated head with the later heads that cover for it."""
+"""The self-repair section of `probe patch` and `probe dla` (`SelfRepair.to_dict()`): table, grid and page table."""
 
 from __future__ import annotations
 
@@ -9,11 +7,12 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from probe.reports.html import esc
+from probe.reports.html import esc, head_grid, plain_table
 from probe.reports.terminal import table
 from probe.reports.labels import short_label
 
 TOP = 15  # ablated heads listed, largest |direct| first
+HEADER = ["head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm", "covered by"]
 
 EXPLAINED = ("total: the score's change with the head ablated; direct: its own path to the logits (the final norm "
              "frozen at the clean run); self-repair = total - direct (> 0: the rest of the model makes up for the "
@@ -27,10 +26,6 @@ EXPLAINED = ("total: the score's change with the head ablated; direct: its own p
 def _explained(section: dict[str, Any]) -> str:
     return (EXPLAINED.format(floor=section.get("repair_floor", 0.0))
             + f"; heads, MLPs, norm and covered by in {section['compensation_unit']}")
-
-
-def _heads(section: dict[str, Any], top: int) -> list[dict[str, Any]]:
-    return list(section["heads"])[:top]
 
 
 def _covered(row: dict[str, Any]) -> str:
@@ -47,34 +42,27 @@ def _title(section: dict[str, Any]) -> str:
             f"({section['points']} points; {section['dtype']}; largest |direct| first)")
 
 
+def _rows(section: dict[str, Any], top: int) -> list[list[str]]:
+    """The `top` ablated heads by |direct| effect, in HEADER's columns."""
+    return [[short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",
+             f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
+             f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row)] for row in section["heads"][:top]]
+
+
 def self_repair_report(section: dict[str, Any], console: Console, *, top: int = TOP) -> None:
     """The `top` ablated heads by |direct| effect, with their self-repair and the heads that cover for them."""
     console.print(Text(_title(section), style="bold"))
-    grid = table("head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm", "covered by",
-                 left=("covered by",))
-    for row in _heads(section, top):
-        grid.add_row(short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",
-                     f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
-                     f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row))
-    console.print(grid)
+    console.print(table(*HEADER, left=("covered by",), rows=_rows(section, top)))
     console.print(Text(f"  {_explained(section)}; {section.get('path', '')}", style="dim"))
 
 
 def self_repair_grid(section: dict[str, Any]) -> list[list[float | None]]:
     """(n_layers, n_heads) self-repair (None where a head was not ablated), for a layer x head map."""
-    grid: list[list[float | None]] = [[None] * section["n_heads"] for _ in range(section["n_layers"])]
-    for row in section["heads"]:
-        grid[row["layer"]][row["head"]] = round(float(row["self_repair"]), 6)
-    return grid
+    return head_grid(section["n_layers"], section["n_heads"], (
+        (row["layer"], row["head"], round(float(row["self_repair"]), 6)) for row in section["heads"]))
 
 
 def self_repair_html(section: dict[str, Any], *, top: int = TOP) -> str:
     """The page's self-repair section: a title, what the columns mean, and the table (every text escaped)."""
-    header = ["head", "total", "direct", "self-repair", "repaired", "heads", "MLPs", "norm", "covered by"]
-    rows = [[short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",
-             f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
-             f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row)] for row in _heads(section, top)]
-    head = "".join(f"<th>{esc(cell)}</th>" for cell in header)
-    body = "".join("<tr>" + "".join(f"<td>{esc(cell)}</td>" for cell in row) + "</tr>" for row in rows)
     return (f"<h2>{esc(_title(section))}</h2><p class=\"probe-small\">{esc(_explained(section))}.</p>"
-            f"<table class=\"probe-static-table probe-self-repair\"><tr>{head}</tr>{body}</table>")
+            + plain_table(HEADER, _rows(section, top), "probe-self-repair"))

@@ -1,6 +1,4 @@
-"""`probe steer`'s reports from `SteerResult.to_dict()`: the measure against the intervention's value per head (a
-terminal table, a curve per head on the page), `--find`'s ranking, and the greedy continuations side by side; a
-one-line header, the details (data, metric, intervention, the model as it is) in the footer. Computes nothing."""
+"""`probe steer`'s terminal report and page, from `SteerResult.to_dict()`."""
 
 from __future__ import annotations
 
@@ -35,8 +33,8 @@ def _parameter(payload: dict[str, Any]) -> str:
 
 
 def header_line(payload: dict[str, Any], flag: str = "--values") -> str:
-    """The report's first line, at most HEADER characters: the model (by its file's name where the whole path
-    would not fit) and what is measured, at each of `flag`'s values (the intervention's parameter)."""
+    """The report's first line, at most HEADER characters (the model by its file's name where its path is too
+    long)."""
     what = (f": {_measure(payload)} at each of {flag} ({payload['intervention']}'s {_parameter(payload)})"
             if payload["curves"] else "")
     line = f"Steering heads of {payload['model']}{what}"
@@ -92,21 +90,24 @@ def _find_table(payload: dict[str, Any], find: dict[str, Any], top: int, flag: s
     return grid
 
 
-def _generation_table(payload: dict[str, Any], generated: dict[str, Any], flag: str) -> Table:
+def _generations(payload: dict[str, Any], generated: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(head, value, text) of each continuation, the model as it is first."""
     names = payload.get("layer_names")
-    table = Table(show_edge=False, pad_edge=False, box=None, show_lines=False)
-    table.add_column("head", justify="right")
-    table.add_column(_word(flag), justify="right")
-    table.add_column(f"continuation of {generated['prompt']!r}", overflow="fold")
-    table.add_row("as it is", "", repr(generated["baseline"]))
-    for row in generated["rows"]:
-        table.add_row(short_label(row["layer"], row["head"], names), f"{row['setting']:g}", repr(row["text"]))
-    return table
+    return [("as it is", "", generated["baseline"])] + [
+        (short_label(row["layer"], row["head"], names), f"{row['setting']:g}", row["text"])
+        for row in generated["rows"]]
+
+
+def _generation_table(payload: dict[str, Any], generated: dict[str, Any], flag: str) -> Table:
+    grid = table("head", _word(flag))
+    grid.add_column(f"continuation of {generated['prompt']!r}", overflow="fold")
+    for head, value, text in _generations(payload, generated):
+        grid.add_row(head, value, repr(text))
+    return grid
 
 
 def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15, flag: str = "--values") -> None:
-    """A one-line header, the curves (the measure per head and value), the ranking, the continuations, and the
-    details in the footer; the tables name the values by `flag`, the option that gave them (--values, --alpha)."""
+    """The curves, the ranking, the continuations and the details; `flag` (--values, --alpha) names the values."""
     console.print(Text(header_line(payload, flag), style="bold"))
     if payload["curves"]:
         console.print(_curve_table(payload, flag))
@@ -124,8 +125,7 @@ def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15, fl
 
 
 def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
-    """The page's plot data: one line per head (the measure against the intervention's value), the model as it is
-    marked; --find's top bars."""
+    """The page's plot data: one line per head, and --find's top bars."""
     if "values" not in payload or "curves" not in payload:
         raise ProbeError("not a steering result (no values or curves)")
     names = payload.get("layer_names")
@@ -147,13 +147,9 @@ def _generation_rows(payload: dict[str, Any]) -> str:
     generated = payload.get("generations")
     if not generated:
         return ""
-    names = payload.get("layer_names")
-    rows = [("as it is", "", generated["baseline"])] + [
-        (short_label(row["layer"], row["head"], names), f"{row['setting']:g}", row["text"])
-        for row in generated["rows"]]
     text_cell = '<td class="probe-steer-text" style="white-space: pre-wrap">'  # the text as generated
     body = "".join(f"<tr><td>{esc(head)}</td><td>{esc(value)}</td>{text_cell}{esc(text)}</td></tr>"
-                   for head, value, text in rows)
+                   for head, value, text in _generations(payload, generated))
     return (f"<h2>Greedy continuations of <q>{esc(generated['prompt'])}</q></h2>"
             '<table class="probe-static-table probe-steer-generations"><tr><th>head</th>'
             f"<th>{esc(_parameter(payload))}</th>"

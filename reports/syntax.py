@@ -1,5 +1,4 @@
-"""Rendering of a syntax payload (`SyntaxResult.to_dict()`): the terminal report, CSV rows, and the HTML page (a
-relation x head map of accuracy above the baseline, and one head's correct arcs drawn over a sentence)."""
+"""`probe syntax`'s terminal report, CSV rows and page, from `SyntaxResult.to_dict()`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
-"""Terminal rendering with rich: readable reports of the plain payloads of results computed elsewhere
-(`Classification.to_dict()`, `AblationResult.to_dict()`)."""
+"""Terminal reports (rich) of classification and ablation payloads, and the table every report draws."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -25,11 +24,13 @@ def print_precision(payload: dict[str, Any], console: Console) -> None:
         console.print(Text(precision_sentence(payload), style="dim"))
 
 
-def table(*columns: str, left: Sequence[str] = (), **options: Any) -> Table:
-    """A borderless table of right-aligned columns, those named in `left` aligned left."""
+def table(*columns: str, left: Sequence[str] = (), rows: Iterable[Sequence[Any]] = (), **options: Any) -> Table:
+    """A borderless table of right-aligned columns, those named in `left` aligned left, holding `rows`."""
     grid = Table(**{"show_edge": False, "pad_edge": False, "box": None, **options})
     for column in columns:
         grid.add_column(column, justify="left" if column in left else "right")
+    for row in rows:
+        grid.add_row(*row)
     return grid
 
 
@@ -47,8 +48,7 @@ def layer_grid(payload: dict[str, Any], cell: Callable[[int, int], Text]) -> Tab
 
 def classification_report(payload: dict[str, Any], console: Console, *, max_rows: int = MAX_ROWS,
                           also: Sequence[str] = ()) -> None:
-    """For each class, the flagged heads by score, then a layer x head overview of the labels, the classes scored
-    and `also`, how to ask for the others (`--class retrieval`)."""
+    """Each class's flagged heads, the overview of labels, the classes scored and `also`, how to ask for others."""
     console.print(Text(f"Head classification of {payload['model']}", style="bold"),
                   Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
     for name, info in payload["probe_sets"].items():
@@ -64,15 +64,13 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
         if not flagged:
             console.print(Text("  none", style="dim"))
             continue
-        table = Table(show_edge=False, pad_edge=False, box=None)
-        table.add_column("layer.head", justify="right")
-        table.add_column("score", justify="right")
-        table.add_column("", no_wrap=True)
+        grid = table("layer.head", "score")
+        grid.add_column("", no_wrap=True)
         for entry in flagged[:max_rows]:
             score = entry["score"]
-            table.add_row(short_label(entry["layer"], entry["head"], payload.get("layer_names")), f"{score:.3f}",
-                          Text("█" * round(score * 20), style="cyan"))
-        console.print(table)
+            grid.add_row(short_label(entry["layer"], entry["head"], payload.get("layer_names")), f"{score:.3f}",
+                         Text("█" * round(score * 20), style="cyan"))
+        console.print(grid)
         if len(flagged) > max_rows:
             console.print(Text(f"  ... and {len(flagged) - max_rows} more (see --json)", style="dim"))
     console.print()
@@ -83,16 +81,14 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
 
 
 def common_classes(payload: dict[str, Any]) -> dict[str, int]:
-    """The classes that label more than COMMON of the heads (sink heads, on most models), with their head counts:
-    the overview draws them light, so that the other classes show."""
+    """The classes on more than COMMON of the heads (sink heads, mostly), drawn light so that the others show."""
     total = payload["n_layers"] * payload["n_heads"]
     counts = Counter(name for entry in payload["heads"] for name in entry["labels"])
     return {name: count for name, count in counts.items() if count > COMMON * total}
 
 
 def overview(payload: dict[str, Any]) -> Group:
-    """The legend, then the layer x head grid; each cell holds the letters of the head's labels, a common class's
-    (common_classes) in light lower case after the others'."""
+    """The legend, then the layer x head grid of label letters, a common class's light and last."""
     classes = payload["classes"]
     common = common_classes(payload)
     total = payload["n_layers"] * payload["n_heads"]
@@ -112,10 +108,6 @@ def overview(payload: dict[str, Any]) -> Group:
         return text
 
     return Group(Text(f"Overview, layer x head: {legend}"), layer_grid(payload, cell))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# ablation
 
 
 def _number(value: Any) -> float:
@@ -214,9 +206,7 @@ def _estimate_note(payload: dict[str, Any]) -> Text | None:
 
 
 def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
-    """An ablation payload: what was run, the baseline, the heads whose removal hurts most (positive delta) and
-    those whose removal helps (negative delta), heads whose delta is not a finite number ('nan', no bar), and heads
-    ablated together. An estimate's tables say so in their titles, and how it was made."""
+    """What was run, the baseline, the heads whose removal hurts and helps most, the non-finite, the groups."""
     _ablation_header(payload, console)
     note = _estimate_note(payload)
     if note is not None:
@@ -248,9 +238,7 @@ def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15)
 
 
 def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) -> Table:
-    """The heads with the sharpest per-token effect (largest maximum per-token delta), with their specificity (share
-    of the loss increase on the top 1% of tokens), their mean delta and the token they affect most, in its context.
-    The heads of largest mean delta are the table above it ("hurts most"): one table each, never two side by side."""
+    """The heads of largest per-token delta, with their specificity, mean delta and most affected token."""
     with_effects = [r for r in singles if r.get("effects")]
     sharp = sorted(with_effects, key=lambda r: -_number(r["effects"].get("max_token_delta")))[:top]
     grid = Table(title=f"Heads with the sharpest specific effect (largest per-token delta, {len(sharp)} of "
@@ -267,9 +255,7 @@ def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) 
 
 
 def classification_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
-    """`probe classify --csv`: one row per head, the DataFrame's columns (`Classification.to_frame`): layer, head,
-    its name (`L5H1`: pandas never reads it as a number), each class's score (empty where the class does not apply
-    to the layer), its labels (comma-separated)."""
+    """`probe classify --csv`: one row per head, in `Classification.to_frame`'s columns."""
     names = payload.get("layer_names")
     return [{"layer": entry["layer"], "head": entry["head"], "name": column_label(entry["layer"], entry["head"], names),
              **{name: "" if score is None else score for name, score in entry["scores"].items()},

@@ -1,6 +1,4 @@
-"""`probe track`'s reports, from `TrackResult.to_dict()`: the terminal summary (each checkpoint's loss, in-context
-learning score and best head per class; the phase changes) and the page (each class's scores against the step, one
-line per head; the in-context learning score and loss on the same axis; a step slider over the layer x head grid)."""
+"""`probe track`'s terminal summary and page, from `TrackResult.to_dict()`."""
 
 from __future__ import annotations
 
@@ -9,13 +7,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from probe.reports.html import asset_script, esc, facts_table, page
+from probe.reports.html import asset_script, esc, facts_table, head_grid, page, plain_table
 from probe.reports.terminal import print_precision
-from probe.reports.labels import long_label, short_label
-
-
-def _number(value: Any, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
+from probe.reports.labels import long_label, number, short_label
 
 
 def _best(checkpoint: dict[str, Any], name: str) -> str:
@@ -33,8 +27,8 @@ def _trajectory_table(payload: dict[str, Any]) -> Table:
     for column in ["checkpoint", "step", "loss", "ICL score", *classes]:
         table.add_column(column, justify="left" if column == "checkpoint" else "right")
     for checkpoint in payload["checkpoints"]:
-        table.add_row(checkpoint["name"], str(checkpoint["step"]), _number(checkpoint["loss"]),
-                      _number(checkpoint["icl_score"]), *(_best(checkpoint, name) for name in classes))
+        table.add_row(checkpoint["name"], str(checkpoint["step"]), number(checkpoint["loss"]),
+                      number(checkpoint["icl_score"]), *(_best(checkpoint, name) for name in classes))
     return table
 
 
@@ -48,7 +42,7 @@ def _phase_table(payload: dict[str, Any]) -> Table:
         table.add_row(change["class"], f"{change['from_step']} -> {change['to_step']}",
                       f"{change['best_before']:.2f} -> {change['best_after']:.2f}",
                       ", ".join(change["heads"]) or "none",
-                      _number(change["icl_change"]), "yes, same interval" if change["coincides_with_icl"] else "no")
+                      number(change["icl_change"]), "yes, same interval" if change["coincides_with_icl"] else "no")
     return table
 
 
@@ -73,8 +67,7 @@ def track_report(payload: dict[str, Any], console: Console) -> None:
 
 
 def _flagged(payload: dict[str, Any], name: str) -> set[tuple[int, int]]:
-    """Heads the page highlights for a class: those crossing its threshold at its phase change, and those over it
-    at the last checkpoint."""
+    """Heads the page highlights: crossing the threshold at the phase change, or over it at the last checkpoint."""
     heads = {(int(layer), int(head)) for change in payload["phase_changes"] if change["class"] == name
              for layer, head in (label.split(".") for label in change["heads"])}
     last = payload["checkpoints"][-1]["heads"] if payload["checkpoints"] else []
@@ -93,12 +86,10 @@ def track_data(payload: dict[str, Any]) -> dict[str, Any]:
                                                    if checkpoints else {})
         grids = []
         for checkpoint in checkpoints:
-            grid = [[None] * n_heads for _ in range(n_layers)]
-            for entry in checkpoint["heads"]:
-                value = entry["scores"].get(name)
-                values[(entry["layer"], entry["head"])].append(value)
-                grid[entry["layer"]][entry["head"]] = value
-            grids.append(grid)
+            cells = [(entry["layer"], entry["head"], entry["scores"].get(name)) for entry in checkpoint["heads"]]
+            for layer, head, value in cells:
+                values[(layer, head)].append(value)
+            grids.append(head_grid(n_layers, n_heads, cells))
         lines = [{"label": short_label(*key), "name": long_label(*key), "y": ys, "flagged": key in flagged}
                  for key, ys in values.items()]
         change = next((c for c in payload["phase_changes"] if c["class"] == name), None)
@@ -110,15 +101,13 @@ def track_data(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _phase_rows(payload: dict[str, Any]) -> str:
-    rows = "".join(f"<tr><td>{esc(c['class'])}</td><td>{c['from_step']} &rarr; {c['to_step']}</td>"
-                   f"<td>{c['best_before']:.3f} &rarr; {c['best_after']:.3f}</td>"
-                   f"<td>{esc(', '.join(c['heads']) or 'none')}</td><td>{esc(_number(c['icl_change']))}</td>"
-                   f"<td>{'yes' if c['coincides_with_icl'] else 'no'}</td>"
-                   "</tr>" for c in payload["phase_changes"])
+    rows = [[c["class"], f"{c['from_step']} → {c['to_step']}", f"{c['best_before']:.3f} → {c['best_after']:.3f}",
+             ", ".join(c["heads"]) or "none", number(c["icl_change"]), "yes" if c["coincides_with_icl"] else "no"]
+            for c in payload["phase_changes"]]
     if not rows:
         return f'<p class="probe-phase-none">No phase change (no rise of {payload["min_rise"]:g} or more).</p>'
-    return ('<table class="probe-static-table probe-phases"><tr><th>class</th><th>steps</th><th>best head</th>'
-            "<th>heads crossing</th><th>ICL change there</th><th>ICL's largest change</th></tr>" + rows + "</table>")
+    return plain_table(["class", "steps", "best head", "heads crossing", "ICL change there", "ICL's largest change"],
+                       rows, "probe-phases")
 
 
 def track_page(payload: dict[str, Any]) -> str:
