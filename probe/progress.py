@@ -1,13 +1,7 @@
-"""Progress of library calls. A function that reports progress takes `progress` under `reports`: a callable gets the
-events, `(done, total)` (`(stage, done, total)` for work in stages), each in the function's own unit; None (or
-False) shows nothing; True draws `Bars` on stderr. The library logs what it chose under the `probe` logger
-(`logging.getLogger("probe")`).
-
-`Bars` is the one drawing of progress, for `progress=True` and the command line alike: rich's bar per stage with its
-rate and time left. Off a terminal (a log file, a cluster job) each stage's row is a line, without the bar's glyphs
-(they differ only by colour), at every tenth of the work and at least every EVERY_SECONDS: a heartbeat thread draws
-it while the work reports nothing (one long forward). The time left comes from the stage's rate since its first
-count (the set-up before it left out) and is shown once a tenth of the stage is done."""
+"""Progress of library calls: `progress` is a `(done, total)` (or `(stage, done, total)`) callable, None, or True
+for `Bars` on stderr; choices are logged under the `probe` logger. `Bars` is rich's bar per stage, for the library
+and the CLI alike. Off a terminal (a log file, a cluster job) a row is a line at every tenth and at least every
+EVERY_SECONDS, from a heartbeat thread while one long forward reports nothing."""
 
 from __future__ import annotations
 
@@ -28,15 +22,13 @@ from rich.progress import Progress as RichProgress
 from rich.text import Text
 
 Progress = Callable[[int, int], None]
-"""A `(done, total)` callback, in the function's own unit of work; `total` may grow while the work is counted."""
+"""`(done, total)` in the function's own unit; `total` may grow."""
 ProgressArg = bool | Progress | None
-"""What a public function's `progress` keyword takes: True (Bars on stderr), a `(done, total)` callable, or None."""
+"""A public function's `progress`: True (Bars on stderr), a `(done, total)` callable, or None."""
 StageProgress = Callable[[str, int, int], None]
-"""Progress of work in named stages: `(stage, done, total)`, each stage counted in its own unit (the module's
-STAGE_UNITS names those a user knows; a stage without one is shown as a share)."""
+"""`(stage, done, total)`, each stage in its own unit (a module's STAGE_UNITS; else shown as a share)."""
 StageProgressArg = bool | StageProgress | None
-"""What the `progress` keyword of work in stages takes: True (a bar per stage), a `(stage, done, total)` callable, or
-None."""
+"""The `progress` of work in stages: True (a bar per stage), a StageProgress, or None."""
 log = logging.getLogger("probe")
 EVERY_SECONDS = 30.0  # off a terminal: at most this long between two lines
 FIRST_TENTH = 0.1  # the time left is shown once this share of a stage is done
@@ -57,8 +49,7 @@ def clock(seconds: float) -> str:
 
 
 def rate(task: Task) -> float | None:
-    """Units a second since the stage's first count (`since`: the set-up before it, a model's load or a sweep's
-    baseline, is no part of its rate); None before any time has passed."""
+    """Units a second since the stage's first count (`since`: a model's load is no part of the rate)."""
     since = task.fields.get("since")
     if since is None or task.start_time is None:
         return None
@@ -67,8 +58,7 @@ def rate(task: Task) -> float | None:
 
 
 def left(task: Task) -> float | None:
-    """Seconds left at the stage's `rate`, once FIRST_TENTH of it is done; None before, where no unit was counted
-    since its first count, and where the stage has no total or has ended."""
+    """Seconds left at the stage's `rate`, once FIRST_TENTH of it is done; else None."""
     speed, total, done = rate(task), task.total, task.completed
     if task.stop_time is not None or not speed or not total or done < FIRST_TENTH * total or done >= total:
         return None
@@ -81,8 +71,7 @@ def _number(value: float) -> str:
 
 
 class Counts(ProgressColumn):
-    """`12/40 heads, 0.8/s, 1:05 elapsed, ~1:20 left` (`30%, 2.1%/min, ...` or `%/s` for a stage without a unit; `1:05
-    elapsed` alone for one without a total), the rate and the time left once they are known."""
+    """`12/40 heads, 0.8/s, 1:05 elapsed, ~1:20 left` (`30%, 2.1%/min, ...` without a unit)."""
 
     def render(self, task: Task) -> Text:
         elapsed, unit = task.elapsed or 0.0, task.fields.get("unit")
@@ -101,11 +90,8 @@ class Counts(ProgressColumn):
 
 
 class Bars:
-    """rich's bar per stage on stderr, the callback of `(done, total)` (`__call__`, one stage named `label`) or of
-    `(stage, done, total)` (`stage`); `with` it while the work runs. `units`: what each stage counts. Off a terminal
-    the stage's row is a line at every new tenth (MIN_GAP apart), at least every EVERY_SECONDS (`tick`, from a
-    heartbeat thread, also before the first report) and at its end; a stage without a total (`status`) is said
-    first after `first` seconds. `console`, `now`: where it draws, and its clock."""
+    """rich's bar per stage on stderr: `__call__` is the `(done, total)` callback, `stage` the staged one; `with` it
+    while the work runs. A stage without a total is said first after `first` seconds."""
 
     def __init__(self, label: str, units: Mapping[str, str] | None = None, *, first: float = EVERY_SECONDS,
                  console: Console | None = None, now: Callable[[], float] | None = None) -> None:
@@ -150,8 +136,7 @@ class Bars:
             self.rich.update(self.current, note=text)
 
     def tick(self) -> None:
-        """Off a terminal, the running stage's row where EVERY_SECONDS have passed since its last line (`first`,
-        since its start, before its first)."""
+        """Off a terminal, the running stage's row once EVERY_SECONDS (`first` before its first) have passed."""
         with self.lock:
             task = self.rich.tasks[self.current] if self.current is not None else None
             due = self.first if self.said is None else EVERY_SECONDS
@@ -205,9 +190,8 @@ class Bars:
 
 
 def reports(label: str, stages: bool = False) -> Callable[[Callable[P, T]], Callable[P, T]]:
-    """A library function's `progress=True`: Bars named `label`, drawn while the function runs (its heartbeat thread
-    ends with the call, also on an error or Ctrl-C); the function gets their callback (`stages`: the `(stage, done,
-    total)` one). Under torchrun only the first process draws (`_shows_progress`); the others get None."""
+    """A library function's `progress=True`: Bars named `label` while it runs, ending with the call (also on Ctrl-C);
+    under torchrun only the first process draws, the others get None."""
     def wrap(function: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(function)
         def run(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -224,8 +208,7 @@ def reports(label: str, stages: bool = False) -> Callable[[Callable[P, T]], Call
 
 
 def _shows_progress() -> bool:
-    """Whether this process draws `progress=True`'s bars: run alone, or torchrun's first process (each process's bar
-    would show its own share of the work; the first's stands for all, docs/large-models.md)."""
+    """Run alone, or torchrun's first process: its share stands for all (docs/large-models.md)."""
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) <= 1 or int(os.environ.get("RANK", "0")) == 0
     except ValueError:
@@ -233,14 +216,12 @@ def _shows_progress() -> bool:
 
 
 def callback(progress: C | bool | None) -> C | None:
-    """The callback a `progress` argument gives (`reports` made True's), `(done, total)` or `(stage, done, total)`:
-    a callable, else None."""
+    """The callback a `progress` argument gives (`reports` made True's), else None."""
     return progress if callable(progress) else None
 
 
 def stage_tick(progress: StageProgress | None, stage: str) -> Progress | None:
-    """One stage's `(done, total)` callback, reported at 0 at once: the stage says what it is doing before its first
-    unit of work is done (and where it counts none)."""
+    """One stage's `(done, total)` callback, reported at 0 at once: the stage is named before its first unit."""
     if progress is None:
         return None
     progress(stage, 0, 1)

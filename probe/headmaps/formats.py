@@ -1,10 +1,5 @@
-"""The registry of head-map formats: each entry says how a file is recognised (name, extension, content), reads it
-into a `HeadMap` with its convention (query heads or KV heads), and, where probe writes the format, writes one.
-
-`read_map(path, score=...)` asks the entries in order and takes the first that recognises the file. A file that
-holds several scores (probe's classify JSON: one per class) needs `score`; a file of one score takes it alone.
-A new format is one `register_format(HeadFormat(...))` call; nothing else names it.
-"""
+"""The registry of head-map formats: each recognises a file, reads it into a `HeadMap` with its convention and,
+where probe writes the format, writes one. A new format is one `register_format(HeadFormat(...))` call."""
 
 from __future__ import annotations
 
@@ -32,8 +27,7 @@ GATE_UNIT = "gate, 0 to 1"
 
 @dataclass(frozen=True)
 class HeadFormat:
-    """One format: `recognises(path)`, `read(path, score)`; `write(map, path, settings)` where probe writes it
-    (`settings`: what the format's settings file holds beside the map, where it has one: `settings_file`)."""
+    """One format; `settings_file`: where a writer puts its `settings` beside the map."""
 
     name: str
     convention: str  # in words: which heads a value belongs to
@@ -45,7 +39,6 @@ class HeadFormat:
 
 
 FORMATS: dict[str, HeadFormat] = {}
-"""Every format, in the order `read_map` asks them."""
 
 
 def register_format(entry: HeadFormat) -> HeadFormat:
@@ -55,7 +48,8 @@ def register_format(entry: HeadFormat) -> HeadFormat:
 
 
 def read_map(path: str | Path, score: str | None = None) -> HeadMap:
-    """The head map in `path` (a file, or DuoAttention's folder), read by the first format that recognises it."""
+    """The head map in `path` (a file, or DuoAttention's folder), read by the first format that recognises it; a
+    file of several scores needs `score`."""
     where = Path(path)
     if not exists(where):
         raise ProbeError(f"{where} does not exist: give a head-map file (or a DuoAttention folder)")
@@ -70,9 +64,7 @@ def read_map(path: str | Path, score: str | None = None) -> HeadMap:
 
 
 def write_map(head_map: HeadMap, path: str | Path, format: str, settings: dict[str, Any] | None = None) -> Path:
-    """Write `head_map` in `format` (one of those that has a writer), the one writer of that format's files (probe
-    compare's and probe kv-heads --export's); `settings` go into the format's settings file beside the map
-    (DuoAttention's config.json: sink_size, recent_size). Returns the path written."""
+    """Write `head_map` in `format`, `settings` in its settings file (DuoAttention's config.json); the path."""
     entry = FORMATS.get(format)
     if entry is None or entry.write is None:
         writers = [name for name, known in FORMATS.items() if known.write is not None]
@@ -84,14 +76,12 @@ def write_map(head_map: HeadMap, path: str | Path, format: str, settings: dict[s
 
 
 def _number(value: float) -> str:
-    """One float64 as every text map probe writes it: `.18e`, DuoAttention's own form (numpy.savetxt's default),
-    which reads back as the same float64 (19 significant digits; 17 suffice)."""
+    """`.18e`: DuoAttention's own form (numpy.savetxt's default), read back as the same float64."""
     return f"{value:.18e}"
 
 
 def pick_score(fields: list[str], score: str | None, source: Path) -> str:
-    """The field to read: `score` where the file has it; the only one where it has one; else refused in one line
-    listing the choices."""
+    """`score` where the file has it, or its only one; else refused, listing the choices."""
     if not fields:
         raise ProbeError(f"{source} holds no head scores: write it again, or give another file")
     if score is not None and score in fields:
@@ -162,15 +152,9 @@ KV_QUANTITIES = {"retrieval": "retrieval score", "streaming": "streaming score",
 """What each of those maps measures: a KV head's score is its query heads' (grouped), the same kind of score."""
 
 
-def _read_kv_heads(path: Path, score: str | None) -> HeadMap:
-    """probe kv-heads --json: retrieval / streaming per query head and per KV head (labels: the KV heads kept
-    full), and the DuoAttention values it exports."""
-    return kv_heads_map(read_json(path), score, path)
-
-
 def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path) -> HeadMap:
-    """One map of a `KVHeads.to_dict()` payload (`score`: one of KV_FIELDS), as its --json file reads back: what
-    `probe kv-heads --export` writes through `write_map`."""
+    """One map (`score`: one of KV_FIELDS) of a `KVHeads.to_dict()` payload: its --json file, or what --export
+    writes; labels: the KV heads kept full."""
     path = Path(source)
     name = pick_score(list(KV_FIELDS), score, path)
     n_layers, n_heads, n_kv = payload["n_layers"], payload["n_heads"], payload["n_kv_heads"]
@@ -189,18 +173,16 @@ def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path)
 
 
 def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
-    """What DuoAttention's config.json says beside the map of a `KVHeads.to_dict()` payload (`write_map`'s
-    settings): the streaming heads' sink and recent keys (and, for a kvpress budget, the head_compression_ratio that
-    streams exactly its streaming heads)."""
+    """DuoAttention's config.json beside a `KVHeads.to_dict()` payload's map: sink and recent keys (and a kvpress
+    budget's head_compression_ratio)."""
     press = (payload.get("budget") or {}).get("kvpress")
     return {"sink_size": payload["sink"], "recent_size": payload["recent"],
             **({"head_compression_ratio": press["head_compression_ratio"]} if press else {})}
 
 
 def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
-    """RazorAttention's map of a `KVHeads.to_dict()` payload, {layer: [kv_head, ...]}: the KV heads that keep the
-    full cache (`probe kv-heads --export razor:` writes it as JSON; no format reads it back, as it does not say how
-    many KV heads a layer has)."""
+    """RazorAttention's {layer: [kv_head, ...]} of the full KV heads (write-only: it does not say how many KV heads
+    a layer has)."""
     out: dict[str, list[int]] = {str(layer): [] for layer in range(payload["n_layers"])}
     for row in payload["kv_heads"]:
         if row["label"] == "full":
@@ -232,8 +214,7 @@ def _is_retrieval_head(payload: Any) -> bool:
 
 
 def _read_retrieval_head(path: Path, score: str | None) -> HeadMap:
-    """Wu et al. 2024 (nightdessert/Retrieval_Head `head_score/*.json`; probe's `--export headkv:`): {"L-H":
-    [score per trial]} over query heads, a head's value the mean of its list."""
+    """Wu et al. 2024 (nightdessert/Retrieval_Head `head_score/*.json`): a head's value is the mean of its list."""
     pick_score(["retrieval"], score, path)
     payload = read_json(path)
     cells = {tuple(int(part) for part in HEAD_KEY.match(key).groups()): value  # type: ignore[union-attr]
@@ -279,8 +260,7 @@ def _read_duo(path: Path, score: str | None) -> HeadMap:
 
 
 def _write_duo(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
-    """A DuoAttention folder: the TSV of a KV-head map and a config.json of its threshold and `settings`
-    (DuoAttention's load_attn_pattern reads sink_size and recent_size there)."""
+    """A DuoAttention folder: the TSV and a config.json of its threshold and `settings` (load_attn_pattern's)."""
     if head_map.convention != KV:
         raise ProbeError(f"DuoAttention's map is over KV heads; {head_map.source} is over query heads: group it "
                          "first (HeadMap.to_kv)")
@@ -315,8 +295,7 @@ def _load_array(path: Path) -> Any:
 
 
 def _read_tensor(path: Path, score: str | None) -> HeadMap:
-    """A [n_layers, n_heads] tensor over query heads (TransformerLens' head_detector); a .pt dict of them holds
-    one score per key."""
+    """A [n_layers, n_heads] tensor (TransformerLens' head_detector); a .pt dict holds one score per key."""
     try:
         loaded = _load_array(path)
     except ProbeError:
@@ -360,7 +339,7 @@ register_format(HeadFormat(
 register_format(HeadFormat(
     "probe-kv-heads", "query heads or KV heads (by score)", "probe kv-heads --json: retrieval, streaming, "
     "kv_retrieval, kv_streaming, duo", _json_with(lambda data: _is_probe(data, "heads", "kv_heads", "n_kv_heads")),
-    _read_kv_heads))
+    lambda path, score: kv_heads_map(read_json(path), score, path)))
 register_format(HeadFormat(
     "probe-ablate", "query heads", "probe ablate --json: delta (and each part's *_delta) per head",
     _json_with(lambda data: _is_probe(data, "heads", "baseline_loss", "n_heads")), _read_ablate))
@@ -383,8 +362,7 @@ def _is_neuronpedia_metrics(data: Any) -> bool:
 
 
 def _read_neuronpedia(path: Path, score: str | None) -> HeadMap:
-    """Neuronpedia's head-metrics JSON: one query-head map per metric, each with its quantity and unit (an entropy
-    in nats is never compared with a share of attention)."""
+    """Neuronpedia's head-metrics JSON: one map per metric, with its unit (nats are never compared with shares)."""
     from probe.headvis.result import UNITS
 
     payload = read_json(path)

@@ -1,21 +1,9 @@
-"""Neuronpedia HeadVis's six per-head metrics, after Anthropic's "Visualizing Attention Heads" (Luger, Kamath et al.
-2026), with HeadVis's definitions: A is one head's attention over the valid sequences (right padding; at least two
-tokens), i a query position, j a key position.
-
-- self_attention_score: the sum of A[i, i] over every valid query, over the number of valid queries;
-- prev_token_score: the sum of A[i, i - 1] over valid queries i >= 1, over their number;
-- pattern_entropy: the sum over valid rows of -sum_j A_ij log max(A_ij, float32 tiny), over the valid queries;
-- qk_distance: the sum over valid rows of sum_j A_ij |i - j|, over the valid queries;
-- qk_distance_variance: the same with (i - j)^2, over the valid queries, minus qk_distance squared;
-- induction_score: on the text itself, for every query i and every earlier occurrence p < i of its token, A[i, p + 1]
-  (weights under 0.01 counted 0), summed, over the number of queries with an earlier occurrence.
-
-Read from each layer call's fused statistics (probe.kernels): the diagonals from the log-sum-exp, the entropy and
-distances from each row's moments (probe.kernels.moments: lse_i - sum_j A_ij s_ij, sum_j A_ij |i - j|, ...), the
-induction weights from the logits of the selected pairs alone. A layer no backend serves reduces blocks of its
-eager weights with the same definitions (`add_block`). Beside the sums, each (sequence, head)'s largest weight past
-position 0 (rows and keys; HeadVis's max_activation) for the data tree's sampling and histograms.
-"""
+"""Neuronpedia HeadVis's six per-head metrics (after Luger, Kamath et al. 2026), with HeadVis's definitions over the
+valid queries i of sequences of two tokens or more: self_attention_score A[i, i]; prev_token_score A[i, i - 1]
+(i >= 1); pattern_entropy -sum_j A_ij log max(A_ij, tiny); qk_distance sum_j A_ij |i - j| and its variance;
+induction_score A[i, p + 1] over earlier occurrences p of i's token (under 0.01 counted 0), per repeated query.
+Read from fused statistics where a backend serves a layer (no weights formed), else from blocks of eager weights
+(`add_block`) by the same definitions; beside them each (sequence, head)'s max_activation for the data tree."""
 
 from __future__ import annotations
 
@@ -33,17 +21,14 @@ from probe.kernels.moments import moments_of
 
 METRICS = ("self_attention_score", "prev_token_score", "pattern_entropy", "qk_distance", "qk_distance_variance",
            "induction_score")
-"""The metrics, in HeadVis's order."""
 SUMS = ("self", "previous", "entropy", "distance", "squared_distance", "induction")
-"""The running sums the metrics are finished from."""
 INDUCTION_THRESHOLD = 0.01  # induction weights under it count 0 (HeadVis's default)
 TINY = torch.finfo(torch.float32).tiny  # the entropy's clamp
 QUERIES_AT_ONCE = 128  # queries of one token's occurrences whose induction logits are computed at once
 
 
 def induction_pairs(tokens: list[int]) -> tuple[Tensor, Tensor, int]:
-    """(queries, keys, repeated) of one sequence: for every position i and every earlier position p holding its
-    token, the pair (i, p + 1); `repeated` counts the positions with an earlier occurrence."""
+    """(queries, keys, repeated): the pair (i, p + 1) for every earlier position p of i's token."""
     seen: dict[int, list[int]] = defaultdict(list)
     queries: list[int] = []
     keys: list[int] = []
@@ -86,9 +71,8 @@ class Sequences:
 
 
 def occurrence_groups(tokens: Tensor) -> list[tuple[Tensor, Tensor]]:
-    """The positions of each token that occurs twice or more in a sequence, as rows padded to the next power of two
-    of their count, one (positions (g, c), real (g, c) bool) per width: every induction pair (i, p + 1) is two
-    positions of one row, p before i."""
+    """The positions of each repeated token, as rows padded to a power of two, one (positions, real) per width:
+    every induction pair is two positions of one row."""
     order = torch.argsort(tokens, stable=True)  # positions by token, in order within each token
     counts = torch.unique_consecutive(tokens[order], return_counts=True)[1]
     buckets: dict[int, list[Tensor]] = defaultdict(list)
@@ -106,8 +90,7 @@ def occurrence_groups(tokens: Tensor) -> list[tuple[Tensor, Tensor]]:
 
 
 class HeadVisSums:
-    """The metrics' running sums per (layer, head), fed one layer call's fused statistics (`add_statistics`) or one
-    block of eager weights (`add_block`) at a time; `batch` is set before each batch's forward."""
+    """The metrics' running sums per (layer, head); `batch` is set before each batch's forward."""
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
         self.sums = torch.zeros(len(SUMS), n_layers, n_heads, dtype=torch.float64)
@@ -211,9 +194,8 @@ def _diagonal(weights: Tensor, start: int, shift: int) -> Tensor:
 
 
 def _group_weights(statistics: FusedStatistics, row: int, positions: Tensor, real: Tensor) -> Tensor:
-    """(h,) float64: sequence `row`'s induction weights A[i, p + 1] within each row of `positions` (p before i; those
-    under the threshold counted 0), summed: from the logits of those queries and keys alone (one product per row of
-    occurrences: the queries and keys gathered once, not once per pair) and the log-sum-exp."""
+    """(h,) float64: sequence `row`'s induction weights summed, from the logits of those queries and keys alone (one
+    product per row of occurrences, not one per pair) and the log-sum-exp."""
     query, key, lse = statistics.query[row], statistics.key[row], statistics.lse[row]  # (hq, n, d), (hk, kv, d)
     hq, hk, d = query.shape[0], key.shape[0], query.shape[-1]
     positions, real = positions.to(lse.device), real.to(lse.device)
@@ -237,8 +219,7 @@ def _group_weights(statistics: FusedStatistics, row: int, positions: Tensor, rea
 
 
 def _pair_bias(statistics: FusedStatistics, row: int, rows: Tensor, columns: Tensor) -> Tensor:
-    """The mask's additive part at the pairs (hq or 1, pairs): the bias where given, -inf where the key mask or the
-    sliding window hides a key (a pair's key is never after its query)."""
+    """The mask's additive part at the pairs (hq or 1, pairs): the bias, or -inf where a key is hidden."""
     if statistics.bias is not None:
         bias = statistics.bias[row if statistics.bias.shape[0] > 1 else 0]  # (hq or 1, n or 1, kv)
         return bias[:, rows if bias.shape[1] > 1 else 0, columns].float()
@@ -252,9 +233,7 @@ def _pair_bias(statistics: FusedStatistics, row: int, rows: Tensor, columns: Ten
 
 
 def finish(sums: Tensor, counts: Tensor) -> dict[str, Tensor]:
-    """The metrics from the running sums (SUMS, n_layers, n_heads) and counts (valid queries, valid queries past
-    the first, repeated queries): each sum over its count (NaN where nothing was counted), the variance as the
-    second moment minus the squared mean."""
+    """The metrics from the running sums and counts (NaN where nothing was counted)."""
     named = dict(zip(SUMS, sums))
 
     def mean(total: Tensor, count: Tensor) -> Tensor:

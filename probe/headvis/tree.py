@@ -1,13 +1,7 @@
-"""HeadVis's formats, both ways: Neuronpedia's published head-metrics JSON (`{"config": ..., "metrics": {name:
-[[per head] per layer]}}`: `neuronpedia_json`, `read_neuronpedia_json`), and the data tree the HeadVis frontend reads
-(`write_tree`: config.json, scatter_data.json, heads/L{layer}H{head}.json, the static-only stubs), its field names
-those of Neuronpedia's pipeline (utils/neuronpedia-utils/neuronpedia_utils/headvis, its README).
-
-A head's file shows the sampled sequences (probe.headvis.run: a few, spread over the set) as sparse COO, each row's
-top keys at or over `sparse_threshold`, flat index q x seq_len + k; each sequence in an activation interval by
-equal-frequency boundaries of the head's max_activation over every sequence (1 lowest); the qk-distance histogram
-and top query and key tokens from those entries; the activation histogram and mean over every sequence.
-"""
+"""What HeadVis reads: Neuronpedia's head-metrics JSON (`neuronpedia_json`; probe.headmaps.formats reads it back)
+and the frontend's data tree (`write_tree`), with the field names of Neuronpedia's pipeline
+(utils/neuronpedia-utils/neuronpedia_utils/headvis). A head's file holds its sampled sequences as sparse COO (flat
+index q x seq_len + k), each in an equal-frequency interval of max_activation (1 lowest)."""
 
 from __future__ import annotations
 
@@ -19,10 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from torch import Tensor
-
-from probe.errors import ProbeError
 from probe.headvis.metrics import METRICS
 from probe.headvis.result import HeadVisMetrics, Sample, rounded
 
@@ -52,20 +42,6 @@ def neuronpedia_json(result: HeadVisMetrics) -> dict[str, Any]:
               "n_heads": result.n_heads}
     return {"config": config, "metrics": {name: [[rounded(float(value)) for value in row]
                                                  for row in result.metrics[name].tolist()] for name in METRICS}}
-
-
-def read_neuronpedia_json(path: str | Path) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """(config, {metric: (layers, heads) float32, NaN for null}) of a published head-metrics JSON."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise ProbeError(f"{path}: not a readable head-metrics JSON ({error})") from error
-    metrics = data.get("metrics") if isinstance(data, dict) else None
-    if not isinstance(metrics, dict) or not metrics:
-        raise ProbeError(f"{path}: a head-metrics JSON has a \"metrics\" object of layers x heads")
-    return data.get("config") or {}, {name: torch.tensor([[math.nan if value is None else value for value in row]
-                                                          for row in rows], dtype=torch.float32)
-                                      for name, rows in metrics.items()}
 
 
 def write_tree(result: HeadVisMetrics, directory: str | Path, *, sparse_threshold: float = SPARSE_THRESHOLD,
