@@ -1,7 +1,5 @@
-"""Sharded sweeps under torchrun (`torchrun --nproc-per-node N -m probe.cli ablate ...`): every process loads the
-model on its own device, computes the same baseline and runs a share of the sweep's chunks, dealt out by cost, so the
-merged result equals a single-process sweep exactly. Each process streams to its own shard file; a resumed run pools
-every shard it sees. Rank 0 gathers the results (torch.distributed) and writes the one results file."""
+"""Sharded sweeps under torchrun: each process runs a share of the sweep's chunks on its own device, streaming to its
+own shard file, and rank 0 gathers and writes the one results file, equal to a single-process sweep exactly."""
 
 from __future__ import annotations
 
@@ -29,9 +27,7 @@ from probe.models import DeviceMap, LoadedModel, input_device, parse_device_map
 __all__ = ["Rank", "assign_chunks", "current", "process_group", "rank_device", "rank_placement", "shard_path",
            "shard_paths", "sharded_sweep"]
 
-TIMEOUT = timedelta(hours=float(os.environ.get("PROBE_DIST_TIMEOUT_HOURS", "168")))
-"""How long a process waits for the others at the final gather (the slowest share can finish hours after the
-fastest)."""
+TIMEOUT = timedelta(hours=float(os.environ.get("PROBE_DIST_TIMEOUT_HOURS", "168")))  # the slowest share: hours later
 
 
 @dataclass(frozen=True)
@@ -96,8 +92,8 @@ def rank_device(rank: Rank | None, device: str | None) -> str | None:
 
 def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_folder: str | Path | None
                    ) -> tuple[DeviceMap | None, Path | None, dict[int | str, int] | None]:
-    """(device map, offload folder, max_memory) for this process: a strategy confined to its group of GPUs and share
-    of CPU memory, a JSON map's GPU indices counted within the group, an offload subfolder of its own."""
+    """(device map, offload folder, max_memory) for this process: its group of GPUs, its share of CPU memory, a JSON
+    map's GPU indices counted within the group, an offload subfolder of its own."""
     folder = None if offload_folder is None else Path(offload_folder)
     parsed = parse_device_map(device_map)
     if rank is None or parsed is None:
@@ -139,8 +135,7 @@ def _backend(device: torch.device) -> str:
 
 @contextmanager
 def process_group(device: torch.device | str | None = None) -> Iterator[Rank | None]:
-    """torch.distributed's default group (nccl on CUDA, else gloo) for the `with`, yielding this Rank (None when
-    alone); a group that already exists is used and left alone."""
+    """torch.distributed's default group for the `with`, yielding this Rank (None alone); an existing one is kept."""
     rank = current()
     if rank is None:
         yield None
@@ -175,8 +170,7 @@ def gather(value: Any) -> list[Any]:
 # shard files
 
 
-RANK_SUFFIX = re.compile(r"[0-9]+")
-"""What follows `.shard-` in a shard file's name: its rank, in ASCII digits."""
+RANK_SUFFIX = re.compile(r"[0-9]+")  # after `.shard-`: the rank, in ASCII digits
 
 
 def shard_path(results_path: str | Path, rank: int) -> Path:
@@ -215,8 +209,7 @@ def _finished(results_path: Path) -> tuple[dict[str, Any] | None, list[HeadResul
 
 
 def _share_finished(results_path: Path, mine: Path) -> int:
-    """Before a resumed run: pool what every process sees into this process's shard, so that whichever rank owns a
-    finished chunk skips it. Returns how many ablations were finished."""
+    """Pool what every process sees into this process's shard, so the rank owning a finished chunk skips it."""
     header, entries, read = _finished(results_path)
     pooled = gather((header, [entry.to_dict() for entry in entries], read))
     headers = [(h, files) for h, _, files in pooled if h is not None]
@@ -282,8 +275,7 @@ def _gathered(result: AblationResult, ablations: list[Any]) -> tuple[dict[Any, H
 def sharded_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None = None, *,
                   results_path: str | Path, resume: bool = False, groups: Sequence[Sequence[Head]] = (),
                   mode: str = "exact", **options: Any) -> AblationResult | None:
-    """This process's share of `sweep` under torchrun; rank 0 writes and returns the merged result (the others None),
-    which equals `sweep`'s run alone, bit for bit."""
+    """This process's share of `sweep` under torchrun; rank 0 returns the merged result (bit for bit `sweep`'s)."""
     results_path = Path(results_path)
     rank = current()
     if rank is None:

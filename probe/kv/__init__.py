@@ -1,12 +1,7 @@
 """`kv_heads`: which KV heads a long-context cache can shrink to sink + recent keys (streaming) and which need the
-full cache (retrieval), with the check that makes such a map trustworthy.
-
-Scores come from needle prompts (retrieval, Wu et al. 2024; streaming, Xiao et al. 2023); a KV head streams only if
-every query head sharing it can (max retrieval, min streaming over the group). The order: retrieval ascending, ties
-by streaming descending. Labels come from a calibrated budget (the largest k of that order whose measured point keeps
-needle accuracy and the loss change within `max_loss_increase`, found by bisection, on held-out inputs), or a fixed
-one (`full_fraction`, thresholds), or kvpress's at a removed fraction (`kvpress_ratio`). The curve checks the order
-against random ones. A streaming head keeps 64 sink + 256 recent keys by default, DuoAttention's cache."""
+full cache, from needle prompts (retrieval, Wu et al. 2024; streaming, Xiao et al. 2023); a KV head streams only if
+every query head sharing it can. Labels come from a budget calibrated on held-out inputs, a fixed one, or kvpress's
+(`kvpress_ratio`); the curve checks the order against random ones."""
 
 from probe.kv.budget import (DEFAULT_FULL_FRACTION, DEFAULT_MAX_LOSS_INCREASE, Budget, budget_points, calibrate_budget,
                              full_heads)

@@ -62,10 +62,8 @@ def accepts(point: dict[str, Any], baseline_accuracy: float, max_loss_increase: 
 def calibrate_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs, *,
                      max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
                      progress: ProgressArg = None) -> Budget:
-    """The largest k whose point (the first k KV heads of `order` streamed) keeps the needle accuracy at the
-    unablated model's and the loss change within `max_loss_increase`, by bisection over k (see probe.kv's
-    docstring); every point measured is in the result. `progress=True` draws a bar on stderr; a callable gets
-    `(done, total)` in points (the unablated model's first)."""
+    """The largest k (the first k KV heads of `order` streamed) that keeps the unablated needle accuracy and the
+    loss change within `max_loss_increase`, by bisection; every point measured is in the result."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
     report = callback(progress)
     most = budget_points(len(order)) + 1  # the unablated model's point, then at most one per halving
@@ -103,8 +101,8 @@ def _measured_on(inputs: CurveInputs, base_loss: float, base_accuracy: float) ->
 def kvpress_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs | None, ratio: float, *,
                    sink: int, recent: int, length: int, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
                    why: str | None = None) -> Budget:
-    """The first k KV heads of `order` streamed, k what kvpress's DuoAttentionPress streams to remove `ratio` of a
-    `length`-token cache; measured on `inputs` as the calibrated budget's are (None: not measured, `why`)."""
+    """The k KV heads kvpress's DuoAttentionPress streams to remove `ratio` of a `length`-token cache, measured on
+    `inputs` (None: not, `why`)."""
     streamed, head_ratio = kvpress_streamed(ratio, len(order), sink, recent, length)
     removed = head_ratio * kvpress_removable(sink, recent, length)
     rule = (f"kvpress: head_compression_ratio {head_ratio:.6g} streams the {streamed} lowest-scored of {len(order)} "

@@ -26,11 +26,8 @@ def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: Curv
                  seeds: list[int], *, progress: ProgressArg = None,
                  stop_below: float | None = DEFAULT_MAX_LOSS_INCREASE) -> dict[str, Any]:
     """Loss change and needle accuracy with the first k KV heads of `order` windowed, and of random orders. With
-    `stop_below` (a loss bound), a random order stops at its first k that the budget's rule refuses (needle accuracy
-    below the unablated model's, or loss change over the bound) where probe's order is accepted: it is clearly
-    below there, and its later points (None) are not measured, except those another order already measured.
-    `progress=True` draws a bar on stderr; a callable gets `(done, total)` in points of every order (with
-    `stop_below` the total only bounds the work)."""
+    `stop_below`, a random order stops at its first k the budget's rule refuses where probe's is accepted: clearly
+    below, its later points (None) are not measured. Progress in points (a bound with `stop_below`)."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
     report = callback(progress)
     orders = {"probe": order} | {f"random_{seed}": random.Random(seed).sample(order, len(order)) for seed in seeds}

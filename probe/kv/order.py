@@ -44,10 +44,8 @@ ORDERS = ("retrieval", "loss")
 @reports("ordering by loss")
 def loss_order(loaded: LoadedModel, kv_retrieval: Tensor, texts: ProbeSet, window: WindowAblation, *,
                batch_size: int = 1, progress: ProgressArg = None) -> tuple[list[tuple[int, int]], list[float]]:
-    """KV heads ordered by the loss change each causes when it alone streams (an exact window-ablation sweep of
-    every KV group on `texts`), retrieval-aware: the heads whose retrieval score passes RETRIEVAL_FLOOR go last,
-    by retrieval. Returns the order and each head's loss change, in order. `progress=True` draws a bar on stderr; a
-    callable gets the sweep's `(done, total)`."""
+    """(order, loss changes): KV heads by the loss change each causes streaming alone (an exact window-ablation
+    sweep), those whose retrieval passes RETRIEVAL_FLOOR last, by retrieval."""
     n_layers, n_kv = kv_retrieval.shape
     group = attention_layers(loaded.model)[0].n_heads // n_kv
     heads = [(layer, kv) for layer in range(n_layers) for kv in range(n_kv)]

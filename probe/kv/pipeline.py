@@ -30,10 +30,7 @@ BUDGET_SEED_OFFSET = 2000  # the budget's needle prompts: another seed than the 
 
 
 STAGE_UNITS = {"scoring heads": "needle prompts", "ordering by loss": "KV heads", "calibrating the budget": "points",
-               "checking the order": "points"}
-"""What each stage of `kv_heads` counts, in the order the stages run (a stage not asked for is skipped): each is
-reported on its own, so that a time left is measured from that stage's own rate (a budget point, two forwards over
-held-out texts and prompts, costs far more than a scored prompt)."""
+               "checking the order": "points"}  # each stage its own bar: a budget point costs far more than a prompt
 KV_SINK = 64  # sink keys of a streaming head: DuoAttention's deployed cache (64 sink + 256 recent keys)
 
 
@@ -57,8 +54,7 @@ def _check(loaded: LoadedModel, lengths: tuple[int, ...], sink: int, recent: int
 
 def check_budget_choice(kvpress_ratio: float | None, fixed: tuple[float | None, ...], lengths: tuple[int, ...],
                         sink: int, recent: int) -> bool:
-    """Whether a fixed budget is asked for (`fixed`: the full fraction and thresholds given), judged before any model
-    loads; a kvpress ratio is a budget of its own."""
+    """Whether a fixed budget is asked for (`fixed`: the full fraction and thresholds), before any model loads."""
     asked = any(value is not None for value in fixed)
     if kvpress_ratio is None:
         return asked
@@ -100,13 +96,9 @@ def kv_heads(
     data: str | None = None, seed: int = 0, order_by: str = "retrieval", stop_random: bool = True,
     kvpress_ratio: float | None = None, progress: StageProgressArg = None,
 ) -> KVHeads:
-    """Score every head for retrieval (needle prompts of `lengths` x `depths`, `prompts` each) and streaming (sink +
-    `recent` window), aggregate per KV head, order them, label full / streaming (a calibrated budget unless
-    `full_fraction`, a threshold or `kvpress_ratio` is given: see probe.kv's docstring, probe.kv.budget.kvpress_budget)
-    and (with `curve`) check the order: windowed KV heads k = 0 .. all in `steps` steps, loss on `curve_texts` natural
-    texts of the longest length and accuracy on needle prompts of another seed, against random orders of
-    `random_seeds` (`stop_random`: each stops once clearly below probe's order, see stream_curve). `progress=True`
-    draws a bar per stage; a callable gets `(stage, done, total)`, the stages of STAGE_UNITS."""
+    """Score every head for retrieval (needle prompts of `lengths` x `depths`) and streaming (sink + `recent`),
+    aggregate per KV head, order them, label them from a budget (see probe.kv) and, with `curve`, check the order
+    against random orders of `random_seeds` in `steps` steps (stream_curve). Stages: STAGE_UNITS."""
     fixed = _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by, kvpress_ratio,
                    (full_fraction, retrieval_threshold, streaming_threshold))
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,
@@ -156,8 +148,7 @@ def kv_heads(
 def _measured_budget(loaded: LoadedModel, order: list[tuple[int, int]], held_out: CurveInputs | None,
                      kvpress_ratio: float | None, cache: tuple[int, int, int], max_loss_increase: float,
                      why: str | None, progress: Progress | None) -> tuple[Budget, set[tuple[int, int]]]:
-    """The budget measured on `held_out` (kvpress's for `kvpress_ratio`, else the calibrated one; None: kvpress's
-    cannot be measured, `why`) and the KV heads it keeps full."""
+    """The budget measured on `held_out` (kvpress's for `kvpress_ratio`, else calibrated) and its full KV heads."""
     if kvpress_ratio is None:
         assert held_out is not None
         budget = calibrate_budget(loaded, order, held_out, max_loss_increase=max_loss_increase, progress=progress)

@@ -1,6 +1,5 @@
-"""The scoring pass of `kv_heads`: one forward per needle prompt keeping each layer's streaming sums and each answer
-row's top key on the device, fetched once after it; scores by probe.heads.scores' definitions; also the model's own
-teacher-forced needle accuracy."""
+"""The scoring pass of `kv_heads`: one forward per needle prompt, its sums kept on the device and fetched once
+after it (scores by probe.heads.scores' definitions); and the model's teacher-forced needle accuracy."""
 
 from __future__ import annotations
 
@@ -28,8 +27,7 @@ from probe.progress import ProgressArg, callback, reports
 
 @dataclass
 class NeedleRun:
-    """One teacher-forced forward of needle prompts: per prompt whether and how much of the key was predicted, and
-    sums."""
+    """Per needle prompt: whether and how much of the key the model predicted, teacher-forced."""
 
     exact: list[bool]
     token_accuracy: list[float]
@@ -82,8 +80,7 @@ def _rows(needles: NeedleSet, first: int, batch_size: int) -> tuple[Tensor, Tens
 
 
 class _Scorer:
-    """Per-layer streaming sums and each answer row's top key, kept on the device during one forward (`fetched`
-    after)."""
+    """Per-layer streaming sums and each answer row's top key, on the device during one forward."""
 
     def __init__(self, n_layers: int, sink: int, recent: int) -> None:
         self.streaming = partial(streaming_score, sink=sink, recent=recent)
@@ -149,12 +146,9 @@ def _fetched(parts: dict[int, Tensor]) -> dict[int, Tensor]:
 def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAULT_SINK,
                   recent: int = DEFAULT_RECENT, progress: ProgressArg = None,
                   fast: bool = True) -> tuple[Tensor, Tensor, NeedleRun]:
-    """(retrieval (n_layers, n_heads), streaming (n_layers, n_heads), the model's own needle accuracy), one forward
-    per prompt: streaming sums and the top key of each answer row of each layer's attention are kept on the device
-    as the layers pass (`fast`: from a fused backend's statistics, probe.kernels, where a layer allows it; else from
-    blocks of weights), nothing read back inside the forward; the retrieval score (SCORES["retrieval"]'s definition)
-    is reduced from those top keys once the logits say which rows were predicted. `progress=True` draws a bar on
-    stderr; a callable gets `(done, total)` in needle prompts."""
+    """(retrieval, streaming (n_layers, n_heads), the model's needle accuracy), one forward per prompt with nothing
+    read back inside it (`fast`: from fused statistics where a layer allows); retrieval is reduced from the answer
+    rows' top keys once the logits say which rows were predicted. Progress in needle prompts."""
     layers, report = attention_layers(loaded.model), callback(progress)
     n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)
     retrieval_sum, retrieval_prompts = torch.zeros(n_layers, n_heads, dtype=torch.float64), 0
@@ -203,8 +197,7 @@ def _refuse_overflow(loaded: LoadedModel, needles: NeedleSet) -> None:
 
 def _retrieval_of_prompt(tops: dict[int, Tensor], sources: Tensor, correct: Tensor, n_layers: int,
                          n_heads: int) -> Tensor | None:
-    """(n_layers, n_heads) retrieval score of one prompt from each answer row's most-attended key, by
-    SCORES["retrieval"]'s definition; None where the model copied no key token correctly."""
+    """One prompt's retrieval scores from each answer row's top key; None where no key token was copied."""
     selected = retrieval_rows(sources, correct)  # (b, rows)
     if not bool(selected.any()):
         return None

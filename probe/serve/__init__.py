@@ -1,5 +1,4 @@
-"""`probe serve`: a live page for one loaded model (app: routes and guards; worker: the one model thread; views: the
-library calls behind each endpoint), and `show`, which serves it beside a notebook's kernel."""
+"""`probe serve`: a live page for one loaded model, and `show`, which serves it beside a notebook's kernel."""
 
 from __future__ import annotations
 

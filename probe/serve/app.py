@@ -1,11 +1,6 @@
-"""The routes of `probe serve` and their guards: a token on every request, bounded bodies, one-line errors.
-
-The token is Jupyter's way: `?token=` in the first address (or an `Authorization: Bearer` header), after which an
-HttpOnly SameSite=Strict cookie carries it. Every answer has a Content-Security-Policy that allows only this
-server's own scripts; no CORS headers are sent, and a request from another origin is refused. Model work goes
-through the one worker (probe.serve.worker) with a time limit; a client that goes away before its job starts
-cancels it. No endpoint takes a path, a model name or code.
-"""
+"""The routes of `probe serve` and their guards: Jupyter's token (`?token=`, a Bearer header, then an HttpOnly
+SameSite=Strict cookie), bounded bodies, one-line errors, a CSP of this server's own scripts, other origins refused.
+Model work runs on the one worker with a time limit; no endpoint takes a path, a model name or code."""
 
 from __future__ import annotations
 
@@ -125,9 +120,8 @@ def _authorised(request: Request, token: str) -> bool:
 
 
 class Guard:
-    """ASGI middleware around the app: the token, the origin and the body's declared size checked before anything
-    runs, and the security headers on every answer. (Pure ASGI: Starlette's BaseHTTPMiddleware would hide a
-    client's disconnection from the endpoint, which cancels its queued work.)"""
+    """The token, origin and body size checked before anything runs, security headers on every answer (pure ASGI:
+    BaseHTTPMiddleware would hide a client's disconnection, which cancels its queued work)."""
 
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app, self.token = app, token
@@ -186,8 +180,7 @@ async def _answer(request: Request, worker: Worker, work: Callable[[], Any], sec
 # -- the app ---------------------------------------------------------------------------------------------------
 
 def create_app(views: Views, token: str, *, worker: Worker | None = None, time_limit: float = TIME_LIMIT) -> FastAPI:
-    """The FastAPI app serving `views` to holders of `token` (its page at /, its API under /api, documented at
-    /openapi.json)."""
+    """The FastAPI app serving `views` to holders of `token` (page at /, API under /api, /openapi.json)."""
     app = FastAPI(title="probe serve", docs_url=None, redoc_url=None,
                   description="Every head of one model on a text: attention, scores, QK attribution, DLA, ablation.")
     queue = worker or Worker()

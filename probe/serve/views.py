@@ -1,12 +1,6 @@
-"""What each endpoint of `probe serve` answers, from the library's own functions, for one loaded model.
-
-A text's first view is one forward: its tokens, per-token loss, top next tokens at every position, each head's
-score of every head class that applies to one text (the natural-text classes of `probe.heads.scores.SCORES`, each
-reduced from the layer's attention blocks by its own `reduce` and `finish`) and the attention itself (float16; past
-`FULL_TOKENS` tokens, or past half the cache's bytes, each query's `TOP_KEYS` largest keys). Recent texts' views
-are kept, bounded in bytes, so that clicking another head of a seen text runs no forward. Every method runs on the
-worker thread (probe.serve.worker).
-"""
+"""What each endpoint of `probe serve` answers, from the library's own functions, on the worker thread. A text's
+view is one forward (tokens, loss, next tokens, the natural-text classes' scores and the attention, each query's
+TOP_KEYS largest keys past FULL_TOKENS); recent views are kept, bounded in bytes, so another head runs no forward."""
 
 from __future__ import annotations
 
@@ -162,8 +156,7 @@ class Views:
 
     def _next(self, view: View, position: int, probs: Tensor | None = None,
               strings: dict[int, str] | None = None) -> list[dict[str, Any]]:
-        """The top next tokens at `position` (with their probability in `probs` too, where given); `strings`: the
-        tokens' strings where they are already known."""
+        """The top next tokens at `position` (and their probability in `probs`); `strings`: those already decoded."""
         ids = view.top_ids[position].tolist()
         names = [strings[i] for i in ids] if strings else token_strings(self.loaded, ids)
         rows: list[dict[str, Any]] = [{"id": token, "token": name, "p": round(float(p), 6)}
@@ -247,8 +240,8 @@ class Views:
         return view.means
 
     def ablate(self, text: str, heads: list[Head], method: str, factor: float, position: int) -> dict[str, Any]:
-        """The per-token loss and the next-token distribution at `position` with `heads` ablated (zero, mean over
-        the text's own positions) or steered by `factor` (a method of `steerable()`), against the model as it is."""
+        """Per-token loss and next tokens at `position` with `heads` ablated (zero, the text's mean) or steered by
+        `factor`, against the model as it is."""
         view, _ = self.view(text)
         self._position(view, position)
         if not heads:

@@ -1,10 +1,6 @@
-"""One worker thread for all model work: hooks belong to one model, so requests run one at a time, in order.
-
-Each job has a deadline. A job still queued when its caller gives up (time-out, or a client that went away) is
-cancelled and never starts; a running job past its deadline is stopped at the next module call by a global forward
-pre-hook (`torch.nn.modules.module.register_module_forward_pre_hook`, on no module of the model), which raises
-`JobTimeout` inside the library's context managers, so that they restore the model as on any other error.
-"""
+"""One worker thread for all model work (hooks belong to one model). A job its caller gave up on never starts; one
+past its deadline gets `JobTimeout` at the next module call from a global forward pre-hook, inside the library's
+context managers, which restore the model as on any error."""
 
 from __future__ import annotations
 
@@ -32,8 +28,7 @@ class Worker:
         self._thread.start()
 
     def submit(self, work: Callable[[], Any], seconds: float) -> Future:
-        """Queue `work`; its future is cancelled by the caller (`Future.cancel`) while it waits, or ends in
-        `JobTimeout` once it has run `seconds` past its submission."""
+        """Queue `work`; its future ends in `JobTimeout` `seconds` after submission."""
         future: Future = Future()
         self._jobs.put((future, work, time.monotonic() + seconds))
         return future
