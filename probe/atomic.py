@@ -1,9 +1,5 @@
-"""Writing a file whole or not at all: the library's own files (results streams, head maps) go through here.
-
-A temporary file beside the target, renamed over it: an interrupted write leaves the old file or none, never half of
-one. (reports/files.py writes the files a command renders, with their provenance stamped in; the library cannot
-import it.)
-"""
+"""Writing the library's own files whole or not at all: an interrupted write leaves the old file or none (the
+rendered files go through reports/files.py, which the library cannot import)."""
 
 from __future__ import annotations
 

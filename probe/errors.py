@@ -7,11 +7,8 @@ DISTRIBUTION = "probe-heads"
 
 
 class ProbeError(Exception):
-    """Bad input or an unusable model; the message says what is wrong and what to do.
-
-    The library knows nothing of the CLI: a message about an argument names the Python parameter (`seq_len`) and
-    passes it as `parameter`; the CLI rewrites that name to its flag (`--seq-len`) through one table.
-    """
+    """Bad input or an unusable model, saying what to do; `parameter` names the Python argument, which the CLI
+    rewrites to its flag."""
 
     def __init__(self, message: str, *, parameter: str | None = None) -> None:
         super().__init__(one_line(message))
@@ -22,8 +19,7 @@ _BREAKS = {ord(char): repr(char)[1:-1] for char in "\n\r\v\f\x1c\x1d\x1e\x85\u20
 
 
 def one_line(text: str) -> str:
-    """`text` with every character that would break its line written as an escape (`\\n`): a message quotes a
-    path or a spec as the user gave it, and a newline in one must not make the error two lines."""
+    """`text` with line breaks escaped: a quoted path with a newline must not make the error two lines."""
     return text.translate(_BREAKS)
 
 

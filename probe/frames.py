@@ -1,6 +1,4 @@
-"""pandas, an optional extra (`pip install 'probe-heads[dataframe]'`): every result's `to_frame()` goes through
-here. A frame's rows and columns are those its kind's schema documents (`$defs.frame_row`, docs/schemas.md); a head
-is named by integer `layer` and `head` columns and a `name` (`L18H6`, `x3.1` on an encoder-decoder)."""
+"""Every result's `to_frame()` (pandas, an optional extra): rows and columns as its schema's `$defs.frame_row`."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ def frame(rows: list[dict[str, Any]]) -> Any:
 
 
 def head_name(layer: int, head: int, layer_names: Sequence[str] | None = None) -> str:
-    """`L18H6`: a head in a table, never read as a number; an encoder-decoder's `x3.1` (its layer names start with a
-    letter already). probe.ablation.heads.column_name and reports' column_label write the same."""
+    """`L18H6`, never read as a number (an encoder-decoder's `x3.1`); reports' column_label writes the same."""
     return f"{layer_names[layer]}.{head}" if layer_names else f"L{layer}H{head}"
 
 
@@ -35,9 +32,8 @@ def head_columns(layer: int, head: int, layer_names: Sequence[str] | None = None
 
 def head_rows(entries: list[dict[str, Any]], keys: Sequence[str], layer_names: Sequence[str] | None = None,
               **joined: str) -> list[dict[str, Any]]:
-    """One row per payload entry with `layer` and `head`: the head's columns, then `keys` where the entry has them;
-    `joined` names list-valued keys written as one comma-separated string (`classes="class"`: each item's "class",
-    or the item itself where it is not a dict)."""
+    """One row per payload entry: the head's columns, then `keys` it has; `joined`: list keys written comma-separated
+    (`classes="class"`: each item's "class")."""
     rows = []
     for entry in entries:
         row = head_columns(entry["layer"], entry["head"], layer_names)
@@ -50,9 +46,7 @@ def head_rows(entries: list[dict[str, Any]], keys: Sequence[str], layer_names: S
 
 
 def record_rows(records: Sequence[Any], layer_names: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """One row per head's record (a probe.schemas.declare Payload with `layer` and `head`): the head's columns, then
-    each field the record declares a column, in order (a list written comma-separated; an optional field left out
-    where it is None)."""
+    """One row per head's record (a Payload): the head's columns, then each field it declares a column."""
     rows = []
     for item in records:
         row = head_columns(item.layer, item.head, layer_names)

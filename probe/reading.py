@@ -1,10 +1,6 @@
-"""Reading what the user names: a path that may be no path at all, JSON that may be no JSON.
-
-Python's own answers raise where a reader wants a yes or a no: `Path.is_file()` raises OSError for a name longer
-than the file system allows, `json.loads` raises RecursionError for text nested deeper than Python recurses and a
-plain ValueError for an integer of more than 4300 digits. The readers of probe's inputs ask here instead, so that
-every such input ends in their one-line ProbeError (found by tests/test_fuzz.py).
-"""
+"""Reading what the user names, where Python's own answers raise instead of saying no (`Path.is_file()` on a name
+too long, `json.loads` on text nested too deep or an integer of 4300 digits): every such input then ends in its
+reader's one-line ProbeError (found by tests/test_fuzz.py)."""
 
 from __future__ import annotations
 
@@ -43,9 +39,7 @@ def _distinct_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def loads(text: str) -> Any:
-    """`json.loads(text)`, every way of failing one JSONDecodeError: malformed text, nesting too deep, an integer too
-    long to convert, and a key given twice in one object (json keeps the last silently: a row would be read as
-    something else than one of the values written)."""
+    """`json.loads(text)`, every failure a JSONDecodeError, a key given twice included (json keeps the last)."""
     try:
         return json.loads(text, object_pairs_hook=_distinct_keys)
     except json.JSONDecodeError:

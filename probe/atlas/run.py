@@ -1,6 +1,5 @@
-"""`atlas`: every measurement the atlas shows, each by the library's own function, run once, stage by stage
-(classify, weights, ablation, parts, task, examples, patterns, dla, self_repair, headvis); a stage the model cannot do
-is skipped with its reason. With `results_dir` the sweeps stream there and `resume` continues them."""
+"""`atlas`: every measurement the atlas shows, each by the library's own function, run once, stage by stage; a stage
+the model cannot do is skipped with its reason. With `results_dir` the sweeps stream there (`resume`)."""
 
 from __future__ import annotations
 
@@ -30,9 +29,7 @@ from probe.progress import StageProgress, StageProgressArg, log, reports, callba
 
 DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads, most of the cost, on 4 x 128
 # tokens took 353 s on 2 lightly loaded CPU cores (bench/RESULTS.md, section 2); 8 sequences double it
-STAGE_UNITS = {"composition": COMPOSITION_UNIT}
-"""What each stage counts where it is not a share of its work (classify's layers of batches and the sweeps'
-block-forwards mean nothing to a user)."""
+STAGE_UNITS = {"composition": COMPOSITION_UNIT}  # the others are shares: their own units mean nothing to a user
 
 
 T = TypeVar("T")
@@ -114,10 +111,8 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
           thresholds: dict[str, float] | None = None, task: str | Path | None = None, task_count: int = 32,
           fast: bool = False, batch_size: int = 8, results_dir: str | Path | None = None, resume: bool = False,
           progress: StageProgressArg = None, self_repair: bool = False) -> Atlas:
-    """Every head's evidence (see the module docstring): its classes, each label judged by its evidence rule
-    (probe.heads.evidence), examples, OV writes, composition partners and causal effects. `fast` estimates the
-    ablation deltas on natural text (attribution patching, marked estimated; a task's are exact all the same).
-    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
+    """Every head's evidence: its classes, each judged by its rule (probe.heads.evidence), examples, OV writes,
+    partners and causal effects. `fast` estimates the natural-text deltas (attribution patching; a task's are exact)."""
     stages = _Stages(callback(progress))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     natural_results, task_results = _results(results_dir, "ablation"), _results(results_dir, "task") if task else None

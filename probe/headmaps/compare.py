@@ -1,7 +1,6 @@
-"""`compare(a, b)`: two head maps side by side: per-head difference b - a, Spearman and Pearson correlation, overlap
-of the top-k and labelled sets, the heads that moved most. Query-head and KV-head maps are compared only after an
-explicit conversion (`group` or `expand`). A difference is taken only between maps of the same kind of score
-(`HeadMap.quantity`, or `same_kind`); others are compared by rank."""
+"""`compare(a, b)`: two head maps side by side: per-head difference, Spearman and Pearson, overlaps, the heads that
+moved most. Query-head and KV-head maps are compared only after an explicit `group` or `expand`; a difference only
+between maps of the same kind of score (`HeadMap.quantity`, or `same_kind`), others by rank."""
 
 from __future__ import annotations
 
@@ -46,17 +45,9 @@ def align(a: HeadMap, b: HeadMap, *, group: str | None = None, expand: bool = Fa
 
 def ranks(values: np.ndarray) -> np.ndarray:
     """Ranks 1..n of `values`, ties sharing their mean rank (Spearman's convention)."""
-    order = np.argsort(values, kind="stable")
-    ordered = values[order]
-    result = np.empty(len(values))
-    start = 0
-    while start < len(values):
-        end = start
-        while end + 1 < len(values) and ordered[end + 1] == ordered[start]:
-            end += 1
-        result[order[start:end + 1]] = (start + end) / 2 + 1
-        start = end + 1
-    return result
+    _, inverse, counts = np.unique(values, return_inverse=True, return_counts=True)
+    ends = np.cumsum(counts)  # a tie group's sorted places: ends - counts .. ends - 1
+    return ((2 * ends - counts - 1) / 2 + 1)[inverse.reshape(-1)]
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -92,8 +83,7 @@ def _labelled(a: HeadMap, b: HeadMap, threshold: tuple[float, float] | None) -> 
     return a.with_labels(threshold[0]), b.with_labels(threshold[1])
 
 
-DIFFERENCE, RANKS = "difference", "ranks"
-"""How a comparison sets B against A per head: b - a (the same kind of score), or rank B - rank A."""
+DIFFERENCE, RANKS = "difference", "ranks"  # how B is set against A per head: b - a, or rank B - rank A
 
 
 def measure(a: HeadMap, b: HeadMap, same_kind: bool) -> str:

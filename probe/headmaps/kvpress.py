@@ -15,8 +15,8 @@ from probe.reading import is_file
 
 
 def kvpress_pattern(path: str | Path, model: Any | None = None) -> tuple[int, int, np.ndarray]:
-    """`(sink_size, recent_size, head_scores)` of the DuoAttention folder `path`, as kvpress returns DuoAttention's
-    own; with `model`, the map's shape is checked against it (kvpress would index past a smaller map)."""
+    """`(sink_size, recent_size, head_scores)` of a DuoAttention folder, as kvpress returns them; with `model`, the
+    shape is checked (kvpress would index past a smaller map)."""
     folder = Path(path)
     table, config = folder / DUO_FILE, folder / DUO_CONFIG
     for needed in (table, config):
@@ -39,8 +39,7 @@ def kvpress_pattern(path: str | Path, model: Any | None = None) -> tuple[int, in
 
 
 def kvpress_head_ratio(path: str | Path) -> float:
-    """The `head_compression_ratio` that makes DuoAttentionPress stream exactly the KV heads the map labels
-    streaming."""
+    """The `head_compression_ratio` that streams exactly the map's streaming KV heads."""
     _, _, scores = kvpress_pattern(path)
     settings = read_json(Path(path) / DUO_CONFIG)
     threshold = float(settings.get("threshold") or DUO_THRESHOLD)
@@ -48,8 +47,7 @@ def kvpress_head_ratio(path: str | Path) -> float:
 
 
 def kvpress_removable(sink: int, recent: int, length: int) -> float:
-    """The most of a `length`-token KV cache DuoAttentionPress removes: every KV head streamed, keeping sink + recent
-    keys."""
+    """The most of a `length`-token cache DuoAttentionPress removes: every KV head streamed."""
     return max(0.0, 1.0 - (sink + recent) / length)
 
 
@@ -66,8 +64,7 @@ def check_kvpress_ratio(ratio: float, sink: int, recent: int, length: int) -> No
 
 
 def kvpress_streamed(ratio: float, n_kv_heads: int, sink: int, recent: int, length: int) -> tuple[int, float]:
-    """(KV heads to stream, the head_compression_ratio to pass) for DuoAttentionPress to remove `ratio` of a
-    `length`-token KV cache: k / n streams exactly k heads, the k nearest the ratio."""
+    """(k, k / n): the KV heads to stream for DuoAttentionPress to remove nearest `ratio` of the cache."""
     check_kvpress_ratio(ratio, sink, recent, length)
     streamed = min(n_kv_heads, round(ratio / kvpress_removable(sink, recent, length) * n_kv_heads))
     return streamed, streamed / n_kv_heads

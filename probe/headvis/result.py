@@ -1,6 +1,5 @@
-"""`HeadVisMetrics`, the result of `probe.headvis.head_metrics`: HeadVis's six metrics per head (probe.headvis.metrics
-says what each is), what they were counted over, and the sampled sequences the data tree shows (probe.headvis.tree);
-`to_dict()` (the headvis schema's payload), `to_frame()`."""
+"""`HeadVisMetrics`, the result of `head_metrics`: the six metrics per head, what they were counted over, and the
+sampled sequences the data tree shows."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ from probe.schemas.declare import Payload, columns, payload, published, schema_f
 
 UNITS = {"self_attention_score": "attention weight", "prev_token_score": "attention weight",
          "pattern_entropy": "nats", "qk_distance": "positions", "qk_distance_variance": "positions squared",
-         "induction_score": "attention weight per repeated query"}
-"""What each metric is measured in (a head map of them never compares unlike units)."""
+         "induction_score": "attention weight per repeated query"}  # a head map never compares unlike units
 
 
 def rounded(value: float) -> float | None:

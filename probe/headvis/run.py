@@ -1,6 +1,5 @@
-"""`head_metrics`: HeadVis's six metrics of every head over a probe set, in one forward per batch that reads each
-layer's fused statistics (no weights formed) or, where no backend serves a layer, blocks of its eager weights; then a
-second, small forward of the sampled sequences alone for the data tree's rows (their top weights per query row)."""
+"""`head_metrics`: HeadVis's six metrics of every head, one forward per batch (fused statistics, else blocks of
+eager weights), then a small forward of the sampled sequences alone for the data tree's rows."""
 
 from __future__ import annotations
 
@@ -31,10 +30,8 @@ TOP_PER_ROW = 8  # keys kept per query row of a sampled sequence (HeadVis's spar
 def head_metrics(loaded: LoadedModel, probe_set: ProbeSet, *, batch_size: int = 8, samples: int = 4,
                  path: str = "auto", progress: ProgressArg = None,
                  config: KernelConfig = DEFAULT_CONFIG) -> HeadVisMetrics:
-    """HeadVis's metrics of every head on `probe_set` (its text; right padding). `path`: "auto" reads each layer's
-    fused statistics where a backend serves it (the others blocked), "blocked" reduces eager weights everywhere.
-    `samples`: sequences whose top weights per row are kept for the data tree (probe.headvis.tree), spread evenly
-    over the set. `progress=True` draws a bar; a callable gets `(done, total)` in layers of batches."""
+    """HeadVis's metrics of every head on `probe_set` (right padding). `path` "blocked": eager weights everywhere;
+    `samples`: sequences kept for the data tree, spread evenly. Progress in layers of batches."""
     if path not in PATHS:
         raise ProbeError(f"path must be one of {', '.join(PATHS)}, got {path!r}", parameter="path")
     layers = attention_layers(loaded.model)
@@ -115,8 +112,7 @@ def sample_indices(probe_set: ProbeSet, count: int) -> list[int]:
 
 
 def sampled_rows(loaded: LoadedModel, probe_set: ProbeSet, count: int) -> list[Sample]:
-    """The sampled sequences' tokens and top TOP_PER_ROW weights per query row of every head: one forward of those
-    sequences alone, each block of weights reduced to its top keys as it comes (never a whole matrix kept)."""
+    """The sampled sequences' tokens and top TOP_PER_ROW weights per query row of every head (no whole matrix)."""
     indices = sample_indices(probe_set, count)
     if not indices:
         return []

@@ -95,8 +95,7 @@ class Kind:
 
 
 class Registry(Mapping[str, Kind]):
-    """The published kinds by name: the classes probe/schemas/kinds.py lists (`module:Class`), imported when the
-    registry is first read, so that a result's module can import the declarations."""
+    """The published kinds by name, imported when first read (a result's module imports the declarations)."""
 
     def __init__(self) -> None:
         self._kinds: dict[str, Kind] | None = None
@@ -125,9 +124,7 @@ class Registry(Mapping[str, Kind]):
         return len(self._loaded())
 
 
-SCHEMAS = Registry()
-"""Every published kind by name: a result class declared with probe.schemas.declare, listed in
-probe/schemas/kinds.py."""
+SCHEMAS = Registry()  # every kind probe/schemas/kinds.py lists
 
 
 def kind_of(name: str) -> Kind:

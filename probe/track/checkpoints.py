@@ -1,6 +1,5 @@
-"""The checkpoints of a training run in step order (the last number of a name), loaded one at a time: Hugging Face
-folders by glob, a hub model's revisions, or state-dict files (`torch.load(weights_only=True)`) into a custom model;
-everything checked before the first is scored."""
+"""The checkpoints of a training run in step order (the last number of a name), loaded one at a time: folders by
+glob, a hub model's revisions, or state-dict files into a custom model; all checked before the first is scored."""
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import json
 import pickle
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +31,6 @@ class Checkpoint:
     step: int
     location: str  # a folder, a state-dict file, or a revision
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "step": self.step, "location": self.location}
-
 
 @dataclass(frozen=True)
 class Run:
@@ -45,7 +41,7 @@ class Run:
     model: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "model": self.model, "checkpoints": [c.to_dict() for c in self.checkpoints]}
+        return {"kind": self.kind, "model": self.model, "checkpoints": [asdict(c) for c in self.checkpoints]}
 
 
 def step_of(name: str) -> int:

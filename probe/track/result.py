@@ -11,8 +11,7 @@ from probe.schemas.base import Field
 from probe.schemas.common import CLASSES, DTYPE, HEAD_COLUMNS, MODEL, N_HEADS, N_LAYERS, THRESHOLDS, other_than
 from probe.schemas.declare import Payload, payload, published, schema_field
 
-MIN_RISE = 0.1
-"""The smallest rise of the best head's score between checkpoints that counts as a phase change (scores are 0 to 1)."""
+MIN_RISE = 0.1  # the smallest rise of the best head's score that counts as a phase change (scores are 0 to 1)
 
 
 class CheckpointResult(Payload):

@@ -33,8 +33,7 @@ class Hooks:
 
 @dataclass(frozen=True)
 class TrackOptions:
-    """What each checkpoint is scored on: classify's options, the ICL token indices, heads to ablate, the rise that
-    counts."""
+    """What each checkpoint is scored on: classify's options, the ICL tokens, heads to ablate, the rise that counts."""
 
     data: str | None = None
     seq_len: int = DEFAULT_SEQ_LEN
@@ -129,8 +128,8 @@ def _check(options: TrackOptions) -> None:
 def track(run: Run, options: TrackOptions | None = None, *, results_path: str | Path, resume: bool = False,
           progress: ProgressArg = None, on_result: Callable[[CheckpointResult], None] | None = None,
           on_model: Callable[[LoadedModel], None] | None = None, **load_options: Any) -> TrackResult | None:
-    """Score every checkpoint of `run`, each appended to `results_path` (`resume=True` skips those it holds); under
-    torchrun each process scores a share, rank 0 returning the merged result (the others None)."""
+    """Score every checkpoint of `run`, each appended to `results_path` (`resume` skips those it holds); under
+    torchrun rank 0 returns the merged result, the others None."""
     options = options or TrackOptions()
     _check(options)
     progress = callback(progress)
