@@ -1,5 +1,4 @@
-"""Writing the library's own files whole or not at all: an interrupted write leaves the old file or none (the
-rendered files go through reports/files.py, which the library cannot import)."""
+"""The library's own files written whole or not at all (rendered ones go through reports/files.py)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ DISTRIBUTION = "probe-heads"
 
 
 class ProbeError(Exception):
-    """Bad input or an unusable model, saying what to do; `parameter` names the Python argument, which the CLI
-    rewrites to its flag."""
+    """Bad input or an unusable model, saying what to do; the CLI rewrites `parameter` to its flag."""
 
     def __init__(self, message: str, *, parameter: str | None = None) -> None:
         super().__init__(one_line(message))

@@ -1,6 +1,5 @@
-"""A model forward that stops being finite (float16 ends at 65504): refuse its results in one line, saying where it
-first did (found by one more forward with a hook on every module, run only after the check failed) and what to load
-instead. The check reads a value the caller fetches anyway, so a CUDA forward is not made to wait."""
+"""A forward that stops being finite (float16 ends at 65504): its results refused in one line, saying where (one more
+forward, hooked, only after the check failed, which reads a value fetched anyway) and what to load instead."""
 
 from __future__ import annotations
 
@@ -38,8 +37,7 @@ def _nan_or_positive_inf(tensor: Tensor) -> Tensor:
 
 
 def first_non_finite(model: nn.Module, run: Callable[[], Any]) -> str | None:
-    """The first module, in the order modules finish, whose output holds a NaN or infinity during `run()` (the
-    innermost around the overflow); None where every output is finite."""
+    """The first module to finish with a NaN or infinity during `run()` (the innermost around the overflow), or None."""
     names = {id(module): name or type(module).__name__ for name, module in model.named_modules()}
     found: list[str] = []
 
@@ -82,8 +80,7 @@ def not_finite(what: str, model: nn.Module, runs: Iterable[Callable[[], Any]] = 
 
 
 def overflowed(what: str, model: nn.Module, runs: Iterable[Callable[[], Any]]) -> NotFiniteError | None:
-    """The refusal of results `what` that hold NaN where one of `runs` shows the forward going non-finite; None where
-    every forward is finite (the NaN are the results' own)."""
+    """The refusal of results holding NaN where one of `runs` goes non-finite; None: the NaN are the results' own."""
     site = _site(model, runs)
     return None if site is None else not_finite(what, model, site=site)
 

@@ -1,6 +1,5 @@
-"""Provenance: what produced a result file (versions, the model and its content hash, setup, command), added to every
-CLI output in one place (reports.files). Files are hashed by their bytes (cached by path, size and mtime), a hub id
-is named by its resolved commit, weights made by code by their tensors (up to MAX_TENSOR_HASH bytes)."""
+"""What produced a result file (versions, the model and its content hash, setup, command), added in reports.files:
+files by their bytes (cached), a hub id by its commit, weights made by code by their tensors."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""How many threads torch computes on: the CPUs this process may run on less those the machine's load already keeps
-busy, at least one, unless a count is given (`--threads N`, or the PROBE_THREADS environment variable). On cores
-shared with other work, torch's default (one thread per core) makes every thread wait for the others."""
+"""torch's threads: the free CPUs unless given (`--threads N`, PROBE_THREADS). On cores shared with other work,
+torch's default of one thread per core makes every thread wait for the others."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ ENV = "PROBE_THREADS"
 
 
 def free_cpus() -> int:
-    """The CPUs this process may run on (its affinity) less the machine's load (the 1-minute average, rounded), at
-    least one."""
+    """The CPUs this process may run on less the machine's 1-minute load average, at least one."""
     allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     try:
         load = os.getloadavg()[0]

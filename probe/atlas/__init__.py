@@ -1,5 +1,4 @@
-"""The atlas: one result, and one page, where every head's evidence meets (`atlas(loaded).to_dict()` is `probe atlas
---json`)."""
+"""The atlas: one result, and one page, where every head's evidence meets (`probe atlas --json`)."""
 
 from probe.atlas.result import METRICS, Atlas, Stage
 from probe.atlas.run import atlas

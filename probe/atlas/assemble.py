@@ -45,7 +45,6 @@ class Measured:
 
 
 def _number(value: Any) -> float | None:
-    """A finite float, or None (strict JSON)."""
     if value is None:
         return None
     value = float(value)
@@ -87,13 +86,11 @@ def _labels(measured: Measured, facts: HeadFacts) -> list[dict[str, Any]]:
 def _effects(result: HeadResult | None, estimated: bool) -> dict[str, Any] | None:
     if result is None:
         return None
-    effects = {key: value for key, value in result.effects.items()}
-    return {"delta": _number(result.delta), "estimated": estimated and not result.exact, **effects,
+    return {"delta": _number(result.delta), "estimated": estimated and not result.exact, **result.effects,
             "parts": {name: _number(value) for name, value in result.part_deltas.items()}}
 
 
 def _repair(measured: Measured, layer: int, head: int) -> dict[str, Any] | None:
-    """The head's self-repair row (SelfRepair.row), where the stage ran."""
     result = measured.self_repair
     if result is None or (layer, head) not in result.heads:
         return None

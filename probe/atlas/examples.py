@@ -29,8 +29,7 @@ Step = Callable[[], None]
 
 @dataclass
 class Example:
-    """One query position of one head: output norm, decile, the tokens before it with its attention on each, its top
-    key."""
+    """One query position of one head: output norm, decile, the tokens before it with its attention, its top key."""
 
     sequence: int
     position: int

@@ -51,8 +51,7 @@ class Stage(Payload):
            column_patterns={other_than(ATLAS_COLUMNS): Field("number", "a metric of the head (a column per metric: "
                                                                        "the atlas' metrics)")})
 class Atlas(Payload):
-    """Every head of a model: classes with their evidence, examples, writes, partners, causal effects; `patterns`
-    page-only."""
+    """Every head of a model: classes with their evidence, examples, writes, partners, effects; `patterns` page-only."""
 
     model: str = schema_field(MODEL)
     n_layers: int = schema_field(N_LAYERS)

@@ -16,8 +16,7 @@ PROMOTED = 6  # tokens listed per attended token
 
 
 def partners(composition: Composition, layer: int, head: int) -> tuple[list[Partner], list[Partner]]:
-    """(feeders, readers): the TOP_PARTNERS strongest earlier heads composing into this head, and heads it composes
-    into."""
+    """(feeders, readers): the TOP_PARTNERS strongest heads composing into this head, and those it composes into."""
     feeders: list[Partner] = []
     readers: list[Partner] = []
     for kind in composition.scores:

@@ -1,5 +1,4 @@
-"""Head maps as the field publishes them, read into one `HeadMap` with its convention stated; `compare(a, b)` of any
-two; a DuoAttention folder as kvpress reads it (`kvpress_pattern`)."""
+"""Head maps as the field publishes them, read into one `HeadMap`; `compare(a, b)` of any two; kvpress's view."""
 
 from probe.headmaps.compare import Comparison, align, compare, ranks
 from probe.headmaps.formats import FORMATS, HeadFormat, read_map, register_format, write_map

@@ -107,7 +107,6 @@ def read_json(path: Path) -> Any:
 
 
 def _json_with(test: Callable[[Any], bool]) -> Callable[[Path], bool]:
-    """A recogniser: a .json file whose content passes `test`."""
     def recognises(path: Path) -> bool:
         if not (is_file(path) and path.suffix.lower() == ".json"):
             return False

@@ -1,6 +1,5 @@
-"""`HeadMap`: one number per (layer, head) with its convention stated (query heads or KV heads, query head `q`
-reading KV head `q // (n_heads // n_kv_heads)`); conversions are explicit (`to_kv(group)`, `to_query()`), never
-silent."""
+"""`HeadMap`: one number per (layer, head) with its convention stated (query head `q` reads KV head
+`q // (n_heads // n_kv_heads)`); conversions are explicit (`to_kv`, `to_query`), never silent."""
 
 from __future__ import annotations
 
@@ -12,10 +11,8 @@ import numpy as np
 from probe.errors import ProbeError
 
 QUERY, KV = "query", "kv"
-"""A map's convention: one value per query head, or one per key/value head."""
 
 GROUPINGS = ("max", "min", "mean")
-"""How query heads become KV heads (`--group`): the reduction over each KV head's query heads."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,4 @@
-"""`HeadVisMetrics`, the result of `head_metrics`: the six metrics per head, what they were counted over, and the
-sampled sequences the data tree shows."""
+"""`HeadVisMetrics`: the six metrics per head, what they were counted over, the data tree's sampled sequences."""
 
 from __future__ import annotations
 

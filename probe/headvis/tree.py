@@ -124,8 +124,7 @@ def intervals(largest: np.ndarray, count: int) -> list[float]:
 
 def _sequences(samples: list[Sample], layer: int, head: int, largest: np.ndarray, sparse_threshold: float,
                n_intervals: int) -> list[dict[str, Any]]:
-    """The sampled sequences of one head, each in its interval, lowest first; at most SAMPLES_PER_INTERVAL per
-    interval (the top one: SAMPLES_PER_TOP_INTERVAL, the largest)."""
+    """One head's sampled sequences in their intervals, lowest first, SAMPLES_PER_INTERVAL each (the top: more)."""
     boundaries = intervals(largest, n_intervals)
     by_interval: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for sample in samples:
@@ -147,8 +146,7 @@ def _sequences(samples: list[Sample], layer: int, head: int, largest: np.ndarray
 
 
 def sparse_record(sample: Sample, layer: int, head: int, sparse_threshold: float) -> dict[str, Any] | None:
-    """One sequence's kept weights of one head as flat COO (q x seq_len + k, sorted by q then k), None where none
-    reaches the threshold."""
+    """One sequence's kept weights of one head as flat COO sorted by q then k; None where none reaches the threshold."""
     if (layer, head) not in sample.rows:
         return None
     values, keys = sample.rows[(layer, head)]

@@ -1,5 +1,4 @@
-"""How many KV heads stream: the calibrated budget (`Budget`), the one kvpress removes a fraction of the cache with
-(`kvpress_budget`), or a fixed one, and the labels it gives."""
+"""How many KV heads stream: a calibrated budget, kvpress's (`kvpress_budget`) or a fixed one, and its labels."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The streaming order's check: the loss change and needle accuracy with the first k KV heads windowed, against
-random orders."""
+"""The streaming order's check: loss change and needle accuracy with the first k KV heads windowed, vs random."""
 
 from __future__ import annotations
 

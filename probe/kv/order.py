@@ -1,5 +1,4 @@
-"""The order in which KV heads stream (retrieval order, or loss order: an exact window-ablation sweep, retrieving
-heads last), per KV head scores, and the query heads that share a KV head."""
+"""The order in which KV heads stream (by retrieval, or by loss), per KV head scores, and their query heads."""
 
 from __future__ import annotations
 

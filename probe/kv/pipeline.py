@@ -1,5 +1,4 @@
-"""`kv_heads`, the pipeline: check the arguments, score, order, label from a budget and check the order, each stage
-on its own held-out inputs."""
+"""`kv_heads`: check, score, order, label from a budget and check the order, each stage on its own inputs."""
 
 from __future__ import annotations
 

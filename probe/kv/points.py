@@ -1,5 +1,4 @@
-"""One point of the streaming order, measured: the natural-text loss and the needle accuracy with the first k KV
-heads windowed, on inputs the scores never read."""
+"""One point of the streaming order: text loss and needle accuracy with k KV heads windowed, on held-out inputs."""
 
 from __future__ import annotations
 

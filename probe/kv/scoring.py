@@ -93,7 +93,6 @@ class _Scorer:
         self.rows = torch.empty(0, dtype=torch.long)
 
     def _stream(self, layer: int, sums: Tensor, counts: Tensor) -> None:
-        """Add a layer's streaming sums and counts where its earlier ones are (on the device)."""
         if layer in self.stream_sums:
             sums = self.stream_sums[layer] + sums.to(self.stream_sums[layer].device)
             counts = self.stream_counts[layer] + counts.to(self.stream_counts[layer].device)

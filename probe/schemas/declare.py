@@ -116,8 +116,7 @@ def payload(description: str | Field, *, required: bool = True, key: str | None 
             patterns: dict[str, Field] | None = None, ref: str | None = None, omit: Literal["empty", "none"] = "empty",
             dump: Callable[[Any], Any] | None = None, column: bool | str | Field = False,
             spread: bool = False) -> Callable[[Callable[[Any], R]], Computed[R]]:
-    """A method whose value is a payload field, made a property (its type from the return annotation); options as
-    `schema_field`'s."""
+    """A method whose value is a payload field, made a property typed by its return; options as `schema_field`'s."""
     spec = _spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
 
     def mark(method: Callable[[Any], R]) -> Computed[R]:
@@ -157,7 +156,6 @@ def _json_type(annotation: Any) -> tuple[list[str], Any]:
 
 
 def _field(name: str, annotation: Any, spec: Spec, where: str) -> Field:
-    """The schema of one declared field."""
     kinds, inner = _json_type(annotation)
     if not spec.required and "null" in kinds:  # an optional field is left out, never null
         kinds.remove("null")
@@ -306,8 +304,7 @@ class Payload:
 def published(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],
               column_patterns: Mapping[str, Field] | None = None,
               sections: Mapping[str, Field] | None = None) -> Callable[[type[T]], type[T]]:
-    """A Payload class that is the published kind `name`, `version`; `sections`: fields a command adds beside its
-    own."""
+    """A Payload class that is the published kind `name`, `version`; `sections`: fields a command adds."""
 
     def declare(cls: type[T]) -> type[T]:
         fields = {**record_fields(cls), **(sections or {})}

@@ -170,8 +170,7 @@ def _mismatch(name: str, shapes: dict[str, tuple[int, ...]], expected: dict[str,
 
 def load_checkpoints(run: Run, base: LoadedModel | None = None, **options: Any
                      ) -> Iterator[tuple[Checkpoint, LoadedModel]]:
-    """Each checkpoint loaded in turn, one in memory at a time; state dicts copied into the one custom model
-    (`base`)."""
+    """Each checkpoint loaded in turn, one in memory at a time; state dicts copied into the one `base` model."""
     if run.kind == STATE_DICTS:
         loaded = base or load_model(str(run.model), **options)
         for checkpoint in run.checkpoints:

@@ -50,8 +50,7 @@ def _token_losses(loaded: LoadedModel, probe_set: ProbeSet, positions: list[int]
 
 def icl_score(loaded: LoadedModel, *, early: int = EARLY, late: int = LATE, data: str | Path | None = None,
               num_seqs: int = ICL_SEQS, batch_size: int = 8) -> IclScore:
-    """Loss at token `late` minus loss at token `early` (BOS not counted); None, with the reason, where it cannot be
-    had."""
+    """Loss at token `late` minus loss at token `early` (BOS not counted); None, with the reason, where unmeasurable."""
     check_positions(early, late)
     if loaded.tokenizer is None:
         return IclScore(None, "no in-context learning score: the model has no tokenizer to read natural text")

@@ -191,5 +191,4 @@ def _sharded(run: Run, options: TrackOptions, identity: dict[str, Any], results_
 
 
 def _visible(results_path: Path) -> list[Path]:
-    """The results file and any shards of it that this process sees (probe.distributed's shard files)."""
     return [results_path, *shard_paths(results_path)]
