@@ -92,8 +92,7 @@ def rank_device(rank: Rank | None, device: str | None) -> str | None:
 
 def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_folder: str | Path | None
                    ) -> tuple[DeviceMap | None, Path | None, dict[int | str, int] | None]:
-    """(device map, offload folder, max_memory) for this process: its group of GPUs, its share of CPU memory, a JSON
-    map's GPU indices counted within the group, an offload subfolder of its own."""
+    """(device map, offload folder, max_memory) of this process: its GPUs (a map's indices within them), its share."""
     folder = None if offload_folder is None else Path(offload_folder)
     parsed = parse_device_map(device_map)
     if rank is None or parsed is None:

@@ -32,8 +32,7 @@ def head_columns(layer: int, head: int, layer_names: Sequence[str] | None = None
 
 def head_rows(entries: list[dict[str, Any]], keys: Sequence[str], layer_names: Sequence[str] | None = None,
               **joined: str) -> list[dict[str, Any]]:
-    """One row per payload entry: the head's columns, then `keys` it has; `joined`: list keys written comma-separated
-    (`classes="class"`: each item's "class")."""
+    """One row per payload entry: the head's columns, `keys` it has, `joined` lists comma-separated (by that field)."""
     rows = []
     for entry in entries:
         row = head_columns(entry["layer"], entry["head"], layer_names)

@@ -90,8 +90,7 @@ class Counts(ProgressColumn):
 
 
 class Bars:
-    """rich's bar per stage on stderr: `__call__` is the `(done, total)` callback, `stage` the staged one; `with` it
-    while the work runs. A stage without a total is said first after `first` seconds."""
+    """rich's bar per stage on stderr (`__call__`: `(done, total)`; `stage`: staged); `with` it while the work runs."""
 
     def __init__(self, label: str, units: Mapping[str, str] | None = None, *, first: float = EVERY_SECONDS,
                  console: Console | None = None, now: Callable[[], float] | None = None) -> None:
@@ -190,8 +189,7 @@ class Bars:
 
 
 def reports(label: str, stages: bool = False) -> Callable[[Callable[P, T]], Callable[P, T]]:
-    """A library function's `progress=True`: Bars named `label` while it runs, ending with the call (also on Ctrl-C);
-    under torchrun only the first process draws, the others get None."""
+    """`progress=True`: Bars named `label` for the call (ended on Ctrl-C too); under torchrun the first process's."""
     def wrap(function: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(function)
         def run(*args: P.args, **kwargs: P.kwargs) -> T:

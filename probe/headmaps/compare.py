@@ -262,8 +262,7 @@ class Comparison(Payload):
         return self.b.values - self.a.values
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head (schema `compare`'s frame_row), named over KV heads (`L5KV1`) where
-        the maps are. Needs pandas."""
+        """A pandas DataFrame, one row per head (`L5KV1` over KV heads): the compare frame_row. Needs pandas."""
         rows = [{**head_columns(row["layer"], row["head"]), **row} for row in self.rows]
         if self.a.convention == KV:
             for row in rows:

@@ -48,8 +48,7 @@ def register_format(entry: HeadFormat) -> HeadFormat:
 
 
 def read_map(path: str | Path, score: str | None = None) -> HeadMap:
-    """The head map in `path` (a file, or DuoAttention's folder), read by the first format that recognises it; a
-    file of several scores needs `score`."""
+    """The head map in `path` (a file or DuoAttention folder) by the first format that knows it; `score`: which."""
     where = Path(path)
     if not exists(where):
         raise ProbeError(f"{where} does not exist: give a head-map file (or a DuoAttention folder)")
@@ -172,16 +171,14 @@ def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path)
 
 
 def duo_config(payload: dict[str, Any]) -> dict[str, Any]:
-    """DuoAttention's config.json beside a `KVHeads.to_dict()` payload's map: sink and recent keys (and a kvpress
-    budget's head_compression_ratio)."""
+    """DuoAttention's config.json for a `KVHeads.to_dict()` payload: sink, recent (and kvpress's ratio)."""
     press = (payload.get("budget") or {}).get("kvpress")
     return {"sink_size": payload["sink"], "recent_size": payload["recent"],
             **({"head_compression_ratio": press["head_compression_ratio"]} if press else {})}
 
 
 def razor_map(payload: dict[str, Any]) -> dict[str, list[int]]:
-    """RazorAttention's {layer: [kv_head, ...]} of the full KV heads (write-only: it does not say how many KV heads
-    a layer has)."""
+    """RazorAttention's {layer: [kv_head, ...]} of full KV heads (write-only: it omits how many a layer has)."""
     out: dict[str, list[int]] = {str(layer): [] for layer in range(payload["n_layers"])}
     for row in payload["kv_heads"]:
         if row["label"] == "full":

@@ -15,8 +15,7 @@ from probe.reading import is_file
 
 
 def kvpress_pattern(path: str | Path, model: Any | None = None) -> tuple[int, int, np.ndarray]:
-    """`(sink_size, recent_size, head_scores)` of a DuoAttention folder, as kvpress returns them; with `model`, the
-    shape is checked (kvpress would index past a smaller map)."""
+    """`(sink_size, recent_size, head_scores)` as kvpress returns them; shape checked against `model` where given."""
     folder = Path(path)
     table, config = folder / DUO_FILE, folder / DUO_CONFIG
     for needed in (table, config):

@@ -100,8 +100,7 @@ def _measured_on(inputs: CurveInputs, base_loss: float, base_accuracy: float) ->
 def kvpress_budget(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs | None, ratio: float, *,
                    sink: int, recent: int, length: int, max_loss_increase: float = DEFAULT_MAX_LOSS_INCREASE,
                    why: str | None = None) -> Budget:
-    """The k KV heads kvpress's DuoAttentionPress streams to remove `ratio` of a `length`-token cache, measured on
-    `inputs` (None: not, `why`)."""
+    """The k KV heads DuoAttentionPress streams to remove `ratio` of the cache, measured on `inputs` (None: `why`)."""
     streamed, head_ratio = kvpress_streamed(ratio, len(order), sink, recent, length)
     removed = head_ratio * kvpress_removable(sink, recent, length)
     rule = (f"kvpress: head_compression_ratio {head_ratio:.6g} streams the {streamed} lowest-scored of {len(order)} "

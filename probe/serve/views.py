@@ -240,8 +240,7 @@ class Views:
         return view.means
 
     def ablate(self, text: str, heads: list[Head], method: str, factor: float, position: int) -> dict[str, Any]:
-        """Per-token loss and next tokens at `position` with `heads` ablated (zero, the text's mean) or steered by
-        `factor`, against the model as it is."""
+        """Per-token loss and next tokens at `position` with `heads` ablated or steered by `factor`, and without."""
         view, _ = self.view(text)
         self._position(view, position)
         if not heads:
