@@ -49,12 +49,8 @@ def _finite(value: Any) -> TypeGuard[float]:
 
 def best_scores(checkpoints: list[CheckpointResult], name: str) -> list[float | None]:
     """The best head's score of class `name` at each checkpoint (None where no head has one)."""
-    out = []
-    for checkpoint in checkpoints:
-        values = [entry["scores"].get(name) for entry in checkpoint.heads]
-        values = [v for v in values if _finite(v)]
-        out.append(max(values) if values else None)
-    return out
+    finite = [[v for v in (entry["scores"].get(name) for entry in c.heads) if _finite(v)] for c in checkpoints]
+    return [max(values) if values else None for values in finite]
 
 
 def _largest_step(values: list[float | None], either_way: bool = False) -> tuple[int, float] | None:
