@@ -747,7 +747,7 @@ def test_a_second_interrupt_during_clean_up_leaves_no_hook(when: int, monkeypatc
         if calls[0] == when:
             raise KeyboardInterrupt  # the first Ctrl-C, inside a hooked forward
 
-    original_remove, original_override = RemovableHandle.remove, blocks._override
+    original_remove, original_put_back = RemovableHandle.remove, blocks.put_back
 
     def second_interrupt() -> None:
         cleanups[0] += 1
@@ -759,13 +759,13 @@ def test_a_second_interrupt_during_clean_up_leaves_no_hook(when: int, monkeypatc
             second_interrupt()
         original_remove(self)
 
-    def override(module, value):
-        restore = original_override(module, value)
-        return lambda: (second_interrupt(), restore())
+    def put_back(module, name, saved):
+        second_interrupt()
+        original_put_back(module, name, saved)
 
     handle = attention_layers(model)[1].module.register_forward_pre_hook(explode)
     monkeypatch.setattr(RemovableHandle, "remove", remove)
-    monkeypatch.setattr(blocks, "_override", override)
+    monkeypatch.setattr(blocks, "put_back", put_back)
     try:
         with pytest.raises(KeyboardInterrupt):
             sweep(loaded, probe_set, batch_size=2, stack=2)

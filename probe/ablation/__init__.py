@@ -13,7 +13,8 @@ from probe.ablation.metrics import METRICS, Metric, choose_metric, register_metr
 from probe.ablation.statistics import STATISTICS, HeadMeans, HeadStatistics, head_means, head_statistics
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.stream import RESULTS_FORMAT, load_results, read_results
-from probe.ablation.sweep import MODES, Progress, sweep
+from probe.ablation.sweep import MODES, sweep
+from probe.progress import Progress
 
 # the public API: docs/reference/ablation.md has each
 __all__ = ["METHODS", "METRICS", "MODES", "RESULTS_FORMAT", "STATISTICS", "Ablation", "AblationMethod",

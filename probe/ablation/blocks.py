@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from itertools import accumulate
 from typing import Any
 
@@ -14,7 +15,7 @@ from torch import Tensor, nn
 from probe.hooks.layers import AttentionLayer
 from probe.models.parts import output_embeddings
 from probe.hooks.run import run_model
-from probe.hooks.restore import interrupts_deferred, restoring
+from probe.hooks.restore import interrupts_deferred, put_back, restoring
 
 
 @dataclass
@@ -178,24 +179,8 @@ def stack(value: Any, copies: int, batch: int, positions: int | None = None) -> 
     return value
 
 
-_MISSING = object()
-
-
-def _override(module: nn.Module, value: Any) -> Callable[[], None]:
-    """Make `module` return `value` instead of running; returns the step that puts its own forward back."""
-    previous = module.__dict__.get("forward", _MISSING)
-
-    def constant(*_args: Any, **_kwargs: Any) -> Any:
-        return value
-
-    def restore() -> None:
-        if previous is _MISSING:
-            module.__dict__.pop("forward", None)
-        else:
-            module.__dict__["forward"] = previous
-
-    module.__dict__["forward"] = constant
-    return restore
+def _returning(value: Any) -> Callable[..., Any]:
+    return lambda *_args, **_kwargs: value
 
 
 @contextmanager
@@ -204,5 +189,7 @@ def skip_blocks(container: nn.ModuleList, outputs: dict[int, Any]) -> Iterator[N
     with restoring() as undo:
         with interrupts_deferred():
             for index, value in outputs.items():
-                undo.append(_override(container[index], value))
+                block = container[index]
+                undo.append(partial(put_back, block, "forward", block.__dict__.get("forward")))
+                block.__dict__["forward"] = _returning(value)
         yield

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager, contextmanager
 from torch import nn
 
 from probe.ablation.heads import Ablation, Head, check_heads
-from probe.ablation.methods import AblationMethod, method_named
+from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.statistics import HeadStatistics
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import AttentionLayer, attention_layers
@@ -30,7 +30,7 @@ def ablate(model: nn.Module, heads: Iterable[Head], *, method: str | AblationMet
            statistics: HeadStatistics | None = None, batch: BatchContext | None = None) -> Iterator[None]:
     """Ablate `heads` together for the body of the `with` (a method of METHODS, or a method object); `batch`: the
     batch the body runs (`BatchContext.of(ids, mask)`), which the method is bound to. Restored on exit."""
-    chosen = method_named(method, statistics).bound_to([] if batch is None else [batch])
+    chosen = build_method(method, statistics=statistics).bound_to([] if batch is None else [batch])
     heads = tuple(heads)
     check_heads(attention_layers(model), heads)
     with ablated(model, [heads], chosen, batch):

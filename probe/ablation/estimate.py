@@ -23,7 +23,7 @@ from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
-from probe.ablation.plan import check_probe_set, data_name, refuse_sources
+from probe.ablation.plan import Work, check_probe_set, data_name, refuse_sources
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, batches_of
 from probe.hooks.capture import attention_hooks
@@ -34,7 +34,7 @@ from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.hooks.types import Handler, HookContext
 from probe.models import LoadedModel
-from probe.progress import Progress, ProgressArg, callback, reports
+from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
 
 GRAD_FORWARD_COST = 1.35  # a forward that keeps the graph, in plain forwards (measured on CPU, SmolLM2)
@@ -179,7 +179,7 @@ def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room
     return chosen
 
 
-def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], cost: Callable[[Head], float],
+def _refine(runner: NaiveRunner, chosen: list[Head], cost: Callable[[Head], float],
             step: Callable[[float], None]) -> dict[Head, Tensor]:
     """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block."""
     by_start: dict[int, list[Head]] = {}
@@ -195,26 +195,6 @@ def _refine(runner: NaiveRunner | PrefixRunner, chosen: list[Head], cost: Callab
                 step(sum(cost(head) for head in group))
             exact.update(zip(group, totals))
     return exact
-
-
-@dataclass
-class _Steps:
-    """Progress in the estimate's own cost unit, forward-equivalents of one batch (WORK_UNITS each), so that a time
-    left is honest from the first pass: `total` is the whole plan (the gradient passes and the exact runs the budget
-    allows) and is lowered to what was chosen once the heads to refine are known."""
-
-    total: float  # forward-equivalents
-    progress: Progress | None
-    done: float = 0.0
-
-    def __call__(self, cost: float) -> None:
-        self.done += cost
-        self.report()
-
-    def report(self) -> None:
-        if self.progress is not None:
-            total = max(1, round(self.total * WORK_UNITS))
-            self.progress(min(round(self.done * WORK_UNITS), total), total)
 
 
 def _planned(n_batches: int, gradient: float, check_cost: float, room: float, refine: int | None) -> float:
@@ -250,14 +230,16 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
 
 
 def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches_: list[Batch], blocks: Blocks | None,
-                  why_not: str, expected: Tensor, heads: list[Head]) -> tuple[NaiveRunner | PrefixRunner, str]:
+                  why_not: str, expected: Tensor, heads: list[Head]) -> tuple[NaiveRunner, str]:
     """Prefix reuse where a check on the first batch reproduces its baseline, else one forward each; and which."""
-    naive = NaiveRunner(loaded.model, ZeroAblation(), scorer, readout, batches_)
     if blocks is None:
-        return naive, why_not
-    prefix = PrefixRunner(naive, blocks, [(head,) for head in heads], 0, checked=True)
-    reason = prefix.reproduces(0, expected)
-    return (naive, f"the exact path failed its check: {reason}") if reason else (prefix, "prefix reused")
+        return NaiveRunner(loaded.model, ZeroAblation(), scorer, readout, batches_), why_not
+    runner = PrefixRunner(loaded.model, ZeroAblation(), scorer, readout, batches_, blocks, [(h,) for h in heads], 0,
+                          checked=True)
+    reason = runner.reproduces(0, expected)
+    if reason:  # every head then runs from block 0, the naive way
+        runner.reason = f"the exact path failed its check: {reason}"
+    return runner, runner.reason or "prefix reused"
 
 
 @reports("estimating")
@@ -284,9 +266,10 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)  # forward-equivalents, of every batch
     check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0
     room = budget - spent - check_cost
-    step = _Steps(_planned(len(batches_), spent, check_cost, room, refine), callback(progress))
+    work = Work(_planned(len(batches_), spent, check_cost, room, refine), callback(progress), WORK_UNITS)
     for index, batch in enumerate(batches_):
-        kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, step, blocks)
+        kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, work.advance,
+                                blocks)
         batch.kept = _kept_for(blocks, heads, kept)
     baseline_loss, baseline_parts = losses(terms.sums, counts, list(scorer.parts))
     estimated = {head: float(terms.first[head] + terms.second[head]) for head in heads}
@@ -294,18 +277,18 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     path = ("estimate: attribution patching + Gauss-Newton second order" if samples
             else "estimate: attribution patching (first order)")
     exact: dict[Head, Tensor] = {}
-    step.total = step.done  # the plan, now that the heads to refine are known
+    work.total = work.done  # the plan, now that the heads to refine are known
     if chosen:
         runner, how = _exact_runner(loaded, readout, scorer, batches_, blocks, why_not, terms.batch_sums[0], heads)
         cost = lambda head: flop_cost(runner.start_of((head,))) + LOSS_COST  # noqa: E731
         refined = sum(cost(head) for head in chosen)  # the exact runs of one batch
-        step.total += check_cost + len(batches_) * refined
-        step(check_cost)
-        exact = _refine(runner, chosen, cost, step)
+        work.total += check_cost + len(batches_) * refined
+        work.advance(check_cost)
+        exact = _refine(runner, chosen, cost, work.advance)
         spent += check_cost + refined
         path += f", {len(chosen)} top heads ablated exactly ({how})"
     else:
-        step.report()  # the plan is done: its end reported at its lowered total
+        work.report()  # the plan is done: its end reported at its lowered total
     results = [HeadResult.of_sums((head,), exact[head], counts, baseline_loss, baseline_parts, exact=True)
                if head in exact else HeadResult((head,), baseline_loss + estimated[head], estimated[head], exact=False)
                for head in heads]

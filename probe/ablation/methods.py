@@ -562,21 +562,14 @@ def method_class(method: str | AblationMethod) -> type[AblationMethod]:
     return METHODS[method]
 
 
-def build_method(method: str | AblationMethod, loaded: LoadedModel, reference: ProbeSet, *,
-                 statistics: HeadStatistics | None = None, per_position: bool = False, seed: int = 0,
+def build_method(method: str | AblationMethod, loaded: LoadedModel | None = None, reference: ProbeSet | None = None,
+                 *, statistics: HeadStatistics | None = None, per_position: bool = False, seed: int = 0,
                  batch_size: int = 8, value: float | None = None) -> AblationMethod:
     """The method given, or built by name with what it declares (statistics taken over `reference` if not given)."""
     if isinstance(method, AblationMethod):
         return method
     chosen = method_class(method)
-    if chosen.statistics and statistics is None:
+    if chosen.statistics and statistics is None and loaded is not None and reference is not None:
         statistics = head_statistics(loaded, reference, chosen.statistics, per_position=per_position,
                                      batch_size=batch_size)
     return chosen.build(MethodInputs(statistics, seed, value))
-
-
-def method_named(name: str | AblationMethod, statistics: HeadStatistics | None = None) -> AblationMethod:
-    """The method `name` of METHODS built from `statistics` alone; a method object is used as it is."""
-    if isinstance(name, AblationMethod):
-        return name
-    return method_class(name).build(MethodInputs(statistics))

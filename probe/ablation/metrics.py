@@ -83,6 +83,11 @@ def register_metric(metric: type[Metric]) -> type[Metric]:
     return metric
 
 
+def _margin_loss(margins: Tensor) -> tuple[float, dict[str, float]]:
+    """Minus the mean margin, and the margin and accuracy (the share of positive margins) as figures."""
+    return -float(margins.mean()), {"margin": float(margins.mean()), "accuracy": float((margins > 0).double().mean())}
+
+
 @register_metric
 class CrossEntropy(Metric):
     name = "cross_entropy"
@@ -130,9 +135,7 @@ class TaskMargin(CrossEntropy):
         return torch.tensor([1.0, -1.0]).repeat(rows // 2)  # good rows: loss up hurts; bad rows: loss up helps
 
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
-        margins = rows[1::2] - rows[0::2]  # cross-entropy sums: bad - good = log P(good) - log P(bad)
-        return -float(margins.mean()), {"margin": float(margins.mean()),
-                                        "accuracy": float((margins > 0).double().mean())}
+        return _margin_loss(rows[1::2] - rows[0::2])  # cross-entropy sums: bad - good = log P(good) - log P(bad)
 
 
 @register_metric
@@ -176,9 +179,7 @@ class LogitDiff(Metric):
         return F.pad(distractor - answer, (0, 1))  # (batch, positions - 1): the last position reads nothing
 
     def finish(self, rows: Tensor) -> tuple[float, dict[str, float]] | None:
-        margins = -rows  # one scored position per row: its logit difference
-        return -float(margins.mean()), {"margin": float(margins.mean()),
-                                        "accuracy": float((margins > 0).double().mean())}
+        return _margin_loss(-rows)  # one scored position per row: its logit difference
 
 
 @register_metric

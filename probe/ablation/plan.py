@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor, nn
@@ -12,9 +13,30 @@ from probe.ablation.heads import Ablation
 from probe.ablation.methods import METHODS, AblationMethod
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError
+from probe.progress import Progress
 
 STACK_BYTES = 1 << 30  # activations (and logits, where whole) of one stacked forward: how many copies to stack
 CACHE_BYTES = 4 << 30  # kept block outputs of the baseline; beyond this they are recomputed per layer
+
+
+@dataclass
+class Work:
+    """Progress counted in what a run costs (`scale` per unit; the sweep's and the estimate's: forward_costs), so that
+    the time left follows the work left: `total` is an upper bound until what runs is known."""
+
+    total: float
+    progress: Progress | None
+    scale: float = 1.0
+    done: float = 0.0
+
+    def advance(self, amount: float) -> None:
+        self.done += amount
+        self.report()
+
+    def report(self) -> None:
+        if self.progress is not None:
+            total = max(1, round(self.total * self.scale))
+            self.progress(min(round(self.done * self.scale), total), total)
 
 
 def check_probe_set(probe_set: ProbeSet) -> None:

@@ -12,7 +12,7 @@ import operator
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import reduce
+from functools import partial, reduce
 from typing import Any
 
 import torch
@@ -25,7 +25,7 @@ from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losses, parts_of
-from probe.ablation.plan import check_probe_set, data_name, refuse_sources
+from probe.ablation.plan import Work, check_probe_set, data_name, refuse_sources
 from probe.ablation.runners import NaiveRunner, batches_of, require_finite_baseline
 from probe.ablation.sweep import sweep
 from probe.hooks.capture import attention_hooks
@@ -338,19 +338,14 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
                          layer_names=layer_names(attention_layers(loaded.model)), dtype=model_dtype(loaded))
     curves = [(name, None) for name in orderings if name != "random"] + \
         [("random", seed) for seed in seeds if "random" in orderings]
-    total, done = math.ceil(1 / step - 1e-9) * (len(curves) + ("michel" in orderings)), [0]
-
-    def tick() -> None:
-        done[0] += 1
-        if report is not None:
-            report(min(done[0], total), total)
-
+    work = Work(math.ceil(1 / step - 1e-9) * (len(curves) + ("michel" in orderings)), report)
+    tick = partial(work.advance, 1)
     run = _Run(loaded, probe_set, evaluator, units, (result.n_layers, result.n_heads), batch_size, tick)
     planned = 0  # the steps counted in `total` for the curves done: a curve stopped at the limit skips the rest
     for name, seed in curves:
         result.curves.append(_curve(measure, units, result, name, seed, run.chooser(name, seed), tick))
         planned += math.ceil(1 / step - 1e-9) * (2 if name == "michel" else 1)
-        done[0] = max(done[0], planned) - 1
+        work.done = max(work.done, planned) - 1
         tick()  # progress ends at its total
     result.seconds = time.perf_counter() - started
     result.costs = {"forward_seconds": round(forward_seconds, 4), "loss_passes": measure.passes,

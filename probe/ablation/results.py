@@ -91,20 +91,21 @@ class HeadResult(Payload):
             pairs = [(entry["layer"], entry["head"])] if "layer" in entry else list(entry["heads"])
             heads = tuple((_index(a), _index(b)) for a, b in pairs)
             loss, delta = _number(entry["loss"]), _number(entry["delta"])
+            # a part or task value that was not finite was written as null: it is read back as None
+            parts = {key[:-5]: _optional(value) for key, value in entry.items()
+                     if key.endswith("_loss") and key != "loss"}
+            deltas = {key[:-6]: _optional(value) for key, value in entry.items()
+                      if key.endswith("_delta") and key != "delta"}
+            task = {key[5:]: _optional(value) for key, value in entry.items() if key.startswith("task_")}
         except KeyError as error:
             raise ProbeError(f"the ablation entry has no {error.args[0]!r}") from None
         except (TypeError, ValueError) as error:
             raise ProbeError(f"the ablation entry has a malformed value ({error})") from None
         if not heads:
             raise ProbeError("the ablation entry names no head")
-        parts = {key[:-5]: _optional(value) for key, value in entry.items() if key.endswith("_loss") and key != "loss"}
-        deltas = {key[:-6]: _optional(value) for key, value in entry.items()
-                  if key.endswith("_delta") and key != "delta"}
-        task = {key[5:]: _optional(value) for key, value in entry.items() if key.startswith("task_")}
         exact, effects = entry.get("exact"), entry.get("effects") or {}
         if exact not in (None, True, False) or not isinstance(effects, dict):
             raise ProbeError("the ablation entry has a malformed value (exact or effects)")
-        # a part or task value that was not finite was written as null: it is read back as None
         return HeadResult(heads, loss, delta, parts, deltas, exact, effects, task)  # type: ignore[arg-type]
 
 
@@ -123,12 +124,7 @@ def _number(value: Any) -> float:
 
 
 def _optional(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return _number(value)
-    except ValueError as error:
-        raise ProbeError(f"the ablation entry has a malformed value ({error})") from None
+    return None if value is None else _number(value)
 
 
 FIRST_ORDER = Field("number", "estimate mode: the first-order term", required=False)

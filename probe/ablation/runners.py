@@ -74,7 +74,11 @@ class NaiveRunner:
                  batches: list[Batch], why: str = "") -> None:
         self.model, self.scorer, self.readout, self.batches = model, scorer, readout, batches
         self.method = method.bound_to([batch.context for batch in batches if batch.context is not None])
-        self.path = f"{NAIVE} ({why})" if why else NAIVE
+        self.why = why
+
+    @property
+    def path(self) -> str:
+        return f"{NAIVE} ({self.why})" if self.why else NAIVE
 
     def start_of(self, ablation: Ablation) -> int:
         """The first block an ablated run of `ablation` runs."""
@@ -101,16 +105,18 @@ class NaiveRunner:
         return out
 
 
-class PrefixRunner:
-    """Ablated runs from the baseline's kept block outputs; falls back to `naive` (saying why in `path`)."""
+class PrefixRunner(NaiveRunner):
+    """Ablated runs from the baseline's kept block outputs; falls back to the naive way (saying why in `path`)."""
 
-    def __init__(self, naive: NaiveRunner, blocks: Blocks, ablations: list[Ablation], tokens: int,
+    def __init__(self, model: nn.Module, method: AblationMethod, scorer: Scorer, readout: Readout,
+                 batches: list[Batch], blocks: Blocks, ablations: list[Ablation], tokens: int,
                  checked: bool = False) -> None:
         """`tokens`: of the whole probe set (what keeping the block outputs costs); `checked`: no self-check."""
-        self.naive, self.blocks, self.checked = naive, blocks, checked
+        super().__init__(model, method, scorer, readout, batches)
+        self.blocks, self.checked = blocks, checked
         self.reason: str | None = None  # why it fell back to naive
         self.last = max(self.start_of(ablation) for ablation in ablations)  # blocks before it are kept
-        hidden = getattr(getattr(naive.model, "config", None), "hidden_size", None) or 1024
+        hidden = getattr(getattr(self.model, "config", None), "hidden_size", None) or 1024
         held = tokens * 4 * hidden * self.last
         self.keep_all = held <= CACHE_BYTES
 
@@ -129,11 +135,11 @@ class PrefixRunner:
                 return _baseline_sums(self.scorer, self.batches[index], self._baseline_output(self.batches[index]))
             except NoPrefix as error:
                 self.reason, self.keep_all = str(error), False
-        return self.naive.baseline(index)
+        return super().baseline(index)
 
     def _baseline_output(self, batch: Batch) -> Tensor | Final:
         """The baseline forward that keeps the blocks' outputs (and settles the direct head)."""
-        model, readout, blocks = self.naive.model, self.naive.readout, self.blocks
+        model, readout, blocks = self.model, self.readout, self.blocks
         lean = readout.lean(batch.ids)
         with readout.watching():
             output, kept = capture(blocks, model, batch.ids, batch.mask, logits=not lean)
@@ -143,26 +149,9 @@ class PrefixRunner:
         batch.kept = {i: value for i, value in kept.items() if i < self.last}
         return output if isinstance(output, Final) else logits_of(output)
 
-    @property
-    def scorer(self) -> Scorer:
-        return self.naive.scorer
-
-    @property
-    def method(self) -> AblationMethod:
-        """The method, bound to the batches (the naive runner's)."""
-        return self.naive.method
-
-    @property
-    def batches(self) -> list[Batch]:
-        return self.naive.batches
-
-    @property
-    def model(self) -> nn.Module:
-        return self.naive.model
-
     def sums(self, chunk: list[Ablation], index: int) -> Tensor:
         if self.reason is not None:
-            return self.naive.sums(chunk, index)
+            return super().sums(chunk, index)
         start = self.start_of(chunk[0])
         if self.checked or start == 0:  # a chunk that starts at block 0 reuses nothing: nothing to check
             output = self._forward(chunk, index, start)
@@ -177,13 +166,13 @@ class PrefixRunner:
             self.checked = True
             if reason:  # start over the naive way; nothing of this chunk was counted yet
                 self.reason = f"the exact path failed its check: {reason}"
-                return self.naive.sums(chunk, index)
+                return super().sums(chunk, index)
         batch = self.batches[index]
         return self.scorer.sums(output, batch.ids, batch.counted, len(chunk), batch.reference)
 
     def _forward(self, chunk: list[Ablation], index: int, start: int) -> Tensor | Final:
         """The chunk's ablations stacked along the batch, blocks before `start` replaced by the baseline's outputs."""
-        batch, model = self.batches[index], self.naive.model
+        batch, model = self.batches[index], self.model
         kept = batch.kept
         if kept is None:  # not kept (too big): run the baseline again, up to the block where this chunk starts
             _, kept = capture(self.blocks, model, batch.ids, batch.mask, stop_at=start)
@@ -193,19 +182,19 @@ class PrefixRunner:
         stacked_ids = batch.ids.repeat(copies, 1)  # (copies * batch, positions)
         stacked_mask = None if batch.mask is None else batch.mask.repeat(copies, 1)
         with skip_blocks(self.blocks.container, {i: entry for i in range(start)}), \
-                ablated(model, chunk, self.naive.method, batch.context):
-            return self.naive.readout.stacked(self.blocks, stacked_ids, stacked_mask)
+                ablated(model, chunk, self.method, batch.context):
+            return self.readout.stacked(self.blocks, stacked_ids, stacked_mask)
 
     def _check(self, ablation: Ablation, index: int, stacked: Tensor | Final, copies: int) -> str:
         """'' if the first copy equals a full forward with the same ablation, else what differs."""
         batch = self.batches[index]
         rows = batch.ids.shape[0]
         if isinstance(stacked, Final):  # long context: compare the last block's outputs, which make the logits
-            reference_final = self.naive.forward(ablation, index, lean=True)
+            reference_final = self.forward(ablation, index, lean=True)
             assert isinstance(reference_final, Final)
             mine, reference = stacked.first_rows(rows), reference_final.first_rows(rows)
         else:
-            reference = self.naive.forward(ablation, index, lean=False)  # type: ignore[assignment]
+            reference = self.forward(ablation, index, lean=False)  # type: ignore[assignment]
             mine = stacked.reshape(copies, rows, *stacked.shape[1:])[0]
         if mine.shape != reference.shape:
             return f"output shape {tuple(mine.shape)} != {tuple(reference.shape)}"
@@ -226,17 +215,14 @@ class PrefixRunner:
         last = len(self.blocks) - 1
         skipped = {i: value for i, value in batch.kept.items() if i < last}
         with torch.no_grad(), skip_blocks(self.blocks.container, skipped):
-            output = logits_of(run_model(self.naive.model, batch.ids, batch.mask))
+            output = logits_of(run_model(self.model, batch.ids, batch.mask))
         mine = self.scorer.sums(output, batch.ids, batch.counted, 1)[0]
         scale = float(expected.abs().max().clamp(min=1.0))
         difference = float((mine - expected).abs().max())
         return "" if difference <= CHECK_TOLERANCE * scale else f"metric differs by {difference:.3g}"
 
 
-Runner = NaiveRunner | PrefixRunner
-
-
-def require_finite_baseline(runner: Runner, loss: float) -> None:
+def require_finite_baseline(runner: NaiveRunner, loss: float) -> None:
     """Refuse a NaN or infinite baseline (probe.overflow): every ablated run would be measured against it."""
     references = [batch.reference for batch in runner.batches if isinstance(batch.reference, Tensor)]
     finite = math.isfinite(loss)

@@ -21,38 +21,22 @@ from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
 from probe.ablation import logits as readouts
 from probe.ablation.logits import Readout
-from probe.ablation.methods import AblationMethod, build_method, method_class, method_named
+from probe.ablation.methods import AblationMethod, ZeroAblation, build_method, method_class
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
-from probe.ablation.plan import assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
+from probe.ablation.plan import Work, assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.statistics import HeadStatistics
-from probe.ablation.runners import NaiveRunner, PrefixRunner, Runner, batches_of, require_finite_baseline
+from probe.ablation.runners import NaiveRunner, PrefixRunner, batches_of, require_finite_baseline
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
 from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.hooks.stacks import layer_names
 from probe.models import LoadedModel
-from probe.progress import Progress, ProgressArg, callback, log, reports
+from probe.progress import ProgressArg, callback, log, reports
 from probe.provenance import model_dtype, model_facts
 
 MODES = ("exact", "naive", "estimate")
-
-
-@dataclass
-class _Work:
-    """Progress in thousandths of a full forward of one batch (forward_costs: a run from a late block, the readout
-    included, weighs what its parameters do), so the time left follows the work left: `total` is an upper bound until
-    the chunks are known."""
-
-    total: int
-    progress: Progress | None
-    done: int = 0
-
-    def advance(self, amount: int) -> None:
-        self.done += amount
-        if self.progress is not None:
-            self.progress(min(self.done, self.total), self.total)
 
 
 def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stack: int | None) -> None:
@@ -84,19 +68,20 @@ def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequen
 
 
 def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
-            batch_size: int, ablations: list[Ablation]) -> tuple[Runner, Callable[[int], int]]:
+            batch_size: int, ablations: list[Ablation]) -> tuple[NaiveRunner, Callable[[int], int]]:
     """The runner of this sweep (prefix reuse where the model has a block list) and a run's cost by start block."""
     model = loaded.model
     scorer = Scorer(metric, parts_of(probe_set))
     layers = attention_layers(model)
     blocks, why_not = (None, "") if mode == "naive" else find_blocks(model, layers)
     readout = Readout.choose(model, metric.chunkable, blocks)
-    runner = NaiveRunner(model, method, scorer, readout, batches_of(probe_set, scorer, batch_size), why_not)
+    batches = batches_of(probe_set, scorer, batch_size)
     if blocks is None:
-        return runner, lambda start: WORK_UNITS
+        return NaiveRunner(model, method, scorer, readout, batches, why_not), lambda start: WORK_UNITS
     fraction = forward_costs(model, blocks)  # progress counts WORK_UNITS a full forward
     costs = [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
-    return PrefixRunner(runner, blocks, ablations, int(probe_set.input_ids.numel())), costs.__getitem__
+    tokens = int(probe_set.input_ids.numel())
+    return PrefixRunner(model, method, scorer, readout, batches, blocks, ablations, tokens), costs.__getitem__
 
 
 @dataclass
@@ -110,7 +95,7 @@ class _Baseline:
     task: dict[str, float] | None  # task sets: margin and accuracy
 
 
-def _baseline(runner: Runner, work: _Work, cost: Callable[[int], int], tokenizer: Any) -> _Baseline:
+def _baseline(runner: NaiveRunner, work: Work, cost: Callable[[int], int], tokenizer: Any) -> _Baseline:
     """The unablated model's metric over the probe set, its per-position values kept for the per-token effects."""
     scorer = runner.scorer
     sums = torch.zeros(len(scorer.parts) + 1, dtype=torch.float64)
@@ -141,8 +126,8 @@ def baseline_metric(loaded: LoadedModel, probe_set: ProbeSet, *, metric: str | M
                     batch_size: int = 8) -> tuple[float, dict[str, float] | None]:
     """The unablated model's metric over a probe set as a sweep's baseline measures it (and a task's figures)."""
     chosen = choose_metric(loaded, probe_set, metric)
-    runner, cost = _runner(loaded, probe_set, "naive", method_named("zero"), chosen, batch_size, [])
-    base = _baseline(runner, _Work(0, None), cost, loaded.tokenizer)
+    runner, cost = _runner(loaded, probe_set, "naive", ZeroAblation(), chosen, batch_size, [])
+    base = _baseline(runner, Work(0, None), cost, loaded.tokenizer)
     return base.loss, base.task
 
 
@@ -170,15 +155,15 @@ def _check_resume(loaded: LoadedModel, probe_set: ProbeSet, results_path: str | 
         check_same_sweep(Path(results_path), _identity(loaded, probe_set))
 
 
-def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_size: int,
+def _plan(runner: NaiveRunner, ablations: list[Ablation], stack: int | None, vocab_size: int,
           shard: tuple[int, int] | None, cost: Callable[[int], int]) -> list[list[Ablation]]:
     """The chunks this process runs: ablations of one start block, `stack` copies at most, this shard's share."""
     if not isinstance(runner, PrefixRunner) or runner.reason is not None:
         stack = 1
     elif stack is None:
-        readout = runner.naive.readout
+        readout = runner.readout
         inputs = [batch.ids for batch in runner.batches]
-        stack = default_stack(runner.naive.model, inputs, vocab_size, readout.chunked,
+        stack = default_stack(runner.model, inputs, vocab_size, readout.chunked,
                               any(readout.lean(ids) for ids in inputs), _logits_bytes())
     planned = chunks(ablations, runner.start_of, stack)
     if shard is None:
@@ -191,7 +176,7 @@ def _logits_bytes() -> int:
     return readouts.LOGITS_BYTES  # read when used: tests lower it to force chunked logits
 
 
-def _run(runner: Runner, todo: list[list[Ablation]], work: _Work, cost: Callable[[int], int],
+def _run(runner: NaiveRunner, todo: list[list[Ablation]], work: Work, cost: Callable[[int], int],
          finish: Callable[[list[Ablation], Tensor, list[Tensor]], None]) -> None:
     """Every chunk on every batch; `finish` gets each chunk, its sums and its per-position values once all are in."""
     scorer = runner.scorer
@@ -244,7 +229,7 @@ class _Finished:
             self.stream.close()
 
 
-def _start(loaded: LoadedModel, probe_set: ProbeSet, chosen: AblationMethod, runner: Runner, work: _Work,
+def _start(loaded: LoadedModel, probe_set: ProbeSet, chosen: AblationMethod, runner: NaiveRunner, work: Work,
            cost: Callable[[int], int], data: str | Path | None, results_path: str | Path | None, resume: bool,
            on_result: Callable[[HeadResult], None] | None) -> tuple[_Baseline, dict[str, Any], _Finished]:
     """The unablated baseline, the results header, and where finished ablations go (the stream, `on_result`)."""
@@ -256,7 +241,7 @@ def _start(loaded: LoadedModel, probe_set: ProbeSet, chosen: AblationMethod, run
     return base, header, finished
 
 
-def _result(loaded: LoadedModel, chosen: AblationMethod, runner: Runner, header: dict[str, Any], base: _Baseline,
+def _result(loaded: LoadedModel, chosen: AblationMethod, runner: NaiveRunner, header: dict[str, Any], base: _Baseline,
             finished: _Finished, ablations: list[Ablation], started: float) -> AblationResult:
     return AblationResult(
         model=loaded.name, method=chosen.name, data=header["data"], metric=header["metric"], baseline_loss=base.loss,
@@ -306,7 +291,7 @@ def sweep(
     chosen = build_method(method, loaded, probe_set, statistics=statistics, seed=seed, batch_size=batch_size)
     runner, cost = _runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
     chosen = runner.method  # bound to the probe set's batches (its donors fixed before the fingerprint is taken)
-    work = _Work(len(runner.batches) * cost(0) * (1 + len(ablations)), progress)
+    work = Work(len(runner.batches) * cost(0) * (1 + len(ablations)), progress)
     base, header, finished = _start(loaded, probe_set, chosen, runner, work, cost, data, results_path, resume,
                                     on_result)
     log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, base.loss)
