@@ -1,5 +1,4 @@
-"""Applying an ablation: `ablated()`, a method's handler for stacked copies of a batch installed at its own hook
-point (`AblationMethod.point`), and `ablate()`, the context manager for the body of a `with`."""
+"""Applying an ablation: `ablated()` for stacked copies of a batch (at the method's own hook point), `ablate()`."""
 
 from __future__ import annotations
 

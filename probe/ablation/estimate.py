@@ -197,14 +197,6 @@ def _refine(runner: NaiveRunner, chosen: list[Head], cost: Callable[[Head], floa
     return exact
 
 
-def _planned(n_batches: int, gradient: float, check_cost: float, room: float, refine: int | None) -> float:
-    """The estimate's whole work in forward-equivalents of one batch, before the heads to refine are chosen: every
-    batch's gradient passes, the check, and every batch's exact runs within the budget's room (or `refine` heads, at
-    most a full forward each)."""
-    exact = max(room, 0.0) if refine is None else max(refine, 0) * (1 + LOSS_COST)
-    return n_batches * (gradient + exact) + check_cost
-
-
 def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None, metric: str | Metric | None,
            batch_size: int, samples: int) -> tuple[list[Head], Scorer, list[Batch]]:
     if samples < 0:
@@ -266,7 +258,8 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     spent = GRAD_FORWARD_COST + BACKWARD_COST * (1 + samples)  # forward-equivalents, of every batch
     check_cost = flop_cost(len(blocks) - 1) + LOSS_COST if blocks is not None else 0.0
     room = budget - spent - check_cost
-    work = Work(_planned(len(batches_), spent, check_cost, room, refine), callback(progress), WORK_UNITS)
+    exact_room = max(room, 0.0) if refine is None else max(refine, 0) * (1 + LOSS_COST)  # a full forward each at most
+    work = Work(len(batches_) * (spent + exact_room) + check_cost, callback(progress), WORK_UNITS)  # the whole plan
     for index, batch in enumerate(batches_):
         kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, work.advance,
                                 blocks)

@@ -37,12 +37,6 @@ def chunkable_blocks(model: nn.Module) -> Blocks | None:
     return find_blocks(model, layers)[0]
 
 
-def is_lean(model: nn.Module, ids: Tensor) -> bool:
-    """Whether a forward's logits on `ids` would pass LOGITS_BYTES."""
-    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
-    return isinstance(vocab, int) and ids.numel() * vocab * 4 > LOGITS_BYTES
-
-
 TokenValues = Callable[[Tensor, Tensor], Tensor]
 """A next-token metric's values from logits (..., vocab) at positions t and the tokens (...) at t + 1 (elementwise
 over the leading dimensions): what the chunked readouts compute a chunk at a time (`Metric.token_values`)."""
@@ -178,8 +172,9 @@ class Readout:
         return self.chunkable is not None
 
     def lean(self, ids: Tensor) -> bool:
-        """Whether this batch's loss is read from its last block's output, a chunk of positions at a time."""
-        return self.chunked and is_lean(self.model, ids)
+        """Whether this batch's logits would pass LOGITS_BYTES: its loss is then read from its last block's output."""
+        vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
+        return self.chunked and isinstance(vocab, int) and ids.numel() * vocab * 4 > LOGITS_BYTES
 
     def forward(self, ids: Tensor, mask: Tensor | None, lean: bool | None = None,
                 source: Source | None = None) -> Tensor | Final:

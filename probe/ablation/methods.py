@@ -1,8 +1,6 @@
 """Interventions on heads: what stands in for a chosen head's output (or its query, key or value). One class per
-method, one signature (as pyvene's interventions): `replacement(heads, ctx)`. The same object is a `Trace` writer,
-the sweep's, prune's and self-repair's ablation, and `probe steer`'s intervention. A method declares what it needs
-(`statistics`, `parameter`, `point`, ...) and callers ask it, never its name; every caller binds it to the batches it
-runs (`bound_to`) before any forward."""
+method, one signature (`replacement(heads, ctx)`, as pyvene's), so that one object serves `Trace`, the sweep, prune,
+self-repair and `probe steer`; callers ask a method what it needs, never its name, and bind it before any forward."""
 
 from __future__ import annotations
 
@@ -69,24 +67,20 @@ class AblationMethod:
         return cls()
 
     def bind(self, batches: Sequence[BatchContext]) -> None:
-        """Called once before a run with every batch it runs, so that what it fixes per batch is fixed before any
-        forward."""
+        """Called once with every batch a run runs: what it fixes per batch is fixed before any forward."""
 
     def bound_to(self, batches: Sequence[BatchContext]) -> AblationMethod:
-        """A copy of the method bound to `batches` (`bind`), so that one object serves runs over different probe
-        sets."""
+        """A copy bound to `batches` (`bind`), so that one object serves runs over different probe sets."""
         method = copy.copy(self)
         method.bind(batches)
         return method
 
     def replacement(self, heads: Tensor, ctx: HookContext) -> Tensor:
-        """Values broadcastable to `heads` (batch, positions, n_heads, head_dim); only the chosen heads' slices are
-        used."""
+        """Values broadcastable to `heads` (batch, positions, n_heads, head_dim); only the chosen heads' are used."""
         raise NotImplementedError
 
     def replaced(self, tensor: Tensor, ctx: HookContext, chosen: Tensor) -> Tensor:
-        """`tensor` with the `chosen` slices set to the replacement: each copy's own where `per_copy`, else the
-        first's."""
+        """`tensor` with the `chosen` slices replaced: each copy's own where `per_copy`, else the first's."""
         copies = chosen.shape[0]
         stacked = tensor.reshape(copies, tensor.shape[0] // copies, *tensor.shape[1:])  # (copies, batch, ...)
         if self.per_copy:  # each copy's own values (copies differ once an earlier layer is ablated)
@@ -96,8 +90,7 @@ class AblationMethod:
         return torch.where(chosen.to(tensor.device), replacement, stacked).reshape(tensor.shape)
 
     def writer(self, heads: int | Iterable[int], rows: Iterable[int] | None = None) -> Writer:
-        """A `Trace` writer of `z`, `q`, `k` or `v`: the chosen heads (of `rows` alone, None: all) replaced, all else
-        kept."""
+        """A `Trace` writer of `z`, `q`, `k` or `v`: the chosen heads (of `rows` alone; None: all) replaced."""
         wanted, only = heads, None if rows is None else list(rows)
 
         def write(tensor: Tensor, ctx: HookContext) -> Tensor:
@@ -112,8 +105,7 @@ class AblationMethod:
         return write
 
     def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
-        """The handler of `point` for stacked copies of a batch (copy i: ablations[i] replaced), and the layers it
-        edits."""
+        """The `point` handler for stacked copies of a batch (copy i: ablations[i]), and the layers it edits."""
         copies, by_layer = len(ablations), heads_by_layer(ablations)
         masks: dict[tuple[int, torch.device], Tensor] = {}  # made once per layer on the heads' device
 
@@ -248,8 +240,7 @@ def scale_head(heads: int | Iterable[int], alpha: float) -> Writer:
 
 
 def add_to_head(heads: int | Iterable[int], vector: Tensor) -> Writer:
-    """A `Trace` writer adding `vector` (head_dim,) to the chosen heads' slices at every position; for `z`, `q`, `k`,
-    `v`."""
+    """A `Trace` writer adding `vector` (head_dim,) to the chosen heads at every position; for `z`, `q`, `k`, `v`."""
     return AddIntervention(vector).writer(heads)
 
 
@@ -374,8 +365,7 @@ class InputPatch(PatchAblation):
         return head_inputs(loaded, source, cls.component, batch_size=batch_size)
 
     def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
-        """An `inputs` handler for stacked copies (a key or value: of the heads' key/value groups), and the layers it
-        edits."""
+        """An `inputs` handler for stacked copies (a key or value: its heads' key/value groups), and its layers."""
         copies, by_layer = len(ablations), heads_by_layer(ablations)
 
         def edit(inputs: AttentionInputs, ctx: HookContext) -> AttentionInputs:
@@ -486,8 +476,8 @@ class ResampleAblation(AblationMethod):
 
 @register_method
 class ShuffleAblation(AblationMethod):
-    """Each sequence's head output permuted over its own positions by a seeded derangement (padding never a donor):
-    the head keeps what it wrote but loses where; the same at every layer and batch size."""
+    """Each sequence's head output permuted over its own positions (a seeded derangement, padding never a donor): the
+    head keeps what it wrote but loses where."""
 
     name = "shuffle"
     summary = "permute the head's output over its sequence's own positions (seeded; padding never a donor)"

@@ -1,7 +1,5 @@
-"""What is measured. Each metric turns a (stacked) forward's outputs into per-copy float64 sums over the positions
-that count, for the whole probe set and each of its parts; `losses` finishes sums into mean losses. The metrics are
-the classes registered in METRICS, each with its `description`; a metric declares what it reads and where it applies
-(`reads`, `applies`, `default_for`, `compares`, `chunkable`), and callers ask it, never its name."""
+"""What is measured: a metric turns a (stacked) forward's outputs into per-copy float64 sums over the positions that
+count, whole and per part. A metric (of METRICS) declares what it reads and where it applies; callers ask it."""
 
 from __future__ import annotations
 
@@ -50,8 +48,7 @@ class Metric:
     estimable: ClassVar[bool] = False  # the attribution-patching estimate's second order (the softmax's) is its own
     per_row: ClassVar[bool] = False  # one value per row (a classifier's): `values` (batch, classes), by `scored`
     surrogate: ClassVar[str | None] = None  # a metric without a gradient: the metric whose gradient stands in for it
-    forwards: ClassVar[str | None] = None  # a metric that is minus a quantity (a loss of a margin): that quantity,
-    # which reports that read "higher = more of the behaviour" (steering) show instead, its sign turned back
+    forwards: ClassVar[str | None] = None  # minus what it is (a margin's loss): steering shows that, "higher = more"
 
     def token_values(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Chunkable metrics: values from logits (..., vocab) at positions t and the tokens (...) at t + 1."""
@@ -159,8 +156,7 @@ class KLDivergence(Metric):
 
 @register_metric
 class LogitDiff(Metric):
-    """Minus logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022), each row a prompt, its
-    answer and its distractor (CONTRAST_LAYOUT): one forward per prompt."""
+    """Minus logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022), rows CONTRAST_LAYOUT."""
 
     name = "logit_diff"
     description = ("minus the mean logit(answer) - logit(distractor) at the last prompt position; delta > 0: the "
@@ -184,8 +180,8 @@ class LogitDiff(Metric):
 
 @register_metric
 class TargetWords(Metric):
-    """The next-token probability of a set of target words' first tokens (after a space): how much of a behaviour the
-    model shows; higher is more. The registered instance has no words: `target_words(loaded, path)` makes one."""
+    """The next-token probability of target words' first tokens (after a space); `target_words(loaded, path)` makes
+    one (the registered instance has no words)."""
 
     name = "target_words"
     description = ("mean over predicted positions of the next-token probability of the target words' first tokens; "
@@ -284,8 +280,7 @@ class Accuracy(ClassMetric):
 
 @register_metric
 class ClassLogitDiff(ClassMetric):
-    """Minus logit(answer) - logit(distractor) of a classifier's class logits: values (batch, 2 x classes), -logit
-    then +logit, of which the run's `scored` picks the answer and the distractor."""
+    """Minus logit(answer) - logit(distractor) of a classifier: values -logit then +logit, of which `scored` picks."""
 
     name = "class_logit_diff"
     description = ("minus the mean logit(answer class) - logit(distractor class) of a classifier; delta > 0: the "

@@ -1,7 +1,5 @@
-"""Runners: the metric sums of a chunk of ablations (stacked copies) on one batch, `sums(chunk, index) -> (copies,
-parts + 1)`. NaiveRunner: one full forward per ablation. PrefixRunner: an ablation in layer l runs from the
-baseline's kept block outputs, blocks l.. only; checked against naive on the first chunk that reuses anything,
-falling back (and saying why in `path`) if they differ."""
+"""Runners: `sums(chunk, index)`, the metric sums of a chunk of ablations (stacked copies) on one batch. PrefixRunner
+runs an ablation in layer l from the baseline's kept block outputs, checked against the naive way on its first reuse."""
 
 from __future__ import annotations
 

@@ -39,7 +39,8 @@ from probe.provenance import model_dtype, model_facts
 MODES = ("exact", "naive", "estimate")
 
 
-def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stack: int | None) -> None:
+def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stack: int | None,
+              groups: Sequence[Sequence[Head]]) -> None:
     chosen = method_class(method)
     if mode not in MODES:
         raise ProbeError(f"unknown sweep mode {mode!r}: use one of {', '.join(MODES)}", parameter="mode")
@@ -48,10 +49,7 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
         check_sources(probe_set, chosen)
     if stack is not None and stack < 1:
         raise ProbeError(f"stack must be at least 1, got {stack}", parameter="stack")
-
-
-def _check_estimate(method: str | AblationMethod, groups: Sequence[Sequence[Head]]) -> None:
-    if not method_class(method).estimable or groups:
+    if mode == "estimate" and (not chosen.estimable or groups):
         raise ProbeError("mode 'estimate' linearises single-head ablations of a method it can linearise (zero): use "
                          "method 'zero' and no groups", parameter="mode")
 
@@ -149,12 +147,6 @@ def _identity(loaded: LoadedModel, probe_set: ProbeSet) -> dict[str, Any]:
             "probe_set": probe_set.to_dict() | {"description": probe_set.description}}
 
 
-def _check_resume(loaded: LoadedModel, probe_set: ProbeSet, results_path: str | Path | None) -> None:
-    """Before the baseline's forwards: a results file to continue holds this model's, dtype's and probe set's sweep."""
-    if results_path is not None:
-        check_same_sweep(Path(results_path), _identity(loaded, probe_set))
-
-
 def _plan(runner: NaiveRunner, ablations: list[Ablation], stack: int | None, vocab_size: int,
           shard: tuple[int, int] | None, cost: Callable[[int], int]) -> list[list[Ablation]]:
     """The chunks this process runs: ablations of one start block, `stack` copies at most, this shard's share."""
@@ -164,16 +156,12 @@ def _plan(runner: NaiveRunner, ablations: list[Ablation], stack: int | None, voc
         readout = runner.readout
         inputs = [batch.ids for batch in runner.batches]
         stack = default_stack(runner.model, inputs, vocab_size, readout.chunked,
-                              any(readout.lean(ids) for ids in inputs), _logits_bytes())
+                              any(readout.lean(ids) for ids in inputs), readouts.LOGITS_BYTES)  # tests lower it
     planned = chunks(ablations, runner.start_of, stack)
     if shard is None:
         return planned
     owner = assign_chunks([len(chunk) * cost(runner.start_of(chunk[0])) for chunk in planned], shard[1])
     return [chunk for chunk, rank in zip(planned, owner) if rank == shard[0]]
-
-
-def _logits_bytes() -> int:
-    return readouts.LOGITS_BYTES  # read when used: tests lower it to force chunked logits
 
 
 def _run(runner: NaiveRunner, todo: list[list[Ablation]], work: Work, cost: Callable[[int], int],
@@ -280,14 +268,14 @@ def sweep(
     Metric (default: `choose_metric`); `mode` as the module says, `stack` ablations per forward (default: what fits
     in STACK_BYTES); `results_path` and `resume` stream and resume; `shard=(rank, world)` runs this process's share."""
     started, progress = time.perf_counter(), callback(progress)  # True: a bar on stderr
-    _validate(probe_set, method, mode, stack)
+    _validate(probe_set, method, mode, stack, groups)
     ablations = _ablations(loaded, heads, groups)
     if mode == "estimate":
-        _check_estimate(method, groups)
         return estimate(loaded, probe_set, [a[0] for a in ablations], metric=metric, batch_size=batch_size, data=data,
                         progress=progress)
     chosen_metric = choose_metric(loaded, probe_set, metric)
-    _check_resume(loaded, probe_set, results_path if resume else None)
+    if resume and results_path is not None:  # before the baseline's forwards: the file holds this model's sweep
+        check_same_sweep(Path(results_path), _identity(loaded, probe_set))
     chosen = build_method(method, loaded, probe_set, statistics=statistics, seed=seed, batch_size=batch_size)
     runner, cost = _runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
     chosen = runner.method  # bound to the probe set's batches (its donors fixed before the fingerprint is taken)
