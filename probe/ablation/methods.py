@@ -34,15 +34,6 @@ class MethodInputs:
     value: float | None = None  # the method's `parameter` (scale's alpha); None: its default
 
 
-def chosen_heads(heads: int | Iterable[int], n_heads: int, layer: int) -> list[int]:
-    """The heads as a list, each checked to exist in a layer of `n_heads`."""
-    chosen = [heads] if isinstance(heads, int) else list(heads)
-    bad = [head for head in chosen if not 0 <= head < n_heads]
-    if bad:
-        raise ProbeError(f"layer {layer} has heads 0 to {n_heads - 1}, not {bad[0]}", parameter="heads")
-    return chosen
-
-
 def batch_index(ctx: HookContext) -> int | None:
     """The index of the probe set's batch that runs (None outside a probe set's run)."""
     return None if ctx.batch is None else ctx.batch.index
@@ -94,8 +85,12 @@ class AblationMethod:
         wanted, only = heads, None if rows is None else list(rows)
 
         def write(tensor: Tensor, ctx: HookContext) -> Tensor:
-            by_head = torch.zeros(tensor.shape[2], dtype=torch.bool)
-            by_head[chosen_heads(wanted, tensor.shape[2], ctx.layer)] = True
+            chosen, n_heads = [wanted] if isinstance(wanted, int) else list(wanted), tensor.shape[2]
+            bad = [head for head in chosen if not 0 <= head < n_heads]
+            if bad:
+                raise ProbeError(f"layer {ctx.layer} has heads 0 to {n_heads - 1}, not {bad[0]}", parameter="heads")
+            by_head = torch.zeros(n_heads, dtype=torch.bool)
+            by_head[chosen] = True
             by_row = torch.ones(tensor.shape[0] if only else 1, dtype=torch.bool)
             if only:
                 by_row[:] = False

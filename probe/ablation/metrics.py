@@ -217,8 +217,10 @@ def read_target_words(path: str | Path) -> list[str]:
     return words
 
 
-def word_tokens(loaded: LoadedModel, words: Sequence[str]) -> list[int]:
-    """Each word's first token as it appears after a space (" time"): the token that starts it in running text."""
+def target_words(loaded: LoadedModel, path: str | Path) -> TargetWords:
+    """The target_words metric of the words in `path` (read_target_words), each word's first token as it appears
+    after a space (" time"): the token that starts it in running text."""
+    words = read_target_words(path)
     tokenizer = loaded.tokenizer
     if tokenizer is None:
         raise ProbeError(f"{loaded.name} has no tokenizer to read target words with", parameter="target_words")
@@ -229,13 +231,7 @@ def word_tokens(loaded: LoadedModel, words: Sequence[str]) -> list[int]:
         if not ids or ids[0] == unknown:
             raise ProbeError(f"target word {word!r} is not in {loaded.name}'s vocabulary", parameter="target_words")
         tokens.append(int(ids[0]))
-    return tokens
-
-
-def target_words(loaded: LoadedModel, path: str | Path) -> TargetWords:
-    """The target_words metric of the words in `path` (read_target_words), as this model's tokens."""
-    words = read_target_words(path)
-    return TargetWords(word_tokens(loaded, words), words)
+    return TargetWords(tokens, words)
 
 
 class ClassMetric(Metric):

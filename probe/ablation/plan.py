@@ -84,18 +84,14 @@ def chunks(ablations: Sequence[Ablation], start_of: Callable[[Ablation], int], s
     return out
 
 
-def _output_bytes(model: nn.Module, ids: Tensor, vocab_size: int, logits: bool) -> int:
-    """Memory of one copy in a stacked forward: activations (about 24 hidden-size vectors a token), and logits."""
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None) or 1024
-    return int(ids.numel()) * 4 * (vocab_size * logits + 24 * hidden)
-
-
 def default_stack(model: nn.Module, inputs: Sequence[Tensor], vocab_size: int, chunked: bool, lean: bool,
                   logits_bytes: int) -> int:
     """As many copies as fit in STACK_BYTES, the logits counted unless `chunked`; long inputs (`lean`) one copy each."""
     if chunked and lean:
         return 1
-    per_copy = max(_output_bytes(model, ids, vocab_size, logits=not chunked) for ids in inputs)
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None) or 1024
+    # a copy's activations (about 24 hidden-size vectors a token), and its logits
+    per_copy = max(int(ids.numel()) * 4 * (vocab_size * (not chunked) + 24 * hidden) for ids in inputs)
     logits_per_copy = 0 if chunked else max(int(ids.numel()) * 4 * vocab_size for ids in inputs)
     return max(1, min(STACK_BYTES // max(per_copy, 1), logits_bytes // max(logits_per_copy, 1)))
 

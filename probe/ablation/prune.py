@@ -160,11 +160,6 @@ class _Evaluator:
         return losses(sums, self.counts, list(self.scorer.parts))[0]
 
 
-def graded(metric: Metric) -> Metric:
-    """The metric Michel importance differentiates: the metric, or its `surrogate` where it has no gradient."""
-    return metric if metric.surrogate is None else METRICS[metric.surrogate]
-
-
 def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int, n_heads: int,
                     index: int) -> Tensor:
     """(batch, n_layers, n_heads) dL_x/dxi_h per sequence of batch `index`, the `pruned` heads ablated."""
@@ -176,7 +171,9 @@ def _gate_gradients(evaluator: _Evaluator, pruned: Sequence[Head], n_layers: int
         with ablated(runner.model, [tuple(pruned)], runner.method, batch.context), \
                 attention_hooks(runner.model, {"z": keeping_graph(outputs)}, batch=batch.context):
             output = logits_of(run_model(runner.model, batch.ids, batch.mask))  # (batch, positions, vocab)
-        values = graded(evaluator.scorer.metric).values(output, batch.ids, batch.reference)  # (batch, positions')
+        metric = evaluator.scorer.metric
+        graded = metric if metric.surrogate is None else METRICS[metric.surrogate]  # no gradient: its surrogate's
+        values = graded.values(output, batch.ids, batch.reference)  # (batch, positions')
         counted = batch.counted[0].to(values.device)
         per_sequence = (values * counted).sum(dim=1) / counted.sum(dim=1).clamp(min=1)
         order = sorted(outputs)
@@ -258,18 +255,6 @@ def check_prune_options(orderings: Sequence[str], step: float, max_increase: flo
         raise ProbeError("the random ordering needs seeds >= 1", parameter="seeds")
 
 
-def _check_metric(orderings: Sequence[str], metric: Metric) -> None:
-    if "michel" in orderings and metric.compares:
-        raise ProbeError(f"Michel importance needs a loss to differentiate; {metric.name} compares to the unablated "
-                         "model (its gradient there is 0): drop the michel ordering", parameter="orderings")
-
-
-def _limit(baseline: float, max_increase: float | None, relative: bool) -> float | None:
-    if max_increase is None:
-        return None
-    return baseline * (1 + max_increase) if relative else baseline + max_increase
-
-
 @dataclass
 class _Run:
     """What the orderings share: the evaluator, the units, and the passes and seconds spent."""
@@ -318,7 +303,9 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     refuse_sources(probe_set, "prune")
     chosen_metric = choose_metric(loaded, probe_set, metric)
     check_prune_options(orderings, step, max_increase, seeds)
-    _check_metric(orderings, chosen_metric)
+    if "michel" in orderings and chosen_metric.compares:
+        raise ProbeError(f"Michel importance needs a loss to differentiate; {chosen_metric.name} compares to the "
+                         "unablated model (its gradient there is 0): drop the michel ordering", parameter="orderings")
     chosen = build_method(method, loaded, probe_set, seed=method_seed, batch_size=batch_size)
     evaluator = _Evaluator(loaded, probe_set, chosen, chosen_metric, batch_size)
     measure = evaluator
@@ -330,10 +317,11 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     timer = time.perf_counter()
     baseline = measure.baseline()
     forward_seconds = max(time.perf_counter() - timer, 1e-9)
+    limit = None if max_increase is None else baseline * (1 + max_increase) if relative else baseline + max_increase
     result = PruneResult(loaded.name, chosen_metric.name, evaluator.runner.method.name, data_name(probe_set, data),
                          "kv_groups" if kv_groups else "heads", len(units),
                          *layer_shape(attention_layers(loaded.model)), baseline, step,
-                         _limit(baseline, max_increase, relative),
+                         limit,
                          None if eval_set is None else data_name(eval_set, eval_data),
                          layer_names=layer_names(attention_layers(loaded.model)), dtype=model_dtype(loaded))
     curves = [(name, None) for name in orderings if name != "random"] + \

@@ -29,14 +29,10 @@ class Statistic:
     finish: Callable[[dict[int, Tensor]], Tensor]
 
 
-def _std(moments: dict[int, Tensor]) -> Tensor:
-    """Population standard deviation, sqrt(E[x^2] - E[x]^2), clamped at 0 against rounding."""
-    return (moments[2] - moments[1] ** 2).clamp(min=0).sqrt()
-
-
 STATISTICS: dict[str, Statistic] = {statistic.name: statistic for statistic in (
     Statistic("mean", (1,), lambda moments: moments[1]),
-    Statistic("std", (1, 2), _std),
+    # the population's, sqrt(E[x^2] - E[x]^2), clamped at 0 against rounding
+    Statistic("std", (1, 2), lambda moments: (moments[2] - moments[1] ** 2).clamp(min=0).sqrt()),
 )}
 """Statistics by name; a method names the ones it reads."""
 
