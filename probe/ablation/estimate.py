@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from probe.ablation.blocks import WORK_UNITS, Blocks, find_blocks, forward_costs, keeping_outputs
-from probe.ablation.heads import Head, all_heads, check_heads, layer_shape
+from probe.ablation.heads import Head, ablation_list, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
@@ -207,10 +207,7 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
         what = "a classifier's labelled texts" if probe_set.meta.get("layout") == LABELS_LAYOUT else "a task's margin"
         raise ProbeError(f"the estimate linearises the next-token loss of text, not {what}: run the exact sweep",
                          parameter="method")
-    chosen = list(all_heads(loaded.model) if heads is None else heads)
-    check_heads(attention_layers(loaded.model), chosen)
-    if not chosen:
-        raise ProbeError("nothing to ablate: give at least one head", parameter="heads")
+    chosen = [ablation[0] for ablation in ablation_list(loaded.model, heads, ())]
     chosen_metric = choose_metric(loaded, probe_set, metric)
     if not chosen_metric.estimable:
         raise ProbeError(f"the estimate linearises a causal LM's next-token loss, the cross-entropy (its second order "

@@ -137,6 +137,13 @@ def distinct(items: Iterable[T], key: Callable[[T], object] = lambda item: item)
 
 
 def ablation_list(model: nn.Module, heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]]) -> list[Ablation]:
-    """A sweep's ablations in report order: each head alone (default: all unless `groups`), then each group."""
+    """A sweep's ablations in report order: each head alone (default: all unless `groups`), then each group; a head
+    the model lacks, or nothing to ablate, refused."""
+    layers = attention_layers(model)
+    for group in [heads or [], *groups]:
+        check_heads(layers, group)
     chosen = list(all_heads(model) if heads is None and not groups else heads or [])
-    return distinct([(head,) for head in chosen] + [tuple(group) for group in groups])
+    ablations = distinct([(head,) for head in chosen] + [tuple(group) for group in groups])
+    if not ablations:
+        raise ProbeError("nothing to ablate: give at least one head", parameter="heads")
+    return ablations

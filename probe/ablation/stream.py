@@ -149,7 +149,13 @@ class Stream(LineStream):
         entries: list[HeadResult] = []
         if resume and path.exists() and path.stat().st_size > 0:
             old, entries = read_results(path)
-            _check_resumable(path, old, header)
+            _refuse_another(path, old, header)
+            if old.get("fingerprint") != header["fingerprint"]:
+                raise ProbeError(f"cannot resume from {path}: it holds a sweep of a different model, data or method "
+                                 "(start over without resume, or with another results_path)", parameter="resume")
+            if not math.isclose(old["baseline_loss"], header["baseline_loss"], rel_tol=1e-5, abs_tol=1e-7):
+                raise ProbeError(f"cannot resume from {path}: its baseline loss {old['baseline_loss']:.6f} differs "
+                                 f"from this model's {header['baseline_loss']:.6f} (different weights?)")
             header = old
         super().__init__(path, header, entries, key=lambda result: result.heads)
 
@@ -187,16 +193,6 @@ def _refuse_another(path: Path, old: dict[str, Any], header: dict[str, Any]) -> 
     if difference is not None:
         raise ProbeError(f"cannot continue the sweep in {path}: it holds a sweep of {difference} (start over "
                          "without resume, or with another results file)", parameter="resume")
-
-
-def _check_resumable(path: Path, old: dict[str, Any], header: dict[str, Any]) -> None:
-    _refuse_another(path, old, header)
-    if old.get("fingerprint") != header["fingerprint"]:
-        raise ProbeError(f"cannot resume from {path}: it holds a sweep of a different model, data or method "
-                         "(start over without resume, or with another results_path)", parameter="resume")
-    if not math.isclose(old["baseline_loss"], header["baseline_loss"], rel_tol=1e-5, abs_tol=1e-7):
-        raise ProbeError(f"cannot resume from {path}: its baseline loss {old['baseline_loss']:.6f} differs "
-                         f"from this model's {header['baseline_loss']:.6f} (different weights?)")
 
 
 def cached_results_path(key: dict[str, Any], folder: str = "ablate", stem: str = "sweep") -> Path:

@@ -18,7 +18,7 @@ from torch import Tensor
 from probe.ablation.blocks import WORK_UNITS, find_blocks, forward_costs
 from probe.ablation.effects import Effects, token_text
 from probe.ablation.estimate import estimate
-from probe.ablation.heads import Ablation, Head, ablation_list, check_heads, layer_shape
+from probe.ablation.heads import Ablation, Head, ablation_list, layer_shape
 from probe.ablation import logits as readouts
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, ZeroAblation, build_method, method_class
@@ -52,17 +52,6 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
     if mode == "estimate" and (not chosen.estimable or groups):
         raise ProbeError("mode 'estimate' linearises single-head ablations of a method it can linearise (zero): use "
                          "method 'zero' and no groups", parameter="mode")
-
-
-def _ablations(loaded: LoadedModel, heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]]) -> list[Ablation]:
-    layers = attention_layers(loaded.model)
-    check_heads(layers, heads or [])
-    for group in groups:
-        check_heads(layers, group)
-    ablations = ablation_list(loaded.model, heads, groups)
-    if not ablations:
-        raise ProbeError("nothing to ablate: give at least one head", parameter="heads")
-    return ablations
 
 
 def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
@@ -217,18 +206,6 @@ class _Finished:
             self.stream.close()
 
 
-def _start(loaded: LoadedModel, probe_set: ProbeSet, chosen: AblationMethod, runner: NaiveRunner, work: Work,
-           cost: Callable[[int], int], data: str | Path | None, results_path: str | Path | None, resume: bool,
-           on_result: Callable[[HeadResult], None] | None) -> tuple[_Baseline, dict[str, Any], _Finished]:
-    """The unablated baseline, the results header, and where finished ablations go (the stream, `on_result`)."""
-    base = _baseline(runner, work, cost, loaded.tokenizer)
-    header = _header(loaded, probe_set, chosen, runner.scorer.metric.name, data_name(probe_set, data),
-                     (base.loss, base.parts)) | {"task": base.task}
-    finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
-                         on_result, base, runner.scorer.metric)
-    return base, header, finished
-
-
 def _result(loaded: LoadedModel, chosen: AblationMethod, runner: NaiveRunner, header: dict[str, Any], base: _Baseline,
             finished: _Finished, ablations: list[Ablation], started: float) -> AblationResult:
     return AblationResult(
@@ -269,7 +246,7 @@ def sweep(
     in STACK_BYTES); `results_path` and `resume` stream and resume; `shard=(rank, world)` runs this process's share."""
     started, progress = time.perf_counter(), callback(progress)  # True: a bar on stderr
     _validate(probe_set, method, mode, stack, groups)
-    ablations = _ablations(loaded, heads, groups)
+    ablations = ablation_list(loaded.model, heads, groups)
     if mode == "estimate":
         return estimate(loaded, probe_set, [a[0] for a in ablations], metric=metric, batch_size=batch_size, data=data,
                         progress=progress)
@@ -280,8 +257,11 @@ def sweep(
     runner, cost = _runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
     chosen = runner.method  # bound to the probe set's batches (its donors fixed before the fingerprint is taken)
     work = Work(len(runner.batches) * cost(0) * (1 + len(ablations)), progress)
-    base, header, finished = _start(loaded, probe_set, chosen, runner, work, cost, data, results_path, resume,
-                                    on_result)
+    base = _baseline(runner, work, cost, loaded.tokenizer)
+    header = _header(loaded, probe_set, chosen, chosen_metric.name, data_name(probe_set, data),
+                     (base.loss, base.parts)) | {"task": base.task}
+    finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
+                         on_result, base, chosen_metric)  # where finished ablations go
     log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, base.loss)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, cost)
     todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
