@@ -58,8 +58,7 @@ def head_values(model: nn.Module, normed: Tensor, ids: Tensor, token_values: Tok
 
 @dataclass
 class Final:
-    """A forward's last block output standing in for logits too large to hold: the model's own head runs again on it
-    a chunk of positions at a time (`logits_to_keep`)."""
+    """A forward's last block output standing in for logits too large to hold (the head reruns a chunk at a time)."""
 
     model: nn.Module
     blocks: Blocks

@@ -28,8 +28,7 @@ ABLATION_PATTERNS = {PART_RE: Field("number", "a part's loss (PART_loss) or its 
 
 
 class HeadResult(Payload):
-    """The metric with one head (or `heads` together) ablated; `to_dict()` is its entry: its head, then what was
-    measured."""
+    """The metric with one head (or `heads` together) ablated; `to_dict()` is its entry in the payload."""
 
     heads: Ablation
     loss: float = schema_field("the metric with the head (or heads) ablated")
@@ -244,8 +243,7 @@ class AblationResult(Payload):
         return sorted(self.results, key=lambda r: (-r.delta, r.heads))
 
     def csv_rows(self) -> list[dict[str, Any]]:
-        """One row per ablation, for CSV: name, layer and head (only where every ablation is one head), loss, delta,
-        parts."""
+        """One row per ablation, for CSV: name, layer and head (where all are single heads), loss, delta, parts."""
         rows = []
         singles = all(len(r.heads) == 1 for r in self.results)
         for r in self.ranked():

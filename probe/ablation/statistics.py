@@ -146,8 +146,7 @@ def head_statistics(loaded: LoadedModel, reference: ProbeSet, names: Sequence[st
 
 @dataclass
 class HeadOutputs:
-    """Every head's output on each batch of a source run, to patch in: batch -> layer -> (rows, positions, heads,
-    dim)."""
+    """Each source batch's head outputs, to patch in: batch -> layer -> (rows, positions, heads, dim)."""
 
     values: list[dict[int, Tensor]]
     source: str  # what the run was, for reports
