@@ -690,8 +690,9 @@ def interrupt(data: dict[str, Any]) -> str:
              f"- `{data['test_command']}` in a process group of its own; SIGINT to the group (as a terminal's Ctrl-C "
              "sends it) at each moment below, then the seconds until pytest exited.\n",
              "| Ctrl-C after | running | stopped in | exit code |", "|---:|---|---:|---:|"]
-    lines += [f"| {row['offset_s']} s | {row['last_test_file']} | {row['stop_s']:.1f} s | {row['exit_code']} |"
-              for row in data["rows"]]
+    lines += [f"| {row['offset_s']} s | {row.get('last_test', row.get('last_test_file'))} | "
+              f"{'**not stopped** in 120 s' if row['stop_s'] is None else format(row['stop_s'], '.1f') + ' s'} | "
+              f"{row['exit_code']} |" for row in data["rows"]]
     return "\n".join(lines) + "\n"
 
 
