@@ -71,33 +71,35 @@ def _entry(path: Path, number: int, entry: Any, header: dict[str, Any]) -> HeadR
                          "when the sweep resumes) or start the sweep over") from None
 
 
-def read_results(path: str | Path) -> tuple[dict[str, Any], list[HeadResult]]:
-    """The header and the finished ablations of a results stream; a half-written last line is ignored."""
-    path = Path(path)
+def json_lines(path: Path, kind: str, missing: str = "results file") -> list[tuple[int, Any]]:
+    """(line number, entry) of each JSON line of a results stream; a half-written last line is ignored."""
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
     except FileNotFoundError:
-        raise ProbeError(f"results file not found: {path}") from None
+        raise ProbeError(f"{missing} not found: {path}") from None
     except UnicodeDecodeError:
-        raise ProbeError(f"{path} is not a probe ablation results file") from None
-    header: dict[str, Any] | None = None
-    results: list[HeadResult] = []
-    for number, line in enumerate(lines):
+        raise ProbeError(f"{path} is not a probe {kind} results file") from None
+    entries: list[tuple[int, Any]] = []
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            entry = loads(line)
+            entries.append((number, loads(line)))
         except json.JSONDecodeError:
-            if number >= len(lines) - 2:  # the last line, cut short by an interruption
+            if number >= len(lines) - 1:  # the last line, cut short by an interruption
                 break
-            raise ProbeError(f"{path} line {number + 1} is not JSON: not a probe ablation results file") from None
-        if header is None:
-            header = _header(path, entry)
-        else:
-            results.append(_entry(path, number + 1, entry, header))
-    if header is None:
-        raise ProbeError(f"{path} is empty: not a probe ablation results file")
-    return header, results
+            raise ProbeError(f"{path} line {number} is not JSON: not a probe {kind} results file") from None
+    if not entries:
+        raise ProbeError(f"{path} is empty: not a probe {kind} results file")
+    return entries
+
+
+def read_results(path: str | Path) -> tuple[dict[str, Any], list[HeadResult]]:
+    """The header and the finished ablations of a results stream; a half-written last line is ignored."""
+    path = Path(path)
+    (_, first), *rest = json_lines(path, "ablation")
+    header = _header(path, first)
+    return header, [_entry(path, number, entry, header) for number, entry in rest]
 
 
 def load_results(*paths: str | Path) -> AblationResult:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from probe.ablation.stream import LineStream
+from probe.ablation.stream import LineStream, json_lines
 from probe.errors import ProbeError
 from probe.track.result import CheckpointResult
 
@@ -16,27 +16,10 @@ TRACK_FORMAT = 1
 def read_track(path: str | Path) -> tuple[dict[str, Any], list[CheckpointResult]]:
     """The header and finished checkpoints of a stream; a last line cut short by an interruption is ignored."""
     path = Path(path)
-    try:
-        lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]
-    except FileNotFoundError:
-        raise ProbeError(f"track results file not found: {path}") from None
-    except UnicodeDecodeError:
-        raise ProbeError(f"{path} is not a probe track results file") from None
-    entries = []
-    for number, line in enumerate(lines):
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:
-            if number == len(lines) - 1 and number > 0:
-                break
-            raise ProbeError(f"{path} line {number + 1} is not JSON: not a probe track results file") from None
-        if number == 0 and (not isinstance(entry, dict) or entry.get("probe_track") != TRACK_FORMAT):
-            raise ProbeError(f"{path} is not a probe track results file")
-        if number > 0:
-            entries.append(CheckpointResult.from_dict(entry))
-    if not lines:
-        raise ProbeError(f"{path} is empty: not a probe track results file")
-    return json.loads(lines[0]), entries
+    (_, header), *rest = json_lines(path, "track", "track results file")
+    if not isinstance(header, dict) or header.get("probe_track") != TRACK_FORMAT:
+        raise ProbeError(f"{path} is not a probe track results file")
+    return header, [CheckpointResult.from_dict(entry) for _, entry in rest]
 
 
 def finished(path: Path, identity: dict[str, Any]) -> list[CheckpointResult]:
