@@ -43,8 +43,8 @@ class _Pass:
     scale: float = 1.0
 
 
-def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor | None, scored: Tensor, rows: int,
-                 keep_inputs: bool) -> tuple[_Pass, float]:
+def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor | None, scored: Tensor | None,
+                 rows: int, keep_inputs: bool) -> tuple[_Pass, float]:
     """A forward and backward of one target batch; the batch's summed logit differences / `rows`."""
     captured: dict[int, Tensor] = {}
     inputs: dict[int, AttentionInputs] = {}
@@ -108,9 +108,7 @@ def _first_order(loaded: LoadedModel, target: ProbeSet, source: HeadOutputs, uni
     """Each unit's summed first-order change of the mean logit difference, and the target's mean."""
     metric = choose_metric(loaded, target)
     changes, total, rows = [0.0] * len(units), 0.0, target.input_ids.shape[0]
-    for batch, (ids, mask) in enumerate(target.batches(batch_size)):
-        assert target.scored is not None  # a task set's answers: patching's runs mark them
-        scored = target.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
+    for batch, ((ids, mask), scored) in enumerate(zip(target.batches(batch_size), target.scored_batches(batch_size))):
         one, batch_total = _target_pass(loaded, metric, ids, mask, scored, rows, component != "output")
         total += batch_total
         for index, unit in enumerate(units):
@@ -134,11 +132,9 @@ def _source_pass(loaded: LoadedModel, source: ProbeSet, component: str, batch_si
         values[-1][ctx.layer] = (seen if component == "output" else getattr(seen, component)).detach().clone()
 
     with torch.no_grad(), attention_hooks(loaded.model, {"z" if component == "output" else "inputs": record}):
-        for batch, (ids, mask) in enumerate(source.batches(batch_size)):
+        for (ids, mask), scored in zip(source.batches(batch_size), source.scored_batches(batch_size)):
             values.append({})
             logits = logits_of(run_model(loaded.model, ids, mask))
-            assert source.scored is not None  # a task set's answers: patching's runs mark them
-            scored = source.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
             total += float(row_logit_diffs(metric, logits, ids, scored).double().sum())
     return HeadOutputs(values, source.description), total / source.input_ids.shape[0]
 

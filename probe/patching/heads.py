@@ -244,8 +244,9 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
                        time.perf_counter() - started, layer_names=layer_names(layers), dtype=model_dtype(loaded))
 
 
-def row_logit_diffs(metric: Metric, logits: Tensor, ids: Tensor, scored: Tensor) -> Tensor:
+def row_logit_diffs(metric: Metric, logits: Tensor, ids: Tensor, scored: Tensor | None) -> Tensor:
     """(rows,) each row's logit difference at its scored position: the logit_diff metric's value."""
+    assert scored is not None  # a task set's answers: patching's runs mark them
     values = metric.values(logits, ids, None)  # (batch, positions - 1), or a classifier's (batch, 2 x classes)
     return -(values * scored[:, :values.shape[1]].to(values.device)).sum(dim=1)
 

@@ -101,7 +101,7 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
     metric = choose_metric(loaded, corrupt)
     sums = torch.zeros(len(senders), len(receivers), dtype=torch.float64)
     contexts = batch_contexts(corrupt, batch_size)
-    for batch, (ids, mask) in enumerate(corrupt.batches(batch_size)):
+    for batch, ((ids, mask), scored) in enumerate(zip(corrupt.batches(batch_size), corrupt.scored_batches(batch_size))):
         for i, sender in enumerate(senders):
             edit = _frozen_but(sender, clean_out, corrupt_out, batch)
             seen = _recorded(loaded, ids, mask, edit, component, {layer for layer, _ in receivers})
@@ -110,8 +110,6 @@ def path_patch(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders:
             for j, receiver in enumerate(receivers):
                 with torch.no_grad(), ablated(loaded.model, [(receiver,)], method, contexts[batch]):
                     logits = logits_of(run_model(loaded.model, ids, mask))
-                assert corrupt.scored is not None  # a task set's answers: patching's runs mark them
-                scored = corrupt.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
                 sums[i, j] += float(row_logit_diffs(metric, logits, ids, scored).double().sum())
     means = (sums / corrupt.input_ids.shape[0]).tolist()
     return PathResult(loaded.name, component, list(senders), list(receivers), means,
@@ -153,10 +151,8 @@ def direct_path(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders
     clean_out, corrupt_out = (head_outputs(loaded, run, batch_size=batch_size) for run in (clean, corrupt))
     metric = choose_metric(loaded, corrupt)
     sums, unpatched = torch.zeros(len(senders), 1, dtype=torch.float64), 0.0
-    for batch, (ids, mask) in enumerate(corrupt.batches(batch_size)):
+    for batch, ((ids, mask), scored) in enumerate(zip(corrupt.batches(batch_size), corrupt.scored_batches(batch_size))):
         stream = _final_stream(loaded, structure.norm, ids, mask)
-        assert corrupt.scored is not None  # a task set's answers: patching's runs mark them
-        scored = corrupt.scored[batch * batch_size:batch * batch_size + ids.shape[0]]
         read = lambda delta: row_logit_diffs(metric, structure.head(structure.norm(stream + delta)), ids,  # noqa: E731
                                              scored).double().sum()
         with torch.no_grad():
