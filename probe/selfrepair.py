@@ -142,8 +142,7 @@ def _ablating(method: AblationMethod, layer: int, head: int, batch: BatchContext
 
 @dataclass
 class _Prefix:
-    """Whether ablated runs start at the head's block from the clean run's kept outputs (checked once, as the
-    sweep's)."""
+    """Whether ablated runs start at the head's block from the clean run's kept outputs (checked once, as in sweeps)."""
 
     reuse: bool = True
     checked: bool = False

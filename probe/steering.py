@@ -202,8 +202,7 @@ def find_result(loaded: LoadedModel, swept: AblationResult, value: float, metric
 
 def find_heads(loaded: LoadedModel, probe_set: ProbeSet, value: float, *, intervention: str = "scale",
                metric: str | Metric | None = None, **options: Any) -> SteerResult:
-    """Every head under the intervention at `value` alone, ranked by how far it moves the metric; `options` to
-    `sweep`."""
+    """Every head under the intervention at `value` alone, ranked by how far it moves the metric; `options`: sweep."""
     chosen = choose_metric(loaded, probe_set, metric)
     method = intervention_named(intervention, check_values([value])[0])
     swept = sweep(loaded, probe_set, method=method, metric=chosen, **options)

@@ -23,7 +23,7 @@ from probe.ablation.heads import Head, ablation_list, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
-from probe.ablation.plan import Work, check_probe_set, data_name, refuse_sources
+from probe.ablation.plan import Work, check_probe_set, chunks, data_name, refuse_sources
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, batches_of
 from probe.hooks.capture import attention_hooks
@@ -91,8 +91,7 @@ def gumbel_draws(logits: Tensor, generator: torch.Generator) -> Tensor:
 
 def _second_order(terms: _Terms, shifted: Tensor, inputs: list[Tensor], order: list[int], valid: Tensor,
                   n_tokens: float, samples: int, seed: int, step: Callable[[float], None], scale: float = 1.0) -> None:
-    """Gauss-Newton term from `samples` backward passes with next tokens drawn from the model's predictions
-    (`gumbel_draws`)."""
+    """Gauss-Newton term from `samples` backwards, next tokens drawn from the model's predictions (`gumbel_draws`)."""
     vocab = shifted.shape[-1]
     logits = shifted.detach().reshape(-1, vocab)  # (batch * (positions - 1), vocab) float32
     probs = logits.softmax(dim=-1)
@@ -163,8 +162,7 @@ def _kept_for(blocks: Blocks | None, heads: list[Head], kept: dict[int, Any]) ->
 
 def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room: float, refine: int | None,
             cost: Callable[[Head], float]) -> list[Head]:
-    """The heads to ablate exactly: the top `refine` estimates, or among the top REFINE_CANDIDATES those leaning most
-    on the second-order term, while `room` lasts."""
+    """The top `refine` estimates, or of the top REFINE_CANDIDATES those leaning most on the second order, in `room`."""
     ranked = sorted(heads, key=lambda head: (-estimated[head], head))
     if refine is not None:
         return ranked[:max(0, refine)]
@@ -182,13 +180,10 @@ def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room
 def _refine(runner: NaiveRunner, chosen: list[Head], cost: Callable[[Head], float],
             step: Callable[[float], None]) -> dict[Head, Tensor]:
     """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block."""
-    by_start: dict[int, list[Head]] = {}
-    for head in chosen:
-        by_start.setdefault(runner.start_of((head,)), []).append(head)
     exact: dict[Head, Tensor] = {}
     with torch.no_grad():
-        for _, group in sorted(by_start.items()):
-            chunk: list[tuple[Head, ...]] = [(head,) for head in group]
+        for chunk in chunks([(head,) for head in chosen], runner.start_of, len(chosen)):
+            group = [head for head, in chunk]
             totals = torch.zeros(len(group), len(runner.scorer.parts) + 1, dtype=torch.float64)
             for index in range(len(runner.batches)):
                 totals += runner.sums(chunk, index)

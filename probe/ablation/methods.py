@@ -311,7 +311,7 @@ class PatchAblation(AblationMethod):
     name = "patch"
     summary = "set the head's output to its output on the same row of a source run (activation patching)"
     across_sequences = True
-    what: ClassVar[str] = "output"  # what of the head it patches, for reports
+    what: ClassVar[str] = "output"  # what of the head it patches: "output", or the AttentionInputs field
     per_kv_group: ClassVar[bool] = False  # one patch changes a key/value group's query heads together (keys, values)
 
     positions_axis: ClassVar[int] = 1  # of what it patches: heads (batch, positions, n_heads, head_dim)
@@ -353,11 +353,10 @@ class InputPatch(PatchAblation):
 
     point = "inputs"
     positions_axis = 2  # queries (batch, heads, positions, head_dim), keys and values per key/value head
-    component: ClassVar[str]  # the AttentionInputs field it patches
 
     @classmethod
     def collect(cls, loaded: LoadedModel, source: ProbeSet, batch_size: int) -> HeadOutputs:
-        return head_inputs(loaded, source, cls.component, batch_size=batch_size)
+        return head_inputs(loaded, source, cls.what, batch_size=batch_size)
 
     def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
         """An `inputs` handler for stacked copies (a key or value: its heads' key/value groups), and its layers."""
@@ -367,32 +366,31 @@ class InputPatch(PatchAblation):
             entries = by_layer.get(ctx.layer)
             if not entries:
                 return inputs
-            tensor = getattr(inputs, self.component)  # (copies * batch, heads of this input, positions, head_dim)
+            tensor = getattr(inputs, self.what)  # (copies * batch, heads of this input, positions, head_dim)
             group = inputs.query.shape[1] // tensor.shape[1]  # query heads per key/value head (1 for the query)
             mask = torch.zeros(copies, 1, tensor.shape[1], 1, 1, dtype=torch.bool)
             for each, heads_of_copy in entries.items():
                 mask[each, 0, sorted({head // group for head in heads_of_copy}), 0, 0] = True
-            return dataclasses.replace(inputs, **{self.component: self.replaced(tensor, ctx, mask)})  # type: ignore[arg-type]
+            return dataclasses.replace(inputs, **{self.what: self.replaced(tensor, ctx, mask)})  # type: ignore[arg-type]
 
         return edit, set(by_layer)
 
 
 class QueryPatch(InputPatch):
-    name, component, what = "patch_query", "query", "query"
+    name, what = "patch_query", "query"
 
 
 class KeyPatch(InputPatch):
-    name, component, what = "patch_key", "key", "key"
+    name, what = "patch_key", "key"
     per_kv_group = True
 
 
 class ValuePatch(InputPatch):
-    name, component, what = "patch_value", "value", "value"
+    name, what = "patch_value", "value"
     per_kv_group = True
 
 
-PATCHES: dict[str, type[PatchAblation]] = {"output": PatchAblation, "query": QueryPatch, "key": KeyPatch,
-                                           "value": ValuePatch}
+PATCHES: dict[str, type[PatchAblation]] = {c.what: c for c in (PatchAblation, QueryPatch, KeyPatch, ValuePatch)}
 """What of a head activation patching replaces: its output, or one of its attention's inputs."""
 
 

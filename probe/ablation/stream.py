@@ -198,8 +198,7 @@ def _refuse_another(path: Path, old: dict[str, Any], header: dict[str, Any]) -> 
 
 
 def cached_results_path(key: dict[str, Any], folder: str = "ablate", stem: str = "sweep") -> Path:
-    """Where a run streams when no results file is given: probe's cache, named by `key` (what shapes the numbers), so
-    that the same command with resume finds it."""
+    """Where a run streams without a results file: probe's cache, named by `key`, so that resume finds it again."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return cache_root() / folder / f"{stem}-{digest}.jsonl"  # every command's sweeps in one folder
 

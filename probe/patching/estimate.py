@@ -86,8 +86,7 @@ def _recomputed(inputs: AttentionInputs, heads: list[int], group: int) -> Tensor
 
 
 def _local_change(one: _Pass, layer: int, unit: Ablation, component: str, source: Tensor) -> float:
-    """The QK fix's first-order change for one unit: outputs recomputed with the source's `component`, dotted with
-    dLD/dz."""
+    """The QK fix's first-order change of a unit: outputs recomputed with the source's `component`, dot dLD/dz."""
     inputs = one.inputs[layer]
     heads = [head for _, head in unit]
     group = heads[0] // (inputs.query.shape[1] // inputs.key.shape[1])

@@ -150,8 +150,7 @@ def check_runs(clean: ProbeSet, corrupt: ProbeSet) -> None:
 
 
 def _tokens(loaded: LoadedModel, probe_set: ProbeSet) -> list[str]:
-    """The by-position axis: each position's token over the rows (the most frequent few joined by '/' where they
-    differ)."""
+    """The by-position axis: each position's token over the rows (where they differ, the commonest few '/'-joined)."""
     decode = (lambda token: str(token)) if loaded.tokenizer is None else (
         lambda token: loaded.tokenizer.decode([token]))
     mask = probe_set.attention_mask

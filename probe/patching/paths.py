@@ -141,8 +141,7 @@ def _check_readout(found: float, expected: float) -> None:
 
 def direct_path(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, senders: Sequence[Head], *,
                 batch_size: int = 8) -> PathResult:
-    """Each sender's effect straight into the logits, every other path frozen at the corrupted run (Wang et al.
-    2022)."""
+    """Each sender's effect straight into the logits, every other path frozen at the corrupted run (Wang et al.)."""
     check_runs(clean, corrupt)
     check_heads(attention_layers(loaded.model), list(senders))
     structure = model_structure(loaded.model)  # refuses a model without an LM head or a final norm it can find

@@ -48,8 +48,7 @@ def _class_run(contrast: ContrastSet, texts: torch.Tensor, which: str, classes: 
 
 
 def contrast_runs(loaded: LoadedModel, contrast: ContrastSet) -> tuple[ProbeSet, ProbeSet]:
-    """(clean, corrupt) task sets of one shape, row for row: prompts with answer and distractor, or a classifier's
-    texts."""
+    """(clean, corrupt) task sets of one shape, row for row: prompts with answer and distractor, or classifier texts."""
     if contrast.classes is not None:
         return tuple(_class_run(contrast, texts, which, contrast.classes)  # type: ignore[return-value]
                      for texts, which in ((contrast.clean, "clean"), (contrast.corrupt, "corrupt")))
