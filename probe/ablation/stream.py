@@ -114,13 +114,17 @@ def load_results(*paths: str | Path) -> AblationResult:
             raise ProbeError(f"{path} comes from a different sweep (model, data or method) than {paths[0]}")
         headers.append(header)
         results.extend(entries)
-    h = headers[0]
+    return result_of(headers[0], distinct(results, key=lambda r: r.heads))
+
+
+def result_of(h: dict[str, Any], results: list[HeadResult], **more: Any) -> AblationResult:
+    """The AblationResult of a results header and `results`; `more`: what the header does not hold (mode, path)."""
     return AblationResult(model=h["model"], method=h["method"], data=h["data"], metric=h["metric"],
-                          baseline_loss=h["baseline_loss"], results=distinct(results, key=lambda r: r.heads),
-                          n_layers=h["n_layers"], n_heads=h["n_heads"], mode=h.get("mode", "exact"),
-                          path=h.get("path", ""), baseline_parts=h.get("baseline_parts", {}),
+                          baseline_loss=h["baseline_loss"], results=results, n_layers=h["n_layers"],
+                          n_heads=h["n_heads"], baseline_parts=h.get("baseline_parts", {}),
                           probe_set=h.get("probe_set", {}), mean=h.get("mean"), task=h.get("task"),
-                          layer_names=h.get("layer_names"), dtype=h.get("dtype", "float32"))
+                          layer_names=h.get("layer_names"), dtype=h.get("dtype", "float32"),
+                          **{"mode": h.get("mode", "exact"), "path": h.get("path", "")} | more)
 
 
 class LineStream:

@@ -27,7 +27,7 @@ from probe.ablation.plan import Work, assign_chunks, check_probe_set, check_sour
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.statistics import HeadStatistics
 from probe.ablation.runners import NaiveRunner, PrefixRunner, batches_of, require_finite_baseline
-from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint
+from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint, result_of
 from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
@@ -206,15 +206,11 @@ class _Finished:
             self.stream.close()
 
 
-def _result(loaded: LoadedModel, chosen: AblationMethod, runner: NaiveRunner, header: dict[str, Any], base: _Baseline,
-            finished: _Finished, ablations: list[Ablation], started: float) -> AblationResult:
-    return AblationResult(
-        model=loaded.name, method=chosen.name, data=header["data"], metric=header["metric"], baseline_loss=base.loss,
-        results=[finished.done[a] for a in ablations if a in finished.done], n_layers=header["n_layers"],
-        n_heads=header["n_heads"], mode="naive" if runner.path.startswith("naive") else "exact", path=runner.path,
-        baseline_parts=base.parts, probe_set=header["probe_set"], mean=header["mean"],
-        seconds=time.perf_counter() - started, task=base.task, layer_names=header.get("layer_names"),
-        dtype=header["dtype"])
+def _result(runner: NaiveRunner, header: dict[str, Any], finished: _Finished, ablations: list[Ablation],
+            started: float) -> AblationResult:
+    return result_of(header, [finished.done[a] for a in ablations if a in finished.done], path=runner.path,
+                     mode="naive" if runner.path.startswith("naive") else "exact",
+                     seconds=time.perf_counter() - started)
 
 
 @reports("ablating heads")
@@ -271,4 +267,4 @@ def sweep(
         scope.enter_context(torch.inference_mode())  # ~2% quicker than no_grad on CPU: no version counters
         scope.callback(finished.close)
         _run(runner, todo, work, cost, finished.add_chunk)
-    return _result(loaded, chosen, runner, header, base, finished, ablations, started)
+    return _result(runner, header, finished, ablations, started)

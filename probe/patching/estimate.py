@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
-from probe.ablation.estimate import scaled_gradients
+from probe.ablation.estimate import keeping_graph, scaled_gradients
 from probe.ablation.heads import Ablation, Head
 from probe.ablation.metrics import Metric, choose_metric
 from probe.ablation.statistics import HeadOutputs
@@ -49,16 +49,12 @@ def _target_pass(loaded: LoadedModel, metric: Metric, ids: Tensor, mask: Tensor 
     captured: dict[int, Tensor] = {}
     inputs: dict[int, AttentionInputs] = {}
 
-    def capture(heads: Tensor, ctx: HookContext) -> Tensor:  # heads: (batch, positions, n_heads, head_dim)
-        heads = heads if heads.requires_grad else heads.detach().requires_grad_()
-        captured[ctx.layer] = heads
-        return heads
-
     def record(seen: AttentionInputs, ctx: HookContext) -> None:
         inputs[ctx.layer] = replace(seen, query=seen.query.detach(), key=seen.key.detach(), value=seen.value.detach())
 
     with torch.enable_grad():
-        with attention_hooks(loaded.model, points={"z": capture, **({"inputs": record} if keep_inputs else {})}):
+        with attention_hooks(loaded.model, points={"z": keeping_graph(captured),
+                                                   **({"inputs": record} if keep_inputs else {})}):
             logits = logits_of(run_model(loaded.model, ids, mask))
         diffs = row_logit_diffs(metric, logits, ids, scored)  # (batch,)
         order = sorted(captured)
