@@ -27,7 +27,7 @@ from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losses, parts_of
 from probe.ablation.plan import Work, check_probe_set, data_name, refuse_sources
 from probe.ablation.runners import NaiveRunner, batches_of, require_finite_baseline
-from probe.ablation.sweep import sweep
+from probe.ablation.sweep import sweep_units
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
@@ -233,9 +233,8 @@ def _curve(evaluator: _Evaluator, units: list[Unit], result: PruneResult, orderi
 def _sweep_order(loaded: LoadedModel, probe_set: ProbeSet, units: list[Unit], method: AblationMethod,
                  batch_size: int) -> list[Unit]:
     """Units by their single-unit ablation delta, smallest first (one exact sweep)."""
-    singles = all(len(unit) == 1 for unit in units)
-    result = sweep(loaded, probe_set, [unit[0] for unit in units] if singles else [],
-                   groups=() if singles else units, method=method, batch_size=batch_size)
+    result = sweep_units(loaded, probe_set, units, method=method, batch_size=batch_size)
+    assert result is not None  # a plain sweep always reports
     delta = {entry.heads: entry.delta for entry in result.results}
     return sorted(units, key=lambda unit: (delta[unit], unit))
 

@@ -268,3 +268,11 @@ def sweep(
         scope.callback(finished.close)
         _run(runner, todo, work, cost, finished.add_chunk)
     return _result(runner, header, finished, ablations, started)
+
+
+def sweep_units(loaded: LoadedModel, probe_set: ProbeSet, units: Sequence[Ablation],
+                run: Callable[..., AblationResult | None] = sweep, **options: Any) -> AblationResult | None:
+    """`run` (sweep, or a sharded one: None on a rank that does not report) over `units`, each ablated together."""
+    singles = all(len(unit) == 1 for unit in units)
+    return run(loaded, probe_set, [unit[0] for unit in units] if singles else [], groups=() if singles else units,
+               **options)

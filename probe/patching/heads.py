@@ -20,7 +20,7 @@ from probe.ablation.heads import Ablation, Head, all_heads, layer_shape
 from probe.ablation.methods import PatchAblation, patch_class, patch_method
 from probe.ablation.metrics import PATCH_LAYOUTS, Metric
 from probe.ablation.results import AblationResult
-from probe.ablation.sweep import baseline_metric, sweep
+from probe.ablation.sweep import baseline_metric, sweep, sweep_units
 from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, normalised_effect
 from probe.errors import ProbeError
@@ -171,14 +171,6 @@ def _entries(swept: AblationResult, clean_ld: float, corrupt_ld: float, position
             for result in swept.results]
 
 
-def _swept(run: Sweep, loaded: LoadedModel, target: ProbeSet, units: list[Ablation], method: PatchAblation,
-           **options: Any) -> AblationResult | None:
-    """The sweep of every unit's patch on the target run (None on a rank that does not report, under torchrun)."""
-    singles = all(len(unit) == 1 for unit in units)
-    return run(loaded, target, [unit[0] for unit in units] if singles else [], groups=() if singles else units,
-               method=method, **options)
-
-
 def _in_parts(progress: Progress | None, parts: int) -> Callable[[int], Progress | None]:
     """Part `index`'s `(done, total)` callback for `parts` sweeps of one set of units, run one after the other, as
     one count: the finished parts' work, then this part's, the parts still to come counted as this one's total."""
@@ -205,8 +197,8 @@ def _by_position(loaded: LoadedModel, target: ProbeSet, units: list[Ablation], m
     parts 1, 2, ... of the progress."""
     entries = []
     for position in range(target.input_ids.shape[1]):
-        swept = _swept(sweep, loaded, target, units, method.at(position), mode=mode, batch_size=batch_size,
-                       progress=part(position + 1))
+        swept = sweep_units(loaded, target, units, method=method.at(position), mode=mode, batch_size=batch_size,
+                            progress=part(position + 1))
         assert swept is not None  # a plain sweep always reports
         entries += _entries(swept, *logit_diffs, position)
     return entries
@@ -227,8 +219,8 @@ def patch_heads(loaded: LoadedModel, clean: ProbeSet, corrupt: ProbeSet, heads: 
     units = patch_units(loaded, heads, component)
     source_ld = mean_logit_diff(baseline_metric(loaded, source, batch_size=batch_size))
     part = _in_parts(callback(progress), 1 + (target.input_ids.shape[1] if by_position else 0))
-    swept = _swept(run, loaded, target, units, method, mode=mode, batch_size=batch_size, data=data,
-                   progress=part(0), **options)
+    swept = sweep_units(loaded, target, units, run, method=method, mode=mode, batch_size=batch_size, data=data,
+                        progress=part(0), **options)
     if swept is None:
         return None
     target_ld = mean_logit_diff((swept.baseline_loss, swept.task))
