@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -268,10 +269,7 @@ def generations(loaded: LoadedModel, prompt: str, heads: Sequence[Head], values:
     edits = [(row, head, value) for row, (head, value) in enumerate(steered, start=1)]  # row 0: as it is
     torch.manual_seed(seed)
     batch = ids.expand(len(steered) + 1, -1)
-    if edits:
-        with Trace(loaded.model, {"z": row_writers(edits, intervention)}):
-            tokens = greedy(loaded, batch, max_new_tokens)
-    else:
+    with Trace(loaded.model, {"z": row_writers(edits, intervention)}) if edits else nullcontext():
         tokens = greedy(loaded, batch, max_new_tokens)
     texts = [str(tokenizer.decode(row)) for row in tokens]
     by_row = {(head, value): texts[row] for row, head, value in edits}

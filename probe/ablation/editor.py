@@ -17,8 +17,7 @@ from probe.hooks.types import BatchContext
 
 def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
             batch: BatchContext | None = None) -> AbstractContextManager[list[AttentionLayer]]:
-    """`len(ablations)` stacked copies of a batch, copy i with ablations[i]'s heads replaced by `method`, for the
-    body of the `with`; restored on exit."""
+    """Stacked copies of a batch, copy i's ablations[i] replaced by `method` while the `with` runs; then restored."""
     handler, layers = method.handler(ablations)
     method.check(attention_layers(model), layers)
     return attention_hooks(model, {method.point: handler}, layers=layers, batch=batch)

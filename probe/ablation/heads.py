@@ -137,8 +137,7 @@ def distinct(items: Iterable[T], key: Callable[[T], object] = lambda item: item)
 
 
 def ablation_list(model: nn.Module, heads: Sequence[Head] | None, groups: Sequence[Sequence[Head]]) -> list[Ablation]:
-    """A sweep's ablations in report order: each head alone (default: all unless `groups`), then each group; a head
-    the model lacks, or nothing to ablate, refused."""
+    """A sweep's ablations in report order: each head alone (default: all unless `groups`), then each group."""
     layers = attention_layers(model)
     for group in [heads or [], *groups]:
         check_heads(layers, group)

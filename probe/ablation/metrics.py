@@ -180,8 +180,7 @@ class LogitDiff(Metric):
 
 @register_metric
 class TargetWords(Metric):
-    """The next-token probability of target words' first tokens (after a space); `target_words(loaded, path)` makes
-    one (the registered instance has no words)."""
+    """The next-token probability of target words' first tokens (after a space); made by `target_words`."""
 
     name = "target_words"
     description = ("mean over predicted positions of the next-token probability of the target words' first tokens; "

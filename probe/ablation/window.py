@@ -57,8 +57,7 @@ class WindowAblation(PatternAblation):
     summary = (f"restrict the head to the first {DEFAULT_SINK} and the {DEFAULT_RECENT} most recent keys (a "
                "StreamingLLM cache)")
 
-    def __init__(self, *, sink: int = DEFAULT_SINK,
-                 recent: int = DEFAULT_RECENT) -> None:
+    def __init__(self, *, sink: int = DEFAULT_SINK, recent: int = DEFAULT_RECENT) -> None:
         if sink < 0 or recent < 1:
             raise ProbeError(f"a window needs sink >= 0 and recent >= 1 keys, got sink {sink}, recent {recent}",
                              parameter="recent")

@@ -90,8 +90,7 @@ class PatchResult(Payload):
 
     @payload("one entry per query head patched", items="one head")
     def heads(self) -> list[PatchHead]:
-        """One per query head, layer by layer: its patch effect and logit difference (a key or value patch: its
-        group's)."""
+        """One per query head, layer by layer: its (a key or value patch: its group's) effect and logit difference."""
         group, per_group = self.n_heads // max(self.n_kv_heads, 1), patch_class(self.component).per_kv_group
         rows = [PatchHead(layer, head, entry.patch_effect, None if self.dla is None else self.dla[layer][head],
                           entry.logit_diff, self.classes.get((layer, head), []) if self.classes else None,
@@ -193,8 +192,7 @@ def _in_parts(progress: Progress | None, parts: int) -> Callable[[int], Progress
 def _by_position(loaded: LoadedModel, target: ProbeSet, units: list[Ablation], method: PatchAblation,
                  logit_diffs: tuple[float, float], mode: str, batch_size: int,
                  part: Callable[[int], Progress | None]) -> list[PatchEntry]:
-    """Every unit patched at each position alone: one sweep per position (each reusing its prefix), counted as
-    parts 1, 2, ... of the progress."""
+    """Every unit patched at each position alone: one sweep per position, parts 1, 2, ... of the progress."""
     entries = []
     for position in range(target.input_ids.shape[1]):
         swept = sweep_units(loaded, target, units, method=method.at(position), mode=mode, batch_size=batch_size,
