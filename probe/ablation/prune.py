@@ -22,12 +22,11 @@ from probe.frames import frame
 from probe.ablation.editor import ablated
 from probe.ablation.estimate import keeping_graph, scaled_gradients
 from probe.ablation.heads import Head, as_column, label, layer_shape
-from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, build_method
-from probe.ablation.metrics import METRICS, Metric, Scorer, choose_metric, losses, parts_of
+from probe.ablation.metrics import METRICS, Metric, choose_metric, losses
 from probe.ablation.plan import Work, check_probe_set, data_name, refuse_sources
-from probe.ablation.runners import NaiveRunner, batches_of, require_finite_baseline
-from probe.ablation.sweep import sweep_units
+from probe.ablation.runners import require_finite_baseline
+from probe.ablation.sweep import sweep_runner, sweep_units
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
@@ -136,10 +135,8 @@ class _Evaluator:
 
     def __init__(self, loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: Metric,
                  batch_size: int) -> None:
-        self.scorer = Scorer(metric, parts_of(probe_set))
-        readout = Readout.choose(loaded.model, metric.chunkable, None)
-        self.runner = NaiveRunner(loaded.model, method, self.scorer, readout,
-                                  batches_of(probe_set, self.scorer, batch_size))
+        self.runner = sweep_runner(loaded, probe_set, "naive", method, metric, batch_size, [])[0]
+        self.scorer = self.runner.scorer
         self.counts = torch.stack([b.counted.sum(dim=(1, 2)) for b in self.runner.batches]).sum(dim=0).double()
         self.passes = 0
 

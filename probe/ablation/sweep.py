@@ -54,8 +54,8 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
                          "method 'zero' and no groups", parameter="mode")
 
 
-def _runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
-            batch_size: int, ablations: list[Ablation]) -> tuple[NaiveRunner, Callable[[int], int]]:
+def sweep_runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
+                 batch_size: int, ablations: list[Ablation]) -> tuple[NaiveRunner, Callable[[int], int]]:
     """The runner of this sweep (prefix reuse where the model has a block list) and a run's cost by start block."""
     model = loaded.model
     scorer = Scorer(metric, parts_of(probe_set))
@@ -113,7 +113,7 @@ def baseline_metric(loaded: LoadedModel, probe_set: ProbeSet, *, metric: str | M
                     batch_size: int = 8) -> tuple[float, dict[str, float] | None]:
     """The unablated model's metric over a probe set as a sweep's baseline measures it (and a task's figures)."""
     chosen = choose_metric(loaded, probe_set, metric)
-    runner, cost = _runner(loaded, probe_set, "naive", ZeroAblation(), chosen, batch_size, [])
+    runner, cost = sweep_runner(loaded, probe_set, "naive", ZeroAblation(), chosen, batch_size, [])
     base = _baseline(runner, Work(0, None), cost, loaded.tokenizer)
     return base.loss, base.task
 
@@ -250,7 +250,7 @@ def sweep(
     if resume and results_path is not None:  # before the baseline's forwards: the file holds this model's sweep
         check_same_sweep(Path(results_path), _identity(loaded, probe_set))
     chosen = build_method(method, loaded, probe_set, statistics=statistics, seed=seed, batch_size=batch_size)
-    runner, cost = _runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
+    runner, cost = sweep_runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
     chosen = runner.method  # bound to the probe set's batches (its donors fixed before the fingerprint is taken)
     work = Work(len(runner.batches) * cost(0) * (1 + len(ablations)), progress)
     base = _baseline(runner, work, cost, loaded.tokenizer)
