@@ -345,10 +345,6 @@ class SelfRepair(Payload):
                             float(self.by_heads[index]), float(self.by_mlps[index]), float(self.by_norm[index]),
                             [{"layer": at, "head": h, "value": v} for at, h, v in self.compensating(index)])
 
-    def row(self, index: int) -> dict[str, Any]:
-        """`entry(index)` as its payload holds it."""
-        return self.entry(index).to_dict()
-
     def to_frame(self) -> Any:
         """A pandas DataFrame, one row per ablated head, largest |direct| first: the self-repair schema's columns."""
         entries = self.entries

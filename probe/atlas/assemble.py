@@ -94,7 +94,7 @@ def _repair(measured: Measured, layer: int, head: int) -> dict[str, Any] | None:
     result = measured.self_repair
     if result is None or (layer, head) not in result.heads:
         return None
-    return result.row(result.heads.index((layer, head)))
+    return result.entry(result.heads.index((layer, head))).to_dict()
 
 
 def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None) -> dict[str, float | None]:
