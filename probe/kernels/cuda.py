@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import os
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.kernels.base import (AttentionCall, FusedStatistics, broadcast_bias, padded, rebuild_problem,
-                                triton_problem)
+from probe.kernels.base import (AttentionCall, FusedStatistics, broadcast_bias, interpreted, padded,
+                                rebuild_problem, triton_problem)
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.labels import label_weights
 
@@ -38,11 +37,6 @@ _total: Any = None
 NAME = "cuda"
 NO_NAN = 2**30  # "no NaN seen yet": larger than any key index the kernel is given (passed in as a constexpr)
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernel's logits are the scaled ones times this
-
-
-def interpreted() -> bool:
-    """Whether Triton's interpreter is on (TRITON_INTERPRET=1): kernels then run on CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 class CudaBackend:
@@ -89,15 +83,8 @@ class CudaBackend:
                                call.window, causal, moments)
         # queries and keys stay in the model's dtype: float32 copies would cost what the kernel costs in traffic
         return output, FusedStatistics(NAME, call.query, call.key, lse, call.scaling, causal, call.bias,
-                                       call.key_mask, call.window, top_keys=top, tables=label_table, config=config,
+                                       call.key_mask, call.window, top_keys=top, tables=label_weights, config=config,
                                        moments=moments)
-
-
-def label_table(statistics: FusedStatistics, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
-    """The record's `tables`: one launch of the label kernel over every row (probe.kernels.labels)."""
-    return label_weights(statistics.query, statistics.key, statistics.bias, statistics.lse, statistics.scaling,
-                         statistics.causal, offsets, keys, interpreted(), key_mask=statistics.key_mask,
-                         window=statistics.window)
 
 
 @dataclass(frozen=True)
