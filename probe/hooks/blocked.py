@@ -4,6 +4,7 @@ more in page faults than the softmax that fills it); one the callback keeps is l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,10 +48,7 @@ class _Buffer:
             self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
             self.users = _storage_users(self.flat)
             self.zero_from = None
-        size = 1
-        for dim in shape:
-            size *= dim
-        return self.flat[:size].view(*shape)
+        return self.flat[:math.prod(shape)].view(*shape)
 
     def give_up_if_kept(self) -> None:
         """After a callback: if it kept (a view of) the block, the buffer is its own now; take a fresh one next."""

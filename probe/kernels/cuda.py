@@ -53,8 +53,7 @@ class CudaBackend:
 
     def problem(self, call: AttentionCall) -> str:
         """"" where the kernel serves the call, else why not. Reads only shapes, dtypes and devices: no sync."""
-        shared = rebuild_problem(call)
-        if shared:
+        if shared := rebuild_problem(call):
             return shared
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed (pip install triton)"

@@ -52,8 +52,7 @@ class FlexBackend:
 
     def problem(self, call: AttentionCall) -> str:
         """"" where FlexAttention serves the call, else why not. Reads shapes, dtypes and devices only."""
-        shared = rebuild_problem(call)
-        if shared:
+        if shared := rebuild_problem(call):
             return shared
         if flex_module() is None:
             return "this torch has no torch.nn.attention.flex_attention (torch 2.5 or later)"
