@@ -20,8 +20,7 @@ Reads = tuple[tuple[int, ...], tuple[int, ...]]
 
 
 class Accelerator:
-    """How one head class's (sums, counts) come from a layer call's fused statistics: the mean its `selection`
-    names, or its own `__call__`."""
+    """How a head class's (sums, counts) come from a layer call's fused statistics: by default its selection's mean."""
 
     layers_at_once: bool = False  # reads several layer calls joined as one (probe.kernels.side_by_side)
 

@@ -23,8 +23,7 @@ _KEYS_COMPUTED = "probe_keys_computed"  # attribute of a handed-out block: the c
 
 
 def keys_computed(weights: Tensor) -> int:
-    """How many leading keys of a handed-out block were computed (the later ones are exactly 0): lets a reduction
-    skip them."""
+    """How many leading keys of a handed-out block were computed (the rest are exactly 0, for a reduction to skip)."""
     return getattr(weights, _KEYS_COMPUTED, weights.shape[-1])
 
 

@@ -134,8 +134,7 @@ def attention_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scalin
 def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | None, scaling: float,
             bias: Tensor | None, key_mask: Tensor | None, window: int | None, causal: bool,
             moments: Tensor | None) -> tuple[Tensor, Tensor]:
-    """One launch of the kernel, no host synchronisation: its log-sum-exp and top keys, the output (b, n, hq, dv)
-    written where given."""
+    """One launch, no host synchronisation: log-sum-exp and top keys, the output (b, n, hq, dv) where given."""
     b, hq, n, d = query.shape
     hk, kv = key.shape[1], key.shape[2]
     dv = value.shape[-1] if value is not None else 1
