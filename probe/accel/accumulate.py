@@ -115,7 +115,7 @@ class FusedAccumulator(ScoreAccumulator):
                 self.add(name, layers, *(part.unflatten(-1, (len(layers), -1)).movedim(-2, 0)
                                          for part in (sums, counts)))
         for layer in layers:
-            self.paths.setdefault(layer, (True, attention.backend))
+            self.paths.setdefault(layer, (True, statistics.backend))
 
     def blocked(self, layer: int, reason: str) -> None:
         """The layer's weights go to `update` instead, for `reason`."""

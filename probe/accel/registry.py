@@ -5,7 +5,6 @@ call's `Weights` instead of its Score's reduce over blocks. An entry gives the s
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,8 +19,8 @@ Reads = tuple[tuple[int, ...], tuple[int, ...]]
 """(diagonal offsets, key columns) a class reads of a layer call: computed with every other class's in one pass."""
 
 
-class Accelerator(ABC):
-    """How one head class's (sums, counts) come from a layer call's fused statistics."""
+class Accelerator:
+    """How a head class's (sums, counts) come from a layer call's fused statistics: by default its selection's mean."""
 
     layers_at_once: bool = False  # reads several layer calls joined as one (probe.kernels.side_by_side)
 
@@ -33,9 +32,11 @@ class Accelerator(ABC):
         """(the diagonal or column it averages, the (b, n) queries) where it is such a mean; None: its own sums."""
         return None
 
-    @abstractmethod
     def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
         """(sums, counts) of this layer call: its Score's reduce's over all of the call's blocks."""
+        chosen = self.selection(batch, attention.shape[2], attention.shape[3])
+        assert chosen is not None, "an accelerator without a selection computes its own sums"
+        return selected_sums(attention.stacked([chosen[0]])[..., 0], chosen[1].to(attention.lse.device))
 
 
 def with_key(valid: Tensor, n: int, kv: int, shift: int) -> Tensor:
@@ -65,10 +66,6 @@ class Diagonal(Accelerator):
             selected &= (queries >= low) & (queries < high)
         return Label("diagonal", shift), selected
 
-    def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-        (_, shift), selected = self.selection(batch, attention.shape[2], attention.shape[3])
-        return selected_sums(attention.aligned(shift), selected.to(attention.lse.device))
-
 
 @dataclass(frozen=True)
 class Column(Accelerator):
@@ -83,10 +80,6 @@ class Column(Accelerator):
     def selection(self, batch: Batch, n: int, kv: int) -> tuple[Label, Tensor]:
         """The column it averages, and the (b, n) valid queries."""
         return Label("column", self.key), batch.valid[:, :n]
-
-    def __call__(self, attention: Weights, batch: Batch) -> tuple[Tensor, Tensor]:
-        values = attention.column(self.key)
-        return selected_sums(values, batch.valid.to(values.device)[:, :values.shape[-1]])
 
 
 @dataclass(frozen=True)

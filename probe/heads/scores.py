@@ -215,8 +215,7 @@ def finish_positional(sums: Tensor, counts: Tensor) -> Tensor:
 
 @dataclass
 class NeedleBatch(Batch):
-    """A batch of needle prompts (probe.inputs.needle): which needle key each answer position's target is copied
-    from."""
+    """A batch of needle prompts (probe.inputs.needle): the needle key each answer's target is copied from."""
 
     sources: Tensor | None = None  # (b, n) long: for query i, the needle position of token i + 1; -1 elsewhere
     correct: Tensor | None = None  # (b, n) bool: the model predicts token i + 1 at i (None: not known yet)

@@ -4,6 +4,7 @@ more in page faults than the softmax that fills it); one the callback keeps is l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,8 +23,7 @@ _KEYS_COMPUTED = "probe_keys_computed"  # attribute of a handed-out block: the c
 
 
 def keys_computed(weights: Tensor) -> int:
-    """How many leading keys of a handed-out block were computed (the later ones are exactly 0): lets a reduction
-    skip them."""
+    """How many leading keys of a handed-out block were computed (the rest are exactly 0, for a reduction to skip)."""
     return getattr(weights, _KEYS_COMPUTED, weights.shape[-1])
 
 
@@ -47,10 +47,7 @@ class _Buffer:
             self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
             self.users = _storage_users(self.flat)
             self.zero_from = None
-        size = 1
-        for dim in shape:
-            size *= dim
-        return self.flat[:size].view(*shape)
+        return self.flat[:math.prod(shape)].view(*shape)
 
     def give_up_if_kept(self) -> None:
         """After a callback: if it kept (a view of) the block, the buffer is its own now; take a fresh one next."""

@@ -64,8 +64,7 @@ def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = Non
 
 
 def _served(layer: AttentionLayer, handlers: dict[str, Handler]) -> dict[str, Handler]:
-    """The handlers this layer's kind fires; a point it lacks is refused, or left out where the point falls back to
-    the `blocked` point."""
+    """The handlers this layer's kind fires; a point it lacks is refused, or left out if it falls back to `blocked`."""
     served = {}
     for name, handler in handlers.items():
         point = POINTS[name]

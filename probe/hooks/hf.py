@@ -170,8 +170,7 @@ def _uninstall(seat: _Seat, call: int, previous: LayerHooks | None) -> None:
 
 
 def install_hf(module: nn.Module, hooks: LayerHooks, undo: list[Undo]) -> None:
-    """Hook call `hooks.call` of this module (the switch to probe's implementation is the caller's); an outer `with`'s
-    hooks run first."""
+    """Hook call `hooks.call` of this module (the caller switches the implementation); an outer `with`'s run first."""
     seat = module.__dict__.get(SEAT)
     if seat is None:
         undo.append(partial(put_back, module, SEAT, None))

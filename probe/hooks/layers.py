@@ -45,13 +45,10 @@ _LAYERS: weakref.WeakKeyDictionary[nn.Module, list[AttentionLayer]] = weakref.We
 
 def _first_calls(calls: list[tuple[nn.Module, Any]]) -> list[tuple[nn.Module, Any]]:
     """Each module's first call, in call order."""
-    seen: set[int] = set()
-    first = []
+    first: dict[int, tuple[nn.Module, Any]] = {}
     for module, detail in calls:
-        if id(module) not in seen:
-            seen.add(id(module))
-            first.append((module, detail))
-    return first
+        first.setdefault(id(module), (module, detail))
+    return list(first.values())
 
 
 def _two_tokens(model: nn.Module) -> None:

@@ -14,6 +14,7 @@ from probe.hooks.blocked import blocked_attention
 from probe.hooks.points import fire_heads, fire_inputs, fire_weights, fires
 from probe.hooks.restore import put_back
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
+from probe.kernels.base import boolean_as_additive
 
 
 def _batch_first(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value: Tensor,
@@ -46,10 +47,8 @@ def _project(self: nn.MultiheadAttention, query: Tensor, key: Tensor, value: Ten
 
 
 def _additive(mask: Tensor, dtype: torch.dtype) -> Tensor:
-    """MHA's boolean masks mean "do not attend": as additive -inf; float masks are additive already."""
-    if mask.dtype != torch.bool:
-        return mask
-    return torch.zeros_like(mask, dtype=dtype).masked_fill(mask, float("-inf"))
+    """MHA's boolean masks mean "do not attend"; float masks are additive already."""
+    return boolean_as_additive(~mask, dtype) if mask.dtype == torch.bool else mask
 
 
 def _combined_mask(attn_mask: Tensor | None, key_padding_mask: Tensor | None, q: Tensor, n_keys: int

@@ -108,36 +108,34 @@ def refusal(point: HookPoint, kind: str, layer: int) -> str:
     return f"hook point {point.name!r} is not available on layer {layer} ({kind} attention): {why}"
 
 
+def _at(hooks: LayerHooks, site: str) -> list[tuple[HookPoint, Any]]:
+    """(point, handler) of every handler of the layer at `site`, in registry order."""
+    return [(point, handler) for point in POINTS.values() if point.site == site for handler in hooks.of(point.name)]
+
+
 def fire_inputs(hooks: LayerHooks, inputs: AttentionInputs) -> AttentionInputs:
     """The inputs-site points of the layer, in registry order, each on the inputs the previous one left."""
-    for point in POINTS.values():
-        if point.site == "inputs" and point.apply is not None:
-            for handler in hooks.of(point.name):
-                inputs = point.apply(inputs, handler, hooks.context(point.name, inputs=inputs))
+    for point, handler in _at(hooks, "inputs"):
+        if point.apply is not None:
+            inputs = point.apply(inputs, handler, hooks.context(point.name, inputs=inputs))
     return inputs
 
 
 def fire_heads(hooks: LayerHooks, heads: Tensor, inputs: AttentionInputs | None = None) -> Tensor:
     """The heads-site points: each handler's result (or the heads, for a reader returning None) goes on."""
-    for point in POINTS.values():
-        if point.site == "heads":
-            for handler in hooks.of(point.name):
-                replaced = handler(heads, hooks.context(point.name, inputs=inputs))
-                if replaced is None:  # a reader
-                    continue
-                if replaced.shape != heads.shape:
-                    raise ProbeError(f"a writer of hook point {point.name!r} returned shape {tuple(replaced.shape)} "
-                                     f"for layer {hooks.layer}; it must keep {tuple(heads.shape)}")
-                heads = replaced
+    for point, handler in _at(hooks, "heads"):
+        replaced = handler(heads, hooks.context(point.name, inputs=inputs))
+        if replaced is not None and replaced.shape != heads.shape:
+            raise ProbeError(f"a writer of hook point {point.name!r} returned shape {tuple(replaced.shape)} "
+                             f"for layer {hooks.layer}; it must keep {tuple(heads.shape)}")
+        heads = heads if replaced is None else replaced  # None: a reader
     return heads
 
 
 def fire_weights(hooks: LayerHooks, start: int, weights: Tensor, inputs: AttentionInputs | None = None) -> None:
     """The weights-site points, read-only: each handler sees one query block, `ctx.start` its first query."""
-    for point in POINTS.values():
-        if point.site == "weights":
-            for handler in hooks.of(point.name):
-                handler(weights, hooks.context(point.name, start, inputs))
+    for point, handler in _at(hooks, "weights"):
+        handler(weights, hooks.context(point.name, start, inputs))
 
 
 def fire_statistics(hooks: LayerHooks, statistics: FusedStatistics, inputs: AttentionInputs | None = None) -> None:
@@ -157,4 +155,4 @@ def fire_blocked(handlers: Iterable[BlockedHandler], layer: int, reason: str) ->
 
 def fires(hooks: LayerHooks, site: str) -> bool:
     """Whether any handler of the layer listens at `site`."""
-    return any(hooks.handlers.get(point.name) for point in POINTS.values() if point.site == site)
+    return bool(_at(hooks, site))

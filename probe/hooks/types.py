@@ -45,9 +45,7 @@ class BatchContext:
 
     def tokens(self, positions: int) -> Tensor:
         """(batch, positions) bool: True where a sequence holds a token (the mask, or every position without one)."""
-        if self.mask is None:
-            return torch.ones(len(self.rows), positions, dtype=torch.bool)
-        return self.mask
+        return torch.ones(len(self.rows), positions, dtype=torch.bool) if self.mask is None else self.mask
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,5 @@
-"""Fused attention, one backend per device: the seam between the hooks and the scores.
-
-`base`: what a backend provides and the registry; `config`: `KernelConfig`; `fused`: `Weights`, the weights any
-record rebuilds, and `side_by_side`; `cpu`, `cuda` (with `labels`), `flex`, `sdpa`: the backends; `reference`: the
-blocked check.
-"""
+"""Fused attention, one backend per device: the seam between the hooks and the scores. `base` says what a backend
+provides and holds the registry; `reference` is the blocked check every backend is tested against."""
 
 from probe.kernels.base import (BACKENDS, AttentionCall, Backend, FusedStatistics, RowSearch, additive_bias,
                                 backend_for, register_backend, using_backend)

@@ -11,6 +11,7 @@ A new backend is a class with `name`, `problem` and `run`, one `register_backend
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -201,6 +202,11 @@ def float32_copy(tensor: Tensor) -> Tensor:
     """A half-precision tensor as float32, wider ones as they are: every rebuilt logit is then a float32 product of the
     model's own values (docs/precision.md)."""
     return tensor.float() if tensor.dtype in (torch.bfloat16, torch.float16) else tensor
+
+
+def interpreted() -> bool:
+    """Whether Triton's interpreter is on (TRITON_INTERPRET=1): kernels then run on CPU tensors."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def triton_problem(call: AttentionCall, kernel: str) -> str:

@@ -24,11 +24,6 @@ from probe.kernels.sdpa import KERNELS, lse_forward
 NAME = "cpu"
 
 
-def _bfloat16_matmuls_fast() -> bool:
-    """Whether this CPU has bfloat16 arithmetic (AVX512-BF16): bfloat16 matmuls ~3x faster than float32."""
-    return bool(getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)())
-
-
 @dataclass(frozen=True)
 class SearchConfig:
     """The staged search's thresholds: none changes a number (every stage decides a row only where it is sure), so a
@@ -45,7 +40,9 @@ class SearchConfig:
     near_before: int = 1024  # keys before a bucket that its slice includes
     margin: float = 1e-4  # a neighbour is surely the top when it outweighs the mass of the keys not computed by this
     bound: float = 2.0**-7  # bfloat16 upper bounds of logits: q . k + bound |q| |k| (roundings need <= 0.0059 |q||k|)
-    bounds_on_cpu: bool = field(default_factory=_bfloat16_matmuls_fast)  # whether bounding whole rows pays here
+    # whether bounding whole rows pays here: a CPU with AVX512-BF16, whose bfloat16 matmuls are ~3x float32's
+    bounds_on_cpu: bool = field(default_factory=lambda: bool(getattr(torch.cpu, "_is_avx512_bf16_supported",
+                                                                     lambda: False)()))
     candidates: int = 64  # keys a bounded row may have whose bound reaches its key's logit: float32 logits decide
     bounds_from: int = 16384  # keys from which whole rows are bounded first (2.5x faster at 32768 keys)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import os
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.kernels.base import (AttentionCall, FusedStatistics, broadcast_bias, padded, rebuild_problem,
-                                triton_problem)
+from probe.kernels.base import (AttentionCall, FusedStatistics, broadcast_bias, interpreted, padded,
+                                rebuild_problem, triton_problem)
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
 from probe.kernels.labels import label_weights
 
@@ -38,11 +37,6 @@ _total: Any = None
 NAME = "cuda"
 NO_NAN = 2**30  # "no NaN seen yet": larger than any key index the kernel is given (passed in as a constexpr)
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)): the kernel's logits are the scaled ones times this
-
-
-def interpreted() -> bool:
-    """Whether Triton's interpreter is on (TRITON_INTERPRET=1): kernels then run on CPU tensors."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 class CudaBackend:
@@ -59,8 +53,7 @@ class CudaBackend:
 
     def problem(self, call: AttentionCall) -> str:
         """"" where the kernel serves the call, else why not. Reads only shapes, dtypes and devices: no sync."""
-        shared = rebuild_problem(call)
-        if shared:
+        if shared := rebuild_problem(call):
             return shared
         if importlib.util.find_spec("triton") is None:
             return "triton is not installed (pip install triton)"
@@ -89,15 +82,8 @@ class CudaBackend:
                                call.window, causal, moments)
         # queries and keys stay in the model's dtype: float32 copies would cost what the kernel costs in traffic
         return output, FusedStatistics(NAME, call.query, call.key, lse, call.scaling, causal, call.bias,
-                                       call.key_mask, call.window, top_keys=top, tables=label_table, config=config,
+                                       call.key_mask, call.window, top_keys=top, tables=label_weights, config=config,
                                        moments=moments)
-
-
-def label_table(statistics: FusedStatistics, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
-    """The record's `tables`: one launch of the label kernel over every row (probe.kernels.labels)."""
-    return label_weights(statistics.query, statistics.key, statistics.bias, statistics.lse, statistics.scaling,
-                         statistics.causal, offsets, keys, interpreted(), key_mask=statistics.key_mask,
-                         window=statistics.window)
 
 
 @dataclass(frozen=True)
@@ -148,8 +134,7 @@ def attention_statistics(query: Tensor, key: Tensor, bias: Tensor | None, scalin
 def _launch(query: Tensor, key: Tensor, value: Tensor | None, output: Tensor | None, scaling: float,
             bias: Tensor | None, key_mask: Tensor | None, window: int | None, causal: bool,
             moments: Tensor | None) -> tuple[Tensor, Tensor]:
-    """One launch of the kernel, no host synchronisation: its log-sum-exp and top keys, the output (b, n, hq, dv)
-    written where given."""
+    """One launch, no host synchronisation: log-sum-exp and top keys, the output (b, n, hq, dv) where given."""
     b, hq, n, d = query.shape
     hk, kv = key.shape[1], key.shape[2]
     dv = value.shape[-1] if value is not None else 1

@@ -23,8 +23,8 @@ from torch import Tensor
 from probe.kernels.base import (AttentionCall, FusedStatistics, broadcast_bias, float32_copy, padded,
                                 rebuild_problem, triton_problem, zero_padded)
 from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
-from probe.kernels.cuda import CudaBackend, attention_statistics
 from probe.kernels.fused import Weights
+from probe.kernels.sdpa import top_keys
 
 NAME = "flex-attention"
 ROUNDING = 2.0**-8  # the kernel's logit against a float32 one, per scale |q| |k|: a bfloat16 rounding of a scaled
@@ -52,8 +52,7 @@ class FlexBackend:
 
     def problem(self, call: AttentionCall) -> str:
         """"" where FlexAttention serves the call, else why not. Reads shapes, dtypes and devices only."""
-        shared = rebuild_problem(call)
-        if shared:
+        if shared := rebuild_problem(call):
             return shared
         if flex_module() is None:
             return "this torch has no torch.nn.attention.flex_attention (torch 2.5 or later)"
@@ -213,13 +212,9 @@ class MaximaSearch:
 
     def triton_top_keys(self, weights: Weights) -> bool:
         """Every row's top key by the Triton statistics pass, kept in the record; False where it does not serve."""
-        bias = weights.dense_bias
-        call = AttentionCall(weights.query, weights.key, weights.key, bias, weights.scaling, weights.causal)
-        if CudaBackend().problem(call):
-            return False
-        weights.statistics.top_keys = attention_statistics(weights.query, weights.key, bias, weights.scaling,
-                                                           weights.causal)[1]
-        return True
+        weights.statistics.top_keys = top_keys(AttentionCall(weights.query, weights.key, weights.key,
+                                                             weights.dense_bias, weights.scaling, weights.causal))
+        return weights.statistics.top_keys is not None
 
     def decided(self, weights: Weights, maxima: Tensor, shift: int) -> tuple[Tensor, Tensor]:
         """(top, undecided), (b, hq, n) bool, for the neighbour i + shift of every query: top where it holds over half

@@ -42,11 +42,6 @@ class Weights:
         self.dense: Tensor | None = None  # key_mask and window made additive, where a read needs it
 
     @property
-    def backend(self) -> str:
-        """The name of the backend that made the statistics."""
-        return self.statistics.backend
-
-    @property
     def top_keys(self) -> Tensor | None:
         """(b, hq, n) int: each row's top key where the kernel (or a search, once) wrote them, else None."""
         return self.statistics.top_keys

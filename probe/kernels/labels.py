@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.kernels.base import broadcast_bias, padded
+from probe.kernels.base import FusedStatistics, broadcast_bias, interpreted, padded
 from probe.kernels.fused import uploaded
 
 triton: Any = None  # imported on first use, as probe.kernels.cuda does: Triton reads TRITON_INTERPRET on import
@@ -24,12 +24,11 @@ tl: Any = None
 DIAGONAL, COLUMN = 0, 1  # a label's kind, as the kernel reads it
 
 
-def label_weights(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, scaling: float, causal: bool,
-                  offsets: tuple[int, ...], keys: tuple[int, ...], interpreter: bool, *,
-                  key_mask: Tensor | None = None, window: int | None = None) -> Tensor:
-    """(b, hq, n, len(offsets) + len(keys)) float32: A[i, i + offset] for each offset, then A[i, key] for each key,
-    masked by the additive bias or else `causal`, `key_mask` and `window` as AttentionCall's. One launch, no host
-    synchronisation."""
+def label_weights(statistics: FusedStatistics, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
+    """The record's `tables`: (b, hq, n, len(offsets) + len(keys)) float32, A[i, i + offset] for each offset, then
+    A[i, key] for each key, in one launch without host synchronisation."""
+    query, key, bias, lse = statistics.query, statistics.key, statistics.bias, statistics.lse
+    key_mask, window, causal, interpreter = statistics.key_mask, statistics.window, statistics.causal, interpreted()
     b, hq, n, d = query.shape
     hk, kv = key.shape[1], key.shape[2]
     count = len(offsets) + len(keys)
@@ -44,7 +43,7 @@ def label_weights(query: Tensor, key: Tensor, bias: Tensor | None, lse: Tensor, 
         _labels(offsets, keys, query.device), out,
         *query.stride(), *key.stride(), *(bias.stride() if bias is not None else (0, 0, 0, 0)),
         *(key_mask.stride() if key_mask is not None else (0, 0)),
-        n, kv, hq, hq // hk, d, count, scaling, window or 0, HAS_BIAS=bias is not None,
+        n, kv, hq, hq // hk, d, count, statistics.scaling, window or 0, HAS_BIAS=bias is not None,
         HAS_KEY_MASK=key_mask is not None and bias is None, WINDOWED=window is not None and bias is None,
         CAUSAL=causal and bias is None, BLOCK_M=rows, HEAD=padded(d), num_warps=4)
     return out

@@ -53,15 +53,10 @@ KERNELS: dict[tuple[str, str], LseKernel] = {("flash", "cpu"): _cpu_flash, ("fla
 """(kernel, device type) -> its op: the CUDA ops and the CPU's flash op behind one signature."""
 
 
-def lse_kernel(kernel: str, device: str) -> LseKernel | None:
-    """The op that computes the output and the log-sum-exp of `kernel` on a `device`, or None."""
-    return KERNELS.get((kernel, device))
-
-
 def _kernel_problem(kernel: str, call: AttentionCall) -> str:
     """Why `kernel` on the call's device cannot take the call ("" where it can): the CUDA kernels' constraints."""
     device = call.query.device.type
-    if lse_kernel(kernel, device) is None:
+    if (kernel, device) not in KERNELS:
         return f"sdpa's {kernel} kernel with its log-sum-exp is not wired for {device}"
     if device != "cuda":
         return ""
@@ -97,8 +92,7 @@ class SdpaBackend:
     def run(self, call: AttentionCall, config: KernelConfig = DEFAULT_CONFIG) -> tuple[Tensor, FusedStatistics]:
         """(output (b, n, hq, dv), statistics with the log-sum-exp and, where Triton serves, the top keys)."""
         call = call.with_dense_bias()
-        kernel = lse_kernel(self.kernel, call.query.device.type)
-        assert kernel is not None
+        kernel = KERNELS[self.kernel, call.query.device.type]
         output, lse = lse_forward(call, kernel, _padded_size(max(call.query.shape[-1], call.value.shape[-1])))
         statistics = FusedStatistics(self.name, float32_copy(call.query), float32_copy(call.key), lse, call.scaling,
                                      call.causal and call.bias is None, call.bias, top_keys=top_keys(call),
