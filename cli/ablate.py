@@ -13,7 +13,7 @@ from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile,
                                JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
                                RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
-from probe.cli.outputs import check_sweep_outputs, save, save_json, warn_non_finite
+from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, note, saved_on_interrupt, status, sweep_progress
 from probe.ablation import METHODS, AblationResult, Head, estimate, parse_heads
 from probe.ablation.methods import AblationMethod, build_method
@@ -25,7 +25,6 @@ from probe.inputs.choice import data_file, probe_set_name
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
-from probe.reports.files import write_csv, write_text
 from probe.reports.html import ablation_page
 from probe.reports.terminal import ablation_report
 
@@ -205,9 +204,8 @@ def ablate(
     if not main_process or result is None:
         return
     payload = result.to_dict()
-    save_json(json_path, payload, "ablate")
-    save(csv_path, lambda path: write_csv(path, result.csv_rows()))
-    save(html_path, lambda path: write_text(path, ablation_page(payload)))
+    save_results(payload, "ablate", json_path, csv_path, html_path, rows=lambda _: result.csv_rows(),
+                 page=ablation_page)
     warn_non_finite(payload)
     ablation_report(payload, console, top=top)
     if stream is not None and results is None:

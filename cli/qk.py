@@ -10,13 +10,12 @@ import typer
 from probe.cli.checks import model_config
 from probe.cli.options import (CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, sweep_progress
 from probe.errors import ProbeError
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
 from probe.models import DEFAULT_MODEL
 from probe.qk import KEY_RULES, config_refusal, qk_attribution
-from probe.reports.files import write_csv, write_text
 from probe.reports.qk import qk_page, qk_report, qk_rows
 
 HeadSpec = Annotated[str, typer.Option("--head", help="The head whose scores are split, as LAYER.HEAD (17.3).")]
@@ -60,7 +59,5 @@ def qk(
         result = qk_attribution(loaded, probe_set.input_ids, layer_head, mask=probe_set.attention_mask, at=at,
                                 query=query, key=key, source=probe_set.description, progress=update)
     payload = result.to_dict()
-    save_json(json_path, payload, "qk")
-    save(csv_path, lambda path: write_csv(path, qk_rows(payload)))
-    save(html_path, lambda path: write_text(path, qk_page(payload)))
+    save_results(payload, "qk", json_path, csv_path, html_path, rows=qk_rows, page=qk_page)
     qk_report(payload, console, top=top)

@@ -20,7 +20,7 @@ from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
                                Stack, Task, Top, TrustRemoteCode, load_for)
-from probe.cli.outputs import check_sweep_outputs, save, save_json, warn_non_finite
+from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, saved_on_interrupt, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
@@ -31,7 +31,6 @@ from probe.inputs.choice import data_file, probe_set_name
 from probe.ablation.stream import cached_results_path, finished_count
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching.runs import contrast_runs
-from probe.reports.files import write_text
 from probe.reports.steer import steer_page, steer_report
 from probe.steering import (SteerResult, check_values, find_result, generations, intervention_named, steer_curves,
                             steerable)
@@ -215,7 +214,6 @@ def steer(
         return
     add_generations(loaded, result, chosen or [], request, seed)
     payload = result.to_dict()
-    save_json(json_path, payload, "steer")
-    save(html_path, lambda path: write_text(path, steer_page(payload)))
+    save_results(payload, "steer", json_path, html_path=html_path, page=steer_page)
     warn_non_finite(payload)
     steer_report(payload, console, top=top, flag="--values" if alpha is None else "--alpha")
