@@ -140,7 +140,7 @@ def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int =
     body = (f"<h1>Activation patching of {esc(payload['model'])}</h1>" + facts_table(rows)
             + '<div class="probe-section"><div class="probe-row">'
             f'<div class="probe-grow"><h2>Top {shown} heads by |patch effect|</h2>'
-            + ranked_table(HEADER, _ranked_cells(payload, top), text_columns=1) + "</div>"
+            + ranked_table(HEADER, _ranked_cells(payload, top), text=(len(HEADER) - 1,)) + "</div>"
             + '<div class="probe-grow"><h2>Patch effect</h2><div class="probe-patch-effect"></div></div>'
             + ('<div class="probe-grow"><h2>Direct logit attribution (clean run)</h2>'
                '<div class="probe-patch-dla"></div></div>' if data["dla"] is not None else "")
