@@ -14,6 +14,7 @@ from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, sweep_progress
 from probe.errors import ProbeError
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
+from probe.inputs.choice import GENERATED, probe_set_name
 from probe.models import DEFAULT_MODEL
 from probe.qk import KEY_RULES, config_refusal, qk_attribution
 from probe.reports.qk import qk_page, qk_report, qk_rows
@@ -51,10 +52,8 @@ def qk(
         raise ProbeError(why)
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    name = data if data in ("repeated", "natural") else "natural"
-    probe_set = build_probe_set(name, loaded, ProbeOptions(data=None if data in ("repeated", "natural") else data,
-                                                           seq_len=seq_len, num_seqs=num_seqs,
-                                                           repeat_len=repeat_len, seed=seed))
+    probe_set = build_probe_set(probe_set_name(data), loaded, ProbeOptions(
+        None if data in GENERATED else data, seq_len, num_seqs, repeat_len, seed))
     with sweep_progress("qk") as (update, _):
         result = qk_attribution(loaded, probe_set.input_ids, layer_head, mask=probe_set.attention_mask, at=at,
                                 query=query, key=key, source=probe_set.description, progress=update)

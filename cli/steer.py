@@ -27,7 +27,7 @@ from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                           ContrastSet, build_probe_set)
-from probe.inputs.choice import data_file, probe_set_name
+from probe.inputs.choice import GENERATED, data_file, probe_set_name
 from probe.ablation.stream import cached_results_path, finished_count
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching.runs import contrast_runs
@@ -192,7 +192,7 @@ def steer(
     check_request(request, rank is not None)
     check_sweep_outputs(outputs, results, resume=resume, force=force, writes=main_process)
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
-    options = ProbeOptions(None if data in ("natural", "repeated") else data, seq_len, num_seqs, seed=seed)
+    options = ProbeOptions(None if data in GENERATED else data, seq_len, num_seqs, seed=seed)
     loaded = load_for(choice, rank)
     probe_set = probe_input(loaded, request, options)
     words = None if target_words is None else target_words_metric(loaded, target_words)
