@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-
 from probe.ablation import parse_heads
 from probe.ablation.heads import Head
 from probe.cli.checks import check_heads_syntax
@@ -21,7 +20,6 @@ from probe.hooks.layers import attention_layers
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.reports.dla import dla_page, dla_report, dla_rows
 from probe.selfrepair import contrast_self_repair
-
 
 
 def self_repair_section(loaded: LoadedModel, contrast: ContrastSet, method: str, heads: Sequence[Head] | None,

@@ -77,7 +77,7 @@ def check_request(inputs: dict[str, object], request: Request, distributed: bool
     check_heads_syntax(request.heads)
 
 
-def check_paths(senders: str | None, receivers: str | None, component: str) -> None:
+def check_paths(senders: str | None, receivers: str | None) -> None:
     if (senders is None) != (receivers is None):
         raise ProbeError("path patching takes --senders and --receivers together")
     check_heads_syntax(senders)
@@ -128,7 +128,7 @@ def patch(
     main_process = rank is None or rank.is_main
     check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, rank is not None)
     check_contrast_task(task)
-    check_paths(senders, receivers, path_component)
+    check_paths(senders, receivers)
     if self_repair and labels is not None:
         raise ProbeError("--self-repair reads a language model's unembedding: not a classifier's --labels")
     check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
