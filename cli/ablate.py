@@ -61,15 +61,6 @@ class Request:
     seed: int = 0  # of the probe set, and of methods that draw at random
     labels: Path | None = None  # sequence classifiers: a JSON-lines file of labelled texts (probe.inputs.labels)
 
-    @property
-    def probe_set(self) -> str:
-        """The probe set's name in probe.inputs.PROBE_SETS."""
-        return probe_set_name(self.data, labels=self.labels, task=self.task, seq2seq=self.seq2seq)
-
-    @property
-    def data_file(self) -> Path | None:
-        return data_file(self.data)
-
 
 def check_request(request: Request, *, html: bool, distributed: bool) -> None:
     """Every option that can be judged without the model, before it is loaded."""
@@ -140,7 +131,7 @@ def run_estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | N
                  show: bool) -> AblationResult:
     with sweep_progress("estimating", show) as (update, _on_result):
         return estimate(loaded, probe_set, heads, metric=request.metric, batch_size=request.batch_size,
-                        data=request.data_file, progress=update, budget=request.budget)
+                        data=data_file(request.data), progress=update, budget=request.budget)
 
 
 def chosen_method(loaded: LoadedModel, probe_set: ProbeSet, request: Request, show: bool) -> AblationMethod:
@@ -163,7 +154,7 @@ def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None
         result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,
                                method=method, metric=request.metric, mode="naive" if request.naive else "exact",
                                batch_size=request.batch_size, stack=request.stack, results_path=stream,
-                               resume=resume, data=request.data_file, progress=update, on_result=on_result)
+                               resume=resume, data=data_file(request.data), progress=update, on_result=on_result)
     if show and done_before:
         note(f"resumed: {done_before} ablation(s) read from {stream}")
     return result
@@ -189,10 +180,10 @@ def ablate(
     check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
                         force=force, writes=main_process)
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
-    options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed, task=task, seq2seq=seq2seq,
+    options = ProbeOptions(data_file(data), seq_len, num_seqs, repeat_len, seed, task=task, seq2seq=seq2seq,
                            labels=labels)
     loaded = load_for(choice, rank)
-    probe_set = build_probe_set(request.probe_set, loaded, options)
+    probe_set = build_probe_set(probe_set_name(data, labels=labels, task=task, seq2seq=seq2seq), loaded, options)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
     result: AblationResult | None
