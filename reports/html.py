@@ -206,6 +206,12 @@ def head_grid(n_layers: int, n_heads: int, cells: Iterable[tuple[int, int, Any]]
     return grid
 
 
+def rounded_grid(payload: dict[str, Any], rows: Iterable[dict[str, Any]], key: str) -> list[list[float | None]]:
+    """The payload's layer x head map of the rows' `key`, to 6 decimals (None where a head has no value)."""
+    return head_grid(payload["n_layers"], payload["n_heads"], ((row["layer"], row["head"], round(float(value), 6))
+                                                               for row in rows if (value := row.get(key)) is not None))
+
+
 def grid_axes(n_layers: int, n_heads: int) -> dict[str, Any]:
     """The page data's shape of a layer x head map (probe.js draws its axes from these)."""
     return {"n_layers": n_layers, "n_heads": n_heads, "layer_axis": list(range(n_layers)),
