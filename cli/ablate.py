@@ -13,7 +13,7 @@ from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile,
                                JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
                                RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
-from probe.cli.outputs import check_sweep_outputs, save, save_json, warn_non_finite
+from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, note, saved_on_interrupt, status, sweep_progress
 from probe.ablation import METHODS, AblationResult, Head, estimate, parse_heads
 from probe.ablation.methods import AblationMethod, build_method
@@ -25,7 +25,6 @@ from probe.inputs.choice import data_file, probe_set_name
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
-from probe.reports.files import write_csv, write_text
 from probe.reports.html import ablation_page
 from probe.reports.terminal import ablation_report
 
@@ -61,15 +60,6 @@ class Request:
     metric: str | None = None  # a name of METRICS; None: the one for this input
     seed: int = 0  # of the probe set, and of methods that draw at random
     labels: Path | None = None  # sequence classifiers: a JSON-lines file of labelled texts (probe.inputs.labels)
-
-    @property
-    def probe_set(self) -> str:
-        """The probe set's name in probe.inputs.PROBE_SETS."""
-        return probe_set_name(self.data, labels=self.labels, task=self.task, seq2seq=self.seq2seq)
-
-    @property
-    def data_file(self) -> Path | None:
-        return data_file(self.data)
 
 
 def check_request(request: Request, *, html: bool, distributed: bool) -> None:
@@ -141,7 +131,7 @@ def run_estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | N
                  show: bool) -> AblationResult:
     with sweep_progress("estimating", show) as (update, _on_result):
         return estimate(loaded, probe_set, heads, metric=request.metric, batch_size=request.batch_size,
-                        data=request.data_file, progress=update, budget=request.budget)
+                        data=data_file(request.data), progress=update, budget=request.budget)
 
 
 def chosen_method(loaded: LoadedModel, probe_set: ProbeSet, request: Request, show: bool) -> AblationMethod:
@@ -164,7 +154,7 @@ def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None
         result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,
                                method=method, metric=request.metric, mode="naive" if request.naive else "exact",
                                batch_size=request.batch_size, stack=request.stack, results_path=stream,
-                               resume=resume, data=request.data_file, progress=update, on_result=on_result)
+                               resume=resume, data=data_file(request.data), progress=update, on_result=on_result)
     if show and done_before:
         note(f"resumed: {done_before} ablation(s) read from {stream}")
     return result
@@ -190,10 +180,10 @@ def ablate(
     check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
                         force=force, writes=main_process)
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
-    options = ProbeOptions(request.data_file, seq_len, num_seqs, repeat_len, seed, task=task, seq2seq=seq2seq,
+    options = ProbeOptions(data_file(data), seq_len, num_seqs, repeat_len, seed, task=task, seq2seq=seq2seq,
                            labels=labels)
     loaded = load_for(choice, rank)
-    probe_set = build_probe_set(request.probe_set, loaded, options)
+    probe_set = build_probe_set(probe_set_name(data, labels=labels, task=task, seq2seq=seq2seq), loaded, options)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
     result: AblationResult | None
@@ -205,9 +195,8 @@ def ablate(
     if not main_process or result is None:
         return
     payload = result.to_dict()
-    save_json(json_path, payload, "ablate")
-    save(csv_path, lambda path: write_csv(path, result.csv_rows()))
-    save(html_path, lambda path: write_text(path, ablation_page(payload)))
+    save_results(payload, "ablate", json_path, csv_path, html_path, rows=lambda _: result.csv_rows(),
+                 page=ablation_page)
     warn_non_finite(payload)
     ablation_report(payload, console, top=top)
     if stream is not None and results is None:

@@ -11,13 +11,12 @@ from probe.atlas.run import DEFAULT_NUM_SEQS, STAGE_UNITS
 from probe.cli.options import (BatchSize, Count, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Results, Resume, Seed, SelfRepair,
                                SeqLen, Task, TextData, Thresholds, TrustRemoteCode, load, parse_thresholds)
-from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
+from probe.cli.outputs import check_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, stage_progress
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.reports.atlas import atlas_page, atlas_report
-from probe.reports.files import write_text
 
 Fast = Annotated[bool, typer.Option(
     "--fast", help="Estimate the ablation deltas on natural text (attribution patching, ~10 forward-equivalents) "
@@ -45,8 +44,7 @@ def atlas(
                              thresholds=thresholds, task=task, task_count=count, fast=fast, batch_size=batch_size,
                              results_dir=results, resume=resume, progress=stages, self_repair=self_repair)
     payload = result.to_dict()
-    save_json(json_path, payload, "atlas")
-    save(html_path, lambda path: write_text(path, atlas_page(payload, {name: block.page_payload() for name, block
-                                                                       in result.patterns.items()})))
+    save_results(payload, "atlas", json_path, html_path=html_path, page=lambda p: atlas_page(
+        p, {name: block.page_payload() for name, block in result.patterns.items()}))
     warn_non_finite(payload)
     atlas_report(payload, console)

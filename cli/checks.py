@@ -17,6 +17,7 @@ from probe.errors import ProbeError
 from probe.ablation.heads import COLUMN_NAME
 from probe.ablation.methods import PATCHES
 from probe.ablation.metrics import METRICS
+from probe.inputs.choice import GENERATED
 from probe.inputs.sets import read_text_file
 from probe.models import ALIASES, HUB_ALIASES, alias_path, check_device, resolve_alias
 from probe.models.gguf import cached_config
@@ -30,7 +31,6 @@ AT_LEAST = {"num_seqs": 1, "seq_len": 2, "repeat_len": 1, "count": 1, "batch_siz
 """Counts every command means the same by, and the least each can be (the library's own limits)."""
 TEXT_FILES = {"data": "data file", "eval_data": "data file", "text": "text file", "file": "text file"}
 """Parameters that name a UTF-8 text file (a Path, or `--data`'s str that is no probe set's name)."""
-SET_NAMES = ("natural", "repeated")  # `--data` values that name an embedded probe set, not a file
 LAYER_PART = re.compile(r"(\d+)(?:-(\d+))?")  # a plain model's layers in --heads / --layers: 5 or 3-5
 LAYER_COUNTS = ("num_hidden_layers", "n_layer")  # where a config.json says how many layers (GPT-2: n_layer)
 HUB_TIMEOUT = 3.0  # seconds the hub's host has to accept a connection before a first download is given up
@@ -44,7 +44,7 @@ def check_before_loading(parameters: dict[str, Any]) -> None:
             raise ProbeError(f"{name} must be at least {least}, got {value}", parameter=name)
     for name, what in TEXT_FILES.items():
         value = parameters.get(name)
-        if isinstance(value, Path) or (name == "data" and isinstance(value, str) and value not in SET_NAMES):
+        if isinstance(value, Path) or (name == "data" and isinstance(value, str) and value not in GENERATED):
             read_text_file(value, parameter=name, what=what)
         elif name == "text" and isinstance(value, str) and not value.strip():
             raise ProbeError("text is empty: give the text to look at", parameter="text")

@@ -8,14 +8,13 @@ import typer
 
 from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, stage_progress
 from probe.circuits.pairs import STAGE_UNITS
 from probe.circuits.pairs import circuits as find_circuits
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
 from probe.models import DEFAULT_MODEL
 from probe.reports.circuits import circuit_rows, circuits_page, circuits_report
-from probe.reports.files import write_csv, write_text
 
 NoCheck = Annotated[bool, typer.Option("--no-check", help="Skip the ablation check (weights and classification only).")]
 
@@ -36,7 +35,5 @@ def circuits(
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
                                repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=stages)
     payload = result.to_dict()
-    save_json(json_path, payload, "circuits")
-    save(csv_path, lambda path: write_csv(path, circuit_rows(payload)))
-    save(html_path, lambda path: write_text(path, circuits_page(payload)))
+    save_results(payload, "circuits", json_path, csv_path, html_path, rows=circuit_rows, page=circuits_page)
     circuits_report(payload, console)

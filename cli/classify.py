@@ -10,7 +10,7 @@ import typer
 from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, TextData, Thresholds,
                                TrustRemoteCode, load, parse_thresholds)
-from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
+from probe.cli.outputs import check_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
 from probe.errors import ProbeError
 from probe.heads.classify import Classification
@@ -21,7 +21,6 @@ from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patterns import classification_patterns
 from probe.syntax import read_conllu, syntax_scores
 from probe.syntax.classes import add_syntactic
-from probe.reports.files import write_csv, write_text
 from probe.reports.html import classification_page
 from probe.reports.terminal import classification_report, classification_rows
 
@@ -74,10 +73,8 @@ def classify(
             add_syntactic(result, syntax_scores(loaded, sentences, scheme="ud", source=f"CoNLL-U file {conllu}",
                                                 batch_size=batch_size, progress=update))
     payload = result.to_dict()
-    save_json(json_path, payload, "classify")
-    save(csv_path, lambda path: write_csv(path, classification_rows(payload)))
-    save(html_path, lambda path: write_text(path, html_page(loaded, result, data=data, seq_len=seq_len,
-                                                            repeat_len=repeat_len, seed=seed)))
+    save_results(payload, "classify", json_path, csv_path, html_path, rows=classification_rows,
+                 page=lambda _: html_page(loaded, result, data=data, seq_len=seq_len, repeat_len=repeat_len, seed=seed))
     warn_non_finite(payload)
     unscored = [name for name in SCORES if name not in payload["classes"]]
     classification_report(payload, console, also=[f"--class {name}" for name in unscored])

@@ -9,13 +9,13 @@ from typing import Annotated, Optional
 import typer
 
 from probe.cli.options import CsvFile, Force, HtmlFile, JsonFile, MapThresholds, Top
-from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console
 from probe.errors import ProbeError
 from probe.headmaps import FORMATS, GROUPINGS, HeadMap, compare as compare_maps, read_map
 from probe.provenance import DISTRIBUTION, command_line, utc_now, version_of
 from probe.reports.compare import compare_page, compare_report, compare_rows
-from probe.reports.files import stamp_outputs, write_csv, write_text
+from probe.reports.files import stamp_outputs
 
 FORMAT_LIST = "; ".join(f"{name} ({entry.convention})" for name, entry in FORMATS.items())
 
@@ -86,7 +86,5 @@ def compare(
         message = str(error).replace(" or expand ", " or --expand ").replace("drop same_kind", "drop --same-kind")
         raise ProbeError(message, parameter=error.parameter) from None
     _stamp(a, b)
-    save_json(json_path, payload, "compare")
-    save(csv_path, lambda path: write_csv(path, compare_rows(payload)))
-    save(html_path, lambda path: write_text(path, compare_page(payload)))
+    save_results(payload, "compare", json_path, csv_path, html_path, rows=compare_rows, page=compare_page)
     compare_report(payload, console)

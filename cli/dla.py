@@ -5,14 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-
 from probe.ablation import parse_heads
 from probe.ablation.heads import Head
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
                                Model, ModelChoice, OffloadFolder, Pairs, RepairMethod, Seed, SelfRepair, Task, Top,
                                TrustRemoteCode, check_contrast_task, load)
-from probe.cli.outputs import check_outputs, save, save_json, warn_non_finite
+from probe.cli.outputs import check_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.dla import logit_attribution
@@ -20,9 +19,7 @@ from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.reports.dla import dla_page, dla_report, dla_rows
-from probe.reports.files import write_csv, write_text
 from probe.selfrepair import contrast_self_repair
-
 
 
 def self_repair_section(loaded: LoadedModel, contrast: ContrastSet, method: str, heads: Sequence[Head] | None,
@@ -57,7 +54,5 @@ def dla(
     if self_repair:
         payload["self_repair"] = self_repair_section(loaded, contrast, repair_method, chosen, batch_size)
     warn_non_finite(payload)
-    save_json(json_path, payload, "dla")
-    save(csv_path, lambda path: write_csv(path, dla_rows(payload)))
-    save(html_path, lambda path: write_text(path, dla_page(payload, top=top)))
+    save_results(payload, "dla", json_path, csv_path, html_path, rows=dla_rows, page=lambda p: dla_page(p, top=top))
     dla_report(payload, console, top=top)

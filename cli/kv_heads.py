@@ -9,7 +9,7 @@ import typer
 
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
                                Seed, TextData, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.outputs import check_outputs, save, save_json, save_results
 from probe.cli.progress import console, stage_progress
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
@@ -18,7 +18,7 @@ from probe.kv import DEFAULT_MAX_LOSS_INCREASE, KV_SINK, kv_heads as run_kv_head
 from probe.kv.pipeline import STAGE_UNITS, check_budget_choice
 from probe.models import DEFAULT_MODEL
 from probe.inputs import DEFAULT_DEPTHS, DEFAULT_NEEDLE
-from probe.reports.files import write_json, write_text
+from probe.reports.files import write_json
 from probe.reports.kv_heads import kv_heads_page, kv_heads_report
 
 EXPORTS = ("duo", "razor", "headkv")
@@ -157,7 +157,6 @@ def kv_heads(
                               data=None if data is None else str(data), seed=seed, kvpress_ratio=kvpress_ratio,
                               progress=stages)
     payload = result.to_dict()
-    save_json(json_path, payload, "kv-heads")
-    save(html_path, lambda path: write_text(path, kv_heads_page(payload)))
+    save_results(payload, "kv-heads", json_path, html_path=html_path, page=kv_heads_page)
     _write_exports(exports, payload, result.budget_record().to_dict())
     kv_heads_report(payload, console)

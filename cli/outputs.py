@@ -10,7 +10,8 @@ from probe.cli.progress import note, warn
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.provenance import command_line, provenance, utc_now
-from probe.reports.files import check_writable, non_finite_heads, provenance_path, stamp_outputs, write_json
+from probe.reports.files import (check_writable, non_finite_heads, provenance_path, stamp_outputs, write_csv,
+                                 write_json, write_text)
 from probe.schemas import header
 
 SHOWN_HEADS = 10  # heads named in the non-finite warning
@@ -52,6 +53,20 @@ def save(path: Path | None, write: Callable[[Path], Any]) -> None:
 def save_json(path: Path | None, payload: dict[str, Any], kind: str) -> None:
     """Write a result's JSON where --json was given, named as schema `kind` (probe.schemas: `probe schema KIND`)."""
     save(path, lambda target: write_json(target, payload, schema=header(kind)))
+
+
+Payload = dict[str, Any]
+
+
+def save_results(payload: Payload, kind: str, json_path: Path | None, csv_path: Path | None = None,
+                 html_path: Path | None = None, *, rows: Callable[[Payload], list[Payload]] | None = None,
+                 page: Callable[[Payload], str] | None = None) -> None:
+    """A result's --json, --csv (`rows(payload)`) and --html (`page(payload)`), each where its flag was given."""
+    save_json(json_path, payload, kind)
+    if rows is not None:
+        save(csv_path, lambda target: write_csv(target, rows(payload)))
+    if page is not None:
+        save(html_path, lambda target: write_text(target, page(payload)))
 
 
 def warn_non_finite(payload: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from probe.cli.dla import self_repair_section
 from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
                                Labels, Model, ModelChoice, Naive, OffloadFolder, Pairs, RepairMethod, Results, Resume,
                                Seed, SelfRepair, Stack, Task, Top, TrustRemoteCode, check_contrast_task, load_for)
-from probe.cli.outputs import check_sweep_outputs, save, save_json, warn_non_finite
+from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, status, sweep_progress
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.inputs.choice import probe_set_name
@@ -28,7 +28,6 @@ from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching import PatchResult, patch_contrast
 from probe.patching.paths import LOGITS, path_contrast
-from probe.reports.files import write_csv, write_text
 from probe.reports.patching import patch_page, patch_report, patch_rows
 
 Component = Annotated[str, typer.Option(
@@ -78,7 +77,7 @@ def check_request(inputs: dict[str, object], request: Request, distributed: bool
     check_heads_syntax(request.heads)
 
 
-def check_paths(senders: str | None, receivers: str | None, component: str) -> None:
+def check_paths(senders: str | None, receivers: str | None) -> None:
     if (senders is None) != (receivers is None):
         raise ProbeError("path patching takes --senders and --receivers together")
     check_heads_syntax(senders)
@@ -129,7 +128,7 @@ def patch(
     main_process = rank is None or rank.is_main
     check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, rank is not None)
     check_contrast_task(task)
-    check_paths(senders, receivers, path_component)
+    check_paths(senders, receivers)
     if self_repair and labels is not None:
         raise ProbeError("--self-repair reads a language model's unembedding: not a classifier's --labels")
     check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
@@ -155,9 +154,8 @@ def patch(
         chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
         payload["self_repair"] = self_repair_section(loaded, contrast, repair_method, chosen, batch_size)
     warn_non_finite(payload)
-    save_json(json_path, payload, "patch")
-    save(csv_path, lambda path: write_csv(path, patch_rows(payload)))
-    save(html_path, lambda path: write_text(path, patch_page(payload, top=top)))
+    save_results(payload, "patch", json_path, csv_path, html_path, rows=patch_rows,
+                 page=lambda p: patch_page(p, top=top))
     patch_report(payload, console, top=top)
     if results is None:
         stream.unlink(missing_ok=True)  # the cache stream only serves --resume

@@ -12,7 +12,7 @@ from rich.markup import escape
 from probe.cli.options import (BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels,
                                Method, Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen,
                                TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, progress_bar
 from probe.ablation.methods import METHODS
 from probe.ablation.prune import ORDERINGS, PruneResult, check_prune_options
@@ -21,7 +21,6 @@ from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeO
 from probe.inputs.choice import data_file, probe_set_name
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
-from probe.reports.files import write_csv, write_text
 from probe.reports.labels import precision_clause
 from probe.reports.prune import prune_page, prune_verdict
 
@@ -108,7 +107,5 @@ def prune(
                                         data=data if labels is None else None, eval_set=eval_set,
                                         eval_data=None if eval_data is None else str(eval_data), progress=update)
     payload = result.to_dict()
-    save_json(json_path, payload, "prune")
-    save(csv_path, lambda path: write_csv(path, result.rows()))
-    save(html_path, lambda path: write_text(path, prune_page(payload)))
+    save_results(payload, "prune", json_path, csv_path, html_path, rows=lambda _: result.rows(), page=prune_page)
     summary(payload, console, max_increase)

@@ -10,13 +10,13 @@ import typer
 from probe.cli.checks import model_config
 from probe.cli.options import (CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, sweep_progress
 from probe.errors import ProbeError
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
+from probe.inputs.choice import GENERATED, probe_set_name
 from probe.models import DEFAULT_MODEL
 from probe.qk import KEY_RULES, config_refusal, qk_attribution
-from probe.reports.files import write_csv, write_text
 from probe.reports.qk import qk_page, qk_report, qk_rows
 
 HeadSpec = Annotated[str, typer.Option("--head", help="The head whose scores are split, as LAYER.HEAD (17.3).")]
@@ -52,15 +52,11 @@ def qk(
         raise ProbeError(why)
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    name = data if data in ("repeated", "natural") else "natural"
-    probe_set = build_probe_set(name, loaded, ProbeOptions(data=None if data in ("repeated", "natural") else data,
-                                                           seq_len=seq_len, num_seqs=num_seqs,
-                                                           repeat_len=repeat_len, seed=seed))
+    probe_set = build_probe_set(probe_set_name(data), loaded, ProbeOptions(
+        None if data in GENERATED else data, seq_len, num_seqs, repeat_len, seed))
     with sweep_progress("qk") as (update, _):
         result = qk_attribution(loaded, probe_set.input_ids, layer_head, mask=probe_set.attention_mask, at=at,
                                 query=query, key=key, source=probe_set.description, progress=update)
     payload = result.to_dict()
-    save_json(json_path, payload, "qk")
-    save(csv_path, lambda path: write_csv(path, qk_rows(payload)))
-    save(html_path, lambda path: write_text(path, qk_page(payload)))
+    save_results(payload, "qk", json_path, csv_path, html_path, rows=qk_rows, page=qk_page)
     qk_report(payload, console, top=top)

@@ -20,18 +20,17 @@ from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
                                Stack, Task, Top, TrustRemoteCode, load_for)
-from probe.cli.outputs import check_sweep_outputs, save, save_json, warn_non_finite
+from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, saved_on_interrupt, status, sweep_progress
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_SEED, DEFAULT_SEQ_LEN, ProbeOptions, ProbeSet,
                           ContrastSet, build_probe_set)
-from probe.inputs.choice import data_file, probe_set_name
+from probe.inputs.choice import GENERATED, data_file, probe_set_name
 from probe.ablation.stream import cached_results_path, finished_count
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patching.runs import contrast_runs
-from probe.reports.files import write_text
 from probe.reports.steer import steer_page, steer_report
 from probe.steering import (SteerResult, check_values, find_result, generations, intervention_named, steer_curves,
                             steerable)
@@ -193,7 +192,7 @@ def steer(
     check_request(request, rank is not None)
     check_sweep_outputs(outputs, results, resume=resume, force=force, writes=main_process)
     choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
-    options = ProbeOptions(None if data in ("natural", "repeated") else data, seq_len, num_seqs, seed=seed)
+    options = ProbeOptions(None if data in GENERATED else data, seq_len, num_seqs, seed=seed)
     loaded = load_for(choice, rank)
     probe_set = probe_input(loaded, request, options)
     words = None if target_words is None else target_words_metric(loaded, target_words)
@@ -215,7 +214,6 @@ def steer(
         return
     add_generations(loaded, result, chosen or [], request, seed)
     payload = result.to_dict()
-    save_json(json_path, payload, "steer")
-    save(html_path, lambda path: write_text(path, steer_page(payload)))
+    save_results(payload, "steer", json_path, html_path=html_path, page=steer_page)
     warn_non_finite(payload)
     steer_report(payload, console, top=top, flag="--values" if alpha is None else "--alpha")

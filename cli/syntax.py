@@ -9,14 +9,13 @@ import typer
 
 from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, OffloadFolder, TextFile, TrustRemoteCode, load)
-from probe.cli.outputs import check_outputs, save, save_json
+from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, progress_bar, status, warn
 from probe.inputs import ENGLISH
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
 from probe.syntax import Sentence, read_conllu, syntax_scores
 from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT
-from probe.reports.files import write_csv, write_text
 from probe.reports.syntax import syntax_page, syntax_report, syntax_rows
 
 MaxSentences = Annotated[int, typer.Option("--max-sentences", help="Sentences scored at most.")]
@@ -59,7 +58,5 @@ def syntax(
     payload = result.to_dict()
     for line in result.skipped:
         warn(line)
-    save_json(json_path, payload, "syntax")
-    save(csv_path, lambda path: write_csv(path, syntax_rows(payload)))
-    save(html_path, lambda path: write_text(path, syntax_page(payload)))
+    save_results(payload, "syntax", json_path, csv_path, html_path, rows=syntax_rows, page=syntax_page)
     syntax_report(payload, console)

@@ -10,14 +10,13 @@ import typer
 from probe.cli.options import (BatchSize, CsvFile, Device, Dtype, Force, Heads, HtmlFile, JsonFile, NumSeqs,
                                RepeatLen, Results, Resume, Seed, SeqLen, TextData, Thresholds, TrackedModel,
                                TrustRemoteCode, parse_thresholds)
-from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save, save_json
+from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save_results
 from probe.cli.progress import console, note, progress_bar, saved_on_interrupt, warn
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN)
 from probe.distributed import current
 from probe.errors import ProbeError
 from probe.models import LoadedModel
 from probe.ablation.stream import cached_results_path
-from probe.reports.files import write_csv, write_text
 from probe.reports.track import track_page, track_report
 from probe.track import MIN_RISE, TrackOptions, find_run, read_track, track as run_track
 from probe.track.icl import EARLY, ICL_SEQS, LATE
@@ -98,9 +97,7 @@ def track(
     if done_before:
         note(f"resumed: {done_before} checkpoint(s) read from {stream}")
     payload = result.to_dict()
-    save_json(json_path, payload, "track")
-    save(csv_path, lambda path: write_csv(path, result.rows()))
-    save(html_path, lambda path: write_text(path, track_page(payload)))
+    save_results(payload, "track", json_path, csv_path, html_path, rows=lambda _: result.rows(), page=track_page)
     for line in sorted({n for c in payload["checkpoints"] for n in c.get("notes", [])}):
         warn(f"note: {line}")
     track_report(payload, console)

@@ -7,13 +7,16 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from probe.reports.html import esc, facts_table, header_cell, page
+from probe.reports.html import esc, facts_table, page, ranked_table
 from probe.reports.terminal import print_precision, table
 from probe.reports.labels import column_label, precision_fact, short_label
 
 
 FEEDERS = "feeders by K-composition (P: previous-token head)"
 DELTAS = ("ablated feeder", "Δ feeder", "Δ induction", "Δ together", "interaction")
+DELTA_NOTE = ("Δ: loss change on the second copy of the repeated set (zero ablation); interaction: Δ together - "
+              "Δ feeder - Δ induction (< 0: the two do one job)")
+PAIRS = "previous-token -> induction pairs"
 
 
 def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
@@ -33,6 +36,12 @@ def circuit_rows(payload: dict[str, Any]) -> list[dict[str, Any]]:
                          "delta_induction": deltas.get("induction") if checked else None,
                          "delta_together": deltas.get("together") if checked else None})
     return rows
+
+
+def _pairs(payload: dict[str, Any]) -> str:
+    summary = payload["previous_token_pairs"]
+    return (f"{summary['pairs']}; the previous-token head composes most strongly of its layer in "
+            f"{summary['ranked_first_in_layer']}, above the baseline in {summary['above_baseline']}")
 
 
 def _delta(value: Any) -> str:
@@ -58,31 +67,19 @@ def circuits_report(payload: dict[str, Any], console: Console) -> None:
     console.print(Text(f"Induction circuits of {payload['model']}", style="bold"),
                   Text(f"(K-composition; random baseline {payload['random_baseline']:.3f}; rotary ignored)"))
     console.print(table("induction", FEEDERS, *DELTAS, left=(FEEDERS,), rows=_rows(payload, "  ")))
-    summary = payload["previous_token_pairs"]
-    console.print(Text(f"previous-token -> induction pairs: {summary['pairs']}; the previous-token head composes most "
-                       f"strongly of its layer in {summary['ranked_first_in_layer']}, above the baseline in "
-                       f"{summary['above_baseline']}", style="bold"))
-    console.print(Text("Δ: loss change on the second copy of the repeated set (zero ablation); interaction: Δ together"
-                       " - Δ feeder - Δ induction (< 0: the two do one job)", style="dim"))
+    console.print(Text(f"{PAIRS}: {_pairs(payload)}", style="bold"))
+    console.print(Text(DELTA_NOTE, style="dim"))
     print_precision(payload, console)
 
 
 def circuits_page(payload: dict[str, Any]) -> str:
     """`probe circuits --html`: the terminal's table and the run's facts; nothing to draw."""
-    summary = payload["previous_token_pairs"]
     facts = [("model", str(payload["model"])), ("random baseline", f"{payload['random_baseline']:.3f} "
               "(K-composition of random matrices of the same shapes; rotary ignored)"),
-             ("previous-token -> induction pairs", f"{summary['pairs']}; the previous-token head composes most "
-              f"strongly of its layer in {summary['ranked_first_in_layer']}, above the baseline in "
-              f"{summary['above_baseline']}")] + precision_fact(payload)
-    header, rows = ["induction head", FEEDERS, *DELTAS], _rows(payload, ", ")
-    head = "".join(header_cell(cell, i == 1) for i, cell in enumerate(header))
-    cells = "".join("<tr>" + "".join(f'<td class="probe-text">{esc(cell)}</td>' if i == 1 else f"<td>{esc(cell)}</td>"
-                                     for i, cell in enumerate(row)) + "</tr>" for row in rows)
-    table = (f'<table class="probe-ranked probe-circuits"><tr>{head}</tr>{cells}</table>' if rows
+             (PAIRS, _pairs(payload))] + precision_fact(payload)
+    rows = _rows(payload, ", ")
+    table = (ranked_table(["induction head", FEEDERS, *DELTAS], rows, text=(1,), kind="probe-circuits") if rows
              else '<p class="probe-small">No induction head found.</p>')
     body = (f"<h1>Induction circuits of {esc(payload['model'])}</h1>" + facts_table(facts) + "<h2>Induction heads "
-            "and the heads feeding their keys</h2>" + table + '<p class="probe-small">Δ: loss change on the second '
-            "copy of the repeated set (zero ablation); interaction: Δ together - Δ feeder - Δ induction (&lt; 0: the "
-            "two do one job).</p>")
+            f'and the heads feeding their keys</h2>{table}<p class="probe-small">{esc(DELTA_NOTE)}.</p>')
     return page("circuits", f"probe circuits: {payload['model']}", body, {}, embed_plotly=True)

@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from probe.reports.html import asset_script, esc, facts_table, grid_axes, head_grid, page
+from probe.reports.html import asset_script, esc, facts_table, grid_axes, page, rounded_grid
 from probe.reports.terminal import table
 from probe.reports.labels import column_label, precision_note, short_label
 from probe.reports.selfrepair import TOP, self_repair_grid, self_repair_html, self_repair_report
@@ -83,9 +83,8 @@ def dla_page(payload: dict[str, Any], *, top: int = TOP) -> str:
             ("metric", f"{payload['metric']}: {payload['logit_diff']:+.4f} clean"),
             ("identity", f"sum of shares {payload['identity']['sum']:+.4f}, largest |sum - model's own| "
                          f"{payload['identity']['max_residual']:.2e}")]
-    dla = ((entry["layer"], entry["head"], round(float(entry["dla"]), 6)) for entry in payload["heads"])
-    data = {**grid_axes(payload["n_layers"], payload["n_heads"]), "dla": head_grid(payload["n_layers"],
-            payload["n_heads"], dla), "self_repair": None if not repair else self_repair_grid(repair)}
+    data = {**grid_axes(payload["n_layers"], payload["n_heads"]), "dla": rounded_grid(payload, payload["heads"], "dla"),
+            "self_repair": None if not repair else self_repair_grid(repair)}
     body = (f"<h1>Direct logit attribution of {esc(payload['model'])}</h1>" + facts_table(rows)
             + '<div class="probe-row"><div class="probe-grow"><h2>Direct logit attribution per head (clean run)</h2>'
             '<div class="probe-dla-grid"></div></div>'

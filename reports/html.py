@@ -11,7 +11,7 @@ import json
 import math
 import uuid
 import zlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -206,6 +206,12 @@ def head_grid(n_layers: int, n_heads: int, cells: Iterable[tuple[int, int, Any]]
     return grid
 
 
+def rounded_grid(payload: dict[str, Any], rows: Iterable[dict[str, Any]], key: str) -> list[list[float | None]]:
+    """The payload's layer x head map of the rows' `key`, to 6 decimals (None where a head has no value)."""
+    return head_grid(payload["n_layers"], payload["n_heads"], ((row["layer"], row["head"], round(float(value), 6))
+                                                               for row in rows if (value := row.get(key)) is not None))
+
+
 def grid_axes(n_layers: int, n_heads: int) -> dict[str, Any]:
     """The page data's shape of a layer x head map (probe.js draws its axes from these)."""
     return {"n_layers": n_layers, "n_heads": n_heads, "layer_axis": list(range(n_layers)),
@@ -224,13 +230,14 @@ def header_cell(text: str, words: bool = False) -> str:
     return f"<th{cls}>{esc(text).replace('-', chr(0x2011))}</th>"
 
 
-def ranked_table(header: list[str], rows: list[list[str]], text_columns: int = 0) -> str:
-    """A terminal report's table of ranked heads on the page: the last `text_columns` are words, the rest numbers."""
-    first = len(header) - text_columns
-    cells = ["".join(f'<td class="probe-text">{esc(cell)}</td>' if i >= first else f"<td>{esc(cell)}</td>"
+def ranked_table(header: list[str], rows: list[list[str]], text: Collection[int] = (), kind: str = "") -> str:
+    """A terminal report's table of ranked heads on the page: the columns at `text` are words, the rest numbers;
+    `kind`: a class that tests and scripts find it by."""
+    cells = ["".join(f'<td class="probe-text">{esc(cell)}</td>' if i in text else f"<td>{esc(cell)}</td>"
                      for i, cell in enumerate(row)) for row in rows]
-    head = "".join(header_cell(cell, i >= first) for i, cell in enumerate(header))
-    return f'<table class="probe-ranked"><tr>{head}</tr>' + "".join(f"<tr>{row}</tr>" for row in cells) + "</table>"
+    head = "".join(header_cell(cell, i in text) for i, cell in enumerate(header))
+    return (f'<table class="probe-ranked{" " + kind if kind else ""}"><tr>{head}</tr>'
+            + "".join(f"<tr>{row}</tr>" for row in cells) + "</table>")
 
 
 def heatmap_page(patterns: PatternsPage, *, embed_plotly: bool = True) -> str:
@@ -540,7 +547,6 @@ def provenance_block(provenance: dict[str, Any]) -> str:
     """What produced the page: a closed <details> table, and the same as JSON (`#probe-provenance`) for a script."""
     return ('<details class="probe-provenance" style="font: 0.85em system-ui, sans-serif; color: #555; '
             'max-width: 1500px; margin: 12px auto; padding: 0 16px;"><summary>Provenance: how this page was made'
-            '</summary><table class="probe-kv">'
-            + "".join(f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>" for key, value in _flat(provenance))
-            + f'</table></details>\n<script type="application/json" id="probe-provenance">{script_json(provenance)}'
+            "</summary>" + facts_table(_flat(provenance))
+            + f'</details>\n<script type="application/json" id="probe-provenance">{script_json(provenance)}'
             "</script>\n")

@@ -3,13 +3,13 @@ self-repair where the command added them)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import esc, facts_table, grid_axes, head_grid, page, plotly_text, ranked_table
+from probe.reports.html import esc, facts_table, grid_axes, page, plotly_text, ranked_table, rounded_grid
 from probe.reports.terminal import table
 from probe.reports.labels import column_label, long_label, precision_clause, short_label
 from probe.reports.selfrepair import self_repair_html, self_repair_report
@@ -87,13 +87,6 @@ def path_report(paths: dict[str, Any], console: Console) -> None:
     console.print(grid)
 
 
-def _grid(payload: dict[str, Any], key: Literal["patch_effect", "dla"]) -> list[list[float | None]]:
-    """(n_layers, n_heads) of one value of the head rows (None where a head has none)."""
-    cells = ((row["layer"], row["head"], round(float(value), 6)) for row in _rows(payload)
-             if (value := row.get(key)) is not None)
-    return head_grid(payload["n_layers"], payload["n_heads"], cells)
-
-
 def _by_position(payload: dict[str, Any], top: int) -> dict[str, Any] | None:
     """The top heads' patch effect at each position (heads down, positions across), or None without it."""
     entries = payload.get("by_position") or []
@@ -121,7 +114,8 @@ def _paths(payload: dict[str, Any]) -> dict[str, Any] | None:
 def patch_data(payload: dict[str, Any], top: int = TOP) -> dict[str, Any]:
     names = payload.get("layer_names")
     return {**grid_axes(payload["n_layers"], payload["n_heads"]), "layer_names": names,
-            "effect": _grid(payload, "patch_effect"), "dla": _grid(payload, "dla") if any(
+            "effect": rounded_grid(payload, _rows(payload), "patch_effect"),
+            "dla": rounded_grid(payload, _rows(payload), "dla") if any(
                 row.get("dla") is not None for row in _rows(payload)) else None,
             "by_position": _by_position(payload, top), "paths": _paths(payload),
             "top": [long_label(row["layer"], row["head"], names) for row in ranked(payload, top)]}
@@ -140,7 +134,7 @@ def patch_page(payload: dict[str, Any], *, embed_plotly: bool = True, top: int =
     body = (f"<h1>Activation patching of {esc(payload['model'])}</h1>" + facts_table(rows)
             + '<div class="probe-section"><div class="probe-row">'
             f'<div class="probe-grow"><h2>Top {shown} heads by |patch effect|</h2>'
-            + ranked_table(HEADER, _ranked_cells(payload, top), text_columns=1) + "</div>"
+            + ranked_table(HEADER, _ranked_cells(payload, top), text=(len(HEADER) - 1,)) + "</div>"
             + '<div class="probe-grow"><h2>Patch effect</h2><div class="probe-patch-effect"></div></div>'
             + ('<div class="probe-grow"><h2>Direct logit attribution (clean run)</h2>'
                '<div class="probe-patch-dla"></div></div>' if data["dla"] is not None else "")

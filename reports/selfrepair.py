@@ -7,7 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from probe.reports.html import esc, head_grid, plain_table
+from probe.reports.html import esc, plain_table, rounded_grid
 from probe.reports.terminal import table
 from probe.reports.labels import short_label
 
@@ -58,8 +58,7 @@ def self_repair_report(section: dict[str, Any], console: Console, *, top: int = 
 
 def self_repair_grid(section: dict[str, Any]) -> list[list[float | None]]:
     """(n_layers, n_heads) self-repair (None where a head was not ablated), for a layer x head map."""
-    return head_grid(section["n_layers"], section["n_heads"], (
-        (row["layer"], row["head"], round(float(row["self_repair"]), 6)) for row in section["heads"]))
+    return rounded_grid(section, section["heads"], "self_repair")
 
 
 def self_repair_html(section: dict[str, Any], *, top: int = TOP) -> str:

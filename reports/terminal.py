@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from rich.box import HEAVY_HEAD
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
@@ -16,6 +17,7 @@ from probe.reports.labels import column_label, layer_label, precision_sentence, 
 MAX_ROWS = 20  # flagged heads listed per class; the JSON has every head
 COMMON = 0.3  # a class labelling more than this share of the heads is drawn light in the overview
 PART_LABELS = {"first_repeat": "Δ 1st copy", "second_repeat": "Δ 2nd copy"}
+TITLED: dict[str, Any] = {"title_justify": "left", "title_style": "bold", "box": HEAVY_HEAD}  # rules drawn
 
 
 def print_precision(payload: dict[str, Any], console: Console) -> None:
@@ -145,12 +147,8 @@ def _bar(delta: float, scale: float) -> Text:
 def _delta_table(payload: dict[str, Any], title: str, rows: list[dict[str, Any]]) -> Table:
     """One row per ablation: loss, delta, the deltas of the parts, (estimate) exact or estimated, and a bar."""
     estimate, parts = payload["mode"] == "estimate", _part_names(payload)
-    grid = Table(title=title, title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
-    grid.add_column("head" if all("layer" in r for r in rows) else "heads", justify="right")
-    grid.add_column("loss", justify="right")
-    grid.add_column("delta", justify="right")
-    for name in parts:
-        grid.add_column(PART_LABELS.get(name, f"Δ {name}"), justify="right")
+    grid = table("head" if all("layer" in r for r in rows) else "heads", "loss", "delta",
+                 *(PART_LABELS.get(name, f"Δ {name}") for name in parts), **TITLED, title=title)
     if estimate:
         grid.add_column("", justify="left")
     grid.add_column("", no_wrap=True)
@@ -241,10 +239,9 @@ def _specific_table(singles: list[dict[str, Any]], top: int, names: Any = None) 
     """The heads of largest per-token delta, with their specificity, mean delta and most affected token."""
     with_effects = [r for r in singles if r.get("effects")]
     sharp = sorted(with_effects, key=lambda r: -_number(r["effects"].get("max_token_delta")))[:top]
-    grid = Table(title=f"Heads with the sharpest specific effect (largest per-token delta, {len(sharp)} of "
-                 f"{len(singles)})", title_justify="left", title_style="bold", show_edge=False, pad_edge=False)
-    for name in ("head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token"):
-        grid.add_column(name, justify="left" if name == "most affected token" else "right")
+    grid = table("head", "max token Δ", "p99 Δ", "specificity", "mean Δ", "most affected token",
+                 left=("most affected token",), **TITLED, title=f"Heads with the sharpest specific effect (largest "
+                 f"per-token delta, {len(sharp)} of {len(singles)})")
     for r in sharp:
         effects = r["effects"]
         token = (effects.get("top_tokens") or [{}])[0]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.box import HEAVY_HEAD
 from rich.console import Console
 from rich.table import Table
 
 from probe.reports.html import asset_script, esc, facts_table, head_grid, page, plain_table
-from probe.reports.terminal import print_precision
+from probe.reports.terminal import print_precision, table
 from probe.reports.labels import long_label, number, short_label
 
 
@@ -20,30 +21,28 @@ def _best(checkpoint: dict[str, Any], name: str) -> str:
     return f"{value:.2f} (head {short_label(entry['layer'], entry['head'])})"  # `0.03 (0.3)` reads as two numbers
 
 
+RULED: dict[str, Any] = {"show_edge": True, "pad_edge": True, "box": HEAVY_HEAD, "title_justify": "left"}  # rich's look
+
+
 def _trajectory_table(payload: dict[str, Any]) -> Table:
     classes = list(payload["thresholds"])
-    table = Table(title="Per checkpoint: loss, in-context learning score, best head of each class",
-                  title_justify="left")
-    for column in ["checkpoint", "step", "loss", "ICL score", *classes]:
-        table.add_column(column, justify="left" if column == "checkpoint" else "right")
-    for checkpoint in payload["checkpoints"]:
-        table.add_row(checkpoint["name"], str(checkpoint["step"]), number(checkpoint["loss"]),
-                      number(checkpoint["icl_score"]), *(_best(checkpoint, name) for name in classes))
-    return table
+    return table("checkpoint", "step", "loss", "ICL score", *classes, left=("checkpoint",), **RULED,
+                 title="Per checkpoint: loss, in-context learning score, best head of each class", rows=(
+                     [checkpoint["name"], str(checkpoint["step"]), number(checkpoint["loss"]),
+                      number(checkpoint["icl_score"]), *(_best(checkpoint, name) for name in classes)]
+                     for checkpoint in payload["checkpoints"]))
 
 
 def _phase_table(payload: dict[str, Any]) -> Table:
-    table = Table(title=f"Phase changes (the best head's largest rise between two checkpoints, at least "
-                        f"{payload['min_rise']:g})", title_justify="left")
-    for column in ("class", "steps", "best head score", "heads crossing the threshold", "ICL change there",
-                   "ICL's largest change"):
-        table.add_column(column)
-    for change in payload["phase_changes"]:
-        table.add_row(change["class"], f"{change['from_step']} -> {change['to_step']}",
+    columns = ("class", "steps", "best head score", "heads crossing the threshold", "ICL change there",
+               "ICL's largest change")
+    return table(*columns, left=columns, **RULED, title=f"Phase changes (the best head's largest rise between two "
+                 f"checkpoints, at least {payload['min_rise']:g})", rows=(
+                     [change["class"], f"{change['from_step']} -> {change['to_step']}",
                       f"{change['best_before']:.2f} -> {change['best_after']:.2f}",
-                      ", ".join(change["heads"]) or "none",
-                      number(change["icl_change"]), "yes, same interval" if change["coincides_with_icl"] else "no")
-    return table
+                      ", ".join(change["heads"]) or "none", number(change["icl_change"]),
+                      "yes, same interval" if change["coincides_with_icl"] else "no"]
+                     for change in payload["phase_changes"]))
 
 
 def track_report(payload: dict[str, Any], console: Console) -> None:
