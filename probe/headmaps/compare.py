@@ -12,7 +12,7 @@ from probe.errors import ProbeError
 from probe.frames import frame, head_columns
 from probe.headmaps.maps import KV, QUERY, HeadMap
 from probe.schemas.base import Field
-from probe.schemas.common import LAYER, N_LAYERS
+from probe.schemas.common import LAYER, N_LAYERS, rounded
 from probe.schemas.declare import Payload, payload, published, schema_field
 
 TOP_K = 10  # heads in each map's top set
@@ -249,8 +249,8 @@ class Comparison(Payload):
         for layer, head in np.ndindex(*self.valid.shape):
             a, b = self.a.values[layer, head], self.b.values[layer, head]
             rank_a, rank_b = rank["a"].get((layer, head)), rank["b"].get((layer, head))
-            rows.append({"layer": layer, "head": head, "a": _number(a), "b": _number(b),
-                         "difference": _number(b - a) if self.measure == DIFFERENCE else None,
+            rows.append({"layer": layer, "head": head, "a": rounded(a), "b": rounded(b),
+                         "difference": rounded(b - a) if self.measure == DIFFERENCE else None,
                          "rank_a": rank_a, "rank_b": rank_b,
                          "rank_difference": None if rank_a is None or rank_b is None else rank_b - rank_a,
                          "label_a": _label(self.a, layer, head), "label_b": _label(self.b, layer, head)})
@@ -274,10 +274,6 @@ class Comparison(Payload):
         spearman = "n/a" if stats["spearman"] is None else f"{stats['spearman']:.3f}"
         return (f"Comparison({self.a.source!r} vs {self.b.source!r}: {self.a.describe()}, Spearman {spearman}, "
                 f"top-{stats['top_k']['k']} overlap {stats['top_k']['count']})")
-
-
-def _number(value: float) -> float | None:
-    return None if not np.isfinite(value) else round(float(value), 6)
 
 
 def _label(head_map: HeadMap, layer: int, head: int) -> bool | None:
