@@ -111,8 +111,8 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
           thresholds: dict[str, float] | None = None, task: str | Path | None = None, task_count: int = 32,
           fast: bool = False, batch_size: int = 8, results_dir: str | Path | None = None, resume: bool = False,
           progress: StageProgressArg = None, self_repair: bool = False) -> Atlas:
-    """Every head's evidence: its classes, each judged by its rule (probe.heads.evidence), examples, OV writes,
-    partners and causal effects. `fast` estimates the natural-text deltas (attribution patching; a task's are exact)."""
+    """Every head's evidence (classes judged by their rules, examples, writes, partners, effects); `fast` estimates
+    the natural-text deltas (attribution patching; a task's are exact)."""
     stages = _Stages(callback(progress))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     natural_results, task_results = _results(results_dir, "ablation"), _results(results_dir, "task") if task else None

@@ -94,9 +94,8 @@ class Pair(Payload):
                     "rank_in_layer": Field("integer", "1: the strongest of its layer"),
                     "previous_token": Field("boolean", "whether the feeder is a previous-token head")})
 class Circuits(Payload):
-    """What `circuits` found: each induction head's strongest K-composing feeders (Elhage et al. 2021) against the
-    random baseline, the previous-token heads' ranks among them, and the ablation check; `to_dict()` is the JSON of
-    `probe circuits --json`."""
+    """What `circuits` found: each induction head's strongest K-composing feeders against the random baseline, the
+    previous-token heads' ranks among them, and the ablation check (`probe circuits --json`)."""
 
     model: str = schema_field(MODEL)
     dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
@@ -163,9 +162,8 @@ def _pairs(composition: Composition, classes: Classification, top: int) -> tuple
 def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: int = 128,
              num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
              batch_size: int = 8, method: str = "zero", progress: StageProgressArg = None) -> Circuits:
-    """Induction heads, their strongest K-composing earlier heads (see the module docstring) and, with `check`, each
-    induction head ablated with its strongest previous-token feeder (else its top feeder), together and alone.
-    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
+    """Induction heads, their strongest K-composing earlier heads and, with `check`, each ablated with its strongest
+    previous-token feeder (else its top feeder), together and alone. Stages: STAGE_UNITS."""
     started = time.perf_counter()
     report = callback(progress)
     composition = composition_scores(loaded.model, loaded.name, kinds=("k",),
@@ -187,8 +185,7 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
 
 def _check(loaded: LoadedModel, checked: list[Pair], probe_set: ProbeSet, method: str, batch_size: int,
            tick: Progress | None) -> float:
-    """Each pair's induction head and checked feeder ablated alone and together on `probe_set` (their second-copy
-    deltas, into `pair.deltas`); the unablated second-copy loss."""
+    """Each pair's heads ablated alone and together (second-copy deltas into `pair.deltas`); the unablated loss."""
     groups = [(pair.checked, pair.induction) for pair in checked if pair.checked is not None]
     ablated = sweep(loaded, probe_set, sorted({head for group in groups for head in group}), groups=groups,
                     method=method, batch_size=batch_size, progress=tick)

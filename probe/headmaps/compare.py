@@ -1,6 +1,5 @@
-"""`compare(a, b)`: two head maps side by side: per-head difference, Spearman and Pearson, overlaps, the heads that
-moved most. Query-head and KV-head maps are compared only after an explicit `group` or `expand`; a difference only
-between maps of the same kind of score (`HeadMap.quantity`, or `same_kind`), others by rank."""
+"""`compare(a, b)`: two head maps side by side; query-head and KV-head maps only after an explicit `group` or
+`expand`, a difference only between maps of the same kind of score (others by rank)."""
 
 from __future__ import annotations
 

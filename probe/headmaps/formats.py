@@ -151,8 +151,7 @@ KV_QUANTITIES = {"retrieval": "retrieval score", "streaming": "streaming score",
 
 
 def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path) -> HeadMap:
-    """One map (`score`: one of KV_FIELDS) of a `KVHeads.to_dict()` payload: its --json file, or what --export
-    writes; labels: the KV heads kept full."""
+    """One map (`score`: one of KV_FIELDS) of a `KVHeads.to_dict()` payload; labels: the KV heads kept full."""
     path = Path(source)
     name = pick_score(list(KV_FIELDS), score, path)
     n_layers, n_heads, n_kv = payload["n_layers"], payload["n_heads"], payload["n_kv_heads"]

@@ -1,5 +1,4 @@
-"""`head_metrics`: HeadVis's six metrics of every head, one forward per batch (fused statistics, else blocks of
-eager weights), then a small forward of the sampled sequences alone for the data tree's rows."""
+"""`head_metrics`: one forward per batch, then a small one of the sampled sequences for the data tree's rows."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Probe sets: the inputs heads are scored and ablated on, and their one registry. An entry declares its input kind
-(`kind`) and which option names what it reads (`reads`), so that callers ask the registry instead of knowing each
-set. Batches that need padding are right-padded."""
+"""Probe sets and their one registry: an entry declares its input `kind` and the options it `reads`, so that callers
+ask the registry instead of knowing each set."""
 
 from __future__ import annotations
 

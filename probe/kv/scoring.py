@@ -145,9 +145,8 @@ def _fetched(parts: dict[int, Tensor]) -> dict[int, Tensor]:
 def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAULT_SINK,
                   recent: int = DEFAULT_RECENT, progress: ProgressArg = None,
                   fast: bool = True) -> tuple[Tensor, Tensor, NeedleRun]:
-    """(retrieval, streaming (n_layers, n_heads), the model's needle accuracy), one forward per prompt with nothing
-    read back inside it (`fast`: from fused statistics where a layer allows); retrieval is reduced from the answer
-    rows' top keys once the logits say which rows were predicted. Progress in needle prompts."""
+    """(retrieval, streaming (n_layers, n_heads), needle accuracy), one forward per prompt with nothing read back
+    inside it (`fast`: fused statistics where a layer allows). Progress in needle prompts."""
     layers, report = attention_layers(loaded.model), callback(progress)
     n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)
     retrieval_sum, retrieval_prompts = torch.zeros(n_layers, n_heads, dtype=torch.float64), 0

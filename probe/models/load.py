@@ -57,8 +57,7 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
 
 
 def check_device(device: str | None) -> None:
-    """A device torch knows and this machine has: one line instead of torch's AssertionError without CUDA, saying
-    whether the installed torch cannot use CUDA at all (a CPU build: how to get one that can) or sees no GPU."""
+    """A device torch knows and this machine has: one line instead of torch's AssertionError without CUDA."""
     if device is None:
         return
     try:
@@ -146,8 +145,7 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
 
 
 def loading_words(spec: str) -> str:
-    """What loading `spec` does, for the line that says so while it runs: a GGUF file (an alias' or a .gguf path)
-    is dequantised on its first load and read from probe's cache after."""
+    """What loading `spec` does, for the line shown while it runs (a GGUF file is dequantised on its first load)."""
     path = alias_path(ALIASES[spec]) if spec in ALIASES else Path(spec) if spec.endswith(".gguf") else None
     if path is None or not path.is_file():
         return f"loading {spec}"
@@ -163,8 +161,7 @@ def _is_hub_id(spec: str) -> bool:
 
 
 def _vocab_size(model: nn.Module) -> int:
-    """`vocab_size` of the model or its config, else the input embedding's size, else the logits' last dimension on
-    a two-token input (a custom model)."""
+    """`vocab_size` of the model or config, else the input embedding's, else the logits' width (a custom model)."""
     for owner in (model, getattr(model, "config", None)):
         size = getattr(owner, "vocab_size", None)
         if isinstance(size, int) and size > 0:

@@ -25,10 +25,7 @@ _OFF_DEVICE = ("cpu", "disk", "meta")
 
 
 def parse_device_map(value: DeviceMap | None) -> DeviceMap | None:
-    """A strategy name, a JSON object (inline, or a .json file) of module -> device, or a dict; checked shallowly.
-
-    Strings come from the command line, so "auto" and '{"model.layers.0": 0, "lm_head": "cpu"}' both work.
-    """
+    """A strategy name, a JSON object (inline or a .json file) of module -> device, or a dict; checked shallowly."""
     if value is None or isinstance(value, dict):
         mapping = value
     elif value in STRATEGIES:

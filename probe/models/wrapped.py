@@ -108,8 +108,7 @@ def holds_bridge_components(module: nn.Module) -> bool:
 
 
 def unbridged(model: nn.Module) -> nn.Module:
-    """`unwrapped_view` of a model a TransformerBridge has booted: each bridge component replaced by the module it
-    wraps (the weights shared, nothing copied)."""
+    """`unwrapped_view` of a model a TransformerBridge has booted (the weights shared, nothing copied)."""
     from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
 
     def original(module: nn.Module) -> nn.Module | None:

@@ -1,5 +1,4 @@
-"""The fields many kinds share (a head's layer and index, the model, its dtype, ...), declared once here and used
-by the results' declarations (probe.schemas.declare)."""
+"""The fields many kinds share (a head's layer and index, the model, its dtype, ...), declared once."""
 
 from __future__ import annotations
 

@@ -76,10 +76,8 @@ def _spec(description: str | Field, options: dict[str, Any]) -> Spec:
 
 def schema_field(description: str | Field, *, default: Any = dataclasses.MISSING,
                  default_factory: Any = dataclasses.MISSING, kw_only: Any = dataclasses.MISSING, **options: Any) -> Any:
-    """A dataclass field that is also a payload field: its meaning, or a shared Field; `options` are Spec's fields.
-    `required=False`: left out where None or empty (`omit="none"`: None only); `key`: its payload name; `dump`: how
-    the value is written; `items`: an array's items; `column`: also a `to_frame()` column; `spread=True`: a nested
-    Payload merged in at its place."""
+    """A dataclass field that is also a payload field: its meaning, or a shared Field; `options`: Spec's fields.
+    `required=False`: left out where None or empty (`omit="none"`: None only); `column`: also a frame column."""
     spec = _spec(description, options)
     return dataclasses.field(default=default, default_factory=default_factory, kw_only=kw_only,
                              metadata={SPEC: spec})
