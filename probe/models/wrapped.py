@@ -56,20 +56,19 @@ def wrapper_kinds() -> str:
     return " or ".join(kind.library for kind in WRAPPERS)
 
 
-def unwrapped_view(root: nn.Module, unwrap: Callable[[nn.Module], nn.Module | None]) -> nn.Module:
-    """`root` with every wrapper module replaced by the module it wraps (`unwrap`; None: wraps nothing). Modules above
-    a wrapper are shallow copies with their own dicts (children, hooks) and methods bound to the copy, sharing every
-    tensor, so that what probe sets on them never reaches the wrapped tree."""
-    return _view(root, unwrap, {})
-
-
-def _view(module: nn.Module, unwrap: Callable[[nn.Module], nn.Module | None], seen: dict[int, nn.Module]) -> nn.Module:
+def unwrapped_view(module: nn.Module, unwrap: Callable[[nn.Module], nn.Module | None],
+                   seen: dict[int, nn.Module] | None = None) -> nn.Module:
+    """`module` with every wrapper module replaced by the module it wraps (`unwrap`; None: wraps nothing). Modules
+    above a wrapper are shallow copies with their own dicts (children, hooks) and methods bound to the copy, sharing
+    every tensor, so that what probe sets on them never reaches the wrapped tree."""
+    seen = {} if seen is None else seen
     inner = unwrap(module)
     while inner is not None:
         module, inner = inner, unwrap(inner)
     if id(module) in seen:  # a module the model holds twice (tied, shared) stays one module in the view
         return seen[id(module)]
-    children = {name: None if child is None else _view(child, unwrap, seen) for name, child in module._modules.items()}
+    children = {name: None if child is None else unwrapped_view(child, unwrap, seen)
+                for name, child in module._modules.items()}
     view = module
     if any(child is not module._modules[name] for name, child in children.items()):
         view = copy.copy(module)
