@@ -1,5 +1,4 @@
-"""`atlas`: every measurement the atlas shows, each by the library's own function, run once, stage by stage; a stage
-the model cannot do is skipped with its reason. With `results_dir` the sweeps stream there (`resume`)."""
+"""`atlas`: every measurement the atlas shows, run once, stage by stage; a stage the model cannot do is skipped."""
 
 from __future__ import annotations
 

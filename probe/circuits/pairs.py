@@ -1,11 +1,6 @@
-"""`circuits`: induction heads and the earlier heads that feed their keys (Elhage et al. 2021; Olsson et al. 2022:
-a previous-token head writes "the token before me" and an induction head in a later layer uses it as its key).
-
-For each induction head (from `classify`), the earlier heads ranked by K-composition into it, each marked when
-`classify` labels it a previous-token head; then a causal check on the repeated probe set: the loss on the second
-copy with the pair ablated together against each head alone. If the earlier head feeds the induction head, ablating
-it alone already hurts induction, and ablating both costs less than the two costs added (interaction < 0).
-"""
+"""`circuits`: induction heads and the earlier heads that feed their keys (Elhage et al. 2021; Olsson et al. 2022),
+ranked by K-composition, then checked on the repeated set: if the earlier head feeds the induction head, ablating it
+alone already hurts induction, and ablating both costs less than the two costs added (interaction < 0)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What HeadVis reads: Neuronpedia's head-metrics JSON (`neuronpedia_json`; probe.headmaps.formats reads it back)
-and the frontend's data tree (`write_tree`), with the field names of Neuronpedia's pipeline
-(utils/neuronpedia-utils/neuronpedia_utils/headvis). A head's file holds its sampled sequences as sparse COO (flat
-index q x seq_len + k), each in an equal-frequency interval of max_activation (1 lowest)."""
+"""What HeadVis reads, with the field names of Neuronpedia's pipeline (utils/neuronpedia-utils/neuronpedia_utils/
+headvis): its head-metrics JSON (`neuronpedia_json`) and the frontend's data tree (`write_tree`), a head's sampled
+sequences as sparse COO (flat index q x seq_len + k) in equal-frequency intervals of max_activation (1 lowest)."""
 
 from __future__ import annotations
 

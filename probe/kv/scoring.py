@@ -1,5 +1,4 @@
-"""The scoring pass of `kv_heads`: one forward per needle prompt, its sums kept on the device and fetched once
-after it (scores by probe.heads.scores' definitions); and the model's teacher-forced needle accuracy."""
+"""The scoring pass of `kv_heads` (one forward per needle prompt, sums fetched once after it), and needle accuracy."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What each endpoint of `probe serve` answers, from the library's own functions, on the worker thread. A text's
-view is one forward (tokens, loss, next tokens, the natural-text classes' scores and the attention, each query's
-TOP_KEYS largest keys past FULL_TOKENS); recent views are kept, bounded in bytes, so another head runs no forward."""
+"""What each endpoint of `probe serve` answers, on the worker thread: a text's view is one forward (`View`), recent
+views kept, bounded in bytes, so that another head runs no forward."""
 
 from __future__ import annotations
 
