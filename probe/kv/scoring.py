@@ -69,13 +69,8 @@ def needle_accuracy(loaded: LoadedModel, needles: NeedleSet, *, batch_size: int 
 
 
 def _rows(needles: NeedleSet, first: int, batch_size: int) -> tuple[Tensor, Tensor | None, Tensor]:
-    ids = needles.input_ids[first:first + batch_size]
-    sources = needles.sources[first:first + batch_size]
-    mask = None if needles.attention_mask is None else needles.attention_mask[first:first + batch_size]
-    if mask is not None:
-        length = int(mask.sum(dim=1).max())
-        ids, mask, sources = ids[:, :length], mask[:, :length], sources[:, :length]
-    return ids, mask, sources
+    ids, mask = needles.rows(first, batch_size)
+    return ids, mask, needles.sources[first:first + batch_size, :ids.shape[1]]
 
 
 class _Scorer:
