@@ -18,6 +18,7 @@ from probe.models.aliases import ALIASES, DEFAULT_MODEL, HUB_ALIASES, alias_path
 from probe.models.custom import is_custom_spec, load_custom, missing_function
 from probe.models.gguf import cached_config, load_gguf
 from probe.models.origin import ModelOrigin, module_origin, origin_of
+from probe.models.parts import input_embeddings
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import DeviceMap, input_device, parse_device_map, placed
 from probe.models.wrapped import WrapperKind, holds_bridge_components, unbridged, wrapper_kinds, wrapper_of
@@ -166,11 +167,7 @@ def _vocab_size(model: nn.Module) -> int:
         size = getattr(owner, "vocab_size", None)
         if isinstance(size, int) and size > 0:
             return size
-    embeddings = getattr(model, "get_input_embeddings", None)
-    try:
-        size = embeddings().num_embeddings if callable(embeddings) else None
-    except (AttributeError, NotImplementedError):
-        size = None
+    size = getattr(input_embeddings(model), "num_embeddings", None)
     if size:
         return size
     try:

@@ -28,7 +28,7 @@ def _part(model: nn.Module, getter_name: str) -> nn.Module | None:
     getter = getattr(model, getter_name, None)
     try:
         found = getter() if callable(getter) else None
-    except NotImplementedError:  # transformers' base class for a model that has none
+    except (AttributeError, NotImplementedError):  # transformers' base class for a model that has none
         return None
     return found if isinstance(found, nn.Module) else None
 
