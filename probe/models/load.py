@@ -216,20 +216,11 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
                trust_remote_code: bool = False, revision: str | None = None) -> LoadedModel:
     """Load what `spec` names, in eval mode; raise ProbeError with one readable line when it cannot.
 
-    `spec` may also be an `nn.Module` already loaded (with its `tokenizer`, and a `name` for reports): it is used as
-    it is, in eval mode (cast or moved only when `dtype` or `device` is given).
-
-    `device_map` ("auto", "balanced", "sequential", or {module: GPU index | "cpu" | "disk"}, or that as JSON) spreads
-    a model that does not fit on one device over several, through accelerate; "disk" modules are read from
-    `offload_folder` (safetensors checkpoints are memory-mapped in place). `max_memory` caps each device for the
-    strategies, e.g. {0: "20GiB", "cpu": "60GiB"}. A folder's or hub model's own Python code (auto_map) runs only
-    with `trust_remote_code=True`; a `FILE.py:FUNCTION` spec always imports and runs that file. `revision` (a
-    branch, tag or commit of a hub id: a training checkpoint, e.g. Pythia's `step1000`) loads that version.
-
-    `spec` may be a model wrapped by TransformerLens 4 (`TransformerBridge`) or nnsight (`NNsight`, `LanguageModel`,
-    `TransformersModel`):
-    probe runs the Hugging Face model inside (in eval mode, in its dtype and place) with the wrapper's tokenizer, and
-    the wrapper keeps working, its output unchanged (docs/models.md).
+    `spec` may also be an `nn.Module` already loaded, used as it is (cast or moved only for `dtype` or `device`), or
+    a model wrapped by TransformerLens 4 or nnsight, whose Hugging Face model probe runs where it is (docs/models.md).
+    `device_map` (a strategy such as "auto", or {module: GPU index | "cpu" | "disk"}, or that as JSON) spreads a model
+    over devices through accelerate, with `offload_folder` and `max_memory`. A folder's or hub model's own code runs
+    only with `trust_remote_code=True`; `revision` loads a branch, tag or commit of a hub id (Pythia's `step1000`).
     """
     kind = wrapper_of(spec)
     if kind is not None:

@@ -89,8 +89,7 @@ def _rebound(value: Any, old: nn.Module, new: nn.Module) -> Any:
 
 
 def _bridge_model(bridge: Any) -> nn.Module:
-    """A TransformerBridge's Hugging Face model, its components (which compute attention outside transformers'
-    interface, where probe's hooks are) replaced by their original modules."""
+    """A TransformerBridge's Hugging Face model, its components (attention outside probe's hooks) unwrapped."""
     try:
         model = bridge.original_model
     except AttributeError as error:
