@@ -56,11 +56,10 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def _top(values: np.ndarray, valid: np.ndarray, k: int) -> set[tuple[int, int]]:
-    """The k heads of largest value among the valid ones (ties: the earlier head)."""
-    cells = [(float(values[cell]), cell) for cell in zip(*np.nonzero(valid))]
-    cells.sort(key=lambda item: (-item[0], item[1]))
-    return {(int(layer), int(head)) for _, (layer, head) in cells[:k]}
+def _ranked(values: np.ndarray, valid: np.ndarray) -> list[tuple[int, int]]:
+    """The valid heads, largest value first (ties: the earlier head)."""
+    cells = [(int(layer), int(head)) for layer, head in np.argwhere(valid)]
+    return sorted(cells, key=lambda cell: (-values[cell], cell))
 
 
 def _cells(mask: np.ndarray) -> set[tuple[int, int]]:
@@ -119,7 +118,7 @@ def compare(a: HeadMap, b: HeadMap, *, top_k: int = TOP_K, group: str | None = N
     statistics = {"heads": int(valid.sum()), "spearman": _pearson(ranks(x), ranks(y)), "pearson": _pearson(x, y),
                   "mean_abs_difference": float(np.abs(y - x).mean()) if differs else None,
                   "max_abs_difference": float(np.abs(y - x).max()) if differs else None,
-                  "top_k": {"k": k, **_overlap(_top(a.values, valid, k), _top(b.values, valid, k))},
+                  "top_k": {"k": k, **_overlap(set(_ranked(a.values, valid)[:k]), set(_ranked(b.values, valid)[:k]))},
                   "labelled": labels}
     return Comparison(a, b, conversion, valid, statistics, movers, measure=how)
 
@@ -239,11 +238,8 @@ class Comparison(Payload):
     @payload("every head, layer by layer", items=Field("object", "a head", fields=COMPARE_ROW))
     def rows(self) -> list[dict[str, Any]]:
         """One row per head: its values, difference, each map's rank (1: largest), rank difference and labels."""
-        rank = {}
-        for name, values in (("a", self.a.values), ("b", self.b.values)):
-            cells = sorted(((int(layer), int(head)) for layer, head in np.argwhere(self.valid)),
-                           key=lambda cell: (-values[cell], cell))  # `values`: used within this iteration
-            rank[name] = {cell: index + 1 for index, cell in enumerate(cells)}
+        rank = {name: {cell: index + 1 for index, cell in enumerate(_ranked(values, self.valid))}
+                for name, values in (("a", self.a.values), ("b", self.b.values))}
         rows = []
         for layer, head in np.ndindex(*self.valid.shape):
             a, b = self.a.values[layer, head], self.b.values[layer, head]
