@@ -1,6 +1,4 @@
-"""Turn a model spec into a loaded model: an alias, a Hugging Face folder or hub id, a `.gguf` file, or
-`FILE.py:FUNCTION` for a custom PyTorch model; or a model already in memory, bare or wrapped by TransformerLens or
-nnsight (`probe.models.wrapped`)."""
+"""Turn a model spec (an alias, a folder or hub id, a .gguf file, FILE.py:FUNCTION, a module) into a LoadedModel."""
 
 from __future__ import annotations
 
