@@ -5,6 +5,7 @@ alone already hurts induction, and ablating both costs less than the two costs a
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from probe.frames import frame, head_columns, head_name
@@ -22,10 +23,7 @@ from probe.schemas.declare import Payload, payload, published, schema_field
 
 CLASSES = ("previous_token", "induction")
 STAGE_UNITS = {"K-composition": UNIT}  # the stages whose units mean something to a user
-
-
-def _rounded(value: float) -> float:
-    return round(value, 6)
+_rounded = partial(round, ndigits=6)
 
 
 class Feeder(Payload):
@@ -95,7 +93,7 @@ class Circuits(Payload):
     model: str = schema_field(MODEL)
     dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
     baseline: float = schema_field("K-composition of random matrices of the same shapes", key="random_baseline",
-                                   dump=lambda baseline: round(baseline, 6))
+                                   dump=_rounded)
     pairs: list[Pair]
     previous_token_ranks: list[tuple[Head, Head, float, int]]  # (previous-token head, induction head, K, rank)
     folded: str
