@@ -256,22 +256,6 @@ def _left_out(value: Any, omit: str) -> bool:
     return omit == "empty" and isinstance(value, (str, list, tuple, dict)) and not value
 
 
-def to_payload(self: Any) -> dict[str, Any]:
-    """The payload of a Payload: its declared fields in order, optional ones left out where empty."""
-    out: dict[str, Any] = {}
-    for item in declarations(type(self)):
-        value = getattr(self, item.attribute)
-        if not item.spec.required and _left_out(value, item.spec.omit):
-            continue
-        if item.spec.dump is not None:
-            value = item.spec.dump(value)
-        if item.spec.spread:  # a nested Payload's declared fields, or a dict of fields
-            out.update(to_payload(value) if isinstance(value, Payload) else plain(value))
-        else:
-            out[item.key] = plain(value)
-    return out
-
-
 @dataclass_transform(field_specifiers=(schema_field, dataclasses.field))
 class Payload:
     """A dataclass whose declared fields are a payload, or a nested object of one; `to_dict()` gives it."""
@@ -285,7 +269,18 @@ class Payload:
 
     def to_dict(self) -> dict[str, Any]:
         """The payload: every declared field in order, an optional one left out where it is None or empty."""
-        return to_payload(self)
+        out: dict[str, Any] = {}
+        for item in declarations(type(self)):
+            value = getattr(self, item.attribute)
+            if not item.spec.required and _left_out(value, item.spec.omit):
+                continue
+            if item.spec.dump is not None:
+                value = item.spec.dump(value)
+            if item.spec.spread:  # a nested Payload's declared fields (not an override's), or a dict of fields
+                out.update(Payload.to_dict(value) if isinstance(value, Payload) else plain(value))
+            else:
+                out[item.key] = plain(value)
+        return out
 
 
 def published(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],
