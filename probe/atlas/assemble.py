@@ -49,8 +49,7 @@ def _by_head(result: AblationResult | None) -> dict[tuple[int, int], HeadResult]
 
 
 def _facts(measured: Measured, layer: int, head: int, found: tuple[list[Partner], list[Partner]],
-           flagged: dict[str, set[tuple[int, int]]]) -> HeadFacts:
-    ablated = _by_head(measured.ablation).get((layer, head))
+           flagged: dict[str, set[tuple[int, int]]], ablated: HeadResult | None) -> HeadFacts:
     parts: dict[str, float] = {}
     for result in measured.parts.values():
         entry = _by_head(result).get((layer, head))
@@ -90,11 +89,10 @@ def _repair(measured: Measured, layer: int, head: int) -> dict[str, Any] | None:
     return result.row(result.heads.index((layer, head)))
 
 
-def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None) -> dict[str, float | None]:
+def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None, ablated: HeadResult | None,
+             task: HeadResult | None) -> dict[str, float | None]:
     layer, head = facts.layer, facts.head
     repair = _repair(measured, layer, head)
-    ablated = _by_head(measured.ablation).get((layer, head))
-    task = _by_head(measured.task).get((layer, head))
     effects = ablated.effects if ablated is not None else {}
     nonfirst = None if activity is None else activity.nonfirst[:, :, layer, head][activity.valid]
     out = {f"{name}_score": rounded(score[layer, head]) for name, score in measured.classes.scores.items()}
@@ -126,19 +124,19 @@ def _head(measured: Measured, reader: OVReader | None, layer: int, head: int,
           flagged: dict[str, set[tuple[int, int]]]) -> dict[str, Any]:
     activity, chosen = measured.examples or (None, {})
     found = partners(measured.composition, layer, head) if measured.composition is not None else ([], [])
-    facts = _facts(measured, layer, head, found, flagged)
+    ablated, task = (_by_head(result).get((layer, head)) for result in (measured.ablation, measured.task))
+    facts = _facts(measured, layer, head, found, flagged, ablated)
     labels = _labels(measured, facts)
-    task = _by_head(measured.task).get((layer, head))
     examples = chosen.get((layer, head), [])
     return {
         "layer": layer, "head": head, "classes": labels,
         "status": labels[0]["evidence"]["status"] if labels else "none",  # the best-supported label's
         "pattern": labels[0]["probe_set"] if labels else "natural",
-        "metrics": _metrics(measured, facts, activity),
+        "metrics": _metrics(measured, facts, activity, ablated, task),
         "examples": [example.to_dict() for example in examples],
         "writes": None if reader is None else reader.writes(layer, head, attended_tokens(examples)),
         "partners": {"feeders": [p.to_dict() for p in found[0]], "readers": [p.to_dict() for p in found[1]]},
-        "effects": _effects(_by_head(measured.ablation).get((layer, head)), measured.fast),
+        "effects": _effects(ablated, measured.fast),
         "task": None if task is None else {"delta": rounded(task.delta),
                                            **{k: rounded(v) for k, v in task.task.items()}},
         "self_repair": _repair(measured, layer, head),
