@@ -218,6 +218,18 @@ def callback(progress: C | bool | None) -> C | None:
     return progress if callable(progress) else None
 
 
+def counter(progress: Progress | None, total: int) -> Callable[[], None]:
+    """A step that counts itself and reports `(done, total)` to `progress` (nothing without one)."""
+    done = [0]
+
+    def step() -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
+    return step
+
+
 def stage_tick(progress: StageProgress | None, stage: str) -> Progress | None:
     """One stage's `(done, total)` callback, reported at 0 at once: the stage is named before its first unit."""
     if progress is None:

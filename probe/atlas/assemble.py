@@ -3,7 +3,6 @@ computed twice), the evidence facts, and each label judged by its class's rule (
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +10,7 @@ from torch import Tensor
 
 from probe.ablation.results import AblationResult, HeadResult
 from probe.atlas.examples import Activity, Example, attended_tokens
-from probe.atlas.result import Atlas, Stage
+from probe.atlas.result import HEADVIS, Atlas, Stage
 from probe.atlas.writes import OVReader, partners
 from probe.circuits.composition import Composition
 from probe.dla import Attribution
@@ -22,6 +21,7 @@ from probe.heads.evidence import RULES, HeadFacts, Partner, judge, rule_for
 from probe.heads.scores import SCORES
 from probe.models import LoadedModel
 from probe.patterns import Patterns, token_strings
+from probe.schemas.common import rounded
 from probe.selfrepair import SelfRepair
 
 STATUS_ORDER = ("confirmed", "partial", "unchecked", "pattern_only")
@@ -44,26 +44,18 @@ class Measured:
     headvis: HeadVisMetrics | None = None  # the headvis stage, where it ran
 
 
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    value = float(value)
-    return round(value, 6) if math.isfinite(value) else None
-
-
 def _by_head(result: AblationResult | None) -> dict[tuple[int, int], HeadResult]:
     return {} if result is None else {(r.layer, r.head): r for r in result.heads}
 
 
 def _facts(measured: Measured, layer: int, head: int, found: tuple[list[Partner], list[Partner]],
-           flagged: dict[str, set[tuple[int, int]]]) -> HeadFacts:
-    ablated = _by_head(measured.ablation).get((layer, head))
+           flagged: dict[str, set[tuple[int, int]]], ablated: HeadResult | None) -> HeadFacts:
     parts: dict[str, float] = {}
     for result in measured.parts.values():
         entry = _by_head(result).get((layer, head))
         if entry is not None:
             parts.update(entry.part_deltas)
-    copying = None if measured.copying is None else _number(measured.copying[layer, head])
+    copying = None if measured.copying is None else rounded(measured.copying[layer, head])
     baseline = None if measured.composition is None else measured.composition.baseline
     return HeadFacts(layer, head, set(measured.classes.labels(layer, head)), None if ablated is None else ablated.delta,
                      parts, copying, found[0], found[1], baseline, flagged,
@@ -76,7 +68,7 @@ def _labels(measured: Measured, facts: HeadFacts) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name in classes.labels(facts.layer, facts.head):
         probe = SCORES[name].probe if name in SCORES else "natural"
-        out.append({"class": name, "score": _number(classes.scores[name][facts.layer, facts.head]),
+        out.append({"class": name, "score": rounded(classes.scores[name][facts.layer, facts.head]),
                     "threshold": classes.thresholds[name], "probe_set": probe, "evidence": judge(name, facts)})
     out.sort(key=lambda label: (STATUS_ORDER.index(label["evidence"]["status"]),
                                 -len(label["evidence"]["supported_by"]), -(label["score"] or 0)))
@@ -86,8 +78,8 @@ def _labels(measured: Measured, facts: HeadFacts) -> list[dict[str, Any]]:
 def _effects(result: HeadResult | None, estimated: bool) -> dict[str, Any] | None:
     if result is None:
         return None
-    return {"delta": _number(result.delta), "estimated": estimated and not result.exact, **result.effects,
-            "parts": {name: _number(value) for name, value in result.part_deltas.items()}}
+    return {"delta": rounded(result.delta), "estimated": estimated and not result.exact, **result.effects,
+            "parts": {name: rounded(value) for name, value in result.part_deltas.items()}}
 
 
 def _repair(measured: Measured, layer: int, head: int) -> dict[str, Any] | None:
@@ -97,28 +89,27 @@ def _repair(measured: Measured, layer: int, head: int) -> dict[str, Any] | None:
     return result.entry(result.heads.index((layer, head))).to_dict()
 
 
-def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None) -> dict[str, float | None]:
+def _metrics(measured: Measured, facts: HeadFacts, activity: Activity | None, ablated: HeadResult | None,
+             task: HeadResult | None) -> dict[str, float | None]:
     layer, head = facts.layer, facts.head
     repair = _repair(measured, layer, head)
-    ablated = _by_head(measured.ablation).get((layer, head))
-    task = _by_head(measured.task).get((layer, head))
     effects = ablated.effects if ablated is not None else {}
     nonfirst = None if activity is None else activity.nonfirst[:, :, layer, head][activity.valid]
-    out = {f"{name}_score": _number(score[layer, head]) for name, score in measured.classes.scores.items()}
+    out = {f"{name}_score": rounded(score[layer, head]) for name, score in measured.classes.scores.items()}
     out.update({
-        "delta": facts.delta, "specificity": _number(effects.get("specificity")),
-        "max_token_delta": _number(effects.get("max_token_delta")),
-        "second_repeat_delta": _number(facts.parts.get("second_repeat")),
-        "task_delta": None if task is None else _number(task.delta), "copying": facts.copying,
-        "dla": None if measured.dla is None else _number(measured.dla.per_head[layer, head]),
-        "output_norm": None if activity is None else _number(activity.mean_norms()[layer, head]),
-        "nonfirst_attention": _number(nonfirst.mean()) if nonfirst is not None and nonfirst.numel() else None,
-        "k_in": _number(max((p.score for p in facts.feeders if p.kind == "k"), default=None)),
-        "out": _number(max((p.score for p in facts.readers), default=None)),
-        "self_repair": None if repair is None else _number(repair["self_repair"]),
+        "delta": facts.delta, "specificity": rounded(effects.get("specificity")),
+        "max_token_delta": rounded(effects.get("max_token_delta")),
+        "second_repeat_delta": rounded(facts.parts.get("second_repeat")),
+        "task_delta": None if task is None else rounded(task.delta), "copying": facts.copying,
+        "dla": None if measured.dla is None else rounded(measured.dla.per_head[layer, head]),
+        "output_norm": None if activity is None else rounded(activity.mean_norms()[layer, head]),
+        "nonfirst_attention": rounded(nonfirst.mean()) if nonfirst is not None and nonfirst.numel() else None,
+        "k_in": rounded(max((p.score for p in facts.feeders if p.kind == "k"), default=None)),
+        "out": rounded(max((p.score for p in facts.readers), default=None)),
+        "self_repair": None if repair is None else rounded(repair["self_repair"]),
     })
     if measured.headvis is not None:
-        out.update({f"headvis_{name}": _number(value[layer, head]) for name, value in measured.headvis.metrics.items()})
+        out.update({HEADVIS + name: rounded(value[layer, head]) for name, value in measured.headvis.metrics.items()})
     return out
 
 
@@ -133,21 +124,21 @@ def _head(measured: Measured, reader: OVReader | None, layer: int, head: int,
           flagged: dict[str, set[tuple[int, int]]]) -> dict[str, Any]:
     activity, chosen = measured.examples or (None, {})
     found = partners(measured.composition, layer, head) if measured.composition is not None else ([], [])
-    facts = _facts(measured, layer, head, found, flagged)
+    ablated, task = (_by_head(result).get((layer, head)) for result in (measured.ablation, measured.task))
+    facts = _facts(measured, layer, head, found, flagged, ablated)
     labels = _labels(measured, facts)
-    task = _by_head(measured.task).get((layer, head))
     examples = chosen.get((layer, head), [])
     return {
         "layer": layer, "head": head, "classes": labels,
         "status": labels[0]["evidence"]["status"] if labels else "none",  # the best-supported label's
         "pattern": labels[0]["probe_set"] if labels else "natural",
-        "metrics": _metrics(measured, facts, activity),
+        "metrics": _metrics(measured, facts, activity, ablated, task),
         "examples": [example.to_dict() for example in examples],
         "writes": None if reader is None else reader.writes(layer, head, attended_tokens(examples)),
         "partners": {"feeders": [p.to_dict() for p in found[0]], "readers": [p.to_dict() for p in found[1]]},
-        "effects": _effects(_by_head(measured.ablation).get((layer, head)), measured.fast),
-        "task": None if task is None else {"delta": _number(task.delta),
-                                           **{k: _number(v) for k, v in task.task.items()}},
+        "effects": _effects(ablated, measured.fast),
+        "task": None if task is None else {"delta": rounded(task.delta),
+                                           **{k: rounded(v) for k, v in task.task.items()}},
         "self_repair": _repair(measured, layer, head),
     }
 

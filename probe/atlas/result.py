@@ -15,6 +15,7 @@ from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAY
                                   NAME_RE, NUMBER, other_than)
 from probe.schemas.declare import Payload, payload, published, schema_field
 
+HEADVIS = "headvis_"  # the prefix of a HeadVis metric's name among the atlas' metrics
 METRICS = {
     "delta": "mean loss change on natural text when the head is zero-ablated (nats)",
     "specificity": "share of the head's loss increase on its top 1% of tokens",
@@ -29,7 +30,7 @@ METRICS = {
     "nonfirst_attention": "mean over positions of the head's largest attention to a key after the first",
     "k_in": "strongest K-composition into this head from an earlier head",
     "out": "strongest composition of this head into a later head (any kind)",
-    **{f"headvis_{name}": f"Neuronpedia HeadVis's {name} on natural text ({HEADVIS_UNITS[name]})"
+    **{HEADVIS + name: f"Neuronpedia HeadVis's {name} on natural text ({HEADVIS_UNITS[name]})"
        for name in HEADVIS_METRICS},
 }
 """Per-head numbers the head finder can plot (`<class>` scores come on top), with what each means."""

@@ -1,5 +1,4 @@
-"""`atlas`: every measurement the atlas shows, each by the library's own function, run once, stage by stage; a stage
-the model cannot do is skipped with its reason. With `results_dir` the sweeps stream there (`resume`)."""
+"""`atlas`: every measurement the atlas shows, run once, stage by stage; a stage the model cannot do is skipped."""
 
 from __future__ import annotations
 
@@ -25,7 +24,7 @@ from probe.heads.classify import Classification, classify
 from probe.heads.evidence import RULES
 from probe.models import LoadedModel
 from probe.patterns import TOKEN_LIMIT, Patterns, attention_patterns
-from probe.progress import StageProgress, StageProgressArg, log, reports, callback, stage_tick
+from probe.progress import StageProgress, StageProgressArg, counter, log, reports, callback, stage_tick
 
 DEFAULT_NUM_SEQS = 4  # sequences per probe set: the exact sweep of SmolLM2's 270 heads, most of the cost, on 4 x 128
 # tokens took 353 s on 2 lightly loaded CPU cores (bench/RESULTS.md, section 2); 8 sequences double it
@@ -111,8 +110,8 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
           thresholds: dict[str, float] | None = None, task: str | Path | None = None, task_count: int = 32,
           fast: bool = False, batch_size: int = 8, results_dir: str | Path | None = None, resume: bool = False,
           progress: StageProgressArg = None, self_repair: bool = False) -> Atlas:
-    """Every head's evidence: its classes, each judged by its rule (probe.heads.evidence), examples, OV writes,
-    partners and causal effects. `fast` estimates the natural-text deltas (attribution patching; a task's are exact)."""
+    """Every head's evidence (classes judged by their rules, examples, writes, partners, effects); `fast` estimates
+    the natural-text deltas (attribution patching; a task's are exact)."""
     stages = _Stages(callback(progress))
     options = ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed)
     natural_results, task_results = _results(results_dir, "ablation"), _results(results_dir, "task") if task else None
@@ -128,7 +127,7 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
     tasks = None if task is None else stages.run("task", lambda tick: _ablate(loaded, build_probe_set(
         "task", loaded, replace(options, task=task, num_seqs=task_count)), False, batch_size, task_results, resume,
         tick), "exact (the estimate does not linearise a task margin)" if fast else "exact")
-    examples = stages.optional("examples", lambda tick: head_examples(loaded, natural, batch_size, _counter(
+    examples = stages.optional("examples", lambda tick: head_examples(loaded, natural, batch_size, counter(
         tick, 2 * len(natural.batches(batch_size)))))
     patterns = stages.run("patterns", lambda tick: {name: _patterns(loaded, build_probe_set(name, loaded, options))
                                                      for name in _pattern_sets(classes)})
@@ -148,15 +147,3 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
 def _pattern_sets(classes: Classification) -> list[str]:
     """The probe sets the classes were scored on: natural first, each head's pattern shown on its label's set."""
     return ["natural"] + sorted(set(classes.probe_sets) - {"natural"})
-
-
-def _counter(tick: Callable[[int, int], None] | None, total: int) -> Callable[[], None] | None:
-    if tick is None:
-        return None
-    done = [0]
-
-    def step() -> None:
-        done[0] += 1
-        tick(done[0], total)
-
-    return step

@@ -1,5 +1,4 @@
-"""What a head writes and whom it talks to, from its weights (Elhage et al. 2021): its OV circuit through the
-unembedding (top tokens), and its composition partners (probe.circuits.composition's scores)."""
+"""What a head writes (its OV circuit through the unembedding) and its composition partners (Elhage et al. 2021)."""
 
 from __future__ import annotations
 

@@ -59,10 +59,8 @@ def distinct_heads(left: Tensor) -> tuple[Tensor, Tensor]:
 def composition_between(earlier: tuple[Tensor, Tensor], later: tuple[Tensor, Tensor],
                         triangles: tuple[tuple[Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]],
                         distinct: tuple[Tensor, Tensor]) -> Tensor:
-    """(heads of A, heads of B) composition scores of M_A = earlier[0] @ earlier[1] into M_B = later[0] @ later[1].
-    `triangles`: `_triangles` of earlier and later (a layer's are the same for every pair it is in); `distinct`:
-    `distinct_heads(later[0])`, so that the product through a key/value group's shared matrix is computed once for
-    the group."""
+    """(heads of A, heads of B) composition of earlier[0] @ earlier[1] into later[0] @ later[1]; `triangles` and
+    `distinct` (of later[0]) are computed once per layer, and a key/value group's product once per group."""
     (t_a, _, a_norms), (_, t_b_right, b_norms) = triangles
     left, index = distinct
     middle = torch.einsum("aik,bkj->abij", earlier[1], left)[:, index]  # (heads A, heads B, d_head, d_head)
@@ -72,8 +70,7 @@ def composition_between(earlier: tuple[Tensor, Tensor], later: tuple[Tensor, Ten
 
 @lru_cache(maxsize=16)
 def random_baseline(d_model: int, d_head: int, samples: int = BASELINE_SAMPLES, seed: int = 0) -> float:
-    """Mean composition score of independent Gaussian matrices of the same shapes (rank-d_head in d_model); a pure
-    function of its arguments, so computed once per shape (64 QR decompositions of d_model x d_head matrices)."""
+    """Mean composition score of independent Gaussian matrices of the same shapes, cached per shape."""
     generator = torch.Generator().manual_seed(seed)
 
     def draw() -> tuple[Tensor, Tensor]:
@@ -107,9 +104,7 @@ class Composition:
 @reports("composition")
 def composition_scores(model: nn.Module, name: str = "", kinds: tuple[str, ...] = KINDS, *,
                        progress: ProgressArg = None) -> Composition:
-    """K-, Q- and V-composition of every head into every head of a later layer (see the module docstring).
-    `progress=True` draws a bar on stderr; a callable gets `(done, total)` in layer pairs (per kind: the same work
-    each, so the rate measured early holds), reported after each later layer."""
+    """K-, Q- and V-composition of every head into every head of a later layer; progress in layer pairs."""
     layers = all_layer_weights(model)
     n_layers, n_heads = len(layers), max(w.W_Q.shape[0] for w in layers)
     result = {}

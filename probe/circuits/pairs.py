@@ -1,15 +1,11 @@
-"""`circuits`: induction heads and the earlier heads that feed their keys (Elhage et al. 2021; Olsson et al. 2022:
-a previous-token head writes "the token before me" and an induction head in a later layer uses it as its key).
-
-For each induction head (from `classify`), the earlier heads ranked by K-composition into it, each marked when
-`classify` labels it a previous-token head; then a causal check on the repeated probe set: the loss on the second
-copy with the pair ablated together against each head alone. If the earlier head feeds the induction head, ablating
-it alone already hurts induction, and ablating both costs less than the two costs added (interaction < 0).
-"""
+"""`circuits`: induction heads and the earlier heads that feed their keys (Elhage et al. 2021; Olsson et al. 2022),
+ranked by K-composition, then checked on the repeated set: if the earlier head feeds the induction head, ablating it
+alone already hurts induction, and ablating both costs less than the two costs added (interaction < 0)."""
 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any
 
 from probe.frames import frame, head_columns, head_name
@@ -27,10 +23,7 @@ from probe.schemas.declare import Payload, payload, published, schema_field
 
 CLASSES = ("previous_token", "induction")
 STAGE_UNITS = {"K-composition": UNIT}  # the stages whose units mean something to a user
-
-
-def _rounded(value: float) -> float:
-    return round(value, 6)
+_rounded = partial(round, ndigits=6)
 
 
 class Feeder(Payload):
@@ -94,14 +87,13 @@ class Pair(Payload):
                     "rank_in_layer": Field("integer", "1: the strongest of its layer"),
                     "previous_token": Field("boolean", "whether the feeder is a previous-token head")})
 class Circuits(Payload):
-    """What `circuits` found: each induction head's strongest K-composing feeders (Elhage et al. 2021) against the
-    random baseline, the previous-token heads' ranks among them, and the ablation check; `to_dict()` is the JSON of
-    `probe circuits --json`."""
+    """What `circuits` found: each induction head's strongest K-composing feeders against the random baseline, the
+    previous-token heads' ranks among them, and the ablation check (`probe circuits --json`)."""
 
     model: str = schema_field(MODEL)
     dtype: str = schema_field(DTYPE, default="float32", kw_only=True)  # docs/precision.md: how far half precision lies
     baseline: float = schema_field("K-composition of random matrices of the same shapes", key="random_baseline",
-                                   dump=lambda baseline: round(baseline, 6))
+                                   dump=_rounded)
     pairs: list[Pair]
     previous_token_ranks: list[tuple[Head, Head, float, int]]  # (previous-token head, induction head, K, rank)
     folded: str
@@ -163,9 +155,8 @@ def _pairs(composition: Composition, classes: Classification, top: int) -> tuple
 def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: int = 128,
              num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
              batch_size: int = 8, method: str = "zero", progress: StageProgressArg = None) -> Circuits:
-    """Induction heads, their strongest K-composing earlier heads (see the module docstring) and, with `check`, each
-    induction head ablated with its strongest previous-token feeder (else its top feeder), together and alone.
-    `progress=True` draws a bar per stage (STAGE_UNITS: what each counts); a callable gets `(stage, done, total)`."""
+    """Induction heads, their strongest K-composing earlier heads and, with `check`, each ablated with its strongest
+    previous-token feeder (else its top feeder), together and alone. Stages: STAGE_UNITS."""
     started = time.perf_counter()
     report = callback(progress)
     composition = composition_scores(loaded.model, loaded.name, kinds=("k",),
@@ -187,8 +178,7 @@ def circuits(loaded: LoadedModel, *, top: int = 3, check: bool = True, seq_len: 
 
 def _check(loaded: LoadedModel, checked: list[Pair], probe_set: ProbeSet, method: str, batch_size: int,
            tick: Progress | None) -> float:
-    """Each pair's induction head and checked feeder ablated alone and together on `probe_set` (their second-copy
-    deltas, into `pair.deltas`); the unablated second-copy loss."""
+    """Each pair's heads ablated alone and together (second-copy deltas into `pair.deltas`); the unablated loss."""
     groups = [(pair.checked, pair.induction) for pair in checked if pair.checked is not None]
     ablated = sweep(loaded, probe_set, sorted({head for group in groups for head in group}), groups=groups,
                     method=method, batch_size=batch_size, progress=tick)

@@ -1,6 +1,5 @@
-"""`compare(a, b)`: two head maps side by side: per-head difference, Spearman and Pearson, overlaps, the heads that
-moved most. Query-head and KV-head maps are compared only after an explicit `group` or `expand`; a difference only
-between maps of the same kind of score (`HeadMap.quantity`, or `same_kind`), others by rank."""
+"""`compare(a, b)`: two head maps side by side; query-head and KV-head maps only after an explicit `group` or
+`expand`, a difference only between maps of the same kind of score (others by rank)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ from probe.errors import ProbeError
 from probe.frames import frame, head_columns
 from probe.headmaps.maps import KV, QUERY, HeadMap
 from probe.schemas.base import Field
-from probe.schemas.common import LAYER, N_LAYERS
+from probe.schemas.common import LAYER, N_LAYERS, rounded
 from probe.schemas.declare import Payload, payload, published, schema_field
 
 TOP_K = 10  # heads in each map's top set
@@ -57,11 +56,10 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.corrcoef(x, y)[0, 1])
 
 
-def _top(values: np.ndarray, valid: np.ndarray, k: int) -> set[tuple[int, int]]:
-    """The k heads of largest value among the valid ones (ties: the earlier head)."""
-    cells = [(float(values[cell]), cell) for cell in zip(*np.nonzero(valid))]
-    cells.sort(key=lambda item: (-item[0], item[1]))
-    return {(int(layer), int(head)) for _, (layer, head) in cells[:k]}
+def _ranked(values: np.ndarray, valid: np.ndarray) -> list[tuple[int, int]]:
+    """The valid heads, largest value first (ties: the earlier head)."""
+    cells = [(int(layer), int(head)) for layer, head in np.argwhere(valid)]
+    return sorted(cells, key=lambda cell: (-values[cell], cell))
 
 
 def _cells(mask: np.ndarray) -> set[tuple[int, int]]:
@@ -120,7 +118,7 @@ def compare(a: HeadMap, b: HeadMap, *, top_k: int = TOP_K, group: str | None = N
     statistics = {"heads": int(valid.sum()), "spearman": _pearson(ranks(x), ranks(y)), "pearson": _pearson(x, y),
                   "mean_abs_difference": float(np.abs(y - x).mean()) if differs else None,
                   "max_abs_difference": float(np.abs(y - x).max()) if differs else None,
-                  "top_k": {"k": k, **_overlap(_top(a.values, valid, k), _top(b.values, valid, k))},
+                  "top_k": {"k": k, **_overlap(set(_ranked(a.values, valid)[:k]), set(_ranked(b.values, valid)[:k]))},
                   "labelled": labels}
     return Comparison(a, b, conversion, valid, statistics, movers, measure=how)
 
@@ -240,17 +238,14 @@ class Comparison(Payload):
     @payload("every head, layer by layer", items=Field("object", "a head", fields=COMPARE_ROW))
     def rows(self) -> list[dict[str, Any]]:
         """One row per head: its values, difference, each map's rank (1: largest), rank difference and labels."""
-        rank = {}
-        for name, values in (("a", self.a.values), ("b", self.b.values)):
-            cells = sorted(((int(layer), int(head)) for layer, head in np.argwhere(self.valid)),
-                           key=lambda cell: (-values[cell], cell))  # `values`: used within this iteration
-            rank[name] = {cell: index + 1 for index, cell in enumerate(cells)}
+        rank = {name: {cell: index + 1 for index, cell in enumerate(_ranked(values, self.valid))}
+                for name, values in (("a", self.a.values), ("b", self.b.values))}
         rows = []
         for layer, head in np.ndindex(*self.valid.shape):
             a, b = self.a.values[layer, head], self.b.values[layer, head]
             rank_a, rank_b = rank["a"].get((layer, head)), rank["b"].get((layer, head))
-            rows.append({"layer": layer, "head": head, "a": _number(a), "b": _number(b),
-                         "difference": _number(b - a) if self.measure == DIFFERENCE else None,
+            rows.append({"layer": layer, "head": head, "a": rounded(a), "b": rounded(b),
+                         "difference": rounded(b - a) if self.measure == DIFFERENCE else None,
                          "rank_a": rank_a, "rank_b": rank_b,
                          "rank_difference": None if rank_a is None or rank_b is None else rank_b - rank_a,
                          "label_a": _label(self.a, layer, head), "label_b": _label(self.b, layer, head)})
@@ -274,10 +269,6 @@ class Comparison(Payload):
         spearman = "n/a" if stats["spearman"] is None else f"{stats['spearman']:.3f}"
         return (f"Comparison({self.a.source!r} vs {self.b.source!r}: {self.a.describe()}, Spearman {spearman}, "
                 f"top-{stats['top_k']['k']} overlap {stats['top_k']['count']})")
-
-
-def _number(value: float) -> float | None:
-    return None if not np.isfinite(value) else round(float(value), 6)
 
 
 def _label(head_map: HeadMap, layer: int, head: int) -> bool | None:

@@ -145,14 +145,10 @@ def _read_classify(path: Path, score: str | None) -> HeadMap:
 
 KV_FIELDS = {"retrieval": QUERY, "streaming": QUERY, "kv_retrieval": KV, "kv_streaming": KV, "duo": KV}
 """probe kv-heads' maps: per query head (`heads`), per KV head (`kv_heads`), and the DuoAttention values."""
-KV_QUANTITIES = {"retrieval": "retrieval score", "streaming": "streaming score", "kv_retrieval": "retrieval score",
-                 "kv_streaming": "streaming score", "duo": GATE}
-"""What each of those maps measures: a KV head's score is its query heads' (grouped), the same kind of score."""
 
 
 def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path) -> HeadMap:
-    """One map (`score`: one of KV_FIELDS) of a `KVHeads.to_dict()` payload: its --json file, or what --export
-    writes; labels: the KV heads kept full."""
+    """One map (`score`: one of KV_FIELDS) of a `KVHeads.to_dict()` payload; labels: the KV heads kept full."""
     path = Path(source)
     name = pick_score(list(KV_FIELDS), score, path)
     n_layers, n_heads, n_kv = payload["n_layers"], payload["n_heads"], payload["n_kv_heads"]
@@ -167,7 +163,8 @@ def kv_heads_map(payload: dict[str, Any], score: str | None, source: str | Path)
     return HeadMap(values, KV_FIELDS[name], str(path), "probe-kv-heads", name, n_heads=n_heads, n_kv_heads=n_kv,
                    dtype=payload.get("dtype"), model=payload.get("model"), labels=full if kv else None,
                    label_name="full" if kv else None, threshold=DUO_THRESHOLD if name == "duo" else None,
-                   quantity=KV_QUANTITIES[name], unit=GATE_UNIT if name == "duo" else SHARE)
+                   quantity=GATE if name == "duo" else f"{name.removeprefix('kv_')} score",  # kv_: its query heads'
+                   unit=GATE_UNIT if name == "duo" else SHARE)
 
 
 def duo_config(payload: dict[str, Any]) -> dict[str, Any]:

@@ -1,5 +1,4 @@
-"""Neuronpedia HeadVis's per-head metrics (`head_metrics`, `HeadVisMetrics`), read from fused attention statistics,
-and its formats: the published head-metrics JSON and the HeadVis frontend's data tree (probe.headvis.tree)."""
+"""Neuronpedia HeadVis's per-head metrics (`head_metrics`) and its formats (probe.headvis.tree)."""
 
 from probe.headvis.metrics import METRICS
 from probe.headvis.result import HeadVisMetrics

@@ -1,9 +1,6 @@
-"""Neuronpedia HeadVis's six per-head metrics (after Luger, Kamath et al. 2026), with HeadVis's definitions over the
-valid queries i of sequences of two tokens or more: self_attention_score A[i, i]; prev_token_score A[i, i - 1]
-(i >= 1); pattern_entropy -sum_j A_ij log max(A_ij, tiny); qk_distance sum_j A_ij |i - j| and its variance;
-induction_score A[i, p + 1] over earlier occurrences p of i's token (under 0.01 counted 0), per repeated query.
-Read from fused statistics where a backend serves a layer (no weights formed), else from blocks of eager weights
-(`add_block`) by the same definitions; beside them each (sequence, head)'s max_activation for the data tree."""
+"""Neuronpedia HeadVis's six per-head metrics (after Luger, Kamath et al. 2026; HeadVis's definitions, as
+HeadMetricsEntry states them), from fused statistics where a backend serves a layer (no weights formed), else from
+blocks of eager weights (`add_block`); beside them each (sequence, head)'s max_activation for the data tree."""
 
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,17 +10,12 @@ from torch import Tensor
 from probe.frames import frame, record_rows
 from probe.headvis.metrics import METRICS
 from probe.schemas.base import Field
-from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS
+from probe.schemas.common import DTYPE, HEAD, HEAD_COLUMNS, LAYER, MODEL, N_HEADS, N_LAYERS, rounded
 from probe.schemas.declare import Payload, columns, payload, published, schema_field
 
 UNITS = {"self_attention_score": "attention weight", "prev_token_score": "attention weight",
          "pattern_entropy": "nats", "qk_distance": "positions", "qk_distance_variance": "positions squared",
          "induction_score": "attention weight per repeated query"}  # a head map never compares unlike units
-
-
-def rounded(value: float) -> float | None:
-    """A metric as the payload writes it: 6 decimals, None where it is not a number."""
-    return round(value, 6) if math.isfinite(value) else None
 
 
 class HeadMetricsEntry(Payload, frozen=True):
@@ -79,7 +73,7 @@ class HeadVisMetrics(Payload):
 
     @payload("every head", items="one head")
     def heads(self) -> list[HeadMetricsEntry]:
-        return [HeadMetricsEntry(layer, head, *(rounded(float(self.metrics[name][layer, head])) for name in METRICS))
+        return [HeadMetricsEntry(layer, head, *(rounded(self.metrics[name][layer, head]) for name in METRICS))
                 for layer in range(self.n_layers) for head in range(self.n_heads)]
 
     def to_frame(self) -> Any:

@@ -1,5 +1,4 @@
-"""`head_metrics`: HeadVis's six metrics of every head, one forward per batch (fused statistics, else blocks of
-eager weights), then a small forward of the sampled sequences alone for the data tree's rows."""
+"""`head_metrics`: one forward per batch, then a small one of the sampled sequences for the data tree's rows."""
 
 from __future__ import annotations
 
@@ -19,7 +18,7 @@ from probe.hooks.types import Handler, HookContext
 from probe.inputs import ProbeSet, real_tokens
 from probe.kernels import DEFAULT_CONFIG, FusedStatistics, KernelConfig
 from probe.models import LoadedModel
-from probe.progress import Progress, ProgressArg, callback, reports
+from probe.progress import Progress, ProgressArg, callback, counter, reports
 from probe.provenance import model_dtype
 
 PATHS = ("auto", "blocked")
@@ -58,13 +57,8 @@ def _read(loaded: LoadedModel, batches: list[tuple[Tensor, Tensor | None]], sums
           config: KernelConfig, report: Progress | None) -> dict[int, str]:
     """Every batch's forward into `sums`; {layer: the backend that served it, or why it went blocked}."""
     n_layers = sums.sums.shape[1]
-    total, done = len(batches) * n_layers, [0]
     paths: dict[int, str] = {}
-
-    def step() -> None:
-        done[0] += 1
-        if report is not None:
-            report(done[0], total)
+    step = counter(report, len(batches) * n_layers)
 
     def on_weights(weights: Tensor, ctx: HookContext) -> None:
         sums.add_block(ctx.layer, ctx.start, weights)

@@ -1,20 +1,19 @@
-"""What HeadVis reads: Neuronpedia's head-metrics JSON (`neuronpedia_json`; probe.headmaps.formats reads it back)
-and the frontend's data tree (`write_tree`), with the field names of Neuronpedia's pipeline
-(utils/neuronpedia-utils/neuronpedia_utils/headvis). A head's file holds its sampled sequences as sparse COO (flat
-index q x seq_len + k), each in an equal-frequency interval of max_activation (1 lowest)."""
+"""What HeadVis reads, with the field names of Neuronpedia's pipeline (utils/neuronpedia-utils/neuronpedia_utils/
+headvis): its head-metrics JSON (`neuronpedia_json`) and the frontend's data tree (`write_tree`), a head's sampled
+sequences as sparse COO (flat index q x seq_len + k) in equal-frequency intervals of max_activation (1 lowest)."""
 
 from __future__ import annotations
 
 import bisect
 import json
-import math
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from probe.headvis.metrics import METRICS
-from probe.headvis.result import HeadVisMetrics, Sample, rounded
+from probe.headvis.result import HeadVisMetrics, Sample
+from probe.schemas.common import rounded
 
 N_INTERVALS = 5
 SAMPLES_PER_INTERVAL = 3
@@ -40,7 +39,7 @@ def neuronpedia_json(result: HeadVisMetrics) -> dict[str, Any]:
               "n_sequences": result.counts["sequences"], "seq_len": result.probe_set.get("length"),
               "dtype": result.dtype, "attn_implementation": result.path, "n_layers": result.n_layers,
               "n_heads": result.n_heads}
-    return {"config": config, "metrics": {name: [[rounded(float(value)) for value in row]
+    return {"config": config, "metrics": {name: [[rounded(value) for value in row]
                                                  for row in result.metrics[name].tolist()] for name in METRICS}}
 
 
@@ -68,12 +67,8 @@ def _dump(path: Path, payload: Any, indent: int | None = None) -> None:
 def scatter_rows(result: HeadVisMetrics) -> list[dict[str, Any]]:
     """scatter_data.json: one row per head, its layer, head and six metrics (4 decimals, null: not a number)."""
     return [{"layer": layer, "head": head,
-             **{name: _four(float(result.metrics[name][layer, head])) for name in METRICS}}
+             **{name: rounded(result.metrics[name][layer, head], 4) for name in METRICS}}
             for layer in range(result.n_layers) for head in range(result.n_heads)]
-
-
-def _four(value: float) -> float | None:
-    return round(value, 4) if math.isfinite(value) else None
 
 
 def tree_config(result: HeadVisMetrics, n_intervals: int) -> dict[str, Any]:
@@ -110,7 +105,7 @@ def head_file(result: HeadVisMetrics, layer: int, head: int, sparse_threshold: f
             "histogram": {"bin_edges": [round(float(edge), 4) for edge in np.linspace(0.0, 1.0, ACTIVATION_BINS + 1)],
                           "bin_values": np.bincount(bins, minlength=ACTIVATION_BINS).tolist()},
             "statistics": {"n_samples": len(sequences),
-                           "mean_max_activation": _four(float(largest.mean())) if len(largest) else None}}
+                           "mean_max_activation": rounded(largest.mean(), 4) if len(largest) else None}}
 
 
 def intervals(largest: np.ndarray, count: int) -> list[float]:
@@ -133,7 +128,7 @@ def _sequences(samples: list[Sample], layer: int, head: int, largest: np.ndarray
             continue
         value = float(largest[sample.index])
         record["interval"] = min(bisect.bisect_right(boundaries, value), n_intervals - 1) + 1
-        record["max_activation"] = _four(value)
+        record["max_activation"] = rounded(value, 4)
         by_interval[record["interval"]].append(record)
     out = []
     for interval in sorted(by_interval):

@@ -1,5 +1,4 @@
-"""Every input probe reads, in one package: each module builds one kind and registers it in `PROBE_SETS`;
-`build_probe_set(name, loaded, ProbeOptions(...))` builds any of them."""
+"""Every input probe reads: each module registers its kind in `PROBE_SETS`, and `build_probe_set` builds any."""
 
 # ruff: noqa: F401 (every import is re-exported through __all__)
 from types import ModuleType as _ModuleType

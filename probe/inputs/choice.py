@@ -1,5 +1,4 @@
-"""Which probe set a command's inputs choose: one rule for every command, so that the same inputs choose the same
-set."""
+"""Which probe set a command's inputs choose: one rule, so that the same inputs choose the same set everywhere."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ def data_file(data: str) -> Path | None:
 
 def probe_set_name(data: str, *, labels: Path | None = None, task: str | None = None, pairs: Path | None = None,
                    seq2seq: Path | None = None, contrast: bool = False, compared: bool = False) -> str:
-    """The name in PROBE_SETS of the set these inputs choose; `contrast`: a task is its clean/corrupt pairs;
-    `compared`: a labels file holds pairs."""
+    """The PROBE_SETS name these inputs choose; `contrast`: a task as its pairs; `compared`: a labels file of pairs."""
     if pairs is not None or (contrast and task in CONTRAST_TASKS):
         return "contrast"
     if labels is not None:

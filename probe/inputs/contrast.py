@@ -1,8 +1,5 @@
-"""Contrast sets: clean/corrupt prompt pairs of one token length, with an answer and a distractor token, the input of
-direct logit attribution and activation patching; the metric is logit(answer) - logit(distractor) at the last prompt
-position (Wang et al. 2022). Pairs come from a JSON-lines file (`read_contrast_pairs`: a row of unequal lengths is
-refused) or are generated (`CONTRAST_TASKS`: ioi's ABC corruption, sva's flipped subject number; items of unequal
-lengths or multi-token answers are dropped and counted)."""
+"""Contrast sets: clean/corrupt prompt pairs of one token length, from a JSON-lines file or generated (CONTRAST_TASKS),
+for DLA and patching; the metric is logit(answer) - logit(distractor) at the last prompt position (Wang et al. 2022)."""
 
 from __future__ import annotations
 
@@ -121,15 +118,13 @@ def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
 
 
 def ioi_pairs(count: int, seed: int) -> list[ContrastPair]:
-    """IOI pairs with the ABC corruption (Wang et al. 2022): the subject's second mention a third name in the corrupt
-    one."""
+    """IOI pairs with the ABC corruption (Wang et al. 2022): a third name for the subject's second mention."""
     return [ContrastPair(prompt(s=subject), prompt(s=third), f" {io}", f" {subject}")
             for prompt, (io, subject, third) in ioi_draws(count, seed, 3)]
 
 
 def sva_pairs(count: int, seed: int) -> list[ContrastPair]:
-    """Subject-verb agreement pairs: the corrupt prompt has the subject's number flipped (and an agreeing relative
-    clause's verb); answer the agreeing verb, distractor the other form; half the subjects singular."""
+    """Agreement pairs: the corrupt prompt's subject (and agreeing clause verb) in the other number."""
     return [ContrastPair(draw.prompt(draw.plural), draw.prompt(not draw.plural), draw.verb[draw.plural],
                          draw.verb[not draw.plural]) for draw in sva_draws(count, seed)]
 

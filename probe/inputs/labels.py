@@ -1,7 +1,5 @@
-"""Labelled texts for sequence classifiers: a JSON-lines file of {"text", "label"} rows ("text_pair" for pair tasks),
-tokenized with the model's special tokens. The set's `scored` is one-hot on each row's gold class (a string label
-matched to `id2label`); the class count is read off one forward. `read_class_pairs` reads clean/corrupt texts for
-patching. Limit: probe passes ids and mask only, so BERT's token_type_ids see both texts of a pair as segment A."""
+"""Labelled texts for sequence classifiers, `scored` one-hot on each row's gold class, and their clean/corrupt pairs.
+Limit: probe passes ids and mask only, so BERT's token_type_ids see both texts of a pair as segment A."""
 
 from __future__ import annotations
 
@@ -163,8 +161,7 @@ def _answer_distractor(row: dict, where: str, names: list[str]) -> tuple[int, in
 
 
 def read_class_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
-    """A classifier's clean/corrupt pairs: {"clean", "corrupt", "answer", "distractor"} rows of two texts of one
-    token length and two classes; a bad row is one error naming its line."""
+    """A classifier's clean/corrupt texts of one token length with two classes; a bad row is one error naming it."""
     rows = json_lines(path, "pairs file", "give a .jsonl file of clean/corrupt/answer/distractor rows", "labels")
     texts = [_class_texts(row, where) for where, row in rows]
     clean, corrupt = (_encode(loaded, [LabelledText(pair[side], 0, where=where) for (where, _), pair in

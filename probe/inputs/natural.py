@@ -1,6 +1,5 @@
-"""The natural and repeated probe sets. natural: the shipped English prose (probe/inputs/english.txt) or the user's
-text, cut into chunks of `seq_len` tokens, BOS prepended where the tokenizer has one (random tokens without a
-tokenizer). repeated: BOS + `repeat_len` seeded random non-special tokens, twice (Olsson et al. 2022)."""
+"""The natural probe set (English prose or the user's text in chunks of `seq_len` tokens) and the repeated one
+(`repeat_len` seeded random tokens, twice: Olsson et al. 2022), BOS first where the tokenizer has one."""
 
 from __future__ import annotations
 

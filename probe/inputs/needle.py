@@ -46,8 +46,7 @@ class NeedleSet(ProbeSet):
 
 @dataclass
 class _Parts:
-    """Token ids of one prompt's pieces; `key_at` the key's offset in the needle, `counted` its key tokens that
-    count."""
+    """Token ids of one prompt's pieces; `key_at`: the key's offset in the needle; `counted`: key tokens scored."""
 
     needle: list[int]
     question: list[int]

@@ -1,5 +1,4 @@
-"""Source/target pairs for encoder-decoders (the `seq2seq` probe set): the encoder reads the source, the decoder the
-target teacher-forced, scored by the cross-entropy on the target tokens. A JSON-lines file of {"source", "target"}."""
+"""Source/target pairs for encoder-decoders (the `seq2seq` probe set), from a JSON-lines file of source and target."""
 
 from __future__ import annotations
 

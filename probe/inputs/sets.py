@@ -1,6 +1,5 @@
-"""Probe sets: the inputs heads are scored and ablated on, and their one registry. An entry declares its input kind
-(`kind`) and which option names what it reads (`reads`), so that callers ask the registry instead of knowing each
-set. Batches that need padding are right-padded."""
+"""Probe sets and their one registry: an entry declares its input `kind` and the options it `reads`, so that callers
+ask the registry instead of knowing each set."""
 
 from __future__ import annotations
 
@@ -53,15 +52,16 @@ class ProbeSet:
         """(ids, mask) per batch of `batch_size` sequences; right padding cut to the batch's longest sequence."""
         if batch_size < 1:
             raise ProbeError(f"batch_size must be at least 1, got {batch_size}", parameter="batch_size")
-        out = []
-        for first in range(0, self.input_ids.shape[0], batch_size):
-            ids = self.input_ids[first:first + batch_size]  # (batch, positions)
-            mask = None if self.attention_mask is None else self.attention_mask[first:first + batch_size]
-            if mask is not None:  # cut the columns no sequence of this batch uses
-                length = int(mask.sum(dim=1).max())
-                ids, mask = ids[:, :length], mask[:, :length]
-            out.append((ids, mask))
-        return out
+        return [self.rows(first, batch_size) for first in range(0, self.input_ids.shape[0], batch_size)]
+
+    def rows(self, first: int, count: int) -> tuple[Tensor, Tensor | None]:
+        """(ids, mask) of `count` sequences from `first`, cut to their longest (the columns none of them uses)."""
+        ids = self.input_ids[first:first + count]  # (batch, positions)
+        mask = None if self.attention_mask is None else self.attention_mask[first:first + count]
+        if mask is not None:
+            length = int(mask.sum(dim=1).max())
+            ids, mask = ids[:, :length], mask[:, :length]
+        return ids, mask
 
     def sources(self, batch_size: int) -> list[Source | None]:
         """The encoder input of each batch, right padding cut; None each without sources."""

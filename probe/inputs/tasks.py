@@ -1,8 +1,6 @@
-"""Task sets for the `task_margin` metric: pairs from a JSON-lines file, minimal pairs {"sentence_good",
-"sentence_bad"} (BLiMP) scored on the whole sentence, or prompts {"prompt", "answer", "distractor"} scored at the
-last prompt position; or generated (TASKS: sva after Marvin & Linzen 2018, ioi after Wang et al. 2022; items with a
-multi-token answer or distractor dropped and counted). Each pair is two rows, good then bad, `scored` marking the
-positions that count."""
+"""Task sets for the `task_margin` metric: minimal pairs (BLiMP) or prompts with an answer and a distractor, from a
+JSON-lines file or generated (TASKS: sva after Marvin & Linzen 2018, ioi after Wang et al. 2022); each item is two
+rows, good then bad, `scored` marking the positions that count."""
 
 from __future__ import annotations
 
@@ -126,8 +124,7 @@ class SvaDraw:
 
 
 def sva_draws(count: int, seed: int) -> list[SvaDraw]:
-    """The random choices of `count` agreement items: half singular subjects; subject and attractor of opposite
-    number."""
+    """The random choices of `count` agreement items: half singular; subject and attractor of opposite number."""
     rng = random.Random(seed)
     draws = []
     for index in range(count):
@@ -200,8 +197,7 @@ def _rows(loaded: LoadedModel, item: TaskItem, bos: list[int]) -> list[tuple[lis
 
 
 def task_items(loaded: LoadedModel, task: str | Path, count: int, seed: int) -> tuple[list[TaskItem], str, list[str]]:
-    """The items of a task (of TASKS, or a file), generated ones that are not single tokens dropped; source and
-    drops."""
+    """(items, source, drops) of a task of TASKS or a file; generated items not single tokens are dropped."""
     if loaded.tokenizer is None:
         raise ProbeError("a task set needs the model's tokenizer (this model has none)", parameter="task")
     if str(task) in TASKS:

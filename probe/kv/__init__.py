@@ -1,7 +1,5 @@
-"""`kv_heads`: which KV heads a long-context cache can shrink to sink + recent keys (streaming) and which need the
-full cache, from needle prompts (retrieval, Wu et al. 2024; streaming, Xiao et al. 2023); a KV head streams only if
-every query head sharing it can. Labels come from a budget calibrated on held-out inputs, a fixed one, or kvpress's
-(`kvpress_ratio`); the curve checks the order against random ones."""
+"""`kv_heads`: which KV heads a long-context cache can shrink to sink + recent keys (streaming, Xiao et al. 2023) and
+which need the full cache (retrieval, Wu et al. 2024); a KV head streams only if every query head sharing it can."""
 
 from probe.kv.budget import (DEFAULT_FULL_FRACTION, DEFAULT_MAX_LOSS_INCREASE, Budget, budget_points, calibrate_budget,
                              full_heads)

@@ -24,9 +24,8 @@ def curve_steps(n_kv_total: int, steps: int) -> list[int]:
 def stream_curve(loaded: LoadedModel, order: list[tuple[int, int]], inputs: CurveInputs, ks: list[int],
                  seeds: list[int], *, progress: ProgressArg = None,
                  stop_below: float | None = DEFAULT_MAX_LOSS_INCREASE) -> dict[str, Any]:
-    """Loss change and needle accuracy with the first k KV heads of `order` windowed, and of random orders. With
-    `stop_below`, a random order stops at its first k the budget's rule refuses where probe's is accepted: clearly
-    below, its later points (None) are not measured. Progress in points (a bound with `stop_below`)."""
+    """Loss change and needle accuracy with the first k KV heads of `order` windowed, and of random orders (one
+    clearly below probe's stops with `stop_below`, its later points None)."""
     cache: dict[frozenset[tuple[int, int]], tuple[float, float]] = {}
     report = callback(progress)
     orders = {"probe": order} | {f"random_{seed}": random.Random(seed).sample(order, len(order)) for seed in seeds}

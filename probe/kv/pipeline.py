@@ -95,9 +95,8 @@ def kv_heads(
     data: str | None = None, seed: int = 0, order_by: str = "retrieval", stop_random: bool = True,
     kvpress_ratio: float | None = None, progress: StageProgressArg = None,
 ) -> KVHeads:
-    """Score every head for retrieval (needle prompts of `lengths` x `depths`) and streaming (sink + `recent`),
-    aggregate per KV head, order them, label them from a budget (see probe.kv) and, with `curve`, check the order
-    against random orders of `random_seeds` in `steps` steps (stream_curve). Stages: STAGE_UNITS."""
+    """Score every head for retrieval and streaming, aggregate per KV head, order them, label them from a budget
+    and, with `curve`, check the order against random ones (stream_curve). Stages: STAGE_UNITS."""
     fixed = _check(loaded, tuple(lengths), sink, recent, list(random_seeds), order_by, kvpress_ratio,
                    (full_fraction, retrieval_threshold, streaming_threshold))
     options = NeedleOptions(seed=seed, lengths=tuple(lengths), depths=tuple(depths), prompts=prompts,

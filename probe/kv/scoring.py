@@ -1,5 +1,4 @@
-"""The scoring pass of `kv_heads`: one forward per needle prompt, its sums kept on the device and fetched once
-after it (scores by probe.heads.scores' definitions); and the model's teacher-forced needle accuracy."""
+"""The scoring pass of `kv_heads` (one forward per needle prompt, sums fetched once after it), and needle accuracy."""
 
 from __future__ import annotations
 
@@ -70,13 +69,8 @@ def needle_accuracy(loaded: LoadedModel, needles: NeedleSet, *, batch_size: int 
 
 
 def _rows(needles: NeedleSet, first: int, batch_size: int) -> tuple[Tensor, Tensor | None, Tensor]:
-    ids = needles.input_ids[first:first + batch_size]
-    sources = needles.sources[first:first + batch_size]
-    mask = None if needles.attention_mask is None else needles.attention_mask[first:first + batch_size]
-    if mask is not None:
-        length = int(mask.sum(dim=1).max())
-        ids, mask, sources = ids[:, :length], mask[:, :length], sources[:, :length]
-    return ids, mask, sources
+    ids, mask = needles.rows(first, batch_size)
+    return ids, mask, needles.sources[first:first + batch_size, :ids.shape[1]]
 
 
 class _Scorer:
@@ -145,9 +139,8 @@ def _fetched(parts: dict[int, Tensor]) -> dict[int, Tensor]:
 def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAULT_SINK,
                   recent: int = DEFAULT_RECENT, progress: ProgressArg = None,
                   fast: bool = True) -> tuple[Tensor, Tensor, NeedleRun]:
-    """(retrieval, streaming (n_layers, n_heads), the model's needle accuracy), one forward per prompt with nothing
-    read back inside it (`fast`: from fused statistics where a layer allows); retrieval is reduced from the answer
-    rows' top keys once the logits say which rows were predicted. Progress in needle prompts."""
+    """(retrieval, streaming (n_layers, n_heads), needle accuracy), one forward per prompt with nothing read back
+    inside it (`fast`: fused statistics where a layer allows). Progress in needle prompts."""
     layers, report = attention_layers(loaded.model), callback(progress)
     n_layers, n_heads = len(layers), max(layer.n_heads for layer in layers)
     retrieval_sum, retrieval_prompts = torch.zeros(n_layers, n_heads, dtype=torch.float64), 0

@@ -1,5 +1,4 @@
-"""Loading models: `load_model(spec)` for an alias, a Hugging Face folder or hub id, a `.gguf` file, or
-`FILE.py:FUNCTION`; and where a loaded model's inputs go (`placement`)."""
+"""Loading models (`load_model`), and where a loaded model's inputs go (`placement`)."""
 
 from probe.models.aliases import (ALIASES, DEFAULT_MODEL, HUB_ALIASES, Alias, HubAlias, alias_path, cache_root,
                                   hub_cached, resolve_alias)

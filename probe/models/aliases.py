@@ -35,8 +35,7 @@ DEFAULT_MODEL = "smollm2"
 
 @dataclass
 class HubAlias:
-    """A model probe knows by a short name that comes from the Hugging Face hub: the first load needs the network
-    (then transformers' cache serves it offline). The hub id is what provenance records."""
+    """A short name for a hub model: the first load needs the network; provenance records the hub id."""
 
     name: str
     hub_id: str

@@ -61,9 +61,7 @@ def _check_file(gguf: Path) -> None:
 
 @contextmanager
 def tqdm_bars_off() -> Iterator[None]:
-    """tqdm's bars off for the body, as before afterwards. transformers draws its "Converting and de-quantizing GGUF
-    tensors" bar with tqdm itself, which its own progress-bar setting (`disable_progress_bar`) does not reach; probe
-    says that it dequantises instead."""
+    """tqdm's bars off for the body: transformers' GGUF conversion bar ignores its own progress-bar setting."""
     from tqdm import std
 
     init = vars(std.tqdm)["__init__"]
@@ -122,10 +120,7 @@ def _from_cache(cached: Path, dtype: torch.dtype, placement: dict[str, Any] | No
 
 def load_gguf(gguf: Path, dtype: torch.dtype = torch.float32,
               placement: dict[str, Any] | None = None) -> tuple[nn.Module, Any]:
-    """Load a GGUF file, dequantised; the float weights are cached so that the next load skips dequantising.
-
-    With a `placement` (device map), the model is loaded from the cached folder, as any Hugging Face folder.
-    """
+    """Load a GGUF file, dequantised and cached; with a device map `placement`, from the cached folder."""
     cached = _cache_dir(gguf)
     found = _from_cache(cached, dtype, placement)
     if found is not None:

@@ -50,8 +50,7 @@ def _needs_remote_code(error: Exception) -> bool:
 
 @contextmanager
 def loading_bars_off() -> Iterator[None]:
-    """transformers' own progress bars ("Loading weights") off while probe loads a model, from Python as from the
-    command line; huggingface_hub's download bars as they were; both as before afterwards."""
+    """transformers' "Loading weights" bars off while probe loads a model; download bars as they were."""
     from huggingface_hub import utils as hub
     from transformers.utils import logging as hf_logging
 
@@ -100,8 +99,7 @@ def _check_placement(config: Any, device_map: dict[str, int | str], trust_remote
 
 
 def is_classifier_config(config: Any) -> bool:
-    """A sequence classifier: the config's architectures name a `*ForSequenceClassification` (a fine-tuned BERT,
-    RoBERTa, DistilBERT or Llama classifier), whose output is class logits (batch, classes)."""
+    """A sequence classifier (a `*ForSequenceClassification` architecture), whose output is class logits."""
     return any(str(name).endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or [])
 
 
@@ -120,10 +118,7 @@ def _model_classes(config: Any) -> list[Any]:
 
 def from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] | None = None, *,
                     trust_remote_code: bool = False, **kwargs: Any) -> nn.Module:
-    """AutoModelForCausalLM where the architecture has an LM head, else AutoModel (encoders such as BERT).
-
-    `placement` holds device_map / offload_folder / max_memory for from_pretrained.
-    """
+    """The first of `_model_classes` that loads; `placement`: device_map, offload_folder, max_memory."""
     from transformers import AutoConfig
 
     with remote_code_refused(source), loading_bars_off():
@@ -161,8 +156,7 @@ def encodes_text(tokenizer: Any) -> bool:
 
 
 def load_tokenizer(source: str, *, trust_remote_code: bool = False, **kwargs: Any) -> Any | None:
-    """The folder's tokenizer, or None where it has none that loads or none that encodes text (then probe sets use
-    random tokens, with a warning); its own code only when trusted."""
+    """The folder's tokenizer, or None where none loads or encodes text (probe sets then use random tokens)."""
     from transformers import AutoTokenizer
 
     try:

@@ -1,6 +1,4 @@
-"""Turn a model spec into a loaded model: an alias, a Hugging Face folder or hub id, a `.gguf` file, or
-`FILE.py:FUNCTION` for a custom PyTorch model; or a model already in memory, bare or wrapped by TransformerLens or
-nnsight (`probe.models.wrapped`)."""
+"""Turn a model spec (an alias, a folder or hub id, a .gguf file, FILE.py:FUNCTION, a module) into a LoadedModel."""
 
 from __future__ import annotations
 
@@ -18,6 +16,7 @@ from probe.models.aliases import ALIASES, DEFAULT_MODEL, HUB_ALIASES, alias_path
 from probe.models.custom import is_custom_spec, load_custom, missing_function
 from probe.models.gguf import cached_config, load_gguf
 from probe.models.origin import ModelOrigin, module_origin, origin_of
+from probe.models.parts import input_embeddings
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import DeviceMap, input_device, parse_device_map, placed
 from probe.models.wrapped import WrapperKind, holds_bridge_components, unbridged, wrapper_kinds, wrapper_of
@@ -57,8 +56,7 @@ def _parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
 
 
 def check_device(device: str | None) -> None:
-    """A device torch knows and this machine has: one line instead of torch's AssertionError without CUDA, saying
-    whether the installed torch cannot use CUDA at all (a CPU build: how to get one that can) or sees no GPU."""
+    """A device torch knows and this machine has: one line instead of torch's AssertionError without CUDA."""
     if device is None:
         return
     try:
@@ -146,8 +144,7 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
 
 
 def loading_words(spec: str) -> str:
-    """What loading `spec` does, for the line that says so while it runs: a GGUF file (an alias' or a .gguf path)
-    is dequantised on its first load and read from probe's cache after."""
+    """What loading `spec` does, for the line shown while it runs (a GGUF file is dequantised on its first load)."""
     path = alias_path(ALIASES[spec]) if spec in ALIASES else Path(spec) if spec.endswith(".gguf") else None
     if path is None or not path.is_file():
         return f"loading {spec}"
@@ -163,17 +160,12 @@ def _is_hub_id(spec: str) -> bool:
 
 
 def _vocab_size(model: nn.Module) -> int:
-    """`vocab_size` of the model or its config, else the input embedding's size, else the logits' last dimension on
-    a two-token input (a custom model)."""
+    """`vocab_size` of the model or config, else the input embedding's, else the logits' width (a custom model)."""
     for owner in (model, getattr(model, "config", None)):
         size = getattr(owner, "vocab_size", None)
         if isinstance(size, int) and size > 0:
             return size
-    embeddings = getattr(model, "get_input_embeddings", None)
-    try:
-        size = embeddings().num_embeddings if callable(embeddings) else None
-    except (AttributeError, NotImplementedError):
-        size = None
+    size = getattr(input_embeddings(model), "num_embeddings", None)
     if size:
         return size
     try:
@@ -222,20 +214,11 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
                trust_remote_code: bool = False, revision: str | None = None) -> LoadedModel:
     """Load what `spec` names, in eval mode; raise ProbeError with one readable line when it cannot.
 
-    `spec` may also be an `nn.Module` already loaded (with its `tokenizer`, and a `name` for reports): it is used as
-    it is, in eval mode (cast or moved only when `dtype` or `device` is given).
-
-    `device_map` ("auto", "balanced", "sequential", or {module: GPU index | "cpu" | "disk"}, or that as JSON) spreads
-    a model that does not fit on one device over several, through accelerate; "disk" modules are read from
-    `offload_folder` (safetensors checkpoints are memory-mapped in place). `max_memory` caps each device for the
-    strategies, e.g. {0: "20GiB", "cpu": "60GiB"}. A folder's or hub model's own Python code (auto_map) runs only
-    with `trust_remote_code=True`; a `FILE.py:FUNCTION` spec always imports and runs that file. `revision` (a
-    branch, tag or commit of a hub id: a training checkpoint, e.g. Pythia's `step1000`) loads that version.
-
-    `spec` may be a model wrapped by TransformerLens 4 (`TransformerBridge`) or nnsight (`NNsight`, `LanguageModel`,
-    `TransformersModel`):
-    probe runs the Hugging Face model inside (in eval mode, in its dtype and place) with the wrapper's tokenizer, and
-    the wrapper keeps working, its output unchanged (docs/models.md).
+    `spec` may also be an `nn.Module` already loaded, used as it is (cast or moved only for `dtype` or `device`), or
+    a model wrapped by TransformerLens 4 or nnsight, whose Hugging Face model probe runs where it is (docs/models.md).
+    `device_map` (a strategy such as "auto", or {module: GPU index | "cpu" | "disk"}, or that as JSON) spreads a model
+    over devices through accelerate, with `offload_folder` and `max_memory`. A folder's or hub model's own code runs
+    only with `trust_remote_code=True`; `revision` loads a branch, tag or commit of a hub id (Pythia's `step1000`).
     """
     kind = wrapper_of(spec)
     if kind is not None:

@@ -14,9 +14,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 @dataclass(frozen=True)
 class ModelOrigin:
-    """The resolved model: `kind` gguf, folder, hub, custom (FILE.py:FUNCTION) or module (an nn.Module given);
-    `source` its file, folder, hub id or class; `weights` the files whose bytes identify it (none for a hub id,
-    whose commit does, or for code-made weights, whose tensors do)."""
+    """The resolved model: `kind` gguf, folder, hub, custom or module; `weights`: the files whose bytes identify it
+    (none for a hub id, whose commit does, or for code-made weights, whose tensors do)."""
 
     kind: str
     source: str

@@ -1,6 +1,4 @@
-"""Reading what a model's forward returned (its logits, or its last hidden states): part of what a loaded model is,
-so that loading can check a model's first forward and every later stage (probe.hooks.run re-exports it) reads the
-same."""
+"""What a model's forward returned (logits, or last hidden states), read one way by loading and every stage."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""A model's parts (projections, norms, MLP, embeddings, unembedding), each found by the first of the names model
-families give it that a module has: the one list of part names, which circuits, DLA, QK attribution and the hooks
-ask."""
+"""A model's parts (projections, norms, MLP, embeddings), each by the first of its families' names a module has: the
+one list of part names."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ def _part(model: nn.Module, getter_name: str) -> nn.Module | None:
     getter = getattr(model, getter_name, None)
     try:
         found = getter() if callable(getter) else None
-    except NotImplementedError:  # transformers' base class for a model that has none
+    except (AttributeError, NotImplementedError):  # transformers' base class for a model that has none
         return None
     return found if isinstance(found, nn.Module) else None
 
@@ -50,8 +49,7 @@ def base_model(model: nn.Module) -> nn.Module | None:
 
 
 def position_embedding(model: nn.Module) -> nn.Module | None:
-    """The learned position embedding (GPT-2's `wpe`, OPT's `embed_positions`) of the base model, or of the model
-    where it names no base model; None where it has none (rotary models)."""
+    """The learned position embedding (GPT-2's `wpe`) of the base model; None where it has none (rotary models)."""
     body = base_model(model)
     return named_child(model if body is None else body, POSITION_EMBEDDINGS)[1]
 

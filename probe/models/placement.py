@@ -25,10 +25,7 @@ _OFF_DEVICE = ("cpu", "disk", "meta")
 
 
 def parse_device_map(value: DeviceMap | None) -> DeviceMap | None:
-    """A strategy name, a JSON object (inline, or a .json file) of module -> device, or a dict; checked shallowly.
-
-    Strings come from the command line, so "auto" and '{"model.layers.0": 0, "lm_head": "cpu"}' both work.
-    """
+    """A strategy name, a JSON object (inline or a .json file) of module -> device, or a dict; checked shallowly."""
     if value is None or isinstance(value, dict):
         mapping = value
     elif value in STRATEGIES:
@@ -74,8 +71,7 @@ def parse_device_map(value: DeviceMap | None) -> DeviceMap | None:
 
 def check_device_map(device_map: dict[str, int | str], module_names: Iterable[str],
                      parameter_names: Iterable[str]) -> None:
-    """Every key names a module and every parameter gets a device, else one line saying which (accelerate only warns
-    about a key that matches no module)."""
+    """Every key names a module and every parameter gets a device, else one line (accelerate only warns)."""
     modules = set(module_names) | {""}
     for name in device_map:
         if name not in modules:
@@ -90,8 +86,7 @@ def check_device_map(device_map: dict[str, int | str], module_names: Iterable[st
 
 
 def input_device(model: nn.Module) -> torch.device:
-    """Where a forward's inputs go: with a device map, its first GPU (else cpu), where accelerate runs offloaded
-    modules; otherwise the first parameter's device that is not 'meta', else cpu."""
+    """Where a forward's inputs go: a device map's first GPU, else the first parameter's device not 'meta', else cpu."""
     device_map = getattr(model, "hf_device_map", None)
     if isinstance(device_map, dict) and device_map:
         for device in device_map.values():

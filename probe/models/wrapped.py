@@ -56,20 +56,19 @@ def wrapper_kinds() -> str:
     return " or ".join(kind.library for kind in WRAPPERS)
 
 
-def unwrapped_view(root: nn.Module, unwrap: Callable[[nn.Module], nn.Module | None]) -> nn.Module:
-    """`root` with every wrapper module replaced by the module it wraps (`unwrap`; None: wraps nothing). Modules above
-    a wrapper are shallow copies with their own dicts (children, hooks) and methods bound to the copy, sharing every
-    tensor, so that what probe sets on them never reaches the wrapped tree."""
-    return _view(root, unwrap, {})
-
-
-def _view(module: nn.Module, unwrap: Callable[[nn.Module], nn.Module | None], seen: dict[int, nn.Module]) -> nn.Module:
+def unwrapped_view(module: nn.Module, unwrap: Callable[[nn.Module], nn.Module | None],
+                   seen: dict[int, nn.Module] | None = None) -> nn.Module:
+    """`module` with every wrapper module replaced by the module it wraps (`unwrap`; None: wraps nothing). Modules
+    above a wrapper are shallow copies with their own dicts (children, hooks) and methods bound to the copy, sharing
+    every tensor, so that what probe sets on them never reaches the wrapped tree."""
+    seen = {} if seen is None else seen
     inner = unwrap(module)
     while inner is not None:
         module, inner = inner, unwrap(inner)
     if id(module) in seen:  # a module the model holds twice (tied, shared) stays one module in the view
         return seen[id(module)]
-    children = {name: None if child is None else _view(child, unwrap, seen) for name, child in module._modules.items()}
+    children = {name: None if child is None else unwrapped_view(child, unwrap, seen)
+                for name, child in module._modules.items()}
     view = module
     if any(child is not module._modules[name] for name, child in children.items()):
         view = copy.copy(module)
@@ -90,8 +89,7 @@ def _rebound(value: Any, old: nn.Module, new: nn.Module) -> Any:
 
 
 def _bridge_model(bridge: Any) -> nn.Module:
-    """A TransformerBridge's Hugging Face model, its components (which compute attention outside transformers'
-    interface, where probe's hooks are) replaced by their original modules."""
+    """A TransformerBridge's Hugging Face model, its components (attention outside probe's hooks) unwrapped."""
     try:
         model = bridge.original_model
     except AttributeError as error:
@@ -108,8 +106,7 @@ def holds_bridge_components(module: nn.Module) -> bool:
 
 
 def unbridged(model: nn.Module) -> nn.Module:
-    """`unwrapped_view` of a model a TransformerBridge has booted: each bridge component replaced by the module it
-    wraps (the weights shared, nothing copied)."""
+    """`unwrapped_view` of a model a TransformerBridge has booted (the weights shared, nothing copied)."""
     from transformer_lens.model_bridge.generalized_components.base import GeneralizedComponent
 
     def original(module: nn.Module) -> nn.Module | None:

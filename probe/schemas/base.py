@@ -57,8 +57,7 @@ def object_schema(fields: dict[str, Field], patterns: dict[str, Field] | None = 
 
 @dataclass(frozen=True)
 class Kind:
-    """A result kind probe writes as JSON: name, version, result class, top-level fields, its frame's rows and
-    columns."""
+    """A result kind probe writes as JSON: name, version, result class, fields, its frame's rows and columns."""
 
     name: str
     version: int

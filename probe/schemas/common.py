@@ -1,11 +1,21 @@
-"""The fields many kinds share (a head's layer and index, the model, its dtype, ...), declared once here and used
-by the results' declarations (probe.schemas.declare)."""
+"""The fields many kinds share (a head's layer and index, the model, its dtype, ...), declared once."""
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 from probe.schemas.base import Field
 
 NAME_RE = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def rounded(value: Any, places: int = 6) -> float | None:
+    """A number as a payload writes it (NUMBER): `places` decimals, None where it is None or not finite."""
+    if value is None:
+        return None
+    value = float(value)
+    return round(value, places) if math.isfinite(value) else None
 
 
 def other_than(columns: dict[str, Field]) -> str:

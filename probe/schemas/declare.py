@@ -64,30 +64,21 @@ class Declared:
     column: Field | None
 
 
-def _spec(description: str | Field, required: bool, key: str | None, type: FieldType | None,
-          items: Field | str | None, fields: dict[str, Field] | None, patterns: dict[str, Field] | None,
-          ref: str | None, omit: Literal["empty", "none"], dump: Callable[[Any], Any] | None,
-          column: bool | str | Field, spread: bool) -> Spec:
-    """A declaration: its own meaning, or a shared Field (probe.schemas.common) taken as it is."""
+SHARED = ("required", "type", "items", "fields", "patterns", "ref")  # what a shared Field declares of itself
+
+
+def _spec(description: str | Field, options: dict[str, Any]) -> Spec:
+    """A declaration (options: Spec's fields): its own meaning, or a shared Field (probe.schemas.common) as it is."""
     if isinstance(description, Field):
-        shared = description
-        return Spec(shared.description, shared.required, key, shared.type, shared.items, shared.fields,
-                    shared.patterns, shared.ref, omit, dump, column, spread)
-    return Spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
+        return Spec(description.description, **{**options, **{name: getattr(description, name) for name in SHARED}})
+    return Spec(description, **options)
 
 
-def schema_field(description: str | Field, *, required: bool = True, key: str | None = None,
-                 type: FieldType | None = None, items: Field | str | None = None,
-                 fields: dict[str, Field] | None = None,
-                 patterns: dict[str, Field] | None = None, ref: str | None = None,
-                 omit: Literal["empty", "none"] = "empty", dump: Callable[[Any], Any] | None = None,
-                 column: bool | str | Field = False, spread: bool = False, default: Any = dataclasses.MISSING,
-                 default_factory: Any = dataclasses.MISSING, kw_only: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field that is also a payload field: its meaning, or a shared Field. `required=False`: left out
-    where None or empty (`omit="none"`: None only); `key`: its payload name; `dump`: how the value is written;
-    `items`: an array's items; `column`: also a `to_frame()` column; `spread=True`: a nested Payload merged in at its
-    place."""
-    spec = _spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
+def schema_field(description: str | Field, *, default: Any = dataclasses.MISSING,
+                 default_factory: Any = dataclasses.MISSING, kw_only: Any = dataclasses.MISSING, **options: Any) -> Any:
+    """A dataclass field that is also a payload field: its meaning, or a shared Field; `options`: Spec's fields.
+    `required=False`: left out where None or empty (`omit="none"`: None only); `column`: also a frame column."""
+    spec = _spec(description, options)
     return dataclasses.field(default=default, default_factory=default_factory, kw_only=kw_only,
                              metadata={SPEC: spec})
 
@@ -111,13 +102,9 @@ class Computed(property, Generic[R]):
         def __get__(self, instance: object, owner: type | None = None, /) -> Any: ...
 
 
-def payload(description: str | Field, *, required: bool = True, key: str | None = None,
-            type: FieldType | None = None, items: Field | str | None = None, fields: dict[str, Field] | None = None,
-            patterns: dict[str, Field] | None = None, ref: str | None = None, omit: Literal["empty", "none"] = "empty",
-            dump: Callable[[Any], Any] | None = None, column: bool | str | Field = False,
-            spread: bool = False) -> Callable[[Callable[[Any], R]], Computed[R]]:
+def payload(description: str | Field, **options: Any) -> Callable[[Callable[[Any], R]], Computed[R]]:
     """A method whose value is a payload field, made a property typed by its return; options as `schema_field`'s."""
-    spec = _spec(description, required, key, type, items, fields, patterns, ref, omit, dump, column, spread)
+    spec = _spec(description, options)
 
     def mark(method: Callable[[Any], R]) -> Computed[R]:
         return Computed(method, spec)
@@ -269,22 +256,6 @@ def _left_out(value: Any, omit: str) -> bool:
     return omit == "empty" and isinstance(value, (str, list, tuple, dict)) and not value
 
 
-def to_payload(self: Any) -> dict[str, Any]:
-    """The payload of a Payload: its declared fields in order, optional ones left out where empty."""
-    out: dict[str, Any] = {}
-    for item in declarations(type(self)):
-        value = getattr(self, item.attribute)
-        if not item.spec.required and _left_out(value, item.spec.omit):
-            continue
-        if item.spec.dump is not None:
-            value = item.spec.dump(value)
-        if item.spec.spread:  # a nested Payload's declared fields, or a dict of fields
-            out.update(to_payload(value) if isinstance(value, Payload) else plain(value))
-        else:
-            out[item.key] = plain(value)
-    return out
-
-
 @dataclass_transform(field_specifiers=(schema_field, dataclasses.field))
 class Payload:
     """A dataclass whose declared fields are a payload, or a nested object of one; `to_dict()` gives it."""
@@ -298,7 +269,18 @@ class Payload:
 
     def to_dict(self) -> dict[str, Any]:
         """The payload: every declared field in order, an optional one left out where it is None or empty."""
-        return to_payload(self)
+        out: dict[str, Any] = {}
+        for item in declarations(type(self)):
+            value = getattr(self, item.attribute)
+            if not item.spec.required and _left_out(value, item.spec.omit):
+                continue
+            if item.spec.dump is not None:
+                value = item.spec.dump(value)
+            if item.spec.spread:  # a nested Payload's declared fields (not an override's), or a dict of fields
+                out.update(Payload.to_dict(value) if isinstance(value, Payload) else plain(value))
+            else:
+                out[item.key] = plain(value)
+        return out
 
 
 def published(name: str, version: int, description: str, *, rows: str, columns: Mapping[str, Field],

@@ -1,5 +1,4 @@
-"""What an HTML page takes besides a published kind's payload, as a TypedDict the library returns and the reports
-read (for the type checker only): the attention patterns a page draws (`Patterns.page_payload()`)."""
+"""What an HTML page takes besides a kind's payload, typed for the type checker: `Patterns.page_payload()`."""
 
 from __future__ import annotations
 

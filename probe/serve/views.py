@@ -1,6 +1,5 @@
-"""What each endpoint of `probe serve` answers, from the library's own functions, on the worker thread. A text's
-view is one forward (tokens, loss, next tokens, the natural-text classes' scores and the attention, each query's
-TOP_KEYS largest keys past FULL_TOKENS); recent views are kept, bounded in bytes, so another head runs no forward."""
+"""What each endpoint of `probe serve` answers, on the worker thread: a text's view is one forward (`View`), recent
+views kept, bounded in bytes, so that another head runs no forward."""
 
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
 from probe.hooks.types import HookContext
 from probe.inputs import ProbeOptions, ProbeSet, build_probe_set
+from probe.inputs.choice import GENERATED
 from probe.models import LoadedModel
 from probe.patterns import text_ids, token_strings
 from probe.provenance import model_dtype
@@ -35,7 +35,6 @@ FULL_TOKENS = 1024  # longer texts keep (and show) each query's top keys instead
 TOP_KEYS = 8
 TOP_NEXT = 10
 CACHE_BYTES = 512 * 2**20
-PRESETS = ("natural", "repeated")  # the embedded probe sets offered as texts
 ABLATIONS = ("zero", "mean")  # methods of METHODS that `ablate` builds from the text's own statistics
 
 
@@ -90,7 +89,7 @@ class Views:
         if tokenizer is None:
             return {}
         out = {}
-        for name in PRESETS:
+        for name in GENERATED:  # the embedded probe sets, offered as texts
             probe_set = build_probe_set(name, self.loaded, ProbeOptions(num_seqs=1, seq_len=128, repeat_len=30))
             row = probe_set.input_ids[0, probe_set.offset:]
             out[name] = str(tokenizer.decode(row.tolist()))

@@ -1,5 +1,4 @@
-"""Syntactic-dependency heads (Clark et al. 2019; Vig & Belinkov 2019 for causal models), from CoNLL-U or spaCy
-parses."""
+"""Syntactic-dependency heads (Clark et al. 2019; Vig & Belinkov 2019), from CoNLL-U or spaCy parses."""
 
 from probe.syntax.conllu import Sentence, read_conllu
 from probe.syntax.result import SyntaxResult

@@ -48,10 +48,8 @@ def word_attention(weights: Tensor, aligned: Aligned) -> Tensor:
 def _offsets(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
     try:
         encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    except (NotImplementedError, TypeError, ValueError) as error:
-        raise ProbeError("the model's tokenizer gives no character offsets (return_offsets_mapping), so words "
-                         "cannot be matched to tokens: use a model with a fast (Rust) tokenizer",
-                         parameter="model") from error
+    except (NotImplementedError, TypeError, ValueError):
+        encoded = None
     offsets = encoded.get("offset_mapping") if hasattr(encoded, "get") else None
     if offsets is None:
         raise ProbeError("the model's tokenizer gives no character offsets (return_offsets_mapping), so words "

@@ -1,5 +1,4 @@
-"""Dependency parses as probe reads them: `Sentence` (words, their heads and relations, the text and each word's
-span) and the CoNLL-U reader."""
+"""Dependency parses as probe reads them (`Sentence`), and the CoNLL-U reader."""
 
 from __future__ import annotations
 

@@ -98,8 +98,7 @@ class SyntaxResult(Payload):
                                                        -self.relations[key].count, key[1]))
 
     def margins(self, key: tuple[str, str]) -> Tensor:
-        """(layers, heads) accuracy minus baseline, rounded to 9 decimals so that exactly the margin is not pushed
-        over it."""
+        """(layers, heads) accuracy minus baseline, to 9 decimals: exactly the margin is not pushed over it."""
         tally = self.relations[key]
         return torch.round((tally.accuracy() - tally.baseline()[1]) * 1e9) / 1e9
 
@@ -135,8 +134,7 @@ class SyntaxResult(Payload):
                              best, [[round(float(v), 4) for v in row] for row in accuracy])
 
     def to_frame(self) -> Any:
-        """A pandas DataFrame, one row per head and relation (and direction): the syntax schema's columns. Needs
-        pandas."""
+        """A pandas DataFrame, one row per head, relation and direction: the syntax schema's columns."""
         syntactic = self.syntactic()
         return frame([{**head_columns(layer, head), "relation": entry.relation, "direction": entry.direction,
                        "count": entry.count, "judged": entry.judged, "accuracy": accuracy,

@@ -1,5 +1,4 @@
-"""Scoring every head on parsed sentences: align words to tokens, one forward per batch of sentences (attention
-captured with probe.hooks.capture_attention), word-level attention per sentence, tallies per relation."""
+"""Scoring every head on parsed sentences: words aligned to tokens, one forward per batch, tallies per relation."""
 
 from __future__ import annotations
 
@@ -69,8 +68,7 @@ def syntax_scores(loaded: LoadedModel, sentences: list[Sentence], *, scheme: str
                   batch_size: int = 8, min_count: int = MIN_COUNT, margin: float = MARGIN,
                   confident: float = CONFIDENT, examples: int = EXAMPLES,
                   progress: ProgressArg = None) -> SyntaxResult:
-    """Score every head on the sentences' arcs (see probe.syntax.scores for the definitions). `progress=True` draws
-    a bar on stderr; a callable gets `(done, total)` in sentences."""
+    """Score every head on the sentences' arcs (probe.syntax.scores' definitions); progress in sentences."""
     if scheme not in SCHEMES:
         raise ProbeError(f"unknown label scheme {scheme!r}: choose from {', '.join(SCHEMES)}", parameter="scheme")
     _check(batch_size=batch_size, min_count=min_count, margin=margin, confident=confident)
