@@ -110,6 +110,7 @@ def reference_metric(model: torch.nn.Module, ids: torch.Tensor, baseline: torch.
     return float((1 - F.cosine_similarity(out, baseline, dim=-1)).mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", HF_KINDS + ["planted_textbook", "planted_fused", "planted_mha"])
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_hook_ablation_equals_zeroed_projection_weights(kind: str, method: str) -> None:
@@ -167,6 +168,7 @@ def test_real_model_deltas_equal_zeroed_weights(smollm2: LoadedModel) -> None:
 # the planted induction circuit
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", [planted_textbook, planted_mha])
 def test_removing_the_induction_circuit_destroys_the_second_repeat_advantage(factory) -> None:
     loaded = planted_loaded(factory)
@@ -191,6 +193,7 @@ def test_removing_the_induction_circuit_destroys_the_second_repeat_advantage(fac
 # exact == naive, resume
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama_gqa", "gpt2", "bert", "planted_textbook", "planted_mha"])
 @pytest.mark.parametrize("method", ["zero", "mean"])
 def test_exact_sweep_equals_naive_loop(kind: str, method: str) -> None:
@@ -313,6 +316,7 @@ class Bomb(Exception):
     pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["llama_gqa", "planted_textbook", "planted_mha"])
 @pytest.mark.parametrize("when", [1, 3, 5, 8])
 @pytest.mark.parametrize("error", [Bomb, KeyboardInterrupt])

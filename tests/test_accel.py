@@ -73,6 +73,7 @@ def _record(backend: str, padded: bool) -> tuple[FusedStatistics, Tensor]:
     return BACKENDS[backend].run(call)[1], masked_logits(call).softmax(dim=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("padded", [False, True], ids=["causal", "padded"])
 @pytest.mark.parametrize("backend", list(BACKENDS))
 @pytest.mark.parametrize("name", list(ACCELERATORS))

@@ -32,6 +32,7 @@ def _late_faults(mode: str) -> int:
     return int(done.stdout.split()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the thresholds are glibc's")
 def test_a_freed_buffer_is_reused_without_page_faults_once_kept() -> None:
     pages = 100 * 2**20 // 4096

@@ -301,6 +301,7 @@ def float32_results() -> dict[str, Any]:
     return {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", list(CALLS))
 def test_every_public_function_in_half_precision_lies_near_float32(

@@ -48,6 +48,7 @@ def built(planted: LoadedModel, tmp_path_factory) -> Atlas:
     return result
 
 
+@pytest.mark.slow
 def test_classes_equal_classify(planted, built):
     alone = classify(planted, **OPTIONS)
     for entry in built.heads:
@@ -141,6 +142,7 @@ def test_evidence_rule_without_weights_support():
     assert judge("sink", HeadFacts(0, 1, {"sink"}))["status"] == "unchecked"  # nothing else measured
 
 
+@pytest.mark.slow
 def test_cli(tmp_path, capsys, monkeypatch):
     html, data = tmp_path / "atlas.html", tmp_path / "atlas.json"
     args = ["atlas", "--model", "tests/planted.py:planted_lm", "--seq-len", "32", "--num-seqs", "2", "--repeat-len",
@@ -166,6 +168,7 @@ def test_notebook_fragment(built):
     assert repr(built) == "Atlas('planted': 2x4 heads, 4 labels, 2 confirmed, 2 pattern only)"
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_notebook_fragment_draws_the_head_finder(built, tmp_path, open_page):  # noqa: F811
     path = tmp_path / "notebook.html"  # a notebook's output: the fragment in a page, carrying plotly.js itself
@@ -183,6 +186,7 @@ def _rows(opened) -> list[str]:
     return opened.page.evaluate("Array.from(document.querySelectorAll('tr.atlas-row')).map(r => r.dataset.head)")
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_page_in_chromium(built, tmp_path, open_page):  # noqa: F811
     payload = built.to_dict()

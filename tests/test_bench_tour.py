@@ -10,6 +10,8 @@ import dataclasses
 import shlex
 from pathlib import Path
 
+import pytest
+
 from bench import report, tour
 from bench.common import tour_result
 
@@ -78,6 +80,7 @@ def test_the_longest_silence_counts_the_start_and_the_end_as_lines() -> None:
     assert tour.longest_silence([1.0], 40.0) == 39.0  # the last line to the end
 
 
+@pytest.mark.slow
 def test_a_bar_redrawn_in_place_counts_as_lines(tmp_path: Path) -> None:
     """A bar that rewrites its line with a carriage return shows the step alive each time it is drawn."""
     code = "import sys, time\nfor part in ('1/3\\r', '2/3\\r', '3/3\\n'):\n    time.sleep(1)\n" \
@@ -87,6 +90,7 @@ def test_a_bar_redrawn_in_place_counts_as_lines(tmp_path: Path) -> None:
     assert outcome.gap <= outcome.seconds - 1.5  # a draw each second, not one silence of three seconds
 
 
+@pytest.mark.slow
 def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
     saved: list[int] = []
@@ -117,6 +121,7 @@ def test_a_documents_probe_lines_are_read_and_those_that_need_what_is_not_here_s
         "needs a file of yours: --data my.txt", "needs a file of yours: --conllu en_ewt-ud-dev.conllu", None]
 
 
+@pytest.mark.slow
 def test_a_documents_tour_runs_its_runnable_lines_and_lists_the_others(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PROBE_CACHE", str(tmp_path / "cache"))
     data = tour.run(timeout=600, text=DOC, doc="docs/guide.md", log=lambda text: None, only=["classify"])

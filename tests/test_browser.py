@@ -190,6 +190,7 @@ def test_heatmap_page_draws_the_captured_attention(smollm2, tmp_path, open_page)
     opened.check_clean()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("causal", [True, False])
 def test_injected_text_stays_text(tmp_path, open_page, causal):
     tokens = [SCRIPT, IMG, "&amp;", "<b>bold</b>", "␣the", "␣the"]
@@ -282,6 +283,7 @@ def test_ablation_page(tmp_path, open_page):
     opened.check_clean()
 
 
+@pytest.mark.slow
 def test_notebook_results_render(tmp_path, open_page):
     """Jupyter inserts outputs as HTML and runs their scripts: the first result carries plotly.js, later ones
     (here inserted after load, the way JupyterLab does) find it on the page."""
@@ -320,6 +322,7 @@ def test_notebook_results_render(tmp_path, open_page):
     opened.check_clean()
 
 
+@pytest.mark.slow
 def test_ablation_page_scatter_and_top_tokens(tmp_path, open_page):
     """Per-token effects: a scatter of mean delta against specificity, hover naming the head; the top tokens of the
     selected head (first the sharpest, then the clicked one) shown in their text, escaped."""
@@ -370,6 +373,7 @@ BOXES = """(() => {
 })()"""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [1000, 1400, 1920])
 def test_a_long_token_strip_wraps_inside_its_column(width: int, tmp_path, browser) -> None:
     """The strip under the heatmap ran into the "All heads" grid beside it at 1400 px (its tokens had no place to

@@ -79,6 +79,7 @@ def lines(path: Path) -> int:
 # Ctrl-C: exit 130, after saving what finished
 
 
+@pytest.mark.slow
 def test_sigint_during_classify_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     log, out = tmp_path / "forwards.log", tmp_path / "heads.json"
     process = start(["classify", "--model", SLOW, "--num-seqs", "2", "--json", str(out)], tmp_path,
@@ -91,6 +92,7 @@ def test_sigint_during_classify_exits_130_and_writes_nothing(tmp_path: Path) -> 
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_sigint_during_a_sweep_exits_130_and_resume_finishes_it(tmp_path: Path) -> None:
     results, out = tmp_path / "sweep.jsonl", tmp_path / "sweep.json"
     args = ["ablate", "--model", SLOW, *SMALL, "--stack", "1", "--results", str(results)]
@@ -203,6 +205,7 @@ def test_nan_attention_gives_strict_json_and_one_warning(tmp_path: Path, capsys,
     assert len(warnings) == 1 and "for 1.3;" in warnings[0] and "gave NaN or infinity there" in warnings[0]
 
 
+@pytest.mark.slow
 def test_files_are_written_before_the_terminal_report(tmp_path: Path) -> None:
     """A report that fails to print (a closed pipe, a crash) must not cost the results."""
     out = tmp_path / "heads.json"

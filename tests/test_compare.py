@@ -233,6 +233,7 @@ def test_a_malformed_probe_file_is_one_line(tmp_path: Path) -> None:
         read_map(tmp_path / "classify.json")
 
 
+@pytest.mark.slow
 def test_the_page_draws_a_b_and_the_difference(tmp_path: Path, open_page) -> None:  # noqa: F811
     from test_browser import screenshot
 

@@ -26,6 +26,7 @@ def tables(command_outputs: dict[str, Path]) -> dict[str, Path]:
     return written
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", WRITERS)
 def test_pandas_reads_every_csv_as_it_is(kind: str, tables: dict[str, Path]) -> None:
     path = tables[kind]

@@ -123,6 +123,7 @@ def copy_of(died: Path, tmp_path: Path) -> Path:
     return tmp_path / "sweep.jsonl"
 
 
+@pytest.mark.slow
 def test_dead_process_loses_only_unfinished_heads_and_resume_completes(tmp_path: Path, reference: Path,
                                                                        died: Path) -> None:
     # rank 1 died when its 7th forward started: discovery, first output, baseline, 2 chunks (+ the exact path's
@@ -152,6 +153,7 @@ def test_dead_process_loses_only_unfinished_heads_and_resume_completes(tmp_path:
     assert len(kept) > 0
 
 
+@pytest.mark.slow
 def test_resume_alone_completes_a_torchrun_sweep(tmp_path: Path, reference: Path, died: Path) -> None:
     results = copy_of(died, tmp_path)
     finished = alone([*SWEEP, "--stack", "1", "--results", str(results), "--resume", "--json",

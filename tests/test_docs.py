@@ -64,6 +64,7 @@ def test_the_cli_reference_is_each_commands_help(name: str | None, capsys, monke
     assert f"Usage: probe {name or ''}".rstrip() in printed
 
 
+@pytest.mark.slow
 def test_every_command_is_in_the_reference() -> None:
     from probe.cli.reference import markdown
 
@@ -113,6 +114,7 @@ def text_of(page: Path) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", page.read_text(encoding="utf-8")))
 
 
+@pytest.mark.slow
 def test_the_site_shows_each_entry_with_its_signature_and_docstring(site: Path) -> None:
     for stem, paths in directives().items():
         page = (site / "reference" / f"{stem}.html").read_text(encoding="utf-8")

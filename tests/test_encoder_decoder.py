@@ -230,6 +230,7 @@ def test_whisper_and_other_encoder_decoders_are_refused_in_one_line(tmp_path: Pa
         attention_layers(mbart)
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_pages_name_the_layers_by_stack(tmp_path: Path, open_page) -> None:  # noqa: F811 (a fixture)
     from probe.heads.classify import classify

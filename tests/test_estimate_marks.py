@@ -55,6 +55,7 @@ def test_a_sweep_page_and_csv_carry_no_estimate_marks(tmp_path) -> None:
     assert "how" not in page_data(page) and "probe-estimate-note" not in page and "3 ablated of" in page
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_hatches_estimated_bars_and_says_so_in_hovers(tmp_path) -> None:
     if not CHROMIUM.exists():

@@ -62,6 +62,7 @@ def eager_flex(monkeypatch: pytest.MonkeyPatch) -> object:
     return module.flex_attention  # type: ignore[union-attr]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", list(shared.CASES))
 def test_sdpa_flash_with_the_triton_top_keys_passes_the_backend_cases(case: str, dtype: torch.dtype,

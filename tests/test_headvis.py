@@ -93,6 +93,7 @@ def test_each_metric_equals_the_eager_weights(loaded, eager: dict, path: str) ->
         torch.testing.assert_close(result.metrics[name].double(), eager[name], atol=1e-5, rtol=0, msg=name)
 
 
+@pytest.mark.slow
 def test_the_triton_kernel_path_equals_the_eager_weights(loaded, eager: dict) -> None:
     pytest.importorskip("triton", reason="triton is not installed: the CUDA backend's kernel cannot run")
     with using_backend(CudaBackend()):
@@ -102,6 +103,7 @@ def test_the_triton_kernel_path_equals_the_eager_weights(loaded, eager: dict) ->
         torch.testing.assert_close(result.metrics[name].double(), eager[name], atol=1e-5, rtol=0, msg=name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mask", ["causal", "key_mask", "window"])
 def test_the_kernels_moments_equal_those_rebuilt_from_the_lse(mask: str) -> None:
     pytest.importorskip("triton", reason="triton is not installed: the CUDA backend's kernel cannot run")

@@ -39,6 +39,7 @@ def ready(page: Any, selector: str, **expected: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_the_colour_scale_can_leave_bos_out(browser, tmp_path: Path) -> None:  # noqa: F811
     patterns = fake_patterns(["<s>", "a", "b", "c", "d"])
     path = tmp_path / "heatmap.html"

@@ -411,6 +411,7 @@ def test_existing_output_needs_force(tmp_path: Path, capsys, monkeypatch) -> Non
     assert target.read_text() == "{}"
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_kv_heads_page_draws_the_map_and_the_curve(tiny_result, tmp_path: Path, browser) -> None:  # noqa: F811
     from test_browser import Opened, screenshot

@@ -50,6 +50,7 @@ def outputs() -> list[dict[str, str]]:
     return found
 
 
+@pytest.mark.slow
 def test_notebook_outputs_are_fragments_with_short_text(outputs: list[dict[str, str]]) -> None:
     for output, kind in zip(outputs, KINDS):
         fragment, text = output["text/html"], output["text/plain"]
@@ -85,6 +86,7 @@ INSERT = """html => {
 }"""
 
 
+@pytest.mark.slow
 def test_four_outputs_in_one_page_all_draw(outputs, browser, tmp_path: Path) -> None:  # noqa: F811
     path = tmp_path / "lab.html"
     path.write_text("<!DOCTYPE html><html><head><meta charset='utf-8'></head><body></body></html>", encoding="utf-8")
@@ -105,6 +107,7 @@ def test_four_outputs_in_one_page_all_draw(outputs, browser, tmp_path: Path) -> 
     context.close()
 
 
+@pytest.mark.slow
 def test_each_output_in_its_own_iframe_draws(outputs, browser, tmp_path: Path) -> None:  # noqa: F811
     frames = "".join(f'<iframe style="width:1300px;height:900px" srcdoc="{html.escape(output["text/html"])}"></iframe>'
                      for output in outputs)

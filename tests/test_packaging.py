@@ -70,6 +70,7 @@ def test_the_wheel_metadata_names_the_distribution_its_license_and_the_command(w
     assert "probe = probe.cli.app:main" in wheel.read(f"{DIST_INFO}/entry_points.txt").decode()
 
 
+@pytest.mark.slow
 def test_a_second_checkout_is_refused_in_one_line(checkout: Path) -> None:
     """From a checkout's root, probe is its probe/ folder (the cwd comes first on sys.path), while probe.cli comes
     from the installed checkout (this repository): the mix is refused in one line naming both, never run."""

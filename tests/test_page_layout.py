@@ -104,6 +104,7 @@ KINDS = [*page_kinds.COMMANDS, "prune-early", "atlas-newline", "compare-kinds"]
 OPENED_AS = {"atlas-newline": "atlas", "compare-kinds": "compare"}  # a variant laid out as its command's page
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_page_kind_lays_out_without_a_fault(kind: str, width: int, pages, browser) -> None:  # noqa: F811

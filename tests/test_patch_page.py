@@ -12,6 +12,7 @@ from test_patching import ioi_runs
 pytestmark = pytest.mark.browser
 
 
+@pytest.mark.slow
 def test_patch_page_draws_the_maps_and_the_positions(tmp_path, open_page, monkeypatch):  # noqa: F811
     import probe.inputs.contrast as contrast
     from probe.patching import patch_heads

@@ -181,6 +181,7 @@ def _compared(name: str, payload: dict[str, Any]) -> dict[str, Any]:
             "clean": payload["clean_logit_diff"], "corrupt": payload["corrupt_logit_diff"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_every_command_in_half_precision_lies_within_the_contract_of_float32(

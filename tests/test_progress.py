@@ -393,6 +393,7 @@ STAGES = {  # the stages a command counts, in order
 COUNTED = re.compile(r"^(?P<what>.+?) (?:(?P<done>\d+)/(?P<total>\d+) [a-zA-Z/ ]+|(?P<percent>\d+)%), ")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_each_long_command_on_a_fake_clock_names_its_stages_and_estimates_only_past_a_tenth(
         command: str, tmp_path: Path, capsys, monkeypatch) -> None:

@@ -114,6 +114,7 @@ def test_the_qk_command_writes_json_csv_and_the_page(tmp_path: Path, capsys, mon
     assert len(rows) == len(payload["components"]) ** 2
 
 
+@pytest.mark.slow
 def test_the_page_draws_the_pair_matrix_with_its_marginals(tmp_path: Path, open_page) -> None:  # noqa: F811
     from probe.reports.qk import qk_page
 

@@ -38,6 +38,7 @@ def run_in_bfloat16(kind: str, tmp_path: Path, capsys, monkeypatch) -> tuple[dic
     return written, payload, out, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_bfloat16_run_records_bfloat16_and_its_report_and_page_say_so(kind: str, tmp_path: Path, capsys,
                                                                          monkeypatch) -> None:
@@ -53,6 +54,7 @@ def test_a_bfloat16_run_records_bfloat16_and_its_report_and_page_say_so(kind: st
         assert f"<td>precision</td><td>{CLAUSE}" in (tmp_path / "out.html").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_a_fixed_budget_records_the_run_dtype_too(tmp_path: Path, capsys, monkeypatch) -> None:
     """The budget of a fixed fraction (no point measured) states the run's dtype, in the kv-heads file and beside the
     export."""

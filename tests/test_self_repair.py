@@ -243,6 +243,7 @@ def test_the_atlas_shows_self_repair_where_the_stage_ran(tmp_path, capsys, monke
     assert stage["note"].startswith("skipped: ") and "cannot decompose" in stage["note"]
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_dla_page_and_an_atlas_dashboard_draw_self_repair(tmp_path, capsys, monkeypatch, open_page) -> None:  # noqa: F811
     from probe.atlas import atlas

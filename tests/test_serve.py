@@ -315,6 +315,7 @@ def test_show_serves_beside_the_kernel(loaded: LoadedModel, capsys) -> None:
     server.stop()
 
 
+@pytest.mark.slow
 def test_show_in_a_real_notebook_displays_the_page_and_serves_it() -> None:
     """One call in a notebook cell, run by nbclient in an IPython kernel: an IFrame of the page is displayed, and the
     server it starts beside the kernel answers the page's API with its token."""

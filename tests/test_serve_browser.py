@@ -49,6 +49,7 @@ def click_cell(opened: Opened, selector: str, row: float, column: float, rows: i
                             box["y"] + box["height"] * (row + 0.5) / rows)
 
 
+@pytest.mark.slow
 def test_type_click_ablate(server: Server, browser: Any) -> None:  # noqa: F811
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()

@@ -333,6 +333,7 @@ def test_scales_and_words_on_the_command_line(tmp_path: Path, text: str, data: b
     assert code == 2 and "error: " in err
 
 
+@pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_draws_a_curve_per_head_and_the_bars_in_a_browser(tmp_path: Path, open_page) -> None:  # noqa: F811
     points = [{"setting": a, "value": v, "delta": v - 1.0, "figures": {}}

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 FOLDERS = {"probe": "probe", "cli": "probe.cli", "reports": "probe.reports"}  # folder -> its module (pyproject.toml)
 CLI, REPORTS = FOLDERS["cli"], FOLDERS["reports"]
@@ -223,6 +225,7 @@ def old_names(node: ast.AST) -> list[str]:
     return [name for name in names if OLD_NAME.fullmatch(name)]
 
 
+@pytest.mark.slow
 def test_nothing_names_the_cli_or_the_renderers_by_their_folders() -> None:
     """`from cli.app import ...` or `python -m cli` works in a checkout (its root is on sys.path) and fails where the
     wheel is installed; a monkeypatch of "cli.x.f" patches a second copy of the module, not the one that runs."""

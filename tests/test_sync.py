@@ -52,6 +52,7 @@ def _repeated(batch: int, length: int, padded: int) -> ProbeSet:
     (1, 265, 0, NAMES),  # streaming reads queries past 4 sink + 256 recent keys; layer calls read side by side
     (2, 40, 5, DEFAULT),  # padding: an additive bias, each layer call read alone, two last keys for sep
 ], ids=["plain", "padded"])
+@pytest.mark.slow
 def test_score_heads_reads_nothing_back_to_the_host_inside_a_forward(batch: int, length: int, padded: int,
                                                                      names: list[str]) -> None:
     loaded = tiny_loaded("llama_gqa")
@@ -62,6 +63,7 @@ def test_score_heads_reads_nothing_back_to_the_host_inside_a_forward(batch: int,
     assert all(torch.isfinite(scores[name]).all() for name in names) and scores["sink"].max() > 0
 
 
+@pytest.mark.slow
 def test_kv_heads_scoring_pass_reads_nothing_back_to_the_host_inside_a_forward() -> None:
     loaded = tiny_loaded("llama_gqa")
     needles = needle_set(loaded, NeedleOptions(lengths=(48, 64), depths=(0.5,), seed=3))
@@ -71,6 +73,7 @@ def test_kv_heads_scoring_pass_reads_nothing_back_to_the_host_inside_a_forward()
     assert streaming.min() > 0 and len(run.exact) == 2
 
 
+@pytest.mark.slow
 def test_kv_heads_scores_from_the_kernels_top_keys_equal_the_blocked_path() -> None:
     """The answer rows' top keys from the kernel (`row_tops`), fetched after the forward, give the blocked path's
     retrieval scores on the planted GPT-2, whose head 1.1 copies the needle; streaming sums kept on the device

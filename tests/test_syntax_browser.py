@@ -14,6 +14,7 @@ from test_html import IMG, SCRIPT
 pytestmark = pytest.mark.browser
 
 
+@pytest.mark.slow
 def test_syntax_page(tmp_path, open_page):  # noqa: F811
     corpus = tmp_path / "c.conllu"
     corpus.write_text(conllu_corpus(16), encoding="utf-8")

@@ -190,6 +190,7 @@ def test_cli_writes_outputs_and_refuses_bad_input(tmp_path: Path, capsys, monkey
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
 
 
+@pytest.mark.slow
 def test_torchrun_splits_checkpoints_and_equals_one_process(tmp_path: Path) -> None:
     tiny_checkpoints(tmp_path / "ckpt", (1, 2, 3))
     args = ["--model", TINY, "--checkpoints", str(tmp_path / "ckpt" / "*.pt"), "--seq-len", "24", "--num-seqs", "2",

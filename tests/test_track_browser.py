@@ -26,6 +26,7 @@ def payload() -> dict:
         "early": 50, "late": 500, "icl_seqs": 64}).to_dict()
 
 
+@pytest.mark.slow
 def test_track_page(tmp_path, open_page):  # noqa: F811
     data = payload()
     assert [(c["class"], c["from_step"], c["to_step"], c["heads"]) for c in data["phase_changes"]] == [

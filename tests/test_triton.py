@@ -121,6 +121,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("case", list(CASES))
 def test_kernel_equals_the_reference(case: str, dtype: torch.dtype) -> None:
@@ -171,6 +172,7 @@ def test_labels_read_the_key_mask_and_window_as_they_are(case: str) -> None:
 
 @pytest.mark.parametrize("case", ["padded", "grouped-query", "value head smaller (MLA)", "ties and NaN",
                                   "key mask, padded", "window 70, padded"])
+@pytest.mark.slow
 def test_statistics_alone_beside_torchs_output(case: str) -> None:
     """Design (b) of issue 44: CudaBackend(output="sdpa") takes the layer's output from torch's sdpa and runs the
     kernel without values (attention_statistics): the output is attention's, the log-sum-exp and top keys are the
@@ -247,6 +249,7 @@ def _against_blocked(loaded: LoadedModel, probe_sets: list[ProbeSet]) -> tuple[d
     return differences, paths
 
 
+@pytest.mark.slow
 def test_six_default_scores_through_the_kernel_equal_the_blocked_path() -> None:
     """A tiny grouped-query llama, padded and not: every layer served by the kernel (path "cuda"), each of the six
     default scores within 1e-5 of the blocked path in float32. In bfloat16 the diagonals and columns stay within
@@ -273,6 +276,7 @@ class _Recording(CudaBackend):
         return super().run(call, config)
 
 
+@pytest.mark.slow
 def test_padding_and_a_sliding_window_reach_the_kernel_as_a_key_mask_and_an_int() -> None:
     """A padded batch through a tiny Mistral with a sliding window of 16 (under the sequence's 24 tokens; wide
     enough that every padding query's window still holds a real key): every layer call reaches the kernel as a
@@ -296,6 +300,7 @@ def test_padding_and_a_sliding_window_reach_the_kernel_as_a_key_mask_and_an_int(
     assert any(not bool(call.key_mask.all()) for call in structured)  # the padded batches' keys
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [name for name in FAMILY_MODELS if name not in ADAPTED])
 def test_every_family_through_the_kernel_equals_the_blocked_path(name: str) -> None:
     """Every family read through transformers' attention interface (tests/families.py: grouped-query, multi-head
@@ -312,6 +317,7 @@ RIVALS = {Label("diagonal", shift) for shift in (-4, -3, -2, -1, 0, 1)} | {Label
 SearchConfig: the rival diagonals and key 0), computed in the layer's one pass with the other scores' labels."""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", [CUDA, CpuBackend()], ids=lambda backend: backend.name)
 def test_positional_prefetches_what_the_records_search_reads(backend: Backend,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
