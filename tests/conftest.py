@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 from pathlib import Path
 
@@ -31,6 +33,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      "(default 10, CI's: 5 sweeps and 5 patching runs, ~1 s each; the issue's soak: 200; 0 skips it). "
                      "Its children are forked from a fork server that imported torch and probe and ran no torch op, "
                      "never from the test process (tests/soak_child.py).")
+
+
+STOP_WITHIN = 4.0  # seconds a Ctrl-C gives the run to end before it is ended, every thread's stack on stderr
+_ctrl_c: list[int] = []
+
+
+def _stop_on_ctrl_c(signum: int, _frame: object) -> None:
+    """A terminal's Ctrl-C stops the run. It is raised where it lands, as Python's own handler does; code under test
+    may turn it into something else (the CLI's exit code 130, a failed fixture), so the run also stops after the
+    test; and where an ending hangs (a child the signal also reached), the process exits after STOP_WITHIN."""
+    _ctrl_c.append(signum)
+    faulthandler.dump_traceback_later(STOP_WITHIN, exit=True)
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the run was started ignoring it
+        signal.signal(signal.SIGINT, _stop_on_ctrl_c)
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    if _ctrl_c:
+        item.session.shouldstop = "interrupted by Ctrl-C"
 
 
 REAL_MODEL = "smollm2"  # the fixture, and the alias it loads

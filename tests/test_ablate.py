@@ -770,10 +770,12 @@ def test_a_second_interrupt_during_clean_up_leaves_no_hook(when: int, monkeypatc
     handle = attention_layers(model)[1].module.register_forward_pre_hook(explode)
     monkeypatch.setattr(RemovableHandle, "remove", remove)
     monkeypatch.setattr(blocks, "put_back", put_back)
+    suite_handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # its own Ctrl-C, not a user's
     try:
         with pytest.raises(KeyboardInterrupt):
             sweep(loaded, probe_set, batch_size=2, stack=2)
     finally:
+        signal.signal(signal.SIGINT, suite_handler)
         monkeypatch.undo()
         handle.remove()
     assert cleanups[0] >= 1
