@@ -622,9 +622,9 @@ def _minutes(seconds: float | None) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
-def tour(data: dict[str, Any]) -> str:
-    """bench/tour.py: one row per step run (the README's tour, or a document's `probe` lines), then the steps
-    skipped and why."""
+def tour(data: dict[str, Any], busy: dict[str, Any] | None = None) -> str:
+    """bench/tour.py: one row per step run (the README's tour, or a document's `probe` lines), with `busy`'s
+    seconds and silence (its run beside busy processes) where there is one, then the steps skipped and why."""
     host = data["machine"]
     doc = data.get("doc")
     title = ("## The README tour, as written (`python -m bench.tour`)" if doc is None else
@@ -637,10 +637,18 @@ def tour(data: dict[str, Any]) -> str:
              "(other work on the host inflates it less than the wall time; a CPU-bound step's quiet wall time is at "
              "most its CPU time); silence: the longest gap between two stderr lines "
              f"(the docs promise at most {GAP_LIMIT:.0f} s). Within: at most {MARGIN:.0%} of the stated time, so that "
-             "the stated time holds on a laptop half as fast as this machine.", "",
-             "| command | exit | seconds | CPU seconds | stated | within | longest silence (s) | load after |",
-             "|---|---|---|---|---|---|---|---|"]
-    lines += [_tour_row(row) for row in data["rows"]]
+             "the stated time holds on a laptop half as fast as this machine. A server (`probe serve`) is timed to "
+             "the line with its address, then stopped with Ctrl-C.", ""]
+    busy_rows = {} if busy is None else {row["line"]: row for row in busy["rows"]}
+    if busy is not None:
+        lines += [f"Busy: the same steps on {busy['date']}, beside {busy['busy']} busy processes (`python3 -c "
+                  "'while True: pass'`), load before "
+                  f"{', '.join(f'{value:.1f}' for value in busy['load_before'])}.", ""]
+    lines += ["| command | exit | seconds | CPU seconds | stated | within | longest silence (s) | load after |"
+              + (" busy: exit | seconds | longest silence (s) | load after |" if busy is not None else ""),
+              "|---|---|---|---|---|---|---|---|" + ("---|---|---|---|" if busy is not None else "")]
+    lines += [_tour_row(row) + ("" if busy is None else _busy_cells(busy_rows.get(row["line"])))
+              for row in data["rows"]]
     if data.get("skipped"):
         lines += ["", "Not run here, and why:", ""]
         lines += [f"- `{entry['line']}`: {entry['reason']}" for entry in data["skipped"]]
@@ -656,6 +664,13 @@ def _tour_row(row: dict[str, Any]) -> str:
     cpu = f"{row['cpu_seconds']:.0f}" if "cpu_seconds" in row else "-"
     return (f"| `{label}` | {exit_text} | {row['seconds']:.0f} | {cpu} | {_minutes(row['stated'])} | {within} | "
             f"{row['gap']:.0f} | {row['load'][0]:.1f} |")
+
+
+def _busy_cells(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return " - | - | - | - |"
+    exit_text = "timeout" if row["timed_out"] else str(row["code"])
+    return f" {exit_text} | {row['seconds']:.0f} | {row['gap']:.0f} | {row['load'][0]:.1f} |"
 
 
 def gpu_section() -> str:
@@ -724,7 +739,7 @@ def render() -> str:
     for doc in (None, *TOUR_DOCS):  # python -m bench.tour [--doc DOC]: the README's tour, each document's commands
         toured = load_result(tour_result(doc))
         if toured is not None:
-            parts.append(tour(toured))
+            parts.append(tour(toured, load_result(tour_result(doc) + "-busy")))
     if gpu := gpu_section():
         parts.append(gpu)
     return "\n".join(parts)

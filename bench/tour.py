@@ -17,6 +17,10 @@ section): the lines that cannot run as written here, offline, are listed as skip
 file the user brings, a model only the hub has, a package not installed); files of the clone a line names
 (`tests/planted.py`) are copied into the folder, as if run from a clone. `--except-readme` leaves out the lines the
 README's tour has too (its run times them).
+
+`--busy N` runs the same steps beside N busy processes (`python3 -c 'while True: pass'`, started before the first
+step and stopped after the last), into a result of its own (`tour-busy`); RESULTS.md shows its seconds and longest
+silence beside the quiet run's.
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ def model():
     return AttentionOnly(n_layers=2, d_model=32, n_heads=4, max_len=256), ByteTokenizer()
 """
 STATED = re.compile(r"\bunder (\d+(?:\.\d+)?) (s|min)\b")
+READY = {"serve": re.compile(r"^serving .*: open http")}  # a command that runs until stopped: timed to this line
 
 
 @dataclass(frozen=True)
@@ -245,6 +250,7 @@ class Outcome:
     seconds: float = 0.0
     cpu_seconds: float = 0.0  # user + system, the step's processes together
     timed_out: bool = False
+    ready: bool | None = None  # a READY command: whether its line came (then stopped with Ctrl-C, timed to it)
     gap: float = 0.0
     tail: list[str] = field(default_factory=list)
 
@@ -259,34 +265,54 @@ def longest_silence(times: Iterable[float], ended: float) -> float:
 def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
              python: str = sys.executable) -> Outcome:
     """One step in its own process (its own process group, stopped whole at the timeout), stderr read line by line
-    as it comes, each line timed."""
+    as it comes, each line timed. A READY step (a server) reads stdout too, is timed to its ready line and then
+    gets a Ctrl-C; its browser is `true` (`--open` opens nothing)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(
-        os.pathsep), "PYTHONUNBUFFERED": "1"}
+        os.pathsep), "PYTHONUNBUFFERED": "1", "BROWSER": "true"}
     env.pop("COLUMNS", None)
+    ready = READY.get(step.name) if not quick else None
     used = _children_cpu()
     started = time.monotonic()
-    child = subprocess.Popen(step.argv(python, quick), cwd=folder, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, start_new_session=True)
+    child = subprocess.Popen(step.argv(python, quick), cwd=folder, env=env, start_new_session=True,
+                             stdout=subprocess.DEVNULL if ready is None else subprocess.PIPE,
+                             stderr=subprocess.PIPE if ready is None else subprocess.STDOUT)
+    stream = child.stderr if ready is None else child.stdout
     lines: list[tuple[float, str]] = []
-    assert child.stderr is not None
-    reader = threading.Thread(target=_read, args=(child.stderr, lines, started), daemon=True)
+    assert stream is not None
+    reader = threading.Thread(target=_read, args=(stream, lines, started), daemon=True)
     reader.start()
     outcome = Outcome(step.name, step.line, step.stated)
     try:
-        outcome.code = child.wait(timeout=timeout)
+        outcome.code = child.wait(timeout=timeout) if ready is None else _until_ready(child, ready, lines, timeout,
+                                                                                        outcome)
     except subprocess.TimeoutExpired:
         outcome.timed_out = True
     finally:  # past the timeout, and where the harness itself is stopped: the step's processes go too
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-    ended = time.monotonic() - started
+    ended = time.monotonic() - started if not outcome.ready else next(at for at, text in lines if ready.search(text))
     reader.join(timeout=10)
     outcome.seconds = round(ended, 1)
     outcome.cpu_seconds = round(_children_cpu() - used, 1)
-    outcome.gap = round(longest_silence((at for at, _ in lines), ended), 1)
+    outcome.gap = round(longest_silence((at for at, _ in lines if at <= ended), ended), 1)
     outcome.tail = [text for _, text in lines[-8:]]
     return outcome
+
+
+def _until_ready(child: subprocess.Popen[bytes], ready: re.Pattern[str], lines: list[tuple[float, str]],
+                 timeout: float, outcome: Outcome) -> int:
+    """Wait for a server's ready line (or its exit), then stop it as Ctrl-C does; its exit code."""
+    deadline = time.monotonic() + timeout
+    outcome.ready = False
+    while child.poll() is None and not any(ready.search(text) for _, text in list(lines)):
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(child.args, timeout)
+        time.sleep(0.2)
+    if child.poll() is None:
+        outcome.ready = True
+        os.killpg(child.pid, signal.SIGINT)
+    return child.wait(timeout=30)
 
 
 def _children_cpu() -> float:
@@ -308,17 +334,38 @@ def _read(stream: Any, lines: list[tuple[float, str]], started: float) -> None:
         lines.append((time.monotonic() - started, pending.decode(errors="replace")))
 
 
+def busy_processes(count: int) -> list[subprocess.Popen[bytes]]:
+    """`count` processes that each keep one core busy, as other work on a laptop does."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+
+
 def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = False,
         log: Callable[[str], None] = print, save: Callable[[dict[str, Any]], None] | None = None,
-        text: str | None = None, doc: str | None = None, except_readme: bool = False) -> dict[str, Any]:
+        text: str | None = None, doc: str | None = None, except_readme: bool = False,
+        busy: int = 0) -> dict[str, Any]:
     """Every step (or those of `only`) in one fresh temporary folder, in the document's order: the README's tour
     and Python block, or with `doc` that document's `probe` lines (`text`: its text, else read from the clone);
     the steps that cannot run here are listed as skipped with the reason, and with `except_readme` those the
-    README's tour has too. `save` gets the result so far after each step."""
+    README's tour has too; with `busy`, beside that many busy processes. `save` gets the result so far after each
+    step."""
     text = text if text is not None else (ROOT / (doc or "README.md")).read_text(encoding="utf-8")
     every = steps(text) if doc is None else doc_steps(text)
     data: dict[str, Any] = {"date": now(), "machine": machine(packages=("transformers",)), "quick": quick,
-                            "timeout": timeout, "load_before": os.getloadavg(), "doc": doc, "rows": []}
+                            "timeout": timeout, "load_before": os.getloadavg(), "doc": doc, "busy": busy, "rows": []}
+    spinners = busy_processes(busy)
+    try:
+        _run_steps(every, data, only, timeout, quick, log, save, except_readme)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    return data
+
+
+def _run_steps(every: list[Step], data: dict[str, Any], only: list[str] | None, timeout: float, quick: bool,
+               log: Callable[[str], None], save: Callable[[dict[str, Any]], None] | None,
+               except_readme: bool) -> None:
+    """Each step not skipped, in one fresh temporary folder, its row appended to `data` as it ends."""
     with tempfile.TemporaryDirectory(prefix="probe-tour-") as folder:
         make_inputs(Path(folder))
         copy_clone_files(Path(folder), every)
@@ -336,7 +383,6 @@ def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = F
             log(f"   {_verdict(row)}")
             if save is not None:
                 save(data)
-    return data
 
 
 def _skipped(step: Step, folder: Path, toured: set[str]) -> str | None:
@@ -369,6 +415,8 @@ def main(argv: list[str] | None = None) -> None:
                                                       f"tour (a path in the clone: {', '.join(TOUR_DOCS)})")
     parser.add_argument("--except-readme", action="store_true",
                         help="with --doc: leave out the lines the README's tour has too (its run times them)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="run beside N busy processes (saved as tour-busy.json, shown beside the quiet run)")
     args = parser.parse_args(argv)
     if args.doc is not None and not (ROOT / args.doc).is_file():
         parser.error(f"--doc {args.doc}: no such file in {ROOT}")
@@ -377,7 +425,7 @@ def main(argv: list[str] | None = None) -> None:
     def log(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    name = tour_result(args.doc) + ("-quick" if args.quick else "")
+    name = tour_result(args.doc) + ("-busy" if args.busy else "") + ("-quick" if args.quick else "")
     previous = load_result(name) if args.only else None
 
     def save(data: dict[str, Any]) -> None:
@@ -390,7 +438,8 @@ def main(argv: list[str] | None = None) -> None:
         if not args.quick:
             report.write()
 
-    data = run(args.only, args.timeout, args.quick, log, save, doc=args.doc, except_readme=args.except_readme)
+    data = run(args.only, args.timeout, args.quick, log, save, doc=args.doc, except_readme=args.except_readme,
+               busy=args.busy)
     save(data)
     log(report.tour(data))
 

@@ -107,6 +107,30 @@ def test_a_tour_runs_each_step_in_its_own_process_and_saves_as_it_goes(tmp_path:
     assert text.count("\n| `") == 4 and "| timeout |" in text and "**no**" in text
 
 
+def test_a_server_is_timed_to_its_ready_line_and_then_stopped(tmp_path: Path, monkeypatch) -> None:
+    """A command that serves until stopped counts the time to its ready line (on stdout), then gets a Ctrl-C."""
+    monkeypatch.setitem(tour.READY, "python", tour.READY["serve"])
+    code = "import time\ntime.sleep(1)\nprint('serving m: open http://127.0.0.1:1/', flush=True)\ntime.sleep(600)\n"
+    outcome = tour.run_step(tour.Step("python", code, 60.0), tmp_path, timeout=120)
+    assert outcome.ready and not outcome.timed_out and 1 <= outcome.seconds < 30, outcome
+    assert outcome.code != 0 and "KeyboardInterrupt" in outcome.tail[-1]  # stopped by the Ctrl-C, not by itself
+
+
+def test_a_busy_run_starts_its_busy_processes_and_stops_them(monkeypatch) -> None:
+    readme = "## CLI tour\n\n```bash\n```\n\n## Python API\n\n```python\nprint('ok')\n```\n"
+    started: list = []
+    real = tour.busy_processes
+
+    def spy(count: int) -> list:
+        started.extend(real(count))
+        assert all(spinner.poll() is None for spinner in started)  # running while the steps run
+        return started
+
+    monkeypatch.setattr(tour, "busy_processes", spy)
+    data = tour.run(timeout=60, text=readme, log=lambda text: None, busy=2)
+    assert data["busy"] == 2 and [row["code"] for row in data["rows"]] == [0] and len(started) == 2
+    assert all(spinner.poll() is not None for spinner in started)  # stopped with the run
+
 def test_a_documents_probe_lines_are_read_and_those_that_need_what_is_not_here_skipped_with_why(
         tmp_path: Path) -> None:
     found = tour.doc_steps(DOC)
