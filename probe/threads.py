@@ -4,22 +4,61 @@ torch's default of one thread per core makes every thread wait for the others.""
 from __future__ import annotations
 
 import os
+import time
+from pathlib import Path
 
 import torch
 
 from probe.errors import ProbeError
 
 ENV = "PROBE_THREADS"
+PROC_STAT = Path("/proc/stat")
+SAMPLE_SECONDS = 0.25  # long enough for the kernel's 100 Hz tick to count a busy CPU, short beside a model's load
 
 
 def free_cpus() -> int:
-    """The CPUs this process may run on less the machine's 1-minute load average, at least one."""
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    """The CPUs this process may run on less those other processes keep busy now, at least one."""
+    allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    return min(len(allowed), max(1, len(allowed) - round(busy_cpus(allowed))))
+
+
+def busy_cpus(cpus: set[int]) -> float:
+    """How many of `cpus` other processes keep busy: sampled from /proc/stat where there is one (the 1-minute load
+    average lags: a command started right after another would see the first one's load), else the load average."""
+    sampled = sampled_busy(cpus)
+    if sampled is not None:
+        return sampled
     try:
-        load = os.getloadavg()[0]
+        return os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average on this platform
-        load = 0.0
-    return min(allowed, max(1, allowed - round(load)))
+        return 0.0
+
+
+def sampled_busy(cpus: set[int], seconds: float = SAMPLE_SECONDS) -> float | None:
+    """The busy share of each of `cpus` over `seconds`, summed (this process sleeps meanwhile); None without
+    /proc/stat."""
+    try:
+        before = cpu_ticks(PROC_STAT.read_text(), cpus)
+        time.sleep(seconds)
+        after = cpu_ticks(PROC_STAT.read_text(), cpus)
+    except OSError:
+        return None
+    busy = 0.0
+    for cpu in after.keys() & before.keys():
+        spent = after[cpu][1] - before[cpu][1]
+        busy += 0.0 if spent <= 0 else 1 - (after[cpu][0] - before[cpu][0]) / spent
+    return busy
+
+
+def cpu_ticks(stat: str, cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """(idle ticks, all ticks) of each of `cpus` from the text of /proc/stat (idle counts waiting for input too)."""
+    ticks = {}
+    for line in stat.splitlines():
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            values = [int(value) for value in fields[:8]]  # user nice system idle iowait irq softirq steal
+            ticks[int(name[3:])] = (values[3] + values[4], sum(values))
+    return ticks
 
 
 def use_threads(count: int | None = None) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faulthandler
+import os
 import signal
 import sys
 from pathlib import Path
@@ -51,6 +52,11 @@ def _stop_on_ctrl_c(signum: int, _frame: object) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the run was started ignoring it
         signal.signal(signal.SIGINT, _stop_on_ctrl_c)
+    from probe import threads
+
+    # the CPUs free are sampled once for the session (each CLI run would sample them for a quarter second);
+    # tests/test_threads.py checks the choice itself
+    os.environ.setdefault(threads.ENV, str(threads.free_cpus()))
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:

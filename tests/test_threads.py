@@ -1,9 +1,12 @@
-"""The threads torch computes on: the CPUs free when the run starts (the affinity less the load), unless --threads or
-PROBE_THREADS gives a count; the report's last line says how many."""
+"""The threads torch computes on: the CPUs free when the run starts (the affinity less the CPUs busy now, sampled from
+/proc/stat, else the load average), unless --threads or PROBE_THREADS gives a count; the report's last line says how
+many."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,10 +32,12 @@ def keep_torch_threads(monkeypatch) -> Iterator[None]:
     labels._run.update(said)
 
 
-def machine(monkeypatch, cpus: int, load: float) -> None:
-    """A machine whose process may run on `cpus` CPUs, under a 1-minute load of `load`."""
+def machine(monkeypatch, cpus: int, load: float, sampled: float | None = None) -> None:
+    """A machine whose process may run on `cpus` CPUs, under a 1-minute load of `load`, with `sampled` CPUs busy
+    now (None: no /proc/stat)."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
     monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(threads, "sampled_busy", lambda cpus: sampled)
 
 
 @pytest.mark.parametrize("cpus, load, free", [(8, 0.0, 8), (8, 2.6, 5), (8, 7.6, 1), (2, 7.0, 1), (4, -1.0, 4)])
@@ -40,6 +45,39 @@ def test_the_free_cpus_are_the_affinity_less_the_load(cpus: int, load: float, fr
     machine(monkeypatch, cpus, load)
     assert free_cpus() == free
     assert use_threads() == free and torch.get_num_threads() == free
+
+
+def test_the_cpus_busy_now_count_not_the_load_average_of_the_last_minute(monkeypatch) -> None:
+    machine(monkeypatch, 2, 1.9, sampled=0.1)  # the last command's load still in the average: both CPUs are free
+    assert free_cpus() == 2
+    machine(monkeypatch, 8, 0.0, sampled=5.7)  # six processes started a second ago
+    assert free_cpus() == 2
+
+
+STAT = """cpu  300 0 100 900 0 0 0 0 0 0
+cpu0 100 0 50 400 0 0 0 0 0 0
+cpu1 200 0 50 500 0 0 0 0 0 0
+intr 12345
+"""
+
+
+def test_ticks_are_read_per_cpu_of_the_affinity(tmp_path, monkeypatch) -> None:
+    assert threads.cpu_ticks(STAT, {0, 1}) == {0: (400, 550), 1: (500, 750)}
+    assert threads.cpu_ticks(STAT, {1}) == {1: (500, 750)}
+    later = STAT.replace("cpu0 100 0 50 400", "cpu0 125 0 50 400").replace("cpu1 200 0 50 500", "cpu1 200 0 50 525")
+    texts = iter([STAT, later])
+    monkeypatch.setattr(threads, "PROC_STAT", type("Stat", (), {"read_text": lambda self: next(texts)})())
+    assert threads.sampled_busy({0, 1}, seconds=0.0) == pytest.approx(1.0, abs=0.05)  # cpu0 all busy, cpu1 idle
+
+
+@pytest.mark.skipif(not threads.PROC_STAT.exists(), reason="no /proc/stat on this platform")
+def test_a_process_busy_now_is_seen_at_once() -> None:
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert threads.sampled_busy(set(range(os.cpu_count() or 1)), seconds=0.5) >= 0.6
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_no_load_average_leaves_the_affinity(monkeypatch) -> None:
