@@ -335,8 +335,11 @@ def _read(stream: Any, lines: list[tuple[float, str]], started: float) -> None:
 
 
 def busy_processes(count: int) -> list[subprocess.Popen[bytes]]:
-    """`count` processes that each keep one core busy, as other work on a laptop does."""
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    """`count` processes that each keep one core busy, as other programs on a laptop do: each in a session of its
+    own, so that the kernel's autogroups share the CPUs between them and the step as between separate programs
+    (in the harness's one session, they would share one CPU between them)."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            for _ in range(count)]
 
 
 def run(only: list[str] | None = None, timeout: float = TIMEOUT, quick: bool = False,

@@ -14,6 +14,8 @@ from probe.errors import ProbeError
 ENV = "PROBE_THREADS"
 PROC_STAT = Path("/proc/stat")
 SAMPLE_SECONDS = 0.25  # long enough for the kernel's 100 Hz tick to count a busy CPU, short beside a model's load
+TORCH_DEFAULT = torch.get_num_threads()  # torch's own count, as it was when probe was imported
+_chosen: list[int] = []  # the count use_threads set in this process, once it has
 
 
 def free_cpus() -> int:
@@ -70,4 +72,13 @@ def use_threads(count: int | None = None) -> int:
         count = int(text)
     chosen = free_cpus() if count is None else count
     torch.set_num_threads(chosen)
+    _chosen[:] = [chosen]
     return chosen
+
+
+def use_threads_unless_chosen() -> int | None:
+    """use_threads() for the Python API, unless a count was chosen already: by use_threads (the CLI), by
+    OMP_NUM_THREADS, or by torch.set_num_threads to a count other than torch's default. The count set, or None."""
+    if _chosen or os.environ.get("OMP_NUM_THREADS", "").strip() or torch.get_num_threads() != TORCH_DEFAULT:
+        return None
+    return use_threads()

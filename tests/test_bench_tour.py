@@ -53,11 +53,11 @@ probe ablate --data repeated --model {PLANTED}  # (under 20 s)
 """
 
 
-def test_every_tour_command_states_a_time_under_six_minutes_and_the_python_block_one() -> None:
+def test_every_tour_command_states_a_time_under_four_minutes_and_the_python_block_one() -> None:
     *commands, block = tour.steps(tour.README.read_text(encoding="utf-8"))
     assert block.name == "python" and block.stated is not None and len(commands) >= 12
-    assert all(step.stated is not None and step.stated <= 360 for step in commands), \
-        [step.line for step in commands if step.stated is None or step.stated > 360]
+    assert all(step.stated is not None and step.stated <= 240 for step in commands), \
+        [step.line for step in commands if step.stated is None or step.stated > 240]
 
 
 def test_steps_read_the_commands_their_times_and_the_python_block() -> None:

@@ -127,3 +127,19 @@ def test_a_bad_count_is_one_line(args: list[str], env: str | None, message: str,
         monkeypatch.setenv(threads.ENV, env)
     code, _, err = run_cli([*args, "classify", "--model", PLANTED], capsys, monkeypatch)
     assert code == 2 and len(err.strip().splitlines()) == 1 and err.startswith(message), err
+
+
+@pytest.mark.parametrize("before, omp, picked", [(None, None, 1), (3, None, 3), (None, "2", threads.TORCH_DEFAULT)])
+def test_load_model_picks_the_threads_unless_the_caller_chose_them(before: int | None, omp: str | None, picked: int,
+                                                                   monkeypatch) -> None:
+    """The Python API computes on the free CPUs as the CLI does, unless a count was set (torch or OMP_NUM_THREADS)."""
+    from conftest import tiny_hf
+    from probe import load_model
+
+    machine(monkeypatch, 2, 0.0, sampled=1.0)  # one of two CPUs busy now
+    monkeypatch.setattr(threads, "_chosen", [])
+    torch.set_num_threads(threads.TORCH_DEFAULT if before is None else before)
+    if omp is not None:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    load_model(tiny_hf("gpt2"), name="tiny")
+    assert torch.get_num_threads() == picked

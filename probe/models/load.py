@@ -20,6 +20,7 @@ from probe.models.parts import input_embeddings
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import DeviceMap, input_device, parse_device_map, placed
 from probe.models.wrapped import WrapperKind, holds_bridge_components, unbridged, wrapper_kinds, wrapper_of
+from probe.threads import use_threads_unless_chosen
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -220,6 +221,7 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
     over devices through accelerate, with `offload_folder` and `max_memory`. A folder's or hub model's own code runs
     only with `trust_remote_code=True`; `revision` loads a branch, tag or commit of a hub id (Pythia's `step1000`).
     """
+    use_threads_unless_chosen()  # torch's threads from the CPUs free now, as the CLI picks them
     kind = wrapper_of(spec)
     if kind is not None:
         return _given_wrapper(kind, spec, tokenizer, name, {"dtype": dtype, "device": device, "device_map": device_map,
