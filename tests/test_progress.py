@@ -301,7 +301,7 @@ def test_a_step_without_a_count_says_it_is_still_running_every_30_seconds() -> N
             bars.tick()
     assert written.getvalue().splitlines() == [
         "generating 20 tokens per head and alpha ... 0:02 elapsed",
-        "generating 20 tokens per head and alpha ... 0:32 elapsed",  # 29.5 s after the first line: within a beat
+        "generating 20 tokens per head and alpha ... 0:31 elapsed",  # 28.5 s after the first: before 30 s
         "generating 20 tokens per head and alpha ... 1:02 elapsed",
         "generating 20 tokens per head and alpha ... 1:40 elapsed"]
 
