@@ -138,8 +138,8 @@ class Bars:
         """Off a terminal, the running stage's row once EVERY_SECONDS (`first` before its first) have passed."""
         with self.lock:
             task = self.rich.tasks[self.current] if self.current is not None else None
-            # looked at every BEAT: a line is due a beat early, so that the next comes before EVERY_SECONDS
-            due = self.first - BEAT / 2 if self.said is None else EVERY_SECONDS - 1.5 * BEAT
+            every = EVERY_SECONDS - 1.5 * BEAT  # looked at every BEAT: due a beat early, said before EVERY_SECONDS
+            due = every if self.said is not None else min(self.first - BEAT / 2, every)
             if task is not None and not self.live and not task.finished and self._since(task) >= due:
                 self._line(task)
 

@@ -230,6 +230,19 @@ def test_a_stage_silent_for_30_seconds_still_gets_a_line_every_30_seconds(capsys
         "kv-heads: calibrating the budget 8/8 points, 0.1/s, 1:10 elapsed"]  # its end: at its total
 
 
+def test_a_new_stage_says_its_first_line_before_30_seconds() -> None:
+    """The heartbeat looks once a second: a stage's first line is due a beat early, so no silence passes 30 s."""
+    clock = [0.0]
+    bars, written = bars_on(clock, units={"calibrating the budget": "points"})
+    with bars:
+        bars.stage("calibrating the budget", 0, 8)
+        clock[0] = 28.0
+        bars.tick()
+        assert written.getvalue() == ""
+        clock[0] = 28.5
+        bars.tick()
+    assert written.getvalue().splitlines()[0] == "kv-heads: calibrating the budget 0/8 points, 0:28 elapsed"
+
 def test_no_time_left_before_a_tenth_of_the_stage() -> None:
     """Patching said `~3:06:39 left` at 0%: a rate from the first units is not one to trust."""
     clock = [0.0]
