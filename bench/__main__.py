@@ -56,9 +56,9 @@ def main() -> None:
     parser.add_argument("--render", action="store_true", help="only rewrite RESULTS.md from saved results")
     args = parser.parse_args()
     if args.threads is not None:
-        import torch
+        from probe.threads import use_threads
 
-        torch.set_num_threads(args.threads)
+        use_threads(args.threads)
     command = "python -m bench" + ("" if len(sys.argv) == 1 else " " + shlex.join(sys.argv[1:]))
     names = args.names or ([] if args.render else ALL)
     unknown = [name for name in names if name not in ALL + ON_REQUEST]

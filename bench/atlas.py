@@ -18,12 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 
 from bench.common import RESULTS_DIR, load_average, load_result, machine, now, save_result
 from probe.atlas import atlas
 from probe.models import load_model
 from probe.reports.atlas import atlas_page
+from probe.threads import use_threads
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args()
     if args.threads is not None:
-        torch.set_num_threads(args.threads)
+        use_threads(args.threads)
     kind = "fast" if args.fast else "exact"
     saved = RESULTS_DIR / f"atlas-{kind}.pkl"
     data = load_result("atlas") or {}

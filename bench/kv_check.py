@@ -34,6 +34,7 @@ from probe.headmaps.formats import duo_config, kv_heads_map, write_map
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, natural_set, needle_set
 from probe.kv import kv_heads, needle_accuracy, text_loss
 from probe.models import load_model
+from probe.threads import use_threads
 
 STREAMING: dict[str, Any] = {"heads": None, "sink": 0, "recent": 0}  # what the attention function reads
 
@@ -79,7 +80,7 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    use_threads(1)
     loaded = load_model("smollm2")
     started, load_before = now(), load_average()
     texts = natural_set(loaded, seq_len=args.length - 1, num_seqs=10 + args.texts).input_ids[10:]

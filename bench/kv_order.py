@@ -15,7 +15,6 @@ import sys
 import time
 from typing import Any
 
-import torch
 
 from bench.common import load_average, machine, now, save_result
 from probe.ablation.window import WindowAblation
@@ -24,6 +23,7 @@ from probe.kv import BUDGET_SEED_OFFSET, CURVE_SEED_OFFSET, calibrate_budget, kv
 from probe.kv.pipeline import _held_out
 from probe.kv.points import measured_point
 from probe.models import load_model
+from probe.threads import use_threads
 
 
 def budget_and_check(loaded: Any, order: list, options: NeedleOptions, window: WindowAblation) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--order-texts", type=int, default=1)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    use_threads(1)
     loaded = load_model("smollm2")
     started, load_before = now(), load_average()
     window = WindowAblation()

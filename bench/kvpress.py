@@ -56,6 +56,7 @@ from probe.headmaps import kvpress_pattern
 from probe.inputs import NeedleOptions, natural_set, needle_set
 from probe.inputs.needle import QUESTION
 from probe.models import load_model
+from probe.threads import use_threads
 
 MAP_DIR = RESULTS_DIR / "kvpress_map"
 OUT = RESULTS_DIR / "kvpress.json"
@@ -270,7 +271,7 @@ def main() -> None:
         args.lengths, args.prompts, args.texts = "1024", 1, 1
     args.lengths = tuple(int(x) for x in args.lengths.split(","))
     args.fractions = tuple(float(x) for x in args.fractions.split(","))
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
 
     def log(text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)

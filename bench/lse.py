@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 import torch
+from probe.threads import use_threads
 
 from bench.common import SIX, interleaved, last_json, load_average, machine, now, run_measured, save_result
 
@@ -153,7 +154,7 @@ def main() -> None:
 
         keep_freed_buffers()
     REPEATS[32768] = args.repeats_32k
-    torch.set_num_threads(args.threads)
+    use_threads(args.threads)
     from probe.models import load_model
 
     def log(text: str) -> None:

@@ -35,6 +35,7 @@ import torch
 
 from bench.common import interleaved, load_average, load_result, machine, now, save_result
 from probe.models import load_model
+from probe.threads import use_threads
 
 TEXT = "the keys to the cabinet are here , the keys to the cabinet is here , the author near the guards is tired"
 ROUND_LIMIT = 600.0
@@ -169,7 +170,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = parser.parse_args()
     load_before = load_average()
-    torch.set_num_threads(1)
+    use_threads(1)
     data = load(args.model, args.clients, args.requests, args.rounds) if args.what == "load" else \
         speed(args.tokens, args.repeats, args.dtype)
     data.update(machine=machine(()), load_before=load_before, load_after=load_average(), date=now(),

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from probe.track import TrackOptions, find_run, track
+from probe.threads import use_threads
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "induction"
 sys.path.insert(0, str(EXAMPLE))
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--wide", type=int, default=0)
     parser.add_argument("--count", type=int, default=20)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    use_threads(1)
     spec, pattern = f"{EXAMPLE / 'model.py'}:model", args.where
     if args.wide:
         spec, pattern = write_wide(Path(args.where), args.wide, args.count), str(Path(args.where) / "step-*.pt")
