@@ -38,6 +38,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 STOP_WITHIN = 4.0  # seconds a Ctrl-C gives the run to end before it is ended, every thread's stack on stderr
 _ctrl_c: list[int] = []
+_installed: list[bool] = []  # whether pytest_configure installed _stop_on_ctrl_c
 
 
 def _stop_on_ctrl_c(signum: int, _frame: object) -> None:
@@ -52,11 +53,19 @@ def _stop_on_ctrl_c(signum: int, _frame: object) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where the run was started ignoring it
         signal.signal(signal.SIGINT, _stop_on_ctrl_c)
+        _installed.append(True)
     from probe import threads
 
     # the CPUs free are sampled once for the session (each CLI run would sample them for a quarter second);
     # tests/test_threads.py checks the choice itself
     os.environ.setdefault(threads.ENV, str(threads.free_cpus()))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Playwright's event loop, closing, puts Python's own SIGINT handler back (after tests/test_notebook.py a
+    Ctrl-C in an in-process CLI run became its exit code 130 and the run went on): each test starts with ours."""
+    if _installed and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _stop_on_ctrl_c)
 
 
 def pytest_runtest_teardown(item: pytest.Item) -> None:
