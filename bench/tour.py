@@ -282,16 +282,20 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
     reader = threading.Thread(target=_read, args=(stream, lines, started), daemon=True)
     reader.start()
     outcome = Outcome(step.name, step.line, step.stated)
+    ready_at = None
     try:
-        outcome.code = child.wait(timeout=timeout) if ready is None else _until_ready(child, ready, lines, timeout,
-                                                                                        outcome)
+        if ready is None:
+            outcome.code = child.wait(timeout=timeout)
+        else:
+            outcome.code, ready_at = _until_ready(child, ready, lines, timeout)
+            outcome.ready = ready_at is not None
     except subprocess.TimeoutExpired:
         outcome.timed_out = True
     finally:  # past the timeout, and where the harness itself is stopped: the step's processes go too
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
-    ended = time.monotonic() - started if not outcome.ready else next(at for at, text in lines if ready.search(text))
+    ended = time.monotonic() - started if ready_at is None else ready_at
     reader.join(timeout=10)
     outcome.seconds = round(ended, 1)
     outcome.cpu_seconds = round(_children_cpu() - used, 1)
@@ -301,18 +305,19 @@ def run_step(step: Step, folder: Path, timeout: float, quick: bool = False,
 
 
 def _until_ready(child: subprocess.Popen[bytes], ready: re.Pattern[str], lines: list[tuple[float, str]],
-                 timeout: float, outcome: Outcome) -> int:
-    """Wait for a server's ready line (or its exit), then stop it as Ctrl-C does; its exit code."""
+                 timeout: float) -> tuple[int, float | None]:
+    """Wait for a server's ready line (or its exit), then stop it as Ctrl-C does: its exit code, and the seconds
+    at which the line came (None where it exited first)."""
     deadline = time.monotonic() + timeout
-    outcome.ready = False
-    while child.poll() is None and not any(ready.search(text) for _, text in list(lines)):
+    ready_at = None
+    while child.poll() is None and ready_at is None:
         if time.monotonic() > deadline:
             raise subprocess.TimeoutExpired(child.args, timeout)
         time.sleep(0.2)
-    if child.poll() is None:
-        outcome.ready = True
+        ready_at = next((at for at, text in list(lines) if ready.search(text)), None)
+    if ready_at is not None and child.poll() is None:
         os.killpg(child.pid, signal.SIGINT)
-    return child.wait(timeout=30)
+    return child.wait(timeout=30), ready_at
 
 
 def _children_cpu() -> float:
