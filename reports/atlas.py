@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import asset_script, esc, facts_table, grid_axes, page, pattern_spec, static_summary
+from probe.reports.html import asset, asset_script, esc, facts_table, grid_axes, page, pattern_spec, static_summary
 from probe.reports.labels import precision_clause, short_label
 from probe.reports.terminal import table
 
@@ -22,33 +22,6 @@ if TYPE_CHECKING:
 STATUS_WORDS = {"confirmed": "confirmed", "partial": "partly supported", "pattern_only": "pattern only",
                 "unchecked": "unchecked", "none": "no class"}
 TABLE_METRICS = ("delta", "specificity", "second_repeat_delta", "task_delta", "copying", "dla", "output_norm")
-
-ATLAS_STYLE = """
-.probe-page .atlas-badge { display: inline-block; padding: 0 6px; margin: 1px 3px 1px 0; border-radius: 9px;
-  font-size: 0.86em; border: 1.5px solid #555; }
-.probe-page .atlas-confirmed { background: #1b7837; color: #fff; border-color: #1b7837; }
-.probe-page .atlas-partial { background: #d9f0d3; border-color: #5aae61; }
-.probe-page .atlas-pattern_only { background: #fff; border-style: dashed; color: #8c510a; font-style: italic; }
-.probe-page .atlas-unchecked { background: #eee; border-color: #999; }
-.probe-page table.atlas-table { border-collapse: collapse; font-size: 0.86em; }
-.probe-page table.atlas-table th { cursor: pointer; text-align: left; border-bottom: 1px solid #999;
-  padding: 2px 8px 2px 0; position: sticky; top: 0; background: #fff; }
-.probe-page table.atlas-table td { padding: 1px 8px 1px 0; }
-.probe-page table.atlas-table tr.atlas-row { cursor: pointer; }
-.probe-page table.atlas-table tr.atlas-row:hover { background: #f0f4ff; }
-.probe-page .atlas-table-box { max-height: 420px; overflow-y: auto; border: 1px solid #ddd; }
-.probe-page .atlas-example { font-family: ui-monospace, monospace; font-size: 0.86em; margin: 3px 0;
-  white-space: pre-wrap; }
-.probe-page .atlas-example span.atlas-token { padding: 0 1px; border-radius: 2px; }
-.probe-page .atlas-example span.atlas-query { outline: 2px solid #d62728; }
-.probe-page .atlas-yes { color: #1b7837; font-weight: 600; } .probe-page .atlas-no { color: #b2182b; }
-.probe-page .atlas-dashboard { border: 2px solid #4292c6; border-radius: 6px; padding: 4px 14px 14px;
-  margin-top: 14px; }
-.probe-page .atlas-link { color: #2166ac; cursor: pointer; text-decoration: underline; }
-.probe-page .atlas-legend { display: flex; flex-wrap: wrap; gap: 4px 16px; margin: 4px 0; }
-.probe-page .atlas-swatch { display: inline-block; width: 11px; height: 11px; margin-right: 5px; border-radius: 2px;
-  vertical-align: -1px; }
-"""
 
 
 def _deflated_json(data: Any) -> str:
@@ -140,8 +113,8 @@ def atlas_page(payload: dict[str, Any], patterns: dict[str, PatternsPage] | None
     static = static_summary("Labels and their evidence", ["class", "labels"], _summary_rows(payload))
     note = ('<p class="probe-note">Ablation deltas on this page are <b>estimated</b> (attribution patching, '
             "--fast), not measured: run without --fast for numbers to report.</p>" if data["fast"] else "")
-    body = (f"<style>{ATLAS_STYLE}</style><h1>Atlas of {esc(payload['model'])}</h1>" + _facts(payload) + note
-            + _rules(payload) + static + BODY + asset_script("atlas.js"))
+    body = (f"<style>{asset('atlas.css')}</style><h1>Atlas of {esc(payload['model'])}</h1>" + _facts(payload)
+            + note + _rules(payload) + static + BODY + asset_script("atlas.js"))
     return page("atlas", f"probe atlas: {payload['model']}", body, data, embed_plotly=embed_plotly)
 
 

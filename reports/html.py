@@ -41,9 +41,14 @@ def plotly_js() -> str:
     return text.replace("</script", "<\\/script")
 
 
+def asset(name: str) -> str:
+    """A file of reports/assets: a page's stylesheet (`page.css`, `atlas.css`) or script."""
+    return (ASSETS / name).read_text(encoding="utf-8")
+
+
 def asset_script(name: str) -> str:
     """A script of reports/assets (`probe.js`, a page's own), as a <script> element to inline."""
-    return "<script>" + (ASSETS / name).read_text(encoding="utf-8").replace("</script", "<\\/script") + "</script>"
+    return "<script>" + asset(name).replace("</script", "<\\/script") + "</script>"
 
 
 # Run a notebook result's inert copy of plotly.js only where the output's document has none yet: each output (in
@@ -122,64 +127,22 @@ def pattern_spec(patterns: PatternsPage, group: int) -> dict[str, Any]:
     return spec
 
 
-STYLE = """
-.probe-page { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: #1d1d1f;
-  max-width: 1500px; margin: 0 auto; padding: 8px 16px 24px; line-height: 1.4; }
-.probe-page h1 { font-size: 1.45em; margin: 0.3em 0; } .probe-page h2 { font-size: 1.15em; margin: 1.2em 0 0.3em; }
-.probe-page .probe-meta { color: #555; margin: 0.15em 0; font-size: 0.93em; overflow-wrap: anywhere; }
-.probe-page .probe-note { background: #fff4d6; border-left: 4px solid #e0a800; padding: 6px 10px; margin: 8px 0; }
-.probe-page .probe-error { background: #fde2e1; border-left: 4px solid #c62828; padding: 6px 10px; }
-.probe-page .probe-controls { display: flex; gap: 18px; flex-wrap: wrap; align-items: center; margin: 10px 0; }
-.probe-page select { font-size: 0.95em; padding: 2px 4px; }
-.probe-page .probe-row { display: flex; gap: 24px; flex-wrap: wrap; align-items: flex-start; }
-.probe-page .probe-main { flex: 1 1 0; }
-.probe-page .probe-plot-title { font-weight: 600; margin: 4px 0; }
-.probe-page .probe-grid { display: grid; gap: 2px; align-items: center; justify-items: center; }
-.probe-page .probe-grid-label { font-size: 11px; color: #666; padding: 0 3px; }
-.probe-page .probe-overview { flex: 0 0 auto; width: min-content; }
-.probe-page canvas.probe-thumb { width: 30px; height: 30px; image-rendering: pixelated; cursor: pointer;
-  border: 1px solid #ccc; }
-.probe-page canvas.probe-thumb-avg { border-color: #888; }
-.probe-page canvas.probe-thumb.selected { outline: 3px solid #d62728; outline-offset: 0; }
-.probe-page table.probe-kv { border-collapse: collapse; font-size: 0.92em; margin: 6px 0; }
-.probe-page table.probe-kv td { padding: 1px 10px 1px 0; vertical-align: top; overflow-wrap: anywhere; }
-.probe-page .probe-section { border-top: 1px solid #ddd; margin-top: 14px; }
-.probe-page .probe-small { font-size: 0.86em; color: #666; }
-.probe-page .probe-tokens { font-family: ui-monospace, monospace; font-size: 0.9em; line-height: 1.9;
-  max-width: 900px; }
-.probe-page .probe-tokens span { display: inline-block; max-width: 100%; padding: 1px 2px; margin: 0 1px;
-  border-radius: 3px; cursor: pointer; white-space: pre-wrap; overflow-wrap: anywhere; vertical-align: top; }
-.probe-page .probe-tokens span.probe-query { outline: 2px solid #d62728; }
-.probe-page.probe-live .probe-static { display: none; }
-.probe-page table.probe-static-table { border-collapse: collapse; font-size: 0.9em; }
-.probe-page table.probe-static-table td, .probe-page table.probe-static-table th { padding: 1px 10px 1px 0;
-  text-align: left; }
-.probe-page table.probe-kv td:first-child { white-space: nowrap; }
-.probe-page .js-plotly-plot { margin-top: 28px; }
-.probe-page .js-plotly-plot .modebar-container { top: -28px !important; }
-.probe-page .probe-grow { flex: 1 1 380px; min-width: 0; }
-.probe-page table.probe-ranked { border-collapse: collapse; font-size: 0.9em; width: 100%; }
-.probe-page table.probe-ranked th, .probe-page table.probe-ranked td { padding: 1px 10px 1px 0; text-align: right; }
-.probe-page table.probe-ranked th:first-child, .probe-page table.probe-ranked td:first-child,
-.probe-page table.probe-ranked .probe-text { text-align: left; }
-"""
-
-
 def page(kind: str, title: str, body: str, data: dict[str, Any], *, embed_plotly: bool) -> str:
     """A whole document (embed_plotly) or a fragment for a notebook; `body` is already escaped HTML."""
     page_id = "probe-page" if embed_plotly else f"probe-{uuid.uuid4().hex[:12]}"
+    style = asset("page.css")
     start = f"<script>window.probeReports.start({json.dumps(kind)}, {json.dumps(page_id)});</script>"
     content = (f'<div class="probe-page" id="{page_id}" data-kind="{kind}" data-state="loading">{body}</div>\n'
                f'<script type="application/json" id="{page_id}-data">{script_json(data)}</script>\n')
     if not embed_plotly:  # a notebook output: a fragment that carries plotly.js, run only where it is missing
         carry = (f'<script type="text/plain" id="{page_id}-plotly">{plotly_js()}</script>\n'
                  f"<script>{PLOTLY_LOADER % json.dumps(page_id + '-plotly')}</script>\n")
-        return (f"<style>{STYLE}</style>\n{content}{carry}{asset_script('probe.js')}\n{start}\n")
+        return (f"<style>{style}</style>\n{content}{carry}{asset_script('probe.js')}\n{start}\n")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
         f'<meta http-equiv="Content-Security-Policy" content="{esc(CSP)}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{esc(title)}</title>\n<style>{STYLE}\nbody {{ margin: 0; background: #fff; }}</style>\n</head>\n"
+        f"<title>{esc(title)}</title>\n<style>{style}\nbody {{ margin: 0; background: #fff; }}</style>\n</head>\n"
         f"<body>\n{content}<script>{plotly_js()}</script>\n{asset_script('probe.js')}\n{start}\n"
         "</body>\n</html>\n"
     )
