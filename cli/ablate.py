@@ -14,7 +14,7 @@ from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, Devic
                                JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
                                RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
-from probe.cli.progress import console, note, saved_on_interrupt, status, sweep_progress
+from probe.cli.progress import console, heads_done, note, progress_bar, saved_on_interrupt, status
 from probe.ablation import METHODS, AblationResult, Head, estimate, parse_heads
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.stream import cached_results_path, finished_count
@@ -129,7 +129,7 @@ def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> d
 
 def run_estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None, request: Request,
                  show: bool) -> AblationResult:
-    with sweep_progress("estimating", show) as (update, _on_result):
+    with progress_bar("estimating", show=show) as update:
         return estimate(loaded, probe_set, heads, metric=request.metric, batch_size=request.batch_size,
                         data=data_file(request.data), progress=update, budget=request.budget)
 
@@ -150,11 +150,12 @@ def run_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None
     done_before = finished_count(stream) if resume else 0
     groups = [heads] if request.together and heads else []
     with saved_on_interrupt(stream, lambda: f"{finished_count(stream)} finished ablation(s)", show), \
-            sweep_progress("ablating heads", show) as (update, on_result):
+            progress_bar("ablating heads", show=show) as update:
         result = sharded_sweep(loaded, probe_set, None if request.together else heads, groups=groups,
                                method=method, metric=request.metric, mode="naive" if request.naive else "exact",
                                batch_size=request.batch_size, stack=request.stack, results_path=stream,
-                               resume=resume, data=data_file(request.data), progress=update, on_result=on_result)
+                               resume=resume, data=data_file(request.data), progress=update,
+                               on_result=heads_done(update))
     if show and done_before:
         note(f"resumed: {done_before} ablation(s) read from {stream}")
     return result

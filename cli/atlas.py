@@ -12,7 +12,7 @@ from probe.cli.options import (BatchSize, Count, Device, DeviceMap, Dtype, Force
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Results, Resume, Seed, SelfRepair,
                                SeqLen, Task, TextData, Thresholds, TrustRemoteCode, load, parse_thresholds)
 from probe.cli.outputs import check_outputs, save_results, warn_non_finite
-from probe.cli.progress import console, stage_progress
+from probe.cli.progress import console, progress_bar
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
@@ -39,10 +39,10 @@ def atlas(
         raise ProbeError("--resume continues the sweeps kept in a --results folder: give --results")
     check_outputs({"--json": json_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    with stage_progress("atlas", STAGE_UNITS) as stages:
+    with progress_bar("atlas", STAGE_UNITS) as bars:
         result = build_atlas(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed,
                              thresholds=thresholds, task=task, task_count=count, fast=fast, batch_size=batch_size,
-                             results_dir=results, resume=resume, progress=stages, self_repair=self_repair)
+                             results_dir=results, resume=resume, progress=bars and bars.stage, self_repair=self_repair)
     payload = result.to_dict()
     save_results(payload, "atlas", json_path, html_path=html_path, page=lambda p: atlas_page(
         p, {name: block.page_payload() for name, block in result.patterns.items()}))

@@ -9,7 +9,7 @@ import typer
 from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
                                ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save_results
-from probe.cli.progress import console, stage_progress
+from probe.cli.progress import console, progress_bar
 from probe.circuits.pairs import STAGE_UNITS
 from probe.circuits.pairs import circuits as find_circuits
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED
@@ -31,9 +31,9 @@ def circuits(
     they are previous-token heads, each pair ablated together vs alone on the repeated set."""
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    with stage_progress("circuits", STAGE_UNITS) as stages:
+    with progress_bar("circuits", STAGE_UNITS) as bars:
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
-                               repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=stages)
+                               repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=bars and bars.stage)
     payload = result.to_dict()
     save_results(payload, "circuits", json_path, csv_path, html_path, rows=circuit_rows, page=circuits_page)
     circuits_report(payload, console)

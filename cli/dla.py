@@ -12,7 +12,7 @@ from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dty
                                Model, ModelChoice, OffloadFolder, Pairs, RepairMethod, Seed, SelfRepair, Task, Top,
                                TrustRemoteCode, check_contrast_task, load)
 from probe.cli.outputs import check_outputs, save_results, warn_non_finite
-from probe.cli.progress import console, status, sweep_progress
+from probe.cli.progress import console, progress_bar, status
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.dla import logit_attribution
 from probe.errors import ProbeError
@@ -25,7 +25,7 @@ from probe.selfrepair import contrast_self_repair
 def self_repair_section(loaded: LoadedModel, contrast: ContrastSet, method: str, heads: Sequence[Head] | None,
                         batch_size: int, show: bool = True) -> dict[str, Any]:
     """`SelfRepair.to_dict()` of the chosen heads (every head by default), with a progress bar."""
-    with sweep_progress("self-repair", show) as (update, _):
+    with progress_bar("self-repair", show=show) as update:
         return contrast_self_repair(loaded, contrast, heads, method=method, batch_size=batch_size,
                                     progress=update).to_dict()
 

@@ -11,7 +11,7 @@ import typer
 from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, JsonFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, Seed, SeqLen, TextData, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
-from probe.cli.progress import console, sweep_progress
+from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
 from probe.headvis import METRICS, head_metrics
 from probe.headvis.tree import neuronpedia_json, write_tree
@@ -47,7 +47,7 @@ def headvis(
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     probe_set = build_probe_set("natural", loaded, ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs,
                                                                 seed=seed))
-    with sweep_progress("headvis") as (update, _):
+    with progress_bar("headvis") as update:
         result = head_metrics(loaded, probe_set, batch_size=batch_size, samples=samples if tree else 0,
                               progress=update)
     save_json(json_path, result.to_dict(), "headvis")

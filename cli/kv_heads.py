@@ -10,7 +10,7 @@ import typer
 from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
                                Seed, TextData, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json, save_results
-from probe.cli.progress import console, stage_progress
+from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
 from probe.heads.scores import DEFAULT_RECENT
 from probe.headmaps.formats import DUO_CONFIG, DUO_FILE, duo_config, kv_heads_map, razor_map, write_map
@@ -148,14 +148,14 @@ def kv_heads(
     check_budget_choice(kvpress_ratio, (full_fraction, retrieval_threshold, streaming_threshold), sizes, sink, recent)
     check_outputs({"--json": json_path, "--html": html_path, **_export_files(exports)}, force=force)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    with stage_progress("kv-heads", STAGE_UNITS) as stages:
+    with progress_bar("kv-heads", STAGE_UNITS) as bars:
         result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,
                               max_loss_increase=max_loss_increase, order_by=order,
                               streaming_threshold=streaming_threshold, curve=curve, steps=steps,
                               random_seeds=seeds, stop_random=not every_random_point, curve_texts=curve_texts,
                               data=None if data is None else str(data), seed=seed, kvpress_ratio=kvpress_ratio,
-                              progress=stages)
+                              progress=bars and bars.stage)
     payload = result.to_dict()
     save_results(payload, "kv-heads", json_path, html_path=html_path, page=kv_heads_page)
     _write_exports(exports, payload, result.budget_record().to_dict())

@@ -20,7 +20,7 @@ from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dty
                                Labels, Model, ModelChoice, Naive, OffloadFolder, Pairs, RepairMethod, Results, Resume,
                                Seed, SelfRepair, Stack, Task, Top, TrustRemoteCode, check_contrast_task, load_for)
 from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
-from probe.cli.progress import console, status, sweep_progress
+from probe.cli.progress import console, heads_done, progress_bar, status
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
 from probe.inputs.choice import probe_set_name
 from probe.distributed import current, sharded_sweep
@@ -93,11 +93,12 @@ def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, st
         with status("estimating every head's patch ...", show):
             return patch_contrast(loaded, contrast, chosen, estimate=True, component=request.component,
                                   noising=request.noising, batch_size=request.batch_size)
-    with sweep_progress("patching heads", show) as (update, on_result):
+    with progress_bar("patching heads", show=show) as update:
         return patch_contrast(loaded, contrast, chosen, component=request.component, noising=request.noising,
                               by_position=request.by_position, mode="naive" if request.naive else "exact",
                               batch_size=request.batch_size, stack=request.stack, progress=update,
-                              on_result=on_result, run=partial(sharded_sweep, results_path=stream, resume=resume))
+                              on_result=heads_done(update),
+                              run=partial(sharded_sweep, results_path=stream, resume=resume))
 
 
 def add_paths(loaded: LoadedModel, contrast: ContrastSet, result: PatchResult, senders: str, receivers: str,

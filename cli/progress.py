@@ -12,7 +12,7 @@ from typing import IO, Any, ClassVar, TextIO
 from rich.console import Console
 
 from probe import progress as library
-from probe.progress import Bars, StageProgress
+from probe.progress import Bars
 
 UNWRAPPED = 4096  # columns of a console that is not a terminal: lines and tables keep their natural width
 ANNOUNCE_AFTER = 2.0  # `status`, `timed_status`: work that takes longer says what it is doing, and when it is done
@@ -108,12 +108,13 @@ def _announced(doing: str, done: str, on_terminal: bool) -> Iterator[None]:
 
 
 @contextmanager
-def progress_bar(description: str, unit: str | None = None) -> Iterator[Callable[[int, int], None]]:
-    """Progress with a count in `unit` (else a share); yields the `(done, total)` callback."""
-    if not _showing(True):
-        yield lambda done, total: None
+def progress_bar(label: str, units: str | Mapping[str, str] | None = None, show: bool = True) -> Iterator[Bars | None]:
+    """Bars on stderr: `(done, total)`, or `.stage` for work in stages, counted in `units` (one unit: the label's;
+    else a share); None, which the library takes for no progress, with -q or where `show` is False."""
+    if not _showing(show):
+        yield None
         return
-    with Bars(description, {description: unit} if unit else None, console=errors) as bars:
+    with Bars(label, {label: units} if isinstance(units, str) else units, console=errors) as bars:
         yield bars
 
 
@@ -129,28 +130,14 @@ def saved_on_interrupt(stream: Any, saved: Callable[[], str], show: bool = True)
         raise
 
 
-@contextmanager
-def sweep_progress(description: str, enabled: bool = True) -> Iterator[tuple[Callable[[int, int], None],
-                                                                              Callable[[Any], None]]]:
-    """Progress of a sweep with the heads done; yields the `(done, total)` and per-result callbacks."""
-    if not _showing(enabled):
-        yield (lambda done, total: None), (lambda result: None)
-        return
-    with Bars(description, console=errors) as bars:
-        finished = [0]
+def heads_done(bars: Bars | None) -> Callable[[Any], None] | None:
+    """A sweep's `on_result`: `(12 heads done)` after its bar (None without one)."""
+    if bars is None:
+        return None
+    finished = [0]
 
-        def on_result(_result: Any) -> None:
-            finished[0] += 1
-            bars.note(f"({finished[0]} head{'' if finished[0] == 1 else 's'} done)")
+    def on_result(_result: Any) -> None:
+        finished[0] += 1
+        bars.note(f"({finished[0]} head{'' if finished[0] == 1 else 's'} done)")
 
-        yield bars, on_result
-
-
-@contextmanager
-def stage_progress(prefix: str, units: Mapping[str, str] | None = None) -> Iterator[StageProgress]:
-    """A bar per named stage, counted in its `units` (else a share); yields the `(stage, done, total)` callback."""
-    if not _showing(True):
-        yield lambda stage, done, total: None
-        return
-    with Bars(prefix, units, console=errors) as bars:
-        yield bars.stage
+    return on_result

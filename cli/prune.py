@@ -100,7 +100,7 @@ def prune(
                                              labels=labels))
     eval_set = None if eval_data is None else build_probe_set(
         "natural", loaded, ProbeOptions(data=eval_data, seq_len=seq_len, num_seqs=num_seqs, seed=seed))
-    with progress_bar("pruning", unit="steps") as update:
+    with progress_bar("pruning", "steps") as update:
         result: PruneResult = run_prune(loaded, probe_set, orderings=chosen, step=step, max_increase=limit,
                                         relative=relative, seeds=range(seed, seed + seeds), method=method,
                                         metric=metric, method_seed=seed, kv_groups=kv_groups, batch_size=batch_size,

@@ -11,7 +11,7 @@ from probe.cli.checks import model_config
 from probe.cli.options import (CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
                                NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save_results
-from probe.cli.progress import console, sweep_progress
+from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEQ_LEN, ProbeOptions, build_probe_set
 from probe.inputs.choice import GENERATED, probe_set_name
@@ -54,7 +54,7 @@ def qk(
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
     probe_set = build_probe_set(probe_set_name(data), loaded, ProbeOptions(
         None if data in GENERATED else data, seq_len, num_seqs, repeat_len, seed))
-    with sweep_progress("qk") as (update, _):
+    with progress_bar("qk") as update:
         result = qk_attribution(loaded, probe_set.input_ids, layer_head, mask=probe_set.attention_mask, at=at,
                                 query=query, key=key, source=probe_set.description, progress=update)
     payload = result.to_dict()

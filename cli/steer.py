@@ -21,7 +21,7 @@ from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force,
                                Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
                                Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
-from probe.cli.progress import console, saved_on_interrupt, status, sweep_progress
+from probe.cli.progress import console, heads_done, progress_bar, saved_on_interrupt, status
 from probe.distributed import current, sharded_sweep
 from probe.errors import ProbeError
 from probe.hooks.layers import attention_layers
@@ -140,10 +140,10 @@ def run_find(loaded: LoadedModel, probe_set: ProbeSet, heads: list[Head] | None,
     stream.parent.mkdir(parents=True, exist_ok=True)
     value, method = request.values[0], intervention_named(request.intervention, request.values[0])
     with saved_on_interrupt(stream, lambda: f"{finished_count(stream)} finished head(s)", show), \
-            sweep_progress(f"{request.intervention} at {value:g} per head", show) as (update, on_result):
+            progress_bar(f"{request.intervention} at {value:g} per head", show=show) as update:
         swept = sharded_sweep(loaded, probe_set, heads, method=method, metric=metric,
                               batch_size=batch_size, stack=stack, results_path=stream, resume=resume,
-                              data=_data_file(request), progress=update, on_result=on_result)
+                              data=_data_file(request), progress=update, on_result=heads_done(update))
     return None if swept is None else find_result(loaded, swept, value, metric, request.intervention)
 
 

@@ -52,7 +52,7 @@ def syntax(
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences, scheme, source = read_parses(conllu, file, max_sentences)
     loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
-    with progress_bar("scoring sentences", unit="sentences") as update:
+    with progress_bar("scoring sentences", "sentences") as update:
         result = syntax_scores(loaded, sentences, scheme=scheme, source=source, batch_size=batch_size,
                                min_count=min_count, margin=margin, confident=confident, progress=update)
     payload = result.to_dict()

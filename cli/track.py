@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from probe.cli.options import (BatchSize, CsvFile, Device, Dtype, Force, Heads, HtmlFile, JsonFile, NumSeqs,
                                RepeatLen, Results, Resume, Seed, SeqLen, TextData, Thresholds, TrackedModel,
                                TrustRemoteCode, parse_thresholds)
-from probe.cli.outputs import check_distinct, check_outputs, record_provenance, save_results
+from probe.cli.outputs import check_sweep_outputs, record_provenance, save_results
 from probe.cli.progress import console, note, progress_bar, saved_on_interrupt, warn
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN)
 from probe.distributed import current
@@ -44,19 +43,6 @@ def parse_positions(text: str) -> tuple[int, int]:
         raise ProbeError(f"--icl-positions takes EARLY,LATE token indices, e.g. 50,500; got {text!r}") from None
 
 
-def results_file(results: Path | None, key: dict[str, Any], *, resume: bool, force: bool) -> Path:
-    """--results checked, or the cache file the same command finds again with --resume."""
-    if results is None:
-        path = cached_results_path(key, folder="track", stem="run")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return path
-    if results.is_dir() or not results.parent.is_dir():
-        raise ProbeError(f"--results {results}: give a file in a folder that exists")
-    if results.exists() and results.stat().st_size > 0 and not (resume or force):
-        raise ProbeError(f"{results} exists: pass --resume to continue that run, or --force to start over")
-    return results
-
-
 def track(
     model: TrackedModel = None, checkpoints: Checkpoints = None, revisions: Revisions = None,
     trust_remote_code: TrustRemoteCode = False, data: TextData = None, seq_len: SeqLen = DEFAULT_SEQ_LEN,
@@ -72,12 +58,12 @@ def track(
                            repeat_len=repeat_len, seed=seed, thresholds=parse_thresholds(threshold or []),
                            batch_size=batch_size, early=early, late=late, icl_seqs=icl_seqs, heads=heads or "",
                            min_rise=min_rise)
-    outputs = {"--json": json_path, "--csv": csv_path, "--html": html_path}
-    check_distinct({**outputs, "--results": results})
-    check_outputs(outputs, force=force)
+    check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
+                        force=force, writes=True)
     run = find_run(model, checkpoints=checkpoints, revisions=revisions)
-    stream = results_file(results, {"run": run.to_dict(), "options": options.to_dict(), "dtype": dtype},
-                          resume=resume, force=force)
+    stream = results or cached_results_path({"run": run.to_dict(), "options": options.to_dict(), "dtype": dtype},
+                                            folder="track", stem="run")
+    stream.parent.mkdir(parents=True, exist_ok=True)
     rank = current()
     main_process = rank is None or rank.is_main
     done_before = len(read_track(stream)[1]) if resume and stream.is_file() and stream.stat().st_size else 0
@@ -89,7 +75,7 @@ def track(
             recorded.append(loaded.name)
 
     with saved_on_interrupt(stream, lambda: "the finished checkpoints", main_process), \
-            progress_bar("tracking", unit="checkpoints") as update:
+            progress_bar("tracking", "checkpoints") as update:
         result = run_track(run, options, results_path=stream, resume=resume, progress=update, on_model=on_model,
                            dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     if result is None:

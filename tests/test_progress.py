@@ -121,7 +121,9 @@ def test_stages_off_a_terminal_count_in_their_unit_and_end_at_their_total(capsys
     clock = [0.0]
     monkeypatch.setattr(library_progress, "monotonic", lambda: clock[0])
     monkeypatch.setattr(library_progress, "BEAT", 1e6)
-    with cli_progress.stage_progress("atlas", {"composition": "layer pairs"}) as update:
+    with cli_progress.progress_bar("atlas", {"composition": "layer pairs"}) as bars:
+        assert bars is not None
+        update = bars.stage
         update("composition", 0, 1)
         for done in range(0, 31, 3):
             clock[0] += 2.0
