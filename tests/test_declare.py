@@ -75,7 +75,7 @@ def test_every_declared_result_is_its_kind_in_the_registry() -> None:
     to_dict is the generated one."""
     import importlib
 
-    from probe.schemas.kinds import DECLARED
+    from probe.schemas.base import DECLARED
 
     for path in DECLARED:
         module, name = path.split(":")

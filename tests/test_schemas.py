@@ -1,7 +1,7 @@
 """The published schemas (probe/schemas/, docs/schemas.md): every command's --json file validates against its kind's
 schema, the schema refuses a payload with a field missing or misspelt, `probe schema` prints each, and every result's
 `to_frame()` has the columns its schema documents, and the file holds its result's `to_dict()` as it is. Adding a
-kind: its result class declared with probe.schemas.declare (`@published`, listed in probe/schemas/kinds.py's DECLARED),
+kind: its result class declared with probe.schemas.declare (`@published`, listed in probe.schemas.base.DECLARED),
 and its line in RUNS."""
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from probe.errors import ProbeError
@@ -93,37 +94,54 @@ class Kind:
                 **body, "$defs": {"frame_row": row}}
 
 
+DECLARED = (
+    "probe.heads.classify:Classification",
+    "probe.ablation.results:AblationResult",
+    "probe.dla:Attribution",
+    "probe.patching.heads:PatchResult",
+    "probe.kv.result:KVHeads",
+    "probe.kv.result:KVBudget",
+    "probe.headvis.result:HeadVisMetrics",
+    "probe.selfrepair:SelfRepair",
+    "probe.ablation.prune:PruneResult",
+    "probe.syntax.result:SyntaxResult",
+    "probe.circuits.pairs:Circuits",
+    "probe.qk:QKAttribution",
+    "probe.headmaps.compare:Comparison",
+    "probe.track.result:TrackResult",
+    "probe.atlas.result:Atlas",
+    "probe.steering:SteerResult",
+    "probe.patterns:Patterns",
+)
+"""The result classes that declare their kind (`module:Class`, probe.schemas.declare), imported when first read."""
+
+
 class Registry(Mapping[str, Kind]):
     """The published kinds by name, imported when first read (a result's module imports the declarations)."""
 
-    def __init__(self) -> None:
-        self._kinds: dict[str, Kind] | None = None
-
-    def _loaded(self) -> dict[str, Kind]:
-        if self._kinds is None:
-            from probe.schemas.kinds import DECLARED
-
-            self._kinds = {}
-            for path in DECLARED:
-                module, name = path.split(":")
-                kind = getattr(importlib.import_module(module), name).__kind__
-                assert isinstance(kind, Kind)
-                if kind.name in self._kinds:  # a mistake in the code, not input
-                    raise ValueError(f"schema kind {kind.name!r} is registered twice")
-                self._kinds[kind.name] = kind
-        return self._kinds
+    @cached_property
+    def _kinds(self) -> dict[str, Kind]:
+        kinds: dict[str, Kind] = {}
+        for path in DECLARED:
+            module, name = path.split(":")
+            kind = getattr(importlib.import_module(module), name).__kind__
+            assert isinstance(kind, Kind)
+            if kind.name in kinds:  # a mistake in the code, not input
+                raise ValueError(f"schema kind {kind.name!r} is registered twice")
+            kinds[kind.name] = kind
+        return kinds
 
     def __getitem__(self, name: str) -> Kind:
-        return self._loaded()[name]
+        return self._kinds[name]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._loaded())
+        return iter(self._kinds)
 
     def __len__(self) -> int:
-        return len(self._loaded())
+        return len(self._kinds)
 
 
-SCHEMAS = Registry()  # every kind probe/schemas/kinds.py lists
+SCHEMAS = Registry()  # every kind DECLARED lists
 
 
 def kind_of(name: str) -> Kind:

@@ -44,7 +44,6 @@ class Spec:
     items: Field | str | None = None
     fields: dict[str, Field] | None = None
     patterns: dict[str, Field] | None = None
-    ref: str | None = None
     omit: Literal["empty", "none"] = "empty"
     dump: Callable[[Any], Any] | None = None
     column: bool | str | Field = False
@@ -58,13 +57,12 @@ class Declared:
 
     key: str
     attribute: str
-    computed: bool
     spec: Spec
     field: Field
     column: Field | None
 
 
-SHARED = ("required", "type", "items", "fields", "patterns", "ref")  # what a shared Field declares of itself
+SHARED = ("required", "type", "items", "fields", "patterns")  # what a shared Field declares of itself
 
 
 def _spec(description: str | Field, options: dict[str, Any]) -> Spec:
@@ -158,7 +156,7 @@ def _field(name: str, annotation: Any, spec: Spec, where: str) -> Field:
     fields, patterns = spec.fields, spec.patterns
     if fields is None and spec.type is None and _is_record(inner) and "object" in kinds:  # a nested Payload
         fields, patterns = record_fields(inner), patterns or record_patterns(inner) or None
-    return Field(kind, spec.description, spec.required, items, fields, patterns, spec.ref)
+    return Field(kind, spec.description, spec.required, items, fields, patterns)
 
 
 def _is_record(annotation: Any) -> bool:
@@ -171,7 +169,7 @@ def _column(key: str, spec: Spec, field: Field) -> Field | None:
     if isinstance(spec.column, Field):
         return spec.column
     description = spec.column if isinstance(spec.column, str) else field.description
-    return Field(field.type, description, field.required, ref=field.ref)
+    return Field(field.type, description, field.required)
 
 
 # Declarations of a class -------------------------------------------------------------------------------------------
@@ -179,21 +177,16 @@ def _column(key: str, spec: Spec, field: Field) -> Field | None:
 def _declarations(cls: type) -> list[Declared]:
     """Every payload field of `cls` (fields with a spec, and `payload` properties), in declaration order."""
     hints = typing.get_type_hints(cls)
-    found: list[tuple[int, Declared]] = []
-    for item in dataclasses.fields(cls):
-        spec = item.metadata.get(SPEC)
-        if isinstance(spec, Spec):
-            key = spec.key or item.name
-            schema = _field(key, hints[item.name], spec, cls.__name__)
-            found.append((spec.order, Declared(key, item.name, False, spec, schema, _column(key, spec, schema))))
-    for name, member in vars(cls).items():
-        if isinstance(member, Computed) and member.fget is not None:
-            spec = member.spec
-            key = spec.key or name
-            returned = typing.get_type_hints(member.fget).get("return", Any)
-            schema = _field(key, returned, spec, cls.__name__)
-            found.append((spec.order, Declared(key, name, True, spec, schema, _column(key, spec, schema))))
-    return [declared for _, declared in sorted(found, key=lambda pair: pair[0])]
+    specs: list[tuple[str, Any, Spec]] = [(item.name, hints[item.name], item.metadata[SPEC])
+                                          for item in dataclasses.fields(cls) if SPEC in item.metadata]
+    specs += [(name, typing.get_type_hints(member.fget).get("return", Any), member.spec)
+              for name, member in vars(cls).items() if isinstance(member, Computed) and member.fget is not None]
+    found = []
+    for name, annotation, spec in sorted(specs, key=lambda item: item[2].order):
+        key = spec.key or name
+        schema = _field(key, annotation, spec, cls.__name__)
+        found.append(Declared(key, name, spec, schema, _column(key, spec, schema)))
+    return found
 
 
 def declarations(cls: type) -> list[Declared]:
