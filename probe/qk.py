@@ -154,8 +154,8 @@ class _Twin:
         return self
 
     def __call__(self, stream: Tensor) -> tuple[Tensor, Tensor]:
-        """(batch, positions, d_model) -> queries (batch, heads, positions, d) and keys (batch, kv heads, ...), float64
-        on the CPU; the copy runs where the layer does (its parameters' device)."""
+        """(batch, positions, d_model) -> the head's queries and its key/value head's keys (batch, positions, d),
+        float64 on the CPU; the copy runs where the layer does (its parameters' device)."""
         device = next(self.module.parameters()).device
         stream = stream.to(device=device, dtype=self.dtype)
         args, kwargs = self.args, dict(self.kwargs)
@@ -167,7 +167,7 @@ class _Twin:
             self.module(*args, **kwargs)
         except _Stop as captured:
             assert captured.query is not None and captured.key is not None
-            return captured.query.double().cpu(), captured.key.double().cpu()
+            return captured.query[:, self.head].double().cpu(), captured.key[:, self.kv_head].double().cpu()
         raise ProbeError(f"{type(self.module).__name__} did not hand its queries and keys to transformers' attention "
                          "interface: QK attribution cannot read them", parameter="model")
 
@@ -207,27 +207,14 @@ def project(twin: _Twin, norm: FrozenNorm,
     names, queries, keys = [], [], []
     positions = norm.scale.shape[0]
     zero_q, zero_k = twin(torch.zeros(1, positions, norm.gain.shape[0], dtype=torch.float64))
-    head, kv_head = twin.head, twin.kv_head
-    zero_q, zero_k = zero_q[0, head], zero_k[0, kv_head]
-
-    def flush(chunk: list[Tensor]) -> None:
-        stacked = torch.stack(chunk)  # (components, positions, d_model)
-        query, key = twin(norm.apply(stacked))
-        queries.append(query[:, head] - zero_q)
-        keys.append(key[:, kv_head] - zero_k)
-
     while chunk := list(islice(parts, CHUNK)):
         names += [component for component, _ in chunk]
-        flush([part for _, part in chunk])
+        query, key = twin(norm.apply(torch.stack([part for _, part in chunk])))  # (components, positions, d)
+        queries.append(query - zero_q[0])
+        keys.append(key - zero_k[0])
     names.append(Component("bias", "bias"))
-    if norm.bias is None:
-        queries.append(zero_q[None])
-        keys.append(zero_k[None])
-    else:
-        bias_q, bias_k = twin(norm.bias.expand(1, positions, -1))
-        queries.append(bias_q[:, head])
-        keys.append(bias_k[:, kv_head])
-    return names, torch.cat(queries), torch.cat(keys)
+    bias_q, bias_k = (zero_q, zero_k) if norm.bias is None else twin(norm.bias.expand(1, positions, -1))
+    return names, torch.cat([*queries, bias_q]), torch.cat([*keys, bias_k])
 
 
 @dataclass(frozen=True)
@@ -324,7 +311,7 @@ def _rounding(twin: _Twin, call: _Call, queries: Tensor, keys: Tensor, own_q: Te
     given = call.args[0] if call.args else call.kwargs["hidden_states"]
     read_q, read_k = twin(given.detach().double().cpu()[:1])
     query, key = queries.sum(dim=0), keys.sum(dim=0)  # (positions, d)
-    gap_q, gap_k = read_q[0, twin.head] - query, read_k[0, twin.kv_head] - key
+    gap_q, gap_k = read_q[0] - query, read_k[0] - key
     measured = (gap_q @ own_k.T).abs() + (query @ gap_k.T).abs()
     q_norm, k_norm = own_q.norm(dim=-1), own_k.norm(dim=-1)
     rest = ROUNDING * eps * q_norm[:, None] * k_norm[None, :]
@@ -567,7 +554,7 @@ class QKAttribution(Payload):
 
     def pairs(self, view: str = "score") -> Tensor:
         """(components, components) float64: the mean contribution of (query-side i, key-side j)."""
-        chosen = self.score if view == "score" else self.contrast
+        chosen = getattr(self, view)
         return chosen.pairs / max(chosen.points, 1)
 
     def key_side(self, view: str = "score") -> Tensor:
@@ -582,8 +569,7 @@ class QKAttribution(Payload):
         return [self.components[int(index)].name for index in order]
 
     def _view(self, name: str) -> dict[str, Any]:
-        chosen = self.score if name == "score" else self.contrast
-        pairs = self.pairs(name)
+        chosen, pairs = getattr(self, name), self.pairs(name)
         flat, size = pairs.flatten(), pairs.shape[1]
         top = [{"query": int(index) // size, "key": int(index) % size, "value": float(flat[index])}
                for index in flat.abs().argsort(descending=True)[:TOP_PAIRS] if float(flat[index]) != 0.0]
