@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -268,22 +268,9 @@ def _check_options(decimals: int, max_tokens: int) -> None:
                          f"head beyond {TOKEN_LIMIT} tokens is too large for a browser", parameter="max_tokens")
 
 
-@dataclass
-class _Window:
-    """Which positions of one sequence a page shows, and what the model runs on to show them."""
-
-    ids: Tensor  # (total,) the whole input
-    start: int
-    stop: int
-    causal_model: bool
-    run_ids: Tensor  # (run,) the input up to the window's end (a causal model), else all of it
-
-    @property
-    def total(self) -> int:
-        return int(self.ids.numel())
-
-
-def _window(loaded: LoadedModel, input_ids: list[int] | Tensor, start: int, max_tokens: int) -> _Window:
+def _window(loaded: LoadedModel, input_ids: list[int] | Tensor, start: int, max_tokens: int,
+            causal_model: bool) -> tuple[Tensor, int]:
+    """The whole input (total,) and the window's end; a causal model runs on the input up to that end alone."""
     ids = torch.as_tensor(input_ids if not isinstance(input_ids, Tensor) else input_ids.reshape(-1), dtype=torch.long)
     if ids.dim() != 1 or ids.numel() == 0:
         raise ProbeError("attention patterns need one non-empty sequence of token ids", parameter="input_ids")
@@ -292,13 +279,11 @@ def _window(loaded: LoadedModel, input_ids: list[int] | Tensor, start: int, max_
         raise ProbeError(f"start must be a position of the input, 0 to {total - 1:,}; got {start:,}",
                          parameter="start")
     stop = min(start + max_tokens, total)
-    causal_model = not is_encoder(loaded)
-    run_ids = ids[:stop] if causal_model else ids  # later tokens change nothing a causal model's window sees
     limit = context_length(loaded)
-    if limit is not None and run_ids.numel() > limit:
+    if limit is not None and (stop if causal_model else total) > limit:
         raise ProbeError(f"the window ends at token {stop:,}, past the model's context of {limit:,}: use a smaller "
                          "start or max_tokens, or a shorter text", parameter="start")
-    return _Window(ids, start, stop, causal_model, run_ids)
+    return ids, stop
 
 
 def _wanted_layers(n_layers: int, layers: set[int] | None, heads: list[tuple[int, int]] | None) -> set[int]:
@@ -314,38 +299,31 @@ def _wanted_layers(n_layers: int, layers: set[int] | None, heads: list[tuple[int
     return wanted
 
 
-def _window_note(window: _Window, outside: float, input_description: str | None) -> str:
+def _window_note(total: int, start: int, stop: int, causal_model: bool, outside: float,
+                 input_description: str | None) -> str:
     """What a page of a window shows, in words; empty when it shows the whole input."""
-    if window.stop - window.start >= window.total:
+    if stop - start >= total:
         return ""
-    ran = (f"the model ran on the first {window.run_ids.numel():,}, so each query sees every key before it"
-           if window.causal_model else "the model ran on all of them")
-    described = input_description or f"the input has {window.total:,} tokens"
-    note = (f"{described}; this page shows positions {window.start:,} to {window.stop - 1:,} "
+    ran = (f"the model ran on the first {stop:,}, so each query sees every key before it"
+           if causal_model else "the model ran on all of them")
+    described = input_description or f"the input has {total:,} tokens"
+    note = (f"{described}; this page shows positions {start:,} to {stop - 1:,} "
             f"(at most {TOKEN_LIMIT:,} positions): {ran}")
-    if window.start > 0 or not window.causal_model:
+    if start > 0 or not causal_model:
         note += (f", but only keys inside the window are drawn; {outside:.1%} of these queries' attention (mean "
                  f"over the heads of the layers shown) goes to keys outside it")
     return note
 
 
-@dataclass
-class _Picked:
-    """The heads chosen so far, their rounded values and thumbnails."""
-
-    heads: list[tuple[int, int]] = field(default_factory=list)
-    values: list[np.ndarray] = field(default_factory=list)
-    thumbnails: list[np.ndarray] = field(default_factory=list)
-    causal: bool = True
-
-
 def _pick(captured: dict[int, Tensor], heads: list[tuple[int, int]] | None, average: bool, thumbnails: bool,
-          decimals: int) -> _Picked:
-    """Each wanted layer's heads (all, or those in `heads`), plus its mean over heads when `average`."""
-    picked = _Picked()
+          decimals: int) -> tuple[list[tuple[int, int]], np.ndarray, np.ndarray | None, bool]:
+    """Each wanted layer's heads (all, or those in `heads`), plus its mean over heads when `average`: the heads, their
+    rounded values, their thumbnails and whether every layer was causal."""
+    picked: list[tuple[int, int]] = []
+    values, small, causal = [], [], True
     for layer in sorted(captured):
         weights = captured.pop(layer)  # (h, n, n)
-        picked.causal = picked.causal and bool((torch.triu(weights, 1) == 0).all())
+        causal = causal and bool((torch.triu(weights, 1) == 0).all())
         layer_heads = [h for (at, h) in heads if at == layer] if heads is not None else list(range(weights.shape[0]))
         for head in layer_heads:
             if not 0 <= head < weights.shape[0]:
@@ -355,12 +333,12 @@ def _pick(captured: dict[int, Tensor], heads: list[tuple[int, int]] | None, aver
         if heads is None and average:
             chosen = torch.cat([chosen, weights.mean(dim=0, keepdim=True)])
             layer_heads = layer_heads + [AVERAGE]
-        picked.heads.extend((layer, head) for head in layer_heads)
-        picked.values.append(_round(chosen, decimals))
+        picked.extend((layer, head) for head in layer_heads)
+        values.append(_round(chosen, decimals))
         if thumbnails:
-            picked.thumbnails.append(_thumbnail(chosen))
+            small.append(_thumbnail(chosen))
         del weights, chosen
-    return picked
+    return picked, np.concatenate(values), np.concatenate(small) if thumbnails else None, causal
 
 
 def attention_patterns(
@@ -380,25 +358,27 @@ def attention_patterns(
     """Run the model on one sequence and keep the patterns of every head of `layers` (default all), each layer's mean
     with `average`, or exactly `heads`; at most `max_tokens` positions from `start` (a window, said in `note`)."""
     _check_options(decimals, max_tokens)
-    window = _window(loaded, input_ids, start, max_tokens)
+    causal_model = not is_encoder(loaded)
+    ids, stop = _window(loaded, input_ids, start, max_tokens, causal_model)
     found = attention_layers(loaded.model)
     wanted = _wanted_layers(len(found), layers, heads)
-    captured, outside = _window_attention(loaded, window.run_ids, wanted, window.start, window.stop)
-    picked = _pick(captured, heads, average, thumbnails, decimals)
+    # later tokens change nothing a causal model's window sees
+    captured, outside = _window_attention(loaded, ids[:stop] if causal_model else ids, wanted, start, stop)
+    picked, values, small, causal = _pick(captured, heads, average, thumbnails, decimals)
     return Patterns(
         model=loaded.name,
         source=source,
-        tokens=token_strings(loaded, window.ids[window.start:window.stop]),
-        heads=picked.heads,
-        values=np.concatenate(picked.values),
+        tokens=token_strings(loaded, ids[start:stop]),
+        heads=picked,
+        values=values,
         decimals=decimals,
-        causal=picked.causal,
+        causal=causal,
         n_layers=len(found),
         n_heads=max(layer.n_heads for layer in found),
-        total_tokens=window.total,
-        note=_window_note(window, outside, input_description),
-        thumbnails=np.concatenate(picked.thumbnails) if thumbnails else None,
-        first=window.start,
+        total_tokens=int(ids.numel()),
+        note=_window_note(int(ids.numel()), start, stop, causal_model, outside, input_description),
+        thumbnails=small,
+        first=start,
         layer_names=layer_names(found),
         dtype=model_dtype(loaded),
     )
