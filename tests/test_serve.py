@@ -25,7 +25,7 @@ from probe.models import LoadedModel
 from probe.schemas import SCHEMAS
 from probe.serve import create_app
 from probe.serve.views import Views
-from probe.serve.worker import JobTimeout, Worker
+from probe.serve.app import JobTimeout, Worker
 
 TOKEN = "test-token"
 TEXT = "the keys to the cabinet are here , the keys to the cabinet"

@@ -1,6 +1,10 @@
 """The routes of `probe serve` and their guards: Jupyter's token (`?token=`, a Bearer header, then an HttpOnly
 SameSite=Strict cookie), bounded bodies, one-line errors, a CSP of this server's own scripts, other origins refused.
-Model work runs on the one worker with a time limit; no endpoint takes a path, a model name or code."""
+Model work runs on the one worker with a time limit; no endpoint takes a path, a model name or code.
+
+One worker thread does all model work (hooks belong to one model). A job its caller gave up on never starts; one past
+its deadline gets `JobTimeout` at the next module call from a global forward pre-hook, inside the library's context
+managers, which restore the model as on any error."""
 
 from __future__ import annotations
 
@@ -8,8 +12,12 @@ import asyncio
 import hmac
 import json
 import ipaddress
+import queue
 import secrets
+import threading
+import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -19,10 +27,10 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from pydantic import BaseModel, ConfigDict, Field
+import torch
 
 from probe.errors import ProbeError
 from probe.serve.views import Views
-from probe.serve.worker import JobTimeout, Worker
 
 ASSETS = Path(__file__).resolve().parents[2] / "reports" / "assets"
 if not ASSETS.is_dir():  # installed: reports/ is the subpackage probe.reports
@@ -51,6 +59,56 @@ def is_loopback(host: str) -> bool:
 
 def new_token() -> str:
     return secrets.token_hex(24)
+
+
+class JobTimeout(Exception):
+    """A job ran past its deadline."""
+
+
+class Worker:
+    """A queue of jobs and the one thread that runs them."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Future, Callable[[], Any], float] | None] = queue.Queue()
+        self._deadline = float("inf")
+        self._thread = threading.Thread(target=self._run, name="probe-serve-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, work: Callable[[], Any], seconds: float) -> Future:
+        """Queue `work`; its future ends in `JobTimeout` `seconds` after submission."""
+        future: Future = Future()
+        self._jobs.put((future, work, time.monotonic() + seconds))
+        return future
+
+    def close(self) -> None:
+        """Stop the thread after the jobs queued so far."""
+        self._jobs.put(None)
+        self._thread.join(timeout=60)
+
+    def _check(self, _module: torch.nn.Module, _args: Any) -> None:
+        if threading.current_thread() is self._thread and time.monotonic() > self._deadline:
+            raise JobTimeout("the request took longer than its time limit")
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, work, deadline = job
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while queued: never started
+            if time.monotonic() > deadline:
+                future.set_exception(JobTimeout("the request waited in the queue past its time limit"))
+                continue
+            self._deadline = deadline
+            handle = torch.nn.modules.module.register_module_forward_pre_hook(self._check)
+            try:
+                result, error = work(), None
+            except BaseException as failure:  # handed to the caller, who answers it; the worker lives on
+                result, error = None, failure
+            handle.remove()  # before the caller hears: then nothing of the job is left
+            self._deadline = float("inf")
+            if error is None:
+                future.set_result(result)
+            else:
+                future.set_exception(error)
 
 
 # -- request bodies --------------------------------------------------------------------------------------------

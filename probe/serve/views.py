@@ -176,10 +176,6 @@ class Views:
 
     # -- one head ------------------------------------------------------------------------------------------------
 
-    def _head(self, head: Head) -> Head:
-        check_heads(self.layers, [head])
-        return head
-
     def _position(self, view: View, position: int, what: str = "position") -> int:
         if not 0 <= position < view.ids.numel():
             raise ProbeError(f"{what} {position} is not a position of the text (0-{view.ids.numel() - 1})",
@@ -189,7 +185,8 @@ class Views:
     def head(self, text: str, head: Head) -> dict[str, Any]:
         """The head's attention on the text (full rows, or each query's top keys), and the keys it reads most."""
         view, cached = self.view(text)
-        layer, index = self._head(head)
+        check_heads(self.layers, [head])
+        layer, index = head
         stored = view.attention[layer]
         out: dict[str, Any] = {"layer": layer, "head": index, "tokens": view.tokens, "cached": cached}
         if isinstance(stored, tuple):
@@ -211,7 +208,8 @@ class Views:
         view, _ = self.view(text)
         self._position(view, query, "query")
         self._position(view, key, "key")
-        result = qk_attribution(self.loaded, view.ids[None].to(self.device), self._head(head), query=query, key=key,
+        check_heads(self.layers, [head])
+        result = qk_attribution(self.loaded, view.ids[None].to(self.device), head, query=query, key=key,
                                 source="the text")
         self.forwards += 1
         return {**header("qk"), **result.to_dict()}
