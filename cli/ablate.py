@@ -11,8 +11,8 @@ import typer
 
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile,
-                               JsonFile, Labels, Method, Metric, Model, ModelChoice, Naive, NumSeqs, OffloadFolder,
-                               RepeatLen, Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
+                               JsonFile, Labels, Method, Metric, Model, Naive, NumSeqs, OffloadFolder, RepeatLen,
+                               Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, heads_done, note, progress_bar, saved_on_interrupt, status
 from probe.ablation import METHODS, AblationResult, Head, estimate, parse_heads
@@ -81,48 +81,30 @@ def check_request(request: Request, *, html: bool, distributed: bool) -> None:
     if distributed and request.method == ESTIMATE:
         raise ProbeError("--method estimate is a few forward and backward passes, not a sweep to split: run it "
                          "without torchrun")
-    if request.task is not None:
-        check_task(request)
+    if request.method == ESTIMATE and (request.task is not None or request.labels is not None):
+        flag, what = ("--task", "a task's margin") if request.task is not None else ("--labels", "a classifier's")
+        raise ProbeError(f"--method estimate linearises the next-token loss of text, not {what}: use another --method "
+                         f"({', '.join(METHODS)}) with {flag}")  # the exact sweep's methods serve it
+    if request.task is not None and request.data != "natural":
+        raise ProbeError("--task replaces --data: give one of them")
     if request.seq2seq is not None and (request.task is not None or request.data != "natural"):
         raise ProbeError("--seq2seq replaces --data and --task: give one of them")
     if request.labels is not None and (request.task is not None or request.seq2seq is not None or
                                        request.data != "natural"):
         raise ProbeError("--labels replaces --data, --task and --seq2seq: give one of them")
-    if request.labels is not None:
-        check_labels(request)
-
-
-def refuse_estimate(what: str, flag: str) -> None:
-    """The estimate linearises the loss of text: the exact sweep's methods (every one of METHODS) serve `flag`."""
-    raise ProbeError(f"--method estimate linearises the next-token loss of text, not {what}: use another --method "
-                     f"({', '.join(METHODS)}) with {flag}")
-
-
-def check_task(request: Request) -> None:
-    """--task: a generated task or a readable task file (its rows checked now, their tokens once the model loads)."""
-    if request.method == ESTIMATE:
-        refuse_estimate("a task's margin", "--task")
-    if request.data != "natural":
-        raise ProbeError("--task replaces --data: give one of them")
-    if request.task is not None and request.task not in TASKS:
+    if request.task is not None and request.task not in TASKS:  # a task file's rows now, their tokens once it loads
         read_task_file(request.task)
-
-
-def check_labels(request: Request) -> None:
-    """--labels: a readable labels file (its rows checked now, their classes once the model loads)."""
-    if request.method == ESTIMATE:
-        refuse_estimate("a classifier's", "--labels")
-    if request.labels is not None:
+    if request.labels is not None:  # a labels file's rows now, their classes once the model loads
         read_labelled(request.labels)
 
 
-def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions) -> dict[str, Any]:
+def cache_key(model: str, dtype: str, device: str | None, request: Request, options: ProbeOptions) -> dict[str, Any]:
     """Everything that shapes a sweep's numbers, as the command line gave it (names the default results file)."""
-    return {"model": choice.spec, "data": request.data, "seq_len": options.seq_len, "num_seqs": options.num_seqs,
+    return {"model": model, "data": request.data, "seq_len": options.seq_len, "num_seqs": options.num_seqs,
             "repeat_len": options.repeat_len, "seed": options.seed, "method": request.method,
             "per_position": request.per_position, "heads": request.heads, "together": request.together,
             "batch_size": request.batch_size, "stack": request.stack, "naive": request.naive,
-            "dtype": choice.dtype, "device": choice.device, "task": request.task, "metric": request.metric,
+            "dtype": dtype, "device": device, "task": request.task, "metric": request.metric,
             **({"seq2seq": str(request.seq2seq)} if request.seq2seq is not None else {}),
             **({"labels": str(request.labels)} if request.labels is not None else {})}
 
@@ -180,10 +162,9 @@ def ablate(
     check_request(request, html=html_path is not None, distributed=rank is not None)
     check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
                         force=force, writes=main_process)
-    choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
     options = ProbeOptions(data_file(data), seq_len, num_seqs, repeat_len, seed, task=task, seq2seq=seq2seq,
                            labels=labels)
-    loaded = load_for(choice, rank)
+    loaded = load_for(rank, model, device, dtype, device_map, offload_folder, trust_remote_code)
     probe_set = build_probe_set(probe_set_name(data, labels=labels, task=task, seq2seq=seq2seq), loaded, options)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     stream = None
@@ -191,7 +172,7 @@ def ablate(
     if method == ESTIMATE:
         result = run_estimate(loaded, probe_set, chosen, request, main_process)
     else:
-        stream = results or cached_results_path(cache_key(choice, request, options))
+        stream = results or cached_results_path(cache_key(model, dtype, device, request, options))
         result = run_sweep(loaded, probe_set, chosen, request, stream, resume=resume, show=main_process)
     if not main_process or result is None:
         return

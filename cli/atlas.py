@@ -8,9 +8,9 @@ import typer
 
 from probe.atlas import atlas as build_atlas
 from probe.atlas.run import DEFAULT_NUM_SEQS, STAGE_UNITS
-from probe.cli.options import (BatchSize, Count, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
-                               ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Results, Resume, Seed, SelfRepair,
-                               SeqLen, Task, TextData, Thresholds, TrustRemoteCode, load, parse_thresholds)
+from probe.cli.options import (BatchSize, Count, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, NumSeqs,
+                               OffloadFolder, RepeatLen, Results, Resume, Seed, SelfRepair, SeqLen, Task, TextData,
+                               Thresholds, TrustRemoteCode, load, parse_thresholds)
 from probe.cli.outputs import check_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, progress_bar
 from probe.inputs import DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN
@@ -38,7 +38,7 @@ def atlas(
     if resume and results is None:
         raise ProbeError("--resume continues the sweeps kept in a --results folder: give --results")
     check_outputs({"--json": json_path, "--html": html_path}, force=force)
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     with progress_bar("atlas", STAGE_UNITS) as bars:
         result = build_atlas(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed,
                              thresholds=thresholds, task=task, task_count=count, fast=fast, batch_size=batch_size,

@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
-                               ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, NumSeqs,
+                               OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, progress_bar
 from probe.circuits.pairs import STAGE_UNITS
@@ -30,7 +30,7 @@ def circuits(
     """Induction heads and the earlier heads that feed their keys (K-composition, Elhage et al. 2021), marked when
     they are previous-token heads, each pair ablated together vs alone on the repeated set."""
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     with progress_bar("circuits", STAGE_UNITS) as bars:
         result = find_circuits(loaded, top=top, check=not no_check, seq_len=seq_len, num_seqs=num_seqs,
                                repeat_len=repeat_len, seed=seed, batch_size=batch_size, progress=bars and bars.stage)

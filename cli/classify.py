@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
-                               ModelChoice, NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, TextData, Thresholds,
-                               TrustRemoteCode, load, parse_thresholds)
+                               NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, TextData, Thresholds, TrustRemoteCode,
+                               load, parse_thresholds)
 from probe.cli.outputs import check_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
 from probe.errors import ProbeError
@@ -63,7 +63,7 @@ def classify(
     scores = chosen_scores(head_class or [])
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences = read_conllu(conllu) if conllu is not None else None
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     with progress_bar("classifying heads") as update:
         result = run_classify(loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len,
                               seed=seed, thresholds=thresholds, scores=scores, batch_size=batch_size,

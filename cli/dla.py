@@ -9,8 +9,8 @@ from probe.ablation import parse_heads
 from probe.ablation.heads import Head
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
-                               Model, ModelChoice, OffloadFolder, Pairs, RepairMethod, Seed, SelfRepair, Task, Top,
-                               TrustRemoteCode, check_contrast_task, load)
+                               Model, OffloadFolder, Pairs, RepairMethod, Seed, SelfRepair, Task, Top, TrustRemoteCode,
+                               check_contrast_task, load)
 from probe.cli.outputs import check_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, progress_bar, status
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
@@ -46,7 +46,7 @@ def dla(
         raise ProbeError("--heads chooses the heads --self-repair ablates: add --self-repair (DLA covers every head)")
     check_heads_syntax(heads)
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     chosen = None if heads is None else parse_heads(heads, attention_layers(loaded.model))  # before any work
     contrast = build_probe_set("contrast", loaded, ProbeOptions(task=task, pairs=pairs, num_seqs=count, seed=seed))
     with status(f"attributing {len(contrast)} pairs ..."):

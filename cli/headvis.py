@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, JsonFile, Model, ModelChoice,
-                               NumSeqs, OffloadFolder, Seed, SeqLen, TextData, TrustRemoteCode, load)
+from probe.cli.options import (BatchSize, CsvFile, Device, DeviceMap, Dtype, Force, JsonFile, Model, NumSeqs,
+                               OffloadFolder, Seed, SeqLen, TextData, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
@@ -44,7 +44,7 @@ def headvis(
     check_outputs({"--json": json_path, "--csv": csv_path, "--neuronpedia-json": neuronpedia_path}, force=force)
     if tree is not None and tree.exists() and (not tree.is_dir() or any(tree.iterdir())) and not force:
         raise ProbeError(f"--tree {tree} exists and is not an empty folder: give --force to write into it")
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     probe_set = build_probe_set("natural", loaded, ProbeOptions(data=data, seq_len=seq_len, num_seqs=num_seqs,
                                                                 seed=seed))
     with progress_bar("headvis") as update:

@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, MaxTokens, Model, ModelChoice,
-                               OffloadFolder, Text, TextFile, TrustRemoteCode, load)
+from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, MaxTokens, Model, OffloadFolder,
+                               Text, TextFile, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs
 from probe.cli.progress import note, status
 from probe.ablation.heads import parse_layers
@@ -44,7 +44,7 @@ def heatmap(
     check_outputs({"--html": html_path, "--json": json_path}, force=force)
     content = read_text_file(file, parameter="file") if file is not None else text
     source = f"text file {file}" if file is not None else "text given with --text"
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     chosen = parse_layers(layers, attention_layers(loaded.model))
     with status("capturing attention ..."):
         patterns = text_patterns(loaded, content or "", source=source, layers=chosen, decimals=decimals,

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice, OffloadFolder,
-                               Seed, TextData, TrustRemoteCode, load)
+from probe.cli.options import (Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, OffloadFolder, Seed,
+                               TextData, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save, save_json, save_results
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
@@ -147,7 +147,7 @@ def kv_heads(
     seeds = _numbers(random_seeds, int, "random_seeds")
     check_budget_choice(kvpress_ratio, (full_fraction, retrieval_threshold, streaming_threshold), sizes, sink, recent)
     check_outputs({"--json": json_path, "--html": html_path, **_export_files(exports)}, force=force)
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     with progress_bar("kv-heads", STAGE_UNITS) as bars:
         result = run_kv_heads(loaded, lengths=sizes, depths=where, prompts=prompts, needle=needle, sink=sink,
                               recent=recent, full_fraction=full_fraction, retrieval_threshold=retrieval_threshold,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -175,49 +174,35 @@ def check_contrast_task(task: str | None) -> None:
                          f"for {', '.join(CONTRAST_TASKS)}; give a file of clean/corrupt rows with --pairs")
 
 
-@dataclass(frozen=True)
-class ModelChoice:
-    """Which model to load, and where: the options every command that loads a model takes."""
-
-    spec: str
-    device: str | None = None
-    dtype: str = "float32"
-    device_map: str | None = None
-    offload_folder: Path | None = None
-    trust_remote_code: bool = False
-
-    def arguments(self) -> dict[str, Any]:
-        """Keyword arguments of `load_model`."""
-        return {"dtype": self.dtype, "device": self.device, "device_map": self.device_map,
-                "offload_folder": self.offload_folder, "trust_remote_code": self.trust_remote_code}
-
-
-def load(choice: ModelChoice) -> LoadedModel:
+def load(spec: str, device: str | None = None, dtype: str = "float32", device_map: str | None = None,
+         offload_folder: Path | None = None, trust_remote_code: bool = False) -> LoadedModel:
     """Load the model saying so on stderr, and how long it took (transformers' own progress bars off)."""
     from transformers.utils import logging as hf_logging  # a transformers submodule: loaded only to load a model
 
     hf_logging.disable_progress_bar()
-    check_hub_reachable(choice.spec)  # one line now, not the hub client's half minute of retries
-    with timed_status(loading_words(choice.spec), f"loaded {choice.spec}"), \
-            warnings.catch_warnings(record=True) as caught:
+    check_hub_reachable(spec)  # one line now, not the hub client's half minute of retries
+    with timed_status(loading_words(spec), f"loaded {spec}"), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UserWarning)
-        loaded = load_model(choice.spec, **choice.arguments())
+        loaded = load_model(spec, dtype=dtype, device=device, device_map=device_map, offload_folder=offload_folder,
+                            trust_remote_code=trust_remote_code)
     for warning in caught:  # e.g. a tokenizer that cannot encode text: one line each, not Python's two
         if str(warning.message).startswith("the tokenizer of"):
             warn(f"warning: {warning.message}")
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
-    with status(f"hashing {choice.spec} for the provenance of the files written ..."):  # seconds for a big model
+    with status(f"hashing {spec} for the provenance of the files written ..."):  # seconds for a big model
         record_provenance(loaded)
     return loaded
 
 
-def load_for(choice: ModelChoice, rank: Rank | None) -> LoadedModel:
+def load_for(rank: Rank | None, spec: str, device: str | None, dtype: str, device_map: str | None,
+             offload_folder: Path | None, trust_remote_code: bool) -> LoadedModel:
     """The model, for this process: under torchrun on its own GPU (or share of a device map)."""
     if rank is None:
-        return load(choice)
-    placement, folder, memory = rank_placement(rank, choice.device_map, choice.offload_folder)
-    loaded = load_model(choice.spec, **{**choice.arguments(), "device": rank_device(rank, choice.device),
-                                        "device_map": placement, "offload_folder": folder, "max_memory": memory})
+        return load(spec, device, dtype, device_map, offload_folder, trust_remote_code)
+    placement, folder, memory = rank_placement(rank, device_map, offload_folder)
+    share: dict[str, Any] = {"device_map": placement, "offload_folder": folder, "max_memory": memory}
+    loaded = load_model(spec, dtype=dtype, device=rank_device(rank, device), trust_remote_code=trust_remote_code,
+                        **share)
     record_provenance(loaded)
     return loaded

@@ -17,8 +17,8 @@ from probe.cli.checks import check_heads_syntax
 from probe.ablation.stream import cached_results_path
 from probe.cli.dla import self_repair_section
 from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
-                               Labels, Model, ModelChoice, Naive, OffloadFolder, Pairs, RepairMethod, Results, Resume,
-                               Seed, SelfRepair, Stack, Task, Top, TrustRemoteCode, check_contrast_task, load_for)
+                               Labels, Model, Naive, OffloadFolder, Pairs, RepairMethod, Results, Resume, Seed,
+                               SelfRepair, Stack, Task, Top, TrustRemoteCode, check_contrast_task, load_for)
 from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, heads_done, progress_bar, status
 from probe.inputs import ContrastSet, ProbeOptions, build_probe_set
@@ -134,7 +134,7 @@ def patch(
         raise ProbeError("--self-repair reads a language model's unembedding: not a classifier's --labels")
     check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,
                         force=force, writes=main_process)
-    loaded = load_for(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code), rank)
+    loaded = load_for(rank, model, device, dtype, device_map, offload_folder, trust_remote_code)
     contrast = build_probe_set(probe_set_name("natural", labels=labels, task=task, pairs=pairs, contrast=True,
                                               compared=True), loaded,
                                ProbeOptions(task=task, pairs=pairs, labels=labels, num_seqs=count, seed=seed))

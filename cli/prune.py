@@ -10,8 +10,7 @@ import typer
 from rich.markup import escape
 
 from probe.cli.options import (BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Labels,
-                               Method, Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Seed, SeqLen,
-                               TrustRemoteCode, load)
+                               Method, Metric, Model, NumSeqs, OffloadFolder, Seed, SeqLen, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, progress_bar
 from probe.ablation.methods import METHODS
@@ -94,7 +93,7 @@ def prune(
     if labels is not None and (data != "natural" or eval_data is not None):
         raise ProbeError("--labels replaces --data and --eval-data: give one of them")
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     probe_set = build_probe_set(probe_set_name(data, labels=labels), loaded,
                                 ProbeOptions(data=data_file(data), seq_len=seq_len, num_seqs=num_seqs, seed=seed,
                                              labels=labels))

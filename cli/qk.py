@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 
 from probe.cli.checks import model_config
-from probe.cli.options import (CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, ModelChoice,
-                               NumSeqs, OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
+from probe.cli.options import (CsvFile, Data, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model, NumSeqs,
+                               OffloadFolder, RepeatLen, Seed, SeqLen, Top, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, progress_bar
 from probe.errors import ProbeError
@@ -51,7 +51,7 @@ def qk(
     if why:
         raise ProbeError(why)
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     probe_set = build_probe_set(probe_set_name(data), loaded, ProbeOptions(
         None if data in GENERATED else data, seq_len, num_seqs, repeat_len, seed))
     with progress_bar("qk") as update:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import Device, Dtype, MaxTokens, Model, ModelChoice, TrustRemoteCode, load
+from probe.cli.options import Device, Dtype, MaxTokens, Model, TrustRemoteCode, load
 from probe.cli.progress import console
 from probe.errors import ProbeError
 from probe.models import DEFAULT_MODEL
@@ -40,7 +40,7 @@ def serve(
     if max_tokens < 2:
         raise ProbeError(f"--max-tokens must be at least 2, got {max_tokens}")
     token = token or new_token()
-    loaded = load(ModelChoice(model, device, dtype, trust_remote_code=trust_remote_code))
+    loaded = load(model, device, dtype, trust_remote_code=trust_remote_code)
     app = create_app(Views(loaded, max_tokens=max_tokens), token)
     address = f"http://{host if ':' not in host else f'[{host}]'}:{port}/?token={token}"
     console.print(f"serving {loaded.name}: open {address}", markup=False, highlight=False, soft_wrap=True)

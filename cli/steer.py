@@ -18,8 +18,8 @@ from probe.ablation.metrics import choose_metric, read_target_words
 from probe.ablation.metrics import target_words as target_words_metric  # `target_words` is an option of steer
 from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
-                               Metric, Model, ModelChoice, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen,
-                               Stack, Task, Top, TrustRemoteCode, load_for)
+                               Metric, Model, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen, Stack, Task,
+                               Top, TrustRemoteCode, load_for)
 from probe.cli.outputs import check_sweep_outputs, save_results, warn_non_finite
 from probe.cli.progress import console, heads_done, progress_bar, saved_on_interrupt, status
 from probe.distributed import current, sharded_sweep
@@ -166,9 +166,10 @@ def add_generations(loaded: LoadedModel, result: SteerResult, heads: list[Head],
                                          seed=seed)
 
 
-def cache_key(choice: ModelChoice, request: Request, options: ProbeOptions, batch_size: int) -> dict[str, Any]:
+def cache_key(model: str, dtype: str, device: str | None, request: Request, options: ProbeOptions,
+              batch_size: int) -> dict[str, Any]:
     """Everything that shapes --find's numbers, as given (names the default results file)."""
-    return {"command": "steer", "model": choice.spec, "dtype": choice.dtype, "device": choice.device,
+    return {"command": "steer", "model": model, "dtype": dtype, "device": device,
             "options": str(options), "request": str(request), "batch_size": batch_size}
 
 
@@ -191,15 +192,14 @@ def steer(
     main_process = rank is None or rank.is_main
     check_request(request, rank is not None)
     check_sweep_outputs(outputs, results, resume=resume, force=force, writes=main_process)
-    choice = ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code)
     options = ProbeOptions(None if data in GENERATED else data, seq_len, num_seqs, seed=seed)
-    loaded = load_for(choice, rank)
+    loaded = load_for(rank, model, device, dtype, device_map, offload_folder, trust_remote_code)
     probe_set = probe_input(loaded, request, options)
     words = None if target_words is None else target_words_metric(loaded, target_words)
     measured = choose_metric(loaded, probe_set, metric if words is None else words)
     chosen = parse_heads(heads, attention_layers(loaded.model)) if heads is not None else None
     if find:
-        stream = results or cached_results_path(cache_key(choice, request, options, batch_size))
+        stream = results or cached_results_path(cache_key(model, dtype, device, request, options, batch_size))
         result = run_find(loaded, probe_set, chosen, measured, request, stream, resume=resume,
                           batch_size=batch_size, stack=stack, show=main_process)
         if result is not None and results is None:

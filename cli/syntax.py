@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from probe.cli.options import (BatchSize, Conllu, CsvFile, Device, DeviceMap, Dtype, Force, HtmlFile, JsonFile, Model,
-                               ModelChoice, OffloadFolder, TextFile, TrustRemoteCode, load)
+                               OffloadFolder, TextFile, TrustRemoteCode, load)
 from probe.cli.outputs import check_outputs, save_results
 from probe.cli.progress import console, progress_bar, status, warn
 from probe.inputs import ENGLISH
@@ -51,7 +51,7 @@ def syntax(
     the best fixed-offset baseline."""
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     sentences, scheme, source = read_parses(conllu, file, max_sentences)
-    loaded = load(ModelChoice(model, device, dtype, device_map, offload_folder, trust_remote_code))
+    loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     with progress_bar("scoring sentences", "sentences") as update:
         result = syntax_scores(loaded, sentences, scheme=scheme, source=source, batch_size=batch_size,
                                min_count=min_count, margin=margin, confident=confident, progress=update)

@@ -6,9 +6,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from probe.cli.options import (BatchSize, CsvFile, Device, Dtype, Force, Heads, HtmlFile, JsonFile, NumSeqs,
-                               RepeatLen, Results, Resume, Seed, SeqLen, TextData, Thresholds, TrackedModel,
-                               TrustRemoteCode, parse_thresholds)
+from probe.cli.options import (BatchSize, CsvFile, Device, Dtype, Force, Heads, HtmlFile, JsonFile, NumSeqs, RepeatLen,
+                               Results, Resume, Seed, SeqLen, TextData, Thresholds, TrackedModel, TrustRemoteCode,
+                               parse_thresholds)
 from probe.cli.outputs import check_sweep_outputs, record_provenance, save_results
 from probe.cli.progress import console, note, progress_bar, saved_on_interrupt, warn
 from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN)

@@ -152,7 +152,7 @@ def test_a_slow_load_off_a_terminal_says_so_and_how_long_it_took(capsys, monkeyp
     monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 0.2)
     monkeypatch.setattr(library_progress, "BEAT", 0.05)
     monkeypatch.setattr(options, "load_model", _slow_load(0.6))
-    options.load(options.ModelChoice("planted"))
+    options.load("planted")
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "loading planted ... 0:00 elapsed" and len(lines) == 2, lines
     assert re.fullmatch(r"loaded planted in 0\.[6-9] s|loaded planted in [1-9]\.\d s", lines[1]), lines
@@ -161,12 +161,12 @@ def test_a_slow_load_off_a_terminal_says_so_and_how_long_it_took(capsys, monkeyp
 def test_a_load_in_a_moment_or_with_quiet_says_nothing(capsys, monkeypatch) -> None:
     monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 1.5)  # building the planted model: well under it, even on a
     monkeypatch.setattr(options, "load_model", _slow_load(0.0))  # busy machine
-    options.load(options.ModelChoice("planted"))
+    options.load("planted")
     assert capsys.readouterr().err == ""
     monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 0.2)
     monkeypatch.setattr(options, "load_model", _slow_load(0.5))
     cli_progress.set_quiet(True)
-    options.load(options.ModelChoice("planted"))
+    options.load("planted")
     assert capsys.readouterr().err == ""
 
 
@@ -175,7 +175,7 @@ def test_a_slow_load_on_a_terminal_says_how_long_it_took(monkeypatch) -> None:
     monkeypatch.setattr(cli_progress, "errors", Console(file=screen, force_terminal=True, width=100))
     monkeypatch.setattr(cli_progress, "ANNOUNCE_AFTER", 0.2)
     monkeypatch.setattr(options, "load_model", _slow_load(0.4))
-    options.load(options.ModelChoice("planted"))
+    options.load("planted")
     assert "loading planted ..." in screen.getvalue() and re.search(r"loaded planted in \d\.\d s", screen.getvalue())
 
 
