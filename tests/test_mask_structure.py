@@ -1,5 +1,5 @@
-"""The structure probe notes on the masks transformers makes for `probe_sdpa` (probe.hooks.masks, from the mask
-function's arguments through probe.hooks.transformers_api): where noted, the key mask, causality and window stand for
+"""The structure probe notes on the masks transformers makes for `probe_sdpa` (probe.hooks.transformers_api,
+from the mask function's arguments): where noted, the key mask, causality and window stand for
 exactly the mask transformers made; where the mask is something else (packed sequences, a cache), nothing is noted.
 Run with the newest transformers and with the floor (.ci/compat)."""
 
@@ -12,7 +12,7 @@ import torch
 from conftest import tiny_hf
 
 from probe.hooks.capture import attention_hooks
-from probe.hooks.masks import MaskStructure, structure_of
+from probe.hooks.transformers_api import MaskStructure, structure_of
 from probe.hooks.types import AttentionInputs, HookContext
 
 

@@ -11,8 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from probe.errors import ProbeError
-from probe.hooks.custom import install_custom
-from probe.hooks.families import install_family
+from probe.hooks.families import install_custom, install_family
 from probe.hooks.hf import count_calls_per_forward, install_hf, switch_implementation
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.mha import install_mha

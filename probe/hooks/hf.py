@@ -13,11 +13,10 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
-from probe.hooks.masks import structure_of
 from probe.hooks.points import fire_blocked, fire_heads, fire_inputs, fire_statistics, fire_weights, fires
 from probe.hooks.restore import put_back, restoring
 from probe.hooks.transformers_api import (has_implementation, implementation, own_attention, register_attention,
-                                          set_implementation)
+                                          set_implementation, structure_of)
 from probe.hooks.types import AttentionInputs, LayerHooks, Undo
 from probe.kernels import DEFAULT_CONFIG, AttentionCall, additive_bias, backend_for
 
@@ -64,8 +63,8 @@ def _causal(module: nn.Module, is_causal: bool | None, mask: Tensor | None) -> b
 
 def _from_lse(module: nn.Module, inputs: AttentionInputs, hooks: LayerHooks, kwargs: dict[str, Any]) -> Tensor | None:
     """The fused kernel's output, its statistics handed to `lse`; None (the reason handed to `blocked`) where no
-    backend serves the call. A mask transformers made from padding, causality and a sliding window goes as a (b, kv)
-    key mask and a window (probe.hooks.masks); any other as an additive bias, made only once a backend is chosen."""
+    backend serves the call. A mask noted as padding, causality and a sliding window (transformers_api) goes as a
+    (b, kv) key mask and a window; any other as an additive bias, made only once a backend is chosen."""
     query, key, value, mask = inputs.query, inputs.key, inputs.value, inputs.mask
     dropout = kwargs.get("dropout", 0.0) if module.training else 0.0
     structure = structure_of(mask) if inputs.position_bias is None else None
@@ -133,7 +132,8 @@ def _probe_attention(original_name: str, module: nn.Module, query: Tensor, key: 
     if fires(hooks, "inputs"):  # read or replaced queries, keys or values (patching)
         edited = fire_inputs(hooks, inputs)
         inputs = _inputs(edited.query, edited.key, edited.value, attention_mask, kwargs)
-    recompute, ctx = hooks.recompute, hooks.context("recompute", inputs=inputs)
+    # one `recompute` handler (two recomputations of the same heads would not compose)
+    recompute, ctx = (hooks.of("recompute") or [None])[-1], hooks.context("recompute", inputs=inputs)
     heads = inputs.query.shape[1]
     if recompute is not None and not fires(hooks, "weights") and recompute.covers_every_head(hooks.layer, heads):
         output = recompute(None, ctx)  # the layer's own output is not needed

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from probe.errors import ProbeError
-from probe.hooks.custom import is_custom_attention, returns_head_weights
-from probe.hooks.families import Family, family_candidates, family_of, family_shape
+from probe.hooks.families import (Family, family_candidates, family_of, family_shape, is_custom_attention,
+                                  returns_head_weights)
 from probe.hooks.hf import is_hf_model, recording_layers
 from probe.hooks.restore import restoring
 from probe.hooks.run import run_model

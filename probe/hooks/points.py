@@ -74,8 +74,8 @@ POINTS: dict[str, HookPoint] = {point.name: point for point in [
     HookPoint("v", "inputs", "values (batch, key positions, key/value heads, value head_dim)", True,
               frozenset({"hf", "mha"}), apply=_per_head("value")),
     HookPoint("recompute", "recompute", "the layer's output (batch, positions, query heads, value head_dim), or None "
-              "where the handler (a Recompute) covers every head: chosen heads computed again from ctx.inputs "
-              "(window ablation)",
+              "where the handler's `covers_every_head(layer, n_heads)` is true: chosen heads computed again from "
+              "ctx.inputs over other keys (window ablation)",
               True, frozenset({"hf"}), public=False,
               refusal="changing which keys a head attends to works on transformers models only; this model's "
                       "attention is its own module"),

@@ -12,6 +12,10 @@ setters write). `PreTrainedModel.set_attn_implementation` is public but cannot b
 not use the attention interface (Falcon), and it has no form for one config (QK attribution's copy of a layer).
 Nor is "eager" in the interface: each modeling file defines its own `eager_attention_forward`, which `own_attention`
 finds by that name in the module's modeling file.
+
+The boolean masks transformers makes for `probe_sdpa` are recognised where they are padding, causal and a sliding
+window (`noting_sdpa_mask`), from the mask function's arguments, nothing read from the device: a fused kernel then
+gets a (b, kv) key mask and an int window instead of a dense additive mask. Any other mask goes to the backend dense.
 """
 
 from __future__ import annotations
@@ -19,15 +23,17 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
-from probe.hooks.masks import note_structure
 from probe.hooks.types import Undo
 
 _FIELD = "_attn_implementation_internal"  # transformers 5.1.0 - 5.24.0: a config's attention implementation
+NOTE = "probe_mask_structure"  # the attribute a recognised mask tensor carries its MaskStructure in
 
 
 def has_implementation(config: Any) -> bool:
@@ -73,7 +79,7 @@ def own_attention(name: str, module: nn.Module) -> Callable[..., tuple[Tensor, A
 
 def noting_sdpa_mask(*args: Any, **kwargs: Any) -> Tensor | None:
     """transformers' sdpa mask (`ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]`), its structure noted on it where the
-    arguments show it is the padding mask with causality or a sliding window and nothing else (probe.hooks.masks)."""
+    arguments show it is the padding mask with causality or a sliding window and nothing else."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
     make_mask = ALL_MASK_ATTENTION_FUNCTIONS["sdpa"]
@@ -117,3 +123,35 @@ def _form(arguments: dict[str, Any], config: Any) -> tuple[bool, int | None] | N
             not chunked and arguments.get("allow_is_causal_skip", True) is True:
         return True, window
     return None
+
+
+@dataclass(frozen=True)
+class MaskStructure:
+    """What a recognised mask hides: keys outside `key_mask` (b, kv) bool, later keys where `causal`, keys
+    `window` or more before the query where given."""
+
+    key_mask: Tensor
+    causal: bool
+    window: int | None
+
+
+def structure_of(mask: Tensor | None) -> MaskStructure | None:
+    """The structure noted on this mask tensor when it was made, or None."""
+    return None if mask is None else mask.__dict__.get(NOTE)
+
+
+def note_structure(mask: Tensor, padding: Tensor | None, q_length: int | None, causal: bool,
+                   window: int | None) -> None:
+    """Note what a (b, 1, n, kv) boolean mask hides (the 2-D `padding`'s keys, later keys where `causal`, keys
+    `window` or more back); nothing for another shape or dtype, or a cache."""
+    kv_length = int(mask.shape[-1])
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1 or q_length != kv_length or \
+            int(mask.shape[2]) != q_length:
+        return
+    if padding is None:
+        key_mask = torch.ones(mask.shape[0], kv_length, dtype=torch.bool, device=mask.device)
+    elif padding.dim() == 2 and padding.shape[0] == mask.shape[0] and padding.shape[1] >= kv_length:
+        key_mask = padding[:, :kv_length].to(torch.bool)  # a view of its own: what the dense bias is kept by
+    else:
+        return
+    mask.__dict__[NOTE] = MaskStructure(key_mask, causal, window)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -76,24 +76,13 @@ class HookContext:
 
 
 TensorHandler = Callable[[Tensor, HookContext], Tensor | None]
-"""q, k, v, z, pattern: the tensor the layer goes on with (same shape), or None to leave it (a reader)."""
+"""q, k, v, z, pattern, recompute: the tensor the layer goes on with (same shape), or None to leave it (a reader)."""
 InputsHandler = Callable[[AttentionInputs, HookContext], AttentionInputs | None]  # `inputs`: the AttentionInputs
 StatisticsHandler = Callable[["FusedStatistics", HookContext], None]  # `lse`: one call's fused statistics, read-only
 BlockedHandler = Callable[[str, HookContext], None]  # `blocked`: why a layer asked for `lse` runs the blocked path
 
 
-class Recompute(Protocol):
-    """The `recompute` point's handler: heads computed again from `ctx.inputs` over other keys (window ablation)."""
-
-    def __call__(self, output: Tensor | None, ctx: HookContext) -> Tensor:
-        """The layer's output (b, n, hq, d) with the chosen heads recomputed; `output` is the layer's own, or None
-        where `covers_every_head` said it is not needed."""
-
-    def covers_every_head(self, layer: int, n_heads: int) -> bool:
-        """Whether every head of the layer is recomputed, so that the layer's own attention can be skipped."""
-
-
-Handler = TensorHandler | InputsHandler | StatisticsHandler | BlockedHandler | Recompute
+Handler = TensorHandler | InputsHandler | StatisticsHandler | BlockedHandler
 """`fn(payload, ctx)`, the payload's type set by the point (probe.hooks.points.POINTS)."""
 
 
@@ -127,9 +116,3 @@ class LayerHooks:
     def of(self, point: str) -> list[Any]:
         """The handlers of one point, in order; their type is the point's (probe.hooks.points)."""
         return self.handlers.get(point, [])
-
-    @property
-    def recompute(self) -> Recompute | None:
-        """The `recompute` point's handler (one: two recomputations of the same heads would not compose)."""
-        recomputes = self.of("recompute")
-        return recomputes[-1] if recomputes else None
