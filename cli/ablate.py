@@ -9,7 +9,6 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (ESTIMATE, BatchSize, CsvFile, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile,
                                JsonFile, Labels, Method, Metric, Model, Naive, NumSeqs, OffloadFolder, RepeatLen,
                                Results, Resume, Seed, SeqLen, Stack, Task, Top, TrustRemoteCode, load_for)
@@ -77,7 +76,6 @@ def check_request(request: Request, *, html: bool, distributed: bool) -> None:
         raise ProbeError("--together needs --heads: the heads to ablate together, e.g. --heads 5.1,18.6")
     if html and request.together:
         raise ProbeError("--html shows one result per head: drop --together, or use --json / --csv")
-    check_heads_syntax(request.heads)
     if distributed and request.method == ESTIMATE:
         raise ProbeError("--method estimate is a few forward and backward passes, not a sweep to split: run it "
                          "without torchrun")

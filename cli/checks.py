@@ -21,6 +21,7 @@ from probe.inputs.choice import GENERATED
 from probe.inputs.sets import read_text_file
 from probe.models import ALIASES, HUB_ALIASES, alias_path, check_device, resolve_alias
 from probe.models.gguf import cached_config
+from probe.patching.paths import LOGITS
 from probe.qk import KEY_RULES
 from probe.selfrepair import SELF_REPAIR_METHODS
 from probe.steering import steerable
@@ -49,6 +50,9 @@ def check_before_loading(parameters: dict[str, Any]) -> None:
         elif name == "text" and isinstance(value, str) and not value.strip():
             raise ProbeError("text is empty: give the text to look at", parameter="text")
     check_threshold_names(parameters.get("threshold"))
+    for name in ("heads", "senders", "receivers"):  # parsed against the model's layers once it loads
+        if isinstance(value := parameters.get(name), str) and value != LOGITS:
+            check_heads_syntax(value)
     for name, names in _choices().items():
         value = parameters.get(name)
         if isinstance(value, str) and value not in names:
@@ -152,13 +156,11 @@ def check_layers(spec: str, parameters: dict[str, Any]) -> None:
                                      f"layers (0-{count - 1})", parameter=name)
 
 
-HEAD_ITEM = re.compile(r"^(all|\*|(enc|dec|x)?\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$", re.IGNORECASE)  # enc/dec/x: stacks
+HEAD_ITEM = re.compile(r"^(all|\*|L\d+H\d+|(enc|dec|x)?\d+(-\d+)?(\.(\*|\d+(-\d+)?))?)$", re.IGNORECASE)
 
 
-def check_heads_syntax(spec: str | None) -> None:
-    """Reject a malformed --heads before the model is loaded (ranges are checked against the model later)."""
-    if spec is None:
-        return
+def check_heads_syntax(spec: str) -> None:
+    """Reject a malformed --heads (enc/dec/x: a stack) before the model is loaded (ranges: against the model later)."""
     for item in (item.strip() for item in spec.split(",")):
         if not HEAD_ITEM.match(item):
             raise ProbeError(f"malformed head {item!r} in --heads: use LAYER.HEAD items separated by commas, "

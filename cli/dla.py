@@ -7,7 +7,6 @@ from typing import Any
 
 from probe.ablation import parse_heads
 from probe.ablation.heads import Head
-from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
                                Model, OffloadFolder, Pairs, RepairMethod, Seed, SelfRepair, Task, Top, TrustRemoteCode,
                                check_contrast_task, load)
@@ -44,7 +43,6 @@ def dla(
     check_contrast_task(task)
     if heads is not None and not self_repair:
         raise ProbeError("--heads chooses the heads --self-repair ablates: add --self-repair (DLA covers every head)")
-    check_heads_syntax(heads)
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
     loaded = load(model, device, dtype, device_map, offload_folder, trust_remote_code)
     chosen = None if heads is None else parse_heads(heads, attention_layers(loaded.model))  # before any work

@@ -13,7 +13,6 @@ from probe.ablation import parse_heads
 from probe.ablation.methods import PATCHES
 from probe.hooks.layers import attention_layers
 from probe.heads.classify import classify
-from probe.cli.checks import check_heads_syntax
 from probe.ablation.stream import cached_results_path
 from probe.cli.dla import self_repair_section
 from probe.cli.options import (BatchSize, Count, CsvFile, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile,
@@ -74,15 +73,6 @@ def check_request(inputs: dict[str, object], request: Request, distributed: bool
     if request.estimate and (request.by_position or request.naive or distributed):
         raise ProbeError("--estimate covers each head at every position, in one process: drop --by-position, --naive "
                          "(and torchrun)")
-    check_heads_syntax(request.heads)
-
-
-def check_paths(senders: str | None, receivers: str | None) -> None:
-    if (senders is None) != (receivers is None):
-        raise ProbeError("path patching takes --senders and --receivers together")
-    check_heads_syntax(senders)
-    if receivers != LOGITS:
-        check_heads_syntax(receivers)
 
 
 def run_patches(loaded: LoadedModel, contrast: ContrastSet, request: Request, stream: Path, resume: bool,
@@ -129,7 +119,8 @@ def patch(
     main_process = rank is None or rank.is_main
     check_request({"--task": task, "--pairs": pairs, "--labels": labels}, request, rank is not None)
     check_contrast_task(task)
-    check_paths(senders, receivers)
+    if (senders is None) != (receivers is None):
+        raise ProbeError("path patching takes --senders and --receivers together")
     if self_repair and labels is not None:
         raise ProbeError("--self-repair reads a language model's unembedding: not a classifier's --labels")
     check_sweep_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, results, resume=resume,

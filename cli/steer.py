@@ -16,7 +16,6 @@ from probe.ablation.methods import METHODS
 from probe.ablation.metrics import Metric as MetricObject
 from probe.ablation.metrics import choose_metric, read_target_words
 from probe.ablation.metrics import target_words as target_words_metric  # `target_words` is an option of steer
-from probe.cli.checks import check_heads_syntax
 from probe.cli.options import (BatchSize, Data, Device, DeviceMap, Dtype, Force, Heads, HtmlFile, JsonFile, Labels,
                                Metric, Model, NumSeqs, OffloadFolder, Pairs, Results, Resume, Seed, SeqLen, Stack, Task,
                                Top, TrustRemoteCode, load_for)
@@ -122,7 +121,6 @@ def check_request(request: Request, distributed: bool) -> None:
         raise ProbeError("give --heads (the heads to steer, e.g. 23.3) or --find (rank every head)")
     if distributed and not request.find:
         raise ProbeError("torchrun splits --find's sweep over the processes: run curves without torchrun")
-    check_heads_syntax(request.heads)
 
 
 def probe_input(loaded: LoadedModel, request: Request, options: ProbeOptions) -> ProbeSet:
