@@ -6,6 +6,7 @@ are attributed before capping (`capped`); blocks writing more than attention + M
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,14 +97,12 @@ def _batch_shares(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: 
 
 
 def _joined(parts: list[Shares]) -> Shares:
-    def joined(values: list[Tensor | None]) -> Tensor | None:
-        present = [value for value in values if value is not None]
-        return torch.cat(present) if len(present) == len(values) else None
+    """The batches' shares end to end (an optional part None where a batch lacks it)."""
+    def joined(name: str) -> Tensor | None:
+        values = [getattr(part, name) for part in parts]
+        return None if any(value is None for value in values) else torch.cat(values)
 
-    return Shares(*(torch.cat([getattr(part, name) for part in parts])  # type: ignore[misc]
-                     for name in ("embeddings", "heads", "attention_biases", "mlps", "final_bias", "model_score")),
-                   head_positions=joined([part.head_positions for part in parts]),
-                   rounding=joined([part.rounding for part in parts]))
+    return Shares(*(joined(item.name) for item in dataclasses.fields(Shares)))  # type: ignore[arg-type]
 
 
 def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tensor | None = None,

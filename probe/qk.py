@@ -137,7 +137,8 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
 @dataclass
 class _Twin:
     """A copy of the attention layer in `dtype` whose attention function raises the queries and keys it is handed,
-    called with the arguments the layer had in the run (its rotary tables among them)."""
+    called with the arguments the layer had in the row's run (its rotary tables among them); what that run showed of
+    the layer besides: its attention's inputs and the position embeddings."""
 
     module: nn.Module
     dtype: torch.dtype
@@ -145,13 +146,18 @@ class _Twin:
     kv_head: int
     args: tuple = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    inputs: AttentionInputs | None = None
+    positions: Tensor | None = None
 
-    def called_as(self, args: tuple, kwargs: dict[str, Any]) -> _Twin:
-        """The twin called with a run's arguments, the cache left out."""
+    def keep_call(self, _module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+        """The layer's pre-hook: the run's arguments, the cache left out."""
         self.args = tuple(_cast(arg, self.dtype) for arg in args)
         self.kwargs = {name: (None if "past_key" in name or name in ("cache", "layer_past") else
                               _cast(value, self.dtype)) for name, value in kwargs.items()}
-        return self
+
+    def keep_inputs(self, inputs: AttentionInputs, _ctx: HookContext) -> AttentionInputs:
+        self.inputs = inputs
+        raise _Stop
 
     def __call__(self, stream: Tensor) -> tuple[Tensor, Tensor]:
         """(batch, positions, d_model) -> the head's queries and its key/value head's keys (batch, positions, d),
@@ -244,32 +250,15 @@ KEY_RULES: dict[str, KeyRule] = {rule.name: rule for rule in [
 """Where the default aggregation reads each query: by rule name (`--at`)."""
 
 
-@dataclass
-class _Call:
-    """What the run showed of the head's layer: its arguments, its attention's inputs, the position embeddings."""
-
-    args: tuple = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    inputs: AttentionInputs | None = None
-    positions: Tensor | None = None
-
-    def keep_inputs(self, inputs: AttentionInputs, _ctx: HookContext) -> AttentionInputs:
-        self.inputs = inputs
-        raise _Stop
-
-
 @contextmanager
-def _watch_call(layer: Any, positions: nn.Module | None, call: _Call, at: Callable[[Tensor], Tensor]) -> Iterator[None]:
-    """Keep the layer's arguments and the position embeddings' output; the hooks removed on exit."""
-    def keep_call(_module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
-        call.args, call.kwargs = args, kwargs
-
+def _watch_call(layer: Any, positions: nn.Module | None, twin: _Twin, at: Callable[[Tensor], Tensor]) -> Iterator[None]:
+    """Keep the layer's arguments and the position embeddings' output in `twin`; the hooks removed on exit."""
     def keep_positions(_module: nn.Module, _args: Any, output: Tensor) -> None:
-        call.positions = at(output if output.dim() == 3 else output[None]).double().cpu()
+        twin.positions = at(output if output.dim() == 3 else output[None]).double().cpu()
 
     with restoring() as undo:
         with interrupts_deferred():
-            undo.append(layer.module.register_forward_pre_hook(keep_call, with_kwargs=True).remove)
+            undo.append(layer.module.register_forward_pre_hook(twin.keep_call, with_kwargs=True).remove)
             if positions is not None:
                 undo.append(positions.register_forward_hook(keep_positions).remove)
         yield
@@ -301,14 +290,14 @@ def _valid_keys(inputs: AttentionInputs, n: int) -> Tensor:
 ROUNDING = 4.0  # eps of the model's dtype times |q| |k| (scaled) that its projections and rotation may round off
 
 
-def _rounding(twin: _Twin, call: _Call, queries: Tensor, keys: Tensor, own_q: Tensor, own_k: Tensor,
-              scaling: float, eps: float) -> Tensor:
+def _rounding(twin: _Twin, queries: Tensor, keys: Tensor, own_q: Tensor, own_k: Tensor, scaling: float,
+              eps: float) -> Tensor:
     """(positions, positions): how far rounding may put the model's score from the pairs' sum. What the model
     rounded in its stream and norm is measured: the layer's copy run on the input the layer really got gives the
     queries and keys of that rounding (the pairs' sums are those of the exact sum of the components); what its
     projections and rotary embedding round is bounded, ROUNDING eps * |q| |k|; and what the copy itself rounds,
     ROUNDING eps of its dtype * sum_i |q_i| |k| (and the same of the keys)."""
-    given = call.args[0] if call.args else call.kwargs["hidden_states"]
+    given = twin.args[0] if twin.args else twin.kwargs["hidden_states"]
     read_q, read_k = twin(given.detach().double().cpu()[:1])
     query, key = queries.sum(dim=0), keys.sum(dim=0)  # (positions, d)
     gap_q, gap_k = read_q[0] - query, read_k[0] - key
@@ -362,25 +351,26 @@ class _Target:
     positions: nn.Module | None
 
 
-def _run_row(target: _Target, ids: Tensor) -> tuple[Recording, _Call]:
-    """One forward of one row, every write into the stream recorded at every position, the layer's call kept."""
+def _run_row(target: _Target, twin: _Twin, ids: Tensor) -> Recording:
+    """One forward of one row, every write into the stream recorded at every position, the layer's call kept in
+    `twin`."""
     n = ids.shape[0]
     zeros = torch.zeros(n, dtype=torch.long)
     recording = Recording(Targets(zeros, torch.arange(n), zeros))
-    call = _Call()
+    twin.inputs = twin.positions = None
     model = target.loaded.model
     try:
-        with record_writes(target.structure, recording), _watch_call(target.layer, target.positions, call,
+        with record_writes(target.structure, recording), _watch_call(target.layer, target.positions, twin,
                                                                        recording.at), \
                 attention_hooks(model, points={"z": recording.edit_heads}), \
-                attention_hooks(model, layers={target.layer.index}, points={"inputs": call.keep_inputs}):
+                attention_hooks(model, layers={target.layer.index}, points={"inputs": twin.keep_inputs}):
             run_model(model, ids[None], logits=False)
     except _Stop:  # the layers after the head's are not run
         pass
-    if call.inputs is None:
+    if twin.inputs is None:
         raise ProbeError(f"attention layer {target.layer.index} did not run through transformers' attention "
                          "interface: QK attribution cannot read its queries and keys", parameter="model")
-    return recording, call
+    return recording
 
 
 def _row_points(rule: KeyRule | None, at: tuple[int, int] | None, ids: Tensor,
@@ -402,20 +392,19 @@ def _row_points(rule: KeyRule | None, at: tuple[int, int] | None, ids: Tensor,
 def _add_row(target: _Target, twin: _Twin, ids: Tensor, rule: KeyRule | None, at: tuple[int, int] | None,
              views: dict[str, _View]) -> list[Component]:
     """One row's forward, its components' queries and keys, their pairs added to the views."""
-    recording, call = _run_row(target, ids)
-    assert call.inputs is not None
+    recording = _run_row(target, twin, ids)
+    assert twin.inputs is not None
     check_stream(target.structure, recording, "QK attribution", target.block)
-    inputs, n = call.inputs, ids.shape[0]
+    inputs, n = twin.inputs, ids.shape[0]
     norm = frozen_norm(target.norm, recording.block_in[target.block].double().cpu())
-    names, queries, keys = project(twin.called_as(call.args, call.kwargs), norm,
-                                   _components(target.structure, recording, target.block, call.positions))
+    names, queries, keys = project(twin, norm, _components(target.structure, recording, target.block, twin.positions))
     scaling = float(inputs.scaling)
     own_q = inputs.query[0, target.head].detach().double().cpu()
     own_k = inputs.key[0, target.kv_head].detach().double().cpu()
     valid = _valid_keys(inputs, n)
     scores = (own_q @ own_k.T * scaling).masked_fill(~valid, float("-inf"))
     rows, cols = _row_points(rule, at, ids, scores)
-    bound = _rounding(twin, call, queries, keys, own_q, own_k, scaling, torch.finfo(inputs.query.dtype).eps)
+    bound = _rounding(twin, queries, keys, own_q, own_k, scaling, torch.finfo(inputs.query.dtype).eps)
     views.setdefault("score", _View(queries.new_zeros(len(names), len(names))))
     views["score"].add(queries[:, rows], keys[:, cols], scores[rows, cols], scaling, bound[rows, cols])
     others = valid[rows].clone()
