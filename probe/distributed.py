@@ -18,7 +18,7 @@ import torch
 
 from probe.ablation import AblationResult, Head, HeadResult, read_results, sweep
 from probe.ablation.heads import ablation_list, distinct
-from probe.ablation.plan import assign_chunks
+from probe.ablation.runners import assign_chunks
 from probe.ablation.stream import write_stream
 from probe.inputs import ProbeSet
 from probe.errors import ProbeError, first_line

@@ -1,7 +1,7 @@
 """Ablate attention heads and measure what the model loses: zero and mean ablation, exact sweeps, fast estimates.
 
 Modules, each with one job, data flowing one way (heads -> statistics/methods -> editor -> blocks/logits -> metrics ->
-runners -> plan -> sweep/estimate -> results/stream): see docs/architecture.md.
+runners -> sweep/estimate -> results/stream): see docs/architecture.md.
 """
 
 from probe.ablation.editor import ablate

@@ -23,9 +23,8 @@ from probe.ablation.heads import Head, ablation_list, layer_shape
 from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
-from probe.ablation.plan import Work, check_probe_set, chunks, data_name, refuse_sources
 from probe.ablation.results import AblationResult, HeadResult
-from probe.ablation.runners import Batch, NaiveRunner, PrefixRunner, batches_of
+from probe.ablation.runners import Batch, Runner, Work, batches_of, check_probe_set, chunks, data_name
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
 from probe.hooks.run import logits_of, run_model
@@ -177,7 +176,7 @@ def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room
     return chosen
 
 
-def _refine(runner: NaiveRunner, chosen: list[Head], cost: Callable[[Head], float],
+def _refine(runner: Runner, chosen: list[Head], cost: Callable[[Head], float],
             step: Callable[[float], None]) -> dict[Head, Tensor]:
     """(parts + 1,) exact metric sums of each chosen head's zero ablation: one stacked chunk per start block."""
     exact: dict[Head, Tensor] = {}
@@ -196,8 +195,7 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
            batch_size: int, samples: int) -> tuple[list[Head], Scorer, list[Batch]]:
     if samples < 0:
         raise ProbeError(f"samples must be 0 or more, got {samples}", parameter="samples")
-    check_probe_set(probe_set)
-    refuse_sources(probe_set, "the estimate")
+    check_probe_set(probe_set, refuse="the estimate")
     if probe_set.scored is not None:
         what = "a classifier's labelled texts" if probe_set.meta.get("layout") == LABELS_LAYOUT else "a task's margin"
         raise ProbeError(f"the estimate linearises the next-token loss of text, not {what}: run the exact sweep",
@@ -214,12 +212,12 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
 
 
 def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches_: list[Batch], blocks: Blocks | None,
-                  why_not: str, expected: Tensor, heads: list[Head]) -> tuple[NaiveRunner, str]:
+                  why_not: str, expected: Tensor, heads: list[Head]) -> tuple[Runner, str]:
     """Prefix reuse where a check on the first batch reproduces its baseline, else one forward each; and which."""
     if blocks is None:
-        return NaiveRunner(loaded.model, ZeroAblation(), scorer, readout, batches_), why_not
-    runner = PrefixRunner(loaded.model, ZeroAblation(), scorer, readout, batches_, blocks, [(h,) for h in heads], 0,
-                          checked=True)
+        return Runner(loaded.model, ZeroAblation(), scorer, readout, batches_), why_not
+    runner = Runner(loaded.model, ZeroAblation(), scorer, readout, batches_, blocks, ablations=[(h,) for h in heads],
+                    checked=True)
     reason = runner.reproduces(0, expected)
     if reason:  # every head then runs from block 0, the naive way
         runner.reason = f"the exact path failed its check: {reason}"

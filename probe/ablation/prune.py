@@ -24,8 +24,7 @@ from probe.ablation.estimate import keeping_graph, scaled_gradients
 from probe.ablation.heads import Head, as_column, label, layer_shape
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.metrics import METRICS, Metric, choose_metric, losses
-from probe.ablation.plan import Work, check_probe_set, data_name, refuse_sources
-from probe.ablation.runners import require_finite_baseline
+from probe.ablation.runners import Work, check_probe_set, data_name, require_finite_baseline
 from probe.ablation.sweep import sweep_runner, sweep_units
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import attention_layers
@@ -295,8 +294,7 @@ def prune(loaded: LoadedModel, probe_set: ProbeSet, *, orderings: Sequence[str] 
     `eval_set`: measure the losses there instead of on `probe_set`, where the orderings are chosen. `progress`: True
     draws a bar, a callable gets `(done, total)` in steps."""
     started, report = time.perf_counter(), callback(progress)
-    check_probe_set(probe_set)
-    refuse_sources(probe_set, "prune")
+    check_probe_set(probe_set, refuse="prune")
     chosen_metric = choose_metric(loaded, probe_set, metric)
     check_prune_options(orderings, step, max_increase, seeds)
     if "michel" in orderings and chosen_metric.compares:

@@ -52,7 +52,7 @@ class HeadResult(Payload):
     def task_values(self) -> dict[str, float]:
         return {f"task_{name}": value for name, value in self.task.items()}
 
-    effects: dict[str, Any] = schema_field(  # per-token and per-sequence effects (ablation.effects)
+    effects: dict[str, Any] = schema_field(  # per-token and per-sequence effects (sweep._Baseline)
         "per-token and per-sequence effects: mean, max per sequence, p99 and max per token, specificity, the top "
         "tokens in context", required=False, default_factory=dict)
     task: dict[str, float] = field(default_factory=dict)  # task sets: margin and accuracy with the head ablated

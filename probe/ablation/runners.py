@@ -1,11 +1,14 @@
-"""Runners: `sums(chunk, index)`, the metric sums of a chunk of ablations (stacked copies) on one batch. PrefixRunner
-runs an ablation in layer l from the baseline's kept block outputs, checked against the naive way on its first reuse."""
+"""The runs of a sweep: its plan (batches, chunks of ablations with one start block each, copies to stack, chunks per
+process) and its runner, `sums(chunk, index)`: the metric sums of a chunk of ablations (stacked copies) on one batch,
+run from the baseline's kept block outputs where it can, checked against the naive way on its first reuse."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,14 +18,101 @@ from probe.ablation.blocks import Blocks, NoPrefix, capture, skip_blocks, stack
 from probe.ablation.editor import ablated
 from probe.ablation.heads import Ablation
 from probe.ablation.logits import CHECK_TOLERANCE, Final, Readout
-from probe.ablation.methods import AblationMethod
+from probe.ablation.methods import METHODS, AblationMethod
 from probe.ablation.metrics import Scorer
-from probe.ablation.plan import CACHE_BYTES
 from probe.hooks.run import Source, logits_of, run_model
 from probe.hooks.types import BatchContext
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
 from probe.overflow import not_finite
+from probe.progress import Progress
+
+STACK_BYTES = 1 << 30  # activations (and logits, where whole) of one stacked forward: how many copies to stack
+CACHE_BYTES = 4 << 30  # kept block outputs of the baseline; beyond this they are recomputed per layer
+
+
+@dataclass
+class Work:
+    """Progress counted in what a run costs (`scale` per unit; the sweep's and the estimate's: forward_costs), so that
+    the time left follows the work left: `total` is an upper bound until what runs is known."""
+
+    total: float
+    progress: Progress | None
+    scale: float = 1.0
+    done: float = 0.0
+
+    def advance(self, amount: float) -> None:
+        self.done += amount
+        self.report()
+
+    def report(self) -> None:
+        if self.progress is not None:
+            total = max(1, round(self.total * self.scale))
+            self.progress(min(round(self.done * self.scale), total), total)
+
+
+def check_probe_set(probe_set: ProbeSet, method: type[AblationMethod] | None = None, refuse: str | None = None) -> None:
+    """A next token to predict: at least one sequence of at least 2 tokens. Source/target pairs, whose encoder reads
+    its own sources, run no `method` that reads other sequences' values, nor `refuse` (prune, the estimate)."""
+    ids = probe_set.input_ids
+    if ids.dim() != 2 or ids.shape[1] < 2 or ids.shape[0] < 1:
+        raise ProbeError("the probe data needs at least one sequence of at least 2 tokens (a next token to predict)")
+    if probe_set.source_ids is not None and refuse is not None:
+        raise ProbeError(f"source/target pairs are swept (zero or window ablation), not run through {refuse}: its "
+                         "passes do not give the encoder its own sources", parameter="method")
+    if probe_set.source_ids is not None and method is not None and method.across_sequences:
+        usable = [name for name, entry in METHODS.items() if not entry.across_sequences]
+        raise ProbeError(f"source/target pairs are swept with method {' or '.join(usable)}, not {method.name}: their "
+                         "encoder reads positions of its own", parameter="method")
+
+
+def data_name(probe_set: ProbeSet, data: str | Path | None) -> str:
+    """What a result names its data: repeated, natural, the text file, the seq2seq or the labels file."""
+    if probe_set.name in ("seq2seq", "labels"):
+        return str(probe_set.meta.get("source", probe_set.name))
+    if probe_set.name == "repeated" or probe_set.name.startswith("task:"):
+        return probe_set.name
+    return "natural" if data is None else str(data)
+
+
+def chunks(ablations: Sequence[Ablation], start_of: Callable[[Ablation], int], stack: int) -> list[list[Ablation]]:
+    """Ablations that start in the same block, in groups of at most `stack`, split evenly."""
+    groups: dict[int, list[Ablation]] = {}
+    for ablation in ablations:
+        groups.setdefault(start_of(ablation), []).append(ablation)
+    out: list[list[Ablation]] = []
+    for start in sorted(groups):
+        items = groups[start]
+        n = math.ceil(len(items) / stack)
+        size = math.ceil(len(items) / n)
+        out.extend(items[i:i + size] for i in range(0, len(items), size))
+    return out
+
+
+def default_stack(model: nn.Module, inputs: Sequence[Tensor], vocab_size: int, chunked: bool, lean: bool,
+                  logits_bytes: int) -> int:
+    """As many copies as fit in STACK_BYTES, the logits counted unless `chunked`; long inputs (`lean`) one copy each."""
+    if chunked and lean:
+        return 1
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None) or 1024
+    # a copy's activations (about 24 hidden-size vectors a token), and its logits
+    per_copy = max(int(ids.numel()) * 4 * (vocab_size * (not chunked) + 24 * hidden) for ids in inputs)
+    logits_per_copy = 0 if chunked else max(int(ids.numel()) * 4 * vocab_size for ids in inputs)
+    return max(1, min(STACK_BYTES // max(per_copy, 1), logits_bytes // max(logits_per_copy, 1)))
+
+
+def assign_chunks(costs: Sequence[float], world_size: int) -> list[int]:
+    """The rank of each chunk, largest first to the least-loaded rank: every process computes the same split."""
+    if world_size < 1:
+        raise ProbeError(f"world size must be at least 1, got {world_size}")
+    load = [0.0] * world_size
+    owner = [0] * len(costs)
+    for index in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        owner[index] = rank
+        load[rank] += costs[index]
+    return owner
+
 
 NAIVE = "naive: one full forward per ablation"
 EXACT = "exact: baseline prefix reused, ablated runs start at the ablated layer's block"
@@ -65,26 +155,40 @@ def _baseline_sums(scorer: Scorer, batch: Batch, output: Tensor | Final) -> Tens
     return scorer.sums(output, batch.ids, batch.counted, 1)[0]
 
 
-class NaiveRunner:
-    """One full forward per ablation. It holds the method bound to its batches (`AblationMethod.bound_to`)."""
+class Runner:
+    """Ablated runs from the baseline's kept `blocks` outputs, or the naive way, one full forward per ablation, where
+    `reason` says why (no blocks, or a failed check). It holds the method bound to its batches (`bound_to`)."""
 
     def __init__(self, model: nn.Module, method: AblationMethod, scorer: Scorer, readout: Readout,
-                 batches: list[Batch], why: str = "") -> None:
+                 batches: list[Batch], blocks: Blocks | None = None, why: str = "", ablations: Sequence[Ablation] = (),
+                 tokens: int = 0, checked: bool = False) -> None:
+        """`tokens`: of the whole probe set (what keeping the block outputs costs); `checked`: no self-check."""
         self.model, self.scorer, self.readout, self.batches = model, scorer, readout, batches
         self.method = method.bound_to([batch.context for batch in batches if batch.context is not None])
-        self.why = why
+        self.blocks, self.checked = blocks, checked
+        self.reason: str | None = None if blocks is not None else why  # why it runs the naive way
+        self.last = max((self.start_of(ablation) for ablation in ablations), default=0)  # blocks before it are kept
+        hidden = getattr(getattr(self.model, "config", None), "hidden_size", None) or 1024
+        self.keep_all = tokens * 4 * hidden * self.last <= CACHE_BYTES
 
     @property
     def path(self) -> str:
-        return f"{NAIVE} ({self.why})" if self.why else NAIVE
+        return EXACT if self.reason is None else f"{NAIVE} ({self.reason})" if self.reason else NAIVE
 
     def start_of(self, ablation: Ablation) -> int:
         """The first block an ablated run of `ablation` runs."""
-        return 0
+        if self.reason is not None or self.blocks is None:
+            return 0
+        return min(self.blocks.start_of(layer) for layer, _ in ablation)
 
     def baseline(self, index: int) -> Tensor:
         """(parts + 1,) unablated metric sums of batch `index`; keeps what the ablated runs reuse."""
         batch = self.batches[index]
+        if self.reason is None and self.keep_all:
+            try:
+                return _baseline_sums(self.scorer, batch, self._baseline_output(batch))
+            except NoPrefix as error:
+                self.reason, self.keep_all = str(error), False
         return _baseline_sums(self.scorer, batch, self.readout.forward(batch.ids, batch.mask, source=batch.source))
 
     def forward(self, ablation: Ablation, index: int, lean: bool | None = None) -> Tensor | Final:
@@ -93,8 +197,8 @@ class NaiveRunner:
         with ablated(self.model, [ablation], self.method, batch.context):
             return self.readout.forward(batch.ids, batch.mask, lean, batch.source)
 
-    def sums(self, chunk: list[Ablation], index: int) -> Tensor:
-        """(copies, parts + 1) metric sums of each ablation of `chunk` on batch `index`."""
+    def naive_sums(self, chunk: list[Ablation], index: int) -> Tensor:
+        """(copies, parts + 1) metric sums of each ablation of `chunk` on batch `index`, one full forward each."""
         batch = self.batches[index]
         out = torch.zeros(len(chunk), len(self.scorer.parts) + 1, dtype=torch.float64)
         for position, ablation in enumerate(chunk):
@@ -102,42 +206,10 @@ class NaiveRunner:
             out[position] += self.scorer.sums(output, batch.ids, batch.counted, 1, batch.reference)[0]
         return out
 
-
-class PrefixRunner(NaiveRunner):
-    """Ablated runs from the baseline's kept block outputs; falls back to the naive way (saying why in `path`)."""
-
-    def __init__(self, model: nn.Module, method: AblationMethod, scorer: Scorer, readout: Readout,
-                 batches: list[Batch], blocks: Blocks, ablations: list[Ablation], tokens: int,
-                 checked: bool = False) -> None:
-        """`tokens`: of the whole probe set (what keeping the block outputs costs); `checked`: no self-check."""
-        super().__init__(model, method, scorer, readout, batches)
-        self.blocks, self.checked = blocks, checked
-        self.reason: str | None = None  # why it fell back to naive
-        self.last = max(self.start_of(ablation) for ablation in ablations)  # blocks before it are kept
-        hidden = getattr(getattr(self.model, "config", None), "hidden_size", None) or 1024
-        held = tokens * 4 * hidden * self.last
-        self.keep_all = held <= CACHE_BYTES
-
-    @property
-    def path(self) -> str:
-        return EXACT if self.reason is None else f"{NAIVE} ({self.reason})"
-
-    def start_of(self, ablation: Ablation) -> int:
-        if self.reason is not None:
-            return 0
-        return min(self.blocks.start_of(layer) for layer, _ in ablation)
-
-    def baseline(self, index: int) -> Tensor:
-        if self.reason is None and self.keep_all:
-            try:
-                return _baseline_sums(self.scorer, self.batches[index], self._baseline_output(self.batches[index]))
-            except NoPrefix as error:
-                self.reason, self.keep_all = str(error), False
-        return super().baseline(index)
-
     def _baseline_output(self, batch: Batch) -> Tensor | Final:
         """The baseline forward that keeps the blocks' outputs (and settles the direct head)."""
         model, readout, blocks = self.model, self.readout, self.blocks
+        assert blocks is not None  # the exact path runs with blocks only
         lean = readout.lean(batch.ids)
         with readout.watching():
             output, kept = capture(blocks, model, batch.ids, batch.mask, logits=not lean)
@@ -148,8 +220,9 @@ class PrefixRunner(NaiveRunner):
         return output if isinstance(output, Final) else logits_of(output)
 
     def sums(self, chunk: list[Ablation], index: int) -> Tensor:
+        """(copies, parts + 1) metric sums of each ablation of `chunk` on batch `index`."""
         if self.reason is not None:
-            return super().sums(chunk, index)
+            return self.naive_sums(chunk, index)
         start = self.start_of(chunk[0])
         if self.checked or start == 0:  # a chunk that starts at block 0 reuses nothing: nothing to check
             output = self._forward(chunk, index, start)
@@ -164,24 +237,25 @@ class PrefixRunner(NaiveRunner):
             self.checked = True
             if reason:  # start over the naive way; nothing of this chunk was counted yet
                 self.reason = f"the exact path failed its check: {reason}"
-                return super().sums(chunk, index)
+                return self.naive_sums(chunk, index)
         batch = self.batches[index]
         return self.scorer.sums(output, batch.ids, batch.counted, len(chunk), batch.reference)
 
     def _forward(self, chunk: list[Ablation], index: int, start: int) -> Tensor | Final:
         """The chunk's ablations stacked along the batch, blocks before `start` replaced by the baseline's outputs."""
-        batch, model = self.batches[index], self.model
+        batch, model, blocks = self.batches[index], self.model, self.blocks
+        assert blocks is not None
         kept = batch.kept
         if kept is None:  # not kept (too big): run the baseline again, up to the block where this chunk starts
-            _, kept = capture(self.blocks, model, batch.ids, batch.mask, stop_at=start)
+            _, kept = capture(blocks, model, batch.ids, batch.mask, stop_at=start)
         copies, rows = len(chunk), batch.ids.shape[0]
         # every skipped block returns the last one's output: only that one feeds the first block that runs
         entry = stack(kept[start - 1], copies, rows, batch.ids.shape[1]) if start > 0 else None
         stacked_ids = batch.ids.repeat(copies, 1)  # (copies * batch, positions)
         stacked_mask = None if batch.mask is None else batch.mask.repeat(copies, 1)
-        with skip_blocks(self.blocks.container, {i: entry for i in range(start)}), \
+        with skip_blocks(blocks.container, {i: entry for i in range(start)}), \
                 ablated(model, chunk, self.method, batch.context):
-            return self.readout.stacked(self.blocks, stacked_ids, stacked_mask)
+            return self.readout.stacked(blocks, stacked_ids, stacked_mask)
 
     def _check(self, ablation: Ablation, index: int, stacked: Tensor | Final, copies: int) -> str:
         """'' if the first copy equals a full forward with the same ablation, else what differs."""
@@ -207,12 +281,11 @@ class PrefixRunner(NaiveRunner):
 
     def reproduces(self, index: int, expected: Tensor) -> str:
         """'' if short-circuiting the blocks before the last reproduces the baseline's sums on batch `index`."""
-        batch = self.batches[index]
-        if batch.kept is None:
+        batch, blocks = self.batches[index], self.blocks
+        if batch.kept is None or blocks is None:
             return "no block outputs kept"
-        last = len(self.blocks) - 1
-        skipped = {i: value for i, value in batch.kept.items() if i < last}
-        with torch.no_grad(), skip_blocks(self.blocks.container, skipped):
+        skipped = {i: value for i, value in batch.kept.items() if i < len(blocks) - 1}
+        with torch.no_grad(), skip_blocks(blocks.container, skipped):
             output = logits_of(run_model(self.model, batch.ids, batch.mask))
         mine = self.scorer.sums(output, batch.ids, batch.counted, 1)[0]
         scale = float(expected.abs().max().clamp(min=1.0))
@@ -220,7 +293,7 @@ class PrefixRunner(NaiveRunner):
         return "" if difference <= CHECK_TOLERANCE * scale else f"metric differs by {difference:.3g}"
 
 
-def require_finite_baseline(runner: NaiveRunner, loss: float) -> None:
+def require_finite_baseline(runner: Runner, loss: float) -> None:
     """Refuse a NaN or infinite baseline (probe.overflow): every ablated run would be measured against it."""
     references = [batch.reference for batch in runner.batches if isinstance(batch.reference, Tensor)]
     finite = math.isfinite(loss)

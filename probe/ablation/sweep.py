@@ -5,10 +5,10 @@ stream to a JSON-lines file; `resume=True` skips what it holds. The model is res
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +16,16 @@ import torch
 from torch import Tensor
 
 from probe.ablation.blocks import WORK_UNITS, find_blocks, forward_costs
-from probe.ablation.effects import Effects, token_text
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, layer_shape
 from probe.ablation import logits as readouts
 from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, ZeroAblation, build_method, method_class
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
-from probe.ablation.plan import Work, assign_chunks, check_probe_set, check_sources, chunks, data_name, default_stack
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.statistics import HeadStatistics
-from probe.ablation.runners import NaiveRunner, PrefixRunner, batches_of, require_finite_baseline
+from probe.ablation.runners import (Runner, Work, assign_chunks, batches_of, check_probe_set, chunks, data_name,
+                                    default_stack, require_finite_baseline)
 from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint, result_of
 from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, real_tokens
@@ -44,9 +43,7 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
     chosen = method_class(method)
     if mode not in MODES:
         raise ProbeError(f"unknown sweep mode {mode!r}: use one of {', '.join(MODES)}", parameter="mode")
-    check_probe_set(probe_set)
-    if mode != "estimate":  # the estimate checks the sources itself
-        check_sources(probe_set, chosen)
+    check_probe_set(probe_set, None if mode == "estimate" else chosen)  # the estimate checks the sources itself
     if stack is not None and stack < 1:
         raise ProbeError(f"stack must be at least 1, got {stack}", parameter="stack")
     if mode == "estimate" and (not chosen.estimable or groups):
@@ -55,7 +52,7 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
 
 
 def sweep_runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
-                 batch_size: int, ablations: list[Ablation]) -> tuple[NaiveRunner, Callable[[int], int]]:
+                 batch_size: int, ablations: list[Ablation]) -> tuple[Runner, Callable[[int], int]]:
     """The runner of this sweep (prefix reuse where the model has a block list) and a run's cost by start block."""
     model = loaded.model
     scorer = Scorer(metric, parts_of(probe_set))
@@ -64,29 +61,120 @@ def sweep_runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: Ab
     readout = Readout.choose(model, metric.chunkable, blocks)
     batches = batches_of(probe_set, scorer, batch_size)
     if blocks is None:
-        return NaiveRunner(model, method, scorer, readout, batches, why_not), lambda start: WORK_UNITS
+        return Runner(model, method, scorer, readout, batches, why=why_not), lambda start: WORK_UNITS
     fraction = forward_costs(model, blocks)  # progress counts WORK_UNITS a full forward
     costs = [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
     tokens = int(probe_set.input_ids.numel())
-    return PrefixRunner(model, method, scorer, readout, batches, blocks, ablations, tokens), costs.__getitem__
+    return Runner(model, method, scorer, readout, batches, blocks, ablations=ablations, tokens=tokens), \
+        costs.__getitem__
 
 
-@dataclass
+TOP_TOKENS = 5  # affected tokens kept per ablation
+CONTEXT = 6  # tokens of context before an affected token
+TOP_SHARE = 0.01  # specificity: the share of the loss increase carried by this fraction of the tokens
+
+
+def specificity(deltas: Tensor) -> float:
+    """The share of the positive per-token deltas' sum held by the top TOP_SHARE of all tokens (0 if none)."""
+    positive = deltas.clamp(min=0)
+    total = float(positive.sum())
+    if total <= 0:
+        return 0.0
+    k = max(1, math.ceil(TOP_SHARE * deltas.numel()))
+    return float(positive.topk(min(k, positive.numel())).values.sum()) / total
+
+
 class _Baseline:
-    """The unablated model's metric, and what each ablation is compared to."""
+    """The unablated model's metric, which each ablation's is compared to, and its per-position values, which give each
+    ablation's per-token and per-sequence effects: mean delta, largest per-sequence delta, 99th percentile and maximum
+    per-token delta, top affected tokens with context, and specificity, the share of a head's loss increase its top 1%
+    of tokens carry (about 0.01 when even, 1 when one token takes it all; Olsson et al. 2022 read effects token by
+    token). A chunk's values live until it finishes."""
 
-    loss: float
-    parts: dict[str, float]
-    counts: Tensor  # (parts + 1,) positions that count
-    effects: Effects  # per-position values, for per-token effects
-    task: dict[str, float] | None  # task sets: margin and accuracy
+    def __init__(self, runner: Runner, sums: Tensor, values: list[Tensor], tokenizer: Any) -> None:
+        """`sums`: (parts + 1,) the metric's; values[i]: (batch_i, positions') batch i's per-position values."""
+        batches, self.metric, self.tokenizer, self.values = runner.batches, runner.scorer.metric, tokenizer, values
+        self.ids, self.counted = [batch.ids for batch in batches], [batch.counted[0].cpu() for batch in batches]
+        self.signs = self.metric.signs(sum(int(ids.shape[0]) for ids in self.ids))  # -1 for a task's bad rows
+        self.per_row = [real_tokens(b.ids, b.mask).sum(dim=1) for b in batches] if self.metric.per_row else None
+        self.starts = [0]
+        for ids in self.ids[:-1]:
+            self.starts.append(self.starts[-1] + int(ids.shape[0]))
+        self.counts = torch.stack([batch.counted.sum(dim=(1, 2)) for batch in batches]).sum(dim=0).double()
+        self.loss, self.parts = losses(sums, self.counts, list(runner.scorer.parts))
+        finished = self.metric.finish(self.row_sums([b[None] for b in values])[0])
+        self.task = None if finished is None else finished[1]  # task sets: margin and accuracy
+        if finished is not None:
+            self.loss = finished[0]
+
+    def row_sums(self, values: list[Tensor]) -> Tensor:
+        """(copies, rows) float64 sums over each sequence's counted positions; values[i] (copies, batch_i, pos')."""
+        return torch.cat([(v.double() * c.to(v.device)).sum(dim=-1).cpu() for v, c in zip(values, self.counted)],
+                         dim=1)
+
+    def results(self, chunk: list[Ablation], sums: Tensor, values: list[Tensor]) -> list[HeadResult]:
+        """A finished chunk's results from its (copies, parts + 1) sums and per batch its (copies, batch, positions')
+        values."""
+        rows = self.row_sums(values)  # (copies, rows)
+        out = []
+        for copy, (ablation, summary) in enumerate(zip(chunk, self.summarize(values))):
+            finished = self.metric.finish(rows[copy])
+            result = HeadResult.of_sums(ablation, sums[copy], self.counts, self.loss, self.parts)
+            if finished is not None:  # a metric of its own (task sets): loss from the per-sequence sums
+                result.loss, result.task = finished
+                result.delta = result.loss - self.loss
+            result.effects = summary
+            out.append(result)
+        return out
+
+    def summarize(self, values: list[Tensor]) -> list[dict[str, Any]]:
+        """One summary per copy of the chunk; values[i] (copies, batch_i, positions') of batch i."""
+        deltas = [(v.float().cpu() - b[None]) for v, b in zip(values, self.values)]  # per batch
+        if self.signs is not None:
+            deltas = [d * self.signs[start:start + d.shape[1], None].float() for d, start in zip(deltas, self.starts)]
+        counts = torch.cat([c.sum(dim=-1) for c in self.counted]).double()  # (rows,)
+        rows = self.row_sums(deltas) / counts.clamp(min=1)  # (copies, rows) mean delta per sequence
+        flat = torch.cat([d[:, c] for d, c in zip(deltas, self.counted)], dim=1).double()  # (copies, tokens)
+        where = torch.cat([c.nonzero() + torch.tensor([start, 0]) for c, start in zip(self.counted, self.starts)])
+        return [self._summary(flat[copy], rows[copy], where) for copy in range(flat.shape[0])]
+
+    def _summary(self, deltas: Tensor, rows: Tensor, where: Tensor) -> dict[str, Any]:
+        """deltas (tokens,) of the counted tokens, at (row, position') `where`; rows (rows,) per-sequence deltas."""
+        if deltas.numel() == 0:
+            return {}
+        top = deltas.topk(min(TOP_TOKENS, deltas.numel()))
+        return {
+            "mean_delta": float(deltas.mean()),
+            "max_sequence_delta": float(rows.max()),
+            "p99_token_delta": float(torch.quantile(deltas, 0.99)),
+            "max_token_delta": float(top.values[0]),
+            "specificity": specificity(deltas),
+            "top_tokens": [self._token(int(where[i, 0]), int(where[i, 1]), float(value))
+                           for value, i in zip(top.values, top.indices)],
+        }
+
+    def _token(self, row: int, position: int, delta: float) -> dict[str, Any]:
+        batch = max(i for i, start in enumerate(self.starts) if start <= row)
+        ids = self.ids[batch][row - self.starts[batch]]
+        if self.per_row is not None:  # `position` is the gold class: the context is the sequence's beginning
+            first = min(2 * CONTEXT, int(self.per_row[batch][row - self.starts[batch]]) - 1)
+            return {"sequence": row, "position": 0, "class": position, "delta": delta,
+                    "context": self._context(ids, first, first)}
+        token = position + self.metric.shift  # the token whose prediction (or output) changed
+        return {"sequence": row, "position": token, "delta": delta, "context": self._context(ids, token, CONTEXT)}
+
+    def _context(self, ids: Tensor, position: int, context: int) -> str:
+        """The `context` tokens before `position` and its token [bracketed], in words (ids without a tokenizer)."""
+        before, token = ids[max(0, position - context):position].tolist(), [int(ids[position])]
+        if self.tokenizer is None:
+            return " ".join(map(str, before)) + f" [{token[0]}]"
+        return self.tokenizer.decode(before) + "[" + self.tokenizer.decode(token) + "]"
 
 
-def _baseline(runner: NaiveRunner, work: Work, cost: Callable[[int], int], tokenizer: Any) -> _Baseline:
+def _baseline(runner: Runner, work: Work, cost: Callable[[int], int], tokenizer: Any) -> _Baseline:
     """The unablated model's metric over the probe set, its per-position values kept for the per-token effects."""
     scorer = runner.scorer
     sums = torch.zeros(len(scorer.parts) + 1, dtype=torch.float64)
-    counts = torch.stack([batch.counted.sum(dim=(1, 2)) for batch in runner.batches]).sum(dim=0).double()
     values = []
     with torch.inference_mode():
         for index, batch in enumerate(runner.batches):
@@ -96,17 +184,9 @@ def _baseline(runner: NaiveRunner, work: Work, cost: Callable[[int], int], token
             values.append(scorer.keep[0][0] if scorer.keep else torch.zeros(batch.counted.shape[1:]))
             work.advance(cost(0))
     scorer.keep = None
-    loss, parts = losses(sums, counts, list(scorer.parts))
-    effects = Effects([batch.ids for batch in runner.batches], [batch.counted[0].cpu() for batch in runner.batches],
-                      values, scorer.metric.shift, token_text(tokenizer), scorer.metric.signs(sum(
-                          int(batch.ids.shape[0]) for batch in runner.batches)),
-                      [real_tokens(b.ids, b.mask).sum(dim=1) for b in runner.batches]
-                      if scorer.metric.per_row else None)
-    finished = scorer.metric.finish(effects.baseline_rows())
-    if finished is not None:
-        loss = finished[0]
-    require_finite_baseline(runner, loss)
-    return _Baseline(loss, parts, counts, effects, None if finished is None else finished[1])
+    base = _Baseline(runner, sums, values, tokenizer)
+    require_finite_baseline(runner, base.loss)
+    return base
 
 
 def baseline_metric(loaded: LoadedModel, probe_set: ProbeSet, *, metric: str | Metric | None = None,
@@ -136,10 +216,10 @@ def _identity(loaded: LoadedModel, probe_set: ProbeSet) -> dict[str, Any]:
             "probe_set": probe_set.to_dict() | {"description": probe_set.description}}
 
 
-def _plan(runner: NaiveRunner, ablations: list[Ablation], stack: int | None, vocab_size: int,
+def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_size: int,
           shard: tuple[int, int] | None, cost: Callable[[int], int]) -> list[list[Ablation]]:
     """The chunks this process runs: ablations of one start block, `stack` copies at most, this shard's share."""
-    if not isinstance(runner, PrefixRunner) or runner.reason is not None:
+    if runner.reason is not None:
         stack = 1
     elif stack is None:
         readout = runner.readout
@@ -153,7 +233,7 @@ def _plan(runner: NaiveRunner, ablations: list[Ablation], stack: int | None, voc
     return [chunk for chunk, rank in zip(planned, owner) if rank == shard[0]]
 
 
-def _run(runner: NaiveRunner, todo: list[list[Ablation]], work: Work, cost: Callable[[int], int],
+def _run(runner: Runner, todo: list[list[Ablation]], work: Work, cost: Callable[[int], int],
          finish: Callable[[list[Ablation], Tensor, list[Tensor]], None]) -> None:
     """Every chunk on every batch; `finish` gets each chunk, its sums and its per-position values once all are in."""
     scorer = runner.scorer
@@ -173,40 +253,27 @@ def _run(runner: NaiveRunner, todo: list[list[Ablation]], work: Work, cost: Call
 class _Finished:
     """Finished ablations (those a resumed stream holds first), each streamed and handed to `on_result` once."""
 
-    def __init__(self, stream: Stream | None, on_result: Callable[[HeadResult], None] | None, baseline: _Baseline,
-                 metric: Metric) -> None:
-        self.stream, self.on_result, self.baseline, self.metric = stream, on_result, baseline, metric
+    def __init__(self, stream: Stream | None, on_result: Callable[[HeadResult], None] | None,
+                 baseline: _Baseline) -> None:
+        self.stream, self.on_result, self.baseline = stream, on_result, baseline
         self.done: dict[Ablation, HeadResult] = dict(stream.done) if stream is not None else {}
 
     def add_chunk(self, chunk: list[Ablation], sums: Tensor, values: list[Tensor]) -> None:
-        """A finished chunk: its (copies, parts + 1) sums and per batch its (copies, batch, positions') values."""
-        effects = self.baseline.effects
-        rows = effects.row_sums(values)  # (copies, rows)
-        for copy, (ablation, summary) in enumerate(zip(chunk, effects.summarize(values))):
-            self.add(ablation, sums[copy], summary, self.metric.finish(rows[copy]))
-
-    def add(self, ablation: Ablation, sums: Tensor, effects: dict[str, Any],
-            finished: tuple[float, dict[str, float]] | None) -> None:
-        if ablation in self.done:
-            return
-        base = self.baseline
-        result = HeadResult.of_sums(ablation, sums, base.counts, base.loss, base.parts)
-        if finished is not None:  # a metric of its own (task sets): loss from the per-sequence sums
-            result.loss, result.task = finished
-            result.delta = result.loss - base.loss
-        result.effects = effects
-        self.done[ablation] = result
-        if self.stream is not None:
-            self.stream.write(result)
-        if self.on_result is not None:
-            self.on_result(result)
+        for result in self.baseline.results(chunk, sums, values):
+            if result.heads in self.done:
+                continue
+            self.done[result.heads] = result
+            if self.stream is not None:
+                self.stream.write(result)
+            if self.on_result is not None:
+                self.on_result(result)
 
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close()
 
 
-def _result(runner: NaiveRunner, header: dict[str, Any], finished: _Finished, ablations: list[Ablation],
+def _result(runner: Runner, header: dict[str, Any], finished: _Finished, ablations: list[Ablation],
             started: float) -> AblationResult:
     return result_of(header, [finished.done[a] for a in ablations if a in finished.done], path=runner.path,
                      mode="naive" if runner.path.startswith("naive") else "exact",
@@ -257,7 +324,7 @@ def sweep(
     header = _header(loaded, probe_set, chosen, chosen_metric.name, data_name(probe_set, data),
                      (base.loss, base.parts)) | {"task": base.task}
     finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
-                         on_result, base, chosen_metric)  # where finished ablations go
+                         on_result, base)  # where finished ablations go
     log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, base.loss)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, cost)
     todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
