@@ -61,8 +61,3 @@ def load_custom(spec: str) -> tuple[nn.Module, Any | None]:
         raise ProbeError(f"{spec}() raised {type(error).__name__}: {error}") from error
     return _checked(spec, result)
 
-
-def missing_function(spec: str) -> ProbeError:
-    """A .py file given without :FUNCTION."""
-    return ProbeError(f"{spec} is a Python file: give FILE.py:FUNCTION, where FUNCTION() returns the model (an "
-                      "nn.Module, or (nn.Module, tokenizer)); probe imports and runs that file", parameter="spec")

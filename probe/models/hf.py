@@ -16,13 +16,6 @@ from probe.errors import ProbeError
 from probe.models.placement import check_device_map
 
 
-def is_encoder_config(config: Any) -> bool:
-    """A bidirectional encoder: a masked-LM architecture not configured as a decoder."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
-
-    return config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
-
-
 ENCODER_DECODERS = ("t5", "bart")
 """config.model_type of the encoder-decoders probe reads (their attention goes through transformers' interface;
 `probe.hooks.stacks` names their three stacks)."""
@@ -98,22 +91,19 @@ def _check_placement(config: Any, device_map: dict[str, int | str], trust_remote
                      (name for name, _ in skeleton.named_parameters()))
 
 
-def is_classifier_config(config: Any) -> bool:
-    """A sequence classifier (a `*ForSequenceClassification` architecture), whose output is class logits."""
-    return any(str(name).endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or [])
-
-
 def _model_classes(config: Any) -> list[Any]:
     """The Auto classes to try in order: the sequence classifier where the config names one, else the causal LM
-    first, except for encoders (BERT & co. have a *ForCausalLM class, but only as a decoder) and encoder-decoders
-    (the sequence-to-sequence LM), then the bare model."""
+    first, except for encoders (masked-LM architectures not configured as decoders: BERT & co. have a *ForCausalLM
+    class, but only as a decoder) and encoder-decoders (the sequence-to-sequence LM), then the bare model."""
     from transformers import AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
-    if is_classifier_config(config):
+    if any(str(name).endswith("ForSequenceClassification") for name in getattr(config, "architectures", None) or []):
         return [AutoModelForSequenceClassification, AutoModel]
     if getattr(config, "is_encoder_decoder", False):  # BART has a *ForCausalLM class too: its decoder alone
         return [AutoModelForSeq2SeqLM, AutoModel]
-    return [AutoModel] if is_encoder_config(config) else [AutoModelForCausalLM, AutoModel]
+    encoder = config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(config, "is_decoder", False)
+    return [AutoModel] if encoder else [AutoModelForCausalLM, AutoModel]
 
 
 def from_pretrained(source: str, dtype: torch.dtype, placement: dict[str, Any] | None = None, *,

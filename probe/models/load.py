@@ -13,17 +13,50 @@ from torch import nn
 from probe.errors import ProbeError, first_line
 from probe.models.outputs import logits_of
 from probe.models.aliases import ALIASES, DEFAULT_MODEL, HUB_ALIASES, alias_path, resolve_alias
-from probe.models.custom import is_custom_spec, load_custom, missing_function
+from probe.models.custom import is_custom_spec, load_custom
 from probe.models.gguf import cached_config, load_gguf
-from probe.models.origin import ModelOrigin, module_origin, origin_of
 from probe.models.parts import input_embeddings
 from probe.models.hf import from_pretrained, load_tokenizer
 from probe.models.placement import DeviceMap, input_device, parse_device_map, placed
-from probe.models.wrapped import WrapperKind, holds_bridge_components, unbridged, wrapper_kinds, wrapper_of
+from probe.models.wrapped import WRAPPERS, WrapperKind, holds_bridge_components, unbridged, wrapper_of
 from probe.threads import use_threads_unless_chosen
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelOrigin:
+    """Where a loaded model came from, what provenance records and what `--resume` compares: `kind` gguf, folder,
+    hub, custom or module; `weights`: the files whose bytes identify it (none for a hub id, whose commit does, or
+    for code-made weights, whose tensors do)."""
+
+    kind: str
+    source: str
+    revision: str | None = None
+    weights: tuple[str, ...] = ()
+    dequantised: bool = False  # a GGUF file's quantised weights turned into floats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "source": self.source, "revision": self.revision}
+
+
+def origin_of(spec: str, model: Any) -> ModelOrigin:
+    """The origin of what `load_model(spec)` loaded (a spec it accepted)."""
+    if spec in ALIASES or spec.endswith(".gguf"):
+        path = alias_path(ALIASES[spec]) if spec in ALIASES else Path(spec)
+        resolved = str(Path(str(path)).resolve())
+        return ModelOrigin("gguf", resolved, weights=(resolved,), dequantised=True)
+    if is_custom_spec(spec):
+        file, _, function = spec.rpartition(":")
+        return ModelOrigin("custom", f"{Path(file).resolve()}:{function}")
+    folder = Path(spec)
+    if folder.is_dir():
+        files = sorted(str(path.resolve()) for path in folder.iterdir() if path.suffix in WEIGHT_SUFFIXES)
+        return ModelOrigin("folder", str(folder.resolve()), weights=tuple(files))
+    revision = getattr(getattr(model, "config", None), "_commit_hash", None)
+    return ModelOrigin("hub", spec, revision=revision if isinstance(revision, str) else None)
 
 
 @dataclass
@@ -106,7 +139,8 @@ def _placement(device: str | None, device_map: DeviceMap | None, offload_folder:
 def _load_folder(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
                  trust_remote_code: bool) -> tuple[nn.Module, Any]:
     if spec.endswith(".py"):
-        raise missing_function(spec)
+        raise ProbeError(f"{spec} is a Python file: give FILE.py:FUNCTION, where FUNCTION() returns the model (an "
+                         "nn.Module, or (nn.Module, tokenizer)); probe imports and runs that file", parameter="spec")
     if not (Path(spec) / "config.json").is_file():
         raise ProbeError(f"{spec} is not a Hugging Face model folder (no config.json); "
                          f"known aliases: {', '.join(ALIASES)}", parameter="spec")
@@ -188,7 +222,7 @@ def _given_module(model: nn.Module, tokenizer: Any | None, name: str | None, dty
         check_device(device)
         model = model.to(device)
     model.eval()
-    origin = module_origin(model)
+    origin = ModelOrigin("module", f"{type(model).__module__}.{type(model).__qualname__}")  # its tensors identify it
     name = name or getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
     return LoadedModel(model=model, tokenizer=tokenizer, name=str(name),
                        vocab_size=_vocab_size(model), origin=origin)
@@ -232,7 +266,8 @@ def load_model(spec: str | nn.Module = DEFAULT_MODEL, *, tokenizer: Any | None =
                              "max_memory apply to a model probe loads", parameter="device_map")
         return _given_module(spec, tokenizer, name, dtype, device)
     if not isinstance(spec, str):
-        raise ProbeError(f"spec must be a model name or path, an nn.Module, or a model wrapped by {wrapper_kinds()}, "
+        wrappers = " or ".join(kind.library for kind in WRAPPERS)
+        raise ProbeError(f"spec must be a model name or path, an nn.Module, or a model wrapped by {wrappers}, "
                          f"got {type(spec).__name__}", parameter="spec")
     torch_dtype = _parse_dtype(dtype)
     check_device(device)

@@ -107,17 +107,13 @@ def _blocks(model: nn.Module) -> list[str]:
 
 
 def placed(model: nn.Module, dtype: torch.dtype, placement: dict[str, Any] | None) -> nn.Module:
-    """A model in memory cast to `dtype`, and placed by `dispatch_custom` where a device map is given."""
+    """A model in memory cast to `dtype`, and placed with accelerate's hooks where a device map is given; a strategy
+    keeps every nn.ModuleList item whole (a custom forward may add tensors computed inside one block)."""
     model = model.to(dtype)
     if placement is None or placement.get("device_map") is None:
         return model
-    return dispatch_custom(model, placement["device_map"], placement.get("offload_folder"), placement.get("max_memory"))
-
-
-def dispatch_custom(model: nn.Module, device_map: DeviceMap, offload_folder: str | Path | None = None,
-                    max_memory: dict[int | str, int | str] | None = None) -> nn.Module:
-    """Place a model already in memory with accelerate's hooks; a strategy keeps every nn.ModuleList item whole (a
-    custom forward may add tensors computed inside one block)."""
+    device_map, offload_folder = placement["device_map"], placement.get("offload_folder")
+    max_memory = placement.get("max_memory")
     from accelerate import dispatch_model, infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 
@@ -126,13 +122,13 @@ def dispatch_custom(model: nn.Module, device_map: DeviceMap, offload_folder: str
         if device_map in ("auto", "balanced", "balanced_low_0"):
             max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split,
                                              low_zero=device_map == "balanced_low_0")
-        placed = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
+        chosen = infer_auto_device_map(model, max_memory=max_memory, no_split_module_classes=no_split)
     else:
         check_device_map(device_map, (name for name, _ in model.named_modules()),
                          (name for name, _ in model.named_parameters()))
-        placed = dict(device_map)
+        chosen = dict(device_map)
     folder = None
-    if "disk" in placed.values():
+    if "disk" in chosen.values():
         if offload_folder is None:
             raise ProbeError("the device map puts modules on disk: give an offload folder (offload_folder=DIR)",
                              parameter="offload_folder")
@@ -144,7 +140,7 @@ def dispatch_custom(model: nn.Module, device_map: DeviceMap, offload_folder: str
     try:
         # nn.MultiheadAttention's own forward reads out_proj.weight without calling out_proj: its offloaded
         # weights must be brought in with the parent's
-        return dispatch_model(model, device_map=placed, offload_dir=folder,
+        return dispatch_model(model, device_map=chosen, offload_dir=folder,
                               preload_module_classes=["MultiheadAttention"])
     except (ValueError, RuntimeError, KeyError) as error:
         first = first_line(error) or type(error).__name__

@@ -51,11 +51,6 @@ def wrapper_of(obj: Any) -> WrapperKind | None:
     return next((kind for kind in WRAPPERS if kind.takes(obj)), None)
 
 
-def wrapper_kinds() -> str:
-    """What load_model's refusals list: `TransformerLens (TransformerBridge) or nnsight (NNsight, LanguageModel)`."""
-    return " or ".join(kind.library for kind in WRAPPERS)
-
-
 def unwrapped_view(module: nn.Module, unwrap: Callable[[nn.Module], nn.Module | None],
                    seen: dict[int, nn.Module] | None = None) -> nn.Module:
     """`module` with every wrapper module replaced by the module it wraps (`unwrap`; None: wraps nothing). Modules
