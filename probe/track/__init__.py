@@ -4,8 +4,7 @@ of each checkpoint, and their phase changes; `probe track` is the command, docs/
 from probe.track.checkpoints import Checkpoint, Run, check_run, find_run, load_checkpoints, read_state_dict, step_of
 from probe.track.icl import IclScore, icl_score, probe_loss
 from probe.track.result import MIN_RISE, CheckpointResult, TrackResult, best_scores, icl_change, phase_changes
-from probe.track.run import TrackOptions, measure, track
-from probe.track.stream import read_track
+from probe.track.run import TrackOptions, measure, read_track, track
 
 __all__ = ["MIN_RISE", "Checkpoint", "CheckpointResult", "IclScore", "Run", "TrackOptions", "TrackResult",
            "best_scores", "check_run", "find_run", "icl_change", "icl_score", "load_checkpoints", "measure",

@@ -63,13 +63,6 @@ def ordered(checkpoints: Sequence[Checkpoint]) -> tuple[Checkpoint, ...]:
     return result
 
 
-def _matched(pattern: str) -> list[Path]:
-    paths = [Path(path) for path in glob.glob(pattern)]
-    if not paths:
-        raise ProbeError(f"no checkpoint matches {pattern!r}", parameter="checkpoints")
-    return paths
-
-
 def find_run(model: str | None = None, *, checkpoints: str | None = None,
              revisions: str | Sequence[str] | None = None) -> Run:
     """The run the arguments name: a glob of model folders or state dicts (with a custom `model`), or hub revisions."""
@@ -82,7 +75,9 @@ def find_run(model: str | None = None, *, checkpoints: str | None = None,
     if checkpoints is None:
         raise ProbeError("give the checkpoints: a glob of model folders or state-dict files, or a hub model's "
                          "revisions", parameter="checkpoints")
-    paths = _matched(checkpoints)
+    paths = [Path(path) for path in glob.glob(checkpoints)]
+    if not paths:
+        raise ProbeError(f"no checkpoint matches {checkpoints!r}", parameter="checkpoints")
     if model is not None and not is_custom_spec(model):
         raise ProbeError(f"state-dict checkpoints load into a custom model (FILE.py:FUNCTION), not {model}; model "
                          "folders need no model", parameter="model")
@@ -96,10 +91,6 @@ def find_run(model: str | None = None, *, checkpoints: str | None = None,
         raise ProbeError(f"{checkpoints!r} matches no model folder (with a config.json); state-dict files need "
                          "model=FILE.py:FUNCTION", parameter="checkpoints")
     return Run(FOLDERS, ordered([Checkpoint(p.name, step_of(p.name), str(p)) for p in folders]))
-
-
-def _architecture(config: dict[str, Any]) -> dict[str, Any]:
-    return {key: config[key] for key in ARCHITECTURE_KEYS if key in config}
 
 
 def _config_of(run: Run, checkpoint: Checkpoint) -> dict[str, Any]:
@@ -150,7 +141,8 @@ def check_run(run: Run, loaded: LoadedModel | None = None) -> None:
         return
     first = None
     for checkpoint in run.checkpoints:
-        architecture = _architecture(_config_of(run, checkpoint))
+        config = _config_of(run, checkpoint)
+        architecture = {key: config[key] for key in ARCHITECTURE_KEYS if key in config}
         if first is not None and architecture != first[1]:
             changed = sorted(k for k in set(architecture) | set(first[1]) if architecture.get(k) != first[1].get(k))
             raise ProbeError(f"checkpoints {first[0]} and {checkpoint.name} have different architectures "

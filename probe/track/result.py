@@ -25,18 +25,6 @@ class CheckpointResult(Payload):
     heads: list[dict[str, Any]] = schema_field("every head's scores (and delta)")
     notes: list[str] = schema_field("what to know of it", required=False, default_factory=list)
 
-    def score(self, name: str, layer: int, head: int) -> float | None:
-        return self.grid(name)[layer][head]
-
-    def grid(self, name: str) -> list[list[float | None]]:
-        """(layers, heads) scores of one class; None where it does not apply."""
-        layers = 1 + max(entry["layer"] for entry in self.heads)
-        heads = 1 + max(entry["head"] for entry in self.heads)
-        grid: list[list[float | None]] = [[None] * heads for _ in range(layers)]
-        for entry in self.heads:
-            grid[entry["layer"]][entry["head"]] = entry["scores"].get(name)
-        return grid
-
     @staticmethod
     def from_dict(entry: dict[str, Any]) -> CheckpointResult:
         return CheckpointResult(str(entry["name"]), int(entry["step"]), entry.get("loss"), entry.get("icl_score"),

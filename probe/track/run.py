@@ -1,14 +1,17 @@
 """`track`: score every checkpoint of a training run, one model in memory at a time, each result streamed as it
-finishes; under torchrun the checkpoints are dealt out over the processes and rank 0 returns the merged result."""
+finishes (a header line, then one line per checkpoint); under torchrun the checkpoints are dealt out over the
+processes and rank 0 returns the merged result."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from probe.ablation import parse_heads, sweep
+from probe.ablation.stream import LineStream, json_lines
 from probe.heads.classify import classify
 from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEFAULT_SEQ_LEN, natural_set
 from probe.distributed import current, gather, process_group, rank_device, shard_path, shard_paths
@@ -20,15 +23,10 @@ from probe.progress import Progress, ProgressArg, callback, log, reports
 from probe.track.checkpoints import STATE_DICTS, Checkpoint, Run, check_run, load_checkpoints
 from probe.track.icl import EARLY, ICL_SEQS, LATE, check_positions, icl_score, probe_loss
 from probe.track.result import MIN_RISE, CheckpointResult, TrackResult
-from probe.track.stream import TrackStream, finished
 
-
-@dataclass(frozen=True)
-class Hooks:
-    """Callbacks of a run: each checkpoint's model once loaded (e.g. to record provenance), each finished result."""
-
-    on_model: Callable[[LoadedModel], None] | None = None
-    on_result: Callable[[CheckpointResult], None] | None = None
+TRACK_FORMAT = 1
+OnModel = Callable[[LoadedModel], None] | None  # each checkpoint's model once loaded (e.g. to record provenance)
+OnResult = Callable[[CheckpointResult], None] | None  # each finished result
 
 
 @dataclass(frozen=True)
@@ -81,24 +79,25 @@ def _identity(run: Run, options: TrackOptions, load_options: dict[str, Any]) -> 
             "dtype": str(load_options.get("dtype") or "float32")}
 
 
-def _score_all(run: Run, todo: list[Checkpoint], options: TrackOptions, stream: TrackStream, base: LoadedModel | None,
-               load_options: dict[str, Any], progress: Progress | None, hooks: Hooks) -> None:
+def _score_all(run: Run, todo: list[Checkpoint], options: TrackOptions, stream: LineStream, base: LoadedModel | None,
+               load_options: dict[str, Any], progress: Progress | None, hooks: tuple[OnModel, OnResult]) -> None:
     """Load, measure and stream each checkpoint of `todo` in turn; one model in memory at a time."""
     share = Run(run.kind, tuple(todo), run.model)
     done = len(stream.done)
     total = done + len(todo)
     if progress is not None:
         progress(done, total)  # the count is known before the first checkpoint loads, however long that takes
+    on_model, on_result = hooks
     for checkpoint, loaded in load_checkpoints(share, base, **load_options):
-        if hooks.on_model is not None:
-            hooks.on_model(loaded)
+        if on_model is not None:
+            on_model(loaded)
         result = measure(loaded, checkpoint, options)
         del loaded  # before the next is loaded
         stream.write(result)
         log.info("track: %s (step %d) done", checkpoint.name, checkpoint.step)
         done += 1
-        if hooks.on_result is not None:
-            hooks.on_result(result)
+        if on_result is not None:
+            on_result(result)
         if progress is not None:
             progress(done, total)
 
@@ -126,8 +125,8 @@ def _check(options: TrackOptions) -> None:
 
 @reports("tracking checkpoints")
 def track(run: Run, options: TrackOptions | None = None, *, results_path: str | Path, resume: bool = False,
-          progress: ProgressArg = None, on_result: Callable[[CheckpointResult], None] | None = None,
-          on_model: Callable[[LoadedModel], None] | None = None, **load_options: Any) -> TrackResult | None:
+          progress: ProgressArg = None, on_result: OnResult = None, on_model: OnModel = None,
+          **load_options: Any) -> TrackResult | None:
     """Score every checkpoint of `run`, each appended to `results_path` (`resume` skips those it holds); under
     torchrun rank 0 returns the merged result, the others None."""
     options = options or TrackOptions()
@@ -142,17 +141,17 @@ def track(run: Run, options: TrackOptions | None = None, *, results_path: str | 
     results_path = Path(results_path)
     if rank is None:  # resuming what a torchrun job left: its shards too
         known = [entry for path in _visible(results_path) for entry in finished(path, identity)] if resume else []
-        stream = TrackStream(results_path, identity, resume, known)
+        stream = _stream(results_path, identity, known)
         try:
             todo = [c for c in run.checkpoints if c.name not in stream.done]
-            _score_all(run, todo, options, stream, base, load_options, progress, Hooks(on_model, on_result))
+            _score_all(run, todo, options, stream, base, load_options, progress, (on_model, on_result))
         finally:
             stream.close()
         for shard in shard_paths(results_path):
             shard.unlink(missing_ok=True)
         return _result(run, options, stream.done, _model_name(run), identity["dtype"])
     return _sharded(run, options, identity, results_path, resume, base, load_options, progress,
-                    Hooks(on_model, on_result))
+                    (on_model, on_result))
 
 
 def _model_name(run: Run) -> str:
@@ -162,7 +161,7 @@ def _model_name(run: Run) -> str:
 
 def _sharded(run: Run, options: TrackOptions, identity: dict[str, Any], results_path: Path, resume: bool,
              base: LoadedModel | None, load_options: dict[str, Any], progress: Progress | None,
-             hooks: Hooks) -> TrackResult | None:
+             hooks: tuple[OnModel, OnResult]) -> TrackResult | None:
     """This process's share: every world-th checkpoint not finished in any file a process sees."""
     import torch.distributed as dist
 
@@ -174,7 +173,7 @@ def _sharded(run: Run, options: TrackOptions, identity: dict[str, Any], results_
         pooled = gather(seen)
         known = {e["name"]: CheckpointResult.from_dict(e) for entries in pooled for e in entries}
         todo = [c for c in run.checkpoints if c.name not in known][rank.rank::rank.world_size]
-        stream = TrackStream(mine, identity, False, [])
+        stream = _stream(mine, identity, [])
         try:
             _score_all(run, todo, options, stream, base, load_options, progress if rank.is_main else None, hooks)
         finally:
@@ -183,7 +182,7 @@ def _sharded(run: Run, options: TrackOptions, identity: dict[str, Any], results_
             known.update({e["name"]: CheckpointResult.from_dict(e) for e in entries})
         final = None
         if rank.is_main:
-            TrackStream(results_path, identity, False, list(known.values())).close()
+            _stream(results_path, identity, list(known.values())).close()
             final = _result(run, options, known, _model_name(run), identity["dtype"])
         dist.barrier()
         mine.unlink(missing_ok=True)
@@ -192,3 +191,32 @@ def _sharded(run: Run, options: TrackOptions, identity: dict[str, Any], results_
 
 def _visible(results_path: Path) -> list[Path]:
     return [results_path, *shard_paths(results_path)]
+
+
+def read_track(path: str | Path) -> tuple[dict[str, Any], list[CheckpointResult]]:
+    """The header and finished checkpoints of a stream; a last line cut short by an interruption is ignored."""
+    path = Path(path)
+    (_, header), *rest = json_lines(path, "track", "track results file")
+    if not isinstance(header, dict) or header.get("probe_track") != TRACK_FORMAT:
+        raise ProbeError(f"{path} is not a probe track results file")
+    return header, [CheckpointResult.from_dict(entry) for _, entry in rest]
+
+
+def finished(path: Path, identity: dict[str, Any]) -> list[CheckpointResult]:
+    """The checkpoints a stream holds for this run (same model and options), else one line saying it is another."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return []
+    header, entries = read_track(path)
+    as_read = json.loads(json.dumps(identity, default=str))
+    if header.get("identity") != as_read:
+        changed = sorted(k for k in set(as_read) | set(header.get("identity", {}))
+                         if as_read.get(k) != header.get("identity", {}).get(k))
+        raise ProbeError(f"cannot resume from {path}: it holds another run ({', '.join(changed) or 'format'} "
+                         "differ); start over without resume, or with another results file", parameter="resume")
+    return entries
+
+
+def _stream(path: Path, identity: dict[str, Any], known: list[CheckpointResult]) -> LineStream:
+    """The stream of a track run rewritten with `known`, by checkpoint name (`done`)."""
+    return LineStream(path, {"probe_track": TRACK_FORMAT, "identity": identity},
+                      list({entry.name: entry for entry in known}.values()), key=lambda result: result.name)
