@@ -25,11 +25,6 @@ def _head(payload: dict[str, Any], layer: int, head: int) -> str:
     return f"{layer}.{'kv' if payload['convention'] == 'kv' else ''}{head}"
 
 
-def _head_column(payload: dict[str, Any]) -> str:
-    """The heading of a column of heads: `layer.head` or `layer.kv`."""
-    return f"layer.{'kv' if payload['convention'] == 'kv' else 'head'}"
-
-
 def _describe(side: dict[str, Any]) -> str:
     """One map in words: file, format, score, what a value belongs to, dtype and model where the file says."""
     unit = "KV heads" if side["convention"] == "kv" else "query heads"
@@ -88,10 +83,11 @@ def ranks_sentence(payload: dict[str, Any]) -> str:
 
 
 def _columns(payload: dict[str, Any]) -> tuple[list[str], str]:
-    """The ranked table's header and what it ranks by: B - A, or rank B - rank A."""
+    """The ranked table's header (heads as `layer.head` or `layer.kv`) and what it ranks by: B - A, or ranks."""
+    heads = f"layer.{'kv' if payload['convention'] == 'kv' else 'head'}"
     if by_difference(payload):
-        return [_head_column(payload), "A", "B", "B - A", "rank A", "rank B"], "B - A"
-    return [_head_column(payload), "A", "B", "rank A", "rank B", "rank B - rank A"], "rank B - rank A"
+        return [heads, "A", "B", "B - A", "rank A", "rank B"], "B - A"
+    return [heads, "A", "B", "rank A", "rank B", "rank B - rank A"], "rank B - rank A"
 
 
 def _cells(payload: dict[str, Any], row: dict[str, Any]) -> list[str]:

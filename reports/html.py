@@ -451,15 +451,12 @@ def _effects_data(result: dict[str, Any]) -> dict[str, Any] | None:
     return out
 
 
-def _effects_section(effects: dict[str, Any] | None) -> str:
-    if effects is None:
-        return ""
-    return ('<div class="probe-section"><h2>Mean effect against specificity</h2><p class="probe-small">One point '
-            "per head: x its mean Δ, y its specificity (the share of its loss increase on the top 1% of tokens). "
-            "Click a point to see the tokens that head affects most, in their text.</p>"
-            '<div class="probe-row"><div class="probe-scatter-plot"></div>'
-            '<div class="probe-main"><h3 class="probe-tokens-title">Top affected tokens</h3>'
-            '<div class="probe-tokens"></div></div></div></div>')
+EFFECTS = ('<div class="probe-section"><h2>Mean effect against specificity</h2><p class="probe-small">One point '
+           "per head: x its mean Δ, y its specificity (the share of its loss increase on the top 1% of tokens). "
+           "Click a point to see the tokens that head affects most, in their text.</p>"
+           '<div class="probe-row"><div class="probe-scatter-plot"></div>'
+           '<div class="probe-main"><h3 class="probe-tokens-title">Top affected tokens</h3>'
+           '<div class="probe-tokens"></div></div></div></div>')  # the scatter of an ablation with effects
 
 
 def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int = TOP_HEADS) -> str:
@@ -490,7 +487,7 @@ def ablation_page(result: dict[str, Any], *, embed_plotly: bool = True, top: int
         '<div class="probe-delta-plot"></div></div>'
         f'<div class="probe-main"><h2>The {len(data["top"]["label"])} heads that matter most</h2>'
         '<p class="probe-small">By |Δ loss|, largest first.</p><div class="probe-bar-plot"></div></div></div>'
-        + _effects_section(data["effects"])
+        + (EFFECTS if data["effects"] is not None else "")
     )
     return page("ablation", f"probe ablate: {result['model']}", body, data, embed_plotly=embed_plotly)
 

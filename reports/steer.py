@@ -54,11 +54,6 @@ def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
             ("as it is", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
 
 
-def footer_lines(payload: dict[str, Any]) -> list[str]:
-    """The details under the tables, one line each."""
-    return [f"{name[:1].upper() + name[1:]}: {text}." for name, text in details(payload)]
-
-
 def _figures(figures: dict[str, Any] | None) -> str:
     """A task's margin and accuracy, shown beside its metric (nothing for text)."""
     if not figures:
@@ -119,8 +114,8 @@ def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15, fl
     if generated:
         console.print(Text(f"Greedy continuations, {generated['max_new_tokens']} tokens", style="bold"))
         console.print(_generation_table(payload, generated, flag))
-    for line in footer_lines(payload):
-        console.print(Text(line, style="dim"))
+    for name, text in details(payload):  # under the tables, one line each
+        console.print(Text(f"{name[:1].upper() + name[1:]}: {text}.", style="dim"))
     print_precision(payload, console)
 
 

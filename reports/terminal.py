@@ -195,20 +195,12 @@ def _ablation_header(payload: dict[str, Any], console: Console) -> None:
         console.print(Text(f"  time of the whole {run}: {seconds:.1f} s{cost}", style="dim"))
 
 
-def _estimate_note(payload: dict[str, Any]) -> Text | None:
-    """Under the tables of an estimate: which values are estimated, and how (the payload's `path`)."""
-    if payload["mode"] != "estimate":
-        return None
-    return Text(f"est. marks an estimated value, not an ablation ({payload['path']}); exact marks a head ablated "
-                "for real.", style="dim")
-
-
 def ablation_report(payload: dict[str, Any], console: Console, *, top: int = 15) -> None:
     """What was run, the baseline, the heads whose removal hurts and helps most, the non-finite, the groups."""
     _ablation_header(payload, console)
-    note = _estimate_note(payload)
-    if note is not None:
-        console.print(note)
+    if payload["mode"] == "estimate":  # which values are estimated, and how (the payload's `path`)
+        console.print(Text(f"est. marks an estimated value, not an ablation ({payload['path']}); exact marks a head "
+                           "ablated for real.", style="dim"))
     estimated = "estimated " if payload["mode"] == "estimate" else ""
     singles = sorted(payload["heads"], key=lambda r: (*_by_delta(r), r["layer"], r["head"]))
     deltas = [_number(r["delta"]) for r in singles]
