@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from bench.common import load_average, machine, now, save_result, spearman
-from probe.ablation.statistics import head_inputs
+from probe.ablation.statistics import head_outputs
 from probe.hooks.capture import attention_hooks
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import contrast_task
@@ -32,7 +32,7 @@ COMPONENTS = ("query", "key", "value")
 
 def plain_first_order(loaded: Any, clean: Any, corrupt: Any, component: str, units: list) -> list[float]:
     """Each unit's LD_corrupt + dLD/dx . (x_clean - x_corrupt), x the patched input itself (no QK fix)."""
-    source = head_inputs(loaded, clean, component, batch_size=clean.input_ids.shape[0]).values[0]
+    source = head_outputs(loaded, clean, component, batch_size=clean.input_ids.shape[0]).values[0]
     leaves: dict[int, torch.Tensor] = {}
 
     def make_leaf(inputs: Any, ctx: Any) -> Any:

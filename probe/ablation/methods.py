@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import inspect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import torch
 from torch import Tensor
 
 from probe.ablation.heads import Ablation, heads_by_layer
-from probe.ablation.statistics import HeadOutputs, HeadStatistics, head_inputs, head_outputs, head_statistics
+from probe.ablation.statistics import HeadOutputs, HeadStatistics, head_outputs, head_statistics
 from probe.hooks.layers import AttentionLayer
 from probe.hooks.points import Writer
 from probe.hooks.types import AttentionInputs, BatchContext, Handler, HookContext
@@ -54,8 +55,11 @@ class AblationMethod:
 
     @classmethod
     def build(cls, inputs: MethodInputs) -> AblationMethod:
-        """The method, made from what a caller has (`inputs.statistics` holds what `statistics` names)."""
-        return cls()
+        """The method, made from what a caller has: what of `inputs` its constructor takes (a None value: its default;
+        `inputs.statistics` holds what `statistics` names)."""
+        taken = inspect.signature(cls).parameters
+        given = {"statistics": inputs.statistics, "seed": inputs.seed, "value": inputs.value}
+        return cls(**{name: value for name, value in given.items() if name in taken and value is not None})
 
     def bind(self, batches: Sequence[BatchContext]) -> None:
         """Called once with every batch a run runs: what it fixes per batch is fixed before any forward."""
@@ -174,10 +178,6 @@ class ValueIntervention(AblationMethod):
             raise ProbeError(f"{self.parameter} must be a finite number{floor}, got {value}", parameter=self.parameter)
         self.value = value
 
-    @classmethod
-    def build(cls, inputs: MethodInputs) -> AblationMethod:
-        return cls(0.0 if inputs.value is None else inputs.value)
-
     def change(self, heads: Tensor) -> Tensor:
         """The heads' outputs changed by the value (other than `zero`)."""
         raise NotImplementedError
@@ -242,16 +242,12 @@ def add_to_head(heads: int | Iterable[int], vector: Tensor) -> Writer:
 class StatisticAblation(AblationMethod):
     """A method whose replacement reads statistics of the heads' outputs over a reference set."""
 
-    def __init__(self, statistics: HeadStatistics | None) -> None:
+    def __init__(self, statistics: HeadStatistics | None = None) -> None:
         if statistics is None:
             raise ProbeError(f"{self.name} ablation reads the heads' {', '.join(self.statistics)} over a reference set "
                              "(head_statistics)", parameter="statistics")
         statistics.check_holds(self.statistics, self.name)
         self.reference = statistics
-
-    @classmethod
-    def build(cls, inputs: MethodInputs) -> AblationMethod:
-        return cls(inputs.statistics)
 
     def describe(self) -> str | None:
         return self.reference.describe(self.statistics)
@@ -280,13 +276,9 @@ class NoiseAblation(StatisticAblation):
     statistics = ("mean", "std")
     across_sequences = True
 
-    def __init__(self, statistics: HeadStatistics | None, seed: int = 0) -> None:
+    def __init__(self, statistics: HeadStatistics | None = None, seed: int = 0) -> None:
         super().__init__(statistics)
         self.seed = seed
-
-    @classmethod
-    def build(cls, inputs: MethodInputs) -> AblationMethod:
-        return cls(inputs.statistics, seed=inputs.seed)
 
     def noise(self, layer: int, shape: torch.Size, batch: int | None) -> Tensor:
         """Standard normal draws of `shape` (batch, positions, n_heads, head_dim), fixed by seed, layer and batch."""
@@ -321,11 +313,6 @@ class PatchAblation(AblationMethod):
         self.source, self.position = source, position
         self.per_copy = position is not None  # type: ignore[misc]
 
-    @classmethod
-    def collect(cls, loaded: LoadedModel, source: ProbeSet, batch_size: int) -> HeadOutputs:
-        """What it patches in, from the source run: the heads' outputs."""
-        return head_outputs(loaded, source, batch_size=batch_size)
-
     def at(self, position: int) -> PatchAblation:
         """The same patch at `position` alone (the source's values are shared, not taken again)."""
         return type(self)(self.source, position)
@@ -353,10 +340,6 @@ class InputPatch(PatchAblation):
 
     point = "inputs"
     positions_axis = 2  # queries (batch, heads, positions, head_dim), keys and values per key/value head
-
-    @classmethod
-    def collect(cls, loaded: LoadedModel, source: ProbeSet, batch_size: int) -> HeadOutputs:
-        return head_inputs(loaded, source, cls.what, batch_size=batch_size)
 
     def handler(self, ablations: Sequence[Ablation]) -> tuple[Handler, set[int]]:
         """An `inputs` handler for stacked copies (a key or value: its heads' key/value groups), and its layers."""
@@ -398,7 +381,7 @@ def patch_method(loaded: LoadedModel, source: ProbeSet, component: str = "output
                  batch_size: int = 8) -> PatchAblation:
     """The patching method of `component` (of PATCHES), holding the source run's values; `at(position)` for one."""
     chosen = patch_class(component)
-    return chosen(chosen.collect(loaded, source, batch_size))
+    return chosen(head_outputs(loaded, source, chosen.what, batch_size=batch_size))
 
 
 def patch_class(component: str) -> type[PatchAblation]:
@@ -428,10 +411,6 @@ class ResampleAblation(AblationMethod):
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self.donors: dict[int | None, Tensor] = {}  # batch index -> (rows,) donor rows in that batch
-
-    @classmethod
-    def build(cls, inputs: MethodInputs) -> AblationMethod:
-        return cls(seed=inputs.seed)
 
     def donors_of(self, batch: int | None, rows: int) -> Tensor:
         if rows < 2:
@@ -479,10 +458,6 @@ class ShuffleAblation(AblationMethod):
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
         self.orders: dict[tuple[bytes, bytes, torch.device], Tensor] = {}  # rows and mask -> order, on a device
-
-    @classmethod
-    def build(cls, inputs: MethodInputs) -> AblationMethod:
-        return cls(seed=inputs.seed)
 
     def order_on(self, batch: BatchContext | None, positions: int, device: torch.device) -> Tensor:
         """`order` on `device`, made once per batch and device (every layer and stacked copy reads the same)."""

@@ -169,29 +169,20 @@ class HeadOutputs:
                 _add_tensor(digest, batch[layer])
 
 
-def _per_batch(loaded: LoadedModel, source: ProbeSet, batch_size: int, point: str,
-               read: Callable[[Any], Tensor]) -> HeadOutputs:
-    """What `read` takes of each layer's payload at hook point `point`, batch by batch of `source`, in one pass."""
+def head_outputs(loaded: LoadedModel, source: ProbeSet, component: str = "output", *,
+                 batch_size: int = 8) -> HeadOutputs:
+    """Every head's output (rows, positions, n_heads, head_dim), or every layer's attention input `component` (query,
+    key or value), on each batch of `source`, in one pass."""
     values: list[dict[int, Tensor]] = []
 
     def record(seen: Any, ctx: HookContext) -> None:
-        values[-1][ctx.layer] = read(seen).detach().clone()
+        values[-1][ctx.layer] = (seen if component == "output" else getattr(seen, component)).detach().clone()
 
-    with torch.no_grad(), attention_hooks(loaded.model, {point: record}):
+    with torch.no_grad(), attention_hooks(loaded.model, {"z" if component == "output" else "inputs": record}):
         for ids, mask in source.batches(batch_size):
             values.append({})
             run_model(loaded.model, ids, mask, logits=False)
     return HeadOutputs(values, source.description)
-
-
-def head_outputs(loaded: LoadedModel, source: ProbeSet, *, batch_size: int = 8) -> HeadOutputs:
-    """Every head's output (rows, positions, n_heads, head_dim) on each batch of `source`."""
-    return _per_batch(loaded, source, batch_size, "z", lambda heads: heads)
-
-
-def head_inputs(loaded: LoadedModel, source: ProbeSet, component: str, *, batch_size: int = 8) -> HeadOutputs:
-    """Every layer's attention input `component` (query, key or value) on each batch of `source`."""
-    return _per_batch(loaded, source, batch_size, "inputs", lambda inputs: getattr(inputs, component))
 
 
 def head_means(loaded: LoadedModel, reference: ProbeSet, *, per_position: bool = False,
