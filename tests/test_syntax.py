@@ -13,8 +13,7 @@ from planted_syntax import conllu_corpus, planted_syntax, syntax_tokenizer
 from probe.errors import ProbeError
 from probe.hooks.capture import capture_attention
 from probe.syntax import read_conllu, syntax_scores
-from probe.syntax.align import align, word_attention
-from probe.syntax.scores import TO_HEAD
+from probe.syntax.scores import TO_HEAD, align, word_attention
 
 SPLIT = """# text = go walking,now
 1-2\tgo walking\t_\t_\t_\t_\t_\t_\t_\t_

@@ -50,11 +50,7 @@ class SyntaxResult(Payload):
     """Per (relation, direction): every head's accuracy, arc count and baseline; and each head's confident attention."""
 
     model: str = schema_field(MODEL)
-    scheme: str  # a key of SCHEMES
-
-    @payload("the dependency scheme", key="scheme")
-    def scheme_name(self) -> str:
-        return SCHEMES[self.scheme].name
+    scheme: str = schema_field("the dependency scheme")  # a key of SCHEMES
 
     @payload("its title")
     def scheme_title(self) -> str:

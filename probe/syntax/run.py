@@ -16,10 +16,9 @@ from probe.hooks.stacks import is_encoder_decoder
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback, reports
 from probe.provenance import model_dtype
-from probe.syntax.align import Aligned, align
 from probe.syntax.conllu import Sentence
 from probe.syntax.result import SyntaxResult
-from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT, SCHEMES, TO_HEAD, SyntaxTally, queries
+from probe.syntax.scores import CONFIDENT, MARGIN, MIN_COUNT, SCHEMES, TO_HEAD, Aligned, SyntaxTally, align, queries
 
 EXAMPLES = 8  # sentences whose arcs the HTML report draws
 
