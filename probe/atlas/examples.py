@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.circuits.weights import layer_weights
+from probe.circuits.composition import layer_weights
 from probe.inputs import ProbeSet, real_tokens
 from probe.heads.classify import forward
 from probe.hooks.capture import attention_hooks

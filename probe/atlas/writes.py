@@ -7,7 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.circuits.composition import Composition
-from probe.circuits.weights import embedding_matrices, layer_weights
+from probe.circuits.composition import embedding_matrices, layer_weights
 from probe.heads.evidence import TOP_PARTNERS, Partner
 from probe.hooks.layers import attention_layers
 
