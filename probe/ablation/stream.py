@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from probe.ablation.heads import Ablation, distinct
+from probe.ablation.heads import distinct
 from probe.ablation.methods import AblationMethod
 from probe.ablation.results import AblationResult, HeadResult
 from probe.inputs import ProbeSet
@@ -146,24 +146,20 @@ class LineStream:
         self.file.close()
 
 
-class Stream(LineStream):
-    """The results stream of a sweep; with `resume`, continuing the one at `path` (refused if it is another)."""
-
-    done: dict[Ablation, HeadResult]
-
-    def __init__(self, path: Path, header: dict[str, Any], resume: bool) -> None:
-        entries: list[HeadResult] = []
-        if resume and path.exists() and path.stat().st_size > 0:
-            old, entries = read_results(path)
-            _refuse_another(path, old, header)
-            if old.get("fingerprint") != header["fingerprint"]:
-                raise ProbeError(f"cannot resume from {path}: it holds a sweep of a different model, data or method "
-                                 "(start over without resume, or with another results_path)", parameter="resume")
-            if not math.isclose(old["baseline_loss"], header["baseline_loss"], rel_tol=1e-5, abs_tol=1e-7):
-                raise ProbeError(f"cannot resume from {path}: its baseline loss {old['baseline_loss']:.6f} differs "
-                                 f"from this model's {header['baseline_loss']:.6f} (different weights?)")
-            header = old
-        super().__init__(path, header, entries, key=lambda result: result.heads)
+def sweep_stream(path: Path, header: dict[str, Any], resume: bool) -> LineStream:
+    """The results stream of a sweep; with `resume`, continuing the one at `path` (`check_same_sweep` said it is the
+    same model, dtype and probe set; refused if it is another method or data)."""
+    entries: list[HeadResult] = []
+    if resume and path.exists() and path.stat().st_size > 0:
+        old, entries = read_results(path)
+        if old.get("fingerprint") != header["fingerprint"]:
+            raise ProbeError(f"cannot resume from {path}: it holds a sweep of a different model, data or method "
+                             "(start over without resume, or with another results_path)", parameter="resume")
+        if not math.isclose(old["baseline_loss"], header["baseline_loss"], rel_tol=1e-5, abs_tol=1e-7):
+            raise ProbeError(f"cannot resume from {path}: its baseline loss {old['baseline_loss']:.6f} differs "
+                             f"from this model's {header['baseline_loss']:.6f} (different weights?)")
+        header = old
+    return LineStream(path, header, entries, key=lambda result: result.heads)
 
 
 def _set_name(header: dict[str, Any]) -> str:
@@ -190,12 +186,7 @@ def _difference(old: dict[str, Any], header: dict[str, Any]) -> str | None:
 
 def check_same_sweep(path: Path, identity: dict[str, Any]) -> None:
     """Before any work: a results file to continue holds a sweep of this model, dtype and probe set, else one line."""
-    if path.is_file() and path.stat().st_size > 0:
-        _refuse_another(path, read_results(path)[0], identity)
-
-
-def _refuse_another(path: Path, old: dict[str, Any], header: dict[str, Any]) -> None:
-    difference = _difference(old, header)
+    difference = _difference(read_results(path)[0], identity) if path.is_file() and path.stat().st_size > 0 else None
     if difference is not None:
         raise ProbeError(f"cannot continue the sweep in {path}: it holds a sweep of {difference} (start over "
                          "without resume, or with another results file)", parameter="resume")

@@ -26,7 +26,7 @@ from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.statistics import HeadStatistics
 from probe.ablation.runners import (Runner, Work, assign_chunks, batches_of, check_probe_set, chunks, data_name,
                                     default_stack, require_finite_baseline)
-from probe.ablation.stream import RESULTS_FORMAT, Stream, check_same_sweep, fingerprint, result_of
+from probe.ablation.stream import RESULTS_FORMAT, LineStream, check_same_sweep, fingerprint, result_of, sweep_stream
 from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, real_tokens
 from probe.errors import ProbeError
@@ -253,7 +253,7 @@ def _run(runner: Runner, todo: list[list[Ablation]], work: Work, cost: Callable[
 class _Finished:
     """Finished ablations (those a resumed stream holds first), each streamed and handed to `on_result` once."""
 
-    def __init__(self, stream: Stream | None, on_result: Callable[[HeadResult], None] | None,
+    def __init__(self, stream: LineStream | None, on_result: Callable[[HeadResult], None] | None,
                  baseline: _Baseline) -> None:
         self.stream, self.on_result, self.baseline = stream, on_result, baseline
         self.done: dict[Ablation, HeadResult] = dict(stream.done) if stream is not None else {}
@@ -323,7 +323,7 @@ def sweep(
     base = _baseline(runner, work, cost, loaded.tokenizer)
     header = _header(loaded, probe_set, chosen, chosen_metric.name, data_name(probe_set, data),
                      (base.loss, base.parts)) | {"task": base.task}
-    finished = _Finished(Stream(Path(results_path), header, resume) if results_path is not None else None,
+    finished = _Finished(sweep_stream(Path(results_path), header, resume) if results_path is not None else None,
                          on_result, base)  # where finished ablations go
     log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, base.loss)
     planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, cost)
