@@ -154,14 +154,11 @@ def _exit(error: BaseException) -> None:
             sys.exit(code if code is not None else getattr(error, "exit_code", 1))
 
 
-def version() -> str:
-    """The installed probe's version, from the package metadata (the one place it is set: pyproject.toml)."""
-    return version_of(DISTRIBUTION) or "unknown (not installed: pip install -e . gives it a version)"
-
-
 def _print_version(value: bool) -> None:
+    """--version: the installed probe's, from the package metadata (the one place it is set: pyproject.toml)."""
     if value:
-        typer.echo(f"probe {version()}")
+        found = version_of(DISTRIBUTION)
+        typer.echo(f"probe {found or 'unknown (not installed: pip install -e . gives it a version)'}")
         raise typer.Exit()
 
 

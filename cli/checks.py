@@ -9,7 +9,6 @@ import os
 import re
 import socket
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -53,7 +52,9 @@ def check_before_loading(parameters: dict[str, Any]) -> None:
     for name in ("heads", "senders", "receivers"):  # parsed against the model's layers once it loads
         if isinstance(value := parameters.get(name), str) and value != LOGITS:
             check_heads_syntax(value)
-    for name, names in _choices().items():
+    choices = {"metric": list(METRICS), "repair_method": SELF_REPAIR_METHODS, "component": list(PATCHES),
+               "path_component": ("query", "key", "value"), "at": list(KEY_RULES), "intervention": steerable()}
+    for name, names in choices.items():  # registries, read as the command runs: a plugin may have registered
         value = parameters.get(name)
         if isinstance(value, str) and value not in names:
             raise ProbeError(f"--{name.replace('_', '-')} {value!r}: use one of {', '.join(names)}")
@@ -62,12 +63,6 @@ def check_before_loading(parameters: dict[str, Any]) -> None:
     if isinstance(model, str) and not parameters.get("revisions"):
         check_layers(model, parameters)  # the hub's reachability is asked at load time (cli.options.load), after
         # every command's own argument checks: those need no network
-
-
-def _choices() -> dict[str, Sequence[str]]:
-    """Options whose value names one entry of a registry (read when the command runs: a plugin may register)."""
-    return {"metric": list(METRICS), "repair_method": SELF_REPAIR_METHODS, "component": list(PATCHES),
-            "path_component": ("query", "key", "value"), "at": list(KEY_RULES), "intervention": steerable()}
 
 
 def check_threshold_names(items: Any) -> None:

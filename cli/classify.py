@@ -58,7 +58,7 @@ def classify(
     device_map: DeviceMap = None, offload_folder: OffloadFolder = None, force: Force = False,
     conllu: Conllu = None, csv_path: CsvFile = None, head_class: HeadClasses = None,
 ) -> None:
-    # its help, `probe classify --help`'s first line, is _help(): the classes come from the registry
+    # its help, `probe classify --help`'s first line, is set below: the classes come from the registry
     thresholds = parse_thresholds(threshold or [])
     scores = chosen_scores(head_class or [])
     check_outputs({"--json": json_path, "--csv": csv_path, "--html": html_path}, force=force)
@@ -80,10 +80,5 @@ def classify(
     classification_report(payload, console, also=[f"--class {name}" for name in unscored])
 
 
-def _help() -> str:
-    """The command's help: the classes `classify` scores by default, read from the registry (SCORES)."""
-    names = [name.replace("_", "-") for name, score in SCORES.items() if score.by_default]
-    return f"Score every head ({', '.join(names)}) and label them."
-
-
-classify.__doc__ = _help()
+classify.__doc__ = "Score every head ({}) and label them.".format(", ".join(  # the classes scored by default
+    name.replace("_", "-") for name, score in SCORES.items() if score.by_default))

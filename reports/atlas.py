@@ -3,16 +3,15 @@ travels deflated, decoded only when it opens."""
 
 from __future__ import annotations
 
-import base64
 import json
-import zlib
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.text import Text
 
 from probe.errors import ProbeError
-from probe.reports.html import asset, asset_script, esc, facts_table, grid_axes, page, pattern_spec, static_summary
+from probe.reports.html import (asset, asset_script, deflate, esc, facts_table, grid_axes, page, pattern_spec,
+                                static_summary)
 from probe.reports.labels import precision_clause, short_label
 from probe.reports.terminal import table
 
@@ -26,8 +25,7 @@ TABLE_METRICS = ("delta", "specificity", "second_repeat_delta", "task_delta", "c
 
 def _deflated_json(data: Any) -> str:
     """JSON, deflated and base64-encoded: a head's dashboard, decoded by the page when it opens."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    return base64.b64encode(zlib.compress(text.encode("utf-8"), 9)).decode("ascii")
+    return deflate(json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8"), 9)
 
 
 def _rows(payload: dict[str, Any]) -> list[dict[str, Any]]:

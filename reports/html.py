@@ -90,15 +90,16 @@ def script_json(data: Any) -> str:
     return text
 
 
-def _deflate(data: bytes) -> str:
-    return base64.b64encode(zlib.compress(data, 6)).decode("ascii")
+def deflate(data: bytes, level: int = 6) -> str:
+    """Base64 of the deflated bytes: what a page inflates in the browser when it needs it."""
+    return base64.b64encode(zlib.compress(data, level)).decode("ascii")
 
 
 def pack_uint16(values: np.ndarray) -> str:
     """uint16 values as base64 of deflate of their byte planes (low bytes, then high bytes): attention weights in
     thousandths are mostly below 256, so the high plane is nearly all zeros and compresses to almost nothing."""
     planes = np.ascontiguousarray(values, dtype="<u2").reshape(-1).view(np.uint8).reshape(-1, 2)
-    return _deflate(np.ascontiguousarray(planes.T).tobytes())
+    return deflate(np.ascontiguousarray(planes.T).tobytes())
 
 
 def pattern_spec(patterns: PatternsPage, group: int) -> dict[str, Any]:
@@ -123,7 +124,7 @@ def pattern_spec(patterns: PatternsPage, group: int) -> dict[str, Any]:
     thumbnails = patterns.get("thumbnails")
     if thumbnails is not None:  # (heads, t, t) uint8
         spec["thumbs"] = {"t": int(thumbnails.shape[-1]),
-                          "data": _deflate(np.ascontiguousarray(thumbnails, dtype=np.uint8).tobytes())}
+                          "data": deflate(np.ascontiguousarray(thumbnails, dtype=np.uint8).tobytes())}
     return spec
 
 
@@ -187,18 +188,13 @@ def facts_table(rows: list[tuple[str, str]]) -> str:
         f"<tr><td>{esc(key)}</td><td>{esc(value)}</td></tr>" for key, value in rows) + "</table>"
 
 
-def header_cell(text: str, words: bool = False) -> str:
-    """A table header, escaped, its hyphens non-breaking (U+2011); `words`: it heads a left-aligned column."""
-    cls = ' class="probe-text"' if words else ""
-    return f"<th{cls}>{esc(text).replace('-', chr(0x2011))}</th>"
-
-
 def ranked_table(header: list[str], rows: list[list[str]], text: Collection[int] = (), kind: str = "") -> str:
     """A terminal report's table of ranked heads on the page: the columns at `text` are words, the rest numbers;
-    `kind`: a class that tests and scripts find it by."""
+    `kind`: a class that tests and scripts find it by. Hyphens in the header do not break (U+2011)."""
     cells = ["".join(f'<td class="probe-text">{esc(cell)}</td>' if i in text else f"<td>{esc(cell)}</td>"
                      for i, cell in enumerate(row)) for row in rows]
-    head = "".join(header_cell(cell, i in text) for i, cell in enumerate(header))
+    head = "".join(('<th class="probe-text">' if i in text else "<th>") + esc(cell).replace("-", chr(0x2011)) + "</th>"
+                   for i, cell in enumerate(header))
     return (f'<table class="probe-ranked{" " + kind if kind else ""}"><tr>{head}</tr>'
             + "".join(f"<tr>{row}</tr>" for row in cells) + "</table>")
 

@@ -16,19 +16,6 @@ SHOWN_HEADS = 3  # best heads per relation in the terminal
 SHOWN_SYNTACTIC = 25  # heads listed in the overview
 
 
-def _header(payload: dict[str, Any], console: Console) -> None:
-    console.print(Text(f"Syntactic heads of {payload['model']}", style="bold"),
-                  Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
-    console.print(Text(f"  parses: {payload['source']}; {payload['sentences']} sentences, {payload['words']} words; "
-                       f"label scheme {payload['scheme']}: {payload['scheme_title']}", style="dim"))
-    how = ("causal model: each arc scored from its later word, earlier words only (Vig & Belinkov 2019)"
-           if payload["causal"] else "both directions of every arc (Clark et al. 2019)")
-    console.print(Text(f"  {how}; syntactic: accuracy > baseline + {payload['margin']:g} on relations with "
-                       f">= {payload['min_count']} arcs", style="dim"))
-    for line in payload["skipped"]:
-        console.print(Text(f"  {line}", style="yellow"))
-
-
 def relation_table(payload: dict[str, Any]) -> Table:
     """Per judged relation and direction: arcs, the best fixed offset, and the best heads with their margins."""
     columns = ("relation", "direction", "arcs", "baseline", "best heads: accuracy (margin)")
@@ -49,7 +36,16 @@ def relation_table(payload: dict[str, Any]) -> Table:
 
 def syntax_report(payload: dict[str, Any], console: Console) -> None:
     """The relations with their best heads, then which heads are syntactic for which relations."""
-    _header(payload, console)
+    console.print(Text(f"Syntactic heads of {payload['model']}", style="bold"),
+                  Text(f"({payload['n_layers']} layers x {payload['n_heads']} heads)"))
+    console.print(Text(f"  parses: {payload['source']}; {payload['sentences']} sentences, {payload['words']} words; "
+                       f"label scheme {payload['scheme']}: {payload['scheme_title']}", style="dim"))
+    how = ("causal model: each arc scored from its later word, earlier words only (Vig & Belinkov 2019)"
+           if payload["causal"] else "both directions of every arc (Clark et al. 2019)")
+    console.print(Text(f"  {how}; syntactic: accuracy > baseline + {payload['margin']:g} on relations with "
+                       f">= {payload['min_count']} arcs", style="dim"))
+    for line in payload["skipped"]:
+        console.print(Text(f"  {line}", style="yellow"))
     console.print()
     console.print(relation_table(payload))
     rare = [f"{e['relation']} {e['direction']} ({e['count']})" for e in payload["relations"] if not e["judged"]]
