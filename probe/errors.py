@@ -6,20 +6,15 @@ DISTRIBUTION = "probe-heads"
 """What pip installs probe as: `probe` on PyPI is another project's, so every install hint names this one."""
 
 
+_BREAKS = {ord(char): repr(char)[1:-1] for char in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
 class ProbeError(Exception):
     """Bad input or an unusable model, saying what to do; the CLI rewrites `parameter` to its flag."""
 
     def __init__(self, message: str, *, parameter: str | None = None) -> None:
-        super().__init__(one_line(message))
+        super().__init__(message.translate(_BREAKS))  # escaped: a quoted path with a newline must not make two lines
         self.parameter = parameter
-
-
-_BREAKS = {ord(char): repr(char)[1:-1] for char in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
-
-
-def one_line(text: str) -> str:
-    """`text` with line breaks escaped: a quoted path with a newline must not make the error two lines."""
-    return text.translate(_BREAKS)
 
 
 def first_line(error: BaseException) -> str:

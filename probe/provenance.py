@@ -132,12 +132,6 @@ def module_dtype(model: nn.Module) -> str:
     return "+".join(kinds) or "none"
 
 
-def model_device(loaded: LoadedModel) -> str:
-    """Where the parameters are ('cpu', 'cuda:0'), or the devices of a device map joined."""
-    devices = sorted({str(p.device) for p in loaded.model.parameters()})
-    return "+".join(devices) or "none"
-
-
 def command_line(argv: list[str] | None = None) -> str:
     """The command as typed, the program shown as `probe` (python -m probe.cli, or the script's path, say)."""
     args = sys.argv[1:] if argv is None else argv
@@ -149,8 +143,8 @@ def provenance(loaded: LoadedModel, *, seed: int | None = None, command: str | N
     return {
         "probe": version_of(DISTRIBUTION), "torch": torch.__version__, "transformers": version_of("transformers"),
         "python": platform.python_version(), "model": model_facts(loaded), "dtype": model_dtype(loaded),
-        "device": model_device(loaded), "command": command, "seed": seed,
-        "timestamp_utc": utc_now(),
+        "device": "+".join(sorted({str(p.device) for p in loaded.model.parameters()})) or "none",  # a map's joined
+        "command": command, "seed": seed, "timestamp_utc": utc_now(),
     }
 
 

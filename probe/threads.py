@@ -19,21 +19,17 @@ _chosen: list[int] = []  # the count use_threads set in this process, once it ha
 
 
 def free_cpus() -> int:
-    """The CPUs this process may run on less those other processes keep busy now, at least one."""
+    """The CPUs this process may run on less those other processes keep busy now, at least one: sampled from
+    /proc/stat where there is one (the 1-minute load average lags: a command started right after another would see
+    the first one's load), else the load average."""
     allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
-    return min(len(allowed), max(1, len(allowed) - round(busy_cpus(allowed))))
-
-
-def busy_cpus(cpus: set[int]) -> float:
-    """How many of `cpus` other processes keep busy: sampled from /proc/stat where there is one (the 1-minute load
-    average lags: a command started right after another would see the first one's load), else the load average."""
-    sampled = sampled_busy(cpus)
-    if sampled is not None:
-        return sampled
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average on this platform
-        return 0.0
+    busy = sampled_busy(allowed)
+    if busy is None:
+        try:
+            busy = os.getloadavg()[0]
+        except (AttributeError, OSError):  # no load average on this platform
+            busy = 0.0
+    return min(len(allowed), max(1, len(allowed) - round(busy)))
 
 
 def sampled_busy(cpus: set[int], seconds: float = SAMPLE_SECONDS) -> float | None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
@@ -55,14 +54,10 @@ class _Buffer:
             self.flat = None
 
 
-@dataclass
-class _Plan:
-    block: int  # queries per block
-    offset: int  # keys before the first query: queries are the last n positions of the keys
-    truncate: bool  # causal without a mask: a block computes only the keys up to its last query
-
-
-def _plan(query: Tensor, key: Tensor, mask: Tensor | None, causal: bool, query_block: int | None) -> _Plan:
+def _plan(query: Tensor, key: Tensor, mask: Tensor | None, causal: bool, query_block: int | None
+          ) -> tuple[int, int, bool]:
+    """(queries per block, keys before the first query (queries are the last n positions of the keys), whether a
+    block computes only the keys up to its last query (causal without a mask))."""
     batch, n_heads, n_queries, _ = query.shape
     n_keys = key.shape[2]
     offset = n_keys - n_queries
@@ -73,7 +68,7 @@ def _plan(query: Tensor, key: Tensor, mask: Tensor | None, causal: bool, query_b
         block = max(1, min(n_queries, BLOCK_BYTES // max(batch * n_heads * n_keys * 4, 1)))
     if truncate and query_block is None:  # several blocks, so that the skipped keys add up (<= 1/16 computed twice)
         block = min(block, max(CAUSAL_BLOCK, -(-n_queries // 8)))
-    return _Plan(min(block, n_queries), offset, truncate)
+    return min(block, n_queries), offset, truncate
 
 
 @lru_cache(maxsize=16)
@@ -146,9 +141,9 @@ def _hand_out(on_block: OnBlock, start: int, weights: Tensor, n_keys: int, padde
     on_block(start, full)
 
 
-def _buffers(query: Tensor, key: Tensor, value: Tensor, plan: _Plan) -> tuple[_Buffer, _Buffer]:
+def _buffers(query: Tensor, key: Tensor, value: Tensor, block: int) -> tuple[_Buffer, _Buffer]:
     batch, n_heads = query.shape[:2]
-    numel = batch * n_heads * plan.block * key.shape[2]
+    numel = batch * n_heads * block * key.shape[2]
     reusable = not (torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)))
     logits = torch.float32 if query.dtype == torch.float16 else query.dtype  # float16's range ends at 65504
     return (_Buffer(numel, logits, query.device, reusable),
@@ -177,18 +172,18 @@ def blocked_attention(
     batch, n_heads, n_queries, head_dim = query.shape
     n_kv_heads, n_keys, value_dim = key.shape[1], key.shape[2], value.shape[-1]
     scaling = head_dim**-0.5 if scaling is None else scaling
-    plan = _plan(query, key, mask, causal, query_block)
+    block, offset, truncate = _plan(query, key, mask, causal, query_block)
     key_t = key.transpose(-1, -2)  # (b, hk, d, kv)
-    scores_buffer, padded = _buffers(query, key, value, plan)
+    scores_buffer, padded = _buffers(query, key, value, block)
     outputs = []
-    for start in range(0, n_queries, plan.block):
-        stop = min(start + plan.block, n_queries)
+    for start in range(0, n_queries, block):
+        stop = min(start + block, n_queries)
         size = stop - start
-        limit = stop + plan.offset if plan.truncate else n_keys  # keys this block can attend to
+        limit = stop + offset if truncate else n_keys  # keys this block can attend to
         scores = _block_scores(query, key_t, start, stop, limit, scaling, softcap, position_bias, scores_buffer)
         if mask is not None:
             scores = _apply_mask(scores, mask, start, stop, n_keys)
-        elif plan.truncate and n_queries > 1:  # causal: only the last `size` keys can lie after a query
+        elif truncate and n_queries > 1:  # causal: only the last `size` keys can lie after a query
             scores[..., limit - size:].masked_fill_(_future(size, query.device), torch.finfo(scores.dtype).min)
         weights = _softmax(scores, sinks)  # (b, hq, size, limit) float32
         del scores

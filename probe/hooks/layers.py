@@ -15,7 +15,7 @@ from probe.hooks.families import (Family, family_candidates, family_of, family_s
 from probe.hooks.hf import is_hf_model, recording_layers
 from probe.hooks.restore import restoring
 from probe.hooks.run import run_model
-from probe.hooks.stacks import is_encoder_decoder, number_in_stacks, stack_of
+from probe.hooks.stacks import is_encoder_decoder, stack_of
 from probe.models.hf import encoder_decoder_refusal, refuses_encoder_decoder
 
 
@@ -73,8 +73,8 @@ def _hf_layers(model: nn.Module) -> list[AttentionLayer]:
                                      value_dim=value_dim))
     if is_encoder_decoder(model):  # T5, BART: encoder, decoder self- and cross-attention, each numbered from 0
         stacks = [stack_of(model, layer.module) for layer in layers]
-        layers = [replace(layer, stack=stack, in_stack=number)
-                  for layer, stack, number in zip(layers, stacks, number_in_stacks(stacks))]
+        layers = [replace(layer, stack=stack, in_stack=stacks[:flat].count(stack))
+                  for flat, (layer, stack) in enumerate(zip(layers, stacks))]
     return layers
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -42,24 +42,6 @@ def interrupts_deferred() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
-def restore(steps: Iterable[Undo]) -> None:
-    """Run every step, even when some raise; then raise the first error (an interrupt first of all)."""
-    errors: list[BaseException] = []
-    with interrupts_deferred():
-        for step in steps:
-            for _ in range(ATTEMPTS):
-                try:
-                    step()
-                    break
-                except KeyboardInterrupt as interrupt:  # an interrupted step may be half done: run it again
-                    errors.insert(0, interrupt)
-                except Exception as error:
-                    errors.append(error)
-                    break
-    if errors:
-        raise errors[0]
-
-
 def put_back(module: Any, name: str, saved: Any) -> None:
     """Put `saved` back as the module's own attribute `name` (in its __dict__); None: remove the one set since."""
     if saved is None:
@@ -70,9 +52,23 @@ def put_back(module: Any, name: str, saved: Any) -> None:
 
 @contextmanager
 def restoring() -> Iterator[list[Undo]]:
-    """A list to append undo steps to; on exit they run in reverse order, whatever happened in the body."""
+    """A list to append undo steps to; on exit they run in reverse order, whatever happened in the body, each one even
+    when some raise; then the first error is raised (an interrupt first of all)."""
     steps: list[Undo] = []
     try:
         yield steps
     finally:
-        restore(reversed(steps))
+        errors: list[BaseException] = []
+        with interrupts_deferred():
+            for step in reversed(steps):
+                for _ in range(ATTEMPTS):
+                    try:
+                        step()
+                        break
+                    except KeyboardInterrupt as interrupt:  # an interrupted step may be half done: run it again
+                        errors.insert(0, interrupt)
+                    except Exception as error:
+                        errors.append(error)
+                        break
+        if errors:
+            raise errors[0]

@@ -40,11 +40,6 @@ def stack_of(model: nn.Module, module: nn.Module) -> str:
     return "cross" if name.rsplit(".", 1)[-1] in CROSS_ATTRIBUTES else "decoder"
 
 
-def number_in_stacks(stacks: list[str]) -> list[int]:
-    """Each layer's index within its stack, given the stack of each layer in flat order."""
-    return [stacks[:flat].count(stack) for flat, stack in enumerate(stacks)]
-
-
 def split_layer_part(text: str, stacks: set[str], item: str, parameter: str = "heads") -> tuple[str, str]:
     """`x3-4` -> ("cross", "3-4"): the layer part of the head (or layer) `item`; a model with stacks needs one, a
     model without takes none."""
