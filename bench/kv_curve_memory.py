@@ -16,7 +16,7 @@ import torch
 
 from bench.kv_heads import HALF
 from probe import load_model
-from probe.ablation.editor import ablated
+from probe.ablation.methods import ablated
 from probe.ablation.window import WindowAblation
 from probe.hooks.run import run_model
 from probe.inputs import NeedleOptions, needle_set

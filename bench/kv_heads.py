@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from probe import load_model  # noqa: E402
-from probe.ablation.editor import ablated  # noqa: E402
+from probe.ablation.methods import ablated  # noqa: E402
 from probe.ablation.window import WindowAblation  # noqa: E402
 from probe.hooks.run import run_model
 from probe.heads.classify import classify

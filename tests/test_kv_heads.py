@@ -12,7 +12,7 @@ import torch
 from conftest import run_cli, tiny_loaded
 from test_browser import browser  # noqa: F401  (the fixture)
 
-from probe.ablation.editor import ablate
+from probe.ablation.methods import ablate
 from probe.ablation.window import PatternAblation, WindowAblation
 from probe.inputs import natural_set
 from probe.kv import (CURVE_SEED_OFFSET, aggregate, kv_groups, kv_heads, loss_order, needle_accuracy, stream_curve,

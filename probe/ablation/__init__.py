@@ -1,14 +1,13 @@
 """Ablate attention heads and measure what the model loses: zero and mean ablation, exact sweeps, fast estimates.
 
-Modules, each with one job, data flowing one way (heads -> statistics/methods -> editor -> blocks/logits -> metrics ->
+Modules, each with one job, data flowing one way (heads -> statistics/methods -> blocks/logits -> metrics ->
 runners -> sweep/estimate -> results/stream): see docs/architecture.md.
 """
 
-from probe.ablation.editor import ablate
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, all_heads, label, parse_heads
 from probe.ablation.methods import (METHODS, AblationMethod, MeanAblation, MethodInputs, ResampleAblation, ZeroAblation,
-                                    build_method, register_method)
+                                    ablate, build_method, register_method)
 from probe.ablation.metrics import METRICS, Metric, choose_metric, register_metric
 from probe.ablation.statistics import STATISTICS, HeadMeans, HeadStatistics, head_means, head_statistics
 from probe.ablation.results import AblationResult, HeadResult

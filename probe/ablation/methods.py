@@ -1,6 +1,7 @@
 """Interventions on heads: what stands in for a chosen head's output (or its query, key or value). One class per
 method, one signature (`replacement(heads, ctx)`, as pyvene's), so that one object serves `Trace`, the sweep, prune,
-self-repair and `probe steer`; callers ask a method what it needs, never its name, and bind it before any forward."""
+self-repair and `probe steer`; callers ask a method what it needs, never its name, and bind it before any forward.
+`ablate()` and `ablated()` (stacked copies of a batch, at the method's own hook point) apply one to a model."""
 
 from __future__ import annotations
 
@@ -9,16 +10,18 @@ import dataclasses
 import hashlib
 import inspect
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from probe.ablation.heads import Ablation, heads_by_layer
+from probe.ablation.heads import Ablation, Head, check_heads, heads_by_layer
 from probe.ablation.statistics import HeadOutputs, HeadStatistics, head_outputs, head_statistics
-from probe.hooks.layers import AttentionLayer
+from probe.hooks.capture import attention_hooks
+from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.points import Writer
 from probe.hooks.types import AttentionInputs, BatchContext, Handler, HookContext
 from probe.inputs import ProbeSet
@@ -531,3 +534,23 @@ def build_method(method: str | AblationMethod, loaded: LoadedModel | None = None
         statistics = head_statistics(loaded, reference, chosen.statistics, per_position=per_position,
                                      batch_size=batch_size)
     return chosen.build(MethodInputs(statistics, seed, value))
+
+
+def ablated(model: nn.Module, ablations: Sequence[Ablation], method: AblationMethod,
+            batch: BatchContext | None = None) -> AbstractContextManager[list[AttentionLayer]]:
+    """Stacked copies of a batch, copy i's ablations[i] replaced by `method` while the `with` runs; then restored."""
+    handler, layers = method.handler(ablations)
+    method.check(attention_layers(model), layers)
+    return attention_hooks(model, {method.point: handler}, layers=layers, batch=batch)
+
+
+@contextmanager
+def ablate(model: nn.Module, heads: Iterable[Head], *, method: str | AblationMethod = "zero",
+           statistics: HeadStatistics | None = None, batch: BatchContext | None = None) -> Iterator[None]:
+    """Ablate `heads` together for the body of the `with` (a method of METHODS, or a method object); `batch`: the
+    batch the body runs (`BatchContext.of(ids, mask)`), which the method is bound to. Restored on exit."""
+    chosen = build_method(method, statistics=statistics).bound_to([] if batch is None else [batch])
+    heads = tuple(heads)
+    check_heads(attention_layers(model), heads)
+    with ablated(model, [heads], chosen, batch):
+        yield

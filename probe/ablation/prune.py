@@ -19,10 +19,9 @@ import torch
 from torch import Tensor
 
 from probe.frames import frame
-from probe.ablation.editor import ablated
 from probe.ablation.estimate import keeping_graph, scaled_gradients
 from probe.ablation.heads import Head, as_column, label, layer_shape
-from probe.ablation.methods import AblationMethod, build_method
+from probe.ablation.methods import AblationMethod, ablated, build_method
 from probe.ablation.metrics import METRICS, Metric, choose_metric, losses
 from probe.ablation.runners import Work, check_probe_set, data_name, require_finite_baseline
 from probe.ablation.sweep import sweep_runner, sweep_units

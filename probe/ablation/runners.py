@@ -15,10 +15,9 @@ import torch
 from torch import Tensor, nn
 
 from probe.ablation.blocks import Blocks, NoPrefix, capture, skip_blocks, stack
-from probe.ablation.editor import ablated
 from probe.ablation.heads import Ablation
 from probe.ablation.logits import CHECK_TOLERANCE, Final, Readout
-from probe.ablation.methods import METHODS, AblationMethod
+from probe.ablation.methods import METHODS, AblationMethod, ablated
 from probe.ablation.metrics import Scorer
 from probe.hooks.run import Source, logits_of, run_model
 from probe.hooks.types import BatchContext

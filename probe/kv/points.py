@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from probe.ablation.editor import ablated
+from probe.ablation.methods import ablated
 from probe.ablation.window import WindowAblation
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import NeedleSet

@@ -10,9 +10,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.ablation.editor import ablated
 from probe.ablation.heads import Head, check_heads
-from probe.ablation.methods import PATCHES, InputPatch
+from probe.ablation.methods import PATCHES, InputPatch, ablated
 from probe.ablation.metrics import choose_metric
 from probe.ablation.runners import batch_contexts
 from probe.ablation.statistics import HeadOutputs, head_outputs
