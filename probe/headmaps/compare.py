@@ -74,13 +74,6 @@ def _overlap(first: set[tuple[int, int]], second: set[tuple[int, int]]) -> dict[
             "only_b": sorted(map(list, second - first))}
 
 
-def _labelled(a: HeadMap, b: HeadMap, threshold: tuple[float, float] | None) -> tuple[HeadMap, HeadMap]:
-    """The maps with the labels compared: their own, or each above its threshold where thresholds are given."""
-    if threshold is None:
-        return a, b
-    return a.with_labels(threshold[0]), b.with_labels(threshold[1])
-
-
 DIFFERENCE, RANKS = "difference", "ranks"  # how B is set against A per head: b - a, or rank B - rank A
 
 
@@ -103,7 +96,8 @@ def compare(a: HeadMap, b: HeadMap, *, top_k: int = TOP_K, group: str | None = N
         raise ProbeError(f"top_k must be at least 1, got {top_k}", parameter="top_k")
     how = measure(a, b, same_kind)
     a, b, conversion = align(a, b, group=group, expand=expand)
-    a, b = _labelled(a, b, threshold)
+    if threshold is not None:  # the labels compared: each map's own, or those above its threshold
+        a, b = a.with_labels(threshold[0]), b.with_labels(threshold[1])
     valid = np.isfinite(a.values) & np.isfinite(b.values)
     if not valid.any():
         raise ProbeError("A and B have no head with a value in both: nothing to compare")

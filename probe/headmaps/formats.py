@@ -74,11 +74,6 @@ def write_map(head_map: HeadMap, path: str | Path, format: str, settings: dict[s
     return Path(path)
 
 
-def _number(value: float) -> str:
-    """`.18e`: DuoAttention's own form (numpy.savetxt's default), read back as the same float64."""
-    return f"{value:.18e}"
-
-
 def pick_score(fields: list[str], score: str | None, source: Path) -> str:
     """`score` where the file has it, or its only one; else refused, listing the choices."""
     if not fields:
@@ -91,10 +86,6 @@ def pick_score(fields: list[str], score: str | None, source: Path) -> str:
     if len(fields) == 1:
         return fields[0]
     raise ProbeError(f"{source} holds several scores: choose one with score ({', '.join(fields)})", parameter="score")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# JSON: probe's own results and Retrieval_Head's scores
 
 
 def read_json(path: Path) -> Any:
@@ -229,10 +220,6 @@ def _write_retrieval_head(head_map: HeadMap, path: Path, settings: dict[str, Any
     write_atomically(path, json.dumps(scores) + "\n")  # json writes a float as repr: the same float64 back
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# DuoAttention: full_attention_heads.tsv (layers x KV heads) + config.json
-
-
 def _duo_file(path: Path) -> Path:
     return path / DUO_FILE if path.is_dir() else path
 
@@ -258,14 +245,10 @@ def _write_duo(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> None:
         raise ProbeError(f"DuoAttention's map is over KV heads; {head_map.source} is over query heads: group it "
                          "first (HeadMap.to_kv)")
     path.mkdir(parents=True, exist_ok=True)
-    rows = ("\t".join(_number(value) for value in row) + "\n" for row in head_map.values)
+    rows = ("\t".join(f"{value:.18e}" for value in row) + "\n" for row in head_map.values)  # numpy.savetxt's form
     write_atomically(path / DUO_FILE, "".join(rows))
     threshold = head_map.threshold if head_map.threshold is not None else DUO_THRESHOLD
     write_atomically(path / DUO_CONFIG, json.dumps({**settings, "threshold": threshold}) + "\n")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# a TransformerLens-style [n_layers, n_heads] tensor or array: .pt, .npy, or a CSV / TSV matrix
 
 
 def _matrix(path: Path, delimiter: str) -> np.ndarray:
@@ -276,21 +259,19 @@ def _matrix(path: Path, delimiter: str) -> np.ndarray:
         raise ProbeError(f"{path} is not a numeric layers x heads matrix ({first_line(error)})") from None
 
 
-def _load_array(path: Path) -> Any:
-    suffix = path.suffix.lower()
-    if suffix == ".pt":
-        import torch  # only for a .pt file
-
-        return torch.load(path, map_location="cpu", weights_only=True)
-    if suffix == ".npy":
-        return np.load(path, allow_pickle=False)
-    return _matrix(path, "\t" if suffix == ".tsv" else ",")
-
-
 def _read_tensor(path: Path, score: str | None) -> HeadMap:
-    """A [n_layers, n_heads] tensor (TransformerLens' head_detector); a .pt dict holds one score per key."""
+    """A [n_layers, n_heads] tensor (TransformerLens' head_detector): .pt (a dict: one score per key), .npy, or a CSV /
+    TSV matrix."""
+    suffix = path.suffix.lower()
     try:
-        loaded = _load_array(path)
+        if suffix == ".pt":
+            import torch  # only for a .pt file
+
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+        elif suffix == ".npy":
+            loaded = np.load(path, allow_pickle=False)
+        else:
+            loaded = _matrix(path, "\t" if suffix == ".tsv" else ",")
     except ProbeError:
         raise
     except Exception as error:  # torch.load and np.load raise many kinds on a file that is not theirs
@@ -319,10 +300,6 @@ def _write_tensor(head_map: HeadMap, path: Path, settings: dict[str, Any]) -> No
         raise ProbeError(f"{path}: a tensor file ends in .pt, .npy, .csv or .tsv", parameter="path")
 
 
-def _suffix(*suffixes: str) -> Callable[[Path], bool]:
-    return lambda path: is_file(path) and path.suffix.lower() in suffixes
-
-
 register_format(HeadFormat(
     "duo", "KV heads", "DuoAttention: a folder or full_attention_heads.tsv (+ config.json): gate per KV head",
     lambda path: _duo_file(path).name == DUO_FILE and is_file(_duo_file(path)), _read_duo, _write_duo, DUO_CONFIG))
@@ -342,11 +319,8 @@ register_format(HeadFormat(
     _write_retrieval_head))
 register_format(HeadFormat(
     "tensor", "query heads", "a TransformerLens-style [n_layers, n_heads] tensor: .pt, .npy, or a CSV / TSV matrix",
-    _suffix(".pt", ".npy", ".csv", ".tsv"), _read_tensor, _write_tensor))
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Neuronpedia HeadVis: its published head-metrics JSON {"config": ..., "metrics": {name: [[per head] per layer]}}
+    lambda path: is_file(path) and path.suffix.lower() in (".pt", ".npy", ".csv", ".tsv"), _read_tensor,
+    _write_tensor))
 
 
 def _is_neuronpedia_metrics(data: Any) -> bool:
