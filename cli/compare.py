@@ -59,12 +59,6 @@ def _read(path: Path, score: str | None, shared: bool) -> HeadMap:
             raise error from None
 
 
-def _stamp(a: Path, b: Path) -> None:
-    """Every file written records what produced it (no model here: the maps compared)."""
-    stamp_outputs({"probe": version_of(DISTRIBUTION), "python": platform.python_version(),
-                   "command": command_line(), "maps": [str(a), str(b)], "timestamp_utc": utc_now()})
-
-
 def compare(
     a: MapA, b: MapB, score: Score = None, group: Group = None, expand: Expand = False, threshold: MapThresholds = None,
     top: Top = 10, same_kind: SameKind = False, json_path: JsonFile = None, csv_path: CsvFile = None,
@@ -85,6 +79,7 @@ def compare(
     except ProbeError as error:  # the library names its parameters; these are flags here too
         message = str(error).replace(" or expand ", " or --expand ").replace("drop same_kind", "drop --same-kind")
         raise ProbeError(message, parameter=error.parameter) from None
-    _stamp(a, b)
+    stamp_outputs({"probe": version_of(DISTRIBUTION), "python": platform.python_version(),  # no model: the maps
+                   "command": command_line(), "maps": [str(a), str(b)], "timestamp_utc": utc_now()})
     save_results(payload, "compare", json_path, csv_path, html_path, rows=compare_rows, page=compare_page)
     compare_report(payload, console)

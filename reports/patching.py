@@ -72,15 +72,11 @@ def _receiver(receiver: list[int] | str) -> str:
     return receiver if isinstance(receiver, str) else f"{receiver[0]}.{receiver[1]}"
 
 
-def _path_title(paths: dict[str, Any]) -> str:
-    if paths["component"] == "logits":
-        return "Path patching: each sender's direct path into the logits"
-    return f"Path patching: each sender's effect through the receivers' {paths['component']}"
-
-
 def path_report(paths: dict[str, Any], console: Console) -> None:
     """The sender x receiver matrix of path patching's effects."""
-    console.print(Text(_path_title(paths), style="bold"))
+    console.print(Text("Path patching: each sender's direct path into the logits" if paths["component"] == "logits"
+                       else f"Path patching: each sender's effect through the receivers' {paths['component']}",
+                       style="bold"))
     grid = table("sender \\ receiver", *(_receiver(receiver) for receiver in paths["receivers"]))
     for (layer, head), row in zip(paths["senders"], paths["patch_effect"]):
         grid.add_row(f"{layer}.{head}", *(f"{value:+.3f}" for value in row))

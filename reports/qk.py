@@ -61,11 +61,6 @@ def _side(payload: dict[str, Any], values: list[float], top: int) -> str:
     return "  ".join(f"{_name(payload, index)} {values[index]:+.3f}" for index in _largest(values, top))
 
 
-def _groups(view: dict[str, Any], grouping: Literal["kind", "layer"]) -> str:
-    return "  ".join(f"{entry['group']} {entry['query']:+.3f} / {entry['key']:+.3f}"
-                     for entry in view["groups"][grouping])
-
-
 def qk_report(payload: dict[str, Any], console: Console, *, top: int = 10) -> None:
     """Per view: the top pairs, each side's top components, the groups, and the check."""
     console.print(Text(_title(payload), style="bold"),
@@ -79,7 +74,9 @@ def qk_report(payload: dict[str, Any], console: Console, *, top: int = 10) -> No
                             left=("query side", "key side"), title=f"Pairs of {what}", title_justify="left", rows=rows))
         console.print(Text(f"key side: {_side(payload, view['key'], 5)}"))
         console.print(Text(f"query side: {_side(payload, view['query'], 5)}"))
-        console.print(Text(f"by kind (query / key): {_groups(view, 'kind')}", style="dim"))
+        kinds = "  ".join(f"{group['group']} {group['query']:+.3f} / {group['key']:+.3f}"
+                          for group in view["groups"]["kind"])
+        console.print(Text(f"by kind (query / key): {kinds}", style="dim"))
         console.print(Text(_check_line(view, name), style="bold"))
     console.print(Text("Each pair: a query-side component at the query dotted with a key-side component at the key "
                        "(times the scaling), each read through the norm frozen at the run and rotated, where the model "

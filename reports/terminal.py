@@ -82,18 +82,12 @@ def classification_report(payload: dict[str, Any], console: Console, *, max_rows
     print_precision(payload, console)
 
 
-def common_classes(payload: dict[str, Any]) -> dict[str, int]:
-    """The classes on more than COMMON of the heads (sink heads, mostly), drawn light so that the others show."""
-    total = payload["n_layers"] * payload["n_heads"]
-    counts = Counter(name for entry in payload["heads"] for name in entry["labels"])
-    return {name: count for name, count in counts.items() if count > COMMON * total}
-
-
 def overview(payload: dict[str, Any]) -> Group:
     """The legend, then the layer x head grid of label letters, a common class's light and last."""
     classes = payload["classes"]
-    common = common_classes(payload)
     total = payload["n_layers"] * payload["n_heads"]
+    counts = Counter(name for entry in payload["heads"] for name in entry["labels"])
+    common = {name: count for name, count in counts.items() if count > COMMON * total}  # sink heads, mostly
 
     def letter(name: str) -> str:
         known = classes[name]["letter"] if name in classes else name[0].upper()
