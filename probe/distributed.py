@@ -128,10 +128,6 @@ def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_fold
 # the process group
 
 
-def _backend(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
-
-
 @contextmanager
 def process_group(device: torch.device | str | None = None) -> Iterator[Rank | None]:
     """torch.distributed's default group for the `with`, yielding this Rank (None alone); an existing one is kept."""
@@ -148,7 +144,7 @@ def process_group(device: torch.device | str | None = None) -> Iterator[Rank | N
     if device.type == "cuda":
         torch.cuda.set_device(device)
     try:
-        dist.init_process_group(_backend(device), timeout=TIMEOUT)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=TIMEOUT)
     except (RuntimeError, ValueError) as error:
         first = first_line(error) or type(error).__name__
         raise ProbeError(f"cannot join the torchrun job: {first}") from error
@@ -207,21 +203,19 @@ def _finished(results_path: Path) -> tuple[dict[str, Any] | None, list[HeadResul
     return header, entries, read
 
 
-def _share_finished(results_path: Path, mine: Path) -> int:
+def _share_finished(results_path: Path, mine: Path) -> None:
     """Pool what every process sees into this process's shard, so the rank owning a finished chunk skips it."""
     header, entries, read = _finished(results_path)
     pooled = gather((header, [entry.to_dict() for entry in entries], read))
     headers = [(h, files) for h, _, files in pooled if h is not None]
     if not headers:
-        return 0
+        return
     first, first_files = headers[0]
     for other, files in headers[1:]:
         if other.get("fingerprint") != first.get("fingerprint"):
             raise ProbeError(f"cannot resume: {files[0]} and {first_files[0]} hold different sweeps (model, data or "
                              "method); remove the stale files or start over without resume", parameter="resume")
-    seen = _merged(found for _, found, _ in pooled)
-    write_stream(mine, first, seen)
-    return len(seen)
+    write_stream(mine, first, _merged(found for _, found, _ in pooled))
 
 
 def _merged(entry_lists: Any) -> list[HeadResult]:
@@ -245,13 +239,6 @@ def _alone(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
     for shard in shards:
         shard.unlink(missing_ok=True)
     return result
-
-
-def _remove_stale_shards(results_path: Path, world_size: int) -> None:
-    """Shards of an earlier, larger job would be merged into a later resumed run: remove them."""
-    for stale in shard_paths(results_path):
-        if int(stale.name.rpartition(".shard-")[2]) >= world_size:
-            stale.unlink(missing_ok=True)
 
 
 def _gathered(result: AblationResult, ablations: list[Any]) -> tuple[dict[Any, HeadResult], set[str]]:
@@ -291,8 +278,10 @@ def sharded_sweep(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head
 
         if resume:
             _share_finished(results_path, mine)
-        elif rank.is_main:
-            _remove_stale_shards(results_path, rank.world_size)
+        elif rank.is_main:  # shards of an earlier, larger job would be merged into a later resumed run
+            for stale in shard_paths(results_path):
+                if int(stale.name.rpartition(".shard-")[2]) >= rank.world_size:
+                    stale.unlink(missing_ok=True)
         result = sweep(loaded, probe_set, heads, groups=groups, mode=mode, results_path=mine, resume=resume,
                        shard=(rank.rank, rank.world_size), **options)
         merged, paths = _gathered(result, ablations)

@@ -19,9 +19,8 @@ import torch
 from torch import Tensor
 
 from probe.frames import frame, head_name, record_rows
-from probe.ablation.blocks import keeping_outputs, skip_blocks
+from probe.ablation.blocks import CHECK_TOLERANCE, keeping_outputs, skip_blocks
 from probe.ablation.heads import Head
-from probe.ablation.logits import CHECK_TOLERANCE
 from probe.ablation.methods import AblationMethod, build_method
 from probe.ablation.runners import batch_contexts
 from probe.errors import ProbeError
@@ -32,6 +31,7 @@ from probe.hooks.types import BatchContext, HookContext
 from probe.inputs import ContrastSet, ProbeSet
 from probe.models import LoadedModel
 from probe.progress import ProgressArg, callback, reports
+from probe.provenance import model_dtype
 from probe.residual import (FrozenNorm, Recording, Structure, Targets, check_stream, final_read, head_shares,
                             mlp_shares, model_structure, one_head_count, record_writes)
 from probe.schemas.base import Field
@@ -360,9 +360,9 @@ def _result(loaded: LoadedModel, source: str, metric: str, method: str,
     sums, heads, reference, path = measured
     n = sums.points
     unit = LOGIT_DIFF if metric == LOGIT_DIFF else "logit of the next token"
-    return SelfRepair(loaded.name, source, metric, method, str(next(loaded.model.parameters()).dtype).replace(
-        "torch.", ""), n, heads, sums.total / n, sums.direct / n, sums.by_mlps / n, sums.by_norm / n,
-        sums.compensation / n, reference=reference, top=top, unit=unit, path=path)
+    return SelfRepair(loaded.name, source, metric, method, model_dtype(loaded), n, heads, sums.total / n,
+                      sums.direct / n, sums.by_mlps / n, sums.by_norm / n, sums.compensation / n, reference=reference,
+                      top=top, unit=unit, path=path)
 
 
 @reports("self-repair")

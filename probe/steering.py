@@ -32,9 +32,6 @@ from probe.inputs import ProbeSet
 from probe.models import LoadedModel
 from probe.provenance import model_dtype
 
-Settings = Mapping[str, float] | Mapping[Head, float]
-
-
 def intervention_named(name: str, value: float) -> AblationMethod:
     """The registered intervention `name` (one of `steerable()`) made with `value`, its `parameter`."""
     chosen = method_class(name)
@@ -49,7 +46,8 @@ def steerable() -> list[str]:
     return [name for name, method in METHODS.items() if method.parameter is not None]
 
 
-def steer(model: nn.Module | LoadedModel, scales: Settings, intervention: str = "scale") -> Trace:
+def steer(model: nn.Module | LoadedModel, scales: Mapping[str, float] | Mapping[Head, float],
+          intervention: str = "scale") -> Trace:
     """Heads intervened on while the `with` runs: `scales` maps heads ("23.3", "5.*", or (layer, head)) to the
     intervention's value; restored exactly on exit."""
     module = model if isinstance(model, nn.Module) else model.model

@@ -118,11 +118,8 @@ Index = Annotated[int, Field(ge=0, le=1_000_000)]
 HeadPair = Annotated[list[Index], Field(min_length=2, max_length=2)]
 
 
-class Body(BaseModel):
+class TextBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class TextBody(Body):
     text: Text
 
 
