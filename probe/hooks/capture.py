@@ -15,7 +15,7 @@ from probe.hooks.families import install_custom, install_family
 from probe.hooks.hf import count_calls_per_forward, install_hf, switch_implementation
 from probe.hooks.layers import AttentionLayer, attention_layers
 from probe.hooks.mha import install_mha
-from probe.hooks.points import POINTS, fire_blocked, point_named, refusal
+from probe.hooks.points import POINTS, point_named, refusal
 from probe.hooks.restore import restoring
 from probe.hooks.run import Source, run_model
 from probe.hooks.types import BatchContext, BlockedHandler, Handler, HookContext, LayerHooks, TensorHandler, Undo
@@ -57,8 +57,8 @@ def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = Non
         for layer in chosen:  # told only once nothing can be refused any more
             fired = per_layer[layer.index]
             if "blocked" in fired and any(POINTS[name].fallback and name not in fired for name in handlers):
-                fire_blocked([cast(BlockedHandler, fired["blocked"])], layer.index,
-                             f"attention computed inside the module ({layer.kind} layer)")
+                cast(BlockedHandler, fired["blocked"])(f"attention computed inside the module ({layer.kind} layer)",
+                                                       HookContext(layer.index, "blocked", batch=batch))
         yield found
 
 

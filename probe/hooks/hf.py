@@ -13,7 +13,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from probe.hooks.blocked import OnBlock, blocked_attention
-from probe.hooks.points import fire_blocked, fire_heads, fire_inputs, fire_statistics, fire_weights, fires
+from probe.hooks.points import fire_heads, fire_inputs, fire_statistics, fire_weights, fires
 from probe.hooks.restore import put_back, restoring
 from probe.hooks.transformers_api import (has_implementation, implementation, own_attention, register_attention,
                                           set_implementation, structure_of)
@@ -78,7 +78,8 @@ def _from_lse(module: nn.Module, inputs: AttentionInputs, hooks: LayerHooks, kwa
                              _causal(module, kwargs.get("is_causal"), mask), inputs.softcap, inputs.sinks, dropout)
     backend, problem = backend_for(call)
     if backend is None:
-        fire_blocked(hooks.of("blocked"), hooks.layer, problem)
+        for handler in hooks.of("blocked"):  # why the layer runs the blocked path instead
+            handler(problem, hooks.context("blocked"))
         return None
     if structure is None:
         call = replace(call, bias=additive_bias(mask, inputs.position_bias, query.dtype))

@@ -6,15 +6,14 @@ lays them out (`k` and `v` with the key/value heads)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from probe.errors import ProbeError
-from probe.hooks.types import (AttentionInputs, BlockedHandler, HookContext, InputsHandler, LayerHooks,
-                               StatisticsHandler, TensorHandler)
+from probe.hooks.types import AttentionInputs, HookContext, InputsHandler, LayerHooks, StatisticsHandler, TensorHandler
 
 if TYPE_CHECKING:
     from probe.kernels.base import FusedStatistics
@@ -144,13 +143,6 @@ def fire_statistics(hooks: LayerHooks, statistics: FusedStatistics, inputs: Atte
     handler: StatisticsHandler
     for handler in hooks.of("lse"):
         handler(statistics, ctx)
-
-
-def fire_blocked(handlers: Iterable[BlockedHandler], layer: int, reason: str) -> None:
-    """The `blocked` point: why a layer whose `lse` was asked for runs the blocked path."""
-    ctx = HookContext(layer, "blocked")
-    for handler in handlers:
-        handler(reason, ctx)
 
 
 def fires(hooks: LayerHooks, site: str) -> bool:

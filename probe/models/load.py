@@ -136,18 +136,6 @@ def _placement(device: str | None, device_map: DeviceMap | None, offload_folder:
         "max_memory": max_memory}
 
 
-def _load_folder(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
-                 trust_remote_code: bool) -> tuple[nn.Module, Any]:
-    if spec.endswith(".py"):
-        raise ProbeError(f"{spec} is a Python file: give FILE.py:FUNCTION, where FUNCTION() returns the model (an "
-                         "nn.Module, or (nn.Module, tokenizer)); probe imports and runs that file", parameter="spec")
-    if not (Path(spec) / "config.json").is_file():
-        raise ProbeError(f"{spec} is not a Hugging Face model folder (no config.json); "
-                         f"known aliases: {', '.join(ALIASES)}", parameter="spec")
-    return (from_pretrained(spec, dtype, placement, trust_remote_code=trust_remote_code),
-            load_tokenizer(spec, trust_remote_code=trust_remote_code))
-
-
 def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
               trust_remote_code: bool, revision: str | None = None) -> tuple[nn.Module, Any]:
     """The loader that `spec` names, by its form; `revision` (a branch, tag or commit) for hub ids only."""
@@ -166,16 +154,22 @@ def _dispatch(spec: str, dtype: torch.dtype, placement: dict[str, Any] | None,
         if not Path(spec).is_file():
             raise ProbeError(f"GGUF file not found: {spec}", parameter="spec")
         return load_gguf(Path(spec), dtype, placement)
-    if Path(spec).exists():
-        return _load_folder(spec, dtype, placement, trust_remote_code)
-    if _is_hub_id(spec):
-        where = {} if revision is None else {"revision": revision}
-        return (from_pretrained(spec, dtype, placement, trust_remote_code=trust_remote_code, **where),
-                load_tokenizer(spec, trust_remote_code=trust_remote_code, **where))
-    if "/" in spec or spec.startswith(".") or spec.endswith(".py"):
-        raise ProbeError(f"model path not found: {spec}", parameter="spec")
-    raise ProbeError(f"unknown model {spec!r}: use an alias ({', '.join([*ALIASES, *HUB_ALIASES])}), a model "
-                     "folder, a .gguf file, a hub id like org/name, or FILE.py:FUNCTION", parameter="spec")
+    if Path(spec).exists():  # a folder
+        if spec.endswith(".py"):
+            raise ProbeError(f"{spec} is a Python file: give FILE.py:FUNCTION, where FUNCTION() returns the model "
+                             "(an nn.Module, or (nn.Module, tokenizer)); probe imports and runs that file",
+                             parameter="spec")
+        if not (Path(spec) / "config.json").is_file():
+            raise ProbeError(f"{spec} is not a Hugging Face model folder (no config.json); "
+                             f"known aliases: {', '.join(ALIASES)}", parameter="spec")
+    elif not _is_hub_id(spec):
+        if "/" in spec or spec.startswith(".") or spec.endswith(".py"):
+            raise ProbeError(f"model path not found: {spec}", parameter="spec")
+        raise ProbeError(f"unknown model {spec!r}: use an alias ({', '.join([*ALIASES, *HUB_ALIASES])}), a model "
+                         "folder, a .gguf file, a hub id like org/name, or FILE.py:FUNCTION", parameter="spec")
+    where = {} if revision is None else {"revision": revision}  # a folder has none
+    return (from_pretrained(spec, dtype, placement, trust_remote_code=trust_remote_code, **where),
+            load_tokenizer(spec, trust_remote_code=trust_remote_code, **where))
 
 
 def loading_words(spec: str) -> str:
