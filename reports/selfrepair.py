@@ -33,10 +33,6 @@ def _covered(row: dict[str, Any]) -> str:
                      for entry in row["compensating"]) or "-"
 
 
-def _share(value: float | None) -> str:
-    return "" if value is None else f"{value:.0%}"
-
-
 def _title(section: dict[str, Any]) -> str:
     return (f"Self-repair of {section['model']}: {section['method']} ablation, {section['metric']} "
             f"({section['points']} points; {section['dtype']}; largest |direct| first)")
@@ -45,8 +41,9 @@ def _title(section: dict[str, Any]) -> str:
 def _rows(section: dict[str, Any], top: int) -> list[list[str]]:
     """The `top` ablated heads by |direct| effect, in HEADER's columns."""
     return [[short_label(row["layer"], row["head"]), f"{row['total']:+.3f}", f"{row['direct']:+.3f}",
-             f"{row['self_repair']:+.3f}", _share(row["repaired"]), f"{row['by_heads']:+.3f}",
-             f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row)] for row in section["heads"][:top]]
+             f"{row['self_repair']:+.3f}", "" if row["repaired"] is None else f"{row['repaired']:.0%}",
+             f"{row['by_heads']:+.3f}", f"{row['by_mlps']:+.3f}", f"{row['by_norm']:+.3f}", _covered(row)]
+            for row in section["heads"][:top]]
 
 
 def self_repair_report(section: dict[str, Any], console: Console, *, top: int = TOP) -> None:

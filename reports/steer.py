@@ -27,15 +27,10 @@ def _measure(payload: dict[str, Any]) -> str:
     return str(payload.get("measure") or payload["metric"])
 
 
-def _parameter(payload: dict[str, Any]) -> str:
-    """What the intervention's values are (scale's alpha)."""
-    return str(payload["parameter"])
-
-
 def header_line(payload: dict[str, Any], flag: str = "--values") -> str:
     """The report's first line, at most HEADER characters (the model by its file's name where its path is too
     long)."""
-    what = (f": {_measure(payload)} at each of {flag} ({payload['intervention']}'s {_parameter(payload)})"
+    what = (f": {_measure(payload)} at each of {flag} ({payload['intervention']}'s {payload['parameter']})"
             if payload["curves"] else "")
     line = f"Steering heads of {payload['model']}{what}"
     if len(line) > HEADER:
@@ -50,7 +45,7 @@ def details(payload: dict[str, Any]) -> list[tuple[str, str]]:
     reads = (f"the {measure} itself, higher = more of the behaviour (the metric {metric} is minus it: "
              f"{payload['metric_description']})" if measure != metric else f"{metric}, {payload['metric_description']}")
     return [("input", str(payload["data"])), ("measured", reads),
-            ("intervention", f"{payload['intervention']}, its {_parameter(payload)} set to each value"),
+            ("intervention", f"{payload['intervention']}, its {payload['parameter']} set to each value"),
             ("as it is", _number(payload["baseline"]) + (f"; {figures}" if figures else ""))]
 
 
@@ -108,7 +103,7 @@ def steer_report(payload: dict[str, Any], console: Console, *, top: int = 15, fl
         console.print(_curve_table(payload, flag))
     find, generated = payload.get("find"), payload.get("generations")
     if find:
-        console.print(Text(f"Every head alone under {payload['intervention']} at {_parameter(payload)} "
+        console.print(Text(f"Every head alone under {payload['intervention']} at {payload['parameter']} "
                            f"{find['setting']:g}, largest change first ({find['path']})", style="bold"))
         console.print(_find_table(payload, find, top, flag))
     if generated:
@@ -133,7 +128,7 @@ def steer_data(payload: dict[str, Any]) -> dict[str, Any]:
         "setting": find["setting"],
         "labels": [plotly_text(short_label(e["layer"], e["head"], names)) for e in find["ranking"][:30]],
         "delta": [e["delta"] for e in find["ranking"][:30]]}
-    return {"metric": plotly_text(_measure(payload)), "parameter": plotly_text(_parameter(payload)),
+    return {"metric": plotly_text(_measure(payload)), "parameter": plotly_text(str(payload["parameter"])),
             "intervention": plotly_text(str(payload["intervention"])), "baseline": payload["baseline"],
             "lines": lines, "bars": bars}
 
@@ -147,7 +142,7 @@ def _generation_rows(payload: dict[str, Any]) -> str:
                    for head, value, text in _generations(payload, generated))
     return (f"<h2>Greedy continuations of <q>{esc(generated['prompt'])}</q></h2>"
             '<table class="probe-static-table probe-steer-generations"><tr><th>head</th>'
-            f"<th>{esc(_parameter(payload))}</th>"
+            f"<th>{esc(payload['parameter'])}</th>"
             f"<th>continuation ({generated['max_new_tokens']} tokens)</th></tr>{body}</table>")
 
 
@@ -157,7 +152,7 @@ def steer_page(payload: dict[str, Any]) -> str:
     measure = _measure(payload)
     rows = [("model", str(payload["model"])), ("dtype", str(payload.get("dtype"))), ("data", str(payload["data"])),
             *details(payload)]
-    parameter = _parameter(payload)
+    parameter = str(payload["parameter"])  # what the values are: scale's alpha
     summary = static_summary(f"{measure} against {parameter}",
                              ["head", *(f"{parameter} {v:g}" for v in payload["values"])],
                              [[line["label"], *(_number(v) for v in line["value"])] for line in data["lines"]])
