@@ -1,2 +1,1 @@
-"""Find a model's attention layers and hook them, one module per job (docs/architecture.md lists them); `probe`
-re-exports the names most scripts need."""
+"""Find a model's attention layers and hook them, one module per job (docs/architecture.md lists them)."""

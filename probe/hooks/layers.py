@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 from probe.errors import ProbeError
-from probe.hooks.families import (Family, family_candidates, family_of, family_shape, is_custom_attention,
-                                  returns_head_weights)
+from probe.hooks.families import family_candidates, family_of, family_shape, is_custom_attention, returns_head_weights
 from probe.hooks.hf import is_hf_model, recording_layers
 from probe.hooks.restore import restoring
 from probe.hooks.run import run_model
@@ -88,11 +87,6 @@ def _called_in_order(model: nn.Module, candidates: list[nn.Module]) -> list[tupl
     return calls
 
 
-def _family_layers(model: nn.Module, family: Family) -> list[AttentionLayer]:
-    calls = _first_calls(_called_in_order(model, family_candidates(model, family)))
-    return [AttentionLayer(index, module, "family", *family_shape(module)) for index, (module, _) in enumerate(calls)]
-
-
 def _module_layers(model: nn.Module) -> list[AttentionLayer]:
     """nn.MultiheadAttention and textbook modules that return (output, weights (b, num_heads, n, kv))."""
     candidates = [m for m in model.modules() if isinstance(m, nn.MultiheadAttention) or is_custom_attention(m)]
@@ -117,7 +111,9 @@ def attention_layers(model: nn.Module) -> list[AttentionLayer]:
         raise ProbeError(encoder_decoder_refusal(config.model_type))
     family = family_of(model)
     if family is not None:
-        layers = _family_layers(model, family)
+        calls = _first_calls(_called_in_order(model, family_candidates(model, family)))
+        layers = [AttentionLayer(index, module, "family", *family_shape(module)) for index, (module, _) in
+                  enumerate(calls)]
     else:
         layers = _hf_layers(model) if is_hf_model(model) else _module_layers(model)
     if not layers:

@@ -36,19 +36,6 @@ def _import_file(file: str) -> Any:
     return module
 
 
-def _checked(spec: str, result: Any) -> tuple[nn.Module, Any | None]:
-    """FUNCTION()'s result as (model, tokenizer or None), or one line saying what it should have been."""
-    tokenizer = None
-    if isinstance(result, tuple):
-        if len(result) != 2:
-            raise ProbeError(f"{spec}() must return an nn.Module or (nn.Module, tokenizer), got a tuple of "
-                             f"{len(result)}")
-        result, tokenizer = result
-    if not isinstance(result, nn.Module):
-        raise ProbeError(f"{spec}() must return an nn.Module or (nn.Module, tokenizer), got {type(result).__name__}")
-    return result, tokenizer
-
-
 def load_custom(spec: str) -> tuple[nn.Module, Any | None]:
     """`FILE.py:FUNCTION`: FUNCTION() returns an nn.Module or (nn.Module, tokenizer)."""
     file, _, function = spec.rpartition(":")
@@ -59,5 +46,13 @@ def load_custom(spec: str) -> tuple[nn.Module, Any | None]:
         result = factory()
     except Exception as error:
         raise ProbeError(f"{spec}() raised {type(error).__name__}: {error}") from error
-    return _checked(spec, result)
+    tokenizer = None
+    if isinstance(result, tuple):
+        if len(result) != 2:
+            raise ProbeError(f"{spec}() must return an nn.Module or (nn.Module, tokenizer), got a tuple of "
+                             f"{len(result)}")
+        result, tokenizer = result
+    if not isinstance(result, nn.Module):
+        raise ProbeError(f"{spec}() must return an nn.Module or (nn.Module, tokenizer), got {type(result).__name__}")
+    return result, tokenizer
 

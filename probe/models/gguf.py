@@ -106,25 +106,17 @@ def _write_cache(cached: Path, model: nn.Module, tokenizer: Any) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _from_cache(cached: Path, dtype: torch.dtype, placement: dict[str, Any] | None) -> tuple[nn.Module, Any] | None:
-    if not (cached / "config.json").is_file():
-        return None
-    try:
-        return from_pretrained(str(cached), dtype, placement), load_tokenizer(str(cached))
-    except ProbeError:
-        raise
-    except Exception:  # a broken cache entry is rebuilt, never trusted
-        shutil.rmtree(cached, ignore_errors=True)
-        return None
-
-
 def load_gguf(gguf: Path, dtype: torch.dtype = torch.float32,
               placement: dict[str, Any] | None = None) -> tuple[nn.Module, Any]:
     """Load a GGUF file, dequantised and cached; with a device map `placement`, from the cached folder."""
     cached = _cache_dir(gguf)
-    found = _from_cache(cached, dtype, placement)
-    if found is not None:
-        return found
+    if (cached / "config.json").is_file():
+        try:
+            return from_pretrained(str(cached), dtype, placement), load_tokenizer(str(cached))
+        except ProbeError:
+            raise
+        except Exception:  # a broken cache entry is rebuilt, never trusted
+            shutil.rmtree(cached, ignore_errors=True)
     model, tokenizer = _dequantise(gguf)
     _write_cache(cached, model, tokenizer)
     if placement and placement.get("device_map") is not None and (cached / "config.json").is_file():

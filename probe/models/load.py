@@ -97,23 +97,20 @@ def check_device(device: str | None) -> None:
         parsed = torch.device(device)
     except RuntimeError as error:
         raise ProbeError(f"device {device!r} is not a device: use cpu, cuda or cuda:N", parameter="device") from error
+    if parsed.type == "cuda" and not torch.cuda.is_available() and torch.version.cuda is None:
+        release = torch.__version__.split("+")[0]
+        raise ProbeError(f"device {device!r} needs CUDA, but the installed torch {torch.__version__} is a CPU-only "
+                         f"build: install a CUDA build of torch, e.g. pip install torch=={release} --index-url "
+                         "https://download.pytorch.org/whl/cu128 (cu128: CUDA 12.8; pick the one your NVIDIA driver "
+                         "supports at https://pytorch.org/get-started/locally/), or run on the CPU (cpu)",
+                         parameter="device")
     if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise ProbeError(_no_cuda(device), parameter="device")
+        raise ProbeError(f"device {device!r} asks for a GPU, but torch {torch.__version__} (CUDA {torch.version.cuda}) "
+                         "sees none: check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or run on the CPU (cpu)",
+                         parameter="device")
     if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
         raise ProbeError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPU(s), numbered "
                          "from 0", parameter="device")
-
-
-def _no_cuda(device: str) -> str:
-    """Why `device` (a CUDA one) cannot be used here, and what to do."""
-    if torch.version.cuda is None:
-        release = torch.__version__.split("+")[0]
-        return (f"device {device!r} needs CUDA, but the installed torch {torch.__version__} is a CPU-only build: "
-                f"install a CUDA build of torch, e.g. pip install torch=={release} --index-url "
-                "https://download.pytorch.org/whl/cu128 (cu128: CUDA 12.8; pick the one your NVIDIA driver supports "
-                "at https://pytorch.org/get-started/locally/), or run on the CPU (cpu)")
-    return (f"device {device!r} asks for a GPU, but torch {torch.__version__} (CUDA {torch.version.cuda}) sees none: "
-            "check the driver (nvidia-smi) and CUDA_VISIBLE_DEVICES, or run on the CPU (cpu)")
 
 
 def _placement(device: str | None, device_map: DeviceMap | None, offload_folder: str | Path | None,

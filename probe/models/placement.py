@@ -99,13 +99,6 @@ def input_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _blocks(model: nn.Module) -> list[str]:
-    """Classes accelerate must not split across devices in a custom model: the items of its ModuleLists."""
-    names = {type(child).__name__ for module in model.modules() if isinstance(module, nn.ModuleList)
-             for child in module}
-    return sorted(names | set(getattr(model, "_no_split_modules", None) or []))
-
-
 def placed(model: nn.Module, dtype: torch.dtype, placement: dict[str, Any] | None) -> nn.Module:
     """A model in memory cast to `dtype`, and placed with accelerate's hooks where a device map is given; a strategy
     keeps every nn.ModuleList item whole (a custom forward may add tensors computed inside one block)."""
@@ -117,8 +110,10 @@ def placed(model: nn.Module, dtype: torch.dtype, placement: dict[str, Any] | Non
     from accelerate import dispatch_model, infer_auto_device_map
     from accelerate.utils import get_balanced_memory
 
-    if isinstance(device_map, str):
-        no_split = _blocks(model)
+    if isinstance(device_map, str):  # accelerate must not split the items of its ModuleLists
+        blocks = {type(child).__name__ for module in model.modules() if isinstance(module, nn.ModuleList)
+                  for child in module}
+        no_split = sorted(blocks | set(getattr(model, "_no_split_modules", None) or []))
         if device_map in ("auto", "balanced", "balanced_low_0"):
             max_memory = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=no_split,
                                              low_zero=device_map == "balanced_low_0")
