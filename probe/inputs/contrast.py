@@ -15,7 +15,7 @@ from probe.errors import ProbeError
 from probe.overflow import forwards, require_finite
 from probe.models import LoadedModel
 from probe.inputs.sets import ProbeOptions, bos_ids, check_context, register_probe_set, right_padded
-from probe.inputs.tasks import TaskItem, ioi_draws, json_lines, not_single_token, sva_draws, task_tokens
+from probe.inputs.tasks import TaskItem, ioi_draws, json_lines, not_single_token, sva_draws, task_tokens, text_fields
 
 CONTRAST_KEYS = ("clean", "corrupt", "answer", "distractor")
 MIN_GAP = 0.05
@@ -58,17 +58,6 @@ class ContrastSet:
         return self.clean.shape[0]
 
 
-def _checked_pair(row: object, where: str) -> ContrastPair:
-    if not isinstance(row, dict):
-        raise ProbeError(f"{where}: a pairs row is a JSON object, not {type(row).__name__}")
-    missing = [key for key in CONTRAST_KEYS if key not in row]
-    if missing:
-        raise ProbeError(f"{where}: no {missing[0]!r}; a row holds clean, corrupt, answer and distractor")
-    if not all(isinstance(row[key], str) and row[key] for key in CONTRAST_KEYS):
-        raise ProbeError(f"{where}: clean, corrupt, answer and distractor must be non-empty strings")
-    return ContrastPair(*(row[key] for key in CONTRAST_KEYS))
-
-
 def _problem(loaded: LoadedModel, pair: ContrastPair) -> str | None:
     """Why a pair cannot be used as it is for this model (None: it can)."""
     why = not_single_token(loaded, TaskItem(pair.clean, answer=pair.answer, distractor=pair.distractor))
@@ -106,7 +95,7 @@ def read_contrast_pairs(loaded: LoadedModel, path: str | Path) -> ContrastSet:
     pairs = []
     for where, row in json_lines(path, "pairs file", "give a .jsonl file of clean/corrupt/answer/distractor rows",
                                  "pairs"):
-        pair = _checked_pair(row, where)
+        pair = ContrastPair(*text_fields(row, where, "pairs", CONTRAST_KEYS))
         why = _problem(loaded, pair)
         if why is not None:
             raise ProbeError(f"{where}: {why}")

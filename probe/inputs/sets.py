@@ -99,24 +99,17 @@ def is_encoder(loaded: LoadedModel) -> bool:
                    if layer.kind == "hf")
 
 
-def _special_ids(loaded: LoadedModel) -> set[int]:
-    ids: set[int] = set()
+def random_tokens(loaded: LoadedModel, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
+    """Uniform random token ids that are not special tokens (the tokenizer's or the config's)."""
+    special: set[int] = set()
     if loaded.tokenizer is not None:
-        ids.update(int(i) for i in getattr(loaded.tokenizer, "all_special_ids", []) if i is not None)
+        special.update(int(i) for i in getattr(loaded.tokenizer, "all_special_ids", []) if i is not None)
     config = getattr(loaded.model, "config", None)
     for name in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "sep_token_id", "cls_token_id"):
         value = getattr(config, name, None)
-        for item in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(item, int):
-                ids.add(item)
-    return ids
-
-
-def random_tokens(loaded: LoadedModel, shape: tuple[int, ...], generator: torch.Generator) -> Tensor:
-    """Uniform random token ids that are not special tokens."""
-    special = sorted(i for i in _special_ids(loaded) if 0 <= i < loaded.vocab_size)
+        special.update(i for i in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(i, int))
     allowed = torch.ones(loaded.vocab_size, dtype=torch.bool)
-    allowed[special] = False
+    allowed[sorted(i for i in special if 0 <= i < loaded.vocab_size)] = False
     pool = allowed.nonzero().squeeze(1)
     if len(pool) == 0:
         raise ProbeError("the model's vocabulary has no ordinary tokens to sample")

@@ -33,19 +33,23 @@ class TaskItem:
     distractor: str | None = None
 
 
-def _item(row: Any, where: str) -> TaskItem:
+def text_fields(row: Any, where: str, kind: str, keys: tuple[str, ...], holds: str | None = None) -> list[str]:
+    """The non-empty strings `keys` of a JSON-lines row, refused naming its line (`holds`: what a row holds)."""
+    names = f"{', '.join(keys[:-1])} and {keys[-1]}"
     if not isinstance(row, dict):
-        raise ProbeError(f"{where}: a task row is a JSON object, not {type(row).__name__}")
-    keys = PAIR_KEYS if "sentence_good" in row or "sentence_bad" in row else PROMPT_KEYS
+        raise ProbeError(f"{where}: a {kind} row is a JSON object, not {type(row).__name__}")
     missing = [key for key in keys if key not in row]
     if missing:
-        raise ProbeError(f"{where}: no {missing[0]!r}; a row holds sentence_good and sentence_bad, or prompt, answer "
-                         "and distractor")
+        raise ProbeError(f"{where}: no {missing[0]!r}; a row holds {holds or names}")
     if not all(isinstance(row[key], str) and row[key] for key in keys):
-        raise ProbeError(f"{where}: {', '.join(keys)} must be non-empty strings")
-    if keys == PAIR_KEYS:
-        return TaskItem(row["sentence_good"], row["sentence_bad"])
-    return TaskItem(row["prompt"], answer=row["answer"], distractor=row["distractor"])
+        raise ProbeError(f"{where}: {names} must be non-empty strings")
+    return [row[key] for key in keys]
+
+
+def _item(row: Any, where: str) -> TaskItem:
+    keys = PAIR_KEYS if isinstance(row, dict) and ("sentence_good" in row or "sentence_bad" in row) else PROMPT_KEYS
+    texts = text_fields(row, where, "task", keys, "sentence_good and sentence_bad, or prompt, answer and distractor")
+    return TaskItem(*texts) if keys == PAIR_KEYS else TaskItem(texts[0], answer=texts[1], distractor=texts[2])
 
 
 def json_lines(path: str | Path, what: str, hint: str, parameter: str) -> list[tuple[str, Any]]:
@@ -198,8 +202,6 @@ def _rows(loaded: LoadedModel, item: TaskItem, bos: list[int]) -> list[tuple[lis
 
 def task_items(loaded: LoadedModel, task: str | Path, count: int, seed: int) -> tuple[list[TaskItem], str, list[str]]:
     """(items, source, drops) of a task of TASKS or a file; generated items not single tokens are dropped."""
-    if loaded.tokenizer is None:
-        raise ProbeError("a task set needs the model's tokenizer (this model has none)", parameter="task")
     if str(task) in TASKS:
         items, source = TASKS[str(task)](count, seed), f"{task}: generated, {count} items, seed {seed}"
         reasons = [not_single_token(loaded, item) for item in items]
