@@ -64,11 +64,6 @@ class Activity:
         return (self.norms * mask).sum(dim=(0, 1)) / mask.sum().clamp(min=1)
 
 
-def _output_matrices(loaded: LoadedModel) -> list[Tensor]:
-    """Per layer, (heads, head_dim, d_model) float32 W_O: a head's output is its slice times its rows."""
-    return [layer_weights(loaded.model, layer).W_O.float() for layer in attention_layers(loaded.model)]
-
-
 def activity(loaded: LoadedModel, probe_set: ProbeSet, batch_size: int = 8, step: Step | None = None) -> Activity:
     """The first pass: every head's output norm and largest non-first attention at every position."""
     layers = attention_layers(loaded.model)
@@ -76,7 +71,7 @@ def activity(loaded: LoadedModel, probe_set: ProbeSet, batch_size: int = 8, step
     heads = max(layer.n_heads for layer in layers)
     norms = torch.zeros(rows, length, len(layers), heads)
     nonfirst = torch.zeros(rows, length, len(layers), heads)
-    outputs = _output_matrices(loaded)
+    outputs = [layer_weights(loaded.model, layer).W_O.float() for layer in layers]  # (heads, head_dim, d_model) each
     at = [0]
 
     def on_weights(weights: Tensor, ctx: HookContext) -> None:

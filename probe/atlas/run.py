@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from probe.ablation.results import AblationResult
 from probe.ablation.sweep import sweep
@@ -97,13 +97,6 @@ def _results(results_dir: str | Path | None, name: str) -> Path | None:
     return folder / f"{name}.jsonl"
 
 
-def _weights(loaded: LoadedModel, stages: _Stages) -> tuple[Any, Any]:
-    composition = stages.optional("composition", lambda tick: composition_scores(loaded.model, loaded.name,
-                                                                                  progress=tick))
-    copying = stages.optional("copying", lambda tick: copying_scores(loaded.model))
-    return composition, copying
-
-
 @reports("atlas", stages=True)
 def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int = DEFAULT_SEQ_LEN,
           num_seqs: int = DEFAULT_NUM_SEQS, repeat_len: int = DEFAULT_REPEAT_LEN, seed: int = DEFAULT_SEED,
@@ -119,7 +112,9 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
         loaded, data=data, seq_len=seq_len, num_seqs=num_seqs, repeat_len=repeat_len, seed=seed, thresholds=thresholds,
         batch_size=batch_size, progress=tick))
     natural = build_probe_set("natural", loaded, options)
-    composition, copying = _weights(loaded, stages)
+    composition = stages.optional("composition", lambda tick: composition_scores(loaded.model, loaded.name,
+                                                                                  progress=tick))
+    copying = stages.optional("copying", lambda tick: copying_scores(loaded.model))
     ablation = stages.run("ablation", lambda tick: _ablate(
         loaded, natural, fast, batch_size, natural_results, resume, tick),
         "estimated (attribution patching)" if fast else "exact")
@@ -129,8 +124,9 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
         tick), "exact (the estimate does not linearise a task margin)" if fast else "exact")
     examples = stages.optional("examples", lambda tick: head_examples(loaded, natural, batch_size, counter(
         tick, 2 * len(natural.batches(batch_size)))))
-    patterns = stages.run("patterns", lambda tick: {name: _patterns(loaded, build_probe_set(name, loaded, options))
-                                                     for name in _pattern_sets(classes)})
+    patterns = stages.run("patterns", lambda tick: {  # natural first, each head's pattern shown on its label's set
+        name: _patterns(loaded, build_probe_set(name, loaded, options))
+        for name in ["natural"] + sorted(set(classes.probe_sets) - {"natural"})})
     dla = stages.optional("dla", lambda tick: next_token_attribution(loaded, natural.input_ids, natural.attention_mask,
                                                                      batch_size=batch_size))
     repair = None if not self_repair else stages.optional("self_repair", lambda tick: text_self_repair(
@@ -143,7 +139,3 @@ def atlas(loaded: LoadedModel, *, data: str | Path | None = None, seq_len: int =
                 "task": None if task is None else str(task), "natural": natural.to_dict(), "self_repair": self_repair}
     return assemble(loaded, measured, settings, stages.done, patterns)
 
-
-def _pattern_sets(classes: Classification) -> list[str]:
-    """The probe sets the classes were scored on: natural first, each head's pattern shown on its label's set."""
-    return ["natural"] + sorted(set(classes.probe_sets) - {"natural"})
