@@ -44,7 +44,12 @@ def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = Non
         point_named(name)
     found = attention_layers(model)
     chosen = [layer for layer in found if layers is None or layer.index in layers]
-    per_layer = {layer.index: _served(layer, handlers) for layer in chosen}
+    for layer in chosen:  # a point a layer's kind lacks is refused, unless it falls back to `blocked`
+        for name in handlers:
+            if layer.kind not in POINTS[name].kinds and not POINTS[name].fallback:
+                raise ProbeError(refusal(POINTS[name], layer.kind, layer.index))
+    per_layer = {layer.index: {name: handler for name, handler in handlers.items() if layer.kind in POINTS[name].kinds}
+                 for layer in chosen}
     with restoring() as undo:
         if any(layer.kind == "hf" for layer in chosen):
             switch_implementation(model, undo)
@@ -60,18 +65,6 @@ def attention_hooks(model: nn.Module, points: Mapping[str, Handler] | None = Non
                 cast(BlockedHandler, fired["blocked"])(f"attention computed inside the module ({layer.kind} layer)",
                                                        HookContext(layer.index, "blocked", batch=batch))
         yield found
-
-
-def _served(layer: AttentionLayer, handlers: dict[str, Handler]) -> dict[str, Handler]:
-    """The handlers this layer's kind fires; a point it lacks is refused, or left out if it falls back to `blocked`."""
-    served = {}
-    for name, handler in handlers.items():
-        point = POINTS[name]
-        if layer.kind in point.kinds:
-            served[name] = handler
-        elif not point.fallback:
-            raise ProbeError(refusal(point, layer.kind, layer.index))
-    return served
 
 
 def stream_attention(model: nn.Module, input_ids: Tensor, on_weights: TensorHandler, *,

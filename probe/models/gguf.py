@@ -44,21 +44,6 @@ def _damaged(gguf: Path, reason: str) -> ProbeError:
                       "download it again, or reinstall the package that ships it")
 
 
-def _check_file(gguf: Path) -> None:
-    """Read the header and tensor table (memory-mapped, cheap): a cut or foreign file fails here, in one line."""
-    from gguf import GGUFReader
-
-    with gguf.open("rb") as file:
-        if file.read(4) != GGUF_MAGIC:
-            raise _damaged(gguf, "it does not start with the GGUF signature")
-    try:
-        GGUFReader(str(gguf))
-    except (struct.error, EOFError):
-        raise _damaged(gguf, "it ends early") from None
-    except (ValueError, IndexError, KeyError, OSError) as error:
-        raise _damaged(gguf, first_line(error) or type(error).__name__) from error
-
-
 @contextmanager
 def tqdm_bars_off() -> Iterator[None]:
     """tqdm's bars off for the body: transformers' GGUF conversion bar ignores its own progress-bar setting."""
@@ -77,7 +62,17 @@ def _dequantise(gguf: Path) -> tuple[nn.Module, Any]:
     for package in ("gguf", "accelerate"):
         if importlib.util.find_spec(package) is None:
             raise ProbeError(f"loading a .gguf file needs the '{package}' package: pip install {package}")
-    _check_file(gguf)
+    from gguf import GGUFReader
+
+    with gguf.open("rb") as file:  # header and tensor table (memory-mapped, cheap): a cut or foreign file fails here
+        if file.read(4) != GGUF_MAGIC:
+            raise _damaged(gguf, "it does not start with the GGUF signature")
+    try:
+        GGUFReader(str(gguf))
+    except (struct.error, EOFError):
+        raise _damaged(gguf, "it ends early") from None
+    except (ValueError, IndexError, KeyError, OSError) as error:
+        raise _damaged(gguf, first_line(error) or type(error).__name__) from error
     folder, name = str(gguf.parent), gguf.name
     with tqdm_bars_off():
         model = from_pretrained(folder, torch.float32, gguf_file=name)
