@@ -20,7 +20,7 @@ from probe.inputs import DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DEF
 from probe.models import DEFAULT_MODEL, LoadedModel
 from probe.patterns import classification_patterns
 from probe.syntax import read_conllu, syntax_scores
-from probe.syntax.classes import add_syntactic
+from probe.syntax.result import add_syntactic
 from probe.reports.html import classification_page
 from probe.reports.terminal import classification_report, classification_rows
 

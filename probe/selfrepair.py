@@ -144,19 +144,19 @@ def _ablating(method: AblationMethod, layer: int, head: int, batch: BatchContext
 class _Prefix:
     """Whether ablated runs start at the head's block from the clean run's kept outputs (checked once, as in sweeps)."""
 
-    reuse: bool = True
     checked: bool = False
-    reason: str = ""
+    reason: str | None = None  # why the ablated runs are full forwards (None: they start at the head's block)
 
     @property
     def path(self) -> str:
-        return "exact: each ablated run starts at its head's block" if self.reuse else f"full forwards ({self.reason})"
+        return ("exact: each ablated run starts at its head's block" if self.reason is None else
+                f"full forwards ({self.reason})")
 
     def run(self, loaded: LoadedModel, structure: Structure, ids: Tensor, mask: Tensor | None, clean: _Clean,
             edit: Writer, layer: int) -> tuple[Recording, Tensor]:
         """The ablated forward, its writes before the start block taken from the clean run (they are unchanged)."""
         start = structure.blocks.of_layer[layer]
-        if not self.reuse or start == 0:
+        if self.reason is not None or start == 0:
             return _forward(loaded, structure, ids, mask, clean.targets, edit)
         recording, logits = _forward(loaded, structure, ids, mask, clean.targets, edit,
                                      skip={index: clean.kept[start - 1] for index in range(start)})
@@ -165,7 +165,7 @@ class _Prefix:
             full, expected = _forward(loaded, structure, ids, mask, clean.targets, edit)
             gap = float((logits.float() - expected.float()).abs().max())
             if gap > CHECK_TOLERANCE * max(1.0, float(expected.float().abs().max())):
-                self.reuse, self.reason = False, f"starting at a block differs from a full forward by {gap:.3g}"
+                self.reason = f"starting at a block differs from a full forward by {gap:.3g}"
                 return full, expected
         for block in range(start):
             recording.mlp[block] = clean.recording.mlp[block]

@@ -23,7 +23,7 @@ def _classes() -> list[tuple[str, dict]]:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from probe.heads.scores import SCORES
-    from probe.syntax.classes import SYNTACTIC, SYNTACTIC_CLASS
+    from probe.syntax.result import SYNTACTIC, SYNTACTIC_CLASS
 
     scored = [(name, {**score.describe(), "default": score.by_default}) for name, score in SCORES.items()]
     return [*scored, (SYNTACTIC, {**SYNTACTIC_CLASS, "default": False, "default_threshold": None})]

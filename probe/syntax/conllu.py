@@ -31,17 +31,6 @@ class Sentence:
         return [(dep, head, rel) for dep, (head, rel) in enumerate(zip(self.heads, self.relations)) if head != ROOT]
 
 
-def sentence_from_words(words: list[str], spaces: list[bool], heads: list[int], relations: list[str],
-                        where: str) -> Sentence:
-    """The text of words written one after the other, a space after those whose `spaces` is True."""
-    text, spans = "", []
-    for word, space in zip(words, spaces):
-        spans.append((len(text), len(text) + len(word)))
-        text += word + (" " if space else "")
-    end = spans[-1][1] if spans else 0  # the last word's own end: a form ending in a space keeps it
-    return Sentence(words, heads, relations, text[:end], spans, where)
-
-
 def _fail(where: str, message: str) -> NoReturn:
     raise ProbeError(f"{where}: {message}")  # FILE:LINE names the input
 
@@ -61,11 +50,17 @@ def _word(fields: list[str], where: str, expected: int) -> tuple[str, int, str, 
 
 
 def _finish(rows: list[tuple[str, int, str, bool]], where: str, count: int) -> Sentence:
+    """The sentence of its word lines, its text the words written out, a space after those with one after them."""
     heads = [head - 1 if head else ROOT for _, head, _, _ in rows]
     for index, head in enumerate(heads):
         if head >= len(rows):
             _fail(where, f"word {index + 1} names head {head + 1}, but sentence {count} has {len(rows)} words")
-    return sentence_from_words([r[0] for r in rows], [r[3] for r in rows], heads, [r[2] for r in rows], where)
+    text, spans = "", []
+    for word, _, _, space in rows:
+        spans.append((len(text), len(text) + len(word)))
+        text += word + (" " if space else "")
+    end = spans[-1][1] if spans else 0  # the last word's own end: a form ending in a space keeps it
+    return Sentence([r[0] for r in rows], heads, [r[2] for r in rows], text[:end], spans, where)
 
 
 def read_conllu(path: str | Path) -> list[Sentence]:
