@@ -2,7 +2,7 @@
 (query side at t, key side at s), which sum to the model's own score exactly, the norm in front of the attention
 frozen at the run. Each component's query and key come from a copy of the layer run on it (`_Twin`), so rotary,
 grouped-query and parallel blocks are the model's own code. Refused where no exact decomposition exists
-(`config_refusal`, `_refuse_layer`). The pairs are summed into one matrix per view as the rows run, so memory does
+(`config_refusal`, `_target`). The pairs are summed into one matrix per view as the rows run, so memory does
 not grow with the points read; the check is against the model's own scores within its rounding (`_rounding`).
 """
 
@@ -55,22 +55,6 @@ def config_refusal(config: dict[str, Any]) -> str:
         return ("ALiBi adds a position bias to every score outside the query and key: QK attribution reads models "
                 "whose scores are q . k alone")
     return ""
-
-
-def _refuse_layer(model: nn.Module, layer: Any) -> None:
-    config: Any = getattr(model, "config", None)
-    why = config_refusal(config.to_dict()) if hasattr(config, "to_dict") else ""
-    if why:
-        raise ProbeError(why, parameter="model")
-    if layer.kind != "hf":
-        raise ProbeError(f"attention layer {layer.index} ({type(layer.module).__name__}) does not go through "
-                         "transformers' attention interface, where QK attribution reads the queries and keys",
-                         parameter="model")
-    norms = qk_norms(layer.module)
-    if norms:
-        raise ProbeError(f"attention layer {layer.index} normalises its queries and keys ({', '.join(norms)}), a "
-                         "second norm per head and position: QK attribution does not decompose it",
-                         parameter="model")
 
 
 class Component(Payload, frozen=True):
@@ -178,22 +162,9 @@ class _Twin:
                          "interface: QK attribution cannot read them", parameter="model")
 
 
-def _one_head(twin: nn.Module, head: int, kv_head: int, head_dim: int) -> tuple[int, int]:
-    """Where the copy has separate q/k/v linears, keep only the rows of the head and its key/value head (a ninth of
-    the work on SmolLM2); the indices of the two in what the copy hands on."""
-    linears = separate_projections(twin)
-    if linears is None:
-        return head, kv_head
-    for linear, index in zip(linears, (head, kv_head, kv_head)):
-        rows = slice(index * head_dim, (index + 1) * head_dim)
-        linear.weight = nn.Parameter(linear.weight[rows].clone(), requires_grad=False)
-        if linear.bias is not None:
-            linear.bias = nn.Parameter(linear.bias[rows].clone(), requires_grad=False)
-        linear.out_features = head_dim
-    return 0, 0
-
-
 def make_twin(module: nn.Module, dtype: torch.dtype, head: int, kv_head: int, head_dim: int) -> _Twin:
+    """The layer's copy; where it has separate q/k/v linears, it keeps only the rows of the head and its key/value
+    head (a ninth of the work on SmolLM2), which are then the first it hands on."""
     register_attention(CAPTURE, _stop)
     config: Any = getattr(module, "config", None)
     if not has_implementation(config):
@@ -203,7 +174,16 @@ def make_twin(module: nn.Module, dtype: torch.dtype, head: int, kv_head: int, he
     own_config = copy.copy(config)
     set_implementation(own_config, CAPTURE)  # the copy's own config: nothing to switch back
     twin.config = own_config
-    return _Twin(twin, dtype, *_one_head(twin, head, kv_head, head_dim))
+    linears = separate_projections(twin)
+    if linears is None:
+        return _Twin(twin, dtype, head, kv_head)
+    for linear, index in zip(linears, (head, kv_head, kv_head)):
+        rows = slice(index * head_dim, (index + 1) * head_dim)
+        linear.weight = nn.Parameter(linear.weight[rows].clone(), requires_grad=False)
+        if linear.bias is not None:
+            linear.bias = nn.Parameter(linear.bias[rows].clone(), requires_grad=False)
+        linear.out_features = head_dim
+    return _Twin(twin, dtype, 0, 0)
 
 
 def project(twin: _Twin, norm: FrozenNorm,
@@ -435,7 +415,19 @@ def _target(loaded: LoadedModel, head: tuple[int, int]) -> _Target:
     if not 0 <= head_index < layer.n_heads:
         raise ProbeError(f"head {head_index} is out of range: layer {layer_index} has {layer.n_heads} heads "
                          f"(0-{layer.n_heads - 1})", parameter="head")
-    _refuse_layer(loaded.model, layer)
+    config: Any = getattr(loaded.model, "config", None)
+    why = config_refusal(config.to_dict()) if hasattr(config, "to_dict") else ""
+    if why:
+        raise ProbeError(why, parameter="model")
+    if layer.kind != "hf":
+        raise ProbeError(f"attention layer {layer.index} ({type(layer.module).__name__}) does not go through "
+                         "transformers' attention interface, where QK attribution reads the queries and keys",
+                         parameter="model")
+    norms = qk_norms(layer.module)
+    if norms:
+        raise ProbeError(f"attention layer {layer.index} normalises its queries and keys ({', '.join(norms)}), a "
+                         "second norm per head and position: QK attribution does not decompose it",
+                         parameter="model")
     _, norm = pre_attention_norm(loaded.model, layer.module)
     return _Target(loaded, structure, layer, head_index, head_index // (layer.n_heads // layer.n_kv_heads),
                    structure.blocks.of_layer[layer_index], norm, position_embedding(loaded.model))
