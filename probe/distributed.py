@@ -64,9 +64,6 @@ def current() -> Rank | None:
     return Rank(rank, world, local_rank, local_world)
 
 
-# where each process puts its model
-
-
 def _gpus_of(rank: Rank) -> list[int]:
     """This process's share of the node's GPUs: LOCAL_WORLD_SIZE processes split them into equal groups."""
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -125,9 +122,6 @@ def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_fold
     return remapped, folder, None
 
 
-# the process group
-
-
 @contextmanager
 def process_group(device: torch.device | str | None = None) -> Iterator[Rank | None]:
     """torch.distributed's default group for the `with`, yielding this Rank (None alone); an existing one is kept."""
@@ -160,9 +154,6 @@ def gather(value: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
-
-
-# shard files
 
 
 RANK_SUFFIX = re.compile(r"[0-9]+")  # after `.shard-`: the rank, in ASCII digits
@@ -222,9 +213,6 @@ def _merged(entry_lists: Any) -> list[HeadResult]:
     """Entries (as to_dict wrote them) of several processes, the first of each ablation kept."""
     return distinct((HeadResult.from_dict(entry) for entries in entry_lists for entry in entries),
                     key=lambda result: result.heads)
-
-
-# the sharded sweep
 
 
 def _alone(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | None, results_path: Path,

@@ -110,8 +110,6 @@ def payload(description: str | Field, **options: Any) -> Callable[[Callable[[Any
     return mark
 
 
-# JSON types from annotations ---------------------------------------------------------------------------------------
-
 PRIMITIVES: dict[type, str] = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
 
@@ -171,8 +169,6 @@ def _column(key: str, spec: Spec, field: Field) -> Field | None:
     description = spec.column if isinstance(spec.column, str) else field.description
     return Field(field.type, description, field.required)
 
-
-# Declarations of a class -------------------------------------------------------------------------------------------
 
 def _declarations(cls: type) -> list[Declared]:
     """Every payload field of `cls` (fields with a spec, and `payload` properties), in declaration order."""

@@ -111,8 +111,6 @@ class Worker:
                 future.set_exception(error)
 
 
-# -- request bodies --------------------------------------------------------------------------------------------
-
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
 Index = Annotated[int, Field(ge=0, le=1_000_000)]
 HeadPair = Annotated[list[Index], Field(min_length=2, max_length=2)]
@@ -154,8 +152,6 @@ class GenerateBody(TextBody):
 def _heads(pairs: list[list[int]]) -> list[tuple[int, int]]:
     return [(pair[0], pair[1]) for pair in pairs]
 
-
-# -- errors and guards -----------------------------------------------------------------------------------------
 
 def _one_line(status: int, detail: str) -> JSONResponse:
     return JSONResponse({"detail": " ".join(detail.split())[:500]}, status_code=status)
@@ -231,8 +227,6 @@ async def _answer(request: Request, worker: Worker, work: Callable[[], Any], sec
     except JobTimeout as error:
         return _one_line(504, str(error))
 
-
-# -- the app ---------------------------------------------------------------------------------------------------
 
 def create_app(views: Views, token: str, *, worker: Worker | None = None, time_limit: float = TIME_LIMIT) -> FastAPI:
     """The FastAPI app serving `views` to holders of `token` (page at /, API under /api, /openapi.json)."""

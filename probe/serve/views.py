@@ -73,8 +73,6 @@ class Views:
         self.cache: OrderedDict[str, View] = OrderedDict()
         self.forwards = 0  # every forward the views ran (the benchmark reads it)
 
-    # -- the text's view ------------------------------------------------------------------------------------------
-
     def info(self) -> dict[str, Any]:
         return {"model": self.loaded.name, "dtype": model_dtype(self.loaded), "n_layers": len(self.layers),
                 "n_heads": max(layer.n_heads for layer in self.layers), "max_tokens": self.max_tokens,
@@ -174,8 +172,6 @@ class Views:
                 "scores": {name: _round(values) for name, values in view.scores.items()},
                 "next": [self._next(view, position, strings=strings) for position in range(view.ids.numel())]}
 
-    # -- one head ------------------------------------------------------------------------------------------------
-
     def _position(self, view: View, position: int, what: str = "position") -> int:
         if not 0 <= position < view.ids.numel():
             raise ProbeError(f"{what} {position} is not a position of the text (0-{view.ids.numel() - 1})",
@@ -228,14 +224,6 @@ class Views:
                              [[name]], capped=logits_capped(self.loaded.model), dtype=model_dtype(self.loaded))
         return {**header("dla"), **result.to_dict()}
 
-    # -- acting on heads -----------------------------------------------------------------------------------------
-
-    def _means(self, view: View) -> HeadStatistics:
-        if view.means is None:
-            view.means = head_means(self.loaded, ProbeSet("text", "the text", view.ids[None], 0))
-            self.forwards += 1
-        return view.means
-
     def ablate(self, text: str, heads: list[Head], method: str, factor: float, position: int) -> dict[str, Any]:
         """Per-token loss and next tokens at `position` with `heads` ablated or steered by `factor`, and without."""
         view, _ = self.view(text)
@@ -244,9 +232,12 @@ class Views:
             raise ProbeError("give at least one head", parameter="heads")
         check_heads(self.layers, heads)
         context: AbstractContextManager[Any]
+        if method == "mean" and view.means is None:  # the text's own means, kept with its view
+            view.means = head_means(self.loaded, ProbeSet("text", "the text", view.ids[None], 0))
+            self.forwards += 1
         if method in ABLATIONS:
             context = ablate(self.loaded.model, heads, method=method,
-                             statistics=self._means(view) if method == "mean" else None)
+                             statistics=view.means if method == "mean" else None)
         elif method in steerable():
             context = steer(self.loaded.model, {head: factor for head in heads}, intervention=method)
         else:
