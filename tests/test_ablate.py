@@ -219,7 +219,7 @@ def test_exact_sweep_loss_from_the_decoder_output(kind: str, monkeypatch: pytest
     """The exact sweep unembeds the decoder's output itself only where that gives the model's logits: Llama yes,
     Gemma 2 (logits soft-capped after the head, here at 0.5 so that the cap bends them) no; the losses equal the
     naive loop's either way."""
-    from probe.ablation import logits as ablate_module
+    from probe.ablation import blocks as ablate_module
 
     model = tiny_hf(kind)
     if kind == "gemma2":

@@ -168,7 +168,7 @@ def test_the_exact_sweep_on_models_of_their_own_shape_equals_the_naive_loop_with
 def test_gemma3n_exact_sweep_with_chunked_logits_equals_the_naive_loop(monkeypatch) -> None:
     """Long context on Gemma-3n: the loss read from the last block's output, (predictions, batch, positions,
     hidden), its rows taken along the batch axis."""
-    from probe.ablation import logits as readouts
+    from probe.ablation import blocks as readouts
 
     loaded = LoadedModel(model=tiny_family("gemma3n"), tokenizer=None, name="gemma3n", vocab_size=120)
     torch.manual_seed(3)

@@ -268,7 +268,7 @@ def test_ablation_sweep_with_chunked_logits_equals_full_logits(monkeypatch, mode
     """Long-context sweeps never hold the full logits: the loss comes from the last block's output, the model's head
     run on a few positions at a time. Forced here on a tiny model; the numbers must not change."""
     import probe.ablation as ablate
-    from probe.ablation import logits as readouts
+    from probe.ablation import blocks as readouts
 
     loaded = tiny_loaded("llama_gqa")
     natural, repeated = _sets(loaded, length=40, num=3)

@@ -12,7 +12,7 @@ from words import PROMPTS
 
 import torch
 
-from probe.ablation import ablate, logits as readouts, sweep
+from probe.ablation import ablate, blocks as readouts, sweep
 from probe.ablation.methods import NoiseAblation, build_method, derangement
 from probe.ablation.statistics import head_statistics
 from probe.hooks.run import run_model

@@ -12,7 +12,7 @@ from conftest import run_cli
 from planted import HEAD_DIM
 from test_ablate import PLANTED, planted_loaded, small_set, weights_zeroed
 
-from probe.ablation import logits as readouts, sweep
+from probe.ablation import blocks as readouts, sweep
 from probe.ablation.metrics import METRICS
 from probe.hooks.run import logits_of, run_model
 

@@ -1,6 +1,6 @@
 """Ablate attention heads and measure what the model loses: zero and mean ablation, exact sweeps, fast estimates.
 
-Modules, each with one job, data flowing one way (heads -> statistics/methods -> blocks/logits -> metrics ->
+Modules, each with one job, data flowing one way (heads -> statistics/methods -> blocks -> metrics ->
 runners -> sweep/estimate -> results/stream): see docs/architecture.md.
 """
 

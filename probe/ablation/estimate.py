@@ -18,9 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.ablation.blocks import WORK_UNITS, Blocks, find_blocks, forward_costs, keeping_outputs
+from probe.ablation.blocks import WORK_UNITS, Blocks, Readout, find_blocks, forward_costs, keeping_outputs
 from probe.ablation.heads import Head, ablation_list, layer_shape
-from probe.ablation.logits import Readout
 from probe.ablation.methods import ZeroAblation
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
 from probe.ablation.results import AblationResult, HeadResult

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.ablation.logits import Final
+from probe.ablation.blocks import Final
 from probe.hooks.run import logits_of, run_model
 from probe.inputs import CLASS_CONTRAST_LAYOUT, LABELS_LAYOUT, ProbeSet, is_encoder, read_text_file, real_tokens
 from probe.errors import ProbeError

@@ -133,7 +133,7 @@ class _Evaluator:
 
     def __init__(self, loaded: LoadedModel, probe_set: ProbeSet, method: AblationMethod, metric: Metric,
                  batch_size: int) -> None:
-        self.runner = sweep_runner(loaded, probe_set, "naive", method, metric, batch_size, [])[0]
+        self.runner = sweep_runner(loaded, probe_set, "naive", method, metric, batch_size, [])
         self.scorer = self.runner.scorer
         self.counts = torch.stack([b.counted.sum(dim=(1, 2)) for b in self.runner.batches]).sum(dim=0).double()
         self.passes = 0

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from probe.ablation.blocks import Blocks, NoPrefix, capture, skip_blocks, stack
+from probe.ablation.blocks import (CHECK_TOLERANCE, WORK_UNITS, Blocks, Final, NoPrefix, Readout, capture,
+                                   forward_costs, skip_blocks, stack)
 from probe.ablation.heads import Ablation
-from probe.ablation.logits import CHECK_TOLERANCE, Final, Readout
 from probe.ablation.methods import METHODS, AblationMethod, ablated
 from probe.ablation.metrics import Scorer
 from probe.hooks.run import Source, logits_of, run_model
@@ -26,7 +26,6 @@ from probe.errors import ProbeError
 from probe.overflow import not_finite
 from probe.progress import Progress
 
-STACK_BYTES = 1 << 30  # activations (and logits, where whole) of one stacked forward: how many copies to stack
 CACHE_BYTES = 4 << 30  # kept block outputs of the baseline; beyond this they are recomputed per layer
 
 
@@ -86,18 +85,6 @@ def chunks(ablations: Sequence[Ablation], start_of: Callable[[Ablation], int], s
         size = math.ceil(len(items) / n)
         out.extend(items[i:i + size] for i in range(0, len(items), size))
     return out
-
-
-def default_stack(model: nn.Module, inputs: Sequence[Tensor], vocab_size: int, chunked: bool, lean: bool,
-                  logits_bytes: int) -> int:
-    """As many copies as fit in STACK_BYTES, the logits counted unless `chunked`; long inputs (`lean`) one copy each."""
-    if chunked and lean:
-        return 1
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None) or 1024
-    # a copy's activations (about 24 hidden-size vectors a token), and its logits
-    per_copy = max(int(ids.numel()) * 4 * (vocab_size * (not chunked) + 24 * hidden) for ids in inputs)
-    logits_per_copy = 0 if chunked else max(int(ids.numel()) * 4 * vocab_size for ids in inputs)
-    return max(1, min(STACK_BYTES // max(per_copy, 1), logits_bytes // max(logits_per_copy, 1)))
 
 
 def assign_chunks(costs: Sequence[float], world_size: int) -> list[int]:
@@ -169,10 +156,16 @@ class Runner:
         self.last = max((self.start_of(ablation) for ablation in ablations), default=0)  # blocks before it are kept
         hidden = getattr(getattr(self.model, "config", None), "hidden_size", None) or 1024
         self.keep_all = tokens * 4 * hidden * self.last <= CACHE_BYTES
+        fraction = forward_costs(model, blocks)  # progress counts WORK_UNITS a full forward
+        self.costs = [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks) if blocks else 1)]
 
     @property
     def path(self) -> str:
         return EXACT if self.reason is None else f"{NAIVE} ({self.reason})" if self.reason else NAIVE
+
+    def cost(self, chunk: Sequence[Ablation] | None = None) -> int:
+        """A chunk's runs on one batch (None: the baseline's) in progress units, WORK_UNITS a full forward."""
+        return self.costs[0] if chunk is None else len(chunk) * self.costs[self.start_of(chunk[0])]
 
     def start_of(self, ablation: Ablation) -> int:
         """The first block an ablated run of `ablation` runs."""

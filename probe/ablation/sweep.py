@@ -15,17 +15,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.ablation.blocks import WORK_UNITS, find_blocks, forward_costs
+from probe.ablation.blocks import Readout, find_blocks
 from probe.ablation.estimate import estimate
 from probe.ablation.heads import Ablation, Head, ablation_list, layer_shape
-from probe.ablation import logits as readouts
-from probe.ablation.logits import Readout
 from probe.ablation.methods import AblationMethod, ZeroAblation, build_method, method_class
 from probe.ablation.metrics import Metric, Scorer, choose_metric, losses, parts_of
 from probe.ablation.results import AblationResult, HeadResult
 from probe.ablation.statistics import HeadStatistics
 from probe.ablation.runners import (Runner, Work, assign_chunks, batches_of, check_probe_set, chunks, data_name,
-                                    default_stack, require_finite_baseline)
+                                    require_finite_baseline)
 from probe.ablation.stream import RESULTS_FORMAT, LineStream, check_same_sweep, fingerprint, result_of, sweep_stream
 from probe.hooks.layers import attention_layers
 from probe.inputs import ProbeSet, real_tokens
@@ -52,21 +50,13 @@ def _validate(probe_set: ProbeSet, method: str | AblationMethod, mode: str, stac
 
 
 def sweep_runner(loaded: LoadedModel, probe_set: ProbeSet, mode: str, method: AblationMethod, metric: Metric,
-                 batch_size: int, ablations: list[Ablation]) -> tuple[Runner, Callable[[int], int]]:
-    """The runner of this sweep (prefix reuse where the model has a block list) and a run's cost by start block."""
+                 batch_size: int, ablations: list[Ablation]) -> Runner:
+    """The runner of this sweep: prefix reuse where the model has a block list."""
     model = loaded.model
     scorer = Scorer(metric, parts_of(probe_set))
-    layers = attention_layers(model)
-    blocks, why_not = (None, "") if mode == "naive" else find_blocks(model, layers)
-    readout = Readout.choose(model, metric.chunkable, blocks)
-    batches = batches_of(probe_set, scorer, batch_size)
-    if blocks is None:
-        return Runner(model, method, scorer, readout, batches, why=why_not), lambda start: WORK_UNITS
-    fraction = forward_costs(model, blocks)  # progress counts WORK_UNITS a full forward
-    costs = [max(1, round(WORK_UNITS * fraction(start))) for start in range(len(blocks))]
-    tokens = int(probe_set.input_ids.numel())
-    return Runner(model, method, scorer, readout, batches, blocks, ablations=ablations, tokens=tokens), \
-        costs.__getitem__
+    blocks, why_not = (None, "") if mode == "naive" else find_blocks(model, attention_layers(model))
+    return Runner(model, method, scorer, Readout.choose(model, metric.chunkable, blocks), batches_of(
+        probe_set, scorer, batch_size), blocks, why_not, ablations, int(probe_set.input_ids.numel()))
 
 
 TOP_TOKENS = 5  # affected tokens kept per ablation
@@ -171,7 +161,7 @@ class _Baseline:
         return self.tokenizer.decode(before) + "[" + self.tokenizer.decode(token) + "]"
 
 
-def _baseline(runner: Runner, work: Work, cost: Callable[[int], int], tokenizer: Any) -> _Baseline:
+def _baseline(runner: Runner, work: Work, tokenizer: Any) -> _Baseline:
     """The unablated model's metric over the probe set, its per-position values kept for the per-token effects."""
     scorer = runner.scorer
     sums = torch.zeros(len(scorer.parts) + 1, dtype=torch.float64)
@@ -182,7 +172,7 @@ def _baseline(runner: Runner, work: Work, cost: Callable[[int], int], tokenizer:
             sums += runner.baseline(index)
             # a metric that compares to the baseline is 0 on it (and is not computed)
             values.append(scorer.keep[0][0] if scorer.keep else torch.zeros(batch.counted.shape[1:]))
-            work.advance(cost(0))
+            work.advance(runner.cost())
     scorer.keep = None
     base = _Baseline(runner, sums, values, tokenizer)
     require_finite_baseline(runner, base.loss)
@@ -193,8 +183,8 @@ def baseline_metric(loaded: LoadedModel, probe_set: ProbeSet, *, metric: str | M
                     batch_size: int = 8) -> tuple[float, dict[str, float] | None]:
     """The unablated model's metric over a probe set as a sweep's baseline measures it (and a task's figures)."""
     chosen = choose_metric(loaded, probe_set, metric)
-    runner, cost = sweep_runner(loaded, probe_set, "naive", ZeroAblation(), chosen, batch_size, [])
-    base = _baseline(runner, Work(0, None), cost, loaded.tokenizer)
+    runner = sweep_runner(loaded, probe_set, "naive", ZeroAblation(), chosen, batch_size, [])
+    base = _baseline(runner, Work(0, None), loaded.tokenizer)
     return base.loss, base.task
 
 
@@ -217,35 +207,31 @@ def _identity(loaded: LoadedModel, probe_set: ProbeSet) -> dict[str, Any]:
 
 
 def _plan(runner: Runner, ablations: list[Ablation], stack: int | None, vocab_size: int,
-          shard: tuple[int, int] | None, cost: Callable[[int], int]) -> list[list[Ablation]]:
+          shard: tuple[int, int] | None) -> list[list[Ablation]]:
     """The chunks this process runs: ablations of one start block, `stack` copies at most, this shard's share."""
     if runner.reason is not None:
         stack = 1
     elif stack is None:
-        readout = runner.readout
-        inputs = [batch.ids for batch in runner.batches]
-        stack = default_stack(runner.model, inputs, vocab_size, readout.chunked,
-                              any(readout.lean(ids) for ids in inputs), readouts.LOGITS_BYTES)  # tests lower it
+        stack = runner.readout.copies([batch.ids for batch in runner.batches], vocab_size)
     planned = chunks(ablations, runner.start_of, stack)
     if shard is None:
         return planned
-    owner = assign_chunks([len(chunk) * cost(runner.start_of(chunk[0])) for chunk in planned], shard[1])
+    owner = assign_chunks([runner.cost(chunk) for chunk in planned], shard[1])
     return [chunk for chunk, rank in zip(planned, owner) if rank == shard[0]]
 
 
-def _run(runner: Runner, todo: list[list[Ablation]], work: Work, cost: Callable[[int], int],
+def _run(runner: Runner, todo: list[list[Ablation]], work: Work,
          finish: Callable[[list[Ablation], Tensor, list[Tensor]], None]) -> None:
     """Every chunk on every batch; `finish` gets each chunk, its sums and its per-position values once all are in."""
     scorer = runner.scorer
     for chunk in todo:
         sums = torch.zeros(len(chunk), len(scorer.parts) + 1, dtype=torch.float64)  # (copies, parts + 1)
-        start = runner.start_of(chunk[0])
-        values = []
+        cost, values = runner.cost(chunk), []  # as planned, should the exact path fall back
         for index in range(len(runner.batches)):
             scorer.keep = []
             sums += runner.sums(chunk, index)
             values.append(torch.cat(scorer.keep))
-            work.advance(len(chunk) * cost(start))
+            work.advance(cost)
         scorer.keep = None
         finish(chunk, sums, values)
 
@@ -317,23 +303,22 @@ def sweep(
     if resume and results_path is not None:  # before the baseline's forwards: the file holds this model's sweep
         check_same_sweep(Path(results_path), _identity(loaded, probe_set))
     chosen = build_method(method, loaded, probe_set, statistics=statistics, seed=seed, batch_size=batch_size)
-    runner, cost = sweep_runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
+    runner = sweep_runner(loaded, probe_set, mode, chosen, chosen_metric, batch_size, ablations)
     chosen = runner.method  # bound to the probe set's batches (its donors fixed before the fingerprint is taken)
-    work = Work(len(runner.batches) * cost(0) * (1 + len(ablations)), progress)
-    base = _baseline(runner, work, cost, loaded.tokenizer)
+    work = Work(len(runner.batches) * runner.cost() * (1 + len(ablations)), progress)
+    base = _baseline(runner, work, loaded.tokenizer)
     header = _header(loaded, probe_set, chosen, chosen_metric.name, data_name(probe_set, data),
                      (base.loss, base.parts)) | {"task": base.task}
     finished = _Finished(sweep_stream(Path(results_path), header, resume) if results_path is not None else None,
                          on_result, base)  # where finished ablations go
     log.info("sweep of %d ablations: %s, baseline loss %.4f", len(ablations), runner.path, base.loss)
-    planned = _plan(runner, ablations, stack, loaded.vocab_size, shard, cost)
+    planned = _plan(runner, ablations, stack, loaded.vocab_size, shard)
     todo = [chunk for chunk in planned if not all(a in finished.done for a in chunk)]
-    work.total = work.done + sum(len(runner.batches) * len(chunk) * cost(runner.start_of(chunk[0]))
-                                 for chunk in todo)
+    work.total = work.done + sum(len(runner.batches) * runner.cost(chunk) for chunk in todo)
     with ExitStack() as scope:
         scope.enter_context(torch.inference_mode())  # ~2% quicker than no_grad on CPU: no version counters
         scope.callback(finished.close)
-        _run(runner, todo, work, cost, finished.add_chunk)
+        _run(runner, todo, work, finished.add_chunk)
     return _result(runner, header, finished, ablations, started)
 
 
