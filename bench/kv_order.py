@@ -21,7 +21,7 @@ from probe.ablation.window import WindowAblation
 from probe.inputs import DEFAULT_DEPTHS, NeedleOptions, ProbeSet, natural_set
 from probe.kv import BUDGET_SEED_OFFSET, CURVE_SEED_OFFSET, calibrate_budget, kv_heads, loss_order
 from probe.kv.pipeline import _held_out
-from probe.kv.points import measured_point
+from probe.kv.budget import measured_point
 from probe.models import load_model
 from probe.threads import use_threads
 

@@ -16,11 +16,9 @@ from probe.models import LoadedModel
 from probe.progress import Progress, StageProgressArg, reports, callback, stage_tick
 from probe.provenance import model_dtype
 from probe.headmaps.kvpress import check_kvpress_ratio
-from probe.kv.budget import (DEFAULT_MAX_LOSS_INCREASE, Budget, calibrate_budget, fixed_budget,
-                             kvpress_budget)
-from probe.kv.curve import curve_steps, stream_curve
+from probe.kv.budget import (DEFAULT_MAX_LOSS_INCREASE, Budget, CurveInputs, calibrate_budget, curve_steps,
+                             fixed_budget, kvpress_budget, stream_curve)
 from probe.kv.order import ORDERS, aggregate, kv_groups, loss_order, stream_order
-from probe.kv.points import CurveInputs
 from probe.kv.result import KVHeads
 from probe.kv.scoring import accuracy_table, score_needles
 

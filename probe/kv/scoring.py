@@ -76,7 +76,7 @@ def _rows(needles: NeedleSet, first: int, batch_size: int) -> tuple[Tensor, Tens
 class _Scorer:
     """Per-layer streaming sums and each answer row's top key, on the device during one forward."""
 
-    def __init__(self, n_layers: int, sink: int, recent: int) -> None:
+    def __init__(self, sink: int, recent: int) -> None:
         self.streaming = partial(streaming_score, sink=sink, recent=recent)
         self.streaming_fast = partial(streaming_from_lse, sink=sink, recent=recent)
         self.paths: dict[int, str] = {}  # layers whose weights went the blocked way, and why
@@ -150,7 +150,7 @@ def score_needles(loaded: LoadedModel, needles: NeedleSet, *, sink: int = DEFAUL
     total, finite = needles.input_ids.shape[0], []
     for index in range(total):
         ids, mask, sources = _rows(needles, index, 1)
-        scorer = _Scorer(n_layers, sink, recent)
+        scorer = _Scorer(sink, recent)
         scorer.rows = _answer_rows(sources)
         valid = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
         scorer.batch = NeedleBatch(valid=valid, offset=needles.offset, repeat_len=None)
