@@ -164,8 +164,7 @@ def visible(text: str) -> str:
 
 @cache
 def _byte_decoder() -> dict[str, int]:
-    """GPT-2's byte-to-unicode table (transformers' own), reversed: the characters byte-level BPE vocabularies are
-    written in."""
+    """GPT-2's byte-to-unicode table (transformers' own), reversed: the characters of byte-level BPE vocabularies."""
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 
     return {char: byte for byte, char in bytes_to_unicode().items()}

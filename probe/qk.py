@@ -98,11 +98,7 @@ def _components(structure: Structure, recording: Recording, block: int,
 
 
 class _Stop(Exception):
-    """Raised once a layer has handed on its queries and keys (kept, for the copy): nothing after them is run."""
-
-    def __init__(self, query: Tensor | None = None, key: Tensor | None = None) -> None:
-        super().__init__("queries and keys captured")
-        self.query, self.key = query, key
+    """Raised once a layer has handed on its queries and keys (its args, for the copy): nothing after them is run."""
 
 
 def _stop(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
@@ -156,8 +152,8 @@ class _Twin:
         try:
             self.module(*args, **kwargs)
         except _Stop as captured:
-            assert captured.query is not None and captured.key is not None
-            return captured.query[:, self.head].double().cpu(), captured.key[:, self.kv_head].double().cpu()
+            query, key = captured.args
+            return query[:, self.head].double().cpu(), key[:, self.kv_head].double().cpu()
         raise ProbeError(f"{type(self.module).__name__} did not hand its queries and keys to transformers' attention "
                          "interface: QK attribution cannot read them", parameter="model")
 
@@ -332,8 +328,7 @@ class _Target:
 
 
 def _run_row(target: _Target, twin: _Twin, ids: Tensor) -> Recording:
-    """One forward of one row, every write into the stream recorded at every position, the layer's call kept in
-    `twin`."""
+    """One row's forward, every write into the stream recorded at every position, the layer's call kept in `twin`."""
     n = ids.shape[0]
     zeros = torch.zeros(n, dtype=torch.long)
     recording = Recording(Targets(zeros, torch.arange(n), zeros))

@@ -175,15 +175,6 @@ class _Prefix:
         return recording, logits
 
 
-def _direct_likelihood(structure: Structure, clean: _Clean, write: Tensor) -> Tensor:
-    """(points,) log-likelihood change of adding `write` to the clean stream read through the frozen norm."""
-    assert clean.logits is not None
-    weight = structure.head.weight.detach()
-    normed = clean.norm.apply(write).to(device=weight.device, dtype=torch.float32)
-    changed = clean.logits + normed @ weight.float().T
-    return _likelihood(changed, clean.targets.answer) - clean.score
-
-
 def _add_ablation(sums: _Sums, index: int, structure: Structure, clean: _Clean, ablated: Recording,
                   logits: Tensor, head: Head) -> None:
     """Add one ablated forward's numbers at its batch's points to `sums[index]`."""
@@ -191,13 +182,14 @@ def _add_ablation(sums: _Sums, index: int, structure: Structure, clean: _Clean, 
     shares, _ = head_shares(structure, ablated, clean.read)
     change = shares - clean.heads  # (points, n_layers, n_heads), through the clean run's frozen norm
     mlps = (mlp_shares(structure, ablated, clean.read) - clean.mlps).sum(dim=1)
-    direct_logit = change[:, layer, h]
     logit = clean.targets.scored(logits.double().cpu()) - clean.logit
-    if clean.logits is None:
-        direct = direct_logit
-    else:
+    direct = change[:, layer, h]
+    if clean.logits is not None:  # text: the log-likelihood change of the head's write added to the clean stream
         z_change = (ablated.heads[layer][:, h] - clean.recording.heads[layer][:, h]).double().cpu()
-        direct = _direct_likelihood(structure, clean, z_change @ structure.head_matrix(layer)[h])
+        weight = structure.head.weight.detach()
+        normed = clean.norm.apply(z_change @ structure.head_matrix(layer)[h]).to(device=weight.device,
+                                                                                  dtype=torch.float32)
+        direct = _likelihood(clean.logits + normed @ weight.float().T, clean.targets.answer) - clean.score
     sums.total[index] += float((_score(clean.targets, logits) - clean.score).sum())
     sums.direct[index] += float(direct.sum())
     sums.by_mlps[index] += float(mlps.sum())

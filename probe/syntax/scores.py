@@ -117,18 +117,6 @@ def queries(aligned: Aligned, causal: bool) -> list[tuple[int, int, str, str]]:
     return out
 
 
-def predictions(words: Tensor, query_words: list[int], causal: bool) -> Tensor:
-    """The word each head attends to most from each query word (not itself, nor a later word where causal)."""
-    n = words.shape[-1]
-    query = torch.tensor(query_words)
-    keys = torch.arange(n)
-    allowed = keys[None, :] != query[:, None]  # (queries, n)
-    if causal:
-        allowed &= keys[None, :] < query[:, None]
-    rows = words[:, :, query, :].masked_fill(~allowed, float("-inf"))
-    return rows.argmax(dim=-1)
-
-
 @dataclass
 class RelationTally:
     """Running counts of one relation in one direction."""
@@ -156,12 +144,18 @@ class SyntaxTally:
         self.confident_mass = torch.zeros_like(self.on_arcs)
 
     def add(self, aligned: Aligned, weights: Tensor) -> Tensor | None:
-        """One sentence's token attention in; its arcs' predictions (layers, heads, queries) out (None: no arc)."""
+        """One sentence's token attention in; its arcs' predictions (layers, heads, queries) out (None: no arc): the
+        word each head attends to most from each query word, not itself, nor a later word where causal."""
         self._add_confident(aligned, weights)
         scored = queries(aligned, self.causal)
         if not scored:
             return None
-        predicted = predictions(word_attention(weights, aligned), [q for q, _, _, _ in scored], self.causal)
+        words = word_attention(weights, aligned)
+        asking, keys = torch.tensor([q for q, _, _, _ in scored]), torch.arange(words.shape[-1])
+        allowed = keys[None, :] != asking[:, None]  # (queries, words)
+        if self.causal:
+            allowed &= keys[None, :] < asking[:, None]
+        predicted = words[:, :, asking, :].masked_fill(~allowed, float("-inf")).argmax(dim=-1)
         for index, (query, target, relation, direction) in enumerate(scored):
             tally = self.relations.setdefault((relation, direction),
                                               RelationTally(torch.zeros(self.shape, dtype=torch.float64)))
