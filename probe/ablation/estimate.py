@@ -150,14 +150,6 @@ def _gradient_pass(model: nn.Module, readout: Readout, scorer: Scorer, batch: Ba
     return kept
 
 
-def _kept_for(blocks: Blocks | None, heads: list[Head], kept: dict[int, Any]) -> dict[int, Any] | None:
-    """The blocks' outputs the exact refinement may start from (None without blocks)."""
-    if blocks is None:
-        return None
-    last = max(blocks.of_layer[layer] for layer, _ in heads)
-    return {i: value for i, value in kept.items() if i < last}
-
-
 def _choose(heads: list[Head], terms: _Terms, estimated: dict[Head, float], room: float, refine: int | None,
             cost: Callable[[Head], float]) -> list[Head]:
     """The top `refine` estimates, or of the top REFINE_CANDIDATES those leaning most on the second order, in `room`."""
@@ -213,11 +205,9 @@ def _setup(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | Non
 def _exact_runner(loaded: LoadedModel, readout: Readout, scorer: Scorer, batches_: list[Batch], blocks: Blocks | None,
                   why_not: str, expected: Tensor, heads: list[Head]) -> tuple[Runner, str]:
     """Prefix reuse where a check on the first batch reproduces its baseline, else one forward each; and which."""
-    if blocks is None:
-        return Runner(loaded.model, ZeroAblation(), scorer, readout, batches_), why_not
-    runner = Runner(loaded.model, ZeroAblation(), scorer, readout, batches_, blocks, ablations=[(h,) for h in heads],
+    runner = Runner(loaded.model, ZeroAblation(), scorer, readout, batches_, blocks, why_not, [(h,) for h in heads],
                     checked=True)
-    reason = runner.reproduces(0, expected)
+    reason = "" if runner.reason is not None else runner.reproduces(0, expected)
     if reason:  # every head then runs from block 0, the naive way
         runner.reason = f"the exact path failed its check: {reason}"
     return runner, runner.reason or "prefix reused"
@@ -249,10 +239,11 @@ def estimate(loaded: LoadedModel, probe_set: ProbeSet, heads: Sequence[Head] | N
     room = budget - spent - check_cost
     exact_room = max(room, 0.0) if refine is None else max(refine, 0) * (1 + LOSS_COST)  # a full forward each at most
     work = Work(len(batches_) * (spent + exact_room) + check_cost, callback(progress), WORK_UNITS)  # the whole plan
+    last = max(blocks.of_layer[layer] for layer, _ in heads) if blocks is not None else 0  # the exact runs' starts
     for index, batch in enumerate(batches_):
         kept = _gradient_pass(model, readout, scorer, batch, terms, n_tokens, samples, seed + index, work.advance,
                                 blocks)
-        batch.kept = _kept_for(blocks, heads, kept)
+        batch.kept = {i: value for i, value in kept.items() if i < last} if blocks is not None else None
     baseline_loss, baseline_parts = losses(terms.sums, counts, list(scorer.parts))
     estimated = {head: float(terms.first[head] + terms.second[head]) for head in heads}
     chosen = _choose(heads, terms, estimated, room, refine, lambda head: flop_cost(start_of(head)) + LOSS_COST)

@@ -225,15 +225,6 @@ def _curve(evaluator: _Evaluator, units: list[Unit], result: PruneResult, orderi
     return PruneCurve(ordering, seed, kept, steps, stopped=stopped)
 
 
-def _sweep_order(loaded: LoadedModel, probe_set: ProbeSet, units: list[Unit], method: AblationMethod,
-                 batch_size: int) -> list[Unit]:
-    """Units by their single-unit ablation delta, smallest first (one exact sweep)."""
-    result = sweep_units(loaded, probe_set, units, method=method, batch_size=batch_size)
-    assert result is not None  # a plain sweep always reports
-    delta = {entry.heads: entry.delta for entry in result.results}
-    return sorted(units, key=lambda unit: (delta[unit], unit))
-
-
 def check_prune_options(orderings: Sequence[str], step: float, max_increase: float | None,
                         seeds: Sequence[int]) -> None:
     """Every option that can be judged without the model."""
@@ -272,9 +263,13 @@ class _Run:
                 self.tick()
                 return sorted(remaining, key=lambda unit: (scores[unit], unit))
             return by_importance
-        if name == "sweep":
+        if name == "sweep":  # units by their single-unit ablation delta, smallest first (one exact sweep)
             timer = time.perf_counter()
-            order = _sweep_order(self.loaded, self.probe_set, self.units, self.evaluator.runner.method, self.batch_size)
+            swept = sweep_units(self.loaded, self.probe_set, self.units, method=self.evaluator.runner.method,
+                                batch_size=self.batch_size)
+            assert swept is not None  # a plain sweep always reports
+            delta = {entry.heads: entry.delta for entry in swept.results}
+            order = sorted(self.units, key=lambda unit: (delta[unit], unit))
             self.sweep_seconds = time.perf_counter() - timer
         else:
             generator = torch.Generator().manual_seed(seed if seed is not None else 0)
