@@ -64,19 +64,6 @@ def current() -> Rank | None:
     return Rank(rank, world, local_rank, local_world)
 
 
-def _gpus_of(rank: Rank) -> list[int]:
-    """This process's share of the node's GPUs: LOCAL_WORLD_SIZE processes split them into equal groups."""
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if count == 0:
-        return []
-    per = count // rank.local_world_size
-    if per == 0:
-        raise ProbeError(f"torchrun started {rank.local_world_size} processes on this machine, which has {count} "
-                         f"GPU{'s' if count > 1 else ''}: a model split with device_map needs at least one GPU per "
-                         f"process (use torchrun --nproc-per-node {count} or fewer)", parameter="device_map")
-    return list(range(rank.local_rank * per, (rank.local_rank + 1) * per))
-
-
 def rank_device(rank: Rank | None, device: str | None) -> str | None:
     """The device of this process's model: its own GPU (cuda:LOCAL_RANK) unless `device` names one exactly."""
     if rank is None or not torch.cuda.is_available():
@@ -96,7 +83,13 @@ def rank_placement(rank: Rank | None, device_map: DeviceMap | None, offload_fold
         return parsed, folder, None
     if folder is not None:
         folder = folder / f"rank-{rank.rank}"
-    gpus = _gpus_of(rank)
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    per = count // rank.local_world_size  # the LOCAL_WORLD_SIZE processes split the node's GPUs into equal groups
+    if count and not per:
+        raise ProbeError(f"torchrun started {rank.local_world_size} processes on this machine, which has {count} "
+                         f"GPU{'s' if count > 1 else ''}: a model split with device_map needs at least one GPU per "
+                         f"process (use torchrun --nproc-per-node {count} or fewer)", parameter="device_map")
+    gpus = list(range(rank.local_rank * per, (rank.local_rank + 1) * per))
     if isinstance(parsed, str):
         from accelerate.utils import get_max_memory
 

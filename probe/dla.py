@@ -96,15 +96,6 @@ def _batch_shares(loaded: LoadedModel, structure: Structure, ids: Tensor, mask: 
         return _shares(structure, recording, None if logits_capped(loaded.model) else recording.at(logits_of(output)))
 
 
-def _joined(parts: list[Shares]) -> Shares:
-    """The batches' shares end to end (an optional part None where a batch lacks it)."""
-    def joined(name: str) -> Tensor | None:
-        values = [getattr(part, name) for part in parts]
-        return None if any(value is None for value in values) else torch.cat(values)
-
-    return Shares(*(joined(item.name) for item in dataclasses.fields(Shares)))  # type: ignore[arg-type]
-
-
 def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tensor | None = None,
               per_position: bool = False, batch_size: int = 8) -> Shares:
     """Every component's direct share of the score at each read point of `targets` (module docstring), rows of `ids`
@@ -123,7 +114,12 @@ def attribute(loaded: LoadedModel, ids: Tensor, targets: Targets, *, mask: Tenso
                                        batch_targets, per_position))
     if not parts:
         raise ProbeError("no position to read the logits at", parameter="targets")
-    shares = _joined(parts)
+
+    def joined(name: str) -> Tensor | None:  # the batches' shares end to end, a part None where a batch lacks it
+        values = [getattr(part, name) for part in parts]
+        return None if any(value is None for value in values) else torch.cat(values)
+
+    shares = Shares(*(joined(item.name) for item in dataclasses.fields(Shares)))  # type: ignore[arg-type]
     require_finite(shares.model_score, "the logit difference DLA decomposes", loaded.model,
                    forwards(loaded.model, ids, mask, batch_size))
     return shares

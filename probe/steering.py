@@ -208,19 +208,13 @@ def find_heads(loaded: LoadedModel, probe_set: ProbeSet, value: float, *, interv
     return find_result(loaded, swept, value, chosen, intervention)
 
 
-def _end_tokens(loaded: LoadedModel) -> set[int]:
-    """The end-of-sequence tokens: the tokenizer's and the model config's (as `model.generate` stops on them)."""
-    found: set[int] = set()
-    for value in (getattr(loaded.tokenizer, "eos_token_id", None),
-                  getattr(getattr(loaded.model, "config", None), "eos_token_id", None)):
-        found.update([value] if isinstance(value, int) else value if isinstance(value, list) else [])
-    return found
-
-
 def greedy(loaded: LoadedModel, ids: Tensor, max_new_tokens: int) -> list[list[int]]:
     """The greedy next tokens after each row of `ids`, up to each row's first end-of-sequence token: a full forward
     of the whole batch per token, no cache, every row advancing together."""
-    stops = _end_tokens(loaded)
+    stops: set[int] = set()  # the tokenizer's and the model config's end tokens, as `model.generate` stops on them
+    for value in (getattr(loaded.tokenizer, "eos_token_id", None),
+                  getattr(getattr(loaded.model, "config", None), "eos_token_id", None)):
+        stops.update([value] if isinstance(value, int) else value if isinstance(value, list) else [])
     new: list[list[int]] = [[] for _ in range(ids.shape[0])]
     with torch.no_grad():
         for _ in range(max_new_tokens):
@@ -243,25 +237,19 @@ def row_writers(rows: Sequence[tuple[int | None, Head, float]], intervention: st
     return {layer: chained(writers) for layer, writers in by_layer.items()}
 
 
-def _prompt_ids(loaded: LoadedModel, prompt: str) -> Tensor:
-    tokenizer = loaded.tokenizer
-    if tokenizer is None:
-        raise ProbeError(f"{loaded.name} has no tokenizer to generate text with", parameter="prompt")
-    if not prompt.strip():
-        raise ProbeError("the prompt is empty: give some text to continue", parameter="prompt")
-    ids = list(tokenizer(prompt)["input_ids"])
-    device = next(loaded.model.parameters()).device
-    return torch.tensor([ids], dtype=torch.long, device=device)
-
-
 def generations(loaded: LoadedModel, prompt: str, heads: Sequence[Head], values: Iterable[float], *,
                 intervention: str = "scale", max_new_tokens: int = 20, seed: int = 0) -> dict[str, Any]:
     """Greedy continuations of `prompt`: the model as it is and each head alone at each value, all in one batch (a
     row per head and value, each edited in its row alone)."""
     if max_new_tokens < 1:
         raise ProbeError(f"max_new_tokens must be at least 1, got {max_new_tokens}", parameter="max_new_tokens")
-    chosen_values, ids, tokenizer = check_values(values), _prompt_ids(loaded, prompt), loaded.tokenizer
-    assert tokenizer is not None  # _prompt_ids refuses a model without one
+    chosen_values, tokenizer = check_values(values), loaded.tokenizer
+    if tokenizer is None:
+        raise ProbeError(f"{loaded.name} has no tokenizer to generate text with", parameter="prompt")
+    if not prompt.strip():
+        raise ProbeError("the prompt is empty: give some text to continue", parameter="prompt")
+    ids = torch.tensor([list(tokenizer(prompt)["input_ids"])], dtype=torch.long,
+                       device=next(loaded.model.parameters()).device)
     identity = method_class(intervention).identity
     steered = [(head, value) for head in dict.fromkeys(heads) for value in chosen_values if value != identity]
     edits = [(row, head, value) for row, (head, value) in enumerate(steered, start=1)]  # row 0: as it is

@@ -30,19 +30,16 @@ class Server:
         self.handle.config.app.state.worker.close()
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as probe_socket:
-        probe_socket.bind((host, 0))
-        return int(probe_socket.getsockname()[1])
-
-
 def start(loaded: LoadedModel, *, host: str = "127.0.0.1", port: int | None = None, max_tokens: int = 2048,
           token: str | None = None) -> Server:
     """Serve `loaded` from a background thread (on loopback, a free port by default) and return once it listens."""
     import uvicorn
 
     token = token or new_token()
-    port = port or _free_port(host)
+    if not port:  # a free one
+        with socket.socket() as free:
+            free.bind((host, 0))
+            port = int(free.getsockname()[1])
     app = create_app(Views(loaded, max_tokens=max_tokens), token)
     handle = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     thread = threading.Thread(target=handle.run, name="probe-serve", daemon=True)
