@@ -94,18 +94,6 @@ def budget_lines(budget: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def _map_data(payload: dict[str, Any]) -> dict[str, Any]:
-    n_layers, n_kv = payload["n_layers"], payload["n_kv_heads"]
-    rows = payload["kv_heads"]
-    z = head_grid(n_layers, n_kv, ((row["layer"], row["kv_head"], int(row["label"] == "full")) for row in rows), 0)
-    hover = head_grid(n_layers, n_kv, ((row["layer"], row["kv_head"], plotly_text(
-        f"{long_label(row['layer'], row['kv_head']).replace('head', 'KV head')}: {row['label']}, retrieval "
-        f"{row['retrieval']:.3f}, streaming {row['streaming']:.3f}, rank {row['rank']}")) for row in rows), "")
-    curve = payload.get("curve")
-    return {"n_layers": n_layers, "n_kv_heads": n_kv, "z": z, "hover": hover,
-            "curve": None if not curve else {"k": curve["k"], "orders": curve["orders"]}}
-
-
 def options_text(options: dict[str, Any]) -> str:
     """The run's options as a reader writes them (`lengths 1024, 2048; depths 0.1, 0.5`), not as raw JSON."""
     def value(item: Any) -> str:
@@ -116,7 +104,16 @@ def options_text(options: dict[str, Any]) -> str:
 
 def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
     """The layer x KV-head map beside the KV heads kept full, and the curve against random orders."""
-    total = payload["n_layers"] * payload["n_kv_heads"]
+    n_layers, n_kv = payload["n_layers"], payload["n_kv_heads"]
+    kv = payload["kv_heads"]
+    z = head_grid(n_layers, n_kv, ((row["layer"], row["kv_head"], int(row["label"] == "full")) for row in kv), 0)
+    hover = head_grid(n_layers, n_kv, ((row["layer"], row["kv_head"], plotly_text(
+        f"{long_label(row['layer'], row['kv_head']).replace('head', 'KV head')}: {row['label']}, retrieval "
+        f"{row['retrieval']:.3f}, streaming {row['streaming']:.3f}, rank {row['rank']}")) for row in kv), "")
+    measured = payload.get("curve")
+    data = {"n_layers": n_layers, "n_kv_heads": n_kv, "z": z, "hover": hover,  # the map and the curve drawn
+            "curve": None if not measured else {"k": measured["k"], "orders": measured["orders"]}}
+    total = n_layers * n_kv
     accuracy = ", ".join(f"{row['length']} tokens at depth {row['depth']:g}: {row['accuracy']:.2f}"
                          for row in payload["needle_accuracy"])
     rows = [("model", str(payload["model"])), ("cache", f"sink {payload['sink']} + recent {payload['recent']} keys"),
@@ -139,5 +136,4 @@ def kv_heads_page(payload: dict[str, Any], *, embed_plotly: bool = True) -> str:
             + (ranked_table(FULL, _full_cells(full)) if full else
                '<p class="probe-small">None: every KV head streams.</p>') + "</div></div></div>"
             + curve)
-    return page("kv_heads", f"probe kv-heads: {payload['model']}", body, _map_data(payload),
-                 embed_plotly=embed_plotly)
+    return page("kv_heads", f"probe kv-heads: {payload['model']}", body, data, embed_plotly=embed_plotly)
