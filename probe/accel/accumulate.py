@@ -11,8 +11,7 @@ from torch import Tensor
 from probe.accel.registry import ACCELERATORS, Accelerator
 from probe.heads.accumulate import BLOCKED, ScoreAccumulator
 from probe.heads.scores import Batch
-from probe.kernels.base import FusedStatistics
-from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.base import DEFAULT_CONFIG, FusedStatistics, KernelConfig
 from probe.kernels.fused import Label, Weights, side_by_side, uploaded
 
 
@@ -50,7 +49,7 @@ class FusedAccumulator(ScoreAccumulator):
 
     def __init__(self, names: list[str], n_layers: int, n_heads: int, config: KernelConfig = DEFAULT_CONFIG) -> None:
         super().__init__(names, n_layers, n_heads)
-        self.entries = {name: ACCELERATORS[name] for name in names}  # a class without one: a blocked pass's
+        self.entries = {name: ACCELERATORS[name] for name in names if name in ACCELERATORS}  # others: blocked
         self.config = config
         self.pending: list[tuple[int, FusedStatistics]] = []  # layer calls held back, read together by `flush`
         self.paths: dict[int, tuple[bool, str]] = {}  # layer -> (fast, the backend that served or why it went blocked)

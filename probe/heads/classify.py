@@ -18,7 +18,6 @@ from probe.inputs import (DEFAULT_NUM_SEQS, DEFAULT_REPEAT_LEN, DEFAULT_SEED, DE
 from probe.accel import ACCELERATORS, FusedAccumulator
 from probe.errors import ProbeError, first_line
 from probe.frames import frame, head_columns
-from probe.heads.accumulate import ScoreAccumulator
 from probe.heads.scores import SCORES, Batch
 from probe.hooks.capture import attention_hooks
 from probe.hooks.layers import AttentionLayer, attention_layers
@@ -27,7 +26,7 @@ from probe.hooks.run import run_model
 from probe.hooks.stacks import layer_names
 from probe.hooks.types import Handler, HookContext
 from probe.models import LoadedModel
-from probe.progress import Progress, ProgressArg, callback, log, reports
+from probe.progress import Progress, ProgressArg, callback, counter, log, reports
 from probe.provenance import model_dtype
 from probe.schemas.base import Field
 from probe.schemas.common import (CLASSES, DTYPE, HEAD, HEAD_COLUMNS, LAYER, LAYER_NAMES, MODEL, N_HEADS, N_LAYERS,
@@ -133,7 +132,7 @@ class Classification(Payload):
 
 
 class HeadScores(dict):
-    """{name: (n_layers, n_heads) scores}, and `path`: how they were computed (ScoreAccumulator.path)."""
+    """{name: (n_layers, n_heads) scores}, and `path`: how they were computed (FusedAccumulator.path)."""
 
     path: str = ""
 
@@ -182,50 +181,49 @@ def score_passes(names: list[str], path: str) -> list[tuple[list[str], bool]]:
 
 def _score_pass(loaded: LoadedModel, probe_set: ProbeSet, names: list[str], use_lse: bool, *, batch_size: int,
                 query_block: int | None, progress: Progress | None, config: KernelConfig) -> HeadScores:
-    """One pass of score_heads over the probe set: from the fused statistics (`use_lse`) or blocks of weights. Each
-    batch's forward ends once every layer's attention is read: the last layer's MLP, the final norm and the head
-    change no score."""
+    """One pass of score_heads over the probe set: from the fused statistics (`use_lse`) or blocks of weights."""
     layers = attention_layers(loaded.model)
-    sums_of = (names, len(layers), max(layer.n_heads for layer in layers))  # the classes, layers and heads
-    accumulator = FusedAccumulator(*sums_of, config) if use_lse else ScoreAccumulator(*sums_of)
+    accumulator = FusedAccumulator(names, len(layers), max(layer.n_heads for layer in layers), config)
     batches = probe_set.batches(batch_size)
-    done = [0]
+    read_batches(loaded, batches, accumulator, use_lse, lambda ids, mask: Batch(
+        valid=real_tokens(ids, mask), offset=probe_set.offset, repeat_len=probe_set.repeat_len),
+                 counter(progress, len(batches) * len(layers)), config=config, query_block=query_block)
+    scores = HeadScores(accumulator.result())
+    scores.path = accumulator.path()
+    return scores
 
-    def step() -> None:
-        if progress is not None:
-            done[0] += 1
-            progress(done[0], len(batches) * len(layers))
 
+def read_batches(loaded: LoadedModel, batches: list[tuple[Tensor, Tensor | None]], sums: Any, fast: bool,
+                 batch_of: Callable[[Tensor, Tensor | None], Any], step: Callable[[], None], *,
+                 config: KernelConfig, query_block: int | None = None) -> None:
+    """Every batch's forward into `sums` (its `batch` set to batch_of(ids, mask) first): blocks of weights to
+    `sums.update(layer, start, weights)`, and where `fast` fused statistics to `sums(layer, statistics)` and
+    `sums.blocked(layer, reason)`; `step()` once per layer read. Each forward ends once every layer's attention is
+    read: the last layer's MLP, the final norm and the head change nothing read."""
     read: set[int] = set()  # layers of this batch whose attention is read to the end
-    stop = _stop_when_read(loaded.model, len(layers), read)
+    stop = _stop_when_read(loaded.model, len(attention_layers(loaded.model)), read)
 
     def on_weights(weights: Tensor, ctx: HookContext) -> None:
-        accumulator.update(ctx.layer, ctx.start, weights)
+        sums.update(ctx.layer, ctx.start, weights)
         if ctx.start + weights.shape[2] >= weights.shape[3]:
             step()
             stop(ctx.layer)
 
     def on_lse(attention: FusedStatistics, ctx: HookContext) -> None:
-        assert isinstance(accumulator, FusedAccumulator)
-        accumulator(ctx.layer, attention)
+        sums(ctx.layer, attention)
         step()
         stop(ctx.layer)
 
     def blocked(reason: str, ctx: HookContext) -> None:
-        assert isinstance(accumulator, FusedAccumulator)
-        accumulator.blocked(ctx.layer, reason)
+        sums.blocked(ctx.layer, reason)
 
-    points: dict[str, Handler] = {"pattern": on_weights, **({"lse": on_lse, "blocked": blocked} if use_lse else {})}
+    points: dict[str, Handler] = {"pattern": on_weights, **({"lse": on_lse, "blocked": blocked} if fast else {})}
     with torch.no_grad(), attention_hooks(loaded.model, points, query_block=query_block, config=config):
         for ids, mask in batches:
-            valid = real_tokens(ids, mask)
-            accumulator.batch = Batch(valid=valid, offset=probe_set.offset, repeat_len=probe_set.repeat_len)
+            sums.batch = batch_of(ids, mask)
             read.clear()
-            with contextlib.suppress(_EveryLayerRead):  # what follows the last attention changes no score
+            with contextlib.suppress(_EveryLayerRead):  # what follows the last attention changes nothing read
                 forward(loaded.model, ids, mask)
-    scores = HeadScores(accumulator.result())
-    scores.path = accumulator.path()
-    return scores
 
 
 class _EveryLayerRead(BaseException):

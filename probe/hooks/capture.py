@@ -19,7 +19,7 @@ from probe.hooks.points import POINTS, point_named, refusal
 from probe.hooks.restore import restoring
 from probe.hooks.run import Source, run_model
 from probe.hooks.types import BatchContext, BlockedHandler, Handler, HookContext, LayerHooks, TensorHandler, Undo
-from probe.kernels.config import KernelConfig
+from probe.kernels.base import KernelConfig
 
 INSTALLERS: dict[str, Callable[[nn.Module, LayerHooks, list[Undo]], None]] = {  # AttentionLayer.kind -> its installer
     "hf": install_hf, "mha": install_mha, "custom": install_custom, "family": install_family,  # type: ignore[dict-item]

@@ -10,8 +10,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from probe.kernels.base import FusedStatistics
-    from probe.kernels.config import KernelConfig
+    from probe.kernels.base import FusedStatistics, KernelConfig
 
 
 @dataclass

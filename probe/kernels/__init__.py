@@ -1,9 +1,8 @@
 """Fused attention, one backend per device: the seam between the hooks and the scores. `base` says what a backend
 provides and holds the registry; `reference` is the blocked check every backend is tested against."""
 
-from probe.kernels.base import (BACKENDS, AttentionCall, Backend, FusedStatistics, RowSearch, additive_bias,
-                                backend_for, register_backend, using_backend)
-from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.base import (BACKENDS, DEFAULT_CONFIG, AttentionCall, Backend, FusedStatistics, KernelConfig,
+                                RowSearch, additive_bias, backend_for, register_backend, using_backend)
 from probe.kernels.cpu import DEFAULT_SEARCH, CpuBackend, SearchConfig, StagedSearch
 from probe.kernels.cuda import CudaBackend
 from probe.kernels.flex import FlexBackend, MaximaSearch

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem
-from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.base import (DEFAULT_CONFIG, AttentionCall, FusedStatistics, KernelConfig, float32_copy,
+                                rebuild_problem)
 from probe.kernels.fused import Label, Weights, by_owner
 from probe.kernels.moments import row_moments
 from probe.kernels.sdpa import KERNELS, lse_forward

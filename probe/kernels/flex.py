@@ -20,9 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probe.kernels.base import (AttentionCall, FusedStatistics, broadcast_bias, float32_copy, padded,
-                                rebuild_problem, triton_problem, zero_padded)
-from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.base import (DEFAULT_CONFIG, AttentionCall, FusedStatistics, KernelConfig, broadcast_bias,
+                                float32_copy, padded, rebuild_problem, triton_problem, zero_padded)
 from probe.kernels.fused import Weights
 from probe.kernels.sdpa import top_keys
 
@@ -190,8 +189,8 @@ class MaximaSearch:
     def neighbour_hits(self, weights: Weights, selected: Tensor, shift: int) -> Tensor:
         """(hq,) float64 on the statistics' device: how many selected queries i have their top key at i + shift."""
         maxima = weights.statistics.row_maxima
-        if maxima is None or weights.top_keys is not None:
-            if weights.top_keys is None:
+        if maxima is None or weights.statistics.top_keys is not None:
+            if weights.statistics.top_keys is None:
                 self.triton_top_keys(weights)
             return weights.counted_hits(selected, shift)
         b, hq, n, _ = weights.shape

@@ -37,25 +37,14 @@ class Weights:
         self.scaling, self.causal, self.config = statistics.scaling, statistics.causal, statistics.config
         self.bias = statistics.bias
         self.tables: dict[Label, tuple[Tensor, int]] = {}  # prefetched labels: (table (b, hq, n, w), column)
-        self.contiguous_keys: dict[tuple[int, int], Tensor] = {}  # (sequence, key/value head) -> (kv, d)
-        self.memo: dict[Hashable, Any] = {}  # what a backend's search keeps for this call (made once each)
-        self.dense: Tensor | None = None  # key_mask and window made additive, where a read needs it
+        self.memo: dict[Hashable, Any] = {}  # contiguous keys per head, what a backend's search keeps (once each)
 
-    @property
-    def top_keys(self) -> Tensor | None:
-        """(b, hq, n) int: each row's top key where the kernel (or a search, once) wrote them, else None."""
-        return self.statistics.top_keys
-
-    @property
+    @functools.cached_property
     def dense_bias(self) -> Tensor | None:
         """The additive form of the mask (AttentionCall.dense_bias), made on the first read that needs it."""
         statistics = self.statistics
-        if statistics.bias is not None or (statistics.key_mask is None and statistics.window is None):
-            return statistics.bias
-        if self.dense is None:
-            self.dense = AttentionCall(self.query, self.key, self.key, None, self.scaling, self.causal,
-                                       key_mask=statistics.key_mask, window=statistics.window).dense_bias()
-        return self.dense
+        return AttentionCall(self.query, self.key, self.key, statistics.bias, self.scaling, self.causal,
+                             key_mask=statistics.key_mask, window=statistics.window).dense_bias()
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -110,16 +99,11 @@ class Weights:
         keys = tuple(sorted({int(key) for key in columns if 0 <= key < kv} - {key for kind, key in self.tables
                                                                              if kind == "column"}))
         wide = len(keys) > self.config.gathered_columns  # a wide sink: one matmul against the columns, not a gather
-        if offsets or (keys and not wide):
-            self._keep([Label("diagonal", shift) for shift in offsets] +
-                       [Label("column", key) for key in keys if not wide],
-                       self._in_chunks(offsets, () if wide else keys))
-        if wide:
-            self._keep([Label("column", key) for key in keys], self._in_chunks((), keys))
-
-    def _keep(self, labels: list[Label], table: Tensor) -> None:
-        for column, label in enumerate(labels):
-            self.tables[label] = (table, column)
+        for part_offsets, part_keys in [(offsets, ()), ((), keys)] if wide else [(offsets, keys)]:
+            if part_offsets or part_keys:
+                table = self._in_chunks(part_offsets, part_keys)
+                labels = [Label("diagonal", shift) for shift in part_offsets] + [Label("column", k) for k in part_keys]
+                self.tables.update({label: (table, column) for column, label in enumerate(labels)})
 
     def _in_chunks(self, offsets: tuple[int, ...], keys: tuple[int, ...]) -> Tensor:
         """(b, hq, n, len(offsets) + len(keys)): the weights on keys i + offset and on `keys`, config.diagonal_rows
@@ -254,41 +238,39 @@ class Weights:
 
     def row_tops(self, rows: Tensor) -> Tensor:
         """(b, hq, len(rows)) long: each query row's argmax, the kernel's `top_keys` where it wrote them."""
-        if self.top_keys is not None:
-            return self.top_keys[:, :, rows].long()
+        if self.statistics.top_keys is not None:
+            return self.statistics.top_keys[:, :, rows].long()
         return self.rows(rows).argmax(dim=-1)
 
     def _head_keys(self, sequence: int, kv_head: int) -> Tensor:
         """(kv, d): one key/value head's keys, contiguous (a matmul reads a copy ~1.4x faster), once per call."""
-        if (sequence, kv_head) not in self.contiguous_keys:
-            self.contiguous_keys[(sequence, kv_head)] = float32_copy(self.key[sequence, kv_head]).contiguous()
-        return self.contiguous_keys[(sequence, kv_head)]
+        if (sequence, kv_head) not in self.memo:
+            self.memo[sequence, kv_head] = float32_copy(self.key[sequence, kv_head]).contiguous()
+        return self.memo[sequence, kv_head]
 
     def tops_of_rows(self, found: Tensor, keys: Tensor, tops: Callable[..., Tensor] | None = None) -> Tensor:
         """(k,) bool: `tops` for the (b, h, query) rows `found` (k, 3). Where every (sequence, key/value head) group,
         padded, fits in config.rows_at_once logits, one batched matmul serves them all; else one group at a time."""
-        if self.top_keys is not None:  # the kernel's own argmax: a gather, no logits and no host round-trip
-            return self.top_keys[found[:, 0], found[:, 1], found[:, 2]] == keys
+        top_keys = self.statistics.top_keys
+        if top_keys is not None:  # the kernel's own argmax: a gather, no logits and no host round-trip
+            return top_keys[found[:, 0], found[:, 1], found[:, 2]] == keys
         b, hq, _, kv = self.shape
         hk = self.key.shape[1]
         owner = found[:, 0] * hk + found[:, 1] // (hq // hk)
-        owner, order = owner.sort(stable=True)
-        found, keys = found[order], keys[order]
         sizes = torch.bincount(owner, minlength=b * hk)
         if b * hk * int(sizes.max()) * kv > self.config.rows_at_once:
-            groups = sizes[sizes > 0].tolist()
-            tops = tops or self.tops
-            top = torch.cat([tops(int(part[0, 0]), int(part[0, 1]) // (hq // hk), part[:, 1], part[:, 2], key)
-                             for part, key in zip(found.split(groups), keys.split(groups))])
-        else:
-            top = self._tops_padded(found, keys, owner, sizes)
+            read = tops or self.tops
+            return by_owner(owner, lambda part, key: (
+                read(int(part[0, 0]), int(part[0, 1]) // (hq // hk), part[:, 1], part[:, 2], key),), found, keys)[0]
+        owner, order = owner.sort(stable=True)
+        top = self._tops_padded(found[order], keys[order], owner, sizes)
         return torch.empty_like(top).index_copy_(0, order, top)  # back to the order asked for
 
     def neighbour_hits(self, selected: Tensor, shift: int) -> Tensor:
         """(hq,) float64: per query head, how many selected queries i ((b, n) bool) have their argmax at i + shift
         (the earliest maximum wins, a NaN counts as the maximum), from `top_keys`, else `search`, else whole rows."""
         search = self.statistics.search
-        if self.top_keys is None and search is not None:
+        if self.statistics.top_keys is None and search is not None:
             return search.neighbour_hits(self, selected, shift).to(self.lse.device)
         return self.counted_hits(selected, shift).to(self.lse.device)
 
@@ -296,16 +278,16 @@ class Weights:
         """(diagonal offsets, key columns) neighbour_hits reads for these shifts (`RowSearch.reads`; none where top
         keys or whole rows answer), so that `prefetch` computes them in the layer's one pass."""
         search = self.statistics.search
-        if self.top_keys is not None or search is None:
+        if self.statistics.top_keys is not None or search is None:
             return (), ()
         return search.reads(self.statistics, tuple(shifts))
 
     def counted_hits(self, selected: Tensor, shift: int) -> Tensor:
         """neighbour_hits without a search: from the top keys (no sync) or whole rows."""
         b, hq, n, _ = self.shape
-        if self.top_keys is not None:  # the kernel's argmax per row: counted on the device (no sync), float64 there
-            hit = (self.top_keys == _neighbours(n, shift, self.top_keys.device)) & \
-                selected.to(self.top_keys.device)[:, None, :n]
+        top_keys = self.statistics.top_keys
+        if top_keys is not None:  # the kernel's argmax per row: counted on the device (no sync), float64 there
+            hit = (top_keys == _neighbours(n, shift, top_keys.device)) & selected.to(top_keys.device)[:, None, :n]
             return hit.sum(dim=(0, 2), dtype=torch.float64)
         found = selected.to(self.lse.device)[:, None, :n].expand(b, hq, n).nonzero()  # (k, 3): b, h, query
         top = self.tops_of_rows(found, found[:, 2] + shift) if len(found) else found.new_zeros(0, dtype=torch.bool)
@@ -336,26 +318,23 @@ class Weights:
         `kv_head`, from the float32 logits of whole rows (exp is monotonic)."""
         return self._in_row_chunks(self._tops_chunk, batch, kv_head, heads, rows, keys)[0]
 
-    def _in_row_chunks(self, read: Callable[..., Tensor | tuple[Tensor, ...]], batch: int, kv_head: int,
+    def _in_row_chunks(self, read: Callable[..., tuple[Tensor, ...]], batch: int, kv_head: int,
                        heads: Tensor, rows: Tensor, keys: Tensor) -> tuple[Tensor, ...]:
         """read(batch, kv_head, heads, rows, keys) in chunks of config.row_logits logits (rows sorted first: a causal
         chunk computes only the keys up to its last query), its outputs in the order asked for."""
         chunk = max(self.config.row_chunk, self.config.row_logits // self.shape[3])
         if len(rows) <= chunk:
-            out = read(batch, kv_head, heads, rows, keys)
-            return out if isinstance(out, tuple) else (out,)
+            return read(batch, kv_head, heads, rows, keys)
         rows, order = rows.sort()
         heads, keys = heads[order], keys[order]
-        parts: list[tuple[Tensor, ...]] = []
-        for first in range(0, len(rows), chunk):
-            out = read(batch, kv_head, heads[first:first + chunk], rows[first:first + chunk], keys[first:first + chunk])
-            parts.append(out if isinstance(out, tuple) else (out,))
+        parts = [read(batch, kv_head, heads[first:first + chunk], rows[first:first + chunk], keys[first:first + chunk])
+                 for first in range(0, len(rows), chunk)]
         return tuple(column[0].new_empty(len(rows)).index_copy_(0, order, torch.cat(column))
                      for column in zip(*parts))  # back to the order asked for
 
-    def _tops_chunk(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> Tensor:
+    def _tops_chunk(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, keys: Tensor) -> tuple[Tensor]:
         """tops() of one chunk, from float32 logits."""
-        return _key_is_top(self._row_logits(batch, kv_head, heads, rows), keys)
+        return (_key_is_top(self._row_logits(batch, kv_head, heads, rows), keys),)
 
     def _row_logits(self, batch: int, kv_head: int, heads: Tensor, rows: Tensor, low: int = 0) -> Tensor:
         """(len(rows), keys low .. the last row's) scaled logits of one sequence's key/value head, masked at -inf."""

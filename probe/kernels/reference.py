@@ -6,8 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, FusedStatistics, rebuild_problem
-from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.base import DEFAULT_CONFIG, AttentionCall, FusedStatistics, KernelConfig, rebuild_problem
 
 
 class ReferenceBackend:

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from probe.kernels.base import AttentionCall, FusedStatistics, float32_copy, rebuild_problem, zero_padded
-from probe.kernels.config import DEFAULT_CONFIG, KernelConfig
+from probe.kernels.base import (DEFAULT_CONFIG, AttentionCall, FusedStatistics, KernelConfig, float32_copy,
+                                rebuild_problem, zero_padded)
 from probe.kernels.cuda import CudaBackend, attention_statistics
 
 LseKernel = Callable[[Tensor, Tensor, Tensor, Tensor | None, bool, float], tuple[Tensor, Tensor]]
