@@ -1,6 +1,6 @@
 """Neuronpedia HeadVis's six per-head metrics (after Luger, Kamath et al. 2026; HeadVis's definitions, as
 HeadMetricsEntry states them), from fused statistics where a backend serves a layer (no weights formed), else from
-blocks of eager weights (`add_block`); beside them each (sequence, head)'s max_activation for the data tree."""
+blocks of eager weights (`update`); beside them each (sequence, head)'s max_activation for the data tree."""
 
 from __future__ import annotations
 
@@ -87,7 +87,8 @@ def occurrence_groups(tokens: Tensor) -> list[tuple[Tensor, Tensor]]:
 
 
 class HeadVisSums:
-    """The metrics' running sums per (layer, head); `batch` is set before each batch's forward."""
+    """The metrics' running sums per (layer, head); `batch` is set before each batch's forward. `paths`: {layer: the
+    backend that served it, or why it went blocked}."""
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
         self.sums = torch.zeros(len(SUMS), n_layers, n_heads, dtype=torch.float64)
@@ -95,6 +96,7 @@ class HeadVisSums:
         self.largest: list[Tensor] = []  # per batch: (valid sequences, n_layers, n_heads) max_activation
         self._largest: Tensor | None = None
         self._batch: Sequences | None = None
+        self.paths: dict[int, str] = {}
 
     @property
     def batch(self) -> Sequences | None:
@@ -126,9 +128,10 @@ class HeadVisSums:
         current = self._largest[:, layer, :heads]
         torch.maximum(current, largest.float().cpu(), out=current)
 
-    def add_statistics(self, layer: int, statistics: FusedStatistics) -> None:
+    def __call__(self, layer: int, statistics: FusedStatistics) -> None:
         """Add one layer call from its fused statistics: no weights formed."""
         batch = self._current()
+        self.paths[layer] = statistics.backend
         weights = Weights(statistics)
         b, h, n, kv = weights.shape
         device = statistics.lse.device
@@ -148,9 +151,13 @@ class HeadVisSums:
                         torch.zeros(h, dtype=torch.float64, device=device))
         self._add(layer, [own, previous, entropy, distance, squared, induction], largest)
 
-    def add_block(self, layer: int, start: int, weights: Tensor) -> None:
+    def blocked(self, layer: int, reason: str) -> None:
+        self.paths[layer] = f"blocked ({reason})"
+
+    def update(self, layer: int, start: int, weights: Tensor) -> None:
         """Add one block of eager weights (b, h, block, kv) float32 of `layer`, its first query at `start`."""
         batch = self._current()
+        self.paths.setdefault(layer, "blocked")
         b, h, block, kv = weights.shape
         valid = batch.valid.to(weights.device)
         queries = torch.arange(start, start + block, device=weights.device)

@@ -11,14 +11,14 @@ from torch import Tensor
 from probe.errors import ProbeError
 from probe.headvis.metrics import HeadVisSums, Sequences
 from probe.headvis.result import HeadVisMetrics, Sample
-from probe.heads.classify import forward
-from probe.hooks.capture import attention_hooks, stream_attention
+from probe.heads.classify import read_batches
+from probe.hooks.capture import stream_attention
 from probe.hooks.layers import attention_layers
-from probe.hooks.types import Handler, HookContext
+from probe.hooks.types import HookContext
 from probe.inputs import ProbeSet, real_tokens
-from probe.kernels import DEFAULT_CONFIG, FusedStatistics, KernelConfig
+from probe.kernels import DEFAULT_CONFIG, KernelConfig
 from probe.models import LoadedModel
-from probe.progress import Progress, ProgressArg, callback, counter, reports
+from probe.progress import ProgressArg, callback, counter, reports
 from probe.provenance import model_dtype
 
 PATHS = ("auto", "blocked")
@@ -39,10 +39,11 @@ def head_metrics(loaded: LoadedModel, probe_set: ProbeSet, *, batch_size: int = 
     report = callback(progress)
     batches = probe_set.batches(batch_size)
     sums = HeadVisSums(len(layers), max(layer.n_heads for layer in layers))
-    paths = _read(loaded, batches, sums, path, replace(config, moments=True), report)
+    read_batches(loaded, batches, sums, path == "auto", lambda ids, mask: Sequences.of(ids, real_tokens(ids, mask)),
+                 counter(report, len(batches) * len(layers)), config=replace(config, moments=True))
     metrics, largest = sums.result()
     counts = sums.counts.long().tolist()
-    result = HeadVisMetrics(loaded.name, len(layers), sums.sums.shape[2], model_dtype(loaded), _path_text(paths),
+    result = HeadVisMetrics(loaded.name, len(layers), sums.sums.shape[2], model_dtype(loaded), _path_text(sums.paths),
                             probe_set.to_dict() | {"description": probe_set.description},
                             {"sequences": int(largest.shape[0]), "queries": counts[0], "previous": counts[1],
                              "repeated": counts[2]},
@@ -51,38 +52,6 @@ def head_metrics(loaded: LoadedModel, probe_set: ProbeSet, *, batch_size: int = 
                             max_activation=largest)
     result.samples = sampled_rows(loaded, probe_set, samples)
     return result
-
-
-def _read(loaded: LoadedModel, batches: list[tuple[Tensor, Tensor | None]], sums: HeadVisSums, path: str,
-          config: KernelConfig, report: Progress | None) -> dict[int, str]:
-    """Every batch's forward into `sums`; {layer: the backend that served it, or why it went blocked}."""
-    n_layers = sums.sums.shape[1]
-    paths: dict[int, str] = {}
-    step = counter(report, len(batches) * n_layers)
-
-    def on_weights(weights: Tensor, ctx: HookContext) -> None:
-        sums.add_block(ctx.layer, ctx.start, weights)
-        paths.setdefault(ctx.layer, "blocked")
-        if ctx.start + weights.shape[2] >= weights.shape[3]:
-            step()
-
-    def on_lse(statistics: FusedStatistics, ctx: HookContext) -> None:
-        sums.add_statistics(ctx.layer, statistics)
-        paths[ctx.layer] = statistics.backend
-        step()
-
-    def blocked(reason: str, ctx: HookContext) -> None:
-        paths[ctx.layer] = f"blocked ({reason})"
-
-    points: dict[str, Handler] = {"pattern": on_weights}
-    if path == "auto":
-        points |= {"lse": on_lse, "blocked": blocked}
-    with torch.no_grad(), attention_hooks(loaded.model, points, config=config):
-        for ids, mask in batches:
-            sums.batch = Sequences.of(ids, real_tokens(ids, mask))
-            forward(loaded.model, ids, mask)
-    sums.batch = None
-    return paths
 
 
 def _path_text(paths: dict[int, str]) -> str:
